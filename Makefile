@@ -1,0 +1,42 @@
+# The two set-up commands of the README: `make run` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
+MODEL ?= sample_models/attn-only-2l
+
+.PHONY: run test lint bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+# The CPU build of torch goes in first, so the project's loose `torch>=2.2`
+# is already satisfied and pip never resolves a multi-GB CUDA wheel.
+$(VENV)/.torch: | $(BIN)/python
+	$(BIN)/pip install -q "torch==2.13.0" || $(BIN)/pip install -q torch
+	touch $@
+
+$(STAMP): pyproject.toml $(VENV)/.torch
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(TEST_STAMP): pyproject.toml $(STAMP)
+	$(BIN)/pip install -q -e ".[test]"
+	touch $@
+
+run: $(STAMP)
+	$(BIN)/headscope $(MODEL)
+
+test: $(TEST_STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+lint: $(TEST_STAMP)
+	$(BIN)/ruff check .
+
+bench: $(TEST_STAMP)
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV)
