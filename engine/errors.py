@@ -79,3 +79,7 @@ class CancelledError(HeadscopeError):
 
 class ComputeError(HeadscopeError):
     """An unexpected failure inside a computation, wrapped so callers see a typed error."""
+
+
+class InvalidRequestError(HeadscopeError):
+    """A request that does not make sense for this model (e.g. OV in the position basis)."""
