@@ -1,0 +1,334 @@
+"""The ``headscope`` command line.
+
+``headscope [PATH]`` opens the explorer (no PATH: the bundled ``attn-only-2l``); the
+subcommands print what the explorer shows, as tables in a terminal, TSV when piped, or JSON
+with ``--json``. Every error is one line on stderr naming the file and the problem.
+
+Exit codes: 0 success · 1 the model or request is at fault (the message says how) ·
+2 command-line usage error · 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from engine.errors import HeadscopeError, InvalidRequestError
+
+EXIT_OK, EXIT_MODEL_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+COMMANDS = ("open", "info", "heads", "composition", "forward", "circuit")
+BUNDLED_MODEL = "attn-only-2l"
+
+EPILOG = """\
+examples:
+  headscope                                   explore the bundled attn-only-2l model
+  headscope path/to/hf-model --raw            explore a checkpoint without weight processing
+  headscope info path/to/model --json         architecture and shapes (reads no tensor data)
+  headscope heads sample_models/attn-only-2l --sort induction_score
+  headscope composition sample_models/attn-only-2l --kind k --top 5
+  headscope circuit sample_models/attn-only-2l 1 4 --kind ov --rows Mary,John --cols Mary,John
+  headscope forward sample_models/attn-only-2l --prompt "When Mary and John" --json
+
+exit codes: 0 ok, 1 bad model file or request (one line on stderr), 2 usage, 130 interrupted
+"""
+
+
+def bundled_model_path() -> Path:
+    import sample_models
+
+    return Path(sample_models.__file__).resolve().parent / BUNDLED_MODEL
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("headscope")
+    except PackageNotFoundError:  # running from a source tree without install
+        return "0+unknown"
+
+
+# ----------------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="headscope",
+        description="Explore the attention circuits of transformer language models "
+        "(safetensors checkpoints only: native, GPT-2, GPT-NeoX/Pythia, Llama/Mistral/Qwen2, BERT).",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"headscope {version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    def command(name: str, help: str, example: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(
+            name,
+            help=help,
+            description=help,
+            epilog=f"example:\n  {example}",
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        return p
+
+    def model_arg(p: argparse.ArgumentParser, optional: bool = False) -> None:
+        if optional:
+            p.add_argument("path", nargs="?", help="model directory or .safetensors file "
+                           "(default: the bundled attn-only-2l)")
+        else:
+            p.add_argument("path", help="model directory or .safetensors file")
+
+    def processing_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--raw", action="store_true",
+                       help="use the weights as stored (no LayerNorm folding or centring)")
+
+    def json_arg(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    p = command("open", "open the terminal explorer (the default command)", "headscope open path/to/model")
+    model_arg(p, optional=True)
+    processing_args(p)
+    p.add_argument("--theme", help="colour theme (headscope-dark, headscope-light, headscope-contrast)")
+
+    p = command("info", "architecture, shapes and dtype, from the header alone", "headscope info path/to/model --json")
+    model_arg(p)
+    json_arg(p)
+
+    p = command("heads", "every head with its copying, QK-positivity, previous-token, "
+                "duplicate-token and induction scores", "headscope heads path --sort induction_score")
+    model_arg(p)
+    json_arg(p)
+    processing_args(p)
+    p.add_argument("--sort", metavar="KEY", help="sort descending by a score column, e.g. induction_score")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random token sequences (default 0)")
+
+    p = command("composition", "Q-, K- or V-composition scores between heads of different layers",
+                "headscope composition path --kind k --top 5")
+    model_arg(p)
+    json_arg(p)
+    processing_args(p)
+    p.add_argument("--kind", choices=("q", "k", "v"), required=True)
+    p.add_argument("--top", type=int, default=10, help="how many top edges to list (default 10)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random baseline (default 0)")
+
+    p = command("forward", "logits and attention patterns for a token sequence",
+                "headscope forward path --tokens 3,14,15,92 --json")
+    model_arg(p)
+    json_arg(p)
+    processing_args(p)
+    group = p.add_mutually_exclusive_group(required=True)
+    group.add_argument("--tokens", help="comma-separated token ids, e.g. 3,14,15,92")
+    group.add_argument("--prompt", help="text, encoded with the model's tokenizer")
+
+    p = command("circuit", "a block of a head's QK or OV circuit",
+                "headscope circuit path 1 4 --kind qk --basis position --rows 0:16 --cols 0:16")
+    model_arg(p)
+    p.add_argument("layer", type=int)
+    p.add_argument("head", type=int)
+    json_arg(p)
+    processing_args(p)
+    p.add_argument("--kind", choices=("qk", "ov"), required=True)
+    p.add_argument("--basis", choices=("token", "position"), default="token")
+    p.add_argument("--rows", help="ids (3,14), ranges (0:20) or tokens (Mary,John); default the first 24")
+    p.add_argument("--cols", help="as --rows")
+    p.add_argument("--offset", type=int, default=0, help="rotary models: query-key offset Δ")
+    return parser
+
+
+def normalise_argv(argv: Sequence[str]) -> list[str]:
+    """``headscope PATH ...`` and bare ``headscope`` mean ``headscope open ...``."""
+    argv = list(argv)
+    first = next((a for a in argv if not a.startswith("-")), None)
+    if any(a in ("-h", "--help", "--version") for a in argv) and (first is None or first not in COMMANDS):
+        return argv if first is None else ["open", *argv]
+    if first is None or first not in COMMANDS:
+        return ["open", *argv]
+    return argv
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def emit(data: Any, as_json: bool, table: Callable[[], tuple[list[str], list[list[Any]]]] | None) -> None:
+    """JSON when asked (or when there is no tabular form), else a Rich table or TSV."""
+    from engine.report import jsonable
+
+    if as_json or table is None:
+        json.dump(jsonable(data), sys.stdout, allow_nan=False)
+        sys.stdout.write("\n")
+        return
+    columns, rows = table()
+    if sys.stdout.isatty():
+        from rich.console import Console
+        from rich.table import Table
+
+        t = Table(*columns)
+        for row in rows:
+            t.add_row(*(_cell(v) for v in row))
+        Console().print(t)
+    else:
+        print("\t".join(columns))
+        for row in rows:
+            print("\t".join(_cell(v) for v in row))
+
+
+def _cell(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4f}"
+    if isinstance(v, list | tuple):
+        return ".".join(str(x) for x in v)
+    return "" if v is None else str(v)
+
+
+def parse_token_list(model: Any, spec: str | None, n: int, basis: str) -> list[int] | None:
+    """``3,14`` ids, ``0:20`` ranges, or token strings (token basis) — mixed freely."""
+    if spec is None:
+        return None
+    out: list[int] = []
+    for item in (s.strip() for s in spec.split(",")):
+        if not item:
+            continue
+        if ":" in item and all(p.strip().lstrip("-").isdigit() for p in item.split(":", 1)):
+            a, b = (int(p) for p in item.split(":", 1))
+            out.extend(range(a, min(b, n)))
+        elif item.lstrip("-").isdigit():
+            out.append(int(item))
+        elif basis == "token":
+            tid = model.tokenizer.token_to_id(item)
+            if tid is None:
+                raise InvalidRequestError(str(model.path), f"token {item!r} is not in the vocabulary")
+            out.append(tid)
+        else:
+            raise InvalidRequestError(str(model.path), f"position {item!r} is not a number")
+    return out
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def cmd_open(args: argparse.Namespace) -> int:
+    from tui.app import run_app
+
+    path = Path(args.path) if args.path else bundled_model_path()
+    run_app(path, raw=args.raw, theme=args.theme)
+    return EXIT_OK
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from engine.loading import read_structure
+
+    info = read_structure(args.path)
+    emit(info, args.json, lambda: (["field", "value"], [[k, v] for k, v in info.items()]))
+    return EXIT_OK
+
+
+def _open(args: argparse.Namespace) -> Any:
+    from engine.loading import open_model
+
+    return open_model(args.path, raw=getattr(args, "raw", False))
+
+
+def cmd_heads(args: argparse.Namespace) -> int:
+    from engine.report import HEAD_SCORE_KEYS, head_table, sort_rows
+
+    model = _open(args)
+    rows = sort_rows(head_table(model, seed=args.seed), args.sort)
+    columns = ["layer", "head", *HEAD_SCORE_KEYS]
+    emit(rows, args.json, lambda: (columns, [[r[c] for c in columns] for r in rows]))
+    return EXIT_OK
+
+
+def cmd_composition(args: argparse.Namespace) -> int:
+    from engine.report import composition_report
+
+    model = _open(args)
+    report = composition_report(model, args.kind, top=args.top, seed=args.seed)
+    columns = ["source", "target", "score", "above_baseline"]
+    emit(report, args.json, lambda: (columns, [[e[c] for c in columns] for e in report["top_edges"]]))
+    return EXIT_OK
+
+
+def cmd_forward(args: argparse.Namespace) -> int:
+    from engine.errors import PromptError
+    from engine.report import forward_report
+
+    model = _open(args)
+    if args.tokens is not None:
+        try:
+            tokens = [int(t) for t in args.tokens.split(",") if t.strip()]
+        except ValueError:
+            raise InvalidRequestError(None, f"--tokens takes comma-separated ids, not {args.tokens!r}") from None
+    else:
+        if not args.prompt.strip():
+            raise PromptError(str(model.path), "empty prompt")
+        tokens = model.tokenizer.encode(args.prompt)
+    report = forward_report(model, tokens)
+
+    def table() -> tuple[list[str], list[list[Any]]]:
+        import numpy as np
+
+        logits = np.asarray(report["logits"])
+        top = logits.argmax(-1)
+        return (
+            ["pos", "token", "predicted next", "logit"],
+            [[i, s, model.tokenizer.decode_token(int(t)), float(logits[i, t])]
+             for i, (s, t) in enumerate(zip(report["token_strings"], top, strict=True))],
+        )
+
+    emit(report, args.json, table)
+    return EXIT_OK
+
+
+def cmd_circuit(args: argparse.Namespace) -> int:
+    from engine.report import circuit_report
+
+    model = _open(args)
+    n = model.cfg.n_ctx if args.basis == "position" else model.cfg.d_vocab
+    report = circuit_report(
+        model, args.layer, args.head, args.kind, basis=args.basis,
+        rows=parse_token_list(model, args.rows, n, args.basis),
+        cols=parse_token_list(model, args.cols, n, args.basis),
+        offset=args.offset,
+    )
+
+    def table() -> tuple[list[str], list[list[Any]]]:
+        return (["row \\ col", *report["col_labels"]],
+                [[label, *vals] for label, vals in zip(report["row_labels"], report["values"], strict=True)])
+
+    emit(report, args.json, table)
+    return EXIT_OK
+
+
+HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "open": cmd_open,
+    "info": cmd_info,
+    "heads": cmd_heads,
+    "composition": cmd_composition,
+    "forward": cmd_forward,
+    "circuit": cmd_circuit,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(normalise_argv(sys.argv[1:] if argv is None else argv))
+    try:
+        return HANDLERS[args.command](args)
+    except HeadscopeError as err:
+        print(f"headscope: {err.one_line()}", file=sys.stderr)
+        return EXIT_MODEL_ERROR
+    except KeyboardInterrupt:
+        print("headscope: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `headscope heads ... | head`
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
