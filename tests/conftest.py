@@ -1,0 +1,26 @@
+"""Shared pytest fixtures: the tiny random checkpoints of every family (tests/hf_fixtures.py)
+and the bundled sample models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.hf_fixtures import (  # noqa: F401  (re-exported pytest fixtures)
+    bert_base_dir,
+    bert_mlm_dir,
+    gpt2_dir,
+    llama_dir,
+    neox_dir,
+    qwen2_dir,
+)
+
+SAMPLE_MODELS = Path(__file__).resolve().parent.parent / "sample_models"
+
+
+def sample_model(name: str) -> Path:
+    path = SAMPLE_MODELS / name
+    if not (path / "model.safetensors").exists():
+        pytest.fail(f"bundled sample model {name} is missing at {path}")
+    return path
