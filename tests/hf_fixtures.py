@@ -86,8 +86,9 @@ def _save(model: Any, path: Path, *, shard: bool, dtype: str | None) -> Path:
     return path
 
 
-def _finish(model: Any, path: Path, *, seed: int, shard: bool, dtype: str | None,
-            tokenizer: bool) -> tuple[Path, Any]:
+def _finish(
+    model: Any, path: Path, *, seed: int, shard: bool, dtype: str | None, tokenizer: bool
+) -> tuple[Path, Any]:
     randomize_(model, seed=seed)
     _save(model, path, shard=shard, dtype=dtype)
     if tokenizer:
@@ -100,88 +101,191 @@ def _finish(model: Any, path: Path, *, seed: int, shard: bool, dtype: str | None
     return Path(path), model
 
 
-def build_gpt2(path: Path, *, seed: int = 0, shard: bool = False, dtype: str | None = None,
-               tokenizer: bool = True) -> tuple[Path, Any]:
+def build_gpt2(
+    path: Path,
+    *,
+    seed: int = 0,
+    shard: bool = False,
+    dtype: str | None = None,
+    tokenizer: bool = True,
+) -> tuple[Path, Any]:
     """GPT2LMHeadModel (Conv1D weights, learned positions, tied lm_head)."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    cfg = GPT2Config(vocab_size=VOCAB, n_positions=N_CTX, n_embd=D_MODEL, n_layer=N_LAYERS,
-                     n_head=N_HEADS, n_inner=D_MLP, activation_function="gelu_new",
-                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                     layer_norm_epsilon=1e-5, tie_word_embeddings=True,
-                     bos_token_id=1, eos_token_id=2)
-    return _finish(GPT2LMHeadModel(cfg), path, seed=seed, shard=shard, dtype=dtype,
-                   tokenizer=tokenizer)
+    cfg = GPT2Config(
+        vocab_size=VOCAB,
+        n_positions=N_CTX,
+        n_embd=D_MODEL,
+        n_layer=N_LAYERS,
+        n_head=N_HEADS,
+        n_inner=D_MLP,
+        activation_function="gelu_new",
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        layer_norm_epsilon=1e-5,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    return _finish(
+        GPT2LMHeadModel(cfg), path, seed=seed, shard=shard, dtype=dtype, tokenizer=tokenizer
+    )
 
 
-def build_neox(path: Path, *, seed: int = 1, shard: bool = False, dtype: str | None = None,
-               tokenizer: bool = False) -> tuple[Path, Any]:
+def build_neox(
+    path: Path,
+    *,
+    seed: int = 1,
+    shard: bool = False,
+    dtype: str | None = None,
+    tokenizer: bool = False,
+) -> tuple[Path, Any]:
     """GPTNeoXForCausalLM with partial rotary (rotary_pct 0.25) and parallel residual."""
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
-    cfg = GPTNeoXConfig(vocab_size=VOCAB, hidden_size=D_MODEL, num_hidden_layers=N_LAYERS,
-                        num_attention_heads=N_HEADS, intermediate_size=D_MLP,
-                        max_position_embeddings=N_CTX, rotary_pct=0.25, rotary_emb_base=10000,
-                        use_parallel_residual=True, hidden_act="gelu", layer_norm_eps=1e-5,
-                        tie_word_embeddings=False, attention_dropout=0.0, hidden_dropout=0.0)
-    return _finish(GPTNeoXForCausalLM(cfg), path, seed=seed, shard=shard, dtype=dtype,
-                   tokenizer=tokenizer)
+    cfg = GPTNeoXConfig(
+        vocab_size=VOCAB,
+        hidden_size=D_MODEL,
+        num_hidden_layers=N_LAYERS,
+        num_attention_heads=N_HEADS,
+        intermediate_size=D_MLP,
+        max_position_embeddings=N_CTX,
+        rotary_pct=0.25,
+        rotary_emb_base=10000,
+        use_parallel_residual=True,
+        hidden_act="gelu",
+        layer_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        attention_dropout=0.0,
+        hidden_dropout=0.0,
+    )
+    return _finish(
+        GPTNeoXForCausalLM(cfg), path, seed=seed, shard=shard, dtype=dtype, tokenizer=tokenizer
+    )
 
 
-def build_llama(path: Path, *, seed: int = 2, shard: bool = False, dtype: str | None = None,
-                tokenizer: bool = False, tied: bool = False) -> tuple[Path, Any]:
+def build_llama(
+    path: Path,
+    *,
+    seed: int = 2,
+    shard: bool = False,
+    dtype: str | None = None,
+    tokenizer: bool = False,
+    tied: bool = False,
+) -> tuple[Path, Any]:
     """LlamaForCausalLM with grouped-query attention (4 query heads, 2 K/V heads)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=D_MODEL, intermediate_size=D_MLP,
-                      num_hidden_layers=N_LAYERS, num_attention_heads=N_HEADS,
-                      num_key_value_heads=2, max_position_embeddings=N_CTX, rms_norm_eps=1e-6,
-                      rope_theta=10000.0, tie_word_embeddings=tied, hidden_act="silu",
-                      attention_bias=False, mlp_bias=False)
-    return _finish(LlamaForCausalLM(cfg), path, seed=seed, shard=shard, dtype=dtype,
-                   tokenizer=tokenizer)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=D_MODEL,
+        intermediate_size=D_MLP,
+        num_hidden_layers=N_LAYERS,
+        num_attention_heads=N_HEADS,
+        num_key_value_heads=2,
+        max_position_embeddings=N_CTX,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        tie_word_embeddings=tied,
+        hidden_act="silu",
+        attention_bias=False,
+        mlp_bias=False,
+    )
+    return _finish(
+        LlamaForCausalLM(cfg), path, seed=seed, shard=shard, dtype=dtype, tokenizer=tokenizer
+    )
 
 
-def build_qwen2(path: Path, *, seed: int = 3, shard: bool = False, dtype: str | None = None,
-                tokenizer: bool = False, tied: bool = True) -> tuple[Path, Any]:
+def build_qwen2(
+    path: Path,
+    *,
+    seed: int = 3,
+    shard: bool = False,
+    dtype: str | None = None,
+    tokenizer: bool = False,
+    tied: bool = True,
+) -> tuple[Path, Any]:
     """Qwen2ForCausalLM: GQA (4 query, 2 K/V heads), QKV biases, tied embeddings."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=D_MODEL, intermediate_size=D_MLP,
-                      num_hidden_layers=N_LAYERS, num_attention_heads=N_HEADS,
-                      num_key_value_heads=2, max_position_embeddings=N_CTX, rms_norm_eps=1e-6,
-                      rope_theta=10000.0, tie_word_embeddings=tied, hidden_act="silu",
-                      use_sliding_window=False)
-    return _finish(Qwen2ForCausalLM(cfg), path, seed=seed, shard=shard, dtype=dtype,
-                   tokenizer=tokenizer)
+    cfg = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=D_MODEL,
+        intermediate_size=D_MLP,
+        num_hidden_layers=N_LAYERS,
+        num_attention_heads=N_HEADS,
+        num_key_value_heads=2,
+        max_position_embeddings=N_CTX,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        tie_word_embeddings=tied,
+        hidden_act="silu",
+        use_sliding_window=False,
+    )
+    return _finish(
+        Qwen2ForCausalLM(cfg), path, seed=seed, shard=shard, dtype=dtype, tokenizer=tokenizer
+    )
 
 
 def _bert_config() -> Any:
     from transformers import BertConfig
 
-    return BertConfig(vocab_size=VOCAB, hidden_size=D_MODEL, num_hidden_layers=N_LAYERS,
-                      num_attention_heads=N_HEADS, intermediate_size=D_MLP,
-                      max_position_embeddings=N_CTX, type_vocab_size=2, hidden_act="gelu",
-                      layer_norm_eps=1e-12, hidden_dropout_prob=0.0,
-                      attention_probs_dropout_prob=0.0)
+    return BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=D_MODEL,
+        num_hidden_layers=N_LAYERS,
+        num_attention_heads=N_HEADS,
+        intermediate_size=D_MLP,
+        max_position_embeddings=N_CTX,
+        type_vocab_size=2,
+        hidden_act="gelu",
+        layer_norm_eps=1e-12,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
 
 
-def build_bert_mlm(path: Path, *, seed: int = 4, shard: bool = False, dtype: str | None = None,
-                   tokenizer: bool = True) -> tuple[Path, Any]:
+def build_bert_mlm(
+    path: Path,
+    *,
+    seed: int = 4,
+    shard: bool = False,
+    dtype: str | None = None,
+    tokenizer: bool = True,
+) -> tuple[Path, Any]:
     """BertForMaskedLM: post-LN encoder with the cls.predictions.* masked-LM head."""
     from transformers import BertForMaskedLM
 
-    return _finish(BertForMaskedLM(_bert_config()), path, seed=seed, shard=shard, dtype=dtype,
-                   tokenizer=tokenizer)
+    return _finish(
+        BertForMaskedLM(_bert_config()),
+        path,
+        seed=seed,
+        shard=shard,
+        dtype=dtype,
+        tokenizer=tokenizer,
+    )
 
 
-def build_bert_base(path: Path, *, seed: int = 5, shard: bool = False, dtype: str | None = None,
-                    tokenizer: bool = False) -> tuple[Path, Any]:
+def build_bert_base(
+    path: Path,
+    *,
+    seed: int = 5,
+    shard: bool = False,
+    dtype: str | None = None,
+    tokenizer: bool = False,
+) -> tuple[Path, Any]:
     """BertModel without any head: the unembedding is the tied W_Eᵀ."""
     from transformers import BertModel
 
-    return _finish(BertModel(_bert_config(), add_pooling_layer=False), path, seed=seed,
-                   shard=shard, dtype=dtype, tokenizer=tokenizer)
+    return _finish(
+        BertModel(_bert_config(), add_pooling_layer=False),
+        path,
+        seed=seed,
+        shard=shard,
+        dtype=dtype,
+        tokenizer=tokenizer,
+    )
 
 
 FAMILIES: dict[str, Callable[..., tuple[Path, Any]]] = {
@@ -219,8 +323,14 @@ bert_mlm_dir = _session_builder("bert_mlm")
 bert_base_dir = _session_builder("bert_base")
 
 
-def write_native(path: Path, cfg_fields: dict[str, Any], tensors: dict[str, Any], *,
-                 vocab: list[str] | None = None, config_in_metadata: bool = True) -> Path:
+def write_native(
+    path: Path,
+    cfg_fields: dict[str, Any],
+    tensors: dict[str, Any],
+    *,
+    vocab: list[str] | None = None,
+    config_in_metadata: bool = True,
+) -> Path:
     """Write a headscope-native checkpoint: canonical tensor names in ``model.safetensors``,
     the config as JSON of ``ModelConfig`` fields in metadata ``headscope_config`` (or in
     ``headscope.json`` when ``config_in_metadata`` is false), optional ``vocab.txt``."""
