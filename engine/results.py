@@ -1,0 +1,179 @@
+"""What the `Engine` hands to the UI: frozen dataclasses of read-only numpy arrays.
+
+No torch here: the TUI imports these types without paying torch's import, and a result can
+be cached and shared between awaiting callers because nothing in it can be mutated.
+``nbytes(result)`` is what the per-head cache charges for keeping a result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+Kind = Literal["qk", "ov"]
+Basis = Literal["token", "position"]
+CompositionKind = Literal["q", "k", "v"]
+
+
+def readonly(values: Any, dtype: Any = None) -> np.ndarray:
+    """A private, read-only copy of ``values`` (numpy array, torch tensor or sequence)."""
+    if hasattr(values, "detach"):  # a torch tensor: leave torch without importing it
+        values = values.detach().cpu().numpy()
+    array = np.array(values, dtype=dtype, copy=True)
+    array.setflags(write=False)
+    return array
+
+
+@dataclass(frozen=True)
+class CircuitBlock:
+    """A block of a per-head circuit: ``values[i, j]`` = circuit[row_ids[i], col_ids[j]]."""
+
+    values: np.ndarray  # [r, c] float32
+    row_labels: tuple[str, ...]
+    col_labels: tuple[str, ...]
+    row_ids: tuple[int, ...]
+    col_ids: tuple[int, ...]
+    kind: Kind
+    basis: Basis
+    layer: int
+    head: int
+    vmin: float
+    vmax: float
+    note: str = ""  # e.g. "W_U is tied W_Eᵀ"
+    offset: int = 0  # rotary models: the query-key offset Δ the QK circuit is shown at
+
+
+@dataclass(frozen=True)
+class TopTokens:
+    """The output tokens a head's full OV circuit pushes up most for one source token."""
+
+    layer: int
+    head: int
+    source_token: int
+    source_label: str
+    ids: tuple[int, ...]
+    labels: tuple[str, ...]
+    values: np.ndarray  # [k] float32, largest first
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Spectrum:
+    """Eigenvalues of the full OV (or token QK) circuit, from the small ``BA`` matrix."""
+
+    eigenvalues: np.ndarray  # [d_head] complex64, largest |λ| first
+    score: float  # copying score (ov) or QK positivity (qk): Σ Re λ / Σ |λ|
+    kind: Kind
+    layer: int
+    head: int
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Rotary models: mean QK score of a head as a function of the query-key offset Δ."""
+
+    layer: int
+    head: int
+    offsets: tuple[int, ...]
+    values: np.ndarray  # [len(offsets)] float32
+
+
+@dataclass(frozen=True)
+class HeadScores:
+    layer: int
+    head: int
+    copying: float
+    qk_positivity: float
+    prev_token: float
+    duplicate_token: float
+    induction: float
+    nonfinite: bool  # NaN/inf in this head's weights: scores are NaN, flag it in the UI
+
+
+@dataclass(frozen=True)
+class ScoreTable:
+    """Every score of every head; arrays are ``[n_layers, n_heads]``."""
+
+    copying: np.ndarray
+    qk_positivity: np.ndarray
+    prev_token: np.ndarray
+    duplicate_token: np.ndarray
+    induction: np.ndarray
+    nonfinite: np.ndarray  # bool
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.copying.shape[0])
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.copying.shape[1])
+
+    def head(self, layer: int, head: int) -> HeadScores:
+        return HeadScores(
+            layer=layer,
+            head=head,
+            copying=float(self.copying[layer, head]),
+            qk_positivity=float(self.qk_positivity[layer, head]),
+            prev_token=float(self.prev_token[layer, head]),
+            duplicate_token=float(self.duplicate_token[layer, head]),
+            induction=float(self.induction[layer, head]),
+            nonfinite=bool(self.nonfinite[layer, head]),
+        )
+
+
+@dataclass(frozen=True)
+class Composition:
+    """Q/K/V composition scores between every pair of heads in different layers."""
+
+    kind: CompositionKind
+    scores: np.ndarray  # [L, H, L, H]; zero where source layer >= target layer
+    baseline: float  # expected score of random factors of the same shapes
+    top_edges: tuple[tuple[int, int, int, int, float], ...]  # (l1, h1, l2, h2, score - baseline)
+
+
+@dataclass(frozen=True)
+class PromptView:
+    """One prompt through the model, seen from one head."""
+
+    tokens: tuple[str, ...]
+    ids: tuple[int, ...]
+    pattern: np.ndarray  # [q, k] attention of (layer, head)
+    dla: np.ndarray  # [pos] this head's direct logit attribution to each position's prediction
+    predicted: tuple[int, ...]  # [pos] the model's next-token prediction at each position
+    top_predictions: tuple[tuple[int, str, float], ...]  # last position: (id, label, prob)
+    truncated: bool  # the prompt was longer than n_ctx and was cut
+    layer: int
+    head: int
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    hits: int
+    misses: int
+    evictions: int
+    bytes: int
+    capacity: int
+    entries: int
+    in_flight: int
+    activity: str | None = None  # e.g. "composition k 40%" while a sweep runs
+    progress: float | None = None  # fraction done of the running sweep
+
+
+def nbytes(result: Any) -> int:
+    """Bytes a cached result holds: its arrays plus a small fixed overhead per object."""
+    total = 256
+    if isinstance(result, np.ndarray):
+        return total + int(result.nbytes)
+    if dataclasses.is_dataclass(result) and not isinstance(result, type):
+        for f in dataclasses.fields(result):
+            value = getattr(result, f.name)
+            if isinstance(value, np.ndarray):
+                total += int(value.nbytes)
+            elif isinstance(value, tuple):
+                total += 16 * len(value)
+                total += sum(len(v) for v in value if isinstance(v, str))
+    return total

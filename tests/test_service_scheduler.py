@@ -1,0 +1,256 @@
+"""The engine's generic machinery (cache, scheduler) with fake compute functions."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from engine import errors
+from engine.cache import ByteLRU
+from engine.results import nbytes, readonly
+from engine.scheduler import Scheduler
+
+# -- cache ---------------------------------------------------------------------------
+
+
+def test_cache_hit_returns_identical_object_and_counts():
+    cache = ByteLRU(1 << 20)
+    value = readonly(np.ones((4, 4), np.float32))
+    assert cache.get("k") is None
+    cache.put("k", value)
+    assert cache.get("k") is value
+    assert (cache.hits, cache.misses) == (1, 1)
+
+
+def test_cache_eviction_respects_byte_budget_lru_order():
+    arrays = {i: readonly(np.zeros(1000, np.float32)) for i in range(10)}
+    size = nbytes(arrays[0])
+    cache = ByteLRU(3 * size + 10)
+    for i in range(3):
+        cache.put(i, arrays[i])
+    cache.get(0)  # 0 becomes most recently used: 1 is evicted next
+    cache.put(3, arrays[3])
+    assert 1 not in cache and 0 in cache and 2 in cache and 3 in cache
+    for i in range(4, 10):
+        cache.put(i, arrays[i])
+        assert cache.bytes <= cache.capacity
+    assert cache.evictions == 7
+    assert cache.bytes == sum(nbytes(arrays[k]) for k in range(7, 10))
+
+
+def test_cache_refuses_entry_bigger_than_budget():
+    cache = ByteLRU(100)
+    cache.put("small", 1)  # 256 bytes of overhead > 100: not kept either
+    cache.put("big", readonly(np.zeros(1000)))
+    assert len(cache) == 0 and cache.bytes == 0
+
+
+def test_readonly_arrays_cannot_be_written():
+    a = readonly([1.0, 2.0])
+    with pytest.raises(ValueError):
+        a[0] = 3.0
+
+
+# -- scheduler -----------------------------------------------------------------------
+
+
+@pytest.fixture
+async def sched():
+    results: dict = {}
+    s = Scheduler(2, on_result=results.__setitem__)
+    s.results = results
+    yield s
+    s.close()
+    s.join(2)
+
+
+async def test_two_concurrent_identical_requests_run_once(sched):
+    calls = []
+    gate = threading.Event()
+
+    def compute(ctx):
+        calls.append(1)
+        gate.wait(2)
+        return object()
+
+    t1 = asyncio.create_task(sched.run("same", compute, label="x"))
+    t2 = asyncio.create_task(sched.run("same", compute, label="x"))
+    await asyncio.sleep(0.05)
+    gate.set()
+    r1, r2 = await asyncio.gather(t1, t2)
+    assert r1 is r2
+    assert len(calls) == 1
+    assert sched.results["same"] is r1
+    assert sched.in_flight == 0
+
+
+async def test_raising_job_reaches_every_awaiter_as_typed_error(sched):
+    gate = threading.Event()
+
+    def boom(ctx):
+        gate.wait(2)
+        raise ZeroDivisionError("bad math")
+
+    tasks = [asyncio.create_task(sched.run("k", boom, label="boom")) for _ in range(3)]
+    await asyncio.sleep(0.02)
+    gate.set()
+    done = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 5)
+    assert all(isinstance(e, errors.ComputeError) for e in done)
+    assert "ZeroDivisionError" in str(done[0]) and "bad math" in str(done[0])
+    # a typed error passes through unchanged
+    with pytest.raises(errors.NonFiniteError, match="nan here"):
+        await sched.run("t", lambda ctx: (_ for _ in ()).throw(errors.NonFiniteError("f", "nan here")))
+    assert "k" not in sched.results
+
+
+async def test_queued_request_for_left_head_is_dropped_before_start():
+    s = Scheduler(1)
+    started = []
+    gate = threading.Event()
+
+    def blocker(ctx):
+        gate.wait(2)
+        return "sweep"
+
+    def view(name):
+        def fn(ctx):
+            started.append(name)
+            return name
+
+        return fn
+
+    s.focus((0, 0))
+    sweep = asyncio.create_task(s.run("sweep", blocker))  # occupies the only worker
+    await asyncio.sleep(0.02)
+    old = asyncio.create_task(s.run("old", view("old"), head=(0, 0)))
+    await asyncio.sleep(0.01)
+    s.focus((0, 1))
+    new = asyncio.create_task(s.run("new", view("new"), head=(0, 1)))
+    gate.set()
+    with pytest.raises(errors.CancelledError):
+        await old
+    assert await new == "new"
+    assert await sweep == "sweep"
+    assert started == ["new"]
+    s.close()
+
+
+async def test_running_request_for_left_head_stops_at_next_check():
+    s = Scheduler(1)
+    steps = []
+
+    def slow_view(ctx):
+        for i in range(200):
+            ctx.check()
+            steps.append(i)
+            time.sleep(0.005)
+        return "finished"
+
+    s.focus((1, 1))
+    task = asyncio.create_task(s.run("v", slow_view, head=(1, 1)))
+    await asyncio.sleep(0.05)
+    s.focus((1, 2))
+    with pytest.raises(errors.CancelledError):
+        await asyncio.wait_for(task, 5)
+    assert 0 < len(steps) < 200
+    s.close()
+
+
+async def test_focused_head_runs_before_earlier_requests():
+    s = Scheduler(1)
+    order = []
+    gate = threading.Event()
+
+    def block(ctx):
+        gate.wait(2)
+
+    def rec(name):
+        return lambda ctx: order.append(name)
+
+    first = asyncio.create_task(s.run("block", block))
+    await asyncio.sleep(0.02)
+    s.focus((2, 0))  # focus before submitting, so neither request is stale
+    others = [asyncio.create_task(s.run(f"o{i}", rec(f"o{i}"), head=(3, i))) for i in range(3)]
+    await asyncio.sleep(0)
+    focused = asyncio.create_task(s.run("f", rec("f"), head=(2, 0)))
+    await asyncio.sleep(0.01)
+    gate.set()
+    await asyncio.gather(first, focused, *others)
+    assert order == ["f", "o0", "o1", "o2"]
+    s.close()
+
+
+async def test_prefetch_runs_when_idle_and_is_upgraded_by_a_request():
+    cached: dict = {}
+    s = Scheduler(1, on_result=cached.__setitem__)
+    calls = []
+    gate = threading.Event()
+
+    def pre(ctx):
+        calls.append("pre")
+        gate.wait(2)
+        return "pf"
+
+    s.prefetch("p", pre, head=(0, 1), label="prefetch")
+    await asyncio.sleep(0.02)
+    joined = asyncio.create_task(s.run("p", pre, head=(0, 1)))  # joins the running prefetch
+    await asyncio.sleep(0.01)
+    gate.set()
+    assert await joined == "pf"
+    assert calls == ["pre"] and cached["p"] == "pf"
+    s.close()
+
+
+async def test_cancelled_sweep_stops_and_reports_progress():
+    s = Scheduler(1)
+    seen = []
+    steps = []
+
+    def sweep(ctx):
+        for i in range(1000):
+            ctx.check()
+            steps.append(i)
+            ctx.progress(i / 1000)
+            time.sleep(0.002)
+        return "all"
+
+    task = asyncio.create_task(s.run("sweep", sweep, label="sweep", progress=seen.append))
+    await asyncio.sleep(0.1)
+    assert s.activity is not None and s.activity.startswith("sweep")
+    task.cancel()  # the caller gives up: the sweep must stop, not run to the end
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    n = len(steps)
+    await asyncio.sleep(0.05)
+    assert len(steps) <= n + 1 < 1000
+    assert seen and all(0 <= f < 1 for f in seen) and seen == sorted(seen)
+    s.close()
+
+
+async def test_event_loop_not_blocked_while_sweep_runs():
+    s = Scheduler(1)
+
+    def sweep(ctx):
+        x = np.random.default_rng(0).standard_normal((300, 300))
+        for _ in range(60):
+            ctx.check()
+            x = np.tanh(x @ x.T / 300)
+        return float(x.sum())
+
+    lags = []
+
+    async def probe():
+        while True:
+            t = time.perf_counter()
+            await asyncio.sleep(0.005)
+            lags.append(time.perf_counter() - t - 0.005)
+
+    p = asyncio.create_task(probe())
+    await s.run("sweep", sweep)
+    p.cancel()
+    assert lags and max(lags) < 0.05
+    s.close()
