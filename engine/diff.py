@@ -1,0 +1,328 @@
+"""Compare the circuits of two checkpoints of the same architecture (issue 8).
+
+The question after pruning, distillation or more training: which heads kept their circuits?
+Per head we compare the *circuits*, not the weights, so the answer does not depend on the
+head's internal basis (``W_V M``, ``M⁻¹ W_O`` is the same head):
+
+- ``ov_similarity``: normalised Frobenius inner product of the full OV circuits
+  ``W_E OV W_U`` of A and B, ``⟨C_A, C_B⟩_F / (‖C_A‖_F ‖C_B‖_F)`` in [-1, 1];
+- ``qk_similarity``: the same for the token QK circuits ``W_E QK W_Eᵀ``.
+
+Both are taken in the *token* basis, which two models with the same tokenizer share even when
+their residual streams are rotated or of different width. Everything is computed from the
+factors: with ``G_E = W_E,Aᵀ W_E,B`` and ``G_U = W_U,A W_U,Bᵀ`` (``d_model × d_model``, once per
+model pair), ``⟨A₁B₁, A₂B₂⟩_F = Σ (A₁ᵀA₂) ∘ (B₁B₂ᵀ)`` needs only ``d_head``-sized blocks; no
+``vocab × vocab`` matrix is ever built.
+
+When both models share ``d_model`` we also report principal angles between the heads' read
+subspaces (column spaces of ``W_V``) and write subspaces (row spaces of ``W_O``) in the
+residual stream: the cosines of the angles, 1 meaning the same subspace.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .errors import InvalidRequestError
+
+if TYPE_CHECKING:
+    import torch
+
+    from .loading import Model
+    from .weights import WeightSource
+
+SCORE_KEYS = ("copying_score", "qk_positivity", "prev_token_score", "induction_score")
+
+
+@dataclass(frozen=True)
+class CircuitSimilarity:
+    """Per layer, ``[n_heads_A, n_heads_B]`` similarities of every head pair."""
+
+    ov: torch.Tensor  # [L, H, H]
+    qk: torch.Tensor  # [L, H, H]
+
+
+def _stack(w: WeightSource, layer: int, name: str) -> torch.Tensor:
+    return w.get(f"blocks.{layer}.attn.{name}")
+
+
+def _pair_inner(
+    a_cross: torch.Tensor, b_cross: torch.Tensor, n_heads: int, d_head: int
+) -> torch.Tensor:
+    """``⟨A₁B₁, A₂B₂⟩`` for all head pairs from ``A₁ᵀA₂`` and ``B₁B₂ᵀ`` of stacked heads.
+
+    ``a_cross``/``b_cross`` are ``[H·d_head, H·d_head]``; the (h1, h2) block of their
+    elementwise product sums to the inner product of head h1's and head h2's circuits.
+    """
+    prod = (a_cross * b_cross).reshape(n_heads, d_head, n_heads, d_head)
+    return prod.sum(dim=(1, 3))
+
+
+def _flat_heads(w_stack: torch.Tensor) -> torch.Tensor:
+    """``[H, d_model, d_head]`` → ``[d_model, H·d_head]`` (heads side by side)."""
+    n_heads, d_model, d_head = w_stack.shape
+    return w_stack.permute(1, 0, 2).reshape(d_model, n_heads * d_head)
+
+
+def _circuit_inner(
+    kind: str,
+    fx: dict[str, torch.Tensor],
+    fy: dict[str, torch.Tensor],
+    g_e: torch.Tensor,
+    g_u: torch.Tensor,
+    n_heads: int,
+) -> torch.Tensor:
+    """``⟨C_x[h1], C_y[h2]⟩_F`` for all head pairs of one layer, ``[H, H]``.
+
+    OV: ``A = W_E W_V``, ``B = W_O W_U``; QK: ``A = W_E W_Q``, ``B = W_Kᵀ W_Eᵀ``. ``fx``/``fy``
+    hold the layer's heads side by side (``[d_model, H·d_head]``; ``W_O`` transposed).
+    """
+    if kind == "ov":
+        a_cross = fx["W_V"].T @ g_e @ fy["W_V"]
+        b_cross = fx["W_O"].T @ g_u @ fy["W_O"]
+    else:
+        a_cross = fx["W_Q"].T @ g_e @ fy["W_Q"]
+        b_cross = fx["W_K"].T @ g_e @ fy["W_K"]
+    return _pair_inner(a_cross, b_cross, n_heads, a_cross.shape[0] // n_heads)
+
+
+def circuit_similarity(wa: WeightSource, wb: WeightSource) -> CircuitSimilarity:
+    """Token-basis OV and QK similarity of every head of A with every head of B, per layer."""
+    import torch
+
+    ca, cb = wa.cfg, wb.cfg
+    if (ca.n_layers, ca.n_heads) != (cb.n_layers, cb.n_heads):
+        raise InvalidRequestError(
+            None,
+            f"different head layouts: {ca.n_layers}×{ca.n_heads} vs {cb.n_layers}×{cb.n_heads} "
+            "(layers × heads); only models with the same layout can be compared head by head",
+        )
+    if ca.d_vocab != cb.d_vocab:
+        raise InvalidRequestError(
+            None,
+            f"different vocabularies ({ca.d_vocab} vs {cb.d_vocab} tokens): the token basis "
+            "needs identical tokenizers",
+        )
+    with torch.inference_mode():
+        e_a, e_b = wa.get("embed.W_E"), wb.get("embed.W_E")
+        u_a, u_b = wa.get("unembed.W_U"), wb.get("unembed.W_U")
+        g_e = {("a", "a"): e_a.T @ e_a, ("a", "b"): e_a.T @ e_b, ("b", "b"): e_b.T @ e_b}
+        g_u = {("a", "a"): u_a @ u_a.T, ("a", "b"): u_a @ u_b.T, ("b", "b"): u_b @ u_b.T}
+        ov_all, qk_all = [], []
+        for layer in range(ca.n_layers):
+            f = {
+                m: {n: _flat_heads(_stack(w, layer, n)) for n in ("W_Q", "W_K", "W_V")}
+                | {
+                    "W_O": _flat_heads(_stack(w, layer, "W_O").transpose(1, 2)),
+                    "n_heads": ca.n_heads,
+                }
+                for m, w in (("a", wa), ("b", wb))
+            }
+
+            for kind, out in (("ov", ov_all), ("qk", qk_all)):
+                cross = _circuit_inner(
+                    kind, f["a"], f["b"], g_e[("a", "b")], g_u[("a", "b")], ca.n_heads
+                )
+                norm_a = _circuit_inner(
+                    kind, f["a"], f["a"], g_e[("a", "a")], g_u[("a", "a")], ca.n_heads
+                )
+                norm_b = _circuit_inner(
+                    kind, f["b"], f["b"], g_e[("b", "b")], g_u[("b", "b")], ca.n_heads
+                )
+                norm_a = norm_a.diagonal().clamp_min(0).sqrt()
+                norm_b = norm_b.diagonal().clamp_min(0).sqrt()
+                denom = norm_a[:, None] * norm_b[None, :]
+                out.append(torch.where(denom > 0, cross / denom, torch.zeros_like(cross)))
+        return CircuitSimilarity(ov=torch.stack(ov_all), qk=torch.stack(qk_all))
+
+
+def principal_cosines(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Cosines of the principal angles between the column spaces of ``x`` and ``y``."""
+    import torch
+
+    qx, _ = torch.linalg.qr(x)
+    qy, _ = torch.linalg.qr(y)
+    return torch.linalg.svdvals(qx.T @ qy).clamp(max=1.0)
+
+
+def best_matching(similarity: list[list[float]]) -> list[int]:
+    """Hungarian assignment maximising total similarity: ``match[i]`` is B's head for A's ``i``.
+
+    O(n³) Kuhn–Munkres with potentials (n = heads per layer, at most a few dozen).
+    """
+    n = len(similarity)
+    cost = [[-v for v in row] for row in similarity]
+    inf = math.inf
+    u, v = [0.0] * (n + 1), [0.0] * (n + 1)
+    p, way = [0] * (n + 1), [0] * (n + 1)  # p[j]: row matched to column j (1-based)
+    for i in range(1, n + 1):
+        p[0], j0 = i, 0
+        minv, used = [inf] * (n + 1), [False] * (n + 1)
+        while True:
+            used[j0] = True
+            i0, delta, j1 = p[j0], inf, 0
+            for j in range(1, n + 1):
+                if not used[j]:
+                    cur = cost[i0 - 1][j - 1] - u[i0] - v[j]
+                    if cur < minv[j]:
+                        minv[j], way[j] = cur, j0
+                    if minv[j] < delta:
+                        delta, j1 = minv[j], j
+            for j in range(n + 1):
+                if used[j]:
+                    u[p[j]] += delta
+                    v[j] -= delta
+                else:
+                    minv[j] -= delta
+            j0 = j1
+            if p[j0] == 0:
+                break
+        while j0:  # augment along the alternating path
+            j1 = way[j0]
+            p[j0] = p[j1]
+            j0 = j1
+    match = [0] * n
+    for j in range(1, n + 1):
+        match[p[j] - 1] = j - 1
+    return match
+
+
+@dataclass(frozen=True)
+class ModelDiff:
+    heads: list[dict[str, Any]]  # one row per head of A (with its matched head of B)
+    matching: list[list[int]] | None  # per layer, B's head for each of A's heads (None: identity)
+    composition: dict[str, dict[str, Any]]  # kind -> gained / lost / changed edges
+    biggest_changes: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "heads": self.heads,
+            "matching": self.matching,
+            "composition": self.composition,
+            "biggest_changes": self.biggest_changes,
+        }
+
+
+def diff_models(
+    a: Model, b: Model, *, match_heads: bool = False, threshold: float = 0.1, seed: int = 0
+) -> ModelDiff:
+    """Per-head score deltas and circuit similarities, and the composition-graph diff.
+
+    With ``match_heads`` each layer's heads of B are first matched to A's by a Hungarian
+    assignment on OV + QK similarity (for checkpoints from independent runs, where head
+    numbering is arbitrary); otherwise head ``h`` of A is compared with head ``h`` of B.
+    Composition edges count when their score exceeds the baseline by ``threshold``.
+    """
+    from .report import head_table
+
+    sim = circuit_similarity(a.weights, b.weights)
+    n_layers, n_heads = a.cfg.n_layers, a.cfg.n_heads
+    if match_heads:
+        matching = [best_matching((sim.ov[i] + sim.qk[i]).tolist()) for i in range(n_layers)]
+    else:
+        matching = [list(range(n_heads)) for _ in range(n_layers)]
+    rows_a = {(r["layer"], r["head"]): r for r in head_table(a, seed=seed)}
+    rows_b = {(r["layer"], r["head"]): r for r in head_table(b, seed=seed)}
+    same_width = a.cfg.d_model == b.cfg.d_model
+    heads = []
+    for layer in range(n_layers):
+        for head in range(n_heads):
+            hb = matching[layer][head]
+            ra, rb = rows_a[(layer, head)], rows_b[(layer, hb)]
+            row: dict[str, Any] = {
+                "layer": layer,
+                "head": head,
+                "matched_head": hb,
+                "ov_similarity": float(sim.ov[layer, head, hb]),
+                "qk_similarity": float(sim.qk[layer, head, hb]),
+            }
+            for key in SCORE_KEYS:
+                row[f"{key}_a"] = ra[key]
+                row[f"{key}_b"] = rb[key]
+                row[f"{key}_delta"] = rb[key] - ra[key]
+            if same_width:
+                row["read_subspace_cos"] = float(
+                    principal_cosines(
+                        a.weights.get_head(f"blocks.{layer}.attn.W_V", head),
+                        b.weights.get_head(f"blocks.{layer}.attn.W_V", hb),
+                    ).mean()
+                )
+                row["write_subspace_cos"] = float(
+                    principal_cosines(
+                        a.weights.get_head(f"blocks.{layer}.attn.W_O", head).T,
+                        b.weights.get_head(f"blocks.{layer}.attn.W_O", hb).T,
+                    ).mean()
+                )
+            heads.append(row)
+    composition = {kind: _composition_diff(a, b, kind, matching, threshold, seed) for kind in "qkv"}
+    biggest = sorted(heads, key=_change_size, reverse=True)[:10]
+    return ModelDiff(
+        heads=heads,
+        matching=matching if match_heads else None,
+        composition=composition,
+        biggest_changes=[
+            {"layer": r["layer"], "head": r["head"], "change": _change_size(r), **_summary(r)}
+            for r in biggest
+        ],
+    )
+
+
+def _change_size(row: dict[str, Any]) -> float:
+    """How much a head changed: lost circuit similarity, or the largest score delta."""
+    sim_loss = 1.0 - min(row["ov_similarity"], row["qk_similarity"])
+    deltas = [abs(row[f"{k}_delta"]) for k in SCORE_KEYS if math.isfinite(row[f"{k}_delta"])]
+    return max([sim_loss, *deltas])
+
+
+def _summary(row: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "ov_similarity": row["ov_similarity"],
+        "qk_similarity": row["qk_similarity"],
+        **{f"{k}_delta": row[f"{k}_delta"] for k in SCORE_KEYS},
+    }
+
+
+def _composition_diff(
+    a: Model, b: Model, kind: str, matching: list[list[int]], threshold: float, seed: int
+) -> dict[str, Any]:
+    from .scores import composition_scores
+
+    ra, rb = (
+        composition_scores(a.weights, kind, seed=seed),
+        composition_scores(b.weights, kind, seed=seed),
+    )
+    above_a = ra.scores - ra.baseline
+    above_b = rb.scores - rb.baseline
+    n_layers, n_heads = a.cfg.n_layers, a.cfg.n_heads
+    gained, lost, changed = [], [], []
+    for l1 in range(n_layers):
+        for h1 in range(n_heads):
+            for l2 in range(l1 + 1, n_layers):
+                for h2 in range(n_heads):
+                    va = float(above_a[l1, h1, l2, h2])
+                    vb = float(above_b[l1, matching[l1][h1], l2, matching[l2][h2]])
+                    edge = {
+                        "source": [l1, h1],
+                        "target": [l2, h2],
+                        "a": va,
+                        "b": vb,
+                        "delta": vb - va,
+                    }
+                    if va > threshold >= vb:
+                        lost.append(edge)
+                    elif vb > threshold >= va:
+                        gained.append(edge)
+                    elif abs(vb - va) > threshold:
+                        changed.append(edge)
+    for edges in (gained, lost, changed):
+        edges.sort(key=lambda e: -abs(e["delta"]))
+    return {
+        "baseline_a": float(ra.baseline),
+        "baseline_b": float(rb.baseline),
+        "threshold": threshold,
+        "gained": gained,
+        "lost": lost,
+        "changed": changed,
+    }

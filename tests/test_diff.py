@@ -1,0 +1,114 @@
+"""engine.diff: circuit similarity from the factors, head matching, and model diffs."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from engine.config import ModelConfig
+from engine.diff import best_matching, circuit_similarity, principal_cosines
+from engine.errors import InvalidRequestError
+from engine.weights import DictWeights
+
+L, H, D, DH, V, N_CTX = 2, 3, 16, 4, 40, 8
+
+
+def random_weights(seed: int, d_model: int = D) -> DictWeights:
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g)
+
+    cfg = ModelConfig(
+        family="native", architecture="test", n_layers=L, n_heads=H, d_model=d_model,
+        d_head=DH, d_vocab=V, n_ctx=N_CTX, normalization=None,
+    )
+    t = {"embed.W_E": r(V, d_model), "unembed.W_U": r(d_model, V), "pos_embed.W_pos": r(N_CTX, d_model)}
+    for layer in range(L):
+        for name in ("W_Q", "W_K", "W_V"):
+            t[f"blocks.{layer}.attn.{name}"] = r(H, d_model, DH)
+        t[f"blocks.{layer}.attn.W_O"] = r(H, DH, d_model)
+    return DictWeights(cfg, t)
+
+
+def dense_full_ov(w: DictWeights, layer: int, head: int) -> torch.Tensor:
+    wv = w.get(f"blocks.{layer}.attn.W_V")[head]
+    wo = w.get(f"blocks.{layer}.attn.W_O")[head]
+    return w.get("embed.W_E") @ wv @ wo @ w.get("unembed.W_U")
+
+
+def dense_token_qk(w: DictWeights, layer: int, head: int) -> torch.Tensor:
+    wq = w.get(f"blocks.{layer}.attn.W_Q")[head]
+    wk = w.get(f"blocks.{layer}.attn.W_K")[head]
+    e = w.get("embed.W_E")
+    return e @ wq @ wk.T @ e.T
+
+
+def cosine(x: torch.Tensor, y: torch.Tensor) -> float:
+    return float((x * y).sum() / (x.norm() * y.norm()))
+
+
+def test_similarity_matches_dense_circuits_for_every_head_pair() -> None:
+    wa, wb = random_weights(0), random_weights(1, d_model=12)  # widths may differ
+    sim = circuit_similarity(wa, wb)
+    assert sim.ov.shape == (L, H, H) and sim.qk.shape == (L, H, H)
+    for layer, h1, h2 in itertools.product(range(L), range(H), range(H)):
+        expected_ov = cosine(dense_full_ov(wa, layer, h1), dense_full_ov(wb, layer, h2))
+        expected_qk = cosine(dense_token_qk(wa, layer, h1), dense_token_qk(wb, layer, h2))
+        assert sim.ov[layer, h1, h2].item() == pytest.approx(expected_ov, abs=1e-4)
+        assert sim.qk[layer, h1, h2].item() == pytest.approx(expected_qk, abs=1e-4)
+
+
+def test_similarity_is_one_with_itself_and_invariant_to_head_basis() -> None:
+    wa = random_weights(2)
+    sim = circuit_similarity(wa, wa)
+    assert torch.allclose(sim.ov.diagonal(dim1=1, dim2=2), torch.ones(L, H), atol=1e-5)
+    assert torch.allclose(sim.qk.diagonal(dim1=1, dim2=2), torch.ones(L, H), atol=1e-5)
+    # W_V M, M⁻¹ W_O and W_Q N, W_K N⁻ᵀ are the same head: similarity stays 1.
+    g = torch.Generator().manual_seed(3)
+    m = torch.randn(DH, DH, generator=g) + 3 * torch.eye(DH)
+    t = dict(wa._t)
+    t["blocks.1.attn.W_V"] = t["blocks.1.attn.W_V"] @ m
+    t["blocks.1.attn.W_O"] = torch.linalg.inv(m) @ t["blocks.1.attn.W_O"]
+    t["blocks.1.attn.W_Q"] = t["blocks.1.attn.W_Q"] @ m
+    t["blocks.1.attn.W_K"] = t["blocks.1.attn.W_K"] @ torch.linalg.inv(m).T
+    sim2 = circuit_similarity(wa, DictWeights(wa.cfg, t))
+    assert torch.allclose(sim2.ov[1].diagonal(), torch.ones(H), atol=1e-4)
+    assert torch.allclose(sim2.qk[1].diagonal(), torch.ones(H), atol=1e-4)
+
+
+def test_negated_ov_has_similarity_minus_one() -> None:
+    wa = random_weights(4)
+    t = dict(wa._t)
+    t["blocks.0.attn.W_O"] = -t["blocks.0.attn.W_O"]
+    sim = circuit_similarity(wa, DictWeights(wa.cfg, t))
+    assert torch.allclose(sim.ov[0].diagonal(), -torch.ones(H), atol=1e-5)
+
+
+def test_different_layouts_are_refused_with_a_reason() -> None:
+    wa = random_weights(0)
+    cfg = wa.cfg.replace(n_heads=2)
+    with pytest.raises(InvalidRequestError, match="different head layouts"):
+        circuit_similarity(wa, DictWeights(cfg, wa._t))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 6])
+def test_hungarian_matching_is_optimal(n: int) -> None:
+    g = torch.Generator().manual_seed(n)
+    for _ in range(5):
+        s = torch.randn(n, n, generator=g).tolist()
+        match = best_matching(s)
+        assert sorted(match) == list(range(n))
+        best = max(sum(s[i][p[i]] for i in range(n)) for p in itertools.permutations(range(n)))
+        assert sum(s[i][match[i]] for i in range(n)) == pytest.approx(best)
+
+
+def test_principal_cosines() -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(10, 3, generator=g)
+    mix = torch.randn(3, 3, generator=g) + 3 * torch.eye(3)
+    assert torch.allclose(principal_cosines(x, x @ mix), torch.ones(3), atol=1e-5)
+    e = torch.eye(10)
+    assert torch.allclose(principal_cosines(e[:, :2], e[:, 2:4]), torch.zeros(2), atol=1e-6)
