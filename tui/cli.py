@@ -20,7 +20,7 @@ from typing import Any
 from engine.errors import HeadscopeError, InvalidRequestError
 
 EXIT_OK, EXIT_MODEL_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-COMMANDS = ("open", "info", "heads", "composition", "forward", "circuit")
+COMMANDS = ("open", "info", "heads", "composition", "forward", "circuit", "diff")
 BUNDLED_MODEL = "attn-only-2l"
 
 EPILOG = """\
@@ -138,6 +138,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rows", help="ids (3,14), ranges (0:20) or tokens (Mary,John); default the first 24")
     p.add_argument("--cols", help="as --rows")
     p.add_argument("--offset", type=int, default=0, help="rotary models: query-key offset Δ")
+
+    p = command("diff", "compare the circuits of two checkpoints with the same head layout "
+                "(after pruning, distillation or more training)",
+                "headscope diff original/ pruned/ --json")
+    p.add_argument("path", help="checkpoint A (the reference)")
+    p.add_argument("other", help="checkpoint B")
+    json_arg(p)
+    processing_args(p)
+    p.add_argument("--match-heads", action="store_true",
+                   help="match B's heads to A's within each layer by circuit similarity "
+                        "(Hungarian assignment), for checkpoints from independent runs")
+    p.add_argument("--threshold", type=float, default=0.1,
+                   help="composition edges count when this far above their baseline (default 0.1)")
+    p.add_argument("--seed", type=int, default=0)
     return parser
 
 
@@ -305,7 +319,33 @@ def cmd_circuit(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_diff(args: argparse.Namespace) -> int:
+    from engine.diff import diff_models
+    from engine.loading import open_model
+
+    a = open_model(args.path, raw=args.raw)
+    b = open_model(args.other, raw=args.raw)
+    result = diff_models(a, b, match_heads=args.match_heads, threshold=args.threshold, seed=args.seed)
+    report = result.to_dict()
+
+    def table() -> tuple[list[str], list[list[Any]]]:
+        columns = ["layer", "head", "change", "ov_similarity", "qk_similarity",
+                   "copying_score_delta", "prev_token_score_delta", "induction_score_delta"]
+        rows = [[r[c] for c in columns] for r in report["biggest_changes"]]
+        for kind, d in report["composition"].items():
+            for status in ("lost", "gained"):
+                for e in d[status][:3]:
+                    rows.append([f"{kind.upper()}-edge {status}", f"{e['source'][0]}.{e['source'][1]}"
+                                 f"→{e['target'][0]}.{e['target'][1]}", abs(e["delta"]), e["a"], e["b"],
+                                 None, None, None])
+        return columns, rows
+
+    emit(report, args.json, table)
+    return EXIT_OK
+
+
 HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "diff": cmd_diff,
     "open": cmd_open,
     "info": cmd_info,
     "heads": cmd_heads,
