@@ -20,7 +20,7 @@ from typing import Any
 from engine.errors import HeadscopeError, InvalidRequestError
 
 EXIT_OK, EXIT_MODEL_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-COMMANDS = ("open", "info", "heads", "composition", "forward", "circuit", "diff")
+COMMANDS = ("open", "info", "heads", "composition", "forward", "circuit", "diff", "export", "serve")
 BUNDLED_MODEL = "attn-only-2l"
 
 EPILOG = """\
@@ -152,6 +152,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threshold", type=float, default=0.1,
                    help="composition edges count when this far above their baseline (default 0.1)")
     p.add_argument("--seed", type=int, default=0)
+
+    p = command("export", "write heads, composition or circuit data to JSON or CSV, atomically",
+                "headscope export path --what composition --kind k --format csv --out results/")
+    model_arg(p)
+    processing_args(p)
+    p.add_argument("--what", choices=("heads", "composition", "circuit"), required=True)
+    p.add_argument("--format", choices=("json", "csv"), default="json")
+    p.add_argument("--out", default=".", help="directory to write into (default: the current "
+                   "directory; never the checkpoint's unless you name it)")
+    p.add_argument("--kind", choices=("q", "k", "v", "qk", "ov"),
+                   help="composition: q|k|v; circuit: qk|ov")
+    p.add_argument("--layer", type=int, help="circuit: layer")
+    p.add_argument("--head", type=int, help="circuit: head")
+    p.add_argument("--basis", choices=("token", "position"), default="token")
+    p.add_argument("--rows", help="circuit rows, as for `headscope circuit`")
+    p.add_argument("--cols", help="circuit columns")
+    p.add_argument("--seed", type=int, default=0)
+
+    p = command("serve", "serve the explorer to a web browser (textual-serve), on 127.0.0.1 by default",
+                "headscope serve path --port 8000")
+    model_arg(p, optional=True)
+    processing_args(p)
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1; others need --allow-remote)")
+    p.add_argument("--allow-remote", action="store_true",
+                   help="allow binding to a non-loopback address: anyone who can reach it can "
+                        "use the explorer")
     return parser
 
 
@@ -344,7 +372,65 @@ def cmd_diff(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from engine.export import export_report
+    from engine.report import composition_report, head_table
+
+    model = _open(args)
+    name = Path(args.path).name or "model"
+    suffix = "-raw" if args.raw else ""
+    if args.what == "heads":
+        report: Any = head_table(model, seed=args.seed)
+        stem = f"{name}-heads{suffix}"
+    elif args.what == "composition":
+        if args.kind not in ("q", "k", "v"):
+            raise InvalidRequestError(None, "--what composition needs --kind q, k or v")
+        report = composition_report(model, args.kind, seed=args.seed)
+        stem = f"{name}-{args.kind}-composition{suffix}"
+    else:
+        if args.kind not in ("qk", "ov") or args.layer is None or args.head is None:
+            raise InvalidRequestError(None, "--what circuit needs --kind qk|ov, --layer and --head")
+        from engine.report import circuit_report
+
+        n = model.cfg.n_ctx if args.basis == "position" else model.cfg.d_vocab
+        report = circuit_report(
+            model, args.layer, args.head, args.kind, basis=args.basis,
+            rows=parse_token_list(model, args.rows, n, args.basis),
+            cols=parse_token_list(model, args.cols, n, args.basis),
+        )
+        stem = f"{name}-L{args.layer}H{args.head}-{args.kind}-{args.basis}{suffix}"
+    written = export_report(args.what, report, args.out, args.format, stem)
+    print(written)
+    return EXIT_OK
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import shlex
+
+    if args.host not in LOOPBACK and not args.allow_remote:
+        raise InvalidRequestError(
+            None, f"refusing to bind {args.host}: pass --allow-remote to serve beyond this machine"
+        )
+    try:
+        from textual_serve.server import Server
+    except ImportError:
+        raise InvalidRequestError(
+            None, "headscope serve needs textual-serve: pip install 'headscope[serve]'"
+        ) from None
+    path = Path(args.path) if args.path else bundled_model_path()
+    command = [sys.executable, "-m", "tui.cli", "open", str(path.resolve())]
+    if args.raw:
+        command.append("--raw")
+    Server(shlex.join(command), host=args.host, port=args.port, title=f"headscope · {path.name}").serve()
+    return EXIT_OK
+
+
 HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "export": cmd_export,
+    "serve": cmd_serve,
     "diff": cmd_diff,
     "open": cmd_open,
     "info": cmd_info,

@@ -1,0 +1,92 @@
+"""Write reports to files, atomically.
+
+A file appears complete or not at all: data goes to a temporary file in the target
+directory, is flushed and fsynced, then renamed over the target (``os.replace`` is atomic on
+POSIX within a filesystem). An interrupted export leaves no partial file behind.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from .errors import InvalidRequestError
+from .report import jsonable
+
+Format = Literal["json", "csv"]
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` to ``path`` so that readers never see a partial file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def to_json(data: Any) -> str:
+    return json.dumps(jsonable(data), indent=1, allow_nan=False) + "\n"
+
+
+def to_csv(rows: Iterable[Sequence[Any]], header: Sequence[str]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(header)
+    for row in rows:
+        writer.writerow(["" if v is None else v for v in jsonable(list(row))])
+    return buf.getvalue()
+
+
+def tabulate(what: str, report: Any) -> tuple[list[str], list[list[Any]]]:
+    """The CSV form of a report: heads → one row per head; composition → one row per
+    head pair (source layer < target layer); circuit → one row per cell."""
+    if what == "heads":
+        header = list(report[0]) if report else ["layer", "head"]
+        return header, [[r[k] for k in header] for r in report]
+    if what == "composition":
+        header = ["source_layer", "source_head", "target_layer", "target_head", "score", "above_baseline"]
+        s, base = report["scores"], report["baseline"]
+        rows = [
+            [l1, h1, l2, h2, s[l1][h1][l2][h2], s[l1][h1][l2][h2] - base]
+            for l1 in range(len(s))
+            for h1 in range(len(s[l1]))
+            for l2 in range(l1 + 1, len(s))
+            for h2 in range(len(s[l1][h1][l2]))
+        ]
+        return header, rows
+    if what == "circuit":
+        header = ["row_id", "row_label", "col_id", "col_label", "value"]
+        rows = [
+            [rid, rl, cid, cl, report["values"][i][j]]
+            for i, (rid, rl) in enumerate(zip(report["rows"], report["row_labels"], strict=True))
+            for j, (cid, cl) in enumerate(zip(report["cols"], report["col_labels"], strict=True))
+        ]
+        return header, rows
+    raise InvalidRequestError(None, f"cannot export {what!r}: choose heads, composition or circuit")
+
+
+def export_report(what: str, report: Any, out: str | os.PathLike[str], fmt: Format, stem: str) -> Path:
+    """Write ``report`` as ``<out>/<stem>.<fmt>`` atomically and return the path."""
+    if fmt == "json":
+        text = to_json(report)
+    elif fmt == "csv":
+        header, rows = tabulate(what, report)
+        text = to_csv(rows, header)
+    else:
+        raise InvalidRequestError(None, f"unknown export format {fmt!r}: choose json or csv")
+    return atomic_write_text(Path(out) / f"{stem}.{fmt}", text)
