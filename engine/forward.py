@@ -1,0 +1,300 @@
+"""The reference forward pass: logits and attention patterns from any ``WeightSource``.
+
+One small function per piece of the architecture, reading like the formulas (row vectors,
+``x @ W``, TransformerLens names). It covers every supported family:
+
+- embeddings: ``W_E[tokens]`` (+ learned ``W_pos``) (+ BERT's token-type row 0 and LayerNorm);
+- rotary position embeddings (NeoX / Hugging Face ``rotate_half`` convention) on the first
+  ``cfg.rotary_dim`` dimensions of each query and key;
+- pre-norm blocks (LN, LNPre, RMS, RMSPre), sequential or parallel (GPT-NeoX) attention + MLP;
+- post-LN blocks (BERT): ``x = LN(x + attn(x))``, ``x = LN(x + mlp(x))``, no causal mask, and
+  the masked-LM head ``LN(act(x W + b)) W_U + b_U`` when the checkpoint has one;
+- gated MLPs ``act(x W_gate) * (x W_in)`` and the activations transformers uses.
+
+Grouped-query attention needs nothing special: canonical K/V tensors are already expanded to
+one per query head. Non-finite weights give non-finite outputs, never an exception.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .config import ModelConfig
+from .errors import ConfigError, IndexOutOfRangeError, PromptError
+from .weights import WeightSource
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+__all__ = ["ForwardResult", "activation", "log_probs", "run"]
+
+
+@dataclass(frozen=True)
+class ForwardResult:
+    logits: Tensor  # [batch, pos, d_vocab]
+    patterns: Tensor  # [batch, n_layers, n_heads, q_pos, k_pos]
+    head_outputs: Tensor | None = None  # [batch, n_layers, n_heads, pos, d_model], if asked
+    # [batch, pos, 1]: what the final norm divides the residual stream by (for direct logit
+    # attribution), if asked. None for post-LN models, whose logits are not linear in a head.
+    final_scale: Tensor | None = None
+
+
+def run(
+    weights: WeightSource,
+    tokens: Tensor | Sequence[int] | Sequence[Sequence[int]],
+    *,
+    ablate: Iterable[tuple[int, int]] = (),
+    ablation: str = "zero",
+    return_head_outputs: bool = False,
+) -> ForwardResult:
+    """Run the model on ``tokens`` ([pos] or [batch, pos] token ids).
+
+    ``ablate`` lists (layer, head) pairs whose output is replaced before the heads are summed:
+    by zero (``ablation="zero"``) or by its mean over positions (``"mean"``).
+    """
+    import torch
+
+    cfg = weights.cfg
+    path = getattr(weights, "path", None)
+    if ablation not in ("zero", "mean"):
+        raise ValueError(f"ablation must be 'zero' or 'mean', not {ablation!r}")
+    ablated: dict[int, list[int]] = {}
+    for layer, head in ablate:
+        cfg.check_head(layer, head, path)
+        ablated.setdefault(layer, []).append(head)
+
+    with torch.inference_mode():
+        toks = _token_batch(tokens, cfg, path)
+        x = embed(weights, toks)  # [batch, pos, d_model]
+        patterns, head_outputs = [], []
+        for layer in range(cfg.n_layers):
+            x, pattern, result = block(weights, layer, x, ablated.get(layer, ()), ablation)
+            patterns.append(pattern)
+            if return_head_outputs:
+                head_outputs.append(result)
+        final_scale = None
+        if return_head_outputs and not cfg.post_ln:
+            final_scale = norm_scale(x, cfg)
+        logits = unembed(weights, x)
+        return ForwardResult(
+            logits=logits,
+            patterns=torch.stack(patterns, dim=1),
+            head_outputs=torch.stack(head_outputs, dim=1) if return_head_outputs else None,
+            final_scale=final_scale,
+        )
+
+
+def log_probs(result: ForwardResult) -> Tensor:
+    """Log-probabilities over the vocabulary, [batch, pos, d_vocab]."""
+    import torch
+
+    return torch.log_softmax(result.logits, dim=-1)
+
+
+# -- inputs --------------------------------------------------------------------------------
+
+
+def _token_batch(tokens: Tensor | Sequence, cfg: ModelConfig, path: str | None) -> Tensor:
+    import torch
+
+    toks = torch.as_tensor(tokens, dtype=torch.long)
+    if toks.ndim == 1:
+        toks = toks[None, :]
+    if toks.ndim != 2 or toks.shape[1] == 0:
+        raise PromptError(path, f"expected token ids of shape [pos] or [batch, pos] with pos >= 1, got {tuple(toks.shape)}")
+    if toks.shape[1] > cfg.n_ctx:
+        raise IndexOutOfRangeError(path, f"{toks.shape[1]} tokens exceed the context length n_ctx={cfg.n_ctx}")
+    if toks.numel() and (int(toks.min()) < 0 or int(toks.max()) >= cfg.d_vocab):
+        bad = toks[(toks < 0) | (toks >= cfg.d_vocab)][0]
+        raise IndexOutOfRangeError(path, f"token id {int(bad)} out of range (d_vocab={cfg.d_vocab})")
+    return toks
+
+
+# -- building blocks -----------------------------------------------------------------------
+
+
+def embed(w: WeightSource, tokens: Tensor) -> Tensor:
+    """Token (+ learned position) (+ BERT token-type 0, then LayerNorm) embeddings."""
+    cfg = w.cfg
+    x = w.get("embed.W_E")[tokens]
+    if cfg.positional == "learned":
+        x = x + w.get("pos_embed.W_pos")[: tokens.shape[1]]
+    if w.has("embed.W_token_type"):
+        x = x + w.get("embed.W_token_type")[0]  # every token is segment A
+    if w.has("embed.ln.w"):
+        x = layer_norm(x, w.get("embed.ln.w"), w.get("embed.ln.b"), cfg.norm_eps)
+    return x
+
+
+def block(w: WeightSource, layer: int, x: Tensor, ablated: Sequence[int], ablation: str
+          ) -> tuple[Tensor, Tensor, Tensor]:
+    """One transformer block. Returns (new residual, pattern [b, h, q, k], head outputs)."""
+    cfg = w.cfg
+    ln1, ln2 = f"blocks.{layer}.ln1", f"blocks.{layer}.ln2"
+    if cfg.post_ln:  # BERT: normalise after each residual add
+        a, pattern, result = attention(w, layer, x, ablated, ablation)
+        x = norm(w, ln1, x + a)
+        if not cfg.attn_only:
+            x = norm(w, ln2, x + mlp(w, layer, x))
+        return x, pattern, result
+    a, pattern, result = attention(w, layer, norm(w, ln1, x), ablated, ablation)
+    if cfg.attn_only:
+        return x + a, pattern, result
+    if cfg.parallel_attn_mlp:  # GPT-NeoX: both read the same residual stream
+        return x + a + mlp(w, layer, norm(w, ln2, x)), pattern, result
+    x = x + a
+    return x + mlp(w, layer, norm(w, ln2, x)), pattern, result
+
+
+def attention(w: WeightSource, layer: int, x: Tensor, ablated: Sequence[int], ablation: str
+              ) -> tuple[Tensor, Tensor, Tensor]:
+    """Multi-head attention on the (normalised) input x [b, p, d_model].
+
+    Returns (output [b, p, d_model], pattern [b, h, q, k], per-head outputs [b, h, p, d_model]).
+    """
+    import torch
+
+    cfg = w.cfg
+    pre = f"blocks.{layer}.attn"
+    # [b, p, d_model] @ [h, d_model, d_head] -> [b, h, p, d_head]
+    q = torch.einsum("bpd,hde->bhpe", x, w.get(f"{pre}.W_Q")) + w.get(f"{pre}.b_Q")[:, None, :]
+    k = torch.einsum("bpd,hde->bhpe", x, w.get(f"{pre}.W_K")) + w.get(f"{pre}.b_K")[:, None, :]
+    v = torch.einsum("bpd,hde->bhpe", x, w.get(f"{pre}.W_V")) + w.get(f"{pre}.b_V")[:, None, :]
+    if cfg.positional == "rotary":
+        q, k = rotary(q, cfg), rotary(k, cfg)
+
+    scores = q @ k.transpose(-1, -2) / cfg.scale  # [b, h, q, k]
+    if cfg.causal:
+        n = scores.shape[-1]
+        future = torch.ones(n, n, dtype=torch.bool).triu(1)
+        scores = scores.masked_fill(future, float("-inf"))
+    pattern = torch.softmax(scores, dim=-1)
+
+    z = pattern @ v  # [b, h, q, d_head]
+    result = torch.einsum("bhqe,hem->bhqm", z, w.get(f"{pre}.W_O"))  # each head's output
+    for h in ablated:
+        if ablation == "zero":
+            result[:, h] = 0.0
+        else:  # mean over positions, per sequence
+            result[:, h] = result[:, h].mean(dim=1, keepdim=True)
+    return result.sum(dim=1) + w.get(f"{pre}.b_O"), pattern, result
+
+
+def rotary(x: Tensor, cfg: ModelConfig) -> Tensor:
+    """Rotate the first ``rotary_dim`` dims of each head of x [b, h, p, d_head] by position.
+
+    NeoX / Hugging Face convention: dims (i, i + r/2) form a pair rotated by angle
+    p · base^(-2i/r); the rest pass through unchanged (partial rotary).
+    """
+    import torch
+
+    r = cfg.rotary_dim or cfg.d_head
+    pos = torch.arange(x.shape[-2], dtype=torch.float32)
+    inv_freq = 1.0 / (cfg.rotary_base ** (torch.arange(0, r, 2, dtype=torch.float32) / r))
+    angles = pos[:, None] * inv_freq[None, :]  # [p, r/2]
+    angles = torch.cat((angles, angles), dim=-1)  # [p, r]
+    x_rot, x_pass = x[..., :r], x[..., r:]
+    x1, x2 = x_rot[..., : r // 2], x_rot[..., r // 2 :]
+    rotated = torch.cat((-x2, x1), dim=-1)  # rotate_half
+    x_rot = x_rot * angles.cos() + rotated * angles.sin()
+    return torch.cat((x_rot, x_pass), dim=-1)
+
+
+def mlp(w: WeightSource, layer: int, x: Tensor) -> Tensor:
+    """act(x W_in + b_in) W_out + b_out, or gated: (act(x W_gate) * (x W_in + b_in)) W_out + b_out."""
+    cfg = w.cfg
+    pre = f"blocks.{layer}.mlp"
+    act = activation(cfg.act_fn, getattr(w, "path", None))
+    hidden = x @ w.get(f"{pre}.W_in") + w.get(f"{pre}.b_in")
+    hidden = act(x @ w.get(f"{pre}.W_gate")) * hidden if cfg.gated_mlp else act(hidden)
+    return hidden @ w.get(f"{pre}.W_out") + w.get(f"{pre}.b_out")
+
+
+def unembed(w: WeightSource, x: Tensor) -> Tensor:
+    """Final norm (pre-LN models) or the BERT masked-LM transform, then x W_U + b_U."""
+    cfg = w.cfg
+    if cfg.post_ln:
+        if w.has("mlm.W"):  # BertForMaskedLM: dense -> act -> LayerNorm -> tied decoder
+            act = activation(cfg.act_fn, getattr(w, "path", None))
+            x = act(x @ w.get("mlm.W") + w.get("mlm.b"))
+            x = layer_norm(x, w.get("mlm.ln.w"), w.get("mlm.ln.b"), cfg.norm_eps)
+    else:
+        x = norm(w, "ln_final", x)
+    return x @ w.get("unembed.W_U") + w.get("unembed.b_U")
+
+
+# -- normalisation -------------------------------------------------------------------------
+
+
+def norm(w: WeightSource, prefix: str, x: Tensor) -> Tensor:
+    """The model's normalisation with parameters ``{prefix}.w``/``.b`` (absent once folded)."""
+    cfg = w.cfg
+    kind = cfg.normalization
+    if kind in ("LN", "LNPre"):
+        gain = w.get(f"{prefix}.w") if kind == "LN" else None
+        bias = w.get(f"{prefix}.b") if kind == "LN" and w.has(f"{prefix}.b") else None
+        return layer_norm(x, gain, bias, cfg.norm_eps)
+    if kind in ("RMS", "RMSPre"):
+        x = x * _rsqrt_mean_square(x, cfg.norm_eps)
+        return x * w.get(f"{prefix}.w") if kind == "RMS" else x
+    return x
+
+
+def layer_norm(x: Tensor, gain: Tensor | None, bias: Tensor | None, eps: float) -> Tensor:
+    import torch
+
+    return torch.nn.functional.layer_norm(x, (x.shape[-1],), gain, bias, eps)
+
+
+def norm_scale(x: Tensor, cfg: ModelConfig) -> Tensor:
+    """What the normalisation divides x [.., d_model] by, [.., 1] (ones without a norm)."""
+    import torch
+
+    if cfg.normalization in ("LN", "LNPre"):
+        return torch.sqrt(x.var(dim=-1, keepdim=True, unbiased=False) + cfg.norm_eps)
+    if cfg.normalization in ("RMS", "RMSPre"):
+        return 1.0 / _rsqrt_mean_square(x, cfg.norm_eps)
+    return torch.ones_like(x[..., :1])
+
+
+def _rsqrt_mean_square(x: Tensor, eps: float) -> Tensor:
+    import torch
+
+    return torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)
+
+
+# -- activations ---------------------------------------------------------------------------
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def activation(name: str | None, path: str | None = None) -> Callable[[Tensor], Tensor]:
+    """The activation ``name`` exactly as ``transformers`` computes it."""
+    import torch
+    import torch.nn.functional as F
+
+    def gelu_new(x: Tensor) -> Tensor:  # GPT-2's tanh approximation, written out as HF does
+        return 0.5 * x * (1.0 + torch.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * torch.pow(x, 3.0))))
+
+    def gelu_fast(x: Tensor) -> Tensor:
+        return 0.5 * x * (1.0 + torch.tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x)))
+
+    def quick_gelu(x: Tensor) -> Tensor:
+        return x * torch.sigmoid(1.702 * x)
+
+    table: dict[str, Callable[[Tensor], Tensor]] = {
+        "gelu": F.gelu,
+        "gelu_new": gelu_new,
+        "gelu_fast": gelu_fast,
+        "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+        "quick_gelu": quick_gelu,
+        "relu": F.relu,
+        "silu": F.silu,
+        "swish": F.silu,
+    }
+    if name not in table:
+        raise ConfigError(path, f"unsupported activation function {name!r} (supported: {', '.join(sorted(table))})")
+    return table[name]

@@ -1,0 +1,275 @@
+"""Weight processing: TransformerLens' ``from_pretrained`` defaults, applied lazily.
+
+``ProcessedWeights(raw)`` is a ``WeightSource`` whose tensors are those of ``raw`` after
+
+- ``fold_ln``: each norm's gain ``w`` (and LayerNorm bias ``b``) is folded into the weights
+  that read its output: ``W ← diag(w) W``, ``b_W ← b_W + b W``. For LayerNorm the reading
+  weights are then centred along ``d_model`` (LayerNorm's output has zero mean, so that
+  component of ``W`` never mattered). RMSNorm: scale only, no bias, no centring.
+- ``center_writing_weights`` (LayerNorm models only): ``W_E``, ``W_pos``, ``W_O``, ``b_O``,
+  ``W_out``, ``b_out`` centred along ``d_model`` — the next LayerNorm removes that mean anyway.
+- ``center_unembed`` (always): ``W_U`` and ``b_U`` centred along the vocabulary; softmax is
+  shift-invariant, so log-probabilities do not change.
+- ``fold_value_biases`` (always): ``b_O ← b_O + Σ_h b_V[h] W_O[h]``, ``b_V ← 0``. Exact
+  because each attention pattern row sums to one.
+
+in this order, exactly as ``HookedTransformer.load_and_process_state_dict`` does, so every
+number matches TransformerLens. The folded norms become parameter-free: ``cfg.normalization``
+turns ``"LN"`` into ``"LNPre"`` and ``"RMS"`` into ``"RMSPre"``, and their ``.w``/``.b`` are no
+longer part of the source (``has`` is false, as in TransformerLens' state dict).
+
+Post-LN encoders (BERT, ``cfg.post_ln``): TransformerLens' ``HookedEncoder`` folds nothing, and
+a post-LN block's norm cannot be folded into the *next* layer's reading weights exactly (the
+residual stream itself is the normalised value). We apply only what stays exact:
+``fold_value_biases`` and ``center_unembed`` (log-probabilities unchanged); norms keep their
+gains and biases and ``cfg`` is unchanged.
+
+Gated MLPs are only ever RMS-normed in the supported families; like TransformerLens we scale
+``W_gate`` by the norm gain and do not centre it (a LayerNorm bias has no gate bias to fold into).
+
+Everything is computed on demand: ``get_head`` touches only that head's slices (plus the
+layer's norm vectors), and results are kept in a small byte-bounded LRU cache.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .config import ModelConfig
+from .errors import MissingTensorError
+from .weights import HEAD_TENSORS, WeightSource
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["Plan", "ProcessedWeights", "plan_for", "processed_config"]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Which TransformerLens processing steps apply to a model (derived from its config)."""
+
+    fold_norm_gain: bool  # W ← diag(w) W for the pre-norm's readers
+    fold_norm_bias: bool  # b_W ← b_W + b W (LayerNorm only)
+    center_reading: bool  # readers of a LayerNorm(Pre) output centred along d_model
+    center_writing: bool  # writers to the residual stream centred along d_model
+    center_unembed: bool = True
+    fold_value_biases: bool = True
+
+
+def plan_for(cfg: ModelConfig) -> Plan:
+    """The processing TransformerLens' ``from_pretrained`` defaults apply to ``cfg``."""
+    if cfg.post_ln:
+        return Plan(False, False, False, False)
+    norm = cfg.normalization
+    if norm == "LN":
+        return Plan(True, True, True, True)
+    if norm == "LNPre":  # already folded: re-centring is a no-op on processed weights
+        return Plan(False, False, True, True)
+    if norm == "RMS":
+        return Plan(True, False, False, False)
+    return Plan(False, False, False, False)  # RMSPre / no normalisation
+
+
+def processed_config(cfg: ModelConfig) -> ModelConfig:
+    """``cfg`` as seen after processing: folded norms become LNPre/RMSPre."""
+    if cfg.post_ln:
+        return cfg
+    if cfg.normalization == "LN":
+        return cfg.replace(normalization="LNPre")
+    if cfg.normalization == "RMS":
+        return cfg.replace(normalization="RMSPre")
+    return cfg
+
+
+# Non-attention tensors that write into the residual stream (last dim is d_model).
+_WRITERS = (("embed", "W_E"), ("pos_embed", "W_pos"), ("mlp", "W_out"), ("mlp", "b_out"))
+
+
+def _split(name: str) -> tuple[int | None, str, str]:
+    """``blocks.3.attn.W_Q`` -> (3, "attn", "W_Q"); ``unembed.W_U`` -> (None, "unembed", "W_U")."""
+    parts = name.split(".")
+    if len(parts) == 4 and parts[0] == "blocks" and parts[1].isdigit():
+        return int(parts[1]), parts[2], parts[3]
+    if len(parts) == 2:
+        return None, parts[0], parts[1]
+    return None, "", name
+
+
+def _center(t: torch.Tensor, dim: int) -> torch.Tensor:
+    return t - t.mean(dim, keepdim=True)
+
+
+class ProcessedWeights:
+    """A ``WeightSource`` applying TransformerLens' default weight processing lazily."""
+
+    def __init__(self, raw: WeightSource, *, cache_bytes: int = 64 << 20) -> None:
+        self.raw = raw
+        self.raw_cfg = raw.cfg
+        self.cfg = processed_config(raw.cfg)
+        self.path = getattr(raw, "path", None)
+        self.plan = plan_for(raw.cfg)
+        self._cache: OrderedDict[tuple[str, int | None], torch.Tensor] = OrderedDict()
+        self._cache_bytes = 0
+        self._cache_limit = cache_bytes
+        self._lock = threading.Lock()
+
+    # -- WeightSource -------------------------------------------------------------------
+
+    def has(self, name: str) -> bool:
+        if self._is_folded_norm(name):
+            return False
+        return self.raw.has(name)
+
+    def get(self, name: str) -> torch.Tensor:
+        return self._cached(name, None)
+
+    def get_head(self, name: str, head: int) -> torch.Tensor:
+        if _split(name)[2] not in HEAD_TENSORS:
+            raise MissingTensorError(self.path, f"{name!r} is not a per-head tensor")
+        self.cfg.check_head(_split(name)[0] or 0, head, self.path)
+        return self._cached(name, head)
+
+    # -- cache --------------------------------------------------------------------------
+
+    def _cached(self, name: str, head: int | None) -> torch.Tensor:
+        key = (name, head)
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                return hit
+        value = self._compute(name, head)
+        size = value.numel() * value.element_size()
+        with self._lock:
+            if key not in self._cache and size <= self._cache_limit:
+                self._cache[key] = value
+                self._cache_bytes += size
+                while self._cache_bytes > self._cache_limit:
+                    _, old = self._cache.popitem(last=False)
+                    self._cache_bytes -= old.numel() * old.element_size()
+        return value
+
+    def clear_cache(self) -> None:
+        with self._lock:
+            self._cache.clear()
+            self._cache_bytes = 0
+
+    # -- the processing itself ----------------------------------------------------------
+
+    def _is_folded_norm(self, name: str) -> bool:
+        if not self.plan.fold_norm_gain:
+            return False
+        return name in ("ln_final.w", "ln_final.b") or (
+            _split(name)[1] in ("ln1", "ln2") and _split(name)[2] in ("w", "b")
+        )
+
+    def _raw(self, name: str, head: int | None) -> torch.Tensor:
+        return self.raw.get(name) if head is None else self.raw.get_head(name, head)
+
+    def _norm(self, prefix: str) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The (gain, bias) of the norm named ``prefix`` that processing folds away."""
+        p = self.plan
+        w = self._cached(f"~{prefix}.w", None) if p.fold_norm_gain else None
+        b = None
+        if p.fold_norm_bias and self.raw.has(f"{prefix}.b"):
+            b = self._cached(f"~{prefix}.b", None)
+        return w, b
+
+    def _compute(self, name: str, head: int | None) -> torch.Tensor:
+        import torch
+
+        if name.startswith("~"):  # the raw norm vectors, cached like everything else
+            return self.raw.get(name[1:])
+        if self._is_folded_norm(name):
+            raise MissingTensorError(self.path, f"{name!r} is folded into the next weights (processed model)")
+        layer, module, leaf = _split(name)
+        p = self.plan
+
+        with torch.no_grad():
+            if module == "attn":
+                return self._attn(layer, leaf, head)
+            if module == "mlp" and leaf in ("W_in", "W_gate", "b_in"):
+                return self._mlp_reader(layer, leaf)
+            if (module, leaf) in _WRITERS:
+                t = self._raw(name, None)
+                return _center(t, -1) if p.center_writing else t
+            if module == "unembed":
+                return self._unembed(leaf)
+            return self._raw(name, head)
+
+    def _attn(self, layer: int | None, leaf: str, head: int | None) -> torch.Tensor:
+        """Attention weights of one layer (``head`` None: all heads stacked on dim 0)."""
+        import torch
+
+        p = self.plan
+        pre = f"blocks.{layer}.attn"
+        if leaf in ("W_Q", "W_K", "W_V"):
+            # LN(x) W = n(x) diag(w) W + b W: scale the rows, then drop their d_model mean.
+            W = self._raw(f"{pre}.{leaf}", head)
+            w, _ = self._norm(f"blocks.{layer}.ln1")
+            if w is not None:
+                W = W * w[:, None]
+            return _center(W, -2) if p.center_reading else W
+        if leaf in ("b_Q", "b_K", "b_V"):
+            if leaf == "b_V" and p.fold_value_biases:
+                b = self._raw(f"{pre}.b_V", head)
+                return torch.zeros_like(b)
+            return self._folded_bias(layer, leaf, head)
+        if leaf == "W_O":
+            W_O = self._raw(f"{pre}.W_O", head)
+            return _center(W_O, -1) if p.center_writing else W_O
+        if leaf == "b_O":
+            b_O = self._raw(f"{pre}.b_O", None)
+            if p.center_writing:
+                b_O = _center(b_O, -1)
+            if p.fold_value_biases:
+                # Pattern rows sum to 1, so head h always adds b_V[h] W_O[h]: move it to b_O.
+                b_V = self._folded_bias(layer, "b_V", None)  # [n_heads, d_head]
+                W_O = self._cached(f"{pre}.W_O", None)  # processed: [n_heads, d_head, d_model]
+                b_O = b_O + torch.einsum("he,hem->m", b_V, W_O)
+            return b_O
+        return self._raw(f"{pre}.{leaf}", head)
+
+    def _folded_bias(self, layer: int | None, leaf: str, head: int | None) -> torch.Tensor:
+        """b_Q/b_K/b_V with the ln1 bias folded in: b + ln1.b @ W (W before scaling)."""
+        pre = f"blocks.{layer}.attn"
+        b = self._raw(f"{pre}.{leaf}", head)
+        _, ln_b = self._norm(f"blocks.{layer}.ln1")
+        if ln_b is None:
+            return b
+        W = self._raw(f"{pre}.W_{leaf[-1]}", head)  # [(h,) d_model, d_head]
+        return b + ln_b @ W
+
+    def _mlp_reader(self, layer: int | None, leaf: str) -> torch.Tensor:
+        p = self.plan
+        pre = f"blocks.{layer}.mlp"
+        w, ln_b = self._norm(f"blocks.{layer}.ln2")
+        if leaf == "b_in":
+            b_in = self._raw(f"{pre}.b_in", None)
+            return b_in if ln_b is None else b_in + ln_b @ self._raw(f"{pre}.W_in", None)
+        W = self._raw(f"{pre}.{leaf}", None)  # [d_model, d_mlp]
+        if w is not None:
+            W = W * w[:, None]
+        # TransformerLens centres W_in only (never W_gate): match it.
+        return _center(W, 0) if (p.center_reading and leaf == "W_in") else W
+
+    def _unembed(self, leaf: str) -> torch.Tensor:
+        p = self.plan
+        w, ln_b = self._norm("ln_final")
+        if leaf == "W_U":
+            W_U = self._raw("unembed.W_U", None)  # [d_model, d_vocab]
+            if w is not None:
+                W_U = W_U * w[:, None]
+            if p.center_reading:
+                W_U = _center(W_U, 0)
+            return _center(W_U, -1) if p.center_unembed else W_U
+        if leaf == "b_U":
+            b_U = self._raw("unembed.b_U", None)
+            if ln_b is not None:
+                b_U = b_U + ln_b @ self._raw("unembed.W_U", None)
+            return _center(b_U, -1) if p.center_unembed else b_U
+        return self._raw(f"unembed.{leaf}", None)

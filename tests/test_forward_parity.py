@@ -1,0 +1,218 @@
+"""Parity of engine.forward with transformers on the tiny random checkpoints of every family.
+
+Two routes, so a failure points at its cause:
+- ``hf_to_canonical`` (below) converts the in-memory ``transformers`` model to canonical
+  tensors independently of the loaders: this checks the forward pass alone;
+- ``open_model(path)`` (when engine.loading exists) checks loading + processing + forward.
+Both are compared with ``transformers`` run eagerly with ``output_attentions=True``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from engine.config import ModelConfig
+from engine.forward import log_probs, run
+from engine.processing import ProcessedWeights
+from engine.weights import DictWeights
+
+TOL = 1e-4
+SEQS = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 3, 4, 5, 60, 61, 62],
+                     [95, 0, 17, 17, 17, 40, 3, 2, 1, 88, 47, 46, 45, 44, 5, 5, 9]])
+
+
+# -- independent HF -> canonical conversion (test-only) -----------------------------------
+
+
+def _heads_in(W: torch.Tensor, n: int) -> torch.Tensor:
+    """nn.Linear weight [n*d_head, d_model] -> [n, d_model, d_head]."""
+    return W.reshape(n, -1, W.shape[1]).transpose(1, 2).contiguous()
+
+
+def _heads_out(W: torch.Tensor, n: int) -> torch.Tensor:
+    """nn.Linear weight [d_model, n*d_head] (output projection) -> [n, d_head, d_model]."""
+    return W.T.reshape(n, -1, W.shape[0]).contiguous()
+
+
+def _expand(t: torch.Tensor, n_heads: int) -> torch.Tensor:
+    return torch.repeat_interleave(t, n_heads // t.shape[0], dim=0)
+
+
+def hf_to_canonical(family: str, model: Any) -> DictWeights:
+    """Canonical float32 tensors + ModelConfig from a transformers model (no engine.loading)."""
+    c = model.config
+    sd = {k: v.detach().float().clone() for k, v in model.state_dict().items()}
+    d, L, H = c.hidden_size, c.num_hidden_layers, c.num_attention_heads
+    e = d // H
+    t: dict[str, torch.Tensor] = {}
+    zeros_h = torch.zeros(H, e)
+    if family == "gpt2":
+        cfg = ModelConfig(family="gpt2", architecture="GPT2LMHeadModel", n_layers=L, n_heads=H,
+                          d_model=d, d_head=e, d_vocab=c.vocab_size, n_ctx=c.n_positions,
+                          d_mlp=c.n_inner, act_fn=c.activation_function,
+                          norm_eps=c.layer_norm_epsilon, positional="learned")
+        t["embed.W_E"], t["pos_embed.W_pos"] = sd["transformer.wte.weight"], sd["transformer.wpe.weight"]
+        for i_l in range(L):
+            p = f"transformer.h.{i_l}."
+            Wqkv, bqkv = sd[p + "attn.c_attn.weight"], sd[p + "attn.c_attn.bias"]  # Conv1D: x @ W
+            for i, n in enumerate("QKV"):
+                t[f"blocks.{i_l}.attn.W_{n}"] = Wqkv[:, i * d:(i + 1) * d].reshape(d, H, e).permute(1, 0, 2)
+                t[f"blocks.{i_l}.attn.b_{n}"] = bqkv[i * d:(i + 1) * d].reshape(H, e)
+            t[f"blocks.{i_l}.attn.W_O"] = sd[p + "attn.c_proj.weight"].reshape(H, e, d)
+            t[f"blocks.{i_l}.attn.b_O"] = sd[p + "attn.c_proj.bias"]
+            t[f"blocks.{i_l}.mlp.W_in"], t[f"blocks.{i_l}.mlp.b_in"] = sd[p + "mlp.c_fc.weight"], sd[p + "mlp.c_fc.bias"]
+            t[f"blocks.{i_l}.mlp.W_out"], t[f"blocks.{i_l}.mlp.b_out"] = sd[p + "mlp.c_proj.weight"], sd[p + "mlp.c_proj.bias"]
+            for ln, hf in (("ln1", "ln_1"), ("ln2", "ln_2")):
+                t[f"blocks.{i_l}.{ln}.w"], t[f"blocks.{i_l}.{ln}.b"] = sd[p + hf + ".weight"], sd[p + hf + ".bias"]
+        t["ln_final.w"], t["ln_final.b"] = sd["transformer.ln_f.weight"], sd["transformer.ln_f.bias"]
+        t["unembed.W_U"] = sd["lm_head.weight"].T
+    elif family == "neox":
+        rot = int(e * c.rope_parameters.get("partial_rotary_factor", getattr(c, "rotary_pct", 1.0)))
+        cfg = ModelConfig(family="neox", architecture="GPTNeoXForCausalLM", n_layers=L, n_heads=H,
+                          d_model=d, d_head=e, d_vocab=c.vocab_size, n_ctx=c.max_position_embeddings,
+                          d_mlp=c.intermediate_size, act_fn=c.hidden_act, norm_eps=c.layer_norm_eps,
+                          positional="rotary", rotary_dim=rot,
+                          rotary_base=c.rope_parameters["rope_theta"],
+                          parallel_attn_mlp=c.use_parallel_residual)
+        t["embed.W_E"] = sd["gpt_neox.embed_in.weight"]
+        for i_l in range(L):
+            p = f"gpt_neox.layers.{i_l}."
+            # query_key_value's outputs are laid out [head, (q|k|v), d_head]
+            Wqkv = sd[p + "attention.query_key_value.weight"].reshape(H, 3, e, d)
+            bqkv = sd[p + "attention.query_key_value.bias"].reshape(H, 3, e)
+            for i, n in enumerate("QKV"):
+                t[f"blocks.{i_l}.attn.W_{n}"] = Wqkv[:, i].transpose(1, 2)
+                t[f"blocks.{i_l}.attn.b_{n}"] = bqkv[:, i]
+            t[f"blocks.{i_l}.attn.W_O"] = _heads_out(sd[p + "attention.dense.weight"], H)
+            t[f"blocks.{i_l}.attn.b_O"] = sd[p + "attention.dense.bias"]
+            t[f"blocks.{i_l}.mlp.W_in"], t[f"blocks.{i_l}.mlp.b_in"] = sd[p + "mlp.dense_h_to_4h.weight"].T, sd[p + "mlp.dense_h_to_4h.bias"]
+            t[f"blocks.{i_l}.mlp.W_out"], t[f"blocks.{i_l}.mlp.b_out"] = sd[p + "mlp.dense_4h_to_h.weight"].T, sd[p + "mlp.dense_4h_to_h.bias"]
+            for ln, hf in (("ln1", "input_layernorm"), ("ln2", "post_attention_layernorm")):
+                t[f"blocks.{i_l}.{ln}.w"], t[f"blocks.{i_l}.{ln}.b"] = sd[p + hf + ".weight"], sd[p + hf + ".bias"]
+        t["ln_final.w"], t["ln_final.b"] = sd["gpt_neox.final_layer_norm.weight"], sd["gpt_neox.final_layer_norm.bias"]
+        t["unembed.W_U"] = sd.get("embed_out.weight", sd.get("lm_head.weight")).T  # transformers 5 renamed it
+    elif family in ("llama", "qwen2"):
+        kv = c.num_key_value_heads
+        cfg = ModelConfig(family=family, architecture=type(model).__name__, n_layers=L, n_heads=H,
+                          n_kv_heads=kv, d_model=d, d_head=e, d_vocab=c.vocab_size,
+                          n_ctx=c.max_position_embeddings, d_mlp=c.intermediate_size,
+                          act_fn=c.hidden_act, gated_mlp=True, normalization="RMS",
+                          norm_eps=c.rms_norm_eps, positional="rotary", rotary_dim=e,
+                          rotary_base=c.rope_parameters["rope_theta"])
+        t["embed.W_E"] = sd["model.embed_tokens.weight"]
+        for i_l in range(L):
+            p = f"model.layers.{i_l}."
+            for n, proj, n_h in (("Q", "q_proj", H), ("K", "k_proj", kv), ("V", "v_proj", kv)):
+                t[f"blocks.{i_l}.attn.W_{n}"] = _expand(_heads_in(sd[p + f"self_attn.{proj}.weight"], n_h), H)
+                bias = sd.get(p + f"self_attn.{proj}.bias")
+                t[f"blocks.{i_l}.attn.b_{n}"] = zeros_h if bias is None else _expand(bias.reshape(n_h, e), H)
+            t[f"blocks.{i_l}.attn.W_O"] = _heads_out(sd[p + "self_attn.o_proj.weight"], H)
+            t[f"blocks.{i_l}.attn.b_O"] = torch.zeros(d)
+            t[f"blocks.{i_l}.mlp.W_in"] = sd[p + "mlp.up_proj.weight"].T
+            t[f"blocks.{i_l}.mlp.W_gate"] = sd[p + "mlp.gate_proj.weight"].T
+            t[f"blocks.{i_l}.mlp.b_in"] = torch.zeros(c.intermediate_size)
+            t[f"blocks.{i_l}.mlp.W_out"] = sd[p + "mlp.down_proj.weight"].T
+            t[f"blocks.{i_l}.mlp.b_out"] = torch.zeros(d)
+            t[f"blocks.{i_l}.ln1.w"] = sd[p + "input_layernorm.weight"]
+            t[f"blocks.{i_l}.ln2.w"] = sd[p + "post_attention_layernorm.weight"]
+        t["ln_final.w"] = sd["model.norm.weight"]
+        t["unembed.W_U"] = sd.get("lm_head.weight", sd["model.embed_tokens.weight"]).T
+    elif family in ("bert_mlm", "bert_base"):
+        mlm = family == "bert_mlm"
+        pre = "bert." if mlm else ""
+        cfg = ModelConfig(family="bert", architecture=type(model).__name__, n_layers=L, n_heads=H,
+                          d_model=d, d_head=e, d_vocab=c.vocab_size, n_ctx=c.max_position_embeddings,
+                          d_mlp=c.intermediate_size, act_fn=c.hidden_act, norm_eps=c.layer_norm_eps,
+                          positional="learned", causal=False, post_ln=True,
+                          tied_unembed=not mlm, has_mlm_head=mlm)
+        em = pre + "embeddings."
+        t["embed.W_E"], t["pos_embed.W_pos"] = sd[em + "word_embeddings.weight"], sd[em + "position_embeddings.weight"]
+        t["embed.W_token_type"] = sd[em + "token_type_embeddings.weight"]
+        t["embed.ln.w"], t["embed.ln.b"] = sd[em + "LayerNorm.weight"], sd[em + "LayerNorm.bias"]
+        for i_l in range(L):
+            p = f"{pre}encoder.layer.{i_l}."
+            for n, proj in (("Q", "query"), ("K", "key"), ("V", "value")):
+                t[f"blocks.{i_l}.attn.W_{n}"] = _heads_in(sd[p + f"attention.self.{proj}.weight"], H)
+                t[f"blocks.{i_l}.attn.b_{n}"] = sd[p + f"attention.self.{proj}.bias"].reshape(H, e)
+            t[f"blocks.{i_l}.attn.W_O"] = _heads_out(sd[p + "attention.output.dense.weight"], H)
+            t[f"blocks.{i_l}.attn.b_O"] = sd[p + "attention.output.dense.bias"]
+            t[f"blocks.{i_l}.ln1.w"], t[f"blocks.{i_l}.ln1.b"] = sd[p + "attention.output.LayerNorm.weight"], sd[p + "attention.output.LayerNorm.bias"]
+            t[f"blocks.{i_l}.mlp.W_in"], t[f"blocks.{i_l}.mlp.b_in"] = sd[p + "intermediate.dense.weight"].T, sd[p + "intermediate.dense.bias"]
+            t[f"blocks.{i_l}.mlp.W_out"], t[f"blocks.{i_l}.mlp.b_out"] = sd[p + "output.dense.weight"].T, sd[p + "output.dense.bias"]
+            t[f"blocks.{i_l}.ln2.w"], t[f"blocks.{i_l}.ln2.b"] = sd[p + "output.LayerNorm.weight"], sd[p + "output.LayerNorm.bias"]
+        if mlm:
+            tr = "cls.predictions.transform."
+            t["mlm.W"], t["mlm.b"] = sd[tr + "dense.weight"].T, sd[tr + "dense.bias"]
+            t["mlm.ln.w"], t["mlm.ln.b"] = sd[tr + "LayerNorm.weight"], sd[tr + "LayerNorm.bias"]
+            t["unembed.W_U"] = sd["cls.predictions.decoder.weight"].T
+            t["unembed.b_U"] = sd["cls.predictions.bias"]
+        else:
+            t["unembed.W_U"] = t["embed.W_E"].T
+    else:
+        raise AssertionError(family)
+    t.setdefault("unembed.b_U", torch.zeros(cfg.d_vocab))
+    return DictWeights(cfg, {k: v.contiguous() for k, v in t.items()})
+
+
+# -- the reference: transformers itself ---------------------------------------------------
+
+
+def hf_reference(family: str, model: Any, tokens: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """(log-probs or None for BertModel, patterns [batch, layer, head, q, k]) from transformers."""
+    model.config._attn_implementation = "eager"  # output_attentions needs the eager path
+    with torch.no_grad():
+        out = model(input_ids=tokens, output_attentions=True)
+    patterns = torch.stack(out.attentions, dim=1)
+    if family == "bert_base":
+        return None, patterns
+    return torch.log_softmax(out.logits.float(), dim=-1), patterns
+
+
+FAMILY_NAMES = ["gpt2", "neox", "llama", "qwen2", "bert_mlm", "bert_base"]
+
+
+@pytest.fixture(params=FAMILY_NAMES)
+def family(request: pytest.FixtureRequest) -> tuple[str, Any, Any]:
+    """(family, checkpoint dir, transformers model) built once per session by conftest."""
+    path, model = request.getfixturevalue(f"{request.param}_dir")
+    return request.param, path, model
+
+
+def _assert_close(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
+    assert a.shape == b.shape, f"{what}: shape {tuple(a.shape)} != {tuple(b.shape)}"
+    err = (a - b).abs().max().item()
+    assert err < TOL, f"{what}: max abs diff {err:.2e} >= {TOL}"
+
+
+def test_forward_matches_transformers(family: tuple[str, Any, Any]) -> None:
+    name, _, model = family
+    w = hf_to_canonical(name, model)
+    ref_lp, ref_pat = hf_reference(name, model, SEQS)
+    res = run(w, SEQS)
+    _assert_close(res.patterns, ref_pat, f"{name} patterns")
+    if ref_lp is not None:
+        _assert_close(log_probs(res), ref_lp, f"{name} log-probs")
+    # The fixtures must be strong enough that the comparison means something: patterns far
+    # from uniform (HF's default 0.02 init would leave them near 1/pos).
+    assert ref_pat.max() > 0.9
+
+
+def test_processed_forward_matches_transformers(family: tuple[str, Any, Any]) -> None:
+    name, _, model = family
+    w = ProcessedWeights(hf_to_canonical(name, model))
+    ref_lp, ref_pat = hf_reference(name, model, SEQS)
+    res = run(w, SEQS)
+    _assert_close(res.patterns, ref_pat, f"{name} processed patterns")
+    if ref_lp is not None:
+        _assert_close(log_probs(res), ref_lp, f"{name} processed log-probs")
+
+
+def test_single_sequence_is_batch_of_one(gpt2_dir: tuple[Any, Any]) -> None:
+    w = hf_to_canonical("gpt2", gpt2_dir[1])
+    one = run(w, SEQS[1].tolist())
+    both = run(w, SEQS)
+    assert one.logits.shape == (1, SEQS.shape[1], w.cfg.d_vocab)
+    _assert_close(one.logits[0], both.logits[1], "batch row vs single")
