@@ -1,0 +1,174 @@
+"""The headscope CLI: every command's output checked against the engine's own functions."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine import circuits, forward, scores
+from engine.loading import open_model
+from tui.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> object:
+    code, out, err = run_cli(capsys, *argv, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_info_reports_the_structure(capsys, gpt2_dir) -> None:
+    path, hf = gpt2_dir
+    info = run_json(capsys, "info", str(path))
+    assert (info["family"], info["n_layers"], info["n_heads"], info["d_model"], info["d_vocab"]) == (
+        "gpt2", hf.config.n_layer, hf.config.n_head, hf.config.n_embd, hf.config.vocab_size)
+    assert info["n_params"] == sum(p.numel() for p in hf.parameters())
+    assert info["positional"] == "learned" and info["tied_unembed"] is False
+
+
+def test_heads_equal_the_score_functions(capsys, gpt2_dir) -> None:
+    path, _ = gpt2_dir
+    rows = run_json(capsys, "heads", str(path))
+    w = open_model(path).weights
+    copying = scores.all_copying_scores(w)
+    behaviour = scores.behaviour_scores(w, seed=0)
+    assert len(rows) == w.cfg.n_layers * w.cfg.n_heads
+    for r in rows:
+        layer, head = r["layer"], r["head"]
+        assert r["copying_score"] == pytest.approx(float(copying[layer, head]), abs=1e-6)
+        assert r["induction_score"] == pytest.approx(float(behaviour["induction"][layer, head]), abs=1e-6)
+        assert -1 <= r["copying_score"] <= 1
+
+
+def test_heads_sort_and_unknown_key(capsys, gpt2_dir) -> None:
+    path, _ = gpt2_dir
+    rows = run_json(capsys, "heads", str(path), "--sort", "prev_token_score")
+    values = [r["prev_token_score"] for r in rows]
+    assert values == sorted(values, reverse=True)
+    code, _, err = run_cli(capsys, "heads", str(path), "--sort", "nonsense")
+    assert code == 1 and "unknown sort key" in err and err.count("\n") == 1
+
+
+def test_composition_json_shape_and_top_edges(capsys, gpt2_dir) -> None:
+    path, _ = gpt2_dir
+    report = run_json(capsys, "composition", str(path), "--kind", "k", "--top", "3")
+    w = open_model(path).weights
+    expected = scores.composition_scores(w, "k", seed=0)
+    s = torch.tensor(report["scores"])
+    L, H = w.cfg.n_layers, w.cfg.n_heads
+    assert s.shape == (L, H, L, H)
+    assert torch.allclose(s, expected.scores.float(), atol=1e-6)
+    assert report["baseline"] == pytest.approx(float(expected.baseline))
+    for l1 in range(L):  # zero where the source layer is not earlier
+        assert torch.all(s[l1, :, : l1 + 1] == 0)
+    tops = report["top_edges"]
+    assert len(tops) == 3
+    assert [e["above_baseline"] for e in tops] == sorted((e["above_baseline"] for e in tops), reverse=True)
+    best = max(float(s[a, b, c, d]) for a in range(L) for b in range(H) for c in range(a + 1, L) for d in range(H))
+    assert tops[0]["score"] == pytest.approx(best)
+
+
+def test_forward_matches_the_engine(capsys, gpt2_dir) -> None:
+    path, _ = gpt2_dir
+    report = run_json(capsys, "forward", str(path), "--tokens", "3,14,15,92")
+    ref = forward.run(open_model(path).weights, [3, 14, 15, 92])
+    assert torch.allclose(torch.tensor(report["logits"]), ref.logits[0], atol=1e-5)
+    assert torch.tensor(report["patterns"]).shape == ref.patterns[0].shape
+
+
+def test_circuit_block_equals_the_dense_product(capsys, gpt2_dir) -> None:
+    path, _ = gpt2_dir
+    report = run_json(capsys, "circuit", str(path), "1", "2", "--kind", "qk", "--rows", "0:5,7", "--cols", "3,4")
+    w = open_model(path).weights
+    e = w.get("embed.W_E")
+    dense = e @ w.get_head("blocks.1.attn.W_Q", 2) @ w.get_head("blocks.1.attn.W_K", 2).T @ e.T
+    assert report["rows"] == [0, 1, 2, 3, 4, 7] and report["cols"] == [3, 4]
+    assert torch.allclose(torch.tensor(report["values"]), dense[[0, 1, 2, 3, 4, 7]][:, [3, 4]], atol=1e-4)
+    ov = run_json(capsys, "circuit", str(path), "0", "1", "--kind", "ov", "--rows", "2,5", "--cols", "2,5")
+    full = circuits.full_ov(w, 0, 1).block([2, 5], [2, 5])
+    assert torch.allclose(torch.tensor(ov["values"]), full, atol=1e-5)
+
+
+def test_position_basis(capsys, gpt2_dir) -> None:
+    path, _ = gpt2_dir
+    report = run_json(capsys, "circuit", str(path), "0", "0", "--kind", "qk", "--basis", "position",
+                      "--rows", "0:4", "--cols", "0:4")
+    w = open_model(path).weights
+    p = w.get("pos_embed.W_pos")[:4]
+    dense = p @ w.get_head("blocks.0.attn.W_Q", 0) @ w.get_head("blocks.0.attn.W_K", 0).T @ p.T
+    assert torch.allclose(torch.tensor(report["values"]), dense, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["info", "/nonexistent/model"], "/nonexistent/model"),
+        (["circuit", "{path}", "9", "0", "--kind", "qk"], "layer 9 out of range"),
+        (["circuit", "{path}", "0", "0", "--kind", "ov", "--basis", "position"], "position basis"),
+        (["forward", "{path}", "--tokens", "1,100000"], "out of range"),
+        (["forward", "{path}", "--prompt", "   "], "empty prompt"),
+    ],
+)
+def test_errors_are_one_line_with_exit_code_1(capsys, gpt2_dir, argv, fragment) -> None:
+    path, _ = gpt2_dir
+    code, out, err = run_cli(capsys, *(a.format(path=path) for a in argv))
+    assert code == 1 and out == ""
+    assert fragment in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_pickle_checkpoint_is_refused(capsys, tmp_path) -> None:
+    (tmp_path / "pytorch_model.bin").write_bytes(b"\x80\x04not really a pickle")
+    code, _, err = run_cli(capsys, "info", str(tmp_path))
+    assert code == 1 and "safetensors" in err
+
+
+def test_usage_errors_exit_2(capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["composition", "x", "--kind", "z"])
+    assert info.value.code == 2
+
+
+def test_help_and_version() -> None:
+    env = {**os.environ, "COLUMNS": "100"}
+    out = subprocess.run([sys.executable, "-m", "tui.cli", "--help"], capture_output=True, text=True,
+                         cwd=REPO, env=env, check=True).stdout
+    for command in ("info", "heads", "composition", "forward", "circuit", "diff", "export", "serve"):
+        assert command in out
+    assert "exit codes" in out
+    sub = subprocess.run([sys.executable, "-m", "tui.cli", "circuit", "--help"], capture_output=True,
+                         text=True, cwd=REPO, env=env, check=True).stdout
+    assert "--basis" in sub and "example" in sub
+    version = subprocess.run([sys.executable, "-m", "tui.cli", "--version"], capture_output=True,
+                             text=True, cwd=REPO, check=True).stdout
+    assert version.startswith("headscope ")
+
+
+def test_tables_are_tsv_when_piped(gpt2_dir) -> None:
+    path, _ = gpt2_dir
+    out = subprocess.run([sys.executable, "-m", "tui.cli", "heads", str(path), "--sort", "copying_score"],
+                         capture_output=True, text=True, cwd=REPO, check=True).stdout
+    lines = out.splitlines()
+    assert lines[0].split("\t")[:3] == ["layer", "head", "copying_score"]
+    assert all(len(line.split("\t")) == len(lines[0].split("\t")) for line in lines[1:])
+
+
+def test_info_does_not_import_torch(gpt2_dir) -> None:
+    path, _ = gpt2_dir
+    code = (
+        f"import sys; from tui.cli import main; rc = main(['info', {str(path)!r}, '--json']);"
+        "sys.stdout.flush(); assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, capture_output=True)

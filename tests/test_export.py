@@ -1,0 +1,84 @@
+"""Exports: JSON/CSV round trips equal the engine's numbers; writes are atomic."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from engine import scores
+from engine.export import atomic_write_text
+from engine.loading import open_model
+from tui.cli import main
+
+
+def export(tmp_path: Path, path: Path, *argv: str) -> Path:
+    out = tmp_path / "out"
+    assert main(["export", str(path), "--out", str(out), *argv]) == 0
+    (written,) = list(out.iterdir())
+    return written
+
+
+def test_heads_csv_round_trip(tmp_path, gpt2_dir, capsys) -> None:
+    path, _ = gpt2_dir
+    written = export(tmp_path, path, "--what", "heads", "--format", "csv")
+    assert capsys.readouterr().out.strip() == str(written)
+    rows = list(csv.DictReader(written.open()))
+    w = open_model(path).weights
+    copying = scores.all_copying_scores(w)
+    assert len(rows) == w.cfg.n_layers * w.cfg.n_heads
+    for r in rows:
+        assert float(r["copying_score"]) == pytest.approx(float(copying[int(r["layer"]), int(r["head"])]), abs=1e-6)
+
+
+def test_composition_json_and_csv_agree(tmp_path, gpt2_dir) -> None:
+    path, _ = gpt2_dir
+    js = json.loads(export(tmp_path / "j", path, "--what", "composition", "--kind", "v").read_text())
+    expected = scores.composition_scores(open_model(path).weights, "v", seed=0)
+    assert js["baseline"] == pytest.approx(float(expected.baseline))
+    rows = list(csv.DictReader(export(tmp_path / "c", path, "--what", "composition", "--kind", "v",
+                                      "--format", "csv").open()))
+    for r in rows:
+        l1, h1, l2, h2 = (int(r[k]) for k in ("source_layer", "source_head", "target_layer", "target_head"))
+        assert l1 < l2
+        assert float(r["score"]) == pytest.approx(js["scores"][l1][h1][l2][h2], abs=1e-6)
+
+
+def test_circuit_csv_cells(tmp_path, gpt2_dir) -> None:
+    path, _ = gpt2_dir
+    written = export(tmp_path, path, "--what", "circuit", "--kind", "ov", "--layer", "1", "--head", "0",
+                     "--rows", "1,2", "--cols", "3,4,5", "--format", "csv")
+    rows = list(csv.DictReader(written.open()))
+    from engine.circuits import full_ov
+
+    block = full_ov(open_model(path).weights, 1, 0).block([1, 2], [3, 4, 5])
+    assert len(rows) == 6
+    for r in rows:
+        i, j = [1, 2].index(int(r["row_id"])), [3, 4, 5].index(int(r["col_id"]))
+        assert float(r["value"]) == pytest.approx(float(block[i, j]), rel=1e-5, abs=1e-6)
+
+
+def test_export_never_writes_next_to_the_checkpoint_by_default(tmp_path, gpt2_dir, monkeypatch) -> None:
+    path, _ = gpt2_dir
+    before = sorted(p.name for p in Path(path).iterdir())
+    monkeypatch.chdir(tmp_path)
+    assert main(["export", str(path), "--what", "heads"]) == 0
+    assert sorted(p.name for p in Path(path).iterdir()) == before
+    assert any(p.suffix == ".json" for p in tmp_path.iterdir())
+
+
+def test_interrupted_write_leaves_no_partial_file(tmp_path, monkeypatch) -> None:
+    target = tmp_path / "report.json"
+    atomic_write_text(target, "old, complete\n")
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write_text(target, "new " * 10_000)
+    assert target.read_text() == "old, complete\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["report.json"]  # temp file cleaned up

@@ -1,0 +1,56 @@
+"""`headscope serve`: answers on loopback with the app page, refuses other hosts, stops cleanly."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tui.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_answers_on_loopback_and_stops(gpt2_dir) -> None:
+    pytest.importorskip("textual_serve")
+    path, _ = gpt2_dir
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tui.cli", "serve", str(path), "--port", str(port)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline, page = time.monotonic() + 30, None
+        while time.monotonic() < deadline and page is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as response:
+                    page = response.read().decode()
+            except OSError:
+                assert proc.poll() is None, proc.stdout.read().decode()
+                time.sleep(0.2)
+        assert page is not None, "server did not answer within 30 s"
+        assert "headscope" in page and "<html" in page.lower()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            pytest.fail("server did not stop on SIGINT")
+
+
+def test_serve_refuses_non_loopback_without_flag(capsys) -> None:
+    assert main(["serve", "--host", "0.0.0.0"]) == 1
+    assert "--allow-remote" in capsys.readouterr().err
