@@ -168,6 +168,10 @@ def nbytes(result: Any) -> int:
     total = 256
     if isinstance(result, np.ndarray):
         return total + int(result.nbytes)
+    if isinstance(result, dict):
+        return total + sum(nbytes(v) for v in result.values())
+    if isinstance(getattr(result, "nbytes", None), int):  # objects that know their size
+        return total + int(result.nbytes)
     if dataclasses.is_dataclass(result) and not isinstance(result, type):
         for f in dataclasses.fields(result):
             value = getattr(result, f.name)

@@ -1,0 +1,62 @@
+"""engine/ is UI-free (DESIGN.md §1): no tui, textual or plotext, statically or at import."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FORBIDDEN = ("tui", "textual", "textual_plotext", "plotext")
+
+
+def _imported_modules(tree: ast.AST) -> list[tuple[int, str]]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module))
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in (
+            "import_module",
+            "__import__",
+        ):
+            arg = node.args[0] if node.args else None
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                found.append((node.lineno, arg.value))
+    return found
+
+
+def test_engine_sources_never_import_ui_modules():
+    files = sorted((ROOT / "engine").rglob("*.py"))
+    assert files, "engine/ has no sources?"
+    offences = []
+    for path in files:
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for line, module in _imported_modules(tree):
+            if module.split(".")[0] in FORBIDDEN:
+                offences.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+    assert not offences, "\n".join(offences)
+
+
+def test_importing_every_engine_module_loads_no_ui_and_engine_loads_no_torch():
+    modules = sorted(
+        ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        for p in (ROOT / "engine").rglob("*.py")
+    )
+    code = f"""
+import importlib, sys
+import engine, engine.service, engine.results, engine.cache, engine.scheduler
+assert "torch" not in sys.modules, "importing engine / engine.service imports torch"
+for name in {modules!r}:
+    importlib.import_module(name)
+bad = sorted(m for m in sys.modules if m.split(".")[0] in {FORBIDDEN!r})
+assert not bad, bad
+print("ok")
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "ok"
