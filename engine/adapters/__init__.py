@@ -1,0 +1,325 @@
+"""Format adapters: one small module per model family (docs/internals.md).
+
+Each adapter turns a checkpoint's ``config.json`` (or native metadata) into a
+``ModelConfig`` and describes, for every canonical weight name, where its data lives in
+the checkpoint. The description is data (``Whole`` / ``Heads`` / ``Zeros``), not code, so
+that
+
+- the structure and every tensor's expected shape can be checked from the safetensors
+  headers alone, without torch (``check_specs``);
+- ``CheckpointWeights.get_head`` can read just one head's slice of a fused tensor.
+
+Nothing in this package imports torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from ..config import ModelConfig
+from ..errors import (
+    ConfigError,
+    MissingTensorError,
+    ShapeMismatchError,
+    UnknownArchitectureError,
+    UnsafeFormatError,
+)
+from ..safetensors_header import DTYPE_NAMES, TensorInfo
+
+
+@dataclass(frozen=True)
+class Whole:
+    """The canonical tensor is the checkpoint tensor ``tensor`` (transposed if asked)."""
+
+    tensor: str
+    shape: tuple[int, ...]  # expected checkpoint shape
+    transpose: bool = False
+
+
+@dataclass(frozen=True)
+class Heads:
+    """A per-head canonical tensor ``[n_heads, ...]`` cut out of one checkpoint tensor.
+
+    Stored head ``i`` is ``tensor.narrow(axis, offset + i * stride, size)``, transposed
+    (last two dims) if ``transpose``, with ``axis`` squeezed away if ``squeeze`` (native
+    layout, where the head is already a leading dimension). ``kv``: the checkpoint stores
+    only ``cfg.kv_heads`` heads and query head ``h`` reads stored head ``cfg.kv_head_of(h)``.
+    """
+
+    tensor: str
+    shape: tuple[int, ...]
+    axis: int
+    offset: int
+    stride: int
+    size: int
+    transpose: bool = False
+    kv: bool = False
+    squeeze: bool = False
+
+
+@dataclass(frozen=True)
+class Zeros:
+    """An absent bias: zeros of the canonical shape."""
+
+    shape: tuple[int, ...]
+
+
+Spec = Whole | Heads | Zeros
+SpecMap = dict[str, Spec]
+
+
+def spec_tensors(specs: Mapping[str, Spec]) -> set[str]:
+    """Checkpoint tensor names the specs read."""
+    return {s.tensor for s in specs.values() if not isinstance(s, Zeros)}
+
+
+def check_specs(
+    specs: Mapping[str, Spec],
+    tensors: Mapping[str, TensorInfo],
+    where: Callable[[str], str],
+    architecture: str,
+) -> None:
+    """Every tensor the specs read exists in the checkpoint with the expected shape.
+
+    ``where(name)`` gives the file a tensor lives in (or should live in), for the error.
+    """
+    for canonical, spec in specs.items():
+        if isinstance(spec, Zeros):
+            continue
+        info = tensors.get(spec.tensor)
+        if info is None:
+            raise MissingTensorError(
+                where(spec.tensor),
+                f"missing tensor {spec.tensor!r} (needed for {canonical} of {architecture})",
+            )
+        if info.shape != spec.shape:
+            raise ShapeMismatchError(
+                where(spec.tensor),
+                f"tensor {spec.tensor!r} has shape {list(info.shape)}, expected "
+                f"{list(spec.shape)} for {architecture}",
+            )
+        if info.dtype not in ("F32", "F16", "BF16", "F64"):
+            raise ConfigError(
+                where(spec.tensor),
+                f"tensor {spec.tensor!r} has dtype {info.dtype}; only float weights are supported",
+            )
+
+
+def storage_dtype(specs: Mapping[str, Spec], tensors: Mapping[str, TensorInfo]) -> str:
+    """The dtype most of the model's bytes are stored in, as torch names it."""
+    by_dtype: dict[str, int] = {}
+    for name in spec_tensors(specs):
+        info = tensors.get(name)
+        if info is not None:
+            by_dtype[info.dtype] = by_dtype.get(info.dtype, 0) + info.nbytes
+    if not by_dtype:
+        return "float32"
+    return DTYPE_NAMES[max(by_dtype, key=lambda d: by_dtype[d])]
+
+
+def count_params(specs: Mapping[str, Spec], tensors: Mapping[str, TensorInfo]) -> int:
+    """Parameters the model uses (each checkpoint tensor once, tied ones counted once)."""
+    return sum(tensors[n].numel for n in spec_tensors(specs) if n in tensors)
+
+
+# --- per-head layouts shared by several families ---------------------------------------
+
+
+def linear_heads(
+    tensor: str, cfg: ModelConfig, n_stored: int, *, kv: bool = False, offset: int = 0
+) -> Heads:
+    """nn.Linear ``[n_stored * d_head, d_model]`` (rows = out features) -> ``W [h, d_model, d_head]``."""
+    rows = n_stored * cfg.d_head
+    return Heads(
+        tensor,
+        (rows, cfg.d_model),
+        axis=0,
+        offset=offset,
+        stride=cfg.d_head,
+        size=cfg.d_head,
+        transpose=True,
+        kv=kv,
+    )
+
+
+def linear_bias_heads(tensor: str, cfg: ModelConfig, n_stored: int, *, kv: bool = False) -> Heads:
+    """Bias ``[n_stored * d_head]`` -> ``b [h, d_head]``."""
+    return Heads(
+        tensor,
+        (n_stored * cfg.d_head,),
+        axis=0,
+        offset=0,
+        stride=cfg.d_head,
+        size=cfg.d_head,
+        kv=kv,
+    )
+
+
+def linear_out_heads(tensor: str, cfg: ModelConfig) -> Heads:
+    """nn.Linear output projection ``[d_model, n_heads * d_head]`` -> ``W_O [h, d_head, d_model]``."""
+    return Heads(
+        tensor,
+        (cfg.d_model, cfg.n_heads * cfg.d_head),
+        axis=1,
+        offset=0,
+        stride=cfg.d_head,
+        size=cfg.d_head,
+        transpose=True,
+    )
+
+
+def linear(tensor: str, d_in: int, d_out: int) -> Whole:
+    """nn.Linear weight ``[d_out, d_in]`` -> canonical ``[d_in, d_out]`` (row vectors)."""
+    return Whole(tensor, (d_out, d_in), transpose=True)
+
+
+def vec(tensor: str, n: int) -> Whole:
+    return Whole(tensor, (n,))
+
+
+# --- config.json helpers ------------------------------------------------------------------
+
+
+def get_key(cfg: Mapping[str, Any], *paths: str, default: Any = None) -> Any:
+    """First present key among ``paths``; ``"a.b"`` looks into nested dicts.
+
+    Used to read old and new spellings alike (DESIGN.md §4), e.g.
+    ``get_key(c, "rope_parameters.rope_theta", "rope_theta", "rotary_emb_base")``.
+    """
+    for path in paths:
+        node: Any = cfg
+        for part in path.split("."):
+            if isinstance(node, Mapping) and part in node and node[part] is not None:
+                node = node[part]
+            else:
+                break
+        else:
+            return node
+    return default
+
+
+def require_int(cfg: Mapping[str, Any], path: str | None, *keys: str, minimum: int = 1) -> int:
+    value = get_key(cfg, *keys)
+    if value is None:
+        raise ConfigError(path, f"config is missing {' / '.join(keys)}")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(path, f"config field {keys[0]} must be an integer, got {value!r}")
+    if value < minimum:
+        raise ConfigError(path, f"config field {keys[0]} must be >= {minimum}, got {value}")
+    return value
+
+
+def optional_float(cfg: Mapping[str, Any], path: str | None, *keys: str, default: float) -> float:
+    value = get_key(cfg, *keys, default=default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ConfigError(path, f"config field {keys[0]} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def optional_bool(cfg: Mapping[str, Any], path: str | None, key: str, default: bool) -> bool:
+    value = cfg.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ConfigError(path, f"config field {key} must be true or false, got {value!r}")
+    return value
+
+
+def divide_heads(path: str | None, d_model: int, n_heads: int) -> int:
+    if d_model % n_heads:
+        raise ConfigError(path, f"d_model {d_model} is not divisible by n_heads {n_heads}")
+    return d_model // n_heads
+
+
+def validate_config(cfg: ModelConfig, path: str | None) -> ModelConfig:
+    """Family-independent checks on a built ``ModelConfig``."""
+    for name in ("n_layers", "n_heads", "d_model", "d_head", "d_vocab", "n_ctx"):
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(path, f"{name} must be a positive integer, got {value!r}")
+    kv = cfg.n_kv_heads
+    if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or kv < 1):
+        raise ConfigError(path, f"n_kv_heads must be a positive integer, got {kv!r}")
+    if cfg.n_heads % cfg.kv_heads:
+        raise ConfigError(
+            path, f"n_heads {cfg.n_heads} is not divisible by n_kv_heads {cfg.kv_heads}"
+        )
+    if cfg.d_mlp is not None and (not isinstance(cfg.d_mlp, int) or cfg.d_mlp < 1):
+        raise ConfigError(path, f"d_mlp must be a positive integer, got {cfg.d_mlp!r}")
+    if cfg.positional == "rotary":
+        rd = cfg.rotary_dim
+        if not isinstance(rd, int) or rd < 2 or rd > cfg.d_head or rd % 2:
+            raise ConfigError(
+                path, f"rotary_dim must be an even number in [2, d_head={cfg.d_head}], got {rd!r}"
+            )
+    if not (math.isfinite(cfg.norm_eps) and cfg.norm_eps >= 0):
+        raise ConfigError(path, f"norm_eps must be finite and >= 0, got {cfg.norm_eps!r}")
+    if not (math.isfinite(cfg.rotary_base) and cfg.rotary_base > 0):
+        raise ConfigError(path, f"rotary base must be finite and > 0, got {cfg.rotary_base!r}")
+    return cfg
+
+
+def refuse_remote_code(config: Mapping[str, Any], path: str | None) -> None:
+    """``auto_map`` / ``trust_remote_code`` would need the checkpoint's own Python code."""
+    if config.get("auto_map") or config.get("trust_remote_code"):
+        raise UnsafeFormatError(
+            path,
+            "config.json asks for remote code (auto_map/trust_remote_code); headscope never "
+            "runs code shipped with a checkpoint. Supported architectures: "
+            + ", ".join(supported_architectures()),
+        )
+
+
+def first_prefix(names: Iterable[str], candidates: Iterable[str], probe: str) -> str | None:
+    """The prefix under which ``probe`` exists (checkpoints with and without a model wrapper)."""
+    names = set(names)
+    for prefix in candidates:
+        if prefix + probe in names:
+            return prefix
+    return None
+
+
+# --- registry ------------------------------------------------------------------------------
+
+
+def _registry() -> dict[str, ModuleType]:
+    from . import bert, gpt2, llama, neox
+
+    table: dict[str, ModuleType] = {}
+    for module in (gpt2, neox, llama, bert):
+        for arch in module.ARCHITECTURES:
+            table[arch] = module
+    return table
+
+
+def supported_architectures() -> list[str]:
+    return sorted(_registry())
+
+
+def adapter_for(config: Mapping[str, Any], path: str | None) -> tuple[str, ModuleType]:
+    """The (architecture, adapter module) for an HF ``config.json``."""
+    refuse_remote_code(config, path)
+    table = _registry()
+    archs = config.get("architectures")
+    if archs is not None and (
+        not isinstance(archs, list) or not all(isinstance(a, str) for a in archs)
+    ):
+        raise ConfigError(
+            path, f"config field architectures must be a list of names, got {archs!r}"
+        )
+    for arch in archs or []:
+        if arch in table:
+            return arch, table[arch]
+    model_type = config.get("model_type")
+    if not archs and isinstance(model_type, str):
+        for arch, module in table.items():
+            if model_type in module.MODEL_TYPES:
+                return arch, module
+    named = ", ".join(archs) if archs else f"model_type {model_type!r}"
+    raise UnknownArchitectureError(
+        path, f"unsupported architecture {named}; supported: {', '.join(supported_architectures())}"
+    )
