@@ -215,9 +215,9 @@ class ProcessedWeights:
                 W = W * w[:, None]
             return _center(W, -2) if p.center_reading else W
         if leaf in ("b_Q", "b_K", "b_V"):
-            if leaf == "b_V" and p.fold_value_biases:
-                b = self._raw(f"{pre}.b_V", head)
-                return torch.zeros_like(b)
+            if leaf == "b_V" and p.fold_value_biases:  # moved into b_O (below)
+                shape = (self.cfg.d_head,) if head is not None else (self.cfg.n_heads, self.cfg.d_head)
+                return torch.zeros(shape)
             return self._folded_bias(layer, leaf, head)
         if leaf == "W_O":
             W_O = self._raw(f"{pre}.W_O", head)
