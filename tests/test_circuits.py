@@ -1,0 +1,144 @@
+"""Per-head circuits against their dense definitions (DESIGN.md §2) on small random weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import circuits
+from engine.config import ModelConfig
+from engine.errors import IndexOutOfRangeError, InvalidRequestError
+from engine.weights import DictWeights
+
+
+def random_weights(*, n_layers: int = 2, n_heads: int = 4, d_model: int = 12, d_head: int = 5,
+                   d_vocab: int = 23, n_ctx: int = 16, positional: str = "learned",
+                   rotary_dim: int | None = None, n_kv_heads: int | None = None,
+                   seed: int = 0) -> DictWeights:
+    cfg = ModelConfig(family="native", architecture="test", n_layers=n_layers, n_heads=n_heads,
+                      d_model=d_model, d_head=d_head, d_vocab=d_vocab, n_ctx=n_ctx,
+                      n_kv_heads=n_kv_heads, normalization=None, positional=positional,
+                      rotary_dim=rotary_dim, rotary_base=50.0)
+    g = torch.Generator().manual_seed(seed)
+    kv = n_kv_heads or n_heads
+    t = {"embed.W_E": torch.randn(d_vocab, d_model, generator=g),
+         "unembed.W_U": torch.randn(d_model, d_vocab, generator=g),
+         "unembed.b_U": torch.zeros(d_vocab)}
+    if positional == "learned":
+        t["pos_embed.W_pos"] = torch.randn(n_ctx, d_model, generator=g)
+    kv_prefix = "_" if n_kv_heads else ""
+    for layer in range(n_layers):
+        p = f"blocks.{layer}.attn."
+        t[p + "W_Q"] = torch.randn(n_heads, d_model, d_head, generator=g)
+        t[p + kv_prefix + "W_K"] = torch.randn(kv, d_model, d_head, generator=g)
+        t[p + kv_prefix + "W_V"] = torch.randn(kv, d_model, d_head, generator=g)
+        t[p + "W_O"] = torch.randn(n_heads, d_head, d_model, generator=g)
+        t[p + "b_Q"] = torch.zeros(n_heads, d_head)
+        t[p + kv_prefix + "b_K"] = torch.zeros(kv, d_head)
+        t[p + kv_prefix + "b_V"] = torch.zeros(kv, d_head)
+        t[p + "b_O"] = torch.zeros(d_model)
+    return DictWeights(cfg, t, path="test.safetensors")
+
+
+def dense(w: DictWeights, layer: int, name: str) -> torch.Tensor:
+    return w.get(f"blocks.{layer}.attn.{name}")
+
+
+def close(x: torch.Tensor, y: torch.Tensor) -> None:
+    torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-4 * float(y.abs().max()))
+
+
+@pytest.mark.parametrize("n_kv_heads", [None, 2])
+def test_circuits_equal_their_dense_definitions(n_kv_heads):
+    w = random_weights(n_kv_heads=n_kv_heads)
+    w_e, w_u, w_pos = w.get("embed.W_E"), w.get("unembed.W_U"), w.get("pos_embed.W_pos")
+    for layer in range(2):
+        for head in range(4):
+            q, k = dense(w, layer, "W_Q")[head], dense(w, layer, "W_K")[head]
+            v, o = dense(w, layer, "W_V")[head], dense(w, layer, "W_O")[head]
+            close(circuits.qk(w, layer, head).AB, q @ k.T)
+            close(circuits.ov(w, layer, head).AB, v @ o)
+            close(circuits.token_qk(w, layer, head).AB, w_e @ q @ k.T @ w_e.T)
+            close(circuits.positional_qk(w, layer, head).AB, w_pos @ q @ k.T @ w_pos.T)
+            close(circuits.full_ov(w, layer, head).AB, w_e @ v @ o @ w_u)
+
+
+def test_gqa_heads_read_their_kv_head():
+    w = random_weights(n_kv_heads=2)
+    # Heads 2 and 3 both read K/V head 1 (group size 2).
+    raw_k, raw_v = w._t["blocks.1.attn._W_K"][1], w._t["blocks.1.attn._W_V"][1]
+    for head in (2, 3):
+        close(circuits.qk(w, 1, head).AB, dense(w, 1, "W_Q")[head] @ raw_k.T)
+        close(circuits.ov(w, 1, head).AB, raw_v @ dense(w, 1, "W_O")[head])
+
+
+def test_block_helpers_equal_blocks_of_the_full_circuits():
+    w = random_weights()
+    rows, cols = [3, 0, 22], [5, 5, 1, 9]
+    close(circuits.token_qk_block(w, 1, 2, rows, cols), circuits.token_qk(w, 1, 2).block(rows, cols))
+    close(circuits.full_ov_block(w, 0, 3, rows, cols), circuits.full_ov(w, 0, 3).block(rows, cols))
+
+
+def test_out_of_range_heads_and_wrong_position_kinds_are_typed_errors():
+    w = random_weights()
+    with pytest.raises(IndexOutOfRangeError, match=r"test\.safetensors"):
+        circuits.qk(w, 2, 0)
+    with pytest.raises(IndexOutOfRangeError):
+        circuits.ov(w, 0, 4)
+    with pytest.raises(InvalidRequestError):
+        circuits.rotary_qk(w, 0, 0, 1)
+    rot = random_weights(positional="rotary", d_head=6, rotary_dim=4)
+    with pytest.raises(InvalidRequestError, match="learned"):
+        circuits.positional_qk(rot, 0, 0)
+
+
+def hf_rotary_score(q: torch.Tensor, k: torch.Tensor, qpos: int, kpos: int, cfg: ModelConfig
+                    ) -> torch.Tensor:
+    """q·k after Hugging Face GPT-NeoX's apply_rotary_pos_emb at positions qpos and kpos."""
+    from transformers.models.gpt_neox.modeling_gpt_neox import apply_rotary_pos_emb
+
+    r = cfg.rotary_dim or cfg.d_head
+    inv_freq = 1.0 / (cfg.rotary_base ** (torch.arange(0, r, 2, dtype=torch.float32) / r))
+    freqs = torch.tensor([qpos, kpos], dtype=torch.float32)[:, None] * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)[None]  # [batch 1, pos 2, r]
+    both = torch.stack((q, k))[None, None]  # [1, heads 1, pos 2, d_head]
+    rq, rk = apply_rotary_pos_emb(both, both, emb.cos(), emb.sin())
+    return (rq[0, 0, 0] * rk[0, 0, 1]).sum()
+
+
+@pytest.mark.parametrize("rotary_dim", [None, 4])
+def test_rotary_qk_is_the_score_of_rotated_queries_and_keys(rotary_dim):
+    w = random_weights(positional="rotary", d_head=6, rotary_dim=rotary_dim, n_ctx=64)
+    g = torch.Generator().manual_seed(1)
+    x_q, x_k = torch.randn(12, generator=g), torch.randn(12, generator=g)
+    q, k = x_q @ dense(w, 1, "W_Q")[2], x_k @ dense(w, 1, "W_K")[2]
+    for i, delta in [(5, 0), (5, 1), (9, 3), (40, 17), (3, -2)]:
+        expected = hf_rotary_score(q, k, i, i - delta, w.cfg)
+        got = x_q @ circuits.rotary_qk(w, 1, 2, delta).AB @ x_k
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    # Offset 0 is the plain QK circuit.
+    close(circuits.rotary_qk(w, 1, 2, 0).AB, circuits.qk(w, 1, 2).AB)
+
+
+def test_rotary_matrices_compose_like_rotations():
+    w = random_weights(positional="rotary", d_head=6, rotary_dim=4)
+    r = lambda d: circuits.rotary_matrix(w.cfg, d)  # noqa: E731
+    close(r(7) @ r(3).T, r(4))
+    close(r(5) @ r(5).T, torch.eye(6))
+
+
+def test_rotary_profile_is_the_documented_statistic():
+    w = random_weights(positional="rotary", d_head=6, rotary_dim=4, d_vocab=40)
+    offsets = [0, 1, 2, 7]
+    profile = circuits.rotary_profile(w, 0, 1, offsets, n_tokens=10, seed=3)
+    ids = torch.randperm(40, generator=torch.Generator().manual_seed(3))[:10]
+    w_q, w_k = dense(w, 0, "W_Q")[1], dense(w, 0, "W_K")[1]
+    for n, delta in enumerate(offsets):
+        total = 0.0
+        for t in ids.tolist():
+            e = w.get("embed.W_E")[t]
+            e = e * 12**0.5 / e.norm()
+            total += float(hf_rotary_score(e @ w_q, e @ w_k, 20 + delta, 20, w.cfg))
+        assert profile[n].item() == pytest.approx(total / 10, rel=1e-4, abs=1e-4)
+    # Reproducible for a seed.
+    torch.testing.assert_close(circuits.rotary_profile(w, 0, 1, offsets, n_tokens=10, seed=3), profile)
