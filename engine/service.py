@@ -467,7 +467,7 @@ class Engine:
             from . import scores
 
             model = self._model(raw)
-            found = scores.behaviour_scores(model.weights, seed=SEED)
+            found = scores.behaviour_scores(model.weights, seed=SEED, cancelled=ctx.cancelled)
             out = {name: readonly(found[name], np.float32) for name in _BEHAVIOURS}
             out["nonfinite"] = readonly(_nonfinite_heads(model), bool)
             return out
@@ -486,13 +486,15 @@ class Engine:
             model = self._model(raw)
             w = model.weights
             ctx.progress(0.0)
-            copying = scores.all_copying_scores(w)
-            ctx.check()
-            ctx.progress(0.4)
-            positivity = scores.all_qk_positivity(w)
-            ctx.check()
-            ctx.progress(0.8)
-            behaviour = scores.behaviour_scores(w, seed=SEED)
+            copying = scores.all_copying_scores(
+                w, progress=_part(ctx, 0.0, 0.4), cancelled=ctx.cancelled
+            )
+            positivity = scores.all_qk_positivity(
+                w, progress=_part(ctx, 0.4, 0.8), cancelled=ctx.cancelled
+            )
+            behaviour = scores.behaviour_scores(
+                w, seed=SEED, progress=_part(ctx, 0.8, 0.95), cancelled=ctx.cancelled
+            )
             ctx.check()
             nonfinite = _nonfinite_heads(model)
             table = ScoreTable(
@@ -547,20 +549,18 @@ class Engine:
         self._check_head(layer, head)
         raw = self._raw
 
-        def compute(ctx: JobContext) -> np.ndarray:
+        def compute(ctx: JobContext) -> float:
             from . import scores
 
-            model = self._model(raw)
-            return readonly(scores.ablation_effects(model.weights, seed=SEED), np.float32)
+            return float(scores.ablation_effect(self._model(raw).weights, layer, head, seed=SEED))
 
-        effects = await self._get(
-            (None, None, "ablation", (SEED, raw)), compute, head=None, label="ablation effects"
+        return await self._get(
+            (layer, head, "ablation", (SEED, raw)), compute, head=(layer, head), label="ablation"
         )
-        return float(effects[layer, head])
 
     def cancel_sweeps(self) -> None:
         """Stop every running or queued model-wide sweep (their awaiters get CancelledError)."""
-        for name in ("all_head_scores", "composition", "ablation", "behaviour"):
+        for name in ("all_head_scores", "composition", "behaviour"):
             for key in self._scheduler_keys():
                 if isinstance(key, tuple) and len(key) == 4 and key[2] == name:
                     self._scheduler.cancel(key, f"{name}: cancelled")
@@ -598,6 +598,11 @@ def _inference_mode() -> contextlib.AbstractContextManager[Any]:
     return torch.inference_mode()
 
 
+def _part(ctx: JobContext, start: float, stop: float) -> Callable[[float], None]:
+    """Progress of one step of a sweep, mapped into [start, stop] of the whole."""
+    return lambda fraction: ctx.progress(start + (stop - start) * fraction)
+
+
 def _ids(ids: Sequence[int] | None) -> tuple[int, ...] | None:
     return None if ids is None else tuple(int(i) for i in ids)
 
@@ -616,17 +621,11 @@ def _unembed_note(model: Model) -> str:
     return "W_U is tied W_Eᵀ" if model.cfg.tied_unembed else ""
 
 
-def _full_ov_rows(model: Model, layer: int, head: int, rows: Sequence[int], cols: Any = None) -> Any:
-    """Rows of ``W_E W_V W_O W_U`` without forming any vocab-sized factor:
-    ``(W_E[rows] W_V) (W_O W_U[:, cols])``."""
+def _full_ov_rows(model: Model, layer: int, head: int, rows: Sequence[int]) -> Any:
+    """Whole rows of the full OV circuit ``W_E OV W_U``: ``[len(rows), d_vocab]``."""
     from . import circuits
 
-    w = model.weights
-    ov = circuits.ov(w, layer, head)
-    left = w.get("embed.W_E")[list(rows)] @ ov.A  # [r, d_head]
-    w_u = w.get("unembed.W_U")
-    right = ov.B @ (w_u if cols is None else w_u[:, list(cols)])  # [d_head, c]
-    return left @ right
+    return circuits.full_ov_block(model.weights, layer, head, rows, range(model.cfg.d_vocab))
 
 
 def _circuit_values(
@@ -639,22 +638,16 @@ def _circuit_values(
     cols: Sequence[int],
     offset: int,
 ) -> Any:
+    """The requested block only: no vocab-sized factor is formed (engine.circuits)."""
     from . import circuits
 
-    w, cfg = model.weights, model.cfg
+    w = model.weights
     if basis == "position":
-        w_pos = w.get("pos_embed.W_pos")
-        qk = circuits.qk(w, layer, head)
-        return (w_pos[list(rows)] @ qk.A) @ (qk.B @ w_pos[list(cols)].T)
+        return circuits.positional_qk(w, layer, head).block(list(rows), list(cols))
     if kind == "ov":
-        return _full_ov_rows(model, layer, head, rows, cols)
-    # Token QK circuit W_E QK W_Eᵀ (rotary: QK at offset Δ), only the requested rows/columns.
-    if cfg.positional == "rotary":
-        qk = circuits.rotary_qk(w, layer, head, offset)
-    else:
-        qk = circuits.qk(w, layer, head)
-    w_e = w.get("embed.W_E")
-    return (w_e[list(rows)] @ qk.A) @ (qk.B @ w_e[list(cols)].T)
+        return circuits.full_ov_block(w, layer, head, rows, cols)
+    rotary = model.cfg.positional == "rotary"
+    return circuits.token_qk_block(w, layer, head, rows, cols, offset if rotary else None)
 
 
 def _block_result(
@@ -700,16 +693,11 @@ def _block_result(
 
 def _nonfinite_heads(model: Model) -> np.ndarray:
     """[L, H] bool: heads with a NaN/inf in their attention weights."""
-    import torch
+    from . import scores
 
-    w, cfg = model.weights, model.cfg
-    flags = np.zeros((cfg.n_layers, cfg.n_heads), bool)
-    for layer in range(cfg.n_layers):
-        bad = torch.zeros(cfg.n_heads, dtype=torch.bool)
-        for name in ("W_Q", "W_K", "W_V", "W_O"):
-            t = w.get(f"blocks.{layer}.attn.{name}")
-            bad |= ~torch.isfinite(t).flatten(1).all(dim=1)
-        flags[layer] = bad.numpy()
+    flags = np.zeros((model.cfg.n_layers, model.cfg.n_heads), bool)
+    for layer, head in scores.nonfinite_heads(model.weights):
+        flags[layer, head] = True
     return flags
 
 

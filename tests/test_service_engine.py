@@ -1,0 +1,135 @@
+"""The Engine on real (tiny, random) checkpoints: its results equal the pure functions."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+import torch
+
+from engine import circuits, errors, forward, scores
+from engine.loading import open_model, read_structure
+from engine.service import Engine
+
+
+@pytest.fixture
+async def gpt2(gpt2_dir):
+    path, _ = gpt2_dir
+    eng = Engine(path, workers=2)
+    await eng.ready()
+    yield eng, open_model(path)
+    await eng.aclose()
+
+
+async def test_structure_at_once_and_blocks_equal_pure_circuits(gpt2):
+    eng, model = gpt2
+    assert eng.structure == read_structure(eng.path)
+    w = model.weights
+    rows, cols = [0, 5, 7, 3], [1, 2, 9]
+    qk = await eng.circuit_block(1, 2, "qk", "token", rows, cols)
+    ov = await eng.circuit_block(1, 2, "ov", "token", rows, cols)
+    pos = await eng.circuit_block(0, 1, "qk", "position", [0, 3], [0, 1, 2])
+    np.testing.assert_allclose(qk.values, circuits.token_qk(w, 1, 2).block(rows, cols), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(ov.values, circuits.full_ov(w, 1, 2).block(rows, cols), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(pos.values, circuits.positional_qk(w, 0, 1).block([0, 3], [0, 1, 2]), rtol=1e-4, atol=1e-5)
+    assert qk.row_ids == tuple(rows) and len(qk.row_labels) == 4
+    assert qk.vmin == pytest.approx(float(qk.values.min())) and not qk.values.flags.writeable
+    assert ov.note == "W_U is tied W_Eᵀ"
+
+
+async def test_cache_hit_is_identical_object_without_recompute(gpt2):
+    eng, _ = gpt2
+    first = await eng.circuit_block(0, 0, "ov", "token", [1, 2], [3, 4])
+    started = eng.computations_started
+    again = await eng.circuit_block(0, 0, "ov", "token", [1, 2], [3, 4])
+    assert again is first
+    assert eng.computations_started == started
+    assert eng.stats().hits >= 1 and eng.stats().bytes > 0
+
+
+async def test_spectrum_and_sweeps_equal_pure_scores(gpt2):
+    eng, model = gpt2
+    w = model.weights
+    spec = await eng.spectrum(1, 0, "ov")
+    assert spec.score == pytest.approx(scores.copying_score(circuits.full_ov(w, 1, 0)), abs=1e-5)
+    expected = np.sort_complex(circuits.full_ov(w, 1, 0).eigenvalues.numpy())
+    np.testing.assert_allclose(np.sort_complex(spec.eigenvalues), expected, rtol=1e-3, atol=1e-4)
+
+    seen = []
+    table = await eng.all_head_scores(progress=seen.append)
+    np.testing.assert_allclose(table.copying, scores.all_copying_scores(w), atol=1e-5)
+    np.testing.assert_allclose(table.qk_positivity, scores.all_qk_positivity(w), atol=1e-5)
+    behaviour = scores.behaviour_scores(w, seed=0)
+    for name in ("prev_token", "duplicate_token", "induction"):
+        np.testing.assert_allclose(getattr(table, name), behaviour[name], atol=1e-5)
+    await asyncio.sleep(0)  # progress callbacks are delivered through the loop
+    assert seen and seen[-1] == 1.0
+    # the sweep filled the per-head cache: no new computation for a head's scores
+    started = eng.computations_started
+    hs = await eng.head_scores(1, 1)
+    assert eng.computations_started == started
+    assert hs.copying == pytest.approx(float(table.copying[1, 1]))
+
+    comp = await eng.composition("k")
+    ref = scores.composition_scores(w, "k", seed=0)
+    np.testing.assert_allclose(comp.scores, ref.scores, atol=1e-5)
+    assert comp.baseline == pytest.approx(float(ref.baseline))
+    l1, _h1, l2, _h2, excess = comp.top_edges[0]
+    assert l1 < l2 and excess == pytest.approx(float(comp.scores.max()) - comp.baseline, abs=1e-6)
+
+
+async def test_prompt_view_matches_forward_and_rejects_empty(gpt2):
+    eng, model = gpt2
+    with pytest.raises(errors.PromptError):
+        await eng.run_prompt("   ", 0, 0)
+    text = "the cat sat on the mat"
+    view = await eng.run_prompt(text, 1, 3)
+    ids = model.tokenizer.encode(text)
+    ref = forward.run(model.weights, ids)
+    assert view.ids == tuple(ids) and not view.truncated
+    np.testing.assert_allclose(view.pattern, ref.patterns[0, 1, 3], atol=1e-5)
+    assert view.predicted == tuple(int(i) for i in ref.logits[0].argmax(-1))
+    assert view.dla.shape == (len(ids),) and np.isfinite(view.dla).all()
+    probs = torch.softmax(ref.logits[0, -1], -1)
+    assert view.top_predictions[0][0] == int(probs.argmax())
+    long = " ".join(["the cat"] * (model.cfg.n_ctx + 5))
+    cut = await eng.run_prompt(long, 0, 0)
+    assert cut.truncated and len(cut.ids) == model.cfg.n_ctx
+
+
+async def test_typed_errors_for_bad_requests(gpt2):
+    eng, _ = gpt2
+    with pytest.raises(errors.IndexOutOfRangeError):
+        await eng.circuit_block(99, 0, "qk")
+    with pytest.raises(errors.ResourceLimitError):
+        eng.max_block_bytes = 64
+        await eng.circuit_block(0, 0, "qk", "token", list(range(10)), list(range(10)))
+
+
+async def test_focus_change_drops_queued_views_of_the_left_head(gpt2):
+    eng, _ = gpt2
+    eng.focus(0, 0)
+    # many queued requests for (0, 0); the focus moves before most of them start
+    tasks = [
+        asyncio.create_task(eng.circuit_block(0, 0, "ov", "token", [i], list(range(30))))
+        for i in range(40)
+    ]
+    await asyncio.sleep(0)
+    eng.focus(1, 1)
+    fresh = await eng.circuit_block(1, 1, "qk", "token", [0], [0])
+    done = await asyncio.gather(*tasks, return_exceptions=True)
+    dropped = [d for d in done if isinstance(d, errors.CancelledError)]
+    assert dropped, "no stale request was dropped"
+    assert all(isinstance(d, errors.CancelledError) or d.layer == 0 for d in done)
+    assert fresh.layer == 1
+
+
+async def test_raw_switch_changes_cache_key(gpt2):
+    eng, _ = gpt2
+    processed = await eng.circuit_block(0, 0, "qk", "token", [0, 1], [0, 1])
+    await eng.set_raw(True)
+    raw = await eng.circuit_block(0, 0, "qk", "token", [0, 1], [0, 1])
+    assert raw is not processed
+    w_raw = open_model(eng.path, raw=True).weights
+    np.testing.assert_allclose(raw.values, circuits.token_qk(w_raw, 0, 0).block([0, 1], [0, 1]), rtol=1e-4, atol=1e-5)
