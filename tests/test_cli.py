@@ -36,7 +36,8 @@ def test_info_reports_the_structure(capsys, gpt2_dir) -> None:
     assert (info["family"], info["n_layers"], info["n_heads"], info["d_model"], info["d_vocab"]) == (
         "gpt2", hf.config.n_layer, hf.config.n_head, hf.config.n_embd, hf.config.vocab_size)
     assert info["n_params"] == sum(p.numel() for p in hf.parameters())
-    assert info["positional"] == "learned" and info["tied_unembed"] is False
+    assert info["positional"] == "learned"
+    assert info["tied_unembed"] is True  # GPT-2 stores no lm_head: W_U is W_Eᵀ
 
 
 def test_heads_equal_the_score_functions(capsys, gpt2_dir) -> None:
