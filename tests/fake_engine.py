@@ -1,0 +1,381 @@
+"""A fake ``engine.service.Engine`` for fast TUI tests (docs/internals.md, "Engine").
+
+It implements the same async API with small numpy weights and computes real circuits from
+them (token QK = W_E W_Q W_Kᵀ W_Eᵀ, full OV = W_E W_V W_O W_U, eigenvalues of BA, ...), so
+what the TUI shows can be checked against numbers computed here independently. Planted
+behaviour: L0.H1 is a previous-token head, L1.H2 an induction head. Counters record calls;
+``delay`` slows every call down and ``fail`` makes the named methods raise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from engine.errors import CancelledError, CorruptFileError, PromptError
+
+try:  # the real result types, once engine/results.py has landed
+    from engine import results as _R
+except ImportError:  # pragma: no cover - until then, the same names and fields here
+    _R = None
+
+WORDS = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran", "to", "and", "in", "of",
+         " is", "it", "was", "he", "she", "big", "red", "blue"] + [f"w{i}" for i in range(20, 48)]
+
+
+def _result(name: str, **fields: Any) -> Any:
+    cls = getattr(_R, name, None) if _R is not None else None
+    if cls is not None:
+        try:
+            return cls(**fields)
+        except TypeError:
+            pass
+    return _LOCAL[name](**fields)
+
+
+@dataclass(frozen=True)
+class CircuitBlock:
+    values: np.ndarray
+    row_labels: list[str]
+    col_labels: list[str]
+    row_ids: list[int]
+    col_ids: list[int]
+    kind: str
+    basis: str
+    layer: int
+    head: int
+    vmin: float
+    vmax: float
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class TopTokens:
+    layer: int
+    head: int
+    source_token: int
+    source_label: str
+    tokens: list[str]
+    ids: list[int]
+    values: np.ndarray
+
+
+@dataclass(frozen=True)
+class Spectrum:
+    eigenvalues: np.ndarray
+    score: float
+    kind: str
+    layer: int
+    head: int
+
+
+@dataclass(frozen=True)
+class Profile:
+    layer: int
+    head: int
+    offsets: np.ndarray
+    values: np.ndarray
+
+
+@dataclass(frozen=True)
+class HeadScores:
+    layer: int
+    head: int
+    copying: float
+    qk_positivity: float
+    prev_token: float
+    duplicate_token: float
+    induction: float
+    nonfinite: bool = False
+
+
+@dataclass(frozen=True)
+class ScoreTable:
+    heads: list[HeadScores]
+
+
+@dataclass(frozen=True)
+class Composition:
+    kind: str
+    scores: np.ndarray
+    baseline: float
+    top_edges: list[tuple[int, int, int, int, float]]
+
+
+@dataclass(frozen=True)
+class PromptView:
+    tokens: list[str]
+    ids: list[int]
+    pattern: np.ndarray
+    dla: np.ndarray
+    top_predictions: list[tuple[str, float]]
+    truncated: bool
+    layer: int
+    head: int
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    hits: int
+    misses: int
+    evictions: int
+    bytes: int
+    in_flight: int
+    activity: str | None
+
+
+_LOCAL = {c.__name__: c for c in (CircuitBlock, TopTokens, Spectrum, Profile, HeadScores,
+                                  ScoreTable, Composition, PromptView, CacheStats)}
+
+
+def _copying(eigs: np.ndarray) -> float:
+    total = np.abs(eigs).sum()
+    return float(eigs.real.sum() / total) if total > 0 else 0.0
+
+
+class FakeEngine:
+    def __init__(self, path: str = "fake/attn-only-2l", *, raw: bool = False,
+                 n_layers: int = 2, n_heads: int = 4, d_model: int = 16, d_head: int = 4,
+                 n_ctx: int = 32, positional: str = "learned", delay: float = 0.0,
+                 sweep_steps: int = 4, fail: set[str] | frozenset[str] = frozenset(),
+                 seed: int = 0) -> None:
+        self.path = path
+        self.raw = raw
+        self.delay = delay
+        self.sweep_steps = sweep_steps
+        self.fail = set(fail)
+        self.calls: Counter[str] = Counter()
+        self.focused: tuple[int, int] | None = None
+        self.closed = False
+        self._hits = self._misses = 0
+        self._in_flight = 0
+        self._activity: str | None = None
+        self._cache: dict[tuple, Any] = {}
+        self.L, self.H, self.d, self.dh = n_layers, n_heads, d_model, d_head
+        self.V, self.n_ctx, self.positional = len(WORDS), n_ctx, positional
+        rng = np.random.default_rng(seed)
+        self.W_E = rng.normal(size=(self.V, d_model)).astype(np.float32)
+        self.W_pos = rng.normal(size=(n_ctx, d_model)).astype(np.float32)
+        self.W_Q = rng.normal(size=(n_layers, n_heads, d_model, d_head)).astype(np.float32)
+        self.W_K = rng.normal(size=(n_layers, n_heads, d_model, d_head)).astype(np.float32)
+        self.W_V = rng.normal(size=(n_layers, n_heads, d_model, d_head)).astype(np.float32)
+        self.W_O = rng.normal(size=(n_layers, n_heads, d_head, d_model)).astype(np.float32)
+        self.W_U = self.W_E.T.copy()
+        self._behaviour = rng.uniform(0.0, 0.25, size=(3, n_layers, n_heads))
+        self._behaviour[0, 0, min(1, n_heads - 1)] = 0.92  # prev-token head L0.H1
+        self._behaviour[2, min(1, n_layers - 1), min(2, n_heads - 1)] = 0.88  # induction L1.H2
+        self.structure: dict[str, Any] = {
+            "path": path, "format": "native", "family": "native",
+            "architecture": "headscope-attn-only", "n_layers": n_layers, "n_heads": n_heads,
+            "n_kv_heads": n_heads, "d_model": d_model, "d_head": d_head, "d_vocab": self.V,
+            "n_ctx": n_ctx, "d_mlp": None, "positional": positional,
+            "normalization": "LNPre", "n_params": 0, "dtype": "float32",
+            "tied_unembed": True, "has_mlm_head": False, "causal": True, "processed": not raw,
+        }
+
+    # -- plumbing -------------------------------------------------------------------------
+    async def _enter(self, name: str) -> None:
+        self.calls[name] += 1
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        else:
+            await asyncio.sleep(0)
+        if name in self.fail:
+            raise CorruptFileError(self.path, f"{name} failed: tensor data truncated")
+
+    def _cached(self, key: tuple, compute: Callable[[], Any]) -> Any:
+        key = (*key, self.raw)
+        if key in self._cache:
+            self._hits += 1
+            return self._cache[key]
+        self._misses += 1
+        value = self._cache[key] = compute()
+        return value
+
+    def _label(self, i: int) -> str:
+        return WORDS[i]
+
+    def tokenize(self, text: str) -> list[int]:
+        return [WORDS.index(w) if w in WORDS else hash(w) % self.V for w in text.split()]
+
+    # -- API ------------------------------------------------------------------------------
+    async def ready(self) -> None:
+        await self._enter("ready")
+
+    async def set_raw(self, raw: bool) -> None:
+        await self._enter("set_raw")
+        self.raw = raw
+        self.structure = {**self.structure, "processed": not raw}
+
+    def focus(self, layer: int, head: int) -> None:
+        self.calls["focus"] += 1
+        self.focused = (layer, head)
+
+    def qk_factors(self, layer: int, head: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.W_Q[layer, head], self.W_K[layer, head].T
+
+    def ov_factors(self, layer: int, head: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.W_V[layer, head], self.W_O[layer, head]
+
+    def token_qk(self, layer: int, head: int) -> np.ndarray:
+        A, B = self.qk_factors(layer, head)
+        return (self.W_E @ A) @ (B @ self.W_E.T)
+
+    def full_ov(self, layer: int, head: int) -> np.ndarray:
+        A, B = self.ov_factors(layer, head)
+        return (self.W_E @ A) @ (B @ self.W_U)
+
+    async def circuit_block(self, layer: int, head: int, kind: str, basis: str,
+                            rows: list[int] | None = None, cols: list[int] | None = None,
+                            offset: int = 0) -> Any:
+        await self._enter("circuit_block")
+        if basis == "position":
+            A, B = self.qk_factors(layer, head)
+            full = (self.W_pos @ A) @ (B @ self.W_pos.T)
+            labels = [str(i) for i in range(self.n_ctx)]
+        else:
+            full = self.token_qk(layer, head) if kind == "qk" else self.full_ov(layer, head)
+            labels = list(WORDS)
+        r = list(range(min(24, full.shape[0]))) if rows is None else list(rows)
+        c = list(range(min(24, full.shape[1]))) if cols is None else list(cols)
+        values = np.ascontiguousarray(full[np.ix_(r, c)])
+        values.setflags(write=False)
+        return _result("CircuitBlock", values=values, row_labels=[labels[i] for i in r],
+                       col_labels=[labels[i] for i in c], row_ids=r, col_ids=c, kind=kind,
+                       basis=basis, layer=layer, head=head, vmin=float(values.min()),
+                       vmax=float(values.max()), note="W_U is tied W_Eᵀ")
+
+    async def top_outputs(self, layer: int, head: int, source_token: int, k: int = 10) -> Any:
+        await self._enter("top_outputs")
+        row = self.full_ov(layer, head)[source_token]
+        ids = [int(i) for i in np.argsort(-row)[:k]]
+        return _result("TopTokens", layer=layer, head=head, source_token=source_token,
+                       source_label=WORDS[source_token], tokens=[WORDS[i] for i in ids],
+                       ids=ids, values=row[ids])
+
+    async def spectrum(self, layer: int, head: int, kind: str) -> Any:
+        await self._enter("spectrum")
+        if kind == "ov":
+            A, B = self.ov_factors(layer, head)
+            A, B = self.W_E @ A, B @ self.W_U
+        else:
+            A, B = self.qk_factors(layer, head)
+            A, B = self.W_E @ A, B @ self.W_E.T
+        eigs = np.linalg.eigvals(B @ A)  # eigenvalues of AB are those of BA plus zeros
+        return _result("Spectrum", eigenvalues=eigs, score=_copying(eigs), kind=kind,
+                       layer=layer, head=head)
+
+    async def rotary_profile(self, layer: int, head: int, offsets: Any) -> Any:
+        await self._enter("rotary_profile")
+        offsets = np.asarray(list(offsets))
+        return _result("Profile", layer=layer, head=head, offsets=offsets,
+                       values=np.cos(offsets / (3.0 + head)) * (layer + 1))
+
+    def _scores(self, layer: int, head: int) -> Any:
+        ov, qk = self.W_E @ self.W_V[layer, head], self.W_E @ self.W_Q[layer, head]
+        eig_ov = np.linalg.eigvals((self.W_O[layer, head] @ self.W_U) @ ov)
+        eig_qk = np.linalg.eigvals((self.W_K[layer, head].T @ self.W_E.T) @ qk)
+        b = self._behaviour[:, layer, head]
+        return _result("HeadScores", layer=layer, head=head, copying=_copying(eig_ov),
+                       qk_positivity=_copying(eig_qk), prev_token=float(b[0]),
+                       duplicate_token=float(b[1]), induction=float(b[2]), nonfinite=False)
+
+    async def head_scores(self, layer: int, head: int) -> Any:
+        await self._enter("head_scores")
+        return self._cached((layer, head, "scores"), lambda: self._scores(layer, head))
+
+    async def all_head_scores(self, progress: Callable[[float], None] | None = None) -> Any:
+        await self._enter("all_head_scores")
+        self._activity = "scoring heads"
+        heads = [(layer, h) for layer in range(self.L) for h in range(self.H)]
+        out = []
+        try:
+            for i, (layer, h) in enumerate(heads):
+                out.append(self._cached((layer, h, "scores"), lambda lay=layer, h=h: self._scores(lay, h)))
+                if progress is not None and (i + 1) % max(1, len(heads) // self.sweep_steps) == 0:
+                    # Like the real engine: progress comes from a worker thread.
+                    t = threading.Thread(target=progress, args=((i + 1) / len(heads),))
+                    t.start()
+                    t.join()
+                    await asyncio.sleep(self.delay / self.sweep_steps if self.delay else 0)
+        finally:
+            self._activity = None
+        return _result("ScoreTable", heads=out)
+
+    async def composition(self, kind: str, progress: Callable[[float], None] | None = None) -> Any:
+        await self._enter("composition")
+        L, H = self.L, self.H
+        scores = np.zeros((L, H, L, H))
+        for l1 in range(L):
+            for h1 in range(H):
+                ov1 = self.W_V[l1, h1] @ self.W_O[l1, h1]
+                for l2 in range(l1 + 1, L):
+                    for h2 in range(H):
+                        if kind == "v":
+                            m2 = self.W_V[l2, h2] @ self.W_O[l2, h2]
+                        else:
+                            m2 = self.W_Q[l2, h2] @ self.W_K[l2, h2].T
+                            m2 = m2 if kind == "q" else m2.T
+                        scores[l1, h1, l2, h2] = np.linalg.norm(ov1 @ m2) / (
+                            np.linalg.norm(ov1) * np.linalg.norm(m2))
+        baseline = 0.1
+        edges = sorted(
+            ((l1, h1, l2, h2, float(scores[l1, h1, l2, h2] - baseline))
+             for l1 in range(L) for h1 in range(H) for l2 in range(l1 + 1, L) for h2 in range(H)),
+            key=lambda e: -e[4])
+        if progress is not None:
+            progress(1.0)
+        return _result("Composition", kind=kind, scores=scores, baseline=baseline,
+                       top_edges=edges[:20])
+
+    async def run_prompt(self, text: str, layer: int, head: int) -> Any:
+        await self._enter("run_prompt")
+        if not text.strip():
+            raise PromptError(self.path, "empty prompt")
+        ids = self.tokenize(text)
+        truncated = len(ids) > self.n_ctx
+        ids = ids[: self.n_ctx]
+        n = len(ids)
+        x = self.W_E[ids] + self.W_pos[:n]
+        s = (x @ self.W_Q[layer, head]) @ (x @ self.W_K[layer, head]).T / np.sqrt(self.dh)
+        s = np.where(np.tril(np.ones((n, n), bool)), s, -np.inf)
+        p = np.exp(s - s.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        dla = (x @ self.W_V[layer, head] @ self.W_O[layer, head] @ self.W_U).max(axis=1)
+        logits = x[-1] @ self.W_U
+        top = np.argsort(-logits)[:5]
+        e = np.exp(logits - logits.max())
+        probs = e / e.sum()
+        return _result("PromptView", tokens=[WORDS[i] for i in ids], ids=ids, pattern=p,
+                       dla=dla, top_predictions=[(WORDS[i], float(probs[i])) for i in top],
+                       truncated=truncated, layer=layer, head=head)
+
+    async def ablation(self, layer: int, head: int) -> float:
+        await self._enter("ablation")
+        return float(self._behaviour[2, layer, head])
+
+    def stats(self) -> Any:
+        return _result("CacheStats", hits=self._hits, misses=self._misses, evictions=0,
+                       bytes=0, in_flight=self._in_flight, activity=self._activity)
+
+    async def aclose(self) -> None:
+        self.closed = True
+        self.calls["aclose"] += 1
+
+
+def broken_factory(path: str = "broken/model.safetensors") -> Callable[..., Any]:
+    """An engine factory that fails like a corrupt checkpoint does, before any structure."""
+
+    def factory(*_: Any, **__: Any) -> Any:
+        raise CorruptFileError(path, "safetensors header length exceeds file size")
+
+    return factory
+
+
+__all__ = ["CancelledError", "FakeEngine", "broken_factory"]

@@ -1,0 +1,761 @@
+"""The headscope terminal explorer (issue 5).
+
+The app renders what ``engine.service.Engine`` computes and never computes on the UI
+thread: every engine call is awaited in an async worker (the engine runs on its own
+threads), plots are built in worker threads by ``Chart``. The engine comes from a factory
+(``engine_factory(path, raw)``) so tests inject a fake one.
+
+Freshness: every load is tagged with what it was for (tab, head, weights generation, token
+set, ...). A result that arrives after the user moved on is dropped; cursor moves are
+debounced; per-tab workers are exclusive, so a newer request cancels the older one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+from textual import on
+from textual.app import App, ComposeResult
+from textual.binding import BindingType
+from textual.containers import Horizontal, Vertical
+from textual.timer import Timer
+from textual.widgets import DataTable, Footer, Input, Static, TabbedContent, TabPane
+
+from engine.errors import CancelledError as EngineCancelled
+from engine.errors import HeadscopeError
+from themes import ALIASES, COLORMAPS, DEFAULT_THEME, STYLESHEET, THEME_NAMES, THEMES, colormap_for
+
+from .adapt import SCORES, ScoreRow, jsonable, score_row, score_rows, stats_line
+from .keymap import APP_BINDINGS, load_user_keymap
+from .palette import HeadscopeCommands
+from .screens import HelpScreen, InputScreen
+from .widgets.chart import Chart
+from .widgets.head_tree import HeadTree
+from .widgets.status import StatusBar
+from .widgets.views import (
+    CompositionPane,
+    OVPane,
+    PromptPane,
+    QKPane,
+    SpectrumPane,
+    SummaryPane,
+)
+
+Head = tuple[int, int]
+EngineFactory = Callable[[str, bool], Any]
+TABS = ("qk", "ov", "spectrum", "prompt", "composition", "summary")
+TAB_TITLES = {"qk": "1 QK", "ov": "2 OV", "spectrum": "3 Spectrum", "prompt": "4 Prompt",
+              "composition": "5 Composition", "summary": "6 Summary"}
+POSITIONS_SHOWN = 32  # positional QK: the first positions
+ROTARY_OFFSETS = 32  # rotary profile over Δ in [-32, 32]
+NARROW = 100  # below this many columns, panes stack and the tree narrows
+
+
+def bundled_model() -> Path:
+    import sample_models
+
+    return Path(sample_models.__file__).resolve().parent / "attn-only-2l"
+
+
+def default_engine_factory(path: str, raw: bool) -> Any:
+    from engine.service import Engine
+
+    return Engine(path, raw=raw)
+
+
+class HeadscopeApp(App[None]):
+    TITLE = "headscope"
+    CSS_PATH: ClassVar[list[str | Path]] = [STYLESHEET, Path(__file__).with_name("headscope.tcss")]
+    BINDINGS: ClassVar[list[BindingType]] = APP_BINDINGS  # type: ignore[assignment]
+    COMMANDS = App.COMMANDS | {HeadscopeCommands}
+
+    def __init__(self, path: str | os.PathLike[str] | None = None, *, raw: bool = False,
+                 theme: str | None = None, engine_factory: EngineFactory | None = None,
+                 output_dir: str | os.PathLike[str] | None = None,
+                 keymap: dict[str, str] | None = None, debounce: float = 0.1,
+                 sweep: bool = True, prompt: str = "") -> None:
+        super().__init__()
+        self.path = str(path) if path is not None else str(bundled_model())
+        self.raw = raw
+        self.engine_factory = engine_factory or default_engine_factory
+        self._initial_theme = ALIASES.get(theme or "", theme) or DEFAULT_THEME
+        self._output_dir = Path(output_dir) if output_dir is not None else None
+        self._keymap_arg = dict(keymap or {})
+        self.keymap_in_use: dict[str, str] = {}
+        self.debounce = debounce
+        self.auto_sweep = sweep
+        self.prompt_text = prompt
+        self.engine: Any = None
+        self.open_error: str | None = None
+        self.structure: dict[str, Any] = {"path": self.path}
+        self.head: Head | None = None
+        self.active_tab = "qk"
+        self.tokens: list[int] | None = None
+        self.tokens_text = ""
+        self.source_index = 0
+        self.offset = 0
+        self.comp_kind = "k"
+        self.comp_edges: list[tuple[int, int, int, int, float]] = []
+        self.comp_selected: tuple[int, int, int, int] | None = None
+        self.colormap_override: str | None = None
+        self.rows: dict[Head, ScoreRow] = {}
+        self.summary_sort: str | None = None
+        self.results: dict[str, Any] = {}
+        self.sweep_progress: float | None = None
+        self.errors: list[str] = []
+        self._gen = 0  # bumped when the weights change (raw/processed)
+        self._tokens_gen = 0
+        self._loaded: dict[str, tuple] = {}
+        self._comp_cache: dict[tuple[str, int], Any] = {}
+        self._pending: Head | None = None
+        self._debounce_timer: Timer | None = None
+        self._model_ready = asyncio.Event()
+        self._ready_failed = False
+
+    # -- engine ---------------------------------------------------------------------------
+    def _open_engine(self) -> None:
+        try:
+            self.engine = self.engine_factory(self.path, self.raw)
+            self.structure = dict(self.engine.structure)
+        except HeadscopeError as err:
+            self.engine, self.open_error = None, str(err)
+        except Exception as err:  # an engine bug must not take the explorer down
+            self.engine, self.open_error = None, f"{self.path}: cannot open ({err!r})"
+
+    @property
+    def colormap_name(self) -> str:
+        return self.colormap_override or colormap_for(self.theme)
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.structure.get("n_layers") or 0)
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.structure.get("n_heads") or 0)
+
+    # -- layout ---------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        self._open_engine()
+        yield StatusBar(id="status")
+        with Horizontal(id="main"):
+            yield HeadTree(self.structure if self.engine else None, id="tree")
+            with Vertical(id="center"):
+                yield Static(id="focus-line")
+                with TabbedContent(id="tabs", initial="qk"):
+                    with TabPane(TAB_TITLES["qk"], id="qk"):
+                        yield QKPane(id="qk-pane")
+                    with TabPane(TAB_TITLES["ov"], id="ov"):
+                        yield OVPane(id="ov-pane")
+                    with TabPane(TAB_TITLES["spectrum"], id="spectrum"):
+                        yield SpectrumPane(id="spectrum-pane")
+                    with TabPane(TAB_TITLES["prompt"], id="prompt"):
+                        yield PromptPane(id="prompt-pane")
+                    with TabPane(TAB_TITLES["composition"], id="composition"):
+                        yield CompositionPane(id="composition-pane")
+                    with TabPane(TAB_TITLES["summary"], id="summary"):
+                        yield SummaryPane(id="summary-pane")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        for theme in THEMES:
+            self.register_theme(theme)
+        self.theme = self._initial_theme if self._initial_theme in self.available_themes \
+            else DEFAULT_THEME
+        self.theme_changed_signal.subscribe(self, lambda _theme: self._restyle())
+        try:
+            self.keymap_in_use = {**load_user_keymap(), **self._keymap_arg}
+        except ValueError as err:
+            self.keymap_in_use = dict(self._keymap_arg)
+            self.notify(str(err), severity="warning")
+        if self.keymap_in_use:
+            self.set_keymap(self.keymap_in_use)
+        status = self.query_one(StatusBar)
+        status.structure = self.structure
+        status.raw = self.raw
+        self._layout_for(self.size.width)
+        self.set_interval(0.15, self._tick)
+        if self.prompt_text:
+            self.query_one("#prompt-input", Input).value = self.prompt_text
+        self.query_one(HeadTree).focus()
+        if self.engine is None:
+            self._report(self.open_error or "cannot open the model")
+            status.error = self.open_error or ""
+            for chart in self.query(Chart):
+                chart.message("no model: " + (self.open_error or ""))
+            return
+        self.run_worker(self._startup(), group="startup", exit_on_error=False)
+
+    def on_resize(self, event: Any) -> None:
+        self._layout_for(event.size.width)
+
+    def _layout_for(self, width: int) -> None:
+        self.screen.set_class(width < NARROW, "narrow")
+
+    async def _startup(self) -> None:
+        try:
+            await self.engine.ready()
+        except HeadscopeError as err:
+            self._ready_failed = True
+            self._report(str(err))
+            self.query_one(StatusBar).error = str(err)
+            for chart in self.query(Chart):
+                chart.message(str(err))
+            return
+        self.structure = dict(getattr(self.engine, "structure", self.structure))
+        self.query_one(StatusBar).structure = self.structure
+        self._model_ready.set()
+        if self.head is None and self.n_layers and self.n_heads:
+            self.goto_head((0, 0), immediate=True)
+        else:
+            self._load_active(force=True)
+        if self.auto_sweep:
+            self.start_sweep()
+
+    def start_sweep(self) -> None:
+        self.run_worker(self._sweep(self._gen), group="sweep", exclusive=True,
+                        exit_on_error=False)
+
+    async def _sweep(self, gen: int) -> None:
+        def progress(fraction: float) -> None:
+            # Called from engine threads: a plain assignment, read by the status tick.
+            self.sweep_progress = float(fraction)
+
+        self.sweep_progress = 0.0
+        try:
+            table = await self.engine.all_head_scores(progress=progress)
+        except EngineCancelled:
+            return
+        except HeadscopeError as err:
+            self._report(str(err))
+            return
+        finally:
+            self.sweep_progress = None
+        if gen != self._gen:
+            return
+        self.set_scores(score_rows(table))
+
+    def set_scores(self, rows: list[ScoreRow]) -> None:
+        for r in rows:
+            self.rows[(r.layer, r.head)] = r
+        self.query_one(HeadTree).set_scores(rows)
+        self._show_summary()
+        self._update_focus_line()
+
+    # -- focus ----------------------------------------------------------------------------
+    @on(HeadTree.HeadHighlighted)
+    def _highlighted(self, msg: HeadTree.HeadHighlighted) -> None:
+        if msg.head is None:
+            self._pending = None
+            if msg.data is not None and msg.data.kind != "layer":
+                self._update_focus_line(msg.data.kind)
+            return
+        self._pending = msg.head
+        if self._debounce_timer is not None:
+            self._debounce_timer.stop()
+        self._debounce_timer = self.set_timer(self.debounce, self._apply_pending)
+
+    def _apply_pending(self) -> None:
+        if self._pending is not None and self._pending != self.head:
+            self.set_head(self._pending)
+
+    @on(HeadTree.HeadChosen)
+    def _chosen(self, msg: HeadTree.HeadChosen) -> None:
+        if self._debounce_timer is not None:
+            self._debounce_timer.stop()
+        self.set_head(msg.head)
+
+    def set_head(self, head: Head) -> None:
+        if self.engine is None:
+            return
+        self.head = head
+        with contextlib.suppress(Exception):  # a priority hint only; never fatal
+            self.engine.focus(*head)
+        self.source_index = 0
+        self._update_focus_line()
+        self._load_active()
+        if head not in self.rows:
+            self.run_worker(self._head_scores(head, self._gen), group="head-scores",
+                            exclusive=True, exit_on_error=False)
+
+    def goto_head(self, head: Head, *, immediate: bool = False) -> None:
+        self.query_one(HeadTree).select_head(head)
+        if immediate or self.head is None:
+            if self._debounce_timer is not None:
+                self._debounce_timer.stop()
+            self.set_head(head)
+
+    async def _head_scores(self, head: Head, gen: int) -> None:
+        await self._model_ready.wait()
+        try:
+            hs = await self.engine.head_scores(*head)
+        except EngineCancelled:
+            return
+        except HeadscopeError as err:
+            self._report(str(err))
+            return
+        if gen == self._gen:
+            row = score_row(hs)
+            self.rows[head] = row
+            self.query_one(HeadTree).set_scores([row])
+            self._update_focus_line()
+
+    def _update_focus_line(self, other: str | None = None) -> None:
+        line = self.query_one("#focus-line", Static)
+        if other is not None:
+            s = self.structure
+            text = {"embed": f"Embed: W_E [{s.get('d_vocab')}, {s.get('d_model')}]"
+                             + (f", W_pos [{s.get('n_ctx')}, {s.get('d_model')}]"
+                                if s.get("positional") == "learned" else ""),
+                    "unembed": f"Unembed: W_U [{s.get('d_model')}, {s.get('d_vocab')}]"
+                               + (" — tied: W_Eᵀ" if s.get("tied_unembed") else ""),
+                    "mlp": f"MLP: d_mlp {s.get('d_mlp')}"}.get(other, "")
+            line.update(text)
+            return
+        if self.head is None:
+            line.update("")
+            return
+        layer, head = self.head
+        parts = [f"[b]L{layer}.H{head}[/b]"]
+        row = self.rows.get(self.head)
+        if row is not None:
+            for key, label in SCORES:
+                v = row.get(key)
+                parts.append(f"{label} {v:+.2f}" if v == v else f"{label} —")
+            if row.nonfinite:
+                parts.append("[b red]non-finite weights[/]")
+        self.query_one(StatusBar).focus_text = f"L{layer}.H{head}"
+        line.update("  ".join(parts))
+
+    def action_step_head(self, step: int) -> None:
+        if not self.n_layers or not self.n_heads:
+            return
+        heads = [(layer, h) for layer in range(self.n_layers) for h in range(self.n_heads)]
+        i = heads.index(self.head) if self.head in heads else -step
+        self.goto_head(heads[(i + step) % len(heads)])
+
+    # -- tabs and loading ---------------------------------------------------------------
+    @on(TabbedContent.TabActivated)
+    def _tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        if event.tabbed_content.id != "tabs":
+            return
+        self.active_tab = event.pane.id or "qk"
+        self._load_active()
+
+    def action_show_tab(self, tab: str) -> None:
+        self.query_one("#tabs", TabbedContent).active = tab
+        self.active_tab = tab
+        self._load_active()
+
+    def _key(self, tab: str) -> tuple:
+        per_head = tab in ("qk", "ov", "spectrum", "prompt")
+        extra: tuple = ()
+        if tab in ("qk", "ov"):
+            extra = (self._tokens_gen, self.offset, self.source_index)
+        elif tab == "prompt":
+            extra = (self.prompt_text,)
+        elif tab == "composition":
+            extra = (self.comp_kind,)
+        return (tab, self.head if per_head else None, self._gen, *extra)
+
+    def _fresh(self, key: tuple) -> bool:
+        return self._key(key[0]) == key
+
+    def _load_active(self, force: bool = False) -> None:
+        tab = self.active_tab
+        if self.engine is None or self._ready_failed:
+            return
+        if tab in ("qk", "ov", "spectrum", "prompt") and self.head is None:
+            return
+        key = self._key(tab)
+        if not force and self._loaded.get(tab) == key:
+            return
+        self._loaded[tab] = key
+        self.run_worker(self._load(key), group=f"load-{tab}", exclusive=True,
+                        exit_on_error=False)
+
+    async def _load(self, key: tuple) -> None:
+        await self._model_ready.wait()
+        tab = key[0]
+        try:
+            await getattr(self, f"_load_{tab}")(key)
+        except EngineCancelled:
+            if self._loaded.get(tab) == key:
+                self._loaded.pop(tab, None)
+        except HeadscopeError as err:
+            self._report(str(err))
+        except Exception as err:  # keep running: an engine bug becomes a notification
+            self._report(f"{tab}: unexpected error {err!r}")
+
+    async def _load_qk(self, key: tuple) -> None:
+        layer, head = key[1]
+        pane = self.query_one(QKPane)
+        rotary = self.structure.get("positional") == "rotary"
+        block = await self.engine.circuit_block(
+            layer, head, "qk", "token", rows=self.tokens, cols=self.tokens,
+            offset=self.offset if rotary else 0)
+        if not self._fresh(key):
+            return
+        pane.show_token(block, self.offset if rotary else None)
+        self.results["qk"] = {"token": block}
+        pos_chart = pane.query_one("#qk-position", Chart)
+        if self.structure.get("positional") == "learned":
+            n = list(range(min(int(self.structure.get("n_ctx") or 0), POSITIONS_SHOWN)))
+            pos = await self.engine.circuit_block(layer, head, "qk", "position", rows=n, cols=n)
+            if not self._fresh(key):
+                return
+            pane.show_position(pos)
+            self.results["qk"]["position"] = pos
+        elif rotary:
+            offsets = list(range(-ROTARY_OFFSETS, ROTARY_OFFSETS + 1))
+            profile = await self.engine.rotary_profile(layer, head, offsets)
+            if not self._fresh(key):
+                return
+            pane.show_profile(profile, layer, head, self.offset)
+            self.results["qk"]["profile"] = profile
+        else:
+            pos_chart.message("no positional embedding: QK depends on tokens only")
+
+    async def _load_ov(self, key: tuple) -> None:
+        layer, head = key[1]
+        pane = self.query_one(OVPane)
+        block = await self.engine.circuit_block(layer, head, "ov", "token",
+                                                rows=self.tokens, cols=self.tokens)
+        if not self._fresh(key):
+            return
+        pane.show_block(block)
+        self.results["ov"] = {"full_ov": block}
+        ids = list(block.row_ids)
+        if not ids:
+            return
+        self.source_index %= len(ids)
+        top = await self.engine.top_outputs(layer, head, int(ids[self.source_index]), k=10)
+        if not self._fresh(key):
+            return
+        pane.show_top(top)
+        self.results["ov"]["top_outputs"] = top
+
+    async def _load_spectrum(self, key: tuple) -> None:
+        layer, head = key[1]
+        pane = self.query_one(SpectrumPane)
+        ov, qk = await asyncio.gather(self.engine.spectrum(layer, head, "ov"),
+                                      self.engine.spectrum(layer, head, "qk"))
+        if not self._fresh(key):
+            return
+        pane.show(ov)
+        pane.show(qk)
+        self.results["spectrum"] = {"ov": ov, "qk": qk}
+
+    async def _load_prompt(self, key: tuple) -> None:
+        layer, head = key[1]
+        if not self.prompt_text.strip():
+            self.query_one("#prompt-pattern", Chart).message("no prompt yet: press p, type, enter")
+            return
+        view = await self.engine.run_prompt(self.prompt_text, layer, head)
+        if not self._fresh(key):
+            return
+        self.query_one(PromptPane).show(view)
+        self.results["prompt"] = view
+
+    async def _load_composition(self, key: tuple) -> None:
+        kind = self.comp_kind
+        cache_key = (kind, self._gen)
+        comp = self._comp_cache.get(cache_key)
+        chart = self.query_one("#comp-graph", Chart)
+        if comp is None:
+            chart.message(f"computing {kind.upper()}-composition for every pair of heads…")
+
+            def progress(fraction: float) -> None:
+                self.sweep_progress = float(fraction)
+
+            try:
+                comp = await self.engine.composition(kind, progress=progress)
+            finally:
+                self.sweep_progress = None
+            self._comp_cache[cache_key] = comp
+        if not self._fresh(key):
+            return
+        self.comp_selected = None
+        pane = self.query_one(CompositionPane)
+        self.comp_edges = pane.show(comp, self.n_layers, self.n_heads, None)
+        pane.detail(comp, None)
+        self.results["composition"] = comp
+
+    async def _load_summary(self, key: tuple) -> None:
+        if self.rows:
+            self._show_summary()
+
+    def _show_summary(self) -> None:
+        rows = sorted(self.rows.values(), key=lambda r: (r.layer, r.head))
+        if self.summary_sort is not None:
+            k = self.summary_sort
+            rows.sort(key=lambda r: (math.isnan(r.get(k)), -r.get(k) if not math.isnan(r.get(k))
+                                     else 0.0))
+        self.query_one(SummaryPane).show(rows)
+        self.results["summary"] = rows
+
+    # -- widgets' events ----------------------------------------------------------------
+    @on(Input.Submitted, "#prompt-input")
+    def _prompt_submitted(self, event: Input.Submitted) -> None:
+        self.prompt_text = event.value
+        if self.active_tab != "prompt":
+            self.action_show_tab("prompt")
+        self._load_active()
+
+    @on(DataTable.RowSelected)
+    def _row_selected(self, event: DataTable.RowSelected) -> None:
+        table_id = event.data_table.id
+        if table_id == "summary-table" and event.row_key.value:
+            layer, head = (int(x) for x in str(event.row_key.value).split("."))
+            self.goto_head((layer, head), immediate=True)
+        elif table_id == "comp-edges":
+            edge = self._edge(event.row_key.value)
+            if edge is not None:
+                self.goto_head((edge[2], edge[3]), immediate=True)
+
+    @on(DataTable.RowHighlighted, "#comp-edges")
+    def _edge_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        edge = self._edge(event.row_key.value)
+        comp = self.results.get("composition")
+        if edge is None or comp is None:
+            return
+        self.comp_selected = edge[:4]
+        pane = self.query_one(CompositionPane)
+        pane.show(comp, self.n_layers, self.n_heads, self.comp_selected)
+        pane.detail(comp, edge)
+
+    def _edge(self, row_key: str | None) -> tuple[int, int, int, int, float] | None:
+        try:
+            return self.comp_edges[int(row_key or "")]
+        except (ValueError, IndexError):
+            return None
+
+    # -- actions --------------------------------------------------------------------------
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen(self.keymap_in_use))
+
+    def action_edit_prompt(self) -> None:
+        self.action_show_tab("prompt")
+        self.query_one("#prompt-input", Input).focus()
+
+    def action_composition(self) -> None:
+        if self.active_tab == "composition":
+            self.show_composition({"q": "k", "k": "v", "v": "q"}[self.comp_kind])
+        else:
+            self.action_show_tab("composition")
+
+    def show_composition(self, kind: str) -> None:
+        self.comp_kind = kind
+        self.action_show_tab("composition")
+
+    def action_toggle_raw(self) -> None:
+        if self.engine is None:
+            return
+        self.run_worker(self._set_raw(not self.raw), group="raw", exclusive=True,
+                        exit_on_error=False)
+
+    async def _set_raw(self, raw: bool) -> None:
+        await self._model_ready.wait()
+        try:
+            await self.engine.set_raw(raw)
+        except HeadscopeError as err:
+            self._report(str(err))
+            return
+        self.raw = raw
+        self._gen += 1
+        self.rows.clear()
+        self.query_one(HeadTree).scores.clear()
+        self.query_one(HeadTree).refresh_badges()
+        status = self.query_one(StatusBar)
+        status.raw = raw
+        self.structure = {**self.structure, "processed": not raw}
+        self.notify("raw weights" if raw else "processed weights (folded LN, centred)")
+        self._load_active()
+        if self.head is not None:
+            self.run_worker(self._head_scores(self.head, self._gen), group="head-scores",
+                            exclusive=True, exit_on_error=False)
+        if self.auto_sweep:
+            self.start_sweep()
+
+    def action_cycle_theme(self) -> None:
+        names = list(THEME_NAMES)
+        i = names.index(self.theme) if self.theme in names else -1
+        self.theme = names[(i + 1) % len(names)]
+        self.notify(f"theme {self.theme}", timeout=1.5)
+
+    def set_colormap(self, name: str | None) -> None:
+        self.colormap_override = name
+        self._restyle()
+
+    def action_cycle_colormap(self) -> None:
+        names = list(COLORMAPS)
+        i = names.index(self.colormap_name) if self.colormap_name in names else -1
+        self.set_colormap(names[(i + 1) % len(names)])
+        self.notify(f"colour map {self.colormap_name}", timeout=1.5)
+
+    def _restyle(self) -> None:
+        for chart in self.query(Chart):
+            chart.refresh()
+        self.query_one(HeadTree).refresh_badges()
+
+    def action_step_source(self, step: int) -> None:
+        self.source_index += step
+        block = (self.results.get("ov") or {}).get("full_ov")
+        n = len(block.row_ids) if block is not None else 0
+        if n:
+            self.source_index %= n
+        self._load_active()
+
+    def action_step_offset(self, step: int) -> None:
+        if self.structure.get("positional") != "rotary":
+            return
+        self.offset = max(-ROTARY_OFFSETS, min(ROTARY_OFFSETS, self.offset + step))
+        self._load_active()
+
+    def action_cycle_sort(self) -> None:
+        keys = [k for k, _ in SCORES]
+        i = keys.index(self.summary_sort) if self.summary_sort in keys else -1
+        self.sort_summary(keys[(i + 1) % len(keys)])
+
+    def sort_summary(self, key: str) -> None:
+        self.summary_sort = key
+        self._show_summary()
+        if self.active_tab != "summary":
+            self.action_show_tab("summary")
+
+    def action_choose_tokens(self) -> None:
+        self.push_screen(
+            InputScreen("Tokens for the QK/OV rows and columns", self.tokens_text,
+                        placeholder="e.g. the cat sat on the mat",
+                        hint="words or a phrase; #12 #40 for token ids; empty: default set"),
+            callback=self._tokens_chosen)
+
+    def _tokens_chosen(self, text: str | None) -> None:
+        if text is None:
+            return
+        self.run_worker(self._set_tokens(text), group="tokens", exclusive=True,
+                        exit_on_error=False)
+
+    async def _set_tokens(self, text: str) -> None:
+        text = text.strip()
+        if not text:
+            ids = None
+        elif all(p.startswith("#") and p[1:].isdigit() for p in text.split()):
+            ids = [int(p[1:]) for p in text.split()]
+        else:
+            await self._model_ready.wait()
+            try:
+                tokenize = getattr(self.engine, "tokenize", None)
+                if tokenize is not None:
+                    ids = tokenize(text)
+                    ids = await ids if asyncio.iscoroutine(ids) else ids
+                else:
+                    layer, head = self.head or (0, 0)
+                    ids = list((await self.engine.run_prompt(text, layer, head)).ids)
+            except HeadscopeError as err:
+                self._report(str(err))
+                return
+        if ids is not None:
+            ids = list(dict.fromkeys(int(i) for i in ids))  # unique, in order
+        self.tokens, self.tokens_text = ids, text
+        self._tokens_gen += 1
+        self.source_index = 0
+        if self.active_tab not in ("qk", "ov"):
+            self.action_show_tab("qk")
+        self._load_active()
+
+    def output_dir(self) -> Path:
+        """Where screenshots and exports go: never next to the checkpoint."""
+        chosen = self._output_dir or os.environ.get("HEADSCOPE_OUTPUT_DIR") or Path.cwd()
+        out = Path(chosen).expanduser().resolve()
+        model = Path(self.path).expanduser().resolve()
+        model_dir = model if model.is_dir() else model.parent
+        if out == model_dir or model_dir in out.parents:
+            out = Path(tempfile.gettempdir()) / "headscope"
+        out.mkdir(parents=True, exist_ok=True)
+        return out
+
+    def action_choose_output_dir(self) -> None:
+        def chosen(text: str | None) -> None:
+            if text:
+                self._output_dir = Path(text)
+                self.notify(f"output directory {self.output_dir()}")
+
+        self.push_screen(InputScreen("Output directory for screenshots and exports",
+                                     str(self.output_dir())), callback=chosen)
+
+    def _stem(self) -> str:
+        name = Path(self.path).name or "model"
+        head = f"_L{self.head[0]}H{self.head[1]}" if self.head else ""
+        return f"headscope_{name}_{self.active_tab}{head}_{time.strftime('%Y%m%d-%H%M%S')}"
+
+    def action_screenshot_svg(self) -> None:
+        try:
+            out = self.save_screenshot(f"{self._stem()}.svg", path=str(self.output_dir()))
+        except OSError as err:
+            self._report(f"cannot save screenshot: {err}")
+            return
+        self.notify(f"saved {out}", title="screenshot")
+
+    def action_export(self) -> None:
+        tab = self.active_tab
+        data = self.results.get(tab)
+        if data is None:
+            self.notify(f"nothing to export on the {tab} tab yet", severity="warning")
+            return
+        doc = {"model": self.path, "processed": not self.raw, "view": tab,
+               "head": list(self.head) if self.head and tab not in ("composition", "summary")
+               else None, "data": jsonable(data)}
+        try:
+            path = self.output_dir() / f"{self._stem()}.json"
+            path.write_text(json.dumps(doc, indent=1), encoding="utf-8")
+        except OSError as err:
+            self._report(f"cannot export: {err}")
+            return
+        self.notify(f"saved {path}", title="export")
+
+    # -- status ---------------------------------------------------------------------------
+    def _tick(self) -> None:
+        status = self.query_one(StatusBar)
+        busy = any(not w.is_finished and (w.group or "").startswith(("load-", "startup"))
+                   for w in self.workers)
+        activity = hits = misses = in_flight = None
+        if self.engine is not None:
+            try:
+                activity, hits, misses, in_flight = stats_line(self.engine.stats())
+            except Exception:
+                activity = None
+        if not self._model_ready.is_set() and self.engine is not None and not self._ready_failed:
+            activity = activity or "opening model…"
+        status.busy = busy
+        status.activity = activity
+        status.progress = self.sweep_progress
+        status.cache = (hits or 0, misses or 0, in_flight or 0)
+        if busy or activity or in_flight or self.sweep_progress is not None:
+            status.frame += 1
+
+    def _report(self, message: str) -> None:
+        """Engine errors become notifications; the app keeps running."""
+        self.errors.append(message)
+        self.notify(message, severity="error", timeout=8)
+
+    async def action_quit(self) -> None:
+        if self.engine is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.engine.aclose(), timeout=2)
+        self.exit()
+
+
+def run_app(path: str | os.PathLike[str] | None = None, *, raw: bool = False,
+            theme: str | None = None, **options: Any) -> None:
+    """Open ``path`` (default: the bundled attn-only-2l) in the explorer; blocks until quit."""
+    HeadscopeApp(path, raw=raw, theme=theme, **options).run()

@@ -1,0 +1,100 @@
+"""Every key of the app, with an id (for user keymaps) and a tooltip (for the help screen).
+
+Users remap keys by id, posting-style, in ``$HEADSCOPE_KEYMAP`` or
+``~/.config/headscope/keymap.toml``::
+
+    [keymap]
+    next-head = "n"
+    prev-head = "N"
+    quit = "ctrl+q"
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+
+from textual.binding import Binding
+
+APP_BINDINGS: list[Binding] = [
+    Binding("q,ctrl+q", "quit", "Quit", id="quit", priority=False,
+            tooltip="Quit headscope"),
+    Binding("question_mark", "help", "Help", id="help", key_display="?",
+            tooltip="Show every key and what it does"),
+    Binding("left_square_bracket", "step_head(-1)", "Prev head", id="prev-head",
+            key_display="[", tooltip="Focus the previous head (across layers)"),
+    Binding("right_square_bracket", "step_head(1)", "Next head", id="next-head",
+            key_display="]", tooltip="Focus the next head (across layers)"),
+    Binding("1", "show_tab('qk')", "QK", id="tab-qk", show=False,
+            tooltip="QK tab: token and positional QK circuits"),
+    Binding("2", "show_tab('ov')", "OV", id="tab-ov", show=False,
+            tooltip="OV tab: full OV circuit and top promoted tokens"),
+    Binding("3", "show_tab('spectrum')", "Spectrum", id="tab-spectrum", show=False,
+            tooltip="Spectrum tab: eigenvalues of the OV and QK circuits"),
+    Binding("4", "show_tab('prompt')", "Prompt", id="tab-prompt", show=False,
+            tooltip="Prompt tab: attention pattern, direct logit attribution, predictions"),
+    Binding("5", "show_tab('composition')", "Composition", id="tab-composition", show=False,
+            tooltip="Composition tab: Q/K/V composition graph and top edges"),
+    Binding("6", "show_tab('summary')", "Summary", id="tab-summary", show=False,
+            tooltip="Summary table: every head with every score"),
+    Binding("slash", "choose_tokens", "Tokens", id="choose-tokens", key_display="/",
+            tooltip="Choose the tokens (rows/columns) of the QK and OV heatmaps"),
+    Binding("p", "edit_prompt", "Prompt", id="edit-prompt",
+            tooltip="Edit the prompt run through the model"),
+    Binding("c", "composition", "Comp", id="composition",
+            tooltip="Show composition; pressed again, switch Q → K → V"),
+    Binding("r", "toggle_raw", "Raw/proc", id="toggle-raw",
+            tooltip="Toggle raw and processed (folded, centred) weights"),
+    Binding("t", "cycle_theme", "Theme", id="cycle-theme",
+            tooltip="Cycle the themes (dark, light, high contrast, colour-blind safe)"),
+    Binding("m", "cycle_colormap", "Colours", id="cycle-colormap", show=False,
+            tooltip="Cycle the heatmap colour map (incl. colour-blind safe blue/orange)"),
+    Binding("comma", "step_source(-1)", "Prev source", id="prev-source", show=False,
+            key_display=",", tooltip="OV: previous source token for the top outputs"),
+    Binding("full_stop", "step_source(1)", "Next source", id="next-source", show=False,
+            key_display=".", tooltip="OV: next source token for the top outputs"),
+    Binding("minus", "step_offset(-1)", "Offset −", id="offset-down", show=False,
+            key_display="-", tooltip="Rotary QK: smaller offset Δ"),
+    Binding("equals_sign,plus", "step_offset(1)", "Offset +", id="offset-up", show=False,
+            key_display="+", tooltip="Rotary QK: larger offset Δ"),
+    Binding("o", "cycle_sort", "Sort", id="cycle-sort", show=False,
+            tooltip="Summary/edges: sort by the next score column"),
+    Binding("s", "screenshot_svg", "SVG", id="screenshot",
+            tooltip="Save an SVG screenshot to the output directory"),
+    Binding("e", "export", "Export", id="export",
+            tooltip="Export the current view's data as JSON to the output directory"),
+]
+
+# Keys handled by widgets, listed in the help screen (the tree's own bindings are on HeadTree).
+WIDGET_KEYS: list[tuple[str, str]] = [
+    ("↑ ↓ / j k", "move in the head tree, tables and lists"),
+    ("← → / h l", "collapse / expand a layer in the tree"),
+    ("enter", "focus the head under the cursor (tree, summary, composition edges)"),
+    ("tab / shift+tab", "move focus between panes"),
+    ("ctrl+p", "command palette: go to head L.H, sort, themes, exports"),
+    ("escape", "close a dialog"),
+]
+
+
+def user_keymap_path() -> Path:
+    env = os.environ.get("HEADSCOPE_KEYMAP")
+    if env:
+        return Path(env).expanduser()
+    base = Path(os.environ.get("XDG_CONFIG_HOME", "~/.config")).expanduser()
+    return base / "headscope" / "keymap.toml"
+
+
+def load_user_keymap(path: Path | None = None) -> dict[str, str]:
+    """``{binding id: keys}`` from a TOML file's ``[keymap]`` table; ``{}`` when absent.
+
+    An unreadable file raises ValueError with the file named, so the app can say so."""
+    path = path or user_keymap_path()
+    if not path.is_file():
+        return {}
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as err:
+        raise ValueError(f"{path}: cannot read keymap ({err})") from err
+    table = data.get("keymap", data)
+    return {str(k): str(v) for k, v in table.items() if isinstance(v, str)}

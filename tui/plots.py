@@ -1,0 +1,248 @@
+"""Figures: frozen descriptions of a plot, turned into Rich ``Text`` through plotext.
+
+``build(figure, width, height, colours)`` is what the chart widget runs in a worker thread:
+every figure gets a fresh ``Plot`` (plotext figures are not shared between threads), draws
+itself at exactly the given size and returns the rendered text. No Textual widgets here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from rich.text import Text
+from textual_plotext.plot import Plot
+
+from .colormap import RGB, cell_of, diverging_rgb, fit_shape, resample, symmetric_range
+
+LABEL_WIDTH = 8  # longest tick label kept on the y axis (token strings are cut)
+
+
+@dataclass(frozen=True)
+class Colours:
+    """What a figure needs from the theme, captured on the UI thread."""
+
+    foreground: RGB
+    muted: RGB
+    accent: RGB
+    primary: RGB
+    stops: tuple[RGB, RGB, RGB]
+
+
+def short(label: str, width: int = LABEL_WIDTH) -> str:
+    """A token string fit for a tick: whitespace made visible, cut to ``width``."""
+    s = label.replace("\n", "⏎").replace("\t", "⇥").replace(" ", "·") or "∅"
+    return s if len(s) <= width else s[: width - 1] + "…"
+
+
+def _ticks(n: int, cells: int, labels: Sequence[str], room: int) -> tuple[list[int], list[str]]:
+    """Indices of the labels to draw: as many as fit, ``room`` cells per label, evenly spread."""
+    if n == 0 or cells == 0:
+        return [], []
+    step = max(1, math.ceil(n * room / max(cells, 1)))
+    idx = list(range(0, n, step))
+    return idx, [labels[i] for i in idx]
+
+
+@dataclass(frozen=True)
+class Heatmap:
+    values: np.ndarray  # [rows, cols]
+    row_labels: tuple[str, ...]
+    col_labels: tuple[str, ...]
+    title: str = ""
+    xlabel: str = ""
+    ylabel: str = ""
+    sequential: bool = False  # attention patterns: 0 … max on the positive half of the map
+    vmax: float | None = None
+    diagonal: bool = False  # rows and cols are the same token set: report the diagonal
+
+    def key(self, colours: Colours, shape: tuple[int, int]) -> Text:
+        """The value-range key: a gradient from −vmax (or 0) to +vmax, and the pooling."""
+        vmax = self.vmax if self.vmax is not None else symmetric_range(self.values)
+        lo = 0.0 if self.sequential else -vmax
+        steps = np.linspace(lo, vmax, 16)
+        text = Text(f"{lo:+.3g} ", style=_rgb(colours.muted))
+        for c in diverging_rgb(steps, colours.stops, vmax):
+            text.append(" ", style=f"on {_rgb(tuple(int(x) for x in c))}")
+        text.append(f" {vmax:+.3g}", style=_rgb(colours.muted))
+        n_rows, n_cols = self.values.shape
+        if shape[0] < n_rows or shape[1] < n_cols:
+            text.append(
+                f"  pooled {n_rows}×{n_cols}→{shape[0]}×{shape[1]}", style=_rgb(colours.muted)
+            )
+        if self.diagonal and n_rows == n_cols and n_rows > 1:
+            text.append("  " + diagonal_summary(self.values), style=_rgb(colours.foreground))
+        return text
+
+    def draw(self, width: int, height: int, colours: Colours) -> Text:
+        n_rows, n_cols = self.values.shape
+        rows = [short(s) for s in self.row_labels] or [""]
+        lw = max(len(s) for s in rows)
+        # Lines around the canvas: title, two frame lines, x tick labels, x label, our key.
+        overhead = 4 + (1 if self.xlabel else 0) + 1
+        ch, cw = fit_shape(n_rows, n_cols, height - overhead, width - lw - 2)
+        if ch < 1 or cw < 1:
+            return Text("(pane too small)")
+        grid = resample(self.values, ch, cw)
+        vmax = self.vmax if self.vmax is not None else symmetric_range(self.values)
+        colour = diverging_rgb(grid, colours.stops, vmax)
+        plt = _plot(lw + 2 + cw, ch + overhead - 1, colours)
+        plt.matrix_plot([[tuple(int(x) for x in c) for c in row] for row in colour])
+        plt.xlim(0, max(cw - 1, 1))
+        plt.ylim(0, max(ch - 1, 1))
+        xi, xl = _ticks(n_cols, cw, [short(s, 6) for s in self.col_labels], 7)
+        plt.xticks([cell_of(i, n_cols, cw) for i in xi], xl)
+        yi, yl = _ticks(n_rows, ch, rows, 1)
+        plt.yticks([ch - 1 - cell_of(i, n_rows, ch) for i in yi], yl)
+        plt.title(self.title)
+        plt.xlabel(self.xlabel)
+        plt.ylabel("")
+        plt.ticks_color(colours.foreground)
+        text = _text(plt)
+        text.append("\n")
+        text.append_text(self.key(colours, (ch, cw)))
+        return text
+
+
+def diagonal_summary(values: np.ndarray) -> str:
+    """How strongly the diagonal stands out: mean diag vs off-diag, rows peaking on it."""
+    v = np.asarray(values, dtype=np.float64)
+    n = v.shape[0]
+    diag = np.diag(v)
+    off = (v.sum() - diag.sum()) / max(n * n - n, 1)
+    peaks = int((np.argmax(np.nan_to_num(v, nan=-np.inf), axis=1) == np.arange(n)).sum())
+    return f"diag {np.nanmean(diag):+.3g} vs off {off:+.3g}; {peaks}/{n} rows peak on diag"
+
+
+@dataclass(frozen=True)
+class Scatter:
+    """Eigenvalues in the complex plane (or any x/y points), with the axes through 0."""
+
+    x: np.ndarray
+    y: np.ndarray
+    title: str = ""
+    xlabel: str = "Re λ"
+    ylabel: str = "Im λ"
+
+    def draw(self, width: int, height: int, colours: Colours) -> Text:
+        plt = _plot(width, height, colours)
+        finite = np.isfinite(self.x) & np.isfinite(self.y)
+        x, y = self.x[finite], self.y[finite]
+        r = float(max(np.abs(x).max(initial=0.0), np.abs(y).max(initial=0.0))) or 1.0
+        plt.xlim(-r * 1.05, r * 1.05)
+        plt.ylim(-r * 1.05, r * 1.05)
+        plt.horizontal_line(0, color=colours.muted)
+        plt.vertical_line(0, color=colours.muted)
+        if x.size:
+            pos = x >= 0
+            # Real-positive eigenvalues are what copying looks like: colour them apart.
+            plt.scatter(x[pos].tolist(), y[pos].tolist(), marker="dot", color=colours.stops[2])
+            plt.scatter(x[~pos].tolist(), y[~pos].tolist(), marker="dot", color=colours.stops[0])
+        plt.title(self.title)
+        plt.xlabel(self.xlabel)
+        plt.ylabel(self.ylabel)
+        plt.ticks_color(colours.foreground)
+        return _text(plt)
+
+
+@dataclass(frozen=True)
+class Line:
+    """A curve, e.g. the rotary QK score against the offset Δ."""
+
+    x: np.ndarray
+    y: np.ndarray
+    title: str = ""
+    xlabel: str = ""
+    ylabel: str = ""
+    mark_x: float | None = None
+
+    def draw(self, width: int, height: int, colours: Colours) -> Text:
+        plt = _plot(width, height, colours)
+        plt.plot(self.x.tolist(), self.y.tolist(), marker="braille", color=colours.primary)
+        plt.horizontal_line(0, color=colours.muted)
+        if self.mark_x is not None:
+            plt.vertical_line(self.mark_x, color=colours.accent)
+        plt.title(self.title)
+        plt.xlabel(self.xlabel)
+        plt.ticks_color(colours.foreground)
+        return _text(plt)
+
+
+@dataclass(frozen=True)
+class Graph:
+    """Layered composition graph: layers are columns, heads are nodes, edges above threshold.
+
+    ``edges`` are ``(l1, h1, l2, h2, strength)`` with strength = score − baseline; the edge
+    colour goes from the zero stop to the positive stop with strength, the selected edge is
+    drawn last in the accent colour."""
+
+    n_layers: int
+    n_heads: int
+    edges: tuple[tuple[int, int, int, int, float], ...]
+    title: str = ""
+    selected: tuple[int, int, int, int] | None = None
+    vmax: float = 1.0
+    nodes: tuple[tuple[int, int], ...] = field(default_factory=tuple)  # highlighted heads
+
+    def draw(self, width: int, height: int, colours: Colours) -> Text:
+        plt = _plot(width, height, colours)
+        L, H = self.n_layers, self.n_heads
+
+        def y(h: int) -> int:
+            return H - 1 - h  # head 0 on top, like the tree
+
+        plt.xlim(-0.3, L - 0.7)
+        plt.ylim(-0.5, H - 0.5)
+        ordered = sorted(self.edges, key=lambda e: e[4])
+        for l1, h1, l2, h2, s in ordered:
+            t = float(np.clip(s / self.vmax, 0.15, 1.0)) if self.vmax > 0 else 1.0
+            rgb = tuple(int(c) for c in diverging_rgb(np.array([t]), colours.stops, 1.0)[0])
+            plt.plot([l1, l2], [y(h1), y(h2)], marker="braille", color=rgb)
+        if self.selected is not None:
+            l1, h1, l2, h2 = self.selected
+            plt.plot([l1, l2], [y(h1), y(h2)], marker="braille", color=colours.accent)
+        xs = [layer for layer in range(L) for _ in range(H)]
+        ys = [y(h) for _ in range(L) for h in range(H)]
+        plt.scatter(xs, ys, marker="●", color=colours.foreground)
+        if self.nodes:
+            plt.scatter(
+                [n[0] for n in self.nodes], [y(n[1]) for n in self.nodes],
+                marker="●", color=colours.accent,
+            )
+        plt.xticks(list(range(L)), [f"L{i}" for i in range(L)])
+        hi, hl = _ticks(H, max(height - 5, 1), [f"H{h}" for h in range(H)], 1)
+        plt.yticks([y(h) for h in hi], hl)
+        plt.title(self.title)
+        plt.ticks_color(colours.foreground)
+        return _text(plt)
+
+
+Figure = Heatmap | Scatter | Line | Graph
+
+
+def _rgb(c: tuple[int, ...]) -> str:
+    return f"rgb({c[0]},{c[1]},{c[2]})"
+
+
+def _plot(width: int, height: int, colours: Colours) -> Plot:
+    plt = Plot()
+    # plotext caps figures at the size of the process's terminal; the pane decides here.
+    plt._limit_size(False, False)
+    plt.theme("clear")  # no background codes: the widget's own background shows through
+    plt.plotsize(max(width, 4), max(height, 3))
+    plt.axes_color("default")
+    plt.canvas_color("default")
+    return plt
+
+
+def build(figure: Figure, width: int, height: int, colours: Colours) -> Text:
+    """Render ``figure`` at ``width × height`` cells (runs in a worker thread)."""
+    if width < 8 or height < 4:
+        return Text("")
+    return figure.draw(width, height, colours)
+
+
+def _text(plt: Plot) -> Text:
+    return Text.from_ansi(plt.build().rstrip("\n"))

@@ -1,0 +1,1 @@
+"""Widgets of the explorer: head tree, status bar, cached plotext charts, tab panes."""

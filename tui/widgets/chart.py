@@ -1,0 +1,126 @@
+"""A plotext chart that is built off the UI thread and cached.
+
+textual-plotext's own ``render()`` rebuilds the whole figure on the UI thread at every
+repaint and resets the colours to the theme. Here ``render()`` only looks up a cache keyed
+by (size, figure version, theme, colour map); on a miss it shows the last picture (or a
+placeholder) and starts a worker that builds the figure in a thread (see STYLE.md: dolphie).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+
+from rich.text import Text
+from textual.app import RenderResult
+from textual.color import Color
+from textual_plotext import PlotextPlot
+
+from themes import COLORMAPS
+
+from ..plots import Colours, Figure, build
+
+CACHE_ENTRIES = 8
+
+
+class Chart(PlotextPlot):
+    """Shows a ``tui.plots`` figure; ``show(figure)`` swaps it, ``message(text)`` a note."""
+
+    DEFAULT_CSS = """
+    Chart { width: 1fr; height: 1fr; }
+    """
+
+    def __init__(self, *, placeholder: str = "", id: str | None = None,
+                 classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        self.figure: Figure | None = None
+        self.version = 0
+        self.note = placeholder
+        self._cache: OrderedDict[tuple, Text] = OrderedDict()
+        self._last: Text | None = None
+        self._pending: tuple | None = None
+        self.builds = 0  # how many figures were built (tests check the cache by it)
+
+    # -- public -----------------------------------------------------------------------
+    def show(self, figure: Figure | None) -> None:
+        """Replace the figure; the old picture stays up until the new one is built."""
+        if figure is self.figure:
+            return
+        self.figure = figure
+        self.version += 1
+        self.note = ""
+        self.refresh()
+
+    def message(self, text: str, *, keep_figure: bool = False) -> None:
+        """A note instead of a figure (loading…, errors, 'not available')."""
+        if not keep_figure:
+            self.figure = None
+            self._last = None
+            self.version += 1
+        self.note = text
+        self.refresh()
+
+    @property
+    def rendered(self) -> Text | None:
+        """The picture currently on screen, if built (tests read its plain text)."""
+        return self._cache.get(self._key()) if self.figure is not None else None
+
+    # -- rendering ------------------------------------------------------------------------
+    def _key(self) -> tuple:
+        app = self.app
+        return (self.size.width, self.size.height, self.version, app.theme,
+                getattr(app, "colormap_name", ""))
+
+    def render(self) -> RenderResult:
+        if self.figure is None:
+            return Text(self.note, style="dim")
+        key = self._key()
+        text = self._cache.get(key)
+        if text is not None:
+            self._cache.move_to_end(key)
+            return text
+        if key != self._pending and self.size.width > 0 and self.size.height > 0:
+            self._pending = key
+            self.call_later(self._start_build, key)
+        if self._last is not None:
+            return self._last
+        return Text(self.note or "rendering…", style="dim")
+
+    def _start_build(self, key: tuple) -> None:
+        figure, colours = self.figure, self.colours()
+        if figure is None:
+            return
+        self.run_worker(self._build(key, figure, colours), group=f"chart-{id(self)}",
+                        exclusive=True, exit_on_error=False)
+
+    async def _build(self, key: tuple, figure: Figure, colours: Colours) -> None:
+        width, height = key[0], key[1]
+        text = await asyncio.to_thread(build, figure, width, height, colours)
+        self.builds += 1
+        self._cache[key] = text
+        while len(self._cache) > CACHE_ENTRIES:
+            self._cache.popitem(last=False)
+        if key[2] == self.version:
+            self._last = text
+        if self._pending == key:
+            self._pending = None
+        self.refresh()
+
+    def colours(self) -> Colours:
+        """Theme colours as RGB, read on the UI thread for the worker."""
+        v = self.app.theme_variables
+
+        def rgb(name: str, fallback: str) -> tuple[int, int, int]:
+            try:
+                return Color.parse(v.get(name, fallback)).rgb
+            except Exception:
+                return Color.parse(fallback).rgb
+
+        cmap = getattr(self.app, "colormap_name", "red-blue")
+        return Colours(
+            foreground=rgb("foreground", "#d0d0d0"),
+            muted=rgb("foreground-muted", "#808080"),
+            accent=rgb("accent", "#ffaf5f"),
+            primary=rgb("primary", "#5fafff"),
+            stops=COLORMAPS.get(cmap, COLORMAPS["red-blue"]),
+        )

@@ -1,0 +1,89 @@
+"""The header: model name, architecture, shapes, processed/raw, and engine activity."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.text import Text
+from textual.reactive import reactive
+from textual.widget import Widget
+
+SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+
+
+def _count(n: Any) -> str:
+    try:
+        n = int(n)
+    except (TypeError, ValueError):
+        return "?"
+    if n >= 10_000:
+        return f"{n / 1000:.0f}k"
+    return str(n)
+
+
+def model_summary(structure: dict[str, Any]) -> tuple[str, str, str]:
+    """(name, architecture, shapes) of a structure dict."""
+    s = structure
+    name = Path(str(s.get("path") or "?")).name or str(s.get("path"))
+    arch = f"{s.get('family', '?')}/{s.get('architecture', '?')}"
+    kv = s.get("n_kv_heads")
+    heads = f"{s.get('n_heads', '?')}H" + (f"/{kv}kv" if kv and kv != s.get("n_heads") else "")
+    shapes = (f"{s.get('n_layers', '?')}L×{heads} d{_count(s.get('d_model'))} "
+              f"dh{_count(s.get('d_head'))} V{_count(s.get('d_vocab'))} "
+              f"ctx{_count(s.get('n_ctx'))} {s.get('positional', '')}")
+    if not s.get("d_mlp"):
+        shapes += " attn-only"
+    return name, arch, shapes
+
+
+class StatusBar(Widget):
+    """Two lines: what model, and what the engine is doing."""
+
+    DEFAULT_CSS = """
+    StatusBar { height: 2; padding: 0 1; }
+    """
+
+    structure: reactive[dict[str, Any]] = reactive(dict, always_update=True)
+    raw: reactive[bool] = reactive(False)
+    focus_text: reactive[str] = reactive("")
+    activity: reactive[str | None] = reactive(None)
+    progress: reactive[float | None] = reactive(None)
+    cache: reactive[tuple[int, int, int]] = reactive((0, 0, 0))
+    busy: reactive[bool] = reactive(False)
+    frame: reactive[int] = reactive(0)
+    error: reactive[str] = reactive("")
+
+    def render(self) -> Text:
+        name, arch, shapes = model_summary(self.structure)
+        top = Text()
+        top.append("headscope ", style="bold")
+        top.append(name, style="bold")
+        top.append(f"  {arch}  ", style="dim")
+        top.append(shapes)
+        top.append("  ")
+        if self.raw:
+            top.append(" raw ", style="reverse bold")
+        else:
+            top.append(" processed ", style="reverse")
+        if self.structure.get("tied_unembed"):
+            top.append("  W_U=W_Eᵀ", style="dim")
+        bottom = Text()
+        if self.error:
+            bottom.append(self.error, style="bold red")
+            return Text("\n").join([top, bottom])
+        bottom.append(self.focus_text or "", style="bold")
+        hits, misses, in_flight = self.cache
+        if self.busy or in_flight or self.activity or self.progress is not None:
+            bottom.append("  " + SPINNER[self.frame % len(SPINNER)] + " ")
+        else:
+            bottom.append("  ✓ ", style="dim")
+        if self.activity:
+            bottom.append(self.activity)
+        if self.progress is not None:
+            filled = round(self.progress * 10)
+            bottom.append(f" [{'█' * filled}{'░' * (10 - filled)}] {self.progress:.0%}")
+        bottom.append(f"  cache {hits} hit/{misses} miss", style="dim")
+        if in_flight:
+            bottom.append(f", {in_flight} running", style="dim")
+        return Text("\n").join([top, bottom])

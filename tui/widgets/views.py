@@ -1,0 +1,217 @@
+"""The tab panes of the circuit view. They draw results; the app fetches them.
+
+Each pane turns an engine result into ``tui.plots`` figures (cheap: numpy views and
+labels) and hands them to ``Chart`` widgets, which build the picture off the UI thread.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.widgets import DataTable, Input, Static
+
+from ..adapt import SCORES, ScoreRow, edges, predictions, profile_xy, top_tokens
+from ..plots import Graph, Heatmap, Line, Scatter
+from .chart import Chart
+
+
+def _head(layer: int, head: int) -> str:
+    return f"L{layer}.H{head}"
+
+
+def _bar(value: float, vmax: float, width: int = 12) -> Text:
+    """A signed horizontal bar: right of the axis for positive values, left for negative."""
+    if not math.isfinite(value) or vmax <= 0:
+        return Text(" " * (2 * width + 1))
+    n = min(width, round(abs(value) / vmax * width))
+    left = " " * (width - n) + ("█" * n if value < 0 else " " * n)
+    right = ("█" * n if value > 0 else " " * n) + " " * (width - n)
+    text = Text(left[:width], style="blue")
+    text.append("│", style="dim")
+    text.append(right[:width], style="red")
+    return text
+
+
+class QKPane(Horizontal):
+    def compose(self) -> ComposeResult:
+        yield Chart(id="qk-token", placeholder="waiting for the model…")
+        yield Chart(id="qk-position", placeholder="")
+
+    def show_token(self, block: Any, offset: int | None = None) -> None:
+        title = f"token QK {_head(block.layer, block.head)}  W_E QK W_Eᵀ"
+        if offset is not None:
+            title += f"  Δ={offset}"
+        self.query_one("#qk-token", Chart).show(Heatmap(
+            np.asarray(block.values), tuple(block.row_labels), tuple(block.col_labels),
+            title=title, xlabel="key token →  (rows: query token)"))
+
+    def show_position(self, block: Any) -> None:
+        self.query_one("#qk-position", Chart).show(Heatmap(
+            np.asarray(block.values), tuple(block.row_labels), tuple(block.col_labels),
+            title=f"positional QK {_head(block.layer, block.head)}", xlabel="key position"))
+
+    def show_profile(self, profile: Any, layer: int, head: int, offset: int) -> None:
+        x, y = profile_xy(profile)
+        self.query_one("#qk-position", Chart).show(Line(
+            x, y, title=f"rotary QK vs offset {_head(layer, head)}", xlabel="offset Δ",
+            mark_x=float(offset)))
+
+
+class OVPane(Horizontal):
+    def compose(self) -> ComposeResult:
+        yield Chart(id="ov-heatmap", placeholder="waiting for the model…")
+        with Vertical(id="ov-side"):
+            yield Static(id="ov-note")
+            yield Static(id="ov-top")
+
+    def show_block(self, block: Any) -> None:
+        same = list(block.row_ids) == list(block.col_ids)
+        self.query_one("#ov-heatmap", Chart).show(Heatmap(
+            np.asarray(block.values), tuple(block.row_labels), tuple(block.col_labels),
+            title=f"full OV {_head(block.layer, block.head)}  W_E OV W_U",
+            xlabel="output token →  (rows: source token)", diagonal=same))
+        self.query_one("#ov-note", Static).update(Text(block.note or "", style="dim"))
+
+    def show_top(self, result: Any) -> None:
+        rows = top_tokens(result)
+        src = getattr(result, "source_label", None) or str(getattr(result, "source_token", "?"))
+        table = Table(box=None, padding=(0, 1), title=f"top outputs of {src!r}",
+                      title_justify="left", expand=True)
+        table.add_column("token", no_wrap=True)
+        table.add_column("value", justify="right")
+        table.add_column("", no_wrap=True)
+        vmax = max((abs(v) for _, v in rows if math.isfinite(v)), default=1.0)
+        for tok, val in rows:
+            table.add_row(repr(tok)[1:-1][:12], f"{val:+.3g}", _bar(val, vmax, 6))
+        self.query_one("#ov-top", Static).update(table)
+
+
+class SpectrumPane(Horizontal):
+    def compose(self) -> ComposeResult:
+        yield Chart(id="spectrum-ov", placeholder="waiting for the model…")
+        yield Chart(id="spectrum-qk", placeholder="")
+
+    def show(self, spectrum: Any) -> None:
+        eig = np.asarray(spectrum.eigenvalues).astype(np.complex128)
+        name = "full OV" if spectrum.kind == "ov" else "token QK"
+        label = "copying" if spectrum.kind == "ov" else "QK positivity"
+        self.query_one(f"#spectrum-{spectrum.kind}", Chart).show(Scatter(
+            eig.real, eig.imag,
+            title=f"{name} eigenvalues {_head(spectrum.layer, spectrum.head)}  "
+                  f"{label} {spectrum.score:+.3f}"))
+
+
+class PromptPane(Vertical):
+    def compose(self) -> ComposeResult:
+        yield Input(placeholder="type a prompt and press enter (p)", id="prompt-input")
+        with Horizontal(id="prompt-body"):
+            yield Chart(id="prompt-pattern", placeholder="no prompt yet: press p")
+            yield Static(id="prompt-side")
+
+    def show(self, view: Any) -> None:
+        tokens = [str(t) for t in view.tokens]
+        pattern = np.asarray(view.pattern, dtype=np.float64)
+        self.query_one("#prompt-pattern", Chart).show(Heatmap(
+            pattern, tuple(tokens), tuple(tokens), sequential=True, vmax=1.0,
+            title=f"attention {_head(view.layer, view.head)}" if hasattr(view, "layer")
+            else "attention", xlabel="key →  (rows: query)"))
+        dla = np.asarray(view.dla, dtype=np.float64)
+        vmax = float(np.nanmax(np.abs(dla))) if dla.size else 1.0
+        t = Table(box=None, padding=(0, 1), title="direct logit attribution",
+                  title_justify="left", expand=True)
+        t.add_column("tok", no_wrap=True)
+        t.add_column("DLA", justify="right")
+        t.add_column("", no_wrap=True)
+        for tok, v in zip(tokens, dla.tolist(), strict=False):
+            t.add_row(repr(tok)[1:-1][:10], f"{v:+.2f}", _bar(v, vmax, 5))
+        p = Table(box=None, padding=(0, 1), title="top predictions", title_justify="left",
+                  expand=True)
+        p.add_column("next", no_wrap=True)
+        p.add_column("p", justify="right")
+        for tok, prob in predictions(view):
+            p.add_row(repr(tok)[1:-1][:12], f"{prob:.3f}")
+        note = Text("prompt truncated to the context length\n", style="bold yellow") \
+            if getattr(view, "truncated", False) else Text("")
+        from rich.console import Group
+
+        self.query_one("#prompt-side", Static).update(Group(note, t, Text(""), p))
+
+
+class CompositionPane(Horizontal):
+    def compose(self) -> ComposeResult:
+        yield Chart(id="comp-graph", placeholder="composition scores not computed yet")
+        with Vertical(id="comp-side"):
+            yield Static(id="comp-detail")
+            table: DataTable[Any] = DataTable(id="comp-edges", cursor_type="row",
+                                              zebra_stripes=True)
+            yield table
+
+    def on_mount(self) -> None:
+        table = self.query_one("#comp-edges", DataTable)
+        table.add_column("source", key="source")
+        table.add_column("target", key="target")
+        table.add_column("score−base", key="score")
+
+    def show(self, comp: Any, n_layers: int, n_heads: int,
+             selected: tuple[int, int, int, int] | None) -> list[tuple[int, int, int, int, float]]:
+        es = [e for e in edges(comp) if math.isfinite(e[4])]
+        strong = [e for e in es if e[4] > 0][:40]
+        vmax = max((e[4] for e in strong), default=1.0)
+        kind = str(getattr(comp, "kind", "?")).upper()
+        baseline = float(getattr(comp, "baseline", 0.0))
+        self.query_one("#comp-graph", Chart).show(Graph(
+            n_layers, n_heads, tuple(strong), selected=selected, vmax=vmax,
+            title=f"{kind}-composition (score − baseline {baseline:.3f}), {len(strong)} edges",
+            nodes=tuple((s[0], s[1]) for s in ([selected[:2], selected[2:]] if selected else []))))
+        table = self.query_one("#comp-edges", DataTable)
+        if getattr(table, "_headscope_comp", None) is not comp:
+            table._headscope_comp = comp  # type: ignore[attr-defined]
+            table.clear()
+            for i, (l1, h1, l2, h2, s) in enumerate(es):
+                table.add_row(_head(l1, h1), _head(l2, h2), f"{s:+.3f}", key=str(i))
+        return es
+
+    def detail(self, comp: Any, edge: tuple[int, int, int, int, float] | None) -> None:
+        if edge is None:
+            self.query_one("#comp-detail", Static).update("")
+            return
+        l1, h1, l2, h2, s = edge
+        kind = str(getattr(comp, "kind", "?")).upper()
+        base = float(getattr(comp, "baseline", 0.0))
+        self.query_one("#comp-detail", Static).update(Text.assemble(
+            (f"{_head(l1, h1)} → {_head(l2, h2)}", "bold"),
+            f"  {kind}-comp {s + base:.3f} − baseline {base:.3f} = {s:+.3f}  (enter: go)"))
+
+
+class SummaryPane(Vertical):
+    def compose(self) -> ComposeResult:
+        table: DataTable[Any] = DataTable(id="summary-table", cursor_type="row",
+                                          zebra_stripes=True)
+        yield table
+
+    def on_mount(self) -> None:
+        table = self.query_one("#summary-table", DataTable)
+        table.add_column("head", key="head")
+        for key, label in SCORES:
+            table.add_column(label, key=key)
+
+    def show(self, rows: list[ScoreRow]) -> None:
+        table = self.query_one("#summary-table", DataTable)
+        table.clear()
+        for r in rows:
+            cells = [_score_cell(r.get(k)) for k, _ in SCORES]
+            table.add_row(_head(r.layer, r.head) + (" NaN!" if r.nonfinite else ""), *cells,
+                          key=f"{r.layer}.{r.head}")
+
+
+def _score_cell(v: float) -> Text:
+    if not math.isfinite(v):
+        return Text("—", style="dim", justify="right")
+    style = "bold" if v >= 0.6 else ("" if v >= 0.3 else "dim")
+    return Text(f"{v:+.3f}", style=style, justify="right")
