@@ -52,16 +52,25 @@ class HFTokenizer:
             raise CorruptFileError(path, f"cannot read tokenizer: {str(e)[:160]}") from None
 
     @classmethod
-    def from_wordpiece_vocab(cls, path: str | os.PathLike[str]) -> HFTokenizer:
-        from tokenizers import BertWordPieceTokenizer
+    def from_wordpiece_vocab(
+        cls, path: str | os.PathLike[str], lowercase: bool = True
+    ) -> HFTokenizer:
+        """BERT's WordPiece ``vocab.txt`` (no special tokens are added to prompts)."""
+        from tokenizers import Tokenizer as RustTokenizer
+        from tokenizers import models, normalizers, pre_tokenizers
 
         _check_size(path)
         try:
-            return cls(BertWordPieceTokenizer(str(path)), str(path))
+            vocab = models.WordPiece.read_file(str(path))
+            unk = "[UNK]" if "[UNK]" in vocab else next(iter(vocab), "[UNK]")
+            tok = RustTokenizer(models.WordPiece(vocab, unk_token=unk))
         except Exception as e:
             raise CorruptFileError(
                 path, f"cannot read WordPiece vocabulary: {str(e)[:160]}"
             ) from None
+        tok.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        return cls(tok, str(path))
 
     def encode(self, text: str) -> list[int]:
         if not text.strip():
@@ -177,6 +186,18 @@ def load_tokenizer(directory: Path, d_vocab: int, family: str) -> Tokenizer:
     vocab = directory / "vocab.txt"
     if vocab.is_file():
         if family == "bert":
-            return HFTokenizer.from_wordpiece_vocab(vocab)
+            return HFTokenizer.from_wordpiece_vocab(vocab, lowercase=_lowercase(directory))
         return VocabTokenizer.from_file(vocab)
     return IdTokenizer(d_vocab, str(directory))
+
+
+def _lowercase(directory: Path) -> bool:
+    """``do_lower_case`` from ``tokenizer_config.json`` (uncased BERT, the common case, if absent)."""
+    import json
+
+    try:
+        cfg = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return True
+    value = cfg.get("do_lower_case", True) if isinstance(cfg, dict) else True
+    return value if isinstance(value, bool) else True
