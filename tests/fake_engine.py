@@ -13,125 +13,26 @@ import asyncio
 import threading
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from engine.errors import CancelledError, CorruptFileError, PromptError
-
-try:  # the real result types, once engine/results.py has landed
-    from engine import results as _R
-except ImportError:  # pragma: no cover - until then, the same names and fields here
-    _R = None
+from engine.results import (
+    CacheStats,
+    CircuitBlock,
+    Composition,
+    HeadScores,
+    Profile,
+    PromptView,
+    ScoreTable,
+    Spectrum,
+    TopTokens,
+    readonly,
+)
 
 WORDS = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran", "to", "and", "in", "of",
          " is", "it", "was", "he", "she", "big", "red", "blue"] + [f"w{i}" for i in range(20, 48)]
-
-
-def _result(name: str, **fields: Any) -> Any:
-    cls = getattr(_R, name, None) if _R is not None else None
-    if cls is not None:
-        try:
-            return cls(**fields)
-        except TypeError:
-            pass
-    return _LOCAL[name](**fields)
-
-
-@dataclass(frozen=True)
-class CircuitBlock:
-    values: np.ndarray
-    row_labels: list[str]
-    col_labels: list[str]
-    row_ids: list[int]
-    col_ids: list[int]
-    kind: str
-    basis: str
-    layer: int
-    head: int
-    vmin: float
-    vmax: float
-    note: str = ""
-
-
-@dataclass(frozen=True)
-class TopTokens:
-    layer: int
-    head: int
-    source_token: int
-    source_label: str
-    tokens: list[str]
-    ids: list[int]
-    values: np.ndarray
-
-
-@dataclass(frozen=True)
-class Spectrum:
-    eigenvalues: np.ndarray
-    score: float
-    kind: str
-    layer: int
-    head: int
-
-
-@dataclass(frozen=True)
-class Profile:
-    layer: int
-    head: int
-    offsets: np.ndarray
-    values: np.ndarray
-
-
-@dataclass(frozen=True)
-class HeadScores:
-    layer: int
-    head: int
-    copying: float
-    qk_positivity: float
-    prev_token: float
-    duplicate_token: float
-    induction: float
-    nonfinite: bool = False
-
-
-@dataclass(frozen=True)
-class ScoreTable:
-    heads: list[HeadScores]
-
-
-@dataclass(frozen=True)
-class Composition:
-    kind: str
-    scores: np.ndarray
-    baseline: float
-    top_edges: list[tuple[int, int, int, int, float]]
-
-
-@dataclass(frozen=True)
-class PromptView:
-    tokens: list[str]
-    ids: list[int]
-    pattern: np.ndarray
-    dla: np.ndarray
-    top_predictions: list[tuple[str, float]]
-    truncated: bool
-    layer: int
-    head: int
-
-
-@dataclass(frozen=True)
-class CacheStats:
-    hits: int
-    misses: int
-    evictions: int
-    bytes: int
-    in_flight: int
-    activity: str | None
-
-
-_LOCAL = {c.__name__: c for c in (CircuitBlock, TopTokens, Spectrum, Profile, HeadScores,
-                                  ScoreTable, Composition, PromptView, CacheStats)}
 
 
 def _copying(eigs: np.ndarray) -> float:
@@ -156,6 +57,7 @@ class FakeEngine:
         self._hits = self._misses = 0
         self._in_flight = 0
         self._activity: str | None = None
+        self._progress: float | None = None
         self._cache: dict[tuple, Any] = {}
         self.L, self.H, self.d, self.dh = n_layers, n_heads, d_model, d_head
         self.V, self.n_ctx, self.positional = len(WORDS), n_ctx, positional
@@ -244,20 +146,20 @@ class FakeEngine:
             labels = list(WORDS)
         r = list(range(min(24, full.shape[0]))) if rows is None else list(rows)
         c = list(range(min(24, full.shape[1]))) if cols is None else list(cols)
-        values = np.ascontiguousarray(full[np.ix_(r, c)])
-        values.setflags(write=False)
-        return _result("CircuitBlock", values=values, row_labels=[labels[i] for i in r],
-                       col_labels=[labels[i] for i in c], row_ids=r, col_ids=c, kind=kind,
-                       basis=basis, layer=layer, head=head, vmin=float(values.min()),
-                       vmax=float(values.max()), note="W_U is tied W_Eᵀ")
+        values = readonly(full[np.ix_(r, c)], np.float32)
+        return CircuitBlock(values=values, row_labels=tuple(labels[i] for i in r),
+                            col_labels=tuple(labels[i] for i in c), row_ids=tuple(r),
+                            col_ids=tuple(c), kind=kind, basis=basis, layer=layer, head=head,
+                            vmin=float(values.min()), vmax=float(values.max()),
+                            note="W_U is tied W_Eᵀ", offset=offset)
 
     async def top_outputs(self, layer: int, head: int, source_token: int, k: int = 10) -> Any:
         await self._enter("top_outputs")
         row = self.full_ov(layer, head)[source_token]
         ids = [int(i) for i in np.argsort(-row)[:k]]
-        return _result("TopTokens", layer=layer, head=head, source_token=source_token,
-                       source_label=WORDS[source_token], tokens=[WORDS[i] for i in ids],
-                       ids=ids, values=row[ids])
+        return TopTokens(layer=layer, head=head, source_token=source_token,
+                         source_label=WORDS[source_token], ids=tuple(ids),
+                         labels=tuple(WORDS[i] for i in ids), values=readonly(row[ids]))
 
     async def spectrum(self, layer: int, head: int, kind: str) -> Any:
         await self._enter("spectrum")
@@ -268,23 +170,24 @@ class FakeEngine:
             A, B = self.qk_factors(layer, head)
             A, B = self.W_E @ A, B @ self.W_E.T
         eigs = np.linalg.eigvals(B @ A)  # eigenvalues of AB are those of BA plus zeros
-        return _result("Spectrum", eigenvalues=eigs, score=_copying(eigs), kind=kind,
-                       layer=layer, head=head)
+        return Spectrum(eigenvalues=readonly(eigs), score=_copying(eigs), kind=kind,
+                        layer=layer, head=head)
 
     async def rotary_profile(self, layer: int, head: int, offsets: Any) -> Any:
         await self._enter("rotary_profile")
-        offsets = np.asarray(list(offsets))
-        return _result("Profile", layer=layer, head=head, offsets=offsets,
-                       values=np.cos(offsets / (3.0 + head)) * (layer + 1))
+        offsets = tuple(int(o) for o in offsets)
+        x = np.asarray(offsets, dtype=np.float64)
+        return Profile(layer=layer, head=head, offsets=offsets,
+                       values=readonly(np.cos(x / (3.0 + head)) * (layer + 1)))
 
     def _scores(self, layer: int, head: int) -> Any:
         ov, qk = self.W_E @ self.W_V[layer, head], self.W_E @ self.W_Q[layer, head]
         eig_ov = np.linalg.eigvals((self.W_O[layer, head] @ self.W_U) @ ov)
         eig_qk = np.linalg.eigvals((self.W_K[layer, head].T @ self.W_E.T) @ qk)
         b = self._behaviour[:, layer, head]
-        return _result("HeadScores", layer=layer, head=head, copying=_copying(eig_ov),
-                       qk_positivity=_copying(eig_qk), prev_token=float(b[0]),
-                       duplicate_token=float(b[1]), induction=float(b[2]), nonfinite=False)
+        return HeadScores(layer=layer, head=head, copying=_copying(eig_ov),
+                          qk_positivity=_copying(eig_qk), prev_token=float(b[0]),
+                          duplicate_token=float(b[1]), induction=float(b[2]), nonfinite=False)
 
     async def head_scores(self, layer: int, head: int) -> Any:
         await self._enter("head_scores")
@@ -306,7 +209,12 @@ class FakeEngine:
                     await asyncio.sleep(self.delay / self.sweep_steps if self.delay else 0)
         finally:
             self._activity = None
-        return _result("ScoreTable", heads=out)
+        def grid(name: str) -> np.ndarray:
+            return readonly(np.array([getattr(r, name) for r in out]).reshape(self.L, self.H))
+
+        return ScoreTable(copying=grid("copying"), qk_positivity=grid("qk_positivity"),
+                          prev_token=grid("prev_token"), duplicate_token=grid("duplicate_token"),
+                          induction=grid("induction"), nonfinite=grid("nonfinite"))
 
     async def composition(self, kind: str, progress: Callable[[float], None] | None = None) -> Any:
         await self._enter("composition")
@@ -331,8 +239,8 @@ class FakeEngine:
             key=lambda e: -e[4])
         if progress is not None:
             progress(1.0)
-        return _result("Composition", kind=kind, scores=scores, baseline=baseline,
-                       top_edges=edges[:20])
+        return Composition(kind=kind, scores=readonly(scores), baseline=baseline,
+                           top_edges=tuple(edges[:20]))
 
     async def run_prompt(self, text: str, layer: int, head: int) -> Any:
         await self._enter("run_prompt")
@@ -352,17 +260,20 @@ class FakeEngine:
         top = np.argsort(-logits)[:5]
         e = np.exp(logits - logits.max())
         probs = e / e.sum()
-        return _result("PromptView", tokens=[WORDS[i] for i in ids], ids=ids, pattern=p,
-                       dla=dla, top_predictions=[(WORDS[i], float(probs[i])) for i in top],
-                       truncated=truncated, layer=layer, head=head)
+        predicted = tuple(int(i) for i in np.argmax(x @ self.W_U, axis=1))
+        return PromptView(tokens=tuple(WORDS[i] for i in ids), ids=tuple(ids),
+                          pattern=readonly(p), dla=readonly(dla), predicted=predicted,
+                          top_predictions=tuple((int(i), WORDS[i], float(probs[i])) for i in top),
+                          truncated=truncated, layer=layer, head=head)
 
     async def ablation(self, layer: int, head: int) -> float:
         await self._enter("ablation")
         return float(self._behaviour[2, layer, head])
 
     def stats(self) -> Any:
-        return _result("CacheStats", hits=self._hits, misses=self._misses, evictions=0,
-                       bytes=0, in_flight=self._in_flight, activity=self._activity)
+        return CacheStats(hits=self._hits, misses=self._misses, evictions=0, bytes=0,
+                          capacity=1 << 20, entries=len(self._cache), in_flight=self._in_flight,
+                          activity=self._activity, progress=self._progress)
 
     async def aclose(self) -> None:
         self.closed = True

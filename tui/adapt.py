@@ -99,7 +99,9 @@ def pairs(obj: Any, labels: Iterable[str] = ("tokens", "labels", "strings"),
     if isinstance(obj, (list, tuple)):
         out = []
         for item in obj:
-            if isinstance(item, (list, tuple)) and len(item) >= 2:
+            if isinstance(item, (list, tuple)) and len(item) >= 3:  # (id, label, value)
+                out.append((str(item[1]), _num(item[-1])))
+            elif isinstance(item, (list, tuple)) and len(item) == 2:  # (label, value)
                 out.append((str(item[0]), _num(item[-1])))
             else:
                 out.append((str(_first(item, "token", "label", "string", default=item)),
@@ -137,10 +139,10 @@ def edges(comp: Any) -> list[tuple[int, int, int, int, float]]:
     return out
 
 
-def stats_line(stats: Any) -> tuple[str | None, int, int, int]:
-    """(activity, hits, misses, in flight) of a CacheStats."""
+def stats_line(stats: Any) -> tuple[str | None, int, int, int, float | None]:
+    """(activity, hits, misses, in flight, sweep progress) of a CacheStats."""
     if stats is None:
-        return None, 0, 0, 0
+        return None, 0, 0, 0, None
     act = _first(stats, "activity", default=None)
     if isinstance(act, dict):
         act = ", ".join(f"{k} {v:.0%}" if isinstance(v, float) else str(k) for k, v in act.items())
@@ -148,7 +150,8 @@ def stats_line(stats: Any) -> tuple[str | None, int, int, int]:
         act = ", ".join(map(str, act))
     return (act or None, int(_first(stats, "hits", default=0) or 0),
             int(_first(stats, "misses", default=0) or 0),
-            int(_first(stats, "in_flight", default=0) or 0))
+            int(_first(stats, "in_flight", default=0) or 0),
+            _first(stats, "progress", default=None))
 
 
 def jsonable(obj: Any) -> Any:

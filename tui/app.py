@@ -35,9 +35,10 @@ from engine.errors import HeadscopeError
 from themes import ALIASES, COLORMAPS, DEFAULT_THEME, STYLESHEET, THEME_NAMES, THEMES, colormap_for
 
 from .adapt import SCORES, ScoreRow, jsonable, score_row, score_rows, stats_line
-from .keymap import APP_BINDINGS, load_user_keymap
+from .keymap import APP_BINDINGS
 from .palette import HeadscopeCommands
 from .screens import HelpScreen, InputScreen
+from .settings import Settings, load_settings
 from .widgets.chart import Chart
 from .widgets.head_tree import HeadTree
 from .widgets.status import StatusBar
@@ -66,10 +67,10 @@ def bundled_model() -> Path:
     return Path(sample_models.__file__).resolve().parent / "attn-only-2l"
 
 
-def default_engine_factory(path: str, raw: bool) -> Any:
+def default_engine_factory(path: str, raw: bool, cache_mb: int = 256) -> Any:
     from engine.service import Engine
 
-    return Engine(path, raw=raw)
+    return Engine(path, raw=raw, cache_bytes=cache_mb << 20)
 
 
 class HeadscopeApp(App[None]):
@@ -82,14 +83,24 @@ class HeadscopeApp(App[None]):
                  theme: str | None = None, engine_factory: EngineFactory | None = None,
                  output_dir: str | os.PathLike[str] | None = None,
                  keymap: dict[str, str] | None = None, debounce: float = 0.1,
-                 sweep: bool = True, prompt: str = "") -> None:
+                 sweep: bool = True, prompt: str = "",
+                 settings: Settings | None = None) -> None:
         super().__init__()
+        self.settings_error: str | None = None
+        if settings is None:
+            try:
+                settings = load_settings()
+            except HeadscopeError as err:  # a bad config file must not stop the explorer
+                settings, self.settings_error = Settings(), str(err)
+        self.settings = settings
         self.path = str(path) if path is not None else str(bundled_model())
         self.raw = raw
-        self.engine_factory = engine_factory or default_engine_factory
+        self.engine_factory = engine_factory or (
+            lambda p, r: default_engine_factory(p, r, settings.cache_mb))
+        theme = theme or settings.theme
         self._initial_theme = ALIASES.get(theme or "", theme) or DEFAULT_THEME
         self._output_dir = Path(output_dir) if output_dir is not None else None
-        self._keymap_arg = dict(keymap or {})
+        self._keymap_arg = {**settings.keymap, **(keymap or {})}
         self.keymap_in_use: dict[str, str] = {}
         self.debounce = debounce
         self.auto_sweep = sweep
@@ -100,13 +111,15 @@ class HeadscopeApp(App[None]):
         self.head: Head | None = None
         self.active_tab = "qk"
         self.tokens: list[int] | None = None
-        self.tokens_text = ""
+        self.tokens_text = " ".join(settings.tokens)
         self.source_index = 0
         self.offset = 0
         self.comp_kind = "k"
         self.comp_edges: list[tuple[int, int, int, int, float]] = []
         self.comp_selected: tuple[int, int, int, int] | None = None
+        # settings.colormap "colorblind": the blue/orange map whatever the theme.
         self.colormap_override: str | None = None
+        self._colorblind = settings.colormap == "colorblind"
         self.rows: dict[Head, ScoreRow] = {}
         self.summary_sort: str | None = None
         self.results: dict[str, Any] = {}
@@ -133,7 +146,11 @@ class HeadscopeApp(App[None]):
 
     @property
     def colormap_name(self) -> str:
-        return self.colormap_override or colormap_for(self.theme)
+        if self.colormap_override:
+            return self.colormap_override
+        if self._colorblind:
+            return "blue-orange" if self.current_theme.dark else "blue-orange-light"
+        return colormap_for(self.theme)
 
     @property
     def n_layers(self) -> int:
@@ -172,11 +189,9 @@ class HeadscopeApp(App[None]):
         self.theme = self._initial_theme if self._initial_theme in self.available_themes \
             else DEFAULT_THEME
         self.theme_changed_signal.subscribe(self, lambda _theme: self._restyle())
-        try:
-            self.keymap_in_use = {**load_user_keymap(), **self._keymap_arg}
-        except ValueError as err:
-            self.keymap_in_use = dict(self._keymap_arg)
-            self.notify(str(err), severity="warning")
+        if self.settings_error:
+            self.notify(self.settings_error, severity="warning", timeout=8)
+        self.keymap_in_use = dict(self._keymap_arg)
         if self.keymap_in_use:
             self.set_keymap(self.keymap_in_use)
         status = self.query_one(StatusBar)
@@ -214,6 +229,8 @@ class HeadscopeApp(App[None]):
         self.structure = dict(getattr(self.engine, "structure", self.structure))
         self.query_one(StatusBar).structure = self.structure
         self._model_ready.set()
+        if self.tokens_text and self.tokens is None:
+            await self._set_tokens(self.tokens_text, reload=False)
         if self.head is None and self.n_layers and self.n_heads:
             self.goto_head((0, 0), immediate=True)
         else:
@@ -645,7 +662,7 @@ class HeadscopeApp(App[None]):
         self.run_worker(self._set_tokens(text), group="tokens", exclusive=True,
                         exit_on_error=False)
 
-    async def _set_tokens(self, text: str) -> None:
+    async def _set_tokens(self, text: str, reload: bool = True) -> None:
         text = text.strip()
         if not text:
             ids = None
@@ -669,6 +686,8 @@ class HeadscopeApp(App[None]):
         self.tokens, self.tokens_text = ids, text
         self._tokens_gen += 1
         self.source_index = 0
+        if not reload:
+            return
         if self.active_tab not in ("qk", "ov"):
             self.action_show_tab("qk")
         self._load_active()
@@ -728,19 +747,19 @@ class HeadscopeApp(App[None]):
         status = self.query_one(StatusBar)
         busy = any(not w.is_finished and (w.group or "").startswith(("load-", "startup"))
                    for w in self.workers)
-        activity = hits = misses = in_flight = None
+        activity = hits = misses = in_flight = progress = None
         if self.engine is not None:
             try:
-                activity, hits, misses, in_flight = stats_line(self.engine.stats())
+                activity, hits, misses, in_flight, progress = stats_line(self.engine.stats())
             except Exception:
                 activity = None
         if not self._model_ready.is_set() and self.engine is not None and not self._ready_failed:
             activity = activity or "opening model…"
         status.busy = busy
         status.activity = activity
-        status.progress = self.sweep_progress
+        status.progress = self.sweep_progress if self.sweep_progress is not None else progress
         status.cache = (hits or 0, misses or 0, in_flight or 0)
-        if busy or activity or in_flight or self.sweep_progress is not None:
+        if busy or activity or in_flight or status.progress is not None:
             status.frame += 1
 
     def _report(self, message: str) -> None:

@@ -1,7 +1,7 @@
 """Every key of the app, with an id (for user keymaps) and a tooltip (for the help screen).
 
-Users remap keys by id, posting-style, in ``$HEADSCOPE_KEYMAP`` or
-``~/.config/headscope/keymap.toml``::
+Users remap keys by id, posting-style, in the ``[keymap]`` table of the settings file
+(``tui.settings``: ``~/.config/headscope/config.toml``)::
 
     [keymap]
     next-head = "n"
@@ -10,10 +10,6 @@ Users remap keys by id, posting-style, in ``$HEADSCOPE_KEYMAP`` or
 """
 
 from __future__ import annotations
-
-import os
-import tomllib
-from pathlib import Path
 
 from textual.binding import Binding
 
@@ -75,26 +71,3 @@ WIDGET_KEYS: list[tuple[str, str]] = [
     ("ctrl+p", "command palette: go to head L.H, sort, themes, exports"),
     ("escape", "close a dialog"),
 ]
-
-
-def user_keymap_path() -> Path:
-    env = os.environ.get("HEADSCOPE_KEYMAP")
-    if env:
-        return Path(env).expanduser()
-    base = Path(os.environ.get("XDG_CONFIG_HOME", "~/.config")).expanduser()
-    return base / "headscope" / "keymap.toml"
-
-
-def load_user_keymap(path: Path | None = None) -> dict[str, str]:
-    """``{binding id: keys}`` from a TOML file's ``[keymap]`` table; ``{}`` when absent.
-
-    An unreadable file raises ValueError with the file named, so the app can say so."""
-    path = path or user_keymap_path()
-    if not path.is_file():
-        return {}
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as err:
-        raise ValueError(f"{path}: cannot read keymap ({err})") from err
-    table = data.get("keymap", data)
-    return {str(k): str(v) for k, v in table.items() if isinstance(v, str)}

@@ -96,7 +96,7 @@ class Heatmap:
         plt.xticks([cell_of(i, n_cols, cw) for i in xi], xl)
         yi, yl = _ticks(n_rows, ch, rows, 1)
         plt.yticks([ch - 1 - cell_of(i, n_rows, ch) for i in yi], yl)
-        plt.title(self.title)
+        _title(plt, self.title, width)
         plt.xlabel(self.xlabel)
         plt.ylabel("")
         plt.ticks_color(colours.foreground)
@@ -140,7 +140,7 @@ class Scatter:
             # Real-positive eigenvalues are what copying looks like: colour them apart.
             plt.scatter(x[pos].tolist(), y[pos].tolist(), marker="dot", color=colours.stops[2])
             plt.scatter(x[~pos].tolist(), y[~pos].tolist(), marker="dot", color=colours.stops[0])
-        plt.title(self.title)
+        _title(plt, self.title, width)
         plt.xlabel(self.xlabel)
         plt.ylabel(self.ylabel)
         plt.ticks_color(colours.foreground)
@@ -164,7 +164,7 @@ class Line:
         plt.horizontal_line(0, color=colours.muted)
         if self.mark_x is not None:
             plt.vertical_line(self.mark_x, color=colours.accent)
-        plt.title(self.title)
+        _title(plt, self.title, width)
         plt.xlabel(self.xlabel)
         plt.ticks_color(colours.foreground)
         return _text(plt)
@@ -197,7 +197,7 @@ class Graph:
         plt.ylim(-0.5, H - 0.5)
         ordered = sorted(self.edges, key=lambda e: e[4])
         for l1, h1, l2, h2, s in ordered:
-            t = float(np.clip(s / self.vmax, 0.15, 1.0)) if self.vmax > 0 else 1.0
+            t = float(np.clip(s / self.vmax, 0.35, 1.0)) if self.vmax > 0 else 1.0
             rgb = tuple(int(c) for c in diverging_rgb(np.array([t]), colours.stops, 1.0)[0])
             plt.plot([l1, l2], [y(h1), y(h2)], marker="braille", color=rgb)
         if self.selected is not None:
@@ -214,7 +214,7 @@ class Graph:
         plt.xticks(list(range(L)), [f"L{i}" for i in range(L)])
         hi, hl = _ticks(H, max(height - 5, 1), [f"H{h}" for h in range(H)], 1)
         plt.yticks([y(h) for h in hi], hl)
-        plt.title(self.title)
+        _title(plt, self.title, width)
         plt.ticks_color(colours.foreground)
         return _text(plt)
 
@@ -246,3 +246,9 @@ def build(figure: Figure, width: int, height: int, colours: Colours) -> Text:
 
 def _text(plt: Plot) -> Text:
     return Text.from_ansi(plt.build().rstrip("\n"))
+
+
+def _title(plt: Plot, title: str, width: int) -> None:
+    """plotext drops a title wider than the canvas: cut it to fit instead."""
+    room = max(width - 10, 4)
+    plt.title(title if len(title) <= room else title[: room - 1] + "…")

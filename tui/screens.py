@@ -56,7 +56,7 @@ class HelpScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Label("headscope keys  (remap by id in ~/.config/headscope/keymap.toml)",
+            yield Label("headscope keys  (remap by id: [keymap] in ~/.config/headscope/config.toml)",
                         id="help-title")
             with VerticalScroll():
                 yield Static(help_table(self.keymap), id="help-keys")

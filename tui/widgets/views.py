@@ -16,25 +16,34 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Input, Static
 
+from themes import COLORMAPS
+
 from ..adapt import SCORES, ScoreRow, edges, predictions, profile_xy, top_tokens
 from ..plots import Graph, Heatmap, Line, Scatter
 from .chart import Chart
+
+
+def _bar_colours(widget: Any) -> tuple[str, str]:
+    """Negative/positive bar colours: the ends of the heatmap colour map in use."""
+    neg, _, pos = COLORMAPS.get(getattr(widget.app, "colormap_name", ""), COLORMAPS["red-blue"])
+    return (f"rgb({neg[0]},{neg[1]},{neg[2]})", f"rgb({pos[0]},{pos[1]},{pos[2]})")
 
 
 def _head(layer: int, head: int) -> str:
     return f"L{layer}.H{head}"
 
 
-def _bar(value: float, vmax: float, width: int = 12) -> Text:
+def _bar(value: float, vmax: float, width: int = 12,
+         colours: tuple[str, str] = ("blue", "red")) -> Text:
     """A signed horizontal bar: right of the axis for positive values, left for negative."""
     if not math.isfinite(value) or vmax <= 0:
         return Text(" " * (2 * width + 1))
     n = min(width, round(abs(value) / vmax * width))
     left = " " * (width - n) + ("█" * n if value < 0 else " " * n)
     right = ("█" * n if value > 0 else " " * n) + " " * (width - n)
-    text = Text(left[:width], style="blue")
+    text = Text(left[:width], style=colours[0])
     text.append("│", style="dim")
-    text.append(right[:width], style="red")
+    text.append(right[:width], style=colours[1])
     return text
 
 
@@ -88,7 +97,8 @@ class OVPane(Horizontal):
         table.add_column("", no_wrap=True)
         vmax = max((abs(v) for _, v in rows if math.isfinite(v)), default=1.0)
         for tok, val in rows:
-            table.add_row(repr(tok)[1:-1][:12], f"{val:+.3g}", _bar(val, vmax, 6))
+            table.add_row(repr(tok)[1:-1][:12], f"{val:+.3g}",
+                          _bar(val, vmax, 6, _bar_colours(self)))
         self.query_one("#ov-top", Static).update(table)
 
 
@@ -103,8 +113,7 @@ class SpectrumPane(Horizontal):
         label = "copying" if spectrum.kind == "ov" else "QK positivity"
         self.query_one(f"#spectrum-{spectrum.kind}", Chart).show(Scatter(
             eig.real, eig.imag,
-            title=f"{name} eigenvalues {_head(spectrum.layer, spectrum.head)}  "
-                  f"{label} {spectrum.score:+.3f}"))
+            title=f"{name} λ · {label} {spectrum.score:+.3f}"))
 
 
 class PromptPane(Vertical):
@@ -129,7 +138,7 @@ class PromptPane(Vertical):
         t.add_column("DLA", justify="right")
         t.add_column("", no_wrap=True)
         for tok, v in zip(tokens, dla.tolist(), strict=False):
-            t.add_row(repr(tok)[1:-1][:10], f"{v:+.2f}", _bar(v, vmax, 5))
+            t.add_row(repr(tok)[1:-1][:10], f"{v:+.2f}", _bar(v, vmax, 5, _bar_colours(self)))
         p = Table(box=None, padding=(0, 1), title="top predictions", title_justify="left",
                   expand=True)
         p.add_column("next", no_wrap=True)
