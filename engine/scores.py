@@ -1,0 +1,411 @@
+"""Head scores (DESIGN.md §3): spectral scores, composition, behaviour, ablation.
+
+Weight-only scores are batched tensor code over the heads of a layer (no Python loop over
+heads or head pairs); model-wide sweeps report ``progress(fraction)`` and stop with
+:class:`~engine.errors.CancelledError` when ``cancelled()`` turns true (checked between
+layers). Heads with non-finite weights get NaN scores, never a crash: their matrices are
+replaced by zeros before any eigen/QR call (``torch.linalg.eigvals`` on a NaN matrix kills
+the process) and the NaN is put back afterwards. ``nonfinite_heads`` lists them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import torch
+
+from .errors import CancelledError, InvalidRequestError
+from .factored import FactoredMatrix
+from .weights import WeightSource
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+Progress = Callable[[float], None] | None
+Cancelled = Callable[[], bool] | None
+Kind = Literal["q", "k", "v"]
+
+__all__ = [
+    "CompositionScores",
+    "ablation_effect",
+    "ablation_effects",
+    "all_copying_scores",
+    "all_qk_positivity",
+    "behaviour_scores",
+    "composition_baseline",
+    "composition_scores",
+    "copying_score",
+    "detection_patterns",
+    "nonfinite_heads",
+    "qk_positivity",
+    "repeated_tokens",
+    "spectral_score",
+]
+
+
+def _attn(w: WeightSource, layer: int, name: str) -> Tensor:
+    return w.get(f"blocks.{layer}.attn.{name}")
+
+
+def _check(cancelled: Cancelled) -> None:
+    if cancelled is not None and cancelled():
+        raise CancelledError("sweep cancelled")
+
+
+def _report(progress: Progress, fraction: float) -> None:
+    if progress is not None:
+        progress(min(1.0, max(0.0, fraction)))
+
+
+def _finite_per_matrix(x: Tensor) -> Tensor:
+    """``[...]`` bool: which of the matrices ``x [..., m, n]`` are entirely finite."""
+    return torch.isfinite(x).flatten(-2).all(-1)
+
+
+# -- spectral scores -------------------------------------------------------------------------
+
+
+def spectral_score(eigenvalues: Tensor) -> Tensor:
+    """``Σ Re λ / Σ |λ|`` over the last dim (in [-1, 1]; NaN for an all-zero spectrum)."""
+    return eigenvalues.real.sum(-1) / eigenvalues.abs().sum(-1)
+
+
+def _batched_spectral_score(small: Tensor) -> Tensor:
+    """``spectral_score`` of each square matrix in ``small [..., k, k]``, NaN where non-finite."""
+    finite = _finite_per_matrix(small)
+    safe = torch.where(finite[..., None, None], small, torch.zeros_like(small))
+    score = spectral_score(torch.linalg.eigvals(safe))
+    return torch.where(finite, score, torch.full_like(score, math.nan))
+
+
+def copying_score(fm: FactoredMatrix) -> float:
+    """Copying score of a (full OV) circuit: ``Σ Re λ / Σ |λ|``; NaN if non-finite."""
+    if not (bool(torch.isfinite(fm.A).all()) and bool(torch.isfinite(fm.B).all())):
+        return math.nan
+    return float(spectral_score(fm.eigenvalues))
+
+
+def qk_positivity(fm: FactoredMatrix) -> float:
+    """The same statistic on a (token) QK circuit: near +1 when heads attend to similar tokens."""
+    return copying_score(fm)
+
+
+def all_copying_scores(w: WeightSource, progress: Progress = None,
+                       cancelled: Cancelled = None) -> Tensor:
+    """Copying score of every head, ``[n_layers, n_heads]``.
+
+    Full OV ``= (W_E W_V)(W_O W_U)``, so the ``d_head × d_head`` matrix with its non-zero
+    eigenvalues is ``BA = W_O (W_U W_E) W_V``. ``W_U W_E [d_model, d_model]`` is computed
+    once per model (the one large contraction, over the vocabulary); then each layer is one
+    batched product and one batched ``eigvals`` on ``[n_heads, d_head, d_head]``.
+    """
+    middle = w.get("unembed.W_U") @ w.get("embed.W_E")  # [d_model, d_model]
+    return _spectral_sweep(w, middle, "W_O", "W_V", progress, cancelled)
+
+
+def all_qk_positivity(w: WeightSource, progress: Progress = None,
+                      cancelled: Cancelled = None) -> Tensor:
+    """QK positivity of every head on the token QK circuit, ``[n_layers, n_heads]``.
+
+    Token QK ``= (W_E W_Q)(W_Kᵀ W_Eᵀ)``: ``BA = W_Kᵀ (W_Eᵀ W_E) W_Q``.
+    """
+    w_e = w.get("embed.W_E")
+    return _spectral_sweep(w, w_e.T @ w_e, "W_K^T", "W_Q", progress, cancelled)
+
+
+def _spectral_sweep(w: WeightSource, middle: Tensor, left: str, right: str,
+                    progress: Progress, cancelled: Cancelled) -> Tensor:
+    cfg = w.cfg
+    out = torch.empty(cfg.n_layers, cfg.n_heads)
+    for layer in range(cfg.n_layers):
+        _check(cancelled)
+        if left.endswith("^T"):
+            lhs = _attn(w, layer, left[:-2]).transpose(-2, -1)  # [H, d_head, d_model]
+        else:
+            lhs = _attn(w, layer, left)
+        small = lhs @ middle @ _attn(w, layer, right)  # [H, d_head, d_head]
+        score = _batched_spectral_score(small)
+        # A head with any non-finite weight is flagged NaN in every score, not just those
+        # its broken matrix enters, so the table and the nonfinite list agree.
+        out[layer] = torch.where(_layer_nonfinite(w, layer), math.nan, score)
+        _report(progress, (layer + 1) / cfg.n_layers)
+    return out
+
+
+# -- non-finite heads --------------------------------------------------------------------------
+
+_HEAD_WEIGHTS = ("W_Q", "W_K", "W_V", "W_O")
+_HEAD_BIASES = ("b_Q", "b_K", "b_V")
+
+
+def _layer_nonfinite(w: WeightSource, layer: int) -> Tensor:
+    """``[n_heads]`` bool: heads of ``layer`` with a NaN/inf in a weight or bias."""
+    bad = torch.zeros(w.cfg.n_heads, dtype=torch.bool)
+    for name in _HEAD_WEIGHTS:
+        bad |= ~_finite_per_matrix(_attn(w, layer, name))
+    for name in _HEAD_BIASES:
+        if w.has(f"blocks.{layer}.attn.{name}"):
+            bad |= ~torch.isfinite(_attn(w, layer, name)).all(-1)
+    return bad
+
+
+def _nonfinite_mask(w: WeightSource) -> Tensor:
+    return torch.stack([_layer_nonfinite(w, layer) for layer in range(w.cfg.n_layers)])
+
+
+def nonfinite_heads(w: WeightSource) -> list[tuple[int, int]]:
+    """``(layer, head)`` of every head with a NaN/inf in its Q/K/V/O weights or biases."""
+    return [(int(layer), int(head)) for layer, head in _nonfinite_mask(w).nonzero().tolist()]
+
+
+# -- composition ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CompositionScores:
+    """``scores[l1, h1, l2, h2]``: how much head (l1, h1) writes into what (l2, h2) reads.
+
+    Zero where ``l1 >= l2``; NaN where either head has non-finite weights (or a zero circuit).
+    ``baseline`` is the expected score of random Gaussian factors of the same shapes.
+    """
+
+    kind: Kind
+    scores: Tensor  # [L, H, L, H]
+    baseline: float
+    seed: int
+
+
+def _r_factor(x: Tensor) -> Tensor:
+    """``R`` of the reduced QR ``x = QR`` for each ``x [..., n, k]``: ``‖Q M‖ = ‖M‖``."""
+    return torch.linalg.qr(x, mode="r")[1]
+
+
+def _reduced_source(w_v: Tensor, w_o: Tensor) -> Tensor:
+    """``X = R(W_V) W_O [.., k, d_model]``: ``‖OV₁ M‖_F = ‖X M‖_F`` for any ``M``."""
+    return _r_factor(w_v) @ w_o
+
+
+def _reduced_target(a: Tensor, b_t: Tensor) -> Tensor:
+    """``Y = A R(Bᵀ)ᵀ [.., d_model, k]`` for the target circuit ``A B``: ``‖M A B‖_F = ‖M Y‖_F``."""
+    return a @ _r_factor(b_t).transpose(-2, -1)
+
+
+def _target_factors(w: WeightSource, layer: int, kind: Kind) -> tuple[Tensor, Tensor]:
+    """``(A, Bᵀ)`` of the circuit the later head reads through, ``[H, d_model, d_head]`` each."""
+    if kind == "q":  # QK = W_Q W_Kᵀ
+        return _attn(w, layer, "W_Q"), _attn(w, layer, "W_K")
+    if kind == "k":  # QKᵀ = W_K W_Qᵀ
+        return _attn(w, layer, "W_K"), _attn(w, layer, "W_Q")
+    return _attn(w, layer, "W_V"), _attn(w, layer, "W_O").transpose(-2, -1)  # OV = W_V W_O
+
+
+def _zero_bad(x: Tensor, bad: Tensor) -> Tensor:
+    return torch.where(bad[..., None, None], torch.zeros_like(x), x)
+
+
+def composition_scores(w: WeightSource, kind: Kind, seed: int = 0, progress: Progress = None,
+                       cancelled: Cancelled = None, *, baseline_samples: int = 32
+                       ) -> CompositionScores:
+    """``kind``-composition score of every head pair with ``layer(h1) < layer(h2)``.
+
+    ``score = ‖OV₁ M₂‖_F / (‖OV₁‖_F ‖M₂‖_F)`` with ``M₂ = QK₂`` (q), ``QK₂ᵀ`` (k) or
+    ``OV₂`` (v). With ``OV₁ = W_V W_O`` and ``M₂ = A B``, the orthogonal ``Q`` factors of
+    ``W_V = Q R`` and ``Bᵀ = Q' R'`` do not change Frobenius norms, so
+    ``‖OV₁ M₂‖ = ‖(R W_O)(A R'ᵀ)‖ = ‖X₁ Y₂‖`` with ``X₁ [d_head, d_model]`` and
+    ``Y₂ [d_model, d_head]``. For each target layer, all earlier source heads are stacked
+    into one matrix product ``[l2·H·d_head, d_model] @ [d_model, H·d_head]`` whose
+    ``d_head × d_head`` blocks are the pairs' ``X₁ Y₂``.
+    """
+    if kind not in ("q", "k", "v"):
+        raise InvalidRequestError(getattr(w, "path", None), f"composition kind must be q, k or v, not {kind!r}")
+    cfg = w.cfg
+    n_layers, n_heads = cfg.n_layers, cfg.n_heads
+    bad = _nonfinite_mask(w)
+    scores = torch.zeros(n_layers, n_heads, n_layers, n_heads)
+    sources: list[Tensor] = []  # X of each layer so far, [H, k, d_model]
+    source_norms: list[Tensor] = []  # [H]
+    total_work = sum(range(n_layers)) or 1
+    done = 0
+    for target in range(n_layers):
+        _check(cancelled)
+        if target > 0:
+            src = target - 1
+            x = _reduced_source(_zero_bad(_attn(w, src, "W_V"), bad[src]),
+                                _zero_bad(_attn(w, src, "W_O"), bad[src]))
+            sources.append(x)
+            source_norms.append(torch.linalg.matrix_norm(x))
+            a, b_t = _target_factors(w, target, kind)
+            y = _reduced_target(_zero_bad(a, bad[target]), _zero_bad(b_t, bad[target]))
+            scores[:target, :, target, :] = _pair_scores(
+                torch.stack(sources), torch.stack(source_norms), y)
+            done += target
+        _report(progress, done / total_work)
+    mask = bad[:, :, None, None] | bad[None, None, :, :]
+    earlier = torch.arange(n_layers)[:, None, None, None] < torch.arange(n_layers)[None, None, :, None]
+    scores = torch.where(mask & earlier, torch.full_like(scores, math.nan), scores)
+    baseline = composition_baseline(cfg.d_model, cfg.d_head, seed, baseline_samples)
+    return CompositionScores(kind=kind, scores=scores, baseline=baseline, seed=seed)
+
+
+def _pair_scores(x: Tensor, x_norm: Tensor, y: Tensor) -> Tensor:
+    """``‖X₁ Y₂‖ / (‖X₁‖ ‖Y₂‖)`` for ``x [L1, H, k, d]``, ``y [H2, d, k2]`` -> ``[L1, H, H2]``."""
+    n_src, n_heads, k, d = x.shape
+    n_tgt, _, k2 = y.shape
+    prod = x.reshape(-1, d) @ y.permute(1, 0, 2).reshape(d, n_tgt * k2)
+    sq = prod.reshape(n_src, n_heads, k, n_tgt, k2).square().sum((2, 4))
+    y_norm = torch.linalg.matrix_norm(y)  # [H2]
+    return sq.sqrt() / (x_norm[:, :, None] * y_norm[None, None, :])
+
+
+def composition_baseline(d_model: int, d_head: int, seed: int = 0, samples: int = 32) -> float:
+    """Expected composition score of random factors of the model's shapes.
+
+    The mean, over ``samples`` draws of i.i.d. standard Gaussian ``W_V, W_Q, W_K
+    [d_model, d_head]`` and ``W_O [d_head, d_model]`` from a generator seeded with ``seed``,
+    of ``‖OV₁ M₂‖ / (‖OV₁‖ ‖M₂‖)``. The Gaussian law is rotation invariant, so the value is
+    the same for Q-, K- and V-composition (and for any scale of the factors).
+    """
+    g = torch.Generator().manual_seed(seed)
+    draw = lambda *shape: torch.randn(samples, *shape, generator=g, dtype=torch.float64)  # noqa: E731
+    x = _reduced_source(draw(d_model, d_head), draw(d_head, d_model))  # [S, k, d]
+    y = _reduced_target(draw(d_model, d_head), draw(d_model, d_head))  # [S, d, k]
+    ratio = torch.linalg.matrix_norm(x @ y) / (torch.linalg.matrix_norm(x) * torch.linalg.matrix_norm(y))
+    return float(ratio.mean())
+
+
+# -- behaviour (attention patterns on seeded random sequences) ---------------------------------
+
+
+def repeated_tokens(vocab: int, n_ctx: int, seed: int = 0, seq_len: int | None = None,
+                    batch: int = 4) -> Tensor:
+    """``[batch, 2T]`` seeded random sequences, each a length-``T`` sequence written twice.
+
+    ``T = seq_len`` or ``min(32, n_ctx // 2)``. Within one copy the ids are distinct when the
+    vocabulary allows it (drawn without replacement), so the only duplicates are the
+    repetition itself and the induction target of position ``t`` is exactly ``t - T + 1``.
+    """
+    half = seq_len if seq_len is not None else min(32, n_ctx // 2)
+    if half < 1 or 2 * half > n_ctx:
+        raise InvalidRequestError(
+            None, f"a repeated sequence of 2×{half} tokens does not fit the context of {n_ctx}"
+        )
+    g = torch.Generator().manual_seed(seed)
+    if vocab >= half:
+        first = torch.stack([torch.randperm(vocab, generator=g)[:half] for _ in range(batch)])
+    else:
+        first = torch.randint(vocab, (batch, half), generator=g)
+    return torch.cat((first, first), dim=1)
+
+
+def detection_patterns(tokens: Tensor) -> dict[str, Tensor]:
+    """TransformerLens' head-detector patterns ``[batch, q, k]`` (1 where attention counts).
+
+    prev_token: ``(i, i-1)``. duplicate_token: ``(i, j)``, ``j < i``, same token.
+    induction: the duplicate pattern shifted one key to the right, ``(i, j+1)``: the token
+    after an earlier occurrence of the current one.
+    """
+    b, n = tokens.shape
+    prev = torch.ones(n, n).tril(-1).triu(-1).expand(b, n, n)
+    same = tokens[:, :, None] == tokens[:, None, :]
+    dup = (same & torch.ones(n, n, dtype=torch.bool).tril(-1)).float()
+    ind = torch.zeros_like(dup)
+    ind[:, :, 1:] = dup[:, :, :-1]
+    return {"prev_token": prev, "duplicate_token": dup, "induction": ind}
+
+
+def _detect(patterns: Tensor, detection: Tensor) -> Tensor:
+    """TransformerLens ``error_measure="mul"``: attention mass on the pattern / total mass.
+
+    patterns ``[b, L, H, q, k]``, detection ``[b, q, k]`` -> ``[L, H]``. The total mass is
+    taken over the query rows where the pattern has an entry (TransformerLens divides by all
+    rows, which caps e.g. a perfect induction head at 0.5 on a twice-repeated sequence); the
+    result is averaged over the batch, one sequence at a time as TransformerLens does for a
+    list of prompts. For the repeated sequences of ``repeated_tokens`` this is DESIGN.md's
+    "mean attention from the second copy's ``t`` to ``t - T + 1``".
+    """
+    rows = (detection.sum(-1) > 0).float()  # [b, q]
+    det = detection[:, None, None]
+    on_pattern = (patterns * det).sum((-2, -1))  # [b, L, H]
+    total = (patterns.sum(-1) * rows[:, None, None, :]).sum(-1)
+    return (on_pattern / total).mean(0)
+
+
+def behaviour_scores(w: WeightSource, seed: int = 0, *, seq_len: int | None = None,
+                     batch: int = 4, progress: Progress = None, cancelled: Cancelled = None
+                     ) -> dict[str, Tensor]:
+    """``prev_token``, ``duplicate_token`` and ``induction`` scores ``[L, H]``.
+
+    One forward pass on ``repeated_tokens(..., seed)`` (see there and ``_detect``).
+    Non-finite heads get NaN.
+    """
+    from .forward import run
+
+    cfg = w.cfg
+    _check(cancelled)
+    tokens = repeated_tokens(cfg.d_vocab, cfg.n_ctx, seed, seq_len, batch)
+    patterns = run(w, tokens).patterns.float()  # [b, L, H, q, k]
+    _check(cancelled)
+    bad = _nonfinite_mask(w)
+    out = {}
+    for name, det in detection_patterns(tokens).items():
+        score = _detect(patterns, det)
+        out[name] = torch.where(bad, torch.full_like(score, math.nan), score)
+    _report(progress, 1.0)
+    return out
+
+
+# -- ablation --------------------------------------------------------------------------------
+
+
+def _second_copy_loss(logits: Tensor, tokens: Tensor) -> float:
+    """Mean next-token cross-entropy of the second copy of a ``[batch, 2T]`` repeated sequence.
+
+    Positions ``T .. 2T-2`` predicting tokens ``T+1 .. 2T-1``: the predictions the first copy
+    determines. The first copy is random, so no head can lower its loss; including it would
+    only add noise (and penalise heads that, like induction heads, guess from context).
+    """
+    half = tokens.shape[1] // 2
+    logp = torch.log_softmax(logits[:, half:-1].float(), dim=-1)
+    return float(-logp.gather(-1, tokens[:, half + 1 :, None]).mean())
+
+
+def ablation_effects(w: WeightSource, seed: int = 0, *, seq_len: int | None = None,
+                     batch: int = 4, ablation: str = "zero", progress: Progress = None,
+                     cancelled: Cancelled = None) -> Tensor:
+    """Loss increase ``[L, H]`` on ``repeated_tokens(..., seed)`` when each head is ablated.
+
+    The loss is the mean next-token cross-entropy on the second copy (``_second_copy_loss``); the
+    head's output is zeroed (``ablation="zero"``) or replaced by its mean over positions.
+    One forward pass per head; ``cancelled()`` is checked before each.
+    """
+    from .forward import run
+
+    cfg = w.cfg
+    tokens = repeated_tokens(cfg.d_vocab, cfg.n_ctx, seed, seq_len, batch)
+    base = _second_copy_loss(run(w, tokens).logits, tokens)
+    out = torch.empty(cfg.n_layers, cfg.n_heads)
+    n = cfg.n_layers * cfg.n_heads
+    for layer in range(cfg.n_layers):
+        for head in range(cfg.n_heads):
+            _check(cancelled)
+            logits = run(w, tokens, ablate=[(layer, head)], ablation=ablation).logits
+            out[layer, head] = _second_copy_loss(logits, tokens) - base
+            _report(progress, (layer * cfg.n_heads + head + 1) / n)
+    bad = _nonfinite_mask(w)
+    return torch.where(bad, torch.full_like(out, math.nan), out)
+
+
+def ablation_effect(w: WeightSource, layer: int, head: int, seed: int = 0, *,
+                    seq_len: int | None = None, batch: int = 4, ablation: str = "zero") -> float:
+    """``ablation_effects(...)[layer, head]`` for one head (two forward passes)."""
+    from .forward import run
+
+    cfg = w.cfg
+    cfg.check_head(layer, head, getattr(w, "path", None))
+    tokens = repeated_tokens(cfg.d_vocab, cfg.n_ctx, seed, seq_len, batch)
+    base = _second_copy_loss(run(w, tokens).logits, tokens)
+    logits = run(w, tokens, ablate=[(layer, head)], ablation=ablation).logits
+    return _second_copy_loss(logits, tokens) - base

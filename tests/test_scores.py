@@ -1,0 +1,347 @@
+"""Scores (DESIGN.md §3): batched sweeps against per-head dense definitions, constructed heads
+with known answers, seeds, cancellation and non-finite weights."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from engine import circuits, scores
+from engine.config import ModelConfig
+from engine.errors import CancelledError, InvalidRequestError
+from engine.forward import run
+from engine.weights import DictWeights
+from tests.test_circuits import random_weights
+
+# -- reference implementations (dense, one head or pair at a time) ---------------------------
+
+
+def dense_spectral_score(m: torch.Tensor) -> float:
+    ev = torch.linalg.eigvals(m.double())
+    return float(ev.real.sum() / ev.abs().sum())
+
+
+def attn(w: DictWeights, layer: int, name: str) -> torch.Tensor:
+    return w.get(f"blocks.{layer}.attn.{name}")
+
+
+def dense_composition(w: DictWeights, kind: str) -> torch.Tensor:
+    cfg = w.cfg
+    out = torch.zeros(cfg.n_layers, cfg.n_heads, cfg.n_layers, cfg.n_heads)
+    for l1 in range(cfg.n_layers):
+        for h1 in range(cfg.n_heads):
+            ov1 = (attn(w, l1, "W_V")[h1] @ attn(w, l1, "W_O")[h1]).double()
+            for l2 in range(l1 + 1, cfg.n_layers):
+                for h2 in range(cfg.n_heads):
+                    q, k = attn(w, l2, "W_Q")[h2].double(), attn(w, l2, "W_K")[h2].double()
+                    v, o = attn(w, l2, "W_V")[h2].double(), attn(w, l2, "W_O")[h2].double()
+                    right = {"q": q @ k.T, "k": k @ q.T, "v": v @ o}[kind]
+                    out[l1, h1, l2, h2] = float(
+                        torch.linalg.norm(ov1 @ right) / (torch.linalg.norm(ov1) * torch.linalg.norm(right))
+                    )
+    return out
+
+
+# TransformerLens' head-detector patterns, transcribed from transformer_lens/head_detector.py.
+def tl_previous_token_pattern(tokens: torch.Tensor) -> torch.Tensor:
+    n = tokens.shape[-1]
+    return torch.tril(torch.ones(n, n), diagonal=-1) - torch.tril(torch.ones(n, n), diagonal=-2)
+
+
+def tl_duplicate_token_pattern(tokens: torch.Tensor) -> torch.Tensor:
+    token_pattern = tokens.repeat(tokens.shape[-1], 1).numpy()
+    eq_mask = np.equal(token_pattern, token_pattern.T).astype(int)
+    np.fill_diagonal(eq_mask, 0)
+    return torch.tril(torch.as_tensor(eq_mask).float())
+
+
+def tl_induction_pattern(tokens: torch.Tensor) -> torch.Tensor:
+    duplicate = tl_duplicate_token_pattern(tokens)
+    shifted = torch.roll(duplicate, shifts=1, dims=1)
+    zeros = torch.zeros(duplicate.shape[0], 1)
+    return torch.tril(torch.cat((zeros, shifted[:, 1:]), dim=1))
+
+
+def tl_mul_score(pattern: torch.Tensor, detection: torch.Tensor) -> float:
+    return float((pattern * detection).sum() / pattern.sum())
+
+
+# -- constructed models --------------------------------------------------------------------------
+
+
+def copying_model(sign: float) -> DictWeights:
+    """One head whose full OV circuit is ``sign · 3 · W_E W_Eᵀ`` (W_V W_O = ±3·I on the span of W_E)."""
+    d_model, d_head, vocab = 8, 4, 6
+    cfg = ModelConfig(family="native", architecture="test", n_layers=1, n_heads=2, d_model=d_model,
+                      d_head=d_head, d_vocab=vocab, n_ctx=8, normalization=None)
+    g = torch.Generator().manual_seed(0)
+    w_e = torch.zeros(vocab, d_model)
+    w_e[:, :d_head] = torch.randn(vocab, d_head, generator=g)
+    eye = torch.eye(d_model)[:, :d_head]
+    w_v = torch.stack((eye, torch.randn(d_model, d_head, generator=g)))
+    w_o = torch.stack((sign * 3 * eye.T, torch.randn(d_head, d_model, generator=g)))
+    t = {"embed.W_E": w_e, "unembed.W_U": w_e.T.clone(), "blocks.0.attn.W_V": w_v,
+         "blocks.0.attn.W_O": w_o, "blocks.0.attn.W_Q": torch.randn(2, d_model, d_head, generator=g),
+         "blocks.0.attn.W_K": torch.randn(2, d_model, d_head, generator=g)}
+    return DictWeights(cfg, t)
+
+
+N_CTX, VOCAB = 16, 8
+POS, TOK, PREV = slice(0, N_CTX), slice(N_CTX, N_CTX + VOCAB), slice(N_CTX + VOCAB, N_CTX + 2 * VOCAB)
+
+
+def induction_model() -> DictWeights:
+    """Two layers, two heads each. Residual dims: positions | current token | previous token.
+
+    (0, 0) is a previous-token head (its QK reads W_pos and prefers key i-1) that copies the
+    token into the "previous token" dims; (1, 0) is an induction head: its query reads the
+    current token, its key the previous-token dims, so it attends to the token after an
+    earlier occurrence and copies it to the logits. (0, 1) and (1, 1) are small random heads.
+    """
+    d_model, d_head, beta = N_CTX + 2 * VOCAB, 16, 60.0
+    cfg = ModelConfig(family="native", architecture="test", n_layers=2, n_heads=2, d_model=d_model,
+                      d_head=d_head, d_vocab=VOCAB, n_ctx=N_CTX, normalization=None)
+    g = torch.Generator().manual_seed(0)
+    eye = torch.eye(d_model)
+    t: dict[str, torch.Tensor] = {
+        "embed.W_E": eye[TOK].clone(),  # token t -> e_{TOK t}
+        "pos_embed.W_pos": eye[POS].clone(),  # position i -> e_i
+        "unembed.W_U": eye[:, TOK].clone(),
+        "unembed.b_U": torch.zeros(VOCAB),
+    }
+    for layer in range(2):
+        w = {n: 0.1 * torch.randn(2, *s, generator=g) for n, s in
+             [("W_Q", (d_model, d_head)), ("W_K", (d_model, d_head)), ("W_V", (d_model, d_head)),
+              ("W_O", (d_head, d_model))]}
+        w["W_Q"][0], w["W_K"][0], w["W_V"][0], w["W_O"][0] = 0, 0, 0, 0
+        t |= {f"blocks.{layer}.attn.{n}": v for n, v in w.items()}
+        t |= {f"blocks.{layer}.attn.{b}": torch.zeros(2, d_head) for b in ("b_Q", "b_K", "b_V")}
+        t[f"blocks.{layer}.attn.b_O"] = torch.zeros(d_model)
+    prev = {n: t[f"blocks.0.attn.{n}"][0] for n in ("W_Q", "W_K", "W_V", "W_O")}
+    for i in range(1, N_CTX):
+        prev["W_Q"][i, i - 1] = beta  # query at i looks for key position i-1
+    for j in range(N_CTX):
+        prev["W_K"][j, j] = 1.0
+    for v in range(VOCAB):
+        prev["W_V"][N_CTX + v, v] = 1.0  # read the token ...
+        prev["W_O"][v, N_CTX + VOCAB + v] = 1.0  # ... write it to the previous-token dims
+    ind = {n: t[f"blocks.1.attn.{n}"][0] for n in ("W_Q", "W_K", "W_V", "W_O")}
+    for v in range(VOCAB):
+        ind["W_Q"][N_CTX + v, v] = beta  # query: the current token
+        ind["W_K"][N_CTX + VOCAB + v, v] = 1.0  # key: the token before the key position
+        ind["W_V"][N_CTX + v, v] = 1.0
+        ind["W_O"][v, N_CTX + v] = 10.0  # predict the attended token
+    return DictWeights(cfg, t)
+
+
+# -- spectral scores -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_identity_copying_head_scores_plus_one_and_its_negation_minus_one(sign):
+    w = copying_model(sign)
+    assert scores.copying_score(circuits.full_ov(w, 0, 0)) == pytest.approx(sign, abs=1e-5)
+    assert float(scores.all_copying_scores(w)[0, 0]) == pytest.approx(sign, abs=1e-5)
+
+
+@pytest.mark.parametrize("n_kv_heads", [None, 2])
+def test_batched_spectral_scores_equal_the_dense_per_head_definition(n_kv_heads):
+    w = random_weights(n_kv_heads=n_kv_heads, d_vocab=9)
+    w_e, w_u = w.get("embed.W_E"), w.get("unembed.W_U")
+    copying, positivity = scores.all_copying_scores(w), scores.all_qk_positivity(w)
+    assert copying.shape == positivity.shape == (2, 4)
+    for layer in range(2):
+        for head in range(4):
+            v, o = attn(w, layer, "W_V")[head], attn(w, layer, "W_O")[head]
+            q, k = attn(w, layer, "W_Q")[head], attn(w, layer, "W_K")[head]
+            want_c = dense_spectral_score(w_e @ v @ o @ w_u)
+            want_p = dense_spectral_score(w_e @ q @ k.T @ w_e.T)
+            assert float(copying[layer, head]) == pytest.approx(want_c, abs=1e-4)
+            assert float(positivity[layer, head]) == pytest.approx(want_p, abs=1e-4)
+            assert scores.copying_score(circuits.full_ov(w, layer, head)) == pytest.approx(want_c, abs=1e-4)
+            assert scores.qk_positivity(circuits.token_qk(w, layer, head)) == pytest.approx(want_p, abs=1e-4)
+
+
+# -- composition -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["q", "k", "v"])
+@pytest.mark.parametrize("n_kv_heads", [None, 2])
+def test_batched_composition_equals_the_dense_per_pair_definition(kind, n_kv_heads):
+    w = random_weights(n_layers=3, n_kv_heads=n_kv_heads)
+    result = scores.composition_scores(w, kind, seed=5)
+    assert result.kind == kind and result.scores.shape == (3, 4, 3, 4)
+    torch.testing.assert_close(result.scores, dense_composition(w, kind), rtol=1e-4, atol=1e-5)
+    later_or_same = torch.arange(3)[:, None] >= torch.arange(3)[None, :]
+    assert (result.scores.permute(0, 2, 1, 3)[later_or_same] == 0).all()
+
+
+def test_composition_baseline_is_seeded_and_matches_a_dense_monte_carlo_estimate():
+    a = scores.composition_baseline(16, 4, seed=1)
+    assert scores.composition_baseline(16, 4, seed=1) == a
+    assert scores.composition_baseline(16, 4, seed=2) != a
+    w = random_weights()
+    assert scores.composition_scores(w, "k", seed=1).baseline == scores.composition_baseline(12, 5, seed=1)
+    # Independent estimate: dense products of numpy Gaussian factors.
+    rng = np.random.default_rng(0)
+    ratios = []
+    for _ in range(400):
+        ov1 = rng.standard_normal((16, 4)) @ rng.standard_normal((4, 16))
+        qk2 = rng.standard_normal((16, 4)) @ rng.standard_normal((4, 16))
+        ratios.append(np.linalg.norm(ov1 @ qk2) / (np.linalg.norm(ov1) * np.linalg.norm(qk2)))
+    assert scores.composition_baseline(16, 4, seed=1, samples=400) == pytest.approx(np.mean(ratios), abs=0.01)
+
+
+def test_previous_token_head_feeding_an_induction_head_is_the_top_k_composition_edge():
+    w = induction_model()
+    k_comp = scores.composition_scores(w, "k")
+    top = torch.nan_to_num(k_comp.scores, nan=-1.0).flatten().argmax()
+    assert np.unravel_index(int(top), k_comp.scores.shape) == (0, 0, 1, 0)
+    assert float(k_comp.scores[0, 0, 1, 0]) == pytest.approx(1 / math.sqrt(VOCAB), rel=1e-4)
+    assert float(k_comp.scores[0, 0, 1, 0]) > k_comp.baseline
+    # The previous-token head writes where the induction head's *key* reads, not its query.
+    assert float(scores.composition_scores(w, "q").scores[0, 0, 1, 0]) == pytest.approx(0, abs=1e-6)
+
+
+# -- behaviour ---------------------------------------------------------------------------------------
+
+
+def test_constructed_heads_get_their_behaviour_scores():
+    w = induction_model()
+    b = scores.behaviour_scores(w, seed=0)
+    assert float(b["prev_token"][0, 0]) > 0.99
+    # Only the second copy's first query is split: key 0 also "follows" token 0, because
+    # the previous-token head at position 0 can only attend to itself.
+    assert float(b["induction"][1, 0]) > 0.9
+    assert float(b["induction"][0, 0]) < 0.2
+    assert float(b["prev_token"][1, 0]) < 0.5
+    assert float(b["duplicate_token"][0, 0]) < 0.2
+
+
+def test_repeated_tokens_are_seeded_and_duplicate_only_across_copies():
+    toks = scores.repeated_tokens(50, 40, seed=3, seq_len=10, batch=2)
+    assert toks.shape == (2, 20)
+    torch.testing.assert_close(toks, scores.repeated_tokens(50, 40, seed=3, seq_len=10, batch=2))
+    assert not torch.equal(toks, scores.repeated_tokens(50, 40, seed=4, seq_len=10, batch=2))
+    assert torch.equal(toks[:, :10], toks[:, 10:])
+    assert all(len(set(row[:10].tolist())) == 10 for row in toks)
+    with pytest.raises(InvalidRequestError):
+        scores.repeated_tokens(50, 15, seq_len=8)
+
+
+@pytest.mark.parametrize("seq_len,vocab", [(6, 23), (8, 5)])  # 5 < 8: repeats inside a copy
+def test_behaviour_scores_match_transformerlens_detect_head_mul(seq_len, vocab):
+    w = random_weights(d_vocab=vocab, seed=4)
+    tokens = scores.repeated_tokens(vocab, 16, seed=7, seq_len=seq_len, batch=3)
+    got = scores.behaviour_scores(w, seed=7, seq_len=seq_len, batch=3)
+    patterns = run(w, tokens).patterns
+    refs = {"prev_token": tl_previous_token_pattern, "duplicate_token": tl_duplicate_token_pattern,
+            "induction": tl_induction_pattern}
+    for name, make in refs.items():
+        for layer in range(2):
+            for head in range(4):
+                per_seq = []
+                for b in range(3):
+                    det = make(tokens[b])
+                    tl = tl_mul_score(patterns[b, layer, head], det)
+                    # TransformerLens divides by every row's mass (each row sums to 1); we
+                    # divide by the rows where the pattern has an entry.
+                    per_seq.append(tl * det.shape[0] / int((det.sum(-1) > 0).sum()))
+                assert float(got[name][layer, head]) == pytest.approx(np.mean(per_seq), abs=1e-5)
+
+
+# -- ablation ------------------------------------------------------------------------------------------
+
+
+def loss_without(w: DictWeights, tokens: torch.Tensor, layer: int | None, head: int | None) -> float:
+    """Reference: zero-ablation is the same model with that head's W_O set to zero."""
+    t = dict(w._t)
+    if layer is not None:
+        w_o = t[f"blocks.{layer}.attn.W_O"].clone()
+        w_o[head] = 0
+        t[f"blocks.{layer}.attn.W_O"] = w_o
+    logits = run(DictWeights(w.cfg, t), tokens).logits
+    half = tokens.shape[1] // 2  # the second copy's predictions of tokens half+1 ..
+    return float(torch.nn.functional.cross_entropy(logits[:, half:-1].flatten(0, 1),
+                                                   tokens[:, half + 1 :].flatten()))
+
+
+def test_ablation_effects_are_loss_increases_and_the_induction_head_matters_most():
+    w = induction_model()
+    effects = scores.ablation_effects(w, seed=2)
+    tokens = scores.repeated_tokens(VOCAB, N_CTX, seed=2)
+    base = loss_without(w, tokens, None, None)
+    for layer in range(2):
+        for head in range(2):
+            want = loss_without(w, tokens, layer, head) - base
+            assert float(effects[layer, head]) == pytest.approx(want, abs=1e-4)
+    assert float(effects[1, 0]) > 0.5  # the induction head predicts the whole second copy
+    assert np.unravel_index(int(effects.flatten().argmax()), effects.shape) in {(1, 0), (0, 0)}
+    assert scores.ablation_effect(w, 1, 0, seed=2) == pytest.approx(float(effects[1, 0]), abs=1e-6)
+
+
+# -- sweeps: progress, cancellation, non-finite weights ------------------------------------------
+
+
+def test_sweeps_report_progress_up_to_one():
+    w = random_weights(n_layers=3)
+    for sweep in (scores.all_copying_scores, scores.all_qk_positivity,
+                  lambda w, progress: scores.composition_scores(w, "v", progress=progress)):
+        seen: list[float] = []
+        sweep(w, progress=seen.append)
+        assert seen == sorted(seen) and seen[-1] == 1.0
+
+
+@pytest.mark.parametrize("sweep", [
+    lambda w, c: scores.all_copying_scores(w, cancelled=c),
+    lambda w, c: scores.all_qk_positivity(w, cancelled=c),
+    lambda w, c: scores.composition_scores(w, "q", cancelled=c),
+    lambda w, c: scores.behaviour_scores(w, cancelled=c),
+    lambda w, c: scores.ablation_effects(w, cancelled=c),
+])
+def test_a_cancelled_sweep_raises_cancelled_error(sweep):
+    w = random_weights(n_layers=3)
+    calls = []
+
+    def cancelled() -> bool:  # turns true after the first layer's check
+        calls.append(1)
+        return len(calls) > 1
+
+    with pytest.raises(CancelledError):
+        sweep(w, cancelled)
+
+
+def with_nan(w: DictWeights, name: str, layer: int, head: int) -> DictWeights:
+    t = dict(w._t)
+    x = t[f"blocks.{layer}.attn.{name}"].clone()
+    x[head].view(-1)[3] = float("nan")
+    t[f"blocks.{layer}.attn.{name}"] = x
+    return DictWeights(w.cfg, t)
+
+
+@pytest.mark.parametrize("name", ["W_Q", "W_K", "W_V", "W_O"])
+def test_nan_weights_give_nan_scores_for_that_head_and_no_crash(name):
+    clean = random_weights(n_layers=3)
+    w = with_nan(clean, name, 1, 2)
+    assert scores.nonfinite_heads(w) == [(1, 2)]
+    assert scores.nonfinite_heads(clean) == []
+    bad = torch.zeros(3, 4, dtype=torch.bool)
+    bad[1, 2] = True
+    for sweep in (scores.all_copying_scores, scores.all_qk_positivity):
+        s, ref = sweep(w), sweep(clean)
+        assert torch.isnan(s[bad]).all()
+        torch.testing.assert_close(s[~bad], ref[~bad])
+    comp, ref = scores.composition_scores(w, "k").scores, scores.composition_scores(clean, "k").scores
+    assert torch.isnan(comp[1, 2, 2]).all() and torch.isnan(comp[0, :, 1, 2]).all()
+    assert comp[1, 2, 0].eq(0).all()  # no edge to an earlier layer: stays zero
+    finite = ~torch.isnan(comp)
+    torch.testing.assert_close(comp[finite], ref[finite])
+    behaviour = scores.behaviour_scores(w, seq_len=6)
+    assert torch.isnan(behaviour["induction"][1, 2])
+    assert torch.isfinite(behaviour["induction"][0]).all()  # layer 0 is upstream of the NaN
+    # The single-circuit scores see only their own factors: NaN when the NaN is in them.
+    circuit = circuits.token_qk if name in ("W_Q", "W_K") else circuits.full_ov
+    assert math.isnan(scores.copying_score(circuit(w, 1, 2)))
