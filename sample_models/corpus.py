@@ -22,45 +22,51 @@ import numpy as np
 UNK = "<unk>"
 BOS = "<bos>"
 SPECIALS = (UNK, BOS)
+
+
+def _words(text: str) -> tuple[str, ...]:
+    return tuple(text.split())
+
+
 PUNCTUATION = (",", ".", "!", "?", ";", ":", "'", '"', "(", ")", "-")
 
-NAMES = (
+NAMES = _words(
     "Mary John Alice Bob Tom Sarah James Emma David Anna Paul Lucy Mark Kate Peter Laura "
     "Mike Julia Chris Helen Sam Rose Dan Amy Max Grace Leo Nina Ben Clara Adam Ivy Ryan "
     "Eva Jack Zoe Hugo Lily Omar Ruth"
-).split()
-PLACES = (
+)
+PLACES = _words(
     "store park school beach office library station market garden museum cafe bank "
     "hospital restaurant river lake forest village city farm church theatre stadium zoo "
     "airport harbour bakery hotel castle bridge"
-).split()
-OBJECTS = (
+)
+OBJECTS = _words(
     "drink book ball apple key letter ring hat cake flower pen bag bottle cup box map "
     "ticket phone coin card gift lamp chair clock shoe coat kite toy plate knife candle "
     "bowl spoon mirror basket bell brush camera guitar pencil umbrella"
-).split()
-VERBS = "gave handed sent showed brought passed threw sold offered lent".split()
-ADJECTIVES = (
+)
+VERBS = _words("gave handed sent showed brought passed threw sold offered lent")
+ADJECTIVES = _words(
     "big small old new red blue green yellow black white happy sad quick slow bright dark "
     "warm cold soft hard heavy light tall short quiet loud clean dirty"
-).split()
-ANIMALS = "cat dog bird horse cow fish fox owl rabbit mouse sheep goat duck frog bear wolf".split()
-NUMBERS = (
+)
+ANIMALS = _words("cat dog bird horse cow fish fox owl rabbit mouse sheep goat duck frog bear wolf")
+NUMBERS = _words(
     "one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
     "fifteen twenty thirty forty fifty hundred"
-).split()
-DAYS = "Monday Tuesday Wednesday Thursday Friday Saturday Sunday".split()
-MONTHS = (
+)
+DAYS = _words("Monday Tuesday Wednesday Thursday Friday Saturday Sunday")
+MONTHS = _words(
     "January February March April May June July August September October November December"
-).split()
-FUNCTION_WORDS = (
+)
+FUNCTION_WORDS = _words(
     "When After While Then Later The A On In the a an and to at of in on with for from "
     "went were was is had has have lot fun working walking decided give gave likes saw "
     "found counted bought wanted took it they he she we very near"
-).split()
+)
 # Filler words: only ever appear inside random spans, so their next token is predictable
 # from context (a repeat) and never from the language statistics.
-FILLER = (
+FILLER = _words(
     "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi "
     "rho sigma tau upsilon phi chi psi omega north south east west up down left right "
     "zero oak pine elm maple birch cedar willow ash iron copper silver gold tin lead zinc "
@@ -72,7 +78,7 @@ FILLER = (
     "train boat plane truck bicycle wagon sled canoe submarine tractor robot puzzle "
     "riddle secret signal pattern rhythm echo shadow window door roof wall floor "
     "tower tunnel valley canyon island desert meadow swamp glacier volcano"
-).split()
+)
 
 
 def build_vocab() -> list[str]:

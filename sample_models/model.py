@@ -128,10 +128,10 @@ class TinyTransformer(nn.Module):
         self.ln_final = LayerNorm(s.d_model, s.ln_eps) if s.layer_norm else None
         self.unembed = None if s.tied_unembed else _Params(W_U=(s.d_model, s.d_vocab), b_U=(s.d_vocab,))
 
-    def init_weights(self, generator: torch.Generator) -> None:
-        """GPT-2-like init: N(0, 0.02), output projections scaled down by depth."""
+    def init_weights(self, generator: torch.Generator, std: float = 0.02) -> None:
+        """GPT-2-like init: N(0, std), output projections scaled down by depth."""
         s = self.shape
-        out_std = 0.02 / math.sqrt(2 * s.n_layers)
+        out_std = std / math.sqrt(2 * s.n_layers)
         for name, p in self.named_parameters():
             last = name.rsplit(".", 1)[-1]
             if last in ("w",):
@@ -139,9 +139,9 @@ class TinyTransformer(nn.Module):
             elif last.startswith("b"):
                 nn.init.zeros_(p)
             else:
-                std = out_std if last in ("W_O", "W_out") else 0.02
+                scale = out_std if last in ("W_O", "W_out") else std
                 with torch.no_grad():
-                    p.copy_(torch.randn(p.shape, generator=generator) * std)
+                    p.copy_(torch.randn(p.shape, generator=generator) * scale)
 
     def W_U(self) -> Tensor:
         return self.embed.W_E.T if self.unembed is None else self.unembed.W_U

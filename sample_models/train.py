@@ -44,6 +44,7 @@ class TrainSpec:
     lr: float = 1e-3
     weight_decay: float = 0.05
     warmup: int = 200
+    init_std: float = 0.02
     log_every: int = 100
     description: str = ""
 
@@ -88,7 +89,7 @@ def lr_at(step: int, spec: TrainSpec) -> float:
 
 def build(spec: TrainSpec, seed: int) -> TinyTransformer:
     model = TinyTransformer(spec.shape)
-    model.init_weights(torch.Generator().manual_seed(seed))
+    model.init_weights(torch.Generator().manual_seed(seed), spec.init_std)
     return model
 
 
@@ -114,12 +115,25 @@ def repeated_loss(model: TinyTransformer, seed: int = 2, batch: int = 16) -> flo
 
 
 def train(name: str, seed: int = 0, steps: int | None = None, out: Path | None = None,
-          quiet: bool = False) -> dict:
-    """Train preset ``name``, write it to ``out`` and return its metrics."""
-    spec = PRESETS[name]
+          quiet: bool = False, threads: int = 1, **overrides: float) -> dict:
+    """Train preset ``name``, write it to ``out`` and return its metrics.
+
+    Runs with ``threads`` torch threads (restored afterwards): on a shared 2-core machine
+    one thread is several times faster than two, and results are reproducible only for a
+    fixed thread count. ``overrides`` replace ``TrainSpec`` fields (lr, init_std, ...).
+    """
+    spec = replace(PRESETS[name], **overrides)
     if steps is not None:
         spec = replace(spec, steps=steps, warmup=min(spec.warmup, max(1, steps // 5)))
-    out = out or HERE / name
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return _train(name, spec, seed, out or HERE / name, quiet)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _train(name: str, spec: TrainSpec, seed: int, out: Path, quiet: bool) -> dict:
     torch.manual_seed(seed)
     model = build(spec, seed)
     data = corpus.Corpus(seed)
@@ -225,16 +239,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--out", type=Path, default=None)
-    p.add_argument("--threads", type=int, default=2,
+    p.add_argument("--threads", type=int, default=1,
                    help="torch intra-op threads (results are reproducible for a fixed value)")
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: preset)")
+    p.add_argument("--init-std", type=float, default=None, help="init std (default: preset)")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
-    previous = torch.get_num_threads()
-    torch.set_num_threads(args.threads)
-    try:
-        metrics = train(args.model, args.seed, args.steps, args.out, args.quiet)
-    finally:
-        torch.set_num_threads(previous)
+    overrides = {k: v for k, v in (("lr", args.lr), ("init_std", args.init_std)) if v is not None}
+    metrics = train(args.model, args.seed, args.steps, args.out, args.quiet, args.threads,
+                    **overrides)
     print(json.dumps({k: metrics[k] for k in ("name", "eval_loss", "repeated_loss", "seconds")}))
     return 0
 
