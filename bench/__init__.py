@@ -1,0 +1,1 @@
+"""headscope benchmarks: `python -m bench [--quick|--tiny]` (see bench/README.md)."""

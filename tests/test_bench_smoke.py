@@ -1,0 +1,29 @@
+"""The benchmark harness runs end to end on toy shapes and prints its table."""
+
+from __future__ import annotations
+
+import json
+
+from bench.__main__ import main
+from bench.checkpoints import SHAPES, write_checkpoint
+from engine.loading import read_structure
+
+
+def test_bench_checkpoints_are_readable(tmp_path):
+    path = write_checkpoint(SHAPES["tiny-llama"], tmp_path)
+    s = read_structure(path)
+    assert (s["family"], s["n_layers"], s["n_heads"], s["n_kv_heads"]) == ("llama", 2, 4, 2)
+    assert s["dtype"] == "bfloat16"
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) == 3  # one shard per layer + embeddings
+
+
+def test_bench_harness_smoke(tmp_path, capsys):
+    out = tmp_path / "table.md"
+    code = main(["--shapes", "tiny-gpt2", "--impls", "headscope,dense", "--tasks", "view",
+                 "--dir", str(tmp_path / "ck"), "--out", str(out), "--timeout", "60"])
+    assert code == 0
+    text = out.read_text()
+    assert "| time to structure (s) |" in text and "dense baseline / headscope" in text
+    assert "failed" not in text
+    assert text in capsys.readouterr().out
