@@ -181,6 +181,8 @@ def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
 def _validate(
     path: str | os.PathLike[str], raw: bytes, n: int, file_size: int
 ) -> SafetensorsHeader:
+    if not raw.startswith(b"{"):
+        raise CorruptFileError(path, "bad JSON in safetensors header: does not start with '{'")
     try:
         text = raw.decode("utf-8")
         obj = json.loads(text, object_pairs_hook=_no_duplicates)
@@ -200,20 +202,28 @@ def _validate(
     for name, entry in obj.items():
         tensors[name] = _tensor_info(path, name, entry, buffer_size)
 
-    # Offsets must not overlap: in order of begin, each non-empty tensor starts at or after
-    # the furthest end seen so far (a running max, so one big span cannot hide behind
-    # an empty tensor).
-    last: TensorInfo | None = None
+    # Like the reference implementation: in order of offset, tensors tile the data buffer
+    # exactly (no overlap, no gap, nothing after the last one), so every later read
+    # through safetensors sees the same file we validated.
+    expected_begin = 0
+    previous: TensorInfo | None = None
     for cur in sorted(tensors.values(), key=lambda t: (t.begin, t.end)):
-        if cur.nbytes == 0:
-            continue
-        if last is not None and cur.begin < last.end:
+        if cur.begin < expected_begin:
+            other = previous.name if previous is not None else "?"
             raise CorruptFileError(
                 path,
-                f"bad safetensors header: overlapping offsets of tensors {last.name!r} and {cur.name!r}",
+                f"bad safetensors header: overlapping offsets of tensors {other!r} and {cur.name!r}",
             )
-        if last is None or cur.end > last.end:
-            last = cur
+        if cur.begin > expected_begin:
+            raise CorruptFileError(
+                path, f"bad safetensors header: gap in data offsets before tensor {cur.name!r}"
+            )
+        expected_begin, previous = cur.end, cur
+    if expected_begin != buffer_size:
+        raise CorruptFileError(
+            path,
+            f"bad safetensors file: {buffer_size - expected_begin} bytes after the last tensor",
+        )
     return SafetensorsHeader(str(path), n, file_size, tensors, dict(metadata))
 
 

@@ -263,6 +263,17 @@ def validate_config(cfg: ModelConfig, path: str | None) -> ModelConfig:
     return cfg
 
 
+def checked(cfg: ModelConfig, names: set[str], path: str | None) -> ModelConfig:
+    """``validate_config`` plus a plausibility bound before per-layer specs are built: a
+    hostile ``n_layers`` of 10**12 must be an error, not a loop that never ends."""
+    validate_config(cfg, path)
+    if cfg.n_layers > max(len(names), 1):
+        raise ConfigError(
+            path, f"n_layers {cfg.n_layers} but the checkpoint holds only {len(names)} tensors"
+        )
+    return cfg
+
+
 def refuse_remote_code(config: Mapping[str, Any], path: str | None) -> None:
     """``auto_map`` / ``trust_remote_code`` would need the checkpoint's own Python code."""
     if config.get("auto_map") or config.get("trust_remote_code"):

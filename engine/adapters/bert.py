@@ -19,6 +19,7 @@ from . import (
     SpecMap,
     Whole,
     Zeros,
+    checked,
     divide_heads,
     first_prefix,
     get_key,
@@ -77,6 +78,7 @@ def adapt(
         has_mlm_head=has_mlm,
         extra={"n_types": n_types, "unembed_standin": not has_mlm},
     )
+    checked(cfg, names, path)
     return cfg, specs(cfg, prefix if prefix is not None else "bert.", names, n_types)
 
 

@@ -19,6 +19,7 @@ from . import (
     SpecMap,
     Whole,
     Zeros,
+    checked,
     divide_heads,
     first_prefix,
     get_key,
@@ -59,6 +60,7 @@ def adapt(
         attn_scale=None if optional_bool(config, path, "scale_attn_weights", True) else 1.0,
         tied_unembed=tied,
     )
+    checked(cfg, names, path)
     return cfg, specs(cfg, prefix or "transformer.", tied)
 
 

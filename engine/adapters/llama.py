@@ -18,6 +18,7 @@ from . import (
     SpecMap,
     Whole,
     Zeros,
+    checked,
     divide_heads,
     first_prefix,
     get_key,
@@ -95,6 +96,7 @@ def adapt(
             "sliding_window": window,
         },
     )
+    checked(cfg, names, path)
     attn_bias = qwen or optional_bool(config, path, "attention_bias", False)
     o_bias = not qwen and optional_bool(config, path, "attention_bias", False)
     if optional_bool(config, path, "mlp_bias", False):

@@ -15,7 +15,7 @@ from typing import Any, get_args
 
 from ..config import Family, ModelConfig, Normalization, Positional
 from ..errors import ConfigError
-from . import Heads, Spec, SpecMap, Whole, Zeros
+from . import Heads, Spec, SpecMap, Whole, Zeros, checked
 
 CONFIG_KEY = "headscope_config"
 CONFIG_FILE = "headscope.json"
@@ -109,6 +109,7 @@ def adapt(
     cfg = build_config(fields, path)
     tied = "unembed.W_U" not in names
     cfg = cfg.replace(tied_unembed=tied)
+    checked(cfg, names, path)
     return cfg, specs(cfg, names)
 
 

@@ -19,6 +19,7 @@ from . import (
     SpecMap,
     Whole,
     Zeros,
+    checked,
     divide_heads,
     first_prefix,
     get_key,
@@ -82,6 +83,7 @@ def adapt(
             ),
         },
     )
+    checked(cfg, names, path)
     bias = optional_bool(config, path, "attention_bias", True)
     return cfg, specs(cfg, prefix or "gpt_neox.", tied, bias)
 
