@@ -103,10 +103,19 @@ def _center(t: torch.Tensor, dim: int) -> torch.Tensor:
     return t - t.mean(dim, keepdim=True)
 
 
+def _center_(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """In place, for tensors this module just allocated (saves a W_U-sized temporary)."""
+    return t.sub_(t.mean(dim, keepdim=True))
+
+
 class ProcessedWeights:
     """A ``WeightSource`` applying TransformerLens' default weight processing lazily."""
 
-    def __init__(self, raw: WeightSource, *, cache_bytes: int = 64 << 20) -> None:
+    # The default bound holds a GPT-2-small-sized model's processed weights (~650 MB), so that
+    # repeated forward passes do not recompute W_E/W_U each time (a full pass reads every
+    # tensor in order: the worst case for an LRU that is too small). Nothing is computed, so
+    # nothing is held, until it is asked for.
+    def __init__(self, raw: WeightSource, *, cache_bytes: int = 1 << 30) -> None:
         self.raw = raw
         self.raw_cfg = raw.cfg
         self.cfg = processed_config(raw.cfg)
@@ -261,12 +270,12 @@ class ProcessedWeights:
         p = self.plan
         w, ln_b = self._norm("ln_final")
         if leaf == "W_U":
-            W_U = self._raw("unembed.W_U", None)  # [d_model, d_vocab]
-            if w is not None:
-                W_U = W_U * w[:, None]
+            # [d_model, d_vocab], the largest tensor: one fresh copy, then edited in place
+            W_U = self._raw("unembed.W_U", None)
+            W_U = W_U * w[:, None] if w is not None else W_U.clone()
             if p.center_reading:
-                W_U = _center(W_U, 0)
-            return _center(W_U, -1) if p.center_unembed else W_U
+                _center_(W_U, 0)
+            return _center_(W_U, -1) if p.center_unembed else W_U
         if leaf == "b_U":
             b_U = self._raw("unembed.b_U", None)
             if ln_b is not None:
