@@ -176,7 +176,9 @@ class CheckpointWeights:
 
                     handle = self._handles[file] = safe_open(file, framework="pt")
                 self.reads += 1
-                t = handle.get_tensor(tensor) if index is None else handle.get_slice(tensor)[index]
+            # Reads happen outside the lock: safe_open handles are safe to share between
+            # threads, and one large read (an embedding) must not hold up head slices.
+            t = handle.get_tensor(tensor) if index is None else handle.get_slice(tensor)[index]
         except (OSError, RuntimeError, ValueError) as e:  # SafetensorError is a plain Exception subclass
             raise CorruptFileError(file, f"cannot read tensor {tensor!r}: {str(e)[:160]}") from None
         except Exception as e:

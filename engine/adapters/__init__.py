@@ -248,8 +248,11 @@ def validate_config(cfg: ModelConfig, path: str | None) -> ModelConfig:
         raise ConfigError(
             path, f"n_heads {cfg.n_heads} is not divisible by n_kv_heads {cfg.kv_heads}"
         )
-    if cfg.d_mlp is not None and (not isinstance(cfg.d_mlp, int) or cfg.d_mlp < 1):
+    d_mlp = cfg.d_mlp
+    if d_mlp is not None and (isinstance(d_mlp, bool) or not isinstance(d_mlp, int) or d_mlp < 1):
         raise ConfigError(path, f"d_mlp must be a positive integer, got {cfg.d_mlp!r}")
+    if cfg.act_fn is not None and not isinstance(cfg.act_fn, str):
+        raise ConfigError(path, f"activation must be a name, got {cfg.act_fn!r}")
     if cfg.positional == "rotary":
         rd = cfg.rotary_dim
         if not isinstance(rd, int) or rd < 2 or rd > cfg.d_head or rd % 2:
