@@ -136,6 +136,7 @@ class Engine:
             from .loading import open_model
 
             model = open_model(self.path, raw=self._raw)
+            _warm_up(model)
             with self._models_lock:
                 self._models[model.raw] = model
             self._opened.set_result(model)
@@ -596,6 +597,17 @@ def _inference_mode() -> contextlib.AbstractContextManager[Any]:
     import torch
 
     return torch.inference_mode()
+
+
+def _warm_up(model: Model) -> None:
+    """Read (and process) the embedding and unembedding while the user reads the tree:
+    every token-basis view needs them, and the first view should not pay for them."""
+    import torch
+
+    with torch.inference_mode():
+        for name in ("embed.W_E", "unembed.W_U"):
+            if model.weights.has(name):
+                model.weights.get(name)
 
 
 def _part(ctx: JobContext, start: float, stop: float) -> Callable[[float], None]:
