@@ -24,9 +24,10 @@ import dataclasses
 import json
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import adapters
 from .adapters import SpecMap, check_specs, count_params, storage_dtype, validate_config
@@ -35,6 +36,7 @@ from .config import ModelConfig
 from .errors import (
     ConfigError,
     CorruptFileError,
+    InvalidRequestError,
     UnsafeFormatError,
     UnsafePathError,
     UnsupportedFormatError,
@@ -42,6 +44,11 @@ from .errors import (
 from .safetensors_header import SafetensorsHeader, TensorInfo, read_header
 from .tokenizer import IdTokenizer, Tokenizer, load_tokenizer
 from .weights import CheckpointWeights, WeightSource
+
+if TYPE_CHECKING:
+    from .factored import FactoredMatrix
+    from .forward import ForwardResult
+    from .scores import CompositionScores
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 SINGLE_FILE = "model.safetensors"
@@ -128,6 +135,48 @@ class Model:
             self, raw=raw, weights=weights, cfg=weights.cfg, _processed=self._processed
         )
 
+    # Notebook conveniences (thin wrappers over engine.circuits / scores / forward / report).
+
+    def circuit(self, layer: int, head: int, kind: str = "ov") -> FactoredMatrix:
+        """A head's circuit as a FactoredMatrix: ``"qk"``/``"ov"`` (``d_model × d_model``),
+        ``"token_qk"``, ``"full_ov"`` (``d_vocab × d_vocab``) or ``"positional_qk"``."""
+        from . import circuits
+
+        makers = {
+            "qk": circuits.qk,
+            "ov": circuits.ov,
+            "token_qk": circuits.token_qk,
+            "full_ov": circuits.full_ov,
+            "positional_qk": circuits.positional_qk,
+        }
+        if kind not in makers:
+            raise InvalidRequestError(self.path, f"unknown circuit {kind!r}; choose from {', '.join(makers)}")
+        self.cfg.check_head(layer, head, str(self.path))
+        return makers[kind](self.weights, layer, head)
+
+    def heads(self, seed: int = 0) -> list[dict[str, Any]]:
+        """Every head with every score (what ``headscope heads`` prints)."""
+        from .report import head_table
+
+        return head_table(self, seed=seed)
+
+    def composition(self, kind: str, seed: int = 0) -> CompositionScores:
+        """All ``kind``-composition scores (``.scores [L, H, L, H]``, ``.baseline``)."""
+        from .scores import composition_scores
+
+        if kind not in ("q", "k", "v"):
+            raise InvalidRequestError(self.path, f"composition kind must be q, k or v, not {kind!r}")
+        return composition_scores(self.weights, kind, seed=seed)
+
+    def run(self, tokens: str | Sequence[int], **kwargs: Any) -> ForwardResult:
+        """The reference forward pass on a prompt (encoded with the tokenizer) or token ids."""
+        from .forward import run
+        from .report import check_tokens
+
+        ids = self.tokenizer.encode(tokens) if isinstance(tokens, str) else list(tokens)
+        check_tokens(self, ids)
+        return run(self.weights, ids, **kwargs)
+
     def _processed_weights(self) -> WeightSource:
         if self._processed is None:
             self._processed = _process(self.raw_weights)
@@ -161,10 +210,8 @@ def open_model(path: str | os.PathLike[str], raw: bool = False) -> Model:
 
 
 def _process(raw: CheckpointWeights) -> WeightSource:
-    try:
-        from .processing import ProcessedWeights
-    except ImportError:  # TODO: remove once engine/processing.py has landed
-        return raw
+    from .processing import ProcessedWeights
+
     return ProcessedWeights(raw)
 
 

@@ -1,0 +1,46 @@
+"""The notebook API: README's example runs, and Model's conveniences equal the engine functions."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine import circuits, open_model, scores
+from engine.errors import IndexOutOfRangeError, InvalidRequestError
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def test_readme_python_example_runs(monkeypatch, capsys) -> None:
+    block = re.search(r"## Python API\n\n```python\n(.*?)```", README.read_text(), re.S)
+    assert block, "README has a Python API example"
+    monkeypatch.chdir(README.parent)
+    exec(compile(block.group(1), "README.md", "exec"), {})
+    assert capsys.readouterr().out.strip()
+
+
+def test_model_conveniences_equal_engine_functions(gpt2_dir) -> None:
+    path, _ = gpt2_dir
+    model = open_model(path)
+    fm = model.circuit(1, 2, "full_ov")
+    assert torch.allclose(fm.block([1, 2], [3]), circuits.full_ov(model.weights, 1, 2).block([1, 2], [3]))
+    heads = model.heads()
+    copying = scores.all_copying_scores(model.weights)
+    assert [h["copying_score"] for h in heads] == pytest.approx(copying.flatten().tolist())
+    comp = model.composition("k")
+    assert torch.equal(comp.scores, scores.composition_scores(model.weights, "k").scores)
+    result = model.run([1, 2, 3])
+    assert result.logits.shape == (1, 3, model.cfg.d_vocab)
+
+
+def test_model_conveniences_check_their_arguments(gpt2_dir) -> None:
+    model = open_model(gpt2_dir[0])
+    with pytest.raises(InvalidRequestError, match="unknown circuit"):
+        model.circuit(0, 0, "xy")
+    with pytest.raises(IndexOutOfRangeError):
+        model.circuit(0, 99, "ov")
+    with pytest.raises(InvalidRequestError, match="q, k or v"):
+        model.composition("z")
