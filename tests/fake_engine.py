@@ -52,6 +52,8 @@ class FakeEngine:
         self.sweep_steps = sweep_steps
         self.fail = set(fail)
         self.calls: Counter[str] = Counter()
+        self.requests: list[tuple[int, int, str, str]] = []  # circuit blocks asked for
+        self.gate: asyncio.Event | None = None  # when set to an Event, ready() waits on it
         self.focused: tuple[int, int] | None = None
         self.closed = False
         self._hits = self._misses = 0
@@ -108,6 +110,8 @@ class FakeEngine:
 
     # -- API ------------------------------------------------------------------------------
     async def ready(self) -> None:
+        if self.gate is not None:
+            await self.gate.wait()
         await self._enter("ready")
 
     async def set_raw(self, raw: bool) -> None:
@@ -137,6 +141,7 @@ class FakeEngine:
                             rows: list[int] | None = None, cols: list[int] | None = None,
                             offset: int = 0) -> Any:
         await self._enter("circuit_block")
+        self.requests.append((layer, head, kind, basis))
         if basis == "position":
             A, B = self.qk_factors(layer, head)
             full = (self.W_pos @ A) @ (B @ self.W_pos.T)

@@ -27,6 +27,8 @@ from textual import on
 from textual.app import App, ComposeResult
 from textual.binding import BindingType
 from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
+from textual.screen import Screen
 from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Input, Static, TabbedContent, TabPane
 
@@ -132,6 +134,7 @@ class HeadscopeApp(App[None]):
         self._pending: Head | None = None
         self._debounce_timer: Timer | None = None
         self._model_ready = asyncio.Event()
+        self._main_screen: Screen[Any] | None = None
         self._ready_failed = False
 
     # -- engine ---------------------------------------------------------------------------
@@ -183,7 +186,13 @@ class HeadscopeApp(App[None]):
                         yield SummaryPane(id="summary-pane")
         yield Footer()
 
+    @property
+    def main(self) -> Screen[Any]:
+        """The explorer's own screen (queries must not land on a help or input dialog)."""
+        return self._main_screen or self.screen
+
     def on_mount(self) -> None:
+        self._main_screen = self.screen
         for theme in THEMES:
             self.register_theme(theme)
         self.theme = self._initial_theme if self._initial_theme in self.available_themes \
@@ -194,18 +203,18 @@ class HeadscopeApp(App[None]):
         self.keymap_in_use = dict(self._keymap_arg)
         if self.keymap_in_use:
             self.set_keymap(self.keymap_in_use)
-        status = self.query_one(StatusBar)
+        status = self.main.query_one(StatusBar)
         status.structure = self.structure
         status.raw = self.raw
         self._layout_for(self.size.width)
         self.set_interval(0.15, self._tick)
         if self.prompt_text:
-            self.query_one("#prompt-input", Input).value = self.prompt_text
-        self.query_one(HeadTree).focus()
+            self.main.query_one("#prompt-input", Input).value = self.prompt_text
+        self.main.query_one(HeadTree).focus()
         if self.engine is None:
             self._report(self.open_error or "cannot open the model")
             status.error = self.open_error or ""
-            for chart in self.query(Chart):
+            for chart in self.main.query(Chart):
                 chart.message("no model: " + (self.open_error or ""))
             return
         self.run_worker(self._startup(), group="startup", exit_on_error=False)
@@ -222,12 +231,12 @@ class HeadscopeApp(App[None]):
         except HeadscopeError as err:
             self._ready_failed = True
             self._report(str(err))
-            self.query_one(StatusBar).error = str(err)
-            for chart in self.query(Chart):
+            self.main.query_one(StatusBar).error = str(err)
+            for chart in self.main.query(Chart):
                 chart.message(str(err))
             return
         self.structure = dict(getattr(self.engine, "structure", self.structure))
-        self.query_one(StatusBar).structure = self.structure
+        self.main.query_one(StatusBar).structure = self.structure
         self._model_ready.set()
         if self.tokens_text and self.tokens is None:
             await self._set_tokens(self.tokens_text, reload=False)
@@ -264,7 +273,7 @@ class HeadscopeApp(App[None]):
     def set_scores(self, rows: list[ScoreRow]) -> None:
         for r in rows:
             self.rows[(r.layer, r.head)] = r
-        self.query_one(HeadTree).set_scores(rows)
+        self.main.query_one(HeadTree).set_scores(rows)
         self._show_summary()
         self._update_focus_line()
 
@@ -305,7 +314,7 @@ class HeadscopeApp(App[None]):
                             exclusive=True, exit_on_error=False)
 
     def goto_head(self, head: Head, *, immediate: bool = False) -> None:
-        self.query_one(HeadTree).select_head(head)
+        self.main.query_one(HeadTree).select_head(head)
         if immediate or self.head is None:
             if self._debounce_timer is not None:
                 self._debounce_timer.stop()
@@ -323,11 +332,11 @@ class HeadscopeApp(App[None]):
         if gen == self._gen:
             row = score_row(hs)
             self.rows[head] = row
-            self.query_one(HeadTree).set_scores([row])
+            self.main.query_one(HeadTree).set_scores([row])
             self._update_focus_line()
 
     def _update_focus_line(self, other: str | None = None) -> None:
-        line = self.query_one("#focus-line", Static)
+        line = self.main.query_one("#focus-line", Static)
         if other is not None:
             s = self.structure
             text = {"embed": f"Embed: W_E [{s.get('d_vocab')}, {s.get('d_model')}]"
@@ -350,7 +359,7 @@ class HeadscopeApp(App[None]):
                 parts.append(f"{label} {v:+.2f}" if v == v else f"{label} —")
             if row.nonfinite:
                 parts.append("[b red]non-finite weights[/]")
-        self.query_one(StatusBar).focus_text = f"L{layer}.H{head}"
+        self.main.query_one(StatusBar).focus_text = f"L{layer}.H{head}"
         line.update("  ".join(parts))
 
     def action_step_head(self, step: int) -> None:
@@ -369,7 +378,7 @@ class HeadscopeApp(App[None]):
         self._load_active()
 
     def action_show_tab(self, tab: str) -> None:
-        self.query_one("#tabs", TabbedContent).active = tab
+        self.main.query_one("#tabs", TabbedContent).active = tab
         self.active_tab = tab
         self._load_active()
 
@@ -415,7 +424,7 @@ class HeadscopeApp(App[None]):
 
     async def _load_qk(self, key: tuple) -> None:
         layer, head = key[1]
-        pane = self.query_one(QKPane)
+        pane = self.main.query_one(QKPane)
         rotary = self.structure.get("positional") == "rotary"
         block = await self.engine.circuit_block(
             layer, head, "qk", "token", rows=self.tokens, cols=self.tokens,
@@ -444,7 +453,7 @@ class HeadscopeApp(App[None]):
 
     async def _load_ov(self, key: tuple) -> None:
         layer, head = key[1]
-        pane = self.query_one(OVPane)
+        pane = self.main.query_one(OVPane)
         block = await self.engine.circuit_block(layer, head, "ov", "token",
                                                 rows=self.tokens, cols=self.tokens)
         if not self._fresh(key):
@@ -463,7 +472,7 @@ class HeadscopeApp(App[None]):
 
     async def _load_spectrum(self, key: tuple) -> None:
         layer, head = key[1]
-        pane = self.query_one(SpectrumPane)
+        pane = self.main.query_one(SpectrumPane)
         ov, qk = await asyncio.gather(self.engine.spectrum(layer, head, "ov"),
                                       self.engine.spectrum(layer, head, "qk"))
         if not self._fresh(key):
@@ -475,19 +484,19 @@ class HeadscopeApp(App[None]):
     async def _load_prompt(self, key: tuple) -> None:
         layer, head = key[1]
         if not self.prompt_text.strip():
-            self.query_one("#prompt-pattern", Chart).message("no prompt yet: press p, type, enter")
+            self.main.query_one("#prompt-pattern", Chart).message("no prompt yet: press p, type, enter")
             return
         view = await self.engine.run_prompt(self.prompt_text, layer, head)
         if not self._fresh(key):
             return
-        self.query_one(PromptPane).show(view)
+        self.main.query_one(PromptPane).show(view)
         self.results["prompt"] = view
 
     async def _load_composition(self, key: tuple) -> None:
         kind = self.comp_kind
         cache_key = (kind, self._gen)
         comp = self._comp_cache.get(cache_key)
-        chart = self.query_one("#comp-graph", Chart)
+        chart = self.main.query_one("#comp-graph", Chart)
         if comp is None:
             chart.message(f"computing {kind.upper()}-composition for every pair of heads…")
 
@@ -502,7 +511,7 @@ class HeadscopeApp(App[None]):
         if not self._fresh(key):
             return
         self.comp_selected = None
-        pane = self.query_one(CompositionPane)
+        pane = self.main.query_one(CompositionPane)
         self.comp_edges = pane.show(comp, self.n_layers, self.n_heads, None)
         pane.detail(comp, None)
         self.results["composition"] = comp
@@ -517,7 +526,7 @@ class HeadscopeApp(App[None]):
             k = self.summary_sort
             rows.sort(key=lambda r: (math.isnan(r.get(k)), -r.get(k) if not math.isnan(r.get(k))
                                      else 0.0))
-        self.query_one(SummaryPane).show(rows)
+        self.main.query_one(SummaryPane).show(rows)
         self.results["summary"] = rows
 
     # -- widgets' events ----------------------------------------------------------------
@@ -546,7 +555,7 @@ class HeadscopeApp(App[None]):
         if edge is None or comp is None:
             return
         self.comp_selected = edge[:4]
-        pane = self.query_one(CompositionPane)
+        pane = self.main.query_one(CompositionPane)
         pane.show(comp, self.n_layers, self.n_heads, self.comp_selected)
         pane.detail(comp, edge)
 
@@ -562,7 +571,7 @@ class HeadscopeApp(App[None]):
 
     def action_edit_prompt(self) -> None:
         self.action_show_tab("prompt")
-        self.query_one("#prompt-input", Input).focus()
+        self.main.query_one("#prompt-input", Input).focus()
 
     def action_composition(self) -> None:
         if self.active_tab == "composition":
@@ -590,9 +599,9 @@ class HeadscopeApp(App[None]):
         self.raw = raw
         self._gen += 1
         self.rows.clear()
-        self.query_one(HeadTree).scores.clear()
-        self.query_one(HeadTree).refresh_badges()
-        status = self.query_one(StatusBar)
+        self.main.query_one(HeadTree).scores.clear()
+        self.main.query_one(HeadTree).refresh_badges()
+        status = self.main.query_one(StatusBar)
         status.raw = raw
         self.structure = {**self.structure, "processed": not raw}
         self.notify("raw weights" if raw else "processed weights (folded LN, centred)")
@@ -620,9 +629,9 @@ class HeadscopeApp(App[None]):
         self.notify(f"colour map {self.colormap_name}", timeout=1.5)
 
     def _restyle(self) -> None:
-        for chart in self.query(Chart):
+        for chart in self.main.query(Chart):
             chart.refresh()
-        self.query_one(HeadTree).refresh_badges()
+        self.main.query_one(HeadTree).refresh_badges()
 
     def action_step_source(self, step: int) -> None:
         self.source_index += step
@@ -744,7 +753,12 @@ class HeadscopeApp(App[None]):
 
     # -- status ---------------------------------------------------------------------------
     def _tick(self) -> None:
-        status = self.query_one(StatusBar)
+        if not self.is_running or self._main_screen is None:
+            return
+        try:
+            status = self.main.query_one(StatusBar)
+        except NoMatches:  # shutting down
+            return
         busy = any(not w.is_finished and (w.group or "").startswith(("load-", "startup"))
                    for w in self.workers)
         activity = hits = misses = in_flight = progress = None

@@ -1,0 +1,358 @@
+"""Pilot tests of the explorer against the fake engine (tests/fake_engine.py).
+
+Numbers the app shows are checked against the fake's weights computed here independently
+(dense matrices, numpy eigenvalues), and against the rendered widgets, not just "no crash".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from textual.widgets import DataTable, Static, TabbedContent
+
+from tests.fake_engine import FakeEngine, broken_factory
+from themes import COLORMAPS
+from tui.app import HeadscopeApp
+from tui.keymap import APP_BINDINGS
+from tui.screens import HelpScreen
+from tui.settings import Settings
+from tui.widgets.chart import Chart
+from tui.widgets.head_tree import HeadTree
+from tui.widgets.status import StatusBar
+
+
+def make_app(engine: FakeEngine | None = None, **kw: Any) -> tuple[HeadscopeApp, FakeEngine]:
+    engine = engine or FakeEngine()
+    kw.setdefault("settings", Settings())
+    kw.setdefault("debounce", 0.05)
+    app = HeadscopeApp(engine.path, engine_factory=lambda _p, _r: engine, **kw)
+    return app, engine
+
+
+async def settle(pilot: Any, app: HeadscopeApp, rounds: int = 3) -> None:
+    for _ in range(rounds):
+        await pilot.pause(0.1)
+        await app.workers.wait_for_complete()
+
+
+def plain(widget: Static) -> str:
+    """The text a Static shows (Rich tables included), as the terminal would print it."""
+    from rich.console import Console
+
+    console = Console(width=200, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+    console.print(widget.content)
+    return console.export_text()
+
+
+def chart_text(app: HeadscopeApp, chart_id: str) -> str:
+    chart = app.query_one(f"#{chart_id}", Chart)
+    assert chart.rendered is not None, f"{chart_id} has not rendered"
+    return chart.rendered.plain
+
+
+def copying(matrix: np.ndarray) -> float:
+    eig = np.linalg.eigvals(matrix.astype(np.float64))
+    return float(eig.real.sum() / np.abs(eig).sum())
+
+
+@pytest.fixture(autouse=True)
+def _quiet_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HEADSCOPE_CONFIG", str(tmp_path / "no-config.toml"))
+    monkeypatch.setenv("HEADSCOPE_OUTPUT_DIR", str(tmp_path / "out"))
+
+
+async def test_first_frame_shows_the_tree_before_the_model_is_ready() -> None:
+    import asyncio
+
+    engine = FakeEngine(n_layers=3, n_heads=5)
+    engine.gate = asyncio.Event()  # the model never finishes opening in this test
+    app, _ = make_app(engine)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause(0.1)
+        tree = app.query_one(HeadTree)
+        labels = [str(n.label) for n in tree.root.children]
+        assert labels[0] == "Embed" and labels[1:4] == ["Layer 0", "Layer 1", "Layer 2"]
+        assert len(tree.head_nodes) == 15
+        status = app.query_one(StatusBar).render().plain
+        assert "attn-only-2l" in status and "3L×5H" in status and "processed" in status
+        assert "opening model" in status
+        assert engine.requests == []  # nothing computed before ready
+        engine.gate.set()
+        await settle(pilot, app)
+        assert engine.requests[0] == (0, 0, "qk", "token")
+
+
+async def test_navigation_debounces_and_focuses_the_last_head() -> None:
+    app, engine = make_app(debounce=0.2)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        assert app.head == (0, 0)
+        engine.requests.clear()
+        await pilot.press("j", "j", "j")  # H1, H2, H3 of layer 0, faster than the debounce
+        await settle(pilot, app)
+        assert app.head == (0, 3) and engine.focused == (0, 3)
+        assert {r[:2] for r in engine.requests} == {(0, 3)}  # no work for heads passed over
+        await pilot.press("right_square_bracket")  # ] : next head crosses into layer 1
+        await settle(pilot, app)
+        assert app.head == (1, 0)
+        assert "L1.H0" in plain(app.query_one("#focus-line", Static))
+        assert "token QK L1.H0" in chart_text(app, "qk-token")
+        await pilot.press("left_square_bracket")
+        await settle(pilot, app)
+        assert app.head == (0, 3)
+
+
+async def test_tabs_show_the_engine_numbers() -> None:
+    app, engine = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("2")
+        await settle(pilot, app)
+        assert app.query_one("#tabs", TabbedContent).active == "ov"
+        text = chart_text(app, "ov-heatmap")
+        full = engine.full_ov(0, 0)[:24, :24]
+        n = full.shape[0]
+        diag_mean = float(np.diag(full).mean())
+        peaks = int((full.argmax(axis=1) == np.arange(n)).sum())
+        assert f"diag {diag_mean:+.3g}" in text and f"{peaks}/{n} rows peak on diag" in text
+        top = np.argsort(-engine.full_ov(0, 0)[0])[0]
+        from tests.fake_engine import WORDS
+
+        assert WORDS[top] in plain(app.query_one("#ov-top", Static))
+        await pilot.press("full_stop")  # next source token: top outputs of token 1
+        await settle(pilot, app)
+        assert "top outputs of 'cat'" in plain(app.query_one("#ov-top", Static))
+
+        await pilot.press("3")
+        await settle(pilot, app)
+        score = copying(engine.full_ov(0, 0))  # dense V×V eigenvalues, independent of BA
+        assert f"copying {score:+.3f}" in chart_text(app, "spectrum-ov")
+        qk_score = copying(engine.token_qk(0, 0))
+        assert f"QK positivity {qk_score:+.3f}" in chart_text(app, "spectrum-qk")
+
+
+async def test_prompt_entry_shows_pattern_dla_and_predictions() -> None:
+    app, engine = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("p")
+        assert app.active_tab == "prompt"
+        await pilot.press(*"the cat sat", "enter")
+        await settle(pilot, app)
+        view = await engine.run_prompt("the cat sat", 0, 0)
+        text = chart_text(app, "prompt-pattern")
+        assert "attention L0.H0" in text and "sat" in text
+        side = plain(app.query_one("#prompt-side", Static))
+        assert view.top_predictions[0][1] in side
+        assert f"{view.top_predictions[0][2]:.3f}" in side
+        assert f"{float(view.dla[1]):+.2f}" in side
+
+
+async def test_composition_edges_select_heads_and_kind_switches() -> None:
+    app, engine = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("c")
+        await settle(pilot, app)
+        comp = await engine.composition("k")
+        table = app.query_one("#comp-edges", DataTable)
+        assert table.row_count == len(comp.top_edges)
+        assert "K-composition" in chart_text(app, "comp-graph")
+        table.focus()
+        await pilot.press("down")
+        await settle(pilot, app)
+        l1, h1, l2, h2, s = comp.top_edges[1]
+        detail = plain(app.query_one("#comp-detail", Static))
+        assert f"L{l1}.H{h1} → L{l2}.H{h2}" in detail and f"{s:+.3f}" in detail
+        assert app.comp_selected == (l1, h1, l2, h2)
+        await pilot.press("enter")
+        await settle(pilot, app)
+        assert app.head == (l2, h2)
+        await pilot.press("c")  # already on composition: K → V
+        await settle(pilot, app)
+        assert app.comp_kind == "v" and "V-composition" in chart_text(app, "comp-graph")
+
+
+async def test_summary_sorts_and_enter_jumps_to_the_head() -> None:
+    app, engine = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("6")
+        await settle(pilot, app)
+        table = app.query_one("#summary-table", DataTable)
+        assert table.row_count == engine.L * engine.H
+        await pilot.press("o")  # sort by copying, highest first
+        await settle(pilot, app)
+        scores = {(la, h): engine._scores(la, h).copying
+                  for la in range(engine.L) for h in range(engine.H)}
+        best = max(scores, key=scores.get)
+        assert table.get_row_at(0)[0] == f"L{best[0]}.H{best[1]}"
+        table.focus()
+        table.move_cursor(row=0)
+        await pilot.press("enter")
+        await settle(pilot, app)
+        assert app.head == best
+
+
+async def test_badges_mark_the_planted_heads() -> None:
+    app, _ = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        tree = app.query_one(HeadTree)
+        assert " P" in tree.badge_text((0, 1))  # planted previous-token head
+        assert tree.badge_text((1, 2)).endswith("I")  # planted induction head
+        assert "P" not in tree.badge_text((1, 0))
+
+
+async def test_theme_switch_changes_heatmap_colours() -> None:
+    app, _ = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        chart = app.query_one("#qk-token", Chart)
+        builds = chart.builds
+        assert chart.colours().stops == COLORMAPS["red-blue"]
+        await pilot.press("t")
+        await settle(pilot, app)
+        assert app.theme == "headscope-light"
+        assert chart.colours().stops == COLORMAPS["red-blue-light"]
+        assert chart.builds > builds and chart.rendered is not None
+        await pilot.press("m")  # cycle colour maps explicitly
+        assert app.colormap_name != "red-blue-light"
+
+
+async def test_rendered_charts_are_cached() -> None:
+    app, _ = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        chart = app.query_one("#qk-token", Chart)
+        builds = chart.builds
+        for _ in range(5):
+            chart.refresh()
+            await pilot.pause(0.02)
+        await settle(pilot, app)
+        assert chart.builds == builds  # repaints hit the cache
+
+
+async def test_help_lists_every_key_and_follows_the_keymap() -> None:
+    app, _ = make_app(keymap={"next-head": "n"})
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("n")
+        await settle(pilot, app)
+        assert app.head == (0, 1)
+        await pilot.press("question_mark")
+        await pilot.pause(0.1)
+        assert isinstance(app.screen, HelpScreen)
+        text = plain(app.screen.query_one("#help-keys", Static))
+        for b in APP_BINDINGS:
+            assert b.id in text
+        next_line = next(line for line in text.splitlines() if "next-head" in line)
+        assert next_line.strip().startswith("n ")
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+
+
+async def test_broken_checkpoint_is_a_notification_and_the_app_keeps_running() -> None:
+    app = HeadscopeApp("broken/model.safetensors", engine_factory=broken_factory(),
+                       settings=Settings())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, app)
+        assert app.engine is None
+        assert any("header length exceeds file size" in e for e in app.errors)
+        notes = [n.message for n in app._notifications]
+        assert any("broken/model.safetensors" in m for m in notes)
+        await pilot.press("j", "2", "c", "r", "question_mark")
+        await pilot.pause(0.1)
+        assert isinstance(app.screen, HelpScreen)  # still alive and answering keys
+
+
+async def test_engine_errors_in_one_view_do_not_stop_the_others() -> None:
+    app, _ = make_app(FakeEngine(fail={"spectrum"}))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("3")
+        await settle(pilot, app)
+        assert any("spectrum failed" in e for e in app.errors)
+        await pilot.press("2")
+        await settle(pilot, app)
+        assert "full OV L0.H0" in chart_text(app, "ov-heatmap")
+
+
+async def test_raw_toggle_switches_the_engine_and_status() -> None:
+    app, engine = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("r")
+        await settle(pilot, app)
+        assert engine.raw is True and app.raw is True
+        assert " raw " in app.query_one(StatusBar).render().plain
+        assert engine.calls["all_head_scores"] == 2  # scores recomputed for raw weights
+
+
+async def test_export_and_screenshot_go_to_the_output_dir_not_the_checkpoint(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    monkeypatch.delenv("HEADSCOPE_OUTPUT_DIR")
+    monkeypatch.chdir(model_dir)  # cwd is the checkpoint: outputs must go elsewhere
+    engine = FakeEngine(str(model_dir))
+    app, _ = make_app(engine)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        out = app.output_dir()
+        assert model_dir not in out.parents and out != model_dir
+        before = set(out.glob("headscope_model_qk*"))
+        await pilot.press("e", "s")
+        await settle(pilot, app)
+        new = set(out.glob("headscope_model_qk*")) - before
+        exported = [p for p in new if p.suffix == ".json"]
+        assert len(exported) == 1 and any(p.suffix == ".svg" for p in new)
+        doc = json.loads(exported[0].read_text())
+        block = await engine.circuit_block(0, 0, "qk", "token")
+        assert np.allclose(np.array(doc["data"]["token"]["values"]), block.values, atol=1e-4)
+        assert doc["head"] == [0, 0] and doc["processed"] is True
+        assert list(model_dir.iterdir()) == []
+        for p in new:
+            p.unlink()
+
+
+async def test_small_terminal_collapses_panes() -> None:
+    app, _ = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, app)
+        assert app.screen.has_class("narrow")
+        assert app.query_one(HeadTree).size.width <= 18
+        assert chart_text(app, "qk-token")  # still draws something that fits
+        for line in chart_text(app, "qk-token").splitlines():
+            assert len(line) <= app.query_one("#qk-token", Chart).size.width
+
+
+async def test_palette_goes_to_a_head() -> None:
+    app, _ = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("ctrl+p")
+        await pilot.pause(0.2)
+        await pilot.press(*"Go to head 1.2")
+        await pilot.pause(0.5)
+        await pilot.press("enter")
+        await settle(pilot, app)
+        assert app.head == (1, 2)
+
+
+async def test_choose_tokens_sets_rows_and_columns() -> None:
+    app, engine = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("slash")
+        await pilot.pause(0.1)
+        await pilot.press(*"dog cat mat", "enter")
+        await settle(pilot, app)
+        assert app.tokens == engine.tokenize("dog cat mat")
+        block = app.results["qk"]["token"]
+        assert list(block.row_labels) == ["dog", "cat", "mat"]

@@ -1,0 +1,140 @@
+"""Colour maps, pooling and plotext figures of the explorer (pure functions, no app)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from rich.console import Console
+
+from themes import COLORMAPS, THEMES, colormap_for
+from tui.colormap import cell_of, diverging_rgb, fit_shape, resample, symmetric_range
+from tui.plots import Colours, Graph, Heatmap, Scatter, build, diagonal_summary
+
+STOPS = COLORMAPS["red-blue"]
+COLOURS = Colours((200, 200, 200), (120, 120, 120), (255, 170, 0), (90, 170, 255), STOPS)
+
+
+def test_diverging_map_is_centred_on_zero_and_symmetric() -> None:
+    v = np.array([-2.0, -1.0, 0.0, 1.0, 2.0])
+    rgb = diverging_rgb(v, STOPS)
+    assert tuple(rgb[2]) == STOPS[1]  # zero is the middle stop
+    assert tuple(rgb[0]) == STOPS[0] and tuple(rgb[4]) == STOPS[2]  # ±max are the ends
+    # Same |value| → same distance from the middle colour, on opposite sides.
+    mid = np.array(STOPS[1], float)
+    d_neg = np.abs(rgb[1] - mid) / np.maximum(np.abs(np.array(STOPS[0]) - mid), 1)
+    d_pos = np.abs(rgb[3] - mid) / np.maximum(np.abs(np.array(STOPS[2]) - mid), 1)
+    assert np.allclose(d_neg.max(), d_pos.max(), atol=0.01)
+
+
+def test_nonfinite_values_get_the_zero_colour_and_do_not_set_the_range() -> None:
+    v = np.array([np.nan, np.inf, 1.0, -0.5])
+    assert symmetric_range(v) == 1.0
+    rgb = diverging_rgb(v, STOPS)
+    assert tuple(rgb[0]) == STOPS[1]
+
+
+@given(st.integers(1, 60), st.integers(1, 60), st.integers(1, 50), st.integers(2, 120))
+@settings(max_examples=150, deadline=None)
+def test_fit_shape_fits_and_keeps_cells_twice_as_wide(rows: int, cols: int, h: int, w: int) -> None:
+    ch, cw = fit_shape(rows, cols, h, w)
+    assert 1 <= ch <= h and 1 <= cw <= w
+    if rows <= h and 2 * cols <= w:  # fits unpooled: k rows × 2k columns per entry
+        k = ch // rows
+        assert ch == rows * k and cw == 2 * cols * k
+
+
+@given(st.integers(1, 40), st.integers(1, 40), st.integers(1, 40), st.integers(1, 40))
+@settings(max_examples=100, deadline=None)
+def test_resample_preserves_the_mean_when_pooling_evenly(r: int, c: int, fr: int, fc: int) -> None:
+    rng = np.random.default_rng(r * 97 + c)
+    v = rng.normal(size=(r * fr, c * fc))
+    pooled = resample(v, r, c)
+    assert pooled.shape == (r, c)
+    expected = v.reshape(r, fr, c, fc).mean(axis=(1, 3))  # reference: block means
+    assert np.allclose(pooled, expected)
+
+
+def test_resample_repeats_when_growing_and_ignores_nans() -> None:
+    v = np.array([[1.0, 2.0], [3.0, np.nan]])
+    grown = resample(v, 4, 4)
+    assert np.array_equal(grown[:2, :2], np.ones((2, 2)))
+    assert np.isnan(grown[3, 3])
+    pooled = resample(v, 1, 1)
+    assert pooled[0, 0] == pytest.approx(2.0)  # mean of the finite entries
+
+
+def _canvas_colours(text, width: int) -> list[list[tuple[int, int, int]]]:
+    """The colour of every █ cell, row by row, read back from the rendered ANSI."""
+    console = Console(color_system="truecolor", width=width + 5, force_terminal=True)
+    with console.capture() as cap:
+        console.print(text, crop=False, soft_wrap=True)
+    rows = []
+    for line in cap.get().splitlines():
+        cells = []
+        for r, g, b, blocks in re.findall(r"38;2;(\d+);(\d+);(\d+)(?:;[\d;]*)?m(█+)", line):
+            cells += [(int(r), int(g), int(b))] * len(blocks)
+        if cells:
+            rows.append(cells)
+    return rows
+
+
+def test_heatmap_draws_every_entry_in_place_without_overwriting() -> None:
+    """Entry (i, j) fills its own k × 2k block of cells in its own colour (no cell lost)."""
+    rng = np.random.default_rng(0)
+    v = rng.normal(size=(6, 9))
+    width, height = 60, 20
+    text = build(Heatmap(v, tuple("abcdef"), tuple("ABCDEFGHI"), title="t", xlabel="x"),
+                 width, height, COLOURS)
+    assert len(text.plain.splitlines()) <= height
+    assert all(len(line) <= width for line in text.plain.splitlines())
+    ch, cw = fit_shape(6, 9, height - 6, width - 3)
+    k = ch // 6
+    expected = diverging_rgb(v, STOPS)
+    grid = _canvas_colours(text, width)[:ch]
+    assert len(grid) == ch and all(len(row) == cw for row in grid)
+    for i in range(ch):
+        for j in range(cw):
+            assert grid[i][j] == tuple(int(x) for x in expected[i // k, j // (2 * k)])
+
+
+def test_heatmap_pools_big_matrices_and_says_so() -> None:
+    v = np.zeros((200, 200))
+    np.fill_diagonal(v, 1.0)
+    text = build(Heatmap(v, tuple(map(str, range(200))), tuple(map(str, range(200))),
+                         diagonal=True), 80, 30, COLOURS)
+    assert "pooled 200×200→" in text.plain
+    assert len(text.plain.splitlines()) <= 30
+
+
+def test_diagonal_summary_counts_rows_peaking_on_the_diagonal() -> None:
+    v = -np.ones((5, 5))
+    v[np.arange(4), np.arange(4)] = 3.0  # 4 of 5 rows peak on the diagonal
+    s = diagonal_summary(v)
+    assert "4/5 rows peak on diag" in s
+    assert "diag +2.2" in s  # (4·3 − 1)/5
+
+
+def test_scatter_and_graph_render_at_the_requested_size() -> None:
+    ev = np.array([1 + 2j, 1 - 2j, -0.5, 3.0])
+    text = build(Scatter(ev.real, ev.imag, "full OV λ · copying +0.5"), 50, 18, COLOURS)
+    lines = text.plain.splitlines()
+    assert len(lines) == 18 and "copying +0.5" in lines[0]
+    assert text.plain.count("•") >= 3  # the conjugate pair and the real ones (may overlap)
+    g = build(Graph(3, 4, ((0, 1, 1, 2, 0.4), (1, 0, 2, 3, 0.1)), "K", selected=(0, 1, 1, 2)),
+              60, 16, COLOURS)
+    assert "L0" in g.plain and "L2" in g.plain and g.plain.count("●") >= 12
+
+
+def test_every_theme_names_a_known_colour_map() -> None:
+    for theme in THEMES:
+        assert colormap_for(theme.name) in COLORMAPS
+    assert colormap_for("textual-dark") in COLORMAPS
+
+
+def test_cell_of_is_the_centre_of_the_block() -> None:
+    assert cell_of(0, 4, 8) == pytest.approx(0.5)
+    assert cell_of(3, 4, 8) == pytest.approx(6.5)
