@@ -29,7 +29,7 @@ from .weights import WeightSource
 if TYPE_CHECKING:
     from torch import Tensor
 
-__all__ = ["ForwardResult", "activation", "log_probs", "run"]
+__all__ = ["ForwardResult", "activation", "attention_mask", "log_probs", "rotary", "rotary_inv_freq", "run"]
 
 
 @dataclass(frozen=True)
@@ -164,13 +164,13 @@ def attention(w: WeightSource, layer: int, x: Tensor, ablated: Sequence[int], ab
     k = torch.einsum("bpd,hde->bhpe", x, w.get(f"{pre}.W_K")) + w.get(f"{pre}.b_K")[:, None, :]
     v = torch.einsum("bpd,hde->bhpe", x, w.get(f"{pre}.W_V")) + w.get(f"{pre}.b_V")[:, None, :]
     if cfg.positional == "rotary":
-        q, k = rotary(q, cfg), rotary(k, cfg)
+        inv_freq = rotary_inv_freq(cfg, getattr(w, "path", None))
+        q, k = rotary(q, inv_freq), rotary(k, inv_freq)
 
     scores = q @ k.transpose(-1, -2) / cfg.scale  # [b, h, q, k]
-    if cfg.causal:
-        n = scores.shape[-1]
-        future = torch.ones(n, n, dtype=torch.bool).triu(1)
-        scores = scores.masked_fill(future, float("-inf"))
+    hidden = attention_mask(cfg, scores.shape[-1])
+    if hidden is not None:
+        scores = scores.masked_fill(hidden, float("-inf"))
     pattern = torch.softmax(scores, dim=-1)
 
     z = pattern @ v  # [b, h, q, d_head]
@@ -183,17 +183,70 @@ def attention(w: WeightSource, layer: int, x: Tensor, ablated: Sequence[int], ab
     return result.sum(dim=1) + w.get(f"{pre}.b_O"), pattern, result
 
 
-def rotary(x: Tensor, cfg: ModelConfig) -> Tensor:
-    """Rotate the first ``rotary_dim`` dims of each head of x [b, h, p, d_head] by position.
+def attention_mask(cfg: ModelConfig, n: int) -> Tensor | None:
+    """[q, k] booleans, True where a query may not look: the future (causal models) and,
+    with a sliding window W (Mistral), keys with q - k >= W. None: attend everywhere."""
+    import torch
 
-    NeoX / Hugging Face convention: dims (i, i + r/2) form a pair rotated by angle
-    p · base^(-2i/r); the rest pass through unchanged (partial rotary).
-    """
+    if not cfg.causal:
+        return None
+    q, k = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    hidden = k > q
+    window = cfg.extra.get("sliding_window")
+    if window:
+        hidden = hidden | (k <= q - int(window))
+    return hidden
+
+
+def rotary_inv_freq(cfg: ModelConfig, path: str | None = None) -> Tensor:
+    """Rotation frequencies base^(-2i/r) of the r = rotary_dim rotated dims, [r/2], with the
+    RoPE scaling of ``cfg.extra["rope_type"]`` ("default", "linear", "llama3") as transformers
+    computes it. Other scalings raise ConfigError rather than give silently wrong patterns."""
     import torch
 
     r = cfg.rotary_dim or cfg.d_head
-    pos = torch.arange(x.shape[-2], dtype=torch.float32)
     inv_freq = 1.0 / (cfg.rotary_base ** (torch.arange(0, r, 2, dtype=torch.float32) / r))
+    style = cfg.extra.get("rotary_style", "half")
+    if style != "half":
+        raise ConfigError(path, f"rotary style {style!r} is not supported (only NeoX/Llama 'half')")
+    kind = cfg.extra.get("rope_type") or "default"
+    if kind == "default":
+        return inv_freq
+    params = cfg.extra.get("rope_scaling") or {}
+    try:
+        if kind == "linear":
+            return inv_freq / float(params["factor"])
+        if kind == "llama3":
+            return _llama3_inv_freq(inv_freq, float(params["factor"]), float(params["low_freq_factor"]),
+                                    float(params["high_freq_factor"]),
+                                    float(params["original_max_position_embeddings"]))
+    except KeyError as missing:
+        raise ConfigError(path, f"RoPE scaling {kind!r} needs parameter {missing}") from None
+    raise ConfigError(path, f"RoPE scaling {kind!r} is not supported (default, linear, llama3)")
+
+
+def _llama3_inv_freq(inv_freq: Tensor, factor: float, low: float, high: float, old_ctx: float) -> Tensor:
+    """Llama 3.1: long wavelengths slowed down by ``factor``, short ones kept, smooth between."""
+    import torch
+
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_ctx / low, inv_freq / factor, inv_freq)
+    smooth = (old_ctx / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < old_ctx / high) * ~(wavelen > old_ctx / low)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rotary(x: Tensor, inv_freq: Tensor) -> Tensor:
+    """Rotate the first r = 2·len(inv_freq) dims of each head of x [b, h, p, d_head] by position.
+
+    NeoX / Hugging Face convention: dims (i, i + r/2) form a pair rotated by angle
+    p · inv_freq[i]; the rest pass through unchanged (partial rotary).
+    """
+    import torch
+
+    r = 2 * inv_freq.shape[0]
+    pos = torch.arange(x.shape[-2], dtype=torch.float32)
     angles = pos[:, None] * inv_freq[None, :]  # [p, r/2]
     angles = torch.cat((angles, angles), dim=-1)  # [p, r]
     x_rot, x_pass = x[..., :r], x[..., r:]

@@ -94,14 +94,17 @@ def hf_to_canonical(family: str, model: Any) -> DictWeights:
                 t[f"blocks.{i_l}.{ln}.w"], t[f"blocks.{i_l}.{ln}.b"] = sd[p + hf + ".weight"], sd[p + hf + ".bias"]
         t["ln_final.w"], t["ln_final.b"] = sd["gpt_neox.final_layer_norm.weight"], sd["gpt_neox.final_layer_norm.bias"]
         t["unembed.W_U"] = sd.get("embed_out.weight", sd.get("lm_head.weight")).T  # transformers 5 renamed it
-    elif family in ("llama", "qwen2"):
+    elif family in ("llama", "qwen2", "mistral"):
         kv = c.num_key_value_heads
-        cfg = ModelConfig(family=family, architecture=type(model).__name__, n_layers=L, n_heads=H,
-                          n_kv_heads=kv, d_model=d, d_head=e, d_vocab=c.vocab_size,
+        rope = dict(c.rope_parameters)
+        extra = {"rope_type": rope.get("rope_type", "default"), "rope_scaling": rope,
+                 "sliding_window": c.to_dict().get("sliding_window") if c.to_dict().get("use_sliding_window", True) else None}
+        cfg = ModelConfig(family="llama" if family == "mistral" else family,
+                          architecture=type(model).__name__, n_layers=L, n_heads=H, n_kv_heads=kv, d_model=d, d_head=e, d_vocab=c.vocab_size,
                           n_ctx=c.max_position_embeddings, d_mlp=c.intermediate_size,
                           act_fn=c.hidden_act, gated_mlp=True, normalization="RMS",
                           norm_eps=c.rms_norm_eps, positional="rotary", rotary_dim=e,
-                          rotary_base=c.rope_parameters["rope_theta"])
+                          rotary_base=c.rope_parameters["rope_theta"], extra=extra)
         t["embed.W_E"] = sd["model.embed_tokens.weight"]
         for i_l in range(L):
             p = f"model.layers.{i_l}."
@@ -245,3 +248,49 @@ def test_loaded_canonical_tensors_agree_with_independent_conversion(family: tupl
     for key in ours._t:
         assert loaded.has(key), f"{name}: loader lacks {key}"
         _assert_close(loaded.get(key), ours.get(key), f"{name} {key}")
+
+
+# -- RoPE scaling and sliding windows: features real Llama 3 / Mistral checkpoints use --------
+
+
+def _rope_variant(kind: str) -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+
+    from tests.hf_fixtures import D_MLP, D_MODEL, N_CTX, N_HEADS, N_LAYERS, VOCAB, randomize_
+
+    common = dict(vocab_size=VOCAB, hidden_size=D_MODEL, intermediate_size=D_MLP,
+                  num_hidden_layers=N_LAYERS, num_attention_heads=N_HEADS, num_key_value_heads=2,
+                  max_position_embeddings=N_CTX, rms_norm_eps=1e-6, hidden_act="silu")
+    if kind == "mistral_window":  # window 5 < the 17-token test sequences
+        model = MistralForCausalLM(MistralConfig(sliding_window=5, **common))
+    else:
+        # Tiny original context so the scaling changes frequencies that matter at 17 positions.
+        rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+        if kind == "llama_linear":
+            rope = {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}
+        model = LlamaForCausalLM(LlamaConfig(rope_parameters=rope, **common))
+    return randomize_(model, seed=11)
+
+
+@pytest.mark.parametrize("kind", ["llama3_rope", "llama_linear", "mistral_window"])
+def test_rope_scaling_and_sliding_window_match_transformers(kind: str) -> None:
+    model = _rope_variant(kind)
+    w = hf_to_canonical("mistral" if kind == "mistral_window" else "llama", model)
+    ref_lp, ref_pat = hf_reference("llama", model, SEQS)
+    for weights in (w, ProcessedWeights(w)):
+        res = run(weights, SEQS)
+        _assert_close(res.patterns, ref_pat, f"{kind} patterns")
+        _assert_close(log_probs(res), ref_lp, f"{kind} log-probs")
+    # The feature is really exercised: ignoring it gives different patterns.
+    plain = DictWeights(w.cfg.replace(extra={}), w._t)
+    assert (run(plain, SEQS).patterns - ref_pat).abs().max() > 1e-3
+
+
+def test_unsupported_rope_scaling_is_a_config_error() -> None:
+    from engine.errors import ConfigError
+
+    w = hf_to_canonical("llama", _rope_variant("llama3_rope"))
+    for extra in ({"rope_type": "yarn"}, {"rope_type": "llama3"}, {"rotary_style": "interleaved"}):
+        with pytest.raises(ConfigError):
+            run(DictWeights(w.cfg.replace(extra=extra), w._t), [1, 2, 3])
