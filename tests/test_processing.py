@@ -283,3 +283,27 @@ def test_non_finite_weights_are_processed_without_error() -> None:
     assert torch.isfinite(pw.get_head("blocks.0.attn.W_Q", 0)).all()
     res = run(pw, [1, 2, 3])
     assert res.logits.isnan().any()
+
+
+def test_concurrent_reads_agree_with_serial_reads() -> None:
+    """The service reads from a thread pool: a shared, small cache must stay consistent."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    cfg = make_cfg("rms_gqa")
+    raw = DictWeights(cfg, random_tensors(cfg))
+    serial = ProcessedWeights(raw)
+    shared = ProcessedWeights(raw, cache_bytes=4096)  # small: forces concurrent evictions
+    jobs = [(f"blocks.{i}.attn.{n}", h) for i in range(L) for n in ("W_Q", "W_K", "b_V", "W_O")
+            for h in range(cfg.n_heads)] * 4
+    jobs += [(f"blocks.{i}.attn.b_O", None) for i in range(L)] * 4 + [("unembed.W_U", None)] * 4
+
+    def read(job: tuple[str, int | None]) -> torch.Tensor:
+        name, head = job
+        return shared.get(name) if head is None else shared.get_head(name, head)
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(read, jobs))
+    for (name, head), got in zip(jobs, results, strict=True):
+        want = serial.get(name) if head is None else serial.get_head(name, head)
+        torch.testing.assert_close(got, want, msg=f"{name}[{head}]")
+    assert shared._cache_bytes <= 4096
