@@ -35,7 +35,11 @@ test: $(TEST_STAMP)
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
 
-bench: $(TEST_STAMP)
+$(VENV)/.installed-bench: pyproject.toml $(TEST_STAMP)
+	$(BIN)/pip install -q -e ".[test,bench]"
+	touch $@
+
+bench: $(VENV)/.installed-bench
 	$(BIN)/python -m bench
 
 clean:
