@@ -36,7 +36,7 @@ def make_app(engine: FakeEngine | None = None, **kw: Any) -> tuple[HeadscopeApp,
 
 async def settle(pilot: Any, app: HeadscopeApp, rounds: int = 3) -> None:
     for _ in range(rounds):
-        await pilot.pause(0.1)
+        await pilot.pause(0.05)
         await app.workers.wait_for_complete()
 
 

@@ -43,11 +43,15 @@ def fit_shape(n_rows: int, n_cols: int, max_h: int, max_w: int) -> tuple[int, in
     """Cells ``(height, width)`` for an ``n_rows × n_cols`` matrix in a ``max_h × max_w`` area.
 
     Each entry is ``k`` rows by ``2k`` columns for the largest ``k ≥ 1`` that fits; when even
-    ``k = 1`` does not fit, that axis is pooled down to the space there is."""
+    ``k = 1`` does not fit, both axes are pooled by the same factor (aspect kept)."""
     if n_rows <= 0 or n_cols <= 0 or max_h <= 0 or max_w <= 0:
         return (0, 0)
-    k = max(1, min(max_h // n_rows, max_w // (2 * n_cols)))
-    return (min(n_rows * k, max_h), min(2 * n_cols * k, max_w))
+    if n_rows <= max_h and 2 * n_cols <= max_w:
+        k = min(max_h // n_rows, max_w // (2 * n_cols))
+        return (n_rows * k, 2 * n_cols * k)
+    # Pool both axes by the same factor, so a square matrix still looks square.
+    s = min(max_h / n_rows, max_w / (2 * n_cols))
+    return (max(1, min(max_h, int(n_rows * s))), max(1, min(max_w, int(2 * n_cols * s))))
 
 
 def _bins(n: int, out: int) -> tuple[np.ndarray, np.ndarray]:

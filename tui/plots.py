@@ -88,7 +88,7 @@ class Heatmap:
         grid = resample(self.values, ch, cw)
         vmax = self.vmax if self.vmax is not None else symmetric_range(self.values)
         colour = diverging_rgb(grid, colours.stops, vmax)
-        plt = _plot(lw + 2 + cw, ch + overhead - 1, colours)
+        plt = _plot(lw + 2 + cw, ch + 3, colours)  # frame top/bottom + x tick labels
         plt.matrix_plot([[tuple(int(x) for x in c) for c in row] for row in colour])
         plt.xlim(0, max(cw - 1, 1))
         plt.ylim(0, max(ch - 1, 1))
@@ -96,11 +96,17 @@ class Heatmap:
         plt.xticks([cell_of(i, n_cols, cw) for i in xi], xl)
         yi, yl = _ticks(n_rows, ch, rows, 1)
         plt.yticks([ch - 1 - cell_of(i, n_rows, ch) for i in yi], yl)
-        _title(plt, self.title, width)
-        plt.xlabel(self.xlabel)
+        plt.xlabel("")  # matrix_plot sets "column"/"row"
         plt.ylabel("")
         plt.ticks_color(colours.foreground)
-        text = _text(plt)
+        # Title and x label are ours, not plotext's: it drops labels wider than the figure,
+        # and a pooled heatmap is often narrower than its title.
+        text = _fit_line(self.title, width, "bold")
+        text.append("\n")
+        text.append_text(_text(plt))
+        if self.xlabel:
+            text.append("\n")
+            text.append_text(_fit_line(self.xlabel, width))
         text.append("\n")
         text.append_text(self.key(colours, (ch, cw)))
         return text
@@ -246,6 +252,12 @@ def build(figure: Figure, width: int, height: int, colours: Colours) -> Text:
 
 def _text(plt: Plot) -> Text:
     return Text.from_ansi(plt.build().rstrip("\n"))
+
+
+def _fit_line(line: str, width: int, style: str = "") -> Text:
+    text = Text()  # the style goes on a span: a base style would leak into appended text
+    text.append(line if len(line) <= width else line[: max(width - 1, 0)] + "…", style=style)
+    return text
 
 
 def _title(plt: Plot, title: str, width: int) -> None:

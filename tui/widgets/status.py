@@ -57,9 +57,8 @@ class StatusBar(Widget):
     def render(self) -> Text:
         name, arch, shapes = model_summary(self.structure)
         top = Text()
-        top.append("headscope ", style="bold")
-        top.append(name, style="bold")
-        top.append(f"  {arch}  ", style="dim")
+        top.append(f"headscope · {name}", style="bold")
+        top.append("  ")
         top.append(shapes)
         top.append("  ")
         if self.raw:
@@ -68,9 +67,12 @@ class StatusBar(Widget):
             top.append(" processed ", style="reverse")
         if self.structure.get("tied_unembed"):
             top.append("  W_U=W_Eᵀ", style="dim")
+        top.append(f"  {arch}", style="dim")
+        top.truncate(max(self.size.width, 10), overflow="ellipsis")
         bottom = Text()
         if self.error:
             bottom.append(self.error, style="bold red")
+            bottom.truncate(max(self.size.width, 10), overflow="ellipsis")
             return Text("\n").join([top, bottom])
         bottom.append(self.focus_text or "", style="bold")
         hits, misses, in_flight = self.cache
@@ -86,4 +88,5 @@ class StatusBar(Widget):
         bottom.append(f"  cache {hits} hit/{misses} miss", style="dim")
         if in_flight:
             bottom.append(f", {in_flight} running", style="dim")
+        bottom.truncate(max(self.size.width, 10), overflow="ellipsis")
         return Text("\n").join([top, bottom])

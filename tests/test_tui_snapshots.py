@@ -1,0 +1,66 @@
+"""Snapshot tests (pytest-textual-snapshot) of the main views at 120×40 and 80×24.
+
+The fake engine (seeded weights) keeps the pictures deterministic and torch-free; the
+cursor blink is frozen and every worker (engine calls, chart builds) has finished before
+the snapshot. Update with `pytest tests/test_tui_snapshots.py --snapshot-update`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from textual.widgets import Input
+
+from tests.fake_engine import FakeEngine
+from tui.app import HeadscopeApp
+from tui.settings import Settings
+
+
+def make_app() -> HeadscopeApp:
+    engine = FakeEngine("sample_models/attn-only-2l")
+    return HeadscopeApp(engine.path, engine_factory=lambda _p, _r: engine, settings=Settings(),
+                        debounce=0.01, prompt="the cat sat on the mat the cat")
+
+
+def settle_after(*keys: str) -> Any:
+    async def run_before(pilot: Any) -> None:
+        app = pilot.app
+        for inp in app.query(Input):
+            inp.cursor_blink = False
+        for _ in range(3):
+            await pilot.pause(0.05)
+            await app.workers.wait_for_complete()
+        for key in keys:
+            await pilot.press(key)
+            for _ in range(3):
+                await pilot.pause(0.05)
+                await app.workers.wait_for_complete()
+        app.clear_notifications()
+        await pilot.pause(0.05)
+
+    return run_before
+
+
+@pytest.fixture(autouse=True)
+def _no_user_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    monkeypatch.setenv("HEADSCOPE_CONFIG", str(tmp_path / "none.toml"))
+
+
+@pytest.mark.parametrize(
+    ("view", "keys"),
+    [("qk", ()), ("ov", ("2",)), ("spectrum", ("3",)), ("prompt", ("4",)),
+     ("composition", ("c", "tab", "down")), ("summary", ("6",))],
+)
+def test_views_120x40(snap_compare: Any, view: str, keys: tuple[str, ...]) -> None:
+    assert snap_compare(make_app(), terminal_size=(120, 40), run_before=settle_after(*keys))
+
+
+@pytest.mark.parametrize(("view", "keys"), [("qk", ()), ("ov", ("2",))])
+def test_views_80x24(snap_compare: Any, view: str, keys: tuple[str, ...]) -> None:
+    assert snap_compare(make_app(), terminal_size=(80, 24), run_before=settle_after(*keys))
+
+
+def test_help_screen(snap_compare: Any) -> None:
+    assert snap_compare(make_app(), terminal_size=(120, 40),
+                        run_before=settle_after("question_mark"))
