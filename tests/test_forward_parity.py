@@ -294,3 +294,31 @@ def test_unsupported_rope_scaling_is_a_config_error() -> None:
     for extra in ({"rope_type": "yarn"}, {"rope_type": "llama3"}, {"rotary_style": "interleaved"}):
         with pytest.raises(ConfigError):
             run(DictWeights(w.cfg.replace(extra=extra), w._t), [1, 2, 3])
+
+
+def test_llama3_rope_scaling_through_open_model(tmp_path) -> None:
+    """A Llama checkpoint with llama3 RoPE scaling loads and matches transformers end to end
+    (the adapter must carry the scaling parameters to the forward pass)."""
+    import json
+
+    import transformers
+
+    from engine.forward import log_probs, run
+    from engine.loading import open_model
+    from tests.hf_fixtures import randomize_
+
+    cfg = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8},
+    )
+    hf = randomize_(transformers.LlamaForCausalLM(cfg), seed=7).eval()
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert "llama3" in json.dumps(saved)
+    tokens = torch.tensor([[3, 9, 1, 40, 2, 7, 7, 30, 11, 5, 60, 4]])
+    with torch.inference_mode():
+        ref = hf(tokens).logits.log_softmax(-1)
+    ours = log_probs(run(open_model(tmp_path).weights, tokens))
+    assert torch.allclose(ours, ref, atol=1e-4)

@@ -184,6 +184,12 @@ def vec(tensor: str, n: int) -> Whole:
 # --- config.json helpers ------------------------------------------------------------------
 
 
+def rope_scaling_params(config: Mapping[str, Any]) -> dict[str, Any]:
+    """RoPE scaling parameters: ``rope_parameters`` (transformers ≥ 5) or ``rope_scaling``."""
+    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    return dict(params) if isinstance(params, Mapping) else {}
+
+
 def get_key(cfg: Mapping[str, Any], *paths: str, default: Any = None) -> Any:
     """First present key among ``paths``; ``"a.b"`` looks into nested dicts.
 

@@ -29,6 +29,7 @@ from . import (
     optional_bool,
     optional_float,
     require_int,
+    rope_scaling_params,
     vec,
 )
 
@@ -86,6 +87,9 @@ def adapt(
         tied_unembed=tied,
         extra={
             "rotary_style": "half",
+            # The scaling parameters (factor, low/high_freq_factor, ...) that
+            # engine.forward.rotary_inv_freq needs for "linear"/"llama3" RoPE.
+            "rope_scaling": rope_scaling_params(config),
             "rope_type": get_key(
                 config,
                 "rope_parameters.rope_type",
