@@ -345,3 +345,16 @@ def test_nan_weights_give_nan_scores_for_that_head_and_no_crash(name):
     # The single-circuit scores see only their own factors: NaN when the NaN is in them.
     circuit = circuits.token_qk if name in ("W_Q", "W_K") else circuits.full_ov
     assert math.isnan(scores.copying_score(circuit(w, 1, 2)))
+
+
+def test_a_zero_head_has_undefined_scores_not_a_crash():
+    clean = random_weights(n_layers=2)
+    t = dict(clean._t)
+    w_o = t["blocks.0.attn.W_O"].clone()
+    w_o[1] = 0  # a pruned head: OV = 0, so every ratio is 0/0
+    t["blocks.0.attn.W_O"] = w_o
+    w = DictWeights(clean.cfg, t)
+    assert scores.nonfinite_heads(w) == []
+    assert torch.isnan(scores.all_copying_scores(w)[0, 1])
+    comp = scores.composition_scores(w, "v").scores
+    assert torch.isnan(comp[0, 1, 1]).all() and torch.isfinite(comp[0, 0, 1]).all()
