@@ -1,0 +1,108 @@
+"""The explorer on the real ``engine.service.Engine`` (tiny HF checkpoints from hf_fixtures).
+
+Checks what the app shows against the pure engine functions, that a broken checkpoint is
+a notification (the app keeps running), and that the UI event loop keeps ticking within
+50 ms while model-wide sweeps run on the engine's threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tui.app import HeadscopeApp
+from tui.settings import Settings
+from tui.widgets.chart import Chart
+
+
+@pytest.fixture(autouse=True)
+def _quiet_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HEADSCOPE_CONFIG", str(tmp_path / "none.toml"))
+    monkeypatch.setenv("HEADSCOPE_OUTPUT_DIR", str(tmp_path / "out"))
+
+
+async def wait_ready(pilot: Any, app: HeadscopeApp, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not app._model_ready.is_set() and not app.errors:
+        assert time.monotonic() < deadline, "model did not open"
+        await pilot.pause(0.1)
+    for _ in range(4):
+        await pilot.pause(0.1)
+        await app.workers.wait_for_complete()
+
+
+@pytest.fixture
+def gpt2(gpt2_dir: Any) -> Path:
+    return Path(gpt2_dir[0])
+
+
+async def test_real_engine_views_match_the_pure_functions(gpt2: Path) -> None:
+    from engine import circuits, scores
+    from engine.loading import open_model
+
+    app = HeadscopeApp(gpt2, settings=Settings(), debounce=0.01, sweep=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_ready(pilot, app)
+        assert app.errors == []
+        assert "token QK L0.H0" in app.main.query_one("#qk-token", Chart).rendered.plain
+        await pilot.press("right_square_bracket", "3")  # L0.H1, spectrum tab
+        await wait_ready(pilot, app)
+        assert app.head == (0, 1)
+        model = open_model(gpt2)
+        expected = scores.copying_score(circuits.full_ov(model.weights, 0, 1))
+        text = app.main.query_one("#spectrum-ov", Chart).rendered.plain
+        assert f"copying {expected:+.3f}" in text
+        await pilot.press("q")
+
+
+async def test_truncated_checkpoint_becomes_a_notification(tmp_path: Path, gpt2: Path) -> None:
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in gpt2.iterdir():
+        data = f.read_bytes()
+        if f.name == "model.safetensors":
+            data = data[: len(data) // 2]  # truncated download
+        (broken / f.name).write_bytes(data)
+    app = HeadscopeApp(broken, settings=Settings())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_ready(pilot, app)
+        assert app.errors and str(broken) in app.errors[0]
+        assert any(str(broken) in n.message for n in app._notifications)
+        await pilot.press("2", "j", "question_mark")  # still answering keys
+        await pilot.pause(0.1)
+        assert app.screen.__class__.__name__ == "HelpScreen"
+
+
+async def test_event_loop_keeps_ticking_while_sweeps_run(gpt2: Path) -> None:
+    app = HeadscopeApp(gpt2, settings=Settings(), debounce=0.01, sweep=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_ready(pilot, app)
+        gaps: list[float] = []
+        stop = False
+
+        async def probe() -> None:
+            last = time.perf_counter()
+            while not stop:
+                await asyncio.sleep(0.005)
+                now = time.perf_counter()
+                gaps.append(now - last)
+                last = now
+
+        task = asyncio.create_task(probe())
+        app.start_sweep()  # all head scores: behaviour forward passes on engine threads
+        for key in ("c", "c", "c"):  # K, V, Q composition sweeps, each drawn when done
+            await pilot.press(key)
+            await pilot.pause(0.05)
+        await app.workers.wait_for_complete()
+        await pilot.pause(0.2)
+        stop = True
+        await task
+        assert app.errors == []
+        assert app.rows, "the sweep filled the score table"
+        assert len(gaps) > 10
+        worst = max(gaps)
+        assert worst < 0.05, f"event loop stalled {worst * 1000:.0f} ms"
