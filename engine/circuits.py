@@ -126,12 +126,15 @@ def rope(x: Tensor, positions: Tensor, cfg: ModelConfig) -> Tensor:
     """Rotate row vectors ``x [..., d_head]`` to ``positions`` (broadcast against ``x[..., 0]``).
 
     Hugging Face / GPT-NeoX ``rotate_half`` convention on the first ``r = cfg.rotary_dim``
-    dims: dims ``i`` and ``i + r/2`` form a pair rotated by ``position · base^(-2i/r)``; the
-    remaining dims pass through (partial rotary).
+    dims: dims ``i`` and ``i + r/2`` form a pair rotated by ``position · base^(-2i/r)`` (with
+    the checkpoint's RoPE scaling applied, as in the forward pass); the remaining dims pass
+    through (partial rotary).
     """
+    from .forward import rotary_inv_freq  # one definition of the frequencies (incl. RoPE scaling)
+
     r = cfg.rotary_dim or cfg.d_head
     x = x.expand(torch.broadcast_shapes(x.shape, (*positions.shape, x.shape[-1])))
-    inv_freq = 1.0 / (cfg.rotary_base ** (torch.arange(0, r, 2, dtype=torch.float64) / r))
+    inv_freq = rotary_inv_freq(cfg).to(torch.float64)
     angles = positions.to(torch.float64)[..., None] * inv_freq  # [..., r/2]
     cos = torch.cat((angles.cos(), angles.cos()), -1).to(x.dtype)
     sin = torch.cat((angles.sin(), angles.sin()), -1).to(x.dtype)
