@@ -134,8 +134,12 @@ def decode(ids: Sequence[int]) -> str:
 class Corpus:
     """Seeded stream of token sequences. Same seed → same sequences, bit for bit."""
 
-    def __init__(self, seed: int = 0, *, repeat_fraction: float = 0.5) -> None:
+    def __init__(self, seed: int = 0, *, pure_repeat: float = 0.5,
+                 repeat_fraction: float = 0.5) -> None:
+        """``pure_repeat``: share of sequences that are one random span repeated back to
+        back; ``repeat_fraction``: in the others, share of segments copying earlier text."""
         self.rng = np.random.default_rng(seed)
+        self.pure_repeat = pure_repeat
         self.repeat_fraction = repeat_fraction
         # Random spans draw from every ordinary token (not <bos>): the behavioural scores
         # use uniformly random tokens, so the copying must work for all of them.
@@ -168,7 +172,7 @@ class Corpus:
         """One training sequence of exactly ``length`` tokens."""
         rng = self.rng
         toks: list[int] = [BOS_ID] if rng.random() < 0.8 else []
-        if rng.random() < 0.25:
+        if rng.random() < self.pure_repeat:
             # A random span repeated back to back until full (what the induction score
             # measures), with a random period so no single offset works.
             period = int(rng.integers(4, max(5, length // 2 + 1)))

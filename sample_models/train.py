@@ -16,6 +16,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -41,29 +42,32 @@ class TrainSpec:
     fmt: str  # "native" | "hf-gpt2"
     steps: int
     batch: int = 32
-    lr: float = 1e-3
+    lr: float = 3e-3
     weight_decay: float = 0.05
     warmup: int = 200
-    init_std: float = 0.02
+    init_std: float = 0.1
+    pure_repeat: float = 0.5  # share of sequences that are a random span repeated (corpus.py)
     log_every: int = 100
     description: str = ""
 
 
 PRESETS: dict[str, TrainSpec] = {
     "attn-only-1l": TrainSpec(
-        ModelShape(n_layers=1, n_heads=8, d_model=128, d_head=16, d_vocab=V, n_ctx=64),
+        ModelShape(n_layers=1, n_heads=8, d_model=128, d_head=16, d_vocab=V, n_ctx=64,
+                   layer_norm=True),
         fmt="native", steps=3000,
         description="one attention-only layer: copying heads, no induction possible",
     ),
     "attn-only-2l": TrainSpec(
-        ModelShape(n_layers=2, n_heads=8, d_model=128, d_head=16, d_vocab=V, n_ctx=64),
-        fmt="native", steps=5000,
+        ModelShape(n_layers=2, n_heads=8, d_model=128, d_head=16, d_vocab=V, n_ctx=64,
+                   layer_norm=True),
+        fmt="native", steps=3000,
         description="two attention-only layers: previous-token head → induction head",
     ),
     "gpt2-mini": TrainSpec(
         ModelShape(n_layers=2, n_heads=4, d_model=128, d_head=32, d_vocab=V, n_ctx=64,
                    d_mlp=512, layer_norm=True, tied_unembed=True),
-        fmt="hf-gpt2", steps=5000,
+        fmt="hf-gpt2", steps=4000,
         description="GPT-2 style (LayerNorm, gelu_new MLP, tied embeddings), Hugging Face format",
     ),
     # Tiny configurations for the smoke tests: seconds, not minutes.
@@ -115,7 +119,7 @@ def repeated_loss(model: TinyTransformer, seed: int = 2, batch: int = 16) -> flo
 
 
 def train(name: str, seed: int = 0, steps: int | None = None, out: Path | None = None,
-          quiet: bool = False, threads: int = 1, **overrides: float) -> dict:
+          quiet: bool = False, threads: int = 1, **overrides: Any) -> dict:
     """Train preset ``name``, write it to ``out`` and return its metrics.
 
     Runs with ``threads`` torch threads (restored afterwards): on a shared 2-core machine
@@ -136,7 +140,7 @@ def train(name: str, seed: int = 0, steps: int | None = None, out: Path | None =
 def _train(name: str, spec: TrainSpec, seed: int, out: Path, quiet: bool) -> dict:
     torch.manual_seed(seed)
     model = build(spec, seed)
-    data = corpus.Corpus(seed)
+    data = corpus.Corpus(seed, pure_repeat=spec.pure_repeat)
     eval_tokens = torch.from_numpy(corpus.Corpus(seed + 10_000).batch(64, spec.shape.n_ctx))
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.99),
                             weight_decay=spec.weight_decay)
@@ -243,9 +247,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="torch intra-op threads (results are reproducible for a fixed value)")
     p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: preset)")
     p.add_argument("--init-std", type=float, default=None, help="init std (default: preset)")
+    p.add_argument("--pure-repeat", type=float, default=None,
+                   help="share of repeated-random-span sequences (default: preset)")
+    p.add_argument("--layer-norm", action="store_true", help="add LayerNorm (experiments)")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
-    overrides = {k: v for k, v in (("lr", args.lr), ("init_std", args.init_std)) if v is not None}
+    overrides: dict = {k: v for k, v in (("lr", args.lr), ("init_std", args.init_std),
+                                         ("pure_repeat", args.pure_repeat)) if v is not None}
+    if args.layer_norm:
+        overrides["shape"] = replace(PRESETS[args.model].shape, layer_norm=True)
     metrics = train(args.model, args.seed, args.steps, args.out, args.quiet, args.threads,
                     **overrides)
     print(json.dumps({k: metrics[k] for k in ("name", "eval_loss", "repeated_loss", "seconds")}))
