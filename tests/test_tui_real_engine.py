@@ -94,9 +94,9 @@ async def test_event_loop_keeps_ticking_while_sweeps_run(gpt2: Path) -> None:
 
         task = asyncio.create_task(probe())
         app.start_sweep()  # all head scores: behaviour forward passes on engine threads
-        for key in ("c", "c", "c"):  # K, V, Q composition sweeps, each drawn when done
-            await pilot.press(key)
-            await pilot.pause(0.05)
+        # Q/K/V composition sweeps at once, while the status bar animates their progress.
+        sweeps = [asyncio.create_task(app.engine.composition(k)) for k in "qkv"]
+        await asyncio.gather(*sweeps)
         await app.workers.wait_for_complete()
         await pilot.pause(0.2)
         stop = True

@@ -97,6 +97,10 @@ class HeadscopeApp(App[None]):
         self.settings = settings
         self.path = str(path) if path is not None else str(bundled_model())
         self.raw = raw
+        # The real engine starts importing torch on a thread as soon as it exists; that
+        # import competes for the GIL, so it is created after the first frame is painted,
+        # and the first frame's tree comes from the header (read_structure, no torch).
+        self._deferred_engine = engine_factory is None
         self.engine_factory = engine_factory or (
             lambda p, r: default_engine_factory(p, r, settings.cache_mb))
         theme = theme or settings.theme
@@ -147,6 +151,16 @@ class HeadscopeApp(App[None]):
         except Exception as err:  # an engine bug must not take the explorer down
             self.engine, self.open_error = None, f"{self.path}: cannot open ({err!r})"
 
+    def _read_structure(self) -> None:
+        from engine.loading import read_structure  # header + config only: no torch
+
+        try:
+            self.structure = dict(read_structure(self.path))
+        except HeadscopeError as err:
+            self.open_error = str(err)
+        except Exception as err:
+            self.open_error = f"{self.path}: cannot read ({err!r})"
+
     @property
     def colormap_name(self) -> str:
         if self.colormap_override:
@@ -165,10 +179,13 @@ class HeadscopeApp(App[None]):
 
     # -- layout ---------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
-        self._open_engine()
+        if self._deferred_engine:
+            self._read_structure()
+        else:
+            self._open_engine()
         yield StatusBar(id="status")
         with Horizontal(id="main"):
-            yield HeadTree(self.structure if self.engine else None, id="tree")
+            yield HeadTree(None if self.open_error else self.structure, id="tree")
             with Vertical(id="center"):
                 yield Static(id="focus-line")
                 with TabbedContent(id="tabs", initial="qk"):
@@ -211,6 +228,17 @@ class HeadscopeApp(App[None]):
         if self.prompt_text:
             self.main.query_one("#prompt-input", Input).value = self.prompt_text
         self.main.query_one(HeadTree).focus()
+        if self._deferred_engine and self.open_error is None:
+            self.call_after_refresh(lambda: self.set_timer(0.02, self._open_deferred))
+            return
+        self._after_open()
+
+    def _open_deferred(self) -> None:
+        self._open_engine()
+        self._after_open()
+
+    def _after_open(self) -> None:
+        status = self.main.query_one(StatusBar)
         if self.engine is None:
             self._report(self.open_error or "cannot open the model")
             status.error = self.open_error or ""

@@ -50,6 +50,14 @@ class Chart(PlotextPlot):
         self.version += 1
         self.note = ""
         self.refresh()
+        self.call_later(self._kick)  # start building now, not at the next paint
+
+    def _kick(self) -> None:
+        key = self._key()
+        if self.figure is not None and key not in self._cache and key != self._pending \
+                and self.size.width > 0 and self.size.height > 0:
+            self._pending = key
+            self._start_build(key)
 
     def message(self, text: str, *, keep_figure: bool = False) -> None:
         """A note instead of a figure (loading…, errors, 'not available')."""
