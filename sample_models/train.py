@@ -250,12 +250,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pure-repeat", type=float, default=None,
                    help="share of repeated-random-span sequences (default: preset)")
     p.add_argument("--layer-norm", action="store_true", help="add LayerNorm (experiments)")
+    p.add_argument("--shape", nargs="*", default=[], metavar="FIELD=INT",
+                   help="override ModelShape integer fields, e.g. n_heads=4 d_head=32")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
     overrides: dict = {k: v for k, v in (("lr", args.lr), ("init_std", args.init_std),
                                          ("pure_repeat", args.pure_repeat)) if v is not None}
+    shape_changes: dict[str, Any] = {k: int(v) for k, v in (f.split("=", 1) for f in args.shape)}
     if args.layer_norm:
-        overrides["shape"] = replace(PRESETS[args.model].shape, layer_norm=True)
+        shape_changes["layer_norm"] = True
+    if shape_changes:
+        overrides["shape"] = replace(PRESETS[args.model].shape, **shape_changes)
     metrics = train(args.model, args.seed, args.steps, args.out, args.quiet, args.threads,
                     **overrides)
     print(json.dumps({k: metrics[k] for k in ("name", "eval_loss", "repeated_loss", "seconds")}))
