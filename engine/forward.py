@@ -29,7 +29,20 @@ from .weights import WeightSource
 if TYPE_CHECKING:
     from torch import Tensor
 
-__all__ = ["ForwardResult", "activation", "attention_mask", "log_probs", "rotary", "rotary_inv_freq", "run"]
+__all__ = [
+    "ForwardResult",
+    "activation",
+    "attention_mask",
+    "blocks",
+    "log_probs",
+    "rotary",
+    "rotary_inv_freq",
+    "run",
+    "run_ablations",
+]
+
+# (layer, residual stream entering the block [b, p, d_model], its pattern [b, h, q, k])
+BlockCallback = Callable[[int, "Tensor", "Tensor"], None]
 
 
 @dataclass(frozen=True)
@@ -132,21 +145,80 @@ def embed(w: WeightSource, tokens: Tensor) -> Tensor:
 def block(w: WeightSource, layer: int, x: Tensor, ablated: Sequence[int], ablation: str
           ) -> tuple[Tensor, Tensor, Tensor]:
     """One transformer block. Returns (new residual, pattern [b, h, q, k], head outputs)."""
+    a, pattern, result = attention(w, layer, attention_input(w, layer, x), ablated, ablation)
+    return finish_block(w, layer, x, a), pattern, result
+
+
+def attention_input(w: WeightSource, layer: int, x: Tensor) -> Tensor:
+    """What attention reads: the normalised residual (pre-norm) or the residual itself (BERT)."""
+    return x if w.cfg.post_ln else norm(w, f"blocks.{layer}.ln1", x)
+
+
+def finish_block(w: WeightSource, layer: int, x: Tensor, a: Tensor) -> Tensor:
+    """The rest of block ``layer`` given its input ``x`` and its attention output ``a``."""
     cfg = w.cfg
     ln1, ln2 = f"blocks.{layer}.ln1", f"blocks.{layer}.ln2"
     if cfg.post_ln:  # BERT: normalise after each residual add
-        a, pattern, result = attention(w, layer, x, ablated, ablation)
         x = norm(w, ln1, x + a)
         if not cfg.attn_only:
             x = norm(w, ln2, x + mlp(w, layer, x))
-        return x, pattern, result
-    a, pattern, result = attention(w, layer, norm(w, ln1, x), ablated, ablation)
+        return x
     if cfg.attn_only:
-        return x + a, pattern, result
+        return x + a
     if cfg.parallel_attn_mlp:  # GPT-NeoX: both read the same residual stream
-        return x + a + mlp(w, layer, norm(w, ln2, x)), pattern, result
+        return x + a + mlp(w, layer, norm(w, ln2, x))
     x = x + a
-    return x + mlp(w, layer, norm(w, ln2, x)), pattern, result
+    return x + mlp(w, layer, norm(w, ln2, x))
+
+
+def blocks(w: WeightSource, x: Tensor, start: int = 0, stop: int | None = None, *,
+           on_block: BlockCallback | None = None) -> Tensor:
+    """Run blocks ``start .. stop-1`` (default: to the end) on the residual stream ``x``
+    ``[b, p, d_model]`` entering block ``start``; return the stream after the last one.
+
+    ``on_block(layer, x_in, pattern)`` is called after each block with the stream that
+    entered it and its attention pattern ``[b, h, q, k]``: a way to reduce each layer's
+    pattern (or keep each layer's input) as it is produced instead of stacking them all.
+    An exception raised by the callback (e.g. ``CancelledError``) stops the pass.
+    Call it under ``torch.inference_mode()`` (as ``run`` does) unless gradients are wanted.
+    """
+    stop = w.cfg.n_layers if stop is None else stop
+    for layer in range(start, stop):
+        x_in = x
+        x, pattern, _ = block(w, layer, x_in, (), "zero")
+        if on_block is not None:
+            on_block(layer, x_in, pattern)
+    return x
+
+
+def run_ablations(w: WeightSource, x: Tensor, layer: int, heads: Sequence[int],
+                  ablation: str = "zero") -> Tensor:
+    """The residual stream after the last block, once per head of ``heads`` ablated alone.
+
+    ``x [b, p, d_model]`` is the clean stream entering block ``layer``. Returns
+    ``[len(heads), b, p, d_model]``: element ``i`` equals the final stream of
+    ``run(..., ablate=[(layer, heads[i])], ablation=ablation)`` (up to float rounding), but
+    the layers below ``layer`` are not re-run and the attention of ``layer`` is computed
+    once: ablating head ``h`` only changes that layer's attention output (``combine_heads``
+    of the per-head outputs with ``h`` replaced). All the ablations then go through the rest
+    of the model as one batch (batch index = ablated head, then sequence). ``unembed`` the
+    result to get logits.
+    """
+    if ablation not in ("zero", "mean"):
+        raise ValueError(f"ablation must be 'zero' or 'mean', not {ablation!r}")
+    cfg = w.cfg
+    for h in heads:
+        cfg.check_head(layer, h, getattr(w, "path", None))
+    import torch
+
+    n, (b, p, d) = len(heads), x.shape
+    _, _, result = attention(w, layer, attention_input(w, layer, x), (), ablation)
+    # Each ablated output summed exactly as ``attention`` sums it (not ``a - result_h``,
+    # which cancels digits when the heads' outputs are large).
+    a_ablated = torch.cat([combine_heads(w, layer, result.clone(), [h], ablation) for h in heads])
+    x_rep = x[None].expand(n, b, p, d).reshape(n * b, p, d)
+    out = blocks(w, finish_block(w, layer, x_rep, a_ablated), layer + 1)
+    return out.reshape(n, b, p, d)
 
 
 def attention(w: WeightSource, layer: int, x: Tensor, ablated: Sequence[int], ablation: str
@@ -175,12 +247,19 @@ def attention(w: WeightSource, layer: int, x: Tensor, ablated: Sequence[int], ab
 
     z = pattern @ v  # [b, h, q, d_head]
     result = torch.einsum("bhqe,hem->bhqm", z, w.get(f"{pre}.W_O"))  # each head's output
+    return combine_heads(w, layer, result, ablated, ablation), pattern, result
+
+
+def combine_heads(w: WeightSource, layer: int, result: Tensor, ablated: Sequence[int], ablation: str
+                  ) -> Tensor:
+    """The attention output ``Σ_h result_h + b_O`` [b, p, d_model] from the per-head outputs
+    ``result`` [b, h, p, d_model], after replacing (in place) those of the ``ablated`` heads."""
     for h in ablated:
         if ablation == "zero":
             result[:, h] = 0.0
         else:  # mean over positions, per sequence
             result[:, h] = result[:, h].mean(dim=1, keepdim=True)
-    return result.sum(dim=1) + w.get(f"{pre}.b_O"), pattern, result
+    return result.sum(dim=1) + w.get(f"blocks.{layer}.attn.b_O")
 
 
 def attention_mask(cfg: ModelConfig, n: int) -> Tensor | None:

@@ -347,17 +347,19 @@ def detection_patterns(tokens: Tensor) -> dict[str, Tensor]:
 def _detect(patterns: Tensor, detection: Tensor) -> Tensor:
     """TransformerLens ``error_measure="mul"``: attention mass on the pattern / total mass.
 
-    patterns ``[b, L, H, q, k]``, detection ``[b, q, k]`` -> ``[L, H]``. The total mass is
-    taken over the query rows where the pattern has an entry (TransformerLens divides by all
-    rows, which caps e.g. a perfect induction head at 0.5 on a twice-repeated sequence); the
-    result is averaged over the batch, one sequence at a time as TransformerLens does for a
-    list of prompts. For the repeated sequences of ``repeated_tokens`` this is DESIGN.md's
-    "mean attention from the second copy's ``t`` to ``t - T + 1``".
+    patterns ``[b, ..., q, k]`` (e.g. one layer's ``[b, H, q, k]``), detection ``[b, q, k]``
+    -> ``[...]``. The total mass is taken over the query rows where the pattern has an entry
+    (TransformerLens divides by all rows, which caps e.g. a perfect induction head at 0.5 on
+    a twice-repeated sequence); the result is averaged over the batch, one sequence at a time
+    as TransformerLens does for a list of prompts. For the repeated sequences of
+    ``repeated_tokens`` this is DESIGN.md's "mean attention from the second copy's ``t`` to
+    ``t - T + 1``".
     """
-    rows = (detection.sum(-1) > 0).float()  # [b, q]
-    det = detection[:, None, None]
-    on_pattern = (patterns * det).sum((-2, -1))  # [b, L, H]
-    total = (patterns.sum(-1) * rows[:, None, None, :]).sum(-1)
+    b, q, k = detection.shape
+    middle = (1,) * (patterns.ndim - 3)
+    rows = (detection.sum(-1) > 0).float().reshape(b, *middle, q)
+    on_pattern = (patterns * detection.reshape(b, *middle, q, k)).sum((-2, -1))
+    total = (patterns.sum(-1) * rows).sum(-1)
     return (on_pattern / total).mean(0)
 
 
@@ -366,38 +368,83 @@ def behaviour_scores(w: WeightSource, seed: int = 0, *, seq_len: int | None = No
                      ) -> dict[str, Tensor]:
     """``prev_token``, ``duplicate_token`` and ``induction`` scores ``[L, H]``.
 
-    One forward pass on ``repeated_tokens(..., seed)`` (see there and ``_detect``).
-    Non-finite heads get NaN.
+    One forward pass on ``repeated_tokens(vocab, n_ctx, seed, seq_len, batch)`` (see there and
+    ``_detect``): by default ``batch=4`` sequences of ``T = min(32, n_ctx // 2)`` distinct
+    random tokens written twice (``2T = 64`` positions). Each layer's scores are computed
+    from its pattern as soon as the block has run, so memory holds one layer's
+    ``[batch, n_heads, 2T, 2T]`` pattern, never all of them, and the unembedding is skipped.
+    ``progress`` and ``cancelled()`` are reported/checked after each layer. Non-finite heads
+    get NaN.
     """
-    from .forward import run
+    import torch
+
+    from .forward import blocks, embed
 
     cfg = w.cfg
     _check(cancelled)
     tokens = repeated_tokens(cfg.d_vocab, cfg.n_ctx, seed, seq_len, batch)
-    patterns = run(w, tokens).patterns.float()  # [b, L, H, q, k]
-    _check(cancelled)
+    detections = detection_patterns(tokens)
+    out = {name: torch.empty(cfg.n_layers, cfg.n_heads) for name in detections}
+
+    def reduce(layer: int, _x: Tensor, pattern: Tensor) -> None:
+        pattern = pattern.float()
+        for name, det in detections.items():
+            out[name][layer] = _detect(pattern, det)
+        _report(progress, (layer + 1) / cfg.n_layers)
+        if layer + 1 < cfg.n_layers:
+            _check(cancelled)
+
+    with torch.inference_mode():
+        blocks(w, embed(w, tokens), on_block=reduce)
     bad = _nonfinite_mask(w)
-    out = {}
-    for name, det in detection_patterns(tokens).items():
-        score = _detect(patterns, det)
-        out[name] = torch.where(bad, torch.full_like(score, math.nan), score)
-    _report(progress, 1.0)
-    return out
+    return {name: torch.where(bad, torch.full_like(score, math.nan), score)
+            for name, score in out.items()}
 
 
 # -- ablation --------------------------------------------------------------------------------
+
+# Activation memory one batched ablation pass may use (bytes, roughly): the heads of a layer
+# are ablated in chunks of at most this size (all 12 at once for GPT-2-small's default).
+_ABLATION_BATCH_BYTES = 256 << 20
 
 
 def _second_copy_loss(logits: Tensor, tokens: Tensor) -> float:
     """Mean next-token cross-entropy of the second copy of a ``[batch, 2T]`` repeated sequence.
 
-    Positions ``T .. 2T-2`` predicting tokens ``T+1 .. 2T-1``: the predictions the first copy
-    determines. The first copy is random, so no head can lower its loss; including it would
-    only add noise (and penalise heads that, like induction heads, guess from context).
+    ``logits [batch, T-1, d_vocab]`` at positions ``T .. 2T-2``, predicting tokens
+    ``T+1 .. 2T-1``: the predictions the first copy determines. The first copy is random, so
+    no head can lower its loss; including it would only add noise (and penalise heads that,
+    like induction heads, guess from context).
     """
     half = tokens.shape[1] // 2
-    logp = torch.log_softmax(logits[:, half:-1].float(), dim=-1)
+    logp = torch.log_softmax(logits.float(), dim=-1)
     return float(-logp.gather(-1, tokens[:, half + 1 :, None]).mean())
+
+
+def _stream_loss(w: WeightSource, x: Tensor, tokens: Tensor) -> float:
+    """``_second_copy_loss`` of the final residual stream ``x [batch, 2T, d_model]``.
+
+    The unembedding is position-wise, so only the ``T-1`` positions the loss reads are
+    unembedded (the ``d_vocab``-wide product is the most expensive step of a pass).
+    """
+    from .forward import unembed
+
+    half = tokens.shape[1] // 2
+    return _second_copy_loss(unembed(w, x[:, half:-1]), tokens)
+
+
+def _heads_per_pass(w: WeightSource, tokens: Tensor) -> int:
+    """How many single-head ablations of a layer to run as one batch (memory-bounded)."""
+    cfg = w.cfg
+    b, p = tokens.shape
+    widest = max(cfg.n_heads * cfg.d_model, 3 * (cfg.d_mlp or 0), cfg.n_heads * p, cfg.d_vocab // 2)
+    per_head = 4 * b * p * widest  # float32 activations of one ablated copy of the batch
+    return max(1, min(cfg.n_heads, _ABLATION_BATCH_BYTES // per_head))
+
+
+def _check_ablation(w: WeightSource, ablation: str) -> None:
+    if ablation not in ("zero", "mean"):
+        raise ValueError(f"ablation must be 'zero' or 'mean', not {ablation!r}")
 
 
 def ablation_effects(w: WeightSource, seed: int = 0, *, seq_len: int | None = None,
@@ -405,35 +452,61 @@ def ablation_effects(w: WeightSource, seed: int = 0, *, seq_len: int | None = No
                      cancelled: Cancelled = None) -> Tensor:
     """Loss increase ``[L, H]`` on ``repeated_tokens(..., seed)`` when each head is ablated.
 
-    The loss is the mean next-token cross-entropy on the second copy (``_second_copy_loss``); the
-    head's output is zeroed (``ablation="zero"``) or replaced by its mean over positions.
-    One forward pass per head; ``cancelled()`` is checked before each.
+    The loss is the mean next-token cross-entropy on the second copy (``_second_copy_loss``),
+    by default over ``batch=4`` sequences of ``T = min(32, n_ctx // 2)`` random tokens written
+    twice; the head's output is zeroed (``ablation="zero"``) or replaced by its mean over
+    positions. The value for head ``(l, h)`` is by definition that of
+    ``run(w, tokens, ablate=[(l, h)], ablation=ablation)`` minus the clean loss; it is
+    computed without re-running what the ablation cannot change: one clean pass keeps the
+    residual stream entering each layer, and for layer ``l`` all its heads' ablations
+    resume from there as one batch (``forward.run_ablations``). ``progress`` and
+    ``cancelled()`` are reported/checked between layers.
     """
-    from .forward import run
+    import torch
 
+    from .forward import blocks, embed, run_ablations
+
+    _check_ablation(w, ablation)
     cfg = w.cfg
+    n_layers, n_heads = cfg.n_layers, cfg.n_heads
     tokens = repeated_tokens(cfg.d_vocab, cfg.n_ctx, seed, seq_len, batch)
-    base = _second_copy_loss(run(w, tokens).logits, tokens)
-    out = torch.empty(cfg.n_layers, cfg.n_heads)
-    n = cfg.n_layers * cfg.n_heads
-    for layer in range(cfg.n_layers):
-        for head in range(cfg.n_heads):
+    chunk = _heads_per_pass(w, tokens)
+    out = torch.empty(n_layers, n_heads)
+    # Work per layer: the blocks after it plus the unembedding (about one block's worth).
+    cost = [n_layers - layer + 1 for layer in range(n_layers)]
+    done = 0
+    _check(cancelled)
+    with torch.inference_mode():
+        entering: list[Tensor] = []  # the clean residual stream entering each block
+        clean = blocks(w, embed(w, tokens), on_block=lambda _layer, x, _pattern: entering.append(x))
+        base = _stream_loss(w, clean, tokens)
+        for layer in range(n_layers):
             _check(cancelled)
-            logits = run(w, tokens, ablate=[(layer, head)], ablation=ablation).logits
-            out[layer, head] = _second_copy_loss(logits, tokens) - base
-            _report(progress, (layer * cfg.n_heads + head + 1) / n)
+            for first in range(0, n_heads, chunk):
+                heads = list(range(first, min(n_heads, first + chunk)))
+                final = run_ablations(w, entering[layer], layer, heads, ablation)
+                for i, head in enumerate(heads):
+                    out[layer, head] = _stream_loss(w, final[i], tokens) - base
+            done += cost[layer]
+            _report(progress, done / sum(cost))
     bad = _nonfinite_mask(w)
     return torch.where(bad, torch.full_like(out, math.nan), out)
 
 
 def ablation_effect(w: WeightSource, layer: int, head: int, seed: int = 0, *,
                     seq_len: int | None = None, batch: int = 4, ablation: str = "zero") -> float:
-    """``ablation_effects(...)[layer, head]`` for one head (two forward passes)."""
-    from .forward import run
+    """``ablation_effects(...)[layer, head]`` for one head: one clean pass, plus the blocks
+    from ``layer`` on again with the head ablated."""
+    import torch
+
+    from .forward import blocks, embed, run_ablations
 
     cfg = w.cfg
     cfg.check_head(layer, head, getattr(w, "path", None))
+    _check_ablation(w, ablation)
     tokens = repeated_tokens(cfg.d_vocab, cfg.n_ctx, seed, seq_len, batch)
-    base = _second_copy_loss(run(w, tokens).logits, tokens)
-    logits = run(w, tokens, ablate=[(layer, head)], ablation=ablation).logits
-    return _second_copy_loss(logits, tokens) - base
+    with torch.inference_mode():
+        entering = blocks(w, embed(w, tokens), 0, layer)
+        base = _stream_loss(w, blocks(w, entering, layer), tokens)
+        final = run_ablations(w, entering, layer, [head], ablation)
+        return _stream_loss(w, final[0], tokens) - base

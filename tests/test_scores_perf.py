@@ -1,0 +1,227 @@
+"""The fast behavioural sweeps equal their straightforward definitions.
+
+``ablation_effects`` resumes from cached residual streams and ablates a layer's heads as one
+batch; ``behaviour_scores`` reduces each layer's pattern as soon as it is produced. Both are
+checked here against the plain loops they replace (one full ``run`` per head; all patterns
+stacked), on DictWeights models and on the tiny checkpoints of every family (GPT-2 with MLPs
+and LayerNorm, GPT-NeoX parallel + rotary, Llama RMS + gated + GQA, BERT post-LN, raw and
+processed).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import pytest
+import torch
+
+from engine import forward, scores
+from engine.errors import CancelledError
+from engine.forward import run
+from engine.loading import open_model
+from engine.weights import DictWeights, WeightSource
+from tests.test_circuits import random_weights
+
+# -- reference implementations: the definitions, written the straightforward way -------------
+
+
+def reference_loss(logits: torch.Tensor, tokens: torch.Tensor) -> float:
+    half = tokens.shape[1] // 2  # positions T .. 2T-2 predicting tokens T+1 .. 2T-1
+    return float(torch.nn.functional.cross_entropy(logits[:, half:-1].flatten(0, 1),
+                                                   tokens[:, half + 1 :].flatten()))
+
+
+def reference_ablation_effects(w: WeightSource, tokens: torch.Tensor, ablation: str) -> torch.Tensor:
+    """One full forward pass per head (what ablation_effects did before)."""
+    cfg = w.cfg
+    base = reference_loss(run(w, tokens).logits, tokens)
+    out = torch.empty(cfg.n_layers, cfg.n_heads)
+    for layer in range(cfg.n_layers):
+        for head in range(cfg.n_heads):
+            logits = run(w, tokens, ablate=[(layer, head)], ablation=ablation).logits
+            out[layer, head] = reference_loss(logits, tokens) - base
+    return out
+
+
+def reference_behaviour(w: WeightSource, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+    """All patterns stacked, then the TransformerLens "mul" measure per sequence (our rows)."""
+    patterns = run(w, tokens).patterns  # [b, L, H, q, k]
+    out = {}
+    for name, det in scores.detection_patterns(tokens).items():
+        rows = det.sum(-1) > 0  # [b, q]
+        on = (patterns * det[:, None, None]).sum((-2, -1))
+        total = (patterns * rows[:, None, None, :, None]).sum((-2, -1))
+        out[name] = (on / total).mean(0)
+    return out
+
+
+# -- models ------------------------------------------------------------------------------------
+
+
+def well_scaled(w: DictWeights) -> DictWeights:
+    """``random_weights`` with N(0, 1/d) matrices: losses of a few nats, not tens of thousands
+    (where float32 resolution alone is 1e-3), and patterns that are neither uniform nor one-hot."""
+    d = w.cfg.d_model
+    t = {name: x / d**0.5 if ".attn.W_" in name or ".attn._W_" in name or name == "unembed.W_U" else x
+         for name, x in w._t.items()}
+    return DictWeights(w.cfg, t, path=w.path)
+
+
+def dict_models() -> dict[str, WeightSource]:
+    return {
+        "attn-only learned": well_scaled(random_weights(n_layers=3, n_ctx=24, seed=1)),
+        "attn-only rotary gqa": well_scaled(random_weights(
+            n_layers=2, n_heads=4, n_kv_heads=2, positional="rotary", rotary_dim=4, d_head=6, n_ctx=24,
+            seed=2)),
+    }
+
+
+@pytest.fixture(scope="module")
+def family_models(gpt2_dir, neox_dir, llama_dir, bert_mlm_dir) -> dict[str, WeightSource]:
+    dirs = {"gpt2": gpt2_dir[0], "neox": neox_dir[0], "llama": llama_dir[0], "bert_mlm": bert_mlm_dir[0]}
+    models = {name: open_model(path).weights for name, path in dirs.items()}
+    models["gpt2 raw"] = open_model(gpt2_dir[0], raw=True).weights
+    return models
+
+
+SEQ, BATCH = 6, 2  # 2 sequences of 6 random tokens written twice: small and fast
+
+
+# -- ablation ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ablation", ["zero", "mean"])
+@pytest.mark.parametrize("name", list(dict_models()))
+def test_ablation_effects_equal_one_pass_per_head_on_dict_models(name, ablation):
+    w = dict_models()[name]
+    tokens = scores.repeated_tokens(w.cfg.d_vocab, w.cfg.n_ctx, 3, SEQ, BATCH)
+    got = scores.ablation_effects(w, seed=3, seq_len=SEQ, batch=BATCH, ablation=ablation)
+    want = reference_ablation_effects(w, tokens, ablation)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    assert got.abs().max() > 1e-3  # the heads matter: the comparison is not 0 == 0
+
+
+@pytest.mark.parametrize("ablation", ["zero", "mean"])
+@pytest.mark.parametrize("name", ["gpt2", "neox", "llama", "bert_mlm", "gpt2 raw"])
+def test_ablation_effects_equal_one_pass_per_head_on_every_family(family_models, name, ablation):
+    w = family_models[name]
+    tokens = scores.repeated_tokens(w.cfg.d_vocab, w.cfg.n_ctx, 5, SEQ, BATCH)
+    got = scores.ablation_effects(w, seed=5, seq_len=SEQ, batch=BATCH, ablation=ablation)
+    want = reference_ablation_effects(w, tokens, ablation)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    assert got.abs().max() > 1e-3
+
+
+def test_ablation_effect_of_one_head_equals_the_sweep_entry(family_models):
+    w = family_models["gpt2"]
+    sweep = scores.ablation_effects(w, seed=1, seq_len=SEQ, batch=BATCH, ablation="mean")
+    for layer, head in [(0, 0), (0, 3), (1, 2)]:
+        one = scores.ablation_effect(w, layer, head, seed=1, seq_len=SEQ, batch=BATCH, ablation="mean")
+        assert one == pytest.approx(float(sweep[layer, head]), abs=1e-6)
+
+
+def test_heads_ablated_in_small_chunks_give_the_same_effects(monkeypatch):
+    w = dict_models()["attn-only learned"]
+    together = scores.ablation_effects(w, seed=0, seq_len=SEQ, batch=BATCH)
+    monkeypatch.setattr(scores, "_ABLATION_BATCH_BYTES", 1)  # one head per batch
+    assert scores._heads_per_pass(w, torch.zeros(BATCH, 2 * SEQ)) == 1
+    torch.testing.assert_close(scores.ablation_effects(w, seed=0, seq_len=SEQ, batch=BATCH), together,
+                               atol=1e-6, rtol=0)
+
+
+def test_run_ablations_gives_the_final_stream_of_each_single_head_ablation(family_models):
+    for w in (dict_models()["attn-only rotary gqa"], family_models["neox"], family_models["bert_mlm"]):
+        tokens = scores.repeated_tokens(w.cfg.d_vocab, w.cfg.n_ctx, 0, SEQ, BATCH)
+        layer = w.cfg.n_layers - 2
+        with torch.inference_mode():
+            entering = forward.blocks(w, forward.embed(w, tokens), 0, layer)
+            final = forward.run_ablations(w, entering, layer, [2, 0], "mean")
+            logits = forward.unembed(w, final)  # [2, b, p, vocab]
+        for i, head in enumerate([2, 0]):
+            want = run(w, tokens, ablate=[(layer, head)], ablation="mean").logits
+            torch.testing.assert_close(logits[i], want, atol=1e-4, rtol=1e-4)
+
+
+def test_ablation_sweep_reports_progress_and_stops_between_layers():
+    w = random_weights(n_layers=4, n_ctx=24)
+    seen: list[float] = []
+    scores.ablation_effects(w, seq_len=SEQ, batch=BATCH, progress=seen.append)
+    assert len(seen) == 4 and seen == sorted(seen) and seen[-1] == 1.0
+    checks: list[int] = []
+    reports: list[float] = []
+
+    def cancelled() -> bool:  # true at the check before the third layer
+        checks.append(1)
+        return len(checks) > 3
+
+    with pytest.raises(CancelledError):
+        scores.ablation_effects(w, seq_len=SEQ, batch=BATCH, progress=reports.append, cancelled=cancelled)
+    assert len(reports) == 2  # two layers done, then stopped
+
+
+def test_ablation_rejects_unknown_kinds_and_heads():
+    w = random_weights()
+    with pytest.raises(ValueError):
+        scores.ablation_effects(w, ablation="resample")
+    with pytest.raises(ValueError):
+        scores.ablation_effect(w, 0, 0, ablation="resample")
+    with pytest.raises(Exception, match="head"):
+        scores.ablation_effect(w, 0, 99)
+
+
+# -- behaviour ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["gpt2", "neox", "llama", "bert_mlm"])
+def test_behaviour_scores_equal_the_stacked_pattern_definition(family_models, name):
+    w = family_models[name]
+    tokens = scores.repeated_tokens(w.cfg.d_vocab, w.cfg.n_ctx, 4, 8, 3)
+    got = scores.behaviour_scores(w, seed=4, seq_len=8, batch=3)
+    for key, want in reference_behaviour(w, tokens).items():
+        torch.testing.assert_close(got[key], want, atol=1e-6, rtol=1e-6)
+
+
+def test_behaviour_scores_default_sequence_and_per_layer_progress():
+    w = random_weights(n_layers=3, n_ctx=100)
+    seen: list[float] = []
+    got = scores.behaviour_scores(w, seed=0, progress=seen.append)
+    assert seen == [1 / 3, 2 / 3, 1.0]
+    default = scores.repeated_tokens(w.cfg.d_vocab, w.cfg.n_ctx, 0)
+    assert default.shape == (4, 64)  # batch 4, T = min(32, n_ctx // 2) written twice
+    for key, want in reference_behaviour(w, default).items():
+        torch.testing.assert_close(got[key], want, atol=1e-6, rtol=1e-6)
+
+
+def test_behaviour_scores_keep_one_layers_pattern_at_a_time(monkeypatch):
+    """The sweep never stacks patterns: each is reduced and dropped inside the layer loop."""
+    w = random_weights(n_layers=3, n_ctx=24)
+    alive: list[int] = []
+    real_block = forward.block
+    live: weakref.WeakSet = weakref.WeakSet()
+
+    def block(*args, **kwargs):
+        out = real_block(*args, **kwargs)
+        alive.append(len(live))  # patterns of earlier layers still referenced
+        live.add(out[1])
+        return out
+
+    monkeypatch.setattr(forward, "block", block)
+    scores.behaviour_scores(w, seq_len=SEQ, batch=BATCH)
+    assert alive == [0, 1, 1]  # at most the previous layer's, while the next block runs
+
+
+def test_blocks_callback_sees_each_layer_input_and_pattern(family_models):
+    w = family_models["llama"]
+    tokens = scores.repeated_tokens(w.cfg.d_vocab, w.cfg.n_ctx, 0, SEQ, BATCH)
+    seen: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    with torch.inference_mode():
+        x0 = forward.embed(w, tokens)
+        final = forward.blocks(w, x0, on_block=lambda layer, x, p: seen.update({layer: (x, p)}))
+        resumed = forward.blocks(w, seen[1][0], 1)
+    ref = run(w, tokens)
+    assert sorted(seen) == list(range(w.cfg.n_layers))
+    torch.testing.assert_close(seen[0][0], x0)
+    for layer, (_, pattern) in seen.items():
+        torch.testing.assert_close(pattern, ref.patterns[:, layer])
+    torch.testing.assert_close(forward.unembed(w, final), ref.logits)
+    torch.testing.assert_close(resumed, final)
