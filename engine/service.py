@@ -572,6 +572,14 @@ class Engine:
 
     # -- prompts --------------------------------------------------------------------
 
+    async def tokenize(self, text: str) -> list[int]:
+        """Token ids of ``text`` with the model's tokenizer (for choosing heatmap tokens)."""
+        if not text or not text.strip():
+            raise PromptError(self._where, "empty text: type some tokens first")
+        await self.ready()
+        model = self._opened.result()
+        return await asyncio.to_thread(model.tokenizer.encode, text)
+
     async def run_prompt(self, text: str, layer: int, head: int) -> PromptView:
         """Tokenise ``text`` (cut to n_ctx), run it, and show it from (layer, head)."""
         self._check_head(layer, head)

@@ -105,10 +105,16 @@ class FakeEngine:
     def _label(self, i: int) -> str:
         return WORDS[i]
 
-    def tokenize(self, text: str) -> list[int]:
+    def encode(self, text: str) -> list[int]:
         return [WORDS.index(w) if w in WORDS else hash(w) % self.V for w in text.split()]
 
     # -- API ------------------------------------------------------------------------------
+    async def tokenize(self, text: str) -> list[int]:
+        await self._enter("tokenize")
+        if not text.strip():
+            raise PromptError(self.path, "empty text")
+        return self.encode(text)
+
     async def ready(self) -> None:
         if self.gate is not None:
             await self.gate.wait()
@@ -251,7 +257,7 @@ class FakeEngine:
         await self._enter("run_prompt")
         if not text.strip():
             raise PromptError(self.path, "empty prompt")
-        ids = self.tokenize(text)
+        ids = self.encode(text)
         truncated = len(ids) > self.n_ctx
         ids = ids[: self.n_ctx]
         n = len(ids)

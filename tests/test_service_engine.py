@@ -133,3 +133,19 @@ async def test_raw_switch_changes_cache_key(gpt2):
     assert raw is not processed
     w_raw = open_model(eng.path, raw=True).weights
     np.testing.assert_allclose(raw.values, circuits.token_qk(w_raw, 0, 0).block([0, 1], [0, 1]), rtol=1e-4, atol=1e-5)
+
+
+async def test_tokenize_uses_the_model_tokenizer(tmp_path) -> None:
+    from engine.errors import PromptError
+    from engine.loading import open_model
+    from engine.service import Engine
+    from tests.hf_fixtures import build_gpt2
+
+    path, _ = build_gpt2(tmp_path / "m", tokenizer=True)
+    engine = Engine(path)
+    try:
+        assert await engine.tokenize("the cat sat") == open_model(path).tokenizer.encode("the cat sat")
+        with pytest.raises(PromptError):
+            await engine.tokenize("  ")
+    finally:
+        await engine.aclose()

@@ -353,6 +353,6 @@ async def test_choose_tokens_sets_rows_and_columns() -> None:
         await pilot.pause(0.1)
         await pilot.press(*"dog cat mat", "enter")
         await settle(pilot, app)
-        assert app.tokens == engine.tokenize("dog cat mat")
+        assert app.tokens == engine.encode("dog cat mat")
         block = app.results["qk"]["token"]
         assert list(block.row_labels) == ["dog", "cat", "mat"]

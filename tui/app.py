@@ -708,13 +708,7 @@ class HeadscopeApp(App[None]):
         else:
             await self._model_ready.wait()
             try:
-                tokenize = getattr(self.engine, "tokenize", None)
-                if tokenize is not None:
-                    ids = tokenize(text)
-                    ids = await ids if asyncio.iscoroutine(ids) else ids
-                else:
-                    layer, head = self.head or (0, 0)
-                    ids = list((await self.engine.run_prompt(text, layer, head)).ids)
+                ids = await self.engine.tokenize(text)
             except HeadscopeError as err:
                 self._report(str(err))
                 return
