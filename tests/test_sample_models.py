@@ -1,0 +1,164 @@
+"""Acceptance of the bundled sample models (issue 3): their circuits are real.
+
+Scores come from the engine (``engine.scores`` on ``engine.loading.open_model``), i.e. what
+``headscope heads`` shows; the training code's own diagnostics (``sample_models.model``,
+written independently) are used as a cross-check of the engine on trained weights.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from engine.forward import run
+from engine.loading import open_model
+from engine.scores import (
+    ablation_effects,
+    all_copying_scores,
+    behaviour_scores,
+    composition_scores,
+    repeated_tokens,
+)
+from sample_models import corpus
+from sample_models.model import ModelShape, TinyTransformer, copying_scores
+from tests.conftest import sample_model
+
+# A clear margin for zero-ablating the circuit (nats of mean loss on the engine's repeated
+# random tokens); the measured values are in sample_models/README.md.
+ABLATION_MARGIN = 1.0
+
+
+@pytest.fixture(scope="module")
+def two_layer():
+    model = open_model(sample_model("attn-only-2l"))
+    w = model.weights
+    return model, behaviour_scores(w, seed=0), all_copying_scores(w), composition_scores(w, "k")
+
+
+def test_attn_only_2l_prev_token_head_k_composes_into_a_copying_induction_head(two_layer) -> None:
+    model, behaviour, copying, comp = two_layer
+    assert model.cfg.n_layers == 2
+    # The strongest K-composition edge, baseline subtracted, over layer-0 → layer-1 pairs.
+    edges = comp.scores[0, :, 1, :] - comp.baseline  # [H0, H1]
+    src, dst = divmod(int(edges.argmax()), model.cfg.n_heads)
+    assert float(edges[src, dst]) > 0, "the top edge beats random factors"
+    assert float(behaviour["prev_token"][0, src]) >= 0.6, behaviour["prev_token"][0]
+    assert float(behaviour["induction"][1, dst]) >= 0.5, behaviour["induction"][1]
+    assert float(copying[1, dst]) >= 0.7, copying[1]
+    # And they are the model's best previous-token and induction heads.
+    assert src == int(behaviour["prev_token"][0].argmax())
+    assert dst == int(behaviour["induction"][1].argmax())
+
+
+def _repeated_loss(model, ablate: list[tuple[int, int]]) -> float:
+    """Next-token loss on the second copy of the engine's seeded repeated random sequences
+    (positions T..2T-2 predicting T+1..2T-1: what the first copy determines), as
+    ``engine.scores.ablation_effects`` defines it."""
+    tokens = repeated_tokens(model.cfg.d_vocab, model.cfg.n_ctx, seed=0)
+    half = tokens.shape[1] // 2
+    logits = run(model.weights, tokens, ablate=ablate).logits[:, half:-1]
+    return float(torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), tokens[:, half + 1 :].reshape(-1)))
+
+
+def test_attn_only_2l_zero_ablating_the_circuit_hurts_on_repeated_tokens(two_layer) -> None:
+    model, behaviour, _, comp = two_layer
+    edges = comp.scores[0, :, 1, :] - comp.baseline
+    src, dst = divmod(int(edges.argmax()), model.cfg.n_heads)
+    effects = ablation_effects(model.weights, seed=0)
+    # The previous-token head is a bottleneck: every induction head reads its output.
+    assert float(effects[0, src]) >= ABLATION_MARGIN, effects
+    # Layer 1 has several induction heads that back each other up, so zeroing the top one
+    # alone costs little (measured in the README); zeroing all of them together costs the
+    # whole in-context copying.
+    induction_heads = [h for h in range(model.cfg.n_heads) if behaviour["induction"][1, h] >= 0.5]
+    assert dst in induction_heads
+    others = [h for h in range(model.cfg.n_heads) if h not in induction_heads]
+    assert float(effects[1, dst]) > max([0.0, *(float(effects[1, h]) for h in others)])
+    base = _repeated_loss(model, [])
+    assert _repeated_loss(model, [(1, h) for h in induction_heads]) - base >= ABLATION_MARGIN
+    # ...which the engine's per-head effect agrees with for the single head.
+    assert _repeated_loss(model, [(1, dst)]) - base == pytest.approx(float(effects[1, dst]), abs=1e-4)
+
+
+def test_attn_only_1l_copies_but_has_no_induction_head() -> None:
+    model = open_model(sample_model("attn-only-1l"))
+    assert model.cfg.n_layers == 1
+    behaviour = behaviour_scores(model.weights, seed=0)
+    assert float(behaviour["induction"].max()) < 0.3, behaviour["induction"]
+    assert float(all_copying_scores(model.weights).max()) >= 0.7
+
+
+@pytest.mark.parametrize("name", ["attn-only-1l", "attn-only-2l"])
+def test_engine_copying_scores_match_the_training_code(name: str) -> None:
+    # On the raw weights the engine's batched eigenvalue sweep and the training code's
+    # plain torch.linalg.eigvals loop compute the same statistic.
+    path = sample_model(name)
+    cfg = json.loads((path / "headscope.json").read_text())
+    shape = ModelShape(**{k: cfg[k] for k in ("n_layers", "n_heads", "d_model", "d_head",
+                                              "d_vocab", "n_ctx")},
+                       layer_norm=cfg["normalization"] == "LN")
+    trained = TinyTransformer(shape)
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        trained.load_state_dict({k: f.get_tensor(k) for k in f.keys()})  # noqa: SIM118
+    raw = open_model(path, raw=True)
+    torch.testing.assert_close(all_copying_scores(raw.weights), copying_scores(trained),
+                               rtol=0, atol=1e-4)
+
+
+def test_native_sample_models_ship_their_vocabulary() -> None:
+    for name in ("attn-only-1l", "attn-only-2l"):
+        model = open_model(sample_model(name))
+        text = "When Mary and John went to the store , John gave a drink to Mary ."
+        assert model.tokenizer.encode(text) == corpus.encode(text)
+        # Attention-only with LayerNorm, like TransformerLens' attn-only models.
+        assert model.raw_cfg.normalization == "LN" and model.raw_cfg.d_mlp is None
+        assert model.cfg.normalization == "LNPre", "processed: LayerNorm folded"
+
+
+def test_gpt2_mini_loads_through_the_hf_adapter_and_agrees_with_transformers() -> None:
+    transformers = pytest.importorskip("transformers")
+    path = sample_model("gpt2-mini")
+    model = open_model(path)
+    assert model.raw_cfg.family == "gpt2" and model.raw_cfg.normalization == "LN"
+    assert model.raw_cfg.d_mlp is not None and model.raw_cfg.tied_unembed
+    text = corpus.Corpus(7).text(4)
+    ids = model.tokenizer.encode(text)[: model.cfg.n_ctx]
+    assert ids == corpus.encode(text)[: model.cfg.n_ctx]
+    hf = transformers.GPT2LMHeadModel.from_pretrained(path).eval()
+    with torch.no_grad():
+        expected = hf(torch.tensor([ids])).logits
+    for raw in (True, False):
+        logits = run(model.with_raw(raw).weights, ids).logits
+        # Processing centres the unembedding: logits move by a per-position constant.
+        torch.testing.assert_close(logits - logits.mean(-1, keepdim=True),
+                                   expected - expected.mean(-1, keepdim=True),
+                                   rtol=1e-4, atol=1e-4)
+
+
+def test_gpt2_mini_circuits_are_computed_with_layer_norm_folded() -> None:
+    path = sample_model("gpt2-mini")
+    model = open_model(path)
+    assert model.cfg.normalization == "LNPre" and not model.raw
+    w, raw = model.weights, model.with_raw(True).weights
+    # fold_ln + center_writing_weights: W_V of every head reads ln1's gain, centred over
+    # d_model (TransformerLens' fold_layer_norm), so the OV circuit includes the LayerNorm.
+    for layer in range(model.cfg.n_layers):
+        gain = raw.get(f"blocks.{layer}.ln1.w")
+        folded = gain[None, :, None] * raw.get(f"blocks.{layer}.attn.W_V")
+        folded = folded - folded.mean(1, keepdim=True)
+        torch.testing.assert_close(w.get(f"blocks.{layer}.attn.W_V"), folded,
+                                   rtol=1e-5, atol=1e-6)
+    scores = behaviour_scores(w, seed=0)
+    assert all(torch.isfinite(s).all() for s in scores.values())
+    assert torch.isfinite(all_copying_scores(w)).all()
+
+
+def test_sample_models_are_small() -> None:
+    root = Path(sample_model("attn-only-2l")).parent
+    total = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+    assert total < 8 << 20, f"sample models take {total / 2**20:.1f} MiB"
