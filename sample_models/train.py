@@ -141,7 +141,8 @@ def _train(name: str, spec: TrainSpec, seed: int, out: Path, quiet: bool) -> dic
     torch.manual_seed(seed)
     model = build(spec, seed)
     data = corpus.Corpus(seed, pure_repeat=spec.pure_repeat)
-    eval_tokens = torch.from_numpy(corpus.Corpus(seed + 10_000).batch(64, spec.shape.n_ctx))
+    eval_corpus = corpus.Corpus(seed + 10_000, pure_repeat=spec.pure_repeat)
+    eval_tokens = torch.from_numpy(eval_corpus.batch(64, spec.shape.n_ctx))
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.99),
                             weight_decay=spec.weight_decay)
     log: list[dict] = []
@@ -209,16 +210,17 @@ def model_card(name: str, spec: TrainSpec, m: dict, log: list[dict]) -> str:
            if spec.fmt == "native" else
            "Hugging Face GPT-2 (`config.json`, `model.safetensors`, `tokenizer.json`)")
     lines = [
-        f"# {name}", "", spec.description + ".", "",
+        f"# {name}", "", spec.description[0].upper() + spec.description[1:] + ".", "",
         f"- format: {fmt}",
         f"- shape: {s.n_layers} layer(s), {s.n_heads} heads, d_model {s.d_model}, d_head "
-        f"{s.d_head}, d_mlp {s.d_mlp}, n_ctx {s.n_ctx}, d_vocab {s.d_vocab}, "
+        f"{s.d_head}, d_mlp {s.d_mlp or 'none (attention-only)'}, n_ctx {s.n_ctx}, "
+        f"d_vocab {s.d_vocab}, "
         f"LayerNorm {'yes' if s.layer_norm else 'no'}, "
         f"unembedding {'tied' if s.tied_unembed else 'untied with bias'}",
         f"- training: `python -m sample_models.train --model {name} --seed {m['seed']}`: "
         f"{m['steps']} steps × batch {m['batch']} × {s.n_ctx} tokens of `sample_models/corpus.py`, "
         f"AdamW lr {spec.lr} (warm-up {spec.warmup}, cosine), weight decay {spec.weight_decay}, "
-        f"{m['threads']} threads, {m['seconds']} s",
+        f"{m['threads']} torch thread(s), {m['seconds']} s on a shared 2-core machine",
         f"- final training loss {m['train_loss_final']:.3f}, held-out loss {m['eval_loss']:.3f}, "
         f"loss on repeated random tokens (second copy) {m['repeated_loss']:.3f} "
         f"(uniform guess: {math.log(s.d_vocab):.2f})",
@@ -229,7 +231,8 @@ def model_card(name: str, spec: TrainSpec, m: dict, log: list[dict]) -> str:
     ]
     for key, title in [("prev_token", "previous-token attention"), ("induction", "induction attention"),
                        ("copying", "copying score (full OV eigenvalues)"),
-                       ("ablation", "loss increase when zero-ablated (repeated random tokens)")]:
+                       ("ablation", "loss increase on the second copy of repeated random "
+                                    "tokens when zero-ablated")]:
         lines.append(f"{title}:")
         lines.append("")
         lines += [f"- L{layer}: {_fmt_row(row)}" for layer, row in enumerate(m[key])]
@@ -252,8 +255,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layer-norm", action="store_true", help="add LayerNorm (experiments)")
     p.add_argument("--shape", nargs="*", default=[], metavar="FIELD=INT",
                    help="override ModelShape integer fields, e.g. n_heads=4 d_head=32")
+    p.add_argument("--card-only", action="store_true",
+                   help="rewrite the model card from the saved metrics.json, no training")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
+    if args.card_only:
+        out = args.out or HERE / args.model
+        metrics = json.loads((out / "metrics.json").read_text())
+        log = json.loads((out / "training_log.json").read_text())
+        spec = replace(PRESETS[args.model], steps=metrics["steps"])
+        (out / "README.md").write_text(model_card(args.model, spec, metrics, log))
+        return 0
     overrides: dict = {k: v for k, v in (("lr", args.lr), ("init_std", args.init_std),
                                          ("pure_repeat", args.pure_repeat)) if v is not None}
     shape_changes: dict[str, Any] = {k: int(v) for k, v in (f.split("=", 1) for f in args.shape)}
