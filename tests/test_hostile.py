@@ -1,6 +1,13 @@
 """Hostile and broken inputs (issue 6): each is refused with its typed error and a message
 that names the problem; nothing crashes, hangs, executes code or reads outside the model
-directory. Ends with hypothesis fuzzing of the header parser and of config validation."""
+directory. Ends with hypothesis fuzzing of the header parser and of config validation.
+
+The corpus of broken checkpoints is reusable: ``BROKEN`` maps a case name to a builder
+``builder(tmp_path, sources) -> Broken`` (what to open, the expected error class, a regex
+fragment of its message and the file the message must name); ``sources`` is the
+``corpus_sources`` fixture (import it into a test module to use it). The TUI and CLI tests
+(tests/test_tui_hostile.py, tests/test_cli_hostile.py) open every case of it.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +18,9 @@ import shutil
 import struct
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +59,74 @@ def entry(dtype: str, shape: list[int], begin: int, end: int) -> dict[str, Any]:
 def copy_of(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst)
     return dst
+
+
+# --- the corpus: healthy sources and what breaks them ----------------------------------------
+
+
+@dataclass(frozen=True)
+class Broken:
+    """One broken checkpoint: opening ``path`` must raise ``error`` whose one-line message
+    matches the regex ``fragment`` and contains ``names`` (the file, or the name, at fault)."""
+
+    path: Path | str
+    error: type[HeadscopeError]
+    fragment: str
+    names: str
+
+
+class Sources:
+    """The healthy tiny checkpoints the corpus breaks (copies only: never modify these)."""
+
+    def __init__(self, families: dict[str, Path], base: Path) -> None:
+        self._families = families
+        self._base = base
+
+    @property
+    def gpt2(self) -> Path:
+        return self._families["gpt2"]
+
+    @property
+    def llama(self) -> Path:
+        return self._families["llama"]
+
+    @property
+    def qwen2(self) -> Path:
+        return self._families["qwen2"]
+
+    @cached_property
+    def sharded(self) -> Path:
+        """A GPT-2 saved in several shards with a model.safetensors.index.json."""
+        return hf.build_gpt2(self._base / "sharded", shard=True, tokenizer=False)[0]
+
+
+@pytest.fixture(scope="session")
+def corpus_sources(
+    tmp_path_factory: pytest.TempPathFactory,
+    gpt2_dir: tuple[Path, Any],
+    llama_dir: tuple[Path, Any],
+    qwen2_dir: tuple[Path, Any],
+) -> Sources:
+    families = {"gpt2": gpt2_dir[0], "llama": llama_dir[0], "qwen2": qwen2_dir[0]}
+    return Sources(families, tmp_path_factory.mktemp("corpus-sources"))
+
+
+Builder = Callable[[Path, Sources], Broken]
+BROKEN: dict[str, Builder] = {}
+
+
+def broken(name: str) -> Callable[[Builder], Builder]:
+    def register(builder: Builder) -> Builder:
+        BROKEN[name] = builder
+        return builder
+
+    return register
+
+
+def build_broken(name: str, tmp_path: Path, sources: Sources) -> Broken:
+    """Build case ``name`` of the corpus in a fresh directory under ``tmp_path``."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    return BROKEN[name](tmp_path, sources)
 
 
 # --- safetensors header corpus --------------------------------------------------------------
@@ -124,6 +202,23 @@ HEADER_CASES = {
 }
 
 
+def _header_case(case: str) -> Builder:
+    """A Hugging Face GPT-2 directory whose model.safetensors is the broken blob."""
+
+    def build(tmp_path: Path, sources: Sources) -> Broken:
+        blob, error, fragment = HEADER_CASES[case]
+        d = copy_of(sources.gpt2, tmp_path / f"header-{case}")
+        f = d / "model.safetensors"
+        f.write_bytes(blob)
+        return Broken(d, error, fragment, str(f))
+
+    return build
+
+
+for _case in HEADER_CASES:
+    BROKEN[f"header_{_case}"] = _header_case(_case)
+
+
 @pytest.mark.parametrize("case", list(HEADER_CASES))
 def test_broken_safetensors_file_is_refused(tmp_path: Path, case: str) -> None:
     blob, error, fragment = HEADER_CASES[case]
@@ -146,12 +241,17 @@ def test_valid_header_is_parsed_like_safetensors_reads_it(tmp_path: Path) -> Non
     }  # fmt: skip
 
 
-def test_truncated_checkpoint_is_detected_at_open(
-    tmp_path: Path, gpt2_dir: tuple[Path, Any]
-) -> None:
-    d = copy_of(gpt2_dir[0], tmp_path / "trunc")
+@broken("truncated")
+def truncated_checkpoint(tmp_path: Path, sources: Sources) -> Broken:
+    """A half-finished download: the last 100 bytes of tensor data are missing."""
+    d = copy_of(sources.gpt2, tmp_path / "trunc")
     f = d / "model.safetensors"
     f.write_bytes(f.read_bytes()[:-100])
+    return Broken(d, CorruptFileError, "truncated", str(f))
+
+
+def test_truncated_checkpoint_is_detected_at_open(tmp_path: Path, corpus_sources: Sources) -> None:
+    d = truncated_checkpoint(tmp_path, corpus_sources).path
     with pytest.raises(CorruptFileError, match="truncated"):
         read_structure(d)
     with pytest.raises(CorruptFileError, match="truncated"):
@@ -159,11 +259,6 @@ def test_truncated_checkpoint_is_detected_at_open(
 
 
 # --- sharded checkpoints: paths and shards -------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def sharded_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return hf.build_gpt2(tmp_path_factory.mktemp("sharded"), shard=True, tokenizer=False)[0]
 
 
 def _rewrite_index(d: Path, edit: Any) -> Path:
@@ -174,14 +269,19 @@ def _rewrite_index(d: Path, edit: Any) -> Path:
     return d
 
 
+def _index(d: Path) -> Path:
+    return d / "model.safetensors.index.json"
+
+
 def _first_shard(d: Path) -> str:
     return sorted(
         json.loads((d / "model.safetensors.index.json").read_text())["weight_map"].values()
     )[0]
 
 
-def test_path_escaping_shard_index_is_refused(tmp_path: Path, sharded_dir: Path) -> None:
-    d = copy_of(sharded_dir, tmp_path / "m")
+@broken("path_escaping_shard")
+def path_escaping_shard(tmp_path: Path, sources: Sources) -> Broken:
+    d = copy_of(sources.sharded, tmp_path / "m")
     shard = _first_shard(d)
     shutil.copy(
         d / shard, tmp_path / "outside.safetensors"
@@ -189,31 +289,49 @@ def test_path_escaping_shard_index_is_refused(tmp_path: Path, sharded_dir: Path)
     _rewrite_index(
         d, lambda wm: wm.update({k: "../outside.safetensors" for k, v in wm.items() if v == shard})
     )
+    return Broken(d, UnsafePathError, r"escapes the model directory", str(_index(d)))
+
+
+def test_path_escaping_shard_index_is_refused(tmp_path: Path, corpus_sources: Sources) -> None:
+    d = path_escaping_shard(tmp_path, corpus_sources).path
     with pytest.raises(UnsafePathError, match=r"escapes the model directory"):
         read_structure(d)
 
 
-def test_absolute_shard_path_is_refused(tmp_path: Path, sharded_dir: Path) -> None:
-    d = copy_of(sharded_dir, tmp_path / "m")
+@broken("absolute_shard_path")
+def absolute_shard_path(tmp_path: Path, sources: Sources) -> Broken:
+    d = copy_of(sources.sharded, tmp_path / "m")
     target = str((d / _first_shard(d)).resolve())
     _rewrite_index(d, lambda wm: wm.update({k: target for k in list(wm)[:1]}))
+    return Broken(d, UnsafePathError, "absolute", str(_index(d)))
+
+
+def test_absolute_shard_path_is_refused(tmp_path: Path, corpus_sources: Sources) -> None:
+    d = absolute_shard_path(tmp_path, corpus_sources).path
     with pytest.raises(UnsafePathError, match="absolute"):
         open_model(d)
 
 
-def test_symlinked_shard_leading_out_is_refused(tmp_path: Path, sharded_dir: Path) -> None:
-    d = copy_of(sharded_dir, tmp_path / "m")
+@broken("symlinked_shard")
+def symlinked_shard(tmp_path: Path, sources: Sources) -> Broken:
+    d = copy_of(sources.sharded, tmp_path / "m")
     shard = _first_shard(d)
     outside = tmp_path / "elsewhere.safetensors"
     shutil.move(d / shard, outside)
     (d / shard).symlink_to(outside)
+    return Broken(d, UnsafePathError, "symlink leading outside", str(_index(d)))
+
+
+def test_symlinked_shard_leading_out_is_refused(tmp_path: Path, corpus_sources: Sources) -> None:
+    d = symlinked_shard(tmp_path, corpus_sources).path
     with pytest.raises(UnsafePathError, match="symlink leading outside"):
         read_structure(d)
 
 
 def test_symlink_inside_directory_and_hf_cache_layout_are_allowed(
-    tmp_path: Path, sharded_dir: Path
+    tmp_path: Path, corpus_sources: Sources
 ) -> None:
+    sharded_dir = corpus_sources.sharded
     # Hugging Face cache: snapshots/<rev>/<file> -> ../../blobs/<hash>
     repo = tmp_path / "models--org--tiny"
     snap, blobs = repo / "snapshots" / "abc123", repo / "blobs"
@@ -225,16 +343,23 @@ def test_symlink_inside_directory_and_hf_cache_layout_are_allowed(
     assert read_structure(snap)["n_params"] == read_structure(sharded_dir)["n_params"]
 
 
-def test_missing_shard_is_named(tmp_path: Path, sharded_dir: Path) -> None:
-    d = copy_of(sharded_dir, tmp_path / "m")
+@broken("missing_shard")
+def missing_shard(tmp_path: Path, sources: Sources) -> Broken:
+    d = copy_of(sources.sharded, tmp_path / "m")
     shard = _first_shard(d)
     (d / shard).unlink()
-    with pytest.raises(CorruptFileError, match=f"missing shard '{shard}'"):
-        open_model(d)
+    return Broken(d, CorruptFileError, f"missing shard '{shard}'", str(_index(d)))
 
 
-def test_index_pointing_at_wrong_shard_is_refused(tmp_path: Path, sharded_dir: Path) -> None:
-    d = copy_of(sharded_dir, tmp_path / "m")
+def test_missing_shard_is_named(tmp_path: Path, corpus_sources: Sources) -> None:
+    case = missing_shard(tmp_path, corpus_sources)
+    with pytest.raises(CorruptFileError, match=case.fragment):
+        open_model(case.path)
+
+
+@broken("index_points_at_wrong_shard")
+def index_points_at_wrong_shard(tmp_path: Path, sources: Sources) -> Broken:
+    d = copy_of(sources.sharded, tmp_path / "m")
     shards = sorted(
         set(json.loads((d / "model.safetensors.index.json").read_text())["weight_map"].values())
     )
@@ -244,6 +369,11 @@ def test_index_pointing_at_wrong_shard_is_refused(tmp_path: Path, sharded_dir: P
         wm[name] = shards[1]
 
     _rewrite_index(d, swap)
+    return Broken(d, CorruptFileError, "does not contain it", str(_index(d)))
+
+
+def test_index_pointing_at_wrong_shard_is_refused(tmp_path: Path, corpus_sources: Sources) -> None:
+    d = index_points_at_wrong_shard(tmp_path, corpus_sources).path
     with pytest.raises(CorruptFileError, match="does not contain it"):
         read_structure(d)
 
@@ -251,30 +381,57 @@ def test_index_pointing_at_wrong_shard_is_refused(tmp_path: Path, sharded_dir: P
 # --- unsafe formats ------------------------------------------------------------------------
 
 
-def test_pickle_files_are_refused_with_advice(tmp_path: Path) -> None:
+@broken("pickle_file")
+def pickle_file(tmp_path: Path, sources: Sources) -> Broken:
+    f = tmp_path / "pickled" / "model.pt"
+    f.parent.mkdir()
+    f.write_bytes(pickle.dumps({"x": 1}))
+    return Broken(f, UnsafeFormatError, r"pickle.*safetensors.*trusted environment", str(f))
+
+
+@broken("pickle_only_directory")
+def pickle_only_directory(tmp_path: Path, sources: Sources) -> Broken:
+    d = tmp_path / "hf_pickle_only"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
+    (d / "pytorch_model.bin").write_bytes(pickle.dumps({"x": 1}))
+    return Broken(d, UnsafeFormatError, r"only pickle-based weights.*pytorch_model\.bin", str(d))
+
+
+def test_pickle_files_are_refused_with_advice(tmp_path: Path, corpus_sources: Sources) -> None:
     for name in ("pytorch_model.bin", "model.pt", "model.pth", "model.ckpt", "weights.pkl"):
         f = tmp_path / name
         f.write_bytes(pickle.dumps({"x": 1}))
         with pytest.raises(UnsafeFormatError, match="pickle") as info:
             open_model(f)
         assert "safetensors" in str(info.value) and "trusted environment" in str(info.value)
-    d = tmp_path / "hf_pickle_only"
-    d.mkdir()
-    (d / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
-    (d / "pytorch_model.bin").write_bytes(pickle.dumps({"x": 1}))
+    d = pickle_only_directory(tmp_path, corpus_sources).path
     with pytest.raises(UnsafeFormatError, match=r"only pickle-based weights.*pytorch_model\.bin"):
         read_structure(d)
 
 
-def test_remote_code_is_refused(tmp_path: Path, gpt2_dir: tuple[Path, Any]) -> None:
-    for key, value in (
-        ("auto_map", {"AutoModel": "modeling_evil.EvilModel"}),
-        ("trust_remote_code", True),
-    ):
-        d = copy_of(gpt2_dir[0], tmp_path / key)
+def _remote_code(key: str, value: Any) -> Builder:
+    def build(tmp_path: Path, sources: Sources) -> Broken:
+        d = copy_of(sources.gpt2, tmp_path / key)
         cfg = json.loads((d / "config.json").read_text())
         cfg[key] = value
         (d / "config.json").write_text(json.dumps(cfg))
+        return Broken(d, UnsafeFormatError, "remote code", str(d / "config.json"))
+
+    return build
+
+
+REMOTE_CODE_CASES = {
+    "auto_map": {"AutoModel": "modeling_evil.EvilModel"},
+    "trust_remote_code": True,
+}
+for _key, _value in REMOTE_CODE_CASES.items():
+    BROKEN[f"remote_code_{_key}"] = _remote_code(_key, _value)
+
+
+def test_remote_code_is_refused(tmp_path: Path, corpus_sources: Sources) -> None:
+    for key in REMOTE_CODE_CASES:
+        d = BROKEN[f"remote_code_{key}"](tmp_path, corpus_sources).path
         with pytest.raises(UnsafeFormatError, match="remote code"):
             open_model(d)
 
@@ -286,21 +443,53 @@ def test_hub_names_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, 
         read_structure(name)
 
 
-def test_missing_path_and_unknown_files(tmp_path: Path) -> None:
-    with pytest.raises(UnsupportedFormatError, match="no such file"):
-        read_structure(tmp_path / "nope" / "model")
-    (tmp_path / "notes.txt").write_text("hi")
-    with pytest.raises(UnsupportedFormatError, match="not a checkpoint"):
-        read_structure(tmp_path / "notes.txt")
-    (tmp_path / "empty").mkdir()
-    with pytest.raises(UnsupportedFormatError, match="no safetensors"):
-        read_structure(tmp_path / "empty")
+@broken("hub_name")
+def hub_name(tmp_path: Path, sources: Sources) -> Broken:
+    # No such directory exists relative to the working directory of the tests (the repo).
+    name = "EleutherAI/pythia-70m"
+    assert not Path(name).exists()
+    return Broken(name, UnsafeFormatError, r"Hub name.*never downloads", name)
 
 
-def test_safetensors_without_any_config(tmp_path: Path) -> None:
-    save_file({"x": torch.zeros(2)}, str(tmp_path / "model.safetensors"))
+@broken("no_such_path")
+def no_such_path(tmp_path: Path, sources: Sources) -> Broken:
+    p = tmp_path / "nope" / "model"
+    return Broken(p, UnsupportedFormatError, "no such file", str(p))
+
+
+@broken("not_a_checkpoint")
+def not_a_checkpoint(tmp_path: Path, sources: Sources) -> Broken:
+    f = tmp_path / "notes.txt"
+    f.write_text("hi")
+    return Broken(f, UnsupportedFormatError, "not a checkpoint", str(f))
+
+
+@broken("empty_directory")
+def empty_directory(tmp_path: Path, sources: Sources) -> Broken:
+    d = tmp_path / "empty"
+    d.mkdir()
+    return Broken(d, UnsupportedFormatError, "no safetensors", str(d))
+
+
+def test_missing_path_and_unknown_files(tmp_path: Path, corpus_sources: Sources) -> None:
+    for build in (no_such_path, not_a_checkpoint, empty_directory):
+        case = build(tmp_path, corpus_sources)
+        with pytest.raises(case.error, match=case.fragment):
+            read_structure(case.path)
+
+
+@broken("safetensors_without_config")
+def safetensors_without_config(tmp_path: Path, sources: Sources) -> Broken:
+    d = tmp_path / "no_config"
+    d.mkdir()
+    save_file({"x": torch.zeros(2)}, str(d / "model.safetensors"))
+    return Broken(d, UnsupportedFormatError, "no config", str(d))
+
+
+def test_safetensors_without_any_config(tmp_path: Path, corpus_sources: Sources) -> None:
+    d = safetensors_without_config(tmp_path, corpus_sources).path
     with pytest.raises(UnsupportedFormatError, match="no config"):
-        read_structure(tmp_path)
+        read_structure(d)
 
 
 # --- config.json validation ---------------------------------------------------------------
@@ -341,23 +530,52 @@ CONFIG_CASES = {
 }
 
 
+def _config_case(case: str) -> Builder:
+    def build(tmp_path: Path, sources: Sources) -> Broken:
+        changes, error, fragment = CONFIG_CASES[case]
+        d = _with_config(sources.gpt2, tmp_path / case, **changes)
+        # The config disagreeing with a tensor's shape is reported on the weights file.
+        at_fault = "model.safetensors" if error is ShapeMismatchError else "config.json"
+        return Broken(d, error, fragment, str(d / at_fault))
+
+    return build
+
+
+for _case in CONFIG_CASES:
+    BROKEN[f"config_{_case}"] = _config_case(_case)
+
+
 @pytest.mark.parametrize("case", list(CONFIG_CASES))
-def test_bad_config_is_refused(tmp_path: Path, gpt2_dir: tuple[Path, Any], case: str) -> None:
-    changes, error, fragment = CONFIG_CASES[case]
-    d = _with_config(gpt2_dir[0], tmp_path / case, **changes)
+def test_bad_config_is_refused(tmp_path: Path, corpus_sources: Sources, case: str) -> None:
+    _, error, fragment = CONFIG_CASES[case]
+    d = BROKEN[f"config_{case}"](tmp_path, corpus_sources).path
     with pytest.raises(error, match=fragment):
         read_structure(d)
 
 
-def test_gqa_heads_not_divisible(tmp_path: Path, llama_dir: tuple[Path, Any]) -> None:
-    d = _with_config(llama_dir[0], tmp_path / "gqa", num_key_value_heads=3)
+@broken("gqa_heads_not_divisible")
+def gqa_heads_not_divisible(tmp_path: Path, sources: Sources) -> Broken:
+    d = _with_config(sources.llama, tmp_path / "gqa", num_key_value_heads=3)
+    return Broken(
+        d, ConfigError, "n_heads 4 is not divisible by n_kv_heads 3", str(d / "config.json")
+    )
+
+
+def test_gqa_heads_not_divisible(tmp_path: Path, corpus_sources: Sources) -> None:
+    d = gqa_heads_not_divisible(tmp_path, corpus_sources).path
     with pytest.raises(ConfigError, match="n_heads 4 is not divisible by n_kv_heads 3"):
         read_structure(d)
 
 
-def test_config_json_not_json(tmp_path: Path, gpt2_dir: tuple[Path, Any]) -> None:
-    d = copy_of(gpt2_dir[0], tmp_path / "m")
+@broken("config_json_not_json")
+def config_json_not_json(tmp_path: Path, sources: Sources) -> Broken:
+    d = copy_of(sources.gpt2, tmp_path / "m")
     (d / "config.json").write_text("{not json")
+    return Broken(d, ConfigError, r"config\.json", str(d / "config.json"))
+
+
+def test_config_json_not_json(tmp_path: Path, corpus_sources: Sources) -> None:
+    d = config_json_not_json(tmp_path, corpus_sources).path
     with pytest.raises(ConfigError, match=r"config\.json"):
         read_structure(d)
 
@@ -373,42 +591,82 @@ def _edit_tensors(src: Path, dst: Path, edit: Any) -> Path:
     return d
 
 
-def test_missing_tensor_is_named(tmp_path: Path, llama_dir: tuple[Path, Any]) -> None:
+@broken("missing_tensor")
+def missing_tensor(tmp_path: Path, sources: Sources) -> Broken:
     d = _edit_tensors(
-        llama_dir[0], tmp_path / "m", lambda t: t.pop("model.layers.1.self_attn.k_proj.weight")
+        sources.llama, tmp_path / "m", lambda t: t.pop("model.layers.1.self_attn.k_proj.weight")
     )
+    return Broken(
+        d,
+        MissingTensorError,
+        r"missing tensor 'model\.layers\.1\.self_attn\.k_proj\.weight'",
+        str(d / "model.safetensors"),
+    )
+
+
+def test_missing_tensor_is_named(tmp_path: Path, corpus_sources: Sources) -> None:
+    d = missing_tensor(tmp_path, corpus_sources).path
     with pytest.raises(
         MissingTensorError, match=r"missing tensor 'model\.layers\.1\.self_attn\.k_proj\.weight'"
     ):
         open_model(d)
 
 
-def test_wrong_shape_names_expected_and_found(tmp_path: Path, qwen2_dir: tuple[Path, Any]) -> None:
+@broken("wrong_shape")
+def wrong_shape(tmp_path: Path, sources: Sources) -> Broken:
     def edit(t: dict[str, torch.Tensor]) -> None:
         t["model.layers.0.self_attn.k_proj.weight"] = torch.zeros(32, 32)  # as if no GQA
 
-    d = _edit_tensors(qwen2_dir[0], tmp_path / "m", edit)
+    d = _edit_tensors(sources.qwen2, tmp_path / "m", edit)
+    return Broken(
+        d,
+        ShapeMismatchError,
+        r"k_proj\.weight' has shape \[32, 32\], expected \[16, 32\]",
+        str(d / "model.safetensors"),
+    )
+
+
+def test_wrong_shape_names_expected_and_found(tmp_path: Path, corpus_sources: Sources) -> None:
+    d = wrong_shape(tmp_path, corpus_sources).path
     with pytest.raises(
         ShapeMismatchError, match=r"k_proj\.weight' has shape \[32, 32\], expected \[16, 32\]"
     ):
         open_model(d)
 
 
-def test_integer_weights_are_refused(tmp_path: Path, gpt2_dir: tuple[Path, Any]) -> None:
+@broken("integer_weights")
+def integer_weights(tmp_path: Path, sources: Sources) -> Broken:
     d = _edit_tensors(
-        gpt2_dir[0],
+        sources.gpt2,
         tmp_path / "m",
         lambda t: t.update({"transformer.ln_f.bias": torch.zeros(32, dtype=torch.int32)}),
     )
+    return Broken(d, ConfigError, "only float weights", str(d / "model.safetensors"))
+
+
+def test_integer_weights_are_refused(tmp_path: Path, corpus_sources: Sources) -> None:
+    d = integer_weights(tmp_path, corpus_sources).path
     with pytest.raises(ConfigError, match="only float weights"):
         read_structure(d)
 
 
-def test_nan_weights_load_without_crashing(tmp_path: Path, gpt2_dir: tuple[Path, Any]) -> None:
-    def edit(t: dict[str, torch.Tensor]) -> None:
-        t["transformer.h.1.attn.c_attn.weight"][0, 8:16] = float("nan")  # Q of head 1, layer 1
+# Not an error: the checkpoint opens, and the heads whose weights hold NaN are flagged.
+NAN_LAYER, NAN_HEAD = 1, 1
 
-    m = open_model(_edit_tensors(gpt2_dir[0], tmp_path / "m", edit), raw=True)
+
+def nan_weights(tmp_path: Path, sources: Sources) -> Path:
+    """GPT-2 with NaN in head ``NAN_HEAD`` of layer ``NAN_LAYER``'s W_Q (nothing else)."""
+
+    def edit(t: dict[str, torch.Tensor]) -> None:
+        d_head = hf.D_MODEL // hf.N_HEADS
+        q_of_head = slice(NAN_HEAD * d_head, (NAN_HEAD + 1) * d_head)
+        t[f"transformer.h.{NAN_LAYER}.attn.c_attn.weight"][0, q_of_head] = float("nan")
+
+    return _edit_tensors(sources.gpt2, tmp_path / "nan", edit)
+
+
+def test_nan_weights_load_without_crashing(tmp_path: Path, corpus_sources: Sources) -> None:
+    m = open_model(nan_weights(tmp_path, corpus_sources), raw=True)
     assert torch.isnan(m.weights.get_head("blocks.1.attn.W_Q", 1)).any()
     assert torch.isfinite(m.weights.get_head("blocks.1.attn.W_Q", 0)).all()
 
@@ -418,6 +676,20 @@ def test_broken_tokenizer_falls_back_to_ids(tmp_path: Path, gpt2_dir: tuple[Path
     (d / "tokenizer.json").write_text("{broken")
     m = open_model(d)
     assert m.tokenizer.encode("1 2") == [1, 2] and "tokenizer" in m.warnings[0]
+
+
+# --- every case of the corpus, through the one entry point --------------------------------
+
+
+@pytest.mark.parametrize("case", list(BROKEN))
+def test_every_broken_checkpoint_is_one_typed_line_naming_the_file(
+    tmp_path: Path, corpus_sources: Sources, case: str
+) -> None:
+    b = build_broken(case, tmp_path, corpus_sources)
+    with pytest.raises(b.error, match=b.fragment) as info:
+        open_model(b.path)
+    message = str(info.value)
+    assert "\n" not in message and b.names in message
 
 
 # --- fuzzing -------------------------------------------------------------------------------
