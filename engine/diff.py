@@ -66,26 +66,46 @@ def _flat_heads(w_stack: torch.Tensor) -> torch.Tensor:
     return w_stack.permute(1, 0, 2).reshape(d_model, n_heads * d_head)
 
 
-def _circuit_inner(
-    kind: str,
-    fx: dict[str, torch.Tensor],
-    fy: dict[str, torch.Tensor],
-    g_e: torch.Tensor,
-    g_u: torch.Tensor,
+def _head_factors(w: WeightSource, layer: int, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The layer's heads side by side, ``[d_model, H·d_head]`` each: ``(W_V, W_Oᵀ)`` for OV
+    (``C_h = W_E W_V,h W_O,h W_U``), ``(W_Q, W_K)`` for QK (``C_h = W_E W_Q,h W_K,hᵀ W_Eᵀ``)."""
+    if kind == "ov":
+        return _flat_heads(_stack(w, layer, "W_V")), _flat_heads(
+            _stack(w, layer, "W_O").transpose(1, 2)
+        )
+    return _flat_heads(_stack(w, layer, "W_Q")), _flat_heads(_stack(w, layer, "W_K"))
+
+
+def _cross_inner(
+    x: tuple[torch.Tensor, torch.Tensor],
+    y: tuple[torch.Tensor, torch.Tensor],
+    g_left: torch.Tensor,
+    g_right: torch.Tensor,
     n_heads: int,
 ) -> torch.Tensor:
     """``⟨C_x[h1], C_y[h2]⟩_F`` for all head pairs of one layer, ``[H, H]``.
 
-    OV: ``A = W_E W_V``, ``B = W_O W_U``; QK: ``A = W_E W_Q``, ``B = W_Kᵀ W_Eᵀ``. ``fx``/``fy``
-    hold the layer's heads side by side (``[d_model, H·d_head]``; ``W_O`` transposed).
+    With ``C = E L Rᵀ M``: ``⟨C_x, C_y⟩ = Σ (L_xᵀ G_left L_y) ∘ (R_xᵀ G_right R_y)`` where
+    ``G_left = E_xᵀ E_y`` and ``G_right = M_x M_yᵀ`` (``d_model``-sized Gram matrices).
     """
-    if kind == "ov":
-        a_cross = fx["W_V"].T @ g_e @ fy["W_V"]
-        b_cross = fx["W_O"].T @ g_u @ fy["W_O"]
-    else:
-        a_cross = fx["W_Q"].T @ g_e @ fy["W_Q"]
-        b_cross = fx["W_K"].T @ g_e @ fy["W_K"]
+    a_cross = x[0].T @ (g_left @ y[0])
+    b_cross = x[1].T @ (g_right @ y[1])
     return _pair_inner(a_cross, b_cross, n_heads, a_cross.shape[0] // n_heads)
+
+
+def _self_norms(
+    x: tuple[torch.Tensor, torch.Tensor], g_left: torch.Tensor, g_right: torch.Tensor, n_heads: int
+) -> torch.Tensor:
+    """``‖C_x[h]‖_F`` for each head ``[H]``: only the diagonal blocks of :func:`_cross_inner`."""
+
+    def diagonal_blocks(f: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        d_model = f.shape[0]
+        f_heads = f.reshape(d_model, n_heads, -1).permute(1, 2, 0)  # [H, d_head, d_model]
+        gf_heads = (g @ f).reshape(d_model, n_heads, -1).permute(1, 0, 2)  # [H, d_model, d_head]
+        return f_heads @ gf_heads  # [H, d_head, d_head]
+
+    sq = (diagonal_blocks(x[0], g_left) * diagonal_blocks(x[1], g_right)).sum(dim=(1, 2))
+    return sq.clamp_min(0).sqrt()
 
 
 def circuit_similarity(wa: WeightSource, wb: WeightSource) -> CircuitSimilarity:
@@ -105,37 +125,24 @@ def circuit_similarity(wa: WeightSource, wb: WeightSource) -> CircuitSimilarity:
             f"different vocabularies ({ca.d_vocab} vs {cb.d_vocab} tokens): the token basis "
             "needs identical tokenizers",
         )
+    n_heads = ca.n_heads
     with torch.inference_mode():
         e_a, e_b = wa.get("embed.W_E"), wb.get("embed.W_E")
         u_a, u_b = wa.get("unembed.W_U"), wb.get("unembed.W_U")
-        g_e = {("a", "a"): e_a.T @ e_a, ("a", "b"): e_a.T @ e_b, ("b", "b"): e_b.T @ e_b}
-        g_u = {("a", "a"): u_a @ u_a.T, ("a", "b"): u_a @ u_b.T, ("b", "b"): u_b @ u_b.T}
-        ov_all, qk_all = [], []
+        # The only vocab-sized work: six d_model × d_model Gram matrices, once per pair.
+        g_e = {"ab": e_a.T @ e_b, "aa": e_a.T @ e_a, "bb": e_b.T @ e_b}
+        g_u = {"ab": u_a @ u_b.T, "aa": u_a @ u_a.T, "bb": u_b @ u_b.T}
+        sims: dict[str, list[torch.Tensor]] = {"ov": [], "qk": []}
         for layer in range(ca.n_layers):
-            f = {
-                m: {n: _flat_heads(_stack(w, layer, n)) for n in ("W_Q", "W_K", "W_V")}
-                | {
-                    "W_O": _flat_heads(_stack(w, layer, "W_O").transpose(1, 2)),
-                    "n_heads": ca.n_heads,
-                }
-                for m, w in (("a", wa), ("b", wb))
-            }
-
-            for kind, out in (("ov", ov_all), ("qk", qk_all)):
-                cross = _circuit_inner(
-                    kind, f["a"], f["b"], g_e[("a", "b")], g_u[("a", "b")], ca.n_heads
-                )
-                norm_a = _circuit_inner(
-                    kind, f["a"], f["a"], g_e[("a", "a")], g_u[("a", "a")], ca.n_heads
-                )
-                norm_b = _circuit_inner(
-                    kind, f["b"], f["b"], g_e[("b", "b")], g_u[("b", "b")], ca.n_heads
-                )
-                norm_a = norm_a.diagonal().clamp_min(0).sqrt()
-                norm_b = norm_b.diagonal().clamp_min(0).sqrt()
+            for kind, out in sims.items():
+                g_right = g_u if kind == "ov" else g_e
+                fa, fb = _head_factors(wa, layer, kind), _head_factors(wb, layer, kind)
+                cross = _cross_inner(fa, fb, g_e["ab"], g_right["ab"], n_heads)
+                norm_a = _self_norms(fa, g_e["aa"], g_right["aa"], n_heads)
+                norm_b = _self_norms(fb, g_e["bb"], g_right["bb"], n_heads)
                 denom = norm_a[:, None] * norm_b[None, :]
                 out.append(torch.where(denom > 0, cross / denom, torch.zeros_like(cross)))
-        return CircuitSimilarity(ov=torch.stack(ov_all), qk=torch.stack(qk_all))
+        return CircuitSimilarity(ov=torch.stack(sims["ov"]), qk=torch.stack(sims["qk"]))
 
 
 def principal_cosines(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -293,8 +300,10 @@ def _composition_diff(
         composition_scores(a.weights, kind, seed=seed),
         composition_scores(b.weights, kind, seed=seed),
     )
-    above_a = ra.scores - ra.baseline
-    above_b = rb.scores - rb.baseline
+    # A pruned (all-zero) or non-finite head has an undefined (NaN) ratio; for the graph
+    # diff it composes with nothing: score 0, so its edges show up as lost or gained.
+    above_a = ra.scores.nan_to_num(nan=0.0) - ra.baseline
+    above_b = rb.scores.nan_to_num(nan=0.0) - rb.baseline
     n_layers, n_heads = a.cfg.n_layers, a.cfg.n_heads
     gained, lost, changed = [], [], []
     for l1 in range(n_layers):

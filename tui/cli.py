@@ -223,8 +223,8 @@ def emit(data: Any, as_json: bool, table: Callable[[], tuple[list[str], list[lis
 def _cell(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.4f}"
-    if isinstance(v, list | tuple):
-        return ".".join(str(x) for x in v)
+    if isinstance(v, list | tuple) and len(v) == 2:  # a head: [layer, head]
+        return f"L{v[0]}.H{v[1]}"
     return "" if v is None else str(v)
 
 

@@ -1,0 +1,83 @@
+"""Issue 8 acceptance on the bundled attn-only-2l: self-diff, a pruned induction head, and
+heads permuted within a layer."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from engine.diff import diff_models
+from engine.loading import open_model
+from tests.conftest import sample_model
+
+PREV, INDUCTION = (0, 6), (1, 7)  # as sample_models/README.md documents them
+
+
+def rewrite(src: Path, dst: Path, edit) -> Path:
+    """Copy a native checkpoint, editing its tensors (config kept in the metadata)."""
+    shutil.copytree(src, dst)
+    with safe_open(str(src / "model.safetensors"), "pt") as f:
+        tensors = {k: f.get_tensor(k).clone() for k in f.keys()}  # noqa: SIM118
+        metadata = f.metadata()
+    edit(tensors)
+    save_file(tensors, str(dst / "model.safetensors"), metadata=metadata)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def base() -> Path:
+    return sample_model("attn-only-2l")
+
+
+def test_self_diff_is_identity(base) -> None:
+    d = diff_models(open_model(base), open_model(base))
+    for row in d.heads:
+        assert row["ov_similarity"] == pytest.approx(1.0, abs=1e-5)
+        assert row["qk_similarity"] == pytest.approx(1.0, abs=1e-5)
+        assert row["copying_score_delta"] == pytest.approx(0.0, abs=1e-6)
+        assert row["induction_score_delta"] == pytest.approx(0.0, abs=1e-6)
+    for kind in "qkv":
+        assert d.composition[kind]["gained"] == d.composition[kind]["lost"] == []
+
+
+def test_pruned_induction_head_is_named_first_with_its_lost_k_edge(base, tmp_path) -> None:
+    layer, head = INDUCTION
+
+    def prune(t: dict[str, torch.Tensor]) -> None:
+        for name in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V"):
+            key = f"blocks.{layer}.attn.{name}"
+            if key in t:
+                t[key][head] = 0
+
+    pruned = rewrite(base, tmp_path / "pruned", prune)
+    d = diff_models(open_model(base), open_model(pruned))
+    first = d.biggest_changes[0]
+    assert (first["layer"], first["head"]) == INDUCTION
+    lost = d.composition["k"]["lost"]
+    assert lost, "pruning the induction head loses K-composition edges"
+    assert (tuple(lost[0]["source"]), tuple(lost[0]["target"])) == (PREV, INDUCTION)
+
+
+def test_permuted_heads_are_matched_back(base, tmp_path) -> None:
+    perm = [3, 0, 7, 1, 6, 2, 5, 4]  # B's head i is A's head perm[i]
+
+    def permute(t: dict[str, torch.Tensor]) -> None:
+        for layer in (0, 1):
+            for name in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V"):
+                key = f"blocks.{layer}.attn.{name}"
+                if key in t:
+                    t[key] = t[key][perm].contiguous()
+
+    shuffled = rewrite(base, tmp_path / "shuffled", permute)
+    d = diff_models(open_model(base), open_model(shuffled), match_heads=True)
+    inverse = [perm.index(h) for h in range(8)]  # A's head h sits at B's head inverse[h]
+    assert d.matching == [inverse, inverse]
+    for row in d.heads:
+        assert row["ov_similarity"] == pytest.approx(1.0, abs=1e-5)
+        assert row["copying_score_delta"] == pytest.approx(0.0, abs=1e-5)
+    assert all(d.composition[k]["lost"] == [] for k in "qkv")
