@@ -3,6 +3,7 @@
 Built from ``engine.structure`` alone (no torch, no tensor read), so it is on the first
 frame. Badges (C copying, P previous-token, I induction) are coloured by strength and
 only appear for heads whose score is known, so interesting heads stand out at a glance.
+A head with NaN/inf weights shows a red "!" flag and "nan" instead of badges.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from textual.widgets.tree import TreeNode
 from ..adapt import BADGES, ScoreRow
 
 Head = tuple[int, int]
+NONFINITE_FLAG = "bold white on red"
 
 
 @dataclass(frozen=True)
@@ -102,7 +104,11 @@ class HeadTree(Tree[NodeData]):
         if row is None:
             return text
         if row.nonfinite:
-            text.append(" NaN", style="bold red")
+            # NaN/inf in this head's weights: its scores are NaN, not weak. A red "!" flag
+            # instead of badges, so a poisoned head is never mistaken for a dull one.
+            text.append(" ")
+            text.append("!", style=NONFINITE_FLAG)
+            text.append(" nan", style="red")
             return text
         vars_ = self.app.theme_variables if self.is_attached else {}
         strong = vars_.get("badge-strong", "green")

@@ -1,0 +1,200 @@
+"""The explorer on hostile and broken inputs (issue 6), on the real Engine.
+
+Every broken checkpoint of the corpus (tests/test_hostile.py ``BROKEN``) opened in the app
+becomes an error notification naming the file and the problem; nothing crashes, and the
+app keeps answering keys (help screen, tabs, quit). NaN weights are not an error: the app
+opens and the affected head is flagged in the head tree while the others keep their
+badges. Resource limits: an over-limit circuit block is a notification; a prompt longer
+than the context is truncated with a visible notice.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from textual.worker import WorkerState
+
+from tests import test_hostile
+from tests.test_hostile import BROKEN, NAN_HEAD, NAN_LAYER, Sources, build_broken, nan_weights
+from tui.app import HeadscopeApp
+from tui.screens import HelpScreen
+from tui.settings import Settings
+from tui.widgets.chart import Chart
+from tui.widgets.head_tree import HeadTree
+from tui.widgets.status import StatusBar
+
+corpus_sources = test_hostile.corpus_sources  # the corpus' pytest fixture
+SIZE = (100, 30)
+# One case per error class also switches tabs and moves in the tree (the app takes the
+# same path for every case of a class; switching tabs costs time on a busy machine).
+WITH_TABS = {
+    "truncated": "CorruptFileError",
+    "path_escaping_shard": "UnsafePathError",
+    "pickle_only_directory": "UnsafeFormatError",
+    "empty_directory": "UnsupportedFormatError",
+    "config_unsupported_architecture": "UnknownArchitectureError",
+    "config_missing_field": "ConfigError",
+    "wrong_shape": "ShapeMismatchError",
+    "missing_tensor": "MissingTensorError",
+}
+
+
+@pytest.fixture(autouse=True)
+def _quiet_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HEADSCOPE_CONFIG", str(tmp_path / "none.toml"))
+    monkeypatch.setenv("HEADSCOPE_OUTPUT_DIR", str(tmp_path / "out"))
+
+
+async def settle(pilot: Any, app: HeadscopeApp, until: Any, timeout: float = 30.0) -> None:
+    """Pause until ``until()`` holds (or an error was reported), then let workers finish."""
+    deadline = time.monotonic() + timeout
+    while not until() and not app.errors:
+        assert time.monotonic() < deadline, "the app never got there"
+        await pilot.pause(0.05)
+    await pilot.pause(0.05)
+    await app.workers.wait_for_complete()
+
+
+def screen_text(app: HeadscopeApp) -> str:
+    """What the terminal shows right now, one line per row."""
+    strips = app.screen._compositor.render_strips()
+    return "\n".join(strip.text for strip in strips)
+
+
+def assert_no_crash(app: HeadscopeApp) -> None:
+    """No unhandled exception, no worker died, no notification is a raw traceback or repr."""
+    assert app._exception is None
+    failed = [w for w in app.workers if w.state == WorkerState.ERROR]
+    assert not failed, [repr(w.error) for w in failed]
+    for n in app._notifications:
+        assert "Traceback" not in n.message and "unexpected error" not in n.message, n.message
+
+
+async def keys_still_work_then_quit(pilot: Any, app: HeadscopeApp, *, tabs: bool = True) -> None:
+    """Help opens and closes, (tabs and the tree take keys), ``q`` exits with code 0."""
+    main = app.screen
+    await pilot.press("question_mark")
+    await pilot.pause()
+    assert isinstance(app.screen, HelpScreen)
+    await pilot.press("escape")
+    await pilot.pause()
+    assert app.screen is main
+    if tabs:  # a few hundred ms per switch on a busy machine: not for every corpus case
+        await pilot.press("2", "j", "6")
+        await pilot.pause()
+        assert app.active_tab == "summary"
+    assert_no_crash(app)
+    await pilot.press("q")
+    await pilot.pause()
+    assert app.return_code == 0  # exited, cleanly
+
+
+@pytest.mark.parametrize("case", list(BROKEN))
+async def test_broken_checkpoint_is_a_notification_and_keys_keep_working(
+    tmp_path: Path, corpus_sources: Sources, case: str
+) -> None:
+    broken = build_broken(case, tmp_path, corpus_sources)
+    app = HeadscopeApp(broken.path, settings=Settings(), sweep=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, app, lambda: app._model_ready.is_set())
+        assert not app._model_ready.is_set(), "a broken checkpoint opened"
+        errors = [n.message for n in app._notifications if n.severity == "error"]
+        assert len(errors) == 1, errors
+        message = errors[0]
+        assert broken.names in message, message  # names the file at fault
+        assert re.search(broken.fragment, message), message  # and the problem
+        assert "\n" not in message
+        assert case not in WITH_TABS or WITH_TABS[case] == broken.error.__name__
+        assert app.main.query_one(StatusBar).error == message
+        # Every chart says why it is empty instead of waiting for a model forever.
+        assert all(message in c.rendered.plain for c in app.main.query(Chart)
+                   if c.rendered is not None)  # fmt: skip
+        assert_no_crash(app)
+        await keys_still_work_then_quit(pilot, app, tabs=case in WITH_TABS)
+
+
+# --- NaN weights: flagged, not crashed on ---------------------------------------------------
+
+
+async def test_nan_head_is_flagged_in_the_tree_and_other_heads_keep_badges(
+    tmp_path: Path, corpus_sources: Sources
+) -> None:
+    from engine.loading import open_model
+    from engine.scores import nonfinite_heads
+
+    path = nan_weights(tmp_path, corpus_sources)
+    bad = (NAN_LAYER, NAN_HEAD)
+    model = open_model(path)
+    assert nonfinite_heads(model.weights) == [bad]  # the engine flags exactly the poisoned head
+
+    app = HeadscopeApp(path, settings=Settings(), debounce=0.01, sweep=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, app, lambda: len(app.rows) == 8)
+        assert app.errors == []
+        tree = app.main.query_one(HeadTree)
+        assert app.rows[bad].nonfinite and math.isnan(app.rows[bad].induction)
+        label = tree.head_nodes[bad].label
+        assert label.plain == f"H{NAN_HEAD} ! nan"
+        assert any("red" in str(span.style) and label.plain[span.start:span.end] == "!"
+                   for span in label.spans)  # fmt: skip
+        for head, row in app.rows.items():
+            if head == bad:
+                continue
+            assert not row.nonfinite and all(not math.isnan(row.get(k)) for k in
+                                             ("copying", "prev_token", "induction"))  # fmt: skip
+            text = tree.badge_text(head)
+            assert "!" not in text and "nan" not in text
+            assert re.fullmatch(rf"H{head[1]} [C·] [P·] [I·]", text), text
+        # The poisoned head can be viewed: circuits with NaN render, nothing dies.
+        app.goto_head(bad, immediate=True)
+        for tab in ("1", "2", "3"):
+            await pilot.press(tab)
+            await settle(pilot, app, lambda: True)
+        assert app.head == bad
+        assert "non-finite" in str(app.main.query_one("#focus-line").render())
+        assert_no_crash(app)
+        await keys_still_work_then_quit(pilot, app)
+
+
+# --- resource limits ------------------------------------------------------------------------
+
+
+async def test_over_limit_circuit_block_is_a_notification(corpus_sources: Sources) -> None:
+    from engine.service import Engine
+
+    def small_engine(path: str, raw: bool) -> Engine:
+        return Engine(path, raw=raw, max_block_bytes=1024)  # a 24×24 float32 block is 2304 B
+
+    app = HeadscopeApp(corpus_sources.gpt2, settings=Settings(), engine_factory=small_engine,
+                       sweep=False)  # fmt: skip
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, app, lambda: bool(app.errors))
+        assert len(app.errors) == 1 and "limit" in app.errors[0], app.errors
+        assert_no_crash(app)
+        await keys_still_work_then_quit(pilot, app)
+
+
+async def test_prompt_longer_than_the_context_is_truncated_with_a_notice(
+    corpus_sources: Sources,
+) -> None:
+    from tests.hf_fixtures import N_CTX
+
+    long_prompt = " ".join(["the cat sat on the mat"] * N_CTX)  # 6 × n_ctx tokens
+    app = HeadscopeApp(corpus_sources.gpt2, settings=Settings(), sweep=False,
+                       prompt=long_prompt)  # fmt: skip
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, app, lambda: app._model_ready.is_set())
+        await pilot.press("4")
+        await settle(pilot, app, lambda: "prompt" in app.results)
+        assert app.errors == []
+        view = app.results["prompt"]
+        assert view.truncated and len(view.ids) == N_CTX
+        # On screen (the side pane may wrap the rest of the sentence).
+        assert "prompt truncated" in screen_text(app)
+        assert_no_crash(app)
+        await keys_still_work_then_quit(pilot, app)
