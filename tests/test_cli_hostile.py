@@ -1,0 +1,201 @@
+"""The CLI on hostile and broken inputs (issue 6).
+
+Every broken checkpoint of the corpus (tests/test_hostile.py ``BROKEN``) through
+``headscope info`` and ``headscope heads``: exit code 1, exactly one line on stderr naming
+the file and the problem, no traceback, nothing on stdout, and nothing written anywhere
+near the checkpoint (the whole test directory and the working directory are compared
+before and after, names, sizes and mtimes). Then resource limits and prompts: an
+over-limit circuit block and an over-long or empty prompt are one-line refusals; NaN
+weights are not an error.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import engine.report
+from tests import test_hostile
+from tests.hf_fixtures import N_CTX, VOCAB
+from tests.test_hostile import BROKEN, NAN_HEAD, NAN_LAYER, Sources, build_broken, nan_weights
+from tui.cli import EXIT_MODEL_ERROR, main
+
+corpus_sources = test_hostile.corpus_sources  # the corpus' pytest fixture
+REPO = Path(__file__).resolve().parent.parent
+
+Listing = dict[str, tuple[int, int, int]]
+
+
+def listing(root: Path) -> Listing:
+    """Every entry under ``root`` (symlinks not followed): (mode, size, mtime in ns)."""
+    out: Listing = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            st = p.lstat()
+            out[str(p.relative_to(root))] = (st.st_mode, st.st_size, st.st_mtime_ns)
+    return out
+
+
+@pytest.fixture
+def cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty working directory: nothing may appear in it either."""
+    d = tmp_path / "cwd"
+    d.mkdir()
+    monkeypatch.chdir(d)
+    return d
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    capsys.readouterr()  # drop what building the fixtures printed (progress bars)
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_refusal(err: str, names: str, fragment: str) -> str:
+    assert err.endswith("\n") and err.count("\n") == 1, err  # exactly one line
+    line = err.rstrip("\n")
+    assert line.startswith("headscope: "), line
+    assert "Traceback" not in line
+    assert names in line, line  # names the file at fault
+    assert re.search(fragment, line), line  # and the problem
+    return line
+
+
+@pytest.mark.parametrize("command", ["info", "heads"])
+@pytest.mark.parametrize("case", list(BROKEN))
+def test_broken_checkpoint_is_one_line_exit_1_and_writes_nothing(
+    tmp_path: Path,
+    cwd: Path,
+    corpus_sources: Sources,
+    capsys: pytest.CaptureFixture[str],
+    case: str,
+    command: str,
+) -> None:
+    broken = build_broken(case, tmp_path / "corpus", corpus_sources)
+    before = listing(tmp_path)
+    code, out, err = run(capsys, command, str(broken.path))
+    assert code == EXIT_MODEL_ERROR == 1
+    assert out == ""
+    assert_one_line_refusal(err, broken.names, broken.fragment)
+    assert listing(tmp_path) == before  # checkpoint, its neighbours and the cwd untouched
+
+
+@pytest.mark.parametrize(
+    ("case", "command"), [("truncated", "info"), ("missing_tensor", "heads")]
+)
+def test_as_a_real_process_stderr_is_one_line(
+    tmp_path: Path, corpus_sources: Sources, case: str, command: str
+) -> None:
+    """The same through ``python -m tui.cli``: what a shell sees, warnings and all."""
+    broken = build_broken(case, tmp_path / "corpus", corpus_sources)
+    work = tmp_path / "cwd"
+    work.mkdir()
+    before = listing(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HEADSCOPE_CONFIG": str(tmp_path / "none")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "tui.cli", command, str(broken.path)],
+        cwd=work, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stdout == ""
+    assert_one_line_refusal(proc.stderr, broken.names, broken.fragment)
+    assert listing(tmp_path) == before
+
+
+# --- NaN weights: not an error, flagged ------------------------------------------------------
+
+
+def test_heads_on_nan_weights_succeeds_and_writes_nothing(
+    tmp_path: Path, cwd: Path, corpus_sources: Sources, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = nan_weights(tmp_path, corpus_sources)
+    before = listing(tmp_path)
+    code, out, err = run(capsys, "heads", str(path), "--json", "--sort", "induction_score")
+    assert (code, err) == (0, "")
+    rows = {(r["layer"], r["head"]): r for r in json.loads(out)}
+    assert len(rows) == 8
+    bad = rows[(NAN_LAYER, NAN_HEAD)]
+    # Every score of a head with non-finite weights is NaN (null in strict JSON), even the
+    # copying score of its intact OV circuit: the head is flagged, not half-trusted.
+    assert all(v is None for k, v in bad.items() if k not in ("layer", "head")), bad
+    for head, row in rows.items():
+        if head != (NAN_LAYER, NAN_HEAD):
+            assert all(isinstance(v, float) and math.isfinite(v) for k, v in row.items()
+                       if k not in ("layer", "head")), row  # fmt: skip
+    assert list(rows)[-1] == (NAN_LAYER, NAN_HEAD)  # NaN sorts last
+    assert listing(tmp_path) == before
+
+
+# --- resource limits and prompts -------------------------------------------------------------
+
+
+def test_circuit_block_over_the_limit_is_refused_in_one_line(
+    cwd: Path,
+    corpus_sources: Sources,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    path = str(corpus_sources.gpt2)
+    # The fixture's vocabulary (96) keeps a full vocab × vocab block under the real limit;
+    # lower it so the same request is an over-limit one.
+    monkeypatch.setattr(engine.report, "MAX_BLOCK_CELLS", 1000)
+    code, out, err = run(
+        capsys, "circuit", path, "0", "0", "--kind", "qk", "--rows", "0:100000", "--cols", "0:100000"
+    )
+    assert (code, out) == (1, "")
+    assert_one_line_refusal(err, path, rf"a {VOCAB}×{VOCAB} block exceeds the limit of 1,000 cells")
+    # A block within the limit still works, and the limit counts cells, not the request text.
+    code, out, err = run(capsys, "circuit", path, "0", "0", "--kind", "ov",
+                         "--rows", "0:20", "--cols", "0:50", "--json")  # fmt: skip
+    assert (code, err) == (0, "")
+    assert len(json.loads(out)["values"]) == 20
+
+
+def test_prompts_empty_or_longer_than_the_context_are_one_line_refusals(
+    cwd: Path, corpus_sources: Sources, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = str(corpus_sources.gpt2)
+    for prompt in ("", "   \t "):
+        code, out, err = run(capsys, "forward", path, "--prompt", prompt)
+        assert (code, out) == (1, "")
+        assert_one_line_refusal(err, path, "empty prompt")
+    long_prompt = " ".join(["the cat sat"] * N_CTX)
+    code, out, err = run(capsys, "forward", path, "--prompt", long_prompt)
+    assert (code, out) == (1, "")
+    assert_one_line_refusal(err, path, rf"{3 * N_CTX} tokens exceed the context of {N_CTX}")
+    code, out, err = run(capsys, "forward", path, "--tokens", "1,2,100000")
+    assert (code, out) == (1, "")
+    assert_one_line_refusal(err, path, rf"token 100000 out of range 0\.\.{VOCAB - 1}")
+
+
+def test_engine_run_prompt_truncates_to_the_context(corpus_sources: Sources) -> None:
+    """What the TUI's Prompt tab shows: the Engine cuts the prompt at n_ctx and says so."""
+    import asyncio
+
+    from engine.errors import PromptError
+    from engine.service import Engine
+
+    async def go() -> None:
+        eng = Engine(corpus_sources.gpt2)
+        try:
+            await eng.ready()
+            view = await eng.run_prompt(" ".join(["the cat sat"] * N_CTX), 0, 0)
+            assert view.truncated and len(view.ids) == len(view.tokens) == N_CTX
+            assert view.pattern.shape == (N_CTX, N_CTX)
+            short = await eng.run_prompt("the cat sat", 0, 0)
+            assert not short.truncated and len(short.ids) == 3
+            with pytest.raises(PromptError, match=str(corpus_sources.gpt2)):
+                await eng.run_prompt("", 0, 0)
+        finally:
+            await eng.aclose()
+
+    asyncio.run(go())
