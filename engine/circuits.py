@@ -111,6 +111,22 @@ def full_ov_block(w: WeightSource, layer: int, head: int, rows: Sequence[int],
     return (src @ head_weight(w, layer, head, "W_V")) @ (head_weight(w, layer, head, "W_O") @ out)
 
 
+def circuit_block(w: WeightSource, layer: int, head: int, kind: str, basis: str,
+                  rows: Sequence[int], cols: Sequence[int], offset: int = 0) -> Tensor:
+    """The ``rows × cols`` block of a head's circuit that the explorer and the CLI show.
+
+    token basis: QK is ``W_E QK W_Eᵀ`` (rotary models: at offset Δ), OV the full OV circuit
+    ``W_E OV W_U``; position basis (QK, learned positions): ``W_pos QK W_posᵀ``. Only the
+    requested rows and columns are ever multiplied out.
+    """
+    if basis == "position":
+        return positional_qk(w, layer, head).block(list(rows), list(cols))
+    if kind == "ov":
+        return full_ov_block(w, layer, head, rows, cols)
+    rotary = w.cfg.positional == "rotary"
+    return token_qk_block(w, layer, head, rows, cols, offset if rotary else None)
+
+
 # -- rotary position embeddings --------------------------------------------------------------
 
 

@@ -158,19 +158,10 @@ def circuit_report(
             f"a {len(rows)}×{len(cols)} block exceeds the limit of {MAX_BLOCK_CELLS:,} cells; "
             "ask for fewer rows/columns",
         )
+    values = circuits.circuit_block(w, layer, head, kind, basis, rows, cols, offset)
     if basis == "position":
-        values = circuits.positional_qk(w, layer, head).block(rows, cols)
         labels_r, labels_c = [str(p) for p in rows], [str(p) for p in cols]
     else:
-        if kind == "ov":
-            values = circuits.full_ov(w, layer, head).block(rows, cols)
-        elif cfg.positional == "rotary":
-            # W_E W_Q R(Δ) W_Kᵀ W_Eᵀ, materialised only for the requested rows and columns.
-            qk = circuits.rotary_qk(w, layer, head, offset)
-            w_e = w.get("embed.W_E")
-            values = (w_e[rows] @ qk.A) @ (qk.B @ w_e[cols].T)
-        else:
-            values = circuits.token_qk(w, layer, head).block(rows, cols)
         labels_r = [model.tokenizer.decode_token(t) for t in rows]
         labels_c = [model.tokenizer.decode_token(t) for t in cols]
     return {

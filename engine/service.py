@@ -325,9 +325,11 @@ class Engine:
         key = (layer, head, "circuit_block", (kind, basis, rows, cols, offset, raw))
 
         def compute(ctx: JobContext) -> CircuitBlock:
+            from .circuits import circuit_block
+
             model = self._model(raw)
             ctx.check()
-            values = _circuit_values(model, layer, head, kind, basis, rows, cols, offset)
+            values = circuit_block(model.weights, layer, head, kind, basis, rows, cols, offset)
             return _block_result(model, layer, head, kind, basis, rows, cols, offset, values)
 
         return key, compute
@@ -646,28 +648,6 @@ def _full_ov_rows(model: Model, layer: int, head: int, rows: Sequence[int]) -> A
     from . import circuits
 
     return circuits.full_ov_block(model.weights, layer, head, rows, range(model.cfg.d_vocab))
-
-
-def _circuit_values(
-    model: Model,
-    layer: int,
-    head: int,
-    kind: str,
-    basis: str,
-    rows: Sequence[int],
-    cols: Sequence[int],
-    offset: int,
-) -> Any:
-    """The requested block only: no vocab-sized factor is formed (engine.circuits)."""
-    from . import circuits
-
-    w = model.weights
-    if basis == "position":
-        return circuits.positional_qk(w, layer, head).block(list(rows), list(cols))
-    if kind == "ov":
-        return circuits.full_ov_block(w, layer, head, rows, cols)
-    rotary = model.cfg.positional == "rotary"
-    return circuits.token_qk_block(w, layer, head, rows, cols, offset if rotary else None)
 
 
 def _block_result(

@@ -173,3 +173,16 @@ def test_info_does_not_import_torch(gpt2_dir) -> None:
         "sys.stdout.flush(); assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, capture_output=True)
+
+
+def test_rotary_models_show_token_qk_at_an_offset(capsys, llama_dir) -> None:
+    path, _ = llama_dir
+    report = run_json(capsys, "circuit", str(path), "1", "3", "--kind", "qk", "--offset", "3",
+                      "--rows", "0:4", "--cols", "5,6")
+    w = open_model(path).weights
+    e = w.get("embed.W_E")
+    dense = e[:4] @ circuits.rotary_qk(w, 1, 3, 3).AB @ e[[5, 6]].T
+    assert report["offset"] == 3
+    assert torch.allclose(torch.tensor(report["values"]), dense, atol=1e-4)
+    code, _, err = run_cli(capsys, "circuit", str(path), "0", "0", "--kind", "qk", "--basis", "position")
+    assert code == 1 and "rotary" in err
