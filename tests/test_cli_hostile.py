@@ -199,3 +199,49 @@ def test_engine_run_prompt_truncates_to_the_context(corpus_sources: Sources) -> 
             await eng.aclose()
 
     asyncio.run(go())
+
+
+# --- a checkpoint that changes on disk while it is open ---------------------------------------
+
+_CHANGED_UNDER_US = """
+import sys
+from engine.errors import HeadscopeError
+from engine.loading import open_model
+
+path = sys.argv[1]
+m = open_model(path, raw=True)
+m.weights.get_head("blocks.0.attn.W_Q", 0)  # the file is now open (mmap)
+f = m.path / "model.safetensors"
+size = f.stat().st_size
+with open(f, "r+b") as fh:  # e.g. save_pretrained overwriting the checkpoint in place
+    fh.truncate(size // 3)
+try:
+    for layer in range(m.cfg.n_layers):
+        for head in range(m.cfg.n_heads):
+            for name in ("W_Q", "W_K", "W_V", "W_O"):
+                m.weights.get_head(f"blocks.{layer}.attn.{name}", head)
+    m.weights.get("embed.W_E")
+except HeadscopeError as e:
+    print(type(e).__name__, e)
+"""
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="engine/weights.py reads through safe_open's mmap: a file truncated after it was "
+    "opened kills the process with SIGBUS instead of raising CorruptFileError",
+)
+def test_checkpoint_truncated_while_open_is_an_error_not_a_crash(
+    tmp_path: Path, corpus_sources: Sources
+) -> None:
+    d = tmp_path / "m"
+    d.mkdir()
+    for f in corpus_sources.gpt2.iterdir():
+        (d / f.name).write_bytes(f.read_bytes())
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHANGED_UNDER_US, str(d)],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, f"died with {proc.returncode}: {proc.stderr[-300:]}"
+    assert proc.stdout.startswith("CorruptFileError"), proc.stdout
+    assert str(d / "model.safetensors") in proc.stdout

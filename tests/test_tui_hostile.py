@@ -198,3 +198,29 @@ async def test_prompt_longer_than_the_context_is_truncated_with_a_notice(
         assert "prompt truncated" in screen_text(app)
         assert_no_crash(app)
         await keys_still_work_then_quit(pilot, app)
+
+
+async def test_bad_requests_are_notifications_and_empty_prompts_are_declined(
+    corpus_sources: Sources,
+) -> None:
+    from tests.hf_fixtures import VOCAB
+
+    path = corpus_sources.gpt2
+    app = HeadscopeApp(path, settings=Settings(), sweep=False, debounce=0.01)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, app, lambda: app._model_ready.is_set())
+        await app.workers.wait_for_complete()
+        # A token id beyond the vocabulary, typed into the token chooser.
+        await pilot.press("slash")
+        await pilot.press(*"#5 #100000", "enter")
+        await settle(pilot, app, lambda: bool(app.errors))
+        assert app.errors == [f"{path}: token 100000 out of range 0..{VOCAB - 1}"]
+        # A blank prompt is declined politely: a hint in the view, not an error.
+        await pilot.press("p", "space", "space", "enter")
+        await settle(pilot, app, lambda: True)
+        assert app.active_tab == "prompt" and len(app.errors) == 1
+        assert "no prompt yet" in screen_text(app)
+        # Back to the tree (escape does not leave the prompt input: keys would be typed).
+        app.main.query_one(HeadTree).focus()
+        assert_no_crash(app)
+        await keys_still_work_then_quit(pilot, app)
