@@ -225,3 +225,20 @@ def test_blocks_callback_sees_each_layer_input_and_pattern(family_models):
         torch.testing.assert_close(pattern, ref.patterns[:, layer])
     torch.testing.assert_close(forward.unembed(w, final), ref.logits)
     torch.testing.assert_close(resumed, final)
+
+
+# -- the benchmark script ------------------------------------------------------------------------
+
+
+def test_bench_behaviour_scenarios_agree_on_a_tiny_checkpoint(tmp_path):
+    from bench import behaviour
+    from bench.checkpoints import SHAPES, write_checkpoint
+
+    path = write_checkpoint(SHAPES["tiny-gpt2"], tmp_path)
+    results = {name: behaviour.one(name, path, budget=60.0, seq_len=5, batch=2)
+               for name in ("ablation", "ablation-ref")}
+    assert results["ablation-ref"]["heads_done"] == 8 and not results["ablation-ref"]["extrapolated"]
+    assert behaviour.max_diff(results["ablation"]["values"], results["ablation-ref"]["values"]) < 1e-5
+    text = behaviour.table(results)
+    assert "| ablation_effects (all heads) | compute, cold (s) |" in text
+    assert "| behaviour_scores | compute, cold (s) | not run | not run | – |" in text
