@@ -17,7 +17,7 @@ from textual.widgets import DataTable, Static, TabbedContent
 
 from tests.fake_engine import FakeEngine, broken_factory
 from themes import COLORMAPS
-from tui.app import HeadscopeApp
+from tui.app import EXTRA_BINDINGS, FILTER_THRESHOLD, HeadscopeApp
 from tui.keymap import APP_BINDINGS
 from tui.screens import HelpScreen
 from tui.settings import Settings
@@ -147,10 +147,10 @@ async def test_prompt_entry_shows_pattern_dla_and_predictions() -> None:
         view = await engine.run_prompt("the cat sat", 0, 0)
         text = chart_text(app, "prompt-pattern")
         assert "attention L0.H0" in text and "sat" in text
-        side = plain(app.query_one("#prompt-side", Static))
-        assert view.top_predictions[0][1] in side
-        assert f"{view.top_predictions[0][2]:.3f}" in side
-        assert f"{float(view.dla[1]):+.2f}" in side
+        preds = plain(app.query_one("#prompt-preds", Static))
+        assert view.top_predictions[0][1] in preds
+        assert f"{view.top_predictions[0][2]:.3f}" in preds
+        assert f"{float(view.dla[1]):+.2f}" in plain(app.query_one("#prompt-dla", Static))
 
 
 async def test_composition_edges_select_heads_and_kind_switches() -> None:
@@ -249,7 +249,7 @@ async def test_help_lists_every_key_and_follows_the_keymap() -> None:
         await pilot.pause(0.1)
         assert isinstance(app.screen, HelpScreen)
         text = plain(app.screen.query_one("#help-keys", Static))
-        for b in APP_BINDINGS:
+        for b in [*APP_BINDINGS, *EXTRA_BINDINGS]:
             assert b.id in text
         next_line = next(line for line in text.splitlines() if "next-head" in line)
         assert next_line.strip().startswith("n ")
@@ -356,3 +356,99 @@ async def test_choose_tokens_sets_rows_and_columns() -> None:
         assert app.tokens == engine.encode("dog cat mat")
         block = app.results["qk"]["token"]
         assert list(block.row_labels) == ["dog", "cat", "mat"]
+
+
+async def test_header_and_focus_line_separate_name_shape_head_and_scores() -> None:
+    app, engine = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        top, bottom = app.query_one(StatusBar).render().plain.splitlines()
+        assert "attn-only-2l │ processed │ 2L×4H" in top
+        assert bottom.startswith("L0.H0 │ ")
+        focus = plain(app.query_one("#focus-line", Static))
+        copying_score = engine._scores(0, 0).copying
+        assert f"L0.H0 │ copying {copying_score:+.2f} · QK+" in focus
+
+
+async def test_composition_graph_draws_edges_above_the_threshold_only() -> None:
+    app, engine = make_app(FakeEngine(n_layers=3, n_heads=4))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("c")
+        await settle(pilot, app)
+        comp = await engine.composition("k")
+        strongest = max(e[4] for e in comp.top_edges)
+
+        def expected(fraction: float) -> set[tuple[int, int, int, int]]:
+            return {e[:4] for e in comp.top_edges if e[4] > 0 and e[4] >= fraction * strongest}
+
+        graph = app.query_one("#comp-graph", Chart)
+        assert {e[:4] for e in graph.figure.edges} == expected(0.5)
+        text = chart_text(app, "comp-graph")
+        assert f"{len(expected(0.5))}/{len(comp.top_edges)} edges ≥ 50% of max" in text
+        assert f"≥ {0.5 * strongest:+.3f}" in text
+        assert f"{strongest:+.2f}" in text  # the strongest edge is labelled with its value
+        for _ in range(2):
+            await pilot.press("greater_than_sign")
+        await settle(pilot, app)
+        assert {e[:4] for e in graph.figure.edges} == expected(0.7)
+        assert "≥ 70% of max" in chart_text(app, "comp-graph")
+        for _ in range(9):
+            await pilot.press("less_than_sign")
+        await settle(pilot, app)
+        assert app.comp_threshold == 0.0
+        assert {e[:4] for e in graph.figure.edges} == expected(0.0)
+        # the table keeps every edge whatever the threshold
+        assert app.query_one("#comp-edges", DataTable).row_count == len(comp.top_edges)
+
+
+async def test_prompt_tab_shows_pattern_dla_and_predictions_at_once() -> None:
+    app, engine = make_app(prompt=" ".join(["the cat sat on the mat"] * 5))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("4")
+        await settle(pilot, app)
+        screen = app.screen.region
+        for wid in ("#prompt-pattern", "#prompt-dla-scroll", "#prompt-preds"):
+            region = app.query_one(wid).region
+            assert region.height >= 3 and screen.contains_region(region), wid
+        preds = app.query_one("#prompt-preds")
+        assert preds.region.y < app.query_one("#prompt-side").region.bottom
+        view = await engine.run_prompt(app.prompt_text, 0, 0)
+        assert view.top_predictions[0][1] in plain(app.query_one("#prompt-preds", Static))
+
+
+async def test_filter_keeps_heads_with_a_score_above_the_threshold() -> None:
+    app, engine = make_app(FakeEngine(n_layers=3, n_heads=5))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        tree = app.query_one(HeadTree)
+        heads = [(la, h) for la in range(3) for h in range(5)]
+        assert set(tree.head_nodes) == set(heads)
+        scores = {hd: engine._scores(*hd) for hd in heads}
+        for key, label in (("induction", "induction"), ("prev_token", "prev-token"),
+                           ("copying", "copying")):
+            await pilot.press("f")
+            await settle(pilot, app)
+            want = {hd for hd in heads if getattr(scores[hd], key) >= FILTER_THRESHOLD}
+            assert want and set(tree.head_nodes) == want
+            assert str(tree.border_title) == f"{label} ≥ {FILTER_THRESHOLD:.2f}: {len(want)}"
+            some = min(want)
+            assert f"{getattr(scores[some], key):.2f}" in tree.badge_text(some)
+        await pilot.press("f")
+        await settle(pilot, app)
+        assert app.tree_filter is None and set(tree.head_nodes) == set(heads)
+
+
+def test_graph_title_wraps_instead_of_being_cut() -> None:
+    from tui.plots import Colours, Graph, build
+
+    colours = Colours((200, 200, 200), (120, 120, 120), (255, 170, 0), (0, 120, 255),
+                      COLORMAPS["red-blue"])
+    title = "K-composition · 3/9 edges ≥ 50% of max (score − baseline ≥ +0.123; baseline 0.089)"
+    text = build(Graph(2, 3, ((0, 0, 1, 1, 0.2), (0, 1, 1, 2, 0.15)), title, vmax=0.2,
+                       vmin=0.1), 40, 16, colours).plain
+    lines = text.splitlines()
+    assert " ".join(lines[:3]).split() == title.split()  # every word, over three lines
+    assert all(len(line) <= 40 for line in lines)
+    assert lines[-1].startswith("weak +0.100") and lines[-1].endswith("+0.200 strong")

@@ -23,9 +23,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
+from rich.text import Text
 from textual import on
 from textual.app import App, ComposeResult
-from textual.binding import BindingType
+from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
 from textual.screen import Screen
@@ -39,7 +40,7 @@ from themes import ALIASES, COLORMAPS, DEFAULT_THEME, STYLESHEET, THEME_NAMES, T
 from .adapt import SCORES, ScoreRow, jsonable, score_row, score_rows, stats_line
 from .keymap import APP_BINDINGS
 from .palette import HeadscopeCommands
-from .screens import HelpScreen, InputScreen
+from .screens import HelpScreen, InputScreen, help_table
 from .settings import Settings, load_settings
 from .widgets.chart import Chart
 from .widgets.head_tree import HeadTree
@@ -61,6 +62,34 @@ TAB_TITLES = {"qk": "1 QK", "ov": "2 OV", "spectrum": "3 Spectrum", "prompt": "4
 POSITIONS_SHOWN = 32  # positional QK: the first positions
 ROTARY_OFFSETS = 32  # rotary profile over Δ in [-32, 32]
 NARROW = 100  # below this many columns, panes stack and the tree narrows
+THRESHOLD_STEP = 0.1  # composition graph: edges ≥ threshold × the strongest edge
+TREE_FILTERS: tuple[tuple[str, str], ...] = (
+    ("induction", "induction"), ("prev_token", "prev-token"), ("copying", "copying"))
+SHORT_LABELS = {"copying": "copy", "qk_positivity": "QK+", "prev_token": "prev",
+                "induction": "ind"}  # the focus line on a narrow terminal: no room for dup-tok
+FILTER_THRESHOLD = 0.3  # the middling badge strength: what "has the behaviour" means
+
+# Keys added with the graph threshold and the tree filter (listed in the help screen with
+# the others; remappable by id like every key).
+EXTRA_BINDINGS: list[Binding] = [
+    Binding("f", "cycle_filter", "Filter", id="cycle-filter", show=False,
+            tooltip="Head tree: show only heads with induction / prev-token / copying ≥ 0.3, "
+                    "then every head again"),
+    Binding("less_than_sign", "step_threshold(-1)", "Threshold −", id="threshold-down",
+            show=False, key_display="<",
+            tooltip="Composition graph: lower the edge threshold (more edges)"),
+    Binding("greater_than_sign", "step_threshold(1)", "Threshold +", id="threshold-up",
+            show=False, key_display=">",
+            tooltip="Composition graph: raise the edge threshold (fewer, stronger edges)"),
+]
+
+
+def help_with_extra_keys(keymap: dict[str, str]) -> Any:
+    """tui.keymap's help table plus the keys this module adds."""
+    table = help_table(keymap)
+    for b in EXTRA_BINDINGS:
+        table.add_row(b.key_display or keymap.get(b.id or "", b.key), b.tooltip, b.id or "")
+    return table
 
 
 def bundled_model() -> Path:
@@ -78,7 +107,7 @@ def default_engine_factory(path: str, raw: bool, cache_mb: int = 256) -> Any:
 class HeadscopeApp(App[None]):
     TITLE = "headscope"
     CSS_PATH: ClassVar[list[str | Path]] = [STYLESHEET, Path(__file__).with_name("headscope.tcss")]
-    BINDINGS: ClassVar[list[BindingType]] = APP_BINDINGS  # type: ignore[assignment]
+    BINDINGS: ClassVar[list[BindingType]] = [*APP_BINDINGS, *EXTRA_BINDINGS]
     COMMANDS = App.COMMANDS | {HeadscopeCommands}
 
     def __init__(self, path: str | os.PathLike[str] | None = None, *, raw: bool = False,
@@ -123,6 +152,8 @@ class HeadscopeApp(App[None]):
         self.comp_kind = "k"
         self.comp_edges: list[tuple[int, int, int, int, float]] = []
         self.comp_selected: tuple[int, int, int, int] | None = None
+        self.comp_threshold = 0.5  # draw edges ≥ this fraction of the strongest one
+        self.tree_filter: str | None = None
         # settings.colormap "colorblind": the blue/orange map whatever the theme.
         self.colormap_override: str | None = None
         self._colorblind = settings.colormap == "colorblind"
@@ -379,16 +410,24 @@ class HeadscopeApp(App[None]):
             line.update("")
             return
         layer, head = self.head
-        parts = [f"[b]L{layer}.H{head}[/b]"]
+        # Spans start with a visible character (see StatusBar.render): head │ score · score.
+        text = Text()
+        text.append(f"L{layer}.H{head} ", style="bold")
         row = self.rows.get(self.head)
         if row is not None:
-            for key, label in SCORES:
+            text.append("│ ", style="dim")
+            short = self.size.width < NARROW
+            shown = [(k, SHORT_LABELS[k]) for k, _ in SCORES if k in SHORT_LABELS] if short \
+                else list(SCORES)
+            for i, (key, label) in enumerate(shown):
                 v = row.get(key)
-                parts.append(f"{label} {v:+.2f}" if v == v else f"{label} —")
+                if i:
+                    text.append("· ", style="dim")
+                text.append(f"{label} {v:+.2f} " if v == v else f"{label} — ")
             if row.nonfinite:
-                parts.append("[b red]non-finite weights[/]")
+                text.append("non-finite weights", style="bold red")
         self.main.query_one(StatusBar).focus_text = f"L{layer}.H{head}"
-        line.update("  ".join(parts))
+        line.update(text)
 
     def action_step_head(self, step: int) -> None:
         if not self.n_layers or not self.n_heads:
@@ -540,7 +579,7 @@ class HeadscopeApp(App[None]):
             return
         self.comp_selected = None
         pane = self.main.query_one(CompositionPane)
-        self.comp_edges = pane.show(comp, self.n_layers, self.n_heads, None)
+        self.comp_edges = pane.show(comp, self.n_layers, self.n_heads, None, self.comp_threshold)
         pane.detail(comp, None)
         self.results["composition"] = comp
 
@@ -584,7 +623,7 @@ class HeadscopeApp(App[None]):
             return
         self.comp_selected = edge[:4]
         pane = self.main.query_one(CompositionPane)
-        pane.show(comp, self.n_layers, self.n_heads, self.comp_selected)
+        pane.show(comp, self.n_layers, self.n_heads, self.comp_selected, self.comp_threshold)
         pane.detail(comp, edge)
 
     def _edge(self, row_key: str | None) -> tuple[int, int, int, int, float] | None:
@@ -595,7 +634,37 @@ class HeadscopeApp(App[None]):
 
     # -- actions --------------------------------------------------------------------------
     def action_help(self) -> None:
-        self.push_screen(HelpScreen(self.keymap_in_use))
+        screen = HelpScreen(self.keymap_in_use)
+        self.push_screen(screen)
+
+        def extend() -> None:
+            with contextlib.suppress(NoMatches):
+                screen.query_one("#help-keys", Static).update(
+                    help_with_extra_keys(self.keymap_in_use))
+
+        screen.call_after_refresh(extend)
+
+    def action_step_threshold(self, step: int) -> None:
+        """Raise or lower the composition graph's edge threshold by one step (0 … 90 %)."""
+        self.comp_threshold = round(min(0.9, max(0.0, self.comp_threshold + step * THRESHOLD_STEP)), 2)
+        comp = self.results.get("composition")
+        if comp is not None:
+            self.main.query_one(CompositionPane).show(
+                comp, self.n_layers, self.n_heads, self.comp_selected, self.comp_threshold)
+        if self.active_tab != "composition":
+            self.notify(f"composition threshold {self.comp_threshold:.0%} of the strongest edge",
+                        timeout=1.5)
+
+    def action_cycle_filter(self) -> None:
+        """Head tree: every head → induction → prev-token → copying ≥ 0.3 → every head."""
+        keys = [k for k, _ in TREE_FILTERS]
+        i = keys.index(self.tree_filter) if self.tree_filter in keys else -1
+        self.set_tree_filter(keys[i + 1] if i + 1 < len(keys) else None)
+
+    def set_tree_filter(self, key: str | None, threshold: float = FILTER_THRESHOLD) -> None:
+        self.tree_filter = key
+        label = dict(TREE_FILTERS).get(key or "", key or "")
+        self.main.query_one(HeadTree).set_filter(key, label, threshold)
 
     def action_edit_prompt(self) -> None:
         self.action_show_tab("prompt")

@@ -180,9 +180,13 @@ class Line:
 class Graph:
     """Layered composition graph: layers are columns, heads are nodes, edges above threshold.
 
-    ``edges`` are ``(l1, h1, l2, h2, strength)`` with strength = score − baseline; the edge
-    colour goes from the zero stop to the positive stop with strength, the selected edge is
-    drawn last in the accent colour."""
+    ``edges`` are ``(l1, h1, l2, h2, strength)`` with strength = score − baseline, already
+    filtered by the caller's threshold. Strength is visible three ways: the edge colour runs
+    from the zero stop to the positive stop over ``[vmin, vmax]`` (the key under the graph),
+    weaker edges are drawn first so strong ones stay on top, and the ``labels`` strongest
+    edges carry their value at the midpoint. The selected edge is drawn last in the accent
+    colour. The title is ours (wrapped to the width, never cut): plotext drops long titles.
+    """
 
     n_layers: int
     n_heads: int
@@ -191,9 +195,26 @@ class Graph:
     selected: tuple[int, int, int, int] | None = None
     vmax: float = 1.0
     nodes: tuple[tuple[int, int], ...] = field(default_factory=tuple)  # highlighted heads
+    vmin: float = 0.0  # strength of the weakest edge that could be drawn (the threshold)
+    labels: int = 3
+
+    def edge_colour(self, strength: float, colours: Colours) -> tuple[int, int, int]:
+        span = self.vmax - self.vmin
+        t = (strength - self.vmin) / span if span > 0 else 1.0
+        t = 0.3 + 0.7 * float(np.clip(t, 0.0, 1.0))  # never as dark as the background
+        return tuple(int(c) for c in diverging_rgb(np.array([t]), colours.stops, 1.0)[0])
+
+    def key(self, colours: Colours) -> Text:
+        text = Text("weak ", style=_rgb(colours.muted))
+        text.append(f"{self.vmin:+.3f} ", style=_rgb(colours.muted))
+        for s in np.linspace(self.vmin, self.vmax, 12):
+            text.append("━", style=_rgb(self.edge_colour(float(s), colours)))
+        text.append(f" {self.vmax:+.3f} strong", style=_rgb(colours.muted))
+        return text
 
     def draw(self, width: int, height: int, colours: Colours) -> Text:
-        plt = _plot(width, height, colours)
+        head = _wrap(self.title, width, "bold")
+        plt = _plot(width, max(height - len(head) - 1, 3), colours)
         L, H = self.n_layers, self.n_heads
 
         def y(h: int) -> int:
@@ -203,9 +224,8 @@ class Graph:
         plt.ylim(-0.5, H - 0.5)
         ordered = sorted(self.edges, key=lambda e: e[4])
         for l1, h1, l2, h2, s in ordered:
-            t = float(np.clip(s / self.vmax, 0.35, 1.0)) if self.vmax > 0 else 1.0
-            rgb = tuple(int(c) for c in diverging_rgb(np.array([t]), colours.stops, 1.0)[0])
-            plt.plot([l1, l2], [y(h1), y(h2)], marker="braille", color=rgb)
+            plt.plot([l1, l2], [y(h1), y(h2)], marker="braille",
+                     color=self.edge_colour(s, colours))
         if self.selected is not None:
             l1, h1, l2, h2 = self.selected
             plt.plot([l1, l2], [y(h1), y(h2)], marker="braille", color=colours.accent)
@@ -217,12 +237,15 @@ class Graph:
                 [n[0] for n in self.nodes], [y(n[1]) for n in self.nodes],
                 marker="●", color=colours.accent,
             )
+        for l1, h1, l2, h2, s in ordered[::-1][: self.labels]:
+            plt.text(f"{s:+.2f}", (l1 + l2) / 2, (y(h1) + y(h2)) / 2, alignment="center",
+                     color=colours.foreground)
         plt.xticks(list(range(L)), [f"L{i}" for i in range(L)])
         hi, hl = _ticks(H, max(height - 5, 1), [f"H{h}" for h in range(H)], 1)
         plt.yticks([y(h) for h in hi], hl)
-        _title(plt, self.title, width)
         plt.ticks_color(colours.foreground)
-        return _text(plt)
+        text = Text("\n").join([*head, _text(plt), self.key(colours)])
+        return text
 
 
 Figure = Heatmap | Scatter | Line | Graph
@@ -258,6 +281,20 @@ def _fit_line(line: str, width: int, style: str = "") -> Text:
     text = Text()  # the style goes on a span: a base style would leak into appended text
     text.append(line if len(line) <= width else line[: max(width - 1, 0)] + "…", style=style)
     return text
+
+
+def _wrap(line: str, width: int, style: str = "", max_lines: int = 3) -> list[Text]:
+    """``line`` broken at spaces into at most ``max_lines`` lines of ``width`` (the last cut)."""
+    out: list[str] = []
+    rest = line
+    while rest and len(out) < max_lines - 1 and len(rest) > width:
+        cut = rest.rfind(" ", 0, width + 1)
+        cut = cut if cut > 0 else width
+        out.append(rest[:cut].rstrip())
+        rest = rest[cut:].lstrip()
+    if rest or not out:
+        out.append(rest)
+    return [_fit_line(x, width, style) for x in out]
 
 
 def _title(plt: Plot, title: str, width: int) -> None:

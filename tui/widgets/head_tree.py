@@ -30,6 +30,19 @@ class NodeData:
     head: int | None = None
 
 
+def delta_style(change: float, strong: str, mid: str) -> str | None:
+    """Compare mode: big changes (≥ 0.5) loud, middling (≥ 0.15) coloured, small ones dim."""
+    if change != change:
+        return None
+    if change >= 0.5:
+        return f"bold {strong}"
+    if change >= 0.15:
+        return mid
+    if change >= 0.02:
+        return "dim"
+    return None
+
+
 def badge_style(value: float, strong: str, mid: str) -> str | None:
     """Strong (≥ 0.6) and middling (≥ 0.3) scores get a colour; weak ones no badge."""
     if value != value:  # NaN
@@ -73,6 +86,8 @@ class HeadTree(Tree[NodeData]):
         self.head_nodes: dict[Head, TreeNode[NodeData]] = {}
         self.scores: dict[Head, ScoreRow] = {}
         self.structure = structure or {}
+        self.filter: tuple[str, str, float] | None = None  # (score key, label, threshold)
+        self.deltas: dict[Head, float] = {}
         self._populate()
 
     def _populate(self) -> None:
@@ -87,12 +102,45 @@ class HeadTree(Tree[NodeData]):
             node = self.root.add(f"Layer {layer}", data=NodeData("layer", layer),
                                  expand=layer < 4 or n_layers <= 6)
             for head in range(n_heads):
+                if not self.passes((layer, head)):
+                    continue
                 self.head_nodes[(layer, head)] = node.add_leaf(
                     self._label(layer, head), data=NodeData("head", layer, head))
             if s.get("d_mlp"):
                 node.add_leaf(Text("MLP", style="dim"), data=NodeData("mlp", layer))
         self.root.add_leaf("Unembed" + (" (tied W_Eᵀ)" if s.get("tied_unembed") else ""),
                            data=NodeData("unembed"))
+        self._retitle()
+
+    def passes(self, head: Head) -> bool:
+        """Whether the filter keeps ``head`` (unscored heads are hidden while filtering)."""
+        if self.filter is None:
+            return True
+        row = self.scores.get(head)
+        if row is None:
+            return False
+        value = row.get(self.filter[0])
+        return value == value and value >= self.filter[2]
+
+    def set_filter(self, key: str | None, label: str = "", threshold: float = 0.3) -> None:
+        """Keep only heads with score ``key`` ≥ ``threshold`` (``None``: every head)."""
+        current = self.current()
+        self.filter = (key, label or key, threshold) if key else None
+        self._populate()
+        if current is not None and current.kind == "head":
+            self.select_head((current.layer, current.head))  # type: ignore[arg-type]
+
+    def _retitle(self) -> None:
+        if self.filter is None:
+            self.border_title = "heads"
+            return
+        _, label, threshold = self.filter
+        self.border_title = f"{label} ≥ {threshold:.2f}: {len(self.head_nodes)}"
+
+    def set_deltas(self, deltas: dict[Head, float]) -> None:
+        """Compare mode: how much each head changed (0 = same circuit and scores)."""
+        self.deltas = dict(deltas)
+        self.refresh_badges()
 
     def set_structure(self, structure: dict[str, Any]) -> None:
         self.structure = structure
@@ -101,27 +149,36 @@ class HeadTree(Tree[NodeData]):
     def _label(self, layer: int, head: int) -> Text:
         text = Text(f"H{head}")
         row = self.scores.get((layer, head))
-        if row is None:
-            return text
-        if row.nonfinite:
+        vars_ = self.app.theme_variables if self.is_attached else {}
+        if row is not None and row.nonfinite:
             # NaN/inf in this head's weights: its scores are NaN, not weak. A red "!" flag
             # instead of badges, so a poisoned head is never mistaken for a dull one.
             text.append(" ")
             text.append("!", style=NONFINITE_FLAG)
             text.append(" nan", style="red")
-            return text
-        vars_ = self.app.theme_variables if self.is_attached else {}
-        strong = vars_.get("badge-strong", "green")
-        mid = vars_.get("badge-mid", "yellow")
-        for key, letter in BADGES:
-            style = badge_style(row.get(key), strong, mid)
+        elif row is not None:
+            strong = vars_.get("badge-strong", "green")
+            mid = vars_.get("badge-mid", "yellow")
+            for key, letter in BADGES:
+                style = badge_style(row.get(key), strong, mid)
+                text.append(" ")
+                text.append(letter if style else "·", style=style or "dim")
+            if self.filter is not None:
+                text.append(f" {row.get(self.filter[0]):.2f}", style="bold")
+        change = self.deltas.get((layer, head))
+        if change is not None:
+            style = delta_style(change, vars_.get("error", "red"), vars_.get("warning", "yellow"))
             text.append(" ")
-            text.append(letter if style else "·", style=style or "dim")
+            text.append("Δ" if style else "=", style=style or "dim")
         return text
 
     def set_scores(self, rows: list[ScoreRow]) -> None:
         for row in rows:
             self.scores[(row.layer, row.head)] = row
+        if self.filter is not None:  # which heads pass may have changed
+            self.set_filter(self.filter[0], self.filter[1], self.filter[2])
+            return
+        for row in rows:
             node = self.head_nodes.get((row.layer, row.head))
             if node is not None:
                 node.set_label(self._label(row.layer, row.head))

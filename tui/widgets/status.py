@@ -53,39 +53,48 @@ class StatusBar(Widget):
     busy: reactive[bool] = reactive(False)
     frame: reactive[int] = reactive(0)
     error: reactive[str] = reactive("")
+    compare: reactive[str] = reactive("")  # compare mode: the name of model B
 
     def render(self) -> Text:
         name, arch, shapes = model_summary(self.structure)
+        # Spans start with a visible character and carry the spaces at their end: some SVG
+        # renderers strip a span's leading spaces, which ran the name into the shape.
         top = Text()
-        top.append(f"headscope · {name}", style="bold")
-        top.append("  ")
-        top.append(shapes)
-        top.append("  ")
+        top.append(f"headscope · {name} ", style="bold")
+        if self.compare:
+            top.append(f"vs {self.compare}", style="bold reverse")
+            top.append(" ")
+        top.append("│ ", style="dim")
         if self.raw:
-            top.append(" raw ", style="reverse bold")
+            top.append("raw", style="reverse bold")
         else:
-            top.append(" processed ", style="reverse")
+            top.append("processed", style="reverse")
+        top.append(" ")
+        top.append("│ ", style="dim")
+        top.append(shapes + " ")
         if self.structure.get("tied_unembed"):
-            top.append("  W_U=W_Eᵀ", style="dim")
-        top.append(f"  {arch}", style="dim")
+            top.append("│ W_U=W_Eᵀ ", style="dim")
+        top.append(f"│ {arch}", style="dim")
         top.truncate(max(self.size.width, 10), overflow="ellipsis")
         bottom = Text()
         if self.error:
             bottom.append(self.error, style="bold red")
             bottom.truncate(max(self.size.width, 10), overflow="ellipsis")
             return Text("\n").join([top, bottom])
-        bottom.append(self.focus_text or "", style="bold")
+        if self.focus_text:
+            bottom.append(self.focus_text + " ", style="bold")
+            bottom.append("│ ", style="dim")
         hits, misses, in_flight = self.cache
         if self.busy or in_flight or self.activity or self.progress is not None:
-            bottom.append("  " + SPINNER[self.frame % len(SPINNER)] + " ")
+            bottom.append(SPINNER[self.frame % len(SPINNER)] + " ")
         else:
-            bottom.append("  ✓ ", style="dim")
+            bottom.append("✓ ", style="dim")
         if self.activity:
             bottom.append(self.activity)
         if self.progress is not None:
             filled = round(self.progress * 10)
             bottom.append(f" [{'█' * filled}{'░' * (10 - filled)}] {self.progress:.0%}")
-        bottom.append(f"  cache {hits} hit/{misses} miss", style="dim")
+        bottom.append(f" │ cache {hits} hit/{misses} miss", style="dim")
         if in_flight:
             bottom.append(f", {in_flight} running", style="dim")
         bottom.truncate(max(self.size.width, 10), overflow="ellipsis")

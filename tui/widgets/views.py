@@ -13,7 +13,7 @@ import numpy as np
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, Input, Static
 
 from themes import COLORMAPS
@@ -116,12 +116,23 @@ class SpectrumPane(Horizontal):
             title=f"{name} λ · {label} {spectrum.score:+.3f}"))
 
 
+PREDICTIONS_SHOWN = 5  # the rest are ~0 and would take the DLA's rows
+
+
 class PromptPane(Vertical):
+    """The prompt, the head's attention pattern, its per-token DLA and the top predictions.
+
+    The DLA list scrolls on its own; the predictions sit under it at their own height, so
+    all three parts are visible whatever the prompt length."""
+
     def compose(self) -> ComposeResult:
         yield Input(placeholder="type a prompt and press enter (p)", id="prompt-input")
         with Horizontal(id="prompt-body"):
             yield Chart(id="prompt-pattern", placeholder="no prompt yet: press p")
-            yield Static(id="prompt-side")
+            with Vertical(id="prompt-side"):
+                with VerticalScroll(id="prompt-dla-scroll"):
+                    yield Static(id="prompt-dla")
+                yield Static(id="prompt-preds")
 
     def show(self, view: Any) -> None:
         tokens = [str(t) for t in view.tokens]
@@ -134,22 +145,24 @@ class PromptPane(Vertical):
         vmax = float(np.nanmax(np.abs(dla))) if dla.size else 1.0
         t = Table(box=None, padding=(0, 1), title="direct logit attribution",
                   title_justify="left", expand=True)
-        t.add_column("tok", no_wrap=True)
-        t.add_column("DLA", justify="right")
-        t.add_column("", no_wrap=True)
+        t.add_column("tok", no_wrap=True, overflow="ellipsis", max_width=10)
+        t.add_column("DLA", justify="right", no_wrap=True, min_width=5)
+        t.add_column("", no_wrap=True, overflow="crop")
         for tok, v in zip(tokens, dla.tolist(), strict=False):
             t.add_row(repr(tok)[1:-1][:10], f"{v:+.2f}", _bar(v, vmax, 5, _bar_colours(self)))
-        p = Table(box=None, padding=(0, 1), title="top predictions", title_justify="left",
-                  expand=True)
+        last = repr(tokens[-1])[1:-1][:10] if tokens else ""
+        p = Table(box=None, padding=(0, 1), title=f"top predictions after {last!r}",
+                  title_justify="left", expand=True)
         p.add_column("next", no_wrap=True)
         p.add_column("p", justify="right")
-        for tok, prob in predictions(view):
+        for tok, prob in predictions(view)[:PREDICTIONS_SHOWN]:
             p.add_row(repr(tok)[1:-1][:12], f"{prob:.3f}")
         note = Text("prompt truncated to the context length\n", style="bold yellow") \
             if getattr(view, "truncated", False) else Text("")
         from rich.console import Group
 
-        self.query_one("#prompt-side", Static).update(Group(note, t, Text(""), p))
+        self.query_one("#prompt-dla", Static).update(Group(note, t))
+        self.query_one("#prompt-preds", Static).update(p)
 
 
 class CompositionPane(Horizontal):
@@ -165,25 +178,42 @@ class CompositionPane(Horizontal):
         table = self.query_one("#comp-edges", DataTable)
         table.add_column("source", key="source")
         table.add_column("target", key="target")
-        table.add_column("score−base", key="score")
+        table.add_column("s−base", key="score")
 
     def show(self, comp: Any, n_layers: int, n_heads: int,
-             selected: tuple[int, int, int, int] | None) -> list[tuple[int, int, int, int, float]]:
+             selected: tuple[int, int, int, int] | None,
+             threshold: float = 0.5) -> list[tuple[int, int, int, int, float]]:
+        """Draw the edges whose strength is at least ``threshold`` × the strongest one.
+
+        Every edge stays in the table (the ones not drawn are dimmed); returns them, strongest
+        first."""
         es = [e for e in edges(comp) if math.isfinite(e[4])]
-        strong = [e for e in es if e[4] > 0][:40]
-        vmax = max((e[4] for e in strong), default=1.0)
+        drawn, cut = threshold_edges(es, threshold)
+        vmax = max((e[4] for e in drawn), default=1.0)
         kind = str(getattr(comp, "kind", "?")).upper()
         baseline = float(getattr(comp, "baseline", 0.0))
+        title = (f"{kind}-composition · {len(drawn)}/{len(es)} edges ≥ {threshold:.0%} of max "
+                 f"(score − baseline ≥ {cut:+.3f}; baseline {baseline:.3f}) · < >")
         self.query_one("#comp-graph", Chart).show(Graph(
-            n_layers, n_heads, tuple(strong), selected=selected, vmax=vmax,
-            title=f"{kind}-composition (score − baseline {baseline:.3f}), {len(strong)} edges",
+            n_layers, n_heads, tuple(drawn), selected=selected, vmax=vmax, vmin=cut,
+            title=title,
             nodes=tuple((s[0], s[1]) for s in ([selected[:2], selected[2:]] if selected else []))))
         table = self.query_one("#comp-edges", DataTable)
-        if getattr(table, "_headscope_comp", None) is not comp:
-            table._headscope_comp = comp  # type: ignore[attr-defined]
-            table.clear()
+        shown = getattr(table, "_headscope_comp", (None, None))
+        if shown != (comp, threshold):
+            fresh = shown[0] is not comp
+            table._headscope_comp = (comp, threshold)  # type: ignore[attr-defined]
+            if fresh:
+                table.clear()
             for i, (l1, h1, l2, h2, s) in enumerate(es):
-                table.add_row(_head(l1, h1), _head(l2, h2), f"{s:+.3f}", key=str(i))
+                style = "" if s >= cut and s > 0 else "dim"  # dim: below threshold, not drawn
+                cells = (Text(_head(l1, h1), style=style), Text(_head(l2, h2), style=style),
+                         Text(f"{s:+.3f}", style=style, justify="right"))
+                if fresh:
+                    table.add_row(*cells, key=str(i))
+                else:
+                    for column, cell in zip(("source", "target", "score"), cells, strict=True):
+                        table.update_cell(str(i), column, cell)
         return es
 
     def detail(self, comp: Any, edge: tuple[int, int, int, int, float] | None) -> None:
@@ -194,8 +224,16 @@ class CompositionPane(Horizontal):
         kind = str(getattr(comp, "kind", "?")).upper()
         base = float(getattr(comp, "baseline", 0.0))
         self.query_one("#comp-detail", Static).update(Text.assemble(
-            (f"{_head(l1, h1)} → {_head(l2, h2)}", "bold"),
-            f"  {kind}-comp {s + base:.3f} − baseline {base:.3f} = {s:+.3f}  (enter: go)"))
+            (f"{_head(l1, h1)} → {_head(l2, h2)} ", "bold"),
+            f"│ {kind}-comp {s + base:.3f} − baseline {base:.3f} = {s:+.3f}  (enter: go)"))
+
+
+def threshold_edges(es: list[tuple[int, int, int, int, float]], threshold: float
+                    ) -> tuple[list[tuple[int, int, int, int, float]], float]:
+    """The edges at least ``threshold`` × the strongest (and above the baseline), and the cut."""
+    strongest = max((e[4] for e in es), default=0.0)
+    cut = max(threshold * strongest, 0.0)
+    return [e for e in es if e[4] > 0 and e[4] >= cut], cut
 
 
 class SummaryPane(Vertical):
