@@ -119,6 +119,24 @@ async def test_broken_checkpoint_is_a_notification_and_keys_keep_working(
         await keys_still_work_then_quit(pilot, app, tabs=case in WITH_TABS)
 
 
+@pytest.mark.parametrize("case", ["truncated", "missing_tensor"])
+async def test_engine_constructed_on_a_broken_checkpoint_is_a_notification(
+    tmp_path: Path, corpus_sources: Sources, case: str
+) -> None:
+    """The same through an engine factory (the app opens the Engine before the first frame)."""
+    from engine.service import Engine
+
+    broken = build_broken(case, tmp_path, corpus_sources)
+    app = HeadscopeApp(broken.path, settings=Settings(), sweep=False,
+                       engine_factory=lambda p, raw: Engine(p, raw=raw))  # fmt: skip
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, app, lambda: app._model_ready.is_set())
+        assert app.engine is None and len(app.errors) == 1
+        assert broken.names in app.errors[0] and re.search(broken.fragment, app.errors[0])
+        assert_no_crash(app)
+        await keys_still_work_then_quit(pilot, app, tabs=False)
+
+
 # --- NaN weights: flagged, not crashed on ---------------------------------------------------
 
 
