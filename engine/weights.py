@@ -7,6 +7,7 @@ weights through. ``DictWeights`` holds tensors in memory (tests, training, conve
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -97,6 +98,7 @@ class CheckpointWeights:
         self.cache_bytes = cache_bytes
         self.reads = 0  # tensor/slice reads from disk (tests count them)
         self._handles: dict[str, Any] = {}
+        self._sizes: dict[str, int] = {}  # file sizes when opened (see _read)
         self._cache: OrderedDict[tuple[str, int | None], torch.Tensor] = OrderedDict()
         self._cached_bytes = 0
         self._lock = threading.RLock()
@@ -174,11 +176,23 @@ class CheckpointWeights:
                 if handle is None:
                     from safetensors import safe_open
 
+                    self._sizes[file] = os.stat(file).st_size
                     handle = self._handles[file] = safe_open(file, framework="pt")
                 self.reads += 1
+            # safe_open maps the file: reading pages of a file truncated since it was opened
+            # kills the process with SIGBUS. A stat per read (~µs) turns the common case (a
+            # download or copy rewriting the file under us) into a clear error instead.
+            if os.stat(file).st_size != self._sizes[file]:
+                raise CorruptFileError(
+                    file,
+                    f"the file changed on disk since it was opened (now {os.stat(file).st_size:,} "
+                    f"bytes, was {self._sizes[file]:,}); reopen the model",
+                )
             # Reads happen outside the lock: safe_open handles are safe to share between
             # threads, and one large read (an embedding) must not hold up head slices.
             t = handle.get_tensor(tensor) if index is None else handle.get_slice(tensor)[index]
+        except CorruptFileError:
+            raise
         except (OSError, RuntimeError, ValueError) as e:  # SafetensorError is a plain Exception subclass
             raise CorruptFileError(file, f"cannot read tensor {tensor!r}: {str(e)[:160]}") from None
         except Exception as e:

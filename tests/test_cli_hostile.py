@@ -226,11 +226,6 @@ except HeadscopeError as e:
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine/weights.py reads through safe_open's mmap: a file truncated after it was "
-    "opened kills the process with SIGBUS instead of raising CorruptFileError",
-)
 def test_checkpoint_truncated_while_open_is_an_error_not_a_crash(
     tmp_path: Path, corpus_sources: Sources
 ) -> None:
