@@ -36,6 +36,7 @@ def head_table(model: Model, *, seed: int = 0) -> list[dict[str, Any]]:
     copying = scores.all_copying_scores(w)
     positivity = scores.all_qk_positivity(w)
     behaviour = scores.behaviour_scores(w, seed=seed)
+    nonfinite = set(scores.nonfinite_heads(w))
     rows = []
     for layer in range(model.cfg.n_layers):
         for head in range(model.cfg.n_heads):
@@ -48,6 +49,8 @@ def head_table(model: Model, *, seed: int = 0) -> list[dict[str, Any]]:
                     "prev_token_score": float(behaviour["prev_token"][layer, head]),
                     "duplicate_token_score": float(behaviour["duplicate_token"][layer, head]),
                     "induction_score": float(behaviour["induction"][layer, head]),
+                    # NaN/inf weights: every score of the head is NaN (null in JSON).
+                    "nonfinite": (layer, head) in nonfinite,
                 }
             )
     return rows

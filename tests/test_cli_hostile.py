@@ -126,11 +126,13 @@ def test_heads_on_nan_weights_succeeds_and_writes_nothing(
     bad = rows[(NAN_LAYER, NAN_HEAD)]
     # Every score of a head with non-finite weights is NaN (null in strict JSON), even the
     # copying score of its intact OV circuit: the head is flagged, not half-trusted.
-    assert all(v is None for k, v in bad.items() if k not in ("layer", "head")), bad
+    assert bad["nonfinite"] is True
+    assert all(v is None for k, v in bad.items() if k not in ("layer", "head", "nonfinite")), bad
     for head, row in rows.items():
         if head != (NAN_LAYER, NAN_HEAD):
+            assert row["nonfinite"] is False
             assert all(isinstance(v, float) and math.isfinite(v) for k, v in row.items()
-                       if k not in ("layer", "head")), row  # fmt: skip
+                       if k not in ("layer", "head", "nonfinite")), row  # fmt: skip
     assert list(rows)[-1] == (NAN_LAYER, NAN_HEAD)  # NaN sorts last
     assert listing(tmp_path) == before
 
@@ -160,7 +162,7 @@ def test_circuit_block_over_the_limit_is_refused_in_one_line(
     assert len(json.loads(out)["values"]) == 20
 
 
-def test_prompts_empty_or_longer_than_the_context_are_one_line_refusals(
+def test_prompts_empty_are_refused_and_longer_than_the_context_truncated(
     cwd: Path, corpus_sources: Sources, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = str(corpus_sources.gpt2)
@@ -168,10 +170,15 @@ def test_prompts_empty_or_longer_than_the_context_are_one_line_refusals(
         code, out, err = run(capsys, "forward", path, "--prompt", prompt)
         assert (code, out) == (1, "")
         assert_one_line_refusal(err, path, "empty prompt")
+    # A prompt is cut to the context with a one-line notice; explicit token ids are refused.
     long_prompt = " ".join(["the cat sat"] * N_CTX)
-    code, out, err = run(capsys, "forward", path, "--prompt", long_prompt)
+    code, out, err = run(capsys, "forward", path, "--prompt", long_prompt, "--json")
+    assert code == 0 and len(json.loads(out)["tokens"]) == N_CTX
+    assert_one_line_refusal(err, path, rf"prompt truncated from {3 * N_CTX} to the context of {N_CTX}")
+    ids = ",".join(["1"] * (N_CTX + 1))
+    code, out, err = run(capsys, "forward", path, "--tokens", ids)
     assert (code, out) == (1, "")
-    assert_one_line_refusal(err, path, rf"{3 * N_CTX} tokens exceed the context of {N_CTX}")
+    assert_one_line_refusal(err, path, rf"{N_CTX + 1} tokens exceed the context of {N_CTX}")
     code, out, err = run(capsys, "forward", path, "--tokens", "1,2,100000")
     assert (code, out) == (1, "")
     assert_one_line_refusal(err, path, rf"token 100000 out of range 0\.\.{VOCAB - 1}")

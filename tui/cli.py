@@ -281,7 +281,7 @@ def cmd_heads(args: argparse.Namespace) -> int:
 
     model = _open(args)
     rows = sort_rows(head_table(model, seed=args.seed), args.sort)
-    columns = ["layer", "head", *HEAD_SCORE_KEYS]
+    columns = ["layer", "head", *HEAD_SCORE_KEYS, "nonfinite"]
     emit(rows, args.json, lambda: (columns, [[r[c] for c in columns] for r in rows]))
     return EXIT_OK
 
@@ -310,6 +310,10 @@ def cmd_forward(args: argparse.Namespace) -> int:
         if not args.prompt.strip():
             raise PromptError(str(model.path), "empty prompt")
         tokens = model.tokenizer.encode(args.prompt)
+        if len(tokens) > model.cfg.n_ctx:
+            print(f"headscope: {model.path}: prompt truncated from {len(tokens)} to the context "
+                  f"of {model.cfg.n_ctx} tokens", file=sys.stderr)
+            tokens = tokens[: model.cfg.n_ctx]
     report = forward_report(model, tokens)
 
     def table() -> tuple[list[str], list[list[Any]]]:
