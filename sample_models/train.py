@@ -67,7 +67,8 @@ PRESETS: dict[str, TrainSpec] = {
     "gpt2-mini": TrainSpec(
         ModelShape(n_layers=2, n_heads=4, d_model=128, d_head=32, d_vocab=V, n_ctx=64,
                    d_mlp=512, layer_norm=True, tied_unembed=True),
-        fmt="hf-gpt2", steps=4000,
+        fmt="hf-gpt2", steps=4000, init_std=0.02,  # GPT-2's init: with 0.1 the MLPs
+        # drown the embeddings at the start and no copying circuit formed in 4000 steps
         description="GPT-2 style (LayerNorm, gelu_new MLP, tied embeddings), Hugging Face format",
     ),
     # Tiny configurations for the smoke tests: seconds, not minutes.

@@ -156,6 +156,11 @@ def test_gpt2_mini_circuits_are_computed_with_layer_norm_folded() -> None:
     scores = behaviour_scores(w, seed=0)
     assert all(torch.isfinite(s).all() for s in scores.values())
     assert torch.isfinite(all_copying_scores(w)).all()
+    # Trained circuits, seen through the folded weights: a previous-token head in layer 0
+    # that the in-context copying of the repeated half depends on.
+    prev = int(scores["prev_token"][0].argmax())
+    assert float(scores["prev_token"][0, prev]) >= 0.6
+    assert float(ablation_effects(w, seed=0)[0, prev]) >= ABLATION_MARGIN
 
 
 def test_sample_models_are_small() -> None:
