@@ -50,6 +50,7 @@ from .results import (
 from .scheduler import JobContext, Scheduler
 
 if TYPE_CHECKING:
+    from .diff import ModelDiff
     from .loading import Model
 
 __all__ = ["DEFAULT_BLOCK", "Engine", "default_workers"]
@@ -560,6 +561,37 @@ class Engine:
         return await self._get(
             (layer, head, "ablation", (SEED, raw)), compute, head=(layer, head), label="ablation"
         )
+
+    async def compare(
+        self, other: Engine, *, match_heads: bool = False, threshold: float = 0.1
+    ) -> ModelDiff:
+        """Diff this model (A) against ``other`` (B) with ``engine.diff.diff_models``, on a worker.
+
+        Each model is taken with its own current raw/processed setting. Every head row also
+        carries ``change``: engine.diff's measure of how much the head changed (lost circuit
+        similarity or the largest score delta), so a view can rank or colour heads without
+        recomputing it.
+        """
+        await self.ready()
+        await other.ready()
+        raw, other_raw = self._raw, other.raw
+
+        def compute(ctx: JobContext) -> ModelDiff:
+            from . import diff
+
+            found = diff.diff_models(
+                self._model(raw),
+                other._model(other_raw),
+                match_heads=match_heads,
+                threshold=threshold,
+                seed=SEED,
+            )
+            for row in found.heads:
+                row.setdefault("change", diff._change_size(row))
+            return found
+
+        key = (None, None, "compare", (str(other.path), id(other), raw, other_raw, match_heads, threshold))
+        return await self._get(key, compute, head=None, label="compare")
 
     def cancel_sweeps(self) -> None:
         """Stop every running or queued model-wide sweep (their awaiters get CancelledError)."""

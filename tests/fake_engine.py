@@ -241,8 +241,10 @@ class FakeEngine:
                         else:
                             m2 = self.W_Q[l2, h2] @ self.W_K[l2, h2].T
                             m2 = m2 if kind == "q" else m2.T
-                        scores[l1, h1, l2, h2] = np.linalg.norm(ov1 @ m2) / (
-                            np.linalg.norm(ov1) * np.linalg.norm(m2))
+                        denom = np.linalg.norm(ov1) * np.linalg.norm(m2)
+                        # a pruned (zero) head composes with nothing: NaN, as the engine's
+                        scores[l1, h1, l2, h2] = (np.linalg.norm(ov1 @ m2) / denom if denom > 0
+                                                  else np.nan)
         baseline = 0.1
         edges = sorted(
             ((l1, h1, l2, h2, float(scores[l1, h1, l2, h2] - baseline))
@@ -276,6 +278,73 @@ class FakeEngine:
                           pattern=readonly(p), dla=readonly(dla), predicted=predicted,
                           top_predictions=tuple((int(i), WORDS[i], float(probs[i])) for i in top),
                           truncated=truncated, layer=layer, head=head)
+
+    async def compare(self, other: FakeEngine, *, match_heads: bool = False,
+                      threshold: float = 0.1) -> Any:
+        """``engine.diff.diff_models`` on the fake weights: dense circuits, same rules.
+
+        Similarities are cosines of the dense full OV / token QK matrices; ``change`` is
+        engine.diff's measure (lost similarity or the largest score delta)."""
+        from engine.diff import ModelDiff, _change_size
+
+        await self._enter("compare")
+        await other.ready()
+
+        def cosine(x: np.ndarray, y: np.ndarray) -> float:
+            d = float(np.linalg.norm(x) * np.linalg.norm(y))
+            return float((x * y).sum() / d) if d > 0 else 0.0
+
+        names = {"copying_score": "copying", "qk_positivity": "qk_positivity",
+                 "prev_token_score": "prev_token", "induction_score": "induction"}
+        heads = []
+        for layer in range(self.L):
+            for head in range(self.H):
+                sa, sb = self._scores(layer, head), other._scores(layer, head)
+                row: dict[str, Any] = {
+                    "layer": layer, "head": head, "matched_head": head,
+                    "ov_similarity": cosine(self.full_ov(layer, head), other.full_ov(layer, head)),
+                    "qk_similarity": cosine(self.token_qk(layer, head),
+                                            other.token_qk(layer, head))}
+                for key, attr in names.items():
+                    a, b = float(getattr(sa, attr)), float(getattr(sb, attr))
+                    row[f"{key}_a"], row[f"{key}_b"], row[f"{key}_delta"] = a, b, b - a
+                row["change"] = _change_size(row)
+                heads.append(row)
+        composition = {}
+        for kind in "qkv":
+            ca, cb = await self.composition(kind), await other.composition(kind)
+            above_a = np.nan_to_num(np.asarray(ca.scores), nan=0.0) - ca.baseline
+            above_b = np.nan_to_num(np.asarray(cb.scores), nan=0.0) - cb.baseline
+            out: dict[str, list[dict[str, Any]]] = {"gained": [], "lost": [], "changed": []}
+            for l1 in range(self.L):
+                for h1 in range(self.H):
+                    for l2 in range(l1 + 1, self.L):
+                        for h2 in range(self.H):
+                            va, vb = float(above_a[l1, h1, l2, h2]), float(above_b[l1, h1, l2, h2])
+                            edge = {"source": [l1, h1], "target": [l2, h2], "a": va, "b": vb,
+                                    "delta": vb - va}
+                            if va > threshold >= vb:
+                                out["lost"].append(edge)
+                            elif vb > threshold >= va:
+                                out["gained"].append(edge)
+                            elif abs(vb - va) > threshold:
+                                out["changed"].append(edge)
+            for edges in out.values():
+                edges.sort(key=lambda e: -abs(e["delta"]))
+            composition[kind] = {"baseline_a": ca.baseline, "baseline_b": cb.baseline,
+                                 "threshold": threshold, **out}
+        biggest = sorted(heads, key=lambda r: -r["change"])[:10]
+        return ModelDiff(heads=heads, matching=None, composition=composition,
+                         biggest_changes=[{"layer": r["layer"], "head": r["head"],
+                                           "change": r["change"]} for r in biggest])
+
+    def prune(self, layer: int, head: int) -> FakeEngine:
+        """Zero the head (every weight, and its behaviour), as a pruned checkpoint would."""
+        for w in (self.W_Q, self.W_K, self.W_V, self.W_O):
+            w[layer, head] = 0
+        self._behaviour[:, layer, head] = 0
+        self._cache.clear()
+        return self
 
     async def ablation(self, layer: int, head: int) -> float:
         await self._enter("ablation")

@@ -64,3 +64,22 @@ def test_views_80x24(snap_compare: Any, view: str, keys: tuple[str, ...]) -> Non
 def test_help_screen(snap_compare: Any) -> None:
     assert snap_compare(make_app(), terminal_size=(120, 40),
                         run_before=settle_after("question_mark"))
+
+
+def make_compare_app() -> HeadscopeApp:
+    """attn-only-2l against a copy with the planted induction head L1.H2 pruned."""
+    a = FakeEngine("sample_models/attn-only-2l")
+    b = FakeEngine("pruned/attn-only-2l-L1H2").prune(1, 2)
+    engines = {a.path: a, b.path: b}
+    return HeadscopeApp(a.path, compare=b.path, engine_factory=lambda p, _r: engines[p],
+                        settings=Settings(), debounce=0.01)
+
+
+@pytest.mark.parametrize(("view", "keys"), [("qk-side", ()), ("ov-diff", ("2", "d")),
+                                            ("changes", ("7",))])
+def test_compare_views_120x40(snap_compare: Any, view: str, keys: tuple[str, ...]) -> None:
+    assert snap_compare(make_compare_app(), terminal_size=(120, 40),
+                        run_before=settle_after("right_square_bracket", "right_square_bracket",
+                                                "right_square_bracket", "right_square_bracket",
+                                                "right_square_bracket", "right_square_bracket",
+                                                *keys))

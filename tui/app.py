@@ -38,6 +38,7 @@ from engine.errors import HeadscopeError
 from themes import ALIASES, COLORMAPS, DEFAULT_THEME, STYLESHEET, THEME_NAMES, THEMES, colormap_for
 
 from .adapt import SCORES, ScoreRow, jsonable, score_row, score_rows, stats_line
+from .compare import COMPARE_VIEWS, ChangesPane, focus_text, head_changes, pair_figures
 from .keymap import APP_BINDINGS
 from .palette import HeadscopeCommands
 from .screens import HelpScreen, InputScreen, help_table
@@ -56,9 +57,9 @@ from .widgets.views import (
 
 Head = tuple[int, int]
 EngineFactory = Callable[[str, bool], Any]
-TABS = ("qk", "ov", "spectrum", "prompt", "composition", "summary")
+TABS = ("qk", "ov", "spectrum", "prompt", "composition", "summary", "changes")
 TAB_TITLES = {"qk": "1 QK", "ov": "2 OV", "spectrum": "3 Spectrum", "prompt": "4 Prompt",
-              "composition": "5 Composition", "summary": "6 Summary"}
+              "composition": "5 Composition", "summary": "6 Summary", "changes": "7 Changes"}
 POSITIONS_SHOWN = 32  # positional QK: the first positions
 ROTARY_OFFSETS = 32  # rotary profile over Δ in [-32, 32]
 NARROW = 100  # below this many columns, panes stack and the tree narrows
@@ -81,6 +82,10 @@ EXTRA_BINDINGS: list[Binding] = [
     Binding("greater_than_sign", "step_threshold(1)", "Threshold +", id="threshold-up",
             show=False, key_display=">",
             tooltip="Composition graph: raise the edge threshold (fewer, stronger edges)"),
+    Binding("7", "show_tab('changes')", "Changes", id="tab-changes", show=False,
+            tooltip="Compare mode: biggest changes A → B and the composition-graph diff"),
+    Binding("d", "toggle_compare_view", "A|B / B−A", id="compare-view", show=False,
+            tooltip="Compare mode: QK/OV heatmaps of A and B side by side, or A and B − A"),
 ]
 
 
@@ -115,6 +120,7 @@ class HeadscopeApp(App[None]):
                  output_dir: str | os.PathLike[str] | None = None,
                  keymap: dict[str, str] | None = None, debounce: float = 0.1,
                  sweep: bool = True, prompt: str = "",
+                 compare: str | os.PathLike[str] | None = None,
                  settings: Settings | None = None) -> None:
         super().__init__()
         self.settings_error: str | None = None
@@ -140,6 +146,13 @@ class HeadscopeApp(App[None]):
         self.debounce = debounce
         self.auto_sweep = sweep
         self.prompt_text = prompt
+        # Compare mode: model B, opened by the same factory; Engine.compare diffs A → B.
+        self.compare_path = str(compare) if compare is not None else None
+        self.engine_b: Any = None
+        self.compare_error: str | None = None
+        self.diff: Any = None
+        self.compare_view = "side"
+        self.changes_kind = "k"
         self.engine: Any = None
         self.open_error: str | None = None
         self.structure: dict[str, Any] = {"path": self.path}
@@ -181,6 +194,13 @@ class HeadscopeApp(App[None]):
             self.engine, self.open_error = None, str(err)
         except Exception as err:  # an engine bug must not take the explorer down
             self.engine, self.open_error = None, f"{self.path}: cannot open ({err!r})"
+        if self.compare_path is not None and self.engine is not None:
+            try:
+                self.engine_b = self.engine_factory(self.compare_path, self.raw)
+            except HeadscopeError as err:
+                self.compare_error = str(err)
+            except Exception as err:
+                self.compare_error = f"{self.compare_path}: cannot open ({err!r})"
 
     def _read_structure(self) -> None:
         from engine.loading import read_structure  # header + config only: no torch
@@ -232,6 +252,9 @@ class HeadscopeApp(App[None]):
                         yield CompositionPane(id="composition-pane")
                     with TabPane(TAB_TITLES["summary"], id="summary"):
                         yield SummaryPane(id="summary-pane")
+                    if self.compare_path is not None:
+                        with TabPane(TAB_TITLES["changes"], id="changes"):
+                            yield ChangesPane(id="changes-pane")
         yield Footer()
 
     @property
@@ -254,6 +277,9 @@ class HeadscopeApp(App[None]):
         status = self.main.query_one(StatusBar)
         status.structure = self.structure
         status.raw = self.raw
+        if self.compare_path is not None:
+            self.screen.add_class("compare")
+            status.compare = Path(self.compare_path).name or self.compare_path
         self._layout_for(self.size.width)
         self.set_interval(0.15, self._tick)
         if self.prompt_text:
@@ -305,6 +331,38 @@ class HeadscopeApp(App[None]):
             self._load_active(force=True)
         if self.auto_sweep:
             self.start_sweep()
+        if self.compare_error is not None:
+            self._report(f"compare: {self.compare_error}")
+        self.start_compare()
+
+    def start_compare(self) -> None:
+        if self.engine_b is None:
+            return
+        self.run_worker(self._compare(self._gen), group="compare", exclusive=True,
+                        exit_on_error=False)
+
+    async def _compare(self, gen: int) -> None:
+        """Diff A → B on the engine's workers; then badges, focus line and Changes tab."""
+        with contextlib.suppress(NoMatches):
+            self.main.query_one(ChangesPane).waiting("comparing A and B (scores, circuits, "
+                                                     "composition of both)…")
+        try:
+            diff = await self.engine.compare(self.engine_b)
+        except EngineCancelled:
+            return
+        except HeadscopeError as err:
+            self._report(f"compare: {err}")
+            with contextlib.suppress(NoMatches):
+                self.main.query_one(ChangesPane).waiting(f"cannot compare: {err}")
+            return
+        if gen != self._gen:
+            return
+        self.diff = diff
+        self.results["changes"] = diff
+        self.main.query_one(HeadTree).set_deltas(head_changes(diff))
+        self._update_focus_line()
+        if self.active_tab == "changes":
+            self._load_active(force=True)
 
     def start_sweep(self) -> None:
         self.run_worker(self._sweep(self._gen), group="sweep", exclusive=True,
@@ -414,7 +472,11 @@ class HeadscopeApp(App[None]):
         text = Text()
         text.append(f"L{layer}.H{head} ", style="bold")
         row = self.rows.get(self.head)
-        if row is not None:
+        versus = focus_text(self.diff, self.head, self.size.width < NARROW) \
+            if self.diff is not None else None
+        if versus is not None:  # compare mode: A → B instead of A's scores alone
+            text.append_text(versus)
+        elif row is not None:
             text.append("│ ", style="dim")
             short = self.size.width < NARROW
             shown = [(k, SHORT_LABELS[k]) for k, _ in SCORES if k in SHORT_LABELS] if short \
@@ -424,8 +486,8 @@ class HeadscopeApp(App[None]):
                 if i:
                     text.append("· ", style="dim")
                 text.append(f"{label} {v:+.2f} " if v == v else f"{label} — ")
-            if row.nonfinite:
-                text.append("non-finite weights", style="bold red")
+        if row is not None and row.nonfinite:
+            text.append("non-finite weights", style="bold red")
         self.main.query_one(StatusBar).focus_text = f"L{layer}.H{head}"
         line.update(text)
 
@@ -445,6 +507,9 @@ class HeadscopeApp(App[None]):
         self._load_active()
 
     def action_show_tab(self, tab: str) -> None:
+        if tab == "changes" and self.compare_path is None:
+            self.notify("no model B: open with headscope A --compare B", severity="warning")
+            return
         self.main.query_one("#tabs", TabbedContent).active = tab
         self.active_tab = tab
         self._load_active()
@@ -453,11 +518,13 @@ class HeadscopeApp(App[None]):
         per_head = tab in ("qk", "ov", "spectrum", "prompt")
         extra: tuple = ()
         if tab in ("qk", "ov"):
-            extra = (self._tokens_gen, self.offset, self.source_index)
+            extra = (self._tokens_gen, self.offset, self.source_index, self.compare_view)
         elif tab == "prompt":
             extra = (self.prompt_text,)
         elif tab == "composition":
             extra = (self.comp_kind,)
+        elif tab == "changes":
+            extra = (self.changes_kind, id(self.diff))
         return (tab, self.head if per_head else None, self._gen, *extra)
 
     def _fresh(self, key: tuple) -> bool:
@@ -498,8 +565,21 @@ class HeadscopeApp(App[None]):
             offset=self.offset if rotary else 0)
         if not self._fresh(key):
             return
-        pane.show_token(block, self.offset if rotary else None)
         self.results["qk"] = {"token": block}
+        if self.engine_b is not None:
+            block_b = await self._block_b(block, offset=self.offset if rotary else 0)
+            if not self._fresh(key):
+                return
+            if block_b is not None:
+                a_fig, b_fig = await pair_figures(
+                    block, block_b, self.compare_view, f"token QK L{layer}.H{head}",
+                    f"token QK L{layer}.H{head}", xlabel="key token →  (rows: query token)")
+                if not self._fresh(key):
+                    return
+                pane.show_pair(a_fig, b_fig)
+                self.results["qk"]["token_b"] = block_b
+                return  # the positional pane is hidden in compare mode
+        pane.show_token(block, self.offset if rotary else None)
         pos_chart = pane.query_one("#qk-position", Chart)
         if self.structure.get("positional") == "learned":
             n = list(range(min(int(self.structure.get("n_ctx") or 0), POSITIONS_SHOWN)))
@@ -525,8 +605,24 @@ class HeadscopeApp(App[None]):
                                                 rows=self.tokens, cols=self.tokens)
         if not self._fresh(key):
             return
-        pane.show_block(block)
         self.results["ov"] = {"full_ov": block}
+        pair = None
+        if self.engine_b is not None:
+            block_b = await self._block_b(block)
+            if not self._fresh(key):
+                return
+            if block_b is not None:
+                same = list(block.row_ids) == list(block.col_ids)
+                pair = await pair_figures(
+                    block, block_b, self.compare_view, f"full OV L{layer}.H{head}",
+                    f"full OV L{layer}.H{head}", xlabel="output token →  (rows: source)",
+                    diagonal=same)
+                if not self._fresh(key):
+                    return
+                self.results["ov"]["full_ov_b"] = block_b
+        pane.show_block(block, figure=pair[0] if pair else None)
+        if pair:
+            pane.show_pair(*pair)
         ids = list(block.row_ids)
         if not ids:
             return
@@ -583,6 +679,28 @@ class HeadscopeApp(App[None]):
         pane.detail(comp, None)
         self.results["composition"] = comp
 
+    async def _block_b(self, block: Any, offset: int = 0) -> Any:
+        """Model B's circuit block over the same rows and columns as A's ``block``."""
+        try:
+            await self.engine_b.ready()
+            return await self.engine_b.circuit_block(
+                block.layer, block.head, block.kind, block.basis, rows=list(block.row_ids),
+                cols=list(block.col_ids), offset=offset)
+        except EngineCancelled:
+            return None
+        except HeadscopeError as err:
+            self._report(f"model B: {err}")
+            return None
+
+    async def _load_changes(self, key: tuple) -> None:
+        pane = self.main.query_one(ChangesPane)
+        if self.diff is None:
+            if self.engine_b is None:
+                pane.waiting(f"no model B: {self.compare_error or 'not opened'}")
+            return  # _compare shows it when the diff arrives
+        name_b = Path(self.compare_path or "").name or "B"
+        pane.show(self.diff, self.changes_kind, self.n_layers, self.n_heads, name_b)
+
     async def _load_summary(self, key: tuple) -> None:
         if self.rows:
             self._show_summary()
@@ -607,7 +725,7 @@ class HeadscopeApp(App[None]):
     @on(DataTable.RowSelected)
     def _row_selected(self, event: DataTable.RowSelected) -> None:
         table_id = event.data_table.id
-        if table_id == "summary-table" and event.row_key.value:
+        if table_id in ("summary-table", "changes-table") and event.row_key.value:
             layer, head = (int(x) for x in str(event.row_key.value).split("."))
             self.goto_head((layer, head), immediate=True)
         elif table_id == "comp-edges":
@@ -670,7 +788,23 @@ class HeadscopeApp(App[None]):
         self.action_show_tab("prompt")
         self.main.query_one("#prompt-input", Input).focus()
 
+    def action_toggle_compare_view(self) -> None:
+        if self.engine_b is None:
+            self.notify("no model B: open with headscope A --compare B", severity="warning")
+            return
+        i = COMPARE_VIEWS.index(self.compare_view)
+        self.compare_view = COMPARE_VIEWS[(i + 1) % len(COMPARE_VIEWS)]
+        self.notify("A | B side by side" if self.compare_view == "side" else "A | B − A",
+                    timeout=1.5)
+        if self.active_tab not in ("qk", "ov"):
+            self.action_show_tab("qk")
+        self._load_active()
+
     def action_composition(self) -> None:
+        if self.active_tab == "changes":
+            self.changes_kind = {"q": "k", "k": "v", "v": "q"}[self.changes_kind]
+            self._load_active()
+            return
         if self.active_tab == "composition":
             self.show_composition({"q": "k", "k": "v", "v": "q"}[self.comp_kind])
         else:
@@ -690,6 +824,8 @@ class HeadscopeApp(App[None]):
         await self._model_ready.wait()
         try:
             await self.engine.set_raw(raw)
+            if self.engine_b is not None:
+                await self.engine_b.set_raw(raw)
         except HeadscopeError as err:
             self._report(str(err))
             return
@@ -708,6 +844,9 @@ class HeadscopeApp(App[None]):
                             exclusive=True, exit_on_error=False)
         if self.auto_sweep:
             self.start_sweep()
+        if self.engine_b is not None:
+            self.diff = None
+            self.start_compare()
 
     def action_cycle_theme(self) -> None:
         names = list(THEME_NAMES)
@@ -873,13 +1012,18 @@ class HeadscopeApp(App[None]):
         self.notify(message, severity="error", timeout=8)
 
     async def action_quit(self) -> None:
-        if self.engine is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.engine.aclose(), timeout=2)
+        for engine in (self.engine, self.engine_b):
+            if engine is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(engine.aclose(), timeout=2)
         self.exit()
 
 
 def run_app(path: str | os.PathLike[str] | None = None, *, raw: bool = False,
-            theme: str | None = None, **options: Any) -> None:
-    """Open ``path`` (default: the bundled attn-only-2l) in the explorer; blocks until quit."""
-    HeadscopeApp(path, raw=raw, theme=theme, **options).run()
+            theme: str | None = None, compare: str | os.PathLike[str] | None = None,
+            **options: Any) -> None:
+    """Open ``path`` (default: the bundled attn-only-2l) in the explorer; blocks until quit.
+
+    ``compare``: a second checkpoint B of the same architecture, explored alongside (issue 8).
+    """
+    HeadscopeApp(path, raw=raw, theme=theme, compare=compare, **options).run()

@@ -95,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     model_arg(p, optional=True)
     processing_args(p)
     p.add_argument("--theme", help="colour theme (headscope-dark, headscope-light, headscope-contrast)")
+    p.add_argument("--compare", metavar="B", default=None,
+                   help="a second checkpoint of the same architecture, explored alongside "
+                        "(Changes tab, Δ badges, A|B heatmaps)")
 
     p = command("info", "architecture, shapes and dtype, from the header alone", "headscope info path/to/model --json")
     model_arg(p)
@@ -258,7 +261,7 @@ def cmd_open(args: argparse.Namespace) -> int:
     from tui.app import run_app
 
     path = Path(args.path) if args.path else bundled_model_path()
-    run_app(path, raw=args.raw, theme=args.theme)
+    run_app(path, raw=args.raw, theme=args.theme, compare=args.compare)
     return EXIT_OK
 
 

@@ -248,7 +248,62 @@ class Graph:
         return text
 
 
-Figure = Heatmap | Scatter | Line | Graph
+@dataclass(frozen=True)
+class EdgeDiff:
+    """Composition-graph diff of two checkpoints on the layered layout of ``Graph``.
+
+    ``edges`` are ``(status, l1, h1, l2, h2, a, b)`` with a, b = score − baseline in A and B;
+    lost edges (above threshold in A only) take the negative end of the colour map, gained
+    ones (B only) the positive end, changed ones the muted colour. The biggest ``labels``
+    changes carry "a→b" at their midpoint."""
+
+    n_layers: int
+    n_heads: int
+    edges: tuple[tuple[str, int, int, int, int, float, float], ...]
+    title: str = ""
+    labels: int = 3
+
+    def colour(self, status: str, colours: Colours) -> tuple[int, int, int]:
+        return {"lost": colours.stops[0], "gained": colours.stops[2]}.get(status, colours.muted)
+
+    def draw(self, width: int, height: int, colours: Colours) -> Text:
+        head = _wrap(self.title, width, "bold")
+        plt = _plot(width, max(height - len(head) - 1, 3), colours)
+        L, H = self.n_layers, self.n_heads
+
+        def y(h: int) -> int:
+            return H - 1 - h
+
+        plt.xlim(-0.3, L - 0.7)
+        plt.ylim(-0.5, H - 0.5)
+        order = {"changed": 0, "gained": 1, "lost": 2}  # lost edges on top: the news
+        ordered = sorted(self.edges, key=lambda e: (order.get(e[0], 0), abs(e[6] - e[5])))
+        for status, l1, h1, l2, h2, _a, _b in ordered:
+            plt.plot([l1, l2], [y(h1), y(h2)], marker="braille", color=self.colour(status, colours))
+        ends = {(e[1], e[2]) for e in self.edges} | {(e[3], e[4]) for e in self.edges}
+        xs = [layer for layer in range(L) for _ in range(H)]
+        ys = [y(h) for _ in range(L) for h in range(H)]
+        plt.scatter(xs, ys, marker="●", color=colours.foreground)
+        if ends:
+            plt.scatter([n[0] for n in ends], [y(n[1]) for n in ends], marker="●",
+                        color=colours.accent)
+        biggest = sorted(self.edges, key=lambda e: -abs(e[6] - e[5]))[: self.labels]
+        for _s, l1, h1, l2, h2, a, b in biggest:
+            plt.text(f"{a:+.2f}→{b:+.2f}", (l1 + l2) / 2, (y(h1) + y(h2)) / 2,
+                     alignment="center", color=colours.foreground)
+        plt.xticks(list(range(L)), [f"L{i}" for i in range(L)])
+        hi, hl = _ticks(H, max(height - 5, 1), [f"H{h}" for h in range(H)], 1)
+        plt.yticks([y(h) for h in hi], hl)
+        plt.ticks_color(colours.foreground)
+        key = Text("━ lost (A only)", style=_rgb(colours.stops[0]))
+        key.append("  ")
+        key.append("━ gained (B only)", style=_rgb(colours.stops[2]))
+        key.append("  ")
+        key.append("━ changed", style=_rgb(colours.muted))
+        return Text("\n").join([*head, _text(plt), key])
+
+
+Figure = Heatmap | Scatter | Line | Graph | EdgeDiff
 
 
 def _rgb(c: tuple[int, ...]) -> str:

@@ -50,7 +50,13 @@ def _bar(value: float, vmax: float, width: int = 12,
 class QKPane(Horizontal):
     def compose(self) -> ComposeResult:
         yield Chart(id="qk-token", placeholder="waiting for the model…")
+        yield Chart(id="qk-token-b", placeholder="waiting for model B…", classes="compare-only")
         yield Chart(id="qk-position", placeholder="")
+
+    def show_pair(self, a: Heatmap, b: Heatmap) -> None:
+        """Compare mode: A's token QK and B's (or B − A) beside it."""
+        self.query_one("#qk-token", Chart).show(a)
+        self.query_one("#qk-token-b", Chart).show(b)
 
     def show_token(self, block: Any, offset: int | None = None) -> None:
         title = f"token QK {_head(block.layer, block.head)}  W_E QK W_Eᵀ"
@@ -75,17 +81,24 @@ class QKPane(Horizontal):
 class OVPane(Horizontal):
     def compose(self) -> ComposeResult:
         yield Chart(id="ov-heatmap", placeholder="waiting for the model…")
+        yield Chart(id="ov-heatmap-b", placeholder="waiting for model B…", classes="compare-only")
         with Vertical(id="ov-side"):
             yield Static(id="ov-note")
             yield Static(id="ov-top")
 
-    def show_block(self, block: Any) -> None:
+    def show_block(self, block: Any, figure: Heatmap | None = None) -> None:
+        """A's full OV (``figure``: already made, e.g. by compare mode) and its note."""
         same = list(block.row_ids) == list(block.col_ids)
-        self.query_one("#ov-heatmap", Chart).show(Heatmap(
+        self.query_one("#ov-heatmap", Chart).show(figure or Heatmap(
             np.asarray(block.values), tuple(block.row_labels), tuple(block.col_labels),
             title=f"full OV {_head(block.layer, block.head)}  W_E OV W_U",
             xlabel="output token →  (rows: source token)", diagonal=same))
         self.query_one("#ov-note", Static).update(Text(block.note or "", style="dim"))
+
+    def show_pair(self, a: Heatmap, b: Heatmap) -> None:
+        """Compare mode: A's full OV and B's (or B − A) beside it."""
+        self.query_one("#ov-heatmap", Chart).show(a)
+        self.query_one("#ov-heatmap-b", Chart).show(b)
 
     def show_top(self, result: Any) -> None:
         rows = top_tokens(result)

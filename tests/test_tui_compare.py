@@ -1,0 +1,207 @@
+"""Compare mode (issue 8, TUI part): ``headscope A --compare B``.
+
+Fake engines first (fast): B is A with one head pruned, so every number the views show can
+be checked against the fakes' own dense circuits. Then the real thing: the bundled
+attn-only-2l against a copy whose induction head L1.H7 is zeroed (safetensors load/save),
+through ``Engine.compare`` (engine.diff.diff_models on A's workers).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from textual.widgets import DataTable, Static
+
+from tests.fake_engine import FakeEngine
+from tests.test_tui_app import chart_text, plain, settle
+from tui.app import HeadscopeApp
+from tui.settings import Settings
+from tui.widgets.chart import Chart
+from tui.widgets.head_tree import HeadTree
+from tui.widgets.status import StatusBar
+
+MODEL = Path(__file__).resolve().parents[1] / "sample_models" / "attn-only-2l"
+
+
+@pytest.fixture(autouse=True)
+def _quiet_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HEADSCOPE_CONFIG", str(tmp_path / "no-config.toml"))
+    monkeypatch.setenv("HEADSCOPE_OUTPUT_DIR", str(tmp_path / "out"))
+
+
+def fake_pair(pruned: tuple[int, int] = (1, 2)) -> tuple[HeadscopeApp, FakeEngine, FakeEngine]:
+    a = FakeEngine("fake/attn-only-2l")
+    b = FakeEngine("fake/attn-only-2l-pruned").prune(*pruned)
+    engines = {a.path: a, b.path: b}
+    app = HeadscopeApp(a.path, compare=b.path, engine_factory=lambda p, _r: engines[p],
+                       settings=Settings(), debounce=0.02)
+    return app, a, b
+
+
+async def test_changes_tab_names_the_pruned_head_first_and_its_lost_edges() -> None:
+    app, a, _ = fake_pair()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        assert a.calls["compare"] == 1 and app.diff is not None
+        assert "vs attn-only-2l-pruned" in app.query_one(StatusBar).render().plain
+        await pilot.press("7")
+        await settle(pilot, app)
+        table = app.query_one("#changes-table", DataTable)
+        assert table.row_count == a.L * a.H
+        assert str(table.get_row_at(0)[0]) == "L1.H2"
+        # the pruned head's circuits are gone: similarity 0; an untouched head's are equal
+        row = {r["head"]: r for r in app.diff.heads if r["layer"] == 1}
+        assert row[2]["ov_similarity"] == 0.0 and row[0]["ov_similarity"] == pytest.approx(1.0)
+        # lost K-composition edges: every edge into L1.H2 that was above threshold in A
+        comp = await a.composition("k")
+        want = {(l1, h1) for l1, h1, l2, h2, s in comp.top_edges
+                if (l2, h2) == (1, 2) and s > 0.1}
+        assert want
+        listing = plain(app.query_one("#changes-edges", Static))
+        for l1, h1 in want:
+            assert f"K lost    L{l1}.H{h1}→L1.H2" in listing
+        assert f"{len(want)} lost" in chart_text(app, "changes-graph")
+        await pilot.press("c")  # K → V: the pruned head also loses its V-composition edges
+        await settle(pilot, app)
+        assert app.changes_kind == "v" and "V-composition diff" in chart_text(app, "changes-graph")
+        table.focus()
+        table.move_cursor(row=0)
+        await pilot.press("enter")
+        await settle(pilot, app)
+        assert app.head == (1, 2)
+        focus = plain(app.query_one("#focus-line", Static))
+        ind = next(r for r in app.diff.heads if (r["layer"], r["head"]) == (1, 2))
+        assert f"ind {ind['induction_score_a']:+.2f}→{ind['induction_score_b']:+.2f}" in focus
+        assert "B sim OV +0.00" in focus
+
+
+async def test_tree_badges_show_which_heads_changed() -> None:
+    app, _, _ = fake_pair()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        tree = app.query_one(HeadTree)
+        assert tree.badge_text((1, 2)).endswith("Δ")
+        unchanged = [hd for hd in tree.head_nodes if hd != (1, 2)]
+        assert all(tree.badge_text(hd).endswith("=") for hd in unchanged)
+
+
+async def test_heatmaps_of_a_and_b_side_by_side_or_their_difference() -> None:
+    app, _, b = fake_pair(pruned=(0, 0))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        assert app.head == (0, 0)
+        assert app.query_one("#qk-token-b", Chart).display
+        assert not app.query_one("#qk-position", Chart).display
+        assert "B token QK L0.H0" in chart_text(app, "qk-token-b")
+        block_a, block_b = app.results["qk"]["token"], app.results["qk"]["token_b"]
+        assert block_b.row_ids == block_a.row_ids
+        assert np.allclose(block_b.values, 0)  # B's pruned head has no QK circuit
+        # side by side: one colour range for both, A's
+        fig_a = app.query_one("#qk-token", Chart).figure
+        fig_b = app.query_one("#qk-token-b", Chart).figure
+        assert fig_a.vmax == fig_b.vmax == pytest.approx(float(np.abs(block_a.values).max()))
+        await pilot.press("d")
+        await settle(pilot, app)
+        assert app.compare_view == "diff"
+        assert "B − A" in chart_text(app, "qk-token-b")
+        fig_b = app.query_one("#qk-token-b", Chart).figure
+        assert np.allclose(fig_b.values, np.asarray(block_b.values) - np.asarray(block_a.values))
+        await pilot.press("2")
+        await settle(pilot, app)
+        assert "B − A" in chart_text(app, "ov-heatmap-b")
+        full_b = b.full_ov(0, 0)
+        assert np.allclose(app.results["ov"]["full_ov_b"].values, full_b[:24, :24])
+
+
+async def test_compare_mode_at_80x24_still_fits() -> None:
+    app, _, _ = fake_pair()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, app)
+        for line in chart_text(app, "qk-token-b").splitlines():
+            assert len(line) <= app.query_one("#qk-token-b", Chart).size.width
+        await pilot.press("7")
+        await settle(pilot, app)
+        assert str(app.query_one("#changes-table", DataTable).get_row_at(0)[0]) == "L1.H2"
+
+
+async def test_without_b_the_compare_keys_only_explain() -> None:
+    a = FakeEngine()
+    app = HeadscopeApp(a.path, engine_factory=lambda _p, _r: a, settings=Settings())
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("7", "d")
+        await settle(pilot, app)
+        assert app.active_tab == "qk" and a.calls["compare"] == 0
+        assert any("--compare" in n.message for n in app._notifications)
+
+
+# -- the real engine --------------------------------------------------------------------------
+
+
+def zeroed_copy(tmp: Path, names: tuple[str, ...], layer: int = 1, head: int = 7) -> Path:
+    """attn-only-2l with ``names`` of head L{layer}.H{head} set to zero."""
+    from safetensors import safe_open
+    from safetensors.numpy import load_file, save_file
+
+    dst = tmp / f"attn-only-2l-zero-L{layer}H{head}-{'-'.join(names)}"
+    shutil.copytree(MODEL, dst)
+    src = MODEL / "model.safetensors"
+    with safe_open(str(src), "np") as f:
+        metadata = f.metadata()
+    tensors = load_file(str(src))
+    for name in names:
+        tensors[f"blocks.{layer}.attn.{name}"][head] = 0
+    save_file(tensors, str(dst / "model.safetensors"), metadata=metadata)
+    return dst
+
+
+async def test_real_engine_pruned_induction_head_and_its_lost_k_edge(tmp_path: Path) -> None:
+    # Zeroing only W_O leaves L1.H7's QK circuit, which is what K-composition reads: pruning
+    # the whole head is what loses the edge (see the W_O-only test below).
+    pruned = zeroed_copy(tmp_path, ("W_Q", "W_K", "W_V", "W_O"))
+    app = HeadscopeApp(MODEL, compare=pruned, settings=Settings(), sweep=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        for _ in range(40):
+            await settle(pilot, app, rounds=1)
+            if app.diff is not None or app.errors:
+                break
+        assert not app.errors and app.diff is not None
+        await pilot.press("7")
+        await settle(pilot, app)
+        assert str(app.query_one("#changes-table", DataTable).get_row_at(0)[0]) == "L1.H7"
+        listing = plain(app.query_one("#changes-edges", Static)).splitlines()
+        assert listing[0].split()[:3] == ["K", "lost", "L0.H6→L1.H7"]
+        assert "K-composition diff" in chart_text(app, "changes-graph")
+        assert app.query_one(HeadTree).badge_text((1, 7)).endswith("Δ")
+
+
+async def test_real_engine_compare_with_w_o_zeroed(tmp_path: Path) -> None:
+    from engine.service import Engine
+
+    a, b = Engine(MODEL), Engine(zeroed_copy(tmp_path, ("W_O",)))
+    try:
+        diff = await a.compare(b)
+    finally:
+        await a.aclose()
+        await b.aclose()
+    first = max(diff.heads, key=lambda r: r["change"])
+    assert (first["layer"], first["head"]) == (1, 7)
+    assert first["ov_similarity"] == pytest.approx(0.0, abs=1e-6)
+    assert first["qk_similarity"] == pytest.approx(1.0, abs=1e-5)  # QK untouched
+    assert diff.composition["k"]["lost"] == []  # K-composition reads L1.H7's QK, not its OV
+    others = [r for r in diff.heads if (r["layer"], r["head"]) != (1, 7)]
+    assert all(r["change"] < 1e-4 for r in others)
+
+
+def test_cli_passes_compare_through_to_run_app(monkeypatch: pytest.MonkeyPatch,
+                                               tmp_path: Path) -> None:
+    import tui.app
+    from tui.cli import main
+
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(tui.app, "run_app", lambda path, **kw: seen.update(path=path, **kw))
+    assert main([str(MODEL), "--compare", str(tmp_path / "b")]) == 0
+    assert seen["path"] == MODEL and seen["compare"] == str(tmp_path / "b")
