@@ -8,7 +8,6 @@ through ``Engine.compare`` (engine.diff.diff_models on A's workers).
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -142,20 +141,10 @@ async def test_without_b_the_compare_keys_only_explain() -> None:
 
 
 def zeroed_copy(tmp: Path, names: tuple[str, ...], layer: int = 1, head: int = 7) -> Path:
-    """attn-only-2l with ``names`` of head L{layer}.H{head} set to zero."""
-    from safetensors import safe_open
-    from safetensors.numpy import load_file, save_file
+    """attn-only-2l with ``names`` of head L{layer}.H{head} set to zero (safetensors)."""
+    from tui.compare import pruned_copy
 
-    dst = tmp / f"attn-only-2l-zero-L{layer}H{head}-{'-'.join(names)}"
-    shutil.copytree(MODEL, dst)
-    src = MODEL / "model.safetensors"
-    with safe_open(str(src), "np") as f:
-        metadata = f.metadata()
-    tensors = load_file(str(src))
-    for name in names:
-        tensors[f"blocks.{layer}.attn.{name}"][head] = 0
-    save_file(tensors, str(dst / "model.safetensors"), metadata=metadata)
-    return dst
+    return pruned_copy(MODEL, tmp, layer, head, names)
 
 
 async def test_real_engine_pruned_induction_head_and_its_lost_k_edge(tmp_path: Path) -> None:
