@@ -463,8 +463,9 @@ def ablation_effects(w: WeightSource, seed: int = 0, *, seq_len: int | None = No
     computed without re-running what the ablation cannot change: one clean pass keeps the
     residual stream entering each layer, and for layer ``l`` its heads' ablations resume
     from there, batched (``forward.run_ablations``; ``_heads_per_pass`` heads at a time, 6
-    on GPT-2-small). Only the scored positions are unembedded. About 4× faster than one full
-    pass per head on GPT-2-small shapes (bench/README.md). ``progress`` and ``cancelled()``
+    on GPT-2-small). Only the scored positions are unembedded. On GPT-2-small shapes this is
+    1.4× (quiet 2-core box) to 3–4× (loaded box) faster than one full pass per head
+    (bench/README.md). ``progress`` and ``cancelled()``
     are reported/checked between layers.
     """
     import torch
