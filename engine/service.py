@@ -390,6 +390,8 @@ class Engine:
         key = (layer, head, "spectrum", (kind, raw))
 
         def compute(ctx: JobContext) -> Spectrum:
+            import torch
+
             from . import circuits, scores
 
             model = self._model(raw)
@@ -401,7 +403,12 @@ class Engine:
                 fm = circuits.token_qk(w, layer, head)
                 score = scores.qk_positivity(fm)
             ctx.check()
-            eig = fm.eigenvalues
+            try:
+                eig = fm.eigenvalues
+            except NonFiniteError:
+                # NaN/inf weights (flagged in HeadScores.nonfinite): an empty spectrum with a
+                # NaN score, like every other score of the head, rather than an error.
+                eig = torch.zeros(0, dtype=torch.complex64)
             order = eig.abs().argsort(descending=True)
             return Spectrum(
                 eigenvalues=readonly(eig[order], np.complex64),
