@@ -17,7 +17,7 @@ from textual.widgets import DataTable, Static, TabbedContent
 
 from tests.fake_engine import FakeEngine, broken_factory
 from themes import COLORMAPS
-from tui.app import EXTRA_BINDINGS, FILTER_THRESHOLD, HeadscopeApp
+from tui.app import FILTER_THRESHOLD, HeadscopeApp
 from tui.keymap import APP_BINDINGS
 from tui.screens import HelpScreen
 from tui.settings import Settings
@@ -249,7 +249,7 @@ async def test_help_lists_every_key_and_follows_the_keymap() -> None:
         await pilot.pause(0.1)
         assert isinstance(app.screen, HelpScreen)
         text = plain(app.screen.query_one("#help-keys", Static))
-        for b in [*APP_BINDINGS, *EXTRA_BINDINGS]:
+        for b in APP_BINDINGS:
             assert b.id in text
         next_line = next(line for line in text.splitlines() if "next-head" in line)
         assert next_line.strip().startswith("n ")

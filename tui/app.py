@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 from rich.text import Text
 from textual import on
 from textual.app import App, ComposeResult
-from textual.binding import Binding, BindingType
+from textual.binding import BindingType
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
 from textual.screen import Screen
@@ -41,7 +41,7 @@ from .adapt import SCORES, ScoreRow, jsonable, score_row, score_rows, stats_line
 from .compare import COMPARE_VIEWS, ChangesPane, focus_text, head_changes, pair_figures
 from .keymap import APP_BINDINGS
 from .palette import HeadscopeCommands
-from .screens import HelpScreen, InputScreen, help_table
+from .screens import HelpScreen, InputScreen
 from .settings import Settings, load_settings
 from .widgets.chart import Chart
 from .widgets.head_tree import HeadTree
@@ -70,33 +70,6 @@ SHORT_LABELS = {"copying": "copy", "qk_positivity": "QK+", "prev_token": "prev",
                 "induction": "ind"}  # the focus line on a narrow terminal: no room for dup-tok
 FILTER_THRESHOLD = 0.3  # the middling badge strength: what "has the behaviour" means
 
-# Keys added with the graph threshold and the tree filter (listed in the help screen with
-# the others; remappable by id like every key).
-EXTRA_BINDINGS: list[Binding] = [
-    Binding("f", "cycle_filter", "Filter", id="cycle-filter", show=False,
-            tooltip="Head tree: show only heads with induction / prev-token / copying ≥ 0.3, "
-                    "then every head again"),
-    Binding("less_than_sign", "step_threshold(-1)", "Threshold −", id="threshold-down",
-            show=False, key_display="<",
-            tooltip="Composition graph: lower the edge threshold (more edges)"),
-    Binding("greater_than_sign", "step_threshold(1)", "Threshold +", id="threshold-up",
-            show=False, key_display=">",
-            tooltip="Composition graph: raise the edge threshold (fewer, stronger edges)"),
-    Binding("7", "show_tab('changes')", "Changes", id="tab-changes", show=False,
-            tooltip="Compare mode: biggest changes A → B and the composition-graph diff"),
-    Binding("d", "toggle_compare_view", "A|B / B−A", id="compare-view", show=False,
-            tooltip="Compare mode: QK/OV heatmaps of A and B side by side, or A and B − A"),
-]
-
-
-def help_with_extra_keys(keymap: dict[str, str]) -> Any:
-    """tui.keymap's help table plus the keys this module adds."""
-    table = help_table(keymap)
-    for b in EXTRA_BINDINGS:
-        table.add_row(b.key_display or keymap.get(b.id or "", b.key), b.tooltip, b.id or "")
-    return table
-
-
 def bundled_model() -> Path:
     import sample_models
 
@@ -112,7 +85,7 @@ def default_engine_factory(path: str, raw: bool, cache_mb: int = 256) -> Any:
 class HeadscopeApp(App[None]):
     TITLE = "headscope"
     CSS_PATH: ClassVar[list[str | Path]] = [STYLESHEET, Path(__file__).with_name("headscope.tcss")]
-    BINDINGS: ClassVar[list[BindingType]] = [*APP_BINDINGS, *EXTRA_BINDINGS]
+    BINDINGS: ClassVar[list[BindingType]] = list(APP_BINDINGS)
     COMMANDS = App.COMMANDS | {HeadscopeCommands}
 
     def __init__(self, path: str | os.PathLike[str] | None = None, *, raw: bool = False,
@@ -752,15 +725,7 @@ class HeadscopeApp(App[None]):
 
     # -- actions --------------------------------------------------------------------------
     def action_help(self) -> None:
-        screen = HelpScreen(self.keymap_in_use)
-        self.push_screen(screen)
-
-        def extend() -> None:
-            with contextlib.suppress(NoMatches):
-                screen.query_one("#help-keys", Static).update(
-                    help_with_extra_keys(self.keymap_in_use))
-
-        screen.call_after_refresh(extend)
+        self.push_screen(HelpScreen(self.keymap_in_use))
 
     def action_step_threshold(self, step: int) -> None:
         """Raise or lower the composition graph's edge threshold by one step (0 … 90 %)."""

@@ -60,6 +60,19 @@ APP_BINDINGS: list[Binding] = [
             tooltip="Save an SVG screenshot to the output directory"),
     Binding("e", "export", "Export", id="export",
             tooltip="Export the current view's data as JSON to the output directory"),
+    Binding("f", "cycle_filter", "Filter", id="cycle-filter", show=False,
+            tooltip="Head tree: show only heads with induction / prev-token / copying ≥ 0.3, "
+                    "then every head again"),
+    Binding("less_than_sign", "step_threshold(-1)", "Threshold −", id="threshold-down",
+            show=False, key_display="<",
+            tooltip="Composition graph: lower the edge threshold (more edges)"),
+    Binding("greater_than_sign", "step_threshold(1)", "Threshold +", id="threshold-up",
+            show=False, key_display=">",
+            tooltip="Composition graph: raise the edge threshold (fewer, stronger edges)"),
+    Binding("7", "show_tab('changes')", "Changes", id="tab-changes", show=False,
+            tooltip="Compare mode: biggest changes A → B and the composition-graph diff"),
+    Binding("d", "toggle_compare_view", "A|B / B−A", id="compare-view", show=False,
+            tooltip="Compare mode: QK/OV heatmaps of A and B side by side, or A and B − A"),
 ]
 
 # Keys handled by widgets, listed in the help screen (the tree's own bindings are on HeadTree).

@@ -18,7 +18,7 @@ from .keymap import APP_BINDINGS, WIDGET_KEYS
 def _display(keys: str) -> str:
     names = {"question_mark": "?", "left_square_bracket": "[", "right_square_bracket": "]",
              "slash": "/", "comma": ",", "full_stop": ".", "minus": "-",
-             "equals_sign": "=", "plus": "+"}
+             "equals_sign": "=", "plus": "+", "less_than_sign": "<", "greater_than_sign": ">"}
     return " / ".join(names.get(k.strip(), k.strip()) for k in keys.split(","))
 
 
