@@ -262,15 +262,16 @@ def diff_models(
                         b.weights.get_head(f"blocks.{layer}.attn.W_O", hb).T,
                     ).mean()
                 )
+            row["change"] = _change_size(row)  # how much the head changed: ranks and colours
             heads.append(row)
     composition = {kind: _composition_diff(a, b, kind, matching, threshold, seed) for kind in "qkv"}
-    biggest = sorted(heads, key=_change_size, reverse=True)[:10]
+    biggest = sorted(heads, key=lambda r: r["change"], reverse=True)[:10]
     return ModelDiff(
         heads=heads,
         matching=matching if match_heads else None,
         composition=composition,
         biggest_changes=[
-            {"layer": r["layer"], "head": r["head"], "change": _change_size(r), **_summary(r)}
+            {"layer": r["layer"], "head": r["head"], "change": r["change"], **_summary(r)}
             for r in biggest
         ],
     )

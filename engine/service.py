@@ -574,28 +574,22 @@ class Engine:
     ) -> ModelDiff:
         """Diff this model (A) against ``other`` (B) with ``engine.diff.diff_models``, on a worker.
 
-        Each model is taken with its own current raw/processed setting. Every head row also
-        carries ``change``: engine.diff's measure of how much the head changed (lost circuit
-        similarity or the largest score delta), so a view can rank or colour heads without
-        recomputing it.
+        Each model is taken with its own current raw/processed setting.
         """
         await self.ready()
         await other.ready()
         raw, other_raw = self._raw, other.raw
 
         def compute(ctx: JobContext) -> ModelDiff:
-            from . import diff
+            from .diff import diff_models
 
-            found = diff.diff_models(
+            return diff_models(
                 self._model(raw),
                 other._model(other_raw),
                 match_heads=match_heads,
                 threshold=threshold,
                 seed=SEED,
             )
-            for row in found.heads:
-                row.setdefault("change", diff._change_size(row))
-            return found
 
         key = (None, None, "compare", (str(other.path), id(other), raw, other_raw, match_heads, threshold))
         return await self._get(key, compute, head=None, label="compare")
