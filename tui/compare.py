@@ -260,17 +260,3 @@ async def shoot(out: Path, compare: Path, model: Path | None = None,
             app.save_screenshot(filename=path.name, path=str(out))
             written.append(path)
     return written
-
-
-if __name__ == "__main__":  # python -m tui.compare OUT: attn-only-2l vs L1.H7 pruned
-    import sys
-    import tempfile
-
-    from .app import bundled_model
-
-    target = Path(sys.argv[1])
-    target.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        b = pruned_copy(bundled_model(), Path(tmp), 1, 7)
-        for p in asyncio.run(shoot(target, b)) + asyncio.run(shoot(target, b, size=(80, 24))):
-            print(p)

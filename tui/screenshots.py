@@ -1,14 +1,16 @@
 """Save one SVG screenshot per main view, headless: ``python -m tui.screenshots OUT [MODEL]``.
 
 Drives the real app (real engine) with Textual's pilot, waits for every worker before each
-shot, and writes ``OUT/<view>.svg``. The README's screenshots are made with this, on the
-bundled ``attn-only-2l``, focused on its induction head.
+shot, and writes ``OUT/<view>.svg`` (120×40 dark, 80×24 light) and the compare-mode views against a copy
+with the focused head pruned. ``docs/screenshots`` is made with this, on the bundled
+``attn-only-2l``, focused on its induction head L1.H7.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import tempfile
 from pathlib import Path
 
 from tui.app import HeadscopeApp
@@ -68,6 +70,16 @@ def main() -> None:
     paths = asyncio.run(shoot(args.model, args.out, (120, 40), (layer, head), args.prompt))
     paths += asyncio.run(shoot(args.model, args.out, (80, 24), (layer, head), args.prompt,
                                theme="headscope-light", suffix="-80x24-light"))
+    # Compare mode: the model against a copy with the focused head pruned.
+    from tui.app import bundled_model
+    from tui.compare import pruned_copy
+    from tui.compare import shoot as shoot_compare
+
+    with tempfile.TemporaryDirectory() as tmp:
+        pruned = pruned_copy(args.model or bundled_model(), Path(tmp), layer, head)
+        for size in ((120, 40), (80, 24)):
+            paths += asyncio.run(shoot_compare(args.out, pruned, args.model, size=size,
+                                               head=(layer, head)))
     for p in paths:
         print(p)
 
