@@ -452,3 +452,19 @@ def test_graph_title_wraps_instead_of_being_cut() -> None:
     assert " ".join(lines[:3]).split() == title.split()  # every word, over three lines
     assert all(len(line) <= 40 for line in lines)
     assert lines[-1].startswith("weak +0.100") and lines[-1].endswith("+0.200 strong")
+
+
+async def test_quitting_before_the_deferred_engine_opens_creates_no_engine() -> None:
+    """`q` in the first frame, before the real engine is created: no engine, no traceback."""
+    created = []
+
+    def factory(path, raw):
+        created.append(path)
+        return FakeEngine(path)
+
+    app = HeadscopeApp("sample_models/attn-only-2l", engine_factory=factory, settings=Settings())
+    app._deferred_engine = True  # as with the real Engine: created after the first paint
+    async with app.run_test(size=(100, 30)) as pilot:
+        app.exit()
+        await pilot.pause(0.1)
+    assert created == []

@@ -264,6 +264,8 @@ class HeadscopeApp(App[None]):
         self._after_open()
 
     def _open_deferred(self) -> None:
+        if self._exit:  # quit before the engine was created: open nothing, leak no threads
+            return
         self._open_engine()
         self._after_open()
 
