@@ -464,7 +464,7 @@ async def test_quitting_before_the_deferred_engine_opens_creates_no_engine() -> 
 
     app = HeadscopeApp("sample_models/attn-only-2l", engine_factory=factory, settings=Settings())
     app._deferred_engine = True  # as with the real Engine: created after the first paint
-    async with app.run_test(size=(100, 30)) as pilot:
+    async with app.run_test(size=(100, 30)):
         app.exit()
-        await pilot.pause(0.1)
+        app._open_deferred()  # the timer set at mount firing after `q`
     assert created == []
