@@ -16,9 +16,28 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from .adapters import Heads, Spec, Whole, Zeros
 from .config import ModelConfig
 from .errors import CorruptFileError, IndexOutOfRangeError, MissingTensorError
+from .safetensors_header import SafetensorsHeader, TensorInfo, read_header
 
 if TYPE_CHECKING:
     import torch
+
+# safetensors dtype -> torch dtype name, for the float types weights come in.
+_FLOAT_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+                 "F8_E5M2": "float8_e5m2", "F8_E4M3": "float8_e4m3fn"}
+
+
+class _TorchDtypes(dict):
+    """``_FLOAT_DTYPES`` as torch dtypes, built on first use (torch is imported lazily)."""
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if not self:
+            import torch
+
+            self.update({k: getattr(torch, v) for k, v in _FLOAT_DTYPES.items()})
+        return super().get(key, default)
+
+
+_TORCH_DTYPES = _TorchDtypes()
 
 # Attention tensors that are stored per head along dim 0 in canonical form.
 HEAD_TENSORS = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V")
@@ -66,6 +85,19 @@ class DictWeights:
         raise MissingTensorError(self.path, f"missing tensor {name!r}")
 
 
+def _pread_into(handle: Any, buffer: torch.Tensor, offset: int, file: str, tensor: str) -> None:
+    """Fill the uint8 ``buffer`` from ``offset`` of the open file (positional reads: no shared
+    file position, so threads can read the same file at once)."""
+    view = memoryview(buffer.numpy())
+    done = 0
+    while done < len(view):  # one read returns at most ~2 GB on Linux
+        got = os.preadv(handle.fileno(), [view[done:]], offset + done)
+        if got <= 0:
+            raise CorruptFileError(file, f"cannot read tensor {tensor!r}: the file ends after "
+                                         f"{done:,} of its {len(view):,} bytes")
+        done += got
+
+
 def _kv_name(name: str) -> str:
     """``blocks.0.attn.W_K`` -> ``blocks.0.attn._W_K`` (the un-expanded GQA tensor)."""
     prefix, _, last = name.rpartition(".")
@@ -77,7 +109,7 @@ class CheckpointWeights:
 
     ``specs`` (from an adapter) say where each canonical tensor lives; ``files`` map each
     checkpoint tensor name to the (already validated, inside-the-model-directory) file
-    holding it. Files are opened with ``safe_open`` (mmap) on first use; ``get_head`` reads
+    holding it. Files are opened on first use and read with ``pread`` (see ``_read``); ``get_head`` reads
     only the rows/columns of one head; bf16/fp16 are upcast to float32 per tensor or per
     slice, never for the whole model. Converted tensors live in a small LRU cache bounded
     by bytes. Safe to call from several threads.
@@ -97,7 +129,8 @@ class CheckpointWeights:
         self.path = path
         self.cache_bytes = cache_bytes
         self.reads = 0  # tensor/slice reads from disk (tests count them)
-        self._handles: dict[str, Any] = {}
+        self._handles: dict[str, Any] = {}  # open files (read with pread: thread-safe)
+        self._headers: dict[str, SafetensorsHeader] = {}
         self._sizes: dict[str, int] = {}  # file sizes when opened (see _read)
         self._cache: OrderedDict[tuple[str, int | None], torch.Tensor] = OrderedDict()
         self._cached_bytes = 0
@@ -116,6 +149,8 @@ class CheckpointWeights:
 
     def close(self) -> None:
         with self._lock:
+            for handle in self._handles.values():
+                handle.close()
             self._handles.clear()
             self._cache.clear()
             self._cached_bytes = 0
@@ -166,40 +201,71 @@ class CheckpointWeights:
         return block.transpose(-2, -1) if spec.transpose else block
 
     def _read(self, tensor: str, index: tuple[slice, ...] | None) -> torch.Tensor:
-        """One tensor (or a slice of it) from disk, as float32."""
+        """One tensor (or a slice of it) from disk, as float32 in memory of its own.
+
+        Bytes are copied with ``pread`` into a buffer we own, not read through a memory map:
+        pages of a mapped file count as this process's resident memory for as long as the
+        kernel keeps them, so one sweep over a mapped 2 GB checkpoint left 2 GB "resident"
+        (measured: +2.2 GB peak RSS on a 1B model after one forward pass). Page-cache pages
+        of a plain read do not. A slice along the first axis reads only its rows.
+        """
+        import torch
+
         file = self.files.get(tensor)
         if file is None:
             raise MissingTensorError(self.path, f"missing tensor {tensor!r}")
         try:
-            with self._lock:
-                handle = self._handles.get(file)
-                if handle is None:
-                    from safetensors import safe_open
-
-                    self._sizes[file] = os.stat(file).st_size
-                    handle = self._handles[file] = safe_open(file, framework="pt")
-                self.reads += 1
-            # safe_open maps the file: reading pages of a file truncated since it was opened
-            # kills the process with SIGBUS. A stat per read (~µs) turns the common case (a
-            # download or copy rewriting the file under us) into a clear error instead.
+            handle, info, data_start = self._locate(file, tensor)
+            # A stat per read (~µs) turns a file rewritten under us (a download or a copy)
+            # into a clear error instead of a short read of some other tensor's bytes.
             if os.stat(file).st_size != self._sizes[file]:
                 raise CorruptFileError(
                     file,
                     f"the file changed on disk since it was opened (now {os.stat(file).st_size:,} "
                     f"bytes, was {self._sizes[file]:,}); reopen the model",
                 )
-            # Reads happen outside the lock: safe_open handles are safe to share between
-            # threads, and one large read (an embedding) must not hold up head slices.
-            t = handle.get_tensor(tensor) if index is None else handle.get_slice(tensor)[index]
+            dtype = _TORCH_DTYPES.get(info.dtype)
+            if dtype is None:
+                raise CorruptFileError(file, f"tensor {tensor!r} has dtype {info.dtype}, not a float type")
+            shape = list(info.shape)
+            row_bytes = info.nbytes // shape[0] if shape and shape[0] else info.nbytes
+            first, rows = 0, (shape[0] if shape else 1)
+            if index is not None and shape and index[0] != slice(None):
+                first, stop, _ = index[0].indices(shape[0])
+                rows = max(0, stop - first)
+                shape[0] = rows
+                index = (slice(None), *index[1:])
+            n_bytes = rows * row_bytes
+            buffer = torch.empty(n_bytes, dtype=torch.uint8)
+            _pread_into(handle, buffer, data_start + info.begin + first * row_bytes, file, tensor)
+            with self._lock:
+                self.reads += 1
         except CorruptFileError:
             raise
-        except (OSError, RuntimeError, ValueError) as e:  # SafetensorError is a plain Exception subclass
+        except OSError as e:
             raise CorruptFileError(file, f"cannot read tensor {tensor!r}: {str(e)[:160]}") from None
-        except Exception as e:
-            if type(e).__name__ == "SafetensorError":
-                raise CorruptFileError(file, f"cannot read tensor {tensor!r}: {str(e)[:160]}") from None
-            raise
-        return t.float()
+        t = buffer.view(dtype).reshape(shape)
+        if index is not None:
+            t = t[index]
+        out = t.float()
+        if out.data_ptr() == buffer.data_ptr() and out.numel() * 4 != n_bytes:
+            out = out.clone(memory_format=torch.contiguous_format)  # a float32 slice: drop the rest
+        return out
+
+    def _locate(self, file: str, tensor: str) -> tuple[Any, TensorInfo, int]:
+        """The open file, the tensor's header entry and where the data buffer starts."""
+        with self._lock:
+            handle = self._handles.get(file)
+            if handle is None:
+                header = read_header(file)  # validated again: the file may have changed
+                self._sizes[file] = header.file_size
+                self._headers[file] = header
+                handle = self._handles[file] = open(file, "rb")  # noqa: SIM115 (closed in close())
+            header = self._headers[file]
+        info = header.tensors.get(tensor)
+        if info is None:
+            raise CorruptFileError(file, f"no tensor {tensor!r} in this file")
+        return handle, info, header.data_start
 
     def _cached(self, key: tuple[str, int | None], build: Callable[[], torch.Tensor]) -> torch.Tensor:
         with self._lock:
