@@ -85,6 +85,29 @@ def processed_config(cfg: ModelConfig) -> ModelConfig:
     return cfg
 
 
+def _is_layer_tensor(key: tuple[str, int | None]) -> bool:
+    """A whole-layer tensor (all heads), the kind a sweep over the layers reads in order."""
+    name, head = key
+    return head is None and name.startswith("blocks.")
+
+
+def _float32_bytes(cfg: ModelConfig) -> tuple[int, int]:
+    """(whole model, one layer's attention weights): float32 bytes of the processed weights."""
+    attn = 4 * cfg.n_heads * cfg.d_model * cfg.d_head  # W_Q, W_K, W_V (GQA expanded), W_O
+    mlp = (3 if cfg.gated_mlp else 2) * cfg.d_model * (cfg.d_mlp or 0)
+    outer = 2 * cfg.d_vocab * cfg.d_model + (cfg.n_ctx * cfg.d_model if cfg.positional == "learned" else 0)
+    return 4 * (cfg.n_layers * (attn + mlp) + outer), 4 * attn
+
+
+def _layer_budget(cfg: ModelConfig, cache_bytes: int) -> int:
+    """Bytes of whole-layer tensors worth caching (see ``ProcessedWeights``)."""
+    model, attn = _float32_bytes(cfg)
+    if model <= cache_bytes:
+        return cache_bytes
+    # one layer's attention weights and their biases, with room to spare (a 1B model: 128 MB)
+    return min(cache_bytes, max(128 << 20, 2 * attn))
+
+
 # Non-attention tensors that write into the residual stream (last dim is d_model).
 _WRITERS = (("embed", "W_E"), ("pos_embed", "W_pos"), ("mlp", "W_out"), ("mlp", "b_out"))
 
@@ -115,6 +138,13 @@ class ProcessedWeights:
     # repeated forward passes do not recompute W_E/W_U each time (a full pass reads every
     # tensor in order: the worst case for an LRU that is too small). Nothing is computed, so
     # nothing is held, until it is asked for.
+    #
+    # When the whole model does not fit (a 1B model is 4-5 GB in float32), a pass or a sweep
+    # over the layers can never be served from the cache: an LRU smaller than the scan evicts
+    # each layer before it comes round again. Whole-layer tensors then share a small budget
+    # (enough for one layer's attention weights to be reused within the layer, as the scores
+    # do), instead of filling the cache with 1 GiB that no later read hits and that pins the
+    # allocator's free memory around it. Per-head slices, norms, W_E/W_U keep the full budget.
     def __init__(self, raw: WeightSource, *, cache_bytes: int = 1 << 30) -> None:
         self.raw = raw
         self.raw_cfg = raw.cfg
@@ -124,6 +154,8 @@ class ProcessedWeights:
         self._cache: OrderedDict[tuple[str, int | None], torch.Tensor] = OrderedDict()
         self._cache_bytes = 0
         self._cache_limit = cache_bytes
+        self._layer_bytes = 0  # of that, whole-layer tensors ("blocks.N.*", all heads)
+        self._layer_limit = _layer_budget(self.cfg, cache_bytes)
         self._lock = threading.Lock()
 
     # -- WeightSource -------------------------------------------------------------------
@@ -153,19 +185,31 @@ class ProcessedWeights:
                 return hit
         value = self._compute(name, head)
         size = value.numel() * value.element_size()
+        layer_tensor = _is_layer_tensor(key)
         with self._lock:
-            if key not in self._cache and size <= self._cache_limit:
+            if key not in self._cache and size <= (self._layer_limit if layer_tensor else self._cache_limit):
                 self._cache[key] = value
                 self._cache_bytes += size
+                self._layer_bytes += size if layer_tensor else 0
+                if self._layer_bytes > self._layer_limit:  # oldest whole-layer tensors first
+                    for old_key in [k for k in self._cache if _is_layer_tensor(k)]:
+                        if self._layer_bytes <= self._layer_limit:
+                            break
+                        self._evict(old_key)
                 while self._cache_bytes > self._cache_limit:
-                    _, old = self._cache.popitem(last=False)
-                    self._cache_bytes -= old.numel() * old.element_size()
+                    self._evict(next(iter(self._cache)))
         return value
+
+    def _evict(self, key: tuple[str, int | None]) -> None:
+        old = self._cache.pop(key)
+        size = old.numel() * old.element_size()
+        self._cache_bytes -= size
+        self._layer_bytes -= size if _is_layer_tensor(key) else 0
 
     def clear_cache(self) -> None:
         with self._lock:
             self._cache.clear()
-            self._cache_bytes = 0
+            self._cache_bytes = self._layer_bytes = 0
 
     # -- the processing itself ----------------------------------------------------------
 
