@@ -169,13 +169,19 @@ class CheckpointWeights:
         spec = self._spec(name)
         if isinstance(spec, Zeros):
             return torch.zeros(spec.shape)
+        # Rearranged in the stored dtype and upcast in the same pass (upcasting is exact, so
+        # the order does not matter): no float32 copy of the tensor in its stored layout.
         if isinstance(spec, Whole):
-            t = self._read(spec.tensor, None)
-            return (t.T if spec.transpose else t).contiguous()
-        t = self._read(spec.tensor, None)
+            if not spec.transpose:
+                return self._read(spec.tensor, None).contiguous()
+            t = self._read(spec.tensor, None, upcast=False).T
+            return torch.empty(t.shape).copy_(t)
+        t = self._read(spec.tensor, None, upcast=False)
         stored = self.cfg.kv_heads if spec.kv else self.cfg.n_heads
         heads = torch.stack([self._cut(spec, t.narrow(spec.axis, spec.offset + i * spec.stride, spec.size))
                              for i in range(stored)])
+        del t
+        heads = heads.float()
         if spec.kv and stored != self.cfg.n_heads:
             heads = torch.repeat_interleave(heads, self.cfg.n_heads // stored, dim=0)
         return heads.contiguous()
@@ -200,8 +206,9 @@ class CheckpointWeights:
             block = block.squeeze(spec.axis)
         return block.transpose(-2, -1) if spec.transpose else block
 
-    def _read(self, tensor: str, index: tuple[slice, ...] | None) -> torch.Tensor:
-        """One tensor (or a slice of it) from disk, as float32 in memory of its own.
+    def _read(self, tensor: str, index: tuple[slice, ...] | None, upcast: bool = True) -> torch.Tensor:
+        """One tensor (or a slice of it) from disk, as float32 in memory of its own (in its
+        stored dtype if not ``upcast``; whole tensors only).
 
         Bytes are copied with ``pread`` into a buffer we own, not read through a memory map:
         pages of a mapped file count as this process's resident memory for as long as the
@@ -245,6 +252,8 @@ class CheckpointWeights:
         except OSError as e:
             raise CorruptFileError(file, f"cannot read tensor {tensor!r}: {str(e)[:160]}") from None
         t = buffer.view(dtype).reshape(shape)
+        if not upcast and index is None:
+            return t
         if index is not None:
             t = t[index]
         out = t.float()
