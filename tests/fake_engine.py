@@ -145,7 +145,7 @@ class FakeEngine:
 
     async def circuit_block(self, layer: int, head: int, kind: str, basis: str,
                             rows: list[int] | None = None, cols: list[int] | None = None,
-                            offset: int = 0) -> Any:
+                            offset: int = 0) -> CircuitBlock:
         await self._enter("circuit_block")
         self.requests.append((layer, head, kind, basis))
         if basis == "position":
@@ -164,7 +164,7 @@ class FakeEngine:
                             vmin=float(values.min()), vmax=float(values.max()),
                             note="W_U is tied W_Eᵀ", offset=offset)
 
-    async def top_outputs(self, layer: int, head: int, source_token: int, k: int = 10) -> Any:
+    async def top_outputs(self, layer: int, head: int, source_token: int, k: int = 10) -> TopTokens:
         await self._enter("top_outputs")
         row = self.full_ov(layer, head)[source_token]
         ids = [int(i) for i in np.argsort(-row)[:k]]
@@ -172,7 +172,7 @@ class FakeEngine:
                          source_label=WORDS[source_token], ids=tuple(ids),
                          labels=tuple(WORDS[i] for i in ids), values=readonly(row[ids]))
 
-    async def spectrum(self, layer: int, head: int, kind: str) -> Any:
+    async def spectrum(self, layer: int, head: int, kind: str) -> Spectrum:
         await self._enter("spectrum")
         if kind == "ov":
             A, B = self.ov_factors(layer, head)
@@ -181,30 +181,36 @@ class FakeEngine:
             A, B = self.qk_factors(layer, head)
             A, B = self.W_E @ A, B @ self.W_E.T
         eigs = np.linalg.eigvals(B @ A)  # eigenvalues of AB are those of BA plus zeros
-        return Spectrum(eigenvalues=readonly(eigs), score=_copying(eigs), kind=kind,
+        eigs = eigs[np.argsort(-np.abs(eigs), kind="stable")]  # like the engine: largest |λ| first
+        return Spectrum(eigenvalues=readonly(eigs, np.complex64), score=_copying(eigs), kind=kind,
                         layer=layer, head=head)
 
-    async def rotary_profile(self, layer: int, head: int, offsets: Any) -> Any:
+    async def rotary_profile(self, layer: int, head: int, offsets: Any) -> Profile:
         await self._enter("rotary_profile")
         offsets = tuple(int(o) for o in offsets)
         x = np.asarray(offsets, dtype=np.float64)
         return Profile(layer=layer, head=head, offsets=offsets,
-                       values=readonly(np.cos(x / (3.0 + head)) * (layer + 1)))
+                       values=readonly(np.cos(x / (3.0 + head)) * (layer + 1), np.float32))
 
-    def _scores(self, layer: int, head: int) -> Any:
+    def _scores(self, layer: int, head: int) -> HeadScores:
         ov, qk = self.W_E @ self.W_V[layer, head], self.W_E @ self.W_Q[layer, head]
         eig_ov = np.linalg.eigvals((self.W_O[layer, head] @ self.W_U) @ ov)
         eig_qk = np.linalg.eigvals((self.W_K[layer, head].T @ self.W_E.T) @ qk)
         b = self._behaviour[:, layer, head]
-        return HeadScores(layer=layer, head=head, copying=_copying(eig_ov),
-                          qk_positivity=_copying(eig_qk), prev_token=float(b[0]),
-                          duplicate_token=float(b[1]), induction=float(b[2]), nonfinite=False)
+        # float32-rounded, as the engine's score tables are: a head's scores are the same
+        # whether they come from head_scores or from the all_head_scores table.
+        def f32(x: float) -> float:
+            return float(np.float32(x))
 
-    async def head_scores(self, layer: int, head: int) -> Any:
+        return HeadScores(layer=layer, head=head, copying=f32(_copying(eig_ov)),
+                          qk_positivity=f32(_copying(eig_qk)), prev_token=f32(b[0]),
+                          duplicate_token=f32(b[1]), induction=f32(b[2]), nonfinite=False)
+
+    async def head_scores(self, layer: int, head: int) -> HeadScores:
         await self._enter("head_scores")
         return self._cached((layer, head, "scores"), lambda: self._scores(layer, head))
 
-    async def all_head_scores(self, progress: Callable[[float], None] | None = None) -> Any:
+    async def all_head_scores(self, progress: Callable[[float], None] | None = None) -> ScoreTable:
         await self._enter("all_head_scores")
         self._activity = "scoring heads"
         heads = [(layer, h) for layer in range(self.L) for h in range(self.H)]
@@ -220,14 +226,15 @@ class FakeEngine:
                     await asyncio.sleep(self.delay / self.sweep_steps if self.delay else 0)
         finally:
             self._activity = None
-        def grid(name: str) -> np.ndarray:
-            return readonly(np.array([getattr(r, name) for r in out]).reshape(self.L, self.H))
+        def grid(name: str, dtype: type = np.float32) -> np.ndarray:
+            values = np.array([getattr(r, name) for r in out], dtype=dtype)
+            return readonly(values.reshape(self.L, self.H))
 
         return ScoreTable(copying=grid("copying"), qk_positivity=grid("qk_positivity"),
                           prev_token=grid("prev_token"), duplicate_token=grid("duplicate_token"),
-                          induction=grid("induction"), nonfinite=grid("nonfinite"))
+                          induction=grid("induction"), nonfinite=grid("nonfinite", bool))
 
-    async def composition(self, kind: str, progress: Callable[[float], None] | None = None) -> Any:
+    async def composition(self, kind: str, progress: Callable[[float], None] | None = None) -> Composition:
         await self._enter("composition")
         L, H = self.L, self.H
         scores = np.zeros((L, H, L, H))
@@ -246,16 +253,17 @@ class FakeEngine:
                         scores[l1, h1, l2, h2] = (np.linalg.norm(ov1 @ m2) / denom if denom > 0
                                                   else np.nan)
         baseline = 0.1
+        scores = readonly(scores, np.float32)  # the engine's precision; edges come from it too
         edges = sorted(
             ((l1, h1, l2, h2, float(scores[l1, h1, l2, h2] - baseline))
              for l1 in range(L) for h1 in range(H) for l2 in range(l1 + 1, L) for h2 in range(H)),
             key=lambda e: -e[4])
         if progress is not None:
             progress(1.0)
-        return Composition(kind=kind, scores=readonly(scores), baseline=baseline,
+        return Composition(kind=kind, scores=scores, baseline=baseline,
                            top_edges=tuple(edges[:20]))
 
-    async def run_prompt(self, text: str, layer: int, head: int) -> Any:
+    async def run_prompt(self, text: str, layer: int, head: int) -> PromptView:
         await self._enter("run_prompt")
         if not text.strip():
             raise PromptError(self.path, "empty prompt")
@@ -275,7 +283,7 @@ class FakeEngine:
         probs = e / e.sum()
         predicted = tuple(int(i) for i in np.argmax(x @ self.W_U, axis=1))
         return PromptView(tokens=tuple(WORDS[i] for i in ids), ids=tuple(ids),
-                          pattern=readonly(p), dla=readonly(dla), predicted=predicted,
+                          pattern=readonly(p, np.float32), dla=readonly(dla, np.float32), predicted=predicted,
                           top_predictions=tuple((int(i), WORDS[i], float(probs[i])) for i in top),
                           truncated=truncated, layer=layer, head=head)
 
@@ -350,7 +358,7 @@ class FakeEngine:
         await self._enter("ablation")
         return float(self._behaviour[2, layer, head])
 
-    def stats(self) -> Any:
+    def stats(self) -> CacheStats:
         return CacheStats(hits=self._hits, misses=self._misses, evictions=0, bytes=0,
                           capacity=1 << 20, entries=len(self._cache), in_flight=self._in_flight,
                           activity=self._activity, progress=self._progress)

@@ -22,6 +22,7 @@ from textual.worker import WorkerState
 
 from tests import test_hostile
 from tests.test_hostile import BROKEN, NAN_HEAD, NAN_LAYER, Sources, build_broken, nan_weights
+from tui.adapt import score
 from tui.app import HeadscopeApp
 from tui.screens import HelpScreen
 from tui.settings import Settings
@@ -164,7 +165,7 @@ async def test_nan_head_is_flagged_in_the_tree_and_other_heads_keep_badges(
         for head, row in app.rows.items():
             if head == bad:
                 continue
-            assert not row.nonfinite and all(not math.isnan(row.get(k)) for k in
+            assert not row.nonfinite and all(not math.isnan(score(row, k)) for k in
                                              ("copying", "prev_token", "induction"))  # fmt: skip
             text = tree.badge_text(head)
             assert "!" not in text and "nan" not in text

@@ -35,9 +35,10 @@ from textual.widgets import DataTable, Footer, Input, Static, TabbedContent, Tab
 
 from engine.errors import CancelledError as EngineCancelled
 from engine.errors import HeadscopeError
+from engine.results import HeadScores
 from themes import ALIASES, COLORMAPS, DEFAULT_THEME, STYLESHEET, THEME_NAMES, THEMES, colormap_for
 
-from .adapt import SCORES, ScoreRow, jsonable, score_row, score_rows, stats_line
+from .adapt import SCORES, jsonable, score, score_rows, stats_line
 from .compare import COMPARE_VIEWS, ChangesPane, focus_text, head_changes, pair_figures
 from .keymap import APP_BINDINGS
 from .palette import HeadscopeCommands
@@ -143,7 +144,7 @@ class HeadscopeApp(App[None]):
         # settings.colormap "colorblind": the blue/orange map whatever the theme.
         self.colormap_override: str | None = None
         self._colorblind = settings.colormap == "colorblind"
-        self.rows: dict[Head, ScoreRow] = {}
+        self.rows: dict[Head, HeadScores] = {}
         self.summary_sort: str | None = None
         self.results: dict[str, Any] = {}
         self.sweep_progress: float | None = None
@@ -362,7 +363,7 @@ class HeadscopeApp(App[None]):
             return
         self.set_scores(score_rows(table))
 
-    def set_scores(self, rows: list[ScoreRow]) -> None:
+    def set_scores(self, rows: list[HeadScores]) -> None:
         for r in rows:
             self.rows[(r.layer, r.head)] = r
         self.main.query_one(HeadTree).set_scores(rows)
@@ -422,9 +423,8 @@ class HeadscopeApp(App[None]):
             self._report(str(err))
             return
         if gen == self._gen:
-            row = score_row(hs)
-            self.rows[head] = row
-            self.main.query_one(HeadTree).set_scores([row])
+            self.rows[head] = hs
+            self.main.query_one(HeadTree).set_scores([hs])
             self._update_focus_line()
 
     def _update_focus_line(self, other: str | None = None) -> None:
@@ -457,7 +457,7 @@ class HeadscopeApp(App[None]):
             shown = [(k, SHORT_LABELS[k]) for k, _ in SCORES if k in SHORT_LABELS] if short \
                 else list(SCORES)
             for i, (key, label) in enumerate(shown):
-                v = row.get(key)
+                v = score(row, key)
                 if i:
                     text.append("· ", style="dim")
                 text.append(f"{label} {v:+.2f} " if v == v else f"{label} — ")
@@ -684,7 +684,7 @@ class HeadscopeApp(App[None]):
         rows = sorted(self.rows.values(), key=lambda r: (r.layer, r.head))
         if self.summary_sort is not None:
             k = self.summary_sort
-            rows.sort(key=lambda r: (math.isnan(r.get(k)), -r.get(k) if not math.isnan(r.get(k))
+            rows.sort(key=lambda r: (math.isnan(score(r, k)), -score(r, k) if not math.isnan(score(r, k))
                                      else 0.0))
         self.main.query_one(SummaryPane).show(rows)
         self.results["summary"] = rows

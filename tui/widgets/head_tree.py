@@ -17,7 +17,9 @@ from textual.message import Message
 from textual.widgets import Tree
 from textual.widgets.tree import TreeNode
 
-from ..adapt import BADGES, ScoreRow
+from engine.results import HeadScores
+
+from ..adapt import BADGES, score
 
 Head = tuple[int, int]
 NONFINITE_FLAG = "bold white on red"
@@ -84,7 +86,7 @@ class HeadTree(Tree[NodeData]):
         self.show_root = False
         self.guide_depth = 2
         self.head_nodes: dict[Head, TreeNode[NodeData]] = {}
-        self.scores: dict[Head, ScoreRow] = {}
+        self.scores: dict[Head, HeadScores] = {}
         self.structure = structure or {}
         self.filter: tuple[str, str, float] | None = None  # (score key, label, threshold)
         self.deltas: dict[Head, float] = {}
@@ -119,7 +121,7 @@ class HeadTree(Tree[NodeData]):
         row = self.scores.get(head)
         if row is None:
             return False
-        value = row.get(self.filter[0])
+        value = score(row, self.filter[0])
         return value == value and value >= self.filter[2]
 
     def set_filter(self, key: str | None, label: str = "", threshold: float = 0.3) -> None:
@@ -160,11 +162,11 @@ class HeadTree(Tree[NodeData]):
             strong = vars_.get("badge-strong", "green")
             mid = vars_.get("badge-mid", "yellow")
             for key, letter in BADGES:
-                style = badge_style(row.get(key), strong, mid)
+                style = badge_style(score(row, key), strong, mid)
                 text.append(" ")
                 text.append(letter if style else "·", style=style or "dim")
             if self.filter is not None:
-                text.append(f" {row.get(self.filter[0]):.2f}", style="bold")
+                text.append(f" {score(row, self.filter[0]):.2f}", style="bold")
         change = self.deltas.get((layer, head))
         if change is not None:
             style = delta_style(change, vars_.get("error", "red"), vars_.get("warning", "yellow"))
@@ -172,7 +174,7 @@ class HeadTree(Tree[NodeData]):
             text.append("Δ" if style else "=", style=style or "dim")
         return text
 
-    def set_scores(self, rows: list[ScoreRow]) -> None:
+    def set_scores(self, rows: list[HeadScores]) -> None:
         for row in rows:
             self.scores[(row.layer, row.head)] = row
         if self.filter is not None:  # which heads pass may have changed

@@ -16,9 +16,10 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, Input, Static
 
+from engine.results import Composition, HeadScores, Profile, PromptView, TopTokens
 from themes import COLORMAPS
 
-from ..adapt import SCORES, ScoreRow, edges, predictions, profile_xy, top_tokens
+from ..adapt import SCORES, edges, predictions, profile_xy, score, top_tokens
 from ..plots import Graph, Heatmap, Line, Scatter
 from .chart import Chart
 
@@ -71,7 +72,7 @@ class QKPane(Horizontal):
             np.asarray(block.values), tuple(block.row_labels), tuple(block.col_labels),
             title=f"positional QK {_head(block.layer, block.head)}", xlabel="key position"))
 
-    def show_profile(self, profile: Any, layer: int, head: int, offset: int) -> None:
+    def show_profile(self, profile: Profile, layer: int, head: int, offset: int) -> None:
         x, y = profile_xy(profile)
         self.query_one("#qk-position", Chart).show(Line(
             x, y, title=f"rotary QK vs offset {_head(layer, head)}", xlabel="offset Δ",
@@ -100,9 +101,9 @@ class OVPane(Horizontal):
         self.query_one("#ov-heatmap", Chart).show(a)
         self.query_one("#ov-heatmap-b", Chart).show(b)
 
-    def show_top(self, result: Any) -> None:
+    def show_top(self, result: TopTokens) -> None:
         rows = top_tokens(result)
-        src = getattr(result, "source_label", None) or str(getattr(result, "source_token", "?"))
+        src = result.source_label or str(result.source_token)
         table = Table(box=None, padding=(0, 1), title=f"top outputs of {src!r}",
                       title_justify="left", expand=True)
         table.add_column("token", no_wrap=True)
@@ -147,13 +148,12 @@ class PromptPane(Vertical):
                     yield Static(id="prompt-dla")
                 yield Static(id="prompt-preds")
 
-    def show(self, view: Any) -> None:
+    def show(self, view: PromptView) -> None:
         tokens = [str(t) for t in view.tokens]
         pattern = np.asarray(view.pattern, dtype=np.float64)
         self.query_one("#prompt-pattern", Chart).show(Heatmap(
             pattern, tuple(tokens), tuple(tokens), sequential=True, vmax=1.0,
-            title=f"attention {_head(view.layer, view.head)}" if hasattr(view, "layer")
-            else "attention", xlabel="key →  (rows: query)"))
+            title=f"attention {_head(view.layer, view.head)}", xlabel="key →  (rows: query)"))
         dla = np.asarray(view.dla, dtype=np.float64)
         vmax = float(np.nanmax(np.abs(dla))) if dla.size else 1.0
         t = Table(box=None, padding=(0, 1), title="direct logit attribution",
@@ -171,7 +171,7 @@ class PromptPane(Vertical):
         for tok, prob in predictions(view)[:PREDICTIONS_SHOWN]:
             p.add_row(repr(tok)[1:-1][:12], f"{prob:.3f}")
         note = Text("prompt truncated to the context length\n", style="bold yellow") \
-            if getattr(view, "truncated", False) else Text("")
+            if view.truncated else Text("")
         from rich.console import Group
 
         self.query_one("#prompt-dla", Static).update(Group(note, t))
@@ -193,7 +193,7 @@ class CompositionPane(Horizontal):
         table.add_column("target", key="target")
         table.add_column("s−base", key="score")
 
-    def show(self, comp: Any, n_layers: int, n_heads: int,
+    def show(self, comp: Composition, n_layers: int, n_heads: int,
              selected: tuple[int, int, int, int] | None,
              threshold: float = 0.5) -> list[tuple[int, int, int, int, float]]:
         """Draw the edges whose strength is at least ``threshold`` × the strongest one.
@@ -203,8 +203,8 @@ class CompositionPane(Horizontal):
         es = [e for e in edges(comp) if math.isfinite(e[4])]
         drawn, cut = threshold_edges(es, threshold)
         vmax = max((e[4] for e in drawn), default=1.0)
-        kind = str(getattr(comp, "kind", "?")).upper()
-        baseline = float(getattr(comp, "baseline", 0.0))
+        kind = comp.kind.upper()
+        baseline = float(comp.baseline)
         title = (f"{kind}-composition · {len(drawn)}/{len(es)} edges ≥ {threshold:.0%} of max "
                  f"(score − baseline ≥ {cut:+.3f}; baseline {baseline:.3f}) · < >")
         self.query_one("#comp-graph", Chart).show(Graph(
@@ -229,13 +229,13 @@ class CompositionPane(Horizontal):
                         table.update_cell(str(i), column, cell)
         return es
 
-    def detail(self, comp: Any, edge: tuple[int, int, int, int, float] | None) -> None:
+    def detail(self, comp: Composition, edge: tuple[int, int, int, int, float] | None) -> None:
         if edge is None:
             self.query_one("#comp-detail", Static).update("")
             return
         l1, h1, l2, h2, s = edge
-        kind = str(getattr(comp, "kind", "?")).upper()
-        base = float(getattr(comp, "baseline", 0.0))
+        kind = comp.kind.upper()
+        base = float(comp.baseline)
         self.query_one("#comp-detail", Static).update(Text.assemble(
             (f"{_head(l1, h1)} → {_head(l2, h2)} ", "bold"),
             f"│ {kind}-comp {s + base:.3f} − baseline {base:.3f} = {s:+.3f}  (enter: go)"))
@@ -261,11 +261,11 @@ class SummaryPane(Vertical):
         for key, label in SCORES:
             table.add_column(label, key=key)
 
-    def show(self, rows: list[ScoreRow]) -> None:
+    def show(self, rows: list[HeadScores]) -> None:
         table = self.query_one("#summary-table", DataTable)
         table.clear()
         for r in rows:
-            cells = [_score_cell(r.get(k)) for k, _ in SCORES]
+            cells = [_score_cell(score(r, k)) for k, _ in SCORES]
             table.add_row(_head(r.layer, r.head) + (" NaN!" if r.nonfinite else ""), *cells,
                           key=f"{r.layer}.{r.head}")
 
