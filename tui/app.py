@@ -962,7 +962,7 @@ class HeadscopeApp(App[None]):
         if self.engine is not None:
             try:
                 activity, hits, misses, in_flight, progress = stats_line(self.engine.stats())
-            except Exception:
+            except (HeadscopeError, RuntimeError):  # engine closing; a bug should still surface
                 activity = None
         if not self._model_ready.is_set() and self.engine is not None and not self._ready_failed:
             activity = activity or "opening model…"
