@@ -223,6 +223,12 @@ class ProcessedWeights:
     def _raw(self, name: str, head: int | None) -> torch.Tensor:
         return self.raw.get(name) if head is None else self.raw.get_head(name, head)
 
+    def _raw_fresh(self, name: str) -> torch.Tensor:
+        """``raw.get(name)`` that this module may edit in place (processing a whole tensor
+        then needs no second copy of it: 0.4 GB less peak for a 50k × 2048 ``W_U``)."""
+        fresh = getattr(self.raw, "get_fresh", None)
+        return fresh(name) if fresh is not None else self.raw.get(name).clone()
+
     def _norm(self, prefix: str) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The (gain, bias) of the norm named ``prefix`` that processing folds away."""
         p = self.plan
@@ -248,8 +254,9 @@ class ProcessedWeights:
             if module == "mlp" and leaf in ("W_in", "W_gate", "b_in"):
                 return self._mlp_reader(layer, leaf)
             if (module, leaf) in _WRITERS:
-                t = self._raw(name, None)
-                return _center(t, -1) if p.center_writing else t
+                if not p.center_writing:
+                    return self._raw(name, None)
+                return _center_(self._raw_fresh(name), -1)
             if module == "unembed":
                 return self._unembed(leaf)
             return self._raw(name, head)
@@ -314,9 +321,10 @@ class ProcessedWeights:
         p = self.plan
         w, ln_b = self._norm("ln_final")
         if leaf == "W_U":
-            # [d_model, d_vocab], the largest tensor: one fresh copy, then edited in place
-            W_U = self._raw("unembed.W_U", None)
-            W_U = W_U * w[:, None] if w is not None else W_U.clone()
+            # [d_model, d_vocab], the largest tensor: one fresh copy, edited in place
+            W_U = self._raw_fresh("unembed.W_U")
+            if w is not None:
+                W_U.mul_(w[:, None])
             if p.center_reading:
                 _center_(W_U, 0)
             return _center_(W_U, -1) if p.center_unembed else W_U

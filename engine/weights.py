@@ -142,6 +142,13 @@ class CheckpointWeights:
     def get(self, name: str) -> torch.Tensor:
         return self._cached((name, None), lambda: self._build(name))
 
+    def get_fresh(self, name: str) -> torch.Tensor:
+        """``get(name)`` as a tensor no one else holds (not cached): the caller may edit it
+        in place, e.g. to process a vocabulary-sized tensor without a second copy."""
+        with self._lock:
+            hit = self._cache.get((name, None))
+        return hit.clone() if hit is not None else self._build(name)
+
     def get_head(self, name: str, head: int) -> torch.Tensor:
         if not 0 <= head < self.cfg.n_heads:
             raise IndexOutOfRangeError(self.path, f"head {head} out of range 0..{self.cfg.n_heads - 1}")
