@@ -20,7 +20,7 @@ import torch
 
 from .config import ModelConfig
 from .errors import InvalidRequestError
-from .factored import FactoredMatrix
+from .factored import FactoredMatrix, broadcast_shapes
 from .weights import WeightSource
 
 if TYPE_CHECKING:
@@ -149,7 +149,7 @@ def rope(x: Tensor, positions: Tensor, cfg: ModelConfig) -> Tensor:
     from .forward import rotary_inv_freq  # one definition of the frequencies (incl. RoPE scaling)
 
     r = cfg.rotary_dim or cfg.d_head
-    x = x.expand(torch.broadcast_shapes(x.shape, (*positions.shape, x.shape[-1])))
+    x = x.expand(broadcast_shapes(x.shape, (*positions.shape, x.shape[-1])))
     inv_freq = rotary_inv_freq(cfg).to(torch.float64)
     angles = positions.to(torch.float64)[..., None] * inv_freq  # [..., r/2]
     cos = torch.cat((angles.cos(), angles.cos()), -1).to(x.dtype)

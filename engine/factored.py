@@ -36,7 +36,20 @@ Index = Union[Sequence[int], "Tensor", slice, None]
 
 _SIXTEEN_BIT = (torch.float16, torch.bfloat16)
 
-__all__ = ["FactoredMatrix", "check_finite", "is_finite"]
+__all__ = ["FactoredMatrix", "broadcast_shapes", "check_finite", "is_finite"]
+
+
+def broadcast_shapes(*shapes: Sequence[int]) -> tuple[int, ...]:
+    """NumPy broadcasting of shapes. ``torch.broadcast_shapes`` imports torch.fx's symbolic
+    shapes on first use (~0.4 s), which would land on the first head the user opens."""
+    ndim = max((len(s) for s in shapes), default=0)
+    out = []
+    for dims in zip(*((1,) * (ndim - len(s)) + tuple(s) for s in shapes), strict=True):
+        sizes = {d for d in dims if d != 1}
+        if len(sizes) > 1:
+            raise ValueError(f"shapes {[tuple(s) for s in shapes]} do not broadcast")
+        out.append(sizes.pop() if sizes else 1)
+    return tuple(out)
 
 
 def _compute(t: Tensor) -> Tensor:
@@ -80,7 +93,7 @@ class FactoredMatrix:
             raise ValueError(
                 f"inner dimensions differ: A {tuple(A.shape)} @ B {tuple(B.shape)}"
             )
-        lead = torch.broadcast_shapes(A.shape[:-2], B.shape[:-2])
+        lead = broadcast_shapes(A.shape[:-2], B.shape[:-2])
         # broadcast_to is a view: no copy, so stacked weights do not double memory.
         self.A = A.broadcast_to((*lead, *A.shape[-2:]))
         self.B = B.broadcast_to((*lead, *B.shape[-2:]))

@@ -154,3 +154,18 @@ def test_make_even_and_collapse_are_the_same_matrix():
 def test_mismatched_inner_dims_are_refused():
     with pytest.raises(ValueError):
         FactoredMatrix(torch.zeros(3, 2), torch.zeros(3, 3))
+
+
+@given(st.lists(st.lists(st.integers(1, 4), max_size=4), min_size=1, max_size=3))
+def test_broadcast_shapes_matches_numpy(shapes: list[list[int]]) -> None:
+    import numpy as np
+
+    from engine.factored import broadcast_shapes
+
+    try:
+        expected = np.broadcast_shapes(*map(tuple, shapes))
+    except ValueError:
+        with pytest.raises(ValueError):
+            broadcast_shapes(*shapes)
+    else:
+        assert broadcast_shapes(*shapes) == expected
