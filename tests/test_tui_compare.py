@@ -142,7 +142,7 @@ async def test_without_b_the_compare_keys_only_explain() -> None:
 
 def zeroed_copy(tmp: Path, names: tuple[str, ...], layer: int = 1, head: int = 7) -> Path:
     """attn-only-2l with ``names`` of head L{layer}.H{head} set to zero (safetensors)."""
-    from tui.compare import pruned_copy
+    from tui.screenshots import pruned_copy
 
     return pruned_copy(MODEL, tmp, layer, head, names)
 

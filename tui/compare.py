@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -202,61 +201,3 @@ class ChangesPane(Horizontal):
             listing.append(f"no {kind.upper()}-composition edge crossed the threshold",
                            style="dim")
         self.query_one("#changes-edges", Static).update(listing)
-
-
-# -- screenshots of compare mode (docs/screenshots) ---------------------------------------------
-
-
-def pruned_copy(model: Path, out: Path, layer: int, head: int,
-                names: tuple[str, ...] = ("W_Q", "W_K", "W_V", "W_O")) -> Path:
-    """A copy of a native checkpoint directory with head ``layer.head`` zeroed (pruned)."""
-    import shutil
-
-    from safetensors import safe_open
-    from safetensors.numpy import load_file, save_file
-
-    dst = out / f"{model.name}-pruned-L{layer}H{head}"
-    shutil.copytree(model, dst, dirs_exist_ok=True)
-    src = model / "model.safetensors"
-    with safe_open(str(src), "np") as f:
-        metadata = f.metadata()
-    tensors = load_file(str(src))
-    for name in names:
-        tensors[f"blocks.{layer}.attn.{name}"][head] = 0
-    save_file(tensors, str(dst / "model.safetensors"), metadata=metadata)
-    return dst
-
-
-async def shoot(out: Path, compare: Path, model: Path | None = None,
-                size: tuple[int, int] = (120, 40), head: Head = (1, 7)) -> list[Path]:
-    """SVGs of compare mode: A|B QK, OV as B − A, and the Changes tab (real engines)."""
-    from .app import HeadscopeApp
-    from .settings import Settings
-
-    app = HeadscopeApp(model, compare=compare, settings=Settings(), output_dir=out)
-    written = []
-    async with app.run_test(size=size) as pilot:
-
-        async def settle() -> None:
-            for _ in range(4):
-                await pilot.pause(0.1)
-                await app.workers.wait_for_complete()
-
-        for _ in range(60):  # the diff scores both models: wait for it
-            await settle()
-            if app.diff is not None or app.errors:
-                break
-        app.goto_head(head, immediate=True)
-        await settle()
-        for name, keys in (("compare-qk", ()), ("compare-ov-diff", ("2", "d")),
-                           ("compare-changes", ("7",))):
-            for key in keys:
-                await pilot.press(key)
-                await settle()
-            app.clear_notifications()
-            await pilot.pause(0.05)
-            suffix = "" if size == (120, 40) else f"-{size[0]}x{size[1]}"
-            path = out / f"{name}{suffix}.svg"
-            app.save_screenshot(filename=path.name, path=str(out))
-            written.append(path)
-    return written

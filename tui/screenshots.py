@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import tempfile
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 from tui.app import HeadscopeApp
 from tui.settings import Settings
@@ -27,6 +29,13 @@ VIEWS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
+async def _settle(pilot: Any) -> None:
+    """Let every worker (engine calls, chart builds) finish before a shot."""
+    for _ in range(4):
+        await pilot.pause(0.1)
+        await pilot.app.workers.wait_for_complete()
+
+
 async def shoot(model: Path | None, out: Path, size: tuple[int, int], head: tuple[int, int],
                 prompt: str, theme: str | None = None, suffix: str = "") -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
@@ -34,12 +43,7 @@ async def shoot(model: Path | None, out: Path, size: tuple[int, int], head: tupl
                        theme=theme)
     written = []
     async with app.run_test(size=size) as pilot:
-
-        async def settle() -> None:
-            for _ in range(4):
-                await pilot.pause(0.1)
-                await app.workers.wait_for_complete()
-
+        settle = partial(_settle, pilot)
         await settle()
         app.goto_head(head, immediate=True)
         await settle()
@@ -58,6 +62,54 @@ async def shoot(model: Path | None, out: Path, size: tuple[int, int], head: tupl
     return written
 
 
+def pruned_copy(model: Path, out: Path, layer: int, head: int,
+                names: tuple[str, ...] = ("W_Q", "W_K", "W_V", "W_O")) -> Path:
+    """A copy of a native checkpoint directory with head ``layer.head`` zeroed (pruned)."""
+    import shutil
+
+    from safetensors import safe_open
+    from safetensors.numpy import load_file, save_file
+
+    dst = out / f"{model.name}-pruned-L{layer}H{head}"
+    shutil.copytree(model, dst, dirs_exist_ok=True)
+    src = model / "model.safetensors"
+    with safe_open(str(src), "np") as f:
+        metadata = f.metadata()
+    tensors = load_file(str(src))
+    for name in names:
+        tensors[f"blocks.{layer}.attn.{name}"][head] = 0
+    save_file(tensors, str(dst / "model.safetensors"), metadata=metadata)
+    return dst
+
+
+async def shoot_compare(out: Path, compare: Path, model: Path | None = None,
+                        size: tuple[int, int] = (120, 40),
+                        head: tuple[int, int] = (1, 7)) -> list[Path]:
+    """SVGs of compare mode: A|B QK, OV as B − A, and the Changes tab (real engines)."""
+    app = HeadscopeApp(model, compare=compare, settings=Settings(), output_dir=out)
+    written = []
+    async with app.run_test(size=size) as pilot:
+        settle = partial(_settle, pilot)
+        for _ in range(60):  # the diff scores both models: wait for it
+            await settle()
+            if app.diff is not None or app.errors:
+                break
+        app.goto_head(head, immediate=True)
+        await settle()
+        for name, keys in (("compare-qk", ()), ("compare-ov-diff", ("2", "d")),
+                           ("compare-changes", ("7",))):
+            for key in keys:
+                await pilot.press(key)
+                await settle()
+            app.clear_notifications()
+            await pilot.pause(0.05)
+            suffix = "" if size == (120, 40) else f"-{size[0]}x{size[1]}"
+            path = out / f"{name}{suffix}.svg"
+            app.save_screenshot(filename=path.name, path=str(out))
+            written.append(path)
+    return written
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
@@ -72,8 +124,6 @@ def main() -> None:
                                theme="headscope-light", suffix="-80x24-light"))
     # Compare mode: the model against a copy with the focused head pruned.
     from tui.app import bundled_model
-    from tui.compare import pruned_copy
-    from tui.compare import shoot as shoot_compare
 
     with tempfile.TemporaryDirectory() as tmp:
         pruned = pruned_copy(args.model or bundled_model(), Path(tmp), layer, head)
