@@ -154,11 +154,11 @@ class Model:
         self.cfg.check_head(layer, head, str(self.path))
         return makers[kind](self.weights, layer, head)
 
-    def heads(self, seed: int = 0) -> list[dict[str, Any]]:
-        """Every head with every score (what ``headscope heads`` prints)."""
+    def heads(self, seed: int = 0, *, ablation: bool = False) -> list[dict[str, Any]]:
+        """Every head with every score (what ``headscope heads [--ablation]`` prints)."""
         from .report import head_table
 
-        return head_table(self, seed=seed)
+        return head_table(self, seed=seed, ablation=ablation)
 
     def composition(self, kind: str, seed: int = 0) -> CompositionScores:
         """All ``kind``-composition scores (``.scores [L, H, L, H]``, ``.baseline``)."""

@@ -28,31 +28,38 @@ DEFAULT_BLOCK = 24  # rows/cols of a circuit block when the caller names none
 MAX_BLOCK_CELLS = 4_000_000  # 16 MB of float32: refuse bigger blocks (DESIGN.md §7)
 
 
-def head_table(model: Model, *, seed: int = 0) -> list[dict[str, Any]]:
-    """One row per head with every weight-based and behavioural score."""
+def head_table(model: Model, *, seed: int = 0, ablation: bool = False) -> list[dict[str, Any]]:
+    """One row per head with every weight-based and behavioural score.
+
+    ``ablation`` adds ``ablation_effect``: the loss increase on the second copy of the same
+    seeded repeated random tokens when the head is zero-ablated (``scores.ablation_effects``;
+    a forward pass per head, so off by default).
+    """
     from . import scores
 
     w = model.weights
     copying = scores.all_copying_scores(w)
     positivity = scores.all_qk_positivity(w)
     behaviour = scores.behaviour_scores(w, seed=seed)
+    effects = scores.ablation_effects(w, seed=seed) if ablation else None
     nonfinite = set(scores.nonfinite_heads(w))
     rows = []
     for layer in range(model.cfg.n_layers):
         for head in range(model.cfg.n_heads):
-            rows.append(
-                {
-                    "layer": layer,
-                    "head": head,
-                    "copying_score": float(copying[layer, head]),
-                    "qk_positivity": float(positivity[layer, head]),
-                    "prev_token_score": float(behaviour["prev_token"][layer, head]),
-                    "duplicate_token_score": float(behaviour["duplicate_token"][layer, head]),
-                    "induction_score": float(behaviour["induction"][layer, head]),
-                    # NaN/inf weights: every score of the head is NaN (null in JSON).
-                    "nonfinite": (layer, head) in nonfinite,
-                }
-            )
+            row = {
+                "layer": layer,
+                "head": head,
+                "copying_score": float(copying[layer, head]),
+                "qk_positivity": float(positivity[layer, head]),
+                "prev_token_score": float(behaviour["prev_token"][layer, head]),
+                "duplicate_token_score": float(behaviour["duplicate_token"][layer, head]),
+                "induction_score": float(behaviour["induction"][layer, head]),
+            }
+            if effects is not None:
+                row["ablation_effect"] = float(effects[layer, head])
+            # NaN/inf weights: every score of the head is NaN (null in JSON).
+            row["nonfinite"] = (layer, head) in nonfinite
+            rows.append(row)
     return rows
 
 
@@ -62,7 +69,7 @@ def sort_rows(rows: list[dict[str, Any]], key: str | None) -> list[dict[str, Any
         return rows
     if rows and key not in rows[0]:
         raise InvalidRequestError(
-            None, f"unknown sort key {key!r}; choose from {', '.join(HEAD_SCORE_KEYS)}"
+            None, f"unknown sort key {key!r}; choose from {', '.join(k for k in rows[0] if k not in ('layer', 'head', 'nonfinite'))}"
         )
 
     def k(r: dict[str, Any]) -> tuple[bool, float]:

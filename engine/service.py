@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from .cache import ByteLRU
+from .diff import EDGE_THRESHOLD
 from .errors import (
     HeadscopeError,
     IndexOutOfRangeError,
@@ -570,7 +571,7 @@ class Engine:
         )
 
     async def compare(
-        self, other: Engine, *, match_heads: bool = False, threshold: float = 0.1
+        self, other: Engine, *, match_heads: bool = False, threshold: float = EDGE_THRESHOLD
     ) -> ModelDiff:
         """Diff this model (A) against ``other`` (B) with ``engine.diff.diff_models``, on a worker.
 

@@ -19,6 +19,11 @@ from tests.hf_fixtures import (  # noqa: F401  (re-exported pytest fixtures)
 SAMPLE_MODELS = Path(__file__).resolve().parent.parent / "sample_models"
 
 
+# The bundled attn-only-2l's circuit, as sample_models/README.md documents it (layer, head).
+# test_sample_models.py checks that the engine finds exactly these; other tests use them.
+PREV_TOKEN_HEAD, INDUCTION_HEAD = (0, 1), (1, 2)
+
+
 def sample_model(name: str) -> Path:
     path = SAMPLE_MODELS / name
     if not (path / "model.safetensors").exists():

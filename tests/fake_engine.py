@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.diff import EDGE_THRESHOLD
 from engine.errors import CancelledError, CorruptFileError, PromptError
 from engine.results import (
     CacheStats,
@@ -288,7 +289,7 @@ class FakeEngine:
                           truncated=truncated, layer=layer, head=head)
 
     async def compare(self, other: FakeEngine, *, match_heads: bool = False,
-                      threshold: float = 0.1) -> Any:
+                      threshold: float = EDGE_THRESHOLD) -> Any:
         """``engine.diff.diff_models`` on the fake weights: dense circuits, same rules.
 
         Similarities are cosines of the dense full OV / token QK matrices; ``change`` is

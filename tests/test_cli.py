@@ -63,6 +63,31 @@ def test_heads_sort_and_unknown_key(capsys, gpt2_dir) -> None:
     assert code == 1 and "unknown sort key" in err and err.count("\n") == 1
 
 
+def test_heads_ablation_column_equals_single_head_forward_passes(capsys, gpt2_dir) -> None:
+    path, _ = gpt2_dir
+    plain_rows = run_json(capsys, "heads", str(path))
+    assert "ablation_effect" not in plain_rows[0], "a forward pass per head is opt-in"
+    rows = run_json(capsys, "heads", str(path), "--sort", "ablation_effect")  # implies --ablation
+    values = [r["ablation_effect"] for r in rows]
+    assert values == sorted(values, reverse=True)
+    # Each value is the loss of a full forward pass with that one head zeroed, minus the
+    # clean loss, on the second copy of the seed-0 repeated tokens.
+    w = open_model(path).weights
+    tokens = scores.repeated_tokens(w.cfg.d_vocab, w.cfg.n_ctx, seed=0)
+    half = tokens.shape[1] // 2
+
+    def loss(ablate: list[tuple[int, int]]) -> float:
+        logits = forward.run(w, tokens, ablate=ablate).logits[:, half:-1]
+        return float(torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), tokens[:, half + 1 :].reshape(-1)))
+
+    clean = loss([])
+    for r in rows[:2] + rows[-1:]:
+        assert r["ablation_effect"] == pytest.approx(loss([(r["layer"], r["head"])]) - clean, abs=1e-4)
+    code, out, _ = run_cli(capsys, "heads", str(path), "--ablation")
+    assert code == 0 and "ablation_effect" in out.splitlines()[0]
+
+
 def test_composition_json_shape_and_top_edges(capsys, gpt2_dir) -> None:
     path, _ = gpt2_dir
     report = run_json(capsys, "composition", str(path), "--kind", "k", "--top", "3")

@@ -13,9 +13,9 @@ from safetensors.torch import save_file
 
 from engine.diff import diff_models
 from engine.loading import open_model
+from tests.conftest import INDUCTION_HEAD as INDUCTION
+from tests.conftest import PREV_TOKEN_HEAD as PREV
 from tests.conftest import sample_model
-
-PREV, INDUCTION = (0, 6), (1, 7)  # as sample_models/README.md documents them
 
 
 def rewrite(src: Path, dst: Path, edit) -> Path:
@@ -64,7 +64,8 @@ def test_pruned_induction_head_is_named_first_with_its_lost_k_edge(base, tmp_pat
 
 
 def test_permuted_heads_are_matched_back(base, tmp_path) -> None:
-    perm = [3, 0, 7, 1, 6, 2, 5, 4]  # B's head i is A's head perm[i]
+    n_heads = open_model(base).cfg.n_heads
+    perm = [(i + 1) % n_heads for i in range(n_heads)]  # B's head i is A's head perm[i]
 
     def permute(t: dict[str, torch.Tensor]) -> None:
         for layer in (0, 1):
@@ -75,7 +76,7 @@ def test_permuted_heads_are_matched_back(base, tmp_path) -> None:
 
     shuffled = rewrite(base, tmp_path / "shuffled", permute)
     d = diff_models(open_model(base), open_model(shuffled), match_heads=True)
-    inverse = [perm.index(h) for h in range(8)]  # A's head h sits at B's head inverse[h]
+    inverse = [perm.index(h) for h in range(n_heads)]  # A's head h sits at B's head inverse[h]
     assert d.matching == [inverse, inverse]
     for row in d.heads:
         assert row["ov_similarity"] == pytest.approx(1.0, abs=1e-5)

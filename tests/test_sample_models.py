@@ -25,11 +25,15 @@ from engine.scores import (
 )
 from sample_models import corpus
 from sample_models.model import ModelShape, TinyTransformer, copying_scores
-from tests.conftest import sample_model
+from tests.conftest import INDUCTION_HEAD, PREV_TOKEN_HEAD, sample_model
 
-# A clear margin for zero-ablating the circuit (nats of mean loss on the engine's repeated
-# random tokens); the measured values are in sample_models/README.md.
+# Clear margins for zero-ablation (nats of mean loss on the second copy of the engine's
+# repeated random tokens, where the intact model's loss is ≈ 0.04); the measured values are
+# in sample_models/README.md. The previous-token head is a bottleneck (every induction head
+# reads it); the induction head carries most, not all, of the copying: its two weaker
+# siblings back it up in part.
 ABLATION_MARGIN = 1.0
+INDUCTION_ABLATION_MARGIN = 0.5
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +53,11 @@ def test_attn_only_2l_prev_token_head_k_composes_into_a_copying_induction_head(t
     assert float(behaviour["prev_token"][0, src]) >= 0.6, behaviour["prev_token"][0]
     assert float(behaviour["induction"][1, dst]) >= 0.5, behaviour["induction"][1]
     assert float(copying[1, dst]) >= 0.7, copying[1]
-    # And they are the model's best previous-token and induction heads.
+    # And they are the model's best previous-token and induction heads: the ones the README
+    # and the other tests name.
     assert src == int(behaviour["prev_token"][0].argmax())
     assert dst == int(behaviour["induction"][1].argmax())
+    assert ((0, src), (1, dst)) == (PREV_TOKEN_HEAD, INDUCTION_HEAD)
 
 
 def _repeated_loss(model, ablate: list[tuple[int, int]]) -> float:
@@ -70,16 +76,17 @@ def test_attn_only_2l_zero_ablating_the_circuit_hurts_on_repeated_tokens(two_lay
     edges = comp.scores[0, :, 1, :] - comp.baseline
     src, dst = divmod(int(edges.argmax()), model.cfg.n_heads)
     effects = ablation_effects(model.weights, seed=0)
+    base = _repeated_loss(model, [])
+    assert base < 0.2, "the intact model copies the repeated half"
+    # The induction head (top K-composition target, best induction score) is the layer-1
+    # head whose loss the model misses most, by a clear margin.
+    assert float(effects[1, dst]) >= INDUCTION_ABLATION_MARGIN, effects[1]
+    assert dst == int(effects[1].argmax())
     # The previous-token head is a bottleneck: every induction head reads its output.
-    assert float(effects[0, src]) >= ABLATION_MARGIN, effects
-    # Layer 1 has several induction heads that back each other up, so zeroing the top one
-    # alone costs little (measured in the README); zeroing all of them together costs the
-    # whole in-context copying.
+    assert float(effects[0, src]) >= ABLATION_MARGIN, effects[0]
+    # Zeroing every induction head together costs the whole in-context copying.
     induction_heads = [h for h in range(model.cfg.n_heads) if behaviour["induction"][1, h] >= 0.5]
     assert dst in induction_heads
-    others = [h for h in range(model.cfg.n_heads) if h not in induction_heads]
-    assert float(effects[1, dst]) > max([0.0, *(float(effects[1, h]) for h in others)])
-    base = _repeated_loss(model, [])
     assert _repeated_loss(model, [(1, h) for h in induction_heads]) - base >= ABLATION_MARGIN
     # ...which the engine's per-head effect agrees with for the single head.
     assert _repeated_loss(model, [(1, dst)]) - base == pytest.approx(float(effects[1, dst]), abs=1e-4)

@@ -2,7 +2,7 @@
 
 Fake engines first (fast): B is A with one head pruned, so every number the views show can
 be checked against the fakes' own dense circuits. Then the real thing: the bundled
-attn-only-2l against a copy whose induction head L1.H7 is zeroed (safetensors load/save),
+attn-only-2l against a copy whose induction head is zeroed (safetensors load/save),
 through ``Engine.compare`` (engine.diff.diff_models on A's workers).
 """
 
@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 from textual.widgets import DataTable, Static
 
+from engine.diff import EDGE_THRESHOLD
+from tests.conftest import INDUCTION_HEAD, PREV_TOKEN_HEAD
 from tests.fake_engine import FakeEngine
 from tests.test_tui_app import chart_text, plain, settle
 from tui.app import HeadscopeApp
@@ -57,7 +59,7 @@ async def test_changes_tab_names_the_pruned_head_first_and_its_lost_edges() -> N
         # lost K-composition edges: every edge into L1.H2 that was above threshold in A
         comp = await a.composition("k")
         want = {(l1, h1) for l1, h1, l2, h2, s in comp.top_edges
-                if (l2, h2) == (1, 2) and s > 0.1}
+                if (l2, h2) == (1, 2) and s > EDGE_THRESHOLD}
         assert want
         listing = plain(app.query_one("#changes-edges", Static))
         for l1, h1 in want:
@@ -140,15 +142,19 @@ async def test_without_b_the_compare_keys_only_explain() -> None:
 # -- the real engine --------------------------------------------------------------------------
 
 
-def zeroed_copy(tmp: Path, names: tuple[str, ...], layer: int = 1, head: int = 7) -> Path:
-    """attn-only-2l with ``names`` of head L{layer}.H{head} set to zero (safetensors)."""
+def zeroed_copy(tmp: Path, names: tuple[str, ...]) -> Path:
+    """attn-only-2l with ``names`` of its induction head set to zero (safetensors)."""
     from tui.screenshots import pruned_copy
 
-    return pruned_copy(MODEL, tmp, layer, head, names)
+    return pruned_copy(MODEL, tmp, *INDUCTION_HEAD, names)
+
+
+IND = "L{}.H{}".format(*INDUCTION_HEAD)
+EDGE = "L{}.H{}→{}".format(*PREV_TOKEN_HEAD, IND)
 
 
 async def test_real_engine_pruned_induction_head_and_its_lost_k_edge(tmp_path: Path) -> None:
-    # Zeroing only W_O leaves L1.H7's QK circuit, which is what K-composition reads: pruning
+    # Zeroing only W_O leaves the induction head's QK circuit, which is what K-composition reads: pruning
     # the whole head is what loses the edge (see the W_O-only test below).
     pruned = zeroed_copy(tmp_path, ("W_Q", "W_K", "W_V", "W_O"))
     app = HeadscopeApp(MODEL, compare=pruned, settings=Settings(), sweep=False)
@@ -160,11 +166,11 @@ async def test_real_engine_pruned_induction_head_and_its_lost_k_edge(tmp_path: P
         assert not app.errors and app.diff is not None
         await pilot.press("7")
         await settle(pilot, app)
-        assert str(app.query_one("#changes-table", DataTable).get_row_at(0)[0]) == "L1.H7"
+        assert str(app.query_one("#changes-table", DataTable).get_row_at(0)[0]) == IND
         listing = plain(app.query_one("#changes-edges", Static)).splitlines()
-        assert listing[0].split()[:3] == ["K", "lost", "L0.H6→L1.H7"]
+        assert listing[0].split()[:3] == ["K", "lost", EDGE]
         assert "K-composition diff" in chart_text(app, "changes-graph")
-        assert app.query_one(HeadTree).badge_text((1, 7)).endswith("Δ")
+        assert app.query_one(HeadTree).badge_text(INDUCTION_HEAD).endswith("Δ")
 
 
 async def test_real_engine_compare_with_w_o_zeroed(tmp_path: Path) -> None:
@@ -177,11 +183,11 @@ async def test_real_engine_compare_with_w_o_zeroed(tmp_path: Path) -> None:
         await a.aclose()
         await b.aclose()
     first = max(diff.heads, key=lambda r: r["change"])
-    assert (first["layer"], first["head"]) == (1, 7)
+    assert (first["layer"], first["head"]) == INDUCTION_HEAD
     assert first["ov_similarity"] == pytest.approx(0.0, abs=1e-6)
     assert first["qk_similarity"] == pytest.approx(1.0, abs=1e-5)  # QK untouched
-    assert diff.composition["k"]["lost"] == []  # K-composition reads L1.H7's QK, not its OV
-    others = [r for r in diff.heads if (r["layer"], r["head"]) != (1, 7)]
+    assert diff.composition["k"]["lost"] == []  # K-composition reads its QK, not its OV
+    others = [r for r in diff.heads if (r["layer"], r["head"]) != INDUCTION_HEAD]
     assert all(r["change"] < 1e-4 for r in others)
 
 

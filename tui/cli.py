@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from engine.diff import EDGE_THRESHOLD
 from engine.errors import HeadscopeError, InvalidRequestError
 
 EXIT_OK, EXIT_MODEL_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -30,7 +31,7 @@ examples:
   headscope info path/to/model --json         architecture and shapes (reads no tensor data)
   headscope heads sample_models/attn-only-2l --sort induction_score
   headscope composition sample_models/attn-only-2l --kind k --top 5
-  headscope circuit sample_models/attn-only-2l 1 4 --kind ov --rows Mary,John --cols Mary,John
+  headscope circuit sample_models/attn-only-2l 1 2 --kind ov --rows Mary,John --cols Mary,John
   headscope forward sample_models/attn-only-2l --prompt "When Mary and John" --json
 
 exit codes: 0 ok, 1 bad model file or request (one line on stderr), 2 usage, 130 interrupted
@@ -110,6 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
     processing_args(p)
     p.add_argument("--sort", metavar="KEY", help="sort descending by a score column, e.g. induction_score")
     p.add_argument("--seed", type=int, default=0, help="seed of the random token sequences (default 0)")
+    p.add_argument("--ablation", action="store_true",
+                   help="add ablation_effect: the loss increase on the repeated half of the random "
+                        "sequences when the head is zero-ablated (a forward pass per head; implied "
+                        "by --sort ablation_effect)")
 
     p = command("composition", "Q-, K- or V-composition scores between heads of different layers",
                 "headscope composition path --kind k --top 5")
@@ -152,8 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--match-heads", action="store_true",
                    help="match B's heads to A's within each layer by circuit similarity "
                         "(Hungarian assignment), for checkpoints from independent runs")
-    p.add_argument("--threshold", type=float, default=0.1,
-                   help="composition edges count when this far above their baseline (default 0.1)")
+    p.add_argument("--threshold", type=float, default=EDGE_THRESHOLD,
+                   help="composition edges count when this far above their baseline "
+                        f"(default {EDGE_THRESHOLD})")
     p.add_argument("--seed", type=int, default=0)
 
     p = command("export", "write heads, composition or circuit data to JSON or CSV, atomically",
@@ -283,8 +289,10 @@ def cmd_heads(args: argparse.Namespace) -> int:
     from engine.report import HEAD_SCORE_KEYS, head_table, sort_rows
 
     model = _open(args)
-    rows = sort_rows(head_table(model, seed=args.seed), args.sort)
-    columns = ["layer", "head", *HEAD_SCORE_KEYS, "nonfinite"]
+    ablation = args.ablation or args.sort == "ablation_effect"
+    rows = sort_rows(head_table(model, seed=args.seed, ablation=ablation), args.sort)
+    columns = ["layer", "head", *HEAD_SCORE_KEYS, *(["ablation_effect"] if ablation else []),
+               "nonfinite"]
     emit(rows, args.json, lambda: (columns, [[r[c] for c in columns] for r in rows]))
     return EXIT_OK
 

@@ -3,7 +3,7 @@
 Drives the real app (real engine) with Textual's pilot, waits for every worker before each
 shot, and writes ``OUT/<view>.svg`` (120×40 dark, 80×24 light) and the compare-mode views against a copy
 with the focused head pruned. ``docs/screenshots`` is made with this, on the bundled
-``attn-only-2l``, focused on its induction head L1.H7.
+``attn-only-2l``, focused on its strongest induction head (``--head`` picks another).
 """
 
 from __future__ import annotations
@@ -82,9 +82,8 @@ def pruned_copy(model: Path, out: Path, layer: int, head: int,
     return dst
 
 
-async def shoot_compare(out: Path, compare: Path, model: Path | None = None,
-                        size: tuple[int, int] = (120, 40),
-                        head: tuple[int, int] = (1, 7)) -> list[Path]:
+async def shoot_compare(out: Path, compare: Path, model: Path | None, *,
+                        head: tuple[int, int], size: tuple[int, int] = (120, 40)) -> list[Path]:
     """SVGs of compare mode: A|B QK, OV as B − A, and the Changes tab (real engines)."""
     app = HeadscopeApp(model, compare=compare, settings=Settings(), output_dir=out)
     written = []
@@ -110,23 +109,36 @@ async def shoot_compare(out: Path, compare: Path, model: Path | None = None,
     return written
 
 
+def strongest_induction_head(model: Path) -> tuple[int, int]:
+    """(layer, head) with the highest induction score (engine.scores, seed 0)."""
+    from engine.loading import open_model
+    from engine.scores import behaviour_scores
+
+    scores = behaviour_scores(open_model(model).weights, seed=0)["induction"].nan_to_num(-1.0)
+    layer, head = divmod(int(scores.argmax()), scores.shape[1])
+    return layer, head
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("model", type=Path, nargs="?", default=None)
-    parser.add_argument("--head", default="1.7", help="layer.head to focus (default 1.7)")
+    parser.add_argument("--head", default=None,
+                        help="layer.head to focus (default: the strongest induction head)")
     parser.add_argument("--prompt", default="When Mary and John went to the store , John gave a "
                         "drink to Mary . When Mary and John went to the store , John gave")
     args = parser.parse_args()
-    layer, head = (int(x) for x in args.head.split("."))
+    from tui.app import bundled_model
+
+    model = args.model or bundled_model()
+    layer, head = (tuple(int(x) for x in args.head.split(".")) if args.head
+                   else strongest_induction_head(model))
     paths = asyncio.run(shoot(args.model, args.out, (120, 40), (layer, head), args.prompt))
     paths += asyncio.run(shoot(args.model, args.out, (80, 24), (layer, head), args.prompt,
                                theme="headscope-light", suffix="-80x24-light"))
     # Compare mode: the model against a copy with the focused head pruned.
-    from tui.app import bundled_model
-
     with tempfile.TemporaryDirectory() as tmp:
-        pruned = pruned_copy(args.model or bundled_model(), Path(tmp), layer, head)
+        pruned = pruned_copy(model, Path(tmp), layer, head)
         for size in ((120, 40), (80, 24)):
             paths += asyncio.run(shoot_compare(args.out, pruned, args.model, size=size,
                                                head=(layer, head)))
