@@ -570,6 +570,36 @@ class Engine:
             (layer, head, "ablation", (SEED, raw)), compute, head=(layer, head), label="ablation"
         )
 
+    async def all_ablation_effects(self, progress: Progress = None) -> np.ndarray:
+        """``[n_layers, n_heads]`` zero-ablation effects of every head (a cancellable sweep).
+
+        The values ``ablation(layer, head)`` gives, computed together by
+        ``scores.ablation_effects`` (which skips what an ablation cannot change), and
+        published per head so that ``ablation`` is a cache hit afterwards. Opt-in: a forward
+        pass per head is the most expensive sweep on a big model.
+        """
+        raw = self._raw
+
+        def compute(ctx: JobContext) -> np.ndarray:
+            from . import scores
+
+            effects = scores.ablation_effects(
+                self._model(raw).weights, seed=SEED, progress=ctx.progress, cancelled=ctx.cancelled
+            )
+            table = readonly(effects, np.float32)
+            for layer in range(table.shape[0]):
+                for head in range(table.shape[1]):
+                    ctx.publish((layer, head, "ablation", (SEED, raw)), float(effects[layer, head]))
+            return table
+
+        return await self._get(
+            (None, None, "all_ablation_effects", (SEED, raw)),
+            compute,
+            head=None,
+            label="ablation sweep",
+            progress=progress,
+        )
+
     async def compare(
         self, other: Engine, *, match_heads: bool = False, threshold: float = EDGE_THRESHOLD
     ) -> ModelDiff:

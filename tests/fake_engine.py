@@ -359,6 +359,20 @@ class FakeEngine:
         await self._enter("ablation")
         return float(self._behaviour[2, layer, head])
 
+    async def all_ablation_effects(self, progress: Callable[[float], None] | None = None) -> np.ndarray:
+        await self._enter("all_ablation_effects")
+        self._activity = "ablation sweep"
+        try:
+            for step in range(1, self.sweep_steps + 1):
+                if progress is not None:
+                    t = threading.Thread(target=progress, args=(step / self.sweep_steps,))
+                    t.start()
+                    t.join()
+                await asyncio.sleep(self.delay / self.sweep_steps if self.delay else 0)
+        finally:
+            self._activity = None
+        return readonly(self._behaviour[2], np.float32)  # the same values ``ablation`` gives
+
     def stats(self) -> CacheStats:
         return CacheStats(hits=self._hits, misses=self._misses, evictions=0, bytes=0,
                           capacity=1 << 20, entries=len(self._cache), in_flight=self._in_flight,

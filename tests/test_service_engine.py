@@ -79,6 +79,23 @@ async def test_spectrum_and_sweeps_equal_pure_scores(gpt2):
     assert l1 < l2 and excess == pytest.approx(float(comp.scores.max()) - comp.baseline, abs=1e-6)
 
 
+async def test_ablation_sweep_equals_single_head_ablations_and_fills_the_cache(gpt2):
+    eng, model = gpt2
+    seen = []
+    effects = await eng.all_ablation_effects(progress=seen.append)
+    np.testing.assert_allclose(effects, scores.ablation_effects(model.weights, seed=0), atol=1e-5)
+    assert effects.shape == (model.cfg.n_layers, model.cfg.n_heads) and not effects.flags.writeable
+    await asyncio.sleep(0)
+    assert seen and seen[-1] == pytest.approx(1.0)
+    # every head's value was published: the single-head request computes nothing new, and
+    # equals a full forward pass with that head zeroed
+    started = eng.computations_started
+    value = await eng.ablation(1, 2)
+    assert eng.computations_started == started
+    assert value == pytest.approx(scores.ablation_effect(model.weights, 1, 2, seed=0), abs=1e-5)
+    assert await eng.all_ablation_effects() is effects
+
+
 async def test_prompt_view_matches_forward_and_rejects_empty(gpt2):
     eng, model = gpt2
     with pytest.raises(errors.PromptError):

@@ -199,6 +199,44 @@ async def test_summary_sorts_and_enter_jumps_to_the_head() -> None:
         assert app.head == best
 
 
+async def test_ablation_sweep_fills_the_summary_focus_line_and_export(tmp_path: Path) -> None:
+    app, engine = make_app(output_dir=tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("6")
+        await settle(pilot, app)
+        table = app.query_one("#summary-table", DataTable)
+        hint = plain(app.query_one("#summary-hint", Static))
+        assert "press a" in hint and engine.calls["all_ablation_effects"] == 0, "opt-in"
+        assert str(table.get_row_at(0)[-1]) == "—"
+        await pilot.press("a")
+        await settle(pilot, app)
+        assert engine.calls["all_ablation_effects"] == 1 and app.active_tab == "summary"
+        effects = engine._behaviour[2]  # what the fake's ablation sweep returns
+        best = np.unravel_index(np.argmax(effects), effects.shape)
+        # sorted by the ablation effect, highest first, its values in the last column
+        assert table.get_row_at(0)[0] == f"L{best[0]}.H{best[1]}"
+        column = [float(str(table.get_row_at(i)[-1])) for i in range(table.row_count)]
+        assert column == sorted(column, reverse=True)
+        assert column[0] == pytest.approx(float(effects[best]), abs=1e-3)
+        assert "loss increase" in plain(app.query_one("#summary-hint", Static))
+        assert any(f"L{best[0]}.H{best[1]} costs the most" in n.message for n in app._notifications)
+        app.goto_head((int(best[0]), int(best[1])), immediate=True)
+        await settle(pilot, app)
+        assert f"zero-abl {float(effects[best]):+.2f}" in plain(app.query_one("#focus-line", Static))
+        await pilot.press("e")  # the summary export carries the column too
+        await settle(pilot, app)
+        doc = json.loads(next(tmp_path.glob("*summary*.json")).read_text())
+        rows = {(r["layer"], r["head"]): r["ablation_effect"] for r in doc["data"]}
+        assert rows[(int(best[0]), int(best[1]))] == pytest.approx(float(effects[best]), abs=1e-6)
+        await pilot.press("a")  # computed already: no second sweep
+        await settle(pilot, app)
+        assert engine.calls["all_ablation_effects"] == 1
+        await pilot.press("r")  # other weights: the effects are gone until swept again
+        await settle(pilot, app)
+        assert app.ablation is None and "zero-abl" not in plain(app.query_one("#focus-line", Static))
+
+
 async def test_badges_mark_the_planted_heads() -> None:
     app, _ = make_app()
     async with app.run_test(size=(120, 40)) as pilot:

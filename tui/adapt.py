@@ -30,6 +30,8 @@ SCORES: tuple[tuple[str, str], ...] = (
     ("induction", "induction"),
 )
 SCORE_KEYS = tuple(k for k, _ in SCORES)
+# The zero-ablation effect: not part of HeadScores (an opt-in sweep, Engine.all_ablation_effects).
+ABLATION, ABLATION_LABEL = "ablation", "zero-abl"
 # Badges in the head tree: (score, letter). Colour follows the strength.
 BADGES: tuple[tuple[str, str], ...] = (("copying", "C"), ("prev_token", "P"), ("induction", "I"))
 

@@ -14,15 +14,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import math
 import os
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
 from rich.text import Text
 from textual import on
 from textual.app import App, ComposeResult
@@ -38,7 +41,7 @@ from engine.errors import HeadscopeError
 from engine.results import HeadScores
 from themes import ALIASES, COLORMAPS, DEFAULT_THEME, STYLESHEET, THEME_NAMES, THEMES, colormap_for
 
-from .adapt import SCORES, jsonable, score, score_rows, stats_line
+from .adapt import ABLATION, ABLATION_LABEL, SCORES, jsonable, score, score_rows, stats_line
 from .compare import COMPARE_VIEWS, ChangesPane, focus_text, head_changes, pair_figures
 from .keymap import APP_BINDINGS
 from .palette import HeadscopeCommands
@@ -64,6 +67,7 @@ TAB_TITLES = {"qk": "1 QK", "ov": "2 OV", "spectrum": "3 Spectrum", "prompt": "4
 POSITIONS_SHOWN = 32  # positional QK: the first positions
 ROTARY_OFFSETS = 32  # rotary profile over Δ in [-32, 32]
 NARROW = 100  # below this many columns, panes stack and the tree narrows
+WIDE_WITH_ABLATION = 140  # ...and the focus line with the ablation effect needs short labels
 THRESHOLD_STEP = 0.1  # composition graph: edges ≥ threshold × the strongest edge
 TREE_FILTERS: tuple[tuple[str, str], ...] = (
     ("induction", "induction"), ("prev_token", "prev-token"), ("copying", "copying"))
@@ -146,6 +150,8 @@ class HeadscopeApp(App[None]):
         self._colorblind = settings.colormap == "colorblind"
         self.rows: dict[Head, HeadScores] = {}
         self.summary_sort: str | None = None
+        # Zero-ablation effect of every head [L, H] (the opt-in sweep, key a), this _gen's.
+        self.ablation: np.ndarray | None = None
         self.results: dict[str, Any] = {}
         self.sweep_progress: float | None = None
         self.errors: list[str] = []
@@ -453,7 +459,9 @@ class HeadscopeApp(App[None]):
             text.append_text(versus)
         elif row is not None:
             text.append("│ ", style="dim")
-            short = self.size.width < NARROW
+            ablation = self._ablation_of(self.head)
+            # The ablation effect, once swept, takes the room dup-tok leaves on a narrow line.
+            short = self.size.width < (NARROW if math.isnan(ablation) else WIDE_WITH_ABLATION)
             shown = [(k, SHORT_LABELS[k]) for k, _ in SCORES if k in SHORT_LABELS] if short \
                 else list(SCORES)
             for i, (key, label) in enumerate(shown):
@@ -461,6 +469,9 @@ class HeadscopeApp(App[None]):
                 if i:
                     text.append("· ", style="dim")
                 text.append(f"{label} {v:+.2f} " if v == v else f"{label} — ")
+            if not math.isnan(ablation):
+                text.append("· ", style="dim")
+                text.append(f"{ABLATION_LABEL} {ablation:+.2f} ")
         if row is not None and row.nonfinite:
             text.append("non-finite weights", style="bold red")
         self.main.query_one(StatusBar).focus_text = f"L{layer}.H{head}"
@@ -680,14 +691,24 @@ class HeadscopeApp(App[None]):
         if self.rows:
             self._show_summary()
 
+    def _ablation_of(self, head: Head) -> float:
+        """The head's zero-ablation effect, NaN until the sweep (``a``) has run."""
+        return math.nan if self.ablation is None else float(self.ablation[head])
+
+    def _summary_value(self, row: HeadScores, key: str) -> float:
+        return self._ablation_of((row.layer, row.head)) if key == ABLATION else score(row, key)
+
     def _show_summary(self) -> None:
         rows = sorted(self.rows.values(), key=lambda r: (r.layer, r.head))
         if self.summary_sort is not None:
             k = self.summary_sort
-            rows.sort(key=lambda r: (math.isnan(score(r, k)), -score(r, k) if not math.isnan(score(r, k))
+            value = partial(self._summary_value, key=k)
+            rows.sort(key=lambda r: (math.isnan(value(r)), -value(r) if not math.isnan(value(r))
                                      else 0.0))
-        self.main.query_one(SummaryPane).show(rows)
-        self.results["summary"] = rows
+        ablation = [self._ablation_of((r.layer, r.head)) for r in rows]
+        self.main.query_one(SummaryPane).show(rows, ablation if self.ablation is not None else None)
+        self.results["summary"] = [{**dataclasses.asdict(r), "ablation_effect": a}
+                                   for r, a in zip(rows, ablation, strict=True)]
 
     # -- widgets' events ----------------------------------------------------------------
     @on(Input.Submitted, "#prompt-input")
@@ -799,6 +820,7 @@ class HeadscopeApp(App[None]):
         self.raw = raw
         self._gen += 1
         self.rows.clear()
+        self.ablation = None
         self.main.query_one(HeadTree).scores.clear()
         self.main.query_one(HeadTree).refresh_badges()
         status = self.main.query_one(StatusBar)
@@ -851,9 +873,50 @@ class HeadscopeApp(App[None]):
         self._load_active()
 
     def action_cycle_sort(self) -> None:
-        keys = [k for k, _ in SCORES]
+        keys = [k for k, _ in SCORES] + ([ABLATION] if self.ablation is not None else [])
         i = keys.index(self.summary_sort) if self.summary_sort in keys else -1
         self.sort_summary(keys[(i + 1) % len(keys)])
+
+    def action_ablation_sweep(self) -> None:
+        """Zero-ablate every head in turn (engine worker); the Summary tab shows the result."""
+        if self.engine is None:
+            return
+        self.action_show_tab("summary")
+        if self.ablation is not None:
+            self.sort_summary(ABLATION)
+            return
+        if any(w.group == "ablation" and not w.is_finished for w in self.workers):
+            self.notify("the ablation sweep is already running", timeout=2)
+            return
+        self.notify("zero-ablating every head: loss on the repeated half of random tokens…",
+                    title="ablation sweep", timeout=3)
+        self.run_worker(self._ablation_sweep(self._gen), group="ablation", exit_on_error=False)
+
+    async def _ablation_sweep(self, gen: int) -> None:
+        await self._model_ready.wait()
+
+        def progress(fraction: float) -> None:
+            self.sweep_progress = float(fraction)  # from an engine thread: a plain assignment
+
+        try:
+            effects = await self.engine.all_ablation_effects(progress=progress)
+        except EngineCancelled:
+            return
+        except HeadscopeError as err:
+            self._report(str(err))
+            return
+        finally:
+            self.sweep_progress = None
+        if gen != self._gen:
+            return
+        self.ablation = effects
+        top = np.unravel_index(np.nanargmax(effects), effects.shape) if np.isfinite(effects).any() \
+            else None
+        if top is not None:
+            self.notify(f"zeroing L{top[0]}.H{top[1]} costs the most: "
+                        f"{float(effects[top]):+.2f} nats", title="ablation sweep")
+        self._update_focus_line()
+        self.sort_summary(ABLATION)
 
     def sort_summary(self, key: str) -> None:
         self.summary_sort = key

@@ -56,6 +56,9 @@ APP_BINDINGS: list[Binding] = [
             key_display="+", tooltip="Rotary QK: larger offset Δ"),
     Binding("o", "cycle_sort", "Sort", id="cycle-sort", show=False,
             tooltip="Summary/edges: sort by the next score column"),
+    Binding("a", "ablation_sweep", "Ablate", id="ablation-sweep", show=False,
+            tooltip="Zero-ablate every head in turn: the loss it costs on repeated random "
+                    "tokens (Summary column zero-abl, focus line)"),
     Binding("s", "screenshot_svg", "SVG", id="screenshot",
             tooltip="Save an SVG screenshot to the output directory"),
     Binding("e", "export", "Export", id="export",

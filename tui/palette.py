@@ -44,6 +44,8 @@ class HeadscopeCommands(Provider):
              "Where screenshots and exports go"),
             ("Toggle raw / processed weights", app.action_toggle_raw, "Weight processing"),
             ("Choose tokens…", app.action_choose_tokens, "Rows/columns of QK and OV"),
+            ("Ablation sweep: zero each head", app.action_ablation_sweep,
+             "Loss increase on repeated random tokens, per head (Summary tab)"),
         ]
         return cmds
 

@@ -19,7 +19,16 @@ from textual.widgets import DataTable, Input, Static
 from engine.results import Composition, HeadScores, Profile, PromptView, TopTokens
 from themes import COLORMAPS
 
-from ..adapt import SCORES, edges, predictions, profile_xy, score, top_tokens
+from ..adapt import (
+    ABLATION,
+    ABLATION_LABEL,
+    SCORES,
+    edges,
+    predictions,
+    profile_xy,
+    score,
+    top_tokens,
+)
 from ..plots import Graph, Heatmap, Line, Scatter
 from .chart import Chart
 
@@ -249,25 +258,45 @@ def threshold_edges(es: list[tuple[int, int, int, int, float]], threshold: float
     return [e for e in es if e[4] > 0 and e[4] >= cut], cut
 
 
+ABLATION_HINT = (f"{ABLATION_LABEL}: press a to zero-ablate every head and see what it costs "
+                 "(loss on the repeated half of random token sequences)")
+ABLATION_DONE = (f"{ABLATION_LABEL}: loss increase (nats) on the repeated half of random token "
+                 "sequences when the head's output is zeroed · o: sort")
+
+
 class SummaryPane(Vertical):
     def compose(self) -> ComposeResult:
         table: DataTable[Any] = DataTable(id="summary-table", cursor_type="row",
                                           zebra_stripes=True)
         yield table
+        yield Static(ABLATION_HINT, id="summary-hint", classes="hint")
 
     def on_mount(self) -> None:
         table = self.query_one("#summary-table", DataTable)
         table.add_column("head", key="head")
         for key, label in SCORES:
             table.add_column(label, key=key)
+        table.add_column(ABLATION_LABEL, key=ABLATION)
 
-    def show(self, rows: list[HeadScores]) -> None:
+    def show(self, rows: list[HeadScores], ablation: list[float] | None = None) -> None:
+        """One row per head; ``ablation`` (aligned with ``rows``) once the sweep has run."""
         table = self.query_one("#summary-table", DataTable)
         table.clear()
-        for r in rows:
+        for i, r in enumerate(rows):
             cells = [_score_cell(score(r, k)) for k, _ in SCORES]
+            cells.append(_ablation_cell(math.nan if ablation is None else ablation[i]))
             table.add_row(_head(r.layer, r.head) + (" NaN!" if r.nonfinite else ""), *cells,
                           key=f"{r.layer}.{r.head}")
+        self.query_one("#summary-hint", Static).update(
+            ABLATION_HINT if ablation is None else ABLATION_DONE)
+
+
+def _ablation_cell(v: float) -> Text:
+    """Nats: a head the model cannot do without costs ≥ 0.5; most cost a few hundredths."""
+    if not math.isfinite(v):
+        return Text("—", style="dim", justify="right")
+    style = "bold" if v >= 0.5 else ("" if v >= 0.1 else "dim")
+    return Text(f"{v:+.3f}", style=style, justify="right")
 
 
 def _score_cell(v: float) -> Text:
