@@ -223,7 +223,7 @@ async def test_ablation_sweep_fills_the_summary_focus_line_and_export(tmp_path: 
         assert any(f"L{best[0]}.H{best[1]} costs the most" in n.message for n in app._notifications)
         app.goto_head((int(best[0]), int(best[1])), immediate=True)
         await settle(pilot, app)
-        assert f"zero-abl {float(effects[best]):+.2f}" in plain(app.query_one("#focus-line", Static))
+        assert f"abl {float(effects[best]):+.2f}" in plain(app.query_one("#focus-line", Static))
         await pilot.press("e")  # the summary export carries the column too
         await settle(pilot, app)
         doc = json.loads(next(tmp_path.glob("*summary*.json")).read_text())
@@ -234,7 +234,7 @@ async def test_ablation_sweep_fills_the_summary_focus_line_and_export(tmp_path: 
         assert engine.calls["all_ablation_effects"] == 1
         await pilot.press("r")  # other weights: the effects are gone until swept again
         await settle(pilot, app)
-        assert app.ablation is None and "zero-abl" not in plain(app.query_one("#focus-line", Static))
+        assert app.ablation is None and "abl " not in plain(app.query_one("#focus-line", Static))
 
 
 async def test_badges_mark_the_planted_heads() -> None:

@@ -471,7 +471,7 @@ class HeadscopeApp(App[None]):
                 text.append(f"{label} {v:+.2f} " if v == v else f"{label} — ")
             if not math.isnan(ablation):
                 text.append("· ", style="dim")
-                text.append(f"{ABLATION_LABEL} {ablation:+.2f} ")
+                text.append(f"{'abl' if short else ABLATION_LABEL} {ablation:+.2f} ")
         if row is not None and row.nonfinite:
             text.append("non-finite weights", style="bold red")
         self.main.query_one(StatusBar).focus_text = f"L{layer}.H{head}"

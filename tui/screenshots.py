@@ -24,7 +24,7 @@ VIEWS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("spectrum", ("3",)),
     ("prompt", ("4",)),
     ("composition", ("5",)),  # opens on K-composition: the induction circuit
-    ("summary", ("6",)),
+    ("summary", ("6", "a")),  # with the ablation sweep: the zero-abl column filled
     ("help", ("question_mark",)),
 )
 

@@ -258,10 +258,10 @@ def threshold_edges(es: list[tuple[int, int, int, int, float]], threshold: float
     return [e for e in es if e[4] > 0 and e[4] >= cut], cut
 
 
-ABLATION_HINT = (f"{ABLATION_LABEL}: press a to zero-ablate every head and see what it costs "
-                 "(loss on the repeated half of random token sequences)")
-ABLATION_DONE = (f"{ABLATION_LABEL}: loss increase (nats) on the repeated half of random token "
-                 "sequences when the head's output is zeroed · o: sort")
+ABLATION_HINT = (f"{ABLATION_LABEL}: press a to zero-ablate every head in turn "
+                 "(the loss it costs on repeated random tokens)")
+ABLATION_DONE = (f"{ABLATION_LABEL}: loss increase (nats) on repeated random tokens when the "
+                 "head is zeroed · o: sort")
 
 
 class SummaryPane(Vertical):
