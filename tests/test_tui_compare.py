@@ -8,6 +8,7 @@ through ``Engine.compare`` (engine.diff.diff_models on A's workers).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -191,6 +192,58 @@ async def test_real_engine_compare_with_w_o_zeroed(tmp_path: Path) -> None:
     assert all(r["change"] < 1e-4 for r in others)
 
 
+def shuffled_copy(tmp: Path, perm: list[int]) -> Path:
+    """attn-only-2l with every layer's heads permuted: B's head i is A's head perm[i]."""
+    import shutil
+
+    from safetensors import safe_open
+    from safetensors.numpy import load_file, save_file
+
+    dst = tmp / "attn-only-2l-shuffled"
+    shutil.copytree(MODEL, dst)
+    with safe_open(str(MODEL / "model.safetensors"), "np") as f:
+        metadata = f.metadata()
+    tensors = load_file(str(MODEL / "model.safetensors"))
+    for name, t in tensors.items():
+        if ".attn." in name and name.rsplit(".", 1)[-1] in ("W_Q", "W_K", "W_V", "W_O", "b_Q",
+                                                            "b_K", "b_V"):
+            tensors[name] = t[perm].copy()
+    save_file(tensors, str(dst / "model.safetensors"), metadata=metadata)
+    return dst
+
+
+@pytest.mark.parametrize("match_heads", [True, False])
+async def test_real_engine_match_heads_pairs_permuted_heads(tmp_path: Path, match_heads: bool) -> None:
+    layer, head = INDUCTION_HEAD
+    n_heads = json.loads((MODEL / "headscope.json").read_text())["n_heads"]
+    perm = [(i + 1) % n_heads for i in range(n_heads)]
+    matched = perm.index(head)  # where A's induction head sits in B
+    b = shuffled_copy(tmp_path, perm)
+    app = HeadscopeApp(MODEL, compare=b, match_heads=match_heads, settings=Settings(), sweep=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        for _ in range(40):
+            await settle(pilot, app, rounds=1)
+            if app.diff is not None or app.errors:
+                break
+        assert not app.errors and app.diff is not None
+        app.goto_head(INDUCTION_HEAD, immediate=True)
+        await pilot.press("2")
+        await settle(pilot, app)
+        a_block, b_block = app.results["ov"]["full_ov"], app.results["ov"]["full_ov_b"]
+        focus = plain(app.query_one("#focus-line", Static))
+        if match_heads:
+            # B's view shows the head matched to A's: the same circuit, so B − A is zero
+            assert app.diff.matching[layer][head] == matched and app.head_b(INDUCTION_HEAD) == (layer, matched)
+            assert (b_block.layer, b_block.head) == (layer, matched)
+            np.testing.assert_allclose(b_block.values, a_block.values, atol=1e-5)
+            assert f"≙ B H{matched}" in focus and "OV +1.00" in focus
+            assert f"L{layer}.H{matched} (matched)" in chart_text(app, "ov-heatmap-b")
+        else:  # head h of B is another head of A: a different circuit
+            assert app.diff.matching is None and (b_block.layer, b_block.head) == INDUCTION_HEAD
+            assert not np.allclose(b_block.values, a_block.values, atol=1e-2)
+            assert "≙" not in focus
+
+
 def test_cli_passes_compare_through_to_run_app(monkeypatch: pytest.MonkeyPatch,
                                                tmp_path: Path) -> None:
     import tui.app
@@ -200,3 +253,14 @@ def test_cli_passes_compare_through_to_run_app(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(tui.app, "run_app", lambda path, **kw: seen.update(path=path, **kw))
     assert main([str(MODEL), "--compare", str(tmp_path / "b")]) == 0
     assert seen["path"] == MODEL and seen["compare"] == str(tmp_path / "b")
+    assert "match_heads" not in seen
+    assert main([str(MODEL), "--compare", str(tmp_path / "b"), "--match-heads"]) == 0
+    assert seen["match_heads"] is True
+
+
+def test_cli_match_heads_without_compare_is_a_one_line_error(capsys) -> None:
+    from tui.cli import main
+
+    assert main([str(MODEL), "--match-heads"]) == 1
+    err = capsys.readouterr().err
+    assert "--match-heads needs --compare" in err and err.count("\n") == 1

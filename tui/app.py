@@ -98,7 +98,7 @@ class HeadscopeApp(App[None]):
                  output_dir: str | os.PathLike[str] | None = None,
                  keymap: dict[str, str] | None = None, debounce: float = 0.1,
                  sweep: bool = True, prompt: str = "",
-                 compare: str | os.PathLike[str] | None = None,
+                 compare: str | os.PathLike[str] | None = None, match_heads: bool = False,
                  settings: Settings | None = None) -> None:
         super().__init__()
         self.settings_error: str | None = None
@@ -126,6 +126,9 @@ class HeadscopeApp(App[None]):
         self.prompt_text = prompt
         # Compare mode: model B, opened by the same factory; Engine.compare diffs A → B.
         self.compare_path = str(compare) if compare is not None else None
+        # Match B's heads to A's by circuit similarity (independent runs number heads
+        # arbitrarily): B's views then show the head matched to A's focused one.
+        self.match_heads = match_heads
         self.engine_b: Any = None
         self.compare_error: str | None = None
         self.diff: Any = None
@@ -329,7 +332,7 @@ class HeadscopeApp(App[None]):
             self.main.query_one(ChangesPane).waiting("comparing A and B (scores, circuits, "
                                                      "composition of both)…")
         try:
-            diff = await self.engine.compare(self.engine_b)
+            diff = await self.engine.compare(self.engine_b, match_heads=self.match_heads)
         except EngineCancelled:
             return
         except HeadscopeError as err:
@@ -343,6 +346,8 @@ class HeadscopeApp(App[None]):
         self.results["changes"] = diff
         self.main.query_one(HeadTree).set_deltas(head_changes(diff))
         self._update_focus_line()
+        if self.match_heads and self.active_tab in ("qk", "ov"):
+            self._load_active(force=True)  # B's side waited for the matching
         if self.active_tab == "changes":
             self._load_active(force=True)
 
@@ -559,7 +564,8 @@ class HeadscopeApp(App[None]):
             if block_b is not None:
                 a_fig, b_fig = await pair_figures(
                     block, block_b, self.compare_view, f"token QK L{layer}.H{head}",
-                    f"token QK L{layer}.H{head}", xlabel="key token →  (rows: query token)")
+                    self._title_b("token QK", (layer, head)),
+                    xlabel="key token →  (rows: query token)")
                 if not self._fresh(key):
                     return
                 pane.show_pair(a_fig, b_fig)
@@ -601,8 +607,8 @@ class HeadscopeApp(App[None]):
                 same = list(block.row_ids) == list(block.col_ids)
                 pair = await pair_figures(
                     block, block_b, self.compare_view, f"full OV L{layer}.H{head}",
-                    f"full OV L{layer}.H{head}", xlabel="output token →  (rows: source)",
-                    diagonal=same)
+                    self._title_b("full OV", (layer, head)),
+                    xlabel="output token →  (rows: source)", diagonal=same)
                 if not self._fresh(key):
                     return
                 self.results["ov"]["full_ov_b"] = block_b
@@ -665,12 +671,28 @@ class HeadscopeApp(App[None]):
         pane.detail(comp, None)
         self.results["composition"] = comp
 
+    def head_b(self, head: Head) -> Head | None:
+        """B's head shown beside A's ``head``: the same one, or with ``match_heads`` the
+        matched one (``None`` until the diff has matched them)."""
+        if not self.match_heads:
+            return head
+        matching = getattr(self.diff, "matching", None)
+        return None if matching is None else (head[0], int(matching[head[0]][head[1]]))
+
+    def _title_b(self, what: str, head: Head) -> str:
+        """``what L1.H2``: the B head shown beside A's ``head``, marked when matched."""
+        layer, h = self.head_b(head) or head
+        return f"{what} L{layer}.H{h}" + (" (matched)" if (layer, h) != head else "")
+
     async def _block_b(self, block: Any, offset: int = 0) -> Any:
         """Model B's circuit block over the same rows and columns as A's ``block``."""
+        matched = self.head_b((block.layer, block.head))
+        if matched is None:
+            return None  # shown when the matching arrives (_compare reloads the view)
         try:
             await self.engine_b.ready()
             return await self.engine_b.circuit_block(
-                block.layer, block.head, block.kind, block.basis, rows=list(block.row_ids),
+                matched[0], matched[1], block.kind, block.basis, rows=list(block.row_ids),
                 cols=list(block.col_ids), offset=offset)
         except EngineCancelled:
             return None
@@ -1054,6 +1076,7 @@ def run_app(path: str | os.PathLike[str] | None = None, *, raw: bool = False,
             **options: Any) -> None:
     """Open ``path`` (default: the bundled attn-only-2l) in the explorer; blocks until quit.
 
-    ``compare``: a second checkpoint B of the same architecture, explored alongside (issue 8).
+    ``compare``: a second checkpoint B of the same architecture, explored alongside (issue 8);
+    ``match_heads=True`` (in ``options``) pairs B's heads with A's by circuit similarity.
     """
     HeadscopeApp(path, raw=raw, theme=theme, compare=compare, **options).run()

@@ -99,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare", metavar="B", default=None,
                    help="a second checkpoint of the same architecture, explored alongside "
                         "(Changes tab, Δ badges, A|B heatmaps)")
+    p.add_argument("--match-heads", action="store_true",
+                   help="with --compare: pair B's heads with A's by circuit similarity "
+                        "(Hungarian, per layer), for checkpoints from independent runs")
 
     p = command("info", "architecture, shapes and dtype, from the header alone", "headscope info path/to/model --json")
     model_arg(p)
@@ -267,7 +270,10 @@ def cmd_open(args: argparse.Namespace) -> int:
     from tui.app import run_app
 
     path = Path(args.path) if args.path else bundled_model_path()
-    run_app(path, raw=args.raw, theme=args.theme, compare=args.compare)
+    if args.match_heads and not args.compare:
+        raise InvalidRequestError(None, "--match-heads needs --compare B")
+    options = {"match_heads": True} if args.match_heads else {}
+    run_app(path, raw=args.raw, theme=args.theme, compare=args.compare, **options)
     return EXIT_OK
 
 

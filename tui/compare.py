@@ -96,6 +96,9 @@ def focus_text(diff: Any, head: Head, short: bool = False) -> Text | None:
         text.append(f"{value(row.get(f'{key}_b'))} ",
                     style="bold" if math.isfinite(delta) and delta >= 0.3 else "")
     text.append("│ ", style="dim")
+    matched = row.get("matched_head")
+    if diff.matching is not None and matched is not None and int(matched) != head[1]:
+        text.append(f"≙ B H{int(matched)} ", style="bold")  # heads paired by similarity
     text.append("sim " if short else "B sim ", style="dim")
     text.append(f"OV {value(row.get('ov_similarity'))} · QK {value(row.get('qk_similarity'))}")
     return text
