@@ -174,3 +174,16 @@ def test_sample_models_are_small() -> None:
     root = Path(sample_model("attn-only-2l")).parent
     total = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
     assert total < 8 << 20, f"sample models take {total / 2**20:.1f} MiB"
+
+
+def test_attn_only_2l_trained_past_its_phase_change() -> None:
+    # The shipped training log: a plateau, then within a few hundred steps the previous-token
+    # and induction heads form and the loss on the repeated half collapses; training went on
+    # for at least as long again after that.
+    log = json.loads((sample_model("attn-only-2l") / "training_log.json").read_text())
+    induction = [e["induction_max_last"] for e in log]
+    formed = next(i for i, v in enumerate(induction) if v >= 0.5)
+    assert formed > 0 and max(induction[:formed]) < 0.2, "a plateau before the change"
+    assert log[formed - 1]["repeated_loss"] - log[formed + 1]["repeated_loss"] > 2.0
+    assert log[-1]["step"] >= 2 * log[formed]["step"]
+    assert min(induction[formed + 1 :]) >= 0.5 and log[-1]["prev_token_max_l0"] >= 0.6
