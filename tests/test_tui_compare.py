@@ -242,6 +242,22 @@ async def test_real_engine_match_heads_pairs_permuted_heads(tmp_path: Path, matc
             assert app.diff.matching is None and (b_block.layer, b_block.head) == INDUCTION_HEAD
             assert not np.allclose(b_block.values, a_block.values, atol=1e-2)
             assert "≙" not in focus
+        # Spectrum and Prompt show B too: eigenvalues overlaid, B's pattern beside A's
+        await pilot.press("3")
+        await settle(pilot, app)
+        spectra = app.results["spectrum"]
+        assert (spectra["ov_b"].layer, spectra["ov_b"].head) == (b_block.layer, b_block.head)
+        assert "→ B" in chart_text(app, "spectrum-ov")
+        same_ov = np.allclose(np.sort_complex(spectra["ov"].eigenvalues),
+                              np.sort_complex(spectra["ov_b"].eigenvalues), atol=1e-3)
+        assert same_ov == match_heads
+        app.prompt_text = "When Mary and John went to the store , John gave a drink to Mary"
+        await pilot.press("4")
+        await settle(pilot, app)
+        views = app.results["prompt"]
+        assert (views["b"].layer, views["b"].head) == (b_block.layer, b_block.head)
+        assert "B attention" in chart_text(app, "prompt-pattern-b")
+        assert np.allclose(views["a"].pattern, views["b"].pattern, atol=1e-5) == match_heads
 
 
 def test_cli_passes_compare_through_to_run_app(monkeypatch: pytest.MonkeyPatch,

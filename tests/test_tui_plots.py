@@ -129,6 +129,16 @@ def test_scatter_and_graph_render_at_the_requested_size() -> None:
     assert "L0" in g.plain and "L2" in g.plain and g.plain.count("●") >= 12
 
 
+def test_scatter_overlays_model_b_with_a_legend_and_a_shared_range() -> None:
+    a = np.array([1.0 + 0j, 0.5 + 0j])
+    b = np.array([-4.0 + 0j])  # B's range must widen the axes, not fall off them
+    text = build(Scatter(a.real, a.imag, "λ", bx=b.real, by=b.imag), 50, 18, COLOURS).plain
+    assert "x" in text.replace("xx B", "") and "B" in text and "A" in text
+    assert "-4" in text or "-4.2" in text  # axis ticks reach B's eigenvalue
+    only_a = build(Scatter(a.real, a.imag, "λ"), 50, 18, COLOURS).plain
+    assert " B" not in only_a and "-4" not in only_a
+
+
 def test_every_theme_names_a_known_colour_map() -> None:
     for theme in THEMES:
         assert colormap_for(theme.name) in COLORMAPS
@@ -138,3 +148,27 @@ def test_every_theme_names_a_known_colour_map() -> None:
 def test_cell_of_is_the_centre_of_the_block() -> None:
     assert cell_of(0, 4, 8) == pytest.approx(0.5)
     assert cell_of(3, 4, 8) == pytest.approx(6.5)
+
+
+async def test_a_figure_that_fails_to_draw_says_so_instead_of_rendering_forever() -> None:
+    from textual.app import App, ComposeResult
+
+    from tui.widgets.chart import Chart
+
+    class Broken:
+        def draw(self, width: int, height: int, colours: Colours):
+            raise ValueError("bad data")
+
+    class OneChart(App):
+        def compose(self) -> ComposeResult:
+            yield Chart(id="c")
+
+    app = OneChart()
+    async with app.run_test(size=(60, 20)) as pilot:
+        chart = app.query_one(Chart)
+        chart.show(Broken())
+        for _ in range(3):
+            await pilot.pause(0.05)
+            await app.workers.wait_for_complete()
+        assert chart.rendered is not None and "cannot draw this figure" in chart.rendered.plain
+        assert "bad data" in chart.rendered.plain

@@ -346,7 +346,7 @@ class HeadscopeApp(App[None]):
         self.results["changes"] = diff
         self.main.query_one(HeadTree).set_deltas(head_changes(diff))
         self._update_focus_line()
-        if self.match_heads and self.active_tab in ("qk", "ov"):
+        if self.match_heads and self.active_tab in ("qk", "ov", "spectrum", "prompt"):
             self._load_active(force=True)  # B's side waited for the matching
         if self.active_tab == "changes":
             self._load_active(force=True)
@@ -632,20 +632,61 @@ class HeadscopeApp(App[None]):
                                       self.engine.spectrum(layer, head, "qk"))
         if not self._fresh(key):
             return
-        pane.show(ov)
-        pane.show(qk)
         self.results["spectrum"] = {"ov": ov, "qk": qk}
+        ov_b = qk_b = None
+        if self.engine_b is not None:
+            ov_b, qk_b = await self._spectra_b((layer, head))
+            if not self._fresh(key):
+                return
+            if ov_b is not None:
+                self.results["spectrum"].update(ov_b=ov_b, qk_b=qk_b)
+        pane.show(ov, ov_b)
+        pane.show(qk, qk_b)
+
+    async def _spectra_b(self, head: Head) -> tuple[Any, Any]:
+        """Model B's OV and QK spectra of the head shown beside A's (``None`` if unavailable)."""
+        matched = self.head_b(head)
+        if matched is None:
+            return None, None
+        try:
+            await self.engine_b.ready()
+            ov, qk = await asyncio.gather(self.engine_b.spectrum(*matched, "ov"),
+                                          self.engine_b.spectrum(*matched, "qk"))
+        except EngineCancelled:
+            return None, None
+        except HeadscopeError as err:
+            self._report(f"model B: {err}")
+            return None, None
+        return ov, qk
 
     async def _load_prompt(self, key: tuple) -> None:
         layer, head = key[1]
         if not self.prompt_text.strip():
-            self.main.query_one("#prompt-pattern", Chart).message("no prompt yet: press p, type, enter")
+            for chart in ("#prompt-pattern", "#prompt-pattern-b"):
+                self.main.query_one(chart, Chart).message("no prompt yet: press p, type, enter")
             return
         view = await self.engine.run_prompt(self.prompt_text, layer, head)
         if not self._fresh(key):
             return
-        self.main.query_one(PromptPane).show(view)
-        self.results["prompt"] = view
+        view_b = await self._prompt_b((layer, head)) if self.engine_b is not None else None
+        if not self._fresh(key):
+            return
+        self.main.query_one(PromptPane).show(view, view_b)
+        self.results["prompt"] = view if view_b is None else {"a": view, "b": view_b}
+
+    async def _prompt_b(self, head: Head) -> Any:
+        """Model B's view of the prompt at the head shown beside A's (``None`` if unavailable)."""
+        matched = self.head_b(head)
+        if matched is None:
+            return None
+        try:
+            await self.engine_b.ready()
+            return await self.engine_b.run_prompt(self.prompt_text, *matched)
+        except EngineCancelled:
+            return None
+        except HeadscopeError as err:
+            self._report(f"model B: {err}")
+            return None
 
     async def _load_composition(self, key: tuple) -> None:
         kind = self.comp_kind

@@ -131,26 +131,41 @@ class Scatter:
     title: str = ""
     xlabel: str = "Re λ"
     ylabel: str = "Im λ"
+    # Compare mode: model B's points, drawn as crosses over A's dots on the same axes.
+    bx: np.ndarray | None = None
+    by: np.ndarray | None = None
 
     def draw(self, width: int, height: int, colours: Colours) -> Text:
         plt = _plot(width, height, colours)
-        finite = np.isfinite(self.x) & np.isfinite(self.y)
-        x, y = self.x[finite], self.y[finite]
-        r = float(max(np.abs(x).max(initial=0.0), np.abs(y).max(initial=0.0))) or 1.0
+        x, y = _finite_xy(self.x, self.y)
+        bx, by = _finite_xy(self.bx, self.by)
+        r = float(np.abs(np.concatenate([x, y, bx, by])).max(initial=0.0)) or 1.0
         plt.xlim(-r * 1.05, r * 1.05)
         plt.ylim(-r * 1.05, r * 1.05)
         plt.horizontal_line(0, color=colours.muted)
         plt.vertical_line(0, color=colours.muted)
+        if bx.size:
+            plt.scatter(bx.tolist(), by.tolist(), marker="x", color=colours.foreground,
+                        label="B")
         if x.size:
             pos = x >= 0
             # Real-positive eigenvalues are what copying looks like: colour them apart.
-            plt.scatter(x[pos].tolist(), y[pos].tolist(), marker="dot", color=colours.stops[2])
+            plt.scatter(x[pos].tolist(), y[pos].tolist(), marker="dot", color=colours.stops[2],
+                        label="A" if self.bx is not None else None)
             plt.scatter(x[~pos].tolist(), y[~pos].tolist(), marker="dot", color=colours.stops[0])
         _title(plt, self.title, width)
         plt.xlabel(self.xlabel)
         plt.ylabel(self.ylabel)
         plt.ticks_color(colours.foreground)
         return _text(plt)
+
+
+def _finite_xy(x: np.ndarray | None, y: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    if x is None or y is None:
+        return np.empty(0), np.empty(0)
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    finite = np.isfinite(x) & np.isfinite(y)
+    return x[finite], y[finite]
 
 
 @dataclass(frozen=True)

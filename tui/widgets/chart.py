@@ -103,7 +103,10 @@ class Chart(PlotextPlot):
 
     async def _build(self, key: tuple, figure: Figure, colours: Colours) -> None:
         width, height = key[0], key[1]
-        text = await asyncio.to_thread(build, figure, width, height, colours)
+        try:
+            text = await asyncio.to_thread(build, figure, width, height, colours)
+        except Exception as err:  # a plotting bug: say so instead of "rendering…" forever
+            text = Text(f"cannot draw this figure: {err!r}", style="bold red")
         self.builds += 1
         self._cache[key] = text
         while len(self._cache) > CACHE_ENTRIES:

@@ -130,13 +130,19 @@ class SpectrumPane(Horizontal):
         yield Chart(id="spectrum-ov", placeholder="waiting for the model…")
         yield Chart(id="spectrum-qk", placeholder="")
 
-    def show(self, spectrum: Any) -> None:
+    def show(self, spectrum: Any, b: Any = None) -> None:
+        """A head's eigenvalues; ``b``: model B's spectrum of the same kind, overlaid."""
         eig = np.asarray(spectrum.eigenvalues).astype(np.complex128)
         name = "full OV" if spectrum.kind == "ov" else "token QK"
         label = "copying" if spectrum.kind == "ov" else "QK positivity"
+        title = f"{name} λ · {label} {spectrum.score:+.3f}"
+        eig_b = None
+        if b is not None:
+            eig_b = np.asarray(b.eigenvalues).astype(np.complex128)
+            title = f"{name} λ · {label} {spectrum.score:+.3f} → B {b.score:+.3f}"
         self.query_one(f"#spectrum-{spectrum.kind}", Chart).show(Scatter(
-            eig.real, eig.imag,
-            title=f"{name} λ · {label} {spectrum.score:+.3f}"))
+            eig.real, eig.imag, title=title,
+            bx=None if eig_b is None else eig_b.real, by=None if eig_b is None else eig_b.imag))
 
 
 PREDICTIONS_SHOWN = 5  # the rest are ~0 and would take the DLA's rows
@@ -152,20 +158,31 @@ class PromptPane(Vertical):
         yield Input(placeholder="type a prompt and press enter (p)", id="prompt-input")
         with Horizontal(id="prompt-body"):
             yield Chart(id="prompt-pattern", placeholder="no prompt yet: press p")
+            yield Chart(id="prompt-pattern-b", placeholder="waiting for model B…",
+                        classes="compare-only")
             with Vertical(id="prompt-side"):
                 with VerticalScroll(id="prompt-dla-scroll"):
                     yield Static(id="prompt-dla")
                 yield Static(id="prompt-preds")
 
-    def show(self, view: PromptView) -> None:
+    def show(self, view: PromptView, b: PromptView | None = None) -> None:
+        """A's pattern, DLA and predictions; ``b``: model B's pattern on the same prompt,
+        beside A's (compare mode; the DLA and predictions stay A's)."""
         tokens = [str(t) for t in view.tokens]
         pattern = np.asarray(view.pattern, dtype=np.float64)
+        prefix = "A " if b is not None else ""
         self.query_one("#prompt-pattern", Chart).show(Heatmap(
             pattern, tuple(tokens), tuple(tokens), sequential=True, vmax=1.0,
-            title=f"attention {_head(view.layer, view.head)}", xlabel="key →  (rows: query)"))
+            title=f"{prefix}attention {_head(view.layer, view.head)}", xlabel="key →  (rows: query)"))
+        if b is not None:
+            tokens_b = tuple(str(t) for t in b.tokens)
+            self.query_one("#prompt-pattern-b", Chart).show(Heatmap(
+                np.asarray(b.pattern, dtype=np.float64), tokens_b, tokens_b, sequential=True,
+                vmax=1.0, title=f"B attention {_head(b.layer, b.head)}",
+                xlabel="key →  (rows: query)"))
         dla = np.asarray(view.dla, dtype=np.float64)
         vmax = float(np.nanmax(np.abs(dla))) if dla.size else 1.0
-        t = Table(box=None, padding=(0, 1), title="direct logit attribution",
+        t = Table(box=None, padding=(0, 1), title=f"{prefix}direct logit attribution",
                   title_justify="left", expand=True)
         t.add_column("tok", no_wrap=True, overflow="ellipsis", max_width=10)
         t.add_column("DLA", justify="right", no_wrap=True, min_width=5)
@@ -173,7 +190,7 @@ class PromptPane(Vertical):
         for tok, v in zip(tokens, dla.tolist(), strict=False):
             t.add_row(repr(tok)[1:-1][:10], f"{v:+.2f}", _bar(v, vmax, 5, _bar_colours(self)))
         last = repr(tokens[-1])[1:-1][:10] if tokens else ""
-        p = Table(box=None, padding=(0, 1), title=f"top predictions after {last!r}",
+        p = Table(box=None, padding=(0, 1), title=f"{prefix}top predictions after {last!r}",
                   title_justify="left", expand=True)
         p.add_column("next", no_wrap=True)
         p.add_column("p", justify="right")
