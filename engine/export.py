@@ -22,6 +22,26 @@ from .report import jsonable
 Format = Literal["json", "csv"]
 
 
+def _umask() -> int:
+    """The process umask, read without setting it (``os.umask`` sets it, racing threads)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
+
+
+def file_mode() -> int:
+    """The permissions ``open(path, "w")`` would give a new file (0o644 under umask 022).
+
+    ``tempfile.mkstemp`` creates 0o600 files and safetensors' writer does the same, which
+    would leave exports and saved models unreadable to the rest of a shared box's group.
+    """
+    return 0o666 & ~_umask()
+
+
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
     """Write ``text`` to ``path`` so that readers never see a partial file."""
     path = Path(path)
@@ -31,6 +51,7 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
             f.write(text)
             f.flush()
+            os.fchmod(f.fileno(), file_mode())
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:

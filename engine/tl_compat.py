@@ -153,7 +153,7 @@ def save_native(w: WeightSource, path: str | Path, *, vocab: list[str] | None = 
     """Write ``w`` in headscope's native layout (``model.safetensors`` + ``headscope.json``)."""
     from safetensors.torch import save_file
 
-    from .export import atomic_write_text
+    from .export import atomic_write_text, file_mode
 
     cfg = w.cfg
     _check_decoder(cfg)
@@ -167,6 +167,7 @@ def save_native(w: WeightSource, path: str | Path, *, vocab: list[str] | None = 
     blob = json.dumps(fields)
     tmp = path / ".model.safetensors.tmp"
     save_file(tensors, str(tmp), metadata={"headscope_config": blob})
+    tmp.chmod(file_mode())
     tmp.replace(path / "model.safetensors")
     atomic_write_text(path / "headscope.json", blob)
     if vocab is not None:

@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import save_file
 
 from engine.config import ModelConfig
+from engine.export import file_mode
 
 from .model import ModelShape, TinyTransformer
 
@@ -56,6 +57,7 @@ def write_native(model: TinyTransformer, vocab: Sequence[str], out: Path) -> Mod
     cfg = native_config(model.shape, sum(t.numel() for t in tensors.values()))
     cfg_text = config_json(cfg)
     save_file(tensors, str(out / "model.safetensors"), metadata={"headscope_config": cfg_text})
+    (out / "model.safetensors").chmod(file_mode())  # safetensors writes 0o600
     (out / "headscope.json").write_text(json.dumps(json.loads(cfg_text), indent=2) + "\n")
     write_vocab(vocab, out / "vocab.txt")
     return cfg
@@ -154,6 +156,7 @@ def write_hf_gpt2(
 ) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     save_file(gpt2_tensors(model), str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "model.safetensors").chmod(file_mode())
     cfg = gpt2_config(model.shape, list(vocab).index(bos))
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     write_tokenizer_json(vocab, unk, out / "tokenizer.json")

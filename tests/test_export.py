@@ -82,3 +82,24 @@ def test_interrupted_write_leaves_no_partial_file(tmp_path, monkeypatch) -> None
         atomic_write_text(target, "new " * 10_000)
     assert target.read_text() == "old, complete\n"
     assert [p.name for p in tmp_path.iterdir()] == ["report.json"]  # temp file cleaned up
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_written_files_get_the_umask_permissions_not_mkstemps_0600(tmp_path, umask) -> None:
+    # What open(path, "w") would give: exports must be readable by whoever can read the
+    # directory, as any other file the user writes (mkstemp and safetensors make 0o600).
+    from engine.export import file_mode
+    from engine.loading import open_model
+    from engine.tl_compat import save_native
+    from tests.conftest import sample_model
+
+    old = os.umask(umask)
+    try:
+        assert file_mode() == 0o666 & ~umask
+        target = atomic_write_text(tmp_path / "report.json", "{}")
+        out = save_native(open_model(sample_model("attn-only-1l")).weights, tmp_path / "m",
+                          vocab=["a"])
+    finally:
+        os.umask(old)
+    for path in (target, out / "model.safetensors", out / "headscope.json", out / "vocab.txt"):
+        assert path.stat().st_mode & 0o777 == 0o666 & ~umask, path

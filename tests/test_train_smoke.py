@@ -26,6 +26,9 @@ def test_tiny_training_writes_a_native_model(tmp_path: Path) -> None:
     assert {"model.safetensors", "headscope.json", "vocab.txt", "metrics.json",
             "training_log.json", "README.md"} <= {p.name for p in out.iterdir()}
     assert torch.isfinite(torch.tensor(metrics["eval_loss"]))
+    from engine.export import file_mode
+
+    assert (out / "model.safetensors").stat().st_mode & 0o777 == file_mode()  # not 0o600
 
     # Canonical TransformerLens names and shapes (docs/internals.md).
     t = _tensors(out / "model.safetensors")

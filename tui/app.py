@@ -38,6 +38,7 @@ from textual.widgets import DataTable, Footer, Input, Static, TabbedContent, Tab
 
 from engine.errors import CancelledError as EngineCancelled
 from engine.errors import HeadscopeError
+from engine.export import atomic_write_text
 from engine.results import HeadScores
 from themes import ALIASES, COLORMAPS, DEFAULT_THEME, STYLESHEET, THEME_NAMES, THEMES, colormap_for
 
@@ -1068,7 +1069,7 @@ class HeadscopeApp(App[None]):
                else None, "data": jsonable(data)}
         try:
             path = self.output_dir() / f"{self._stem()}.json"
-            path.write_text(json.dumps(doc, indent=1), encoding="utf-8")
+            atomic_write_text(path, json.dumps(doc, indent=1))  # never a partial file
         except OSError as err:
             self._report(f"cannot export: {err}")
             return
