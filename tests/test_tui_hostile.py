@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from textual.widgets import DataTable
 from textual.worker import WorkerState
@@ -176,6 +177,12 @@ async def test_nan_head_is_flagged_in_the_tree_and_other_heads_keep_badges(
         table = app.main.query_one("#summary-table", DataTable)
         cells = [str(c) for c in table.get_row(f"{NAN_LAYER}.{NAN_HEAD}")]
         assert "!" in cells[0] and not any(re.search(r"\d", c) for c in cells[1:]), cells
+        # The ablation sweep: with a NaN in the weights the clean loss is NaN, so no effect
+        # is defined; a warning says why instead of a column of dashes and nothing else.
+        await pilot.press("a")
+        await settle(pilot, app, lambda: app.ablation is not None)
+        assert app.errors == [] and np.isnan(app.ablation).all()
+        assert any("no ablation effect is finite" in n.message for n in app._notifications)
         assert_no_crash(app)
         await keys_still_work_then_quit(pilot, app, tabs=False)
 

@@ -979,6 +979,10 @@ class HeadscopeApp(App[None]):
         if top is not None:
             self.notify(f"zeroing L{top[0]}.H{top[1]} costs the most: "
                         f"{float(effects[top]):+.2f} nats", title="ablation sweep")
+        else:  # a NaN anywhere in the weights makes the clean loss itself NaN
+            self.notify("no ablation effect is finite: the model's own loss is not "
+                        "(non-finite weights, marked ! in the tree)", title="ablation sweep",
+                        severity="warning")
         self._update_focus_line()
         self.sort_summary(ABLATION)
 
