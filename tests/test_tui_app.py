@@ -237,6 +237,22 @@ async def test_ablation_sweep_fills_the_summary_focus_line_and_export(tmp_path: 
         assert app.ablation is None and "abl " not in plain(app.query_one("#focus-line", Static))
 
 
+async def test_a_finished_ablation_sweep_does_not_pull_the_user_back_to_summary() -> None:
+    app, _ = make_app(FakeEngine(delay=0.05, sweep_steps=8))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("a")
+        assert app.active_tab == "summary"
+        await pilot.press("2")  # the user moves on while the sweep runs
+        await settle(pilot, app)
+        assert app.ablation is not None and app.active_tab == "ov"
+        await pilot.press("6")  # ...and finds the table sorted by it on return
+        await settle(pilot, app)
+        table = app.query_one("#summary-table", DataTable)
+        column = [float(str(table.get_row_at(i)[-1])) for i in range(table.row_count)]
+        assert column == sorted(column, reverse=True)
+
+
 async def test_badges_mark_the_planted_heads() -> None:
     app, _ = make_app()
     async with app.run_test(size=(120, 40)) as pilot:

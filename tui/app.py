@@ -984,7 +984,9 @@ class HeadscopeApp(App[None]):
                         "(non-finite weights, marked ! in the tree)", title="ablation sweep",
                         severity="warning")
         self._update_focus_line()
-        self.sort_summary(ABLATION)
+        self.summary_sort = ABLATION  # shown sorted; no tab switch if the user moved on
+        if self.active_tab == "summary":
+            self._show_summary()
 
     def sort_summary(self, key: str) -> None:
         self.summary_sort = key
