@@ -627,7 +627,7 @@ class Engine:
 
     def cancel_sweeps(self) -> None:
         """Stop every running or queued model-wide sweep (their awaiters get CancelledError)."""
-        for name in ("all_head_scores", "composition", "behaviour"):
+        for name in ("all_head_scores", "composition", "behaviour", "all_ablation_effects"):
             for key in self._scheduler_keys():
                 if isinstance(key, tuple) and len(key) == 4 and key[2] == name:
                     self._scheduler.cancel(key, f"{name}: cancelled")

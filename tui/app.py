@@ -885,6 +885,7 @@ class HeadscopeApp(App[None]):
         self._gen += 1
         self.rows.clear()
         self.ablation = None
+        self.workers.cancel_group(self, "ablation")  # the old weights' sweep: stop its work
         self.main.query_one(HeadTree).scores.clear()
         self.main.query_one(HeadTree).refresh_badges()
         status = self.main.query_one(StatusBar)
