@@ -253,6 +253,36 @@ async def test_a_finished_ablation_sweep_does_not_pull_the_user_back_to_summary(
         assert column == sorted(column, reverse=True)
 
 
+@pytest.mark.parametrize(("head", "expected"), [((1, 2), (1, 2)), ((5, 0), (0, 0)), ((0, 9), (0, 0))])
+async def test_opening_on_a_head_focuses_it_or_says_the_model_has_no_such_head(
+        head: tuple[int, int], expected: tuple[int, int]) -> None:
+    app, engine = make_app(head=head)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        assert app.head == expected
+        assert f"L{expected[0]}.H{expected[1]}" in plain(app.query_one("#focus-line", Static))
+        if expected != head:
+            assert len(app.errors) == 1 and f"no head L{head[0]}.H{head[1]}" in app.errors[0]
+            assert f"{engine.L} layers × {engine.H} heads" in app.errors[0]
+        else:
+            assert app.errors == []
+
+
+def test_cli_head_option_reaches_the_app_and_rejects_malformed_values(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import tui.app
+    from tui.cli import main
+
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(tui.app, "run_app", lambda path, **kw: seen.update(kw))
+    assert main(["sample_models/attn-only-2l", "--head", "1.2"]) == 0
+    assert seen["head"] == (1, 2)
+    for bad in ("1", "a.b", "1.2.3", "-1.0"):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["sample_models/attn-only-2l", "--head", bad])
+        assert exit_info.value.code == 2 and "--head" in capsys.readouterr().err
+
+
 async def test_badges_mark_the_planted_heads() -> None:
     app, _ = make_app()
     async with app.run_test(size=(120, 40)) as pilot:

@@ -100,7 +100,7 @@ class HeadscopeApp(App[None]):
                  keymap: dict[str, str] | None = None, debounce: float = 0.1,
                  sweep: bool = True, prompt: str = "",
                  compare: str | os.PathLike[str] | None = None, match_heads: bool = False,
-                 settings: Settings | None = None) -> None:
+                 head: Head | None = None, settings: Settings | None = None) -> None:
         super().__init__()
         self.settings_error: str | None = None
         if settings is None:
@@ -125,6 +125,7 @@ class HeadscopeApp(App[None]):
         self.debounce = debounce
         self.auto_sweep = sweep
         self.prompt_text = prompt
+        self.initial_head = head  # focused once the model is open (checked against its shape)
         # Compare mode: model B, opened by the same factory; Engine.compare diffs A → B.
         self.compare_path = str(compare) if compare is not None else None
         # Match B's heads to A's by circuit similarity (independent runs number heads
@@ -290,6 +291,17 @@ class HeadscopeApp(App[None]):
             return
         self.run_worker(self._startup(), group="startup", exit_on_error=False)
 
+    def _first_head(self) -> Head:
+        """``head=`` of the constructor if the model has it, else L0.H0 (and say why)."""
+        if self.initial_head is None:
+            return (0, 0)
+        layer, head = self.initial_head
+        if 0 <= layer < self.n_layers and 0 <= head < self.n_heads:
+            return (layer, head)
+        self._report(f"{self.path}: no head L{layer}.H{head} (the model has {self.n_layers} "
+                     f"layers × {self.n_heads} heads); showing L0.H0")
+        return (0, 0)
+
     def on_resize(self, event: Any) -> None:
         self._layout_for(event.size.width)
 
@@ -312,7 +324,7 @@ class HeadscopeApp(App[None]):
         if self.tokens_text and self.tokens is None:
             await self._set_tokens(self.tokens_text, reload=False)
         if self.head is None and self.n_layers and self.n_heads:
-            self.goto_head((0, 0), immediate=True)
+            self.goto_head(self._first_head(), immediate=True)
         else:
             self._load_active(force=True)
         if self.auto_sweep:

@@ -99,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare", metavar="B", default=None,
                    help="a second checkpoint of the same architecture, explored alongside "
                         "(Changes tab, Δ badges, A|B heatmaps)")
+    p.add_argument("--head", metavar="L.H", type=layer_head, default=None,
+                   help="open focused on this head, e.g. --head 1.2 (default: L0.H0)")
     p.add_argument("--match-heads", action="store_true",
                    help="with --compare: pair B's heads with A's by circuit similarity "
                         "(Hungarian, per layer), for checkpoints from independent runs")
@@ -263,6 +265,17 @@ def parse_token_list(model: Any, spec: str | None, n: int, basis: str) -> list[i
     return out
 
 
+def layer_head(text: str) -> tuple[int, int]:
+    """``"1.2"`` → ``(1, 2)`` (argparse type: a malformed value is a usage error)."""
+    try:
+        layer, head = (int(part) for part in text.split("."))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not LAYER.HEAD, e.g. 1.2") from None
+    if layer < 0 or head < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: layer and head count from 0")
+    return layer, head
+
+
 # ----------------------------------------------------------------------------- commands
 
 
@@ -272,7 +285,9 @@ def cmd_open(args: argparse.Namespace) -> int:
     path = Path(args.path) if args.path else bundled_model_path()
     if args.match_heads and not args.compare:
         raise InvalidRequestError(None, "--match-heads needs --compare B")
-    options = {"match_heads": True} if args.match_heads else {}
+    options: dict[str, Any] = {"match_heads": True} if args.match_heads else {}
+    if args.head is not None:
+        options["head"] = args.head
     run_app(path, raw=args.raw, theme=args.theme, compare=args.compare, **options)
     return EXIT_OK
 
