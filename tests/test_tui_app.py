@@ -283,6 +283,35 @@ def test_cli_head_option_reaches_the_app_and_rejects_malformed_values(
         assert exit_info.value.code == 2 and "--head" in capsys.readouterr().err
 
 
+async def test_clicking_a_summary_header_sorts_by_that_column() -> None:
+    app, engine = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("6")
+        await settle(pilot, app)
+        table = app.query_one("#summary-table", DataTable)
+
+        def click(key: str) -> None:
+            column = table.columns[key]  # type: ignore[index]
+            index = list(table.columns).index(key)  # type: ignore[arg-type]
+            table.post_message(DataTable.HeaderSelected(table, column.key, index, column.label))
+
+        click("induction")
+        await settle(pilot, app)
+        values = [engine._scores(*(int(x) for x in str(table.get_row_at(i)[0])[1:].split(".H")))
+                  .induction for i in range(table.row_count)]
+        assert values == sorted(values, reverse=True) and app.summary_sort == "induction"
+        assert str(table.columns["induction"].label).endswith("▼")  # type: ignore[index]
+        assert not str(table.columns["copying"].label).endswith("▼")  # type: ignore[index]
+        click("ablation")  # not swept yet: a hint, the order stays
+        await settle(pilot, app)
+        assert app.summary_sort == "induction"
+        assert any("press a first" in n.message for n in app._notifications)
+        click("head")
+        await settle(pilot, app)
+        assert app.summary_sort is None and str(table.get_row_at(0)[0]) == "L0.H0"
+
+
 async def test_badges_mark_the_planted_heads() -> None:
     app, _ = make_app()
     async with app.run_test(size=(120, 40)) as pilot:

@@ -782,7 +782,8 @@ class HeadscopeApp(App[None]):
             rows.sort(key=lambda r: (math.isnan(value(r)), -value(r) if not math.isnan(value(r))
                                      else 0.0))
         ablation = [self._ablation_of((r.layer, r.head)) for r in rows]
-        self.main.query_one(SummaryPane).show(rows, ablation if self.ablation is not None else None)
+        self.main.query_one(SummaryPane).show(
+            rows, ablation if self.ablation is not None else None, self.summary_sort)
         self.results["summary"] = [{**dataclasses.asdict(r), "ablation_effect": a}
                                    for r, a in zip(rows, ablation, strict=True)]
 
@@ -804,6 +805,16 @@ class HeadscopeApp(App[None]):
             edge = self._edge(event.row_key.value)
             if edge is not None:
                 self.goto_head((edge[2], edge[3]), immediate=True)
+
+    @on(DataTable.HeaderSelected, "#summary-table")
+    def _summary_header(self, event: DataTable.HeaderSelected) -> None:
+        """A click on a column header sorts by it (``head``: back to layer order)."""
+        key = event.column_key.value
+        if key == ABLATION and self.ablation is None:
+            self.notify("press a first: the ablation sweep fills that column", timeout=3)
+            return
+        self.summary_sort = None if key == "head" else key
+        self._show_summary()
 
     @on(DataTable.RowHighlighted, "#comp-edges")
     def _edge_highlighted(self, event: DataTable.RowHighlighted) -> None:

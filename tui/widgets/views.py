@@ -276,9 +276,9 @@ def threshold_edges(es: list[tuple[int, int, int, int, float]], threshold: float
 
 
 ABLATION_HINT = (f"{ABLATION_LABEL}: press a to zero-ablate every head in turn "
-                 "(the loss it costs on repeated random tokens)")
+                 "(the loss it costs on repeated random tokens) · o or a header click: sort")
 ABLATION_DONE = (f"{ABLATION_LABEL}: loss increase (nats) on repeated random tokens when the "
-                 "head is zeroed · o: sort")
+                 "head is zeroed · o or a header click: sort")
 
 
 class SummaryPane(Vertical):
@@ -289,16 +289,21 @@ class SummaryPane(Vertical):
         yield Static(ABLATION_HINT, id="summary-hint", classes="hint")
 
     def on_mount(self) -> None:
-        table = self.query_one("#summary-table", DataTable)
-        table.add_column("head", key="head")
-        for key, label in SCORES:
-            table.add_column(label, key=key)
-        table.add_column(ABLATION_LABEL, key=ABLATION)
+        self._columns(None)
 
-    def show(self, rows: list[HeadScores], ablation: list[float] | None = None) -> None:
-        """One row per head; ``ablation`` (aligned with ``rows``) once the sweep has run."""
+    def _columns(self, sort: str | None) -> None:
+        """(Re)build the header; the column the rows are sorted by gets a ▼."""
         table = self.query_one("#summary-table", DataTable)
-        table.clear()
+        table.clear(columns=True)
+        for key, label in (("head", "head"), *SCORES, (ABLATION, ABLATION_LABEL)):
+            table.add_column(label + (" ▼" if key == sort else ""), key=key)
+
+    def show(self, rows: list[HeadScores], ablation: list[float] | None = None,
+             sort: str | None = None) -> None:
+        """One row per head; ``ablation`` (aligned with ``rows``) once the sweep has run;
+        ``sort``: the column the rows are sorted by."""
+        table = self.query_one("#summary-table", DataTable)
+        self._columns(sort)
         for i, r in enumerate(rows):
             cells = [_score_cell(score(r, k)) for k, _ in SCORES]
             cells.append(_ablation_cell(math.nan if ablation is None else ablation[i]))
