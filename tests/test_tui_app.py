@@ -581,3 +581,20 @@ async def test_quitting_before_the_deferred_engine_opens_creates_no_engine() -> 
         app.exit()
         app._open_deferred()  # the timer set at mount firing after `q`
     assert created == []
+
+
+async def test_shutdown_without_quit_before_the_deferred_engine_opens_creates_no_engine() -> None:
+    """Torn down without `q` (a closed terminal, a test harness): the timer that opens the
+    engine fires during shutdown; it used to create the engine and then raise NoMatches."""
+    created = []
+
+    def factory(path, raw):
+        created.append(path)
+        return FakeEngine(path)
+
+    app = HeadscopeApp("sample_models/attn-only-2l", engine_factory=factory, settings=Settings())
+    app._deferred_engine = True
+    async with app.run_test(size=(100, 30)):
+        pass
+    app._open_deferred()  # the pending timer, after the shutdown
+    assert created == [] and app.errors == []

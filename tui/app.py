@@ -276,7 +276,9 @@ class HeadscopeApp(App[None]):
         self._after_open()
 
     def _open_deferred(self) -> None:
-        if self._exit:  # quit before the engine was created: open nothing, leak no threads
+        # Quit (q sets _exit) or torn down (a closed terminal, a test's teardown: only
+        # is_running says so) before the engine was created: open nothing, leak no threads.
+        if self._exit or not self.is_running:
             return
         self._open_engine()
         self._after_open()
