@@ -322,6 +322,20 @@ async def test_badges_mark_the_planted_heads() -> None:
         assert "P" not in tree.badge_text((1, 0))
 
 
+@pytest.mark.parametrize(("theme", "expected"), [
+    ("headscope-light", "headscope-light"), ("light", "headscope-light"),
+    (None, "headscope-dark"), ("no-such-theme", "headscope-dark")])
+async def test_the_first_frame_already_has_the_chosen_theme(theme: str | None, expected: str) -> None:
+    # Set before the first mount (a theme switch afterwards restyles every widget).
+    app, _ = make_app(theme=theme)
+    async with app.run_test(size=(120, 40)) as pilot:
+        assert app.theme == expected
+        await settle(pilot, app)
+        light = expected == "headscope-light"
+        assert app.query_one("#qk-token", Chart).colours().stops == \
+            COLORMAPS["red-blue-light" if light else "red-blue"]
+
+
 async def test_theme_switch_changes_heatmap_colours() -> None:
     app, _ = make_app()
     async with app.run_test(size=(120, 40)) as pilot:
