@@ -27,3 +27,16 @@ def test_bench_harness_smoke(tmp_path, capsys):
     assert "| time to structure (s) |" in text and "dense baseline / headscope" in text
     assert "failed" not in text
     assert text in capsys.readouterr().out
+
+
+def test_bench_firstframe_smoke() -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-m", "bench.firstframe", "--tiny", "--repeat", "1"],
+                          cwd=root, capture_output=True, text=True, timeout=120, check=True)
+    row = next(line for line in done.stdout.splitlines() if line.startswith("| attn-only-2l"))
+    seconds = float(row.split("|")[3])
+    assert seconds > 0 and row.rstrip().endswith("× |") and "empty Textual app" in done.stdout
