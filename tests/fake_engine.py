@@ -360,15 +360,18 @@ class FakeEngine:
         return float(self._behaviour[2, layer, head])
 
     async def all_ablation_effects(self, progress: Callable[[float], None] | None = None) -> np.ndarray:
-        await self._enter("all_ablation_effects")
         self._activity = "ablation sweep"
         try:
+            await self._enter("all_ablation_effects")
             for step in range(1, self.sweep_steps + 1):
                 if progress is not None:
                     t = threading.Thread(target=progress, args=(step / self.sweep_steps,))
                     t.start()
                     t.join()
                 await asyncio.sleep(self.delay / self.sweep_steps if self.delay else 0)
+        except asyncio.CancelledError:
+            self.calls["all_ablation_effects cancelled"] += 1
+            raise
         finally:
             self._activity = None
         return readonly(self._behaviour[2], np.float32)  # the same values ``ablation`` gives

@@ -312,6 +312,23 @@ async def test_clicking_a_summary_header_sorts_by_that_column() -> None:
         assert app.summary_sort is None and str(table.get_row_at(0)[0]) == "L0.H0"
 
 
+async def test_toggling_raw_cancels_a_running_ablation_sweep() -> None:
+    # The fake's sweep takes 2 × delay, its raw switch 1 × delay: the switch lands mid-sweep.
+    app, engine = make_app(FakeEngine(delay=1.0, sweep_steps=10))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        app.action_ablation_sweep()
+        await pilot.pause(0.05)
+        assert engine.calls["all_ablation_effects"] == 1
+        app.action_toggle_raw()
+        for _ in range(60):  # not settle(): waiting on a cancelled worker raises
+            await pilot.pause(0.05)
+            if engine.calls["all_ablation_effects cancelled"] and app.raw:
+                break
+        assert engine.calls["all_ablation_effects cancelled"] == 1
+        assert app.raw and app.ablation is None
+
+
 async def test_badges_mark_the_planted_heads() -> None:
     app, _ = make_app()
     async with app.run_test(size=(120, 40)) as pilot:
