@@ -34,6 +34,19 @@ def test_heads_csv_round_trip(tmp_path, gpt2_dir, capsys) -> None:
         assert float(r["copying_score"]) == pytest.approx(float(copying[int(r["layer"]), int(r["head"])]), abs=1e-6)
 
 
+def test_heads_csv_with_the_ablation_column(tmp_path, gpt2_dir) -> None:
+    path, _ = gpt2_dir
+    written = export(tmp_path, path, "--what", "heads", "--format", "csv", "--ablation")
+    rows = list(csv.DictReader(written.open()))
+    effects = scores.ablation_effects(open_model(path).weights, seed=0)
+    for r in rows:
+        expected = float(effects[int(r["layer"]), int(r["head"])])
+        assert float(r["ablation_effect"]) == pytest.approx(expected, abs=1e-5)
+    assert main(["export", str(path), "--what", "composition", "--kind", "k", "--ablation",
+                 "--out", str(tmp_path / "x")]) == 1
+    assert not (tmp_path / "x").exists()
+
+
 def test_composition_json_and_csv_agree(tmp_path, gpt2_dir) -> None:
     path, _ = gpt2_dir
     js = json.loads(export(tmp_path / "j", path, "--what", "composition", "--kind", "v").read_text())

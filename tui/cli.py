@@ -183,6 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rows", help="circuit rows, as for `headscope circuit`")
     p.add_argument("--cols", help="circuit columns")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ablation", action="store_true",
+                   help="heads: add the zero-ablation effect column (a forward pass per head)")
 
     p = command("serve", "serve the explorer to a web browser (textual-serve), on 127.0.0.1 by default",
                 "headscope serve path --port 8000")
@@ -412,11 +414,13 @@ def cmd_export(args: argparse.Namespace) -> int:
     from engine.export import export_report
     from engine.report import composition_report, head_table
 
+    if args.ablation and args.what != "heads":
+        raise InvalidRequestError(None, "--ablation is a column of --what heads")
     model = _open(args)
     name = Path(args.path).name or "model"
     suffix = "-raw" if args.raw else ""
     if args.what == "heads":
-        report: Any = head_table(model, seed=args.seed)
+        report: Any = head_table(model, seed=args.seed, ablation=args.ablation)
         stem = f"{name}-heads{suffix}"
     elif args.what == "composition":
         if args.kind not in ("q", "k", "v"):
