@@ -68,9 +68,8 @@ def sort_rows(rows: list[dict[str, Any]], key: str | None) -> list[dict[str, Any
     if key is None:
         return rows
     if rows and key not in rows[0]:
-        raise InvalidRequestError(
-            None, f"unknown sort key {key!r}; choose from {', '.join(k for k in rows[0] if k not in ('layer', 'head', 'nonfinite'))}"
-        )
+        scores = [k for k in rows[0] if k not in ("layer", "head", "nonfinite")]
+        raise InvalidRequestError(None, f"unknown sort key {key!r}; choose from {', '.join(scores)}")
 
     def k(r: dict[str, Any]) -> tuple[bool, float]:
         v = r[key]
