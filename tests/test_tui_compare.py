@@ -143,6 +143,15 @@ async def test_without_b_the_compare_keys_only_explain() -> None:
 # -- the real engine --------------------------------------------------------------------------
 
 
+async def wait_for_diff(pilot, app: HeadscopeApp) -> None:
+    """Until Engine.compare has scored both models (a few seconds on the real engine)."""
+    for _ in range(40):
+        await settle(pilot, app, rounds=1)
+        if app.diff is not None or app.errors:
+            break
+    assert not app.errors and app.diff is not None
+
+
 def zeroed_copy(tmp: Path, names: tuple[str, ...]) -> Path:
     """attn-only-2l with ``names`` of its induction head set to zero (safetensors)."""
     from tui.screenshots import pruned_copy
@@ -155,16 +164,12 @@ EDGE = "L{}.H{}→{}".format(*PREV_TOKEN_HEAD, IND)
 
 
 async def test_real_engine_pruned_induction_head_and_its_lost_k_edge(tmp_path: Path) -> None:
-    # Zeroing only W_O leaves the induction head's QK circuit, which is what K-composition reads: pruning
-    # the whole head is what loses the edge (see the W_O-only test below).
+    # Zeroing only W_O leaves the induction head's QK circuit, which is what K-composition
+    # reads: pruning the whole head is what loses the edge (see the W_O-only test below).
     pruned = zeroed_copy(tmp_path, ("W_Q", "W_K", "W_V", "W_O"))
     app = HeadscopeApp(MODEL, compare=pruned, settings=Settings(), sweep=False)
     async with app.run_test(size=(120, 40)) as pilot:
-        for _ in range(40):
-            await settle(pilot, app, rounds=1)
-            if app.diff is not None or app.errors:
-                break
-        assert not app.errors and app.diff is not None
+        await wait_for_diff(pilot, app)
         await pilot.press("7")
         await settle(pilot, app)
         assert str(app.query_one("#changes-table", DataTable).get_row_at(0)[0]) == IND
@@ -221,11 +226,7 @@ async def test_real_engine_match_heads_pairs_permuted_heads(tmp_path: Path, matc
     b = shuffled_copy(tmp_path, perm)
     app = HeadscopeApp(MODEL, compare=b, match_heads=match_heads, settings=Settings(), sweep=False)
     async with app.run_test(size=(120, 40)) as pilot:
-        for _ in range(40):
-            await settle(pilot, app, rounds=1)
-            if app.diff is not None or app.errors:
-                break
-        assert not app.errors and app.diff is not None
+        await wait_for_diff(pilot, app)
         app.goto_head(INDUCTION_HEAD, immediate=True)
         await pilot.press("2")
         await settle(pilot, app)

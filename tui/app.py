@@ -20,7 +20,7 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
@@ -374,23 +374,27 @@ class HeadscopeApp(App[None]):
                         exit_on_error=False)
 
     async def _sweep(self, gen: int) -> None:
+        table = await self._swept(self.engine.all_head_scores)
+        if table is not None and gen == self._gen:
+            self.set_scores(score_rows(table))
+
+    async def _swept(self, sweep: Callable[..., Awaitable[Any]]) -> Any:
+        """Run an engine sweep, its progress in the status bar; ``None`` if it was cancelled
+        or failed (reported)."""
         def progress(fraction: float) -> None:
             # Called from engine threads: a plain assignment, read by the status tick.
             self.sweep_progress = float(fraction)
 
         self.sweep_progress = 0.0
         try:
-            table = await self.engine.all_head_scores(progress=progress)
+            return await sweep(progress=progress)
         except EngineCancelled:
-            return
+            return None
         except HeadscopeError as err:
             self._report(str(err))
-            return
+            return None
         finally:
             self.sweep_progress = None
-        if gen != self._gen:
-            return
-        self.set_scores(score_rows(table))
 
     def set_scores(self, rows: list[HeadScores]) -> None:
         for r in rows:
@@ -987,20 +991,8 @@ class HeadscopeApp(App[None]):
 
     async def _ablation_sweep(self, gen: int) -> None:
         await self._model_ready.wait()
-
-        def progress(fraction: float) -> None:
-            self.sweep_progress = float(fraction)  # from an engine thread: a plain assignment
-
-        try:
-            effects = await self.engine.all_ablation_effects(progress=progress)
-        except EngineCancelled:
-            return
-        except HeadscopeError as err:
-            self._report(str(err))
-            return
-        finally:
-            self.sweep_progress = None
-        if gen != self._gen:
+        effects = await self._swept(self.engine.all_ablation_effects)
+        if effects is None or gen != self._gen:
             return
         self.ablation = effects
         top = np.unravel_index(np.nanargmax(effects), effects.shape) if np.isfinite(effects).any() \
