@@ -27,9 +27,11 @@ BUNDLED_MODEL = "attn-only-2l"
 EPILOG = """\
 examples:
   headscope                                   explore the bundled attn-only-2l model
+  headscope --head 1.2                        ...opened on its induction head
   headscope path/to/hf-model --raw            explore a checkpoint without weight processing
   headscope info path/to/model --json         architecture and shapes (reads no tensor data)
   headscope heads sample_models/attn-only-2l --sort induction_score
+  headscope heads sample_models/attn-only-2l --sort ablation_effect   (zero-ablates each head)
   headscope composition sample_models/attn-only-2l --kind k --top 5
   headscope circuit sample_models/attn-only-2l 1 2 --kind ov --rows Mary,John --cols Mary,John
   headscope forward sample_models/attn-only-2l --prompt "When Mary and John" --json
