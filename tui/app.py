@@ -667,19 +667,9 @@ class HeadscopeApp(App[None]):
 
     async def _spectra_b(self, head: Head) -> tuple[Any, Any]:
         """Model B's OV and QK spectra of the head shown beside A's (``None`` if unavailable)."""
-        matched = self.head_b(head)
-        if matched is None:
-            return None, None
-        try:
-            await self.engine_b.ready()
-            ov, qk = await asyncio.gather(self.engine_b.spectrum(*matched, "ov"),
-                                          self.engine_b.spectrum(*matched, "qk"))
-        except EngineCancelled:
-            return None, None
-        except HeadscopeError as err:
-            self._report(f"model B: {err}")
-            return None, None
-        return ov, qk
+        both = await self._from_b(head, lambda h: asyncio.gather(
+            self.engine_b.spectrum(*h, "ov"), self.engine_b.spectrum(*h, "qk")))
+        return (None, None) if both is None else (both[0], both[1])
 
     async def _load_prompt(self, key: tuple) -> None:
         layer, head = key[1]
@@ -698,17 +688,7 @@ class HeadscopeApp(App[None]):
 
     async def _prompt_b(self, head: Head) -> Any:
         """Model B's view of the prompt at the head shown beside A's (``None`` if unavailable)."""
-        matched = self.head_b(head)
-        if matched is None:
-            return None
-        try:
-            await self.engine_b.ready()
-            return await self.engine_b.run_prompt(self.prompt_text, *matched)
-        except EngineCancelled:
-            return None
-        except HeadscopeError as err:
-            self._report(f"model B: {err}")
-            return None
+        return await self._from_b(head, lambda h: self.engine_b.run_prompt(self.prompt_text, *h))
 
     async def _load_composition(self, key: tuple) -> None:
         kind = self.comp_kind
@@ -749,14 +729,20 @@ class HeadscopeApp(App[None]):
 
     async def _block_b(self, block: Any, offset: int = 0) -> Any:
         """Model B's circuit block over the same rows and columns as A's ``block``."""
-        matched = self.head_b((block.layer, block.head))
+        return await self._from_b((block.layer, block.head), lambda h: self.engine_b.circuit_block(
+            *h, block.kind, block.basis, rows=list(block.row_ids), cols=list(block.col_ids),
+            offset=offset))
+
+    async def _from_b(self, head: Head, request: Callable[[Head], Awaitable[Any]]) -> Any:
+        """``request(B's head)`` for the head shown beside A's ``head``, once model B is open;
+        ``None`` until the heads are matched (``_compare`` then reloads the view), when
+        cancelled, or on an error (reported, naming model B)."""
+        matched = self.head_b(head)
         if matched is None:
-            return None  # shown when the matching arrives (_compare reloads the view)
+            return None
         try:
             await self.engine_b.ready()
-            return await self.engine_b.circuit_block(
-                matched[0], matched[1], block.kind, block.basis, rows=list(block.row_ids),
-                cols=list(block.col_ids), offset=offset)
+            return await request(matched)
         except EngineCancelled:
             return None
         except HeadscopeError as err:

@@ -289,10 +289,14 @@ class SummaryPane(Vertical):
         yield Static(ABLATION_HINT, id="summary-hint", classes="hint")
 
     def on_mount(self) -> None:
+        self._sorted_by: str | None = ""  # no header yet: the first _columns builds it
         self._columns(None)
 
     def _columns(self, sort: str | None) -> None:
-        """(Re)build the header; the column the rows are sorted by gets a ▼."""
+        """(Re)build the header when the sort changes; the sorted column gets a ▼."""
+        if sort == self._sorted_by:
+            return
+        self._sorted_by = sort
         table = self.query_one("#summary-table", DataTable)
         table.clear(columns=True)
         for key, label in (("head", "head"), *SCORES, (ABLATION, ABLATION_LABEL)):
@@ -304,6 +308,7 @@ class SummaryPane(Vertical):
         ``sort``: the column the rows are sorted by."""
         table = self.query_one("#summary-table", DataTable)
         self._columns(sort)
+        table.clear()
         for i, r in enumerate(rows):
             cells = [_score_cell(score(r, k)) for k, _ in SCORES]
             cells.append(_ablation_cell(math.nan if ablation is None else ablation[i]))
