@@ -29,6 +29,18 @@ def rewrite(src: Path, dst: Path, edit) -> Path:
     return dst
 
 
+def permuted_copy(src: Path, dst: Path, perm: list[int]) -> Path:
+    """``src`` with every layer's heads permuted: the copy's head i is ``src``'s head perm[i]."""
+
+    def permute(t: dict[str, torch.Tensor]) -> None:
+        for key in t:
+            if ".attn." in key and key.rsplit(".", 1)[-1] in ("W_Q", "W_K", "W_V", "W_O",
+                                                              "b_Q", "b_K", "b_V"):
+                t[key] = t[key][perm].contiguous()
+
+    return rewrite(src, dst, permute)
+
+
 @pytest.fixture(scope="module")
 def base() -> Path:
     return sample_model("attn-only-2l")
@@ -66,15 +78,7 @@ def test_pruned_induction_head_is_named_first_with_its_lost_k_edge(base, tmp_pat
 def test_permuted_heads_are_matched_back(base, tmp_path) -> None:
     n_heads = open_model(base).cfg.n_heads
     perm = [(i + 1) % n_heads for i in range(n_heads)]  # B's head i is A's head perm[i]
-
-    def permute(t: dict[str, torch.Tensor]) -> None:
-        for layer in (0, 1):
-            for name in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V"):
-                key = f"blocks.{layer}.attn.{name}"
-                if key in t:
-                    t[key] = t[key][perm].contiguous()
-
-    shuffled = rewrite(base, tmp_path / "shuffled", permute)
+    shuffled = permuted_copy(base, tmp_path / "shuffled", perm)
     d = diff_models(open_model(base), open_model(shuffled), match_heads=True)
     inverse = [perm.index(h) for h in range(n_heads)]  # A's head h sits at B's head inverse[h]
     assert d.matching == [inverse, inverse]

@@ -18,6 +18,7 @@ from textual.widgets import DataTable, Static
 from engine.diff import EDGE_THRESHOLD
 from tests.conftest import INDUCTION_HEAD, PREV_TOKEN_HEAD
 from tests.fake_engine import FakeEngine
+from tests.test_diff_sample import permuted_copy
 from tests.test_tui_app import chart_text, plain, settle
 from tui.app import HeadscopeApp
 from tui.settings import Settings
@@ -197,33 +198,13 @@ async def test_real_engine_compare_with_w_o_zeroed(tmp_path: Path) -> None:
     assert all(r["change"] < 1e-4 for r in others)
 
 
-def shuffled_copy(tmp: Path, perm: list[int]) -> Path:
-    """attn-only-2l with every layer's heads permuted: B's head i is A's head perm[i]."""
-    import shutil
-
-    from safetensors import safe_open
-    from safetensors.numpy import load_file, save_file
-
-    dst = tmp / "attn-only-2l-shuffled"
-    shutil.copytree(MODEL, dst)
-    with safe_open(str(MODEL / "model.safetensors"), "np") as f:
-        metadata = f.metadata()
-    tensors = load_file(str(MODEL / "model.safetensors"))
-    for name, t in tensors.items():
-        if ".attn." in name and name.rsplit(".", 1)[-1] in ("W_Q", "W_K", "W_V", "W_O", "b_Q",
-                                                            "b_K", "b_V"):
-            tensors[name] = t[perm].copy()
-    save_file(tensors, str(dst / "model.safetensors"), metadata=metadata)
-    return dst
-
-
 @pytest.mark.parametrize("match_heads", [True, False])
 async def test_real_engine_match_heads_pairs_permuted_heads(tmp_path: Path, match_heads: bool) -> None:
     layer, head = INDUCTION_HEAD
     n_heads = json.loads((MODEL / "headscope.json").read_text())["n_heads"]
     perm = [(i + 1) % n_heads for i in range(n_heads)]
     matched = perm.index(head)  # where A's induction head sits in B
-    b = shuffled_copy(tmp_path, perm)
+    b = permuted_copy(MODEL, tmp_path / "attn-only-2l-shuffled", perm)
     app = HeadscopeApp(MODEL, compare=b, match_heads=match_heads, settings=Settings(), sweep=False)
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for_diff(pilot, app)
