@@ -57,9 +57,9 @@ def reference_loss(logits: Any, tokens: Any) -> float:
 def one(scenario: str, path: Path, budget: float, seq_len: int | None, batch: int) -> dict[str, Any]:
     import torch
 
-    from engine import scores
-    from engine.forward import run
-    from engine.loading import open_model
+    from headscope.engine import scores
+    from headscope.engine.forward import run
+    from headscope.engine.loading import open_model
 
     w = open_model(path).weights
     cfg = w.cfg
@@ -110,8 +110,8 @@ def one(scenario: str, path: Path, budget: float, seq_len: int | None, batch: in
 
 
 def one_again(scenario: str, w: Any, tokens: Any, seq_len: int | None, batch: int) -> None:
-    from engine import scores
-    from engine.forward import run
+    from headscope.engine import scores
+    from headscope.engine.forward import run
 
     layer = w.cfg.n_layers // 2
     if scenario == "behaviour":

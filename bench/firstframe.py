@@ -38,8 +38,8 @@ def one(kind: str, path: str) -> float:
     from textual.widgets import Static
 
     if kind == "headscope":
-        from tui.app import HeadscopeApp
-        from tui.settings import Settings
+        from headscope.tui.app import HeadscopeApp
+        from headscope.tui.settings import Settings
 
         app: App = HeadscopeApp(path, settings=Settings())
     else:
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
              f"(empty Textual app: {base:.3f} s, range {min(baseline):.3f}-{max(baseline):.3f})",
              "", "| model | heads | headscope (s) | range (s) | headscope / empty app |",
              "|---|---|---|---|---|"]
-    from engine.loading import read_structure
+    from headscope.engine.loading import read_structure
 
     for name, path in models:
         s = read_structure(path)

@@ -272,7 +272,8 @@ def diff_models(
             row["change"] = _change_size(row)  # how much the head changed: ranks and colours
             heads.append(row)
     composition = {kind: _composition_diff(a, b, kind, matching, threshold, seed) for kind in "qkv"}
-    biggest = sorted(heads, key=lambda r: r["change"], reverse=True)[:10]
+    # Changes equal to 1e-6 are float noise: keep those in layer/head order (stable output).
+    biggest = sorted(heads, key=lambda r: (-round(r["change"], 6), r["layer"], r["head"]))[:10]
     return ModelDiff(
         heads=heads,
         matching=matching if match_heads else None,

@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from engine.config import ModelConfig
-from engine.export import file_mode
+from headscope.engine.config import ModelConfig
+from headscope.engine.export import file_mode
 
 from .model import ModelShape, TinyTransformer
 

@@ -1,6 +1,6 @@
 """Print the engine's view of the shipped sample models as Markdown (for README.md).
 
-    python -m sample_models.report [MODEL_DIR ...]
+    python -m headscope.sample_models.report [MODEL_DIR ...]
 
 The numbers are the ones ``headscope heads`` / ``headscope composition`` show: engine
 scores on the processed weights (``engine.scores``), not the training code's diagnostics.
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from engine.loading import open_model
-from engine.scores import (
+from headscope.engine.loading import open_model
+from headscope.engine.scores import (
     ablation_effects,
     all_copying_scores,
     behaviour_scores,

@@ -1,6 +1,6 @@
 """Train the sample models on CPU, deterministically, and write them to disk.
 
-    python -m sample_models.train --model attn-only-2l [--seed N] [--steps N] [--out DIR]
+    python -m headscope.sample_models.train --model attn-only-2l [--seed N] [--steps N] [--out DIR]
 
 Logs the loss and the previous-token / induction attention of the best head as training
 goes: in the two-layer model the induction score jumps after a loss plateau (a phase
@@ -227,7 +227,7 @@ def model_card(name: str, spec: TrainSpec, m: dict, log: list[dict]) -> str:
         f"d_vocab {s.d_vocab}, "
         f"LayerNorm {'yes' if s.layer_norm else 'no'}, "
         f"unembedding {'tied' if s.tied_unembed else 'untied with bias'}",
-        f"- training: `python -m sample_models.train --model {name} --seed {m['seed']}`: "
+        f"- training: `python -m headscope.sample_models.train --model {name} --seed {m['seed']}`: "
         f"{m['steps']} steps × batch {m['batch']} × {s.n_ctx} tokens of `sample_models/corpus.py`, "
         f"AdamW lr {spec.lr} (warm-up {spec.warmup}, cosine), weight decay {spec.weight_decay}, "
         f"{m['threads']} torch thread(s), {m['seconds']} s on a shared 2-core machine",
@@ -251,7 +251,7 @@ def model_card(name: str, spec: TrainSpec, m: dict, log: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m sample_models.train", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m headscope.sample_models.train", description=__doc__.splitlines()[0])
     p.add_argument("--model", choices=sorted(PRESETS), required=True)
     p.add_argument("--seed", type=int, default=None,
                    help="training seed (default: the preset's, which reproduces the shipped model)")

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from engine.diff import EDGE_THRESHOLD
-from engine.errors import CancelledError, CorruptFileError, PromptError
-from engine.results import (
+from headscope.engine.diff import EDGE_THRESHOLD
+from headscope.engine.errors import CancelledError, CorruptFileError, PromptError
+from headscope.engine.results import (
     CacheStats,
     CircuitBlock,
     Composition,
@@ -294,7 +294,7 @@ class FakeEngine:
 
         Similarities are cosines of the dense full OV / token QK matrices; ``change`` is
         engine.diff's measure (lost similarity or the largest score delta)."""
-        from engine.diff import ModelDiff, _change_size
+        from headscope.engine.diff import ModelDiff, _change_size
 
         await self._enter("compare")
         await other.ready()

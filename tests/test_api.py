@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import circuits, open_model, scores
-from engine.errors import IndexOutOfRangeError, InvalidRequestError
+from headscope.engine import circuits, open_model, scores
+from headscope.engine.errors import IndexOutOfRangeError, InvalidRequestError
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

@@ -6,7 +6,7 @@ import json
 
 from bench.__main__ import main
 from bench.checkpoints import SHAPES, write_checkpoint
-from engine.loading import read_structure
+from headscope.engine.loading import read_structure
 
 
 def test_bench_checkpoints_are_readable(tmp_path):
@@ -40,3 +40,14 @@ def test_bench_firstframe_smoke() -> None:
     row = next(line for line in done.stdout.splitlines() if line.startswith("| attn-only-2l"))
     seconds = float(row.split("|")[3])
     assert seconds > 0 and row.rstrip().endswith("× |") and "empty Textual app" in done.stdout
+
+
+def test_bench_stall_smoke(capsys) -> None:
+    from bench.stall import main as stall_main
+
+    assert stall_main(["--tiny"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split("|")[1].strip(): int(line.split("|")[2]) for line in out.splitlines()
+            if line.startswith(("| idle", "| sweeping"))}
+    assert set(rows) == {"idle", "sweeping"} and rows["idle"] > 0 and rows["sweeping"] > 0
+    assert "sweeping / idle" in out

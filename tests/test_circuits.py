@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import circuits
-from engine.config import ModelConfig
-from engine.errors import IndexOutOfRangeError, InvalidRequestError
-from engine.weights import DictWeights
+from headscope.engine import circuits
+from headscope.engine.config import ModelConfig
+from headscope.engine.errors import IndexOutOfRangeError, InvalidRequestError
+from headscope.engine.weights import DictWeights
 
 
 def random_weights(*, n_layers: int = 2, n_heads: int = 4, d_model: int = 12, d_head: int = 5,

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import circuits, forward, scores
-from engine.loading import open_model
-from tui.cli import main
+from headscope.engine import circuits, forward, scores
+from headscope.engine.loading import open_model
+from headscope.tui.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -169,22 +169,22 @@ def test_usage_errors_exit_2(capsys) -> None:
 
 def test_help_and_version() -> None:
     env = {**os.environ, "COLUMNS": "100"}
-    out = subprocess.run([sys.executable, "-m", "tui.cli", "--help"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "headscope.tui.cli", "--help"], capture_output=True, text=True,
                          cwd=REPO, env=env, check=True).stdout
     for command in ("info", "heads", "composition", "forward", "circuit", "diff", "export", "serve"):
         assert command in out
     assert "exit codes" in out
-    sub = subprocess.run([sys.executable, "-m", "tui.cli", "circuit", "--help"], capture_output=True,
+    sub = subprocess.run([sys.executable, "-m", "headscope.tui.cli", "circuit", "--help"], capture_output=True,
                          text=True, cwd=REPO, env=env, check=True).stdout
     assert "--basis" in sub and "example" in sub
-    version = subprocess.run([sys.executable, "-m", "tui.cli", "--version"], capture_output=True,
+    version = subprocess.run([sys.executable, "-m", "headscope.tui.cli", "--version"], capture_output=True,
                              text=True, cwd=REPO, check=True).stdout
     assert version.startswith("headscope ")
 
 
 def test_tables_are_tsv_when_piped(gpt2_dir) -> None:
     path, _ = gpt2_dir
-    out = subprocess.run([sys.executable, "-m", "tui.cli", "heads", str(path), "--sort", "copying_score"],
+    out = subprocess.run([sys.executable, "-m", "headscope.tui.cli", "heads", str(path), "--sort", "copying_score"],
                          capture_output=True, text=True, cwd=REPO, check=True).stdout
     lines = out.splitlines()
     assert lines[0].split("\t")[:3] == ["layer", "head", "copying_score"]

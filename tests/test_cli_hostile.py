@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
-import engine.report
+import headscope.engine.report as report_module
+from headscope.tui.cli import EXIT_MODEL_ERROR, main
 from tests import test_hostile
 from tests.hf_fixtures import N_CTX, VOCAB
 from tests.test_hostile import BROKEN, NAN_HEAD, NAN_LAYER, Sources, build_broken, nan_weights
-from tui.cli import EXIT_MODEL_ERROR, main
 
 corpus_sources = test_hostile.corpus_sources  # the corpus' pytest fixture
 REPO = Path(__file__).resolve().parent.parent
@@ -95,14 +95,14 @@ def test_broken_checkpoint_is_one_line_exit_1_and_writes_nothing(
 def test_as_a_real_process_stderr_is_one_line(
     tmp_path: Path, corpus_sources: Sources, case: str, command: str
 ) -> None:
-    """The same through ``python -m tui.cli``: what a shell sees, warnings and all."""
+    """The same through ``python -m headscope.tui.cli``: what a shell sees, warnings and all."""
     broken = build_broken(case, tmp_path / "corpus", corpus_sources)
     work = tmp_path / "cwd"
     work.mkdir()
     before = listing(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(REPO), "HEADSCOPE_CONFIG": str(tmp_path / "none")}
     proc = subprocess.run(
-        [sys.executable, "-m", "tui.cli", command, str(broken.path)],
+        [sys.executable, "-m", "headscope.tui.cli", command, str(broken.path)],
         cwd=work, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 1, proc.stderr
@@ -149,7 +149,7 @@ def test_circuit_block_over_the_limit_is_refused_in_one_line(
     path = str(corpus_sources.gpt2)
     # The fixture's vocabulary (96) keeps a full vocab × vocab block under the real limit;
     # lower it so the same request is an over-limit one.
-    monkeypatch.setattr(engine.report, "MAX_BLOCK_CELLS", 1000)
+    monkeypatch.setattr(report_module, "MAX_BLOCK_CELLS", 1000)
     code, out, err = run(
         capsys, "circuit", path, "0", "0", "--kind", "qk", "--rows", "0:100000", "--cols", "0:100000"
     )
@@ -188,8 +188,8 @@ def test_engine_run_prompt_truncates_to_the_context(corpus_sources: Sources) -> 
     """What the TUI's Prompt tab shows: the Engine cuts the prompt at n_ctx and says so."""
     import asyncio
 
-    from engine.errors import PromptError
-    from engine.service import Engine
+    from headscope.engine.errors import PromptError
+    from headscope.engine.service import Engine
 
     async def go() -> None:
         eng = Engine(corpus_sources.gpt2)
@@ -212,8 +212,8 @@ def test_engine_run_prompt_truncates_to_the_context(corpus_sources: Sources) -> 
 
 _CHANGED_UNDER_US = """
 import sys
-from engine.errors import HeadscopeError
-from engine.loading import open_model
+from headscope.engine.errors import HeadscopeError
+from headscope.engine.loading import open_model
 
 path = sys.argv[1]
 m = open_model(path, raw=True)

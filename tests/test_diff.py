@@ -7,10 +7,10 @@ import itertools
 import pytest
 import torch
 
-from engine.config import ModelConfig
-from engine.diff import best_matching, circuit_similarity, principal_cosines
-from engine.errors import InvalidRequestError
-from engine.weights import DictWeights
+from headscope.engine.config import ModelConfig
+from headscope.engine.diff import best_matching, circuit_similarity, principal_cosines
+from headscope.engine.errors import InvalidRequestError
+from headscope.engine.weights import DictWeights
 
 L, H, D, DH, V, N_CTX = 2, 3, 16, 4, 40, 8
 

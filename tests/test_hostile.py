@@ -17,7 +17,6 @@ import pickle
 import shutil
 import struct
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
@@ -31,7 +30,7 @@ from hypothesis import strategies as st
 from safetensors.torch import load as st_load
 from safetensors.torch import load_file, save_file
 
-from engine.errors import (
+from headscope.engine.errors import (
     ConfigError,
     CorruptFileError,
     HeadscopeError,
@@ -42,8 +41,8 @@ from engine.errors import (
     UnsafePathError,
     UnsupportedFormatError,
 )
-from engine.loading import inspect_checkpoint, open_model, read_structure
-from engine.safetensors_header import parse_header_bytes, read_header
+from headscope.engine.loading import inspect_checkpoint, open_model, read_structure
+from headscope.engine.safetensors_header import parse_header_bytes, read_header
 from tests import hf_fixtures as hf
 
 
@@ -745,13 +744,14 @@ def _reference_accepts(blob: bytes) -> bool:
     return True
 
 
-@settings(max_examples=300, deadline=1000, suppress_health_check=[HealthCheck.too_slow])
+# No deadline and no wall-clock bound: a hang is caught by pytest-timeout, speed lives in
+# bench/ (a busy machine must not fail this test).
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(mutation, min_size=1, max_size=4))
 def test_fuzz_header_parser_gives_typed_error_or_valid_header(
     ops: list[tuple[str, int, int]],
 ) -> None:
     blob = _mutate(_seed_blob(), ops)
-    start = time.perf_counter()
     try:
         header = parse_header_bytes(blob)
     except (CorruptFileError, UnsafeFormatError) as e:
@@ -761,7 +761,6 @@ def test_fuzz_header_parser_gives_typed_error_or_valid_header(
         # never turns into a crash mid-view.
         assert _reference_accepts(blob), header
         assert all(t.end <= len(blob) - header.data_start for t in header.tensors.values())
-    assert time.perf_counter() - start < 0.5
 
 
 json_leaf = st.one_of(
@@ -787,7 +786,7 @@ def fuzz_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @settings(
     max_examples=120,
-    deadline=2000,
+    deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(family=st.sampled_from(["gpt2", "llama", "neox"]), data=st.data())
@@ -808,7 +807,6 @@ def test_fuzz_config_validation_gives_typed_error_or_valid_model(
             if f.name != "config.json":
                 shutil.copy(f, d / f.name)  # copies: symlinks out of d would be refused
         (d / "config.json").write_text(json.dumps(cfg))
-        start = time.perf_counter()
         try:
             ckpt = inspect_checkpoint(d)
         except HeadscopeError as e:
@@ -818,10 +816,9 @@ def test_fuzz_config_validation_gives_typed_error_or_valid_model(
             assert (
                 c.n_heads % c.kv_heads == 0 and min(c.n_layers, c.d_model, c.d_head, c.d_vocab) >= 1
             )
-        assert time.perf_counter() - start < 1.0
 
 
-@settings(max_examples=300, deadline=1000)
+@settings(max_examples=300, deadline=None)
 @given(data=st.data())
 def test_fuzz_structured_headers_agree_with_safetensors(data: st.DataObject) -> None:
     """Valid headers with one field perturbed (offset, dtype, shape, order, trailing bytes):

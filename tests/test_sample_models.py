@@ -14,17 +14,17 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from engine.forward import run
-from engine.loading import open_model
-from engine.scores import (
+from headscope.engine.forward import run
+from headscope.engine.loading import open_model
+from headscope.engine.scores import (
     ablation_effects,
     all_copying_scores,
     behaviour_scores,
     composition_scores,
     repeated_tokens,
 )
-from sample_models import corpus
-from sample_models.model import ModelShape, TinyTransformer, copying_scores
+from headscope.sample_models import corpus
+from headscope.sample_models.model import ModelShape, TinyTransformer, copying_scores
 from tests.conftest import INDUCTION_HEAD, PREV_TOKEN_HEAD, sample_model
 
 # Clear margins for zero-ablation (nats of mean loss on the second copy of the engine's

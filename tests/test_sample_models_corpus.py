@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sample_models import corpus
+from headscope.sample_models import corpus
 
 
 def test_vocabulary_is_word_level_with_specials_and_punctuation() -> None:

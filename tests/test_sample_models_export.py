@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.forward import run
-from engine.weights import DictWeights
-from sample_models import corpus
-from sample_models.export import native_config, write_hf_gpt2, write_tokenizer_json
-from sample_models.model import ModelShape, TinyTransformer
+from headscope.engine.forward import run
+from headscope.engine.weights import DictWeights
+from headscope.sample_models import corpus
+from headscope.sample_models.export import native_config, write_hf_gpt2, write_tokenizer_json
+from headscope.sample_models.model import ModelShape, TinyTransformer
 
 V = len(corpus.VOCAB)
 

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from engine import circuits, scores
-from engine.config import ModelConfig
-from engine.errors import CancelledError, InvalidRequestError
-from engine.forward import run
-from engine.weights import DictWeights
+from headscope.engine import circuits, scores
+from headscope.engine.config import ModelConfig
+from headscope.engine.errors import CancelledError, InvalidRequestError
+from headscope.engine.forward import run
+from headscope.engine.weights import DictWeights
 from tests.test_circuits import random_weights
 
 # -- reference implementations (dense, one head or pair at a time) ---------------------------

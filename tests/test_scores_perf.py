@@ -15,11 +15,11 @@ import weakref
 import pytest
 import torch
 
-from engine import forward, scores
-from engine.errors import CancelledError
-from engine.forward import run
-from engine.loading import open_model
-from engine.weights import DictWeights, WeightSource
+from headscope.engine import forward, scores
+from headscope.engine.errors import CancelledError
+from headscope.engine.forward import run
+from headscope.engine.loading import open_model
+from headscope.engine.weights import DictWeights, WeightSource
 from tests.test_circuits import random_weights
 
 # -- reference implementations: the definitions, written the straightforward way -------------

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import forward
-from engine.errors import InvalidRequestError
-from engine.loading import open_model
-from engine.tl_compat import from_transformer_lens, save_native, to_transformer_lens
+from headscope.engine import forward
+from headscope.engine.errors import InvalidRequestError
+from headscope.engine.loading import open_model
+from headscope.engine.tl_compat import from_transformer_lens, save_native, to_transformer_lens
 
 TOKENS = [1, 5, 9, 2, 33, 7, 5, 9]
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from engine.adapters.native import build_config, parse_config_json
-from engine.config import ModelConfig
-from sample_models import corpus, train
+from headscope.engine.adapters.native import build_config, parse_config_json
+from headscope.engine.config import ModelConfig
+from headscope.sample_models import corpus, train
 
 
 def _tensors(path: Path) -> dict[str, torch.Tensor]:
@@ -26,7 +26,7 @@ def test_tiny_training_writes_a_native_model(tmp_path: Path) -> None:
     assert {"model.safetensors", "headscope.json", "vocab.txt", "metrics.json",
             "training_log.json", "README.md"} <= {p.name for p in out.iterdir()}
     assert torch.isfinite(torch.tensor(metrics["eval_loss"]))
-    from engine.export import file_mode
+    from headscope.engine.export import file_mode
 
     assert (out / "model.safetensors").stat().st_mode & 0o777 == file_mode()  # not 0o600
 
@@ -78,7 +78,7 @@ def test_cli_writes_a_hugging_face_gpt2_directory(tmp_path: Path) -> None:
 
 
 def test_engine_opens_the_tiny_model(tmp_path: Path) -> None:
-    loading = pytest.importorskip("engine.loading")
+    loading = pytest.importorskip("headscope.engine.loading")
     out = tmp_path / "tiny"
     train.train("tiny", seed=0, out=out, quiet=True)
     model = loading.open_model(out)

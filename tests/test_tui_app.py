@@ -15,15 +15,15 @@ import numpy as np
 import pytest
 from textual.widgets import DataTable, Static, TabbedContent
 
+from headscope.themes import COLORMAPS
+from headscope.tui.app import FILTER_THRESHOLD, HeadscopeApp
+from headscope.tui.keymap import APP_BINDINGS
+from headscope.tui.screens import HelpScreen
+from headscope.tui.settings import Settings
+from headscope.tui.widgets.chart import Chart
+from headscope.tui.widgets.head_tree import HeadTree
+from headscope.tui.widgets.status import StatusBar
 from tests.fake_engine import FakeEngine, broken_factory
-from themes import COLORMAPS
-from tui.app import FILTER_THRESHOLD, HeadscopeApp
-from tui.keymap import APP_BINDINGS
-from tui.screens import HelpScreen
-from tui.settings import Settings
-from tui.widgets.chart import Chart
-from tui.widgets.head_tree import HeadTree
-from tui.widgets.status import StatusBar
 
 
 def make_app(engine: FakeEngine | None = None, **kw: Any) -> tuple[HeadscopeApp, FakeEngine]:
@@ -80,7 +80,13 @@ async def test_first_frame_shows_the_tree_before_the_model_is_ready() -> None:
         assert len(tree.head_nodes) == 15
         status = app.query_one(StatusBar).render().plain
         assert "attn-only-2l" in status and "3L×5H" in status and "processed" in status
-        assert "opening model" in status
+        # The engine is created after the first frame and the status line follows on its next
+        # tick: wait for that by events (up to 100 pauses), not by a fixed delay.
+        for _ in range(100):
+            if "opening model" in app.query_one(StatusBar).render().plain:
+                break
+            await pilot.pause(0.05)
+        assert "opening model" in app.query_one(StatusBar).render().plain
         assert engine.requests == []  # nothing computed before ready
         engine.gate.set()
         await settle(pilot, app)
@@ -270,11 +276,11 @@ async def test_opening_on_a_head_focuses_it_or_says_the_model_has_no_such_head(
 
 def test_cli_head_option_reaches_the_app_and_rejects_malformed_values(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    import tui.app
-    from tui.cli import main
+    import headscope.tui.app as tui_app
+    from headscope.tui.cli import main
 
     seen: dict[str, Any] = {}
-    monkeypatch.setattr(tui.app, "run_app", lambda path, **kw: seen.update(kw))
+    monkeypatch.setattr(tui_app, "run_app", lambda path, **kw: seen.update(kw))
     assert main(["sample_models/attn-only-2l", "--head", "1.2"]) == 0
     assert seen["head"] == (1, 2)
     for bad in ("1", "a.b", "1.2.3", "-1.0"):
@@ -585,7 +591,7 @@ async def test_filter_keeps_heads_with_a_score_above_the_threshold() -> None:
 
 
 def test_graph_title_wraps_instead_of_being_cut() -> None:
-    from tui.plots import Colours, Graph, build
+    from headscope.tui.plots import Colours, Graph, build
 
     colours = Colours((200, 200, 200), (120, 120, 120), (255, 170, 0), (0, 120, 255),
                       COLORMAPS["red-blue"])

@@ -15,16 +15,16 @@ import numpy as np
 import pytest
 from textual.widgets import DataTable, Static
 
-from engine.diff import EDGE_THRESHOLD
+from headscope.engine.diff import EDGE_THRESHOLD
+from headscope.tui.app import HeadscopeApp
+from headscope.tui.settings import Settings
+from headscope.tui.widgets.chart import Chart
+from headscope.tui.widgets.head_tree import HeadTree
+from headscope.tui.widgets.status import StatusBar
 from tests.conftest import INDUCTION_HEAD, PREV_TOKEN_HEAD
 from tests.fake_engine import FakeEngine
 from tests.test_diff_sample import permuted_copy
 from tests.test_tui_app import chart_text, plain, settle
-from tui.app import HeadscopeApp
-from tui.settings import Settings
-from tui.widgets.chart import Chart
-from tui.widgets.head_tree import HeadTree
-from tui.widgets.status import StatusBar
 
 MODEL = Path(__file__).resolve().parents[1] / "sample_models" / "attn-only-2l"
 
@@ -155,7 +155,7 @@ async def wait_for_diff(pilot, app: HeadscopeApp) -> None:
 
 def zeroed_copy(tmp: Path, names: tuple[str, ...]) -> Path:
     """attn-only-2l with ``names`` of its induction head set to zero (safetensors)."""
-    from tui.screenshots import pruned_copy
+    from tools.screenshots import pruned_copy
 
     return pruned_copy(MODEL, tmp, *INDUCTION_HEAD, names)
 
@@ -181,7 +181,7 @@ async def test_real_engine_pruned_induction_head_and_its_lost_k_edge(tmp_path: P
 
 
 async def test_real_engine_compare_with_w_o_zeroed(tmp_path: Path) -> None:
-    from engine.service import Engine
+    from headscope.engine.service import Engine
 
     a, b = Engine(MODEL), Engine(zeroed_copy(tmp_path, ("W_O",)))
     try:
@@ -244,11 +244,11 @@ async def test_real_engine_match_heads_pairs_permuted_heads(tmp_path: Path, matc
 
 def test_cli_passes_compare_through_to_run_app(monkeypatch: pytest.MonkeyPatch,
                                                tmp_path: Path) -> None:
-    import tui.app
-    from tui.cli import main
+    import headscope.tui.app as tui_app
+    from headscope.tui.cli import main
 
     seen: dict[str, object] = {}
-    monkeypatch.setattr(tui.app, "run_app", lambda path, **kw: seen.update(path=path, **kw))
+    monkeypatch.setattr(tui_app, "run_app", lambda path, **kw: seen.update(path=path, **kw))
     assert main([str(MODEL), "--compare", str(tmp_path / "b")]) == 0
     assert seen["path"] == MODEL and seen["compare"] == str(tmp_path / "b")
     assert "match_heads" not in seen
@@ -257,7 +257,7 @@ def test_cli_passes_compare_through_to_run_app(monkeypatch: pytest.MonkeyPatch,
 
 
 def test_cli_match_heads_without_compare_is_a_one_line_error(capsys) -> None:
-    from tui.cli import main
+    from headscope.tui.cli import main
 
     assert main([str(MODEL), "--match-heads"]) == 1
     err = capsys.readouterr().err

@@ -21,15 +21,15 @@ import pytest
 from textual.widgets import DataTable
 from textual.worker import WorkerState
 
+from headscope.tui.adapt import score
+from headscope.tui.app import HeadscopeApp
+from headscope.tui.screens import HelpScreen
+from headscope.tui.settings import Settings
+from headscope.tui.widgets.chart import Chart
+from headscope.tui.widgets.head_tree import HeadTree
+from headscope.tui.widgets.status import StatusBar
 from tests import test_hostile
 from tests.test_hostile import BROKEN, NAN_HEAD, NAN_LAYER, Sources, build_broken, nan_weights
-from tui.adapt import score
-from tui.app import HeadscopeApp
-from tui.screens import HelpScreen
-from tui.settings import Settings
-from tui.widgets.chart import Chart
-from tui.widgets.head_tree import HeadTree
-from tui.widgets.status import StatusBar
 
 corpus_sources = test_hostile.corpus_sources  # the corpus' pytest fixture
 SIZE = (100, 30)
@@ -126,7 +126,7 @@ async def test_engine_constructed_on_a_broken_checkpoint_is_a_notification(
     tmp_path: Path, corpus_sources: Sources, case: str
 ) -> None:
     """The same through an engine factory (the app opens the Engine before the first frame)."""
-    from engine.service import Engine
+    from headscope.engine.service import Engine
 
     broken = build_broken(case, tmp_path, corpus_sources)
     app = HeadscopeApp(broken.path, settings=Settings(), sweep=False,
@@ -145,8 +145,8 @@ async def test_engine_constructed_on_a_broken_checkpoint_is_a_notification(
 async def test_nan_head_is_flagged_in_the_tree_and_other_heads_keep_badges(
     tmp_path: Path, corpus_sources: Sources
 ) -> None:
-    from engine.loading import open_model
-    from engine.scores import nonfinite_heads
+    from headscope.engine.loading import open_model
+    from headscope.engine.scores import nonfinite_heads
 
     path = nan_weights(tmp_path, corpus_sources)
     bad = (NAN_LAYER, NAN_HEAD)
@@ -212,7 +212,7 @@ async def test_viewing_a_nan_head_is_flagged_or_a_notification_naming_file_and_h
 
 
 async def test_over_limit_circuit_block_is_a_notification(corpus_sources: Sources) -> None:
-    from engine.service import Engine
+    from headscope.engine.service import Engine
 
     def small_engine(path: str, raw: bool) -> Engine:
         return Engine(path, raw=raw, max_block_bytes=1024)  # a 24×24 float32 block is 2304 B
@@ -278,7 +278,7 @@ async def test_engine_spectrum_of_a_nan_head_is_empty_with_a_nan_score(
 ) -> None:
     """The engine side of the flag above: no error, no eigenvalues, NaN score; a finite
     head's spectrum is unaffected."""
-    from engine.service import Engine
+    from headscope.engine.service import Engine
 
     engine = Engine(nan_weights(tmp_path, corpus_sources))
     try:

@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from themes import COLORMAPS, THEMES, colormap_for
-from tui.colormap import cell_of, diverging_rgb, fit_shape, resample, symmetric_range
-from tui.plots import Colours, Graph, Heatmap, Scatter, build, diagonal_summary
+from headscope.themes import COLORMAPS, THEMES, colormap_for
+from headscope.tui.colormap import cell_of, diverging_rgb, fit_shape, resample, symmetric_range
+from headscope.tui.plots import Colours, Graph, Heatmap, Scatter, build, diagonal_summary
 
 STOPS = COLORMAPS["red-blue"]
 COLOURS = Colours((200, 200, 200), (120, 120, 120), (255, 170, 0), (90, 170, 255), STOPS)
@@ -153,7 +153,7 @@ def test_cell_of_is_the_centre_of_the_block() -> None:
 async def test_a_figure_that_fails_to_draw_says_so_instead_of_rendering_forever() -> None:
     from textual.app import App, ComposeResult
 
-    from tui.widgets.chart import Chart
+    from headscope.tui.widgets.chart import Chart
 
     class Broken:
         def draw(self, width: int, height: int, colours: Colours):

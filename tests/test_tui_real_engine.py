@@ -1,22 +1,23 @@
 """The explorer on the real ``engine.service.Engine`` (tiny HF checkpoints from hf_fixtures).
 
 Checks what the app shows against the pure engine functions, that a broken checkpoint is
-a notification (the app keeps running), and that the UI event loop keeps ticking within
-50 ms while model-wide sweeps run on the engine's threads.
+a notification (the app keeps running), and that the UI event loop keeps turning while
+model-wide sweeps run on the engine's threads.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tui.app import HeadscopeApp
-from tui.settings import Settings
-from tui.widgets.chart import Chart
+from headscope.tui.app import HeadscopeApp
+from headscope.tui.settings import Settings
+from headscope.tui.widgets.chart import Chart
 
 
 @pytest.fixture(autouse=True)
@@ -41,8 +42,8 @@ def gpt2(gpt2_dir: Any) -> Path:
 
 
 async def test_real_engine_views_match_the_pure_functions(gpt2: Path) -> None:
-    from engine import circuits, scores
-    from engine.loading import open_model
+    from headscope.engine import circuits, scores
+    from headscope.engine.loading import open_model
 
     app = HeadscopeApp(gpt2, settings=Settings(), debounce=0.01, sweep=False)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -77,32 +78,56 @@ async def test_truncated_checkpoint_becomes_a_notification(tmp_path: Path, gpt2:
         assert app.screen.__class__.__name__ == "HelpScreen"
 
 
-async def test_event_loop_keeps_ticking_while_sweeps_run(gpt2: Path) -> None:
+async def test_event_loop_keeps_ticking_while_sweeps_run(
+        gpt2: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every engine job of the sweeps runs off the UI thread, and the UI's event loop keeps
+    turning while it runs: each job waits, on its worker thread, for the loop to tick twice
+    before it computes (a loop blocked on the job would never tick: the job times out and the
+    test fails). Counts and threads, not a wall-clock bound: the longest stall is bench/'s
+    business, measured on a quiet machine (`python -m bench.stall`)."""
+    from headscope.engine.scheduler import Scheduler
+
+    ticks, stop = 0, False
+    tick = threading.Condition()
+    job_threads: set[int] = set()
+    starved: list[str] = []
+    submit = Scheduler._submit
+
+    def gated_submit(self: Scheduler, key: Any, fn: Any, **kw: Any) -> Any:
+        def gated(ctx: Any) -> Any:
+            job_threads.add(threading.get_ident())
+            with tick:
+                start = ticks
+                if not tick.wait_for(lambda: stop or ticks >= start + 2, timeout=60):
+                    starved.append(str(kw.get("label", key)))
+            return fn(ctx)
+
+        return submit(self, key, gated, **kw)
+
+    monkeypatch.setattr(Scheduler, "_submit", gated_submit)
     app = HeadscopeApp(gpt2, settings=Settings(), debounce=0.01, sweep=False)
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_ready(pilot, app)
-        gaps: list[float] = []
-        stop = False
 
         async def probe() -> None:
-            last = time.perf_counter()
+            nonlocal ticks
             while not stop:
-                await asyncio.sleep(0.005)
-                now = time.perf_counter()
-                gaps.append(now - last)
-                last = now
+                await asyncio.sleep(0.002)
+                with tick:
+                    ticks += 1
+                    tick.notify_all()
 
         task = asyncio.create_task(probe())
+        await wait_ready(pilot, app)
         app.start_sweep()  # all head scores: behaviour forward passes on engine threads
         # Q/K/V composition sweeps at once, while the status bar animates their progress.
-        sweeps = [asyncio.create_task(app.engine.composition(k)) for k in "qkv"]
-        await asyncio.gather(*sweeps)
+        await asyncio.gather(*(app.engine.composition(k) for k in "qkv"))
         await app.workers.wait_for_complete()
         await pilot.pause(0.2)
-        stop = True
+        with tick:  # jobs submitted from now on (idle prefetch) no longer wait for ticks
+            stop = True
+            tick.notify_all()
         await task
         assert app.errors == []
         assert app.rows, "the sweep filled the score table"
-        assert len(gaps) > 10
-        worst = max(gaps)
-        assert worst < 0.05, f"event loop stalled {worst * 1000:.0f} ms"
+        assert job_threads and threading.get_ident() not in job_threads
+        assert starved == [], f"the event loop stopped turning while {starved[0]} ran"

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from textual.widgets import Input
 
+from headscope.tui.app import HeadscopeApp
+from headscope.tui.settings import Settings
 from tests.fake_engine import FakeEngine
-from tui.app import HeadscopeApp
-from tui.settings import Settings
 
 
 def make_app() -> HeadscopeApp:

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.results import (
+from headscope.engine.results import (
     CacheStats,
     Composition,
     HeadScores,

@@ -36,11 +36,19 @@ from textual.screen import Screen
 from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Input, Static, TabbedContent, TabPane
 
-from engine.errors import CancelledError as EngineCancelled
-from engine.errors import HeadscopeError
-from engine.export import atomic_write_text
-from engine.results import HeadScores
-from themes import ALIASES, COLORMAPS, DEFAULT_THEME, STYLESHEET, THEME_NAMES, THEMES, colormap_for
+from headscope.engine.errors import CancelledError as EngineCancelled
+from headscope.engine.errors import HeadscopeError
+from headscope.engine.export import atomic_write_text
+from headscope.engine.results import HeadScores
+from headscope.themes import (
+    ALIASES,
+    COLORMAPS,
+    DEFAULT_THEME,
+    STYLESHEET,
+    THEME_NAMES,
+    THEMES,
+    colormap_for,
+)
 
 from .adapt import ABLATION, ABLATION_LABEL, SCORES, jsonable, score, score_rows, stats_line
 from .compare import COMPARE_VIEWS, ChangesPane, focus_text, head_changes, pair_figures
@@ -77,13 +85,12 @@ SHORT_LABELS = {"copying": "copy", "qk_positivity": "QK+", "prev_token": "prev",
 FILTER_THRESHOLD = 0.3  # the middling badge strength: what "has the behaviour" means
 
 def bundled_model() -> Path:
-    import sample_models
-
+    from headscope import sample_models
     return Path(sample_models.__file__).resolve().parent / "attn-only-2l"
 
 
 def default_engine_factory(path: str, raw: bool, cache_mb: int = 256) -> Any:
-    from engine.service import Engine
+    from headscope.engine.service import Engine
 
     return Engine(path, raw=raw, cache_bytes=cache_mb << 20)
 
@@ -195,7 +202,7 @@ class HeadscopeApp(App[None]):
                 self.compare_error = f"{self.compare_path}: cannot open ({err!r})"
 
     def _read_structure(self) -> None:
-        from engine.loading import read_structure  # header + config only: no torch
+        from headscope.engine.loading import read_structure  # header + config only: no torch
 
         try:
             self.structure = dict(read_structure(self.path))

@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from engine.diff import EDGE_THRESHOLD
-from engine.errors import HeadscopeError, InvalidRequestError
+from headscope.engine.diff import EDGE_THRESHOLD
+from headscope.engine.errors import HeadscopeError, InvalidRequestError
 
 EXIT_OK, EXIT_MODEL_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 COMMANDS = ("open", "info", "heads", "composition", "forward", "circuit", "diff", "export", "serve")
@@ -41,8 +41,7 @@ exit codes: 0 ok, 1 bad model file or request (one line on stderr), 2 usage, 130
 
 
 def bundled_model_path() -> Path:
-    import sample_models
-
+    from headscope import sample_models
     return Path(sample_models.__file__).resolve().parent / BUNDLED_MODEL
 
 
@@ -217,7 +216,7 @@ def normalise_argv(argv: Sequence[str]) -> list[str]:
 
 def emit(data: Any, as_json: bool, table: Callable[[], tuple[list[str], list[list[Any]]]] | None) -> None:
     """JSON when asked (or when there is no tabular form), else a Rich table or TSV."""
-    from engine.report import jsonable
+    from headscope.engine.report import jsonable
 
     if as_json or table is None:
         json.dump(jsonable(data), sys.stdout, allow_nan=False)
@@ -284,7 +283,7 @@ def layer_head(text: str) -> tuple[int, int]:
 
 
 def cmd_open(args: argparse.Namespace) -> int:
-    from tui.app import run_app
+    from headscope.tui.app import run_app
 
     path = Path(args.path) if args.path else bundled_model_path()
     if args.match_heads and not args.compare:
@@ -297,7 +296,7 @@ def cmd_open(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from engine.loading import read_structure
+    from headscope.engine.loading import read_structure
 
     info = read_structure(args.path)
     emit(info, args.json, lambda: (["field", "value"], [[k, v] for k, v in info.items()]))
@@ -305,13 +304,13 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def _open(args: argparse.Namespace) -> Any:
-    from engine.loading import open_model
+    from headscope.engine.loading import open_model
 
     return open_model(args.path, raw=getattr(args, "raw", False))
 
 
 def cmd_heads(args: argparse.Namespace) -> int:
-    from engine.report import HEAD_SCORE_KEYS, head_table, sort_rows
+    from headscope.engine.report import HEAD_SCORE_KEYS, head_table, sort_rows
 
     model = _open(args)
     ablation = args.ablation or args.sort == "ablation_effect"
@@ -323,7 +322,7 @@ def cmd_heads(args: argparse.Namespace) -> int:
 
 
 def cmd_composition(args: argparse.Namespace) -> int:
-    from engine.report import composition_report
+    from headscope.engine.report import composition_report
 
     model = _open(args)
     report = composition_report(model, args.kind, top=args.top, seed=args.seed)
@@ -333,8 +332,8 @@ def cmd_composition(args: argparse.Namespace) -> int:
 
 
 def cmd_forward(args: argparse.Namespace) -> int:
-    from engine.errors import PromptError
-    from engine.report import forward_report
+    from headscope.engine.errors import PromptError
+    from headscope.engine.report import forward_report
 
     model = _open(args)
     if args.tokens is not None:
@@ -368,7 +367,7 @@ def cmd_forward(args: argparse.Namespace) -> int:
 
 
 def cmd_circuit(args: argparse.Namespace) -> int:
-    from engine.report import circuit_report
+    from headscope.engine.report import circuit_report
 
     model = _open(args)
     n = model.cfg.n_ctx if args.basis == "position" else model.cfg.d_vocab
@@ -388,8 +387,8 @@ def cmd_circuit(args: argparse.Namespace) -> int:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    from engine.diff import diff_models
-    from engine.loading import open_model
+    from headscope.engine.diff import diff_models
+    from headscope.engine.loading import open_model
 
     a = open_model(args.path, raw=args.raw)
     b = open_model(args.other, raw=args.raw)
@@ -413,8 +412,8 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from engine.export import export_report
-    from engine.report import composition_report, head_table
+    from headscope.engine.export import export_report
+    from headscope.engine.report import composition_report, head_table
 
     if args.ablation and args.what != "heads":
         raise InvalidRequestError(None, "--ablation is a column of --what heads")
@@ -432,7 +431,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     else:
         if args.kind not in ("qk", "ov") or args.layer is None or args.head is None:
             raise InvalidRequestError(None, "--what circuit needs --kind qk|ov, --layer and --head")
-        from engine.report import circuit_report
+        from headscope.engine.report import circuit_report
 
         n = model.cfg.n_ctx if args.basis == "position" else model.cfg.d_vocab
         report = circuit_report(
@@ -463,7 +462,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             None, "headscope serve needs textual-serve: pip install 'headscope[serve]'"
         ) from None
     path = Path(args.path) if args.path else bundled_model_path()
-    command = [sys.executable, "-m", "tui.cli", "open", str(path.resolve())]
+    command = [sys.executable, "-m", "headscope.tui.cli", "open", str(path.resolve())]
     if args.raw:
         command.append("--raw")
     Server(shlex.join(command), host=args.host, port=args.port, title=f"headscope · {path.name}").serve()

@@ -55,10 +55,12 @@ def head_row(diff: Any, head: Head) -> dict[str, Any] | None:
 
 
 def changes(diff: Any) -> list[dict[str, Any]]:
-    """Every head, biggest change first (NaN last)."""
-    def order(row: dict[str, Any]) -> tuple[bool, float]:
+    """Every head, biggest change first (NaN last); heads whose changes agree to 1e-6 (float
+    noise) in layer/head order, so the table does not reshuffle between platforms."""
+    def order(row: dict[str, Any]) -> tuple[bool, float, int, int]:
         c = _num(row.get("change"))
-        return (math.isnan(c), -c if c == c else 0.0)
+        return (math.isnan(c), round(-c, 6) if c == c else 0.0,
+                int(row["layer"]), int(row["head"]))
 
     return sorted(diff.heads, key=order)
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
-from themes import COLORBLIND_SAFE, COLORMAPS, THEME_NAMES
+from headscope.themes import COLORBLIND_SAFE, COLORMAPS, THEME_NAMES
 
 from .adapt import SCORES
 

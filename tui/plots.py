@@ -140,8 +140,13 @@ class Scatter:
         x, y = _finite_xy(self.x, self.y)
         bx, by = _finite_xy(self.bx, self.by)
         r = float(np.abs(np.concatenate([x, y, bx, by])).max(initial=0.0)) or 1.0
-        plt.xlim(-r * 1.05, r * 1.05)
-        plt.ylim(-r * 1.05, r * 1.05)
+        lim = r * 1.05
+        plt.xlim(-lim, lim)
+        plt.ylim(-lim, lim)
+        # Our own symmetric ticks: plotext's sometimes computes the middle one as -1e-14 and
+        # prints "-0.0", which depends on the platform's rounding.
+        plt.xticks(*_symmetric_ticks(lim, 5))
+        plt.yticks(*_symmetric_ticks(lim, 7 if height >= 20 else 5 if height >= 10 else 3))
         plt.horizontal_line(0, color=colours.muted)
         plt.vertical_line(0, color=colours.muted)
         if bx.size:
@@ -158,6 +163,13 @@ class Scatter:
         plt.ylabel(self.ylabel)
         plt.ticks_color(colours.foreground)
         return _text(plt)
+
+
+def _symmetric_ticks(lim: float, n: int) -> tuple[list[float], list[str]]:
+    """``n`` ticks from -lim to lim with an exact 0 in the middle, labelled like plotext."""
+    half = n // 2
+    values = [lim * k / half for k in range(-half, half + 1)]
+    return values, [f"{v:.1f}" if v else "0.0" for v in values]
 
 
 def _finite_xy(x: np.ndarray | None, y: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:

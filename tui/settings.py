@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.errors import ConfigError
+from headscope.engine.errors import ConfigError
 
 DEFAULT_THEME = "headscope-dark"
 COLORMAPS = ("diverging", "colorblind")

@@ -16,7 +16,7 @@ from textual.app import RenderResult
 from textual.color import Color
 from textual_plotext import PlotextPlot
 
-from themes import COLORMAPS
+from headscope.themes import COLORMAPS
 
 from ..plots import Colours, Figure, build
 

@@ -17,7 +17,7 @@ from textual.message import Message
 from textual.widgets import Tree
 from textual.widgets.tree import TreeNode
 
-from engine.results import HeadScores
+from headscope.engine.results import HeadScores
 
 from ..adapt import BADGES, score
 

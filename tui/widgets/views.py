@@ -16,8 +16,8 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, Input, Static
 
-from engine.results import Composition, HeadScores, Profile, PromptView, TopTokens
-from themes import COLORMAPS
+from headscope.engine.results import Composition, HeadScores, Profile, PromptView, TopTokens
+from headscope.themes import COLORMAPS
 
 from ..adapt import (
     ABLATION,

@@ -1,4 +1,4 @@
-"""Save one SVG screenshot per main view, headless: ``python -m tui.screenshots OUT [MODEL]``.
+"""Save one SVG screenshot per main view, headless: ``python -m tools.screenshots OUT [MODEL]``.
 
 Drives the real app (real engine) with Textual's pilot, waits for every worker before each
 shot, and writes ``OUT/<view>.svg`` (120×40 dark, 80×24 light) and the compare-mode views against a copy
@@ -15,8 +15,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from tui.app import HeadscopeApp
-from tui.settings import Settings
+from headscope.tui.app import HeadscopeApp
+from headscope.tui.settings import Settings
 
 VIEWS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("qk", ("1",)),
@@ -111,8 +111,8 @@ async def shoot_compare(out: Path, compare: Path, model: Path | None, *,
 
 def strongest_induction_head(model: Path) -> tuple[int, int]:
     """(layer, head) with the highest induction score (engine.scores, seed 0)."""
-    from engine.loading import open_model
-    from engine.scores import behaviour_scores
+    from headscope.engine.loading import open_model
+    from headscope.engine.scores import behaviour_scores
 
     scores = behaviour_scores(open_model(model).weights, seed=0)["induction"].nan_to_num(-1.0)
     layer, head = divmod(int(scores.argmax()), scores.shape[1])
@@ -128,7 +128,7 @@ def main() -> None:
     parser.add_argument("--prompt", default="When Mary and John went to the store , John gave a "
                         "drink to Mary . When Mary and John went to the store , John gave")
     args = parser.parse_args()
-    from tui.app import bundled_model
+    from headscope.tui.app import bundled_model
 
     model = args.model or bundled_model()
     layer, head = (tuple(int(x) for x in args.head.split(".")) if args.head
