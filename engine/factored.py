@@ -10,19 +10,33 @@ Names follow TransformerLens' ``FactoredMatrix`` (``A``, ``B``, ``AB``, ``BA``, 
 meaning is the same. Differences, on purpose:
 
 - ``svd()`` returns a true ``Vh`` (``U @ diag(S) @ Vh == AB``; TransformerLens returns ``V``
-  under that name) and ``min(ldim, mdim, rdim)`` singular triplets, not ``mdim``.
+  under that name) and ``min(ldim, mdim, rdim)`` singular triplets, not ``mdim``. As in
+  TransformerLens it is computed once per instance and cached (``U``, ``S``, ``Vh``,
+  ``make_even`` and ``collapse_*`` share it).
 - ``eigenvalues`` are the ``min(ldim, mdim)`` eigenvalues of ``AB`` that can be non-zero
   (computed from the small ``BA`` when ``mdim < ldim``); ``eigenvalues_full()`` pads them with
   the zeros that complete the spectrum of ``AB``.
-- 16-bit factors are computed on in float32 (eig/svd are not implemented for bf16), and a
-  non-finite factor raises :class:`~engine.errors.NonFiniteError` before any eig/svd call:
-  ``torch.linalg.eigvals`` on a NaN matrix kills the process in current CPU builds.
+- 16-bit factors are computed on in float32 (eig/svd are not implemented for bf16). The
+  matrices handed to ``eigvals``/``svd`` (the small ``BA``, the SVD's middle factor) and the
+  norm's Gram matrices are formed in float64, so finite float32 factors never overflow there
+  (heads with weights near 1e19 do overflow float32 products). Whatever is handed to an
+  eigen- or singular-value routine is checked first: a non-finite factor or product raises
+  :class:`~engine.errors.NonFiniteError`, because ``torch.linalg.eigvals`` on a NaN matrix
+  kills the process in current CPU builds.
 - ``block(rows, cols)`` materialises only the requested rows and columns.
+
+The same as TransformerLens: ``fm @ v`` and ``v @ fm`` with a vector ``v`` return
+``[..., ldim]`` / ``[..., rdim]`` for every leading (batch) index; ``fm * s`` takes a scalar
+only (a tensor with more than one element raises ``ValueError``); ``fm[idx]`` indexes the
+leading dims, then rows, then columns (an integer row or column keeps its dim, as
+TransformerLens' slices do).
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
+from functools import cached_property
 from typing import TYPE_CHECKING, Union
 
 import torch
@@ -78,6 +92,38 @@ def _as_index(idx: Index) -> Tensor | slice:
     return torch.as_tensor(idx, dtype=torch.long)
 
 
+def _keep_dim(item: object) -> object:
+    """A row/column index that keeps its dim: an integer ``i`` becomes ``slice(i, i + 1)``."""
+    if isinstance(item, torch.Tensor):
+        if item.ndim != 0 or item.is_floating_point() or item.dtype == torch.bool:
+            return item
+    elif isinstance(item, bool) or not hasattr(item, "__index__"):
+        return item
+    i = operator.index(item)  # type: ignore[arg-type]
+    return slice(i, i + 1 if i != -1 else None)
+
+
+def _expand_ellipsis(items: list[object], ndim: int) -> list[object]:
+    """Replace one ``...`` by as many full slices as the dims the other items do not index."""
+    where = [i for i, item in enumerate(items) if item is Ellipsis]
+    if not where:
+        return items
+    if len(where) > 1:
+        raise IndexError("an index can only have a single ellipsis")
+    i = where[0]
+    return items[:i] + [slice(None)] * (ndim - len(items) + 1) + items[i + 1 :]
+
+
+def _qr(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Reduced QR; in float64 if float32's (scaled) norms still overflow on huge entries."""
+    q, r = torch.linalg.qr(x)
+    if not (is_finite(q) and is_finite(r)):
+        q, r = torch.linalg.qr(x.double())
+        check_finite(q, r, what="QR factors of the matrix (svd)")
+        q = q.to(x.dtype)
+    return q, r
+
+
 class FactoredMatrix:
     """The matrix ``A @ B`` with ``A: [..., ldim, mdim]`` and ``B: [..., mdim, rdim]``.
 
@@ -128,16 +174,26 @@ class FactoredMatrix:
         """Both factors in ``dtype``; eig/svd/norm still compute in float32 for 16-bit."""
         return FactoredMatrix(self.A.to(dtype), self.B.to(dtype))
 
-    def __getitem__(self, idx: int | slice | tuple) -> FactoredMatrix:
-        """Index the leading (batch) dimensions only, e.g. ``ov_all_heads[3]``."""
-        if not isinstance(idx, tuple):
-            idx = (idx,)
-        if len(idx) > self.ndim - 2:
-            raise IndexError(
-                f"FactoredMatrix indexing applies to the {self.ndim - 2} leading dims only; "
-                "use block(rows, cols) for entries"
-            )
-        return FactoredMatrix(self.A[idx], self.B[idx])
+    def __getitem__(self, idx: object) -> FactoredMatrix:
+        """Index the leading dims, then rows, then columns, without forming ``AB``.
+
+        ``fm[3]`` is the fourth matrix of a stack; on a 2-D matrix ``fm[rows]`` keeps those
+        rows (``A[rows]``, ``B``) and ``fm[rows, cols]`` those rows and columns (``A[rows]``,
+        ``B[:, cols]``). An integer row or column index keeps its dim (TransformerLens turns
+        it into a one-element slice), so the result is always a matrix. ``...`` expands to
+        the dims not indexed.
+        """
+        items = list(idx) if isinstance(idx, tuple) else [idx]
+        if any(item is None for item in items):
+            raise IndexError("FactoredMatrix indexing does not insert new axes (None)")
+        items = _expand_ellipsis(items, self.ndim)
+        n_lead = self.ndim - 2
+        if len(items) > self.ndim:
+            raise IndexError(f"too many indices for a FactoredMatrix of shape {tuple(self.shape)}")
+        lead = tuple(items[:n_lead])
+        rows = _keep_dim(items[n_lead]) if len(items) > n_lead else slice(None)
+        cols = _keep_dim(items[n_lead + 1]) if len(items) > n_lead + 1 else slice(None)
+        return FactoredMatrix(self.A[(*lead, rows, slice(None))], self.B[(*lead, slice(None), cols)])
 
     def unsqueeze(self, dim: int) -> FactoredMatrix:
         if dim < 0:
@@ -167,8 +223,10 @@ class FactoredMatrix:
             if self.mdim <= other.mdim:
                 return FactoredMatrix(self.A, middle @ other.B)
             return FactoredMatrix(self.A @ middle, other.B)
-        if other.ndim == 1:
-            return self.A @ (self.B @ other)
+        if other.ndim == 1:  # [..., ldim]: one vector per leading index
+            if other.shape[0] != self.rdim:
+                raise ValueError(f"cannot multiply {tuple(self.shape)} @ {tuple(other.shape)}")
+            return (self.A @ (self.B @ other[:, None]))[..., 0]
         if other.shape[-2] != self.rdim:
             raise ValueError(f"cannot multiply {tuple(self.shape)} @ {tuple(other.shape)}")
         if self.mdim <= self.rdim:
@@ -176,8 +234,10 @@ class FactoredMatrix:
         return FactoredMatrix(self.A @ self.B, other)
 
     def __rmatmul__(self, other: Tensor) -> Tensor | FactoredMatrix:
-        if other.ndim == 1:
-            return (other @ self.A) @ self.B
+        if other.ndim == 1:  # [..., rdim]: one vector per leading index
+            if other.shape[0] != self.ldim:
+                raise ValueError(f"cannot multiply {tuple(other.shape)} @ {tuple(self.shape)}")
+            return ((other[None, :] @ self.A) @ self.B)[..., 0, :]
         if other.shape[-1] != self.ldim:
             raise ValueError(f"cannot multiply {tuple(other.shape)} @ {tuple(self.shape)}")
         if self.mdim <= self.ldim:
@@ -185,6 +245,16 @@ class FactoredMatrix:
         return FactoredMatrix(other, self.A @ self.B)
 
     def __mul__(self, scalar: float | Tensor) -> FactoredMatrix:
+        """``s · AB`` for a scalar ``s`` (a number or a one-element tensor)."""
+        if isinstance(scalar, torch.Tensor):
+            if scalar.numel() != 1:
+                raise ValueError(
+                    f"FactoredMatrix * tensor needs a scalar, got shape {tuple(scalar.shape)}; "
+                    "use @ for matrix products"
+                )
+            scalar = scalar.reshape(())
+        elif not isinstance(scalar, (int, float)):
+            return NotImplemented
         return FactoredMatrix(self.A * scalar, self.B)
 
     __rmul__ = __mul__
@@ -205,30 +275,40 @@ class FactoredMatrix:
 
     def norm(self) -> Tensor:
         """Frobenius norm ``sqrt(trace((AᵀA)(BBᵀ)))`` from two ``mdim × mdim`` Gram matrices."""
-        a, b = _compute(self.A), _compute(self.B)
+        dtype = _compute(self.A).dtype
+        # float64 throughout: the Grams of finite float32 factors can overflow float32 (and
+        # be large while AB is small). A norm beyond float32's range comes back as inf.
+        a, b = self.A.double(), self.B.double()
         gram_a = a.transpose(-2, -1) @ a  # [..., m, m]
         gram_b = b @ b.transpose(-2, -1)  # [..., m, m], symmetric: trace(XY) = sum(X * Y)
-        # Accumulate the trace in float64: the two Grams can be large while AB is small.
-        sq = (gram_a.double() * gram_b.double()).sum((-2, -1))
-        return sq.clamp_min(0).sqrt().to(a.dtype)
+        sq = (gram_a * gram_b).sum((-2, -1))
+        return sq.clamp_min(0).sqrt().to(dtype)
 
     def _check_finite(self, what: str) -> None:
         check_finite(self.A, self.B, what=f"factors of the matrix ({what})")
 
     def svd(self) -> tuple[Tensor, Tensor, Tensor]:
-        """``(U, S, Vh)`` with ``U @ diag(S) @ Vh == AB``.
+        """``(U, S, Vh)`` with ``U @ diag(S) @ Vh == AB`` (computed once, then cached).
 
         ``A = Qa Ra`` and ``Bᵀ = Qb Rb`` (reduced QR), so ``AB = Qa (Ra Rbᵀ) Qbᵀ``; the SVD
         of the small middle matrix ``Ra Rbᵀ = Um S Vhm`` gives ``U = Qa Um`` and
         ``Vh = Vhm Qbᵀ``. Shapes: ``U [..., ldim, r]``, ``S [..., r]``, ``Vh [..., r, rdim]``
-        with ``r = min(ldim, mdim, rdim)``, singular values in descending order.
+        with ``r = min(ldim, mdim, rdim)``, singular values in descending order. The middle
+        matrix is formed and decomposed in float64; singular values beyond float32's range
+        come back as inf.
         """
+        return self._svd
+
+    @cached_property
+    def _svd(self) -> tuple[Tensor, Tensor, Tensor]:
         self._check_finite("svd")
         a, b = _compute(self.A), _compute(self.B)
-        qa, ra = torch.linalg.qr(a)  # qa [.., l, p], ra [.., p, m], p = min(l, m)
-        qb, rb = torch.linalg.qr(b.transpose(-2, -1))  # qb [.., r, s], rb [.., s, m]
-        um, s, vhm = torch.linalg.svd(ra @ rb.transpose(-2, -1), full_matrices=False)
-        return qa @ um, s, vhm @ qb.transpose(-2, -1)
+        qa, ra = _qr(a)  # qa [.., l, p], ra [.., p, m], p = min(l, m)
+        qb, rb = _qr(b.transpose(-2, -1))  # qb [.., r, s], rb [.., s, m]
+        middle = ra.double() @ rb.double().transpose(-2, -1)
+        check_finite(middle, what="middle factor of the SVD")
+        um, s, vhm = torch.linalg.svd(middle, full_matrices=False)
+        return qa @ um.to(qa.dtype), s.to(a.dtype), vhm.to(qb.dtype) @ qb.transpose(-2, -1)
 
     @property
     def U(self) -> Tensor:
@@ -258,13 +338,25 @@ class FactoredMatrix:
         """
         if self.ldim != self.rdim:
             raise ValueError(f"eigenvalues need a square matrix, shape is {tuple(self.shape)}")
+        complex_dtype = torch.complex128 if _compute(self.A).dtype == torch.float64 else torch.complex64
+        return self.eigenvalues_double().to(complex_dtype)
+
+    def eigenvalues_double(self) -> Tensor:
+        """``eigenvalues`` in complex128, whatever the factors' dtype.
+
+        The small matrix is formed in float64: a product of finite float32 factors cannot
+        overflow there (in float32 factors near 1e19 give inf/NaN), and dgeev is more
+        accurate (and faster than sgeev on CPU here). Statistics over the spectrum (the
+        copying score) use this; ``eigenvalues`` casts it to the compute dtype, where
+        eigenvalues beyond float32's range become inf.
+        """
+        if self.ldim != self.rdim:
+            raise ValueError(f"eigenvalues need a square matrix, shape is {tuple(self.shape)}")
         self._check_finite("eigenvalues")
-        a, b = _compute(self.A), _compute(self.B)
+        a, b = self.A.double(), self.B.double()
         small = a @ b if self.ldim <= self.mdim else b @ a
-        # Solve in float64 (more accurate, and dgeev is faster than sgeev on CPU here), then
-        # return the complex dtype that matches the compute dtype.
-        complex_dtype = torch.complex128 if small.dtype == torch.float64 else torch.complex64
-        return torch.linalg.eigvals(small.double()).to(complex_dtype)
+        check_finite(small, what="product of the factors (eigenvalues)")
+        return torch.linalg.eigvals(small)
 
     def eigenvalues_full(self) -> Tensor:
         """All ``ldim`` eigenvalues of ``AB``: ``eigenvalues`` padded with exact zeros."""

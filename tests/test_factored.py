@@ -118,8 +118,10 @@ def test_leading_dims_broadcast_and_index():
     fm = FactoredMatrix(a, b)
     assert fm.shape == (4, 6, 6)
     close(fm[2].AB, a[2] @ b)
+    # Beyond the leading dims an index selects rows, then columns (TransformerLens).
+    close(fm[0, 1].AB, (a[0] @ b)[1:2])
     with pytest.raises(IndexError):
-        fm[0, 1]
+        fm[0, 1, 2, 3]
 
 
 def test_bf16_factors_compute_in_float32():
@@ -169,3 +171,100 @@ def test_broadcast_shapes_matches_numpy(shapes: list[list[int]]) -> None:
             broadcast_shapes(*shapes)
     else:
         assert broadcast_shapes(*shapes) == expected
+
+
+# -- TransformerLens semantics: vectors with batch dims, scalars, indexing, svd caching ------
+
+
+@SETTINGS
+@given(leading, dims, dims, dims, seeds)
+def test_vector_products_broadcast_over_leading_dims(lead, rows_n, m, r, seed):
+    fm = factors(lead, rows_n, m, r, seed)
+    right, left = randn(r, seed=seed + 2), randn(rows_n, seed=seed + 3)
+    out_r, out_l = fm @ right, left @ fm
+    assert out_r.shape == (*lead, rows_n) and out_l.shape == (*lead, r)
+    close(out_r, (fm.AB @ right[:, None])[..., 0])
+    close(out_l, (left[None, :] @ fm.AB)[..., 0, :])
+
+
+def test_vector_products_of_the_reported_shapes():
+    fm = FactoredMatrix(randn(6, 2, 3, seed=1), randn(6, 3, 4, seed=2))
+    assert (fm @ randn(4, seed=3)).shape == (6, 2)
+    assert (randn(2, seed=4) @ fm).shape == (6, 4)
+    with pytest.raises(ValueError):
+        fm @ randn(3, seed=5)
+
+
+def test_multiplication_takes_scalars_only():
+    fm = factors((2,), 4, 3, 5, 1)
+    close((fm * 2.5).AB, 2.5 * fm.AB)
+    close((torch.tensor(-3.0, dtype=torch.float64) * fm).AB, -3 * fm.AB)
+    close((fm * torch.tensor([2.0], dtype=torch.float64)).AB, 2 * fm.AB)
+    for bad in (torch.ones(3, dtype=torch.float64), torch.ones(2, 1, 1, dtype=torch.float64)):
+        with pytest.raises(ValueError, match="scalar"):
+            fm * bad
+
+
+@SETTINGS
+@given(leading, dims, dims, dims, seeds, st.data())
+def test_indexing_rows_and_columns_matches_the_dense_matrix(lead, rows_n, m, r, seed, data):
+    fm = factors(lead, rows_n, m, r, seed)
+    dense = fm.AB
+    n_lead = len(lead)
+    lead_idx = tuple(data.draw(st.integers(0, d - 1)) for d in lead)
+    row = data.draw(st.integers(-rows_n, rows_n - 1))
+    rows = data.draw(st.lists(st.integers(0, rows_n - 1), min_size=1, max_size=4))
+    cols = data.draw(st.lists(st.integers(0, r - 1), min_size=1, max_size=4))
+    col = data.draw(st.integers(-r, r - 1))
+    sub = dense[lead_idx]
+    close(fm[(*lead_idx, rows)].AB, sub[rows])
+    close(fm[(*lead_idx, row)].AB, sub[row][None, :])  # an integer keeps its dim
+    close(fm[(*lead_idx, rows, col)].AB, sub[rows][:, [col]])
+    close(fm[(*lead_idx, slice(1, None), cols)].AB, sub[1:][:, cols])
+    close(fm[..., rows, :].AB, dense[..., rows, :])
+    close(fm[..., cols].AB, dense[..., cols])
+    assert fm[(*lead_idx, rows, cols)].shape == (len(rows), len(cols))
+    if n_lead:
+        close(fm[lead_idx[0]].AB, dense[lead_idx[0]])
+
+
+def test_svd_is_computed_once_per_matrix(monkeypatch: pytest.MonkeyPatch):
+    fm = factors((3,), 6, 2, 5, 8)
+    calls = []
+    real = torch.linalg.svd
+    monkeypatch.setattr(torch.linalg, "svd", lambda *a, **k: calls.append(1) or real(*a, **k))
+    u, s, vh = fm.svd()
+    assert fm.U is u and fm.S is s and fm.Vh is vh
+    fm.make_even(), fm.collapse_l(), fm.collapse_r()
+    assert len(calls) == 1
+    assert fm.T.svd() is not fm.svd()  # a new matrix has its own
+
+
+# -- finite factors whose float32 products overflow (weights near 1e19) -----------------------
+
+
+def huge_factors(seed: int, scale: float = 1e19) -> FactoredMatrix:
+    return FactoredMatrix((randn(40, 4, seed=seed) * scale).float(),
+                          (randn(4, 40, seed=seed + 1) * scale).float())
+
+
+def test_eigenvalues_of_overflowing_products_are_computed_in_float64():
+    fm = huge_factors(3)
+    assert not torch.isfinite(fm.B @ fm.A).all()  # the float32 product overflows
+    ev = fm.eigenvalues_double()
+    assert ev.dtype == torch.complex128 and torch.isfinite(torch.view_as_real(ev)).all()
+    ref = torch.linalg.eigvals(fm.B.double() @ fm.A.double())
+    assert_same_multiset(ev / 1e38, ref / 1e38, 1e-9)
+    # In complex64 they do not fit: inf, never NaN from an eig of an overflowed matrix.
+    ev32 = torch.view_as_real(fm.eigenvalues)
+    assert fm.eigenvalues.dtype == torch.complex64 and not torch.isnan(ev32).any()
+
+
+def test_svd_and_norm_of_overflowing_products_do_not_crash():
+    fm = huge_factors(5, scale=1e17)  # AB ~ 1e34·√m: finite in float32, its Grams are not
+    u, s, vh = fm.svd()
+    ref = torch.linalg.svdvals(fm.A.double() @ fm.B.double())[:4]
+    torch.testing.assert_close(s.double(), ref, rtol=1e-4, atol=0)
+    torch.testing.assert_close(fm.norm().double(), ref.norm(), rtol=1e-4, atol=0)
+    s_big = huge_factors(7).svd()[1]  # beyond float32's range: inf, not a crash
+    assert torch.isinf(s_big).any() and not torch.isnan(s_big).any()
