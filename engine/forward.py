@@ -9,7 +9,8 @@ One small function per piece of the architecture, reading like the formulas (row
 - pre-norm blocks (LN, LNPre, RMS, RMSPre), sequential or parallel (GPT-NeoX) attention + MLP;
 - post-LN blocks (BERT): ``x = LN(x + attn(x))``, ``x = LN(x + mlp(x))``, no causal mask, and
   the masked-LM head ``LN(act(x W + b)) W_U + b_U`` when the checkpoint has one;
-- gated MLPs ``act(x W_gate) * (x W_in)`` and the activations transformers uses.
+- gated MLPs ``act(x W_gate) * (x W_in) + b_in`` (TransformerLens' ``GatedMLP``: the bias is
+  added after the gate; Hugging Face gated MLPs have none) and the activations transformers uses.
 
 Grouped-query attention needs nothing special: canonical K/V tensors are already expanded to
 one per query head. Non-finite weights give non-finite outputs, never an exception.
@@ -336,12 +337,19 @@ def rotary(x: Tensor, inv_freq: Tensor) -> Tensor:
 
 
 def mlp(w: WeightSource, layer: int, x: Tensor) -> Tensor:
-    """act(x W_in + b_in) W_out + b_out, or gated: (act(x W_gate) * (x W_in + b_in)) W_out + b_out."""
+    """act(x W_in + b_in) W_out + b_out, or gated: (act(x W_gate) * (x W_in) + b_in) W_out + b_out.
+
+    The gated form is TransformerLens' ``GatedMLP``: ``b_in`` is added to the gated product,
+    not inside it. The Hugging Face gated MLPs headscope reads (Llama, Qwen2) have no bias
+    (``b_in = 0``), where both readings agree.
+    """
     cfg = w.cfg
     pre = f"blocks.{layer}.mlp"
     act = activation(cfg.act_fn, getattr(w, "path", None))
-    hidden = x @ w.get(f"{pre}.W_in") + w.get(f"{pre}.b_in")
-    hidden = act(x @ w.get(f"{pre}.W_gate")) * hidden if cfg.gated_mlp else act(hidden)
+    if cfg.gated_mlp:
+        hidden = act(x @ w.get(f"{pre}.W_gate")) * (x @ w.get(f"{pre}.W_in")) + w.get(f"{pre}.b_in")
+    else:
+        hidden = act(x @ w.get(f"{pre}.W_in") + w.get(f"{pre}.b_in"))
     return hidden @ w.get(f"{pre}.W_out") + w.get(f"{pre}.b_out")
 
 

@@ -265,6 +265,8 @@ def test_svd_and_norm_of_overflowing_products_do_not_crash():
     u, s, vh = fm.svd()
     ref = torch.linalg.svdvals(fm.A.double() @ fm.B.double())[:4]
     torch.testing.assert_close(s.double(), ref, rtol=1e-4, atol=0)
+    rebuilt = (u.double() * s.double()[None, :]) @ vh.double()
+    torch.testing.assert_close(rebuilt / 1e34, fm.A.double() @ fm.B.double() / 1e34, rtol=1e-4, atol=1e-3)
     torch.testing.assert_close(fm.norm().double(), ref.norm(), rtol=1e-4, atol=0)
     s_big = huge_factors(7).svd()[1]  # beyond float32's range: inf, not a crash
     assert torch.isinf(s_big).any() and not torch.isnan(s_big).any()

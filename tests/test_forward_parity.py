@@ -322,3 +322,52 @@ def test_llama3_rope_scaling_through_open_model(tmp_path) -> None:
         ref = hf(tokens).logits.log_softmax(-1)
     ours = log_probs(run(open_model(tmp_path).weights, tokens))
     assert torch.allclose(ours, ref, atol=1e-4)
+
+
+# -- gated MLP bias: TransformerLens' GatedMLP adds b_in after the gate ----------------------
+
+
+def _tl_gated_state(llama_path: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The llama fixture as a TransformerLens config + state dict, with a non-zero ``b_in``."""
+    from headscope.engine.loading import open_model
+    from headscope.engine.tl_compat import to_transformer_lens
+
+    tl_cfg, state = to_transformer_lens(open_model(llama_path, raw=True).weights)
+    g = torch.Generator().manual_seed(0)
+    for layer in range(tl_cfg["n_layers"]):
+        state[f"blocks.{layer}.mlp.b_in"] = torch.randn(tl_cfg["d_mlp"], generator=g)
+    return tl_cfg, state
+
+
+def test_gated_mlp_bias_follows_transformer_lens(llama_dir: tuple[Any, Any]) -> None:
+    from headscope.engine.forward import activation, mlp
+    from headscope.engine.tl_compat import from_transformer_lens
+
+    tl_cfg, state = _tl_gated_state(llama_dir[0])
+    w = from_transformer_lens(tl_cfg, state)
+    assert w.cfg.gated_mlp
+    x = torch.randn(2, 5, tl_cfg["d_model"], generator=torch.Generator().manual_seed(1))
+    act = activation(tl_cfg["act_fn"])
+    for layer in range(tl_cfg["n_layers"]):
+        p = {n: state[f"blocks.{layer}.mlp.{n}"] for n in ("W_gate", "W_in", "b_in", "W_out", "b_out")}
+        # TransformerLens GatedMLP.forward: post = act(x W_gate) * (x W_in) + b_in
+        ref = (act(x @ p["W_gate"]) * (x @ p["W_in"]) + p["b_in"]) @ p["W_out"] + p["b_out"]
+        _assert_close(mlp(w, layer, x), ref, f"gated MLP of layer {layer}")
+
+
+def test_gated_mlp_bias_is_a_constant_output_in_the_whole_model(llama_dir: tuple[Any, Any]) -> None:
+    """After the gate, ``b_in`` adds the constant ``b_in W_out``: moving it into ``b_out``
+    leaves the logits unchanged (it would not if ``b_in`` were inside the gated product)."""
+    from headscope.engine.tl_compat import from_transformer_lens
+
+    tl_cfg, state = _tl_gated_state(llama_dir[0])
+    moved = dict(state)
+    for layer in range(tl_cfg["n_layers"]):
+        p = f"blocks.{layer}.mlp."
+        moved[p + "b_out"] = state[p + "b_out"] + state[p + "b_in"] @ state[p + "W_out"]
+        moved[p + "b_in"] = torch.zeros_like(state[p + "b_in"])
+    with_bias = run(from_transformer_lens(tl_cfg, state), SEQS).logits
+    _assert_close(with_bias, run(from_transformer_lens(tl_cfg, moved), SEQS).logits, "moved b_in")
+    # and the bias does matter (the check above is not vacuous)
+    unbiased = dict(state, **{k: torch.zeros_like(v) for k, v in state.items() if k.endswith("mlp.b_in")})
+    assert (with_bias - run(from_transformer_lens(tl_cfg, unbiased), SEQS).logits).abs().max() > 0.1
