@@ -5,7 +5,11 @@ heads or head pairs); model-wide sweeps report ``progress(fraction)`` and stop w
 :class:`~engine.errors.CancelledError` when ``cancelled()`` turns true (checked between
 layers). Heads with non-finite weights get NaN scores, never a crash: their matrices are
 replaced by zeros before any eigen/QR call (``torch.linalg.eigvals`` on a NaN matrix kills
-the process) and the NaN is put back afterwards. ``nonfinite_heads`` lists them.
+the process) and the NaN is put back afterwards; any other matrix that comes out non-finite
+is caught before its eigen call too. Heads with finite weights so large that float32
+products overflow (entries near 1e19) have their factors rescaled by a power of two before
+the weight-based scores, which are scale-free ratios: those come out right. Their forward
+pass overflows, so their behavioural scores are NaN. ``nonfinite_heads`` lists both kinds.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
-from .errors import CancelledError, InvalidRequestError
+from .errors import CancelledError, InvalidRequestError, NonFiniteError
 from .factored import FactoredMatrix, is_finite
 from .weights import WeightSource
 
@@ -96,6 +100,31 @@ def _finite_per_matrix(x: Tensor) -> Tensor:
     return torch.isfinite(x.sum((-2, -1)))
 
 
+def _max_abs(x: Tensor) -> Tensor:
+    """``[...]``: the largest ``|entry|`` of each matrix of ``x [..., m, n]`` (NaN if any)."""
+    return torch.maximum(x.amax((-2, -1)), -x.amin((-2, -1)))
+
+
+# Heads whose largest weight exceeds this are rescaled before the scale-free scores (below).
+_TAME_ABOVE = 2.0**20
+
+
+def _tame(x: Tensor) -> Tensor:
+    """``x [H, m, n]`` with each matrix whose largest entry exceeds ``2**20`` divided by a
+    power of two (exact) that brings it to at most 1; other matrices are returned unchanged.
+
+    Every weight-based score here is a ratio invariant to a positive scale of each head's
+    factors (``Σ Re λ / Σ |λ|``, ``‖XY‖ / (‖X‖ ‖Y‖)``), but float32 products of weights near
+    1e19 overflow to inf/NaN. Taming changes no score and keeps the products finite.
+    """
+    peak = _max_abs(x)
+    big = torch.isfinite(peak) & (peak > _TAME_ABOVE)
+    if not bool(big.any()):
+        return x
+    scale = torch.where(big, torch.exp2(-torch.ceil(torch.log2(peak))), torch.ones_like(peak))
+    return x * scale[:, None, None]
+
+
 # -- spectral scores -------------------------------------------------------------------------
 
 
@@ -114,10 +143,17 @@ def _batched_spectral_score(small: Tensor) -> Tensor:
 
 
 def copying_score(fm: FactoredMatrix) -> float:
-    """Copying score of a (full OV) circuit: ``Σ Re λ / Σ |λ|``; NaN if non-finite."""
+    """Copying score of a (full OV) circuit: ``Σ Re λ / Σ |λ|``; NaN if non-finite.
+
+    The eigenvalues come from float64 (``eigenvalues_double``): factors near 1e19, whose
+    float32 product overflows, still get their (scale-free) score.
+    """
     if not (is_finite(fm.A) and is_finite(fm.B)):
         return math.nan
-    return float(spectral_score(fm.eigenvalues))
+    try:
+        return float(spectral_score(fm.eigenvalues_double()))
+    except NonFiniteError:
+        return math.nan
 
 
 def qk_positivity(fm: FactoredMatrix) -> float:
@@ -158,7 +194,9 @@ def _spectral_sweep(w: WeightSource, middle: Tensor, left: str, right: str,
             lhs = _attn(w, layer, left[:-2]).transpose(-2, -1)  # [H, d_head, d_model]
         else:
             lhs = _attn(w, layer, left)
-        small = lhs @ middle @ _attn(w, layer, right)  # [H, d_head, d_head]
+        # Tamed factors (exact power-of-two rescaling, the score is scale-free): finite
+        # weights near 1e19 would otherwise overflow the float32 product.
+        small = _tame(lhs) @ middle @ _tame(_attn(w, layer, right))  # [H, d_head, d_head]
         score = _batched_spectral_score(small)
         # A head with any non-finite weight is flagged NaN in every score, not just those
         # its broken matrix enters, so the table and the nonfinite list agree.
@@ -189,9 +227,26 @@ def _nonfinite_mask(w: WeightSource) -> Tensor:
     return torch.stack([_layer_nonfinite(w, layer) for layer in range(w.cfg.n_layers)])
 
 
+def _layer_overflow(w: WeightSource, layer: int) -> Tensor:
+    """``[n_heads]`` bool: heads whose QK or OV circuit can exceed float32's range.
+
+    ``|(W_Q W_Kᵀ)[i, j]| <= d_head · max|W_Q| · max|W_K|`` (and the same for ``W_V W_O``);
+    the bound is taken in float64. Realistic weights are many orders of magnitude below it;
+    a head with weights near 1e19 (finite in float32) overflows every float32 product of them.
+    """
+    peak = {n: _max_abs(_attn(w, layer, n)).double() for n in _HEAD_WEIGHTS}
+    limit = torch.finfo(torch.float32).max / w.cfg.d_head
+    return (peak["W_Q"] * peak["W_K"] > limit) | (peak["W_V"] * peak["W_O"] > limit)
+
+
 def nonfinite_heads(w: WeightSource) -> list[tuple[int, int]]:
-    """``(layer, head)`` of every head with a NaN/inf in its Q/K/V/O weights or biases."""
-    return [(int(layer), int(head)) for layer, head in _nonfinite_mask(w).nonzero().tolist()]
+    """``(layer, head)`` of every head with a NaN/inf in its Q/K/V/O weights or biases, or
+    with weights so large that its QK or OV circuit overflows float32 (``_layer_overflow``):
+    the heads whose numbers are flagged (their forward pass, hence behavioural scores, is NaN).
+    """
+    bad = torch.stack([_layer_nonfinite(w, layer) | _layer_overflow(w, layer)
+                       for layer in range(w.cfg.n_layers)])
+    return [(int(layer), int(head)) for layer, head in bad.nonzero().tolist()]
 
 
 # -- composition ---------------------------------------------------------------------------------
@@ -285,14 +340,15 @@ def composition_scores(w: WeightSource, kind: Kind, seed: int = 0, progress: Pro
         _check(cancelled)
         if target > 0:
             src = target - 1
-            x = _reduced_source(_zero_bad(_attn(w, src, "W_V"), bad[src]),
-                                _zero_bad(_attn(w, src, "W_O"), bad[src]))
+            # tamed: the score is scale-free per head, float32 products of 1e19 are not
+            x = _reduced_source(_zero_bad(_tame(_attn(w, src, "W_V")), bad[src]),
+                                _zero_bad(_tame(_attn(w, src, "W_O")), bad[src]))
             if xs is None:
                 xs = x.new_empty((n_layers - 1, *x.shape))
             xs[src] = x
             x_norms[src] = torch.linalg.matrix_norm(x)
             a, b_t = _target_factors(w, target, kind)
-            y = _reduced_target(_zero_bad(a, bad[target]), _zero_bad(b_t, bad[target]))
+            y = _reduced_target(_zero_bad(_tame(a), bad[target]), _zero_bad(_tame(b_t), bad[target]))
             scores[:target, :, target, :] = _pair_scores(xs[:target], x_norms[:target], y)
             done += target
         _report(progress, done / total_work)

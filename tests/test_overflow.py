@@ -1,0 +1,141 @@
+"""Finite weights whose float32 products overflow (a head near 1e19) and NaN heads: every
+eigen- and singular-value path gets finite input or reports NaN, never crashes the process.
+
+``torch.linalg.eigvals`` on a NaN matrix can kill the process (segfault) in CPU builds, so the
+end-to-end checks run in a subprocess: a crash fails the test instead of taking pytest down.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from headscope.engine import circuits, scores
+from headscope.engine.loading import open_model
+from tests.hf_fixtures import D_MODEL, N_HEADS, build_gpt2
+
+REPO = Path(__file__).resolve().parent.parent
+LAYER, HEAD = 1, 2
+SCALE = 1e19
+
+
+def scale_head(path: Path, layer: int, head: int, factor: float) -> None:
+    """Multiply one GPT-2 head's W_Q, W_K, W_V (c_attn columns) and W_O (c_proj rows)."""
+    from safetensors.torch import load_file, save_file
+
+    file = path / "model.safetensors"
+    t = load_file(str(file))
+    prefix = "transformer." if "transformer.wte.weight" in t else ""
+    dh = D_MODEL // N_HEADS
+    qkv = t[f"{prefix}h.{layer}.attn.c_attn.weight"]
+    for i in range(3):
+        qkv[:, i * D_MODEL + head * dh : i * D_MODEL + (head + 1) * dh] *= factor
+    t[f"{prefix}h.{layer}.attn.c_proj.weight"][head * dh : (head + 1) * dh] *= factor
+    save_file(t, str(file), metadata={"format": "pt"})
+
+
+@pytest.fixture(scope="module")
+def huge_and_reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(the gpt2 fixture with head (1, 2) scaled by 1e19, the same fixture unscaled)."""
+    ref, _ = build_gpt2(tmp_path_factory.mktemp("reference"))
+    huge, _ = build_gpt2(tmp_path_factory.mktemp("huge"))
+    scale_head(huge, LAYER, HEAD, SCALE)
+    return huge, ref
+
+
+def run_python(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          cwd=REPO, timeout=300)
+
+
+def assert_clean_exit(proc: subprocess.CompletedProcess[str]) -> None:
+    # A segfault is returncode -11: the test fails, pytest lives on.
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stderr[-2000:]}"
+
+
+API_SCRIPT = r"""
+import json, math, sys
+from headscope.engine import circuits, scores
+from headscope.engine.loading import open_model
+
+w = open_model(sys.argv[1]).weights
+L, H = int(sys.argv[2]), int(sys.argv[3])
+clean = lambda t: [None if math.isnan(v) else v for v in t.flatten().tolist()]
+out = {
+    "nonfinite": scores.nonfinite_heads(w),
+    "copying": clean(scores.all_copying_scores(w)),
+    "positivity": clean(scores.all_qk_positivity(w)),
+    "copying_one": scores.copying_score(circuits.full_ov(w, L, H)),
+    "positivity_one": scores.qk_positivity(circuits.token_qk(w, L, H)),
+    "composition": {k: clean(scores.composition_scores(w, k).scores) for k in "qkv"},
+    "induction": clean(scores.behaviour_scores(w, seq_len=8)["induction"]),
+    "ov_singular": circuits.ov(w, L, H).svd()[1].tolist(),
+    "qk_singular": circuits.qk(w, L, H).S.tolist(),
+    "ov_eigenvalues": [abs(z) for z in circuits.full_ov(w, L, H).eigenvalues_double().tolist()],
+}
+print(json.dumps(out))
+"""
+
+
+def _close(got: list[Any], want: list[Any], tol: float = 1e-4) -> None:
+    assert len(got) == len(want)
+    for g, v in zip(got, want, strict=True):
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            assert g is None
+        else:
+            assert g is not None and abs(g - v) <= tol, (g, v)
+
+
+def test_huge_head_through_the_api_in_a_subprocess(huge_and_reference: tuple[Path, Path]) -> None:
+    huge, ref = huge_and_reference
+    proc = run_python(API_SCRIPT, str(huge), str(LAYER), str(HEAD))
+    assert_clean_exit(proc)
+    got = json.loads(proc.stdout)
+    assert got["nonfinite"] == [[LAYER, HEAD]]  # flagged: its forward pass overflows
+    # The weight-based scores are scale-free: the 1e19 head scores as the unscaled one.
+    w = open_model(ref).weights
+    _close(got["copying"], scores.all_copying_scores(w).flatten().tolist())
+    _close(got["positivity"], scores.all_qk_positivity(w).flatten().tolist())
+    assert got["copying_one"] == pytest.approx(
+        scores.copying_score(circuits.full_ov(w, LAYER, HEAD)), abs=1e-4)
+    assert got["positivity_one"] == pytest.approx(
+        scores.qk_positivity(circuits.token_qk(w, LAYER, HEAD)), abs=1e-4)
+    for kind in "qkv":
+        _close(got["composition"][kind], scores.composition_scores(w, kind).scores.flatten().tolist())
+    # Its behaviour cannot be computed in float32: NaN (null), flagged above; layer 0 is upstream.
+    induction = torch.tensor([math.nan if v is None else v for v in got["induction"]]).view(2, -1)
+    assert math.isnan(induction[LAYER, HEAD]) and torch.isfinite(induction[0]).all()
+    # Spectra: no crash, no NaN; singular values of a 1e38-scale circuit may be inf in float32.
+    for key in ("ov_singular", "qk_singular", "ov_eigenvalues"):
+        assert got[key] and not any(math.isnan(v) for v in got[key])
+    assert all(math.isfinite(v) for v in got["ov_eigenvalues"])
+
+
+def test_huge_head_through_the_cli_in_a_subprocess(huge_and_reference: tuple[Path, Path]) -> None:
+    huge, ref = huge_and_reference
+    proc = subprocess.run([sys.executable, "-m", "headscope.tui.cli", "heads", str(huge), "--json"],
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert_clean_exit(proc)
+    rows = {(r["layer"], r["head"]): r for r in json.loads(proc.stdout)}
+    row = rows[(LAYER, HEAD)]
+    assert row["nonfinite"] is True
+    assert sum(r["nonfinite"] for r in rows.values()) == 1
+    w = open_model(ref).weights
+    assert row["copying_score"] == pytest.approx(float(scores.all_copying_scores(w)[LAYER, HEAD]), abs=1e-4)
+    assert row["qk_positivity"] == pytest.approx(float(scores.all_qk_positivity(w)[LAYER, HEAD]), abs=1e-4)
+    assert row["prev_token_score"] is None  # NaN in JSON: the forward pass overflows
+
+
+def test_realistic_weights_are_not_flagged_or_rescaled(huge_and_reference: tuple[Path, Path]) -> None:
+    _, ref = huge_and_reference
+    w = open_model(ref).weights
+    assert scores.nonfinite_heads(w) == []
+    x = w.get("blocks.0.attn.W_V")
+    assert scores._tame(x) is x  # untouched: bit-identical scores for every ordinary model
