@@ -429,19 +429,38 @@ def detection_patterns(tokens: Tensor) -> dict[str, Tensor]:
     return {"prev_token": prev, "duplicate_token": dup, "induction": ind}
 
 
-def _detect(patterns: Tensor, detection: Tensor) -> Tensor:
+def _excluded(n: int, exclude_bos: bool, exclude_current_token: bool) -> Tensor | None:
+    """``[n, n]`` float mask: 0 on the attention TransformerLens' ``detect_head`` leaves out
+    (key 0 with ``exclude_bos``, the diagonal with ``exclude_current_token``), else 1."""
+    if not (exclude_bos or exclude_current_token):
+        return None
+    keep = torch.ones(n, n)
+    if exclude_bos:
+        keep[:, 0] = 0
+    if exclude_current_token:
+        keep.fill_diagonal_(0)
+    return keep
+
+
+def _detect(patterns: Tensor, detection: Tensor, *, exclude_bos: bool = False,
+            exclude_current_token: bool = False) -> Tensor:
     """TransformerLens ``error_measure="mul"``: attention mass on the pattern / total mass.
 
     patterns ``[b, ..., q, k]`` (e.g. one layer's ``[b, H, q, k]``), detection ``[b, q, k]``
     -> ``[...]``. The total mass is taken over the query rows where the pattern has an entry
-    (TransformerLens divides by all rows, which caps e.g. a perfect induction head at 0.5 on
-    a twice-repeated sequence); the result is averaged over the batch, one sequence at a time
-    as TransformerLens does for a list of prompts. For the repeated sequences of
+    (TransformerLens divides by all rows, which caps e.g. a perfect induction head at 0.5
+    on a twice-repeated sequence); the result is averaged over the batch, one sequence at a
+    time as TransformerLens does for a list of prompts. For the repeated sequences of
     ``repeated_tokens`` this is DESIGN.md's "mean attention from the second copy's ``t`` to
-    ``t - T + 1``".
+    ``t - T + 1``". ``exclude_bos`` / ``exclude_current_token`` are TransformerLens'
+    options: the attention to key 0 / to the query's own position is set to zero first, in
+    the numerator and the denominator alike.
     """
     b, q, k = detection.shape
     middle = (1,) * (patterns.ndim - 3)
+    keep = _excluded(q, exclude_bos, exclude_current_token)
+    if keep is not None:
+        patterns = patterns * keep
     rows = (detection.sum(-1) > 0).float().reshape(b, *middle, q)
     on_pattern = (patterns * detection.reshape(b, *middle, q, k)).sum((-2, -1))
     total = (patterns.sum(-1) * rows).sum(-1)
@@ -449,7 +468,8 @@ def _detect(patterns: Tensor, detection: Tensor) -> Tensor:
 
 
 def behaviour_scores(w: WeightSource, seed: int = 0, *, seq_len: int | None = None,
-                     batch: int = 4, progress: Progress = None, cancelled: Cancelled = None
+                     batch: int = 4, progress: Progress = None, cancelled: Cancelled = None,
+                     exclude_bos: bool = False, exclude_current_token: bool = False
                      ) -> dict[str, Tensor]:
     """``prev_token``, ``duplicate_token`` and ``induction`` scores ``[L, H]``.
 
@@ -459,7 +479,8 @@ def behaviour_scores(w: WeightSource, seed: int = 0, *, seq_len: int | None = No
     from its pattern as soon as the block has run, so memory holds one layer's
     ``[batch, n_heads, 2T, 2T]`` pattern, never all of them, and the unembedding is skipped.
     ``progress`` and ``cancelled()`` are reported/checked after each layer. Non-finite heads
-    get NaN.
+    get NaN. ``exclude_bos`` / ``exclude_current_token``: as TransformerLens' ``detect_head``
+    (see ``_detect``); the sequences have no BOS token, so "BOS" is position 0.
     """
     import torch
 
@@ -474,7 +495,8 @@ def behaviour_scores(w: WeightSource, seed: int = 0, *, seq_len: int | None = No
     def reduce(layer: int, _x: Tensor, pattern: Tensor) -> None:
         pattern = pattern.float()
         for name, det in detections.items():
-            out[name][layer] = _detect(pattern, det)
+            out[name][layer] = _detect(pattern, det, exclude_bos=exclude_bos,
+                                       exclude_current_token=exclude_current_token)
         _report(progress, (layer + 1) / cfg.n_layers)
         if layer + 1 < cfg.n_layers:
             _check(cancelled)

@@ -253,6 +253,38 @@ def test_behaviour_scores_match_transformerlens_detect_head_mul(seq_len, vocab):
                 assert float(got[name][layer, head]) == pytest.approx(np.mean(per_seq), abs=1e-5)
 
 
+def tl_masked_score(pattern: torch.Tensor, detection: torch.Tensor, exclude_bos: bool,
+                    exclude_current_token: bool) -> float:
+    """TransformerLens' compute_head_attention_similarity_score ("mul") with its exclusions,
+    with headscope's denominator: the masked mass of the rows where the pattern has an entry."""
+    pattern = pattern.clone()
+    if exclude_bos:
+        pattern[:, 0] = 0
+    if exclude_current_token:
+        pattern.fill_diagonal_(0)
+    rows = detection.sum(-1) > 0
+    return float((pattern * detection).sum() / pattern[rows].sum())
+
+
+@pytest.mark.parametrize("exclude_bos,exclude_current_token", [(True, False), (False, True), (True, True)])
+def test_behaviour_scores_exclude_bos_and_current_token_as_transformerlens(exclude_bos, exclude_current_token):
+    w = random_weights(d_vocab=23, seed=5)
+    tokens = scores.repeated_tokens(23, 16, seed=2, seq_len=6, batch=2)
+    got = scores.behaviour_scores(w, seed=2, seq_len=6, batch=2, exclude_bos=exclude_bos,
+                                  exclude_current_token=exclude_current_token)
+    plain = scores.behaviour_scores(w, seed=2, seq_len=6, batch=2)
+    patterns = run(w, tokens).patterns
+    refs = {"prev_token": tl_previous_token_pattern, "duplicate_token": tl_duplicate_token_pattern,
+            "induction": tl_induction_pattern}
+    for name, make in refs.items():
+        for layer in range(2):
+            for head in range(4):
+                ref = np.mean([tl_masked_score(patterns[b, layer, head], make(tokens[b]), exclude_bos,
+                                               exclude_current_token) for b in range(2)])
+                assert float(got[name][layer, head]) == pytest.approx(ref, abs=1e-5)
+        assert not torch.allclose(got[name], plain[name])  # the options do change the scores
+
+
 # -- ablation ------------------------------------------------------------------------------------------
 
 
