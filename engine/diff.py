@@ -14,9 +14,15 @@ factors: with ``G_E = W_E,Aᵀ W_E,B`` and ``G_U = W_U,A W_U,Bᵀ`` (``d_model �
 model pair), ``⟨A₁B₁, A₂B₂⟩_F = Σ (A₁ᵀA₂) ∘ (B₁B₂ᵀ)`` needs only ``d_head``-sized blocks; no
 ``vocab × vocab`` matrix is ever built.
 
-When both models share ``d_model`` we also report principal angles between the heads' read
-subspaces (column spaces of ``W_V``) and write subspaces (row spaces of ``W_O``) in the
-residual stream: the cosines of the angles, 1 meaning the same subspace.
+The two models may differ in ``d_model`` and ``d_head`` (an original and a distilled copy):
+only the layout (layers × heads) and the vocabulary must agree. When both models share
+``d_model`` we also report principal angles between the heads' read subspaces (column spaces
+of ``W_V``) and write subspaces (row spaces of ``W_O``) in the residual stream: the cosines of
+the angles, 1 meaning the same subspace.
+
+A head with NaN/inf weights gets NaN similarities (and NaN cosines; nothing non-finite reaches
+an SVD) and ``nonfinite: true`` in its row; heads with finite weights near 1e19 are rescaled
+per head by a power of two first (the similarities are scale-free), so they do not overflow.
 """
 
 from __future__ import annotations
@@ -51,18 +57,22 @@ class CircuitSimilarity:
 
 
 def _stack(w: WeightSource, layer: int, name: str) -> torch.Tensor:
-    return w.get(f"blocks.{layer}.attn.{name}")
+    """One layer's stacked head weights, each head rescaled by a power of two if its entries
+    are huge (``factored.tame``; every similarity here is scale-free per head and factor)."""
+    from .factored import tame
+
+    return tame(w.get(f"blocks.{layer}.attn.{name}"))
 
 
-def _pair_inner(
-    a_cross: torch.Tensor, b_cross: torch.Tensor, n_heads: int, d_head: int
-) -> torch.Tensor:
+def _pair_inner(a_cross: torch.Tensor, b_cross: torch.Tensor, n_heads: int) -> torch.Tensor:
     """``⟨A₁B₁, A₂B₂⟩`` for all head pairs from ``A₁ᵀA₂`` and ``B₁B₂ᵀ`` of stacked heads.
 
-    ``a_cross``/``b_cross`` are ``[H·d_head, H·d_head]``; the (h1, h2) block of their
-    elementwise product sums to the inner product of head h1's and head h2's circuits.
+    ``a_cross``/``b_cross`` are ``[H·d_head_x, H·d_head_y]`` (the two models' ``d_head`` may
+    differ); the (h1, h2) block of their elementwise product sums to the inner product of
+    head h1's and head h2's circuits.
     """
-    prod = (a_cross * b_cross).reshape(n_heads, d_head, n_heads, d_head)
+    rows, cols = a_cross.shape
+    prod = (a_cross * b_cross).reshape(n_heads, rows // n_heads, n_heads, cols // n_heads)
     return prod.sum(dim=(1, 3))
 
 
@@ -96,7 +106,7 @@ def _cross_inner(
     """
     a_cross = x[0].T @ (g_left @ y[0])
     b_cross = x[1].T @ (g_right @ y[1])
-    return _pair_inner(a_cross, b_cross, n_heads, a_cross.shape[0] // n_heads)
+    return _pair_inner(a_cross, b_cross, n_heads)
 
 
 def _self_norms(
@@ -119,17 +129,19 @@ def circuit_similarity(wa: WeightSource, wb: WeightSource) -> CircuitSimilarity:
     import torch
 
     ca, cb = wa.cfg, wb.cfg
+    path_a, path_b = getattr(wa, "path", None), getattr(wb, "path", None)
     if (ca.n_layers, ca.n_heads) != (cb.n_layers, cb.n_heads):
         raise InvalidRequestError(
-            None,
-            f"different head layouts: {ca.n_layers}×{ca.n_heads} vs {cb.n_layers}×{cb.n_heads} "
-            "(layers × heads); only models with the same layout can be compared head by head",
+            path_a,
+            f"cannot compare with {path_b}: different head layouts: {ca.n_layers}×{ca.n_heads} "
+            f"vs {cb.n_layers}×{cb.n_heads} (layers × heads); only models with the same layout "
+            "can be compared head by head",
         )
     if ca.d_vocab != cb.d_vocab:
         raise InvalidRequestError(
-            None,
-            f"different vocabularies ({ca.d_vocab} vs {cb.d_vocab} tokens): the token basis "
-            "needs identical tokenizers",
+            path_a,
+            f"cannot compare with {path_b}: different vocabularies ({ca.d_vocab} vs "
+            f"{cb.d_vocab} tokens): the token basis needs identical tokenizers",
         )
     n_heads = ca.n_heads
     with torch.inference_mode():
@@ -146,18 +158,35 @@ def circuit_similarity(wa: WeightSource, wb: WeightSource) -> CircuitSimilarity:
                 cross = _cross_inner(fa, fb, g_e["ab"], g_right["ab"], n_heads)
                 norm_a = _self_norms(fa, g_e["aa"], g_right["aa"], n_heads)
                 norm_b = _self_norms(fb, g_e["bb"], g_right["bb"], n_heads)
-                denom = norm_a[:, None] * norm_b[None, :]
-                out.append(torch.where(denom > 0, cross / denom, torch.zeros_like(cross)))
+                out.append(_normalised(cross, norm_a[:, None] * norm_b[None, :]))
         return CircuitSimilarity(ov=torch.stack(sims["ov"]), qk=torch.stack(sims["qk"]))
 
 
-def principal_cosines(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Cosines of the principal angles between the column spaces of ``x`` and ``y``."""
+def _normalised(cross: torch.Tensor, denom: torch.Tensor) -> torch.Tensor:
+    """``cross / denom``; 0 for a zero circuit (``denom == 0``), NaN where either head is
+    non-finite (NaN weights give NaN norms: the ratio is undefined, not 0)."""
     import torch
 
-    qx, _ = torch.linalg.qr(x)
-    qy, _ = torch.linalg.qr(y)
-    return torch.linalg.svdvals(qx.T @ qy).clamp(max=1.0)
+    ratio = torch.where(denom > 0, cross / denom, torch.zeros_like(cross))
+    return torch.where(torch.isfinite(denom) & torch.isfinite(cross), ratio, math.nan)
+
+
+def principal_cosines(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Cosines of the principal angles between the column spaces of ``x`` and ``y``.
+
+    In float64 (the matrices are ``d_model × d_head``); NaN cosines if either holds a NaN
+    or an infinity, checked before the QR and the SVD, which must never see one.
+    """
+    import torch
+
+    from .factored import is_finite
+
+    k = min(x.shape[-1], y.shape[-1], x.shape[-2])
+    if not (is_finite(x) and is_finite(y)):
+        return torch.full((k,), math.nan)
+    qx, _ = torch.linalg.qr(x.double())
+    qy, _ = torch.linalg.qr(y.double())
+    return torch.linalg.svdvals(qx.T @ qy).clamp(max=1.0).float()
 
 
 def best_matching(similarity: list[list[float]]) -> list[int]:
@@ -234,7 +263,9 @@ def diff_models(
     sim = circuit_similarity(a.weights, b.weights)
     n_layers, n_heads = a.cfg.n_layers, a.cfg.n_heads
     if match_heads:
-        matching = [best_matching((sim.ov[i] + sim.qk[i]).tolist()) for i in range(n_layers)]
+        # NaN (non-finite heads) ranks below every real similarity sum (in [-2, 2])
+        total = (sim.ov + sim.qk).nan_to_num(nan=-4.0)
+        matching = [best_matching(total[i].tolist()) for i in range(n_layers)]
     else:
         matching = [list(range(n_heads)) for _ in range(n_layers)]
     rows_a = {(r["layer"], r["head"]): r for r in head_table(a, seed=seed)}
@@ -269,11 +300,18 @@ def diff_models(
                         b.weights.get_head(f"blocks.{layer}.attn.W_O", hb).T,
                     ).mean()
                 )
+            # NaN/inf or overflowing weights in either head: its numbers are flagged
+            row["nonfinite"] = bool(ra.get("nonfinite") or rb.get("nonfinite")) or not (
+                math.isfinite(row["ov_similarity"]) and math.isfinite(row["qk_similarity"])
+            )
             row["change"] = _change_size(row)  # how much the head changed: ranks and colours
             heads.append(row)
     composition = {kind: _composition_diff(a, b, kind, matching, threshold, seed) for kind in "qkv"}
-    # Changes equal to 1e-6 are float noise: keep those in layer/head order (stable output).
-    biggest = sorted(heads, key=lambda r: (-round(r["change"], 6), r["layer"], r["head"]))[:10]
+    # Changes equal to 1e-6 are float noise: keep those in layer/head order (stable output);
+    # an undefined (NaN) change sorts last.
+    biggest = sorted(heads, key=lambda r: (math.isnan(r["change"]), -round(r["change"], 6)
+                                           if math.isfinite(r["change"]) else 0.0,
+                                           r["layer"], r["head"]))[:10]
     return ModelDiff(
         heads=heads,
         matching=matching if match_heads else None,
@@ -286,10 +324,12 @@ def diff_models(
 
 
 def _change_size(row: dict[str, Any]) -> float:
-    """How much a head changed: lost circuit similarity, or the largest score delta."""
-    sim_loss = 1.0 - min(row["ov_similarity"], row["qk_similarity"])
+    """How much a head changed: lost circuit similarity, or the largest score delta; only
+    the finite ones count (NaN if none is)."""
+    sims = [row[k] for k in ("ov_similarity", "qk_similarity") if math.isfinite(row[k])]
     deltas = [abs(row[f"{k}_delta"]) for k in SCORE_KEYS if math.isfinite(row[f"{k}_delta"])]
-    return max([sim_loss, *deltas])
+    parts = ([1.0 - min(sims)] if sims else []) + deltas
+    return max(parts) if parts else math.nan
 
 
 def _summary(row: dict[str, Any]) -> dict[str, Any]:

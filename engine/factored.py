@@ -50,7 +50,7 @@ Index = Union[Sequence[int], "Tensor", slice, None]
 
 _SIXTEEN_BIT = (torch.float16, torch.bfloat16)
 
-__all__ = ["FactoredMatrix", "broadcast_shapes", "check_finite", "is_finite"]
+__all__ = ["FactoredMatrix", "broadcast_shapes", "check_finite", "is_finite", "max_abs", "tame"]
 
 
 def broadcast_shapes(*shapes: Sequence[int]) -> tuple[int, ...]:
@@ -82,6 +82,31 @@ def check_finite(*tensors: Tensor, what: str = "matrix", path: str | None = None
     for t in tensors:
         if not is_finite(t):
             raise NonFiniteError(path, f"{what} has NaN or infinite entries")
+
+
+def max_abs(x: Tensor) -> Tensor:
+    """``[...]``: the largest ``|entry|`` of each matrix of ``x [..., m, n]`` (NaN if any)."""
+    return torch.maximum(x.amax((-2, -1)), -x.amin((-2, -1)))
+
+
+# Heads whose largest weight exceeds this are rescaled before the scale-free scores (below).
+_TAME_ABOVE = 2.0**20
+
+
+def tame(x: Tensor) -> Tensor:
+    """``x [H, m, n]`` with each matrix whose largest entry exceeds ``2**20`` divided by a
+    power of two (exact) that brings it to at most 1; other matrices are returned unchanged.
+
+    Every weight-based score in ``engine.scores`` and ``engine.diff`` is a ratio invariant to a positive scale of each head's
+    factors (``Σ Re λ / Σ |λ|``, ``‖XY‖ / (‖X‖ ‖Y‖)``), but float32 products of weights near
+    1e19 overflow to inf/NaN. Taming changes no score and keeps the products finite.
+    """
+    peak = max_abs(x)
+    big = torch.isfinite(peak) & (peak > _TAME_ABOVE)
+    if not bool(big.any()):
+        return x
+    scale = torch.where(big, torch.exp2(-torch.ceil(torch.log2(peak))), torch.ones_like(peak))
+    return x * scale[:, None, None]
 
 
 def _as_index(idx: Index) -> Tensor | slice:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 from .errors import CancelledError, InvalidRequestError, NonFiniteError
-from .factored import FactoredMatrix, is_finite
+from .factored import FactoredMatrix, is_finite, max_abs, tame
 from .weights import WeightSource
 
 if TYPE_CHECKING:
@@ -100,31 +100,6 @@ def _finite_per_matrix(x: Tensor) -> Tensor:
     return torch.isfinite(x.sum((-2, -1)))
 
 
-def _max_abs(x: Tensor) -> Tensor:
-    """``[...]``: the largest ``|entry|`` of each matrix of ``x [..., m, n]`` (NaN if any)."""
-    return torch.maximum(x.amax((-2, -1)), -x.amin((-2, -1)))
-
-
-# Heads whose largest weight exceeds this are rescaled before the scale-free scores (below).
-_TAME_ABOVE = 2.0**20
-
-
-def _tame(x: Tensor) -> Tensor:
-    """``x [H, m, n]`` with each matrix whose largest entry exceeds ``2**20`` divided by a
-    power of two (exact) that brings it to at most 1; other matrices are returned unchanged.
-
-    Every weight-based score here is a ratio invariant to a positive scale of each head's
-    factors (``Σ Re λ / Σ |λ|``, ``‖XY‖ / (‖X‖ ‖Y‖)``), but float32 products of weights near
-    1e19 overflow to inf/NaN. Taming changes no score and keeps the products finite.
-    """
-    peak = _max_abs(x)
-    big = torch.isfinite(peak) & (peak > _TAME_ABOVE)
-    if not bool(big.any()):
-        return x
-    scale = torch.where(big, torch.exp2(-torch.ceil(torch.log2(peak))), torch.ones_like(peak))
-    return x * scale[:, None, None]
-
-
 # -- spectral scores -------------------------------------------------------------------------
 
 
@@ -196,7 +171,7 @@ def _spectral_sweep(w: WeightSource, middle: Tensor, left: str, right: str,
             lhs = _attn(w, layer, left)
         # Tamed factors (exact power-of-two rescaling, the score is scale-free): finite
         # weights near 1e19 would otherwise overflow the float32 product.
-        small = _tame(lhs) @ middle @ _tame(_attn(w, layer, right))  # [H, d_head, d_head]
+        small = tame(lhs) @ middle @ tame(_attn(w, layer, right))  # [H, d_head, d_head]
         score = _batched_spectral_score(small)
         # A head with any non-finite weight is flagged NaN in every score, not just those
         # its broken matrix enters, so the table and the nonfinite list agree.
@@ -234,7 +209,7 @@ def _layer_overflow(w: WeightSource, layer: int) -> Tensor:
     the bound is taken in float64. Realistic weights are many orders of magnitude below it;
     a head with weights near 1e19 (finite in float32) overflows every float32 product of them.
     """
-    peak = {n: _max_abs(_attn(w, layer, n)).double() for n in _HEAD_WEIGHTS}
+    peak = {n: max_abs(_attn(w, layer, n)).double() for n in _HEAD_WEIGHTS}
     limit = torch.finfo(torch.float32).max / w.cfg.d_head
     return (peak["W_Q"] * peak["W_K"] > limit) | (peak["W_V"] * peak["W_O"] > limit)
 
@@ -341,14 +316,14 @@ def composition_scores(w: WeightSource, kind: Kind, seed: int = 0, progress: Pro
         if target > 0:
             src = target - 1
             # tamed: the score is scale-free per head, float32 products of 1e19 are not
-            x = _reduced_source(_zero_bad(_tame(_attn(w, src, "W_V")), bad[src]),
-                                _zero_bad(_tame(_attn(w, src, "W_O")), bad[src]))
+            x = _reduced_source(_zero_bad(tame(_attn(w, src, "W_V")), bad[src]),
+                                _zero_bad(tame(_attn(w, src, "W_O")), bad[src]))
             if xs is None:
                 xs = x.new_empty((n_layers - 1, *x.shape))
             xs[src] = x
             x_norms[src] = torch.linalg.matrix_norm(x)
             a, b_t = _target_factors(w, target, kind)
-            y = _reduced_target(_zero_bad(_tame(a), bad[target]), _zero_bad(_tame(b_t), bad[target]))
+            y = _reduced_target(_zero_bad(tame(a), bad[target]), _zero_bad(tame(b_t), bad[target]))
             scores[:target, :, target, :] = _pair_scores(xs[:target], x_norms[:target], y)
             done += target
         _report(progress, done / total_work)

@@ -15,7 +15,7 @@ from headscope.engine.weights import DictWeights
 L, H, D, DH, V, N_CTX = 2, 3, 16, 4, 40, 8
 
 
-def random_weights(seed: int, d_model: int = D) -> DictWeights:
+def random_weights(seed: int, d_model: int = D, d_head: int = DH, path: str | None = None) -> DictWeights:
     g = torch.Generator().manual_seed(seed)
 
     def r(*shape: int) -> torch.Tensor:
@@ -23,14 +23,23 @@ def random_weights(seed: int, d_model: int = D) -> DictWeights:
 
     cfg = ModelConfig(
         family="native", architecture="test", n_layers=L, n_heads=H, d_model=d_model,
-        d_head=DH, d_vocab=V, n_ctx=N_CTX, normalization=None,
+        d_head=d_head, d_vocab=V, n_ctx=N_CTX, normalization=None,
     )
     t = {"embed.W_E": r(V, d_model), "unembed.W_U": r(d_model, V), "pos_embed.W_pos": r(N_CTX, d_model)}
     for layer in range(L):
         for name in ("W_Q", "W_K", "W_V"):
-            t[f"blocks.{layer}.attn.{name}"] = r(H, d_model, DH)
-        t[f"blocks.{layer}.attn.W_O"] = r(H, DH, d_model)
-    return DictWeights(cfg, t)
+            t[f"blocks.{layer}.attn.{name}"] = r(H, d_model, d_head)
+        t[f"blocks.{layer}.attn.W_O"] = r(H, d_head, d_model)
+    return DictWeights(cfg, t, path=path)
+
+
+def edited(w: DictWeights, name: str, layer: int, head: int, change) -> DictWeights:
+    """A copy of ``w`` with ``change`` applied to one head's ``blocks.{layer}.attn.{name}``."""
+    t = dict(w._t)
+    x = t[f"blocks.{layer}.attn.{name}"].clone()
+    x[head] = change(x[head])
+    t[f"blocks.{layer}.attn.{name}"] = x
+    return DictWeights(w.cfg, t)
 
 
 def dense_full_ov(w: DictWeights, layer: int, head: int) -> torch.Tensor:
@@ -88,10 +97,47 @@ def test_negated_ov_has_similarity_minus_one() -> None:
 
 
 def test_different_layouts_are_refused_with_a_reason() -> None:
-    wa = random_weights(0)
+    wa = random_weights(0, path="original")
     cfg = wa.cfg.replace(n_heads=2)
-    with pytest.raises(InvalidRequestError, match="different head layouts"):
-        circuit_similarity(wa, DictWeights(cfg, wa._t))
+    with pytest.raises(InvalidRequestError, match="different head layouts") as info:
+        circuit_similarity(wa, DictWeights(cfg, wa._t, path="pruned"))
+    message = str(info.value)
+    assert "original" in message and "pruned" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("d_model_b,d_head_b", [(D, 8), (24, 8), (12, 2)])
+def test_different_d_head_and_width_are_compared(d_model_b: int, d_head_b: int) -> None:
+    """A distilled copy with the same layers × heads: the token-basis similarity is defined."""
+    wa, wb = random_weights(0), random_weights(1, d_model=d_model_b, d_head=d_head_b)
+    sim = circuit_similarity(wa, wb)
+    for layer, h1, h2 in itertools.product(range(L), range(H), range(H)):
+        expected_ov = cosine(dense_full_ov(wa, layer, h1), dense_full_ov(wb, layer, h2))
+        expected_qk = cosine(dense_token_qk(wa, layer, h1), dense_token_qk(wb, layer, h2))
+        assert sim.ov[layer, h1, h2].item() == pytest.approx(expected_ov, abs=1e-4)
+        assert sim.qk[layer, h1, h2].item() == pytest.approx(expected_qk, abs=1e-4)
+    assert torch.allclose(circuit_similarity(wb, wb).ov.diagonal(dim1=1, dim2=2), torch.ones(L, H), atol=1e-4)
+
+
+def test_a_nan_head_has_nan_similarity_and_the_others_are_unchanged() -> None:
+    wa = random_weights(0)
+    wb = edited(wa, "W_V", 1, 2, lambda x: x.index_put_((torch.tensor(0), torch.tensor(0)), torch.tensor(float("nan"))))
+    clean, sim = circuit_similarity(wa, wa), circuit_similarity(wa, wb)
+    assert torch.isnan(sim.ov[1, :, 2]).all()  # every pair with B's head (1, 2): undefined
+    finite = torch.ones(L, H, H, dtype=torch.bool)
+    finite[1, :, 2] = False
+    torch.testing.assert_close(sim.ov[finite], clean.ov[finite])
+    torch.testing.assert_close(sim.qk, clean.qk)  # the NaN is in W_V: QK is untouched
+    assert torch.isnan(principal_cosines(wa.get("blocks.1.attn.W_V")[2], wb.get("blocks.1.attn.W_V")[2])).all()
+
+
+def test_huge_heads_have_the_similarity_of_the_unscaled_head() -> None:
+    """Similarity is scale-free per head: W_V, W_O × 1e19 (finite in float32, products are
+    not) gives the same numbers as the head itself, not NaN."""
+    wa = random_weights(0)
+    wb = edited(edited(wa, "W_V", 0, 1, lambda x: x * 1e19), "W_O", 0, 1, lambda x: x * 1e19)
+    wb = edited(edited(wb, "W_Q", 1, 0, lambda x: x * 1e19), "W_K", 1, 0, lambda x: x * 3e18)
+    torch.testing.assert_close(circuit_similarity(wa, wb).ov, circuit_similarity(wa, wa).ov, atol=1e-5, rtol=0)
+    torch.testing.assert_close(circuit_similarity(wa, wb).qk, circuit_similarity(wa, wa).qk, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 6])

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from headscope.engine import circuits, scores
+from headscope.engine.factored import tame
 from headscope.engine.loading import open_model
 from tests.hf_fixtures import D_MODEL, N_HEADS, build_gpt2
 
@@ -63,6 +64,7 @@ def assert_clean_exit(proc: subprocess.CompletedProcess[str]) -> None:
 API_SCRIPT = r"""
 import json, math, sys
 from headscope.engine import circuits, scores
+from headscope.engine.factored import tame
 from headscope.engine.loading import open_model
 
 w = open_model(sys.argv[1]).weights
@@ -138,4 +140,73 @@ def test_realistic_weights_are_not_flagged_or_rescaled(huge_and_reference: tuple
     w = open_model(ref).weights
     assert scores.nonfinite_heads(w) == []
     x = w.get("blocks.0.attn.W_V")
-    assert scores._tame(x) is x  # untouched: bit-identical scores for every ordinary model
+    assert tame(x) is x  # untouched: bit-identical scores for every ordinary model
+
+
+# -- diff: a NaN head, a huge head, a different d_model/d_head, through the CLI ----------------
+
+
+def write_model(path: Path, w: Any) -> Path:
+    from tests.hf_fixtures import write_native
+
+    fields = {k: v for k, v in w.cfg.to_dict().items() if k not in ("attn_only", "extra")}
+    return write_native(path, fields, dict(w._t))
+
+
+def run_diff(a: Path, b: Path, *flags: str) -> dict[str, Any]:
+    proc = subprocess.run([sys.executable, "-m", "headscope.tui.cli", "diff", str(a), str(b), "--json", *flags],
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert_clean_exit(proc)
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def diff_models_on_disk(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from tests.test_diff import edited, random_weights
+
+    root = tmp_path_factory.mktemp("diff")
+    base = random_weights(0)
+    nan_v = edited(base, "W_V", 1, 2, lambda x: x.index_fill_(0, torch.tensor([0]), math.nan))
+    huge = edited(edited(base, "W_V", 1, 2, lambda x: x * 1e19), "W_O", 1, 2, lambda x: x * 1e19)
+    return {
+        "base": write_model(root / "base", base),
+        "nan": write_model(root / "nan", nan_v),
+        "huge": write_model(root / "huge", huge),
+        "distilled": write_model(root / "distilled", random_weights(1, d_model=24, d_head=8)),
+    }
+
+
+@pytest.mark.parametrize("flags", [(), ("--match-heads",)])
+def test_diff_with_a_nan_head_flags_it_in_a_subprocess(diff_models_on_disk: dict[str, Path], flags) -> None:
+    out = run_diff(diff_models_on_disk["base"], diff_models_on_disk["nan"], *flags)
+    rows = {(r["layer"], r["head"]): r for r in out["heads"]}
+    broken = [r for r in rows.values() if r["matched_head"] == 2 and r["layer"] == 1]
+    assert len(broken) == 1 and broken[0]["nonfinite"] is True
+    assert broken[0]["ov_similarity"] is None and broken[0]["read_subspace_cos"] is None
+    assert broken[0]["qk_similarity"] is not None  # W_Q/W_K are intact
+    others = [r for r in rows.values() if r is not broken[0]]
+    assert not any(r["nonfinite"] for r in others)
+    assert all(r["ov_similarity"] is not None and r["read_subspace_cos"] is not None for r in others)
+    if not flags:  # identity matching: every other head is exactly the same head
+        assert all(r["ov_similarity"] == pytest.approx(1, abs=1e-4) for r in others)
+
+
+def test_diff_with_a_huge_head_in_a_subprocess(diff_models_on_disk: dict[str, Path]) -> None:
+    out = run_diff(diff_models_on_disk["base"], diff_models_on_disk["huge"])
+    row = next(r for r in out["heads"] if (r["layer"], r["head"]) == (1, 2))
+    # The same head scaled: similarity 1 (scale-free), subspaces identical; flagged (it overflows).
+    assert row["ov_similarity"] == pytest.approx(1, abs=1e-4)
+    assert row["read_subspace_cos"] == pytest.approx(1, abs=1e-4)
+    assert row["nonfinite"] is True
+
+
+def test_diff_with_a_different_d_model_and_d_head(diff_models_on_disk: dict[str, Path]) -> None:
+    from headscope.engine.diff import circuit_similarity
+
+    out = run_diff(diff_models_on_disk["base"], diff_models_on_disk["distilled"])
+    sim = circuit_similarity(open_model(diff_models_on_disk["base"]).weights,
+                             open_model(diff_models_on_disk["distilled"]).weights)
+    for r in out["heads"]:
+        assert r["ov_similarity"] == pytest.approx(float(sim.ov[r["layer"], r["head"], r["head"]]), abs=1e-5)
+        assert "read_subspace_cos" not in r  # residual streams of different widths: no angles
+        assert r["nonfinite"] is False
