@@ -20,6 +20,7 @@ from .errors import CorruptFileError, PromptError
 # ones that matter for reading tokens are the space and newline markers.
 _DISPLAY = str.maketrans({"Ġ": " ", "Ċ": "\n", "ĉ": "\t", "▁": " "})
 MAX_TOKENIZER_BYTES = 200_000_000
+_BERT_SPECIAL = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
 @runtime_checkable
@@ -34,9 +35,19 @@ class Tokenizer(Protocol):
 
 
 class HFTokenizer:
-    """A ``tokenizers.Tokenizer``; ``encode`` adds no special tokens (the prompt as typed)."""
+    """A ``tokenizers.Tokenizer``; ``encode`` gives exactly the prompt's tokens.
+
+    No special tokens are added (type ``[CLS] ... [SEP]`` to run an encoder the way it was
+    trained; special tokens typed in the prompt are recognised), and the padding and
+    truncation a ``tokenizer.json`` may enable (sentence-transformers checkpoints pad every
+    input to a fixed 128 tokens and cut there) are switched off: padding without an attention
+    mask would let every position attend to ``[PAD]``, and truncation is headscope's own, at
+    the model's context length, with its own warning (docs/math.md, "Prompts").
+    """
 
     def __init__(self, tok: Any, path: str | None = None) -> None:
+        tok.no_padding()
+        tok.no_truncation()
         self._tok = tok
         self.path = path
         self.vocab_size: int = tok.get_vocab_size(with_added_tokens=True)
@@ -55,7 +66,8 @@ class HFTokenizer:
     def from_wordpiece_vocab(
         cls, path: str | os.PathLike[str], lowercase: bool = True
     ) -> HFTokenizer:
-        """BERT's WordPiece ``vocab.txt`` (no special tokens are added to prompts)."""
+        """BERT's WordPiece ``vocab.txt`` (no special tokens are added to prompts; typed
+        ``[CLS]``, ``[SEP]``, ``[MASK]`` ... are recognised as one token each)."""
         from tokenizers import Tokenizer as RustTokenizer
         from tokenizers import models, normalizers, pre_tokenizers
 
@@ -70,6 +82,8 @@ class HFTokenizer:
             ) from None
         tok.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        # Typed special tokens are one token each, as with a tokenizer.json (not "[", "cls", "]").
+        tok.add_special_tokens([t for t in _BERT_SPECIAL if t in vocab])
         return cls(tok, str(path))
 
     def encode(self, text: str) -> list[int]:

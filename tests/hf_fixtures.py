@@ -69,6 +69,27 @@ def write_word_tokenizer(path: Path, words: list[str] = WORDS) -> Path:
     return out
 
 
+# A BERT-style vocabulary of the same size: special tokens first, then the words.
+BERT_WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS[1 : VOCAB - 4]]
+
+
+def write_bert_tokenizer(path: Path, *, fixed_length: int | None = None) -> Path:
+    """A WordLevel ``tokenizer.json`` over ``BERT_WORDS`` with BERT's special tokens and, with
+    ``fixed_length``, fixed-length padding and truncation enabled in the file, as
+    sentence-transformers checkpoints ship it (all-MiniLM-L6-v2: 128)."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(BERT_WORDS)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens([AddedToken(t, special=True) for t in BERT_WORDS[:5]])
+    if fixed_length is not None:
+        tok.enable_padding(length=fixed_length, pad_id=0, pad_token="[PAD]")
+        tok.enable_truncation(max_length=fixed_length)
+    out = Path(path) / "tokenizer.json"
+    tok.save(str(out))
+    return out
+
+
 def _save(model: Any, path: Path, *, shard: bool, dtype: str | None) -> Path:
     import torch
 
