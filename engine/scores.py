@@ -251,6 +251,11 @@ def _r_factor(x: Tensor) -> Tensor:
     """
     x64 = x.double()
     gram = x64.transpose(-2, -1) @ x64
+    # Callers zero non-finite heads first; never hand a NaN to cholesky/eigh regardless (a
+    # zero Gram gives a zero root, hence a NaN ratio, as for a pruned head).
+    finite = _finite_per_matrix(gram)
+    if not bool(finite.all()):
+        gram = torch.where(finite[..., None, None], gram, torch.zeros_like(gram))
     chol, info = torch.linalg.cholesky_ex(gram)
     root = chol.transpose(-2, -1)
     failed = info != 0

@@ -390,3 +390,11 @@ def test_a_zero_head_has_undefined_scores_not_a_crash():
     assert torch.isnan(scores.all_copying_scores(w)[0, 1])
     comp = scores.composition_scores(w, "v").scores
     assert torch.isnan(comp[0, 1, 1]).all() and torch.isfinite(comp[0, 0, 1]).all()
+
+
+def test_r_factor_never_decomposes_a_non_finite_gram():
+    x = torch.randn(3, 10, 4, generator=torch.Generator().manual_seed(0))
+    x[1, 2, 3] = float("inf")
+    root = scores._r_factor(x)
+    assert torch.equal(root[1], torch.zeros(4, 4))
+    torch.testing.assert_close(root[0].T @ root[0], x[0].T @ x[0], atol=1e-4, rtol=1e-5)
