@@ -128,6 +128,19 @@ def _keep_dim(item: object) -> object:
     return slice(i, i + 1 if i != -1 else None)
 
 
+def _index_ndim(item: object) -> int:
+    """How many dims an index item consumes: a boolean mask one per mask dim, else one."""
+    if item is Ellipsis:
+        return 0
+    if isinstance(item, (list, tuple)):
+        mask = torch.as_tensor(item)
+        return mask.ndim if mask.dtype == torch.bool else 1
+    dtype = getattr(item, "dtype", None)
+    if dtype is not None and str(dtype) in ("torch.bool", "torch.uint8", "bool", "uint8"):
+        return int(getattr(item, "ndim", 1))
+    return 1
+
+
 def _expand_ellipsis(items: list[object], ndim: int) -> list[object]:
     """Replace one ``...`` by as many full slices as the dims the other items do not index."""
     where = [i for i, item in enumerate(items) if item is Ellipsis]
@@ -136,7 +149,30 @@ def _expand_ellipsis(items: list[object], ndim: int) -> list[object]:
     if len(where) > 1:
         raise IndexError("an index can only have a single ellipsis")
     i = where[0]
-    return items[:i] + [slice(None)] * (ndim - len(items) + 1) + items[i + 1 :]
+    fill = max(0, ndim - sum(_index_ndim(item) for item in items))
+    return items[:i] + [slice(None)] * fill + items[i + 1 :]
+
+
+def _split_index(items: list[object], n_lead: int) -> tuple[tuple[object, ...], object, object]:
+    """``(leading index, row index, column index)`` of an index over ``n_lead + 2`` dims."""
+    lead: list[object] = []
+    rows: object = slice(None)
+    cols: object = slice(None)
+    pos = 0
+    for item in items:
+        nd = _index_ndim(item)
+        if pos + nd <= n_lead:
+            lead.append(item)
+        elif pos == n_lead and nd == 1:
+            rows = _keep_dim(item)
+        elif pos == n_lead + 1 and nd == 1:
+            cols = _keep_dim(item)
+        elif pos + nd > n_lead + 2:
+            raise ValueError(f"{tuple(items)} is too long an index for {n_lead + 2} dims")
+        else:
+            raise IndexError("a boolean mask may not span the leading and the matrix dims")
+        pos += nd
+    return tuple(lead), rows, cols
 
 
 def _qr(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -211,13 +247,7 @@ class FactoredMatrix:
         items = list(idx) if isinstance(idx, tuple) else [idx]
         if any(item is None for item in items):
             raise IndexError("FactoredMatrix indexing does not insert new axes (None)")
-        items = _expand_ellipsis(items, self.ndim)
-        n_lead = self.ndim - 2
-        if len(items) > self.ndim:
-            raise IndexError(f"too many indices for a FactoredMatrix of shape {tuple(self.shape)}")
-        lead = tuple(items[:n_lead])
-        rows = _keep_dim(items[n_lead]) if len(items) > n_lead else slice(None)
-        cols = _keep_dim(items[n_lead + 1]) if len(items) > n_lead + 1 else slice(None)
+        lead, rows, cols = _split_index(_expand_ellipsis(items, self.ndim), self.ndim - 2)
         return FactoredMatrix(self.A[(*lead, rows, slice(None))], self.B[(*lead, slice(None), cols)])
 
     def unsqueeze(self, dim: int) -> FactoredMatrix:

@@ -120,8 +120,15 @@ def test_leading_dims_broadcast_and_index():
     close(fm[2].AB, a[2] @ b)
     # Beyond the leading dims an index selects rows, then columns (TransformerLens).
     close(fm[0, 1].AB, (a[0] @ b)[1:2])
-    with pytest.raises(IndexError):
+    with pytest.raises(ValueError, match="too long an index"):
         fm[0, 1, 2, 3]
+    with pytest.raises(IndexError):
+        fm[..., ...]
+    mask = torch.tensor([True, False, True, True])
+    close(fm[mask, ..., 1].AB, fm.AB[mask][..., 1:2])  # a boolean mask over the leading dim
+    stacked = FactoredMatrix(randn(2, 3, 5, 2, seed=3), randn(2, 3, 2, 7, seed=4))
+    mask2 = torch.tensor([[True, False, True], [False, True, False]])
+    close(stacked[mask2, 2].AB, stacked.AB[mask2][..., 2:3, :])  # a 2-D mask consumes two dims
 
 
 def test_bf16_factors_compute_in_float32():
