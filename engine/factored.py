@@ -94,19 +94,20 @@ _TAME_ABOVE = 2.0**20
 
 
 def tame(x: Tensor) -> Tensor:
-    """``x [H, m, n]`` with each matrix whose largest entry exceeds ``2**20`` divided by a
-    power of two (exact) that brings it to at most 1; other matrices are returned unchanged.
+    """``x [..., m, n]`` with each matrix whose largest entry exceeds ``2**20`` divided by a
+    power of two (exact) that brings it to at most 1; ``x`` itself if there is none.
 
-    Every weight-based score in ``engine.scores`` and ``engine.diff`` is a ratio invariant to a positive scale of each head's
-    factors (``Σ Re λ / Σ |λ|``, ``‖XY‖ / (‖X‖ ‖Y‖)``), but float32 products of weights near
-    1e19 overflow to inf/NaN. Taming changes no score and keeps the products finite.
+    Every weight-based score in ``engine.scores`` and ``engine.diff`` is a ratio invariant to
+    a positive scale of each head's factors (``Σ Re λ / Σ |λ|``, ``‖XY‖ / (‖X‖ ‖Y‖)``), but
+    float32 products of weights near 1e19 overflow to inf/NaN. Taming changes no score and
+    keeps the products finite (docs/math.md, "Scores").
     """
     peak = max_abs(x)
     big = torch.isfinite(peak) & (peak > _TAME_ABOVE)
     if not bool(big.any()):
         return x
     scale = torch.where(big, torch.exp2(-torch.ceil(torch.log2(peak))), torch.ones_like(peak))
-    return x * scale[:, None, None]
+    return x * scale[..., None, None]
 
 
 def _as_index(idx: Index) -> Tensor | slice:
@@ -391,8 +392,6 @@ class FactoredMatrix:
         of the ``mdim × mdim`` matrix ``BA``. When ``ldim <= mdim``, ``AB`` itself is the
         smaller matrix and is used directly.
         """
-        if self.ldim != self.rdim:
-            raise ValueError(f"eigenvalues need a square matrix, shape is {tuple(self.shape)}")
         complex_dtype = torch.complex128 if _compute(self.A).dtype == torch.float64 else torch.complex64
         return self.eigenvalues_double().to(complex_dtype)
 
