@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
-from functools import cached_property
 from typing import TYPE_CHECKING, Union
 
 import torch
@@ -209,6 +208,9 @@ class FactoredMatrix:
         self.mdim = A.shape[-1]
         self.rdim = B.shape[-1]
         self.shape = torch.Size((*lead, self.ldim, self.rdim))
+        # svd() is computed once (a plain attribute: functools.cached_property serialises
+        # every instance on one lock in Python 3.11, and worker threads share this class).
+        self._svd: tuple[Tensor, Tensor, Tensor] | None = None
 
     # -- basic shape -----------------------------------------------------------------------
 
@@ -353,10 +355,11 @@ class FactoredMatrix:
         matrix is formed and decomposed in float64; singular values beyond float32's range
         come back as inf.
         """
+        if self._svd is None:
+            self._svd = self._compute_svd()
         return self._svd
 
-    @cached_property
-    def _svd(self) -> tuple[Tensor, Tensor, Tensor]:
+    def _compute_svd(self) -> tuple[Tensor, Tensor, Tensor]:
         self._check_finite("svd")
         a, b = _compute(self.A), _compute(self.B)
         qa, ra = _qr(a)  # qa [.., l, p], ra [.., p, m], p = min(l, m)
