@@ -37,6 +37,7 @@ __all__ = [
     "all_qk_positivity",
     "behaviour_scores",
     "composition_baseline",
+    "composition_score",
     "composition_scores",
     "copying_score",
     "detection_patterns",
@@ -211,6 +212,20 @@ class CompositionScores:
     seed: int
 
 
+def composition_score(left: FactoredMatrix, right: FactoredMatrix) -> Tensor:
+    """The composition score, by its definition: ``‖W_A W_B‖_F / (‖W_A‖_F ‖W_B‖_F)`` for the
+    circuit ``W_A`` an earlier head writes through (its OV) and the circuit ``W_B`` a later
+    head reads through (QK for Q-, QKᵀ for K-, OV for V-composition); docs/math.md.
+
+    As TransformerLens' ``composition_scores``: ``left.collapse_l()`` (``S Vh``) and
+    ``right.collapse_r()`` (``U S``) drop orthogonal factors that change none of the three
+    norms. Leading dims broadcast. ``composition_scores`` is the fast batched path of the
+    same number (tested against this one).
+    """
+    a, b = left.collapse_l(), right.collapse_r()
+    return torch.linalg.matrix_norm(a @ b) / (torch.linalg.matrix_norm(a) * torch.linalg.matrix_norm(b))
+
+
 def _r_factor(x: Tensor) -> Tensor:
     """A square root ``R [.., k, k]`` of the Gram matrix, ``RᵀR = xᵀx``, for ``x [.., n, k]``.
 
@@ -263,8 +278,8 @@ def composition_scores(w: WeightSource, kind: Kind, seed: int = 0, progress: Pro
                        ) -> CompositionScores:
     """``kind``-composition score of every head pair with ``layer(h1) < layer(h2)``.
 
-    ``score = ‖OV₁ M₂‖_F / (‖OV₁‖_F ‖M₂‖_F)`` with ``M₂ = QK₂`` (q), ``QK₂ᵀ`` (k) or
-    ``OV₂`` (v). With ``OV₁ = W_V W_O`` and ``M₂ = A B``, the orthogonal ``Q`` factors of
+    ``score = ‖OV₁ M₂‖_F / (‖OV₁‖_F ‖M₂‖_F)`` (``composition_score``) with ``M₂ = QK₂`` (q),
+    ``QK₂ᵀ`` (k) or ``OV₂`` (v), batched. With ``OV₁ = W_V W_O`` and ``M₂ = A B``, the orthogonal ``Q`` factors of
     ``W_V = Q R`` and ``Bᵀ = Q' R'`` do not change Frobenius norms, so
     ``‖OV₁ M₂‖ = ‖(R W_O)(A R'ᵀ)‖ = ‖X₁ Y₂‖`` with ``X₁ [d_head, d_model]`` and
     ``Y₂ [d_model, d_head]``. For each target layer, all earlier source heads are stacked
@@ -327,10 +342,9 @@ def composition_baseline(d_model: int, d_head: int, seed: int = 0, samples: int 
     """
     g = torch.Generator().manual_seed(seed)
     draw = lambda *shape: torch.randn(samples, *shape, generator=g, dtype=torch.float64)  # noqa: E731
-    x = _reduced_source(draw(d_model, d_head), draw(d_head, d_model))  # [S, k, d]
-    y = _reduced_target(draw(d_model, d_head), draw(d_model, d_head))  # [S, d, k]
-    ratio = torch.linalg.matrix_norm(x @ y) / (torch.linalg.matrix_norm(x) * torch.linalg.matrix_norm(y))
-    return float(ratio.mean())
+    ov = FactoredMatrix(draw(d_model, d_head), draw(d_head, d_model))  # [S, d_model, d_model]
+    qk = FactoredMatrix(draw(d_model, d_head), draw(d_model, d_head).transpose(-2, -1))
+    return float(composition_score(ov, qk).mean())
 
 
 # -- behaviour (attention patterns on seeded random sequences) ---------------------------------
