@@ -1,4 +1,4 @@
-"""Per-head QK and OV circuits as :class:`~engine.factored.FactoredMatrix` (DESIGN.md §2).
+"""Per-head QK and OV circuits as :class:`~engine.factored.FactoredMatrix` (docs/math.md, "Circuits").
 
 Row-vector convention, as TransformerLens: ``QK = W_Q W_Kᵀ`` has query-side rows and key-side
 columns; ``OV = W_V W_O`` maps a source residual vector (row) to the head's output. The

@@ -60,7 +60,7 @@ class ModelConfig:
         return self.attn_scale if self.attn_scale is not None else math.sqrt(self.d_head)
 
     def kv_head_of(self, head: int) -> int:
-        """The K/V head a query head reads (grouped-query attention, DESIGN.md §2)."""
+        """The K/V head a query head reads (grouped-query attention: heads share K/V in groups)."""
         return head // (self.n_heads // self.kv_heads)
 
     def check_head(self, layer: int, head: int, path: str | None = None) -> None:

@@ -5,7 +5,7 @@
 ``open_model(path)`` does the same checks and returns a ``Model`` whose weights are read
 lazily, head by head, on first use.
 
-Accepted inputs (DESIGN.md §4):
+Accepted inputs (README.md, "Supported checkpoints"):
 
 - a directory with ``config.json`` and ``model.safetensors`` or a sharded
   ``model.safetensors.index.json`` (Hugging Face; GPT-2, GPT-NeoX, Llama/Mistral/Qwen2,

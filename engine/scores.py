@@ -1,4 +1,4 @@
-"""Head scores (DESIGN.md §3): spectral scores, composition, behaviour, ablation.
+"""Head scores (docs/math.md, "Scores"): spectral scores, composition, behaviour, ablation.
 
 Weight-only scores are batched tensor code over the heads of a layer (no Python loop over
 heads or head pairs); model-wide sweeps report ``progress(fraction)`` and stop with
@@ -395,8 +395,8 @@ def _detect(patterns: Tensor, detection: Tensor) -> Tensor:
     (TransformerLens divides by all rows, which caps e.g. a perfect induction head at 0.5 on
     a twice-repeated sequence); the result is averaged over the batch, one sequence at a time
     as TransformerLens does for a list of prompts. For the repeated sequences of
-    ``repeated_tokens`` this is DESIGN.md's "mean attention from the second copy's ``t`` to
-    ``t - T + 1``".
+    ``repeated_tokens`` this is the induction score of docs/math.md: the mean attention from
+    the second copy's ``t`` to ``t - T + 1``.
     """
     b, q, k = detection.shape
     middle = (1,) * (patterns.ndim - 3)

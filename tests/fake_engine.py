@@ -265,7 +265,7 @@ class FakeEngine:
     async def run_prompt(self, text: str, layer: int, head: int) -> PromptView:
         await self._enter("run_prompt")
         if not text.strip():
-            raise PromptError(self.path, "empty prompt")
+            raise PromptError(self.path, "empty prompt: type some text first")
         ids = self.encode(text)
         truncated = len(ids) > self.n_ctx
         ids = ids[: self.n_ctx]

@@ -1,4 +1,4 @@
-"""The CLI on hostile and broken inputs (issue 6).
+"""The CLI on hostile and broken inputs.
 
 Every broken checkpoint of the corpus (tests/test_hostile.py ``BROKEN``) through
 ``headscope info`` and ``headscope heads``: exit code 1, exactly one line on stderr naming

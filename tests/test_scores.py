@@ -1,4 +1,4 @@
-"""Scores (DESIGN.md §3): batched sweeps against per-head dense definitions, constructed heads
+"""Scores (docs/math.md, "Scores"): batched sweeps against per-head dense definitions, constructed heads
 with known answers, seeds, cancellation and non-finite weights."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The explorer on hostile and broken inputs (issue 6), on the real Engine.
+"""The explorer on hostile and broken inputs, on the real Engine.
 
 Every broken checkpoint of the corpus (tests/test_hostile.py ``BROKEN``) opened in the app
 becomes an error notification naming the file and the problem; nothing crashes, and the

@@ -1,4 +1,4 @@
-"""The headscope terminal explorer (issue 5).
+"""The headscope terminal explorer (README.md, "A two-minute tour"; docs/internals.md).
 
 The app renders what ``engine.service.Engine`` computes and never computes on the UI
 thread: every engine call is awaited in an async worker (the engine runs on its own
@@ -1135,7 +1135,7 @@ def run_app(path: str | os.PathLike[str] | None = None, *, raw: bool = False,
             **options: Any) -> None:
     """Open ``path`` (default: the bundled attn-only-2l) in the explorer; blocks until quit.
 
-    ``compare``: a second checkpoint B of the same architecture, explored alongside (issue 8);
+    ``compare``: a second checkpoint B of the same architecture, explored alongside (tui/compare.py);
     ``match_heads=True`` (in ``options``) pairs B's heads with A's by circuit similarity.
     """
     HeadscopeApp(path, raw=raw, theme=theme, compare=compare, **options).run()

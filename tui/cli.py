@@ -329,8 +329,8 @@ def cmd_composition(args: argparse.Namespace) -> int:
 
 
 def cmd_forward(args: argparse.Namespace) -> int:
-    from headscope.engine.errors import PromptError
     from headscope.engine.report import forward_report
+    from headscope.engine.requests import check_prompt
 
     model = _open(args)
     if args.tokens is not None:
@@ -339,8 +339,7 @@ def cmd_forward(args: argparse.Namespace) -> int:
         except ValueError:
             raise InvalidRequestError(None, f"--tokens takes comma-separated ids, not {args.tokens!r}") from None
     else:
-        if not args.prompt.strip():
-            raise PromptError(str(model.path), "empty prompt")
+        check_prompt(args.prompt, str(model.path))
         tokens = model.tokenizer.encode(args.prompt)
         if len(tokens) > model.cfg.n_ctx:
             print(f"headscope: {model.path}: prompt truncated from {len(tokens)} to the context "
