@@ -20,6 +20,7 @@ import torch
 
 from .errors import CancelledError, InvalidRequestError
 from .factored import FactoredMatrix, is_finite
+from .requests import check_composition_kind
 from .weights import WeightSource
 
 if TYPE_CHECKING:
@@ -286,8 +287,7 @@ def composition_scores(w: WeightSource, kind: Kind, seed: int = 0, progress: Pro
     into one matrix product ``[l2·H·d_head, d_model] @ [d_model, H·d_head]`` whose
     ``d_head × d_head`` blocks are the pairs' ``X₁ Y₂``.
     """
-    if kind not in ("q", "k", "v"):
-        raise InvalidRequestError(getattr(w, "path", None), f"composition kind must be q, k or v, not {kind!r}")
+    check_composition_kind(kind, getattr(w, "path", None))
     cfg = w.cfg
     n_layers, n_heads = cfg.n_layers, cfg.n_heads
     bad = _nonfinite_mask(w)
