@@ -1,4 +1,4 @@
-"""``python -m bench.diff``: circuit similarity of two GPT-2-small-shaped models (issue 8).
+"""``python -m bench.diff``: circuit similarity of two GPT-2-small-shaped models.
 
 headscope's ``engine.diff.circuit_similarity`` (token-basis OV and QK similarity of every head
 pair within each layer, through six ``d_model × d_model`` Gram matrices) against the

@@ -1,6 +1,6 @@
 """headscope's engine: checkpoints, weights, circuits and scores, with no UI imports.
 
-``from engine import open_model`` works in a notebook. Importing this package does not
+``from headscope.engine import open_model`` works in a notebook. Importing this package does not
 import torch (``read_structure`` never needs it; tensors import it on first use).
 """
 

@@ -1,4 +1,4 @@
-"""Per-head QK and OV circuits as :class:`~engine.factored.FactoredMatrix` (DESIGN.md §2).
+"""Per-head QK and OV circuits as :class:`~engine.factored.FactoredMatrix` (docs/math.md, "Circuits").
 
 Row-vector convention, as TransformerLens: ``QK = W_Q W_Kᵀ`` has query-side rows and key-side
 columns; ``OV = W_V W_O`` maps a source residual vector (row) to the head's output. The
@@ -146,18 +146,12 @@ def rope(x: Tensor, positions: Tensor, cfg: ModelConfig) -> Tensor:
     the checkpoint's RoPE scaling applied, as in the forward pass); the remaining dims pass
     through (partial rotary).
     """
-    from .forward import rotary_inv_freq  # one definition of the frequencies (incl. RoPE scaling)
+    # one definition of the frequencies (incl. RoPE scaling) and of the rotation
+    from .forward import apply_rotary, rotary_inv_freq
 
-    r = cfg.rotary_dim or cfg.d_head
     x = x.expand(broadcast_shapes(x.shape, (*positions.shape, x.shape[-1])))
     inv_freq = rotary_inv_freq(cfg).to(torch.float64)
-    angles = positions.to(torch.float64)[..., None] * inv_freq  # [..., r/2]
-    cos = torch.cat((angles.cos(), angles.cos()), -1).to(x.dtype)
-    sin = torch.cat((angles.sin(), angles.sin()), -1).to(x.dtype)
-    x_rot, x_pass = x[..., :r], x[..., r:]
-    x1, x2 = x_rot[..., : r // 2], x_rot[..., r // 2 :]
-    rotated = torch.cat((-x2, x1), -1)
-    return torch.cat((x_rot * cos + rotated * sin, x_pass), -1)
+    return apply_rotary(x, positions.to(torch.float64)[..., None] * inv_freq)  # angles [..., r/2]
 
 
 def rotary_matrix(cfg: ModelConfig, offset: int, path: str | None = None) -> Tensor:

@@ -60,17 +60,14 @@ class ModelConfig:
         return self.attn_scale if self.attn_scale is not None else math.sqrt(self.d_head)
 
     def kv_head_of(self, head: int) -> int:
-        """The K/V head a query head reads (grouped-query attention, DESIGN.md §2)."""
+        """The K/V head a query head reads (grouped-query attention: heads share K/V in groups)."""
         return head // (self.n_heads // self.kv_heads)
 
     def check_head(self, layer: int, head: int, path: str | None = None) -> None:
         """Raise IndexOutOfRangeError unless (layer, head) names a head of this model."""
-        from .errors import IndexOutOfRangeError
+        from .requests import check_head
 
-        if not 0 <= layer < self.n_layers:
-            raise IndexOutOfRangeError(path, f"layer {layer} out of range (model has {self.n_layers} layers: 0..{self.n_layers - 1})")
-        if not 0 <= head < self.n_heads:
-            raise IndexOutOfRangeError(path, f"head {head} out of range (layer has {self.n_heads} heads: 0..{self.n_heads - 1})")
+        check_head({"n_layers": self.n_layers, "n_heads": self.n_heads}, layer, head, path)
 
     def replace(self, **changes: Any) -> ModelConfig:
         return dataclasses.replace(self, **changes)

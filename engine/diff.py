@@ -1,4 +1,4 @@
-"""Compare the circuits of two checkpoints of the same architecture (issue 8).
+"""Compare the circuits of two checkpoints of the same architecture.
 
 The question after pruning, distillation or more training: which heads kept their circuits?
 Per head we compare the *circuits*, not the weights, so the answer does not depend on the
@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .errors import InvalidRequestError
+from .requests import SCORE_NAMES
 
 if TYPE_CHECKING:
     import torch
@@ -39,7 +40,8 @@ if TYPE_CHECKING:
     from .loading import Model
     from .weights import WeightSource
 
-SCORE_KEYS = ("copying_score", "qk_positivity", "prev_token_score", "induction_score")
+# The scores a diff compares (every head score but the duplicate-token one).
+SCORE_KEYS = tuple(k for k in SCORE_NAMES if k != "duplicate_token_score")
 
 # A composition edge counts (for "lost" / "gained") when its score beats the random-factor
 # baseline by this much. Trained circuits sit 0.05-0.15 above a baseline of ~0.09 at the
@@ -346,14 +348,28 @@ def _composition_diff(
     from .scores import composition_scores
 
     ra, rb = (
-        composition_scores(a.weights, kind, seed=seed),
-        composition_scores(b.weights, kind, seed=seed),
+        composition_scores(a.weights, kind, seed=seed),  # type: ignore[arg-type]
+        composition_scores(b.weights, kind, seed=seed),  # type: ignore[arg-type]
     )
     # A pruned (all-zero) or non-finite head has an undefined (NaN) ratio; for the graph
     # diff it composes with nothing: score 0, so its edges show up as lost or gained.
     above_a = ra.scores.nan_to_num(nan=0.0) - ra.baseline
     above_b = rb.scores.nan_to_num(nan=0.0) - rb.baseline
-    n_layers, n_heads = a.cfg.n_layers, a.cfg.n_heads
+    return {
+        "baseline_a": float(ra.baseline),
+        "baseline_b": float(rb.baseline),
+        "threshold": threshold,
+        **edge_changes(above_a, above_b, matching, threshold),
+    }
+
+
+def edge_changes(
+    above_a: Any, above_b: Any, matching: list[list[int]], threshold: float
+) -> dict[str, list[dict[str, Any]]]:
+    """The composition-graph diff: ``gained``, ``lost`` and ``changed`` edges, biggest
+    ``|b − a|`` first, from the scores above baseline ``[L, H, L, H]`` of A and of B (any
+    array indexable by four ints); B's heads are taken through ``matching``."""
+    n_layers, n_heads = len(matching), len(matching[0]) if matching else 0
     gained, lost, changed = [], [], []
     for l1 in range(n_layers):
         for h1 in range(n_heads):
@@ -376,11 +392,4 @@ def _composition_diff(
                         changed.append(edge)
     for edges in (gained, lost, changed):
         edges.sort(key=lambda e: -abs(e["delta"]))
-    return {
-        "baseline_a": float(ra.baseline),
-        "baseline_b": float(rb.baseline),
-        "threshold": threshold,
-        "gained": gained,
-        "lost": lost,
-        "changed": changed,
-    }
+    return {"gained": gained, "lost": lost, "changed": changed}

@@ -8,8 +8,10 @@ POSIX within a filesystem). An interrupted export leaves no partial file behind.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
+import math
 import os
 import tempfile
 from collections.abc import Iterable, Sequence
@@ -17,7 +19,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .errors import InvalidRequestError
-from .report import jsonable
 
 Format = Literal["json", "csv"]
 
@@ -58,6 +59,29 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def jsonable(obj: Any) -> Any:
+    """Results → strict JSON values: dataclasses to dicts, arrays to lists, complex numbers to
+    ``[re, im]``, NaN/inf to ``None``; anything else unknown to its ``str``.
+
+    The one conversion the CLI's ``--json``, the exports and the explorer's copy/save use.
+    """
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if hasattr(obj, "tolist") and not isinstance(obj, str | bytes):  # numpy arrays and scalars
+        return jsonable(obj.tolist())
+    if isinstance(obj, list | tuple):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, complex):
+        return [jsonable(obj.real), jsonable(obj.imag)]
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if obj is None or isinstance(obj, str | int | bool):
+        return obj
+    return str(obj)
 
 
 def to_json(data: Any) -> str:

@@ -326,9 +326,6 @@ class FactoredMatrix:
         b = _compute(self.B)[..., :, _as_index(cols)]
         return a @ b
 
-    def get_corner(self, k: int = 3) -> Tensor:
-        return self.block(slice(0, k), slice(0, k))
-
     # -- norms, SVD and spectrum -------------------------------------------------------------
 
     def norm(self) -> Tensor:

@@ -325,15 +325,25 @@ def rotary(x: Tensor, inv_freq: Tensor) -> Tensor:
     """
     import torch
 
-    r = 2 * inv_freq.shape[0]
     pos = torch.arange(x.shape[-2], dtype=torch.float32)
-    angles = pos[:, None] * inv_freq[None, :]  # [p, r/2]
-    angles = torch.cat((angles, angles), dim=-1)  # [p, r]
+    return apply_rotary(x, pos[:, None] * inv_freq[None, :])  # angles [p, r/2]
+
+
+def apply_rotary(x: Tensor, angles: Tensor) -> Tensor:
+    """Rotate the first ``r = 2·angles.shape[-1]`` dims of ``x`` by ``angles`` (broadcast
+    against ``x[..., :r/2]``): dims ``(i, i + r/2)`` form a pair rotated by ``angles[..., i]``
+    (the NeoX / Hugging Face ``rotate_half`` convention); the rest pass through. The one
+    rotation the forward pass (``rotary``) and the rotary circuits (``circuits.rope``) use.
+    """
+    import torch
+
+    r = 2 * angles.shape[-1]
+    cos = torch.cat((angles.cos(), angles.cos()), dim=-1).to(x.dtype)
+    sin = torch.cat((angles.sin(), angles.sin()), dim=-1).to(x.dtype)
     x_rot, x_pass = x[..., :r], x[..., r:]
     x1, x2 = x_rot[..., : r // 2], x_rot[..., r // 2 :]
     rotated = torch.cat((-x2, x1), dim=-1)  # rotate_half
-    x_rot = x_rot * angles.cos() + rotated * angles.sin()
-    return torch.cat((x_rot, x_pass), dim=-1)
+    return torch.cat((x_rot * cos + rotated * sin, x_pass), dim=-1)
 
 
 def mlp(w: WeightSource, layer: int, x: Tensor) -> Tensor:

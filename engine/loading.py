@@ -5,7 +5,7 @@
 ``open_model(path)`` does the same checks and returns a ``Model`` whose weights are read
 lazily, head by head, on first use.
 
-Accepted inputs (DESIGN.md §4):
+Accepted inputs (README.md, "Supported checkpoints"):
 
 - a directory with ``config.json`` and ``model.safetensors`` or a sharded
   ``model.safetensors.index.json`` (Hugging Face; GPT-2, GPT-NeoX, Llama/Mistral/Qwen2,
@@ -162,19 +162,19 @@ class Model:
 
     def composition(self, kind: str, seed: int = 0) -> CompositionScores:
         """All ``kind``-composition scores (``.scores [L, H, L, H]``, ``.baseline``)."""
+        from .requests import check_composition_kind
         from .scores import composition_scores
 
-        if kind not in ("q", "k", "v"):
-            raise InvalidRequestError(self.path, f"composition kind must be q, k or v, not {kind!r}")
-        return composition_scores(self.weights, kind, seed=seed)
+        check_composition_kind(kind, str(self.path))
+        return composition_scores(self.weights, kind, seed=seed)  # type: ignore[arg-type]
 
     def run(self, tokens: str | Sequence[int], **kwargs: Any) -> ForwardResult:
         """The reference forward pass on a prompt (encoded with the tokenizer) or token ids."""
         from .forward import run
-        from .report import check_tokens
+        from .requests import check_tokens
 
         ids = self.tokenizer.encode(tokens) if isinstance(tokens, str) else list(tokens)
-        check_tokens(self, ids)
+        check_tokens(self.structure(), ids, str(self.path))
         return run(self.weights, ids, **kwargs)
 
     def _processed_weights(self) -> WeightSource:

@@ -33,14 +33,13 @@ layer's norm vectors), and results are kept in a small byte-bounded LRU cache.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .cache import ByteLRU
 from .config import ModelConfig
 from .errors import MissingTensorError
-from .weights import HEAD_TENSORS, WeightSource
+from .weights import HEAD_TENSORS, WeightSource, tensor_bytes
 
 if TYPE_CHECKING:
     import torch
@@ -151,12 +150,13 @@ class ProcessedWeights:
         self.cfg = processed_config(raw.cfg)
         self.path = getattr(raw, "path", None)
         self.plan = plan_for(raw.cfg)
-        self._cache: OrderedDict[tuple[str, int | None], torch.Tensor] = OrderedDict()
-        self._cache_bytes = 0
-        self._cache_limit = cache_bytes
-        self._layer_bytes = 0  # of that, whole-layer tensors ("blocks.N.*", all heads)
-        self._layer_limit = _layer_budget(self.cfg, cache_bytes)
-        self._lock = threading.Lock()
+        # whole-layer tensors ("blocks.N.*", all heads) share the smaller layer budget
+        self._cache = ByteLRU(
+            cache_bytes,
+            tensor_bytes,
+            group=_is_layer_tensor,  # type: ignore[arg-type]
+            group_capacity=_layer_budget(self.cfg, cache_bytes),
+        )
 
     # -- WeightSource -------------------------------------------------------------------
 
@@ -178,38 +178,15 @@ class ProcessedWeights:
 
     def _cached(self, name: str, head: int | None) -> torch.Tensor:
         key = (name, head)
-        with self._lock:
-            hit = self._cache.get(key)
-            if hit is not None:
-                self._cache.move_to_end(key)
-                return hit
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
         value = self._compute(name, head)
-        size = value.numel() * value.element_size()
-        layer_tensor = _is_layer_tensor(key)
-        with self._lock:
-            if key not in self._cache and size <= (self._layer_limit if layer_tensor else self._cache_limit):
-                self._cache[key] = value
-                self._cache_bytes += size
-                self._layer_bytes += size if layer_tensor else 0
-                if self._layer_bytes > self._layer_limit:  # oldest whole-layer tensors first
-                    for old_key in [k for k in self._cache if _is_layer_tensor(k)]:
-                        if self._layer_bytes <= self._layer_limit:
-                            break
-                        self._evict(old_key)
-                while self._cache_bytes > self._cache_limit:
-                    self._evict(next(iter(self._cache)))
+        self._cache.put(key, value)
         return value
 
-    def _evict(self, key: tuple[str, int | None]) -> None:
-        old = self._cache.pop(key)
-        size = old.numel() * old.element_size()
-        self._cache_bytes -= size
-        self._layer_bytes -= size if _is_layer_tensor(key) else 0
-
     def clear_cache(self) -> None:
-        with self._lock:
-            self._cache.clear()
-            self._cache_bytes = self._layer_bytes = 0
+        self._cache.clear()
 
     # -- the processing itself ----------------------------------------------------------
 

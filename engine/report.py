@@ -1,9 +1,9 @@
 """Plain-data reports of a model: what the CLI prints, exports write and notebooks read.
 
-Each function takes an opened :class:`engine.loading.Model` and returns JSON-ready Python
-values (lists, floats, ints, strings; non-finite floats become ``None`` only at
-serialisation time, see :func:`jsonable`). The maths lives in ``engine.circuits`` /
-``engine.scores``; this module only selects, labels and shapes results.
+Each report is a request validated by ``engine.requests`` and computed by ``engine.compute``
+(the functions the explorer's ``Engine`` runs), turned into JSON-ready Python values
+(lists, floats, ints, strings) under the public names of ``requests.SCORE_NAMES``. Non-finite
+floats become ``None`` only at serialisation time (``engine.export.jsonable``).
 """
 
 from __future__ import annotations
@@ -12,53 +12,39 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from .errors import IndexOutOfRangeError, InvalidRequestError, ResourceLimitError
+from . import compute, requests
+from .requests import ABLATION_EFFECT, SCORE_NAMES, SEED
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from .loading import Model
-
-HEAD_SCORE_KEYS = (
-    "copying_score",
-    "qk_positivity",
-    "prev_token_score",
-    "duplicate_token_score",
-    "induction_score",
-)
-DEFAULT_BLOCK = 24  # rows/cols of a circuit block when the caller names none
-MAX_BLOCK_CELLS = 4_000_000  # 16 MB of float32: refuse bigger blocks (DESIGN.md §7)
+    from .results import CircuitBlock, Composition, ScoreTable
 
 
-def head_table(model: Model, *, seed: int = 0, ablation: bool = False) -> list[dict[str, Any]]:
+def head_table(model: Model, *, seed: int = SEED, ablation: bool = False) -> list[dict[str, Any]]:
     """One row per head with every weight-based and behavioural score.
 
     ``ablation`` adds ``ablation_effect``: the loss increase on the second copy of the same
     seeded repeated random tokens when the head is zero-ablated (``scores.ablation_effects``;
     a forward pass per head, so off by default).
     """
-    from . import scores
+    table = compute.score_table(model, seed)
+    effects = compute.ablation_effects(model, seed) if ablation else None
+    return score_rows(table, effects)
 
-    w = model.weights
-    copying = scores.all_copying_scores(w)
-    positivity = scores.all_qk_positivity(w)
-    behaviour = scores.behaviour_scores(w, seed=seed)
-    effects = scores.ablation_effects(w, seed=seed) if ablation else None
-    nonfinite = set(scores.nonfinite_heads(w))
+
+def score_rows(table: ScoreTable, effects: np.ndarray | None = None) -> list[dict[str, Any]]:
+    """``table`` (and ablation ``effects``) as one dict per head, layer by layer."""
     rows = []
-    for layer in range(model.cfg.n_layers):
-        for head in range(model.cfg.n_heads):
-            row = {
-                "layer": layer,
-                "head": head,
-                "copying_score": float(copying[layer, head]),
-                "qk_positivity": float(positivity[layer, head]),
-                "prev_token_score": float(behaviour["prev_token"][layer, head]),
-                "duplicate_token_score": float(behaviour["duplicate_token"][layer, head]),
-                "induction_score": float(behaviour["induction"][layer, head]),
-            }
+    for layer in range(table.n_layers):
+        for head in range(table.n_heads):
+            row: dict[str, Any] = {"layer": layer, "head": head}
+            row.update({name: float(getattr(table, name)[layer, head]) for name in SCORE_NAMES})
             if effects is not None:
-                row["ablation_effect"] = float(effects[layer, head])
+                row[ABLATION_EFFECT] = float(effects[layer, head])
             # NaN/inf weights: every score of the head is NaN (null in JSON).
-            row["nonfinite"] = (layer, head) in nonfinite
+            row["nonfinite"] = bool(table.nonfinite[layer, head])
             rows.append(row)
     return rows
 
@@ -67,9 +53,8 @@ def sort_rows(rows: list[dict[str, Any]], key: str | None) -> list[dict[str, Any
     """Sort descending by ``key`` (NaN last); ``None`` keeps layer/head order."""
     if key is None:
         return rows
-    if rows and key not in rows[0]:
-        scores = [k for k in rows[0] if k not in ("layer", "head", "nonfinite")]
-        raise InvalidRequestError(None, f"unknown sort key {key!r}; choose from {', '.join(scores)}")
+    columns = [k for k in rows[0] if k not in ("layer", "head", "nonfinite")] if rows else []
+    requests.check_sort_key(key, columns or [*SCORE_NAMES, ABLATION_EFFECT])
 
     def k(r: dict[str, Any]) -> tuple[bool, float]:
         v = r[key]
@@ -80,48 +65,40 @@ def sort_rows(rows: list[dict[str, Any]], key: str | None) -> list[dict[str, Any
 
 
 def composition_report(
-    model: Model, kind: Literal["q", "k", "v"], *, top: int = 10, seed: int = 0
+    model: Model, kind: Literal["q", "k", "v"], *, top: int = 10, seed: int = SEED
 ) -> dict[str, Any]:
     """All ``kind``-composition scores ``[L][H][L][H]``, the baseline and the top edges."""
-    from . import scores
+    requests.check_composition_kind(kind, str(model.path))
+    return composition_dict(compute.composition(model, kind, seed, top=top), seed)
 
-    result = scores.composition_scores(model.weights, kind, seed=seed)
-    s = result.scores
-    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
-    baseline = float(result.baseline)
-    edges = []
-    for l1 in range(n_layers):
-        for h1 in range(n_heads):
-            for l2 in range(l1 + 1, n_layers):
-                for h2 in range(n_heads):
-                    v = float(s[l1, h1, l2, h2])
-                    edges.append(
-                        {
-                            "source": [l1, h1],
-                            "target": [l2, h2],
-                            "score": v,
-                            "above_baseline": v - baseline,
-                        }
-                    )
-    edges.sort(key=lambda e: -e["above_baseline"] if math.isfinite(e["score"]) else math.inf)
+
+def composition_dict(comp: Composition, seed: int = SEED) -> dict[str, Any]:
+    """A ``Composition`` result as the JSON the CLI prints and exports write."""
+    baseline = float(comp.baseline)
     return {
-        "kind": kind,
+        "kind": comp.kind,
         "baseline": baseline,
         "seed": seed,
-        "scores": s.tolist(),
-        "top_edges": edges[:top],
+        "scores": comp.scores.tolist(),
+        "top_edges": [
+            {
+                "source": [l1, h1],
+                "target": [l2, h2],
+                "score": float(comp.scores[l1, h1, l2, h2]),
+                "above_baseline": above,
+            }
+            for l1, h1, l2, h2, above in comp.top_edges
+        ],
     }
 
 
 def forward_report(model: Model, tokens: Sequence[int]) -> dict[str, Any]:
     """Logits ``[pos][vocab]`` and attention patterns ``[layer][head][query][key]``."""
-    from . import forward
-
-    check_tokens(model, tokens)
-    result = forward.run(model.weights, list(tokens))
+    requests.check_tokens(model.structure(), tokens, str(model.path))
+    result = compute.forward_tokens(model, tokens)
     return {
         "tokens": list(tokens),
-        "token_strings": [model.tokenizer.decode_token(t) for t in tokens],
+        "token_strings": [compute.label(model.tokenizer, t) for t in tokens],
         "logits": result.logits[0].tolist(),
         "patterns": result.patterns[0].tolist(),
     }
@@ -144,75 +121,25 @@ def circuit_report(
     ``W_E OV W_U`` (source token × output token). position basis (QK only): ``W_pos QK
     W_posᵀ`` for learned positions, or ``W_E W_Q R(Δ) W_Kᵀ W_Eᵀ`` at ``offset`` Δ for rotary.
     """
-    from . import circuits
+    req = requests.circuit_request(
+        model.structure(), layer, head, kind, basis, rows, cols, offset, where=str(model.path)
+    )
+    return circuit_dict(compute.circuit_block(model, req), model)
 
-    cfg, w, where = model.cfg, model.weights, str(model.path)
-    cfg.check_head(layer, head, where)
-    if basis == "position" and kind != "qk":
-        raise InvalidRequestError(where, "the position basis exists for the QK circuit only")
-    if basis == "position" and cfg.positional != "learned":
-        raise IndexOutOfRangeError(
-            where,
-            f"{cfg.positional} positions have no positional QK matrix; use the token basis "
-            "with an offset for rotary models",
-        )
-    n = cfg.n_ctx if basis == "position" else cfg.d_vocab
-    rows = list(range(min(n, DEFAULT_BLOCK))) if rows is None else [int(r) for r in rows]
-    cols = list(range(min(n, DEFAULT_BLOCK))) if cols is None else [int(c) for c in cols]
-    _check_ids(model, rows, n, basis)
-    _check_ids(model, cols, n, basis)
-    if len(rows) * len(cols) > MAX_BLOCK_CELLS:
-        raise ResourceLimitError(
-            where,
-            f"a {len(rows)}×{len(cols)} block exceeds the limit of {MAX_BLOCK_CELLS:,} cells; "
-            "ask for fewer rows/columns",
-        )
-    values = circuits.circuit_block(w, layer, head, kind, basis, rows, cols, offset)
-    if basis == "position":
-        labels_r, labels_c = [str(p) for p in rows], [str(p) for p in cols]
-    else:
-        labels_r = [model.tokenizer.decode_token(t) for t in rows]
-        labels_c = [model.tokenizer.decode_token(t) for t in cols]
+
+def circuit_dict(block: CircuitBlock, model: Model) -> dict[str, Any]:
+    """A ``CircuitBlock`` as the JSON the CLI prints and exports write."""
     return {
-        "layer": layer,
-        "head": head,
-        "kind": kind,
-        "basis": basis,
-        "offset": offset if cfg.positional == "rotary" else None,
+        "layer": block.layer,
+        "head": block.head,
+        "kind": block.kind,
+        "basis": block.basis,
+        "offset": block.offset if model.cfg.positional == "rotary" else None,
         "processed": not model.raw,
-        "unembedding_tied": cfg.tied_unembed,
-        "rows": rows,
-        "cols": cols,
-        "row_labels": labels_r,
-        "col_labels": labels_c,
-        "values": values.tolist(),
+        "unembedding_tied": model.cfg.tied_unembed,
+        "rows": list(block.row_ids),
+        "cols": list(block.col_ids),
+        "row_labels": list(block.row_labels),
+        "col_labels": list(block.col_labels),
+        "values": block.values.tolist(),
     }
-
-
-def check_tokens(model: Model, tokens: Sequence[int]) -> None:
-    if not tokens:
-        from .errors import PromptError
-
-        raise PromptError(str(model.path), "empty token list: give at least one token")
-    _check_ids(model, tokens, model.cfg.d_vocab, "token")
-    if len(tokens) > model.cfg.n_ctx:
-        raise IndexOutOfRangeError(
-            str(model.path), f"{len(tokens)} tokens exceed the context of {model.cfg.n_ctx}"
-        )
-
-
-def _check_ids(model: Model, ids: Sequence[int], n: int, what: str) -> None:
-    for i in ids:
-        if not 0 <= int(i) < n:
-            raise IndexOutOfRangeError(str(model.path), f"{what} {i} out of range 0..{n - 1}")
-
-
-def jsonable(value: Any) -> Any:
-    """Replace non-finite floats by ``None`` so the output is strict JSON."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [jsonable(v) for v in value]
-    return value

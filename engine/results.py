@@ -13,9 +13,12 @@ from typing import Any, Literal
 
 import numpy as np
 
+from .requests import SCORE_NAMES
+
 Kind = Literal["qk", "ov"]
 Basis = Literal["token", "position"]
 CompositionKind = Literal["q", "k", "v"]
+Edge = tuple[int, int, int, int, float]  # (l1, h1, l2, h2, score - baseline)
 
 
 def readonly(values: Any, dtype: Any = None) -> np.ndarray:
@@ -83,44 +86,42 @@ class Profile:
 
 @dataclass(frozen=True)
 class HeadScores:
+    """Every score of one head, under the public names of ``engine.requests.SCORE_NAMES``."""
+
     layer: int
     head: int
-    copying: float
+    copying_score: float
     qk_positivity: float
-    prev_token: float
-    duplicate_token: float
-    induction: float
+    prev_token_score: float
+    duplicate_token_score: float
+    induction_score: float
     nonfinite: bool  # NaN/inf in this head's weights: scores are NaN, flag it in the UI
 
 
 @dataclass(frozen=True)
 class ScoreTable:
-    """Every score of every head; arrays are ``[n_layers, n_heads]``."""
+    """Every score of every head; arrays are ``[n_layers, n_heads]``, named as ``HeadScores``."""
 
-    copying: np.ndarray
+    copying_score: np.ndarray
     qk_positivity: np.ndarray
-    prev_token: np.ndarray
-    duplicate_token: np.ndarray
-    induction: np.ndarray
+    prev_token_score: np.ndarray
+    duplicate_token_score: np.ndarray
+    induction_score: np.ndarray
     nonfinite: np.ndarray  # bool
 
     @property
     def n_layers(self) -> int:
-        return int(self.copying.shape[0])
+        return int(self.nonfinite.shape[0])
 
     @property
     def n_heads(self) -> int:
-        return int(self.copying.shape[1])
+        return int(self.nonfinite.shape[1])
 
     def head(self, layer: int, head: int) -> HeadScores:
         return HeadScores(
             layer=layer,
             head=head,
-            copying=float(self.copying[layer, head]),
-            qk_positivity=float(self.qk_positivity[layer, head]),
-            prev_token=float(self.prev_token[layer, head]),
-            duplicate_token=float(self.duplicate_token[layer, head]),
-            induction=float(self.induction[layer, head]),
+            **{name: float(getattr(self, name)[layer, head]) for name in SCORE_NAMES},
             nonfinite=bool(self.nonfinite[layer, head]),
         )
 
@@ -132,7 +133,29 @@ class Composition:
     kind: CompositionKind
     scores: np.ndarray  # [L, H, L, H]; zero where source layer >= target layer
     baseline: float  # expected score of random factors of the same shapes
-    top_edges: tuple[tuple[int, int, int, int, float], ...]  # (l1, h1, l2, h2, score - baseline)
+    top_edges: tuple[Edge, ...]  # (l1, h1, l2, h2, score - baseline), from rank_edges
+
+
+def rank_edges(scores: np.ndarray, baseline: float, top: int) -> tuple[Edge, ...]:
+    """The ``top`` composition edges furthest above ``baseline``, strongest first.
+
+    Only pairs whose source layer is before the target layer count; non-finite scores (a
+    pruned or NaN head) are left out. Ties keep layer/head order (a stable sort).
+    """
+    scores = np.asarray(scores)
+    n_layers = scores.shape[0]
+    earlier = np.arange(n_layers)[:, None, None, None] < np.arange(n_layers)[None, None, :, None]
+    with np.errstate(invalid="ignore"):
+        excess = np.where(earlier & np.isfinite(scores), scores.astype(np.float64) - baseline, -np.inf)
+    flat = np.argsort(-excess, axis=None, kind="stable")[: max(0, int(top))]
+    edges = []
+    for index in flat:
+        value = float(excess.flat[index])
+        if not np.isfinite(value):
+            break
+        l1, h1, l2, h2 = (int(i) for i in np.unravel_index(index, scores.shape))
+        edges.append((l1, h1, l2, h2, value))
+    return tuple(edges)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Head scores (DESIGN.md §3): spectral scores, composition, behaviour, ablation.
+"""Head scores (docs/math.md, "Scores"): spectral scores, composition, behaviour, ablation.
 
 Weight-only scores are batched tensor code over the heads of a layer (no Python loop over
 heads or head pairs); model-wide sweeps report ``progress(fraction)`` and stop with
@@ -24,6 +24,7 @@ import torch
 
 from .errors import CancelledError, InvalidRequestError, NonFiniteError
 from .factored import FactoredMatrix, is_finite, max_abs, tame
+from .requests import check_composition_kind
 from .weights import WeightSource
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ __all__ = [
     "all_qk_positivity",
     "behaviour_scores",
     "composition_baseline",
+    "composition_score",
     "composition_scores",
     "copying_score",
     "detection_patterns",
@@ -241,6 +243,20 @@ class CompositionScores:
     seed: int
 
 
+def composition_score(left: FactoredMatrix, right: FactoredMatrix) -> Tensor:
+    """The composition score, by its definition: ``‖W_A W_B‖_F / (‖W_A‖_F ‖W_B‖_F)`` for the
+    circuit ``W_A`` an earlier head writes through (its OV) and the circuit ``W_B`` a later
+    head reads through (QK for Q-, QKᵀ for K-, OV for V-composition); docs/math.md.
+
+    As TransformerLens' ``composition_scores``: ``left.collapse_l()`` (``S Vh``) and
+    ``right.collapse_r()`` (``U S``) drop orthogonal factors that change none of the three
+    norms. Leading dims broadcast. ``composition_scores`` is the fast batched path of the
+    same number (tested against this one).
+    """
+    a, b = left.collapse_l(), right.collapse_r()
+    return torch.linalg.matrix_norm(a @ b) / (torch.linalg.matrix_norm(a) * torch.linalg.matrix_norm(b))
+
+
 def _r_factor(x: Tensor) -> Tensor:
     """A square root ``R [.., k, k]`` of the Gram matrix, ``RᵀR = xᵀx``, for ``x [.., n, k]``.
 
@@ -298,16 +314,15 @@ def composition_scores(w: WeightSource, kind: Kind, seed: int = 0, progress: Pro
                        ) -> CompositionScores:
     """``kind``-composition score of every head pair with ``layer(h1) < layer(h2)``.
 
-    ``score = ‖OV₁ M₂‖_F / (‖OV₁‖_F ‖M₂‖_F)`` with ``M₂ = QK₂`` (q), ``QK₂ᵀ`` (k) or
-    ``OV₂`` (v). With ``OV₁ = W_V W_O`` and ``M₂ = A B``, the orthogonal ``Q`` factors of
+    ``score = ‖OV₁ M₂‖_F / (‖OV₁‖_F ‖M₂‖_F)`` (``composition_score``) with ``M₂ = QK₂`` (q),
+    ``QK₂ᵀ`` (k) or ``OV₂`` (v), batched. With ``OV₁ = W_V W_O`` and ``M₂ = A B``, the orthogonal ``Q`` factors of
     ``W_V = Q R`` and ``Bᵀ = Q' R'`` do not change Frobenius norms, so
     ``‖OV₁ M₂‖ = ‖(R W_O)(A R'ᵀ)‖ = ‖X₁ Y₂‖`` with ``X₁ [d_head, d_model]`` and
     ``Y₂ [d_model, d_head]``. For each target layer, all earlier source heads are stacked
     into one matrix product ``[l2·H·d_head, d_model] @ [d_model, H·d_head]`` whose
     ``d_head × d_head`` blocks are the pairs' ``X₁ Y₂``.
     """
-    if kind not in ("q", "k", "v"):
-        raise InvalidRequestError(getattr(w, "path", None), f"composition kind must be q, k or v, not {kind!r}")
+    check_composition_kind(kind, getattr(w, "path", None))
     cfg = w.cfg
     n_layers, n_heads = cfg.n_layers, cfg.n_heads
     bad = _nonfinite_mask(w)
@@ -363,10 +378,9 @@ def composition_baseline(d_model: int, d_head: int, seed: int = 0, samples: int 
     """
     g = torch.Generator().manual_seed(seed)
     draw = lambda *shape: torch.randn(samples, *shape, generator=g, dtype=torch.float64)  # noqa: E731
-    x = _reduced_source(draw(d_model, d_head), draw(d_head, d_model))  # [S, k, d]
-    y = _reduced_target(draw(d_model, d_head), draw(d_model, d_head))  # [S, d, k]
-    ratio = torch.linalg.matrix_norm(x @ y) / (torch.linalg.matrix_norm(x) * torch.linalg.matrix_norm(y))
-    return float(ratio.mean())
+    ov = FactoredMatrix(draw(d_model, d_head), draw(d_head, d_model))  # [S, d_model, d_model]
+    qk = FactoredMatrix(draw(d_model, d_head), draw(d_model, d_head).transpose(-2, -1))
+    return float(composition_score(ov, qk).mean())
 
 
 # -- behaviour (attention patterns on seeded random sequences) ---------------------------------
@@ -431,10 +445,10 @@ def _detect(patterns: Tensor, detection: Tensor, *, exclude_bos: bool = False,
     (TransformerLens divides by all rows, which caps e.g. a perfect induction head at 0.5
     on a twice-repeated sequence); the result is averaged over the batch, one sequence at a
     time as TransformerLens does for a list of prompts. For the repeated sequences of
-    ``repeated_tokens`` this is DESIGN.md's "mean attention from the second copy's ``t`` to
-    ``t - T + 1``". ``exclude_bos`` / ``exclude_current_token`` are TransformerLens'
-    options: the attention to key 0 / to the query's own position is set to zero first, in
-    the numerator and the denominator alike.
+    ``repeated_tokens`` this is the induction score of docs/math.md: the mean attention from
+    the second copy's ``t`` to ``t - T + 1``. ``exclude_bos`` / ``exclude_current_token`` are
+    TransformerLens' options: the attention to key 0 / to the query's own position is set to
+    zero first, in the numerator and the denominator alike.
     """
     b, q, k = detection.shape
     middle = (1,) * (patterns.ndim - 3)

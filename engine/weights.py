@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .adapters import Heads, Spec, Whole, Zeros
+from .cache import ByteLRU
 from .config import ModelConfig
 from .errors import CorruptFileError, IndexOutOfRangeError, MissingTensorError
 from .safetensors_header import SafetensorsHeader, TensorInfo, read_header
@@ -85,6 +85,11 @@ class DictWeights:
         raise MissingTensorError(self.path, f"missing tensor {name!r}")
 
 
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    """Bytes a tensor's elements hold (what the tensor caches charge for it)."""
+    return int(t.numel() * t.element_size())
+
 def _pread_into(handle: Any, buffer: torch.Tensor, offset: int, file: str, tensor: str) -> None:
     """Fill the uint8 ``buffer`` from ``offset`` of the open file (positional reads: no shared
     file position, so threads can read the same file at once)."""
@@ -132,8 +137,8 @@ class CheckpointWeights:
         self._handles: dict[str, Any] = {}  # open files (read with pread: thread-safe)
         self._headers: dict[str, SafetensorsHeader] = {}
         self._sizes: dict[str, int] = {}  # file sizes when opened (see _read)
-        self._cache: OrderedDict[tuple[str, int | None], torch.Tensor] = OrderedDict()
-        self._cached_bytes = 0
+        # big tensors (embeddings) would evict everything: a quarter of the budget at most
+        self._cache = ByteLRU(cache_bytes, tensor_bytes, max_entry=cache_bytes // 4)
         self._lock = threading.RLock()
 
     def has(self, name: str) -> bool:
@@ -145,8 +150,7 @@ class CheckpointWeights:
     def get_fresh(self, name: str) -> torch.Tensor:
         """``get(name)`` as a tensor no one else holds (not cached): the caller may edit it
         in place, e.g. to process a vocabulary-sized tensor without a second copy."""
-        with self._lock:
-            hit = self._cache.get((name, None))
+        hit = self._cache.get((name, None))
         return hit.clone() if hit is not None else self._build(name)
 
     def get_head(self, name: str, head: int) -> torch.Tensor:
@@ -160,7 +164,6 @@ class CheckpointWeights:
                 handle.close()
             self._handles.clear()
             self._cache.clear()
-            self._cached_bytes = 0
 
     # --- building canonical tensors ---------------------------------------------------
 
@@ -284,19 +287,9 @@ class CheckpointWeights:
         return handle, info, header.data_start
 
     def _cached(self, key: tuple[str, int | None], build: Callable[[], torch.Tensor]) -> torch.Tensor:
-        with self._lock:
-            hit = self._cache.get(key)
-            if hit is not None:
-                self._cache.move_to_end(key)
-                return hit
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
         value = build()
-        size = value.numel() * value.element_size()
-        if size <= self.cache_bytes // 4:  # big tensors (embeddings) would evict everything
-            with self._lock:
-                if key not in self._cache:
-                    self._cache[key] = value
-                    self._cached_bytes += size
-                while self._cached_bytes > self.cache_bytes and self._cache:
-                    _, old = self._cache.popitem(last=False)
-                    self._cached_bytes -= old.numel() * old.element_size()
+        self._cache.put(key, value)
         return value

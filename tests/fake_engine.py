@@ -19,6 +19,7 @@ import numpy as np
 
 from headscope.engine.diff import EDGE_THRESHOLD
 from headscope.engine.errors import CancelledError, CorruptFileError, PromptError
+from headscope.engine.requests import DEFAULT_BLOCK, SCORE_NAMES, TOP_EDGES
 from headscope.engine.results import (
     CacheStats,
     CircuitBlock,
@@ -29,6 +30,7 @@ from headscope.engine.results import (
     ScoreTable,
     Spectrum,
     TopTokens,
+    rank_edges,
     readonly,
 )
 
@@ -156,8 +158,8 @@ class FakeEngine:
         else:
             full = self.token_qk(layer, head) if kind == "qk" else self.full_ov(layer, head)
             labels = list(WORDS)
-        r = list(range(min(24, full.shape[0]))) if rows is None else list(rows)
-        c = list(range(min(24, full.shape[1]))) if cols is None else list(cols)
+        r = list(range(min(DEFAULT_BLOCK, full.shape[0]))) if rows is None else list(rows)
+        c = list(range(min(DEFAULT_BLOCK, full.shape[1]))) if cols is None else list(cols)
         values = readonly(full[np.ix_(r, c)], np.float32)
         return CircuitBlock(values=values, row_labels=tuple(labels[i] for i in r),
                             col_labels=tuple(labels[i] for i in c), row_ids=tuple(r),
@@ -203,9 +205,10 @@ class FakeEngine:
         def f32(x: float) -> float:
             return float(np.float32(x))
 
-        return HeadScores(layer=layer, head=head, copying=f32(_copying(eig_ov)),
-                          qk_positivity=f32(_copying(eig_qk)), prev_token=f32(b[0]),
-                          duplicate_token=f32(b[1]), induction=f32(b[2]), nonfinite=False)
+        return HeadScores(layer=layer, head=head, copying_score=f32(_copying(eig_ov)),
+                          qk_positivity=f32(_copying(eig_qk)), prev_token_score=f32(b[0]),
+                          duplicate_token_score=f32(b[1]), induction_score=f32(b[2]),
+                          nonfinite=False)
 
     async def head_scores(self, layer: int, head: int) -> HeadScores:
         await self._enter("head_scores")
@@ -231,9 +234,8 @@ class FakeEngine:
             values = np.array([getattr(r, name) for r in out], dtype=dtype)
             return readonly(values.reshape(self.L, self.H))
 
-        return ScoreTable(copying=grid("copying"), qk_positivity=grid("qk_positivity"),
-                          prev_token=grid("prev_token"), duplicate_token=grid("duplicate_token"),
-                          induction=grid("induction"), nonfinite=grid("nonfinite", bool))
+        return ScoreTable(**{name: grid(name) for name in SCORE_NAMES},
+                          nonfinite=grid("nonfinite", bool))
 
     async def composition(self, kind: str, progress: Callable[[float], None] | None = None) -> Composition:
         await self._enter("composition")
@@ -255,19 +257,15 @@ class FakeEngine:
                                                   else np.nan)
         baseline = 0.1
         scores = readonly(scores, np.float32)  # the engine's precision; edges come from it too
-        edges = sorted(
-            ((l1, h1, l2, h2, float(scores[l1, h1, l2, h2] - baseline))
-             for l1 in range(L) for h1 in range(H) for l2 in range(l1 + 1, L) for h2 in range(H)),
-            key=lambda e: -e[4])
         if progress is not None:
             progress(1.0)
-        return Composition(kind=kind, scores=scores, baseline=baseline,
-                           top_edges=tuple(edges[:20]))
+        return Composition(kind=kind, scores=scores, baseline=baseline,  # type: ignore[arg-type]
+                           top_edges=rank_edges(scores, baseline, TOP_EDGES))
 
     async def run_prompt(self, text: str, layer: int, head: int) -> PromptView:
         await self._enter("run_prompt")
         if not text.strip():
-            raise PromptError(self.path, "empty prompt")
+            raise PromptError(self.path, "empty prompt: type some text first")
         ids = self.encode(text)
         truncated = len(ids) > self.n_ctx
         ids = ids[: self.n_ctx]
@@ -294,7 +292,7 @@ class FakeEngine:
 
         Similarities are cosines of the dense full OV / token QK matrices; ``change`` is
         engine.diff's measure (lost similarity or the largest score delta)."""
-        from headscope.engine.diff import ModelDiff, _change_size
+        from headscope.engine.diff import SCORE_KEYS, ModelDiff, _change_size, edge_changes
 
         await self._enter("compare")
         await other.ready()
@@ -303,8 +301,6 @@ class FakeEngine:
             d = float(np.linalg.norm(x) * np.linalg.norm(y))
             return float((x * y).sum() / d) if d > 0 else 0.0
 
-        names = {"copying_score": "copying", "qk_positivity": "qk_positivity",
-                 "prev_token_score": "prev_token", "induction_score": "induction"}
         heads = []
         for layer in range(self.L):
             for head in range(self.H):
@@ -314,8 +310,8 @@ class FakeEngine:
                     "ov_similarity": cosine(self.full_ov(layer, head), other.full_ov(layer, head)),
                     "qk_similarity": cosine(self.token_qk(layer, head),
                                             other.token_qk(layer, head))}
-                for key, attr in names.items():
-                    a, b = float(getattr(sa, attr)), float(getattr(sb, attr))
+                for key in SCORE_KEYS:
+                    a, b = float(getattr(sa, key)), float(getattr(sb, key))
                     row[f"{key}_a"], row[f"{key}_b"], row[f"{key}_delta"] = a, b, b - a
                 row["change"] = _change_size(row)
                 heads.append(row)
@@ -324,22 +320,8 @@ class FakeEngine:
             ca, cb = await self.composition(kind), await other.composition(kind)
             above_a = np.nan_to_num(np.asarray(ca.scores), nan=0.0) - ca.baseline
             above_b = np.nan_to_num(np.asarray(cb.scores), nan=0.0) - cb.baseline
-            out: dict[str, list[dict[str, Any]]] = {"gained": [], "lost": [], "changed": []}
-            for l1 in range(self.L):
-                for h1 in range(self.H):
-                    for l2 in range(l1 + 1, self.L):
-                        for h2 in range(self.H):
-                            va, vb = float(above_a[l1, h1, l2, h2]), float(above_b[l1, h1, l2, h2])
-                            edge = {"source": [l1, h1], "target": [l2, h2], "a": va, "b": vb,
-                                    "delta": vb - va}
-                            if va > threshold >= vb:
-                                out["lost"].append(edge)
-                            elif vb > threshold >= va:
-                                out["gained"].append(edge)
-                            elif abs(vb - va) > threshold:
-                                out["changed"].append(edge)
-            for edges in out.values():
-                edges.sort(key=lambda e: -abs(e["delta"]))
+            identity = [list(range(self.H)) for _ in range(self.L)]
+            out = edge_changes(above_a, above_b, identity, threshold)
             composition[kind] = {"baseline_a": ca.baseline, "baseline_b": cb.baseline,
                                  "threshold": threshold, **out}
         biggest = sorted(heads, key=lambda r: -r["change"])[:10]

@@ -1,4 +1,4 @@
-"""Per-head circuits against their dense definitions (DESIGN.md §2) on small random weights."""
+"""Per-head circuits against their dense definitions (docs/math.md, "Circuits") on small random weights."""
 
 from __future__ import annotations
 

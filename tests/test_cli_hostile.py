@@ -1,4 +1,4 @@
-"""The CLI on hostile and broken inputs (issue 6).
+"""The CLI on hostile and broken inputs.
 
 Every broken checkpoint of the corpus (tests/test_hostile.py ``BROKEN``) through
 ``headscope info`` and ``headscope heads``: exit code 1, exactly one line on stderr naming
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-import headscope.engine.report as report_module
+import headscope.engine.requests as requests_module
 from headscope.tui.cli import EXIT_MODEL_ERROR, main
 from tests import test_hostile
 from tests.hf_fixtures import N_CTX, VOCAB
@@ -149,12 +149,14 @@ def test_circuit_block_over_the_limit_is_refused_in_one_line(
     path = str(corpus_sources.gpt2)
     # The fixture's vocabulary (96) keeps a full vocab × vocab block under the real limit;
     # lower it so the same request is an over-limit one.
-    monkeypatch.setattr(report_module, "MAX_BLOCK_CELLS", 1000)
+    monkeypatch.setattr(requests_module, "MAX_RESULT_BYTES", 4000)  # 1000 float32 cells
     code, out, err = run(
         capsys, "circuit", path, "0", "0", "--kind", "qk", "--rows", "0:100000", "--cols", "0:100000"
     )
     assert (code, out) == (1, "")
-    assert_one_line_refusal(err, path, rf"a {VOCAB}×{VOCAB} block exceeds the limit of 1,000 cells")
+    assert_one_line_refusal(
+        err, path, rf"a {VOCAB}×{VOCAB} block would materialise 36\.0 KiB, over the limit of 3\.9 KiB"
+    )
     # A block within the limit still works, and the limit counts cells, not the request text.
     code, out, err = run(capsys, "circuit", path, "0", "0", "--kind", "ov",
                          "--rows", "0:20", "--cols", "0:50", "--json")  # fmt: skip

@@ -1,4 +1,4 @@
-"""Issue 8 acceptance on the bundled attn-only-2l: self-diff, a pruned induction head, and
+"""Acceptance of `headscope diff` on the bundled attn-only-2l: self-diff, a pruned induction head, and
 heads permuted within a layer."""
 
 from __future__ import annotations

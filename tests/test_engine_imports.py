@@ -1,4 +1,4 @@
-"""engine/ is UI-free (DESIGN.md §1): no tui, textual or plotext, statically or at import."""
+"""engine/ is UI-free (docs/internals.md, "Module map"): no tui, textual or plotext, statically or at import."""
 
 from __future__ import annotations
 

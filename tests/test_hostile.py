@@ -1,4 +1,4 @@
-"""Hostile and broken inputs (issue 6): each is refused with its typed error and a message
+"""Hostile and broken inputs: each is refused with its typed error and a message
 that names the problem; nothing crashes, hangs, executes code or reads outside the model
 directory. Ends with hypothesis fuzzing of the header parser and of config validation.
 

@@ -46,5 +46,10 @@ def test_pip_install_claims_only_the_headscope_namespace(tmp_path: Path) -> None
         capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env,
     )
     assert info.returncode == 0, info.stderr[-2000:]
+    bundled = subprocess.run(
+        [sys.executable, "-c", "from headscope.sample_models import bundled_model; print(bundled_model())"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env,
+    )
+    assert bundled.stdout.strip() == str((installed / "sample_models" / "attn-only-2l").resolve())
     for name in ("engine", "tui", "themes", "sample_models"):
         assert not (target / name).exists()

@@ -259,7 +259,7 @@ def test_small_cache_still_correct() -> None:
     tiny, big = ProcessedWeights(raw, cache_bytes=512), ProcessedWeights(raw)
     for _ in range(2):
         torch.testing.assert_close(run(tiny, [1, 2, 3]).logits, run(big, [1, 2, 3]).logits)
-    assert tiny._cache_bytes <= 512
+    assert tiny._cache.bytes <= 512
 
 
 def test_get_head_rejects_bad_indices_and_names() -> None:
@@ -306,4 +306,4 @@ def test_concurrent_reads_agree_with_serial_reads() -> None:
     for (name, head), got in zip(jobs, results, strict=True):
         want = serial.get(name) if head is None else serial.get_head(name, head)
         torch.testing.assert_close(got, want, msg=f"{name}[{head}]")
-    assert shared._cache_bytes <= 4096
+    assert shared._cache.bytes <= 4096

@@ -1,4 +1,4 @@
-"""Acceptance of the bundled sample models (issue 3): their circuits are real.
+"""Acceptance of the bundled sample models (sample_models/README.md): their circuits are real.
 
 Scores come from the engine (``engine.scores`` on ``engine.loading.open_model``), i.e. what
 ``headscope heads`` shows; the training code's own diagnostics (``sample_models.model``,

@@ -1,4 +1,4 @@
-"""Scores (DESIGN.md §3): batched sweeps against per-head dense definitions, constructed heads
+"""Scores (docs/math.md, "Scores"): batched sweeps against per-head dense definitions, constructed heads
 with known answers, seeds, cancellation and non-finite weights."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import torch
 from headscope.engine import circuits, scores
 from headscope.engine.config import ModelConfig
 from headscope.engine.errors import CancelledError, InvalidRequestError
+from headscope.engine.factored import FactoredMatrix
 from headscope.engine.forward import run
 from headscope.engine.weights import DictWeights
 from tests.test_circuits import random_weights
@@ -177,6 +178,39 @@ def test_batched_composition_equals_the_dense_per_pair_definition(kind, n_kv_hea
     torch.testing.assert_close(result.scores, dense_composition(w, kind), rtol=1e-4, atol=1e-5)
     later_or_same = torch.arange(3)[:, None] >= torch.arange(3)[None, :]
     assert (result.scores.permute(0, 2, 1, 3)[later_or_same] == 0).all()
+
+
+def test_composition_score_is_its_definition_on_dense_matrices():
+    """``‖W_A W_B‖_F / (‖W_A‖_F ‖W_B‖_F)``, from the factors, for rectangular factors and a
+    batch; scale-free, and 1 when ``W_B`` only reads what ``W_A`` writes."""
+    g = torch.Generator().manual_seed(3)
+    a = FactoredMatrix(torch.randn(5, 9, 3, generator=g, dtype=torch.float64),
+                       torch.randn(5, 3, 7, generator=g, dtype=torch.float64))
+    b = FactoredMatrix(torch.randn(5, 7, 2, generator=g, dtype=torch.float64),
+                       torch.randn(5, 2, 11, generator=g, dtype=torch.float64))
+    dense = torch.linalg.matrix_norm(a.AB @ b.AB) / (torch.linalg.matrix_norm(a.AB) * torch.linalg.matrix_norm(b.AB))
+    torch.testing.assert_close(scores.composition_score(a, b), dense)
+    torch.testing.assert_close(scores.composition_score(a * 3.0, b), dense)
+    u = torch.linalg.qr(torch.randn(6, 1, generator=g, dtype=torch.float64))[0]  # rank one, W_B = W_Aᵀ
+    rank_one = FactoredMatrix(u, u.T)
+    assert float(scores.composition_score(rank_one, rank_one)) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("kind", ["q", "k", "v"])
+@pytest.mark.parametrize("n_kv_heads", [None, 2])
+def test_batched_composition_equals_composition_score_on_the_heads_circuits(kind, n_kv_heads):
+    """The fast path (reduced factors, one matmul per target layer) against the definition
+    on each pair's FactoredMatrix circuits: OV₁ and QK₂ / QK₂ᵀ / OV₂."""
+    w = random_weights(n_layers=3, n_kv_heads=n_kv_heads)
+    fast = scores.composition_scores(w, kind, seed=5).scores
+    for l1 in range(3):
+        for h1 in range(4):
+            for l2 in range(l1 + 1, 3):
+                for h2 in range(4):
+                    target = {"q": circuits.qk(w, l2, h2), "k": circuits.qk(w, l2, h2).T,
+                              "v": circuits.ov(w, l2, h2)}[kind]
+                    want = scores.composition_score(circuits.ov(w, l1, h1), target)
+                    assert float(fast[l1, h1, l2, h2]) == pytest.approx(float(want), rel=1e-4, abs=1e-6)
 
 
 def test_composition_baseline_is_seeded_and_matches_a_dense_monte_carlo_estimate():

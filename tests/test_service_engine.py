@@ -58,18 +58,18 @@ async def test_spectrum_and_sweeps_equal_pure_scores(gpt2):
 
     seen = []
     table = await eng.all_head_scores(progress=seen.append)
-    np.testing.assert_allclose(table.copying, scores.all_copying_scores(w), atol=1e-5)
+    np.testing.assert_allclose(table.copying_score, scores.all_copying_scores(w), atol=1e-5)
     np.testing.assert_allclose(table.qk_positivity, scores.all_qk_positivity(w), atol=1e-5)
     behaviour = scores.behaviour_scores(w, seed=0)
     for name in ("prev_token", "duplicate_token", "induction"):
-        np.testing.assert_allclose(getattr(table, name), behaviour[name], atol=1e-5)
+        np.testing.assert_allclose(getattr(table, f"{name}_score"), behaviour[name], atol=1e-5)
     await asyncio.sleep(0)  # progress callbacks are delivered through the loop
     assert seen and seen[-1] == 1.0
     # the sweep filled the per-head cache: no new computation for a head's scores
     started = eng.computations_started
     hs = await eng.head_scores(1, 1)
     assert eng.computations_started == started
-    assert hs.copying == pytest.approx(float(table.copying[1, 1]))
+    assert hs.copying_score == pytest.approx(float(table.copying_score[1, 1]))
 
     comp = await eng.composition("k")
     ref = scores.composition_scores(w, "k", seed=0)

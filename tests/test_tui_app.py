@@ -194,7 +194,7 @@ async def test_summary_sorts_and_enter_jumps_to_the_head() -> None:
         assert table.row_count == engine.L * engine.H
         await pilot.press("o")  # sort by copying, highest first
         await settle(pilot, app)
-        scores = {(la, h): engine._scores(la, h).copying
+        scores = {(la, h): engine._scores(la, h).copying_score
                   for la in range(engine.L) for h in range(engine.H)}
         best = max(scores, key=scores.get)
         assert table.get_row_at(0)[0] == f"L{best[0]}.H{best[1]}"
@@ -302,16 +302,16 @@ async def test_clicking_a_summary_header_sorts_by_that_column() -> None:
             index = list(table.columns).index(key)  # type: ignore[arg-type]
             table.post_message(DataTable.HeaderSelected(table, column.key, index, column.label))
 
-        click("induction")
+        click("induction_score")
         await settle(pilot, app)
         values = [engine._scores(*(int(x) for x in str(table.get_row_at(i)[0])[1:].split(".H")))
-                  .induction for i in range(table.row_count)]
-        assert values == sorted(values, reverse=True) and app.summary_sort == "induction"
-        assert str(table.columns["induction"].label).endswith("▼")  # type: ignore[index]
-        assert not str(table.columns["copying"].label).endswith("▼")  # type: ignore[index]
-        click("ablation")  # not swept yet: a hint, the order stays
+                  .induction_score for i in range(table.row_count)]
+        assert values == sorted(values, reverse=True) and app.summary_sort == "induction_score"
+        assert str(table.columns["induction_score"].label).endswith("▼")  # type: ignore[index]
+        assert not str(table.columns["copying_score"].label).endswith("▼")  # type: ignore[index]
+        click("ablation_effect")  # not swept yet: a hint, the order stays
         await settle(pilot, app)
-        assert app.summary_sort == "induction"
+        assert app.summary_sort == "induction_score"
         assert any("press a first" in n.message for n in app._notifications)
         click("head")
         await settle(pilot, app)
@@ -516,7 +516,7 @@ async def test_header_and_focus_line_separate_name_shape_head_and_scores() -> No
         assert "attn-only-2l │ processed │ 2L×4H" in top
         assert bottom.startswith("L0.H0 │ ")
         focus = plain(app.query_one("#focus-line", Static))
-        copying_score = engine._scores(0, 0).copying
+        copying_score = engine._scores(0, 0).copying_score
         assert f"L0.H0 │ copying {copying_score:+.2f} · QK+" in focus
 
 
@@ -576,8 +576,8 @@ async def test_filter_keeps_heads_with_a_score_above_the_threshold() -> None:
         heads = [(la, h) for la in range(3) for h in range(5)]
         assert set(tree.head_nodes) == set(heads)
         scores = {hd: engine._scores(*hd) for hd in heads}
-        for key, label in (("induction", "induction"), ("prev_token", "prev-token"),
-                           ("copying", "copying")):
+        for key, label in (("induction_score", "induction"), ("prev_token_score", "prev-token"),
+                           ("copying_score", "copying")):
             await pilot.press("f")
             await settle(pilot, app)
             want = {hd for hd in heads if getattr(scores[hd], key) >= FILTER_THRESHOLD}

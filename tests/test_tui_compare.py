@@ -1,4 +1,4 @@
-"""Compare mode (issue 8, TUI part): ``headscope A --compare B``.
+"""Compare mode (the TUI part): ``headscope A --compare B``.
 
 Fake engines first (fast): B is A with one head pruned, so every number the views show can
 be checked against the fakes' own dense circuits. Then the real thing: the bundled

@@ -1,4 +1,4 @@
-"""The explorer on hostile and broken inputs (issue 6), on the real Engine.
+"""The explorer on hostile and broken inputs, on the real Engine.
 
 Every broken checkpoint of the corpus (tests/test_hostile.py ``BROKEN``) opened in the app
 becomes an error notification naming the file and the problem; nothing crashes, and the
@@ -158,7 +158,7 @@ async def test_nan_head_is_flagged_in_the_tree_and_other_heads_keep_badges(
         await settle(pilot, app, lambda: len(app.rows) == 8)
         assert app.errors == []
         tree = app.main.query_one(HeadTree)
-        assert app.rows[bad].nonfinite and math.isnan(app.rows[bad].induction)
+        assert app.rows[bad].nonfinite and math.isnan(app.rows[bad].induction_score)
         label = tree.head_nodes[bad].label
         assert label.plain == f"H{NAN_HEAD} ! nan"
         assert any("red" in str(span.style) and label.plain[span.start:span.end] == "!"
@@ -167,7 +167,7 @@ async def test_nan_head_is_flagged_in_the_tree_and_other_heads_keep_badges(
             if head == bad:
                 continue
             assert not row.nonfinite and all(not math.isnan(score(row, k)) for k in
-                                             ("copying", "prev_token", "induction"))  # fmt: skip
+                                             ("copying_score", "prev_token_score", "induction_score"))  # fmt: skip
             text = tree.badge_text(head)
             assert "!" not in text and "nan" not in text
             assert re.fullmatch(rf"H{head[1]} [C·] [P·] [I·]", text), text

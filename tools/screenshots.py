@@ -128,7 +128,7 @@ def main() -> None:
     parser.add_argument("--prompt", default="When Mary and John went to the store , John gave a "
                         "drink to Mary . When Mary and John went to the store , John gave")
     args = parser.parse_args()
-    from headscope.tui.app import bundled_model
+    from headscope.sample_models import bundled_model
 
     model = args.model or bundled_model()
     layer, head = (tuple(int(x) for x in args.head.split(".")) if args.head

@@ -1,17 +1,17 @@
 """Reading engine results (engine/results.py) into what the widgets draw.
 
 The readers use the exact field names of engine/results.py's dataclasses and nothing else:
-a renamed or missing field raises (and fails a test) instead of drawing an empty view.
+a renamed or missing field raises (and fails a test) instead of drawing an empty view. The
+scores go by their public names (``engine.requests.SCORE_NAMES``, the JSON keys of
+``headscope heads --json``); this module is the one place the UI maps them to labels.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
-from typing import Any
-
 import numpy as np
 
+from headscope.engine.export import jsonable
+from headscope.engine.requests import ABLATION_EFFECT, SCORE_NAMES
 from headscope.engine.results import (
     CacheStats,
     Composition,
@@ -22,18 +22,19 @@ from headscope.engine.results import (
     TopTokens,
 )
 
-SCORES: tuple[tuple[str, str], ...] = (
-    ("copying", "copying"),
-    ("qk_positivity", "QK+"),
-    ("prev_token", "prev-tok"),
-    ("duplicate_token", "dup-tok"),
-    ("induction", "induction"),
-)
-SCORE_KEYS = tuple(k for k, _ in SCORES)
+__all__ = ["ABLATION", "ABLATION_LABEL", "BADGES", "SCORES", "SCORE_KEYS", "SHORT", "jsonable"]
+
+# (score name, column label) of the summary table, in SCORE_NAMES order.
+SCORES: tuple[tuple[str, str], ...] = tuple(zip(SCORE_NAMES, (
+    "copying", "QK+", "prev-tok", "dup-tok", "induction"), strict=True))
+SCORE_KEYS = SCORE_NAMES
+# Short labels: the focus line on a narrow terminal, compare mode's Δ columns and A → B line.
+SHORT: dict[str, str] = dict(zip(SCORE_NAMES, ("copy", "QK+", "prev", "dup", "ind"), strict=True))
 # The zero-ablation effect: not part of HeadScores (an opt-in sweep, Engine.all_ablation_effects).
-ABLATION, ABLATION_LABEL = "ablation", "zero-abl"
+ABLATION, ABLATION_LABEL = ABLATION_EFFECT, "zero-abl"
 # Badges in the head tree: (score, letter). Colour follows the strength.
-BADGES: tuple[tuple[str, str], ...] = (("copying", "C"), ("prev_token", "P"), ("induction", "I"))
+BADGES: tuple[tuple[str, str], ...] = (
+    ("copying_score", "C"), ("prev_token_score", "P"), ("induction_score", "I"))
 
 
 def score(hs: HeadScores, key: str) -> float:
@@ -72,24 +73,3 @@ def edges(comp: Composition) -> list[tuple[int, int, int, int, float]]:
 def stats_line(stats: CacheStats) -> tuple[str | None, int, int, int, float | None]:
     """(activity, hits, misses, in flight, sweep progress) of a CacheStats."""
     return stats.activity or None, stats.hits, stats.misses, stats.in_flight, stats.progress
-
-
-def jsonable(obj: Any) -> Any:
-    """Results → JSON values: arrays to lists, complex to [re, im], NaN/inf to None."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, dict):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, np.ndarray):
-        return jsonable(obj.tolist())
-    if isinstance(obj, (list, tuple)):
-        return [jsonable(v) for v in obj]
-    if isinstance(obj, complex | np.complexfloating):
-        return [jsonable(float(obj.real)), jsonable(float(obj.imag))]
-    if isinstance(obj, np.generic):
-        return jsonable(obj.item())
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if obj is None or isinstance(obj, (str, int, bool)):
-        return obj
-    return str(obj)

@@ -1,4 +1,4 @@
-"""The headscope terminal explorer (issue 5).
+"""The headscope terminal explorer (README.md, "A two-minute tour"; docs/internals.md).
 
 The app renders what ``engine.service.Engine`` computes and never computes on the UI
 thread: every engine call is awaited in an async worker (the engine runs on its own
@@ -40,6 +40,7 @@ from headscope.engine.errors import CancelledError as EngineCancelled
 from headscope.engine.errors import HeadscopeError
 from headscope.engine.export import atomic_write_text
 from headscope.engine.results import HeadScores
+from headscope.sample_models import bundled_model
 from headscope.themes import (
     ALIASES,
     COLORMAPS,
@@ -79,14 +80,10 @@ NARROW = 100  # below this many columns, panes stack and the tree narrows
 WIDE_WITH_ABLATION = 140  # ...and the focus line with the ablation effect needs short labels
 THRESHOLD_STEP = 0.1  # composition graph: edges ≥ threshold × the strongest edge
 TREE_FILTERS: tuple[tuple[str, str], ...] = (
-    ("induction", "induction"), ("prev_token", "prev-token"), ("copying", "copying"))
-SHORT_LABELS = {"copying": "copy", "qk_positivity": "QK+", "prev_token": "prev",
-                "induction": "ind"}  # the focus line on a narrow terminal: no room for dup-tok
+    ("induction_score", "induction"), ("prev_token_score", "prev-token"), ("copying_score", "copying"))
+SHORT_LABELS = {"copying_score": "copy", "qk_positivity": "QK+", "prev_token_score": "prev",
+                "induction_score": "ind"}  # the focus line on a narrow terminal: no room for dup-tok
 FILTER_THRESHOLD = 0.3  # the middling badge strength: what "has the behaviour" means
-
-def bundled_model() -> Path:
-    from headscope import sample_models
-    return Path(sample_models.__file__).resolve().parent / "attn-only-2l"
 
 
 def default_engine_factory(path: str, raw: bool, cache_mb: int = 256) -> Any:
@@ -1138,7 +1135,7 @@ def run_app(path: str | os.PathLike[str] | None = None, *, raw: bool = False,
             **options: Any) -> None:
     """Open ``path`` (default: the bundled attn-only-2l) in the explorer; blocks until quit.
 
-    ``compare``: a second checkpoint B of the same architecture, explored alongside (issue 8);
+    ``compare``: a second checkpoint B of the same architecture, explored alongside (tui/compare.py);
     ``match_heads=True`` (in ``options``) pairs B's heads with A's by circuit similarity.
     """
     HeadscopeApp(path, raw=raw, theme=theme, compare=compare, **options).run()

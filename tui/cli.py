@@ -22,7 +22,6 @@ from headscope.engine.errors import HeadscopeError, InvalidRequestError
 
 EXIT_OK, EXIT_MODEL_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 COMMANDS = ("open", "info", "heads", "composition", "forward", "circuit", "diff", "export", "serve")
-BUNDLED_MODEL = "attn-only-2l"
 
 EPILOG = """\
 examples:
@@ -38,11 +37,6 @@ examples:
 
 exit codes: 0 ok, 1 bad model file or request (one line on stderr), 2 usage, 130 interrupted
 """
-
-
-def bundled_model_path() -> Path:
-    from headscope import sample_models
-    return Path(sample_models.__file__).resolve().parent / BUNDLED_MODEL
 
 
 def version() -> str:
@@ -216,7 +210,7 @@ def normalise_argv(argv: Sequence[str]) -> list[str]:
 
 def emit(data: Any, as_json: bool, table: Callable[[], tuple[list[str], list[list[Any]]]] | None) -> None:
     """JSON when asked (or when there is no tabular form), else a Rich table or TSV."""
-    from headscope.engine.report import jsonable
+    from headscope.engine.export import jsonable
 
     if as_json or table is None:
         json.dump(jsonable(data), sys.stdout, allow_nan=False)
@@ -283,9 +277,10 @@ def layer_head(text: str) -> tuple[int, int]:
 
 
 def cmd_open(args: argparse.Namespace) -> int:
+    from headscope.sample_models import bundled_model
     from headscope.tui.app import run_app
 
-    path = Path(args.path) if args.path else bundled_model_path()
+    path = Path(args.path) if args.path else bundled_model()
     if args.match_heads and not args.compare:
         raise InvalidRequestError(None, "--match-heads needs --compare B")
     options: dict[str, Any] = {"match_heads": True} if args.match_heads else {}
@@ -310,12 +305,14 @@ def _open(args: argparse.Namespace) -> Any:
 
 
 def cmd_heads(args: argparse.Namespace) -> int:
-    from headscope.engine.report import HEAD_SCORE_KEYS, head_table, sort_rows
+    from headscope.engine.report import head_table, sort_rows
+    from headscope.engine.requests import ABLATION_EFFECT, SCORE_NAMES, check_sort_key
 
+    ablation = args.ablation or args.sort == ABLATION_EFFECT
+    check_sort_key(args.sort, [*SCORE_NAMES, ABLATION_EFFECT])  # before the model is opened
     model = _open(args)
-    ablation = args.ablation or args.sort == "ablation_effect"
     rows = sort_rows(head_table(model, seed=args.seed, ablation=ablation), args.sort)
-    columns = ["layer", "head", *HEAD_SCORE_KEYS, *(["ablation_effect"] if ablation else []),
+    columns = ["layer", "head", *SCORE_NAMES, *([ABLATION_EFFECT] if ablation else []),
                "nonfinite"]
     emit(rows, args.json, lambda: (columns, [[r[c] for c in columns] for r in rows]))
     return EXIT_OK
@@ -332,8 +329,8 @@ def cmd_composition(args: argparse.Namespace) -> int:
 
 
 def cmd_forward(args: argparse.Namespace) -> int:
-    from headscope.engine.errors import PromptError
     from headscope.engine.report import forward_report
+    from headscope.engine.requests import check_prompt
 
     model = _open(args)
     if args.tokens is not None:
@@ -342,8 +339,7 @@ def cmd_forward(args: argparse.Namespace) -> int:
         except ValueError:
             raise InvalidRequestError(None, f"--tokens takes comma-separated ids, not {args.tokens!r}") from None
     else:
-        if not args.prompt.strip():
-            raise PromptError(str(model.path), "empty prompt")
+        check_prompt(args.prompt, str(model.path))
         tokens = model.tokenizer.encode(args.prompt)
         if len(tokens) > model.cfg.n_ctx:
             print(f"headscope: {model.path}: prompt truncated from {len(tokens)} to the context "
@@ -413,10 +409,13 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from headscope.engine.export import export_report
-    from headscope.engine.report import composition_report, head_table
+    from headscope.engine.report import circuit_report, composition_report, head_table
+    from headscope.engine.requests import check_composition_kind
 
     if args.ablation and args.what != "heads":
         raise InvalidRequestError(None, "--ablation is a column of --what heads")
+    if args.what == "circuit" and (args.kind is None or args.layer is None or args.head is None):
+        raise InvalidRequestError(None, "--what circuit needs --kind qk|ov, --layer and --head")
     model = _open(args)
     name = Path(args.path).name or "model"
     suffix = "-raw" if args.raw else ""
@@ -424,15 +423,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         report: Any = head_table(model, seed=args.seed, ablation=args.ablation)
         stem = f"{name}-heads{suffix}"
     elif args.what == "composition":
-        if args.kind not in ("q", "k", "v"):
-            raise InvalidRequestError(None, "--what composition needs --kind q, k or v")
+        check_composition_kind(args.kind, str(model.path))
         report = composition_report(model, args.kind, seed=args.seed)
         stem = f"{name}-{args.kind}-composition{suffix}"
     else:
-        if args.kind not in ("qk", "ov") or args.layer is None or args.head is None:
-            raise InvalidRequestError(None, "--what circuit needs --kind qk|ov, --layer and --head")
-        from headscope.engine.report import circuit_report
-
         n = model.cfg.n_ctx if args.basis == "position" else model.cfg.d_vocab
         report = circuit_report(
             model, args.layer, args.head, args.kind, basis=args.basis,
@@ -461,7 +455,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise InvalidRequestError(
             None, "headscope serve needs textual-serve: pip install 'headscope[serve]'"
         ) from None
-    path = Path(args.path) if args.path else bundled_model_path()
+    from headscope.sample_models import bundled_model
+
+    path = Path(args.path) if args.path else bundled_model()
     command = [sys.executable, "-m", "headscope.tui.cli", "open", str(path.resolve())]
     if args.raw:
         command.append("--raw")

@@ -1,4 +1,4 @@
-"""Compare mode (issue 8): model A explored with model B alongside.
+"""Compare mode: model A explored with model B alongside.
 
 ``headscope A --compare B`` opens both engines; ``Engine.compare`` runs
 ``engine.diff.diff_models`` on A's worker pool and returns a ``ModelDiff``. This module reads
@@ -20,18 +20,19 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Static
 
+from .adapt import SHORT
 from .plots import EdgeDiff, Heatmap
 from .widgets.chart import Chart
 from .widgets.views import _bar_colours
 
 Head = tuple[int, int]
-# (diff row key stem, column label): engine.diff.SCORE_KEYS, as report.head_table names them
-DELTAS: tuple[tuple[str, str], ...] = (
-    ("induction_score", "Δind"), ("prev_token_score", "Δprev"),
-    ("copying_score", "Δcopy"), ("qk_positivity", "ΔQK+"))
+# (score name, column label) of the Δ columns: diff rows carry `<name>_a`, `_b`, `_delta`.
+DELTAS: tuple[tuple[str, str], ...] = tuple(
+    (key, f"Δ{SHORT[key]}")
+    for key in ("induction_score", "prev_token_score", "copying_score", "qk_positivity"))
 # The focus line in compare mode: A → B of the badge scores, then the circuit similarities.
-FOCUS_SCORES: tuple[tuple[str, str], ...] = (
-    ("copying_score", "copy"), ("prev_token_score", "prev"), ("induction_score", "ind"))
+FOCUS_SCORES: tuple[tuple[str, str], ...] = tuple(
+    (key, SHORT[key]) for key in ("copying_score", "prev_token_score", "induction_score"))
 COMPARE_VIEWS = ("side", "diff")  # QK/OV: A | B side by side, or A | B − A
 
 

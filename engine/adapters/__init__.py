@@ -193,7 +193,7 @@ def rope_scaling_params(config: Mapping[str, Any]) -> dict[str, Any]:
 def get_key(cfg: Mapping[str, Any], *paths: str, default: Any = None) -> Any:
     """First present key among ``paths``; ``"a.b"`` looks into nested dicts.
 
-    Used to read old and new spellings alike (DESIGN.md §4), e.g.
+    Used to read old and new spellings alike (transformers renames config keys), e.g.
     ``get_key(c, "rope_parameters.rope_theta", "rope_theta", "rotary_emb_base")``.
     """
     for path in paths:

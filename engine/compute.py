@@ -1,0 +1,364 @@
+"""Every request headscope answers is computed here, once: from an open ``Model`` and a
+validated request (``engine.requests``) to a result of ``engine.results``.
+
+The ``Engine`` runs these on its worker threads and caches what they return; the CLI, the
+exports and ``engine.report`` call them directly. The maths is in ``engine.circuits``,
+``engine.scores`` and ``engine.forward``; this module selects, labels and packs. Long
+computations take ``cancelled() -> bool`` (checked between steps; ``CancelledError``) and
+``progress(fraction)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .errors import CancelledError, NonFiniteError, PromptError
+from .requests import (
+        SEED,
+    TOP_EDGES,
+    CircuitRequest,
+    check_result_bytes,
+    prompt_bytes,
+)
+from .results import (
+    CircuitBlock,
+    Composition,
+    Profile,
+    PromptView,
+    ScoreTable,
+    Spectrum,
+    TopTokens,
+    rank_edges,
+    readonly,
+)
+
+if TYPE_CHECKING:
+    from .loading import Model
+
+Progress = Callable[[float], None] | None
+Cancelled = Callable[[], bool] | None
+
+BEHAVIOURS = ("prev_token", "duplicate_token", "induction")  # keys of scores.behaviour_scores
+
+
+def _check(cancelled: Cancelled) -> None:
+    if cancelled is not None and cancelled():
+        raise CancelledError()
+
+
+def _part(progress: Progress, start: float, stop: float) -> Progress:
+    """Progress of one step of a sweep, mapped into [start, stop] of the whole."""
+    if progress is None:
+        return None
+    return lambda fraction: progress(start + (stop - start) * fraction)
+
+
+def label(tokenizer: Any, token: int) -> str:
+    """The token's string, or its id when the tokenizer cannot decode it."""
+    decode = getattr(tokenizer, "decode_token", None)
+    if decode is None:
+        return str(token)
+    try:
+        return str(decode(token))
+    except Exception:
+        return str(token)
+
+
+def _unembed_note(model: Model) -> str:
+    return "W_U is tied W_Eᵀ" if model.cfg.tied_unembed else ""
+
+
+# -- per-head requests --------------------------------------------------------------------------
+
+
+def circuit_block(model: Model, req: CircuitRequest) -> CircuitBlock:
+    """The block ``req`` asks for (``circuits.circuit_block``), labelled."""
+    from . import circuits
+
+    values = circuits.circuit_block(
+        model.weights, req.layer, req.head, req.kind, req.basis, req.rows, req.cols, req.offset
+    )
+    array = readonly(values, np.float32)
+    finite = array[np.isfinite(array)]
+    if req.basis == "position":
+        row_labels, col_labels = tuple(map(str, req.rows)), tuple(map(str, req.cols))
+    else:
+        row_labels = tuple(label(model.tokenizer, t) for t in req.rows)
+        col_labels = tuple(label(model.tokenizer, t) for t in req.cols)
+    notes = []
+    if req.kind == "ov" and model.cfg.tied_unembed:
+        notes.append(_unembed_note(model))
+    if finite.size < array.size:
+        notes.append("NaN/inf in this head's weights")
+    return CircuitBlock(
+        values=array,
+        row_labels=row_labels,
+        col_labels=col_labels,
+        row_ids=req.rows,
+        col_ids=req.cols,
+        kind=req.kind,  # type: ignore[arg-type]
+        basis=req.basis,  # type: ignore[arg-type]
+        layer=req.layer,
+        head=req.head,
+        vmin=float(finite.min()) if finite.size else float("nan"),
+        vmax=float(finite.max()) if finite.size else float("nan"),
+        note="; ".join(notes),
+        offset=req.offset,
+    )
+
+
+def top_outputs(model: Model, layer: int, head: int, source: int, k: int) -> TopTokens:
+    """The output tokens the full OV circuit raises most when the head attends to ``source``."""
+    import torch
+
+    from . import circuits
+
+    k = max(1, min(k, model.cfg.d_vocab))
+    row = circuits.full_ov_block(model.weights, layer, head, [source], range(model.cfg.d_vocab))[0]
+    values, ids = torch.topk(row, k)
+    tok = model.tokenizer
+    return TopTokens(
+        layer=layer,
+        head=head,
+        source_token=source,
+        source_label=label(tok, source),
+        ids=tuple(int(i) for i in ids),
+        labels=tuple(label(tok, int(i)) for i in ids),
+        values=readonly(values, np.float32),
+        note=_unembed_note(model),
+    )
+
+
+def spectrum(model: Model, layer: int, head: int, kind: str, cancelled: Cancelled = None) -> Spectrum:
+    """Eigenvalues of the full OV (``"ov"``) or token QK (``"qk"``) circuit, and its score."""
+    import torch
+
+    from . import circuits, scores
+
+    w = model.weights
+    if kind == "ov":
+        fm = circuits.full_ov(w, layer, head)
+        score = scores.copying_score(fm)
+    else:
+        fm = circuits.token_qk(w, layer, head)
+        score = scores.qk_positivity(fm)
+    _check(cancelled)
+    try:
+        eig = fm.eigenvalues
+    except NonFiniteError:
+        # NaN/inf weights (flagged in HeadScores.nonfinite): an empty spectrum with a NaN
+        # score, like every other score of the head, rather than an error.
+        eig = torch.zeros(0, dtype=torch.complex64)
+    order = eig.abs().argsort(descending=True)
+    return Spectrum(
+        eigenvalues=readonly(eig[order], np.complex64),
+        score=float(score),
+        kind=kind,  # type: ignore[arg-type]
+        layer=layer,
+        head=head,
+    )
+
+
+def rotary_profile(model: Model, layer: int, head: int, offsets: tuple[int, ...]) -> Profile:
+    from . import circuits
+
+    values = circuits.rotary_profile(model.weights, layer, head, list(offsets))
+    return Profile(layer, head, offsets, readonly(values, np.float32))
+
+
+def ablation_effect(model: Model, layer: int, head: int, seed: int = SEED) -> float:
+    """Loss increase on the seeded repeated sequence when the head's output is zeroed."""
+    from . import scores
+
+    return float(scores.ablation_effect(model.weights, layer, head, seed=seed))
+
+
+# -- model-wide requests (sweeps) ---------------------------------------------------------------
+
+
+def nonfinite_heads(model: Model) -> np.ndarray:
+    """[L, H] bool: heads with a NaN/inf in their attention weights."""
+    from . import scores
+
+    flags = np.zeros((model.cfg.n_layers, model.cfg.n_heads), bool)
+    for layer, head in scores.nonfinite_heads(model.weights):
+        flags[layer, head] = True
+    return flags
+
+
+def behaviour(model: Model, seed: int = SEED, cancelled: Cancelled = None) -> dict[str, np.ndarray]:
+    """Behavioural scores of every head (one batched forward pass) and the non-finite flags."""
+    from . import scores
+
+    found = scores.behaviour_scores(model.weights, seed=seed, cancelled=cancelled)
+    out = {name: readonly(found[name], np.float32) for name in BEHAVIOURS}
+    out["nonfinite"] = readonly(nonfinite_heads(model), bool)
+    return out
+
+
+def score_table(
+    model: Model, seed: int = SEED, progress: Progress = None, cancelled: Cancelled = None
+) -> ScoreTable:
+    """Every score of every head, ``[n_layers, n_heads]`` each, under ``SCORE_NAMES``."""
+    from . import scores
+
+    w = model.weights
+    if progress is not None:
+        progress(0.0)
+    copying = scores.all_copying_scores(w, progress=_part(progress, 0.0, 0.4), cancelled=cancelled)
+    positivity = scores.all_qk_positivity(w, progress=_part(progress, 0.4, 0.8), cancelled=cancelled)
+    found = scores.behaviour_scores(w, seed=seed, progress=_part(progress, 0.8, 0.95), cancelled=cancelled)
+    _check(cancelled)
+    return ScoreTable(
+        copying_score=readonly(copying, np.float32),
+        qk_positivity=readonly(positivity, np.float32),
+        prev_token_score=readonly(found["prev_token"], np.float32),
+        duplicate_token_score=readonly(found["duplicate_token"], np.float32),
+        induction_score=readonly(found["induction"], np.float32),
+        nonfinite=readonly(nonfinite_heads(model), bool),
+    )
+
+
+def composition(
+    model: Model,
+    kind: str,
+    seed: int = SEED,
+    progress: Progress = None,
+    cancelled: Cancelled = None,
+    top: int = TOP_EDGES,
+) -> Composition:
+    """Q/K/V composition scores between all pairs of heads, and the ``top`` strongest edges."""
+    from . import scores
+
+    found = scores.composition_scores(
+        model.weights, kind, seed=seed, progress=progress, cancelled=cancelled  # type: ignore[arg-type]
+    )
+    values = readonly(found.scores, np.float32)
+    baseline = float(found.baseline)
+    return Composition(kind, values, baseline, rank_edges(values, baseline, top))  # type: ignore[arg-type]
+
+
+def ablation_effects(
+    model: Model, seed: int = SEED, progress: Progress = None, cancelled: Cancelled = None
+) -> np.ndarray:
+    """``[n_layers, n_heads]`` zero-ablation effects of every head (``scores.ablation_effects``)."""
+    from . import scores
+
+    effects = scores.ablation_effects(model.weights, seed=seed, progress=progress, cancelled=cancelled)
+    return readonly(effects, np.float32)
+
+
+# -- prompts ----------------------------------------------------------------------------------
+
+
+class PromptRun:
+    """One prompt through the model, every head at once; per-head views are slices."""
+
+    def __init__(
+        self,
+        tokens: tuple[str, ...],
+        ids: tuple[int, ...],
+        patterns: np.ndarray,  # [L, H, q, k]
+        dla: np.ndarray,  # [L, H, pos]
+        predicted: tuple[int, ...],
+        top: tuple[tuple[int, str, float], ...],
+        truncated: bool,
+    ) -> None:
+        self.tokens, self.ids, self.patterns, self.dla = tokens, ids, patterns, dla
+        self.predicted, self.top, self.truncated = predicted, top, truncated
+        self.nbytes = int(patterns.nbytes + dla.nbytes) + 64 * len(ids)
+
+    def view(self, layer: int, head: int) -> PromptView:
+        return PromptView(
+            tokens=self.tokens,
+            ids=self.ids,
+            pattern=self.patterns[layer, head],
+            dla=self.dla[layer, head],
+            predicted=self.predicted,
+            top_predictions=self.top,
+            truncated=self.truncated,
+            layer=layer,
+            head=head,
+        )
+
+
+def encode(tokenizer: Any, text: str) -> list[int]:
+    ids = tokenizer.encode(text)
+    ids = getattr(ids, "ids", ids)
+    return [int(i) for i in ids]
+
+
+def run_prompt(
+    model: Model,
+    text: str,
+    *,
+    limit: int | None = None,
+    cancelled: Cancelled = None,
+    top_k: int = 10,
+) -> PromptRun:
+    """Tokenise ``text`` (cut to n_ctx) and run it: patterns, DLA and predictions of every head."""
+    import torch
+
+    from . import forward
+
+    cfg, w = model.cfg, model.weights
+    where = str(model.path)
+    ids = encode(model.tokenizer, text)
+    if not ids:
+        raise PromptError(where, "the prompt encodes to no tokens")
+    truncated = len(ids) > cfg.n_ctx
+    ids = ids[: cfg.n_ctx]
+    n = len(ids)
+    check_result_bytes(prompt_bytes(model.structure(), n), f"a {n}-token prompt", where, limit)
+    _check(cancelled)
+    result = forward.run(w, ids, return_head_outputs=True)
+    logits = result.logits[0]  # [pos, vocab]
+    predicted = logits.argmax(dim=-1)  # [pos]
+    dla = direct_logit_attribution(model, result, predicted)
+    probs = torch.softmax(logits[-1], dim=-1)
+    p_top, i_top = torch.topk(probs, min(top_k, probs.shape[0]))
+    tok = model.tokenizer
+    top = tuple((int(i), label(tok, int(i)), float(p)) for p, i in zip(p_top, i_top, strict=True))
+    return PromptRun(
+        tokens=tuple(label(tok, i) for i in ids),
+        ids=tuple(ids),
+        patterns=readonly(result.patterns[0], np.float32),
+        dla=readonly(dla, np.float32),
+        predicted=tuple(int(i) for i in predicted),
+        top=top,
+        truncated=truncated,
+    )
+
+
+def direct_logit_attribution(model: Model, result: Any, predicted: Any) -> Any:
+    """[L, H, pos]: each head's output at each position, through the final norm's scale,
+    dotted with ``W_U[:, predicted[pos]]`` — its direct share of that position's top logit.
+
+    LayerNorm subtracts the mean, so the head output is centred first (a no-op on processed
+    weights, whose writing weights are centred); on raw weights the final norm's gain, not
+    yet folded into ``W_U``, multiplies it. Post-LN models (BERT) have no such linear
+    decomposition: NaN.
+    """
+    import torch
+
+    cfg, w = model.cfg, model.weights
+    out = result.head_outputs[0]  # [L, H, pos, d_model]
+    if result.final_scale is None:
+        return torch.full(out.shape[:3], float("nan"))
+    if cfg.normalization in ("LN", "LNPre"):
+        out = out - out.mean(dim=-1, keepdim=True)
+    out = out / result.final_scale[0]  # [pos, 1] broadcasts over L, H
+    if cfg.normalization in ("LN", "RMS") and w.has("ln_final.w"):
+        out = out * w.get("ln_final.w")
+    w_u = w.get("unembed.W_U")[:, predicted]  # [d_model, pos]
+    return torch.einsum("lhpd,dp->lhp", out, w_u)
+
+
+def forward_tokens(model: Model, tokens: Sequence[int]) -> Any:
+    """The reference forward pass on validated token ids (``requests.check_tokens``)."""
+    from . import forward
+
+    return forward.run(model.weights, list(tokens))

@@ -1,0 +1,216 @@
+"""One request layer: the CLI, the explorer's Engine, the Python API and the fake engine agree.
+
+The same bad request gets the same error type and the same one-line message whichever way
+it comes in; the same good request gets the same numbers under the same names
+(engine/requests.py validates, engine/compute.py computes; docs/internals.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from headscope.engine import report
+from headscope.engine.cache import ByteLRU
+from headscope.engine.errors import (
+    HeadscopeError,
+    IndexOutOfRangeError,
+    InvalidRequestError,
+    ResourceLimitError,
+)
+from headscope.engine.loading import open_model
+from headscope.engine.requests import MAX_RESULT_BYTES, SCORE_NAMES
+from headscope.engine.results import HeadScores, ScoreTable, rank_edges
+from headscope.engine.service import Engine
+from headscope.tui import cli
+from tests.conftest import sample_model
+from tests.fake_engine import FakeEngine
+
+MODEL = sample_model("attn-only-2l")
+
+
+def cli_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> HeadscopeError:
+    """The error the CLI raises for ``argv``, checked to be the one line it prints."""
+    args = cli.build_parser().parse_args(cli.normalise_argv(argv))
+    with pytest.raises(HeadscopeError) as raised:
+        cli.HANDLERS[args.command](args)
+    assert cli.main(argv) == cli.EXIT_MODEL_ERROR
+    assert capsys.readouterr().err == f"headscope: {raised.value.one_line()}\n"
+    return raised.value
+
+
+def cli_json(argv: list[str], capsys: pytest.CaptureFixture[str]) -> Any:
+    assert cli.main([*argv, "--json"]) == cli.EXIT_OK
+    return json.loads(capsys.readouterr().out)
+
+
+async def engine_error(path: Path, request: Callable[[Engine], Awaitable[Any]]) -> HeadscopeError:
+    eng = Engine(path, workers=1, prefetch=False)
+    try:
+        with pytest.raises(HeadscopeError) as raised:
+            await request(eng)
+    finally:
+        await eng.aclose()
+    return raised.value
+
+
+def same_error(a: HeadscopeError, b: HeadscopeError, kind: type[HeadscopeError]) -> None:
+    assert type(a) is type(b) is kind
+    assert a.one_line() == b.one_line()
+
+
+def vocab_ranges(n_ids: int) -> str:
+    """``--rows`` naming ``n_ids`` ids (``0:V`` ranges repeated): a block as big as you like."""
+    d_vocab = open_model(MODEL).cfg.d_vocab
+    spec = ",".join([f"0:{d_vocab}"] * (n_ids // d_vocab + 1))
+    return spec
+
+
+# -- the same bad request, the same error -------------------------------------------------------
+
+
+async def test_head_out_of_range_is_the_same_error_from_the_cli_and_the_engine(capsys) -> None:
+    from_cli = cli_error(["circuit", str(MODEL), "9", "0", "--kind", "qk"], capsys)
+    from_engine = await engine_error(MODEL, lambda e: e.circuit_block(9, 0, "qk"))
+    same_error(from_cli, from_engine, IndexOutOfRangeError)
+    assert "layer 9 out of range" in from_cli.reason
+    with pytest.raises(HeadscopeError) as from_api:
+        report.circuit_report(open_model(MODEL), 9, 0, "qk")
+    same_error(from_api.value, from_engine, IndexOutOfRangeError)
+
+
+async def test_token_out_of_range_is_the_same_error_from_the_cli_and_the_engine(capsys) -> None:
+    from_cli = cli_error(["circuit", str(MODEL), "1", "2", "--kind", "ov", "--rows", "100000"], capsys)
+    from_engine = await engine_error(MODEL, lambda e: e.circuit_block(1, 2, "ov", rows=[100000]))
+    same_error(from_cli, from_engine, IndexOutOfRangeError)
+
+
+async def test_oversized_block_is_the_same_error_under_the_same_limit(capsys) -> None:
+    n = 8200  # 8200² float32 cells: just over MAX_RESULT_BYTES
+    assert 4 * n * n > MAX_RESULT_BYTES > 4 * 8000 * 8000
+    spec = vocab_ranges(n)
+    ids = [int(i) for part in spec.split(",") for i in range(*map(int, part.split(":")))]
+    from_cli = cli_error(["circuit", str(MODEL), "0", "0", "--kind", "qk",
+                          "--rows", spec, "--cols", spec], capsys)
+    from_engine = await engine_error(MODEL, lambda e: e.circuit_block(0, 0, "qk", rows=ids, cols=ids))
+    same_error(from_cli, from_engine, ResourceLimitError)
+    assert f"a {len(ids)}×{len(ids)} block" in from_cli.reason
+
+
+async def test_bad_kinds_are_the_same_error_from_export_the_api_and_the_engine(capsys, tmp_path) -> None:
+    export = ["export", str(MODEL), "--out", str(tmp_path)]
+    from_cli = cli_error([*export, "--what", "composition", "--kind", "qk"], capsys)
+    from_engine = await engine_error(MODEL, lambda e: e.composition("qk"))  # type: ignore[arg-type]
+    same_error(from_cli, from_engine, InvalidRequestError)
+    with pytest.raises(InvalidRequestError) as from_api:
+        open_model(MODEL).composition("qk")
+    same_error(from_api.value, from_engine, InvalidRequestError)
+
+    from_cli = cli_error([*export, "--what", "circuit", "--kind", "q", "--layer", "0", "--head", "0"], capsys)
+    from_engine = await engine_error(MODEL, lambda e: e.circuit_block(0, 0, "q"))  # type: ignore[arg-type]
+    same_error(from_cli, from_engine, InvalidRequestError)
+    assert list(tmp_path.iterdir()) == []
+
+
+async def test_position_basis_of_a_rotary_model_is_the_same_error(capsys, llama_dir) -> None:
+    path, _ = llama_dir
+    from_cli = cli_error(["circuit", str(path), "0", "0", "--kind", "qk", "--basis", "position"], capsys)
+    from_engine = await engine_error(path, lambda e: e.circuit_block(0, 0, "qk", "position"))
+    same_error(from_cli, from_engine, InvalidRequestError)
+
+
+# -- the same good request, the same numbers and names -------------------------------------------
+
+
+@pytest.fixture
+async def engine():
+    eng = Engine(MODEL, workers=1, prefetch=False)
+    await eng.ready()
+    yield eng
+    await eng.aclose()
+
+
+async def test_heads_json_and_the_engine_score_table_agree_by_name(engine, capsys) -> None:
+    rows = cli_json(["heads", str(MODEL)], capsys)
+    table = await engine.all_head_scores()
+    assert [f.name for f in dataclasses.fields(ScoreTable)] == [*SCORE_NAMES, "nonfinite"]
+    assert [f.name for f in dataclasses.fields(HeadScores)] == ["layer", "head", *SCORE_NAMES, "nonfinite"]
+    assert [k for k in rows[0] if k not in ("layer", "head", "nonfinite")] == list(SCORE_NAMES)
+    for row in rows:
+        head = await engine.head_scores(row["layer"], row["head"])  # published by the sweep
+        for name in SCORE_NAMES:
+            assert row[name] == float(getattr(table, name)[row["layer"], row["head"]]), name
+            assert row[name] == getattr(head, name), name
+
+
+async def test_heads_json_ablation_effect_equals_the_engine_sweep(engine, capsys) -> None:
+    rows = cli_json(["heads", str(MODEL), "--ablation"], capsys)
+    effects = await engine.all_ablation_effects()
+    assert [r["ablation_effect"] for r in rows] == [float(v) for v in np.asarray(effects).ravel()]
+
+
+async def test_composition_json_and_the_engine_composition_agree(engine, capsys) -> None:
+    got = cli_json(["composition", str(MODEL), "--kind", "k", "--top", "5"], capsys)
+    comp = await engine.composition("k")
+    assert got["baseline"] == comp.baseline
+    np.testing.assert_array_equal(np.asarray(got["scores"], np.float32), comp.scores)
+    assert [(*e["source"], *e["target"], e["above_baseline"]) for e in got["top_edges"]] \
+        == [tuple(e) for e in comp.top_edges[:5]]
+
+
+async def test_circuit_json_and_the_engine_block_agree(engine, capsys) -> None:
+    got = cli_json(["circuit", str(MODEL), "1", "2", "--kind", "ov", "--rows", "3,9,4", "--cols", "0:6"],
+                   capsys)
+    block = await engine.circuit_block(1, 2, "ov", rows=[3, 9, 4], cols=range(6))
+    np.testing.assert_array_equal(np.asarray(got["values"], np.float32), block.values)
+    assert (got["row_labels"], got["col_labels"]) == (list(block.row_labels), list(block.col_labels))
+    default = cli_json(["circuit", str(MODEL), "0", "1", "--kind", "qk"], capsys)  # no rows: the same default
+    assert default["rows"] == list((await engine.circuit_block(0, 1, "qk")).row_ids)
+
+
+async def test_the_fake_engine_uses_the_same_names() -> None:
+    fake = FakeEngine()
+    table = await fake.all_head_scores()
+    head = await fake.head_scores(1, 2)
+    assert [r for r in report.score_rows(table)[0] if r not in ("layer", "head", "nonfinite")] \
+        == list(SCORE_NAMES)
+    assert {f.name for f in dataclasses.fields(head)} >= set(SCORE_NAMES)
+    assert head.induction_score == float(table.induction_score[1, 2])
+    diff = await fake.compare(FakeEngine(seed=1))
+    assert {"copying_score_delta", "induction_score_a", "prev_token_score_b"} <= set(diff.heads[0])
+
+
+# -- the shared pieces -----------------------------------------------------------------------
+
+
+def test_rank_edges_is_earlier_to_later_layers_strongest_first_finite_only() -> None:
+    rng = np.random.default_rng(0)
+    scores = rng.uniform(0, 1, size=(3, 2, 3, 2)).astype(np.float32)
+    scores[0, 1, 2, 0] = np.nan
+    edges = rank_edges(scores, 0.25, top=100)
+    want = sorted(((l1, h1, l2, h2) for l1 in range(3) for h1 in range(2) for l2 in range(l1 + 1, 3)
+                   for h2 in range(2) if (l1, h1, l2, h2) != (0, 1, 2, 0)),
+                  key=lambda e: -float(scores[e]))
+    assert [e[:4] for e in edges] == want
+    assert all(e[4] == pytest.approx(float(scores[e[:4]]) - 0.25) for e in edges)
+    assert rank_edges(scores, 0.25, top=3) == edges[:3]
+
+
+def test_byte_lru_group_budget_and_entry_cap() -> None:
+    cache = ByteLRU(100, sizeof=lambda v: v, max_entry=60, group=lambda k: str(k).startswith("layer"),
+                    group_capacity=50)
+    cache.put("big", 61)  # over the entry cap: not kept
+    assert "big" not in cache and cache.bytes == 0
+    cache.put("embed", 40)
+    cache.put("layer0", 30)
+    cache.put("layer1", 30)  # the group is over its 50: its oldest goes, not the older embed
+    assert "layer0" not in cache and {"embed", "layer1"} <= set(cache._entries)
+    assert (cache.bytes, cache.group_bytes, cache.evictions) == (70, 30, 1)
+    cache.put("other", 40)  # over the whole budget: the least recently used goes
+    assert "embed" not in cache and cache.bytes == 70
