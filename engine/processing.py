@@ -33,6 +33,7 @@ layer's norm vectors), and results are kept in a small byte-bounded LRU cache.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -61,7 +62,21 @@ class Plan:
 
 
 def plan_for(cfg: ModelConfig) -> Plan:
-    """The processing TransformerLens' ``from_pretrained`` defaults apply to ``cfg``."""
+    """The processing TransformerLens' ``from_pretrained`` defaults apply to ``cfg``, minus
+    ``center_unembed`` under a final logit soft-cap (``_softcap_plan``)."""
+    return _softcap_plan(_norm_plan(cfg), cfg)
+
+
+def _softcap_plan(plan: Plan, cfg: ModelConfig) -> Plan:
+    """Gemma 2 caps the logits, ``c · tanh(l / c)``: shifting ``l`` by a per-position constant
+    (what centring ``W_U`` over the vocabulary does) changes the log-probabilities, so it is
+    not applied (docs/math.md)."""
+    if cfg.extra.get("final_softcap"):
+        return dataclasses.replace(plan, center_unembed=False)
+    return plan
+
+
+def _norm_plan(cfg: ModelConfig) -> Plan:
     if cfg.post_ln:
         return Plan(False, False, False, False)
     norm = cfg.normalization
@@ -232,7 +247,8 @@ class ProcessedWeights:
     def _norm(self, prefix: str) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The (gain, bias) of the norm named ``prefix`` that processing folds away."""
         p = self.plan
-        w = self._cached(f"~{prefix}.w", None) if p.fold_norm_gain else None
+        # OLMo2 has no norm before its sublayers: nothing to fold there.
+        w = self._cached(f"~{prefix}.w", None) if p.fold_norm_gain and self.raw.has(f"{prefix}.w") else None
         b = None
         if p.fold_norm_bias and self.raw.has(f"{prefix}.b"):
             b = self._cached(f"~{prefix}.b", None)

@@ -33,11 +33,15 @@ from ..safetensors_header import DTYPE_NAMES, TensorInfo
 
 @dataclass(frozen=True)
 class Whole:
-    """The canonical tensor is the checkpoint tensor ``tensor`` (transposed if asked)."""
+    """The canonical tensor is the checkpoint tensor ``tensor`` (transposed if asked), times
+    ``scale`` plus ``add`` (Gemma: embeddings scaled by √d_model, RMSNorm gains stored as
+    ``w`` for a ``1 + w`` gain; docs/math.md)."""
 
     tensor: str
     shape: tuple[int, ...]  # expected checkpoint shape
     transpose: bool = False
+    scale: float = 1.0
+    add: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -313,7 +317,15 @@ def _registry() -> dict[str, ModuleType]:
     for module in (gpt2, neox, llama, bert):
         for arch in module.ARCHITECTURES:
             table[arch] = module
+    table.update(_more_families())
     return table
+
+
+def _more_families() -> dict[str, ModuleType]:
+    """Gemma 1/2/3, Qwen3, OLMo2, GPT-Neo: architecture -> adapter."""
+    from . import gemma, gpt_neo, qwen3
+
+    return {arch: module for module in (gemma, qwen3, gpt_neo) for arch in module.ARCHITECTURES}
 
 
 def supported_architectures() -> list[str]:
