@@ -12,6 +12,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
+from .caveats import ov_caveats, qk_caveats
 from .errors import IndexOutOfRangeError, InvalidRequestError, ResourceLimitError
 
 if TYPE_CHECKING:
@@ -181,6 +182,7 @@ def circuit_report(
         "offset": offset if cfg.positional == "rotary" else None,
         "processed": not model.raw,
         "unembedding_tied": cfg.tied_unembed,
+        "approximations": ov_caveats(cfg) if kind == "ov" else qk_caveats(cfg),
         "rows": rows,
         "cols": cols,
         "row_labels": labels_r,

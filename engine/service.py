@@ -707,6 +707,13 @@ def _unembed_note(model: Model) -> str:
     return "W_U is tied W_Eᵀ" if model.cfg.tied_unembed else ""
 
 
+def _bend_notes(model: Model, kind: str) -> list[str]:
+    """Where this head's circuit is not exactly what the model computes (docs/math.md)."""
+    from .caveats import ov_caveats, qk_caveats
+
+    return ov_caveats(model.cfg) if kind == "ov" else qk_caveats(model.cfg)
+
+
 def _full_ov_rows(model: Model, layer: int, head: int, rows: Sequence[int]) -> Any:
     """Whole rows of the full OV circuit ``W_E OV W_U``: ``[len(rows), d_vocab]``."""
     from . import circuits
@@ -736,6 +743,7 @@ def _block_result(
     notes = []
     if kind == "ov" and model.cfg.tied_unembed:
         notes.append(_unembed_note(model))
+    notes += _bend_notes(model, kind)
     if finite.size < array.size:
         notes.append("NaN/inf in this head's weights")
     return CircuitBlock(

@@ -26,8 +26,7 @@ from typing import Any
 
 from ..config import ModelConfig
 from ..errors import ConfigError
-from . import SpecMap, Whole, get_key, optional_float, vec
-from . import llama
+from . import SpecMap, Whole, get_key, llama, optional_float, vec
 
 ARCHITECTURES = (
     "GemmaForCausalLM",
@@ -63,6 +62,7 @@ def adapt(
             optional_float(config, path, "query_pre_attn_scalar", default=float(cfg.d_head))
         )
         extra["layer_types"] = _layer_types(config, cfg.n_layers, version)
+        extra["post_attn_norm"] = True
         for key, name in (("attn_softcap", "attn_logit_softcapping"), ("final_softcap", "final_logit_softcapping")):
             extra[key] = (
                 optional_float(config, path, name, default=0.0) if config.get(name) is not None else None
@@ -70,7 +70,8 @@ def adapt(
     if version == 3:
         full, local = _gemma3_rope(config, path)
         changes["rotary_base"] = float(full["rope_theta"])
-        extra.update(rope_type=full.get("rope_type") or "default", rope_scaling=full, rope_local=local)
+        extra.update(rope_type=full.get("rope_type") or "default", rope_scaling=full, rope_local=local,
+                     qk_norm="head")
     cfg = cfg.replace(extra=extra, **changes)
     return cfg, _gemma_specs(cfg, specs, llama.prefix_of(names), version)
 

@@ -17,8 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..config import ModelConfig
-from . import SpecMap, Whole, linear_bias_heads, vec
-from . import llama
+from . import SpecMap, Whole, linear_bias_heads, llama, vec
 
 ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3Model", "Olmo2ForCausalLM", "Olmo2Model")
 MODEL_TYPES = ("qwen3", "olmo2")
@@ -30,8 +29,9 @@ def adapt(
     olmo = arch.startswith("Olmo2") or config.get("model_type") == "olmo2"
     cfg, specs = llama.adapt(config, arch, names, path)
     extra = {**cfg.extra, "layer_types": _layer_types(config, cfg.n_layers)}
+    extra["qk_norm"] = "projection" if olmo else "head"
     if olmo:
-        extra["pre_norm"] = False
+        extra.update(pre_norm=False, post_attn_norm=True)
     cfg = cfg.replace(family="olmo2" if olmo else "qwen3", extra=extra)
     p = llama.prefix_of(names)
     for layer in range(cfg.n_layers):
