@@ -390,9 +390,33 @@ def mlp(w: WeightSource, layer: int, x: Tensor) -> Tensor:
     cfg = w.cfg
     pre = f"blocks.{layer}.mlp"
     act = activation(cfg.act_fn, getattr(w, "path", None))
+    if cfg.extra.get("n_experts"):
+        return experts(w, layer, x, act)
     hidden = x @ w.get(f"{pre}.W_in") + w.get(f"{pre}.b_in")
     hidden = act(x @ w.get(f"{pre}.W_gate")) * hidden if cfg.gated_mlp else act(hidden)
     return hidden @ w.get(f"{pre}.W_out") + w.get(f"{pre}.b_out")
+
+
+def experts(w: WeightSource, layer: int, x: Tensor, act: Callable[[Tensor], Tensor]) -> Tensor:
+    """Mixtral's sparse mixture of experts: each token goes to the ``experts_per_token``
+    experts its router ranks highest, weighted by their softmax probabilities renormalised
+    over the chosen ones; each expert is a gated MLP ``(act(x W_gate) * (x W_in)) W_out``."""
+    import torch
+
+    cfg, pre = w.cfg, f"blocks.{layer}.mlp"
+    flat = x.reshape(-1, x.shape[-1])
+    probs = torch.softmax(flat @ w.get(f"{pre}.W_router"), dim=-1)
+    top, chosen = torch.topk(probs, int(cfg.extra["experts_per_token"]), dim=-1)  # [n, k]
+    top = top / top.sum(dim=-1, keepdim=True)
+    out = torch.zeros_like(flat)
+    for e in range(int(cfg.extra["n_experts"])):
+        token, slot = torch.where(chosen == e)
+        if token.numel() == 0:
+            continue
+        e_pre, h = f"{pre}.experts.{e}", flat[token]
+        h = act(h @ w.get(f"{e_pre}.W_gate")) * (h @ w.get(f"{e_pre}.W_in"))
+        out.index_add_(0, token, (h @ w.get(f"{e_pre}.W_out")) * top[token, slot, None])
+    return out.reshape(x.shape)
 
 
 def unembed(w: WeightSource, x: Tensor) -> Tensor:

@@ -34,6 +34,7 @@ layer's norm vectors), and results are kept in a small byte-bounded LRU cache.
 from __future__ import annotations
 
 import dataclasses
+import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -122,6 +123,9 @@ def _layer_budget(cfg: ModelConfig, cache_bytes: int) -> int:
     # one layer's attention weights and their biases, with room to spare (a 1B model: 128 MB)
     return min(cache_bytes, max(128 << 20, 2 * attn))
 
+
+# Mixtral: the router and each expert's input weights read the ln2 output.
+_MOE_READER = re.compile(r"blocks\.\d+\.mlp\.(W_router|experts\.\d+\.(W_in|W_gate))")
 
 # Non-attention tensors that write into the residual stream (last dim is d_model).
 _WRITERS = (("embed", "W_E"), ("pos_embed", "W_pos"), ("mlp", "W_out"), ("mlp", "b_out"))
@@ -265,6 +269,8 @@ class ProcessedWeights:
         p = self.plan
 
         with torch.no_grad():
+            if _MOE_READER.match(name):
+                return self._moe_reader(name)
             if module == "attn":
                 return self._attn(layer, leaf, head)
             if module == "mlp" and leaf in ("W_in", "W_gate", "b_in"):
@@ -332,6 +338,13 @@ class ProcessedWeights:
             W = W * w[:, None]
         # TransformerLens centres W_in only (never W_gate): match it.
         return _center(W, 0) if (p.center_reading and leaf == "W_in") else W
+
+    def _moe_reader(self, name: str) -> torch.Tensor:
+        """Mixtral's router and experts read the ln2 output: its (RMSNorm) gain scales their
+        rows, exactly as for a dense gated MLP."""
+        W = self._raw(name, None)
+        w, _ = self._norm(f"blocks.{name.split('.')[1]}.ln2")
+        return W * w[:, None] if w is not None else W
 
     def _unembed(self, leaf: str) -> torch.Tensor:
         p = self.plan

@@ -90,6 +90,7 @@ _EXTRA_FEATURES = {
     "post_attn_norm": "norms after the sublayers",
     "rope_local": "per-layer RoPE bases",
     "layer_types": "per-layer sliding windows",
+    "n_experts": "a mixture-of-experts MLP",
 }
 
 

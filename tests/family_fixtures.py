@@ -1,5 +1,5 @@
 """Tiny random checkpoints of the families added on top of tests/hf_fixtures.py: Mistral,
-Qwen3, Gemma 1/2/3, OLMo2, GPT-Neo (and a Llama with llama3 RoPE scaling).
+Qwen3, Gemma 1/2/3, OLMo2, GPT-Neo, Mixtral (and a Llama with llama3 RoPE scaling).
 
 Same recipe as tests/hf_fixtures.py (``_finish``: every parameter re-drawn large, every
 norm gain and bias random, ``save_pretrained`` with safetensors). Each feature the family
@@ -104,6 +104,15 @@ def build_gpt_neo(path: Path, *, seed: int = 27, **kw: Any) -> tuple[Path, Any]:
     return _finish(GPTNeoForCausalLM(cfg), path, seed=seed, shard=False, dtype=None, tokenizer=False)
 
 
+def build_mixtral(path: Path, *, seed: int = 28, **kw: Any) -> tuple[Path, Any]:
+    """MixtralForCausalLM: Mistral attention, 4 experts with 2 chosen per token."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    cfg = MixtralConfig(num_local_experts=4, num_experts_per_tok=2, router_jitter_noise=0.0,
+                        tie_word_embeddings=False, **_common())
+    return _finish(MixtralForCausalLM(cfg), path, seed=seed, shard=False, dtype=None, tokenizer=False)
+
+
 NEW_FAMILIES: dict[str, Callable[..., tuple[Path, Any]]] = {
     "mistral": build_mistral,
     "llama3_rope": build_llama3_rope,
@@ -113,6 +122,7 @@ NEW_FAMILIES: dict[str, Callable[..., tuple[Path, Any]]] = {
     "gemma3": build_gemma3,
     "olmo2": build_olmo2,
     "gpt_neo": build_gpt_neo,
+    "mixtral": build_mixtral,
 }
 
 

@@ -1,4 +1,5 @@
-"""Mistral, Llama 3 RoPE scaling, Qwen3, Gemma 1/2/3, OLMo2 and GPT-Neo against transformers.
+"""Mistral, Llama 3 RoPE scaling, Qwen3, Gemma 1/2/3, OLMo2, GPT-Neo and Mixtral against
+transformers.
 
 For each family (tiny random checkpoints, tests/family_fixtures.py): logits and attention
 patterns through ``open_model`` match ``transformers`` to 1e-4, raw and processed; each
@@ -20,8 +21,11 @@ import torch
 from headscope.engine.forward import layer_config, log_probs, run
 from headscope.engine.loading import open_model
 from headscope.engine.processing import ProcessedWeights, plan_for
-from tests.family_fixtures import NEW_FAMILIES, build_gemma, build_gemma2, build_gemma3, build_olmo2, new_family  # noqa: F401
+from tests import family_fixtures
+from tests.family_fixtures import build_gemma, build_gemma2, build_gemma3, build_olmo2
 from tests.test_forward_parity import SEQS, _assert_close, hf_reference
+
+new_family = family_fixtures.new_family  # the session-scoped fixture, one per family
 
 
 @pytest.mark.parametrize("raw", [True, False], ids=["raw", "processed"])
@@ -83,6 +87,7 @@ FEATURES: dict[str, dict[str, dict[str, Any]]] = {
         "unscaled scores": {"attn_scale": None},
         "local layers only": {"extra": {"layer_types": None}},
     },
+    "mixtral": {"top-2 routing": {"extra": {"experts_per_token": 4}}},
 }
 
 

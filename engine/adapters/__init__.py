@@ -322,10 +322,10 @@ def _registry() -> dict[str, ModuleType]:
 
 
 def _more_families() -> dict[str, ModuleType]:
-    """Gemma 1/2/3, Qwen3, OLMo2, GPT-Neo: architecture -> adapter."""
-    from . import gemma, gpt_neo, qwen3
+    """Gemma 1/2/3, Qwen3, OLMo2, GPT-Neo, Mixtral: architecture -> adapter."""
+    from . import gemma, gpt_neo, mixtral, qwen3
 
-    return {arch: module for module in (gemma, qwen3, gpt_neo) for arch in module.ARCHITECTURES}
+    return {arch: module for module in (gemma, qwen3, gpt_neo, mixtral) for arch in module.ARCHITECTURES}
 
 
 def supported_architectures() -> list[str]:
