@@ -242,3 +242,29 @@ async def test_explorer_opens_and_flags_qk(tmp_path: Path, monkeypatch: pytest.M
         text = app.main.query_one("#qk-token", Chart).rendered.plain
         assert "token QK L0.H0" in text and "q/k RMSNorm" in text
         await pilot.press("q")
+
+
+# -- bad configs are typed errors naming the file ---------------------------------------------
+
+
+@pytest.mark.parametrize(("builder", "change", "message"), [
+    ("gemma2", {"query_pre_attn_scalar": -4}, "query_pre_attn_scalar must be > 0"),
+    ("gemma2", {"attn_logit_softcapping": 0}, "attn_logit_softcapping must be > 0"),
+    ("gemma3", {"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+    ("gemma3", {"rope_parameters": {"full_attention": {"rope_theta": "x"}}}, "rope_theta"),
+    ("gpt_neo", {"attention_layers": ["global"], "attention_types": None}, "attention_layers"),
+    ("gpt_neo", {"attention_layers": None, "attention_types": [["global", 2]]}, "attention_types"),
+    ("mixtral", {"num_experts_per_tok": 9}, "num_experts_per_tok 9 exceeds"),
+    ("mixtral", {"num_local_experts": 10**9}, "num_local_experts"),
+])
+def test_bad_configs_are_config_errors(tmp_path: Path, builder: str, change: dict[str, Any], message: str) -> None:
+    from headscope.engine.errors import ConfigError
+    from headscope.engine.loading import read_structure
+
+    path, _ = family_fixtures.NEW_FAMILIES[builder](tmp_path)
+    config = json.loads((path / "config.json").read_text())
+    config.update(change)
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match=message) as err:
+        read_structure(path)
+    assert "config.json" in str(err.value) or str(path) in str(err.value)

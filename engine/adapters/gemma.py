@@ -59,14 +59,12 @@ def adapt(
     changes: dict[str, Any] = {"family": f"gemma{version if version > 1 else ''}", "act_fn": _act(config, version)}
     if version >= 2:
         changes["attn_scale"] = math.sqrt(
-            optional_float(config, path, "query_pre_attn_scalar", default=float(cfg.d_head))
+            _positive(config, path, "query_pre_attn_scalar", float(cfg.d_head))
         )
         extra["layer_types"] = _layer_types(config, cfg.n_layers, version)
         extra["post_attn_norm"] = True
         for key, name in (("attn_softcap", "attn_logit_softcapping"), ("final_softcap", "final_logit_softcapping")):
-            extra[key] = (
-                optional_float(config, path, name, default=0.0) if config.get(name) is not None else None
-            )
+            extra[key] = _positive(config, path, name, None) if config.get(name) is not None else None
     if version == 3:
         full, local = _gemma3_rope(config, path)
         changes["rotary_base"] = float(full["rope_theta"])
@@ -74,6 +72,13 @@ def adapt(
                      qk_norm="head")
     cfg = cfg.replace(extra=extra, **changes)
     return cfg, _gemma_specs(cfg, specs, llama.prefix_of(names), version)
+
+
+def _positive(config: Mapping[str, Any], path: str | None, key: str, default: float | None) -> float:
+    value = optional_float(config, path, key, default=default if default is not None else 0.0)
+    if value <= 0:
+        raise ConfigError(path, f"config field {key} must be > 0, got {value!r}")
+    return value
 
 
 def _act(config: Mapping[str, Any], version: int) -> str:
