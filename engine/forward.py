@@ -49,7 +49,9 @@ BlockCallback = Callable[[int, "Tensor", "Tensor"], None]
 class ForwardResult:
     logits: Tensor  # [batch, pos, d_vocab]
     patterns: Tensor  # [batch, n_layers, n_heads, q_pos, k_pos]
-    head_outputs: Tensor | None = None  # [batch, n_layers, n_heads, pos, d_model], if asked
+    # [batch, n_layers, n_heads, pos, d_model], if asked: what each head adds to the residual
+    # stream (through a post-attention norm's frozen scale where there is one)
+    head_outputs: Tensor | None = None
     # [batch, pos, 1]: what the final norm divides the residual stream by (for direct logit
     # attribution), if asked. None for post-LN models, whose logits are not linear in a head.
     final_scale: Tensor | None = None
@@ -87,7 +89,7 @@ def run(
             x, pattern, result = block(weights, layer, x, ablated.get(layer, ()), ablation)
             patterns.append(pattern)
             if return_head_outputs:
-                head_outputs.append(result)
+                head_outputs.append(post_normed_heads(weights, layer, result))
         final_scale = None
         if return_head_outputs and not cfg.post_ln:
             final_scale = norm_scale(x, cfg)
@@ -447,6 +449,19 @@ def norm(w: WeightSource, prefix: str, x: Tensor) -> Tensor:
         x = x * _rsqrt_mean_square(x, cfg.norm_eps)
         return x * w.get(f"{prefix}.w") if kind == "RMS" else x
     return x
+
+
+def post_normed_heads(w: WeightSource, layer: int, result: Tensor) -> Tensor:
+    """Each head's share ``[b, h, p, d_model]`` of what the attention of ``layer`` adds to the
+    residual stream. With a post-attention norm (Gemma 2/3, OLMo2) that is the head's output
+    times the norm's per-position factor ``g / rms(Σ_h result_h + b_O)``, frozen like the final
+    norm's scale in direct logit attribution; otherwise ``result`` itself."""
+    prefix = f"blocks.{layer}.ln1_post"
+    if not w.has(f"{prefix}.w"):
+        return result
+    a = result.sum(dim=1) + w.get(f"blocks.{layer}.attn.b_O")  # [b, p, d_model]
+    factor = _rsqrt_mean_square(a, w.cfg.norm_eps) * w.get(f"{prefix}.w")
+    return result * factor[:, None]
 
 
 def pre_norm(w: WeightSource, prefix: str, x: Tensor) -> Tensor:

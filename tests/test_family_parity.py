@@ -268,3 +268,44 @@ def test_bad_configs_are_config_errors(tmp_path: Path, builder: str, change: dic
     with pytest.raises(ConfigError, match=message) as err:
         read_structure(path)
     assert "config.json" in str(err.value) or str(path) in str(err.value)
+
+
+def test_head_outputs_sum_to_the_post_normed_attention_output(tmp_path: Path) -> None:
+    """Gemma 2: head outputs are what each head adds to the residual stream through the
+    post-attention norm (its per-position scale frozen), so they sum to that norm's output."""
+    from headscope.engine import forward
+
+    path, _ = build_gemma2(tmp_path)
+    w = open_model(path).weights
+    res = run(w, SEQS, return_head_outputs=True)
+    stream: list[torch.Tensor] = []
+    with torch.inference_mode():
+        forward.blocks(w, forward.embed(w, SEQS), on_block=lambda layer, x, _: stream.append(x))
+        for layer, x in enumerate(stream):
+            a = forward.attention(w, layer, forward.attention_input(w, layer, x), (), "zero")[0]
+            added = forward.post_norm(w, f"blocks.{layer}.ln1_post", a)
+            assert not w.get(f"blocks.{layer}.attn.b_O").any()  # Gemma: no b_O to leave out
+            _assert_close(res.head_outputs[:, layer].sum(1), added, f"gemma2 layer {layer} head outputs")
+
+
+def test_gemma3_global_rope_scaling_matches_transformers(tmp_path: Path) -> None:
+    """Gemma 3 4B+ scale the global layers' RoPE (linear, factor 8) and not the local ones'."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    from tests.family_fixtures import WINDOW, _common
+    from tests.hf_fixtures import _finish
+
+    rope = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 100.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10.0}}
+    cfg = Gemma3TextConfig(head_dim=8, query_pre_attn_scalar=8, sliding_window=WINDOW,
+                           layer_types=["full_attention", "sliding_attention"],
+                           rope_parameters=rope, **_common())
+    path, model = _finish(Gemma3ForCausalLM(cfg), tmp_path, seed=29, shard=False, dtype=None,
+                          tokenizer=False)
+    ref_lp, ref_pat = hf_reference("gemma3", model, SEQS)
+    w = open_model(path).weights
+    res = run(w, SEQS)
+    _assert_close(res.patterns, ref_pat, "gemma3 scaled-RoPE patterns")
+    _assert_close(log_probs(res), ref_lp, "gemma3 scaled-RoPE log-probs")
+    unscaled = run(_Without(w, extra={"rope_type": "default"}), SEQS)
+    assert (unscaled.patterns - ref_pat).abs().max() > 1e-3
