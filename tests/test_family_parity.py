@@ -230,6 +230,7 @@ async def test_explorer_opens_and_flags_qk(tmp_path: Path, monkeypatch: pytest.M
     from headscope.tui.app import HeadscopeApp
     from headscope.tui.settings import Settings
     from headscope.tui.widgets.chart import Chart
+    from headscope.tui.widgets.status import StatusBar
     from tests.test_tui_real_engine import wait_ready
 
     monkeypatch.setenv("HEADSCOPE_CONFIG", str(tmp_path / "none.toml"))
@@ -241,6 +242,7 @@ async def test_explorer_opens_and_flags_qk(tmp_path: Path, monkeypatch: pytest.M
         assert app.errors == []
         text = app.main.query_one("#qk-token", Chart).rendered.plain
         assert "token QK L0.H0" in text and "q/k RMSNorm" in text
+        assert "circuits≈" in app.query_one(StatusBar).render().plain
         await pilot.press("q")
 
 
