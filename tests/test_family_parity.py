@@ -311,3 +311,21 @@ def test_gemma3_global_rope_scaling_matches_transformers(tmp_path: Path) -> None
     _assert_close(log_probs(res), ref_lp, "gemma3 scaled-RoPE log-probs")
     unscaled = run(_Without(w, extra={"rope_type": "default"}), SEQS)
     assert (unscaled.patterns - ref_pat).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize(("name", "legacy"), [
+    # Hub configs written before transformers 5: no layer_types / rope_parameters
+    ("gemma3", {"layer_types": None, "rope_parameters": None, "rope_theta": 10000.0,
+                "rope_local_base_freq": 10.0, "sliding_window_pattern": 2}),
+    ("gemma2", {"layer_types": None}),
+    ("gpt_neo", {"attention_layers": None}),
+])
+def test_older_config_spellings_give_the_same_model(tmp_path: Path, name: str, legacy: dict[str, Any]) -> None:
+    path, model = family_fixtures.NEW_FAMILIES[name](tmp_path)
+    config = json.loads((path / "config.json").read_text())
+    config.update(legacy)
+    (path / "config.json").write_text(json.dumps({k: v for k, v in config.items() if v is not None}))
+    ref_lp, ref_pat = hf_reference(name, model, SEQS)
+    res = run(open_model(path).weights, SEQS)
+    _assert_close(res.patterns, ref_pat, f"{name} (older config) patterns")
+    _assert_close(log_probs(res), ref_lp, f"{name} (older config) log-probs")
