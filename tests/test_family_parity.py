@@ -329,3 +329,29 @@ def test_older_config_spellings_give_the_same_model(tmp_path: Path, name: str, l
     res = run(open_model(path).weights, SEQS)
     _assert_close(res.patterns, ref_pat, f"{name} (older config) patterns")
     _assert_close(log_probs(res), ref_lp, f"{name} (older config) log-probs")
+
+
+@pytest.mark.parametrize("extra", [
+    {"sliding_window": "wide"}, {"layer_types": ["sliding_attention"] * 2}, {"attn_softcap": -1.0},
+    {"final_softcap": "x"}, {"qk_norm": "both"}, {"rope_local": {"rope_theta": 0}},
+    {"n_experts": 2, "experts_per_token": 3}, {"n_experts": True, "experts_per_token": 1},
+])
+def test_native_config_features_are_type_checked(tmp_path: Path, extra: dict[str, Any]) -> None:
+    """A native checkpoint can put any key in the config; the ones the forward pass reads
+    must be well-formed, or opening it is a ConfigError naming the file."""
+    from headscope.engine.errors import ConfigError
+    from headscope.engine.loading import read_structure
+    from tests.hf_fixtures import write_native
+
+    fields = {"n_layers": 1, "n_heads": 1, "d_model": 4, "d_head": 4, "d_vocab": 5, "n_ctx": 8,
+              "d_mlp": None, "positional": "learned", **extra}
+    t = {"embed.W_E": torch.zeros(5, 4), "pos_embed.W_pos": torch.zeros(8, 4),
+         "blocks.0.ln1.w": torch.ones(4), "blocks.0.ln1.b": torch.zeros(4),
+         "ln_final.w": torch.ones(4), "ln_final.b": torch.zeros(4), "unembed.W_U": torch.zeros(4, 5)}
+    for x in "QKV":
+        t[f"blocks.0.attn.W_{x}"] = torch.zeros(1, 4, 4)
+    t["blocks.0.attn.W_O"] = torch.zeros(1, 4, 4)
+    path = write_native(tmp_path / "m", fields, t)
+    with pytest.raises(ConfigError) as err:
+        read_structure(path)
+    assert str(path) in str(err.value)

@@ -273,7 +273,40 @@ def validate_config(cfg: ModelConfig, path: str | None) -> ModelConfig:
         raise ConfigError(path, f"norm_eps must be finite and >= 0, got {cfg.norm_eps!r}")
     if not (math.isfinite(cfg.rotary_base) and cfg.rotary_base > 0):
         raise ConfigError(path, f"rotary base must be finite and > 0, got {cfg.rotary_base!r}")
+    check_features(cfg, path)
     return cfg
+
+
+def _positive_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value) and value > 0
+
+
+def check_features(cfg: ModelConfig, path: str | None) -> None:
+    """The ``cfg.extra`` features the forward pass reads (docs/internals.md) have the right
+    types: adapters set them, but a native config can carry any key."""
+    extra = cfg.extra
+    window = extra.get("sliding_window")
+    if window is not None and not (_positive_number(window) and int(window) == window):
+        raise ConfigError(path, f"sliding_window must be a positive integer, got {window!r}")
+    types = extra.get("layer_types")
+    if types is not None and not (
+        isinstance(types, list) and len(types) == cfg.n_layers and all(isinstance(t, str) for t in types)
+    ):
+        raise ConfigError(path, f"layer_types must name the attention kind of each of the {cfg.n_layers} layers")
+    for key in ("attn_softcap", "final_softcap"):
+        if extra.get(key) is not None and not _positive_number(extra[key]):
+            raise ConfigError(path, f"{key} must be a positive number, got {extra[key]!r}")
+    if extra.get("qk_norm") not in (None, "head", "projection"):
+        raise ConfigError(path, f"qk_norm must be 'head' or 'projection', got {extra['qk_norm']!r}")
+    local = extra.get("rope_local")
+    if local is not None and not (isinstance(local, Mapping) and _positive_number(local.get("rope_theta"))):
+        raise ConfigError(path, "rope_local must give a positive rope_theta")
+    n, k = extra.get("n_experts"), extra.get("experts_per_token")
+    if n is not None and not (
+        isinstance(n, int) and isinstance(k, int) and not isinstance(n, bool) and not isinstance(k, bool)
+        and 1 <= k <= n
+    ):
+        raise ConfigError(path, f"n_experts / experts_per_token must be integers with 1 <= k <= n, got {n!r} / {k!r}")
 
 
 def checked(cfg: ModelConfig, names: set[str], path: str | None) -> ModelConfig:
