@@ -252,6 +252,8 @@ async def test_explorer_opens_and_flags_qk(tmp_path: Path, monkeypatch: pytest.M
 @pytest.mark.parametrize(("builder", "change", "message"), [
     ("gemma2", {"query_pre_attn_scalar": -4}, "query_pre_attn_scalar must be > 0"),
     ("gemma2", {"attn_logit_softcapping": 0}, "attn_logit_softcapping must be > 0"),
+    ("gemma2", {"layer_types": ["full_attention"]}, "layer_types"),
+    ("qwen3", {"layer_types": "full_attention"}, "layer_types"),
     ("gemma3", {"use_bidirectional_attention": True}, "use_bidirectional_attention"),
     ("gemma3", {"rope_parameters": {"full_attention": {"rope_theta": "x"}}}, "rope_theta"),
     ("gpt_neo", {"attention_layers": ["global"], "attention_types": None}, "attention_layers"),

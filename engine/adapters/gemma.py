@@ -26,7 +26,7 @@ from typing import Any
 
 from ..config import ModelConfig
 from ..errors import ConfigError
-from . import SpecMap, Whole, get_key, llama, optional_float, vec
+from . import SpecMap, Whole, get_key, llama, optional_float, qwen3, vec
 
 ARCHITECTURES = (
     "GemmaForCausalLM",
@@ -61,7 +61,7 @@ def adapt(
         changes["attn_scale"] = math.sqrt(
             _positive(config, path, "query_pre_attn_scalar", float(cfg.d_head))
         )
-        extra["layer_types"] = _layer_types(config, cfg.n_layers, version)
+        extra["layer_types"] = _layer_types(config, cfg.n_layers, version, path)
         extra["post_attn_norm"] = True
         for key, name in (("attn_softcap", "attn_logit_softcapping"), ("final_softcap", "final_logit_softcapping")):
             extra[key] = _positive(config, path, name, None) if config.get(name) is not None else None
@@ -88,10 +88,10 @@ def _act(config: Mapping[str, Any], version: int) -> str:
     return get_key(config, "hidden_activation", default="gelu_pytorch_tanh")
 
 
-def _layer_types(config: Mapping[str, Any], n_layers: int, version: int) -> list[str]:
-    types = config.get("layer_types")
-    if isinstance(types, list) and len(types) == n_layers and all(isinstance(t, str) for t in types):
-        return list(types)
+def _layer_types(config: Mapping[str, Any], n_layers: int, version: int, path: str | None) -> list[str]:
+    types = qwen3.layer_types(config, n_layers, path)
+    if types is not None:
+        return types
     # transformers' defaults: Gemma 2 alternates local/global, Gemma 3 has one global in 6
     every = 2 if version == 2 else config.get("sliding_window_pattern") or 6
     every = every if isinstance(every, int) and every > 0 else 6

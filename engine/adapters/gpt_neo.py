@@ -59,7 +59,7 @@ def adapt(
         tied_unembed=tied,
         extra={
             "layer_types": _layer_types(config, n_layers, path),
-            "sliding_window": require_int(config, path, "window_size"),
+            "sliding_window": require_int(config, path, "window_size") if "window_size" in config else 256,
         },
     )
     checked(cfg, names, path)

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..config import ModelConfig
+from ..errors import ConfigError
 from . import SpecMap, Whole, linear_bias_heads, llama, vec
 
 ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3Model", "Olmo2ForCausalLM", "Olmo2Model")
@@ -28,7 +29,7 @@ def adapt(
 ) -> tuple[ModelConfig, SpecMap]:
     olmo = arch.startswith("Olmo2") or config.get("model_type") == "olmo2"
     cfg, specs = llama.adapt(config, arch, names, path)
-    extra = {**cfg.extra, "layer_types": _layer_types(config, cfg.n_layers)}
+    extra = {**cfg.extra, "layer_types": layer_types(config, cfg.n_layers, path)}
     extra["qk_norm"] = "projection" if olmo else "head"
     if olmo:
         extra.update(pre_norm=False, post_attn_norm=True)
@@ -51,9 +52,12 @@ def adapt(
     return cfg, specs
 
 
-def _layer_types(config: Mapping[str, Any], n_layers: int) -> list[str] | None:
-    """Hugging Face's per-layer attention kinds, when the config lists one per layer."""
+def layer_types(config: Mapping[str, Any], n_layers: int, path: str | None) -> list[str] | None:
+    """Hugging Face's per-layer attention kinds (``"sliding_attention"`` / ``"full_attention"``),
+    or None when the config has none."""
     types = config.get("layer_types")
-    if isinstance(types, list) and len(types) == n_layers and all(isinstance(t, str) for t in types):
-        return list(types)
-    return None
+    if types is None:
+        return None
+    if not (isinstance(types, list) and len(types) == n_layers and all(isinstance(t, str) for t in types)):
+        raise ConfigError(path, f"config field layer_types must name the attention kind of each of the {n_layers} layers")
+    return list(types)
