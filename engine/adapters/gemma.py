@@ -107,10 +107,8 @@ def _gemma3_rope(config: Mapping[str, Any], path: str | None) -> tuple[dict[str,
     if isinstance(params, Mapping) and isinstance(params.get("full_attention"), Mapping):
         full = dict(params["full_attention"])
         local = dict(params.get("sliding_attention") or {})
-    else:
-        if isinstance(config.get("rope_scaling"), Mapping):
-            full = dict(config["rope_scaling"])
-        full.setdefault("rope_theta", optional_float(config, path, "rope_theta", default=1_000_000.0))
+    elif isinstance(config.get("rope_scaling"), Mapping):
+        full = dict(config["rope_scaling"])
     full.setdefault("rope_theta", optional_float(config, path, "rope_theta", default=1_000_000.0))
     local.setdefault(
         "rope_theta", optional_float(config, path, "rope_local_base_freq", default=10_000.0)
