@@ -97,7 +97,7 @@ def token_qk_block(w: WeightSource, layer: int, head: int, rows: Sequence[int],
     w_e = w.get("embed.W_E")
     w_q = head_weight(w, layer, head, "W_Q")
     if offset is not None:
-        w_q = w_q @ rotary_matrix(w.cfg, offset, _path(w))
+        w_q = w_q @ rotary_matrix(_layer_cfg(w, layer), offset, _path(w))
     q = w_e[torch.as_tensor(rows, dtype=torch.long)] @ w_q
     k = w_e[torch.as_tensor(cols, dtype=torch.long)] @ head_weight(w, layer, head, "W_K")
     return q @ k.T
@@ -154,6 +154,13 @@ def rope(x: Tensor, positions: Tensor, cfg: ModelConfig) -> Tensor:
     return apply_rotary(x, positions.to(torch.float64)[..., None] * inv_freq)  # angles [..., r/2]
 
 
+def _layer_cfg(w: WeightSource, layer: int) -> ModelConfig:
+    """The config with ``layer``'s RoPE (Gemma 3's local layers have their own base)."""
+    from .forward import layer_config
+
+    return layer_config(w.cfg, layer)
+
+
 def rotary_matrix(cfg: ModelConfig, offset: int, path: str | None = None) -> Tensor:
     """``R(Δ) [d_head, d_head]`` with ``rope(x, p) = x @ R(p)``.
 
@@ -168,7 +175,7 @@ def rotary_matrix(cfg: ModelConfig, offset: int, path: str | None = None) -> Ten
 def rotary_qk(w: WeightSource, layer: int, head: int, offset: int) -> FactoredMatrix:
     """``W_Q R(Δ) W_Kᵀ`` ``[d_model (query), d_model (key)]`` for a key ``Δ = offset``
     positions before the query (weights only: no biases, no ``1/√d_head``)."""
-    rot = rotary_matrix(w.cfg, offset, _path(w))
+    rot = rotary_matrix(_layer_cfg(w, layer), offset, _path(w))
     return FactoredMatrix(head_weight(w, layer, head, "W_Q") @ rot,
                           head_weight(w, layer, head, "W_K").T)
 
@@ -184,7 +191,7 @@ def rotary_profile(w: WeightSource, layer: int, head: int, offsets: Sequence[int
     ``profile[Δ] = mean_e  e W_Q R(Δ) W_Kᵀ eᵀ``. It shows how the head's preference for
     matching content decays or oscillates with distance; weights only (no biases).
     """
-    cfg = w.cfg
+    cfg = _layer_cfg(w, layer)
     path = _path(w)
     _require_rotary(cfg, path)
     w_q, w_k = head_weight(w, layer, head, "W_Q"), head_weight(w, layer, head, "W_K")

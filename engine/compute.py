@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .caveats import ov_caveats, qk_caveats
 from .errors import CancelledError, NonFiniteError, PromptError
 from .requests import (
         SEED,
@@ -91,6 +92,8 @@ def circuit_block(model: Model, req: CircuitRequest) -> CircuitBlock:
     notes = []
     if req.kind == "ov" and model.cfg.tied_unembed:
         notes.append(_unembed_note(model))
+    # Where the circuit is not exactly what the model computes (docs/math.md).
+    notes += ov_caveats(model.cfg) if req.kind == "ov" else qk_caveats(model.cfg)
     if finite.size < array.size:
         notes.append("NaN/inf in this head's weights")
     return CircuitBlock(

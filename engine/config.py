@@ -12,7 +12,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-Family = Literal["native", "gpt2", "neox", "llama", "qwen2", "bert"]
+Family = Literal["native", "gpt2", "neox", "llama", "qwen2", "bert",
+                 "gemma", "gemma2", "gemma3", "qwen3", "olmo2", "gpt_neo", "mixtral"]
 Positional = Literal["learned", "rotary", "none"]
 # "LNPre"/"RMSPre": the normalisation without its (folded-away) gain and bias.
 Normalization = Literal["LN", "LNPre", "RMS", "RMSPre"] | None

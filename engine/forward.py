@@ -50,7 +50,9 @@ BlockCallback = Callable[[int, "Tensor", "Tensor"], None]
 class ForwardResult:
     logits: Tensor  # [batch, pos, d_vocab]
     patterns: Tensor  # [batch, n_layers, n_heads, q_pos, k_pos]
-    head_outputs: Tensor | None = None  # [batch, n_layers, n_heads, pos, d_model], if asked
+    # [batch, n_layers, n_heads, pos, d_model], if asked: what each head adds to the residual
+    # stream (through a post-attention norm's frozen scale where there is one)
+    head_outputs: Tensor | None = None
     # [batch, pos, 1]: what the final norm divides the residual stream by (for direct logit
     # attribution), if asked. None for post-LN models, whose logits are not linear in a head.
     final_scale: Tensor | None = None
@@ -88,7 +90,7 @@ def run(
             x, pattern, result = block(weights, layer, x, ablated.get(layer, ()), ablation)
             patterns.append(pattern)
             if return_head_outputs:
-                head_outputs.append(result)
+                head_outputs.append(post_normed_heads(weights, layer, result))
         final_scale = None
         if return_head_outputs and not cfg.post_ln:
             final_scale = norm_scale(x, cfg)
@@ -152,7 +154,7 @@ def block(w: WeightSource, layer: int, x: Tensor, ablated: Sequence[int], ablati
 
 def attention_input(w: WeightSource, layer: int, x: Tensor) -> Tensor:
     """What attention reads: the normalised residual (pre-norm) or the residual itself (BERT)."""
-    return x if w.cfg.post_ln else norm(w, f"blocks.{layer}.ln1", x)
+    return x if w.cfg.post_ln else pre_norm(w, f"blocks.{layer}.ln1", x)
 
 
 def finish_block(w: WeightSource, layer: int, x: Tensor, a: Tensor) -> Tensor:
@@ -168,8 +170,8 @@ def finish_block(w: WeightSource, layer: int, x: Tensor, a: Tensor) -> Tensor:
         return x + a
     if cfg.parallel_attn_mlp:  # GPT-NeoX: both read the same residual stream
         return x + a + mlp(w, layer, norm(w, ln2, x))
-    x = x + a
-    return x + mlp(w, layer, norm(w, ln2, x))
+    x = x + post_norm(w, f"blocks.{layer}.ln1_post", a)
+    return x + post_norm(w, f"blocks.{layer}.ln2_post", mlp(w, layer, pre_norm(w, ln2, x)))
 
 
 def blocks(w: WeightSource, x: Tensor, start: int = 0, stop: int | None = None, *,
@@ -236,12 +238,14 @@ def attention(w: WeightSource, layer: int, x: Tensor, ablated: Sequence[int], ab
     q = torch.einsum("bpd,hde->bhpe", x, w.get(f"{pre}.W_Q")) + w.get(f"{pre}.b_Q")[:, None, :]
     k = torch.einsum("bpd,hde->bhpe", x, w.get(f"{pre}.W_K")) + w.get(f"{pre}.b_K")[:, None, :]
     v = torch.einsum("bpd,hde->bhpe", x, w.get(f"{pre}.W_V")) + w.get(f"{pre}.b_V")[:, None, :]
+    q, k = qk_norm(w, layer, q, k)
     if cfg.positional == "rotary":
-        inv_freq = rotary_inv_freq(cfg, getattr(w, "path", None))
+        inv_freq = rotary_inv_freq(layer_config(cfg, layer), getattr(w, "path", None))
         q, k = rotary(q, inv_freq), rotary(k, inv_freq)
 
     scores = q @ k.transpose(-1, -2) / cfg.scale  # [b, h, q, k]
-    hidden = attention_mask(cfg, scores.shape[-1])
+    scores = softcap(scores, cfg.extra.get("attn_softcap"))
+    hidden = attention_mask(cfg, scores.shape[-1], layer)
     if hidden is not None:
         scores = scores.masked_fill(hidden, float("-inf"))
     pattern = torch.softmax(scores, dim=-1)
@@ -263,19 +267,67 @@ def combine_heads(w: WeightSource, layer: int, result: Tensor, ablated: Sequence
     return result.sum(dim=1) + w.get(f"blocks.{layer}.attn.b_O")
 
 
-def attention_mask(cfg: ModelConfig, n: int) -> Tensor | None:
+def attention_mask(cfg: ModelConfig, n: int, layer: int | None = None) -> Tensor | None:
     """[q, k] booleans, True where a query may not look: the future (causal models) and,
-    with a sliding window W (Mistral), keys with q - k >= W. None: attend everywhere."""
+    with a sliding window W (Mistral; Gemma 2/3 and GPT-Neo on their local layers only),
+    keys with q - k >= W. None: attend everywhere."""
     import torch
 
     if not cfg.causal:
         return None
     q, k = torch.arange(n)[:, None], torch.arange(n)[None, :]
     hidden = k > q
-    window = cfg.extra.get("sliding_window")
+    window = cfg.extra.get("sliding_window") if is_local_layer(cfg, layer) else None
     if window:
         hidden = hidden | (k <= q - int(window))
     return hidden
+
+
+def is_local_layer(cfg: ModelConfig, layer: int | None) -> bool:
+    """Whether ``layer`` uses the sliding window: every layer unless ``extra["layer_types"]``
+    (Hugging Face's per-layer ``"sliding_attention"``/``"full_attention"``) says otherwise."""
+    types = cfg.extra.get("layer_types")
+    if layer is None or not types:
+        return True
+    return types[layer] == "sliding_attention"
+
+
+def layer_config(cfg: ModelConfig, layer: int) -> ModelConfig:
+    """``cfg`` with the RoPE of ``layer``: Gemma 3's local layers rotate with their own base
+    and scaling (``extra["rope_local"]``); every other model returns ``cfg`` itself."""
+    local = cfg.extra.get("rope_local")
+    if not local or not cfg.extra.get("layer_types") or not is_local_layer(cfg, layer):
+        return cfg
+    extra = {**cfg.extra, "rope_type": local.get("rope_type") or "default", "rope_scaling": local}
+    return cfg.replace(rotary_base=float(local.get("rope_theta", cfg.rotary_base)), extra=extra)
+
+
+def softcap(x: Tensor, cap: float | None) -> Tensor:
+    """Gemma 2's soft-capping ``cap · tanh(x / cap)`` (identity when ``cap`` is unset)."""
+    import torch
+
+    return x if not cap else torch.tanh(x / cap) * cap
+
+
+def qk_norm(w: WeightSource, layer: int, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+    """RMSNorm of queries and keys ``[b, h, p, d_head]`` before RoPE, when the model has one:
+    per head over ``d_head`` with a ``[d_head]`` gain (Qwen3, Gemma 3), or over the whole
+    projection, all heads at once, with a ``[h, d_head]`` gain (OLMo2; with grouped-query
+    attention the expanded keys have the same mean square as the stored ones)."""
+    pre = f"blocks.{layer}.attn"
+    if not w.has(f"{pre}.q_norm.w"):
+        return q, k
+    return _qk_rms(w, f"{pre}.q_norm.w", q), _qk_rms(w, f"{pre}.k_norm.w", k)
+
+
+def _qk_rms(w: WeightSource, name: str, x: Tensor) -> Tensor:
+    import torch
+
+    gain, eps = w.get(name), w.cfg.norm_eps
+    if gain.ndim == 1:
+        return x * _rsqrt_mean_square(x, eps) * gain
+    scale = torch.rsqrt(x.pow(2).mean(dim=(1, 3), keepdim=True) + eps)  # [b, 1, p, 1]
+    return x * scale * gain[:, None, :]
 
 
 def rotary_inv_freq(cfg: ModelConfig, path: str | None = None) -> Tensor:
@@ -356,11 +408,35 @@ def mlp(w: WeightSource, layer: int, x: Tensor) -> Tensor:
     cfg = w.cfg
     pre = f"blocks.{layer}.mlp"
     act = activation(cfg.act_fn, getattr(w, "path", None))
+    if cfg.extra.get("n_experts"):
+        return experts(w, layer, x, act)
     if cfg.gated_mlp:
         hidden = act(x @ w.get(f"{pre}.W_gate")) * (x @ w.get(f"{pre}.W_in")) + w.get(f"{pre}.b_in")
     else:
         hidden = act(x @ w.get(f"{pre}.W_in") + w.get(f"{pre}.b_in"))
     return hidden @ w.get(f"{pre}.W_out") + w.get(f"{pre}.b_out")
+
+
+def experts(w: WeightSource, layer: int, x: Tensor, act: Callable[[Tensor], Tensor]) -> Tensor:
+    """Mixtral's sparse mixture of experts: each token goes to the ``experts_per_token``
+    experts its router ranks highest, weighted by their softmax probabilities renormalised
+    over the chosen ones; each expert is a gated MLP ``(act(x W_gate) * (x W_in)) W_out``."""
+    import torch
+
+    cfg, pre = w.cfg, f"blocks.{layer}.mlp"
+    flat = x.reshape(-1, x.shape[-1])
+    probs = torch.softmax(flat @ w.get(f"{pre}.W_router"), dim=-1)
+    top, chosen = torch.topk(probs, int(cfg.extra["experts_per_token"]), dim=-1)  # [n, k]
+    top = top / top.sum(dim=-1, keepdim=True)
+    out = torch.zeros_like(flat)
+    for e in range(int(cfg.extra["n_experts"])):
+        token, slot = torch.where(chosen == e)
+        if token.numel() == 0:
+            continue
+        e_pre, h = f"{pre}.experts.{e}", flat[token]
+        h = act(h @ w.get(f"{e_pre}.W_gate")) * (h @ w.get(f"{e_pre}.W_in"))
+        out.index_add_(0, token, (h @ w.get(f"{e_pre}.W_out")) * top[token, slot, None])
+    return out.reshape(x.shape)
 
 
 def unembed(w: WeightSource, x: Tensor) -> Tensor:
@@ -373,7 +449,7 @@ def unembed(w: WeightSource, x: Tensor) -> Tensor:
             x = layer_norm(x, w.get("mlm.ln.w"), w.get("mlm.ln.b"), cfg.norm_eps)
     else:
         x = norm(w, "ln_final", x)
-    return x @ w.get("unembed.W_U") + w.get("unembed.b_U")
+    return softcap(x @ w.get("unembed.W_U") + w.get("unembed.b_U"), w.cfg.extra.get("final_softcap"))
 
 
 # -- normalisation -------------------------------------------------------------------------
@@ -391,6 +467,34 @@ def norm(w: WeightSource, prefix: str, x: Tensor) -> Tensor:
         x = x * _rsqrt_mean_square(x, cfg.norm_eps)
         return x * w.get(f"{prefix}.w") if kind == "RMS" else x
     return x
+
+
+def post_normed_heads(w: WeightSource, layer: int, result: Tensor) -> Tensor:
+    """Each head's share ``[b, h, p, d_model]`` of what the attention of ``layer`` adds to the
+    residual stream. With a post-attention norm (Gemma 2/3, OLMo2) that is the head's output
+    times the norm's per-position factor ``g / rms(Σ_h result_h + b_O)``, frozen like the final
+    norm's scale in direct logit attribution; otherwise ``result`` itself."""
+    prefix = f"blocks.{layer}.ln1_post"
+    if not w.has(f"{prefix}.w"):
+        return result
+    a = result.sum(dim=1) + w.get(f"blocks.{layer}.attn.b_O")  # [b, p, d_model]
+    factor = _rsqrt_mean_square(a, w.cfg.norm_eps) * w.get(f"{prefix}.w")
+    return result * factor[:, None]
+
+
+def pre_norm(w: WeightSource, prefix: str, x: Tensor) -> Tensor:
+    """``norm`` before a sublayer, or ``x`` itself for models without one (OLMo2, whose
+    norms sit after the sublayers: ``extra["pre_norm"]`` false)."""
+    return norm(w, prefix, x) if w.cfg.extra.get("pre_norm", True) else x
+
+
+def post_norm(w: WeightSource, prefix: str, x: Tensor) -> Tensor:
+    """RMSNorm, with its gain, of a sublayer's output before the residual add (Gemma 2/3,
+    OLMo2); ``x`` itself when the model has no ``{prefix}.w``. Processing never folds it:
+    the norm divides the sum of all heads' outputs (docs/math.md)."""
+    if not w.has(f"{prefix}.w"):
+        return x
+    return x * _rsqrt_mean_square(x, w.cfg.norm_eps) * w.get(f"{prefix}.w")
 
 
 def layer_norm(x: Tensor, gain: Tensor | None, bias: Tensor | None, eps: float) -> Tensor:

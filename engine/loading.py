@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from . import adapters
 from .adapters import SpecMap, check_specs, count_params, storage_dtype, validate_config
 from .adapters import native as native_adapter
+from .caveats import model_caveats
 from .config import ModelConfig
 from .errors import (
     ConfigError,
@@ -64,7 +65,7 @@ _PICKLE_ADVICE = (
 STRUCTURE_KEYS = (
     "path", "format", "family", "architecture", "n_layers", "n_heads", "n_kv_heads", "d_model",
     "d_head", "d_vocab", "n_ctx", "d_mlp", "positional", "normalization", "n_params", "dtype",
-    "tied_unembed", "has_mlm_head", "causal", "processed",
+    "tied_unembed", "has_mlm_head", "causal", "processed", "approximations",
 )  # fmt: skip
 
 
@@ -106,6 +107,7 @@ def structure_of(ckpt: Checkpoint, raw: bool) -> dict[str, Any]:
         format=ckpt.format,
         n_kv_heads=cfg.kv_heads,
         processed=not raw,
+        approximations=model_caveats(cfg),
     )
     return {k: out[k] for k in STRUCTURE_KEYS}
 

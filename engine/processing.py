@@ -33,6 +33,8 @@ layer's norm vectors), and results are kept in a small byte-bounded LRU cache.
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -60,7 +62,21 @@ class Plan:
 
 
 def plan_for(cfg: ModelConfig) -> Plan:
-    """The processing TransformerLens' ``from_pretrained`` defaults apply to ``cfg``."""
+    """The processing TransformerLens' ``from_pretrained`` defaults apply to ``cfg``, minus
+    ``center_unembed`` under a final logit soft-cap (``_softcap_plan``)."""
+    return _softcap_plan(_norm_plan(cfg), cfg)
+
+
+def _softcap_plan(plan: Plan, cfg: ModelConfig) -> Plan:
+    """Gemma 2 caps the logits, ``c · tanh(l / c)``: shifting ``l`` by a per-position constant
+    (what centring ``W_U`` over the vocabulary does) changes the log-probabilities, so it is
+    not applied (docs/math.md)."""
+    if cfg.extra.get("final_softcap"):
+        return dataclasses.replace(plan, center_unembed=False)
+    return plan
+
+
+def _norm_plan(cfg: ModelConfig) -> Plan:
     if cfg.post_ln:
         return Plan(False, False, False, False)
     norm = cfg.normalization
@@ -106,6 +122,9 @@ def _layer_budget(cfg: ModelConfig, cache_bytes: int) -> int:
     # one layer's attention weights and their biases, with room to spare (a 1B model: 128 MB)
     return min(cache_bytes, max(128 << 20, 2 * attn))
 
+
+# Mixtral: the router and each expert's input weights read the ln2 output.
+_MOE_READER = re.compile(r"blocks\.\d+\.mlp\.(W_router|experts\.\d+\.(W_in|W_gate))")
 
 # Non-attention tensors that write into the residual stream (last dim is d_model).
 _WRITERS = (("embed", "W_E"), ("pos_embed", "W_pos"), ("mlp", "W_out"), ("mlp", "b_out"))
@@ -209,7 +228,8 @@ class ProcessedWeights:
     def _norm(self, prefix: str) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The (gain, bias) of the norm named ``prefix`` that processing folds away."""
         p = self.plan
-        w = self._cached(f"~{prefix}.w", None) if p.fold_norm_gain else None
+        # OLMo2 has no norm before its sublayers: nothing to fold there.
+        w = self._cached(f"~{prefix}.w", None) if p.fold_norm_gain and self.raw.has(f"{prefix}.w") else None
         b = None
         if p.fold_norm_bias and self.raw.has(f"{prefix}.b"):
             b = self._cached(f"~{prefix}.b", None)
@@ -226,6 +246,8 @@ class ProcessedWeights:
         p = self.plan
 
         with torch.no_grad():
+            if _MOE_READER.match(name):
+                return self._moe_reader(name)
             if module == "attn":
                 return self._attn(layer, leaf, head)
             if module == "mlp" and leaf in ("W_in", "W_gate", "b_in"):
@@ -293,6 +315,13 @@ class ProcessedWeights:
             W = W * w[:, None]
         # TransformerLens centres W_in only (never W_gate): match it.
         return _center(W, 0) if (p.center_reading and leaf == "W_in") else W
+
+    def _moe_reader(self, name: str) -> torch.Tensor:
+        """Mixtral's router and experts read the ln2 output: its (RMSNorm) gain scales their
+        rows, exactly as for a dense gated MLP."""
+        W = self._raw(name, None)
+        w, _ = self._norm(f"blocks.{name.split('.')[1]}.ln2")
+        return W * w[:, None] if w is not None else W
 
     def _unembed(self, leaf: str) -> torch.Tensor:
         p = self.plan

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from . import compute, requests
+from .caveats import ov_caveats, qk_caveats
 from .requests import ABLATION_EFFECT, SCORE_NAMES, SEED
 
 if TYPE_CHECKING:
@@ -137,6 +138,7 @@ def circuit_dict(block: CircuitBlock, model: Model) -> dict[str, Any]:
         "offset": block.offset if model.cfg.positional == "rotary" else None,
         "processed": not model.raw,
         "unembedding_tied": model.cfg.tied_unembed,
+        "approximations": ov_caveats(model.cfg) if block.kind == "ov" else qk_caveats(model.cfg),
         "rows": list(block.row_ids),
         "cols": list(block.col_ids),
         "row_labels": list(block.row_labels),

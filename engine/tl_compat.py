@@ -78,6 +78,31 @@ def _check_decoder(cfg: ModelConfig) -> None:
         )
     if cfg.positional not in _TO_TL_POS:
         raise InvalidRequestError(None, f"positional embedding {cfg.positional!r} has no TransformerLens equivalent")
+    _check_plain_attention(cfg)
+
+
+# Config features (``cfg.extra``) of Gemma 2/3, Qwen3, OLMo2 and GPT-Neo that neither this
+# conversion nor the native layout carries: refuse rather than drop them silently.
+_EXTRA_FEATURES = {
+    "attn_softcap": "attention soft-capping",
+    "final_softcap": "final logit soft-capping",
+    "qk_norm": "q/k RMSNorm",
+    "post_attn_norm": "norms after the sublayers",
+    "rope_local": "per-layer RoPE bases",
+    "layer_types": "per-layer sliding windows",
+    "n_experts": "a mixture-of-experts MLP",
+}
+
+
+def _check_plain_attention(cfg: ModelConfig) -> None:
+    found = [name for key, name in _EXTRA_FEATURES.items() if cfg.extra.get(key)
+             and (key != "layer_types" or cfg.extra.get("sliding_window"))]
+    if cfg.extra.get("pre_norm") is False:
+        found.append("no norm before the sublayers")
+    if found:
+        raise InvalidRequestError(
+            None, f"{cfg.architecture} uses {', '.join(found)}, which this conversion does not carry"
+        )
 
 
 def to_transformer_lens(w: WeightSource) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:

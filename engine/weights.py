@@ -103,6 +103,15 @@ def _pread_into(handle: Any, buffer: torch.Tensor, offset: int, file: str, tenso
         done += got
 
 
+def _affine(t: torch.Tensor, spec: Whole) -> torch.Tensor:
+    """``t * spec.scale + spec.add`` in place (``t`` is a fresh float32 tensor)."""
+    if spec.scale != 1.0:
+        t.mul_(spec.scale)
+    if spec.add != 0.0:
+        t.add_(spec.add)
+    return t
+
+
 def _kv_name(name: str) -> str:
     """``blocks.0.attn.W_K`` -> ``blocks.0.attn._W_K`` (the un-expanded GQA tensor)."""
     prefix, _, last = name.rpartition(".")
@@ -183,9 +192,9 @@ class CheckpointWeights:
         # the order does not matter): no float32 copy of the tensor in its stored layout.
         if isinstance(spec, Whole):
             if not spec.transpose:
-                return self._read(spec.tensor, None).contiguous()
+                return _affine(self._read(spec.tensor, None).contiguous(), spec)
             t = self._read(spec.tensor, None, upcast=False).T
-            return torch.empty(t.shape).copy_(t)
+            return _affine(torch.empty(t.shape).copy_(t), spec)
         t = self._read(spec.tensor, None, upcast=False)
         stored = self.cfg.kv_heads if spec.kv else self.cfg.n_heads
         heads = torch.stack([self._cut(spec, t.narrow(spec.axis, spec.offset + i * spec.stride, spec.size))

@@ -165,7 +165,7 @@ class FakeEngine:
                             col_labels=tuple(labels[i] for i in c), row_ids=tuple(r),
                             col_ids=tuple(c), kind=kind, basis=basis, layer=layer, head=head,
                             vmin=float(values.min()), vmax=float(values.max()),
-                            note="W_U is tied W_Eᵀ", offset=offset)
+                            note="W_U is tied W_Eᵀ" if kind == "ov" else "", offset=offset)
 
     async def top_outputs(self, layer: int, head: int, source_token: int, k: int = 10) -> TopTokens:
         await self._enter("top_outputs")

@@ -33,11 +33,15 @@ from ..safetensors_header import DTYPE_NAMES, TensorInfo
 
 @dataclass(frozen=True)
 class Whole:
-    """The canonical tensor is the checkpoint tensor ``tensor`` (transposed if asked)."""
+    """The canonical tensor is the checkpoint tensor ``tensor`` (transposed if asked), times
+    ``scale`` plus ``add`` (Gemma: embeddings scaled by √d_model, RMSNorm gains stored as
+    ``w`` for a ``1 + w`` gain; docs/math.md)."""
 
     tensor: str
     shape: tuple[int, ...]  # expected checkpoint shape
     transpose: bool = False
+    scale: float = 1.0
+    add: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -269,7 +273,40 @@ def validate_config(cfg: ModelConfig, path: str | None) -> ModelConfig:
         raise ConfigError(path, f"norm_eps must be finite and >= 0, got {cfg.norm_eps!r}")
     if not (math.isfinite(cfg.rotary_base) and cfg.rotary_base > 0):
         raise ConfigError(path, f"rotary base must be finite and > 0, got {cfg.rotary_base!r}")
+    check_features(cfg, path)
     return cfg
+
+
+def _positive_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value) and value > 0
+
+
+def check_features(cfg: ModelConfig, path: str | None) -> None:
+    """The ``cfg.extra`` features the forward pass reads (docs/internals.md) have the right
+    types: adapters set them, but a native config can carry any key."""
+    extra = cfg.extra
+    window = extra.get("sliding_window")
+    if window is not None and not (_positive_number(window) and int(window) == window):
+        raise ConfigError(path, f"sliding_window must be a positive integer, got {window!r}")
+    types = extra.get("layer_types")
+    if types is not None and not (
+        isinstance(types, list) and len(types) == cfg.n_layers and all(isinstance(t, str) for t in types)
+    ):
+        raise ConfigError(path, f"layer_types must name the attention kind of each of the {cfg.n_layers} layers")
+    for key in ("attn_softcap", "final_softcap"):
+        if extra.get(key) is not None and not _positive_number(extra[key]):
+            raise ConfigError(path, f"{key} must be a positive number, got {extra[key]!r}")
+    if extra.get("qk_norm") not in (None, "head", "projection"):
+        raise ConfigError(path, f"qk_norm must be 'head' or 'projection', got {extra['qk_norm']!r}")
+    local = extra.get("rope_local")
+    if local is not None and not (isinstance(local, Mapping) and _positive_number(local.get("rope_theta"))):
+        raise ConfigError(path, "rope_local must give a positive rope_theta")
+    n, k = extra.get("n_experts"), extra.get("experts_per_token")
+    if n is not None and not (
+        isinstance(n, int) and isinstance(k, int) and not isinstance(n, bool) and not isinstance(k, bool)
+        and 1 <= k <= n
+    ):
+        raise ConfigError(path, f"n_experts / experts_per_token must be integers with 1 <= k <= n, got {n!r} / {k!r}")
 
 
 def checked(cfg: ModelConfig, names: set[str], path: str | None) -> ModelConfig:
@@ -313,7 +350,15 @@ def _registry() -> dict[str, ModuleType]:
     for module in (gpt2, neox, llama, bert):
         for arch in module.ARCHITECTURES:
             table[arch] = module
+    table.update(_more_families())
     return table
+
+
+def _more_families() -> dict[str, ModuleType]:
+    """Gemma 1/2/3, Qwen3, OLMo2, GPT-Neo, Mixtral: architecture -> adapter."""
+    from . import gemma, gpt_neo, mixtral, qwen3
+
+    return {arch: module for module in (gemma, qwen3, gpt_neo, mixtral) for arch in module.ARCHITECTURES}
 
 
 def supported_architectures() -> list[str]:

@@ -109,6 +109,11 @@ def adapt(
     return cfg, specs(cfg, prefix or "model.", tied, attn_bias, o_bias)
 
 
+def prefix_of(names: set[str]) -> str:
+    """Where the model's tensors live: ``model.`` or no prefix (as ``adapt`` decides)."""
+    return first_prefix(names, ("model.", ""), "embed_tokens.weight") or "model."
+
+
 def specs(cfg: ModelConfig, p: str, tied: bool, attn_bias: bool, o_bias: bool) -> SpecMap:
     dm, dh, n, kv = cfg.d_model, cfg.d_head, cfg.n_heads, cfg.kv_heads
     mlp = cfg.d_mlp or 4 * dm

@@ -74,6 +74,8 @@ class StatusBar(Widget):
         top.append(shapes + " ")
         if self.structure.get("tied_unembed"):
             top.append("│ W_U=W_Eᵀ ", style="dim")
+        if self.structure.get("approximations"):  # circuits not exactly the scores (docs/math.md)
+            top.append("│ circuits≈ ", style="dim")
         top.append(f"│ {arch}", style="dim")
         top.truncate(max(self.size.width, 10), overflow="ellipsis")
         bottom = Text()

@@ -72,9 +72,12 @@ class QKPane(Horizontal):
         title = f"token QK {_head(block.layer, block.head)}  W_E QK W_Eᵀ"
         if offset is not None:
             title += f"  Δ={offset}"
+        xlabel = "key token →  (rows: query token)"
+        if getattr(block, "note", ""):  # e.g. q/k norms or soft-capping (docs/math.md)
+            xlabel += f"  · ≈ {block.note}"
         self.query_one("#qk-token", Chart).show(Heatmap(
             np.asarray(block.values), tuple(block.row_labels), tuple(block.col_labels),
-            title=title, xlabel="key token →  (rows: query token)"))
+            title=title, xlabel=xlabel))
 
     def show_position(self, block: Any) -> None:
         self.query_one("#qk-position", Chart).show(Heatmap(
