@@ -1,0 +1,423 @@
+"""llama.cpp GGUF files as checkpoints (docs/internals.md, "GGUF").
+
+A GGUF file is turned into what the Hugging Face adapters already understand, so every family
+keeps one adapter:
+
+- the GGUF metadata (``{arch}.embedding_length``, ``{arch}.attention.head_count``, ...) becomes
+  an HF ``config.json`` dict (``hf_config``);
+- llama.cpp's tensor names (``blk.3.attn_q.weight``) map back to the HF names
+  (``model.layers.3.self_attn.q_proj.weight``, ``hf_tensor_names``), presented to the adapter as
+  float32 tensors of the HF shape;
+- ``GGUFWeights`` reads those tensors lazily: the rows asked for are read with ``pread`` and
+  dequantised with llama.cpp's own ``gguf.quants.dequantize`` (F32, F16, BF16, Q8_0, Q4_0,
+  Q4_K, Q6_K and every other type it knows), then the conversion's changes are undone: the
+  Q/K row permutation of Llama-architecture files (``convert_hf_to_gguf.py``'s
+  ``LlamaModel.permute``, done there for llama.cpp's interleaved rotary kernel) and Gemma's
+  ``+ 1`` on norm gains. So circuits and patterns equal those of the original checkpoint, up
+  to the quantisation error of the stored type.
+
+The tokenizer comes from the metadata (``gguf_tokenizer``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .config import ModelConfig
+from .errors import ConfigError, CorruptFileError, MissingTensorError, UnknownArchitectureError
+from .gguf_file import GGUFHeader, GGUFTensorInfo
+from .safetensors_header import TensorInfo
+from .tokenizer import HFTokenizer, IdTokenizer, Tokenizer
+from .weights import CheckpointWeights
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+    from .adapters import Spec
+
+
+@dataclass(frozen=True)
+class GGUFArch:
+    """How one llama.cpp architecture maps back to its Hugging Face family."""
+
+    hf_architecture: str
+    model_type: str
+    hidden_act: str
+    permuted_qk: bool = False  # Q/K rows permuted by the conversion (LlamaModel.permute)
+    norm_offset: float = 0.0  # the conversion stored norm gains as (offset + w)
+    fused: bool = False  # attn_qkv and a gate|up ffn_up (Phi-3)
+
+
+ARCHS: dict[str, GGUFArch] = {
+    "llama": GGUFArch("LlamaForCausalLM", "llama", "silu", permuted_qk=True),
+    "qwen2": GGUFArch("Qwen2ForCausalLM", "qwen2", "silu"),
+    "phi3": GGUFArch("Phi3ForCausalLM", "phi3", "silu", fused=True),
+    "gemma": GGUFArch("GemmaForCausalLM", "gemma", "gelu_pytorch_tanh", norm_offset=1.0),
+}
+
+# llama.cpp tensor name (after "blk.N.") -> HF name (after "model.layers.N.").
+_BLOCK_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_qkv": "self_attn.qkv_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_TOP_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+# Tensors that change the computation in ways the engine does not implement (yet): refused,
+# never silently dropped.
+_UNSUPPORTED_TENSORS = {
+    "rope_freqs.weight": "per-frequency RoPE scaling factors (Llama 3.1+ 'llama3' RoPE)",
+    "rope_factors_long.weight": "LongRoPE scaling factors",
+    "rope_factors_short.weight": "LongRoPE scaling factors",
+}
+
+
+def arch_of(header: GGUFHeader) -> tuple[str, GGUFArch]:
+    name = header.get("general.architecture")
+    if not isinstance(name, str):
+        raise ConfigError(header.path, "GGUF metadata has no general.architecture")
+    arch = ARCHS.get(name)
+    if arch is None:
+        raise UnknownArchitectureError(
+            header.path,
+            f"unsupported GGUF architecture {name!r}; supported: {', '.join(sorted(ARCHS))}",
+        )
+    return name, arch
+
+
+def hf_tensor_names(header: GGUFHeader, arch: GGUFArch) -> dict[str, str]:
+    """HF tensor name -> GGUF tensor name, for every tensor of the file the model uses."""
+    out: dict[str, str] = {}
+    for name in header.tensors:
+        if name in _UNSUPPORTED_TENSORS:
+            raise ConfigError(
+                header.path, f"tensor {name!r} holds {_UNSUPPORTED_TENSORS[name]}, not supported yet"
+            )
+        stem, _, leaf = name.rpartition(".")
+        parts = stem.split(".")
+        hf: str | None = None
+        if stem in _TOP_NAMES:
+            hf = _TOP_NAMES[stem]
+        elif len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _BLOCK_NAMES:
+            module = _BLOCK_NAMES[parts[2]]
+            if arch.fused and parts[2] == "ffn_up":
+                module = "mlp.gate_up_proj"
+            hf = f"model.layers.{int(parts[1])}.{module}"
+        if hf is not None and leaf in ("weight", "bias"):
+            out[f"{hf}.{leaf}"] = name
+    return out
+
+
+def hf_config(header: GGUFHeader, name: str, arch: GGUFArch, hf_names: Mapping[str, str]) -> dict[str, Any]:
+    """An HF ``config.json`` dict from the GGUF metadata (the adapters validate it further)."""
+    meta = header.metadata
+
+    def key(k: str, default: Any = None) -> Any:
+        return meta.get(f"{name}.{k}", default)
+
+    embed = header.tensors.get(hf_names.get("model.embed_tokens.weight", ""))
+    if embed is None or len(embed.shape) != 2:
+        raise MissingTensorError(header.path, "GGUF file has no 2-D token_embd.weight")
+    n_heads = key("attention.head_count")
+    n_kv = key("attention.head_count_kv", n_heads)
+    for k, v in (("attention.head_count", n_heads), ("attention.head_count_kv", n_kv)):
+        if isinstance(v, list):
+            raise ConfigError(header.path, f"{name}.{k} differs per layer; not supported")
+    d_model = key("embedding_length")
+    config: dict[str, Any] = {
+        "architectures": [arch.hf_architecture],
+        "model_type": arch.model_type,
+        "hidden_size": d_model,
+        "intermediate_size": key("feed_forward_length"),
+        "num_hidden_layers": key("block_count"),
+        "num_attention_heads": n_heads,
+        "num_key_value_heads": n_kv,
+        "max_position_embeddings": key("context_length"),
+        "rms_norm_eps": key("attention.layer_norm_rms_epsilon", 1e-6),
+        "rope_theta": key("rope.freq_base", 10000.0),
+        "vocab_size": embed.shape[0],
+        "hidden_act": arch.hidden_act,
+        "tie_word_embeddings": "lm_head.weight" not in hf_names,
+        "use_sliding_window": False,
+    }
+    head_dim = key("attention.key_length")
+    if head_dim is not None:
+        config["head_dim"] = head_dim
+    rope_dims = key("rope.dimension_count")
+    d_head = head_dim or (d_model // n_heads if _positive(d_model) and _positive(n_heads) else None)
+    if _positive(rope_dims) and _positive(d_head) and rope_dims != d_head:
+        config["partial_rotary_factor"] = rope_dims / d_head
+    scaling = key("rope.scaling.type")
+    if scaling not in (None, "none"):
+        if scaling != "linear":
+            raise ConfigError(header.path, f"GGUF RoPE scaling {scaling!r} is not supported (none, linear)")
+        config["rope_scaling"] = {"rope_type": "linear", "factor": key("rope.scaling.factor", 1.0)}
+    if any(k.endswith(".bias") and "q_proj" in k for k in hf_names):
+        config["attention_bias"] = True
+    return config
+
+
+def _positive(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def virtual_tensors(header: GGUFHeader, hf_names: Mapping[str, str]) -> dict[str, TensorInfo]:
+    """What the adapters check: each used tensor as the float32 HF tensor it dequantises to."""
+    out = {}
+    for hf, g in hf_names.items():
+        t = header.tensors[g]
+        out[hf] = TensorInfo(hf, "F32", t.shape, 0, t.numel * 4)
+    return out
+
+
+def check_types(header: GGUFHeader, used: Mapping[str, str]) -> None:
+    """Every tensor the model reads has a type ``gguf.quants`` can dequantise."""
+    from gguf.quants import _type_traits  # llama.cpp's table of implemented block types
+
+    known = {t.name for t in _type_traits} | {"F32", "F16", "F64"}
+    for g in used.values():
+        t = header.tensors[g]
+        if t.type_name not in known:
+            raise CorruptFileError(
+                header.path, f"tensor {g!r} has type {t.type_name}, which cannot be dequantised"
+            )
+
+
+def main_dtype(header: GGUFHeader, used: Mapping[str, str]) -> str:
+    """The ggml type holding most of the model's bytes, lower-case (``q4_k``, ``f16``)."""
+    by_type: dict[str, int] = {}
+    for g in used.values():
+        t = header.tensors[g]
+        by_type[t.type_name] = by_type.get(t.type_name, 0) + t.nbytes
+    return max(by_type, key=lambda k: by_type[k]).lower() if by_type else "float32"
+
+
+# --- reading tensors ------------------------------------------------------------------------
+
+
+class GGUFSource:
+    """Reads HF-named tensors out of a GGUF file: rows by ``pread``, dequantised, conversion
+    undone. No cache here (``CheckpointWeights`` caches canonical tensors)."""
+
+    def __init__(self, header: GGUFHeader, hf_names: Mapping[str, str], arch: GGUFArch, cfg: ModelConfig) -> None:
+        self.header = header
+        self.hf_names = dict(hf_names)
+        self.arch = arch
+        self.cfg = cfg
+        self._handle: Any = None
+        self._lock = threading.Lock()
+
+    def permuted_heads(self, hf: str) -> int | None:
+        """How many heads the conversion permuted the rows of ``hf`` in, if it did."""
+        if not self.arch.permuted_qk:
+            return None
+        if ".self_attn.q_proj." in hf:
+            return self.cfg.n_heads
+        if ".self_attn.k_proj." in hf:
+            return self.cfg.kv_heads
+        return None
+
+    def read(self, hf: str, rows: slice | None = None) -> torch.Tensor:
+        """The tensor ``hf`` as float32 in HF layout (rows ``rows`` of its first axis only)."""
+        import torch
+
+        g = self.hf_names.get(hf)
+        if g is None:
+            raise MissingTensorError(self.header.path, f"missing tensor {hf!r}")
+        info = self.header.tensors[g]
+        n = info.shape[0] if len(info.shape) > 1 else 1
+        first, stop = (0, n) if rows is None or len(info.shape) == 1 else rows.indices(n)[:2]
+        stop = max(stop, first)
+        heads = self.permuted_heads(hf)
+        group = n // heads if heads else 1
+        lo, hi = first // group * group, -(-stop // group) * group  # whole heads when permuted
+        data = self._dequantised(info, g, lo, hi)
+        if heads:
+            data = _unpermute(data, (hi - lo) // group)
+        if self.arch.norm_offset and hf.endswith("norm.weight"):
+            data = data - self.arch.norm_offset
+        out = torch.from_numpy(data)
+        if len(info.shape) > 1:
+            out = out[first - lo : stop - lo]
+        return out.contiguous()
+
+    def _dequantised(self, info: GGUFTensorInfo, g: str, lo: int, hi: int) -> np.ndarray:
+        import numpy as np
+        from gguf.constants import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        n = info.shape[0] if len(info.shape) > 1 else 1
+        row_bytes = info.nbytes // n
+        raw = self._pread(info.offset + lo * row_bytes, (hi - lo) * row_bytes, g)
+        row_shape = (hi - lo, *info.shape[1:]) if len(info.shape) > 1 else info.shape
+        if info.type_name == "F64":
+            return raw.view(np.float64).astype(np.float32).reshape(row_shape)
+        qtype = GGMLQuantizationType(info.ggml_type)
+        blocks = raw.reshape(-1, row_bytes) if len(info.shape) > 1 else raw.reshape(1, -1)
+        try:
+            values = dequantize(blocks, qtype)
+        except (ValueError, NotImplementedError) as e:
+            raise CorruptFileError(self.header.path, f"cannot dequantise tensor {g!r}: {str(e)[:160]}") from None
+        return np.array(values, dtype=np.float32).reshape(row_shape)
+
+    def _pread(self, offset: int, n: int, g: str) -> np.ndarray:
+        import numpy as np
+
+        path = self.header.path
+        with self._lock:
+            if self._handle is None:
+                self._handle = open(path, "rb")  # noqa: SIM115 (closed in close())
+        try:
+            size = os.fstat(self._handle.fileno()).st_size
+            if size != self.header.file_size:
+                raise CorruptFileError(
+                    path,
+                    f"the file changed on disk since it was opened (now {size:,} bytes, "
+                    f"was {self.header.file_size:,}); reopen the model",
+                )
+            buf = bytearray(n)
+            view, done = memoryview(buf), 0
+            while done < n:
+                got = os.preadv(self._handle.fileno(), [view[done:]], offset + done)
+                if got <= 0:
+                    raise CorruptFileError(path, f"cannot read tensor {g!r}: the file ends early")
+                done += got
+        except OSError as e:
+            raise CorruptFileError(path, f"cannot read tensor {g!r}: {str(e)[:160]}") from None
+        return np.frombuffer(buf, dtype=np.uint8)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._handle is not None:
+                self._handle.close()
+                self._handle = None
+
+
+def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Invert ``convert_hf_to_gguf.py``'s ``LlamaModel.permute``.
+
+    The conversion reorders each head's rows from HF's rotate-half layout (pairs ``(i, i + d/2)``)
+    to llama.cpp's interleaved one (pairs ``(2i, 2i + 1)``):
+    ``w.reshape(n, 2, d/2, ...).swapaxes(1, 2)``; this is the inverse.
+    """
+    rest = w.shape[1:]
+    half = w.shape[0] // n_heads // 2
+    return w.reshape(n_heads, half, 2, *rest).swapaxes(1, 2).reshape(w.shape)
+
+
+class GGUFWeights(CheckpointWeights):
+    """``CheckpointWeights`` whose checkpoint tensors come from a ``GGUFSource``."""
+
+    def __init__(self, cfg: ModelConfig, specs: Mapping[str, Spec], source: GGUFSource, path: str | None = None) -> None:
+        super().__init__(cfg, specs, {}, path=path)
+        self.source = source
+
+    def _read(self, tensor: str, index: tuple[slice, ...] | None, upcast: bool = True) -> torch.Tensor:
+        rows = None
+        if index is not None and index[0] != slice(None):
+            rows, index = index[0], (slice(None), *index[1:])
+        t = self.source.read(tensor, rows)
+        with self._lock:
+            self.reads += 1
+        return t if index is None else t[index].clone()
+
+    def close(self) -> None:
+        super().close()
+        self.source.close()
+
+
+# --- tokenizer --------------------------------------------------------------------------------
+
+
+class GGUFVocabTokenizer(IdTokenizer):
+    """Token strings from the metadata for display; prompts are token ids (no usable model)."""
+
+    def __init__(self, tokens: list[str], vocab_size: int, path: str | None = None) -> None:
+        super().__init__(vocab_size, path)
+        self.tokens = tokens
+        self._ids = {t: i for i, t in reversed(list(enumerate(tokens)))}
+
+    def decode_token(self, token_id: int) -> str:
+        from .tokenizer import _DISPLAY
+
+        if 0 <= token_id < len(self.tokens):
+            return self.tokens[token_id].translate(_DISPLAY)
+        return f"<{token_id}>"
+
+    def token_to_id(self, token: str) -> int | None:
+        i = self._ids.get(token)
+        return i if i is not None else super().token_to_id(token)
+
+
+def gguf_tokenizer(header: GGUFHeader, d_vocab: int) -> Tokenizer:
+    """The tokenizer the metadata describes.
+
+    - ``tokenizer.ggml.model == "gpt2"`` (byte-level BPE: Llama 3, Qwen2): a ``tokenizers`` BPE
+      from ``tokens`` and ``merges``, GPT-2's byte-level pre-tokenizer (the model-specific split
+      regex named by ``tokenizer.ggml.pre`` is not reproduced: rare splits may differ);
+    - ``"llama"`` (SentencePiece: Llama 1/2, Gemma, Phi-3): a Unigram model over ``tokens`` with
+      their ``scores`` and byte fallback, spaces as ``▁``; SentencePiece BPE picks merges by the
+      same scores, so encodings agree on ordinary text but may differ on rare strings;
+    - anything else, or a table that does not build: the token strings for display, prompts as
+      token ids. No tokens at all: ``IdTokenizer``.
+    """
+    tokens = header.get("tokenizer.ggml.tokens")
+    if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
+        return IdTokenizer(d_vocab, header.path)
+    kind = header.get("tokenizer.ggml.model")
+    try:
+        if kind == "gpt2":
+            return HFTokenizer(_bpe(tokens, header.get("tokenizer.ggml.merges") or []), header.path)
+        if kind == "llama":
+            return HFTokenizer(_spm(tokens, header.get("tokenizer.ggml.scores")), header.path)
+    except Exception:  # a table tokenizers refuses: fall back to display only
+        pass
+    return GGUFVocabTokenizer(tokens, d_vocab, header.path)
+
+
+def _bpe(tokens: list[str], merges: list[Any]) -> Any:
+    from tokenizers import Tokenizer as RustTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+
+    vocab = {t: i for i, t in reversed(list(enumerate(tokens)))}
+    pairs = []
+    for m in merges:
+        a, sep, b = str(m).partition(" ")
+        if sep and a in vocab and b in vocab and a + b in vocab:
+            pairs.append((a, b))
+    tok = RustTokenizer(models.BPE(vocab, pairs, ignore_merges=False))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def _spm(tokens: list[str], scores: Any) -> Any:
+    from tokenizers import Tokenizer as RustTokenizer
+    from tokenizers import models, normalizers
+
+    if not isinstance(scores, list) or len(scores) != len(tokens):
+        scores = [0.0] * len(tokens)
+    vocab = [(t, float(s) if isinstance(s, int | float) and math.isfinite(s) else 0.0) for t, s in zip(tokens, scores, strict=True)]
+    unk = next((i for i, t in enumerate(tokens) if t == "<unk>"), 0)
+    tok = RustTokenizer(models.Unigram(vocab, unk, byte_fallback=any(t.startswith("<0x") for t in tokens)))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    return tok
+
+
