@@ -26,7 +26,6 @@ import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .config import ModelConfig
@@ -242,40 +241,42 @@ class GGUFSource:
         if g is None:
             raise MissingTensorError(self.header.path, f"missing tensor {hf!r}")
         info = self.header.tensors[g]
-        n = info.shape[0] if len(info.shape) > 1 else 1
-        first, stop = (0, n) if rows is None or len(info.shape) == 1 else rows.indices(n)[:2]
+        n = info.shape[0]
+        first, stop = (0, n) if rows is None else rows.indices(n)[:2]
         stop = max(stop, first)
         heads = self.permuted_heads(hf)
         group = n // heads if heads else 1
-        lo, hi = first // group * group, -(-stop // group) * group  # whole heads when permuted
+        if len(info.shape) == 1:  # a vector is read whole (its bytes are not split in rows)
+            lo, hi = 0, n
+        else:
+            lo, hi = first // group * group, -(-stop // group) * group  # whole heads if permuted
         data = self._dequantised(info, g, lo, hi)
         if heads:
             data = _unpermute(data, (hi - lo) // group)
         if self.arch.norm_offset and hf.endswith("norm.weight"):
             data = data - self.arch.norm_offset
-        out = torch.from_numpy(data)
-        if len(info.shape) > 1:
-            out = out[first - lo : stop - lo]
-        return out.contiguous()
+        return torch.from_numpy(data)[first - lo : stop - lo].contiguous()
 
     def _dequantised(self, info: GGUFTensorInfo, g: str, lo: int, hi: int) -> np.ndarray:
         import numpy as np
         from gguf.constants import GGMLQuantizationType
         from gguf.quants import dequantize
 
-        n = info.shape[0] if len(info.shape) > 1 else 1
+        vector = len(info.shape) == 1
+        n = 1 if vector else info.shape[0]
         row_bytes = info.nbytes // n
+        if vector:
+            lo, hi = 0, 1
         raw = self._pread(info.offset + lo * row_bytes, (hi - lo) * row_bytes, g)
-        row_shape = (hi - lo, *info.shape[1:]) if len(info.shape) > 1 else info.shape
+        shape = info.shape if vector else (hi - lo, *info.shape[1:])
         if info.type_name == "F64":
-            return raw.view(np.float64).astype(np.float32).reshape(row_shape)
+            return raw.view(np.float64).astype(np.float32).reshape(shape)
         qtype = GGMLQuantizationType(info.ggml_type)
-        blocks = raw.reshape(-1, row_bytes) if len(info.shape) > 1 else raw.reshape(1, -1)
         try:
-            values = dequantize(blocks, qtype)
+            values = dequantize(raw.reshape(-1, row_bytes), qtype)
         except (ValueError, NotImplementedError) as e:
             raise CorruptFileError(self.header.path, f"cannot dequantise tensor {g!r}: {str(e)[:160]}") from None
-        return np.array(values, dtype=np.float32).reshape(row_shape)
+        return np.array(values, dtype=np.float32).reshape(shape)
 
     def _pread(self, offset: int, n: int, g: str) -> np.ndarray:
         import numpy as np

@@ -49,8 +49,8 @@ from .weights import CheckpointWeights, WeightSource
 
 if TYPE_CHECKING:
     from .factored import FactoredMatrix
-    from .gguf_model import GGUFSource
     from .forward import ForwardResult
+    from .gguf_model import GGUFSource
     from .scores import CompositionScores
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")

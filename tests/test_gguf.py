@@ -1,0 +1,334 @@
+"""llama.cpp GGUF files: the tiny HF checkpoints converted to GGUF (tests/gguf_fixtures.py, with
+llama.cpp's tensor names, metadata keys, Q/K permutation and quantisers) must give the same
+model as the safetensors original through the engine:
+
+- F32: exactly the same canonical tensors, logits and patterns, raw and processed;
+- F16, BF16, Q8_0, Q4_0 (quantised by ``gguf.quants.quantize``): every weight within the
+  type's rounding bound of the original (see ``BOUNDS``), and the forward pass equal to that of
+  a safetensors checkpoint holding the dequantised weights;
+- Q4_K, Q6_K (which ``gguf.quants`` cannot quantise): valid random blocks, whose dequantised
+  values go into the HF model, so the GGUF file and the safetensors checkpoint hold the same
+  numbers and must agree to float rounding.
+
+Then the tokenizer from the metadata, and hostile files: one typed one-line error naming the file.
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from headscope.engine.errors import ConfigError, CorruptFileError, UnknownArchitectureError
+from headscope.engine.forward import run
+from headscope.engine.loading import open_model, read_structure
+from tests.gguf_fixtures import gguf_bytes, k_quant_blocks, permute, string_value, write_gguf
+from tests.hf_fixtures import build_llama, build_qwen2, randomize_
+from tests.test_forward_parity import SEQS
+
+EXACT = 1e-5  # same float32 numbers through the same code: only summation order may differ
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    assert a.shape == b.shape
+    return (a - b).abs().max().item()
+
+
+def _assert_same_model(a: Path, b: Path, tol: float = EXACT) -> None:
+    """Logits and patterns of the two checkpoints agree, raw and processed."""
+    for raw in (True, False):
+        ra = run(open_model(a, raw=raw).weights, SEQS)
+        rb = run(open_model(b, raw=raw).weights, SEQS)
+        assert _max_diff(ra.patterns, rb.patterns) < tol, f"patterns differ (raw={raw})"
+        assert _max_diff(ra.logits, rb.logits) < tol, f"logits differ (raw={raw})"
+
+
+@pytest.fixture(scope="module")
+def llama_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    return build_llama(tmp_path_factory.mktemp("llama"))
+
+
+@pytest.fixture(scope="module")
+def qwen2_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    return build_qwen2(tmp_path_factory.mktemp("qwen2"))
+
+
+# --- F32: exact ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_f32_gguf_is_exactly_the_original(family: str, llama_pair, qwen2_pair, tmp_path: Path) -> None:
+    path, model = llama_pair if family == "llama" else qwen2_pair
+    gguf = write_gguf(model, tmp_path / "model.gguf")
+    a, b = open_model(path, raw=True), open_model(gguf, raw=True)
+    assert b.checkpoint.format == "gguf" and b.cfg.family == a.cfg.family
+    assert (b.cfg.n_heads, b.cfg.kv_heads, b.cfg.d_head, b.cfg.tied_unembed) == (
+        a.cfg.n_heads, a.cfg.kv_heads, a.cfg.d_head, a.cfg.tied_unembed)
+    for name in a.checkpoint.specs:
+        assert b.weights.has(name), name
+        assert torch.equal(a.weights.get(name), b.weights.get(name)), name
+    for layer, head in ((0, 0), (1, 3)):  # per-head reads (row slices of permuted tensors)
+        for name in ("W_Q", "W_K", "b_Q", "W_O"):
+            key = f"blocks.{layer}.attn.{name}"
+            assert torch.equal(a.weights.get_head(key, head), b.weights.get_head(key, head)), key
+    _assert_same_model(path, gguf, tol=1e-6)
+
+
+def test_llama_qk_permutation_is_really_undone(llama_pair, tmp_path: Path) -> None:
+    """The stored rows are permuted (so the test means something) and the reader undoes it:
+    reading the file without the inverse permutation gives other patterns."""
+    from headscope.engine import gguf_model
+
+    path, model = llama_pair
+    gguf = write_gguf(model, tmp_path / "model.gguf")
+    q = model.state_dict()["model.layers.0.self_attn.q_proj.weight"].numpy()
+    assert not np.array_equal(permute(q, 4), q)
+    src = open_model(gguf, raw=True).checkpoint.gguf
+    stored = src._dequantised(src.header.tensors["blk.0.attn_q.weight"], "blk.0.attn_q.weight", 0, 32)
+    assert np.array_equal(stored, permute(q, 4))
+    assert np.array_equal(gguf_model._unpermute(stored, 4), q)
+
+    good = run(open_model(gguf, raw=True).weights, SEQS).patterns
+    m = open_model(gguf, raw=True)
+    m.checkpoint.gguf.arch = gguf_model.GGUFArch("LlamaForCausalLM", "llama", "silu", permuted_qk=False)
+    assert _max_diff(run(m.weights, SEQS).patterns, good) > 1e-2
+
+
+# --- quantised types ---------------------------------------------------------------------------
+
+# Worst-case |dequantised - original| per element, relative to the largest |w| of its block
+# (F16/BF16: relative to the element itself):
+# F16 rounds to 11 significant bits (2^-11; below 2^-14 it is subnormal, with absolute error
+# <= 2^-25, hence the absolute 6e-8 added); BF16 to 8 (2^-8 relative, round to nearest: 2^-9,
+# with margin); Q8_0 stores round(w / d) with d = amax/127 in f16: error <= d/2 plus the f16
+# rounding of d times 127 (~amax/254 + amax·2^-11·... ) < amax/200; Q4_0 stores 4-bit
+# round(w / d) with d = amax/-8: error <= |d|/2 = amax/16, plus the clamp of +amax to 7·|d|
+# (error |d| = amax/8): < amax/7.
+BOUNDS = {"F16": 2.0**-11, "BF16": 2.0**-8, "Q8_0": 1 / 200, "Q4_0": 1 / 7}
+
+
+def _block_amax(w: np.ndarray, block: int) -> np.ndarray:
+    rows = w.reshape(-1, block)
+    return np.repeat(np.abs(rows).max(axis=1, keepdims=True), block, axis=1).reshape(w.shape)
+
+
+@pytest.mark.parametrize("qtype", ["F16", "BF16", "Q8_0", "Q4_0"])
+def test_quantised_gguf_within_quantisation_error(qtype: str, llama_pair, tmp_path: Path) -> None:
+    import gguf.quants
+    from gguf.constants import GGMLQuantizationType
+
+    path, model = llama_pair
+    gguf_path = write_gguf(model, tmp_path / f"model-{qtype}.gguf", qtype=qtype)
+    m = open_model(gguf_path, raw=True)
+    assert m.cfg.dtype == qtype.lower()
+    # Every 2-D weight within the bound, through the reader (permutation undone).
+    block = 32 if qtype.startswith("Q") else 1
+    sd = {k: v.float().numpy() for k, v in model.state_dict().items()}
+    src = m.checkpoint.gguf
+    for hf in src.hf_names:
+        ours, orig = src.read(hf).numpy(), sd[hf]
+        err = np.abs(ours - orig)
+        scale = np.abs(orig) if block == 1 else _block_amax(orig, block)
+        if orig.ndim == 1:
+            assert np.array_equal(ours, orig), hf  # 1-D tensors stay F32
+        else:
+            assert (err <= BOUNDS[qtype] * scale + 6e-8).all(), f"{hf}: max error {err.max():.3g}"
+            assert err.max() > 0, f"{hf} was not quantised"
+
+    # The forward pass equals that of a safetensors checkpoint of the dequantised weights.
+    deq = {}
+    for hf, t in model.state_dict().items():
+        w = t.float().numpy()
+        if w.ndim == 2:
+            qt = GGMLQuantizationType[qtype]
+            w = gguf.quants.dequantize(gguf.quants.quantize(w, qt), qt)
+        deq[hf] = torch.from_numpy(np.array(w, dtype=np.float32))
+    model_q = _clone_with(model, deq)
+    ref_dir = tmp_path / "dequantised"
+    model_q.save_pretrained(ref_dir, safe_serialization=True)
+    _assert_same_model(ref_dir, gguf_path)
+
+
+def _clone_with(model: Any, state: dict[str, torch.Tensor]) -> Any:
+    import copy
+
+    clone = copy.deepcopy(model)
+    clone.load_state_dict(state, strict=False)
+    return clone
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+def test_k_quant_gguf_matches_checkpoint_of_its_values(qtype: str, tmp_path: Path) -> None:
+    """K-quants need rows of 256: a Llama with d_model = d_mlp = 256 whose 2-D weights are
+    valid random blocks (tests/gguf_fixtures.k_quant_blocks); the HF model gets their
+    dequantised values, so both files hold the same numbers."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=96, hidden_size=256, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=48,
+                      rms_norm_eps=1e-6, tie_word_embeddings=False)
+    model = randomize_(LlamaForCausalLM(cfg), seed=9)
+    blocks: dict[str, tuple[np.ndarray, str]] = {}
+    state = model.state_dict()
+    for i, (hf, t) in enumerate(state.items()):
+        if t.ndim == 2:
+            data, values = k_quant_blocks(t.shape[0], t.shape[1], qtype, seed=i)
+            blocks[hf] = (data, qtype)
+            state[hf] = torch.from_numpy(values)
+    model.load_state_dict(state)
+    ref = tmp_path / "ref"
+    model.save_pretrained(ref, safe_serialization=True)
+    gguf_path = write_gguf(model, tmp_path / "model.gguf", raw_blocks=blocks)
+    m = open_model(gguf_path, raw=True)
+    assert m.cfg.dtype == qtype.lower()
+    res = run(m.weights, SEQS)
+    assert res.patterns.max() > 0.9  # not near-uniform: the comparison means something
+    _assert_same_model(ref, gguf_path)
+
+
+# --- tokenizer -------------------------------------------------------------------------------
+
+
+def test_bpe_tokenizer_from_metadata(llama_pair, tmp_path: Path) -> None:
+    _, model = llama_pair
+    tokens = ["<unk>", "a", "b", "c", "Ġ", "ab", "Ġab", "Ġc"] + [f"t{i}" for i in range(8, 96)]
+    merges = ["a b", "Ġ ab", "Ġ c"]
+    m = open_model(write_gguf(model, tmp_path / "tok.gguf", tokens=tokens, merges=merges), raw=True)
+    assert m.tokenizer.encode("ab ab c") == [5, 6, 7]
+    assert [m.tokenizer.decode_token(i) for i in (5, 6)] == ["ab", " ab"]
+    assert m.run("ab ab").logits.shape == (1, 2, 96)
+
+
+def test_sentencepiece_tokenizer_from_metadata(llama_pair, tmp_path: Path) -> None:
+    _, model = llama_pair
+    tokens = ["<unk>", "<s>", "</s>", "▁", "a", "b", "▁a", "ab", "▁ab", "<0x0A>"] + [f"t{i}" for i in range(10, 96)]
+    scores = [0.0, 0.0, 0.0, -1.0, -2.0, -2.0, -1.5, -1.0, -0.5, -3.0] + [-10.0] * 86
+    path = write_gguf(model, tmp_path / "spm.gguf", tokens=tokens, scores=scores, tokenizer_model="llama")
+    m = open_model(path, raw=True)
+    assert m.tokenizer.encode("ab ab") == [8, 8]
+    assert m.tokenizer.decode_token(8) == " ab"
+    assert m.tokenizer.decode_token(9) == "<0x0A>"  # byte tokens shown as such
+
+
+def test_no_tokenizer_means_token_ids(llama_pair, tmp_path: Path) -> None:
+    _, model = llama_pair
+    m = open_model(write_gguf(model, tmp_path / "none.gguf"), raw=True)
+    assert m.tokenizer.encode("3, 14 15") == [3, 14, 15]
+
+
+def test_unknown_tokenizer_model_shows_tokens_takes_ids(llama_pair, tmp_path: Path) -> None:
+    _, model = llama_pair
+    tokens = ["<unk>", "▁hello"] + [f"t{i}" for i in range(2, 96)]
+    path = write_gguf(model, tmp_path / "odd.gguf", tokens=tokens, tokenizer_model="rwkv")
+    m = open_model(path, raw=True)
+    assert m.tokenizer.decode_token(1) == " hello"
+    assert m.tokenizer.encode("1 2") == [1, 2]
+
+
+# --- CLI ------------------------------------------------------------------------------------
+
+
+def test_cli_info_and_heads_on_gguf(qwen2_pair, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from headscope.tui.cli import main
+
+    _, model = qwen2_pair
+    path = write_gguf(model, tmp_path / "q.gguf", qtype="Q8_0")
+    assert main(["info", str(path), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert (info["format"], info["family"], info["dtype"], info["n_kv_heads"]) == ("gguf", "qwen2", "q8_0", 2)
+    assert main(["heads", str(path), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 8
+
+
+# --- hostile files -----------------------------------------------------------------------------
+
+
+def _u64(n: int) -> bytes:
+    return struct.pack("<Q", n)
+
+
+HOSTILE: dict[str, tuple[bytes, str]] = {
+    "wrong_magic": (gguf_bytes(magic=b"GGML"), "wrong magic"),
+    "empty": (b"", "wrong magic"),
+    "old_version": (gguf_bytes(version=1), "version 1"),
+    "big_endian": (gguf_bytes(version=3 << 24), "big-endian"),
+    "absurd_tensor_count": (gguf_bytes(n_tensors=1 << 60), "tensor count"),
+    "absurd_kv_count": (gguf_bytes(n_kv=10**9), "metadata count"),
+    "absurd_string": (gguf_bytes(kv=[("general.architecture", 8, _u64(1 << 62))]), "length of value"),
+    "absurd_array": (gguf_bytes(kv=[("x", 9, struct.pack("<I", 4) + _u64(1 << 50))]), "length of array"),
+    "unknown_value_type": (gguf_bytes(kv=[("x", 77, b"")]), "unknown type 77"),
+    "unknown_tensor_type": (
+        gguf_bytes(tensors=[("t", [32], 99, 0)], data=b"\0" * 128), "unknown ggml type 99"),
+    "tensor_past_end": (gguf_bytes(tensors=[("t", [1024], 0, 0)], data=b"\0" * 64), "truncated"),
+    "too_many_dims": (gguf_bytes(tensors=[("t", [1] * 9, 0, 0)], data=b"\0" * 64), "dimensions"),
+    "partial_block": (gguf_bytes(tensors=[("t", [33], 8, 0)], data=b"\0" * 128), "blocks of 32"),
+    "unaligned": (gguf_bytes(tensors=[("t", [4], 0, 4)], data=b"\0" * 64), "aligned"),
+    "overlap": (gguf_bytes(tensors=[("a", [16], 0, 0), ("b", [16], 0, 32)], data=b"\0" * 128), "overlap"),
+    "duplicate_key": (gguf_bytes(kv=[("k", 4, b"\1\0\0\0"), ("k", 4, b"\1\0\0\0")]), "duplicate"),
+    "bad_utf8": (gguf_bytes(kv=[("general.architecture", 8, _u64(2) + b"\xff\xfe")]), "UTF-8"),
+    "truncated_header": (gguf_bytes(kv=[("general.architecture", 8, string_value("llama"))])[:30], "truncated"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_hostile_gguf_is_one_line_typed_error(case: str, tmp_path: Path) -> None:
+    blob, words = HOSTILE[case]
+    path = tmp_path / f"{case}.gguf"
+    path.write_bytes(blob)
+    for opener in (read_structure, open_model):
+        with pytest.raises(CorruptFileError) as e:
+            opener(path)
+        msg = str(e.value)
+        assert "\n" not in msg and str(path) in msg and words in msg, msg
+
+
+def test_truncated_real_file_and_unknown_architecture(llama_pair, tmp_path: Path) -> None:
+    _, model = llama_pair
+    good = write_gguf(model, tmp_path / "good.gguf")
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    with pytest.raises(CorruptFileError, match="truncated"):
+        open_model(cut)
+    other = tmp_path / "other.gguf"
+    other.write_bytes(gguf_bytes(kv=[("general.architecture", 8, string_value("mamba"))]))
+    with pytest.raises(UnknownArchitectureError, match="mamba"):
+        read_structure(other)
+
+
+def test_file_changed_after_opening_is_an_error(llama_pair, tmp_path: Path) -> None:
+    _, model = llama_pair
+    path = write_gguf(model, tmp_path / "m.gguf")
+    m = open_model(path, raw=True)
+    with open(path, "ab") as f:
+        f.write(b"\0" * 64)
+    with pytest.raises(CorruptFileError, match="changed on disk"):
+        m.weights.get("blocks.0.attn.W_Q")
+
+
+def test_rope_factors_are_refused_not_ignored(llama_pair, tmp_path: Path) -> None:
+    """Llama 3.1+ files carry rope_freqs.weight; until the forward pass applies the factors
+    the model is refused rather than run with the wrong rotary frequencies."""
+    import gguf
+
+    path = write_gguf(llama_pair[1], tmp_path / "m.gguf")
+    reader = gguf.GGUFReader(str(path))
+    w = gguf.GGUFWriter(str(tmp_path / "r.gguf"), "llama")
+    for field in reader.fields.values():
+        if field.name.startswith("llama."):
+            w.add_key_value(field.name, field.contents(), field.types[0])
+    for t in reader.tensors:
+        w.add_tensor(t.name, np.array(t.data), raw_shape=tuple(reversed(t.shape.tolist())), raw_dtype=t.tensor_type)
+    w.add_tensor("rope_freqs.weight", np.ones(4, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ConfigError, match="rope_freqs"):
+        read_structure(tmp_path / "r.gguf")
