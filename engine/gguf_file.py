@@ -15,6 +15,7 @@ aligned offset, and bytes inside the file that overlap no other tensor's. A fail
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import struct
@@ -253,7 +254,7 @@ def _place(
             )
         tensors[t.name] = GGUFTensorInfo(t.name, t.shape, t.ggml_type, t.type_name, begin, t.nbytes)
     spans = sorted((t.offset, t.offset + t.nbytes, t.name) for t in tensors.values())
-    for (_, end, a), (start, _, b) in zip(spans, spans[1:], strict=False):
+    for (_, end, a), (start, _, b) in itertools.pairwise(spans):
         if start < end:
             raise CorruptFileError(c.path, f"bad GGUF header: tensors {a!r} and {b!r} overlap")
     return tensors

@@ -83,7 +83,7 @@ def test_llama_qk_permutation_is_really_undone(llama_pair, tmp_path: Path) -> No
     reading the file without the inverse permutation gives other patterns."""
     from headscope.engine import gguf_model
 
-    path, model = llama_pair
+    _path, model = llama_pair
     gguf = write_gguf(model, tmp_path / "model.gguf")
     q = model.state_dict()["model.layers.0.self_attn.q_proj.weight"].numpy()
     assert not np.array_equal(permute(q, 4), q)
@@ -121,7 +121,7 @@ def test_quantised_gguf_within_quantisation_error(qtype: str, llama_pair, tmp_pa
     import gguf.quants
     from gguf.constants import GGMLQuantizationType
 
-    path, model = llama_pair
+    _path, model = llama_pair
     gguf_path = write_gguf(model, tmp_path / f"model-{qtype}.gguf", qtype=qtype)
     m = open_model(gguf_path, raw=True)
     assert m.cfg.dtype == qtype.lower()
