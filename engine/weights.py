@@ -13,7 +13,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from .adapters import Heads, Spec, Whole, Zeros
+from .adapters import Heads, Rows, Spec, Whole, Zeros
 from .config import ModelConfig
 from .errors import CorruptFileError, IndexOutOfRangeError, MissingTensorError
 from .safetensors_header import SafetensorsHeader, TensorInfo, read_header
@@ -178,6 +178,8 @@ class CheckpointWeights:
             return torch.zeros(spec.shape)
         # Rearranged in the stored dtype and upcast in the same pass (upcasting is exact, so
         # the order does not matter): no float32 copy of the tensor in its stored layout.
+        if isinstance(spec, Rows):
+            return self._build_rows(spec)
         if isinstance(spec, Whole):
             if not spec.transpose:
                 return self._read(spec.tensor, None).contiguous()
@@ -192,6 +194,12 @@ class CheckpointWeights:
         if spec.kv and stored != self.cfg.n_heads:
             heads = torch.repeat_interleave(heads, self.cfg.n_heads // stored, dim=0)
         return heads.contiguous()
+
+    def _build_rows(self, spec: Rows) -> torch.Tensor:
+        """Part of a fused tensor: only its rows are read."""
+        index = (slice(spec.offset, spec.offset + spec.size), *([slice(None)] * (len(spec.shape) - 1)))
+        t = self._read(spec.tensor, index)
+        return (t.T if spec.transpose else t).contiguous()
 
     def _build_head(self, name: str, head: int) -> torch.Tensor:
         import torch

@@ -28,6 +28,7 @@ from headscope.engine.forward import run
 from headscope.engine.loading import open_model, read_structure
 from tests.gguf_fixtures import gguf_bytes, k_quant_blocks, permute, string_value, write_gguf
 from tests.hf_fixtures import build_llama, build_qwen2, randomize_
+from tests.hf_fixtures_phi import build_phi3
 from tests.test_forward_parity import SEQS
 
 EXACT = 1e-5  # same float32 numbers through the same code: only summation order may differ
@@ -60,9 +61,14 @@ def qwen2_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
 # --- F32: exact ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_f32_gguf_is_exactly_the_original(family: str, llama_pair, qwen2_pair, tmp_path: Path) -> None:
-    path, model = llama_pair if family == "llama" else qwen2_pair
+@pytest.fixture(scope="module")
+def phi3_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    return build_phi3(tmp_path_factory.mktemp("phi3"), partial_rotary_factor=0.5)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "phi3"])
+def test_f32_gguf_is_exactly_the_original(family: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    path, model = request.getfixturevalue(f"{family}_pair")
     gguf = write_gguf(model, tmp_path / "model.gguf")
     a, b = open_model(path, raw=True), open_model(gguf, raw=True)
     assert b.checkpoint.format == "gguf" and b.cfg.family == a.cfg.family
@@ -72,7 +78,7 @@ def test_f32_gguf_is_exactly_the_original(family: str, llama_pair, qwen2_pair, t
         assert b.weights.has(name), name
         assert torch.equal(a.weights.get(name), b.weights.get(name)), name
     for layer, head in ((0, 0), (1, 3)):  # per-head reads (row slices of permuted tensors)
-        for name in ("W_Q", "W_K", "b_Q", "W_O"):
+        for name in ("W_Q", "W_K", "W_V", "b_Q", "W_O"):
             key = f"blocks.{layer}.attn.{name}"
             assert torch.equal(a.weights.get_head(key, head), b.weights.get_head(key, head)), key
     _assert_same_model(path, gguf, tol=1e-6)
@@ -116,12 +122,14 @@ def _block_amax(w: np.ndarray, block: int) -> np.ndarray:
     return np.repeat(np.abs(rows).max(axis=1, keepdims=True), block, axis=1).reshape(w.shape)
 
 
-@pytest.mark.parametrize("qtype", ["F16", "BF16", "Q8_0", "Q4_0"])
-def test_quantised_gguf_within_quantisation_error(qtype: str, llama_pair, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("family", "qtype"), [("llama", "F16"), ("llama", "BF16"), ("llama", "Q8_0"),
+                                               ("llama", "Q4_0"), ("qwen2", "Q8_0"), ("phi3", "Q4_0")])
+def test_quantised_gguf_within_quantisation_error(family: str, qtype: str, request: pytest.FixtureRequest,
+                                                  tmp_path: Path) -> None:
     import gguf.quants
     from gguf.constants import GGMLQuantizationType
 
-    _path, model = llama_pair
+    _path, model = request.getfixturevalue(f"{family}_pair")
     gguf_path = write_gguf(model, tmp_path / f"model-{qtype}.gguf", qtype=qtype)
     m = open_model(gguf_path, raw=True)
     assert m.cfg.dtype == qtype.lower()
@@ -132,10 +140,10 @@ def test_quantised_gguf_within_quantisation_error(qtype: str, llama_pair, tmp_pa
     for hf in src.hf_names:
         ours, orig = src.read(hf).numpy(), sd[hf]
         err = np.abs(ours - orig)
-        scale = np.abs(orig) if block == 1 else _block_amax(orig, block)
         if orig.ndim == 1:
             assert np.array_equal(ours, orig), hf  # 1-D tensors stay F32
         else:
+            scale = np.abs(orig) if block == 1 else _block_amax(orig, block)
             assert (err <= BOUNDS[qtype] * scale + 6e-8).all(), f"{hf}: max error {err.max():.3g}"
             assert err.max() > 0, f"{hf} was not quantised"
 

@@ -62,6 +62,15 @@ class Heads:
 
 
 @dataclass(frozen=True)
+class Rows(Whole):
+    """Rows ``[offset, offset + size)`` of the checkpoint tensor ``tensor`` (then transposed if
+    asked): one part of a fused tensor, e.g. the gate half of Phi-3's ``gate_up_proj``."""
+
+    offset: int = 0
+    size: int = 0
+
+
+@dataclass(frozen=True)
 class Zeros:
     """An absent bias: zeros of the canonical shape."""
 
@@ -313,7 +322,17 @@ def _registry() -> dict[str, ModuleType]:
     for module in (gpt2, neox, llama, bert):
         for arch in module.ARCHITECTURES:
             table[arch] = module
+    for module in _phi_gptj_opt():
+        for arch in module.ARCHITECTURES:
+            table[arch] = module
     return table
+
+
+def _phi_gptj_opt() -> tuple[ModuleType, ...]:
+    """Adapters of the Phi-3 / Phi / GPT-J / OPT families."""
+    from . import phi3
+
+    return (phi3,)
 
 
 def supported_architectures() -> list[str]:

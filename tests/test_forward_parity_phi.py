@@ -1,0 +1,138 @@
+"""Parity with transformers for Phi-3, Phi, GPT-J and OPT (as tests/test_forward_parity.py).
+
+Two routes, so a failure points at its cause: ``to_canonical`` (below) converts the in-memory
+``transformers`` model independently of the adapters (forward pass alone), and
+``open_model(path)`` checks adapter + loading + processing + forward. Logits and attention
+patterns must match ``transformers`` (eager, ``output_attentions=True``) to 1e-4, raw and
+processed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from headscope.engine.config import ModelConfig
+from headscope.engine.forward import log_probs, run
+from headscope.engine.processing import ProcessedWeights
+from headscope.engine.weights import DictWeights
+from tests.hf_fixtures_phi import (  # noqa: F401  (pytest fixtures)
+    build_phi3,
+    gptj_dir,
+    opt_dir,
+    opt_post_ln_dir,
+    phi3_dir,
+    phi_dir,
+)
+from tests.test_forward_parity import (
+    SEQS,
+    _assert_close,
+    _expand,
+    _heads_in,
+    _heads_out,
+    hf_reference,
+)
+
+NAMES = ["phi3", "phi", "gptj", "opt", "opt_post_ln"]
+
+
+def _sd(model: Any) -> dict[str, torch.Tensor]:
+    return {k: v.detach().float().clone() for k, v in model.state_dict().items()}
+
+
+def _phi3(model: Any) -> DictWeights:
+    c, sd = model.config, _sd(model)
+    d, L, H, kv = c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads
+    e, ff = d // H, c.intermediate_size
+    rope = dict(c.rope_parameters)
+    cfg = ModelConfig(family="phi3", architecture="Phi3ForCausalLM", n_layers=L, n_heads=H,  # type: ignore[arg-type]
+                      n_kv_heads=kv, d_model=d, d_head=e, d_vocab=c.vocab_size,
+                      n_ctx=c.max_position_embeddings, d_mlp=ff, act_fn=c.hidden_act, gated_mlp=True,
+                      normalization="RMS", norm_eps=c.rms_norm_eps, positional="rotary",
+                      rotary_dim=int(e * rope.get("partial_rotary_factor", 1.0)),
+                      rotary_base=rope["rope_theta"], extra={"sliding_window": c.sliding_window})
+    t = {"embed.W_E": sd["model.embed_tokens.weight"], "ln_final.w": sd["model.norm.weight"],
+         "unembed.W_U": sd["lm_head.weight"].T}
+    for i in range(L):
+        p, a = f"model.layers.{i}.", f"blocks.{i}."
+        q, k, v = sd[p + "self_attn.qkv_proj.weight"].split([H * e, kv * e, kv * e])
+        for n, w, n_h in (("Q", q, H), ("K", k, kv), ("V", v, kv)):
+            t[f"{a}attn.W_{n}"] = _expand(_heads_in(w, n_h), H)
+            t[f"{a}attn.b_{n}"] = torch.zeros(H, e)
+        t[f"{a}attn.W_O"], t[f"{a}attn.b_O"] = _heads_out(sd[p + "self_attn.o_proj.weight"], H), torch.zeros(d)
+        gate, up = sd[p + "mlp.gate_up_proj.weight"].chunk(2, dim=0)
+        t[f"{a}mlp.W_gate"], t[f"{a}mlp.W_in"], t[f"{a}mlp.b_in"] = gate.T, up.T, torch.zeros(ff)
+        t[f"{a}mlp.W_out"], t[f"{a}mlp.b_out"] = sd[p + "mlp.down_proj.weight"].T, torch.zeros(d)
+        t[f"{a}ln1.w"], t[f"{a}ln2.w"] = sd[p + "input_layernorm.weight"], sd[p + "post_attention_layernorm.weight"]
+    return DictWeights(cfg, t)
+
+
+CONVERTERS = {"phi3": _phi3}
+
+
+def to_canonical(name: str, model: Any) -> DictWeights:
+    w = CONVERTERS[name](model)
+    t = dict(w._t)
+    t.setdefault("unembed.b_U", torch.zeros(w.cfg.d_vocab))
+    return DictWeights(w.cfg, {k: v.contiguous() for k, v in t.items()})
+
+
+@pytest.fixture(params=NAMES)
+def family(request: pytest.FixtureRequest) -> tuple[str, Any, Any]:
+    if request.param not in CONVERTERS:
+        pytest.skip(f"{request.param}: not converted yet")
+    path, model = request.getfixturevalue(f"{request.param}_dir")
+    return request.param, path, model
+
+
+def _check(name: str, weights: Any, model: Any, what: str) -> None:
+    ref_lp, ref_pat = hf_reference(name, model, SEQS)
+    res = run(weights, SEQS)
+    _assert_close(res.patterns, ref_pat, f"{name} {what} patterns")
+    _assert_close(log_probs(res), ref_lp, f"{name} {what} log-probs")
+    assert ref_pat.max() > 0.9  # far from uniform: the comparison means something
+
+
+def test_forward_matches_transformers(family: tuple[str, Any, Any]) -> None:
+    name, _, model = family
+    w = to_canonical(name, model)
+    _check(name, w, model, "raw")
+    _check(name, ProcessedWeights(w), model, "processed")
+
+
+@pytest.mark.parametrize("raw", [True, False], ids=["raw", "processed"])
+def test_open_model_matches_transformers(family: tuple[str, Any, Any], raw: bool) -> None:
+    from headscope.engine.loading import open_model
+
+    name, path, model = family
+    m = open_model(path, raw=raw)
+    assert isinstance(m.weights, ProcessedWeights) != raw
+    _check(name, m.weights, model, "open_model raw" if raw else "open_model processed")
+
+
+def test_loaded_tensors_agree_with_independent_conversion(family: tuple[str, Any, Any]) -> None:
+    from headscope.engine.loading import open_model
+
+    name, path, model = family
+    ours = to_canonical(name, model)
+    loaded = open_model(path, raw=True).weights
+    for key in ours._t:
+        assert loaded.has(key), f"{name}: loader lacks {key}"
+        _assert_close(loaded.get(key), ours.get(key), f"{name} {key}")
+    for key in ("blocks.1.attn.W_Q", "blocks.1.attn.W_K", "blocks.0.attn.W_V", "blocks.0.attn.W_O"):
+        for head in range(loaded.cfg.n_heads):  # per-head reads of fused / sliced tensors
+            _assert_close(loaded.get_head(key, head), ours.get(key)[head], f"{name} {key}[{head}]")
+
+
+def test_phi3_sliding_window_and_partial_rotary(tmp_path) -> None:
+    """A Phi-3 with a window shorter than the prompt and partial rotary, end to end."""
+    from headscope.engine.loading import open_model
+
+    path, model = build_phi3(tmp_path, sliding_window=5, partial_rotary_factor=0.5)
+    m = open_model(path)
+    assert m.cfg.extra["sliding_window"] == 5 and m.cfg.rotary_dim == 4
+    _check("phi3", m.weights, model, "window")
+    no_window = DictWeights(m.raw_cfg.replace(extra={}), to_canonical("phi3", model)._t)
+    assert (run(no_window, SEQS).patterns - hf_reference("phi3", model, SEQS)[1]).abs().max() > 1e-3
