@@ -98,6 +98,15 @@ def _pread_into(handle: Any, buffer: torch.Tensor, offset: int, file: str, tenso
         done += got
 
 
+def _deinterleaved(block: torch.Tensor, r: int) -> torch.Tensor:
+    """The last axis (a head's dims) with its first ``r`` reordered from interleaved rotary pairs
+    ``(2i, 2i+1)`` to rotate-half pairs ``(i, i + r/2)``: evens, then odds, then the rest."""
+    import torch
+
+    order = torch.cat([torch.arange(0, r, 2), torch.arange(1, r, 2), torch.arange(r, block.shape[-1])])
+    return block[..., order]
+
+
 def _kv_name(name: str) -> str:
     """``blocks.0.attn.W_K`` -> ``blocks.0.attn._W_K`` (the un-expanded GQA tensor)."""
     prefix, _, last = name.rpartition(".")
@@ -219,7 +228,8 @@ class CheckpointWeights:
     def _cut(spec: Heads, block: torch.Tensor) -> torch.Tensor:
         if spec.squeeze:
             block = block.squeeze(spec.axis)
-        return block.transpose(-2, -1) if spec.transpose else block
+        block = block.transpose(-2, -1) if spec.transpose else block
+        return _deinterleaved(block, spec.deinterleave) if spec.deinterleave else block
 
     def _read(self, tensor: str, index: tuple[slice, ...] | None, upcast: bool = True) -> torch.Tensor:
         """One tensor (or a slice of it) from disk, as float32 in memory of its own (in its

@@ -59,6 +59,10 @@ class Heads:
     transpose: bool = False
     kv: bool = False
     squeeze: bool = False
+    # GPT-J's interleaved rotary pairs dims (2i, 2i+1) of the first ``deinterleave`` dims; the
+    # canonical (rotate-half) layout pairs (i, i + r/2). Reordering Q and K alike leaves every
+    # score q·k unchanged (docs/math.md, "Rotary layouts").
+    deinterleave: int = 0
 
 
 @dataclass(frozen=True)
@@ -330,9 +334,9 @@ def _registry() -> dict[str, ModuleType]:
 
 def _phi_gptj_opt() -> tuple[ModuleType, ...]:
     """Adapters of the Phi-3 / Phi / GPT-J / OPT families."""
-    from . import phi3
+    from . import gptj, phi, phi3
 
-    return (phi3,)
+    return (phi3, phi, gptj)
 
 
 def supported_architectures() -> list[str]:
