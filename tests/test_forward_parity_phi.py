@@ -199,9 +199,9 @@ def test_phi3_sliding_window_and_partial_rotary(tmp_path) -> None:
     assert (run(no_window, SEQS).patterns - hf_reference("phi3", model, SEQS)[1]).abs().max() > 1e-3
 
 
-def test_gptj_interleaved_rotary_needs_the_reordering(gptj_dir) -> None:
+def test_gptj_interleaved_rotary_needs_the_reordering(request: pytest.FixtureRequest) -> None:
     """Read without the interleaved -> rotate-half reordering, GPT-J's patterns are wrong:
     the test above really exercises it."""
-    _, model = gptj_dir
+    _, model = request.getfixturevalue("gptj_dir")
     ref = hf_reference("gptj", model, SEQS)[1]
     assert (run(_gptj(model, reorder=False), SEQS).patterns - ref).abs().max() > 1e-2

@@ -80,7 +80,7 @@ def adapt(
             "rope_type": get_key(
                 config, "rope_parameters.rope_type", "rope_scaling.rope_type", "rope_scaling.type",
                 default="default",
-            ),  # fmt: skip
+            ),
         },
     )
     checked(cfg, names, path)
