@@ -130,7 +130,34 @@ def _gptj(model: Any, reorder: bool = True) -> DictWeights:
     return DictWeights(cfg, t)
 
 
-CONVERTERS = {"phi3": _phi3, "phi": _phi, "gptj": _gptj}
+def _opt(model: Any) -> DictWeights:
+    c, sd = model.config, _sd(model)
+    d, L, H = c.hidden_size, c.num_hidden_layers, c.num_attention_heads
+    e, ff, pre = d // H, c.ffn_dim, c.do_layer_norm_before
+    cfg = ModelConfig(family="opt", architecture="OPTForCausalLM", n_layers=L, n_heads=H,  # type: ignore[arg-type]
+                      d_model=d, d_head=e, d_vocab=c.vocab_size, n_ctx=c.max_position_embeddings,
+                      d_mlp=ff, act_fn=c.activation_function, norm_eps=1e-5, positional="learned",
+                      post_ln=not pre)
+    dec = "model.decoder."
+    t = {"embed.W_E": sd[dec + "embed_tokens.weight"],
+         "pos_embed.W_pos": sd[dec + "embed_positions.weight"][2:],  # OPT's position offset
+         "unembed.W_U": sd["lm_head.weight"].T}
+    if pre:
+        t["ln_final.w"], t["ln_final.b"] = sd[dec + "final_layer_norm.weight"], sd[dec + "final_layer_norm.bias"]
+    for i in range(L):
+        p, a = f"{dec}layers.{i}.", f"blocks.{i}."
+        for n, proj in (("Q", "q_proj"), ("K", "k_proj"), ("V", "v_proj")):
+            t[f"{a}attn.W_{n}"] = _heads_in(sd[p + f"self_attn.{proj}.weight"], H)
+            t[f"{a}attn.b_{n}"] = sd[p + f"self_attn.{proj}.bias"].reshape(H, e)
+        t[f"{a}attn.W_O"], t[f"{a}attn.b_O"] = _heads_out(sd[p + "self_attn.out_proj.weight"], H), sd[p + "self_attn.out_proj.bias"]
+        t[f"{a}mlp.W_in"], t[f"{a}mlp.b_in"] = sd[p + "fc1.weight"].T, sd[p + "fc1.bias"]
+        t[f"{a}mlp.W_out"], t[f"{a}mlp.b_out"] = sd[p + "fc2.weight"].T, sd[p + "fc2.bias"]
+        t[f"{a}ln1.w"], t[f"{a}ln1.b"] = sd[p + "self_attn_layer_norm.weight"], sd[p + "self_attn_layer_norm.bias"]
+        t[f"{a}ln2.w"], t[f"{a}ln2.b"] = sd[p + "final_layer_norm.weight"], sd[p + "final_layer_norm.bias"]
+    return DictWeights(cfg, t)
+
+
+CONVERTERS = {"phi3": _phi3, "phi": _phi, "gptj": _gptj, "opt": _opt, "opt_post_ln": _opt}
 
 
 def to_canonical(name: str, model: Any) -> DictWeights:

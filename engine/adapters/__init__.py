@@ -334,9 +334,9 @@ def _registry() -> dict[str, ModuleType]:
 
 def _phi_gptj_opt() -> tuple[ModuleType, ...]:
     """Adapters of the Phi-3 / Phi / GPT-J / OPT families."""
-    from . import gptj, phi, phi3
+    from . import gptj, opt, phi, phi3
 
-    return (phi3, phi, gptj)
+    return (phi3, phi, gptj, opt)
 
 
 def supported_architectures() -> list[str]:
