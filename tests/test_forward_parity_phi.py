@@ -232,3 +232,73 @@ def test_gptj_interleaved_rotary_needs_the_reordering(request: pytest.FixtureReq
     _, model = request.getfixturevalue("gptj_dir")
     ref = hf_reference("gptj", model, SEQS)[1]
     assert (run(_gptj(model, reorder=False), SEQS).patterns - ref).abs().max() > 1e-2
+
+
+# -- processing, circuits and the CLI on each family ------------------------------------------
+
+
+def test_processing_equals_transformerlens_definitions(family: tuple[str, Any, Any]) -> None:
+    """The lazily processed checkpoint equals tests/test_processing.tl_process (TransformerLens'
+    from_pretrained defaults, transcribed eagerly) applied to the raw canonical tensors."""
+    from headscope.engine.loading import open_model
+    from tests.test_processing import tl_process
+
+    name, path, _ = family
+    raw = open_model(path, raw=True)
+    processed = open_model(path).weights
+    expected = tl_process(raw.cfg, {k: raw.weights.get(k) for k in raw.checkpoint.specs})
+    for key, want in expected.items():
+        assert processed.has(key), f"{name}: {key}"
+        torch.testing.assert_close(processed.get(key), want, rtol=1e-5, atol=1e-5, msg=f"{name} {key}")
+    for key in ("blocks.1.attn.W_Q", "blocks.1.attn.W_K", "blocks.1.attn.b_Q"):
+        for head in range(raw.cfg.n_heads):
+            torch.testing.assert_close(processed.get_head(key, head), expected[key][head], rtol=1e-5,
+                                       atol=1e-5, msg=f"{name} {key}[{head}]")
+
+
+def _hf_head_qk(name: str, model: Any, layer: int, head: int) -> torch.Tensor:
+    """W_Q W_Kᵀ of one head straight from the HF state dict (no reordering, no adapters)."""
+    sd, H = _sd(model), model.config.num_attention_heads if name != "gptj" else model.config.n_head
+    if name == "phi3":
+        c = model.config
+        e = c.hidden_size // H
+        q, k, _ = sd[f"model.layers.{layer}.self_attn.qkv_proj.weight"].split(
+            [H * e, c.num_key_value_heads * e, c.num_key_value_heads * e])
+        wq, wk = q[head * e:(head + 1) * e], k[(head // (H // c.num_key_value_heads)) * e:][:e]
+    else:
+        pre = {"phi": "model.layers.{}.self_attn.", "gptj": "transformer.h.{}.attn.",
+               "opt": "model.decoder.layers.{}.self_attn.", "opt_post_ln": "model.decoder.layers.{}.self_attn."}[name]
+        p = pre.format(layer)
+        wq_all, wk_all = sd[p + "q_proj.weight"], sd[p + "k_proj.weight"]
+        e = wq_all.shape[0] // H
+        wq, wk = wq_all[head * e:(head + 1) * e], wk_all[head * e:(head + 1) * e]
+    return wq.T @ wk
+
+
+def test_raw_qk_circuit_is_the_checkpoints(family: tuple[str, Any, Any]) -> None:
+    """The raw QK circuit W_Q W_Kᵀ of every head is the checkpoint's (for GPT-J: the head-dim
+    reordering cancels), read through Model.circuit."""
+    from headscope.engine.loading import open_model
+
+    name, path, model = family
+    m = open_model(path, raw=True)
+    for layer, head in ((0, 0), (1, 3)):
+        ours = m.circuit(layer, head, "qk")
+        dense = ours.A @ ours.B
+        _assert_close(dense, _hf_head_qk(name, model, layer, head), f"{name} QK L{layer}H{head}")
+
+
+def test_cli_info_heads_and_composition(family: tuple[str, Any, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from headscope.tui.cli import main
+
+    name, path, _ = family
+    assert main(["info", str(path), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["family"] == ("opt" if name.startswith("opt") else name)
+    assert main(["heads", str(path), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 2 * 4 and all(r["layer"] in (0, 1) for r in rows)
+    assert main(["composition", str(path), "--kind", "k", "--json"]) == 0
+    assert capsys.readouterr().out.strip()
