@@ -80,12 +80,17 @@ _TOP_NAMES = {
     "output": "lm_head",
 }
 # Tensors that change the computation in ways the engine does not implement (yet): refused,
-# never silently dropped.
+# never silently dropped. (``rope_freqs.weight`` is read by ``llama3_rope``.)
 _UNSUPPORTED_TENSORS = {
-    "rope_freqs.weight": "per-frequency RoPE scaling factors (Llama 3.1+ 'llama3' RoPE)",
     "rope_factors_long.weight": "LongRoPE scaling factors",
     "rope_factors_short.weight": "LongRoPE scaling factors",
 }
+ROPE_FREQS = "rope_freqs.weight"
+# Llama 3.x RoPE parameters to try against a file's rope_freqs (Llama 3.1/3.3: factor 8,
+# 3.2: 32; all: low 1, high 4, original context 8192); the factor is the largest stored one.
+_LLAMA3_LOW = (1.0, 2.0, 0.5)
+_LLAMA3_HIGH = (4.0, 2.0, 8.0)
+_LLAMA3_CONTEXT = tuple(2**k for k in range(3, 21))
 
 
 def arch_of(header: GGUFHeader) -> tuple[str, GGUFArch]:
@@ -105,6 +110,8 @@ def hf_tensor_names(header: GGUFHeader, arch: GGUFArch) -> dict[str, str]:
     """HF tensor name -> GGUF tensor name, for every tensor of the file the model uses."""
     out: dict[str, str] = {}
     for name in header.tensors:
+        if name == ROPE_FREQS:
+            continue
         if name in _UNSUPPORTED_TENSORS:
             raise ConfigError(
                 header.path, f"tensor {name!r} holds {_UNSUPPORTED_TENSORS[name]}, not supported yet"
@@ -168,9 +175,50 @@ def hf_config(header: GGUFHeader, name: str, arch: GGUFArch, hf_names: Mapping[s
         if scaling != "linear":
             raise ConfigError(header.path, f"GGUF RoPE scaling {scaling!r} is not supported (none, linear)")
         config["rope_scaling"] = {"rope_type": "linear", "factor": key("rope.scaling.factor", 1.0)}
+    if ROPE_FREQS in header.tensors:
+        config["rope_scaling"] = llama3_rope(header, config["rope_theta"], rope_dims or d_head)
     if any(k.endswith(".bias") and "q_proj" in k for k in hf_names):
         config["attention_bias"] = True
     return config
+
+
+def llama3_rope(header: GGUFHeader, base: Any, dim: Any) -> dict[str, Any]:
+    """The ``llama3`` RoPE scaling parameters that give exactly the file's ``rope_freqs``.
+
+    llama.cpp stores Llama 3.1+ scaling as one divisor per frequency (``convert_hf_to_gguf.py``
+    computes them from factor, low/high_freq_factor and the original context); the forward pass
+    knows the ``llama3`` formula, so the parameters are recovered by trying the published
+    values against the stored divisors. Anything else is refused (ConfigError), never guessed.
+    """
+    import numpy as np
+
+    info = header.tensors[ROPE_FREQS]
+    if info.type_name != "F32" or len(info.shape) != 1 or not _positive(dim) or info.shape[0] != dim // 2:
+        raise ConfigError(header.path, f"tensor {ROPE_FREQS!r} is not {dim}/2 float32 RoPE divisors")
+    if isinstance(base, bool) or not isinstance(base, int | float) or not base > 0:
+        raise ConfigError(header.path, f"bad RoPE base {base!r}")
+    with open(header.path, "rb") as f:
+        f.seek(info.offset)
+        stored = np.frombuffer(f.read(info.nbytes), dtype="<f4").astype(np.float64)
+    if stored.shape[0] != info.shape[0] or not np.isfinite(stored).all() or (stored <= 0).any():
+        raise ConfigError(header.path, f"tensor {ROPE_FREQS!r} holds invalid RoPE divisors")
+    factor = float(stored.max())
+    wavelen = 2 * math.pi * float(base) ** (np.arange(0, dim, 2) / dim)
+    for low in _LLAMA3_LOW:
+        for high in _LLAMA3_HIGH:
+            if high <= low:
+                continue
+            for ctx in _LLAMA3_CONTEXT:
+                smooth = (ctx / wavelen - low) / (high - low)
+                want = np.where(wavelen < ctx / high, 1.0,
+                                np.where(wavelen > ctx / low, factor, 1 / ((1 - smooth) / factor + smooth)))
+                if np.allclose(want, stored, rtol=1e-5, atol=0):
+                    return {"rope_type": "llama3", "factor": factor, "low_freq_factor": low,
+                            "high_freq_factor": high, "original_max_position_embeddings": ctx}
+    raise ConfigError(
+        header.path,
+        f"tensor {ROPE_FREQS!r} holds RoPE scaling factors that match no Llama 3 'llama3' scaling; not supported",
+    )
 
 
 def _positive(v: Any) -> bool:

@@ -59,6 +59,7 @@ def write_gguf(
     merges: list[str] | None = None,
     tokenizer_model: str = "gpt2",
     scores: list[float] | None = None,
+    extra_tensors: dict[str, np.ndarray] | None = None,
 ) -> Path:
     """Write ``model`` (a transformers Llama / Qwen2 / Phi-3) as a GGUF file at ``out``.
 
@@ -114,11 +115,38 @@ def write_gguf(
         elif arch == "llama" and "self_attn.k_proj" in hf_name:
             data = permute(data, n_heads, n_kv)
         w.add_tensor(name, np.ascontiguousarray(data), raw_dtype=raw)
+    for name, arr in (extra_tensors or {}).items():
+        w.add_tensor(name, arr)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     return Path(out)
+
+
+def llama3_rope_freqs(config: Any) -> np.ndarray:
+    """``rope_freqs.weight`` as ``convert_hf_to_gguf.py`` computes it for ``llama3`` RoPE scaling
+    (one divisor per frequency), transcribed from llama.cpp's converter."""
+    import math
+
+    rope = dict(config.rope_parameters)
+    base = rope.get("rope_theta", 10000.0)
+    dim = config.hidden_size // config.num_attention_heads
+    freqs = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
+    factor, low, high = rope.get("factor", 8.0), rope.get("low_freq_factor", 1.0), rope.get("high_freq_factor", 4.0)
+    old_context_len = rope.get("original_max_position_embeddings", 8192)
+    low_freq_wavelen, high_freq_wavelen = old_context_len / low, old_context_len / high
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_freq_wavelen:
+            out.append(1)
+        elif wavelen > low_freq_wavelen:
+            out.append(factor)
+        else:
+            smooth = (old_context_len / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
 
 
 def k_quant_blocks(rows: int, cols: int, kind: str, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -26,7 +26,7 @@ import torch
 from headscope.engine.errors import ConfigError, CorruptFileError, UnknownArchitectureError
 from headscope.engine.forward import run
 from headscope.engine.loading import open_model, read_structure
-from tests.gguf_fixtures import gguf_bytes, k_quant_blocks, permute, string_value, write_gguf
+from tests.gguf_fixtures import gguf_bytes, k_quant_blocks, llama3_rope_freqs, permute, string_value, write_gguf
 from tests.hf_fixtures import build_llama, build_qwen2, randomize_
 from tests.hf_fixtures_phi import build_phi3
 from tests.test_forward_parity import SEQS
@@ -320,23 +320,34 @@ def test_file_changed_after_opening_is_an_error(llama_pair, tmp_path: Path) -> N
         m.weights.get("blocks.0.attn.W_Q")
 
 
-def test_rope_factors_are_refused_not_ignored(llama_pair, tmp_path: Path) -> None:
-    """Llama 3.1+ files carry rope_freqs.weight; until the forward pass applies the factors
-    the model is refused rather than run with the wrong rotary frequencies."""
-    import gguf
+def test_llama3_rope_freqs_give_the_original_model(tmp_path: Path) -> None:
+    """Llama 3.1+ files store RoPE scaling as rope_freqs divisors: the model must equal the
+    safetensors original with its llama3 rope_parameters (and differ from no scaling)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    path = write_gguf(llama_pair[1], tmp_path / "m.gguf")
-    reader = gguf.GGUFReader(str(path))
-    w = gguf.GGUFWriter(str(tmp_path / "r.gguf"), "llama")
-    for field in reader.fields.values():
-        if field.name.startswith("llama."):
-            w.add_key_value(field.name, field.contents(), field.types[0])
-    for t in reader.tensors:
-        w.add_tensor(t.name, np.array(t.data), raw_shape=tuple(reversed(t.shape.tolist())), raw_dtype=t.tensor_type)
-    w.add_tensor("rope_freqs.weight", np.ones(4, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    with pytest.raises(ConfigError, match="rope_freqs"):
-        read_structure(tmp_path / "r.gguf")
+    rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    cfg = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=48,
+                      rms_norm_eps=1e-6, rope_parameters=rope)
+    model = randomize_(LlamaForCausalLM(cfg), seed=12)
+    model.save_pretrained(tmp_path / "ref", safe_serialization=True)
+    freqs = llama3_rope_freqs(model.config)
+    assert freqs.min() == 1.0 and 1.0 < freqs[1] < 8.0 and freqs.max() == 8.0  # all three regimes
+    path = write_gguf(model, tmp_path / "m.gguf", extra_tensors={"rope_freqs.weight": freqs})
+    m = open_model(path, raw=True)
+    assert m.cfg.extra["rope_type"] == "llama3"
+    assert m.cfg.extra["rope_scaling"]["original_max_position_embeddings"] == 64
+    _assert_same_model(tmp_path / "ref", path)
+    plain = write_gguf(model, tmp_path / "plain.gguf")
+    assert _max_diff(run(open_model(plain).weights, SEQS).patterns, run(open_model(path).weights, SEQS).patterns) > 1e-3
+
+
+@pytest.mark.parametrize("name", ["rope_freqs.weight", "rope_factors_long.weight"])
+def test_unknown_rope_factors_are_refused_not_ignored(name: str, llama_pair, tmp_path: Path) -> None:
+    """Divisors that match no llama3 scaling, and LongRoPE factors, are refused rather than run
+    with the wrong rotary frequencies."""
+    path = write_gguf(llama_pair[1], tmp_path / "r.gguf",
+                      extra_tensors={name: np.array([1.0, 3.0, 1.5, 7.0], dtype=np.float32)})
+    with pytest.raises(ConfigError, match=name.split(".")[0]):
+        read_structure(path)
