@@ -26,7 +26,14 @@ import torch
 from headscope.engine.errors import ConfigError, CorruptFileError, UnknownArchitectureError
 from headscope.engine.forward import run
 from headscope.engine.loading import open_model, read_structure
-from tests.gguf_fixtures import gguf_bytes, k_quant_blocks, llama3_rope_freqs, permute, string_value, write_gguf
+from tests.gguf_fixtures import (
+    gguf_bytes,
+    k_quant_blocks,
+    llama3_rope_freqs,
+    permute,
+    string_value,
+    write_gguf,
+)
 from tests.hf_fixtures import build_llama, build_qwen2, randomize_
 from tests.hf_fixtures_phi import build_phi3
 from tests.test_forward_parity import SEQS
