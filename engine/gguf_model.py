@@ -160,6 +160,7 @@ def hf_config(header: GGUFHeader, name: str, arch: GGUFArch, hf_names: Mapping[s
         "rope_theta": key("rope.freq_base", 10000.0),
         "vocab_size": embed.shape[0],
         "hidden_act": arch.hidden_act,
+        "hidden_activation": arch.hidden_act,  # Gemma's spelling
         "tie_word_embeddings": "lm_head.weight" not in hf_names,
         "use_sliding_window": False,
     }

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-ARCH_OF_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "phi3": "phi3", "mistral": "llama"}
+ARCH_OF_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "phi3": "phi3", "mistral": "llama", "gemma": "gemma"}
 
 
 def permute(w: np.ndarray, n_head: int, n_head_kv: int | None = None) -> np.ndarray:
@@ -71,7 +71,8 @@ def write_gguf(
 
     c = model.config
     arch = ARCH_OF_MODEL_TYPE[c.model_type]
-    enum = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2, "phi3": gguf.MODEL_ARCH.PHI3}[arch]
+    enum = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2, "phi3": gguf.MODEL_ARCH.PHI3,
+            "gemma": gguf.MODEL_ARCH.GEMMA}[arch]
     names = gguf.get_tensor_name_map(enum, c.num_hidden_layers)
     n_heads, n_kv = c.num_attention_heads, getattr(c, "num_key_value_heads", None) or c.num_attention_heads
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // n_heads
@@ -88,6 +89,9 @@ def write_gguf(
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_rope_freq_base(rope.get("rope_theta", getattr(c, "rope_theta", 10000.0)))
     w.add_rope_dimension_count(int(head_dim * pct))
+    if head_dim != c.hidden_size // n_heads:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
     if tokens is not None:
         w.add_tokenizer_model(tokenizer_model)
         w.add_token_list(tokens)
@@ -110,6 +114,8 @@ def write_gguf(
         else:
             kind = qtype(hf_name, arr.shape) if callable(qtype) else qtype
             data, raw = encode(arr, kind if arr.ndim == 2 else "F32")
+        if arch == "gemma" and hf_name.endswith("norm.weight"):
+            data = data + 1  # GemmaModel.modify_tensors: llama.cpp's RMSNorm multiplies by w, not 1 + w
         if arch == "llama" and "self_attn.q_proj" in hf_name:
             data = permute(data, n_heads, n_heads)
         elif arch == "llama" and "self_attn.k_proj" in hf_name:

@@ -111,6 +111,36 @@ def test_llama_qk_permutation_is_really_undone(llama_pair, tmp_path: Path) -> No
     assert _max_diff(run(m.weights, SEQS).patterns, good) > 1e-2
 
 
+def test_gemma_gguf_norm_offset_is_undone(tmp_path: Path) -> None:
+    """Gemma files store norm gains as 1 + w (llama.cpp's RMSNorm multiplies by the gain): the
+    reader subtracts it again. The whole model is compared where the gemma family is supported."""
+    from transformers import GemmaConfig, GemmaForCausalLM
+
+    from headscope.engine import gguf_model
+    from headscope.engine.adapters import supported_architectures
+    from headscope.engine.gguf_file import read_gguf_header
+
+    cfg = GemmaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                      max_position_embeddings=48, rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh")
+    model = randomize_(GemmaForCausalLM(cfg), seed=13)
+    model.save_pretrained(tmp_path / "ref", safe_serialization=True)
+    path = write_gguf(model, tmp_path / "g.gguf")
+    header = read_gguf_header(path)
+    name, arch = gguf_model.arch_of(header)
+    hf_names = gguf_model.hf_tensor_names(header, arch)
+    config = gguf_model.hf_config(header, name, arch, hf_names)
+    assert (config["model_type"], config["head_dim"], config["tie_word_embeddings"]) == ("gemma", 16, True)
+    src = gguf_model.GGUFSource(header, hf_names, arch, open_model(build_llama(tmp_path / "l")[0]).raw_cfg)
+    sd = model.state_dict()
+    for hf in ("model.norm.weight", "model.layers.1.input_layernorm.weight", "model.layers.0.self_attn.q_proj.weight"):
+        # (w + 1) - 1 in float32 is w up to half an ulp of numbers in [1, 2): 2^-24 each way.
+        assert _max_diff(src.read(hf), sd[hf]) <= 2.0**-23, hf
+    if "GemmaForCausalLM" not in supported_architectures():
+        pytest.skip("the gemma family is not supported in this checkout: tensors checked, not the model")
+    _assert_same_model(tmp_path / "ref", path)
+
+
 # --- quantised types ---------------------------------------------------------------------------
 
 # Worst-case |dequantised - original| per element, relative to the largest |w| of its block
@@ -358,3 +388,33 @@ def test_unknown_rope_factors_are_refused_not_ignored(name: str, llama_pair, tmp
                       extra_tensors={name: np.array([1.0, 3.0, 1.5, 7.0], dtype=np.float32)})
     with pytest.raises(ConfigError, match=name.split(".")[0]):
         read_structure(path)
+
+
+# --- the explorer ----------------------------------------------------------------------------
+
+
+async def test_explorer_opens_a_gguf_file(llama_pair, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`headscope model.gguf`: the app opens it on the real engine, shows the token QK view with
+    the metadata's token strings, and reports no error."""
+    import time
+
+    from headscope.tui.app import HeadscopeApp
+    from headscope.tui.settings import Settings
+    from headscope.tui.widgets.chart import Chart
+
+    monkeypatch.setenv("HEADSCOPE_CONFIG", str(tmp_path / "none.toml"))
+    monkeypatch.setenv("HEADSCOPE_OUTPUT_DIR", str(tmp_path / "out"))
+    tokens = ["<unk>", "Ġthe", "Ġcat"] + [f"tok{i}" for i in range(3, 96)]
+    path = write_gguf(llama_pair[1], tmp_path / "m.gguf", qtype="Q8_0", tokens=tokens, merges=[])
+    app = HeadscopeApp(path, settings=Settings(), debounce=0.01, sweep=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        deadline = time.monotonic() + 60
+        while not app._model_ready.is_set() and not app.errors:
+            assert time.monotonic() < deadline, "model did not open"
+            await pilot.pause(0.1)
+        for _ in range(4):
+            await pilot.pause(0.1)
+            await app.workers.wait_for_complete()
+        assert app.errors == []
+        assert "token QK L0.H0" in app.main.query_one("#qk-token", Chart).rendered.plain
+        await pilot.press("q")
