@@ -418,3 +418,18 @@ async def test_explorer_opens_a_gguf_file(llama_pair, tmp_path: Path, monkeypatc
         assert app.errors == []
         assert "token QK L0.H0" in app.main.query_one("#qk-token", Chart).rendered.plain
         await pilot.press("q")
+
+
+def test_read_structure_of_gguf_imports_no_torch(llama_pair, tmp_path: Path) -> None:
+    """`headscope info x.gguf` stays header-only: no torch (as for safetensors)."""
+    import subprocess
+    import sys
+
+    path = write_gguf(llama_pair[1], tmp_path / "m.gguf", qtype="Q8_0")
+    code = (
+        "import sys\nfrom headscope.engine.loading import read_structure\n"
+        f"s = read_structure({str(path)!r})\nassert s['dtype'] == 'q8_0', s\n"
+        "assert 'torch' not in sys.modules\nprint('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "ok", done.stderr[-2000:]
