@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -262,13 +263,30 @@ def main_dtype(header: GGUFHeader, used: Mapping[str, str]) -> str:
 
 class GGUFSource:
     """Reads HF-named tensors out of a GGUF file: rows by ``pread``, dequantised, conversion
-    undone. No cache here (``CheckpointWeights`` caches canonical tensors)."""
+    undone.
 
-    def __init__(self, header: GGUFHeader, hf_names: Mapping[str, str], arch: GGUFArch, cfg: ModelConfig) -> None:
+    Dequantising costs more than copying bytes (~10 ns per element for Q4_K), and per-head
+    reads of a tensor cut along its columns (``W_O``) need the whole tensor: whole tensors
+    are kept, dequantised, in a small LRU bounded by ``cache_bytes`` (tensors over a quarter of
+    it, e.g. embeddings, are not kept). Callers always get a copy of their own.
+    """
+
+    def __init__(
+        self,
+        header: GGUFHeader,
+        hf_names: Mapping[str, str],
+        arch: GGUFArch,
+        cfg: ModelConfig,
+        cache_bytes: int = 256 << 20,
+    ) -> None:
         self.header = header
         self.hf_names = dict(hf_names)
         self.arch = arch
         self.cfg = cfg
+        self.cache_bytes = cache_bytes
+        self.dequantised = 0  # tensor/row-range dequantisations (tests count them)
+        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._cached_bytes = 0
         self._handle: Any = None
         self._lock = threading.Lock()
 
@@ -295,6 +313,12 @@ class GGUFSource:
         stop = max(stop, first)
         heads = self.permuted_heads(hf)
         group = n // heads if heads else 1
+        with self._lock:
+            whole = self._cache.get(g)
+            if whole is not None:
+                self._cache.move_to_end(g)
+        if whole is not None:
+            return torch.from_numpy(whole[first:stop].copy())
         if len(info.shape) == 1:  # a vector is read whole (its bytes are not split in rows)
             lo, hi = 0, n
         else:
@@ -304,7 +328,20 @@ class GGUFSource:
             data = _unpermute(data, (hi - lo) // group)
         if self.arch.norm_offset and hf.endswith("norm.weight"):
             data = data - self.arch.norm_offset
-        return torch.from_numpy(data)[first - lo : stop - lo].contiguous()
+        if (lo, hi) == (0, n):
+            self._keep(g, data)
+        return torch.from_numpy(data[first - lo : stop - lo].copy())
+
+    def _keep(self, g: str, data: np.ndarray) -> None:
+        if data.nbytes > self.cache_bytes // 4:
+            return
+        with self._lock:
+            if g not in self._cache:
+                self._cache[g] = data
+                self._cached_bytes += data.nbytes
+            while self._cached_bytes > self.cache_bytes and self._cache:
+                _, old = self._cache.popitem(last=False)
+                self._cached_bytes -= old.nbytes
 
     def _dequantised(self, info: GGUFTensorInfo, g: str, lo: int, hi: int) -> np.ndarray:
         import numpy as np
@@ -317,6 +354,8 @@ class GGUFSource:
         if vector:
             lo, hi = 0, 1
         raw = self._pread(info.offset + lo * row_bytes, (hi - lo) * row_bytes, g)
+        with self._lock:
+            self.dequantised += 1
         shape = info.shape if vector else (hi - lo, *info.shape[1:])
         if info.type_name == "F64":
             return raw.view(np.float64).astype(np.float32).reshape(shape)
@@ -358,6 +397,8 @@ class GGUFSource:
             if self._handle is not None:
                 self._handle.close()
                 self._handle = None
+            self._cache.clear()
+            self._cached_bytes = 0
 
 
 def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:

@@ -433,3 +433,20 @@ def test_read_structure_of_gguf_imports_no_torch(llama_pair, tmp_path: Path) -> 
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_per_head_reads_dequantise_rows_or_reuse_the_whole_tensor(llama_pair, tmp_path: Path) -> None:
+    """W_Q of one head dequantises only that head's rows; W_O (cut along columns) is
+    dequantised once for all heads; results are private copies (editing one changes nothing)."""
+    path = write_gguf(llama_pair[1], tmp_path / "m.gguf", qtype="Q8_0")
+    m = open_model(path, raw=True)
+    src = m.checkpoint.gguf
+    before = src.dequantised
+    q = m.weights.get_head("blocks.0.attn.W_Q", 2)
+    assert src.dequantised == before + 1 and q.shape == (32, 8)
+    for h in range(4):
+        m.weights.get_head("blocks.0.attn.W_O", h)
+    assert src.dequantised == before + 2
+    a = src.read("model.layers.0.self_attn.o_proj.weight")
+    a += 1.0
+    assert not torch.equal(src.read("model.layers.0.self_attn.o_proj.weight"), a)
