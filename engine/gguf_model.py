@@ -165,6 +165,9 @@ def hf_config(header: GGUFHeader, name: str, arch: GGUFArch, hf_names: Mapping[s
         "tie_word_embeddings": "lm_head.weight" not in hf_names,
         "use_sliding_window": False,
     }
+    window = key("attention.sliding_window")
+    if window is not None:
+        config["sliding_window"] = window
     head_dim = key("attention.key_length")
     if head_dim is not None:
         config["head_dim"] = head_dim
