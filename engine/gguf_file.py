@@ -131,11 +131,13 @@ class _Cursor:
             )
         return n
 
-    def string(self, what: str) -> str:
+    def string(self, what: str, strict: bool = True) -> str:
+        """A UTF-8 string; names must decode, values (token strings of some vocabularies hold
+        partial UTF-8 sequences) get U+FFFD for undecodable bytes."""
         n = self.count(f"length of {what}", MAX_STRING, 1)
         raw = self.take(n, what)
         try:
-            return raw.decode("utf-8")
+            return raw.decode("utf-8", errors="strict" if strict else "replace")
         except UnicodeDecodeError:
             raise CorruptFileError(self.path, f"bad GGUF header: {what} is not UTF-8") from None
 
@@ -182,7 +184,7 @@ def _value(c: _Cursor, value_type: int, key: str, depth: int) -> Any:
     if value_type in _SCALARS:
         return c.scalar(_SCALARS[value_type], f"value of {key!r}")
     if value_type == _STRING:
-        return c.string(f"value of {key!r}")
+        return c.string(f"value of {key!r}", strict=False)
     if value_type == _ARRAY and depth == 0:
         item_type = c.u32(f"array type of {key!r}")
         if item_type in _SCALARS:
@@ -192,7 +194,7 @@ def _value(c: _Cursor, value_type: int, key: str, depth: int) -> Any:
             return list(struct.unpack(f"<{n}{fmt[1]}", c.take(n * item, f"array {key!r}")))
         if item_type == _STRING:
             n = c.count(f"length of array {key!r}", MAX_ARRAY, 8)
-            return [c.string(f"item of {key!r}") for _ in range(n)]
+            return [c.string(f"item of {key!r}", strict=False) for _ in range(n)]
         if item_type == _ARRAY:
             n = c.count(f"length of array {key!r}", MAX_ARRAY, 12)
             return [_value(c, _ARRAY, key, depth + 1) for _ in range(n)]

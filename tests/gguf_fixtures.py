@@ -89,6 +89,8 @@ def write_gguf(
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_rope_freq_base(rope.get("rope_theta", getattr(c, "rope_theta", 10000.0)))
     w.add_rope_dimension_count(int(head_dim * pct))
+    if arch == "phi3" and getattr(c, "sliding_window", None):
+        w.add_sliding_window(c.sliding_window)
     if head_dim != c.hidden_size // n_heads:
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
@@ -198,8 +200,8 @@ def gguf_bytes(
     *,
     magic: bytes = b"GGUF",
     version: int = 3,
-    kv: list[tuple[str, int, bytes]] | None = None,
-    tensors: list[tuple[str, list[int], int, int]] | None = None,
+    kv: list[tuple[str | bytes, int, bytes]] | None = None,
+    tensors: list[tuple[str | bytes, list[int], int, int]] | None = None,
     n_tensors: int | None = None,
     n_kv: int | None = None,
     data: bytes = b"",

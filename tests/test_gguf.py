@@ -70,7 +70,8 @@ def qwen2_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
 
 @pytest.fixture(scope="module")
 def phi3_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
-    return build_phi3(tmp_path_factory.mktemp("phi3"), partial_rotary_factor=0.5)
+    """Partial rotary and a sliding window (5) shorter than the test prompts."""
+    return build_phi3(tmp_path_factory.mktemp("phi3"), partial_rotary_factor=0.5, sliding_window=5)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "phi3"])
@@ -88,6 +89,7 @@ def test_f32_gguf_is_exactly_the_original(family: str, request: pytest.FixtureRe
         for name in ("W_Q", "W_K", "W_V", "b_Q", "W_O"):
             key = f"blocks.{layer}.attn.{name}"
             assert torch.equal(a.weights.get_head(key, head), b.weights.get_head(key, head)), key
+    assert b.cfg.extra.get("sliding_window") == a.cfg.extra.get("sliding_window")
     _assert_same_model(path, gguf, tol=1e-6)
 
 
@@ -317,7 +319,8 @@ HOSTILE: dict[str, tuple[bytes, str]] = {
     "unaligned": (gguf_bytes(tensors=[("t", [4], 0, 4)], data=b"\0" * 64), "aligned"),
     "overlap": (gguf_bytes(tensors=[("a", [16], 0, 0), ("b", [16], 0, 32)], data=b"\0" * 128), "overlap"),
     "duplicate_key": (gguf_bytes(kv=[("k", 4, b"\1\0\0\0"), ("k", 4, b"\1\0\0\0")]), "duplicate"),
-    "bad_utf8": (gguf_bytes(kv=[("general.architecture", 8, _u64(2) + b"\xff\xfe")]), "UTF-8"),
+    "bad_utf8_key": (gguf_bytes(kv=[(b"general.\xff", 8, string_value("llama"))]), "UTF-8"),
+    "bad_utf8_tensor_name": (gguf_bytes(tensors=[(b"t\xfe", [4], 0, 0)], data=b"\0" * 64), "UTF-8"),
     "truncated_header": (gguf_bytes(kv=[("general.architecture", 8, string_value("llama"))])[:30], "truncated"),
 }
 
@@ -450,3 +453,14 @@ def test_per_head_reads_dequantise_rows_or_reuse_the_whole_tensor(llama_pair, tm
     a = src.read("model.layers.0.self_attn.o_proj.weight")
     a += 1.0
     assert not torch.equal(src.read("model.layers.0.self_attn.o_proj.weight"), a)
+
+
+def test_undecodable_token_strings_do_not_block_the_model(llama_pair, tmp_path: Path) -> None:
+    """Some vocabularies hold partial UTF-8 sequences as tokens: shown with U+FFFD, model opens."""
+    tokens = ["<unk>", "ok"] + [f"t{i}" for i in range(2, 96)]
+    path = write_gguf(llama_pair[1], tmp_path / "m.gguf", tokens=tokens, tokenizer_model="rwkv")
+    blob = path.read_bytes()
+    at = blob.index(b"\x02\x00\x00\x00\x00\x00\x00\x00ok")
+    path.write_bytes(blob[: at + 8] + b"\xe2\x82" + blob[at + 10 :])  # same length, invalid UTF-8
+    m = open_model(path, raw=True)
+    assert m.tokenizer.decode_token(1) == "\ufffd"
