@@ -461,14 +461,15 @@ class GGUFVocabTokenizer(IdTokenizer):
 
 
 def gguf_tokenizer(header: GGUFHeader, d_vocab: int) -> Tokenizer:
-    """The tokenizer the metadata describes.
+    """The tokenizer the metadata describes, built with ``tokenizers`` as ``transformers``'
+    converters build fast tokenizers:
 
-    - ``tokenizer.ggml.model == "gpt2"`` (byte-level BPE: Llama 3, Qwen2): a ``tokenizers`` BPE
-      from ``tokens`` and ``merges``, GPT-2's byte-level pre-tokenizer (the model-specific split
-      regex named by ``tokenizer.ggml.pre`` is not reproduced: rare splits may differ);
-    - ``"llama"`` (SentencePiece: Llama 1/2, Gemma, Phi-3): a Unigram model over ``tokens`` with
-      their ``scores`` and byte fallback, spaces as ``▁``; SentencePiece BPE picks merges by the
-      same scores, so encodings agree on ordinary text but may differ on rare strings;
+    - ``tokenizer.ggml.model == "gpt2"`` (byte-level BPE: Llama 3, Qwen2): BPE over ``tokens``
+      and ``merges``; the split regex of ``tokenizer.ggml.pre`` when it is one headscope knows
+      (``llama-bpe``, ``qwen2``; ``_PRE_TOKENIZER_REGEX``), GPT-2's otherwise;
+    - ``"llama"`` (SentencePiece BPE: Llama 1/2, Gemma, Phi-3): BPE whose merges come from the
+      pieces' ``scores`` (``transformers``' ``SentencePieceExtractor``), byte fallback, spaces as
+      ``▁`` and one prepended (the "legacy" Llama behaviour);
     - anything else, or a table that does not build: the token strings for display, prompts as
       token ids. No tokens at all: ``IdTokenizer``.
     """
@@ -478,7 +479,8 @@ def gguf_tokenizer(header: GGUFHeader, d_vocab: int) -> Tokenizer:
     kind = header.get("tokenizer.ggml.model")
     try:
         if kind == "gpt2":
-            return HFTokenizer(_bpe(tokens, header.get("tokenizer.ggml.merges") or []), header.path)
+            merges = header.get("tokenizer.ggml.merges") or []
+            return HFTokenizer(_bpe(tokens, merges, header.get("tokenizer.ggml.pre")), header.path)
         if kind == "llama":
             return HFTokenizer(_spm(tokens, header.get("tokenizer.ggml.scores")), header.path)
     except Exception:  # a table tokenizers refuses: fall back to display only
@@ -486,9 +488,22 @@ def gguf_tokenizer(header: GGUFHeader, d_vocab: int) -> Tokenizer:
     return GGUFVocabTokenizer(tokens, d_vocab, header.path)
 
 
-def _bpe(tokens: list[str], merges: list[Any]) -> Any:
+# The split regexes of the byte-level BPE tokenizers (their tokenizer.json pre_tokenizer), by
+# llama.cpp's ``tokenizer.ggml.pre`` name.
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_PRE_TOKENIZER_REGEX = {"llama-bpe": _LLAMA3_SPLIT, "llama3": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT}
+
+
+def _bpe(tokens: list[str], merges: list[Any], pre: Any = None) -> Any:
+    from tokenizers import Regex, decoders, models, pre_tokenizers
     from tokenizers import Tokenizer as RustTokenizer
-    from tokenizers import decoders, models, pre_tokenizers
 
     vocab = {t: i for i, t in reversed(list(enumerate(tokens)))}
     pairs = []
@@ -496,22 +511,38 @@ def _bpe(tokens: list[str], merges: list[Any]) -> Any:
         a, sep, b = str(m).partition(" ")
         if sep and a in vocab and b in vocab and a + b in vocab:
             pairs.append((a, b))
-    tok = RustTokenizer(models.BPE(vocab, pairs, ignore_merges=False))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok = RustTokenizer(models.BPE(vocab, pairs, ignore_merges=pre in _PRE_TOKENIZER_REGEX))
+    regex = _PRE_TOKENIZER_REGEX.get(pre) if isinstance(pre, str) else None
+    if regex is None:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
     tok.decoder = decoders.ByteLevel()
     return tok
 
 
 def _spm(tokens: list[str], scores: Any) -> Any:
+    """SentencePiece BPE as ``transformers``' LlamaConverter builds it: a merge for every split
+    of a piece into two pieces, ranked by the merged piece's score."""
     from tokenizers import Tokenizer as RustTokenizer
-    from tokenizers import models, normalizers
+    from tokenizers import decoders, models, normalizers
 
     if not isinstance(scores, list) or len(scores) != len(tokens):
         scores = [0.0] * len(tokens)
-    vocab = [(t, float(s) if isinstance(s, int | float) and math.isfinite(s) else 0.0) for t, s in zip(tokens, scores, strict=True)]
-    unk = next((i for i, t in enumerate(tokens) if t == "<unk>"), 0)
-    tok = RustTokenizer(models.Unigram(vocab, unk, byte_fallback=any(t.startswith("<0x") for t in tokens)))
+    vocab = {t: i for i, t in reversed(list(enumerate(tokens)))}
+    ranked = []
+    for piece, score in zip(tokens, scores, strict=True):
+        value = float(score) if isinstance(score, int | float) and math.isfinite(score) else 0.0
+        local = [(piece[:k], piece[k:]) for k in range(1, len(piece)) if piece[:k] in vocab and piece[k:] in vocab]
+        local.sort(key=lambda pair: (vocab[pair[0]], vocab[pair[1]]))
+        ranked += [(value, i, pair) for i, pair in enumerate(local)]
+    ranked.sort(key=lambda r: -r[0])  # stable: equal scores keep the order above
+    unk = tokens[0] if tokens[0] == "<unk>" else ("<unk>" if "<unk>" in vocab else None)
+    tok = RustTokenizer(models.BPE(vocab, [pair for _, _, pair in ranked], unk_token=unk, fuse_unk=True,
+                                   byte_fallback=any(t.startswith("<0x") for t in tokens)))
     tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
     return tok
-
-

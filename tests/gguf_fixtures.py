@@ -60,6 +60,7 @@ def write_gguf(
     tokenizer_model: str = "gpt2",
     scores: list[float] | None = None,
     extra_tensors: dict[str, np.ndarray] | None = None,
+    tokenizer_pre: str | None = None,
 ) -> Path:
     """Write ``model`` (a transformers Llama / Qwen2 / Phi-3) as a GGUF file at ``out``.
 
@@ -96,6 +97,8 @@ def write_gguf(
         w.add_value_length(head_dim)
     if tokens is not None:
         w.add_tokenizer_model(tokenizer_model)
+        if tokenizer_pre is not None:
+            w.add_tokenizer_pre(tokenizer_pre)
         w.add_token_list(tokens)
         if merges is not None:
             w.add_token_merges(merges)

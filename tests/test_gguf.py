@@ -250,6 +250,16 @@ def test_bpe_tokenizer_from_metadata(llama_pair, tmp_path: Path) -> None:
     assert m.run("ab ab").logits.shape == (1, 2, 96)
 
 
+@pytest.mark.parametrize(("pre", "ids"), [("llama-bpe", [8, 9]), (None, [6, 7, 5])])
+def test_bpe_split_regex_follows_tokenizer_pre(pre: str | None, ids: list[int], llama_pair, tmp_path: Path) -> None:
+    """Llama 3's split regex groups digits by three: "12345" is split "123" + "45" before the
+    merges (GPT-2's regex keeps it whole, and the merge "3 4" then wins)."""
+    tokens = ["<unk>", "1", "2", "3", "4", "5", "12", "34", "123", "45"] + [f"t{i}" for i in range(10, 96)]
+    merges = ["1 2", "3 4", "12 3", "4 5"]
+    path = write_gguf(llama_pair[1], tmp_path / "d.gguf", tokens=tokens, merges=merges, tokenizer_pre=pre)
+    assert open_model(path, raw=True).tokenizer.encode("12345") == ids
+
+
 def test_sentencepiece_tokenizer_from_metadata(llama_pair, tmp_path: Path) -> None:
     _, model = llama_pair
     tokens = ["<unk>", "<s>", "</s>", "▁", "a", "b", "▁a", "ab", "▁ab", "<0x0A>"] + [f"t{i}" for i in range(10, 96)]
@@ -257,6 +267,7 @@ def test_sentencepiece_tokenizer_from_metadata(llama_pair, tmp_path: Path) -> No
     path = write_gguf(model, tmp_path / "spm.gguf", tokens=tokens, scores=scores, tokenizer_model="llama")
     m = open_model(path, raw=True)
     assert m.tokenizer.encode("ab ab") == [8, 8]
+    assert m.tokenizer.encode("ab\n") == [8, 9]  # byte fallback for a character not in the vocabulary
     assert m.tokenizer.decode_token(8) == " ab"
     assert m.tokenizer.decode_token(9) == "<0x0A>"  # byte tokens shown as such
 
