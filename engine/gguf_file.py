@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import itertools
 import math
+import mmap
 import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from .errors import CorruptFileError
 
@@ -90,10 +91,11 @@ def is_gguf(path: str | os.PathLike[str]) -> bool:
 
 
 class _Cursor:
-    """Sequential reads that never run past the end of the file."""
+    """Sequential reads of a memory-mapped file that never run past its end (the header only is
+    touched; its pages are not kept resident after ``read_gguf_header`` returns)."""
 
-    def __init__(self, f: BinaryIO, path: str, size: int) -> None:
-        self.f, self.path, self.size, self.pos = f, path, size, 0
+    def __init__(self, buf: Any, path: str, size: int) -> None:
+        self.buf, self.path, self.size, self.pos = buf, path, size, 0
 
     def left(self) -> int:
         return self.size - self.pos
@@ -105,9 +107,7 @@ class _Cursor:
                 f"truncated GGUF file: {what} needs {n:,} bytes at offset {self.pos:,}, "
                 f"only {self.left():,} left",
             )
-        data = self.f.read(n)
-        if len(data) != n:
-            raise CorruptFileError(self.path, f"truncated GGUF file: cannot read {what}")
+        data = self.buf[self.pos : self.pos + n]
         self.pos += n
         return data
 
@@ -146,11 +146,14 @@ def read_gguf_header(path: str | os.PathLike[str]) -> GGUFHeader:
     """Parse and validate the header of the GGUF file at ``path`` (reads no tensor data)."""
     p = str(Path(path))
     try:
-        with open(p, "rb", buffering=1 << 20) as f:
+        with open(p, "rb") as f:
             size = os.fstat(f.fileno()).st_size
-            return _parse(_Cursor(f, p, size))
-    except OSError as e:
-        raise CorruptFileError(p, f"cannot read GGUF file: {e.strerror or e}") from None
+            if size == 0:
+                raise CorruptFileError(p, "not a GGUF file (wrong magic; expected 'GGUF'): the file is empty")
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                return _parse(_Cursor(mm, p, size))
+    except (OSError, ValueError) as e:
+        raise CorruptFileError(p, f"cannot read GGUF file: {getattr(e, 'strerror', None) or e}") from None
 
 
 def _parse(c: _Cursor) -> GGUFHeader:
@@ -194,7 +197,7 @@ def _value(c: _Cursor, value_type: int, key: str, depth: int) -> Any:
             return list(struct.unpack(f"<{n}{fmt[1]}", c.take(n * item, f"array {key!r}")))
         if item_type == _STRING:
             n = c.count(f"length of array {key!r}", MAX_ARRAY, 8)
-            return [c.string(f"item of {key!r}", strict=False) for _ in range(n)]
+            return _strings(c, n, key)
         if item_type == _ARRAY:
             n = c.count(f"length of array {key!r}", MAX_ARRAY, 12)
             return [_value(c, _ARRAY, key, depth + 1) for _ in range(n)]
@@ -202,6 +205,31 @@ def _value(c: _Cursor, value_type: int, key: str, depth: int) -> Any:
     if value_type == _ARRAY:
         raise CorruptFileError(c.path, f"bad GGUF header: arrays nested too deep in {key!r}")
     raise CorruptFileError(c.path, f"bad GGUF header: metadata {key!r} has unknown type {value_type}")
+
+
+_U64 = struct.Struct("<Q")
+
+
+def _strings(c: _Cursor, n: int, key: str) -> list[str]:
+    """``n`` strings (a vocabulary or merge list: up to ~10^6), read in one tight loop."""
+    buf, pos, size, unpack = c.buf, c.pos, c.size, _U64.unpack_from
+    out: list[str] = []
+    append = out.append
+    for i in range(n):
+        if pos + 8 > size:
+            c.pos = pos
+            c.take(8, f"length of item {i} of {key!r}")  # raises: truncated
+        (k,) = unpack(buf, pos)
+        pos += 8
+        if k > MAX_STRING or k > size - pos:
+            c.pos = pos
+            raise CorruptFileError(
+                c.path, f"truncated GGUF file: item {i} of {key!r} claims {k:,} bytes at offset {pos:,}"
+            )
+        append(buf[pos : pos + k].decode("utf-8", errors="replace"))
+        pos += k
+    c.pos = pos
+    return out
 
 
 def _alignment(c: _Cursor, metadata: dict[str, Any]) -> int:

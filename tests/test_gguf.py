@@ -321,6 +321,13 @@ HOSTILE: dict[str, tuple[bytes, str]] = {
     "absurd_kv_count": (gguf_bytes(n_kv=10**9), "metadata count"),
     "absurd_string": (gguf_bytes(kv=[("general.architecture", 8, _u64(1 << 62))]), "length of value"),
     "absurd_array": (gguf_bytes(kv=[("x", 9, struct.pack("<I", 4) + _u64(1 << 50))]), "length of array"),
+    "absurd_string_in_array": (
+        gguf_bytes(kv=[("tokenizer.ggml.tokens", 9, struct.pack("<I", 8) + _u64(2) + _u64(1 << 40) + b"\0" * 64)]),
+        "claims"),
+    "array_past_end": (
+        gguf_bytes(kv=[("tokenizer.ggml.tokens", 9, struct.pack("<I", 8) + _u64(5) + string_value("x" * 20) * 3)],
+                   alignment=1),
+        "truncated"),
     "unknown_value_type": (gguf_bytes(kv=[("x", 77, b"")]), "unknown type 77"),
     "unknown_tensor_type": (
         gguf_bytes(tensors=[("t", [32], 99, 0)], data=b"\0" * 128), "unknown ggml type 99"),
