@@ -482,3 +482,24 @@ def test_undecodable_token_strings_do_not_block_the_model(llama_pair, tmp_path: 
     path.write_bytes(blob[: at + 8] + b"\xe2\x82" + blob[at + 10 :])  # same length, invalid UTF-8
     m = open_model(path, raw=True)
     assert m.tokenizer.decode_token(1) == "\ufffd"
+
+
+def test_diff_against_the_original(llama_pair, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`headscope diff dir model.gguf`: an F32 file changes no head; Q4_0 changes every head a
+    little (circuits stay highly similar)."""
+    import json
+
+    from headscope.tui.cli import main
+
+    path, model = llama_pair
+    for qtype in ("F32", "Q4_0"):
+        gguf_path = write_gguf(model, tmp_path / f"m-{qtype}.gguf", qtype=qtype)
+        assert main(["diff", str(path), str(gguf_path), "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        rows = out["heads"] if isinstance(out, dict) else out
+        changes = [r["change"] for r in rows]
+        assert len(changes) == 8
+        if qtype == "F32":
+            assert max(changes) < 1e-5
+        else:
+            assert min(changes) > 1e-4 and min(r["qk_similarity"] for r in rows) > 0.9
