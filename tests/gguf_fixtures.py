@@ -61,6 +61,7 @@ def write_gguf(
     scores: list[float] | None = None,
     extra_tensors: dict[str, np.ndarray] | None = None,
     tokenizer_pre: str | None = None,
+    metadata: Callable[[Any], Any] | None = None,
 ) -> Path:
     """Write ``model`` (a transformers Llama / Qwen2 / Phi-3) as a GGUF file at ``out``.
 
@@ -90,6 +91,8 @@ def write_gguf(
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_rope_freq_base(rope.get("rope_theta", getattr(c, "rope_theta", 10000.0)))
     w.add_rope_dimension_count(int(head_dim * pct))
+    if metadata is not None:
+        metadata(w)  # extra keys, e.g. RoPE scaling
     if arch == "phi3" and getattr(c, "sliding_window", None):
         w.add_sliding_window(c.sliding_window)
     if head_dim != c.hidden_size // n_heads:

@@ -503,3 +503,18 @@ def test_diff_against_the_original(llama_pair, tmp_path: Path, capsys: pytest.Ca
             assert max(changes) < 1e-5
         else:
             assert min(changes) > 1e-4 and min(r["qk_similarity"] for r in rows) > 0.9
+
+
+def test_linear_rope_scaling_from_metadata(tmp_path: Path) -> None:
+    """`llama.rope.scaling.type = linear` and its factor reach the forward pass."""
+    import gguf
+
+    from tests.test_forward_parity import _rope_variant
+
+    model = _rope_variant("llama_linear")  # factor 4
+    model.save_pretrained(tmp_path / "ref", safe_serialization=True)
+    path = write_gguf(model, tmp_path / "m.gguf",
+                      metadata=lambda w: (w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR),
+                                          w.add_rope_scaling_factor(4.0)))
+    assert open_model(path, raw=True).cfg.extra["rope_type"] == "linear"
+    _assert_same_model(tmp_path / "ref", path)
