@@ -202,9 +202,12 @@ def llama3_rope(header: GGUFHeader, base: Any, dim: Any) -> dict[str, Any]:
         raise ConfigError(header.path, f"tensor {ROPE_FREQS!r} is not {dim}/2 float32 RoPE divisors")
     if isinstance(base, bool) or not isinstance(base, int | float) or not base > 0:
         raise ConfigError(header.path, f"bad RoPE base {base!r}")
-    with open(header.path, "rb") as f:
-        f.seek(info.offset)
-        stored = np.frombuffer(f.read(info.nbytes), dtype="<f4").astype(np.float64)
+    try:
+        with open(header.path, "rb") as f:
+            f.seek(info.offset)
+            stored = np.frombuffer(f.read(info.nbytes), dtype="<f4").astype(np.float64)
+    except OSError as e:
+        raise CorruptFileError(header.path, f"cannot read {ROPE_FREQS!r}: {e.strerror or e}") from None
     if stored.shape[0] != info.shape[0] or not np.isfinite(stored).all() or (stored <= 0).any():
         raise ConfigError(header.path, f"tensor {ROPE_FREQS!r} holds invalid RoPE divisors")
     factor = float(stored.max())
@@ -237,6 +240,19 @@ def virtual_tensors(header: GGUFHeader, hf_names: Mapping[str, str]) -> dict[str
         t = header.tensors[g]
         out[hf] = TensorInfo(hf, "F32", t.shape, 0, t.numel * 4)
     return out
+
+
+def check_all_used(header: GGUFHeader, used: Mapping[str, str]) -> None:
+    """Every tensor of the file is one the model reads (or ``rope_freqs``): a tensor we do not
+    understand may change the computation, so it is refused, never ignored."""
+    extra = sorted(set(header.tensors) - set(used.values()) - {ROPE_FREQS})
+    if extra:
+        more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
+        raise ConfigError(
+            header.path,
+            f"tensor {extra[0]!r}{more} is not part of the {header.get('general.architecture')} "
+            "architecture as headscope reads it; not supported",
+        )
 
 
 def check_types(header: GGUFHeader, used: Mapping[str, str]) -> None:

@@ -287,6 +287,7 @@ def _open_gguf(p: Path) -> Checkpoint:
     cfg, specs = module.adapt(config, arch_name, set(tensors), str(p))
     check_specs(specs, tensors, lambda t: str(p), cfg.architecture)
     used = {t: hf_names[t] for t in adapters.spec_tensors(specs)}
+    g.check_all_used(header, used)
     g.check_types(header, used)
     cfg = cfg.replace(n_params=count_params(specs, tensors), dtype=g.main_dtype(header, used))
     validate_config(cfg, str(p))

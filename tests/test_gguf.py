@@ -518,3 +518,12 @@ def test_linear_rope_scaling_from_metadata(tmp_path: Path) -> None:
                                           w.add_rope_scaling_factor(4.0)))
     assert open_model(path, raw=True).cfg.extra["rope_type"] == "linear"
     _assert_same_model(tmp_path / "ref", path)
+
+
+def test_tensors_headscope_does_not_understand_are_refused(llama_pair, tmp_path: Path) -> None:
+    """A tensor outside the architecture (here a per-head query norm) could change the
+    computation: refused with its name, never silently ignored."""
+    path = write_gguf(llama_pair[1], tmp_path / "m.gguf",
+                      extra_tensors={"blk.0.attn_q_norm.weight": np.ones(8, dtype=np.float32)})
+    with pytest.raises(ConfigError, match="attn_q_norm"):
+        read_structure(path)
