@@ -302,3 +302,21 @@ def test_cli_info_heads_and_composition(family: tuple[str, Any, Any], capsys: py
     assert len(rows) == 2 * 4 and all(r["layer"] in (0, 1) for r in rows)
     assert main(["composition", str(path), "--kind", "k", "--json"]) == 0
     assert capsys.readouterr().out.strip()
+
+
+def test_native_round_trip(family: tuple[str, Any, Any], tmp_path) -> None:
+    """save_native of the processed model reopens with the same logits (post-LN OPT has no
+    TransformerLens equivalent and is refused with a reason)."""
+    from headscope.engine.errors import InvalidRequestError
+    from headscope.engine.loading import open_model
+    from headscope.engine.tl_compat import save_native
+
+    name, path, _ = family
+    m = open_model(path)
+    if m.cfg.post_ln:
+        with pytest.raises(InvalidRequestError, match="post-LN"):
+            save_native(m.weights, tmp_path / "native")
+        return
+    save_native(m.weights, tmp_path / "native")
+    again = open_model(tmp_path / "native")
+    _assert_close(run(again.weights, SEQS).logits, run(m.weights, SEQS).logits, f"{name} native round trip")
