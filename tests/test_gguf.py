@@ -527,3 +527,15 @@ def test_tensors_headscope_does_not_understand_are_refused(llama_pair, tmp_path:
                       extra_tensors={"blk.0.attn_q_norm.weight": np.ones(8, dtype=np.float32)})
     with pytest.raises(ConfigError, match="attn_q_norm"):
         read_structure(path)
+
+
+@pytest.mark.parametrize("case", ["truncated_header", "absurd_tensor_count", "unknown_tensor_type"])
+def test_cli_on_hostile_gguf_prints_one_line(case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from headscope.tui.cli import EXIT_MODEL_ERROR, main
+
+    path = tmp_path / f"{case}.gguf"
+    path.write_bytes(HOSTILE[case][0])
+    for command in ("info", "heads"):
+        assert main([command, str(path)]) == EXIT_MODEL_ERROR
+        out, err = capsys.readouterr()
+        assert out == "" and err.count("\n") == 1 and str(path) in err, err
