@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import CorruptFileError
+from .errors import CorruptFileError, UnsupportedFormatError
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
@@ -176,7 +176,12 @@ def _parse(c: _Cursor) -> GGUFHeader:
         value_type = c.u32(f"type of {key!r}")
         metadata[key] = _value(c, value_type, key, depth=0)
     alignment = _alignment(c, metadata)
-    sizes = quant_sizes()
+    try:
+        sizes = quant_sizes()
+    except ImportError:
+        raise UnsupportedFormatError(
+            c.path, "reading GGUF files needs llama.cpp's gguf package: pip install gguf"
+        ) from None
     infos = [_tensor_info(c, i, sizes) for i in range(n_tensors)]
     data_start = -(-c.pos // alignment) * alignment
     tensors = _place(c, infos, data_start, alignment)

@@ -539,3 +539,14 @@ def test_cli_on_hostile_gguf_prints_one_line(case: str, tmp_path: Path, capsys: 
         assert main([command, str(path)]) == EXIT_MODEL_ERROR
         out, err = capsys.readouterr()
         assert out == "" and err.count("\n") == 1 and str(path) in err, err
+
+
+def test_missing_gguf_package_is_a_typed_error(llama_pair, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from headscope.engine.errors import UnsupportedFormatError
+
+    path = write_gguf(llama_pair[1], tmp_path / "m.gguf")
+    monkeypatch.setitem(sys.modules, "gguf.constants", None)  # import fails as if not installed
+    with pytest.raises(UnsupportedFormatError, match="pip install gguf"):
+        read_structure(path)
