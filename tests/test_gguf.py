@@ -93,6 +93,25 @@ def test_f32_gguf_is_exactly_the_original(family: str, request: pytest.FixtureRe
     _assert_same_model(path, gguf, tol=1e-6)
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen2", "phi3"])
+def test_transformers_own_gguf_reader_agrees_with_the_test_files(family: str, request: pytest.FixtureRequest,
+                                                                 tmp_path: Path) -> None:
+    """The GGUF files these tests write are what llama.cpp's layout means to an independent
+    reader too: transformers' GGUF loader (its own name map and reverse Q/K permutation) gets
+    the original weights back. So the comparisons above cannot pass on a permutation that is
+    wrong in the same way in the test writer and in headscope."""
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    _, model = request.getfixturevalue(f"{family}_pair")
+    path = write_gguf(model, tmp_path / "m.gguf")
+    theirs = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
+    ours = model.state_dict()
+    assert "model.layers.0.self_attn.k_proj.weight" in theirs or family == "phi3"
+    for name, t in theirs.items():
+        assert torch.equal(torch.as_tensor(t), ours[name]), name
+    assert set(ours) - set(theirs) <= {"lm_head.weight"}  # tied: the file has no copy
+
+
 def test_llama_qk_permutation_is_really_undone(llama_pair, tmp_path: Path) -> None:
     """The stored rows are permuted (so the test means something) and the reader undoes it:
     reading the file without the inverse permutation gives other patterns."""
