@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Family = Literal["native", "gpt2", "neox", "llama", "qwen2", "bert",
-                 "gemma", "gemma2", "gemma3", "qwen3", "olmo2", "gpt_neo", "mixtral"]
+                 "gemma", "gemma2", "gemma3", "qwen3", "olmo2", "gpt_neo", "mixtral",
+                 "phi3", "phi", "gptj", "opt"]
 Positional = Literal["learned", "rotary", "none"]
 # "LNPre"/"RMSPre": the normalisation without its (folded-away) gain and bias.
 Normalization = Literal["LN", "LNPre", "RMS", "RMSPre"] | None

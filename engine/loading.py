@@ -12,7 +12,8 @@ Accepted inputs (README.md, "Supported checkpoints"):
   BERT);
 - a directory (or a single ``.safetensors`` file) in headscope's native layout: config in
   the ``headscope_config`` metadata key or a ``headscope.json`` beside the weights;
-- a ``.safetensors`` file with a ``config.json`` beside it.
+- a ``.safetensors`` file with a ``config.json`` beside it;
+- a llama.cpp ``.gguf`` file (Llama, Qwen2, Phi-3, Gemma architectures; engine.gguf_model).
 
 Refused with ``UnsafeFormatError``: pickle files (``.bin .pt .pth .ckpt .pkl``), configs
 that need remote code, and hub names (nothing is ever downloaded).
@@ -42,6 +43,7 @@ from .errors import (
     UnsafePathError,
     UnsupportedFormatError,
 )
+from .gguf_file import is_gguf, read_gguf_header
 from .safetensors_header import SafetensorsHeader, TensorInfo, read_header
 from .tokenizer import IdTokenizer, Tokenizer, load_tokenizer
 from .weights import CheckpointWeights, WeightSource
@@ -49,6 +51,7 @@ from .weights import CheckpointWeights, WeightSource
 if TYPE_CHECKING:
     from .factored import FactoredMatrix
     from .forward import ForwardResult
+    from .gguf_model import GGUFSource
     from .scores import CompositionScores
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
@@ -75,11 +78,12 @@ class Checkpoint:
 
     path: Path  # what was opened (directory or file)
     directory: Path  # where weights, config and tokenizer live
-    format: str  # "native" | "hf"
+    format: str  # "native" | "hf" | "gguf"
     cfg: ModelConfig  # as stored (n_params and dtype from the headers)
     specs: SpecMap
     files: dict[str, str]  # checkpoint tensor name -> file holding it
     headers: dict[str, SafetensorsHeader] = field(repr=False)
+    gguf: GGUFSource | None = field(default=None, repr=False)  # GGUF files: where tensors come from
 
 
 def inspect_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
@@ -187,10 +191,10 @@ class Model:
 
 def open_model(path: str | os.PathLike[str], raw: bool = False) -> Model:
     ckpt = inspect_checkpoint(path)
-    raw_weights = CheckpointWeights(ckpt.cfg, ckpt.specs, ckpt.files, path=str(ckpt.path))
+    raw_weights = _raw_weights(ckpt)
     warnings: list[str] = []
     try:
-        tokenizer = load_tokenizer(ckpt.directory, ckpt.cfg.d_vocab, ckpt.cfg.family)
+        tokenizer = _tokenizer(ckpt)
     except CorruptFileError as e:
         # A broken tokenizer must not hide the weights: fall back to ids, say so.
         warnings.append(str(e) + " (showing token ids instead)")
@@ -209,6 +213,22 @@ def open_model(path: str | os.PathLike[str], raw: bool = False) -> Model:
         warnings=tuple(warnings),
         _processed=processed,
     )
+
+
+def _raw_weights(ckpt: Checkpoint) -> CheckpointWeights:
+    if ckpt.gguf is not None:
+        from .gguf_model import GGUFWeights
+
+        return GGUFWeights(ckpt.cfg, ckpt.specs, ckpt.gguf, path=str(ckpt.path))
+    return CheckpointWeights(ckpt.cfg, ckpt.specs, ckpt.files, path=str(ckpt.path))
+
+
+def _tokenizer(ckpt: Checkpoint) -> Tokenizer:
+    if ckpt.gguf is not None:
+        from .gguf_model import gguf_tokenizer
+
+        return gguf_tokenizer(ckpt.gguf.header, ckpt.cfg.d_vocab)
+    return load_tokenizer(ckpt.directory, ckpt.cfg.d_vocab, ckpt.cfg.family)
 
 
 def _process(raw: CheckpointWeights) -> WeightSource:
@@ -242,16 +262,39 @@ def _open_file(p: Path) -> Checkpoint:
         )
     if name in ("config.json", native_adapter.CONFIG_FILE, INDEX_FILE):
         return _open_directory(p.parent, p.parent)
+    if name.endswith(".gguf") or is_gguf(p):
+        return _open_gguf(p)
     if not name.endswith(".safetensors"):
         raise UnsupportedFormatError(
             p,
-            "not a checkpoint headscope can read (expected a .safetensors file or a model directory)",
+            "not a checkpoint headscope can read (expected a .safetensors or .gguf file or a model directory)",
         )
     directory = p.parent
     header = read_header(p)
     headers = {str(p): header}
     files = {t: str(p) for t in header.tensors}
     return _build(p, directory, headers, files, main=str(p))
+
+
+def _open_gguf(p: Path) -> Checkpoint:
+    """A llama.cpp GGUF file, through the HF adapter of its family (engine.gguf_model)."""
+    from . import gguf_model as g
+
+    header = read_gguf_header(p)
+    name, arch = g.arch_of(header)
+    hf_names = g.hf_tensor_names(header, arch)
+    config = g.hf_config(header, name, arch, hf_names)
+    arch_name, module = adapters.adapter_for(config, str(p))
+    tensors = g.virtual_tensors(header, hf_names)
+    cfg, specs = module.adapt(config, arch_name, set(tensors), str(p))
+    check_specs(specs, tensors, lambda t: str(p), cfg.architecture)
+    used = {t: hf_names[t] for t in adapters.spec_tensors(specs)}
+    g.check_all_used(header, used)
+    g.check_types(header, used)
+    cfg = cfg.replace(n_params=count_params(specs, tensors), dtype=g.main_dtype(header, used))
+    validate_config(cfg, str(p))
+    source = g.GGUFSource(header, used, arch, cfg)
+    return Checkpoint(p, p.parent, "gguf", cfg, specs, {}, {}, gguf=source)
 
 
 def _open_directory(p: Path, shown: Path) -> Checkpoint:

@@ -73,8 +73,9 @@ def _unexpanded(w: WeightSource, name: str) -> tuple[str, torch.Tensor]:
 
 def _check_decoder(cfg: ModelConfig) -> None:
     if cfg.post_ln or not cfg.causal:
+        kind = "an encoder" if not cfg.causal else "post-LN (a norm after each residual add)"
         raise InvalidRequestError(
-            None, f"{cfg.architecture} is an encoder; TransformerLens' HookedTransformer has no equivalent"
+            None, f"{cfg.architecture} is {kind}; TransformerLens' HookedTransformer has no equivalent"
         )
     if cfg.positional not in _TO_TL_POS:
         raise InvalidRequestError(None, f"positional embedding {cfg.positional!r} has no TransformerLens equivalent")

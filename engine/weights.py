@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from .adapters import Heads, Spec, Whole, Zeros
+from .adapters import Heads, Rows, Spec, Whole, Zeros
 from .cache import ByteLRU
 from .config import ModelConfig
 from .errors import CorruptFileError, IndexOutOfRangeError, MissingTensorError
@@ -112,6 +112,15 @@ def _affine(t: torch.Tensor, spec: Whole) -> torch.Tensor:
     return t
 
 
+def _deinterleaved(block: torch.Tensor, r: int) -> torch.Tensor:
+    """The last axis (a head's dims) with its first ``r`` reordered from interleaved rotary pairs
+    ``(2i, 2i+1)`` to rotate-half pairs ``(i, i + r/2)``: evens, then odds, then the rest."""
+    import torch
+
+    order = torch.cat([torch.arange(0, r, 2), torch.arange(1, r, 2), torch.arange(r, block.shape[-1])])
+    return block[..., order]
+
+
 def _kv_name(name: str) -> str:
     """``blocks.0.attn.W_K`` -> ``blocks.0.attn._W_K`` (the un-expanded GQA tensor)."""
     prefix, _, last = name.rpartition(".")
@@ -190,6 +199,8 @@ class CheckpointWeights:
             return torch.zeros(spec.shape)
         # Rearranged in the stored dtype and upcast in the same pass (upcasting is exact, so
         # the order does not matter): no float32 copy of the tensor in its stored layout.
+        if isinstance(spec, Rows):
+            return self._build_rows(spec)
         if isinstance(spec, Whole):
             if not spec.transpose:
                 return _affine(self._read(spec.tensor, None).contiguous(), spec)
@@ -204,6 +215,12 @@ class CheckpointWeights:
         if spec.kv and stored != self.cfg.n_heads:
             heads = torch.repeat_interleave(heads, self.cfg.n_heads // stored, dim=0)
         return heads.contiguous()
+
+    def _build_rows(self, spec: Rows) -> torch.Tensor:
+        """Part of a fused tensor: only its rows are read."""
+        index = (slice(spec.offset, spec.offset + spec.size), *([slice(None)] * (len(spec.shape) - 1)))
+        t = self._read(spec.tensor, index)
+        return (t.T if spec.transpose else t).contiguous()
 
     def _build_head(self, name: str, head: int) -> torch.Tensor:
         import torch
@@ -223,7 +240,8 @@ class CheckpointWeights:
     def _cut(spec: Heads, block: torch.Tensor) -> torch.Tensor:
         if spec.squeeze:
             block = block.squeeze(spec.axis)
-        return block.transpose(-2, -1) if spec.transpose else block
+        block = block.transpose(-2, -1) if spec.transpose else block
+        return _deinterleaved(block, spec.deinterleave) if spec.deinterleave else block
 
     def _read(self, tensor: str, index: tuple[slice, ...] | None, upcast: bool = True) -> torch.Tensor:
         """One tensor (or a slice of it) from disk, as float32 in memory of its own (in its

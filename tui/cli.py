@@ -75,10 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     def model_arg(p: argparse.ArgumentParser, optional: bool = False) -> None:
         if optional:
-            p.add_argument("path", nargs="?", help="model directory or .safetensors file "
+            p.add_argument("path", nargs="?", help="model directory, .safetensors or .gguf file "
                            "(default: the bundled attn-only-2l)")
         else:
-            p.add_argument("path", help="model directory or .safetensors file")
+            p.add_argument("path", help="model directory, .safetensors or .gguf file")
 
     def processing_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--raw", action="store_true",

@@ -63,6 +63,19 @@ class Heads:
     transpose: bool = False
     kv: bool = False
     squeeze: bool = False
+    # GPT-J's interleaved rotary pairs dims (2i, 2i+1) of the first ``deinterleave`` dims; the
+    # canonical (rotate-half) layout pairs (i, i + r/2). Reordering Q and K alike leaves every
+    # score q·k unchanged (docs/math.md, "Rotary layouts").
+    deinterleave: int = 0
+
+
+@dataclass(frozen=True)
+class Rows(Whole):
+    """Rows ``[offset, offset + size)`` of the checkpoint tensor ``tensor`` (then transposed if
+    asked): one part of a fused tensor, e.g. the gate half of Phi-3's ``gate_up_proj``."""
+
+    offset: int = 0
+    size: int = 0
 
 
 @dataclass(frozen=True)
@@ -351,6 +364,9 @@ def _registry() -> dict[str, ModuleType]:
         for arch in module.ARCHITECTURES:
             table[arch] = module
     table.update(_more_families())
+    for module in _phi_gptj_opt():
+        for arch in module.ARCHITECTURES:
+            table[arch] = module
     return table
 
 
@@ -359,6 +375,13 @@ def _more_families() -> dict[str, ModuleType]:
     from . import gemma, gpt_neo, mixtral, qwen3
 
     return {arch: module for module in (gemma, qwen3, gpt_neo, mixtral) for arch in module.ARCHITECTURES}
+
+
+def _phi_gptj_opt() -> tuple[ModuleType, ...]:
+    """Adapters of the Phi-3 / Phi / GPT-J / OPT families."""
+    from . import gptj, opt, phi, phi3
+
+    return (phi3, phi, gptj, opt)
 
 
 def supported_architectures() -> list[str]:

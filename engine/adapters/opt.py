@@ -1,0 +1,119 @@
+"""OPT (``OPTForCausalLM`` / ``OPTModel``).
+
+Learned positions with an offset: ``embed_positions`` has ``max_position_embeddings + 2``
+rows and position ``p`` of an unpadded prompt reads row ``p + 2``, so the canonical ``W_pos``
+is rows ``[2, 2 + n_ctx)`` (a ``Rows`` spec). Attention has biases on ``q/k/v/out_proj``;
+the MLP is ``fc2(relu(fc1(x)))`` with biases; the LM head is tied to the embeddings.
+
+``do_layer_norm_before`` chooses the block: pre-LN (most OPT models:
+``x + attn(LN1(x))``, then ``x + mlp(LN2(x))``, and a final LayerNorm) or post-LN
+(opt-350m: ``LN1(x + attn(x))``, ``LN2(x + mlp(x))``, no final LayerNorm), the latter computed
+and processed like BERT's post-LN blocks (``cfg.post_ln``) but causal. Checkpoints that project
+embeddings to another width (``word_embed_proj_dim != hidden_size``: ``project_in/out``) are
+refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..config import ModelConfig
+from ..errors import ConfigError
+from . import (
+    Rows,
+    SpecMap,
+    Whole,
+    Zeros,
+    checked,
+    divide_heads,
+    first_prefix,
+    get_key,
+    linear,
+    linear_bias_heads,
+    linear_heads,
+    linear_out_heads,
+    optional_bool,
+    require_int,
+    vec,
+)
+
+ARCHITECTURES = ("OPTForCausalLM", "OPTModel")
+MODEL_TYPES = ("opt",)
+POSITION_OFFSET = 2  # OPTLearnedPositionalEmbedding.offset
+
+
+def adapt(
+    config: Mapping[str, Any], arch: str, names: set[str], path: str | None
+) -> tuple[ModelConfig, SpecMap]:
+    d_model = require_int(config, path, "hidden_size")
+    proj = get_key(config, "word_embed_proj_dim", default=d_model)
+    if proj != d_model:
+        raise ConfigError(
+            path, f"word_embed_proj_dim {proj!r} != hidden_size {d_model} (project_in/out) is not supported"
+        )
+    if not optional_bool(config, path, "layer_norm_elementwise_affine", True):
+        raise ConfigError(path, "layer_norm_elementwise_affine=false is not supported")
+    pre_ln = optional_bool(config, path, "do_layer_norm_before", True)
+    if pre_ln and optional_bool(config, path, "_remove_final_layer_norm", False):
+        raise ConfigError(path, "_remove_final_layer_norm=true is not supported")
+    n_heads = require_int(config, path, "num_attention_heads")
+    prefix = first_prefix(names, ("model.decoder.", "decoder.", ""), "embed_tokens.weight")
+    tied = "lm_head.weight" not in names
+    cfg = ModelConfig(
+        family="opt",
+        architecture=arch,
+        n_layers=require_int(config, path, "num_hidden_layers"),
+        n_heads=n_heads,
+        d_model=d_model,
+        d_head=divide_heads(path, d_model, n_heads),
+        d_vocab=require_int(config, path, "vocab_size"),
+        n_ctx=require_int(config, path, "max_position_embeddings"),
+        d_mlp=require_int(config, path, "ffn_dim"),
+        act_fn=get_key(config, "activation_function", default="relu"),
+        normalization="LN",
+        norm_eps=1e-5,  # nn.LayerNorm's default: OPT's config has no epsilon
+        positional="learned",
+        post_ln=not pre_ln,
+        tied_unembed=tied,
+    )
+    checked(cfg, names, path)
+    bias = optional_bool(config, path, "enable_bias", True)
+    return cfg, specs(cfg, prefix or "model.decoder.", tied, bias)
+
+
+def specs(cfg: ModelConfig, p: str, tied: bool, bias: bool) -> SpecMap:
+    dm, dh, n = cfg.d_model, cfg.d_head, cfg.n_heads
+    mlp = cfg.d_mlp or 4 * dm
+    out: SpecMap = {
+        "embed.W_E": Whole(f"{p}embed_tokens.weight", (cfg.d_vocab, dm)),
+        "pos_embed.W_pos": Rows(
+            f"{p}embed_positions.weight", (cfg.n_ctx + POSITION_OFFSET, dm),
+            offset=POSITION_OFFSET, size=cfg.n_ctx,
+        ),
+        "unembed.W_U": Whole(f"{p}embed_tokens.weight", (cfg.d_vocab, dm), transpose=True)
+        if tied
+        else Whole("lm_head.weight", (cfg.d_vocab, dm), transpose=True),
+        "unembed.b_U": Zeros((cfg.d_vocab,)),
+    }
+    if not cfg.post_ln:
+        out["ln_final.w"] = vec(f"{p}final_layer_norm.weight", dm)
+        out["ln_final.b"] = vec(f"{p}final_layer_norm.bias", dm)
+    for layer in range(cfg.n_layers):
+        b, a = f"{p}layers.{layer}.", f"blocks.{layer}."
+        for x, proj in (("Q", "q_proj"), ("K", "k_proj"), ("V", "v_proj")):
+            out[f"{a}attn.W_{x}"] = linear_heads(f"{b}self_attn.{proj}.weight", cfg, n)
+            out[f"{a}attn.b_{x}"] = (
+                linear_bias_heads(f"{b}self_attn.{proj}.bias", cfg, n) if bias else Zeros((n, dh))
+            )
+        out[f"{a}attn.W_O"] = linear_out_heads(f"{b}self_attn.out_proj.weight", cfg)
+        out[f"{a}attn.b_O"] = vec(f"{b}self_attn.out_proj.bias", dm) if bias else Zeros((dm,))
+        out[f"{a}ln1.w"] = vec(f"{b}self_attn_layer_norm.weight", dm)
+        out[f"{a}ln1.b"] = vec(f"{b}self_attn_layer_norm.bias", dm)
+        out[f"{a}ln2.w"] = vec(f"{b}final_layer_norm.weight", dm)
+        out[f"{a}ln2.b"] = vec(f"{b}final_layer_norm.bias", dm)
+        out[f"{a}mlp.W_in"] = linear(f"{b}fc1.weight", dm, mlp)
+        out[f"{a}mlp.b_in"] = vec(f"{b}fc1.bias", mlp) if bias else Zeros((mlp,))
+        out[f"{a}mlp.W_out"] = linear(f"{b}fc2.weight", mlp, dm)
+        out[f"{a}mlp.b_out"] = vec(f"{b}fc2.bias", dm) if bias else Zeros((dm,))
+    return out

@@ -1,0 +1,571 @@
+"""llama.cpp GGUF files: the tiny HF checkpoints converted to GGUF (tests/gguf_fixtures.py, with
+llama.cpp's tensor names, metadata keys, Q/K permutation and quantisers) must give the same
+model as the safetensors original through the engine:
+
+- F32: exactly the same canonical tensors, logits and patterns, raw and processed;
+- F16, BF16, Q8_0, Q4_0 (quantised by ``gguf.quants.quantize``): every weight within the
+  type's rounding bound of the original (see ``BOUNDS``), and the forward pass equal to that of
+  a safetensors checkpoint holding the dequantised weights;
+- Q4_K, Q6_K (which ``gguf.quants`` cannot quantise): valid random blocks, whose dequantised
+  values go into the HF model, so the GGUF file and the safetensors checkpoint hold the same
+  numbers and must agree to float rounding.
+
+Then the tokenizer from the metadata, and hostile files: one typed one-line error naming the file.
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from headscope.engine.errors import ConfigError, CorruptFileError, UnknownArchitectureError
+from headscope.engine.forward import run
+from headscope.engine.loading import open_model, read_structure
+from tests.gguf_fixtures import (
+    gguf_bytes,
+    k_quant_blocks,
+    llama3_rope_freqs,
+    permute,
+    string_value,
+    write_gguf,
+)
+from tests.hf_fixtures import build_llama, build_qwen2, randomize_
+from tests.hf_fixtures_phi import build_phi3
+from tests.test_forward_parity import SEQS
+
+EXACT = 1e-5  # same float32 numbers through the same code: only summation order may differ
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    assert a.shape == b.shape
+    return (a - b).abs().max().item()
+
+
+def _assert_same_model(a: Path, b: Path, tol: float = EXACT) -> None:
+    """Logits and patterns of the two checkpoints agree, raw and processed."""
+    for raw in (True, False):
+        ra = run(open_model(a, raw=raw).weights, SEQS)
+        rb = run(open_model(b, raw=raw).weights, SEQS)
+        assert _max_diff(ra.patterns, rb.patterns) < tol, f"patterns differ (raw={raw})"
+        assert _max_diff(ra.logits, rb.logits) < tol, f"logits differ (raw={raw})"
+
+
+@pytest.fixture(scope="module")
+def llama_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    return build_llama(tmp_path_factory.mktemp("llama"))
+
+
+@pytest.fixture(scope="module")
+def qwen2_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    return build_qwen2(tmp_path_factory.mktemp("qwen2"))
+
+
+# --- F32: exact ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def phi3_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """Partial rotary and a sliding window (5) shorter than the test prompts."""
+    return build_phi3(tmp_path_factory.mktemp("phi3"), partial_rotary_factor=0.5, sliding_window=5)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "phi3"])
+def test_f32_gguf_is_exactly_the_original(family: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    path, model = request.getfixturevalue(f"{family}_pair")
+    gguf = write_gguf(model, tmp_path / "model.gguf")
+    a, b = open_model(path, raw=True), open_model(gguf, raw=True)
+    assert b.checkpoint.format == "gguf" and b.cfg.family == a.cfg.family
+    assert (b.cfg.n_heads, b.cfg.kv_heads, b.cfg.d_head, b.cfg.tied_unembed) == (
+        a.cfg.n_heads, a.cfg.kv_heads, a.cfg.d_head, a.cfg.tied_unembed)
+    for name in a.checkpoint.specs:
+        assert b.weights.has(name), name
+        assert torch.equal(a.weights.get(name), b.weights.get(name)), name
+    for layer, head in ((0, 0), (1, 3)):  # per-head reads (row slices of permuted tensors)
+        for name in ("W_Q", "W_K", "W_V", "b_Q", "W_O"):
+            key = f"blocks.{layer}.attn.{name}"
+            assert torch.equal(a.weights.get_head(key, head), b.weights.get_head(key, head)), key
+    assert b.cfg.extra.get("sliding_window") == a.cfg.extra.get("sliding_window")
+    _assert_same_model(path, gguf, tol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "phi3"])
+def test_transformers_own_gguf_reader_agrees_with_the_test_files(family: str, request: pytest.FixtureRequest,
+                                                                 tmp_path: Path) -> None:
+    """The GGUF files these tests write are what llama.cpp's layout means to an independent
+    reader too: transformers' GGUF loader (its own name map and reverse Q/K permutation) gets
+    the original weights back. So the comparisons above cannot pass on a permutation that is
+    wrong in the same way in the test writer and in headscope."""
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    _, model = request.getfixturevalue(f"{family}_pair")
+    path = write_gguf(model, tmp_path / "m.gguf")
+    theirs = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
+    ours = model.state_dict()
+    assert "model.layers.0.self_attn.k_proj.weight" in theirs or family == "phi3"
+    for name, t in theirs.items():
+        assert torch.equal(torch.as_tensor(t), ours[name]), name
+    assert set(ours) - set(theirs) <= {"lm_head.weight"}  # tied: the file has no copy
+
+
+def test_llama_qk_permutation_is_really_undone(llama_pair, tmp_path: Path) -> None:
+    """The stored rows are permuted (so the test means something) and the reader undoes it:
+    reading the file without the inverse permutation gives other patterns."""
+    from headscope.engine import gguf_model
+
+    _path, model = llama_pair
+    gguf = write_gguf(model, tmp_path / "model.gguf")
+    q = model.state_dict()["model.layers.0.self_attn.q_proj.weight"].numpy()
+    assert not np.array_equal(permute(q, 4), q)
+    src = open_model(gguf, raw=True).checkpoint.gguf
+    stored = src._dequantised(src.header.tensors["blk.0.attn_q.weight"], "blk.0.attn_q.weight", 0, 32)
+    assert np.array_equal(stored, permute(q, 4))
+    assert np.array_equal(gguf_model._unpermute(stored, 4), q)
+
+    good = run(open_model(gguf, raw=True).weights, SEQS).patterns
+    m = open_model(gguf, raw=True)
+    m.checkpoint.gguf.arch = gguf_model.GGUFArch("LlamaForCausalLM", "llama", "silu", permuted_qk=False)
+    assert _max_diff(run(m.weights, SEQS).patterns, good) > 1e-2
+
+
+def test_gemma_gguf_norm_offset_is_undone(tmp_path: Path) -> None:
+    """Gemma files store norm gains as 1 + w (llama.cpp's RMSNorm multiplies by the gain): the
+    reader subtracts it again. The whole model is compared where the gemma family is supported."""
+    from transformers import GemmaConfig, GemmaForCausalLM
+
+    from headscope.engine import gguf_model
+    from headscope.engine.adapters import supported_architectures
+    from headscope.engine.gguf_file import read_gguf_header
+
+    cfg = GemmaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                      max_position_embeddings=48, rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh")
+    model = randomize_(GemmaForCausalLM(cfg), seed=13)
+    model.save_pretrained(tmp_path / "ref", safe_serialization=True)
+    path = write_gguf(model, tmp_path / "g.gguf")
+    header = read_gguf_header(path)
+    name, arch = gguf_model.arch_of(header)
+    hf_names = gguf_model.hf_tensor_names(header, arch)
+    config = gguf_model.hf_config(header, name, arch, hf_names)
+    assert (config["model_type"], config["head_dim"], config["tie_word_embeddings"]) == ("gemma", 16, True)
+    src = gguf_model.GGUFSource(header, hf_names, arch, open_model(build_llama(tmp_path / "l")[0]).raw_cfg)
+    sd = model.state_dict()
+    for hf in ("model.norm.weight", "model.layers.1.input_layernorm.weight", "model.layers.0.self_attn.q_proj.weight"):
+        # (w + 1) - 1 in float32 is w up to half an ulp of numbers in [1, 2): 2^-24 each way.
+        assert _max_diff(src.read(hf), sd[hf]) <= 2.0**-23, hf
+    if "GemmaForCausalLM" not in supported_architectures():
+        pytest.skip("the gemma family is not supported in this checkout: tensors checked, not the model")
+    _assert_same_model(tmp_path / "ref", path)
+
+
+# --- quantised types ---------------------------------------------------------------------------
+
+# Worst-case |dequantised - original| per element, relative to the largest |w| of its block
+# (F16/BF16: relative to the element itself):
+# F16 rounds to 11 significant bits (2^-11; below 2^-14 it is subnormal, with absolute error
+# <= 2^-25, hence the absolute 6e-8 added); BF16 to 8 (2^-8 relative, round to nearest: 2^-9,
+# with margin); Q8_0 stores round(w / d) with d = amax/127 in f16: error <= d/2 plus the f16
+# rounding of d times 127 (~amax/254 + amax·2^-11·... ) < amax/200; Q4_0 stores 4-bit
+# round(w / d) with d = amax/-8: error <= |d|/2 = amax/16, plus the clamp of +amax to 7·|d|
+# (error |d| = amax/8): < amax/7.
+BOUNDS = {"F16": 2.0**-11, "BF16": 2.0**-8, "Q8_0": 1 / 200, "Q4_0": 1 / 7}
+
+
+def _block_amax(w: np.ndarray, block: int) -> np.ndarray:
+    rows = w.reshape(-1, block)
+    return np.repeat(np.abs(rows).max(axis=1, keepdims=True), block, axis=1).reshape(w.shape)
+
+
+@pytest.mark.parametrize(("family", "qtype"), [("llama", "F16"), ("llama", "BF16"), ("llama", "Q8_0"),
+                                               ("llama", "Q4_0"), ("qwen2", "Q8_0"), ("phi3", "Q4_0")])
+def test_quantised_gguf_within_quantisation_error(family: str, qtype: str, request: pytest.FixtureRequest,
+                                                  tmp_path: Path) -> None:
+    import gguf.quants
+    from gguf.constants import GGMLQuantizationType
+
+    _path, model = request.getfixturevalue(f"{family}_pair")
+    gguf_path = write_gguf(model, tmp_path / f"model-{qtype}.gguf", qtype=qtype)
+    m = open_model(gguf_path, raw=True)
+    assert m.cfg.dtype == qtype.lower()
+    # Every 2-D weight within the bound, through the reader (permutation undone).
+    block = 32 if qtype.startswith("Q") else 1
+    sd = {k: v.float().numpy() for k, v in model.state_dict().items()}
+    src = m.checkpoint.gguf
+    for hf in src.hf_names:
+        ours, orig = src.read(hf).numpy(), sd[hf]
+        err = np.abs(ours - orig)
+        if orig.ndim == 1:
+            assert np.array_equal(ours, orig), hf  # 1-D tensors stay F32
+        else:
+            scale = np.abs(orig) if block == 1 else _block_amax(orig, block)
+            assert (err <= BOUNDS[qtype] * scale + 6e-8).all(), f"{hf}: max error {err.max():.3g}"
+            assert err.max() > 0, f"{hf} was not quantised"
+
+    # The forward pass equals that of a safetensors checkpoint of the dequantised weights.
+    deq = {}
+    for hf, t in model.state_dict().items():
+        w = t.float().numpy()
+        if w.ndim == 2:
+            qt = GGMLQuantizationType[qtype]
+            w = gguf.quants.dequantize(gguf.quants.quantize(w, qt), qt)
+        deq[hf] = torch.from_numpy(np.array(w, dtype=np.float32))
+    model_q = _clone_with(model, deq)
+    ref_dir = tmp_path / "dequantised"
+    model_q.save_pretrained(ref_dir, safe_serialization=True)
+    _assert_same_model(ref_dir, gguf_path)
+
+
+def _clone_with(model: Any, state: dict[str, torch.Tensor]) -> Any:
+    import copy
+
+    clone = copy.deepcopy(model)
+    clone.load_state_dict(state, strict=False)
+    return clone
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+def test_k_quant_gguf_matches_checkpoint_of_its_values(qtype: str, tmp_path: Path) -> None:
+    """K-quants need rows of 256: a Llama with d_model = d_mlp = 256 whose 2-D weights are
+    valid random blocks (tests/gguf_fixtures.k_quant_blocks); the HF model gets their
+    dequantised values, so both files hold the same numbers."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=96, hidden_size=256, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=48,
+                      rms_norm_eps=1e-6, tie_word_embeddings=False)
+    model = randomize_(LlamaForCausalLM(cfg), seed=9)
+    blocks: dict[str, tuple[np.ndarray, str]] = {}
+    state = model.state_dict()
+    for i, (hf, t) in enumerate(state.items()):
+        if t.ndim == 2:
+            data, values = k_quant_blocks(t.shape[0], t.shape[1], qtype, seed=i)
+            blocks[hf] = (data, qtype)
+            state[hf] = torch.from_numpy(values)
+    model.load_state_dict(state)
+    ref = tmp_path / "ref"
+    model.save_pretrained(ref, safe_serialization=True)
+    gguf_path = write_gguf(model, tmp_path / "model.gguf", raw_blocks=blocks)
+    m = open_model(gguf_path, raw=True)
+    assert m.cfg.dtype == qtype.lower()
+    res = run(m.weights, SEQS)
+    assert res.patterns.max() > 0.9  # not near-uniform: the comparison means something
+    _assert_same_model(ref, gguf_path)
+
+
+# --- tokenizer -------------------------------------------------------------------------------
+
+
+def test_bpe_tokenizer_from_metadata(llama_pair, tmp_path: Path) -> None:
+    _, model = llama_pair
+    tokens = ["<unk>", "a", "b", "c", "Ġ", "ab", "Ġab", "Ġc"] + [f"t{i}" for i in range(8, 96)]
+    merges = ["a b", "Ġ ab", "Ġ c"]
+    m = open_model(write_gguf(model, tmp_path / "tok.gguf", tokens=tokens, merges=merges), raw=True)
+    assert m.tokenizer.encode("ab ab c") == [5, 6, 7]
+    assert [m.tokenizer.decode_token(i) for i in (5, 6)] == ["ab", " ab"]
+    assert m.run("ab ab").logits.shape == (1, 2, 96)
+
+
+@pytest.mark.parametrize(("pre", "ids"), [("llama-bpe", [8, 9]), (None, [6, 7, 5])])
+def test_bpe_split_regex_follows_tokenizer_pre(pre: str | None, ids: list[int], llama_pair, tmp_path: Path) -> None:
+    """Llama 3's split regex groups digits by three: "12345" is split "123" + "45" before the
+    merges (GPT-2's regex keeps it whole, and the merge "3 4" then wins)."""
+    tokens = ["<unk>", "1", "2", "3", "4", "5", "12", "34", "123", "45"] + [f"t{i}" for i in range(10, 96)]
+    merges = ["1 2", "3 4", "12 3", "4 5"]
+    path = write_gguf(llama_pair[1], tmp_path / "d.gguf", tokens=tokens, merges=merges, tokenizer_pre=pre)
+    assert open_model(path, raw=True).tokenizer.encode("12345") == ids
+
+
+def test_sentencepiece_tokenizer_from_metadata(llama_pair, tmp_path: Path) -> None:
+    _, model = llama_pair
+    tokens = ["<unk>", "<s>", "</s>", "▁", "a", "b", "▁a", "ab", "▁ab", "<0x0A>"] + [f"t{i}" for i in range(10, 96)]
+    scores = [0.0, 0.0, 0.0, -1.0, -2.0, -2.0, -1.5, -1.0, -0.5, -3.0] + [-10.0] * 86
+    path = write_gguf(model, tmp_path / "spm.gguf", tokens=tokens, scores=scores, tokenizer_model="llama")
+    m = open_model(path, raw=True)
+    assert m.tokenizer.encode("ab ab") == [8, 8]
+    assert m.tokenizer.encode("ab\n") == [8, 9]  # byte fallback for a character not in the vocabulary
+    assert m.tokenizer.decode_token(8) == " ab"
+    assert m.tokenizer.decode_token(9) == "<0x0A>"  # byte tokens shown as such
+
+
+def test_no_tokenizer_means_token_ids(llama_pair, tmp_path: Path) -> None:
+    _, model = llama_pair
+    m = open_model(write_gguf(model, tmp_path / "none.gguf"), raw=True)
+    assert m.tokenizer.encode("3, 14 15") == [3, 14, 15]
+
+
+def test_unknown_tokenizer_model_shows_tokens_takes_ids(llama_pair, tmp_path: Path) -> None:
+    _, model = llama_pair
+    tokens = ["<unk>", "▁hello"] + [f"t{i}" for i in range(2, 96)]
+    path = write_gguf(model, tmp_path / "odd.gguf", tokens=tokens, tokenizer_model="rwkv")
+    m = open_model(path, raw=True)
+    assert m.tokenizer.decode_token(1) == " hello"
+    assert m.tokenizer.encode("1 2") == [1, 2]
+
+
+# --- CLI ------------------------------------------------------------------------------------
+
+
+def test_cli_info_and_heads_on_gguf(qwen2_pair, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from headscope.tui.cli import main
+
+    _, model = qwen2_pair
+    path = write_gguf(model, tmp_path / "q.gguf", qtype="Q8_0")
+    assert main(["info", str(path), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert (info["format"], info["family"], info["dtype"], info["n_kv_heads"]) == ("gguf", "qwen2", "q8_0", 2)
+    assert main(["heads", str(path), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 8
+
+
+# --- hostile files -----------------------------------------------------------------------------
+
+
+def _u64(n: int) -> bytes:
+    return struct.pack("<Q", n)
+
+
+HOSTILE: dict[str, tuple[bytes, str]] = {
+    "wrong_magic": (gguf_bytes(magic=b"GGML"), "wrong magic"),
+    "empty": (b"", "wrong magic"),
+    "old_version": (gguf_bytes(version=1), "version 1"),
+    "big_endian": (gguf_bytes(version=3 << 24), "big-endian"),
+    "absurd_tensor_count": (gguf_bytes(n_tensors=1 << 60), "tensor count"),
+    "absurd_kv_count": (gguf_bytes(n_kv=10**9), "metadata count"),
+    "absurd_string": (gguf_bytes(kv=[("general.architecture", 8, _u64(1 << 62))]), "length of value"),
+    "absurd_array": (gguf_bytes(kv=[("x", 9, struct.pack("<I", 4) + _u64(1 << 50))]), "length of array"),
+    "absurd_string_in_array": (
+        gguf_bytes(kv=[("tokenizer.ggml.tokens", 9, struct.pack("<I", 8) + _u64(2) + _u64(1 << 40) + b"\0" * 64)]),
+        "claims"),
+    "array_past_end": (
+        gguf_bytes(kv=[("tokenizer.ggml.tokens", 9, struct.pack("<I", 8) + _u64(5) + string_value("x" * 20) * 3)],
+                   alignment=1),
+        "truncated"),
+    "unknown_value_type": (gguf_bytes(kv=[("x", 77, b"")]), "unknown type 77"),
+    "unknown_tensor_type": (
+        gguf_bytes(tensors=[("t", [32], 99, 0)], data=b"\0" * 128), "unknown ggml type 99"),
+    "tensor_past_end": (gguf_bytes(tensors=[("t", [1024], 0, 0)], data=b"\0" * 64), "truncated"),
+    "too_many_dims": (gguf_bytes(tensors=[("t", [1] * 9, 0, 0)], data=b"\0" * 64), "dimensions"),
+    "partial_block": (gguf_bytes(tensors=[("t", [33], 8, 0)], data=b"\0" * 128), "blocks of 32"),
+    "unaligned": (gguf_bytes(tensors=[("t", [4], 0, 4)], data=b"\0" * 64), "aligned"),
+    "overlap": (gguf_bytes(tensors=[("a", [16], 0, 0), ("b", [16], 0, 32)], data=b"\0" * 128), "overlap"),
+    "duplicate_key": (gguf_bytes(kv=[("k", 4, b"\1\0\0\0"), ("k", 4, b"\1\0\0\0")]), "duplicate"),
+    "bad_utf8_key": (gguf_bytes(kv=[(b"general.\xff", 8, string_value("llama"))]), "UTF-8"),
+    "bad_utf8_tensor_name": (gguf_bytes(tensors=[(b"t\xfe", [4], 0, 0)], data=b"\0" * 64), "UTF-8"),
+    "truncated_header": (gguf_bytes(kv=[("general.architecture", 8, string_value("llama"))])[:30], "truncated"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_hostile_gguf_is_one_line_typed_error(case: str, tmp_path: Path) -> None:
+    blob, words = HOSTILE[case]
+    path = tmp_path / f"{case}.gguf"
+    path.write_bytes(blob)
+    for opener in (read_structure, open_model):
+        with pytest.raises(CorruptFileError) as e:
+            opener(path)
+        msg = str(e.value)
+        assert "\n" not in msg and str(path) in msg and words in msg, msg
+
+
+def test_truncated_real_file_and_unknown_architecture(llama_pair, tmp_path: Path) -> None:
+    _, model = llama_pair
+    good = write_gguf(model, tmp_path / "good.gguf")
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    with pytest.raises(CorruptFileError, match="truncated"):
+        open_model(cut)
+    other = tmp_path / "other.gguf"
+    other.write_bytes(gguf_bytes(kv=[("general.architecture", 8, string_value("mamba"))]))
+    with pytest.raises(UnknownArchitectureError, match="mamba"):
+        read_structure(other)
+
+
+def test_file_changed_after_opening_is_an_error(llama_pair, tmp_path: Path) -> None:
+    _, model = llama_pair
+    path = write_gguf(model, tmp_path / "m.gguf")
+    m = open_model(path, raw=True)
+    with open(path, "ab") as f:
+        f.write(b"\0" * 64)
+    with pytest.raises(CorruptFileError, match="changed on disk"):
+        m.weights.get("blocks.0.attn.W_Q")
+
+
+def test_llama3_rope_freqs_give_the_original_model(tmp_path: Path) -> None:
+    """Llama 3.1+ files store RoPE scaling as rope_freqs divisors: the model must equal the
+    safetensors original with its llama3 rope_parameters (and differ from no scaling)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    cfg = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=48,
+                      rms_norm_eps=1e-6, rope_parameters=rope)
+    model = randomize_(LlamaForCausalLM(cfg), seed=12)
+    model.save_pretrained(tmp_path / "ref", safe_serialization=True)
+    freqs = llama3_rope_freqs(model.config)
+    assert freqs.min() == 1.0 and 1.0 < freqs[1] < 8.0 and freqs.max() == 8.0  # all three regimes
+    path = write_gguf(model, tmp_path / "m.gguf", extra_tensors={"rope_freqs.weight": freqs})
+    m = open_model(path, raw=True)
+    assert m.cfg.extra["rope_type"] == "llama3"
+    assert m.cfg.extra["rope_scaling"]["original_max_position_embeddings"] == 64
+    _assert_same_model(tmp_path / "ref", path)
+    plain = write_gguf(model, tmp_path / "plain.gguf")
+    assert _max_diff(run(open_model(plain).weights, SEQS).patterns, run(open_model(path).weights, SEQS).patterns) > 1e-3
+
+
+@pytest.mark.parametrize("name", ["rope_freqs.weight", "rope_factors_long.weight"])
+def test_unknown_rope_factors_are_refused_not_ignored(name: str, llama_pair, tmp_path: Path) -> None:
+    """Divisors that match no llama3 scaling, and LongRoPE factors, are refused rather than run
+    with the wrong rotary frequencies."""
+    path = write_gguf(llama_pair[1], tmp_path / "r.gguf",
+                      extra_tensors={name: np.array([1.0, 3.0, 1.5, 7.0], dtype=np.float32)})
+    with pytest.raises(ConfigError, match=name.split(".")[0]):
+        read_structure(path)
+
+
+# --- the explorer ----------------------------------------------------------------------------
+
+
+async def test_explorer_opens_a_gguf_file(llama_pair, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`headscope model.gguf`: the app opens it on the real engine, shows the token QK view with
+    the metadata's token strings, and reports no error."""
+    import time
+
+    from headscope.tui.app import HeadscopeApp
+    from headscope.tui.settings import Settings
+    from headscope.tui.widgets.chart import Chart
+
+    monkeypatch.setenv("HEADSCOPE_CONFIG", str(tmp_path / "none.toml"))
+    monkeypatch.setenv("HEADSCOPE_OUTPUT_DIR", str(tmp_path / "out"))
+    tokens = ["<unk>", "Ġthe", "Ġcat"] + [f"tok{i}" for i in range(3, 96)]
+    path = write_gguf(llama_pair[1], tmp_path / "m.gguf", qtype="Q8_0", tokens=tokens, merges=[])
+    app = HeadscopeApp(path, settings=Settings(), debounce=0.01, sweep=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        deadline = time.monotonic() + 60
+        while not app._model_ready.is_set() and not app.errors:
+            assert time.monotonic() < deadline, "model did not open"
+            await pilot.pause(0.1)
+        for _ in range(4):
+            await pilot.pause(0.1)
+            await app.workers.wait_for_complete()
+        assert app.errors == []
+        assert "token QK L0.H0" in app.main.query_one("#qk-token", Chart).rendered.plain
+        await pilot.press("q")
+
+
+def test_read_structure_of_gguf_imports_no_torch(llama_pair, tmp_path: Path) -> None:
+    """`headscope info x.gguf` stays header-only: no torch (as for safetensors)."""
+    import subprocess
+    import sys
+
+    path = write_gguf(llama_pair[1], tmp_path / "m.gguf", qtype="Q8_0")
+    code = (
+        "import sys\nfrom headscope.engine.loading import read_structure\n"
+        f"s = read_structure({str(path)!r})\nassert s['dtype'] == 'q8_0', s\n"
+        "assert 'torch' not in sys.modules\nprint('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_per_head_reads_dequantise_rows_or_reuse_the_whole_tensor(llama_pair, tmp_path: Path) -> None:
+    """W_Q of one head dequantises only that head's rows; W_O (cut along columns) is
+    dequantised once for all heads; results are private copies (editing one changes nothing)."""
+    path = write_gguf(llama_pair[1], tmp_path / "m.gguf", qtype="Q8_0")
+    m = open_model(path, raw=True)
+    src = m.checkpoint.gguf
+    before = src.dequantised
+    q = m.weights.get_head("blocks.0.attn.W_Q", 2)
+    assert src.dequantised == before + 1 and q.shape == (32, 8)
+    for h in range(4):
+        m.weights.get_head("blocks.0.attn.W_O", h)
+    assert src.dequantised == before + 2
+    a = src.read("model.layers.0.self_attn.o_proj.weight")
+    a += 1.0
+    assert not torch.equal(src.read("model.layers.0.self_attn.o_proj.weight"), a)
+
+
+def test_undecodable_token_strings_do_not_block_the_model(llama_pair, tmp_path: Path) -> None:
+    """Some vocabularies hold partial UTF-8 sequences as tokens: shown with U+FFFD, model opens."""
+    tokens = ["<unk>", "ok"] + [f"t{i}" for i in range(2, 96)]
+    path = write_gguf(llama_pair[1], tmp_path / "m.gguf", tokens=tokens, tokenizer_model="rwkv")
+    blob = path.read_bytes()
+    at = blob.index(b"\x02\x00\x00\x00\x00\x00\x00\x00ok")
+    path.write_bytes(blob[: at + 8] + b"\xe2\x82" + blob[at + 10 :])  # same length, invalid UTF-8
+    m = open_model(path, raw=True)
+    assert m.tokenizer.decode_token(1) == "\ufffd"
+
+
+def test_diff_against_the_original(llama_pair, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`headscope diff dir model.gguf`: an F32 file changes no head; Q4_0 changes every head a
+    little (circuits stay highly similar)."""
+    import json
+
+    from headscope.tui.cli import main
+
+    path, model = llama_pair
+    for qtype in ("F32", "Q4_0"):
+        gguf_path = write_gguf(model, tmp_path / f"m-{qtype}.gguf", qtype=qtype)
+        assert main(["diff", str(path), str(gguf_path), "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        rows = out["heads"] if isinstance(out, dict) else out
+        changes = [r["change"] for r in rows]
+        assert len(changes) == 8
+        if qtype == "F32":
+            assert max(changes) < 1e-5
+        else:
+            assert min(changes) > 1e-4 and min(r["qk_similarity"] for r in rows) > 0.9
+
+
+def test_linear_rope_scaling_from_metadata(tmp_path: Path) -> None:
+    """`llama.rope.scaling.type = linear` and its factor reach the forward pass."""
+    import gguf
+
+    from tests.test_forward_parity import _rope_variant
+
+    model = _rope_variant("llama_linear")  # factor 4
+    model.save_pretrained(tmp_path / "ref", safe_serialization=True)
+    path = write_gguf(model, tmp_path / "m.gguf",
+                      metadata=lambda w: (w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR),
+                                          w.add_rope_scaling_factor(4.0)))
+    assert open_model(path, raw=True).cfg.extra["rope_type"] == "linear"
+    _assert_same_model(tmp_path / "ref", path)
+
+
+def test_tensors_headscope_does_not_understand_are_refused(llama_pair, tmp_path: Path) -> None:
+    """A tensor outside the architecture (here a per-head query norm) could change the
+    computation: refused with its name, never silently ignored."""
+    path = write_gguf(llama_pair[1], tmp_path / "m.gguf",
+                      extra_tensors={"blk.0.attn_q_norm.weight": np.ones(8, dtype=np.float32)})
+    with pytest.raises(ConfigError, match="attn_q_norm"):
+        read_structure(path)
+
+
+@pytest.mark.parametrize("case", ["truncated_header", "absurd_tensor_count", "unknown_tensor_type"])
+def test_cli_on_hostile_gguf_prints_one_line(case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from headscope.tui.cli import EXIT_MODEL_ERROR, main
+
+    path = tmp_path / f"{case}.gguf"
+    path.write_bytes(HOSTILE[case][0])
+    for command in ("info", "heads"):
+        assert main([command, str(path)]) == EXIT_MODEL_ERROR
+        out, err = capsys.readouterr()
+        assert out == "" and err.count("\n") == 1 and str(path) in err, err
+
+
+def test_missing_gguf_package_is_a_typed_error(llama_pair, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from headscope.engine.errors import UnsupportedFormatError
+
+    path = write_gguf(llama_pair[1], tmp_path / "m.gguf")
+    monkeypatch.setitem(sys.modules, "gguf.constants", None)  # import fails as if not installed
+    with pytest.raises(UnsupportedFormatError, match="pip install gguf"):
+        read_structure(path)
