@@ -97,20 +97,20 @@ async def test_navigation_debounces_and_focuses_the_last_head() -> None:
     app, engine = make_app(debounce=0.2)
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot, app)
-        assert app.head == (0, 0)
+        assert app.explorer.head == (0, 0)
         engine.requests.clear()
         await pilot.press("j", "j", "j")  # H1, H2, H3 of layer 0, faster than the debounce
         await settle(pilot, app)
-        assert app.head == (0, 3) and engine.focused == (0, 3)
+        assert app.explorer.head == (0, 3) and engine.focused == (0, 3)
         assert {r[:2] for r in engine.requests} == {(0, 3)}  # no work for heads passed over
         await pilot.press("right_square_bracket")  # ] : next head crosses into layer 1
         await settle(pilot, app)
-        assert app.head == (1, 0)
+        assert app.explorer.head == (1, 0)
         assert "L1.H0" in plain(app.query_one("#focus-line", Static))
         assert "token QK L1.H0" in chart_text(app, "qk-token")
         await pilot.press("left_square_bracket")
         await settle(pilot, app)
-        assert app.head == (0, 3)
+        assert app.explorer.head == (0, 3)
 
 
 async def test_tabs_show_the_engine_numbers() -> None:
@@ -147,7 +147,7 @@ async def test_prompt_entry_shows_pattern_dla_and_predictions() -> None:
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot, app)
         await pilot.press("p")
-        assert app.active_tab == "prompt"
+        assert app.explorer.active_tab == "prompt"
         await pilot.press(*"the cat sat", "enter")
         await settle(pilot, app)
         view = await engine.run_prompt("the cat sat", 0, 0)
@@ -175,13 +175,13 @@ async def test_composition_edges_select_heads_and_kind_switches() -> None:
         l1, h1, l2, h2, s = comp.top_edges[1]
         detail = plain(app.query_one("#comp-detail", Static))
         assert f"L{l1}.H{h1} → L{l2}.H{h2}" in detail and f"{s:+.3f}" in detail
-        assert app.comp_selected == (l1, h1, l2, h2)
+        assert app.explorer.comp_selected == (l1, h1, l2, h2)
         await pilot.press("enter")
         await settle(pilot, app)
-        assert app.head == (l2, h2)
+        assert app.explorer.head == (l2, h2)
         await pilot.press("c")  # already on composition: K → V
         await settle(pilot, app)
-        assert app.comp_kind == "v" and "V-composition" in chart_text(app, "comp-graph")
+        assert app.explorer.comp_kind == "v" and "V-composition" in chart_text(app, "comp-graph")
 
 
 async def test_summary_sorts_and_enter_jumps_to_the_head() -> None:
@@ -202,7 +202,7 @@ async def test_summary_sorts_and_enter_jumps_to_the_head() -> None:
         table.move_cursor(row=0)
         await pilot.press("enter")
         await settle(pilot, app)
-        assert app.head == best
+        assert app.explorer.head == best
 
 
 async def test_ablation_sweep_fills_the_summary_focus_line_and_export(tmp_path: Path) -> None:
@@ -217,7 +217,7 @@ async def test_ablation_sweep_fills_the_summary_focus_line_and_export(tmp_path: 
         assert str(table.get_row_at(0)[-1]) == "—"
         await pilot.press("a")
         await settle(pilot, app)
-        assert engine.calls["all_ablation_effects"] == 1 and app.active_tab == "summary"
+        assert engine.calls["all_ablation_effects"] == 1 and app.explorer.active_tab == "summary"
         effects = engine._behaviour[2]  # what the fake's ablation sweep returns
         best = np.unravel_index(np.argmax(effects), effects.shape)
         # sorted by the ablation effect, highest first, its values in the last column
@@ -227,7 +227,7 @@ async def test_ablation_sweep_fills_the_summary_focus_line_and_export(tmp_path: 
         assert column[0] == pytest.approx(float(effects[best]), abs=1e-3)
         assert "loss increase" in plain(app.query_one("#summary-hint", Static))
         assert any(f"L{best[0]}.H{best[1]} costs the most" in n.message for n in app._notifications)
-        app.goto_head((int(best[0]), int(best[1])), immediate=True)
+        app.explorer.goto_head((int(best[0]), int(best[1])), immediate=True)
         await settle(pilot, app)
         assert f"abl {float(effects[best]):+.2f}" in plain(app.query_one("#focus-line", Static))
         await pilot.press("e")  # the summary export carries the column too
@@ -240,7 +240,7 @@ async def test_ablation_sweep_fills_the_summary_focus_line_and_export(tmp_path: 
         assert engine.calls["all_ablation_effects"] == 1
         await pilot.press("r")  # other weights: the effects are gone until swept again
         await settle(pilot, app)
-        assert app.ablation is None and "abl " not in plain(app.query_one("#focus-line", Static))
+        assert app.explorer.ablation is None and "abl " not in plain(app.query_one("#focus-line", Static))
 
 
 async def test_a_finished_ablation_sweep_does_not_pull_the_user_back_to_summary() -> None:
@@ -248,10 +248,10 @@ async def test_a_finished_ablation_sweep_does_not_pull_the_user_back_to_summary(
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot, app)
         await pilot.press("a")
-        assert app.active_tab == "summary"
+        assert app.explorer.active_tab == "summary"
         await pilot.press("2")  # the user moves on while the sweep runs
         await settle(pilot, app)
-        assert app.ablation is not None and app.active_tab == "ov"
+        assert app.explorer.ablation is not None and app.explorer.active_tab == "ov"
         await pilot.press("6")  # ...and finds the table sorted by it on return
         await settle(pilot, app)
         table = app.query_one("#summary-table", DataTable)
@@ -265,7 +265,7 @@ async def test_opening_on_a_head_focuses_it_or_says_the_model_has_no_such_head(
     app, engine = make_app(head=head)
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot, app)
-        assert app.head == expected
+        assert app.explorer.head == expected
         assert f"L{expected[0]}.H{expected[1]}" in plain(app.query_one("#focus-line", Static))
         if expected != head:
             assert len(app.errors) == 1 and f"no head L{head[0]}.H{head[1]}" in app.errors[0]
@@ -306,16 +306,16 @@ async def test_clicking_a_summary_header_sorts_by_that_column() -> None:
         await settle(pilot, app)
         values = [engine._scores(*(int(x) for x in str(table.get_row_at(i)[0])[1:].split(".H")))
                   .induction for i in range(table.row_count)]
-        assert values == sorted(values, reverse=True) and app.summary_sort == "induction"
+        assert values == sorted(values, reverse=True) and app.explorer.summary_sort == "induction"
         assert str(table.columns["induction"].label).endswith("▼")  # type: ignore[index]
         assert not str(table.columns["copying"].label).endswith("▼")  # type: ignore[index]
         click("ablation")  # not swept yet: a hint, the order stays
         await settle(pilot, app)
-        assert app.summary_sort == "induction"
+        assert app.explorer.summary_sort == "induction"
         assert any("press a first" in n.message for n in app._notifications)
         click("head")
         await settle(pilot, app)
-        assert app.summary_sort is None and str(table.get_row_at(0)[0]) == "L0.H0"
+        assert app.explorer.summary_sort is None and str(table.get_row_at(0)[0]) == "L0.H0"
 
 
 async def test_toggling_raw_cancels_a_running_ablation_sweep() -> None:
@@ -323,16 +323,16 @@ async def test_toggling_raw_cancels_a_running_ablation_sweep() -> None:
     app, engine = make_app(FakeEngine(delay=1.0, sweep_steps=10))
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot, app)
-        app.action_ablation_sweep()
+        app.explorer.action_ablation_sweep()
         await pilot.pause(0.05)
         assert engine.calls["all_ablation_effects"] == 1
-        app.action_toggle_raw()
+        app.explorer.action_toggle_raw()
         for _ in range(60):  # not settle(): waiting on a cancelled worker raises
             await pilot.pause(0.05)
             if engine.calls["all_ablation_effects cancelled"] and app.raw:
                 break
         assert engine.calls["all_ablation_effects cancelled"] == 1
-        assert app.raw and app.ablation is None
+        assert app.raw and app.explorer.ablation is None
 
 
 async def test_badges_mark_the_planted_heads() -> None:
@@ -394,7 +394,7 @@ async def test_help_lists_every_key_and_follows_the_keymap() -> None:
         await settle(pilot, app)
         await pilot.press("n")
         await settle(pilot, app)
-        assert app.head == (0, 1)
+        assert app.explorer.head == (0, 1)
         await pilot.press("question_mark")
         await pilot.pause(0.1)
         assert isinstance(app.screen, HelpScreen)
@@ -492,7 +492,7 @@ async def test_palette_goes_to_a_head() -> None:
         await pilot.pause(0.5)
         await pilot.press("enter")
         await settle(pilot, app)
-        assert app.head == (1, 2)
+        assert app.explorer.head == (1, 2)
 
 
 async def test_choose_tokens_sets_rows_and_columns() -> None:
@@ -503,8 +503,8 @@ async def test_choose_tokens_sets_rows_and_columns() -> None:
         await pilot.pause(0.1)
         await pilot.press(*"dog cat mat", "enter")
         await settle(pilot, app)
-        assert app.tokens == engine.encode("dog cat mat")
-        block = app.results["qk"]["token"]
+        assert app.explorer.tokens == engine.encode("dog cat mat")
+        block = app.explorer.results["qk"]["token"]
         assert list(block.row_labels) == ["dog", "cat", "mat"]
 
 
@@ -546,7 +546,7 @@ async def test_composition_graph_draws_edges_above_the_threshold_only() -> None:
         for _ in range(9):
             await pilot.press("less_than_sign")
         await settle(pilot, app)
-        assert app.comp_threshold == 0.0
+        assert app.explorer.comp_threshold == 0.0
         assert {e[:4] for e in graph.figure.edges} == expected(0.0)
         # the table keeps every edge whatever the threshold
         assert app.query_one("#comp-edges", DataTable).row_count == len(comp.top_edges)
@@ -564,7 +564,7 @@ async def test_prompt_tab_shows_pattern_dla_and_predictions_at_once() -> None:
             assert region.height >= 3 and screen.contains_region(region), wid
         preds = app.query_one("#prompt-preds")
         assert preds.region.y < app.query_one("#prompt-side").region.bottom
-        view = await engine.run_prompt(app.prompt_text, 0, 0)
+        view = await engine.run_prompt(app.explorer.prompt_text, 0, 0)
         assert view.top_predictions[0][1] in plain(app.query_one("#prompt-preds", Static))
 
 
@@ -587,7 +587,7 @@ async def test_filter_keeps_heads_with_a_score_above_the_threshold() -> None:
             assert f"{getattr(scores[some], key):.2f}" in tree.badge_text(some)
         await pilot.press("f")
         await settle(pilot, app)
-        assert app.tree_filter is None and set(tree.head_nodes) == set(heads)
+        assert app.explorer.tree_filter is None and set(tree.head_nodes) == set(heads)
 
 
 def test_graph_title_wraps_instead_of_being_cut() -> None:
