@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from textual.command import CommandList, CommandPalette
 from textual.widgets import DataTable, Static, TabbedContent
 
 from headscope.themes import COLORMAPS
 from headscope.tui.app import FILTER_THRESHOLD, HeadscopeApp
 from headscope.tui.keymap import APP_BINDINGS
-from headscope.tui.screens import HelpScreen
+from headscope.tui.screens import HelpScreen, InputScreen
 from headscope.tui.settings import Settings
 from headscope.tui.widgets.chart import Chart
 from headscope.tui.widgets.head_tree import HeadTree
@@ -34,10 +36,30 @@ def make_app(engine: FakeEngine | None = None, **kw: Any) -> tuple[HeadscopeApp,
     return app, engine
 
 
-async def settle(pilot: Any, app: HeadscopeApp, rounds: int = 3) -> None:
-    for _ in range(rounds):
+async def settle(pilot: Any, app: HeadscopeApp, rounds: int = 3, limit: int = 400) -> None:
+    """Until the app is quiet for ``rounds`` pauses in a row: every worker finished, the
+    messages they posted handled, no head focus waiting for its debounce. By events, not by
+    a fixed delay (up to ``limit`` pauses: a busy machine only makes it take longer)."""
+    quiet = 0
+    for _ in range(limit):
         await pilot.pause(0.05)
         await app.workers.wait_for_complete()
+        await pilot.pause()  # what the finished workers posted
+        busy = any(not w.is_finished for w in app.workers) or app.explorer.focus_pending
+        quiet = 0 if busy else quiet + 1
+        if quiet >= rounds:
+            return
+    raise AssertionError(f"the app was still busy after {limit} pauses")
+
+
+async def wait_until(pilot: Any, condition: Callable[[], object], what: str,
+                     limit: int = 400) -> None:
+    """Pause until ``condition()`` holds (up to ``limit`` pauses of 50 ms)."""
+    for _ in range(limit):
+        if condition():
+            return
+        await pilot.pause(0.05)
+    raise AssertionError(f"never happened: {what}")
 
 
 def plain(widget: Static) -> str:
@@ -73,7 +95,8 @@ async def test_first_frame_shows_the_tree_before_the_model_is_ready() -> None:
     engine.gate = asyncio.Event()  # the model never finishes opening in this test
     app, _ = make_app(engine)
     async with app.run_test(size=(120, 40)) as pilot:
-        await pilot.pause(0.1)
+        await wait_until(pilot, lambda: "3L×5H" in app.query_one(StatusBar).render().plain,
+                         "the status line shows the header's structure")
         tree = app.query_one(HeadTree)
         labels = [str(n.label) for n in tree.root.children]
         assert labels[0] == "Embed" and labels[1:4] == ["Layer 0", "Layer 1", "Layer 2"]
@@ -324,13 +347,13 @@ async def test_toggling_raw_cancels_a_running_ablation_sweep() -> None:
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot, app)
         app.explorer.action_ablation_sweep()
-        await pilot.pause(0.05)
+        await wait_until(pilot, lambda: engine.calls["all_ablation_effects"],
+                         "the ablation sweep started")
         assert engine.calls["all_ablation_effects"] == 1
         app.explorer.action_toggle_raw()
-        for _ in range(60):  # not settle(): waiting on a cancelled worker raises
-            await pilot.pause(0.05)
-            if engine.calls["all_ablation_effects cancelled"] and app.raw:
-                break
+        # not settle(): waiting on a cancelled worker raises
+        await wait_until(pilot, lambda: engine.calls["all_ablation_effects cancelled"] and app.raw,
+                         "the raw switch cancelled the sweep")
         assert engine.calls["all_ablation_effects cancelled"] == 1
         assert app.raw and app.explorer.ablation is None
 
@@ -396,8 +419,7 @@ async def test_help_lists_every_key_and_follows_the_keymap() -> None:
         await settle(pilot, app)
         assert app.explorer.head == (0, 1)
         await pilot.press("question_mark")
-        await pilot.pause(0.1)
-        assert isinstance(app.screen, HelpScreen)
+        await wait_until(pilot, lambda: isinstance(app.screen, HelpScreen), "the help screen")
         text = plain(app.screen.query_one("#help-keys", Static))
         for b in APP_BINDINGS:
             assert b.id in text
@@ -417,8 +439,8 @@ async def test_broken_checkpoint_is_a_notification_and_the_app_keeps_running() -
         notes = [n.message for n in app._notifications]
         assert any("broken/model.safetensors" in m for m in notes)
         await pilot.press("j", "2", "c", "r", "question_mark")
-        await pilot.pause(0.1)
-        assert isinstance(app.screen, HelpScreen)  # still alive and answering keys
+        # still alive and answering keys
+        await wait_until(pilot, lambda: isinstance(app.screen, HelpScreen), "the help screen")
 
 
 async def test_engine_errors_in_one_view_do_not_stop_the_others() -> None:
@@ -487,9 +509,16 @@ async def test_palette_goes_to_a_head() -> None:
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot, app)
         await pilot.press("ctrl+p")
-        await pilot.pause(0.2)
+        await wait_until(pilot, lambda: isinstance(app.screen, CommandPalette), "the palette")
         await pilot.press(*"Go to head 1.2")
-        await pilot.pause(0.5)
+
+        def highlighted() -> str:
+            hits = app.screen.query_one(CommandList)
+            i = hits.highlighted
+            return "" if i is None else str(hits.get_option_at_index(i).prompt)
+
+        await wait_until(pilot, lambda: highlighted().startswith("Go to head 1.2"),
+                         "the palette highlights the head")
         await pilot.press("enter")
         await settle(pilot, app)
         assert app.explorer.head == (1, 2)
@@ -500,7 +529,7 @@ async def test_choose_tokens_sets_rows_and_columns() -> None:
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot, app)
         await pilot.press("slash")
-        await pilot.pause(0.1)
+        await wait_until(pilot, lambda: isinstance(app.screen, InputScreen), "the token dialog")
         await pilot.press(*"dog cat mat", "enter")
         await settle(pilot, app)
         assert app.explorer.tokens == engine.encode("dog cat mat")

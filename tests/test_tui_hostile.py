@@ -30,6 +30,7 @@ from headscope.tui.widgets.head_tree import HeadTree
 from headscope.tui.widgets.status import StatusBar
 from tests import test_hostile
 from tests.test_hostile import BROKEN, NAN_HEAD, NAN_LAYER, Sources, build_broken, nan_weights
+from tests.test_tui_app import settle as quiet
 
 corpus_sources = test_hostile.corpus_sources  # the corpus' pytest fixture
 SIZE = (100, 30)
@@ -54,13 +55,13 @@ def _quiet_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 
 async def settle(pilot: Any, app: HeadscopeApp, until: Any, timeout: float = 30.0) -> None:
-    """Pause until ``until()`` holds (or an error was reported), then let workers finish."""
+    """Pause until ``until()`` holds (or an error was reported), then until the app is quiet
+    (workers finished, their messages handled)."""
     deadline = time.monotonic() + timeout
     while not until() and not app.errors:
         assert time.monotonic() < deadline, "the app never got there"
         await pilot.pause(0.05)
-    await pilot.pause(0.05)
-    await app.workers.wait_for_complete()
+    await quiet(pilot, app, rounds=1)
 
 
 def screen_text(app: HeadscopeApp) -> str:

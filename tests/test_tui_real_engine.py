@@ -18,6 +18,7 @@ import pytest
 from headscope.tui.app import HeadscopeApp
 from headscope.tui.settings import Settings
 from headscope.tui.widgets.chart import Chart
+from tests.test_tui_app import settle, wait_until
 
 
 @pytest.fixture(autouse=True)
@@ -31,9 +32,7 @@ async def wait_ready(pilot: Any, app: HeadscopeApp, timeout: float = 60.0) -> No
     while not app.model_ready.is_set() and not app.errors:
         assert time.monotonic() < deadline, "model did not open"
         await pilot.pause(0.1)
-    for _ in range(4):
-        await pilot.pause(0.1)
-        await app.workers.wait_for_complete()
+    await settle(pilot, app)
 
 
 @pytest.fixture
@@ -74,8 +73,8 @@ async def test_truncated_checkpoint_becomes_a_notification(tmp_path: Path, gpt2:
         assert app.errors and str(broken) in app.errors[0]
         assert any(str(broken) in n.message for n in app._notifications)
         await pilot.press("2", "j", "question_mark")  # still answering keys
-        await pilot.pause(0.1)
-        assert app.screen.__class__.__name__ == "HelpScreen"
+        await wait_until(pilot, lambda: app.screen.__class__.__name__ == "HelpScreen",
+                         "the help screen")
 
 
 async def test_event_loop_keeps_ticking_while_sweeps_run(
@@ -121,8 +120,7 @@ async def test_event_loop_keeps_ticking_while_sweeps_run(
         app.explorer.start_sweep()  # all head scores: behaviour forward passes on engine threads
         # Q/K/V composition sweeps at once, while the status bar animates their progress.
         await asyncio.gather(*(app.engine.composition(k) for k in "qkv"))
-        await app.workers.wait_for_complete()
-        await pilot.pause(0.2)
+        await settle(pilot, app)  # the sweep's scores reach the explorer
         with tick:  # jobs submitted from now on (idle prefetch) no longer wait for ticks
             stop = True
             tick.notify_all()

@@ -458,6 +458,11 @@ class ExplorerScreen(Screen[None]):
             self._debounce_timer.stop()
         self._debounce_timer = self.set_timer(self.debounce, self._apply_pending)
 
+    @property
+    def focus_pending(self) -> bool:
+        """A cursor move in the tree waits for its debounce before the head is focused."""
+        return self._pending is not None and self._pending != self.head
+
     def _apply_pending(self) -> None:
         if self._pending is not None and self._pending != self.head:
             self.set_head(self._pending)
