@@ -83,14 +83,14 @@ SHORT_LABELS = {"copying": "copy", "qk_positivity": "QK+", "prev_token": "prev",
 FILTER_THRESHOLD = 0.3  # the middling badge strength: what "has the behaviour" means
 
 
-# -- messages: what the app and the explorer's workers report -------------------------------
+# -- messages: what the app and the explorer's workers report (to the explorer only) ----------
 @dataclass
-class ModelReady(Message):
+class ModelReady(Message, bubble=False):
     """The engine has opened the model (the app → the explorer)."""
 
 
 @dataclass
-class ModelFailed(Message):
+class ModelFailed(Message, bubble=False):
     """The model could not be opened or made ready (the app → the explorer): ``error`` for
     the status bar, ``charts`` for every chart."""
 
@@ -99,7 +99,7 @@ class ModelFailed(Message):
 
 
 @dataclass
-class ScoresSwept(Message):
+class ScoresSwept(Message, bubble=False):
     """Every head's scores, for the weights of generation ``gen``."""
 
     rows: list[HeadScores]
@@ -107,7 +107,7 @@ class ScoresSwept(Message):
 
 
 @dataclass
-class HeadScored(Message):
+class HeadScored(Message, bubble=False):
     """One head's scores (before the sweep reached it), for generation ``gen``."""
 
     scores: HeadScores
@@ -115,7 +115,7 @@ class HeadScored(Message):
 
 
 @dataclass
-class AblationSwept(Message):
+class AblationSwept(Message, bubble=False):
     """The zero-ablation effect of every head [L, H], for generation ``gen``."""
 
     effects: np.ndarray
@@ -123,7 +123,7 @@ class AblationSwept(Message):
 
 
 @dataclass
-class Compared(Message):
+class Compared(Message, bubble=False):
     """The diff A → B (compare mode), for generation ``gen``."""
 
     diff: ModelDiff
