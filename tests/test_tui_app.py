@@ -25,6 +25,7 @@ from headscope.tui.settings import Settings
 from headscope.tui.widgets.chart import Chart
 from headscope.tui.widgets.head_tree import HeadTree
 from headscope.tui.widgets.status import StatusBar
+from headscope.tui.widgets.views import CompositionPane
 from tests.fake_engine import FakeEngine, broken_factory
 
 
@@ -198,13 +199,13 @@ async def test_composition_edges_select_heads_and_kind_switches() -> None:
         l1, h1, l2, h2, s = comp.top_edges[1]
         detail = plain(app.query_one("#comp-detail", Static))
         assert f"L{l1}.H{h1} → L{l2}.H{h2}" in detail and f"{s:+.3f}" in detail
-        assert app.explorer.comp_selected == (l1, h1, l2, h2)
+        assert app.query_one(CompositionPane).selected == (l1, h1, l2, h2)
         await pilot.press("enter")
         await settle(pilot, app)
         assert app.explorer.head == (l2, h2)
         await pilot.press("c")  # already on composition: K → V
         await settle(pilot, app)
-        assert app.explorer.comp_kind == "v" and "V-composition" in chart_text(app, "comp-graph")
+        assert app.query_one(CompositionPane).kind == "v" and "V-composition" in chart_text(app, "comp-graph")
 
 
 async def test_summary_sorts_and_enter_jumps_to_the_head() -> None:
@@ -575,7 +576,7 @@ async def test_composition_graph_draws_edges_above_the_threshold_only() -> None:
         for _ in range(9):
             await pilot.press("less_than_sign")
         await settle(pilot, app)
-        assert app.explorer.comp_threshold == 0.0
+        assert app.query_one(CompositionPane).threshold == 0.0
         assert {e[:4] for e in graph.figure.edges} == expected(0.0)
         # the table keeps every edge whatever the threshold
         assert app.query_one("#comp-edges", DataTable).row_count == len(comp.top_edges)

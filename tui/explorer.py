@@ -75,7 +75,6 @@ VIEWS: dict[str, type[Any]] = {
     "composition": CompositionPane, "summary": SummaryPane, "changes": ChangesPane}
 NARROW = 100  # below this many columns, panes stack and the tree narrows
 WIDE_WITH_ABLATION = 140  # ...and the focus line with the ablation effect needs short labels
-THRESHOLD_STEP = 0.1  # composition graph: edges ≥ threshold × the strongest edge
 TREE_FILTERS: tuple[tuple[str, str], ...] = (
     ("induction", "induction"), ("prev_token", "prev-token"), ("copying", "copying"))
 SHORT_LABELS = {"copying": "copy", "qk_positivity": "QK+", "prev_token": "prev",
@@ -144,11 +143,6 @@ class ExplorerScreen(Screen[None]):
         self.tokens_text = tokens_text
         self.source_index = 0
         self.qk_offset = 0  # rotary QK: the offset Δ shown (Widget.offset is taken)
-        self.comp_kind = "k"
-        self.comp_edges: list[tuple[int, int, int, int, float]] = []
-        self.comp_selected: tuple[int, int, int, int] | None = None
-        self.comp_threshold = 0.5  # draw edges ≥ this fraction of the strongest one
-        self.comp_cache: dict[tuple[str, int], Any] = {}
         self.tree_filter: str | None = None
         self.rows: dict[Head, HeadScores] = {}
         self.summary_sort: str | None = None
@@ -569,7 +563,7 @@ class ExplorerScreen(Screen[None]):
         elif tab == "prompt":
             extra = (self.prompt_text,)
         elif tab == "composition":
-            extra = (self.comp_kind,)
+            extra = (self.query_one(CompositionPane).kind,)
         elif tab == "changes":
             extra = (self.compare.changes_kind, id(self.compare.diff))
         return (tab, self.head if tab in PER_HEAD else None, self.gen, *extra)
@@ -618,10 +612,6 @@ class ExplorerScreen(Screen[None]):
         if table_id in ("summary-table", "changes-table") and event.row_key.value:
             layer, head = (int(x) for x in str(event.row_key.value).split("."))
             self.goto_head((layer, head), immediate=True)
-        elif table_id == "comp-edges":
-            edge = self._edge(event.row_key.value)
-            if edge is not None:
-                self.goto_head((edge[2], edge[3]), immediate=True)
 
     @on(DataTable.HeaderSelected, "#summary-table")
     def _summary_header(self, event: DataTable.HeaderSelected) -> None:
@@ -633,33 +623,12 @@ class ExplorerScreen(Screen[None]):
         self.summary_sort = None if key == "head" else key
         self.show_summary()
 
-    @on(DataTable.RowHighlighted, "#comp-edges")
-    def _edge_highlighted(self, event: DataTable.RowHighlighted) -> None:
-        edge = self._edge(event.row_key.value)
-        comp = self.results.get("composition")
-        if edge is None or comp is None:
-            return
-        self.comp_selected = edge[:4]
-        pane = self.query_one(CompositionPane)
-        pane.show(comp, self.n_layers, self.n_heads, self.comp_selected, self.comp_threshold)
-        pane.detail(comp, edge)
-
-    def _edge(self, row_key: str | None) -> tuple[int, int, int, int, float] | None:
-        try:
-            return self.comp_edges[int(row_key or "")]
-        except (ValueError, IndexError):
-            return None
-
     # -- actions --------------------------------------------------------------------------
     def action_step_threshold(self, step: int) -> None:
         """Raise or lower the composition graph's edge threshold by one step (0 … 90 %)."""
-        self.comp_threshold = round(min(0.9, max(0.0, self.comp_threshold + step * THRESHOLD_STEP)), 2)
-        comp = self.results.get("composition")
-        if comp is not None:
-            self.query_one(CompositionPane).show(
-                comp, self.n_layers, self.n_heads, self.comp_selected, self.comp_threshold)
+        threshold = self.query_one(CompositionPane).step_threshold(step)
         if self.active_tab != "composition":
-            self.notify(f"composition threshold {self.comp_threshold:.0%} of the strongest edge",
+            self.notify(f"composition threshold {threshold:.0%} of the strongest edge",
                         timeout=1.5)
 
     def action_cycle_filter(self) -> None:
@@ -693,12 +662,13 @@ class ExplorerScreen(Screen[None]):
             self._load_active()
             return
         if self.active_tab == "composition":
-            self.show_composition({"q": "k", "k": "v", "v": "q"}[self.comp_kind])
+            kind = self.query_one(CompositionPane).kind
+            self.show_composition({"q": "k", "k": "v", "v": "q"}[kind])
         else:
             self.action_show_tab("composition")
 
     def show_composition(self, kind: str) -> None:
-        self.comp_kind = kind
+        self.query_one(CompositionPane).kind = kind
         self.action_show_tab("composition")
 
     def action_toggle_raw(self) -> None:

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from rich.table import Table
 from rich.text import Text
+from textual import on
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, Input, Static
@@ -41,6 +42,8 @@ if TYPE_CHECKING:
 
 POSITIONS_SHOWN = 32  # positional QK: the first positions
 ROTARY_OFFSETS = 32  # rotary profile over Δ in [-32, 32]
+THRESHOLD_STEP = 0.1  # composition graph: edges ≥ threshold × the strongest edge
+Edge = tuple[int, int, int, int, float]  # (l1, h1, l2, h2, score − baseline)
 
 
 def _bar_colours(widget: Any) -> tuple[str, str]:
@@ -322,6 +325,20 @@ class PromptPane(Vertical):
 
 
 class CompositionPane(Horizontal):
+    """The Q/K/V-composition graph and its edge list. The pane keeps the graph's state: the
+    kind shown, the edge threshold, the selected edge, and the graphs already computed (per
+    kind and weights generation)."""
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.kind = "k"
+        self.threshold = 0.5  # draw edges ≥ this fraction of the strongest one
+        self.selected: tuple[int, int, int, int] | None = None
+        self.edges: list[Edge] = []  # the table's rows, strongest first
+        self.cache: dict[tuple[str, int], Composition] = {}
+        self.shown: Composition | None = None
+        self._shape = (0, 0)  # (n_layers, n_heads) of the graph shown
+
     def compose(self) -> ComposeResult:
         yield Chart(id="comp-graph", placeholder="composition scores not computed yet")
         with Vertical(id="comp-side"):
@@ -372,6 +389,39 @@ class CompositionPane(Horizontal):
                         table.update_cell(str(i), column, cell)
         return es
 
+    def redraw(self) -> None:
+        """The graph shown again, with the current threshold and selected edge."""
+        if self.shown is not None:
+            self.show(self.shown, *self._shape, self.selected, self.threshold)
+
+    def step_threshold(self, step: int) -> float:
+        """Raise or lower the edge threshold by one step (0 … 90 %); the new threshold."""
+        self.threshold = round(min(0.9, max(0.0, self.threshold + step * THRESHOLD_STEP)), 2)
+        self.redraw()
+        return self.threshold
+
+    @on(DataTable.RowHighlighted, "#comp-edges")
+    def _edge_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        edge = self._edge(event.row_key.value)
+        if edge is None or self.shown is None:
+            return
+        self.selected = edge[:4]
+        self.redraw()
+        self.detail(self.shown, edge)
+
+    @on(DataTable.RowSelected, "#comp-edges")
+    def _edge_selected(self, event: DataTable.RowSelected) -> None:
+        """Enter on an edge focuses its target head."""
+        edge = self._edge(event.row_key.value)
+        if edge is not None:
+            cast("ExplorerScreen", self.screen).goto_head((edge[2], edge[3]), immediate=True)
+
+    def _edge(self, row_key: str | None) -> Edge | None:
+        try:
+            return self.edges[int(row_key or "")]
+        except (ValueError, IndexError):
+            return None
+
     def detail(self, comp: Composition, edge: tuple[int, int, int, int, float] | None) -> None:
         if edge is None:
             self.query_one("#comp-detail", Static).update("")
@@ -384,9 +434,9 @@ class CompositionPane(Horizontal):
             f"│ {kind}-comp {s + base:.3f} − baseline {base:.3f} = {s:+.3f}  (enter: go)"))
 
     async def load(self, ex: ExplorerScreen, key: LoadKey) -> None:
-        kind = ex.comp_kind
+        kind = self.kind
         cache_key = (kind, ex.gen)
-        comp = ex.comp_cache.get(cache_key)
+        comp = self.cache.get(cache_key)
         chart = self.query_one("#comp-graph", Chart)
         if comp is None:
             chart.message(f"computing {kind.upper()}-composition for every pair of heads…")
@@ -398,11 +448,12 @@ class CompositionPane(Horizontal):
                 comp = await ex.engine.composition(kind, progress=progress)
             finally:
                 ex.sweep_progress = None
-            ex.comp_cache[cache_key] = comp
+            self.cache[cache_key] = comp
         if not ex.fresh(key):
             return
-        ex.comp_selected = None
-        ex.comp_edges = self.show(comp, ex.n_layers, ex.n_heads, None, ex.comp_threshold)
+        self.selected = None
+        self.shown, self._shape = comp, (ex.n_layers, ex.n_heads)
+        self.edges = self.show(comp, ex.n_layers, ex.n_heads, None, self.threshold)
         self.detail(comp, None)
         ex.results["composition"] = comp
 
