@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
+from textual import events
 from textual.app import App
 from textual.binding import BindingType
 
@@ -197,7 +198,7 @@ class HeadscopeApp(App[None]):
         self.model_ready.set()
         self.explorer.post_message(ModelReady())
 
-    def on_resize(self, event: Any) -> None:
+    def on_resize(self, event: events.Resize) -> None:
         self.explorer.layout_for(event.size.width)
 
     # -- themes and colours -----------------------------------------------------------------

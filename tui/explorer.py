@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 from rich.text import Text
@@ -33,6 +33,7 @@ from textual.css.query import NoMatches
 from textual.message import Message
 from textual.screen import Screen
 from textual.timer import Timer
+from textual.widget import Widget
 from textual.widgets import DataTable, Footer, Input, Static, TabbedContent, TabPane
 
 from headscope.engine.errors import CancelledError as EngineCancelled
@@ -69,8 +70,16 @@ TABS = ("qk", "ov", "spectrum", "prompt", "composition", "summary", "changes")
 TAB_TITLES = {"qk": "1 QK", "ov": "2 OV", "spectrum": "3 Spectrum", "prompt": "4 Prompt",
               "composition": "5 Composition", "summary": "6 Summary", "changes": "7 Changes"}
 PER_HEAD = ("qk", "ov", "spectrum", "prompt")  # the tabs that show the focused head
-# Each tab's view: the pane that loads and draws it.
-VIEWS: dict[str, type[Any]] = {
+
+
+class TabView(Protocol):
+    """A tab's pane: it asks the engine for what it shows, for the load ``key``."""
+
+    async def load(self, ex: ExplorerScreen, key: LoadKey) -> None: ...
+
+
+# Each tab's view: the pane that loads and draws it (a TabView).
+VIEWS: dict[str, type[Widget]] = {
     "qk": QKPane, "ov": OVPane, "spectrum": SpectrumPane, "prompt": PromptPane,
     "composition": CompositionPane, "summary": SummaryPane, "changes": ChangesPane}
 NARROW = 100  # below this many columns, panes stack and the tree narrows
@@ -589,7 +598,8 @@ class ExplorerScreen(Screen[None]):
         await self.headscope.model_ready.wait()
         tab = key[0]
         try:
-            await self.query_one(VIEWS[tab]).load(self, key)
+            view = cast(TabView, self.query_one(VIEWS[tab]))
+            await view.load(self, key)
         except EngineCancelled:
             if self._loaded.get(tab) == key:
                 self._loaded.pop(tab, None)
