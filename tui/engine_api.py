@@ -12,8 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from headscope.engine.diff import EDGE_THRESHOLD
-
 if TYPE_CHECKING:
     import numpy as np
 
@@ -31,6 +29,8 @@ if TYPE_CHECKING:
     )
 
 Progress = Callable[[float], None] | None
+# Defaults written ``...`` are the engine's own (e.g. ``engine.diff.EDGE_THRESHOLD``): the
+# protocol fixes names, kinds and types, not default values.
 
 
 class ExplorerEngine(Protocol):
@@ -73,7 +73,7 @@ class ExplorerEngine(Protocol):
     async def composition(self, kind: Any, progress: Progress = None) -> Composition: ...
 
     async def compare(self, other: Any, *, match_heads: bool = False,
-                      threshold: float = EDGE_THRESHOLD) -> ModelDiff: ...
+                      threshold: float = ...) -> ModelDiff: ...
 
 
 def protocol_members() -> dict[str, Any]:
