@@ -45,7 +45,7 @@ async def shoot(model: Path | None, out: Path, size: tuple[int, int], head: tupl
     async with app.run_test(size=size) as pilot:
         settle = partial(_settle, pilot)
         await settle()
-        app.goto_head(head, immediate=True)
+        app.explorer.goto_head(head, immediate=True)
         await settle()
         for name, keys in VIEWS:
             for key in keys:
@@ -91,9 +91,9 @@ async def shoot_compare(out: Path, compare: Path, model: Path | None, *,
         settle = partial(_settle, pilot)
         for _ in range(60):  # the diff scores both models: wait for it
             await settle()
-            if app.diff is not None or app.errors:
+            if app.compare.diff is not None or app.errors:
                 break
-        app.goto_head(head, immediate=True)
+        app.explorer.goto_head(head, immediate=True)
         await settle()
         for name, keys in (("compare-qk", ()), ("compare-ov-diff", ("2", "d")),
                            ("compare-changes", ("7",))):
