@@ -104,8 +104,9 @@ def discover_steps(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[StepSo
     One path: a directory whose checkpoint subdirectories (any with safetensors, a config or
     pickle weights; hidden ones skipped) are the steps, ordered by the number in their names.
     Several paths: the checkpoints in the order given. When some name has no number, or the
-    numbers do not increase in that order, the steps are the positions 0, 1, 2, ... (in name
-    order for a directory). Fewer than two checkpoints is an error.
+    numbers do not increase in that order, the steps are the positions 0, 1, 2, ... (in a
+    directory: the numbered names by number, then the others by name). Fewer than two
+    checkpoints is an error.
     """
     if not paths:
         raise InvalidRequestError(None, "a timeline needs a directory of checkpoints or several checkpoints")
@@ -122,8 +123,6 @@ def discover_steps(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[StepSo
     numbers = _increasing([step_number(_name_of(p)) for p in candidates])
     notes: list[str] = []
     if numbers is None:
-        if len(given) == 1:
-            candidates.sort(key=lambda p: _natural_key(p.name))
         notes.append("the checkpoint names do not number the steps in increasing order: "
                      "steps are their positions 0, 1, 2, ...")
         numbers = list(range(len(candidates)))

@@ -76,6 +76,13 @@ def test_names_without_numbers_are_positions_in_name_order(tmp_path: Path) -> No
     assert notes and "positions" in notes[0]
 
 
+def test_unnumbered_names_follow_the_numbered_ones(tmp_path: Path) -> None:
+    _fake_checkpoints(tmp_path, ["final", "step200", "step100", "best"])
+    sources, notes = tl.discover_steps([tmp_path])
+    assert [s.path.name for s in sources] == ["step100", "step200", "best", "final"]
+    assert [s.step for s in sources] == [0, 1, 2, 3] and notes
+
+
 def test_several_paths_keep_the_order_given(tmp_path: Path) -> None:
     _fake_checkpoints(tmp_path, ["step100", "step300", "base", "tuned"])
     sources, notes = tl.discover_steps([tmp_path / "step100", tmp_path / "step300"])
