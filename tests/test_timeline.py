@@ -395,3 +395,11 @@ def test_the_bundled_series_shows_the_induction_circuit_forming(bundled: dict) -
     assert 600 <= bundled["model_phase_change"]["step"] <= 800
     assert bundled["warnings"] == []
     assert len(set(bundled["fingerprints"])) == len(steps)
+
+
+def test_a_narrow_terminal_keeps_the_most_telling_scores() -> None:
+    from headscope.tui.cli_timeline import TEXT_SCORES, fitting_scores
+
+    assert fitting_scores(18, 400) == TEXT_SCORES
+    assert [key for _, key in fitting_scores(18, 100)] == ["prev_token_score", "induction_score"]
+    assert [key for _, key in fitting_scores(18, 20)] == ["induction_score"]

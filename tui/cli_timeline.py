@@ -29,6 +29,11 @@ TEXT_SCORES = (  # column title, score key (the JSON has the composition maxima 
     ("k_comp", "k_composition_max"),
 )
 
+# Which score columns a narrow terminal keeps first; head and phase-change columns take ~42.
+PRIORITY = ("induction_score", "prev_token_score", "copying_score", "k_composition_max",
+            "qk_positivity", "duplicate_token_score")
+FIXED_WIDTH = 42
+
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """The ``timeline`` subcommand on ``headscope``'s subparsers."""
@@ -108,45 +113,66 @@ def describe_change(c: dict[str, Any]) -> str:
             f"({c['start_step']}–{c['end_step']})")
 
 
-def head_rows(t: Timeline) -> tuple[list[str], list[list[str]]]:
+def _short_change(c: dict[str, Any]) -> str:
+    return f"{c['score']} {_fmt(c['before'])}→{_fmt(c['after'])} @{c['step']}"
+
+
+def head_rows(t: Timeline, shown: tuple[tuple[str, str], ...] = TEXT_SCORES
+              ) -> tuple[list[str], list[list[str]]]:
     """The text table: a row per head, a sparkline + last value per score, its largest change."""
     import numpy as np
 
-    columns = ["head", *(title for title, _ in TEXT_SCORES), "largest phase change"]
+    columns = ["head", *(title for title, _ in shown), "largest phase change"]
     ranges = {}
-    for _, key in TEXT_SCORES:
+    for _, key in shown:
         finite = t.series[key][np.isfinite(t.series[key])]
         ranges[key] = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 0.0)
     rows = []
     for layer in range(t.n_layers):
         for head in range(t.n_heads):
             cells = [f"L{layer}.H{head}"]
-            for _, key in TEXT_SCORES:
+            for _, key in shown:
                 values = t.head_series(layer, head, key)
                 cells.append(f"{sparkline(values, *ranges[key])} {_fmt(values[-1])}")
             mine = [c for c in t.phase_changes if (c["layer"], c["head"]) == (layer, head)]
             biggest = max(mine, key=lambda c: abs(c["size"]), default=None)
-            cells.append(describe_change(biggest) if biggest else "")
+            cells.append(_short_change(biggest) if biggest else "")
             rows.append(cells)
     return columns, rows
 
 
+def fitting_scores(n_steps: int, width: int) -> tuple[tuple[str, str], ...]:
+    """The score columns a terminal ``width`` holds, by ``PRIORITY``, in table order."""
+    per_column = min(n_steps, MAX_SPARK) + 6 + 3  # sparkline, value, padding
+    room = max(1, (width - FIXED_WIDTH) // per_column)
+    keep = set(PRIORITY[:room])
+    return tuple((title, key) for title, key in TEXT_SCORES if key in keep)
+
+
 def print_text(t: Timeline) -> None:
-    columns, rows = head_rows(t)
     steps = f"{len(t.steps)} steps ({t.steps[0]} … {t.steps[-1]})"
     if sys.stdout.isatty():
+        from rich import box
         from rich.console import Console
         from rich.table import Table
         from rich.text import Text
 
         console = Console()
+        shown = fitting_scores(len(t.steps), console.width)
+        columns, rows = head_rows(t, shown)
+        hidden = [title for title, _ in TEXT_SCORES if (title, _) not in shown]
+        more = f" ({', '.join(hidden)}: a wider terminal or --json)" if hidden else ""
         console.print(Text(f"{steps}, {t.n_layers} layers × {t.n_heads} heads; sparklines per "
-                           "score over the steps, scaled to that score's range, then the last value"))
-        table = Table(*columns)
+                           "score over the steps, scaled to that score's range, then the last "
+                           f"value{more}"))
+        table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+        for i, title in enumerate(columns):
+            table.add_column(title, no_wrap=i < len(columns) - 1)
         for row in rows:
             table.add_row(*(Text(c) for c in row))
         console.print(table)
     else:
+        columns, rows = head_rows(t)
         print("\t".join(columns))
         for row in rows:
             print("\t".join(row))
