@@ -403,3 +403,16 @@ def test_a_narrow_terminal_keeps_the_most_telling_scores() -> None:
     assert fitting_scores(18, 400) == TEXT_SCORES
     assert [key for _, key in fitting_scores(18, 100)] == ["prev_token_score", "induction_score"]
     assert [key for _, key in fitting_scores(18, 20)] == ["induction_score"]
+
+
+def test_a_one_layer_series_has_no_composition_edges(tmp_path: Path, capsys) -> None:
+    shape = ModelShape(n_layers=1, n_heads=2, d_model=16, d_head=8, d_vocab=len(corpus.VOCAB),
+                       n_ctx=16, layer_norm=True)
+    for i, step in enumerate((10, 20, 30)):
+        _write_step(tmp_path / f"step{step}", seed=i, shape=shape)
+    code, out, err = run_cli(capsys, "timeline", str(tmp_path), "--json")
+    assert code == 0, err
+    heads = json.loads(out)["heads"]
+    assert all(h[k] == [None, None, None] for h in heads
+               for k in ("q_composition_max", "k_composition_max", "v_composition_max"))
+    assert all(None not in h["copying_score"] for h in heads)
