@@ -19,9 +19,11 @@ from typing import Any
 
 from headscope.engine.diff import EDGE_THRESHOLD
 from headscope.engine.errors import HeadscopeError, InvalidRequestError
+from headscope.tui import cli_timeline
 
 EXIT_OK, EXIT_MODEL_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-COMMANDS = ("open", "info", "heads", "composition", "forward", "circuit", "diff", "export", "serve")
+COMMANDS = ("open", "info", "heads", "composition", "forward", "circuit", "diff", "export", "serve",
+            "timeline")
 
 EPILOG = """\
 examples:
@@ -191,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-remote", action="store_true",
                    help="allow binding to a non-loopback address: anyone who can reach it can "
                         "use the explorer")
+    cli_timeline.add_parser(sub)
     return parser
 
 
@@ -475,6 +478,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "composition": cmd_composition,
     "forward": cmd_forward,
     "circuit": cmd_circuit,
+    "timeline": cli_timeline.run,
 }
 
 
