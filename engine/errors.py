@@ -7,6 +7,7 @@ TUI shows as a notification: ``"<path>: <reason>"``.
 
 from __future__ import annotations
 
+import re
 from os import PathLike
 
 
@@ -38,6 +39,11 @@ class CorruptFileError(HeadscopeError):
     """Truncated files, malformed safetensors headers, overlapping offsets, bad dtypes."""
 
 
+class CheckpointChangedError(CorruptFileError):
+    """A weights file was rewritten (in place or replaced) after the model was opened:
+    reading on would mix old and new weights, so every read from then on refuses."""
+
+
 class ConfigError(HeadscopeError):
     """config.json (or native metadata) is missing fields or inconsistent."""
 
@@ -63,7 +69,37 @@ class PromptError(HeadscopeError):
 
 
 class ResourceLimitError(HeadscopeError):
-    """A request would materialise more bytes than the configured limit."""
+    """A request would materialise more bytes than the configured limit (or than memory holds)."""
+
+
+_ALLOCATION = re.compile(r"tried to allocate (\d+) bytes|allocate (\d+) bytes")
+
+
+def out_of_memory(err: BaseException, path: str | PathLike[str] | None = None,
+                  what: str = "this request") -> ResourceLimitError | None:
+    """``MemoryError`` or torch's allocator ``RuntimeError`` as a one-line
+    ``ResourceLimitError`` saying how much was needed; ``None`` for other errors."""
+    if isinstance(err, MemoryError):
+        needed = ""
+    elif isinstance(err, RuntimeError) and any(
+        s in str(err).lower() for s in ("allocate memory", "not enough memory", "out of memory")
+    ):
+        match = _ALLOCATION.search(str(err))
+        needed = f": one allocation of {format_bytes(int(match.group(1) or match.group(2)))} " \
+                 "failed" if match else ""
+    else:
+        return None
+    return ResourceLimitError(path, f"out of memory: {what} does not fit in memory{needed}")
+
+
+def format_bytes(n: int) -> str:
+    """``1536`` -> ``"1.5 KiB"``."""
+    size = float(n)
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{int(size)} bytes" if unit == "bytes" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} bytes"
 
 
 class NonFiniteError(HeadscopeError):

@@ -21,7 +21,6 @@ that need remote code, and hub names (nothing is ever downloaded).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 from collections.abc import Sequence
@@ -36,11 +35,13 @@ from .config import ModelConfig
 from .errors import (
     ConfigError,
     CorruptFileError,
+    HeadscopeError,
     InvalidRequestError,
     UnsafeFormatError,
     UnsafePathError,
     UnsupportedFormatError,
 )
+from .files import os_reason, read_json_object, read_text
 from .safetensors_header import SafetensorsHeader, TensorInfo, read_header
 from .tokenizer import IdTokenizer, Tokenizer, load_tokenizer
 from .weights import CheckpointWeights, WeightSource
@@ -53,7 +54,7 @@ if TYPE_CHECKING:
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
-MAX_JSON_BYTES = 50_000_000  # config.json / index files are KBs; refuse absurd ones
+MAX_JSON_BYTES = 16_000_000  # config.json / index files are KBs; refuse absurd ones
 
 _PICKLE_ADVICE = (
     "pickle-based checkpoints can run arbitrary code when loaded, so headscope only reads "
@@ -84,8 +85,23 @@ class Checkpoint:
 def inspect_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     """Resolve and validate ``path`` from headers and config only (never imports torch)."""
     p = Path(path).expanduser()
-    if not p.exists():
-        _missing_path(p, path)
+    try:
+        return _inspect(p, path)
+    except HeadscopeError:
+        raise
+    except OSError as e:
+        # e.g. a parent directory without search permission: stat() itself fails.
+        where = e.filename if isinstance(e.filename, str) else p
+        raise UnsupportedFormatError(where, f"cannot open: {os_reason(e)}") from None
+
+
+def _inspect(p: Path, given: str | os.PathLike[str]) -> Checkpoint:
+    try:
+        p.stat()
+    except FileNotFoundError:
+        _missing_path(p, given)
+    except NotADirectoryError:
+        raise UnsupportedFormatError(p, "no such file or directory (a parent is a file)") from None
     if p.is_file():
         return _open_file(p)
     if p.is_dir():
@@ -185,14 +201,17 @@ class Model:
 
 def open_model(path: str | os.PathLike[str], raw: bool = False) -> Model:
     ckpt = inspect_checkpoint(path)
-    raw_weights = CheckpointWeights(ckpt.cfg, ckpt.specs, ckpt.files, path=str(ckpt.path))
+    raw_weights = CheckpointWeights(
+        ckpt.cfg, ckpt.specs, ckpt.files, path=str(ckpt.path), headers=ckpt.headers
+    )
     warnings: list[str] = []
     try:
         tokenizer = load_tokenizer(ckpt.directory, ckpt.cfg.d_vocab, ckpt.cfg.family)
     except CorruptFileError as e:
-        # A broken tokenizer must not hide the weights: fall back to ids, say so.
+        # A broken tokenizer must not hide the weights: fall back to ids, say so (prompt
+        # errors repeat the reason).
         warnings.append(str(e) + " (showing token ids instead)")
-        tokenizer = IdTokenizer(ckpt.cfg.d_vocab, str(ckpt.directory))
+        tokenizer = IdTokenizer(ckpt.cfg.d_vocab, str(ckpt.directory), reason=e.one_line())
     processed = None if raw else _process(raw_weights)
     weights = raw_weights if processed is None else processed
     return Model(
@@ -304,11 +323,13 @@ def _build(
         for name, info in header.tensors.items():
             if files.get(name) == file:
                 tensors[name] = info
-    names = set(tensors)
+    names = adapters.TensorNames(tensors, sum(t.numel for t in tensors.values()))
     first_meta = next(iter(headers.values())).metadata if headers else {}
     native_json = directory / native_adapter.CONFIG_FILE
 
-    if native_adapter.CONFIG_KEY in first_meta or native_json.is_file():
+    # exists(), not is_file(): a FIFO or device named like a config is refused by name
+    # (engine.files), not skipped in silence.
+    if native_adapter.CONFIG_KEY in first_meta or native_json.exists():
         fmt = "native"
         if native_adapter.CONFIG_KEY in first_meta:
             cfg_path, text = main, first_meta[native_adapter.CONFIG_KEY]
@@ -319,7 +340,7 @@ def _build(
     else:
         if config is None:
             config_path = directory / "config.json"
-            if not config_path.is_file():
+            if not config_path.exists():
                 raise UnsupportedFormatError(
                     shown,
                     f"no config: expected config.json or {native_adapter.CONFIG_FILE} beside the weights, "
@@ -407,28 +428,13 @@ def _read_index(
 
 
 def _read_text(path: Path) -> str:
-    try:
-        size = path.stat().st_size
-        if size > MAX_JSON_BYTES:
-            raise ConfigError(path, f"file is {size} bytes, over the {MAX_JSON_BYTES}-byte limit")
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(path, f"cannot read: {e}") from None
+    return read_text(path, MAX_JSON_BYTES, ConfigError, path.name)
 
 
 def _read_json(
     path: Path, error: type[ConfigError] | type[CorruptFileError], what: str
 ) -> dict[str, Any]:
-    try:
-        size = path.stat().st_size
-        if size > MAX_JSON_BYTES:
-            raise error(path, f"{what} is {size} bytes, over the {MAX_JSON_BYTES}-byte limit")
-        obj = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise error(path, f"cannot read {what}: {str(e)[:160]}") from None
-    if not isinstance(obj, dict):
-        raise error(path, f"{what} is not a JSON object")
-    return obj
+    return read_json_object(path, MAX_JSON_BYTES, error, what)
 
 
 def _read_config(path: Path) -> dict[str, Any]:
