@@ -24,6 +24,8 @@ HEAD_SCORE_KEYS = (
     "duplicate_token_score",
     "induction_score",
 )
+# Scores from the forward pass: NaN only when attention itself is not finite.
+BEHAVIOUR_KEYS = ("prev_token_score", "duplicate_token_score", "induction_score")
 DEFAULT_BLOCK = 24  # rows/cols of a circuit block when the caller names none
 MAX_BLOCK_CELLS = 4_000_000  # 16 MB of float32: refuse bigger blocks (DESIGN.md §7)
 
@@ -57,8 +59,11 @@ def head_table(model: Model, *, seed: int = 0, ablation: bool = False) -> list[d
             }
             if effects is not None:
                 row["ablation_effect"] = float(effects[layer, head])
-            # NaN/inf weights: every score of the head is NaN (null in JSON).
-            row["nonfinite"] = (layer, head) in nonfinite
+            # NaN/inf weights: every score of the head is NaN (null in JSON). Finite weights
+            # can still give non-finite attention (e.g. overflow): flagged the same way.
+            row["nonfinite"] = (layer, head) in nonfinite or not all(
+                math.isfinite(row[k]) for k in BEHAVIOUR_KEYS
+            )
             rows.append(row)
     return rows
 

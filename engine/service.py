@@ -481,7 +481,7 @@ class Engine:
             model = self._model(raw)
             found = scores.behaviour_scores(model.weights, seed=SEED, cancelled=ctx.cancelled)
             out = {name: readonly(found[name], np.float32) for name in _BEHAVIOURS}
-            out["nonfinite"] = readonly(_nonfinite_heads(model), bool)
+            out["nonfinite"] = readonly(_nonfinite_heads(model, out), bool)
             return out
 
         return await self._get(
@@ -508,7 +508,7 @@ class Engine:
                 w, seed=SEED, progress=_part(ctx, 0.8, 0.95), cancelled=ctx.cancelled
             )
             ctx.check()
-            nonfinite = _nonfinite_heads(model)
+            nonfinite = _nonfinite_heads(model, behaviour)
             table = ScoreTable(
                 copying=readonly(copying, np.float32),
                 qk_positivity=readonly(positivity, np.float32),
@@ -755,13 +755,16 @@ def _block_result(
     )
 
 
-def _nonfinite_heads(model: Model) -> np.ndarray:
-    """[L, H] bool: heads with a NaN/inf in their attention weights."""
+def _nonfinite_heads(model: Model, behaviour: dict[str, Any]) -> np.ndarray:
+    """[L, H] bool: heads with a NaN/inf in their attention weights, or whose behaviour
+    scores are not finite (finite weights whose attention overflows)."""
     from . import scores
 
     flags = np.zeros((model.cfg.n_layers, model.cfg.n_heads), bool)
     for layer, head in scores.nonfinite_heads(model.weights):
         flags[layer, head] = True
+    for name in _BEHAVIOURS:
+        flags |= ~np.isfinite(np.asarray(behaviour[name], dtype=np.float64))
     return flags
 
 
