@@ -106,6 +106,10 @@ class NonFiniteError(HeadscopeError):
     """NaN/inf weights where a finite matrix is required (e.g. before eigvals)."""
 
 
+class OutputError(HeadscopeError):
+    """An output destination that cannot be written: not a directory, read-only, full."""
+
+
 class CancelledError(HeadscopeError):
     """A request was cancelled because the user moved on, or a sweep was stopped."""
 
