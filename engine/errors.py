@@ -8,6 +8,7 @@ TUI shows as a notification: ``"<path>: <reason>"``.
 from __future__ import annotations
 
 import re
+import unicodedata
 from os import PathLike
 
 
@@ -20,7 +21,16 @@ class HeadscopeError(Exception):
         super().__init__(self.one_line())
 
     def one_line(self) -> str:
-        return f"{self.path}: {self.reason}" if self.path else self.reason
+        """``path: reason``; control characters (in a path, a token) are escaped, so the line
+        is safe to print to a terminal."""
+        line = f"{self.path}: {self.reason}" if self.path else self.reason
+        return line if line.isprintable() else "".join(map(_visible, line))
+
+
+def _visible(ch: str) -> str:
+    if unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp", "Cs"):
+        return f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}"
+    return ch
 
 
 class UnsafeFormatError(HeadscopeError):

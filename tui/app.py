@@ -32,6 +32,7 @@ from textual.app import App, ComposeResult
 from textual.binding import BindingType
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
+from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Input, Static, TabbedContent, TabPane
@@ -52,6 +53,7 @@ from headscope.themes import (
 
 from .adapt import ABLATION, ABLATION_LABEL, SCORES, jsonable, score, score_rows, stats_line
 from .compare import COMPARE_VIEWS, ChangesPane, focus_text, head_changes, pair_figures
+from .datatext import printable
 from .keymap import APP_BINDINGS
 from .palette import HeadscopeCommands
 from .screens import HelpScreen, InputScreen
@@ -1119,6 +1121,13 @@ class HeadscopeApp(App[None]):
         status.cache = (hits or 0, misses or 0, in_flight or 0)
         if busy or activity or in_flight or status.progress is not None:
             status.frame += 1
+
+    def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
+               timeout: float | None = None, markup: bool = False) -> None:
+        """Notifications carry data (paths, token strings, error texts): never markup, and no
+        control character reaches the terminal."""
+        super().notify(printable(message), title=printable(title), severity=severity,
+                       timeout=timeout, markup=markup)
 
     def _report(self, message: str) -> None:
         """Engine errors become notifications; the app keeps running."""

@@ -20,6 +20,7 @@ from typing import Any
 from headscope.engine.diff import EDGE_THRESHOLD
 from headscope.engine.errors import HeadscopeError, InvalidRequestError
 from headscope.tui import args as args_types
+from headscope.tui.datatext import data_table, tsv_field
 
 EXIT_OK, EXIT_MODEL_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 COMMANDS = ("open", "info", "heads", "composition", "forward", "circuit", "diff", "export", "serve")
@@ -227,16 +228,12 @@ def emit(data: Any, as_json: bool, table: Callable[[], tuple[list[str], list[lis
     columns, rows = table()
     if sys.stdout.isatty():
         from rich.console import Console
-        from rich.table import Table
 
-        t = Table(*columns)
-        for row in rows:
-            t.add_row(*(_cell(v) for v in row))
-        Console().print(t)
+        Console().print(data_table(columns, [[_cell(v) for v in row] for row in rows]))
     else:
-        print("\t".join(columns))
+        print("\t".join(tsv_field(c) for c in columns))
         for row in rows:
-            print("\t".join(_cell(v) for v in row))
+            print("\t".join(tsv_field(_cell(v)) for v in row))
 
 
 def _cell(v: Any) -> str:
