@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from headscope.engine.diff import EDGE_THRESHOLD
-from headscope.engine.errors import HeadscopeError, InvalidRequestError
+from headscope.engine.errors import HeadscopeError, InvalidRequestError, out_of_memory
 from headscope.tui import args as args_types
 from headscope.tui.datatext import data_table, tsv_field
 
@@ -488,6 +488,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return HANDLERS[args.command](args)
     except HeadscopeError as err:
         print(f"headscope: {err.one_line()}", file=sys.stderr)
+        return EXIT_MODEL_ERROR
+    except (MemoryError, RuntimeError) as err:  # torch's allocator raises RuntimeError
+        oom = out_of_memory(err, getattr(args, "path", None), f"headscope {args.command}")
+        if oom is None:
+            raise
+        print(f"headscope: {oom.one_line()}", file=sys.stderr)
         return EXIT_MODEL_ERROR
     except KeyboardInterrupt:
         print("headscope: interrupted", file=sys.stderr)
