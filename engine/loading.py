@@ -41,7 +41,7 @@ from .errors import (
     UnsafePathError,
     UnsupportedFormatError,
 )
-from .files import os_reason, read_json_object, read_text
+from .files import file_kind, os_reason, read_json_object, read_text
 from .safetensors_header import SafetensorsHeader, TensorInfo, read_header
 from .tokenizer import IdTokenizer, Tokenizer, load_tokenizer
 from .weights import CheckpointWeights, WeightSource
@@ -394,7 +394,8 @@ def _inside(directory: Path, name: str, listed_in: Path | None = None) -> Path:
     if not resolved.exists():
         raise CorruptFileError(where, f"missing shard {name!r} (incomplete download?)")
     if not resolved.is_file():
-        raise CorruptFileError(where, f"shard {name!r} is not a regular file")
+        kind = file_kind(resolved.stat().st_mode)
+        raise CorruptFileError(candidate, f"{name!r} is {kind}, not a regular file")
     return candidate
 
 

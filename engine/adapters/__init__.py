@@ -348,16 +348,16 @@ def _check_rope_scaling(cfg: ModelConfig, path: str | None) -> None:
     for key, above in _ROPE_PARAMS.get(kind, ()):
         value = params.get(key)
         if value is None:
-            raise ConfigError(path, f"RoPE scaling {kind!r} needs rope_scaling.{key}")
+            raise ConfigError(path, f"RoPE scaling {kind!r} needs the parameter {key}")
         if not (is_number(value) and value > above):
             raise ConfigError(
-                path, f"rope_scaling.{key} must be a finite number > {above:g}, got {value!r}"
+                path, f"RoPE scaling parameter {key} must be a finite number > {above:g}, got {value!r}"
             )
     if kind == "llama3" and not params["high_freq_factor"] > params["low_freq_factor"]:
         raise ConfigError(
             path,
-            f"rope_scaling.high_freq_factor ({params['high_freq_factor']!r}) must be greater "
-            f"than low_freq_factor ({params['low_freq_factor']!r})",
+            f"RoPE scaling parameter high_freq_factor ({params['high_freq_factor']!r}) must be "
+            f"greater than low_freq_factor ({params['low_freq_factor']!r})",
         )
 
 
