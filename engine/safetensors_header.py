@@ -123,9 +123,10 @@ def read_header(
         with open(fd, "rb") as f:
             st = os.fstat(f.fileno())
             prefix = f.read(8)
-            _refuse_pickle(p, prefix)
+            first = f.read(1)
+            _refuse_pickle(p, prefix, first)
             n = _header_length(p, prefix, st.st_size, max_header_bytes)
-            raw = f.read(n)
+            raw = first + f.read(n - 1)
     except OSError as e:
         raise CorruptFileError(p, f"cannot read safetensors file: {os_reason(e)}") from None
     if len(raw) != n:
@@ -144,15 +145,17 @@ def parse_header_bytes(
     blob: bytes, path: str = "<bytes>", max_header_bytes: int = MAX_HEADER_BYTES
 ) -> SafetensorsHeader:
     """Validate a whole safetensors file held in memory (tests, fuzzing)."""
-    _refuse_pickle(path, blob[:8])
+    _refuse_pickle(path, blob[:8], blob[8:9])
     n = _header_length(path, blob[:8], len(blob), max_header_bytes)
     return _validate(path, blob[8 : 8 + n], n, len(blob))
 
 
-def _refuse_pickle(path: str | os.PathLike[str], prefix: bytes) -> None:
-    if prefix.startswith(_ZIP_MAGIC) or (
-        prefix[:1] == _PICKLE_PROTO and prefix[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05")
-    ):
+def _refuse_pickle(path: str | os.PathLike[str], prefix: bytes, after: bytes = b"") -> None:
+    """Refuse zip (torch.save) and pickle magic. ``after``: the byte after the 8-byte length:
+    a header of 640, 896, 1152 or 1408 bytes starts with the bytes of pickle protocol 2-5
+    (``80 02`` ...), but then the JSON's ``{`` follows, which never starts a pickle there."""
+    pickle_magic = prefix[:1] == _PICKLE_PROTO and prefix[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05")
+    if prefix.startswith(_ZIP_MAGIC) or (pickle_magic and after != b"{"):
         raise UnsafeFormatError(
             path,
             "this is a pickle / torch.save file, not safetensors: loading it could run code; "

@@ -40,6 +40,7 @@ from headscope.engine.errors import (
 )
 from headscope.engine.loading import open_model, read_structure
 from headscope.engine.safetensors_header import parse_header_bytes
+from headscope.engine.safetensors_header import read_header as read_header_of
 from headscope.engine.scores import nonfinite_heads
 from headscope.engine.service import Engine
 from headscope.engine.tokenizer import HFTokenizer, IdTokenizer, rust_guard
@@ -516,3 +517,15 @@ def test_parent_without_search_permission_is_one_line(
     assert main(["info", str(path)]) == 1
     line = one_line(capsys.readouterr().err)
     assert str(path) in line and "permission denied" in line
+
+
+@pytest.mark.parametrize("length", [640, 896, 1152, 1408])
+def test_header_lengths_that_look_like_pickle_magic_are_safetensors(tmp_path: Path, length: int) -> None:
+    """A header of 640 bytes has the length bytes ``80 02 00 ...``: pickle protocol 2's
+    magic. The JSON that follows tells them apart; a real pickle is still refused."""
+    entry = {"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}
+    raw = json.dumps(entry).encode().ljust(length)
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(struct.pack("<Q", length) + raw + b"\0" * 4)
+    assert set(read_header_of(path).tensors) == {"a"}
+    assert set(parse_header_bytes(path.read_bytes()).tensors) == {"a"}
