@@ -24,7 +24,7 @@ _INT = re.compile(r"[+-]?[0-9]+")
 
 def _integer(text: str, what: str) -> int:
     stripped = text.strip()
-    if not _INT.fullmatch(stripped) or len(stripped) > 30:
+    if not _INT.fullmatch(stripped) or len(stripped) > 4000:  # int() refuses longer ones
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number ({what})")
     return int(stripped)
 
