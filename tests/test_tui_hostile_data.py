@@ -186,3 +186,22 @@ def test_no_home_at_all_is_no_settings_file(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(pathlib.Path, "home", staticmethod(no_home))
     assert config_path({}) is None
     assert load_settings({}) == Settings()
+
+
+async def test_keymap_and_token_ids_from_the_user_are_not_markup_or_crashes() -> None:
+    """A keymap value is shown in the help screen (as typed, never markup); ``#²`` in the
+    token chooser is a word to look up, not an id that int() cannot parse."""
+    app = HeadscopeApp(MODEL, settings=Settings(keymap={"next-head": "[/],n"}), sweep=False,
+                       debounce=0.01)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, app, lambda: app._model_ready.is_set())
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert "[/] / n" in screen_text(app)
+        await pilot.press("escape")
+        await pilot.press("slash")
+        await pilot.press(*"#²", "enter")
+        await settle(pilot, app, lambda: app.tokens_text == "#²")
+        assert_no_crash(app)  # int("²") used to kill the worker
+        app.main.query_one(HeadTree).focus()
+        await keys_still_work_then_quit(pilot, app, tabs=False)
