@@ -107,6 +107,9 @@ BAD_ARGUMENTS = {
     "export_seed": (["export", MODEL, "--what", "heads", "--seed", "1e3"], "--seed", "not a whole"),
     "export_layer": (["export", MODEL, "--what", "circuit", "--kind", "qk", "--layer", "-2",
                       "--head", "0"], "--layer", "between 0"),
+    "tokens_superscript": (["forward", MODEL, "--tokens", "3,²"], "--tokens", "not a token id"),
+    "tokens_arabic_digit": (["forward", MODEL, "--tokens", "٣"], "--tokens", "not a token id"),
+    "tokens_none": (["forward", MODEL, "--tokens", ", ,"], "--tokens", "no token ids"),
     "out_dev_null": (["export", MODEL, "--what", "heads", "--out", "/dev/null"], "--out", "character device"),
 }
 

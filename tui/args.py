@@ -98,6 +98,17 @@ def token_spec(text: str) -> str:
     return text
 
 
+def token_ids(text: str) -> str:
+    """``forward --tokens``: comma-separated token ids, ASCII digits (the model bounds them)."""
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError(f"{text!r} names no token ids")
+    for item in items:
+        if not (item.isascii() and item.isdigit()):
+            raise argparse.ArgumentTypeError(f"{item!r} is not a token id (0-9 digits, e.g. 3,14,15)")
+    return text
+
+
 def output_dir(text: str) -> str:
     """``export --out``: a directory that can take the file, checked before the sweep."""
     try:

@@ -139,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     json_arg(p)
     processing_args(p)
     group = p.add_mutually_exclusive_group(required=True)
-    group.add_argument("--tokens", help="comma-separated token ids, e.g. 3,14,15,92")
+    group.add_argument("--tokens", type=args_types.token_ids, help="comma-separated token ids, e.g. 3,14,15,92")
     group.add_argument("--prompt", help="text, encoded with the model's tokenizer")
 
     p = command("circuit", "a block of a head's QK or OV circuit",

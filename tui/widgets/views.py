@@ -114,7 +114,7 @@ class OVPane(Horizontal):
     def show_top(self, result: TopTokens) -> None:
         rows = top_tokens(result)
         src = result.source_label or str(result.source_token)
-        table = Table(box=None, padding=(0, 1), title=Text(f"top outputs of {printable(src)!r}"),
+        table = Table(box=None, padding=(0, 1), title=Text(f"top outputs of {printable(src)!r}", style="table.title"),
                       title_justify="left", expand=True)
         table.add_column("token", no_wrap=True)
         table.add_column("value", justify="right")
@@ -191,7 +191,7 @@ class PromptPane(Vertical):
         for tok, v in zip(tokens, dla.tolist(), strict=False):
             t.add_row(data_text(tok, width=10), f"{v:+.2f}", _bar(v, vmax, 5, _bar_colours(self)))
         last = printable(tokens[-1])[:10] if tokens else ""
-        p = Table(box=None, padding=(0, 1), title=Text(f"{prefix}top predictions after {last!r}"),
+        p = Table(box=None, padding=(0, 1), title=Text(f"{prefix}top predictions after {last!r}", style="table.title"),
                   title_justify="left", expand=True)
         p.add_column("next", no_wrap=True)
         p.add_column("p", justify="right")
