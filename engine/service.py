@@ -164,6 +164,14 @@ class Engine:
     def raw(self) -> bool:
         return self._raw
 
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """What opening the model could not use, one line each (e.g. an unreadable
+        tokenizer: token ids are shown instead). Empty until ``ready()``."""
+        if not self._opened.done() or self._opened.exception() is not None:
+            return ()
+        return tuple(self._opened.result().warnings)
+
     async def set_raw(self, raw: bool) -> None:
         """Switch between processed and raw weights; cached results of both stay valid."""
         raw = bool(raw)

@@ -205,3 +205,22 @@ async def test_keymap_and_token_ids_from_the_user_are_not_markup_or_crashes() ->
         assert_no_crash(app)  # int("²") used to kill the worker
         app.main.query_one(HeadTree).focus()
         await keys_still_work_then_quit(pilot, app, tabs=False)
+
+
+@pytest.mark.timeout(60)
+async def test_unusable_tokenizer_is_shown_when_the_model_opens(
+    tmp_path: Path, gpt2_dir: tuple[Path, Any]
+) -> None:
+    import shutil
+
+    d = tmp_path / "m"
+    shutil.copytree(gpt2_dir[0], d)
+    (d / "tokenizer.json").unlink()
+    os.mkfifo(d / "tokenizer.json")
+    app = HeadscopeApp(d, settings=Settings(), sweep=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, app, lambda: app._model_ready.is_set())
+        await pilot.pause(0.1)
+        warnings = [n.message for n in app._notifications if n.severity == "warning"]
+        assert any("tokenizer.json" in w and "FIFO" in w and "token ids" in w for w in warnings), warnings
+        assert_no_crash(app)

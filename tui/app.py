@@ -335,6 +335,8 @@ class HeadscopeApp(App[None]):
         self.structure = dict(getattr(self.engine, "structure", self.structure))
         self.main.query_one(StatusBar).structure = self.structure
         self._model_ready.set()
+        for warning in getattr(self.engine, "warnings", ()):  # e.g. an unusable tokenizer
+            self.notify(warning, severity="warning", timeout=8)
         if self.tokens_text and self.tokens is None:
             await self._set_tokens(self.tokens_text, reload=False)
         if self.head is None and self.n_layers and self.n_heads:
