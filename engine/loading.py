@@ -93,6 +93,8 @@ def inspect_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
         # e.g. a parent directory without search permission: stat() itself fails.
         where = e.filename if isinstance(e.filename, str) else p
         raise UnsupportedFormatError(where, f"cannot open: {os_reason(e)}") from None
+    except ValueError as e:  # a NUL byte in the path (from the API; argv cannot hold one)
+        raise UnsupportedFormatError(repr(os.fspath(path)), f"not a usable path: {e}") from None
 
 
 def _inspect(p: Path, given: str | os.PathLike[str]) -> Checkpoint:

@@ -529,3 +529,13 @@ def test_header_lengths_that_look_like_pickle_magic_are_safetensors(tmp_path: Pa
     path.write_bytes(struct.pack("<Q", length) + raw + b"\0" * 4)
     assert set(read_header_of(path).tensors) == {"a"}
     assert set(parse_header_bytes(path.read_bytes()).tensors) == {"a"}
+
+
+@pytest.mark.parametrize("path", ["model\x00dir", "x" * 5000, "loop"])
+def test_unusable_paths_are_one_typed_line(tmp_path: Path, path: str) -> None:
+    """A NUL byte (API only), a name longer than the system allows, a symlink loop."""
+    if path == "loop":
+        (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    with pytest.raises(UnsupportedFormatError) as info:
+        open_model(tmp_path / path)
+    assert "\n" not in str(info.value)
