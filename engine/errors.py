@@ -116,8 +116,9 @@ class NonFiniteError(HeadscopeError):
     """NaN/inf weights where a finite matrix is required (e.g. before eigvals)."""
 
 
-class OutputError(HeadscopeError):
-    """An output destination that cannot be written: not a directory, read-only, full."""
+class OutputError(HeadscopeError, OSError):
+    """An output destination that cannot be written: not a directory, read-only, full.
+    Also an ``OSError``, as the failed write it stands for (callers catching that keep working)."""
 
 
 class CancelledError(HeadscopeError):

@@ -224,3 +224,19 @@ async def test_unusable_tokenizer_is_shown_when_the_model_opens(
         warnings = [n.message for n in app._notifications if n.severity == "warning"]
         assert any("tokenizer.json" in w and "FIFO" in w and "token ids" in w for w in warnings), warnings
         assert_no_crash(app)
+
+
+async def test_export_to_an_unusable_directory_is_a_notification(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("HEADSCOPE_OUTPUT_DIR", str(blocker / "out"))
+    app = HeadscopeApp(MODEL, settings=Settings(), sweep=False, debounce=0.01)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, app, lambda: "qk" in app.results)
+        await pilot.press("e")
+        await settle(pilot, app, lambda: bool(app.errors))
+        assert "cannot export" in app.errors[0] and str(blocker) in app.errors[0]
+        assert_no_crash(app)
+        await keys_still_work_then_quit(pilot, app, tabs=False)
