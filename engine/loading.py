@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")  # what a tokenizer is built from
 MAX_JSON_BYTES = 16_000_000  # config.json / index files are KBs; refuse absurd ones
 
 _PICKLE_ADVICE = (
@@ -208,8 +209,10 @@ def open_model(path: str | os.PathLike[str], raw: bool = False) -> Model:
     )
     warnings: list[str] = []
     try:
+        for name in TOKENIZER_FILES:
+            _refuse_outside(ckpt.directory, ckpt.directory / name, name)
         tokenizer = load_tokenizer(ckpt.directory, ckpt.cfg.d_vocab, ckpt.cfg.family)
-    except CorruptFileError as e:
+    except (CorruptFileError, UnsafePathError) as e:
         # A broken tokenizer must not hide the weights: fall back to ids, say so (prompt
         # errors repeat the reason).
         warnings.append(str(e) + " (showing token ids instead)")
@@ -336,6 +339,7 @@ def _build(
         if native_adapter.CONFIG_KEY in first_meta:
             cfg_path, text = main, first_meta[native_adapter.CONFIG_KEY]
         else:
+            _refuse_outside(directory, native_json, native_adapter.CONFIG_FILE)
             cfg_path, text = str(native_json), _read_text(native_json)
         fields = native_adapter.parse_config_json(text, cfg_path)
         cfg, specs = native_adapter.adapt(fields, names, cfg_path)
@@ -441,4 +445,17 @@ def _read_json(
 
 
 def _read_config(path: Path) -> dict[str, Any]:
+    _refuse_outside(path.parent, path, "config.json")
     return _read_json(path, ConfigError, "config.json")
+
+
+def _refuse_outside(directory: Path, path: Path, what: str) -> None:
+    """A config or tokenizer file that is a symlink out of the model directory (and out of
+    the Hugging Face cache's blobs) is not read, like a shard (``_inside``)."""
+    if not path.is_symlink():
+        return
+    target = path.resolve()
+    if not any(target.is_relative_to(root) for root in _allowed_roots(directory)):
+        raise UnsafePathError(
+            path, f"{what} is a symlink leading outside the model directory (to {target})"
+        )

@@ -614,13 +614,26 @@ def _dev_zero(path: Path) -> Path:
 SPECIAL_FILE_CASES = {
     # case: (source family, file replaced, how, error, fragment)
     "config_fifo": ("gpt2", "config.json", _fifo, ConfigError, "FIFO"),
-    "config_dev_zero": ("gpt2", "config.json", _dev_zero, ConfigError, "character device"),
+    "config_dev_zero": ("gpt2", "config.json", _dev_zero, UnsafePathError, "symlink leading outside"),
     "config_directory": ("gpt2", "config.json", None, ConfigError, "a directory"),
     "weights_fifo": ("gpt2", "model.safetensors", _fifo, CorruptFileError, "not a regular file"),
     "index_fifo": ("sharded", INDEX_FILE_NAME, _fifo, CorruptFileError, "FIFO"),
     "index_directory": ("sharded", INDEX_FILE_NAME, None, CorruptFileError, "a directory"),
     "native_json_fifo": ("native", "headscope.json", _fifo, ConfigError, "FIFO"),
+    "native_json_outside": ("native", "headscope.json", lambda p: _outside_link(p),
+                            UnsafePathError, "symlink leading outside"),
+    "config_outside": ("gpt2", "config.json", lambda p: _outside_link(p), UnsafePathError,
+                       "symlink leading outside"),
 }
+
+
+def _outside_link(path: Path) -> Path:
+    """Replace ``path`` by a symlink to a copy of it outside the model directory."""
+    outside = path.parent.parent / f"outside-{path.name}"
+    shutil.copy(path, outside)
+    path.unlink()
+    path.symlink_to(outside)
+    return path
 
 
 def _special_file_case(case: str) -> Builder:

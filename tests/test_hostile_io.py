@@ -539,3 +539,17 @@ def test_unusable_paths_are_one_typed_line(tmp_path: Path, path: str) -> None:
     with pytest.raises(UnsupportedFormatError) as info:
         open_model(tmp_path / path)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "vocab.txt"])
+def test_tokenizer_files_leading_outside_are_not_read(
+    tmp_path: Path, gpt2_dir: tuple[Path, Any], name: str
+) -> None:
+    d = copy_of(gpt2_dir[0], tmp_path / "m")
+    (d / "tokenizer.json").unlink()
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the\ncat\n")
+    (d / name).symlink_to(secret)
+    m = open_model(d)
+    assert isinstance(m.tokenizer, IdTokenizer)
+    assert "symlink leading outside the model directory" in m.warnings[0]
