@@ -145,9 +145,10 @@ class Engine:
         except HeadscopeError as exc:
             self._opened.set_exception(exc)
         except Exception as exc:
-            from .errors import ComputeError
+            from .errors import ComputeError, out_of_memory
 
-            self._opened.set_exception(ComputeError(self._where, f"cannot open: {exc}"))
+            self._opened.set_exception(out_of_memory(exc, self._where, "opening the model")
+                                       or ComputeError(self._where, f"cannot open: {exc}"))
 
     def _set_torch_threads(self) -> None:
         import torch
