@@ -182,13 +182,17 @@ def ablation_effect(model: Model, layer: int, head: int, seed: int = SEED) -> fl
 # -- model-wide requests (sweeps) ---------------------------------------------------------------
 
 
-def nonfinite_heads(model: Model) -> np.ndarray:
-    """[L, H] bool: heads with a NaN/inf in their attention weights."""
+def nonfinite_heads(model: Model, behaviour: dict[str, Any] | None = None) -> np.ndarray:
+    """[L, H] bool: heads with a NaN/inf in their attention weights (or weights whose
+    products overflow float32), and, given the behaviour scores, heads whose scores are not
+    finite (finite weights whose attention overflows)."""
     from . import scores
 
     flags = np.zeros((model.cfg.n_layers, model.cfg.n_heads), bool)
     for layer, head in scores.nonfinite_heads(model.weights):
         flags[layer, head] = True
+    for name in BEHAVIOURS if behaviour is not None else ():
+        flags |= ~np.isfinite(np.asarray(behaviour[name], dtype=np.float64))
     return flags
 
 
@@ -198,7 +202,7 @@ def behaviour(model: Model, seed: int = SEED, cancelled: Cancelled = None) -> di
 
     found = scores.behaviour_scores(model.weights, seed=seed, cancelled=cancelled)
     out = {name: readonly(found[name], np.float32) for name in BEHAVIOURS}
-    out["nonfinite"] = readonly(nonfinite_heads(model), bool)
+    out["nonfinite"] = readonly(nonfinite_heads(model, found), bool)
     return out
 
 
@@ -221,7 +225,7 @@ def score_table(
         prev_token_score=readonly(found["prev_token"], np.float32),
         duplicate_token_score=readonly(found["duplicate_token"], np.float32),
         induction_score=readonly(found["induction"], np.float32),
-        nonfinite=readonly(nonfinite_heads(model), bool),
+        nonfinite=readonly(nonfinite_heads(model, found), bool),
     )
 
 

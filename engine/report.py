@@ -44,7 +44,8 @@ def score_rows(table: ScoreTable, effects: np.ndarray | None = None) -> list[dic
             row.update({name: float(getattr(table, name)[layer, head]) for name in SCORE_NAMES})
             if effects is not None:
                 row[ABLATION_EFFECT] = float(effects[layer, head])
-            # NaN/inf weights: every score of the head is NaN (null in JSON).
+            # NaN/inf weights or products that overflow float32, or non-finite attention
+            # (compute.nonfinite_heads): the head's scores cannot all be trusted.
             row["nonfinite"] = bool(table.nonfinite[layer, head])
             rows.append(row)
     return rows

@@ -140,9 +140,10 @@ class Engine:
         except HeadscopeError as exc:
             self._opened.set_exception(exc)
         except Exception as exc:
-            from .errors import ComputeError
+            from .errors import ComputeError, out_of_memory
 
-            self._opened.set_exception(ComputeError(self._where, f"cannot open: {exc}"))
+            self._opened.set_exception(out_of_memory(exc, self._where, "opening the model")
+                                       or ComputeError(self._where, f"cannot open: {exc}"))
 
     def _set_torch_threads(self) -> None:
         import torch
@@ -158,6 +159,14 @@ class Engine:
     @property
     def raw(self) -> bool:
         return self._raw
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """What opening the model could not use, one line each (e.g. an unreadable
+        tokenizer: token ids are shown instead). Empty until ``ready()``."""
+        if not self._opened.done() or self._opened.exception() is not None:
+            return ()
+        return tuple(self._opened.result().warnings)
 
     async def set_raw(self, raw: bool) -> None:
         """Switch between processed and raw weights; cached results of both stay valid."""

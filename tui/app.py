@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 from textual import events
 from textual.app import App
 from textual.binding import BindingType
+from textual.notifications import SeverityLevel
 
 from headscope.engine.errors import HeadscopeError
 from headscope.sample_models import bundled_model
@@ -39,6 +40,7 @@ from headscope.themes import (
 )
 
 from .compare_mode import CompareMode
+from .datatext import printable
 from .engine_api import ExplorerEngine
 from .explorer import FILTER_THRESHOLD, ExplorerScreen, ModelFailed, ModelReady
 from .keymap import APP_BINDINGS
@@ -193,6 +195,8 @@ class HeadscopeApp(App[None]):
             return
         self.structure = dict(getattr(engine, "structure", self.structure))
         self.model_ready.set()
+        for warning in getattr(engine, "warnings", ()):  # e.g. an unusable tokenizer
+            self.notify(warning, severity="warning", timeout=8)
         self.explorer.post_message(ModelReady())
 
     def on_resize(self, event: events.Resize) -> None:
@@ -264,6 +268,13 @@ class HeadscopeApp(App[None]):
         self.notify(f"saved {out}", title="screenshot")
 
     # -- notifications, quitting ------------------------------------------------------------
+    def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
+               timeout: float | None = None, markup: bool = False) -> None:
+        """Notifications carry data (paths, token strings, error texts): never markup, and no
+        control character reaches the terminal."""
+        super().notify(printable(message), title=printable(title), severity=severity,
+                       timeout=timeout, markup=markup)
+
     def report(self, message: str) -> None:
         """Engine errors become notifications; the app keeps running."""
         self.errors.append(message)

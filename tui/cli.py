@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from headscope.engine.diff import EDGE_THRESHOLD
-from headscope.engine.errors import HeadscopeError, InvalidRequestError
+from headscope.engine.errors import HeadscopeError, InvalidRequestError, out_of_memory
+from headscope.tui import args as args_types
 from headscope.tui import cli_timeline
+from headscope.tui.datatext import data_table, tsv_field
 
 EXIT_OK, EXIT_MODEL_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 COMMANDS = ("open", "info", "heads", "composition", "forward", "circuit", "diff", "export", "serve",
@@ -112,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     json_arg(p)
     processing_args(p)
     p.add_argument("--sort", metavar="KEY", help="sort descending by a score column, e.g. induction_score")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random token sequences (default 0)")
+    p.add_argument("--seed", type=args_types.seed, default=0, help="seed of the random token sequences (default 0)")
     p.add_argument("--ablation", action="store_true",
                    help="add ablation_effect: the loss increase on the repeated half of the random "
                         "sequences when the head is zero-ablated (a forward pass per head; implied "
@@ -124,8 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     json_arg(p)
     processing_args(p)
     p.add_argument("--kind", choices=("q", "k", "v"), required=True)
-    p.add_argument("--top", type=int, default=10, help="how many top edges to list (default 10)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random baseline (default 0)")
+    p.add_argument("--top", type=args_types.count, default=10, help="how many top edges to list (default 10)")
+    p.add_argument("--seed", type=args_types.seed, default=0, help="seed of the random baseline (default 0)")
 
     p = command("forward", "logits and attention patterns for a token sequence",
                 "headscope forward path --tokens 3,14,15,92 --json")
@@ -133,21 +135,22 @@ def build_parser() -> argparse.ArgumentParser:
     json_arg(p)
     processing_args(p)
     group = p.add_mutually_exclusive_group(required=True)
-    group.add_argument("--tokens", help="comma-separated token ids, e.g. 3,14,15,92")
+    group.add_argument("--tokens", type=args_types.token_ids, help="comma-separated token ids, e.g. 3,14,15,92")
     group.add_argument("--prompt", help="text, encoded with the model's tokenizer")
 
     p = command("circuit", "a block of a head's QK or OV circuit",
                 "headscope circuit path 1 4 --kind qk --basis position --rows 0:16 --cols 0:16")
     model_arg(p)
-    p.add_argument("layer", type=int)
-    p.add_argument("head", type=int)
+    p.add_argument("layer", type=args_types.index)
+    p.add_argument("head", type=args_types.index)
     json_arg(p)
     processing_args(p)
     p.add_argument("--kind", choices=("qk", "ov"), required=True)
     p.add_argument("--basis", choices=("token", "position"), default="token")
-    p.add_argument("--rows", help="ids (3,14), ranges (0:20) or tokens (Mary,John); default the first 24")
-    p.add_argument("--cols", help="as --rows")
-    p.add_argument("--offset", type=int, default=0, help="rotary models: query-key offset Δ")
+    p.add_argument("--rows", type=args_types.token_spec,
+                   help="ids (3,14), ranges (0:20) or tokens (Mary,John); default the first 24")
+    p.add_argument("--cols", type=args_types.token_spec, help="as --rows")
+    p.add_argument("--offset", type=args_types.offset, default=0, help="rotary models: query-key offset Δ")
 
     p = command("diff", "compare the circuits of two checkpoints with the same head layout "
                 "(after pruning, distillation or more training)",
@@ -159,10 +162,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--match-heads", action="store_true",
                    help="match B's heads to A's within each layer by circuit similarity "
                         "(Hungarian assignment), for checkpoints from independent runs")
-    p.add_argument("--threshold", type=float, default=EDGE_THRESHOLD,
+    p.add_argument("--threshold", type=args_types.finite_float, default=EDGE_THRESHOLD,
                    help="composition edges count when this far above their baseline "
                         f"(default {EDGE_THRESHOLD})")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=args_types.seed, default=0)
 
     p = command("export", "write heads, composition or circuit data to JSON or CSV, atomically",
                 "headscope export path --what composition --kind k --format csv --out results/")
@@ -170,16 +173,16 @@ def build_parser() -> argparse.ArgumentParser:
     processing_args(p)
     p.add_argument("--what", choices=("heads", "composition", "circuit"), required=True)
     p.add_argument("--format", choices=("json", "csv"), default="json")
-    p.add_argument("--out", default=".", help="directory to write into (default: the current "
+    p.add_argument("--out", default=".", type=args_types.output_dir, help="directory to write into (default: the current "
                    "directory; never the checkpoint's unless you name it)")
     p.add_argument("--kind", choices=("q", "k", "v", "qk", "ov"),
                    help="composition: q|k|v; circuit: qk|ov")
-    p.add_argument("--layer", type=int, help="circuit: layer")
-    p.add_argument("--head", type=int, help="circuit: head")
+    p.add_argument("--layer", type=args_types.index, help="circuit: layer")
+    p.add_argument("--head", type=args_types.index, help="circuit: head")
     p.add_argument("--basis", choices=("token", "position"), default="token")
-    p.add_argument("--rows", help="circuit rows, as for `headscope circuit`")
-    p.add_argument("--cols", help="circuit columns")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rows", type=args_types.token_spec, help="circuit rows, as for `headscope circuit`")
+    p.add_argument("--cols", type=args_types.token_spec, help="circuit columns")
+    p.add_argument("--seed", type=args_types.seed, default=0)
     p.add_argument("--ablation", action="store_true",
                    help="heads: add the zero-ablation effect column (a forward pass per head)")
 
@@ -187,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "headscope serve path --port 8000")
     model_arg(p, optional=True)
     processing_args(p)
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=args_types.port, default=8000)
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1; others need --allow-remote)")
     p.add_argument("--allow-remote", action="store_true",
@@ -222,16 +225,12 @@ def emit(data: Any, as_json: bool, table: Callable[[], tuple[list[str], list[lis
     columns, rows = table()
     if sys.stdout.isatty():
         from rich.console import Console
-        from rich.table import Table
 
-        t = Table(*columns)
-        for row in rows:
-            t.add_row(*(_cell(v) for v in row))
-        Console().print(t)
+        Console().print(data_table(columns, [[_cell(v) for v in row] for row in rows]))
     else:
-        print("\t".join(columns))
+        print("\t".join(tsv_field(c) for c in columns))
         for row in rows:
-            print("\t".join(_cell(v) for v in row))
+            print("\t".join(tsv_field(_cell(v)) for v in row))
 
 
 def _cell(v: Any) -> str:
@@ -489,6 +488,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return HANDLERS[args.command](args)
     except HeadscopeError as err:
         print(f"headscope: {err.one_line()}", file=sys.stderr)
+        return EXIT_MODEL_ERROR
+    except (MemoryError, RuntimeError) as err:  # torch's allocator raises RuntimeError
+        oom = out_of_memory(err, getattr(args, "path", None), f"headscope {args.command}")
+        if oom is None:
+            raise
+        print(f"headscope: {oom.one_line()}", file=sys.stderr)
         return EXIT_MODEL_ERROR
     except KeyboardInterrupt:
         print("headscope: interrupted", file=sys.stderr)

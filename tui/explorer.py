@@ -750,7 +750,7 @@ class ExplorerScreen(Screen[None]):
         text = text.strip()
         if not text:
             ids = None
-        elif all(p.startswith("#") and p[1:].isdigit() for p in text.split()):
+        elif all(p.startswith("#") and p[1:].isascii() and p[1:].isdigit() for p in text.split()):
             ids = [int(p[1:]) for p in text.split()]
         else:
             await self.headscope.model_ready.wait()

@@ -9,6 +9,8 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
+from ..datatext import printable
+
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 
 
@@ -25,8 +27,8 @@ def _count(n: Any) -> str:
 def model_summary(structure: dict[str, Any]) -> tuple[str, str, str]:
     """(name, architecture, shapes) of a structure dict."""
     s = structure
-    name = Path(str(s.get("path") or "?")).name or str(s.get("path"))
-    arch = f"{s.get('family', '?')}/{s.get('architecture', '?')}"
+    name = printable(Path(str(s.get("path") or "?")).name or str(s.get("path")))
+    arch = printable(f"{s.get('family', '?')}/{s.get('architecture', '?')}")
     kv = s.get("n_kv_heads")
     heads = f"{s.get('n_heads', '?')}H" + (f"/{kv}kv" if kv and kv != s.get("n_heads") else "")
     shapes = (f"{s.get('n_layers', '?')}L×{heads} d{_count(s.get('d_model'))} "
@@ -62,7 +64,7 @@ class StatusBar(Widget):
         top = Text()
         top.append(f"headscope · {name} ", style="bold")
         if self.compare:
-            top.append(f"vs {self.compare}", style="bold reverse")
+            top.append(f"vs {printable(self.compare)}", style="bold reverse")
             top.append(" ")
         top.append("│ ", style="dim")
         if self.raw:
@@ -80,7 +82,7 @@ class StatusBar(Widget):
         top.truncate(max(self.size.width, 10), overflow="ellipsis")
         bottom = Text()
         if self.error:
-            bottom.append(self.error, style="bold red")
+            bottom.append(printable(self.error), style="bold red")
             bottom.truncate(max(self.size.width, 10), overflow="ellipsis")
             return Text("\n").join([top, bottom])
         if self.focus_text:

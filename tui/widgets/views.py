@@ -34,6 +34,7 @@ from ..adapt import (
     score,
     top_tokens,
 )
+from ..datatext import data_text, printable
 from ..plots import Graph, Heatmap, Line, Scatter
 from .chart import Chart
 
@@ -170,14 +171,14 @@ class OVPane(Horizontal):
     def show_top(self, result: TopTokens) -> None:
         rows = top_tokens(result)
         src = result.source_label or str(result.source_token)
-        table = Table(box=None, padding=(0, 1), title=f"top outputs of {src!r}",
+        table = Table(box=None, padding=(0, 1), title=Text(f"top outputs of {printable(src)!r}", style="table.title"),
                       title_justify="left", expand=True)
         table.add_column("token", no_wrap=True)
         table.add_column("value", justify="right")
         table.add_column("", no_wrap=True)
         vmax = max((abs(v) for _, v in rows if math.isfinite(v)), default=1.0)
         for tok, val in rows:
-            table.add_row(repr(tok)[1:-1][:12], f"{val:+.3g}",
+            table.add_row(data_text(tok, width=12), f"{val:+.3g}",
                           _bar(val, vmax, 6, _bar_colours(self)))
         self.query_one("#ov-top", Static).update(table)
 
@@ -295,14 +296,14 @@ class PromptPane(Vertical):
         t.add_column("DLA", justify="right", no_wrap=True, min_width=5)
         t.add_column("", no_wrap=True, overflow="crop")
         for tok, v in zip(tokens, dla.tolist(), strict=False):
-            t.add_row(repr(tok)[1:-1][:10], f"{v:+.2f}", _bar(v, vmax, 5, _bar_colours(self)))
-        last = repr(tokens[-1])[1:-1][:10] if tokens else ""
-        p = Table(box=None, padding=(0, 1), title=f"{prefix}top predictions after {last!r}",
+            t.add_row(data_text(tok, width=10), f"{v:+.2f}", _bar(v, vmax, 5, _bar_colours(self)))
+        last = printable(tokens[-1])[:10] if tokens else ""
+        p = Table(box=None, padding=(0, 1), title=Text(f"{prefix}top predictions after {last!r}", style="table.title"),
                   title_justify="left", expand=True)
         p.add_column("next", no_wrap=True)
         p.add_column("p", justify="right")
         for tok, prob in predictions(view)[:PREDICTIONS_SHOWN]:
-            p.add_row(repr(tok)[1:-1][:12], f"{prob:.3f}")
+            p.add_row(data_text(tok, width=12), f"{prob:.3f}")
         note = Text("prompt truncated to the context length\n", style="bold yellow") \
             if view.truncated else Text("")
         from rich.console import Group
