@@ -49,14 +49,14 @@ async def test_hostile_tokens_and_paths_render_literally(hostile_vocab: Path) ->
         assert "[unused…" in text and "[bold·r…" in text and "�evil" in text
         _no_terminal_controls(app)
         await pilot.press("4")
-        await settle(pilot, app, lambda: "prompt" in app.results)
-        assert list(app.results["prompt"].tokens) == PROMPT.split()
+        await settle(pilot, app, lambda: "prompt" in app.explorer.results)
+        assert list(app.explorer.results["prompt"].tokens) == PROMPT.split()
         text = screen_text(app)
         for token in ("[/]", "[unused0]", "[link="):
             assert token in text, token
         _no_terminal_controls(app)
         await pilot.press("2")
-        await settle(pilot, app, lambda: "top_outputs" in app.results.get("ov", {}))
+        await settle(pilot, app, lambda: "top_outputs" in app.explorer.results.get("ov", {}))
         _no_terminal_controls(app)
         assert app.errors == []
         app.explorer.query_one(HeadTree).focus()
@@ -201,7 +201,7 @@ async def test_keymap_and_token_ids_from_the_user_are_not_markup_or_crashes() ->
         await pilot.press("escape")
         await pilot.press("slash")
         await pilot.press(*"#²", "enter")
-        await settle(pilot, app, lambda: app.tokens_text == "#²")
+        await settle(pilot, app, lambda: app.explorer.tokens_text == "#²")
         assert_no_crash(app)  # int("²") used to kill the worker
         app.explorer.query_one(HeadTree).focus()
         await keys_still_work_then_quit(pilot, app, tabs=False)
@@ -234,7 +234,7 @@ async def test_export_to_an_unusable_directory_is_a_notification(
     monkeypatch.setenv("HEADSCOPE_OUTPUT_DIR", str(blocker / "out"))
     app = HeadscopeApp(MODEL, settings=Settings(), sweep=False, debounce=0.01)
     async with app.run_test(size=SIZE) as pilot:
-        await settle(pilot, app, lambda: "qk" in app.results)
+        await settle(pilot, app, lambda: "qk" in app.explorer.results)
         await pilot.press("e")
         await settle(pilot, app, lambda: bool(app.errors))
         assert "cannot export" in app.errors[0] and str(blocker) in app.errors[0]
