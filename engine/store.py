@@ -241,12 +241,13 @@ class ResultStore:
 
     def for_model(self, model: Model) -> ModelStore:
         """The entry of ``model`` (its fingerprint; disabled if it cannot be taken)."""
+        where = str(Path(model.path).resolve())
         try:
             key = fingerprint(model.checkpoint, model.raw)
         except OSError as err:
             self.warn_once(err)
-            return ModelStore(self, None, str(model.path), model.raw)
-        return ModelStore(self, key, str(model.path), model.raw)
+            return ModelStore(self, None, where, model.raw)
+        return ModelStore(self, key, where, model.raw)
 
     # -- listing, clearing, trimming
 

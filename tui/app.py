@@ -86,10 +86,12 @@ SHORT_LABELS = {"copying_score": "copy", "qk_positivity": "QK+", "prev_token_sco
 FILTER_THRESHOLD = 0.3  # the middling badge strength: what "has the behaviour" means
 
 
-def default_engine_factory(path: str, raw: bool, cache_mb: int = 256) -> Any:
+def default_engine_factory(path: str, raw: bool, cache_mb: int = 256, cache_disk_mb: int = 0) -> Any:
     from headscope.engine.service import Engine
+    from headscope.engine.store import default_store
 
-    return Engine(path, raw=raw, cache_bytes=cache_mb << 20)
+    store = default_store(cache_disk_mb) if cache_disk_mb > 0 else None
+    return Engine(path, raw=raw, cache_bytes=cache_mb << 20, store=store)
 
 
 class HeadscopeApp(App[None]):
@@ -120,7 +122,7 @@ class HeadscopeApp(App[None]):
         # and the first frame's tree comes from the header (read_structure, no torch).
         self._deferred_engine = engine_factory is None
         self.engine_factory = engine_factory or (
-            lambda p, r: default_engine_factory(p, r, settings.cache_mb))
+            lambda p, r: default_engine_factory(p, r, settings.cache_mb, settings.cache_disk_mb))
         theme = theme or settings.theme
         self._initial_theme = ALIASES.get(theme or "", theme) or DEFAULT_THEME
         # Themes are set before the first mount: set in on_mount, the switch from Textual's
@@ -1106,6 +1108,7 @@ class HeadscopeApp(App[None]):
         if self.engine is not None:
             try:
                 activity, hits, misses, in_flight, progress = stats_line(self.engine.stats())
+                status.origin = self.engine.stats().origin
             except (HeadscopeError, RuntimeError):  # engine closing; a bug should still surface
                 activity = None
         if not self._model_ready.is_set() and self.engine is not None and not self._ready_failed:

@@ -6,12 +6,13 @@ Where: ``$HEADSCOPE_CONFIG`` if set, else ``$XDG_CONFIG_HOME/headscope/config.to
     theme = "headscope-dark"        # headscope-dark | headscope-light | headscope-contrast
     colormap = "diverging"          # diverging | colorblind
     cache_mb = 256                  # engine cache budget per open model
+    cache_disk_mb = 512             # results store on disk (0: do not persist results)
     tokens = ["Mary", "John"]       # default token set for the QK/OV heatmaps
     [keymap]                        # binding id = keys (see `?` in the explorer)
     "next-head" = "n"
 
 Environment variables override the file: ``HEADSCOPE_THEME``, ``HEADSCOPE_COLORMAP``,
-``HEADSCOPE_CACHE_MB``. A malformed file is a one-line ConfigError naming it.
+``HEADSCOPE_CACHE_MB``, ``HEADSCOPE_CACHE_DISK_MB``. A malformed file is a one-line ConfigError naming it.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class Settings:
     theme: str = DEFAULT_THEME
     colormap: str = "diverging"
     cache_mb: int = 256
+    cache_disk_mb: int = 512  # the on-disk results store (engine.store); 0 turns it off
     tokens: tuple[str, ...] = ()
     keymap: dict[str, str] = field(default_factory=dict)
     source: str | None = None  # the file these came from, if any
@@ -62,12 +64,14 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         data["colormap"] = env["HEADSCOPE_COLORMAP"]
     if "HEADSCOPE_CACHE_MB" in env:
         data["cache_mb"] = env["HEADSCOPE_CACHE_MB"]
+    if "HEADSCOPE_CACHE_DISK_MB" in env:
+        data["cache_disk_mb"] = env["HEADSCOPE_CACHE_DISK_MB"]
     return _validate(data, path if path.is_file() else None)
 
 
 def _validate(data: dict[str, Any], path: Path | None) -> Settings:
     where = path or "settings"
-    unknown = set(data) - {"theme", "colormap", "cache_mb", "tokens", "keymap"}
+    unknown = set(data) - {"theme", "colormap", "cache_mb", "cache_disk_mb", "tokens", "keymap"}
     if unknown:
         raise ConfigError(where, f"unknown setting(s): {', '.join(sorted(unknown))}")
     theme = str(data.get("theme", DEFAULT_THEME))
@@ -80,6 +84,14 @@ def _validate(data: dict[str, Any], path: Path | None) -> Settings:
         raise ConfigError(where, f"cache_mb must be a whole number, not {data['cache_mb']!r}") from None
     if cache_mb <= 0:
         raise ConfigError(where, f"cache_mb must be positive, not {cache_mb}")
+    try:
+        cache_disk_mb = int(data.get("cache_disk_mb", 512))
+    except (TypeError, ValueError):
+        raise ConfigError(
+            where, f"cache_disk_mb must be a whole number, not {data['cache_disk_mb']!r}"
+        ) from None
+    if cache_disk_mb < 0:
+        raise ConfigError(where, f"cache_disk_mb must be 0 or more, not {cache_disk_mb}")
     tokens = data.get("tokens", [])
     if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
         raise ConfigError(where, "tokens must be a list of strings")
@@ -90,6 +102,7 @@ def _validate(data: dict[str, Any], path: Path | None) -> Settings:
         theme=theme,
         colormap=colormap,
         cache_mb=cache_mb,
+        cache_disk_mb=cache_disk_mb,
         tokens=tuple(tokens),
         keymap=dict(keymap),
         source=str(path) if path else None,
