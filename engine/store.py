@@ -289,6 +289,7 @@ class ResultStore:
 
     def trim(self, keep: str | None = None) -> None:
         """Delete least recently used entries (never ``keep``) until the store fits."""
+        _remove_stale_temporaries(self.root)
         entries = sorted(self.entries(), key=lambda e: e.last_used)
         total = sum(e.bytes for e in entries)
         for entry in entries:
@@ -297,6 +298,17 @@ class ResultStore:
             if entry.key != keep:
                 _remove_dir(self.root / entry.key)
                 total -= entry.bytes
+
+
+def _remove_stale_temporaries(root: Path, age: float = 3600.0) -> None:
+    """Temporary files an old process left behind when it was killed mid-write (and the
+    trash of an interrupted removal); young ones may still be being written."""
+    now = time.time()
+    with contextlib.suppress(OSError):
+        for p in [*root.glob("*/.tmp-*"), *root.glob(".trash-*")]:
+            with contextlib.suppress(OSError):
+                if now - p.stat().st_mtime > age:
+                    shutil.rmtree(p) if p.is_dir() else p.unlink()
 
 
 def _read_entry(d: Path) -> dict[str, Any] | None:
@@ -321,7 +333,8 @@ class ModelStore:
     """One model's entry: load and save result parts, count what came from where.
 
     ``loaded`` / ``computed`` count parts served from disk / computed in this process (the
-    explorer shows them; tests count them). A disabled entry (``key is None``, or the store
+    explorer shows them; tests count them); a part read back after this entry wrote it
+    counts as neither (it was computed now, not found in the cache). A disabled entry (``key is None``, or the store
     broken) loads nothing and saves nothing.
     """
 
@@ -330,6 +343,7 @@ class ModelStore:
         self.dir = store.root / key if key is not None else None
         self.loaded = 0
         self.computed = 0
+        self._written: set[tuple[str, str]] = set()
         self._touched = False
 
     @property
@@ -350,7 +364,7 @@ class ModelStore:
         except OSError:
             return None
         array = _decode(blob, self.key, name, str(index), shape, np.dtype(dtype))
-        if array is not None:
+        if array is not None and (name, str(index)) not in self._written:
             self.loaded += 1
             self._touch()
         return array
@@ -358,6 +372,7 @@ class ModelStore:
     def save(self, name: str, array: np.ndarray, index: int | str = "all") -> None:
         """Store a part atomically; on an error, warn once and carry on without the store."""
         self.computed += 1
+        self._written.add((name, str(index)))
         if not self.enabled or self.key is None:
             return
         try:

@@ -365,3 +365,29 @@ async def test_engine_sweeps_read_the_store_and_say_so(deep_gpt2, store, monkeyp
     same(second.induction_score, first.induction_score)
     same(comp2.scores, comp.scores)
     assert scores_of_head == first.head(3, 1)
+
+
+async def test_the_explorer_status_bar_says_where_the_scores_came_from(gpt2_dir, tmp_path, monkeypatch) -> None:
+    import time
+
+    from headscope.tui.app import HeadscopeApp
+    from headscope.tui.settings import Settings
+    from headscope.tui.widgets.status import StatusBar
+
+    monkeypatch.setenv("HEADSCOPE_CONFIG", str(tmp_path / "none.toml"))
+
+    async def origin_after_sweep() -> str:
+        app = HeadscopeApp(gpt2_dir[0], settings=Settings(), debounce=0.01, sweep=True)
+        async with app.run_test(size=(200, 40)) as pilot:
+            status = app.main.query_one(StatusBar)
+            deadline = time.monotonic() + 120
+            while not status.origin.startswith("head scores"):
+                assert time.monotonic() < deadline and not app.errors, app.errors
+                await pilot.pause(0.1)
+            assert status.origin in status.render().plain
+            origin = status.origin
+            await pilot.press("q")
+        return origin
+
+    assert await origin_after_sweep() == "head scores: computed now"
+    assert await origin_after_sweep() == "head scores: from the cache"

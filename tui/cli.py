@@ -460,11 +460,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         stem = f"{name}-{args.kind}-composition{suffix}"
     else:
         n = model.cfg.n_ctx if args.basis == "position" else model.cfg.d_vocab
-        report = circuit_report(
-            model, args.layer, args.head, args.kind, basis=args.basis,
-            rows=parse_token_list(model, args.rows, n, args.basis),
-            cols=parse_token_list(model, args.cols, n, args.basis),
-        )
+        rows, cols = (parse_token_list(model, spec, n, args.basis) for spec in (args.rows, args.cols))
+        with progress_bar(f"circuit {name}", quiet=args.quiet, determinate=False):
+            report = circuit_report(model, args.layer, args.head, args.kind, basis=args.basis,
+                                    rows=rows, cols=cols)
         stem = f"{name}-L{args.layer}H{args.head}-{args.kind}-{args.basis}{suffix}"
     written = export_report(args.what, report, args.out, args.format, stem)
     print(written)
