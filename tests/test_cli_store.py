@@ -164,3 +164,21 @@ def test_progress_bar_on_a_forced_terminal_shows_data_as_text() -> None:
     assert "[red]model[/red]" in drawn  # a name is never read as markup
     with progress_bar("x", quiet=True, console=console) as none:
         assert none is None
+
+
+def test_the_cache_disk_mb_setting(capsys, gpt2_dir, tmp_path, monkeypatch, _results_store_in_tmp) -> None:
+    from headscope.engine.errors import ConfigError
+    from headscope.tui.settings import load_settings
+
+    config = tmp_path / "config.toml"
+    config.write_text("cache_disk_mb = 64\n")
+    env = {"HEADSCOPE_CONFIG": str(config)}
+    assert load_settings(env).cache_disk_mb == 64
+    assert load_settings({**env, "HEADSCOPE_CACHE_DISK_MB": "7"}).cache_disk_mb == 7
+    with pytest.raises(ConfigError, match="cache_disk_mb"):
+        load_settings({**env, "HEADSCOPE_CACHE_DISK_MB": "-1"})
+    monkeypatch.setenv("HEADSCOPE_CONFIG", str(config))
+    assert run_json(capsys, "cache", "ls")["max_bytes"] == 64 << 20
+    monkeypatch.setenv("HEADSCOPE_CACHE_DISK_MB", "0")  # 0: the store is off
+    run_json(capsys, "heads", str(gpt2_dir[0]))
+    assert list(_results_store_in_tmp.iterdir()) == []
