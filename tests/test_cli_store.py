@@ -182,3 +182,13 @@ def test_the_cache_disk_mb_setting(capsys, gpt2_dir, tmp_path, monkeypatch, _res
     monkeypatch.setenv("HEADSCOPE_CACHE_DISK_MB", "0")  # 0: the store is off
     run_json(capsys, "heads", str(gpt2_dir[0]))
     assert list(_results_store_in_tmp.iterdir()) == []
+
+
+def test_terminal_tables_show_data_as_text(monkeypatch, capsys) -> None:
+    """A token or path such as ``[/INST]`` is a cell's text, not Rich markup (which raised)."""
+    from headscope.tui import cli
+
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    cli.emit([], False, lambda: (["model", "[b]size[/b]"], [["[/INST]", "[red]x"]]))
+    out = capsys.readouterr().out
+    assert "[/INST]" in out and "[red]x" in out and "[b]size[/b]" in out

@@ -241,10 +241,13 @@ def emit(data: Any, as_json: bool, table: Callable[[], tuple[list[str], list[lis
     if sys.stdout.isatty():
         from rich.console import Console
         from rich.table import Table
+        from rich.text import Text
 
-        t = Table(*columns)
-        for row in rows:
-            t.add_row(*(_cell(v) for v in row))
+        t = Table()
+        for column in columns:
+            t.add_column(Text(column))
+        for row in rows:  # cells are data (tokens, paths): plain Text, never markup
+            t.add_row(*(Text(_cell(v)) for v in row))
         Console().print(t)
     else:
         print("\t".join(columns))
