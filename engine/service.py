@@ -45,6 +45,7 @@ from .results import (
     ScoreTable,
     Spectrum,
     TopTokens,
+    readonly,
 )
 from .scheduler import JobContext, Scheduler
 
@@ -196,14 +197,16 @@ class Engine:
                 entry = self._entries.setdefault(raw, entry)
         return entry
 
-    def _stored(self, raw: bool, what: str, sweep: Callable[[ModelStore | None], Any]) -> Any:
-        """Run ``sweep(entry)`` and note where its numbers came from (``stats().origin``)."""
+    def _stored(self, raw: bool, what: str | None, sweep: Callable[[ModelStore | None], Any]) -> Any:
+        """Run ``sweep(entry)`` and note where its numbers came from (``stats().origin``;
+        ``what=None``: a part of another sweep, not reported on its own)."""
         entry = self._entry(raw)
         if entry is None:
             return sweep(None)
         loaded, computed = entry.loaded, entry.computed
         result = sweep(entry)
-        self._origin = origin_text(what, entry.loaded - loaded, entry.computed - computed)
+        if what is not None:
+            self._origin = origin_text(what, entry.loaded - loaded, entry.computed - computed)
         return result
 
     async def aclose(self) -> None:
@@ -357,7 +360,23 @@ class Engine:
         requests.check_spectrum_kind(kind, self._where)
         raw = self._raw
         key = (layer, head, "spectrum", (kind, raw))
-        return key, lambda ctx: compute.spectrum(self._model(raw), layer, head, kind, ctx.cancelled)
+        return key, lambda ctx: self._stored_spectrum(raw, layer, head, kind, ctx.cancelled)
+
+    def _stored_spectrum(self, raw: bool, layer: int, head: int, kind: str,
+                         cancelled: Callable[[], bool]) -> Spectrum:
+        """``compute.spectrum``, kept in the results store per head (eigenvalues and score)."""
+        entry = self._entry(raw)
+        name, index = f"spectrum-{kind}", f"L{layer}H{head}"
+        if entry is not None:
+            eig = entry.load(name, index, None, np.complex64)
+            score = entry.load(f"{name}-score", index, (), np.float64)
+            if eig is not None and score is not None:
+                return Spectrum(readonly(eig, np.complex64), float(score), kind, layer, head)  # type: ignore[arg-type]
+        found = compute.spectrum(self._model(raw), layer, head, kind, cancelled)
+        if entry is not None:
+            entry.save(name, found.eigenvalues, index)
+            entry.save(f"{name}-score", np.asarray(found.score, np.float64), index)
+        return found
 
     async def rotary_profile(self, layer: int, head: int, offsets: Sequence[int]) -> Profile:
         """Rotary models: the head's QK score as a function of the query-key offset Δ."""
@@ -405,7 +424,7 @@ class Engine:
         """Behavioural scores of every head: one batched forward pass, model-wide."""
         return await self._get(
             (None, None, "behaviour", (SEED, raw)),
-            lambda ctx: self._stored(raw, "behaviour scores", lambda entry: compute.behaviour(
+            lambda ctx: self._stored(raw, None, lambda entry: compute.behaviour(
                 self._model(raw), SEED, ctx.cancelled, store=entry)),
             head=None,
             label="behaviour scores",

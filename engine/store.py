@@ -127,7 +127,7 @@ def fingerprint(ckpt: Checkpoint, raw: bool) -> str:
 
 def _encode(key: str, name: str, index: str, array: np.ndarray) -> bytes:
     buf = io.BytesIO()
-    np.save(buf, np.ascontiguousarray(array), allow_pickle=False)
+    np.save(buf, array, allow_pickle=False)  # (ascontiguousarray would make a 0-d array 1-d)
     payload = buf.getvalue()
     header = {
         "format": FORMAT_VERSION,

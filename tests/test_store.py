@@ -367,6 +367,26 @@ async def test_engine_sweeps_read_the_store_and_say_so(deep_gpt2, store, monkeyp
     assert scores_of_head == first.head(3, 1)
 
 
+async def test_engine_spectra_are_stored_per_head(deep_gpt2, store, monkeypatch) -> None:
+    from headscope.engine.service import Engine
+
+    async def spectra() -> list[Any]:
+        engine = Engine(None, model=open_model(deep_gpt2), store=store, prefetch=False)
+        try:
+            return [await engine.spectrum(layer, 1, kind) for layer in (0, 4) for kind in ("ov", "qk")]
+        finally:
+            await engine.aclose()
+
+    first = await spectra()
+    calls = mock.Mock(wraps=compute.spectrum)
+    monkeypatch.setattr(compute, "spectrum", calls)
+    second = await spectra()
+    assert calls.call_count == 0
+    for a, b in zip(first, second, strict=True):
+        same(a.eigenvalues, b.eigenvalues)
+        assert (a.score, a.kind, a.layer, a.head) == (b.score, b.kind, b.layer, b.head)
+
+
 async def test_the_explorer_status_bar_says_where_the_scores_came_from(gpt2_dir, tmp_path, monkeypatch) -> None:
     import time
 
