@@ -367,6 +367,56 @@ async def test_engine_sweeps_read_the_store_and_say_so(deep_gpt2, store, monkeyp
     assert scores_of_head == first.head(3, 1)
 
 
+async def test_a_cancelled_engine_sweep_resumes_in_the_next_engine(deep_gpt2, store, monkeypatch) -> None:
+    import asyncio
+    import threading
+
+    from headscope.engine.errors import CancelledError
+    from headscope.engine.service import Engine
+
+    engine = Engine(None, model=open_model(deep_gpt2), store=store, prefetch=False)
+    loop = asyncio.get_running_loop()
+    task: asyncio.Task[Any] | None = None
+    real_pairs = scores._pair_scores
+    tiles = []
+
+    def pairs_then_cancel(*args: Any) -> Any:  # on the worker, while tile 2 is computed
+        tiles.append(1)
+        if len(tiles) == 2 and task is not None:
+            loop.call_soon_threadsafe(task.cancel)
+            for _ in range(3000):  # until the caller is gone: the job stops at its next check
+                if task.done():
+                    break
+                threading.Event().wait(0.01)
+        return real_pairs(*args)
+
+    monkeypatch.setattr(scores, "_pair_scores", pairs_then_cancel)
+    try:
+        task = asyncio.ensure_future(engine.composition("v"))
+        with pytest.raises((asyncio.CancelledError, CancelledError)):
+            await task
+        for _ in range(3000):  # let the job stop (in_flight drops at the cancel, before that)
+            if not engine._scheduler._running:
+                break
+            await asyncio.sleep(0.01)
+        stored = engine._entry(False)
+        assert stored is not None
+        assert stored.computed == 2  # tiles 1 and 2 were finished, and kept
+    finally:
+        await engine.aclose()
+    monkeypatch.setattr(scores, "_pair_scores", real_pairs)
+    pairs = counting(monkeypatch, "_pair_scores")
+    reopened = Engine(None, model=open_model(deep_gpt2), store=store, prefetch=False)
+    try:
+        resumed = await reopened.composition("v")
+        assert reopened.stats().origin == "composition v: 2 parts from the cache, 2 computed now"
+    finally:
+        await reopened.aclose()
+    assert pairs.calls == N_LAYERS - 1 - 2
+    monkeypatch.setattr(scores, "_pair_scores", pairs.real)
+    same(resumed.scores, compute.composition(open_model(deep_gpt2), "v").scores)
+
+
 async def test_engine_spectra_are_stored_per_head(deep_gpt2, store, monkeypatch) -> None:
     from headscope.engine.service import Engine
 
