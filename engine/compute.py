@@ -6,6 +6,10 @@ exports and ``engine.report`` call them directly. The maths is in ``engine.circu
 ``engine.scores`` and ``engine.forward``; this module selects, labels and packs. Long
 computations take ``cancelled() -> bool`` (checked between steps; ``CancelledError``) and
 ``progress(fraction)``.
+
+The sweeps take an optional ``store`` (``engine.store.ModelStore``, the model's entry in the
+on-disk results store): the parts it holds are read from it, the parts computed are written
+to it as soon as each is finished (docs/internals.md, "The results store").
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from .results import (
 
 if TYPE_CHECKING:
     from .loading import Model
+    from .store import LayerMemo, ModelStore
 
 Progress = Callable[[float], None] | None
 Cancelled = Callable[[], bool] | None
@@ -196,36 +201,76 @@ def nonfinite_heads(model: Model, behaviour: dict[str, Any] | None = None) -> np
     return flags
 
 
-def behaviour(model: Model, seed: int = SEED, cancelled: Cancelled = None) -> dict[str, np.ndarray]:
-    """Behavioural scores of every head (one batched forward pass) and the non-finite flags."""
+def _memo(store: ModelStore | None, name: str, shape: tuple[int, ...]) -> LayerMemo | None:
+    return None if store is None else store.memo(name, shape)
+
+
+def _stored_nonfinite(model: Model, store: ModelStore | None) -> np.ndarray:
+    shape = (model.cfg.n_layers, model.cfg.n_heads)
+    found = None if store is None else store.load("nonfinite", "all", shape, bool)
+    if found is None:
+        found = nonfinite_heads(model)
+        if store is not None:
+            store.save("nonfinite", found)
+    return readonly(found, bool)
+
+
+def behaviour(model: Model, seed: int = SEED, cancelled: Cancelled = None,
+              progress: Progress = None, store: ModelStore | None = None) -> dict[str, np.ndarray]:
+    """Behavioural scores of every head (one batched forward pass) and the non-finite flags.
+
+    With a ``store``, the three tables are one stored part (a forward pass is not resumable).
+    """
     from . import scores
 
-    found = scores.behaviour_scores(model.weights, seed=seed, cancelled=cancelled)
-    out = {name: readonly(found[name], np.float32) for name in BEHAVIOURS}
-    out["nonfinite"] = readonly(nonfinite_heads(model, found), bool)
+    name = f"behaviour-seed{seed}"
+    shape = (len(BEHAVIOURS), model.cfg.n_layers, model.cfg.n_heads)
+    stacked = None if store is None else store.load(name, "all", shape)
+    if stacked is None:
+        found = scores.behaviour_scores(model.weights, seed=seed, progress=progress, cancelled=cancelled)
+        stacked = np.stack([np.asarray(found[b], dtype=np.float32) for b in BEHAVIOURS])
+        if store is not None:
+            store.save(name, stacked)
+    elif progress is not None:
+        progress(1.0)
+    out = {b: readonly(stacked[i], np.float32) for i, b in enumerate(BEHAVIOURS)}
+    # Weights that are not finite (stored), or attention that is not (these scores).
+    flags = np.array(_stored_nonfinite(model, store))
+    for b in BEHAVIOURS:
+        flags |= ~np.isfinite(np.asarray(out[b], dtype=np.float64))
+    out["nonfinite"] = readonly(flags, bool)
     return out
 
 
 def score_table(
-    model: Model, seed: int = SEED, progress: Progress = None, cancelled: Cancelled = None
+    model: Model,
+    seed: int = SEED,
+    progress: Progress = None,
+    cancelled: Cancelled = None,
+    store: ModelStore | None = None,
 ) -> ScoreTable:
     """Every score of every head, ``[n_layers, n_heads]`` each, under ``SCORE_NAMES``."""
     from . import scores
 
     w = model.weights
+    n_heads = (model.cfg.n_heads,)
     if progress is not None:
         progress(0.0)
-    copying = scores.all_copying_scores(w, progress=_part(progress, 0.0, 0.4), cancelled=cancelled)
-    positivity = scores.all_qk_positivity(w, progress=_part(progress, 0.4, 0.8), cancelled=cancelled)
-    found = scores.behaviour_scores(w, seed=seed, progress=_part(progress, 0.8, 0.95), cancelled=cancelled)
+    copying = scores.all_copying_scores(w, progress=_part(progress, 0.0, 0.4), cancelled=cancelled,
+                                        memo=_memo(store, "copying_score", n_heads))
+    positivity = scores.all_qk_positivity(w, progress=_part(progress, 0.4, 0.8), cancelled=cancelled,
+                                          memo=_memo(store, "qk_positivity", n_heads))
+    found = behaviour(model, seed, cancelled, _part(progress, 0.8, 0.95), store)
     _check(cancelled)
+    if store is not None:
+        store.finish()
     return ScoreTable(
         copying_score=readonly(copying, np.float32),
         qk_positivity=readonly(positivity, np.float32),
-        prev_token_score=readonly(found["prev_token"], np.float32),
-        duplicate_token_score=readonly(found["duplicate_token"], np.float32),
-        induction_score=readonly(found["induction"], np.float32),
-        nonfinite=readonly(nonfinite_heads(model, found), bool),
+        prev_token_score=found["prev_token"],
+        duplicate_token_score=found["duplicate_token"],
+        induction_score=found["induction"],
+        nonfinite=found["nonfinite"],
     )
 
 
@@ -236,25 +281,42 @@ def composition(
     progress: Progress = None,
     cancelled: Cancelled = None,
     top: int = TOP_EDGES,
+    store: ModelStore | None = None,
 ) -> Composition:
-    """Q/K/V composition scores between all pairs of heads, and the ``top`` strongest edges."""
+    """Q/K/V composition scores between all pairs of heads, and the ``top`` strongest edges.
+
+    Stored per target layer (``scores.composition_scores``' tiles): the scores do not
+    depend on ``seed``, only the baseline does (not stored: it is cheap).
+    """
     from . import scores
 
     found = scores.composition_scores(
-        model.weights, kind, seed=seed, progress=progress, cancelled=cancelled  # type: ignore[arg-type]
+        model.weights, kind, seed=seed, progress=progress, cancelled=cancelled,  # type: ignore[arg-type]
+        memo=_memo(store, f"composition-{kind}", ()),
     )
+    if store is not None:
+        store.finish()
     values = readonly(found.scores, np.float32)
     baseline = float(found.baseline)
     return Composition(kind, values, baseline, rank_edges(values, baseline, top))  # type: ignore[arg-type]
 
 
 def ablation_effects(
-    model: Model, seed: int = SEED, progress: Progress = None, cancelled: Cancelled = None
+    model: Model,
+    seed: int = SEED,
+    progress: Progress = None,
+    cancelled: Cancelled = None,
+    store: ModelStore | None = None,
 ) -> np.ndarray:
     """``[n_layers, n_heads]`` zero-ablation effects of every head (``scores.ablation_effects``)."""
     from . import scores
 
-    effects = scores.ablation_effects(model.weights, seed=seed, progress=progress, cancelled=cancelled)
+    effects = scores.ablation_effects(
+        model.weights, seed=seed, progress=progress, cancelled=cancelled,
+        memo=_memo(store, f"ablation-seed{seed}", (model.cfg.n_heads,)),
+    )
+    if store is not None:
+        store.finish()
     return readonly(effects, np.float32)
 
 

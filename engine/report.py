@@ -19,19 +19,33 @@ from .requests import ABLATION_EFFECT, SCORE_NAMES, SEED
 if TYPE_CHECKING:
     import numpy as np
 
+    from .compute import Progress
     from .loading import Model
     from .results import CircuitBlock, Composition, ScoreTable
+    from .store import ResultStore
 
 
-def head_table(model: Model, *, seed: int = SEED, ablation: bool = False) -> list[dict[str, Any]]:
+def head_table(
+    model: Model,
+    *,
+    seed: int = SEED,
+    ablation: bool = False,
+    store: ResultStore | None = None,
+    progress: Progress = None,
+) -> list[dict[str, Any]]:
     """One row per head with every weight-based and behavioural score.
 
     ``ablation`` adds ``ablation_effect``: the loss increase on the second copy of the same
     seeded repeated random tokens when the head is zero-ablated (``scores.ablation_effects``;
-    a forward pass per head, so off by default).
+    a forward pass per head, so off by default). ``store``: the on-disk results store
+    (``engine.store``) to read finished parts from and write new ones to.
     """
-    table = compute.score_table(model, seed)
-    effects = compute.ablation_effects(model, seed) if ablation else None
+    entry = None if store is None else store.for_model(model)
+    split = 0.5 if ablation else 1.0
+    table = compute.score_table(model, seed, compute._part(progress, 0.0, split), store=entry)
+    effects = None
+    if ablation:
+        effects = compute.ablation_effects(model, seed, compute._part(progress, split, 1.0), store=entry)
     return score_rows(table, effects)
 
 
@@ -67,11 +81,19 @@ def sort_rows(rows: list[dict[str, Any]], key: str | None) -> list[dict[str, Any
 
 
 def composition_report(
-    model: Model, kind: Literal["q", "k", "v"], *, top: int = 10, seed: int = SEED
+    model: Model,
+    kind: Literal["q", "k", "v"],
+    *,
+    top: int = 10,
+    seed: int = SEED,
+    store: ResultStore | None = None,
+    progress: Progress = None,
 ) -> dict[str, Any]:
     """All ``kind``-composition scores ``[L][H][L][H]``, the baseline and the top edges."""
     requests.check_composition_kind(kind, str(model.path))
-    return composition_dict(compute.composition(model, kind, seed, top=top), seed)
+    entry = None if store is None else store.for_model(model)
+    comp = compute.composition(model, kind, seed, progress, top=top, store=entry)
+    return composition_dict(comp, seed)
 
 
 def composition_dict(comp: Composition, seed: int = SEED) -> dict[str, Any]:

@@ -184,6 +184,7 @@ class CacheStats:
     in_flight: int
     activity: str | None = None  # e.g. "composition k 40%" while a sweep runs
     progress: float | None = None  # fraction done of the running sweep
+    origin: str = ""  # where the last sweep's numbers came from: "head scores: from the cache"
 
 
 def nbytes(result: Any) -> int:

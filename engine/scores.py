@@ -18,8 +18,9 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+import numpy as np
 import torch
 
 from .errors import CancelledError, InvalidRequestError, NonFiniteError
@@ -33,6 +34,24 @@ if TYPE_CHECKING:
 Progress = Callable[[float], None] | None
 Cancelled = Callable[[], bool] | None
 Kind = Literal["q", "k", "v"]
+
+
+class Memo(Protocol):
+    """Where a sweep keeps its per-layer parts (``engine.store.LayerMemo``): ``get(i)`` a part
+    already finished (or None), ``put(i, value)`` one just finished. Sweeps given a memo
+    compute only the parts it lacks and store each as soon as it is done, so an interrupted
+    sweep resumes (docs/internals.md, "The results store")."""
+
+    def get(self, index: int, shape: tuple[int, ...] | None = None) -> np.ndarray | None: ...
+
+    def put(self, index: int, value: Any) -> None: ...
+
+
+def _known(memo: Memo | None, index: int, shape: tuple[int, ...] | None = None) -> Tensor | None:
+    if memo is None:
+        return None
+    found = memo.get(index, shape)
+    return None if found is None else torch.from_numpy(np.array(found, dtype=np.float32))
 
 __all__ = [
     "CompositionScores",
@@ -139,34 +158,49 @@ def qk_positivity(fm: FactoredMatrix) -> float:
 
 
 def all_copying_scores(w: WeightSource, progress: Progress = None,
-                       cancelled: Cancelled = None) -> Tensor:
+                       cancelled: Cancelled = None, memo: Memo | None = None) -> Tensor:
     """Copying score of every head, ``[n_layers, n_heads]``.
 
     Full OV ``= (W_E W_V)(W_O W_U)``, so the ``d_head × d_head`` matrix with its non-zero
     eigenvalues is ``BA = W_O (W_U W_E) W_V``. ``W_U W_E [d_model, d_model]`` is computed
     once per model (the one large contraction, over the vocabulary); then each layer is one
     batched product and one batched ``eigvals`` on ``[n_heads, d_head, d_head]``.
+    ``memo``: layers already done are taken from it, those computed are put in it.
     """
-    middle = w.get("unembed.W_U") @ w.get("embed.W_E")  # [d_model, d_model]
-    return _spectral_sweep(w, middle, "W_O", "W_V", progress, cancelled)
+    middle = lambda: w.get("unembed.W_U") @ w.get("embed.W_E")  # noqa: E731  [d_model, d_model]
+    return _spectral_sweep(w, middle, "W_O", "W_V", progress, cancelled, memo)
 
 
 def all_qk_positivity(w: WeightSource, progress: Progress = None,
-                      cancelled: Cancelled = None) -> Tensor:
+                      cancelled: Cancelled = None, memo: Memo | None = None) -> Tensor:
     """QK positivity of every head on the token QK circuit, ``[n_layers, n_heads]``.
 
     Token QK ``= (W_E W_Q)(W_Kᵀ W_Eᵀ)``: ``BA = W_Kᵀ (W_Eᵀ W_E) W_Q``.
     """
-    w_e = w.get("embed.W_E")
-    return _spectral_sweep(w, w_e.T @ w_e, "W_K^T", "W_Q", progress, cancelled)
+
+    def middle() -> Tensor:
+        w_e = w.get("embed.W_E")
+        return w_e.T @ w_e
+
+    return _spectral_sweep(w, middle, "W_K^T", "W_Q", progress, cancelled, memo)
 
 
-def _spectral_sweep(w: WeightSource, middle: Tensor, left: str, right: str,
-                    progress: Progress, cancelled: Cancelled) -> Tensor:
+def _spectral_sweep(w: WeightSource, make_middle: Callable[[], Tensor], left: str, right: str,
+                    progress: Progress, cancelled: Cancelled, memo: Memo | None = None) -> Tensor:
+    """One row per layer; the ``d_model × d_model`` middle is formed only if a layer is
+    missing from ``memo`` (a fully stored sweep reads no weights)."""
     cfg = w.cfg
     out = torch.empty(cfg.n_layers, cfg.n_heads)
+    middle: Tensor | None = None
     for layer in range(cfg.n_layers):
+        known = _known(memo, layer, (cfg.n_heads,))
+        if known is not None:
+            out[layer] = known
+            _report(progress, (layer + 1) / cfg.n_layers)
+            continue
         _check(cancelled)
+        if middle is None:
+            middle = make_middle()
         if left.endswith("^T"):
             lhs = _attn(w, layer, left[:-2]).transpose(-2, -1)  # [H, d_head, d_model]
         else:
@@ -178,6 +212,8 @@ def _spectral_sweep(w: WeightSource, middle: Tensor, left: str, right: str,
         # A head with any non-finite weight is flagged NaN in every score, not just those
         # its broken matrix enters, so the table and the nonfinite list agree.
         out[layer] = torch.where(_layer_nonfinite(w, layer), math.nan, score)
+        if memo is not None:
+            memo.put(layer, out[layer])
         _report(progress, (layer + 1) / cfg.n_layers)
     _release_free_heap()
     return out
@@ -310,8 +346,8 @@ def _zero_bad(x: Tensor, bad: Tensor) -> Tensor:
 
 
 def composition_scores(w: WeightSource, kind: Kind, seed: int = 0, progress: Progress = None,
-                       cancelled: Cancelled = None, *, baseline_samples: int = 32
-                       ) -> CompositionScores:
+                       cancelled: Cancelled = None, *, baseline_samples: int = 32,
+                       memo: Memo | None = None) -> CompositionScores:
     """``kind``-composition score of every head pair with ``layer(h1) < layer(h2)``.
 
     ``score = ‖OV₁ M₂‖_F / (‖OV₁‖_F ‖M₂‖_F)`` (``composition_score``) with ``M₂ = QK₂`` (q),
@@ -321,19 +357,29 @@ def composition_scores(w: WeightSource, kind: Kind, seed: int = 0, progress: Pro
     ``Y₂ [d_model, d_head]``. For each target layer, all earlier source heads are stacked
     into one matrix product ``[l2·H·d_head, d_model] @ [d_model, H·d_head]`` whose
     ``d_head × d_head`` blocks are the pairs' ``X₁ Y₂``.
+
+    ``memo``: one part per target layer ``t``, the tile ``scores[:t, :, t, :]``. Tiles
+    already stored are not recomputed; the sources' ``X`` are still formed up to the last
+    missing target (cheap: a ``d_head × d_head`` root and one product per layer).
     """
     check_composition_kind(kind, getattr(w, "path", None))
     cfg = w.cfg
     n_layers, n_heads = cfg.n_layers, cfg.n_heads
-    bad = _nonfinite_mask(w)
     scores = torch.zeros(n_layers, n_heads, n_layers, n_heads)
+    tiles = {t: _known(memo, t, (t, n_heads, n_heads)) for t in range(1, n_layers)}
+    missing = [t for t, tile in tiles.items() if tile is None]
+    last = max(missing, default=0)
+    bad = _nonfinite_mask(w) if missing else None
     xs: Tensor | None = None  # X of every source layer so far, [L, H, k, d_model]
     x_norms = torch.zeros(n_layers, n_heads)
     total_work = sum(range(n_layers)) or 1
     done = 0
-    for target in range(n_layers):
-        _check(cancelled)
-        if target > 0:
+    for target in range(1, n_layers):
+        tile = tiles[target]
+        if tile is None:
+            _check(cancelled)
+        if target <= last:
+            assert bad is not None
             src = target - 1
             # tamed: the score is scale-free per head, float32 products of 1e19 are not
             x = _reduced_source(_zero_bad(tame(_attn(w, src, "W_V")), bad[src]),
@@ -342,14 +388,21 @@ def composition_scores(w: WeightSource, kind: Kind, seed: int = 0, progress: Pro
                 xs = x.new_empty((n_layers - 1, *x.shape))
             xs[src] = x
             x_norms[src] = torch.linalg.matrix_norm(x)
+        if tile is None:
+            assert bad is not None and xs is not None
             a, b_t = _target_factors(w, target, kind)
             y = _reduced_target(_zero_bad(tame(a), bad[target]), _zero_bad(tame(b_t), bad[target]))
-            scores[:target, :, target, :] = _pair_scores(xs[:target], x_norms[:target], y)
-            done += target
+            tile = _pair_scores(xs[:target], x_norms[:target], y)
+            # NaN where either head has non-finite weights
+            either = bad[:target, :, None] | bad[target][None, None, :]
+            tile = torch.where(either, torch.full_like(tile, math.nan), tile)
+            if memo is not None:
+                memo.put(target, tile)
+        scores[:target, :, target, :] = tile
+        done += target
         _report(progress, done / total_work)
-    mask = bad[:, :, None, None] | bad[None, None, :, :]
-    earlier = torch.arange(n_layers)[:, None, None, None] < torch.arange(n_layers)[None, None, :, None]
-    scores = torch.where(mask & earlier, torch.full_like(scores, math.nan), scores)
+    if n_layers == 1:
+        _report(progress, 1.0)
     baseline = composition_baseline(cfg.d_model, cfg.d_head, seed, baseline_samples)
     del xs
     _release_free_heap()
@@ -554,7 +607,7 @@ def _check_ablation(w: WeightSource, ablation: str) -> None:
 
 def ablation_effects(w: WeightSource, seed: int = 0, *, seq_len: int | None = None,
                      batch: int = 4, ablation: str = "zero", progress: Progress = None,
-                     cancelled: Cancelled = None) -> Tensor:
+                     cancelled: Cancelled = None, memo: Memo | None = None) -> Tensor:
     """Loss increase ``[L, H]`` on ``repeated_tokens(..., seed)`` when each head is ablated.
 
     The loss is the mean next-token cross-entropy on the second copy (``_second_copy_loss``),
@@ -568,7 +621,8 @@ def ablation_effects(w: WeightSource, seed: int = 0, *, seq_len: int | None = No
     on GPT-2-small). Only the scored positions are unembedded. On GPT-2-small shapes this is
     1.4× (quiet 2-core box) to 3–4× (loaded box) faster than one full pass per head
     (bench/README.md). ``progress`` and ``cancelled()``
-    are reported/checked between layers.
+    are reported/checked between layers. ``memo``: layers already done are taken from it
+    (when all are, no forward pass runs), those computed are put in it.
     """
     import torch
 
@@ -580,6 +634,10 @@ def ablation_effects(w: WeightSource, seed: int = 0, *, seq_len: int | None = No
     tokens = repeated_tokens(cfg.d_vocab, cfg.n_ctx, seed, seq_len, batch)
     chunk = _heads_per_pass(w, tokens)
     out = torch.empty(n_layers, n_heads)
+    known = {layer: _known(memo, layer, (n_heads,)) for layer in range(n_layers)}
+    if all(v is not None for v in known.values()):
+        _report(progress, 1.0)
+        return torch.stack([v for v in known.values() if v is not None])
     # Work per layer: the blocks after it plus the unembedding (about one block's worth).
     cost = [n_layers - layer + 1 for layer in range(n_layers)]
     done = 0
@@ -589,12 +647,21 @@ def ablation_effects(w: WeightSource, seed: int = 0, *, seq_len: int | None = No
         clean = blocks(w, embed(w, tokens), on_block=lambda _layer, x, _pattern: entering.append(x))
         base = _stream_loss(w, clean, tokens)
         for layer in range(n_layers):
+            stored = known[layer]
+            if stored is not None:
+                out[layer] = stored
+                done += cost[layer]
+                _report(progress, done / sum(cost))
+                continue
             _check(cancelled)
             for first in range(0, n_heads, chunk):
                 heads = list(range(first, min(n_heads, first + chunk)))
                 final = run_ablations(w, entering[layer], layer, heads, ablation)
                 for i, head in enumerate(heads):
                     out[layer, head] = _stream_loss(w, final[i], tokens) - base
+            if memo is not None:
+                # NaN for non-finite heads, as in the whole table below
+                memo.put(layer, torch.where(_layer_nonfinite(w, layer), math.nan, out[layer]))
             done += cost[layer]
             _report(progress, done / sum(cost))
     entering.clear()  # the streams are not needed any more: free them before the trim

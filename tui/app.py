@@ -55,10 +55,13 @@ EngineFactory = Callable[[str, bool], ExplorerEngine]
 
 
 
-def default_engine_factory(path: str, raw: bool, cache_mb: int = 256) -> ExplorerEngine:
+def default_engine_factory(path: str, raw: bool, cache_mb: int = 256,
+                           cache_disk_mb: int = 0) -> ExplorerEngine:
     from headscope.engine.service import Engine
+    from headscope.engine.store import default_store
 
-    return Engine(path, raw=raw, cache_bytes=cache_mb << 20)
+    store = default_store(cache_disk_mb) if cache_disk_mb > 0 else None
+    return Engine(path, raw=raw, cache_bytes=cache_mb << 20, store=store)
 
 
 class HeadscopeApp(App[None]):
@@ -89,7 +92,7 @@ class HeadscopeApp(App[None]):
         # and the first frame's tree comes from the header (read_structure, no torch).
         self._deferred_engine = engine_factory is None
         self.engine_factory: EngineFactory = engine_factory or (
-            lambda p, r: default_engine_factory(p, r, settings.cache_mb))
+            lambda p, r: default_engine_factory(p, r, settings.cache_mb, settings.cache_disk_mb))
         theme = theme or settings.theme
         self._initial_theme = ALIASES.get(theme or "", theme) or DEFAULT_THEME
         # Themes are set before the first mount: set in on_mount, the switch from Textual's

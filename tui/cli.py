@@ -21,11 +21,19 @@ from headscope.engine.diff import EDGE_THRESHOLD
 from headscope.engine.errors import HeadscopeError, InvalidRequestError, out_of_memory
 from headscope.tui import args as args_types
 from headscope.tui import cli_timeline
+from headscope.tui.cli_cache import (
+    add_cache_parser,
+    add_quiet_arg,
+    add_store_args,
+    cmd_cache,
+    results_store,
+)
+from headscope.tui.cli_progress import progress_bar
 from headscope.tui.datatext import data_table, tsv_field
 
 EXIT_OK, EXIT_MODEL_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 COMMANDS = ("open", "info", "heads", "composition", "forward", "circuit", "diff", "export", "serve",
-            "timeline")
+            "timeline", "cache")
 
 EPILOG = """\
 examples:
@@ -38,6 +46,7 @@ examples:
   headscope composition sample_models/attn-only-2l --kind k --top 5
   headscope circuit sample_models/attn-only-2l 1 2 --kind ov --rows Mary,John --cols Mary,John
   headscope forward sample_models/attn-only-2l --prompt "When Mary and John" --json
+  headscope cache ls                          stored sweep results (scores, composition, ablation)
 
 exit codes: 0 ok, 1 bad model file or request (one line on stderr), 2 usage, 130 interrupted
 """
@@ -119,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="add ablation_effect: the loss increase on the repeated half of the random "
                         "sequences when the head is zero-ablated (a forward pass per head; implied "
                         "by --sort ablation_effect)")
+    add_store_args(p)
+    add_quiet_arg(p)
 
     p = command("composition", "Q-, K- or V-composition scores between heads of different layers",
                 "headscope composition path --kind k --top 5")
@@ -128,6 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kind", choices=("q", "k", "v"), required=True)
     p.add_argument("--top", type=args_types.count, default=10, help="how many top edges to list (default 10)")
     p.add_argument("--seed", type=args_types.seed, default=0, help="seed of the random baseline (default 0)")
+    add_store_args(p)
+    add_quiet_arg(p)
 
     p = command("forward", "logits and attention patterns for a token sequence",
                 "headscope forward path --tokens 3,14,15,92 --json")
@@ -137,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     group = p.add_mutually_exclusive_group(required=True)
     group.add_argument("--tokens", type=args_types.token_ids, help="comma-separated token ids, e.g. 3,14,15,92")
     group.add_argument("--prompt", help="text, encoded with the model's tokenizer")
+    add_quiet_arg(p)
 
     p = command("circuit", "a block of a head's QK or OV circuit",
                 "headscope circuit path 1 4 --kind qk --basis position --rows 0:16 --cols 0:16")
@@ -151,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ids (3,14), ranges (0:20) or tokens (Mary,John); default the first 24")
     p.add_argument("--cols", type=args_types.token_spec, help="as --rows")
     p.add_argument("--offset", type=args_types.offset, default=0, help="rotary models: query-key offset Δ")
+    add_quiet_arg(p)
 
     p = command("diff", "compare the circuits of two checkpoints with the same head layout "
                 "(after pruning, distillation or more training)",
@@ -166,6 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="composition edges count when this far above their baseline "
                         f"(default {EDGE_THRESHOLD})")
     p.add_argument("--seed", type=args_types.seed, default=0)
+    add_store_args(p)
+    add_quiet_arg(p)
 
     p = command("export", "write heads, composition or circuit data to JSON or CSV, atomically",
                 "headscope export path --what composition --kind k --format csv --out results/")
@@ -185,6 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=args_types.seed, default=0)
     p.add_argument("--ablation", action="store_true",
                    help="heads: add the zero-ablation effect column (a forward pass per head)")
+    add_store_args(p)
+    add_quiet_arg(p)
 
     p = command("serve", "serve the explorer to a web browser (textual-serve), on 127.0.0.1 by default",
                 "headscope serve path --port 8000")
@@ -197,6 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="allow binding to a non-loopback address: anyone who can reach it can "
                         "use the explorer")
     cli_timeline.add_parser(sub)
+    add_cache_parser(sub)
     return parser
 
 
@@ -313,7 +333,10 @@ def cmd_heads(args: argparse.Namespace) -> int:
     ablation = args.ablation or args.sort == ABLATION_EFFECT
     check_sort_key(args.sort, [*SCORE_NAMES, ABLATION_EFFECT])  # before the model is opened
     model = _open(args)
-    rows = sort_rows(head_table(model, seed=args.seed, ablation=ablation), args.sort)
+    with progress_bar(f"heads {model.path.name}", quiet=args.quiet) as progress:
+        table = head_table(model, seed=args.seed, ablation=ablation, store=results_store(args),
+                           progress=progress)
+    rows = sort_rows(table, args.sort)
     columns = ["layer", "head", *SCORE_NAMES, *([ABLATION_EFFECT] if ablation else []),
                "nonfinite"]
     emit(rows, args.json, lambda: (columns, [[r[c] for c in columns] for r in rows]))
@@ -324,7 +347,9 @@ def cmd_composition(args: argparse.Namespace) -> int:
     from headscope.engine.report import composition_report
 
     model = _open(args)
-    report = composition_report(model, args.kind, top=args.top, seed=args.seed)
+    with progress_bar(f"{args.kind}-composition {model.path.name}", quiet=args.quiet) as progress:
+        report = composition_report(model, args.kind, top=args.top, seed=args.seed,
+                                    store=results_store(args), progress=progress)
     columns = ["source", "target", "score", "above_baseline"]
     emit(report, args.json, lambda: (columns, [[e[c] for c in columns] for e in report["top_edges"]]))
     return EXIT_OK
@@ -347,7 +372,8 @@ def cmd_forward(args: argparse.Namespace) -> int:
             print(f"headscope: {model.path}: prompt truncated from {len(tokens)} to the context "
                   f"of {model.cfg.n_ctx} tokens", file=sys.stderr)
             tokens = tokens[: model.cfg.n_ctx]
-    report = forward_report(model, tokens)
+    with progress_bar(f"forward {model.path.name}", quiet=args.quiet, determinate=False):
+        report = forward_report(model, tokens)
 
     def table() -> tuple[list[str], list[list[Any]]]:
         import numpy as np
@@ -369,12 +395,10 @@ def cmd_circuit(args: argparse.Namespace) -> int:
 
     model = _open(args)
     n = model.cfg.n_ctx if args.basis == "position" else model.cfg.d_vocab
-    report = circuit_report(
-        model, args.layer, args.head, args.kind, basis=args.basis,
-        rows=parse_token_list(model, args.rows, n, args.basis),
-        cols=parse_token_list(model, args.cols, n, args.basis),
-        offset=args.offset,
-    )
+    rows, cols = (parse_token_list(model, spec, n, args.basis) for spec in (args.rows, args.cols))
+    with progress_bar(f"circuit {model.path.name}", quiet=args.quiet, determinate=False):
+        report = circuit_report(model, args.layer, args.head, args.kind, basis=args.basis,
+                                rows=rows, cols=cols, offset=args.offset)
 
     def table() -> tuple[list[str], list[list[Any]]]:
         return (["row \\ col", *report["col_labels"]],
@@ -390,7 +414,9 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
     a = open_model(args.path, raw=args.raw)
     b = open_model(args.other, raw=args.raw)
-    result = diff_models(a, b, match_heads=args.match_heads, threshold=args.threshold, seed=args.seed)
+    with progress_bar(f"diff {a.path.name} {b.path.name}", quiet=args.quiet) as progress:
+        result = diff_models(a, b, match_heads=args.match_heads, threshold=args.threshold,
+                             seed=args.seed, store=results_store(args), progress=progress)
     report = result.to_dict()
 
     def table() -> tuple[list[str], list[list[Any]]]:
@@ -421,20 +447,24 @@ def cmd_export(args: argparse.Namespace) -> int:
     model = _open(args)
     name = Path(args.path).name or "model"
     suffix = "-raw" if args.raw else ""
+    store = results_store(args)
     if args.what == "heads":
-        report: Any = head_table(model, seed=args.seed, ablation=args.ablation)
+        with progress_bar(f"heads {name}", quiet=args.quiet) as progress:
+            report: Any = head_table(model, seed=args.seed, ablation=args.ablation, store=store,
+                                     progress=progress)
         stem = f"{name}-heads{suffix}"
     elif args.what == "composition":
         check_composition_kind(args.kind, str(model.path))
-        report = composition_report(model, args.kind, seed=args.seed)
+        with progress_bar(f"{args.kind}-composition {name}", quiet=args.quiet) as progress:
+            report = composition_report(model, args.kind, seed=args.seed, store=store,
+                                        progress=progress)
         stem = f"{name}-{args.kind}-composition{suffix}"
     else:
         n = model.cfg.n_ctx if args.basis == "position" else model.cfg.d_vocab
-        report = circuit_report(
-            model, args.layer, args.head, args.kind, basis=args.basis,
-            rows=parse_token_list(model, args.rows, n, args.basis),
-            cols=parse_token_list(model, args.cols, n, args.basis),
-        )
+        rows, cols = (parse_token_list(model, spec, n, args.basis) for spec in (args.rows, args.cols))
+        with progress_bar(f"circuit {name}", quiet=args.quiet, determinate=False):
+            report = circuit_report(model, args.layer, args.head, args.kind, basis=args.basis,
+                                    rows=rows, cols=cols)
         stem = f"{name}-L{args.layer}H{args.head}-{args.kind}-{args.basis}{suffix}"
     written = export_report(args.what, report, args.out, args.format, stem)
     print(written)
@@ -478,6 +508,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "forward": cmd_forward,
     "circuit": cmd_circuit,
     "timeline": cli_timeline.run,
+    "cache": cmd_cache,
 }
 
 

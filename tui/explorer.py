@@ -802,7 +802,9 @@ class ExplorerScreen(Screen[None]):
         activity = hits = misses = in_flight = progress = None
         if app.engine is not None:
             try:
-                activity, hits, misses, in_flight, progress = stats_line(app.engine.stats())
+                stats = app.engine.stats()
+                activity, hits, misses, in_flight, progress = stats_line(stats)
+                status.origin = getattr(stats, "origin", "")  # computed now / from the cache
             except (HeadscopeError, RuntimeError):  # engine closing; a bug should still surface
                 activity = None
         if app.opening:

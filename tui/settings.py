@@ -6,12 +6,13 @@ Where: ``$HEADSCOPE_CONFIG`` if set, else ``$XDG_CONFIG_HOME/headscope/config.to
     theme = "headscope-dark"        # headscope-dark | headscope-light | headscope-contrast
     colormap = "diverging"          # diverging | colorblind
     cache_mb = 256                  # engine cache budget per open model
+    cache_disk_mb = 512             # results store on disk (0: do not persist results)
     tokens = ["Mary", "John"]       # default token set for the QK/OV heatmaps
     [keymap]                        # binding id = keys (see `?` in the explorer)
     "next-head" = "n"
 
 Environment variables override the file: ``HEADSCOPE_THEME``, ``HEADSCOPE_COLORMAP``,
-``HEADSCOPE_CACHE_MB``. A malformed file is a one-line ConfigError naming it.
+``HEADSCOPE_CACHE_MB``, ``HEADSCOPE_CACHE_DISK_MB``. A malformed file is a one-line ConfigError naming it.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class Settings:
     theme: str = DEFAULT_THEME
     colormap: str = "diverging"
     cache_mb: int = 256
+    cache_disk_mb: int = 512  # the on-disk results store (engine.store); 0 turns it off
     tokens: tuple[str, ...] = ()
     keymap: dict[str, str] = field(default_factory=dict)
     source: str | None = None  # the file these came from, if any
@@ -95,12 +97,14 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         data["colormap"] = env["HEADSCOPE_COLORMAP"]
     if "HEADSCOPE_CACHE_MB" in env:
         data["cache_mb"] = env["HEADSCOPE_CACHE_MB"]
+    if "HEADSCOPE_CACHE_DISK_MB" in env:
+        data["cache_disk_mb"] = env["HEADSCOPE_CACHE_DISK_MB"]
     return _validate(data, path if exists else None)
 
 
 def _validate(data: dict[str, Any], path: Path | None) -> Settings:
     where = path or "settings"
-    unknown = set(data) - {"theme", "colormap", "cache_mb", "tokens", "keymap"}
+    unknown = set(data) - {"theme", "colormap", "cache_mb", "cache_disk_mb", "tokens", "keymap"}
     if unknown:
         raise ConfigError(where, f"unknown setting(s): {', '.join(sorted(unknown))}")
     theme = str(data.get("theme", DEFAULT_THEME))
@@ -108,6 +112,7 @@ def _validate(data: dict[str, Any], path: Path | None) -> Settings:
     if colormap not in COLORMAPS:
         raise ConfigError(where, f"colormap must be one of {', '.join(COLORMAPS)}, not {colormap!r}")
     cache_mb = _cache_mb(data.get("cache_mb", 256), where)
+    cache_disk_mb = _cache_mb(data.get("cache_disk_mb", 512), where, "cache_disk_mb", minimum=0)
     tokens = data.get("tokens", [])
     if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
         raise ConfigError(where, "tokens must be a list of strings")
@@ -118,26 +123,27 @@ def _validate(data: dict[str, Any], path: Path | None) -> Settings:
         theme=theme,
         colormap=colormap,
         cache_mb=cache_mb,
+        cache_disk_mb=cache_disk_mb,
         tokens=tuple(tokens),
         keymap=dict(keymap),
         source=str(path) if path else None,
     )
 
 
-def _cache_mb(value: Any, where: Path | str) -> int:
-    """A whole number of MiB in ``[1, MAX_CACHE_MB]`` (TOML ``inf``, ``nan``, ``1.5``,
+def _cache_mb(value: Any, where: Path | str, key: str = "cache_mb", minimum: int = 1) -> int:
+    """A whole number of MiB in ``[minimum, MAX_CACHE_MB]`` (TOML ``inf``, ``nan``, ``1.5``,
     ``true`` and ``"lots"`` are refused, not crashed on)."""
     if isinstance(value, str):
         try:
             value = int(value.strip())
         except ValueError:
-            raise ConfigError(where, f"cache_mb must be a whole number, not {value!r}") from None
+            raise ConfigError(where, f"{key} must be a whole number, not {value!r}") from None
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(where, f"cache_mb must be a whole number, not {value!r}")
-    if value < 1:
-        raise ConfigError(where, f"cache_mb must be positive, not {value}")
+        raise ConfigError(where, f"{key} must be a whole number, not {value!r}")
+    if value < minimum:
+        raise ConfigError(where, f"{key} must be {'positive' if minimum == 1 else f'{minimum} or more'}, not {value}")
     if value > MAX_CACHE_MB:
-        raise ConfigError(where, f"cache_mb must be at most {MAX_CACHE_MB} (1 TiB), not {value}")
+        raise ConfigError(where, f"{key} must be at most {MAX_CACHE_MB} (1 TiB), not {value}")
     return value

@@ -56,6 +56,7 @@ class StatusBar(Widget):
     frame: reactive[int] = reactive(0)
     error: reactive[str] = reactive("")
     compare: reactive[str] = reactive("")  # compare mode: the name of model B
+    origin: reactive[str] = reactive("")  # where the last sweep's numbers came from
 
     def render(self) -> Text:
         name, arch, shapes = model_summary(self.structure)
@@ -101,5 +102,7 @@ class StatusBar(Widget):
         bottom.append(f" │ cache {hits} hit/{misses} miss", style="dim")
         if in_flight:
             bottom.append(f", {in_flight} running", style="dim")
+        if self.origin:
+            bottom.append(f" │ {self.origin}", style="dim")
         bottom.truncate(max(self.size.width, 10), overflow="ellipsis")
         return Text("\n").join([top, bottom])
