@@ -17,7 +17,7 @@ import contextlib
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from textual.message import Message
 from textual.timer import Timer
@@ -138,21 +138,27 @@ class TimelineMode:
     def _compute(self, app: HeadscopeApp) -> None:
         worker = get_current_worker()
 
+        def on_ui(*call: Any) -> None:
+            if not worker.is_cancelled:
+                with contextlib.suppress(RuntimeError):  # the app closed meanwhile
+                    app.call_from_thread(*call)
+
         def progress(done: int, total: int) -> None:
-            self.done = done  # a plain assignment from this thread, read by the status update
-            app.call_from_thread(self.update_status, app)
+            self.done = done
+            on_ui(self.update_status, app)
 
         try:
             timeline = self.compute(self.sources, self.notes, self.raw, progress,
                                     lambda: worker.is_cancelled)
         except HeadscopeError as err:
-            if not worker.is_cancelled:
-                self.error = f"timeline: {err.one_line()}"
-                app.call_from_thread(self._failed, app)
+            self.error = f"timeline: {err.one_line()}"
+            on_ui(self._failed, app)
             return
-        if worker.is_cancelled:
+        except Exception as err:  # an engine bug: a notification, not a silent worker
+            self.error = f"timeline: unexpected error {err!r}"
+            on_ui(self._failed, app)
             return
-        app.call_from_thread(self._computed, app, timeline)
+        on_ui(self._computed, app, timeline)
 
     def _failed(self, app: HeadscopeApp) -> None:
         app.report(self.error or "timeline: failed")

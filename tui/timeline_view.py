@@ -200,9 +200,9 @@ class TimelinePane(Vertical):
         head.append(f"step {mode.step} ", style="bold")
         head.append(f"({mode.index + 1} of {len(t.steps)}: {t.steps[0]} … {t.steps[-1]}) · ")
         head.append("▮", style="reverse")
-        head.append(" the step shown · ")
-        head.append("bold", style=f"bold {self._mark()}")
-        head.append(" its phase change · { } scrub · enter on a change: go there")
+        head.append(" shown · ")
+        head.append("▮", style=f"bold {self._mark()}")
+        head.append(" phase change · { } step · enter: go to a change")
         header.update(head)
         width = self.query_one("#timeline-scroll").size.width or self.size.width or 100
         grid = grid_text(t, mode.index, width, self.headscope.explorer.head, self._mark())
