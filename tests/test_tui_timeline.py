@@ -358,3 +358,25 @@ def test_the_timeline_keys_are_in_the_help_and_collide_with_no_other_key() -> No
     keys = [k for b in [*APP_BINDINGS, *Tree.BINDINGS] for k in b.key.split(",")]  # type: ignore[union-attr]
     for key in ("8", "left_curly_bracket", "right_curly_bracket"):
         assert keys.count(key) == 1
+
+
+async def test_a_timeline_that_cannot_be_computed_is_a_one_line_notification(
+        tmp_path: Path) -> None:
+    from headscope.engine.errors import ShapeMismatchError
+
+    sources = [StepSource(s, tmp_path / f"step-{s}") for s in (0, 1)]
+
+    def compute(*_a: Any) -> Timeline:
+        raise ShapeMismatchError(sources[1].path, "4 layers × 2 heads: not one series")
+
+    app = HeadscopeApp(timeline=TimelineMode(sources, compute=compute),
+                       engine_factory=lambda p, r: FakeEngine(p), settings=Settings(),
+                       debounce=0.01, sweep=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_until(pilot, lambda: app.errors, "the error reported")
+        assert app.errors == [f"timeline: {sources[1].path}: 4 layers × 2 heads: not one series"]
+        await pilot.press("8")
+        await settle(pilot, app)
+        assert "not one series" in plain(app.explorer.query_one("#timeline-header", Static))
+        assert "scoring" not in status(app)
+        await pilot.press("q")
