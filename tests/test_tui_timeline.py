@@ -259,7 +259,7 @@ async def test_quitting_while_the_timeline_is_scored_cancels_it_between_steps(
     assert seen == [True]
 
 
-@pytest.mark.parametrize("what", ["single", "missing", "with-path"])
+@pytest.mark.parametrize("what", ["single", "missing", "with-path", "with-compare"])
 def test_a_bad_series_is_a_one_line_error_before_the_explorer_opens(
         what: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     import headscope.tui.app as app_module
@@ -270,12 +270,14 @@ def test_a_bad_series_is_a_one_line_error_before_the_explorer_opens(
     monkeypatch.setattr(app_module, "run_app", never)
     argv = {"single": ["--timeline", str(SERIES / "step-000675")],
             "missing": ["--timeline", str(SERIES / "nope")],
-            "with-path": [str(SAMPLE_MODELS / "attn-only-2l"), "--timeline", str(SERIES)]}[what]
+            "with-path": [str(SAMPLE_MODELS / "attn-only-2l"), "--timeline", str(SERIES)],
+            "with-compare": ["--timeline", str(SERIES), "--compare", str(SERIES / "step-000675")],
+            }[what]
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("headscope: ")
     assert {"single": "single checkpoint", "missing": "no such file",
-            "with-path": "not both"}[what] in err
+            "with-path": "not both", "with-compare": "cannot be combined"}[what] in err
 
 
 def test_open_timeline_opens_the_last_step(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -300,6 +302,40 @@ async def test_without_a_timeline_key_8_says_how_to_open_one() -> None:
         assert not app.explorer.query(TimelinePane)
         notes = [n.message for n in app._notifications]
         assert sum("--timeline" in n for n in notes) == 2
+        await pilot.press("q")
+
+
+async def test_a_burst_of_step_keys_opens_one_step_and_closes_the_engines_it_replaces() -> None:
+    sources, timeline = synthetic_timeline()
+    engines: list[FakeEngine] = []
+
+    def factory(path: str, _raw: bool) -> FakeEngine:
+        engines.append(FakeEngine(path, n_heads=3, fail={"ready"} if "000200" in path else set()))
+        return engines[-1]
+
+    mode = TimelineMode(sources, compute=lambda *_a: timeline)
+    app = HeadscopeApp(timeline=mode, engine_factory=factory, settings=Settings(),
+                       debounce=0.01, sweep=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_timeline(pilot, app)
+        await pilot.press(*["left_curly_bracket"] * 4, *["right_curly_bracket"] * 9)
+        assert mode.index == len(sources) - 1  # clamped at the last step
+        await pilot.press("left_curly_bracket", "left_curly_bracket")
+        await wait_until(pilot, lambda: mode.opened == 5, "step 500 opened")
+        await settle(pilot, app)
+        assert [Path(e.path).name for e in engines] == ["step-000700", "step-000500"]
+        assert engines[0].closed and not engines[1].closed
+        # A step that cannot be opened is a notification; the next step opens as usual.
+        await pilot.press(*["left_curly_bracket"] * 3)
+        await wait_until(pilot, lambda: app.errors, "step 200's error")
+        assert len(app.errors) == 1 and "ready failed" in app.errors[0]
+        await pilot.press("left_curly_bracket")
+        await wait_until(pilot, lambda: mode.opened == 1 and app.model_ready.is_set(),
+                         "step 100 opened")
+        await settle(pilot, app)
+        assert app.explorer.results["qk"]["token"] is not None
+        assert app.explorer.query_one(StatusBar).error == ""
+        assert [e.closed for e in engines] == [True, True, True, False]
         await pilot.press("q")
 
 

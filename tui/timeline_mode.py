@@ -34,6 +34,8 @@ from headscope.engine.timeline import (
     score_steps,
 )
 
+from .widgets.status import StatusBar
+
 if TYPE_CHECKING:
     from .app import HeadscopeApp
 
@@ -183,8 +185,6 @@ class TimelineMode:
             app.explorer.query_one(TimelinePane).post_message(TimelineComputed(timeline))
 
     def update_status(self, app: HeadscopeApp) -> None:
-        from .widgets.status import StatusBar
-
         with contextlib.suppress(Exception):  # before the explorer is mounted, or shutting down
             app.explorer.query_one(StatusBar).timeline = self.status_text()
 
@@ -223,6 +223,7 @@ class TimelineMode:
             return
         old = app.engine
         app.model_ready.clear()
+        app.ready_failed = False
         app.engine, app.path, self.opened = engine, path, index
         app.structure = {**dict(engine.structure), "path": path}
         rows = self.scores_at(index) if app.raw == self.raw else None
@@ -231,9 +232,15 @@ class TimelineMode:
             app.run_worker(_close(old), group="timeline-close", exit_on_error=False)
         try:
             await engine.ready()
-        except HeadscopeError as err:
+        except HeadscopeError as err:  # a broken step: say so; another step may open
+            from .explorer import ModelFailed  # (the explorer imports this module's pane)
+
+            app.ready_failed = True
             app.report(str(err))
+            app.explorer.post_message(ModelFailed(str(err), str(err)))
             return
+        app.ready_failed = False
+        app.explorer.query_one(StatusBar).error = ""
         app.model_ready.set()
         if rows is None and app.explorer.auto_sweep:
             app.explorer.start_sweep()
