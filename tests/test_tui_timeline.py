@@ -339,6 +339,22 @@ async def test_a_burst_of_step_keys_opens_one_step_and_closes_the_engines_it_rep
         await pilot.press("q")
 
 
+async def test_a_narrow_terminal_keeps_the_induction_and_previous_token_columns_unwrapped() -> None:
+    sources, timeline = synthetic_timeline()
+    app = HeadscopeApp(timeline=TimelineMode(sources, compute=lambda *_a: timeline),
+                       engine_factory=lambda p, _r: FakeEngine(p, n_heads=3),
+                       settings=Settings(), debounce=0.01, sweep=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_timeline(pilot, app)
+        await pilot.press("8")
+        await settle(pilot, app)
+        lines = grid(app).splitlines()
+        assert len(lines) == 1 + 6  # the header row and a row per head: nothing wrapped
+        assert lines[0].split()[1:] == ["copying", "prev-token", "induction"]
+        assert all(len(line.split()) == 1 + 2 * 3 for line in lines[1:])
+        await pilot.press("q")
+
+
 # -- the picture -----------------------------------------------------------------------------
 
 

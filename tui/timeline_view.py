@@ -1,7 +1,7 @@
 """The Timeline tab: every head's scores across the steps of a series, and the phase changes.
 
-One row per head, one sparkline per score (the five of ``headscope heads``), sized to the
-pane: a block character per step when there is room, else braille (two steps per character),
+One row per head, one sparkline per score (the five of ``headscope heads``; a narrow pane
+keeps induction, previous-token, copying, ... first), sized to the pane: a block character per step when there is room, else braille (two steps per character),
 else sampled. Each score's sparklines share one scale (that score's range over every head and
 step), so rows compare. The step shown is highlighted on every sparkline and the values are
 that step's; a phase change (docs/math.md "Training dynamics") is marked on its sparkline
@@ -87,10 +87,23 @@ def score_ranges(t: Timeline) -> dict[str, tuple[float, float]]:
     return ranges
 
 
-def spark_width(pane_width: int) -> int:
-    """Characters per sparkline in a pane ``pane_width`` wide."""
-    per_score = (pane_width - LABEL_WIDTH - 1) // len(TIMELINE_SCORES)
-    return max(4, per_score - VALUE_WIDTH - GAP)
+MIN_SPARK = 6
+# Which scores a narrow pane keeps first (shown in TIMELINE_SCORES order).
+PRIORITY = ("induction_score", "prev_token_score", "copying_score", "qk_positivity",
+            "duplicate_token_score")
+
+
+def fitting_scores(pane_width: int) -> tuple[tuple[str, str], ...]:
+    """The score columns a pane ``pane_width`` wide holds, by ``PRIORITY``, in table order."""
+    room = (pane_width - LABEL_WIDTH - 1) // (MIN_SPARK + VALUE_WIDTH + GAP)
+    keep = set(PRIORITY[:max(1, room)])
+    return tuple((k, title) for k, title in TIMELINE_SCORES if k in keep)
+
+
+def spark_width(pane_width: int, n_scores: int = len(TIMELINE_SCORES)) -> int:
+    """Characters per sparkline in a pane ``pane_width`` wide with ``n_scores`` columns."""
+    per_score = (pane_width - LABEL_WIDTH - 1) // max(1, n_scores)
+    return max(MIN_SPARK, per_score - VALUE_WIDTH - GAP)
 
 
 def change_steps(t: Timeline) -> dict[tuple[int, int, str], int]:
@@ -103,12 +116,13 @@ def grid_text(t: Timeline, index: int, width: int, focused: tuple[int, int] | No
               mark: str = "yellow") -> Text:
     """The header row and one row per head: a sparkline and the value at step ``index`` per
     score; the step shown is reversed, a phase change is ``mark``-coloured and bold."""
-    sw = spark_width(width)
+    shown = fitting_scores(width)
+    sw = spark_width(width, len(shown))
     ranges = score_ranges(t)
     changes = change_steps(t)
-    text = Text()
+    text = Text(no_wrap=True, overflow="crop")
     text.append("head".ljust(LABEL_WIDTH + 1), style="bold")
-    for _, title in TIMELINE_SCORES:
+    for _, title in shown:
         text.append(title[:sw + VALUE_WIDTH].ljust(sw + VALUE_WIDTH + GAP), style="bold")
     for layer in range(t.n_layers):
         for head in range(t.n_heads):
@@ -117,17 +131,18 @@ def grid_text(t: Timeline, index: int, width: int, focused: tuple[int, int] | No
             text.append(label.ljust(LABEL_WIDTH), style="bold reverse" if (layer, head) == focused
                         else "bold")
             text.append(" ")
-            for key, _ in TIMELINE_SCORES:
+            for key, _ in shown:
                 values = t.head_series(layer, head, key)
                 changed = changes.get((layer, head, key))
-                for char, covered in sparkline_cells(values, sw, *ranges[key]):
+                cells = sparkline_cells(values, sw, *ranges[key])
+                for char, covered in cells:
                     style = ""
                     if changed is not None and changed in covered:
                         style = f"bold {mark}"
                     if index in covered:
                         style = (style + " reverse").strip()
                     text.append(char, style=style or None)
-                pad = sw - len(sparkline_cells(values, sw, *ranges[key]))
+                pad = sw - len(cells)
                 v = values[index]
                 text.append(" " * pad + (f" {v:+.2f}" if math.isfinite(v) else "   nan"))
                 text.append(" " * GAP)
