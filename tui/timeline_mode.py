@@ -14,11 +14,13 @@ head tree's badges are that step's scores, taken from the timeline once it is co
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from textual.css.query import NoMatches
 from textual.message import Message
 from textual.timer import Timer
 from textual.worker import get_current_worker
@@ -38,6 +40,7 @@ from .widgets.status import StatusBar
 
 if TYPE_CHECKING:
     from .app import HeadscopeApp
+    from .engine_api import ExplorerEngine
 
 # (sources, notes, raw, progress(done, total), cancelled()) → the timeline of those steps
 Compute = Callable[[Sequence[StepSource], Sequence[str], bool, Callable[[int, int], None],
@@ -125,7 +128,8 @@ class TimelineMode:
                 values = {k: float(t.series[k][index, layer, head]) for k in
                           ("copying_score", "qk_positivity", "prev_token_score",
                            "duplicate_token_score", "induction_score")}
-                rows.append(HeadScores(layer=layer, head=head, nonfinite=False, **values))
+                nonfinite = not all(math.isfinite(v) for v in values.values())
+                rows.append(HeadScores(layer=layer, head=head, nonfinite=nonfinite, **values))
         return rows
 
     # -- computing the timeline ------------------------------------------------------------
@@ -165,7 +169,7 @@ class TimelineMode:
     def _failed(self, app: HeadscopeApp) -> None:
         app.report(self.error or "timeline: failed")
         self.update_status(app)
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(NoMatches):
             from .timeline_view import TimelinePane
 
             app.explorer.query_one(TimelinePane).failed(self.error or "")
@@ -179,7 +183,7 @@ class TimelineMode:
             rows = self.scores_at(self.opened)
             if rows is not None:
                 app.explorer.set_scores(rows)
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(NoMatches):
             from .timeline_view import TimelinePane
 
             app.explorer.query_one(TimelinePane).post_message(TimelineComputed(timeline))
@@ -201,7 +205,7 @@ class TimelineMode:
         self.update_status(app)
         from .timeline_view import TimelinePane
 
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(NoMatches):
             app.explorer.query_one(TimelinePane).redraw()
         if self._timer is not None:
             self._timer.stop()
@@ -220,6 +224,9 @@ class TimelineMode:
             engine = app.engine_factory(path, app.raw)
         except HeadscopeError as err:
             app.report(str(err))
+            return
+        except Exception as err:  # an engine bug must not take the explorer down
+            app.report(f"{path}: cannot open ({err!r})")
             return
         old = app.engine
         app.model_ready.clear()
@@ -246,6 +253,7 @@ class TimelineMode:
             app.explorer.start_sweep()
 
 
-async def _close(engine: object) -> None:
+async def _close(engine: ExplorerEngine) -> None:
+    """Close a replaced engine (its threads); a failure to close is not the user's concern."""
     with contextlib.suppress(Exception):
-        await engine.aclose()  # type: ignore[attr-defined]
+        await engine.aclose()
