@@ -47,6 +47,7 @@ from .keymap import APP_BINDINGS
 from .palette import HeadscopeCommands
 from .screens import HelpScreen, InputScreen
 from .settings import Settings, load_settings
+from .timeline_mode import TimelineMode
 
 __all__ = ["FILTER_THRESHOLD", "HeadscopeApp", "bundled_model", "run_app"]
 
@@ -76,8 +77,13 @@ class HeadscopeApp(App[None]):
                  keymap: dict[str, str] | None = None, debounce: float = 0.1,
                  sweep: bool = True, prompt: str = "",
                  compare: str | os.PathLike[str] | None = None, match_heads: bool = False,
-                 head: Head | None = None, settings: Settings | None = None) -> None:
+                 head: Head | None = None, settings: Settings | None = None,
+                 timeline: TimelineMode | None = None) -> None:
         super().__init__()
+        # Timeline mode: a series of checkpoints, opened on its last step (tui/timeline_mode.py).
+        self.timeline = timeline or TimelineMode()
+        if self.timeline.enabled:
+            path = self.timeline.path
         self.settings_error: str | None = None
         if settings is None:
             try:
@@ -167,6 +173,7 @@ class HeadscopeApp(App[None]):
 
     def explorer_mounted(self) -> None:
         """The explorer is on screen: open the engine (after the first frame is painted)."""
+        self.timeline.update_status(self)
         if self._deferred_engine and self.open_error is None:
             self.call_after_refresh(lambda: self.set_timer(0.02, self._open_deferred))
             return
@@ -201,9 +208,14 @@ class HeadscopeApp(App[None]):
         for warning in getattr(engine, "warnings", ()):  # e.g. an unusable tokenizer
             self.notify(warning, severity="warning", timeout=8)
         self.explorer.post_message(ModelReady())
+        self.timeline.start(self)
 
     def on_resize(self, event: events.Resize) -> None:
         self.explorer.layout_for(event.size.width)
+
+    def action_timeline_step(self, delta: int) -> None:
+        """Timeline mode: show the previous or next step of the series."""
+        self.timeline.scrub(self, delta)
 
     # -- themes and colours -----------------------------------------------------------------
     @property

@@ -112,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--match-heads", action="store_true",
                    help="with --compare: pair B's heads with A's by circuit similarity "
                         "(Hungarian, per layer), for checkpoints from independent runs")
+    p.add_argument("--timeline", metavar="DIR", default=None,
+                   help="a directory of training checkpoints (step-*/checkpoint-* "
+                        "subdirectories): open its last step with a Timeline tab, { } scrub")
 
     p = command("info", "architecture, shapes and dtype, from the header alone", "headscope info path/to/model --json")
     model_arg(p)
@@ -306,6 +309,10 @@ def cmd_open(args: argparse.Namespace) -> int:
     if args.match_heads and not args.compare:
         raise InvalidRequestError(None, "--match-heads needs --compare B")
     options: dict[str, Any] = {"match_heads": True} if args.match_heads else {}
+    if args.timeline is not None:
+        from headscope.tui.timeline_mode import open_timeline
+
+        options["timeline"] = open_timeline(args.timeline, args.path, args.compare)
     if args.head is not None:
         options["head"] = args.head
     run_app(path, raw=args.raw, theme=args.theme, compare=args.compare, **options)

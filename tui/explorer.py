@@ -44,6 +44,7 @@ from headscope.engine.results import HeadScores
 from .adapt import ABLATION, ABLATION_LABEL, SCORES, jsonable, score, score_rows, stats_line
 from .compare import ChangesPane, focus_text, head_changes
 from .screens import InputScreen
+from .timeline_view import TimelinePane
 from .widgets.chart import Chart
 from .widgets.head_tree import HeadTree
 from .widgets.status import StatusBar
@@ -66,9 +67,10 @@ if TYPE_CHECKING:
 
 Head = tuple[int, int]
 LoadKey = tuple[Any, ...]  # (tab, head or None, weights generation, what else the view shows)
-TABS = ("qk", "ov", "spectrum", "prompt", "composition", "summary", "changes")
+TABS = ("qk", "ov", "spectrum", "prompt", "composition", "summary", "changes", "timeline")
 TAB_TITLES = {"qk": "1 QK", "ov": "2 OV", "spectrum": "3 Spectrum", "prompt": "4 Prompt",
-              "composition": "5 Composition", "summary": "6 Summary", "changes": "7 Changes"}
+              "composition": "5 Composition", "summary": "6 Summary", "changes": "7 Changes",
+              "timeline": "8 Timeline"}
 PER_HEAD = ("qk", "ov", "spectrum", "prompt")  # the tabs that show the focused head
 
 
@@ -81,7 +83,8 @@ class TabView(Protocol):
 # Each tab's view: the pane that loads and draws it (a TabView).
 VIEWS: dict[str, type[Widget]] = {
     "qk": QKPane, "ov": OVPane, "spectrum": SpectrumPane, "prompt": PromptPane,
-    "composition": CompositionPane, "summary": SummaryPane, "changes": ChangesPane}
+    "composition": CompositionPane, "summary": SummaryPane, "changes": ChangesPane,
+    "timeline": TimelinePane}
 NARROW = 100  # below this many columns, panes stack and the tree narrows
 WIDE_WITH_ABLATION = 140  # ...and the focus line with the ablation effect needs short labels
 TREE_FILTERS: tuple[tuple[str, str], ...] = (
@@ -220,6 +223,9 @@ class ExplorerScreen(Screen[None]):
                     if self.compare.enabled:
                         with TabPane(TAB_TITLES["changes"], id="changes"):
                             yield ChangesPane(id="changes-pane")
+                    if self.headscope.timeline.enabled:
+                        with TabPane(TAB_TITLES["timeline"], id="timeline"):
+                            yield TimelinePane(id="timeline-pane")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -562,6 +568,10 @@ class ExplorerScreen(Screen[None]):
         if tab == "changes" and not self.compare.enabled:
             self.notify("no model B: open with headscope A --compare B", severity="warning")
             return
+        if tab == "timeline" and not self.headscope.timeline.enabled:
+            self.notify("no timeline: open a series with headscope --timeline DIR",
+                        severity="warning")
+            return
         self.query_one("#tabs", TabbedContent).active = tab
         self.active_tab = tab
         self._load_active()
@@ -576,6 +586,9 @@ class ExplorerScreen(Screen[None]):
             extra = (self.query_one(CompositionPane).kind,)
         elif tab == "changes":
             extra = (self.compare.changes_kind, id(self.compare.diff))
+        elif tab == "timeline":
+            timeline = self.headscope.timeline
+            extra = (timeline.index, id(timeline.timeline), self.head)
         return (tab, self.head if tab in PER_HEAD else None, self.gen, *extra)
 
     def fresh(self, key: LoadKey) -> bool:
@@ -718,6 +731,26 @@ class ExplorerScreen(Screen[None]):
         if self.compare.engine_b is not None:
             self.compare.diff = None
             self.start_compare()
+
+    def weights_replaced(self, rows: list[HeadScores] | None) -> None:
+        """The app's engine now has other weights (timeline mode: another step): what was
+        shown is stale. ``rows``: the new weights' scores, when already known."""
+        for group in ("sweep", "head-scores", "ablation", *(f"load-{t}" for t in TABS)):
+            self.app.workers.cancel_group(self, group)
+        self.gen += 1
+        self.rows.clear()
+        self.ablation = None
+        self._loaded.clear()
+        tree = self.query_one(HeadTree)
+        tree.scores.clear()
+        tree.refresh_badges()
+        self.query_one(StatusBar).structure = self.structure
+        if rows:
+            self.set_scores(rows)
+        self._load_active()
+        if self.head is not None and self.head not in self.rows:
+            self.run_worker(self._head_scores(self.head, self.gen), group="head-scores",
+                            exclusive=True, exit_on_error=False)
 
     def action_step_source(self, step: int) -> None:
         self.source_index += step

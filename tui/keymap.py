@@ -79,6 +79,14 @@ APP_BINDINGS: list[Binding] = [
             tooltip="Compare mode: biggest changes A → B and the composition-graph diff"),
     Binding("d", "screen.toggle_compare_view", "A|B / B−A", id="compare-view", show=False,
             tooltip="Compare mode: QK/OV heatmaps of A and B side by side, or A and B − A"),
+    Binding("8", "screen.show_tab('timeline')", "Timeline", id="tab-timeline", show=False,
+            tooltip="Timeline mode: every head's scores across the steps, the phase changes"),
+    Binding("left_curly_bracket", "timeline_step(-1)", "Prev step", id="prev-step",
+            show=False, key_display="{",
+            tooltip="Timeline mode: the previous step (every tab then shows its weights)"),
+    Binding("right_curly_bracket", "timeline_step(1)", "Next step", id="next-step",
+            show=False, key_display="}",
+            tooltip="Timeline mode: the next step (every tab then shows its weights)"),
 ]
 
 # Keys handled by widgets, listed in the help screen (the tree's own bindings are on HeadTree).

@@ -57,6 +57,7 @@ class StatusBar(Widget):
     error: reactive[str] = reactive("")
     compare: reactive[str] = reactive("")  # compare mode: the name of model B
     origin: reactive[str] = reactive("")  # where the last sweep's numbers came from
+    timeline: reactive[str] = reactive("")  # timeline mode: the step shown (tui/timeline_mode.py)
 
     def render(self) -> Text:
         name, arch, shapes = model_summary(self.structure)
@@ -88,6 +89,9 @@ class StatusBar(Widget):
             return Text("\n").join([top, bottom])
         if self.focus_text:
             bottom.append(self.focus_text + " ", style="bold")
+            bottom.append("│ ", style="dim")
+        if self.timeline:
+            bottom.append(self.timeline + " ", style="bold")
             bottom.append("│ ", style="dim")
         hits, misses, in_flight = self.cache
         if self.busy or in_flight or self.activity or self.progress is not None:
