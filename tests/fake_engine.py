@@ -77,6 +77,9 @@ class FakeEngine:
         self._behaviour = rng.uniform(0.0, 0.25, size=(3, n_layers, n_heads))
         self._behaviour[0, 0, min(1, n_heads - 1)] = 0.92  # prev-token head L0.H1
         self._behaviour[2, min(1, n_layers - 1), min(2, n_heads - 1)] = 0.88  # induction L1.H2
+        # attention-sink scores from their own generator: the draws above stay as they were
+        sink = np.random.default_rng(seed + 1).uniform(0.0, 0.25, size=(1, n_layers, n_heads))
+        self._behaviour = np.concatenate((self._behaviour, sink))
         self.structure: dict[str, Any] = {
             "path": path, "format": "native", "family": "native",
             "architecture": "headscope-attn-only", "n_layers": n_layers, "n_heads": n_heads,
@@ -208,7 +211,7 @@ class FakeEngine:
         return HeadScores(layer=layer, head=head, copying_score=f32(_copying(eig_ov)),
                           qk_positivity=f32(_copying(eig_qk)), prev_token_score=f32(b[0]),
                           duplicate_token_score=f32(b[1]), induction_score=f32(b[2]),
-                          nonfinite=False)
+                          attention_sink_score=f32(b[3]), nonfinite=False)
 
     async def head_scores(self, layer: int, head: int) -> HeadScores:
         await self._enter("head_scores")

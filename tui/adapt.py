@@ -26,10 +26,11 @@ __all__ = ["ABLATION", "ABLATION_LABEL", "BADGES", "SCORES", "SCORE_KEYS", "SHOR
 
 # (score name, column label) of the summary table, in SCORE_NAMES order.
 SCORES: tuple[tuple[str, str], ...] = tuple(zip(SCORE_NAMES, (
-    "copying", "QK+", "prev-tok", "dup-tok", "induction"), strict=True))
+    "copying", "QK+", "prev-tok", "dup-tok", "induction", "sink"), strict=True))
 SCORE_KEYS = SCORE_NAMES
 # Short labels: the focus line on a narrow terminal, compare mode's Δ columns and A → B line.
-SHORT: dict[str, str] = dict(zip(SCORE_NAMES, ("copy", "QK+", "prev", "dup", "ind"), strict=True))
+SHORT: dict[str, str] = dict(zip(SCORE_NAMES, ("copy", "QK+", "prev", "dup", "ind", "sink"),
+                             strict=True))
 # The zero-ablation effect: not part of HeadScores (an opt-in sweep, Engine.all_ablation_effects).
 ABLATION, ABLATION_LABEL = ABLATION_EFFECT, "zero-abl"
 # Badges in the head tree: (score, letter). Colour follows the strength.
