@@ -19,11 +19,11 @@ from typing import Any
 
 from headscope.engine.diff import EDGE_THRESHOLD
 from headscope.engine.errors import HeadscopeError, InvalidRequestError
-from headscope.tui import cli_timeline
+from headscope.tui import cli_reading, cli_timeline
 
 EXIT_OK, EXIT_MODEL_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 COMMANDS = ("open", "info", "heads", "composition", "forward", "circuit", "diff", "export", "serve",
-            "timeline")
+            "timeline", "svd", "path")
 
 EPILOG = """\
 examples:
@@ -194,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="allow binding to a non-loopback address: anyone who can reach it can "
                         "use the explorer")
     cli_timeline.add_parser(sub)
+    cli_reading.add_parsers(sub)
     return parser
 
 
@@ -309,10 +310,10 @@ def _open(args: argparse.Namespace) -> Any:
 
 def cmd_heads(args: argparse.Namespace) -> int:
     from headscope.engine.report import head_table, sort_rows
-    from headscope.engine.requests import ABLATION_EFFECT, SCORE_NAMES, check_sort_key
+    from headscope.engine.requests import ABLATION_EFFECT, SCORE_NAMES, Z_NAMES, check_sort_key
 
     ablation = args.ablation or args.sort == ABLATION_EFFECT
-    check_sort_key(args.sort, [*SCORE_NAMES, ABLATION_EFFECT])  # before the model is opened
+    check_sort_key(args.sort, [*SCORE_NAMES, *Z_NAMES, ABLATION_EFFECT])  # before the model is opened
     model = _open(args)
     rows = sort_rows(head_table(model, seed=args.seed, ablation=ablation), args.sort)
     columns = ["layer", "head", *SCORE_NAMES, *([ABLATION_EFFECT] if ablation else []),
@@ -479,6 +480,8 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "forward": cmd_forward,
     "circuit": cmd_circuit,
     "timeline": cli_timeline.run,
+    "svd": cli_reading.run_svd,
+    "path": cli_reading.run_path,
 }
 
 
