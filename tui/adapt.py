@@ -24,9 +24,11 @@ from headscope.engine.results import (
 
 __all__ = ["ABLATION", "ABLATION_LABEL", "BADGES", "SCORES", "SCORE_KEYS", "SHORT", "jsonable"]
 
-# (score name, column label) of the summary table, in SCORE_NAMES order.
-SCORES: tuple[tuple[str, str], ...] = tuple(zip(SCORE_NAMES, (
-    "copying", "QK+", "prev-tok", "dup-tok", "induction", "sink"), strict=True))
+# (score name, column label) of the summary table and the focus line, in SCORE_NAMES order.
+# attention_sink_score is not a column (yet): the tree shows it as a badge (SINK_BADGE).
+SCORES: tuple[tuple[str, str], ...] = (
+    ("copying_score", "copying"), ("qk_positivity", "QK+"), ("prev_token_score", "prev-tok"),
+    ("duplicate_token_score", "dup-tok"), ("induction_score", "induction"))
 SCORE_KEYS = SCORE_NAMES
 # Short labels: the focus line on a narrow terminal, compare mode's Δ columns and A → B line.
 SHORT: dict[str, str] = dict(zip(SCORE_NAMES, ("copy", "QK+", "prev", "dup", "ind", "sink"),
