@@ -607,7 +607,7 @@ async def test_filter_keeps_heads_with_a_score_above_the_threshold() -> None:
         assert set(tree.head_nodes) == set(heads)
         scores = {hd: engine._scores(*hd) for hd in heads}
         for key, label in (("induction_score", "induction"), ("prev_token_score", "prev-token"),
-                           ("copying_score", "copying")):
+                           ("copying_score", "copying"), ("attention_sink_score", "sink")):
             await pilot.press("f")
             await settle(pilot, app)
             want = {hd for hd in heads if getattr(scores[hd], key) >= FILTER_THRESHOLD}
