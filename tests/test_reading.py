@@ -227,3 +227,10 @@ async def test_the_engine_returns_what_the_reports_print(model: Any) -> None:
             await eng.virtual_path((1, 0), (0, 1))
     finally:
         await eng.aclose()
+
+
+def test_the_model_api_gives_what_the_cli_prints(model: Any, capsys) -> None:
+    assert model.singular_directions(1, 2, "qk", k=2, top=3) == cli_json(
+        ["svd", str(MODEL_PATH), "1", "2", "--kind", "qk", "--k", "2", "--top", "3"], capsys)
+    assert json.loads(json.dumps(model.virtual_path((0, 1), (1, 2)))) == cli_json(
+        ["path", str(MODEL_PATH), "0.1", "1.2"], capsys)

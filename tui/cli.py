@@ -36,6 +36,8 @@ examples:
   headscope composition sample_models/attn-only-2l --kind k --top 5
   headscope circuit sample_models/attn-only-2l 1 2 --kind ov --rows Mary,John --cols Mary,John
   headscope forward sample_models/attn-only-2l --prompt "When Mary and John" --json
+  headscope svd sample_models/attn-only-2l 1 2 --kind ov --k 5 --top 10
+  headscope path sample_models/attn-only-2l L0.H1 L1.H2   (the induction mechanism's K-path)
 
 exit codes: 0 ok, 1 bad model file or request (one line on stderr), 2 usage, 130 interrupted
 """
