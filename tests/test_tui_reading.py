@@ -4,6 +4,7 @@ highlighted edge's virtual heads (``g`` focuses the later head)."""
 
 from __future__ import annotations
 
+import pytest
 from textual.widgets import DataTable, Static
 
 from headscope.tui.reading_screens import DirectionsScreen, PathScreen
@@ -65,3 +66,20 @@ async def test_v_on_a_composition_edge_opens_its_virtual_heads() -> None:
         await pilot.press("g")
         await settle(pilot, app)
         assert not isinstance(app.screen, PathScreen) and app.explorer.head == (l2, h2)
+
+
+async def test_the_filtered_tree_says_how_far_each_score_is_above_random_heads() -> None:
+    from headscope.tui.adapt import z_score
+    from headscope.tui.widgets.head_tree import HeadTree
+
+    app, engine = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("f")  # induction ≥ 0.3
+        await settle(pilot, app)
+        tree = app.explorer.query_one(HeadTree)
+        null = await engine.score_null()
+        scores = await engine.head_scores(1, 2)
+        z = z_score(null, scores, "induction_score")
+        assert z == pytest.approx((scores.induction_score - 0.05) / 0.02, rel=1e-5)  # fake null
+        assert f"{scores.induction_score:.2f} z={z:.0f}" in tree.badge_text((1, 2))

@@ -18,6 +18,7 @@ from headscope.engine.results import (
     HeadScores,
     Profile,
     PromptView,
+    ScoreNull,
     ScoreTable,
     TopTokens,
 )
@@ -45,6 +46,17 @@ def score(hs: HeadScores, key: str) -> float:
     if key not in SCORE_KEYS:
         raise KeyError(f"not a head score: {key!r}")
     return float(getattr(hs, key))
+
+
+def z_score(null: ScoreNull | None, hs: HeadScores, key: str) -> float:
+    """The score ``key`` of a head against the random-head null of its layer (NaN without one)."""
+    if null is None or key not in null.names:
+        return float("nan")
+    i = null.names.index(key)
+    std = float(null.std[i, hs.layer])
+    if not std > 0:
+        return float("nan")
+    return (score(hs, key) - float(null.mean[i, hs.layer])) / std
 
 
 def score_rows(table: ScoreTable) -> list[HeadScores]:

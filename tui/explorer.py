@@ -652,6 +652,17 @@ class ExplorerScreen(Screen[None]):
         self.tree_filter = key
         label = dict(TREE_FILTERS).get(key or "", key or "")
         self.query_one(HeadTree).set_filter(key, label, threshold)
+        if key is not None and self.headscope.engine is not None:
+            self.run_worker(self._load_null(), group="score-null", exclusive=True, exit_on_error=False)
+
+    async def _load_null(self) -> None:
+        """The random-head null of the scores: the filtered tree shows each head's z."""
+        try:
+            null = await self.engine.score_null()
+        except HeadscopeError as err:
+            self.report(str(err))
+            return
+        self.query_one(HeadTree).set_null(null)
 
     def action_edit_prompt(self) -> None:
         self.action_show_tab("prompt")
