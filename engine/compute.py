@@ -381,6 +381,18 @@ def virtual_path(model: Model, req: PathRequest, seed: int = SEED) -> VirtualPat
     )
 
 
+def _finite_mean_std(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and standard deviation of each row's finite entries (NaN for a row with none),
+    without numpy's all-NaN warnings (warnings filters are not thread-safe)."""
+    finite = np.isfinite(values)
+    count = finite.sum(axis=1)
+    safe = np.where(finite, values, 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = safe.sum(axis=1) / count
+        var = (np.where(finite, values - mean[:, None], 0.0) ** 2).sum(axis=1) / count
+    return mean, np.sqrt(var)
+
+
 def score_null(model: Model, seed: int = SEED, samples: int | None = None) -> ScoreNull:
     """Every score on random heads of the model's shapes and norms (docs/math.md,
     "Calibrated scores"): mean and standard deviation per score and layer."""
@@ -402,8 +414,7 @@ def score_null(model: Model, seed: int = SEED, samples: int | None = None) -> Sc
             values = found[name].double().numpy()[None, :].repeat(cfg.n_layers, 0)
         else:
             values = behaviour[name.removesuffix("_score")].double().numpy()
-        mean[i] = np.nanmean(values, axis=1)
-        std[i] = np.nanstd(values, axis=1)
+        mean[i], std[i] = _finite_mean_std(values)
     return ScoreNull(names=SCORE_NAMES, mean=readonly(mean, np.float32),
                      std=readonly(std, np.float32), samples=samples, seed=seed)
 

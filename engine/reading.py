@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .factored import FactoredMatrix
+from .factored import FactoredMatrix, is_finite
 from .weights import WeightSource
 
 __all__ = [
@@ -141,6 +141,8 @@ def null_spectral_scores(middle: Tensor, d_head: int, seed: int,
     x = torch.randn(samples, d_model, d_head, generator=g, dtype=torch.float64)
     y = torch.randn(samples, d_model, d_head, generator=g, dtype=torch.float64)
     small = y.transpose(-2, -1) @ middle.double() @ x  # [S, d_head, d_head]
+    if not is_finite(small):  # NaN/inf embeddings: eigvals on a NaN matrix kills the process
+        return torch.full((samples,), math.nan)
     eig = torch.linalg.eigvals(small)
     return (eig.real.sum(-1) / eig.abs().sum(-1)).float()
 
@@ -206,6 +208,14 @@ def attention_sink_scores(w: WeightSource, batches: Sequence[Tensor], skip: int 
     return out
 
 
+def _mean_finite_norm(weights: Tensor) -> float:
+    """Mean Frobenius norm of the heads ``[H, d_model, d_head]`` whose norm is finite (a NaN
+    head does not poison its layer's null); NaN if none is."""
+    norms = weights.double().norm(dim=(-2, -1))
+    finite = norms[torch.isfinite(norms)]
+    return float(finite.mean()) if finite.numel() else math.nan
+
+
 def behaviour_null(w: WeightSource, repeated: Tensor, natural: Sequence[Tensor], seed: int,
                    samples: int = NULL_SAMPLES) -> dict[str, Tensor]:
     """``{name: [L, samples]}``: the behavioural scores of ``samples`` random heads per layer.
@@ -232,8 +242,7 @@ def behaviour_null(w: WeightSource, repeated: Tensor, natural: Sequence[Tensor],
         return lambda t: rotary(t, inv_freq)
 
     def reduce(i: int, layer: int, x: Tensor, _pattern: Tensor) -> None:
-        norm_q, norm_k = (float(w.get(f"blocks.{layer}.attn.{n}").norm(dim=(-2, -1)).mean())
-                          for n in ("W_Q", "W_K"))
+        norm_q, norm_k = (_mean_finite_norm(w.get(f"blocks.{layer}.attn.{n}")) for n in ("W_Q", "W_K"))
         pattern = random_head_patterns(attention_input(w, layer, x), cfg.d_head, norm_q, norm_k,
                                        float(cfg.scale), rotate_for(layer), seed + layer, samples)
         out["attention_sink"][layer] += sink_mass(pattern) / len(batches)

@@ -234,3 +234,9 @@ def test_the_model_api_gives_what_the_cli_prints(model: Any, capsys) -> None:
         ["svd", str(MODEL_PATH), "1", "2", "--kind", "qk", "--k", "2", "--top", "3"], capsys)
     assert json.loads(json.dumps(model.virtual_path((0, 1), (1, 2)))) == cli_json(
         ["path", str(MODEL_PATH), "0.1", "1.2"], capsys)
+
+
+def test_non_finite_embeddings_give_a_nan_null_not_a_crash() -> None:
+    middle = torch.eye(8)
+    middle[2, 3] = float("nan")
+    assert torch.isnan(reading.null_spectral_scores(middle, 4, seed=0, samples=4)).all()
