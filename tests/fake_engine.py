@@ -83,7 +83,6 @@ class FakeEngine:
         self._behaviour[2, min(1, n_layers - 1), min(2, n_heads - 1)] = 0.88  # induction L1.H2
         # attention-sink scores from their own generator: the draws above stay as they were
         sink = np.random.default_rng(seed + 1).uniform(0.0, 0.25, size=(1, n_layers, n_heads))
-        sink[0, -1, -1] = 0.7  # an attention-sink head: the last one
         self._behaviour = np.concatenate((self._behaviour, sink))
         self.structure: dict[str, Any] = {
             "path": path, "format": "native", "family": "native",

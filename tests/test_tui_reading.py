@@ -83,3 +83,17 @@ async def test_the_filtered_tree_says_how_far_each_score_is_above_random_heads()
         z = z_score(null, scores, "induction_score")
         assert z == pytest.approx((scores.induction_score - 0.05) / 0.02, rel=1e-5)  # fake null
         assert f"{scores.induction_score:.2f} z={z:.0f}" in tree.badge_text((1, 2))
+
+
+async def test_attention_sink_heads_get_a_badge_and_only_they() -> None:
+    from headscope.tui.widgets.head_tree import HeadTree
+
+    app, engine = make_app()
+    engine._behaviour[3, 0, 2] = 0.7  # a sink head (the fake's sink scores are all < 0.25)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        tree = app.explorer.query_one(HeadTree)
+        for head in tree.head_nodes:
+            sink = (await engine.head_scores(*head)).attention_sink_score
+            assert tree.badge_text(head).endswith(" S") == (sink >= 0.3), (head, sink)
+        assert any(tree.badge_text(h).endswith(" S") for h in tree.head_nodes)

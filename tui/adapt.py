@@ -39,6 +39,8 @@ ABLATION, ABLATION_LABEL = ABLATION_EFFECT, "zero-abl"
 # Badges in the head tree: (score, letter). Colour follows the strength.
 BADGES: tuple[tuple[str, str], ...] = (
     ("copying_score", "C"), ("prev_token_score", "P"), ("induction_score", "I"))
+# Attention sink: shown only where it is there (≥ the middling strength), no "·" placeholder.
+SINK_BADGE: tuple[str, str] = ("attention_sink_score", "S")
 
 
 def score(hs: HeadScores, key: str) -> float:

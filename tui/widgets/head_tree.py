@@ -19,7 +19,7 @@ from textual.widgets.tree import TreeNode
 
 from headscope.engine.results import HeadScores, ScoreNull
 
-from ..adapt import BADGES, score, z_score
+from ..adapt import BADGES, SINK_BADGE, score, z_score
 
 Head = tuple[int, int]
 NONFINITE_FLAG = "bold white on red"
@@ -166,6 +166,9 @@ class HeadTree(Tree[NodeData]):
                 style = badge_style(score(row, key), strong, mid)
                 text.append(" ")
                 text.append(letter if style else "·", style=style or "dim")
+            sink_style = badge_style(score(row, SINK_BADGE[0]), strong, mid)
+            if sink_style:
+                text.append(f" {SINK_BADGE[1]}", style=sink_style)
             if self.filter is not None:
                 text.append(f" {score(row, self.filter[0]):.2f}", style="bold")
                 z = z_score(self.null, row, self.filter[0])
