@@ -240,3 +240,11 @@ def test_non_finite_embeddings_give_a_nan_null_not_a_crash() -> None:
     middle = torch.eye(8)
     middle[2, 3] = float("nan")
     assert torch.isnan(reading.null_spectral_scores(middle, 4, seed=0, samples=4)).all()
+
+
+def test_terminal_tables_print_token_strings_literally(monkeypatch, capsys) -> None:
+    import sys
+
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    cli.emit({}, False, lambda: (["token"], [["[bold red]x[/bold red]"]]))
+    assert "[bold red]x[/bold red]" in capsys.readouterr().out

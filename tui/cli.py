@@ -226,10 +226,11 @@ def emit(data: Any, as_json: bool, table: Callable[[], tuple[list[str], list[lis
     if sys.stdout.isatty():
         from rich.console import Console
         from rich.table import Table
+        from rich.text import Text
 
         t = Table(*columns)
         for row in rows:
-            t.add_row(*(_cell(v) for v in row))
+            t.add_row(*(Text(_cell(v)) for v in row))  # token strings are data, never markup
         Console().print(t)
     else:
         print("\t".join(columns))
