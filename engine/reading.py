@@ -149,12 +149,13 @@ def null_spectral_scores(middle: Tensor, d_head: int, seed: int,
 
 def random_head_patterns(x: Tensor, d_head: int, norm_q: float, norm_k: float, scale: float,
                          rotate: Callable[[Tensor], Tensor] | None, seed: int,
-                         samples: int = NULL_SAMPLES) -> Tensor:
-    """Causal attention patterns ``[b, samples, q, k]`` of random heads reading ``x [b, p, d]``.
+                         samples: int = NULL_SAMPLES, causal: bool = True) -> Tensor:
+    """Attention patterns ``[b, samples, q, k]`` of random heads reading ``x [b, p, d]``.
 
     Each random head has i.i.d. Gaussian ``W_Q``, ``W_K [d_model, d_head]`` (seeded) rescaled
     to Frobenius norms ``norm_q`` and ``norm_k`` (the softmax temperature depends on them),
-    no biases; ``rotate`` applies the layer's RoPE to ``[b, n, p, d_head]``.
+    no biases; ``rotate`` applies the layer's RoPE to ``[b, n, p, d_head]``; ``causal``
+    masks the keys after each query (encoders: none).
     """
     d_model = x.shape[-1]
     g = torch.Generator().manual_seed(seed)
@@ -167,9 +168,10 @@ def random_head_patterns(x: Tensor, d_head: int, norm_q: float, norm_k: float, s
     if rotate is not None:
         q, k = rotate(q), rotate(k)
     scores = q @ k.transpose(-1, -2) / scale
-    n = scores.shape[-1]
-    hidden = torch.ones(n, n, dtype=torch.bool).triu(1)
-    return torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1)
+    if causal:
+        n = scores.shape[-1]
+        scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.softmax(scores, dim=-1)
 
 
 # -- model-wide passes: sinks and the behavioural null -----------------------------------------
@@ -244,7 +246,8 @@ def behaviour_null(w: WeightSource, repeated: Tensor, natural: Sequence[Tensor],
     def reduce(i: int, layer: int, x: Tensor, _pattern: Tensor) -> None:
         norm_q, norm_k = (_mean_finite_norm(w.get(f"blocks.{layer}.attn.{n}")) for n in ("W_Q", "W_K"))
         pattern = random_head_patterns(attention_input(w, layer, x), cfg.d_head, norm_q, norm_k,
-                                       float(cfg.scale), rotate_for(layer), seed + layer, samples)
+                                       float(cfg.scale), rotate_for(layer), seed + layer, samples,
+                                       causal=cfg.causal)
         out["attention_sink"][layer] += sink_mass(pattern) / len(batches)
         if i == 0:
             for name, det in detections.items():

@@ -248,3 +248,19 @@ def test_terminal_tables_print_token_strings_literally(monkeypatch, capsys) -> N
     monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
     cli.emit({}, False, lambda: (["token"], [["[bold red]x[/bold red]"]]))
     assert "[bold red]x[/bold red]" in capsys.readouterr().out
+
+
+def test_random_heads_are_causal_only_in_causal_models() -> None:
+    x = torch.randn(2, 6, 16, generator=torch.Generator().manual_seed(0))
+    causal = reading.random_head_patterns(x, 4, 3.0, 3.0, 2.0, None, seed=0, samples=5)
+    encoder = reading.random_head_patterns(x, 4, 3.0, 3.0, 2.0, None, seed=0, samples=5, causal=False)
+    assert causal.shape == (2, 5, 6, 6)
+    torch.testing.assert_close(causal.sum(-1), torch.ones(2, 5, 6))
+    above = torch.ones(6, 6, dtype=torch.bool).triu(1)  # keys after the query
+    assert float(causal[..., above].abs().max()) == 0.0 and float(encoder[..., above].min()) > 0.0
+
+
+def test_an_encoder_gets_a_null(bert_base_dir) -> None:
+    path, _ = bert_base_dir
+    null = compute.score_null(open_model(path), samples=8)
+    assert np.isfinite(null.mean).all() and null.names == SCORE_NAMES
