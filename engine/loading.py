@@ -193,6 +193,19 @@ class Model:
         check_composition_kind(kind, str(self.path))
         return composition_scores(self.weights, kind, seed=seed)  # type: ignore[arg-type]
 
+    def singular_directions(self, layer: int, head: int, kind: str = "ov", *, k: int = 5,
+                            top: int = 10) -> dict[str, Any]:
+        """A head's top singular directions as tokens (what ``headscope svd --json`` prints)."""
+        from .report import svd_report
+
+        return svd_report(self, layer, head, kind, k=k, top=top)  # type: ignore[arg-type]
+
+    def virtual_path(self, source: tuple[int, int], target: tuple[int, int]) -> dict[str, Any]:
+        """The virtual heads of a composition path (what ``headscope path --json`` prints)."""
+        from .report import path_report
+
+        return path_report(self, source, target)
+
     def run(self, tokens: str | Sequence[int], **kwargs: Any) -> ForwardResult:
         """The reference forward pass on a prompt (encoded with the tokenizer) or token ids."""
         from .forward import run

@@ -42,10 +42,13 @@ from .results import (
     HeadScores,
     Profile,
     PromptView,
+    ScoreNull,
     ScoreTable,
+    SingularDirections,
     Spectrum,
     TopTokens,
     readonly,
+    VirtualPath,
 )
 from .scheduler import JobContext, Scheduler
 
@@ -424,6 +427,7 @@ class Engine:
             prev_token_score=float(behaviour["prev_token"][layer, head]),
             duplicate_token_score=float(behaviour["duplicate_token"][layer, head]),
             induction_score=float(behaviour["induction"][layer, head]),
+            attention_sink_score=float(behaviour["attention_sink"][layer, head]),
             nonfinite=nonfinite or bool(behaviour["nonfinite"][layer, head]),
         )
         self.cache.put(key, result)
@@ -458,6 +462,46 @@ class Engine:
             head=None,
             label="all head scores",
             progress=progress,
+        )
+
+    # -- reading a head (docs/math.md, "Reading a head") -----------------------------------
+
+    async def singular_directions(self, layer: int, head: int, kind: Literal["ov", "qk"],
+                                  k: int = 5, top: int = 10) -> SingularDirections:
+        """The top ``k`` singular directions of the full OV / token QK circuit, as tokens."""
+        requests.check_svd(self.structure, layer, head, kind, k, top, self._where)
+        raw = self._raw
+        key = (layer, head, "singular_directions", (kind, int(k), int(top), raw))
+        return await self._get(
+            key,
+            lambda ctx: compute.singular_directions(self._model(raw), layer, head, kind, int(k), int(top)),
+            head=(layer, head),
+            label=f"L{layer}H{head} {kind} directions",
+        )
+
+    async def virtual_path(self, source: tuple[int, int], target: tuple[int, int],
+                           rows: Sequence[int] | None = None,
+                           cols: Sequence[int] | None = None) -> VirtualPath:
+        """The V- and K-composition virtual heads of ``source → target``."""
+        req = requests.check_path(self.structure, source, target, _ids(rows), _ids(cols),
+                                  where=self._where, limit=self.max_block_bytes)
+        raw = self._raw
+        key = (*req.target, "virtual_path", (req.source, req.rows, req.cols, SEED, raw))
+        return await self._get(
+            key,
+            lambda ctx: compute.virtual_path(self._model(raw), req, SEED),
+            head=req.target,
+            label=f"L{req.source[0]}H{req.source[1]}→L{req.target[0]}H{req.target[1]}",
+        )
+
+    async def score_null(self) -> ScoreNull:
+        """Every score on random heads of the model's shapes and norms (model-wide, cached)."""
+        raw = self._raw
+        return await self._get(
+            (None, None, "score_null", (SEED, raw)),
+            lambda ctx: compute.score_null(self._model(raw), SEED),
+            head=None,
+            label="score null",
         )
 
     async def composition(self, kind: Literal["q", "k", "v"], progress: Progress = None) -> Composition:

@@ -600,6 +600,7 @@ async def test_prompt_tab_shows_pattern_dla_and_predictions_at_once() -> None:
 
 async def test_filter_keeps_heads_with_a_score_above_the_threshold() -> None:
     app, engine = make_app(FakeEngine(n_layers=3, n_heads=5))
+    engine._behaviour[3, 2, 4] = 0.7  # an attention-sink head (the fake has none by default)
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot, app)
         tree = app.query_one(HeadTree)
@@ -607,7 +608,7 @@ async def test_filter_keeps_heads_with_a_score_above_the_threshold() -> None:
         assert set(tree.head_nodes) == set(heads)
         scores = {hd: engine._scores(*hd) for hd in heads}
         for key, label in (("induction_score", "induction"), ("prev_token_score", "prev-token"),
-                           ("copying_score", "copying")):
+                           ("copying_score", "copying"), ("attention_sink_score", "sink")):
             await pilot.press("f")
             await settle(pilot, app)
             want = {hd for hd in heads if getattr(scores[hd], key) >= FILTER_THRESHOLD}

@@ -20,7 +20,7 @@ from typing import Any
 from headscope.engine.diff import EDGE_THRESHOLD
 from headscope.engine.errors import HeadscopeError, InvalidRequestError, out_of_memory
 from headscope.tui import args as args_types
-from headscope.tui import cli_timeline
+from headscope.tui import cli_reading, cli_timeline
 from headscope.tui.cli_cache import (
     add_cache_parser,
     add_quiet_arg,
@@ -33,7 +33,7 @@ from headscope.tui.datatext import data_table, tsv_field
 
 EXIT_OK, EXIT_MODEL_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 COMMANDS = ("open", "info", "heads", "composition", "forward", "circuit", "diff", "export", "serve",
-            "timeline", "cache")
+            "timeline", "cache", "svd", "path")
 
 EPILOG = """\
 examples:
@@ -47,6 +47,8 @@ examples:
   headscope circuit sample_models/attn-only-2l 1 2 --kind ov --rows Mary,John --cols Mary,John
   headscope forward sample_models/attn-only-2l --prompt "When Mary and John" --json
   headscope cache ls                          stored sweep results (scores, composition, ablation)
+  headscope svd sample_models/attn-only-2l 1 2 --kind ov --k 5 --top 10
+  headscope path sample_models/attn-only-2l L0.H1 L1.H2   (the induction mechanism's K-path)
 
 exit codes: 0 ok, 1 bad model file or request (one line on stderr), 2 usage, 130 interrupted
 """
@@ -220,6 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "use the explorer")
     cli_timeline.add_parser(sub)
     add_cache_parser(sub)
+    cli_reading.add_parsers(sub)
     return parser
 
 
@@ -335,10 +338,10 @@ def _open(args: argparse.Namespace) -> Any:
 
 def cmd_heads(args: argparse.Namespace) -> int:
     from headscope.engine.report import head_table, sort_rows
-    from headscope.engine.requests import ABLATION_EFFECT, SCORE_NAMES, check_sort_key
+    from headscope.engine.requests import ABLATION_EFFECT, SCORE_NAMES, Z_NAMES, check_sort_key
 
     ablation = args.ablation or args.sort == ABLATION_EFFECT
-    check_sort_key(args.sort, [*SCORE_NAMES, ABLATION_EFFECT])  # before the model is opened
+    check_sort_key(args.sort, [*SCORE_NAMES, *Z_NAMES, ABLATION_EFFECT])  # before the model is opened
     model = _open(args)
     with progress_bar(f"heads {model.path.name}", quiet=args.quiet) as progress:
         table = head_table(model, seed=args.seed, ablation=ablation, store=results_store(args),
@@ -516,6 +519,8 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "circuit": cmd_circuit,
     "timeline": cli_timeline.run,
     "cache": cmd_cache,
+    "svd": cli_reading.run_svd,
+    "path": cli_reading.run_path,
 }
 
 

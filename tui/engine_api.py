@@ -23,9 +23,12 @@ if TYPE_CHECKING:
         HeadScores,
         Profile,
         PromptView,
+        ScoreNull,
         ScoreTable,
+        SingularDirections,
         Spectrum,
         TopTokens,
+        VirtualPath,
     )
 
 Progress = Callable[[float], None] | None
@@ -57,6 +60,15 @@ class ExplorerEngine(Protocol):
 
     async def top_outputs(self, layer: int, head: int, source_token: int,
                           k: int = 10) -> TopTokens: ...
+
+    async def singular_directions(self, layer: int, head: int, kind: Any, k: int = 5,
+                                  top: int = 10) -> SingularDirections: ...
+
+    async def virtual_path(self, source: tuple[int, int], target: tuple[int, int],
+                           rows: Sequence[int] | None = None,
+                           cols: Sequence[int] | None = None) -> VirtualPath: ...
+
+    async def score_null(self) -> ScoreNull: ...
 
     async def spectrum(self, layer: int, head: int, kind: Any) -> Spectrum: ...
 

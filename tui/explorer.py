@@ -89,7 +89,7 @@ NARROW = 100  # below this many columns, panes stack and the tree narrows
 WIDE_WITH_ABLATION = 140  # ...and the focus line with the ablation effect needs short labels
 TREE_FILTERS: tuple[tuple[str, str], ...] = (
     ("induction_score", "induction"), ("prev_token_score", "prev-token"),
-    ("copying_score", "copying"))
+    ("copying_score", "copying"), ("attention_sink_score", "sink"))
 SHORT_LABELS = {"copying_score": "copy", "qk_positivity": "QK+", "prev_token_score": "prev",
                 "induction_score": "ind"}  # the focus line on a narrow terminal: no room for dup-tok
 FILTER_THRESHOLD = 0.3  # the middling badge strength: what "has the behaviour" means
@@ -656,7 +656,7 @@ class ExplorerScreen(Screen[None]):
                         timeout=1.5)
 
     def action_cycle_filter(self) -> None:
-        """Head tree: every head → induction → prev-token → copying ≥ 0.3 → every head."""
+        """Head tree: every head → induction → prev-token → copying → sink ≥ 0.3 → every head."""
         keys = [k for k, _ in TREE_FILTERS]
         i = keys.index(self.tree_filter) if self.tree_filter in keys else -1
         self.set_tree_filter(keys[i + 1] if i + 1 < len(keys) else None)
@@ -665,6 +665,17 @@ class ExplorerScreen(Screen[None]):
         self.tree_filter = key
         label = dict(TREE_FILTERS).get(key or "", key or "")
         self.query_one(HeadTree).set_filter(key, label, threshold)
+        if key is not None and self.headscope.engine is not None:
+            self.run_worker(self._load_null(), group="score-null", exclusive=True, exit_on_error=False)
+
+    async def _load_null(self) -> None:
+        """The random-head null of the scores: the filtered tree shows each head's z."""
+        try:
+            null = await self.engine.score_null()
+        except HeadscopeError as err:
+            self.report(str(err))
+            return
+        self.query_one(HeadTree).set_null(null)
 
     def action_edit_prompt(self) -> None:
         self.action_show_tab("prompt")
@@ -694,6 +705,21 @@ class ExplorerScreen(Screen[None]):
     def show_composition(self, kind: str) -> None:
         self.query_one(CompositionPane).kind = kind
         self.action_show_tab("composition")
+
+    def action_read_head(self) -> None:
+        """The highlighted edge's virtual heads (composition tab), else the focused head's
+        singular directions (tui/reading_screens.py)."""
+        from .reading_screens import DirectionsScreen, PathScreen
+
+        if self.headscope.engine is None or self.head is None:
+            return
+        edge = self.query_one(CompositionPane).selected if self.active_tab == "composition" else None
+        if edge is not None:
+            screen = PathScreen(self.engine, edge[:2], edge[2:4], self.tokens)
+            self.app.push_screen(screen, lambda head: head and self.goto_head(head, immediate=True))
+        else:
+            kind = "qk" if self.active_tab == "qk" else "ov"
+            self.app.push_screen(DirectionsScreen(self.engine, self.head, kind))
 
     def action_toggle_raw(self) -> None:
         if self.headscope.engine is None:

@@ -77,6 +77,9 @@ APP_BINDINGS: list[Binding] = [
             tooltip="Composition graph: raise the edge threshold (fewer, stronger edges)"),
     Binding("7", "screen.show_tab('changes')", "Changes", id="tab-changes", show=False,
             tooltip="Compare mode: biggest changes A → B and the composition-graph diff"),
+    Binding("v", "screen.read_head", "Read", id="read-head", show=False,
+            tooltip="Read the head: its singular directions as tokens ({ } step, x OV/QK); "
+                    "on the composition tab, the highlighted edge's virtual heads"),
     Binding("d", "screen.toggle_compare_view", "A|B / B−A", id="compare-view", show=False,
             tooltip="Compare mode: QK/OV heatmaps of A and B side by side, or A and B − A"),
     Binding("8", "screen.show_tab('timeline')", "Timeline", id="tab-timeline", show=False,
