@@ -47,8 +47,8 @@ from .results import (
     SingularDirections,
     Spectrum,
     TopTokens,
-    readonly,
     VirtualPath,
+    readonly,
 )
 from .scheduler import JobContext, Scheduler
 
