@@ -432,3 +432,26 @@ async def test_a_timeline_that_cannot_be_computed_is_a_one_line_notification(
         assert "not one series" in plain(app.explorer.query_one("#timeline-header", Static))
         assert "scoring" not in status(app)
         await pilot.press("q")
+
+
+async def test_the_changes_are_listed_even_if_the_pane_missed_the_computed_message(
+        shipped: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In the real app the timeline can finish before the tab is first shown; the list of
+    phase changes must not depend on the pane having handled that one message."""
+    from headscope.tui.timeline_mode import TimelineComputed
+
+    post = TimelinePane.post_message
+
+    def drop_computed(self: TimelinePane, message: Any) -> bool:
+        return False if isinstance(message, TimelineComputed) else post(self, message)
+
+    monkeypatch.setattr(TimelinePane, "post_message", drop_computed)
+    _, _, timeline = shipped
+    app = shipped_app(shipped)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_timeline(pilot, app)
+        await pilot.press("8")
+        await settle(pilot, app)
+        table = app.explorer.query_one("#timeline-changes", DataTable)
+        assert table.row_count == len(timeline.phase_changes) > 0
+        await pilot.press("q")

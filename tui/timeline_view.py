@@ -211,6 +211,8 @@ class TimelinePane(Vertical):
                 header.update(Text(f"scoring the steps… {mode.done}/{len(mode.sources)} "
                                    "(the other tabs work meanwhile)"))
             return
+        if self._filled_for is not t:  # the TimelineComputed message may predate this pane
+            self._fill_changes(t)
         head = Text()
         head.append(f"step {mode.step} ", style="bold")
         head.append(f"({mode.index + 1} of {len(t.steps)}: {t.steps[0]} … {t.steps[-1]}) · ")
@@ -228,7 +230,10 @@ class TimelinePane(Vertical):
         theme = getattr(self.app, "current_theme", None)
         return getattr(theme, "warning", None) or "yellow"
 
+    _filled_for: Timeline | None = None  # the timeline whose changes the table lists
+
     def _fill_changes(self, t: Timeline) -> None:
+        self._filled_for = t
         table = self.query_one("#timeline-changes", DataTable)
         table.clear()
         titles = dict(TIMELINE_SCORES)
