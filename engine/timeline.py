@@ -236,7 +236,7 @@ def score_step(source: StepSource, *, seed: int = 0, raw: bool = False) -> StepS
 
     model = open_model(source.path, raw=raw)
     try:
-        rows = head_table(model, seed=seed)
+        rows = head_table(model, seed=seed, calibrated=False)  # z-scores: not tracked per step
         n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
         values = {k: np.array([r[k] for r in rows], dtype=np.float64).reshape(n_layers, n_heads)
                   for k in SCORE_NAMES}

@@ -18,7 +18,13 @@ import numpy as np
 import pytest
 from textual.widgets import DataTable, Static
 
-from headscope.engine.timeline import StepScores, StepSource, Timeline, build_timeline
+from headscope.engine.timeline import (
+    StepScores,
+    StepSource,
+    Timeline,
+    build_timeline,
+    score_keys,
+)
 from headscope.tui.app import HeadscopeApp
 from headscope.tui.cli import main
 from headscope.tui.settings import Settings
@@ -366,10 +372,7 @@ def synthetic_timeline(n_layers: int = 2, n_heads: int = 3) -> tuple[list[StepSo
     results = []
     for i, s in enumerate(steps):
         base = np.linspace(0.05, 0.3, n_layers * n_heads).reshape(n_layers, n_heads)
-        scores = {k: base.copy() for k in ("copying_score", "qk_positivity", "prev_token_score",
-                                           "duplicate_token_score", "induction_score",
-                                           "q_composition_max", "k_composition_max",
-                                           "v_composition_max")}
+        scores = {k: base.copy() for k in score_keys()}
         scores["induction_score"][1, 2] = 0.02 + 0.9 * ramp[i]
         scores["prev_token_score"][0, 1] = 0.1 + 0.6 * min(1.0, s / 300)
         scores["copying_score"] = scores["copying_score"] + 0.05 * i

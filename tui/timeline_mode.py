@@ -26,6 +26,7 @@ from textual.timer import Timer
 from textual.worker import get_current_worker
 
 from headscope.engine.errors import HeadscopeError, InvalidRequestError
+from headscope.engine.requests import SCORE_NAMES
 from headscope.engine.results import HeadScores
 from headscope.engine.timeline import (
     StepSource,
@@ -125,9 +126,7 @@ class TimelineMode:
         rows = []
         for layer in range(t.n_layers):
             for head in range(t.n_heads):
-                values = {k: float(t.series[k][index, layer, head]) for k in
-                          ("copying_score", "qk_positivity", "prev_token_score",
-                           "duplicate_token_score", "induction_score")}
+                values = {k: float(t.series[k][index, layer, head]) for k in SCORE_NAMES}
                 nonfinite = not all(math.isfinite(v) for v in values.values())
                 rows.append(HeadScores(layer=layer, head=head, nonfinite=nonfinite, **values))
         return rows
