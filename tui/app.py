@@ -38,6 +38,7 @@ from headscope.themes import (
     colormap_for,
 )
 
+from .colormode import detect_color_mode
 from .compare_mode import CompareMode
 from .engine_api import ExplorerEngine
 from .explorer import FILTER_THRESHOLD, ExplorerScreen, ModelFailed, ModelReady
@@ -71,7 +72,8 @@ class HeadscopeApp(App[None]):
                  keymap: dict[str, str] | None = None, debounce: float = 0.1,
                  sweep: bool = True, prompt: str = "",
                  compare: str | os.PathLike[str] | None = None, match_heads: bool = False,
-                 head: Head | None = None, settings: Settings | None = None) -> None:
+                 head: Head | None = None, settings: Settings | None = None,
+                 colors: str | None = None) -> None:
         super().__init__()
         self.settings_error: str | None = None
         if settings is None:
@@ -103,6 +105,8 @@ class HeadscopeApp(App[None]):
         # settings.colormap "colorblind": the blue/orange map whatever the theme.
         self.colormap_override: str | None = None
         self._colorblind = settings.colormap == "colorblind"
+        # --colors / settings.colors: truecolor | 256 | 16 | none; else detected (color_mode).
+        self._colors = colors or settings.colors or None
         self.errors: list[str] = []
         # The engine's lifecycle: opened (deferred past the first frame), ready, closed on q.
         self.engine: ExplorerEngine | None = None
@@ -206,6 +210,18 @@ class HeadscopeApp(App[None]):
         if self._colorblind:
             return "blue-orange" if self.current_theme.dark else "blue-orange-light"
         return colormap_for(self.theme)
+
+    @property
+    def color_mode(self) -> str:
+        """How heatmaps are drawn: ``truecolor``, ``256``, ``16`` or ``none`` (tui/colormode.py).
+
+        Chosen with ``--colors``, else detected from the terminal (Rich's colour system and
+        ``NO_COLOR``); a headless app (tests, SVG screenshots) draws in truecolor."""
+        if self._colors:
+            return self._colors
+        if self.is_headless:
+            return "truecolor"
+        return detect_color_mode(self.console.color_system, os.environ)
 
     def action_cycle_theme(self) -> None:
         names = list(THEME_NAMES)

@@ -25,6 +25,8 @@ EXIT_OK, EXIT_MODEL_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 COMMANDS = ("open", "info", "heads", "composition", "forward", "circuit", "diff", "export", "serve",
             "timeline")
 
+THEME_HELP = ("headscope-dark", "headscope-light", "headscope-contrast", "headscope-colorblind")
+
 EPILOG = """\
 examples:
   headscope                                   explore the bundled attn-only-2l model
@@ -92,7 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("open", "open the terminal explorer (the default command)", "headscope open path/to/model")
     model_arg(p, optional=True)
     processing_args(p)
-    p.add_argument("--theme", help="colour theme (headscope-dark, headscope-light, headscope-contrast)")
+    p.add_argument("--theme", type=theme_arg,
+                   help="colour theme: " + ", ".join(THEME_HELP) + " (or dark, light, "
+                        "contrast, colorblind)")
+    p.add_argument("--colors", choices=("truecolor", "256", "16", "none"), default=None,
+                   help="heatmap colours (default: detected from the terminal; 256 uses a "
+                        "lightness-ordered palette ramp, 16 and none draw shades ░▒▓█)")
     p.add_argument("--compare", metavar="B", default=None,
                    help="a second checkpoint of the same architecture, explored alongside "
                         "(Changes tab, Δ badges, A|B heatmaps)")
@@ -265,6 +272,28 @@ def parse_token_list(model: Any, spec: str | None, n: int, basis: str) -> list[i
     return out
 
 
+def theme_arg(text: str) -> str:
+    """``--theme``: a theme name or alias (argparse type: an unknown one is a usage error)."""
+    from headscope.themes import ALIASES, THEME_NAMES
+
+    name = ALIASES.get(text, text)
+    if name not in THEME_NAMES:
+        raise argparse.ArgumentTypeError(
+            f"unknown theme {text!r}; themes: {', '.join(THEME_NAMES)}")
+    return name
+
+
+def unknown_command(argv: Sequence[str]) -> str | None:
+    """``headscope head …`` where ``head`` is no file: the closest subcommand, if any."""
+    import difflib
+
+    first = argv[0] if argv and not argv[0].startswith("-") else None  # not an option's value
+    if first is None or first in COMMANDS or Path(first).exists():
+        return None
+    close = difflib.get_close_matches(first, COMMANDS, n=1, cutoff=0.6)
+    return f"unknown command {first!r}; did you mean {close[0]!r}?" if close else None
+
+
 def layer_head(text: str) -> tuple[int, int]:
     """``"1.2"`` → ``(1, 2)`` (argparse type: a malformed value is a usage error)."""
     try:
@@ -284,11 +313,17 @@ def cmd_open(args: argparse.Namespace) -> int:
     from headscope.tui.app import run_app
 
     path = Path(args.path) if args.path else bundled_model()
+    for given in (args.path, args.compare):  # before any screen: a typo is one line, exit 1
+        if given and not Path(given).exists():
+            raise InvalidRequestError(given, "no such file or directory (commands: "
+                                      + ", ".join(COMMANDS) + ")")
     if args.match_heads and not args.compare:
         raise InvalidRequestError(None, "--match-heads needs --compare B")
     options: dict[str, Any] = {"match_heads": True} if args.match_heads else {}
     if args.head is not None:
         options["head"] = args.head
+    if args.colors:
+        options["colors"] = args.colors
     run_app(path, raw=args.raw, theme=args.theme, compare=args.compare, **options)
     return EXIT_OK
 
@@ -484,7 +519,12 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(normalise_argv(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    typo = unknown_command(argv)
+    if typo:
+        print(f"headscope: {typo}", file=sys.stderr)
+        return EXIT_USAGE
+    args = parser.parse_args(normalise_argv(argv))
     try:
         return HANDLERS[args.command](args)
     except HeadscopeError as err:

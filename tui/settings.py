@@ -5,13 +5,14 @@ Where: ``$HEADSCOPE_CONFIG`` if set, else ``$XDG_CONFIG_HOME/headscope/config.to
 
     theme = "headscope-dark"        # headscope-dark | headscope-light | headscope-contrast
     colormap = "diverging"          # diverging | colorblind
+    colors = "256"                  # truecolor | 256 | 16 | none (default: detected)
     cache_mb = 256                  # engine cache budget per open model
     tokens = ["Mary", "John"]       # default token set for the QK/OV heatmaps
     [keymap]                        # binding id = keys (see `?` in the explorer)
     "next-head" = "n"
 
 Environment variables override the file: ``HEADSCOPE_THEME``, ``HEADSCOPE_COLORMAP``,
-``HEADSCOPE_CACHE_MB``. A malformed file is a one-line ConfigError naming it.
+``HEADSCOPE_CACHE_MB``, ``HEADSCOPE_COLORS``. A malformed file is a one-line ConfigError naming it.
 """
 
 from __future__ import annotations
@@ -26,12 +27,14 @@ from headscope.engine.errors import ConfigError
 
 DEFAULT_THEME = "headscope-dark"
 COLORMAPS = ("diverging", "colorblind")
+COLOR_MODES = ("truecolor", "256", "16", "none")  # as tui/colormap.COLOR_MODES
 
 
 @dataclass(frozen=True)
 class Settings:
     theme: str = DEFAULT_THEME
     colormap: str = "diverging"
+    colors: str = ""  # "" = detect from the terminal
     cache_mb: int = 256
     tokens: tuple[str, ...] = ()
     keymap: dict[str, str] = field(default_factory=dict)
@@ -60,6 +63,8 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         data["theme"] = env["HEADSCOPE_THEME"]
     if "HEADSCOPE_COLORMAP" in env:
         data["colormap"] = env["HEADSCOPE_COLORMAP"]
+    if env.get("HEADSCOPE_COLORS"):
+        data["colors"] = env["HEADSCOPE_COLORS"]
     if "HEADSCOPE_CACHE_MB" in env:
         data["cache_mb"] = env["HEADSCOPE_CACHE_MB"]
     return _validate(data, path if path.is_file() else None)
@@ -67,13 +72,16 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
 
 def _validate(data: dict[str, Any], path: Path | None) -> Settings:
     where = path or "settings"
-    unknown = set(data) - {"theme", "colormap", "cache_mb", "tokens", "keymap"}
+    unknown = set(data) - {"theme", "colormap", "colors", "cache_mb", "tokens", "keymap"}
     if unknown:
         raise ConfigError(where, f"unknown setting(s): {', '.join(sorted(unknown))}")
     theme = str(data.get("theme", DEFAULT_THEME))
     colormap = str(data.get("colormap", "diverging"))
     if colormap not in COLORMAPS:
         raise ConfigError(where, f"colormap must be one of {', '.join(COLORMAPS)}, not {colormap!r}")
+    colors = str(data.get("colors", ""))
+    if colors and colors not in COLOR_MODES:
+        raise ConfigError(where, f"colors must be one of {', '.join(COLOR_MODES)}, not {colors!r}")
     try:
         cache_mb = int(data.get("cache_mb", 256))
     except (TypeError, ValueError):
@@ -89,6 +97,7 @@ def _validate(data: dict[str, Any], path: Path | None) -> Settings:
     return Settings(
         theme=theme,
         colormap=colormap,
+        colors=colors,
         cache_mb=cache_mb,
         tokens=tuple(tokens),
         keymap=dict(keymap),
