@@ -179,6 +179,21 @@ async def test_theme_switch_redraws_with_the_new_themes_colours() -> None:
             assert tick_colours == {fg}, (chart.id, tick_colours)
 
 
+async def test_chart_colours_follow_the_theme_before_the_stylesheet_does() -> None:
+    """A chart painted between the theme change and the stylesheet refresh builds under the
+    new theme's cache key: it must get the new theme's colours, or it keeps the old ones."""
+    from textual.color import Color
+
+    app, _ = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        chart = app.query_one("#qk-token", Chart)
+        app.theme = "headscope-light"  # no await: refresh_css has not run yet
+        light = next(t for t in THEMES if t.name == "headscope-light")
+        assert chart.colours().foreground == Color.parse(light.foreground).rgb
+        await settle(pilot, app)
+
+
 def test_snapshot_setup_is_truecolor_when_headless() -> None:
     from headscope.tui.app import HeadscopeApp
     from headscope.tui.settings import Settings
