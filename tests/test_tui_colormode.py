@@ -240,3 +240,71 @@ def test_help_and_readme_list_every_theme() -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     for name in THEME_NAMES:
         assert name in help_text and name in readme
+
+
+# -- focus ------------------------------------------------------------------------------------
+
+
+async def test_prompt_enter_leaves_the_box_and_escape_leaves_any_input() -> None:
+    from textual.widgets import Input
+
+    from headscope.tui.widgets.head_tree import HeadTree
+
+    app, _ = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("4", "p")
+        box = app.query_one("#prompt-input", Input)
+        assert app.focused is box
+        footer_keys = {b.binding.key for b in app.screen.active_bindings.values()
+                       if b.enabled and b.binding.show}
+        assert "escape" in footer_keys  # the footer says how to get back
+        await pilot.press("escape")
+        assert isinstance(app.focused, HeadTree)
+        await pilot.press("p", "x", "enter")
+        await settle(pilot, app)
+        assert isinstance(app.focused, HeadTree)
+        await pilot.press("1")
+        await settle(pilot, app)
+        assert app.explorer.active_tab == "qk" and box.value.endswith("x")
+
+
+async def test_every_focusable_widget_shows_its_focus() -> None:
+    """Focusing any widget Tab reaches changes how it (or the pane around it) is drawn."""
+    app, _ = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        for tab in "123456":
+            await pilot.press(tab)
+            await settle(pilot, app)
+            app.explorer.query_one("HeadTree").focus()
+            await pilot.pause()
+            for widget in list(app.screen.focus_chain):
+                if type(widget).__name__ in ("HeadTree", "ContentTabs"):
+                    continue  # their focus styles are Textual's / checked elsewhere
+                around = [widget, *widget.ancestors_with_self][:4]
+                before = [(w.styles.border, w.styles.background) for w in around]
+                widget.focus()
+                await pilot.pause()
+                after = [(w.styles.border, w.styles.background) for w in around]
+                assert before != after, f"tab {tab}: {widget!r} shows no focus"
+                app.explorer.query_one("HeadTree").focus()
+                await pilot.pause()
+
+
+async def test_filter_keeps_the_focused_head() -> None:
+    from headscope.tui.widgets.head_tree import HeadTree
+
+    app, _ = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        app.explorer.goto_head((1, 0), immediate=True)
+        await settle(pilot, app)
+        tree = app.query_one(HeadTree)
+        for _ in range(4):  # induction → prev-token → copying → every head
+            await pilot.press("f")
+            await settle(pilot, app)
+            assert app.explorer.head == (1, 0)
+            current = tree.current()
+            assert current is not None and (current.layer, current.head) == (1, 0), current
+        assert app.explorer.tree_filter is None
