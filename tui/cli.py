@@ -228,13 +228,9 @@ def emit(data: Any, as_json: bool, table: Callable[[], tuple[list[str], list[lis
         return
     columns, rows = table()
     if sys.stdout.isatty():
-        from rich.console import Console
-        from rich.table import Table
+        from headscope.tui.cli_table import print_table
 
-        t = Table(*columns)
-        for row in rows:
-            t.add_row(*(_cell(v) for v in row))
-        Console().print(t)
+        print_table(columns, [[_cell(v) for v in row] for row in rows])
     else:
         print("\t".join(columns))
         for row in rows:
