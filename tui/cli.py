@@ -484,7 +484,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             None, f"refusing to bind {args.host}: pass --allow-remote to serve beyond this machine"
         )
     try:
-        from textual_serve.server import Server
+        import textual_serve.server  # noqa: F401
     except ImportError:
         raise InvalidRequestError(
             None, "headscope serve needs textual-serve: pip install 'headscope[serve]'"
@@ -495,7 +495,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     command = [sys.executable, "-m", "headscope.tui.cli", "open", str(path.resolve())]
     if args.raw:
         command.append("--raw")
-    Server(shlex.join(command), host=args.host, port=args.port, title=f"headscope · {path.name}").serve()
+    from headscope.tui.serve import serve
+
+    serve(shlex.join(command), host=args.host, port=args.port, title=f"headscope · {path.name}")
     return EXIT_OK
 
 
