@@ -308,3 +308,15 @@ async def test_filter_keeps_the_focused_head() -> None:
             current = tree.current()
             assert current is not None and (current.layer, current.head) == (1, 0), current
         assert app.explorer.tree_filter is None
+
+
+async def test_help_title_shows_the_keymap_table_name() -> None:
+    from textual.widgets import Label
+
+    app, _ = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("question_mark")
+        await pilot.pause()
+        title = app.screen.query_one("#help-title", Label)
+        assert "[keymap]" in str(title.render())
