@@ -320,3 +320,61 @@ async def test_help_title_shows_the_keymap_table_name() -> None:
         await pilot.pause()
         title = app.screen.query_one("#help-title", Label)
         assert "[keymap]" in str(title.render())
+
+
+# -- unknown words ------------------------------------------------------------------------------
+
+
+async def test_prompt_view_counts_and_marks_unknown_tokens() -> None:
+    from textual.widgets import Input, Static
+
+    from headscope.engine.results import PromptView
+    from headscope.tui.widgets.views import PromptPane
+    from tests.fake_engine import FakeEngine
+    from tests.test_tui_app import plain
+
+    app, _ = make_app(FakeEngine(str(ROOT / "sample_models/attn-only-2l")))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        pane = app.query_one(PromptPane)
+        box = app.query_one("#prompt-input", Input)
+        assert "414 words" in str(box.border_title)  # the sample model's vocab.txt
+        tokens = ("the", "<unk>", "sat", "<unk>")
+        n = len(tokens)
+        pane.prompt_text = "the zebra sat quietly"
+        pane.show(PromptView(tokens=tokens, ids=(0, 1, 2, 1),
+                             pattern=np.tril(np.ones((n, n), np.float32)) / n,
+                             dla=np.zeros(n, np.float32), predicted=(0,) * n,
+                             top_predictions=((0, "the", 1.0),), truncated=False, layer=0,
+                             head=0))
+        await pilot.pause()
+        dla = app.query_one("#prompt-dla", Static)
+        text = plain(dla)
+        assert "2 of 4 prompt tokens are unknown (<unk>): zebra, quietly" in text
+        marked = [r for r in dla.content.renderables[1].columns[0]._cells
+                  if isinstance(r, Text) and "reverse" in str(r.style)]
+        assert [str(r) for r in marked] == ["<unk>", "<unk>"]
+
+
+def test_forward_names_the_unknown_words(capsys: Any) -> None:
+    from headscope.tui.cli import main
+
+    assert main(["forward", "sample_models/attn-only-2l", "--prompt", "the zebra went"]) == 0
+    err = capsys.readouterr().err
+    assert "1 of 3 prompt tokens are unknown (<unk>): zebra" in err
+
+
+def test_open_runs_the_readme_repeated_phrase_on_the_sample_models(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import headscope.tui.app as app_module
+    from headscope.tui.cli import main
+    from headscope.tui.prompt_words import REPEATED_PHRASE
+
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(app_module, "run_app", lambda path, **kw: seen.update(kw))
+    assert main(["open", "sample_models/attn-only-2l"]) == 0
+    assert seen["prompt"] == REPEATED_PHRASE
+    words = set((ROOT / "sample_models/attn-only-2l/vocab.txt").read_text().splitlines())
+    assert all(w in words for w in REPEATED_PHRASE.split())
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "`4` runs a prompt with a repeated phrase" in readme

@@ -320,6 +320,9 @@ def cmd_open(args: argparse.Namespace) -> int:
         options["head"] = args.head
     if args.colors:
         options["colors"] = args.colors
+    from headscope.tui.prompt_words import default_prompt
+
+    options["prompt"] = default_prompt(path)  # the sample models: the README's repeated phrase
     run_app(path, raw=args.raw, theme=args.theme, compare=args.compare, **options)
     return EXIT_OK
 
@@ -380,6 +383,12 @@ def cmd_forward(args: argparse.Namespace) -> int:
                   f"of {model.cfg.n_ctx} tokens", file=sys.stderr)
             tokens = tokens[: model.cfg.n_ctx]
     report = forward_report(model, tokens)
+    if args.prompt is not None:
+        from headscope.tui.prompt_words import unknown_note
+
+        note = unknown_note(args.prompt, list(report["token_strings"]))
+        if note:
+            print(f"headscope: {model.path}: {note}", file=sys.stderr)
 
     def table() -> tuple[list[str], list[list[Any]]]:
         import numpy as np

@@ -35,6 +35,7 @@ from ..adapt import (
     top_tokens,
 )
 from ..plots import Graph, Heatmap, Line, Scatter
+from ..prompt_words import UNKNOWN, unknown_note, vocabulary_hint
 from .chart import Chart
 
 if TYPE_CHECKING:
@@ -255,11 +256,19 @@ class SpectrumPane(Horizontal):
 PREDICTIONS_SHOWN = 5  # the rest are ~0 and would take the DLA's rows
 
 
+def _unknown_text(tokens: list[str], prompt: str) -> Text:
+    """How many prompt tokens the vocabulary did not know (marked in the list below)."""
+    note = unknown_note(prompt, tokens)
+    return Text(note + "\n", style="bold yellow") if note else Text("")
+
+
 class PromptPane(Vertical):
     """The prompt, the head's attention pattern, its per-token DLA and the top predictions.
 
     The DLA list scrolls on its own; the predictions sit under it at their own height, so
     all three parts are visible whatever the prompt length."""
+
+    prompt_text = ""  # the prompt of the view shown (its unknown words are named)
 
     def compose(self) -> ComposeResult:
         yield Input(placeholder="type a prompt and press enter (p)", id="prompt-input")
@@ -271,6 +280,13 @@ class PromptPane(Vertical):
                 with VerticalScroll(id="prompt-dla-scroll"):
                     yield Static(id="prompt-dla")
                 yield Static(id="prompt-preds")
+
+    def on_mount(self) -> None:
+        hint = vocabulary_hint(getattr(self.app, "path", ""))
+        if hint:  # word-level models: say which words they know, where the prompt is typed
+            box = self.query_one("#prompt-input", Input)
+            box.border_title = Text(hint)
+            box.tooltip = hint
 
     def show(self, view: PromptView, b: PromptView | None = None) -> None:
         """A's pattern, DLA and predictions; ``b``: model B's pattern on the same prompt,
@@ -295,7 +311,8 @@ class PromptPane(Vertical):
         t.add_column("DLA", justify="right", no_wrap=True, min_width=5)
         t.add_column("", no_wrap=True, overflow="crop")
         for tok, v in zip(tokens, dla.tolist(), strict=False):
-            t.add_row(repr(tok)[1:-1][:10], f"{v:+.2f}", _bar(v, vmax, 5, _bar_colours(self)))
+            cell = Text(repr(tok)[1:-1][:10], style="reverse yellow" if tok in UNKNOWN else "")
+            t.add_row(cell, f"{v:+.2f}", _bar(v, vmax, 5, _bar_colours(self)))
         last = repr(tokens[-1])[1:-1][:10] if tokens else ""
         p = Table(box=None, padding=(0, 1), title=f"{prefix}top predictions after {last!r}",
                   title_justify="left", expand=True)
@@ -305,6 +322,7 @@ class PromptPane(Vertical):
             p.add_row(repr(tok)[1:-1][:12], f"{prob:.3f}")
         note = Text("prompt truncated to the context length\n", style="bold yellow") \
             if view.truncated else Text("")
+        note.append_text(_unknown_text(tokens, self.prompt_text))
         from rich.console import Group
 
         self.query_one("#prompt-dla", Static).update(Group(note, t))
@@ -316,6 +334,7 @@ class PromptPane(Vertical):
             for chart in ("#prompt-pattern", "#prompt-pattern-b"):
                 self.query_one(chart, Chart).message("no prompt yet: press p, type, enter")
             return
+        self.prompt_text = ex.prompt_text
         view = await ex.engine.run_prompt(ex.prompt_text, layer, head)
         if not ex.fresh(key):
             return
