@@ -378,3 +378,16 @@ def test_open_runs_the_readme_repeated_phrase_on_the_sample_models(
     assert all(w in words for w in REPEATED_PHRASE.split())
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "`4` runs a prompt with a repeated phrase" in readme
+
+
+async def test_status_bar_shows_one_percentage() -> None:
+    from headscope.tui.widgets.status import StatusBar
+
+    app, _ = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        app.explorer.sweep_progress = None
+        bar = app.query_one(StatusBar)
+        bar.activity, bar.progress = "head scores 80%", 0.2
+        text = bar.render().plain
+        assert text.count("%") == 1 and "20%" in text and "head scores" in text
