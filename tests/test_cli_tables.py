@@ -58,3 +58,25 @@ def test_fit_columns_drops_trailing_columns_only_when_needed() -> None:
     print_table(columns, cells, Console(file=buf, width=120))
     assert buf.getvalue().count("-0.1234") == keep - 1
     assert fit_columns(columns[:3], [cells[0][:3]], 120) == 3
+
+
+def test_diff_text_names_the_b_head_and_every_edge_lost_or_gained(capsys: Any) -> None:
+    import json
+
+    a, b = "sample_models/attn-only-2l-training/step-000000", MODEL
+    assert main(["diff", a, b, "--match-heads", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert main(["diff", a, b, "--match-heads"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = lines[0].split("\t")
+    assert header[:3] == ["layer", "head", "B head"]
+    rows = {(r[0], r[1]): r for r in (line.split("\t") for line in lines[1:])}
+    for h in report["heads"]:
+        assert rows[(str(h["layer"]), str(h["head"]))][2] == str(h["matched_head"])
+    edges = [(kind, status, e) for kind, d in report["composition"].items()
+             for status in ("lost", "gained") for e in d[status]]
+    assert edges, "the untrained checkpoint gains the trained model's composition edges"
+    for kind, status, e in edges:
+        key = (f"{kind.upper()}-edge {status}",
+               f"{e['source'][0]}.{e['source'][1]}→{e['target'][0]}.{e['target'][1]}")
+        assert key in rows, key

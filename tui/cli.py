@@ -435,15 +435,23 @@ def cmd_diff(args: argparse.Namespace) -> int:
     report = result.to_dict()
 
     def table() -> tuple[list[str], list[list[Any]]]:
-        columns = ["layer", "head", "change", "ov_similarity", "qk_similarity",
-                   "copying_score_delta", "prev_token_score_delta", "induction_score_delta"]
-        rows = [[r[c] for c in columns] for r in report["biggest_changes"]]
+        # "B head": the head of B compared with A's (itself unless --match-heads paired them).
+        matched = {(h["layer"], h["head"]): h.get("matched_head", h["head"])
+                   for h in report["heads"]}
+        keys = ["change", "ov_similarity", "qk_similarity", "copying_score_delta",
+                "prev_token_score_delta", "induction_score_delta"]
+        columns = ["layer", "head", "B head", "change", "ov_sim", "qk_sim", "Δcopying",
+                   "Δprev_token", "Δinduction"]
+        rows = [[r["layer"], r["head"], matched.get((r["layer"], r["head"]), r["head"]),
+                 *(r[k] for k in keys)] for r in report["biggest_changes"]]
+        # Every composition edge lost or gained (A's score → B's in the ov_sim/qk_sim columns).
         for kind, d in report["composition"].items():
             for status in ("lost", "gained"):
-                for e in d[status][:3]:
-                    rows.append([f"{kind.upper()}-edge {status}", f"{e['source'][0]}.{e['source'][1]}"
-                                 f"→{e['target'][0]}.{e['target'][1]}", abs(e["delta"]), e["a"], e["b"],
-                                 None, None, None])
+                for e in d[status]:
+                    rows.append([f"{kind.upper()}-edge {status}",
+                                 f"{e['source'][0]}.{e['source'][1]}→"
+                                 f"{e['target'][0]}.{e['target'][1]}", "",
+                                 abs(e["delta"]), e["a"], e["b"], None, None, None])
         return columns, rows
 
     emit(report, args.json, table)
