@@ -80,3 +80,18 @@ def test_diff_text_names_the_b_head_and_every_edge_lost_or_gained(capsys: Any) -
         key = (f"{kind.upper()}-edge {status}",
                f"{e['source'][0]}.{e['source'][1]}→{e['target'][0]}.{e['target'][1]}")
         assert key in rows, key
+
+
+def test_readme_synopsis_has_every_export_and_open_option() -> None:
+    from pathlib import Path
+
+    from headscope.tui.cli import build_parser
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    for command in ("export", "open"):
+        parser = sub.choices[command]  # type: ignore[index]
+        for action in parser._actions:
+            for flag in action.option_strings:
+                if flag.startswith("--") and flag != "--help":
+                    assert flag in readme, f"README lacks {command} {flag}"
