@@ -338,7 +338,7 @@ async def test_prompt_view_counts_and_marks_unknown_tokens() -> None:
         await settle(pilot, app)
         pane = app.query_one(PromptPane)
         box = app.query_one("#prompt-input", Input)
-        assert "414 words" in str(box.border_title)  # the sample model's vocab.txt
+        assert "414-word vocabulary" in str(box.border_title)  # the sample model's vocab.txt
         tokens = ("the", "<unk>", "sat", "<unk>")
         n = len(tokens)
         pane.prompt_text = "the zebra sat quietly"

@@ -54,10 +54,12 @@ def unknown_note(prompt: str, token_strings: list[str]) -> str:
             f"({token_strings[where[0]]}){named}")
 
 
-def vocabulary_hint(model_path: str | Path) -> str:
+def vocabulary_hint(model_path: str | Path, short: bool = False) -> str:
     """Where the prompt is typed: what a word-level model understands ('' otherwise)."""
     words = word_vocabulary(model_path)
     if not words:
         return ""
+    if short:
+        return f"{len(words)}-word vocabulary (vocab.txt); others become <unk>"
     return (f"word-level vocabulary of {len(words)} words (vocab.txt): separate words and "
             "punctuation by spaces; other words become <unk>")

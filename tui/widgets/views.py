@@ -282,10 +282,11 @@ class PromptPane(Vertical):
                 yield Static(id="prompt-preds")
 
     def on_mount(self) -> None:
-        hint = vocabulary_hint(getattr(self.app, "path", ""))
+        path = getattr(self.app, "path", "")
+        hint = vocabulary_hint(path)
         if hint:  # word-level models: say which words they know, where the prompt is typed
             box = self.query_one("#prompt-input", Input)
-            box.border_title = Text(hint)
+            box.border_title = Text(vocabulary_hint(path, short=True))
             box.tooltip = hint
 
     def show(self, view: PromptView, b: PromptView | None = None) -> None:
