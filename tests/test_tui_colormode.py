@@ -391,3 +391,34 @@ async def test_status_bar_shows_one_percentage() -> None:
         bar.activity, bar.progress = "head scores 80%", 0.2
         text = bar.render().plain
         assert text.count("%") == 1 and "20%" in text and "head scores" in text
+
+
+# -- numbers in the explorer's tables ---------------------------------------------------------
+
+
+def shown(widget: Any) -> str:
+    """What a Static shows at its own width (not a wide console's)."""
+    import io
+
+    from rich.console import Console
+
+    console = Console(width=widget.content_region.width, file=io.StringIO(), record=True)
+    console.print(widget.content)
+    return console.export_text()
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+async def test_ov_top_outputs_show_whole_numbers(size: tuple[int, int]) -> None:
+    import re
+
+    from textual.widgets import Static
+
+    app, _ = make_app()
+    async with app.run_test(size=size) as pilot:
+        await settle(pilot, app)
+        await pilot.press("2")
+        await settle(pilot, app)
+        text = shown(app.query_one("#ov-top", Static))
+        numbers = re.findall(r"[+-]\d[\d.e+-]*", text)
+        assert len(numbers) >= 5, text
+        assert not re.search(r"[+-][\d.]*…", text), text

@@ -173,13 +173,17 @@ class OVPane(Horizontal):
         src = result.source_label or str(result.source_token)
         table = Table(box=None, padding=(0, 1), title=f"top outputs of {src!r}",
                       title_justify="left", expand=True)
-        table.add_column("token", no_wrap=True)
-        table.add_column("value", justify="right")
-        table.add_column("", no_wrap=True)
+        # The numbers keep their width (min_width); the token and the bar give way.
+        values = [f"{val:+.3g}" for _, val in rows]
+        tokens = [repr(tok)[1:-1][:12] for tok, _ in rows]
+        table.add_column("token", no_wrap=True, overflow="ellipsis", max_width=12,
+                         min_width=min(max(map(len, tokens), default=1), 6))
+        table.add_column("value", justify="right", no_wrap=True,
+                         min_width=max(map(len, values), default=5))
+        table.add_column("", no_wrap=True, overflow="crop")
         vmax = max((abs(v) for _, v in rows if math.isfinite(v)), default=1.0)
-        for tok, val in rows:
-            table.add_row(repr(tok)[1:-1][:12], f"{val:+.3g}",
-                          _bar(val, vmax, 6, _bar_colours(self)))
+        for (_tok, val), tok, text in zip(rows, tokens, values, strict=True):
+            table.add_row(tok, text, _bar(val, vmax, 6, _bar_colours(self)))
         self.query_one("#ov-top", Static).update(table)
 
     async def load(self, ex: ExplorerScreen, key: LoadKey) -> None:
