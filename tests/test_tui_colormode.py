@@ -422,3 +422,19 @@ async def test_ov_top_outputs_show_whole_numbers(size: tuple[int, int]) -> None:
         numbers = re.findall(r"[+-]\d[\d.e+-]*", text)
         assert len(numbers) >= 5, text
         assert not re.search(r"[+-][\d.]*…", text), text
+
+
+async def test_changes_table_shows_every_column_at_120() -> None:
+    from textual.widgets import DataTable
+
+    from tests.test_tui_snapshots import make_compare_app
+
+    app = make_compare_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("7")
+        await settle(pilot, app)
+        table = app.query_one("#changes-table", DataTable)
+        assert table.row_count > 0
+        assert table.virtual_size.width <= table.scrollable_content_region.width, \
+            (table.virtual_size.width, table.scrollable_content_region.width)
