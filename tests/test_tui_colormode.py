@@ -438,3 +438,11 @@ async def test_changes_table_shows_every_column_at_120() -> None:
         assert table.row_count > 0
         assert table.virtual_size.width <= table.scrollable_content_region.width, \
             (table.virtual_size.width, table.scrollable_content_region.width)
+
+
+def test_compare_with_a_different_layout_is_refused_before_any_screen() -> None:
+    out = run_cli("sample_models/attn-only-2l", "--compare", "sample_models/attn-only-1l")
+    assert out.returncode == 1
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "different head layouts: 2×3 vs 1×8" in lines[0]
+    assert "\x1b[" not in out.stdout

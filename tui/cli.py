@@ -315,6 +315,8 @@ def cmd_open(args: argparse.Namespace) -> int:
                                       + ", ".join(COMMANDS) + ")")
     if args.match_heads and not args.compare:
         raise InvalidRequestError(None, "--match-heads needs --compare B")
+    if args.compare:
+        check_same_layout(path, Path(args.compare))
     options: dict[str, Any] = {"match_heads": True} if args.match_heads else {}
     if args.head is not None:
         options["head"] = args.head
@@ -325,6 +327,20 @@ def cmd_open(args: argparse.Namespace) -> int:
     options["prompt"] = default_prompt(path)  # the sample models: the README's repeated phrase
     run_app(path, raw=args.raw, theme=args.theme, compare=args.compare, **options)
     return EXIT_OK
+
+
+def check_same_layout(a: Path, b: Path) -> None:
+    """Compare mode, like ``diff``: refused before any screen when the head layouts differ
+    (headers only, no torch)."""
+    from headscope.engine.loading import read_structure
+
+    sa, sb = read_structure(a), read_structure(b)
+    la, lb = (sa["n_layers"], sa["n_heads"]), (sb["n_layers"], sb["n_heads"])
+    if la != lb:
+        raise InvalidRequestError(
+            str(a), f"cannot compare with {b}: different head layouts: {la[0]}×{la[1]} vs "
+            f"{lb[0]}×{lb[1]} (layers × heads); only models with the same layout can be "
+            "compared head by head")
 
 
 def cmd_info(args: argparse.Namespace) -> int:
