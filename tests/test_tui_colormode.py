@@ -446,3 +446,18 @@ def test_compare_with_a_different_layout_is_refused_before_any_screen() -> None:
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "different head layouts: 2×3 vs 1×8" in lines[0]
     assert "\x1b[" not in out.stdout
+
+
+async def test_empty_composition_table_on_one_layer_says_why() -> None:
+    from textual.widgets import DataTable, Static
+
+    from tests.fake_engine import FakeEngine
+    from tests.test_tui_app import plain
+
+    app, _ = make_app(FakeEngine(n_layers=1, n_heads=4))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("5")
+        await settle(pilot, app)
+        assert app.query_one("#comp-edges", DataTable).row_count == 0
+        assert "one layer" in plain(app.query_one("#comp-detail", Static))

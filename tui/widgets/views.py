@@ -451,7 +451,11 @@ class CompositionPane(Horizontal):
 
     def detail(self, comp: Composition, edge: tuple[int, int, int, int, float] | None) -> None:
         if edge is None:
-            self.query_one("#comp-detail", Static).update("")
+            why = ""
+            if not self.edges:  # an empty table says why
+                why = ("one layer: no head has an earlier layer's head to compose with"
+                       if self._shape[0] < 2 else "no finite composition scores")
+            self.query_one("#comp-detail", Static).update(Text(why, style="italic"))
             return
         l1, h1, l2, h2, s = edge
         kind = comp.kind.upper()
