@@ -461,3 +461,17 @@ async def test_empty_composition_table_on_one_layer_says_why() -> None:
         await settle(pilot, app)
         assert app.query_one("#comp-edges", DataTable).row_count == 0
         assert "one layer" in plain(app.query_one("#comp-detail", Static))
+
+
+def test_pooled_heatmap_key_says_which_rows_were_merged() -> None:
+    from headscope.tui.plots import merged
+
+    values = np.arange(24 * 24, dtype=float).reshape(24, 24)
+    text = build(Heatmap(values, tuple("abcdefghijklmnopqrstuvwx"),
+                         tuple("abcdefghijklmnopqrstuvwx"), vmax=1.0), 60, 18,
+                 colours("red-blue", "truecolor")).plain
+    key = text.splitlines()[-1]
+    assert "pooled 24×24→" in key and "averaged" in key
+    assert merged(24, 12) == " (rows 0–1, 2–3, 4–5, … averaged)"
+    assert merged(24, 23) == " (rows 22–23 averaged)"  # the blocks of resample()
+    assert merged(5, 10) == ""

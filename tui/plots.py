@@ -31,6 +31,7 @@ from .colormap import (
     symmetric_range,
     xterm_rgb,
 )
+from .colormap import _bins as bins
 
 LABEL_WIDTH = 8  # longest tick label kept on the y axis (token strings are cut)
 
@@ -84,7 +85,8 @@ class Heatmap:
         n_rows, n_cols = self.values.shape
         if shape[0] < n_rows or shape[1] < n_cols:
             text.append(
-                f"  pooled {n_rows}×{n_cols}→{shape[0]}×{shape[1]}", style=_rgb(colours.muted)
+                f"  pooled {n_rows}×{n_cols}→{shape[0]}×{shape[1]}{merged(n_rows, shape[0])}",
+                style=_rgb(colours.muted),
             )
         if self.diagonal and n_rows == n_cols and n_rows > 1:
             text.append("  " + diagonal_summary(self.values), style=_rgb(colours.foreground))
@@ -210,6 +212,17 @@ def _recolour(text: Text, table: Recolour) -> Text:
         spans.append(Span(span.start, span.end, new))
     out = Text("".join(chars), spans=spans)
     return out
+
+
+def merged(n: int, cells: int) -> str:
+    """Which rows share a cell when ``n`` rows are pooled into ``cells`` (block means)."""
+    if cells >= n or cells <= 0:
+        return ""
+    start, stop = bins(n, cells)  # the blocks resample() averages
+    blocks = [f"{a}–{b - 1}" for a, b in zip(start.tolist(), stop.tolist(), strict=True)
+              if b - a > 1]
+    more = ", …" if len(blocks) > 3 else ""
+    return f" (rows {', '.join(blocks[:3])}{more} averaged)"
 
 
 def diagonal_summary(values: np.ndarray) -> str:
