@@ -99,6 +99,11 @@ class Heatmap:
         # Lines around the canvas: title, two frame lines, x tick labels, x label, our key.
         overhead = 4 + (1 if self.xlabel else 0) + 1
         ch, cw = fit_shape(n_rows, n_cols, height - overhead, width - lw - 2)
+        # A key that wraps (pooling details) takes more lines: shrink the canvas if it would
+        # otherwise push the key out of the pane.
+        key_lines = math.ceil(len(self.key(colours, (ch, cw)).plain) / max(width, 1))
+        if overhead - 1 + ch + key_lines > height:
+            ch, cw = fit_shape(n_rows, n_cols, height - overhead - key_lines + 1, width - lw - 2)
         if ch < 1 or cw < 1:
             return Text("(pane too small)")
         grid = resample(self.values, ch, cw)
@@ -221,8 +226,8 @@ def merged(n: int, cells: int) -> str:
     start, stop = bins(n, cells)  # the blocks resample() averages
     blocks = [f"{a}–{b - 1}" for a, b in zip(start.tolist(), stop.tolist(), strict=True)
               if b - a > 1]
-    more = ", …" if len(blocks) > 3 else ""
-    return f" (rows {', '.join(blocks[:3])}{more} averaged)"
+    more = ", …" if len(blocks) > 2 else ""
+    return f" (rows {', '.join(blocks[:2])}{more} averaged)"
 
 
 def diagonal_summary(values: np.ndarray) -> str:
