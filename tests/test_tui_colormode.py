@@ -475,3 +475,22 @@ def test_pooled_heatmap_key_says_which_rows_were_merged() -> None:
     assert merged(24, 12) == " (rows 0–1, 2–3, … averaged)"
     assert merged(24, 23) == " (rows 22–23 averaged)"  # the blocks of resample()
     assert merged(5, 10) == ""
+
+
+def test_quitting_the_explorer_skips_the_interpreter_teardown(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """From the shell, after the explorer closed, the process ends at once (os._exit);
+    called with arguments (tests, the API) main() returns as before."""
+    import headscope.tui.app as app_module
+    import headscope.tui.cli as cli
+
+    exits: list[int] = []
+    monkeypatch.setattr(app_module, "run_app", lambda path, **kw: None)
+    monkeypatch.setattr(cli.os, "_exit", exits.append)
+    monkeypatch.setattr(sys, "argv", ["headscope", "sample_models/attn-only-2l"])
+    cli.main()
+    assert exits == [0]
+    assert cli.main(["sample_models/attn-only-2l"]) == 0 and exits == [0]
+    monkeypatch.setattr(sys, "argv", ["headscope", "info", "sample_models/attn-only-2l"])
+    cli.main()
+    assert exits == [0]  # other commands end normally

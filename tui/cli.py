@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -326,6 +327,7 @@ def cmd_open(args: argparse.Namespace) -> int:
 
     options["prompt"] = default_prompt(path)  # the sample models: the README's repeated phrase
     run_app(path, raw=args.raw, theme=args.theme, compare=args.compare, **options)
+    args.exit_now = True  # the explorer has closed: see main()
     return EXIT_OK
 
 
@@ -548,8 +550,18 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
 }
 
 
+def exit_now(code: int) -> None:
+    """Quit feels instant: after the explorer closed (terminal restored, engines told to
+    stop, their threads daemons), skip the interpreter's teardown of torch & co. (~0.6 s of
+    a blank terminal)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    from_shell = argv is None  # the console script (not a test, not the Python API)
     argv = list(sys.argv[1:] if argv is None else argv)
     typo = unknown_command(argv)
     if typo:
@@ -557,7 +569,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     args = parser.parse_args(normalise_argv(argv))
     try:
-        return HANDLERS[args.command](args)
+        code = HANDLERS[args.command](args)
+        if getattr(args, "exit_now", False) and from_shell:
+            exit_now(code)
+        return code
     except HeadscopeError as err:
         print(f"headscope: {err.one_line()}", file=sys.stderr)
         return EXIT_MODEL_ERROR
