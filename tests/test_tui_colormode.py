@@ -494,3 +494,14 @@ def test_quitting_the_explorer_skips_the_interpreter_teardown(
     monkeypatch.setattr(sys, "argv", ["headscope", "info", "sample_models/attn-only-2l"])
     cli.main()
     assert exits == [0]  # other commands end normally
+
+
+async def test_positional_qk_says_when_it_shows_part_of_the_positions() -> None:
+    from tests.fake_engine import FakeEngine
+    from tests.test_tui_app import chart_text
+
+    app, _ = make_app(FakeEngine(n_ctx=48))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        title = chart_text(app, "qk-position").splitlines()[0]
+        assert "0–31 of 48" in title and "…" not in title

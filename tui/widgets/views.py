@@ -93,10 +93,13 @@ class QKPane(Horizontal):
             np.asarray(block.values), tuple(block.row_labels), tuple(block.col_labels),
             title=title, xlabel=xlabel))
 
-    def show_position(self, block: Any) -> None:
+    def show_position(self, block: Any, n_ctx: int = 0) -> None:
+        shown = len(block.row_labels)
+        part = f" · 0–{shown - 1} of {n_ctx}" if 0 < shown < n_ctx else ""  # only the first
         self.query_one("#qk-position", Chart).show(Heatmap(
             np.asarray(block.values), tuple(block.row_labels), tuple(block.col_labels),
-            title=f"positional QK {_head(block.layer, block.head)}", xlabel="key position"))
+            title=f"positional QK {_head(block.layer, block.head)}{part}",
+            xlabel="key position"))
 
     def show_profile(self, profile: Profile, layer: int, head: int, offset: int) -> None:
         x, y = profile_xy(profile)
@@ -133,7 +136,7 @@ class QKPane(Horizontal):
             pos = await ex.engine.circuit_block(layer, head, "qk", "position", rows=n, cols=n)
             if not ex.fresh(key):
                 return
-            self.show_position(pos)
+            self.show_position(pos, int(ex.structure.get("n_ctx") or 0))
             ex.results["qk"]["position"] = pos
         elif rotary:
             offsets = list(range(-ROTARY_OFFSETS, ROTARY_OFFSETS + 1))
