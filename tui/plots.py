@@ -75,21 +75,34 @@ class Heatmap:
     vmax: float | None = None
     diagonal: bool = False  # rows and cols are the same token set: report the diagonal
 
-    def key(self, colours: Colours, shape: tuple[int, int]) -> Text:
-        """The value-range key: a gradient from −vmax (or 0) to +vmax, and the pooling."""
+    def key(self, colours: Colours, shape: tuple[int, int], width: int = 0) -> Text:
+        """The value-range key: a gradient from −vmax (or 0) to +vmax, and the pooling.
+
+        With ``width``, a part that does not fit on the line starts a new one (the chart's
+        lines are never wider than the chart)."""
         vmax = self.vmax if self.vmax is not None else symmetric_range(self.values)
         lo = 0.0 if self.sequential else -vmax
         text = Text(f"{lo:+.3g} ", style=_rgb(colours.muted))
         text.append_text(_key_ramp(np.linspace(lo, vmax, 16), vmax, colours))
         text.append(f" {vmax:+.3g}", style=_rgb(colours.muted))
         n_rows, n_cols = self.values.shape
+        parts: list[tuple[str, tuple[int, ...]]] = []
         if shape[0] < n_rows or shape[1] < n_cols:
-            text.append(
-                f"  pooled {n_rows}×{n_cols}→{shape[0]}×{shape[1]}{merged(n_rows, shape[0])}",
-                style=_rgb(colours.muted),
-            )
+            parts.append((f"pooled {n_rows}×{n_cols}→{shape[0]}×{shape[1]}", colours.muted))
+            if shape[0] < n_rows:
+                parts.append((merged(n_rows, shape[0]).strip(), colours.muted))
         if self.diagonal and n_rows == n_cols and n_rows > 1:
-            text.append("  " + diagonal_summary(self.values), style=_rgb(colours.foreground))
+            parts.append((diagonal_summary(self.values), colours.foreground))
+        line = len(text.plain)
+        for part, colour in parts:
+            if width and line + 2 + len(part) > width:
+                text.append("\n")
+                line = 0
+            elif line:
+                text.append("  ")
+                line += 2
+            text.append(part, style=_rgb(colour))
+            line += len(part)
         return text
 
     def draw(self, width: int, height: int, colours: Colours) -> Text:
@@ -101,7 +114,7 @@ class Heatmap:
         ch, cw = fit_shape(n_rows, n_cols, height - overhead, width - lw - 2)
         # A key that wraps (pooling details) takes more lines: shrink the canvas if it would
         # otherwise push the key out of the pane.
-        key_lines = math.ceil(len(self.key(colours, (ch, cw)).plain) / max(width, 1))
+        key_lines = self.key(colours, (ch, cw), width).plain.count("\n") + 1
         if overhead - 1 + ch + key_lines > height:
             ch, cw = fit_shape(n_rows, n_cols, height - overhead - key_lines + 1, width - lw - 2)
         if ch < 1 or cw < 1:
@@ -129,7 +142,7 @@ class Heatmap:
             text.append("\n")
             text.append_text(_fit_line(self.xlabel, width))
         text.append("\n")
-        text.append_text(self.key(colours, (ch, cw)))
+        text.append_text(self.key(colours, (ch, cw), width))
         return text
 
 
