@@ -506,3 +506,21 @@ async def test_positional_qk_says_when_it_shows_part_of_the_positions() -> None:
         await settle(pilot, app)
         title = chart_text(app, "qk-position").splitlines()[0]
         assert "0–31 of 48" in title and "…" not in title
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+async def test_compare_focus_line_keeps_every_number(size: tuple[int, int]) -> None:
+    import re
+
+    from textual.widgets import Static
+
+    from tests.test_tui_snapshots import make_compare_app
+
+    app = make_compare_app()
+    async with app.run_test(size=size) as pilot:
+        await settle(pilot, app)
+        line = app.query_one("#focus-line", Static)
+        lines = shown(line).splitlines()[:line.size.height]  # what fits in the widget
+        text = " ".join(lines)
+        assert "…" not in text, text
+        assert len(re.findall(r"[+-]\d*\.\d\d", text)) == 8, text  # 3 × (A, B) + OV, QK
