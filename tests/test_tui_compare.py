@@ -9,6 +9,7 @@ through ``Engine.compare`` (engine.diff.diff_models on A's workers).
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -249,6 +250,7 @@ def test_cli_passes_compare_through_to_run_app(monkeypatch: pytest.MonkeyPatch,
 
     seen: dict[str, object] = {}
     monkeypatch.setattr(tui_app, "run_app", lambda path, **kw: seen.update(path=path, **kw))
+    shutil.copytree(MODEL, tmp_path / "b")  # B must exist (and share A's layout) to open
     assert main([str(MODEL), "--compare", str(tmp_path / "b")]) == 0
     assert seen["path"] == MODEL and seen["compare"] == str(tmp_path / "b")
     assert "match_heads" not in seen

@@ -39,6 +39,7 @@ from headscope.themes import (
     colormap_for,
 )
 
+from .colormode import detect_color_mode
 from .compare_mode import CompareMode
 from .datatext import printable
 from .engine_api import ExplorerEngine
@@ -53,6 +54,9 @@ __all__ = ["FILTER_THRESHOLD", "HeadscopeApp", "bundled_model", "run_app"]
 
 Head = tuple[int, int]
 EngineFactory = Callable[[str, bool], ExplorerEngine]
+# Quit feels instant: the engines are told to stop at once (aclose's first step), and the
+# wait for a job still running is short; their threads are daemons and end with the process.
+QUIT_WAIT = 0.25
 
 
 
@@ -78,7 +82,7 @@ class HeadscopeApp(App[None]):
                  sweep: bool = True, prompt: str = "",
                  compare: str | os.PathLike[str] | None = None, match_heads: bool = False,
                  head: Head | None = None, settings: Settings | None = None,
-                 timeline: TimelineMode | None = None) -> None:
+                 timeline: TimelineMode | None = None, colors: str | None = None) -> None:
         super().__init__()
         # Timeline mode: a series of checkpoints, opened on its last step (tui/timeline_mode.py).
         self.timeline = timeline or TimelineMode()
@@ -114,6 +118,8 @@ class HeadscopeApp(App[None]):
         # settings.colormap "colorblind": the blue/orange map whatever the theme.
         self.colormap_override: str | None = None
         self._colorblind = settings.colormap == "colorblind"
+        # --colors / settings.colors: truecolor | 256 | 16 | none; else detected (color_mode).
+        self._colors = colors or settings.colors or None
         self.errors: list[str] = []
         # The engine's lifecycle: opened (deferred past the first frame), ready, closed on q.
         self.engine: ExplorerEngine | None = None
@@ -226,6 +232,18 @@ class HeadscopeApp(App[None]):
             return "blue-orange" if self.current_theme.dark else "blue-orange-light"
         return colormap_for(self.theme)
 
+    @property
+    def color_mode(self) -> str:
+        """How heatmaps are drawn: ``truecolor``, ``256``, ``16`` or ``none`` (tui/colormode.py).
+
+        Chosen with ``--colors``, else detected from the terminal (Rich's colour system and
+        ``NO_COLOR``); a headless app (tests, SVG screenshots) draws in truecolor."""
+        if self._colors:
+            return self._colors
+        if self.is_headless:
+            return "truecolor"
+        return detect_color_mode(self.console.color_system, os.environ)
+
     def action_cycle_theme(self) -> None:
         names = list(THEME_NAMES)
         i = names.index(self.theme) if self.theme in names else -1
@@ -299,7 +317,7 @@ class HeadscopeApp(App[None]):
         for engine in (self.engine, self.compare.engine_b):
             if engine is not None:
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(engine.aclose(), timeout=2)
+                    await asyncio.wait_for(engine.aclose(), timeout=QUIT_WAIT)
         self.exit()
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -29,11 +30,13 @@ from headscope.tui.cli_cache import (
     results_store,
 )
 from headscope.tui.cli_progress import progress_bar
-from headscope.tui.datatext import data_table, tsv_field
+from headscope.tui.datatext import tsv_field
 
 EXIT_OK, EXIT_MODEL_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 COMMANDS = ("open", "info", "heads", "composition", "forward", "circuit", "diff", "export", "serve",
             "timeline", "cache", "svd", "path")
+
+THEME_HELP = ("headscope-dark", "headscope-light", "headscope-contrast", "headscope-colorblind")
 
 EPILOG = """\
 examples:
@@ -105,7 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("open", "open the terminal explorer (the default command)", "headscope open path/to/model")
     model_arg(p, optional=True)
     processing_args(p)
-    p.add_argument("--theme", help="colour theme (headscope-dark, headscope-light, headscope-contrast)")
+    p.add_argument("--theme", type=theme_arg,
+                   help="colour theme: " + ", ".join(THEME_HELP) + " (or dark, light, "
+                        "contrast, colorblind)")
+    p.add_argument("--colors", choices=("truecolor", "256", "16", "none"), default=None,
+                   help="heatmap colours (default: detected from the terminal; 256 uses a "
+                        "lightness-ordered palette ramp, 16 and none draw shades ░▒▓█)")
     p.add_argument("--compare", metavar="B", default=None,
                    help="a second checkpoint of the same architecture, explored alongside "
                         "(Changes tab, Δ badges, A|B heatmaps)")
@@ -250,9 +258,9 @@ def emit(data: Any, as_json: bool, table: Callable[[], tuple[list[str], list[lis
         return
     columns, rows = table()
     if sys.stdout.isatty():
-        from rich.console import Console
+        from headscope.tui.cli_table import print_table
 
-        Console().print(data_table(columns, [[_cell(v) for v in row] for row in rows]))
+        print_table(columns, [[_cell(v) for v in row] for row in rows])
     else:
         print("\t".join(tsv_field(c) for c in columns))
         for row in rows:
@@ -290,6 +298,28 @@ def parse_token_list(model: Any, spec: str | None, n: int, basis: str) -> list[i
     return out
 
 
+def theme_arg(text: str) -> str:
+    """``--theme``: a theme name or alias (argparse type: an unknown one is a usage error)."""
+    from headscope.themes import ALIASES, THEME_NAMES
+
+    name = ALIASES.get(text, text)
+    if name not in THEME_NAMES:
+        raise argparse.ArgumentTypeError(
+            f"unknown theme {text!r}; themes: {', '.join(THEME_NAMES)}")
+    return name
+
+
+def unknown_command(argv: Sequence[str]) -> str | None:
+    """``headscope head …`` where ``head`` is no file: the closest subcommand, if any."""
+    import difflib
+
+    first = argv[0] if argv and not argv[0].startswith("-") else None  # not an option's value
+    if first is None or first in COMMANDS or Path(first).exists():
+        return None
+    close = difflib.get_close_matches(first, COMMANDS, n=1, cutoff=0.6)
+    return f"unknown command {first!r}; did you mean {close[0]!r}?" if close else None
+
+
 def layer_head(text: str) -> tuple[int, int]:
     """``"1.2"`` → ``(1, 2)`` (argparse type: a malformed value is a usage error)."""
     try:
@@ -309,8 +339,14 @@ def cmd_open(args: argparse.Namespace) -> int:
     from headscope.tui.app import run_app
 
     path = Path(args.path) if args.path else bundled_model()
+    for given in (args.path, args.compare):  # before any screen: a typo is one line, exit 1
+        if given and not Path(given).exists():
+            raise InvalidRequestError(given, "no such file or directory (commands: "
+                                      + ", ".join(COMMANDS) + ")")
     if args.match_heads and not args.compare:
         raise InvalidRequestError(None, "--match-heads needs --compare B")
+    if args.compare:
+        check_same_layout(path, Path(args.compare))
     options: dict[str, Any] = {"match_heads": True} if args.match_heads else {}
     if args.timeline is not None:
         from headscope.tui.timeline_mode import open_timeline
@@ -318,8 +354,28 @@ def cmd_open(args: argparse.Namespace) -> int:
         options["timeline"] = open_timeline(args.timeline, args.path, args.compare)
     if args.head is not None:
         options["head"] = args.head
+    if args.colors:
+        options["colors"] = args.colors
+    from headscope.tui.prompt_words import default_prompt
+
+    options["prompt"] = default_prompt(path)  # the sample models: the README's repeated phrase
     run_app(path, raw=args.raw, theme=args.theme, compare=args.compare, **options)
+    args.exit_now = True  # the explorer has closed: see main()
     return EXIT_OK
+
+
+def check_same_layout(a: Path, b: Path) -> None:
+    """Compare mode, like ``diff``: refused before any screen when the head layouts differ
+    (headers only, no torch)."""
+    from headscope.engine.loading import read_structure
+
+    sa, sb = read_structure(a), read_structure(b)
+    la, lb = (sa["n_layers"], sa["n_heads"]), (sb["n_layers"], sb["n_heads"])
+    if la != lb:
+        raise InvalidRequestError(
+            str(a), f"cannot compare with {b}: different head layouts: {la[0]}×{la[1]} vs "
+            f"{lb[0]}×{lb[1]} (layers × heads); only models with the same layout can be "
+            "compared head by head")
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -384,6 +440,12 @@ def cmd_forward(args: argparse.Namespace) -> int:
             tokens = tokens[: model.cfg.n_ctx]
     with progress_bar(f"forward {model.path.name}", quiet=args.quiet, determinate=False):
         report = forward_report(model, tokens)
+    if args.prompt is not None:
+        from headscope.tui.prompt_words import unknown_note
+
+        note = unknown_note(args.prompt, list(report["token_strings"]))
+        if note:
+            print(f"headscope: {model.path}: {note}", file=sys.stderr)
 
     def table() -> tuple[list[str], list[list[Any]]]:
         import numpy as np
@@ -430,15 +492,23 @@ def cmd_diff(args: argparse.Namespace) -> int:
     report = result.to_dict()
 
     def table() -> tuple[list[str], list[list[Any]]]:
-        columns = ["layer", "head", "change", "ov_similarity", "qk_similarity",
-                   "copying_score_delta", "prev_token_score_delta", "induction_score_delta"]
-        rows = [[r[c] for c in columns] for r in report["biggest_changes"]]
+        # "B head": the head of B compared with A's (itself unless --match-heads paired them).
+        matched = {(h["layer"], h["head"]): h.get("matched_head", h["head"])
+                   for h in report["heads"]}
+        keys = ["change", "ov_similarity", "qk_similarity", "copying_score_delta",
+                "prev_token_score_delta", "induction_score_delta"]
+        columns = ["layer", "head", "B head", "change", "ov_sim", "qk_sim", "Δcopying",
+                   "Δprev_token", "Δinduction"]
+        rows = [[r["layer"], r["head"], matched.get((r["layer"], r["head"]), r["head"]),
+                 *(r[k] for k in keys)] for r in report["biggest_changes"]]
+        # Every composition edge lost or gained (A's score → B's in the ov_sim/qk_sim columns).
         for kind, d in report["composition"].items():
             for status in ("lost", "gained"):
-                for e in d[status][:3]:
-                    rows.append([f"{kind.upper()}-edge {status}", f"{e['source'][0]}.{e['source'][1]}"
-                                 f"→{e['target'][0]}.{e['target'][1]}", abs(e["delta"]), e["a"], e["b"],
-                                 None, None, None])
+                for e in d[status]:
+                    rows.append([f"{kind.upper()}-edge {status}",
+                                 f"{e['source'][0]}.{e['source'][1]}→"
+                                 f"{e['target'][0]}.{e['target'][1]}", "",
+                                 abs(e["delta"]), e["a"], e["b"], None, None, None])
         return columns, rows
 
     emit(report, args.json, table)
@@ -492,7 +562,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             None, f"refusing to bind {args.host}: pass --allow-remote to serve beyond this machine"
         )
     try:
-        from textual_serve.server import Server
+        import textual_serve.server  # noqa: F401
     except ImportError:
         raise InvalidRequestError(
             None, "headscope serve needs textual-serve: pip install 'headscope[serve]'"
@@ -503,7 +573,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     command = [sys.executable, "-m", "headscope.tui.cli", "open", str(path.resolve())]
     if args.raw:
         command.append("--raw")
-    Server(shlex.join(command), host=args.host, port=args.port, title=f"headscope · {path.name}").serve()
+    from headscope.tui.serve import serve
+
+    serve(shlex.join(command), host=args.host, port=args.port, title=f"headscope · {path.name}")
     return EXIT_OK
 
 
@@ -524,11 +596,29 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
 }
 
 
+def exit_now(code: int) -> None:
+    """Quit feels instant: after the explorer closed (terminal restored, engines told to
+    stop, their threads daemons), skip the interpreter's teardown of torch & co. (~0.6 s of
+    a blank terminal)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(normalise_argv(sys.argv[1:] if argv is None else argv))
+    from_shell = argv is None  # the console script (not a test, not the Python API)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    typo = unknown_command(argv)
+    if typo:
+        print(f"headscope: {typo}", file=sys.stderr)
+        return EXIT_USAGE
+    args = parser.parse_args(normalise_argv(argv))
     try:
-        return HANDLERS[args.command](args)
+        code = HANDLERS[args.command](args)
+        if getattr(args, "exit_now", False) and from_shell:
+            exit_now(code)
+        return code
     except HeadscopeError as err:
         print(f"headscope: {err.one_line()}", file=sys.stderr)
         return EXIT_MODEL_ERROR

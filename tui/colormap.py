@@ -96,3 +96,92 @@ def source_index(cell: int, n: int, out: int) -> int:
 def cell_of(index: int, n: int, out: int) -> float:
     """The centre (in cells) of source row/column ``index`` after resampling ``n`` → ``out``."""
     return (index + 0.5) * out / n - 0.5
+
+
+# -- terminals without truecolor (docs/internals.md: colour modes) -----------------------------
+# In 256 colours a truecolor ramp is quantised by the terminal (or Rich) to the nearest xterm
+# entry, and the nearest entries of a smooth ramp jump between hues and lightnesses. Instead the
+# ramp is built from palette entries whose CIE L* is monotone from the zero stop to each end.
+# In 16 colours or without colour, magnitude is a shade character and sign a colour or glyph.
+
+COLOR_MODES = ("truecolor", "256", "16", "none")
+XTERM_LEVELS = (0, 95, 135, 175, 215, 255)
+RAMP_STEPS = 8  # palette entries per half of a 256-colour ramp (plus the zero entry)
+SHADES = " ░▒▓█"  # magnitude 0 … 4 (positive, or either sign in 16 colours)
+NEG_GLYPHS = " ·∙•●"  # magnitude 0 … 4 of negative entries without colour
+
+
+def xterm_rgb(index: int) -> RGB:
+    """The RGB of xterm palette entry ``16 ≤ index ≤ 255`` (the 6×6×6 cube, then 24 greys);
+    entries 0–15 are left to the terminal's own theme and never used here."""
+    if not 16 <= index <= 255:
+        raise ValueError(f"xterm entry {index} is not in the cube or the grey ramp")
+    if index >= 232:
+        g = 8 + 10 * (index - 232)
+        return (g, g, g)
+    i = index - 16
+    return (XTERM_LEVELS[i // 36], XTERM_LEVELS[(i // 6) % 6], XTERM_LEVELS[i % 6])
+
+
+def srgb_to_lab(rgb: np.ndarray) -> np.ndarray:
+    """``[..., 3]`` sRGB (0–255) → CIE L*a*b* (D65)."""
+    c = np.asarray(rgb, dtype=np.float64) / 255.0
+    lin = np.where(c <= 0.04045, c / 12.92, ((c + 0.055) / 1.055) ** 2.4)
+    m = np.array([[0.4124564, 0.3575761, 0.1804375],
+                  [0.2126729, 0.7151522, 0.0721750],
+                  [0.0193339, 0.1191920, 0.9503041]])
+    xyz = lin @ m.T / np.array([0.95047, 1.0, 1.08883])
+    f = np.where(xyz > (6 / 29) ** 3, np.cbrt(xyz), xyz / (3 * (6 / 29) ** 2) + 4 / 29)
+    return np.stack([116 * f[..., 1] - 16, 500 * (f[..., 0] - f[..., 1]),
+                     200 * (f[..., 1] - f[..., 2])], axis=-1)
+
+
+def lightness(rgb: RGB | np.ndarray) -> float | np.ndarray:
+    """CIE L* (0 black … 100 white) of one colour or an array of them."""
+    lab = srgb_to_lab(np.asarray(rgb))
+    return float(lab[..., 0]) if lab.ndim == 1 else lab[..., 0]
+
+
+_WEIGHT = np.array([2.0, 1.0, 1.0])  # lightness counts double: it carries the magnitude
+_PALETTE = np.arange(16, 256)
+_PALETTE_LAB = srgb_to_lab(np.array([xterm_rgb(int(i)) for i in _PALETTE]))
+
+
+def _nearest(target: np.ndarray, allowed: np.ndarray) -> int:
+    d = np.where(allowed, (((_PALETTE_LAB - srgb_to_lab(target)) * _WEIGHT) ** 2).sum(-1), np.inf)
+    return int(np.argmin(d))
+
+
+def palette_ramp(stops: tuple[RGB, RGB, RGB], steps: int = RAMP_STEPS) -> tuple[int, ...]:
+    """``2·steps + 1`` xterm entries for −vmax … 0 … +vmax.
+
+    Each entry is the palette colour nearest (in L*a*b*) to the truecolor ramp at that step,
+    among the entries whose L* continues the previous step's direction away from zero, so
+    lightness is monotone from the zero entry to each end (it may repeat, never reverse)."""
+    neg, mid, pos = (np.asarray(s, dtype=np.float64) for s in stops)
+    everything = np.ones(len(_PALETTE), dtype=bool)
+    zero = _nearest(mid, everything)
+    halves: list[list[int]] = []
+    for end in (neg, pos):
+        direction = 1.0 if lightness(end) >= lightness(mid) else -1.0
+        prev, half = zero, []
+        for k in range(1, steps + 1):
+            w = k / steps
+            ok = direction * (_PALETTE_LAB[:, 0] - _PALETTE_LAB[prev, 0]) >= 0
+            prev = _nearest(mid * (1 - w) + end * w, ok)
+            half.append(prev)
+        halves.append(half)
+    order = [*halves[0][::-1], zero, *halves[1]]
+    return tuple(int(_PALETTE[i]) for i in order)
+
+
+def ramp_index(values: np.ndarray, vmax: float, steps: int = RAMP_STEPS) -> np.ndarray:
+    """Which of the ``2·steps + 1`` ramp entries each value takes (NaN → the zero entry)."""
+    t = np.clip(np.nan_to_num(np.asarray(values, dtype=np.float64) / vmax, nan=0.0,
+                              posinf=1.0, neginf=-1.0), -1.0, 1.0)
+    return (np.rint(t * steps) + steps).astype(np.int64)
+
+
+def shade_level(values: np.ndarray, vmax: float) -> np.ndarray:
+    """Signed magnitude level −4 … 4 (an index into ``SHADES`` / ``NEG_GLYPHS`` by its size)."""
+    return ramp_index(values, vmax, len(SHADES) - 1) - (len(SHADES) - 1)

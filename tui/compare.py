@@ -37,6 +37,7 @@ DELTAS: tuple[tuple[str, str], ...] = tuple(
 # The focus line in compare mode: A → B of the badge scores, then the circuit similarities.
 FOCUS_SCORES: tuple[tuple[str, str], ...] = tuple(
     (key, SHORT[key]) for key in ("copying_score", "prev_token_score", "induction_score"))
+BADGE_LETTER = {"copying_score": "C", "prev_token_score": "P", "induction_score": "I"}
 COMPARE_VIEWS = ("side", "diff")  # QK/OV: A | B side by side, or A | B − A
 
 
@@ -91,14 +92,19 @@ def focus_text(diff: Any, head: Head, short: bool = False) -> Text | None:
 
     def value(x: Any) -> str:
         v = _num(x)
-        return f"{v:+.2f}" if math.isfinite(v) else "—"
+        if not math.isfinite(v):
+            return "—"
+        # Narrow: "+.27" (no leading zero), so every number fits in 80 columns.
+        return f"{v:+.2f}".replace("0.", ".", 1) if short and abs(v) < 1 else f"{v:+.2f}"
 
     text = Text()
     text.append("│ ", style="dim")
     for i, (key, label) in enumerate(FOCUS_SCORES):
         if i:
             text.append("· ", style="dim")
-        text.append(f"{label} {value(row.get(f'{key}_a'))}→")
+        # Narrow: the tree's badge letter (C, P, I) instead of the score's short name.
+        name = BADGE_LETTER.get(key, label) if short else label
+        text.append(f"{name} {value(row.get(f'{key}_a'))}→")
         delta = abs(_num(row.get(f"{key}_delta")))
         text.append(f"{value(row.get(f'{key}_b'))} ",
                     style="bold" if math.isfinite(delta) and delta >= 0.3 else "")

@@ -22,12 +22,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 import numpy as np
 from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
 from textual.message import Message
@@ -143,6 +144,21 @@ class Compared(Message, bubble=False):
 
 
 class ExplorerScreen(Screen[None]):
+    # Escape leaves any input or pane for the head tree; the footer shows it only away from
+    # the tree (check_action), so it says how to get back.
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "leave_input", "Back to heads", key_display="esc", id="leave-input",
+                tooltip="Leave the prompt box (or any pane) for the head tree"),
+    ]
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "leave_input":
+            return self.focused is not None and not isinstance(self.focused, HeadTree)
+        return True
+
+    def action_leave_input(self) -> None:
+        self.query_one(HeadTree).focus()
+
     def __init__(self, *, debounce: float = 0.1, sweep: bool = True, prompt: str = "",
                  head: Head | None = None, tokens_text: str = "") -> None:
         super().__init__()
@@ -629,6 +645,8 @@ class ExplorerScreen(Screen[None]):
         if self.active_tab != "prompt":
             self.action_show_tab("prompt")
         self._load_active()
+        # Out of the box: the number keys switch tabs again (p comes back to edit).
+        self.query_one(HeadTree).focus()
 
     @on(DataTable.RowSelected)
     def _row_selected(self, event: DataTable.RowSelected) -> None:
@@ -664,7 +682,7 @@ class ExplorerScreen(Screen[None]):
     def set_tree_filter(self, key: str | None, threshold: float = FILTER_THRESHOLD) -> None:
         self.tree_filter = key
         label = dict(TREE_FILTERS).get(key or "", key or "")
-        self.query_one(HeadTree).set_filter(key, label, threshold)
+        self.query_one(HeadTree).set_filter(key, label, threshold, keep=self.head)
         if key is not None and self.headscope.engine is not None:
             self.run_worker(self._load_null(), group="score-null", exclusive=True, exit_on_error=False)
 

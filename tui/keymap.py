@@ -99,5 +99,5 @@ WIDGET_KEYS: list[tuple[str, str]] = [
     ("enter", "focus the head under the cursor (tree, summary, composition edges)"),
     ("tab / shift+tab", "move focus between panes"),
     ("ctrl+p", "command palette: go to head L.H, sort, themes, exports"),
-    ("escape", "close a dialog"),
+    ("escape", "close a dialog; leave the prompt box or a pane for the head tree"),
 ]

@@ -12,10 +12,26 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from rich.text import Text
+from rich.color import Color
+from rich.style import Style
+from rich.text import Span, Text
 from textual_plotext.plot import Plot
 
-from .colormap import RGB, cell_of, diverging_rgb, fit_shape, resample, symmetric_range
+from .colormap import (
+    NEG_GLYPHS,
+    RGB,
+    SHADES,
+    cell_of,
+    diverging_rgb,
+    fit_shape,
+    palette_ramp,
+    ramp_index,
+    resample,
+    shade_level,
+    symmetric_range,
+    xterm_rgb,
+)
+from .colormap import _bins as bins
 from .datatext import printable
 
 LABEL_WIDTH = 8  # longest tick label kept on the y axis (token strings are cut)
@@ -30,6 +46,7 @@ class Colours:
     accent: RGB
     primary: RGB
     stops: tuple[RGB, RGB, RGB]
+    mode: str = "truecolor"  # the terminal's colours: truecolor | 256 | 16 | none (colormap.py)
 
 
 def short(label: str, width: int = LABEL_WIDTH) -> str:
@@ -59,22 +76,34 @@ class Heatmap:
     vmax: float | None = None
     diagonal: bool = False  # rows and cols are the same token set: report the diagonal
 
-    def key(self, colours: Colours, shape: tuple[int, int]) -> Text:
-        """The value-range key: a gradient from −vmax (or 0) to +vmax, and the pooling."""
+    def key(self, colours: Colours, shape: tuple[int, int], width: int = 0) -> Text:
+        """The value-range key: a gradient from −vmax (or 0) to +vmax, and the pooling.
+
+        With ``width``, a part that does not fit on the line starts a new one (the chart's
+        lines are never wider than the chart)."""
         vmax = self.vmax if self.vmax is not None else symmetric_range(self.values)
         lo = 0.0 if self.sequential else -vmax
-        steps = np.linspace(lo, vmax, 16)
         text = Text(f"{lo:+.3g} ", style=_rgb(colours.muted))
-        for c in diverging_rgb(steps, colours.stops, vmax):
-            text.append(" ", style=f"on {_rgb(tuple(int(x) for x in c))}")
+        text.append_text(_key_ramp(np.linspace(lo, vmax, 16), vmax, colours))
         text.append(f" {vmax:+.3g}", style=_rgb(colours.muted))
         n_rows, n_cols = self.values.shape
+        parts: list[tuple[str, tuple[int, ...]]] = []
         if shape[0] < n_rows or shape[1] < n_cols:
-            text.append(
-                f"  pooled {n_rows}×{n_cols}→{shape[0]}×{shape[1]}", style=_rgb(colours.muted)
-            )
+            parts.append((f"pooled {n_rows}×{n_cols}→{shape[0]}×{shape[1]}", colours.muted))
+            if shape[0] < n_rows:
+                parts.append((merged(n_rows, shape[0]).strip(), colours.muted))
         if self.diagonal and n_rows == n_cols and n_rows > 1:
-            text.append("  " + diagonal_summary(self.values), style=_rgb(colours.foreground))
+            parts.append((diagonal_summary(self.values), colours.foreground))
+        line = len(text.plain)
+        for part, colour in parts:
+            if width and line + 2 + len(part) > width:
+                text.append("\n")
+                line = 0
+            elif line:
+                text.append("  ")
+                line += 2
+            text.append(part, style=_rgb(colour))
+            line += len(part)
         return text
 
     def draw(self, width: int, height: int, colours: Colours) -> Text:
@@ -84,11 +113,16 @@ class Heatmap:
         # Lines around the canvas: title, two frame lines, x tick labels, x label, our key.
         overhead = 4 + (1 if self.xlabel else 0) + 1
         ch, cw = fit_shape(n_rows, n_cols, height - overhead, width - lw - 2)
+        # A key that wraps (pooling details) takes more lines: shrink the canvas if it would
+        # otherwise push the key out of the pane.
+        key_lines = self.key(colours, (ch, cw), width).plain.count("\n") + 1
+        if overhead - 1 + ch + key_lines > height:
+            ch, cw = fit_shape(n_rows, n_cols, height - overhead - key_lines + 1, width - lw - 2)
         if ch < 1 or cw < 1:
             return Text("(pane too small)")
         grid = resample(self.values, ch, cw)
         vmax = self.vmax if self.vmax is not None else symmetric_range(self.values)
-        colour = diverging_rgb(grid, colours.stops, vmax)
+        colour, recolour = cell_colours(grid, vmax, colours)
         plt = _plot(lw + 2 + cw, ch + 3, colours)  # frame top/bottom + x tick labels
         plt.matrix_plot([[tuple(int(x) for x in c) for c in row] for row in colour])
         plt.xlim(0, max(cw - 1, 1))
@@ -104,13 +138,110 @@ class Heatmap:
         # and a pooled heatmap is often narrower than its title.
         text = _fit_line(self.title, width, "bold")
         text.append("\n")
-        text.append_text(_text(plt))
+        text.append_text(_recolour(_text(plt), recolour))
         if self.xlabel:
             text.append("\n")
             text.append_text(_fit_line(self.xlabel, width))
         text.append("\n")
-        text.append_text(self.key(colours, (ch, cw)))
+        text.append_text(self.key(colours, (ch, cw), width))
         return text
+
+
+Recolour = dict[tuple[int, int, int], tuple[str | None, Style]]
+
+
+def cell_colours(grid: np.ndarray, vmax: float, colours: Colours) -> tuple[np.ndarray, Recolour]:
+    """The RGB each heatmap cell is drawn with by plotext, and how to restyle those cells.
+
+    Truecolor: the diverging map, nothing to restyle. 256 colours: the palette ramp's RGB,
+    restyled to the xterm entry itself (so nothing quantises it again). 16 colours / none:
+    a placeholder colour per magnitude level, replaced by a shade character (and a sign
+    colour in 16 colours, a glyph for negative values without colour)."""
+    if colours.mode == "256":
+        ramp = palette_ramp(colours.stops)
+        idx = np.asarray(ramp)[ramp_index(grid, vmax)]
+        rgb = np.array([xterm_rgb(int(i)) for i in ramp], dtype=np.uint8)[ramp_index(grid, vmax)]
+        table = {xterm_rgb(i): (None, Style(color=Color.from_ansi(i))) for i in set(idx.flat)}
+        return rgb, table
+    if colours.mode in ("16", "none"):
+        level = shade_level(grid, vmax)
+        rgb = np.zeros((*level.shape, 3), dtype=np.uint8)
+        rgb[..., 0], rgb[..., 1], rgb[..., 2] = 1, 2, level + 10  # placeholders, never shown
+        return rgb, {(1, 2, k + 10): _shade(k, colours) for k in range(-4, 5)}
+    return diverging_rgb(grid, colours.stops, vmax), {}
+
+
+def _shade(level: int, colours: Colours) -> tuple[str, Style]:
+    """The character and style of a magnitude level in 16 colours / without colour."""
+    if colours.mode == "none":
+        return (NEG_GLYPHS[-level] if level < 0 else SHADES[level]), Style()
+    neg, pos = ansi16_pair(colours.stops)
+    return SHADES[abs(level)], Style(color=neg if level < 0 else pos)
+
+
+_ANSI_HUES = {"red": 0.0, "yellow": 60.0, "green": 120.0, "cyan": 180.0, "blue": 240.0,
+              "magenta": 300.0}
+
+
+def ansi16_pair(stops: tuple[RGB, RGB, RGB]) -> tuple[str, str]:
+    """Two of the terminal's bright colours for negative and positive, by the stops' hues."""
+    import colorsys
+
+    def nearest(rgb: RGB) -> str:
+        h = colorsys.rgb_to_hsv(*(c / 255 for c in rgb))[0] * 360
+        return min(_ANSI_HUES, key=lambda n: min(abs(h - _ANSI_HUES[n]),
+                                                 360 - abs(h - _ANSI_HUES[n])))
+
+    neg, pos = nearest(stops[0]), nearest(stops[2])
+    if neg == pos:
+        neg, pos = "blue", "red"
+    return f"bright_{neg}", f"bright_{pos}"
+
+
+def _key_ramp(steps: np.ndarray, vmax: float, colours: Colours) -> Text:
+    """The key's gradient, drawn the way the cells are."""
+    text = Text()
+    colour, recolour = cell_colours(steps[None, :], vmax, colours)
+    for c in colour[0]:
+        char, style = recolour.get(tuple(int(x) for x in c), (None, None))
+        if style is None:
+            style = Style(bgcolor=Color.from_rgb(*(int(x) for x in c)))
+        elif char is None:  # 256 colours: the palette entry as background
+            style = Style(bgcolor=style.color)
+        text.append(char or " ", style=style)
+    return text
+
+
+def _recolour(text: Text, table: Recolour) -> Text:
+    """Restyle the spans drawn in a placeholder colour (see ``cell_colours``)."""
+    if not table:
+        return text
+    chars = list(text.plain)
+    spans: list[Span] = []
+    for span in text.spans:
+        style = span.style
+        colour = style.color if isinstance(style, Style) else None
+        hit = table.get(tuple(colour.triplet)) if colour is not None and colour.triplet else None
+        if hit is None:
+            spans.append(span)
+            continue
+        char, new = hit
+        if char is not None:
+            chars[span.start:span.end] = char * (span.end - span.start)
+        spans.append(Span(span.start, span.end, new))
+    out = Text("".join(chars), spans=spans)
+    return out
+
+
+def merged(n: int, cells: int) -> str:
+    """Which rows share a cell when ``n`` rows are pooled into ``cells`` (block means)."""
+    if cells >= n or cells <= 0:
+        return ""
+    start, stop = bins(n, cells)  # the blocks resample() averages
+    blocks = [f"{a}–{b - 1}" for a, b in zip(start.tolist(), stop.tolist(), strict=True)
+              if b - a > 1]
+    more = ", …" if len(blocks) > 2 else ""
+    return f" (rows {', '.join(blocks[:2])}{more} averaged)"
 
 
 def diagonal_summary(values: np.ndarray) -> str:

@@ -57,8 +57,9 @@ class HelpScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Label("headscope keys  (remap by id: [keymap] in ~/.config/headscope/config.toml)",
-                        id="help-title")
+            # Text, not a markup string: "[keymap]" would be read as a style tag.
+            yield Label(Text("headscope keys  (remap by id: [keymap] in "
+                             "~/.config/headscope/config.toml)"), id="help-title")
             with VerticalScroll():
                 yield Static(help_table(self.keymap), id="help-keys")
             yield Label(Text("escape / ? closes", style="dim"))

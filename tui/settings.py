@@ -5,6 +5,7 @@ Where: ``$HEADSCOPE_CONFIG`` if set, else ``$XDG_CONFIG_HOME/headscope/config.to
 
     theme = "headscope-dark"        # headscope-dark | headscope-light | headscope-contrast
     colormap = "diverging"          # diverging | colorblind
+    colors = "256"                  # truecolor | 256 | 16 | none (default: detected)
     cache_mb = 256                  # engine cache budget per open model
     cache_disk_mb = 512             # results store on disk (0: do not persist results)
     tokens = ["Mary", "John"]       # default token set for the QK/OV heatmaps
@@ -12,7 +13,7 @@ Where: ``$HEADSCOPE_CONFIG`` if set, else ``$XDG_CONFIG_HOME/headscope/config.to
     "next-head" = "n"
 
 Environment variables override the file: ``HEADSCOPE_THEME``, ``HEADSCOPE_COLORMAP``,
-``HEADSCOPE_CACHE_MB``, ``HEADSCOPE_CACHE_DISK_MB``. A malformed file is a one-line ConfigError naming it.
+``HEADSCOPE_CACHE_MB``, ``HEADSCOPE_CACHE_DISK_MB``, ``HEADSCOPE_COLORS``. A malformed file is a one-line ConfigError naming it.
 """
 
 from __future__ import annotations
@@ -30,12 +31,14 @@ DEFAULT_THEME = "headscope-dark"
 COLORMAPS = ("diverging", "colorblind")
 MAX_SETTINGS_BYTES = 1_000_000
 MAX_CACHE_MB = 1 << 20  # 1 TiB
+COLOR_MODES = ("truecolor", "256", "16", "none")  # as tui/colormap.COLOR_MODES
 
 
 @dataclass(frozen=True)
 class Settings:
     theme: str = DEFAULT_THEME
     colormap: str = "diverging"
+    colors: str = ""  # "" = detect from the terminal
     cache_mb: int = 256
     cache_disk_mb: int = 512  # the on-disk results store (engine.store); 0 turns it off
     tokens: tuple[str, ...] = ()
@@ -95,6 +98,8 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         data["theme"] = env["HEADSCOPE_THEME"]
     if "HEADSCOPE_COLORMAP" in env:
         data["colormap"] = env["HEADSCOPE_COLORMAP"]
+    if env.get("HEADSCOPE_COLORS"):
+        data["colors"] = env["HEADSCOPE_COLORS"]
     if "HEADSCOPE_CACHE_MB" in env:
         data["cache_mb"] = env["HEADSCOPE_CACHE_MB"]
     if "HEADSCOPE_CACHE_DISK_MB" in env:
@@ -104,13 +109,17 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
 
 def _validate(data: dict[str, Any], path: Path | None) -> Settings:
     where = path or "settings"
-    unknown = set(data) - {"theme", "colormap", "cache_mb", "cache_disk_mb", "tokens", "keymap"}
+    unknown = set(data) - {"theme", "colormap", "colors", "cache_mb", "cache_disk_mb", "tokens",
+                           "keymap"}
     if unknown:
         raise ConfigError(where, f"unknown setting(s): {', '.join(sorted(unknown))}")
     theme = str(data.get("theme", DEFAULT_THEME))
     colormap = str(data.get("colormap", "diverging"))
     if colormap not in COLORMAPS:
         raise ConfigError(where, f"colormap must be one of {', '.join(COLORMAPS)}, not {colormap!r}")
+    colors = str(data.get("colors", ""))
+    if colors and colors not in COLOR_MODES:
+        raise ConfigError(where, f"colors must be one of {', '.join(COLOR_MODES)}, not {colors!r}")
     cache_mb = _cache_mb(data.get("cache_mb", 256), where)
     cache_disk_mb = _cache_mb(data.get("cache_disk_mb", 512), where, "cache_disk_mb", minimum=0)
     tokens = data.get("tokens", [])
@@ -122,6 +131,7 @@ def _validate(data: dict[str, Any], path: Path | None) -> Settings:
     return Settings(
         theme=theme,
         colormap=colormap,
+        colors=colors,
         cache_mb=cache_mb,
         cache_disk_mb=cache_disk_mb,
         tokens=tuple(tokens),

@@ -14,6 +14,7 @@ from collections import OrderedDict
 from rich.text import Text
 from textual.app import RenderResult
 from textual.color import Color
+from textual.theme import Theme
 from textual_plotext import PlotextPlot
 
 from headscope.themes import COLORMAPS
@@ -77,7 +78,7 @@ class Chart(PlotextPlot):
     def _key(self) -> tuple:
         app = self.app
         return (self.size.width, self.size.height, self.version, app.theme,
-                getattr(app, "colormap_name", ""))
+                getattr(app, "colormap_name", ""), getattr(app, "color_mode", "truecolor"))
 
     def render(self) -> RenderResult:
         if self.figure is None:
@@ -118,8 +119,12 @@ class Chart(PlotextPlot):
         self.refresh()
 
     def colours(self) -> Colours:
-        """Theme colours as RGB, read on the UI thread for the worker."""
-        v = self.app.theme_variables
+        """Theme colours as RGB, read on the UI thread for the worker.
+
+        From the current theme itself, not ``app.theme_variables``: those are recomputed
+        only when the stylesheet is refreshed, after the theme changes, and a chart painted
+        in between would cache the old theme's colours under the new theme's key."""
+        v = _theme_variables(self.app.current_theme)
 
         def rgb(name: str, fallback: str) -> tuple[int, int, int]:
             try:
@@ -134,4 +139,17 @@ class Chart(PlotextPlot):
             accent=rgb("accent", "#ffaf5f"),
             primary=rgb("primary", "#5fafff"),
             stops=COLORMAPS.get(cmap, COLORMAPS["red-blue"]),
+            mode=getattr(self.app, "color_mode", "truecolor"),
         )
+
+
+_THEME_VARIABLES: dict[int, tuple[Theme, dict[str, str]]] = {}
+
+
+def _theme_variables(theme: Theme) -> dict[str, str]:
+    """The CSS variables a theme generates (cached: render() asks at every paint)."""
+    hit = _THEME_VARIABLES.get(id(theme))
+    if hit is None or hit[0] is not theme:
+        hit = (theme, {**theme.to_color_system().generate(), **theme.variables})
+        _THEME_VARIABLES[id(theme)] = hit
+    return hit[1]

@@ -90,6 +90,7 @@ class HeadTree(Tree[NodeData]):
         self.structure = structure or {}
         self.filter: tuple[str, str, float] | None = None  # (score key, label, threshold)
         self.null: ScoreNull | None = None  # calibrates the filtered score: "0.95 z=41"
+        self.keep: Head | None = None  # shown whatever the filter (the focused head)
         self.deltas: dict[Head, float] = {}
         self._populate()
 
@@ -117,6 +118,10 @@ class HeadTree(Tree[NodeData]):
 
     def passes(self, head: Head) -> bool:
         """Whether the filter keeps ``head`` (unscored heads are hidden while filtering)."""
+        return head == self.keep or self.meets(head)
+
+    def meets(self, head: Head) -> bool:
+        """Whether ``head`` meets the filter (the kept head aside)."""
         if self.filter is None:
             return True
         row = self.scores.get(head)
@@ -125,20 +130,28 @@ class HeadTree(Tree[NodeData]):
         value = score(row, self.filter[0])
         return value == value and value >= self.filter[2]
 
-    def set_filter(self, key: str | None, label: str = "", threshold: float = 0.3) -> None:
-        """Keep only heads with score ``key`` ≥ ``threshold`` (``None``: every head)."""
+    def set_filter(self, key: str | None, label: str = "", threshold: float = 0.3,
+                   keep: Head | None = None) -> None:
+        """Keep only heads with score ``key`` ≥ ``threshold`` (``None``: every head).
+
+        ``keep`` (the explorer's focused head) stays in the tree and under the cursor even
+        when it does not pass, so filtering never moves the focus."""
         current = self.current()
+        if keep is None and current is not None and current.kind == "head":
+            keep = (current.layer, current.head)  # type: ignore[assignment]
+        self.keep = keep
         self.filter = (key, label or key, threshold) if key else None
         self._populate()
-        if current is not None and current.kind == "head":
-            self.select_head((current.layer, current.head))  # type: ignore[arg-type]
+        if keep is not None:  # after the rebuilt tree has its lines (a new node has none)
+            self.call_after_refresh(self.select_head, keep)
 
     def _retitle(self) -> None:
         if self.filter is None:
             self.border_title = "heads"
             return
         _, label, threshold = self.filter
-        self.border_title = f"{label} ≥ {threshold:.2f}: {len(self.head_nodes)}"
+        n = sum(1 for head in self.head_nodes if self.meets(head))
+        self.border_title = f"{label} ≥ {threshold:.2f}: {n}"
 
     def set_deltas(self, deltas: dict[Head, float]) -> None:
         """Compare mode: how much each head changed (0 = same circuit and scores)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -99,7 +100,12 @@ class StatusBar(Widget):
         else:
             bottom.append("✓ ", style="dim")
         if self.activity:
-            bottom.append(self.activity)
+            # One percentage on the line: with the bar shown, the job's own "… 80%" goes
+            # (the bar is the whole sweep's, the job's figure is only its current step's).
+            activity = self.activity
+            if self.progress is not None:
+                activity = re.sub(r"\s*\d+(\.\d+)?%$", "", activity)
+            bottom.append(activity)
         if self.progress is not None:
             filled = round(self.progress * 10)
             bottom.append(f" [{'█' * filled}{'░' * (10 - filled)}] {self.progress:.0%}")

@@ -36,6 +36,7 @@ from ..adapt import (
 )
 from ..datatext import data_text, printable
 from ..plots import Graph, Heatmap, Line, Scatter
+from ..prompt_words import UNKNOWN, unknown_note, vocabulary_hint
 from .chart import Chart
 
 if TYPE_CHECKING:
@@ -93,10 +94,13 @@ class QKPane(Horizontal):
             np.asarray(block.values), tuple(block.row_labels), tuple(block.col_labels),
             title=title, xlabel=xlabel))
 
-    def show_position(self, block: Any) -> None:
+    def show_position(self, block: Any, n_ctx: int = 0) -> None:
+        shown = len(block.row_labels)
+        part = f" · 0–{shown - 1} of {n_ctx}" if 0 < shown < n_ctx else ""  # only the first
         self.query_one("#qk-position", Chart).show(Heatmap(
             np.asarray(block.values), tuple(block.row_labels), tuple(block.col_labels),
-            title=f"positional QK {_head(block.layer, block.head)}", xlabel="key position"))
+            title=f"positional QK {_head(block.layer, block.head)}{part}",
+            xlabel="key position"))
 
     def show_profile(self, profile: Profile, layer: int, head: int, offset: int) -> None:
         x, y = profile_xy(profile)
@@ -133,7 +137,7 @@ class QKPane(Horizontal):
             pos = await ex.engine.circuit_block(layer, head, "qk", "position", rows=n, cols=n)
             if not ex.fresh(key):
                 return
-            self.show_position(pos)
+            self.show_position(pos, int(ex.structure.get("n_ctx") or 0))
             ex.results["qk"]["position"] = pos
         elif rotary:
             offsets = list(range(-ROTARY_OFFSETS, ROTARY_OFFSETS + 1))
@@ -173,13 +177,17 @@ class OVPane(Horizontal):
         src = result.source_label or str(result.source_token)
         table = Table(box=None, padding=(0, 1), title=Text(f"top outputs of {printable(src)!r}", style="table.title"),
                       title_justify="left", expand=True)
-        table.add_column("token", no_wrap=True)
-        table.add_column("value", justify="right")
-        table.add_column("", no_wrap=True)
+        # The numbers keep their width (min_width); the token and the bar give way.
+        values = [f"{val:+.3g}" for _, val in rows]
+        tokens = [printable(tok)[:12] for tok, _ in rows]
+        table.add_column("token", no_wrap=True, overflow="ellipsis", max_width=12,
+                         min_width=min(max(map(len, tokens), default=1), 6))
+        table.add_column("value", justify="right", no_wrap=True,
+                         min_width=max(map(len, values), default=5))
+        table.add_column("", no_wrap=True, overflow="crop")
         vmax = max((abs(v) for _, v in rows if math.isfinite(v)), default=1.0)
-        for tok, val in rows:
-            table.add_row(data_text(tok, width=12), f"{val:+.3g}",
-                          _bar(val, vmax, 6, _bar_colours(self)))
+        for (_tok, val), tok, text in zip(rows, tokens, values, strict=True):
+            table.add_row(Text(tok), text, _bar(val, vmax, 6, _bar_colours(self)))  # data: no markup
         self.query_one("#ov-top", Static).update(table)
 
     async def load(self, ex: ExplorerScreen, key: LoadKey) -> None:
@@ -256,11 +264,19 @@ class SpectrumPane(Horizontal):
 PREDICTIONS_SHOWN = 5  # the rest are ~0 and would take the DLA's rows
 
 
+def _unknown_text(tokens: list[str], prompt: str) -> Text:
+    """How many prompt tokens the vocabulary did not know (marked in the list below)."""
+    note = unknown_note(prompt, tokens)
+    return Text(note + "\n", style="bold yellow") if note else Text("")
+
+
 class PromptPane(Vertical):
     """The prompt, the head's attention pattern, its per-token DLA and the top predictions.
 
     The DLA list scrolls on its own; the predictions sit under it at their own height, so
     all three parts are visible whatever the prompt length."""
+
+    prompt_text = ""  # the prompt of the view shown (its unknown words are named)
 
     def compose(self) -> ComposeResult:
         yield Input(placeholder="type a prompt and press enter (p)", id="prompt-input")
@@ -272,6 +288,14 @@ class PromptPane(Vertical):
                 with VerticalScroll(id="prompt-dla-scroll"):
                     yield Static(id="prompt-dla")
                 yield Static(id="prompt-preds")
+
+    def on_mount(self) -> None:
+        path = getattr(self.app, "path", "")
+        hint = vocabulary_hint(path)
+        if hint:  # word-level models: say which words they know, where the prompt is typed
+            box = self.query_one("#prompt-input", Input)
+            box.border_title = Text(vocabulary_hint(path, short=True))
+            box.tooltip = hint
 
     def show(self, view: PromptView, b: PromptView | None = None) -> None:
         """A's pattern, DLA and predictions; ``b``: model B's pattern on the same prompt,
@@ -296,7 +320,8 @@ class PromptPane(Vertical):
         t.add_column("DLA", justify="right", no_wrap=True, min_width=5)
         t.add_column("", no_wrap=True, overflow="crop")
         for tok, v in zip(tokens, dla.tolist(), strict=False):
-            t.add_row(data_text(tok, width=10), f"{v:+.2f}", _bar(v, vmax, 5, _bar_colours(self)))
+            cell = data_text(tok, style="reverse yellow" if tok in UNKNOWN else "", width=10)
+            t.add_row(cell, f"{v:+.2f}", _bar(v, vmax, 5, _bar_colours(self)))
         last = printable(tokens[-1])[:10] if tokens else ""
         p = Table(box=None, padding=(0, 1), title=Text(f"{prefix}top predictions after {last!r}", style="table.title"),
                   title_justify="left", expand=True)
@@ -306,6 +331,7 @@ class PromptPane(Vertical):
             p.add_row(data_text(tok, width=12), f"{prob:.3f}")
         note = Text("prompt truncated to the context length\n", style="bold yellow") \
             if view.truncated else Text("")
+        note.append_text(_unknown_text(tokens, self.prompt_text))
         from rich.console import Group
 
         self.query_one("#prompt-dla", Static).update(Group(note, t))
@@ -317,6 +343,7 @@ class PromptPane(Vertical):
             for chart in ("#prompt-pattern", "#prompt-pattern-b"):
                 self.query_one(chart, Chart).message("no prompt yet: press p, type, enter")
             return
+        self.prompt_text = ex.prompt_text
         view = await ex.engine.run_prompt(ex.prompt_text, layer, head)
         if not ex.fresh(key):
             return
@@ -428,7 +455,11 @@ class CompositionPane(Horizontal):
 
     def detail(self, comp: Composition, edge: tuple[int, int, int, int, float] | None) -> None:
         if edge is None:
-            self.query_one("#comp-detail", Static).update("")
+            why = ""
+            if not self.edges:  # an empty table says why
+                why = ("one layer: no head has an earlier layer's head to compose with"
+                       if self._shape[0] < 2 else "no finite composition scores")
+            self.query_one("#comp-detail", Static).update(Text(why, style="italic"))
             return
         l1, h1, l2, h2, s = edge
         kind = comp.kind.upper()
