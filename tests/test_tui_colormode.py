@@ -293,6 +293,7 @@ async def test_every_focusable_widget_shows_its_focus() -> None:
 
 
 async def test_filter_keeps_the_focused_head() -> None:
+    from headscope.tui.explorer import TREE_FILTERS
     from headscope.tui.widgets.head_tree import HeadTree
 
     app, _ = make_app()
@@ -301,7 +302,7 @@ async def test_filter_keeps_the_focused_head() -> None:
         app.explorer.goto_head((1, 0), immediate=True)
         await settle(pilot, app)
         tree = app.query_one(HeadTree)
-        for _ in range(4):  # induction → prev-token → copying → every head
+        for _ in range(len(TREE_FILTERS) + 1):  # each filter in turn, then every head
             await pilot.press("f")
             await settle(pilot, app)
             assert app.explorer.head == (1, 0)

@@ -311,7 +311,13 @@ async def test_without_a_timeline_key_8_says_how_to_open_one() -> None:
         await pilot.press("q")
 
 
-async def test_a_burst_of_step_keys_opens_one_step_and_closes_the_engines_it_replaces() -> None:
+async def test_a_burst_of_step_keys_opens_one_step_and_closes_the_engines_it_replaces(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import headscope.tui.timeline_mode as timeline_mode
+
+    # A burst is keys closer together than the scrub delay; on a busy machine Pilot's presses
+    # can be 0.15 s apart, so the test widens the delay rather than racing it.
+    monkeypatch.setattr(timeline_mode, "SCRUB_DELAY", 2.0)
     sources, timeline = synthetic_timeline()
     engines: list[FakeEngine] = []
 
