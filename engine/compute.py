@@ -211,17 +211,18 @@ def score_table(
     w = model.weights
     if progress is not None:
         progress(0.0)
-    copying = scores.all_copying_scores(w, progress=_part(progress, 0.0, 0.4), cancelled=cancelled)
-    positivity = scores.all_qk_positivity(w, progress=_part(progress, 0.4, 0.8), cancelled=cancelled)
+    # both spectral scores in one pass over the layers (each layer's weights read once)
+    spectral = scores.spectral_scores(w, progress=_part(progress, 0.0, 0.8), cancelled=cancelled)
     found = scores.behaviour_scores(w, seed=seed, progress=_part(progress, 0.8, 0.95), cancelled=cancelled)
     _check(cancelled)
     return ScoreTable(
-        copying_score=readonly(copying, np.float32),
-        qk_positivity=readonly(positivity, np.float32),
+        copying_score=readonly(spectral["copying_score"], np.float32),
+        qk_positivity=readonly(spectral["qk_positivity"], np.float32),
         prev_token_score=readonly(found["prev_token"], np.float32),
         duplicate_token_score=readonly(found["duplicate_token"], np.float32),
         induction_score=readonly(found["induction"], np.float32),
-        nonfinite=readonly(nonfinite_heads(model), bool),
+        # = nonfinite_heads(model), from the peaks the sweep took (no second pass)
+        nonfinite=readonly(spectral["nonfinite"] | spectral["overflow"], bool),
     )
 
 
