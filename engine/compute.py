@@ -226,6 +226,25 @@ def score_table(
     )
 
 
+def weight_scores(model: Model, progress: Progress = None, cancelled: Cancelled = None
+                  ) -> dict[str, np.ndarray]:
+    """The weight-only scores of every head, ``[L, H]`` each: ``copying_score``,
+    ``qk_positivity`` and ``nonfinite`` (as ``score_table``'s), without a forward pass, and
+    without torch where ``engine.fast`` applies."""
+    from . import fast
+
+    arrays = fast.numpy_weights(model)
+    if arrays is not None:
+        found = fast.spectral_scores(arrays, progress, cancelled)
+    else:
+        from . import scores
+
+        found = {k: v.numpy() for k, v in scores.spectral_scores(model.weights, progress, cancelled).items()}
+    return {"copying_score": readonly(found["copying_score"], np.float32),
+            "qk_positivity": readonly(found["qk_positivity"], np.float32),
+            "nonfinite": readonly(found["nonfinite"] | found["overflow"], bool)}
+
+
 def composition(
     model: Model,
     kind: str,
@@ -235,6 +254,13 @@ def composition(
     top: int = TOP_EDGES,
 ) -> Composition:
     """Q/K/V composition scores between all pairs of heads, and the ``top`` strongest edges."""
+    from . import fast
+
+    arrays = fast.numpy_weights(model)
+    if arrays is not None:  # torch-free (engine/fast.py): the same numbers
+        found_scores, baseline = fast.composition_scores(arrays, kind, seed, progress, cancelled)
+        values = readonly(found_scores, np.float32)
+        return Composition(kind, values, baseline, rank_edges(values, baseline, top))  # type: ignore[arg-type]
     from . import scores
 
     found = scores.composition_scores(

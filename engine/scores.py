@@ -598,20 +598,19 @@ def _pair_scores(x: Tensor, x_norm: Tensor, y: Tensor) -> Tensor:
     return sq.sqrt() / (x_norm[:, :, None] * y_norm[None, None, :])
 
 
-@functools.lru_cache(maxsize=32)
 def composition_baseline(d_model: int, d_head: int, seed: int = 0, samples: int = 32) -> float:
     """Expected composition score of random factors of the model's shapes.
 
     The mean, over ``samples`` draws of i.i.d. standard Gaussian ``W_V, W_Q, W_K
-    [d_model, d_head]`` and ``W_O [d_head, d_model]`` from a generator seeded with ``seed``,
-    of ``‖OV₁ M₂‖ / (‖OV₁‖ ‖M₂‖)``. The Gaussian law is rotation invariant, so the value is
-    the same for Q-, K- and V-composition (and for any scale of the factors).
+    [d_model, d_head]`` and ``W_O [d_head, d_model]`` from numpy's ``default_rng(seed)``, of
+    ``‖OV₁ M₂‖ / (‖OV₁‖ ‖M₂‖)``. The Gaussian law is rotation invariant, so the value is
+    the same for Q-, K- and V-composition (and for any scale of the factors). Computed in
+    numpy (``engine.fast.composition_baseline``) so that the torch-free path gives the same
+    number.
     """
-    g = torch.Generator().manual_seed(seed)
-    draw = lambda *shape: torch.randn(samples, *shape, generator=g, dtype=torch.float64)  # noqa: E731
-    ov = FactoredMatrix(draw(d_model, d_head), draw(d_head, d_model))  # [S, d_model, d_model]
-    qk = FactoredMatrix(draw(d_model, d_head), draw(d_model, d_head).transpose(-2, -1))
-    return float(composition_score(ov, qk).mean())
+    from .fast import composition_baseline as baseline
+
+    return baseline(d_model, d_head, seed, samples)
 
 
 # -- behaviour (attention patterns on seeded random sequences) ---------------------------------
