@@ -117,11 +117,34 @@ def run_floor(path: Path) -> dict[str, Any]:
     return {"spectral": spectral, "forward": since(t), "seconds": since(T0)}
 
 
+class _FirstLayers:
+    """A weight source cut to its first ``n`` layers (``BENCH_LAYERS``: a shorter composition run)."""
+
+    def __init__(self, w: Any, n: int) -> None:
+        self._w, self.path = w, getattr(w, "path", None)
+        self.cfg = w.cfg.replace(n_layers=min(n, w.cfg.n_layers)) if n else w.cfg
+
+    def has(self, name: str) -> bool:
+        return self._w.has(name)
+
+    def get(self, name: str) -> Any:
+        return self._w.get(name)
+
+    def get_head(self, name: str, head: int) -> Any:
+        return self._w.get_head(name, head)
+
+
+def _layers() -> int:
+    import os
+
+    return int(os.environ.get("BENCH_LAYERS", "0"))
+
+
 def run_composition_floor(path: Path, kind: str) -> dict[str, Any]:
     """Every layer pair's ``[H·k, d] @ [d, H·k]`` product: the GEMM floor of one mode."""
     from headscope.engine.loading import open_model
 
-    w = open_model(path, raw=True).weights
+    w = _FirstLayers(open_model(path, raw=True).weights, _layers())
     cfg = w.cfg
     n, d = cfg.n_heads * cfg.d_head, cfg.d_model
     target = {"q": "W_Q", "k": "W_K", "v": "W_V"}[kind]
@@ -139,7 +162,7 @@ def run_composition(path: Path, kind: str) -> dict[str, Any]:
     from headscope.engine.eta import Eta
     from headscope.engine.loading import open_model
 
-    w = open_model(path).weights
+    w = _FirstLayers(open_model(path).weights, _layers())
     eta = Eta()
     etas: list[float] = []
     edges = 0
@@ -236,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--composition", action="store_true",
                     help="also all Q/K/V composition scores against their GEMM floors (long)")
     ap.add_argument("--only", help="comma-separated scenarios (default: all)")
+    ap.add_argument("--layers", type=int, default=0,
+                    help="composition on the first N layers only (N(N-1)/2 layer pairs; default all)")
     ap.add_argument("--out", type=Path, help="also write the markdown table to this file")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per scenario")
     args = ap.parse_args(argv)
@@ -248,13 +273,18 @@ def main(argv: list[str] | None = None) -> int:
     shape = "tiny-llama-mha" if args.tiny else "llama-7b"
     root = args.dir or Path(tempfile.mkdtemp(prefix="headscope-bench-"))
     t = time.perf_counter()
-    path = write_checkpoint(SHAPES[shape], root)
+    path = write_checkpoint(SHAPES[shape], root)  # shape is renamed below for the table
     print(f"# {shape}: checkpoint ready in {since(t):.1f} s at {path}", file=sys.stderr)
     names = list(SCENARIOS)
     if args.composition:
         names += [f"composition{part}-{k}" for k in KINDS for part in ("-floor", "")]
     if args.only:
         names = [n for n in args.only.split(",") if n]
+    if args.layers:
+        import os
+
+        os.environ["BENCH_LAYERS"] = str(args.layers)  # read by the scenario processes
+        shape += f" (composition on the first {args.layers} layers)"
     res = {}
     for name in names:
         res[name] = scenario(name, path, args.timeout)

@@ -252,19 +252,27 @@ def composition(
     progress: Progress = None,
     cancelled: Cancelled = None,
     top: int = TOP_EDGES,
+    on_tile: Callable[[int, int, np.ndarray], None] | None = None,
 ) -> Composition:
-    """Q/K/V composition scores between all pairs of heads, and the ``top`` strongest edges."""
+    """Q/K/V composition scores between all pairs of heads, and the ``top`` strongest edges.
+
+    ``on_tile(source_layer, target_layer, scores [H, H])`` gets each layer pair's scores as
+    soon as they are computed (a graph or a ``--top`` list can fill in during the sweep).
+    """
     from . import fast
 
     arrays = fast.numpy_weights(model)
     if arrays is not None:  # torch-free (engine/fast.py): the same numbers
-        found_scores, baseline = fast.composition_scores(arrays, kind, seed, progress, cancelled)
+        tile_cb = None if on_tile is None else (lambda t: on_tile(t.source, t.target, t.scores))
+        found_scores, baseline = fast.composition_scores(arrays, kind, seed, progress, cancelled, on_tile=tile_cb)
         values = readonly(found_scores, np.float32)
         return Composition(kind, values, baseline, rank_edges(values, baseline, top))  # type: ignore[arg-type]
     from . import scores
 
+    torch_cb = None if on_tile is None else (lambda t: on_tile(t.source, t.target, t.scores.numpy()))
     found = scores.composition_scores(
-        model.weights, kind, seed=seed, progress=progress, cancelled=cancelled  # type: ignore[arg-type]
+        model.weights, kind, seed=seed, progress=progress, cancelled=cancelled,  # type: ignore[arg-type]
+        on_tile=torch_cb,
     )
     values = readonly(found.scores, np.float32)
     baseline = float(found.baseline)

@@ -362,7 +362,9 @@ def layer_spectral_scores(w: NumpyWeights, layer: int, middles: dict[str, np.nda
             lhs, rhs = _tame(mats["W_K"], peaks["W_K"]).swapaxes(-2, -1), _tame(mats["W_Q"], peaks["W_Q"])
         n, k, d = lhs.shape
         with np.errstate(all="ignore"):
-            small = (np.ascontiguousarray(lhs).reshape(n * k, d) @ middle).reshape(n, k, d) @ rhs
+            wide = (np.ascontiguousarray(lhs).reshape(n * k, d) @ middle).reshape(n, k, d)
+            with one_lapack_thread():  # H small products: threads only contend here
+                small = wide @ rhs
         out[kind] = np.where(bad, np.float32(np.nan), _spectral(small))
     limit = float(np.finfo(np.float32).max) / w.cfg.d_head
     p64 = {name: peak.astype(np.float64) for name, peak in peaks.items()}
@@ -397,11 +399,11 @@ def spectral_scores(w: NumpyWeights, progress: Progress = None, cancelled: Cance
 def _r_factor(x: np.ndarray) -> np.ndarray:
     """``engine.scores._r_factor``: ``R`` with ``RᵀR = xᵀx`` from a float64 Cholesky factor
     (``diag(√λ) Vᵀ`` of ``eigh`` where it fails: rank-deficient Grams)."""
-    x64 = x.astype(np.float64)
-    gram = x64.swapaxes(-2, -1) @ x64
-    gram = np.where(_finite(gram)[:, None, None], gram, 0)
-    root = np.empty_like(gram)
-    with one_lapack_thread():
+    with one_lapack_thread():  # small batched products too: threads only contend here
+        x64 = x.astype(np.float64)
+        gram = x64.swapaxes(-2, -1) @ x64
+        gram = np.where(_finite(gram)[:, None, None], gram, 0)
+        root = np.empty_like(gram)
         for i, g in enumerate(gram):
             try:
                 root[i] = np.linalg.cholesky(g).T
@@ -450,7 +452,8 @@ class _Factors:
         bad = self.bad(layer)
         w_v = _zero_bad(_tamed(self._attn(layer, "W_V")), bad)
         w_o = _zero_bad(_tamed(self._attn(layer, "W_O")), bad)
-        return _r_factor(w_v) @ w_o  # [H, k, d]
+        with one_lapack_thread():  # H small products
+            return _r_factor(w_v) @ w_o  # [H, k, d]
 
     def target(self, layer: int) -> np.ndarray:
         a_name, b_name = {"q": ("W_Q", "W_K"), "k": ("W_K", "W_Q"), "v": ("W_V", "W_O")}[self.kind]
@@ -459,7 +462,8 @@ class _Factors:
             b_t = b_t.swapaxes(-2, -1)
         bad = self.bad(layer)
         a, b_t = _zero_bad(_tamed(a), bad), _zero_bad(_tamed(b_t), bad)
-        return a @ _r_factor(b_t).swapaxes(-2, -1)  # [H, d, k]
+        with one_lapack_thread():
+            return a @ _r_factor(b_t).swapaxes(-2, -1)  # [H, d, k]
 
     def tile(self, source: int, target: int, scores: np.ndarray) -> Tile:
         mask = self.bad(source)[:, None] | self.bad(target)[None, :]
@@ -514,11 +518,12 @@ def composition_baseline(d_model: int, d_head: int, seed: int = 0, samples: int 
     v, o = rng.standard_normal((samples, d_model, d_head)), rng.standard_normal((samples, d_head, d_model))
     q, k = rng.standard_normal((samples, d_model, d_head)), rng.standard_normal((samples, d_model, d_head))
     # ‖V O Q Kᵀ‖² = tr((VᵀV)(O Q)(KᵀK)(O Q)ᵀ); ‖V O‖² = tr((VᵀV)(O Oᵀ)); ‖Q Kᵀ‖² = tr((QᵀQ)(KᵀK))
-    gv, gk, gq = (np.swapaxes(m, -2, -1) @ m for m in (v, k, q))
-    oq = o @ q
-    num = np.einsum("sij,sjk,skl,sil->s", gv, oq, gk, oq)
-    ov = np.einsum("sij,sjm,sim->s", gv, o, o)
-    qk = np.einsum("sij,sji->s", gq, gk)
+    with one_lapack_thread():
+        gv, gk, gq = (np.swapaxes(m, -2, -1) @ m for m in (v, k, q))
+        oq = o @ q
+        num = ((gv @ oq @ gk) * oq).sum((-2, -1))
+        ov = ((gv @ o) * o).sum((-2, -1))
+        qk = (gq * gk).sum((-2, -1))  # Gram matrices are symmetric
     return float(np.mean(np.sqrt(num) / (np.sqrt(ov) * np.sqrt(qk))))
 
 

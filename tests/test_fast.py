@@ -118,3 +118,15 @@ def test_weight_only_commands_do_not_import_torch(argv, tmp_path):
     if argv[0] == "composition":
         want = scores.composition_scores(open_model(path).weights, "k")
         np.testing.assert_allclose(np.array(out["scores"]), want.scores.numpy(), atol=1e-5)
+
+
+@pytest.mark.parametrize("torch_free", [True, False])
+def test_composition_streams_each_layer_pair_before_the_result(torch_free, tmp_path, monkeypatch):
+    if not torch_free:
+        monkeypatch.setattr(fast, "numpy_weights", lambda model: None)
+    model = open_model(_build("llama", "bfloat16", tmp_path))
+    seen: list[tuple[int, int, np.ndarray]] = []
+    comp = compute.composition(model, "q", on_tile=lambda s, t, v: seen.append((s, t, v.copy())))
+    assert sorted((s, t) for s, t, _ in seen) == sorted(scores.composition_pairs(model.cfg.n_layers))
+    for source, target, values in seen:
+        np.testing.assert_array_equal(values, comp.scores[source, :, target, :])
