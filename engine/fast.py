@@ -79,6 +79,15 @@ class NumpyWeights:
     def has(self, name: str) -> bool:
         return self.raw.has(name)
 
+    def tied_embedding(self) -> tuple[np.ndarray, float, float] | None:
+        """``(E, a, b)`` when ``W_U = a Eᵀ`` and ``W_E = b E`` for one stored tensor ``E``."""
+        u, e = self.raw.specs.get("unembed.W_U"), self.raw.specs.get("embed.W_E")
+        if not (type(u) is Whole and type(e) is Whole and u.tensor == e.tensor):
+            return None
+        if not u.transpose or e.transpose or u.add != 0.0 or e.add != 0.0:
+            return None
+        return self._read(e.tensor), u.scale, e.scale
+
     # raw canonical tensors, as CheckpointWeights._build makes them
 
     def _read(self, tensor: str, rows: slice | None = None) -> np.ndarray:
@@ -204,6 +213,50 @@ class NumpyWeights:
             b = self.raw_get(f"{pre}.{leaf}")
             return b if ln_b is None else b + ln_b @ self.raw_get(f"{pre}.W_{leaf[-1]}")
         raise MissingTensorError(self.path, f"{pre}.{leaf} is not read by the weight-only scores")
+
+
+def _center_rows(x: np.ndarray) -> np.ndarray:
+    """``C x`` for the centring projector ``C = I - 11ᵀ/n`` (each column loses its mean)."""
+    return x - x.mean(0, keepdims=True)
+
+
+def _center_cols(x: np.ndarray) -> np.ndarray:
+    """``x C``: each row loses its mean."""
+    return x - x.mean(1, keepdims=True)
+
+
+def spectral_middles(w: NumpyWeights) -> dict[str, np.ndarray]:
+    """``W_U W_E`` and ``W_Eᵀ W_E`` (``engine.scores.spectral_middles``) of the processed weights.
+
+    With a tied unembedding (``W_U`` the transpose of the stored embedding ``E``, up to a
+    scale), both come from one Gram matrix ``G = EᵀE`` (a symmetric product, half a GEMM's
+    work) instead of a vocabulary-sized GEMM and a Gram: processing only centres (``C``,
+    rank-one corrections) and scales by the final norm's gain, so ``W_U W_E = ab P diag(g)
+    (G − V μμᵀ) Q`` and ``W_Eᵀ W_E = b² Q G Q`` (``μ`` the mean row of ``E``; ``P``, ``Q``,
+    ``V μμᵀ`` only where centre-reading, centre-writing, centre-unembed apply).
+    """
+    tied = w.tied_embedding()
+    if tied is None:
+        w_e = w.get("embed.W_E")
+        with np.errstate(all="ignore"):
+            return {"copying_score": w.get("unembed.W_U") @ w_e, "qk_positivity": w_e.T @ w_e}
+    e, a, b = tied
+    p = w.plan
+    with np.errstate(all="ignore"):
+        gram = e.T @ e  # [d_model, d_model]
+        qk = gram
+        cv = gram
+        if p is not None and p.center_unembed:
+            mu = e.mean(0, dtype=np.float64)
+            cv = (gram - (e.shape[0] * np.outer(mu, mu))).astype(np.float32)
+        if p is not None and p.center_writing:  # W_E = b E C
+            qk, cv = _center_cols(_center_rows(qk)), _center_cols(cv)
+        gain, _ = w._gain("ln_final")
+        if gain is not None:
+            cv = gain[:, None] * cv
+        if p is not None and p.center_reading:
+            cv = _center_rows(cv)
+        return {"copying_score": np.float32(a * b) * cv, "qk_positivity": np.float32(b * b) * qk}
 
 
 def numpy_weights(model: Model) -> NumpyWeights | None:
@@ -379,9 +432,7 @@ def spectral_scores(w: NumpyWeights, progress: Progress = None, cancelled: Cance
     non-finite and overflow flags, ``[L, H]`` each."""
     cfg = w.cfg
     _check(cancelled)
-    w_e = w.get("embed.W_E")
-    with np.errstate(all="ignore"):
-        middles = {"copying_score": w.get("unembed.W_U") @ w_e, "qk_positivity": w_e.T @ w_e}
+    middles = spectral_middles(w)
     out = {name: np.empty((cfg.n_layers, cfg.n_heads), np.float32) for name in middles}
     out["nonfinite"] = np.zeros((cfg.n_layers, cfg.n_heads), bool)
     out["overflow"] = np.zeros((cfg.n_layers, cfg.n_heads), bool)
