@@ -130,3 +130,16 @@ def test_composition_streams_each_layer_pair_before_the_result(torch_free, tmp_p
     assert sorted((s, t) for s, t, _ in seen) == sorted(scores.composition_pairs(model.cfg.n_layers))
     for source, target, values in seen:
         np.testing.assert_array_equal(values, comp.scores[source, :, target, :])
+
+
+def test_no_behaviour_refuses_behavioural_sort_keys_and_ablation(capsys):
+    from headscope.tui.cli import main
+
+    path = str(ROOT / "sample_models" / "attn-only-2l")
+    assert main(["heads", path, "--no-behaviour", "--sort", "induction_score"]) != 0
+    assert "unknown sort key 'induction_score'" in capsys.readouterr().err
+    assert main(["heads", path, "--no-behaviour", "--ablation"]) != 0
+    assert "--no-behaviour" in capsys.readouterr().err
+    assert main(["heads", path, "--no-behaviour", "--sort", "copying_score", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["copying_score"] for r in rows] == sorted((r["copying_score"] for r in rows), reverse=True)
