@@ -32,6 +32,8 @@ from .weights import WeightSource
 if TYPE_CHECKING:
     from torch import Tensor
 
+    from .config import ModelConfig
+
 Progress = Callable[[float], None] | None
 Cancelled = Callable[[], bool] | None
 Kind = Literal["q", "k", "v"]
@@ -511,10 +513,10 @@ def composition_pairs(n_layers: int) -> list[tuple[int, int]]:
     return [(s, t) for t in range(n_layers) for s in range(t)]
 
 
-def _source_block(cfg: object, tile_bytes: int) -> int:
+def _source_block(cfg: ModelConfig, tile_bytes: int) -> int:
     """How many source layers one block of the sweep holds (``COMPOSITION_TILE_BYTES``)."""
-    hk = cfg.n_heads * cfg.d_head  # type: ignore[attr-defined]
-    per_layer = 4 * hk * (cfg.d_model + hk)  # type: ignore[attr-defined]  # X and its product
+    hk = cfg.n_heads * cfg.d_head
+    per_layer = 4 * hk * (cfg.d_model + hk)  # float32 X [H, k, d_model] and its product [H·k, H·k]
     return max(1, tile_bytes // per_layer)
 
 
