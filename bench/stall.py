@@ -58,7 +58,7 @@ async def measure(path: Path) -> dict[str, np.ndarray]:
             await asyncio.sleep(2.0)
 
         async def sweeps() -> None:
-            app.start_sweep()
+            app.explorer.start_sweep()
             await asyncio.gather(*(app.engine.composition(k) for k in "qkv"))
             await app.workers.wait_for_complete()
 

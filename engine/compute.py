@@ -6,6 +6,10 @@ exports and ``engine.report`` call them directly. The maths is in ``engine.circu
 ``engine.scores`` and ``engine.forward``; this module selects, labels and packs. Long
 computations take ``cancelled() -> bool`` (checked between steps; ``CancelledError``) and
 ``progress(fraction)``.
+
+The sweeps take an optional ``store`` (``engine.store.ModelStore``, the model's entry in the
+on-disk results store): the parts it holds are read from it, the parts computed are written
+to it as soon as each is finished (docs/internals.md, "The results store").
 """
 
 from __future__ import annotations
@@ -18,9 +22,12 @@ import numpy as np
 from .caveats import ov_caveats, qk_caveats
 from .errors import CancelledError, NonFiniteError, PromptError
 from .requests import (
-        SEED,
+    PATH_SAMPLE,
+    SCORE_NAMES,
+    SEED,
     TOP_EDGES,
     CircuitRequest,
+    PathRequest,
     check_result_bytes,
     prompt_bytes,
 )
@@ -29,15 +36,20 @@ from .results import (
     Composition,
     Profile,
     PromptView,
+    ScoreNull,
     ScoreTable,
+    SingularDirections,
     Spectrum,
+    TokenDirection,
     TopTokens,
+    VirtualPath,
     rank_edges,
     readonly,
 )
 
 if TYPE_CHECKING:
     from .loading import Model
+    from .store import LayerMemo, ModelStore
 
 Progress = Callable[[float], None] | None
 Cancelled = Callable[[], bool] | None
@@ -182,47 +194,106 @@ def ablation_effect(model: Model, layer: int, head: int, seed: int = SEED) -> fl
 # -- model-wide requests (sweeps) ---------------------------------------------------------------
 
 
-def nonfinite_heads(model: Model) -> np.ndarray:
-    """[L, H] bool: heads with a NaN/inf in their attention weights."""
+def nonfinite_heads(model: Model, behaviour: dict[str, Any] | None = None) -> np.ndarray:
+    """[L, H] bool: heads with a NaN/inf in their attention weights (or weights whose
+    products overflow float32), and, given the behaviour scores, heads whose scores are not
+    finite (finite weights whose attention overflows)."""
     from . import scores
 
     flags = np.zeros((model.cfg.n_layers, model.cfg.n_heads), bool)
     for layer, head in scores.nonfinite_heads(model.weights):
         flags[layer, head] = True
+    for name in BEHAVIOURS if behaviour is not None else ():
+        flags |= ~np.isfinite(np.asarray(behaviour[name], dtype=np.float64))
     return flags
 
 
-def behaviour(model: Model, seed: int = SEED, cancelled: Cancelled = None) -> dict[str, np.ndarray]:
-    """Behavioural scores of every head (one batched forward pass) and the non-finite flags."""
+def _memo(store: ModelStore | None, name: str, shape: tuple[int, ...]) -> LayerMemo | None:
+    return None if store is None else store.memo(name, shape)
+
+
+def _stored_nonfinite(model: Model, store: ModelStore | None,
+                      known: np.ndarray | None = None) -> np.ndarray:
+    shape = (model.cfg.n_layers, model.cfg.n_heads)
+    found = None if store is None else store.load("nonfinite", "all", shape, bool)
+    if found is None:
+        found = nonfinite_heads(model) if known is None else known
+        if store is not None:
+            store.save("nonfinite", found)
+    return readonly(found, bool)
+
+
+def behaviour(model: Model, seed: int = SEED, cancelled: Cancelled = None,
+              progress: Progress = None, store: ModelStore | None = None,
+              weights_nonfinite: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Behavioural scores of every head (one batched forward pass) and the non-finite flags.
+
+    With a ``store``, the three tables are one stored part (a forward pass is not resumable).
+    ``weights_nonfinite``: ``nonfinite_heads(model)`` if the caller already has it (from
+    ``scores.spectral_scores``), so the weights are not checked a second time.
+    """
     from . import scores
 
-    found = scores.behaviour_scores(model.weights, seed=seed, cancelled=cancelled)
-    out = {name: readonly(found[name], np.float32) for name in BEHAVIOURS}
-    out["nonfinite"] = readonly(nonfinite_heads(model), bool)
+    # The three behavioural tables and the attention-sink table are one stored part.
+    name = f"behaviour-seed{seed}"
+    shape = (len(BEHAVIOURS) + 1, model.cfg.n_layers, model.cfg.n_heads)
+    stacked = None if store is None else store.load(name, "all", shape)
+    if stacked is None:
+        found = scores.behaviour_scores(model.weights, seed=seed, progress=progress, cancelled=cancelled)
+        stacked = np.stack([*(np.asarray(found[b], dtype=np.float32) for b in BEHAVIOURS),
+                            attention_sink(model, seed)])
+        if store is not None:
+            store.save(name, stacked)
+    elif progress is not None:
+        progress(1.0)
+    out = {b: readonly(stacked[i], np.float32) for i, b in enumerate(BEHAVIOURS)}
+    out["attention_sink"] = readonly(stacked[len(BEHAVIOURS)], np.float32)
+    # Weights that are not finite (stored), or attention that is not (these scores).
+    flags = np.array(_stored_nonfinite(model, store, weights_nonfinite))
+    for b in BEHAVIOURS:
+        flags |= ~np.isfinite(np.asarray(out[b], dtype=np.float64))
+    out["nonfinite"] = readonly(flags, bool)
     return out
 
 
 def score_table(
-    model: Model, seed: int = SEED, progress: Progress = None, cancelled: Cancelled = None
+    model: Model,
+    seed: int = SEED,
+    progress: Progress = None,
+    cancelled: Cancelled = None,
+    store: ModelStore | None = None,
 ) -> ScoreTable:
     """Every score of every head, ``[n_layers, n_heads]`` each, under ``SCORE_NAMES``."""
     from . import scores
 
     w = model.weights
+    n_heads = (model.cfg.n_heads,)
     if progress is not None:
         progress(0.0)
-    # both spectral scores in one pass over the layers (each layer's weights read once)
-    spectral = scores.spectral_scores(w, progress=_part(progress, 0.0, 0.8), cancelled=cancelled)
-    found = scores.behaviour_scores(w, seed=seed, progress=_part(progress, 0.8, 0.95), cancelled=cancelled)
-    _check(cancelled)
-    return ScoreTable(
-        copying_score=readonly(spectral["copying_score"], np.float32),
-        qk_positivity=readonly(spectral["qk_positivity"], np.float32),
-        prev_token_score=readonly(found["prev_token"], np.float32),
-        duplicate_token_score=readonly(found["duplicate_token"], np.float32),
-        induction_score=readonly(found["induction"], np.float32),
+    if store is None:
+        # both spectral scores in one pass over the layers (each layer's weights read once)
+        spectral = scores.spectral_scores(w, progress=_part(progress, 0.0, 0.8), cancelled=cancelled)
+        copying, positivity = spectral["copying_score"], spectral["qk_positivity"]
         # = nonfinite_heads(model), from the peaks the sweep took (no second pass)
-        nonfinite=readonly(spectral["nonfinite"] | spectral["overflow"], bool),
+        weights_bad = (spectral["nonfinite"] | spectral["overflow"]).numpy()
+    else:  # one stored part per score and layer, so an interrupted sweep resumes
+        copying = scores.all_copying_scores(w, progress=_part(progress, 0.0, 0.4), cancelled=cancelled,
+                                            memo=_memo(store, "copying_score", n_heads))
+        positivity = scores.all_qk_positivity(w, progress=_part(progress, 0.4, 0.8), cancelled=cancelled,
+                                              memo=_memo(store, "qk_positivity", n_heads))
+        weights_bad = None
+    found = behaviour(model, seed, cancelled, _part(progress, 0.8, 0.95), store, weights_bad)
+    _check(cancelled)
+    if store is not None:
+        store.finish()
+    return ScoreTable(
+        copying_score=readonly(copying, np.float32),
+        qk_positivity=readonly(positivity, np.float32),
+        prev_token_score=found["prev_token"],
+        duplicate_token_score=found["duplicate_token"],
+        induction_score=found["induction"],
+        attention_sink_score=found["attention_sink"],
+        nonfinite=found["nonfinite"],
     )
 
 
@@ -253,18 +324,25 @@ def composition(
     cancelled: Cancelled = None,
     top: int = TOP_EDGES,
     on_tile: Callable[[int, int, np.ndarray], None] | None = None,
+    store: ModelStore | None = None,
 ) -> Composition:
     """Q/K/V composition scores between all pairs of heads, and the ``top`` strongest edges.
 
     ``on_tile(source_layer, target_layer, scores [H, H])`` gets each layer pair's scores as
     soon as they are computed (a graph or a ``--top`` list can fill in during the sweep).
+    Stored per target layer (``scores.composition_scores``' tiles, on either path): the
+    scores do not depend on ``seed``, only the baseline does (not stored: it is cheap).
     """
     from . import fast
 
+    memo = _memo(store, f"composition-{kind}", ())
     arrays = fast.numpy_weights(model)
     if arrays is not None:  # torch-free (engine/fast.py): the same numbers
         tile_cb = None if on_tile is None else (lambda t: on_tile(t.source, t.target, t.scores))
-        found_scores, baseline = fast.composition_scores(arrays, kind, seed, progress, cancelled, on_tile=tile_cb)
+        found_scores, baseline = fast.composition_scores(arrays, kind, seed, progress, cancelled,
+                                                         on_tile=tile_cb, memo=memo)
+        if store is not None:
+            store.finish()
         values = readonly(found_scores, np.float32)
         return Composition(kind, values, baseline, rank_edges(values, baseline, top))  # type: ignore[arg-type]
     from . import scores
@@ -272,21 +350,188 @@ def composition(
     torch_cb = None if on_tile is None else (lambda t: on_tile(t.source, t.target, t.scores.numpy()))
     found = scores.composition_scores(
         model.weights, kind, seed=seed, progress=progress, cancelled=cancelled,  # type: ignore[arg-type]
-        on_tile=torch_cb,
+        on_tile=torch_cb, memo=memo,
     )
+    if store is not None:
+        store.finish()
     values = readonly(found.scores, np.float32)
     baseline = float(found.baseline)
     return Composition(kind, values, baseline, rank_edges(values, baseline, top))  # type: ignore[arg-type]
 
 
 def ablation_effects(
-    model: Model, seed: int = SEED, progress: Progress = None, cancelled: Cancelled = None
+    model: Model,
+    seed: int = SEED,
+    progress: Progress = None,
+    cancelled: Cancelled = None,
+    store: ModelStore | None = None,
 ) -> np.ndarray:
     """``[n_layers, n_heads]`` zero-ablation effects of every head (``scores.ablation_effects``)."""
     from . import scores
 
-    effects = scores.ablation_effects(model.weights, seed=seed, progress=progress, cancelled=cancelled)
+    effects = scores.ablation_effects(
+        model.weights, seed=seed, progress=progress, cancelled=cancelled,
+        memo=_memo(store, f"ablation-seed{seed}", (model.cfg.n_heads,)),
+    )
+    if store is not None:
+        store.finish()
     return readonly(effects, np.float32)
+
+
+# -- reading a head (docs/math.md, "Reading a head") ----------------------------------------
+
+
+def sink_batches(model: Model, seed: int = SEED) -> tuple[Any, list[Any]]:
+    """The token batches of the sink score and of the behavioural null: the seeded repeated
+    random sequences of the behavioural scores, and ``reading.NATURAL_PROMPTS`` encoded by
+    the model's tokenizer (none for a tokenizer that only knows ids), cut to ``n_ctx``."""
+    import torch
+
+    from . import reading, scores
+    from .tokenizer import IdTokenizer
+
+    cfg = model.cfg
+    repeated = scores.repeated_tokens(cfg.d_vocab, cfg.n_ctx, seed)
+    natural: list[Any] = []
+    if not isinstance(model.tokenizer, IdTokenizer):
+        for text in reading.NATURAL_PROMPTS:
+            ids = [i for i in encode(model.tokenizer, text) if 0 <= i < cfg.d_vocab][: cfg.n_ctx]
+            if len(ids) > reading.SINK_SKIP:
+                natural.append(torch.tensor([ids]))
+    return repeated, natural
+
+
+def attention_sink(model: Model, seed: int = SEED) -> np.ndarray:
+    """``[L, H]`` attention-sink scores (``reading.attention_sink_scores``); NaN for heads
+    with non-finite weights."""
+    from . import reading
+
+    repeated, natural = sink_batches(model, seed)
+    found = reading.attention_sink_scores(model.weights, [repeated, *natural]).numpy()
+    found[nonfinite_heads(model)] = np.nan
+    return readonly(found, np.float32)
+
+
+def singular_directions(model: Model, layer: int, head: int, kind: str, k: int, top: int
+                        ) -> SingularDirections:
+    """The top ``k`` singular directions of the full OV / token QK circuit, ``top`` tokens a
+    side (validated by ``requests.check_svd``)."""
+    from . import circuits, reading
+
+    w = model.weights
+    fm = circuits.full_ov(w, layer, head) if kind == "ov" else circuits.token_qk(w, layer, head)
+    found = reading.signed_directions(fm, k)
+    tok = model.tokenizer
+    directions = []
+    for i in range(found.s.shape[0]):
+        in_ids, in_values = reading.top_by_magnitude(found.u[:, i], top)
+        out_ids, out_values = reading.top_by_magnitude(found.v[:, i], top)
+        directions.append(TokenDirection(
+            index=i, sigma=float(found.s[i]),
+            in_ids=tuple(in_ids), in_labels=tuple(label(tok, t) for t in in_ids),
+            in_values=readonly(in_values, np.float32),
+            out_ids=tuple(out_ids), out_labels=tuple(label(tok, t) for t in out_ids),
+            out_values=readonly(out_values, np.float32),
+            overlap=reading.overlap(in_ids, in_values, out_ids, out_values),
+        ))
+    overlaps = [d.overlap for d in directions]
+    return SingularDirections(
+        layer=layer, head=head, kind=kind,  # type: ignore[arg-type]
+        singular_values=readonly(found.s, np.float32), directions=tuple(directions),
+        overlap=float(np.mean(overlaps)) if overlaps else float("nan"),
+    )
+
+
+def _eigenvalues(fm: Any) -> Any:
+    import torch
+
+    try:
+        eig = fm.eigenvalues
+    except NonFiniteError:
+        return torch.zeros(0, dtype=torch.complex64)
+    return eig[eig.abs().argsort(descending=True)]
+
+
+def _diagonal_rate(block: Any) -> float:
+    """Fraction of the rows of a square block whose largest entry is on the diagonal."""
+    import torch
+
+    if block.shape[0] == 0:
+        return float("nan")
+    return float((block.argmax(1) == torch.arange(block.shape[0])).float().mean())
+
+
+def virtual_path(model: Model, req: PathRequest, seed: int = SEED) -> VirtualPath:
+    """The V- and K-composition virtual heads of ``req.source → req.target``: spectra and
+    scores, a ``rows × cols`` block of the K-path, and its diagonal rate on a seeded sample of
+    ``PATH_SAMPLE`` token ids (docs/math.md, "Virtual heads")."""
+    import torch
+
+    from . import reading, scores
+
+    source, target, rows, cols = req.source, req.target, req.rows, req.cols
+    g = torch.Generator().manual_seed(seed)
+    sample = torch.randperm(model.cfg.d_vocab, generator=g)[:PATH_SAMPLE].tolist()
+
+    w, tok = model.weights, model.tokenizer
+    virtual = reading.virtual_ov(w, source, target)
+    path = reading.k_path(w, source, target)
+    try:
+        singular = virtual.S
+    except NonFiniteError:
+        singular = np.zeros(0)
+    block = path.block(list(rows), list(cols))
+    return VirtualPath(
+        source=source, target=target,
+        v_copying_score=float(scores.copying_score(virtual)),
+        v_eigenvalues=readonly(_eigenvalues(virtual), np.complex64),
+        v_singular_values=readonly(singular, np.float32),
+        k_positivity=float(scores.qk_positivity(path)),
+        k_diagonal=_diagonal_rate(path.block(list(sample), list(sample))),
+        k_eigenvalues=readonly(_eigenvalues(path), np.complex64),
+        k_block=readonly(block, np.float32),
+        row_ids=tuple(rows), col_ids=tuple(cols),
+        row_labels=tuple(label(tok, t) for t in rows),
+        col_labels=tuple(label(tok, t) for t in cols),
+    )
+
+
+def _finite_mean_std(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and standard deviation of each row's finite entries (NaN for a row with none),
+    without numpy's all-NaN warnings (warnings filters are not thread-safe)."""
+    finite = np.isfinite(values)
+    count = finite.sum(axis=1)
+    safe = np.where(finite, values, 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = safe.sum(axis=1) / count
+        var = (np.where(finite, values - mean[:, None], 0.0) ** 2).sum(axis=1) / count
+    return mean, np.sqrt(var)
+
+
+def score_null(model: Model, seed: int = SEED, samples: int | None = None) -> ScoreNull:
+    """Every score on random heads of the model's shapes and norms (docs/math.md,
+    "Calibrated scores"): mean and standard deviation per score and layer."""
+    from . import reading
+
+    cfg, w = model.cfg, model.weights
+    samples = reading.NULL_SAMPLES if samples is None else int(samples)
+    w_e, w_u = w.get("embed.W_E"), w.get("unembed.W_U")
+    found = {
+        "copying_score": reading.null_spectral_scores(w_u @ w_e, cfg.d_head, seed, samples),
+        "qk_positivity": reading.null_spectral_scores(w_e.T @ w_e, cfg.d_head, seed + 1, samples),
+    }
+    repeated, natural = sink_batches(model, seed)
+    behaviour = reading.behaviour_null(w, repeated, natural, seed, samples)
+    mean = np.zeros((len(SCORE_NAMES), cfg.n_layers))
+    std = np.zeros((len(SCORE_NAMES), cfg.n_layers))
+    for i, name in enumerate(SCORE_NAMES):
+        if name in found:
+            values = found[name].double().numpy()[None, :].repeat(cfg.n_layers, 0)
+        else:
+            values = behaviour[name.removesuffix("_score")].double().numpy()
+        mean[i], std[i] = _finite_mean_std(values)
+    return ScoreNull(names=SCORE_NAMES, mean=readonly(mean, np.float32),
+                     std=readonly(std, np.float32), samples=samples, seed=seed)
 
 
 # -- prompts ----------------------------------------------------------------------------------

@@ -37,7 +37,9 @@ from .requests import SCORE_NAMES
 if TYPE_CHECKING:
     import torch
 
+    from .compute import Progress
     from .loading import Model
+    from .store import ResultStore
     from .weights import WeightSource
 
 # The scores a diff compares (every head score but the duplicate-token one).
@@ -251,7 +253,7 @@ class ModelDiff:
 
 def diff_models(
     a: Model, b: Model, *, match_heads: bool = False, threshold: float = EDGE_THRESHOLD,
-    seed: int = 0
+    seed: int = 0, store: ResultStore | None = None, progress: Progress = None
 ) -> ModelDiff:
     """Per-head score deltas and circuit similarities, and the composition-graph diff.
 
@@ -259,8 +261,14 @@ def diff_models(
     assignment on OV + QK similarity (for checkpoints from independent runs, where head
     numbering is arbitrary); otherwise head ``h`` of A is compared with head ``h`` of B.
     Composition edges count when their score exceeds the baseline by ``threshold``.
+    ``store``: the on-disk results store both models' sweeps read and write
+    (``engine.store``); ``progress(fraction)`` follows the whole diff.
     """
+    from .compute import _part
     from .report import head_table
+
+    if progress is not None:
+        progress(0.0)
 
     sim = circuit_similarity(a.weights, b.weights)
     n_layers, n_heads = a.cfg.n_layers, a.cfg.n_heads
@@ -270,8 +278,10 @@ def diff_models(
         matching = [best_matching(total[i].tolist()) for i in range(n_layers)]
     else:
         matching = [list(range(n_heads)) for _ in range(n_layers)]
-    rows_a = {(r["layer"], r["head"]): r for r in head_table(a, seed=seed)}
-    rows_b = {(r["layer"], r["head"]): r for r in head_table(b, seed=seed)}
+    rows_a = {(r["layer"], r["head"]): r
+              for r in head_table(a, seed=seed, store=store, progress=_part(progress, 0.05, 0.3))}
+    rows_b = {(r["layer"], r["head"]): r
+              for r in head_table(b, seed=seed, store=store, progress=_part(progress, 0.3, 0.55))}
     same_width = a.cfg.d_model == b.cfg.d_model
     heads = []
     for layer in range(n_layers):
@@ -308,7 +318,11 @@ def diff_models(
             )
             row["change"] = _change_size(row)  # how much the head changed: ranks and colours
             heads.append(row)
-    composition = {kind: _composition_diff(a, b, kind, matching, threshold, seed) for kind in "qkv"}
+    composition = {
+        kind: _composition_diff(a, b, kind, matching, threshold, seed, store,
+                                _part(progress, 0.55 + 0.15 * i, 0.7 + 0.15 * i))
+        for i, kind in enumerate("qkv")
+    }
     # Changes equal to 1e-6 are float noise: keep those in layer/head order (stable output);
     # an undefined (NaN) change sorts last.
     biggest = sorted(heads, key=lambda r: (math.isnan(r["change"]), -round(r["change"], 6)
@@ -343,14 +357,17 @@ def _summary(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _composition_diff(
-    a: Model, b: Model, kind: str, matching: list[list[int]], threshold: float, seed: int
+    a: Model, b: Model, kind: str, matching: list[list[int]], threshold: float, seed: int,
+    store: ResultStore | None = None, progress: Progress = None,
 ) -> dict[str, Any]:
+    from .compute import _part
     from .scores import composition_scores
 
-    ra, rb = (
-        composition_scores(a.weights, kind, seed=seed),  # type: ignore[arg-type]
-        composition_scores(b.weights, kind, seed=seed),  # type: ignore[arg-type]
-    )
+    def scores_of(model: Model, part: Progress) -> Any:
+        memo = None if store is None else store.for_model(model).memo(f"composition-{kind}", ())
+        return composition_scores(model.weights, kind, seed=seed, progress=part, memo=memo)  # type: ignore[arg-type]
+
+    ra, rb = scores_of(a, _part(progress, 0.0, 0.5)), scores_of(b, _part(progress, 0.5, 1.0))
     # A pruned (all-zero) or non-finite head has an undefined (NaN) ratio; for the graph
     # diff it composes with nothing: score 0, so its edges show up as lost or gained.
     above_a = ra.scores.nan_to_num(nan=0.0) - ra.baseline

@@ -7,6 +7,8 @@ TUI shows as a notification: ``"<path>: <reason>"``.
 
 from __future__ import annotations
 
+import re
+import unicodedata
 from os import PathLike
 
 
@@ -19,7 +21,16 @@ class HeadscopeError(Exception):
         super().__init__(self.one_line())
 
     def one_line(self) -> str:
-        return f"{self.path}: {self.reason}" if self.path else self.reason
+        """``path: reason``; control characters (in a path, a token) are escaped, so the line
+        is safe to print to a terminal."""
+        line = f"{self.path}: {self.reason}" if self.path else self.reason
+        return line if line.isprintable() else "".join(map(_visible, line))
+
+
+def _visible(ch: str) -> str:
+    if unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp", "Cs"):
+        return f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}"
+    return ch
 
 
 class UnsafeFormatError(HeadscopeError):
@@ -36,6 +47,11 @@ class UnknownArchitectureError(HeadscopeError):
 
 class CorruptFileError(HeadscopeError):
     """Truncated files, malformed safetensors headers, overlapping offsets, bad dtypes."""
+
+
+class CheckpointChangedError(CorruptFileError):
+    """A weights file was rewritten (in place or replaced) after the model was opened:
+    reading on would mix old and new weights, so every read from then on refuses."""
 
 
 class ConfigError(HeadscopeError):
@@ -63,11 +79,46 @@ class PromptError(HeadscopeError):
 
 
 class ResourceLimitError(HeadscopeError):
-    """A request would materialise more bytes than the configured limit."""
+    """A request would materialise more bytes than the configured limit (or than memory holds)."""
+
+
+_ALLOCATION = re.compile(r"tried to allocate (\d+) bytes|allocate (\d+) bytes")
+
+
+def out_of_memory(err: BaseException, path: str | PathLike[str] | None = None,
+                  what: str = "this request") -> ResourceLimitError | None:
+    """``MemoryError`` or torch's allocator ``RuntimeError`` as a one-line
+    ``ResourceLimitError`` saying how much was needed; ``None`` for other errors."""
+    if isinstance(err, MemoryError):
+        needed = ""
+    elif isinstance(err, RuntimeError) and any(
+        s in str(err).lower() for s in ("allocate memory", "not enough memory", "out of memory")
+    ):
+        match = _ALLOCATION.search(str(err))
+        needed = f": one allocation of {format_bytes(int(match.group(1) or match.group(2)))} " \
+                 "failed" if match else ""
+    else:
+        return None
+    return ResourceLimitError(path, f"out of memory: {what} does not fit in memory{needed}")
+
+
+def format_bytes(n: int) -> str:
+    """``1536`` -> ``"1.5 KiB"``."""
+    size = float(n)
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{int(size)} bytes" if unit == "bytes" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} bytes"
 
 
 class NonFiniteError(HeadscopeError):
     """NaN/inf weights where a finite matrix is required (e.g. before eigvals)."""
+
+
+class OutputError(HeadscopeError, OSError):
+    """An output destination that cannot be written: not a directory, read-only, full.
+    Also an ``OSError``, as the failed write it stands for (callers catching that keep working)."""
 
 
 class CancelledError(HeadscopeError):

@@ -13,12 +13,14 @@ import io
 import json
 import math
 import os
+import stat
 import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from .errors import InvalidRequestError
+from .errors import InvalidRequestError, OutputError
+from .files import file_kind, os_reason
 
 Format = Literal["json", "csv"]
 
@@ -44,10 +46,15 @@ def file_mode() -> int:
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
-    """Write ``text`` to ``path`` so that readers never see a partial file."""
+    """Write ``text`` to ``path`` so that readers never see a partial file (an existing file
+    is replaced whole). A failure (read-only directory, full disk, ``path`` a directory) is
+    an ``OutputError`` naming ``path``, and leaves nothing behind."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise OutputError(path, f"cannot write here: {os_reason(e)}") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
             f.write(text)
@@ -55,8 +62,10 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
             os.fchmod(f.fileno(), file_mode())
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise OutputError(path, f"cannot write: {os_reason(e)}") from None
         raise
     return path
 
@@ -82,6 +91,41 @@ def jsonable(obj: Any) -> Any:
     if obj is None or isinstance(obj, str | int | bool):
         return obj
     return str(obj)
+
+
+def check_output_dir(out: str | os.PathLike[str]) -> Path:
+    """Refuse an output directory that cannot take a file, before any work is done: a
+    regular file or a device (``/dev/null``) in its place, a directory that is not
+    writable or a filesystem with no space left. Nothing is created.
+    A directory that does not exist yet is fine if its nearest existing parent is."""
+    out = Path(out)
+    existing = out
+    while True:
+        try:
+            st = existing.stat()
+            break
+        except FileNotFoundError:
+            if existing.parent == existing:
+                raise OutputError(out, "no such directory") from None
+            existing = existing.parent
+        except (OSError, ValueError) as e:
+            reason = os_reason(e) if isinstance(e, OSError) else str(e)
+            raise OutputError(out, f"cannot use as the output directory: {reason}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        what = "a file" if stat.S_ISREG(st.st_mode) else file_kind(st.st_mode)
+        where = "" if existing == out else f" ({existing} is {what})"
+        raise OutputError(out, f"not a directory{where or f': it is {what}'}; --out names "
+                               "the directory to write into")
+    try:
+        free = os.statvfs(existing)
+    except OSError as e:
+        raise OutputError(out, f"cannot write into {existing}: {os_reason(e)}") from None
+    # access() also answers EROFS for a read-only mount (root passes permission bits).
+    if free.f_flag & os.ST_RDONLY or not os.access(existing, os.W_OK | os.X_OK):
+        raise OutputError(out, f"cannot write into {existing}: permission denied (or read-only)")
+    if free.f_bavail * free.f_frsize == 0:
+        raise OutputError(out, f"cannot write into {existing}: no space left on the device")
+    return out
 
 
 def to_json(data: Any) -> str:

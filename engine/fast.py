@@ -35,6 +35,7 @@ from .processing import plan_for, processed_config
 
 if TYPE_CHECKING:
     from .loading import Model
+    from .scores import Memo
     from .weights import CheckpointWeights
 
 Progress = Callable[[float], None] | None
@@ -95,8 +96,9 @@ class NumpyWeights:
         if file is None:
             raise MissingTensorError(self.path, f"missing tensor {tensor!r}")
         handle, info, data_start = self.raw._locate(file, tensor)
-        if os.stat(file).st_size != self.raw._sizes[file]:
-            raise CorruptFileError(file, "the file changed on disk since it was opened; reopen the model")
+        # the identity checks of CheckpointWeights._read: a file rewritten since the model
+        # was opened (or during this read) is refused, not read
+        self.raw._check_unchanged(file)
         dtype = _NUMPY_DTYPES.get(info.dtype)
         if dtype is None:
             raise _Unsupported(info.dtype)
@@ -114,6 +116,7 @@ class NumpyWeights:
             if got <= 0:
                 raise CorruptFileError(file, f"cannot read tensor {tensor!r}: the file ends early")
             done += got
+        self.raw._check_unchanged(file)
         return _widen(buffer, dtype).reshape(shape)
 
     def raw_get(self, name: str) -> np.ndarray:
@@ -534,26 +537,35 @@ def _pair_scores(x: np.ndarray, x_norm: np.ndarray, y: np.ndarray) -> np.ndarray
 
 
 def iter_composition_tiles(w: NumpyWeights, kind: str, progress: Progress = None,
-                           cancelled: Cancelled = None, *, tile_bytes: int = 768 << 20) -> Iterator[Tile]:
-    """``engine.scores.iter_composition_tiles`` in numpy (same blocks, same order)."""
+                           cancelled: Cancelled = None, *, skip: frozenset[tuple[int, int]] = frozenset(),
+                           tile_bytes: int = 768 << 20) -> Iterator[Tile]:
+    """``engine.scores.iter_composition_tiles`` in numpy (same blocks, same order; pairs in
+    ``skip`` are not computed)."""
     n_layers, cfg = w.cfg.n_layers, w.cfg
-    total = max(1, n_layers * (n_layers - 1) // 2)
+    wanted = {(s, t) for t in range(n_layers) for s in range(t)} - skip
+    total = max(1, len(wanted))
     done = 0
     f = _Factors(w, kind)
     hk = cfg.n_heads * cfg.d_head
     block = max(1, tile_bytes // (4 * hk * (cfg.d_model + hk)))
     for first in range(0, n_layers - 1, block):
-        sources = list(range(first, min(first + block, n_layers - 1)))
+        sources = [s for s in range(first, min(first + block, n_layers - 1))
+                   if any((s, t) in wanted for t in range(s + 1, n_layers))]
+        if not sources:
+            continue
         _check(cancelled)
         xs = np.stack([f.source(s) for s in sources])
         with np.errstate(all="ignore"):
             x_norms = np.sqrt(np.square(xs).sum((-2, -1)))
-        for target in range(first + 1, n_layers):
-            rows = [i for i, s in enumerate(sources) if s < target]
+        for target in range(sources[0] + 1, n_layers):
+            rows = [i for i, s in enumerate(sources) if s < target and (s, target) in wanted]
+            if not rows:
+                continue
             _check(cancelled)
-            part = _pair_scores(xs[: rows[-1] + 1], x_norms[: rows[-1] + 1], f.target(target))
+            lo, hi = rows[0], rows[-1] + 1
+            part = _pair_scores(xs[lo:hi], x_norms[lo:hi], f.target(target))
             for i in rows:
-                yield f.tile(sources[i], target, part[i])
+                yield f.tile(sources[i], target, part[i - lo])
                 done += 1
             _report(progress, done / total)
     _report(progress, 1.0)
@@ -580,14 +592,30 @@ def composition_baseline(d_model: int, d_head: int, seed: int = 0, samples: int 
 
 def composition_scores(w: NumpyWeights, kind: str, seed: int = 0, progress: Progress = None,
                        cancelled: Cancelled = None, *, on_tile: Callable[[Tile], None] | None = None,
-                       baseline_samples: int = 32) -> tuple[np.ndarray, float]:
-    """``engine.scores.composition_scores`` in numpy: ``(scores [L, H, L, H], baseline)``."""
+                       baseline_samples: int = 32, memo: Memo | None = None) -> tuple[np.ndarray, float]:
+    """``engine.scores.composition_scores`` in numpy: ``(scores [L, H, L, H], baseline)``.
+
+    ``memo`` as there: one part per target layer ``t``, ``scores[:t, :, t, :]``; stored
+    targets are skipped (``on_tile`` still gets their tiles, first), each computed target is
+    put once its last pair ``(t - 1, t)`` is done."""
     if kind not in ("q", "k", "v"):
         raise InvalidRequestError(w.path, f"composition kind must be q, k or v, not {kind!r}")
     cfg = w.cfg
     scores = np.zeros((cfg.n_layers, cfg.n_heads, cfg.n_layers, cfg.n_heads), np.float32)
-    for tile in iter_composition_tiles(w, kind, progress, cancelled):
+    skip: set[tuple[int, int]] = set()
+    for target in range(1, cfg.n_layers):
+        known = None if memo is None else memo.get(target, (target, cfg.n_heads, cfg.n_heads))
+        if known is None:
+            continue
+        scores[:target, :, target, :] = known
+        skip.update((source, target) for source in range(target))
+        if on_tile is not None:
+            for source in range(target):
+                on_tile(Tile(kind, source, target, scores[source, :, target, :].copy()))
+    for tile in iter_composition_tiles(w, kind, progress, cancelled, skip=frozenset(skip)):
         scores[tile.source, :, tile.target, :] = tile.scores
+        if memo is not None and tile.source == tile.target - 1:
+            memo.put(tile.target, scores[:tile.target, :, tile.target, :].copy())
         if on_tile is not None:
             on_tile(tile)
     return scores, composition_baseline(cfg.d_model, cfg.d_head, seed, baseline_samples)

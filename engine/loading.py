@@ -22,7 +22,6 @@ that need remote code, and hub names (nothing is ever downloaded).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 from collections.abc import Sequence
@@ -38,11 +37,13 @@ from .config import ModelConfig
 from .errors import (
     ConfigError,
     CorruptFileError,
+    HeadscopeError,
     InvalidRequestError,
     UnsafeFormatError,
     UnsafePathError,
     UnsupportedFormatError,
 )
+from .files import file_kind, os_reason, read_json_object, read_text
 from .gguf_file import is_gguf, read_gguf_header
 from .safetensors_header import SafetensorsHeader, TensorInfo, read_header
 from .tokenizer import IdTokenizer, Tokenizer, load_tokenizer
@@ -57,7 +58,8 @@ if TYPE_CHECKING:
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
-MAX_JSON_BYTES = 50_000_000  # config.json / index files are KBs; refuse absurd ones
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")  # what a tokenizer is built from
+MAX_JSON_BYTES = 16_000_000  # config.json / index files are KBs; refuse absurd ones
 
 _PICKLE_ADVICE = (
     "pickle-based checkpoints can run arbitrary code when loaded, so headscope only reads "
@@ -89,8 +91,25 @@ class Checkpoint:
 def inspect_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     """Resolve and validate ``path`` from headers and config only (never imports torch)."""
     p = Path(path).expanduser()
-    if not p.exists():
-        _missing_path(p, path)
+    try:
+        return _inspect(p, path)
+    except HeadscopeError:
+        raise
+    except OSError as e:
+        # e.g. a parent directory without search permission: stat() itself fails.
+        where = e.filename if isinstance(e.filename, str) else p
+        raise UnsupportedFormatError(where, f"cannot open: {os_reason(e)}") from None
+    except ValueError as e:  # a NUL byte in the path (from the API; argv cannot hold one)
+        raise UnsupportedFormatError(repr(os.fspath(path)), f"not a usable path: {e}") from None
+
+
+def _inspect(p: Path, given: str | os.PathLike[str]) -> Checkpoint:
+    try:
+        p.stat()
+    except FileNotFoundError:
+        _missing_path(p, given)
+    except NotADirectoryError:
+        raise UnsupportedFormatError(p, "no such file or directory (a parent is a file)") from None
     if p.is_file():
         return _open_file(p)
     if p.is_dir():
@@ -174,6 +193,19 @@ class Model:
         check_composition_kind(kind, str(self.path))
         return composition_scores(self.weights, kind, seed=seed)  # type: ignore[arg-type]
 
+    def singular_directions(self, layer: int, head: int, kind: str = "ov", *, k: int = 5,
+                            top: int = 10) -> dict[str, Any]:
+        """A head's top singular directions as tokens (what ``headscope svd --json`` prints)."""
+        from .report import svd_report
+
+        return svd_report(self, layer, head, kind, k=k, top=top)  # type: ignore[arg-type]
+
+    def virtual_path(self, source: tuple[int, int], target: tuple[int, int]) -> dict[str, Any]:
+        """The virtual heads of a composition path (what ``headscope path --json`` prints)."""
+        from .report import path_report
+
+        return path_report(self, source, target)
+
     def run(self, tokens: str | Sequence[int], **kwargs: Any) -> ForwardResult:
         """The reference forward pass on a prompt (encoded with the tokenizer) or token ids."""
         from .forward import run
@@ -195,10 +227,11 @@ def open_model(path: str | os.PathLike[str], raw: bool = False) -> Model:
     warnings: list[str] = []
     try:
         tokenizer = _tokenizer(ckpt)
-    except CorruptFileError as e:
-        # A broken tokenizer must not hide the weights: fall back to ids, say so.
+    except (CorruptFileError, UnsafePathError) as e:
+        # A broken tokenizer must not hide the weights: fall back to ids, say so (prompt
+        # errors repeat the reason).
         warnings.append(str(e) + " (showing token ids instead)")
-        tokenizer = IdTokenizer(ckpt.cfg.d_vocab, str(ckpt.directory))
+        tokenizer = IdTokenizer(ckpt.cfg.d_vocab, str(ckpt.directory), reason=e.one_line())
     processed = None if raw else _process(raw_weights)
     weights = raw_weights if processed is None else processed
     return Model(
@@ -220,7 +253,9 @@ def _raw_weights(ckpt: Checkpoint) -> CheckpointWeights:
         from .gguf_model import GGUFWeights
 
         return GGUFWeights(ckpt.cfg, ckpt.specs, ckpt.gguf, path=str(ckpt.path))
-    return CheckpointWeights(ckpt.cfg, ckpt.specs, ckpt.files, path=str(ckpt.path))
+    return CheckpointWeights(
+        ckpt.cfg, ckpt.specs, ckpt.files, path=str(ckpt.path), headers=ckpt.headers
+    )
 
 
 def _tokenizer(ckpt: Checkpoint) -> Tokenizer:
@@ -228,6 +263,8 @@ def _tokenizer(ckpt: Checkpoint) -> Tokenizer:
         from .gguf_model import gguf_tokenizer
 
         return gguf_tokenizer(ckpt.gguf.header, ckpt.cfg.d_vocab)
+    for name in TOKENIZER_FILES:
+        _refuse_outside(ckpt.directory, ckpt.directory / name, name)
     return load_tokenizer(ckpt.directory, ckpt.cfg.d_vocab, ckpt.cfg.family)
 
 
@@ -349,22 +386,25 @@ def _build(
         for name, info in header.tensors.items():
             if files.get(name) == file:
                 tensors[name] = info
-    names = set(tensors)
+    names = adapters.TensorNames(tensors, sum(t.numel for t in tensors.values()))
     first_meta = next(iter(headers.values())).metadata if headers else {}
     native_json = directory / native_adapter.CONFIG_FILE
 
-    if native_adapter.CONFIG_KEY in first_meta or native_json.is_file():
+    # exists(), not is_file(): a FIFO or device named like a config is refused by name
+    # (engine.files), not skipped in silence.
+    if native_adapter.CONFIG_KEY in first_meta or native_json.exists():
         fmt = "native"
         if native_adapter.CONFIG_KEY in first_meta:
             cfg_path, text = main, first_meta[native_adapter.CONFIG_KEY]
         else:
+            _refuse_outside(directory, native_json, native_adapter.CONFIG_FILE)
             cfg_path, text = str(native_json), _read_text(native_json)
         fields = native_adapter.parse_config_json(text, cfg_path)
         cfg, specs = native_adapter.adapt(fields, names, cfg_path)
     else:
         if config is None:
             config_path = directory / "config.json"
-            if not config_path.is_file():
+            if not config_path.exists():
                 raise UnsupportedFormatError(
                     shown,
                     f"no config: expected config.json or {native_adapter.CONFIG_FILE} beside the weights, "
@@ -418,7 +458,8 @@ def _inside(directory: Path, name: str, listed_in: Path | None = None) -> Path:
     if not resolved.exists():
         raise CorruptFileError(where, f"missing shard {name!r} (incomplete download?)")
     if not resolved.is_file():
-        raise CorruptFileError(where, f"shard {name!r} is not a regular file")
+        kind = file_kind(resolved.stat().st_mode)
+        raise CorruptFileError(candidate, f"{name!r} is {kind}, not a regular file")
     return candidate
 
 
@@ -452,29 +493,27 @@ def _read_index(
 
 
 def _read_text(path: Path) -> str:
-    try:
-        size = path.stat().st_size
-        if size > MAX_JSON_BYTES:
-            raise ConfigError(path, f"file is {size} bytes, over the {MAX_JSON_BYTES}-byte limit")
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(path, f"cannot read: {e}") from None
+    return read_text(path, MAX_JSON_BYTES, ConfigError, path.name)
 
 
 def _read_json(
     path: Path, error: type[ConfigError] | type[CorruptFileError], what: str
 ) -> dict[str, Any]:
-    try:
-        size = path.stat().st_size
-        if size > MAX_JSON_BYTES:
-            raise error(path, f"{what} is {size} bytes, over the {MAX_JSON_BYTES}-byte limit")
-        obj = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise error(path, f"cannot read {what}: {str(e)[:160]}") from None
-    if not isinstance(obj, dict):
-        raise error(path, f"{what} is not a JSON object")
-    return obj
+    return read_json_object(path, MAX_JSON_BYTES, error, what)
 
 
 def _read_config(path: Path) -> dict[str, Any]:
+    _refuse_outside(path.parent, path, "config.json")
     return _read_json(path, ConfigError, "config.json")
+
+
+def _refuse_outside(directory: Path, path: Path, what: str) -> None:
+    """A config or tokenizer file that is a symlink out of the model directory (and out of
+    the Hugging Face cache's blobs) is not read, like a shard (``_inside``)."""
+    if not path.is_symlink():
+        return
+    target = path.resolve()
+    if not any(target.is_relative_to(root) for root in _allowed_roots(directory)):
+        raise UnsafePathError(
+            path, f"{what} is a symlink leading outside the model directory (to {target})"
+        )

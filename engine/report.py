@@ -19,20 +19,44 @@ from .requests import ABLATION_EFFECT, SCORE_NAMES, SEED
 if TYPE_CHECKING:
     import numpy as np
 
+    from .compute import Progress
     from .loading import Model
-    from .results import CircuitBlock, Composition, ScoreTable
+    from .results import (
+        CircuitBlock,
+        Composition,
+        ScoreNull,
+        ScoreTable,
+        SingularDirections,
+        VirtualPath,
+    )
+    from .store import ResultStore
 
 
-def head_table(model: Model, *, seed: int = SEED, ablation: bool = False) -> list[dict[str, Any]]:
-    """One row per head with every weight-based and behavioural score.
+def head_table(
+    model: Model,
+    *,
+    seed: int = SEED,
+    ablation: bool = False,
+    calibrated: bool = True,
+    store: ResultStore | None = None,
+    progress: Progress = None,
+) -> list[dict[str, Any]]:
+    """One row per head with every weight-based and behavioural score, and (``calibrated``)
+    each score's z against random heads, ``<name>_z`` (``compute.score_null``).
 
     ``ablation`` adds ``ablation_effect``: the loss increase on the second copy of the same
     seeded repeated random tokens when the head is zero-ablated (``scores.ablation_effects``;
-    a forward pass per head, so off by default).
+    a forward pass per head, so off by default). ``store``: the on-disk results store
+    (``engine.store``) to read finished parts from and write new ones to.
     """
-    table = compute.score_table(model, seed)
-    effects = compute.ablation_effects(model, seed) if ablation else None
-    return score_rows(table, effects)
+    entry = None if store is None else store.for_model(model)
+    split = 0.5 if ablation else 1.0
+    table = compute.score_table(model, seed, compute._part(progress, 0.0, split), store=entry)
+    effects = None
+    if ablation:
+        effects = compute.ablation_effects(model, seed, compute._part(progress, split, 1.0), store=entry)
+    null = compute.score_null(model, seed) if calibrated else None
+    return score_rows(table, effects, null)
 
 
 WEIGHT_SCORE_NAMES = ("copying_score", "qk_positivity")  # the scores without a forward pass
@@ -49,16 +73,21 @@ def weight_table(model: Model) -> list[dict[str, Any]]:
             for layer in range(n_layers) for head in range(n_heads)]
 
 
-def score_rows(table: ScoreTable, effects: np.ndarray | None = None) -> list[dict[str, Any]]:
-    """``table`` (and ablation ``effects``) as one dict per head, layer by layer."""
+def score_rows(table: ScoreTable, effects: np.ndarray | None = None,
+               null: ScoreNull | None = None) -> list[dict[str, Any]]:
+    """``table`` (and ablation ``effects``, and with a ``null`` each score's ``<name>_z``) as
+    one dict per head, layer by layer."""
+    z = {name: null.z(name, getattr(table, name)) for name in SCORE_NAMES} if null else {}
     rows = []
     for layer in range(table.n_layers):
         for head in range(table.n_heads):
             row: dict[str, Any] = {"layer": layer, "head": head}
             row.update({name: float(getattr(table, name)[layer, head]) for name in SCORE_NAMES})
+            row.update({f"{name}_z": float(values[layer, head]) for name, values in z.items()})
             if effects is not None:
                 row[ABLATION_EFFECT] = float(effects[layer, head])
-            # NaN/inf weights: every score of the head is NaN (null in JSON).
+            # NaN/inf weights or products that overflow float32, or non-finite attention
+            # (compute.nonfinite_heads): the head's scores cannot all be trusted.
             row["nonfinite"] = bool(table.nonfinite[layer, head])
             rows.append(row)
     return rows
@@ -80,11 +109,19 @@ def sort_rows(rows: list[dict[str, Any]], key: str | None) -> list[dict[str, Any
 
 
 def composition_report(
-    model: Model, kind: Literal["q", "k", "v"], *, top: int = 10, seed: int = SEED
+    model: Model,
+    kind: Literal["q", "k", "v"],
+    *,
+    top: int = 10,
+    seed: int = SEED,
+    store: ResultStore | None = None,
+    progress: Progress = None,
 ) -> dict[str, Any]:
     """All ``kind``-composition scores ``[L][H][L][H]``, the baseline and the top edges."""
     requests.check_composition_kind(kind, str(model.path))
-    return composition_dict(compute.composition(model, kind, seed, top=top), seed)
+    entry = None if store is None else store.for_model(model)
+    comp = compute.composition(model, kind, seed, progress, top=top, store=entry)
+    return composition_dict(comp, seed)
 
 
 def composition_dict(comp: Composition, seed: int = SEED) -> dict[str, Any]:
@@ -158,4 +195,73 @@ def circuit_dict(block: CircuitBlock, model: Model) -> dict[str, Any]:
         "row_labels": list(block.row_labels),
         "col_labels": list(block.col_labels),
         "values": block.values.tolist(),
+    }
+
+
+def svd_report(model: Model, layer: int, head: int, kind: Literal["qk", "ov"], *, k: int = 5,
+               top: int = 10) -> dict[str, Any]:
+    """The top ``k`` singular directions of a head's full OV / token QK circuit as tokens
+    (``compute.singular_directions``), ``top`` tokens a side ranked by ``|value|``."""
+    requests.check_svd(model.structure(), layer, head, kind, k, top, str(model.path))
+    return svd_dict(compute.singular_directions(model, layer, head, kind, k, top))
+
+
+def _tokens(ids: Sequence[int], labels: Sequence[str], values: Any) -> list[dict[str, Any]]:
+    return [{"id": int(i), "token": t, "value": float(v)}
+            for i, t, v in zip(ids, labels, values, strict=True)]
+
+
+def svd_dict(found: SingularDirections) -> dict[str, Any]:
+    """A ``SingularDirections`` result as the JSON ``headscope svd --json`` prints."""
+    return {
+        "layer": found.layer,
+        "head": found.head,
+        "kind": found.kind,
+        "singular_values": [float(s) for s in found.singular_values],
+        "overlap": found.overlap,
+        "directions": [
+            {
+                "index": d.index,
+                "sigma": d.sigma,
+                "overlap": d.overlap,
+                "in_tokens": _tokens(d.in_ids, d.in_labels, d.in_values),
+                "out_tokens": _tokens(d.out_ids, d.out_labels, d.out_values),
+            }
+            for d in found.directions
+        ],
+    }
+
+
+def path_report(model: Model, source: tuple[int, int], target: tuple[int, int], *,
+                rows: Sequence[int] | None = None, cols: Sequence[int] | None = None,
+                seed: int = SEED) -> dict[str, Any]:
+    """The virtual heads of the path ``source → target`` (``compute.virtual_path``)."""
+    req = requests.check_path(model.structure(), source, target, rows, cols, where=str(model.path))
+    return path_dict(compute.virtual_path(model, req, seed))
+
+
+def _complex(values: Any) -> list[list[float]]:
+    return [[float(v.real), float(v.imag)] for v in values]
+
+
+def path_dict(found: VirtualPath) -> dict[str, Any]:
+    """A ``VirtualPath`` result as the JSON ``headscope path --json`` prints."""
+    return {
+        "source": list(found.source),
+        "target": list(found.target),
+        "v_composition": {
+            "copying_score": found.v_copying_score,
+            "singular_values": [float(s) for s in found.v_singular_values],
+            "eigenvalues": _complex(found.v_eigenvalues),
+        },
+        "k_composition": {
+            "positivity": found.k_positivity,
+            "diagonal": found.k_diagonal,
+            "eigenvalues": _complex(found.k_eigenvalues),
+            "rows": list(found.row_ids),
+            "cols": list(found.col_ids),
+            "row_labels": list(found.row_labels),
+            "col_labels": list(found.col_labels),
+            "values": found.k_block.tolist(),
+        },
     }

@@ -30,17 +30,22 @@ __all__ = [
     "COMPOSITION_KINDS",
     "DEFAULT_BLOCK",
     "MAX_RESULT_BYTES",
+    "PATH_SAMPLE",
     "SCORE_NAMES",
     "SEED",
     "TOP_EDGES",
+    "Z_NAMES",
     "CircuitRequest",
+    "PathRequest",
     "check_composition_kind",
     "check_head",
+    "check_path",
     "check_prompt",
     "check_result_bytes",
     "check_rotary",
     "check_sort_key",
     "check_spectrum_kind",
+    "check_svd",
     "check_token",
     "check_tokens",
     "circuit_request",
@@ -55,13 +60,17 @@ SCORE_NAMES: tuple[str, ...] = (
     "prev_token_score",
     "duplicate_token_score",
     "induction_score",
+    "attention_sink_score",
 )
+# Each score calibrated against random heads (docs/math.md, "Calibrated scores"): `heads --json`.
+Z_NAMES: tuple[str, ...] = tuple(f"{name}_z" for name in SCORE_NAMES)
 ABLATION_EFFECT = "ablation_effect"  # opt-in (a forward pass per head), not part of HeadScores
 
 DEFAULT_BLOCK = 24  # rows/cols of a circuit block when the caller names none
 MAX_RESULT_BYTES = 256 << 20  # the most one result (a circuit block, a prompt's patterns) may hold
 SEED = 0  # seed of the behavioural / composition-baseline sequences (reproducible scores)
 TOP_EDGES = 50  # composition edges a Composition result lists, strongest first
+PATH_SAMPLE = 256  # token ids sampled for a K-path's diagonal rate
 
 CIRCUIT_KINDS = ("qk", "ov")
 BASES = ("token", "position")
@@ -207,3 +216,53 @@ def check_sort_key(key: str | None, columns: Sequence[str]) -> None:
     """A ``--sort`` key must be one of the score columns."""
     if key is not None and key not in columns:
         raise InvalidRequestError(None, f"unknown sort key {key!r}; choose from {', '.join(columns)}")
+
+
+def check_svd(structure: Structure, layer: int, head: int, kind: str, k: int, top: int,
+              where: str | None) -> None:
+    """Singular directions of a head: a QK or OV circuit, ``k >= 1`` directions (at most
+    ``d_head`` exist) and ``1 <= top <= d_vocab`` tokens a side."""
+    check_head(structure, layer, head, where)
+    check_spectrum_kind(kind, where)
+    if int(k) < 1:
+        raise InvalidRequestError(where, f"--k must be at least 1, not {k}")
+    d_vocab = int(structure["d_vocab"])
+    if not 1 <= int(top) <= d_vocab:
+        raise InvalidRequestError(where, f"--top must be in 1..{d_vocab}, not {top}")
+
+
+@dataclass(frozen=True)
+class PathRequest:
+    """A validated composition path: ``source`` in an earlier layer than ``target``."""
+
+    source: tuple[int, int]
+    target: tuple[int, int]
+    rows: tuple[int, ...]
+    cols: tuple[int, ...]
+
+
+def check_path(
+    structure: Structure,
+    source: tuple[int, int],
+    target: tuple[int, int],
+    rows: Sequence[int] | None = None,
+    cols: Sequence[int] | None = None,
+    *,
+    where: str | None,
+    limit: int | None = None,
+) -> PathRequest:
+    """Two heads, the first in an earlier layer, and a token block of the K-path (``None``:
+    the first ``DEFAULT_BLOCK`` ids)."""
+    check_head(structure, *source, where)
+    check_head(structure, *target, where)
+    if int(source[0]) >= int(target[0]):
+        raise InvalidRequestError(
+            where, f"a path runs from an earlier layer to a later one, not L{source[0]} to L{target[0]}"
+        )
+    n = int(structure["d_vocab"])
+    default = tuple(range(min(n, DEFAULT_BLOCK)))
+    row_ids = default if rows is None else tuple(int(i) for i in rows)
+    col_ids = default if cols is None else tuple(int(i) for i in cols)
+    _check_ids((*row_ids, *col_ids), n, "token", where)
+    check_result_bytes(4 * len(row_ids) * len(col_ids), f"a {len(row_ids)}×{len(col_ids)} block", where, limit)
+    return PathRequest((int(source[0]), int(source[1])), (int(target[0]), int(target[1])), row_ids, col_ids)

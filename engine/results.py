@@ -95,6 +95,7 @@ class HeadScores:
     prev_token_score: float
     duplicate_token_score: float
     induction_score: float
+    attention_sink_score: float
     nonfinite: bool  # NaN/inf in this head's weights: scores are NaN, flag it in the UI
 
 
@@ -107,6 +108,7 @@ class ScoreTable:
     prev_token_score: np.ndarray
     duplicate_token_score: np.ndarray
     induction_score: np.ndarray
+    attention_sink_score: np.ndarray
     nonfinite: np.ndarray  # bool
 
     @property
@@ -174,6 +176,77 @@ class PromptView:
 
 
 @dataclass(frozen=True)
+class TokenDirection:
+    """One singular direction of a token circuit, read as tokens (docs/math.md, "Reading a
+    head"): the ``top`` tokens of largest ``|value|`` on each side, largest first."""
+
+    index: int
+    sigma: float
+    in_ids: tuple[int, ...]
+    in_labels: tuple[str, ...]
+    in_values: np.ndarray  # [top] float32, signed
+    out_ids: tuple[int, ...]
+    out_labels: tuple[str, ...]
+    out_values: np.ndarray  # [top] float32, signed
+    overlap: float  # signed overlap of the in- and out-token lists, in [-1, 1]
+
+
+@dataclass(frozen=True)
+class SingularDirections:
+    """The top-k singular directions of a head's full OV (in = source token, out = predicted
+    token) or token QK circuit (in = query token, out = key token)."""
+
+    layer: int
+    head: int
+    kind: Kind
+    singular_values: np.ndarray  # [k] float32, descending
+    directions: tuple[TokenDirection, ...]
+    overlap: float  # mean of the directions' overlaps: near 1 for a copying head
+
+
+@dataclass(frozen=True)
+class VirtualPath:
+    """Two heads in different layers read as one (docs/math.md, "Virtual heads").
+
+    V-composition: the virtual full OV ``W_E OV_A OV_B W_U``. K-composition: the path
+    ``W_E QK_B (W_E OV_A)ᵀ`` [query token, token moved by A], a block of it and its scores.
+    """
+
+    source: tuple[int, int]
+    target: tuple[int, int]
+    v_copying_score: float
+    v_eigenvalues: np.ndarray  # [d_head] complex64, largest |λ| first
+    v_singular_values: np.ndarray  # [d_head] float32, descending
+    k_positivity: float  # Σ Re λ / Σ |λ| of the K-path
+    k_diagonal: float  # fraction of sampled query tokens whose largest sampled key is themselves
+    k_eigenvalues: np.ndarray  # [d_head] complex64
+    k_block: np.ndarray  # [r, c] float32: rows = query tokens, cols = key-side tokens
+    row_ids: tuple[int, ...]
+    col_ids: tuple[int, ...]
+    row_labels: tuple[str, ...]
+    col_labels: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ScoreNull:
+    """Each score on random heads of the model's shapes and norms (docs/math.md, "Calibrated
+    scores"): ``mean``/``std`` are ``[n_layers]`` per score name; ``z`` calibrates a table."""
+
+    names: tuple[str, ...]
+    mean: np.ndarray  # [len(names), n_layers] float32
+    std: np.ndarray  # [len(names), n_layers] float32
+    samples: int
+    seed: int
+
+    def z(self, name: str, values: np.ndarray) -> np.ndarray:
+        """``(values - mean) / std`` for ``values [n_layers, n_heads]`` of score ``name``."""
+        i = self.names.index(name)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return ((np.asarray(values, np.float64) - self.mean[i][:, None])
+                    / self.std[i][:, None]).astype(np.float32)
+
+
+@dataclass(frozen=True)
 class CacheStats:
     hits: int
     misses: int
@@ -184,6 +257,7 @@ class CacheStats:
     in_flight: int
     activity: str | None = None  # e.g. "composition k 40%" while a sweep runs
     progress: float | None = None  # fraction done of the running sweep
+    origin: str = ""  # where the last sweep's numbers came from: "head scores: from the cache"
 
 
 def nbytes(result: Any) -> int:

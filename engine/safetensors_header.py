@@ -13,6 +13,7 @@ offsets inside the file and non-overlapping, file not truncated. A failure is a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import CorruptFileError, UnsafeFormatError
+from .files import check_nesting, open_regular, os_reason
 
 # Headers of real checkpoints are a few hundred KB at most; the reference implementation
 # refuses headers above 100 MB, and so do we (a hostile length must not make us allocate).
@@ -96,6 +98,8 @@ class SafetensorsHeader:
     file_size: int
     tensors: dict[str, TensorInfo]
     metadata: dict[str, str] = field(default_factory=dict)
+    # (device, inode, size, mtime_ns) of the file when this header was read (read_header).
+    identity: tuple[int, int, int, int] | None = field(default=None, compare=False)
 
     @property
     def data_start(self) -> int:
@@ -114,33 +118,44 @@ def read_header(
 ) -> SafetensorsHeader:
     """Parse and validate the header of the safetensors file at ``path`` (reads the header only)."""
     p = Path(path)
+    fd = open_regular(p, CorruptFileError, "safetensors file")  # no FIFO, no device
     try:
-        with open(p, "rb") as f:
-            file_size = os.fstat(f.fileno()).st_size
+        with open(fd, "rb") as f:
+            st = os.fstat(f.fileno())
             prefix = f.read(8)
-            _refuse_pickle(p, prefix)
-            n = _header_length(p, prefix, file_size, max_header_bytes)
-            raw = f.read(n)
+            first = f.read(1)
+            _refuse_pickle(p, prefix, first)
+            n = _header_length(p, prefix, st.st_size, max_header_bytes)
+            raw = first + f.read(n - 1)
     except OSError as e:
-        raise CorruptFileError(p, f"cannot read safetensors file: {e.strerror or e}") from None
+        raise CorruptFileError(p, f"cannot read safetensors file: {os_reason(e)}") from None
     if len(raw) != n:
         raise CorruptFileError(p, "truncated safetensors file: header is cut short")
-    return _validate(p, raw, n, file_size)
+    header = _validate(p, raw, n, st.st_size)
+    return dataclasses.replace(header, identity=file_identity(st))
+
+
+def file_identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    """What changes when a file is rewritten, in place or by rename: device, inode, size,
+    modification time (ns)."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def parse_header_bytes(
     blob: bytes, path: str = "<bytes>", max_header_bytes: int = MAX_HEADER_BYTES
 ) -> SafetensorsHeader:
     """Validate a whole safetensors file held in memory (tests, fuzzing)."""
-    _refuse_pickle(path, blob[:8])
+    _refuse_pickle(path, blob[:8], blob[8:9])
     n = _header_length(path, blob[:8], len(blob), max_header_bytes)
     return _validate(path, blob[8 : 8 + n], n, len(blob))
 
 
-def _refuse_pickle(path: str | os.PathLike[str], prefix: bytes) -> None:
-    if prefix.startswith(_ZIP_MAGIC) or (
-        prefix[:1] == _PICKLE_PROTO and prefix[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05")
-    ):
+def _refuse_pickle(path: str | os.PathLike[str], prefix: bytes, after: bytes = b"") -> None:
+    """Refuse zip (torch.save) and pickle magic. ``after``: the byte after the 8-byte length:
+    a header of 640, 896, 1152 or 1408 bytes starts with the bytes of pickle protocol 2-5
+    (``80 02`` ...), but then the JSON's ``{`` follows, which never starts a pickle there."""
+    pickle_magic = prefix[:1] == _PICKLE_PROTO and prefix[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05")
+    if prefix.startswith(_ZIP_MAGIC) or (pickle_magic and after != b"{"):
         raise UnsafeFormatError(
             path,
             "this is a pickle / torch.save file, not safetensors: loading it could run code; "
@@ -183,6 +198,7 @@ def _validate(
 ) -> SafetensorsHeader:
     if not raw.startswith(b"{"):
         raise CorruptFileError(path, "bad JSON in safetensors header: does not start with '{'")
+    check_nesting(raw, path, CorruptFileError, "safetensors header")
     try:
         text = raw.decode("utf-8")
         obj = json.loads(text, object_pairs_hook=_no_duplicates)

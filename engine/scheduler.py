@@ -29,7 +29,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import CancelledError, ComputeError, HeadscopeError
+from .errors import CancelledError, ComputeError, HeadscopeError, out_of_memory
 
 FOCUSED, USER, PREFETCH = 0, 1, 2  # priority classes, lower runs first
 
@@ -327,7 +327,8 @@ class Scheduler:
             except HeadscopeError as exc:
                 error = exc
             except BaseException as exc:
-                error = ComputeError(None, f"{job.label}: {type(exc).__name__}: {exc}")
+                error = out_of_memory(exc, None, job.label) or ComputeError(
+                    None, f"{job.label}: {type(exc).__name__}: {exc}")
                 error.__cause__ = exc
             finally:
                 with self._cv:

@@ -20,8 +20,9 @@ import math
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+import numpy as np
 import torch
 
 from .errors import CancelledError, InvalidRequestError, NonFiniteError
@@ -37,6 +38,24 @@ if TYPE_CHECKING:
 Progress = Callable[[float], None] | None
 Cancelled = Callable[[], bool] | None
 Kind = Literal["q", "k", "v"]
+
+
+class Memo(Protocol):
+    """Where a sweep keeps its per-layer parts (``engine.store.LayerMemo``): ``get(i)`` a part
+    already finished (or None), ``put(i, value)`` one just finished. Sweeps given a memo
+    compute only the parts it lacks and store each as soon as it is done, so an interrupted
+    sweep resumes (docs/internals.md, "The results store")."""
+
+    def get(self, index: int, shape: tuple[int, ...] | None = None) -> np.ndarray | None: ...
+
+    def put(self, index: int, value: Any) -> None: ...
+
+
+def _known(memo: Memo | None, index: int, shape: tuple[int, ...] | None = None) -> Tensor | None:
+    if memo is None:
+        return None
+    found = memo.get(index, shape)
+    return None if found is None else torch.from_numpy(np.array(found, dtype=np.float32))
 
 __all__ = [
     "COMPOSITION_TILE_BYTES",
@@ -184,38 +203,56 @@ def qk_positivity(fm: FactoredMatrix) -> float:
 
 
 def all_copying_scores(w: WeightSource, progress: Progress = None,
-                       cancelled: Cancelled = None) -> Tensor:
+                       cancelled: Cancelled = None, memo: Memo | None = None) -> Tensor:
     """Copying score of every head, ``[n_layers, n_heads]``.
 
     Full OV ``= (W_E W_V)(W_O W_U)``, so the ``d_head × d_head`` matrix with its non-zero
     eigenvalues is ``BA = W_O (W_U W_E) W_V``. ``W_U W_E [d_model, d_model]`` is computed
     once per model (the one large contraction, over the vocabulary); then each layer is one
     batched product and one batched ``eigvals`` on ``[n_heads, d_head, d_head]``.
+    ``memo``: layers already done are taken from it, those computed are put in it.
     """
-    middle = w.get("unembed.W_U") @ w.get("embed.W_E")  # [d_model, d_model]
-    return _spectral_sweep(w, middle, "W_O", "W_V", progress, cancelled)
+    middle = lambda: w.get("unembed.W_U") @ w.get("embed.W_E")  # noqa: E731  [d_model, d_model]
+    return _spectral_sweep(w, middle, "W_O", "W_V", progress, cancelled, memo)
 
 
 def all_qk_positivity(w: WeightSource, progress: Progress = None,
-                      cancelled: Cancelled = None) -> Tensor:
+                      cancelled: Cancelled = None, memo: Memo | None = None) -> Tensor:
     """QK positivity of every head on the token QK circuit, ``[n_layers, n_heads]``.
 
     Token QK ``= (W_E W_Q)(W_Kᵀ W_Eᵀ)``: ``BA = W_Kᵀ (W_Eᵀ W_E) W_Q``.
     """
-    w_e = w.get("embed.W_E")
-    return _spectral_sweep(w, w_e.T @ w_e, "W_K^T", "W_Q", progress, cancelled)
+
+    def middle() -> Tensor:
+        w_e = w.get("embed.W_E")
+        return w_e.T @ w_e
+
+    return _spectral_sweep(w, middle, "W_K^T", "W_Q", progress, cancelled, memo)
 
 
-def _spectral_sweep(w: WeightSource, middle: Tensor, left: str, right: str,
-                    progress: Progress, cancelled: Cancelled) -> Tensor:
+def _spectral_sweep(w: WeightSource, make_middle: Callable[[], Tensor], left: str, right: str,
+                    progress: Progress, cancelled: Cancelled, memo: Memo | None = None) -> Tensor:
+    """One row per layer (``layer_spectral_scores``); the ``d_model × d_model`` middle is
+    formed only if a layer is missing from ``memo`` (a fully stored sweep reads no weights),
+    and each layer computed is put in ``memo`` as soon as it is done."""
     cfg = w.cfg
     kind = "copying_score" if left == "W_O" else "qk_positivity"
-    middles = {kind: middle}
+    middles: dict[str, Tensor] | None = None
     out = torch.empty(cfg.n_layers, cfg.n_heads)
     for layer in range(cfg.n_layers):
+        known = _known(memo, layer, (cfg.n_heads,))
+        if known is not None:
+            out[layer] = known
+            _report(progress, (layer + 1) / cfg.n_layers)
+            continue
         _check(cancelled)
+        if middles is None:
+            middles = {kind: make_middle()}
         out[layer] = layer_spectral_scores(w, layer, middles)[kind]
+        if memo is not None:
+            memo.put(layer, out[layer])
         _report(progress, (layer + 1) / cfg.n_layers)
+    del middles
     _release_free_heap()
     return out
 
@@ -565,7 +602,8 @@ def iter_composition_tiles(w: WeightSource, kind: Kind, progress: Progress = Non
 def composition_scores(w: WeightSource, kind: Kind, seed: int = 0, progress: Progress = None,
                        cancelled: Cancelled = None, *, baseline_samples: int = 32,
                        on_tile: Callable[[CompositionTile], None] | None = None,
-                       tile_bytes: int = COMPOSITION_TILE_BYTES) -> CompositionScores:
+                       tile_bytes: int = COMPOSITION_TILE_BYTES,
+                       memo: Memo | None = None) -> CompositionScores:
     """``kind``-composition score of every head pair with ``layer(h1) < layer(h2)``.
 
     ``score = ‖OV₁ M₂‖_F / (‖OV₁‖_F ‖M₂‖_F)`` (``composition_score``) with ``M₂ = QK₂`` (q),
@@ -576,12 +614,31 @@ def composition_scores(w: WeightSource, kind: Kind, seed: int = 0, progress: Pro
     layers (``iter_composition_tiles``: memory bounded by ``tile_bytes``); ``on_tile`` gets
     each ``CompositionTile`` as it finishes (the edges of a graph or a ``--top`` list can fill
     in while the sweep runs).
+
+    ``memo``: one part per target layer ``t``, the tile ``scores[:t, :, t, :]``. Targets
+    already stored are not recomputed (their pairs are skipped; ``on_tile`` still gets their
+    tiles, first); a target's part is put as soon as its last pair, ``(t - 1, t)``, is done
+    (source blocks run in order, so every earlier source of ``t`` is done by then).
     """
+    check_composition_kind(kind, getattr(w, "path", None))
     cfg = w.cfg
     n_layers, n_heads = cfg.n_layers, cfg.n_heads
     scores = torch.zeros(n_layers, n_heads, n_layers, n_heads)
-    for tile in iter_composition_tiles(w, kind, progress, cancelled, tile_bytes=tile_bytes):
+    skip: set[tuple[int, int]] = set()
+    for target in range(1, n_layers):
+        known = _known(memo, target, (target, n_heads, n_heads))
+        if known is None:
+            continue
+        scores[:target, :, target, :] = known
+        skip.update((source, target) for source in range(target))
+        if on_tile is not None:
+            for source in range(target):
+                on_tile(CompositionTile(kind, source, target, known[source]))
+    for tile in iter_composition_tiles(w, kind, progress, cancelled, skip=frozenset(skip),
+                                       tile_bytes=tile_bytes):
         scores[tile.source, :, tile.target, :] = tile.scores
+        if memo is not None and tile.source == tile.target - 1:
+            memo.put(tile.target, scores[:tile.target, :, tile.target, :].clone())
         if on_tile is not None:
             on_tile(tile)
     baseline = composition_baseline(cfg.d_model, cfg.d_head, seed, baseline_samples)
@@ -788,7 +845,7 @@ def _check_ablation(w: WeightSource, ablation: str) -> None:
 
 def ablation_effects(w: WeightSource, seed: int = 0, *, seq_len: int | None = None,
                      batch: int = 4, ablation: str = "zero", progress: Progress = None,
-                     cancelled: Cancelled = None) -> Tensor:
+                     cancelled: Cancelled = None, memo: Memo | None = None) -> Tensor:
     """Loss increase ``[L, H]`` on ``repeated_tokens(..., seed)`` when each head is ablated.
 
     The loss is the mean next-token cross-entropy on the second copy (``_second_copy_loss``),
@@ -802,7 +859,8 @@ def ablation_effects(w: WeightSource, seed: int = 0, *, seq_len: int | None = No
     on GPT-2-small). Only the scored positions are unembedded. On GPT-2-small shapes this is
     1.4× (quiet 2-core box) to 3–4× (loaded box) faster than one full pass per head
     (bench/README.md). ``progress`` and ``cancelled()``
-    are reported/checked between layers.
+    are reported/checked between layers. ``memo``: layers already done are taken from it
+    (when all are, no forward pass runs), those computed are put in it.
     """
     import torch
 
@@ -814,6 +872,10 @@ def ablation_effects(w: WeightSource, seed: int = 0, *, seq_len: int | None = No
     tokens = repeated_tokens(cfg.d_vocab, cfg.n_ctx, seed, seq_len, batch)
     chunk = _heads_per_pass(w, tokens)
     out = torch.empty(n_layers, n_heads)
+    known = {layer: _known(memo, layer, (n_heads,)) for layer in range(n_layers)}
+    if all(v is not None for v in known.values()):
+        _report(progress, 1.0)
+        return torch.stack([v for v in known.values() if v is not None])
     # Work per layer: the blocks after it plus the unembedding (about one block's worth).
     cost = [n_layers - layer + 1 for layer in range(n_layers)]
     done = 0
@@ -823,12 +885,21 @@ def ablation_effects(w: WeightSource, seed: int = 0, *, seq_len: int | None = No
         clean = blocks(w, embed(w, tokens), on_block=lambda _layer, x, _pattern: entering.append(x))
         base = _stream_loss(w, clean, tokens)
         for layer in range(n_layers):
+            stored = known[layer]
+            if stored is not None:
+                out[layer] = stored
+                done += cost[layer]
+                _report(progress, done / sum(cost))
+                continue
             _check(cancelled)
             for first in range(0, n_heads, chunk):
                 heads = list(range(first, min(n_heads, first + chunk)))
                 final = run_ablations(w, entering[layer], layer, heads, ablation)
                 for i, head in enumerate(heads):
                     out[layer, head] = _stream_loss(w, final[i], tokens) - base
+            if memo is not None:
+                # NaN for non-finite heads, as in the whole table below
+                memo.put(layer, torch.where(_layer_nonfinite(w, layer), math.nan, out[layer]))
             done += cost[layer]
             _report(progress, done / sum(cost))
     entering.clear()  # the streams are not needed any more: free them before the trim

@@ -12,7 +12,9 @@ Scheduling (``engine.scheduler``): identical requests in flight share one comput
 focused head's requests run first; requests for heads the user has left are dropped before
 they start (or stop at their next check) and their awaiters get ``CancelledError``; when
 idle, the views the user last looked at are prefetched for the neighbouring heads. Sweeps
-report progress and fill the per-head cache.
+report progress and fill the per-head cache; given a ``store`` (``engine.store``), they read
+the parts already on disk, write the ones they compute, and ``stats().origin`` says where
+the last sweep's numbers came from.
 """
 
 from __future__ import annotations
@@ -40,15 +42,20 @@ from .results import (
     HeadScores,
     Profile,
     PromptView,
+    ScoreNull,
     ScoreTable,
+    SingularDirections,
     Spectrum,
     TopTokens,
+    VirtualPath,
+    readonly,
 )
 from .scheduler import JobContext, Scheduler
 
 if TYPE_CHECKING:
     from .diff import ModelDiff
     from .loading import Model
+    from .store import ModelStore, ResultStore
 
 __all__ = ["Engine", "default_workers"]
 
@@ -81,11 +88,13 @@ class Engine:
         max_block_bytes: int = MAX_RESULT_BYTES,
         prefetch: bool = True,
         model: Model | None = None,
+        store: ResultStore | None = None,
     ) -> None:
         """Open ``path`` (or wrap an already open ``model``: notebooks, tests, benchmarks).
 
         ``max_block_bytes`` bounds any one materialised result (a circuit block, a prompt's
         patterns): bigger requests raise ``ResourceLimitError`` (``engine.requests``).
+        ``store``: the on-disk results store the sweeps consult and fill (None: memory only).
         """
         if path is None and model is None:
             raise InvalidRequestError(None, "Engine needs a checkpoint path or an open model")
@@ -109,6 +118,9 @@ class Engine:
         self._models: dict[bool, Model] = {}
         self._models_lock = threading.Lock()
         self._views: list[tuple[str, tuple[Any, ...]]] = []  # recent views, for prefetch
+        self.store = store
+        self._entries: dict[bool, ModelStore] = {}
+        self._origin = ""  # where the last sweep's numbers came from (stats().origin)
         self._opened: concurrent.futures.Future[Model] = concurrent.futures.Future()
         if model is not None:
             self.structure: dict[str, Any] = model.structure()
@@ -140,9 +152,10 @@ class Engine:
         except HeadscopeError as exc:
             self._opened.set_exception(exc)
         except Exception as exc:
-            from .errors import ComputeError
+            from .errors import ComputeError, out_of_memory
 
-            self._opened.set_exception(ComputeError(self._where, f"cannot open: {exc}"))
+            self._opened.set_exception(out_of_memory(exc, self._where, "opening the model")
+                                       or ComputeError(self._where, f"cannot open: {exc}"))
 
     def _set_torch_threads(self) -> None:
         import torch
@@ -158,6 +171,14 @@ class Engine:
     @property
     def raw(self) -> bool:
         return self._raw
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """What opening the model could not use, one line each (e.g. an unreadable
+        tokenizer: token ids are shown instead). Empty until ``ready()``."""
+        if not self._opened.done() or self._opened.exception() is not None:
+            return ()
+        return tuple(self._opened.result().warnings)
 
     async def set_raw(self, raw: bool) -> None:
         """Switch between processed and raw weights; cached results of both stay valid."""
@@ -175,6 +196,30 @@ class Engine:
             if model is None:
                 model = self._models[raw] = base.with_raw(raw)
             return model
+
+    def _entry(self, raw: bool) -> ModelStore | None:
+        """The model's entry in the results store (call on a worker thread)."""
+        if self.store is None:
+            return None
+        with self._models_lock:
+            entry = self._entries.get(raw)
+        if entry is None:
+            entry = self.store.for_model(self._model(raw))
+            with self._models_lock:
+                entry = self._entries.setdefault(raw, entry)
+        return entry
+
+    def _stored(self, raw: bool, what: str | None, sweep: Callable[[ModelStore | None], Any]) -> Any:
+        """Run ``sweep(entry)`` and note where its numbers came from (``stats().origin``;
+        ``what=None``: a part of another sweep, not reported on its own)."""
+        entry = self._entry(raw)
+        if entry is None:
+            return sweep(None)
+        loaded, computed = entry.loaded, entry.computed
+        result = sweep(entry)
+        if what is not None:
+            self._origin = origin_text(what, entry.loaded - loaded, entry.computed - computed)
+        return result
 
     async def aclose(self) -> None:
         self._scheduler.close()
@@ -196,6 +241,7 @@ class Engine:
             in_flight=self._scheduler.in_flight,
             activity=self._scheduler.activity,
             progress=self._scheduler.progress,
+            origin=self._origin,
         )
 
     @property
@@ -326,7 +372,23 @@ class Engine:
         requests.check_spectrum_kind(kind, self._where)
         raw = self._raw
         key = (layer, head, "spectrum", (kind, raw))
-        return key, lambda ctx: compute.spectrum(self._model(raw), layer, head, kind, ctx.cancelled)
+        return key, lambda ctx: self._stored_spectrum(raw, layer, head, kind, ctx.cancelled)
+
+    def _stored_spectrum(self, raw: bool, layer: int, head: int, kind: str,
+                         cancelled: Callable[[], bool]) -> Spectrum:
+        """``compute.spectrum``, kept in the results store per head (eigenvalues and score)."""
+        entry = self._entry(raw)
+        name, index = f"spectrum-{kind}", f"L{layer}H{head}"
+        if entry is not None:
+            eig = entry.load(name, index, None, np.complex64)
+            score = entry.load(f"{name}-score", index, (), np.float64)
+            if eig is not None and score is not None:
+                return Spectrum(readonly(eig, np.complex64), float(score), kind, layer, head)  # type: ignore[arg-type]
+        found = compute.spectrum(self._model(raw), layer, head, kind, cancelled)
+        if entry is not None:
+            entry.save(name, found.eigenvalues, index)
+            entry.save(f"{name}-score", np.asarray(found.score, np.float64), index)
+        return found
 
     async def rotary_profile(self, layer: int, head: int, offsets: Sequence[int]) -> Profile:
         """Rotary models: the head's QK score as a function of the query-key offset Δ."""
@@ -365,6 +427,7 @@ class Engine:
             prev_token_score=float(behaviour["prev_token"][layer, head]),
             duplicate_token_score=float(behaviour["duplicate_token"][layer, head]),
             induction_score=float(behaviour["induction"][layer, head]),
+            attention_sink_score=float(behaviour["attention_sink"][layer, head]),
             nonfinite=nonfinite or bool(behaviour["nonfinite"][layer, head]),
         )
         self.cache.put(key, result)
@@ -374,7 +437,8 @@ class Engine:
         """Behavioural scores of every head: one batched forward pass, model-wide."""
         return await self._get(
             (None, None, "behaviour", (SEED, raw)),
-            lambda ctx: compute.behaviour(self._model(raw), SEED, ctx.cancelled),
+            lambda ctx: self._stored(raw, None, lambda entry: compute.behaviour(
+                self._model(raw), SEED, ctx.cancelled, store=entry)),
             head=None,
             label="behaviour scores",
         )
@@ -384,7 +448,8 @@ class Engine:
         raw = self._raw
 
         def run(ctx: JobContext) -> ScoreTable:
-            table = compute.score_table(self._model(raw), SEED, ctx.progress, ctx.cancelled)
+            table = self._stored(raw, "head scores", lambda entry: compute.score_table(
+                self._model(raw), SEED, ctx.progress, ctx.cancelled, store=entry))
             for layer in range(table.n_layers):
                 for head in range(table.n_heads):
                     ctx.publish((layer, head, "head_scores", (raw,)), table.head(layer, head))
@@ -399,13 +464,54 @@ class Engine:
             progress=progress,
         )
 
+    # -- reading a head (docs/math.md, "Reading a head") -----------------------------------
+
+    async def singular_directions(self, layer: int, head: int, kind: Literal["ov", "qk"],
+                                  k: int = 5, top: int = 10) -> SingularDirections:
+        """The top ``k`` singular directions of the full OV / token QK circuit, as tokens."""
+        requests.check_svd(self.structure, layer, head, kind, k, top, self._where)
+        raw = self._raw
+        key = (layer, head, "singular_directions", (kind, int(k), int(top), raw))
+        return await self._get(
+            key,
+            lambda ctx: compute.singular_directions(self._model(raw), layer, head, kind, int(k), int(top)),
+            head=(layer, head),
+            label=f"L{layer}H{head} {kind} directions",
+        )
+
+    async def virtual_path(self, source: tuple[int, int], target: tuple[int, int],
+                           rows: Sequence[int] | None = None,
+                           cols: Sequence[int] | None = None) -> VirtualPath:
+        """The V- and K-composition virtual heads of ``source → target``."""
+        req = requests.check_path(self.structure, source, target, _ids(rows), _ids(cols),
+                                  where=self._where, limit=self.max_block_bytes)
+        raw = self._raw
+        key = (*req.target, "virtual_path", (req.source, req.rows, req.cols, SEED, raw))
+        return await self._get(
+            key,
+            lambda ctx: compute.virtual_path(self._model(raw), req, SEED),
+            head=req.target,
+            label=f"L{req.source[0]}H{req.source[1]}→L{req.target[0]}H{req.target[1]}",
+        )
+
+    async def score_null(self) -> ScoreNull:
+        """Every score on random heads of the model's shapes and norms (model-wide, cached)."""
+        raw = self._raw
+        return await self._get(
+            (None, None, "score_null", (SEED, raw)),
+            lambda ctx: compute.score_null(self._model(raw), SEED),
+            head=None,
+            label="score null",
+        )
+
     async def composition(self, kind: Literal["q", "k", "v"], progress: Progress = None) -> Composition:
         """Q/K/V composition scores between all pairs of heads (a cancellable sweep)."""
         requests.check_composition_kind(kind, self._where)
         raw = self._raw
         return await self._get(
             (None, None, "composition", (kind, SEED, raw)),
-            lambda ctx: compute.composition(self._model(raw), kind, SEED, ctx.progress, ctx.cancelled),
+            lambda ctx: self._stored(raw, f"composition {kind}", lambda entry: compute.composition(
+                self._model(raw), kind, SEED, ctx.progress, ctx.cancelled, store=entry)),
             head=None,
             label=f"composition {kind}",
             progress=progress,
@@ -433,7 +539,8 @@ class Engine:
         raw = self._raw
 
         def run(ctx: JobContext) -> np.ndarray:
-            table = compute.ablation_effects(self._model(raw), SEED, ctx.progress, ctx.cancelled)
+            table = self._stored(raw, "ablation effects", lambda entry: compute.ablation_effects(
+                self._model(raw), SEED, ctx.progress, ctx.cancelled, store=entry))
             for layer in range(table.shape[0]):
                 for head in range(table.shape[1]):
                     ctx.publish((layer, head, "ablation", (SEED, raw)), float(table[layer, head]))
@@ -517,6 +624,15 @@ def _warm_up(model: Model) -> None:
         for name in ("embed.W_E", "unembed.W_U"):
             if model.weights.has(name):
                 model.weights.get(name)
+
+
+def origin_text(what: str, loaded: int, computed: int) -> str:
+    """``"head scores: from the cache"``, ``"...: computed now"`` or a mix of both."""
+    if computed == 0 and loaded > 0:
+        return f"{what}: from the cache"
+    if loaded == 0:
+        return f"{what}: computed now"
+    return f"{what}: {loaded} parts from the cache, {computed} computed now"
 
 
 def _ids(ids: Sequence[int] | None) -> tuple[int, ...] | None:

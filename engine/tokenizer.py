@@ -11,16 +11,20 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from .errors import CorruptFileError, PromptError
+from .errors import CorruptFileError, HeadscopeError, PromptError
+from .files import loads_json, read_bytes, read_text
 
 # Byte-level BPE (GPT-2, NeoX, Llama 3, Qwen2) spells bytes as printable characters; the
 # ones that matter for reading tokens are the space and newline markers.
 _DISPLAY = str.maketrans({"Ġ": " ", "Ċ": "\n", "ĉ": "\t", "▁": " "})
 MAX_TOKENIZER_BYTES = 200_000_000
 _BERT_SPECIAL = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+MAX_CONFIG_BYTES = 16_000_000  # tokenizer_config.json
 
 
 @runtime_checkable
@@ -56,11 +60,17 @@ class HFTokenizer:
     def from_file(cls, path: str | os.PathLike[str]) -> HFTokenizer:
         from tokenizers import Tokenizer as RustTokenizer
 
-        _check_size(path)
-        try:
-            return cls(RustTokenizer.from_file(str(path)), str(path))
-        except Exception as e:  # the Rust side raises plain Exception on bad JSON
-            raise CorruptFileError(path, f"cannot read tokenizer: {str(e)[:160]}") from None
+        text = read_text(path, MAX_TOKENIZER_BYTES, CorruptFileError, "tokenizer file")
+        with rust_guard(path, "cannot read tokenizer"):
+            tok = RustTokenizer.from_str(text)
+            # Prompts are encoded as typed: the file's truncation and padding do not apply
+            # (and a stride >= max_length, or a huge fixed padding, panics in Rust).
+            tok.no_truncation()
+            tok.no_padding()
+            tokenizer = cls(tok, str(path))
+        with rust_guard(path, "tokenizer fails on a test prompt"):
+            tok.encode("a b", add_special_tokens=False)  # fail at open, not at every prompt
+        return tokenizer
 
     @classmethod
     def from_wordpiece_vocab(
@@ -71,15 +81,15 @@ class HFTokenizer:
         from tokenizers import Tokenizer as RustTokenizer
         from tokenizers import models, normalizers, pre_tokenizers
 
-        _check_size(path)
-        try:
-            vocab = models.WordPiece.read_file(str(path))
-            unk = "[UNK]" if "[UNK]" in vocab else next(iter(vocab), "[UNK]")
+        text = read_text(path, MAX_TOKENIZER_BYTES, CorruptFileError, "WordPiece vocabulary")
+        lines = text.split("\n")
+        if lines and not lines[-1]:
+            lines.pop()
+        # As tokenizers' WordPiece.read_file: line i is token i, trailing whitespace trimmed.
+        vocab = {line.rstrip(): i for i, line in enumerate(lines)}
+        unk = "[UNK]" if "[UNK]" in vocab else next(iter(vocab), "[UNK]")
+        with rust_guard(path, "cannot read WordPiece vocabulary"):
             tok = RustTokenizer(models.WordPiece(vocab, unk_token=unk))
-        except Exception as e:
-            raise CorruptFileError(
-                path, f"cannot read WordPiece vocabulary: {str(e)[:160]}"
-            ) from None
         tok.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         # Typed special tokens are one token each, as with a tokenizer.json (not "[", "cls", "]").
@@ -89,10 +99,12 @@ class HFTokenizer:
     def encode(self, text: str) -> list[int]:
         if not text.strip():
             raise PromptError(self.path, "empty prompt")
-        return list(self._tok.encode(text, add_special_tokens=False).ids)
+        with rust_guard(self.path, "the tokenizer failed on this prompt", PromptError):
+            return list(self._tok.encode(text, add_special_tokens=False).ids)
 
     def decode_token(self, token_id: int) -> str:
-        token = self._tok.id_to_token(token_id)
+        with rust_guard(self.path, f"cannot decode token {token_id}"):
+            token = self._tok.id_to_token(token_id)
         if token is None:
             return f"<{token_id}>"
         if token.startswith("##"):  # WordPiece continuation
@@ -102,7 +114,8 @@ class HFTokenizer:
         return token.translate(_DISPLAY)
 
     def token_to_id(self, token: str) -> int | None:
-        return self._tok.token_to_id(token)
+        with rust_guard(self.path, f"cannot look up token {token!r}"):
+            return self._tok.token_to_id(token)
 
 
 class VocabTokenizer:
@@ -119,11 +132,7 @@ class VocabTokenizer:
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> VocabTokenizer:
-        _check_size(path)
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise CorruptFileError(path, f"cannot read vocabulary: {e}") from None
+        text = read_text(path, MAX_TOKENIZER_BYTES, CorruptFileError, "vocabulary")
         return cls(text.split("\n")[:-1] if text.endswith("\n") else text.split("\n"), str(path))
 
     def encode(self, text: str) -> list[int]:
@@ -148,26 +157,29 @@ class VocabTokenizer:
 
 
 class IdTokenizer:
-    """No tokenizer: the prompt is token ids separated by commas and/or spaces."""
+    """No tokenizer: the prompt is token ids separated by commas and/or spaces.
 
-    def __init__(self, vocab_size: int, path: str | None = None) -> None:
+    ``reason``: why the checkpoint's own tokenizer is not used (it could not be read);
+    prompt errors repeat it, since that is where the user meets the missing tokenizer."""
+
+    def __init__(self, vocab_size: int, path: str | None = None, reason: str | None = None) -> None:
         self.vocab_size = vocab_size
         self.path = path
+        self.reason = reason
+
+    def _why(self) -> str:
+        if self.reason:
+            return f"this model's tokenizer is unusable ({self.reason}): type token ids, e.g. 3,14,15"
+        return "this model has no tokenizer: type token ids, e.g. 3,14,15"
 
     def encode(self, text: str) -> list[int]:
         parts = [p for p in re.split(r"[,\s]+", text.strip()) if p]
         if not parts:
-            raise PromptError(
-                self.path,
-                "empty prompt (this model has no tokenizer: type token ids, e.g. 3,14,15)",
-            )
+            raise PromptError(self.path, f"empty prompt ({self._why()})")
         ids = []
         for p in parts:
-            if not re.fullmatch(r"\d+", p):
-                raise PromptError(
-                    self.path,
-                    f"{p!r} is not a token id (this model has no tokenizer: type ids, e.g. 3,14,15)",
-                )
+            if not (p.isascii() and p.isdigit()):
+                raise PromptError(self.path, f"{p!r} is not a token id ({self._why()})")
             i = int(p)
             if i >= self.vocab_size:
                 raise PromptError(self.path, f"token id {i} out of range 0..{self.vocab_size - 1}")
@@ -179,26 +191,37 @@ class IdTokenizer:
 
     def token_to_id(self, token: str) -> int | None:
         t = token.strip()
-        return int(t) if t.isdigit() and int(t) < self.vocab_size else None
+        return int(t) if t.isascii() and t.isdigit() and int(t) < self.vocab_size else None
 
 
-def _check_size(path: str | os.PathLike[str]) -> None:
+_NOT_PANICS = (KeyboardInterrupt, SystemExit, GeneratorExit)
+
+
+@contextmanager
+def rust_guard(
+    path: str | os.PathLike[str] | None, what: str, error: type[HeadscopeError] = CorruptFileError
+) -> Iterator[None]:
+    """Errors of the Rust ``tokenizers`` as one typed line. A Rust panic surfaces as
+    ``pyo3_runtime.PanicException``, a ``BaseException``: ``except Exception`` misses it."""
     try:
-        size = os.path.getsize(path)
-    except OSError as e:
-        raise CorruptFileError(path, f"cannot read tokenizer: {e.strerror or e}") from None
-    if size > MAX_TOKENIZER_BYTES:
-        raise CorruptFileError(
-            path, f"tokenizer file is {size} bytes, over the {MAX_TOKENIZER_BYTES}-byte limit"
-        )
+        yield
+    except HeadscopeError:
+        raise
+    except _NOT_PANICS:
+        raise
+    except BaseException as e:  # Exception, and Rust panics
+        kind = "panicked" if type(e).__name__ == "PanicException" else "failed"
+        first = (str(e) or type(e).__name__).splitlines()[0]
+        raise error(path, f"{what}: tokenizers {kind}: {first[:160]}") from None
 
 
 def load_tokenizer(directory: Path, d_vocab: int, family: str) -> Tokenizer:
     """The best tokenizer a checkpoint directory offers; ``IdTokenizer`` if none."""
-    if (directory / "tokenizer.json").is_file():
+    # exists(), not is_file(): a FIFO or device is refused with its reason (engine.files).
+    if (directory / "tokenizer.json").exists():
         return HFTokenizer.from_file(directory / "tokenizer.json")
     vocab = directory / "vocab.txt"
-    if vocab.is_file():
+    if vocab.exists():
         if family == "bert":
             return HFTokenizer.from_wordpiece_vocab(vocab, lowercase=_lowercase(directory))
         return VocabTokenizer.from_file(vocab)
@@ -207,11 +230,13 @@ def load_tokenizer(directory: Path, d_vocab: int, family: str) -> Tokenizer:
 
 def _lowercase(directory: Path) -> bool:
     """``do_lower_case`` from ``tokenizer_config.json`` (uncased BERT, the common case, if absent)."""
-    import json
-
+    path = directory / "tokenizer_config.json"
+    if not path.exists():
+        return True
     try:
-        cfg = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError):
+        cfg = loads_json(read_bytes(path, MAX_CONFIG_BYTES, CorruptFileError, path.name),
+                         path, CorruptFileError, path.name)
+    except CorruptFileError:
         return True
     value = cfg.get("do_lower_case", True) if isinstance(cfg, dict) else True
     return value if isinstance(value, bool) else True

@@ -15,8 +15,14 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from .adapters import Heads, Rows, Spec, Whole, Zeros
 from .cache import ByteLRU
 from .config import ModelConfig
-from .errors import CorruptFileError, IndexOutOfRangeError, MissingTensorError
-from .safetensors_header import SafetensorsHeader, TensorInfo, read_header
+from .errors import (
+    CheckpointChangedError,
+    CorruptFileError,
+    IndexOutOfRangeError,
+    MissingTensorError,
+    out_of_memory,
+)
+from .safetensors_header import SafetensorsHeader, TensorInfo, file_identity, read_header
 
 if TYPE_CHECKING:
     import torch
@@ -132,6 +138,16 @@ def _head_view(t: torch.Tensor, spec: Heads, stored: int) -> torch.Tensor:
                         t.storage_offset() + spec.offset * strides[spec.axis])
 
 
+def _changed(file: str, was: tuple[int, ...], now: tuple[int, ...]) -> CheckpointChangedError:
+    changed = [name for name, a, b in zip(("device", "inode", "size", "modification time"),
+                                          was, now, strict=True) if a != b]
+    return CheckpointChangedError(
+        file,
+        f"the file changed on disk since the model was opened ({', '.join(changed)} differ: "
+        "rewritten or replaced); reopen the model to see the new weights",
+    )
+
+
 def _kv_name(name: str) -> str:
     """``blocks.0.attn.W_K`` -> ``blocks.0.attn._W_K`` (the un-expanded GQA tensor)."""
     prefix, _, last = name.rpartition(".")
@@ -156,6 +172,7 @@ class CheckpointWeights:
         files: Mapping[str, str],
         path: str | None = None,
         cache_bytes: int = 64 << 20,
+        headers: Mapping[str, SafetensorsHeader] | None = None,
     ) -> None:
         self.cfg = cfg
         self.specs = dict(specs)
@@ -164,8 +181,10 @@ class CheckpointWeights:
         self.cache_bytes = cache_bytes
         self.reads = 0  # tensor/slice reads from disk (tests count them)
         self._handles: dict[str, Any] = {}  # open files (read with pread: thread-safe)
-        self._headers: dict[str, SafetensorsHeader] = {}
-        self._sizes: dict[str, int] = {}  # file sizes when opened (see _read)
+        # Headers validated when the checkpoint was inspected: the files must still be the
+        # ones they describe when tensors are read (see _check_unchanged).
+        self._headers: dict[str, SafetensorsHeader] = dict(headers or {})
+        self._identity: dict[str, tuple[int, int, int, int]] = {}  # see file_identity
         # big tensors (embeddings) would evict everything: a quarter of the budget at most
         self._cache = ByteLRU(cache_bytes, tensor_bytes, max_entry=cache_bytes // 4)
         self._lock = threading.RLock()
@@ -271,14 +290,7 @@ class CheckpointWeights:
             raise MissingTensorError(self.path, f"missing tensor {tensor!r}")
         try:
             handle, info, data_start = self._locate(file, tensor)
-            # A stat per read (~µs) turns a file rewritten under us (a download or a copy)
-            # into a clear error instead of a short read of some other tensor's bytes.
-            if os.stat(file).st_size != self._sizes[file]:
-                raise CorruptFileError(
-                    file,
-                    f"the file changed on disk since it was opened (now {os.stat(file).st_size:,} "
-                    f"bytes, was {self._sizes[file]:,}); reopen the model",
-                )
+            self._check_unchanged(file)
             dtype = _TORCH_DTYPES.get(info.dtype)
             if dtype is None:
                 raise CorruptFileError(file, f"tensor {tensor!r} has dtype {info.dtype}, not a float type")
@@ -293,31 +305,55 @@ class CheckpointWeights:
             n_bytes = rows * row_bytes
             buffer = torch.empty(n_bytes, dtype=torch.uint8)
             _pread_into(handle, buffer, data_start + info.begin + first * row_bytes, file, tensor)
+            self._check_unchanged(file)  # a rewrite during the read: these bytes may be mixed
             with self._lock:
                 self.reads += 1
+            t = buffer.view(dtype).reshape(shape)
+            if not upcast and index is None:
+                return t
+            if index is not None:
+                t = t[index]
+            out = t.float()
+            if out.data_ptr() == buffer.data_ptr() and out.numel() * 4 != n_bytes:
+                out = out.clone(memory_format=torch.contiguous_format)  # a float32 slice: drop the rest
+            return out
         except CorruptFileError:
             raise
         except OSError as e:
             raise CorruptFileError(file, f"cannot read tensor {tensor!r}: {str(e)[:160]}") from None
-        t = buffer.view(dtype).reshape(shape)
-        if not upcast and index is None:
-            return t
-        if index is not None:
-            t = t[index]
-        out = t.float()
-        if out.data_ptr() == buffer.data_ptr() and out.numel() * 4 != n_bytes:
-            out = out.clone(memory_format=torch.contiguous_format)  # a float32 slice: drop the rest
-        return out
+        except (MemoryError, RuntimeError) as e:
+            oom = out_of_memory(e, file, f"reading tensor {tensor!r}")
+            if oom is None:
+                raise
+            raise oom from None
+
+    def _check_unchanged(self, file: str) -> None:
+        """Refuse to read from a file rewritten since the model was opened: a training loop
+        saving each epoch in place keeps the size, so size alone does not tell (docs/internals.md)."""
+        try:
+            now = file_identity(os.stat(file))
+        except OSError as e:
+            raise CheckpointChangedError(
+                file, f"the file is gone or unreadable since the model was opened ({e.strerror}); reopen the model"
+            ) from None
+        if now != self._identity[file]:
+            raise _changed(file, self._identity[file], now)
 
     def _locate(self, file: str, tensor: str) -> tuple[Any, TensorInfo, int]:
         """The open file, the tensor's header entry and where the data buffer starts."""
         with self._lock:
             handle = self._handles.get(file)
             if handle is None:
-                header = read_header(file)  # validated again: the file may have changed
-                self._sizes[file] = header.file_size
-                self._headers[file] = header
-                handle = self._handles[file] = open(file, "rb")  # noqa: SIM115 (closed in close())
+                header = self._headers.get(file)
+                if header is None or header.identity is None:
+                    header = self._headers[file] = read_header(file)
+                handle = open(file, "rb")  # noqa: SIM115 (closed in close())
+                opened = file_identity(os.fstat(handle.fileno()))
+                if header.identity is not None and opened != header.identity:
+                    handle.close()  # rewritten between inspection and this first read
+                    raise _changed(file, header.identity, opened)
+                self._identity[file] = opened
+                self._handles[file] = handle
             header = self._headers[file]
         info = header.tensors.get(tensor)
         if info is None:

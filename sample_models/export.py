@@ -25,7 +25,7 @@ from .model import ModelShape, TinyTransformer
 NATIVE_ARCHITECTURE = "headscope-attn-only"
 
 
-def native_config(shape: ModelShape, n_params: int) -> ModelConfig:
+def native_config(shape: ModelShape, n_params: int, dtype: str = "float32") -> ModelConfig:
     return ModelConfig(
         family="native",
         architecture=NATIVE_ARCHITECTURE if shape.d_mlp is None else "headscope-transformer",
@@ -41,7 +41,7 @@ def native_config(shape: ModelShape, n_params: int) -> ModelConfig:
         norm_eps=shape.ln_eps,
         positional="learned",
         tied_unembed=shape.tied_unembed,
-        dtype="float32",
+        dtype=dtype,
         n_params=n_params,
     )
 
@@ -51,10 +51,14 @@ def config_json(cfg: ModelConfig) -> str:
     return json.dumps(dataclasses.asdict(cfg), sort_keys=True)
 
 
-def write_native(model: TinyTransformer, vocab: Sequence[str], out: Path) -> ModelConfig:
+def write_native(model: TinyTransformer, vocab: Sequence[str], out: Path,
+                 dtype: torch.dtype = torch.float32) -> ModelConfig:
+    """Write ``model`` in the native layout, its tensors stored as ``dtype`` (a copy: the
+    model itself is not touched)."""
     out.mkdir(parents=True, exist_ok=True)
-    tensors = model.canonical_tensors()
-    cfg = native_config(model.shape, sum(t.numel() for t in tensors.values()))
+    tensors = {k: v.to(dtype) for k, v in model.canonical_tensors().items()}
+    cfg = native_config(model.shape, sum(t.numel() for t in tensors.values()),
+                        str(dtype).removeprefix("torch."))
     cfg_text = config_json(cfg)
     save_file(tensors, str(out / "model.safetensors"), metadata={"headscope_config": cfg_text})
     (out / "model.safetensors").chmod(file_mode())  # safetensors writes 0o600

@@ -1,11 +1,16 @@
 """Train the sample models on CPU, deterministically, and write them to disk.
 
     python -m headscope.sample_models.train --model attn-only-2l [--seed N] [--steps N] [--out DIR]
+        [--save-steps 0,200,400,... [--save-dir DIR]]
 
 Logs the loss and the previous-token / induction attention of the best head as training
 goes: in the two-layer model the induction score jumps after a loss plateau (a phase
 change), and training continues well past it. Writes the model (native layout or a Hugging
 Face GPT-2 directory), ``metrics.json``, ``training_log.json`` and a model card.
+``--save-steps`` also writes the weights after each listed number of optimizer steps (0: the
+initialisation) as a series of native checkpoints ``step-000600/`` in float16, which
+``headscope timeline`` reads; saving copies the weights and draws no random numbers, so the
+run and its final weights are the same with or without it.
 """
 
 from __future__ import annotations
@@ -126,28 +131,88 @@ def repeated_loss(model: TinyTransformer, seed: int = 2, batch: int = 16) -> flo
     return float(loss_fn(logits[:, half - 1 :], tokens[:, half - 1 :]))
 
 
+@dataclass(frozen=True)
+class SaveSpec:
+    """Intermediate checkpoints: after each of ``steps`` optimizer steps, into ``out``."""
+
+    steps: tuple[int, ...]
+    out: Path
+    dtype: torch.dtype = torch.float16
+
+
+def step_dir_name(step: int) -> str:
+    """``step-000600``: zero-padded so that the names also sort in step order."""
+    return f"step-{step:06d}"
+
+
+def save_checkpoint(model: TinyTransformer, save: SaveSpec, step: int) -> Path:
+    """Write the weights after ``step`` optimizer steps as a native checkpoint (a copy)."""
+    path = save.out / step_dir_name(step)
+    write_native(model, corpus.VOCAB, path, dtype=save.dtype)
+    return path
+
+
+def series_card(name: str, seed: int, save: SaveSpec) -> str:
+    """The README of a checkpoint series written by ``--save-steps``."""
+    steps = ",".join(str(s) for s in save.steps)
+    where = "" if save.out == HERE / f"{name}-training" else f" --save-dir {save.out}"
+    dtype = str(save.dtype).removeprefix("torch.")
+    return "\n".join([
+        f"# {save.out.name}", "",
+        f"{len(save.steps)} checkpoints of the training run of `{name}` (seed {seed}), one "
+        f"directory per step (`{step_dir_name(save.steps[0])}/` ... "
+        f"`{step_dir_name(save.steps[-1])}/`: the weights after that many optimizer steps, "
+        f"0 being the initialisation), each a native checkpoint stored in {dtype}. Written by",
+        "", "```",
+        f"python -m headscope.sample_models.train --model {name} --seed {seed} "
+        f"--save-steps {steps}{where}",
+        "```", "",
+        "Saving copies the weights and draws no random numbers: the run, and its final weights, "
+        "are those of the same command without `--save-steps`. `headscope timeline "
+        f"{save.out.name}` shows every head's scores across the steps.", "",
+    ])
+
+
+def parse_save_steps(text: str, total: int) -> tuple[int, ...]:
+    """``"0,200,400"`` → ``(0, 200, 400)``, each within ``0..total``, sorted, no repeats."""
+    try:
+        steps = sorted({int(s) for s in text.split(",") if s.strip()})
+    except ValueError:
+        raise ValueError(f"--save-steps: {text!r} is not a comma-separated list of integers") from None
+    bad = [s for s in steps if not 0 <= s <= total]
+    if bad:
+        raise ValueError(f"--save-steps: {bad[0]} is outside 0..{total} (the run's steps)")
+    return tuple(steps)
+
+
 def train(name: str, seed: int | None = None, steps: int | None = None, out: Path | None = None,
-          quiet: bool = False, threads: int = 1, **overrides: Any) -> dict:
+          quiet: bool = False, threads: int = 1, save: SaveSpec | None = None,
+          **overrides: Any) -> dict:
     """Train preset ``name``, write it to ``out`` and return its metrics.
 
     Runs with ``threads`` torch threads (restored afterwards): on a shared 2-core machine
     one thread is several times faster than two, and results are reproducible only for a
     fixed thread count. ``overrides`` replace ``TrainSpec`` fields (lr, init_std, ...).
     ``seed`` defaults to the preset's, the one its shipped model was trained with.
+    ``save`` writes intermediate checkpoints (native presets only) without changing the run.
     """
     spec = replace(PRESETS[name], **overrides)
     seed = spec.seed if seed is None else seed
     if steps is not None:
         spec = replace(spec, steps=steps, warmup=min(spec.warmup, max(1, steps // 5)))
+    if save is not None and spec.fmt != "native":
+        raise ValueError(f"--save-steps: {name} is not a native-layout preset")
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return _train(name, spec, seed, out or HERE / name, quiet)
+        return _train(name, spec, seed, out or HERE / name, quiet, save)
     finally:
         torch.set_num_threads(previous)
 
 
-def _train(name: str, spec: TrainSpec, seed: int, out: Path, quiet: bool) -> dict:
+def _train(name: str, spec: TrainSpec, seed: int, out: Path, quiet: bool,
+           save: SaveSpec | None = None) -> dict:
+    save_at = set(save.steps) if save is not None else set()
     torch.manual_seed(seed)
     model = build(spec, seed)
     data = corpus.Corpus(seed, pure_repeat=spec.pure_repeat)
@@ -158,6 +223,8 @@ def _train(name: str, spec: TrainSpec, seed: int, out: Path, quiet: bool) -> dic
     log: list[dict] = []
     recent: list[float] = []
     t0 = time.perf_counter()
+    if 0 in save_at:
+        save_checkpoint(model, save, 0)
     for step in range(spec.steps):
         for group in opt.param_groups:
             group["lr"] = lr_at(step, spec)
@@ -169,6 +236,8 @@ def _train(name: str, spec: TrainSpec, seed: int, out: Path, quiet: bool) -> dic
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         recent.append(float(loss.detach()))
+        if step + 1 in save_at:
+            save_checkpoint(model, save, step + 1)
         if (step + 1) % spec.log_every == 0 or step + 1 == spec.steps:
             entry = {"step": step + 1, "loss": sum(recent) / len(recent),
                      "repeated_loss": repeated_loss(model), **snapshot(model),
@@ -190,6 +259,8 @@ def _train(name: str, spec: TrainSpec, seed: int, out: Path, quiet: bool) -> dic
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     (out / "training_log.json").write_text(json.dumps(log, indent=1) + "\n")
     (out / "README.md").write_text(model_card(name, spec, metrics, log))
+    if save is not None:
+        (save.out / "README.md").write_text(series_card(name, seed, save))
     return metrics
 
 
@@ -268,6 +339,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="override ModelShape integer fields, e.g. n_heads=4 d_head=32")
     p.add_argument("--card-only", action="store_true",
                    help="rewrite the model card from the saved metrics.json, no training")
+    p.add_argument("--save-steps", default=None, metavar="N,N,...",
+                   help="also save the weights after these numbers of steps (0: the init), "
+                        "float16, as DIR/step-000600/ ... (native presets only)")
+    p.add_argument("--save-dir", type=Path, default=None,
+                   help="where --save-steps writes (default: sample_models/<model>-training)")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
     if args.card_only:
@@ -284,8 +360,16 @@ def main(argv: list[str] | None = None) -> int:
         shape_changes["layer_norm"] = True
     if shape_changes:
         overrides["shape"] = replace(PRESETS[args.model].shape, **shape_changes)
+    save = None
+    if args.save_steps is not None:
+        total = args.steps if args.steps is not None else PRESETS[args.model].steps
+        try:
+            save_steps = parse_save_steps(args.save_steps, total)
+        except ValueError as e:
+            p.error(str(e))
+        save = SaveSpec(save_steps, args.save_dir or HERE / f"{args.model}-training")
     metrics = train(args.model, args.seed, args.steps, args.out, args.quiet, args.threads,
-                    **overrides)
+                    save=save, **overrides)
     print(json.dumps({k: metrics[k] for k in ("name", "eval_loss", "repeated_loss", "seconds")}))
     return 0
 

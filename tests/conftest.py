@@ -16,6 +16,15 @@ from tests.hf_fixtures import (  # noqa: F401  (re-exported pytest fixtures)
     qwen2_dir,
 )
 
+
+@pytest.fixture(autouse=True)
+def _results_store_in_tmp(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test gets its own on-disk results store (engine.store), never ~/.cache."""
+    root = tmp_path_factory.mktemp("headscope-cache")
+    monkeypatch.setenv("HEADSCOPE_CACHE_DIR", str(root))
+    return root
+
+
 SAMPLE_MODELS = Path(__file__).resolve().parent.parent / "sample_models"
 
 

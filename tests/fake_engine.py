@@ -27,9 +27,13 @@ from headscope.engine.results import (
     HeadScores,
     Profile,
     PromptView,
+    ScoreNull,
     ScoreTable,
+    SingularDirections,
     Spectrum,
+    TokenDirection,
     TopTokens,
+    VirtualPath,
     rank_edges,
     readonly,
 )
@@ -77,6 +81,9 @@ class FakeEngine:
         self._behaviour = rng.uniform(0.0, 0.25, size=(3, n_layers, n_heads))
         self._behaviour[0, 0, min(1, n_heads - 1)] = 0.92  # prev-token head L0.H1
         self._behaviour[2, min(1, n_layers - 1), min(2, n_heads - 1)] = 0.88  # induction L1.H2
+        # attention-sink scores from their own generator: the draws above stay as they were
+        sink = np.random.default_rng(seed + 1).uniform(0.0, 0.25, size=(1, n_layers, n_heads))
+        self._behaviour = np.concatenate((self._behaviour, sink))
         self.structure: dict[str, Any] = {
             "path": path, "format": "native", "family": "native",
             "architecture": "headscope-attn-only", "n_layers": n_layers, "n_heads": n_heads,
@@ -175,6 +182,53 @@ class FakeEngine:
                          source_label=WORDS[source_token], ids=tuple(ids),
                          labels=tuple(WORDS[i] for i in ids), values=readonly(row[ids]))
 
+    async def singular_directions(self, layer: int, head: int, kind: str, k: int = 5,
+                                  top: int = 10) -> SingularDirections:
+        await self._enter("singular_directions")
+        matrix = self.full_ov(layer, head) if kind == "ov" else self.token_qk(layer, head)
+        u, s, vh = np.linalg.svd(matrix)
+        k = min(k, self.W_Q.shape[-1])
+        directions = []
+        for i in range(k):
+            ins = [int(t) for t in np.argsort(-np.abs(u[:, i]))[:top]]
+            outs = [int(t) for t in np.argsort(-np.abs(vh[i]))[:top]]
+            directions.append(TokenDirection(
+                index=i, sigma=float(s[i]), in_ids=tuple(ins), in_labels=tuple(WORDS[t] for t in ins),
+                in_values=readonly(u[ins, i], np.float32), out_ids=tuple(outs),
+                out_labels=tuple(WORDS[t] for t in outs), out_values=readonly(vh[i, outs], np.float32),
+                overlap=len(set(ins) & set(outs)) / max(1, len(ins))))
+        return SingularDirections(layer=layer, head=head, kind=kind,  # type: ignore[arg-type]
+                                  singular_values=readonly(s[:k], np.float32),
+                                  directions=tuple(directions),
+                                  overlap=float(np.mean([d.overlap for d in directions])))
+
+    async def virtual_path(self, source: tuple[int, int], target: tuple[int, int],
+                           rows: Any = None, cols: Any = None) -> VirtualPath:
+        await self._enter("virtual_path")
+        (la, ha), (lb, hb) = source, target
+        ov_a = self.W_V[la, ha] @ self.W_O[la, ha]
+        virtual = self.W_E @ ov_a @ self.W_V[lb, hb] @ self.W_O[lb, hb] @ self.W_U
+        path = (self.W_E @ self.W_Q[lb, hb]) @ (self.W_E @ ov_a @ self.W_K[lb, hb]).T
+        rows = tuple(range(DEFAULT_BLOCK)) if rows is None else tuple(rows)
+        cols = tuple(range(DEFAULT_BLOCK)) if cols is None else tuple(cols)
+        eig_v, eig_k = np.linalg.eigvals(virtual), np.linalg.eigvals(path)
+        return VirtualPath(
+            source=source, target=target, v_copying_score=_copying(eig_v),
+            v_eigenvalues=readonly(eig_v[np.argsort(-np.abs(eig_v))][: self.W_Q.shape[-1]], np.complex64),
+            v_singular_values=readonly(np.linalg.svd(virtual, compute_uv=False)[: self.W_Q.shape[-1]],
+                                       np.float32),
+            k_positivity=_copying(eig_k),
+            k_diagonal=float(np.mean(path.argmax(1) == np.arange(path.shape[0]))),
+            k_eigenvalues=readonly(eig_k[np.argsort(-np.abs(eig_k))][: self.W_Q.shape[-1]], np.complex64),
+            k_block=readonly(path[np.ix_(rows, cols)], np.float32), row_ids=rows, col_ids=cols,
+            row_labels=tuple(WORDS[i] for i in rows), col_labels=tuple(WORDS[i] for i in cols))
+
+    async def score_null(self) -> ScoreNull:
+        await self._enter("score_null")
+        n = len(SCORE_NAMES)
+        return ScoreNull(names=SCORE_NAMES, mean=readonly(np.full((n, self.L), 0.05), np.float32),
+                         std=readonly(np.full((n, self.L), 0.02), np.float32), samples=64, seed=0)
+
     async def spectrum(self, layer: int, head: int, kind: str) -> Spectrum:
         await self._enter("spectrum")
         if kind == "ov":
@@ -208,7 +262,7 @@ class FakeEngine:
         return HeadScores(layer=layer, head=head, copying_score=f32(_copying(eig_ov)),
                           qk_positivity=f32(_copying(eig_qk)), prev_token_score=f32(b[0]),
                           duplicate_token_score=f32(b[1]), induction_score=f32(b[2]),
-                          nonfinite=False)
+                          attention_sink_score=f32(b[3]), nonfinite=False)
 
     async def head_scores(self, layer: int, head: int) -> HeadScores:
         await self._enter("head_scores")

@@ -240,7 +240,7 @@ async def test_explorer_opens_and_flags_qk(tmp_path: Path, monkeypatch: pytest.M
     async with app.run_test(size=(160, 40)) as pilot:
         await wait_ready(pilot, app)
         assert app.errors == []
-        text = app.main.query_one("#qk-token", Chart).rendered.plain
+        text = app.explorer.query_one("#qk-token", Chart).rendered.plain
         assert "token QK L0.H0" in text and "q/k RMSNorm" in text
         assert "circuits≈" in app.query_one(StatusBar).render().plain
         await pilot.press("q")

@@ -37,6 +37,7 @@ from tests.gguf_fixtures import (
 from tests.hf_fixtures import build_llama, build_qwen2, randomize_
 from tests.hf_fixtures_phi import build_phi3
 from tests.test_forward_parity import SEQS
+from tests.test_tui_real_engine import wait_ready
 
 EXACT = 1e-5  # same float32 numbers through the same code: only summation order may differ
 
@@ -436,7 +437,6 @@ def test_unknown_rope_factors_are_refused_not_ignored(name: str, llama_pair, tmp
 async def test_explorer_opens_a_gguf_file(llama_pair, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`headscope model.gguf`: the app opens it on the real engine, shows the token QK view with
     the metadata's token strings, and reports no error."""
-    import time
 
     from headscope.tui.app import HeadscopeApp
     from headscope.tui.settings import Settings
@@ -448,15 +448,9 @@ async def test_explorer_opens_a_gguf_file(llama_pair, tmp_path: Path, monkeypatc
     path = write_gguf(llama_pair[1], tmp_path / "m.gguf", qtype="Q8_0", tokens=tokens, merges=[])
     app = HeadscopeApp(path, settings=Settings(), debounce=0.01, sweep=False)
     async with app.run_test(size=(120, 40)) as pilot:
-        deadline = time.monotonic() + 60
-        while not app._model_ready.is_set() and not app.errors:
-            assert time.monotonic() < deadline, "model did not open"
-            await pilot.pause(0.1)
-        for _ in range(4):
-            await pilot.pause(0.1)
-            await app.workers.wait_for_complete()
+        await wait_ready(pilot, app)
         assert app.errors == []
-        assert "token QK L0.H0" in app.main.query_one("#qk-token", Chart).rendered.plain
+        assert "token QK L0.H0" in app.explorer.query_one("#qk-token", Chart).rendered.plain
         await pilot.press("q")
 
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import pickle
+import re
 import shutil
 import struct
 import tempfile
@@ -44,6 +46,8 @@ from headscope.engine.errors import (
 from headscope.engine.loading import inspect_checkpoint, open_model, read_structure
 from headscope.engine.safetensors_header import parse_header_bytes, read_header
 from tests import hf_fixtures as hf
+
+INDEX_FILE_NAME = "model.safetensors.index.json"
 
 
 def safetensors_bytes(header: dict[str, Any] | bytes, data: bytes = b"") -> bytes:
@@ -92,6 +96,16 @@ class Sources:
     @property
     def qwen2(self) -> Path:
         return self._families["qwen2"]
+
+    @cached_property
+    def native(self) -> Path:
+        """The bundled native attn-only-2l with its config only in headscope.json (not in the
+        safetensors metadata, which would take precedence)."""
+        d = copy_of(Path(__file__).resolve().parent.parent / "sample_models" / "attn-only-2l",
+                    self._base / "native")
+        tensors = load_file(str(d / "model.safetensors"))
+        save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
+        return d
 
     @cached_property
     def sharded(self) -> Path:
@@ -577,6 +591,192 @@ def test_config_json_not_json(tmp_path: Path, corpus_sources: Sources) -> None:
     d = config_json_not_json(tmp_path, corpus_sources).path
     with pytest.raises(ConfigError, match=r"config\.json"):
         read_structure(d)
+
+
+# --- special files, duplicate index entries, layer bombs, values the math cannot use ------
+# (issue 13's round: each case is a corpus entry, so the CLI and the explorer open it too)
+
+
+def _fifo(path: Path) -> Path:
+    """Replace ``path`` by a FIFO nobody writes to: reading it would block forever."""
+    path.unlink(missing_ok=True)
+    os.mkfifo(path)
+    return path
+
+
+def _dev_zero(path: Path) -> Path:
+    """Replace ``path`` by a symlink to /dev/zero: reading it would never end."""
+    path.unlink(missing_ok=True)
+    path.symlink_to("/dev/zero")
+    return path
+
+
+SPECIAL_FILE_CASES = {
+    # case: (source family, file replaced, how, error, fragment)
+    "config_fifo": ("gpt2", "config.json", _fifo, ConfigError, "FIFO"),
+    "config_dev_zero": ("gpt2", "config.json", _dev_zero, UnsafePathError, "symlink leading outside"),
+    "config_directory": ("gpt2", "config.json", None, ConfigError, "a directory"),
+    "weights_fifo": ("gpt2", "model.safetensors", _fifo, CorruptFileError, "not a regular file"),
+    "index_fifo": ("sharded", INDEX_FILE_NAME, _fifo, CorruptFileError, "FIFO"),
+    "index_directory": ("sharded", INDEX_FILE_NAME, None, CorruptFileError, "a directory"),
+    "native_json_fifo": ("native", "headscope.json", _fifo, ConfigError, "FIFO"),
+    "native_json_outside": ("native", "headscope.json", lambda p: _outside_link(p),
+                            UnsafePathError, "symlink leading outside"),
+    "config_outside": ("gpt2", "config.json", lambda p: _outside_link(p), UnsafePathError,
+                       "symlink leading outside"),
+}
+
+
+def _outside_link(path: Path) -> Path:
+    """Replace ``path`` by a symlink to a copy of it outside the model directory."""
+    outside = path.parent.parent / f"outside-{path.name}"
+    shutil.copy(path, outside)
+    path.unlink()
+    path.symlink_to(outside)
+    return path
+
+
+def _special_file_case(case: str) -> Builder:
+    def build(tmp_path: Path, sources: Sources) -> Broken:
+        family, name, how, error, fragment = SPECIAL_FILE_CASES[case]
+        d = copy_of(getattr(sources, family), tmp_path / case)
+        target = d / name
+        if how is None:  # a directory in the file's place
+            target.unlink()
+            target.mkdir()
+        else:
+            how(target)
+        return Broken(d, error, fragment, str(target))
+
+    return build
+
+
+for _case in SPECIAL_FILE_CASES:
+    BROKEN[f"special_{_case}"] = _special_file_case(_case)
+
+
+@pytest.mark.timeout(30)  # a regression would block on the FIFO: fail, do not hang
+@pytest.mark.parametrize("case", list(SPECIAL_FILE_CASES))
+def test_special_files_are_refused_without_reading_them(
+    tmp_path: Path, corpus_sources: Sources, case: str
+) -> None:
+    b = BROKEN[f"special_{case}"](tmp_path, corpus_sources)
+    with pytest.raises(b.error, match=b.fragment) as info:
+        read_structure(b.path)
+    assert b.names in str(info.value)
+
+
+@broken("index_lists_tensor_twice")
+def index_lists_tensor_twice(tmp_path: Path, sources: Sources) -> Broken:
+    """The same tensor under two shards in weight_map: which one wins must not be a guess."""
+    d = copy_of(sources.sharded, tmp_path / "dup")
+    index = json.loads(_index(d).read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    tensor = next(t for t, s in index["weight_map"].items() if s == shards[0])
+    body = json.dumps(index["weight_map"])[1:-1]
+    _index(d).write_text(
+        '{"metadata": {}, "weight_map": {' + body + f', "{tensor}": "{shards[-1]}"' + "}}"
+    )
+    return Broken(d, CorruptFileError, f"duplicate key '{re.escape(tensor)}'", str(_index(d)))
+
+
+LAYER_BOMB_TENSORS = 20_000
+
+
+@broken("layer_bomb")
+def layer_bomb(tmp_path: Path, sources: Sources) -> Broken:
+    """n_layer as large as the header's tensor count, the tensors all empty: refused from the
+    header's parameter count before anything is built per layer."""
+    d = copy_of(sources.gpt2, tmp_path / "bomb")
+    header = {f"t{i}": entry("F32", [0], 0, 0) for i in range(LAYER_BOMB_TENSORS)}
+    (d / "model.safetensors").write_bytes(safetensors_bytes(header))
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["n_layer"] = LAYER_BOMB_TENSORS // 2
+    (d / "config.json").write_text(json.dumps(cfg))
+    return Broken(d, ConfigError, r"n_layers 10000 .* holds only 0", str(d / "config.json"))
+
+
+def test_layer_bomb_is_refused_before_building_layers(
+    tmp_path: Path, corpus_sources: Sources, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import headscope.engine.adapters.gpt2 as gpt2_adapter
+
+    def no_specs(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("per-layer specs built for a layer bomb")
+
+    monkeypatch.setattr(gpt2_adapter, "specs", no_specs)
+    b = layer_bomb(tmp_path, corpus_sources)
+    with pytest.raises(ConfigError, match=b.fragment):
+        read_structure(b.path)
+
+
+# Values that pass a type check but make the math non-finite (or raise deep inside it).
+def _rope(**params: Any) -> dict[str, Any]:
+    """transformers >= 5 writes rope_parameters (read before the older rope_theta/rope_scaling)."""
+    return {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, **params}}
+
+
+MATH_CONFIG_CASES = {
+    "rope_theta_tiny": ("llama", _rope(rope_theta=1e-300), r"rope_theta .* got 1e-300"),
+    "rope_theta_string": ("llama", _rope(rope_theta="10000"), r"rope_theta must be a finite number"),
+    "rope_theta_huge_int": ("llama", _rope(rope_theta=10**400), r"rope_theta"),
+    "rope_theta_old_key_tiny": ("llama", {"rope_parameters": None, "rope_theta": 1e-300},
+                                r"rope_theta .* got 1e-300"),
+    "rope_factor_zero": ("llama", _rope(rope_type="linear", factor=0), r"parameter factor .* got 0"),
+    "rope_factor_string": ("llama", _rope(rope_type="linear", factor="x"), r"parameter factor .* 'x'"),
+    "rope_llama3_high_not_above_low": (
+        "llama",
+        _rope(rope_type="llama3", factor=8.0, low_freq_factor=4.0, high_freq_factor=4.0,
+              original_max_position_embeddings=32),
+        r"high_freq_factor .* must be greater than low_freq_factor",
+    ),
+    "rope_llama3_missing": ("llama", _rope(rope_type="llama3", factor=8.0), r"needs the parameter low_freq_factor"),
+    "sliding_window_negative": ("llama", {"sliding_window": -1}, r"sliding_window .* got -1"),
+    "sliding_window_string": ("llama", {"sliding_window": "4k"}, r"sliding_window"),
+    "partial_rotary_huge": ("llama", {"partial_rotary_factor": 1e308}, r"partial_rotary_factor must be in"),
+    "partial_rotary_negative": ("llama", {"partial_rotary_factor": -0.5}, r"partial_rotary_factor must be in"),
+    "norm_eps_huge": ("gpt2", {"layer_norm_epsilon": 1e300}, r"norm_eps .* got 1e\+300"),
+    "attn_scale_zero": ("native", {"attn_scale": 0}, r"attn_scale must be a finite number > 0"),
+    "attn_scale_nan": ("native", {"attn_scale": float("nan")}, r"attn_scale must be a finite number > 0"),
+    "attn_scale_string": ("native", {"attn_scale": "8"}, r"attn_scale must be a number"),
+    "n_types_string": ("native", {"extra": {"n_types": "two"}}, r"n_types"),
+}
+
+
+def _native_with(src: Path, dst: Path, changes: dict[str, Any]) -> Path:
+    d = copy_of(src, dst)
+    path = d / "headscope.json"
+    cfg = json.loads(path.read_text())
+    cfg.update(changes)
+    path.write_text(json.dumps(cfg))
+    return d
+
+
+def _math_config_case(case: str) -> Builder:
+    def build(tmp_path: Path, sources: Sources) -> Broken:
+        family, changes, fragment = MATH_CONFIG_CASES[case]
+        if family == "native":
+            d = _native_with(sources.native, tmp_path / case, changes)
+            return Broken(d, ConfigError, fragment, str(d / "headscope.json"))
+        d = _with_config(getattr(sources, family), tmp_path / case, **changes)
+        return Broken(d, ConfigError, fragment, str(d / "config.json"))
+
+    return build
+
+
+for _case in MATH_CONFIG_CASES:
+    BROKEN[f"math_{_case}"] = _math_config_case(_case)
+
+
+@pytest.mark.parametrize("case", list(MATH_CONFIG_CASES))
+def test_config_values_the_math_cannot_use_are_refused(
+    tmp_path: Path, corpus_sources: Sources, case: str
+) -> None:
+    b = BROKEN[f"math_{case}"](tmp_path, corpus_sources)
+    with pytest.raises(ConfigError, match=b.fragment) as info:
+        read_structure(b.path)
+    assert b.names in str(info.value)
+
 
 
 # --- tensors: missing, wrong shape, NaN ---------------------------------------------------

@@ -27,6 +27,11 @@ def test_pip_install_claims_only_the_headscope_namespace(tmp_path: Path) -> None
     installed = target / "headscope"
     assert {"engine", "tui", "themes", "sample_models"} <= {p.name for p in installed.iterdir()}
     assert (installed / "sample_models" / "attn-only-2l" / "model.safetensors").is_file()
+    # The checkpoint series `headscope timeline` shows, one level deeper (*/*/... patterns).
+    series = ROOT / "sample_models" / "attn-only-2l-training"
+    for f in series.rglob("*"):
+        if f.is_file():
+            assert (installed / "sample_models" / f.relative_to(ROOT / "sample_models")).is_file(), f
     assert (installed / "themes" / "headscope.tcss").is_file()
     assert not (installed / "tui" / "screenshots.py").exists(), "a docs tool in the UI package"
 

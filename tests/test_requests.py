@@ -25,7 +25,7 @@ from headscope.engine.errors import (
     ResourceLimitError,
 )
 from headscope.engine.loading import open_model
-from headscope.engine.requests import MAX_RESULT_BYTES, SCORE_NAMES
+from headscope.engine.requests import MAX_RESULT_BYTES, SCORE_NAMES, Z_NAMES
 from headscope.engine.results import HeadScores, ScoreTable, rank_edges
 from headscope.engine.service import Engine
 from headscope.tui import cli
@@ -141,7 +141,9 @@ async def test_heads_json_and_the_engine_score_table_agree_by_name(engine, capsy
     table = await engine.all_head_scores()
     assert [f.name for f in dataclasses.fields(ScoreTable)] == [*SCORE_NAMES, "nonfinite"]
     assert [f.name for f in dataclasses.fields(HeadScores)] == ["layer", "head", *SCORE_NAMES, "nonfinite"]
-    assert [k for k in rows[0] if k not in ("layer", "head", "nonfinite")] == list(SCORE_NAMES)
+    assert [k for k in rows[0] if k not in ("layer", "head", "nonfinite") and not k.endswith("_z")] \
+        == list(SCORE_NAMES)
+    assert [k for k in rows[0] if k.endswith("_z")] == list(Z_NAMES)
     for row in rows:
         head = await engine.head_scores(row["layer"], row["head"])  # published by the sweep
         for name in SCORE_NAMES:

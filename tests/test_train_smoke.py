@@ -84,3 +84,41 @@ def test_engine_opens_the_tiny_model(tmp_path: Path) -> None:
     model = loading.open_model(out)
     assert model.cfg.n_layers == train.PRESETS["tiny"].shape.n_layers
     assert model.tokenizer.encode("When Mary") == corpus.encode("When Mary")
+
+
+def test_save_steps_write_float16_checkpoints_without_changing_the_run(tmp_path: Path) -> None:
+    series = tmp_path / "series"
+    save = train.SaveSpec((0, 2, 5), series)
+    with_saves = train.train("tiny", seed=3, out=tmp_path / "a", quiet=True, save=save)
+    plain = train.train("tiny", seed=3, out=tmp_path / "b", quiet=True)
+    a, b = (_tensors(tmp_path / d / "model.safetensors") for d in "ab")
+    assert all(torch.equal(a[k], b[k]) for k in a), "saving changed the final weights"
+    assert with_saves["eval_loss"] == plain["eval_loss"]
+    assert sorted(p.name for p in series.iterdir()) == [
+        "README.md", "step-000000", "step-000002", "step-000005"]
+    last = _tensors(series / "step-000005" / "model.safetensors")
+    assert all(last[k].dtype == torch.float16 and torch.equal(last[k], a[k].half()) for k in a)
+    init = train.build(train.PRESETS["tiny"], 3).canonical_tensors()
+    first = _tensors(series / "step-000000" / "model.safetensors")
+    assert all(torch.equal(first[k], init[k].half()) for k in init)
+    middle = _tensors(series / "step-000002" / "model.safetensors")
+    assert not torch.equal(middle["embed.W_E"], first["embed.W_E"])
+    assert not torch.equal(middle["embed.W_E"], last["embed.W_E"])
+    assert json.loads((series / "step-000002" / "headscope.json").read_text())["dtype"] == "float16"
+    assert "--save-steps 0,2,5" in (series / "README.md").read_text()
+    loading = pytest.importorskip("headscope.engine.loading")
+    assert loading.open_model(series / "step-000002").raw_cfg.dtype == "float16"
+
+
+def test_save_steps_are_checked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert train.parse_save_steps("500, 0,200,200", 1000) == (0, 200, 500)
+    with pytest.raises(ValueError, match=r"outside 0\.\.1000"):
+        train.parse_save_steps("0,1200", 1000)
+    with pytest.raises(ValueError, match="not a comma-separated list"):
+        train.parse_save_steps("0,abc", 1000)
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--model", "tiny", "--out", str(tmp_path / "t"), "--save-steps", "9"])
+    assert exit_info.value.code == 2 and "outside 0..5" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="not a native-layout preset"):
+        train.train("tiny-gpt2", out=tmp_path / "g", quiet=True,
+                    save=train.SaveSpec((1,), tmp_path / "s"))

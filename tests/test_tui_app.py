@@ -8,21 +8,24 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from textual.command import CommandList, CommandPalette
 from textual.widgets import DataTable, Static, TabbedContent
 
 from headscope.themes import COLORMAPS
 from headscope.tui.app import FILTER_THRESHOLD, HeadscopeApp
 from headscope.tui.keymap import APP_BINDINGS
-from headscope.tui.screens import HelpScreen
+from headscope.tui.screens import HelpScreen, InputScreen
 from headscope.tui.settings import Settings
 from headscope.tui.widgets.chart import Chart
 from headscope.tui.widgets.head_tree import HeadTree
 from headscope.tui.widgets.status import StatusBar
+from headscope.tui.widgets.views import CompositionPane
 from tests.fake_engine import FakeEngine, broken_factory
 
 
@@ -34,10 +37,30 @@ def make_app(engine: FakeEngine | None = None, **kw: Any) -> tuple[HeadscopeApp,
     return app, engine
 
 
-async def settle(pilot: Any, app: HeadscopeApp, rounds: int = 3) -> None:
-    for _ in range(rounds):
+async def settle(pilot: Any, app: HeadscopeApp, rounds: int = 3, limit: int = 400) -> None:
+    """Until the app is quiet for ``rounds`` pauses in a row: every worker finished, the
+    messages they posted handled, no head focus waiting for its debounce. By events, not by
+    a fixed delay (up to ``limit`` pauses: a busy machine only makes it take longer)."""
+    quiet = 0
+    for _ in range(limit):
         await pilot.pause(0.05)
         await app.workers.wait_for_complete()
+        await pilot.pause()  # what the finished workers posted
+        busy = any(not w.is_finished for w in app.workers) or app.explorer.focus_pending
+        quiet = 0 if busy else quiet + 1
+        if quiet >= rounds:
+            return
+    raise AssertionError(f"the app was still busy after {limit} pauses")
+
+
+async def wait_until(pilot: Any, condition: Callable[[], object], what: str,
+                     limit: int = 400) -> None:
+    """Pause until ``condition()`` holds (up to ``limit`` pauses of 50 ms)."""
+    for _ in range(limit):
+        if condition():
+            return
+        await pilot.pause(0.05)
+    raise AssertionError(f"never happened: {what}")
 
 
 def plain(widget: Static) -> str:
@@ -73,7 +96,8 @@ async def test_first_frame_shows_the_tree_before_the_model_is_ready() -> None:
     engine.gate = asyncio.Event()  # the model never finishes opening in this test
     app, _ = make_app(engine)
     async with app.run_test(size=(120, 40)) as pilot:
-        await pilot.pause(0.1)
+        await wait_until(pilot, lambda: "3L×5H" in app.query_one(StatusBar).render().plain,
+                         "the status line shows the header's structure")
         tree = app.query_one(HeadTree)
         labels = [str(n.label) for n in tree.root.children]
         assert labels[0] == "Embed" and labels[1:4] == ["Layer 0", "Layer 1", "Layer 2"]
@@ -97,20 +121,20 @@ async def test_navigation_debounces_and_focuses_the_last_head() -> None:
     app, engine = make_app(debounce=0.2)
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot, app)
-        assert app.head == (0, 0)
+        assert app.explorer.head == (0, 0)
         engine.requests.clear()
         await pilot.press("j", "j", "j")  # H1, H2, H3 of layer 0, faster than the debounce
         await settle(pilot, app)
-        assert app.head == (0, 3) and engine.focused == (0, 3)
+        assert app.explorer.head == (0, 3) and engine.focused == (0, 3)
         assert {r[:2] for r in engine.requests} == {(0, 3)}  # no work for heads passed over
         await pilot.press("right_square_bracket")  # ] : next head crosses into layer 1
         await settle(pilot, app)
-        assert app.head == (1, 0)
+        assert app.explorer.head == (1, 0)
         assert "L1.H0" in plain(app.query_one("#focus-line", Static))
         assert "token QK L1.H0" in chart_text(app, "qk-token")
         await pilot.press("left_square_bracket")
         await settle(pilot, app)
-        assert app.head == (0, 3)
+        assert app.explorer.head == (0, 3)
 
 
 async def test_tabs_show_the_engine_numbers() -> None:
@@ -147,7 +171,7 @@ async def test_prompt_entry_shows_pattern_dla_and_predictions() -> None:
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot, app)
         await pilot.press("p")
-        assert app.active_tab == "prompt"
+        assert app.explorer.active_tab == "prompt"
         await pilot.press(*"the cat sat", "enter")
         await settle(pilot, app)
         view = await engine.run_prompt("the cat sat", 0, 0)
@@ -175,13 +199,13 @@ async def test_composition_edges_select_heads_and_kind_switches() -> None:
         l1, h1, l2, h2, s = comp.top_edges[1]
         detail = plain(app.query_one("#comp-detail", Static))
         assert f"L{l1}.H{h1} → L{l2}.H{h2}" in detail and f"{s:+.3f}" in detail
-        assert app.comp_selected == (l1, h1, l2, h2)
+        assert app.query_one(CompositionPane).selected == (l1, h1, l2, h2)
         await pilot.press("enter")
         await settle(pilot, app)
-        assert app.head == (l2, h2)
+        assert app.explorer.head == (l2, h2)
         await pilot.press("c")  # already on composition: K → V
         await settle(pilot, app)
-        assert app.comp_kind == "v" and "V-composition" in chart_text(app, "comp-graph")
+        assert app.query_one(CompositionPane).kind == "v" and "V-composition" in chart_text(app, "comp-graph")
 
 
 async def test_summary_sorts_and_enter_jumps_to_the_head() -> None:
@@ -202,7 +226,7 @@ async def test_summary_sorts_and_enter_jumps_to_the_head() -> None:
         table.move_cursor(row=0)
         await pilot.press("enter")
         await settle(pilot, app)
-        assert app.head == best
+        assert app.explorer.head == best
 
 
 async def test_ablation_sweep_fills_the_summary_focus_line_and_export(tmp_path: Path) -> None:
@@ -217,7 +241,7 @@ async def test_ablation_sweep_fills_the_summary_focus_line_and_export(tmp_path: 
         assert str(table.get_row_at(0)[-1]) == "—"
         await pilot.press("a")
         await settle(pilot, app)
-        assert engine.calls["all_ablation_effects"] == 1 and app.active_tab == "summary"
+        assert engine.calls["all_ablation_effects"] == 1 and app.explorer.active_tab == "summary"
         effects = engine._behaviour[2]  # what the fake's ablation sweep returns
         best = np.unravel_index(np.argmax(effects), effects.shape)
         # sorted by the ablation effect, highest first, its values in the last column
@@ -227,7 +251,7 @@ async def test_ablation_sweep_fills_the_summary_focus_line_and_export(tmp_path: 
         assert column[0] == pytest.approx(float(effects[best]), abs=1e-3)
         assert "loss increase" in plain(app.query_one("#summary-hint", Static))
         assert any(f"L{best[0]}.H{best[1]} costs the most" in n.message for n in app._notifications)
-        app.goto_head((int(best[0]), int(best[1])), immediate=True)
+        app.explorer.goto_head((int(best[0]), int(best[1])), immediate=True)
         await settle(pilot, app)
         assert f"abl {float(effects[best]):+.2f}" in plain(app.query_one("#focus-line", Static))
         await pilot.press("e")  # the summary export carries the column too
@@ -240,7 +264,7 @@ async def test_ablation_sweep_fills_the_summary_focus_line_and_export(tmp_path: 
         assert engine.calls["all_ablation_effects"] == 1
         await pilot.press("r")  # other weights: the effects are gone until swept again
         await settle(pilot, app)
-        assert app.ablation is None and "abl " not in plain(app.query_one("#focus-line", Static))
+        assert app.explorer.ablation is None and "abl " not in plain(app.query_one("#focus-line", Static))
 
 
 async def test_a_finished_ablation_sweep_does_not_pull_the_user_back_to_summary() -> None:
@@ -248,10 +272,10 @@ async def test_a_finished_ablation_sweep_does_not_pull_the_user_back_to_summary(
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot, app)
         await pilot.press("a")
-        assert app.active_tab == "summary"
+        assert app.explorer.active_tab == "summary"
         await pilot.press("2")  # the user moves on while the sweep runs
         await settle(pilot, app)
-        assert app.ablation is not None and app.active_tab == "ov"
+        assert app.explorer.ablation is not None and app.explorer.active_tab == "ov"
         await pilot.press("6")  # ...and finds the table sorted by it on return
         await settle(pilot, app)
         table = app.query_one("#summary-table", DataTable)
@@ -265,7 +289,7 @@ async def test_opening_on_a_head_focuses_it_or_says_the_model_has_no_such_head(
     app, engine = make_app(head=head)
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot, app)
-        assert app.head == expected
+        assert app.explorer.head == expected
         assert f"L{expected[0]}.H{expected[1]}" in plain(app.query_one("#focus-line", Static))
         if expected != head:
             assert len(app.errors) == 1 and f"no head L{head[0]}.H{head[1]}" in app.errors[0]
@@ -306,16 +330,16 @@ async def test_clicking_a_summary_header_sorts_by_that_column() -> None:
         await settle(pilot, app)
         values = [engine._scores(*(int(x) for x in str(table.get_row_at(i)[0])[1:].split(".H")))
                   .induction_score for i in range(table.row_count)]
-        assert values == sorted(values, reverse=True) and app.summary_sort == "induction_score"
+        assert values == sorted(values, reverse=True) and app.explorer.summary_sort == "induction_score"
         assert str(table.columns["induction_score"].label).endswith("▼")  # type: ignore[index]
         assert not str(table.columns["copying_score"].label).endswith("▼")  # type: ignore[index]
         click("ablation_effect")  # not swept yet: a hint, the order stays
         await settle(pilot, app)
-        assert app.summary_sort == "induction_score"
+        assert app.explorer.summary_sort == "induction_score"
         assert any("press a first" in n.message for n in app._notifications)
         click("head")
         await settle(pilot, app)
-        assert app.summary_sort is None and str(table.get_row_at(0)[0]) == "L0.H0"
+        assert app.explorer.summary_sort is None and str(table.get_row_at(0)[0]) == "L0.H0"
 
 
 async def test_toggling_raw_cancels_a_running_ablation_sweep() -> None:
@@ -323,16 +347,16 @@ async def test_toggling_raw_cancels_a_running_ablation_sweep() -> None:
     app, engine = make_app(FakeEngine(delay=1.0, sweep_steps=10))
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot, app)
-        app.action_ablation_sweep()
-        await pilot.pause(0.05)
+        app.explorer.action_ablation_sweep()
+        await wait_until(pilot, lambda: engine.calls["all_ablation_effects"],
+                         "the ablation sweep started")
         assert engine.calls["all_ablation_effects"] == 1
-        app.action_toggle_raw()
-        for _ in range(60):  # not settle(): waiting on a cancelled worker raises
-            await pilot.pause(0.05)
-            if engine.calls["all_ablation_effects cancelled"] and app.raw:
-                break
+        app.explorer.action_toggle_raw()
+        # not settle(): waiting on a cancelled worker raises
+        await wait_until(pilot, lambda: engine.calls["all_ablation_effects cancelled"] and app.raw,
+                         "the raw switch cancelled the sweep")
         assert engine.calls["all_ablation_effects cancelled"] == 1
-        assert app.raw and app.ablation is None
+        assert app.raw and app.explorer.ablation is None
 
 
 async def test_badges_mark_the_planted_heads() -> None:
@@ -394,10 +418,9 @@ async def test_help_lists_every_key_and_follows_the_keymap() -> None:
         await settle(pilot, app)
         await pilot.press("n")
         await settle(pilot, app)
-        assert app.head == (0, 1)
+        assert app.explorer.head == (0, 1)
         await pilot.press("question_mark")
-        await pilot.pause(0.1)
-        assert isinstance(app.screen, HelpScreen)
+        await wait_until(pilot, lambda: isinstance(app.screen, HelpScreen), "the help screen")
         text = plain(app.screen.query_one("#help-keys", Static))
         for b in APP_BINDINGS:
             assert b.id in text
@@ -417,8 +440,8 @@ async def test_broken_checkpoint_is_a_notification_and_the_app_keeps_running() -
         notes = [n.message for n in app._notifications]
         assert any("broken/model.safetensors" in m for m in notes)
         await pilot.press("j", "2", "c", "r", "question_mark")
-        await pilot.pause(0.1)
-        assert isinstance(app.screen, HelpScreen)  # still alive and answering keys
+        # still alive and answering keys
+        await wait_until(pilot, lambda: isinstance(app.screen, HelpScreen), "the help screen")
 
 
 async def test_engine_errors_in_one_view_do_not_stop_the_others() -> None:
@@ -487,12 +510,19 @@ async def test_palette_goes_to_a_head() -> None:
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot, app)
         await pilot.press("ctrl+p")
-        await pilot.pause(0.2)
+        await wait_until(pilot, lambda: isinstance(app.screen, CommandPalette), "the palette")
         await pilot.press(*"Go to head 1.2")
-        await pilot.pause(0.5)
+
+        def highlighted() -> str:
+            hits = app.screen.query_one(CommandList)
+            i = hits.highlighted
+            return "" if i is None else str(hits.get_option_at_index(i).prompt)
+
+        await wait_until(pilot, lambda: highlighted().startswith("Go to head 1.2"),
+                         "the palette highlights the head")
         await pilot.press("enter")
         await settle(pilot, app)
-        assert app.head == (1, 2)
+        assert app.explorer.head == (1, 2)
 
 
 async def test_choose_tokens_sets_rows_and_columns() -> None:
@@ -500,11 +530,11 @@ async def test_choose_tokens_sets_rows_and_columns() -> None:
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot, app)
         await pilot.press("slash")
-        await pilot.pause(0.1)
+        await wait_until(pilot, lambda: isinstance(app.screen, InputScreen), "the token dialog")
         await pilot.press(*"dog cat mat", "enter")
         await settle(pilot, app)
-        assert app.tokens == engine.encode("dog cat mat")
-        block = app.results["qk"]["token"]
+        assert app.explorer.tokens == engine.encode("dog cat mat")
+        block = app.explorer.results["qk"]["token"]
         assert list(block.row_labels) == ["dog", "cat", "mat"]
 
 
@@ -546,7 +576,7 @@ async def test_composition_graph_draws_edges_above_the_threshold_only() -> None:
         for _ in range(9):
             await pilot.press("less_than_sign")
         await settle(pilot, app)
-        assert app.comp_threshold == 0.0
+        assert app.query_one(CompositionPane).threshold == 0.0
         assert {e[:4] for e in graph.figure.edges} == expected(0.0)
         # the table keeps every edge whatever the threshold
         assert app.query_one("#comp-edges", DataTable).row_count == len(comp.top_edges)
@@ -564,12 +594,13 @@ async def test_prompt_tab_shows_pattern_dla_and_predictions_at_once() -> None:
             assert region.height >= 3 and screen.contains_region(region), wid
         preds = app.query_one("#prompt-preds")
         assert preds.region.y < app.query_one("#prompt-side").region.bottom
-        view = await engine.run_prompt(app.prompt_text, 0, 0)
+        view = await engine.run_prompt(app.explorer.prompt_text, 0, 0)
         assert view.top_predictions[0][1] in plain(app.query_one("#prompt-preds", Static))
 
 
 async def test_filter_keeps_heads_with_a_score_above_the_threshold() -> None:
     app, engine = make_app(FakeEngine(n_layers=3, n_heads=5))
+    engine._behaviour[3, 2, 4] = 0.7  # an attention-sink head (the fake has none by default)
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot, app)
         tree = app.query_one(HeadTree)
@@ -577,7 +608,7 @@ async def test_filter_keeps_heads_with_a_score_above_the_threshold() -> None:
         assert set(tree.head_nodes) == set(heads)
         scores = {hd: engine._scores(*hd) for hd in heads}
         for key, label in (("induction_score", "induction"), ("prev_token_score", "prev-token"),
-                           ("copying_score", "copying")):
+                           ("copying_score", "copying"), ("attention_sink_score", "sink")):
             await pilot.press("f")
             await settle(pilot, app)
             want = {hd for hd in heads if getattr(scores[hd], key) >= FILTER_THRESHOLD}
@@ -587,7 +618,7 @@ async def test_filter_keeps_heads_with_a_score_above_the_threshold() -> None:
             assert f"{getattr(scores[some], key):.2f}" in tree.badge_text(some)
         await pilot.press("f")
         await settle(pilot, app)
-        assert app.tree_filter is None and set(tree.head_nodes) == set(heads)
+        assert app.explorer.tree_filter is None and set(tree.head_nodes) == set(heads)
 
 
 def test_graph_title_wraps_instead_of_being_cut() -> None:

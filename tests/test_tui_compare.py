@@ -48,7 +48,7 @@ async def test_changes_tab_names_the_pruned_head_first_and_its_lost_edges() -> N
     app, a, _ = fake_pair()
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot, app)
-        assert a.calls["compare"] == 1 and app.diff is not None
+        assert a.calls["compare"] == 1 and app.compare.diff is not None
         assert "vs attn-only-2l-pruned" in app.query_one(StatusBar).render().plain
         await pilot.press("7")
         await settle(pilot, app)
@@ -56,7 +56,7 @@ async def test_changes_tab_names_the_pruned_head_first_and_its_lost_edges() -> N
         assert table.row_count == a.L * a.H
         assert str(table.get_row_at(0)[0]) == "L1.H2"
         # the pruned head's circuits are gone: similarity 0; an untouched head's are equal
-        row = {r["head"]: r for r in app.diff.heads if r["layer"] == 1}
+        row = {r["head"]: r for r in app.compare.diff.heads if r["layer"] == 1}
         assert row[2]["ov_similarity"] == 0.0 and row[0]["ov_similarity"] == pytest.approx(1.0)
         # lost K-composition edges: every edge into L1.H2 that was above threshold in A
         comp = await a.composition("k")
@@ -69,14 +69,14 @@ async def test_changes_tab_names_the_pruned_head_first_and_its_lost_edges() -> N
         assert f"{len(want)} lost" in chart_text(app, "changes-graph")
         await pilot.press("c")  # K → V: the pruned head also loses its V-composition edges
         await settle(pilot, app)
-        assert app.changes_kind == "v" and "V-composition diff" in chart_text(app, "changes-graph")
+        assert app.compare.changes_kind == "v" and "V-composition diff" in chart_text(app, "changes-graph")
         table.focus()
         table.move_cursor(row=0)
         await pilot.press("enter")
         await settle(pilot, app)
-        assert app.head == (1, 2)
+        assert app.explorer.head == (1, 2)
         focus = plain(app.query_one("#focus-line", Static))
-        ind = next(r for r in app.diff.heads if (r["layer"], r["head"]) == (1, 2))
+        ind = next(r for r in app.compare.diff.heads if (r["layer"], r["head"]) == (1, 2))
         assert f"ind {ind['induction_score_a']:+.2f}→{ind['induction_score_b']:+.2f}" in focus
         assert "B sim OV +0.00" in focus
 
@@ -95,11 +95,11 @@ async def test_heatmaps_of_a_and_b_side_by_side_or_their_difference() -> None:
     app, _, b = fake_pair(pruned=(0, 0))
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot, app)
-        assert app.head == (0, 0)
+        assert app.explorer.head == (0, 0)
         assert app.query_one("#qk-token-b", Chart).display
         assert not app.query_one("#qk-position", Chart).display
         assert "B token QK L0.H0" in chart_text(app, "qk-token-b")
-        block_a, block_b = app.results["qk"]["token"], app.results["qk"]["token_b"]
+        block_a, block_b = app.explorer.results["qk"]["token"], app.explorer.results["qk"]["token_b"]
         assert block_b.row_ids == block_a.row_ids
         assert np.allclose(block_b.values, 0)  # B's pruned head has no QK circuit
         # side by side: one colour range for both, A's
@@ -108,7 +108,7 @@ async def test_heatmaps_of_a_and_b_side_by_side_or_their_difference() -> None:
         assert fig_a.vmax == fig_b.vmax == pytest.approx(float(np.abs(block_a.values).max()))
         await pilot.press("d")
         await settle(pilot, app)
-        assert app.compare_view == "diff"
+        assert app.compare.view == "diff"
         assert "B − A" in chart_text(app, "qk-token-b")
         fig_b = app.query_one("#qk-token-b", Chart).figure
         assert np.allclose(fig_b.values, np.asarray(block_b.values) - np.asarray(block_a.values))
@@ -116,7 +116,7 @@ async def test_heatmaps_of_a_and_b_side_by_side_or_their_difference() -> None:
         await settle(pilot, app)
         assert "B − A" in chart_text(app, "ov-heatmap-b")
         full_b = b.full_ov(0, 0)
-        assert np.allclose(app.results["ov"]["full_ov_b"].values, full_b[:24, :24])
+        assert np.allclose(app.explorer.results["ov"]["full_ov_b"].values, full_b[:24, :24])
 
 
 async def test_compare_mode_at_80x24_still_fits() -> None:
@@ -137,7 +137,7 @@ async def test_without_b_the_compare_keys_only_explain() -> None:
         await settle(pilot, app)
         await pilot.press("7", "d")
         await settle(pilot, app)
-        assert app.active_tab == "qk" and a.calls["compare"] == 0
+        assert app.explorer.active_tab == "qk" and a.calls["compare"] == 0
         assert any("--compare" in n.message for n in app._notifications)
 
 
@@ -148,9 +148,9 @@ async def wait_for_diff(pilot, app: HeadscopeApp) -> None:
     """Until Engine.compare has scored both models (a few seconds on the real engine)."""
     for _ in range(40):
         await settle(pilot, app, rounds=1)
-        if app.diff is not None or app.errors:
+        if app.compare.diff is not None or app.errors:
             break
-    assert not app.errors and app.diff is not None
+    assert not app.errors and app.compare.diff is not None
 
 
 def zeroed_copy(tmp: Path, names: tuple[str, ...]) -> Path:
@@ -208,35 +208,35 @@ async def test_real_engine_match_heads_pairs_permuted_heads(tmp_path: Path, matc
     app = HeadscopeApp(MODEL, compare=b, match_heads=match_heads, settings=Settings(), sweep=False)
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for_diff(pilot, app)
-        app.goto_head(INDUCTION_HEAD, immediate=True)
+        app.explorer.goto_head(INDUCTION_HEAD, immediate=True)
         await pilot.press("2")
         await settle(pilot, app)
-        a_block, b_block = app.results["ov"]["full_ov"], app.results["ov"]["full_ov_b"]
+        a_block, b_block = app.explorer.results["ov"]["full_ov"], app.explorer.results["ov"]["full_ov_b"]
         focus = plain(app.query_one("#focus-line", Static))
         if match_heads:
             # B's view shows the head matched to A's: the same circuit, so B − A is zero
-            assert app.diff.matching[layer][head] == matched and app.head_b(INDUCTION_HEAD) == (layer, matched)
+            assert app.compare.diff.matching[layer][head] == matched and app.compare.head_b(INDUCTION_HEAD) == (layer, matched)
             assert (b_block.layer, b_block.head) == (layer, matched)
             np.testing.assert_allclose(b_block.values, a_block.values, atol=1e-5)
             assert f"≙ B H{matched}" in focus and "OV +1.00" in focus
             assert f"L{layer}.H{matched} (matched)" in chart_text(app, "ov-heatmap-b")
         else:  # head h of B is another head of A: a different circuit
-            assert app.diff.matching is None and (b_block.layer, b_block.head) == INDUCTION_HEAD
+            assert app.compare.diff.matching is None and (b_block.layer, b_block.head) == INDUCTION_HEAD
             assert not np.allclose(b_block.values, a_block.values, atol=1e-2)
             assert "≙" not in focus
         # Spectrum and Prompt show B too: eigenvalues overlaid, B's pattern beside A's
         await pilot.press("3")
         await settle(pilot, app)
-        spectra = app.results["spectrum"]
+        spectra = app.explorer.results["spectrum"]
         assert (spectra["ov_b"].layer, spectra["ov_b"].head) == (b_block.layer, b_block.head)
         assert "→ B" in chart_text(app, "spectrum-ov")
         same_ov = np.allclose(np.sort_complex(spectra["ov"].eigenvalues),
                               np.sort_complex(spectra["ov_b"].eigenvalues), atol=1e-3)
         assert same_ov == match_heads
-        app.prompt_text = "When Mary and John went to the store , John gave a drink to Mary"
+        app.explorer.prompt_text = "When Mary and John went to the store , John gave a drink to Mary"
         await pilot.press("4")
         await settle(pilot, app)
-        views = app.results["prompt"]
+        views = app.explorer.results["prompt"]
         assert (views["b"].layer, views["b"].head) == (b_block.layer, b_block.head)
         assert "B attention" in chart_text(app, "prompt-pattern-b")
         assert np.allclose(views["a"].pattern, views["b"].pattern, atol=1e-5) == match_heads

@@ -30,6 +30,7 @@ from headscope.tui.widgets.head_tree import HeadTree
 from headscope.tui.widgets.status import StatusBar
 from tests import test_hostile
 from tests.test_hostile import BROKEN, NAN_HEAD, NAN_LAYER, Sources, build_broken, nan_weights
+from tests.test_tui_app import settle as quiet
 
 corpus_sources = test_hostile.corpus_sources  # the corpus' pytest fixture
 SIZE = (100, 30)
@@ -54,13 +55,13 @@ def _quiet_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 
 async def settle(pilot: Any, app: HeadscopeApp, until: Any, timeout: float = 30.0) -> None:
-    """Pause until ``until()`` holds (or an error was reported), then let workers finish."""
+    """Pause until ``until()`` holds (or an error was reported), then until the app is quiet
+    (workers finished, their messages handled)."""
     deadline = time.monotonic() + timeout
     while not until() and not app.errors:
         assert time.monotonic() < deadline, "the app never got there"
         await pilot.pause(0.05)
-    await pilot.pause(0.05)
-    await app.workers.wait_for_complete()
+    await quiet(pilot, app, rounds=1)
 
 
 def screen_text(app: HeadscopeApp) -> str:
@@ -90,7 +91,7 @@ async def keys_still_work_then_quit(pilot: Any, app: HeadscopeApp, *, tabs: bool
     if tabs:  # a few hundred ms per switch on a busy machine: not for every corpus case
         await pilot.press("2", "j", "6")
         await pilot.pause()
-        assert app.active_tab == "summary"
+        assert app.explorer.active_tab == "summary"
     assert_no_crash(app)
     await pilot.press("q")
     await pilot.pause()
@@ -104,8 +105,8 @@ async def test_broken_checkpoint_is_a_notification_and_keys_keep_working(
     broken = build_broken(case, tmp_path, corpus_sources)
     app = HeadscopeApp(broken.path, settings=Settings(), sweep=False)
     async with app.run_test(size=SIZE) as pilot:
-        await settle(pilot, app, lambda: app._model_ready.is_set())
-        assert not app._model_ready.is_set(), "a broken checkpoint opened"
+        await settle(pilot, app, lambda: app.model_ready.is_set())
+        assert not app.model_ready.is_set(), "a broken checkpoint opened"
         errors = [n.message for n in app._notifications if n.severity == "error"]
         assert len(errors) == 1, errors
         message = errors[0]
@@ -113,9 +114,9 @@ async def test_broken_checkpoint_is_a_notification_and_keys_keep_working(
         assert re.search(broken.fragment, message), message  # and the problem
         assert "\n" not in message
         assert case not in WITH_TABS or WITH_TABS[case] == broken.error.__name__
-        assert app.main.query_one(StatusBar).error == message
+        assert app.explorer.query_one(StatusBar).error == message
         # Every chart says why it is empty instead of waiting for a model forever.
-        assert all(message in c.rendered.plain for c in app.main.query(Chart)
+        assert all(message in c.rendered.plain for c in app.explorer.query(Chart)
                    if c.rendered is not None)  # fmt: skip
         assert_no_crash(app)
         await keys_still_work_then_quit(pilot, app, tabs=case in WITH_TABS)
@@ -132,7 +133,7 @@ async def test_engine_constructed_on_a_broken_checkpoint_is_a_notification(
     app = HeadscopeApp(broken.path, settings=Settings(), sweep=False,
                        engine_factory=lambda p, raw: Engine(p, raw=raw))  # fmt: skip
     async with app.run_test(size=SIZE) as pilot:
-        await settle(pilot, app, lambda: app._model_ready.is_set())
+        await settle(pilot, app, lambda: app.model_ready.is_set())
         assert app.engine is None and len(app.errors) == 1
         assert broken.names in app.errors[0] and re.search(broken.fragment, app.errors[0])
         assert_no_crash(app)
@@ -155,33 +156,33 @@ async def test_nan_head_is_flagged_in_the_tree_and_other_heads_keep_badges(
 
     app = HeadscopeApp(path, settings=Settings(), debounce=0.01, sweep=True)
     async with app.run_test(size=SIZE) as pilot:
-        await settle(pilot, app, lambda: len(app.rows) == 8)
+        await settle(pilot, app, lambda: len(app.explorer.rows) == 8)
         assert app.errors == []
-        tree = app.main.query_one(HeadTree)
-        assert app.rows[bad].nonfinite and math.isnan(app.rows[bad].induction_score)
+        tree = app.explorer.query_one(HeadTree)
+        assert app.explorer.rows[bad].nonfinite and math.isnan(app.explorer.rows[bad].induction_score)
         label = tree.head_nodes[bad].label
         assert label.plain == f"H{NAN_HEAD} ! nan"
         assert any("red" in str(span.style) and label.plain[span.start:span.end] == "!"
                    for span in label.spans)  # fmt: skip
-        for head, row in app.rows.items():
+        for head, row in app.explorer.rows.items():
             if head == bad:
                 continue
             assert not row.nonfinite and all(not math.isnan(score(row, k)) for k in
                                              ("copying_score", "prev_token_score", "induction_score"))  # fmt: skip
             text = tree.badge_text(head)
             assert "!" not in text and "nan" not in text
-            assert re.fullmatch(rf"H{head[1]} [C·] [P·] [I·]", text), text
+            assert re.fullmatch(rf"H{head[1]} [C·] [P·] [I·]( S)?", text), text  # S: a sink
         # The summary table flags the row too, and has no number for its scores.
         await pilot.press("6")
         await settle(pilot, app, lambda: True)
-        table = app.main.query_one("#summary-table", DataTable)
+        table = app.explorer.query_one("#summary-table", DataTable)
         cells = [str(c) for c in table.get_row(f"{NAN_LAYER}.{NAN_HEAD}")]
         assert "!" in cells[0] and not any(re.search(r"\d", c) for c in cells[1:]), cells
         # The ablation sweep: with a NaN in the weights the clean loss is NaN, so no effect
         # is defined; a warning says why instead of a column of dashes and nothing else.
         await pilot.press("a")
-        await settle(pilot, app, lambda: app.ablation is not None)
-        assert app.errors == [] and np.isnan(app.ablation).all()
+        await settle(pilot, app, lambda: app.explorer.ablation is not None)
+        assert app.errors == [] and np.isnan(app.explorer.ablation).all()
         assert any("no ablation effect is finite" in n.message for n in app._notifications)
         assert_no_crash(app)
         await keys_still_work_then_quit(pilot, app, tabs=False)
@@ -194,13 +195,13 @@ async def test_viewing_a_nan_head_is_flagged_or_a_notification_naming_file_and_h
     bad = (NAN_LAYER, NAN_HEAD)
     app = HeadscopeApp(path, settings=Settings(), debounce=0.01, sweep=False)
     async with app.run_test(size=SIZE) as pilot:
-        await settle(pilot, app, lambda: app._model_ready.is_set())
-        app.goto_head(bad, immediate=True)
+        await settle(pilot, app, lambda: app.model_ready.is_set())
+        app.explorer.goto_head(bad, immediate=True)
         for tab in ("1", "2", "3"):  # QK (NaN W_Q), OV (intact), spectrum (eigenvalues)
             await pilot.press(tab)
             await settle(pilot, app, lambda: True)
-        assert app.head == bad
-        assert "non-finite" in str(app.main.query_one("#focus-line").render())
+        assert app.explorer.head == bad
+        assert "non-finite" in str(app.explorer.query_one("#focus-line").render())
         assert_no_crash(app)
         # Flagged views need no notification; one that is shown must say where and which head.
         for message in app.errors:
@@ -235,11 +236,11 @@ async def test_prompt_longer_than_the_context_is_truncated_with_a_notice(
     app = HeadscopeApp(corpus_sources.gpt2, settings=Settings(), sweep=False,
                        prompt=long_prompt)  # fmt: skip
     async with app.run_test(size=SIZE) as pilot:
-        await settle(pilot, app, lambda: app._model_ready.is_set())
+        await settle(pilot, app, lambda: app.model_ready.is_set())
         await pilot.press("4")
-        await settle(pilot, app, lambda: "prompt" in app.results)
+        await settle(pilot, app, lambda: "prompt" in app.explorer.results)
         assert app.errors == []
-        view = app.results["prompt"]
+        view = app.explorer.results["prompt"]
         assert view.truncated and len(view.ids) == N_CTX
         # On screen (the side pane may wrap the rest of the sentence).
         assert "prompt truncated" in screen_text(app)
@@ -255,7 +256,7 @@ async def test_bad_requests_are_notifications_and_empty_prompts_are_declined(
     path = corpus_sources.gpt2
     app = HeadscopeApp(path, settings=Settings(), sweep=False, debounce=0.01)
     async with app.run_test(size=SIZE) as pilot:
-        await settle(pilot, app, lambda: app._model_ready.is_set())
+        await settle(pilot, app, lambda: app.model_ready.is_set())
         await app.workers.wait_for_complete()
         # A token id beyond the vocabulary, typed into the token chooser.
         await pilot.press("slash")
@@ -265,10 +266,10 @@ async def test_bad_requests_are_notifications_and_empty_prompts_are_declined(
         # A blank prompt is declined politely: a hint in the view, not an error.
         await pilot.press("p", "space", "space", "enter")
         await settle(pilot, app, lambda: True)
-        assert app.active_tab == "prompt" and len(app.errors) == 1
+        assert app.explorer.active_tab == "prompt" and len(app.errors) == 1
         assert "no prompt yet" in screen_text(app)
         # Back to the tree (escape does not leave the prompt input: keys would be typed).
-        app.main.query_one(HeadTree).focus()
+        app.explorer.query_one(HeadTree).focus()
         assert_no_crash(app)
         await keys_still_work_then_quit(pilot, app)
 

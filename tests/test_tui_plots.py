@@ -167,8 +167,10 @@ async def test_a_figure_that_fails_to_draw_says_so_instead_of_rendering_forever(
     async with app.run_test(size=(60, 20)) as pilot:
         chart = app.query_one(Chart)
         chart.show(Broken())
-        for _ in range(3):
+        for _ in range(400):  # until the build (a worker thread) has finished, not a fixed delay
             await pilot.pause(0.05)
             await app.workers.wait_for_complete()
+            if chart.rendered is not None:
+                break
         assert chart.rendered is not None and "cannot draw this figure" in chart.rendered.plain
         assert "bad data" in chart.rendered.plain

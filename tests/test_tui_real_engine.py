@@ -18,6 +18,7 @@ import pytest
 from headscope.tui.app import HeadscopeApp
 from headscope.tui.settings import Settings
 from headscope.tui.widgets.chart import Chart
+from tests.test_tui_app import settle, wait_until
 
 
 @pytest.fixture(autouse=True)
@@ -28,12 +29,10 @@ def _quiet_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 async def wait_ready(pilot: Any, app: HeadscopeApp, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
-    while not app._model_ready.is_set() and not app.errors:
+    while not app.model_ready.is_set() and not app.errors:
         assert time.monotonic() < deadline, "model did not open"
         await pilot.pause(0.1)
-    for _ in range(4):
-        await pilot.pause(0.1)
-        await app.workers.wait_for_complete()
+    await settle(pilot, app)
 
 
 @pytest.fixture
@@ -49,13 +48,13 @@ async def test_real_engine_views_match_the_pure_functions(gpt2: Path) -> None:
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_ready(pilot, app)
         assert app.errors == []
-        assert "token QK L0.H0" in app.main.query_one("#qk-token", Chart).rendered.plain
+        assert "token QK L0.H0" in app.explorer.query_one("#qk-token", Chart).rendered.plain
         await pilot.press("right_square_bracket", "3")  # L0.H1, spectrum tab
         await wait_ready(pilot, app)
-        assert app.head == (0, 1)
+        assert app.explorer.head == (0, 1)
         model = open_model(gpt2)
         expected = scores.copying_score(circuits.full_ov(model.weights, 0, 1))
-        text = app.main.query_one("#spectrum-ov", Chart).rendered.plain
+        text = app.explorer.query_one("#spectrum-ov", Chart).rendered.plain
         assert f"copying {expected:+.3f}" in text
         await pilot.press("q")
 
@@ -74,8 +73,8 @@ async def test_truncated_checkpoint_becomes_a_notification(tmp_path: Path, gpt2:
         assert app.errors and str(broken) in app.errors[0]
         assert any(str(broken) in n.message for n in app._notifications)
         await pilot.press("2", "j", "question_mark")  # still answering keys
-        await pilot.pause(0.1)
-        assert app.screen.__class__.__name__ == "HelpScreen"
+        await wait_until(pilot, lambda: app.screen.__class__.__name__ == "HelpScreen",
+                         "the help screen")
 
 
 async def test_event_loop_keeps_ticking_while_sweeps_run(
@@ -118,16 +117,15 @@ async def test_event_loop_keeps_ticking_while_sweeps_run(
 
         task = asyncio.create_task(probe())
         await wait_ready(pilot, app)
-        app.start_sweep()  # all head scores: behaviour forward passes on engine threads
+        app.explorer.start_sweep()  # all head scores: behaviour forward passes on engine threads
         # Q/K/V composition sweeps at once, while the status bar animates their progress.
         await asyncio.gather(*(app.engine.composition(k) for k in "qkv"))
-        await app.workers.wait_for_complete()
-        await pilot.pause(0.2)
+        await settle(pilot, app)  # the sweep's scores reach the explorer
         with tick:  # jobs submitted from now on (idle prefetch) no longer wait for ticks
             stop = True
             tick.notify_all()
         await task
         assert app.errors == []
-        assert app.rows, "the sweep filled the score table"
+        assert app.explorer.rows, "the sweep filled the score table"
         assert job_threads and threading.get_ident() not in job_threads
         assert starved == [], f"the event loop stopped turning while {starved[0]} ran"

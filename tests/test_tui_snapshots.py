@@ -15,6 +15,7 @@ from textual.widgets import Input
 from headscope.tui.app import HeadscopeApp
 from headscope.tui.settings import Settings
 from tests.fake_engine import FakeEngine
+from tests.test_tui_app import settle
 
 
 def make_app() -> HeadscopeApp:
@@ -28,14 +29,10 @@ def settle_after(*keys: str) -> Any:
         app = pilot.app
         for inp in app.query(Input):
             inp.cursor_blink = False
-        for _ in range(3):
-            await pilot.pause(0.05)
-            await app.workers.wait_for_complete()
+        await settle(pilot, app)
         for key in keys:
             await pilot.press(key)
-            for _ in range(3):
-                await pilot.pause(0.05)
-                await app.workers.wait_for_complete()
+            await settle(pilot, app)
         app.clear_notifications()
         await pilot.pause(0.05)
 

@@ -3,7 +3,8 @@
 Drives the real app (real engine) with Textual's pilot, waits for every worker before each
 shot, and writes ``OUT/<view>.svg`` (120×40 dark, 80×24 light) and the compare-mode views against a copy
 with the focused head pruned. ``docs/screenshots`` is made with this, on the bundled
-``attn-only-2l``, focused on its strongest induction head (``--head`` picks another).
+``attn-only-2l``, focused on its strongest induction head (``--head`` picks another), and
+the Timeline tab of its training series at the phase change.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ async def shoot(model: Path | None, out: Path, size: tuple[int, int], head: tupl
     async with app.run_test(size=size) as pilot:
         settle = partial(_settle, pilot)
         await settle()
-        app.goto_head(head, immediate=True)
+        app.explorer.goto_head(head, immediate=True)
         await settle()
         for name, keys in VIEWS:
             for key in keys:
@@ -91,9 +92,9 @@ async def shoot_compare(out: Path, compare: Path, model: Path | None, *,
         settle = partial(_settle, pilot)
         for _ in range(60):  # the diff scores both models: wait for it
             await settle()
-            if app.diff is not None or app.errors:
+            if app.compare.diff is not None or app.errors:
                 break
-        app.goto_head(head, immediate=True)
+        app.explorer.goto_head(head, immediate=True)
         await settle()
         for name, keys in (("compare-qk", ()), ("compare-ov-diff", ("2", "d")),
                            ("compare-changes", ("7",))):
@@ -107,6 +108,34 @@ async def shoot_compare(out: Path, compare: Path, model: Path | None, *,
             app.save_screenshot(filename=path.name, path=str(out))
             written.append(path)
     return written
+
+
+async def shoot_timeline(out: Path, series: Path, *, head: tuple[int, int], step: int = 675,
+                         size: tuple[int, int] = (120, 40)) -> list[Path]:
+    """The Timeline tab of ``headscope --timeline series``, scrubbed to ``step`` (real engines)."""
+    from headscope.tui.timeline_mode import open_timeline
+
+    mode = open_timeline(series)
+    app = HeadscopeApp(timeline=mode, settings=Settings(), output_dir=out)
+    async with app.run_test(size=size) as pilot:
+        settle = partial(_settle, pilot)
+        for _ in range(300):  # every step is scored: wait for it
+            await settle()
+            if mode.timeline is not None or app.errors:
+                break
+        app.explorer.goto_head(head, immediate=True)
+        await pilot.press("8")
+        mode.scrub(app, to=[s.step for s in mode.sources].index(step))
+        for _ in range(60):
+            await settle()
+            if mode.opened == mode.index and app.model_ready.is_set():
+                break
+        await settle()
+        app.clear_notifications()
+        await pilot.pause(0.05)
+        path = out / "timeline.svg"
+        app.save_screenshot(filename=path.name, path=str(out))
+    return [path]
 
 
 def strongest_induction_head(model: Path) -> tuple[int, int]:
@@ -142,6 +171,9 @@ def main() -> None:
         for size in ((120, 40), (80, 24)):
             paths += asyncio.run(shoot_compare(args.out, pruned, args.model, size=size,
                                                head=(layer, head)))
+    if args.model is None:  # the bundled model's training series, at its phase change
+        series = model.parent / "attn-only-2l-training"
+        paths += asyncio.run(shoot_timeline(args.out, series, head=(layer, head)))
     for p in paths:
         print(p)
 

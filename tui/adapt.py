@@ -18,23 +18,29 @@ from headscope.engine.results import (
     HeadScores,
     Profile,
     PromptView,
+    ScoreNull,
     ScoreTable,
     TopTokens,
 )
 
 __all__ = ["ABLATION", "ABLATION_LABEL", "BADGES", "SCORES", "SCORE_KEYS", "SHORT", "jsonable"]
 
-# (score name, column label) of the summary table, in SCORE_NAMES order.
-SCORES: tuple[tuple[str, str], ...] = tuple(zip(SCORE_NAMES, (
-    "copying", "QK+", "prev-tok", "dup-tok", "induction"), strict=True))
+# (score name, column label) of the summary table and the focus line, in SCORE_NAMES order.
+# attention_sink_score is not a column (yet): the tree shows it as a badge (SINK_BADGE).
+SCORES: tuple[tuple[str, str], ...] = (
+    ("copying_score", "copying"), ("qk_positivity", "QK+"), ("prev_token_score", "prev-tok"),
+    ("duplicate_token_score", "dup-tok"), ("induction_score", "induction"))
 SCORE_KEYS = SCORE_NAMES
 # Short labels: the focus line on a narrow terminal, compare mode's Δ columns and A → B line.
-SHORT: dict[str, str] = dict(zip(SCORE_NAMES, ("copy", "QK+", "prev", "dup", "ind"), strict=True))
+SHORT: dict[str, str] = dict(zip(SCORE_NAMES, ("copy", "QK+", "prev", "dup", "ind", "sink"),
+                             strict=True))
 # The zero-ablation effect: not part of HeadScores (an opt-in sweep, Engine.all_ablation_effects).
 ABLATION, ABLATION_LABEL = ABLATION_EFFECT, "zero-abl"
 # Badges in the head tree: (score, letter). Colour follows the strength.
 BADGES: tuple[tuple[str, str], ...] = (
     ("copying_score", "C"), ("prev_token_score", "P"), ("induction_score", "I"))
+# Attention sink: shown only where it is there (≥ the middling strength), no "·" placeholder.
+SINK_BADGE: tuple[str, str] = ("attention_sink_score", "S")
 
 
 def score(hs: HeadScores, key: str) -> float:
@@ -42,6 +48,17 @@ def score(hs: HeadScores, key: str) -> float:
     if key not in SCORE_KEYS:
         raise KeyError(f"not a head score: {key!r}")
     return float(getattr(hs, key))
+
+
+def z_score(null: ScoreNull | None, hs: HeadScores, key: str) -> float:
+    """The score ``key`` of a head against the random-head null of its layer (NaN without one)."""
+    if null is None or key not in null.names:
+        return float("nan")
+    i = null.names.index(key)
+    std = float(null.std[i, hs.layer])
+    if not std > 0:
+        return float("nan")
+    return (score(hs, key) - float(null.mean[i, hs.layer])) / std
 
 
 def score_rows(table: ScoreTable) -> list[HeadScores]:

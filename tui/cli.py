@@ -18,10 +18,22 @@ from pathlib import Path
 from typing import Any
 
 from headscope.engine.diff import EDGE_THRESHOLD
-from headscope.engine.errors import HeadscopeError, InvalidRequestError
+from headscope.engine.errors import HeadscopeError, InvalidRequestError, out_of_memory
+from headscope.tui import args as args_types
+from headscope.tui import cli_reading, cli_timeline
+from headscope.tui.cli_cache import (
+    add_cache_parser,
+    add_quiet_arg,
+    add_store_args,
+    cmd_cache,
+    results_store,
+)
+from headscope.tui.cli_progress import progress_bar
+from headscope.tui.datatext import data_table, tsv_field
 
 EXIT_OK, EXIT_MODEL_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-COMMANDS = ("open", "info", "heads", "composition", "forward", "circuit", "diff", "export", "serve")
+COMMANDS = ("open", "info", "heads", "composition", "forward", "circuit", "diff", "export", "serve",
+            "timeline", "cache", "svd", "path")
 
 EPILOG = """\
 examples:
@@ -34,6 +46,9 @@ examples:
   headscope composition sample_models/attn-only-2l --kind k --top 5
   headscope circuit sample_models/attn-only-2l 1 2 --kind ov --rows Mary,John --cols Mary,John
   headscope forward sample_models/attn-only-2l --prompt "When Mary and John" --json
+  headscope cache ls                          stored sweep results (scores, composition, ablation)
+  headscope svd sample_models/attn-only-2l 1 2 --kind ov --k 5 --top 10
+  headscope path sample_models/attn-only-2l L0.H1 L1.H2   (the induction mechanism's K-path)
 
 exit codes: 0 ok, 1 bad model file or request (one line on stderr), 2 usage, 130 interrupted
 """
@@ -99,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--match-heads", action="store_true",
                    help="with --compare: pair B's heads with A's by circuit similarity "
                         "(Hungarian, per layer), for checkpoints from independent runs")
+    p.add_argument("--timeline", metavar="DIR", default=None,
+                   help="a directory of training checkpoints (step-*/checkpoint-* "
+                        "subdirectories): open its last step with a Timeline tab, { } scrub")
 
     p = command("info", "architecture, shapes and dtype, from the header alone", "headscope info path/to/model --json")
     model_arg(p)
@@ -110,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     json_arg(p)
     processing_args(p)
     p.add_argument("--sort", metavar="KEY", help="sort descending by a score column, e.g. induction_score")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random token sequences (default 0)")
+    p.add_argument("--seed", type=args_types.seed, default=0, help="seed of the random token sequences (default 0)")
     p.add_argument("--ablation", action="store_true",
                    help="add ablation_effect: the loss increase on the repeated half of the random "
                         "sequences when the head is zero-ablated (a forward pass per head; implied "
@@ -118,6 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-behaviour", action="store_true",
                    help="only the weight-based scores (copying_score, qk_positivity): no forward "
                         "pass, and no wait for torch")
+    add_store_args(p)
+    add_quiet_arg(p)
 
     p = command("composition", "Q-, K- or V-composition scores between heads of different layers",
                 "headscope composition path --kind k --top 5")
@@ -125,8 +145,10 @@ def build_parser() -> argparse.ArgumentParser:
     json_arg(p)
     processing_args(p)
     p.add_argument("--kind", choices=("q", "k", "v"), required=True)
-    p.add_argument("--top", type=int, default=10, help="how many top edges to list (default 10)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random baseline (default 0)")
+    p.add_argument("--top", type=args_types.count, default=10, help="how many top edges to list (default 10)")
+    p.add_argument("--seed", type=args_types.seed, default=0, help="seed of the random baseline (default 0)")
+    add_store_args(p)
+    add_quiet_arg(p)
 
     p = command("forward", "logits and attention patterns for a token sequence",
                 "headscope forward path --tokens 3,14,15,92 --json")
@@ -134,21 +156,24 @@ def build_parser() -> argparse.ArgumentParser:
     json_arg(p)
     processing_args(p)
     group = p.add_mutually_exclusive_group(required=True)
-    group.add_argument("--tokens", help="comma-separated token ids, e.g. 3,14,15,92")
+    group.add_argument("--tokens", type=args_types.token_ids, help="comma-separated token ids, e.g. 3,14,15,92")
     group.add_argument("--prompt", help="text, encoded with the model's tokenizer")
+    add_quiet_arg(p)
 
     p = command("circuit", "a block of a head's QK or OV circuit",
                 "headscope circuit path 1 4 --kind qk --basis position --rows 0:16 --cols 0:16")
     model_arg(p)
-    p.add_argument("layer", type=int)
-    p.add_argument("head", type=int)
+    p.add_argument("layer", type=args_types.index)
+    p.add_argument("head", type=args_types.index)
     json_arg(p)
     processing_args(p)
     p.add_argument("--kind", choices=("qk", "ov"), required=True)
     p.add_argument("--basis", choices=("token", "position"), default="token")
-    p.add_argument("--rows", help="ids (3,14), ranges (0:20) or tokens (Mary,John); default the first 24")
-    p.add_argument("--cols", help="as --rows")
-    p.add_argument("--offset", type=int, default=0, help="rotary models: query-key offset Δ")
+    p.add_argument("--rows", type=args_types.token_spec,
+                   help="ids (3,14), ranges (0:20) or tokens (Mary,John); default the first 24")
+    p.add_argument("--cols", type=args_types.token_spec, help="as --rows")
+    p.add_argument("--offset", type=args_types.offset, default=0, help="rotary models: query-key offset Δ")
+    add_quiet_arg(p)
 
     p = command("diff", "compare the circuits of two checkpoints with the same head layout "
                 "(after pruning, distillation or more training)",
@@ -160,10 +185,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--match-heads", action="store_true",
                    help="match B's heads to A's within each layer by circuit similarity "
                         "(Hungarian assignment), for checkpoints from independent runs")
-    p.add_argument("--threshold", type=float, default=EDGE_THRESHOLD,
+    p.add_argument("--threshold", type=args_types.finite_float, default=EDGE_THRESHOLD,
                    help="composition edges count when this far above their baseline "
                         f"(default {EDGE_THRESHOLD})")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=args_types.seed, default=0)
+    add_store_args(p)
+    add_quiet_arg(p)
 
     p = command("export", "write heads, composition or circuit data to JSON or CSV, atomically",
                 "headscope export path --what composition --kind k --format csv --out results/")
@@ -171,29 +198,34 @@ def build_parser() -> argparse.ArgumentParser:
     processing_args(p)
     p.add_argument("--what", choices=("heads", "composition", "circuit"), required=True)
     p.add_argument("--format", choices=("json", "csv"), default="json")
-    p.add_argument("--out", default=".", help="directory to write into (default: the current "
+    p.add_argument("--out", default=".", type=args_types.output_dir, help="directory to write into (default: the current "
                    "directory; never the checkpoint's unless you name it)")
     p.add_argument("--kind", choices=("q", "k", "v", "qk", "ov"),
                    help="composition: q|k|v; circuit: qk|ov")
-    p.add_argument("--layer", type=int, help="circuit: layer")
-    p.add_argument("--head", type=int, help="circuit: head")
+    p.add_argument("--layer", type=args_types.index, help="circuit: layer")
+    p.add_argument("--head", type=args_types.index, help="circuit: head")
     p.add_argument("--basis", choices=("token", "position"), default="token")
-    p.add_argument("--rows", help="circuit rows, as for `headscope circuit`")
-    p.add_argument("--cols", help="circuit columns")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rows", type=args_types.token_spec, help="circuit rows, as for `headscope circuit`")
+    p.add_argument("--cols", type=args_types.token_spec, help="circuit columns")
+    p.add_argument("--seed", type=args_types.seed, default=0)
     p.add_argument("--ablation", action="store_true",
                    help="heads: add the zero-ablation effect column (a forward pass per head)")
+    add_store_args(p)
+    add_quiet_arg(p)
 
     p = command("serve", "serve the explorer to a web browser (textual-serve), on 127.0.0.1 by default",
                 "headscope serve path --port 8000")
     model_arg(p, optional=True)
     processing_args(p)
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=args_types.port, default=8000)
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1; others need --allow-remote)")
     p.add_argument("--allow-remote", action="store_true",
                    help="allow binding to a non-loopback address: anyone who can reach it can "
                         "use the explorer")
+    cli_timeline.add_parser(sub)
+    add_cache_parser(sub)
+    cli_reading.add_parsers(sub)
     return parser
 
 
@@ -222,16 +254,12 @@ def emit(data: Any, as_json: bool, table: Callable[[], tuple[list[str], list[lis
     columns, rows = table()
     if sys.stdout.isatty():
         from rich.console import Console
-        from rich.table import Table
 
-        t = Table(*columns)
-        for row in rows:
-            t.add_row(*(_cell(v) for v in row))
-        Console().print(t)
+        Console().print(data_table(columns, [[_cell(v) for v in row] for row in rows]))
     else:
-        print("\t".join(columns))
+        print("\t".join(tsv_field(c) for c in columns))
         for row in rows:
-            print("\t".join(_cell(v) for v in row))
+            print("\t".join(tsv_field(_cell(v)) for v in row))
 
 
 def _cell(v: Any) -> str:
@@ -287,6 +315,10 @@ def cmd_open(args: argparse.Namespace) -> int:
     if args.match_heads and not args.compare:
         raise InvalidRequestError(None, "--match-heads needs --compare B")
     options: dict[str, Any] = {"match_heads": True} if args.match_heads else {}
+    if args.timeline is not None:
+        from headscope.tui.timeline_mode import open_timeline
+
+        options["timeline"] = open_timeline(args.timeline, args.path, args.compare)
     if args.head is not None:
         options["head"] = args.head
     run_app(path, raw=args.raw, theme=args.theme, compare=args.compare, **options)
@@ -309,14 +341,17 @@ def _open(args: argparse.Namespace) -> Any:
 
 def cmd_heads(args: argparse.Namespace) -> int:
     from headscope.engine.report import head_table, sort_rows
-    from headscope.engine.requests import ABLATION_EFFECT, SCORE_NAMES, check_sort_key
+    from headscope.engine.requests import ABLATION_EFFECT, SCORE_NAMES, Z_NAMES, check_sort_key
 
     if args.no_behaviour:
         return _weight_heads(args)
     ablation = args.ablation or args.sort == ABLATION_EFFECT
-    check_sort_key(args.sort, [*SCORE_NAMES, ABLATION_EFFECT])  # before the model is opened
+    check_sort_key(args.sort, [*SCORE_NAMES, *Z_NAMES, ABLATION_EFFECT])  # before the model is opened
     model = _open(args)
-    rows = sort_rows(head_table(model, seed=args.seed, ablation=ablation), args.sort)
+    with progress_bar(f"heads {model.path.name}", quiet=args.quiet) as progress:
+        table = head_table(model, seed=args.seed, ablation=ablation, store=results_store(args),
+                           progress=progress)
+    rows = sort_rows(table, args.sort)
     columns = ["layer", "head", *SCORE_NAMES, *([ABLATION_EFFECT] if ablation else []),
                "nonfinite"]
     emit(rows, args.json, lambda: (columns, [[r[c] for c in columns] for r in rows]))
@@ -341,7 +376,9 @@ def cmd_composition(args: argparse.Namespace) -> int:
     from headscope.engine.report import composition_report
 
     model = _open(args)
-    report = composition_report(model, args.kind, top=args.top, seed=args.seed)
+    with progress_bar(f"{args.kind}-composition {model.path.name}", quiet=args.quiet) as progress:
+        report = composition_report(model, args.kind, top=args.top, seed=args.seed,
+                                    store=results_store(args), progress=progress)
     columns = ["source", "target", "score", "above_baseline"]
     emit(report, args.json, lambda: (columns, [[e[c] for c in columns] for e in report["top_edges"]]))
     return EXIT_OK
@@ -364,7 +401,8 @@ def cmd_forward(args: argparse.Namespace) -> int:
             print(f"headscope: {model.path}: prompt truncated from {len(tokens)} to the context "
                   f"of {model.cfg.n_ctx} tokens", file=sys.stderr)
             tokens = tokens[: model.cfg.n_ctx]
-    report = forward_report(model, tokens)
+    with progress_bar(f"forward {model.path.name}", quiet=args.quiet, determinate=False):
+        report = forward_report(model, tokens)
 
     def table() -> tuple[list[str], list[list[Any]]]:
         import numpy as np
@@ -386,12 +424,10 @@ def cmd_circuit(args: argparse.Namespace) -> int:
 
     model = _open(args)
     n = model.cfg.n_ctx if args.basis == "position" else model.cfg.d_vocab
-    report = circuit_report(
-        model, args.layer, args.head, args.kind, basis=args.basis,
-        rows=parse_token_list(model, args.rows, n, args.basis),
-        cols=parse_token_list(model, args.cols, n, args.basis),
-        offset=args.offset,
-    )
+    rows, cols = (parse_token_list(model, spec, n, args.basis) for spec in (args.rows, args.cols))
+    with progress_bar(f"circuit {model.path.name}", quiet=args.quiet, determinate=False):
+        report = circuit_report(model, args.layer, args.head, args.kind, basis=args.basis,
+                                rows=rows, cols=cols, offset=args.offset)
 
     def table() -> tuple[list[str], list[list[Any]]]:
         return (["row \\ col", *report["col_labels"]],
@@ -407,7 +443,9 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
     a = open_model(args.path, raw=args.raw)
     b = open_model(args.other, raw=args.raw)
-    result = diff_models(a, b, match_heads=args.match_heads, threshold=args.threshold, seed=args.seed)
+    with progress_bar(f"diff {a.path.name} {b.path.name}", quiet=args.quiet) as progress:
+        result = diff_models(a, b, match_heads=args.match_heads, threshold=args.threshold,
+                             seed=args.seed, store=results_store(args), progress=progress)
     report = result.to_dict()
 
     def table() -> tuple[list[str], list[list[Any]]]:
@@ -438,20 +476,24 @@ def cmd_export(args: argparse.Namespace) -> int:
     model = _open(args)
     name = Path(args.path).name or "model"
     suffix = "-raw" if args.raw else ""
+    store = results_store(args)
     if args.what == "heads":
-        report: Any = head_table(model, seed=args.seed, ablation=args.ablation)
+        with progress_bar(f"heads {name}", quiet=args.quiet) as progress:
+            report: Any = head_table(model, seed=args.seed, ablation=args.ablation, store=store,
+                                     progress=progress)
         stem = f"{name}-heads{suffix}"
     elif args.what == "composition":
         check_composition_kind(args.kind, str(model.path))
-        report = composition_report(model, args.kind, seed=args.seed)
+        with progress_bar(f"{args.kind}-composition {name}", quiet=args.quiet) as progress:
+            report = composition_report(model, args.kind, seed=args.seed, store=store,
+                                        progress=progress)
         stem = f"{name}-{args.kind}-composition{suffix}"
     else:
         n = model.cfg.n_ctx if args.basis == "position" else model.cfg.d_vocab
-        report = circuit_report(
-            model, args.layer, args.head, args.kind, basis=args.basis,
-            rows=parse_token_list(model, args.rows, n, args.basis),
-            cols=parse_token_list(model, args.cols, n, args.basis),
-        )
+        rows, cols = (parse_token_list(model, spec, n, args.basis) for spec in (args.rows, args.cols))
+        with progress_bar(f"circuit {name}", quiet=args.quiet, determinate=False):
+            report = circuit_report(model, args.layer, args.head, args.kind, basis=args.basis,
+                                    rows=rows, cols=cols)
         stem = f"{name}-L{args.layer}H{args.head}-{args.kind}-{args.basis}{suffix}"
     written = export_report(args.what, report, args.out, args.format, stem)
     print(written)
@@ -494,6 +536,10 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "composition": cmd_composition,
     "forward": cmd_forward,
     "circuit": cmd_circuit,
+    "timeline": cli_timeline.run,
+    "cache": cmd_cache,
+    "svd": cli_reading.run_svd,
+    "path": cli_reading.run_path,
 }
 
 
@@ -504,6 +550,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return HANDLERS[args.command](args)
     except HeadscopeError as err:
         print(f"headscope: {err.one_line()}", file=sys.stderr)
+        return EXIT_MODEL_ERROR
+    except (MemoryError, RuntimeError) as err:  # torch's allocator raises RuntimeError
+        oom = out_of_memory(err, getattr(args, "path", None), f"headscope {args.command}")
+        if oom is None:
+            raise
+        print(f"headscope: {oom.one_line()}", file=sys.stderr)
         return EXIT_MODEL_ERROR
     except KeyboardInterrupt:
         print("headscope: interrupted", file=sys.stderr)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from rich.text import Text
@@ -24,6 +25,9 @@ from .adapt import SHORT
 from .plots import EdgeDiff, Heatmap
 from .widgets.chart import Chart
 from .widgets.views import _bar_colours
+
+if TYPE_CHECKING:
+    from .explorer import ExplorerScreen, LoadKey
 
 Head = tuple[int, int]
 # (score name, column label) of the Δ columns: diff rows carry `<name>_a`, `_b`, `_delta`.
@@ -207,3 +211,12 @@ class ChangesPane(Horizontal):
             listing.append(f"no {kind.upper()}-composition edge crossed the threshold",
                            style="dim")
         self.query_one("#changes-edges", Static).update(listing)
+
+    async def load(self, ex: ExplorerScreen, key: LoadKey) -> None:
+        diff = ex.compare.diff
+        if diff is None:
+            if ex.compare.engine_b is None:
+                self.waiting(f"no model B: {ex.compare.error or 'not opened'}")
+            return  # the explorer shows it when the diff arrives
+        name_b = Path(ex.compare.path or "").name or "B"
+        self.show(diff, ex.compare.changes_kind, ex.n_layers, ex.n_heads, name_b)

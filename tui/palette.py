@@ -19,14 +19,16 @@ if TYPE_CHECKING:
 class HeadscopeCommands(Provider):
     def _commands(self) -> list[tuple[str, Callable[[], object], str]]:
         app: HeadscopeApp = self.app  # type: ignore[assignment]
+        explorer = app.explorer
         cmds: list[tuple[str, Callable[[], object], str]] = []
         s = app.structure
         for layer in range(int(s.get("n_layers") or 0)):
             for head in range(int(s.get("n_heads") or 0)):
-                cmds.append((f"Go to head {layer}.{head}", partial(app.goto_head, (layer, head)),
+                cmds.append((f"Go to head {layer}.{head}",
+                             partial(explorer.goto_head, (layer, head)),
                              f"Focus layer {layer}, head {head}"))
         for key, label in SCORES:
-            cmds.append((f"Sort heads by {label}", partial(app.sort_summary, key),
+            cmds.append((f"Sort heads by {label}", partial(explorer.sort_summary, key),
                          "Summary table, highest first"))
         for name in THEME_NAMES:
             cmds.append((f"Theme: {name}", partial(setattr, app, "theme", name), "Switch theme"))
@@ -35,16 +37,16 @@ class HeadscopeCommands(Provider):
             cmds.append((f"Colour map: {name}{safe}", partial(app.set_colormap, name),
                          "Heatmap colours"))
         for kind in "qkv":
-            cmds.append((f"Composition: {kind.upper()}", partial(app.show_composition, kind),
+            cmds.append((f"Composition: {kind.upper()}", partial(explorer.show_composition, kind),
                          f"{kind.upper()}-composition graph and edges"))
         cmds += [
-            ("Export current view (JSON)", app.action_export, "Write the view's data"),
+            ("Export current view (JSON)", explorer.action_export, "Write the view's data"),
             ("Save screenshot (SVG)", app.action_screenshot_svg, "To the output directory"),
             ("Set output directory…", app.action_choose_output_dir,
              "Where screenshots and exports go"),
-            ("Toggle raw / processed weights", app.action_toggle_raw, "Weight processing"),
-            ("Choose tokens…", app.action_choose_tokens, "Rows/columns of QK and OV"),
-            ("Ablation sweep: zero each head", app.action_ablation_sweep,
+            ("Toggle raw / processed weights", explorer.action_toggle_raw, "Weight processing"),
+            ("Choose tokens…", explorer.action_choose_tokens, "Rows/columns of QK and OV"),
+            ("Ablation sweep: zero each head", explorer.action_ablation_sweep,
              "Loss increase on repeated random tokens, per head (Summary tab)"),
         ]
         return cmds

@@ -16,6 +16,7 @@ from rich.text import Text
 from textual_plotext.plot import Plot
 
 from .colormap import RGB, cell_of, diverging_rgb, fit_shape, resample, symmetric_range
+from .datatext import printable
 
 LABEL_WIDTH = 8  # longest tick label kept on the y axis (token strings are cut)
 
@@ -33,7 +34,7 @@ class Colours:
 
 def short(label: str, width: int = LABEL_WIDTH) -> str:
     """A token string fit for a tick: whitespace made visible, cut to ``width``."""
-    s = label.replace("\n", "⏎").replace("\t", "⇥").replace(" ", "·") or "∅"
+    s = printable(label).replace(" ", "·") or "∅"  # no control character reaches plotext
     return s if len(s) <= width else s[: width - 1] + "…"
 
 

@@ -12,6 +12,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Input, Label, Static
 
+from .datatext import data_text
 from .keymap import APP_BINDINGS, WIDGET_KEYS
 
 
@@ -30,7 +31,7 @@ def help_table(keymap: dict[str, str]) -> Table:
     table.add_column("id", style="dim", no_wrap=True)
     for b in APP_BINDINGS:
         keys = keymap.get(b.id or "", b.key)
-        table.add_row(_display(keys), b.tooltip or b.description, b.id or "")
+        table.add_row(data_text(_display(keys)), b.tooltip or b.description, b.id or "")  # user's keys
     for keys, what in WIDGET_KEYS:
         table.add_row(keys, what, "")
     return table

@@ -6,12 +6,13 @@ Where: ``$HEADSCOPE_CONFIG`` if set, else ``$XDG_CONFIG_HOME/headscope/config.to
     theme = "headscope-dark"        # headscope-dark | headscope-light | headscope-contrast
     colormap = "diverging"          # diverging | colorblind
     cache_mb = 256                  # engine cache budget per open model
+    cache_disk_mb = 512             # results store on disk (0: do not persist results)
     tokens = ["Mary", "John"]       # default token set for the QK/OV heatmaps
     [keymap]                        # binding id = keys (see `?` in the explorer)
     "next-head" = "n"
 
 Environment variables override the file: ``HEADSCOPE_THEME``, ``HEADSCOPE_COLORMAP``,
-``HEADSCOPE_CACHE_MB``. A malformed file is a one-line ConfigError naming it.
+``HEADSCOPE_CACHE_MB``, ``HEADSCOPE_CACHE_DISK_MB``. A malformed file is a one-line ConfigError naming it.
 """
 
 from __future__ import annotations
@@ -23,9 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from headscope.engine.errors import ConfigError
+from headscope.engine.files import os_reason, read_text
 
 DEFAULT_THEME = "headscope-dark"
 COLORMAPS = ("diverging", "colorblind")
+MAX_SETTINGS_BYTES = 1_000_000
+MAX_CACHE_MB = 1 << 20  # 1 TiB
 
 
 @dataclass(frozen=True)
@@ -33,53 +37,82 @@ class Settings:
     theme: str = DEFAULT_THEME
     colormap: str = "diverging"
     cache_mb: int = 256
+    cache_disk_mb: int = 512  # the on-disk results store (engine.store); 0 turns it off
     tokens: tuple[str, ...] = ()
     keymap: dict[str, str] = field(default_factory=dict)
     source: str | None = None  # the file these came from, if any
 
 
-def config_path(env: dict[str, str] | None = None) -> Path:
+def config_path(env: dict[str, str] | None = None) -> Path | None:
+    """Where the settings file is; ``None`` if there is no home to look in."""
     env = dict(os.environ) if env is None else env
     if env.get("HEADSCOPE_CONFIG"):
         return Path(env["HEADSCOPE_CONFIG"])
-    base = env.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    base = env.get("XDG_CONFIG_HOME")
+    if not base:
+        try:
+            base = str(Path.home() / ".config")
+        except (RuntimeError, KeyError):  # no $HOME and no password entry
+            return None
     return Path(base) / "headscope" / "config.toml"
 
 
+def _file_exists(path: Path) -> bool:
+    """Whether there is something at ``path``; a directory on the way that cannot be
+    searched ($HOME without x permission) is a ConfigError, not a traceback."""
+    try:
+        path.stat()
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError) as err:
+        reason = os_reason(err) if isinstance(err, OSError) else str(err)
+        raise ConfigError(path, f"cannot read the settings file: {reason}") from None
+    return True
+
+
+def read_settings_file(path: Path) -> dict[str, Any]:
+    """The TOML table in ``path`` (a regular file of at most ``MAX_SETTINGS_BYTES``)."""
+    text = read_text(path, MAX_SETTINGS_BYTES, ConfigError, "settings file")
+    try:
+        return tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, RecursionError) as err:
+        raise ConfigError(path, f"not valid TOML: {err}") from None
+
+
 def load_settings(env: dict[str, str] | None = None) -> Settings:
-    """Read the config file (absent is fine) and apply environment overrides."""
+    """Read the config file (absent is fine) and apply environment overrides.
+
+    Anything wrong with the file, including a directory, a FIFO or an unreadable file at
+    its path, is a one-line ConfigError (the explorer shows it and starts with defaults).
+    """
     env = dict(os.environ) if env is None else env
     path = config_path(env)
     data: dict[str, Any] = {}
-    if path.is_file():
-        try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
-            raise ConfigError(path, f"not valid TOML: {err}") from None
+    exists = path is not None and _file_exists(path)
+    if path is not None and exists:
+        data = read_settings_file(path)
     if "HEADSCOPE_THEME" in env:
         data["theme"] = env["HEADSCOPE_THEME"]
     if "HEADSCOPE_COLORMAP" in env:
         data["colormap"] = env["HEADSCOPE_COLORMAP"]
     if "HEADSCOPE_CACHE_MB" in env:
         data["cache_mb"] = env["HEADSCOPE_CACHE_MB"]
-    return _validate(data, path if path.is_file() else None)
+    if "HEADSCOPE_CACHE_DISK_MB" in env:
+        data["cache_disk_mb"] = env["HEADSCOPE_CACHE_DISK_MB"]
+    return _validate(data, path if exists else None)
 
 
 def _validate(data: dict[str, Any], path: Path | None) -> Settings:
     where = path or "settings"
-    unknown = set(data) - {"theme", "colormap", "cache_mb", "tokens", "keymap"}
+    unknown = set(data) - {"theme", "colormap", "cache_mb", "cache_disk_mb", "tokens", "keymap"}
     if unknown:
         raise ConfigError(where, f"unknown setting(s): {', '.join(sorted(unknown))}")
     theme = str(data.get("theme", DEFAULT_THEME))
     colormap = str(data.get("colormap", "diverging"))
     if colormap not in COLORMAPS:
         raise ConfigError(where, f"colormap must be one of {', '.join(COLORMAPS)}, not {colormap!r}")
-    try:
-        cache_mb = int(data.get("cache_mb", 256))
-    except (TypeError, ValueError):
-        raise ConfigError(where, f"cache_mb must be a whole number, not {data['cache_mb']!r}") from None
-    if cache_mb <= 0:
-        raise ConfigError(where, f"cache_mb must be positive, not {cache_mb}")
+    cache_mb = _cache_mb(data.get("cache_mb", 256), where)
+    cache_disk_mb = _cache_mb(data.get("cache_disk_mb", 512), where, "cache_disk_mb", minimum=0)
     tokens = data.get("tokens", [])
     if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
         raise ConfigError(where, "tokens must be a list of strings")
@@ -90,7 +123,27 @@ def _validate(data: dict[str, Any], path: Path | None) -> Settings:
         theme=theme,
         colormap=colormap,
         cache_mb=cache_mb,
+        cache_disk_mb=cache_disk_mb,
         tokens=tuple(tokens),
         keymap=dict(keymap),
         source=str(path) if path else None,
     )
+
+
+def _cache_mb(value: Any, where: Path | str, key: str = "cache_mb", minimum: int = 1) -> int:
+    """A whole number of MiB in ``[minimum, MAX_CACHE_MB]`` (TOML ``inf``, ``nan``, ``1.5``,
+    ``true`` and ``"lots"`` are refused, not crashed on)."""
+    if isinstance(value, str):
+        try:
+            value = int(value.strip())
+        except ValueError:
+            raise ConfigError(where, f"{key} must be a whole number, not {value!r}") from None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(where, f"{key} must be a whole number, not {value!r}")
+    if value < minimum:
+        raise ConfigError(where, f"{key} must be {'positive' if minimum == 1 else f'{minimum} or more'}, not {value}")
+    if value > MAX_CACHE_MB:
+        raise ConfigError(where, f"{key} must be at most {MAX_CACHE_MB} (1 TiB), not {value}")
+    return value

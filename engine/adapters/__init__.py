@@ -89,6 +89,15 @@ Spec = Whole | Heads | Zeros
 SpecMap = dict[str, Spec]
 
 
+class TensorNames(set[str]):
+    """The checkpoint's tensor names, with how many parameters they hold in all
+    (``checked`` bounds the work a config may ask for by what the header really contains)."""
+
+    def __init__(self, names: Iterable[str], numel: int) -> None:
+        super().__init__(names)
+        self.numel = numel
+
+
 def spec_tensors(specs: Mapping[str, Spec]) -> set[str]:
     """Checkpoint tensor names the specs read."""
     return {s.tensor for s in specs.values() if not isinstance(s, Zeros)}
@@ -236,11 +245,32 @@ def require_int(cfg: Mapping[str, Any], path: str | None, *keys: str, minimum: i
     return value
 
 
-def optional_float(cfg: Mapping[str, Any], path: str | None, *keys: str, default: float) -> float:
+def optional_float(
+    cfg: Mapping[str, Any],
+    path: str | None,
+    *keys: str,
+    default: float,
+    within: tuple[float, float] | None = None,
+) -> float:
+    """A finite number (in ``(low, high]`` if ``within`` is given)."""
     value = get_key(cfg, *keys, default=default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if not is_number(value):
         raise ConfigError(path, f"config field {keys[0]} must be a finite number, got {value!r}")
+    if within is not None and not within[0] < value <= within[1]:
+        raise ConfigError(
+            path, f"config field {keys[0]} must be in ({within[0]:g}, {within[1]:g}], got {value!r}"
+        )
     return float(value)
+
+
+def is_number(value: object) -> bool:
+    """A finite int or float (not a bool, not a string that looks like one)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:  # an int beyond float range
+        return False
 
 
 def optional_bool(cfg: Mapping[str, Any], path: str | None, key: str, default: bool) -> bool:
@@ -282,10 +312,7 @@ def validate_config(cfg: ModelConfig, path: str | None) -> ModelConfig:
             raise ConfigError(
                 path, f"rotary_dim must be an even number in [2, d_head={cfg.d_head}], got {rd!r}"
             )
-    if not (math.isfinite(cfg.norm_eps) and cfg.norm_eps >= 0):
-        raise ConfigError(path, f"norm_eps must be finite and >= 0, got {cfg.norm_eps!r}")
-    if not (math.isfinite(cfg.rotary_base) and cfg.rotary_base > 0):
-        raise ConfigError(path, f"rotary base must be finite and > 0, got {cfg.rotary_base!r}")
+    _check_math_values(cfg, path)
     check_features(cfg, path)
     return cfg
 
@@ -322,13 +349,87 @@ def check_features(cfg: ModelConfig, path: str | None) -> None:
         raise ConfigError(path, f"n_experts / experts_per_token must be integers with 1 <= k <= n, got {n!r} / {k!r}")
 
 
+# Largest rotary base whose powers stay finite in float32 (the dtype of the frequencies).
+_MAX_ROTARY_BASE = 1e30
+
+
+def _check_math_values(cfg: ModelConfig, path: str | None) -> None:
+    """Values the forward pass and the circuits compute with: each must give finite
+    numbers (an accepted ``rope_theta`` of 1e-300 made every pattern NaN)."""
+    if not (is_number(cfg.norm_eps) and 0 <= cfg.norm_eps <= 1):
+        raise ConfigError(path, f"norm_eps (layer norm epsilon) must be a number in [0, 1], got {cfg.norm_eps!r}")
+    if cfg.positional == "rotary" and not (
+        is_number(cfg.rotary_base) and 1 < cfg.rotary_base <= _MAX_ROTARY_BASE
+    ):
+        raise ConfigError(
+            path,
+            f"rope_theta (rotary base) must be a number in (1, {_MAX_ROTARY_BASE:g}], got "
+            f"{cfg.rotary_base!r}: RoPE frequencies base^(-2i/d) would not be finite and decreasing",
+        )
+    scale = cfg.attn_scale
+    if scale is not None and not (is_number(scale) and scale > 0):
+        raise ConfigError(path, f"attn_scale must be a finite number > 0, got {scale!r}")
+    window = cfg.extra.get("sliding_window")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ConfigError(
+            path, f"sliding_window must be a positive integer or null, got {window!r}"
+        )
+    n_types = cfg.extra.get("n_types")
+    if n_types is not None and (isinstance(n_types, bool) or not isinstance(n_types, int) or n_types < 1):
+        raise ConfigError(path, f"n_types (token type vocabulary) must be a positive integer, got {n_types!r}")
+    if cfg.positional == "rotary":
+        _check_rope_scaling(cfg, path)
+
+
+# What each supported RoPE scaling needs (engine.forward.rotary_inv_freq), and the bound
+# each value must exceed.
+_ROPE_PARAMS: dict[str, tuple[tuple[str, float], ...]] = {
+    "linear": (("factor", 0.0),),
+    "llama3": (("factor", 0.0), ("low_freq_factor", 0.0), ("high_freq_factor", 0.0),
+               ("original_max_position_embeddings", 0.0)),
+}
+
+
+def _check_rope_scaling(cfg: ModelConfig, path: str | None) -> None:
+    kind = cfg.extra.get("rope_type") or "default"
+    if not isinstance(kind, str):
+        raise ConfigError(path, f"rope_type must be a name, got {kind!r}")
+    params = cfg.extra.get("rope_scaling") or {}
+    for key, above in _ROPE_PARAMS.get(kind, ()):
+        value = params.get(key)
+        if value is None:
+            raise ConfigError(path, f"RoPE scaling {kind!r} needs the parameter {key}")
+        if not (is_number(value) and value > above):
+            raise ConfigError(
+                path, f"RoPE scaling parameter {key} must be a finite number > {above:g}, got {value!r}"
+            )
+    if kind == "llama3" and not params["high_freq_factor"] > params["low_freq_factor"]:
+        raise ConfigError(
+            path,
+            f"RoPE scaling parameter high_freq_factor ({params['high_freq_factor']!r}) must be "
+            f"greater than low_freq_factor ({params['low_freq_factor']!r})",
+        )
+
+
 def checked(cfg: ModelConfig, names: set[str], path: str | None) -> ModelConfig:
     """``validate_config`` plus a plausibility bound before per-layer specs are built: a
     hostile ``n_layers`` of 10**12 must be an error, not a loop that never ends."""
     validate_config(cfg, path)
-    if cfg.n_layers > max(len(names), 1):
+    # Every layer stores at least two tensors (Q, K, V possibly fused; O) ...
+    if 2 * cfg.n_layers > max(len(names), 1):
         raise ConfigError(
             path, f"n_layers {cfg.n_layers} but the checkpoint holds only {len(names)} tensors"
+        )
+    # ... holding at least W_Q and W_O, and the embedding is there too (a header of 200,000
+    # empty tensors must not pass as 200,000 layers).
+    numel = getattr(names, "numel", None)
+    per_layer = 2 * cfg.n_heads * cfg.d_head * cfg.d_model
+    needed = cfg.n_layers * per_layer + cfg.d_vocab * cfg.d_model
+    if numel is not None and numel < needed:
+        raise ConfigError(
+            path,
+            f"n_layers {cfg.n_layers} × {per_layer:,} attention parameters plus the embedding "
+            f"need {needed:,} parameters, but the checkpoint holds only {numel:,}",
         )
     return cfg
 

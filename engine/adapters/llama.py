@@ -57,7 +57,8 @@ def adapt(
         else divide_heads(path, d_model, n_heads)
     )
     pct = optional_float(
-        config, path, "rope_parameters.partial_rotary_factor", "partial_rotary_factor", default=1.0
+        config, path, "rope_parameters.partial_rotary_factor", "partial_rotary_factor", default=1.0,
+        within=(0.0, 1.0),
     )
     prefix = first_prefix(names, ("model.", ""), "embed_tokens.weight")
     tied = "lm_head.weight" not in names

@@ -9,12 +9,12 @@ as TransformerLens does; optional biases may be absent (zeros).
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping
 from typing import Any, get_args
 
 from ..config import Family, ModelConfig, Normalization, Positional
 from ..errors import ConfigError
+from ..files import loads_json
 from . import Heads, Spec, SpecMap, Whole, Zeros, checked
 
 CONFIG_KEY = "headscope_config"
@@ -44,10 +44,7 @@ _CHOICES: dict[str, tuple[Any, ...]] = {
 
 
 def parse_config_json(text: str, path: str | None) -> dict[str, Any]:
-    try:
-        fields = json.loads(text)
-    except (ValueError, RecursionError) as e:
-        raise ConfigError(path, f"native config is not valid JSON: {str(e)[:120]}") from None
+    fields = loads_json(text, path, ConfigError, "native config")
     if not isinstance(fields, dict):
         raise ConfigError(path, "native config must be a JSON object of ModelConfig fields")
     return fields

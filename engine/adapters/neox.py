@@ -49,6 +49,7 @@ def adapt(
         "rotary_pct",
         "partial_rotary_factor",
         default=0.25,
+        within=(0.0, 1.0),
     )
     prefix = first_prefix(names, ("gpt_neox.", ""), "embed_in.weight")
     tied = "embed_out.weight" not in names

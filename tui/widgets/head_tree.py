@@ -17,9 +17,9 @@ from textual.message import Message
 from textual.widgets import Tree
 from textual.widgets.tree import TreeNode
 
-from headscope.engine.results import HeadScores
+from headscope.engine.results import HeadScores, ScoreNull
 
-from ..adapt import BADGES, score
+from ..adapt import BADGES, SINK_BADGE, score, z_score
 
 Head = tuple[int, int]
 NONFINITE_FLAG = "bold white on red"
@@ -89,6 +89,7 @@ class HeadTree(Tree[NodeData]):
         self.scores: dict[Head, HeadScores] = {}
         self.structure = structure or {}
         self.filter: tuple[str, str, float] | None = None  # (score key, label, threshold)
+        self.null: ScoreNull | None = None  # calibrates the filtered score: "0.95 z=41"
         self.deltas: dict[Head, float] = {}
         self._populate()
 
@@ -165,14 +166,25 @@ class HeadTree(Tree[NodeData]):
                 style = badge_style(score(row, key), strong, mid)
                 text.append(" ")
                 text.append(letter if style else "·", style=style or "dim")
+            sink_style = badge_style(score(row, SINK_BADGE[0]), strong, mid)
+            if sink_style:
+                text.append(f" {SINK_BADGE[1]}", style=sink_style)
             if self.filter is not None:
                 text.append(f" {score(row, self.filter[0]):.2f}", style="bold")
+                z = z_score(self.null, row, self.filter[0])
+                if z == z:
+                    text.append(f" z={z:.0f}", style="dim")
         change = self.deltas.get((layer, head))
         if change is not None:
             style = delta_style(change, vars_.get("error", "red"), vars_.get("warning", "yellow"))
             text.append(" ")
             text.append("Δ" if style else "=", style=style or "dim")
         return text
+
+    def set_null(self, null: ScoreNull | None) -> None:
+        """The random-head null that turns the filtered score into a z (docs/math.md)."""
+        self.null = null
+        self.refresh_badges()
 
     def set_scores(self, rows: list[HeadScores]) -> None:
         for row in rows:

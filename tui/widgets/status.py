@@ -9,6 +9,8 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
+from ..datatext import printable
+
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 
 
@@ -25,8 +27,8 @@ def _count(n: Any) -> str:
 def model_summary(structure: dict[str, Any]) -> tuple[str, str, str]:
     """(name, architecture, shapes) of a structure dict."""
     s = structure
-    name = Path(str(s.get("path") or "?")).name or str(s.get("path"))
-    arch = f"{s.get('family', '?')}/{s.get('architecture', '?')}"
+    name = printable(Path(str(s.get("path") or "?")).name or str(s.get("path")))
+    arch = printable(f"{s.get('family', '?')}/{s.get('architecture', '?')}")
     kv = s.get("n_kv_heads")
     heads = f"{s.get('n_heads', '?')}H" + (f"/{kv}kv" if kv and kv != s.get("n_heads") else "")
     shapes = (f"{s.get('n_layers', '?')}L×{heads} d{_count(s.get('d_model'))} "
@@ -54,6 +56,8 @@ class StatusBar(Widget):
     frame: reactive[int] = reactive(0)
     error: reactive[str] = reactive("")
     compare: reactive[str] = reactive("")  # compare mode: the name of model B
+    origin: reactive[str] = reactive("")  # where the last sweep's numbers came from
+    timeline: reactive[str] = reactive("")  # timeline mode: the step shown (tui/timeline_mode.py)
 
     def render(self) -> Text:
         name, arch, shapes = model_summary(self.structure)
@@ -62,7 +66,7 @@ class StatusBar(Widget):
         top = Text()
         top.append(f"headscope · {name} ", style="bold")
         if self.compare:
-            top.append(f"vs {self.compare}", style="bold reverse")
+            top.append(f"vs {printable(self.compare)}", style="bold reverse")
             top.append(" ")
         top.append("│ ", style="dim")
         if self.raw:
@@ -80,11 +84,14 @@ class StatusBar(Widget):
         top.truncate(max(self.size.width, 10), overflow="ellipsis")
         bottom = Text()
         if self.error:
-            bottom.append(self.error, style="bold red")
+            bottom.append(printable(self.error), style="bold red")
             bottom.truncate(max(self.size.width, 10), overflow="ellipsis")
             return Text("\n").join([top, bottom])
         if self.focus_text:
             bottom.append(self.focus_text + " ", style="bold")
+            bottom.append("│ ", style="dim")
+        if self.timeline:
+            bottom.append(self.timeline + " ", style="bold")
             bottom.append("│ ", style="dim")
         hits, misses, in_flight = self.cache
         if self.busy or in_flight or self.activity or self.progress is not None:
@@ -99,5 +106,7 @@ class StatusBar(Widget):
         bottom.append(f" │ cache {hits} hit/{misses} miss", style="dim")
         if in_flight:
             bottom.append(f", {in_flight} running", style="dim")
+        if self.origin:
+            bottom.append(f" │ {self.origin}", style="dim")
         bottom.truncate(max(self.size.width, 10), overflow="ellipsis")
         return Text("\n").join([top, bottom])

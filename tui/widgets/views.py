@@ -1,17 +1,22 @@
-"""The tab panes of the circuit view. They draw results; the app fetches them.
+"""The tab panes of the circuit view: each loads what it shows and draws it.
 
-Each pane turns an engine result into ``tui.plots`` figures (cheap: numpy views and
-labels) and hands them to ``Chart`` widgets, which build the picture off the UI thread.
+``load(explorer, key)`` asks the engine for the tab's results (the focused head, token set,
+... are the explorer's; ``key`` says what the load is for, and a result for a ``key`` the
+explorer no longer shows is dropped). The ``show*`` methods turn an engine result into
+``tui.plots`` figures (cheap: numpy views and labels) and hand them to ``Chart`` widgets,
+which build the picture off the UI thread.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from rich.table import Table
 from rich.text import Text
+from textual import on
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, Input, Static
@@ -29,8 +34,17 @@ from ..adapt import (
     score,
     top_tokens,
 )
+from ..datatext import data_text, printable
 from ..plots import Graph, Heatmap, Line, Scatter
 from .chart import Chart
+
+if TYPE_CHECKING:
+    from ..explorer import ExplorerScreen, LoadKey
+
+POSITIONS_SHOWN = 32  # positional QK: the first positions
+ROTARY_OFFSETS = 32  # rotary profile over Δ in [-32, 32]
+THRESHOLD_STEP = 0.1  # composition graph: edges ≥ threshold × the strongest edge
+Edge = tuple[int, int, int, int, float]  # (l1, h1, l2, h2, score − baseline)
 
 
 def _bar_colours(widget: Any) -> tuple[str, str]:
@@ -90,6 +104,47 @@ class QKPane(Horizontal):
             x, y, title=f"rotary QK vs offset {_head(layer, head)}", xlabel="offset Δ",
             mark_x=float(offset)))
 
+    async def load(self, ex: ExplorerScreen, key: LoadKey) -> None:
+        layer, head = key[1]
+        rotary = ex.structure.get("positional") == "rotary"
+        block = await ex.engine.circuit_block(
+            layer, head, "qk", "token", rows=ex.tokens, cols=ex.tokens,
+            offset=ex.qk_offset if rotary else 0)
+        if not ex.fresh(key):
+            return
+        ex.results["qk"] = {"token": block}
+        if ex.compare.engine_b is not None:
+            block_b = await ex.compare.block_b(block, offset=ex.qk_offset if rotary else 0)
+            if not ex.fresh(key):
+                return
+            if block_b is not None:
+                a_fig, b_fig = await ex.compare.figures(
+                    block, block_b, f"token QK L{layer}.H{head}", "token QK",
+                    xlabel="key token →  (rows: query token)")
+                if not ex.fresh(key):
+                    return
+                self.show_pair(a_fig, b_fig)
+                ex.results["qk"]["token_b"] = block_b
+                return  # the positional pane is hidden in compare mode
+        self.show_token(block, ex.qk_offset if rotary else None)
+        pos_chart = self.query_one("#qk-position", Chart)
+        if ex.structure.get("positional") == "learned":
+            n = list(range(min(int(ex.structure.get("n_ctx") or 0), POSITIONS_SHOWN)))
+            pos = await ex.engine.circuit_block(layer, head, "qk", "position", rows=n, cols=n)
+            if not ex.fresh(key):
+                return
+            self.show_position(pos)
+            ex.results["qk"]["position"] = pos
+        elif rotary:
+            offsets = list(range(-ROTARY_OFFSETS, ROTARY_OFFSETS + 1))
+            profile = await ex.engine.rotary_profile(layer, head, offsets)
+            if not ex.fresh(key):
+                return
+            self.show_profile(profile, layer, head, ex.qk_offset)
+            ex.results["qk"]["profile"] = profile
+        else:
+            pos_chart.message("no positional embedding: QK depends on tokens only")
+
 
 class OVPane(Horizontal):
     def compose(self) -> ComposeResult:
@@ -116,16 +171,49 @@ class OVPane(Horizontal):
     def show_top(self, result: TopTokens) -> None:
         rows = top_tokens(result)
         src = result.source_label or str(result.source_token)
-        table = Table(box=None, padding=(0, 1), title=f"top outputs of {src!r}",
+        table = Table(box=None, padding=(0, 1), title=Text(f"top outputs of {printable(src)!r}", style="table.title"),
                       title_justify="left", expand=True)
         table.add_column("token", no_wrap=True)
         table.add_column("value", justify="right")
         table.add_column("", no_wrap=True)
         vmax = max((abs(v) for _, v in rows if math.isfinite(v)), default=1.0)
         for tok, val in rows:
-            table.add_row(repr(tok)[1:-1][:12], f"{val:+.3g}",
+            table.add_row(data_text(tok, width=12), f"{val:+.3g}",
                           _bar(val, vmax, 6, _bar_colours(self)))
         self.query_one("#ov-top", Static).update(table)
+
+    async def load(self, ex: ExplorerScreen, key: LoadKey) -> None:
+        layer, head = key[1]
+        block = await ex.engine.circuit_block(layer, head, "ov", "token",
+                                              rows=ex.tokens, cols=ex.tokens)
+        if not ex.fresh(key):
+            return
+        ex.results["ov"] = {"full_ov": block}
+        pair = None
+        if ex.compare.engine_b is not None:
+            block_b = await ex.compare.block_b(block)
+            if not ex.fresh(key):
+                return
+            if block_b is not None:
+                same = list(block.row_ids) == list(block.col_ids)
+                pair = await ex.compare.figures(
+                    block, block_b, f"full OV L{layer}.H{head}", "full OV",
+                    xlabel="output token →  (rows: source)", diagonal=same)
+                if not ex.fresh(key):
+                    return
+                ex.results["ov"]["full_ov_b"] = block_b
+        self.show_block(block, figure=pair[0] if pair else None)
+        if pair:
+            self.show_pair(*pair)
+        ids = list(block.row_ids)
+        if not ids:
+            return
+        ex.source_index %= len(ids)
+        top = await ex.engine.top_outputs(layer, head, int(ids[ex.source_index]), k=10)
+        if not ex.fresh(key):
+            return
+        self.show_top(top)
+        ex.results["ov"]["top_outputs"] = top
 
 
 class SpectrumPane(Horizontal):
@@ -146,6 +234,23 @@ class SpectrumPane(Horizontal):
         self.query_one(f"#spectrum-{spectrum.kind}", Chart).show(Scatter(
             eig.real, eig.imag, title=title,
             bx=None if eig_b is None else eig_b.real, by=None if eig_b is None else eig_b.imag))
+
+    async def load(self, ex: ExplorerScreen, key: LoadKey) -> None:
+        layer, head = key[1]
+        ov, qk = await asyncio.gather(ex.engine.spectrum(layer, head, "ov"),
+                                      ex.engine.spectrum(layer, head, "qk"))
+        if not ex.fresh(key):
+            return
+        ex.results["spectrum"] = {"ov": ov, "qk": qk}
+        ov_b = qk_b = None
+        if ex.compare.engine_b is not None:
+            ov_b, qk_b = await ex.compare.spectra_b((layer, head))
+            if not ex.fresh(key):
+                return
+            if ov_b is not None:
+                ex.results["spectrum"].update(ov_b=ov_b, qk_b=qk_b)
+        self.show(ov, ov_b)
+        self.show(qk, qk_b)
 
 
 PREDICTIONS_SHOWN = 5  # the rest are ~0 and would take the DLA's rows
@@ -191,14 +296,14 @@ class PromptPane(Vertical):
         t.add_column("DLA", justify="right", no_wrap=True, min_width=5)
         t.add_column("", no_wrap=True, overflow="crop")
         for tok, v in zip(tokens, dla.tolist(), strict=False):
-            t.add_row(repr(tok)[1:-1][:10], f"{v:+.2f}", _bar(v, vmax, 5, _bar_colours(self)))
-        last = repr(tokens[-1])[1:-1][:10] if tokens else ""
-        p = Table(box=None, padding=(0, 1), title=f"{prefix}top predictions after {last!r}",
+            t.add_row(data_text(tok, width=10), f"{v:+.2f}", _bar(v, vmax, 5, _bar_colours(self)))
+        last = printable(tokens[-1])[:10] if tokens else ""
+        p = Table(box=None, padding=(0, 1), title=Text(f"{prefix}top predictions after {last!r}", style="table.title"),
                   title_justify="left", expand=True)
         p.add_column("next", no_wrap=True)
         p.add_column("p", justify="right")
         for tok, prob in predictions(view)[:PREDICTIONS_SHOWN]:
-            p.add_row(repr(tok)[1:-1][:12], f"{prob:.3f}")
+            p.add_row(data_text(tok, width=12), f"{prob:.3f}")
         note = Text("prompt truncated to the context length\n", style="bold yellow") \
             if view.truncated else Text("")
         from rich.console import Group
@@ -206,8 +311,38 @@ class PromptPane(Vertical):
         self.query_one("#prompt-dla", Static).update(Group(note, t))
         self.query_one("#prompt-preds", Static).update(p)
 
+    async def load(self, ex: ExplorerScreen, key: LoadKey) -> None:
+        layer, head = key[1]
+        if not ex.prompt_text.strip():
+            for chart in ("#prompt-pattern", "#prompt-pattern-b"):
+                self.query_one(chart, Chart).message("no prompt yet: press p, type, enter")
+            return
+        view = await ex.engine.run_prompt(ex.prompt_text, layer, head)
+        if not ex.fresh(key):
+            return
+        view_b = await ex.compare.prompt_b(ex.prompt_text, (layer, head)) \
+            if ex.compare.engine_b is not None else None
+        if not ex.fresh(key):
+            return
+        self.show(view, view_b)
+        ex.results["prompt"] = view if view_b is None else {"a": view, "b": view_b}
+
 
 class CompositionPane(Horizontal):
+    """The Q/K/V-composition graph and its edge list. The pane keeps the graph's state: the
+    kind shown, the edge threshold, the selected edge, and the graphs already computed (per
+    kind and weights generation)."""
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.kind = "k"
+        self.threshold = 0.5  # draw edges ≥ this fraction of the strongest one
+        self.selected: tuple[int, int, int, int] | None = None
+        self.edges: list[Edge] = []  # the table's rows, strongest first
+        self.cache: dict[tuple[str, int], Composition] = {}
+        self.shown: Composition | None = None
+        self._shape = (0, 0)  # (n_layers, n_heads) of the graph shown
+
     def compose(self) -> ComposeResult:
         yield Chart(id="comp-graph", placeholder="composition scores not computed yet")
         with Vertical(id="comp-side"):
@@ -258,6 +393,39 @@ class CompositionPane(Horizontal):
                         table.update_cell(str(i), column, cell)
         return es
 
+    def redraw(self) -> None:
+        """The graph shown again, with the current threshold and selected edge."""
+        if self.shown is not None:
+            self.show(self.shown, *self._shape, self.selected, self.threshold)
+
+    def step_threshold(self, step: int) -> float:
+        """Raise or lower the edge threshold by one step (0 … 90 %); the new threshold."""
+        self.threshold = round(min(0.9, max(0.0, self.threshold + step * THRESHOLD_STEP)), 2)
+        self.redraw()
+        return self.threshold
+
+    @on(DataTable.RowHighlighted, "#comp-edges")
+    def _edge_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        edge = self._edge(event.row_key.value)
+        if edge is None or self.shown is None:
+            return
+        self.selected = edge[:4]
+        self.redraw()
+        self.detail(self.shown, edge)
+
+    @on(DataTable.RowSelected, "#comp-edges")
+    def _edge_selected(self, event: DataTable.RowSelected) -> None:
+        """Enter on an edge focuses its target head."""
+        edge = self._edge(event.row_key.value)
+        if edge is not None:
+            cast("ExplorerScreen", self.screen).goto_head((edge[2], edge[3]), immediate=True)
+
+    def _edge(self, row_key: str | None) -> Edge | None:
+        try:
+            return self.edges[int(row_key or "")]
+        except (ValueError, IndexError):
+            return None
+
     def detail(self, comp: Composition, edge: tuple[int, int, int, int, float] | None) -> None:
         if edge is None:
             self.query_one("#comp-detail", Static).update("")
@@ -268,6 +436,30 @@ class CompositionPane(Horizontal):
         self.query_one("#comp-detail", Static).update(Text.assemble(
             (f"{_head(l1, h1)} → {_head(l2, h2)} ", "bold"),
             f"│ {kind}-comp {s + base:.3f} − baseline {base:.3f} = {s:+.3f}  (enter: go)"))
+
+    async def load(self, ex: ExplorerScreen, key: LoadKey) -> None:
+        kind = self.kind
+        cache_key = (kind, ex.gen)
+        comp = self.cache.get(cache_key)
+        chart = self.query_one("#comp-graph", Chart)
+        if comp is None:
+            chart.message(f"computing {kind.upper()}-composition for every pair of heads…")
+
+            def progress(fraction: float) -> None:
+                ex.sweep_progress = float(fraction)
+
+            try:
+                comp = await ex.engine.composition(kind, progress=progress)
+            finally:
+                ex.sweep_progress = None
+            self.cache[cache_key] = comp
+        if not ex.fresh(key):
+            return
+        self.selected = None
+        self.shown, self._shape = comp, (ex.n_layers, ex.n_heads)
+        self.edges = self.show(comp, ex.n_layers, ex.n_heads, None, self.threshold)
+        self.detail(comp, None)
+        ex.results["composition"] = comp
 
 
 def threshold_edges(es: list[tuple[int, int, int, int, float]], threshold: float
@@ -319,6 +511,10 @@ class SummaryPane(Vertical):
                           key=f"{r.layer}.{r.head}")
         self.query_one("#summary-hint", Static).update(
             ABLATION_HINT if ablation is None else ABLATION_DONE)
+
+    async def load(self, ex: ExplorerScreen, key: LoadKey) -> None:
+        if ex.rows:
+            ex.show_summary()
 
 
 def _ablation_cell(v: float) -> Text:

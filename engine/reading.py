@@ -1,0 +1,257 @@
+"""Reading a head (docs/math.md, "Reading a head"): singular directions as tokens, virtual
+heads along composition paths, attention sinks, and the null that calibrates the scores.
+
+Pure torch functions on a ``WeightSource`` and ``FactoredMatrix``; nothing here forms a
+``d_vocab × d_vocab`` matrix (SVDs and spectra come from the ``d_head``-sized factors).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .factored import FactoredMatrix, is_finite
+from .weights import WeightSource
+
+__all__ = [
+    "NULL_SAMPLES",
+    "SINK_SKIP",
+    "Directions",
+    "k_path",
+    "null_spectral_scores",
+    "overlap",
+    "random_head_patterns",
+    "signed_directions",
+    "sink_mass",
+    "top_by_magnitude",
+    "virtual_ov",
+]
+
+SINK_SKIP = 4  # query positions 0..SINK_SKIP-1 are left out of the sink score
+NULL_SAMPLES = 64  # random heads per null
+
+
+# -- singular directions ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Directions:
+    """The top ``k`` singular triplets of a circuit: ``u [ldim, k]``, ``s [k]``, ``v [rdim, k]``."""
+
+    u: Tensor
+    s: Tensor
+    v: Tensor
+
+
+def signed_directions(fm: FactoredMatrix, k: int) -> Directions:
+    """Top ``k`` singular triplets of ``fm`` (``FactoredMatrix.svd``, from the factors), with
+    the sign fixed so each ``u`` column's largest-magnitude entry is positive (``u s vᵀ`` is
+    unchanged when ``u`` and ``v`` flip together)."""
+    u, s, vh = fm.svd()
+    k = max(0, min(int(k), s.shape[-1]))
+    u, s, v = u[:, :k], s[:k], vh[:k].T
+    peak = u.gather(0, u.abs().argmax(0, keepdim=True))  # [1, k]
+    sign = torch.where(peak < 0, -1.0, 1.0).to(u.dtype)
+    return Directions(u * sign, s, v * sign)
+
+
+def top_by_magnitude(vector: Tensor, top: int) -> tuple[list[int], list[float]]:
+    """Ids and signed values of the ``top`` entries of largest ``|value|``, largest first."""
+    top = max(0, min(int(top), vector.shape[0]))
+    idx = vector.abs().topk(top).indices
+    return [int(i) for i in idx], [float(vector[i]) for i in idx]
+
+
+def overlap(in_ids: Sequence[int], in_values: Sequence[float],
+            out_ids: Sequence[int], out_values: Sequence[float]) -> float:
+    """Signed overlap of a direction's top in- and out-tokens, in [-1, 1].
+
+    (tokens in both lists with the same sign − those with opposite signs) / len(in list):
+    1 when the direction reads and writes the same tokens the same way (copying), −1 when
+    it writes them negated, 0 when the lists share nothing. NaN for empty lists.
+    """
+    if not in_ids:
+        return math.nan
+    out = dict(zip(out_ids, out_values, strict=True))
+    total = sum(math.copysign(1.0, v * out[t]) for t, v in zip(in_ids, in_values, strict=True)
+                if t in out and v * out[t] != 0)
+    return total / len(in_ids)
+
+
+# -- virtual heads -----------------------------------------------------------------------------
+
+
+def _head(w: WeightSource, layer: int, head: int, name: str) -> Tensor:
+    return w.get_head(f"blocks.{layer}.attn.{name}", head)
+
+
+def virtual_ov(w: WeightSource, a: tuple[int, int], b: tuple[int, int]) -> FactoredMatrix:
+    """The V-composition virtual full OV circuit ``W_E OV_A OV_B W_U`` [source token, output
+    token], kept factored through ``d_head``: ``(W_E W_V^A) (W_O^A W_V^B) (W_O^B W_U)``."""
+    (la, ha), (lb, hb) = a, b
+    middle = _head(w, la, ha, "W_O") @ _head(w, lb, hb, "W_V")  # [d_head, d_head]
+    left = w.get("embed.W_E") @ _head(w, la, ha, "W_V")  # [d_vocab, d_head]
+    right = _head(w, lb, hb, "W_O") @ w.get("unembed.W_U")  # [d_head, d_vocab]
+    return FactoredMatrix(left @ middle, right)
+
+
+def k_path(w: WeightSource, a: tuple[int, int], b: tuple[int, int]) -> FactoredMatrix:
+    """The K-composition path ``W_E QK_B (W_E OV_A)ᵀ`` [query token, key-side token]: how much
+    a query token attends to a position whose *earlier head A* moved token ``t`` there.
+
+    ``= (W_E W_Q^B) (W_E W_V^A W_O^A W_K^B)ᵀ``; for an induction mechanism (A a previous-token
+    head) it is the query token against the token *before* the key, and its diagonal stands out.
+    """
+    (la, ha), (lb, hb) = a, b
+    w_e = w.get("embed.W_E")
+    query = w_e @ _head(w, lb, hb, "W_Q")  # [d_vocab, d_head]
+    key = (w_e @ _head(w, la, ha, "W_V")) @ (_head(w, la, ha, "W_O") @ _head(w, lb, hb, "W_K"))
+    return FactoredMatrix(query, key.T)
+
+
+# -- attention sinks ---------------------------------------------------------------------------
+
+
+def sink_mass(pattern: Tensor, skip: int = SINK_SKIP) -> Tensor:
+    """``pattern [b, h, q, k]`` -> ``[h]``: mean attention to key 0 over queries ``q >= skip``
+    (all queries if the sequence is not longer than ``skip``) and over the batch."""
+    q = pattern.shape[-2]
+    start = skip if q > skip else 0
+    return pattern[:, :, start:, 0].float().mean((0, 2))
+
+
+# -- the null ----------------------------------------------------------------------------------
+
+
+def null_spectral_scores(middle: Tensor, d_head: int, seed: int,
+                         samples: int = NULL_SAMPLES) -> Tensor:
+    """``[samples]``: ``Σ Re λ / Σ |λ|`` of random heads' token circuits.
+
+    A random head is ``X``, ``Y [d_model, d_head]`` i.i.d. standard Gaussian (seeded); its
+    token circuit ``(W_E X)(Yᵀ W_U)`` (OV, ``middle = W_U W_E``) or ``(W_E X)(W_E Y)ᵀ`` (QK,
+    ``middle = W_Eᵀ W_E``) has the non-zero eigenvalues of ``Yᵀ middle X``. The score is
+    scale free in each factor, so matching a head's norms changes nothing.
+    """
+    d_model = middle.shape[0]
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(samples, d_model, d_head, generator=g, dtype=torch.float64)
+    y = torch.randn(samples, d_model, d_head, generator=g, dtype=torch.float64)
+    small = y.transpose(-2, -1) @ middle.double() @ x  # [S, d_head, d_head]
+    if not is_finite(small):  # NaN/inf embeddings: eigvals on a NaN matrix kills the process
+        return torch.full((samples,), math.nan)
+    eig = torch.linalg.eigvals(small)
+    return (eig.real.sum(-1) / eig.abs().sum(-1)).float()
+
+
+def random_head_patterns(x: Tensor, d_head: int, norm_q: float, norm_k: float, scale: float,
+                         rotate: Callable[[Tensor], Tensor] | None, seed: int,
+                         samples: int = NULL_SAMPLES, causal: bool = True) -> Tensor:
+    """Attention patterns ``[b, samples, q, k]`` of random heads reading ``x [b, p, d]``.
+
+    Each random head has i.i.d. Gaussian ``W_Q``, ``W_K [d_model, d_head]`` (seeded) rescaled
+    to Frobenius norms ``norm_q`` and ``norm_k`` (the softmax temperature depends on them),
+    no biases; ``rotate`` applies the layer's RoPE to ``[b, n, p, d_head]``; ``causal``
+    masks the keys after each query (encoders: none).
+    """
+    d_model = x.shape[-1]
+    g = torch.Generator().manual_seed(seed)
+    q_w = torch.randn(samples, d_model, d_head, generator=g)
+    k_w = torch.randn(samples, d_model, d_head, generator=g)
+    q_w = q_w * (norm_q / q_w.norm(dim=(-2, -1), keepdim=True))
+    k_w = k_w * (norm_k / k_w.norm(dim=(-2, -1), keepdim=True))
+    q = torch.einsum("bpd,nde->bnpe", x.float(), q_w)
+    k = torch.einsum("bpd,nde->bnpe", x.float(), k_w)
+    if rotate is not None:
+        q, k = rotate(q), rotate(k)
+    scores = q @ k.transpose(-1, -2) / scale
+    if causal:
+        n = scores.shape[-1]
+        scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.softmax(scores, dim=-1)
+
+
+# -- model-wide passes: sinks and the behavioural null -----------------------------------------
+
+# Natural text for the sink score (encoded with the model's tokenizer where it has one).
+NATURAL_PROMPTS = (
+    "When Mary and John went to the store , John gave a drink to Mary .",
+    "The cat sat on the mat and looked at the dog , and the dog looked back at the cat .",
+    "On Monday the old man walked to the river with his small red boat .",
+    "In the morning we read the news , then we went out to buy bread and milk .",
+)
+
+
+def _passes(w: WeightSource, batches: Sequence[Tensor],
+            on_block: Callable[[int, int, Tensor, Tensor], None]) -> None:
+    """Run each ``[b, p]`` token batch through the model; ``on_block(batch_index, layer,
+    x_in, pattern)`` sees every layer's input stream and pattern."""
+    from .forward import blocks, embed
+
+    with torch.inference_mode():
+        for i, tokens in enumerate(batches):
+            blocks(w, embed(w, tokens), on_block=lambda layer, x, p, i=i: on_block(i, layer, x, p))
+
+
+def attention_sink_scores(w: WeightSource, batches: Sequence[Tensor], skip: int = SINK_SKIP
+                          ) -> Tensor:
+    """``[L, H]``: ``sink_mass`` of every head, averaged over the token batches (each batch
+    weighs the same)."""
+    cfg = w.cfg
+    out = torch.zeros(cfg.n_layers, cfg.n_heads)
+
+    def reduce(_i: int, layer: int, _x: Tensor, pattern: Tensor) -> None:
+        out[layer] += sink_mass(pattern, skip) / len(batches)
+
+    _passes(w, batches, reduce)
+    return out
+
+
+def _mean_finite_norm(weights: Tensor) -> float:
+    """Mean Frobenius norm of the heads ``[H, d_model, d_head]`` whose norm is finite (a NaN
+    head does not poison its layer's null); NaN if none is."""
+    norms = weights.double().norm(dim=(-2, -1))
+    finite = norms[torch.isfinite(norms)]
+    return float(finite.mean()) if finite.numel() else math.nan
+
+
+def behaviour_null(w: WeightSource, repeated: Tensor, natural: Sequence[Tensor], seed: int,
+                   samples: int = NULL_SAMPLES) -> dict[str, Tensor]:
+    """``{name: [L, samples]}``: the behavioural scores of ``samples`` random heads per layer.
+
+    Layer ``l``'s random heads (``random_head_patterns``: Gaussian ``W_Q``/``W_K`` rescaled
+    to the mean Frobenius norms of the layer's real heads, seeded by ``seed + l``) read the
+    same normalised stream as the real heads, from the clean model. ``prev_token``,
+    ``duplicate_token`` and ``induction`` are scored on ``repeated`` as ``behaviour_scores``
+    scores them; ``attention_sink`` on ``repeated`` and ``natural`` as
+    ``attention_sink_scores``.
+    """
+    from .forward import attention_input, layer_config, rotary, rotary_inv_freq
+    from .scores import _detect, detection_patterns
+
+    cfg = w.cfg
+    detections = detection_patterns(repeated)
+    batches = [repeated, *natural]
+    out = {name: torch.zeros(cfg.n_layers, samples) for name in (*detections, "attention_sink")}
+
+    def rotate_for(layer: int) -> Callable[[Tensor], Tensor] | None:
+        if cfg.positional != "rotary":
+            return None
+        inv_freq = rotary_inv_freq(layer_config(cfg, layer), getattr(w, "path", None))
+        return lambda t: rotary(t, inv_freq)
+
+    def reduce(i: int, layer: int, x: Tensor, _pattern: Tensor) -> None:
+        norm_q, norm_k = (_mean_finite_norm(w.get(f"blocks.{layer}.attn.{n}")) for n in ("W_Q", "W_K"))
+        pattern = random_head_patterns(attention_input(w, layer, x), cfg.d_head, norm_q, norm_k,
+                                       float(cfg.scale), rotate_for(layer), seed + layer, samples,
+                                       causal=cfg.causal)
+        out["attention_sink"][layer] += sink_mass(pattern) / len(batches)
+        if i == 0:
+            for name, det in detections.items():
+                out[name][layer] = _detect(pattern, det)
+
+    _passes(w, batches, reduce)
+    return out

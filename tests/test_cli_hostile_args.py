@@ -1,0 +1,297 @@
+"""The CLI, second round: arguments that used to crash or mislead, ``export --out``
+destinations that cannot take a file, and data that must never be Rich markup or reach the
+terminal as control characters (token strings, paths). Run through ``main([...])`` as a
+user runs it; bad arguments are usage errors (exit 2) before any model is opened or any
+sweep runs, one line naming the argument.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from rich.cells import cell_len
+
+import headscope.engine.export as export_module
+import headscope.engine.report as report_module
+from headscope.tui.cli import main
+from tests import hf_fixtures as hf
+
+MODEL = "sample_models/attn-only-2l"
+
+# Vocabulary entries that are markup, links, escape sequences or layout breakers.
+HOSTILE_TOKENS = [
+    "[/]",
+    "[unused0]",
+    "[link=https://example.com]x[/link]",
+    "[bold red]loud",
+    "\x1b[31mred",
+    "a\tb",
+    "line\nbreak",
+    "\u202eevil",
+    "bell\x07",
+    "\x9bcsi",
+]
+WORDS = ["<unk>", *HOSTILE_TOKENS, *hf.WORDS[1 + len(HOSTILE_TOKENS):]]
+HOSTILE_IDS = ",".join(str(i) for i in range(1, 1 + len(HOSTILE_TOKENS)))
+_SGR = re.compile(r"\x1b\[[0-9;]*m")  # Rich's own styling
+
+
+@pytest.fixture(scope="module")
+def hostile_vocab(tmp_path_factory: pytest.TempPathFactory, gpt2_dir: tuple[Path, Any]) -> Path:
+    """The tiny GPT-2 with a WordLevel vocabulary holding ``HOSTILE_TOKENS`` (ids 1..10), in
+    a directory whose name is markup too."""
+    d = tmp_path_factory.mktemp("vocab") / "ckpt[v2]"
+    shutil.copytree(gpt2_dir[0], d)
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(d / "tokenizer.json"))
+    return d
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    try:
+        code = main(list(argv))
+    except SystemExit as exit_:  # argparse: usage errors
+        code = int(exit_.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def usage_error(err: str) -> str:
+    """argparse's usage block then one ``error:`` line; no traceback."""
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert "error: argument" in last, err
+    return last
+
+
+@pytest.fixture
+def no_sweeps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any sweep starting is a test failure: argument errors come first."""
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a sweep ran before the arguments were checked")
+
+    for name in ("head_table", "composition_report", "circuit_report"):
+        monkeypatch.setattr(report_module, name, refuse)
+
+
+BAD_ARGUMENTS = {
+    "rows_superscript": (["circuit", MODEL, "0", "0", "--kind", "qk", "--rows", "²"], "--rows", "ASCII"),
+    "rows_superscript_range": (["circuit", MODEL, "0", "0", "--kind", "qk", "--rows", "1:³"], "--rows", "ASCII"),
+    "rows_reversed": (["circuit", MODEL, "0", "0", "--kind", "qk", "--rows", "10:2"], "--rows", "empty"),
+    "rows_empty_range": (["circuit", MODEL, "0", "0", "--kind", "qk", "--cols", "4:4"], "--cols", "empty"),
+    "rows_nothing": (["circuit", MODEL, "0", "0", "--kind", "qk", "--rows", ","], "--rows", "no rows"),
+    "negative_layer": (["circuit", MODEL, "-1", "0", "--kind", "qk"], "layer", "between 0"),
+    "arabic_digit_head": (["circuit", MODEL, "0", "٣", "--kind", "qk"], "head", "not a whole number"),
+    "huge_offset": (["circuit", MODEL, "0", "0", "--kind", "qk", "--offset", "1" + "0" * 30], "--offset", "between"),
+    "huge_seed": (["heads", MODEL, "--seed", str(2**64)], "--seed", "between 0"),
+    "negative_seed": (["heads", MODEL, "--seed", "-1"], "--seed", "between 0"),
+    "negative_top": (["composition", MODEL, "--kind", "k", "--top", "-5"], "--top", "between 0"),
+    "port_too_big": (["serve", MODEL, "--port", "99999"], "--port", "between 1 and 65535"),
+    "port_zero": (["serve", MODEL, "--port", "0"], "--port", "between 1 and 65535"),
+    "threshold_nan": (["diff", MODEL, MODEL, "--threshold", "nan"], "--threshold", "not a finite"),
+    "threshold_inf": (["diff", MODEL, MODEL, "--threshold=-inf"], "--threshold", "not a finite"),
+    "export_seed": (["export", MODEL, "--what", "heads", "--seed", "1e3"], "--seed", "not a whole"),
+    "export_layer": (["export", MODEL, "--what", "circuit", "--kind", "qk", "--layer", "-2",
+                      "--head", "0"], "--layer", "between 0"),
+    "tokens_superscript": (["forward", MODEL, "--tokens", "3,²"], "--tokens", "not a token id"),
+    "tokens_arabic_digit": (["forward", MODEL, "--tokens", "٣"], "--tokens", "not a token id"),
+    "tokens_none": (["forward", MODEL, "--tokens", ", ,"], "--tokens", "no token ids"),
+    "out_dev_null": (["export", MODEL, "--what", "heads", "--out", "/dev/null"], "--out", "character device"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_ARGUMENTS))
+def test_bad_arguments_are_usage_errors_before_any_work(
+    capsys: pytest.CaptureFixture[str], no_sweeps: None, case: str
+) -> None:
+    argv, argument, fragment = BAD_ARGUMENTS[case]
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and not out
+    last = usage_error(err)
+    assert argument in last and fragment in last, last
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(spec=st.text(alphabet=st.sampled_from("0123456789:,-²³٣ ab[]/\x1b"), max_size=12))
+def test_any_rows_spec_is_a_result_or_a_one_line_error(
+    capsys: pytest.CaptureFixture[str], spec: str
+) -> None:
+    code, out, err = run(capsys, "circuit", MODEL, "1", "2", "--kind", "ov", "--rows", spec,
+                         "--cols", "0:3", "--json")
+    assert "Traceback" not in err
+    if code == 0:
+        report = json.loads(out)
+        assert report["rows"] and len(report["values"]) == len(report["rows"])
+    else:
+        assert code in (1, 2) and err.strip(), err
+        if code == 1:
+            assert len(err.strip().splitlines()) == 1
+
+
+# --- export --out ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["file", "file_parent"])
+def test_export_out_that_is_a_file_is_refused_before_the_sweep(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], no_sweeps: None, kind: str
+) -> None:
+    target = tmp_path / "results.json"
+    target.write_text("keep me")
+    out = target if kind == "file" else target / "sub"
+    code, stdout, err = run(capsys, "export", MODEL, "--what", "heads", "--out", str(out))
+    assert code == 2 and not stdout
+    assert "not a directory" in usage_error(err)
+    assert target.read_text() == "keep me"
+
+
+def test_export_out_without_space_is_refused_before_the_sweep(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], no_sweeps: None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A full disk, simulated: statvfs reports no free block."""
+    real = os.statvfs
+
+    class Full:
+        def __init__(self, path: Any) -> None:
+            self._st = real(path)
+            self.f_bavail = 0
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._st, name)
+
+    monkeypatch.setattr(os, "statvfs", Full)
+    code, _, err = run(capsys, "export", MODEL, "--what", "heads", "--out", str(tmp_path))
+    assert code == 2 and "no space left" in usage_error(err)
+
+
+def test_export_out_unwritable_is_refused_before_the_sweep(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], no_sweeps: None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Root writes anywhere, so a directory without write permission is simulated through
+    access() when running as root; as another user chmod does it for real."""
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    if os.geteuid() == 0:
+        real = os.access
+        monkeypatch.setattr(os, "access", lambda p, mode, **kw: Path(p) != locked and real(p, mode, **kw))
+    else:
+        locked.chmod(0o500)
+    code, _, err = run(capsys, "export", MODEL, "--what", "heads", "--out", str(locked / "new"))
+    assert code == 2 and "permission denied" in usage_error(err)
+    assert not (locked / "new").exists()
+
+
+def test_disk_full_during_the_write_is_one_line_and_leaves_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_space(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(export_module.os, "fsync", no_space)
+    out = tmp_path / "out"
+    # --no-cache: the full disk would also (rightly) cost the results store one warning line.
+    code, stdout, err = run(capsys, "export", MODEL, "--what", "composition", "--kind", "k",
+                            "--out", str(out), "--no-cache")
+    assert code == 1 and not stdout
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "no space left" in lines[0] and str(out) in lines[0]
+    assert list(out.iterdir()) == []  # no temporary file left behind
+
+
+def test_export_replaces_an_existing_file_atomically(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "attn-only-2l-k-composition.json"
+    target.write_text("old")
+    code, stdout, _ = run(capsys, "export", MODEL, "--what", "composition", "--kind", "k",
+                          "--out", str(tmp_path))
+    assert code == 0 and stdout.strip() == str(target)
+    assert json.loads(target.read_text())["kind"] == "k"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [target.name]
+
+
+# --- data is never markup; control characters never reach the terminal ----------------------
+
+
+def _as_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """stdout looks like a terminal: the CLI prints Rich tables (captured by capsys)."""
+    import sys
+
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    monkeypatch.setenv("COLUMNS", "200")
+
+
+def _check_table(out: str) -> str:
+    plain = _SGR.sub("", out)
+    assert "\x1b" not in plain and "\x07" not in plain and "\x9b" not in plain
+    assert "\u202e" not in plain
+    widths = {cell_len(line) for line in plain.splitlines() if line.strip()}
+    assert len(widths) == 1, plain  # no token shifted the layout
+    return plain
+
+
+def test_tokens_in_cli_tables_are_shown_literally(
+    hostile_vocab: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _as_terminal(monkeypatch)
+    code, out, err = run(capsys, "circuit", str(hostile_vocab), "0", "0", "--kind", "qk",
+                         "--rows", HOSTILE_IDS, "--cols", "1,2,3")
+    assert code == 0, err
+    plain = _check_table(out)
+    for shown in ("[/]", "[unused0]", "[link=https://example.com]x[/link]", "[bold red]loud",
+                  "␛[31mred", "a⇥b", "line⏎break", "bell␇"):
+        assert shown in plain, shown
+    code, out, err = run(capsys, "forward", str(hostile_vocab), "--tokens", HOSTILE_IDS)
+    assert code == 0, err
+    assert "[unused0]" in _check_table(out)
+
+
+def test_tokens_in_tsv_keep_the_columns(
+    hostile_vocab: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(capsys, "forward", str(hostile_vocab), "--tokens", HOSTILE_IDS)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert len(lines) == 1 + len(HOSTILE_TOKENS)
+    assert {line.count("\t") for line in lines} == {3}
+    assert "a⇥b" in out and "line⏎break" in out and "\x1b" not in out
+
+
+def test_json_keeps_the_real_token_strings(
+    hostile_vocab: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run(capsys, "forward", str(hostile_vocab), "--tokens", HOSTILE_IDS, "--json")
+    assert code == 0
+    assert json.loads(out)["token_strings"] == HOSTILE_TOKENS
+
+
+def test_paths_are_not_markup(
+    hostile_vocab: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _as_terminal(monkeypatch)
+    code, out, _ = run(capsys, "info", str(hostile_vocab))
+    assert code == 0 and "ckpt[v2]" in _check_table(out)
+
+
+def test_control_characters_in_a_path_do_not_reach_stderr(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run(capsys, "info", str(tmp_path / "evil\x1b]8;;https:x\x07dir"))
+    assert code == 1
+    assert "\x1b" not in err and "\x07" not in err
+    assert "evil\\x1b]8;;https:x\\x07dir" in err

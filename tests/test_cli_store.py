@@ -1,0 +1,194 @@
+"""The command line and the results store: `cache ls|clear`, `--no-cache`, a broken store
+that only warns; and the progress bars: on a terminal's stderr, never when piped or with
+`--quiet`, never on stdout."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pty
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from headscope.engine import scores
+from headscope.tui.cli import main
+from headscope.tui.cli_progress import progress_bar
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
+    code, out, err = run(capsys, *argv, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def count_spectral(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls: list[int] = []
+    real = scores._batched_spectral_score
+
+    def spy(small: Any) -> Any:
+        calls.append(1)
+        return real(small)
+
+    monkeypatch.setattr(scores, "_batched_spectral_score", spy)
+    return calls
+
+
+def test_a_second_heads_run_is_served_from_the_store(capsys, gpt2_dir, monkeypatch) -> None:
+    path = str(gpt2_dir[0])
+    first = run(capsys, "heads", path, "--json")
+    calls = count_spectral(monkeypatch)
+    second = run(capsys, "heads", path, "--json")
+    assert calls == []
+    assert second == first and first[0] == 0
+    fresh = run(capsys, "heads", path, "--json", "--no-cache")
+    assert len(calls) == 2 * 2  # --no-cache recomputes both spectral sweeps (2 layers each)
+    assert fresh == first
+
+
+def test_no_cache_writes_nothing(capsys, gpt2_dir, _results_store_in_tmp) -> None:
+    run_json(capsys, "heads", str(gpt2_dir[0]), "--no-cache")
+    run_json(capsys, "composition", str(gpt2_dir[0]), "--kind", "q", "--no-cache")
+    assert list(_results_store_in_tmp.iterdir()) == []
+    assert run_json(capsys, "cache", "ls")["entries"] == []
+
+
+def test_cache_ls_and_clear(capsys, gpt2_dir, llama_dir, _results_store_in_tmp) -> None:
+    gpt2, llama = str(gpt2_dir[0]), str(llama_dir[0])
+    run_json(capsys, "heads", gpt2)
+    run_json(capsys, "composition", gpt2, "--kind", "k")
+    run_json(capsys, "heads", llama, "--raw")
+    listing = run_json(capsys, "cache", "ls")
+    assert listing["root"] == str(_results_store_in_tmp)
+    by_path = {(e["path"], e["raw"]): e for e in listing["entries"]}
+    assert set(by_path) == {(str(Path(gpt2).resolve()), False), (str(Path(llama).resolve()), True)}
+    stored = by_path[(str(Path(gpt2).resolve()), False)]["stored"]
+    assert stored["copying_score"] == 2 and stored["composition-k"] == 1  # 2 layers; 1 tile
+    assert all(e["bytes"] > 0 for e in listing["entries"])
+    only = run_json(capsys, "cache", "ls", gpt2)["entries"]
+    assert [e["path"] for e in only] == [str(Path(gpt2).resolve())]
+    code, table, _ = run(capsys, "cache", "ls")  # TSV when piped
+    assert code == 0 and table.splitlines()[0].split("\t")[:3] == ["model", "mode", "size"]
+
+    removed = run_json(capsys, "cache", "clear", gpt2)["removed"]
+    assert [e["path"] for e in removed] == [str(Path(gpt2).resolve())]
+    assert [e["path"] for e in run_json(capsys, "cache", "ls")["entries"]] == [str(Path(llama).resolve())]
+    run_json(capsys, "cache", "clear")
+    assert run_json(capsys, "cache", "ls")["entries"] == []
+    assert [p for p in _results_store_in_tmp.iterdir()] == []
+
+
+def test_an_unwritable_cache_dir_warns_once_and_answers(capsys, gpt2_dir, tmp_path, monkeypatch) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("HEADSCOPE_CACHE_DIR", str(blocker / "headscope"))
+    code, out, err = run(capsys, "heads", str(gpt2_dir[0]), "--json", "--ablation")
+    assert code == 0
+    assert len(json.loads(out)) == 2 * 4
+    lines = err.splitlines()
+    assert len(lines) == 1 and "warning" in lines[0] and str(blocker) in lines[0]
+    expected = run(capsys, "heads", str(gpt2_dir[0]), "--json", "--ablation", "--no-cache")[1]
+    assert out == expected
+
+
+# -- progress bars ----------------------------------------------------------------------
+
+
+def _run_with_tty_stderr(argv: list[str]) -> tuple[int, str, bytes]:
+    """Run the CLI with stderr on a pseudo-terminal and stdout on a pipe."""
+    master, slave = pty.openpty()
+    env = {**os.environ, "COLUMNS": "100", "TERM": "xterm"}
+    proc = subprocess.Popen([sys.executable, "-m", "headscope.tui.cli", *argv], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=slave, env=env)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    out = proc.stdout.read().decode() if proc.stdout else ""
+    code = proc.wait()
+    os.close(master)
+    return code, out, b"".join(chunks)
+
+
+@pytest.mark.parametrize("argv", [
+    ["heads", "{gpt2}", "--json", "--no-cache"],
+    ["composition", "{gpt2}", "--kind", "v", "--json"],
+    ["forward", "{gpt2}", "--tokens", "1,2,3", "--json"],
+])
+def test_progress_is_drawn_on_a_terminal_and_stdout_stays_json(gpt2_dir, argv) -> None:
+    argv = [a.format(gpt2=gpt2_dir[0]) for a in argv]
+    code, out, terminal = _run_with_tty_stderr(argv)
+    assert code == 0, terminal
+    json.loads(out)
+    assert b"\x1b[" in terminal  # Rich drew (and erased) its bar there
+    quiet_code, quiet_out, quiet_terminal = _run_with_tty_stderr([*argv, "--quiet"])
+    assert quiet_code == 0 and json.loads(quiet_out) == json.loads(out)
+    assert quiet_terminal == b""
+
+
+def test_no_progress_when_stderr_is_piped(gpt2_dir) -> None:
+    done = subprocess.run([sys.executable, "-m", "headscope.tui.cli", "heads", str(gpt2_dir[0]),
+                           "--json", "--no-cache"], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0 and done.stderr == ""
+    json.loads(done.stdout)
+
+
+def test_progress_bar_on_a_forced_terminal_shows_data_as_text() -> None:
+    from rich.console import Console
+
+    buffer = io.StringIO()
+    console = Console(file=buffer, force_terminal=True, width=100)
+    with progress_bar("heads [red]model[/red]", console=console) as progress:
+        assert progress is not None
+        progress(0.5)
+        progress(1.0)
+    drawn = buffer.getvalue()
+    assert "[red]model[/red]" in drawn  # a name is never read as markup
+    with progress_bar("x", quiet=True, console=console) as none:
+        assert none is None
+
+
+def test_the_cache_disk_mb_setting(capsys, gpt2_dir, tmp_path, monkeypatch, _results_store_in_tmp) -> None:
+    from headscope.engine.errors import ConfigError
+    from headscope.tui.settings import load_settings
+
+    config = tmp_path / "config.toml"
+    config.write_text("cache_disk_mb = 64\n")
+    env = {"HEADSCOPE_CONFIG": str(config)}
+    assert load_settings(env).cache_disk_mb == 64
+    assert load_settings({**env, "HEADSCOPE_CACHE_DISK_MB": "7"}).cache_disk_mb == 7
+    with pytest.raises(ConfigError, match="cache_disk_mb"):
+        load_settings({**env, "HEADSCOPE_CACHE_DISK_MB": "-1"})
+    monkeypatch.setenv("HEADSCOPE_CONFIG", str(config))
+    assert run_json(capsys, "cache", "ls")["max_bytes"] == 64 << 20
+    monkeypatch.setenv("HEADSCOPE_CACHE_DISK_MB", "0")  # 0: the store is off
+    run_json(capsys, "heads", str(gpt2_dir[0]))
+    assert list(_results_store_in_tmp.iterdir()) == []
+
+
+def test_terminal_tables_show_data_as_text(monkeypatch, capsys) -> None:
+    """A token or path such as ``[/INST]`` is a cell's text, not Rich markup (which raised)."""
+    from headscope.tui import cli
+
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    cli.emit([], False, lambda: (["model", "[b]size[/b]"], [["[/INST]", "[red]x"]]))
+    out = capsys.readouterr().out
+    assert "[/INST]" in out and "[red]x" in out and "[b]size[/b]" in out

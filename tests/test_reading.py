@@ -1,0 +1,284 @@
+"""Reading a head (docs/math.md, "Reading a head"): singular directions as tokens, virtual
+heads along composition paths, attention sinks, calibrated scores — engine, report, CLI and
+the explorer's Engine agree, the factored maths equals the dense matrices, and on the bundled
+attn-only-2l the readings show its previous-token → induction mechanism.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from headscope.engine import circuits, compute, reading, report
+from headscope.engine.errors import IndexOutOfRangeError, InvalidRequestError
+from headscope.engine.forward import run
+from headscope.engine.loading import open_model
+from headscope.engine.requests import SCORE_NAMES, Z_NAMES
+from headscope.engine.service import Engine
+from headscope.tui import cli
+from tests.conftest import INDUCTION_HEAD, PREV_TOKEN_HEAD, sample_model
+
+MODEL_PATH = sample_model("attn-only-2l")
+
+
+@pytest.fixture(scope="module")
+def model() -> Any:
+    return open_model(MODEL_PATH)
+
+
+def cli_json(argv: list[str], capsys: pytest.CaptureFixture[str]) -> Any:
+    assert cli.main([*argv, "--json"]) == cli.EXIT_OK
+    return json.loads(capsys.readouterr().out)
+
+
+def head_weights(w: Any, layer: int, head: int) -> dict[str, torch.Tensor]:
+    return {n: w.get_head(f"blocks.{layer}.attn.{n}", head) for n in ("W_Q", "W_K", "W_V", "W_O")}
+
+
+# -- singular directions --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["ov", "qk"])
+def test_factored_directions_equal_the_dense_svd_up_to_sign(model: Any, kind: str) -> None:
+    w = model.weights
+    fm = circuits.full_ov(w, 1, 2) if kind == "ov" else circuits.token_qk(w, 1, 2)
+    dense = fm.AB.double()  # 414 × 414: small enough to decompose here, never in the engine
+    u, s, vh = torch.linalg.svd(dense)
+    found = reading.signed_directions(fm, 5)
+    np.testing.assert_allclose(found.s.numpy(), s[:5].numpy(), rtol=1e-4)
+    for i in range(5):
+        sign = torch.sign(found.u[:, i].double() @ u[:, i])
+        torch.testing.assert_close(found.u[:, i].double(), sign * u[:, i], atol=1e-4, rtol=0)
+        torch.testing.assert_close(found.v[:, i].double(), sign * vh[i], atol=1e-4, rtol=0)
+    got = compute.singular_directions(model, 1, 2, kind, 5, 10)
+    for i, d in enumerate(got.directions):  # tokens ranked as the dense columns rank them
+        assert list(d.in_ids) == u[:, i].abs().topk(10).indices.tolist()
+        assert list(d.out_ids) == vh[i].abs().topk(10).indices.tolist()
+        assert d.in_labels[0] == model.tokenizer.decode_token(d.in_ids[0])
+
+
+def test_overlap_counts_shared_tokens_with_their_sign() -> None:
+    assert reading.overlap([1, 2, 3, 4], [1.0, -1.0, 1.0, 1.0], [2, 1, 9], [-2.0, 3.0, 1.0]) == 0.5
+    assert reading.overlap([1, 2], [1.0, 1.0], [1, 2], [-1.0, -1.0]) == -1.0
+    assert reading.overlap([1, 2], [1.0, 1.0], [3, 4], [1.0, 1.0]) == 0.0
+
+
+def test_svd_json_schema_and_the_copying_head_reads_what_it_writes(capsys) -> None:
+    got = cli_json(["svd", str(MODEL_PATH), *map(str, INDUCTION_HEAD), "--kind", "ov", "--k", "5",
+                    "--top", "10"], capsys)
+    assert {"layer", "head", "kind", "singular_values", "directions"} <= set(got)
+    assert (got["layer"], got["head"], got["kind"]) == (*INDUCTION_HEAD, "ov")
+    assert len(got["singular_values"]) == len(got["directions"]) == 5
+    first = got["directions"][0]
+    assert {"index", "sigma", "in_tokens", "out_tokens"} <= set(first)
+    assert set(first["in_tokens"][0]) == {"id", "token", "value"} and len(first["in_tokens"]) == 10
+    magnitudes = [abs(t["value"]) for t in first["in_tokens"]]
+    assert magnitudes == sorted(magnitudes, reverse=True)
+    prev = cli_json(["svd", str(MODEL_PATH), *map(str, PREV_TOKEN_HEAD), "--kind", "ov"], capsys)
+    assert got["overlap"] > 0.4  # the induction head copies: it writes the tokens it reads
+    assert prev["overlap"] < 0.1  # the previous-token head's OV does not
+
+
+# -- virtual heads ----------------------------------------------------------------------------
+
+
+def test_virtual_heads_equal_the_dense_products(model: Any) -> None:
+    w = model.weights
+    a, b = head_weights(w, *PREV_TOKEN_HEAD), head_weights(w, *INDUCTION_HEAD)
+    w_e, w_u = w.get("embed.W_E").double(), w.get("unembed.W_U").double()
+    ov_a = a["W_V"].double() @ a["W_O"].double()
+    virtual = w_e @ ov_a @ b["W_V"].double() @ b["W_O"].double() @ w_u
+    k_path = w_e @ b["W_Q"].double() @ b["W_K"].double().T @ ov_a.T @ w_e.T
+    torch.testing.assert_close(reading.virtual_ov(w, PREV_TOKEN_HEAD, INDUCTION_HEAD).AB.double(),
+                               virtual, atol=1e-3, rtol=1e-4)
+    torch.testing.assert_close(reading.k_path(w, PREV_TOKEN_HEAD, INDUCTION_HEAD).AB.double(),
+                               k_path, atol=1e-3, rtol=1e-4)
+
+
+def test_the_prev_token_to_induction_path_shows_the_mechanism(model: Any, capsys) -> None:
+    """A query token attends where the previous-token head moved the same token: the K-path's
+    diagonal wins on (nearly) every row for L0.H1 → L1.H2, on few rows for the other L0 heads."""
+    got = cli_json(["path", str(MODEL_PATH), "L0.H1", "L1.H2"], capsys)
+    k = got["k_composition"]
+    assert k["diagonal"] > 0.9 and k["positivity"] > 0.99
+    values = np.asarray(k["values"])
+    assert values.shape == (24, 24) and k["rows"] == list(range(24))
+    assert (values.argmax(1) == np.arange(24)).mean() > 0.9
+    for other in (0, 2):
+        path = report.path_report(model, (0, other), INDUCTION_HEAD)["k_composition"]
+        assert path["diagonal"] < 0.3
+        assert path["positivity"] < k["positivity"] - 0.1
+    v = got["v_composition"]
+    assert len(v["singular_values"]) == 32 and len(v["eigenvalues"]) == 32
+
+
+# -- attention sinks ----------------------------------------------------------------------------
+
+
+def test_sink_mass_is_the_attention_to_position_zero_after_the_first_queries() -> None:
+    pattern = torch.zeros(1, 2, 6, 6)
+    pattern[0, 0, :, 0] = 1.0  # head 0: everything on the first token
+    pattern[0, 1] = torch.eye(6)  # head 1: each token on itself (query 0 too)
+    torch.testing.assert_close(reading.sink_mass(pattern, skip=4), torch.tensor([1.0, 0.0]))
+    torch.testing.assert_close(reading.sink_mass(pattern, skip=0), torch.tensor([1.0, 1 / 6]))
+
+
+def test_sink_scores_equal_the_reference_forward_patterns(model: Any) -> None:
+    repeated, natural = compute.sink_batches(model)
+    assert natural, "the bundled vocabulary encodes the natural prompts"
+    got = compute.attention_sink(model)
+    expected = torch.zeros(model.cfg.n_layers, model.cfg.n_heads)
+    batches = [repeated, *natural]
+    for tokens in batches:
+        patterns = run(model.weights, tokens).patterns  # [b, L, H, q, k]
+        expected += patterns[:, :, :, reading.SINK_SKIP:, 0].mean((0, 3)) / len(batches)
+    np.testing.assert_allclose(got, expected.numpy(), atol=1e-5)
+
+
+# -- calibrated scores ----------------------------------------------------------------------------
+
+
+def test_heads_json_has_the_sink_score_and_a_z_for_every_score(capsys) -> None:
+    rows = cli_json(["heads", str(MODEL_PATH)], capsys)
+    assert "attention_sink_score" in SCORE_NAMES
+    assert all(set(Z_NAMES) | set(SCORE_NAMES) <= set(r) for r in rows)
+    z = {(r["layer"], r["head"]): r["induction_score_z"] for r in rows}
+    assert z[INDUCTION_HEAD] > 10  # far above random heads of the same shapes and norms
+    assert max(z[(0, h)] for h in range(3)) < 3
+    assert {(r["layer"], r["head"]) for r in rows if r["prev_token_score_z"] > 100} == {PREV_TOKEN_HEAD}
+
+
+def test_the_null_is_seeded_and_z_is_the_standardised_score(model: Any) -> None:
+    null = compute.score_null(model, seed=0, samples=16)
+    again = compute.score_null(model, seed=0, samples=16)
+    other = compute.score_null(model, seed=1, samples=16)
+    np.testing.assert_array_equal(null.mean, again.mean)
+    assert not np.array_equal(null.mean, other.mean)
+    table = compute.score_table(model)
+    i = null.names.index("induction_score")
+    expected = (table.induction_score[1, 2] - null.mean[i, 1]) / null.std[i, 1]
+    assert null.z("induction_score", table.induction_score)[1, 2] == pytest.approx(expected, rel=1e-5)
+    # the weight-based nulls do not depend on the layer (the same embeddings, any norm)
+    j = null.names.index("copying_score")
+    assert null.mean[j, 0] == null.mean[j, 1]
+
+
+def test_null_spectral_scores_are_scale_free() -> None:
+    middle = torch.randn(16, 16, generator=torch.Generator().manual_seed(3))
+    a = reading.null_spectral_scores(middle, 4, seed=0, samples=8)
+    b = reading.null_spectral_scores(middle * 1e3, 4, seed=0, samples=8)
+    torch.testing.assert_close(a, b)
+
+
+def test_a_rotary_model_gets_sink_scores_and_a_null(llama_dir) -> None:
+    path, _ = llama_dir
+    rotary = open_model(path)
+    null = compute.score_null(rotary, samples=8)
+    assert np.isfinite(null.mean).all()
+    assert np.isfinite(compute.attention_sink(rotary)).all()
+
+
+# -- one request layer: errors and the Engine ----------------------------------------------------
+
+
+@pytest.mark.parametrize("argv, error", [
+    (["svd", "1", "2", "--k", "0"], InvalidRequestError),
+    (["svd", "1", "2", "--top", "0"], InvalidRequestError),
+    (["svd", "2", "0"], IndexOutOfRangeError),
+    (["svd", "0", "7"], IndexOutOfRangeError),
+    (["path", "L1.H0", "L0.H1"], InvalidRequestError),
+    (["path", "L1.H0", "L1.H1"], InvalidRequestError),
+    (["path", "L0.H9", "L1.H1"], IndexOutOfRangeError),
+])
+def test_bad_requests_get_one_typed_line(argv: list[str], error: type, capsys) -> None:
+    full = [argv[0], str(MODEL_PATH), *argv[1:]]
+    args = cli.build_parser().parse_args(full)
+    with pytest.raises(error):
+        cli.HANDLERS[args.command](args)
+    assert cli.main(full) == cli.EXIT_MODEL_ERROR
+    err = capsys.readouterr().err
+    assert err.startswith("headscope: ") and err.count("\n") == 1 and str(MODEL_PATH) in err
+
+
+def test_a_malformed_head_is_a_usage_error(capsys) -> None:
+    with pytest.raises(SystemExit) as raised:
+        cli.main(["path", str(MODEL_PATH), "L0H1", "L1.H2"])
+    assert raised.value.code == cli.EXIT_USAGE
+    assert "L1.H2" in capsys.readouterr().err
+
+
+def assert_close(a: Any, b: Any, rel: float = 1e-5) -> None:
+    """Equal JSON-like structures: same keys, lengths, strings and ints; floats to ``rel``."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), (a, b)
+        for k in a:
+            assert_close(a[k], b[k], rel)
+    elif isinstance(a, list | tuple):
+        assert isinstance(b, list | tuple) and len(a) == len(b), (a, b)
+        for x, y in zip(a, b, strict=True):
+            assert_close(x, y, rel)
+    elif isinstance(a, float):
+        assert b == pytest.approx(a, rel=rel, abs=1e-7, nan_ok=True), (a, b)
+    else:
+        assert a == b, (a, b)
+
+
+async def test_the_engine_returns_what_the_reports_print(model: Any) -> None:
+    eng = Engine(MODEL_PATH, workers=1, prefetch=False)
+    try:
+        await eng.ready()
+        directions = await eng.singular_directions(1, 2, "ov", k=3, top=5)
+        # The Engine computes on its worker thread (one BLAS thread), the report here: the same
+        # numbers up to float32 summation order.
+        assert_close(report.svd_dict(directions), report.svd_report(model, 1, 2, "ov", k=3, top=5))
+        path = await eng.virtual_path((0, 1), (1, 2))
+        assert_close(report.path_dict(path), report.path_report(model, (0, 1), (1, 2)))
+        null = await eng.score_null()
+        assert null is await eng.score_null()  # cached
+        scores = await eng.head_scores(1, 1)
+        assert scores.attention_sink_score == pytest.approx(float(compute.attention_sink(model)[1, 1]))
+        with pytest.raises(InvalidRequestError):
+            await eng.virtual_path((1, 0), (0, 1))
+    finally:
+        await eng.aclose()
+
+
+def test_the_model_api_gives_what_the_cli_prints(model: Any, capsys) -> None:
+    assert model.singular_directions(1, 2, "qk", k=2, top=3) == cli_json(
+        ["svd", str(MODEL_PATH), "1", "2", "--kind", "qk", "--k", "2", "--top", "3"], capsys)
+    assert json.loads(json.dumps(model.virtual_path((0, 1), (1, 2)))) == cli_json(
+        ["path", str(MODEL_PATH), "0.1", "1.2"], capsys)
+
+
+def test_non_finite_embeddings_give_a_nan_null_not_a_crash() -> None:
+    middle = torch.eye(8)
+    middle[2, 3] = float("nan")
+    assert torch.isnan(reading.null_spectral_scores(middle, 4, seed=0, samples=4)).all()
+
+
+def test_terminal_tables_print_token_strings_literally(monkeypatch, capsys) -> None:
+    import sys
+
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    cli.emit({}, False, lambda: (["token"], [["[bold red]x[/bold red]"]]))
+    assert "[bold red]x[/bold red]" in capsys.readouterr().out
+
+
+def test_random_heads_are_causal_only_in_causal_models() -> None:
+    x = torch.randn(2, 6, 16, generator=torch.Generator().manual_seed(0))
+    causal = reading.random_head_patterns(x, 4, 3.0, 3.0, 2.0, None, seed=0, samples=5)
+    encoder = reading.random_head_patterns(x, 4, 3.0, 3.0, 2.0, None, seed=0, samples=5, causal=False)
+    assert causal.shape == (2, 5, 6, 6)
+    torch.testing.assert_close(causal.sum(-1), torch.ones(2, 5, 6))
+    above = torch.ones(6, 6, dtype=torch.bool).triu(1)  # keys after the query
+    assert float(causal[..., above].abs().max()) == 0.0 and float(encoder[..., above].min()) > 0.0
+
+
+def test_an_encoder_gets_a_null(bert_base_dir) -> None:
+    path, _ = bert_base_dir
+    null = compute.score_null(open_model(path), samples=8)
+    assert np.isfinite(null.mean).all() and null.names == SCORE_NAMES

@@ -1,0 +1,501 @@
+"""The results store (engine/store.py): stored sweeps equal computed ones to the bit, a
+second run computes nothing, an interrupted sweep resumes with only the missing layers, a
+changed checkpoint or a damaged file is never trusted, and a broken store never fails."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import numpy as np
+import pytest
+
+from headscope.engine import compute, fast, report, scores
+from headscope.engine.loading import open_model
+from headscope.engine.store import ResultStore, fingerprint
+from tests import hf_fixtures
+
+N_LAYERS = 5
+
+
+@pytest.fixture(scope="module")
+def deep_gpt2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A sharded 5-layer GPT-2: enough layers to interrupt a sweep in the middle."""
+    with mock.patch.object(hf_fixtures, "N_LAYERS", N_LAYERS):
+        path, _ = hf_fixtures.build_gpt2(tmp_path_factory.mktemp("deep-gpt2"), shard=True)
+    return path
+
+
+@pytest.fixture
+def model_copy(deep_gpt2: Path, tmp_path: Path) -> Path:
+    """A private copy of the checkpoint, free to modify."""
+    return Path(shutil.copytree(deep_gpt2, tmp_path / "model"))
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> ResultStore:
+    return ResultStore(tmp_path / "store")
+
+
+class Counter:
+    """Wraps a function of ``scores`` (or ``fast``) and counts its calls; counters made with
+    the same ``tally`` share one count."""
+
+    def __init__(self, name: str, module: Any = scores, tally: list[int] | None = None) -> None:
+        self.name, self.tally = name, [0] if tally is None else tally
+        self.real = getattr(module, name)
+
+    @property
+    def calls(self) -> int:
+        return self.tally[0]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.tally[0] += 1
+        return self.real(*args, **kwargs)
+
+
+def counting(monkeypatch: pytest.MonkeyPatch, name: str) -> Counter:
+    """Counts the calls of ``scores.<name>`` and of its torch-free twin ``fast.<name>`` (the
+    path ``compute`` takes where it applies), together."""
+    counter = Counter(name)
+    monkeypatch.setattr(scores, name, counter)
+    if hasattr(fast, name):
+        monkeypatch.setattr(fast, name, Counter(name, fast, counter.tally))
+    return counter
+
+
+def raise_after(fractions: int) -> Any:
+    """A progress callback that interrupts the sweep on its ``fractions``-th report."""
+    seen = []
+
+    def progress(fraction: float) -> None:
+        seen.append(fraction)
+        if len(seen) == fractions:
+            raise KeyboardInterrupt
+
+    return progress
+
+
+def same(a: Any, b: Any) -> None:
+    """Equal to the bit (NaN where NaN)."""
+    a, b = np.asarray(a), np.asarray(b)
+    assert a.dtype == b.dtype and a.shape == b.shape
+    assert a.tobytes() == b.tobytes()
+
+
+# -- stored results equal the definitions, and a second run computes nothing -------------
+
+
+def test_score_table_from_the_store_equals_the_computed_one(deep_gpt2, store, monkeypatch) -> None:
+    model = open_model(deep_gpt2)
+    plain = compute.score_table(model)
+    first = compute.score_table(model, store=store.for_model(model))
+    # a fresh process: a new model object and a new entry, the same store on disk
+    again = open_model(deep_gpt2)
+    spectral = counting(monkeypatch, "_batched_spectral_score")
+    behaviour = counting(monkeypatch, "behaviour_scores")
+    entry = store.for_model(again)
+    second = compute.score_table(again, store=entry)
+    assert spectral.calls == 0 and behaviour.calls == 0
+    assert entry.computed == 0 and entry.loaded > 0
+    for name in ("copying_score", "qk_positivity", "prev_token_score", "duplicate_token_score",
+                 "induction_score", "nonfinite"):
+        same(getattr(first, name), getattr(plain, name))
+        same(getattr(second, name), getattr(plain, name))
+
+
+def test_spectral_sweep_equals_the_per_head_definition(deep_gpt2, store) -> None:
+    """The stored sweep's numbers are the per-head scores of docs/math.md."""
+    from headscope.engine import circuits
+
+    model = open_model(deep_gpt2)
+    memo = store.for_model(model).memo("copying_score", (model.cfg.n_heads,))
+    scores.all_copying_scores(model.weights, memo=memo)
+    stored = scores.all_copying_scores(model.weights, memo=memo)
+    for layer in range(N_LAYERS):
+        for head in range(model.cfg.n_heads):
+            expected = scores.copying_score(circuits.full_ov(model.weights, layer, head))
+            assert float(stored[layer, head]) == pytest.approx(expected, rel=1e-4, abs=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["q", "k", "v"])
+def test_composition_from_the_store_equals_the_computed_one(deep_gpt2, store, monkeypatch, kind) -> None:
+    model = open_model(deep_gpt2)
+    plain = compute.composition(model, kind)
+    first = compute.composition(model, kind, store=store.for_model(model))
+    pairs = counting(monkeypatch, "_pair_scores")
+    second = compute.composition(open_model(deep_gpt2), kind, store=store.for_model(model))
+    assert pairs.calls == 0
+    same(first.scores, plain.scores)
+    same(second.scores, plain.scores)
+    assert second.top_edges == plain.top_edges and second.baseline == plain.baseline
+
+
+def test_ablation_effects_from_the_store_run_no_forward_pass(deep_gpt2, store, monkeypatch) -> None:
+    from headscope.engine import forward
+
+    model = open_model(deep_gpt2)
+    plain = compute.ablation_effects(model)
+    first = compute.ablation_effects(model, store=store.for_model(model))
+    passes = mock.Mock(wraps=forward.blocks)
+    monkeypatch.setattr(forward, "blocks", passes)
+    second = compute.ablation_effects(open_model(deep_gpt2), store=store.for_model(model))
+    assert passes.call_count == 0
+    same(first, plain)
+    same(second, plain)
+
+
+def test_processing_mode_and_seed_are_separate_entries(deep_gpt2, store) -> None:
+    processed, raw = open_model(deep_gpt2), open_model(deep_gpt2, raw=True)
+    assert store.for_model(processed).key != store.for_model(raw).key
+    table = compute.score_table(processed, store=store.for_model(processed))
+    raw_table = compute.score_table(raw, store=store.for_model(raw))
+    same(raw_table.copying_score, compute.score_table(raw).copying_score)
+    assert not np.array_equal(raw_table.copying_score, table.copying_score)
+    other_seed = compute.score_table(processed, seed=3, store=store.for_model(processed))
+    same(other_seed.induction_score, compute.score_table(processed, seed=3).induction_score)
+
+
+# -- interrupted sweeps resume ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_interrupted_spectral_sweep_resumes_with_the_missing_layers(deep_gpt2, store, monkeypatch, k) -> None:
+    model = open_model(deep_gpt2)
+    entry = store.for_model(model)
+    memo = entry.memo("qk_positivity", (model.cfg.n_heads,))
+    with pytest.raises(KeyboardInterrupt):
+        scores.all_qk_positivity(model.weights, progress=raise_after(k), memo=memo)
+    assert entry.computed == k  # each layer stored as soon as it was done
+    spectral = counting(monkeypatch, "_batched_spectral_score")
+    resumed = scores.all_qk_positivity(open_model(deep_gpt2).weights, memo=memo)
+    assert spectral.calls == N_LAYERS - k
+    monkeypatch.setattr(scores, "_batched_spectral_score", spectral.real)
+    same(resumed, scores.all_qk_positivity(model.weights))
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_interrupted_composition_resumes_with_the_missing_tiles(deep_gpt2, store, monkeypatch, k) -> None:
+    model = open_model(deep_gpt2)
+    entry = store.for_model(model)
+    # progress is reported once per target layer 1..L-1 (the k-th report follows tile k)
+    with pytest.raises(KeyboardInterrupt):
+        compute.composition(model, "k", progress=raise_after(k), store=entry)
+    assert entry.computed == k
+    pairs = counting(monkeypatch, "_pair_scores")
+    resumed = compute.composition(open_model(deep_gpt2), "k", store=store.for_model(model))
+    assert pairs.calls == N_LAYERS - 1 - k
+    monkeypatch.setattr(scores, "_pair_scores", pairs.real)
+    same(resumed.scores, compute.composition(model, "k").scores)
+
+
+def test_interrupted_ablation_sweep_resumes_with_the_missing_layers(deep_gpt2, store, monkeypatch) -> None:
+    from headscope.engine import forward
+
+    model = open_model(deep_gpt2)
+    entry = store.for_model(model)
+    with pytest.raises(KeyboardInterrupt):
+        compute.ablation_effects(model, progress=raise_after(2), store=entry)
+    assert entry.computed == 2
+    ablated_layers: list[int] = []
+    real = forward.run_ablations
+
+    def spy(w: Any, x: Any, layer: int, *rest: Any) -> Any:
+        ablated_layers.append(layer)
+        return real(w, x, layer, *rest)
+
+    monkeypatch.setattr(forward, "run_ablations", spy)
+    resumed = compute.ablation_effects(open_model(deep_gpt2), store=store.for_model(model))
+    assert sorted(set(ablated_layers)) == [2, 3, 4]
+    monkeypatch.setattr(forward, "run_ablations", real)
+    same(resumed, compute.ablation_effects(model))
+
+
+def test_interrupted_head_table_resumes_and_equals_an_uninterrupted_one(deep_gpt2, store, monkeypatch) -> None:
+    model = open_model(deep_gpt2)
+    with pytest.raises(KeyboardInterrupt):  # stops inside the QK-positivity sweep
+        report.head_table(model, store=store, progress=raise_after(N_LAYERS + 3))
+    spectral = counting(monkeypatch, "_batched_spectral_score")
+    resumed = report.head_table(open_model(deep_gpt2), store=store)
+    assert spectral.calls == N_LAYERS - 2  # the copying sweep and 2 QK layers were stored
+    monkeypatch.setattr(scores, "_batched_spectral_score", spectral.real)
+    assert json.dumps(resumed) == json.dumps(report.head_table(model))
+
+
+# -- never stale, never trusted -----------------------------------------------------------
+
+
+def _rewrite_one_tensor(path: Path) -> Path:
+    """Change the bytes of an attention weight in place (same size, header unchanged) and
+    move its shard's mtime on."""
+    for shard in sorted(path.glob("*.safetensors")):
+        data = bytearray(shard.read_bytes())
+        header_len = int.from_bytes(data[:8], "little")
+        header = json.loads(data[8 : 8 + header_len])
+        names = [n for n in header if "attn.c_attn.weight" in n]
+        if names:
+            break
+    else:
+        raise AssertionError("no attention weight found")
+    start, stop = header[names[0]]["data_offsets"]
+    base = 8 + header_len
+    tensor = np.frombuffer(bytes(data[base + start : base + stop]), dtype=np.float32)
+    data[base + start : base + stop] = (tensor * 1.7 + 0.1).astype(np.float32).tobytes()
+    st = shard.stat()
+    shard.write_bytes(bytes(data))
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
+    return shard
+
+
+def test_a_rewritten_tensor_invalidates_the_entry(model_copy, store, monkeypatch) -> None:
+    model = open_model(model_copy)
+    old_key = store.for_model(model).key
+    old = compute.score_table(model, store=store.for_model(model))
+    size = {p.name: p.stat().st_size for p in model_copy.glob("*.safetensors")}
+    shard = _rewrite_one_tensor(model_copy)
+    assert shard.stat().st_size == size[shard.name]
+    changed = open_model(model_copy)
+    entry = store.for_model(changed)
+    assert entry.key != old_key
+    spectral = counting(monkeypatch, "_batched_spectral_score")
+    new = compute.score_table(changed, store=entry)
+    assert spectral.calls == 2 * N_LAYERS and entry.loaded == 0
+    monkeypatch.setattr(scores, "_batched_spectral_score", spectral.real)
+    same(new.copying_score, compute.score_table(open_model(model_copy)).copying_score)
+    assert not np.array_equal(new.copying_score, old.copying_score)
+
+
+def test_touching_a_shard_or_editing_the_config_changes_the_fingerprint(model_copy) -> None:
+    ckpt = open_model(model_copy).checkpoint
+    before = fingerprint(ckpt, raw=False)
+    assert fingerprint(ckpt, raw=False) == before  # stable
+    shard = sorted(model_copy.glob("*.safetensors"))[1]
+    st = shard.stat()
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000))
+    touched = fingerprint(ckpt, raw=False)
+    assert touched != before
+    config = model_copy / "config.json"
+    config.write_text(config.read_text().replace('"n_layer"', ' "n_layer"'))
+    assert fingerprint(ckpt, raw=False) != touched
+
+
+def _stored_files(store: ResultStore, name: str) -> list[Path]:
+    return sorted(store.root.glob(f"*/{name}.*.hsr"))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "flipped", "foreign", "empty"])
+def test_damaged_files_are_ignored_recomputed_and_replaced(deep_gpt2, store, monkeypatch, damage) -> None:
+    model = open_model(deep_gpt2)
+    plain = compute.score_table(model, store=store.for_model(model))
+    target = _stored_files(store, "copying_score")[2]
+    blob = target.read_bytes()
+    if damage == "truncated":
+        target.write_bytes(blob[: len(blob) - 7])
+    elif damage == "garbage":
+        target.write_bytes(os.urandom(len(blob)))
+    elif damage == "flipped":  # one bit of the payload: the digest catches it
+        target.write_bytes(blob[:-3] + bytes([blob[-3] ^ 1]) + blob[-2:])
+    elif damage == "foreign":  # a valid file of another layer
+        shutil.copyfile(_stored_files(store, "copying_score")[0], target)
+    else:
+        target.write_bytes(b"")
+    spectral = counting(monkeypatch, "_batched_spectral_score")
+    again = compute.score_table(open_model(deep_gpt2), store=store.for_model(model))
+    assert spectral.calls == 1  # only the damaged layer
+    same(again.copying_score, plain.copying_score)
+    assert target.read_bytes() == blob  # replaced by a good file
+
+
+def test_a_file_of_another_checkpoint_is_not_trusted(deep_gpt2, gpt2_dir, store) -> None:
+    a, b = open_model(deep_gpt2), open_model(gpt2_dir[0])
+    compute.score_table(a, store=store.for_model(a))
+    compute.score_table(b, store=store.for_model(b))
+    entry_a, entry_b = store.for_model(a), store.for_model(b)
+    assert entry_a.dir is not None and entry_b.dir is not None
+    shutil.copyfile(entry_b.dir / "copying_score.0.hsr", entry_a.dir / "copying_score.0.hsr")
+    assert entry_a.load("copying_score", 0, (a.cfg.n_heads,)) is None
+
+
+def test_an_unwritable_store_warns_once_and_still_answers(deep_gpt2, tmp_path) -> None:
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the cache directory should be")
+    warnings: list[str] = []
+    store = ResultStore(blocker / "headscope", warn=warnings.append)
+    model = open_model(deep_gpt2)
+    table = compute.score_table(model, store=store.for_model(model))
+    effects = compute.ablation_effects(model, store=store.for_model(model))
+    same(table.copying_score, compute.score_table(model).copying_score)
+    same(effects, compute.ablation_effects(model))
+    assert len(warnings) == 1 and str(blocker) in warnings[0]
+
+
+def test_the_size_cap_evicts_the_least_recently_used_entries(deep_gpt2, gpt2_dir, tmp_path) -> None:
+    store = ResultStore(tmp_path / "store", max_bytes=1)  # smaller than any entry
+    a, b = open_model(deep_gpt2), open_model(gpt2_dir[0])
+    compute.score_table(a, store=store.for_model(a))
+    assert [e.path for e in store.entries()] == [str(deep_gpt2.resolve())]
+    compute.score_table(b, store=store.for_model(b))  # a is evicted, b (in use) is kept
+    assert [e.path for e in store.entries()] == [str(gpt2_dir[0].resolve())]
+    roomy = ResultStore(tmp_path / "store", max_bytes=1 << 20)
+    compute.score_table(a, store=roomy.for_model(a))
+    assert len(roomy.entries()) == 2
+
+
+# -- the explorer's Engine ----------------------------------------------------------------
+
+
+async def test_engine_sweeps_read_the_store_and_say_so(deep_gpt2, store, monkeypatch) -> None:
+    from headscope.engine.service import Engine
+
+    engine = Engine(None, model=open_model(deep_gpt2), store=store, prefetch=False)
+    try:
+        first = await engine.all_head_scores()
+        assert engine.stats().origin == "head scores: computed now"
+        comp = await engine.composition("q")
+        assert engine.stats().origin == "composition q: computed now"
+    finally:
+        await engine.aclose()
+    spectral = counting(monkeypatch, "_batched_spectral_score")
+    pairs = counting(monkeypatch, "_pair_scores")
+    reopened = Engine(None, model=open_model(deep_gpt2), store=store, prefetch=False)
+    try:
+        second = await reopened.all_head_scores()
+        assert reopened.stats().origin == "head scores: from the cache"
+        comp2 = await reopened.composition("q")
+        assert reopened.stats().origin == "composition q: from the cache"
+        scores_of_head = await reopened.head_scores(3, 1)  # per-head cache filled by the sweep
+    finally:
+        await reopened.aclose()
+    assert spectral.calls == 0 and pairs.calls == 0
+    same(second.induction_score, first.induction_score)
+    same(comp2.scores, comp.scores)
+    assert scores_of_head == first.head(3, 1)
+
+
+async def test_a_cancelled_engine_sweep_resumes_in_the_next_engine(deep_gpt2, store, monkeypatch) -> None:
+    import asyncio
+    import threading
+
+    from headscope.engine.errors import CancelledError
+    from headscope.engine.service import Engine
+
+    engine = Engine(None, model=open_model(deep_gpt2), store=store, prefetch=False)
+    loop = asyncio.get_running_loop()
+    task: asyncio.Task[Any] | None = None
+    real_pairs, real_fast_pairs = scores._pair_scores, fast._pair_scores
+    tiles = []
+
+    def then_cancel(real: Any) -> Any:
+        def pairs_then_cancel(*args: Any) -> Any:  # on the worker, while tile 2 is computed
+            tiles.append(1)
+            if len(tiles) == 2 and task is not None:
+                loop.call_soon_threadsafe(task.cancel)
+                for _ in range(3000):  # until the caller is gone: the job stops at its next check
+                    if task.done():
+                        break
+                    threading.Event().wait(0.01)
+            return real(*args)
+
+        return pairs_then_cancel
+
+    # either path of compute.composition (torch, or engine/fast.py's numpy)
+    monkeypatch.setattr(scores, "_pair_scores", then_cancel(real_pairs))
+    monkeypatch.setattr(fast, "_pair_scores", then_cancel(real_fast_pairs))
+    try:
+        task = asyncio.ensure_future(engine.composition("v"))
+        with pytest.raises((asyncio.CancelledError, CancelledError)):
+            await task
+        for _ in range(3000):  # let the job stop (in_flight drops at the cancel, before that)
+            if not engine._scheduler._running:
+                break
+            await asyncio.sleep(0.01)
+        stored = engine._entry(False)
+        assert stored is not None
+        assert stored.computed == 2  # tiles 1 and 2 were finished, and kept
+    finally:
+        await engine.aclose()
+    monkeypatch.setattr(scores, "_pair_scores", real_pairs)
+    monkeypatch.setattr(fast, "_pair_scores", real_fast_pairs)
+    pairs = counting(monkeypatch, "_pair_scores")
+    reopened = Engine(None, model=open_model(deep_gpt2), store=store, prefetch=False)
+    try:
+        resumed = await reopened.composition("v")
+        assert reopened.stats().origin == "composition v: 2 parts from the cache, 2 computed now"
+    finally:
+        await reopened.aclose()
+    assert pairs.calls == N_LAYERS - 1 - 2
+    monkeypatch.setattr(scores, "_pair_scores", pairs.real)
+    same(resumed.scores, compute.composition(open_model(deep_gpt2), "v").scores)
+
+
+async def test_engine_spectra_are_stored_per_head(deep_gpt2, store, monkeypatch) -> None:
+    from headscope.engine.service import Engine
+
+    async def spectra() -> list[Any]:
+        engine = Engine(None, model=open_model(deep_gpt2), store=store, prefetch=False)
+        try:
+            return [await engine.spectrum(layer, 1, kind) for layer in (0, 4) for kind in ("ov", "qk")]
+        finally:
+            await engine.aclose()
+
+    first = await spectra()
+    calls = mock.Mock(wraps=compute.spectrum)
+    monkeypatch.setattr(compute, "spectrum", calls)
+    second = await spectra()
+    assert calls.call_count == 0
+    for a, b in zip(first, second, strict=True):
+        same(a.eigenvalues, b.eigenvalues)
+        assert (a.score, a.kind, a.layer, a.head) == (b.score, b.kind, b.layer, b.head)
+
+
+async def test_the_explorer_status_bar_says_where_the_scores_came_from(gpt2_dir, tmp_path, monkeypatch) -> None:
+    import time
+
+    from headscope.tui.app import HeadscopeApp
+    from headscope.tui.settings import Settings
+    from headscope.tui.widgets.status import StatusBar
+
+    monkeypatch.setenv("HEADSCOPE_CONFIG", str(tmp_path / "none.toml"))
+
+    async def origin_after_sweep() -> str:
+        app = HeadscopeApp(gpt2_dir[0], settings=Settings(), debounce=0.01, sweep=True)
+        async with app.run_test(size=(200, 40)) as pilot:
+            status = app.explorer.query_one(StatusBar)
+            deadline = time.monotonic() + 120
+            while not status.origin.startswith("head scores"):
+                assert time.monotonic() < deadline and not app.errors, app.errors
+                await pilot.pause(0.1)
+            assert status.origin in status.render().plain
+            origin = status.origin
+            await pilot.press("q")
+        return origin
+
+    assert await origin_after_sweep() == "head scores: computed now"
+    assert await origin_after_sweep() == "head scores: from the cache"
+
+
+@pytest.mark.parametrize("tile_bytes", [1, 768 << 20])  # one source layer per block, or all in one
+def test_torch_composition_sweep_resumes_from_its_memo(deep_gpt2, store, monkeypatch, tile_bytes) -> None:
+    model = open_model(deep_gpt2)
+    entry = store.for_model(model)
+    memo = entry.memo("composition-q", ())
+    with pytest.raises(KeyboardInterrupt):  # during target layer 3: targets 1 and 2 are whole
+        scores.composition_scores(model.weights, "q", memo=memo, tile_bytes=1 << 40,
+                                  on_tile=lambda t: (_ for _ in ()).throw(KeyboardInterrupt)
+                                  if t.target == 3 else None)
+    assert entry.computed == 2
+    pairs = counting(monkeypatch, "_pair_scores")
+    seen: list[tuple[int, int]] = []
+    resumed = scores.composition_scores(open_model(deep_gpt2).weights, "q", memo=memo, tile_bytes=tile_bytes,
+                                        on_tile=lambda t: seen.append((t.source, t.target)))
+    # stored targets 1, 2 are not recomputed; every pair still reaches on_tile once
+    assert sorted(seen) == sorted(scores.composition_pairs(N_LAYERS))
+    assert entry.computed == N_LAYERS - 1
+    monkeypatch.setattr(scores, "_pair_scores", pairs.real)
+    fresh = scores.composition_scores(model.weights, "q")
+    same(resumed.scores, fresh.scores)
+    assert pairs.calls == (N_LAYERS - 3 if tile_bytes > 1 else sum(range(3, N_LAYERS)))
