@@ -41,10 +41,14 @@ SHAPES = {
     "llama-1b-gqa": Shape(
         "llama-1b-gqa", "llama", 22, 32, 2048, 32000, 2048, 5632, n_kv_heads=4, dtype="bfloat16"
     ),
+    # Llama-2-7B: 32 × 32 heads, d_head 128, ~13 GB of bf16 in per-layer shards. Written once
+    # into a reusable directory (`python -m bench.big --dir DIR`), never by `make test`.
+    "llama-7b": Shape("llama-7b", "llama", 32, 32, 4096, 32000, 4096, 11008, dtype="bfloat16"),
     # tiny shapes for the smoke test
     "tiny-gpt2": Shape("tiny-gpt2", "gpt2", 2, 4, 64, 500, 64, 256),
     "tiny-neox": Shape("tiny-neox", "neox", 2, 4, 64, 500, 64, 256, dtype="float16"),
     "tiny-llama": Shape("tiny-llama", "llama", 2, 4, 64, 500, 64, 176, n_kv_heads=2, dtype="bfloat16"),
+    "tiny-llama-mha": Shape("tiny-llama-mha", "llama", 3, 4, 64, 500, 128, 176, dtype="bfloat16"),
 }
 
 

@@ -212,21 +212,25 @@ def _memo(store: ModelStore | None, name: str, shape: tuple[int, ...]) -> LayerM
     return None if store is None else store.memo(name, shape)
 
 
-def _stored_nonfinite(model: Model, store: ModelStore | None) -> np.ndarray:
+def _stored_nonfinite(model: Model, store: ModelStore | None,
+                      known: np.ndarray | None = None) -> np.ndarray:
     shape = (model.cfg.n_layers, model.cfg.n_heads)
     found = None if store is None else store.load("nonfinite", "all", shape, bool)
     if found is None:
-        found = nonfinite_heads(model)
+        found = nonfinite_heads(model) if known is None else known
         if store is not None:
             store.save("nonfinite", found)
     return readonly(found, bool)
 
 
 def behaviour(model: Model, seed: int = SEED, cancelled: Cancelled = None,
-              progress: Progress = None, store: ModelStore | None = None) -> dict[str, np.ndarray]:
+              progress: Progress = None, store: ModelStore | None = None,
+              weights_nonfinite: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Behavioural scores of every head (one batched forward pass) and the non-finite flags.
 
     With a ``store``, the three tables are one stored part (a forward pass is not resumable).
+    ``weights_nonfinite``: ``nonfinite_heads(model)`` if the caller already has it (from
+    ``scores.spectral_scores``), so the weights are not checked a second time.
     """
     from . import scores
 
@@ -245,7 +249,7 @@ def behaviour(model: Model, seed: int = SEED, cancelled: Cancelled = None,
     out = {b: readonly(stacked[i], np.float32) for i, b in enumerate(BEHAVIOURS)}
     out["attention_sink"] = readonly(stacked[len(BEHAVIOURS)], np.float32)
     # Weights that are not finite (stored), or attention that is not (these scores).
-    flags = np.array(_stored_nonfinite(model, store))
+    flags = np.array(_stored_nonfinite(model, store, weights_nonfinite))
     for b in BEHAVIOURS:
         flags |= ~np.isfinite(np.asarray(out[b], dtype=np.float64))
     out["nonfinite"] = readonly(flags, bool)
@@ -266,11 +270,19 @@ def score_table(
     n_heads = (model.cfg.n_heads,)
     if progress is not None:
         progress(0.0)
-    copying = scores.all_copying_scores(w, progress=_part(progress, 0.0, 0.4), cancelled=cancelled,
-                                        memo=_memo(store, "copying_score", n_heads))
-    positivity = scores.all_qk_positivity(w, progress=_part(progress, 0.4, 0.8), cancelled=cancelled,
-                                          memo=_memo(store, "qk_positivity", n_heads))
-    found = behaviour(model, seed, cancelled, _part(progress, 0.8, 0.95), store)
+    if store is None:
+        # both spectral scores in one pass over the layers (each layer's weights read once)
+        spectral = scores.spectral_scores(w, progress=_part(progress, 0.0, 0.8), cancelled=cancelled)
+        copying, positivity = spectral["copying_score"], spectral["qk_positivity"]
+        # = nonfinite_heads(model), from the peaks the sweep took (no second pass)
+        weights_bad = (spectral["nonfinite"] | spectral["overflow"]).numpy()
+    else:  # one stored part per score and layer, so an interrupted sweep resumes
+        copying = scores.all_copying_scores(w, progress=_part(progress, 0.0, 0.4), cancelled=cancelled,
+                                            memo=_memo(store, "copying_score", n_heads))
+        positivity = scores.all_qk_positivity(w, progress=_part(progress, 0.4, 0.8), cancelled=cancelled,
+                                              memo=_memo(store, "qk_positivity", n_heads))
+        weights_bad = None
+    found = behaviour(model, seed, cancelled, _part(progress, 0.8, 0.95), store, weights_bad)
     _check(cancelled)
     if store is not None:
         store.finish()
@@ -285,6 +297,25 @@ def score_table(
     )
 
 
+def weight_scores(model: Model, progress: Progress = None, cancelled: Cancelled = None
+                  ) -> dict[str, np.ndarray]:
+    """The weight-only scores of every head, ``[L, H]`` each: ``copying_score``,
+    ``qk_positivity`` and ``nonfinite`` (as ``score_table``'s), without a forward pass, and
+    without torch where ``engine.fast`` applies."""
+    from . import fast
+
+    arrays = fast.numpy_weights(model)
+    if arrays is not None:
+        found = fast.spectral_scores(arrays, progress, cancelled)
+    else:
+        from . import scores
+
+        found = {k: v.numpy() for k, v in scores.spectral_scores(model.weights, progress, cancelled).items()}
+    return {"copying_score": readonly(found["copying_score"], np.float32),
+            "qk_positivity": readonly(found["qk_positivity"], np.float32),
+            "nonfinite": readonly(found["nonfinite"] | found["overflow"], bool)}
+
+
 def composition(
     model: Model,
     kind: str,
@@ -292,18 +323,34 @@ def composition(
     progress: Progress = None,
     cancelled: Cancelled = None,
     top: int = TOP_EDGES,
+    on_tile: Callable[[int, int, np.ndarray], None] | None = None,
     store: ModelStore | None = None,
 ) -> Composition:
     """Q/K/V composition scores between all pairs of heads, and the ``top`` strongest edges.
 
-    Stored per target layer (``scores.composition_scores``' tiles): the scores do not
-    depend on ``seed``, only the baseline does (not stored: it is cheap).
+    ``on_tile(source_layer, target_layer, scores [H, H])`` gets each layer pair's scores as
+    soon as they are computed (a graph or a ``--top`` list can fill in during the sweep).
+    Stored per target layer (``scores.composition_scores``' tiles, on either path): the
+    scores do not depend on ``seed``, only the baseline does (not stored: it is cheap).
     """
+    from . import fast
+
+    memo = _memo(store, f"composition-{kind}", ())
+    arrays = fast.numpy_weights(model)
+    if arrays is not None:  # torch-free (engine/fast.py): the same numbers
+        tile_cb = None if on_tile is None else (lambda t: on_tile(t.source, t.target, t.scores))
+        found_scores, baseline = fast.composition_scores(arrays, kind, seed, progress, cancelled,
+                                                         on_tile=tile_cb, memo=memo)
+        if store is not None:
+            store.finish()
+        values = readonly(found_scores, np.float32)
+        return Composition(kind, values, baseline, rank_edges(values, baseline, top))  # type: ignore[arg-type]
     from . import scores
 
+    torch_cb = None if on_tile is None else (lambda t: on_tile(t.source, t.target, t.scores.numpy()))
     found = scores.composition_scores(
         model.weights, kind, seed=seed, progress=progress, cancelled=cancelled,  # type: ignore[arg-type]
-        memo=_memo(store, f"composition-{kind}", ()),
+        on_tile=torch_cb, memo=memo,
     )
     if store is not None:
         store.finish()

@@ -59,6 +59,20 @@ def head_table(
     return score_rows(table, effects, null)
 
 
+WEIGHT_SCORE_NAMES = ("copying_score", "qk_positivity")  # the scores without a forward pass
+
+
+def weight_table(model: Model) -> list[dict[str, Any]]:
+    """``head_table`` without the behavioural scores (no forward pass; torch-free where
+    ``engine.fast`` applies): ``layer``, ``head``, ``WEIGHT_SCORE_NAMES``, ``nonfinite``."""
+    found = compute.weight_scores(model)
+    n_layers, n_heads = found["nonfinite"].shape
+    return [{"layer": layer, "head": head,
+             **{name: float(found[name][layer, head]) for name in WEIGHT_SCORE_NAMES},
+             "nonfinite": bool(found["nonfinite"][layer, head])}
+            for layer in range(n_layers) for head in range(n_heads)]
+
+
 def score_rows(table: ScoreTable, effects: np.ndarray | None = None,
                null: ScoreNull | None = None) -> list[dict[str, Any]]:
     """``table`` (and ablation ``effects``, and with a ``null`` each score's ``<name>_z``) as

@@ -14,9 +14,11 @@ pass overflows, so their behavioural scores are NaN. ``nonfinite_heads`` lists b
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -24,12 +26,14 @@ import numpy as np
 import torch
 
 from .errors import CancelledError, InvalidRequestError, NonFiniteError
-from .factored import FactoredMatrix, is_finite, max_abs, tame
+from .factored import _TAME_ABOVE, FactoredMatrix, is_finite, max_abs, tame
 from .requests import check_composition_kind
 from .weights import WeightSource
 
 if TYPE_CHECKING:
     from torch import Tensor
+
+    from .config import ModelConfig
 
 Progress = Callable[[float], None] | None
 Cancelled = Callable[[], bool] | None
@@ -54,21 +58,29 @@ def _known(memo: Memo | None, index: int, shape: tuple[int, ...] | None = None) 
     return None if found is None else torch.from_numpy(np.array(found, dtype=np.float32))
 
 __all__ = [
+    "COMPOSITION_TILE_BYTES",
     "CompositionScores",
+    "CompositionTile",
     "ablation_effect",
     "ablation_effects",
     "all_copying_scores",
     "all_qk_positivity",
     "behaviour_scores",
     "composition_baseline",
+    "composition_pairs",
     "composition_score",
     "composition_scores",
+    "composition_tile",
     "copying_score",
     "detection_patterns",
+    "iter_composition_tiles",
+    "layer_spectral_scores",
     "nonfinite_heads",
     "qk_positivity",
     "repeated_tokens",
+    "spectral_middles",
     "spectral_score",
+    "spectral_scores",
 ]
 
 
@@ -129,12 +141,45 @@ def spectral_score(eigenvalues: Tensor) -> Tensor:
     return eigenvalues.real.sum(-1) / eigenvalues.abs().sum(-1)
 
 
+_THREADS_LOCK = threading.Lock()
+_THREADS_USERS = 0
+_THREADS_SAVED = 0
+
+
+@contextlib.contextmanager
+def one_lapack_thread() -> Iterator[None]:
+    """Run small LAPACK calls (``eigvals``/``cholesky``/``eigh`` of ``d_head``-sized matrices)
+    on one thread.
+
+    MKL's threaded ``geev`` on 128 × 128 matrices is 5-15× *slower* with 2 threads than with
+    one on a busy 2-core box (measured: 32 matrices, 0.3 s vs 1.5-5.5 s; numpy's OpenBLAS is
+    as slow): the threads spin waiting on each other. That made ``eigvals`` 94 s of a 7B copying
+    sweep. The setting is process-wide, so it is restored when the last user leaves; other
+    threads' products run single-threaded meanwhile (same numbers, briefly slower).
+    """
+    global _THREADS_USERS, _THREADS_SAVED
+    with _THREADS_LOCK:
+        if _THREADS_USERS == 0:
+            _THREADS_SAVED = torch.get_num_threads()
+            torch.set_num_threads(1)
+        _THREADS_USERS += 1
+    try:
+        yield
+    finally:
+        with _THREADS_LOCK:
+            _THREADS_USERS -= 1
+            if _THREADS_USERS == 0:
+                torch.set_num_threads(_THREADS_SAVED)
+
+
 def _batched_spectral_score(small: Tensor) -> Tensor:
     """``spectral_score`` of each square matrix in ``small [..., k, k]``, NaN where non-finite."""
     finite = _finite_per_matrix(small)
     safe = torch.where(finite[..., None, None], small, torch.zeros_like(small))
     # float64: more accurate, and LAPACK's dgeev is several times faster here than sgeev.
-    score = spectral_score(torch.linalg.eigvals(safe.double())).to(small.dtype)
+    with one_lapack_thread():
+        eigenvalues = torch.linalg.eigvals(safe.double())
+    score = spectral_score(eigenvalues).to(small.dtype)
     return torch.where(finite, score, torch.full_like(score, math.nan))
 
 
@@ -187,11 +232,13 @@ def all_qk_positivity(w: WeightSource, progress: Progress = None,
 
 def _spectral_sweep(w: WeightSource, make_middle: Callable[[], Tensor], left: str, right: str,
                     progress: Progress, cancelled: Cancelled, memo: Memo | None = None) -> Tensor:
-    """One row per layer; the ``d_model × d_model`` middle is formed only if a layer is
-    missing from ``memo`` (a fully stored sweep reads no weights)."""
+    """One row per layer (``layer_spectral_scores``); the ``d_model × d_model`` middle is
+    formed only if a layer is missing from ``memo`` (a fully stored sweep reads no weights),
+    and each layer computed is put in ``memo`` as soon as it is done."""
     cfg = w.cfg
+    kind = "copying_score" if left == "W_O" else "qk_positivity"
+    middles: dict[str, Tensor] | None = None
     out = torch.empty(cfg.n_layers, cfg.n_heads)
-    middle: Tensor | None = None
     for layer in range(cfg.n_layers):
         known = _known(memo, layer, (cfg.n_heads,))
         if known is not None:
@@ -199,24 +246,111 @@ def _spectral_sweep(w: WeightSource, make_middle: Callable[[], Tensor], left: st
             _report(progress, (layer + 1) / cfg.n_layers)
             continue
         _check(cancelled)
-        if middle is None:
-            middle = make_middle()
-        if left.endswith("^T"):
-            lhs = _attn(w, layer, left[:-2]).transpose(-2, -1)  # [H, d_head, d_model]
-        else:
-            lhs = _attn(w, layer, left)
-        # Tamed factors (exact power-of-two rescaling, the score is scale-free): finite
-        # weights near 1e19 would otherwise overflow the float32 product.
-        small = tame(lhs) @ middle @ tame(_attn(w, layer, right))  # [H, d_head, d_head]
-        score = _batched_spectral_score(small)
-        # A head with any non-finite weight is flagged NaN in every score, not just those
-        # its broken matrix enters, so the table and the nonfinite list agree.
-        out[layer] = torch.where(_layer_nonfinite(w, layer), math.nan, score)
+        if middles is None:
+            middles = {kind: make_middle()}
+        out[layer] = layer_spectral_scores(w, layer, middles)[kind]
         if memo is not None:
             memo.put(layer, out[layer])
         _report(progress, (layer + 1) / cfg.n_layers)
+    del middles
     _release_free_heap()
     return out
+
+
+SPECTRAL_SCORES = ("copying_score", "qk_positivity")
+
+
+def spectral_middles(w: WeightSource, kinds: tuple[str, ...] = SPECTRAL_SCORES) -> dict[str, Tensor]:
+    """The ``[d_model, d_model]`` matrix between each spectral score's factors, formed once per
+    model: ``W_U W_E`` (copying) and ``W_Eᵀ W_E`` (QK positivity). See ``all_copying_scores``."""
+    out = {}
+    if "copying_score" in kinds:
+        out["copying_score"] = w.get("unembed.W_U") @ w.get("embed.W_E")
+    if "qk_positivity" in kinds:
+        w_e = w.get("embed.W_E")
+        out["qk_positivity"] = w_e.T @ w_e
+    return out
+
+
+def layer_spectral_scores(w: WeightSource, layer: int, middles: dict[str, Tensor]) -> dict[str, Tensor]:
+    """One layer's spectral scores, ``[n_heads]`` each: the unit a sweep computes (and a store
+    can keep) at a time.
+
+    ``middles`` from ``spectral_middles`` (the keys say which scores). Each of the layer's four
+    attention weights is read once; one pass over each gives both its non-finite flag and its
+    taming scale; each score is one ``[H·d_head, d_model] @ [d_model, d_model]`` product, a
+    batched ``d_head``-sized product and a batched single-threaded ``eigvals``. The result also
+    has ``"nonfinite"`` (bool): a head with any non-finite weight or bias is NaN in every score,
+    not just in those its broken matrix enters, so the table and the nonfinite list agree.
+    """
+    mats = {name: _attn(w, layer, name) for name in _HEAD_WEIGHTS}
+    peaks = {name: _peak(x) for name, x in mats.items()}
+    bad = torch.zeros(w.cfg.n_heads, dtype=torch.bool)
+    for peak in peaks.values():
+        bad |= ~torch.isfinite(peak)
+    bad |= _biases_nonfinite(w, layer)
+    out = {"nonfinite": bad}
+    for kind, middle in middles.items():
+        # Tamed factors (exact power-of-two rescaling, the score is scale-free): finite
+        # weights near 1e19 would otherwise overflow the float32 product.
+        if kind == "copying_score":  # BA = W_O (W_U W_E) W_V
+            lhs, rhs = _tame(mats["W_O"], peaks["W_O"]), _tame(mats["W_V"], peaks["W_V"])
+        else:  # BA = W_Kᵀ (W_Eᵀ W_E) W_Q
+            lhs = _tame(mats["W_K"], peaks["W_K"]).transpose(-2, -1)
+            rhs = _tame(mats["W_Q"], peaks["W_Q"])
+        n, k, d = lhs.shape
+        small = (lhs.reshape(n * k, d) @ middle).reshape(n, k, d) @ rhs  # [H, d_head, d_head]
+        out[kind] = torch.where(bad, math.nan, _batched_spectral_score(small))
+    # ``_layer_overflow`` from the peaks already taken: nonfinite | overflow = nonfinite_heads
+    limit = torch.finfo(torch.float32).max / w.cfg.d_head
+    p64 = {name: peak.double() for name, peak in peaks.items()}
+    out["overflow"] = (p64["W_Q"] * p64["W_K"] > limit) | (p64["W_V"] * p64["W_O"] > limit)
+    return out
+
+
+def spectral_scores(w: WeightSource, progress: Progress = None, cancelled: Cancelled = None
+                    ) -> dict[str, Tensor]:
+    """Copying score, QK positivity, the non-finite and the overflow flags of every head,
+    ``[L, H]`` each, in one pass over the layers (``layer_spectral_scores``): each layer's
+    weights are read once for both scores. Equal to ``all_copying_scores`` and
+    ``all_qk_positivity``; ``nonfinite | overflow`` are the heads of ``nonfinite_heads``."""
+    cfg = w.cfg
+    _check(cancelled)
+    middles = spectral_middles(w)
+    out = {name: torch.empty(cfg.n_layers, cfg.n_heads) for name in SPECTRAL_SCORES}
+    out["nonfinite"] = torch.empty(cfg.n_layers, cfg.n_heads, dtype=torch.bool)
+    out["overflow"] = torch.empty(cfg.n_layers, cfg.n_heads, dtype=torch.bool)
+    for layer in range(cfg.n_layers):
+        _check(cancelled)
+        for name, value in layer_spectral_scores(w, layer, middles).items():
+            out[name][layer] = value
+        _report(progress, (layer + 1) / cfg.n_layers)
+    del middles
+    _release_free_heap()
+    return out
+
+
+def _peak(x: Tensor) -> Tensor:
+    """``[H]``: the largest ``|entry|`` of each head's matrix in ``x [H, m, n]``: NaN if it has a
+    NaN, inf if an inf (so it is also the non-finite flag). One pass (``aminmax``)."""
+    lo, hi = torch.aminmax(x.reshape(x.shape[0], -1), dim=-1)
+    return torch.maximum(hi, -lo)
+
+
+def _tame(x: Tensor, peak: Tensor) -> Tensor:
+    """``tame(x)`` from the already known ``peak = max_abs(x)``."""
+    big = torch.isfinite(peak) & (peak > _TAME_ABOVE)
+    if not bool(big.any()):
+        return x
+    return tame(x)
+
+
+def _biases_nonfinite(w: WeightSource, layer: int) -> Tensor:
+    bad = torch.zeros(w.cfg.n_heads, dtype=torch.bool)
+    for name in _HEAD_BIASES:
+        if w.has(f"blocks.{layer}.attn.{name}"):
+            bad |= ~torch.isfinite(_attn(w, layer, name).sum(-1))
+    return bad
 
 
 # -- non-finite heads --------------------------------------------------------------------------
@@ -308,11 +442,13 @@ def _r_factor(x: Tensor) -> Tensor:
     finite = _finite_per_matrix(gram)
     if not bool(finite.all()):
         gram = torch.where(finite[..., None, None], gram, torch.zeros_like(gram))
-    chol, info = torch.linalg.cholesky_ex(gram)
+    with one_lapack_thread():
+        chol, info = torch.linalg.cholesky_ex(gram)
     root = chol.transpose(-2, -1)
     failed = info != 0
     if bool(failed.any()):
-        vals, vecs = torch.linalg.eigh(gram[failed])
+        with one_lapack_thread():
+            vals, vecs = torch.linalg.eigh(gram[failed])
         root[failed] = vals.clamp_min(0).sqrt()[..., :, None] * vecs.transpose(-2, -1)
     return root.to(x.dtype)
 
@@ -345,8 +481,128 @@ def _zero_bad(x: Tensor, bad: Tensor) -> Tensor:
     return x
 
 
+# Bytes a composition sweep's source block may hold: the stacked ``X`` of its source layers
+# plus their product with one target layer (64 + 64 MB per source layer on a 7B model: 6
+# source layers at a time). Bounds the sweep's memory whatever the model's depth.
+COMPOSITION_TILE_BYTES = 768 << 20
+
+
+@dataclass(frozen=True)
+class CompositionTile:
+    """The scores of one layer pair, ``scores[h1, h2]`` for source head ``(source, h1)`` and target
+    head ``(target, h2)``, ``source < target``: the unit a composition sweep computes, streams
+    and a store can keep. NaN where either head has non-finite weights (or a zero circuit)."""
+
+    kind: Kind
+    source: int
+    target: int
+    scores: Tensor  # [H, H]
+
+
+class _Factors:
+    """Per-layer reduced factors and non-finite flags of one composition sweep (memoised flags:
+    each layer's four weights are checked once)."""
+
+    def __init__(self, w: WeightSource, kind: Kind) -> None:
+        self.w, self.kind = w, kind
+        self._bad: dict[int, Tensor] = {}
+
+    def bad(self, layer: int) -> Tensor:
+        if layer not in self._bad:
+            self._bad[layer] = _layer_nonfinite(self.w, layer)
+        return self._bad[layer]
+
+    def source(self, layer: int) -> Tensor:
+        """``X [H, k, d_model]`` of a source layer (``_reduced_source``), bad heads zeroed."""
+        # tamed: the score is scale-free per head, float32 products of 1e19 are not
+        bad = self.bad(layer)
+        return _reduced_source(_zero_bad(tame(_attn(self.w, layer, "W_V")), bad),
+                               _zero_bad(tame(_attn(self.w, layer, "W_O")), bad))
+
+    def target(self, layer: int) -> Tensor:
+        """``Y [H, d_model, k]`` of a target layer (``_reduced_target``), bad heads zeroed."""
+        a, b_t = _target_factors(self.w, layer, self.kind)
+        bad = self.bad(layer)
+        return _reduced_target(_zero_bad(tame(a), bad), _zero_bad(tame(b_t), bad))
+
+    def tile(self, source: int, target: int, scores: Tensor) -> CompositionTile:
+        mask = self.bad(source)[:, None] | self.bad(target)[None, :]
+        return CompositionTile(self.kind, source, target,
+                               torch.where(mask, torch.full_like(scores, math.nan), scores))
+
+
+def composition_tile(w: WeightSource, kind: Kind, source: int, target: int) -> CompositionTile:
+    """One layer pair's ``kind``-composition scores on their own (what ``iter_composition_tiles``
+    yields for the pair, computed without the rest of the sweep)."""
+    check_composition_kind(kind, getattr(w, "path", None))
+    if not 0 <= source < target < w.cfg.n_layers:
+        raise InvalidRequestError(getattr(w, "path", None),
+                                  f"composition needs 0 <= source < target < {w.cfg.n_layers}, "
+                                  f"not {source}, {target}")
+    f = _Factors(w, kind)
+    x = f.source(source)
+    scores = _pair_scores(x[None], torch.linalg.matrix_norm(x)[None], f.target(target))[0]
+    return f.tile(source, target, scores)
+
+
+def composition_pairs(n_layers: int) -> list[tuple[int, int]]:
+    """Every ``(source, target)`` layer pair of a composition sweep, ``source < target``."""
+    return [(s, t) for t in range(n_layers) for s in range(t)]
+
+
+def _source_block(cfg: ModelConfig, tile_bytes: int) -> int:
+    """How many source layers one block of the sweep holds (``COMPOSITION_TILE_BYTES``)."""
+    hk = cfg.n_heads * cfg.d_head
+    per_layer = 4 * hk * (cfg.d_model + hk)  # float32 X [H, k, d_model] and its product [H·k, H·k]
+    return max(1, tile_bytes // per_layer)
+
+
+def iter_composition_tiles(w: WeightSource, kind: Kind, progress: Progress = None,
+                           cancelled: Cancelled = None, *, skip: frozenset[tuple[int, int]] = frozenset(),
+                           tile_bytes: int = COMPOSITION_TILE_BYTES) -> Iterator[CompositionTile]:
+    """Every layer pair's ``CompositionTile`` as soon as it is computed, in bounded memory.
+
+    Source layers are taken in blocks that fit ``tile_bytes`` (``X`` of each, ``[H, k,
+    d_model]``); for each later target layer, its ``Y`` is formed once and multiplied with
+    the whole block in one product ``[block·H·k, d_model] @ [d_model, H·k]``, whose ``k × k``
+    blocks are the pairs' ``X₁ Y₂`` (``composition_scores``). Memory holds one block and one
+    product, never all the layers' factors (2 GB on a 7B model). Pairs in ``skip`` (already
+    stored) are not computed. ``progress`` is the fraction of pairs done (each pair is the
+    same work, so a linear ETA holds); ``cancelled()`` is checked before each product.
+    """
+    check_composition_kind(kind, getattr(w, "path", None))
+    n_layers = w.cfg.n_layers
+    todo = [pair for pair in composition_pairs(n_layers) if pair not in skip]
+    total, done = len(todo) or 1, 0
+    wanted = set(todo)
+    f = _Factors(w, kind)
+    block = _source_block(w.cfg, tile_bytes)
+    for first in range(0, n_layers - 1, block):
+        sources = [s for s in range(first, min(first + block, n_layers - 1))
+                   if any((s, t) in wanted for t in range(s + 1, n_layers))]
+        if not sources:
+            continue
+        _check(cancelled)
+        xs = torch.stack([f.source(s) for s in sources])  # [B, H, k, d_model]
+        x_norms = torch.linalg.matrix_norm(xs)
+        for target in range(sources[0] + 1, n_layers):
+            rows = [i for i, s in enumerate(sources) if s < target and (s, target) in wanted]
+            if not rows:
+                continue
+            _check(cancelled)
+            part = _pair_scores(xs[rows[0]: rows[-1] + 1], x_norms[rows[0]: rows[-1] + 1], f.target(target))
+            for i in rows:
+                yield f.tile(sources[i], target, part[i - rows[0]])
+                done += 1
+            _report(progress, done / total)
+        del xs
+    _report(progress, 1.0)
+
+
 def composition_scores(w: WeightSource, kind: Kind, seed: int = 0, progress: Progress = None,
                        cancelled: Cancelled = None, *, baseline_samples: int = 32,
+                       on_tile: Callable[[CompositionTile], None] | None = None,
+                       tile_bytes: int = COMPOSITION_TILE_BYTES,
                        memo: Memo | None = None) -> CompositionScores:
     """``kind``-composition score of every head pair with ``layer(h1) < layer(h2)``.
 
@@ -354,57 +610,38 @@ def composition_scores(w: WeightSource, kind: Kind, seed: int = 0, progress: Pro
     ``QK₂ᵀ`` (k) or ``OV₂`` (v), batched. With ``OV₁ = W_V W_O`` and ``M₂ = A B``, the orthogonal ``Q`` factors of
     ``W_V = Q R`` and ``Bᵀ = Q' R'`` do not change Frobenius norms, so
     ``‖OV₁ M₂‖ = ‖(R W_O)(A R'ᵀ)‖ = ‖X₁ Y₂‖`` with ``X₁ [d_head, d_model]`` and
-    ``Y₂ [d_model, d_head]``. For each target layer, all earlier source heads are stacked
-    into one matrix product ``[l2·H·d_head, d_model] @ [d_model, H·d_head]`` whose
-    ``d_head × d_head`` blocks are the pairs' ``X₁ Y₂``.
+    ``Y₂ [d_model, d_head]``. Pairs are computed layer pair by layer pair in blocks of source
+    layers (``iter_composition_tiles``: memory bounded by ``tile_bytes``); ``on_tile`` gets
+    each ``CompositionTile`` as it finishes (the edges of a graph or a ``--top`` list can fill
+    in while the sweep runs).
 
-    ``memo``: one part per target layer ``t``, the tile ``scores[:t, :, t, :]``. Tiles
-    already stored are not recomputed; the sources' ``X`` are still formed up to the last
-    missing target (cheap: a ``d_head × d_head`` root and one product per layer).
+    ``memo``: one part per target layer ``t``, the tile ``scores[:t, :, t, :]``. Targets
+    already stored are not recomputed (their pairs are skipped; ``on_tile`` still gets their
+    tiles, first); a target's part is put as soon as its last pair, ``(t - 1, t)``, is done
+    (source blocks run in order, so every earlier source of ``t`` is done by then).
     """
     check_composition_kind(kind, getattr(w, "path", None))
     cfg = w.cfg
     n_layers, n_heads = cfg.n_layers, cfg.n_heads
     scores = torch.zeros(n_layers, n_heads, n_layers, n_heads)
-    tiles = {t: _known(memo, t, (t, n_heads, n_heads)) for t in range(1, n_layers)}
-    missing = [t for t, tile in tiles.items() if tile is None]
-    last = max(missing, default=0)
-    bad = _nonfinite_mask(w) if missing else None
-    xs: Tensor | None = None  # X of every source layer so far, [L, H, k, d_model]
-    x_norms = torch.zeros(n_layers, n_heads)
-    total_work = sum(range(n_layers)) or 1
-    done = 0
+    skip: set[tuple[int, int]] = set()
     for target in range(1, n_layers):
-        tile = tiles[target]
-        if tile is None:
-            _check(cancelled)
-        if target <= last:
-            assert bad is not None
-            src = target - 1
-            # tamed: the score is scale-free per head, float32 products of 1e19 are not
-            x = _reduced_source(_zero_bad(tame(_attn(w, src, "W_V")), bad[src]),
-                                _zero_bad(tame(_attn(w, src, "W_O")), bad[src]))
-            if xs is None:
-                xs = x.new_empty((n_layers - 1, *x.shape))
-            xs[src] = x
-            x_norms[src] = torch.linalg.matrix_norm(x)
-        if tile is None:
-            assert bad is not None and xs is not None
-            a, b_t = _target_factors(w, target, kind)
-            y = _reduced_target(_zero_bad(tame(a), bad[target]), _zero_bad(tame(b_t), bad[target]))
-            tile = _pair_scores(xs[:target], x_norms[:target], y)
-            # NaN where either head has non-finite weights
-            either = bad[:target, :, None] | bad[target][None, None, :]
-            tile = torch.where(either, torch.full_like(tile, math.nan), tile)
-            if memo is not None:
-                memo.put(target, tile)
-        scores[:target, :, target, :] = tile
-        done += target
-        _report(progress, done / total_work)
-    if n_layers == 1:
-        _report(progress, 1.0)
+        known = _known(memo, target, (target, n_heads, n_heads))
+        if known is None:
+            continue
+        scores[:target, :, target, :] = known
+        skip.update((source, target) for source in range(target))
+        if on_tile is not None:
+            for source in range(target):
+                on_tile(CompositionTile(kind, source, target, known[source]))
+    for tile in iter_composition_tiles(w, kind, progress, cancelled, skip=frozenset(skip),
+                                       tile_bytes=tile_bytes):
+        scores[tile.source, :, tile.target, :] = tile.scores
+        if memo is not None and tile.source == tile.target - 1:
+            memo.put(tile.target, scores[:tile.target, :, tile.target, :].clone())
+        if on_tile is not None:
+            on_tile(tile)
     baseline = composition_baseline(cfg.d_model, cfg.d_head, seed, baseline_samples)
-    del xs
     _release_free_heap()
     return CompositionScores(kind=kind, scores=scores, baseline=baseline, seed=seed)
 
@@ -420,20 +657,19 @@ def _pair_scores(x: Tensor, x_norm: Tensor, y: Tensor) -> Tensor:
     return sq.sqrt() / (x_norm[:, :, None] * y_norm[None, None, :])
 
 
-@functools.lru_cache(maxsize=32)
 def composition_baseline(d_model: int, d_head: int, seed: int = 0, samples: int = 32) -> float:
     """Expected composition score of random factors of the model's shapes.
 
     The mean, over ``samples`` draws of i.i.d. standard Gaussian ``W_V, W_Q, W_K
-    [d_model, d_head]`` and ``W_O [d_head, d_model]`` from a generator seeded with ``seed``,
-    of ``‖OV₁ M₂‖ / (‖OV₁‖ ‖M₂‖)``. The Gaussian law is rotation invariant, so the value is
-    the same for Q-, K- and V-composition (and for any scale of the factors).
+    [d_model, d_head]`` and ``W_O [d_head, d_model]`` from numpy's ``default_rng(seed)``, of
+    ``‖OV₁ M₂‖ / (‖OV₁‖ ‖M₂‖)``. The Gaussian law is rotation invariant, so the value is
+    the same for Q-, K- and V-composition (and for any scale of the factors). Computed in
+    numpy (``engine.fast.composition_baseline``) so that the torch-free path gives the same
+    number.
     """
-    g = torch.Generator().manual_seed(seed)
-    draw = lambda *shape: torch.randn(samples, *shape, generator=g, dtype=torch.float64)  # noqa: E731
-    ov = FactoredMatrix(draw(d_model, d_head), draw(d_head, d_model))  # [S, d_model, d_model]
-    qk = FactoredMatrix(draw(d_model, d_head), draw(d_model, d_head).transpose(-2, -1))
-    return float(composition_score(ov, qk).mean())
+    from .fast import composition_baseline as baseline
+
+    return baseline(d_model, d_head, seed, samples)
 
 
 # -- behaviour (attention patterns on seeded random sequences) ---------------------------------
@@ -538,8 +774,11 @@ def behaviour_scores(w: WeightSource, seed: int = 0, *, seq_len: int | None = No
     tokens = repeated_tokens(cfg.d_vocab, cfg.n_ctx, seed, seq_len, batch)
     detections = detection_patterns(tokens)
     out = {name: torch.empty(cfg.n_layers, cfg.n_heads) for name in detections}
+    bad = torch.zeros(cfg.n_layers, cfg.n_heads, dtype=torch.bool)
 
     def reduce(layer: int, _x: Tensor, pattern: Tensor) -> None:
+        # the layer's weights were just read by its block: checked now, not in a second pass
+        bad[layer] = _layer_nonfinite(w, layer)
         pattern = pattern.float()
         for name, det in detections.items():
             out[name][layer] = _detect(pattern, det, exclude_bos=exclude_bos,
@@ -550,7 +789,6 @@ def behaviour_scores(w: WeightSource, seed: int = 0, *, seq_len: int | None = No
 
     with torch.inference_mode():
         blocks(w, embed(w, tokens), on_block=reduce)
-    bad = _nonfinite_mask(w)
     _release_free_heap()
     return {name: torch.where(bad, torch.full_like(score, math.nan), score)
             for name, score in out.items()}

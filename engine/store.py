@@ -65,7 +65,7 @@ __all__ = [
 FORMAT_VERSION = 1  # the layout of the files below
 # Bump whenever a stored number would change (a score's definition, its precision, the
 # random sequences of a seed): every entry written before is then ignored.
-MATH_VERSION = 1
+MATH_VERSION = 2  # 2: the composition baseline is drawn with numpy (default_rng(seed))
 DEFAULT_DISK_MB = 512
 MAGIC = b"HEADSCOPE-RESULT\n"
 ENTRY_FILE = "entry.json"

@@ -384,6 +384,7 @@ def test_engine_out_of_memory_is_a_resource_error(monkeypatch: pytest.MonkeyPatc
         raise RuntimeError(ALLOCATOR_ERROR)
 
     monkeypatch.setattr(scores, "all_copying_scores", exhausted)
+    monkeypatch.setattr(scores, "spectral_scores", exhausted)  # the one-pass sweep without a store
 
     async def go() -> None:
         engine = Engine("sample_models/attn-only-2l", prefetch=False)

@@ -14,7 +14,7 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from headscope.engine import compute, report, scores
+from headscope.engine import compute, fast, report, scores
 from headscope.engine.loading import open_model
 from headscope.engine.store import ResultStore, fingerprint
 from tests import hf_fixtures
@@ -42,20 +42,29 @@ def store(tmp_path: Path) -> ResultStore:
 
 
 class Counter:
-    """Wraps a function of ``scores`` and counts its calls."""
+    """Wraps a function of ``scores`` (or ``fast``) and counts its calls; counters made with
+    the same ``tally`` share one count."""
 
-    def __init__(self, name: str) -> None:
-        self.name, self.calls = name, 0
-        self.real = getattr(scores, name)
+    def __init__(self, name: str, module: Any = scores, tally: list[int] | None = None) -> None:
+        self.name, self.tally = name, [0] if tally is None else tally
+        self.real = getattr(module, name)
+
+    @property
+    def calls(self) -> int:
+        return self.tally[0]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        self.calls += 1
+        self.tally[0] += 1
         return self.real(*args, **kwargs)
 
 
 def counting(monkeypatch: pytest.MonkeyPatch, name: str) -> Counter:
+    """Counts the calls of ``scores.<name>`` and of its torch-free twin ``fast.<name>`` (the
+    path ``compute`` takes where it applies), together."""
     counter = Counter(name)
     monkeypatch.setattr(scores, name, counter)
+    if hasattr(fast, name):
+        monkeypatch.setattr(fast, name, Counter(name, fast, counter.tally))
     return counter
 
 
@@ -377,20 +386,25 @@ async def test_a_cancelled_engine_sweep_resumes_in_the_next_engine(deep_gpt2, st
     engine = Engine(None, model=open_model(deep_gpt2), store=store, prefetch=False)
     loop = asyncio.get_running_loop()
     task: asyncio.Task[Any] | None = None
-    real_pairs = scores._pair_scores
+    real_pairs, real_fast_pairs = scores._pair_scores, fast._pair_scores
     tiles = []
 
-    def pairs_then_cancel(*args: Any) -> Any:  # on the worker, while tile 2 is computed
-        tiles.append(1)
-        if len(tiles) == 2 and task is not None:
-            loop.call_soon_threadsafe(task.cancel)
-            for _ in range(3000):  # until the caller is gone: the job stops at its next check
-                if task.done():
-                    break
-                threading.Event().wait(0.01)
-        return real_pairs(*args)
+    def then_cancel(real: Any) -> Any:
+        def pairs_then_cancel(*args: Any) -> Any:  # on the worker, while tile 2 is computed
+            tiles.append(1)
+            if len(tiles) == 2 and task is not None:
+                loop.call_soon_threadsafe(task.cancel)
+                for _ in range(3000):  # until the caller is gone: the job stops at its next check
+                    if task.done():
+                        break
+                    threading.Event().wait(0.01)
+            return real(*args)
 
-    monkeypatch.setattr(scores, "_pair_scores", pairs_then_cancel)
+        return pairs_then_cancel
+
+    # either path of compute.composition (torch, or engine/fast.py's numpy)
+    monkeypatch.setattr(scores, "_pair_scores", then_cancel(real_pairs))
+    monkeypatch.setattr(fast, "_pair_scores", then_cancel(real_fast_pairs))
     try:
         task = asyncio.ensure_future(engine.composition("v"))
         with pytest.raises((asyncio.CancelledError, CancelledError)):
@@ -405,6 +419,7 @@ async def test_a_cancelled_engine_sweep_resumes_in_the_next_engine(deep_gpt2, st
     finally:
         await engine.aclose()
     monkeypatch.setattr(scores, "_pair_scores", real_pairs)
+    monkeypatch.setattr(fast, "_pair_scores", real_fast_pairs)
     pairs = counting(monkeypatch, "_pair_scores")
     reopened = Engine(None, model=open_model(deep_gpt2), store=store, prefetch=False)
     try:
@@ -461,3 +476,26 @@ async def test_the_explorer_status_bar_says_where_the_scores_came_from(gpt2_dir,
 
     assert await origin_after_sweep() == "head scores: computed now"
     assert await origin_after_sweep() == "head scores: from the cache"
+
+
+@pytest.mark.parametrize("tile_bytes", [1, 768 << 20])  # one source layer per block, or all in one
+def test_torch_composition_sweep_resumes_from_its_memo(deep_gpt2, store, monkeypatch, tile_bytes) -> None:
+    model = open_model(deep_gpt2)
+    entry = store.for_model(model)
+    memo = entry.memo("composition-q", ())
+    with pytest.raises(KeyboardInterrupt):  # during target layer 3: targets 1 and 2 are whole
+        scores.composition_scores(model.weights, "q", memo=memo, tile_bytes=1 << 40,
+                                  on_tile=lambda t: (_ for _ in ()).throw(KeyboardInterrupt)
+                                  if t.target == 3 else None)
+    assert entry.computed == 2
+    pairs = counting(monkeypatch, "_pair_scores")
+    seen: list[tuple[int, int]] = []
+    resumed = scores.composition_scores(open_model(deep_gpt2).weights, "q", memo=memo, tile_bytes=tile_bytes,
+                                        on_tile=lambda t: seen.append((t.source, t.target)))
+    # stored targets 1, 2 are not recomputed; every pair still reaches on_tile once
+    assert sorted(seen) == sorted(scores.composition_pairs(N_LAYERS))
+    assert entry.computed == N_LAYERS - 1
+    monkeypatch.setattr(scores, "_pair_scores", pairs.real)
+    fresh = scores.composition_scores(model.weights, "q")
+    same(resumed.scores, fresh.scores)
+    assert pairs.calls == (N_LAYERS - 3 if tile_bytes > 1 else sum(range(3, N_LAYERS)))

@@ -141,6 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="add ablation_effect: the loss increase on the repeated half of the random "
                         "sequences when the head is zero-ablated (a forward pass per head; implied "
                         "by --sort ablation_effect)")
+    p.add_argument("--no-behaviour", action="store_true",
+                   help="only the weight-based scores (copying_score, qk_positivity): no forward "
+                        "pass, and no wait for torch")
     add_store_args(p)
     add_quiet_arg(p)
 
@@ -396,6 +399,8 @@ def cmd_heads(args: argparse.Namespace) -> int:
     from headscope.engine.report import head_table, sort_rows
     from headscope.engine.requests import ABLATION_EFFECT, SCORE_NAMES, Z_NAMES, check_sort_key
 
+    if args.no_behaviour:
+        return _weight_heads(args)
     ablation = args.ablation or args.sort == ABLATION_EFFECT
     check_sort_key(args.sort, [*SCORE_NAMES, *Z_NAMES, ABLATION_EFFECT])  # before the model is opened
     model = _open(args)
@@ -405,6 +410,20 @@ def cmd_heads(args: argparse.Namespace) -> int:
     rows = sort_rows(table, args.sort)
     columns = ["layer", "head", *SCORE_NAMES, *([ABLATION_EFFECT] if ablation else []),
                "nonfinite"]
+    emit(rows, args.json, lambda: (columns, [[r[c] for c in columns] for r in rows]))
+    return EXIT_OK
+
+
+def _weight_heads(args: argparse.Namespace) -> int:
+    """``heads --no-behaviour``: the weight-only scores (engine/fast.py: no torch import)."""
+    from headscope.engine.report import WEIGHT_SCORE_NAMES, sort_rows, weight_table
+    from headscope.engine.requests import check_sort_key
+
+    if args.ablation:
+        raise InvalidRequestError(None, "--ablation runs the model: it cannot go with --no-behaviour")
+    check_sort_key(args.sort, list(WEIGHT_SCORE_NAMES))
+    rows = sort_rows(weight_table(_open(args)), args.sort)
+    columns = ["layer", "head", *WEIGHT_SCORE_NAMES, "nonfinite"]
     emit(rows, args.json, lambda: (columns, [[r[c] for c in columns] for r in rows]))
     return EXIT_OK
 

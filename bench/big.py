@@ -1,0 +1,304 @@
+"""``python -m bench.big --dir DIR``: a 7B-shaped checkpoint against its dense floor, one run.
+
+Writes (once, into ``DIR``, reused afterwards) the ``llama-7b`` shape of ``bench/checkpoints.py``
+(32 layers × 32 heads, d_model 4096, vocab 32000, MLP 11008, bf16, ~13 GB in per-layer shards)
+and runs each scenario in its own process (``python -m bench.big --one SCENARIO PATH``), so
+peak RSS and import costs are per scenario:
+
+- ``floor``: the same work as plain dense products: read every layer's attention weights and
+  both embeddings, form ``W_U W_E`` and ``W_Eᵀ W_E`` once, one ``4096 × 4096 × 4096`` product
+  per layer for each of the two spectral sweeps, plus one forward pass of the whole model on 64
+  tokens (``engine.forward.run`` on the raw weights).
+- ``heads``: ``headscope heads PATH --json`` (the CLI's ``main``), output discarded.
+- ``info``: ``headscope info PATH --json``.
+- ``first_view``: open the model, then the first head's 64×64 token QK block (``Engine``).
+- ``composition-floor-{q,k,v}`` / ``composition-{q,k,v}`` (``--composition``): every layer
+  pair's ``[H·d_head, d_model] @ [d_model, H·d_head]`` product (the GEMM floor of one mode) vs
+  ``scores.composition_scores`` streamed tile by tile, with its ETA.
+
+Ratios are headscope / floor (≤ 1.5 is the goal for ``heads``). ``--tiny`` runs the same on
+the toy ``tiny-llama-mha`` shape (what the smoke test does).
+"""
+
+from __future__ import annotations
+
+import time
+
+T0 = time.perf_counter()
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import resource  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+SCENARIOS = ("info", "first_view", "floor", "heads")
+KINDS = ("q", "k", "v")
+
+
+def rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def since(t: float) -> float:
+    return time.perf_counter() - t
+
+
+# -- scenarios (each in its own process) -------------------------------------------------------
+
+
+def _cli(argv: list[str]) -> None:
+    import contextlib
+    import io
+
+    from headscope.tui.cli import main
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        code = main(argv)
+    if code:
+        raise SystemExit(f"headscope {' '.join(argv)} exited with {code}")
+
+
+def run_info(path: Path) -> dict[str, Any]:
+    _cli(["info", str(path), "--json"])
+    return {"seconds": since(T0)}
+
+
+def run_heads(path: Path) -> dict[str, Any]:
+    _cli(["heads", str(path), "--json"])
+    return {"seconds": since(T0)}
+
+
+def run_first_view(path: Path) -> dict[str, Any]:
+    import asyncio
+
+    from headscope.engine.service import Engine
+
+    eng = Engine(path)
+
+    async def main() -> dict[str, Any]:
+        t = time.perf_counter()
+        await eng.ready()
+        opened = since(t)
+        t = time.perf_counter()
+        await eng.circuit_block(0, 0, "qk", "token", list(range(64)), list(range(64)))
+        view = since(t)
+        await eng.aclose()
+        return {"open": opened, "first_view": view}
+
+    return {**asyncio.run(main()), "seconds": since(T0)}
+
+
+def run_floor(path: Path) -> dict[str, Any]:
+    """The dense floor of ``heads`` (module docstring), on the raw weights."""
+    import torch
+
+    from headscope.engine import forward
+    from headscope.engine.loading import open_model
+
+    w = open_model(path, raw=True).weights
+    cfg = w.cfg
+    t = time.perf_counter()
+    w_e, w_u = w.get("embed.W_E"), w.get("unembed.W_U")
+    middles = (w_u @ w_e, w_e.T @ w_e)
+    del w_e, w_u
+    for layer in range(cfg.n_layers):
+        a = {n: w.get(f"blocks.{layer}.attn.{n}") for n in ("W_Q", "W_K", "W_V", "W_O")}
+        n, d = cfg.n_heads * cfg.d_head, cfg.d_model
+        a["W_O"].reshape(n, d) @ middles[0]  # copying: [H·d_head, d] @ [d, d]
+        a["W_Q"].permute(0, 2, 1).reshape(n, d) @ middles[1]  # QK positivity
+    spectral = since(t)
+    t = time.perf_counter()
+    with torch.inference_mode():
+        forward.run(w, torch.arange(64) % cfg.d_vocab)
+    return {"spectral": spectral, "forward": since(t), "seconds": since(T0)}
+
+
+class _FirstLayers:
+    """A weight source cut to its first ``n`` layers (``BENCH_LAYERS``: a shorter composition run)."""
+
+    def __init__(self, w: Any, n: int) -> None:
+        self._w, self.path = w, getattr(w, "path", None)
+        self.cfg = w.cfg.replace(n_layers=min(n, w.cfg.n_layers)) if n else w.cfg
+
+    def has(self, name: str) -> bool:
+        return self._w.has(name)
+
+    def get(self, name: str) -> Any:
+        return self._w.get(name)
+
+    def get_head(self, name: str, head: int) -> Any:
+        return self._w.get_head(name, head)
+
+
+def _layers() -> int:
+    import os
+
+    return int(os.environ.get("BENCH_LAYERS", "0"))
+
+
+def run_composition_floor(path: Path, kind: str) -> dict[str, Any]:
+    """Every layer pair's ``[H·k, d] @ [d, H·k]`` product: the GEMM floor of one mode (only
+    the products are timed, not the reads)."""
+    from headscope.engine.loading import open_model
+
+    w = _FirstLayers(open_model(path, raw=True).weights, _layers())
+    cfg = w.cfg
+    n, d = cfg.n_heads * cfg.d_head, cfg.d_model
+    target = {"q": "W_Q", "k": "W_K", "v": "W_V"}[kind]
+    x = w.get("blocks.0.attn.W_O").reshape(n, d)  # any [H·k, d] source: only the products are timed
+    spent = 0.0
+    for tgt in range(1, cfg.n_layers):
+        y = w.get(f"blocks.{tgt}.attn.{target}").permute(1, 0, 2).reshape(d, n).contiguous()
+        t = time.perf_counter()
+        for _src in range(tgt):
+            x @ y
+        spent += since(t)
+    return {"compute": spent, "seconds": since(T0)}
+
+
+def run_composition(path: Path, kind: str) -> dict[str, Any]:
+    """``composition_scores`` streamed tile by tile, with the ETA its progress gives."""
+    from headscope.engine import scores
+    from headscope.engine.eta import Eta
+    from headscope.engine.loading import open_model
+
+    w = _FirstLayers(open_model(path).weights, _layers())
+    eta = Eta()
+    etas: list[float] = []
+    edges = 0
+
+    def on_tile(tile: scores.CompositionTile) -> None:
+        nonlocal edges
+        edges += tile.scores.numel()
+
+    def progress(fraction: float) -> None:
+        eta.update(fraction)
+        left = eta.seconds_left()
+        if left is not None:
+            etas.append(left)
+            print(f"# composition {kind}: {fraction:.0%}, ETA {left:.0f} s", file=sys.stderr)
+
+    t = time.perf_counter()
+    scores.composition_scores(w, kind, progress=progress, on_tile=on_tile)  # type: ignore[arg-type]
+    return {"compute": since(t), "edges": edges, "first_eta": etas[0] if etas else None,
+            "seconds": since(T0)}
+
+
+def one(scenario: str, path: Path) -> dict[str, Any]:
+    if scenario.startswith("composition-floor-"):
+        out = run_composition_floor(path, scenario[-1])
+    elif scenario.startswith("composition-"):
+        out = run_composition(path, scenario[-1])
+    else:
+        out = {"info": run_info, "heads": run_heads, "first_view": run_first_view,
+               "floor": run_floor}[scenario](path)
+    out["rss_mb"] = rss_mb()
+    return out
+
+
+# -- the run -------------------------------------------------------------------------------
+
+
+def scenario(name: str, path: Path, timeout: float) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "bench.big", "--one", name, str(path)]
+    root = Path(__file__).resolve().parent.parent
+    try:
+        done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timeout after {timeout:.0f} s"}
+    if done.returncode != 0:
+        return {"error": ((done.stderr.strip().splitlines() or ["?"])[-1])[:160]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _fmt(x: Any) -> str:
+    return f"{x:.3g}" if isinstance(x, float) else ("–" if x is None else str(x))
+
+
+def _ratio(a: Any, b: Any) -> str:
+    ok = isinstance(a, int | float) and isinstance(b, int | float) and b > 0
+    return f"{a / b:.2f}×" if ok else "–"
+
+
+def report(shape: str, res: dict[str, dict[str, Any]]) -> str:
+    floor, heads = res.get("floor", {}), res.get("heads", {})
+    floor_s = floor.get("seconds")
+    rows = [
+        ("`heads --json`, whole process (s)", heads.get("seconds", heads.get("error")), "≤ 1.5× floor"),
+        ("dense floor, whole process (s)", floor_s if floor_s is not None else floor.get("error"), ""),
+        ("… of which spectral products (s)", floor.get("spectral"), ""),
+        ("… of which the 64-token forward pass (s)", floor.get("forward"), ""),
+        ("`heads` / floor", _ratio(heads.get("seconds"), floor_s), "≤ 1.5×"),
+        ("`heads` peak RSS (MB)", heads.get("rss_mb"), "≤ 3000"),
+        ("floor peak RSS (MB)", floor.get("rss_mb"), ""),
+        ("first head QK 64×64 after open (s)", res.get("first_view", {}).get("first_view"), "≤ 1"),
+        ("`info --json`, whole process (s)", res.get("info", {}).get("seconds"), "< 0.5"),
+    ]
+    for kind in KINDS:
+        comp, base = res.get(f"composition-{kind}"), res.get(f"composition-floor-{kind}")
+        if comp is None:
+            continue
+        rows += [
+            (f"composition {kind}: compute (s)", comp.get("compute", comp.get("error")), ""),
+            (f"composition {kind}: GEMM floor (s)", (base or {}).get("compute"), ""),
+            (f"composition {kind} / GEMM floor", _ratio(comp.get("compute"), (base or {}).get("compute")), ""),
+            (f"composition {kind}: peak RSS (MB)", comp.get("rss_mb"), "≤ 3000"),
+            (f"composition {kind}: first ETA (s)", comp.get("first_eta"), ""),
+        ]
+    lines = [f"### {shape}", "", "| metric | value | goal |", "|---|---|---|"]
+    lines += [f"| {label} | {_fmt(v)} | {goal} |" for label, v, goal in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.big", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--one", nargs=2, metavar=("SCENARIO", "PATH"), help=argparse.SUPPRESS)
+    ap.add_argument("--dir", type=Path, help="where the checkpoint is written (reused if present)")
+    ap.add_argument("--tiny", action="store_true", help="the toy shape (smoke test)")
+    ap.add_argument("--composition", action="store_true",
+                    help="also all Q/K/V composition scores against their GEMM floors (long)")
+    ap.add_argument("--only", help="comma-separated scenarios (default: all)")
+    ap.add_argument("--layers", type=int, default=0,
+                    help="composition on the first N layers only (N(N-1)/2 layer pairs; default all)")
+    ap.add_argument("--out", type=Path, help="also write the markdown table to this file")
+    ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per scenario")
+    args = ap.parse_args(argv)
+    if args.one:
+        print(json.dumps(one(args.one[0], Path(args.one[1]))))
+        return 0
+
+    from .checkpoints import SHAPES, write_checkpoint
+
+    shape = "tiny-llama-mha" if args.tiny else "llama-7b"
+    root = args.dir or Path(tempfile.mkdtemp(prefix="headscope-bench-"))
+    t = time.perf_counter()
+    path = write_checkpoint(SHAPES[shape], root)  # shape is renamed below for the table
+    print(f"# {shape}: checkpoint ready in {since(t):.1f} s at {path}", file=sys.stderr)
+    names = list(SCENARIOS)
+    if args.composition:
+        names += [f"composition{part}-{k}" for k in KINDS for part in ("-floor", "")]
+    if args.only:
+        names = [n for n in args.only.split(",") if n]
+    if args.layers:
+        import os
+
+        os.environ["BENCH_LAYERS"] = str(args.layers)  # read by the scenario processes
+        shape += f" (composition on the first {args.layers} layers)"
+    res = {}
+    for name in names:
+        res[name] = scenario(name, path, args.timeout)
+        print(f"#   {name:22s} {json.dumps(res[name])}", file=sys.stderr)
+    text = f"Run {time.strftime('%Y-%m-%d %H:%M %Z')}.\n\n{report(shape, res)}\n"
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,627 @@
+"""Weight-only scores without torch: numpy's BLAS/LAPACK (docs/internals.md, "Weight-only
+commands").
+
+The copying score, QK positivity and the Q/K/V composition scores only need products of
+the attention weights and embeddings, ``d_head``-sized eigenvalues and Gram matrices. Here
+they are computed from numpy arrays read straight from the safetensors files (the same
+``pread`` reads and adapter specs as ``CheckpointWeights``), processed as ``ProcessedWeights``
+processes them (only the tensors these scores read), by the same algorithms as
+``engine.scores`` (``layer_spectral_scores``, ``iter_composition_tiles``). So ``headscope
+heads --no-behaviour``, ``composition`` and the like never wait for ``import torch`` (1-3 s,
+more than the algebra on GPT-2-small shapes). ``tests/test_fast.py`` holds them equal to the
+torch path on every family's fixture.
+
+``numpy_weights(model)`` returns None where this path does not apply (GGUF files, a dtype
+numpy cannot widen, e.g. float8): callers then use ``engine.scores``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import os
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .adapters import Heads, Rows, Whole, Zeros
+from .cache import ByteLRU
+from .errors import CancelledError, CorruptFileError, InvalidRequestError, MissingTensorError
+from .processing import plan_for, processed_config
+
+if TYPE_CHECKING:
+    from .loading import Model
+    from .scores import Memo
+    from .weights import CheckpointWeights
+
+Progress = Callable[[float], None] | None
+Cancelled = Callable[[], bool] | None
+
+__all__ = ["NumpyWeights", "composition_baseline", "composition_scores", "numpy_weights",
+           "spectral_scores"]
+
+_NUMPY_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": "bf16"}
+_HEAD_WEIGHTS = ("W_Q", "W_K", "W_V", "W_O")
+_HEAD_BIASES = ("b_Q", "b_K", "b_V")
+_TAME_ABOVE = 2.0**20  # as engine.factored.tame
+
+
+class _Unsupported(Exception):
+    pass
+
+
+# -- reading ---------------------------------------------------------------------------------
+
+
+def _widen(raw: np.ndarray, dtype: Any) -> np.ndarray:
+    """Stored bytes as float32 (bf16: the upper half of a float32, exact)."""
+    if dtype == "bf16":
+        return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return raw.view(dtype).astype(np.float32, copy=False)
+
+
+class NumpyWeights:
+    """The processed attention weights and embeddings of a safetensors checkpoint as float32
+    numpy arrays: ``get(name)`` for ``embed.W_E``, ``unembed.W_U`` and ``blocks.{l}.attn.*``,
+    with the values ``ProcessedWeights`` (or, for a raw model, ``CheckpointWeights``) gives."""
+
+    def __init__(self, raw: CheckpointWeights, processed: bool, cache_bytes: int = 512 << 20) -> None:
+        self.raw = raw
+        self.path = raw.path
+        self.cfg = processed_config(raw.cfg) if processed else raw.cfg
+        self.plan = plan_for(raw.cfg) if processed else None
+        self._cache = ByteLRU(cache_bytes, lambda a: int(a.nbytes), max_entry=cache_bytes // 2)
+        self._lock = threading.Lock()
+
+    def has(self, name: str) -> bool:
+        return self.raw.has(name)
+
+    def tied_embedding(self) -> tuple[np.ndarray, float, float] | None:
+        """``(E, a, b)`` when ``W_U = a Eᵀ`` and ``W_E = b E`` for one stored tensor ``E``."""
+        u, e = self.raw.specs.get("unembed.W_U"), self.raw.specs.get("embed.W_E")
+        if not (type(u) is Whole and type(e) is Whole and u.tensor == e.tensor):
+            return None
+        if not u.transpose or e.transpose or u.add != 0.0 or e.add != 0.0:
+            return None
+        return self._read(e.tensor), u.scale, e.scale
+
+    # raw canonical tensors, as CheckpointWeights._build makes them
+
+    def _read(self, tensor: str, rows: slice | None = None) -> np.ndarray:
+        file = self.raw.files.get(tensor)
+        if file is None:
+            raise MissingTensorError(self.path, f"missing tensor {tensor!r}")
+        handle, info, data_start = self.raw._locate(file, tensor)
+        # the identity checks of CheckpointWeights._read: a file rewritten since the model
+        # was opened (or during this read) is refused, not read
+        self.raw._check_unchanged(file)
+        dtype = _NUMPY_DTYPES.get(info.dtype)
+        if dtype is None:
+            raise _Unsupported(info.dtype)
+        shape = list(info.shape)
+        row_bytes = info.nbytes // shape[0] if shape and shape[0] else info.nbytes
+        first, count = 0, (shape[0] if shape else 1)
+        if rows is not None:
+            first, stop, _ = rows.indices(shape[0])
+            count = max(0, stop - first)
+            shape[0] = count
+        buffer = np.empty(count * row_bytes, np.uint8)
+        view, done = memoryview(buffer), 0
+        while done < len(view):
+            got = os.preadv(handle.fileno(), [view[done:]], data_start + info.begin + first * row_bytes + done)
+            if got <= 0:
+                raise CorruptFileError(file, f"cannot read tensor {tensor!r}: the file ends early")
+            done += got
+        self.raw._check_unchanged(file)
+        return _widen(buffer, dtype).reshape(shape)
+
+    def raw_get(self, name: str) -> np.ndarray:
+        spec = self.raw.specs.get(name)
+        if spec is None:
+            raise MissingTensorError(self.path, f"no tensor {name!r} in this {self.cfg.architecture} model")
+        if isinstance(spec, Zeros):
+            return np.zeros(spec.shape, np.float32)
+        if isinstance(spec, Rows):
+            t = self._read(spec.tensor, slice(spec.offset, spec.offset + spec.size))
+            return np.ascontiguousarray(t.T if spec.transpose else t)
+        if isinstance(spec, Whole):
+            t = self._read(spec.tensor)
+            t = np.ascontiguousarray(t.T) if spec.transpose else t
+            if spec.scale != 1.0:
+                t = t * np.float32(spec.scale)
+            if spec.add != 0.0:
+                t = t + np.float32(spec.add)
+            return t
+        return self._heads(spec)
+
+    def _heads(self, spec: Heads) -> np.ndarray:
+        cfg = self.raw.cfg
+        stored = cfg.kv_heads if spec.kv else cfg.n_heads
+        t = np.ascontiguousarray(self._read(spec.tensor))
+        shape, strides = list(t.shape), list(t.strides)
+        shape[spec.axis] = spec.size
+        heads = np.lib.stride_tricks.as_strided(
+            t[(slice(None),) * spec.axis + (slice(spec.offset, None),)],
+            (stored, *shape), (spec.stride * strides[spec.axis], *strides), writeable=False)
+        if spec.squeeze:
+            heads = heads.squeeze(spec.axis + 1)
+        if spec.transpose:
+            heads = heads.swapaxes(-2, -1)
+        if spec.deinterleave:
+            r = spec.deinterleave
+            order = np.concatenate([np.arange(0, r, 2), np.arange(1, r, 2), np.arange(r, heads.shape[-1])])
+            heads = heads[..., order]
+        if spec.kv and stored != cfg.n_heads:
+            heads = np.repeat(heads, cfg.n_heads // stored, axis=0)
+        return np.ascontiguousarray(heads)
+
+    # processed tensors (ProcessedWeights' rules for the tensors the weight scores read)
+
+    def get(self, name: str) -> np.ndarray:
+        with self._lock:
+            hit = self._cache.get(name)
+        if hit is not None:
+            return hit
+        value = self._compute(name)
+        value.setflags(write=False)
+        with self._lock:
+            self._cache.put(name, value)
+        return value
+
+    def _gain(self, prefix: str) -> tuple[np.ndarray | None, np.ndarray | None]:
+        p = self.plan
+        w = self.raw_get(f"{prefix}.w") if p and p.fold_norm_gain and self.raw.has(f"{prefix}.w") else None
+        b = self.raw_get(f"{prefix}.b") if p and p.fold_norm_bias and self.raw.has(f"{prefix}.b") else None
+        return w, b
+
+    def _compute(self, name: str) -> np.ndarray:
+        p = self.plan
+        if p is None:
+            return self.raw_get(name)
+        parts = name.split(".")
+        if name == "embed.W_E":
+            t = self.raw_get(name)
+            return t - t.mean(-1, keepdims=True) if p.center_writing else t
+        if name == "unembed.W_U":
+            t = self.raw_get(name)
+            w, _ = self._gain("ln_final")
+            if w is not None:
+                t = t * w[:, None]
+            if p.center_reading:
+                t = t - t.mean(0, keepdims=True)
+            return t - t.mean(-1, keepdims=True) if p.center_unembed else t
+        if len(parts) == 4 and parts[2] == "attn":
+            return self._attn(int(parts[1]), parts[3])
+        raise MissingTensorError(self.path, f"{name!r} is not read by the weight-only scores")
+
+    def _attn(self, layer: int, leaf: str) -> np.ndarray:
+        p = self.plan
+        pre = f"blocks.{layer}.attn"
+        w, ln_b = self._gain(f"blocks.{layer}.ln1")
+        if leaf in ("W_Q", "W_K", "W_V"):
+            t = self.raw_get(f"{pre}.{leaf}")
+            if w is not None:
+                t = t * w[:, None]
+            return t - t.mean(-2, keepdims=True) if p.center_reading else t
+        if leaf == "W_O":
+            t = self.raw_get(f"{pre}.W_O")
+            return t - t.mean(-1, keepdims=True) if p.center_writing else t
+        if leaf in _HEAD_BIASES:
+            if leaf == "b_V" and p.fold_value_biases:
+                return np.zeros((self.cfg.n_heads, self.cfg.d_head), np.float32)
+            b = self.raw_get(f"{pre}.{leaf}")
+            return b if ln_b is None else b + ln_b @ self.raw_get(f"{pre}.W_{leaf[-1]}")
+        raise MissingTensorError(self.path, f"{pre}.{leaf} is not read by the weight-only scores")
+
+
+def _center_rows(x: np.ndarray) -> np.ndarray:
+    """``C x`` for the centring projector ``C = I - 11ᵀ/n`` (each column loses its mean)."""
+    return x - x.mean(0, keepdims=True)
+
+
+def _center_cols(x: np.ndarray) -> np.ndarray:
+    """``x C``: each row loses its mean."""
+    return x - x.mean(1, keepdims=True)
+
+
+def spectral_middles(w: NumpyWeights) -> dict[str, np.ndarray]:
+    """``W_U W_E`` and ``W_Eᵀ W_E`` (``engine.scores.spectral_middles``) of the processed weights.
+
+    With a tied unembedding (``W_U`` the transpose of the stored embedding ``E``, up to a
+    scale), both come from one Gram matrix ``G = EᵀE`` (a symmetric product, half a GEMM's
+    work) instead of a vocabulary-sized GEMM and a Gram: processing only centres (``C``,
+    rank-one corrections) and scales by the final norm's gain, so ``W_U W_E = ab P diag(g)
+    (G − V μμᵀ) Q`` and ``W_Eᵀ W_E = b² Q G Q`` (``μ`` the mean row of ``E``; ``P``, ``Q``,
+    ``V μμᵀ`` only where centre-reading, centre-writing, centre-unembed apply).
+    """
+    tied = w.tied_embedding()
+    if tied is None:
+        w_e = w.get("embed.W_E")
+        with np.errstate(all="ignore"):
+            return {"copying_score": w.get("unembed.W_U") @ w_e, "qk_positivity": w_e.T @ w_e}
+    e, a, b = tied
+    p = w.plan
+    with np.errstate(all="ignore"):
+        gram = e.T @ e  # [d_model, d_model]
+        qk = gram
+        cv = gram
+        if p is not None and p.center_unembed:
+            mu = e.mean(0, dtype=np.float64)
+            cv = (gram - (e.shape[0] * np.outer(mu, mu))).astype(np.float32)
+        if p is not None and p.center_writing:  # W_E = b E C
+            qk, cv = _center_cols(_center_rows(qk)), _center_cols(cv)
+        gain, _ = w._gain("ln_final")
+        if gain is not None:
+            cv = gain[:, None] * cv
+        if p is not None and p.center_reading:
+            cv = _center_rows(cv)
+        return {"copying_score": np.float32(a * b) * cv, "qk_positivity": np.float32(b * b) * qk}
+
+
+def numpy_weights(model: Model) -> NumpyWeights | None:
+    """The torch-free view of ``model``'s weights, or None where it does not apply (GGUF, a
+    dtype numpy cannot widen): callers then use the torch path."""
+    from .weights import CheckpointWeights
+
+    raw = model.raw_weights
+    if type(raw) is not CheckpointWeights or getattr(model.checkpoint, "gguf", None) is not None:
+        return None
+    headers = model.checkpoint.headers
+    for spec in raw.specs.values():
+        tensor = getattr(spec, "tensor", None)
+        file = raw.files.get(tensor) if tensor else None
+        info = headers[file].tensors.get(tensor) if file in headers else None
+        if info is not None and info.dtype not in _NUMPY_DTYPES:
+            return None
+    views = raw.__dict__.setdefault("_numpy_views", {})  # shared by with_raw() copies
+    if model.raw not in views:
+        views[model.raw] = NumpyWeights(raw, processed=not model.raw)
+    return views[model.raw]
+
+
+# -- threads -----------------------------------------------------------------------------------
+
+
+@functools.cache
+def _openblas_threads() -> tuple[Callable[[int], None], Callable[[], int]] | None:
+    """numpy's OpenBLAS thread setters (None if numpy uses another BLAS)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            libs = sorted({line.split()[-1] for line in maps if "openblas" in line and ".so" in line})
+    except OSError:
+        return None
+    for path in libs:
+        lib = ctypes.CDLL(path)
+        for suffix in ("64_", ""):
+            for prefix in ("scipy_openblas_", "openblas_"):
+                setter = getattr(lib, f"{prefix}set_num_threads{suffix}", None)
+                getter = getattr(lib, f"{prefix}get_num_threads{suffix}", None)
+                if setter is not None and getter is not None:
+                    return setter, getter
+    return None
+
+
+_LOCK = threading.Lock()
+_USERS = 0
+_SAVED = 1
+
+
+@contextlib.contextmanager
+def one_lapack_thread() -> Iterator[None]:
+    """numpy's LAPACK on one thread for ``d_head``-sized ``eigvals``/``cholesky``: threaded
+    ``geev`` on 128 × 128 matrices is 5-10× slower on a busy 2-core box (as
+    ``engine.scores.one_lapack_thread`` says for torch's MKL)."""
+    global _USERS, _SAVED
+    calls = _openblas_threads()
+    if calls is None:
+        yield
+        return
+    setter, getter = calls
+    with _LOCK:
+        if _USERS == 0:
+            _SAVED = int(getter())
+            setter(1)
+        _USERS += 1
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _USERS -= 1
+            if _USERS == 0:
+                setter(_SAVED)
+
+
+# -- shared helpers ---------------------------------------------------------------------------
+
+
+def _check(cancelled: Cancelled) -> None:
+    if cancelled is not None and cancelled():
+        raise CancelledError("sweep cancelled")
+
+
+def _report(progress: Progress, fraction: float) -> None:
+    if progress is not None:
+        progress(min(1.0, max(0.0, fraction)))
+
+
+def _peak(x: np.ndarray) -> np.ndarray:
+    """``[H]``: largest ``|entry|`` of each head's matrix; NaN/inf where the head has one."""
+    flat = x.reshape(x.shape[0], -1)
+    with np.errstate(invalid="ignore"):
+        return np.maximum(flat.max(1), -flat.min(1))
+
+
+def _tame(x: np.ndarray, peak: np.ndarray) -> np.ndarray:
+    """``engine.factored.tame``: heads whose peak exceeds 2**20 divided by a power of two."""
+    with np.errstate(invalid="ignore"):
+        big = np.isfinite(peak) & (peak > _TAME_ABOVE)
+    if not big.any():
+        return x
+    scale = np.ones_like(peak)
+    scale[big] = np.exp2(-np.ceil(np.log2(peak[big])))
+    return x * scale[:, None, None]
+
+
+def _finite(x: np.ndarray) -> np.ndarray:
+    """``[...]`` bool: which matrices of ``x [..., m, n]`` are entirely finite (one sum)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.isfinite(x.sum((-2, -1)))
+
+
+def _biases_nonfinite(w: NumpyWeights, layer: int) -> np.ndarray:
+    bad = np.zeros(w.cfg.n_heads, bool)
+    for name in _HEAD_BIASES:
+        if w.has(f"blocks.{layer}.attn.{name}"):
+            with np.errstate(invalid="ignore", over="ignore"):
+                bad |= ~np.isfinite(w.get(f"blocks.{layer}.attn.{name}").sum(-1))
+    return bad
+
+
+def layer_nonfinite(w: NumpyWeights, layer: int) -> np.ndarray:
+    """``[H]`` bool: heads of ``layer`` with a NaN/inf in a weight or bias."""
+    bad = _biases_nonfinite(w, layer)
+    for name in _HEAD_WEIGHTS:
+        bad |= ~np.isfinite(_peak(w.get(f"blocks.{layer}.attn.{name}")))
+    return bad
+
+
+# -- spectral scores ---------------------------------------------------------------------------
+
+
+def _spectral(small: np.ndarray) -> np.ndarray:
+    """``Σ Re λ / Σ |λ|`` of each ``small [H, k, k]`` (float64 eigenvalues), NaN if non-finite."""
+    finite = _finite(small)
+    safe = np.where(finite[:, None, None], small, 0).astype(np.float64)
+    with one_lapack_thread():
+        ev = np.linalg.eigvals(safe)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        score = (ev.real.sum(-1) / np.abs(ev).sum(-1)).astype(np.float32)
+    return np.where(finite, score, np.nan).astype(np.float32)
+
+
+def layer_spectral_scores(w: NumpyWeights, layer: int, middles: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``engine.scores.layer_spectral_scores`` in numpy: one layer's piece of the sweep."""
+    mats = {name: w.get(f"blocks.{layer}.attn.{name}") for name in _HEAD_WEIGHTS}
+    peaks = {name: _peak(x) for name, x in mats.items()}
+    bad = _biases_nonfinite(w, layer)
+    for peak in peaks.values():
+        bad |= ~np.isfinite(peak)
+    out: dict[str, np.ndarray] = {"nonfinite": bad}
+    for kind, middle in middles.items():
+        if kind == "copying_score":  # W_O (W_U W_E) W_V
+            lhs, rhs = _tame(mats["W_O"], peaks["W_O"]), _tame(mats["W_V"], peaks["W_V"])
+        else:  # W_Kᵀ (W_Eᵀ W_E) W_Q
+            lhs, rhs = _tame(mats["W_K"], peaks["W_K"]).swapaxes(-2, -1), _tame(mats["W_Q"], peaks["W_Q"])
+        n, k, d = lhs.shape
+        with np.errstate(all="ignore"):
+            wide = (np.ascontiguousarray(lhs).reshape(n * k, d) @ middle).reshape(n, k, d)
+            with one_lapack_thread():  # H small products: threads only contend here
+                small = wide @ rhs
+        out[kind] = np.where(bad, np.float32(np.nan), _spectral(small))
+    limit = float(np.finfo(np.float32).max) / w.cfg.d_head
+    p64 = {name: peak.astype(np.float64) for name, peak in peaks.items()}
+    with np.errstate(invalid="ignore", over="ignore"):
+        out["overflow"] = (p64["W_Q"] * p64["W_K"] > limit) | (p64["W_V"] * p64["W_O"] > limit)
+    return out
+
+
+def spectral_scores(w: NumpyWeights, progress: Progress = None, cancelled: Cancelled = None
+                    ) -> dict[str, np.ndarray]:
+    """``engine.scores.spectral_scores`` in numpy: copying score, QK positivity, the
+    non-finite and overflow flags, ``[L, H]`` each."""
+    cfg = w.cfg
+    _check(cancelled)
+    middles = spectral_middles(w)
+    out = {name: np.empty((cfg.n_layers, cfg.n_heads), np.float32) for name in middles}
+    out["nonfinite"] = np.zeros((cfg.n_layers, cfg.n_heads), bool)
+    out["overflow"] = np.zeros((cfg.n_layers, cfg.n_heads), bool)
+    for layer in range(cfg.n_layers):
+        _check(cancelled)
+        for name, value in layer_spectral_scores(w, layer, middles).items():
+            out[name][layer] = value
+        _report(progress, (layer + 1) / cfg.n_layers)
+    return out
+
+
+# -- composition ---------------------------------------------------------------------------------
+
+
+def _r_factor(x: np.ndarray) -> np.ndarray:
+    """``engine.scores._r_factor``: ``R`` with ``RᵀR = xᵀx`` from a float64 Cholesky factor
+    (``diag(√λ) Vᵀ`` of ``eigh`` where it fails: rank-deficient Grams)."""
+    with one_lapack_thread():  # small batched products too: threads only contend here
+        x64 = x.astype(np.float64)
+        gram = x64.swapaxes(-2, -1) @ x64
+        gram = np.where(_finite(gram)[:, None, None], gram, 0)
+        root = np.empty_like(gram)
+        for i, g in enumerate(gram):
+            try:
+                root[i] = np.linalg.cholesky(g).T
+            except np.linalg.LinAlgError:
+                vals, vecs = np.linalg.eigh(g)
+                root[i] = np.sqrt(np.clip(vals, 0, None))[:, None] * vecs.T
+    return root.astype(x.dtype)
+
+
+def _zero_bad(x: np.ndarray, bad: np.ndarray) -> np.ndarray:
+    if not bad.any():
+        return x
+    x = x.copy()
+    x[bad] = 0
+    return x
+
+
+def _tamed(x: np.ndarray) -> np.ndarray:
+    return _tame(x, _peak(x))
+
+
+@dataclass(frozen=True)
+class Tile:
+    """``engine.scores.CompositionTile`` as numpy: one layer pair's ``scores [H, H]``."""
+
+    kind: str
+    source: int
+    target: int
+    scores: np.ndarray
+
+
+class _Factors:
+    def __init__(self, w: NumpyWeights, kind: str) -> None:
+        self.w, self.kind = w, kind
+        self._bad: dict[int, np.ndarray] = {}
+
+    def bad(self, layer: int) -> np.ndarray:
+        if layer not in self._bad:
+            self._bad[layer] = layer_nonfinite(self.w, layer)
+        return self._bad[layer]
+
+    def _attn(self, layer: int, name: str) -> np.ndarray:
+        return self.w.get(f"blocks.{layer}.attn.{name}")
+
+    def source(self, layer: int) -> np.ndarray:
+        bad = self.bad(layer)
+        w_v = _zero_bad(_tamed(self._attn(layer, "W_V")), bad)
+        w_o = _zero_bad(_tamed(self._attn(layer, "W_O")), bad)
+        with one_lapack_thread():  # H small products
+            return _r_factor(w_v) @ w_o  # [H, k, d]
+
+    def target(self, layer: int) -> np.ndarray:
+        a_name, b_name = {"q": ("W_Q", "W_K"), "k": ("W_K", "W_Q"), "v": ("W_V", "W_O")}[self.kind]
+        a, b_t = self._attn(layer, a_name), self._attn(layer, b_name)
+        if self.kind == "v":
+            b_t = b_t.swapaxes(-2, -1)
+        bad = self.bad(layer)
+        a, b_t = _zero_bad(_tamed(a), bad), _zero_bad(_tamed(b_t), bad)
+        with one_lapack_thread():
+            return a @ _r_factor(b_t).swapaxes(-2, -1)  # [H, d, k]
+
+    def tile(self, source: int, target: int, scores: np.ndarray) -> Tile:
+        mask = self.bad(source)[:, None] | self.bad(target)[None, :]
+        return Tile(self.kind, source, target, np.where(mask, np.float32(np.nan), scores))
+
+
+def _pair_scores(x: np.ndarray, x_norm: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``engine.scores._pair_scores``: ``[B, H, k, d]``, ``[B, H]``, ``[H2, d, k2]`` -> ``[B, H, H2]``."""
+    n_src, n_heads, k, d = x.shape
+    n_tgt, _, k2 = y.shape
+    with np.errstate(all="ignore"):
+        prod = x.reshape(-1, d) @ np.ascontiguousarray(y.transpose(1, 0, 2)).reshape(d, n_tgt * k2)
+        np.square(prod, out=prod)
+        sq = prod.reshape(n_src, n_heads, k, n_tgt, k2).sum((2, 4))
+        y_norm = np.sqrt(np.square(y).sum((-2, -1)))
+        return (np.sqrt(sq) / (x_norm[:, :, None] * y_norm[None, None, :])).astype(np.float32)
+
+
+def iter_composition_tiles(w: NumpyWeights, kind: str, progress: Progress = None,
+                           cancelled: Cancelled = None, *, skip: frozenset[tuple[int, int]] = frozenset(),
+                           tile_bytes: int = 768 << 20) -> Iterator[Tile]:
+    """``engine.scores.iter_composition_tiles`` in numpy (same blocks, same order; pairs in
+    ``skip`` are not computed)."""
+    n_layers, cfg = w.cfg.n_layers, w.cfg
+    wanted = {(s, t) for t in range(n_layers) for s in range(t)} - skip
+    total = max(1, len(wanted))
+    done = 0
+    f = _Factors(w, kind)
+    hk = cfg.n_heads * cfg.d_head
+    block = max(1, tile_bytes // (4 * hk * (cfg.d_model + hk)))
+    for first in range(0, n_layers - 1, block):
+        sources = [s for s in range(first, min(first + block, n_layers - 1))
+                   if any((s, t) in wanted for t in range(s + 1, n_layers))]
+        if not sources:
+            continue
+        _check(cancelled)
+        xs = np.stack([f.source(s) for s in sources])
+        with np.errstate(all="ignore"):
+            x_norms = np.sqrt(np.square(xs).sum((-2, -1)))
+        for target in range(sources[0] + 1, n_layers):
+            rows = [i for i, s in enumerate(sources) if s < target and (s, target) in wanted]
+            if not rows:
+                continue
+            _check(cancelled)
+            lo, hi = rows[0], rows[-1] + 1
+            part = _pair_scores(xs[lo:hi], x_norms[lo:hi], f.target(target))
+            for i in rows:
+                yield f.tile(sources[i], target, part[i - lo])
+                done += 1
+            _report(progress, done / total)
+    _report(progress, 1.0)
+
+
+@functools.lru_cache(maxsize=32)
+def composition_baseline(d_model: int, d_head: int, seed: int = 0, samples: int = 32) -> float:
+    """Expected composition score of i.i.d. standard Gaussian factors of the model's shapes
+    (``engine.scores.composition_baseline``, which is this function): the mean over
+    ``samples`` draws from numpy's ``default_rng(seed)`` of ``‖OV₁ M₂‖ / (‖OV₁‖ ‖M₂‖)``,
+    through ``d_head``-sized Gram matrices (no ``d_model × d_model`` product)."""
+    rng = np.random.default_rng(seed)
+    v, o = rng.standard_normal((samples, d_model, d_head)), rng.standard_normal((samples, d_head, d_model))
+    q, k = rng.standard_normal((samples, d_model, d_head)), rng.standard_normal((samples, d_model, d_head))
+    # ‖V O Q Kᵀ‖² = tr((VᵀV)(O Q)(KᵀK)(O Q)ᵀ); ‖V O‖² = tr((VᵀV)(O Oᵀ)); ‖Q Kᵀ‖² = tr((QᵀQ)(KᵀK))
+    with one_lapack_thread():
+        gv, gk, gq = (np.swapaxes(m, -2, -1) @ m for m in (v, k, q))
+        oq = o @ q
+        num = ((gv @ oq @ gk) * oq).sum((-2, -1))
+        ov = ((gv @ o) * o).sum((-2, -1))
+        qk = (gq * gk).sum((-2, -1))  # Gram matrices are symmetric
+    return float(np.mean(np.sqrt(num) / (np.sqrt(ov) * np.sqrt(qk))))
+
+
+def composition_scores(w: NumpyWeights, kind: str, seed: int = 0, progress: Progress = None,
+                       cancelled: Cancelled = None, *, on_tile: Callable[[Tile], None] | None = None,
+                       baseline_samples: int = 32, memo: Memo | None = None) -> tuple[np.ndarray, float]:
+    """``engine.scores.composition_scores`` in numpy: ``(scores [L, H, L, H], baseline)``.
+
+    ``memo`` as there: one part per target layer ``t``, ``scores[:t, :, t, :]``; stored
+    targets are skipped (``on_tile`` still gets their tiles, first), each computed target is
+    put once its last pair ``(t - 1, t)`` is done."""
+    if kind not in ("q", "k", "v"):
+        raise InvalidRequestError(w.path, f"composition kind must be q, k or v, not {kind!r}")
+    cfg = w.cfg
+    scores = np.zeros((cfg.n_layers, cfg.n_heads, cfg.n_layers, cfg.n_heads), np.float32)
+    skip: set[tuple[int, int]] = set()
+    for target in range(1, cfg.n_layers):
+        known = None if memo is None else memo.get(target, (target, cfg.n_heads, cfg.n_heads))
+        if known is None:
+            continue
+        scores[:target, :, target, :] = known
+        skip.update((source, target) for source in range(target))
+        if on_tile is not None:
+            for source in range(target):
+                on_tile(Tile(kind, source, target, scores[source, :, target, :].copy()))
+    for tile in iter_composition_tiles(w, kind, progress, cancelled, skip=frozenset(skip)):
+        scores[tile.source, :, tile.target, :] = tile.scores
+        if memo is not None and tile.source == tile.target - 1:
+            memo.put(tile.target, scores[:tile.target, :, tile.target, :].copy())
+        if on_tile is not None:
+            on_tile(tile)
+    return scores, composition_baseline(cfg.d_model, cfg.d_head, seed, baseline_samples)
+
+
+def nan_to_flags(values: dict[str, np.ndarray]) -> np.ndarray:
+    """``nonfinite | overflow`` of a spectral sweep: the heads ``nonfinite_heads`` lists."""
+    return values["nonfinite"] | values["overflow"]
+

@@ -1,0 +1,25 @@
+"""The 7B-shape and import-speed benchmarks run end to end on toy shapes (no timing checked)."""
+
+from __future__ import annotations
+
+from bench import big, importspeed
+
+
+def test_bench_big_smoke(tmp_path, capsys):
+    out = tmp_path / "big.md"
+    only = "info,first_view,floor,heads,composition-floor-k,composition-k"
+    assert big.main(["--tiny", "--dir", str(tmp_path / "ck"), "--only", only, "--out", str(out),
+                     "--timeout", "300"]) == 0
+    text = out.read_text()
+    assert "### tiny-llama-mha" in text and "| `heads` / floor |" in text
+    assert "| composition k / GEMM floor |" in text
+    assert "error" not in text and "timeout" not in text
+    assert text in capsys.readouterr().out
+
+
+def test_bench_importspeed_smoke(tmp_path, capsys):
+    out = tmp_path / "import.md"
+    assert importspeed.main(["--tiny", "--no-tl", "--dir", str(tmp_path / "ck"), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "| `heads --no-behaviour` (copying, QK positivity) |" in text
+    assert "| `composition --kind k` |" in text and "error" not in text

@@ -1,0 +1,145 @@
+"""The torch-free weight-only path (engine/fast.py) against the torch path, on every family's
+fixture (processed and raw, fp32/fp16/bf16, GQA), with non-finite and overflowing heads, and
+the weight-only commands checked not to import torch at all."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from headscope.engine import compute, fast, scores
+from headscope.engine.loading import open_model
+from tests import family_fixtures, hf_fixtures, hf_fixtures_phi
+
+BUILDERS = {**hf_fixtures.FAMILIES, **family_fixtures.NEW_FAMILIES, **hf_fixtures_phi.PHI_FAMILIES}
+CASES = [(name, None) for name in BUILDERS] + [("llama", "bfloat16"), ("neox", "float16"), ("gpt2", "bfloat16")]
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _build(name: str, dtype: str | None, tmp_path: Path) -> Path:
+    kwargs = {"dtype": dtype} if dtype else {}
+    return BUILDERS[name](tmp_path, **kwargs)[0]
+
+
+def _spectral_equal(got: dict[str, np.ndarray], want: dict[str, torch.Tensor]) -> None:
+    for name in ("copying_score", "qk_positivity"):
+        np.testing.assert_allclose(got[name], want[name].numpy(), atol=1e-5, rtol=1e-4)
+    for name in ("nonfinite", "overflow"):
+        np.testing.assert_array_equal(got[name], want[name].numpy())
+
+
+@pytest.mark.parametrize(("name", "dtype"), CASES)
+def test_numpy_path_equals_the_torch_path(name, dtype, tmp_path):
+    path = _build(name, dtype, tmp_path)
+    for raw in (False, True):
+        model = open_model(path, raw=raw)
+        arrays = fast.numpy_weights(model)
+        assert arrays is not None
+        _spectral_equal(fast.spectral_scores(arrays), scores.spectral_scores(model.weights))
+        for kind in ("q", "k", "v"):
+            got, baseline = fast.composition_scores(arrays, kind, seed=3)
+            want = scores.composition_scores(model.weights, kind, seed=3)
+            np.testing.assert_allclose(got, want.scores.numpy(), atol=1e-5, rtol=1e-4)
+            assert baseline == want.baseline
+
+
+def test_weight_scores_equal_the_score_table(tmp_path):
+    model = open_model(_build("llama", "bfloat16", tmp_path))
+    table = compute.score_table(model)
+    found = compute.weight_scores(model)
+    np.testing.assert_allclose(found["copying_score"], table.copying_score, atol=1e-5)
+    np.testing.assert_allclose(found["qk_positivity"], table.qk_positivity, atol=1e-5)
+    np.testing.assert_array_equal(found["nonfinite"], table.nonfinite)
+
+
+def test_nonfinite_and_overflowing_heads_match_the_torch_path(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    path = _build("gpt2", None, tmp_path)
+    file = path / "model.safetensors"
+    tensors = load_file(file)
+    d_head = 32 // 4
+    c_attn = tensors["transformer.h.0.attn.c_attn.weight"].clone()  # [d_model, 3 d_model]: Q | K | V
+    c_attn[3, 1 * d_head + 2] = float("nan")  # layer 0, head 1: a NaN in W_Q
+    tensors["transformer.h.0.attn.c_attn.weight"] = c_attn
+    c_attn = tensors["transformer.h.1.attn.c_attn.weight"].clone()
+    c_attn[:, 2 * 32 + 3 * d_head: 2 * 32 + 4 * d_head] *= 1e20  # layer 1, head 3: W_V and W_O
+    tensors["transformer.h.1.attn.c_attn.weight"] = c_attn  # near 1e20: their product overflows
+    c_proj = tensors["transformer.h.1.attn.c_proj.weight"].clone()  # [heads · d_head, d_model]
+    c_proj[3 * d_head: 4 * d_head] *= 1e20
+    tensors["transformer.h.1.attn.c_proj.weight"] = c_proj
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(file), metadata={"format": "pt"})
+    model = open_model(path)
+    got = fast.spectral_scores(fast.numpy_weights(model))
+    want = scores.spectral_scores(model.weights)
+    assert got["nonfinite"].nonzero() == (np.array([0]), np.array([1]))
+    assert got["overflow"][1, 3]
+    _spectral_equal(got, want)
+    comp, _ = fast.composition_scores(fast.numpy_weights(model), "v")
+    np.testing.assert_allclose(comp, scores.composition_scores(model.weights, "v").scores.numpy(),
+                               atol=1e-5, rtol=1e-4)
+    assert np.isnan(comp[0, 1, 1]).all() and not np.isnan(comp[0, 0, 1]).any()
+
+
+def _cli_in_fresh_process(*argv: str) -> tuple[list[str], object]:
+    code = (
+        "import contextlib, io, json, sys\n"
+        "from headscope.tui.cli import main\n"
+        "out = io.StringIO()\n"
+        "with contextlib.redirect_stdout(out):\n"
+        f"    assert main({list(argv)!r}) == 0\n"
+        "print(json.dumps([sorted(m for m in sys.modules if m.split('.')[0] == 'torch'), out.getvalue()]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, check=True)
+    torch_modules, stdout = json.loads(done.stdout.strip().splitlines()[-1])
+    return torch_modules, json.loads(stdout)
+
+
+@pytest.mark.parametrize("argv", [
+    ("info", "{path}", "--json"),
+    ("heads", "{path}", "--no-behaviour", "--json"),
+    ("composition", "{path}", "--kind", "k", "--json"),
+])
+def test_weight_only_commands_do_not_import_torch(argv, tmp_path):
+    path = _build("llama", "bfloat16", tmp_path)
+    modules, out = _cli_in_fresh_process(*(a.format(path=path) for a in argv))
+    assert modules == []
+    if argv[0] == "heads":
+        want = compute.weight_scores(open_model(path))
+        assert [r["copying_score"] for r in out] == pytest.approx(want["copying_score"].ravel().tolist())
+        assert set(out[0]) == {"layer", "head", "copying_score", "qk_positivity", "nonfinite"}
+    if argv[0] == "composition":
+        want = scores.composition_scores(open_model(path).weights, "k")
+        np.testing.assert_allclose(np.array(out["scores"]), want.scores.numpy(), atol=1e-5)
+
+
+@pytest.mark.parametrize("torch_free", [True, False])
+def test_composition_streams_each_layer_pair_before_the_result(torch_free, tmp_path, monkeypatch):
+    if not torch_free:
+        monkeypatch.setattr(fast, "numpy_weights", lambda model: None)
+    model = open_model(_build("llama", "bfloat16", tmp_path))
+    seen: list[tuple[int, int, np.ndarray]] = []
+    comp = compute.composition(model, "q", on_tile=lambda s, t, v: seen.append((s, t, v.copy())))
+    assert sorted((s, t) for s, t, _ in seen) == sorted(scores.composition_pairs(model.cfg.n_layers))
+    for source, target, values in seen:
+        np.testing.assert_array_equal(values, comp.scores[source, :, target, :])
+
+
+def test_no_behaviour_refuses_behavioural_sort_keys_and_ablation(capsys):
+    from headscope.tui.cli import main
+
+    path = str(ROOT / "sample_models" / "attn-only-2l")
+    assert main(["heads", path, "--no-behaviour", "--sort", "induction_score"]) != 0
+    assert "unknown sort key 'induction_score'" in capsys.readouterr().err
+    assert main(["heads", path, "--no-behaviour", "--ablation"]) != 0
+    assert "--no-behaviour" in capsys.readouterr().err
+    assert main(["heads", path, "--no-behaviour", "--sort", "copying_score", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["copying_score"] for r in rows] == sorted((r["copying_score"] for r in rows), reverse=True)
