@@ -41,7 +41,9 @@ from .results import (
 )
 
 if TYPE_CHECKING:
+    from .cluster import Cluster
     from .loading import Model
+    from .scores import Memo
     from .store import LayerMemo, ModelStore
 
 Progress = Callable[[float], None] | None
@@ -205,6 +207,36 @@ def _memo(store: ModelStore | None, name: str, shape: tuple[int, ...]) -> LayerM
     return None if store is None else store.memo(name, shape)
 
 
+def _monotone(progress: Progress) -> Progress:
+    """``progress`` that never goes back (a cluster run, then the local sweep reading its
+    parts back, both report over the same span)."""
+    if progress is None:
+        return None
+    best = [0.0]
+
+    def report(fraction: float) -> None:
+        best[0] = max(best[0], fraction)
+        progress(best[0])
+
+    return report
+
+
+def _sweep_memo(model: Model, store: ModelStore | None, name: str, shape: tuple[int, ...],
+                cluster: Cluster | None, progress: Progress, cancelled: Cancelled) -> Memo | None:
+    """The memo of one sweep; with a ``cluster``, its missing parts are computed there
+    first (engine.cluster) and the local sweep then only reads them back."""
+    memo = _memo(store, name, shape)
+    if cluster is None:
+        return memo
+    from .cluster import KeptMemo, run_parts
+    from .store import fingerprint
+
+    kept = KeptMemo(memo)
+    key = store.key if store is not None and store.key else fingerprint(model.checkpoint, model.raw)
+    run_parts(cluster, model, key, name, kept, progress, cancelled)
+    return kept
+
+
 def _stored_nonfinite(model: Model, store: ModelStore | None) -> np.ndarray:
     shape = (model.cfg.n_layers, model.cfg.n_heads)
     found = None if store is None else store.load("nonfinite", "all", shape, bool)
@@ -248,18 +280,25 @@ def score_table(
     progress: Progress = None,
     cancelled: Cancelled = None,
     store: ModelStore | None = None,
+    cluster: Cluster | None = None,
 ) -> ScoreTable:
     """Every score of every head, ``[n_layers, n_heads]`` each, under ``SCORE_NAMES``."""
     from . import scores
 
     w = model.weights
     n_heads = (model.cfg.n_heads,)
+    if cluster is not None:
+        progress = _monotone(progress)
     if progress is not None:
         progress(0.0)
+    memo = _sweep_memo(model, store, "copying_score", n_heads, cluster,
+                       _part(progress, 0.0, 0.4), cancelled)
     copying = scores.all_copying_scores(w, progress=_part(progress, 0.0, 0.4), cancelled=cancelled,
-                                        memo=_memo(store, "copying_score", n_heads))
+                                        memo=memo)
+    memo = _sweep_memo(model, store, "qk_positivity", n_heads, cluster,
+                       _part(progress, 0.4, 0.8), cancelled)
     positivity = scores.all_qk_positivity(w, progress=_part(progress, 0.4, 0.8), cancelled=cancelled,
-                                          memo=_memo(store, "qk_positivity", n_heads))
+                                          memo=memo)
     found = behaviour(model, seed, cancelled, _part(progress, 0.8, 0.95), store)
     _check(cancelled)
     if store is not None:
@@ -282,6 +321,7 @@ def composition(
     cancelled: Cancelled = None,
     top: int = TOP_EDGES,
     store: ModelStore | None = None,
+    cluster: Cluster | None = None,
 ) -> Composition:
     """Q/K/V composition scores between all pairs of heads, and the ``top`` strongest edges.
 
@@ -289,10 +329,15 @@ def composition(
     depend on ``seed``, only the baseline does (not stored: it is cheap).
     """
     from . import scores
+    from .requests import check_composition_kind
 
+    check_composition_kind(kind, str(model.path))
+    if cluster is not None:
+        progress = _monotone(progress)
+    memo = _sweep_memo(model, store, f"composition-{kind}", (), cluster, progress, cancelled)
     found = scores.composition_scores(
         model.weights, kind, seed=seed, progress=progress, cancelled=cancelled,  # type: ignore[arg-type]
-        memo=_memo(store, f"composition-{kind}", ()),
+        memo=memo,
     )
     if store is not None:
         store.finish()
