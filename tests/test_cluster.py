@@ -4,6 +4,7 @@ on 127.0.0.1, against the local sweeps."""
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import subprocess
 import sys
@@ -175,7 +176,7 @@ def test_nothing_listening_is_a_one_line_error() -> None:
 def test_a_worker_killed_mid_sweep_loses_nothing(
         cluster: Cluster, scheduler: tuple[str, list[subprocess.Popen[bytes]]],
         deep_gpt2: Path, tmp_path: Path) -> None:
-    """Runs last: it kills one of the module's workers."""
+    """Kills one of the module's two workers (the tests after it use the other)."""
     _, workers = scheduler
     with mock.patch.object(hf_fixtures, "N_LAYERS", 16), \
             mock.patch.object(hf_fixtures, "D_MODEL", 256), \
@@ -198,3 +199,45 @@ def test_a_worker_killed_mid_sweep_loses_nothing(
     np.testing.assert_array_equal(found.scores, compute.composition(model, "v").scores)
     with contextlib.suppress(Exception):
         assert cluster.client.nthreads()  # the other worker is still serving
+
+
+# -- the CLI ------------------------------------------------------------------------------------
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    from headscope.tui.cli import main
+
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_composition_on_the_cluster_prints_the_local_json(
+        capsys: pytest.CaptureFixture[str], cluster: Cluster, deep_gpt2: Path,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HEADSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HEADSCOPE_CONFIG", str(tmp_path / "none.toml"))
+    argv = ("composition", str(deep_gpt2), "--kind", "q", "--json", "--no-cache")
+    code, local, _ = _cli(capsys, *argv)
+    assert code == 0
+    code, remote, err = _cli(capsys, *argv, "--scheduler", cluster.address)
+    assert (code, err) == (0, "")
+    assert json.loads(remote) == json.loads(local)
+    # the `cluster` setting is used when no flag is given
+    (tmp_path / "cfg.toml").write_text(f'cluster = "{cluster.address}"\n')
+    monkeypatch.setenv("HEADSCOPE_CONFIG", str(tmp_path / "cfg.toml"))
+    with mock.patch("headscope.engine.cluster.run_parts", wraps=run_parts) as spy:
+        code, from_setting, _ = _cli(capsys, *argv)
+    assert code == 0 and spy.called and json.loads(from_setting) == json.loads(local)
+
+
+def test_cli_errors_are_one_line(capsys: pytest.CaptureFixture[str], deep_gpt2: Path,
+                                 monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HEADSCOPE_CONFIG", str(tmp_path / "none.toml"))
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    with mock.patch("headscope.engine.cluster.CONNECT_TIMEOUT", "2s"):
+        code, out, err = _cli(capsys, "heads", str(deep_gpt2), "--scheduler", address)
+    assert code == 1 and out == "" and err.count("\n") == 1 and address in err
+    with mock.patch.dict(sys.modules, {"distributed": None}):
+        code, _, err = _cli(capsys, "heads", str(deep_gpt2), "--workers", "2")
+    assert code == 1 and "headscope[cluster]" in err and err.count("\n") == 1
