@@ -46,6 +46,7 @@ __all__ = [
     "local_cluster",
     "part_shapes",
     "run_parts",
+    "run_steps",
 ]
 
 
@@ -261,6 +262,45 @@ def run_parts(cluster: Cluster, model: Model, key: str, sweep: str, memo: Memo,
         _cancel(cluster, [f for f, _ in futures.values()])
         raise
     return len(missing)
+
+
+def _score_step(path: str, step: int, seed: int, raw: bool) -> Any:
+    """``timeline.score_step`` on a worker (headscope errors re-typed to travel back)."""
+    from pathlib import Path
+
+    from .timeline import StepSource, score_step
+
+    try:
+        return score_step(StepSource(step, Path(path)), seed=seed, raw=raw)
+    except HeadscopeError as err:
+        raise ClusterTaskError(err.path, f"on worker host {socket.gethostname()}: {err.reason}") from None
+
+
+def run_steps(cluster: Cluster, sources: list[Any], *, seed: int, raw: bool,
+              finished: Callable[[int, Any], None], cancelled: Cancelled = None) -> None:
+    """``timeline.score_step`` of every source on ``cluster``, one task per step;
+    ``finished(i, result)`` as each arrives. Faults and cancellation as ``run_parts``."""
+    from .errors import CancelledError
+
+    distributed = _require_distributed()
+    futures: dict[str, tuple[Any, int]] = {}
+    done = 0
+    with _cluster_failures(cluster, done, len(sources)):
+        for i, s in enumerate(sources):
+            fut = cluster.client.submit(_score_step, str(s.path), s.step, seed, raw,
+                                        retries=RETRIES, pure=False)
+            futures[fut.key] = (fut, i)
+    try:
+        with _cluster_failures(cluster, done, len(sources)):
+            for fut in distributed.as_completed([f for f, _ in futures.values()],
+                                                loop=cluster.client.loop):
+                finished(futures[fut.key][1], fut.result())
+                done += 1
+                if cancelled is not None and cancelled():
+                    raise CancelledError()
+    except BaseException:
+        _cancel(cluster, [f for f, _ in futures.values()])
+        raise
 
 
 def _report(progress: Progress, fraction: float) -> None:

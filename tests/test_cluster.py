@@ -241,3 +241,29 @@ def test_cli_errors_are_one_line(capsys: pytest.CaptureFixture[str], deep_gpt2: 
     with mock.patch.dict(sys.modules, {"distributed": None}):
         code, _, err = _cli(capsys, "heads", str(deep_gpt2), "--workers", "2")
     assert code == 1 and "headscope[cluster]" in err and err.count("\n") == 1
+
+
+def test_timeline_on_the_cluster_equals_the_local_timeline(cluster: Cluster) -> None:
+    from headscope.engine.timeline import compute_timeline
+    from headscope.sample_models import bundled_model
+
+    series = Path(bundled_model()).parent / "attn-only-2l-training"
+    local = compute_timeline([series])
+    remote = compute_timeline([series], cluster=cluster)
+    # equal up to float32 rounding (a worker's torch runs one thread: other summation order)
+    _assert_close(remote.to_dict(), local.to_dict())
+
+
+def _assert_close(a: object, b: object) -> None:
+    if isinstance(a, dict) and isinstance(b, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            _assert_close(a[k], b[k])
+    elif isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            _assert_close(x, y)
+    elif isinstance(a, float) and isinstance(b, float):
+        assert a == pytest.approx(b, abs=1e-6, nan_ok=True)
+    else:
+        assert a == b
