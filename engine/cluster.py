@@ -242,20 +242,21 @@ def run_parts(cluster: Cluster, model: Model, key: str, sweep: str, memo: Memo,
     distributed = _require_distributed()
     path = str(model.path)
     futures = {}
-    with _cluster_failures(cluster, done, total):
+    count = [done]  # parts finished so far, for the error message
+    with _cluster_failures(cluster, count, total):
         for i in missing:
             fut = cluster.client.submit(compute_part, path, key, bool(model.raw), sweep, i,
                                         retries=RETRIES, pure=False, key=f"headscope-{sweep}-{i}-{key[:8]}-{id(memo)}")
             futures[fut.key] = (fut, i)
     try:
-        with _cluster_failures(cluster, done, total):
+        with _cluster_failures(cluster, count, total):
             for fut in distributed.as_completed([f for f, _ in futures.values()],
                                                 loop=cluster.client.loop):
                 _, index = futures[fut.key]
                 value = fut.result()
                 memo.put(index, value)
-                done += 1
-                _report(progress, done / total)
+                count[0] += 1
+                _report(progress, count[0] / total)
                 if cancelled is not None and cancelled():
                     raise CancelledError()
     except BaseException:
@@ -284,18 +285,18 @@ def run_steps(cluster: Cluster, sources: list[Any], *, seed: int, raw: bool,
 
     distributed = _require_distributed()
     futures: dict[str, tuple[Any, int]] = {}
-    done = 0
-    with _cluster_failures(cluster, done, len(sources)):
+    count = [0]
+    with _cluster_failures(cluster, count, len(sources)):
         for i, s in enumerate(sources):
             fut = cluster.client.submit(_score_step, str(s.path), s.step, seed, raw,
                                         retries=RETRIES, pure=False)
             futures[fut.key] = (fut, i)
     try:
-        with _cluster_failures(cluster, done, len(sources)):
+        with _cluster_failures(cluster, count, len(sources)):
             for fut in distributed.as_completed([f for f, _ in futures.values()],
                                                 loop=cluster.client.loop):
                 finished(futures[fut.key][1], fut.result())
-                done += 1
+                count[0] += 1
                 if cancelled is not None and cancelled():
                     raise CancelledError()
     except BaseException:
@@ -314,20 +315,21 @@ def _cancel(cluster: Cluster, futures: list[Any]) -> None:
 
 
 @contextlib.contextmanager
-def _cluster_failures(cluster: Cluster, done: int, total: int) -> Iterator[None]:
-    """Connection failures as one ``ClusterError`` line (task errors pass through)."""
+def _cluster_failures(cluster: Cluster, count: list[int], total: int) -> Iterator[None]:
+    """Connection failures as one ``ClusterError`` line (task errors pass through);
+    ``count[0]``: the parts finished (and kept) so far."""
     try:
         yield
     except HeadscopeError:
         raise
     except (OSError, TimeoutError) as err:
-        raise _gone(cluster, done, total, err) from None
+        raise _gone(cluster, count[0], total, err) from None
     except Exception as err:
         if type(err).__name__ == "KilledWorker":
             raise ClusterError(None, f"a task killed {RETRIES + 1} Dask workers in turn "
-                               f"({_brief(err)}); {done} of {total} parts finished are kept") from None
+                               f"({_brief(err)}); {count[0]} of {total} parts finished are kept") from None
         if type(err).__module__.startswith(("distributed", "tornado")) or "closed" in str(err).lower():
-            raise _gone(cluster, done, total, err) from None
+            raise _gone(cluster, count[0], total, err) from None
         raise
 
 

@@ -267,3 +267,64 @@ def _assert_close(a: object, b: object) -> None:
         assert a == pytest.approx(b, abs=1e-6, nan_ok=True)
     else:
         assert a == b
+
+
+def test_cancelling_stops_the_sweep_and_keeps_the_finished_parts(
+        cluster: Cluster, deep_gpt2: Path, tmp_path: Path) -> None:
+    from headscope.engine.errors import CancelledError
+
+    model = open_model(deep_gpt2)
+    entry = ResultStore(tmp_path / "store").for_model(model)
+    kept = KeptMemo(entry.memo("composition-k", ()))
+    with pytest.raises(CancelledError):
+        run_parts(cluster, model, entry.key or "", "composition-k", kept, cancelled=lambda: True)
+    assert len(kept.parts) == 1  # cancelled as soon as the first part was in
+    (index,) = kept.parts
+    reread = ResultStore(tmp_path / "store").for_model(model).memo("composition-k", ())
+    np.testing.assert_array_equal(reread.get(index, (index, 4, 4)), kept.parts[index])
+
+
+def test_a_scheduler_that_goes_away_is_one_line_with_the_parts_kept(tmp_path: Path) -> None:
+    port = _free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    sched = subprocess.Popen(
+        [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+         "--port", str(port), "--no-dashboard"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    worker = _worker(address)
+    try:
+        with mock.patch.object(hf_fixtures, "N_LAYERS", 16), \
+                mock.patch.object(hf_fixtures, "D_MODEL", 256), \
+                mock.patch.object(hf_fixtures, "N_HEADS", 8):
+            path, _ = hf_fixtures.build_gpt2(tmp_path / "m16", tokenizer=False)
+        model = open_model(path)
+        deadline = time.monotonic() + WAIT
+        while True:
+            try:
+                c = connect(address)
+                break
+            except ClusterError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        with c:
+            c.client.wait_for_workers(1, timeout=WAIT)
+
+            def progress(fraction: float) -> None:
+                if fraction > 0 and sched.poll() is None:
+                    sched.kill()
+                    sched.wait(timeout=10)
+
+            entry = ResultStore(tmp_path / "store").for_model(model)
+            kept = KeptMemo(entry.memo("composition-v", ()))
+            with pytest.raises(ClusterError) as err:
+                run_parts(c, model, entry.key or "", "composition-v", kept, progress)
+        line = str(err.value)
+        assert "\n" not in line and address in line
+        assert f"{len(kept.parts)} of 15 parts finished are kept" in line and kept.parts
+        # the next (local) sweep computes only the rest and gets the local numbers
+        again = compute.composition(model, "v", store=ResultStore(tmp_path / "store").for_model(model))
+        np.testing.assert_array_equal(again.scores, compute.composition(model, "v").scores)
+    finally:
+        _stop(worker)
+        _stop(sched)
