@@ -246,7 +246,7 @@ def run_parts(cluster: Cluster, model: Model, key: str, sweep: str, memo: Memo,
     with _cluster_failures(cluster, count, total):
         for i in missing:
             fut = cluster.client.submit(compute_part, path, key, bool(model.raw), sweep, i,
-                                        retries=RETRIES, pure=False, key=f"headscope-{sweep}-{i}-{key[:8]}-{id(memo)}")
+                                        retries=RETRIES, pure=False)
             futures[fut.key] = (fut, i)
     try:
         with _cluster_failures(cluster, count, total):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -45,6 +46,8 @@ def cluster_from_args(args: argparse.Namespace) -> Iterator[Cluster | None]:
     if workers is None and not address:
         yield None
         return
+    # A lost scheduler is our one-line ClusterError: not also the client's logged tracebacks.
+    logging.getLogger("distributed.client").setLevel(logging.CRITICAL)
     cluster = local_cluster(workers) if workers is not None else connect(str(address))
     try:
         yield cluster
