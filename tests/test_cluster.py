@@ -50,15 +50,16 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(timeout=10)
 
 
-def _worker(address: str) -> subprocess.Popen[bytes]:
+def _worker(address: str, scratch: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
-         "--no-dashboard", "--host", "127.0.0.1"],
+         "--no-dashboard", "--host", "127.0.0.1", "--local-directory", str(scratch)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 @pytest.fixture(scope="module")
-def scheduler() -> Iterator[tuple[str, list[subprocess.Popen[bytes]]]]:
+def scheduler(tmp_path_factory: pytest.TempPathFactory,
+              ) -> Iterator[tuple[str, list[subprocess.Popen[bytes]]]]:
     """A scheduler and two workers; the address and the worker processes."""
     port = _free_port()
     address = f"tcp://127.0.0.1:{port}"
@@ -66,7 +67,8 @@ def scheduler() -> Iterator[tuple[str, list[subprocess.Popen[bytes]]]]:
         [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
          "--port", str(port), "--no-dashboard"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
-    workers = [_worker(address), _worker(address)]
+    scratch = tmp_path_factory.mktemp("dask-scratch")
+    workers = [_worker(address, scratch), _worker(address, scratch)]
     procs += workers
     try:
         yield address, workers
@@ -291,7 +293,7 @@ def test_a_scheduler_that_goes_away_is_one_line_with_the_parts_kept(tmp_path: Pa
         [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
          "--port", str(port), "--no-dashboard"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    worker = _worker(address)
+    worker = _worker(address, tmp_path / "dask-scratch")
     try:
         with mock.patch.object(hf_fixtures, "N_LAYERS", 16), \
                 mock.patch.object(hf_fixtures, "D_MODEL", 256), \
