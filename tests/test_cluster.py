@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -50,11 +51,23 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(timeout=10)
 
 
+def _scratch_env(scratch: Path) -> dict[str, str]:
+    """Dask's scratch space (lock files, spill) under the test's tmp dir, not /tmp."""
+    return {**os.environ, "DASK_TEMPORARY_DIRECTORY": str(scratch)}
+
+
+def _scheduler(port: int, scratch: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+         "--port", str(port), "--no-dashboard"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_scratch_env(scratch))
+
+
 def _worker(address: str, scratch: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
-         "--no-dashboard", "--host", "127.0.0.1", "--local-directory", str(scratch)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+         "--no-dashboard", "--host", "127.0.0.1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_scratch_env(scratch))
 
 
 @pytest.fixture(scope="module")
@@ -63,11 +76,8 @@ def scheduler(tmp_path_factory: pytest.TempPathFactory,
     """A scheduler and two workers; the address and the worker processes."""
     port = _free_port()
     address = f"tcp://127.0.0.1:{port}"
-    procs = [subprocess.Popen(
-        [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
-         "--port", str(port), "--no-dashboard"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     scratch = tmp_path_factory.mktemp("dask-scratch")
+    procs = [_scheduler(port, scratch)]
     workers = [_worker(address, scratch), _worker(address, scratch)]
     procs += workers
     try:
@@ -289,11 +299,8 @@ def test_cancelling_stops_the_sweep_and_keeps_the_finished_parts(
 def test_a_scheduler_that_goes_away_is_one_line_with_the_parts_kept(tmp_path: Path) -> None:
     port = _free_port()
     address = f"tcp://127.0.0.1:{port}"
-    sched = subprocess.Popen(
-        [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
-         "--port", str(port), "--no-dashboard"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    worker = _worker(address, tmp_path / "dask-scratch")
+    sched = _scheduler(port, tmp_path)
+    worker = _worker(address, tmp_path)
     try:
         with mock.patch.object(hf_fixtures, "N_LAYERS", 16), \
                 mock.patch.object(hf_fixtures, "D_MODEL", 256), \
