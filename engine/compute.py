@@ -48,7 +48,9 @@ from .results import (
 )
 
 if TYPE_CHECKING:
+    from .cluster import Cluster
     from .loading import Model
+    from .scores import Memo
     from .store import LayerMemo, ModelStore
 
 Progress = Callable[[float], None] | None
@@ -212,6 +214,36 @@ def _memo(store: ModelStore | None, name: str, shape: tuple[int, ...]) -> LayerM
     return None if store is None else store.memo(name, shape)
 
 
+def _monotone(progress: Progress) -> Progress:
+    """``progress`` that never goes back (a cluster run, then the local sweep reading its
+    parts back, both report over the same span)."""
+    if progress is None:
+        return None
+    best = [0.0]
+
+    def report(fraction: float) -> None:
+        best[0] = max(best[0], fraction)
+        progress(best[0])
+
+    return report
+
+
+def _sweep_memo(model: Model, store: ModelStore | None, name: str, shape: tuple[int, ...],
+                cluster: Cluster | None, progress: Progress, cancelled: Cancelled) -> Memo | None:
+    """The memo of one sweep; with a ``cluster``, its missing parts are computed there
+    first (engine.cluster) and the local sweep then only reads them back."""
+    memo = _memo(store, name, shape)
+    if cluster is None:
+        return memo
+    from .cluster import KeptMemo, run_parts
+    from .store import fingerprint
+
+    kept = KeptMemo(memo)
+    key = store.key if store is not None and store.key else fingerprint(model.checkpoint, model.raw)
+    run_parts(cluster, model, key, name, kept, progress, cancelled)
+    return kept
+
+
 def _stored_nonfinite(model: Model, store: ModelStore | None,
                       known: np.ndarray | None = None) -> np.ndarray:
     shape = (model.cfg.n_layers, model.cfg.n_heads)
@@ -262,25 +294,33 @@ def score_table(
     progress: Progress = None,
     cancelled: Cancelled = None,
     store: ModelStore | None = None,
+    cluster: Cluster | None = None,
 ) -> ScoreTable:
     """Every score of every head, ``[n_layers, n_heads]`` each, under ``SCORE_NAMES``."""
     from . import scores
 
     w = model.weights
     n_heads = (model.cfg.n_heads,)
+    if cluster is not None:
+        progress = _monotone(progress)
     if progress is not None:
         progress(0.0)
-    if store is None:
+    if store is None and cluster is None:
         # both spectral scores in one pass over the layers (each layer's weights read once)
         spectral = scores.spectral_scores(w, progress=_part(progress, 0.0, 0.8), cancelled=cancelled)
         copying, positivity = spectral["copying_score"], spectral["qk_positivity"]
         # = nonfinite_heads(model), from the peaks the sweep took (no second pass)
         weights_bad = (spectral["nonfinite"] | spectral["overflow"]).numpy()
-    else:  # one stored part per score and layer, so an interrupted sweep resumes
+    else:  # one stored part per score and layer (an interrupted sweep resumes; a cluster
+        # computes the missing parts first, engine/cluster.py)
+        memo = _sweep_memo(model, store, "copying_score", n_heads, cluster,
+                           _part(progress, 0.0, 0.4), cancelled)
         copying = scores.all_copying_scores(w, progress=_part(progress, 0.0, 0.4), cancelled=cancelled,
-                                            memo=_memo(store, "copying_score", n_heads))
+                                            memo=memo)
+        memo = _sweep_memo(model, store, "qk_positivity", n_heads, cluster,
+                           _part(progress, 0.4, 0.8), cancelled)
         positivity = scores.all_qk_positivity(w, progress=_part(progress, 0.4, 0.8), cancelled=cancelled,
-                                              memo=_memo(store, "qk_positivity", n_heads))
+                                              memo=memo)
         weights_bad = None
     found = behaviour(model, seed, cancelled, _part(progress, 0.8, 0.95), store, weights_bad)
     _check(cancelled)
@@ -325,6 +365,7 @@ def composition(
     top: int = TOP_EDGES,
     on_tile: Callable[[int, int, np.ndarray], None] | None = None,
     store: ModelStore | None = None,
+    cluster: Cluster | None = None,
 ) -> Composition:
     """Q/K/V composition scores between all pairs of heads, and the ``top`` strongest edges.
 
@@ -334,8 +375,12 @@ def composition(
     scores do not depend on ``seed``, only the baseline does (not stored: it is cheap).
     """
     from . import fast
+    from .requests import check_composition_kind
 
-    memo = _memo(store, f"composition-{kind}", ())
+    check_composition_kind(kind, str(model.path))
+    if cluster is not None:  # the missing tiles on the cluster first, then read back here
+        progress = _monotone(progress)
+    memo = _sweep_memo(model, store, f"composition-{kind}", (), cluster, progress, cancelled)
     arrays = fast.numpy_weights(model)
     if arrays is not None:  # torch-free (engine/fast.py): the same numbers
         tile_cb = None if on_tile is None else (lambda t: on_tile(t.source, t.target, t.scores))

@@ -19,6 +19,7 @@ from .requests import ABLATION_EFFECT, SCORE_NAMES, SEED
 if TYPE_CHECKING:
     import numpy as np
 
+    from .cluster import Cluster
     from .compute import Progress
     from .loading import Model
     from .results import (
@@ -40,6 +41,7 @@ def head_table(
     calibrated: bool = True,
     store: ResultStore | None = None,
     progress: Progress = None,
+    cluster: Cluster | None = None,
 ) -> list[dict[str, Any]]:
     """One row per head with every weight-based and behavioural score, and (``calibrated``)
     each score's z against random heads, ``<name>_z`` (``compute.score_null``).
@@ -51,7 +53,8 @@ def head_table(
     """
     entry = None if store is None else store.for_model(model)
     split = 0.5 if ablation else 1.0
-    table = compute.score_table(model, seed, compute._part(progress, 0.0, split), store=entry)
+    table = compute.score_table(model, seed, compute._part(progress, 0.0, split), store=entry,
+                                cluster=cluster)
     effects = None
     if ablation:
         effects = compute.ablation_effects(model, seed, compute._part(progress, split, 1.0), store=entry)
@@ -116,11 +119,12 @@ def composition_report(
     seed: int = SEED,
     store: ResultStore | None = None,
     progress: Progress = None,
+    cluster: Cluster | None = None,
 ) -> dict[str, Any]:
     """All ``kind``-composition scores ``[L][H][L][H]``, the baseline and the top edges."""
     requests.check_composition_kind(kind, str(model.path))
     entry = None if store is None else store.for_model(model)
-    comp = compute.composition(model, kind, seed, progress, top=top, store=entry)
+    comp = compute.composition(model, kind, seed, progress, top=top, store=entry, cluster=cluster)
     return composition_dict(comp, seed)
 
 

@@ -31,6 +31,7 @@ from .errors import CancelledError, InvalidRequestError, ShapeMismatchError, Uns
 if TYPE_CHECKING:
     import numpy as np
 
+    from .cluster import Cluster
     from .loading import Checkpoint, Model
 
 COMPOSITION_KEYS = ("q_composition_max", "k_composition_max", "v_composition_max")
@@ -266,8 +267,10 @@ Progress = Callable[[int, int, StepScores], None] | None
 
 def score_steps(sources: Sequence[StepSource], *, seed: int = 0, raw: bool = False,
                 workers: int = 1, progress: Progress = None,
-                cancelled: Callable[[], bool] | None = None) -> list[StepScores]:
-    """:func:`score_step` for every source, in a pool of ``workers`` threads (1: in turn).
+                cancelled: Callable[[], bool] | None = None,
+                cluster: Cluster | None = None) -> list[StepScores]:
+    """:func:`score_step` for every source, in a pool of ``workers`` threads (1: in turn),
+    or one task per step on a Dask ``cluster`` (engine/cluster.py).
 
     ``progress(done, total, result)`` after each step, from the calling thread; results come
     back in the sources' order. ``cancelled()`` is checked between steps.
@@ -284,7 +287,12 @@ def score_steps(sources: Sequence[StepSource], *, seed: int = 0, raw: bool = Fal
         if cancelled is not None and cancelled():
             raise CancelledError()
 
-    if workers <= 1:
+    if cluster is not None:
+        from .cluster import run_steps
+
+        run_steps(cluster, list(sources), seed=seed, raw=raw, finished=finished,
+                  cancelled=cancelled)
+    elif workers <= 1:
         for i, s in enumerate(sources):
             check()
             finished(i, score_step(s, seed=seed, raw=raw))
@@ -481,10 +489,11 @@ def build_timeline(results: Sequence[StepScores], notes: Sequence[str] = (),
 
 def compute_timeline(paths: Sequence[str | os.PathLike[str]], *, seed: int = 0, raw: bool = False,
                      workers: int = 1, progress: Progress = None,
-                     cancelled: Callable[[], bool] | None = None) -> Timeline:
+                     cancelled: Callable[[], bool] | None = None,
+                     cluster: Cluster | None = None) -> Timeline:
     """Discover the steps of ``paths``, check they are one layout, score them, assemble."""
     sources, notes = discover_steps(paths)
     check_layouts(sources)
     results = score_steps(sources, seed=seed, raw=raw, workers=workers, progress=progress,
-                          cancelled=cancelled)
+                          cancelled=cancelled, cluster=cluster)
     return build_timeline(results, notes)

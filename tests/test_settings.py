@@ -60,3 +60,12 @@ def test_bad_files_are_one_line_errors_naming_the_file(tmp_path: Path, text: str
     with pytest.raises(ConfigError, match=fragment) as info:
         load_settings(env_for(tmp_path))
     assert str(path) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_cluster_setting_is_a_scheduler_address(tmp_path: Path) -> None:
+    write(tmp_path, 'cluster = "tcp://node1:8786"\n')
+    assert load_settings(env_for(tmp_path)).cluster == "tcp://node1:8786"
+    path = write(tmp_path, "cluster = 8786\n")
+    with pytest.raises(ConfigError) as err:
+        load_settings(env_for(tmp_path))
+    assert str(path) in str(err.value) and "cluster" in str(err.value)

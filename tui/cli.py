@@ -29,6 +29,7 @@ from headscope.tui.cli_cache import (
     cmd_cache,
     results_store,
 )
+from headscope.tui.cli_cluster import add_cluster_args, cluster_from_args
 from headscope.tui.cli_progress import progress_bar
 from headscope.tui.datatext import tsv_field
 
@@ -145,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only the weight-based scores (copying_score, qk_positivity): no forward "
                         "pass, and no wait for torch")
     add_store_args(p)
+    add_cluster_args(p)
     add_quiet_arg(p)
 
     p = command("composition", "Q-, K- or V-composition scores between heads of different layers",
@@ -156,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=args_types.count, default=10, help="how many top edges to list (default 10)")
     p.add_argument("--seed", type=args_types.seed, default=0, help="seed of the random baseline (default 0)")
     add_store_args(p)
+    add_cluster_args(p)
     add_quiet_arg(p)
 
     p = command("forward", "logits and attention patterns for a token sequence",
@@ -404,9 +407,10 @@ def cmd_heads(args: argparse.Namespace) -> int:
     ablation = args.ablation or args.sort == ABLATION_EFFECT
     check_sort_key(args.sort, [*SCORE_NAMES, *Z_NAMES, ABLATION_EFFECT])  # before the model is opened
     model = _open(args)
-    with progress_bar(f"heads {model.path.name}", quiet=args.quiet) as progress:
+    with cluster_from_args(args) as cluster, \
+            progress_bar(f"heads {model.path.name}", quiet=args.quiet) as progress:
         table = head_table(model, seed=args.seed, ablation=ablation, store=results_store(args),
-                           progress=progress)
+                           progress=progress, cluster=cluster)
     rows = sort_rows(table, args.sort)
     columns = ["layer", "head", *SCORE_NAMES, *([ABLATION_EFFECT] if ablation else []),
                "nonfinite"]
@@ -432,9 +436,10 @@ def cmd_composition(args: argparse.Namespace) -> int:
     from headscope.engine.report import composition_report
 
     model = _open(args)
-    with progress_bar(f"{args.kind}-composition {model.path.name}", quiet=args.quiet) as progress:
+    with cluster_from_args(args) as cluster, \
+            progress_bar(f"{args.kind}-composition {model.path.name}", quiet=args.quiet) as progress:
         report = composition_report(model, args.kind, top=args.top, seed=args.seed,
-                                    store=results_store(args), progress=progress)
+                                    store=results_store(args), progress=progress, cluster=cluster)
     columns = ["source", "target", "score", "above_baseline"]
     emit(report, args.json, lambda: (columns, [[e[c] for c in columns] for e in report["top_edges"]]))
     return EXIT_OK

@@ -52,6 +52,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="seed of the random token sequences and baselines (default 0, as `heads`)")
     p.add_argument("--workers", type=int, default=1,
                    help="score this many steps at once, in threads (default 1)")
+    p.add_argument("--scheduler", metavar="tcp://HOST:PORT",
+                   help="score the steps on this Dask scheduler, one task per step (workers "
+                        "read the checkpoints from the same paths); needs headscope[cluster]")
     return p
 
 
@@ -61,8 +64,12 @@ def run(args: argparse.Namespace) -> int:
 
     if args.workers < 1:
         raise InvalidRequestError(None, f"--workers must be at least 1, not {args.workers}")
-    timeline = compute_timeline(args.paths, seed=args.seed, raw=args.raw, workers=args.workers,
-                                progress=_progress if sys.stderr.isatty() else None)
+    from headscope.tui.cli_cluster import cluster_from_args
+
+    with cluster_from_args(argparse.Namespace(scheduler=args.scheduler)) as cluster:
+        timeline = compute_timeline(args.paths, seed=args.seed, raw=args.raw,
+                                    workers=args.workers, cluster=cluster,
+                                    progress=_progress if sys.stderr.isatty() else None)
     if sys.stderr.isatty():
         sys.stderr.write("\r\033[K")
     for warning in timeline.warnings:

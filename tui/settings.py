@@ -9,6 +9,7 @@ Where: ``$HEADSCOPE_CONFIG`` if set, else ``$XDG_CONFIG_HOME/headscope/config.to
     cache_mb = 256                  # engine cache budget per open model
     cache_disk_mb = 512             # results store on disk (0: do not persist results)
     tokens = ["Mary", "John"]       # default token set for the QK/OV heatmaps
+    cluster = "tcp://host:8786"     # Dask scheduler for the sweeping commands (headscope[cluster])
     [keymap]                        # binding id = keys (see `?` in the explorer)
     "next-head" = "n"
 
@@ -43,6 +44,7 @@ class Settings:
     cache_disk_mb: int = 512  # the on-disk results store (engine.store); 0 turns it off
     tokens: tuple[str, ...] = ()
     keymap: dict[str, str] = field(default_factory=dict)
+    cluster: str | None = None  # a Dask scheduler address (tui/cli_cluster.py)
     source: str | None = None  # the file these came from, if any
 
 
@@ -110,7 +112,7 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
 def _validate(data: dict[str, Any], path: Path | None) -> Settings:
     where = path or "settings"
     unknown = set(data) - {"theme", "colormap", "colors", "cache_mb", "cache_disk_mb", "tokens",
-                           "keymap"}
+                           "keymap", "cluster"}
     if unknown:
         raise ConfigError(where, f"unknown setting(s): {', '.join(sorted(unknown))}")
     theme = str(data.get("theme", DEFAULT_THEME))
@@ -128,6 +130,9 @@ def _validate(data: dict[str, Any], path: Path | None) -> Settings:
     keymap = data.get("keymap", {})
     if not isinstance(keymap, dict) or not all(isinstance(v, str) for v in keymap.values()):
         raise ConfigError(where, 'keymap must be a table of binding-id = "keys"')
+    cluster = data.get("cluster")
+    if cluster is not None and (not isinstance(cluster, str) or "://" not in cluster):
+        raise ConfigError(where, 'cluster must be a scheduler address like "tcp://host:8786"')
     return Settings(
         theme=theme,
         colormap=colormap,
@@ -136,6 +141,7 @@ def _validate(data: dict[str, Any], path: Path | None) -> Settings:
         cache_disk_mb=cache_disk_mb,
         tokens=tuple(tokens),
         keymap=dict(keymap),
+        cluster=cluster,
         source=str(path) if path else None,
     )
 

@@ -1,0 +1,339 @@
+"""Sweeps on a real Dask cluster (engine/cluster.py): a scheduler and two worker processes
+on 127.0.0.1, against the local sweeps."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+import pytest
+
+pytest.importorskip("distributed")
+
+from headscope.engine import compute, report, scores
+from headscope.engine.cluster import (
+    Cluster,
+    ClusterError,
+    ClusterTaskError,
+    KeptMemo,
+    connect,
+    run_parts,
+)
+from headscope.engine.loading import open_model
+from headscope.engine.store import ResultStore
+from tests import hf_fixtures
+
+WAIT = 60.0  # every wait on the cluster is bounded by this (seconds)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def _scratch_env(scratch: Path) -> dict[str, str]:
+    """Dask's scratch space (lock files, spill) under the test's tmp dir, not /tmp."""
+    return {**os.environ, "DASK_TEMPORARY_DIRECTORY": str(scratch)}
+
+
+def _scheduler(port: int, scratch: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+         "--port", str(port), "--no-dashboard"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_scratch_env(scratch))
+
+
+def _worker(address: str, scratch: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
+         "--no-dashboard", "--host", "127.0.0.1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_scratch_env(scratch))
+
+
+@pytest.fixture(scope="module")
+def scheduler(tmp_path_factory: pytest.TempPathFactory,
+              ) -> Iterator[tuple[str, list[subprocess.Popen[bytes]]]]:
+    """A scheduler and two workers; the address and the worker processes."""
+    port = _free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    scratch = tmp_path_factory.mktemp("dask-scratch")
+    procs = [_scheduler(port, scratch)]
+    workers = [_worker(address, scratch), _worker(address, scratch)]
+    procs += workers
+    try:
+        yield address, workers
+    finally:
+        for p in reversed(procs):
+            _stop(p)
+
+
+@pytest.fixture
+def cluster(scheduler: tuple[str, list[subprocess.Popen[bytes]]]) -> Iterator[Cluster]:
+    address, workers = scheduler
+    deadline = time.monotonic() + WAIT
+    while True:  # the scheduler may still be starting
+        try:
+            c = connect(address)
+            break
+        except ClusterError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+    alive = sum(p.poll() is None for p in workers)
+    c.client.wait_for_workers(alive, timeout=WAIT)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture(scope="module")
+def deep_gpt2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    with mock.patch.object(hf_fixtures, "N_LAYERS", 6):
+        path, _ = hf_fixtures.build_gpt2(tmp_path_factory.mktemp("cluster-gpt2"))
+    return path
+
+
+def test_heads_and_composition_on_the_cluster_equal_the_local_sweeps(
+        cluster: Cluster, deep_gpt2: Path, tmp_path: Path) -> None:
+    model = open_model(deep_gpt2)
+    local_heads = report.head_table(model)
+    local_comp = report.composition_report(model, "k")
+    store = ResultStore(tmp_path / "store")
+    seen: list[float] = []
+    heads = report.head_table(model, store=store, cluster=cluster, progress=seen.append)
+    comp = report.composition_report(model, "k", store=store, cluster=cluster)
+    assert heads == local_heads  # exactly: the workers run the local sweep functions
+    np.testing.assert_array_equal(np.array(comp["scores"]), np.array(local_comp["scores"]))
+    assert comp["top_edges"] == local_comp["top_edges"]
+    assert seen == sorted(seen) and seen[-1] >= 0.8  # the cluster parts reported as they came
+    # every part is in the store: a local sweep now computes nothing
+    entry = store.for_model(model)
+    with mock.patch.object(scores, "_batched_spectral_score", side_effect=AssertionError):
+        again = compute.score_table(model, store=entry)
+    np.testing.assert_array_equal(again.copying_score, np.array([r["copying_score"] for r in heads],
+                                                                dtype=np.float32).reshape(6, -1))
+
+
+def test_an_interrupted_local_sweep_resumes_on_the_cluster(
+        cluster: Cluster, deep_gpt2: Path, tmp_path: Path) -> None:
+    model = open_model(deep_gpt2)
+    entry = ResultStore(tmp_path / "store").for_model(model)
+    memo = entry.memo("composition-q", ())
+    with pytest.raises(_Stop):  # interrupted after tiles 1 and 2
+        scores.composition_scores(model.weights, "q", memo=_Upto(memo, 3))
+    kept = KeptMemo(entry.memo("composition-q", ()))
+    computed = run_parts(cluster, model, entry.key or "", "composition-q", kept)
+    assert computed == 3  # tiles 3, 4, 5
+    found = compute.composition(model, "q", store=ResultStore(tmp_path / "store").for_model(model))
+    np.testing.assert_array_equal(found.scores, compute.composition(model, "q").scores)
+
+
+class _Upto:
+    """A memo that stops the sweep (raises) once tile ``stop`` would be stored."""
+
+    def __init__(self, inner: scores.Memo, stop: int) -> None:
+        self.inner, self.stop = inner, stop
+
+    def get(self, index: int, shape: tuple[int, ...] | None = None) -> np.ndarray | None:
+        return self.inner.get(index, shape)
+
+    def put(self, index: int, value: object) -> None:
+        if index >= self.stop:
+            raise _Stop()
+        self.inner.put(index, value)
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_a_fingerprint_mismatch_fails_naming_the_file(cluster: Cluster, deep_gpt2: Path) -> None:
+    model = open_model(deep_gpt2)
+    with pytest.raises(ClusterTaskError) as err:
+        run_parts(cluster, model, "0" * 32, "copying_score", KeptMemo(None))
+    line = str(err.value)
+    assert str(deep_gpt2) in line and "fingerprint" in line and "\n" not in line
+    assert "on worker host" in line
+
+
+def test_nothing_listening_is_a_one_line_error() -> None:
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    with mock.patch("headscope.engine.cluster.CONNECT_TIMEOUT", "2s"), \
+            pytest.raises(ClusterError) as err:
+        connect(address)
+    assert address in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_worker_killed_mid_sweep_loses_nothing(
+        cluster: Cluster, scheduler: tuple[str, list[subprocess.Popen[bytes]]],
+        deep_gpt2: Path, tmp_path: Path) -> None:
+    """Kills one of the module's two workers (the tests after it use the other)."""
+    _, workers = scheduler
+    with mock.patch.object(hf_fixtures, "N_LAYERS", 16), \
+            mock.patch.object(hf_fixtures, "D_MODEL", 256), \
+            mock.patch.object(hf_fixtures, "N_HEADS", 8):
+        path, _ = hf_fixtures.build_gpt2(tmp_path / "m16", tokenizer=False)
+    model = open_model(path)
+    victim = workers[1]
+    killed: list[float] = []
+
+    def progress(fraction: float) -> None:
+        if fraction > 0 and not killed:
+            killed.append(fraction)
+            victim.kill()
+            victim.wait(timeout=10)
+
+    store = ResultStore(tmp_path / "store")
+    found = compute.composition(model, "v", store=store.for_model(model), cluster=cluster,
+                                progress=progress)
+    assert killed and killed[0] < 0.5  # the kill came with most parts still to be sent back
+    np.testing.assert_array_equal(found.scores, compute.composition(model, "v").scores)
+    with contextlib.suppress(Exception):
+        assert cluster.client.nthreads()  # the other worker is still serving
+
+
+# -- the CLI ------------------------------------------------------------------------------------
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    from headscope.tui.cli import main
+
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_composition_on_the_cluster_prints_the_local_json(
+        capsys: pytest.CaptureFixture[str], cluster: Cluster, deep_gpt2: Path,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HEADSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HEADSCOPE_CONFIG", str(tmp_path / "none.toml"))
+    argv = ("composition", str(deep_gpt2), "--kind", "q", "--json", "--no-cache")
+    code, local, _ = _cli(capsys, *argv)
+    assert code == 0
+    code, remote, err = _cli(capsys, *argv, "--scheduler", cluster.address)
+    assert (code, err) == (0, "")
+    assert json.loads(remote) == json.loads(local)
+    # the `cluster` setting is used when no flag is given
+    (tmp_path / "cfg.toml").write_text(f'cluster = "{cluster.address}"\n')
+    monkeypatch.setenv("HEADSCOPE_CONFIG", str(tmp_path / "cfg.toml"))
+    with mock.patch("headscope.engine.cluster.run_parts", wraps=run_parts) as spy:
+        code, from_setting, _ = _cli(capsys, *argv)
+    assert code == 0 and spy.called and json.loads(from_setting) == json.loads(local)
+
+
+def test_cli_errors_are_one_line(capsys: pytest.CaptureFixture[str], deep_gpt2: Path,
+                                 monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HEADSCOPE_CONFIG", str(tmp_path / "none.toml"))
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    with mock.patch("headscope.engine.cluster.CONNECT_TIMEOUT", "2s"):
+        code, out, err = _cli(capsys, "heads", str(deep_gpt2), "--scheduler", address)
+    assert code == 1 and out == "" and err.count("\n") == 1 and address in err
+    with mock.patch.dict(sys.modules, {"distributed": None}):
+        code, _, err = _cli(capsys, "heads", str(deep_gpt2), "--workers", "2")
+    assert code == 1 and "headscope[cluster]" in err and err.count("\n") == 1
+
+
+def test_timeline_on_the_cluster_equals_the_local_timeline(cluster: Cluster) -> None:
+    from headscope.engine.timeline import compute_timeline
+    from headscope.sample_models import bundled_model
+
+    series = Path(bundled_model()).parent / "attn-only-2l-training"
+    local = compute_timeline([series])
+    remote = compute_timeline([series], cluster=cluster)
+    # equal up to float32 rounding (a worker's torch runs one thread: other summation order)
+    _assert_close(remote.to_dict(), local.to_dict())
+
+
+def _assert_close(a: object, b: object) -> None:
+    if isinstance(a, dict) and isinstance(b, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            _assert_close(a[k], b[k])
+    elif isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            _assert_close(x, y)
+    elif isinstance(a, float) and isinstance(b, float):
+        assert a == pytest.approx(b, abs=1e-6, nan_ok=True)
+    else:
+        assert a == b
+
+
+def test_cancelling_stops_the_sweep_and_keeps_the_finished_parts(
+        cluster: Cluster, deep_gpt2: Path, tmp_path: Path) -> None:
+    from headscope.engine.errors import CancelledError
+
+    model = open_model(deep_gpt2)
+    entry = ResultStore(tmp_path / "store").for_model(model)
+    kept = KeptMemo(entry.memo("composition-k", ()))
+    with pytest.raises(CancelledError):
+        run_parts(cluster, model, entry.key or "", "composition-k", kept, cancelled=lambda: True)
+    assert len(kept.parts) == 1  # cancelled as soon as the first part was in
+    (index,) = kept.parts
+    reread = ResultStore(tmp_path / "store").for_model(model).memo("composition-k", ())
+    np.testing.assert_array_equal(reread.get(index, (index, 4, 4)), kept.parts[index])
+
+
+def test_a_scheduler_that_goes_away_is_one_line_with_the_parts_kept(tmp_path: Path) -> None:
+    port = _free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    sched = _scheduler(port, tmp_path)
+    worker = _worker(address, tmp_path)
+    try:
+        with mock.patch.object(hf_fixtures, "N_LAYERS", 16), \
+                mock.patch.object(hf_fixtures, "D_MODEL", 256), \
+                mock.patch.object(hf_fixtures, "N_HEADS", 8):
+            path, _ = hf_fixtures.build_gpt2(tmp_path / "m16", tokenizer=False)
+        model = open_model(path)
+        deadline = time.monotonic() + WAIT
+        while True:
+            try:
+                c = connect(address)
+                break
+            except ClusterError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        with c:
+            c.client.wait_for_workers(1, timeout=WAIT)
+
+            def progress(fraction: float) -> None:
+                if fraction > 0 and sched.poll() is None:
+                    sched.kill()
+                    sched.wait(timeout=10)
+
+            entry = ResultStore(tmp_path / "store").for_model(model)
+            kept = KeptMemo(entry.memo("composition-v", ()))
+            with pytest.raises(ClusterError) as err:
+                run_parts(c, model, entry.key or "", "composition-v", kept, progress)
+        line = str(err.value)
+        assert "\n" not in line and address in line
+        assert f"{len(kept.parts)} of 15 parts finished are kept" in line and kept.parts
+        # the next (local) sweep computes only the rest and gets the local numbers
+        again = compute.composition(model, "v", store=ResultStore(tmp_path / "store").for_model(model))
+        np.testing.assert_array_equal(again.scores, compute.composition(model, "v").scores)
+    finally:
+        _stop(worker)
+        _stop(sched)
