@@ -19,7 +19,7 @@ import pytest
 
 pytest.importorskip("distributed")
 
-from headscope.engine import compute, report, scores
+from headscope.engine import compute, fast, report, scores
 from headscope.engine.cluster import (
     Cluster,
     ClusterError,
@@ -140,8 +140,10 @@ def test_an_interrupted_local_sweep_resumes_on_the_cluster(
     model = open_model(deep_gpt2)
     entry = ResultStore(tmp_path / "store").for_model(model)
     memo = entry.memo("composition-q", ())
+    arrays = fast.numpy_weights(model)  # the local path compute.composition takes
+    assert arrays is not None
     with pytest.raises(_Stop):  # interrupted after tiles 1 and 2
-        scores.composition_scores(model.weights, "q", memo=_Upto(memo, 3))
+        fast.composition_scores(arrays, "q", memo=_Upto(memo, 3))
     kept = KeptMemo(entry.memo("composition-q", ()))
     computed = run_parts(cluster, model, entry.key or "", "composition-q", kept)
     assert computed == 3  # tiles 3, 4, 5
