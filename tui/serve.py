@@ -27,6 +27,7 @@ KILL_AFTER = 2.0  # seconds between SIGTERM and SIGKILL
 
 
 LIVE: set[Process] = set()  # app processes not yet ended
+SOCKETS: dict[Process, Any] = {}  # each live app's "close the browser's websocket"
 
 
 class AppProcess(AppService):
@@ -45,6 +46,7 @@ class AppProcess(AppService):
         assert process.stdin is not None
         self._stdin = process.stdin
         LIVE.add(process)
+        SOCKETS[process] = self.remote_close
         return process
 
     async def stop(self) -> None:
@@ -71,11 +73,19 @@ async def end_process(process: Process) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(process.wait(), timeout=wait)
     LIVE.discard(process)
+    SOCKETS.pop(process, None)
 
 
 class HeadscopeServer(Server):
     async def on_shutdown(self, app: Any) -> None:
+        # The browsers' websockets are closed too: an app that died before it was ready
+        # leaves its websocket handler waiting on the browser, and aiohttp's shutdown would
+        # wait for that handler (seen: 23 s after Ctrl-C on an app still opening its model).
+        closers = [SOCKETS[p] for p in list(LIVE) if p in SOCKETS]
         await asyncio.gather(*(end_process(p) for p in list(LIVE)))
+        for close in closers:
+            with contextlib.suppress(Exception):
+                await close()
 
 
 def serve(command: str, *, host: str, port: int, title: str) -> None:
