@@ -29,8 +29,10 @@ $(TEST_STAMP): pyproject.toml $(STAMP)
 run: $(STAMP)
 	$(BIN)/headscope $(MODEL)
 
+# Two workers, each taking whole files (module fixtures such as the Dask cluster start once
+# per file); plain `pytest` runs the same suite in one process.
 test: $(TEST_STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile
 
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
