@@ -31,12 +31,15 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from .errors import InvalidRequestError
 from .requests import SCORE_NAMES
 
 if TYPE_CHECKING:
     import torch
 
+    from .cluster import Cluster
     from .compute import Progress
     from .loading import Model
     from .store import ResultStore
@@ -253,7 +256,8 @@ class ModelDiff:
 
 def diff_models(
     a: Model, b: Model, *, match_heads: bool = False, threshold: float = EDGE_THRESHOLD,
-    seed: int = 0, store: ResultStore | None = None, progress: Progress = None
+    seed: int = 0, store: ResultStore | None = None, progress: Progress = None,
+    cluster: Cluster | None = None,
 ) -> ModelDiff:
     """Per-head score deltas and circuit similarities, and the composition-graph diff.
 
@@ -262,7 +266,9 @@ def diff_models(
     numbering is arbitrary); otherwise head ``h`` of A is compared with head ``h`` of B.
     Composition edges count when their score exceeds the baseline by ``threshold``.
     ``store``: the on-disk results store both models' sweeps read and write
-    (``engine.store``); ``progress(fraction)`` follows the whole diff.
+    (``engine.store``); ``progress(fraction)`` follows the whole diff. ``cluster``: both
+    models' weight sweeps (copying, QK positivity, composition tiles) run there
+    (``engine.cluster``); the similarities and the behavioural pass stay here.
     """
     from .compute import _part
     from .report import head_table
@@ -279,9 +285,11 @@ def diff_models(
     else:
         matching = [list(range(n_heads)) for _ in range(n_layers)]
     rows_a = {(r["layer"], r["head"]): r
-              for r in head_table(a, seed=seed, store=store, progress=_part(progress, 0.05, 0.3))}
+              for r in head_table(a, seed=seed, store=store, progress=_part(progress, 0.05, 0.3),
+                                    cluster=cluster)}
     rows_b = {(r["layer"], r["head"]): r
-              for r in head_table(b, seed=seed, store=store, progress=_part(progress, 0.3, 0.55))}
+              for r in head_table(b, seed=seed, store=store, progress=_part(progress, 0.3, 0.55),
+                                    cluster=cluster)}
     same_width = a.cfg.d_model == b.cfg.d_model
     heads = []
     for layer in range(n_layers):
@@ -320,7 +328,7 @@ def diff_models(
             heads.append(row)
     composition = {
         kind: _composition_diff(a, b, kind, matching, threshold, seed, store,
-                                _part(progress, 0.55 + 0.15 * i, 0.7 + 0.15 * i))
+                                _part(progress, 0.55 + 0.15 * i, 0.7 + 0.15 * i), cluster)
         for i, kind in enumerate("qkv")
     }
     # Changes equal to 1e-6 are float noise: keep those in layer/head order (stable output);
@@ -358,20 +366,20 @@ def _summary(row: dict[str, Any]) -> dict[str, Any]:
 
 def _composition_diff(
     a: Model, b: Model, kind: str, matching: list[list[int]], threshold: float, seed: int,
-    store: ResultStore | None = None, progress: Progress = None,
+    store: ResultStore | None = None, progress: Progress = None, cluster: Cluster | None = None,
 ) -> dict[str, Any]:
-    from .compute import _part
-    from .scores import composition_scores
+    from .compute import _part, composition
 
     def scores_of(model: Model, part: Progress) -> Any:
-        memo = None if store is None else store.for_model(model).memo(f"composition-{kind}", ())
-        return composition_scores(model.weights, kind, seed=seed, progress=part, memo=memo)  # type: ignore[arg-type]
+        # The `composition` command's own sweep (same stored tiles, same numbers).
+        entry = None if store is None else store.for_model(model)
+        return composition(model, kind, seed=seed, progress=part, store=entry, cluster=cluster)
 
     ra, rb = scores_of(a, _part(progress, 0.0, 0.5)), scores_of(b, _part(progress, 0.5, 1.0))
     # A pruned (all-zero) or non-finite head has an undefined (NaN) ratio; for the graph
     # diff it composes with nothing: score 0, so its edges show up as lost or gained.
-    above_a = ra.scores.nan_to_num(nan=0.0) - ra.baseline
-    above_b = rb.scores.nan_to_num(nan=0.0) - rb.baseline
+    above_a = np.nan_to_num(ra.scores, nan=0.0) - ra.baseline
+    above_b = np.nan_to_num(rb.scores, nan=0.0) - rb.baseline
     return {
         "baseline_a": float(ra.baseline),
         "baseline_b": float(rb.baseline),

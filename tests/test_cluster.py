@@ -245,6 +245,25 @@ def test_cli_composition_on_the_cluster_prints_the_local_json(
     assert code == 0 and spy.called and json.loads(from_setting) == json.loads(local)
 
 
+def test_cli_diff_on_the_cluster_prints_the_local_json(
+        capsys: pytest.CaptureFixture[str], cluster: Cluster, deep_gpt2: Path,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HEADSCOPE_CONFIG", str(tmp_path / "none.toml"))
+    with mock.patch.object(hf_fixtures, "N_LAYERS", 6):
+        other, _ = hf_fixtures.build_gpt2(tmp_path / "other", seed=1)
+    argv = ("diff", str(deep_gpt2), str(other), "--json", "--no-cache")
+    code, local, _ = _cli(capsys, *argv)
+    assert code == 0
+    with mock.patch("headscope.engine.cluster.run_parts", wraps=run_parts) as spy:
+        code, remote, err = _cli(capsys, *argv, "--scheduler", cluster.address)
+    assert (code, err) == (0, "")
+    # both models' copying, QK-positivity and q/k/v composition sweeps went to the cluster
+    sweeps = sorted(c.args[3] for c in spy.call_args_list)
+    assert sweeps == sorted(2 * ["copying_score", "qk_positivity", "composition-q",
+                                 "composition-k", "composition-v"])
+    assert json.loads(remote) == json.loads(local)
+
+
 def test_cli_errors_are_one_line(capsys: pytest.CaptureFixture[str], deep_gpt2: Path,
                                  monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("HEADSCOPE_CONFIG", str(tmp_path / "none.toml"))

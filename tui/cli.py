@@ -201,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
                         f"(default {EDGE_THRESHOLD})")
     p.add_argument("--seed", type=args_types.seed, default=0)
     add_store_args(p)
+    add_cluster_args(p)
     add_quiet_arg(p)
 
     p = command("export", "write heads, composition or circuit data to JSON or CSV, atomically",
@@ -510,9 +511,11 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
     a = open_model(args.path, raw=args.raw)
     b = open_model(args.other, raw=args.raw)
-    with progress_bar(f"diff {a.path.name} {b.path.name}", quiet=args.quiet) as progress:
+    with cluster_from_args(args) as cluster, \
+            progress_bar(f"diff {a.path.name} {b.path.name}", quiet=args.quiet) as progress:
         result = diff_models(a, b, match_heads=args.match_heads, threshold=args.threshold,
-                             seed=args.seed, store=results_store(args), progress=progress)
+                             seed=args.seed, store=results_store(args), progress=progress,
+                             cluster=cluster)
     report = result.to_dict()
 
     def table() -> tuple[list[str], list[list[Any]]]:
