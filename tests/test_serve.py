@@ -54,3 +54,16 @@ def test_serve_answers_on_loopback_and_stops(gpt2_dir) -> None:
 def test_serve_refuses_non_loopback_without_flag(capsys) -> None:
     assert main(["serve", "--host", "0.0.0.0"]) == 1
     assert "--allow-remote" in capsys.readouterr().err
+
+
+def test_serve_on_a_port_in_use_is_one_line(capsys) -> None:
+    pytest.importorskip("textual_serve")
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "--port", str(port)]) == 1
+    err = capsys.readouterr().err
+    assert f"127.0.0.1:{port}" in err and "in use" in err and err.count("\n") == 1

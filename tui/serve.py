@@ -15,12 +15,15 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 from asyncio.subprocess import Process
 from typing import Any
 
 from textual_serve import server as _server
 from textual_serve.app_service import AppService
 from textual_serve.server import Server
+
+from headscope.engine.errors import InvalidRequestError
 
 GRACE = 2.0  # seconds an app gets to quit by itself after its websocket closed
 KILL_AFTER = 2.0  # seconds between SIGTERM and SIGKILL
@@ -88,7 +91,27 @@ class HeadscopeServer(Server):
                 await close()
 
 
+def check_port(host: str, port: int) -> None:
+    """A one-line error now if ``host:port`` cannot be bound (in use, not an address of this
+    machine), instead of aiohttp's traceback after the banner. Bound the way aiohttp binds
+    (``SO_REUSEADDR``), then released."""
+    where = f"{host}:{port}"
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as err:
+        reason = (err.strerror or str(err)).lower()
+        raise InvalidRequestError(None, f"cannot serve on {where}: {reason}") from None
+
+
 def serve(command: str, *, host: str, port: int, title: str) -> None:
     """Serve ``command`` (one app per browser tab) until Ctrl-C / SIGTERM."""
+    check_port(host, port)
     _server.AppService = AppProcess  # type: ignore[misc]  # the server builds AppService by name
-    HeadscopeServer(command, host=host, port=port, title=title).serve()
+    try:
+        HeadscopeServer(command, host=host, port=port, title=title).serve()
+    except OSError as err:  # taken between the check and the bind
+        reason = (err.strerror or str(err)).lower()
+        raise InvalidRequestError(None, f"cannot serve on {host}:{port}: {reason}") from None
