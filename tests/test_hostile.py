@@ -877,6 +877,19 @@ def test_broken_tokenizer_falls_back_to_ids(tmp_path: Path, gpt2_dir: tuple[Path
     assert m.tokenizer.encode("1 2") == [1, 2] and "tokenizer" in m.warnings[0]
 
 
+def test_the_cli_says_why_token_ids_are_shown(tmp_path: Path, gpt2_dir: tuple[Path, Any],
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from headscope.tui.cli import main
+
+    d = copy_of(gpt2_dir[0], tmp_path / "m")
+    (d / "tokenizer.json").write_text("{broken")
+    assert main(["forward", str(d), "--tokens", "1,2", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)  # stdout stays JSON; the warning is one stderr line
+    assert err.startswith("headscope: warning: ") and "tokenizer.json" in err
+    assert err.count("\n") == 1
+
+
 # --- every case of the corpus, through the one entry point --------------------------------
 
 

@@ -31,7 +31,7 @@ from headscope.tui.cli_cache import (
 )
 from headscope.tui.cli_cluster import add_cluster_args, cluster_from_args
 from headscope.tui.cli_progress import progress_bar
-from headscope.tui.datatext import tsv_field
+from headscope.tui.datatext import printable, tsv_field
 
 EXIT_OK, EXIT_MODEL_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 COMMANDS = ("open", "info", "heads", "composition", "forward", "circuit", "diff", "export", "serve",
@@ -396,7 +396,10 @@ def cmd_info(args: argparse.Namespace) -> int:
 def _open(args: argparse.Namespace) -> Any:
     from headscope.engine.loading import open_model
 
-    return open_model(args.path, raw=getattr(args, "raw", False))
+    model = open_model(args.path, raw=getattr(args, "raw", False))
+    for warning in model.warnings:  # e.g. an unusable tokenizer: ids are shown instead
+        print(f"headscope: warning: {printable(warning)}", file=sys.stderr)
+    return model
 
 
 def cmd_heads(args: argparse.Namespace) -> int:
