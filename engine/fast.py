@@ -536,9 +536,12 @@ def _pair_scores(x: np.ndarray, x_norm: np.ndarray, y: np.ndarray) -> np.ndarray
         return (np.sqrt(sq) / (x_norm[:, :, None] * y_norm[None, None, :])).astype(np.float32)
 
 
+TILE_BYTES = 768 << 20  # source factors stacked at once by a composition sweep
+
+
 def iter_composition_tiles(w: NumpyWeights, kind: str, progress: Progress = None,
                            cancelled: Cancelled = None, *, skip: frozenset[tuple[int, int]] = frozenset(),
-                           tile_bytes: int = 768 << 20) -> Iterator[Tile]:
+                           tile_bytes: int = TILE_BYTES) -> Iterator[Tile]:
     """``engine.scores.iter_composition_tiles`` in numpy (same blocks, same order; pairs in
     ``skip`` are not computed)."""
     n_layers, cfg = w.cfg.n_layers, w.cfg
@@ -592,12 +595,14 @@ def composition_baseline(d_model: int, d_head: int, seed: int = 0, samples: int 
 
 def composition_scores(w: NumpyWeights, kind: str, seed: int = 0, progress: Progress = None,
                        cancelled: Cancelled = None, *, on_tile: Callable[[Tile], None] | None = None,
-                       baseline_samples: int = 32, memo: Memo | None = None) -> tuple[np.ndarray, float]:
+                       baseline_samples: int = 32, memo: Memo | None = None,
+                       tile_bytes: int = TILE_BYTES) -> tuple[np.ndarray, float]:
     """``engine.scores.composition_scores`` in numpy: ``(scores [L, H, L, H], baseline)``.
 
     ``memo`` as there: one part per target layer ``t``, ``scores[:t, :, t, :]``; stored
     targets are skipped (``on_tile`` still gets their tiles, first), each computed target is
-    put once its last pair ``(t - 1, t)`` is done."""
+    put once its last pair ``(t - 1, t)`` is done. ``tile_bytes`` bounds the source factors
+    held at once (``iter_composition_tiles``); it changes the blocking, not the numbers."""
     if kind not in ("q", "k", "v"):
         raise InvalidRequestError(w.path, f"composition kind must be q, k or v, not {kind!r}")
     cfg = w.cfg
@@ -612,7 +617,8 @@ def composition_scores(w: NumpyWeights, kind: str, seed: int = 0, progress: Prog
         if on_tile is not None:
             for source in range(target):
                 on_tile(Tile(kind, source, target, scores[source, :, target, :].copy()))
-    for tile in iter_composition_tiles(w, kind, progress, cancelled, skip=frozenset(skip)):
+    for tile in iter_composition_tiles(w, kind, progress, cancelled, skip=frozenset(skip),
+                                       tile_bytes=tile_bytes):
         scores[tile.source, :, tile.target, :] = tile.scores
         if memo is not None and tile.source == tile.target - 1:
             memo.put(tile.target, scores[:tile.target, :, tile.target, :].copy())

@@ -202,8 +202,20 @@ def qk_positivity(fm: FactoredMatrix) -> float:
     return copying_score(fm)
 
 
+def copying_middle(w: WeightSource) -> Tensor:
+    """``W_U W_E [d_model, d_model]``: the copying sweep's one contraction over the vocabulary."""
+    return w.get("unembed.W_U") @ w.get("embed.W_E")
+
+
+def qk_middle(w: WeightSource) -> Tensor:
+    """``W_Eᵀ W_E [d_model, d_model]``: the QK-positivity sweep's contraction over the vocabulary."""
+    w_e = w.get("embed.W_E")
+    return w_e.T @ w_e
+
+
 def all_copying_scores(w: WeightSource, progress: Progress = None,
-                       cancelled: Cancelled = None, memo: Memo | None = None) -> Tensor:
+                       cancelled: Cancelled = None, memo: Memo | None = None,
+                       middle: Callable[[], Tensor] | None = None) -> Tensor:
     """Copying score of every head, ``[n_layers, n_heads]``.
 
     Full OV ``= (W_E W_V)(W_O W_U)``, so the ``d_head × d_head`` matrix with its non-zero
@@ -211,23 +223,23 @@ def all_copying_scores(w: WeightSource, progress: Progress = None,
     once per model (the one large contraction, over the vocabulary); then each layer is one
     batched product and one batched ``eigvals`` on ``[n_heads, d_head, d_head]``.
     ``memo``: layers already done are taken from it, those computed are put in it.
+    ``middle``: where to get ``W_U W_E`` from instead of ``copying_middle(w)`` (a cluster
+    worker computing one layer per task keeps it across tasks).
     """
-    middle = lambda: w.get("unembed.W_U") @ w.get("embed.W_E")  # noqa: E731  [d_model, d_model]
-    return _spectral_sweep(w, middle, "W_O", "W_V", progress, cancelled, memo)
+    return _spectral_sweep(w, middle or (lambda: copying_middle(w)), "W_O", "W_V", progress,
+                           cancelled, memo)
 
 
 def all_qk_positivity(w: WeightSource, progress: Progress = None,
-                      cancelled: Cancelled = None, memo: Memo | None = None) -> Tensor:
+                      cancelled: Cancelled = None, memo: Memo | None = None,
+                      middle: Callable[[], Tensor] | None = None) -> Tensor:
     """QK positivity of every head on the token QK circuit, ``[n_layers, n_heads]``.
 
-    Token QK ``= (W_E W_Q)(W_Kᵀ W_Eᵀ)``: ``BA = W_Kᵀ (W_Eᵀ W_E) W_Q``.
+    Token QK ``= (W_E W_Q)(W_Kᵀ W_Eᵀ)``: ``BA = W_Kᵀ (W_Eᵀ W_E) W_Q``. ``middle`` as in
+    ``all_copying_scores`` (``qk_middle(w)`` by default).
     """
-
-    def middle() -> Tensor:
-        w_e = w.get("embed.W_E")
-        return w_e.T @ w_e
-
-    return _spectral_sweep(w, middle, "W_K^T", "W_Q", progress, cancelled, memo)
+    return _spectral_sweep(w, middle or (lambda: qk_middle(w)), "W_K^T", "W_Q", progress,
+                           cancelled, memo)
 
 
 def _spectral_sweep(w: WeightSource, make_middle: Callable[[], Tensor], left: str, right: str,

@@ -27,6 +27,7 @@ from headscope.engine.cluster import (
     KeptMemo,
     connect,
     run_parts,
+    worker_tile_bytes,
 )
 from headscope.engine.loading import open_model
 from headscope.engine.store import ResultStore
@@ -63,10 +64,13 @@ def _scheduler(port: int, scratch: Path) -> subprocess.Popen[bytes]:
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_scratch_env(scratch))
 
 
+WORKER_MEMORY = "2GB"  # a limit under 4 × fast.TILE_BYTES: the workers block tiles smaller
+
+
 def _worker(address: str, scratch: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
-         "--no-dashboard", "--host", "127.0.0.1"],
+         "--no-dashboard", "--host", "127.0.0.1", "--memory-limit", WORKER_MEMORY],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_scratch_env(scratch))
 
 
@@ -133,6 +137,45 @@ def test_heads_and_composition_on_the_cluster_equal_the_local_sweeps(
         again = compute.score_table(model, store=entry)
     np.testing.assert_array_equal(again.copying_score, np.array([r["copying_score"] for r in heads],
                                                                 dtype=np.float32).reshape(6, -1))
+
+
+def test_workers_size_composition_blocks_to_their_memory(cluster: Cluster, deep_gpt2: Path) -> None:
+    assert worker_tile_bytes(2 << 30) == 512 << 20
+    assert worker_tile_bytes(64 << 30) == fast.TILE_BYTES  # never more than in-process
+    assert worker_tile_bytes(1 << 20) == 16 << 20
+    assert worker_tile_bytes() == fast.TILE_BYTES  # not on a worker: the in-process size
+    limits = {a: w["memory_limit"] for a, w in cluster.client.scheduler_info()["workers"].items()}
+    found = {a: cluster.client.submit(worker_tile_bytes, workers=[a], pure=False).result()
+             for a in limits}  # in a task on each real worker: its own limit
+    assert found == {a: worker_tile_bytes(limit) for a, limit in limits.items()}
+    assert all(v < fast.TILE_BYTES for v in found.values())
+    # smaller blocks, the same numbers: one source layer at a time against the default
+    arrays = fast.numpy_weights(open_model(deep_gpt2))
+    assert arrays is not None
+    small, _ = fast.composition_scores(arrays, "k", baseline_samples=1, tile_bytes=1)
+    default, _ = fast.composition_scores(arrays, "k", baseline_samples=1)
+    np.testing.assert_array_equal(small, default)
+
+
+def test_a_worker_forms_each_vocabulary_contraction_once(deep_gpt2: Path) -> None:
+    """One task per layer: W_U W_E and W_Eᵀ W_E are kept for the following tasks (in this
+    process, as in a worker's), and every part is the local sweep's row."""
+    from headscope.engine import cluster as cluster_mod
+    from headscope.engine.store import fingerprint
+
+    model = open_model(deep_gpt2)
+    key = fingerprint(model.checkpoint, False)
+    local = {"copying_score": scores.all_copying_scores(model.weights).numpy(),
+             "qk_positivity": scores.all_qk_positivity(model.weights).numpy()}
+    cluster_mod._OPEN.clear()
+    with mock.patch.object(scores, "copying_middle", wraps=scores.copying_middle) as cm, \
+            mock.patch.object(scores, "qk_middle", wraps=scores.qk_middle) as qm:
+        for sweep, rows in local.items():
+            for layer in range(rows.shape[0]):
+                part = cluster_mod.compute_part(str(deep_gpt2), key, False, sweep, layer)
+                np.testing.assert_array_equal(part, rows[layer])
+    assert (cm.call_count, qm.call_count) == (1, 1)
+    cluster_mod._OPEN.clear()
 
 
 def test_an_interrupted_local_sweep_resumes_on_the_cluster(
