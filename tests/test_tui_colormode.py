@@ -7,6 +7,7 @@ xterm entries turned back into RGB) and compute CIE L* of them, not the intended
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 from pathlib import Path
@@ -525,3 +526,28 @@ async def test_compare_focus_line_keeps_every_number(size: tuple[int, int]) -> N
         text = " ".join(lines)
         assert "…" not in text, text
         assert len(re.findall(r"[+-]\d*\.\d\d", text)) == 8, text  # 3 × (A, B) + OV, QK
+
+
+@pytest.mark.parametrize("cmap", sorted(COLORMAPS))
+def test_graph_edges_in_256_colours_are_palette_entries_monotone_in_strength(cmap: str) -> None:
+    """Edges of rising strength, each on its own row: the colours emitted for their braille
+    cells are xterm entries ≥ 16 (never left to Rich to quantise), from the theme's ramp, and
+    their L* moves one way from the zero stop as the strength rises (as the heatmap's do)."""
+    from headscope.tui.plots import Graph
+
+    c = colours(cmap, "256")
+    strengths = np.linspace(0.05, 0.5, 6)
+    edges = tuple((0, h, 1, h, float(s)) for h, s in enumerate(strengths))
+    text = build(Graph(2, 6, edges, "K", vmin=0.05, vmax=0.5, labels=0), 60, 30, c)
+    ramp = set(palette_ramp(c.stops))
+    braille = [s for s in text.spans if isinstance(s.style, Style) and s.style.color is not None
+               and all("\u2800" <= ch <= "\u28ff" for ch in text.plain[s.start:s.end])]
+    assert braille
+    for span in braille:
+        assert span.style.color.type == ColorType.EIGHT_BIT and span.style.color.number in ramp
+    graph = Graph(2, 6, edges, vmin=0.05, vmax=0.5)
+    emitted = [graph.edge_colour(float(s), c) for s in strengths]
+    zero = lightness(xterm_rgb(palette_ramp(c.stops)[len(palette_ramp(c.stops)) // 2]))
+    away = [abs(lightness(rgb) - zero) for rgb in emitted]
+    assert all(b >= a - 1e-9 for a, b in itertools.pairwise(away)), away
+    assert len(set(emitted)) > 2  # strength is visible: several entries, not one

@@ -7,6 +7,7 @@ itself at exactly the given size and returns the rendered text. No Textual widge
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -358,9 +359,15 @@ class Graph:
     labels: int = 3
 
     def edge_colour(self, strength: float, colours: Colours) -> tuple[int, int, int]:
+        """The positive half of the colour map over ``[vmin, vmax]``; in 256 colours the
+        palette ramp's entry (``colormap.palette_ramp``: lightness monotone in strength),
+        given as that entry's exact RGB so ``draw`` can pin it to the entry."""
         span = self.vmax - self.vmin
         t = (strength - self.vmin) / span if span > 0 else 1.0
         t = 0.3 + 0.7 * float(np.clip(t, 0.0, 1.0))  # never as dark as the background
+        if colours.mode == "256":
+            ramp = _palette_ramp(colours.stops)
+            return xterm_rgb(ramp[int(ramp_index(np.array([t]), 1.0)[0])])
         return tuple(int(c) for c in diverging_rgb(np.array([t]), colours.stops, 1.0)[0])
 
     def key(self, colours: Colours) -> Text:
@@ -404,7 +411,27 @@ class Graph:
         plt.yticks([y(h) for h in hi], hl)
         plt.ticks_color(colours.foreground)
         text = Text("\n").join([*head, _text(plt), self.key(colours)])
+        if colours.mode == "256":
+            text = _pin_to_palette(text, _palette_ramp(colours.stops))
         return text
+
+
+@functools.lru_cache(maxsize=16)
+def _palette_ramp(stops: tuple[RGB, RGB, RGB]) -> tuple[int, ...]:
+    return palette_ramp(stops)  # a nearest-colour search: once per theme, not per edge
+
+
+def _pin_to_palette(text: Text, entries: Sequence[int]) -> Text:
+    """Foreground colours that are exactly a palette entry's RGB become that entry (Rich
+    would otherwise quantise them again, by its own metric); background and bold stay."""
+    table = {xterm_rgb(i): Color.from_ansi(i) for i in entries}
+    spans = []
+    for span in text.spans:
+        style = span.style
+        colour = style.color if isinstance(style, Style) else None
+        entry = table.get(tuple(colour.triplet)) if colour is not None and colour.triplet else None
+        spans.append(span if entry is None else Span(span.start, span.end, style + Style(color=entry)))
+    return Text(text.plain, spans=spans)
 
 
 @dataclass(frozen=True)
