@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
     from .cluster import Cluster
     from .loading import Checkpoint, Model
+    from .store import ModelStore, ResultStore
 
 COMPOSITION_KEYS = ("q_composition_max", "k_composition_max", "v_composition_max")
 # A composition edge matters when it beats its baseline by this much (as in `headscope diff`).
@@ -199,22 +200,24 @@ class StepScores:
     scores: Mapping[str, np.ndarray] = field(repr=False)
 
 
-def composition_maxima(model: Model, seed: int = 0) -> dict[str, np.ndarray]:
+def composition_maxima(model: Model, seed: int = 0,
+                       store: ModelStore | None = None) -> dict[str, np.ndarray]:
     """Per head, its strongest edge of each composition kind above the baseline, either end.
 
     ``[n_layers, n_heads]`` per kind; NaN for a head with no edge (a one-layer model) or
-    non-finite weights.
+    non-finite weights. The scores are the ``composition`` command's (``compute.composition``,
+    its stored tiles when ``store`` is given).
     """
     import numpy as np
 
-    from . import scores
+    from .compute import composition
 
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     earlier = np.arange(n_layers)[:, None] < np.arange(n_layers)[None, :]
     out = {}
     for kind, key in zip("qkv", COMPOSITION_KEYS, strict=True):
-        result = scores.composition_scores(model.weights, kind, seed=seed)
-        above = result.scores.numpy().astype(np.float64) - result.baseline  # [L, H, L, H]
+        result = composition(model, kind, seed=seed, store=store)
+        above = result.scores.astype(np.float64) - result.baseline  # [L, H, L, H]
         edges = np.where(earlier[:, None, :, None], above, np.nan)
         as_source = edges.reshape(n_layers, n_heads, -1)
         as_target = edges.transpose(2, 3, 0, 1).reshape(n_layers, n_heads, -1)
@@ -223,11 +226,15 @@ def composition_maxima(model: Model, seed: int = 0) -> dict[str, np.ndarray]:
     return out
 
 
-def score_step(source: StepSource, *, seed: int = 0, raw: bool = False) -> StepScores:
+def score_step(source: StepSource, *, seed: int = 0, raw: bool = False,
+               store: ResultStore | None = None) -> StepScores:
     """Open one checkpoint, score every head, fingerprint it, close it.
 
     Independent of every other step (the unit a worker pool or a cluster runs); the scores
     are ``report.head_table``'s and :func:`composition_maxima`'s with the same ``seed``.
+    ``store``: the results store (``engine.store``) these sweeps read and write, as for
+    ``heads`` and ``composition`` on that checkpoint: a series scored again, or a step
+    already scored by those commands, is read back.
     """
     import numpy as np
 
@@ -237,11 +244,12 @@ def score_step(source: StepSource, *, seed: int = 0, raw: bool = False) -> StepS
 
     model = open_model(source.path, raw=raw)
     try:
-        rows = head_table(model, seed=seed, calibrated=False)  # z-scores: not tracked per step
+        # z-scores: not tracked per step
+        rows = head_table(model, seed=seed, calibrated=False, store=store)
         n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
         values = {k: np.array([r[k] for r in rows], dtype=np.float64).reshape(n_layers, n_heads)
                   for k in SCORE_NAMES}
-        values.update(composition_maxima(model, seed))
+        values.update(composition_maxima(model, seed, None if store is None else store.for_model(model)))
         digest = fingerprint(model.checkpoint)
     finally:
         model.raw_weights.close()
@@ -268,9 +276,11 @@ Progress = Callable[[int, int, StepScores], None] | None
 def score_steps(sources: Sequence[StepSource], *, seed: int = 0, raw: bool = False,
                 workers: int = 1, progress: Progress = None,
                 cancelled: Callable[[], bool] | None = None,
-                cluster: Cluster | None = None) -> list[StepScores]:
+                cluster: Cluster | None = None,
+                store: ResultStore | None = None) -> list[StepScores]:
     """:func:`score_step` for every source, in a pool of ``workers`` threads (1: in turn),
-    or one task per step on a Dask ``cluster`` (engine/cluster.py).
+    or one task per step on a Dask ``cluster`` (engine/cluster.py). ``store``: as for
+    :func:`score_step` (not on a cluster: its workers score each step from the file).
 
     ``progress(done, total, result)`` after each step, from the calling thread; results come
     back in the sources' order. ``cancelled()`` is checked between steps.
@@ -295,10 +305,11 @@ def score_steps(sources: Sequence[StepSource], *, seed: int = 0, raw: bool = Fal
     elif workers <= 1:
         for i, s in enumerate(sources):
             check()
-            finished(i, score_step(s, seed=seed, raw=raw))
+            finished(i, score_step(s, seed=seed, raw=raw, store=store))
     else:
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="timeline") as pool:
-            futures = {pool.submit(score_step, s, seed=seed, raw=raw): i for i, s in enumerate(sources)}
+            futures = {pool.submit(score_step, s, seed=seed, raw=raw, store=store): i
+                       for i, s in enumerate(sources)}
             try:
                 for future in as_completed(futures):
                     check()
@@ -490,10 +501,11 @@ def build_timeline(results: Sequence[StepScores], notes: Sequence[str] = (),
 def compute_timeline(paths: Sequence[str | os.PathLike[str]], *, seed: int = 0, raw: bool = False,
                      workers: int = 1, progress: Progress = None,
                      cancelled: Callable[[], bool] | None = None,
-                     cluster: Cluster | None = None) -> Timeline:
+                     cluster: Cluster | None = None,
+                     store: ResultStore | None = None) -> Timeline:
     """Discover the steps of ``paths``, check they are one layout, score them, assemble."""
     sources, notes = discover_steps(paths)
     check_layouts(sources)
     results = score_steps(sources, seed=seed, raw=raw, workers=workers, progress=progress,
-                          cancelled=cancelled, cluster=cluster)
+                          cancelled=cancelled, cluster=cluster, store=store)
     return build_timeline(results, notes)

@@ -242,6 +242,27 @@ def test_scores_per_step_are_the_heads_table(tiny_series: Path) -> None:
     assert len(set(t.fingerprints)) == 3
 
 
+def test_a_series_scored_again_is_read_from_the_results_store(tiny_series: Path, capsys) -> None:
+    """The steps' sweeps go through the results store (conftest points it at a temp dir), as
+    `heads` and `composition` do: the second run computes no spectral sweep and no
+    composition tile, and prints the same JSON; `--no-cache` computes again."""
+    from unittest import mock
+
+    from headscope.engine import fast, scores
+
+    argv = ["timeline", str(tiny_series), "--json"]
+    assert main(argv) == 0
+    first = json.loads(capsys.readouterr().out)
+    with mock.patch.object(scores, "_batched_spectral_score", side_effect=AssertionError("recomputed")), \
+            mock.patch.object(fast, "_pair_scores", side_effect=AssertionError("recomputed")):
+        assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out) == first
+    with mock.patch.object(scores, "_batched_spectral_score", wraps=scores._batched_spectral_score) as sweep:
+        assert main([*argv, "--no-cache"]) == 0
+    assert sweep.call_count == 2 * 2 * 3  # copying and QK positivity, 2 layers, 3 steps
+    assert json.loads(capsys.readouterr().out) == first
+
+
 def test_identical_checkpoints_are_warned(tiny_series: Path, capsys) -> None:
     shutil.copytree(tiny_series / "checkpoint-100", tiny_series / "checkpoint-300")
     t = tl.compute_timeline([tiny_series])

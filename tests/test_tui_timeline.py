@@ -464,3 +464,22 @@ async def test_the_changes_are_listed_even_if_the_pane_missed_the_computed_messa
         table = app.explorer.query_one("#timeline-changes", DataTable)
         assert table.row_count == len(timeline.phase_changes) > 0
         await pilot.press("q")
+
+
+async def test_the_explorer_scores_the_series_through_the_results_store(tmp_path: Path) -> None:
+    """With the default settings the steps' sweeps land in the results store (conftest points
+    it at a temp dir), one entry per step, so the series opens from it the next time."""
+    from headscope.engine.store import default_store
+
+    root = tmp_path / "run"
+    for i, step in enumerate((0, 100)):
+        _write_step(root / f"step-{step}", seed=i)
+    app = HeadscopeApp(timeline=open_timeline(root), engine_factory=lambda p, r: FakeEngine(p),
+                       settings=Settings(), debounce=0.01, sweep=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_until(pilot, lambda: app.timeline.timeline is not None or app.errors,
+                         "the timeline computed")
+        assert not app.errors
+        await pilot.press("q")
+    stored = {Path(e.path).name for e in default_store(Settings().cache_disk_mb).entries()}
+    assert stored == {"step-0", "step-100"}

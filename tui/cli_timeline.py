@@ -14,6 +14,8 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
+from headscope.tui.cli_cache import add_store_args, results_store
+
 if TYPE_CHECKING:
     from headscope.engine.timeline import StepScores, Timeline
 
@@ -55,6 +57,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--scheduler", metavar="tcp://HOST:PORT",
                    help="score the steps on this Dask scheduler, one task per step (workers "
                         "read the checkpoints from the same paths); needs headscope[cluster]")
+    add_store_args(p)
     return p
 
 
@@ -69,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     with cluster_from_args(argparse.Namespace(scheduler=args.scheduler)) as cluster:
         timeline = compute_timeline(args.paths, seed=args.seed, raw=args.raw,
                                     workers=args.workers, cluster=cluster,
+                                    store=None if cluster is not None else results_store(args),
                                     progress=_progress if sys.stderr.isatty() else None)
     if sys.stderr.isatty():
         sys.stderr.write("\r\033[K")

@@ -40,6 +40,8 @@ from headscope.engine.timeline import (
 from .widgets.status import StatusBar
 
 if TYPE_CHECKING:
+    from headscope.engine.store import ResultStore
+
     from .app import HeadscopeApp
     from .engine_api import ExplorerEngine
 
@@ -58,11 +60,12 @@ class TimelineComputed(Message, bubble=False):
 
 def compute_series(sources: Sequence[StepSource], notes: Sequence[str], raw: bool,
                    progress: Callable[[int, int], None],
-                   cancelled: Callable[[], bool]) -> Timeline:
-    """Score every step in turn (``engine.timeline``), then assemble the timeline."""
+                   cancelled: Callable[[], bool], store: ResultStore | None = None) -> Timeline:
+    """Score every step in turn (``engine.timeline``), then assemble the timeline; ``store``:
+    the results store the steps' sweeps read and write (a series opened again is read back)."""
     check_layouts(sources)
     results = score_steps(sources, raw=raw, progress=lambda done, total, _r: progress(done, total),
-                          cancelled=cancelled)
+                          cancelled=cancelled, store=store)
     return build_timeline(results, notes)
 
 
@@ -93,7 +96,8 @@ class TimelineMode:
         self.raw = False  # the weights the timeline was scored on
         self.error: str | None = None
         self.done = 0  # steps scored so far
-        self.compute: Compute = compute or compute_series
+        self.compute: Compute = compute or self._series
+        self.store: ResultStore | None = None  # the app's results store, set by start()
         self._timer: Timer | None = None
 
     @property
@@ -137,8 +141,17 @@ class TimelineMode:
         if not self.enabled or self.timeline is not None:
             return
         self.raw = app.raw
+        mb = app.settings.cache_disk_mb
+        if mb > 0:
+            from headscope.engine.store import default_store
+
+            self.store = default_store(mb)
         app.run_worker(lambda: self._compute(app), thread=True, group="timeline",
                        exclusive=True, exit_on_error=False)
+
+    def _series(self, sources: Sequence[StepSource], notes: Sequence[str], raw: bool,
+                progress: Callable[[int, int], None], cancelled: Callable[[], bool]) -> Timeline:
+        return compute_series(sources, notes, raw, progress, cancelled, store=self.store)
 
     def _compute(self, app: HeadscopeApp) -> None:
         worker = get_current_worker()
