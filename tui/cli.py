@@ -397,8 +397,9 @@ def _open(args: argparse.Namespace) -> Any:
     from headscope.engine.loading import open_model
 
     model = open_model(args.path, raw=getattr(args, "raw", False))
-    for warning in model.warnings:  # e.g. an unusable tokenizer: ids are shown instead
-        print(f"headscope: warning: {printable(warning)}", file=sys.stderr)
+    # e.g. an unusable tokenizer (ids are shown instead): said once the command succeeded
+    # (a command that fails on it already names the reason in its one error line)
+    args.warnings = [*getattr(args, "warnings", []), *model.warnings]
     return model
 
 
@@ -646,6 +647,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(normalise_argv(argv))
     try:
         code = HANDLERS[args.command](args)
+        for warning in getattr(args, "warnings", []):
+            print(f"headscope: warning: {printable(warning)}", file=sys.stderr)
         if getattr(args, "exit_now", False) and from_shell:
             exit_now(code)
         return code
