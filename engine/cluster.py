@@ -306,14 +306,24 @@ def run_parts(cluster: Cluster, model: Model, key: str, sweep: str, memo: Memo,
     return len(missing)
 
 
-def _score_step(path: str, step: int, seed: int, raw: bool) -> Any:
-    """``timeline.score_step`` on a worker (headscope errors re-typed to travel back)."""
+def _score_step(path: str, step: int, seed: int, raw: bool, key: str | None = None) -> Any:
+    """``timeline.score_step`` on a worker (headscope errors re-typed to travel back), after
+    checking the step's fingerprint (``store.fingerprint``: header, sizes, mtimes) is the
+    client's ``key``, as every other cluster task does."""
     from pathlib import Path
 
+    from .loading import inspect_checkpoint
+    from .store import fingerprint
     from .timeline import StepSource, score_step
 
     try:
+        if key is not None and fingerprint(inspect_checkpoint(path), raw) != key:
+            raise ClusterTaskError(path, f"on worker host {socket.gethostname()}: the checkpoint "
+                                   "differs from the client's (fingerprint mismatch: not the same "
+                                   "file on a shared filesystem?)")
         return score_step(StepSource(step, Path(path)), seed=seed, raw=raw)
+    except ClusterTaskError:
+        raise
     except HeadscopeError as err:
         raise ClusterTaskError(err.path, f"on worker host {socket.gethostname()}: {err.reason}") from None
 
@@ -323,13 +333,16 @@ def run_steps(cluster: Cluster, sources: list[Any], *, seed: int, raw: bool,
     """``timeline.score_step`` of every source on ``cluster``, one task per step;
     ``finished(i, result)`` as each arrives. Faults and cancellation as ``run_parts``."""
     from .errors import CancelledError
+    from .loading import inspect_checkpoint
+    from .store import fingerprint
 
     distributed = _require_distributed()
     futures: dict[str, tuple[Any, int]] = {}
     count = [0]
+    keys = [fingerprint(inspect_checkpoint(s.path), raw) for s in sources]  # headers only
     with _cluster_failures(cluster, count, len(sources)):
         for i, s in enumerate(sources):
-            fut = cluster.client.submit(_score_step, str(s.path), s.step, seed, raw,
+            fut = cluster.client.submit(_score_step, str(s.path), s.step, seed, raw, keys[i],
                                         retries=RETRIES, pure=False)
             futures[fut.key] = (fut, i)
     try:

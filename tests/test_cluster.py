@@ -330,6 +330,19 @@ def test_timeline_on_the_cluster_equals_the_local_timeline(cluster: Cluster) -> 
     _assert_close(remote.to_dict(), local.to_dict())
 
 
+def test_a_timeline_step_that_differs_on_the_worker_fails_naming_it() -> None:
+    """The worker side of a timeline task, run here: a step whose fingerprint is not the
+    client's is refused before it is scored."""
+    from headscope.engine.cluster import _score_step
+    from headscope.sample_models import bundled_model
+
+    path = str(bundled_model())
+    with pytest.raises(ClusterTaskError) as err:
+        _score_step(path, 0, 0, False, "0" * 32)
+    line = str(err.value)
+    assert path in line and "fingerprint" in line and "on worker host" in line and "\n" not in line
+
+
 def _assert_close(a: object, b: object) -> None:
     if isinstance(a, dict) and isinstance(b, dict):
         assert a.keys() == b.keys()
