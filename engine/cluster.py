@@ -156,6 +156,12 @@ def _middle(model: Model, sweep: str) -> Any:
     return _MIDDLES[sweep]
 
 
+def _not_the_clients(path: str) -> ClusterTaskError:
+    return ClusterTaskError(path, f"on worker host {socket.gethostname()}: the checkpoint differs "
+                            "from the client's (fingerprint mismatch: not the same file on a "
+                            "shared filesystem?)")
+
+
 def _worker_model(path: str, key: str, raw: bool) -> Model:
     from .loading import open_model
     from .store import fingerprint
@@ -166,9 +172,7 @@ def _worker_model(path: str, key: str, raw: bool) -> Model:
     model = open_model(path, raw=raw)
     found = fingerprint(model.checkpoint, raw)
     if found != key:
-        raise ClusterTaskError(path, f"on worker host {socket.gethostname()}: the checkpoint "
-                               "differs from the client's (fingerprint mismatch: not the same "
-                               "file on a shared filesystem?)")
+        raise _not_the_clients(path)
     _OPEN.clear()
     _MIDDLES.clear()  # they belong to the model just replaced
     _OPEN[(path, key, raw)] = model
@@ -318,9 +322,7 @@ def _score_step(path: str, step: int, seed: int, raw: bool, key: str | None = No
 
     try:
         if key is not None and fingerprint(inspect_checkpoint(path), raw) != key:
-            raise ClusterTaskError(path, f"on worker host {socket.gethostname()}: the checkpoint "
-                                   "differs from the client's (fingerprint mismatch: not the same "
-                                   "file on a shared filesystem?)")
+            raise _not_the_clients(path)
         return score_step(StepSource(step, Path(path)), seed=seed, raw=raw)
     except ClusterTaskError:
         raise

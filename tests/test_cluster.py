@@ -91,18 +91,31 @@ def scheduler(tmp_path_factory: pytest.TempPathFactory,
             _stop(p)
 
 
-@pytest.fixture
-def cluster(scheduler: tuple[str, list[subprocess.Popen[bytes]]]) -> Iterator[Cluster]:
-    address, workers = scheduler
+def _connect_when_up(address: str) -> Cluster:
+    """``connect``, retried for up to ``WAIT`` seconds: the scheduler may still be starting."""
     deadline = time.monotonic() + WAIT
-    while True:  # the scheduler may still be starting
+    while True:
         try:
-            c = connect(address)
-            break
+            return connect(address)
         except ClusterError:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
+
+
+def _sixteen_layers(tmp_path: Path) -> Path:
+    """A GPT-2 of 16 layers × 8 heads (d_model 256): enough parts to act mid-sweep."""
+    with mock.patch.object(hf_fixtures, "N_LAYERS", 16), \
+            mock.patch.object(hf_fixtures, "D_MODEL", 256), \
+            mock.patch.object(hf_fixtures, "N_HEADS", 8):
+        path, _ = hf_fixtures.build_gpt2(tmp_path / "m16", tokenizer=False)
+    return path
+
+
+@pytest.fixture
+def cluster(scheduler: tuple[str, list[subprocess.Popen[bytes]]]) -> Iterator[Cluster]:
+    address, workers = scheduler
+    c = _connect_when_up(address)
     alive = sum(p.poll() is None for p in workers)
     c.client.wait_for_workers(alive, timeout=WAIT)
     try:
@@ -235,11 +248,7 @@ def test_a_worker_killed_mid_sweep_loses_nothing(
         deep_gpt2: Path, tmp_path: Path) -> None:
     """Kills one of the module's two workers (the tests after it use the other)."""
     _, workers = scheduler
-    with mock.patch.object(hf_fixtures, "N_LAYERS", 16), \
-            mock.patch.object(hf_fixtures, "D_MODEL", 256), \
-            mock.patch.object(hf_fixtures, "N_HEADS", 8):
-        path, _ = hf_fixtures.build_gpt2(tmp_path / "m16", tokenizer=False)
-    model = open_model(path)
+    model = open_model(_sixteen_layers(tmp_path))
     victim = workers[1]
     killed: list[float] = []
 
@@ -379,20 +388,8 @@ def test_a_scheduler_that_goes_away_is_one_line_with_the_parts_kept(tmp_path: Pa
     sched = _scheduler(port, tmp_path)
     worker = _worker(address, tmp_path)
     try:
-        with mock.patch.object(hf_fixtures, "N_LAYERS", 16), \
-                mock.patch.object(hf_fixtures, "D_MODEL", 256), \
-                mock.patch.object(hf_fixtures, "N_HEADS", 8):
-            path, _ = hf_fixtures.build_gpt2(tmp_path / "m16", tokenizer=False)
-        model = open_model(path)
-        deadline = time.monotonic() + WAIT
-        while True:
-            try:
-                c = connect(address)
-                break
-            except ClusterError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
+        model = open_model(_sixteen_layers(tmp_path))
+        c = _connect_when_up(address)
         with c:
             c.client.wait_for_workers(1, timeout=WAIT)
 
