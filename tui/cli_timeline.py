@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     with cluster_from_args(argparse.Namespace(scheduler=args.scheduler)) as cluster:
         timeline = compute_timeline(args.paths, seed=args.seed, raw=args.raw,
                                     workers=args.workers, cluster=cluster,
-                                    store=None if cluster is not None else results_store(args),
+                                    store=results_store(args),  # unused by cluster steps
                                     progress=_progress if sys.stderr.isatty() else None)
     if sys.stderr.isatty():
         sys.stderr.write("\r\033[K")
