@@ -1,0 +1,143 @@
+"""Weight-based scores and processed weights against TransformerLens itself (issue #16).
+
+For every family both read, the same tiny random checkpoint (tests/hf_fixtures.py,
+tests/family_fixtures.py, tests/hf_fixtures_phi.py) is opened by headscope (processed, the
+default) and by TransformerLens 4 (``TransformerBridge.boot_transformers`` on the directory,
+offline, then ``enable_compatibility_mode()``: ``fold_ln``, ``center_writing_weights``,
+``center_unembed``, ``fold_value_biases``, as HookedTransformer's ``from_pretrained`` did).
+Per-head ``W_Q W_K W_V W_O`` and their biases, ``W_E``, ``W_pos``, ``W_U``, ``b_U``, the copying
+scores, QK positivities and Q/K/V composition scores must agree to 1e-4.
+
+Where TransformerLens keeps a tensor in another, equivalent form, the comparison maps it
+(docs/math.md, "Comparing with TransformerLens"); every score is unchanged by these maps:
+
+- grouped-query K/V: TransformerLens stacks the ``n_kv_heads`` stored heads; headscope expands
+  them to one per query head (``h // (n_heads // n_kv_heads)``).
+- Gemma 1/2/3: TransformerLens 4 multiplies the embeddings by √d_model at run time and keeps
+  ``W_E`` unscaled; headscope's ``W_E`` is the scaled matrix (HookedTransformer's convention).
+  Spectral and composition scores are scale-free.
+- GPT-J: headscope reorders each head's first ``rotary_dim`` query/key dims from interleaved
+  pairs ``(2i, 2i+1)`` to rotate-half pairs ``(i, i + r/2)`` (docs/math.md, "Rotary layouts");
+  ``q·k`` and every QK score are unchanged by the common permutation.
+- OLMo2: TransformerLens leaves the final RMSNorm's gain in the norm; headscope folds it into
+  ``W_U`` (exact: the norm's output is read by ``W_U`` alone), as it does for every other
+  RMSNorm family. TransformerLens' full OV circuit then lacks the gain, so its copying scores
+  differ; with the gain put back they agree.
+
+No test here skips: TransformerLens is in the ``test`` extra (pyproject.toml).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from headscope.engine import scores
+from headscope.engine.loading import open_model
+from tests import family_fixtures, hf_fixtures, hf_fixtures_phi
+
+# (name, builder): every decoder family headscope reads that TransformerLens 4 boots.
+BUILDERS = {
+    **{name: hf_fixtures.FAMILIES[name] for name in ("gpt2", "neox", "llama", "qwen2")},
+    **family_fixtures.NEW_FAMILIES,
+    **hf_fixtures_phi.PHI_FAMILIES,
+}
+ATOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Any]]:
+    """Checkpoints built on first use, once per module (a dict filled lazily)."""
+    return {}
+
+
+def _checkpoint(cache: dict[str, tuple[Path, Any]], name: str, tmp: pytest.TempPathFactory
+                ) -> tuple[Path, Any]:
+    if name not in cache:
+        cache[name] = BUILDERS[name](tmp.mktemp(f"tl-{name}"))
+    return cache[name]
+
+
+def _boot(path: Path) -> Any:
+    """TransformerLens' processed model of the checkpoint at ``path``, offline."""
+    from tokenizers import Tokenizer, models
+    from transformer_lens.model_bridge import TransformerBridge
+    from transformers import PreTrainedTokenizerFast
+
+    # The fixtures ship no tokenizer; TransformerLens wants one (a fresh one each time:
+    # booting edits the tokenizer's init kwargs). Weights do not depend on it.
+    word = Tokenizer(models.WordLevel({"<unk>": 0, "a": 1}, unk_token="<unk>"))
+    tok = PreTrainedTokenizerFast(tokenizer_object=word, unk_token="<unk>")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = TransformerBridge.boot_transformers(str(path), tokenizer=tok, device="cpu")
+        model.enable_compatibility_mode(disable_warnings=True)
+    return model
+
+
+def _spectral(fm: Any) -> torch.Tensor:
+    """TransformerLens' statistic ``Σ Re λ / Σ |λ|`` on its own ``FactoredMatrix``."""
+    eig = fm.eigenvalues
+    return eig.real.sum(-1) / eig.abs().sum(-1)
+
+
+def _close(ours: torch.Tensor, theirs: torch.Tensor, what: str) -> None:
+    theirs = theirs.detach().float()
+    assert ours.shape == theirs.shape, f"{what}: shape {tuple(ours.shape)} vs TransformerLens {tuple(theirs.shape)}"
+    err = (ours - theirs).abs().max().item()
+    assert err <= ATOL, f"{what}: max |headscope - TransformerLens| = {err:.2e}"
+
+
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_processed_weights_and_scores_match_transformer_lens(
+    name: str, checkpoints: dict[str, tuple[Path, Any]], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    path, hf_model = _checkpoint(checkpoints, name, tmp_path_factory)
+    w = open_model(path).weights
+    cfg = w.cfg
+    tl = _boot(path)
+    group = cfg.n_heads // cfg.kv_heads
+
+    def stacked(what: str) -> torch.Tensor:
+        return torch.stack([w.get(f"blocks.{layer}.attn.{what}") for layer in range(cfg.n_layers)])
+
+    perm = torch.arange(cfg.d_head)
+    if cfg.family == "gptj":  # interleaved -> rotate-half order of the rotary dims
+        r = cfg.rotary_dim
+        perm[:r] = torch.cat((torch.arange(0, r, 2), torch.arange(1, r, 2)))
+
+    with torch.no_grad():
+        for what in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O"):
+            try:
+                theirs = getattr(tl, what)
+            except AttributeError:  # TransformerLens: a bias-free projection has no stacked bias
+                assert not stacked(what).any(), f"{name}: {what} is not zero but TransformerLens has none"
+                continue
+            if what[-1] in "KV" and group > 1:
+                theirs = theirs.repeat_interleave(group, dim=1)
+            if what[-1] in "QK":
+                theirs = theirs[..., perm]
+            _close(stacked(what), theirs, f"{name} {what}")
+
+        scale = math.sqrt(cfg.d_model) if cfg.family.startswith("gemma") else 1.0
+        _close(w.get("embed.W_E"), tl.W_E * scale, f"{name} W_E")
+        if cfg.positional == "learned":
+            _close(w.get("pos_embed.W_pos"), tl.W_pos, f"{name} W_pos")
+        w_u = tl.W_U
+        if cfg.family == "olmo2":  # put back the final norm's gain TransformerLens leaves unfolded
+            w_u = hf_model.model.norm.weight.detach()[:, None] * w_u
+        _close(w.get("unembed.W_U"), w_u, f"{name} W_U")
+        _close(w.get("unembed.b_U"), tl.b_U, f"{name} b_U")
+
+        # The scores, each side computed its own way on its own weights.
+        _close(scores.all_copying_scores(w), _spectral(tl.W_E @ tl.OV @ w_u), f"{name} copying scores")
+        _close(scores.all_qk_positivity(w), _spectral(tl.W_E @ tl.QK @ tl.W_E.T), f"{name} QK positivity")
+        for kind in "QKV":
+            theirs = tl.all_composition_scores(kind)
+            _close(scores.composition_scores(w, kind.lower()).scores, getattr(theirs, "scores", theirs),
+                   f"{name} {kind}-composition")
