@@ -15,6 +15,9 @@ keeps one adapter:
   ``LlamaModel.permute``, done there for llama.cpp's interleaved rotary kernel) and Gemma's
   ``+ 1`` on norm gains. So circuits and patterns equal those of the original checkpoint, up
   to the quantisation error of the stored type.
+- Gemma 2/3 settings the file does not store are what llama.cpp assumes (``gemma_config``):
+  the attention scale, Gemma 2's alternating and Gemma 3's five-in-six local layers, Gemma 3's
+  local RoPE base.
 
 The tokenizer comes from the metadata (``gguf_tokenizer``).
 """
@@ -53,6 +56,7 @@ class GGUFArch:
     permuted_qk: bool = False  # Q/K rows permuted by the conversion (LlamaModel.permute)
     norm_offset: float = 0.0  # the conversion stored norm gains as (offset + w)
     fused: bool = False  # attn_qkv and a gate|up ffn_up (Phi-3)
+    sandwich: bool = False  # norms before and after each sublayer (Gemma 2/3): ffn_norm is the pre-MLP one
 
 
 ARCHS: dict[str, GGUFArch] = {
@@ -60,6 +64,9 @@ ARCHS: dict[str, GGUFArch] = {
     "qwen2": GGUFArch("Qwen2ForCausalLM", "qwen2", "silu"),
     "phi3": GGUFArch("Phi3ForCausalLM", "phi3", "silu", fused=True),
     "gemma": GGUFArch("GemmaForCausalLM", "gemma", "gelu_pytorch_tanh", norm_offset=1.0),
+    "gemma2": GGUFArch("Gemma2ForCausalLM", "gemma2", "gelu_pytorch_tanh", norm_offset=1.0, sandwich=True),
+    "gemma3": GGUFArch("Gemma3ForCausalLM", "gemma3_text", "gelu_pytorch_tanh", norm_offset=1.0,
+                       sandwich=True),
 }
 
 # llama.cpp tensor name (after "blk.N.") -> HF name (after "model.layers.N.").
@@ -74,6 +81,16 @@ _BLOCK_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+}
+# Gemma 2/3 (gguf's MODEL_TENSOR map of GEMMA2/GEMMA3): a norm before and after each sublayer,
+# and Gemma 3's per-head q/k norms. Every ``*norm.weight`` is stored as 1 + w (``norm_offset``).
+_SANDWICH_NAMES = {
+    **_BLOCK_NAMES,
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
 }
 _TOP_NAMES = {
     "token_embd": "model.embed_tokens",
@@ -110,6 +127,7 @@ def arch_of(header: GGUFHeader) -> tuple[str, GGUFArch]:
 def hf_tensor_names(header: GGUFHeader, arch: GGUFArch) -> dict[str, str]:
     """HF tensor name -> GGUF tensor name, for every tensor of the file the model uses."""
     out: dict[str, str] = {}
+    block_names = _SANDWICH_NAMES if arch.sandwich else _BLOCK_NAMES
     for name in header.tensors:
         if name == ROPE_FREQS:
             continue
@@ -122,8 +140,8 @@ def hf_tensor_names(header: GGUFHeader, arch: GGUFArch) -> dict[str, str]:
         hf: str | None = None
         if stem in _TOP_NAMES:
             hf = _TOP_NAMES[stem]
-        elif len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _BLOCK_NAMES:
-            module = _BLOCK_NAMES[parts[2]]
+        elif len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in block_names:
+            module = block_names[parts[2]]
             if arch.fused and parts[2] == "ffn_up":
                 module = "mlp.gate_up_proj"
             hf = f"model.layers.{int(parts[1])}.{module}"
@@ -184,7 +202,59 @@ def hf_config(header: GGUFHeader, name: str, arch: GGUFArch, hf_names: Mapping[s
         config["rope_scaling"] = llama3_rope(header, config["rope_theta"], rope_dims or d_head)
     if any(k.endswith(".bias") and "q_proj" in k for k in hf_names):
         config["attention_bias"] = True
+    if arch.sandwich:
+        config.update(gemma_config(header, name, config))
     return config
+
+
+# Gemma 2 / 3 checkpoints llama.cpp recognises as 27B by their layer count: their scores are
+# scaled by 1/sqrt(d_model / n_heads) instead of 1/sqrt(head_dim) (query_pre_attn_scalar).
+_GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
+
+
+def gemma_config(header: GGUFHeader, name: str, config: Mapping[str, Any]) -> dict[str, Any]:
+    """The Gemma 2/3 keys of ``config.json`` a GGUF file implies, read as llama.cpp reads them
+    (``llama-model.cpp``, ``load_hparams``): the soft-caps from the metadata; the sliding window
+    from ``attention.sliding_window`` (Gemma 2: 4096 when absent) on every second layer (Gemma 2)
+    or five layers in six (Gemma 3: unless ``attention.sliding_window_pattern`` says otherwise;
+    no window key, no local layers), Gemma 3's local layers rotating with base 10000
+    (``rope.freq_base_swa`` if present), unscaled; and ``query_pre_attn_scalar``, which the
+    conversion does not store: ``head_dim``, or ``d_model / n_heads`` for the 27B models
+    (recognised by their layer count), unless ``attention.scale`` is given."""
+    meta = header.metadata
+
+    def key(k: str, default: Any = None) -> Any:
+        return meta.get(f"{name}.{k}", default)
+
+    out: dict[str, Any] = {}
+    for k in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if key(k) is not None:
+            out[k] = key(k)
+    n_layers, d_model, n_heads = config.get("num_hidden_layers"), config.get("hidden_size"), config.get("num_attention_heads")
+    head_dim = config.get("head_dim")
+    if head_dim is None and _positive(d_model) and _positive(n_heads):
+        head_dim = d_model // n_heads
+    scale = key("attention.scale")
+    if isinstance(scale, int | float) and not isinstance(scale, bool) and scale > 0:
+        out["query_pre_attn_scalar"] = 1.0 / (scale * scale)
+    elif n_layers == _GEMMA_27B_LAYERS[name] and _positive(d_model) and _positive(n_heads):
+        out["query_pre_attn_scalar"] = d_model // n_heads
+    elif head_dim is not None:
+        out["query_pre_attn_scalar"] = head_dim
+    window = key("attention.sliding_window", 4096 if name == "gemma2" else None)
+    if name == "gemma3":
+        out["rope_local_base_freq"] = key("rope.freq_base_swa", 10000.0)
+        pattern = key("attention.sliding_window_pattern", 6)
+        if not window or not _positive(n_layers):
+            out["layer_types"] = ["full_attention"] * (n_layers if _positive(n_layers) else 0)
+        elif isinstance(pattern, list):  # one flag per layer: true = sliding
+            out["layer_types"] = ["sliding_attention" if p else "full_attention" for p in pattern]
+        elif _positive(pattern):
+            out["sliding_window_pattern"] = pattern
+    if window:
+        out["sliding_window"] = window
+        out["use_sliding_window"] = True
+    return out
 
 
 def llama3_rope(header: GGUFHeader, base: Any, dim: Any) -> dict[str, Any]:

@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-ARCH_OF_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "phi3": "phi3", "mistral": "llama", "gemma": "gemma"}
+ARCH_OF_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "phi3": "phi3", "mistral": "llama", "gemma": "gemma",
+                      "gemma2": "gemma2", "gemma3_text": "gemma3"}
 
 
 def permute(w: np.ndarray, n_head: int, n_head_kv: int | None = None) -> np.ndarray:
@@ -63,7 +64,7 @@ def write_gguf(
     tokenizer_pre: str | None = None,
     metadata: Callable[[Any], Any] | None = None,
 ) -> Path:
-    """Write ``model`` (a transformers Llama / Qwen2 / Phi-3) as a GGUF file at ``out``.
+    """Write ``model`` (a transformers Llama / Qwen2 / Phi-3 / Gemma 1/2/3) as a GGUF file at ``out``.
 
     ``qtype``: the ggml type of 2-D weights (or a function of (hf name, shape)); 1-D tensors are
     F32. ``raw_blocks``: HF name -> (already quantised bytes [rows, row_bytes], type), written as
@@ -74,11 +75,13 @@ def write_gguf(
     c = model.config
     arch = ARCH_OF_MODEL_TYPE[c.model_type]
     enum = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2, "phi3": gguf.MODEL_ARCH.PHI3,
-            "gemma": gguf.MODEL_ARCH.GEMMA}[arch]
+            "gemma": gguf.MODEL_ARCH.GEMMA, "gemma2": gguf.MODEL_ARCH.GEMMA2, "gemma3": gguf.MODEL_ARCH.GEMMA3}[arch]
     names = gguf.get_tensor_name_map(enum, c.num_hidden_layers)
     n_heads, n_kv = c.num_attention_heads, getattr(c, "num_key_value_heads", None) or c.num_attention_heads
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // n_heads
     rope = dict(getattr(c, "rope_parameters", None) or {})
+    if arch == "gemma3":  # per layer kind: the file stores the global layers' (Gemma3Model)
+        rope = dict(rope.get("full_attention") or {})
     pct = rope.get("partial_rotary_factor", getattr(c, "partial_rotary_factor", 1.0)) or 1.0
 
     w = gguf.GGUFWriter(str(out), arch)
@@ -95,9 +98,18 @@ def write_gguf(
         metadata(w)  # extra keys, e.g. RoPE scaling
     if arch == "phi3" and getattr(c, "sliding_window", None):
         w.add_sliding_window(c.sliding_window)
-    if head_dim != c.hidden_size // n_heads:
+    if head_dim != c.hidden_size // n_heads or arch in ("gemma2", "gemma3"):
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
+    if arch in ("gemma2", "gemma3"):  # Gemma2Model / Gemma3Model.set_gguf_parameters
+        if getattr(c, "attn_logit_softcapping", None):
+            w.add_attn_logit_softcapping(c.attn_logit_softcapping)
+        if getattr(c, "final_logit_softcapping", None):
+            w.add_final_logit_softcapping(c.final_logit_softcapping)
+        w.add_sliding_window(c.sliding_window)
+        if rope.get("rope_type") == "linear":  # Gemma 3: applies to the global layers only
+            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            w.add_rope_scaling_factor(rope["factor"])
     if tokens is not None:
         w.add_tokenizer_model(tokenizer_model)
         if tokenizer_pre is not None:
@@ -122,8 +134,8 @@ def write_gguf(
         else:
             kind = qtype(hf_name, arr.shape) if callable(qtype) else qtype
             data, raw = encode(arr, kind if arr.ndim == 2 else "F32")
-        if arch == "gemma" and hf_name.endswith("norm.weight"):
-            data = data + 1  # GemmaModel.modify_tensors: llama.cpp's RMSNorm multiplies by w, not 1 + w
+        if arch.startswith("gemma") and hf_name.endswith("norm.weight"):
+            data = data + 1  # Gemma*Model.modify_tensors: llama.cpp's RMSNorm multiplies by w, not 1 + w
         if arch == "llama" and "self_attn.q_proj" in hf_name:
             data = permute(data, n_heads, n_heads)
         elif arch == "llama" and "self_attn.k_proj" in hf_name:

@@ -160,6 +160,80 @@ def test_gemma_gguf_norm_offset_is_undone(tmp_path: Path) -> None:
     _assert_same_model(tmp_path / "ref", path)
 
 
+def _gemma2(tmp_path: Path) -> tuple[Path, Any]:
+    """Gemma 2 as a GGUF file can carry it: query_pre_attn_scalar = head_dim (llama.cpp's rule
+    below 27B), soft-caps below the typical scores, a window of 5 on every other layer."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    from tests.family_fixtures import WINDOW, _common
+    from tests.hf_fixtures import _finish
+
+    cfg = Gemma2Config(head_dim=8, query_pre_attn_scalar=8, sliding_window=WINDOW,
+                       attn_logit_softcapping=4.0, final_logit_softcapping=5.0, **_common())
+    return _finish(Gemma2ForCausalLM(cfg), tmp_path, seed=31, shard=False, dtype=None, tokenizer=False)
+
+
+def _gemma3(tmp_path: Path) -> tuple[Path, Any]:
+    """Gemma 3 with six layers (five local, one global, llama.cpp's fixed pattern), local base
+    10000 (llama.cpp's) and a global base of 100 scaled linearly by 8."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    from tests.family_fixtures import WINDOW, _common
+    from tests.hf_fixtures import _finish
+
+    rope = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 100.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+    common = {**_common(), "num_hidden_layers": 6}
+    cfg = Gemma3TextConfig(head_dim=8, query_pre_attn_scalar=8, sliding_window=WINDOW,
+                           rope_parameters=rope, **common)
+    assert cfg.layer_types == ["sliding_attention"] * 5 + ["full_attention"]
+    return _finish(Gemma3ForCausalLM(cfg), tmp_path, seed=32, shard=False, dtype=None, tokenizer=False)
+
+
+@pytest.mark.parametrize("builder", [_gemma2, _gemma3], ids=["gemma2", "gemma3"])
+def test_gemma2_and_gemma3_gguf_are_the_original(builder: Any, tmp_path: Path) -> None:
+    """Soft-caps, sliding windows, post-sublayer norms, q/k norms, local/global RoPE come back
+    from the metadata and the +1 of every norm gain is undone: the same model as the original."""
+    from headscope.engine.forward import layer_config
+
+    path, model = builder(tmp_path / "hf")
+    gguf = write_gguf(model, tmp_path / "m.gguf")
+    a, b = open_model(path, raw=True), open_model(gguf, raw=True)
+    assert (b.cfg.family, b.cfg.attn_scale) == (a.cfg.family, a.cfg.attn_scale)
+    for key in ("attn_softcap", "final_softcap", "sliding_window", "layer_types", "qk_norm"):
+        assert b.cfg.extra.get(key) == a.cfg.extra.get(key), key
+    for layer in range(a.cfg.n_layers):
+        la, lb = layer_config(a.cfg, layer), layer_config(b.cfg, layer)
+        assert (la.rotary_base, la.extra.get("rope_type")) == (lb.rotary_base, lb.extra.get("rope_type"))
+    for name in a.checkpoint.specs:
+        # (w + 1) - 1 in float32: w up to half an ulp of numbers near 1
+        torch.testing.assert_close(b.weights.get(name), a.weights.get(name), atol=2.0**-23, rtol=0)
+    _assert_same_model(path, gguf)
+
+
+def test_gemma_gguf_attention_scale_follows_llama_cpp() -> None:
+    """llama.cpp stores no query_pre_attn_scalar: head_dim, except the 27B models (46 / 62
+    layers), scaled by d_model / n_heads; an explicit attention.scale wins."""
+    from types import SimpleNamespace
+
+    from headscope.engine.gguf_model import gemma_config
+
+    def scalar(name: str, n_layers: int, **meta: Any) -> Any:
+        header = SimpleNamespace(metadata={f"{name}.{k}": v for k, v in meta.items()})
+        config = {"num_hidden_layers": n_layers, "hidden_size": 4608, "num_attention_heads": 32, "head_dim": 128}
+        return gemma_config(header, name, config)
+
+    assert scalar("gemma2", 46)["query_pre_attn_scalar"] == 144  # gemma-2-27b
+    assert scalar("gemma2", 26)["query_pre_attn_scalar"] == 128
+    assert scalar("gemma3", 62)["query_pre_attn_scalar"] == 144
+    assert scalar("gemma3", 62, **{"attention.scale": 0.125})["query_pre_attn_scalar"] == 64
+    assert scalar("gemma2", 26)["sliding_window"] == 4096  # llama.cpp's default for Gemma 2
+    no_window = scalar("gemma3", 6)
+    assert no_window["layer_types"] == ["full_attention"] * 6 and "sliding_window" not in no_window
+    flags = scalar("gemma3", 3, **{"attention.sliding_window": 5, "attention.sliding_window_pattern": [True, False, True]})
+    assert flags["layer_types"] == ["sliding_attention", "full_attention", "sliding_attention"]
+
+
 # --- quantised types ---------------------------------------------------------------------------
 
 # Worst-case |dequantised - original| per element, relative to the largest |w| of its block
