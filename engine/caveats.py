@@ -18,7 +18,9 @@ def qk_caveats(cfg: ModelConfig) -> list[str]:
     biases, RoPE and the 1/scale factor)."""
     notes = []
     kind = cfg.extra.get("qk_norm")
-    if kind:
+    if kind == "layer":
+        notes.append("QK omits the q/k LayerNorm (per head): scores are not bilinear in the residual")
+    elif kind:
         where = "per head" if kind == "head" else "over the whole projection"
         notes.append(f"QK omits the q/k RMSNorm ({where}): scores are not bilinear in the residual")
     cap = cfg.extra.get("attn_softcap")

@@ -147,11 +147,14 @@ def rope(x: Tensor, positions: Tensor, cfg: ModelConfig) -> Tensor:
     through (partial rotary).
     """
     # one definition of the frequencies (incl. RoPE scaling) and of the rotation
-    from .forward import apply_rotary, rotary_inv_freq
+    from .forward import apply_rotary, rotary_inv_freq, rotary_scale
 
     x = x.expand(broadcast_shapes(x.shape, (*positions.shape, x.shape[-1])))
-    inv_freq = rotary_inv_freq(cfg).to(torch.float64)
-    return apply_rotary(x, positions.to(torch.float64)[..., None] * inv_freq)  # angles [..., r/2]
+    # LongRoPE: the factors of a sequence reaching the largest position asked for
+    seq_len = int(positions.max().item()) + 1 if positions.numel() else None
+    inv_freq = rotary_inv_freq(cfg, seq_len=seq_len).to(torch.float64)
+    # angles [..., r/2]
+    return apply_rotary(x, positions.to(torch.float64)[..., None] * inv_freq, rotary_scale(cfg))
 
 
 def _layer_cfg(w: WeightSource, layer: int) -> ModelConfig:

@@ -38,6 +38,7 @@ __all__ = [
     "log_probs",
     "rotary",
     "rotary_inv_freq",
+    "rotary_scale",
     "run",
     "run_ablations",
 ]
@@ -240,8 +241,10 @@ def attention(w: WeightSource, layer: int, x: Tensor, ablated: Sequence[int], ab
     v = torch.einsum("bpd,hde->bhpe", x, w.get(f"{pre}.W_V")) + w.get(f"{pre}.b_V")[:, None, :]
     q, k = qk_norm(w, layer, q, k)
     if cfg.positional == "rotary":
-        inv_freq = rotary_inv_freq(layer_config(cfg, layer), getattr(w, "path", None))
-        q, k = rotary(q, inv_freq), rotary(k, inv_freq)
+        layer_cfg = layer_config(cfg, layer)
+        inv_freq = rotary_inv_freq(layer_cfg, getattr(w, "path", None), seq_len=q.shape[-2])
+        scale = rotary_scale(layer_cfg)
+        q, k = rotary(q, inv_freq, scale), rotary(k, inv_freq, scale)
 
     scores = q @ k.transpose(-1, -2) / cfg.scale  # [b, h, q, k]
     scores = softcap(scores, cfg.extra.get("attn_softcap"))
@@ -313,10 +316,15 @@ def qk_norm(w: WeightSource, layer: int, q: Tensor, k: Tensor) -> tuple[Tensor, 
     """RMSNorm of queries and keys ``[b, h, p, d_head]`` before RoPE, when the model has one:
     per head over ``d_head`` with a ``[d_head]`` gain (Qwen3, Gemma 3), or over the whole
     projection, all heads at once, with a ``[h, d_head]`` gain (OLMo2; with grouped-query
-    attention the expanded keys have the same mean square as the stored ones)."""
+    attention the expanded keys have the same mean square as the stored ones); or a LayerNorm
+    per head over ``d_head`` with gain and bias (Phi's ``qk_layernorm``: ``qk_norm == "layer"``)."""
     pre = f"blocks.{layer}.attn"
     if not w.has(f"{pre}.q_norm.w"):
         return q, k
+    if w.cfg.extra.get("qk_norm") == "layer":
+        eps = w.cfg.norm_eps
+        return (layer_norm(q, w.get(f"{pre}.q_norm.w"), w.get(f"{pre}.q_norm.b"), eps),
+                layer_norm(k, w.get(f"{pre}.k_norm.w"), w.get(f"{pre}.k_norm.b"), eps))
     return _qk_rms(w, f"{pre}.q_norm.w", q), _qk_rms(w, f"{pre}.k_norm.w", k)
 
 
@@ -330,10 +338,15 @@ def _qk_rms(w: WeightSource, name: str, x: Tensor) -> Tensor:
     return x * scale * gain[:, None, :]
 
 
-def rotary_inv_freq(cfg: ModelConfig, path: str | None = None) -> Tensor:
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
+
+
+def rotary_inv_freq(cfg: ModelConfig, path: str | None = None, seq_len: int | None = None) -> Tensor:
     """Rotation frequencies base^(-2i/r) of the r = rotary_dim rotated dims, [r/2], with the
-    RoPE scaling of ``cfg.extra["rope_type"]`` ("default", "linear", "llama3") as transformers
-    computes it. Other scalings raise ConfigError rather than give silently wrong patterns."""
+    RoPE scaling of ``cfg.extra["rope_type"]`` (``ROPE_TYPES``) as transformers computes it.
+    LongRoPE depends on the sequence: its long factors apply once ``seq_len`` (positions
+    0 .. seq_len-1) exceeds the original context, its short ones otherwise. Other scalings
+    raise ConfigError rather than give silently wrong patterns."""
     import torch
 
     r = cfg.rotary_dim or cfg.d_head
@@ -352,9 +365,69 @@ def rotary_inv_freq(cfg: ModelConfig, path: str | None = None) -> Tensor:
             return _llama3_inv_freq(inv_freq, float(params["factor"]), float(params["low_freq_factor"]),
                                     float(params["high_freq_factor"]),
                                     float(params["original_max_position_embeddings"]))
+        if kind == "yarn":
+            return _yarn_inv_freq(cfg, params, r)
+        if kind == "longrope":
+            long = seq_len is not None and seq_len > params["original_max_position_embeddings"]
+            factors = torch.tensor(params["long_factor" if long else "short_factor"], dtype=torch.float32)
+            shape = torch.arange(0, r, 2, dtype=torch.int64).float() / r
+            return 1.0 / (factors * cfg.rotary_base**shape)
     except KeyError as missing:
         raise ConfigError(path, f"RoPE scaling {kind!r} needs parameter {missing}") from None
-    raise ConfigError(path, f"RoPE scaling {kind!r} is not supported (default, linear, llama3)")
+    raise ConfigError(path, f"RoPE scaling {kind!r} is not supported ({', '.join(ROPE_TYPES)})")
+
+
+def rotary_scale(cfg: ModelConfig) -> float:
+    """What YaRN and LongRoPE multiply cos and sin by (transformers' ``attention_scaling``),
+    1 for the other scalings: the rotated dims of queries and keys are scaled by it, so their
+    part of each score by its square (``attention_factor`` if the config gives it, else
+    ``0.1 ln(s) + 1`` (YaRN, with DeepSeek's ``mscale`` / ``mscale_all_dim``) or
+    ``sqrt(1 + ln(s) / ln(original context))`` (LongRoPE) for a scaling factor ``s > 1``)."""
+    kind = cfg.extra.get("rope_type") or "default"
+    if kind not in ("yarn", "longrope"):
+        return 1.0
+    params = cfg.extra.get("rope_scaling") or {}
+    if params.get("attention_factor") is not None:
+        return float(params["attention_factor"])
+    original = float(params["original_max_position_embeddings"])
+    factor = params.get("factor")
+    factor = float(factor) if factor is not None else cfg.n_ctx / original
+    if kind == "longrope":
+        return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    m, m_all = params.get("mscale"), params.get("mscale_all_dim")
+    if m and m_all:
+        return float(mscale(factor, m) / mscale(factor, m_all))
+    return mscale(factor)
+
+
+def _yarn_inv_freq(cfg: ModelConfig, params: dict, r: int) -> Tensor:
+    """YaRN (transformers' ``_compute_yarn_parameters``): each frequency interpolated (divided by
+    ``factor``) or kept, with a linear ramp between the dims that turn ``beta_fast`` and
+    ``beta_slow`` times over the original context."""
+    import torch
+
+    base, original = cfg.rotary_base, float(params["original_max_position_embeddings"])
+    factor = params.get("factor")
+    factor = float(factor) if factor is not None else cfg.n_ctx / original
+    beta_fast, beta_slow = params.get("beta_fast") or 32, params.get("beta_slow") or 1
+
+    def correction_dim(rotations: float) -> float:
+        return (r * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if params.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, r - 1)
+    if low == high:
+        high += 0.001  # as transformers: no division by zero
+    ramp = torch.clamp((torch.arange(r // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    pos_freqs = base ** (torch.arange(0, r, 2).float() / r)
+    keep = 1 - ramp  # extrapolation weight
+    return (1.0 / (factor * pos_freqs)) * (1 - keep) + (1.0 / pos_freqs) * keep
 
 
 def _llama3_inv_freq(inv_freq: Tensor, factor: float, low: float, high: float, old_ctx: float) -> Tensor:
@@ -369,29 +442,34 @@ def _llama3_inv_freq(inv_freq: Tensor, factor: float, low: float, high: float, o
     return torch.where(medium, smoothed, scaled)
 
 
-def rotary(x: Tensor, inv_freq: Tensor) -> Tensor:
+def rotary(x: Tensor, inv_freq: Tensor, scale: float = 1.0) -> Tensor:
     """Rotate the first r = 2·len(inv_freq) dims of each head of x [b, h, p, d_head] by position.
 
     NeoX / Hugging Face convention: dims (i, i + r/2) form a pair rotated by angle
-    p · inv_freq[i]; the rest pass through unchanged (partial rotary).
+    p · inv_freq[i]; the rest pass through unchanged (partial rotary). ``scale``: YaRN's and
+    LongRoPE's factor on the rotated dims (``rotary_scale``).
     """
     import torch
 
     pos = torch.arange(x.shape[-2], dtype=torch.float32)
-    return apply_rotary(x, pos[:, None] * inv_freq[None, :])  # angles [p, r/2]
+    return apply_rotary(x, pos[:, None] * inv_freq[None, :], scale)  # angles [p, r/2]
 
 
-def apply_rotary(x: Tensor, angles: Tensor) -> Tensor:
+def apply_rotary(x: Tensor, angles: Tensor, scale: float = 1.0) -> Tensor:
     """Rotate the first ``r = 2·angles.shape[-1]`` dims of ``x`` by ``angles`` (broadcast
     against ``x[..., :r/2]``): dims ``(i, i + r/2)`` form a pair rotated by ``angles[..., i]``
-    (the NeoX / Hugging Face ``rotate_half`` convention); the rest pass through. The one
-    rotation the forward pass (``rotary``) and the rotary circuits (``circuits.rope``) use.
+    (the NeoX / Hugging Face ``rotate_half`` convention), times ``scale``; the rest pass
+    through. The one rotation the forward pass (``rotary``) and the rotary circuits
+    (``circuits.rope``) use.
     """
     import torch
 
     r = 2 * angles.shape[-1]
-    cos = torch.cat((angles.cos(), angles.cos()), dim=-1).to(x.dtype)
-    sin = torch.cat((angles.sin(), angles.sin()), dim=-1).to(x.dtype)
+    cos, sin = angles.cos(), angles.sin()
+    if scale != 1.0:  # as transformers: cos and sin (float32) times the attention scaling
+        cos, sin = cos * scale, sin * scale
+    cos = torch.cat((cos, cos), dim=-1).to(x.dtype)
+    sin = torch.cat((sin, sin), dim=-1).to(x.dtype)
     x_rot, x_pass = x[..., :r], x[..., r:]
     x1, x2 = x_rot[..., : r // 2], x_rot[..., r // 2 :]
     rotated = torch.cat((-x2, x1), dim=-1)  # rotate_half

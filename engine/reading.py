@@ -229,7 +229,7 @@ def behaviour_null(w: WeightSource, repeated: Tensor, natural: Sequence[Tensor],
     scores them; ``attention_sink`` on ``repeated`` and ``natural`` as
     ``attention_sink_scores``.
     """
-    from .forward import attention_input, layer_config, rotary, rotary_inv_freq
+    from .forward import attention_input, layer_config, rotary, rotary_inv_freq, rotary_scale
     from .scores import _detect, detection_patterns
 
     cfg = w.cfg
@@ -240,8 +240,8 @@ def behaviour_null(w: WeightSource, repeated: Tensor, natural: Sequence[Tensor],
     def rotate_for(layer: int) -> Callable[[Tensor], Tensor] | None:
         if cfg.positional != "rotary":
             return None
-        inv_freq = rotary_inv_freq(layer_config(cfg, layer), getattr(w, "path", None))
-        return lambda t: rotary(t, inv_freq)
+        layer_cfg, path = layer_config(cfg, layer), getattr(w, "path", None)
+        return lambda t: rotary(t, rotary_inv_freq(layer_cfg, path, t.shape[-2]), rotary_scale(layer_cfg))
 
     def reduce(i: int, layer: int, x: Tensor, _pattern: Tensor) -> None:
         norm_q, norm_k = (_mean_finite_norm(w.get(f"blocks.{layer}.attn.{n}")) for n in ("W_Q", "W_K"))

@@ -213,7 +213,14 @@ def vec(tensor: str, n: int) -> Whole:
 def rope_scaling_params(config: Mapping[str, Any]) -> dict[str, Any]:
     """RoPE scaling parameters: ``rope_parameters`` (transformers ≥ 5) or ``rope_scaling``."""
     params = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    return dict(params) if isinstance(params, Mapping) else {}
+    params = dict(params) if isinstance(params, Mapping) else {}
+    # Phi-3 long-context configs keep the original context beside rope_scaling (transformers
+    # moves it into rope_parameters); YaRN / LongRoPE need it.
+    if params and params.get("original_max_position_embeddings") is None:
+        original = config.get("original_max_position_embeddings")
+        if original is not None:
+            params["original_max_position_embeddings"] = original
+    return params
 
 
 def get_key(cfg: Mapping[str, Any], *paths: str, default: Any = None) -> Any:
@@ -336,8 +343,8 @@ def check_features(cfg: ModelConfig, path: str | None) -> None:
     for key in ("attn_softcap", "final_softcap"):
         if extra.get(key) is not None and not _positive_number(extra[key]):
             raise ConfigError(path, f"{key} must be a positive number, got {extra[key]!r}")
-    if extra.get("qk_norm") not in (None, "head", "projection"):
-        raise ConfigError(path, f"qk_norm must be 'head' or 'projection', got {extra['qk_norm']!r}")
+    if extra.get("qk_norm") not in (None, "head", "projection", "layer"):
+        raise ConfigError(path, f"qk_norm must be 'head', 'projection' or 'layer', got {extra['qk_norm']!r}")
     local = extra.get("rope_local")
     if local is not None and not (isinstance(local, Mapping) and _positive_number(local.get("rope_theta"))):
         raise ConfigError(path, "rope_local must give a positive rope_theta")
@@ -387,6 +394,14 @@ _ROPE_PARAMS: dict[str, tuple[tuple[str, float], ...]] = {
     "linear": (("factor", 0.0),),
     "llama3": (("factor", 0.0), ("low_freq_factor", 0.0), ("high_freq_factor", 0.0),
                ("original_max_position_embeddings", 0.0)),
+    "yarn": (("original_max_position_embeddings", 1.0),),
+    "longrope": (("original_max_position_embeddings", 1.0),),
+}
+# Optional parameters: checked when present.
+_ROPE_OPTIONAL: dict[str, tuple[tuple[str, float], ...]] = {
+    "yarn": (("factor", 0.0), ("attention_factor", 0.0), ("beta_fast", 0.0), ("beta_slow", 0.0),
+             ("mscale", 0.0), ("mscale_all_dim", 0.0)),
+    "longrope": (("factor", 0.0), ("attention_factor", 0.0)),
 }
 
 
@@ -403,6 +418,20 @@ def _check_rope_scaling(cfg: ModelConfig, path: str | None) -> None:
             raise ConfigError(
                 path, f"RoPE scaling parameter {key} must be a finite number > {above:g}, got {value!r}"
             )
+    for key, above in _ROPE_OPTIONAL.get(kind, ()):
+        value = params.get(key)
+        if value is not None and not (is_number(value) and value > above):
+            raise ConfigError(
+                path, f"RoPE scaling parameter {key} must be a finite number > {above:g}, got {value!r}"
+            )
+    if kind == "longrope":
+        half = (cfg.rotary_dim or cfg.d_head) // 2
+        for key in ("long_factor", "short_factor"):
+            value = params.get(key)
+            if not (isinstance(value, list) and len(value) == half and all(is_number(v) and v > 0 for v in value)):
+                raise ConfigError(
+                    path, f"RoPE scaling 'longrope' needs {key}: {half} positive numbers (one per frequency)"
+                )
     if kind == "llama3" and not params["high_freq_factor"] > params["low_freq_factor"]:
         raise ConfigError(
             path,

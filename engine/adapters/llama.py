@@ -3,6 +3,8 @@
 ``q_proj`` is ``nn.Linear`` ``[n_heads * d_head, d_model]``; ``k_proj``/``v_proj`` hold only
 ``n_kv_heads`` heads (query head ``h`` reads K/V head ``h // (n_heads // n_kv_heads)``).
 Qwen2 always has Q/K/V biases; Llama has them (and an O bias) when ``attention_bias``.
+A sliding window (Mistral; Qwen2 with ``use_sliding_window``) applies to every layer, or to
+those ``layer_types`` / Qwen2's ``max_window_layers`` name (``window_layers``).
 The unembedding is ``lm_head`` unless the embeddings are tied (``tie_word_embeddings``,
 e.g. small Qwen2 models), in which case the checkpoint has no ``lm_head.weight``.
 """
@@ -99,6 +101,7 @@ def adapt(
                 default="default",
             ),
             "sliding_window": window,
+            "layer_types": window_layers(config, require_int(config, path, "num_hidden_layers"), window, path),
         },
     )
     checked(cfg, names, path)
@@ -108,6 +111,24 @@ def adapt(
         # The canonical gated MLP has no gate bias: refuse rather than drop it silently.
         raise ConfigError(path, "mlp_bias=true (biases in a gated MLP) is not supported")
     return cfg, specs(cfg, prefix or "model.", tied, attn_bias, o_bias)
+
+
+def window_layers(config: Mapping[str, Any], n_layers: int, window: Any, path: str | None) -> list[str] | None:
+    """Which layers use the sliding window (None: all of them, Mistral): the config's
+    ``layer_types``, else Qwen2/Qwen3's ``max_window_layers`` (layers from that index on
+    slide, as transformers derives ``layer_types``; Qwen2.5 configs with
+    ``use_sliding_window`` have it)."""
+    if window is None:
+        return None
+    types = config.get("layer_types")
+    if types is not None:
+        if not (isinstance(types, list) and len(types) == n_layers and all(isinstance(t, str) for t in types)):
+            raise ConfigError(path, f"config field layer_types must name the attention kind of each of the {n_layers} layers")
+        return list(types)
+    if config.get("max_window_layers") is None:
+        return None
+    first = require_int(config, path, "max_window_layers", minimum=0)
+    return ["sliding_attention" if i >= first else "full_attention" for i in range(n_layers)]
 
 
 def prefix_of(names: set[str]) -> str:

@@ -6,8 +6,10 @@ the forward pass and the weight processing need nothing new (its gain and bias a
 ``W_Q/W_K/W_V`` and ``W_in`` alike). ``q_proj/k_proj/v_proj`` and the output projection
 ``dense`` have biases (``dense``'s is ``b_O``); the MLP is ``fc2(gelu_new(fc1(x)))`` with
 biases; ``lm_head`` has a bias (``b_U``). Rotate-half RoPE on the first
-``partial_rotary_factor * d_head`` dims (0.5 for Phi-1/2). ``qk_layernorm`` (LayerNorms on
-queries and keys, off in the released models) is refused.
+``partial_rotary_factor * d_head`` dims (0.5 for Phi-1/2). ``qk_layernorm`` (off in the
+released models): a LayerNorm with gain and bias over ``d_head`` on each head's query and key
+before RoPE (``attn.q_norm.w/b``, ``attn.k_norm.w/b``, ``extra["qk_norm"] = "layer"``), which
+the QK circuits leave out (flagged, docs/math.md).
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..config import ModelConfig
-from ..errors import ConfigError
 from . import (
     SpecMap,
     Whole,
@@ -43,8 +44,7 @@ MODEL_TYPES = ("phi",)
 def adapt(
     config: Mapping[str, Any], arch: str, names: set[str], path: str | None
 ) -> tuple[ModelConfig, SpecMap]:
-    if optional_bool(config, path, "qk_layernorm", False):
-        raise ConfigError(path, "qk_layernorm=true (LayerNorms on queries and keys) is not supported")
+    qk_layernorm = optional_bool(config, path, "qk_layernorm", False)
     d_model = require_int(config, path, "hidden_size")
     n_heads = require_int(config, path, "num_attention_heads")
     d_head = divide_heads(path, d_model, n_heads)
@@ -76,6 +76,7 @@ def adapt(
         tied_unembed=tied,
         extra={
             "rotary_style": "half",
+            "qk_norm": "layer" if qk_layernorm else None,
             "rope_scaling": rope_scaling_params(config),
             "rope_type": get_key(
                 config, "rope_parameters.rope_type", "rope_scaling.rope_type", "rope_scaling.type",
@@ -84,7 +85,15 @@ def adapt(
         },
     )
     checked(cfg, names, path)
-    return cfg, specs(cfg, prefix or "model.", tied, "lm_head.bias" in names)
+    out = specs(cfg, prefix or "model.", tied, "lm_head.bias" in names)
+    if qk_layernorm:
+        p = prefix or "model."
+        for layer in range(cfg.n_layers):
+            for n in ("q", "k"):
+                for leaf, short in (("weight", "w"), ("bias", "b")):
+                    out[f"blocks.{layer}.attn.{n}_norm.{short}"] = Whole(
+                        f"{p}layers.{layer}.self_attn.{n}_layernorm.{leaf}", (cfg.d_head,))
+    return cfg, out
 
 
 def specs(cfg: ModelConfig, p: str, tied: bool, unembed_bias: bool) -> SpecMap:

@@ -5,8 +5,9 @@ whose output rows are all queries (head by head), then all keys, then all values
 query attention: ``n_kv_heads`` K/V heads). ``mlp.gate_up_proj`` is ``[2 d_mlp, d_model]``:
 the gate rows first, then the up rows; the MLP is ``down(up(x) * silu(gate(x)))``. RMSNorm,
 rotate-half RoPE on the first ``partial_rotary_factor * d_head`` dims, no biases, an optional
-sliding window (Phi-3-mini: 2047). ``longrope`` scaling (the 128k models) is carried in
-``extra`` and refused by the forward pass (engine.forward.rotary_inv_freq).
+sliding window (Phi-3-mini: 2047). ``longrope`` scaling (the 128k models: short and long
+per-frequency factors, the original context beside ``rope_scaling``) is computed by
+engine.forward.rotary_inv_freq / rotary_scale.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ def adapt(
 ) -> tuple[ModelConfig, SpecMap]:
     olmo = arch.startswith("Olmo2") or config.get("model_type") == "olmo2"
     cfg, specs = llama.adapt(config, arch, names, path)
-    extra = {**cfg.extra, "layer_types": layer_types(config, cfg.n_layers, path)}
+    extra = {**cfg.extra, "layer_types": layer_types(config, cfg.n_layers, path) or cfg.extra.get("layer_types")}
     extra["qk_norm"] = "projection" if olmo else "head"
     if olmo:
         extra.update(pre_norm=False, post_attn_norm=True)
