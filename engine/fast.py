@@ -12,7 +12,8 @@ more than the algebra on GPT-2-small shapes). ``tests/test_fast.py`` holds them 
 torch path on every family's fixture.
 
 ``numpy_weights(model)`` returns None where this path does not apply (GGUF files, a dtype
-numpy cannot widen, e.g. float8): callers then use ``engine.scores``.
+numpy cannot widen, e.g. float8, embeddings that are a product of two tensors as OPT-350m's):
+callers then use ``engine.scores``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .adapters import Heads, Rows, Whole, Zeros
+from .adapters import Heads, Product, Rows, Whole, Zeros
 from .cache import ByteLRU
 from .errors import CancelledError, CorruptFileError, InvalidRequestError, MissingTensorError
 from .processing import plan_for, processed_config
@@ -271,6 +272,8 @@ def numpy_weights(model: Model) -> NumpyWeights | None:
     if type(raw) is not CheckpointWeights or getattr(model.checkpoint, "gguf", None) is not None:
         return None
     headers = model.checkpoint.headers
+    if any(isinstance(spec, Product) for spec in raw.specs.values()):
+        return None  # OPT-350m's projected embeddings: the torch path builds the product
     for spec in raw.specs.values():
         tensor = getattr(spec, "tensor", None)
         file = raw.files.get(tensor) if tensor else None

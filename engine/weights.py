@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from .adapters import Heads, Rows, Spec, Whole, Zeros
+from .adapters import Heads, Product, Rows, Spec, Whole, Zeros
 from .cache import ByteLRU
 from .config import ModelConfig
 from .errors import (
@@ -229,13 +229,12 @@ class CheckpointWeights:
             return torch.zeros(spec.shape)
         # Rearranged in the stored dtype and upcast in the same pass (upcasting is exact, so
         # the order does not matter): no float32 copy of the tensor in its stored layout.
+        if isinstance(spec, Product):
+            return self._build_whole(spec.left) @ self._build_whole(spec.right)
         if isinstance(spec, Rows):
             return self._build_rows(spec)
         if isinstance(spec, Whole):
-            if not spec.transpose:
-                return _affine(self._read(spec.tensor, None).contiguous(), spec)
-            t = self._read(spec.tensor, None, upcast=False).T
-            return _affine(torch.empty(t.shape).copy_(t), spec)
+            return self._build_whole(spec)
         stored = self.cfg.kv_heads if spec.kv else self.cfg.n_heads
         # Upcast the stored tensor in one sequential pass, then cut every head out of it as one
         # strided view and copy that once: stacking per-head transposed slices of a bf16
@@ -244,6 +243,14 @@ class CheckpointWeights:
         if spec.kv and stored != self.cfg.n_heads:
             heads = torch.repeat_interleave(heads, self.cfg.n_heads // stored, dim=0)
         return heads.contiguous()
+
+    def _build_whole(self, spec: Whole) -> torch.Tensor:
+        import torch
+
+        if not spec.transpose:
+            return _affine(self._read(spec.tensor, None).contiguous(), spec)
+        t = self._read(spec.tensor, None, upcast=False).T
+        return _affine(torch.empty(t.shape).copy_(t), spec)
 
     def _build_rows(self, spec: Rows) -> torch.Tensor:
         """Part of a fused tensor: only its rows are read."""

@@ -73,12 +73,27 @@ def build_phi_qk_layernorm(path: Path) -> tuple[Path, Any]:
     return _finish(PhiForCausalLM(cfg), path, seed=44, shard=False, dtype=None, tokenizer=False)
 
 
+def build_opt_projected(path: Path, pre_ln: bool = False) -> tuple[Path, Any]:
+    """OPT-350m's shape: embeddings of width 16 mapped to d_model 32 by ``project_in`` and back
+    by ``project_out`` (random, bias-free), post-LN blocks."""
+    from transformers import OPTConfig, OPTForCausalLM
+
+    cfg = OPTConfig(vocab_size=VOCAB, hidden_size=D_MODEL, num_hidden_layers=N_LAYERS, ffn_dim=D_MLP,
+                    num_attention_heads=N_HEADS, max_position_embeddings=N_CTX, do_layer_norm_before=pre_ln,
+                    word_embed_proj_dim=D_MODEL // 2, activation_function="relu", dropout=0.0,
+                    attention_dropout=0.0, layerdrop=0.0, pad_token_id=1, bos_token_id=2, eos_token_id=2)
+    return _finish(OPTForCausalLM(cfg), path, seed=45 + pre_ln, shard=False, dtype=None, tokenizer=False)
+
+
 BUILDERS: dict[str, tuple[Callable[[Path], tuple[Path, Any]], dict[str, Any]]] = {
     # name: (builder, the change that leaves the feature out: _Without's arguments)
     "qwen2_window": (build_qwen2_window, {"extra": {"layer_types": None}}),
     "qwen2_yarn": (build_qwen2_yarn, {"extra": {"rope_type": "default"}}),
     "phi3_longrope": (build_phi3_longrope, {"extra": {"rope_type": "default"}}),
     "phi_qk_layernorm": (build_phi_qk_layernorm, {"hide": (".q_norm.", ".k_norm.")}),
+    # project_in/out cannot be left out (the widths differ): parity alone
+    "opt_projected": (build_opt_projected, {}),
+    "opt_projected_pre_ln": (lambda p: build_opt_projected(p, pre_ln=True), {}),
 }
 
 
@@ -97,6 +112,8 @@ def test_matches_transformers_and_the_feature_matters(case: tuple[str, Path, Any
         _assert_close(res.patterns, ref_pat, f"{name} patterns (raw={raw})")
         _assert_close(log_probs(res), ref_lp, f"{name} log-probs (raw={raw})")
     change = dict(BUILDERS[name][1])
+    if not change:
+        return
     w = open_model(path, raw=True).weights
     without = run(_Without(w, change.pop("hide", ()), **change), SEQS)
     diff = max((without.patterns - ref_pat).abs().max().item(), (log_probs(without) - ref_lp).abs().max().item())
@@ -130,3 +147,21 @@ def test_phi_qk_layernorm_is_flagged(tmp_path: Path) -> None:
 
     path, _ = build_phi_qk_layernorm(tmp_path)
     assert any("q/k LayerNorm" in n for n in read_structure(path)["approximations"])
+
+
+def test_opt_projected_embeddings_are_the_products(tmp_path: Path) -> None:
+    """W_E = E P_inᵀ and W_U = P_outᵀ Eᵀ, and the scores work (through the torch path)."""
+    import torch
+
+    from headscope.engine.fast import numpy_weights
+    from headscope.engine.report import head_table
+
+    path, model = build_opt_projected(tmp_path)
+    m = open_model(path, raw=True)
+    sd = {k: v.detach().float() for k, v in model.state_dict().items()}
+    embed = sd["model.decoder.embed_tokens.weight"]
+    torch.testing.assert_close(m.weights.get("embed.W_E"), embed @ sd["model.decoder.project_in.weight"].T)
+    torch.testing.assert_close(m.weights.get("unembed.W_U"), sd["model.decoder.project_out.weight"].T @ embed.T)
+    assert m.cfg.d_model == D_MODEL and numpy_weights(open_model(path)) is None
+    rows = head_table(open_model(path))
+    assert len(rows) == N_LAYERS * N_HEADS and all(not r["nonfinite"] for r in rows)

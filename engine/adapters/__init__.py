@@ -85,8 +85,28 @@ class Zeros:
     shape: tuple[int, ...]
 
 
-Spec = Whole | Heads | Zeros
+@dataclass(frozen=True)
+class Product:
+    """The canonical tensor is the matrix product of two checkpoint tensors, each read as a
+    ``Whole`` spec: OPT-350m's embeddings through ``project_in`` (``W_E = E P_inᵀ``) and its
+    unembedding after ``project_out`` (``W_U = P_outᵀ Eᵀ``). Exact: both are linear maps
+    applied in sequence."""
+
+    left: Whole
+    right: Whole
+
+
+Spec = Whole | Heads | Zeros | Product
 SpecMap = dict[str, Spec]
+
+
+def spec_parts(spec: Spec) -> tuple[Whole | Heads, ...]:
+    """The checkpoint reads a spec makes (none for ``Zeros``, two for a ``Product``)."""
+    if isinstance(spec, Zeros):
+        return ()
+    if isinstance(spec, Product):
+        return (spec.left, spec.right)
+    return (spec,)
 
 
 class TensorNames(set[str]):
@@ -100,7 +120,7 @@ class TensorNames(set[str]):
 
 def spec_tensors(specs: Mapping[str, Spec]) -> set[str]:
     """Checkpoint tensor names the specs read."""
-    return {s.tensor for s in specs.values() if not isinstance(s, Zeros)}
+    return {part.tensor for s in specs.values() for part in spec_parts(s)}
 
 
 def check_specs(
@@ -113,26 +133,31 @@ def check_specs(
 
     ``where(name)`` gives the file a tensor lives in (or should live in), for the error.
     """
-    for canonical, spec in specs.items():
-        if isinstance(spec, Zeros):
-            continue
-        info = tensors.get(spec.tensor)
-        if info is None:
-            raise MissingTensorError(
-                where(spec.tensor),
-                f"missing tensor {spec.tensor!r} (needed for {canonical} of {architecture})",
-            )
-        if info.shape != spec.shape:
-            raise ShapeMismatchError(
-                where(spec.tensor),
-                f"tensor {spec.tensor!r} has shape {list(info.shape)}, expected "
-                f"{list(spec.shape)} for {architecture}",
-            )
-        if info.dtype not in ("F32", "F16", "BF16", "F64"):
-            raise ConfigError(
-                where(spec.tensor),
-                f"tensor {spec.tensor!r} has dtype {info.dtype}; only float weights are supported",
-            )
+    for canonical, whole in specs.items():
+        for spec in spec_parts(whole):
+            _check_part(canonical, spec, tensors, where, architecture)
+
+
+def _check_part(canonical: str, spec: Whole | Heads, tensors: Mapping[str, TensorInfo],
+                where: Callable[[str], str], architecture: str) -> None:
+    """One checkpoint tensor a spec reads exists, with the expected shape and a float dtype."""
+    info = tensors.get(spec.tensor)
+    if info is None:
+        raise MissingTensorError(
+            where(spec.tensor),
+            f"missing tensor {spec.tensor!r} (needed for {canonical} of {architecture})",
+        )
+    if info.shape != spec.shape:
+        raise ShapeMismatchError(
+            where(spec.tensor),
+            f"tensor {spec.tensor!r} has shape {list(info.shape)}, expected "
+            f"{list(spec.shape)} for {architecture}",
+        )
+    if info.dtype not in ("F32", "F16", "BF16", "F64"):
+        raise ConfigError(
+            where(spec.tensor),
+            f"tensor {spec.tensor!r} has dtype {info.dtype}; only float weights are supported",
+        )
 
 
 def storage_dtype(specs: Mapping[str, Spec], tensors: Mapping[str, TensorInfo]) -> str:

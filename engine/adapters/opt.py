@@ -8,9 +8,12 @@ the MLP is ``fc2(relu(fc1(x)))`` with biases; the LM head is tied to the embeddi
 ``do_layer_norm_before`` chooses the block: pre-LN (most OPT models:
 ``x + attn(LN1(x))``, then ``x + mlp(LN2(x))``, and a final LayerNorm) or post-LN
 (opt-350m: ``LN1(x + attn(x))``, ``LN2(x + mlp(x))``, no final LayerNorm), the latter computed
-and processed like BERT's post-LN blocks (``cfg.post_ln``) but causal. Checkpoints that project
-embeddings to another width (``word_embed_proj_dim != hidden_size``: ``project_in/out``) are
-refused.
+and processed like BERT's post-LN blocks (``cfg.post_ln``) but causal.
+
+Checkpoints whose embeddings have another width (``word_embed_proj_dim != hidden_size``,
+opt-350m: 512 and 1024) map them in and out with bias-free ``project_in`` / ``project_out``:
+the canonical ``W_E`` is ``E P_inᵀ`` ``[d_vocab, d_model]`` and ``W_U`` is ``P_outᵀ Eᵀ``
+(``Product`` specs; exact, as each is two linear maps in a row).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 from ..config import ModelConfig
 from ..errors import ConfigError
 from . import (
+    Product,
     Rows,
     SpecMap,
     Whole,
@@ -47,11 +51,7 @@ def adapt(
     config: Mapping[str, Any], arch: str, names: set[str], path: str | None
 ) -> tuple[ModelConfig, SpecMap]:
     d_model = require_int(config, path, "hidden_size")
-    proj = get_key(config, "word_embed_proj_dim", default=d_model)
-    if proj != d_model:
-        raise ConfigError(
-            path, f"word_embed_proj_dim {proj!r} != hidden_size {d_model} (project_in/out) is not supported"
-        )
+    proj = require_int(config, path, "word_embed_proj_dim", "hidden_size")
     if not optional_bool(config, path, "layer_norm_elementwise_affine", True):
         raise ConfigError(path, "layer_norm_elementwise_affine=false is not supported")
     pre_ln = optional_bool(config, path, "do_layer_norm_before", True)
@@ -79,23 +79,28 @@ def adapt(
     )
     checked(cfg, names, path)
     bias = optional_bool(config, path, "enable_bias", True)
-    return cfg, specs(cfg, prefix or "model.decoder.", tied, bias)
+    return cfg, specs(cfg, prefix or "model.decoder.", tied, bias, proj)
 
 
-def specs(cfg: ModelConfig, p: str, tied: bool, bias: bool) -> SpecMap:
+def specs(cfg: ModelConfig, p: str, tied: bool, bias: bool, proj: int | None = None) -> SpecMap:
     dm, dh, n = cfg.d_model, cfg.d_head, cfg.n_heads
     mlp = cfg.d_mlp or 4 * dm
+    width = proj or dm  # of the stored embeddings
+    embed = Whole(f"{p}embed_tokens.weight", (cfg.d_vocab, width))
+    unembed = (Whole(f"{p}embed_tokens.weight", (cfg.d_vocab, width), transpose=True) if tied
+               else Whole("lm_head.weight", (cfg.d_vocab, width), transpose=True))
     out: SpecMap = {
-        "embed.W_E": Whole(f"{p}embed_tokens.weight", (cfg.d_vocab, dm)),
+        "embed.W_E": embed,
         "pos_embed.W_pos": Rows(
             f"{p}embed_positions.weight", (cfg.n_ctx + POSITION_OFFSET, dm),
             offset=POSITION_OFFSET, size=cfg.n_ctx,
         ),
-        "unembed.W_U": Whole(f"{p}embed_tokens.weight", (cfg.d_vocab, dm), transpose=True)
-        if tied
-        else Whole("lm_head.weight", (cfg.d_vocab, dm), transpose=True),
+        "unembed.W_U": unembed,
         "unembed.b_U": Zeros((cfg.d_vocab,)),
     }
+    if width != dm:  # project_in [d_model, width], project_out [width, d_model] (nn.Linear)
+        out["embed.W_E"] = Product(embed, Whole(f"{p}project_in.weight", (dm, width), transpose=True))
+        out["unembed.W_U"] = Product(Whole(f"{p}project_out.weight", (width, dm), transpose=True), unembed)
     if not cfg.post_ln:
         out["ln_final.w"] = vec(f"{p}final_layer_norm.weight", dm)
         out["ln_final.b"] = vec(f"{p}final_layer_norm.bias", dm)
