@@ -64,6 +64,9 @@ ARCHS: dict[str, GGUFArch] = {
     "qwen2": GGUFArch("Qwen2ForCausalLM", "qwen2", "silu"),
     "phi3": GGUFArch("Phi3ForCausalLM", "phi3", "silu", fused=True),
     "gemma": GGUFArch("GemmaForCausalLM", "gemma", "gelu_pytorch_tanh", norm_offset=1.0),
+    "qwen3": GGUFArch("Qwen3ForCausalLM", "qwen3", "silu"),
+    # OLMo2: no norm before the sublayers, post_attention_norm / post_ffw_norm after them
+    "olmo2": GGUFArch("Olmo2ForCausalLM", "olmo2", "silu", sandwich=True),
     "gemma2": GGUFArch("Gemma2ForCausalLM", "gemma2", "gelu_pytorch_tanh", norm_offset=1.0, sandwich=True),
     "gemma3": GGUFArch("Gemma3ForCausalLM", "gemma3_text", "gelu_pytorch_tanh", norm_offset=1.0,
                        sandwich=True),
@@ -78,19 +81,20 @@ _BLOCK_NAMES = {
     "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj",
     "attn_qkv": "self_attn.qkv_proj",
+    "attn_q_norm": "self_attn.q_norm",  # Qwen3, OLMo2, Gemma 3
+    "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
-# Gemma 2/3 (gguf's MODEL_TENSOR map of GEMMA2/GEMMA3): a norm before and after each sublayer,
-# and Gemma 3's per-head q/k norms. Every ``*norm.weight`` is stored as 1 + w (``norm_offset``).
+# Gemma 2/3 and OLMo2 (gguf's MODEL_TENSOR maps of GEMMA2/GEMMA3/OLMO2): norms after the
+# sublayers, and ``ffn_norm`` is the one before the MLP (Gemma's; OLMo2 has none). Gemma stores
+# every ``*norm.weight`` as 1 + w (``norm_offset``).
 _SANDWICH_NAMES = {
     **_BLOCK_NAMES,
     "post_attention_norm": "post_attention_layernorm",
     "ffn_norm": "pre_feedforward_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
 }
 _TOP_NAMES = {
     "token_embd": "model.embed_tokens",
@@ -202,8 +206,10 @@ def hf_config(header: GGUFHeader, name: str, arch: GGUFArch, hf_names: Mapping[s
         config["rope_scaling"] = llama3_rope(header, config["rope_theta"], rope_dims or d_head)
     if any(k.endswith(".bias") and "q_proj" in k for k in hf_names):
         config["attention_bias"] = True
-    if arch.sandwich:
+    if arch.sandwich and name.startswith("gemma"):
         config.update(gemma_config(header, name, config))
+    elif window is not None and name == "olmo2":  # OLMo 3 files use the olmo2 architecture
+        raise ConfigError(header.path, "olmo2 file with sliding-window layers (OLMo 3): not supported")
     return config
 
 

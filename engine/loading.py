@@ -13,7 +13,7 @@ Accepted inputs (README.md, "Supported checkpoints"):
 - a directory (or a single ``.safetensors`` file) in headscope's native layout: config in
   the ``headscope_config`` metadata key or a ``headscope.json`` beside the weights;
 - a ``.safetensors`` file with a ``config.json`` beside it;
-- a llama.cpp ``.gguf`` file (Llama, Qwen2, Phi-3, Gemma 1/2/3 architectures; engine.gguf_model).
+- a llama.cpp ``.gguf`` file (Llama, Qwen2/3, OLMo2, Phi-3, Gemma 1/2/3 architectures; engine.gguf_model).
 
 Refused with ``UnsafeFormatError``: pickle files (``.bin .pt .pth .ckpt .pkl``), configs
 that need remote code, and hub names (nothing is ever downloaded).

@@ -87,7 +87,7 @@ def _check_decoder(cfg: ModelConfig) -> None:
 _EXTRA_FEATURES = {
     "attn_softcap": "attention soft-capping",
     "final_softcap": "final logit soft-capping",
-    "qk_norm": "q/k RMSNorm",
+    "qk_norm": "q/k norms",
     "post_attn_norm": "norms after the sublayers",
     "rope_local": "per-layer RoPE bases",
     "layer_types": "per-layer sliding windows",

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 ARCH_OF_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "phi3": "phi3", "mistral": "llama", "gemma": "gemma",
-                      "gemma2": "gemma2", "gemma3_text": "gemma3"}
+                      "gemma2": "gemma2", "gemma3_text": "gemma3", "qwen3": "qwen3", "olmo2": "olmo2"}
 
 
 def permute(w: np.ndarray, n_head: int, n_head_kv: int | None = None) -> np.ndarray:
@@ -75,7 +75,8 @@ def write_gguf(
     c = model.config
     arch = ARCH_OF_MODEL_TYPE[c.model_type]
     enum = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2, "phi3": gguf.MODEL_ARCH.PHI3,
-            "gemma": gguf.MODEL_ARCH.GEMMA, "gemma2": gguf.MODEL_ARCH.GEMMA2, "gemma3": gguf.MODEL_ARCH.GEMMA3}[arch]
+            "gemma": gguf.MODEL_ARCH.GEMMA, "gemma2": gguf.MODEL_ARCH.GEMMA2, "gemma3": gguf.MODEL_ARCH.GEMMA3,
+            "qwen3": gguf.MODEL_ARCH.QWEN3, "olmo2": gguf.MODEL_ARCH.OLMO2}[arch]
     names = gguf.get_tensor_name_map(enum, c.num_hidden_layers)
     n_heads, n_kv = c.num_attention_heads, getattr(c, "num_key_value_heads", None) or c.num_attention_heads
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // n_heads

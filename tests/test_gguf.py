@@ -211,6 +211,21 @@ def test_gemma2_and_gemma3_gguf_are_the_original(builder: Any, tmp_path: Path) -
     _assert_same_model(path, gguf)
 
 
+@pytest.mark.parametrize("family", ["qwen3", "olmo2"])
+def test_qwen3_and_olmo2_gguf_are_the_original(family: str, tmp_path: Path) -> None:
+    """Per-head (Qwen3) and whole-projection (OLMo2) q/k norms, OLMo2's norms after the
+    sublayers: read back from llama.cpp's names, the same model as the original."""
+    from tests.family_fixtures import NEW_FAMILIES
+
+    path, model = NEW_FAMILIES[family](tmp_path / "hf")
+    gguf = write_gguf(model, tmp_path / "m.gguf")
+    a, b = open_model(path, raw=True), open_model(gguf, raw=True)
+    assert (b.cfg.family, b.cfg.d_head, b.cfg.extra.get("qk_norm")) == (a.cfg.family, a.cfg.d_head, a.cfg.extra["qk_norm"])
+    for name in a.checkpoint.specs:
+        assert torch.equal(a.weights.get(name), b.weights.get(name)), name
+    _assert_same_model(path, gguf)
+
+
 def test_gemma_gguf_attention_scale_follows_llama_cpp() -> None:
     """llama.cpp stores no query_pre_attn_scalar: head_dim, except the 27B models (46 / 62
     layers), scaled by d_model / n_heads; an explicit attention.scale wins."""
