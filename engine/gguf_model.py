@@ -198,9 +198,11 @@ def hf_config(header: GGUFHeader, name: str, arch: GGUFArch, hf_names: Mapping[s
     if _positive(rope_dims) and _positive(d_head) and rope_dims != d_head:
         config["partial_rotary_factor"] = rope_dims / d_head
     scaling = key("rope.scaling.type")
-    if scaling not in (None, "none"):
+    if scaling == "yarn":
+        config["rope_scaling"] = yarn_rope(header, name)
+    elif scaling not in (None, "none"):
         if scaling != "linear":
-            raise ConfigError(header.path, f"GGUF RoPE scaling {scaling!r} is not supported (none, linear)")
+            raise ConfigError(header.path, f"GGUF RoPE scaling {scaling!r} is not supported (none, linear, yarn)")
         config["rope_scaling"] = {"rope_type": "linear", "factor": key("rope.scaling.factor", 1.0)}
     if ROPE_FREQS in header.tensors:
         config["rope_scaling"] = llama3_rope(header, config["rope_theta"], rope_dims or d_head)
@@ -260,6 +262,31 @@ def gemma_config(header: GGUFHeader, name: str, config: Mapping[str, Any]) -> di
     if window:
         out["sliding_window"] = window
         out["use_sliding_window"] = True
+    return out
+
+
+# llama.cpp YaRN keys whose meaning differs from transformers' parameters: refused, not mapped.
+_YARN_UNMAPPED = ("attn_factor", "yarn_attn_factor", "yarn_ext_factor", "yarn_log_multiplier")
+
+
+def yarn_rope(header: GGUFHeader, name: str) -> dict[str, Any]:
+    """transformers' ``yarn`` parameters from what ``convert_hf_to_gguf.py`` writes for them
+    (Qwen2/Qwen3 with YaRN): ``rope.scaling.factor``, ``original_context_length`` and, when
+    present, ``yarn_beta_fast`` / ``yarn_beta_slow``; the attention factor then follows from the
+    factor as in transformers (and in llama.cpp). Files that set llama.cpp's own attention /
+    extrapolation factors are refused."""
+    meta = header.metadata
+    prefix = f"{name}.rope.scaling."
+    for k in _YARN_UNMAPPED:
+        if meta.get(prefix + k) is not None:
+            raise ConfigError(header.path, f"GGUF YaRN RoPE with {prefix + k} is not supported")
+    out: dict[str, Any] = {"rope_type": "yarn", "factor": meta.get(prefix + "factor"),
+                           "original_max_position_embeddings": meta.get(prefix + "original_context_length")}
+    if out["original_max_position_embeddings"] is None:
+        raise ConfigError(header.path, f"GGUF YaRN RoPE needs {prefix}original_context_length")
+    for k, hf in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):
+        if meta.get(prefix + k) is not None:
+            out[hf] = meta[prefix + k]
     return out
 
 

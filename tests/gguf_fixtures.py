@@ -102,6 +102,10 @@ def write_gguf(
     if head_dim != c.hidden_size // n_heads or arch in ("gemma2", "gemma3"):
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
+    if rope.get("rope_type") == "yarn":  # Qwen2Model / Qwen3Model.set_gguf_parameters
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rope["factor"])
+        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
     if arch in ("gemma2", "gemma3"):  # Gemma2Model / Gemma3Model.set_gguf_parameters
         if getattr(c, "attn_logit_softcapping", None):
             w.add_attn_logit_softcapping(c.attn_logit_softcapping)

@@ -226,6 +226,23 @@ def test_qwen3_and_olmo2_gguf_are_the_original(family: str, tmp_path: Path) -> N
     _assert_same_model(path, gguf)
 
 
+def test_yarn_rope_from_metadata(tmp_path: Path) -> None:
+    """Qwen2 with YaRN: factor and original context from the metadata give the original model;
+    llama.cpp's own attention factor is refused, not guessed."""
+    import gguf as gguf_pkg
+
+    from tests.test_family_configs import build_qwen2_yarn
+
+    path, model = build_qwen2_yarn(tmp_path / "hf")
+    file = write_gguf(model, tmp_path / "m.gguf")
+    assert open_model(file).cfg.extra["rope_type"] == "yarn"
+    _assert_same_model(path, file)
+    odd = write_gguf(model, tmp_path / "odd.gguf", metadata=lambda w: w.add_float32(
+        gguf_pkg.Keys.Rope.SCALING_ATTN_FACTOR.format(arch="qwen2"), 1.5))
+    with pytest.raises(ConfigError, match="attn_factor"):
+        read_structure(odd)
+
+
 def test_gemma_gguf_attention_scale_follows_llama_cpp() -> None:
     """llama.cpp stores no query_pre_attn_scalar: head_dim, except the 27B models (46 / 62
     layers), scaled by d_model / n_heads; an explicit attention.scale wins."""
