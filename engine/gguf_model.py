@@ -102,12 +102,14 @@ _TOP_NAMES = {
     "output": "lm_head",
 }
 # Tensors that change the computation in ways the engine does not implement (yet): refused,
-# never silently dropped. (``rope_freqs.weight`` is read by ``llama3_rope``.)
+# never silently dropped. (``rope_freqs.weight`` is read by ``llama3_rope``, the LongRoPE
+# factors of phi3 files by ``longrope``.)
 _UNSUPPORTED_TENSORS = {
     "rope_factors_long.weight": "LongRoPE scaling factors",
     "rope_factors_short.weight": "LongRoPE scaling factors",
 }
 ROPE_FREQS = "rope_freqs.weight"
+LONGROPE = ("rope_factors_long.weight", "rope_factors_short.weight")
 # Llama 3.x RoPE parameters to try against a file's rope_freqs (Llama 3.1/3.3: factor 8,
 # 3.2: 32; all: low 1, high 4, original context 8192); the factor is the largest stored one.
 _LLAMA3_LOW = (1.0, 2.0, 0.5)
@@ -133,7 +135,7 @@ def hf_tensor_names(header: GGUFHeader, arch: GGUFArch) -> dict[str, str]:
     out: dict[str, str] = {}
     block_names = _SANDWICH_NAMES if arch.sandwich else _BLOCK_NAMES
     for name in header.tensors:
-        if name == ROPE_FREQS:
+        if name == ROPE_FREQS or (name in LONGROPE and arch.fused):
             continue
         if name in _UNSUPPORTED_TENSORS:
             raise ConfigError(
@@ -206,6 +208,8 @@ def hf_config(header: GGUFHeader, name: str, arch: GGUFArch, hf_names: Mapping[s
         config["rope_scaling"] = {"rope_type": "linear", "factor": key("rope.scaling.factor", 1.0)}
     if ROPE_FREQS in header.tensors:
         config["rope_scaling"] = llama3_rope(header, config["rope_theta"], rope_dims or d_head)
+    if arch.fused and any(t in header.tensors for t in LONGROPE):
+        config["rope_scaling"] = longrope(header, name, rope_dims or d_head)
     if any(k.endswith(".bias") and "q_proj" in k for k in hf_names):
         config["attention_bias"] = True
     if arch.sandwich and name.startswith("gemma"):
@@ -300,19 +304,9 @@ def llama3_rope(header: GGUFHeader, base: Any, dim: Any) -> dict[str, Any]:
     """
     import numpy as np
 
-    info = header.tensors[ROPE_FREQS]
-    if info.type_name != "F32" or len(info.shape) != 1 or not _positive(dim) or info.shape[0] != dim // 2:
-        raise ConfigError(header.path, f"tensor {ROPE_FREQS!r} is not {dim}/2 float32 RoPE divisors")
     if isinstance(base, bool) or not isinstance(base, int | float) or not base > 0:
         raise ConfigError(header.path, f"bad RoPE base {base!r}")
-    try:
-        with open(header.path, "rb") as f:
-            f.seek(info.offset)
-            stored = np.frombuffer(f.read(info.nbytes), dtype="<f4").astype(np.float64)
-    except OSError as e:
-        raise CorruptFileError(header.path, f"cannot read {ROPE_FREQS!r}: {e.strerror or e}") from None
-    if stored.shape[0] != info.shape[0] or not np.isfinite(stored).all() or (stored <= 0).any():
-        raise ConfigError(header.path, f"tensor {ROPE_FREQS!r} holds invalid RoPE divisors")
+    stored = _rope_vector(header, ROPE_FREQS, dim)
     factor = float(stored.max())
     wavelen = 2 * math.pi * float(base) ** (np.arange(0, dim, 2) / dim)
     for low in _LLAMA3_LOW:
@@ -332,6 +326,46 @@ def llama3_rope(header: GGUFHeader, base: Any, dim: Any) -> dict[str, Any]:
     )
 
 
+def _rope_vector(header: GGUFHeader, name: str, dim: Any) -> np.ndarray:
+    """A float32 tensor of ``dim / 2`` positive finite RoPE factors (one per frequency)."""
+    import numpy as np
+
+    info = header.tensors[name]
+    if info.type_name != "F32" or len(info.shape) != 1 or not _positive(dim) or info.shape[0] != dim // 2:
+        raise ConfigError(header.path, f"tensor {name!r} is not {dim}/2 float32 RoPE factors")
+    try:
+        with open(header.path, "rb") as f:
+            f.seek(info.offset)
+            stored = np.frombuffer(f.read(info.nbytes), dtype="<f4").astype(np.float64)
+    except OSError as e:
+        raise CorruptFileError(header.path, f"cannot read {name!r}: {e.strerror or e}") from None
+    if stored.shape[0] != info.shape[0] or not np.isfinite(stored).all() or (stored <= 0).any():
+        raise ConfigError(header.path, f"tensor {name!r} holds invalid RoPE factors")
+    return stored
+
+
+def longrope(header: GGUFHeader, name: str, dim: Any) -> dict[str, Any]:
+    """transformers' ``longrope`` parameters of a Phi-3 long-context file: the factors are the
+    ``rope_factors_long`` / ``_short`` tensors, the original context is
+    ``rope.scaling.original_context_length`` and the attention factor the conversion computed
+    (``rope.scaling.attn_factor``, transformers' formula; derived again if absent)."""
+    missing = [t for t in LONGROPE if t not in header.tensors]
+    if missing:
+        raise ConfigError(header.path, f"LongRoPE needs both factor tensors; {missing[0]!r} is missing")
+    prefix = f"{name}.rope.scaling."
+    original = header.metadata.get(prefix + "original_context_length")
+    if not _positive(original):
+        raise ConfigError(header.path, f"LongRoPE needs {prefix}original_context_length, got {original!r}")
+    out: dict[str, Any] = {
+        "rope_type": "longrope", "original_max_position_embeddings": original,
+        "long_factor": _rope_vector(header, LONGROPE[0], dim).tolist(),
+        "short_factor": _rope_vector(header, LONGROPE[1], dim).tolist(),
+    }
+    if header.metadata.get(prefix + "attn_factor") is not None:
+        out["attention_factor"] = header.metadata[prefix + "attn_factor"]
+    return out
+
+
 def _positive(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
@@ -348,7 +382,7 @@ def virtual_tensors(header: GGUFHeader, hf_names: Mapping[str, str]) -> dict[str
 def check_all_used(header: GGUFHeader, used: Mapping[str, str]) -> None:
     """Every tensor of the file is one the model reads (or ``rope_freqs``): a tensor we do not
     understand may change the computation, so it is refused, never ignored."""
-    extra = sorted(set(header.tensors) - set(used.values()) - {ROPE_FREQS})
+    extra = sorted(set(header.tensors) - set(used.values()) - {ROPE_FREQS, *LONGROPE})
     if extra:
         more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
         raise ConfigError(

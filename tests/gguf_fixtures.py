@@ -106,6 +106,16 @@ def write_gguf(
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(rope["factor"])
         w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    if rope.get("rope_type") == "longrope":  # Phi3MiniModel: factors as tensors, attn factor computed
+        import math
+
+        original = rope["original_max_position_embeddings"]
+        scale = c.max_position_embeddings / original
+        w.add_rope_scaling_orig_ctx_len(original)
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
+        extra_tensors = {**(extra_tensors or {}),
+                         "rope_factors_long.weight": np.array(rope["long_factor"], dtype=np.float32),
+                         "rope_factors_short.weight": np.array(rope["short_factor"], dtype=np.float32)}
     if arch in ("gemma2", "gemma3"):  # Gemma2Model / Gemma3Model.set_gguf_parameters
         if getattr(c, "attn_logit_softcapping", None):
             w.add_attn_logit_softcapping(c.attn_logit_softcapping)

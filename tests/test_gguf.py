@@ -243,6 +243,23 @@ def test_yarn_rope_from_metadata(tmp_path: Path) -> None:
         read_structure(odd)
 
 
+def test_phi3_longrope_from_factor_tensors(tmp_path: Path) -> None:
+    """Phi-3-128k files carry LongRoPE as rope_factors_long/short tensors, the original context
+    and the attention factor: the same model as the original, on sequences within and beyond
+    the original context (short and long factors)."""
+    from tests.test_family_configs import build_phi3_longrope
+
+    path, model = build_phi3_longrope(tmp_path / "hf")
+    file = write_gguf(model, tmp_path / "m.gguf")
+    rope = open_model(file).cfg.extra["rope_scaling"]
+    assert rope["rope_type"] == "longrope" and rope["original_max_position_embeddings"] == 8
+    _assert_same_model(path, file)  # 17 positions: long factors
+    for raw in (True, False):
+        a = run(open_model(path, raw=raw).weights, SEQS[:, :8])
+        b = run(open_model(file, raw=raw).weights, SEQS[:, :8])
+        assert _max_diff(a.patterns, b.patterns) < EXACT and _max_diff(a.logits, b.logits) < EXACT
+
+
 def test_gemma_gguf_attention_scale_follows_llama_cpp() -> None:
     """llama.cpp stores no query_pre_attn_scalar: head_dim, except the 27B models (46 / 62
     layers), scaled by d_model / n_heads; an explicit attention.scale wins."""
