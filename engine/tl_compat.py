@@ -100,6 +100,10 @@ def _check_plain_attention(cfg: ModelConfig) -> None:
              and (key != "layer_types" or cfg.extra.get("sliding_window"))]
     if cfg.extra.get("pre_norm") is False:
         found.append("no norm before the sublayers")
+    if cfg.extra.get("sliding_window") and not cfg.extra.get("layer_types"):
+        found.append("a sliding window")
+    if cfg.positional == "rotary" and (cfg.extra.get("rope_type") or "default") != "default":
+        found.append(f"{cfg.extra['rope_type']} RoPE scaling")
     if found:
         raise InvalidRequestError(
             None, f"{cfg.architecture} uses {', '.join(found)}, which this conversion does not carry"

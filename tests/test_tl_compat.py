@@ -44,3 +44,14 @@ def test_encoders_are_refused(bert_mlm_dir) -> None:
     path, _ = bert_mlm_dir
     with pytest.raises(InvalidRequestError, match="encoder"):
         to_transformer_lens(open_model(path).weights)
+
+
+def test_rope_scaling_and_sliding_windows_are_refused_not_dropped(tmp_path) -> None:
+    """Neither HookedTransformerConfig nor the native layout carries them: a converted model
+    would compute other patterns."""
+    from tests.family_fixtures import build_llama3_rope, build_mistral
+
+    for builder, words in ((build_llama3_rope, "llama3 RoPE scaling"), (build_mistral, "sliding window")):
+        path, _ = builder(tmp_path / builder.__name__)
+        with pytest.raises(InvalidRequestError, match=words):
+            to_transformer_lens(open_model(path).weights)
