@@ -257,8 +257,10 @@ def gemma_config(header: GGUFHeader, name: str, config: Mapping[str, Any]) -> di
     if name == "gemma3":
         out["rope_local_base_freq"] = key("rope.freq_base_swa", 10000.0)
         pattern = key("attention.sliding_window_pattern", 6)
-        if not window or not _positive(n_layers):
-            out["layer_types"] = ["full_attention"] * (n_layers if _positive(n_layers) else 0)
+        if not _positive(n_layers) or n_layers > len(header.tensors):
+            pass  # implausible: the adapter refuses n_layers before anything is built per layer
+        elif not window:
+            out["layer_types"] = ["full_attention"] * n_layers
         elif isinstance(pattern, list):  # one flag per layer: true = sliding
             out["layer_types"] = ["sliding_attention" if p else "full_attention" for p in pattern]
         elif _positive(pattern):

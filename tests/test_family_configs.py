@@ -165,3 +165,17 @@ def test_opt_projected_embeddings_are_the_products(tmp_path: Path) -> None:
     assert m.cfg.d_model == D_MODEL and numpy_weights(open_model(path)) is None
     rows = head_table(open_model(path))
     assert len(rows) == N_LAYERS * N_HEADS and all(not r["nonfinite"] for r in rows)
+
+
+def test_hostile_layer_count_with_window_layers_is_refused_fast(tmp_path: Path) -> None:
+    """max_window_layers must not make the loader build a list per claimed layer before the
+    layer count is checked against the checkpoint."""
+    from headscope.engine.errors import ConfigError
+    from headscope.engine.loading import read_structure
+
+    path, _ = build_qwen2_window(tmp_path)
+    config = json.loads((path / "config.json").read_text())
+    config.update(num_hidden_layers=10**12, layer_types=None)
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match="n_layers"):
+        read_structure(path)

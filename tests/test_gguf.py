@@ -268,7 +268,8 @@ def test_gemma_gguf_attention_scale_follows_llama_cpp() -> None:
     from headscope.engine.gguf_model import gemma_config
 
     def scalar(name: str, n_layers: int, **meta: Any) -> Any:
-        header = SimpleNamespace(metadata={f"{name}.{k}": v for k, v in meta.items()})
+        header = SimpleNamespace(metadata={f"{name}.{k}": v for k, v in meta.items()},
+                                 tensors=dict.fromkeys(range(1000)))
         config = {"num_hidden_layers": n_layers, "hidden_size": 4608, "num_attention_heads": 32, "head_dim": 128}
         return gemma_config(header, name, config)
 
@@ -279,6 +280,9 @@ def test_gemma_gguf_attention_scale_follows_llama_cpp() -> None:
     assert scalar("gemma2", 26)["sliding_window"] == 4096  # llama.cpp's default for Gemma 2
     no_window = scalar("gemma3", 6)
     assert no_window["layer_types"] == ["full_attention"] * 6 and "sliding_window" not in no_window
+    huge = SimpleNamespace(metadata={}, tensors={})  # a hostile block_count builds nothing per layer
+    assert "layer_types" not in gemma_config(huge, "gemma3", {"num_hidden_layers": 10**12, "hidden_size": 8,
+                                                               "num_attention_heads": 2})
     flags = scalar("gemma3", 3, **{"attention.sliding_window": 5, "attention.sliding_window_pattern": [True, False, True]})
     assert flags["layer_types"] == ["sliding_attention", "full_attention", "sliding_attention"]
 

@@ -101,10 +101,12 @@ def adapt(
                 default="default",
             ),
             "sliding_window": window,
-            "layer_types": window_layers(config, require_int(config, path, "num_hidden_layers"), window, path),
         },
     )
-    checked(cfg, names, path)
+    checked(cfg, names, path)  # before a list of n_layers entries is built
+    types = window_layers(config, cfg.n_layers, window, path)
+    if types is not None:
+        cfg = cfg.replace(extra={**cfg.extra, "layer_types": types})
     attn_bias = qwen or optional_bool(config, path, "attention_bias", False)
     o_bias = not qwen and optional_bool(config, path, "attention_bias", False)
     if optional_bool(config, path, "mlp_bias", False):
