@@ -179,3 +179,19 @@ def test_hostile_layer_count_with_window_layers_is_refused_fast(tmp_path: Path) 
     (path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ConfigError, match="n_layers"):
         read_structure(path)
+
+
+@pytest.mark.parametrize("legacy", ["su", "yarn"])
+def test_phi3_early_long_context_spellings_mean_longrope(tmp_path: Path, legacy: str) -> None:
+    """Phi-3 configs written before the rename (``rope_scaling.type`` "su" or "yarn", the
+    original context beside it) are LongRoPE, as transformers' Phi3Config reads them."""
+    path, model = build_phi3_longrope(tmp_path)
+    config = json.loads((path / "config.json").read_text())
+    rope = config.pop("rope_parameters")
+    config["rope_theta"] = rope.pop("rope_theta")
+    config["rope_scaling"] = {"type": legacy, "long_factor": rope["long_factor"], "short_factor": rope["short_factor"]}
+    (path / "config.json").write_text(json.dumps(config))
+    ref_lp, ref_pat = hf_reference("phi3", model, SEQS)
+    res = run(open_model(path).weights, SEQS)
+    _assert_close(res.patterns, ref_pat, f"phi3 {legacy} patterns")
+    _assert_close(log_probs(res), ref_lp, f"phi3 {legacy} log-probs")

@@ -77,18 +77,20 @@ def adapt(
         extra={
             "rotary_style": "half",
             "rope_scaling": rope_scaling_params(config),
-            "rope_type": get_key(
-                config,
-                "rope_parameters.rope_type",
-                "rope_scaling.rope_type",
-                "rope_scaling.type",
-                default="default",
-            ),
+            "rope_type": _rope_type(config),
             "sliding_window": get_key(config, "sliding_window"),
         },
     )
     checked(cfg, names, path)
     return cfg, specs(cfg, prefix or "model.", tied)
+
+
+def _rope_type(config: Mapping[str, Any]) -> Any:
+    """As transformers' Phi3Config: the early long-context configs' ``"su"`` and ``"yarn"``
+    both name what is now ``"longrope"`` (per-frequency factors)."""
+    kind = get_key(config, "rope_parameters.rope_type", "rope_scaling.rope_type", "rope_scaling.type",
+                   default="default")
+    return "longrope" if kind in ("su", "yarn") else kind
 
 
 def specs(cfg: ModelConfig, p: str, tied: bool) -> SpecMap:
