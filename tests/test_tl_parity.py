@@ -39,28 +39,21 @@ import torch
 
 from headscope.engine import scores
 from headscope.engine.loading import open_model
-from tests import family_fixtures, hf_fixtures, hf_fixtures_phi
+from tests import family_fixtures
+from tests.hf_fixtures_phi import (  # noqa: F401  (session-scoped pytest fixtures)
+    gptj_dir,
+    opt_dir,
+    opt_post_ln_dir,
+    phi3_dir,
+    phi_dir,
+)
 
-# (name, builder): every decoder family headscope reads that TransformerLens 4 boots.
-BUILDERS = {
-    **{name: hf_fixtures.FAMILIES[name] for name in ("gpt2", "neox", "llama", "qwen2")},
-    **family_fixtures.NEW_FAMILIES,
-    **hf_fixtures_phi.PHI_FAMILIES,
-}
+# The session-scoped checkpoints other test files use too (built once per worker): the
+# families of tests/hf_fixtures.py and tests/hf_fixtures_phi.py by fixture name, those of
+# tests/family_fixtures.py through its parametrised ``new_family`` fixture.
+DIR_FIXTURES = ["gpt2", "neox", "llama", "qwen2", "phi3", "phi", "gptj", "opt", "opt_post_ln"]
+new_family = family_fixtures.new_family
 ATOL = 1e-4
-
-
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Any]]:
-    """Checkpoints built on first use, once per module (a dict filled lazily)."""
-    return {}
-
-
-def _checkpoint(cache: dict[str, tuple[Path, Any]], name: str, tmp: pytest.TempPathFactory
-                ) -> tuple[Path, Any]:
-    if name not in cache:
-        cache[name] = BUILDERS[name](tmp.mktemp(f"tl-{name}"))
-    return cache[name]
 
 
 def _boot(path: Path) -> Any:
@@ -93,11 +86,19 @@ def _close(ours: torch.Tensor, theirs: torch.Tensor, what: str) -> None:
     assert err <= ATOL, f"{what}: max |headscope - TransformerLens| = {err:.2e}"
 
 
-@pytest.mark.parametrize("name", list(BUILDERS))
-def test_processed_weights_and_scores_match_transformer_lens(
-    name: str, checkpoints: dict[str, tuple[Path, Any]], tmp_path_factory: pytest.TempPathFactory
-) -> None:
-    path, hf_model = _checkpoint(checkpoints, name, tmp_path_factory)
+@pytest.mark.parametrize("name", DIR_FIXTURES)
+def test_families_match_transformer_lens(name: str, request: pytest.FixtureRequest) -> None:
+    path, hf_model = request.getfixturevalue(f"{name}_dir")
+    check_against_transformer_lens(name, path, hf_model)
+
+
+def test_new_families_match_transformer_lens(new_family: tuple[str, Path, Any]) -> None:
+    check_against_transformer_lens(*new_family)
+
+
+def check_against_transformer_lens(name: str, path: Path, hf_model: Any) -> None:
+    """Processed weights and weight-based scores of the checkpoint at ``path``, headscope's
+    against TransformerLens'."""
     w = open_model(path).weights
     cfg = w.cfg
     tl = _boot(path)
