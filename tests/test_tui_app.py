@@ -200,7 +200,9 @@ async def test_composition_edges_select_heads_and_kind_switches() -> None:
         detail = plain(app.query_one("#comp-detail", Static))
         assert f"L{l1}.H{h1} → L{l2}.H{h2}" in detail and f"{s:+.3f}" in detail
         assert app.query_one(CompositionPane).selected == (l1, h1, l2, h2)
-        await pilot.press("enter")
+        await pilot.press("enter")  # the edge's virtual heads; g focuses the later head
+        await settle(pilot, app)
+        await pilot.press("g")
         await settle(pilot, app)
         assert app.explorer.head == (l2, h2)
         await pilot.press("c")  # already on composition: K → V
