@@ -87,14 +87,17 @@ class DirectionsPanel(Static):
     ``key`` is (head, weights generation) of what the panel shows or is loading; ``cache``
     the results already shown (this generation's); ``index`` the direction shown."""
 
-    DEFAULT_CSS = """
-    DirectionsPanel {
-        height: auto; padding: 0 1; border-top: solid $panel-lighten-1; border-title-align: right;
-    }
+    # A fixed height (the border, σ, overlap, the header, N_TOKENS rows): the heatmaps beside it
+    # keep their size while it loads.
+    DEFAULT_CSS = f"""
+    DirectionsPanel {{
+        height: {N_TOKENS + 4}; padding: 0 1; border-top: solid $panel-lighten-1;
+        border-title-align: right;
+    }}
     """
 
     def __init__(self, kind: str, *, id: str | None = None) -> None:
-        super().__init__(id=id)
+        super().__init__(Text("waiting for the model…", style="dim italic"), id=id)
         self.kind = kind
         self.key: tuple[Head, int] | None = None
         self.cache: dict[tuple[Head, int], SingularDirections] = {}
