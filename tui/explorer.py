@@ -281,6 +281,8 @@ class ExplorerScreen(Screen[None]):
     def restyle(self) -> None:
         for chart in self.query(Chart):
             chart.refresh()
+        for panel in self.query(DirectionsPanel):
+            panel.redraw()
         self.query_one(HeadTree).refresh_badges()
 
     # -- the model opening ----------------------------------------------------------------

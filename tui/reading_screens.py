@@ -48,17 +48,20 @@ N_TOKENS = 10
 TOKEN_WIDTH = 9  # characters of a token shown in the panel
 
 
-def _signed(value: float) -> Text:
-    return Text(f"{value:+.2f}", style="green" if value > 0 else "red" if value < 0 else "")
+def _signed(value: float, colours: tuple[str, str]) -> Text:
+    """A signed value, coloured like the heatmaps' ends (``colours``: negative, positive)."""
+    return Text(f"{value:+.2f}", style=colours[1] if value > 0 else colours[0] if value < 0 else "")
 
 
 def _overlap(value: float) -> str:
     return "n/a" if math.isnan(value) else f"{value:+.2f}"
 
 
-def direction_view(found: SingularDirections, index: int) -> Group:
+def direction_view(found: SingularDirections, index: int,
+                   colours: tuple[str, str] = ("red", "blue")) -> Group:
     """Direction ``index`` of ``found``: its σ and overlap, then the tokens it reads and writes
-    (OV: source → output token) or the query and key tokens it pairs (QK), signed."""
+    (OV: source → output token) or the query and key tokens it pairs (QK), signed (coloured
+    ``colours``: negative, positive)."""
     d = found.directions[index]
     name = "OV" if found.kind == "ov" else "QK"
     head = Text.assemble((f"{name} direction {d.index + 1}/{len(found.directions)}", "bold"),
@@ -74,7 +77,8 @@ def direction_view(found: SingularDirections, index: int) -> Group:
         cells: list[Text] = []
         for labels, values in ((d.in_labels, d.in_values), (d.out_labels, d.out_values)):
             if i < len(labels):
-                cells += [data_text(labels[i], width=TOKEN_WIDTH), _signed(float(values[i]))]
+                cells += [data_text(labels[i], width=TOKEN_WIDTH),
+                          _signed(float(values[i]), colours)]
             else:
                 cells += [Text(""), Text("")]
         table.add_row(*cells)
@@ -139,8 +143,10 @@ class DirectionsPanel(Static):
         if not found.directions:
             self.update(Text("no singular directions (non-finite weights?)", style="italic"))
             return
+        from .widgets.views import _bar_colours  # the colour map's ends (views imports us)
+
         self.index = min(self.index, len(found.directions) - 1)
-        self.update(direction_view(found, self.index))
+        self.update(direction_view(found, self.index, _bar_colours(self)))
 
 
 # -- the path view ----------------------------------------------------------------------------
