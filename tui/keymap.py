@@ -28,7 +28,8 @@ APP_BINDINGS: list[Binding] = [
     Binding("v", "screen.toggle_directions", "Directions", id="toggle-directions",
             tooltip="QK/OV tabs: show or hide the panel of the head's singular directions as "
                     "tokens beside the heatmap (hidden at first below 100 columns, where it "
-                    "takes the place of OV's top outputs, and in compare mode)"),
+                    "takes the place of OV's top outputs, and in compare mode); from another "
+                    "tab, the OV tab with the panel"),
     Binding("left_parenthesis", "screen.step_direction(-1)", "Prev direction",
             id="prev-direction", show=False, key_display="(",
             tooltip="Directions panel: the previous singular direction"),
