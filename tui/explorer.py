@@ -174,8 +174,8 @@ class ExplorerScreen(Screen[None]):
         self.source_index = 0
         self.qk_offset = 0  # rotary QK: the offset Δ shown (Widget.offset is taken)
         self.tree_filter: str | None = None
-        # The directions panel beside the QK/OV heatmaps: None until v is pressed (then shown
-        # unless the terminal is narrow or in compare mode), else the user's choice.
+        # The directions panel beside the QK/OV heatmaps: the user's choice once v is pressed;
+        # None before (shown unless the terminal is narrow or in compare mode).
         self.directions_choice: bool | None = None
         self.rows: dict[Head, HeadScores] = {}
         self.summary_sort: str | None = None
@@ -694,6 +694,8 @@ class ExplorerScreen(Screen[None]):
             return
         except Exception as err:  # keep running: an engine bug becomes a notification
             self.report(f"directions: unexpected error {err!r}")
+            if panel.key == key:
+                panel.failed("cannot read the directions (see the notification)")
             return
         if panel.key == key:
             panel.show(key, found)

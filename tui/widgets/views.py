@@ -449,7 +449,8 @@ class CompositionPane(Horizontal):
         """Enter on an edge opens its virtual heads (``g`` there focuses the target head)."""
         edge = self._edge(event.row_key.value)
         if edge is not None:
-            cast("ExplorerScreen", self.screen).open_path(edge[:2], edge[2:4])
+            l1, h1, l2, h2, _ = edge
+            cast("ExplorerScreen", self.screen).open_path((l1, h1), (l2, h2))
 
     def _edge(self, row_key: str | None) -> Edge | None:
         try:
