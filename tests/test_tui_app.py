@@ -6,6 +6,7 @@ Numbers the app shows are checked against the fake's weights computed here indep
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Callable
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 from textual.command import CommandList, CommandPalette
 from textual.widgets import DataTable, Static, TabbedContent
+from textual.worker import WorkerCancelled
 
 from headscope.themes import COLORMAPS
 from headscope.tui.app import FILTER_THRESHOLD, HeadscopeApp
@@ -44,7 +46,10 @@ async def settle(pilot: Any, app: HeadscopeApp, rounds: int = 3, limit: int = 40
     quiet = 0
     for _ in range(limit):
         await pilot.pause(0.05)
-        await app.workers.wait_for_complete()
+        # A worker cancelled meanwhile (a newer one of its exclusive group, e.g. a chart
+        # rebuilt at its new size) has finished too: the loop looks again.
+        with contextlib.suppress(WorkerCancelled):
+            await app.workers.wait_for_complete()
         await pilot.pause()  # what the finished workers posted
         busy = any(not w.is_finished for w in app.workers) or app.explorer.focus_pending
         quiet = 0 if busy else quiet + 1
@@ -200,7 +205,9 @@ async def test_composition_edges_select_heads_and_kind_switches() -> None:
         detail = plain(app.query_one("#comp-detail", Static))
         assert f"L{l1}.H{h1} → L{l2}.H{h2}" in detail and f"{s:+.3f}" in detail
         assert app.query_one(CompositionPane).selected == (l1, h1, l2, h2)
-        await pilot.press("enter")
+        await pilot.press("enter")  # the edge's virtual heads; g focuses the later head
+        await settle(pilot, app)
+        await pilot.press("g")
         await settle(pilot, app)
         assert app.explorer.head == (l2, h2)
         await pilot.press("c")  # already on composition: K → V

@@ -1,71 +1,112 @@
-"""Reading a head in the explorer (tui/reading_screens.py): ``v`` opens the focused head's
-singular directions (``{`` ``}`` step, ``x`` switches OV/QK) or, on the composition tab, the
-highlighted edge's virtual heads (``g`` focuses the later head)."""
+"""Reading a head in the explorer (tui/reading_screens.py): the singular-directions panel beside
+the QK and OV heatmaps (``(`` ``)`` step, ``v`` shows/hides it) and, on the composition tab,
+enter on an edge opens its virtual heads (``g`` focuses the later head)."""
 
 from __future__ import annotations
 
 import pytest
 from textual.widgets import DataTable, Static
 
-from headscope.tui.reading_screens import DirectionsScreen, PathScreen
+from headscope.tui.app import HeadscopeApp
+from headscope.tui.reading_screens import N_DIRECTIONS, N_TOKENS, DirectionsPanel, PathScreen
+from headscope.tui.settings import Settings
 from headscope.tui.widgets.chart import Chart
+from headscope.tui.widgets.views import CompositionPane
+from tests.conftest import INDUCTION_HEAD, PREV_TOKEN_HEAD, sample_model
 from tests.test_tui_app import make_app, plain, settle, wait_until
 
 
-async def test_v_opens_the_directions_and_the_keys_step_through_them() -> None:
-    app, engine = make_app()
-    async with app.run_test(size=(120, 40)) as pilot:
-        await settle(pilot, app)
-        await pilot.press("2")  # the OV tab
-        await settle(pilot, app)
-        head = app.explorer.head
-        await pilot.press("v")
-        await wait_until(pilot, lambda: isinstance(app.screen, DirectionsScreen), "the directions")
-        await settle(pilot, app)
-        found = await engine.singular_directions(*head, "ov", k=8, top=10)
-        table = plain(app.screen.query_one("#directions-table", Static))
-        first = found.directions[0]
-        assert f"direction 1/{len(found.directions)}" in table
-        assert repr(first.in_labels[0])[1:-1] in table and repr(first.out_labels[0])[1:-1] in table
-        await pilot.press("right_curly_bracket")
-        await settle(pilot, app)
-        table = plain(app.screen.query_one("#directions-table", Static))
-        assert f"direction 2/{len(found.directions)}" in table and f"{found.directions[1].sigma:.3g}" in table
-        await pilot.press("left_curly_bracket", "left_curly_bracket")
-        await settle(pilot, app)
-        assert f"direction {len(found.directions)}/" in plain(app.screen.query_one("#directions-table", Static))
-        await pilot.press("x")
-        await settle(pilot, app)
-        assert app.screen.kind == "qk" and "query token" in plain(app.screen.query_one("#directions-table", Static))
-        await pilot.press("escape")
-        await settle(pilot, app)
-        assert not isinstance(app.screen, DirectionsScreen)
+async def test_directions_panel_and_the_path_of_an_edge_on_attn_only_2l() -> None:
+    """The real engine on the bundled model: the panel beside the induction head's full OV
+    shows engine/reading.py's directions, ``)`` steps; enter on the L0.H1 → L1.H2 edge
+    shows the K-path's score, ``g`` focuses L1.H2."""
+    from headscope.engine import circuits, reading, scores
+    from headscope.engine.compute import label
+    from headscope.engine.loading import open_model
 
+    path = sample_model("attn-only-2l")
+    model = open_model(path)
+    w = model.weights
+    found = reading.signed_directions(circuits.full_ov(w, *INDUCTION_HEAD), N_DIRECTIONS)
+    tops = [(reading.top_by_magnitude(found.u[:, i], N_TOKENS),
+             reading.top_by_magnitude(found.v[:, i], N_TOKENS)) for i in range(N_DIRECTIONS)]
+    overlaps = [reading.overlap(*ins, *outs) for ins, outs in tops]
+    sigma = [f"σ {float(s):.3g}" for s in found.s]
+    assert sigma[0] != sigma[1]
 
-async def test_v_on_a_composition_edge_opens_its_virtual_heads() -> None:
-    app, engine = make_app()
+    app = HeadscopeApp(path, settings=Settings(), debounce=0.01, sweep=False, head=INDUCTION_HEAD)
     async with app.run_test(size=(120, 40)) as pilot:
+        await wait_until(pilot, app.model_ready.is_set, "the model", limit=1200)
+        await pilot.press("2")
         await settle(pilot, app)
-        await pilot.press("c")
+        panel = app.explorer.query_one("#ov-directions", DirectionsPanel)
+        heatmap = app.explorer.query_one("#ov-heatmap", Chart)
+        assert panel.display and panel.region.width and panel.region.x >= heatmap.region.right
+        text = plain(panel)
+        (in_ids, in_values), (out_ids, out_values) = tops[0]
+        assert f"OV direction 1/{N_DIRECTIONS}" in text and sigma[0] in text
+        assert f"overlap {overlaps[0]:+.2f} · head {sum(overlaps) / len(overlaps):+.2f}" in text
+        assert f"{label(model.tokenizer, in_ids[0])}" in text and f"{in_values[0]:+.2f}" in text
+        assert f"{label(model.tokenizer, out_ids[0])}" in text and f"{out_values[0]:+.2f}" in text
+        await pilot.press("right_parenthesis")
+        text = plain(panel)
+        assert f"OV direction 2/{N_DIRECTIONS}" in text and sigma[1] in text and sigma[0] not in text
+        assert f"overlap {overlaps[1]:+.2f}" in text
+
+        await pilot.press("5")  # K-composition: enter on the induction mechanism's edge
         await settle(pilot, app)
-        comp = await engine.composition("k")
-        app.query_one("#comp-edges", DataTable).focus()
-        await pilot.press("down")
+        pane = app.explorer.query_one(CompositionPane)
+        row = [e[:4] for e in pane.edges].index((*PREV_TOKEN_HEAD, *INDUCTION_HEAD))
+        table = app.explorer.query_one("#comp-edges", DataTable)
+        table.focus()
+        table.move_cursor(row=row)
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: isinstance(app.screen, PathScreen), "the path view")
         await settle(pilot, app)
-        l1, h1, l2, h2, _ = comp.top_edges[1]
-        await pilot.press("v")
-        await wait_until(pilot, lambda: isinstance(app.screen, PathScreen), "the path screen")
-        await settle(pilot, app)
-        path = await engine.virtual_path((l1, h1), (l2, h2))
+        k_path = scores.qk_positivity(reading.k_path(w, PREV_TOKEN_HEAD, INDUCTION_HEAD))
+        v_path = scores.copying_score(reading.virtual_ov(w, PREV_TOKEN_HEAD, INDUCTION_HEAD))
         summary = plain(app.screen.query_one("#path-summary", Static))
-        assert f"L{l1}.H{h1} → L{l2}.H{h2}" in summary
-        assert f"{path.k_positivity:+.3f}" in summary and f"{path.v_copying_score:+.3f}" in summary
+        assert "L0.H1 → L1.H2" in summary and f"K-path positivity {float(k_path):+.3f}" in summary
+        assert f"V-path copying {float(v_path):+.3f}" in summary
         chart = app.screen.query_one("#path-heatmap", Chart)
         await wait_until(pilot, lambda: chart.rendered is not None, "the K-path heatmap")
         assert "K-path" in chart.rendered.plain
         await pilot.press("g")
         await settle(pilot, app)
-        assert not isinstance(app.screen, PathScreen) and app.explorer.head == (l2, h2)
+        assert not isinstance(app.screen, PathScreen) and app.explorer.head == INDUCTION_HEAD
+
+
+async def test_directions_panel_is_off_when_narrow_v_shows_it_and_it_follows_the_head() -> None:
+    app, engine = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("2")
+        await settle(pilot, app)
+        panel = app.explorer.query_one("#ov-directions", DirectionsPanel)
+        assert not panel.display or not panel.region.width  # no room: hidden until v
+        assert engine.calls.get("singular_directions", 0) == 0  # and not computed
+        await pilot.press("v")
+        await settle(pilot, app)
+        assert panel.region.width and not app.explorer.query_one("#ov-top", Static).region.width
+        head = app.explorer.head
+        found = await engine.singular_directions(*head, "ov", k=N_DIRECTIONS, top=N_TOKENS)
+        assert f"{found.directions[0].sigma:.3g}" in plain(panel)
+        await pilot.press("left_parenthesis")  # cyclic: the last direction
+        n = len(found.directions)
+        assert f"direction {n}/{n}" in plain(panel)
+        await pilot.press("right_square_bracket")  # the next head: its directions, from 1
+        await settle(pilot, app)
+        other = await engine.singular_directions(*app.explorer.head, "ov", k=N_DIRECTIONS,
+                                                 top=N_TOKENS)
+        assert app.explorer.head != head and f"direction 1/{n}" in plain(panel)
+        assert f"{other.directions[0].sigma:.3g}" in plain(panel)
+        await pilot.press("left_square_bracket")  # back: from the panel's cache, no worker
+        calls = engine.calls["singular_directions"]
+        await settle(pilot, app)
+        assert engine.calls["singular_directions"] == calls
+        await pilot.press("1", "v")  # QK: the panel hides again
+        await settle(pilot, app)
+        assert not app.explorer.query_one("#qk-directions", DirectionsPanel).region.width
 
 
 async def test_the_filtered_tree_says_how_far_each_score_is_above_random_heads() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import tempfile
 from functools import partial
 from pathlib import Path
@@ -25,6 +26,7 @@ VIEWS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("spectrum", ("3",)),
     ("prompt", ("4",)),
     ("composition", ("5",)),  # opens on K-composition: the induction circuit
+    ("path", ("enter",)),  # enter on the strongest edge (L0.H1 → L1.H2): its virtual heads
     ("summary", ("6", "a")),  # with the ablation sweep: the zero-abl column filled
     ("help", ("question_mark",)),
 )
@@ -32,9 +34,12 @@ VIEWS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 async def _settle(pilot: Any) -> None:
     """Let every worker (engine calls, chart builds) finish before a shot."""
+    from textual.worker import WorkerCancelled
+
     for _ in range(4):
         await pilot.pause(0.1)
-        await pilot.app.workers.wait_for_complete()
+        with contextlib.suppress(WorkerCancelled):  # a newer build replaced it: wait again
+            await pilot.app.workers.wait_for_complete()
 
 
 async def shoot(model: Path | None, out: Path, size: tuple[int, int], head: tuple[int, int],
@@ -49,6 +54,8 @@ async def shoot(model: Path | None, out: Path, size: tuple[int, int], head: tupl
         app.explorer.goto_head(head, immediate=True)
         await settle()
         for name, keys in VIEWS:
+            if name == "path":  # the edge list, its cursor on the strongest edge
+                app.explorer.query_one("#comp-edges").focus()
             for key in keys:
                 await pilot.press(key)
                 await settle()
@@ -57,9 +64,10 @@ async def shoot(model: Path | None, out: Path, size: tuple[int, int], head: tupl
             path = out / f"{name}{suffix}.svg"
             app.save_screenshot(filename=path.name, path=str(out))
             written.append(path)
-            if name == "help":
+            if name in ("help", "path"):
                 await pilot.press("escape")
                 await settle()
+                app.explorer.query_one("#tree").focus()
     return written
 
 

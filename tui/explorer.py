@@ -44,6 +44,7 @@ from headscope.engine.results import HeadScores
 
 from .adapt import ABLATION, ABLATION_LABEL, SCORES, jsonable, score, score_rows, stats_line
 from .compare import ChangesPane, focus_text, head_changes
+from .reading_screens import N_DIRECTIONS, N_TOKENS, DirectionsPanel, PathScreen
 from .screens import InputScreen
 from .timeline_view import TimelinePane
 from .widgets.chart import Chart
@@ -173,6 +174,9 @@ class ExplorerScreen(Screen[None]):
         self.source_index = 0
         self.qk_offset = 0  # rotary QK: the offset Δ shown (Widget.offset is taken)
         self.tree_filter: str | None = None
+        # The directions panel beside the QK/OV heatmaps: the user's choice once v is pressed;
+        # None before (shown unless the terminal is narrow or in compare mode).
+        self.directions_choice: bool | None = None
         self.rows: dict[Head, HeadScores] = {}
         self.summary_sort: str | None = None
         # Zero-ablation effect of every head [L, H] (the opt-in sweep, key a), this gen's.
@@ -261,10 +265,24 @@ class ExplorerScreen(Screen[None]):
 
     def layout_for(self, width: int) -> None:
         self.set_class(width < NARROW, "narrow")
+        self._apply_directions()
+
+    @property
+    def directions_visible(self) -> bool:
+        if self.directions_choice is not None:
+            return self.directions_choice
+        return not self.has_class("narrow") and not self.compare.enabled
+
+    def _apply_directions(self) -> None:
+        visible = self.directions_visible
+        self.set_class(visible, "directions-on")
+        self.set_class(not visible, "directions-off")
 
     def restyle(self) -> None:
         for chart in self.query(Chart):
             chart.refresh()
+        for panel in self.query(DirectionsPanel):
+            panel.redraw()
         self.query_one(HeadTree).refresh_badges()
 
     # -- the model opening ----------------------------------------------------------------
@@ -617,6 +635,8 @@ class ExplorerScreen(Screen[None]):
             return
         if tab in PER_HEAD and self.head is None:
             return
+        if tab in ("qk", "ov"):
+            self._load_directions()
         key = self._key(tab)
         if not force and self._loaded.get(tab) == key:
             return
@@ -637,6 +657,78 @@ class ExplorerScreen(Screen[None]):
             self.report(str(err))
         except Exception as err:  # keep running: an engine bug becomes a notification
             self.report(f"{tab}: unexpected error {err!r}")
+
+    # -- the directions panel (tui/reading_screens.py) -----------------------------------
+    def _load_directions(self) -> None:
+        """The focused head's singular directions in the active tab's panel (QK or OV): from
+        the panel's cache, else asked of the engine in a worker (a loading note meanwhile)."""
+        tab = self.active_tab
+        if tab not in ("qk", "ov") or self.head is None or not self.directions_visible \
+                or self.headscope.engine is None or self.headscope.ready_failed:
+            return
+        panel = self.query_one(f"#{tab}-directions", DirectionsPanel)
+        key = (self.head, self.gen)
+        if panel.key == key:  # shown, or on its way
+            return
+        cached = panel.cache.get(key)
+        if cached is not None:
+            panel.show(key, cached)
+            return
+        panel.loading(key)
+        self.run_worker(self._directions(panel, key), group=f"directions-{tab}",
+                        exclusive=True, exit_on_error=False)
+
+    async def _directions(self, panel: DirectionsPanel, key: tuple[Head, int]) -> None:
+        await self.headscope.model_ready.wait()
+        (layer, head), _gen = key
+        try:
+            found = await self.engine.singular_directions(layer, head, panel.kind,
+                                                          k=N_DIRECTIONS, top=N_TOKENS)
+        except EngineCancelled:
+            if panel.key == key:
+                panel.key = None  # asked again at the next load
+            return
+        except HeadscopeError as err:
+            if panel.key == key:
+                panel.failed(f"cannot read the directions: {err}")
+            return
+        except Exception as err:  # keep running: an engine bug becomes a notification
+            self.report(f"directions: unexpected error {err!r}")
+            if panel.key == key:
+                panel.failed("cannot read the directions (see the notification)")
+            return
+        if panel.key == key:
+            panel.show(key, found)
+
+    def action_toggle_directions(self) -> None:
+        """Show or hide the directions panel (from another tab: the OV tab, with it)."""
+        if self.active_tab not in ("qk", "ov"):
+            self.directions_choice = True
+            self._apply_directions()
+            self.action_show_tab("ov")
+            return
+        self.directions_choice = not self.directions_visible
+        self._apply_directions()
+        self._load_directions()
+
+    def action_step_direction(self, step: int) -> None:
+        """The next or previous singular direction in the panel (shown first if hidden)."""
+        if self.active_tab not in ("qk", "ov"):
+            self.notify("( ) step the singular directions on the QK and OV tabs (1, 2)",
+                        timeout=2)
+            return
+        if not self.directions_visible:
+            self.action_toggle_directions()
+            return
+        self.query_one(f"#{self.active_tab}-directions", DirectionsPanel).step(step)
+
+    def open_path(self, source: Head, target: Head) -> None:
+        """The virtual heads of the composition edge ``source → target`` (a dialog; ``g``
+        there focuses ``target``)."""
+        if self.headscope.engine is None:
+            return
+        self.app.push_screen(PathScreen(self.engine, source, target, self.tokens),
+                             lambda head: head and self.goto_head(head, immediate=True))
 
     # -- widgets' events ----------------------------------------------------------------
     @on(Input.Submitted, "#prompt-input")
@@ -724,21 +816,6 @@ class ExplorerScreen(Screen[None]):
         self.query_one(CompositionPane).kind = kind
         self.action_show_tab("composition")
 
-    def action_read_head(self) -> None:
-        """The highlighted edge's virtual heads (composition tab), else the focused head's
-        singular directions (tui/reading_screens.py)."""
-        from .reading_screens import DirectionsScreen, PathScreen
-
-        if self.headscope.engine is None or self.head is None:
-            return
-        edge = self.query_one(CompositionPane).selected if self.active_tab == "composition" else None
-        if edge is not None:
-            screen = PathScreen(self.engine, edge[:2], edge[2:4], self.tokens)
-            self.app.push_screen(screen, lambda head: head and self.goto_head(head, immediate=True))
-        else:
-            kind = "qk" if self.active_tab == "qk" else "ov"
-            self.app.push_screen(DirectionsScreen(self.engine, self.head, kind))
-
     def action_toggle_raw(self) -> None:
         if self.headscope.engine is None:
             return
@@ -779,7 +856,8 @@ class ExplorerScreen(Screen[None]):
     def weights_replaced(self, rows: list[HeadScores] | None) -> None:
         """The app's engine now has other weights (timeline mode: another step): what was
         shown is stale. ``rows``: the new weights' scores, when already known."""
-        for group in ("sweep", "head-scores", "ablation", *(f"load-{t}" for t in TABS)):
+        for group in ("sweep", "head-scores", "ablation", "directions-qk", "directions-ov",
+                      *(f"load-{t}" for t in TABS)):
             self.app.workers.cancel_group(self, group)
         self.gen += 1
         self.rows.clear()

@@ -25,6 +25,18 @@ APP_BINDINGS: list[Binding] = [
             key_display="[", tooltip="Focus the previous head (across layers)"),
     Binding("right_square_bracket", "screen.step_head(1)", "Next head", id="next-head",
             key_display="]", tooltip="Focus the next head (across layers)"),
+    Binding("v", "screen.toggle_directions", "Directions", id="toggle-directions",
+            tooltip="QK/OV tabs: show or hide the panel of the head's singular directions as "
+                    "tokens beside the heatmap (hidden at first below 100 columns, where it "
+                    "takes the place of OV's top outputs, and in compare mode); from another "
+                    "tab, the OV tab with the panel"),
+    Binding("left_parenthesis", "screen.step_direction(-1)", "Prev direction",
+            id="prev-direction", show=False, key_display="(",
+            tooltip="Directions panel: the previous singular direction"),
+    Binding("right_parenthesis", "screen.step_direction(1)", "Next direction",
+            id="next-direction", show=False, key_display=")",
+            tooltip="Directions panel: the next singular direction (σ, the tokens it reads "
+                    "and writes, their overlap)"),
     Binding("1", "screen.show_tab('qk')", "QK", id="tab-qk", show=False,
             tooltip="QK tab: token and positional QK circuits"),
     Binding("2", "screen.show_tab('ov')", "OV", id="tab-ov", show=False,
@@ -77,9 +89,6 @@ APP_BINDINGS: list[Binding] = [
             tooltip="Composition graph: raise the edge threshold (fewer, stronger edges)"),
     Binding("7", "screen.show_tab('changes')", "Changes", id="tab-changes", show=False,
             tooltip="Compare mode: biggest changes A → B and the composition-graph diff"),
-    Binding("v", "screen.read_head", "Read", id="read-head", show=False,
-            tooltip="Read the head: its singular directions as tokens ({ } step, x OV/QK); "
-                    "on the composition tab, the highlighted edge's virtual heads"),
     Binding("d", "screen.toggle_compare_view", "A|B / B−A", id="compare-view", show=False,
             tooltip="Compare mode: QK/OV heatmaps of A and B side by side, or A and B − A"),
     Binding("8", "screen.show_tab('timeline')", "Timeline", id="tab-timeline", show=False,
@@ -96,7 +105,9 @@ APP_BINDINGS: list[Binding] = [
 WIDGET_KEYS: list[tuple[str, str]] = [
     ("↑ ↓ / j k", "move in the head tree, tables and lists"),
     ("← → / h l", "collapse / expand a layer in the tree"),
-    ("enter", "focus the head under the cursor (tree, summary, composition edges)"),
+    ("enter", "tree, summary: focus the head under the cursor; composition edge: open its "
+              "virtual heads (K-path heatmap and score, V-path copying and spectrum; g there "
+              "focuses the later head)"),
     ("tab / shift+tab", "move focus between panes"),
     ("ctrl+p", "command palette: go to head L.H, sort, themes, exports"),
     ("escape", "close a dialog; leave the prompt box or a pane for the head tree"),

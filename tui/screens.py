@@ -19,7 +19,9 @@ from .keymap import APP_BINDINGS, WIDGET_KEYS
 def _display(keys: str) -> str:
     names = {"question_mark": "?", "left_square_bracket": "[", "right_square_bracket": "]",
              "slash": "/", "comma": ",", "full_stop": ".", "minus": "-",
-             "equals_sign": "=", "plus": "+", "less_than_sign": "<", "greater_than_sign": ">"}
+             "equals_sign": "=", "plus": "+", "less_than_sign": "<", "greater_than_sign": ">",
+             "left_parenthesis": "(", "right_parenthesis": ")",
+             "left_curly_bracket": "{", "right_curly_bracket": "}"}
     return " / ".join(names.get(k.strip(), k.strip()) for k in keys.split(","))
 
 

@@ -37,6 +37,7 @@ from ..adapt import (
 from ..datatext import data_text, printable
 from ..plots import Graph, Heatmap, Line, Scatter
 from ..prompt_words import UNKNOWN, unknown_note, vocabulary_hint
+from ..reading_screens import DirectionsPanel
 from .chart import Chart
 
 if TYPE_CHECKING:
@@ -76,7 +77,9 @@ class QKPane(Horizontal):
     def compose(self) -> ComposeResult:
         yield Chart(id="qk-token", placeholder="waiting for the model…")
         yield Chart(id="qk-token-b", placeholder="waiting for model B…", classes="compare-only")
-        yield Chart(id="qk-position", placeholder="")
+        with Vertical(id="qk-side"):
+            yield Chart(id="qk-position", placeholder="")
+            yield DirectionsPanel("qk", id="qk-directions")
 
     def show_pair(self, a: Heatmap, b: Heatmap) -> None:
         """Compare mode: A's token QK and B's (or B − A) beside it."""
@@ -157,6 +160,7 @@ class OVPane(Horizontal):
         with Vertical(id="ov-side"):
             yield Static(id="ov-note")
             yield Static(id="ov-top")
+            yield DirectionsPanel("ov", id="ov-directions")
 
     def show_block(self, block: Any, figure: Heatmap | None = None) -> None:
         """A's full OV (``figure``: already made, e.g. by compare mode) and its note."""
@@ -442,10 +446,11 @@ class CompositionPane(Horizontal):
 
     @on(DataTable.RowSelected, "#comp-edges")
     def _edge_selected(self, event: DataTable.RowSelected) -> None:
-        """Enter on an edge focuses its target head."""
+        """Enter on an edge opens its virtual heads (``g`` there focuses the target head)."""
         edge = self._edge(event.row_key.value)
         if edge is not None:
-            cast("ExplorerScreen", self.screen).goto_head((edge[2], edge[3]), immediate=True)
+            l1, h1, l2, h2, _ = edge
+            cast("ExplorerScreen", self.screen).open_path((l1, h1), (l2, h2))
 
     def _edge(self, row_key: str | None) -> Edge | None:
         try:
@@ -466,7 +471,8 @@ class CompositionPane(Horizontal):
         base = float(comp.baseline)
         self.query_one("#comp-detail", Static).update(Text.assemble(
             (f"{_head(l1, h1)} → {_head(l2, h2)} ", "bold"),
-            f"│ {kind}-comp {s + base:.3f} − baseline {base:.3f} = {s:+.3f}  (enter: go)"))
+            f"│ {kind}-comp {s + base:.3f} − baseline {base:.3f} = {s:+.3f}  "
+            "(enter: virtual heads)"))
 
     async def load(self, ex: ExplorerScreen, key: LoadKey) -> None:
         kind = self.kind
