@@ -2,7 +2,9 @@
 
 The app holds the settings, themes, colour maps and keymap, opens and closes the engine, and
 turns errors into notifications. What is on screen (the head tree, the tabs and their loading)
-is the explorer's (tui/explorer.py), installed as the default screen.
+is the explorer's (tui/explorer.py). The first frame comes before it: the opening screen
+(tui/opening.py), drawn with nothing but Textual imported; the explorer is imported after that
+frame and pushed over it (docs/internals.md, "First frame").
 
 The app renders what ``engine.service.Engine`` computes and never computes on the UI
 thread: every engine call is awaited in an async worker (the engine runs on its own
@@ -250,9 +252,9 @@ class HeadscopeApp(App[None]):
 
     def on_mount(self) -> None:
         self.theme_changed_signal.subscribe(self, lambda _theme: self._restyle())
-        if self._deferred_engine:  # the opening screen is up: the explorer follows it
-            self.call_after_refresh(lambda: self.run_worker(self._load_explorer(),
-                                                            group="startup"))
+        if isinstance(self.screen, OpeningScreen):  # the explorer follows the first frame
+            self.screen.when_drawn(lambda: self.run_worker(self._load_explorer(),
+                                                           group="startup"))
         if self.settings_error:
             self.notify(self.settings_error, severity="warning", timeout=8)
         self.keymap_in_use = dict(self._keymap_arg)

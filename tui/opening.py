@@ -5,11 +5,12 @@ engine; tests/test_tui_first_frame.py checks it): the status bar names the model
 opening, the footer shows the explorer's keys (greyed out until the explorer is up: ``q``,
 ``?`` and ``t`` already work). The app then imports the explorer off the UI thread, reads the
 checkpoint's header and pushes the explorer over this screen (tui/app.py,
-``HeadscopeApp._load_explorer``). docs/internals.md, "First frame", has the timings.
+``HeadscopeApp._load_explorer``): docs/internals.md, "First frame"; timings in bench/README.md.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.text import Text
@@ -66,6 +67,16 @@ class OpeningScreen(Screen[None]):
         yield Static(self._text(), id="opening-status")
         yield Static(id="opening-body")
         yield Footer()
+
+    def when_drawn(self, then: Callable[[], None], tries: int = 50) -> None:
+        """Call ``then`` once this screen is painted with the footer's keys (Textual fills the
+        footer a frame or two after the first, and the explorer's import would hold that
+        back), or after ~0.5 s whatever the footer does."""
+        footers = self.query(Footer)
+        if tries <= 0 or (footers and footers.first().children):
+            self.app.call_after_refresh(then)
+        else:
+            self.set_timer(0.01, lambda: self.when_drawn(then, tries - 1))
 
     def on_mount(self) -> None:
         self._spinner = self.set_interval(0.15, self._tick)
