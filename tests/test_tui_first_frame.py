@@ -2,7 +2,8 @@
 (tui/opening.py; the budget is bench/firstframe.py's), and the explorer follows it.
 
 One fresh interpreter (imports are per process): the first app is checked at its first frame
-and quit there, before the engine exists; a second app is checked once the explorer is up.
+and quit there, before the engine exists; a second app opens the help on its first frame, then
+is checked once the explorer is up.
 """
 
 from __future__ import annotations
@@ -35,9 +36,14 @@ async def main():
         await pilot.press("q")  # quit on the first frame: the app ends, no engine is made
         await pilot.pause(0.3)
     assert (app.engine, app.return_code) == (None, 0), (app.engine, app.return_code)
-    # the explorer follows the first frame, its tree from the checkpoint's header
+    # the explorer follows the first frame, its tree from the checkpoint's header; the help
+    # opened on the first frame stays on top until closed
     app = HeadscopeApp("sample_models/attn-only-2l", settings=Settings(), sweep=False)
     async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("question_mark")
+        await pilot.pause(0.5)
+        assert type(app.screen).__name__ == "HelpScreen", app.screen_stack
+        await pilot.press("escape")
         for _ in range(600):
             if app.explorer_up:
                 break

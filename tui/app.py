@@ -212,6 +212,10 @@ class HeadscopeApp(App[None]):
         """After the first frame: import the explorer and read the header off the UI thread,
         then put the explorer over the opening screen."""
         await _in_daemon_thread(self._prepare_explorer)
+        # The help or the command palette opened over the opening screen stays on top until
+        # it is closed (the explorer would hide it).
+        while not self._exit and self.is_running and not isinstance(self.screen, OpeningScreen):
+            await asyncio.sleep(0.05)
         if self._exit or not self.is_running:  # quit while it loaded
             return
         # Pushed over the opening screen, which stays below it, suspended (Textual cannot

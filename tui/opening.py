@@ -21,6 +21,9 @@ from textual.widgets import Footer, Static
 from .datatext import printable
 
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"  # as widgets/status.py (not imported: it is the explorer's)
+BODY = ("The head tree (from the checkpoint's header) and the views come next; the model's "
+        "weights open after them. The keys below light up with the explorer; the help and "
+        "quit keys work already.")
 # The app's own actions that work before the explorer is up; the others wait for it.
 READY_ACTIONS = frozenset({"quit", "help", "cycle_theme", "command_palette", "screenshot_svg",
                            "choose_output_dir"})
@@ -55,7 +58,7 @@ class OpeningScreen(Screen[None]):
 
     DEFAULT_CSS = """
     OpeningScreen #opening-status { height: 2; padding: 0 1; background: $panel; }
-    OpeningScreen #opening-body { height: 1fr; }
+    OpeningScreen #opening-body { height: 1fr; padding: 1 2; color: $text-muted; }
     """
 
     def __init__(self, path: str, *, raw: bool = False, compare: str | None = None) -> None:
@@ -65,7 +68,7 @@ class OpeningScreen(Screen[None]):
 
     def compose(self) -> ComposeResult:
         yield Static(self._text(), id="opening-status")
-        yield Static(id="opening-body")
+        yield Static(BODY, id="opening-body", markup=False)
         yield Footer()
 
     def when_drawn(self, then: Callable[[], None], tries: int = 50) -> None:
