@@ -198,6 +198,14 @@ class HeadscopeApp(App[None]):
             self._explorer = ExplorerScreen(**self._explorer_options)
         return self._explorer
 
+    @property
+    def default_screen(self) -> Screen:
+        """The screen ``app.query``/``app.query_one`` search: the explorer once it is up (it
+        sits over the opening screen, which Textual would otherwise keep searching)."""
+        if self.explorer_up and self._explorer is not None:
+            return self._explorer
+        return super().default_screen
+
     def get_default_screen(self) -> Screen:
         """The first screen. With the real engine: the opening screen (tui/opening.py), drawn
         with nothing but Textual imported; the explorer replaces it once imported and the
