@@ -23,6 +23,7 @@ T0 = time.perf_counter()
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import os  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -106,8 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=5)
     args = p.parse_args(argv)
     if args.one:
-        print(json.dumps(one(*args.one)))
-        return 0
+        print(json.dumps(one(*args.one)), flush=True)
+        # As the CLI after the explorer closes: no interpreter teardown under torch's threads
+        # (the engine is open and may be sweeping by the first head view; the teardown aborts).
+        os._exit(0)
     models = [("attn-only-2l", BUNDLED)]
     tmp = None
     if not args.tiny:

@@ -187,7 +187,7 @@ class HeadscopeApp(App[None]):
             "debounce": debounce, "sweep": sweep, "prompt": prompt, "head": head,
             "tokens_text": " ".join(settings.tokens)}
         self._explorer: ExplorerScreen | None = None
-        self.explorer_up = False  # the explorer is mounted (the first screen has gone)
+        self.explorer_up = False  # the explorer is mounted (over the opening screen, if any)
 
     @property
     def explorer(self) -> ExplorerScreen:
@@ -208,8 +208,8 @@ class HeadscopeApp(App[None]):
 
     def get_default_screen(self) -> Screen:
         """The first screen. With the real engine: the opening screen (tui/opening.py), drawn
-        with nothing but Textual imported; the explorer replaces it once imported and the
-        model's header read (its tree comes from the header). With an injected engine the
+        with nothing but Textual imported; the explorer is pushed over it once imported and
+        the model's header read (its tree comes from the header). With an injected engine the
         explorer is the first screen, as the fake engines' structure is at hand."""
         if self._deferred_engine:
             return OpeningScreen(self.path, raw=self.raw, compare=self.compare.path)
