@@ -3,7 +3,8 @@
 Each measurement is a fresh subprocess (``--one KIND PATH``), so imports are cold, as for a
 user typing ``headscope``. It starts the app headless at 120×40 with Textual's test
 harness and stops the first clock when the first frame is painted: the opening screen
-(tui/opening.py: the status bar naming the model, "opening …", the footer with the keys);
+(tui/opening.py: the status bar naming the model and "opening PATH …", a line on what comes
+next, the footer bar, whose keys Textual draws a frame or two later);
 the explorer, numpy and plotext are imported after it, the engine and torch after the
 explorer. The same process then times the explorer being up (its head tree, from the
 checkpoint's header) and the first head view (L0.H0's token QK heatmap drawn, the model
@@ -13,6 +14,7 @@ first frame / baseline.
 
     python -m bench.firstframe [--dir DIR] [--shapes gpt2-small,llama-1b-gqa] [--repeat 5]
     python -m bench.firstframe --tiny           # the bundled attn-only-2l only (smoke test)
+    python -m bench.firstframe --tiny --first-frame-only --repeat 15   # the ratio alone
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ def one(kind: str, path: str) -> dict[str, float]:
     from textual.app import App, ComposeResult
     from textual.widgets import Static
 
-    if kind == "headscope":
+    if kind.startswith("headscope"):  # "headscope-frame": the first frame only
         from headscope.tui.app import HeadscopeApp
         from headscope.tui.settings import Settings
 
@@ -105,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="bench.checkpoints shapes besides attn-only-2l (comma-separated)")
     p.add_argument("--dir", type=Path, default=None, help="where the checkpoints are (reused)")
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--first-frame-only", action="store_true",
+                   help="do not wait for the explorer and the first head view (quicker)")
     args = p.parse_args(argv)
     if args.one:
         print(json.dumps(one(*args.one)), flush=True)
@@ -126,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.repeat):
         baseline.append(measure("empty", BUNDLED)["seconds"])
         for name, path in models:
-            runs[name].append(measure("headscope", path))
+            runs[name].append(measure("headscope-frame" if args.first_frame_only
+                                      else "headscope", path))
     base = statistics.median(baseline)
     lines = [f"first frame at {SIZE[0]}×{SIZE[1]}, median of {args.repeat} fresh processes "
              f"(empty Textual app: {base:.3f} s, range {min(baseline):.3f}-{max(baseline):.3f})",
