@@ -84,8 +84,12 @@ class OpeningScreen(Screen[None]):
     def on_mount(self) -> None:
         self._spinner = self.set_interval(0.15, self._tick)
 
-    def on_screen_suspend(self) -> None:  # the explorer is up, over this screen
-        self._spinner.stop()
+    def on_screen_suspend(self) -> None:  # the explorer (or the help) over this screen
+        self._spinner.pause()
+
+    def on_screen_resume(self) -> None:
+        if hasattr(self, "_spinner"):
+            self._spinner.resume()
 
     def _text(self) -> Text:
         return opening_text(self.path, raw=self.raw, compare=self.compare, frame=self.frame,
