@@ -1,11 +1,35 @@
 """headscope's engine: checkpoints, weights, circuits and scores, with no UI imports.
 
-``from headscope.engine import open_model`` works in a notebook. Importing this package does not
-import torch (``read_structure`` never needs it; tensors import it on first use).
+``from headscope.engine import open_model`` works in a notebook. Importing this package imports
+nothing else: the names below load their modules on first use (PEP 562), so a submodule that
+needs neither numpy nor torch (``engine.errors``, ``engine.requests``) stays cheap to import,
+which the explorer's first frame relies on (``read_structure`` never needs torch either).
 """
 
-from .config import ModelConfig
-from .errors import HeadscopeError
-from .loading import Model, open_model, read_structure
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .config import ModelConfig
+    from .errors import HeadscopeError
+    from .loading import Model, open_model, read_structure
 
 __all__ = ["HeadscopeError", "Model", "ModelConfig", "open_model", "read_structure"]
+
+_HOMES = {"ModelConfig": ".config", "HeadscopeError": ".errors", "Model": ".loading",
+          "open_model": ".loading", "read_structure": ".loading"}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .errors import InvalidRequestError
-from .requests import SCORE_NAMES
+from .requests import EDGE_THRESHOLD, SCORE_NAMES  # EDGE_THRESHOLD: re-exported here
 
 if TYPE_CHECKING:
     import torch
@@ -47,13 +47,6 @@ if TYPE_CHECKING:
 
 # The scores a diff compares (every head score but the duplicate-token one).
 SCORE_KEYS = tuple(k for k in SCORE_NAMES if k != "duplicate_token_score")
-
-# A composition edge counts (for "lost" / "gained") when its score beats the random-factor
-# baseline by this much. Trained circuits sit 0.05-0.15 above a baseline of ~0.09 at the
-# sample models' shapes, and the margin shrinks as d_head grows (the bundled attn-only-2l,
-# d_head 32: its previous-token → induction edges are +0.08), so 0.1 missed them.
-EDGE_THRESHOLD = 0.05
-
 
 @dataclass(frozen=True)
 class CircuitSimilarity:

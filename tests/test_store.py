@@ -464,8 +464,11 @@ async def test_the_explorer_status_bar_says_where_the_scores_came_from(gpt2_dir,
     async def origin_after_sweep() -> str:
         app = HeadscopeApp(gpt2_dir[0], settings=Settings(), debounce=0.01, sweep=True)
         async with app.run_test(size=(200, 40)) as pilot:
-            status = app.explorer.query_one(StatusBar)
             deadline = time.monotonic() + 120
+            while not app.explorer_up:  # the opening screen comes first (tui/opening.py)
+                assert time.monotonic() < deadline
+                await pilot.pause(0.05)
+            status = app.explorer.query_one(StatusBar)
             while not status.origin.startswith("head scores"):
                 assert time.monotonic() < deadline and not app.errors, app.errors
                 await pilot.pause(0.1)

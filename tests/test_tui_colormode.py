@@ -551,3 +551,38 @@ def test_graph_edges_in_256_colours_are_palette_entries_monotone_in_strength(cma
     away = [abs(lightness(rgb) - zero) for rgb in emitted]
     assert all(b >= a - 1e-9 for a, b in itertools.pairwise(away)), away
     assert len(set(emitted)) > 2  # strength is visible: several entries, not one
+
+
+@pytest.mark.parametrize("cmap", sorted(COLORMAPS))
+def test_spectrum_dots_and_edge_diff_in_256_colours_are_palette_entries(cmap: str) -> None:
+    """Single marks in the colour map's end colours (eigenvalue dots by the sign of Re λ, lost
+    and gained edges of the compare diff) are the 256-colour ramp's end entries, the colours
+    of the heatmaps' strongest cells; the diff's "changed" edges are the muted colour's nearest
+    entry. None of them is left to Rich to quantise."""
+    from headscope.tui.colormap import nearest_entry
+    from headscope.tui.plots import EdgeDiff, Scatter
+
+    c = colours(cmap, "256")
+    ramp = palette_ramp(c.stops)
+
+    def marks(text: Text, chars: str) -> dict[str, set[Any]]:
+        out: dict[str, set[Any]] = {}
+        for span in text.spans:
+            part = text.plain[span.start:span.end]
+            if isinstance(span.style, Style) and span.style.color is not None and part \
+                    and all(ch in chars for ch in part):
+                out.setdefault(part[0], set()).add(span.style.color)
+        return out
+
+    dots = build(Scatter(np.array([0.5, -0.5]), np.array([0.0, 0.3]), "OV"), 40, 16, c)
+    found = {col for cols in marks(dots, "•").values() for col in cols}
+    assert {col.type for col in found} == {ColorType.EIGHT_BIT}
+    assert {col.number for col in found} == {ramp[0], ramp[-1]}
+
+    edges = (("lost", 0, 0, 1, 0, 0.3, 0.0), ("gained", 0, 1, 1, 1, 0.0, 0.3),
+             ("changed", 0, 2, 1, 2, 0.2, 0.25))
+    diff = build(EdgeDiff(2, 3, edges, "K diff", labels=0), 50, 16, c)
+    braille = "".join(chr(i) for i in range(0x2800, 0x2900)) + "━"
+    found = {col for cols in marks(diff, braille).values() for col in cols}
+    assert {col.type for col in found} == {ColorType.EIGHT_BIT}
+    assert {col.number for col in found} == {ramp[0], ramp[-1], nearest_entry(MUTED)}

@@ -2,7 +2,9 @@
 
 The app holds the settings, themes, colour maps and keymap, opens and closes the engine, and
 turns errors into notifications. What is on screen (the head tree, the tabs and their loading)
-is the explorer's (tui/explorer.py), installed as the default screen.
+is the explorer's (tui/explorer.py). The first frame comes before it: the opening screen
+(tui/opening.py), drawn with nothing but Textual imported; the explorer is imported after that
+frame and pushed over it (docs/internals.md, "First frame").
 
 The app renders what ``engine.service.Engine`` computes and never computes on the UI
 thread: every engine call is awaited in an async worker (the engine runs on its own
@@ -17,10 +19,11 @@ import asyncio
 import contextlib
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual import events
 from textual.app import App
@@ -42,22 +45,70 @@ from headscope.themes import (
 from .colormode import detect_color_mode
 from .compare_mode import CompareMode
 from .datatext import printable
-from .engine_api import ExplorerEngine
-from .explorer import FILTER_THRESHOLD, ExplorerScreen, ModelFailed, ModelReady
 from .keymap import APP_BINDINGS
-from .palette import HeadscopeCommands
-from .screens import HelpScreen, InputScreen
+from .opening import READY_ACTIONS, OpeningScreen
 from .settings import Settings, load_settings
 from .timeline_mode import TimelineMode
 
-__all__ = ["FILTER_THRESHOLD", "HeadscopeApp", "bundled_model", "run_app"]
+# First frame (docs/internals.md): this module imports Textual and small modules only. The
+# explorer (numpy, plotext, the engine's results) is imported after the first frame is painted.
+if TYPE_CHECKING:
+    from textual.command import Provider
+    from textual.screen import Screen
+
+    from .engine_api import ExplorerEngine
+    from .explorer import ExplorerScreen
+
+__all__ = ["HeadscopeApp", "bundled_model", "run_app"]  # and FILTER_THRESHOLD, lazily
+
+
+def __getattr__(name: str) -> Any:
+    if name == "FILTER_THRESHOLD":  # the explorer's, re-exported (imported on first use)
+        from .explorer import FILTER_THRESHOLD
+
+        return FILTER_THRESHOLD
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _commands() -> type[Provider]:
+    """The command palette's headscope commands (imported when the palette first opens)."""
+    from .palette import HeadscopeCommands
+
+    return HeadscopeCommands
 
 Head = tuple[int, int]
-EngineFactory = Callable[[str, bool], ExplorerEngine]
+EngineFactory = Callable[[str, bool], "ExplorerEngine"]
 # Quit feels instant: the engines are told to stop at once (aclose's first step), and the
 # wait for a job still running is short; their threads are daemons and end with the process.
 QUIT_WAIT = 0.25
 
+
+
+async def _in_daemon_thread(work: Callable[[], None]) -> None:
+    """``work()`` on a daemon thread: a quit while it runs is not kept waiting for it (the
+    default executor's threads are joined when ``asyncio.run`` ends)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def settle(error: BaseException | None) -> None:
+        if done.done():
+            return
+        if error is None:
+            done.set_result(None)
+        else:
+            done.set_exception(error)
+
+    def run() -> None:
+        error: BaseException | None = None
+        try:
+            work()
+        except BaseException as err:  # re-raised on the loop, in the awaiting worker
+            error = err
+        with contextlib.suppress(RuntimeError):  # the loop has closed: the app is gone
+            loop.call_soon_threadsafe(settle, error)
+
+    threading.Thread(target=run, name="headscope-explorer-import", daemon=True).start()
+    await done
 
 
 def default_engine_factory(path: str, raw: bool, cache_mb: int = 256,
@@ -73,7 +124,7 @@ class HeadscopeApp(App[None]):
     TITLE = "headscope"
     CSS_PATH: ClassVar[list[str | Path]] = [STYLESHEET, Path(__file__).with_name("headscope.tcss")]
     BINDINGS: ClassVar[list[BindingType]] = list(APP_BINDINGS)
-    COMMANDS = App.COMMANDS | {HeadscopeCommands}
+    COMMANDS = App.COMMANDS | {_commands}
 
     def __init__(self, path: str | os.PathLike[str] | None = None, *, raw: bool = False,
                  theme: str | None = None, engine_factory: EngineFactory | None = None,
@@ -130,17 +181,59 @@ class HeadscopeApp(App[None]):
         # Compare mode: model B, opened by the same factory; Engine.compare diffs A → B.
         self.compare = CompareMode(str(compare) if compare is not None else None, match_heads,
                                    self.report)
-        self.explorer = ExplorerScreen(debounce=debounce, sweep=sweep, prompt=prompt, head=head,
-                                       tokens_text=" ".join(settings.tokens))
+        # The explorer screen is made when first needed: after the first frame (the real
+        # engine) or as the first screen (an injected engine factory: tests, bench.stall).
+        self._explorer_options: dict[str, Any] = {
+            "debounce": debounce, "sweep": sweep, "prompt": prompt, "head": head,
+            "tokens_text": " ".join(settings.tokens)}
+        self._explorer: ExplorerScreen | None = None
+        self.explorer_up = False  # the explorer is mounted (over the opening screen, if any)
 
-    def get_default_screen(self) -> ExplorerScreen:
-        """The explorer is the app's base screen (help and dialogs open over it). The model's
-        header is read first: the first frame's tree comes from it."""
+    @property
+    def explorer(self) -> ExplorerScreen:
+        """The explorer screen (imported and made on first use, not necessarily mounted)."""
+        if self._explorer is None:
+            from .explorer import ExplorerScreen
+
+            self._explorer = ExplorerScreen(**self._explorer_options)
+        return self._explorer
+
+    @property
+    def default_screen(self) -> Screen:
+        """The screen ``app.query``/``app.query_one`` search: the explorer once it is up (it
+        sits over the opening screen, which Textual would otherwise keep searching)."""
+        if self.explorer_up and self._explorer is not None:
+            return self._explorer
+        return super().default_screen
+
+    def get_default_screen(self) -> Screen:
+        """The first screen. With the real engine: the opening screen (tui/opening.py), drawn
+        with nothing but Textual imported; the explorer is pushed over it once imported and
+        the model's header read (its tree comes from the header). With an injected engine the
+        explorer is the first screen, as the fake engines' structure is at hand."""
         if self._deferred_engine:
-            self._read_structure()
-        else:
-            self._open_engine()
+            return OpeningScreen(self.path, raw=self.raw, compare=self.compare.path)
+        self._open_engine()
         return self.explorer
+
+    async def _load_explorer(self) -> None:
+        """After the first frame: import the explorer and read the header off the UI thread,
+        then put the explorer over the opening screen."""
+        await _in_daemon_thread(self._prepare_explorer)
+        # The help or the command palette opened over the opening screen stays on top until
+        # it is closed (the explorer would hide it).
+        while not self._exit and self.is_running and not isinstance(self.screen, OpeningScreen):
+            await asyncio.sleep(0.05)
+        if self._exit or not self.is_running:  # quit while it loaded
+            return
+        # Pushed over the opening screen, which stays below it, suspended (Textual cannot
+        # switch away from the first screen).
+        await self.push_screen(self.explorer)
+
+    def _prepare_explorer(self) -> None:
+        import headscope.tui.explorer  # noqa: F401  (numpy, plotext, the views: ~0.3 s)
+
+        self._read_structure()
 
     # -- engine ---------------------------------------------------------------------------
     def _open_engine(self) -> None:
@@ -170,7 +263,10 @@ class HeadscopeApp(App[None]):
         return not self.model_ready.is_set() and self.engine is not None and not self.ready_failed
 
     def on_mount(self) -> None:
-        self.theme_changed_signal.subscribe(self, lambda _theme: self.explorer.restyle())
+        self.theme_changed_signal.subscribe(self, lambda _theme: self._restyle())
+        if isinstance(self.screen, OpeningScreen):  # the explorer follows the first frame
+            self.screen.when_drawn(lambda: self.run_worker(self._load_explorer(),
+                                                           group="startup"))
         if self.settings_error:
             self.notify(self.settings_error, severity="warning", timeout=8)
         self.keymap_in_use = dict(self._keymap_arg)
@@ -178,7 +274,9 @@ class HeadscopeApp(App[None]):
             self.set_keymap(self.keymap_in_use)
 
     def explorer_mounted(self) -> None:
-        """The explorer is on screen: open the engine (after the first frame is painted)."""
+        """The explorer is on screen: open the engine (after the explorer's frame is painted)."""
+        self.explorer_up = True
+        self.refresh_bindings()
         self.timeline.update_status(self)
         if self._deferred_engine and self.open_error is None:
             self.call_after_refresh(lambda: self.set_timer(0.02, self._open_deferred))
@@ -194,6 +292,8 @@ class HeadscopeApp(App[None]):
         self._after_open()
 
     def _after_open(self) -> None:
+        from .explorer import ModelFailed
+
         if self.engine is None:
             self.report(self.open_error or "cannot open the model")
             self.explorer.post_message(ModelFailed(self.open_error or "",
@@ -202,6 +302,8 @@ class HeadscopeApp(App[None]):
         self.run_worker(self._startup(self.engine), group="startup", exit_on_error=False)
 
     async def _startup(self, engine: ExplorerEngine) -> None:
+        from .explorer import ModelFailed, ModelReady
+
         try:
             await engine.ready()
         except HeadscopeError as err:
@@ -217,7 +319,18 @@ class HeadscopeApp(App[None]):
         self.timeline.start(self)
 
     def on_resize(self, event: events.Resize) -> None:
-        self.explorer.layout_for(event.size.width)
+        if self._explorer is not None:
+            self._explorer.layout_for(event.size.width)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Until the explorer is up, its keys are shown greyed out (tui/opening.py)."""
+        if not self.explorer_up and self._deferred_engine and action not in READY_ACTIONS:
+            return None
+        return True
+
+    def _restyle(self) -> None:
+        if self.explorer_up:
+            self.explorer.restyle()
 
     def action_timeline_step(self, delta: int) -> None:
         """Timeline mode: show the previous or next step of the series."""
@@ -252,7 +365,7 @@ class HeadscopeApp(App[None]):
 
     def set_colormap(self, name: str | None) -> None:
         self.colormap_override = name
-        self.explorer.restyle()
+        self._restyle()
 
     def action_cycle_colormap(self) -> None:
         names = list(COLORMAPS)
@@ -262,6 +375,8 @@ class HeadscopeApp(App[None]):
 
     # -- help, files ----------------------------------------------------------------------
     def action_help(self) -> None:
+        from .screens import HelpScreen
+
         self.push_screen(HelpScreen(self.keymap_in_use))
 
     def output_dir(self) -> Path:
@@ -276,6 +391,8 @@ class HeadscopeApp(App[None]):
         return out
 
     def action_choose_output_dir(self) -> None:
+        from .screens import InputScreen
+
         def chosen(text: str | None) -> None:
             if text:
                 self._output_dir = Path(text)
@@ -287,6 +404,8 @@ class HeadscopeApp(App[None]):
     def stem(self) -> str:
         """File name stem of a screenshot or export: model, tab, head, time."""
         name = Path(self.path).name or "model"
+        if not self.explorer_up:  # the opening screen
+            return f"headscope_{name}_opening_{time.strftime('%Y%m%d-%H%M%S')}"
         focused = self.explorer.head
         head = f"_L{focused[0]}H{focused[1]}" if focused else ""
         return (f"headscope_{name}_{self.explorer.active_tab}{head}_"

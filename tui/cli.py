@@ -18,8 +18,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from headscope.engine.diff import EDGE_THRESHOLD
 from headscope.engine.errors import HeadscopeError, InvalidRequestError, out_of_memory
+from headscope.engine.requests import EDGE_THRESHOLD
 from headscope.tui import args as args_types
 from headscope.tui import cli_reading, cli_timeline
 from headscope.tui.cli_cache import (

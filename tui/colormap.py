@@ -152,6 +152,13 @@ def _nearest(target: np.ndarray, allowed: np.ndarray) -> int:
     return int(np.argmin(d))
 
 
+def nearest_entry(rgb: RGB) -> int:
+    """The xterm entry (16–255) nearest to ``rgb`` in L*a*b* (lightness weighted): a single
+    theme colour pinned to the palette, instead of Rich's quantisation by its own metric."""
+    everything = np.ones(len(_PALETTE), dtype=bool)
+    return int(_PALETTE[_nearest(np.asarray(rgb, dtype=np.float64), everything)])
+
+
 def palette_ramp(stops: tuple[RGB, RGB, RGB], steps: int = RAMP_STEPS) -> tuple[int, ...]:
     """``2·steps + 1`` xterm entries for −vmax … 0 … +vmax.
 

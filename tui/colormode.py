@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .colormap import COLOR_MODES
+from .settings import COLOR_MODES  # (tui/colormap.py imports numpy: not before the first frame)
 
 __all__ = ["COLOR_MODES", "detect_color_mode"]
 

@@ -15,9 +15,7 @@ from typing import TYPE_CHECKING, Any
 from headscope.engine.errors import CancelledError as EngineCancelled
 from headscope.engine.errors import HeadscopeError
 
-from .compare import COMPARE_VIEWS, pair_figures
-
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # .compare (plotext, numpy) is imported once B's views are drawn
     from headscope.engine.diff import ModelDiff
     from headscope.engine.results import CircuitBlock, PromptView, Spectrum
 
@@ -59,6 +57,8 @@ class CompareMode:
             self.error = f"{self.path}: cannot open ({err!r})"
 
     def next_view(self) -> str:
+        from .compare import COMPARE_VIEWS
+
         i = COMPARE_VIEWS.index(self.view)
         self.view = COMPARE_VIEWS[(i + 1) % len(COMPARE_VIEWS)]
         return self.view
@@ -82,6 +82,8 @@ class CompareMode:
     async def figures(self, block: CircuitBlock, block_b: CircuitBlock, title: str, what: str,
                       *, xlabel: str = "", diagonal: bool = False) -> tuple[Heatmap, Heatmap]:
         """A's and B's heatmaps of ``block`` in the current view (side by side or B − A)."""
+        from .compare import pair_figures
+
         head = (block.layer, block.head)
         return await pair_figures(block, block_b, self.view, title, self.title_b(what, head),
                                   xlabel=xlabel, diagonal=diagonal)

@@ -25,6 +25,7 @@ from .colormap import (
     cell_of,
     diverging_rgb,
     fit_shape,
+    nearest_entry,
     palette_ramp,
     ramp_index,
     resample,
@@ -285,17 +286,18 @@ class Scatter:
         if bx.size:
             plt.scatter(bx.tolist(), by.tolist(), marker="x", color=colours.foreground,
                         label="B")
+        neg, pos_colour = sign_colours(colours)
         if x.size:
             pos = x >= 0
             # Real-positive eigenvalues are what copying looks like: colour them apart.
-            plt.scatter(x[pos].tolist(), y[pos].tolist(), marker="dot", color=colours.stops[2],
+            plt.scatter(x[pos].tolist(), y[pos].tolist(), marker="dot", color=pos_colour,
                         label="A" if self.bx is not None else None)
-            plt.scatter(x[~pos].tolist(), y[~pos].tolist(), marker="dot", color=colours.stops[0])
+            plt.scatter(x[~pos].tolist(), y[~pos].tolist(), marker="dot", color=neg)
         _title(plt, self.title, width)
         plt.xlabel(self.xlabel)
         plt.ylabel(self.ylabel)
         plt.ticks_color(colours.foreground)
-        return _text(plt)
+        return _pinned(_text(plt), colours)
 
 
 def _symmetric_ticks(lim: float, n: int) -> tuple[list[float], list[str]]:
@@ -421,6 +423,36 @@ def _palette_ramp(stops: tuple[RGB, RGB, RGB]) -> tuple[int, ...]:
     return palette_ramp(stops)  # a nearest-colour search: once per theme, not per edge
 
 
+@functools.lru_cache(maxsize=64)
+def _nearest_entry(rgb: RGB) -> int:
+    return nearest_entry(rgb)
+
+
+def sign_colours(colours: Colours) -> tuple[RGB, RGB]:
+    """The negative and positive colours of single marks (eigenvalue dots, lost and gained
+    edges): the colour map's end stops; in 256 colours the palette ramp's end entries (the
+    heatmaps' strongest cells), as their exact RGB, which ``_pinned`` turns into the entries."""
+    if colours.mode == "256":
+        ramp = _palette_ramp(colours.stops)
+        return xterm_rgb(ramp[0]), xterm_rgb(ramp[-1])
+    return colours.stops[0], colours.stops[2]
+
+
+def palette_colour(rgb: RGB, colours: Colours) -> RGB:
+    """A single theme colour as drawn: itself, or in 256 colours its nearest palette entry's
+    RGB (``_pinned`` turns it into the entry)."""
+    return xterm_rgb(_nearest_entry(tuple(rgb))) if colours.mode == "256" else rgb
+
+
+def _pinned(text: Text, colours: Colours, *singles: RGB) -> Text:
+    """In 256 colours, the spans drawn in ``sign_colours`` or in one of ``singles`` (through
+    ``palette_colour``) become those palette entries; other modes: ``text`` as it is."""
+    if colours.mode != "256":
+        return text
+    ramp = _palette_ramp(colours.stops)
+    return _pin_to_palette(text, (ramp[0], ramp[-1], *(_nearest_entry(tuple(c)) for c in singles)))
+
+
 def _pin_to_palette(text: Text, entries: Sequence[int]) -> Text:
     """Foreground colours that are exactly a palette entry's RGB become that entry (Rich
     would otherwise quantise them again, by its own metric); background and bold stay."""
@@ -450,7 +482,10 @@ class EdgeDiff:
     labels: int = 3
 
     def colour(self, status: str, colours: Colours) -> tuple[int, int, int]:
-        return {"lost": colours.stops[0], "gained": colours.stops[2]}.get(status, colours.muted)
+        """Lost: the map's negative end, gained: its positive end, changed: muted (in 256
+        colours, palette entries: ``sign_colours`` and ``palette_colour``)."""
+        neg, pos = sign_colours(colours)
+        return {"lost": neg, "gained": pos}.get(status) or palette_colour(colours.muted, colours)
 
     def draw(self, width: int, height: int, colours: Colours) -> Text:
         head = _wrap(self.title, width, "bold")
@@ -481,12 +516,12 @@ class EdgeDiff:
         hi, hl = _ticks(H, max(height - 5, 1), [f"H{h}" for h in range(H)], 1)
         plt.yticks([y(h) for h in hi], hl)
         plt.ticks_color(colours.foreground)
-        key = Text("━ lost (A only)", style=_rgb(colours.stops[0]))
+        key = Text("━ lost (A only)", style=_rgb(self.colour("lost", colours)))
         key.append("  ")
-        key.append("━ gained (B only)", style=_rgb(colours.stops[2]))
+        key.append("━ gained (B only)", style=_rgb(self.colour("gained", colours)))
         key.append("  ")
-        key.append("━ changed", style=_rgb(colours.muted))
-        return Text("\n").join([*head, _text(plt), key])
+        key.append("━ changed", style=_rgb(self.colour("changed", colours)))
+        return _pinned(Text("\n").join([*head, _text(plt), key]), colours, colours.muted)
 
 
 Figure = Heatmap | Scatter | Line | Graph | EdgeDiff

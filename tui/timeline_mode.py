@@ -27,27 +27,23 @@ from textual.worker import get_current_worker
 
 from headscope.engine.errors import HeadscopeError, InvalidRequestError
 from headscope.engine.requests import SCORE_NAMES
-from headscope.engine.results import HeadScores
-from headscope.engine.timeline import (
-    StepSource,
-    Timeline,
-    build_timeline,
-    check_layouts,
-    discover_steps,
-    score_steps,
-)
 
 from .widgets.status import StatusBar
 
+# The app imports this module before its first frame (TimelineMode() is "no timeline"): what
+# numpy or the engine's timeline module brings is imported where a series is opened or scored.
 if TYPE_CHECKING:
+    from headscope.engine.results import HeadScores
     from headscope.engine.store import ResultStore
+    from headscope.engine.timeline import StepSource, Timeline
 
     from .app import HeadscopeApp
     from .engine_api import ExplorerEngine
 
-# (sources, notes, raw, progress(done, total), cancelled()) → the timeline of those steps
-Compute = Callable[[Sequence[StepSource], Sequence[str], bool, Callable[[int, int], None],
-                    Callable[[], bool]], Timeline]
+    # (sources, notes, raw, progress(done, total), cancelled()) → the timeline of those steps
+    Compute = Callable[[Sequence[StepSource], Sequence[str], bool, Callable[[int, int], None],
+                        Callable[[], bool]], Timeline]
+
 SCRUB_DELAY = 0.15  # seconds: a burst of step keys opens only the step it ends on
 
 
@@ -63,6 +59,8 @@ def compute_series(sources: Sequence[StepSource], notes: Sequence[str], raw: boo
                    cancelled: Callable[[], bool], store: ResultStore | None = None) -> Timeline:
     """Score every step in turn (``engine.timeline``), then assemble the timeline; ``store``:
     the results store the steps' sweeps read and write (a series opened again is read back)."""
+    from headscope.engine.timeline import build_timeline, check_layouts, score_steps
+
     check_layouts(sources)
     results = score_steps(sources, raw=raw, progress=lambda done, total, _r: progress(done, total),
                           cancelled=cancelled, store=store)
@@ -79,6 +77,8 @@ def open_timeline(series: str | os.PathLike[str], path: str | None = None,
                                   f"{series} or {path}, not both")
     if compare is not None:
         raise InvalidRequestError(None, "--timeline and --compare cannot be combined")
+    from headscope.engine.timeline import discover_steps
+
     sources, notes = discover_steps([series])
     return TimelineMode(sources, notes)
 
@@ -127,6 +127,8 @@ class TimelineMode:
         t = self.timeline
         if t is None:
             return None
+        from headscope.engine.results import HeadScores
+
         rows = []
         for layer in range(t.n_layers):
             for head in range(t.n_heads):
