@@ -90,12 +90,20 @@ def _unembed_note(model: Model) -> str:
 
 
 def circuit_block(model: Model, req: CircuitRequest) -> CircuitBlock:
-    """The block ``req`` asks for (``circuits.circuit_block``), labelled."""
-    from . import circuits
+    """The block ``req`` asks for (``circuits.circuit_block``), labelled; torch-free where
+    ``engine.fast`` applies (the same products in numpy)."""
+    from . import fast
 
-    values = circuits.circuit_block(
-        model.weights, req.layer, req.head, req.kind, req.basis, req.rows, req.cols, req.offset
-    )
+    arrays = fast.numpy_weights(model)
+    if arrays is not None:
+        values: Any = fast.circuit_block(arrays, req.layer, req.head, req.kind, req.basis,
+                                         req.rows, req.cols, req.offset)
+    else:
+        from . import circuits
+
+        values = circuits.circuit_block(
+            model.weights, req.layer, req.head, req.kind, req.basis, req.rows, req.cols, req.offset
+        )
     array = readonly(values, np.float32)
     finite = array[np.isfinite(array)]
     if req.basis == "position":
@@ -337,23 +345,47 @@ def score_table(
     )
 
 
-def weight_scores(model: Model, progress: Progress = None, cancelled: Cancelled = None
-                  ) -> dict[str, np.ndarray]:
+def weight_scores(model: Model, progress: Progress = None, cancelled: Cancelled = None,
+                  store: ModelStore | None = None) -> dict[str, np.ndarray]:
     """The weight-only scores of every head, ``[L, H]`` each: ``copying_score``,
     ``qk_positivity`` and ``nonfinite`` (as ``score_table``'s), without a forward pass, and
-    without torch where ``engine.fast`` applies."""
+    without torch where ``engine.fast`` applies. ``store``: the parts ``score_table`` keeps
+    (one per score and layer, and the ``nonfinite`` flags) are read back or written."""
     from . import fast
 
+    n_heads = (model.cfg.n_heads,)
     arrays = fast.numpy_weights(model)
     if arrays is not None:
-        found = fast.spectral_scores(arrays, progress, cancelled)
-    else:
+        memos = None if store is None else {
+            name: store.memo(name, n_heads) for name in ("copying_score", "qk_positivity")}
+        flags = None if store is None else store.load(
+            "nonfinite", "all", (model.cfg.n_layers, model.cfg.n_heads), bool)
+        found = fast.spectral_scores(arrays, progress, cancelled, memos=memos, known_flags=flags)
+        nonfinite = found["nonfinite"] | found["overflow"]
+        if store is not None and flags is None:
+            store.save("nonfinite", nonfinite)
+    elif store is None:
         from . import scores
 
         found = {k: v.numpy() for k, v in scores.spectral_scores(model.weights, progress, cancelled).items()}
+        nonfinite = found["nonfinite"] | found["overflow"]
+    else:  # the score_table's stored sweeps, on torch (GGUF, float8)
+        from . import scores
+
+        found = {
+            "copying_score": scores.all_copying_scores(
+                model.weights, _part(progress, 0.0, 0.5), cancelled,
+                memo=store.memo("copying_score", n_heads)).numpy(),
+            "qk_positivity": scores.all_qk_positivity(
+                model.weights, _part(progress, 0.5, 1.0), cancelled,
+                memo=store.memo("qk_positivity", n_heads)).numpy(),
+        }
+        nonfinite = np.array(_stored_nonfinite(model, store))
+    if store is not None:
+        store.finish()
     return {"copying_score": readonly(found["copying_score"], np.float32),
             "qk_positivity": readonly(found["qk_positivity"], np.float32),
-            "nonfinite": readonly(found["nonfinite"] | found["overflow"], bool)}
+            "nonfinite": readonly(nonfinite, bool)}
 
 
 def composition(

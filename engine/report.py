@@ -65,10 +65,14 @@ def head_table(
 WEIGHT_SCORE_NAMES = ("copying_score", "qk_positivity")  # the scores without a forward pass
 
 
-def weight_table(model: Model) -> list[dict[str, Any]]:
+def weight_table(model: Model, *, store: ResultStore | None = None,
+                 progress: Progress = None) -> list[dict[str, Any]]:
     """``head_table`` without the behavioural scores (no forward pass; torch-free where
-    ``engine.fast`` applies): ``layer``, ``head``, ``WEIGHT_SCORE_NAMES``, ``nonfinite``."""
-    found = compute.weight_scores(model)
+    ``engine.fast`` applies): ``layer``, ``head``, ``WEIGHT_SCORE_NAMES``, ``nonfinite``.
+    ``store``: the same stored parts as ``head_table``'s spectral sweeps (either command
+    reads what the other wrote)."""
+    entry = None if store is None else store.for_model(model)
+    found = compute.weight_scores(model, progress, store=entry)
     n_layers, n_heads = found["nonfinite"].shape
     return [{"layer": layer, "head": head,
              **{name: float(found[name][layer, head]) for name in WEIGHT_SCORE_NAMES},

@@ -200,6 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="composition edges count when this far above their baseline "
                         f"(default {EDGE_THRESHOLD})")
     p.add_argument("--seed", type=args_types.seed, default=0)
+    p.add_argument("--no-behaviour", action="store_true",
+                   help="compare only the weights: circuit similarities, subspaces, copying and "
+                        "QK-positivity deltas, composition edges (no forward pass, no wait for torch)")
     add_store_args(p)
     add_cluster_args(p)
     add_quiet_arg(p)
@@ -431,7 +434,9 @@ def _weight_heads(args: argparse.Namespace) -> int:
     if args.ablation:
         raise InvalidRequestError(None, "--ablation runs the model: it cannot go with --no-behaviour")
     check_sort_key(args.sort, list(WEIGHT_SCORE_NAMES))
-    rows = sort_rows(weight_table(_open(args)), args.sort)
+    model = _open(args)
+    with progress_bar(f"heads {model.path.name}", quiet=args.quiet) as progress:
+        rows = sort_rows(weight_table(model, store=results_store(args), progress=progress), args.sort)
     columns = ["layer", "head", *WEIGHT_SCORE_NAMES, "nonfinite"]
     emit(rows, args.json, lambda: (columns, [[r[c] for c in columns] for r in rows]))
     return EXIT_OK
@@ -519,7 +524,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
             progress_bar(f"diff {a.path.name} {b.path.name}", quiet=args.quiet) as progress:
         result = diff_models(a, b, match_heads=args.match_heads, threshold=args.threshold,
                              seed=args.seed, store=results_store(args), progress=progress,
-                             cluster=cluster)
+                             cluster=cluster, behaviour=not args.no_behaviour)
     report = result.to_dict()
 
     def table() -> tuple[list[str], list[list[Any]]]:
@@ -531,7 +536,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
         columns = ["layer", "head", "B head", "change", "ov_sim", "qk_sim", "Δcopying",
                    "Δprev_token", "Δinduction"]
         rows = [[r["layer"], r["head"], matched.get((r["layer"], r["head"]), r["head"]),
-                 *(r[k] for k in keys)] for r in report["biggest_changes"]]
+                 *(r.get(k) for k in keys)] for r in report["biggest_changes"]]
         # Every composition edge lost or gained (A's score → B's in the ov_sim/qk_sim columns).
         for kind, d in report["composition"].items():
             for status in ("lost", "gained"):
