@@ -330,10 +330,12 @@ def score_table(
         positivity = scores.all_qk_positivity(w, progress=_part(progress, 0.4, 0.8), cancelled=cancelled,
                                               memo=memo)
         weights_bad = None
-    found = behaviour(model, seed, cancelled, _part(progress, 0.8, 0.95), store, weights_bad)
+    found = behaviour(model, seed, cancelled, _part(progress, 0.8, 0.98), store, weights_bad)
     _check(cancelled)
     if store is not None:
         store.finish()
+    if progress is not None:
+        progress(1.0)
     return ScoreTable(
         copying_score=readonly(copying, np.float32),
         qk_positivity=readonly(positivity, np.float32),

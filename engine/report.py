@@ -52,13 +52,18 @@ def head_table(
     (``engine.store``) to read finished parts from and write new ones to.
     """
     entry = None if store is None else store.for_model(model)
-    split = 0.5 if ablation else 1.0
+    # progress: the sweep, the ablation sweep, then the calibration pass (one step, counted so
+    # that the bar ends at 100 % when the table is ready)
+    end = 0.9 if calibrated else 1.0
+    split = end / 2 if ablation else end
     table = compute.score_table(model, seed, compute._part(progress, 0.0, split), store=entry,
                                 cluster=cluster)
     effects = None
     if ablation:
-        effects = compute.ablation_effects(model, seed, compute._part(progress, split, 1.0), store=entry)
+        effects = compute.ablation_effects(model, seed, compute._part(progress, split, end), store=entry)
     null = compute.score_null(model, seed) if calibrated else None
+    if progress is not None:
+        progress(1.0)
     return score_rows(table, effects, null)
 
 

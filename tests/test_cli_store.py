@@ -58,6 +58,54 @@ def test_a_second_heads_run_is_served_from_the_store(capsys, gpt2_dir, monkeypat
     assert fresh == first
 
 
+def test_weight_only_heads_share_the_store_with_heads(capsys, gpt2_dir, monkeypatch) -> None:
+    """`heads --no-behaviour` stores what it computes and reads it back (a second run
+    computes nothing), and shares the parts with `heads`' spectral sweeps both ways."""
+    from headscope.engine import fast
+
+    path = str(gpt2_dir[0])
+    first = run_json(capsys, "heads", path, "--no-behaviour")
+
+    def fail(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("recomputed a stored layer")
+
+    with monkeypatch.context() as m:
+        m.setattr(fast, "layer_spectral_scores", fail)
+        m.setattr(fast, "spectral_middles", fail)
+        assert run_json(capsys, "heads", path, "--no-behaviour") == first
+        calls = count_spectral(m)
+        full = run_json(capsys, "heads", path)  # the torch sweeps read the same parts
+        assert calls == []
+    weights = {(r["layer"], r["head"]): r for r in first}
+    for row in full:
+        for key in ("copying_score", "qk_positivity", "nonfinite"):
+            assert row[key] == weights[(row["layer"], row["head"])][key]
+
+
+def test_progress_ends_at_one(gpt2_dir) -> None:
+    """Every sweep's progress rises to exactly 1.0 once its result is ready (the CLI bars end
+    at 100 %, not at the start of the last stage), stored or not."""
+    from headscope.engine.diff import diff_models
+    from headscope.engine.loading import open_model
+    from headscope.engine.report import composition_report, head_table, weight_table
+    from headscope.engine.store import ResultStore
+
+    model = open_model(gpt2_dir[0])
+    store = ResultStore()
+    runs = {
+        "heads": lambda p: head_table(model, progress=p, store=store),
+        "heads --ablation": lambda p: head_table(model, ablation=True, progress=p),
+        "heads --no-behaviour": lambda p: weight_table(model, progress=p, store=store),
+        "composition": lambda p: composition_report(model, "k", progress=p, store=store),
+        "diff": lambda p: diff_models(model, model, progress=p, store=store),
+    }
+    for name, sweep in [*runs.items(), *runs.items()]:  # computed, then from the store
+        seen: list[float] = []
+        sweep(seen.append)
+        assert seen and seen[-1] == 1.0, name
+        assert seen == sorted(seen), name
+
+
 def test_no_cache_writes_nothing(capsys, gpt2_dir, _results_store_in_tmp) -> None:
     run_json(capsys, "heads", str(gpt2_dir[0]), "--no-cache")
     run_json(capsys, "composition", str(gpt2_dir[0]), "--kind", "q", "--no-cache")
