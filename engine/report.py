@@ -9,7 +9,7 @@ floats become ``None`` only at serialisation time (``engine.export.jsonable``).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from . import compute, requests
@@ -129,11 +129,14 @@ def composition_report(
     store: ResultStore | None = None,
     progress: Progress = None,
     cluster: Cluster | None = None,
+    on_tile: Callable[[int, int, np.ndarray], None] | None = None,
 ) -> dict[str, Any]:
-    """All ``kind``-composition scores ``[L][H][L][H]``, the baseline and the top edges."""
+    """All ``kind``-composition scores ``[L][H][L][H]``, the baseline and the top edges.
+    ``on_tile(source_layer, target_layer, scores [H, H])``: each layer pair as it is done."""
     requests.check_composition_kind(kind, str(model.path))
     entry = None if store is None else store.for_model(model)
-    comp = compute.composition(model, kind, seed, progress, top=top, store=entry, cluster=cluster)
+    comp = compute.composition(model, kind, seed, progress, top=top, store=entry, cluster=cluster,
+                               on_tile=on_tile)
     return composition_dict(comp, seed)
 
 

@@ -192,6 +192,21 @@ def test_progress_is_drawn_on_a_terminal_and_stdout_stays_json(gpt2_dir, argv) -
     assert quiet_terminal == b""
 
 
+def test_composition_top_edges_fill_in_on_the_progress_bar(gpt2_dir) -> None:
+    from headscope.engine.loading import open_model
+    from headscope.engine.report import composition_report
+    from headscope.tui.cli import best_edges_so_far
+
+    model = open_model(gpt2_dir[0])
+    notes: list[str] = []
+    on_tile = best_edges_so_far(notes.append, model.cfg.d_model, model.cfg.d_head, 0)
+    report = composition_report(model, "k", on_tile=on_tile)
+    assert len(notes) == 1  # one layer pair
+    assert notes[-1] == "best so far " + ", ".join(
+        f"L{e['source'][0]}.H{e['source'][1]}→L{e['target'][0]}.H{e['target'][1]} {e['above_baseline']:+.3f}"
+        for e in report["top_edges"][:2])
+
+
 def test_no_progress_when_stderr_is_piped(gpt2_dir) -> None:
     done = subprocess.run([sys.executable, "-m", "headscope.tui.cli", "heads", str(gpt2_dir[0]),
                            "--json", "--no-cache"], cwd=REPO, capture_output=True, text=True)

@@ -448,11 +448,39 @@ def cmd_composition(args: argparse.Namespace) -> int:
     model = _open(args)
     with cluster_from_args(args) as cluster, \
             progress_bar(f"{args.kind}-composition {model.path.name}", quiet=args.quiet) as progress:
+        note = getattr(progress, "note", None)
+        on_tile = None if note is None or args.top == 0 else best_edges_so_far(
+            note, model.cfg.d_model, model.cfg.d_head, args.seed, shown=min(2, args.top))
         report = composition_report(model, args.kind, top=args.top, seed=args.seed,
-                                    store=results_store(args), progress=progress, cluster=cluster)
+                                    store=results_store(args), progress=progress, cluster=cluster,
+                                    on_tile=on_tile)
     columns = ["source", "target", "score", "above_baseline"]
     emit(report, args.json, lambda: (columns, [[e[c] for c in columns] for e in report["top_edges"]]))
     return EXIT_OK
+
+
+def best_edges_so_far(note: Callable[[str], None], d_model: int, d_head: int, seed: int,
+                      shown: int = 2) -> Callable[[int, int, Any], None]:
+    """An ``on_tile`` that keeps the ``shown`` strongest edges of the layer pairs done so far
+    and puts them on the progress bar (``note``): ``--top`` fills in while the sweep runs."""
+    import numpy as np
+
+    from headscope.engine.fast import composition_baseline
+
+    baseline = composition_baseline(d_model, d_head, seed)
+    best: list[tuple[float, int, int, int, int]] = []
+
+    def on_tile(source: int, target: int, scores: Any) -> None:
+        values = np.nan_to_num(np.asarray(scores, dtype=np.float64), nan=-np.inf)
+        for flat in np.argsort(-values, axis=None)[:shown]:
+            h1, h2 = np.unravel_index(flat, values.shape)
+            if np.isfinite(values[h1, h2]):
+                best.append((float(values[h1, h2]) - baseline, source, int(h1), target, int(h2)))
+        best.sort(key=lambda e: -e[0])
+        del best[shown:]
+        note("best so far " + ", ".join(f"L{l1}.H{h1}→L{l2}.H{h2} {s:+.3f}" for s, l1, h1, l2, h2 in best))
+
+    return on_tile
 
 
 def cmd_forward(args: argparse.Namespace) -> int:
