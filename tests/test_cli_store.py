@@ -106,6 +106,23 @@ def test_progress_ends_at_one(gpt2_dir) -> None:
         assert seen == sorted(seen), name
 
 
+def test_one_fingerprint_per_model_and_command(gpt2_dir, monkeypatch) -> None:
+    """``ResultStore.for_model`` reads a checkpoint's shard headers once per store (one
+    command), however many sweeps ask for its entry."""
+    from headscope.engine import store as store_module
+    from headscope.engine.diff import diff_models
+    from headscope.engine.loading import open_model
+
+    calls: list[str] = []
+    real = store_module.fingerprint
+    monkeypatch.setattr(store_module, "fingerprint", lambda ckpt, raw: calls.append(ckpt.path) or real(ckpt, raw))
+    a, b = open_model(gpt2_dir[0]), open_model(gpt2_dir[0])
+    store = store_module.ResultStore()
+    diff_models(a, b, store=store, behaviour=False)
+    assert len(calls) == 2  # A and B: two tables and six composition sweeps between them
+    assert store.for_model(a).key == store_module.ResultStore().for_model(a).key
+
+
 def test_no_cache_writes_nothing(capsys, gpt2_dir, _results_store_in_tmp) -> None:
     run_json(capsys, "heads", str(gpt2_dir[0]), "--no-cache")
     run_json(capsys, "composition", str(gpt2_dir[0]), "--kind", "q", "--no-cache")
