@@ -89,12 +89,16 @@ def _unembed_note(model: Model) -> str:
 # -- per-head requests --------------------------------------------------------------------------
 
 
-def circuit_block(model: Model, req: CircuitRequest) -> CircuitBlock:
-    """The block ``req`` asks for (``circuits.circuit_block``), labelled; torch-free where
-    ``engine.fast`` applies (the same products in numpy)."""
+def circuit_block(model: Model, req: CircuitRequest, *, numpy: bool = False) -> CircuitBlock:
+    """The block ``req`` asks for (``circuits.circuit_block``), labelled.
+
+    ``numpy``: torch-free where ``engine.fast`` applies (the same products in numpy; the
+    one-shot CLI and exports). The explorer's engine keeps the torch path: its processed
+    weights are already cached for the other views of the head, and a second, numpy copy of
+    ``W_U`` would double what an OV view keeps resident."""
     from . import fast
 
-    arrays = fast.numpy_weights(model)
+    arrays = fast.numpy_weights(model) if numpy else None
     if arrays is not None:
         values: Any = fast.circuit_block(arrays, req.layer, req.head, req.kind, req.basis,
                                          req.rows, req.cols, req.offset)

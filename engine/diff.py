@@ -248,8 +248,9 @@ def similarity_arrays(wa: NumpyWeights, wb: NumpyWeights) -> tuple[np.ndarray, n
     _check_comparable(wa, wb)
     n_heads = wa.cfg.n_heads
     with np.errstate(all="ignore"):
-        e_a, e_b = wa.get("embed.W_E"), wb.get("embed.W_E")
-        u_a, u_b = wa.get("unembed.W_U"), wb.get("unembed.W_U")
+        # read for the Gram matrices only: not kept (the explorer's compare mode runs this)
+        e_a, e_b = wa.get("embed.W_E", keep=False), wb.get("embed.W_E", keep=False)
+        u_a, u_b = wa.get("unembed.W_U", keep=False), wb.get("unembed.W_U", keep=False)
         same = wa is wb
         g_e = {"ab": e_a.T @ e_b}
         g_e["aa"] = g_e["ab"] if same else e_a.T @ e_a
@@ -257,6 +258,7 @@ def similarity_arrays(wa: NumpyWeights, wb: NumpyWeights) -> tuple[np.ndarray, n
         g_u = {"ab": u_a @ u_b.T}
         g_u["aa"] = g_u["ab"] if same else u_a @ u_a.T
         g_u["bb"] = g_u["ab"] if same else u_b @ u_b.T
+        del e_a, e_b, u_a, u_b  # only the Gram matrices from here on
         sims: dict[str, list[np.ndarray]] = {"ov": [], "qk": []}
         for layer in range(wa.cfg.n_layers):
             for kind, out in sims.items():

@@ -185,15 +185,18 @@ class NumpyWeights:
 
     # processed tensors (ProcessedWeights' rules for the tensors the weight scores read)
 
-    def get(self, name: str) -> np.ndarray:
+    def get(self, name: str, *, keep: bool = True) -> np.ndarray:
+        """The processed tensor; ``keep=False``: not kept in the cache if it was not there
+        (a vocabulary-sized tensor a caller reads once, e.g. for a Gram matrix)."""
         with self._lock:
             hit = self._cache.get(name)
         if hit is not None:
             return hit
         value = self._compute(name)
         value.setflags(write=False)
-        with self._lock:
-            self._cache.put(name, value)
+        if keep:
+            with self._lock:
+                self._cache.put(name, value)
         return value
 
     def _gain(self, prefix: str) -> tuple[np.ndarray | None, np.ndarray | None]:

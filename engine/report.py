@@ -192,7 +192,7 @@ def circuit_report(
     req = requests.circuit_request(
         model.structure(), layer, head, kind, basis, rows, cols, offset, where=str(model.path)
     )
-    return circuit_dict(compute.circuit_block(model, req), model)
+    return circuit_dict(compute.circuit_block(model, req, numpy=True), model)  # no torch import
 
 
 def circuit_dict(block: CircuitBlock, model: Model) -> dict[str, Any]:
