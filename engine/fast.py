@@ -183,6 +183,40 @@ class NumpyWeights:
                 t = t - t.mean(-1, keepdims=True)
         return t[np.searchsorted(uniq, ids)]
 
+    def unembed_cols(self, cols: np.ndarray) -> np.ndarray:
+        """``get("unembed.W_U")[:, cols]`` without processing the whole unembedding: the
+        reading-side steps (final-norm gain, centring along ``d_model``) act on each column
+        alone, and centring the unembedding subtracts the (processed) mean column, so only
+        ``cols`` and the stored tensor's mean are processed (one read of it, no copies)."""
+        spec = self.raw.specs.get("unembed.W_U")
+        with self._lock:
+            whole = self._cache.get("unembed.W_U")
+        if whole is not None or type(spec) is not Whole:
+            return (whole if whole is not None else self.get("unembed.W_U"))[:, cols]
+        stored = self._read(spec.tensor)  # [vocab, d_model] when transposed, else [d_model, vocab]
+        block = stored[cols].T if spec.transpose else stored[:, cols]
+        p = self.plan
+        with np.errstate(all="ignore"):
+            mean = stored.mean(0 if spec.transpose else 1, dtype=np.float64)[:, None]
+            del stored
+            if spec.scale != 1.0:
+                block, mean = block * np.float32(spec.scale), mean * spec.scale
+            if spec.add != 0.0:
+                block, mean = block + np.float32(spec.add), mean + spec.add
+            if p is None:
+                return np.ascontiguousarray(block, dtype=np.float32)
+            gain, _ = self._gain("ln_final")
+
+            def reading(x: np.ndarray) -> np.ndarray:  # per column: gain, centre along d_model
+                if gain is not None:
+                    x = x * gain[:, None]
+                return x - x.mean(0, keepdims=True) if p.center_reading else x
+
+            out = reading(block)
+            if p.center_unembed:
+                out = out - reading(mean)
+        return np.ascontiguousarray(out, dtype=np.float32)
+
     # processed tensors (ProcessedWeights' rules for the tensors the weight scores read)
 
     def get(self, name: str, *, keep: bool = True) -> np.ndarray:
@@ -583,7 +617,7 @@ def circuit_block(w: NumpyWeights, layer: int, head: int, kind: str, basis: str,
             w_pos = w.get("pos_embed.W_pos")
             return (w_pos[rows] @ attn("W_Q")) @ (w_pos[cols] @ attn("W_K")).T
         if kind == "ov":
-            out = w.get("unembed.W_U")[:, cols]
+            out = w.unembed_cols(cols)
             return (w.embed_rows(rows) @ attn("W_V")) @ (attn("W_O") @ out)
         w_q = attn("W_Q")
         if cfg.positional == "rotary":
