@@ -366,10 +366,11 @@ def diff_models(
     (``engine.cluster``); the similarities and the behavioural pass stay here.
 
     Everything but the behavioural scores is weight algebra, done in numpy where
-    ``engine.fast`` applies (safetensors checkpoints): ``behaviour=False`` compares only the
-    weight scores (``WEIGHT_SCORE_NAMES``) and never imports torch; with the behavioural
-    scores (the default) torch is imported for their forward pass only, on a background
-    thread while the similarities are computed.
+    ``engine.fast`` applies (safetensors checkpoints; not with a ``cluster``, whose workers
+    run the torch sweeps): ``behaviour=False`` compares only the weight scores
+    (``WEIGHT_SCORE_NAMES``) and never imports torch; with the behavioural scores (the
+    default) torch is imported for their forward pass only, on a background thread while
+    the similarities are computed.
     """
     from .compute import _part
     from .fast import numpy_weights
@@ -398,11 +399,13 @@ def diff_models(
     keys = SCORE_KEYS if behaviour else WEIGHT_SCORE_NAMES
 
     def table(model: Model, part: Progress) -> dict[tuple[int, int], dict[str, Any]]:
-        if behaviour:  # z-scores are not compared: no calibration pass
+        if not behaviour:
+            rows = weight_table(model, store=store, progress=part)
+        elif cluster is None and numpy_weights(model) is not None:
+            rows = _numpy_weight_rows(model, seed, store, part)
+        else:  # z-scores are not compared: no calibration pass
             rows = head_table(model, seed=seed, store=store, progress=part, cluster=cluster,
                               calibrated=False)
-        else:
-            rows = weight_table(model, store=store, progress=part)
         return {(r["layer"], r["head"]): r for r in rows}
 
     rows_a = table(a, _part(progress, 0.05, 0.3))
@@ -454,6 +457,31 @@ def diff_models(
             for r in biggest
         ],
     )
+
+
+def _numpy_weight_rows(model: Model, seed: int, store: ResultStore | None, progress: Progress
+                       ) -> list[dict[str, Any]]:
+    """``head_table(model, calibrated=False)`` with the weight scores from ``engine.fast``
+    (``compute.weight_scores``: the same stored parts) and torch only for the behavioural
+    forward pass (``compute.behaviour``)."""
+    from .compute import _part, behaviour, weight_scores
+    from .report import score_rows
+    from .results import ScoreTable
+
+    entry = None if store is None else store.for_model(model)
+    weights = weight_scores(model, _part(progress, 0.0, 0.3), store=entry)
+    found = behaviour(model, seed, progress=_part(progress, 0.3, 1.0), store=entry,
+                      weights_nonfinite=np.asarray(weights["nonfinite"]))
+    table = ScoreTable(
+        copying_score=weights["copying_score"], qk_positivity=weights["qk_positivity"],
+        prev_token_score=found["prev_token"], duplicate_token_score=found["duplicate_token"],
+        induction_score=found["induction"], attention_sink_score=found["attention_sink"],
+        nonfinite=found["nonfinite"])
+    if entry is not None:
+        entry.finish()
+    if progress is not None:
+        progress(1.0)
+    return score_rows(table)
 
 
 def _import_torch_in_background() -> None:
