@@ -4,11 +4,11 @@ commands next to TransformerLens, on the GPT-2-small shape, in one run.
 Each command runs as its own process, timed from outside (process start to exit, imports
 included), as a user would run it:
 
-- ``headscope heads PATH --no-behaviour --json`` (copying score and QK positivity of every
+- ``headscope heads PATH --no-behaviour --json --no-cache`` (copying score and QK positivity of every
   head; torch is never imported) vs TransformerLens: ``TransformerBridge.boot_transformers``
   + ``enable_compatibility_mode()`` (the same processing), then ``Σ Re λ / Σ |λ|`` of
   ``(W_E OV W_U).eigenvalues`` and ``(W_E QK W_Eᵀ).eigenvalues``;
-- ``headscope composition PATH --kind k --json`` vs ``all_composition_scores("K")``.
+- ``headscope composition PATH --kind k --json --no-cache`` vs ``all_composition_scores("K")``.
 
 The numbers of both are compared (max |difference|, goal ≤ 1e-4). Without TransformerLens
 installed (``pip install -e '.[bench]'``) only headscope's column is filled. ``--tiny`` runs
@@ -74,11 +74,14 @@ def timed(cmd: list[str], timeout: float) -> tuple[float, Any]:
 
 
 def headscope_heads(path: Path, timeout: float) -> tuple[float, Any]:
-    return timed([sys.executable, "-c", HEADSCOPE, "heads", str(path), "--no-behaviour", "--json"], timeout)
+    # --no-cache: the computation, not a read-back of the results store (both commands store)
+    return timed([sys.executable, "-c", HEADSCOPE, "heads", str(path), "--no-behaviour", "--json",
+                  "--no-cache"], timeout)
 
 
 def headscope_composition(path: Path, timeout: float) -> tuple[float, Any]:
-    return timed([sys.executable, "-c", HEADSCOPE, "composition", str(path), "--kind", "k", "--json"], timeout)
+    return timed([sys.executable, "-c", HEADSCOPE, "composition", str(path), "--kind", "k", "--json",
+                  "--no-cache"], timeout)
 
 
 def tl(task: str, path: Path, timeout: float) -> tuple[float, Any]:

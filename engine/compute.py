@@ -89,13 +89,25 @@ def _unembed_note(model: Model) -> str:
 # -- per-head requests --------------------------------------------------------------------------
 
 
-def circuit_block(model: Model, req: CircuitRequest) -> CircuitBlock:
-    """The block ``req`` asks for (``circuits.circuit_block``), labelled."""
-    from . import circuits
+def circuit_block(model: Model, req: CircuitRequest, *, numpy: bool = False) -> CircuitBlock:
+    """The block ``req`` asks for (``circuits.circuit_block``), labelled.
 
-    values = circuits.circuit_block(
-        model.weights, req.layer, req.head, req.kind, req.basis, req.rows, req.cols, req.offset
-    )
+    ``numpy``: torch-free where ``engine.fast`` applies (the same products in numpy; the
+    one-shot CLI and exports). The explorer's engine keeps the torch path: its processed
+    weights are already cached for the other views of the head, and a second, numpy copy of
+    ``W_U`` would double what an OV view keeps resident."""
+    from . import fast
+
+    arrays = fast.numpy_weights(model) if numpy else None
+    if arrays is not None:
+        values: Any = fast.circuit_block(arrays, req.layer, req.head, req.kind, req.basis,
+                                         req.rows, req.cols, req.offset)
+    else:
+        from . import circuits
+
+        values = circuits.circuit_block(
+            model.weights, req.layer, req.head, req.kind, req.basis, req.rows, req.cols, req.offset
+        )
     array = readonly(values, np.float32)
     finite = array[np.isfinite(array)]
     if req.basis == "position":
@@ -322,10 +334,12 @@ def score_table(
         positivity = scores.all_qk_positivity(w, progress=_part(progress, 0.4, 0.8), cancelled=cancelled,
                                               memo=memo)
         weights_bad = None
-    found = behaviour(model, seed, cancelled, _part(progress, 0.8, 0.95), store, weights_bad)
+    found = behaviour(model, seed, cancelled, _part(progress, 0.8, 0.98), store, weights_bad)
     _check(cancelled)
     if store is not None:
         store.finish()
+    if progress is not None:
+        progress(1.0)
     return ScoreTable(
         copying_score=readonly(copying, np.float32),
         qk_positivity=readonly(positivity, np.float32),
@@ -337,23 +351,47 @@ def score_table(
     )
 
 
-def weight_scores(model: Model, progress: Progress = None, cancelled: Cancelled = None
-                  ) -> dict[str, np.ndarray]:
+def weight_scores(model: Model, progress: Progress = None, cancelled: Cancelled = None,
+                  store: ModelStore | None = None) -> dict[str, np.ndarray]:
     """The weight-only scores of every head, ``[L, H]`` each: ``copying_score``,
     ``qk_positivity`` and ``nonfinite`` (as ``score_table``'s), without a forward pass, and
-    without torch where ``engine.fast`` applies."""
+    without torch where ``engine.fast`` applies. ``store``: the parts ``score_table`` keeps
+    (one per score and layer, and the ``nonfinite`` flags) are read back or written."""
     from . import fast
 
+    n_heads = (model.cfg.n_heads,)
     arrays = fast.numpy_weights(model)
     if arrays is not None:
-        found = fast.spectral_scores(arrays, progress, cancelled)
-    else:
+        memos = None if store is None else {
+            name: store.memo(name, n_heads) for name in ("copying_score", "qk_positivity")}
+        flags = None if store is None else store.load(
+            "nonfinite", "all", (model.cfg.n_layers, model.cfg.n_heads), bool)
+        found = fast.spectral_scores(arrays, progress, cancelled, memos=memos, known_flags=flags)
+        nonfinite = found["nonfinite"] | found["overflow"]
+        if store is not None and flags is None:
+            store.save("nonfinite", nonfinite)
+    elif store is None:
         from . import scores
 
         found = {k: v.numpy() for k, v in scores.spectral_scores(model.weights, progress, cancelled).items()}
+        nonfinite = found["nonfinite"] | found["overflow"]
+    else:  # the score_table's stored sweeps, on torch (GGUF, float8)
+        from . import scores
+
+        found = {
+            "copying_score": scores.all_copying_scores(
+                model.weights, _part(progress, 0.0, 0.5), cancelled,
+                memo=store.memo("copying_score", n_heads)).numpy(),
+            "qk_positivity": scores.all_qk_positivity(
+                model.weights, _part(progress, 0.5, 1.0), cancelled,
+                memo=store.memo("qk_positivity", n_heads)).numpy(),
+        }
+        nonfinite = np.array(_stored_nonfinite(model, store))
+    if store is not None:
+        store.finish()
     return {"copying_score": readonly(found["copying_score"], np.float32),
             "qk_positivity": readonly(found["qk_positivity"], np.float32),
-            "nonfinite": readonly(found["nonfinite"] | found["overflow"], bool)}
+            "nonfinite": readonly(nonfinite, bool)}
 
 
 def composition(

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
     from .cluster import Cluster
     from .compute import Progress
+    from .fast import NumpyWeights
     from .loading import Model
     from .store import ResultStore
     from .weights import WeightSource
@@ -124,10 +125,8 @@ def _self_norms(
     return sq.clamp_min(0).sqrt()
 
 
-def circuit_similarity(wa: WeightSource, wb: WeightSource) -> CircuitSimilarity:
-    """Token-basis OV and QK similarity of every head of A with every head of B, per layer."""
-    import torch
-
+def _check_comparable(wa: Any, wb: Any) -> None:
+    """Same head layout and vocabulary, or an ``InvalidRequestError`` naming both."""
     ca, cb = wa.cfg, wb.cfg
     path_a, path_b = getattr(wa, "path", None), getattr(wb, "path", None)
     if (ca.n_layers, ca.n_heads) != (cb.n_layers, cb.n_heads):
@@ -143,6 +142,14 @@ def circuit_similarity(wa: WeightSource, wb: WeightSource) -> CircuitSimilarity:
             f"cannot compare with {path_b}: different vocabularies ({ca.d_vocab} vs "
             f"{cb.d_vocab} tokens): the token basis needs identical tokenizers",
         )
+
+
+def circuit_similarity(wa: WeightSource, wb: WeightSource) -> CircuitSimilarity:
+    """Token-basis OV and QK similarity of every head of A with every head of B, per layer."""
+    import torch
+
+    ca = wa.cfg
+    _check_comparable(wa, wb)
     n_heads = ca.n_heads
     with torch.inference_mode():
         e_a, e_b = wa.get("embed.W_E"), wb.get("embed.W_E")
@@ -187,6 +194,94 @@ def principal_cosines(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     qx, _ = torch.linalg.qr(x.double())
     qy, _ = torch.linalg.qr(y.double())
     return torch.linalg.svdvals(qx.T @ qy).clamp(max=1.0).float()
+
+
+
+# -- the same similarities in numpy (engine/fast.py's weights: no torch) --------------------
+
+
+def _flat_heads_np(w_stack: np.ndarray) -> np.ndarray:
+    """``_flat_heads`` in numpy: ``[H, d_model, d_head]`` → ``[d_model, H·d_head]``."""
+    n_heads, d_model, d_head = w_stack.shape
+    return w_stack.transpose(1, 0, 2).reshape(d_model, n_heads * d_head)
+
+
+def _head_factors_np(w: NumpyWeights, layer: int, kind: str) -> tuple[np.ndarray, np.ndarray]:
+    """``_head_factors`` in numpy (each head tamed as ``factored.tame`` does)."""
+    from .fast import _tamed
+
+    def stack(name: str) -> np.ndarray:
+        return _tamed(w.get(f"blocks.{layer}.attn.{name}"))
+
+    if kind == "ov":
+        return _flat_heads_np(stack("W_V")), _flat_heads_np(stack("W_O").swapaxes(1, 2))
+    return _flat_heads_np(stack("W_Q")), _flat_heads_np(stack("W_K"))
+
+
+def _pair_inner_np(a_cross: np.ndarray, b_cross: np.ndarray, n_heads: int) -> np.ndarray:
+    rows, cols = a_cross.shape
+    return (a_cross * b_cross).reshape(n_heads, rows // n_heads, n_heads, cols // n_heads).sum((1, 3))
+
+
+def _self_norms_np(x: tuple[np.ndarray, np.ndarray], g_left: np.ndarray, g_right: np.ndarray,
+                   n_heads: int) -> np.ndarray:
+    def diagonal_blocks(f: np.ndarray, g: np.ndarray) -> np.ndarray:
+        d_model = f.shape[0]
+        f_heads = f.reshape(d_model, n_heads, -1).transpose(1, 2, 0)  # [H, d_head, d_model]
+        gf_heads = (g @ f).reshape(d_model, n_heads, -1).transpose(1, 0, 2)  # [H, d_model, d_head]
+        return f_heads @ gf_heads
+
+    sq = (diagonal_blocks(x[0], g_left) * diagonal_blocks(x[1], g_right)).sum((1, 2))
+    return np.sqrt(np.maximum(sq, 0))
+
+
+def similarity_arrays(wa: NumpyWeights, wb: NumpyWeights) -> tuple[np.ndarray, np.ndarray]:
+    """``circuit_similarity`` on ``engine.fast`` weights, in numpy: ``(ov, qk)``, ``[L, H, H]``
+    each (the same Gram matrices and products; tests/test_diff.py holds them equal)."""
+    _check_comparable(wa, wb)
+    n_heads = wa.cfg.n_heads
+    with np.errstate(all="ignore"):
+        # read for the Gram matrices only: not kept (the explorer's compare mode runs this)
+        e_a, e_b = wa.get("embed.W_E", keep=False), wb.get("embed.W_E", keep=False)
+        u_a, u_b = wa.get("unembed.W_U", keep=False), wb.get("unembed.W_U", keep=False)
+        same = wa is wb
+        g_e = {"ab": e_a.T @ e_b}
+        g_e["aa"] = g_e["ab"] if same else e_a.T @ e_a
+        g_e["bb"] = g_e["ab"] if same else e_b.T @ e_b
+        g_u = {"ab": u_a @ u_b.T}
+        g_u["aa"] = g_u["ab"] if same else u_a @ u_a.T
+        g_u["bb"] = g_u["ab"] if same else u_b @ u_b.T
+        del e_a, e_b, u_a, u_b  # only the Gram matrices from here on
+        sims: dict[str, list[np.ndarray]] = {"ov": [], "qk": []}
+        for layer in range(wa.cfg.n_layers):
+            for kind, out in sims.items():
+                g_right = g_u if kind == "ov" else g_e
+                fa, fb = _head_factors_np(wa, layer, kind), _head_factors_np(wb, layer, kind)
+                cross = _pair_inner_np(fa[0].T @ (g_e["ab"] @ fb[0]), fa[1].T @ (g_right["ab"] @ fb[1]),
+                                       n_heads)
+                norm_a = _self_norms_np(fa, g_e["aa"], g_right["aa"], n_heads)
+                norm_b = norm_a if same else _self_norms_np(fb, g_e["bb"], g_right["bb"], n_heads)
+                denom = norm_a[:, None] * norm_b[None, :]
+                ratio = np.where(denom > 0, cross / np.where(denom > 0, denom, 1), 0)
+                out.append(np.where(np.isfinite(denom) & np.isfinite(cross), ratio, np.nan)
+                           .astype(np.float32))
+    return np.stack(sims["ov"]), np.stack(sims["qk"])
+
+
+def principal_cosines_np(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``principal_cosines`` of stacked pairs, ``x [H, n, ka]``, ``y [H, n, kb]``: the mean
+    cosine of each pair ``[H]`` (float64 QR and SVD; NaN for a pair with a non-finite entry,
+    which never reaches LAPACK)."""
+    from .fast import _finite, one_lapack_thread
+
+    finite = _finite(x) & _finite(y)
+    x64 = np.where(finite[:, None, None], x, 0).astype(np.float64)
+    y64 = np.where(finite[:, None, None], y, 0).astype(np.float64)
+    with one_lapack_thread():
+        qx, qy = np.linalg.qr(x64)[0], np.linalg.qr(y64)[0]
+        s = np.linalg.svd(qx.swapaxes(-2, -1) @ qy, compute_uv=False)
+    mean = np.minimum(s, 1.0).astype(np.float32).mean(-1)
+    return np.where(finite, mean, np.nan)
 
 
 def best_matching(similarity: list[list[float]]) -> list[int]:
@@ -250,7 +345,7 @@ class ModelDiff:
 def diff_models(
     a: Model, b: Model, *, match_heads: bool = False, threshold: float = EDGE_THRESHOLD,
     seed: int = 0, store: ResultStore | None = None, progress: Progress = None,
-    cluster: Cluster | None = None,
+    cluster: Cluster | None = None, behaviour: bool = True,
 ) -> ModelDiff:
     """Per-head score deltas and circuit similarities, and the composition-graph diff.
 
@@ -262,28 +357,53 @@ def diff_models(
     (``engine.store``); ``progress(fraction)`` follows the whole diff. ``cluster``: both
     models' weight sweeps (copying, QK positivity, composition tiles) run there
     (``engine.cluster``); the similarities and the behavioural pass stay here.
+
+    Everything but the behavioural scores is weight algebra, done in numpy where
+    ``engine.fast`` applies (safetensors checkpoints; not with a ``cluster``, whose workers
+    run the torch sweeps): ``behaviour=False`` compares only the weight scores
+    (``WEIGHT_SCORE_NAMES``) and never imports torch; with the behavioural scores (the
+    default) torch is imported for their forward pass only, on a background thread while
+    the similarities are computed.
     """
     from .compute import _part
-    from .report import head_table
+    from .fast import numpy_weights
+    from .report import WEIGHT_SCORE_NAMES, head_table, weight_table
 
     if progress is not None:
         progress(0.0)
-
-    sim = circuit_similarity(a.weights, b.weights)
+    arrays_a, arrays_b = numpy_weights(a), numpy_weights(b)
+    torch_free = arrays_a is not None and arrays_b is not None
+    if behaviour and torch_free:
+        _import_torch_in_background()
+    if torch_free:
+        sim_ov, sim_qk = similarity_arrays(arrays_a, arrays_b)  # type: ignore[arg-type]
+    else:
+        sim = circuit_similarity(a.weights, b.weights)
+        sim_ov, sim_qk = sim.ov.numpy(), sim.qk.numpy()
     n_layers, n_heads = a.cfg.n_layers, a.cfg.n_heads
     if match_heads:
         # NaN (non-finite heads) ranks below every real similarity sum (in [-2, 2])
-        total = (sim.ov + sim.qk).nan_to_num(nan=-4.0)
+        total = np.nan_to_num(sim_ov + sim_qk, nan=-4.0)
         matching = [best_matching(total[i].tolist()) for i in range(n_layers)]
     else:
         matching = [list(range(n_heads)) for _ in range(n_layers)]
-    rows_a = {(r["layer"], r["head"]): r
-              for r in head_table(a, seed=seed, store=store, progress=_part(progress, 0.05, 0.3),
-                                    cluster=cluster)}
-    rows_b = {(r["layer"], r["head"]): r
-              for r in head_table(b, seed=seed, store=store, progress=_part(progress, 0.3, 0.55),
-                                    cluster=cluster)}
-    same_width = a.cfg.d_model == b.cfg.d_model
+    if progress is not None:
+        progress(0.05)
+    keys = SCORE_KEYS if behaviour else WEIGHT_SCORE_NAMES
+
+    def table(model: Model, part: Progress) -> dict[tuple[int, int], dict[str, Any]]:
+        if not behaviour:
+            rows = weight_table(model, store=store, progress=part)
+        elif cluster is None and numpy_weights(model) is not None:
+            rows = _numpy_weight_rows(model, seed, store, part)
+        else:  # z-scores are not compared: no calibration pass
+            rows = head_table(model, seed=seed, store=store, progress=part, cluster=cluster,
+                              calibrated=False)
+        return {(r["layer"], r["head"]): r for r in rows}
+
+    rows_a = table(a, _part(progress, 0.05, 0.3))
+    rows_b = table(b, _part(progress, 0.3, 0.55))
+    cosines = _subspace_cosines(a, b, matching, arrays_a, arrays_b) if a.cfg.d_model == b.cfg.d_model else None
     heads = []
     for layer in range(n_layers):
         for head in range(n_heads):
@@ -293,31 +413,21 @@ def diff_models(
                 "layer": layer,
                 "head": head,
                 "matched_head": hb,
-                "ov_similarity": float(sim.ov[layer, head, hb]),
-                "qk_similarity": float(sim.qk[layer, head, hb]),
+                "ov_similarity": float(sim_ov[layer, head, hb]),
+                "qk_similarity": float(sim_qk[layer, head, hb]),
             }
-            for key in SCORE_KEYS:
+            for key in keys:
                 row[f"{key}_a"] = ra[key]
                 row[f"{key}_b"] = rb[key]
                 row[f"{key}_delta"] = rb[key] - ra[key]
-            if same_width:
-                row["read_subspace_cos"] = float(
-                    principal_cosines(
-                        a.weights.get_head(f"blocks.{layer}.attn.W_V", head),
-                        b.weights.get_head(f"blocks.{layer}.attn.W_V", hb),
-                    ).mean()
-                )
-                row["write_subspace_cos"] = float(
-                    principal_cosines(
-                        a.weights.get_head(f"blocks.{layer}.attn.W_O", head).T,
-                        b.weights.get_head(f"blocks.{layer}.attn.W_O", hb).T,
-                    ).mean()
-                )
+            if cosines is not None:
+                row["read_subspace_cos"] = float(cosines[0][layer, head])
+                row["write_subspace_cos"] = float(cosines[1][layer, head])
             # NaN/inf or overflowing weights in either head: its numbers are flagged
             row["nonfinite"] = bool(ra.get("nonfinite") or rb.get("nonfinite")) or not (
                 math.isfinite(row["ov_similarity"]) and math.isfinite(row["qk_similarity"])
             )
-            row["change"] = _change_size(row)  # how much the head changed: ranks and colours
+            row["change"] = _change_size(row, keys)  # how much the head changed: ranks and colours
             heads.append(row)
     composition = {
         kind: _composition_diff(a, b, kind, matching, threshold, seed, store,
@@ -329,31 +439,98 @@ def diff_models(
     biggest = sorted(heads, key=lambda r: (math.isnan(r["change"]), -round(r["change"], 6)
                                            if math.isfinite(r["change"]) else 0.0,
                                            r["layer"], r["head"]))[:10]
+    if progress is not None:
+        progress(1.0)
     return ModelDiff(
         heads=heads,
         matching=matching if match_heads else None,
         composition=composition,
         biggest_changes=[
-            {"layer": r["layer"], "head": r["head"], "change": r["change"], **_summary(r)}
+            {"layer": r["layer"], "head": r["head"], "change": r["change"], **_summary(r, keys)}
             for r in biggest
         ],
     )
 
 
-def _change_size(row: dict[str, Any]) -> float:
+def _numpy_weight_rows(model: Model, seed: int, store: ResultStore | None, progress: Progress
+                       ) -> list[dict[str, Any]]:
+    """``head_table(model, calibrated=False)`` with the weight scores from ``engine.fast``
+    (``compute.weight_scores``: the same stored parts) and torch only for the behavioural
+    forward pass (``compute.behaviour``)."""
+    from .compute import _part, behaviour, weight_scores
+    from .report import score_rows
+    from .results import ScoreTable
+
+    entry = None if store is None else store.for_model(model)
+    weights = weight_scores(model, _part(progress, 0.0, 0.3), store=entry)
+    found = behaviour(model, seed, progress=_part(progress, 0.3, 1.0), store=entry,
+                      weights_nonfinite=np.asarray(weights["nonfinite"]))
+    table = ScoreTable(
+        copying_score=weights["copying_score"], qk_positivity=weights["qk_positivity"],
+        prev_token_score=found["prev_token"], duplicate_token_score=found["duplicate_token"],
+        induction_score=found["induction"], attention_sink_score=found["attention_sink"],
+        nonfinite=found["nonfinite"])
+    if entry is not None:
+        entry.finish()
+    if progress is not None:
+        progress(1.0)
+    return score_rows(table)
+
+
+def _import_torch_in_background() -> None:
+    """Start ``import torch`` on a daemon thread (the behavioural pass needs it; the weight
+    algebra before it does not): its 1-3 s overlap the similarity products instead of
+    preceding them. The main thread's own ``import torch`` later waits for this one."""
+    import contextlib
+    import sys
+    import threading
+
+    if "torch" in sys.modules:
+        return
+
+    def load() -> None:
+        # a failure here is raised again, with its traceback, by the main thread's import
+        with contextlib.suppress(Exception):
+            import torch  # noqa: F401
+
+    threading.Thread(target=load, name="headscope-import-torch", daemon=True).start()
+
+
+def _subspace_cosines(a: Model, b: Model, matching: list[list[int]], arrays_a: NumpyWeights | None,
+                      arrays_b: NumpyWeights | None) -> tuple[np.ndarray, np.ndarray]:
+    """``[L, H]`` mean principal cosines of each head's read (``W_V``) and write (``W_Oᵀ``)
+    subspaces with its matched head of B (models of the same ``d_model``)."""
+    n_layers, n_heads = a.cfg.n_layers, a.cfg.n_heads
+    read, write = np.zeros((n_layers, n_heads)), np.zeros((n_layers, n_heads))
+    for layer in range(n_layers):
+        pre, hb = f"blocks.{layer}.attn", matching[layer]
+        if arrays_a is not None and arrays_b is not None:
+            read[layer] = principal_cosines_np(arrays_a.get(f"{pre}.W_V"), arrays_b.get(f"{pre}.W_V")[hb])
+            write[layer] = principal_cosines_np(arrays_a.get(f"{pre}.W_O").swapaxes(-2, -1),
+                                                arrays_b.get(f"{pre}.W_O")[hb].swapaxes(-2, -1))
+            continue
+        for head in range(n_heads):
+            read[layer, head] = float(principal_cosines(
+                a.weights.get_head(f"{pre}.W_V", head), b.weights.get_head(f"{pre}.W_V", hb[head])).mean())
+            write[layer, head] = float(principal_cosines(
+                a.weights.get_head(f"{pre}.W_O", head).T, b.weights.get_head(f"{pre}.W_O", hb[head]).T).mean())
+    return read, write
+
+
+def _change_size(row: dict[str, Any], keys: tuple[str, ...] = SCORE_KEYS) -> float:
     """How much a head changed: lost circuit similarity, or the largest score delta; only
     the finite ones count (NaN if none is)."""
     sims = [row[k] for k in ("ov_similarity", "qk_similarity") if math.isfinite(row[k])]
-    deltas = [abs(row[f"{k}_delta"]) for k in SCORE_KEYS if math.isfinite(row[f"{k}_delta"])]
+    deltas = [abs(row[f"{k}_delta"]) for k in keys if math.isfinite(row[f"{k}_delta"])]
     parts = ([1.0 - min(sims)] if sims else []) + deltas
     return max(parts) if parts else math.nan
 
 
-def _summary(row: dict[str, Any]) -> dict[str, Any]:
+def _summary(row: dict[str, Any], keys: tuple[str, ...] = SCORE_KEYS) -> dict[str, Any]:
     return {
         "ov_similarity": row["ov_similarity"],
         "qk_similarity": row["qk_similarity"],
-        **{f"{k}_delta": row[f"{k}_delta"] for k in SCORE_KEYS},
+        **{f"{k}_delta": row[f"{k}_delta"] for k in keys},
     }
 
 

@@ -42,8 +42,8 @@ if TYPE_CHECKING:
 Progress = Callable[[float], None] | None
 Cancelled = Callable[[], bool] | None
 
-__all__ = ["NumpyWeights", "composition_baseline", "composition_scores", "numpy_weights",
-           "spectral_scores"]
+__all__ = ["NumpyWeights", "circuit_block", "composition_baseline", "composition_scores",
+           "numpy_weights", "rotary_matrix", "spectral_scores"]
 
 _NUMPY_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": "bf16"}
 _HEAD_WEIGHTS = ("W_Q", "W_K", "W_V", "W_O")
@@ -160,17 +160,78 @@ class NumpyWeights:
             heads = np.repeat(heads, cfg.n_heads // stored, axis=0)
         return np.ascontiguousarray(heads)
 
+    def embed_rows(self, ids: np.ndarray) -> np.ndarray:
+        """``get("embed.W_E")[ids]``, reading only those rows (runs of consecutive ids) when
+        the embedding is stored whole and untransposed: each row is processed on its own
+        (centring writes along ``d_model``), so a circuit block of a few tokens does not
+        read and centre a vocabulary-sized matrix."""
+        spec = self.raw.specs.get("embed.W_E")
+        with self._lock:
+            whole = self._cache.get("embed.W_E")
+        if whole is not None or type(spec) is not Whole or spec.transpose:
+            return (whole if whole is not None else self.get("embed.W_E"))[ids]
+        uniq = np.unique(ids)
+        breaks = np.flatnonzero(np.diff(uniq) != 1) + 1
+        runs = np.split(uniq, breaks) if uniq.size else []
+        t = np.concatenate([self._read(spec.tensor, slice(int(r[0]), int(r[-1]) + 1)) for r in runs]) \
+            if runs else np.zeros((0, self.cfg.d_model), np.float32)
+        with np.errstate(all="ignore"):
+            if spec.scale != 1.0:
+                t = t * np.float32(spec.scale)
+            if spec.add != 0.0:
+                t = t + np.float32(spec.add)
+            if self.plan is not None and self.plan.center_writing:
+                t = t - t.mean(-1, keepdims=True)
+        return t[np.searchsorted(uniq, ids)]
+
+    def unembed_cols(self, cols: np.ndarray) -> np.ndarray:
+        """``get("unembed.W_U")[:, cols]`` without processing the whole unembedding: the
+        reading-side steps (final-norm gain, centring along ``d_model``) act on each column
+        alone, and centring the unembedding subtracts the (processed) mean column, so only
+        ``cols`` and the stored tensor's mean are processed (one read of it, no copies)."""
+        spec = self.raw.specs.get("unembed.W_U")
+        with self._lock:
+            whole = self._cache.get("unembed.W_U")
+        if whole is not None or type(spec) is not Whole:
+            return (whole if whole is not None else self.get("unembed.W_U"))[:, cols]
+        stored = self._read(spec.tensor)  # [vocab, d_model] when transposed, else [d_model, vocab]
+        block = stored[cols].T if spec.transpose else stored[:, cols]
+        p = self.plan
+        with np.errstate(all="ignore"):
+            mean = stored.mean(0 if spec.transpose else 1, dtype=np.float64)[:, None]
+            del stored
+            if spec.scale != 1.0:
+                block, mean = block * np.float32(spec.scale), mean * spec.scale
+            if spec.add != 0.0:
+                block, mean = block + np.float32(spec.add), mean + spec.add
+            if p is None:
+                return np.ascontiguousarray(block, dtype=np.float32)
+            gain, _ = self._gain("ln_final")
+
+            def reading(x: np.ndarray) -> np.ndarray:  # per column: gain, centre along d_model
+                if gain is not None:
+                    x = x * gain[:, None]
+                return x - x.mean(0, keepdims=True) if p.center_reading else x
+
+            out = reading(block)
+            if p.center_unembed:
+                out = out - reading(mean)
+        return np.ascontiguousarray(out, dtype=np.float32)
+
     # processed tensors (ProcessedWeights' rules for the tensors the weight scores read)
 
-    def get(self, name: str) -> np.ndarray:
+    def get(self, name: str, *, keep: bool = True) -> np.ndarray:
+        """The processed tensor; ``keep=False``: not kept in the cache if it was not there
+        (a vocabulary-sized tensor a caller reads once, e.g. for a Gram matrix)."""
         with self._lock:
             hit = self._cache.get(name)
         if hit is not None:
             return hit
         value = self._compute(name)
         value.setflags(write=False)
-        with self._lock:
-            self._cache.put(name, value)
+        if keep:
+            with self._lock:
+                self._cache.put(name, value)
         return value
 
     def _gain(self, prefix: str) -> tuple[np.ndarray | None, np.ndarray | None]:
@@ -184,7 +245,7 @@ class NumpyWeights:
         if p is None:
             return self.raw_get(name)
         parts = name.split(".")
-        if name == "embed.W_E":
+        if name in ("embed.W_E", "pos_embed.W_pos"):
             t = self.raw_get(name)
             return t - t.mean(-1, keepdims=True) if p.center_writing else t
         if name == "unembed.W_U":
@@ -432,22 +493,139 @@ def layer_spectral_scores(w: NumpyWeights, layer: int, middles: dict[str, np.nda
     return out
 
 
-def spectral_scores(w: NumpyWeights, progress: Progress = None, cancelled: Cancelled = None
+def layer_flags(w: NumpyWeights, layer: int) -> np.ndarray:
+    """``[H]`` bool: ``nonfinite | overflow`` of ``layer_spectral_scores`` without the scores
+    (the heads ``engine.scores.nonfinite_heads`` lists)."""
+    peaks = {name: _peak(w.get(f"blocks.{layer}.attn.{name}")).astype(np.float64) for name in _HEAD_WEIGHTS}
+    bad = _biases_nonfinite(w, layer)
+    for peak in peaks.values():
+        bad |= ~np.isfinite(peak)
+    limit = float(np.finfo(np.float32).max) / w.cfg.d_head
+    with np.errstate(invalid="ignore", over="ignore"):
+        return bad | (peaks["W_Q"] * peaks["W_K"] > limit) | (peaks["W_V"] * peaks["W_O"] > limit)
+
+
+def spectral_scores(w: NumpyWeights, progress: Progress = None, cancelled: Cancelled = None, *,
+                    memos: dict[str, Memo] | None = None, known_flags: np.ndarray | None = None
                     ) -> dict[str, np.ndarray]:
     """``engine.scores.spectral_scores`` in numpy: copying score, QK positivity, the
-    non-finite and overflow flags, ``[L, H]`` each."""
+    non-finite and overflow flags, ``[L, H]`` each.
+
+    ``memos`` (``{"copying_score": memo, "qk_positivity": memo}``, the parts
+    ``engine.scores.all_copying_scores`` / ``all_qk_positivity`` store): a layer both hold is
+    read back, not computed (the ``d_model × d_model`` middles are formed only if one is
+    missing); each layer computed is put in both. A read-back layer's flags come from
+    ``known_flags`` (the stored ``nonfinite`` part, ``nonfinite | overflow``) when given,
+    else from one pass over its weights (``layer_flags``)."""
     cfg = w.cfg
     _check(cancelled)
-    middles = spectral_middles(w)
-    out = {name: np.empty((cfg.n_layers, cfg.n_heads), np.float32) for name in middles}
+    memos = memos or {}
+    middles: dict[str, np.ndarray] | None = None
+    out = {name: np.empty((cfg.n_layers, cfg.n_heads), np.float32) for name in _SPECTRAL}
     out["nonfinite"] = np.zeros((cfg.n_layers, cfg.n_heads), bool)
     out["overflow"] = np.zeros((cfg.n_layers, cfg.n_heads), bool)
     for layer in range(cfg.n_layers):
+        known = {name: memo.get(layer, (cfg.n_heads,)) for name, memo in memos.items()}
+        if memos and all(v is not None for v in known.values()) and set(known) == set(_SPECTRAL):
+            for name, value in known.items():
+                out[name][layer] = value
+            out["nonfinite"][layer] = known_flags[layer] if known_flags is not None else layer_flags(w, layer)
+            _report(progress, (layer + 1) / cfg.n_layers)
+            continue
         _check(cancelled)
+        if middles is None:
+            middles = spectral_middles(w)
         for name, value in layer_spectral_scores(w, layer, middles).items():
             out[name][layer] = value
+        for name, memo in memos.items():
+            memo.put(layer, out[name][layer])
         _report(progress, (layer + 1) / cfg.n_layers)
     return out
+
+
+_SPECTRAL = ("copying_score", "qk_positivity")
+
+
+# -- circuit blocks ----------------------------------------------------------------------------
+
+
+def rotary_inv_freq(cfg: Any, path: str | None = None) -> np.ndarray:
+    """``engine.forward.rotary_inv_freq`` in numpy (float32 ``[r/2]``; same scalings, same
+    errors)."""
+    from .errors import ConfigError
+
+    r = cfg.rotary_dim or cfg.d_head
+    inv_freq = (1.0 / (cfg.rotary_base ** (np.arange(0, r, 2, dtype=np.float32) / np.float32(r)))
+                ).astype(np.float32)
+    style = cfg.extra.get("rotary_style", "half")
+    if style != "half":
+        raise ConfigError(path, f"rotary style {style!r} is not supported (only NeoX/Llama 'half')")
+    kind = cfg.extra.get("rope_type") or "default"
+    if kind == "default":
+        return inv_freq
+    params = cfg.extra.get("rope_scaling") or {}
+    try:
+        if kind == "linear":
+            return (inv_freq / np.float32(params["factor"])).astype(np.float32)
+        if kind == "llama3":
+            factor, low = float(params["factor"]), float(params["low_freq_factor"])
+            high, old_ctx = float(params["high_freq_factor"]), float(params["original_max_position_embeddings"])
+            wavelen = np.float32(2 * np.pi) / inv_freq
+            scaled = np.where(wavelen > old_ctx / low, inv_freq / np.float32(factor), inv_freq)
+            smooth = (np.float32(old_ctx) / wavelen - np.float32(low)) / np.float32(high - low)
+            smoothed = (1 - smooth) * scaled / np.float32(factor) + smooth * scaled
+            medium = ~(wavelen < old_ctx / high) & ~(wavelen > old_ctx / low)
+            return np.where(medium, smoothed, scaled).astype(np.float32)
+    except KeyError as missing:
+        raise ConfigError(path, f"RoPE scaling {kind!r} needs parameter {missing}") from None
+    raise ConfigError(path, f"RoPE scaling {kind!r} is not supported (default, linear, llama3)")
+
+
+def rotary_matrix(cfg: Any, offset: int, path: str | None = None) -> np.ndarray:
+    """``engine.circuits.rotary_matrix`` in numpy: ``R(Δ) [d_head, d_head]``, the rotation
+    ``rope(x, Δ) = x @ R(Δ)`` (``rotate_half`` pairs ``(i, i + r/2)``; the rest pass through)."""
+    if cfg.positional != "rotary":
+        raise InvalidRequestError(
+            path, f"rotary circuits need rotary positions; this model's are {cfg.positional!r}")
+    angles = float(offset) * rotary_inv_freq(cfg, path).astype(np.float64)  # [r/2]
+    cos = np.concatenate([np.cos(angles)] * 2).astype(np.float32)
+    sin = np.concatenate([np.sin(angles)] * 2).astype(np.float32)
+    eye = np.eye(cfg.d_head, dtype=np.float32)
+    r = 2 * angles.shape[-1]
+    x_rot = eye[:, :r]
+    rotated = np.concatenate([-x_rot[:, r // 2:], x_rot[:, : r // 2]], axis=-1)
+    return np.concatenate([x_rot * cos + rotated * sin, eye[:, r:]], axis=-1)
+
+
+def circuit_block(w: NumpyWeights, layer: int, head: int, kind: str, basis: str,
+                  rows: Any, cols: Any, offset: int = 0) -> np.ndarray:
+    """``engine.circuits.circuit_block`` in numpy: the ``rows × cols`` block of a head's token
+    QK (rotary: at offset Δ), full OV or positional QK circuit, the same products in the
+    same order (only the requested rows and columns are multiplied out)."""
+    from .forward import layer_config
+
+    cfg = w.cfg
+    cfg.check_head(layer, head, w.path)
+    rows, cols = np.asarray(rows, dtype=np.intp), np.asarray(cols, dtype=np.intp)
+
+    def attn(name: str) -> np.ndarray:
+        return w.get(f"blocks.{layer}.attn.{name}")[head]
+
+    with np.errstate(all="ignore"):
+        if basis == "position":
+            if cfg.positional != "learned":
+                raise InvalidRequestError(
+                    w.path, f"positional QK needs learned position embeddings; this model's are "
+                    f"{cfg.positional!r} (rotary models: use rotary_qk at an offset)")
+            w_pos = w.get("pos_embed.W_pos")
+            return (w_pos[rows] @ attn("W_Q")) @ (w_pos[cols] @ attn("W_K")).T
+        if kind == "ov":
+            out = w.unembed_cols(cols)
+            return (w.embed_rows(rows) @ attn("W_V")) @ (attn("W_O") @ out)
+        w_q = attn("W_Q")
+        if cfg.positional == "rotary":
+            w_q = w_q @ rotary_matrix(layer_config(cfg, layer), offset, w.path)
+        return (w.embed_rows(rows) @ w_q) @ (w.embed_rows(cols) @ attn("W_K")).T
 
 
 # -- composition ---------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ floats become ``None`` only at serialisation time (``engine.export.jsonable``).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from . import compute, requests
@@ -52,23 +52,32 @@ def head_table(
     (``engine.store``) to read finished parts from and write new ones to.
     """
     entry = None if store is None else store.for_model(model)
-    split = 0.5 if ablation else 1.0
+    # progress: the sweep, the ablation sweep, then the calibration pass (one step, counted so
+    # that the bar ends at 100 % when the table is ready)
+    end = 0.9 if calibrated else 1.0
+    split = end / 2 if ablation else end
     table = compute.score_table(model, seed, compute._part(progress, 0.0, split), store=entry,
                                 cluster=cluster)
     effects = None
     if ablation:
-        effects = compute.ablation_effects(model, seed, compute._part(progress, split, 1.0), store=entry)
+        effects = compute.ablation_effects(model, seed, compute._part(progress, split, end), store=entry)
     null = compute.score_null(model, seed) if calibrated else None
+    if progress is not None:
+        progress(1.0)
     return score_rows(table, effects, null)
 
 
 WEIGHT_SCORE_NAMES = ("copying_score", "qk_positivity")  # the scores without a forward pass
 
 
-def weight_table(model: Model) -> list[dict[str, Any]]:
+def weight_table(model: Model, *, store: ResultStore | None = None,
+                 progress: Progress = None) -> list[dict[str, Any]]:
     """``head_table`` without the behavioural scores (no forward pass; torch-free where
-    ``engine.fast`` applies): ``layer``, ``head``, ``WEIGHT_SCORE_NAMES``, ``nonfinite``."""
-    found = compute.weight_scores(model)
+    ``engine.fast`` applies): ``layer``, ``head``, ``WEIGHT_SCORE_NAMES``, ``nonfinite``.
+    ``store``: the same stored parts as ``head_table``'s spectral sweeps (either command
+    reads what the other wrote)."""
+    entry = None if store is None else store.for_model(model)
+    found = compute.weight_scores(model, progress, store=entry)
     n_layers, n_heads = found["nonfinite"].shape
     return [{"layer": layer, "head": head,
              **{name: float(found[name][layer, head]) for name in WEIGHT_SCORE_NAMES},
@@ -120,11 +129,14 @@ def composition_report(
     store: ResultStore | None = None,
     progress: Progress = None,
     cluster: Cluster | None = None,
+    on_tile: Callable[[int, int, np.ndarray], None] | None = None,
 ) -> dict[str, Any]:
-    """All ``kind``-composition scores ``[L][H][L][H]``, the baseline and the top edges."""
+    """All ``kind``-composition scores ``[L][H][L][H]``, the baseline and the top edges.
+    ``on_tile(source_layer, target_layer, scores [H, H])``: each layer pair as it is done."""
     requests.check_composition_kind(kind, str(model.path))
     entry = None if store is None else store.for_model(model)
-    comp = compute.composition(model, kind, seed, progress, top=top, store=entry, cluster=cluster)
+    comp = compute.composition(model, kind, seed, progress, top=top, store=entry, cluster=cluster,
+                               on_tile=on_tile)
     return composition_dict(comp, seed)
 
 
@@ -180,7 +192,7 @@ def circuit_report(
     req = requests.circuit_request(
         model.structure(), layer, head, kind, basis, rows, cols, offset, where=str(model.path)
     )
-    return circuit_dict(compute.circuit_block(model, req), model)
+    return circuit_dict(compute.circuit_block(model, req, numpy=True), model)  # no torch import
 
 
 def circuit_dict(block: CircuitBlock, model: Model) -> dict[str, Any]:

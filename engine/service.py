@@ -34,7 +34,7 @@ from . import compute, requests
 from .cache import ByteLRU
 from .diff import EDGE_THRESHOLD
 from .errors import HeadscopeError, InvalidRequestError, NonFiniteError, PromptError
-from .requests import MAX_RESULT_BYTES, SEED
+from .requests import MAX_RESULT_BYTES, SEED, TOP_EDGES
 from .results import (
     CacheStats,
     CircuitBlock,
@@ -103,6 +103,7 @@ class Engine:
         self._raw = bool(raw)
         self.max_block_bytes = int(max_block_bytes)
         self._prefetch_enabled = prefetch
+        self.partial_interval = 0.25  # seconds between partial composition results (partial=)
         cpus = os.cpu_count() or 1
         if workers is None:
             workers, torch_threads = default_workers(cpus)
@@ -504,14 +505,31 @@ class Engine:
             label="score null",
         )
 
-    async def composition(self, kind: Literal["q", "k", "v"], progress: Progress = None) -> Composition:
-        """Q/K/V composition scores between all pairs of heads (a cancellable sweep)."""
+    async def composition(self, kind: Literal["q", "k", "v"], progress: Progress = None,
+                          partial: Callable[[Composition], None] | None = None) -> Composition:
+        """Q/K/V composition scores between all pairs of heads (a cancellable sweep).
+
+        ``partial(comp)``: called on the event loop with the scores so far while the sweep
+        runs, at most every ``partial_interval`` seconds (a graph fills in layer pair by layer
+        pair): pairs not computed yet are NaN, the top edges are those of the pairs done.
+        Partial results are built on the worker thread; the last one comes before the final
+        result is returned. A caller that joins a sweep already running gets no partials.
+        """
         requests.check_composition_kind(kind, self._where)
         raw = self._raw
+        self._remember_loop()
+        loop = self._loop
+
+        def run(ctx: JobContext) -> Composition:
+            model = self._model(raw)
+            on_tile = None if partial is None or loop is None else \
+                _partial_composition(model, kind, partial, loop, self.partial_interval)
+            return self._stored(raw, f"composition {kind}", lambda entry: compute.composition(
+                model, kind, SEED, ctx.progress, ctx.cancelled, on_tile=on_tile, store=entry))
+
         return await self._get(
             (None, None, "composition", (kind, SEED, raw)),
-            lambda ctx: self._stored(raw, f"composition {kind}", lambda entry: compute.composition(
-                self._model(raw), kind, SEED, ctx.progress, ctx.cancelled, store=entry)),
+            run,
             head=None,
             label=f"composition {kind}",
             progress=progress,
@@ -637,3 +655,43 @@ def origin_text(what: str, loaded: int, computed: int) -> str:
 
 def _ids(ids: Sequence[int] | None) -> tuple[int, ...] | None:
     return None if ids is None else tuple(int(i) for i in ids)
+
+
+def _partial_composition(model: Model, kind: str, deliver: Callable[[Composition], None],
+                         loop: asyncio.AbstractEventLoop, interval: float
+                         ) -> Callable[[int, int, np.ndarray], None]:
+    """An ``on_tile`` for ``compute.composition`` that gathers the tiles as they finish and
+    hands ``deliver`` a partial ``Composition`` on ``loop`` at most every ``interval`` seconds
+    (built here, on the worker thread: the event loop only receives it)."""
+    import time
+
+    from .fast import composition_baseline
+    from .results import rank_edges
+    from .scheduler import _call_soon
+
+    cfg = model.cfg
+    n_layers, n_heads = cfg.n_layers, cfg.n_heads
+    values = np.zeros((n_layers, n_heads, n_layers, n_heads), np.float32)
+    for target in range(n_layers):  # pairs not computed yet: NaN (left out of the edges)
+        values[:target, :, target, :] = np.nan
+    baseline = composition_baseline(cfg.d_model, cfg.d_head, SEED)
+    last = [float("-inf")]
+    remaining = [n_layers * (n_layers - 1) // 2]
+
+    def on_tile(source: int, target: int, scores: np.ndarray) -> None:
+        values[source, :, target, :] = scores
+        remaining[0] -= 1
+        now = time.monotonic()
+        if remaining[0] <= 0 or now - last[0] < interval:  # the last one: the final result
+            return
+        last[0] = now
+        snapshot = readonly(values, np.float32)
+        comp = Composition(kind, snapshot, baseline, rank_edges(snapshot, baseline, TOP_EDGES))  # type: ignore[arg-type]
+        _call_soon(loop, _safe_call, deliver, comp)
+
+    return on_tile
+
+
+def _safe_call(fn: Callable[[Any], None], value: Any) -> None:
+    with contextlib.suppress(Exception):
+        fn(value)

@@ -38,6 +38,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -230,6 +231,11 @@ class ResultStore:
         self._warn = warn or _stderr_warning
         self.broken = False  # set after the first write error: stop trying, compute only
         self._warned = False
+        # fingerprints taken, by checkpoint object and mode: a command that sweeps one model
+        # several times (heads, then composition; diff's two tables and six sweeps) reads its
+        # shard headers once. A checkpoint rewritten meanwhile is refused by its reads anyway.
+        self._keys: dict[tuple[int, bool], tuple[Any, str]] = {}
+        self._keys_lock = threading.Lock()
 
     def warn_once(self, error: BaseException | str) -> None:
         """Stop persisting and say so once (a broken store never fails a command)."""
@@ -242,11 +248,18 @@ class ResultStore:
     def for_model(self, model: Model) -> ModelStore:
         """The entry of ``model`` (its fingerprint; disabled if it cannot be taken)."""
         where = str(Path(model.path).resolve())
+        slot = (id(model.checkpoint), bool(model.raw))
+        with self._keys_lock:
+            known = self._keys.get(slot)
+        if known is not None and known[0] is model.checkpoint:
+            return ModelStore(self, known[1], where, model.raw)
         try:
             key = fingerprint(model.checkpoint, model.raw)
         except OSError as err:
             self.warn_once(err)
             return ModelStore(self, None, where, model.raw)
+        with self._keys_lock:
+            self._keys[slot] = (model.checkpoint, key)  # holds the checkpoint: its id stays its own
         return ModelStore(self, key, where, model.raw)
 
     # -- listing, clearing, trimming

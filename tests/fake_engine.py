@@ -291,7 +291,8 @@ class FakeEngine:
         return ScoreTable(**{name: grid(name) for name in SCORE_NAMES},
                           nonfinite=grid("nonfinite", bool))
 
-    async def composition(self, kind: str, progress: Callable[[float], None] | None = None) -> Composition:
+    async def composition(self, kind: str, progress: Callable[[float], None] | None = None,
+                          partial: Callable[[Composition], None] | None = None) -> Composition:
         await self._enter("composition")
         L, H = self.L, self.H
         scores = np.zeros((L, H, L, H))

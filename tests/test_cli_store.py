@@ -58,6 +58,71 @@ def test_a_second_heads_run_is_served_from_the_store(capsys, gpt2_dir, monkeypat
     assert fresh == first
 
 
+def test_weight_only_heads_share_the_store_with_heads(capsys, gpt2_dir, monkeypatch) -> None:
+    """`heads --no-behaviour` stores what it computes and reads it back (a second run
+    computes nothing), and shares the parts with `heads`' spectral sweeps both ways."""
+    from headscope.engine import fast
+
+    path = str(gpt2_dir[0])
+    first = run_json(capsys, "heads", path, "--no-behaviour")
+
+    def fail(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("recomputed a stored layer")
+
+    with monkeypatch.context() as m:
+        m.setattr(fast, "layer_spectral_scores", fail)
+        m.setattr(fast, "spectral_middles", fail)
+        assert run_json(capsys, "heads", path, "--no-behaviour") == first
+        calls = count_spectral(m)
+        full = run_json(capsys, "heads", path)  # the torch sweeps read the same parts
+        assert calls == []
+    weights = {(r["layer"], r["head"]): r for r in first}
+    for row in full:
+        for key in ("copying_score", "qk_positivity", "nonfinite"):
+            assert row[key] == weights[(row["layer"], row["head"])][key]
+
+
+def test_progress_ends_at_one(gpt2_dir) -> None:
+    """Every sweep's progress rises to exactly 1.0 once its result is ready (the CLI bars end
+    at 100 %, not at the start of the last stage), stored or not."""
+    from headscope.engine.diff import diff_models
+    from headscope.engine.loading import open_model
+    from headscope.engine.report import composition_report, head_table, weight_table
+    from headscope.engine.store import ResultStore
+
+    model = open_model(gpt2_dir[0])
+    store = ResultStore()
+    runs = {
+        "heads": lambda p: head_table(model, progress=p, store=store),
+        "heads --ablation": lambda p: head_table(model, ablation=True, progress=p),
+        "heads --no-behaviour": lambda p: weight_table(model, progress=p, store=store),
+        "composition": lambda p: composition_report(model, "k", progress=p, store=store),
+        "diff": lambda p: diff_models(model, model, progress=p, store=store),
+    }
+    for name, sweep in [*runs.items(), *runs.items()]:  # computed, then from the store
+        seen: list[float] = []
+        sweep(seen.append)
+        assert seen and seen[-1] == 1.0, name
+        assert seen == sorted(seen), name
+
+
+def test_one_fingerprint_per_model_and_command(gpt2_dir, monkeypatch) -> None:
+    """``ResultStore.for_model`` reads a checkpoint's shard headers once per store (one
+    command), however many sweeps ask for its entry."""
+    from headscope.engine import store as store_module
+    from headscope.engine.diff import diff_models
+    from headscope.engine.loading import open_model
+
+    calls: list[str] = []
+    real = store_module.fingerprint
+    monkeypatch.setattr(store_module, "fingerprint", lambda ckpt, raw: calls.append(ckpt.path) or real(ckpt, raw))
+    a, b = open_model(gpt2_dir[0]), open_model(gpt2_dir[0])
+    store = store_module.ResultStore()
+    diff_models(a, b, store=store, behaviour=False)
+    assert len(calls) == 2  # A and B: two tables and six composition sweeps between them
+    assert store.for_model(a).key == store_module.ResultStore().for_model(a).key
+
+
 def test_no_cache_writes_nothing(capsys, gpt2_dir, _results_store_in_tmp) -> None:
     run_json(capsys, "heads", str(gpt2_dir[0]), "--no-cache")
     run_json(capsys, "composition", str(gpt2_dir[0]), "--kind", "q", "--no-cache")
@@ -142,6 +207,21 @@ def test_progress_is_drawn_on_a_terminal_and_stdout_stays_json(gpt2_dir, argv) -
     quiet_code, quiet_out, quiet_terminal = _run_with_tty_stderr([*argv, "--quiet"])
     assert quiet_code == 0 and json.loads(quiet_out) == json.loads(out)
     assert quiet_terminal == b""
+
+
+def test_composition_top_edges_fill_in_on_the_progress_bar(gpt2_dir) -> None:
+    from headscope.engine.loading import open_model
+    from headscope.engine.report import composition_report
+    from headscope.tui.cli import best_edges_so_far
+
+    model = open_model(gpt2_dir[0])
+    notes: list[str] = []
+    on_tile = best_edges_so_far(notes.append, model.cfg.d_model, model.cfg.d_head, 0)
+    report = composition_report(model, "k", on_tile=on_tile)
+    assert len(notes) == 1  # one layer pair
+    assert notes[-1] == "best so far " + ", ".join(
+        f"L{e['source'][0]}.H{e['source'][1]}→L{e['target'][0]}.H{e['target'][1]} {e['above_baseline']:+.3f}"
+        for e in report["top_edges"][:2])
 
 
 def test_no_progress_when_stderr_is_piped(gpt2_dir) -> None:

@@ -106,11 +106,24 @@ def _cli_in_fresh_process(*argv: str) -> tuple[list[str], object]:
     ("info", "{path}", "--json"),
     ("heads", "{path}", "--no-behaviour", "--json"),
     ("composition", "{path}", "--kind", "k", "--json"),
+    ("circuit", "{path}", "1", "2", "--kind", "qk", "--offset", "2", "--json"),
+    ("circuit", "{path}", "0", "3", "--kind", "ov", "--rows", "5,1,2:4", "--json"),
+    ("diff", "{path}", "{path}", "--no-behaviour", "--json"),
 ])
 def test_weight_only_commands_do_not_import_torch(argv, tmp_path):
     path = _build("llama", "bfloat16", tmp_path)
     modules, out = _cli_in_fresh_process(*(a.format(path=path) for a in argv))
     assert modules == []
+    if argv[0] == "circuit":
+        from headscope.engine import circuits
+
+        m = open_model(path)
+        want = circuits.circuit_block(m.weights, int(argv[2]), int(argv[3]), argv[5], "token",
+                                      out["rows"], out["cols"], out["offset"] or 0)
+        np.testing.assert_allclose(np.array(out["values"]), want.numpy(), atol=1e-5, rtol=1e-4)
+    if argv[0] == "diff":
+        assert all(abs(r["ov_similarity"] - 1) < 1e-5 and r["copying_score_delta"] == 0 for r in out["heads"])
+        assert "induction_score_delta" not in out["heads"][0]
     if argv[0] == "heads":
         want = compute.weight_scores(open_model(path))
         assert [r["copying_score"] for r in out] == pytest.approx(want["copying_score"].ravel().tolist())
@@ -143,3 +156,68 @@ def test_no_behaviour_refuses_behavioural_sort_keys_and_ablation(capsys):
     assert main(["heads", path, "--no-behaviour", "--sort", "copying_score", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [r["copying_score"] for r in rows] == sorted((r["copying_score"] for r in rows), reverse=True)
+
+
+@pytest.mark.parametrize(("name", "dtype"), [("gpt2", None), ("llama3_rope", None), ("gemma3", "bfloat16")])
+def test_circuit_blocks_equal_the_torch_path(name, dtype, tmp_path):
+    from headscope.engine import circuits
+
+    model = open_model(_build(name, dtype, tmp_path))
+    arrays, cfg = fast.numpy_weights(model), model.cfg
+    rows, cols = [5, 0, 3, 3, 9], [cfg.d_vocab - 1, 2, 3, 4]
+    cases = [("ov", "token", 0), ("qk", "token", 0), ("qk", "token", -3), ("qk", "token", 17)]
+    if cfg.positional == "learned":
+        cases.append(("qk", "position", 0))
+    for layer, head in ((0, 0), (cfg.n_layers - 1, cfg.n_heads - 1)):
+        for kind, basis, offset in cases:
+            c = cols if basis == "token" else [cfg.n_ctx - 1, 2]
+            got = fast.circuit_block(arrays, layer, head, kind, basis, rows, c, offset)
+            want = circuits.circuit_block(model.weights, layer, head, kind, basis, rows, c, offset)
+            np.testing.assert_allclose(got, want.numpy(), atol=1e-5, rtol=1e-4)
+    if cfg.positional == "rotary":
+        lc = model.weights.cfg
+        np.testing.assert_allclose(fast.rotary_matrix(lc, 5), circuits.rotary_matrix(lc, 5).numpy(), atol=1e-6)
+
+
+def test_diff_equals_the_torch_path(tmp_path):
+    """The numpy diff (similarities, subspace cosines, weight scores, composition) against
+    the torch path, between a model and an edited copy with a NaN head."""
+    from safetensors.torch import load_file, save_file
+
+    from headscope.engine.diff import circuit_similarity, diff_models, similarity_arrays
+
+    a_path = _build("gpt2", None, tmp_path / "a")
+    b_path = _build("gpt2", None, tmp_path / "b")
+    file = b_path / "model.safetensors"
+    tensors = load_file(file)
+    g = torch.Generator().manual_seed(1)
+    for name in ("transformer.h.1.attn.c_attn.weight", "transformer.h.0.attn.c_proj.weight"):
+        tensors[name] = tensors[name] + 0.3 * torch.randn(tensors[name].shape, generator=g)
+    tensors["transformer.h.0.attn.c_attn.weight"][3, 2 * 32 + 1] = float("nan")  # L0.H0's W_V
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(file), metadata={"format": "pt"})
+    a, b = open_model(a_path), open_model(b_path)
+    ov, qk = similarity_arrays(fast.numpy_weights(a), fast.numpy_weights(b))
+    want = circuit_similarity(a.weights, b.weights)
+    np.testing.assert_allclose(ov, want.ov.numpy(), atol=1e-5)
+    np.testing.assert_allclose(qk, want.qk.numpy(), atol=1e-5)
+    assert np.isnan(ov[0, :, 0]).all() and np.isnan(ov[0]).sum() == a.cfg.n_heads  # B's L0.H0
+
+    got = diff_models(a, b, match_heads=True).to_dict()
+    weight_only = diff_models(a, b, match_heads=True, behaviour=False).to_dict()
+    real = fast.numpy_weights
+    fast.numpy_weights = lambda model: None  # type: ignore[assignment]
+    try:
+        expected = diff_models(a, b, match_heads=True).to_dict()
+    finally:
+        fast.numpy_weights = real  # type: ignore[assignment]
+    assert got["matching"] == expected["matching"]
+    for mine, theirs, weights in zip(got["heads"], expected["heads"], weight_only["heads"], strict=True):
+        assert set(mine) == set(theirs) and set(weights) < set(mine)
+        for key, value in theirs.items():
+            assert mine[key] == pytest.approx(value, abs=1e-4, nan_ok=True), key
+            if key in weights and key not in ("nonfinite", "change"):  # these see behaviour too
+                assert weights[key] == pytest.approx(mine[key], abs=1e-6, nan_ok=True), key
+    for kind, edges in expected["composition"].items():
+        for status in ("gained", "lost"):
+            assert [(e["source"], e["target"]) for e in got["composition"][kind][status]] == \
+                [(e["source"], e["target"]) for e in edges[status]]

@@ -129,3 +129,45 @@ async def test_event_loop_keeps_ticking_while_sweeps_run(
         assert app.explorer.rows, "the sweep filled the score table"
         assert job_threads and threading.get_ident() not in job_threads
         assert starved == [], f"the event loop stopped turning while {starved[0]} ran"
+
+
+async def test_the_composition_graph_fills_in_pair_by_pair(gpt2_dir: Any, tmp_path: Path) -> None:
+    """Partial results reach the graph while the sweep runs (engine.composition's
+    ``partial``), each agreeing with the final result on the layer pairs it has; the final
+    graph is the one-shot result."""
+    from unittest import mock
+
+    import numpy as np
+
+    from headscope.engine import compute
+    from headscope.engine.loading import open_model
+    from headscope.tui.widgets.views import CompositionPane
+    from tests import hf_fixtures
+
+    with mock.patch.object(hf_fixtures, "N_LAYERS", 4):  # 6 layer pairs
+        path, _ = hf_fixtures.build_gpt2(tmp_path / "deep")
+    app = HeadscopeApp(path, settings=Settings(), debounce=0.01, sweep=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_ready(pilot, app)
+        app.engine.partial_interval = 0.0  # every pair but the last one
+        seen: list[Any] = []
+        direct = await app.engine.composition("q", partial=seen.append)
+        await pilot.press("5")  # the composition tab: K-composition, with partial graphs
+        pane = app.explorer.query_one(CompositionPane)
+        await wait_until(pilot, lambda: ("k", app.explorer.gen) in pane.cache, "the K sweep")
+        await settle(pilot, app)
+        assert app.errors == []
+        assert pane.partials >= 1
+        text = app.explorer.query_one("#comp-graph", Chart).rendered.plain
+        assert "K-composition" in text and "computing" not in text
+    one_shot = {kind: compute.composition(open_model(path), kind).scores for kind in "qk"}
+    np.testing.assert_array_equal(pane.shown.scores, one_shot["k"])
+    np.testing.assert_array_equal(direct.scores, one_shot["q"])
+    assert len(seen) == 5  # the last pair's scores come with the final result
+    done = [sum(bool(np.isfinite(p.scores[s_, :, t, :]).all()) for t in range(4) for s_ in range(t))
+            for p in seen]
+    assert done == [1, 2, 3, 4, 5]
+    for p in seen:
+        computed = np.isfinite(p.scores)
+        np.testing.assert_array_equal(p.scores[computed], direct.scores[computed])
+        assert all(np.isfinite(p.scores[e[0], e[1], e[2], e[3]]) for e in p.top_edges)

@@ -200,6 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="composition edges count when this far above their baseline "
                         f"(default {EDGE_THRESHOLD})")
     p.add_argument("--seed", type=args_types.seed, default=0)
+    p.add_argument("--no-behaviour", action="store_true",
+                   help="compare only the weights: circuit similarities, subspaces, copying and "
+                        "QK-positivity deltas, composition edges (no forward pass, no wait for torch)")
     add_store_args(p)
     add_cluster_args(p)
     add_quiet_arg(p)
@@ -431,7 +434,9 @@ def _weight_heads(args: argparse.Namespace) -> int:
     if args.ablation:
         raise InvalidRequestError(None, "--ablation runs the model: it cannot go with --no-behaviour")
     check_sort_key(args.sort, list(WEIGHT_SCORE_NAMES))
-    rows = sort_rows(weight_table(_open(args)), args.sort)
+    model = _open(args)
+    with progress_bar(f"heads {model.path.name}", quiet=args.quiet) as progress:
+        rows = sort_rows(weight_table(model, store=results_store(args), progress=progress), args.sort)
     columns = ["layer", "head", *WEIGHT_SCORE_NAMES, "nonfinite"]
     emit(rows, args.json, lambda: (columns, [[r[c] for c in columns] for r in rows]))
     return EXIT_OK
@@ -443,11 +448,39 @@ def cmd_composition(args: argparse.Namespace) -> int:
     model = _open(args)
     with cluster_from_args(args) as cluster, \
             progress_bar(f"{args.kind}-composition {model.path.name}", quiet=args.quiet) as progress:
+        note = getattr(progress, "note", None)
+        on_tile = None if note is None or args.top == 0 else best_edges_so_far(
+            note, model.cfg.d_model, model.cfg.d_head, args.seed, shown=min(2, args.top))
         report = composition_report(model, args.kind, top=args.top, seed=args.seed,
-                                    store=results_store(args), progress=progress, cluster=cluster)
+                                    store=results_store(args), progress=progress, cluster=cluster,
+                                    on_tile=on_tile)
     columns = ["source", "target", "score", "above_baseline"]
     emit(report, args.json, lambda: (columns, [[e[c] for c in columns] for e in report["top_edges"]]))
     return EXIT_OK
+
+
+def best_edges_so_far(note: Callable[[str], None], d_model: int, d_head: int, seed: int,
+                      shown: int = 2) -> Callable[[int, int, Any], None]:
+    """An ``on_tile`` that keeps the ``shown`` strongest edges of the layer pairs done so far
+    and puts them on the progress bar (``note``): ``--top`` fills in while the sweep runs."""
+    import numpy as np
+
+    from headscope.engine.fast import composition_baseline
+
+    baseline = composition_baseline(d_model, d_head, seed)
+    best: list[tuple[float, int, int, int, int]] = []
+
+    def on_tile(source: int, target: int, scores: Any) -> None:
+        values = np.nan_to_num(np.asarray(scores, dtype=np.float64), nan=-np.inf)
+        for flat in np.argsort(-values, axis=None)[:shown]:
+            h1, h2 = np.unravel_index(flat, values.shape)
+            if np.isfinite(values[h1, h2]):
+                best.append((float(values[h1, h2]) - baseline, source, int(h1), target, int(h2)))
+        best.sort(key=lambda e: -e[0])
+        del best[shown:]
+        note("best so far " + ", ".join(f"L{l1}.H{h1}→L{l2}.H{h2} {s:+.3f}" for s, l1, h1, l2, h2 in best))
+
+    return on_tile
 
 
 def cmd_forward(args: argparse.Namespace) -> int:
@@ -519,7 +552,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
             progress_bar(f"diff {a.path.name} {b.path.name}", quiet=args.quiet) as progress:
         result = diff_models(a, b, match_heads=args.match_heads, threshold=args.threshold,
                              seed=args.seed, store=results_store(args), progress=progress,
-                             cluster=cluster)
+                             cluster=cluster, behaviour=not args.no_behaviour)
     report = result.to_dict()
 
     def table() -> tuple[list[str], list[list[Any]]]:
@@ -531,7 +564,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
         columns = ["layer", "head", "B head", "change", "ov_sim", "qk_sim", "Δcopying",
                    "Δprev_token", "Δinduction"]
         rows = [[r["layer"], r["head"], matched.get((r["layer"], r["head"]), r["head"]),
-                 *(r[k] for k in keys)] for r in report["biggest_changes"]]
+                 *(r.get(k) for k in keys)] for r in report["biggest_changes"]]
         # Every composition edge lost or gained (A's score → B's in the ov_sim/qk_sim columns).
         for kind, d in report["composition"].items():
             for status in ("lost", "gained"):

@@ -31,7 +31,8 @@ def wants_progress(quiet: bool, stream: Any = None) -> bool:
 def progress_bar(
     description: str, *, quiet: bool = False, determinate: bool = True, console: Any = None
 ) -> Iterator[Progress | None]:
-    """Yield ``progress(fraction)`` driving a bar on stderr, or None when there is no bar.
+    """Yield ``progress(fraction)`` driving a bar on stderr, or None when there is no bar;
+    ``progress.note(text)`` shows ``text`` after the description (partial results).
 
     ``determinate=False``: work without a fraction (one forward pass, one circuit block) shows
     a pulsing bar and the elapsed time. ``console``: a Rich console to draw on (tests force a
@@ -69,4 +70,9 @@ def progress_bar(
         def update(fraction: float) -> None:
             bar.update(task, completed=min(1.0, max(0.0, float(fraction))))
 
+        def note(text: str) -> None:
+            """What is known so far, after the description (e.g. the best edges yet)."""
+            bar.update(task, description=f"{description} · {text}" if text else description)
+
+        update.note = note  # type: ignore[attr-defined]
         yield update

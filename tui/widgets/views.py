@@ -373,6 +373,7 @@ class CompositionPane(Horizontal):
         self.cache: dict[tuple[str, int], Composition] = {}
         self.shown: Composition | None = None
         self._shape = (0, 0)  # (n_layers, n_heads) of the graph shown
+        self.partials = 0  # partial graphs shown while sweeps ran (tests count them)
 
     def compose(self) -> ComposeResult:
         yield Chart(id="comp-graph", placeholder="composition scores not computed yet")
@@ -390,11 +391,12 @@ class CompositionPane(Horizontal):
 
     def show(self, comp: Composition, n_layers: int, n_heads: int,
              selected: tuple[int, int, int, int] | None,
-             threshold: float = 0.5) -> list[tuple[int, int, int, int, float]]:
+             threshold: float = 0.5, *, partial: bool = False) -> list[tuple[int, int, int, int, float]]:
         """Draw the edges whose strength is at least ``threshold`` × the strongest one.
 
         Every edge stays in the table (the ones not drawn are dimmed); returns them, strongest
-        first."""
+        first. ``partial``: the sweep is still running (``comp`` holds the layer pairs done so
+        far, NaN elsewhere, and their top edges): the title says how far it is."""
         es = [e for e in edges(comp) if math.isfinite(e[4])]
         drawn, cut = threshold_edges(es, threshold)
         vmax = max((e[4] for e in drawn), default=1.0)
@@ -402,13 +404,18 @@ class CompositionPane(Horizontal):
         baseline = float(comp.baseline)
         title = (f"{kind}-composition · {len(drawn)}/{len(es)} edges ≥ {threshold:.0%} of max "
                  f"(score − baseline ≥ {cut:+.3f}; baseline {baseline:.3f}) · < >")
+        if partial:
+            pairs = n_layers * (n_layers - 1) // 2
+            done = sum(1 for t in range(n_layers) for s in range(t)
+                       if np.isfinite(comp.scores[s, :, t, :]).any())
+            title = f"{title} · computing: {done}/{pairs} layer pairs"
         self.query_one("#comp-graph", Chart).show(Graph(
             n_layers, n_heads, tuple(drawn), selected=selected, vmax=vmax, vmin=cut,
             title=title,
             nodes=tuple((s[0], s[1]) for s in ([selected[:2], selected[2:]] if selected else []))))
         table = self.query_one("#comp-edges", DataTable)
         shown = getattr(table, "_headscope_comp", (None, None))
-        if shown != (comp, threshold):
+        if shown[0] is not comp or shown[1] != threshold:  # identity: results hold arrays
             fresh = shown[0] is not comp
             table._headscope_comp = (comp, threshold)  # type: ignore[attr-defined]
             if fresh:
@@ -485,8 +492,17 @@ class CompositionPane(Horizontal):
             def progress(fraction: float) -> None:
                 ex.sweep_progress = float(fraction)
 
+            def partial(found: Composition) -> None:
+                # the layer pairs done so far (on the event loop; the engine built it on its
+                # thread): the graph and the table fill in while the sweep runs
+                if ex.fresh(key) and self.cache.get(cache_key) is None:
+                    self.shown, self._shape = found, (ex.n_layers, ex.n_heads)
+                    self.edges = self.show(found, ex.n_layers, ex.n_heads, self.selected,
+                                           self.threshold, partial=True)
+                    self.partials += 1
+
             try:
-                comp = await ex.engine.composition(kind, progress=progress)
+                comp = await ex.engine.composition(kind, progress=progress, partial=partial)
             finally:
                 ex.sweep_progress = None
             self.cache[cache_key] = comp
