@@ -1,5 +1,6 @@
 """Reading a head (docs/math.md, "Reading a head"): singular directions as tokens, virtual
-heads along composition paths, attention sinks, and the null that calibrates the scores.
+heads along composition paths, attention sinks (on the first token and on delimiters), and
+the null that calibrates the scores.
 
 Pure torch functions on a ``WeightSource`` and ``FactoredMatrix``; nothing here forms a
 ``d_vocab × d_vocab`` matrix (SVDs and spectra come from the ``d_head``-sized factors).
@@ -8,6 +9,7 @@ Pure torch functions on a ``WeightSource`` and ``FactoredMatrix``; nothing here 
 from __future__ import annotations
 
 import math
+import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -21,6 +23,8 @@ __all__ = [
     "NULL_SAMPLES",
     "SINK_SKIP",
     "Directions",
+    "delimiter_sink_mass",
+    "is_delimiter",
     "k_path",
     "null_spectral_scores",
     "overlap",
@@ -124,6 +128,45 @@ def sink_mass(pattern: Tensor, skip: int = SINK_SKIP) -> Tensor:
     return pattern[:, :, start:, 0].float().mean((0, 2))
 
 
+# Special tokens that end or separate text, by their usual spellings (prompts are encoded
+# without special tokens, so these count only where a prompt spells them out).
+SPECIAL_DELIMITERS = frozenset({
+    "<s>", "</s>", "<bos>", "<eos>", "<|endoftext|>", "<|begin_of_text|>", "<|end_of_text|>",
+    "<|eot_id|>", "<|im_start|>", "<|im_end|>", "[CLS]", "[SEP]",
+})
+
+
+def is_delimiter(text: str) -> bool:
+    """Whether a token's text is a delimiter: whitespace only (a newline, a space), or
+    punctuation only (Unicode category P*: ``.`` ``,`` ``?`` ``"`` ``)``, once whitespace is
+    removed: `` ,`` and ``.\n`` count), or one of ``SPECIAL_DELIMITERS`` (BOS/EOS/SEP)."""
+    if text in SPECIAL_DELIMITERS:
+        return True
+    core = "".join(text.split())
+    return all(unicodedata.category(c).startswith("P") for c in core)
+
+
+def delimiter_sink_mass(pattern: Tensor, delimiter: Tensor, skip: int = SINK_SKIP,
+                        causal: bool = True) -> Tensor:
+    """``pattern [b, h, q, k]``, ``delimiter [b, k]`` (bool) -> ``[h]``: the attention mass on
+    the delimiter positions ``1 ≤ k < q`` (neither the first token, which ``sink_mass``
+    counts, nor the query itself; an encoder's ``k > q`` too), averaged over the queries
+    ``q >= skip`` that have at least one such position and over the batch; NaN for every head
+    if no query has one."""
+    n = pattern.shape[-1]
+    others = torch.ones(n, n, dtype=torch.bool)
+    others = others.tril(-1) if causal else others & ~torch.eye(n, dtype=torch.bool)
+    others[:, 0] = False  # the first token is sink_mass's
+    keys = delimiter.bool()[:, None, :] & others[None]  # [b, q, k]
+    rows = keys.any(-1)  # [b, q]
+    if n > skip:
+        rows[:, :skip] = False
+    if not bool(rows.any()):
+        return torch.full((pattern.shape[1],), math.nan)
+    mass = (pattern.float() * keys[:, None].float()).sum(-1)  # [b, h, q]
+    return (mass * rows[:, None].float()).sum((0, 2)) / rows.sum()
+
+
 # -- the null ----------------------------------------------------------------------------------
 
 
@@ -200,14 +243,30 @@ def attention_sink_scores(w: WeightSource, batches: Sequence[Tensor], skip: int 
                           ) -> Tensor:
     """``[L, H]``: ``sink_mass`` of every head, averaged over the token batches (each batch
     weighs the same)."""
-    cfg = w.cfg
-    out = torch.zeros(cfg.n_layers, cfg.n_heads)
+    return sink_scores(w, batches, [None] * len(batches), skip)[0]
 
-    def reduce(_i: int, layer: int, _x: Tensor, pattern: Tensor) -> None:
-        out[layer] += sink_mass(pattern, skip) / len(batches)
+
+def sink_scores(w: WeightSource, batches: Sequence[Tensor],
+                delimiters: Sequence[Tensor | None], skip: int = SINK_SKIP
+                ) -> tuple[Tensor, Tensor]:
+    """``([L, H], [L, H])`` in one pass over the batches: ``sink_mass`` averaged over every
+    batch, and ``delimiter_sink_mass`` averaged over the batches with a ``delimiters [b, p]``
+    mask (``None``: a batch without one) that have a query to score (NaN if none has)."""
+    cfg = w.cfg
+    first = torch.zeros(cfg.n_layers, cfg.n_heads)
+    delim = torch.zeros(cfg.n_layers, cfg.n_heads)
+    counted = torch.zeros(cfg.n_layers)
+
+    def reduce(i: int, layer: int, _x: Tensor, pattern: Tensor) -> None:
+        first[layer] += sink_mass(pattern, skip) / len(batches)
+        if delimiters[i] is not None:
+            found = delimiter_sink_mass(pattern, delimiters[i], skip, cfg.causal)
+            if not bool(found.isnan().all()):
+                delim[layer] += found
+                counted[layer] += 1
 
     _passes(w, batches, reduce)
-    return out
+    return first, delim / counted[:, None]  # 0/0: NaN where no batch had a delimiter
 
 
 def _mean_finite_norm(weights: Tensor) -> float:
@@ -219,15 +278,16 @@ def _mean_finite_norm(weights: Tensor) -> float:
 
 
 def behaviour_null(w: WeightSource, repeated: Tensor, natural: Sequence[Tensor], seed: int,
-                   samples: int = NULL_SAMPLES) -> dict[str, Tensor]:
+                   samples: int = NULL_SAMPLES,
+                   delimiters: Sequence[Tensor] | None = None) -> dict[str, Tensor]:
     """``{name: [L, samples]}``: the behavioural scores of ``samples`` random heads per layer.
 
     Layer ``l``'s random heads (``random_head_patterns``: Gaussian ``W_Q``/``W_K`` rescaled
     to the mean Frobenius norms of the layer's real heads, seeded by ``seed + l``) read the
     same normalised stream as the real heads, from the clean model. ``prev_token``,
     ``duplicate_token`` and ``induction`` are scored on ``repeated`` as ``behaviour_scores``
-    scores them; ``attention_sink`` on ``repeated`` and ``natural`` as
-    ``attention_sink_scores``.
+    scores them; ``attention_sink`` and ``delimiter_sink`` on ``repeated`` and ``natural``
+    (``delimiters``: a mask per natural batch) as ``sink_scores``.
     """
     from .forward import attention_input, layer_config, rotary, rotary_inv_freq
     from .scores import _detect, detection_patterns
@@ -235,7 +295,10 @@ def behaviour_null(w: WeightSource, repeated: Tensor, natural: Sequence[Tensor],
     cfg = w.cfg
     detections = detection_patterns(repeated)
     batches = [repeated, *natural]
-    out = {name: torch.zeros(cfg.n_layers, samples) for name in (*detections, "attention_sink")}
+    masks: list[Tensor | None] = [None, *(delimiters or [None] * len(natural))]
+    out = {name: torch.zeros(cfg.n_layers, samples)
+           for name in (*detections, "attention_sink", "delimiter_sink")}
+    counted = torch.zeros(cfg.n_layers)
 
     def rotate_for(layer: int) -> Callable[[Tensor], Tensor] | None:
         if cfg.positional != "rotary":
@@ -249,9 +312,16 @@ def behaviour_null(w: WeightSource, repeated: Tensor, natural: Sequence[Tensor],
                                        float(cfg.scale), rotate_for(layer), seed + layer, samples,
                                        causal=cfg.causal)
         out["attention_sink"][layer] += sink_mass(pattern) / len(batches)
+        mask = masks[i]
+        if mask is not None:
+            found = delimiter_sink_mass(pattern, mask, causal=cfg.causal)
+            if not bool(found.isnan().all()):
+                out["delimiter_sink"][layer] += found
+                counted[layer] += 1
         if i == 0:
             for name, det in detections.items():
                 out[name][layer] = _detect(pattern, det)
 
     _passes(w, batches, reduce)
+    out["delimiter_sink"] /= counted[:, None]
     return out

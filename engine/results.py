@@ -95,7 +95,8 @@ class HeadScores:
     prev_token_score: float
     duplicate_token_score: float
     induction_score: float
-    attention_sink_score: float
+    attention_sink_score: float  # attention parked on the first token
+    delimiter_sink_score: float  # ... on delimiters (punctuation, newlines); NaN without a tokenizer
     nonfinite: bool  # NaN/inf in this head's weights: scores are NaN, flag it in the UI
 
 
@@ -109,6 +110,7 @@ class ScoreTable:
     duplicate_token_score: np.ndarray
     induction_score: np.ndarray
     attention_sink_score: np.ndarray
+    delimiter_sink_score: np.ndarray
     nonfinite: np.ndarray  # bool
 
     @property
