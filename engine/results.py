@@ -247,6 +247,13 @@ class ScoreNull:
             return ((np.asarray(values, np.float64) - self.mean[i][:, None])
                     / self.std[i][:, None]).astype(np.float32)
 
+    def head_z(self, name: str, layer: int, value: float) -> float:
+        """``z`` of one head's score ``value`` in ``layer`` (the same number as ``z``'s)."""
+        i = self.names.index(name)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return float(np.float32((np.float64(value) - np.float64(self.mean[i, layer]))
+                                    / np.float64(self.std[i, layer])))
+
 
 @dataclass(frozen=True)
 class CacheStats:
