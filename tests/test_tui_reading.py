@@ -4,7 +4,6 @@ highlighted edge's virtual heads (``g`` focuses the later head)."""
 
 from __future__ import annotations
 
-import pytest
 from textual.widgets import DataTable, Static
 
 from headscope.tui.reading_screens import DirectionsScreen, PathScreen
