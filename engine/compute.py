@@ -586,7 +586,7 @@ def _finite_mean_std(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def score_null(model: Model, seed: int = SEED, samples: int | None = None,
-               store: ModelStore | None = None) -> ScoreNull:
+               store: ModelStore | None = None, cancelled: Cancelled = None) -> ScoreNull:
     """Every score on random heads of the model's shapes and norms (docs/math.md,
     "Calibrated scores"): mean and standard deviation per score and layer.
 
@@ -607,7 +607,7 @@ def score_null(model: Model, seed: int = SEED, samples: int | None = None,
     }
     repeated, natural = sink_batches(model, seed)
     behaviour = reading.behaviour_null(w, repeated, natural, seed, samples,
-                                       delimiter_masks(model, natural))
+                                       delimiter_masks(model, natural), cancelled)
     mean = np.zeros((len(SCORE_NAMES), cfg.n_layers))
     std = np.zeros((len(SCORE_NAMES), cfg.n_layers))
     for i, name in enumerate(SCORE_NAMES):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .errors import CancelledError
 from .factored import FactoredMatrix, is_finite
 from .weights import WeightSource
 
@@ -24,11 +25,13 @@ __all__ = [
     "SINK_SKIP",
     "Directions",
     "delimiter_sink_mass",
+    "heads_patterns",
     "is_delimiter",
     "k_path",
     "null_spectral_scores",
     "overlap",
     "random_head_patterns",
+    "random_heads",
     "signed_directions",
     "sink_mass",
     "top_by_magnitude",
@@ -190,6 +193,39 @@ def null_spectral_scores(middle: Tensor, d_head: int, seed: int,
     return (eig.real.sum(-1) / eig.abs().sum(-1)).float()
 
 
+def random_heads(d_model: int, d_head: int, norm_q: float, norm_k: float, seed: int,
+                 samples: int = NULL_SAMPLES) -> tuple[Tensor, Tensor]:
+    """``W_Q``, ``W_K [samples, d_model, d_head]``: i.i.d. Gaussian (seeded), each head's
+    rescaled to Frobenius norms ``norm_q`` and ``norm_k``."""
+    g = torch.Generator().manual_seed(seed)
+    q_w = torch.randn(samples, d_model, d_head, generator=g)
+    k_w = torch.randn(samples, d_model, d_head, generator=g)
+    q_w = q_w * (norm_q / q_w.norm(dim=(-2, -1), keepdim=True))
+    k_w = k_w * (norm_k / k_w.norm(dim=(-2, -1), keepdim=True))
+    return q_w, k_w
+
+
+def heads_patterns(x: Tensor, q_w: Tensor, k_w: Tensor, scale: float,
+                   rotate: Callable[[Tensor], Tensor] | None, causal: bool = True) -> Tensor:
+    """Attention patterns ``[b, n, q, k]`` of the heads ``q_w``, ``k_w [n, d_model, d_head]``
+    (no biases) reading ``x [b, p, d_model]``; ``rotate`` applies RoPE to ``[b, n, p, d_head]``;
+    ``causal`` masks the keys after each query (encoders: none)."""
+    b, p, d = x.shape
+    n, _, e = q_w.shape
+
+    def project(w: Tensor) -> Tensor:  # one [b·p, d] @ [d, n·e] product for every head
+        flat = x.float().reshape(b * p, d) @ w.permute(1, 0, 2).reshape(d, n * e)
+        return flat.reshape(b, p, n, e).transpose(1, 2)  # [b, n, p, e]
+
+    q, k = project(q_w), project(k_w)
+    if rotate is not None:
+        q, k = rotate(q), rotate(k)
+    scores = q @ k.transpose(-1, -2) / scale
+    if causal:
+        scores = scores.masked_fill(torch.ones(p, p, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.softmax(scores, dim=-1)
+
+
 def random_head_patterns(x: Tensor, d_head: int, norm_q: float, norm_k: float, scale: float,
                          rotate: Callable[[Tensor], Tensor] | None, seed: int,
                          samples: int = NULL_SAMPLES, causal: bool = True) -> Tensor:
@@ -197,24 +233,10 @@ def random_head_patterns(x: Tensor, d_head: int, norm_q: float, norm_k: float, s
 
     Each random head has i.i.d. Gaussian ``W_Q``, ``W_K [d_model, d_head]`` (seeded) rescaled
     to Frobenius norms ``norm_q`` and ``norm_k`` (the softmax temperature depends on them),
-    no biases; ``rotate`` applies the layer's RoPE to ``[b, n, p, d_head]``; ``causal``
-    masks the keys after each query (encoders: none).
+    no biases (``random_heads``, ``heads_patterns``).
     """
-    d_model = x.shape[-1]
-    g = torch.Generator().manual_seed(seed)
-    q_w = torch.randn(samples, d_model, d_head, generator=g)
-    k_w = torch.randn(samples, d_model, d_head, generator=g)
-    q_w = q_w * (norm_q / q_w.norm(dim=(-2, -1), keepdim=True))
-    k_w = k_w * (norm_k / k_w.norm(dim=(-2, -1), keepdim=True))
-    q = torch.einsum("bpd,nde->bnpe", x.float(), q_w)
-    k = torch.einsum("bpd,nde->bnpe", x.float(), k_w)
-    if rotate is not None:
-        q, k = rotate(q), rotate(k)
-    scores = q @ k.transpose(-1, -2) / scale
-    if causal:
-        n = scores.shape[-1]
-        scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
-    return torch.softmax(scores, dim=-1)
+    q_w, k_w = random_heads(x.shape[-1], d_head, norm_q, norm_k, seed, samples)
+    return heads_patterns(x, q_w, k_w, scale, rotate, causal)
 
 
 # -- model-wide passes: sinks and the behavioural null -----------------------------------------
@@ -279,7 +301,8 @@ def _mean_finite_norm(weights: Tensor) -> float:
 
 def behaviour_null(w: WeightSource, repeated: Tensor, natural: Sequence[Tensor], seed: int,
                    samples: int = NULL_SAMPLES,
-                   delimiters: Sequence[Tensor] | None = None) -> dict[str, Tensor]:
+                   delimiters: Sequence[Tensor] | None = None,
+                   cancelled: Callable[[], bool] | None = None) -> dict[str, Tensor]:
     """``{name: [L, samples]}``: the behavioural scores of ``samples`` random heads per layer.
 
     Layer ``l``'s random heads (``random_head_patterns``: Gaussian ``W_Q``/``W_K`` rescaled
@@ -287,7 +310,8 @@ def behaviour_null(w: WeightSource, repeated: Tensor, natural: Sequence[Tensor],
     same normalised stream as the real heads, from the clean model. ``prev_token``,
     ``duplicate_token`` and ``induction`` are scored on ``repeated`` as ``behaviour_scores``
     scores them; ``attention_sink`` and ``delimiter_sink`` on ``repeated`` and ``natural``
-    (``delimiters``: a mask per natural batch) as ``sink_scores``.
+    (``delimiters``: a mask per natural batch) as ``sink_scores``. ``cancelled()`` is
+    checked between layers (``CancelledError``).
     """
     from .forward import attention_input, layer_config, rotary, rotary_inv_freq
     from .scores import _detect, detection_patterns
@@ -306,11 +330,17 @@ def behaviour_null(w: WeightSource, repeated: Tensor, natural: Sequence[Tensor],
         inv_freq = rotary_inv_freq(layer_config(cfg, layer), getattr(w, "path", None))
         return lambda t: rotary(t, inv_freq)
 
+    drawn: dict[int, tuple[Tensor, Tensor]] = {}  # each layer's random heads, drawn once
+
     def reduce(i: int, layer: int, x: Tensor, _pattern: Tensor) -> None:
-        norm_q, norm_k = (_mean_finite_norm(w.get(f"blocks.{layer}.attn.{n}")) for n in ("W_Q", "W_K"))
-        pattern = random_head_patterns(attention_input(w, layer, x), cfg.d_head, norm_q, norm_k,
-                                       float(cfg.scale), rotate_for(layer), seed + layer, samples,
-                                       causal=cfg.causal)
+        if cancelled is not None and cancelled():
+            raise CancelledError()
+        if layer not in drawn:
+            norm_q, norm_k = (_mean_finite_norm(w.get(f"blocks.{layer}.attn.{n}"))
+                              for n in ("W_Q", "W_K"))
+            drawn[layer] = random_heads(cfg.d_model, cfg.d_head, norm_q, norm_k, seed + layer, samples)
+        pattern = heads_patterns(attention_input(w, layer, x), *drawn[layer], float(cfg.scale),
+                                 rotate_for(layer), causal=cfg.causal)
         out["attention_sink"][layer] += sink_mass(pattern) / len(batches)
         mask = masks[i]
         if mask is not None:

@@ -501,7 +501,7 @@ class Engine:
         return await self._get(
             (None, None, "score_null", (SEED, raw)),
             lambda ctx: self._stored(raw, None, lambda entry: compute.score_null(
-                self._model(raw), SEED, store=entry)),
+                self._model(raw), SEED, store=entry, cancelled=ctx.cancelled)),
             head=None,
             label="score null",
         )
