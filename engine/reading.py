@@ -40,6 +40,7 @@ __all__ = [
 
 SINK_SKIP = 4  # query positions 0..SINK_SKIP-1 are left out of the sink score
 NULL_SAMPLES = 64  # random heads per null
+DRAWN_BYTES = 256 << 20  # the null keeps every layer's random W_Q, W_K up to this size
 
 
 # -- singular directions ---------------------------------------------------------------------
@@ -330,16 +331,24 @@ def behaviour_null(w: WeightSource, repeated: Tensor, natural: Sequence[Tensor],
         inv_freq = rotary_inv_freq(layer_config(cfg, layer), getattr(w, "path", None))
         return lambda t: rotary(t, inv_freq)
 
-    drawn: dict[int, tuple[Tensor, Tensor]] = {}  # each layer's random heads, drawn once
+    # Each layer's random heads, drawn once for every batch while all layers' fit in
+    # DRAWN_BYTES (a 7B model's would not: they are drawn again, the same, per batch).
+    drawn: dict[int, tuple[Tensor, Tensor]] = {}
+    keep = 2 * 4 * samples * cfg.d_model * cfg.d_head * cfg.n_layers <= DRAWN_BYTES
+
+    def heads_of(layer: int) -> tuple[Tensor, Tensor]:
+        if layer in drawn:
+            return drawn[layer]
+        norm_q, norm_k = (_mean_finite_norm(w.get(f"blocks.{layer}.attn.{n}")) for n in ("W_Q", "W_K"))
+        found = random_heads(cfg.d_model, cfg.d_head, norm_q, norm_k, seed + layer, samples)
+        if keep:
+            drawn[layer] = found
+        return found
 
     def reduce(i: int, layer: int, x: Tensor, _pattern: Tensor) -> None:
         if cancelled is not None and cancelled():
             raise CancelledError()
-        if layer not in drawn:
-            norm_q, norm_k = (_mean_finite_norm(w.get(f"blocks.{layer}.attn.{n}"))
-                              for n in ("W_Q", "W_K"))
-            drawn[layer] = random_heads(cfg.d_model, cfg.d_head, norm_q, norm_k, seed + layer, samples)
-        pattern = heads_patterns(attention_input(w, layer, x), *drawn[layer], float(cfg.scale),
+        pattern = heads_patterns(attention_input(w, layer, x), *heads_of(layer), float(cfg.scale),
                                  rotate_for(layer), causal=cfg.causal)
         out["attention_sink"][layer] += sink_mass(pattern) / len(batches)
         mask = masks[i]

@@ -274,6 +274,27 @@ async def test_the_engine_returns_what_the_reports_print(model: Any) -> None:
         await eng.aclose()
 
 
+async def test_the_engine_keeps_the_null_in_the_results_store(monkeypatch, tmp_path) -> None:
+    """Reopened, the model's null is read back (its computation would fail), the same numbers."""
+    from headscope.engine.store import ResultStore
+
+    nulls = []
+    for reopen in (False, True):
+        if reopen:
+            def fail(*args: Any, **kwargs: Any) -> Any:
+                raise AssertionError("the null was computed again")
+
+            monkeypatch.setattr(reading, "behaviour_null", fail)
+        eng = Engine(MODEL_PATH, workers=1, prefetch=False, store=ResultStore(tmp_path))
+        try:
+            await eng.ready()
+            nulls.append(await eng.score_null())
+        finally:
+            await eng.aclose()
+    np.testing.assert_array_equal(nulls[0].mean, nulls[1].mean)
+    np.testing.assert_array_equal(nulls[0].std, nulls[1].std)
+
+
 def test_the_model_api_gives_what_the_cli_prints(model: Any, capsys) -> None:
     assert model.singular_directions(1, 2, "qk", k=2, top=3) == cli_json(
         ["svd", str(MODEL_PATH), "1", "2", "--kind", "qk", "--k", "2", "--top", "3"], capsys)
