@@ -222,6 +222,7 @@ class ExplorerScreen(Screen[None]):
         self._focus_other: str | None = None  # the focus line shows the embed/unembed/MLP
         # The random-head null of the scores (docs/math.md): the z's, once it arrives.
         self.null: ScoreNull | None = None
+        self._null_failed = -1  # the generation whose null the engine could not compute
         self._debounce_timer: Timer | None = None
 
     # -- what the app owns ---------------------------------------------------------------
@@ -759,7 +760,7 @@ class ExplorerScreen(Screen[None]):
     def want_null(self) -> None:
         """Ask the engine for the null once (its worker computes it, or reads it from the
         results store); the scores are shown meanwhile, the z's join them when it arrives."""
-        if self.null is not None or self.headscope.engine is None:
+        if self.null is not None or self.headscope.engine is None or self._null_failed == self.gen:
             return
         if any(w.group == "score-null" and not w.is_finished for w in self.app.workers):
             return
@@ -772,6 +773,7 @@ class ExplorerScreen(Screen[None]):
         except EngineCancelled:
             return
         except HeadscopeError as err:
+            self._null_failed = gen  # said once; asked again only for other weights
             self.report(str(err))
             return
         self.post_message(NullLoaded(null, gen))
