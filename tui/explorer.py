@@ -525,6 +525,8 @@ class ExplorerScreen(Screen[None]):
                 self._update_focus_line(msg.data.kind)
             return
         self._pending = msg.head
+        if msg.head == self.head and self._focus_other is not None:
+            self._update_focus_line()  # back on the focused head (a filtered tree rebuilt)
         if self._debounce_timer is not None:
             self._debounce_timer.stop()
         self._debounce_timer = self.set_timer(self.debounce, self._apply_pending)
