@@ -57,6 +57,7 @@ Progress = Callable[[float], None] | None
 Cancelled = Callable[[], bool] | None
 
 BEHAVIOURS = ("prev_token", "duplicate_token", "induction")  # keys of scores.behaviour_scores
+SINKS = ("attention_sink", "delimiter_sink")  # reading.sink_scores
 
 
 def _check(cancelled: Cancelled) -> None:
@@ -278,20 +279,19 @@ def behaviour(model: Model, seed: int = SEED, cancelled: Cancelled = None,
     """
     from . import scores
 
-    # The three behavioural tables and the attention-sink table are one stored part.
+    # The three behavioural tables and the two attention-sink tables are one stored part.
     name = f"behaviour-seed{seed}"
-    shape = (len(BEHAVIOURS) + 1, model.cfg.n_layers, model.cfg.n_heads)
+    shape = (len(BEHAVIOURS) + len(SINKS), model.cfg.n_layers, model.cfg.n_heads)
     stacked = None if store is None else store.load(name, "all", shape)
     if stacked is None:
         found = scores.behaviour_scores(model.weights, seed=seed, progress=progress, cancelled=cancelled)
         stacked = np.stack([*(np.asarray(found[b], dtype=np.float32) for b in BEHAVIOURS),
-                            attention_sink(model, seed)])
+                            *sink_tables(model, seed)])
         if store is not None:
             store.save(name, stacked)
     elif progress is not None:
         progress(1.0)
-    out = {b: readonly(stacked[i], np.float32) for i, b in enumerate(BEHAVIOURS)}
-    out["attention_sink"] = readonly(stacked[len(BEHAVIOURS)], np.float32)
+    out = {b: readonly(stacked[i], np.float32) for i, b in enumerate((*BEHAVIOURS, *SINKS))}
     # Weights that are not finite (stored), or attention that is not (these scores).
     flags = np.array(_stored_nonfinite(model, store, weights_nonfinite))
     for b in BEHAVIOURS:
@@ -347,6 +347,7 @@ def score_table(
         duplicate_token_score=found["duplicate_token"],
         induction_score=found["induction"],
         attention_sink_score=found["attention_sink"],
+        delimiter_sink_score=found["delimiter_sink"],
         nonfinite=found["nonfinite"],
     )
 
@@ -465,7 +466,7 @@ def ablation_effects(
 
 
 def sink_batches(model: Model, seed: int = SEED) -> tuple[Any, list[Any]]:
-    """The token batches of the sink score and of the behavioural null: the seeded repeated
+    """The token batches of the sink scores and of the behavioural null: the seeded repeated
     random sequences of the behavioural scores, and ``reading.NATURAL_PROMPTS`` encoded by
     the model's tokenizer (none for a tokenizer that only knows ids), cut to ``n_ctx``."""
     import torch
@@ -484,15 +485,46 @@ def sink_batches(model: Model, seed: int = SEED) -> tuple[Any, list[Any]]:
     return repeated, natural
 
 
-def attention_sink(model: Model, seed: int = SEED) -> np.ndarray:
-    """``[L, H]`` attention-sink scores (``reading.attention_sink_scores``); NaN for heads
-    with non-finite weights."""
+def delimiter_masks(model: Model, natural: Sequence[Any]) -> list[Any]:
+    """``[b, p]`` bool per natural batch: which tokens are delimiters (``reading.is_delimiter``
+    of the token's text)."""
+    import torch
+
+    from . import reading
+
+    memo: dict[int, bool] = {}
+
+    def delimiter(token: int) -> bool:
+        if token not in memo:
+            memo[token] = reading.is_delimiter(label(model.tokenizer, token))
+        return memo[token]
+
+    return [torch.tensor([[delimiter(int(t)) for t in row] for row in tokens.tolist()])
+            for tokens in natural]
+
+
+def sink_tables(model: Model, seed: int = SEED) -> tuple[np.ndarray, np.ndarray]:
+    """``[L, H]`` attention-sink scores on the first token and on delimiters
+    (``reading.sink_scores``), in one pass; NaN for heads with non-finite weights."""
     from . import reading
 
     repeated, natural = sink_batches(model, seed)
-    found = reading.attention_sink_scores(model.weights, [repeated, *natural]).numpy()
-    found[nonfinite_heads(model)] = np.nan
-    return readonly(found, np.float32)
+    masks = [None, *delimiter_masks(model, natural)]
+    first, delim = (t.numpy() for t in reading.sink_scores(model.weights, [repeated, *natural], masks))
+    bad = nonfinite_heads(model)
+    first[bad] = np.nan
+    delim[bad] = np.nan
+    return readonly(first, np.float32), readonly(delim, np.float32)
+
+
+def attention_sink(model: Model, seed: int = SEED) -> np.ndarray:
+    """``[L, H]`` attention-sink scores (the first token); NaN for heads with non-finite weights."""
+    return sink_tables(model, seed)[0]
+
+
+def delimiter_sink(model: Model, seed: int = SEED) -> np.ndarray:
+    """``[L, H]`` delimiter-sink scores (NaN without a tokenizer, or for non-finite heads)."""
+    return sink_tables(model, seed)[1]
 
 
 def singular_directions(model: Model, layer: int, head: int, kind: str, k: int, top: int
@@ -591,20 +623,29 @@ def _finite_mean_std(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return mean, np.sqrt(var)
 
 
-def score_null(model: Model, seed: int = SEED, samples: int | None = None) -> ScoreNull:
+def score_null(model: Model, seed: int = SEED, samples: int | None = None,
+               store: ModelStore | None = None, cancelled: Cancelled = None) -> ScoreNull:
     """Every score on random heads of the model's shapes and norms (docs/math.md,
-    "Calibrated scores"): mean and standard deviation per score and layer."""
+    "Calibrated scores"): mean and standard deviation per score and layer.
+
+    With a ``store``, computed once per model and seed (one stored part, mean and std)."""
     from . import reading
 
     cfg, w = model.cfg, model.weights
     samples = reading.NULL_SAMPLES if samples is None else int(samples)
+    part, shape = f"null-seed{seed}-n{samples}", (2, len(SCORE_NAMES), cfg.n_layers)
+    stored = None if store is None else store.load(part, "all", shape)
+    if stored is not None:
+        return ScoreNull(names=SCORE_NAMES, mean=readonly(stored[0], np.float32),
+                         std=readonly(stored[1], np.float32), samples=samples, seed=seed)
     w_e, w_u = w.get("embed.W_E"), w.get("unembed.W_U")
     found = {
         "copying_score": reading.null_spectral_scores(w_u @ w_e, cfg.d_head, seed, samples),
         "qk_positivity": reading.null_spectral_scores(w_e.T @ w_e, cfg.d_head, seed + 1, samples),
     }
     repeated, natural = sink_batches(model, seed)
-    behaviour = reading.behaviour_null(w, repeated, natural, seed, samples)
+    behaviour = reading.behaviour_null(w, repeated, natural, seed, samples,
+                                       delimiter_masks(model, natural), cancelled)
     mean = np.zeros((len(SCORE_NAMES), cfg.n_layers))
     std = np.zeros((len(SCORE_NAMES), cfg.n_layers))
     for i, name in enumerate(SCORE_NAMES):
@@ -613,6 +654,8 @@ def score_null(model: Model, seed: int = SEED, samples: int | None = None) -> Sc
         else:
             values = behaviour[name.removesuffix("_score")].double().numpy()
         mean[i], std[i] = _finite_mean_std(values)
+    if store is not None:
+        store.save(part, np.stack([mean, std]).astype(np.float32))
     return ScoreNull(names=SCORE_NAMES, mean=readonly(mean, np.float32),
                      std=readonly(std, np.float32), samples=samples, seed=seed)
 

@@ -1,5 +1,6 @@
 """Reading a head (docs/math.md, "Reading a head"): singular directions as tokens, virtual
-heads along composition paths, attention sinks, and the null that calibrates the scores.
+heads along composition paths, attention sinks (on the first token and on delimiters), and
+the null that calibrates the scores.
 
 Pure torch functions on a ``WeightSource`` and ``FactoredMatrix``; nothing here forms a
 ``d_vocab × d_vocab`` matrix (SVDs and spectra come from the ``d_head``-sized factors).
@@ -8,12 +9,14 @@ Pure torch functions on a ``WeightSource`` and ``FactoredMatrix``; nothing here 
 from __future__ import annotations
 
 import math
+import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from .errors import CancelledError
 from .factored import FactoredMatrix, is_finite
 from .weights import WeightSource
 
@@ -21,10 +24,14 @@ __all__ = [
     "NULL_SAMPLES",
     "SINK_SKIP",
     "Directions",
+    "delimiter_sink_mass",
+    "heads_patterns",
+    "is_delimiter",
     "k_path",
     "null_spectral_scores",
     "overlap",
     "random_head_patterns",
+    "random_heads",
     "signed_directions",
     "sink_mass",
     "top_by_magnitude",
@@ -33,6 +40,7 @@ __all__ = [
 
 SINK_SKIP = 4  # query positions 0..SINK_SKIP-1 are left out of the sink score
 NULL_SAMPLES = 64  # random heads per null
+DRAWN_BYTES = 256 << 20  # the null keeps every layer's random W_Q, W_K up to this size
 
 
 # -- singular directions ---------------------------------------------------------------------
@@ -124,6 +132,45 @@ def sink_mass(pattern: Tensor, skip: int = SINK_SKIP) -> Tensor:
     return pattern[:, :, start:, 0].float().mean((0, 2))
 
 
+# Special tokens that end or separate text, by their usual spellings (prompts are encoded
+# without special tokens, so these count only where a prompt spells them out).
+SPECIAL_DELIMITERS = frozenset({
+    "<s>", "</s>", "<bos>", "<eos>", "<|endoftext|>", "<|begin_of_text|>", "<|end_of_text|>",
+    "<|eot_id|>", "<|im_start|>", "<|im_end|>", "[CLS]", "[SEP]",
+})
+
+
+def is_delimiter(text: str) -> bool:
+    """Whether a token's text is a delimiter: whitespace only (a newline, a space), or
+    punctuation only (Unicode category P*: ``.`` ``,`` ``?`` ``"`` ``)``, once whitespace is
+    removed: `` ,`` and ``.\n`` count), or one of ``SPECIAL_DELIMITERS`` (BOS/EOS/SEP)."""
+    if text in SPECIAL_DELIMITERS:
+        return True
+    core = "".join(text.split())
+    return all(unicodedata.category(c).startswith("P") for c in core)
+
+
+def delimiter_sink_mass(pattern: Tensor, delimiter: Tensor, skip: int = SINK_SKIP,
+                        causal: bool = True) -> Tensor:
+    """``pattern [b, h, q, k]``, ``delimiter [b, k]`` (bool) -> ``[h]``: the attention mass on
+    the delimiter positions ``1 ≤ k < q`` (neither the first token, which ``sink_mass``
+    counts, nor the query itself; an encoder's ``k > q`` too), averaged over the queries
+    ``q >= skip`` that have at least one such position and over the batch; NaN for every head
+    if no query has one."""
+    n = pattern.shape[-1]
+    others = torch.ones(n, n, dtype=torch.bool)
+    others = others.tril(-1) if causal else others & ~torch.eye(n, dtype=torch.bool)
+    others[:, 0] = False  # the first token is sink_mass's
+    keys = delimiter.bool()[:, None, :] & others[None]  # [b, q, k]
+    rows = keys.any(-1)  # [b, q]
+    if n > skip:
+        rows[:, :skip] = False
+    if not bool(rows.any()):
+        return torch.full((pattern.shape[1],), math.nan)
+    mass = (pattern.float() * keys[:, None].float()).sum(-1)  # [b, h, q]
+    return (mass * rows[:, None].float()).sum((0, 2)) / rows.sum()
+
+
 # -- the null ----------------------------------------------------------------------------------
 
 
@@ -147,6 +194,39 @@ def null_spectral_scores(middle: Tensor, d_head: int, seed: int,
     return (eig.real.sum(-1) / eig.abs().sum(-1)).float()
 
 
+def random_heads(d_model: int, d_head: int, norm_q: float, norm_k: float, seed: int,
+                 samples: int = NULL_SAMPLES) -> tuple[Tensor, Tensor]:
+    """``W_Q``, ``W_K [samples, d_model, d_head]``: i.i.d. Gaussian (seeded), each head's
+    rescaled to Frobenius norms ``norm_q`` and ``norm_k``."""
+    g = torch.Generator().manual_seed(seed)
+    q_w = torch.randn(samples, d_model, d_head, generator=g)
+    k_w = torch.randn(samples, d_model, d_head, generator=g)
+    q_w = q_w * (norm_q / q_w.norm(dim=(-2, -1), keepdim=True))
+    k_w = k_w * (norm_k / k_w.norm(dim=(-2, -1), keepdim=True))
+    return q_w, k_w
+
+
+def heads_patterns(x: Tensor, q_w: Tensor, k_w: Tensor, scale: float,
+                   rotate: Callable[[Tensor], Tensor] | None, causal: bool = True) -> Tensor:
+    """Attention patterns ``[b, n, q, k]`` of the heads ``q_w``, ``k_w [n, d_model, d_head]``
+    (no biases) reading ``x [b, p, d_model]``; ``rotate`` applies RoPE to ``[b, n, p, d_head]``;
+    ``causal`` masks the keys after each query (encoders: none)."""
+    b, p, d = x.shape
+    n, _, e = q_w.shape
+
+    def project(w: Tensor) -> Tensor:  # one [b·p, d] @ [d, n·e] product for every head
+        flat = x.float().reshape(b * p, d) @ w.permute(1, 0, 2).reshape(d, n * e)
+        return flat.reshape(b, p, n, e).transpose(1, 2)  # [b, n, p, e]
+
+    q, k = project(q_w), project(k_w)
+    if rotate is not None:
+        q, k = rotate(q), rotate(k)
+    scores = q @ k.transpose(-1, -2) / scale
+    if causal:
+        scores = scores.masked_fill(torch.ones(p, p, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.softmax(scores, dim=-1)
+
+
 def random_head_patterns(x: Tensor, d_head: int, norm_q: float, norm_k: float, scale: float,
                          rotate: Callable[[Tensor], Tensor] | None, seed: int,
                          samples: int = NULL_SAMPLES, causal: bool = True) -> Tensor:
@@ -154,24 +234,10 @@ def random_head_patterns(x: Tensor, d_head: int, norm_q: float, norm_k: float, s
 
     Each random head has i.i.d. Gaussian ``W_Q``, ``W_K [d_model, d_head]`` (seeded) rescaled
     to Frobenius norms ``norm_q`` and ``norm_k`` (the softmax temperature depends on them),
-    no biases; ``rotate`` applies the layer's RoPE to ``[b, n, p, d_head]``; ``causal``
-    masks the keys after each query (encoders: none).
+    no biases (``random_heads``, ``heads_patterns``).
     """
-    d_model = x.shape[-1]
-    g = torch.Generator().manual_seed(seed)
-    q_w = torch.randn(samples, d_model, d_head, generator=g)
-    k_w = torch.randn(samples, d_model, d_head, generator=g)
-    q_w = q_w * (norm_q / q_w.norm(dim=(-2, -1), keepdim=True))
-    k_w = k_w * (norm_k / k_w.norm(dim=(-2, -1), keepdim=True))
-    q = torch.einsum("bpd,nde->bnpe", x.float(), q_w)
-    k = torch.einsum("bpd,nde->bnpe", x.float(), k_w)
-    if rotate is not None:
-        q, k = rotate(q), rotate(k)
-    scores = q @ k.transpose(-1, -2) / scale
-    if causal:
-        n = scores.shape[-1]
-        scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
-    return torch.softmax(scores, dim=-1)
+    q_w, k_w = random_heads(x.shape[-1], d_head, norm_q, norm_k, seed, samples)
+    return heads_patterns(x, q_w, k_w, scale, rotate, causal)
 
 
 # -- model-wide passes: sinks and the behavioural null -----------------------------------------
@@ -200,14 +266,30 @@ def attention_sink_scores(w: WeightSource, batches: Sequence[Tensor], skip: int 
                           ) -> Tensor:
     """``[L, H]``: ``sink_mass`` of every head, averaged over the token batches (each batch
     weighs the same)."""
-    cfg = w.cfg
-    out = torch.zeros(cfg.n_layers, cfg.n_heads)
+    return sink_scores(w, batches, [None] * len(batches), skip)[0]
 
-    def reduce(_i: int, layer: int, _x: Tensor, pattern: Tensor) -> None:
-        out[layer] += sink_mass(pattern, skip) / len(batches)
+
+def sink_scores(w: WeightSource, batches: Sequence[Tensor],
+                delimiters: Sequence[Tensor | None], skip: int = SINK_SKIP
+                ) -> tuple[Tensor, Tensor]:
+    """``([L, H], [L, H])`` in one pass over the batches: ``sink_mass`` averaged over every
+    batch, and ``delimiter_sink_mass`` averaged over the batches with a ``delimiters [b, p]``
+    mask (``None``: a batch without one) that have a query to score (NaN if none has)."""
+    cfg = w.cfg
+    first = torch.zeros(cfg.n_layers, cfg.n_heads)
+    delim = torch.zeros(cfg.n_layers, cfg.n_heads)
+    counted = torch.zeros(cfg.n_layers)
+
+    def reduce(i: int, layer: int, _x: Tensor, pattern: Tensor) -> None:
+        first[layer] += sink_mass(pattern, skip) / len(batches)
+        if delimiters[i] is not None:
+            found = delimiter_sink_mass(pattern, delimiters[i], skip, cfg.causal)
+            if not bool(found.isnan().all()):
+                delim[layer] += found
+                counted[layer] += 1
 
     _passes(w, batches, reduce)
-    return out
+    return first, delim / counted[:, None]  # 0/0: NaN where no batch had a delimiter
 
 
 def _mean_finite_norm(weights: Tensor) -> float:
@@ -219,15 +301,18 @@ def _mean_finite_norm(weights: Tensor) -> float:
 
 
 def behaviour_null(w: WeightSource, repeated: Tensor, natural: Sequence[Tensor], seed: int,
-                   samples: int = NULL_SAMPLES) -> dict[str, Tensor]:
+                   samples: int = NULL_SAMPLES,
+                   delimiters: Sequence[Tensor] | None = None,
+                   cancelled: Callable[[], bool] | None = None) -> dict[str, Tensor]:
     """``{name: [L, samples]}``: the behavioural scores of ``samples`` random heads per layer.
 
     Layer ``l``'s random heads (``random_head_patterns``: Gaussian ``W_Q``/``W_K`` rescaled
     to the mean Frobenius norms of the layer's real heads, seeded by ``seed + l``) read the
     same normalised stream as the real heads, from the clean model. ``prev_token``,
     ``duplicate_token`` and ``induction`` are scored on ``repeated`` as ``behaviour_scores``
-    scores them; ``attention_sink`` on ``repeated`` and ``natural`` as
-    ``attention_sink_scores``.
+    scores them; ``attention_sink`` and ``delimiter_sink`` on ``repeated`` and ``natural``
+    (``delimiters``: a mask per natural batch) as ``sink_scores``. ``cancelled()`` is
+    checked between layers (``CancelledError``).
     """
     from .forward import attention_input, layer_config, rotary, rotary_inv_freq, rotary_scale
     from .scores import _detect, detection_patterns
@@ -235,7 +320,10 @@ def behaviour_null(w: WeightSource, repeated: Tensor, natural: Sequence[Tensor],
     cfg = w.cfg
     detections = detection_patterns(repeated)
     batches = [repeated, *natural]
-    out = {name: torch.zeros(cfg.n_layers, samples) for name in (*detections, "attention_sink")}
+    masks: list[Tensor | None] = [None, *(delimiters or [None] * len(natural))]
+    out = {name: torch.zeros(cfg.n_layers, samples)
+           for name in (*detections, "attention_sink", "delimiter_sink")}
+    counted = torch.zeros(cfg.n_layers)
 
     def rotate_for(layer: int) -> Callable[[Tensor], Tensor] | None:
         if cfg.positional != "rotary":
@@ -243,15 +331,36 @@ def behaviour_null(w: WeightSource, repeated: Tensor, natural: Sequence[Tensor],
         layer_cfg, path = layer_config(cfg, layer), getattr(w, "path", None)
         return lambda t: rotary(t, rotary_inv_freq(layer_cfg, path, t.shape[-2]), rotary_scale(layer_cfg))
 
-    def reduce(i: int, layer: int, x: Tensor, _pattern: Tensor) -> None:
+    # Each layer's random heads, drawn once for every batch while all layers' fit in
+    # DRAWN_BYTES (a 7B model's would not: they are drawn again, the same, per batch).
+    drawn: dict[int, tuple[Tensor, Tensor]] = {}
+    keep = 2 * 4 * samples * cfg.d_model * cfg.d_head * cfg.n_layers <= DRAWN_BYTES
+
+    def heads_of(layer: int) -> tuple[Tensor, Tensor]:
+        if layer in drawn:
+            return drawn[layer]
         norm_q, norm_k = (_mean_finite_norm(w.get(f"blocks.{layer}.attn.{n}")) for n in ("W_Q", "W_K"))
-        pattern = random_head_patterns(attention_input(w, layer, x), cfg.d_head, norm_q, norm_k,
-                                       float(cfg.scale), rotate_for(layer), seed + layer, samples,
-                                       causal=cfg.causal)
+        found = random_heads(cfg.d_model, cfg.d_head, norm_q, norm_k, seed + layer, samples)
+        if keep:
+            drawn[layer] = found
+        return found
+
+    def reduce(i: int, layer: int, x: Tensor, _pattern: Tensor) -> None:
+        if cancelled is not None and cancelled():
+            raise CancelledError()
+        pattern = heads_patterns(attention_input(w, layer, x), *heads_of(layer), float(cfg.scale),
+                                 rotate_for(layer), causal=cfg.causal)
         out["attention_sink"][layer] += sink_mass(pattern) / len(batches)
+        mask = masks[i]
+        if mask is not None:
+            found = delimiter_sink_mass(pattern, mask, causal=cfg.causal)
+            if not bool(found.isnan().all()):
+                out["delimiter_sink"][layer] += found
+                counted[layer] += 1
         if i == 0:
             for name, det in detections.items():
                 out[name][layer] = _detect(pattern, det)
 
     _passes(w, batches, reduce)
+    out["delimiter_sink"] /= counted[:, None]
     return out

@@ -61,7 +61,7 @@ def head_table(
     effects = None
     if ablation:
         effects = compute.ablation_effects(model, seed, compute._part(progress, split, end), store=entry)
-    null = compute.score_null(model, seed) if calibrated else None
+    null = compute.score_null(model, seed, store=entry) if calibrated else None
     if progress is not None:
         progress(1.0)
     return score_rows(table, effects, null)

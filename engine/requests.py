@@ -61,6 +61,7 @@ SCORE_NAMES: tuple[str, ...] = (
     "duplicate_token_score",
     "induction_score",
     "attention_sink_score",
+    "delimiter_sink_score",
 )
 # Each score calibrated against random heads (docs/math.md, "Calibrated scores"): `heads --json`.
 Z_NAMES: tuple[str, ...] = tuple(f"{name}_z" for name in SCORE_NAMES)

@@ -95,7 +95,8 @@ class HeadScores:
     prev_token_score: float
     duplicate_token_score: float
     induction_score: float
-    attention_sink_score: float
+    attention_sink_score: float  # attention parked on the first token
+    delimiter_sink_score: float  # ... on delimiters (punctuation, newlines); NaN without a tokenizer
     nonfinite: bool  # NaN/inf in this head's weights: scores are NaN, flag it in the UI
 
 
@@ -109,6 +110,7 @@ class ScoreTable:
     duplicate_token_score: np.ndarray
     induction_score: np.ndarray
     attention_sink_score: np.ndarray
+    delimiter_sink_score: np.ndarray
     nonfinite: np.ndarray  # bool
 
     @property
@@ -244,6 +246,13 @@ class ScoreNull:
         with np.errstate(divide="ignore", invalid="ignore"):
             return ((np.asarray(values, np.float64) - self.mean[i][:, None])
                     / self.std[i][:, None]).astype(np.float32)
+
+    def head_z(self, name: str, layer: int, value: float) -> float:
+        """``z`` of one head's score ``value`` in ``layer`` (the same number as ``z``'s)."""
+        i = self.names.index(name)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return float(np.float32((np.float64(value) - np.float64(self.mean[i, layer]))
+                                    / np.float64(self.std[i, layer])))
 
 
 @dataclass(frozen=True)

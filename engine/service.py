@@ -429,6 +429,7 @@ class Engine:
             duplicate_token_score=float(behaviour["duplicate_token"][layer, head]),
             induction_score=float(behaviour["induction"][layer, head]),
             attention_sink_score=float(behaviour["attention_sink"][layer, head]),
+            delimiter_sink_score=float(behaviour["delimiter_sink"][layer, head]),
             nonfinite=nonfinite or bool(behaviour["nonfinite"][layer, head]),
         )
         self.cache.put(key, result)
@@ -500,7 +501,8 @@ class Engine:
         raw = self._raw
         return await self._get(
             (None, None, "score_null", (SEED, raw)),
-            lambda ctx: compute.score_null(self._model(raw), SEED),
+            lambda ctx: self._stored(raw, None, lambda entry: compute.score_null(
+                self._model(raw), SEED, store=entry, cancelled=ctx.cancelled)),
             head=None,
             label="score null",
         )

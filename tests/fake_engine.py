@@ -83,7 +83,7 @@ class FakeEngine:
         self._behaviour[2, min(1, n_layers - 1), min(2, n_heads - 1)] = 0.88  # induction L1.H2
         # attention-sink scores from their own generator: the draws above stay as they were
         sink = np.random.default_rng(seed + 1).uniform(0.0, 0.25, size=(1, n_layers, n_heads))
-        self._behaviour = np.concatenate((self._behaviour, sink))
+        self._behaviour = np.concatenate((self._behaviour, sink, 0.5 * sink))  # first token, delimiters
         self.structure: dict[str, Any] = {
             "path": path, "format": "native", "family": "native",
             "architecture": "headscope-attn-only", "n_layers": n_layers, "n_heads": n_heads,
@@ -262,7 +262,8 @@ class FakeEngine:
         return HeadScores(layer=layer, head=head, copying_score=f32(_copying(eig_ov)),
                           qk_positivity=f32(_copying(eig_qk)), prev_token_score=f32(b[0]),
                           duplicate_token_score=f32(b[1]), induction_score=f32(b[2]),
-                          attention_sink_score=f32(b[3]), nonfinite=False)
+                          attention_sink_score=f32(b[3]), delimiter_sink_score=f32(b[4]),
+                          nonfinite=False)
 
     async def head_scores(self, layer: int, head: int) -> HeadScores:
         await self._enter("head_scores")

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from headscope.engine import scores
+from headscope.engine import reading, scores
 from headscope.tui.cli import main
 from headscope.tui.cli_progress import progress_bar
 
@@ -50,9 +50,17 @@ def test_a_second_heads_run_is_served_from_the_store(capsys, gpt2_dir, monkeypat
     path = str(gpt2_dir[0])
     first = run(capsys, "heads", path, "--json")
     calls = count_spectral(monkeypatch)
-    second = run(capsys, "heads", path, "--json")
+
+    def no_null(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the random-head null was computed again")
+
+    with monkeypatch.context() as patched:  # the null (the z's) is stored too
+        patched.setattr(reading, "behaviour_null", no_null)
+        patched.setattr(reading, "null_spectral_scores", no_null)
+        second = run(capsys, "heads", path, "--json")
     assert calls == []
     assert second == first and first[0] == 0
+    assert "induction_score_z" in json.loads(first[1])[0]
     fresh = run(capsys, "heads", path, "--json", "--no-cache")
     assert len(calls) == 2 * 2  # --no-cache recomputes both spectral sweeps (2 layers each)
     assert fresh == first

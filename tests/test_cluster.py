@@ -140,7 +140,9 @@ def test_heads_and_composition_on_the_cluster_equal_the_local_sweeps(
     seen: list[float] = []
     heads = report.head_table(model, store=store, cluster=cluster, progress=seen.append)
     comp = report.composition_report(model, "k", store=store, cluster=cluster)
-    assert heads == local_heads  # exactly: the workers run the local sweep functions
+    # exactly: the workers run the local sweep functions (as JSON: NaN, the delimiter sink of a
+    # vocabulary without punctuation, equals itself there)
+    assert json.dumps(heads) == json.dumps(local_heads)
     np.testing.assert_array_equal(np.array(comp["scores"]), np.array(local_comp["scores"]))
     assert comp["top_edges"] == local_comp["top_edges"]
     assert seen == sorted(seen) and seen[-1] >= 0.8  # the cluster parts reported as they came

@@ -127,6 +127,29 @@ def test_sink_mass_is_the_attention_to_position_zero_after_the_first_queries() -
     torch.testing.assert_close(reading.sink_mass(pattern, skip=0), torch.tensor([1.0, 1 / 6]))
 
 
+def test_a_head_parked_on_delimiters_gets_a_high_delimiter_sink_and_others_a_low_one() -> None:
+    words = ["When", "Mary", "and", "John", ",", "John", "gave", "a", "drink", ".", "\n", "Mary",
+             "went", "home"]
+    delimiter = torch.tensor([[reading.is_delimiter(t) for t in words]])
+    assert [t for t, d in zip(words, delimiter[0].tolist(), strict=True) if d] == [",", ".", "\n"]
+    assert all(map(reading.is_delimiter, (" ,", ".\n", "<|endoftext|>", "[SEP]", "?!")))
+    assert not any(map(reading.is_delimiter, ("the", " cat", "<unk>", "$", "a.")))
+    n = len(words)
+    pattern = torch.zeros(1, 3, n, n)
+    last = None
+    for q in range(n):
+        pattern[0, 0, q, last if last is not None else q] = 1.0  # head 0: the latest delimiter
+        pattern[0, 1, q, max(q - 1, 0)] = 1.0  # head 1: the previous token
+        pattern[0, 2, q, 0] = 1.0  # head 2: the first token (sink_mass's, not this score)
+        if delimiter[0, q]:
+            last = q
+    got = reading.delimiter_sink_mass(pattern, delimiter)
+    # the scored queries: 5..13 (after the first delimiter, at 4); the previous-token head is
+    # on a delimiter at 3 of them (after ",", "." and "\n")
+    assert got[0] == 1.0 and got[1] == pytest.approx(3 / 9) and got[2] == 0.0
+    assert reading.delimiter_sink_mass(pattern, torch.zeros_like(delimiter)).isnan().all()
+
+
 def test_sink_scores_equal_the_reference_forward_patterns(model: Any) -> None:
     repeated, natural = compute.sink_batches(model)
     assert natural, "the bundled vocabulary encodes the natural prompts"
@@ -178,8 +201,12 @@ def test_a_rotary_model_gets_sink_scores_and_a_null(llama_dir) -> None:
     path, _ = llama_dir
     rotary = open_model(path)
     null = compute.score_null(rotary, samples=8)
-    assert np.isfinite(null.mean).all()
-    assert np.isfinite(compute.attention_sink(rotary)).all()
+    first, delimiters = compute.sink_tables(rotary)
+    assert np.isfinite(first).all()
+    # delimiters: only where the tokenizer's natural prompts have some (NaN, not 0, without)
+    i = null.names.index("delimiter_sink_score")
+    assert np.isfinite(np.delete(null.mean, i, 0)).all()
+    assert np.isfinite(null.mean[i]).all() == np.isfinite(delimiters).all()
 
 
 # -- one request layer: errors and the Engine ----------------------------------------------------
@@ -247,6 +274,27 @@ async def test_the_engine_returns_what_the_reports_print(model: Any) -> None:
         await eng.aclose()
 
 
+async def test_the_engine_keeps_the_null_in_the_results_store(monkeypatch, tmp_path) -> None:
+    """Reopened, the model's null is read back (its computation would fail), the same numbers."""
+    from headscope.engine.store import ResultStore
+
+    nulls = []
+    for reopen in (False, True):
+        if reopen:
+            def fail(*args: Any, **kwargs: Any) -> Any:
+                raise AssertionError("the null was computed again")
+
+            monkeypatch.setattr(reading, "behaviour_null", fail)
+        eng = Engine(MODEL_PATH, workers=1, prefetch=False, store=ResultStore(tmp_path))
+        try:
+            await eng.ready()
+            nulls.append(await eng.score_null())
+        finally:
+            await eng.aclose()
+    np.testing.assert_array_equal(nulls[0].mean, nulls[1].mean)
+    np.testing.assert_array_equal(nulls[0].std, nulls[1].std)
+
+
 def test_the_model_api_gives_what_the_cli_prints(model: Any, capsys) -> None:
     assert model.singular_directions(1, 2, "qk", k=2, top=3) == cli_json(
         ["svd", str(MODEL_PATH), "1", "2", "--kind", "qk", "--k", "2", "--top", "3"], capsys)
@@ -281,4 +329,6 @@ def test_random_heads_are_causal_only_in_causal_models() -> None:
 def test_an_encoder_gets_a_null(bert_base_dir) -> None:
     path, _ = bert_base_dir
     null = compute.score_null(open_model(path), samples=8)
-    assert np.isfinite(null.mean).all() and null.names == SCORE_NAMES
+    assert null.names == SCORE_NAMES
+    # (no punctuation in the fixture's vocabulary: no delimiter-sink null, NaN rather than 0)
+    assert np.isfinite(np.delete(null.mean, SCORE_NAMES.index("delimiter_sink_score"), 0)).all()

@@ -4,6 +4,7 @@ changed checkpoint or a damaged file is never trusted, and a broken store never 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -373,7 +374,8 @@ async def test_engine_sweeps_read_the_store_and_say_so(deep_gpt2, store, monkeyp
     assert spectral.calls == 0 and pairs.calls == 0
     same(second.induction_score, first.induction_score)
     same(comp2.scores, comp.scores)
-    assert scores_of_head == first.head(3, 1)
+    # (NaN-aware: the fixture's vocabulary has no punctuation, so its delimiter sink is NaN)
+    np.testing.assert_equal(dataclasses.asdict(scores_of_head), dataclasses.asdict(first.head(3, 1)))
 
 
 async def test_a_cancelled_engine_sweep_resumes_in_the_next_engine(deep_gpt2, store, monkeypatch) -> None:

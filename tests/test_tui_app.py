@@ -554,7 +554,8 @@ async def test_header_and_focus_line_separate_name_shape_head_and_scores() -> No
         assert bottom.startswith("L0.H0 │ ")
         focus = plain(app.query_one("#focus-line", Static))
         copying_score = engine._scores(0, 0).copying_score
-        assert f"L0.H0 │ copying {copying_score:+.2f} · QK+" in focus
+        # the null is in: short labels, each score with its z (the richest line that fits)
+        assert f"L0.H0 │ copy {copying_score:+.2f} z=" in focus and "· QK+" in focus
 
 
 async def test_composition_graph_draws_edges_above_the_threshold_only() -> None:

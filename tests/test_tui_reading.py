@@ -4,7 +4,6 @@ enter on an edge opens its virtual heads (``g`` focuses the later head)."""
 
 from __future__ import annotations
 
-import pytest
 from textual.widgets import DataTable, Static
 
 from headscope.tui.app import HeadscopeApp
@@ -109,32 +108,45 @@ async def test_directions_panel_is_off_when_narrow_v_shows_it_and_it_follows_the
         assert not app.explorer.query_one("#qk-directions", DirectionsPanel).region.width
 
 
-async def test_the_filtered_tree_says_how_far_each_score_is_above_random_heads() -> None:
-    from headscope.tui.adapt import z_score
+async def test_z_scores_sink_badges_and_the_sink_filter() -> None:
+    """The z's the focus line, the Summary and the filtered tree show are the engine's null
+    applied to the engine's scores; S marks the heads with either sink score ≥ 0.3, and the
+    sink filter keeps those (and the focused head) only."""
+    from headscope.engine.requests import SCORE_NAMES
+    from headscope.tui.adapt import SCORES, z_text
     from headscope.tui.widgets.head_tree import HeadTree
 
     app, engine = make_app()
-    async with app.run_test(size=(120, 40)) as pilot:
-        await settle(pilot, app)
-        await pilot.press("f")  # induction ≥ 0.3
-        await settle(pilot, app)
-        tree = app.explorer.query_one(HeadTree)
-        null = await engine.score_null()
-        scores = await engine.head_scores(1, 2)
-        z = z_score(null, scores, "induction_score")
-        assert z == pytest.approx((scores.induction_score - 0.05) / 0.02, rel=1e-5)  # fake null
-        assert f"{scores.induction_score:.2f} z={z:.0f}" in tree.badge_text((1, 2))
-
-
-async def test_attention_sink_heads_get_a_badge_and_only_they() -> None:
-    from headscope.tui.widgets.head_tree import HeadTree
-
-    app, engine = make_app()
-    engine._behaviour[3, 0, 2] = 0.7  # a sink head (the fake's sink scores are all < 0.25)
+    engine._behaviour[3, 0, 2] = 0.7  # a first-token sink (the fake's sink scores are < 0.25)
+    engine._behaviour[4, 1, 0] = 0.6  # a delimiter sink
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot, app)
         tree = app.explorer.query_one(HeadTree)
+        null, table = await engine.score_null(), await engine.all_head_scores()
+        z = {name: null.z(name, getattr(table, name)) for name in SCORE_NAMES}  # = heads --json
+        sinks = {h for h in tree.head_nodes
+                 if max(table.attention_sink_score[h], table.delimiter_sink_score[h]) >= 0.3}
+        assert sinks == {(0, 2), (1, 0)}
         for head in tree.head_nodes:
-            sink = (await engine.head_scores(*head)).attention_sink_score
-            assert tree.badge_text(head).endswith(" S") == (sink >= 0.3), (head, sink)
-        assert any(tree.badge_text(h).endswith(" S") for h in tree.head_nodes)
+            assert tree.badge_text(head).endswith(" S") == (head in sinks), head
+        app.explorer.goto_head((1, 2), immediate=True)
+        await pilot.press("6")
+        await settle(pilot, app)
+        focus = plain(app.query_one("#focus-line", Static))
+        assert f"ind {table.induction_score[1, 2]:+.2f} {z_text(z['induction_score'][1, 2])}" in focus
+        summary = app.query_one("#summary-table", DataTable)
+        for layer, head in tree.head_nodes:
+            cells = [str(c) for c in summary.get_row(f"{layer}.{head}")[1:len(SCORES) + 1]]
+            assert cells == [f"{getattr(table, k)[layer, head]:+.3f}\n{z_text(z[k][layer, head])}"
+                             for k, _ in SCORES]
+        await pilot.press("f")  # induction ≥ 0.3, with each head's z
+        await settle(pilot, app)
+        value = table.induction_score[1, 2]
+        assert f"{value:.2f} {z_text(z['induction_score'][1, 2])}" in tree.badge_text((1, 2))
+        await pilot.press("f", "f", "f")  # → prev-token → copying → sink
+        await settle(pilot, app)
+        assert tree.filter is not None and tree.filter[1] == "sink"
+        assert {h for h in tree.head_nodes if tree.meets(h)} == sinks
+        assert set(tree.head_nodes) <= sinks | {app.explorer.head}
+        assert f"{table.delimiter_sink_score[1, 0]:.2f} {z_text(z['delimiter_sink_score'][1, 0])}" \
+            in tree.badge_text((1, 0))

@@ -8,6 +8,8 @@ scores go by their public names (``engine.requests.SCORE_NAMES``, the JSON keys 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from headscope.engine.export import jsonable
@@ -26,21 +28,23 @@ from headscope.engine.results import (
 __all__ = ["ABLATION", "ABLATION_LABEL", "BADGES", "SCORES", "SCORE_KEYS", "SHORT", "jsonable"]
 
 # (score name, column label) of the summary table and the focus line, in SCORE_NAMES order.
-# attention_sink_score is not a column (yet): the tree shows it as a badge (SINK_BADGE).
 SCORES: tuple[tuple[str, str], ...] = (
     ("copying_score", "copying"), ("qk_positivity", "QK+"), ("prev_token_score", "prev-tok"),
-    ("duplicate_token_score", "dup-tok"), ("induction_score", "induction"))
+    ("duplicate_token_score", "dup-tok"), ("induction_score", "induction"),
+    ("attention_sink_score", "sink"), ("delimiter_sink_score", "delim-sink"))
 SCORE_KEYS = SCORE_NAMES
 # Short labels: the focus line on a narrow terminal, compare mode's Δ columns and A → B line.
-SHORT: dict[str, str] = dict(zip(SCORE_NAMES, ("copy", "QK+", "prev", "dup", "ind", "sink"),
+SHORT: dict[str, str] = dict(zip(SCORE_NAMES, ("copy", "QK+", "prev", "dup", "ind", "sink", "delim"),
                              strict=True))
+SINKS = ("attention_sink_score", "delimiter_sink_score")  # on the first token, on delimiters
 # The zero-ablation effect: not part of HeadScores (an opt-in sweep, Engine.all_ablation_effects).
 ABLATION, ABLATION_LABEL = ABLATION_EFFECT, "zero-abl"
 # Badges in the head tree: (score, letter). Colour follows the strength.
 BADGES: tuple[tuple[str, str], ...] = (
     ("copying_score", "C"), ("prev_token_score", "P"), ("induction_score", "I"))
-# Attention sink: shown only where it is there (≥ the middling strength), no "·" placeholder.
-SINK_BADGE: tuple[str, str] = ("attention_sink_score", "S")
+# Attention sink (on the first token or on delimiters, the larger of the two scores): shown
+# only where it is there (≥ the middling strength), no "·" placeholder.
+SINK_BADGE: tuple[str, str] = ("sink", "S")
 
 
 def score(hs: HeadScores, key: str) -> float:
@@ -50,15 +54,44 @@ def score(hs: HeadScores, key: str) -> float:
     return float(getattr(hs, key))
 
 
+def sink(hs: HeadScores) -> float:
+    """The head's larger sink score (first token, delimiters); NaN if neither is known."""
+    values = [v for v in (score(hs, k) for k in SINKS) if v == v]
+    return max(values) if values else float("nan")
+
+
+def filter_value(hs: HeadScores, key: str) -> float:
+    """What the tree filter ``key`` compares: a score, or ``"sink"``: the larger sink score."""
+    return sink(hs) if key == SINK_BADGE[0] else score(hs, key)
+
+
+def filter_z(null: ScoreNull | None, hs: HeadScores, key: str) -> float:
+    """The z of ``filter_value`` (for ``"sink"``: of the larger of the two sink scores)."""
+    if key == SINK_BADGE[0]:
+        values = [(score(hs, k), k) for k in SINKS if score(hs, k) == score(hs, k)]
+        if not values:
+            return float("nan")
+        key = max(values)[1]
+    return z_score(null, hs, key)
+
+
+def z_text(z: float) -> str:
+    """A z-score as the tree, the focus line and the Summary show it: ``z=9.3``, ``z=41``
+    (whole numbers from 10 on), ``z=∞``; empty when unknown."""
+    if z != z:
+        return ""
+    if math.isinf(z):
+        return "z=∞" if z > 0 else "z=-∞"
+    shown = f"{z:.1f}" if abs(z) < 9.95 else f"{z:.0f}"
+    return f"z={'0.0' if shown == '-0.0' else shown}"
+
+
 def z_score(null: ScoreNull | None, hs: HeadScores, key: str) -> float:
     """The score ``key`` of a head against the random-head null of its layer (NaN without one)."""
     if null is None or key not in null.names:
         return float("nan")
-    i = null.names.index(key)
-    std = float(null.std[i, hs.layer])
-    if not std > 0:
-        return float("nan")
-    return (score(hs, key) - float(null.mean[i, hs.layer])) / std
+    # the engine's own formula (ScoreNull.z), so the UI shows the numbers of heads --json
+    return null.head_z(key, hs.layer, score(hs, key))
 
 
 def score_rows(table: ScoreTable) -> list[HeadScores]:

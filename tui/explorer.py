@@ -40,9 +40,21 @@ from textual.widgets import DataTable, Footer, Input, Static, TabbedContent, Tab
 from headscope.engine.errors import CancelledError as EngineCancelled
 from headscope.engine.errors import HeadscopeError
 from headscope.engine.export import atomic_write_text
-from headscope.engine.results import HeadScores
+from headscope.engine.results import HeadScores, ScoreNull
 
-from .adapt import ABLATION, ABLATION_LABEL, SCORES, jsonable, score, score_rows, stats_line
+from .adapt import (
+    ABLATION,
+    ABLATION_LABEL,
+    SCORES,
+    SHORT,
+    SINKS,
+    jsonable,
+    score,
+    score_rows,
+    stats_line,
+    z_score,
+    z_text,
+)
 from .compare import ChangesPane, focus_text, head_changes
 from .reading_screens import N_DIRECTIONS, N_TOKENS, DirectionsPanel, PathScreen
 from .screens import InputScreen
@@ -88,10 +100,9 @@ VIEWS: dict[str, type[Widget]] = {
     "composition": CompositionPane, "summary": SummaryPane, "changes": ChangesPane,
     "timeline": TimelinePane}
 NARROW = 100  # below this many columns, panes stack and the tree narrows
-WIDE_WITH_ABLATION = 140  # ...and the focus line with the ablation effect needs short labels
 TREE_FILTERS: tuple[tuple[str, str], ...] = (
     ("induction_score", "induction"), ("prev_token_score", "prev-token"),
-    ("copying_score", "copying"), ("attention_sink_score", "sink"))
+    ("copying_score", "copying"), ("sink", "sink"))  # sink: on the first token or delimiters
 SHORT_LABELS = {"copying_score": "copy", "qk_positivity": "QK+", "prev_token_score": "prev",
                 "induction_score": "ind"}  # the focus line on a narrow terminal: no room for dup-tok
 FILTER_THRESHOLD = 0.3  # the middling badge strength: what "has the behaviour" means
@@ -137,11 +148,36 @@ class AblationSwept(Message, bubble=False):
 
 
 @dataclass
+class NullLoaded(Message, bubble=False):
+    """The scores of random heads (``Engine.score_null``), for generation ``gen``."""
+
+    null: ScoreNull
+    gen: int
+
+
+@dataclass
 class Compared(Message, bubble=False):
     """The diff A → B (compare mode), for generation ``gen``."""
 
     diff: ModelDiff
     gen: int
+
+
+class FocusLine(Static):
+    """The focused head and its scores: the richest of the lines it is given that fits its
+    width (chosen again on every resize), so no number is ever cut."""
+
+    def show(self, choices: list[Text]) -> None:
+        self._choices = choices
+        self._fit()
+
+    def _fit(self) -> None:
+        choices = getattr(self, "_choices", None) or [Text()]
+        room = self.content_size.width
+        self.update(next((c for c in choices if not room or c.cell_len <= room), choices[-1]))
+
+    def on_resize(self) -> None:
+        self._fit()
 
 
 class ExplorerScreen(Screen[None]):
@@ -187,6 +223,10 @@ class ExplorerScreen(Screen[None]):
         self._tokens_gen = 0
         self._loaded: dict[str, tuple] = {}
         self._pending: Head | None = None
+        self._focus_other: str | None = None  # the focus line shows the embed/unembed/MLP
+        # The random-head null of the scores (docs/math.md): the z's, once it arrives.
+        self.null: ScoreNull | None = None
+        self._null_failed = -1  # the generation whose null the engine could not compute
         self._debounce_timer: Timer | None = None
 
     # -- what the app owns ---------------------------------------------------------------
@@ -226,7 +266,7 @@ class ExplorerScreen(Screen[None]):
         with Horizontal(id="main"):
             yield HeadTree(None if app.open_error else self.structure, id="tree")
             with Vertical(id="center"):
-                yield Static(id="focus-line")
+                yield FocusLine(id="focus-line")
                 with TabbedContent(id="tabs", initial="qk"):
                     with TabPane(TAB_TITLES["qk"], id="qk"):
                         yield QKPane(id="qk-pane")
@@ -265,6 +305,8 @@ class ExplorerScreen(Screen[None]):
 
     def layout_for(self, width: int) -> None:
         self.set_class(width < NARROW, "narrow")
+        with contextlib.suppress(NoMatches):
+            self.query_one(HeadTree).set_compact(width < NARROW)
         self._apply_directions()
 
     @property
@@ -398,6 +440,7 @@ class ExplorerScreen(Screen[None]):
         self.query_one(HeadTree).set_scores(rows)
         self.show_summary()
         self._update_focus_line()
+        self.want_null()  # after the scores, never before them
 
     async def _head_scores(self, head: Head, gen: int) -> None:
         await self.headscope.model_ready.wait()
@@ -416,6 +459,7 @@ class ExplorerScreen(Screen[None]):
             self.rows[(msg.scores.layer, msg.scores.head)] = msg.scores
             self.query_one(HeadTree).set_scores([msg.scores])
             self._update_focus_line()
+            self.want_null()
 
     def action_ablation_sweep(self) -> None:
         """Zero-ablate every head in turn (engine worker); the Summary tab shows the result."""
@@ -474,9 +518,10 @@ class ExplorerScreen(Screen[None]):
                                      else 0.0))
         ablation = [self.ablation_of((r.layer, r.head)) for r in rows]
         self.query_one(SummaryPane).show(
-            rows, ablation if self.ablation is not None else None, self.summary_sort)
-        self.results["summary"] = [{**dataclasses.asdict(r), "ablation_effect": a}
-                                   for r, a in zip(rows, ablation, strict=True)]
+            rows, ablation if self.ablation is not None else None, self.summary_sort, self.null)
+        self.results["summary"] = [
+            {**dataclasses.asdict(r), **{f"{k}_z": z_score(self.null, r, k) for k, _ in SCORES},
+             "ablation_effect": a} for r, a in zip(rows, ablation, strict=True)]
 
     def sort_summary(self, key: str) -> None:
         self.summary_sort = key
@@ -498,6 +543,8 @@ class ExplorerScreen(Screen[None]):
                 self._update_focus_line(msg.data.kind)
             return
         self._pending = msg.head
+        if msg.head == self.head and self._focus_other is not None:
+            self._update_focus_line()  # back on the focused head (a filtered tree rebuilt)
         if self._debounce_timer is not None:
             self._debounce_timer.stop()
         self._debounce_timer = self.set_timer(self.debounce, self._apply_pending)
@@ -545,8 +592,43 @@ class ExplorerScreen(Screen[None]):
         i = heads.index(self.head) if self.head in heads else -step
         self.goto_head(heads[(i + step) % len(heads)])
 
+    def _score_texts(self, row: HeadScores) -> list[Text]:
+        """The focus line's scores, richest first: each a candidate line (the first that fits
+        the line's width is shown, so no number is ever cut). With the null, each score
+        carries its z ("ind +0.95 z=41"); the sink scores only on a sink head."""
+        sinks = [k for k in SINKS if score(row, k) >= FILTER_THRESHOLD]
+        full = [k for k, _ in SCORES if k not in SINKS] + sinks
+        lean = [k for k in full if k in SHORT_LABELS or k in sinks]  # no dup-tok
+        labels, short = dict(SCORES), {**SHORT, **SHORT_LABELS}
+        ablation = self.ablation_of(self.head) if self.head is not None else math.nan
+        z = {k: z_text(z_score(self.null, row, k)) for k in full}
+        top = max(full, key=lambda k: z_score(self.null, row, k)
+                  if z_score(self.null, row, k) == z_score(self.null, row, k) else -math.inf)
+        core = [k for k in lean if k not in SINKS]
+        few = ["copying_score", "prev_token_score", "induction_score"]
+        plans = [(full, labels, full), (full, short, full), (lean, short, lean),
+                 (lean, short, [top]), (core, short, [top]), (lean, short, []),
+                 (core, short, []), (few, short, [])]
+        out = []
+        for keys, names, with_z in plans:
+            text = Text()
+            for i, key in enumerate(keys):
+                v = score(row, key)
+                if i:
+                    text.append("· ", style="dim")
+                text.append(f"{names[key]} {v:+.2f} " if v == v else f"{names[key]} — ")
+                if key in with_z and z[key]:
+                    text.append(f"{z[key]} ", style="dim")
+            if not math.isnan(ablation):
+                text.append("· ", style="dim")
+                text.append(f"{'abl' if names is short else ABLATION_LABEL} {ablation:+.2f} ")
+            text.rstrip()
+            out.append(text)
+        return out
+
     def _update_focus_line(self, other: str | None = None) -> None:
-        line = self.query_one("#focus-line", Static)
+        line = self.query_one("#focus-line", FocusLine)
+        self._focus_other = other
         if other is not None:
             s = self.structure
             text = {"embed": f"Embed: W_E [{s.get('d_vocab')}, {s.get('d_model')}]"
@@ -555,10 +637,10 @@ class ExplorerScreen(Screen[None]):
                     "unembed": f"Unembed: W_U [{s.get('d_model')}, {s.get('d_vocab')}]"
                                + (" — tied: W_Eᵀ" if s.get("tied_unembed") else ""),
                     "mlp": f"MLP: d_mlp {s.get('d_mlp')}"}.get(other, "")
-            line.update(text)
+            line.show([Text(text)])
             return
         if self.head is None:
-            line.update("")
+            line.show([Text()])
             return
         layer, head = self.head
         # Spans start with a visible character (see StatusBar.render): head │ score · score.
@@ -570,25 +652,16 @@ class ExplorerScreen(Screen[None]):
             if diff is not None else None
         if versus is not None:  # compare mode: A → B instead of A's scores alone
             text.append_text(versus)
-        elif row is not None:
+        choices = [text]
+        if versus is None and row is not None:
             text.append("│ ", style="dim")
-            ablation = self.ablation_of(self.head)
-            # The ablation effect, once swept, takes the room dup-tok leaves on a narrow line.
-            short = self.size.width < (NARROW if math.isnan(ablation) else WIDE_WITH_ABLATION)
-            shown = [(k, SHORT_LABELS[k]) for k, _ in SCORES if k in SHORT_LABELS] if short \
-                else list(SCORES)
-            for i, (key, label) in enumerate(shown):
-                v = score(row, key)
-                if i:
-                    text.append("· ", style="dim")
-                text.append(f"{label} {v:+.2f} " if v == v else f"{label} — ")
-            if not math.isnan(ablation):
-                text.append("· ", style="dim")
-                text.append(f"{'abl' if short else ABLATION_LABEL} {ablation:+.2f} ")
+            choices = [text + scores for scores in self._score_texts(row)]
         if row is not None and row.nonfinite:
-            text.append("non-finite weights", style="bold red")
+            for choice in choices:
+                choice.append(("" if choice.plain.endswith(" ") else " ") + "non-finite weights",
+                              style="bold red")
         self.query_one(StatusBar).focus_text = f"L{layer}.H{head}"
-        line.update(text)
+        line.show(choices)
 
     # -- tabs and loading ---------------------------------------------------------------
     @on(TabbedContent.TabActivated)
@@ -775,17 +848,45 @@ class ExplorerScreen(Screen[None]):
         self.tree_filter = key
         label = dict(TREE_FILTERS).get(key or "", key or "")
         self.query_one(HeadTree).set_filter(key, label, threshold, keep=self.head)
-        if key is not None and self.headscope.engine is not None:
-            self.run_worker(self._load_null(), group="score-null", exclusive=True, exit_on_error=False)
+        self.want_null()
 
-    async def _load_null(self) -> None:
-        """The random-head null of the scores: the filtered tree shows each head's z."""
+    # -- the random-head null: each score's z (docs/math.md, "Calibrated scores") ----------
+    def want_null(self) -> None:
+        """Ask the engine for the null once (its worker computes it, or reads it from the
+        results store); the scores are shown meanwhile, the z's join them when it arrives."""
+        if self.null is not None or self.headscope.engine is None or self._null_failed == self.gen:
+            return
+        if any(w.group == "score-null" and not w.is_finished for w in self.app.workers):
+            return
+        self.run_worker(self._load_null(self.gen), group="score-null", exit_on_error=False)
+
+    async def _load_null(self, gen: int) -> None:
+        await self.headscope.model_ready.wait()
         try:
             null = await self.engine.score_null()
+        except EngineCancelled:
+            return
         except HeadscopeError as err:
+            self._null_failed = gen  # said once; asked again only for other weights
             self.report(str(err))
             return
-        self.query_one(HeadTree).set_null(null)
+        self.post_message(NullLoaded(null, gen))
+
+    @on(NullLoaded)
+    def _null_loaded(self, msg: NullLoaded) -> None:
+        if msg.gen != self.gen:
+            self.want_null()  # the weights changed while it ran: theirs
+            return
+        self.null = msg.null
+        self.query_one(HeadTree).set_null(msg.null)
+        self.show_summary()
+        self._update_focus_line(self._focus_other)
+
+    def _forget_null(self) -> None:
+        """The weights changed (raw/processed, a timeline step): so does the null."""
+        self.app.workers.cancel_group(self, "score-null")
+        self.null = None
+        self.query_one(HeadTree).set_null(None)
 
     def action_edit_prompt(self) -> None:
         self.action_show_tab("prompt")
@@ -836,6 +937,7 @@ class ExplorerScreen(Screen[None]):
         self.gen += 1
         self.rows.clear()
         self.ablation = None
+        self._forget_null()
         self.app.workers.cancel_group(self, "ablation")  # the old weights' sweep: stop its work
         self.query_one(HeadTree).scores.clear()
         self.query_one(HeadTree).refresh_badges()
@@ -862,6 +964,7 @@ class ExplorerScreen(Screen[None]):
         self.gen += 1
         self.rows.clear()
         self.ablation = None
+        self._forget_null()
         self._loaded.clear()
         tree = self.query_one(HeadTree)
         tree.scores.clear()

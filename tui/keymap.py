@@ -79,7 +79,8 @@ APP_BINDINGS: list[Binding] = [
     Binding("e", "screen.export", "Export", id="export",
             tooltip="Export the current view's data as JSON to the output directory"),
     Binding("f", "screen.cycle_filter", "Filter", id="cycle-filter", show=False,
-            tooltip="Head tree: show only heads with induction / prev-token / copying ≥ 0.3, "
+            tooltip="Head tree: show only heads with induction / prev-token / copying / sink "
+                    "(first token or delimiters) ≥ 0.3, each with its z against random heads; "
                     "then every head again"),
     Binding("less_than_sign", "screen.step_threshold(-1)", "Threshold −", id="threshold-down",
             show=False, key_display="<",

@@ -1,8 +1,9 @@
 """The head tree: Embed, Layer i → Head j (and MLP), with score badges as they arrive.
 
 Built from ``engine.structure`` alone (no torch, no tensor read), so it is on the first
-frame. Badges (C copying, P previous-token, I induction) are coloured by strength and
-only appear for heads whose score is known, so interesting heads stand out at a glance.
+frame. Badges (C copying, P previous-token, I induction, S attention sink) are coloured by
+strength and only appear for heads whose score is known, so interesting heads stand out at a
+glance. Filtered (``f``), each head shows the filtered score and its z against random heads.
 A head with NaN/inf weights shows a red "!" flag and "nan" instead of badges.
 """
 
@@ -19,7 +20,7 @@ from textual.widgets.tree import TreeNode
 
 from headscope.engine.results import HeadScores, ScoreNull
 
-from ..adapt import BADGES, SINK_BADGE, score, z_score
+from ..adapt import BADGES, SINK_BADGE, filter_value, filter_z, score, sink, z_text
 
 Head = tuple[int, int]
 NONFINITE_FLAG = "bold white on red"
@@ -90,6 +91,7 @@ class HeadTree(Tree[NodeData]):
         self.structure = structure or {}
         self.filter: tuple[str, str, float] | None = None  # (score key, label, threshold)
         self.null: ScoreNull | None = None  # calibrates the filtered score: "0.95 z=41"
+        self.compact = False  # a narrow tree: while filtering, the score and z replace the badges
         self.keep: Head | None = None  # shown whatever the filter (the focused head)
         self.deltas: dict[Head, float] = {}
         self._populate()
@@ -127,7 +129,7 @@ class HeadTree(Tree[NodeData]):
         row = self.scores.get(head)
         if row is None:
             return False
-        value = score(row, self.filter[0])
+        value = filter_value(row, self.filter[0])
         return value == value and value >= self.filter[2]
 
     def set_filter(self, key: str | None, label: str = "", threshold: float = 0.3,
@@ -175,24 +177,31 @@ class HeadTree(Tree[NodeData]):
         elif row is not None:
             strong = vars_.get("badge-strong", "green")
             mid = vars_.get("badge-mid", "yellow")
-            for key, letter in BADGES:
-                style = badge_style(score(row, key), strong, mid)
-                text.append(" ")
-                text.append(letter if style else "·", style=style or "dim")
-            sink_style = badge_style(score(row, SINK_BADGE[0]), strong, mid)
-            if sink_style:
-                text.append(f" {SINK_BADGE[1]}", style=sink_style)
+            if not (self.compact and self.filter is not None):
+                for key, letter in BADGES:
+                    style = badge_style(score(row, key), strong, mid)
+                    text.append(" ")
+                    text.append(letter if style else "·", style=style or "dim")
+                sink_style = badge_style(sink(row), strong, mid)
+                if sink_style:
+                    text.append(f" {SINK_BADGE[1]}", style=sink_style)
             if self.filter is not None:
-                text.append(f" {score(row, self.filter[0]):.2f}", style="bold")
-                z = z_score(self.null, row, self.filter[0])
-                if z == z:
-                    text.append(f" z={z:.0f}", style="dim")
+                # the filtered score and, once the null is in, its z: "0.95 z=41"
+                text.append(f" {filter_value(row, self.filter[0]):.2f}", style="bold")
+                z = z_text(filter_z(self.null, row, self.filter[0]))
+                if z:
+                    text.append(f" {z}", style="dim")
         change = self.deltas.get((layer, head))
         if change is not None:
             style = delta_style(change, vars_.get("error", "red"), vars_.get("warning", "yellow"))
             text.append(" ")
             text.append("Δ" if style else "=", style=style or "dim")
         return text
+
+    def set_compact(self, compact: bool) -> None:
+        if compact != self.compact:
+            self.compact = compact
+            self.refresh_badges()
 
     def set_null(self, null: ScoreNull | None) -> None:
         """The random-head null that turns the filtered score into a z (docs/math.md)."""

@@ -21,7 +21,14 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, Input, Static
 
-from headscope.engine.results import Composition, HeadScores, Profile, PromptView, TopTokens
+from headscope.engine.results import (
+    Composition,
+    HeadScores,
+    Profile,
+    PromptView,
+    ScoreNull,
+    TopTokens,
+)
 from headscope.themes import COLORMAPS
 
 from ..adapt import (
@@ -33,6 +40,8 @@ from ..adapt import (
     profile_xy,
     score,
     top_tokens,
+    z_score,
+    z_text,
 )
 from ..datatext import data_text, printable
 from ..plots import Graph, Heatmap, Line, Scatter
@@ -525,6 +534,8 @@ def threshold_edges(es: list[tuple[int, int, int, int, float]], threshold: float
 
 ABLATION_HINT = (f"{ABLATION_LABEL}: press a to zero-ablate every head in turn "
                  "(the loss it costs on repeated random tokens) · o or a header click: sort")
+Z_HINT = ("z: how far the score is above random heads of this layer's shapes and norms "
+          "(docs/math.md, Calibrated scores)")
 ABLATION_DONE = (f"{ABLATION_LABEL}: loss increase (nats) on repeated random tokens when the "
                  "head is zeroed · o or a header click: sort")
 
@@ -551,19 +562,22 @@ class SummaryPane(Vertical):
             table.add_column(label + (" ▼" if key == sort else ""), key=key)
 
     def show(self, rows: list[HeadScores], ablation: list[float] | None = None,
-             sort: str | None = None) -> None:
+             sort: str | None = None, null: ScoreNull | None = None) -> None:
         """One row per head; ``ablation`` (aligned with ``rows``) once the sweep has run;
-        ``sort``: the column the rows are sorted by."""
+        ``sort``: the column the rows are sorted by; with the ``null``, each score's z
+        under it (two-line rows)."""
         table = self.query_one("#summary-table", DataTable)
         self._columns(sort)
         table.clear()
         for i, r in enumerate(rows):
-            cells = [_score_cell(score(r, k)) for k, _ in SCORES]
+            cells = [_score_cell(score(r, k), z_score(null, r, k) if null else None)
+                     for k, _ in SCORES]
             cells.append(_ablation_cell(math.nan if ablation is None else ablation[i]))
             table.add_row(_head(r.layer, r.head) + (" NaN!" if r.nonfinite else ""), *cells,
-                          key=f"{r.layer}.{r.head}")
+                          key=f"{r.layer}.{r.head}", height=2 if null else 1)
+        hint = ABLATION_HINT if ablation is None else ABLATION_DONE
         self.query_one("#summary-hint", Static).update(
-            ABLATION_HINT if ablation is None else ABLATION_DONE)
+            hint if null is None else f"{hint}\n{Z_HINT}")
 
     async def load(self, ex: ExplorerScreen, key: LoadKey) -> None:
         if ex.rows:
@@ -578,8 +592,14 @@ def _ablation_cell(v: float) -> Text:
     return Text(f"{v:+.3f}", style=style, justify="right")
 
 
-def _score_cell(v: float) -> Text:
+def _score_cell(v: float, z: float | None = None) -> Text:
+    """The score; with ``z`` (the null is known), its z on a second line ("—" unknown)."""
     if not math.isfinite(v):
-        return Text("—", style="dim", justify="right")
-    style = "bold" if v >= 0.6 else ("" if v >= 0.3 else "dim")
-    return Text(f"{v:+.3f}", style=style, justify="right")
+        text = Text("—", style="dim", justify="right")
+    else:
+        style = "bold" if v >= 0.6 else ("" if v >= 0.3 else "dim")
+        text = Text(f"{v:+.3f}", style=style, justify="right")
+    if z is not None:
+        text.append("\n")
+        text.append(z_text(z) or "—", style="dim")
+    return text
