@@ -340,6 +340,12 @@ def score_table(
         store.finish()
     if progress is not None:
         progress(1.0)
+    return table_of(copying, positivity, found)
+
+
+def table_of(copying: Any, positivity: Any, found: dict[str, np.ndarray]) -> ScoreTable:
+    """The ``ScoreTable`` of the two weight sweeps and ``behaviour``'s tables (the one place
+    that names them, so a new behavioural score reaches every caller)."""
     return ScoreTable(
         copying_score=readonly(copying, np.float32),
         qk_positivity=readonly(positivity, np.float32),

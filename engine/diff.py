@@ -457,19 +457,13 @@ def _numpy_weight_rows(model: Model, seed: int, store: ResultStore | None, progr
     """``head_table(model, calibrated=False)`` with the weight scores from ``engine.fast``
     (``compute.weight_scores``: the same stored parts) and torch only for the behavioural
     forward pass (``compute.behaviour``)."""
-    from .compute import _part, behaviour, weight_scores
+    from .compute import _part, behaviour, table_of, weight_scores
     from .report import score_rows
-    from .results import ScoreTable
-
     entry = None if store is None else store.for_model(model)
     weights = weight_scores(model, _part(progress, 0.0, 0.3), store=entry)
     found = behaviour(model, seed, progress=_part(progress, 0.3, 1.0), store=entry,
                       weights_nonfinite=np.asarray(weights["nonfinite"]))
-    table = ScoreTable(
-        copying_score=weights["copying_score"], qk_positivity=weights["qk_positivity"],
-        prev_token_score=found["prev_token"], duplicate_token_score=found["duplicate_token"],
-        induction_score=found["induction"], attention_sink_score=found["attention_sink"],
-        nonfinite=found["nonfinite"])
+    table = table_of(weights["copying_score"], weights["qk_positivity"], found)
     if entry is not None:
         entry.finish()
     if progress is not None:
