@@ -241,13 +241,18 @@ class ResultStore:
 
     def for_model(self, model: Model) -> ModelStore:
         """The entry of ``model`` (its fingerprint; disabled if it cannot be taken)."""
-        where = str(Path(model.path).resolve())
+        return self.for_checkpoint(model.checkpoint, model.raw)
+
+    def for_checkpoint(self, ckpt: Checkpoint, raw: bool) -> ModelStore:
+        """The entry of the checkpoint ``ckpt`` processed (``raw=False``) or raw, from its
+        headers alone (``loading.inspect_checkpoint``): no tensor is read, no torch."""
+        where = str(Path(ckpt.path).resolve())
         try:
-            key = fingerprint(model.checkpoint, model.raw)
+            key = fingerprint(ckpt, raw)
         except OSError as err:
             self.warn_once(err)
-            return ModelStore(self, None, where, model.raw)
-        return ModelStore(self, key, where, model.raw)
+            return ModelStore(self, None, where, bool(raw))
+        return ModelStore(self, key, where, bool(raw))
 
     # -- listing, clearing, trimming
 
