@@ -4,7 +4,9 @@ A *series* is a directory of checkpoint subdirectories (``step-001000/``, ``step
 ``checkpoint-500/``, ``global_step500/``: the step is the last number in the name) or several
 checkpoint paths in order (:func:`discover_steps`). Each step is scored on its own
 (:func:`score_step`: open, score, fingerprint, close), so steps can run in any order, in a
-thread pool here or, later, as separate jobs (that function is the seam); :func:`build_timeline`
+thread pool here or as tasks on a Dask cluster (engine/cluster.py); given a results store,
+each step's scores are one record in the step's entry (:func:`save_step`, :func:`load_step`),
+written on this side wherever the step was scored; :func:`build_timeline`
 assembles the per-step results, finds the phase changes (:func:`find_phase_change`, defined in
 docs/math.md "Training dynamics") and warns about steps with identical weights.
 
