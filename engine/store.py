@@ -247,20 +247,27 @@ class ResultStore:
 
     def for_model(self, model: Model) -> ModelStore:
         """The entry of ``model`` (its fingerprint; disabled if it cannot be taken)."""
-        where = str(Path(model.path).resolve())
         slot = (id(model.checkpoint), bool(model.raw))
         with self._keys_lock:
             known = self._keys.get(slot)
         if known is not None and known[0] is model.checkpoint:
-            return ModelStore(self, known[1], where, model.raw)
+            return ModelStore(self, known[1], str(Path(model.checkpoint.path).resolve()), model.raw)
+        entry = self.for_checkpoint(model.checkpoint, model.raw)
+        if entry.key is not None:
+            with self._keys_lock:  # holds the checkpoint: its id stays its own
+                self._keys[slot] = (model.checkpoint, entry.key)
+        return entry
+
+    def for_checkpoint(self, ckpt: Checkpoint, raw: bool) -> ModelStore:
+        """The entry of the checkpoint ``ckpt`` processed (``raw=False``) or raw, from its
+        headers alone (``loading.inspect_checkpoint``): no tensor is read, no torch."""
+        where = str(Path(ckpt.path).resolve())
         try:
-            key = fingerprint(model.checkpoint, model.raw)
+            key = fingerprint(ckpt, raw)
         except OSError as err:
             self.warn_once(err)
-            return ModelStore(self, None, where, model.raw)
-        with self._keys_lock:
-            self._keys[slot] = (model.checkpoint, key)  # holds the checkpoint: its id stays its own
-        return ModelStore(self, key, where, model.raw)
+            return ModelStore(self, None, where, bool(raw))
+        return ModelStore(self, key, where, bool(raw))
 
     # -- listing, clearing, trimming
 

@@ -4,7 +4,9 @@ A *series* is a directory of checkpoint subdirectories (``step-001000/``, ``step
 ``checkpoint-500/``, ``global_step500/``: the step is the last number in the name) or several
 checkpoint paths in order (:func:`discover_steps`). Each step is scored on its own
 (:func:`score_step`: open, score, fingerprint, close), so steps can run in any order, in a
-thread pool here or, later, as separate jobs (that function is the seam); :func:`build_timeline`
+thread pool here or as tasks on a Dask cluster (engine/cluster.py); given a results store,
+each step's scores are one record in the step's entry (:func:`save_step`, :func:`load_step`),
+written on this side wherever the step was scored; :func:`build_timeline`
 assembles the per-step results, finds the phase changes (:func:`find_phase_change`, defined in
 docs/math.md "Training dynamics") and warns about steps with identical weights.
 
@@ -226,16 +228,73 @@ def composition_maxima(model: Model, seed: int = 0,
     return out
 
 
+def _step_name(seed: int) -> str:
+    return f"timeline-seed{seed}"
+
+
+def step_entry(store: ResultStore | None, source: StepSource, raw: bool) -> ModelStore | None:
+    """The results-store entry of one step (headers only: no tensor read), or ``None``."""
+    if store is None:
+        return None
+    from .loading import inspect_checkpoint
+
+    return store.for_checkpoint(inspect_checkpoint(source.path), raw)
+
+
+def load_step(entry: ModelStore | None, source: StepSource, seed: int) -> StepScores | None:
+    """A step's scores and weights fingerprint as :func:`save_step` stored them, or ``None``.
+
+    The entry is the step's results-store entry (``store.fingerprint``: path, sizes, mtimes
+    and headers of its files), so a rewritten checkpoint is scored again."""
+    import numpy as np
+
+    if entry is None or not entry.enabled:
+        return None
+    stacked = entry.load(_step_name(seed), "all", None, np.float64)
+    digest = entry.load("timeline-fingerprint", "all", (16,), np.uint8)
+    keys = score_keys()
+    if stacked is None or digest is None or stacked.ndim != 3 or stacked.shape[0] != len(keys):
+        return None
+    _, n_layers, n_heads = stacked.shape
+    return StepScores(source.step, source.path, n_layers, n_heads, bytes(digest).hex(),
+                      {k: np.array(stacked[i]) for i, k in enumerate(keys)})
+
+
+def save_step(entry: ModelStore | None, result: StepScores, seed: int) -> None:
+    """Store what one step contributes to a timeline (every score, ``[keys, L, H]`` float64,
+    and the weights fingerprint) in its results-store entry."""
+    import numpy as np
+
+    if entry is None or not entry.enabled:
+        return
+    stacked = np.stack([np.asarray(result.scores[k], dtype=np.float64) for k in score_keys()])
+    entry.save(_step_name(seed), stacked)
+    entry.save("timeline-fingerprint", np.frombuffer(bytes.fromhex(result.fingerprint), np.uint8))
+    entry.finish()
+
+
 def score_step(source: StepSource, *, seed: int = 0, raw: bool = False,
                store: ResultStore | None = None) -> StepScores:
     """Open one checkpoint, score every head, fingerprint it, close it.
 
     Independent of every other step (the unit a worker pool or a cluster runs); the scores
     are ``report.head_table``'s and :func:`composition_maxima`'s with the same ``seed``.
-    ``store``: the results store (``engine.store``) these sweeps read and write, as for
-    ``heads`` and ``composition`` on that checkpoint: a series scored again, or a step
-    already scored by those commands, is read back.
+    ``store``: the results store (``engine.store``). A step already scored (by a timeline,
+    here or on a cluster) is read back whole (:func:`load_step`), with no model opened;
+    otherwise its sweeps read and write the store as ``heads`` and ``composition`` on that
+    checkpoint do, and the step's scores are stored (:func:`save_step`).
     """
+    entry = step_entry(store, source, raw)
+    stored = load_step(entry, source, seed)
+    if stored is not None:
+        return stored
+    result = _score_step(source, seed=seed, raw=raw, store=store)
+    save_step(entry, result, seed)
+    return result
+
+
+def _score_step(source: StepSource, *, seed: int, raw: bool,
+                store: ResultStore | None) -> StepScores:
     import numpy as np
 
     from .loading import open_model
@@ -280,7 +339,10 @@ def score_steps(sources: Sequence[StepSource], *, seed: int = 0, raw: bool = Fal
                 store: ResultStore | None = None) -> list[StepScores]:
     """:func:`score_step` for every source, in a pool of ``workers`` threads (1: in turn),
     or one task per step on a Dask ``cluster`` (engine/cluster.py). ``store``: as for
-    :func:`score_step` (not on a cluster: its workers score each step from the file).
+    :func:`score_step`; the steps it already holds are read back first, and a cluster's
+    results are written into it on this side as they arrive, keyed by each step's
+    fingerprint, so the series scored again needs no cluster (the workers score each step
+    from the file and never see the store).
 
     ``progress(done, total, result)`` after each step, from the calling thread; results come
     back in the sources' order. ``cancelled()`` is checked between steps.
@@ -300,8 +362,20 @@ def score_steps(sources: Sequence[StepSource], *, seed: int = 0, raw: bool = Fal
     if cluster is not None:
         from .cluster import run_steps
 
-        run_steps(cluster, list(sources), seed=seed, raw=raw, finished=finished,
-                  cancelled=cancelled)
+        entries = [step_entry(store, s, raw) for s in sources]
+        for i, s in enumerate(sources):
+            stored = load_step(entries[i], s, seed)
+            if stored is not None:
+                finished(i, stored)
+        missing = [i for i in range(total) if i not in results]
+
+        def arrived(j: int, r: StepScores) -> None:
+            save_step(entries[missing[j]], r, seed)
+            finished(missing[j], r)
+
+        if missing:
+            run_steps(cluster, [sources[i] for i in missing], seed=seed, raw=raw,
+                      finished=arrived, cancelled=cancelled)
     elif workers <= 1:
         for i, s in enumerate(sources):
             check()

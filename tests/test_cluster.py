@@ -330,15 +330,23 @@ def test_cli_errors_are_one_line(capsys: pytest.CaptureFixture[str], deep_gpt2: 
     assert code == 1 and "headscope[cluster]" in err and err.count("\n") == 1
 
 
-def test_timeline_on_the_cluster_equals_the_local_timeline(cluster: Cluster) -> None:
-    from headscope.engine.timeline import compute_timeline
+def test_timeline_on_the_cluster_equals_the_local_timeline_and_is_stored_on_the_client(
+        cluster: Cluster, tmp_path: Path) -> None:
+    from headscope.engine import timeline
     from headscope.sample_models import bundled_model
 
     series = Path(bundled_model()).parent / "attn-only-2l-training"
-    local = compute_timeline([series])
-    remote = compute_timeline([series], cluster=cluster)
+    local = timeline.compute_timeline([series])
+    store = ResultStore(tmp_path / "store")
+    remote = timeline.compute_timeline([series], cluster=cluster, store=store)
     # equal up to float32 rounding (a worker's torch runs one thread: other summation order)
     _assert_close(remote.to_dict(), local.to_dict())
+    # The client wrote every step that came back into its results store, keyed by the
+    # step's fingerprint: the series again, with no cluster, is read back, nothing scored.
+    with mock.patch.object(timeline, "_score_step", side_effect=AssertionError("scored again")):
+        again = timeline.compute_timeline([series], store=store)
+    assert again.to_dict() == remote.to_dict()
+    assert {e.path for e in store.entries()} == {str(p.resolve()) for p in series.glob("step-*")}
 
 
 def test_a_timeline_step_that_differs_on_the_worker_fails_naming_it() -> None:

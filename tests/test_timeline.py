@@ -403,20 +403,39 @@ def test_the_bundled_series_shows_the_induction_circuit_forming(bundled: dict) -
     below = max(i for i, v in enumerate(induction) if v < 0.3)
     above = min(i for i, v in enumerate(induction) if v > 0.8)
     assert below < above and all(v > 0.8 for v in induction[above:])
-    # ... and the phase change is found in 600-800, with its levels.
+    # ... and the phase change is found in 600-800 (the training log's), with its levels:
+    # half-way at 675, the first checkpoint where the score (0.57) is past 0.45.
     changes = {(c["layer"], c["head"], c["score"]): c for c in bundled["phase_changes"]}
     jump = changes[(*INDUCTION_HEAD, "induction_score")]
-    assert 600 <= jump["step"] <= 800
+    assert jump["step"] == 675 and (jump["start_step"], jump["end_step"]) == (500, 800)
     assert jump["before"] < 0.3 and jump["after"] > 0.8
-    # The previous-token head's score has its phase change in the same window. (It comes
-    # after the induction head's by this score, which averages over all 64 positions: the
-    # head attends to t-1 at early positions first and reaches the later ones by step 3000.)
+    # The previous-token head's score has its phase change in the same window, half-way
+    # later (725): docs/math.md "Training dynamics" (it averages over positions that form
+    # at different times; see the next test).
     formed = changes[(*PREV_TOKEN_HEAD, "prev_token_score")]
     assert 600 <= formed["step"] <= 800 and formed["after"] - formed["before"] > 0.2
+    assert formed["start_step"] <= jump["step"] <= formed["end_step"]
     # The model's phase change is in the same window.
     assert 600 <= bundled["model_phase_change"]["step"] <= 800
     assert bundled["warnings"] == []
     assert len(set(bundled["fingerprints"])) == len(steps)
+
+
+def test_the_previous_token_head_forms_at_the_first_positions_first() -> None:
+    """docs/math.md's account of the previous-token score's late half-way point: at step 800
+    L0.H1 attends to t-1 at positions 1-31 and hardly at all at positions 32-63."""
+    from headscope.engine.forward import run
+    from headscope.engine.scores import repeated_tokens
+
+    model = open_model(SERIES / "step-000800")
+    try:
+        tokens = repeated_tokens(model.cfg.d_vocab, model.cfg.n_ctx, 0)  # heads' sequences
+        pattern = run(model.weights, tokens).patterns[:, PREV_TOKEN_HEAD[0], PREV_TOKEN_HEAD[1]]
+    finally:
+        model.raw_weights.close()
+    q = torch.arange(1, tokens.shape[1])
+    to_previous = pattern.float()[:, q, q - 1].mean(0)
+    assert to_previous[:31].mean() > 0.7 and to_previous[31:].mean() < 0.1
 
 
 def test_a_narrow_terminal_keeps_the_most_telling_scores() -> None:

@@ -1,6 +1,6 @@
 """Timeline mode in the explorer (tui/timeline_mode.py, tui/timeline_view.py).
 
-``headscope --timeline DIR`` opens the series' last step with a Timeline tab; ``{``/``}``
+``headscope --timeline PATH [PATH ...]`` opens the series' last step with a Timeline tab; ``{``/``}``
 scrub steps by swapping the engine for one on that step's checkpoint. The shipped training
 series (sample_models/attn-only-2l-training) is scored once per module; the explorer then
 gets that timeline through ``TimelineMode(compute=...)`` so each test does not re-score it.
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,8 @@ import numpy as np
 import pytest
 from textual.widgets import DataTable, Static
 
+from headscope.engine import timeline as engine_timeline
+from headscope.engine.service import default_workers
 from headscope.engine.timeline import (
     StepScores,
     StepSource,
@@ -28,7 +29,7 @@ from headscope.engine.timeline import (
 from headscope.tui.app import HeadscopeApp
 from headscope.tui.cli import main
 from headscope.tui.settings import Settings
-from headscope.tui.timeline_mode import TimelineMode, compute_series, open_timeline
+from headscope.tui.timeline_mode import TimelineMode, compute_series, engine_workers, open_timeline
 from headscope.tui.timeline_view import TimelinePane, sparkline_cells
 from headscope.tui.widgets.head_tree import HeadTree
 from headscope.tui.widgets.status import StatusBar
@@ -199,33 +200,46 @@ async def test_enter_on_a_phase_change_shows_that_head_at_that_step(shipped: Any
 # -- the real computation, warnings and errors ------------------------------------------------
 
 
-async def test_identical_steps_are_a_notification_and_the_timeline_is_computed_in_a_worker(
-        tmp_path: Path) -> None:
+async def test_identical_steps_are_a_notification_and_the_steps_are_scored_in_a_pool(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = tmp_path / "run"
     for i, step in enumerate((0, 100, 200)):
         _write_step(root / f"step-{step}", seed=i)
     shutil.copytree(root / "step-100", root / "step-300")
     mode = open_timeline(root)
+    assert mode.workers is None  # the engine's pool size, asked for when scoring starts
+    assert engine_workers() == default_workers()[0]
+    mode.workers = 2
     progress: list[int] = []
     ui_thread: list[bool] = []
+    step_threads: set[str] = set()
+    score_step = engine_timeline.score_step
 
-    def compute(sources: Sequence[StepSource], notes: Sequence[str], raw: bool, report: Any,
-                cancelled: Any) -> Timeline:
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        import threading
+
+        step_threads.add(threading.current_thread().name)
+        return score_step(*args, **kwargs)
+
+    def counted(report: Any) -> Any:
         import threading
 
         ui_thread.append(threading.current_thread() is threading.main_thread())
 
-        def counted(done: int, total: int) -> None:
+        def progress_of(done: int, total: int) -> None:
             progress.append(done)
             report(done, total)
+        return progress_of
 
-        return compute_series(sources, notes, raw, counted, cancelled)
-
-    mode.compute = compute
+    compute = mode.compute
+    mode.compute = lambda sources, notes, raw, report, cancelled: compute(
+        sources, notes, raw, counted(report), cancelled)
+    monkeypatch.setattr(engine_timeline, "score_step", recorded)
     app = HeadscopeApp(timeline=mode, settings=Settings(), debounce=0.01, sweep=False)
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_timeline(pilot, app)
         assert ui_thread == [False]
+        assert step_threads and all(n.startswith("timeline") for n in step_threads)
         assert progress == [1, 2, 3, 4]
         notes = [n.message for n in app._notifications]
         assert any("identical weights" in n and "100" in n and "300" in n for n in notes)
@@ -295,6 +309,11 @@ def test_open_timeline_opens_the_last_step(monkeypatch: pytest.MonkeyPatch) -> N
     mode = opened["timeline"]
     assert mode.step == 3000 and len(mode.sources) == 18
     assert HeadscopeApp(timeline=mode, settings=Settings()).path == str(SERIES / "step-003000")
+    # Several checkpoints in order, as `headscope timeline` takes them.
+    chosen = [str(SERIES / f"step-000{s}") for s in (600, 675, 700)]
+    assert main(["--timeline", *chosen]) == 0
+    mode = opened["timeline"]
+    assert [s.step for s in mode.sources] == [600, 675, 700] and mode.path == chosen[-1]
 
 
 async def test_without_a_timeline_key_8_says_how_to_open_one() -> None:

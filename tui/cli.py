@@ -123,9 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--match-heads", action="store_true",
                    help="with --compare: pair B's heads with A's by circuit similarity "
                         "(Hungarian, per layer), for checkpoints from independent runs")
-    p.add_argument("--timeline", metavar="DIR", default=None,
+    p.add_argument("--timeline", metavar="PATH", nargs="+", default=None,
                    help="a directory of training checkpoints (step-*/checkpoint-* "
-                        "subdirectories): open its last step with a Timeline tab, { } scrub")
+                        "subdirectories) or several checkpoints in order: open the last step "
+                        "with a Timeline tab, { } scrub")
 
     p = command("info", "architecture, shapes and dtype, from the header alone", "headscope info path/to/model --json")
     model_arg(p)

@@ -676,7 +676,7 @@ class ExplorerScreen(Screen[None]):
             self.notify("no model B: open with headscope A --compare B", severity="warning")
             return
         if tab == "timeline" and not self.headscope.timeline.enabled:
-            self.notify("no timeline: open a series with headscope --timeline DIR",
+            self.notify("no timeline: open a series with headscope --timeline PATH",
                         severity="warning")
             return
         self.query_one("#tabs", TabbedContent).active = tab

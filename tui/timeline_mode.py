@@ -1,10 +1,13 @@
 """Timeline mode: a series of training checkpoints explored one step at a time.
 
-``headscope --timeline DIR`` opens the explorer on the last step of the series (the steps are
+``headscope --timeline PATH [PATH ...]`` opens the explorer on the last step of the series (a
+directory of checkpoints or several checkpoints in order; the steps are
 ``engine.timeline.discover_steps``'s). The timeline itself (every head's scores at every
 step, the phase changes: docs/math.md "Training dynamics") is computed once, in a thread
-worker calling the synchronous ``engine/timeline.py`` functions step by step (cancellation
-checked between steps), and drawn by the Timeline tab (tui/timeline_view.py).
+worker calling the synchronous ``engine/timeline.py`` functions, which score as many steps
+at once as the engine has pool threads (progress in the status bar, cancellation checked
+between steps, each step read from or written to the results store), and drawn by the
+Timeline tab (tui/timeline_view.py).
 
 Scrubbing to another step swaps the app's engine for one opened on that step's checkpoint
 (the same factory as the first): every other tab then shows that step's weights, and the
@@ -56,30 +59,44 @@ class TimelineComputed(Message, bubble=False):
 
 def compute_series(sources: Sequence[StepSource], notes: Sequence[str], raw: bool,
                    progress: Callable[[int, int], None],
-                   cancelled: Callable[[], bool], store: ResultStore | None = None) -> Timeline:
-    """Score every step in turn (``engine.timeline``), then assemble the timeline; ``store``:
-    the results store the steps' sweeps read and write (a series opened again is read back)."""
+                   cancelled: Callable[[], bool], store: ResultStore | None = None,
+                   workers: int = 1) -> Timeline:
+    """Score the steps (``engine.timeline.score_steps``: ``workers`` at once, in threads),
+    then assemble the timeline; ``store``: the results store the steps are read from and
+    written to (a series opened again is read back). ``progress(done, total)`` after each
+    step; ``cancelled()`` is checked between steps."""
     from headscope.engine.timeline import build_timeline, check_layouts, score_steps
 
     check_layouts(sources)
     results = score_steps(sources, raw=raw, progress=lambda done, total, _r: progress(done, total),
-                          cancelled=cancelled, store=store)
+                          cancelled=cancelled, store=store, workers=workers)
     return build_timeline(results, notes)
 
 
-def open_timeline(series: str | os.PathLike[str], path: str | None = None,
-                  compare: str | None = None) -> TimelineMode:
-    """Timeline mode on the series at ``series`` (``headscope --timeline DIR``), checked before
-    the explorer opens: a bad path, a single step, or a model path or ``--compare`` given as
-    well is a ``HeadscopeError``."""
+def engine_workers() -> int:
+    """How many steps the explorer scores at once: as many as the engine has pool threads
+    (``engine.service.default_workers``; each step's torch work uses the engine's share of
+    the cores)."""
+    from headscope.engine.service import default_workers
+
+    return default_workers()[0]
+
+
+def open_timeline(series: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+                  path: str | None = None, compare: str | None = None) -> TimelineMode:
+    """Timeline mode on a series (``headscope --timeline PATH [PATH ...]``: a directory of
+    checkpoints, or several checkpoints in order, as ``headscope timeline`` takes them),
+    checked before the explorer opens: a bad path, a single step, or a model path or
+    ``--compare`` given as well is a ``HeadscopeError``."""
+    paths = [series] if isinstance(series, str | os.PathLike) else list(series)
     if path is not None:
         raise InvalidRequestError(None, f"--timeline opens the series' last step: give "
-                                  f"{series} or {path}, not both")
+                                  f"{' '.join(map(str, paths))} or {path}, not both")
     if compare is not None:
         raise InvalidRequestError(None, "--timeline and --compare cannot be combined")
     from headscope.engine.timeline import discover_steps
 
-    sources, notes = discover_steps([series])
+    sources, notes = discover_steps(paths)
     return TimelineMode(sources, notes)
 
 
@@ -98,6 +115,9 @@ class TimelineMode:
         self.done = 0  # steps scored so far
         self.compute: Compute = compute or self._series
         self.store: ResultStore | None = None  # the app's results store, set by start()
+        # steps scored at once; None: the engine's pool size, asked for when scoring starts
+        # (engine.service imports numpy, which the first frame must not wait for)
+        self.workers: int | None = None
         self._timer: Timer | None = None
 
     @property
@@ -153,7 +173,8 @@ class TimelineMode:
 
     def _series(self, sources: Sequence[StepSource], notes: Sequence[str], raw: bool,
                 progress: Callable[[int, int], None], cancelled: Callable[[], bool]) -> Timeline:
-        return compute_series(sources, notes, raw, progress, cancelled, store=self.store)
+        return compute_series(sources, notes, raw, progress, cancelled, store=self.store,
+                              workers=self.workers or engine_workers())
 
     def _compute(self, app: HeadscopeApp) -> None:
         worker = get_current_worker()
@@ -211,7 +232,7 @@ class TimelineMode:
         """Show the step ``delta`` away (or step index ``to``); the engine follows after a
         short pause, so holding the key does not open every step on the way."""
         if not self.enabled:
-            app.notify("no timeline: open a series with headscope --timeline DIR",
+            app.notify("no timeline: open a series with headscope --timeline PATH",
                        severity="warning")
             return
         target = to if to is not None else self.index + (delta or 0)
