@@ -96,10 +96,12 @@ def circuit_block(model: Model, req: CircuitRequest, *, numpy: bool = False) -> 
     ``numpy``: torch-free where ``engine.fast`` applies (the same products in numpy; the
     one-shot CLI and exports). The explorer's engine keeps the torch path: its processed
     weights are already cached for the other views of the head, and a second, numpy copy of
-    ``W_U`` would double what an OV view keeps resident."""
+    ``W_U`` would double what an OV view keeps resident. YaRN and LongRoPE rotary circuits
+    also take the torch path (``fast.rotary_in_numpy``)."""
     from . import fast
 
-    arrays = fast.numpy_weights(model) if numpy else None
+    in_numpy = numpy and (req.basis == "position" or fast.rotary_in_numpy(model.cfg, req.layer))
+    arrays = fast.numpy_weights(model) if in_numpy else None
     if arrays is not None:
         values: Any = fast.circuit_block(arrays, req.layer, req.head, req.kind, req.basis,
                                          req.rows, req.cols, req.offset)

@@ -549,6 +549,21 @@ _SPECTRAL = ("copying_score", "qk_positivity")
 # -- circuit blocks ----------------------------------------------------------------------------
 
 
+# The RoPE scalings rotary_inv_freq computes in numpy. YaRN and LongRoPE (also a cos/sin
+# factor, engine.forward.rotary_scale) stay on the torch path: compute.circuit_block steps
+# aside for them (rotary_in_numpy).
+ROPE_TYPES = ("default", "linear", "llama3")
+
+
+def rotary_in_numpy(cfg: Any, layer: int) -> bool:
+    """Whether ``circuit_block`` computes ``layer``'s rotary circuits here: no rotary, or a
+    RoPE scaling of ``ROPE_TYPES``."""
+    from .forward import layer_config
+
+    layer_cfg = layer_config(cfg, layer)
+    return layer_cfg.positional != "rotary" or (layer_cfg.extra.get("rope_type") or "default") in ROPE_TYPES
+
+
 def rotary_inv_freq(cfg: Any, path: str | None = None) -> np.ndarray:
     """``engine.forward.rotary_inv_freq`` in numpy (float32 ``[r/2]``; same scalings, same
     errors)."""
@@ -578,7 +593,7 @@ def rotary_inv_freq(cfg: Any, path: str | None = None) -> np.ndarray:
             return np.where(medium, smoothed, scaled).astype(np.float32)
     except KeyError as missing:
         raise ConfigError(path, f"RoPE scaling {kind!r} needs parameter {missing}") from None
-    raise ConfigError(path, f"RoPE scaling {kind!r} is not supported (default, linear, llama3)")
+    raise ConfigError(path, f"RoPE scaling {kind!r} is not supported here ({', '.join(ROPE_TYPES)})")
 
 
 def rotary_matrix(cfg: Any, offset: int, path: str | None = None) -> np.ndarray:

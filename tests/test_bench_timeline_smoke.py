@@ -7,7 +7,8 @@ from bench import timeline
 
 def test_bench_timeline_smoke(tmp_path, capsys):
     out = tmp_path / "timeline.md"
-    assert timeline.main(["--tiny", "--dir", str(tmp_path / "ck"), "--out", str(out)]) == 0
+    assert timeline.main(["--tiny", "--composition-steps", "1", "--dir", str(tmp_path / "ck"),
+                          "--out", str(out)]) == 0
     text = out.read_text()
     assert "### tiny-neox, 2 steps" in text
     rows = [line.split("|") for line in text.splitlines() if line.startswith(("| cold", "| warm"))]

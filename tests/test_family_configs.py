@@ -120,6 +120,24 @@ def test_matches_transformers_and_the_feature_matters(case: tuple[str, Path, Any
     assert diff > 1e-3, f"{name}: leaving the feature out changes nothing ({diff:.1e})"
 
 
+@pytest.mark.parametrize("name", ["qwen2_yarn", "phi3_longrope"])
+def test_circuit_command_on_scaled_rope(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``headscope circuit`` at a rotary offset on YaRN / LongRoPE models: the numpy path steps
+    aside (it has neither scaling, nor their cos/sin factor) and the numbers are the engine's."""
+    from headscope.engine import compute
+    from headscope.engine.requests import CircuitRequest
+    from headscope.tui.cli import main
+
+    path, _ = BUILDERS[name][0](tmp_path)
+    assert main(["circuit", str(path), "1", "0", "--kind", "qk", "--offset", "3", "--rows", "0:5",
+                 "--cols", "0:5", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    req = CircuitRequest(layer=1, head=0, kind="qk", basis="token", rows=tuple(range(5)),
+                         cols=tuple(range(5)), offset=3)
+    want = compute.circuit_block(open_model(path), req).values
+    assert got["values"] == want.tolist()
+
+
 def test_qwen2_window_layers_from_older_configs(tmp_path: Path) -> None:
     """Configs written before transformers had ``layer_types`` give the same layers."""
     path, _ = build_qwen2_window(tmp_path)
