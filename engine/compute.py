@@ -100,7 +100,8 @@ def circuit_block(model: Model, req: CircuitRequest, *, numpy: bool = False) -> 
     also take the torch path (``fast.rotary_in_numpy``)."""
     from . import fast
 
-    in_numpy = numpy and (req.basis == "position" or fast.rotary_in_numpy(model.cfg, req.layer))
+    rotary_free = req.kind == "ov" or req.basis == "position"  # no R(Δ) in these blocks
+    in_numpy = numpy and (rotary_free or fast.rotary_in_numpy(model.cfg, req.layer))
     arrays = fast.numpy_weights(model) if in_numpy else None
     if arrays is not None:
         values: Any = fast.circuit_block(arrays, req.layer, req.head, req.kind, req.basis,
