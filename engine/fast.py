@@ -565,8 +565,8 @@ def rotary_in_numpy(cfg: Any, layer: int) -> bool:
 
 
 def rotary_inv_freq(cfg: Any, path: str | None = None) -> np.ndarray:
-    """``engine.forward.rotary_inv_freq`` in numpy (float32 ``[r/2]``; same scalings, same
-    errors)."""
+    """Rotation frequencies (float32 ``[r/2]``) for the scalings of ``ROPE_TYPES``: the one
+    computation of them, which ``engine.forward.rotary_inv_freq`` also returns (as a tensor)."""
     from .errors import ConfigError
 
     r = cfg.rotary_dim or cfg.d_head

@@ -349,22 +349,18 @@ def rotary_inv_freq(cfg: ModelConfig, path: str | None = None, seq_len: int | No
     raise ConfigError rather than give silently wrong patterns."""
     import torch
 
+    from .fast import ROPE_TYPES as NUMPY_ROPE_TYPES
+    from .fast import rotary_inv_freq as numpy_inv_freq
+
+    kind = cfg.extra.get("rope_type") or "default"
+    if kind in NUMPY_ROPE_TYPES:  # one computation for both paths (engine.fast, numpy)
+        return torch.from_numpy(numpy_inv_freq(cfg, path))
     r = cfg.rotary_dim or cfg.d_head
-    inv_freq = 1.0 / (cfg.rotary_base ** (torch.arange(0, r, 2, dtype=torch.float32) / r))
     style = cfg.extra.get("rotary_style", "half")
     if style != "half":
         raise ConfigError(path, f"rotary style {style!r} is not supported (only NeoX/Llama 'half')")
-    kind = cfg.extra.get("rope_type") or "default"
-    if kind == "default":
-        return inv_freq
     params = cfg.extra.get("rope_scaling") or {}
     try:
-        if kind == "linear":
-            return inv_freq / float(params["factor"])
-        if kind == "llama3":
-            return _llama3_inv_freq(inv_freq, float(params["factor"]), float(params["low_freq_factor"]),
-                                    float(params["high_freq_factor"]),
-                                    float(params["original_max_position_embeddings"]))
         if kind == "yarn":
             return _yarn_inv_freq(cfg, params, r)
         if kind == "longrope":
@@ -428,18 +424,6 @@ def _yarn_inv_freq(cfg: ModelConfig, params: dict, r: int) -> Tensor:
     pos_freqs = base ** (torch.arange(0, r, 2).float() / r)
     keep = 1 - ramp  # extrapolation weight
     return (1.0 / (factor * pos_freqs)) * (1 - keep) + (1.0 / pos_freqs) * keep
-
-
-def _llama3_inv_freq(inv_freq: Tensor, factor: float, low: float, high: float, old_ctx: float) -> Tensor:
-    """Llama 3.1: long wavelengths slowed down by ``factor``, short ones kept, smooth between."""
-    import torch
-
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > old_ctx / low, inv_freq / factor, inv_freq)
-    smooth = (old_ctx / wavelen - low) / (high - low)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    medium = ~(wavelen < old_ctx / high) * ~(wavelen > old_ctx / low)
-    return torch.where(medium, smoothed, scaled)
 
 
 def rotary(x: Tensor, inv_freq: Tensor, scale: float = 1.0) -> Tensor:
