@@ -34,6 +34,8 @@ import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
+from . import publish  # noqa: E402
+
 SCENARIOS = ("behaviour", "behaviour-ref", "ablation", "ablation-ref", "ablation-one", "ablation-one-ref")
 SEED = 0
 WARM = ("behaviour", "behaviour-ref", "ablation-one", "ablation-one-ref")  # cheap: timed twice
@@ -229,10 +231,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end, "
             f"Python {platform.python_version()}, best of {args.repeat} run(s) per scenario")
     text = f"{head}\n\n{table(results)}\n"
-    print(text)
-    if args.out:
-        args.out.write_text(text)
-    return 0
+    return publish(text, args.out)
 
 
 if __name__ == "__main__":

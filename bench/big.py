@@ -35,6 +35,8 @@ import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
+from . import publish, ratio  # noqa: E402
+
 SCENARIOS = ("info", "first_view", "floor", "heads")
 KINDS = ("q", "k", "v")
 
@@ -219,11 +221,6 @@ def _fmt(x: Any) -> str:
     return f"{x:.3g}" if isinstance(x, float) else ("–" if x is None else str(x))
 
 
-def _ratio(a: Any, b: Any) -> str:
-    ok = isinstance(a, int | float) and isinstance(b, int | float) and b > 0
-    return f"{a / b:.2f}×" if ok else "–"
-
-
 def report(shape: str, res: dict[str, dict[str, Any]]) -> str:
     floor, heads = res.get("floor", {}), res.get("heads", {})
     floor_s = floor.get("seconds")
@@ -232,7 +229,7 @@ def report(shape: str, res: dict[str, dict[str, Any]]) -> str:
         ("dense floor, whole process (s)", floor_s if floor_s is not None else floor.get("error"), ""),
         ("… of which spectral products (s)", floor.get("spectral"), ""),
         ("… of which the 64-token forward pass (s)", floor.get("forward"), ""),
-        ("`heads` / floor", _ratio(heads.get("seconds"), floor_s), "≤ 1.5×"),
+        ("`heads` / floor", ratio(heads.get("seconds"), floor_s), "≤ 1.5×"),
         ("`heads` peak RSS (MB)", heads.get("rss_mb"), "≤ 3000"),
         ("floor peak RSS (MB)", floor.get("rss_mb"), ""),
         ("first head QK 64×64 after open (s)", res.get("first_view", {}).get("first_view"), "≤ 1"),
@@ -245,7 +242,7 @@ def report(shape: str, res: dict[str, dict[str, Any]]) -> str:
         rows += [
             (f"composition {kind}: compute (s)", comp.get("compute", comp.get("error")), ""),
             (f"composition {kind}: GEMM floor (s)", (base or {}).get("compute"), ""),
-            (f"composition {kind} / GEMM floor", _ratio(comp.get("compute"), (base or {}).get("compute")), ""),
+            (f"composition {kind} / GEMM floor", ratio(comp.get("compute"), (base or {}).get("compute")), ""),
             (f"composition {kind}: peak RSS (MB)", comp.get("rss_mb"), "≤ 3000"),
             (f"composition {kind}: first ETA (s)", comp.get("first_eta"), ""),
         ]
@@ -294,10 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         res[name] = scenario(name, path, args.timeout)
         print(f"#   {name:22s} {json.dumps(res[name])}", file=sys.stderr)
     text = f"Run {time.strftime('%Y-%m-%d %H:%M %Z')}.\n\n{report(shape, res)}\n"
-    print(text)
-    if args.out:
-        args.out.write_text(text)
-    return 0
+    return publish(text, args.out)
 
 
 if __name__ == "__main__":

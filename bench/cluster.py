@@ -30,6 +30,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from . import publish, ratio
+
 WORKERS = (1, 2, 4)
 SWEEPS = ("heads", "composition-k")
 
@@ -85,10 +87,6 @@ def measure(path: Path, workers: tuple[int, ...], sweeps: tuple[str, ...]) -> di
     return out
 
 
-def _ratio(a: float, b: float) -> str:
-    return f"{a / b:.2f}×" if b > 0 else "–"
-
-
 def report(shape: str, res: dict[str, Any]) -> str:
     lines = [f"### {shape}", "",
              "| sweep | in-process (s) | workers | cluster start (s) | first sweep (s) | "
@@ -98,7 +96,7 @@ def report(shape: str, res: dict[str, Any]) -> str:
         for n, row in res["workers"].items():
             first, again = row[f"{sweep} first"], row[f"{sweep} again"]
             lines.append(f"| {sweep} | {local:.2f} | {n} | {row['start']:.2f} | {first:.2f} | "
-                         f"{_ratio(local, first)} | {again:.2f} | {_ratio(local, again)} |")
+                         f"{ratio(local, first)} | {again:.2f} | {ratio(local, again)} |")
     return "\n".join(lines)
 
 
@@ -122,10 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# {shape} at {path}", file=sys.stderr)
         parts += [report(shape, measure(path, workers, SWEEPS)), ""]
     text = "\n".join(parts)
-    print(text)
-    if args.out:
-        args.out.write_text(text)
-    return 0
+    return publish(text, args.out)
 
 
 if __name__ == "__main__":

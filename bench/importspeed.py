@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from . import publish
+
 ROOT = Path(__file__).resolve().parent.parent
 
 HEADSCOPE = (
@@ -141,10 +143,7 @@ def main(argv: list[str] | None = None) -> int:
              "|---|---|---|---|---|"]
     lines += [f"| {a} | {b:.2f} | {'–' if c is None else f'{c:.2f}'} | {d} | {e} |" for a, b, c, d, e in rows]
     text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        args.out.write_text(text)
-    return 0
+    return publish(text, args.out)
 
 
 if __name__ == "__main__":

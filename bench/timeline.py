@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import publish, ratio
+
 STEPS = 20
 SERIES_SHAPE = "pythia-160m"
 KINDS = ("q", "k", "v")
@@ -131,10 +133,6 @@ def measure(series: Path, workers: tuple[int, ...], scratch: Path,
     return out
 
 
-def _ratio(a: float, b: float) -> str:
-    return f"{a / b:.1f}×" if b > 0 else "–"
-
-
 def report(name: str, n_steps: int, res: dict[str, float], workers: tuple[int, ...],
            kinds: tuple[str, ...] = KINDS) -> str:
     lines = [f"### {name}, {n_steps} steps", "",
@@ -147,8 +145,8 @@ def report(name: str, n_steps: int, res: dict[str, float], workers: tuple[int, .
         base, full = res[f"heads {phase}"], res[f"heads+composition {phase}"]
         for n in workers:
             t = res[f"timeline {phase} w{n}"]
-            lines.append(f"| {phase} | {t:.1f} | {n} | {base:.1f} | {_ratio(base, t)} | "
-                         f"{full:.1f} | {_ratio(full, t)} |")
+            lines.append(f"| {phase} | {t:.1f} | {n} | {base:.1f} | {ratio(base, t, 1)} | "
+                         f"{full:.1f} | {ratio(full, t, 1)} |")
     return "\n".join(lines)
 
 
@@ -185,10 +183,7 @@ def main(argv: list[str] | None = None) -> int:
                f"of the {n_steps} steps, their time scaled to all {n_steps}.")
     text = "\n".join([f"Run {time.strftime('%Y-%m-%d %H:%M %Z')}, {os.cpu_count()} cores.{sampled}", "",
                       report(shape.name, n_steps, res, workers, kinds), ""])
-    print(text)
-    if args.out:
-        args.out.write_text(text)
-    return 0
+    return publish(text, args.out)
 
 
 if __name__ == "__main__":
