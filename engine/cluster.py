@@ -100,24 +100,31 @@ class _OnePart:
             self.value = np.asarray(value, dtype=np.float32)
 
 
-def _run_sweep(model: Model, sweep: str, memo: Memo) -> None:
-    from . import scores
+def _run_sweep(model: Model, sweep: str, memo: _OnePart) -> None:
+    """Compute ``memo``'s one part on the path the client's own sweep takes
+    (``compute.weight_scores``, ``compute.composition``), so the numbers are bit-identical."""
+    from . import fast
+
+    arrays = fast.numpy_weights(model)
+    if arrays is not None and sweep in ("copying_score", "qk_positivity"):
+        # one layer of fast.spectral_scores
+        middle = {sweep: _middle(model, sweep, arrays)}
+        memo.put(memo.index, fast.layer_spectral_scores(arrays, memo.index, middle)[sweep])
+        return
+    if arrays is not None:
+        fast.composition_scores(arrays, sweep.rsplit("-", 1)[1], memo=memo, baseline_samples=1,
+                                tile_bytes=worker_tile_bytes())
+        return
+    from . import scores  # the torch path (GGUF, float8, OPT-350m's products)
 
     w = model.weights
     if sweep == "copying_score":
         scores.all_copying_scores(w, memo=memo, middle=lambda: _middle(model, sweep))
     elif sweep == "qk_positivity":
         scores.all_qk_positivity(w, memo=memo, middle=lambda: _middle(model, sweep))
-    else:  # the path compute.composition takes locally, so the numbers are bit-identical
-        from . import fast
-
-        kind = sweep.rsplit("-", 1)[1]
-        arrays = fast.numpy_weights(model)
-        if arrays is not None:
-            fast.composition_scores(arrays, kind, memo=memo, baseline_samples=1,
-                                    tile_bytes=worker_tile_bytes())
-        else:
-            scores.composition_scores(w, kind, memo=memo, baseline_samples=1)  # type: ignore[arg-type]
+    else:
+        scores.composition_scores(w, sweep.rsplit("-", 1)[1], memo=memo,  # type: ignore[arg-type]
+                                  baseline_samples=1)
 
 
 def worker_tile_bytes(limit: int | None = None) -> int:
@@ -147,7 +154,15 @@ _OPEN: dict[tuple[str, str, bool], Model] = {}
 _MIDDLES: dict[str, Any] = {}
 
 
-def _middle(model: Model, sweep: str) -> Any:
+def _middle(model: Model, sweep: str, arrays: Any = None) -> Any:
+    """The ``d_model × d_model`` middle of a spectral sweep: numpy's (``fast.spectral_middles``,
+    both at once) for ``arrays``, else torch's."""
+    from . import fast
+
+    if arrays is not None:
+        if "fast" not in _MIDDLES:
+            _MIDDLES["fast"] = fast.spectral_middles(arrays)
+        return _MIDDLES["fast"][sweep]
     from . import scores
 
     if sweep not in _MIDDLES:

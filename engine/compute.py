@@ -22,6 +22,7 @@ import numpy as np
 from .caveats import ov_caveats, qk_caveats
 from .errors import CancelledError, NonFiniteError, PromptError
 from .requests import (
+    NULL_SAMPLES,
     PATH_SAMPLE,
     SCORE_NAMES,
     SEED,
@@ -276,31 +277,36 @@ def behaviour(model: Model, seed: int = SEED, cancelled: Cancelled = None,
               weights_nonfinite: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Behavioural scores of every head (one batched forward pass) and the non-finite flags.
 
-    With a ``store``, the three tables are one stored part (a forward pass is not resumable).
-    ``weights_nonfinite``: ``nonfinite_heads(model)`` if the caller already has it (from
-    ``scores.spectral_scores``), so the weights are not checked a second time.
+    With a ``store``, the three tables are one stored part (a forward pass is not resumable);
+    read back, they need neither torch nor the weights. ``weights_nonfinite``:
+    ``nonfinite_heads(model)`` if the caller already has it (from the spectral sweep), so the
+    weights are not checked a second time.
     """
-    from . import scores
-
     # The three behavioural tables and the two attention-sink tables are one stored part.
-    name = f"behaviour-seed{seed}"
     shape = (len(BEHAVIOURS) + len(SINKS), model.cfg.n_layers, model.cfg.n_heads)
-    stacked = None if store is None else store.load(name, "all", shape)
+    stacked = None if store is None else store.load(behaviour_part(seed), "all", shape)
+    # Weights that are not finite (stored), or attention that is not (these scores).
+    flags = np.array(_stored_nonfinite(model, store, weights_nonfinite))
     if stacked is None:
+        from . import scores
+
         found = scores.behaviour_scores(model.weights, seed=seed, progress=progress, cancelled=cancelled)
         stacked = np.stack([*(np.asarray(found[b], dtype=np.float32) for b in BEHAVIOURS),
-                            *sink_tables(model, seed)])
+                            *sink_tables(model, seed, flags)])
         if store is not None:
-            store.save(name, stacked)
+            store.save(behaviour_part(seed), stacked)
     elif progress is not None:
         progress(1.0)
     out = {b: readonly(stacked[i], np.float32) for i, b in enumerate((*BEHAVIOURS, *SINKS))}
-    # Weights that are not finite (stored), or attention that is not (these scores).
-    flags = np.array(_stored_nonfinite(model, store, weights_nonfinite))
     for b in BEHAVIOURS:
         flags |= ~np.isfinite(np.asarray(out[b], dtype=np.float64))
     out["nonfinite"] = readonly(flags, bool)
     return out
+
+
+def behaviour_part(seed: int) -> str:
+    """The results-store name of ``behaviour``'s one part."""
+    return f"behaviour-seed{seed}"
 
 
 def score_table(
@@ -311,39 +317,50 @@ def score_table(
     store: ModelStore | None = None,
     cluster: Cluster | None = None,
 ) -> ScoreTable:
-    """Every score of every head, ``[n_layers, n_heads]`` each, under ``SCORE_NAMES``."""
-    from . import scores
+    """Every score of every head, ``[n_layers, n_heads]`` each, under ``SCORE_NAMES``.
 
-    w = model.weights
-    n_heads = (model.cfg.n_heads,)
+    The weight scores are ``weight_scores``' (numpy where ``engine.fast`` applies), so
+    ``heads`` and ``heads --no-behaviour`` give the same numbers bit for bit. torch is
+    imported only for the behavioural forward pass, on a background thread while the weight
+    sweep runs, and not at all when the store holds every part (a warm ``heads``).
+    """
     if cluster is not None:
         progress = _monotone(progress)
     if progress is not None:
         progress(0.0)
-    if store is None and cluster is None:
-        # both spectral scores in one pass over the layers (each layer's weights read once)
-        spectral = scores.spectral_scores(w, progress=_part(progress, 0.0, 0.8), cancelled=cancelled)
-        copying, positivity = spectral["copying_score"], spectral["qk_positivity"]
-        # = nonfinite_heads(model), from the peaks the sweep took (no second pass)
-        weights_bad = (spectral["nonfinite"] | spectral["overflow"]).numpy()
-    else:  # one stored part per score and layer (an interrupted sweep resumes; a cluster
-        # computes the missing parts first, engine/cluster.py)
-        memo = _sweep_memo(model, store, "copying_score", n_heads, cluster,
-                           _part(progress, 0.0, 0.4), cancelled)
-        copying = scores.all_copying_scores(w, progress=_part(progress, 0.0, 0.4), cancelled=cancelled,
-                                            memo=memo)
-        memo = _sweep_memo(model, store, "qk_positivity", n_heads, cluster,
-                           _part(progress, 0.4, 0.8), cancelled)
-        positivity = scores.all_qk_positivity(w, progress=_part(progress, 0.4, 0.8), cancelled=cancelled,
-                                              memo=memo)
-        weights_bad = None
-    found = behaviour(model, seed, cancelled, _part(progress, 0.8, 0.98), store, weights_bad)
+    if not _stored(store, behaviour_part(seed)):
+        import_torch_in_background()
+    weights = weight_scores(model, _part(progress, 0.0, 0.8), cancelled, store, cluster)
+    found = behaviour(model, seed, cancelled, _part(progress, 0.8, 0.98), store, weights["nonfinite"])
     _check(cancelled)
     if store is not None:
         store.finish()
     if progress is not None:
         progress(1.0)
-    return table_of(copying, positivity, found)
+    return table_of(weights["copying_score"], weights["qk_positivity"], found)
+
+
+def _stored(store: ModelStore | None, name: str) -> bool:
+    return store is not None and store.has(name)
+
+
+def import_torch_in_background() -> None:
+    """Start ``import torch`` on a daemon thread (a forward pass needs it; the weight algebra
+    before it does not): its 1-3 s overlap that algebra instead of preceding it. The main
+    thread's own ``import torch`` later waits for this one (Python's import lock)."""
+    import contextlib
+    import sys
+    import threading
+
+    if "torch" in sys.modules:
+        return
+
+    def load() -> None:
+        # a failure here is raised again, with its traceback, by the main thread's import
+        with contextlib.suppress(Exception):
+            import torch  # noqa: F401
+
+    threading.Thread(target=load, name="headscope-import-torch", daemon=True).start()
 
 
 def table_of(copying: Any, positivity: Any, found: dict[str, np.ndarray]) -> ScoreTable:
@@ -362,39 +379,48 @@ def table_of(copying: Any, positivity: Any, found: dict[str, np.ndarray]) -> Sco
 
 
 def weight_scores(model: Model, progress: Progress = None, cancelled: Cancelled = None,
-                  store: ModelStore | None = None) -> dict[str, np.ndarray]:
+                  store: ModelStore | None = None, cluster: Cluster | None = None
+                  ) -> dict[str, np.ndarray]:
     """The weight-only scores of every head, ``[L, H]`` each: ``copying_score``,
-    ``qk_positivity`` and ``nonfinite`` (as ``score_table``'s), without a forward pass, and
-    without torch where ``engine.fast`` applies. ``store``: the parts ``score_table`` keeps
-    (one per score and layer, and the ``nonfinite`` flags) are read back or written."""
+    ``qk_positivity`` and ``nonfinite`` (heads with non-finite or overflowing attention
+    weights), without a forward pass, and without torch where ``engine.fast`` applies.
+
+    ``store``: one part per score and layer (an interrupted sweep resumes) and the
+    ``nonfinite`` flags are read back or written. ``cluster``: the missing layers are
+    computed there first (engine.cluster, on the same numpy path), then read back here.
+    """
     from . import fast
 
     n_heads = (model.cfg.n_heads,)
+    if cluster is not None:  # the cluster's parts, then their read-back, over the same span
+        progress = _monotone(progress)
+        memos: dict[str, Memo] | None = {
+            name: _sweep_memo(model, store, name, n_heads, cluster, _part(progress, i / 2, (i + 1) / 2),
+                              cancelled)
+            for i, name in enumerate(SPECTRAL_SWEEPS)}
+    else:
+        memos = None if store is None else {name: store.memo(name, n_heads) for name in SPECTRAL_SWEEPS}
     arrays = fast.numpy_weights(model)
     if arrays is not None:
-        memos = None if store is None else {
-            name: store.memo(name, n_heads) for name in ("copying_score", "qk_positivity")}
         flags = None if store is None else store.load(
             "nonfinite", "all", (model.cfg.n_layers, model.cfg.n_heads), bool)
         found = fast.spectral_scores(arrays, progress, cancelled, memos=memos, known_flags=flags)
         nonfinite = found["nonfinite"] | found["overflow"]
         if store is not None and flags is None:
             store.save("nonfinite", nonfinite)
-    elif store is None:
+    elif memos is None:
         from . import scores
 
         found = {k: v.numpy() for k, v in scores.spectral_scores(model.weights, progress, cancelled).items()}
         nonfinite = found["nonfinite"] | found["overflow"]
-    else:  # the score_table's stored sweeps, on torch (GGUF, float8)
+    else:  # the stored (or cluster) sweeps, on torch (GGUF, float8, OPT-350m's products)
         from . import scores
 
         found = {
             "copying_score": scores.all_copying_scores(
-                model.weights, _part(progress, 0.0, 0.5), cancelled,
-                memo=store.memo("copying_score", n_heads)).numpy(),
+                model.weights, _part(progress, 0.0, 0.5), cancelled, memo=memos["copying_score"]).numpy(),
             "qk_positivity": scores.all_qk_positivity(
-                model.weights, _part(progress, 0.5, 1.0), cancelled,
-                memo=store.memo("qk_positivity", n_heads)).numpy(),
+                model.weights, _part(progress, 0.5, 1.0), cancelled, memo=memos["qk_positivity"]).numpy(),
         }
         nonfinite = np.array(_stored_nonfinite(model, store))
     if store is not None:
@@ -402,6 +428,9 @@ def weight_scores(model: Model, progress: Progress = None, cancelled: Cancelled 
     return {"copying_score": readonly(found["copying_score"], np.float32),
             "qk_positivity": readonly(found["qk_positivity"], np.float32),
             "nonfinite": readonly(nonfinite, bool)}
+
+
+SPECTRAL_SWEEPS = ("copying_score", "qk_positivity")  # their stored parts: one per layer
 
 
 def composition(
@@ -512,15 +541,17 @@ def delimiter_masks(model: Model, natural: Sequence[Any]) -> list[Any]:
             for tokens in natural]
 
 
-def sink_tables(model: Model, seed: int = SEED) -> tuple[np.ndarray, np.ndarray]:
+def sink_tables(model: Model, seed: int = SEED, bad: np.ndarray | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
     """``[L, H]`` attention-sink scores on the first token and on delimiters
-    (``reading.sink_scores``), in one pass; NaN for heads with non-finite weights."""
+    (``reading.sink_scores``), in one pass; NaN for heads with non-finite weights (``bad``,
+    ``nonfinite_heads(model)`` if not given)."""
     from . import reading
 
     repeated, natural = sink_batches(model, seed)
     masks = [None, *delimiter_masks(model, natural)]
     first, delim = (t.numpy() for t in reading.sink_scores(model.weights, [repeated, *natural], masks))
-    bad = nonfinite_heads(model)
+    bad = nonfinite_heads(model) if bad is None else bad
     first[bad] = np.nan
     delim[bad] = np.nan
     return readonly(first, np.float32), readonly(delim, np.float32)
@@ -637,16 +668,18 @@ def score_null(model: Model, seed: int = SEED, samples: int | None = None,
     """Every score on random heads of the model's shapes and norms (docs/math.md,
     "Calibrated scores"): mean and standard deviation per score and layer.
 
-    With a ``store``, computed once per model and seed (one stored part, mean and std)."""
-    from . import reading
-
-    cfg, w = model.cfg, model.weights
-    samples = reading.NULL_SAMPLES if samples is None else int(samples)
+    With a ``store``, computed once per model and seed (one stored part, mean and std), and
+    read back without torch."""
+    cfg = model.cfg
+    samples = NULL_SAMPLES if samples is None else int(samples)
     part, shape = f"null-seed{seed}-n{samples}", (2, len(SCORE_NAMES), cfg.n_layers)
     stored = None if store is None else store.load(part, "all", shape)
     if stored is not None:
         return ScoreNull(names=SCORE_NAMES, mean=readonly(stored[0], np.float32),
                          std=readonly(stored[1], np.float32), samples=samples, seed=seed)
+    from . import reading
+
+    w = model.weights
     w_e, w_u = w.get("embed.W_E"), w.get("unembed.W_U")
     found = {
         "copying_score": reading.null_spectral_scores(w_u @ w_e, cfg.d_head, seed, samples),

@@ -365,7 +365,7 @@ def diff_models(
     default) torch is imported for their forward pass only, on a background thread while
     the similarities are computed.
     """
-    from .compute import _part
+    from .compute import _part, import_torch_in_background
     from .fast import numpy_weights
     from .report import WEIGHT_SCORE_NAMES, head_table, weight_table
 
@@ -374,7 +374,7 @@ def diff_models(
     arrays_a, arrays_b = numpy_weights(a), numpy_weights(b)
     torch_free = arrays_a is not None and arrays_b is not None
     if behaviour and torch_free:
-        _import_torch_in_background()
+        import_torch_in_background()
     if torch_free:
         sim_ov, sim_qk = similarity_arrays(arrays_a, arrays_b)  # type: ignore[arg-type]
     else:
@@ -394,8 +394,6 @@ def diff_models(
     def table(model: Model, part: Progress) -> dict[tuple[int, int], dict[str, Any]]:
         if not behaviour:
             rows = weight_table(model, store=store, progress=part)
-        elif cluster is None and numpy_weights(model) is not None:
-            rows = _numpy_weight_rows(model, seed, store, part)
         else:  # z-scores are not compared: no calibration pass
             rows = head_table(model, seed=seed, store=store, progress=part, cluster=cluster,
                               calibrated=False)
@@ -450,44 +448,6 @@ def diff_models(
             for r in biggest
         ],
     )
-
-
-def _numpy_weight_rows(model: Model, seed: int, store: ResultStore | None, progress: Progress
-                       ) -> list[dict[str, Any]]:
-    """``head_table(model, calibrated=False)`` with the weight scores from ``engine.fast``
-    (``compute.weight_scores``: the same stored parts) and torch only for the behavioural
-    forward pass (``compute.behaviour``)."""
-    from .compute import _part, behaviour, table_of, weight_scores
-    from .report import score_rows
-    entry = None if store is None else store.for_model(model)
-    weights = weight_scores(model, _part(progress, 0.0, 0.3), store=entry)
-    found = behaviour(model, seed, progress=_part(progress, 0.3, 1.0), store=entry,
-                      weights_nonfinite=np.asarray(weights["nonfinite"]))
-    table = table_of(weights["copying_score"], weights["qk_positivity"], found)
-    if entry is not None:
-        entry.finish()
-    if progress is not None:
-        progress(1.0)
-    return score_rows(table)
-
-
-def _import_torch_in_background() -> None:
-    """Start ``import torch`` on a daemon thread (the behavioural pass needs it; the weight
-    algebra before it does not): its 1-3 s overlap the similarity products instead of
-    preceding them. The main thread's own ``import torch`` later waits for this one."""
-    import contextlib
-    import sys
-    import threading
-
-    if "torch" in sys.modules:
-        return
-
-    def load() -> None:
-        # a failure here is raised again, with its traceback, by the main thread's import
-        with contextlib.suppress(Exception):
-            import torch  # noqa: F401
-
-    threading.Thread(target=load, name="headscope-import-torch", daemon=True).start()
 
 
 def _subspace_cosines(a: Model, b: Model, matching: list[list[int]], arrays_a: NumpyWeights | None,

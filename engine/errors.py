@@ -87,10 +87,11 @@ _ALLOCATION = re.compile(r"tried to allocate (\d+) bytes|allocate (\d+) bytes")
 
 def out_of_memory(err: BaseException, path: str | PathLike[str] | None = None,
                   what: str = "this request") -> ResourceLimitError | None:
-    """``MemoryError`` or torch's allocator ``RuntimeError`` as a one-line
+    """``MemoryError`` (numpy's says its size) or torch's allocator ``RuntimeError`` as a one-line
     ``ResourceLimitError`` saying how much was needed; ``None`` for other errors."""
     if isinstance(err, MemoryError):
-        needed = ""
+        size = getattr(err, "_total_size", None)  # numpy's _ArrayMemoryError knows the request
+        needed = f": one allocation of {format_bytes(int(size))} failed" if isinstance(size, int) else ""
     elif isinstance(err, RuntimeError) and any(
         s in str(err).lower() for s in ("allocate memory", "not enough memory", "out of memory")
     ):

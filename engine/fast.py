@@ -61,7 +61,9 @@ class _Unsupported(Exception):
 def _widen(raw: np.ndarray, dtype: Any) -> np.ndarray:
     """Stored bytes as float32 (bf16: the upper half of a float32, exact)."""
     if dtype == "bf16":
-        return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+        wide = raw.view(np.uint16).astype(np.uint32)
+        wide <<= 16  # in place: one float32-sized array, not two
+        return wide.view(np.float32)
     return raw.view(dtype).astype(np.float32, copy=False)
 
 
@@ -456,7 +458,7 @@ def layer_nonfinite(w: NumpyWeights, layer: int) -> np.ndarray:
 # -- spectral scores ---------------------------------------------------------------------------
 
 
-def _spectral(small: np.ndarray) -> np.ndarray:
+def _batched_spectral_score(small: np.ndarray) -> np.ndarray:
     """``Σ Re λ / Σ |λ|`` of each ``small [H, k, k]`` (float64 eigenvalues), NaN if non-finite."""
     finite = _finite(small)
     safe = np.where(finite[:, None, None], small, 0).astype(np.float64)
@@ -485,7 +487,7 @@ def layer_spectral_scores(w: NumpyWeights, layer: int, middles: dict[str, np.nda
             wide = (np.ascontiguousarray(lhs).reshape(n * k, d) @ middle).reshape(n, k, d)
             with one_lapack_thread():  # H small products: threads only contend here
                 small = wide @ rhs
-        out[kind] = np.where(bad, np.float32(np.nan), _spectral(small))
+        out[kind] = np.where(bad, np.float32(np.nan), _batched_spectral_score(small))
     limit = float(np.finfo(np.float32).max) / w.cfg.d_head
     p64 = {name: peak.astype(np.float64) for name, peak in peaks.items()}
     with np.errstate(invalid="ignore", over="ignore"):
@@ -524,9 +526,16 @@ def spectral_scores(w: NumpyWeights, progress: Progress = None, cancelled: Cance
     out = {name: np.empty((cfg.n_layers, cfg.n_heads), np.float32) for name in _SPECTRAL}
     out["nonfinite"] = np.zeros((cfg.n_layers, cfg.n_heads), bool)
     out["overflow"] = np.zeros((cfg.n_layers, cfg.n_heads), bool)
-    for layer in range(cfg.n_layers):
+    def stored(layer: int) -> dict[str, np.ndarray] | None:
         known = {name: memo.get(layer, (cfg.n_heads,)) for name, memo in memos.items()}
         if memos and all(v is not None for v in known.values()) and set(known) == set(_SPECTRAL):
+            return known  # type: ignore[return-value]
+        return None
+
+    reading: threading.Thread | None = None
+    for layer in range(cfg.n_layers):
+        known = stored(layer)
+        if known is not None:
             for name, value in known.items():
                 out[name][layer] = value
             out["nonfinite"][layer] = known_flags[layer] if known_flags is not None else layer_flags(w, layer)
@@ -535,12 +544,35 @@ def spectral_scores(w: NumpyWeights, progress: Progress = None, cancelled: Cance
         _check(cancelled)
         if middles is None:
             middles = spectral_middles(w)
+        if reading is not None:
+            reading.join()
+        # the next layer's weights are read (one core: preadv, widening, processing) while
+        # this one's eigenvalues run on one LAPACK thread: the reads fill the idle core
+        nxt = layer + 1
+        reading = _read_ahead(w, nxt) if nxt < cfg.n_layers and stored(nxt) is None else None
         for name, value in layer_spectral_scores(w, layer, middles).items():
             out[name][layer] = value
         for name, memo in memos.items():
             memo.put(layer, out[name][layer])
         _report(progress, (layer + 1) / cfg.n_layers)
+    if reading is not None:
+        reading.join()
     return out
+
+
+def _read_ahead(w: NumpyWeights, layer: int) -> threading.Thread:
+    """Read ``layer``'s four attention weights into ``w``'s cache on a daemon thread (no BLAS:
+    the OpenBLAS thread count ``one_lapack_thread`` sets is process-wide). A failure is left
+    for the sweep's own read of the same tensor to raise."""
+
+    def read() -> None:
+        with contextlib.suppress(Exception):
+            for name in _HEAD_WEIGHTS:
+                w.get(f"blocks.{layer}.attn.{name}")
+
+    thread = threading.Thread(target=read, name="headscope-read-ahead", daemon=True)
+    thread.start()
+    return thread
 
 
 _SPECTRAL = ("copying_score", "qk_positivity")

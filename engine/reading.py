@@ -18,6 +18,7 @@ from torch import Tensor
 
 from .errors import CancelledError
 from .factored import FactoredMatrix, is_finite
+from .requests import NULL_SAMPLES
 from .weights import WeightSource
 
 __all__ = [
@@ -39,7 +40,6 @@ __all__ = [
 ]
 
 SINK_SKIP = 4  # query positions 0..SINK_SKIP-1 are left out of the sink score
-NULL_SAMPLES = 64  # random heads per null
 DRAWN_BYTES = 256 << 20  # the null keeps every layer's random W_Q, W_K up to this size
 
 

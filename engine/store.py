@@ -374,6 +374,10 @@ class ModelStore:
         assert self.dir is not None
         return self.dir / f"{name}.{index}{SUFFIX}"
 
+    def has(self, name: str, index: int | str = "all") -> bool:
+        """Whether a file for the part exists (``load`` still checks it; a cheap guess)."""
+        return self.enabled and self.key is not None and self._file(name, str(index)).exists()
+
     def load(self, name: str, index: int | str = "all", shape: tuple[int, ...] | None = None,
              dtype: Any = np.float32) -> np.ndarray | None:
         """The stored part, or None (absent, unreadable, or failing any check)."""

@@ -29,7 +29,8 @@ def test_model_conveniences_equal_engine_functions(gpt2_dir) -> None:
     assert torch.allclose(fm.block([1, 2], [3]), circuits.full_ov(model.weights, 1, 2).block([1, 2], [3]))
     heads = model.heads()
     copying = scores.all_copying_scores(model.weights)
-    assert [h["copying_score"] for h in heads] == pytest.approx(copying.flatten().tolist())
+    # heads() sweeps in numpy (engine.fast), the reference in torch: float32 rounding apart
+    assert [h["copying_score"] for h in heads] == pytest.approx(copying.flatten().tolist(), abs=1e-6)
     comp = model.composition("k")
     assert torch.equal(comp.scores, scores.composition_scores(model.weights, "k").scores)
     result = model.run([1, 2, 3])

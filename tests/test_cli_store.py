@@ -35,14 +35,18 @@ def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
 
 
 def count_spectral(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the batched spectral scores computed, on the numpy path and on torch's."""
+    from headscope.engine import fast
+
     calls: list[int] = []
-    real = scores._batched_spectral_score
+    for module in (scores, fast):
+        real = module._batched_spectral_score
 
-    def spy(small: Any) -> Any:
-        calls.append(1)
-        return real(small)
+        def spy(small: Any, real: Any = real) -> Any:
+            calls.append(1)
+            return real(small)
 
-    monkeypatch.setattr(scores, "_batched_spectral_score", spy)
+        monkeypatch.setattr(module, "_batched_spectral_score", spy)
     return calls
 
 
@@ -82,7 +86,7 @@ def test_weight_only_heads_share_the_store_with_heads(capsys, gpt2_dir, monkeypa
         m.setattr(fast, "spectral_middles", fail)
         assert run_json(capsys, "heads", path, "--no-behaviour") == first
         calls = count_spectral(m)
-        full = run_json(capsys, "heads", path)  # the torch sweeps read the same parts
+        full = run_json(capsys, "heads", path)  # heads reads the same parts
         assert calls == []
     weights = {(r["layer"], r["head"]): r for r in first}
     for row in full:

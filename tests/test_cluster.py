@@ -148,7 +148,8 @@ def test_heads_and_composition_on_the_cluster_equal_the_local_sweeps(
     assert seen == sorted(seen) and seen[-1] >= 0.8  # the cluster parts reported as they came
     # every part is in the store: a local sweep now computes nothing
     entry = store.for_model(model)
-    with mock.patch.object(scores, "_batched_spectral_score", side_effect=AssertionError):
+    with mock.patch.object(scores, "_batched_spectral_score", side_effect=AssertionError), \
+            mock.patch.object(fast, "_batched_spectral_score", side_effect=AssertionError):
         again = compute.score_table(model, store=entry)
     np.testing.assert_array_equal(again.copying_score, np.array([r["copying_score"] for r in heads],
                                                                 dtype=np.float32).reshape(6, -1))
@@ -180,16 +181,15 @@ def test_a_worker_forms_each_vocabulary_contraction_once(deep_gpt2: Path) -> Non
 
     model = open_model(deep_gpt2)
     key = fingerprint(model.checkpoint, False)
-    local = {"copying_score": scores.all_copying_scores(model.weights).numpy(),
-             "qk_positivity": scores.all_qk_positivity(model.weights).numpy()}
+    found = compute.weight_scores(model)  # the local sweep: the same numbers, bit for bit
+    local = {name: found[name] for name in ("copying_score", "qk_positivity")}
     cluster_mod._OPEN.clear()
-    with mock.patch.object(scores, "copying_middle", wraps=scores.copying_middle) as cm, \
-            mock.patch.object(scores, "qk_middle", wraps=scores.qk_middle) as qm:
+    with mock.patch.object(fast, "spectral_middles", wraps=fast.spectral_middles) as middles:
         for sweep, rows in local.items():
             for layer in range(rows.shape[0]):
                 part = cluster_mod.compute_part(str(deep_gpt2), key, False, sweep, layer)
                 np.testing.assert_array_equal(part, rows[layer])
-    assert (cm.call_count, qm.call_count) == (1, 1)
+    assert middles.call_count == 1  # both middles at once, for every task of both sweeps
     cluster_mod._OPEN.clear()
 
 

@@ -102,6 +102,24 @@ def _cli_in_fresh_process(*argv: str) -> tuple[list[str], object]:
     return torch_modules, json.loads(stdout)
 
 
+def test_a_warm_heads_run_imports_no_torch_and_heads_equals_its_weight_only_run(tmp_path):
+    """Every score in the results store: `heads` reads them back without torch. Its weight
+    scores come from the numpy sweep `heads --no-behaviour` runs: the same numbers, bit for
+    bit, also when both compute them afresh."""
+    path = str(_build("llama", "bfloat16", tmp_path))
+    cold_modules, cold = _cli_in_fresh_process("heads", path, "--json")
+    assert "torch" in cold_modules  # the behavioural forward pass
+    warm_modules, warm = _cli_in_fresh_process("heads", path, "--json")
+    assert warm_modules == [] and warm == cold
+    _, weights = _cli_in_fresh_process("heads", path, "--no-behaviour", "--json", "--no-cache")
+    _, fresh = _cli_in_fresh_process("heads", path, "--json", "--no-cache")
+    by_head = {(r["layer"], r["head"]): r for r in weights}
+    for table in (cold, fresh):
+        for row in table:
+            for key in ("copying_score", "qk_positivity", "nonfinite"):
+                assert row[key] == by_head[(row["layer"], row["head"])][key], key
+
+
 @pytest.mark.parametrize("argv", [
     ("info", "{path}", "--json"),
     ("heads", "{path}", "--no-behaviour", "--json"),

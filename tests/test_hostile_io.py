@@ -377,12 +377,27 @@ def test_cli_out_of_memory_is_one_line(
     assert "out of memory" in line and "80.0 GiB" in line and "attn-only-2l" in line
 
 
-def test_engine_out_of_memory_is_a_resource_error(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("path", ["numpy", "torch"])
+def test_engine_out_of_memory_is_a_resource_error(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+    """The weight sweep runs in numpy (engine.fast), or in torch where that does not apply:
+    either allocator's failure is one line with the size asked for."""
+    import numpy as np
+
+    import headscope.engine.fast as fast
     import headscope.engine.scores as scores
 
     def exhausted(*args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError(ALLOCATOR_ERROR)
+        if path == "torch":
+            raise RuntimeError(ALLOCATOR_ERROR)
+        try:  # what numpy raises for np.empty of 80 GiB (numpy 2; numpy.core in 1.26)
+            from numpy._core._exceptions import _ArrayMemoryError
+        except ImportError:
+            from numpy.core._exceptions import _ArrayMemoryError
+        raise _ArrayMemoryError((85899345920 // 4,), np.dtype(np.float32))
 
+    if path == "torch":
+        monkeypatch.setattr(fast, "numpy_weights", lambda model: None)
+    monkeypatch.setattr(fast, "spectral_scores", exhausted)
     monkeypatch.setattr(scores, "all_copying_scores", exhausted)
     monkeypatch.setattr(scores, "spectral_scores", exhausted)  # the one-pass sweep without a store
 

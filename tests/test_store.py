@@ -218,11 +218,13 @@ def test_interrupted_ablation_sweep_resumes_with_the_missing_layers(deep_gpt2, s
 
 def test_interrupted_head_table_resumes_and_equals_an_uninterrupted_one(deep_gpt2, store, monkeypatch) -> None:
     model = open_model(deep_gpt2)
-    with pytest.raises(KeyboardInterrupt):  # stops inside the QK-positivity sweep
-        report.head_table(model, store=store, progress=raise_after(N_LAYERS + 3))
+    # reports: 0 at the start, then one per layer of the spectral sweep (both scores of a
+    # layer are stored before its report): the 4th stops it after 3 layers
+    with pytest.raises(KeyboardInterrupt):
+        report.head_table(model, store=store, progress=raise_after(1 + 3))
     spectral = counting(monkeypatch, "_batched_spectral_score")
     resumed = report.head_table(open_model(deep_gpt2), store=store)
-    assert spectral.calls == N_LAYERS - 2  # the copying sweep and 2 QK layers were stored
+    assert spectral.calls == 2 * (N_LAYERS - 3)  # copying and QK positivity of the 2 missing layers
     monkeypatch.setattr(scores, "_batched_spectral_score", spectral.real)
     assert json.dumps(resumed) == json.dumps(report.head_table(model))
 
@@ -306,7 +308,7 @@ def test_damaged_files_are_ignored_recomputed_and_replaced(deep_gpt2, store, mon
         target.write_bytes(b"")
     spectral = counting(monkeypatch, "_batched_spectral_score")
     again = compute.score_table(open_model(deep_gpt2), store=store.for_model(model))
-    assert spectral.calls == 1  # only the damaged layer
+    assert spectral.calls == 2  # only the damaged layer (its two scores are computed together)
     same(again.copying_score, plain.copying_score)
     assert target.read_bytes() == blob  # replaced by a good file
 
