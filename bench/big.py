@@ -12,9 +12,11 @@ peak RSS and import costs are per scenario:
 - ``heads``: ``headscope heads PATH --json`` (the CLI's ``main``), output discarded.
 - ``info``: ``headscope info PATH --json``.
 - ``first_view``: open the model, then the first head's 64×64 token QK block (``Engine``).
-- ``composition-floor-{q,k,v}`` / ``composition-{q,k,v}`` (``--composition``): every layer
-  pair's ``[H·d_head, d_model] @ [d_model, H·d_head]`` product (the GEMM floor of one mode) vs
-  ``scores.composition_scores`` streamed tile by tile, with its ETA.
+- ``composition-floor-{q,k,v}`` / ``composition-numpy-{q,k,v}`` / ``composition-{q,k,v}``
+  (``--composition``): every layer pair's ``[H·d_head, d_model] @ [d_model, H·d_head]``
+  product (the GEMM floor of one mode) vs the streamed sweep, tile by tile, with its ETA:
+  ``engine.fast``'s (numpy, what the CLI and the explorer run on safetensors) and
+  ``engine.scores``' (torch, for GGUF and float8).
 
 Ratios are headscope / floor (≤ 1.5 is the goal for ``heads``). ``--tiny`` runs the same on
 the toy ``tiny-llama-mha`` shape (what the smoke test does).
@@ -135,6 +137,9 @@ class _FirstLayers:
     def get_head(self, name: str, head: int) -> Any:
         return self._w.get_head(name, head)
 
+    def __getattr__(self, name: str) -> Any:  # the rest of the source (numpy's plan, path, ...)
+        return getattr(self._w, name)
+
 
 def _layers() -> int:
     import os
@@ -162,20 +167,24 @@ def run_composition_floor(path: Path, kind: str) -> dict[str, Any]:
     return {"compute": spent, "seconds": since(T0)}
 
 
-def run_composition(path: Path, kind: str) -> dict[str, Any]:
-    """``composition_scores`` streamed tile by tile, with the ETA its progress gives."""
-    from headscope.engine import scores
+def run_composition(path: Path, kind: str, numpy_path: bool = False) -> dict[str, Any]:
+    """``composition_scores`` streamed tile by tile, with the ETA its progress gives:
+    ``engine.fast``'s (numpy: what the CLI and the explorer run on safetensors) or
+    ``engine.scores``' (torch: GGUF, float8)."""
+    from headscope.engine import fast, scores
     from headscope.engine.eta import Eta
     from headscope.engine.loading import open_model
 
-    w = _FirstLayers(open_model(path).weights, _layers())
+    model = open_model(path)
+    w = _FirstLayers(fast.numpy_weights(model) if numpy_path else model.weights, _layers())
+    sweep = fast.composition_scores if numpy_path else scores.composition_scores
     eta = Eta()
     etas: list[float] = []
     edges = 0
 
-    def on_tile(tile: scores.CompositionTile) -> None:
+    def on_tile(tile: Any) -> None:
         nonlocal edges
-        edges += tile.scores.numel()
+        edges += int(tile.scores.size if numpy_path else tile.scores.numel())
 
     def progress(fraction: float) -> None:
         eta.update(fraction)
@@ -185,7 +194,7 @@ def run_composition(path: Path, kind: str) -> dict[str, Any]:
             print(f"# composition {kind}: {fraction:.0%}, ETA {left:.0f} s", file=sys.stderr)
 
     t = time.perf_counter()
-    scores.composition_scores(w, kind, progress=progress, on_tile=on_tile)  # type: ignore[arg-type]
+    sweep(w, kind, progress=progress, on_tile=on_tile)  # type: ignore[arg-type, operator]
     return {"compute": since(t), "edges": edges, "first_eta": etas[0] if etas else None,
             "seconds": since(T0)}
 
@@ -193,6 +202,8 @@ def run_composition(path: Path, kind: str) -> dict[str, Any]:
 def one(scenario: str, path: Path) -> dict[str, Any]:
     if scenario.startswith("composition-floor-"):
         out = run_composition_floor(path, scenario[-1])
+    elif scenario.startswith("composition-numpy-"):
+        out = run_composition(path, scenario[-1], numpy_path=True)
     elif scenario.startswith("composition-"):
         out = run_composition(path, scenario[-1])
     else:
@@ -236,16 +247,19 @@ def report(shape: str, res: dict[str, dict[str, Any]]) -> str:
         ("`info --json`, whole process (s)", res.get("info", {}).get("seconds"), "< 0.5"),
     ]
     for kind in KINDS:
-        comp, base = res.get(f"composition-{kind}"), res.get(f"composition-floor-{kind}")
-        if comp is None:
-            continue
-        rows += [
-            (f"composition {kind}: compute (s)", comp.get("compute", comp.get("error")), ""),
-            (f"composition {kind}: GEMM floor (s)", (base or {}).get("compute"), ""),
-            (f"composition {kind} / GEMM floor", ratio(comp.get("compute"), (base or {}).get("compute")), ""),
-            (f"composition {kind}: peak RSS (MB)", comp.get("rss_mb"), "≤ 3000"),
-            (f"composition {kind}: first ETA (s)", comp.get("first_eta"), ""),
-        ]
+        base = res.get(f"composition-floor-{kind}") or {}
+        if f"composition-floor-{kind}" in res:
+            rows.append((f"composition {kind}: GEMM floor (s)", base.get("compute", base.get("error")), ""))
+        for impl, label in (("numpy-", "numpy (CLI, explorer)"), ("", "torch (GGUF, float8)")):
+            comp = res.get(f"composition-{impl}{kind}")
+            if comp is None:
+                continue
+            rows += [
+                (f"composition {kind}, {label}: compute (s)", comp.get("compute", comp.get("error")), ""),
+                (f"composition {kind}, {label} / GEMM floor", ratio(comp.get("compute"), base.get("compute")), ""),
+                (f"composition {kind}, {label}: peak RSS (MB)", comp.get("rss_mb"), "≤ 3000"),
+                (f"composition {kind}, {label}: first ETA (s)", comp.get("first_eta"), ""),
+            ]
     lines = [f"### {shape}", "", "| metric | value | goal |", "|---|---|---|"]
     lines += [f"| {label} | {_fmt(v)} | {goal} |" for label, v, goal in rows]
     return "\n".join(lines)
@@ -278,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {shape}: checkpoint ready in {since(t):.1f} s at {path}", file=sys.stderr)
     names = list(SCENARIOS)
     if args.composition:
-        names += [f"composition{part}-{k}" for k in KINDS for part in ("-floor", "")]
+        names += [f"composition{part}-{k}" for k in KINDS for part in ("-floor", "-numpy", "")]
     if args.only:
         names = [n for n in args.only.split(",") if n]
     if args.layers:
