@@ -7,12 +7,13 @@ from bench import big, importspeed
 
 def test_bench_big_smoke(tmp_path, capsys):
     out = tmp_path / "big.md"
-    only = "info,first_view,floor,heads,composition-floor-k,composition-k"
+    only = "info,first_view,floor,heads,composition-floor-k,composition-numpy-k,composition-k"
     assert big.main(["--tiny", "--dir", str(tmp_path / "ck"), "--only", only, "--out", str(out),
                      "--timeout", "300"]) == 0
     text = out.read_text()
     assert "### tiny-llama-mha" in text and "| `heads` / floor |" in text
-    assert "| composition k / GEMM floor |" in text
+    assert "| composition k, numpy (CLI, explorer) / GEMM floor |" in text
+    assert "| composition k, torch (GGUF, float8) / GEMM floor |" in text
     assert "error" not in text and "timeout" not in text
     assert text in capsys.readouterr().out
 
