@@ -282,26 +282,69 @@ def behaviour(model: Model, seed: int = SEED, cancelled: Cancelled = None,
     ``nonfinite_heads(model)`` if the caller already has it (from the spectral sweep), so the
     weights are not checked a second time.
     """
+    return _behaviour(model, seed, cancelled, progress, store, weights_nonfinite)[0]
+
+
+def _behaviour(model: Model, seed: int, cancelled: Cancelled, progress: Progress,
+               store: ModelStore | None, weights_nonfinite: np.ndarray | None,
+               null_samples: int | None = None) -> tuple[dict[str, np.ndarray], ScoreNull | None]:
+    """``behaviour``, and with ``null_samples`` also ``score_null(samples=null_samples)``:
+    when neither is stored, both come from one forward pass (at 7B a pass reads 13 GB of
+    weights; the random heads read the stream the real heads read)."""
     # The three behavioural tables and the two attention-sink tables are one stored part.
     shape = (len(BEHAVIOURS) + len(SINKS), model.cfg.n_layers, model.cfg.n_heads)
     stacked = None if store is None else store.load(behaviour_part(seed), "all", shape)
+    null = None if null_samples is None else _stored_null(model, seed, null_samples, store)
     # Weights that are not finite (stored), or attention that is not (these scores).
     flags = np.array(_stored_nonfinite(model, store, weights_nonfinite))
     if stacked is None:
-        from . import scores
-
-        found = scores.behaviour_scores(model.weights, seed=seed, progress=progress, cancelled=cancelled)
-        stacked = np.stack([*(np.asarray(found[b], dtype=np.float32) for b in BEHAVIOURS),
-                            *sink_tables(model, seed, flags)])
+        found, sinks, null_found = _behaviour_pass(
+            model, seed, flags, progress, cancelled, null_samples if null is None else None)
+        stacked = np.stack([*(np.asarray(found[b], dtype=np.float32) for b in BEHAVIOURS), *sinks])
         if store is not None:
             store.save(behaviour_part(seed), stacked)
+        if null_found is not None:
+            null = _null_of(model, seed, null_samples, null_found, store)  # type: ignore[arg-type]
     elif progress is not None:
         progress(1.0)
+    if null_samples is not None and null is None:  # the scores were stored, the null was not
+        null = score_null(model, seed, null_samples, store, cancelled)
     out = {b: readonly(stacked[i], np.float32) for i, b in enumerate((*BEHAVIOURS, *SINKS))}
     for b in BEHAVIOURS:
         flags |= ~np.isfinite(np.asarray(out[b], dtype=np.float64))
     out["nonfinite"] = readonly(flags, bool)
-    return out
+    return out, null
+
+
+def _behaviour_pass(model: Model, seed: int, bad: np.ndarray, progress: Progress,
+                    cancelled: Cancelled, null_samples: int | None
+                    ) -> tuple[dict[str, Any], tuple[np.ndarray, np.ndarray], dict[str, Any] | None]:
+    """One forward pass over ``sink_batches``: the behavioural scores on the repeated batch
+    (``scores.behaviour_scores``), the sink scores on every batch (``reading.SinkSums``) and,
+    with ``null_samples``, the random heads' behaviour (``reading.NullSums``): each the same
+    numbers as its own pass would give."""
+    from . import reading, scores
+
+    w = model.weights
+    repeated, natural = sink_batches(model, seed)
+    masks = delimiter_masks(model, natural)
+    reducers: list[Callable[[int, int, Any, Any], None]] = [
+        reading.SinkSums(model.cfg, 1 + len(natural), [None, *masks])]
+    if null_samples is not None:
+        reducers.append(reading.NullSums(w, repeated, natural, seed, null_samples, masks, cancelled))
+
+    def on_block(i: int, layer: int, x: Any, pattern: Any) -> None:
+        for reduce in reducers:
+            reduce(i, layer, x, pattern)
+
+    found = scores.behaviour_scores(w, seed=seed, progress=progress, cancelled=cancelled,
+                                    on_block=lambda layer, x, pattern: on_block(0, layer, x, pattern))
+    reading.passes(w, natural, lambda i, layer, x, pattern: on_block(i + 1, layer, x, pattern))
+    first, delim = (t.numpy() for t in reducers[0].result())  # type: ignore[attr-defined]
+    first[bad] = np.nan
+    delim[bad] = np.nan
+    sinks = (readonly(first, np.float32), readonly(delim, np.float32))
+    return found, sinks, (reducers[1].result() if null_samples is not None else None)  # type: ignore[attr-defined]
 
 
 def behaviour_part(seed: int) -> str:
@@ -324,20 +367,35 @@ def score_table(
     imported only for the behavioural forward pass, on a background thread while the weight
     sweep runs, and not at all when the store holds every part (a warm ``heads``).
     """
+    return calibrated_score_table(model, seed, progress, cancelled, store, cluster, null_samples=None)[0]
+
+
+def calibrated_score_table(
+    model: Model,
+    seed: int = SEED,
+    progress: Progress = None,
+    cancelled: Cancelled = None,
+    store: ModelStore | None = None,
+    cluster: Cluster | None = None,
+    null_samples: int | None = NULL_SAMPLES,
+) -> tuple[ScoreTable, ScoreNull | None]:
+    """``score_table`` and ``score_null(samples=null_samples)`` (None: no null), the
+    behavioural scores of the real and of the random heads from one forward pass."""
     if cluster is not None:
         progress = _monotone(progress)
     if progress is not None:
         progress(0.0)
     if not _stored(store, behaviour_part(seed)):
         import_torch_in_background()
-    weights = weight_scores(model, _part(progress, 0.0, 0.8), cancelled, store, cluster)
-    found = behaviour(model, seed, cancelled, _part(progress, 0.8, 0.98), store, weights["nonfinite"])
+    weights = weight_scores(model, _part(progress, 0.0, 0.7), cancelled, store, cluster)
+    found, null = _behaviour(model, seed, cancelled, _part(progress, 0.7, 0.98), store,
+                             weights["nonfinite"], null_samples)
     _check(cancelled)
     if store is not None:
         store.finish()
     if progress is not None:
         progress(1.0)
-    return table_of(weights["copying_score"], weights["qk_positivity"], found)
+    return table_of(weights["copying_score"], weights["qk_positivity"], found), null
 
 
 def _stored(store: ModelStore | None, name: str) -> bool:
@@ -669,25 +727,45 @@ def score_null(model: Model, seed: int = SEED, samples: int | None = None,
     "Calibrated scores"): mean and standard deviation per score and layer.
 
     With a ``store``, computed once per model and seed (one stored part, mean and std), and
-    read back without torch."""
-    cfg = model.cfg
+    read back without torch. (``calibrated_score_table`` computes it in the forward pass of
+    the real heads' behavioural scores.)"""
     samples = NULL_SAMPLES if samples is None else int(samples)
-    part, shape = f"null-seed{seed}-n{samples}", (2, len(SCORE_NAMES), cfg.n_layers)
-    stored = None if store is None else store.load(part, "all", shape)
+    stored = _stored_null(model, seed, samples, store)
     if stored is not None:
-        return ScoreNull(names=SCORE_NAMES, mean=readonly(stored[0], np.float32),
-                         std=readonly(stored[1], np.float32), samples=samples, seed=seed)
+        return stored
     from . import reading
 
-    w = model.weights
+    repeated, natural = sink_batches(model, seed)
+    found = reading.behaviour_null(model.weights, repeated, natural, seed, samples,
+                                   delimiter_masks(model, natural), cancelled)
+    return _null_of(model, seed, samples, found, store)
+
+
+def _null_part(model: Model, seed: int, samples: int) -> tuple[str, tuple[int, ...]]:
+    return f"null-seed{seed}-n{samples}", (2, len(SCORE_NAMES), model.cfg.n_layers)
+
+
+def _stored_null(model: Model, seed: int, samples: int, store: ModelStore | None) -> ScoreNull | None:
+    part, shape = _null_part(model, seed, samples)
+    stored = None if store is None else store.load(part, "all", shape)
+    if stored is None:
+        return None
+    return ScoreNull(names=SCORE_NAMES, mean=readonly(stored[0], np.float32),
+                     std=readonly(stored[1], np.float32), samples=samples, seed=seed)
+
+
+def _null_of(model: Model, seed: int, samples: int, behaviour: dict[str, Any],
+             store: ModelStore | None) -> ScoreNull:
+    """The null from the random heads' behaviour (``reading.behaviour_null``) and their
+    spectral scores, stored."""
+    from . import reading
+
+    cfg, w = model.cfg, model.weights
     w_e, w_u = w.get("embed.W_E"), w.get("unembed.W_U")
     found = {
         "copying_score": reading.null_spectral_scores(w_u @ w_e, cfg.d_head, seed, samples),
         "qk_positivity": reading.null_spectral_scores(w_e.T @ w_e, cfg.d_head, seed + 1, samples),
     }
-    repeated, natural = sink_batches(model, seed)
-    behaviour = reading.behaviour_null(w, repeated, natural, seed, samples,
-                                       delimiter_masks(model, natural), cancelled)
     mean = np.zeros((len(SCORE_NAMES), cfg.n_layers))
     std = np.zeros((len(SCORE_NAMES), cfg.n_layers))
     for i, name in enumerate(SCORE_NAMES):
@@ -697,7 +775,7 @@ def score_null(model: Model, seed: int = SEED, samples: int | None = None,
             values = behaviour[name.removesuffix("_score")].double().numpy()
         mean[i], std[i] = _finite_mean_std(values)
     if store is not None:
-        store.save(part, np.stack([mean, std]).astype(np.float32))
+        store.save(_null_part(model, seed, samples)[0], np.stack([mean, std]).astype(np.float32))
     return ScoreNull(names=SCORE_NAMES, mean=readonly(mean, np.float32),
                      std=readonly(std, np.float32), samples=samples, seed=seed)
 

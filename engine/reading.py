@@ -12,6 +12,7 @@ import math
 import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -251,7 +252,7 @@ NATURAL_PROMPTS = (
 )
 
 
-def _passes(w: WeightSource, batches: Sequence[Tensor],
+def passes(w: WeightSource, batches: Sequence[Tensor],
             on_block: Callable[[int, int, Tensor, Tensor], None]) -> None:
     """Run each ``[b, p]`` token batch through the model; ``on_block(batch_index, layer,
     x_in, pattern)`` sees every layer's input stream and pattern."""
@@ -275,21 +276,32 @@ def sink_scores(w: WeightSource, batches: Sequence[Tensor],
     """``([L, H], [L, H])`` in one pass over the batches: ``sink_mass`` averaged over every
     batch, and ``delimiter_sink_mass`` averaged over the batches with a ``delimiters [b, p]``
     mask (``None``: a batch without one) that have a query to score (NaN if none has)."""
-    cfg = w.cfg
-    first = torch.zeros(cfg.n_layers, cfg.n_heads)
-    delim = torch.zeros(cfg.n_layers, cfg.n_heads)
-    counted = torch.zeros(cfg.n_layers)
+    sums = SinkSums(w.cfg, len(batches), delimiters, skip)
+    passes(w, batches, sums)
+    return sums.result()
 
-    def reduce(i: int, layer: int, _x: Tensor, pattern: Tensor) -> None:
-        first[layer] += sink_mass(pattern, skip) / len(batches)
-        if delimiters[i] is not None:
-            found = delimiter_sink_mass(pattern, delimiters[i], skip, cfg.causal)
+
+class SinkSums:
+    """``sink_scores``' reduction, an ``on_block(batch_index, layer, x, pattern)`` for
+    ``passes``; ``result()`` once every batch has run."""
+
+    def __init__(self, cfg: Any, n_batches: int, delimiters: Sequence[Tensor | None],
+                 skip: int = SINK_SKIP) -> None:
+        self.cfg, self.n_batches, self.delimiters, self.skip = cfg, n_batches, delimiters, skip
+        self.first = torch.zeros(cfg.n_layers, cfg.n_heads)
+        self.delim = torch.zeros(cfg.n_layers, cfg.n_heads)
+        self.counted = torch.zeros(cfg.n_layers)
+
+    def __call__(self, i: int, layer: int, _x: Tensor, pattern: Tensor) -> None:
+        self.first[layer] += sink_mass(pattern, self.skip) / self.n_batches
+        if self.delimiters[i] is not None:
+            found = delimiter_sink_mass(pattern, self.delimiters[i], self.skip, self.cfg.causal)
             if not bool(found.isnan().all()):
-                delim[layer] += found
-                counted[layer] += 1
+                self.delim[layer] += found
+                self.counted[layer] += 1
 
-    _passes(w, batches, reduce)
-    return first, delim / counted[:, None]  # 0/0: NaN where no batch had a delimiter
+    def result(self) -> tuple[Tensor, Tensor]:
+        return self.first, self.delim / self.counted[:, None]  # 0/0: NaN where no batch had a delimiter
 
 
 def _mean_finite_norm(weights: Tensor) -> float:
@@ -314,53 +326,73 @@ def behaviour_null(w: WeightSource, repeated: Tensor, natural: Sequence[Tensor],
     (``delimiters``: a mask per natural batch) as ``sink_scores``. ``cancelled()`` is
     checked between layers (``CancelledError``).
     """
-    from .forward import attention_input, layer_config, rotary, rotary_inv_freq, rotary_scale
-    from .scores import _detect, detection_patterns
+    sums = NullSums(w, repeated, natural, seed, samples, delimiters, cancelled)
+    passes(w, [repeated, *natural], sums)
+    return sums.result()
 
-    cfg = w.cfg
-    detections = detection_patterns(repeated)
-    batches = [repeated, *natural]
-    masks: list[Tensor | None] = [None, *(delimiters or [None] * len(natural))]
-    out = {name: torch.zeros(cfg.n_layers, samples)
-           for name in (*detections, "attention_sink", "delimiter_sink")}
-    counted = torch.zeros(cfg.n_layers)
 
-    def rotate_for(layer: int) -> Callable[[Tensor], Tensor] | None:
-        if cfg.positional != "rotary":
+class NullSums:
+    """``behaviour_null``'s reduction, an ``on_block(batch_index, layer, x, pattern)`` for
+    ``passes`` over ``[repeated, *natural]`` (the clean model's stream: ``x``; the real
+    heads' ``pattern`` is not used); ``result()`` once every batch has run."""
+
+    def __init__(self, w: WeightSource, repeated: Tensor, natural: Sequence[Tensor], seed: int,
+                 samples: int = NULL_SAMPLES, delimiters: Sequence[Tensor] | None = None,
+                 cancelled: Callable[[], bool] | None = None) -> None:
+        from .scores import detection_patterns
+
+        cfg = w.cfg
+        self.w, self.cfg, self.seed, self.samples, self.cancelled = w, cfg, seed, samples, cancelled
+        self.detections = detection_patterns(repeated)
+        self.n_batches = 1 + len(natural)
+        self.masks: list[Tensor | None] = [None, *(delimiters or [None] * len(natural))]
+        self.out = {name: torch.zeros(cfg.n_layers, samples)
+                    for name in (*self.detections, "attention_sink", "delimiter_sink")}
+        self.counted = torch.zeros(cfg.n_layers)
+        # Each layer's random heads, drawn once for every batch while all layers' fit in
+        # DRAWN_BYTES (a 7B model's would not: they are drawn again, the same, per batch).
+        self.drawn: dict[int, tuple[Tensor, Tensor]] = {}
+        self.keep = 2 * 4 * samples * cfg.d_model * cfg.d_head * cfg.n_layers <= DRAWN_BYTES
+
+    def _rotate_for(self, layer: int) -> Callable[[Tensor], Tensor] | None:
+        from .forward import layer_config, rotary, rotary_inv_freq, rotary_scale
+
+        if self.cfg.positional != "rotary":
             return None
-        layer_cfg, path = layer_config(cfg, layer), getattr(w, "path", None)
+        layer_cfg, path = layer_config(self.cfg, layer), getattr(self.w, "path", None)
         return lambda t: rotary(t, rotary_inv_freq(layer_cfg, path, t.shape[-2]), rotary_scale(layer_cfg))
 
-    # Each layer's random heads, drawn once for every batch while all layers' fit in
-    # DRAWN_BYTES (a 7B model's would not: they are drawn again, the same, per batch).
-    drawn: dict[int, tuple[Tensor, Tensor]] = {}
-    keep = 2 * 4 * samples * cfg.d_model * cfg.d_head * cfg.n_layers <= DRAWN_BYTES
-
-    def heads_of(layer: int) -> tuple[Tensor, Tensor]:
-        if layer in drawn:
-            return drawn[layer]
-        norm_q, norm_k = (_mean_finite_norm(w.get(f"blocks.{layer}.attn.{n}")) for n in ("W_Q", "W_K"))
-        found = random_heads(cfg.d_model, cfg.d_head, norm_q, norm_k, seed + layer, samples)
-        if keep:
-            drawn[layer] = found
+    def _heads_of(self, layer: int) -> tuple[Tensor, Tensor]:
+        if layer in self.drawn:
+            return self.drawn[layer]
+        norm_q, norm_k = (_mean_finite_norm(self.w.get(f"blocks.{layer}.attn.{n}")) for n in ("W_Q", "W_K"))
+        found = random_heads(self.cfg.d_model, self.cfg.d_head, norm_q, norm_k, self.seed + layer, self.samples)
+        if self.keep:
+            self.drawn[layer] = found
         return found
 
-    def reduce(i: int, layer: int, x: Tensor, _pattern: Tensor) -> None:
-        if cancelled is not None and cancelled():
+    def __call__(self, i: int, layer: int, x: Tensor, _pattern: Tensor) -> None:
+        from .forward import attention_input
+        from .scores import _detect
+
+        if self.cancelled is not None and self.cancelled():
             raise CancelledError()
-        pattern = heads_patterns(attention_input(w, layer, x), *heads_of(layer), float(cfg.scale),
-                                 rotate_for(layer), causal=cfg.causal)
-        out["attention_sink"][layer] += sink_mass(pattern) / len(batches)
-        mask = masks[i]
+        out = self.out
+        pattern = heads_patterns(attention_input(self.w, layer, x), *self._heads_of(layer),
+                                 float(self.cfg.scale), self._rotate_for(layer), causal=self.cfg.causal)
+        out["attention_sink"][layer] += sink_mass(pattern) / self.n_batches
+        mask = self.masks[i]
         if mask is not None:
-            found = delimiter_sink_mass(pattern, mask, causal=cfg.causal)
+            found = delimiter_sink_mass(pattern, mask, causal=self.cfg.causal)
             if not bool(found.isnan().all()):
                 out["delimiter_sink"][layer] += found
-                counted[layer] += 1
+                self.counted[layer] += 1
         if i == 0:
-            for name, det in detections.items():
+            for name, det in self.detections.items():
                 out[name][layer] = _detect(pattern, det)
 
-    _passes(w, batches, reduce)
-    out["delimiter_sink"] /= counted[:, None]
-    return out
+    def result(self) -> dict[str, Tensor]:
+        self.out["delimiter_sink"] /= self.counted[:, None]
+        return self.out
+
+

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from . import compute, requests
 from .caveats import ov_caveats, qk_caveats
-from .requests import ABLATION_EFFECT, SCORE_NAMES, SEED
+from .requests import ABLATION_EFFECT, NULL_SAMPLES, SCORE_NAMES, SEED
 
 if TYPE_CHECKING:
     import numpy as np
@@ -52,16 +52,15 @@ def head_table(
     (``engine.store``) to read finished parts from and write new ones to.
     """
     entry = None if store is None else store.for_model(model)
-    # progress: the sweep, the ablation sweep, then the calibration pass (one step, counted so
-    # that the bar ends at 100 % when the table is ready)
-    end = 0.9 if calibrated else 1.0
-    split = end / 2 if ablation else end
-    table = compute.score_table(model, seed, compute._part(progress, 0.0, split), store=entry,
-                                cluster=cluster)
+    # progress: the sweep (with the calibration's random heads), then the ablation sweep
+    split = 0.5 if ablation else 1.0
+    # the random heads' behaviour (the z's) comes from the real heads' forward pass
+    table, null = compute.calibrated_score_table(
+        model, seed, compute._part(progress, 0.0, split), store=entry, cluster=cluster,
+        null_samples=NULL_SAMPLES if calibrated else None)
     effects = None
     if ablation:
-        effects = compute.ablation_effects(model, seed, compute._part(progress, split, end), store=entry)
-    null = compute.score_null(model, seed, store=entry) if calibrated else None
+        effects = compute.ablation_effects(model, seed, compute._part(progress, split, 1.0), store=entry)
     if progress is not None:
         progress(1.0)
     return score_rows(table, effects, null)

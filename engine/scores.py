@@ -764,7 +764,8 @@ def _detect(patterns: Tensor, detection: Tensor, *, exclude_bos: bool = False,
 
 def behaviour_scores(w: WeightSource, seed: int = 0, *, seq_len: int | None = None,
                      batch: int = 4, progress: Progress = None, cancelled: Cancelled = None,
-                     exclude_bos: bool = False, exclude_current_token: bool = False
+                     exclude_bos: bool = False, exclude_current_token: bool = False,
+                     on_block: Callable[[int, Tensor, Tensor], None] | None = None,
                      ) -> dict[str, Tensor]:
     """``prev_token``, ``duplicate_token`` and ``induction`` scores ``[L, H]``.
 
@@ -776,6 +777,8 @@ def behaviour_scores(w: WeightSource, seed: int = 0, *, seq_len: int | None = No
     ``progress`` and ``cancelled()`` are reported/checked after each layer. Non-finite heads
     get NaN. ``exclude_bos`` / ``exclude_current_token``: as TransformerLens' ``detect_head``
     (see ``_detect``); the sequences have no BOS token, so "BOS" is position 0.
+    ``on_block(layer, x_in, pattern)``: another reduction of the same pass (the attention
+    sinks and the random-head null, engine.compute.behaviour), so the model runs once.
     """
     import torch
 
@@ -791,6 +794,8 @@ def behaviour_scores(w: WeightSource, seed: int = 0, *, seq_len: int | None = No
     def reduce(layer: int, _x: Tensor, pattern: Tensor) -> None:
         # the layer's weights were just read by its block: checked now, not in a second pass
         bad[layer] = _layer_nonfinite(w, layer)
+        if on_block is not None:
+            on_block(layer, _x, pattern)
         pattern = pattern.float()
         for name, det in detections.items():
             out[name][layer] = _detect(pattern, det, exclude_bos=exclude_bos,
