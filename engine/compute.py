@@ -754,17 +754,34 @@ def _stored_null(model: Model, seed: int, samples: int, store: ModelStore | None
                      std=readonly(stored[1], np.float32), samples=samples, seed=seed)
 
 
+def _null_middles(model: Model) -> tuple[Any, Any]:
+    """``W_U W_E`` and ``W_Eᵀ W_E`` as tensors: the weight sweep's (``fast``, kept) where
+    ``engine.fast`` applies, so a 7B model's vocabulary-sized products run once, and its
+    processed ``W_U`` (0.5 GB in float32) is never read for them."""
+    import torch
+
+    from . import fast
+
+    arrays = fast.numpy_weights(model)
+    if arrays is not None:
+        kept = fast.kept_spectral_middles(arrays)
+        return torch.from_numpy(kept["copying_score"]), torch.from_numpy(kept["qk_positivity"])
+    w = model.weights
+    w_e, w_u = w.get("embed.W_E"), w.get("unembed.W_U")
+    return w_u @ w_e, w_e.T @ w_e
+
+
 def _null_of(model: Model, seed: int, samples: int, behaviour: dict[str, Any],
              store: ModelStore | None) -> ScoreNull:
     """The null from the random heads' behaviour (``reading.behaviour_null``) and their
     spectral scores, stored."""
     from . import reading
 
-    cfg, w = model.cfg, model.weights
-    w_e, w_u = w.get("embed.W_E"), w.get("unembed.W_U")
+    cfg = model.cfg
+    middles = _null_middles(model)
     found = {
-        "copying_score": reading.null_spectral_scores(w_u @ w_e, cfg.d_head, seed, samples),
-        "qk_positivity": reading.null_spectral_scores(w_e.T @ w_e, cfg.d_head, seed + 1, samples),
+        "copying_score": reading.null_spectral_scores(middles[0], cfg.d_head, seed, samples),
+        "qk_positivity": reading.null_spectral_scores(middles[1], cfg.d_head, seed + 1, samples),
     }
     mean = np.zeros((len(SCORE_NAMES), cfg.n_layers))
     std = np.zeros((len(SCORE_NAMES), cfg.n_layers))

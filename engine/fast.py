@@ -292,6 +292,15 @@ def _center_cols(x: np.ndarray) -> np.ndarray:
     return x - x.mean(1, keepdims=True)
 
 
+def kept_spectral_middles(w: NumpyWeights) -> dict[str, np.ndarray]:
+    """``spectral_middles(w)``, formed once per model and kept (``2 · d_model²`` floats): the
+    weight sweep and the random-head null (``compute.score_null``) share them."""
+    kept = w.__dict__.get("_middles")
+    if kept is None:
+        kept = w.__dict__["_middles"] = spectral_middles(w)
+    return kept
+
+
 def spectral_middles(w: NumpyWeights) -> dict[str, np.ndarray]:
     """``W_U W_E`` and ``W_Eᵀ W_E`` (``engine.scores.spectral_middles``) of the processed weights.
 
@@ -543,7 +552,7 @@ def spectral_scores(w: NumpyWeights, progress: Progress = None, cancelled: Cance
             continue
         _check(cancelled)
         if middles is None:
-            middles = spectral_middles(w)
+            middles = kept_spectral_middles(w)
         if reading is not None:
             reading.join()
         # the next layer's weights are read (one core: preadv, widening, processing) while
