@@ -85,6 +85,8 @@ def test_weight_only_heads_share_the_store_with_heads(capsys, gpt2_dir, monkeypa
         m.setattr(fast, "layer_spectral_scores", fail)
         m.setattr(fast, "spectral_middles", fail)
         assert run_json(capsys, "heads", path, "--no-behaviour") == first
+    with monkeypatch.context() as m:  # (the random-head null, not stored yet, forms the middles)
+        m.setattr(fast, "layer_spectral_scores", fail)
         calls = count_spectral(m)
         full = run_json(capsys, "heads", path)  # heads reads the same parts
         assert calls == []
