@@ -83,6 +83,11 @@ class NumpyWeights:
     def has(self, name: str) -> bool:
         return self.raw.has(name)
 
+    def release(self) -> None:
+        """Drop the cached tensors (a sweep that read every layer keeps only its last ones)."""
+        with self._lock:
+            self._cache.clear()
+
     def tied_embedding(self) -> tuple[np.ndarray, float, float] | None:
         """``(E, a, b)`` when ``W_U = a Eᵀ`` and ``W_E = b E`` for one stored tensor ``E``."""
         u, e = self.raw.specs.get("unembed.W_U"), self.raw.specs.get("embed.W_E")
@@ -566,6 +571,7 @@ def spectral_scores(w: NumpyWeights, progress: Progress = None, cancelled: Cance
         _report(progress, (layer + 1) / cfg.n_layers)
     if reading is not None:
         reading.join()
+    w.release()  # the last layers' weights: a 7B model's are 0.5 GB that a forward pass needs more
     return out
 
 
