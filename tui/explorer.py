@@ -300,6 +300,10 @@ class ExplorerScreen(Screen[None]):
         self.set_interval(0.15, self._tick)
         if self.prompt_text:
             self.query_one("#prompt-input", Input).value = self.prompt_text
+        # Tabs are switched with 1-8 (and the mouse), so the tab strip takes no focus: `tab`
+        # from the head tree goes straight to the active pane's list (the composition edges,
+        # the Summary table), not to the strip first.
+        self.query_one("#tabs", TabbedContent).query_one("ContentTabs").can_focus = False
         self.query_one(HeadTree).focus()
         app.explorer_mounted()
 
