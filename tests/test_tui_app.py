@@ -512,6 +512,17 @@ async def test_small_terminal_collapses_panes() -> None:
             assert len(line) <= app.query_one("#qk-token", Chart).size.width
 
 
+async def test_every_footer_key_fits_at_120_columns() -> None:
+    """The footer shows every key it lists within 120 columns (SVG and Export came last and
+    were cut off): compact, without the palette hint (ctrl+p is in the help screen)."""
+    app, _ = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        keys = {k.description: k.region for k in app.screen.query("FooterKey")}  # type: ignore[attr-defined]
+        assert {"SVG", "Export", "Raw/proc", "Theme"} <= set(keys)
+        assert all(region.width > 0 and region.right <= 120 for region in keys.values()), keys
+
+
 async def test_palette_goes_to_a_head() -> None:
     app, _ = make_app()
     async with app.run_test(size=(120, 40)) as pilot:

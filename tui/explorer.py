@@ -286,7 +286,9 @@ class ExplorerScreen(Screen[None]):
                     if self.headscope.timeline.enabled:
                         with TabPane(TAB_TITLES["timeline"], id="timeline"):
                             yield TimelinePane(id="timeline-pane")
-        yield Footer()
+        # compact, and no "^p palette" (it is in the help screen): every key then fits in
+        # 120 columns, SVG and Export included
+        yield Footer(compact=True, show_command_palette=False)
 
     def on_mount(self) -> None:
         app = self.headscope
