@@ -328,23 +328,27 @@ def _behaviour_pass(model: Model, seed: int, bad: np.ndarray, progress: Progress
     w = model.weights
     repeated, natural = sink_batches(model, seed)
     masks = delimiter_masks(model, natural)
-    reducers: list[Callable[[int, int, Any, Any], None]] = [
-        reading.SinkSums(model.cfg, 1 + len(natural), [None, *masks])]
-    if null_samples is not None:
-        reducers.append(reading.NullSums(w, repeated, natural, seed, null_samples, masks, cancelled))
+    sinks = reading.SinkSums(model.cfg, 1 + len(natural), [None, *masks])
+    null = None if null_samples is None else reading.NullSums(
+        w, repeated, natural, seed, null_samples, masks, cancelled)
 
     def on_block(i: int, layer: int, x: Any, pattern: Any) -> None:
-        for reduce in reducers:
-            reduce(i, layer, x, pattern)
+        sinks(i, layer, x, pattern)
+        if null is not None:
+            null(i, layer, x, pattern)
 
     found = scores.behaviour_scores(w, seed=seed, progress=progress, cancelled=cancelled,
                                     on_block=lambda layer, x, pattern: on_block(0, layer, x, pattern))
     reading.passes(w, natural, lambda i, layer, x, pattern: on_block(i + 1, layer, x, pattern))
-    first, delim = (t.numpy() for t in reducers[0].result())  # type: ignore[attr-defined]
+    return found, _masked_sinks(*sinks.result(), bad), (None if null is None else null.result())
+
+
+def _masked_sinks(first: Any, delim: Any, bad: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The two sink tables as numpy, NaN for the heads with non-finite weights (``bad``)."""
+    first, delim = first.numpy(), delim.numpy()
     first[bad] = np.nan
     delim[bad] = np.nan
-    sinks = (readonly(first, np.float32), readonly(delim, np.float32))
-    return found, sinks, (reducers[1].result() if null_samples is not None else None)  # type: ignore[attr-defined]
+    return readonly(first, np.float32), readonly(delim, np.float32)
 
 
 def behaviour_part(seed: int) -> str:
@@ -608,11 +612,8 @@ def sink_tables(model: Model, seed: int = SEED, bad: np.ndarray | None = None
 
     repeated, natural = sink_batches(model, seed)
     masks = [None, *delimiter_masks(model, natural)]
-    first, delim = (t.numpy() for t in reading.sink_scores(model.weights, [repeated, *natural], masks))
-    bad = nonfinite_heads(model) if bad is None else bad
-    first[bad] = np.nan
-    delim[bad] = np.nan
-    return readonly(first, np.float32), readonly(delim, np.float32)
+    first, delim = reading.sink_scores(model.weights, [repeated, *natural], masks)
+    return _masked_sinks(first, delim, nonfinite_heads(model) if bad is None else bad)
 
 
 def attention_sink(model: Model, seed: int = SEED) -> np.ndarray:
