@@ -216,10 +216,13 @@ class Engine:
         entry = self._entry(raw)
         if entry is None:
             return sweep(None)
-        loaded, computed = entry.loaded, entry.computed
+        # this thread's counts: the explorer's other requests (the null, a head's directions)
+        # save into the same entry while the sweep runs, and are not the sweep's
+        loaded, computed = entry.counts()
         result = sweep(entry)
         if what is not None:
-            self._origin = origin_text(what, entry.loaded - loaded, entry.computed - computed)
+            now_loaded, now_computed = entry.counts()
+            self._origin = origin_text(what, now_loaded - loaded, now_computed - computed)
         return result
 
     async def aclose(self) -> None:

@@ -363,8 +363,18 @@ class ModelStore:
         self.dir = store.root / key if key is not None else None
         self.loaded = 0
         self.computed = 0
+        self._mine = threading.local()  # the same counts, of the calling thread only
         self._written: set[tuple[str, str]] = set()
         self._touched = False
+
+    def counts(self) -> tuple[int, int]:
+        """``(loaded, computed)`` of the calling thread: what one sweep took from where,
+        while other requests (the explorer's, on other workers) use the same entry."""
+        return getattr(self._mine, "loaded", 0), getattr(self._mine, "computed", 0)
+
+    def _count(self, which: str) -> None:
+        setattr(self, which, getattr(self, which) + 1)
+        setattr(self._mine, which, getattr(self._mine, which, 0) + 1)
 
     @property
     def enabled(self) -> bool:
@@ -389,13 +399,13 @@ class ModelStore:
             return None
         array = _decode(blob, self.key, name, str(index), shape, np.dtype(dtype))
         if array is not None and (name, str(index)) not in self._written:
-            self.loaded += 1
+            self._count("loaded")
             self._touch()
         return array
 
     def save(self, name: str, array: np.ndarray, index: int | str = "all") -> None:
         """Store a part atomically; on an error, warn once and carry on without the store."""
-        self.computed += 1
+        self._count("computed")
         self._written.add((name, str(index)))
         if not self.enabled or self.key is None:
             return

@@ -456,6 +456,26 @@ async def test_engine_spectra_are_stored_per_head(deep_gpt2, store, monkeypatch)
         assert (a.score, a.kind, a.layer, a.head) == (b.score, b.kind, b.layer, b.head)
 
 
+def test_a_sweep_counts_only_what_its_own_thread_loaded_and_computed(deep_gpt2, store) -> None:
+    """The explorer's status bar says where a sweep's numbers came from (Engine._stored): other
+    requests saving into the same entry meanwhile (the null, a head's directions) are not the
+    sweep's (a race that showed as "9 parts from the cache, 1 computed now" on a warm open)."""
+    import threading
+
+    entry = store.for_model(open_model(deep_gpt2))
+    entry.save("mine", np.zeros(3, np.float32))
+    assert entry.counts() == (0, 1)
+    other = threading.Thread(target=lambda: (entry.save("theirs", np.ones(3, np.float32)),
+                                             entry.load("mine", "all", (3,))))
+    other.start()
+    other.join()
+    assert entry.counts() == (0, 1)
+    assert (entry.loaded, entry.computed) == (0, 2)  # "mine" was written here: not a cache hit
+    again = store.for_model(open_model(deep_gpt2))
+    again.load("theirs", "all", (3,))
+    assert again.counts() == (1, 0)
+
+
 async def test_the_explorer_status_bar_says_where_the_scores_came_from(gpt2_dir, tmp_path, monkeypatch) -> None:
     import time
 
