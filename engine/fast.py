@@ -547,8 +547,9 @@ def spectral_scores(w: NumpyWeights, progress: Progress = None, cancelled: Cance
         return None
 
     reading: threading.Thread | None = None
+    peeked: dict[int, dict[str, np.ndarray] | None] = {}  # each part loaded (and counted) once
     for layer in range(cfg.n_layers):
-        known = stored(layer)
+        known = peeked.pop(layer) if layer in peeked else stored(layer)
         if known is not None:
             for name, value in known.items():
                 out[name][layer] = value
@@ -563,7 +564,9 @@ def spectral_scores(w: NumpyWeights, progress: Progress = None, cancelled: Cance
         # the next layer's weights are read (one core: preadv, widening, processing) while
         # this one's eigenvalues run on one LAPACK thread: the reads fill the idle core
         nxt = layer + 1
-        reading = _read_ahead(w, nxt) if nxt < cfg.n_layers and stored(nxt) is None else None
+        if nxt < cfg.n_layers:
+            peeked[nxt] = stored(nxt)
+        reading = _read_ahead(w, nxt) if nxt < cfg.n_layers and peeked[nxt] is None else None
         for name, value in layer_spectral_scores(w, layer, middles).items():
             out[name][layer] = value
         for name, memo in memos.items():

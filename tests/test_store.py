@@ -216,6 +216,19 @@ def test_interrupted_ablation_sweep_resumes_with_the_missing_layers(deep_gpt2, s
     same(resumed, compute.ablation_effects(model))
 
 
+def test_a_sweep_with_a_gap_loads_each_stored_part_once(deep_gpt2, store) -> None:
+    """The numpy sweep peeks at the next layer (to read its weights ahead); a stored layer
+    after a computed one is still loaded, and counted, once."""
+    model = open_model(deep_gpt2)
+    compute.weight_scores(model, store=store.for_model(model))
+    for path in _stored_files(store, "copying_score") + _stored_files(store, "qk_positivity"):
+        if ".1.hsr" in path.name:
+            path.unlink()  # layer 1 is computed again, layers 2.. are read back after it
+    entry = store.for_model(open_model(deep_gpt2))
+    compute.weight_scores(open_model(deep_gpt2), store=entry)
+    assert (entry.loaded, entry.computed) == (2 * (N_LAYERS - 1) + 1, 2)  # + the nonfinite flags
+
+
 def test_interrupted_head_table_resumes_and_equals_an_uninterrupted_one(deep_gpt2, store, monkeypatch) -> None:
     model = open_model(deep_gpt2)
     # reports: 0 at the start, then one per layer of the spectral sweep (both scores of a
