@@ -155,14 +155,12 @@ _MIDDLES: dict[str, Any] = {}
 
 
 def _middle(model: Model, sweep: str, arrays: Any = None) -> Any:
-    """The ``d_model × d_model`` middle of a spectral sweep: numpy's (``fast.spectral_middles``,
+    """The ``d_model × d_model`` middle of a spectral sweep: numpy's (``fast.kept_spectral_middles``,
     both at once) for ``arrays``, else torch's."""
     from . import fast
 
-    if arrays is not None:
-        if "fast" not in _MIDDLES:
-            _MIDDLES["fast"] = fast.spectral_middles(arrays)
-        return _MIDDLES["fast"][sweep]
+    if arrays is not None:  # kept on the worker's open model, as in-process
+        return fast.kept_spectral_middles(arrays)[sweep]
     from . import scores
 
     if sweep not in _MIDDLES:
