@@ -167,11 +167,34 @@ def _llama(s: Shape) -> tuple[dict, list[Tensors]]:
 BUILDERS = {"gpt2": _gpt2, "neox": _neox, "llama": _llama}
 
 
+def write_tokenizer(path: Path, d_vocab: int) -> Path:
+    """A word-level ``tokenizer.json`` of ``d_vocab`` entries that knows every word and
+    punctuation mark of ``reading.NATURAL_PROMPTS``: a checkpoint with a tokenizer scores its
+    attention sinks on those sentences (four more batches in the forward pass of ``heads``),
+    as a real one does."""
+    import re
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from headscope.engine.reading import NATURAL_PROMPTS
+
+    words = ["<unk>", *dict.fromkeys(w for text in NATURAL_PROMPTS for w in re.findall(r"\S+", text))]
+    words += [f"w{i}" for i in range(len(words), d_vocab)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words[:d_vocab])}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    out = Path(path) / "tokenizer.json"
+    tok.save(str(out))
+    return out
+
+
 def write_checkpoint(shape: Shape, root: Path) -> Path:
-    """Write ``shape`` under ``root/shape.name`` (once; reused if complete) and return the dir."""
+    """Write ``shape`` under ``root/shape.name`` (once; reused if complete) and return the dir.
+    A directory written before tokenizers were part of it gets its ``tokenizer.json`` now."""
     path = Path(root) / shape.name
     index_file = path / "model.safetensors.index.json"
     if index_file.exists():
+        if not (path / "tokenizer.json").exists():
+            write_tokenizer(path, shape.d_vocab)
         return path
     path.mkdir(parents=True, exist_ok=True)
     config, groups = BUILDERS[shape.family](shape)
@@ -187,6 +210,7 @@ def write_checkpoint(shape: Shape, root: Path) -> Path:
             total += t.numel() * t.element_size()
         del tensors
     (path / "config.json").write_text(json.dumps(config, indent=1))
+    write_tokenizer(path, shape.d_vocab)
     index_file.write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}))
     return path
 

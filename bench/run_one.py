@@ -174,7 +174,7 @@ def transformer_lens(task: str, path: Path) -> dict[str, Any]:
 
     out: dict[str, Any] = {}
     out["import"] = since(T0)
-    # Random checkpoints ship no tokenizer; TL wants one object, any will do for weights.
+    # TL wants a tokenizer object (loading ours would need a tokenizer_config); any will do.
     word = Tokenizer(models.WordLevel({"<unk>": 0, "a": 1}, unk_token="<unk>"))
     tok = PreTrainedTokenizerFast(tokenizer_object=word, unk_token="<unk>")
     t = time.perf_counter()

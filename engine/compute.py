@@ -319,28 +319,32 @@ def _behaviour(model: Model, seed: int, cancelled: Cancelled, progress: Progress
 def _behaviour_pass(model: Model, seed: int, bad: np.ndarray, progress: Progress,
                     cancelled: Cancelled, null_samples: int | None
                     ) -> tuple[dict[str, Any], tuple[np.ndarray, np.ndarray], dict[str, Any] | None]:
-    """One forward pass over ``sink_batches``: the behavioural scores on the repeated batch
-    (``scores.behaviour_scores``), the sink scores on every batch (``reading.SinkSums``) and,
-    with ``null_samples``, the random heads' behaviour (``reading.NullSums``): each the same
-    numbers as its own pass would give."""
+    """One forward pass of ``sink_batches`` side by side (``reading.passes``: each layer's
+    weights are read once): the behavioural scores on the repeated batch
+    (``scores.BehaviourSums``), the sink scores on every batch (``reading.SinkSums``) and,
+    with ``null_samples``, the random heads' behaviour (``reading.NullSums``): each the
+    numbers its own pass gives (up to float rounding: the MLPs of all batches run as one)."""
     from . import reading, scores
 
     w = model.weights
     repeated, natural = sink_batches(model, seed)
     masks = delimiter_masks(model, natural)
+    found = scores.BehaviourSums(w, repeated)
     sinks = reading.SinkSums(model.cfg, 1 + len(natural), [None, *masks])
     null = None if null_samples is None else reading.NullSums(
         w, repeated, natural, seed, null_samples, masks, cancelled)
 
     def on_block(i: int, layer: int, x: Any, pattern: Any) -> None:
+        if i == 0:
+            found(layer, pattern)
         sinks(i, layer, x, pattern)
         if null is not None:
             null(i, layer, x, pattern)
 
-    found = scores.behaviour_scores(w, seed=seed, progress=progress, cancelled=cancelled,
-                                    on_block=lambda layer, x, pattern: on_block(0, layer, x, pattern))
-    reading.passes(w, natural, lambda i, layer, x, pattern: on_block(i + 1, layer, x, pattern))
-    return found, _masked_sinks(*sinks.result(), bad), (None if null is None else null.result())
+    _check(cancelled)
+    reading.passes(w, [repeated, *natural], on_block, scores.per_layer(model.cfg.n_layers, progress, cancelled))
+    scores._release_free_heap()
+    return found.result(), _masked_sinks(*sinks.result(), bad), (None if null is None else null.result())
 
 
 def _masked_sinks(first: Any, delim: Any, bad: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -41,7 +41,6 @@ __all__ = [
 ]
 
 SINK_SKIP = 4  # query positions 0..SINK_SKIP-1 are left out of the sink score
-DRAWN_BYTES = 256 << 20  # the null keeps every layer's random W_Q, W_K up to this size
 
 
 # -- singular directions ---------------------------------------------------------------------
@@ -253,14 +252,17 @@ NATURAL_PROMPTS = (
 
 
 def passes(w: WeightSource, batches: Sequence[Tensor],
-            on_block: Callable[[int, int, Tensor, Tensor], None]) -> None:
-    """Run each ``[b, p]`` token batch through the model; ``on_block(batch_index, layer,
-    x_in, pattern)`` sees every layer's input stream and pattern."""
-    from .forward import blocks, embed
+           on_block: Callable[[int, int, Tensor, Tensor], None],
+           after_layer: Callable[[int], None] | None = None) -> None:
+    """Run the ``[b, p]`` token batches through the model side by side, layer by layer
+    (``forward.blocks_together``: each layer's weights are read once for all of them);
+    ``on_block(batch_index, layer, x_in, pattern)`` sees every layer's input stream and
+    pattern of every batch, ``after_layer(layer)`` runs once each layer is done."""
+    from .forward import blocks_together, embed
 
     with torch.inference_mode():
-        for i, tokens in enumerate(batches):
-            blocks(w, embed(w, tokens), on_block=lambda layer, x, p, i=i: on_block(i, layer, x, p))
+        blocks_together(w, [embed(w, tokens) for tokens in batches], on_block=on_block,
+                        after_layer=after_layer)
 
 
 def attention_sink_scores(w: WeightSource, batches: Sequence[Tensor], skip: int = SINK_SKIP
@@ -349,10 +351,9 @@ class NullSums:
         self.out = {name: torch.zeros(cfg.n_layers, samples)
                     for name in (*self.detections, "attention_sink", "delimiter_sink")}
         self.counted = torch.zeros(cfg.n_layers)
-        # Each layer's random heads, drawn once for every batch while all layers' fit in
-        # DRAWN_BYTES (a 7B model's would not: they are drawn again, the same, per batch).
-        self.drawn: dict[int, tuple[Tensor, Tensor]] = {}
-        self.keep = 2 * 4 * samples * cfg.d_model * cfg.d_head * cfg.n_layers <= DRAWN_BYTES
+        # The random heads of the layer the batches are in (``passes`` runs every batch
+        # through a layer before the next): drawn once per layer, not once per batch.
+        self.drawn: tuple[int, tuple[Tensor, Tensor]] | None = None
 
     def _rotate_for(self, layer: int) -> Callable[[Tensor], Tensor] | None:
         from .forward import layer_config, rotary, rotary_inv_freq, rotary_scale
@@ -363,13 +364,12 @@ class NullSums:
         return lambda t: rotary(t, rotary_inv_freq(layer_cfg, path, t.shape[-2]), rotary_scale(layer_cfg))
 
     def _heads_of(self, layer: int) -> tuple[Tensor, Tensor]:
-        if layer in self.drawn:
-            return self.drawn[layer]
-        norm_q, norm_k = (_mean_finite_norm(self.w.get(f"blocks.{layer}.attn.{n}")) for n in ("W_Q", "W_K"))
-        found = random_heads(self.cfg.d_model, self.cfg.d_head, norm_q, norm_k, self.seed + layer, self.samples)
-        if self.keep:
-            self.drawn[layer] = found
-        return found
+        if self.drawn is None or self.drawn[0] != layer:
+            self.drawn = None  # the last layer's, freed before this one's are drawn
+            norm_q, norm_k = (_mean_finite_norm(self.w.get(f"blocks.{layer}.attn.{n}")) for n in ("W_Q", "W_K"))
+            self.drawn = layer, random_heads(self.cfg.d_model, self.cfg.d_head, norm_q, norm_k,
+                                             self.seed + layer, self.samples)
+        return self.drawn[1]
 
     def __call__(self, i: int, layer: int, x: Tensor, _pattern: Tensor) -> None:
         from .forward import attention_input
@@ -392,6 +392,7 @@ class NullSums:
                 out[name][layer] = _detect(pattern, det)
 
     def result(self) -> dict[str, Tensor]:
+        self.drawn = None
         self.out["delimiter_sink"] /= self.counted[:, None]
         return self.out
 

@@ -59,6 +59,7 @@ def _known(memo: Memo | None, index: int, shape: tuple[int, ...] | None = None) 
 
 __all__ = [
     "COMPOSITION_TILE_BYTES",
+    "BehaviourSums",
     "CompositionScores",
     "CompositionTile",
     "ablation_effect",
@@ -76,6 +77,7 @@ __all__ = [
     "iter_composition_tiles",
     "layer_spectral_scores",
     "nonfinite_heads",
+    "per_layer",
     "qk_positivity",
     "repeated_tokens",
     "spectral_middles",
@@ -765,50 +767,67 @@ def _detect(patterns: Tensor, detection: Tensor, *, exclude_bos: bool = False,
 def behaviour_scores(w: WeightSource, seed: int = 0, *, seq_len: int | None = None,
                      batch: int = 4, progress: Progress = None, cancelled: Cancelled = None,
                      exclude_bos: bool = False, exclude_current_token: bool = False,
-                     on_block: Callable[[int, Tensor, Tensor], None] | None = None,
                      ) -> dict[str, Tensor]:
     """``prev_token``, ``duplicate_token`` and ``induction`` scores ``[L, H]``.
 
     One forward pass on ``repeated_tokens(vocab, n_ctx, seed, seq_len, batch)`` (see there and
     ``_detect``): by default ``batch=4`` sequences of ``T = min(32, n_ctx // 2)`` distinct
     random tokens written twice (``2T = 64`` positions). Each layer's scores are computed
-    from its pattern as soon as the block has run, so memory holds one layer's
-    ``[batch, n_heads, 2T, 2T]`` pattern, never all of them, and the unembedding is skipped.
-    ``progress`` and ``cancelled()`` are reported/checked after each layer. Non-finite heads
-    get NaN. ``exclude_bos`` / ``exclude_current_token``: as TransformerLens' ``detect_head``
-    (see ``_detect``); the sequences have no BOS token, so "BOS" is position 0.
-    ``on_block(layer, x_in, pattern)``: another reduction of the same pass (the attention
-    sinks and the random-head null, engine.compute.behaviour), so the model runs once.
+    from its pattern as soon as the layer's attention has run (``BehaviourSums``), so memory
+    holds one layer's ``[batch, n_heads, 2T, 2T]`` pattern, never all of them, and the
+    unembedding is skipped. ``progress`` and ``cancelled()`` are reported/checked after each
+    layer. Non-finite heads get NaN. ``exclude_bos`` / ``exclude_current_token``: as
+    TransformerLens' ``detect_head`` (see ``_detect``); the sequences have no BOS token, so
+    "BOS" is position 0. (``engine.compute.behaviour`` runs the same reduction in one pass
+    with the attention sinks and the random-head null.)
     """
-    import torch
+    from .forward import blocks_together, embed
 
-    from .forward import blocks, embed
-
-    cfg = w.cfg
     _check(cancelled)
-    tokens = repeated_tokens(cfg.d_vocab, cfg.n_ctx, seed, seq_len, batch)
-    detections = detection_patterns(tokens)
-    out = {name: torch.empty(cfg.n_layers, cfg.n_heads) for name in detections}
-    bad = torch.zeros(cfg.n_layers, cfg.n_heads, dtype=torch.bool)
+    tokens = repeated_tokens(w.cfg.d_vocab, w.cfg.n_ctx, seed, seq_len, batch)
+    found = BehaviourSums(w, tokens, exclude_bos=exclude_bos, exclude_current_token=exclude_current_token)
+    with torch.inference_mode():
+        blocks_together(w, [embed(w, tokens)], on_block=lambda _i, layer, _x, pattern: found(layer, pattern),
+                        after_layer=per_layer(w.cfg.n_layers, progress, cancelled))
+    _release_free_heap()
+    return found.result()
 
-    def reduce(layer: int, _x: Tensor, pattern: Tensor) -> None:
-        # the layer's weights were just read by its block: checked now, not in a second pass
-        bad[layer] = _layer_nonfinite(w, layer)
-        if on_block is not None:
-            on_block(layer, _x, pattern)
+
+class BehaviourSums:
+    """``behaviour_scores``' reduction of the patterns of one token batch (``tokens [b, 2T]``),
+    layer by layer: ``found(layer, pattern)`` as each layer's attention has run, ``result()``
+    at the end. It checks each layer's weights for NaN/inf as it goes: they were just read
+    for the attention and are still cached."""
+
+    def __init__(self, w: WeightSource, tokens: Tensor, *, exclude_bos: bool = False,
+                 exclude_current_token: bool = False) -> None:
+        cfg = w.cfg
+        self.w, self.exclude = w, {"exclude_bos": exclude_bos, "exclude_current_token": exclude_current_token}
+        self.detections = detection_patterns(tokens)
+        self.out = {name: torch.full((cfg.n_layers, cfg.n_heads), math.nan) for name in self.detections}
+        self.bad = torch.zeros(cfg.n_layers, cfg.n_heads, dtype=torch.bool)
+
+    def __call__(self, layer: int, pattern: Tensor) -> None:
+        self.bad[layer] = _layer_nonfinite(self.w, layer)
         pattern = pattern.float()
-        for name, det in detections.items():
-            out[name][layer] = _detect(pattern, det, exclude_bos=exclude_bos,
-                                       exclude_current_token=exclude_current_token)
-        _report(progress, (layer + 1) / cfg.n_layers)
-        if layer + 1 < cfg.n_layers:
+        for name, det in self.detections.items():
+            self.out[name][layer] = _detect(pattern, det, **self.exclude)
+
+    def result(self) -> dict[str, Tensor]:
+        return {name: torch.where(self.bad, torch.full_like(score, math.nan), score)
+                for name, score in self.out.items()}
+
+
+def per_layer(n_layers: int, progress: Progress, cancelled: Cancelled) -> Callable[[int], None]:
+    """An ``after_layer(layer)`` for a pass: reports ``(layer + 1) / n_layers`` and checks
+    ``cancelled()`` before every layer but the first."""
+
+    def after_layer(layer: int) -> None:
+        _report(progress, (layer + 1) / n_layers)
+        if layer + 1 < n_layers:
             _check(cancelled)
 
-    with torch.inference_mode():
-        blocks(w, embed(w, tokens), on_block=reduce)
-    _release_free_heap()
-    return {name: torch.where(bad, torch.full_like(score, math.nan), score)
-            for name, score in out.items()}
+    return after_layer
 
 
 # -- ablation --------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ Where: ``$HEADSCOPE_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/headscope`` (defa
 ``~/.cache/headscope``). One directory per checkpoint *entry*, named by its fingerprint
 (``fingerprint``): the resolved checkpoint path, the size, mtime and header bytes of every
 safetensors file the model reads, the bytes of ``config.json`` and of the shard index, the
-processing mode (raw/processed), ``FORMAT_VERSION`` and ``MATH_VERSION``. A changed
+size and mtime of the tokenizer's files (the sink scores read it), the processing mode (raw/processed), ``FORMAT_VERSION`` and ``MATH_VERSION``. A changed
 checkpoint gets a new fingerprint, so it never sees the old numbers; the old entry ages out.
 
 Inside an entry, each result part is one file ``<name>.<index>.hsr`` (``index`` a layer or a
@@ -69,6 +69,7 @@ FORMAT_VERSION = 1  # the layout of the files below
 MATH_VERSION = 2  # 2: the composition baseline is drawn with numpy (default_rng(seed))
 DEFAULT_DISK_MB = 512
 MAGIC = b"HEADSCOPE-RESULT\n"
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json")  # engine.tokenizer
 ENTRY_FILE = "entry.json"
 SUFFIX = ".hsr"
 MAX_HEADER = 1 << 16
@@ -120,6 +121,13 @@ def fingerprint(ckpt: Checkpoint, raw: bool) -> str:
         extra = Path(ckpt.directory) / name
         if extra.is_file():
             h.update(_file_part(extra, with_header=False))
+    # The sink scores read the tokenizer (the natural sentences, which tokens are delimiters):
+    # its files count by size and mtime (a tokenizer.json can be 30 MB; not read on each open).
+    for name in TOKENIZER_FILES:
+        extra = Path(ckpt.directory) / name
+        if extra.is_file():
+            st = extra.stat()
+            h.update(f"{name}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
     return h.hexdigest()
 
 

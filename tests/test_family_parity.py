@@ -191,6 +191,14 @@ BENT = {"qwen3": "q/k RMSNorm", "gemma3": "q/k RMSNorm", "olmo2": "q/k RMSNorm",
         "gemma2": "soft-capped"}
 
 
+def test_batches_side_by_side_run_as_each_alone(new_family: tuple[str, Path, Any]) -> None:
+    """The one pass of `heads` (every batch side by side, the MLPs as one): Mixtral's router,
+    Gemma's post-norms and sliding windows, Qwen3/OLMo2's q/k norms."""
+    from tests.test_scores_perf import assert_side_by_side_is_alone
+
+    assert_side_by_side_is_alone(open_model(new_family[1]).weights)
+
+
 def test_structure_and_circuits_flag_non_bilinear_scores(new_family: tuple[str, Path, Any]) -> None:
     from headscope.engine.loading import read_structure
     from headscope.engine.report import circuit_report

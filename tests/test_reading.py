@@ -191,28 +191,34 @@ def test_the_null_is_seeded_and_z_is_the_standardised_score(model: Any) -> None:
 
 
 def test_the_table_and_its_null_come_from_one_forward_pass(model: Any, monkeypatch) -> None:
-    """`heads` scores the real heads' behaviour and the random heads' (the z's) in one pass
-    over the batches: the same numbers as the separate passes, the model run once per batch
-    instead of three times (a 7B model reads 13 GB of weights per pass)."""
-    from headscope.engine import forward
+    """`heads` scores the real heads' behaviour, the sinks and the random heads' behaviour (the
+    z's) in one pass with every batch side by side: each layer's MLP runs once for all the
+    batches and its weights are read once (a 7B model reads 13 GB of weights per pass; the
+    passes used to be one per batch, and three of them), with the same numbers as the
+    separate requests and, up to float rounding, as the behavioural scores on their own."""
+    from headscope.engine import forward, scores
 
     table, null = compute.score_table(model), compute.score_null(model)
     _, natural = compute.sink_batches(model)
-    runs: list[int] = []
-    real = forward.blocks
+    finished: list[int] = []
+    real = forward.finish_block
 
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        runs.append(1)
-        return real(*args, **kwargs)
+    def counting(w: Any, layer: int, x: Any, a: Any) -> Any:
+        finished.append(layer)
+        return real(w, layer, x, a)
 
-    monkeypatch.setattr(forward, "blocks", counting)
+    monkeypatch.setattr(forward, "finish_block", counting)
     shared, shared_null = compute.calibrated_score_table(model)
-    assert len(runs) == 1 + len(natural) and natural
+    assert natural and finished == list(range(model.cfg.n_layers))
     assert shared_null is not None
     for name in (*SCORE_NAMES, "nonfinite"):
         np.testing.assert_array_equal(getattr(shared, name), getattr(table, name), err_msg=name)
     np.testing.assert_array_equal(shared_null.mean, null.mean)
     np.testing.assert_array_equal(shared_null.std, null.std)
+    alone = scores.behaviour_scores(model.weights)
+    for name, score in alone.items():
+        np.testing.assert_allclose(getattr(shared, f"{name}_score"), score.numpy(), rtol=1e-5, atol=1e-6,
+                                   err_msg=name)
 
 
 def test_null_spectral_scores_are_scale_free() -> None:

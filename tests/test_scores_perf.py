@@ -196,18 +196,18 @@ def test_behaviour_scores_keep_one_layers_pattern_at_a_time(monkeypatch):
     """The sweep never stacks patterns: each is reduced and dropped inside the layer loop."""
     w = random_weights(n_layers=3, n_ctx=24)
     alive: list[int] = []
-    real_block = forward.block
+    real_attention = forward.attention
     live: weakref.WeakSet = weakref.WeakSet()
 
-    def block(*args, **kwargs):
-        out = real_block(*args, **kwargs)
+    def attention(*args, **kwargs):
+        out = real_attention(*args, **kwargs)
         alive.append(len(live))  # patterns of earlier layers still referenced
         live.add(out[1])
         return out
 
-    monkeypatch.setattr(forward, "block", block)
+    monkeypatch.setattr(forward, "attention", attention)
     scores.behaviour_scores(w, seq_len=SEQ, batch=BATCH)
-    assert alive == [0, 1, 1]  # at most the previous layer's, while the next block runs
+    assert alive == [0, 1, 1]  # at most the previous layer's, while the next attention runs
 
 
 def test_blocks_callback_sees_each_layer_input_and_pattern(family_models):
@@ -225,6 +225,32 @@ def test_blocks_callback_sees_each_layer_input_and_pattern(family_models):
         torch.testing.assert_close(pattern, ref.patterns[:, layer])
     torch.testing.assert_close(forward.unembed(w, final), ref.logits)
     torch.testing.assert_close(resumed, final)
+
+
+def assert_side_by_side_is_alone(w: WeightSource) -> None:
+    """``forward.blocks_together`` on streams of different lengths (their MLPs run as one):
+    the streams and patterns of running each alone with ``blocks``, every layer once."""
+    g = torch.Generator().manual_seed(1)
+    batches = [torch.randint(w.cfg.d_vocab, (b, p), generator=g) for b, p in ((2, 7), (1, 5), (3, 9))]
+    seen: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+    done: list[int] = []
+    with torch.inference_mode():
+        streams = [forward.embed(w, t) for t in batches]
+        together = forward.blocks_together(w, streams, on_block=lambda i, layer, x, p: seen.update({(i, layer): (x, p)}),
+                                           after_layer=done.append)
+        for i, x0 in enumerate(streams):
+            alone: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+            final = forward.blocks(w, x0, on_block=lambda layer, x, p, alone=alone: alone.update({layer: (x, p)}))
+            torch.testing.assert_close(together[i], final, rtol=1e-5, atol=1e-5)
+            for layer, (x, pattern) in alone.items():
+                torch.testing.assert_close(seen[i, layer][0], x, rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(seen[i, layer][1], pattern, rtol=1e-5, atol=1e-5)
+    assert done == list(range(w.cfg.n_layers)) and len(seen) == 3 * w.cfg.n_layers
+
+
+@pytest.mark.parametrize("name", ["gpt2", "neox", "llama", "bert_mlm"])
+def test_blocks_together_run_each_stream_as_blocks_does(family_models, name):
+    assert_side_by_side_is_alone(family_models[name])
 
 
 # -- the benchmark script ------------------------------------------------------------------------

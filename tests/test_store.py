@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import shutil
 from pathlib import Path
@@ -297,6 +298,25 @@ def test_touching_a_shard_or_editing_the_config_changes_the_fingerprint(model_co
     config = model_copy / "config.json"
     config.write_text(config.read_text().replace('"n_layer"', ' "n_layer"'))
     assert fingerprint(ckpt, raw=False) != touched
+
+
+def test_a_changed_tokenizer_is_never_served_stale_sink_scores(model_copy, store) -> None:
+    """The delimiter sink reads the tokenizer (its natural sentences, which tokens are
+    delimiters): an edited tokenizer is a new entry and new numbers."""
+    before = report.head_table(open_model(model_copy), store=store)
+    assert all(math.isnan(row["delimiter_sink_score"]) for row in before)  # no punctuation tokens
+    words = [*hf_fixtures.WORDS]
+    words[-2:] = [",", "."]  # now the sentences have delimiters
+    hf_fixtures.write_word_tokenizer(model_copy, words)
+    model = open_model(model_copy)
+    after = report.head_table(model, store=store)
+    assert json.dumps(after) == json.dumps(report.head_table(open_model(model_copy)))
+    assert all(math.isfinite(row["delimiter_sink_score"]) for row in after)
+    key = fingerprint(model.checkpoint, raw=False)
+    tokenizer = model_copy / "tokenizer.json"
+    st = tokenizer.stat()
+    os.utime(tokenizer, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000))
+    assert fingerprint(model.checkpoint, raw=False) != key
 
 
 def _stored_files(store: ResultStore, name: str) -> list[Path]:
