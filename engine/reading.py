@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -27,13 +28,14 @@ __all__ = [
     "SINK_SKIP",
     "Directions",
     "delimiter_sink_mass",
-    "heads_patterns",
+    "head_generators",
     "is_delimiter",
     "k_path",
     "null_spectral_scores",
     "overlap",
+    "projected_patterns",
     "random_head_patterns",
-    "random_heads",
+    "random_projections",
     "signed_directions",
     "sink_mass",
     "top_by_magnitude",
@@ -185,59 +187,92 @@ def null_spectral_scores(middle: Tensor, d_head: int, seed: int,
     """
     d_model = middle.shape[0]
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(samples, d_model, d_head, generator=g, dtype=torch.float64)
-    y = torch.randn(samples, d_model, d_head, generator=g, dtype=torch.float64)
-    small = y.transpose(-2, -1) @ middle.double() @ x  # [S, d_head, d_head]
+    x = torch.randn(samples, d_model, d_head, generator=g)
+    y = torch.randn(samples, d_model, d_head, generator=g)
+    # float32 products, as the real heads' scores are formed (engine.fast); at 7B the float64
+    # ones were 2 × 275 GFLOP
+    small = y.transpose(-2, -1) @ middle.float() @ x  # [S, d_head, d_head]
     if not is_finite(small):  # NaN/inf embeddings: eigvals on a NaN matrix kills the process
         return torch.full((samples,), math.nan)
-    eig = torch.linalg.eigvals(small)
+    eig = torch.linalg.eigvals(small.double())
     return (eig.real.sum(-1) / eig.abs().sum(-1)).float()
 
 
-def random_heads(d_model: int, d_head: int, norm_q: float, norm_k: float, seed: int,
-                 samples: int = NULL_SAMPLES) -> tuple[Tensor, Tensor]:
-    """``W_Q``, ``W_K [samples, d_model, d_head]``: i.i.d. Gaussian (seeded), each head's
-    rescaled to Frobenius norms ``norm_q`` and ``norm_k``."""
-    g = torch.Generator().manual_seed(seed)
-    q_w = torch.randn(samples, d_model, d_head, generator=g)
-    k_w = torch.randn(samples, d_model, d_head, generator=g)
-    q_w = q_w * (norm_q / q_w.norm(dim=(-2, -1), keepdim=True))
-    k_w = k_w * (norm_k / k_w.norm(dim=(-2, -1), keepdim=True))
-    return q_w, k_w
+def random_projections(rows: Tensor, d_head: int, norm: float, samples: int,
+                       gen: torch.Generator, rng: np.random.Generator) -> Tensor:
+    """``rows @ W`` ``[samples, N, d_head]`` (float32) of ``samples`` random heads reading
+    ``rows [N, d]``: each ``W [d, d_head]`` i.i.d. standard Gaussian, rescaled to Frobenius norm
+    ``norm``; seeded by ``gen`` (the normals) and ``rng`` (a χ² per head).
+
+    Drawn in the span of the rows when ``N < d`` (docs/math.md, "Calibrated scores"): with
+    ``rowsᵀ = Q R`` (``Q [d, N]``, orthonormal columns), ``rows @ W = Rᵀ (Qᵀ W)``, where
+    ``Qᵀ W`` is itself i.i.d. standard Gaussian ``[N, d_head]``, independent of the part of
+    ``W`` outside the span, whose squared norm (all the rescaling needs of it) is χ² with
+    ``(d − N)·d_head`` degrees of freedom. So ``N·d_head`` normals and one χ² per head give
+    exactly the distribution of drawing all of ``W``: a 7B layer's 64 heads drew 2 × 33.5 M
+    normals and formed two ``[N, 4096] @ [4096, 8192]`` products per batch; now ~2 × 2.7 M
+    normals and an ``[N, N]`` product.
+    """
+    n, d = rows.shape
+    rows = rows.double()
+    if n < d:
+        basis, r = torch.linalg.qr(rows.T)  # rows = rᵀ basisᵀ
+        del basis
+        inside = torch.randn(samples, n, d_head, generator=gen, dtype=torch.float64)
+        outside = torch.from_numpy(rng.chisquare((d - n) * d_head, samples))
+        projected = r.T @ inside
+    else:  # no smaller span: W itself
+        inside = torch.randn(samples, d, d_head, generator=gen, dtype=torch.float64)
+        outside = torch.zeros(samples, dtype=torch.float64)
+        projected = rows @ inside
+    frobenius = (inside.square().sum((1, 2)) + outside).sqrt()
+    return (projected * (norm / frobenius)[:, None, None]).float()
 
 
-def heads_patterns(x: Tensor, q_w: Tensor, k_w: Tensor, scale: float,
-                   rotate: Callable[[Tensor], Tensor] | None, causal: bool = True) -> Tensor:
-    """Attention patterns ``[b, n, q, k]`` of the heads ``q_w``, ``k_w [n, d_model, d_head]``
-    (no biases) reading ``x [b, p, d_model]``; ``rotate`` applies RoPE to ``[b, n, p, d_head]``;
+def head_generators(seed: int) -> tuple[torch.Generator, np.random.Generator]:
+    """The seeded generators of one layer's random heads (``random_projections``)."""
+    return torch.Generator().manual_seed(seed), np.random.default_rng(seed)
+
+
+def projected_patterns(q: Tensor, k: Tensor, scale: float, rotate: Callable[[Tensor], Tensor] | None,
+                       causal: bool = True) -> Tensor:
+    """Attention patterns ``[b, n, q, k]`` of heads whose queries and keys are ``q``, ``k``
+    ``[b, n, p, d_head]`` (no biases); ``rotate`` applies RoPE to ``[b, n, p, d_head]``;
     ``causal`` masks the keys after each query (encoders: none)."""
-    b, p, d = x.shape
-    n, _, e = q_w.shape
-
-    def project(w: Tensor) -> Tensor:  # one [b·p, d] @ [d, n·e] product for every head
-        flat = x.float().reshape(b * p, d) @ w.permute(1, 0, 2).reshape(d, n * e)
-        return flat.reshape(b, p, n, e).transpose(1, 2)  # [b, n, p, e]
-
-    q, k = project(q_w), project(k_w)
     if rotate is not None:
         q, k = rotate(q), rotate(k)
+    p = q.shape[-2]
     scores = q @ k.transpose(-1, -2) / scale
     if causal:
         scores = scores.masked_fill(torch.ones(p, p, dtype=torch.bool).triu(1), float("-inf"))
     return torch.softmax(scores, dim=-1)
 
 
-def random_head_patterns(x: Tensor, d_head: int, norm_q: float, norm_k: float, scale: float,
+def random_head_patterns(xs: Sequence[Tensor], d_head: int, norm_q: float, norm_k: float, scale: float,
                          rotate: Callable[[Tensor], Tensor] | None, seed: int,
-                         samples: int = NULL_SAMPLES, causal: bool = True) -> Tensor:
-    """Attention patterns ``[b, samples, q, k]`` of random heads reading ``x [b, p, d]``.
+                         samples: int = NULL_SAMPLES, causal: bool = True) -> list[Tensor]:
+    """Attention patterns ``[b, samples, p, p]`` of the same random heads reading each stream
+    of ``xs`` (``[b, p, d]`` each).
 
     Each random head has i.i.d. Gaussian ``W_Q``, ``W_K [d_model, d_head]`` (seeded) rescaled
-    to Frobenius norms ``norm_q`` and ``norm_k`` (the softmax temperature depends on them),
-    no biases (``random_heads``, ``heads_patterns``).
+    to Frobenius norms ``norm_q`` and ``norm_k`` (the softmax temperature depends on them), no
+    biases; they are drawn in the span of every stream's rows at once (``random_projections``).
     """
-    q_w, k_w = random_heads(x.shape[-1], d_head, norm_q, norm_k, seed, samples)
-    return heads_patterns(x, q_w, k_w, scale, rotate, causal)
+    d = xs[0].shape[-1]
+    rows = torch.cat([x.reshape(-1, d) for x in xs])
+    gen, rng = head_generators(seed)
+    q = random_projections(rows, d_head, norm_q, samples, gen, rng)
+    k = random_projections(rows, d_head, norm_k, samples, gen, rng)
+    out, start = [], 0
+    for x in xs:
+        b, p, _ = x.shape
+
+        def part(t: Tensor, b: int = b, p: int = p, start: int = start) -> Tensor:  # [b, S, p, e]
+            return t[:, start : start + b * p].reshape(samples, b, p, d_head).transpose(0, 1)
+
+        out.append(projected_patterns(part(q), part(k), scale, rotate, causal))
+        start += b * p
+    return out
 
 
 # -- model-wide passes: sinks and the behavioural null -----------------------------------------
@@ -321,8 +356,9 @@ def behaviour_null(w: WeightSource, repeated: Tensor, natural: Sequence[Tensor],
     """``{name: [L, samples]}``: the behavioural scores of ``samples`` random heads per layer.
 
     Layer ``l``'s random heads (``random_head_patterns``: Gaussian ``W_Q``/``W_K`` rescaled
-    to the mean Frobenius norms of the layer's real heads, seeded by ``seed + l``) read the
-    same normalised stream as the real heads, from the clean model. ``prev_token``,
+    to the mean Frobenius norms of the layer's real heads, seeded by ``seed + l``, drawn in
+    the span of all the batches' rows) read the same normalised stream as the real heads,
+    from the clean model. ``prev_token``,
     ``duplicate_token`` and ``induction`` are scored on ``repeated`` as ``behaviour_scores``
     scores them; ``attention_sink`` and ``delimiter_sink`` on ``repeated`` and ``natural``
     (``delimiters``: a mask per natural batch) as ``sink_scores``. ``cancelled()`` is
@@ -351,9 +387,10 @@ class NullSums:
         self.out = {name: torch.zeros(cfg.n_layers, samples)
                     for name in (*self.detections, "attention_sink", "delimiter_sink")}
         self.counted = torch.zeros(cfg.n_layers)
-        # The random heads of the layer the batches are in (``passes`` runs every batch
-        # through a layer before the next): drawn once per layer, not once per batch.
-        self.drawn: tuple[int, tuple[Tensor, Tensor]] | None = None
+        # What the random heads of the current layer read, one entry per batch so far
+        # (``passes`` runs every batch through a layer before the next): they are drawn
+        # once per layer, in the span of all the batches' rows (``random_head_patterns``).
+        self.inputs: list[Tensor] = []
 
     def _rotate_for(self, layer: int) -> Callable[[Tensor], Tensor] | None:
         from .forward import layer_config, rotary, rotary_inv_freq, rotary_scale
@@ -363,23 +400,26 @@ class NullSums:
         layer_cfg, path = layer_config(self.cfg, layer), getattr(self.w, "path", None)
         return lambda t: rotary(t, rotary_inv_freq(layer_cfg, path, t.shape[-2]), rotary_scale(layer_cfg))
 
-    def _heads_of(self, layer: int) -> tuple[Tensor, Tensor]:
-        if self.drawn is None or self.drawn[0] != layer:
-            self.drawn = None  # the last layer's, freed before this one's are drawn
-            norm_q, norm_k = (_mean_finite_norm(self.w.get(f"blocks.{layer}.attn.{n}")) for n in ("W_Q", "W_K"))
-            self.drawn = layer, random_heads(self.cfg.d_model, self.cfg.d_head, norm_q, norm_k,
-                                             self.seed + layer, self.samples)
-        return self.drawn[1]
-
     def __call__(self, i: int, layer: int, x: Tensor, _pattern: Tensor) -> None:
         from .forward import attention_input
-        from .scores import _detect
 
         if self.cancelled is not None and self.cancelled():
             raise CancelledError()
+        self.inputs.append(attention_input(self.w, layer, x).float())
+        if i + 1 < self.n_batches:
+            return
+        inputs, self.inputs = self.inputs, []
+        norm_q, norm_k = (_mean_finite_norm(self.w.get(f"blocks.{layer}.attn.{n}")) for n in ("W_Q", "W_K"))
+        patterns = random_head_patterns(inputs, self.cfg.d_head, norm_q, norm_k, float(self.cfg.scale),
+                                        self._rotate_for(layer), self.seed + layer, self.samples,
+                                        causal=self.cfg.causal)
+        for j, pattern in enumerate(patterns):
+            self._reduce(j, layer, pattern)
+
+    def _reduce(self, i: int, layer: int, pattern: Tensor) -> None:
+        from .scores import _detect
+
         out = self.out
-        pattern = heads_patterns(attention_input(self.w, layer, x), *self._heads_of(layer),
-                                 float(self.cfg.scale), self._rotate_for(layer), causal=self.cfg.causal)
         out["attention_sink"][layer] += sink_mass(pattern) / self.n_batches
         mask = self.masks[i]
         if mask is not None:
@@ -392,7 +432,6 @@ class NullSums:
                 out[name][layer] = _detect(pattern, det)
 
     def result(self) -> dict[str, Tensor]:
-        self.drawn = None
         self.out["delimiter_sink"] /= self.counted[:, None]
         return self.out
 

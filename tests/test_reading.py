@@ -349,12 +349,38 @@ def test_terminal_tables_print_token_strings_literally(monkeypatch, capsys) -> N
 
 def test_random_heads_are_causal_only_in_causal_models() -> None:
     x = torch.randn(2, 6, 16, generator=torch.Generator().manual_seed(0))
-    causal = reading.random_head_patterns(x, 4, 3.0, 3.0, 2.0, None, seed=0, samples=5)
-    encoder = reading.random_head_patterns(x, 4, 3.0, 3.0, 2.0, None, seed=0, samples=5, causal=False)
+    (causal,) = reading.random_head_patterns([x], 4, 3.0, 3.0, 2.0, None, seed=0, samples=5)
+    (encoder,) = reading.random_head_patterns([x], 4, 3.0, 3.0, 2.0, None, seed=0, samples=5, causal=False)
     assert causal.shape == (2, 5, 6, 6)
     torch.testing.assert_close(causal.sum(-1), torch.ones(2, 5, 6))
     above = torch.ones(6, 6, dtype=torch.bool).triu(1)  # keys after the query
     assert float(causal[..., above].abs().max()) == 0.0 and float(encoder[..., above].min()) > 0.0
+
+
+def _quantiles(t: torch.Tensor) -> torch.Tensor:
+    return torch.quantile(t.double(), torch.tensor([0.05, 0.25, 0.5, 0.75, 0.95], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("n_rows", [4, 12])  # fewer rows than d (drawn in their span), more
+def test_random_heads_drawn_in_the_rows_span_have_the_distribution_of_whole_ones(n_rows: int) -> None:
+    """``rows @ W`` for Gaussian ``W [d, e]`` rescaled to a norm: drawn as ``Rᵀ (Qᵀ W)`` and a
+    χ² for the rest of W, against drawing W itself (docs/math.md, "Calibrated scores")."""
+    d, e, norm, samples = 10, 3, 2.5, 40_000
+    g = torch.Generator().manual_seed(5)
+    rows = torch.randn(n_rows, d, generator=g, dtype=torch.float64)
+    rows[1] = rows[0]  # the same token twice (a repeated sequence's first layer)
+    got = reading.random_projections(rows.float(), e, norm, samples, *reading.head_generators(7)).double()
+    whole = torch.randn(samples, d, e, generator=g, dtype=torch.float64)
+    whole = whole * (norm / whole.norm(dim=(1, 2)))[:, None, None]
+    want = rows @ whole
+    assert got.shape == (samples, n_rows, e)
+    torch.testing.assert_close(got[:, 1], got[:, 0], rtol=1e-5, atol=1e-5)
+    # second moments: E[P Pᵀ] = norm²/d · e/e · rows rowsᵀ for W uniform on the sphere
+    second = torch.einsum("sne,sme->nm", got, got) / samples
+    torch.testing.assert_close(second, norm**2 / d * rows @ rows.T, rtol=0.03, atol=0.03 * norm**2)
+    # and the shape of the distribution: ‖P‖², one entry, one score-like product
+    for stat in (lambda p: p.square().sum((1, 2)), lambda p: p[:, 2, 0], lambda p: (p[:, 2] * p[:, 3]).sum(-1)):
+        torch.testing.assert_close(_quantiles(stat(got)), _quantiles(stat(want)), rtol=0.05, atol=0.03)
 
 
 def test_an_encoder_gets_a_null(bert_base_dir) -> None:
