@@ -206,44 +206,55 @@ def blocks_together(w: WeightSource, streams: Sequence[Tensor], *,
     them: a pass over a 7B model reads 13 GB, and the behavioural scores, the sinks and the
     null run five batches.
 
-    A layer's attention runs on each stream (it mixes positions within a sequence); the rest
-    of the block (norms, residual adds, the MLP, Mixtral's router) reads each token alone, so
-    it runs once on every stream's tokens side by side. ``on_block(i, layer, x_in, pattern)``
-    is called for each stream after the layer's attention and before its MLP, while the
-    attention weights are still cached (a 7B layer's MLP weights are twice their size and
-    would evict them); ``after_layer(layer)`` once the layer is done. An exception raised by
-    either (e.g. ``CancelledError``) stops the pass. One stream gives ``blocks``' result.
+    Everything that acts on one token alone (norms, the q/k/v and output projections, the
+    MLP, Mixtral's router, the residual adds) runs once on every stream's tokens side by
+    side, as ``[1, Σ b_i·p_i, d_model]`` rows; only the attention proper (positions, the
+    pattern) runs per stream. ``on_block(i, layer, x_in, pattern)`` is called for each stream
+    after the layer's attention and before its MLP, while the attention weights are still
+    cached (a 7B layer's MLP weights are twice their size and would evict them);
+    ``after_layer(layer)`` once the layer is done. An exception raised by either (e.g.
+    ``CancelledError``) stops the pass. The streams equal ``blocks``' up to float rounding
+    (the heads' outputs are summed by one product, not one by one).
     """
-    xs = list(streams)
-    for layer in range(w.cfg.n_layers):
-        outputs = []
-        for i, x in enumerate(xs):
-            a, pattern, _ = attention(w, layer, attention_input(w, layer, x), (), "zero")
-            if on_block is not None:
-                on_block(i, layer, x, pattern)
-            outputs.append(a)
-        xs = _finish_side_by_side(w, layer, xs, outputs)
-        if after_layer is not None:
-            after_layer(layer)
-    return xs
-
-
-def _finish_side_by_side(w: WeightSource, layer: int, xs: list[Tensor], attn: list[Tensor]
-                         ) -> list[Tensor]:
-    """``finish_block`` of every stream, as one ``[1, Σ b_i·p_i, d_model]`` stream (it acts
-    on each token alone)."""
-    if len(xs) == 1:
-        return [finish_block(w, layer, xs[0], attn[0])]
     import torch
 
-    d = xs[0].shape[-1]
-    sizes = [x.shape[0] * x.shape[1] for x in xs]
+    shapes = [(x.shape[0], x.shape[1]) for x in streams]
+    d = streams[0].shape[-1]
+    x = torch.cat([s.reshape(-1, d) for s in streams])[None]  # [1, N, d_model]
+    for layer in range(w.cfg.n_layers):
+        a = _attention_side_by_side(w, layer, x, shapes, on_block)
+        x = finish_block(w, layer, x, a)
+        if after_layer is not None:
+            after_layer(layer)
+    return _per_stream(x[0], shapes)
 
-    def flat(ts: list[Tensor]) -> Tensor:
-        return torch.cat([t.reshape(-1, d) for t in ts])[None]
 
-    out = finish_block(w, layer, flat(xs), flat(attn))[0]
-    return [part.reshape(x.shape) for part, x in zip(out.split(sizes), xs, strict=True)]
+def _per_stream(rows: Tensor, shapes: list[tuple[int, int]]) -> list[Tensor]:
+    """``rows [Σ b·p, ...]`` cut back into ``[b, p, ...]`` per stream (views)."""
+    parts = rows.split([b * p for b, p in shapes])
+    return [part.reshape(b, p, *rows.shape[1:]) for part, (b, p) in zip(parts, shapes, strict=True)]
+
+
+def _attention_side_by_side(w: WeightSource, layer: int, x: Tensor, shapes: list[tuple[int, int]],
+                            on_block: StreamsCallback | None) -> Tensor:
+    """The attention output ``[1, N, d_model]`` of the side-by-side streams ``x [1, N, d]``."""
+    h, e = w.cfg.n_heads, w.cfg.d_head
+    # [1, h, N, e] -> per stream [b, h, p, e]
+    q, k, v = (_per_stream(t[0].transpose(0, 1), shapes) for t in queries_keys_values(w, layer, attention_input(w, layer, x)))
+    streams = _per_stream(x[0], shapes) if on_block is not None else []
+    z_rows = []
+    for i, (qi, ki, vi) in enumerate(zip(q, k, v, strict=True)):
+        qi, ki, vi = (t.permute(0, 2, 1, 3) for t in (qi, ki, vi))
+        pattern, z = attend(w, layer, qi, ki, vi)
+        if on_block is not None:
+            on_block(i, layer, streams[i], pattern)
+        z_rows.append(z.transpose(1, 2).reshape(-1, h * e))  # [b·p, h·e]
+    import torch
+
+    pre = f"blocks.{layer}.attn"
+    # Σ_h z_h W_O[h] + b_O, every head at once
+    out = torch.cat(z_rows) @ w.get(f"{pre}.W_O").reshape(h * e, -1) + w.get(f"{pre}.b_O")
+    return out[None]
 
 
 def run_ablations(w: WeightSource, x: Tensor, layer: int, heads: Sequence[int],
@@ -284,13 +295,31 @@ def attention(w: WeightSource, layer: int, x: Tensor, ablated: Sequence[int], ab
     """
     import torch
 
-    cfg = w.cfg
+    pattern, z = attend(w, layer, *queries_keys_values(w, layer, x))
+    result = torch.einsum("bhqe,hem->bhqm", z, w.get(f"blocks.{layer}.attn.W_O"))  # each head's output
+    return combine_heads(w, layer, result, ablated, ablation), pattern, result
+
+
+def queries_keys_values(w: WeightSource, layer: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``q``, ``k``, ``v [b, h, p, d_head]`` of the (normalised) input ``x [b, p, d_model]``,
+    with their biases and the q/k norms (each acts on one token: no positions yet)."""
+    import torch
+
     pre = f"blocks.{layer}.attn"
     # [b, p, d_model] @ [h, d_model, d_head] -> [b, h, p, d_head]
     q = torch.einsum("bpd,hde->bhpe", x, w.get(f"{pre}.W_Q")) + w.get(f"{pre}.b_Q")[:, None, :]
     k = torch.einsum("bpd,hde->bhpe", x, w.get(f"{pre}.W_K")) + w.get(f"{pre}.b_K")[:, None, :]
     v = torch.einsum("bpd,hde->bhpe", x, w.get(f"{pre}.W_V")) + w.get(f"{pre}.b_V")[:, None, :]
     q, k = qk_norm(w, layer, q, k)
+    return q, k, v
+
+
+def attend(w: WeightSource, layer: int, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """The pattern ``[b, h, q, k]`` and what each head reads, ``z = pattern @ v``
+    ``[b, h, q, d_head]``, of one batch of sequences' queries, keys and values."""
+    import torch
+
+    cfg = w.cfg
     if cfg.positional == "rotary":
         layer_cfg = layer_config(cfg, layer)
         inv_freq = rotary_inv_freq(layer_cfg, getattr(w, "path", None), seq_len=q.shape[-2])
@@ -303,10 +332,7 @@ def attention(w: WeightSource, layer: int, x: Tensor, ablated: Sequence[int], ab
     if hidden is not None:
         scores = scores.masked_fill(hidden, float("-inf"))
     pattern = torch.softmax(scores, dim=-1)
-
-    z = pattern @ v  # [b, h, q, d_head]
-    result = torch.einsum("bhqe,hem->bhqm", z, w.get(f"{pre}.W_O"))  # each head's output
-    return combine_heads(w, layer, result, ablated, ablation), pattern, result
+    return pattern, pattern @ v
 
 
 def combine_heads(w: WeightSource, layer: int, result: Tensor, ablated: Sequence[int], ablation: str
