@@ -329,7 +329,7 @@ def _behaviour_pass(model: Model, seed: int, bad: np.ndarray, progress: Progress
     w = model.weights
     repeated, natural = sink_batches(model, seed)
     masks = delimiter_masks(model, natural)
-    found = scores.BehaviourSums(w, repeated)
+    found = scores.BehaviourSums(w, repeated, nonfinite=bad)  # the weight sweep's flags
     sinks = reading.SinkSums(model.cfg, 1 + len(natural), [None, *masks])
     null = None if null_samples is None else reading.NullSums(
         w, repeated, natural, seed, null_samples, masks, cancelled)

@@ -198,11 +198,12 @@ def null_spectral_scores(middle: Tensor, d_head: int, seed: int,
     return (eig.real.sum(-1) / eig.abs().sum(-1)).float()
 
 
-def random_projections(rows: Tensor, d_head: int, norm: float, samples: int,
-                       gen: torch.Generator, rng: np.random.Generator) -> Tensor:
+def random_projections(rows: Tensor, d_head: int, norms: Sequence[float], samples: int,
+                       gen: torch.Generator, rng: np.random.Generator) -> list[Tensor]:
     """``rows @ W`` ``[samples, N, d_head]`` (float32) of ``samples`` random heads reading
-    ``rows [N, d]``: each ``W [d, d_head]`` i.i.d. standard Gaussian, rescaled to Frobenius norm
-    ``norm``; seeded by ``gen`` (the normals) and ``rng`` (a χ² per head).
+    ``rows [N, d]``, one set per norm of ``norms``: each ``W [d, d_head]`` i.i.d. standard
+    Gaussian, rescaled to that Frobenius norm; seeded by ``gen`` (the normals) and ``rng``
+    (a χ² per head).
 
     Drawn in the span of the rows when ``N < d`` (docs/math.md, "Calibrated scores"): with
     ``rowsᵀ = Q R`` (``Q [d, N]``, orthonormal columns), ``rows @ W = Rᵀ (Qᵀ W)``, where
@@ -215,18 +216,20 @@ def random_projections(rows: Tensor, d_head: int, norm: float, samples: int,
     """
     n, d = rows.shape
     rows = rows.double()
-    if n < d:
-        basis, r = torch.linalg.qr(rows.T)  # rows = rᵀ basisᵀ
-        del basis
-        inside = torch.randn(samples, n, d_head, generator=gen, dtype=torch.float64)
-        outside = torch.from_numpy(rng.chisquare((d - n) * d_head, samples))
-        projected = r.T @ inside
-    else:  # no smaller span: W itself
-        inside = torch.randn(samples, d, d_head, generator=gen, dtype=torch.float64)
-        outside = torch.zeros(samples, dtype=torch.float64)
-        projected = rows @ inside
-    frobenius = (inside.square().sum((1, 2)) + outside).sqrt()
-    return (projected * (norm / frobenius)[:, None, None]).float()
+    span = n < d
+    r = torch.linalg.qr(rows.T, mode="r")[1] if span else None  # rows = rᵀ Qᵀ
+    out = []
+    for norm in norms:
+        inside = torch.randn(samples, n if span else d, d_head, generator=gen).double()
+        if r is not None:
+            outside = torch.from_numpy(rng.chisquare((d - n) * d_head, samples))
+            projected = r.T @ inside
+        else:  # no smaller span: W itself
+            outside = torch.zeros(samples, dtype=torch.float64)
+            projected = rows @ inside
+        frobenius = (inside.square().sum((1, 2)) + outside).sqrt()
+        out.append((projected * (norm / frobenius)[:, None, None]).float())
+    return out
 
 
 def head_generators(seed: int) -> tuple[torch.Generator, np.random.Generator]:
@@ -260,9 +263,7 @@ def random_head_patterns(xs: Sequence[Tensor], d_head: int, norm_q: float, norm_
     """
     d = xs[0].shape[-1]
     rows = torch.cat([x.reshape(-1, d) for x in xs])
-    gen, rng = head_generators(seed)
-    q = random_projections(rows, d_head, norm_q, samples, gen, rng)
-    k = random_projections(rows, d_head, norm_k, samples, gen, rng)
+    q, k = random_projections(rows, d_head, (norm_q, norm_k), samples, *head_generators(seed))
     out, start = [], 0
     for x in xs:
         b, p, _ = x.shape
@@ -344,7 +345,7 @@ class SinkSums:
 def _mean_finite_norm(weights: Tensor) -> float:
     """Mean Frobenius norm of the heads ``[H, d_model, d_head]`` whose norm is finite (a NaN
     head does not poison its layer's null); NaN if none is."""
-    norms = weights.double().norm(dim=(-2, -1))
+    norms = torch.linalg.vector_norm(weights, dim=(-2, -1), dtype=torch.float64)  # no float64 copy
     finite = norms[torch.isfinite(norms)]
     return float(finite.mean()) if finite.numel() else math.nan
 

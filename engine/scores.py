@@ -796,19 +796,23 @@ def behaviour_scores(w: WeightSource, seed: int = 0, *, seq_len: int | None = No
 class BehaviourSums:
     """``behaviour_scores``' reduction of the patterns of one token batch (``tokens [b, 2T]``),
     layer by layer: ``found(layer, pattern)`` as each layer's attention has run, ``result()``
-    at the end. It checks each layer's weights for NaN/inf as it goes: they were just read
-    for the attention and are still cached."""
+    at the end: NaN for the heads with non-finite weights. ``nonfinite [L, H]``: those heads
+    if the caller knows them (the weight sweep's flags); else each layer's weights are
+    checked as it goes (they were just read for the attention and are still cached)."""
 
     def __init__(self, w: WeightSource, tokens: Tensor, *, exclude_bos: bool = False,
-                 exclude_current_token: bool = False) -> None:
+                 exclude_current_token: bool = False, nonfinite: Any = None) -> None:
         cfg = w.cfg
         self.w, self.exclude = w, {"exclude_bos": exclude_bos, "exclude_current_token": exclude_current_token}
         self.detections = detection_patterns(tokens)
         self.out = {name: torch.full((cfg.n_layers, cfg.n_heads), math.nan) for name in self.detections}
-        self.bad = torch.zeros(cfg.n_layers, cfg.n_heads, dtype=torch.bool)
+        self.known = nonfinite is not None
+        self.bad = (torch.as_tensor(np.asarray(nonfinite, dtype=bool)) if self.known
+                    else torch.zeros(cfg.n_layers, cfg.n_heads, dtype=torch.bool))
 
     def __call__(self, layer: int, pattern: Tensor) -> None:
-        self.bad[layer] = _layer_nonfinite(self.w, layer)
+        if not self.known:
+            self.bad[layer] = _layer_nonfinite(self.w, layer)
         pattern = pattern.float()
         for name, det in self.detections.items():
             self.out[name][layer] = _detect(pattern, det, **self.exclude)

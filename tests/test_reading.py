@@ -369,7 +369,9 @@ def test_random_heads_drawn_in_the_rows_span_have_the_distribution_of_whole_ones
     g = torch.Generator().manual_seed(5)
     rows = torch.randn(n_rows, d, generator=g, dtype=torch.float64)
     rows[1] = rows[0]  # the same token twice (a repeated sequence's first layer)
-    got = reading.random_projections(rows.float(), e, norm, samples, *reading.head_generators(7)).double()
+    got, other = reading.random_projections(rows.float(), e, (norm, 2 * norm), samples, *reading.head_generators(7))
+    got = got.double()
+    assert not torch.allclose(other.double(), 2 * got)  # two sets of heads, not one rescaled
     whole = torch.randn(samples, d, e, generator=g, dtype=torch.float64)
     whole = whole * (norm / whole.norm(dim=(1, 2)))[:, None, None]
     want = rows @ whole
