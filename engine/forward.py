@@ -237,22 +237,24 @@ def _per_stream(rows: Tensor, shapes: list[tuple[int, int]]) -> list[Tensor]:
 
 def _attention_side_by_side(w: WeightSource, layer: int, x: Tensor, shapes: list[tuple[int, int]],
                             on_block: StreamsCallback | None) -> Tensor:
-    """The attention output ``[1, N, d_model]`` of the side-by-side streams ``x [1, N, d]``."""
+    """The attention output ``[1, N, d_model]`` of the side-by-side streams ``x [1, N, d]``
+    (``shapes``: each stream's ``(b, p)``)."""
+    import torch
+
     h, e = w.cfg.n_heads, w.cfg.d_head
-    # [1, h, N, e] -> per stream [b, h, p, e]
-    q, k, v = (_per_stream(t[0].transpose(0, 1), shapes) for t in queries_keys_values(w, layer, attention_input(w, layer, x)))
-    streams = _per_stream(x[0], shapes) if on_block is not None else []
+    projected = queries_keys_values(w, layer, attention_input(w, layer, x))  # [1, h, N, e] each
+    # per stream: [b, p, h, e] -> [b, h, p, e]
+    q, k, v = ([part.permute(0, 2, 1, 3) for part in _per_stream(t[0].transpose(0, 1), shapes)]
+               for t in projected)
+    streams = _per_stream(x[0], shapes)
     z_rows = []
-    for i, (qi, ki, vi) in enumerate(zip(q, k, v, strict=True)):
-        qi, ki, vi = (t.permute(0, 2, 1, 3) for t in (qi, ki, vi))
-        pattern, z = attend(w, layer, qi, ki, vi)
+    for i, (q_i, k_i, v_i) in enumerate(zip(q, k, v, strict=True)):
+        pattern, z = attend(w, layer, q_i, k_i, v_i)
         if on_block is not None:
             on_block(i, layer, streams[i], pattern)
         z_rows.append(z.transpose(1, 2).reshape(-1, h * e))  # [b·p, h·e]
-    import torch
-
+    # Σ_h z_h W_O[h] + b_O: every head's output at once, one product
     pre = f"blocks.{layer}.attn"
-    # Σ_h z_h W_O[h] + b_O, every head at once
     out = torch.cat(z_rows) @ w.get(f"{pre}.W_O").reshape(h * e, -1) + w.get(f"{pre}.b_O")
     return out[None]
 
