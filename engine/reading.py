@@ -214,6 +214,13 @@ def random_projections(rows: Tensor, d_head: int, norms: Sequence[float], sample
     normals and formed two ``[N, 4096] @ [4096, 8192]`` products per batch; now ~2 × 2.7 M
     normals and an ``[N, N]`` product.
     """
+    finite = torch.isfinite(rows).all(-1)
+    if not bool(finite.all()):  # a NaN row would spoil the span of all: it projects to NaN alone
+        found = random_projections(rows[finite], d_head, norms, samples, gen, rng)
+        out = [torch.full((samples, rows.shape[0], d_head), math.nan) for _ in norms]
+        for whole, part in zip(out, found, strict=True):
+            whole[:, finite] = part
+        return out
     n, d = rows.shape
     rows = rows.double()
     span = n < d

@@ -796,8 +796,9 @@ def behaviour_scores(w: WeightSource, seed: int = 0, *, seq_len: int | None = No
 class BehaviourSums:
     """``behaviour_scores``' reduction of the patterns of one token batch (``tokens [b, 2T]``),
     layer by layer: ``found(layer, pattern)`` as each layer's attention has run, ``result()``
-    at the end: NaN for the heads with non-finite weights. ``nonfinite [L, H]``: those heads
-    if the caller knows them (the weight sweep's flags); else each layer's weights are
+    at the end: NaN for the heads with non-finite weights. ``nonfinite [L, H]``: the heads
+    to give NaN if the caller knows them (the weight sweep's flags, which add the heads whose
+    float32 products overflow: their forward pass does too); else each layer's weights are
     checked as it goes (they were just read for the attention and are still cached)."""
 
     def __init__(self, w: WeightSource, tokens: Tensor, *, exclude_bos: bool = False,

@@ -5,8 +5,9 @@ Where: ``$HEADSCOPE_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/headscope`` (defa
 ``~/.cache/headscope``). One directory per checkpoint *entry*, named by its fingerprint
 (``fingerprint``): the resolved checkpoint path, the size, mtime and header bytes of every
 safetensors file the model reads, the bytes of ``config.json`` and of the shard index, the
-size and mtime of the tokenizer's files (the sink scores read it), the processing mode (raw/processed), ``FORMAT_VERSION`` and ``MATH_VERSION``. A changed
-checkpoint gets a new fingerprint, so it never sees the old numbers; the old entry ages out.
+size and mtime of the tokenizer's files (the sink scores read it), the processing mode
+(raw/processed), ``FORMAT_VERSION`` and ``MATH_VERSION``. A changed checkpoint gets a new
+fingerprint, so it never sees the old numbers; the old entry ages out.
 
 Inside an entry, each result part is one file ``<name>.<index>.hsr`` (``index`` a layer or a
 target layer of a composition, or ``all`` for a whole result): a magic line, a JSON header

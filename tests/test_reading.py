@@ -357,6 +357,17 @@ def test_random_heads_are_causal_only_in_causal_models() -> None:
     assert float(causal[..., above].abs().max()) == 0.0 and float(encoder[..., above].min()) > 0.0
 
 
+def test_a_non_finite_row_projects_to_nan_alone() -> None:
+    """A token whose stream is NaN/inf gets NaN random-head projections; the span of the
+    other rows, and so their projections, stay finite."""
+    rows = torch.randn(6, 16, generator=torch.Generator().manual_seed(2))
+    rows[2, 3], rows[4, 0] = float("nan"), float("inf")
+    q, k = reading.random_projections(rows, 4, (1.0, 2.0), 3, *reading.head_generators(0))
+    for t in (q, k):
+        assert t.shape == (3, 6, 4)
+        assert t[:, [2, 4]].isnan().all() and torch.isfinite(t[:, [0, 1, 3, 5]]).all()
+
+
 def _quantiles(t: torch.Tensor) -> torch.Tensor:
     return torch.quantile(t.double(), torch.tensor([0.05, 0.25, 0.5, 0.75, 0.95], dtype=torch.float64))
 
