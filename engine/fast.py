@@ -79,6 +79,8 @@ class NumpyWeights:
         self.plan = plan_for(raw.cfg) if processed else None
         self._cache = ByteLRU(cache_bytes, lambda a: int(a.nbytes), max_entry=cache_bytes // 2)
         self._lock = threading.Lock()
+        self.middles: dict[str, np.ndarray] | None = None  # kept_spectral_middles'
+        self._middles_lock = threading.Lock()  # the sweep and the null may both ask at once
 
     def has(self, name: str) -> bool:
         return self.raw.has(name)
@@ -300,10 +302,10 @@ def _center_cols(x: np.ndarray) -> np.ndarray:
 def kept_spectral_middles(w: NumpyWeights) -> dict[str, np.ndarray]:
     """``spectral_middles(w)``, formed once per model and kept (``2 · d_model²`` floats): the
     weight sweep and the random-head null (``compute.score_null``) share them."""
-    kept = w.__dict__.get("_middles")
-    if kept is None:
-        kept = w.__dict__["_middles"] = spectral_middles(w)
-    return kept
+    with w._middles_lock:  # formed once even when two workers ask (2 TFLOP at 7B)
+        if w.middles is None:
+            w.middles = spectral_middles(w)
+        return w.middles
 
 
 def spectral_middles(w: NumpyWeights) -> dict[str, np.ndarray]:
