@@ -59,9 +59,9 @@ def reference_loss(logits: Any, tokens: Any) -> float:
 def one(scenario: str, path: Path, budget: float, seq_len: int | None, batch: int) -> dict[str, Any]:
     import torch
 
-    from headscope.engine import scores
-    from headscope.engine.forward import run
-    from headscope.engine.loading import open_model
+    from headscope.engine.circuits import scores
+    from headscope.engine.forward.transformer import run
+    from headscope.engine.model.loading import open_model
 
     w = open_model(path).weights
     cfg = w.cfg
@@ -112,8 +112,8 @@ def one(scenario: str, path: Path, budget: float, seq_len: int | None, batch: in
 
 
 def one_again(scenario: str, w: Any, tokens: Any, seq_len: int | None, batch: int) -> None:
-    from headscope.engine import scores
-    from headscope.engine.forward import run
+    from headscope.engine.circuits import scores
+    from headscope.engine.forward.transformer import run
 
     layer = w.cfg.n_layers // 2
     if scenario == "behaviour":

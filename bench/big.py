@@ -58,7 +58,7 @@ def _cli(argv: list[str]) -> None:
     import contextlib
     import io
 
-    from headscope.tui.cli import main
+    from headscope.tui.cli.main import main
 
     with contextlib.redirect_stdout(io.StringIO()):
         code = main(argv)
@@ -79,7 +79,7 @@ def run_heads(path: Path) -> dict[str, Any]:
 def run_first_view(path: Path) -> dict[str, Any]:
     import asyncio
 
-    from headscope.engine.service import Engine
+    from headscope.engine.service.engine import Engine
 
     eng = Engine(path)
 
@@ -100,8 +100,8 @@ def run_floor(path: Path) -> dict[str, Any]:
     """The dense floor of ``heads`` (module docstring), on the raw weights."""
     import torch
 
-    from headscope.engine import forward
-    from headscope.engine.loading import open_model
+    from headscope.engine.forward import transformer as forward
+    from headscope.engine.model.loading import open_model
 
     w = open_model(path, raw=True).weights
     cfg = w.cfg
@@ -150,7 +150,7 @@ def _layers() -> int:
 def run_composition_floor(path: Path, kind: str) -> dict[str, Any]:
     """Every layer pair's ``[H·k, d] @ [d, H·k]`` product: the GEMM floor of one mode (only
     the products are timed, not the reads)."""
-    from headscope.engine.loading import open_model
+    from headscope.engine.model.loading import open_model
 
     w = _FirstLayers(open_model(path, raw=True).weights, _layers())
     cfg = w.cfg
@@ -171,9 +171,9 @@ def run_composition(path: Path, kind: str, numpy_path: bool = False) -> dict[str
     """``composition_scores`` streamed tile by tile, with the ETA its progress gives:
     ``engine.fast``'s (numpy: what the CLI and the explorer run on safetensors) or
     ``engine.scores``' (torch: GGUF, float8)."""
-    from headscope.engine import fast, scores
-    from headscope.engine.eta import Eta
-    from headscope.engine.loading import open_model
+    from headscope.engine.circuits import fast, scores
+    from headscope.engine.core.eta import Eta
+    from headscope.engine.model.loading import open_model
 
     model = open_model(path)
     w = _FirstLayers(fast.numpy_weights(model) if numpy_path else model.weights, _layers())

@@ -37,7 +37,7 @@ SWEEPS = ("heads", "composition-k")
 
 
 def _sweep(name: str) -> Callable[[Any, Any, Any], object]:
-    from headscope.engine import compute
+    from headscope.engine.sweeps import compute
 
     if name == "heads":
         return lambda model, store, cluster: compute.score_table(model, store=store, cluster=cluster)
@@ -53,9 +53,9 @@ def _timed(fn: Callable[[], object]) -> float:
 
 def measure(path: Path, workers: tuple[int, ...], sweeps: tuple[str, ...]) -> dict[str, Any]:
     """Seconds for every (sweep, in-process | N workers) on the checkpoint at ``path``."""
-    from headscope.engine.cluster import local_cluster
-    from headscope.engine.loading import open_model
-    from headscope.engine.store import ResultStore
+    from headscope.engine.model.loading import open_model
+    from headscope.engine.sweeps.cluster import local_cluster
+    from headscope.engine.sweeps.store import ResultStore
 
     model = open_model(path)
     scratch = Path(tempfile.mkdtemp(prefix="headscope-bench-cluster-"))

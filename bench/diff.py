@@ -26,8 +26,8 @@ SHAPE = {"n_layers": 12, "n_heads": 12, "d_model": 768, "d_head": 64, "d_vocab":
 def random_weights(seed: int, shape: dict[str, int]):
     import torch
 
-    from headscope.engine.config import ModelConfig
-    from headscope.engine.weights import DictWeights
+    from headscope.engine.core.config import ModelConfig
+    from headscope.engine.model.weights import DictWeights
 
     g = torch.Generator().manual_seed(seed)
     L, H, D, Dh, V = (shape[k] for k in ("n_layers", "n_heads", "d_model", "d_head", "d_vocab"))
@@ -49,7 +49,7 @@ def run_one(impl: str, shape: dict[str, int]) -> dict[str, float]:
     start = time.perf_counter()
     with torch.inference_mode():
         if impl == "headscope":
-            from headscope.engine.diff import circuit_similarity
+            from headscope.engine.sweeps.diff import circuit_similarity
 
             circuit_similarity(wa, wb)
         else:

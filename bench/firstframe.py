@@ -48,7 +48,7 @@ def one(kind: str, path: str) -> dict[str, float]:
 
     if kind.startswith("headscope"):  # "headscope-frame": the first frame only
         from headscope.tui.app import HeadscopeApp
-        from headscope.tui.settings import Settings
+        from headscope.tui.base.settings import Settings
 
         app: App = HeadscopeApp(path, settings=Settings())
     else:
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
              "", "| model | heads | headscope first frame (s) | range (s) | explorer up (s) | "
              "first head view (s) | first frame / empty app |",
              "|---|---|---|---|---|---|---|"]
-    from headscope.engine.loading import read_structure
+    from headscope.engine.model.loading import read_structure
 
     for name, path in models:
         s = read_structure(path)

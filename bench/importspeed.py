@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 HEADSCOPE = (
     "import sys\n"
-    "from headscope.tui.cli import main\n"
+    "from headscope.tui.cli.main import main\n"
     "raise SystemExit(main(sys.argv[1:]))\n"
 )
 

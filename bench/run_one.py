@@ -37,7 +37,7 @@ def rss_mb() -> float:
 def headscope(task: str, path: Path) -> dict[str, Any]:
     import asyncio
 
-    from headscope.engine.service import Engine
+    from headscope.engine.service.engine import Engine
 
     out: dict[str, Any] = {}
     eng = Engine(path)
@@ -65,8 +65,8 @@ def headscope(task: str, path: Path) -> dict[str, Any]:
                 await eng.circuit_block(layer, head, "qk", "token", BLOCK, BLOCK)
                 await eng.circuit_block(layer, head, "ov", "token", BLOCK, BLOCK)
         elif task == "copying":
-            from headscope.engine import scores
-            from headscope.engine.loading import open_model
+            from headscope.engine.circuits import scores
+            from headscope.engine.model.loading import open_model
 
             weights = open_model(path).weights  # shares nothing with the engine: cold
             t = time.perf_counter()
@@ -94,7 +94,7 @@ def dense(task: str, path: Path) -> dict[str, Any]:
     matrices materialised per head, dense eigenvalues, dense products per pair."""
     import torch
 
-    from headscope.engine.loading import open_model, read_structure
+    from headscope.engine.model.loading import open_model, read_structure
 
     out: dict[str, Any] = {}
     read_structure(path)

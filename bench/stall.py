@@ -46,7 +46,7 @@ async def _gaps_while(app, work) -> np.ndarray:
 
 async def measure(path: Path) -> dict[str, np.ndarray]:
     from headscope.tui.app import HeadscopeApp
-    from headscope.tui.settings import Settings
+    from headscope.tui.base.settings import Settings
 
     app = HeadscopeApp(path, settings=Settings(), debounce=0.01, sweep=False)
     async with app.run_test(size=(120, 40)) as pilot:

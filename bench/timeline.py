@@ -97,7 +97,7 @@ def _headscope(argv: list[str], store: Path) -> float:
     """Seconds for one ``headscope`` process (output discarded; a failure stops the bench)."""
     env = {**os.environ, "HEADSCOPE_CACHE_DIR": str(store)}
     t = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "headscope.tui.cli", *argv], env=env,
+    done = subprocess.run([sys.executable, "-m", "headscope.tui.cli.main", *argv], env=env,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     seconds = time.perf_counter() - t
     if done.returncode != 0:

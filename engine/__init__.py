@@ -2,7 +2,7 @@
 
 ``from headscope.engine import open_model`` works in a notebook. Importing this package imports
 nothing else: the names below load their modules on first use (PEP 562), so a submodule that
-needs neither numpy nor torch (``engine.errors``, ``engine.requests``) stays cheap to import,
+needs neither numpy nor torch (``engine.core.errors``, ``engine.core.validation``) stays cheap to import,
 which the explorer's first frame relies on (``read_structure`` never needs torch either).
 """
 
@@ -12,14 +12,15 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .config import ModelConfig
-    from .errors import HeadscopeError
-    from .loading import Model, open_model, read_structure
+    from headscope.engine.core.config import ModelConfig
+    from headscope.engine.core.errors import HeadscopeError
+    from headscope.engine.model.loading import Model, open_model, read_structure
 
 __all__ = ["HeadscopeError", "Model", "ModelConfig", "open_model", "read_structure"]
 
-_HOMES = {"ModelConfig": ".config", "HeadscopeError": ".errors", "Model": ".loading",
-          "open_model": ".loading", "read_structure": ".loading"}
+_HOMES = {"ModelConfig": ".core.config", "HeadscopeError": ".core.errors",
+          "Model": ".model.loading", "open_model": ".model.loading",
+          "read_structure": ".model.loading"}
 
 
 def __getattr__(name: str) -> Any:

@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from headscope.engine.config import ModelConfig
-from headscope.engine.export import file_mode
+from headscope.engine.core.config import ModelConfig
+from headscope.engine.core.export import file_mode
 
 from .model import ModelShape, TinyTransformer
 

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import torch
 
-from headscope.engine.loading import open_model
-from headscope.engine.scores import (
+from headscope.engine.circuits.scores import (
     ablation_effects,
     all_copying_scores,
     behaviour_scores,
     composition_scores,
 )
+from headscope.engine.model.loading import open_model
 
 HERE = Path(__file__).resolve().parent
 MODELS = ("attn-only-1l", "attn-only-2l", "gpt2-mini")

@@ -17,10 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from headscope.engine.diff import EDGE_THRESHOLD
-from headscope.engine.errors import CancelledError, CorruptFileError, PromptError
-from headscope.engine.requests import DEFAULT_BLOCK, SCORE_NAMES, TOP_EDGES
-from headscope.engine.results import (
+from headscope.engine.core.errors import CancelledError, CorruptFileError, PromptError
+from headscope.engine.core.results import (
     CacheStats,
     CircuitBlock,
     Composition,
@@ -37,6 +35,8 @@ from headscope.engine.results import (
     rank_edges,
     readonly,
 )
+from headscope.engine.core.validation import DEFAULT_BLOCK, SCORE_NAMES, TOP_EDGES
+from headscope.engine.sweeps.diff import EDGE_THRESHOLD
 
 WORDS = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran", "to", "and", "in", "of",
          " is", "it", "was", "he", "she", "big", "red", "blue"] + [f"w{i}" for i in range(20, 48)]
@@ -348,7 +348,7 @@ class FakeEngine:
 
         Similarities are cosines of the dense full OV / token QK matrices; ``change`` is
         engine.diff's measure (lost similarity or the largest score delta)."""
-        from headscope.engine.diff import SCORE_KEYS, ModelDiff, _change_size, edge_changes
+        from headscope.engine.sweeps.diff import SCORE_KEYS, ModelDiff, _change_size, edge_changes
 
         await self._enter("compare")
         await other.ready()

@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from headscope.engine import circuits, open_model, scores
-from headscope.engine.errors import IndexOutOfRangeError, InvalidRequestError
+from headscope.engine import open_model
+from headscope.engine.circuits import head_circuits as circuits
+from headscope.engine.circuits import scores
+from headscope.engine.core.errors import IndexOutOfRangeError, InvalidRequestError
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

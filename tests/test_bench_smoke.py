@@ -6,7 +6,7 @@ import json
 
 from bench.__main__ import main
 from bench.checkpoints import SHAPES, write_checkpoint
-from headscope.engine.loading import read_structure
+from headscope.engine.model.loading import read_structure
 
 
 def test_bench_checkpoints_are_readable(tmp_path):

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headscope.engine import circuits
-from headscope.engine.config import ModelConfig
-from headscope.engine.errors import IndexOutOfRangeError, InvalidRequestError
-from headscope.engine.weights import DictWeights
+from headscope.engine.circuits import head_circuits as circuits
+from headscope.engine.core.config import ModelConfig
+from headscope.engine.core.errors import IndexOutOfRangeError, InvalidRequestError
+from headscope.engine.model.weights import DictWeights
 
 
 def random_weights(*, n_layers: int = 2, n_heads: int = 4, d_model: int = 12, d_head: int = 5,

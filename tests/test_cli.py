@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from headscope.engine import circuits, forward, scores
-from headscope.engine.loading import open_model
-from headscope.tui.cli import main
+from headscope.engine.circuits import head_circuits as circuits
+from headscope.engine.circuits import scores
+from headscope.engine.forward import transformer as forward
+from headscope.engine.model.loading import open_model
+from headscope.tui.cli.main import main
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -169,22 +171,22 @@ def test_usage_errors_exit_2(capsys) -> None:
 
 def test_help_and_version() -> None:
     env = {**os.environ, "COLUMNS": "100"}
-    out = subprocess.run([sys.executable, "-m", "headscope.tui.cli", "--help"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "headscope.tui.cli.main", "--help"], capture_output=True, text=True,
                          cwd=REPO, env=env, check=True).stdout
     for command in ("info", "heads", "composition", "forward", "circuit", "diff", "export", "serve"):
         assert command in out
     assert "exit codes" in out
-    sub = subprocess.run([sys.executable, "-m", "headscope.tui.cli", "circuit", "--help"], capture_output=True,
+    sub = subprocess.run([sys.executable, "-m", "headscope.tui.cli.main", "circuit", "--help"], capture_output=True,
                          text=True, cwd=REPO, env=env, check=True).stdout
     assert "--basis" in sub and "example" in sub
-    version = subprocess.run([sys.executable, "-m", "headscope.tui.cli", "--version"], capture_output=True,
+    version = subprocess.run([sys.executable, "-m", "headscope.tui.cli.main", "--version"], capture_output=True,
                              text=True, cwd=REPO, check=True).stdout
     assert version.startswith("headscope ")
 
 
 def test_tables_are_tsv_when_piped(gpt2_dir) -> None:
     path, _ = gpt2_dir
-    out = subprocess.run([sys.executable, "-m", "headscope.tui.cli", "heads", str(path), "--sort", "copying_score"],
+    out = subprocess.run([sys.executable, "-m", "headscope.tui.cli.main", "heads", str(path), "--sort", "copying_score"],
                          capture_output=True, text=True, cwd=REPO, check=True).stdout
     lines = out.splitlines()
     assert lines[0].split("\t")[:3] == ["layer", "head", "copying_score"]
@@ -194,7 +196,7 @@ def test_tables_are_tsv_when_piped(gpt2_dir) -> None:
 def test_info_does_not_import_torch(gpt2_dir) -> None:
     path, _ = gpt2_dir
     code = (
-        f"import sys; from tui.cli import main; rc = main(['info', {str(path)!r}, '--json']);"
+        f"import sys; from headscope.tui.cli.main import main; rc = main(['info', {str(path)!r}, '--json']);"
         "sys.stdout.flush(); assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, capture_output=True)

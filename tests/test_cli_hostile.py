@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-import headscope.engine.requests as requests_module
-from headscope.tui.cli import EXIT_MODEL_ERROR, main
+import headscope.engine.core.validation as requests_module
+from headscope.tui.cli.main import EXIT_MODEL_ERROR, main
 from tests import test_hostile
 from tests.hf_fixtures import N_CTX, VOCAB
 from tests.test_hostile import BROKEN, NAN_HEAD, NAN_LAYER, Sources, build_broken, nan_weights
@@ -95,14 +95,14 @@ def test_broken_checkpoint_is_one_line_exit_1_and_writes_nothing(
 def test_as_a_real_process_stderr_is_one_line(
     tmp_path: Path, corpus_sources: Sources, case: str, command: str
 ) -> None:
-    """The same through ``python -m headscope.tui.cli``: what a shell sees, warnings and all."""
+    """The same through ``python -m headscope.tui.cli.main``: what a shell sees, warnings and all."""
     broken = build_broken(case, tmp_path / "corpus", corpus_sources)
     work = tmp_path / "cwd"
     work.mkdir()
     before = listing(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(REPO), "HEADSCOPE_CONFIG": str(tmp_path / "none")}
     proc = subprocess.run(
-        [sys.executable, "-m", "headscope.tui.cli", command, str(broken.path)],
+        [sys.executable, "-m", "headscope.tui.cli.main", command, str(broken.path)],
         cwd=work, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 1, proc.stderr
@@ -192,8 +192,8 @@ def test_engine_run_prompt_truncates_to_the_context(corpus_sources: Sources) -> 
     """What the TUI's Prompt tab shows: the Engine cuts the prompt at n_ctx and says so."""
     import asyncio
 
-    from headscope.engine.errors import PromptError
-    from headscope.engine.service import Engine
+    from headscope.engine.core.errors import PromptError
+    from headscope.engine.service.engine import Engine
 
     async def go() -> None:
         eng = Engine(corpus_sources.gpt2)
@@ -216,8 +216,8 @@ def test_engine_run_prompt_truncates_to_the_context(corpus_sources: Sources) -> 
 
 _CHANGED_UNDER_US = """
 import sys
-from headscope.engine.errors import HeadscopeError
-from headscope.engine.loading import open_model
+from headscope.engine.core.errors import HeadscopeError
+from headscope.engine.model.loading import open_model
 
 path = sys.argv[1]
 m = open_model(path, raw=True)

@@ -20,9 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.cells import cell_len
 
-import headscope.engine.export as export_module
-import headscope.engine.report as report_module
-from headscope.tui.cli import main
+import headscope.engine.api.report as report_module
+import headscope.engine.core.export as export_module
+from headscope.tui.cli.main import main
 from tests import hf_fixtures as hf
 
 MODEL = "sample_models/attn-only-2l"

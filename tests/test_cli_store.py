@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from headscope.engine import reading, scores
-from headscope.tui.cli import main
-from headscope.tui.cli_progress import progress_bar
+from headscope.engine.circuits import reading, scores
+from headscope.tui.cli.main import main
+from headscope.tui.cli.progress import progress_bar
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -36,7 +36,7 @@ def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
 
 def count_spectral(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts the batched spectral scores computed, on the numpy path and on torch's."""
-    from headscope.engine import fast
+    from headscope.engine.circuits import fast
 
     calls: list[int] = []
     for module in (scores, fast):
@@ -73,7 +73,7 @@ def test_a_second_heads_run_is_served_from_the_store(capsys, gpt2_dir, monkeypat
 def test_weight_only_heads_share_the_store_with_heads(capsys, gpt2_dir, monkeypatch) -> None:
     """`heads --no-behaviour` stores what it computes and reads it back (a second run
     computes nothing), and shares the parts with `heads`' spectral sweeps both ways."""
-    from headscope.engine import fast
+    from headscope.engine.circuits import fast
 
     path = str(gpt2_dir[0])
     first = run_json(capsys, "heads", path, "--no-behaviour")
@@ -99,10 +99,10 @@ def test_weight_only_heads_share_the_store_with_heads(capsys, gpt2_dir, monkeypa
 def test_progress_ends_at_one(gpt2_dir) -> None:
     """Every sweep's progress rises to exactly 1.0 once its result is ready (the CLI bars end
     at 100 %, not at the start of the last stage), stored or not."""
-    from headscope.engine.diff import diff_models
-    from headscope.engine.loading import open_model
-    from headscope.engine.report import composition_report, head_table, weight_table
-    from headscope.engine.store import ResultStore
+    from headscope.engine.api.report import composition_report, head_table, weight_table
+    from headscope.engine.model.loading import open_model
+    from headscope.engine.sweeps.diff import diff_models
+    from headscope.engine.sweeps.store import ResultStore
 
     model = open_model(gpt2_dir[0])
     store = ResultStore()
@@ -123,9 +123,9 @@ def test_progress_ends_at_one(gpt2_dir) -> None:
 def test_one_fingerprint_per_model_and_command(gpt2_dir, monkeypatch) -> None:
     """``ResultStore.for_model`` reads a checkpoint's shard headers once per store (one
     command), however many sweeps ask for its entry."""
-    from headscope.engine import store as store_module
-    from headscope.engine.diff import diff_models
-    from headscope.engine.loading import open_model
+    from headscope.engine.model.loading import open_model
+    from headscope.engine.sweeps import store as store_module
+    from headscope.engine.sweeps.diff import diff_models
 
     calls: list[str] = []
     real = store_module.fingerprint
@@ -189,7 +189,7 @@ def _run_with_tty_stderr(argv: list[str]) -> tuple[int, str, bytes]:
     """Run the CLI with stderr on a pseudo-terminal and stdout on a pipe."""
     master, slave = pty.openpty()
     env = {**os.environ, "COLUMNS": "100", "TERM": "xterm"}
-    proc = subprocess.Popen([sys.executable, "-m", "headscope.tui.cli", *argv], cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "-m", "headscope.tui.cli.main", *argv], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=slave, env=env)
     os.close(slave)
     chunks = []
@@ -224,9 +224,9 @@ def test_progress_is_drawn_on_a_terminal_and_stdout_stays_json(gpt2_dir, argv) -
 
 
 def test_composition_top_edges_fill_in_on_the_progress_bar(gpt2_dir) -> None:
-    from headscope.engine.loading import open_model
-    from headscope.engine.report import composition_report
-    from headscope.tui.cli import best_edges_so_far
+    from headscope.engine.api.report import composition_report
+    from headscope.engine.model.loading import open_model
+    from headscope.tui.cli.main import best_edges_so_far
 
     model = open_model(gpt2_dir[0])
     notes: list[str] = []
@@ -239,7 +239,7 @@ def test_composition_top_edges_fill_in_on_the_progress_bar(gpt2_dir) -> None:
 
 
 def test_no_progress_when_stderr_is_piped(gpt2_dir) -> None:
-    done = subprocess.run([sys.executable, "-m", "headscope.tui.cli", "heads", str(gpt2_dir[0]),
+    done = subprocess.run([sys.executable, "-m", "headscope.tui.cli.main", "heads", str(gpt2_dir[0]),
                            "--json", "--no-cache"], cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0 and done.stderr == ""
     json.loads(done.stdout)
@@ -261,8 +261,8 @@ def test_progress_bar_on_a_forced_terminal_shows_data_as_text() -> None:
 
 
 def test_the_cache_disk_mb_setting(capsys, gpt2_dir, tmp_path, monkeypatch, _results_store_in_tmp) -> None:
-    from headscope.engine.errors import ConfigError
-    from headscope.tui.settings import load_settings
+    from headscope.engine.core.errors import ConfigError
+    from headscope.tui.base.settings import load_settings
 
     config = tmp_path / "config.toml"
     config.write_text("cache_disk_mb = 64\n")
@@ -280,7 +280,7 @@ def test_the_cache_disk_mb_setting(capsys, gpt2_dir, tmp_path, monkeypatch, _res
 
 def test_terminal_tables_show_data_as_text(monkeypatch, capsys) -> None:
     """A token or path such as ``[/INST]`` is a cell's text, not Rich markup (which raised)."""
-    from headscope.tui import cli
+    from headscope.tui.cli import main as cli
 
     monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
     cli.emit([], False, lambda: (["model", "[b]size[/b]"], [["[/INST]", "[red]x"]]))

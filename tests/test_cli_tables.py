@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from headscope.tui.cli import main
-from headscope.tui.cli_table import fit_columns, print_table
+from headscope.tui.cli.main import main
+from headscope.tui.cli.table import fit_columns, print_table
 
 MODEL = "sample_models/attn-only-2l"
 NUMBER = re.compile(r"-?\d+\.\d{4}")
@@ -85,7 +85,7 @@ def test_diff_text_names_the_b_head_and_every_edge_lost_or_gained(capsys: Any) -
 def test_readme_synopsis_has_every_export_and_open_option() -> None:
     from pathlib import Path
 
-    from headscope.tui.cli import build_parser
+    from headscope.tui.cli.main import build_parser
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
     sub = next(a for a in build_parser()._actions if a.dest == "command")

@@ -19,8 +19,11 @@ import pytest
 
 pytest.importorskip("distributed")
 
-from headscope.engine import compute, fast, report, scores
-from headscope.engine.cluster import (
+from headscope.engine.api import report
+from headscope.engine.circuits import fast, scores
+from headscope.engine.model.loading import open_model
+from headscope.engine.sweeps import compute
+from headscope.engine.sweeps.cluster import (
     Cluster,
     ClusterError,
     ClusterTaskError,
@@ -29,8 +32,7 @@ from headscope.engine.cluster import (
     run_parts,
     worker_tile_bytes,
 )
-from headscope.engine.loading import open_model
-from headscope.engine.store import ResultStore
+from headscope.engine.sweeps.store import ResultStore
 from tests import hf_fixtures
 
 WAIT = 60.0  # every wait on the cluster is bounded by this (seconds)
@@ -176,8 +178,8 @@ def test_workers_size_composition_blocks_to_their_memory(cluster: Cluster, deep_
 def test_a_worker_forms_each_vocabulary_contraction_once(deep_gpt2: Path) -> None:
     """One task per layer: W_U W_E and W_Eᵀ W_E are kept for the following tasks (in this
     process, as in a worker's), and every part is the local sweep's row."""
-    from headscope.engine import cluster as cluster_mod
-    from headscope.engine.store import fingerprint
+    from headscope.engine.sweeps import cluster as cluster_mod
+    from headscope.engine.sweeps.store import fingerprint
 
     model = open_model(deep_gpt2)
     key = fingerprint(model.checkpoint, False)
@@ -239,7 +241,7 @@ def test_a_fingerprint_mismatch_fails_naming_the_file(cluster: Cluster, deep_gpt
 
 def test_nothing_listening_is_a_one_line_error() -> None:
     address = f"tcp://127.0.0.1:{_free_port()}"
-    with mock.patch("headscope.engine.cluster.CONNECT_TIMEOUT", "2s"), \
+    with mock.patch("headscope.engine.sweeps.cluster.CONNECT_TIMEOUT", "2s"), \
             pytest.raises(ClusterError) as err:
         connect(address)
     assert address in str(err.value) and "\n" not in str(err.value)
@@ -273,7 +275,7 @@ def test_a_worker_killed_mid_sweep_loses_nothing(
 
 
 def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    from headscope.tui.cli import main
+    from headscope.tui.cli.main import main
 
     code = main(list(argv))
     out, err = capsys.readouterr()
@@ -294,7 +296,7 @@ def test_cli_composition_on_the_cluster_prints_the_local_json(
     # the `cluster` setting is used when no flag is given
     (tmp_path / "cfg.toml").write_text(f'cluster = "{cluster.address}"\n')
     monkeypatch.setenv("HEADSCOPE_CONFIG", str(tmp_path / "cfg.toml"))
-    with mock.patch("headscope.engine.cluster.run_parts", wraps=run_parts) as spy:
+    with mock.patch("headscope.engine.sweeps.cluster.run_parts", wraps=run_parts) as spy:
         code, from_setting, _ = _cli(capsys, *argv)
     assert code == 0 and spy.called and json.loads(from_setting) == json.loads(local)
 
@@ -308,7 +310,7 @@ def test_cli_diff_on_the_cluster_prints_the_local_json(
     argv = ("diff", str(deep_gpt2), str(other), "--json", "--no-cache")
     code, local, _ = _cli(capsys, *argv)
     assert code == 0
-    with mock.patch("headscope.engine.cluster.run_parts", wraps=run_parts) as spy:
+    with mock.patch("headscope.engine.sweeps.cluster.run_parts", wraps=run_parts) as spy:
         code, remote, err = _cli(capsys, *argv, "--scheduler", cluster.address)
     assert (code, err) == (0, "")
     # both models' copying, QK-positivity and q/k/v composition sweeps went to the cluster
@@ -324,7 +326,7 @@ def test_cli_errors_are_one_line(capsys: pytest.CaptureFixture[str], deep_gpt2: 
                                  monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("HEADSCOPE_CONFIG", str(tmp_path / "none.toml"))
     address = f"tcp://127.0.0.1:{_free_port()}"
-    with mock.patch("headscope.engine.cluster.CONNECT_TIMEOUT", "2s"):
+    with mock.patch("headscope.engine.sweeps.cluster.CONNECT_TIMEOUT", "2s"):
         code, out, err = _cli(capsys, "heads", str(deep_gpt2), "--scheduler", address)
     assert code == 1 and out == "" and err.count("\n") == 1 and address in err
     with mock.patch.dict(sys.modules, {"distributed": None}):
@@ -334,7 +336,7 @@ def test_cli_errors_are_one_line(capsys: pytest.CaptureFixture[str], deep_gpt2: 
 
 def test_timeline_on_the_cluster_equals_the_local_timeline_and_is_stored_on_the_client(
         cluster: Cluster, tmp_path: Path) -> None:
-    from headscope.engine import timeline
+    from headscope.engine.sweeps import timeline
     from headscope.sample_models import bundled_model
 
     series = Path(bundled_model()).parent / "attn-only-2l-training"
@@ -354,7 +356,7 @@ def test_timeline_on_the_cluster_equals_the_local_timeline_and_is_stored_on_the_
 def test_a_timeline_step_that_differs_on_the_worker_fails_naming_it() -> None:
     """The worker side of a timeline task, run here: a step whose fingerprint is not the
     client's is refused before it is scored."""
-    from headscope.engine.cluster import _score_step
+    from headscope.engine.sweeps.cluster import _score_step
     from headscope.sample_models import bundled_model
 
     path = str(bundled_model())
@@ -381,7 +383,7 @@ def _assert_close(a: object, b: object) -> None:
 
 def test_cancelling_stops_the_sweep_and_keeps_the_finished_parts(
         cluster: Cluster, deep_gpt2: Path, tmp_path: Path) -> None:
-    from headscope.engine.errors import CancelledError
+    from headscope.engine.core.errors import CancelledError
 
     model = open_model(deep_gpt2)
     entry = ResultStore(tmp_path / "store").for_model(model)

@@ -7,10 +7,10 @@ import itertools
 import pytest
 import torch
 
-from headscope.engine.config import ModelConfig
-from headscope.engine.diff import best_matching, circuit_similarity, principal_cosines
-from headscope.engine.errors import InvalidRequestError
-from headscope.engine.weights import DictWeights
+from headscope.engine.core.config import ModelConfig
+from headscope.engine.core.errors import InvalidRequestError
+from headscope.engine.model.weights import DictWeights
+from headscope.engine.sweeps.diff import best_matching, circuit_similarity, principal_cosines
 
 L, H, D, DH, V, N_CTX = 2, 3, 16, 4, 40, 8
 

@@ -11,8 +11,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from headscope.engine.diff import diff_models
-from headscope.engine.loading import open_model
+from headscope.engine.model.loading import open_model
+from headscope.engine.sweeps.diff import diff_models
 from tests.conftest import INDUCTION_HEAD as INDUCTION
 from tests.conftest import PREV_TOKEN_HEAD as PREV
 from tests.conftest import sample_model

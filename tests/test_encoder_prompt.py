@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import torch
 
-from headscope.engine.loading import open_model
-from headscope.engine.tokenizer import HFTokenizer
-from headscope.tui.cli import main
+from headscope.engine.formats.tokenizer import HFTokenizer
+from headscope.engine.model.loading import open_model
+from headscope.tui.cli.main import main
 from tests.hf_fixtures import BERT_WORDS, N_CTX, build_bert_mlm, write_bert_tokenizer
 
 FIXED = 16  # the tokenizer.json's padding and truncation length

@@ -47,7 +47,7 @@ def test_importing_every_engine_module_loads_no_ui_and_engine_loads_no_torch():
     )
     code = f"""
 import importlib, sys
-import headscope.engine, headscope.engine.service, headscope.engine.results, headscope.engine.cache, headscope.engine.scheduler
+import headscope.engine, headscope.engine.service.engine, headscope.engine.core.results, headscope.engine.core.cache, headscope.engine.service.scheduler
 assert "torch" not in sys.modules, "importing engine / engine.service imports torch"
 for name in {modules!r}:
     importlib.import_module(name)

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from headscope.engine import scores
-from headscope.engine.export import atomic_write_text
-from headscope.engine.loading import open_model
-from headscope.tui.cli import main
+from headscope.engine.circuits import scores
+from headscope.engine.core.export import atomic_write_text
+from headscope.engine.model.loading import open_model
+from headscope.tui.cli.main import main
 
 
 def export(tmp_path: Path, path: Path, *argv: str) -> Path:
@@ -65,7 +65,7 @@ def test_circuit_csv_cells(tmp_path, gpt2_dir) -> None:
     written = export(tmp_path, path, "--what", "circuit", "--kind", "ov", "--layer", "1", "--head", "0",
                      "--rows", "1,2", "--cols", "3,4,5", "--format", "csv")
     rows = list(csv.DictReader(written.open()))
-    from headscope.engine.circuits import full_ov
+    from headscope.engine.circuits.head_circuits import full_ov
 
     block = full_ov(open_model(path).weights, 1, 0).block([1, 2], [3, 4, 5])
     assert len(rows) == 6
@@ -101,9 +101,9 @@ def test_interrupted_write_leaves_no_partial_file(tmp_path, monkeypatch) -> None
 def test_written_files_get_the_umask_permissions_not_mkstemps_0600(tmp_path, umask) -> None:
     # What open(path, "w") would give: exports must be readable by whoever can read the
     # directory, as any other file the user writes (mkstemp and safetensors make 0o600).
-    from headscope.engine.export import file_mode
-    from headscope.engine.loading import open_model
-    from headscope.engine.tl_compat import save_native
+    from headscope.engine.core.export import file_mode
+    from headscope.engine.model.loading import open_model
+    from headscope.engine.model.tl_compat import save_native
     from tests.conftest import sample_model
 
     old = os.umask(umask)

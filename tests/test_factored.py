@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from headscope.engine.errors import NonFiniteError
-from headscope.engine.factored import FactoredMatrix
+from headscope.engine.circuits.factored import FactoredMatrix
+from headscope.engine.core.errors import NonFiniteError
 
 SETTINGS = settings(max_examples=40, deadline=None)
 
@@ -169,7 +169,7 @@ def test_mismatched_inner_dims_are_refused():
 def test_broadcast_shapes_matches_numpy(shapes: list[list[int]]) -> None:
     import numpy as np
 
-    from headscope.engine.factored import broadcast_shapes
+    from headscope.engine.circuits.factored import broadcast_shapes
 
     try:
         expected = np.broadcast_shapes(*map(tuple, shapes))

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from headscope.engine.forward import log_probs, run
-from headscope.engine.loading import open_model
+from headscope.engine.forward.transformer import log_probs, run
+from headscope.engine.model.loading import open_model
 from tests.hf_fixtures import D_MLP, D_MODEL, N_CTX, N_HEADS, N_LAYERS, VOCAB, _finish
 from tests.test_family_parity import _Without
 from tests.test_forward_parity import SEQS, _assert_close, hf_reference
@@ -124,9 +124,9 @@ def test_matches_transformers_and_the_feature_matters(case: tuple[str, Path, Any
 def test_circuit_command_on_scaled_rope(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``headscope circuit`` at a rotary offset on YaRN / LongRoPE models: the numpy path steps
     aside (it has neither scaling, nor their cos/sin factor) and the numbers are the engine's."""
-    from headscope.engine import compute
-    from headscope.engine.requests import CircuitRequest
-    from headscope.tui.cli import main
+    from headscope.engine.core.validation import CircuitRequest
+    from headscope.engine.sweeps import compute
+    from headscope.tui.cli.main import main
 
     path, _ = BUILDERS[name][0](tmp_path)
     assert main(["circuit", str(path), "1", "0", "--kind", "qk", "--offset", "3", "--rows", "0:5",
@@ -161,7 +161,7 @@ def test_longrope_short_factors_below_the_original_context(tmp_path: Path) -> No
 
 
 def test_phi_qk_layernorm_is_flagged(tmp_path: Path) -> None:
-    from headscope.engine.loading import read_structure
+    from headscope.engine.model.loading import read_structure
 
     path, _ = build_phi_qk_layernorm(tmp_path)
     assert any("q/k LayerNorm" in n for n in read_structure(path)["approximations"])
@@ -171,8 +171,8 @@ def test_opt_projected_embeddings_are_the_products(tmp_path: Path) -> None:
     """W_E = E P_inᵀ and W_U = P_outᵀ Eᵀ, and the scores work (through the torch path)."""
     import torch
 
-    from headscope.engine.fast import numpy_weights
-    from headscope.engine.report import head_table
+    from headscope.engine.api.report import head_table
+    from headscope.engine.circuits.fast import numpy_weights
 
     path, model = build_opt_projected(tmp_path)
     m = open_model(path, raw=True)
@@ -188,8 +188,8 @@ def test_opt_projected_embeddings_are_the_products(tmp_path: Path) -> None:
 def test_hostile_layer_count_with_window_layers_is_refused_fast(tmp_path: Path) -> None:
     """max_window_layers must not make the loader build a list per claimed layer before the
     layer count is checked against the checkpoint."""
-    from headscope.engine.errors import ConfigError
-    from headscope.engine.loading import read_structure
+    from headscope.engine.core.errors import ConfigError
+    from headscope.engine.model.loading import read_structure
 
     path, _ = build_qwen2_window(tmp_path)
     config = json.loads((path / "config.json").read_text())

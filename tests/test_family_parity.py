@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import torch
 
-from headscope.engine.forward import layer_config, log_probs, run
-from headscope.engine.loading import open_model
-from headscope.engine.processing import ProcessedWeights, plan_for
+from headscope.engine.forward.transformer import layer_config, log_probs, run
+from headscope.engine.model.loading import open_model
+from headscope.engine.model.processing import ProcessedWeights, plan_for
 from tests import family_fixtures
 from tests.family_fixtures import build_gemma, build_gemma2, build_gemma3, build_olmo2
 from tests.test_forward_parity import SEQS, _assert_close, hf_reference
@@ -153,7 +153,7 @@ def test_olmo2_norms_after_sublayers_and_whole_projection_qk_norm(tmp_path: Path
 
 def test_gemma3_rotary_circuits_use_each_layers_base(tmp_path: Path) -> None:
     """The rotary circuits rotate like transformers' rotary embedding of that layer's kind."""
-    from headscope.engine import circuits
+    from headscope.engine.circuits import head_circuits as circuits
 
     path, model = build_gemma3(tmp_path)
     cfg = open_model(path).cfg
@@ -173,7 +173,7 @@ def test_gemma3_rotary_circuits_use_each_layers_base(tmp_path: Path) -> None:
 
 
 def test_scores_and_composition_are_finite(new_family: tuple[str, Path, Any]) -> None:
-    from headscope.engine.report import composition_report, head_table
+    from headscope.engine.api.report import composition_report, head_table
 
     name, path, _ = new_family
     m = open_model(path)
@@ -200,8 +200,8 @@ def test_batches_side_by_side_run_as_each_alone(new_family: tuple[str, Path, Any
 
 
 def test_structure_and_circuits_flag_non_bilinear_scores(new_family: tuple[str, Path, Any]) -> None:
-    from headscope.engine.loading import read_structure
-    from headscope.engine.report import circuit_report
+    from headscope.engine.api.report import circuit_report
+    from headscope.engine.model.loading import read_structure
 
     name, path, _ = new_family
     notes = read_structure(path)["approximations"]
@@ -213,8 +213,8 @@ def test_structure_and_circuits_flag_non_bilinear_scores(new_family: tuple[str, 
 
 
 def test_tl_conversion_refuses_what_it_cannot_carry(tmp_path: Path) -> None:
-    from headscope.engine.errors import InvalidRequestError
-    from headscope.engine.tl_compat import save_native
+    from headscope.engine.core.errors import InvalidRequestError
+    from headscope.engine.model.tl_compat import save_native
 
     path, _ = build_gemma2(tmp_path / "g2")
     with pytest.raises(InvalidRequestError, match="soft-capping"):
@@ -222,7 +222,7 @@ def test_tl_conversion_refuses_what_it_cannot_carry(tmp_path: Path) -> None:
 
 
 def test_cli_info_and_heads(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    from headscope.tui.cli import main
+    from headscope.tui.cli.main import main
 
     path, _ = build_gemma2(tmp_path)
     assert main(["info", str(path), "--json"]) == 0
@@ -236,7 +236,7 @@ def test_cli_info_and_heads(capsys: pytest.CaptureFixture[str], tmp_path: Path) 
 
 async def test_explorer_opens_and_flags_qk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from headscope.tui.app import HeadscopeApp
-    from headscope.tui.settings import Settings
+    from headscope.tui.base.settings import Settings
     from headscope.tui.widgets.chart import Chart
     from headscope.tui.widgets.status import StatusBar
     from tests.test_tui_real_engine import wait_ready
@@ -270,8 +270,8 @@ async def test_explorer_opens_and_flags_qk(tmp_path: Path, monkeypatch: pytest.M
     ("mixtral", {"num_local_experts": 10**9}, "num_local_experts"),
 ])
 def test_bad_configs_are_config_errors(tmp_path: Path, builder: str, change: dict[str, Any], message: str) -> None:
-    from headscope.engine.errors import ConfigError
-    from headscope.engine.loading import read_structure
+    from headscope.engine.core.errors import ConfigError
+    from headscope.engine.model.loading import read_structure
 
     path, _ = family_fixtures.NEW_FAMILIES[builder](tmp_path)
     config = json.loads((path / "config.json").read_text())
@@ -285,7 +285,7 @@ def test_bad_configs_are_config_errors(tmp_path: Path, builder: str, change: dic
 def test_head_outputs_sum_to_the_post_normed_attention_output(tmp_path: Path) -> None:
     """Gemma 2: head outputs are what each head adds to the residual stream through the
     post-attention norm (its per-position scale frozen), so they sum to that norm's output."""
-    from headscope.engine import forward
+    from headscope.engine.forward import transformer as forward
 
     path, _ = build_gemma2(tmp_path)
     w = open_model(path).weights
@@ -349,8 +349,8 @@ def test_older_config_spellings_give_the_same_model(tmp_path: Path, name: str, l
 def test_native_config_features_are_type_checked(tmp_path: Path, extra: dict[str, Any]) -> None:
     """A native checkpoint can put any key in the config; the ones the forward pass reads
     must be well-formed, or opening it is a ConfigError naming the file."""
-    from headscope.engine.errors import ConfigError
-    from headscope.engine.loading import read_structure
+    from headscope.engine.core.errors import ConfigError
+    from headscope.engine.model.loading import read_structure
     from tests.hf_fixtures import write_native
 
     fields = {"n_layers": 1, "n_heads": 1, "d_model": 4, "d_head": 4, "d_vocab": 5, "n_ctx": 8,

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from headscope.engine import compute, fast, scores
-from headscope.engine.loading import open_model
+from headscope.engine.circuits import fast, scores
+from headscope.engine.model.loading import open_model
+from headscope.engine.sweeps import compute
 from tests import family_fixtures, hf_fixtures, hf_fixtures_phi
 
 BUILDERS = {**hf_fixtures.FAMILIES, **family_fixtures.NEW_FAMILIES, **hf_fixtures_phi.PHI_FAMILIES}
@@ -90,7 +91,7 @@ def test_nonfinite_and_overflowing_heads_match_the_torch_path(tmp_path):
 def _cli_in_fresh_process(*argv: str) -> tuple[list[str], object]:
     code = (
         "import contextlib, io, json, sys\n"
-        "from headscope.tui.cli import main\n"
+        "from headscope.tui.cli.main import main\n"
         "out = io.StringIO()\n"
         "with contextlib.redirect_stdout(out):\n"
         f"    assert main({list(argv)!r}) == 0\n"
@@ -133,7 +134,7 @@ def test_weight_only_commands_do_not_import_torch(argv, tmp_path):
     modules, out = _cli_in_fresh_process(*(a.format(path=path) for a in argv))
     assert modules == []
     if argv[0] == "circuit":
-        from headscope.engine import circuits
+        from headscope.engine.circuits import head_circuits as circuits
 
         m = open_model(path)
         want = circuits.circuit_block(m.weights, int(argv[2]), int(argv[3]), argv[5], "token",
@@ -164,7 +165,7 @@ def test_composition_streams_each_layer_pair_before_the_result(torch_free, tmp_p
 
 
 def test_no_behaviour_refuses_behavioural_sort_keys_and_ablation(capsys):
-    from headscope.tui.cli import main
+    from headscope.tui.cli.main import main
 
     path = str(ROOT / "sample_models" / "attn-only-2l")
     assert main(["heads", path, "--no-behaviour", "--sort", "induction_score"]) != 0
@@ -178,7 +179,7 @@ def test_no_behaviour_refuses_behavioural_sort_keys_and_ablation(capsys):
 
 @pytest.mark.parametrize(("name", "dtype"), [("gpt2", None), ("llama3_rope", None), ("gemma3", "bfloat16")])
 def test_circuit_blocks_equal_the_torch_path(name, dtype, tmp_path):
-    from headscope.engine import circuits
+    from headscope.engine.circuits import head_circuits as circuits
 
     model = open_model(_build(name, dtype, tmp_path))
     arrays, cfg = fast.numpy_weights(model), model.cfg
@@ -202,7 +203,7 @@ def test_diff_equals_the_torch_path(tmp_path):
     the torch path, between a model and an edited copy with a NaN head."""
     from safetensors.torch import load_file, save_file
 
-    from headscope.engine.diff import circuit_similarity, diff_models, similarity_arrays
+    from headscope.engine.sweeps.diff import circuit_similarity, diff_models, similarity_arrays
 
     a_path = _build("gpt2", None, tmp_path / "a")
     b_path = _build("gpt2", None, tmp_path / "b")

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headscope.engine.errors import ConfigError, IndexOutOfRangeError, PromptError
-from headscope.engine.forward import log_probs, run
-from headscope.engine.processing import ProcessedWeights
-from headscope.engine.weights import DictWeights
+from headscope.engine.core.errors import ConfigError, IndexOutOfRangeError, PromptError
+from headscope.engine.forward.transformer import log_probs, run
+from headscope.engine.model.processing import ProcessedWeights
+from headscope.engine.model.weights import DictWeights
 from tests.test_processing import CTX, KINDS, V, make_cfg, random_tensors
 
 TOKENS = torch.randint(0, V, (2, CTX), generator=torch.Generator().manual_seed(7))

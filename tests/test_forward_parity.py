@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import torch
 
-from headscope.engine.config import ModelConfig
-from headscope.engine.forward import log_probs, run
-from headscope.engine.processing import ProcessedWeights
-from headscope.engine.weights import DictWeights
+from headscope.engine.core.config import ModelConfig
+from headscope.engine.forward.transformer import log_probs, run
+from headscope.engine.model.processing import ProcessedWeights
+from headscope.engine.model.weights import DictWeights
 
 TOL = 1e-4
 SEQS = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 3, 4, 5, 60, 61, 62],
@@ -226,7 +226,7 @@ def test_single_sequence_is_batch_of_one(gpt2_dir: tuple[Any, Any]) -> None:
 
 @pytest.mark.parametrize("raw", [True, False], ids=["raw", "processed"])
 def test_open_model_forward_matches_transformers(family: tuple[str, Any, Any], raw: bool) -> None:
-    from headscope.engine.loading import open_model
+    from headscope.engine.model.loading import open_model
 
     name, path, model = family
     m = open_model(path, raw=raw)
@@ -240,7 +240,7 @@ def test_open_model_forward_matches_transformers(family: tuple[str, Any, Any], r
 
 def test_loaded_canonical_tensors_agree_with_independent_conversion(family: tuple[str, Any, Any]) -> None:
     """The adapters and this file's converter agree tensor by tensor (localises failures)."""
-    from headscope.engine.loading import open_model
+    from headscope.engine.model.loading import open_model
 
     name, path, model = family
     ours = hf_to_canonical(name, model)
@@ -288,7 +288,7 @@ def test_rope_scaling_and_sliding_window_match_transformers(kind: str) -> None:
 
 
 def test_unsupported_rope_scaling_is_a_config_error() -> None:
-    from headscope.engine.errors import ConfigError
+    from headscope.engine.core.errors import ConfigError
 
     w = hf_to_canonical("llama", _rope_variant("llama3_rope"))
     for extra in ({"rope_type": "yarn"}, {"rope_type": "llama3"}, {"rotary_style": "interleaved"}):
@@ -303,8 +303,8 @@ def test_llama3_rope_scaling_through_open_model(tmp_path) -> None:
 
     import transformers
 
-    from headscope.engine.forward import log_probs, run
-    from headscope.engine.loading import open_model
+    from headscope.engine.forward.transformer import log_probs, run
+    from headscope.engine.model.loading import open_model
     from tests.hf_fixtures import randomize_
 
     cfg = transformers.LlamaConfig(
@@ -329,8 +329,8 @@ def test_llama3_rope_scaling_through_open_model(tmp_path) -> None:
 
 def _tl_gated_state(llama_path: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """The llama fixture as a TransformerLens config + state dict, with a non-zero ``b_in``."""
-    from headscope.engine.loading import open_model
-    from headscope.engine.tl_compat import to_transformer_lens
+    from headscope.engine.model.loading import open_model
+    from headscope.engine.model.tl_compat import to_transformer_lens
 
     tl_cfg, state = to_transformer_lens(open_model(llama_path, raw=True).weights)
     g = torch.Generator().manual_seed(0)
@@ -340,8 +340,8 @@ def _tl_gated_state(llama_path: Any) -> tuple[dict[str, Any], dict[str, torch.Te
 
 
 def test_gated_mlp_bias_follows_transformer_lens(llama_dir: tuple[Any, Any]) -> None:
-    from headscope.engine.forward import activation, mlp
-    from headscope.engine.tl_compat import from_transformer_lens
+    from headscope.engine.forward.transformer import activation, mlp
+    from headscope.engine.model.tl_compat import from_transformer_lens
 
     tl_cfg, state = _tl_gated_state(llama_dir[0])
     w = from_transformer_lens(tl_cfg, state)
@@ -358,7 +358,7 @@ def test_gated_mlp_bias_follows_transformer_lens(llama_dir: tuple[Any, Any]) -> 
 def test_gated_mlp_bias_is_a_constant_output_in_the_whole_model(llama_dir: tuple[Any, Any]) -> None:
     """After the gate, ``b_in`` adds the constant ``b_in W_out``: moving it into ``b_out``
     leaves the logits unchanged (it would not if ``b_in`` were inside the gated product)."""
-    from headscope.engine.tl_compat import from_transformer_lens
+    from headscope.engine.model.tl_compat import from_transformer_lens
 
     tl_cfg, state = _tl_gated_state(llama_dir[0])
     moved = dict(state)

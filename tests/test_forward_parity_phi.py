@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import torch
 
-from headscope.engine.config import ModelConfig
-from headscope.engine.forward import log_probs, run
-from headscope.engine.processing import ProcessedWeights
-from headscope.engine.weights import DictWeights
+from headscope.engine.core.config import ModelConfig
+from headscope.engine.forward.transformer import log_probs, run
+from headscope.engine.model.processing import ProcessedWeights
+from headscope.engine.model.weights import DictWeights
 from tests.hf_fixtures_phi import (  # noqa: F401  (pytest fixtures)
     build_phi3,
     gptj_dir,
@@ -192,7 +192,7 @@ def test_forward_matches_transformers(family: tuple[str, Any, Any]) -> None:
 
 @pytest.mark.parametrize("raw", [True, False], ids=["raw", "processed"])
 def test_open_model_matches_transformers(family: tuple[str, Any, Any], raw: bool) -> None:
-    from headscope.engine.loading import open_model
+    from headscope.engine.model.loading import open_model
 
     name, path, model = family
     m = open_model(path, raw=raw)
@@ -201,7 +201,7 @@ def test_open_model_matches_transformers(family: tuple[str, Any, Any], raw: bool
 
 
 def test_loaded_tensors_agree_with_independent_conversion(family: tuple[str, Any, Any]) -> None:
-    from headscope.engine.loading import open_model
+    from headscope.engine.model.loading import open_model
 
     name, path, model = family
     ours = to_canonical(name, model)
@@ -216,7 +216,7 @@ def test_loaded_tensors_agree_with_independent_conversion(family: tuple[str, Any
 
 def test_phi3_sliding_window_and_partial_rotary(tmp_path) -> None:
     """A Phi-3 with a window shorter than the prompt and partial rotary, end to end."""
-    from headscope.engine.loading import open_model
+    from headscope.engine.model.loading import open_model
 
     path, model = build_phi3(tmp_path, sliding_window=5, partial_rotary_factor=0.5)
     m = open_model(path)
@@ -240,7 +240,7 @@ def test_gptj_interleaved_rotary_needs_the_reordering(request: pytest.FixtureReq
 def test_processing_equals_transformerlens_definitions(family: tuple[str, Any, Any]) -> None:
     """The lazily processed checkpoint equals tests/test_processing.tl_process (TransformerLens'
     from_pretrained defaults, transcribed eagerly) applied to the raw canonical tensors."""
-    from headscope.engine.loading import open_model
+    from headscope.engine.model.loading import open_model
     from tests.test_processing import tl_process
 
     name, path, _ = family
@@ -278,7 +278,7 @@ def _hf_head_qk(name: str, model: Any, layer: int, head: int) -> torch.Tensor:
 def test_raw_qk_circuit_is_the_checkpoints(family: tuple[str, Any, Any]) -> None:
     """The raw QK circuit W_Q W_Kᵀ of every head is the checkpoint's (for GPT-J: the head-dim
     reordering cancels), read through Model.circuit."""
-    from headscope.engine.loading import open_model
+    from headscope.engine.model.loading import open_model
 
     name, path, model = family
     m = open_model(path, raw=True)
@@ -291,7 +291,7 @@ def test_raw_qk_circuit_is_the_checkpoints(family: tuple[str, Any, Any]) -> None
 def test_cli_info_heads_and_composition(family: tuple[str, Any, Any], capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
-    from headscope.tui.cli import main
+    from headscope.tui.cli.main import main
 
     name, path, _ = family
     assert main(["info", str(path), "--json"]) == 0
@@ -307,9 +307,9 @@ def test_cli_info_heads_and_composition(family: tuple[str, Any, Any], capsys: py
 def test_native_round_trip(family: tuple[str, Any, Any], tmp_path) -> None:
     """save_native of the processed model reopens with the same logits (post-LN OPT has no
     TransformerLens equivalent and is refused with a reason)."""
-    from headscope.engine.errors import InvalidRequestError
-    from headscope.engine.loading import open_model
-    from headscope.engine.tl_compat import save_native
+    from headscope.engine.core.errors import InvalidRequestError
+    from headscope.engine.model.loading import open_model
+    from headscope.engine.model.tl_compat import save_native
 
     name, path, _ = family
     m = open_model(path)

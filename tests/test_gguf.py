@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 import torch
 
-from headscope.engine.errors import ConfigError, CorruptFileError, UnknownArchitectureError
-from headscope.engine.forward import run
-from headscope.engine.loading import open_model, read_structure
+from headscope.engine.core.errors import ConfigError, CorruptFileError, UnknownArchitectureError
+from headscope.engine.forward.transformer import run
+from headscope.engine.model.loading import open_model, read_structure
 from tests.gguf_fixtures import (
     gguf_bytes,
     k_quant_blocks,
@@ -116,7 +116,7 @@ def test_transformers_own_gguf_reader_agrees_with_the_test_files(family: str, re
 def test_llama_qk_permutation_is_really_undone(llama_pair, tmp_path: Path) -> None:
     """The stored rows are permuted (so the test means something) and the reader undoes it:
     reading the file without the inverse permutation gives other patterns."""
-    from headscope.engine import gguf_model
+    from headscope.engine.model import gguf as gguf_model
 
     _path, model = llama_pair
     gguf = write_gguf(model, tmp_path / "model.gguf")
@@ -138,8 +138,8 @@ def test_gemma_gguf_norm_offset_is_undone(tmp_path: Path) -> None:
     reader subtracts it again. The whole model is compared where the gemma family is supported."""
     from transformers import GemmaConfig, GemmaForCausalLM
 
-    from headscope.engine import gguf_model
-    from headscope.engine.gguf_file import read_gguf_header
+    from headscope.engine.formats.gguf import read_gguf_header
+    from headscope.engine.model import gguf as gguf_model
 
     cfg = GemmaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=16,
@@ -194,7 +194,7 @@ def _gemma3(tmp_path: Path) -> tuple[Path, Any]:
 def test_gemma2_and_gemma3_gguf_are_the_original(builder: Any, tmp_path: Path) -> None:
     """Soft-caps, sliding windows, post-sublayer norms, q/k norms, local/global RoPE come back
     from the metadata and the +1 of every norm gain is undone: the same model as the original."""
-    from headscope.engine.forward import layer_config
+    from headscope.engine.forward.transformer import layer_config
 
     path, model = builder(tmp_path / "hf")
     gguf = write_gguf(model, tmp_path / "m.gguf")
@@ -265,7 +265,7 @@ def test_gemma_gguf_attention_scale_follows_llama_cpp() -> None:
     layers), scaled by d_model / n_heads; an explicit attention.scale wins."""
     from types import SimpleNamespace
 
-    from headscope.engine.gguf_model import gemma_config
+    from headscope.engine.model.gguf import gemma_config
 
     def scalar(name: str, n_layers: int, **meta: Any) -> Any:
         header = SimpleNamespace(metadata={f"{name}.{k}": v for k, v in meta.items()},
@@ -437,7 +437,7 @@ def test_unknown_tokenizer_model_shows_tokens_takes_ids(llama_pair, tmp_path: Pa
 def test_cli_info_and_heads_on_gguf(qwen2_pair, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
-    from headscope.tui.cli import main
+    from headscope.tui.cli.main import main
 
     _, model = qwen2_pair
     path = write_gguf(model, tmp_path / "q.gguf", qtype="Q8_0")
@@ -563,7 +563,7 @@ async def test_explorer_opens_a_gguf_file(llama_pair, tmp_path: Path, monkeypatc
     the metadata's token strings, and reports no error."""
 
     from headscope.tui.app import HeadscopeApp
-    from headscope.tui.settings import Settings
+    from headscope.tui.base.settings import Settings
     from headscope.tui.widgets.chart import Chart
 
     monkeypatch.setenv("HEADSCOPE_CONFIG", str(tmp_path / "none.toml"))
@@ -585,7 +585,7 @@ def test_read_structure_of_gguf_imports_no_torch(llama_pair, tmp_path: Path) -> 
 
     path = write_gguf(llama_pair[1], tmp_path / "m.gguf", qtype="Q8_0")
     code = (
-        "import sys\nfrom headscope.engine.loading import read_structure\n"
+        "import sys\nfrom headscope.engine.model.loading import read_structure\n"
         f"s = read_structure({str(path)!r})\nassert s['dtype'] == 'q8_0', s\n"
         "assert 'torch' not in sys.modules\nprint('ok')\n"
     )
@@ -626,7 +626,7 @@ def test_diff_against_the_original(llama_pair, tmp_path: Path, capsys: pytest.Ca
     little (circuits stay highly similar)."""
     import json
 
-    from headscope.tui.cli import main
+    from headscope.tui.cli.main import main
 
     path, model = llama_pair
     for qtype in ("F32", "Q4_0"):
@@ -668,7 +668,7 @@ def test_tensors_headscope_does_not_understand_are_refused(llama_pair, tmp_path:
 
 @pytest.mark.parametrize("case", ["truncated_header", "absurd_tensor_count", "unknown_tensor_type"])
 def test_cli_on_hostile_gguf_prints_one_line(case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from headscope.tui.cli import EXIT_MODEL_ERROR, main
+    from headscope.tui.cli.main import EXIT_MODEL_ERROR, main
 
     path = tmp_path / f"{case}.gguf"
     path.write_bytes(HOSTILE[case][0])
@@ -681,7 +681,7 @@ def test_cli_on_hostile_gguf_prints_one_line(case: str, tmp_path: Path, capsys: 
 def test_missing_gguf_package_is_a_typed_error(llama_pair, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
-    from headscope.engine.errors import UnsupportedFormatError
+    from headscope.engine.core.errors import UnsupportedFormatError
 
     path = write_gguf(llama_pair[1], tmp_path / "m.gguf")
     monkeypatch.setitem(sys.modules, "gguf.constants", None)  # import fails as if not installed

@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from safetensors.torch import load as st_load
 from safetensors.torch import load_file, save_file
 
-from headscope.engine.errors import (
+from headscope.engine.core.errors import (
     ConfigError,
     CorruptFileError,
     HeadscopeError,
@@ -43,8 +43,8 @@ from headscope.engine.errors import (
     UnsafePathError,
     UnsupportedFormatError,
 )
-from headscope.engine.loading import inspect_checkpoint, open_model, read_structure
-from headscope.engine.safetensors_header import parse_header_bytes, read_header
+from headscope.engine.formats.safetensors import parse_header_bytes, read_header
+from headscope.engine.model.loading import inspect_checkpoint, open_model, read_structure
 from tests import hf_fixtures as hf
 
 INDEX_FILE_NAME = "model.safetensors.index.json"
@@ -699,7 +699,7 @@ def layer_bomb(tmp_path: Path, sources: Sources) -> Broken:
 def test_layer_bomb_is_refused_before_building_layers(
     tmp_path: Path, corpus_sources: Sources, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import headscope.engine.adapters.gpt2 as gpt2_adapter
+    import headscope.engine.model.adapters.gpt2 as gpt2_adapter
 
     def no_specs(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("per-layer specs built for a layer bomb")
@@ -879,7 +879,7 @@ def test_broken_tokenizer_falls_back_to_ids(tmp_path: Path, gpt2_dir: tuple[Path
 
 def test_the_cli_says_why_token_ids_are_shown(tmp_path: Path, gpt2_dir: tuple[Path, Any],
                                               capsys: pytest.CaptureFixture[str]) -> None:
-    from headscope.tui.cli import main
+    from headscope.tui.cli.main import main
 
     d = copy_of(gpt2_dir[0], tmp_path / "m")
     (d / "tokenizer.json").write_text("{broken")

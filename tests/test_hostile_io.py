@@ -27,9 +27,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save, save_file
 
-import headscope.engine.report as report_module
-from headscope.engine import files
-from headscope.engine.errors import (
+import headscope.engine.api.report as report_module
+from headscope.engine.circuits.scores import nonfinite_heads
+from headscope.engine.core import files
+from headscope.engine.core.errors import (
     CheckpointChangedError,
     ConfigError,
     CorruptFileError,
@@ -38,13 +39,12 @@ from headscope.engine.errors import (
     UnsupportedFormatError,
     out_of_memory,
 )
-from headscope.engine.loading import open_model, read_structure
-from headscope.engine.safetensors_header import parse_header_bytes
-from headscope.engine.safetensors_header import read_header as read_header_of
-from headscope.engine.scores import nonfinite_heads
-from headscope.engine.service import Engine
-from headscope.engine.tokenizer import HFTokenizer, IdTokenizer, rust_guard
-from headscope.tui.cli import main
+from headscope.engine.formats.safetensors import parse_header_bytes
+from headscope.engine.formats.safetensors import read_header as read_header_of
+from headscope.engine.formats.tokenizer import HFTokenizer, IdTokenizer, rust_guard
+from headscope.engine.model.loading import open_model, read_structure
+from headscope.engine.service.engine import Engine
+from headscope.tui.cli.main import main
 from tests import hf_fixtures as hf
 
 ALLOCATOR_ERROR = (
@@ -383,8 +383,8 @@ def test_engine_out_of_memory_is_a_resource_error(monkeypatch: pytest.MonkeyPatc
     either allocator's failure is one line with the size asked for."""
     import numpy as np
 
-    import headscope.engine.fast as fast
-    import headscope.engine.scores as scores
+    import headscope.engine.circuits.fast as fast
+    import headscope.engine.circuits.scores as scores
 
     def exhausted(*args: Any, **kwargs: Any) -> Any:
         if path == "torch":
@@ -442,7 +442,7 @@ def _huge_vocab_checkpoint(d: Path, gpt2: Path) -> Path:
 
 _UNDER_ADDRESS_LIMIT = """
 import resource, sys
-from headscope.tui.cli import main
+from headscope.tui.cli.main import main
 resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[1]), int(sys.argv[1])))
 sys.exit(main(sys.argv[2:]))
 """

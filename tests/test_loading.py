@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 import torch
 
-from headscope.engine.forward import log_probs, run
-from headscope.engine.loading import open_model, read_structure
-from headscope.engine.safetensors_header import read_header
-from headscope.engine.tokenizer import HFTokenizer, IdTokenizer, VocabTokenizer
-from headscope.engine.weights import CheckpointWeights, DictWeights
+from headscope.engine.formats.safetensors import read_header
+from headscope.engine.formats.tokenizer import HFTokenizer, IdTokenizer, VocabTokenizer
+from headscope.engine.forward.transformer import log_probs, run
+from headscope.engine.model.loading import open_model, read_structure
+from headscope.engine.model.weights import CheckpointWeights, DictWeights
 from tests import hf_fixtures as hf
 
 ATOL = 1e-5
@@ -462,7 +462,7 @@ def test_byte_level_display_and_wordpiece(tmp_path: Path) -> None:
 
 
 def test_vocab_and_id_tokenizers() -> None:
-    from headscope.engine.errors import PromptError
+    from headscope.engine.core.errors import PromptError
 
     v = VocabTokenizer(["<unk>", "a", "b"])
     assert v.encode("a b c") == [1, 2, 0]

@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 import torch
 
-from headscope.engine import circuits, scores
-from headscope.engine.factored import tame
-from headscope.engine.loading import open_model
+from headscope.engine.circuits import head_circuits as circuits
+from headscope.engine.circuits import scores
+from headscope.engine.circuits.factored import tame
+from headscope.engine.model.loading import open_model
 from tests.hf_fixtures import D_MODEL, N_HEADS, build_gpt2
 
 REPO = Path(__file__).resolve().parent.parent
@@ -63,9 +64,9 @@ def assert_clean_exit(proc: subprocess.CompletedProcess[str]) -> None:
 
 API_SCRIPT = r"""
 import json, math, sys
-from headscope.engine import circuits, scores
-from headscope.engine.factored import tame
-from headscope.engine.loading import open_model
+from headscope.engine.circuits import head_circuits as circuits, scores
+from headscope.engine.circuits.factored import tame
+from headscope.engine.model.loading import open_model
 
 w = open_model(sys.argv[1]).weights
 L, H = int(sys.argv[2]), int(sys.argv[3])
@@ -122,7 +123,7 @@ def test_huge_head_through_the_api_in_a_subprocess(huge_and_reference: tuple[Pat
 
 def test_huge_head_through_the_cli_in_a_subprocess(huge_and_reference: tuple[Path, Path]) -> None:
     huge, ref = huge_and_reference
-    proc = subprocess.run([sys.executable, "-m", "headscope.tui.cli", "heads", str(huge), "--json"],
+    proc = subprocess.run([sys.executable, "-m", "headscope.tui.cli.main", "heads", str(huge), "--json"],
                           capture_output=True, text=True, cwd=REPO, timeout=300)
     assert_clean_exit(proc)
     rows = {(r["layer"], r["head"]): r for r in json.loads(proc.stdout)}
@@ -154,7 +155,7 @@ def write_model(path: Path, w: Any) -> Path:
 
 
 def run_diff(a: Path, b: Path, *flags: str) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, "-m", "headscope.tui.cli", "diff", str(a), str(b), "--json", *flags],
+    proc = subprocess.run([sys.executable, "-m", "headscope.tui.cli.main", "diff", str(a), str(b), "--json", *flags],
                           capture_output=True, text=True, cwd=REPO, timeout=300)
     assert_clean_exit(proc)
     return json.loads(proc.stdout)
@@ -201,7 +202,7 @@ def test_diff_with_a_huge_head_in_a_subprocess(diff_models_on_disk: dict[str, Pa
 
 
 def test_diff_with_a_different_d_model_and_d_head(diff_models_on_disk: dict[str, Path]) -> None:
-    from headscope.engine.diff import circuit_similarity
+    from headscope.engine.sweeps.diff import circuit_similarity
 
     out = run_diff(diff_models_on_disk["base"], diff_models_on_disk["distilled"])
     sim = circuit_similarity(open_model(diff_models_on_disk["base"]).weights,

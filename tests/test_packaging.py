@@ -37,7 +37,7 @@ def test_pip_install_claims_only_the_headscope_namespace(tmp_path: Path) -> None
 
     env = {**os.environ, "PYTHONPATH": str(target)}
     probe = subprocess.run(
-        [sys.executable, "-c", "import headscope.engine, headscope.tui.cli as c; "
+        [sys.executable, "-c", "import headscope.engine, headscope.tui.cli.main as c; "
          "print(headscope.engine.__file__); raise SystemExit(c.main(['--help']))"],
         capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env,
     )
@@ -46,7 +46,7 @@ def test_pip_install_claims_only_the_headscope_namespace(tmp_path: Path) -> None
     assert "usage: headscope" in probe.stdout
     # The bundled model is found inside the installed package, not the checkout.
     info = subprocess.run(
-        [sys.executable, "-m", "headscope.tui.cli", "info", "--json",
+        [sys.executable, "-m", "headscope.tui.cli.main", "info", "--json",
          str(installed / "sample_models" / "attn-only-2l")],
         capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env,
     )

@@ -11,11 +11,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headscope.engine.config import ModelConfig
-from headscope.engine.errors import IndexOutOfRangeError, MissingTensorError
-from headscope.engine.forward import log_probs, run
-from headscope.engine.processing import ProcessedWeights, processed_config
-from headscope.engine.weights import HEAD_TENSORS, DictWeights
+from headscope.engine.core.config import ModelConfig
+from headscope.engine.core.errors import IndexOutOfRangeError, MissingTensorError
+from headscope.engine.forward.transformer import log_probs, run
+from headscope.engine.model.processing import ProcessedWeights, processed_config
+from headscope.engine.model.weights import HEAD_TENSORS, DictWeights
 
 D, H, E, V, CTX, MLP, L = 12, 3, 4, 20, 10, 16, 2
 

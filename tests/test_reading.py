@@ -13,13 +13,16 @@ import numpy as np
 import pytest
 import torch
 
-from headscope.engine import circuits, compute, reading, report
-from headscope.engine.errors import IndexOutOfRangeError, InvalidRequestError
-from headscope.engine.forward import run
-from headscope.engine.loading import open_model
-from headscope.engine.requests import SCORE_NAMES, Z_NAMES
-from headscope.engine.service import Engine
-from headscope.tui import cli
+from headscope.engine.api import report
+from headscope.engine.circuits import head_circuits as circuits
+from headscope.engine.circuits import reading
+from headscope.engine.core.errors import IndexOutOfRangeError, InvalidRequestError
+from headscope.engine.core.validation import SCORE_NAMES, Z_NAMES
+from headscope.engine.forward.transformer import run
+from headscope.engine.model.loading import open_model
+from headscope.engine.service.engine import Engine
+from headscope.engine.sweeps import compute
+from headscope.tui.cli import main as cli
 from tests.conftest import INDUCTION_HEAD, PREV_TOKEN_HEAD, sample_model
 
 MODEL_PATH = sample_model("attn-only-2l")
@@ -196,7 +199,8 @@ def test_the_table_and_its_null_come_from_one_forward_pass(model: Any, monkeypat
     batches and its weights are read once (a 7B model reads 13 GB of weights per pass; the
     passes used to be one per batch, and three of them), with the same numbers as the
     separate requests and, up to float rounding, as the behavioural scores on their own."""
-    from headscope.engine import forward, scores
+    from headscope.engine.circuits import scores
+    from headscope.engine.forward import transformer as forward
 
     table, null = compute.score_table(model), compute.score_null(model)
     _, natural = compute.sink_batches(model)
@@ -307,7 +311,7 @@ async def test_the_engine_returns_what_the_reports_print(model: Any) -> None:
 
 async def test_the_engine_keeps_the_null_in_the_results_store(monkeypatch, tmp_path) -> None:
     """Reopened, the model's null is read back (its computation would fail), the same numbers."""
-    from headscope.engine.store import ResultStore
+    from headscope.engine.sweeps.store import ResultStore
 
     nulls = []
     for reopen in (False, True):

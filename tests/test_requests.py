@@ -16,19 +16,19 @@ from typing import Any
 import numpy as np
 import pytest
 
-from headscope.engine import report
-from headscope.engine.cache import ByteLRU
-from headscope.engine.errors import (
+from headscope.engine.api import report
+from headscope.engine.core.cache import ByteLRU
+from headscope.engine.core.errors import (
     HeadscopeError,
     IndexOutOfRangeError,
     InvalidRequestError,
     ResourceLimitError,
 )
-from headscope.engine.loading import open_model
-from headscope.engine.requests import MAX_RESULT_BYTES, SCORE_NAMES, Z_NAMES
-from headscope.engine.results import HeadScores, ScoreTable, rank_edges
-from headscope.engine.service import Engine
-from headscope.tui import cli
+from headscope.engine.core.results import HeadScores, ScoreTable, rank_edges
+from headscope.engine.core.validation import MAX_RESULT_BYTES, SCORE_NAMES, Z_NAMES
+from headscope.engine.model.loading import open_model
+from headscope.engine.service.engine import Engine
+from headscope.tui.cli import main as cli
 from tests.conftest import sample_model
 from tests.fake_engine import FakeEngine
 

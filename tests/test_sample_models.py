@@ -14,15 +14,15 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from headscope.engine.forward import run
-from headscope.engine.loading import open_model
-from headscope.engine.scores import (
+from headscope.engine.circuits.scores import (
     ablation_effects,
     all_copying_scores,
     behaviour_scores,
     composition_scores,
     repeated_tokens,
 )
+from headscope.engine.forward.transformer import run
+from headscope.engine.model.loading import open_model
 from headscope.sample_models import corpus
 from headscope.sample_models.model import ModelShape, TinyTransformer, copying_scores
 from tests.conftest import INDUCTION_HEAD, PREV_TOKEN_HEAD, sample_model

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from headscope.engine.forward import run
-from headscope.engine.weights import DictWeights
+from headscope.engine.forward.transformer import run
+from headscope.engine.model.weights import DictWeights
 from headscope.sample_models import corpus
 from headscope.sample_models.export import native_config, write_hf_gpt2, write_tokenizer_json
 from headscope.sample_models.model import ModelShape, TinyTransformer

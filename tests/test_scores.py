@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from headscope.engine import circuits, scores
-from headscope.engine.config import ModelConfig
-from headscope.engine.errors import CancelledError, InvalidRequestError
-from headscope.engine.factored import FactoredMatrix
-from headscope.engine.forward import run
-from headscope.engine.weights import DictWeights
+from headscope.engine.circuits import head_circuits as circuits
+from headscope.engine.circuits import scores
+from headscope.engine.circuits.factored import FactoredMatrix
+from headscope.engine.core.config import ModelConfig
+from headscope.engine.core.errors import CancelledError, InvalidRequestError
+from headscope.engine.forward.transformer import run
+from headscope.engine.model.weights import DictWeights
 from tests.test_circuits import random_weights
 
 # -- reference implementations (dense, one head or pair at a time) ---------------------------

@@ -15,11 +15,12 @@ import weakref
 import pytest
 import torch
 
-from headscope.engine import forward, scores
-from headscope.engine.errors import CancelledError
-from headscope.engine.forward import run
-from headscope.engine.loading import open_model
-from headscope.engine.weights import DictWeights, WeightSource
+from headscope.engine.circuits import scores
+from headscope.engine.core.errors import CancelledError
+from headscope.engine.forward import transformer as forward
+from headscope.engine.forward.transformer import run
+from headscope.engine.model.loading import open_model
+from headscope.engine.model.weights import DictWeights, WeightSource
 from tests.test_circuits import random_weights
 
 # -- reference implementations: the definitions, written the straightforward way -------------

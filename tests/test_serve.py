@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from headscope.tui.cli import main
+from headscope.tui.cli.main import main
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -28,7 +28,7 @@ def test_serve_answers_on_loopback_and_stops(gpt2_dir) -> None:
     path, _ = gpt2_dir
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "headscope.tui.cli", "serve", str(path), "--port", str(port)],
+        [sys.executable, "-m", "headscope.tui.cli.main", "serve", str(path), "--port", str(port)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )
     try:

@@ -53,7 +53,7 @@ def wait_for(condition, what: str, limit: float = 60.0) -> None:  # type: ignore
 
 def start_server(port: int) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "headscope.tui.cli", "serve", "sample_models/attn-only-2l",
+        [sys.executable, "-m", "headscope.tui.cli.main", "serve", "sample_models/attn-only-2l",
          "--port", str(port)],
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
@@ -131,7 +131,7 @@ STUBBORN = (f"{sys.executable} -c \"import signal, time; "
 def start_stubborn_server(port: int) -> subprocess.Popen[bytes]:
     """The serve machinery around an app that answers neither quit nor SIGTERM (as an app
     stuck opening a model does not answer quit)."""
-    code = ("import sys; from headscope.tui.serve import serve; "
+    code = ("import sys; from headscope.tui.cli.serve import serve; "
             f"serve(sys.argv[1], host='127.0.0.1', port={port}, title='t')")
     proc = subprocess.Popen([sys.executable, "-c", code, STUBBORN], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -8,9 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from headscope.engine import circuits, errors, forward, scores
-from headscope.engine.loading import open_model, read_structure
-from headscope.engine.service import Engine
+from headscope.engine.circuits import head_circuits as circuits
+from headscope.engine.circuits import scores
+from headscope.engine.core import errors
+from headscope.engine.forward import transformer as forward
+from headscope.engine.model.loading import open_model, read_structure
+from headscope.engine.service.engine import Engine
 
 
 @pytest.fixture
@@ -153,9 +156,9 @@ async def test_raw_switch_changes_cache_key(gpt2):
 
 
 async def test_tokenize_uses_the_model_tokenizer(tmp_path) -> None:
-    from headscope.engine.errors import PromptError
-    from headscope.engine.loading import open_model
-    from headscope.engine.service import Engine
+    from headscope.engine.core.errors import PromptError
+    from headscope.engine.model.loading import open_model
+    from headscope.engine.service.engine import Engine
     from tests.hf_fixtures import build_gpt2
 
     path, _ = build_gpt2(tmp_path / "m", tokenizer=True)

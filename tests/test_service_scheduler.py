@@ -9,10 +9,10 @@ import time
 import numpy as np
 import pytest
 
-from headscope.engine import errors
-from headscope.engine.cache import ByteLRU
-from headscope.engine.results import nbytes, readonly
-from headscope.engine.scheduler import Scheduler
+from headscope.engine.core import errors
+from headscope.engine.core.cache import ByteLRU
+from headscope.engine.core.results import nbytes, readonly
+from headscope.engine.service.scheduler import Scheduler
 
 # -- cache ---------------------------------------------------------------------------
 

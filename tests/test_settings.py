@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from headscope.engine.errors import ConfigError
-from headscope.tui.settings import Settings, config_path, load_settings
+from headscope.engine.core.errors import ConfigError
+from headscope.tui.base.settings import Settings, config_path, load_settings
 
 
 def env_for(tmp_path: Path, **extra: str) -> dict[str, str]:

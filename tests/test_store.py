@@ -16,9 +16,11 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from headscope.engine import compute, fast, report, scores
-from headscope.engine.loading import open_model
-from headscope.engine.store import ResultStore, fingerprint
+from headscope.engine.api import report
+from headscope.engine.circuits import fast, scores
+from headscope.engine.model.loading import open_model
+from headscope.engine.sweeps import compute
+from headscope.engine.sweeps.store import ResultStore, fingerprint
 from tests import hf_fixtures
 
 N_LAYERS = 5
@@ -112,7 +114,7 @@ def test_score_table_from_the_store_equals_the_computed_one(deep_gpt2, store, mo
 
 def test_spectral_sweep_equals_the_per_head_definition(deep_gpt2, store) -> None:
     """The stored sweep's numbers are the per-head scores of docs/math.md."""
-    from headscope.engine import circuits
+    from headscope.engine.circuits import head_circuits as circuits
 
     model = open_model(deep_gpt2)
     memo = store.for_model(model).memo("copying_score", (model.cfg.n_heads,))
@@ -138,7 +140,7 @@ def test_composition_from_the_store_equals_the_computed_one(deep_gpt2, store, mo
 
 
 def test_ablation_effects_from_the_store_run_no_forward_pass(deep_gpt2, store, monkeypatch) -> None:
-    from headscope.engine import forward
+    from headscope.engine.forward import transformer as forward
 
     model = open_model(deep_gpt2)
     plain = compute.ablation_effects(model)
@@ -196,7 +198,7 @@ def test_interrupted_composition_resumes_with_the_missing_tiles(deep_gpt2, store
 
 
 def test_interrupted_ablation_sweep_resumes_with_the_missing_layers(deep_gpt2, store, monkeypatch) -> None:
-    from headscope.engine import forward
+    from headscope.engine.forward import transformer as forward
 
     model = open_model(deep_gpt2)
     entry = store.for_model(model)
@@ -385,7 +387,7 @@ def test_the_size_cap_evicts_the_least_recently_used_entries(deep_gpt2, gpt2_dir
 
 
 async def test_engine_sweeps_read_the_store_and_say_so(deep_gpt2, store, monkeypatch) -> None:
-    from headscope.engine.service import Engine
+    from headscope.engine.service.engine import Engine
 
     engine = Engine(None, model=open_model(deep_gpt2), store=store, prefetch=False)
     try:
@@ -417,8 +419,8 @@ async def test_a_cancelled_engine_sweep_resumes_in_the_next_engine(deep_gpt2, st
     import asyncio
     import threading
 
-    from headscope.engine.errors import CancelledError
-    from headscope.engine.service import Engine
+    from headscope.engine.core.errors import CancelledError
+    from headscope.engine.service.engine import Engine
 
     engine = Engine(None, model=open_model(deep_gpt2), store=store, prefetch=False)
     loop = asyncio.get_running_loop()
@@ -470,7 +472,7 @@ async def test_a_cancelled_engine_sweep_resumes_in_the_next_engine(deep_gpt2, st
 
 
 async def test_engine_spectra_are_stored_per_head(deep_gpt2, store, monkeypatch) -> None:
-    from headscope.engine.service import Engine
+    from headscope.engine.service.engine import Engine
 
     async def spectra() -> list[Any]:
         engine = Engine(None, model=open_model(deep_gpt2), store=store, prefetch=False)
@@ -513,7 +515,7 @@ async def test_the_explorer_status_bar_says_where_the_scores_came_from(gpt2_dir,
     import time
 
     from headscope.tui.app import HeadscopeApp
-    from headscope.tui.settings import Settings
+    from headscope.tui.base.settings import Settings
     from headscope.tui.widgets.status import StatusBar
 
     monkeypatch.setenv("HEADSCOPE_CONFIG", str(tmp_path / "none.toml"))

@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from bench.checkpoints import SHAPES, write_checkpoint
-from headscope.engine import compute, scores
-from headscope.engine.eta import Eta
-from headscope.engine.loading import open_model
-from headscope.engine.weights import DictWeights
+from headscope.engine.circuits import scores
+from headscope.engine.core.eta import Eta
+from headscope.engine.model.loading import open_model
+from headscope.engine.model.weights import DictWeights
+from headscope.engine.sweeps import compute
 from tests.test_circuits import random_weights
 
 

@@ -11,19 +11,19 @@ import numpy as np
 import pytest
 import torch
 
-from headscope.engine import timeline as tl
-from headscope.engine.errors import (
+from headscope.engine.api.report import head_table
+from headscope.engine.core.errors import (
     InvalidRequestError,
     ShapeMismatchError,
     UnsupportedFormatError,
 )
-from headscope.engine.loading import open_model
-from headscope.engine.report import head_table
-from headscope.engine.requests import SCORE_NAMES as HEAD_SCORE_KEYS
+from headscope.engine.core.validation import SCORE_NAMES as HEAD_SCORE_KEYS
+from headscope.engine.model.loading import open_model
+from headscope.engine.sweeps import timeline as tl
 from headscope.sample_models import corpus
 from headscope.sample_models.export import write_native
 from headscope.sample_models.model import ModelShape, TinyTransformer
-from headscope.tui.cli import main
+from headscope.tui.cli.main import main
 from tests.conftest import INDUCTION_HEAD, PREV_TOKEN_HEAD, SAMPLE_MODELS
 
 SERIES = SAMPLE_MODELS / "attn-only-2l-training"
@@ -232,7 +232,7 @@ def test_scores_per_step_are_the_heads_table(tiny_series: Path) -> None:
             for key in HEAD_SCORE_KEYS:
                 assert t.series[key][i, r["layer"], r["head"]] == pytest.approx(r[key], abs=1e-7)
     # Composition maxima: layer-0 heads as sources, layer-1 heads as targets, above baseline.
-    from headscope.engine import scores
+    from headscope.engine.circuits import scores
 
     k = scores.composition_scores(open_model(t.paths[1]).weights, "k")
     above = k.scores.numpy() - k.baseline
@@ -248,7 +248,7 @@ def test_a_series_scored_again_is_read_from_the_results_store(tiny_series: Path,
     composition tile, and prints the same JSON; `--no-cache` computes again."""
     from unittest import mock
 
-    from headscope.engine import fast, scores
+    from headscope.engine.circuits import fast, scores
 
     argv = ["timeline", str(tiny_series), "--json"]
     assert main(argv) == 0
@@ -333,7 +333,7 @@ def test_steps_run_in_a_pool_with_progress(tiny_series: Path) -> None:
     serial = tl.compute_timeline([tiny_series])
     for key in serial.series:
         np.testing.assert_array_equal(t.series[key], serial.series[key])
-    from headscope.engine.errors import CancelledError
+    from headscope.engine.core.errors import CancelledError
 
     with pytest.raises(CancelledError):
         tl.compute_timeline([tiny_series], cancelled=lambda: True)
@@ -349,7 +349,7 @@ def test_the_text_table_has_a_row_per_head(tiny_series: Path, capsys) -> None:
 
 
 def test_sparkline_scales_and_samples() -> None:
-    from headscope.tui.cli_timeline import sparkline
+    from headscope.tui.cli.timeline import sparkline
 
     assert sparkline([0.0, 0.5, 1.0], 0.0, 1.0) == "▁▅█"
     assert sparkline([0.3, float("nan")], 0.3, 0.3) == "▁·"
@@ -425,8 +425,8 @@ def test_the_bundled_series_shows_the_induction_circuit_forming(bundled: dict) -
 def test_the_previous_token_head_forms_at_the_first_positions_first() -> None:
     """docs/math.md's account of the previous-token score's late half-way point: at step 800
     L0.H1 attends to t-1 at positions 1-31 and hardly at all at positions 32-63."""
-    from headscope.engine.forward import run
-    from headscope.engine.scores import repeated_tokens
+    from headscope.engine.circuits.scores import repeated_tokens
+    from headscope.engine.forward.transformer import run
 
     model = open_model(SERIES / "step-000800")
     try:
@@ -440,7 +440,7 @@ def test_the_previous_token_head_forms_at_the_first_positions_first() -> None:
 
 
 def test_a_narrow_terminal_keeps_the_most_telling_scores() -> None:
-    from headscope.tui.cli_timeline import TEXT_SCORES, fitting_scores
+    from headscope.tui.cli.timeline import TEXT_SCORES, fitting_scores
 
     assert fitting_scores(18, 400) == TEXT_SCORES
     assert [key for _, key in fitting_scores(18, 100)] == ["prev_token_score", "induction_score"]

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headscope.engine import forward
-from headscope.engine.errors import InvalidRequestError
-from headscope.engine.loading import open_model
-from headscope.engine.tl_compat import from_transformer_lens, save_native, to_transformer_lens
+from headscope.engine.core.errors import InvalidRequestError
+from headscope.engine.forward import transformer as forward
+from headscope.engine.model.loading import open_model
+from headscope.engine.model.tl_compat import from_transformer_lens, save_native, to_transformer_lens
 
 TOKENS = [1, 5, 9, 2, 33, 7, 5, 9]
 

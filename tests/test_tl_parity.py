@@ -37,8 +37,8 @@ from typing import Any
 import pytest
 import torch
 
-from headscope.engine import scores
-from headscope.engine.loading import open_model
+from headscope.engine.circuits import scores
+from headscope.engine.model.loading import open_model
 from tests import family_fixtures
 from tests.hf_fixtures_phi import (  # noqa: F401  (session-scoped pytest fixtures)
     gptj_dir,

@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from headscope.engine.adapters.native import build_config, parse_config_json
-from headscope.engine.config import ModelConfig
+from headscope.engine.core.config import ModelConfig
+from headscope.engine.model.adapters.native import build_config, parse_config_json
 from headscope.sample_models import corpus, train
 
 
@@ -26,7 +26,7 @@ def test_tiny_training_writes_a_native_model(tmp_path: Path) -> None:
     assert {"model.safetensors", "headscope.json", "vocab.txt", "metrics.json",
             "training_log.json", "README.md"} <= {p.name for p in out.iterdir()}
     assert torch.isfinite(torch.tensor(metrics["eval_loss"]))
-    from headscope.engine.export import file_mode
+    from headscope.engine.core.export import file_mode
 
     assert (out / "model.safetensors").stat().st_mode & 0o777 == file_mode()  # not 0o600
 
@@ -78,7 +78,7 @@ def test_cli_writes_a_hugging_face_gpt2_directory(tmp_path: Path) -> None:
 
 
 def test_engine_opens_the_tiny_model(tmp_path: Path) -> None:
-    loading = pytest.importorskip("headscope.engine.loading")
+    loading = pytest.importorskip("headscope.engine.model.loading")
     out = tmp_path / "tiny"
     train.train("tiny", seed=0, out=out, quiet=True)
     model = loading.open_model(out)
@@ -106,7 +106,7 @@ def test_save_steps_write_float16_checkpoints_without_changing_the_run(tmp_path:
     assert not torch.equal(middle["embed.W_E"], last["embed.W_E"])
     assert json.loads((series / "step-000002" / "headscope.json").read_text())["dtype"] == "float16"
     assert "--save-steps 0,2,5" in (series / "README.md").read_text()
-    loading = pytest.importorskip("headscope.engine.loading")
+    loading = pytest.importorskip("headscope.engine.model.loading")
     assert loading.open_model(series / "step-000002").raw_cfg.dtype == "float16"
 
 

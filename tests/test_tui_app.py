@@ -21,13 +21,13 @@ from textual.worker import WorkerCancelled
 
 from headscope.themes import COLORMAPS
 from headscope.tui.app import FILTER_THRESHOLD, HeadscopeApp
-from headscope.tui.keymap import APP_BINDINGS
-from headscope.tui.screens import HelpScreen, InputScreen
-from headscope.tui.settings import Settings
+from headscope.tui.base.keymap import APP_BINDINGS
+from headscope.tui.base.settings import Settings
+from headscope.tui.screens.dialogs import HelpScreen, InputScreen
 from headscope.tui.widgets.chart import Chart
 from headscope.tui.widgets.head_tree import HeadTree
+from headscope.tui.widgets.panes import CompositionPane
 from headscope.tui.widgets.status import StatusBar
-from headscope.tui.widgets.views import CompositionPane
 from tests.fake_engine import FakeEngine, broken_factory
 
 
@@ -308,7 +308,7 @@ async def test_opening_on_a_head_focuses_it_or_says_the_model_has_no_such_head(
 def test_cli_head_option_reaches_the_app_and_rejects_malformed_values(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     import headscope.tui.app as tui_app
-    from headscope.tui.cli import main
+    from headscope.tui.cli.main import main
 
     seen: dict[str, Any] = {}
     monkeypatch.setattr(tui_app, "run_app", lambda path, **kw: seen.update(kw))
@@ -642,7 +642,7 @@ async def test_filter_keeps_heads_with_a_score_above_the_threshold() -> None:
 
 
 def test_graph_title_wraps_instead_of_being_cut() -> None:
-    from headscope.tui.plots import Colours, Graph, build
+    from headscope.tui.plots.figures import Colours, Graph, build
 
     colours = Colours((200, 200, 200), (120, 120, 120), (255, 170, 0), (0, 120, 255),
                       COLORMAPS["red-blue"])

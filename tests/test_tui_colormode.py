@@ -20,7 +20,8 @@ from rich.style import Style
 from rich.text import Text
 
 from headscope.themes import COLORMAPS, THEME_NAMES, THEMES
-from headscope.tui.colormap import (
+from headscope.tui.base.colormode import detect_color_mode
+from headscope.tui.plots.colormap import (
     NEG_GLYPHS,
     SHADES,
     lightness,
@@ -28,8 +29,7 @@ from headscope.tui.colormap import (
     srgb_to_lab,
     xterm_rgb,
 )
-from headscope.tui.colormode import detect_color_mode
-from headscope.tui.plots import Colours, Heatmap, ansi16_pair, build
+from headscope.tui.plots.figures import Colours, Heatmap, ansi16_pair, build
 from headscope.tui.widgets.chart import Chart
 from tests.test_tui_app import make_app, settle
 from tests.test_tui_snapshots import settle_after
@@ -197,7 +197,7 @@ async def test_chart_colours_follow_the_theme_before_the_stylesheet_does() -> No
 
 def test_snapshot_setup_is_truecolor_when_headless() -> None:
     from headscope.tui.app import HeadscopeApp
-    from headscope.tui.settings import Settings
+    from headscope.tui.base.settings import Settings
 
     assert HeadscopeApp("x", settings=Settings(colors="16"))._colors == "16"
 
@@ -211,7 +211,7 @@ def test_snapshot_qk_in_each_mode(snap_compare: Any, mode: str,
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "headscope.tui.cli", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "headscope.tui.cli.main", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -294,7 +294,7 @@ async def test_every_focusable_widget_shows_its_focus() -> None:
 
 
 async def test_filter_keeps_the_focused_head() -> None:
-    from headscope.tui.explorer import TREE_FILTERS
+    from headscope.tui.screens.explorer import TREE_FILTERS
     from headscope.tui.widgets.head_tree import HeadTree
 
     app, _ = make_app()
@@ -330,8 +330,8 @@ async def test_help_title_shows_the_keymap_table_name() -> None:
 async def test_prompt_view_counts_and_marks_unknown_tokens() -> None:
     from textual.widgets import Input, Static
 
-    from headscope.engine.results import PromptView
-    from headscope.tui.widgets.views import PromptPane
+    from headscope.engine.core.results import PromptView
+    from headscope.tui.widgets.panes import PromptPane
     from tests.fake_engine import FakeEngine
     from tests.test_tui_app import plain
 
@@ -359,7 +359,7 @@ async def test_prompt_view_counts_and_marks_unknown_tokens() -> None:
 
 
 def test_forward_names_the_unknown_words(capsys: Any) -> None:
-    from headscope.tui.cli import main
+    from headscope.tui.cli.main import main
 
     assert main(["forward", "sample_models/attn-only-2l", "--prompt", "the zebra went"]) == 0
     err = capsys.readouterr().err
@@ -369,8 +369,8 @@ def test_forward_names_the_unknown_words(capsys: Any) -> None:
 def test_open_runs_the_readme_repeated_phrase_on_the_sample_models(
         monkeypatch: pytest.MonkeyPatch) -> None:
     import headscope.tui.app as app_module
-    from headscope.tui.cli import main
-    from headscope.tui.prompt_words import REPEATED_PHRASE
+    from headscope.tui.base.prompt_words import REPEATED_PHRASE
+    from headscope.tui.cli.main import main
 
     seen: dict[str, Any] = {}
     monkeypatch.setattr(app_module, "run_app", lambda path, **kw: seen.update(kw))
@@ -466,7 +466,7 @@ async def test_empty_composition_table_on_one_layer_says_why() -> None:
 
 
 def test_pooled_heatmap_key_says_which_rows_were_merged() -> None:
-    from headscope.tui.plots import merged
+    from headscope.tui.plots.figures import merged
 
     values = np.arange(24 * 24, dtype=float).reshape(24, 24)
     text = build(Heatmap(values, tuple("abcdefghijklmnopqrstuvwx"),
@@ -485,7 +485,7 @@ def test_quitting_the_explorer_skips_the_interpreter_teardown(
     """From the shell, after the explorer closed, the process ends at once (os._exit);
     called with arguments (tests, the API) main() returns as before."""
     import headscope.tui.app as app_module
-    import headscope.tui.cli as cli
+    import headscope.tui.cli.main as cli
 
     exits: list[int] = []
     monkeypatch.setattr(app_module, "run_app", lambda path, **kw: None)
@@ -533,7 +533,7 @@ def test_graph_edges_in_256_colours_are_palette_entries_monotone_in_strength(cma
     """Edges of rising strength, each on its own row: the colours emitted for their braille
     cells are xterm entries ≥ 16 (never left to Rich to quantise), from the theme's ramp, and
     their L* moves one way from the zero stop as the strength rises (as the heatmap's do)."""
-    from headscope.tui.plots import Graph
+    from headscope.tui.plots.figures import Graph
 
     c = colours(cmap, "256")
     strengths = np.linspace(0.05, 0.5, 6)
@@ -559,8 +559,8 @@ def test_spectrum_dots_and_edge_diff_in_256_colours_are_palette_entries(cmap: st
     and gained edges of the compare diff) are the 256-colour ramp's end entries, the colours
     of the heatmaps' strongest cells; the diff's "changed" edges are the muted colour's nearest
     entry. None of them is left to Rich to quantise."""
-    from headscope.tui.colormap import nearest_entry
-    from headscope.tui.plots import EdgeDiff, Scatter
+    from headscope.tui.plots.colormap import nearest_entry
+    from headscope.tui.plots.figures import EdgeDiff, Scatter
 
     c = colours(cmap, "256")
     ramp = palette_ramp(c.stops)

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from textual.widgets import DataTable, Static
 
-from headscope.engine.diff import EDGE_THRESHOLD
+from headscope.engine.sweeps.diff import EDGE_THRESHOLD
 from headscope.tui.app import HeadscopeApp
-from headscope.tui.settings import Settings
+from headscope.tui.base.settings import Settings
 from headscope.tui.widgets.chart import Chart
 from headscope.tui.widgets.head_tree import HeadTree
 from headscope.tui.widgets.status import StatusBar
@@ -182,7 +182,7 @@ async def test_real_engine_pruned_induction_head_and_its_lost_k_edge(tmp_path: P
 
 
 async def test_real_engine_compare_with_w_o_zeroed(tmp_path: Path) -> None:
-    from headscope.engine.service import Engine
+    from headscope.engine.service.engine import Engine
 
     a, b = Engine(MODEL), Engine(zeroed_copy(tmp_path, ("W_O",)))
     try:
@@ -246,7 +246,7 @@ async def test_real_engine_match_heads_pairs_permuted_heads(tmp_path: Path, matc
 def test_cli_passes_compare_through_to_run_app(monkeypatch: pytest.MonkeyPatch,
                                                tmp_path: Path) -> None:
     import headscope.tui.app as tui_app
-    from headscope.tui.cli import main
+    from headscope.tui.cli.main import main
 
     seen: dict[str, object] = {}
     monkeypatch.setattr(tui_app, "run_app", lambda path, **kw: seen.update(path=path, **kw))
@@ -259,7 +259,7 @@ def test_cli_passes_compare_through_to_run_app(monkeypatch: pytest.MonkeyPatch,
 
 
 def test_cli_match_heads_without_compare_is_a_one_line_error(capsys) -> None:
-    from headscope.tui.cli import main
+    from headscope.tui.cli.main import main
 
     assert main([str(MODEL), "--match-heads"]) == 1
     err = capsys.readouterr().err

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from headscope.engine.service import Engine
-from headscope.tui.engine_api import ExplorerEngine, protocol_members
+from headscope.engine.service.engine import Engine
+from headscope.tui.base.protocols import ExplorerEngine, protocol_members
 from tests.fake_engine import FakeEngine
 
 

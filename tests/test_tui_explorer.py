@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from textual.message import Message
 
-from headscope.tui.explorer import (
+from headscope.tui.screens.explorer import (
     TABS,
     VIEWS,
     AblationSwept,

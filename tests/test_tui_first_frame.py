@@ -13,13 +13,13 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-HEAVY = ("numpy", "plotext", "textual_plotext", "torch", "headscope.tui.explorer",
-         "headscope.engine.loading")
+HEAVY = ("numpy", "plotext", "textual_plotext", "torch", "headscope.tui.screens.explorer",
+         "headscope.engine.model.loading")
 
 CODE = f"""
 import asyncio, sys
 from headscope.tui.app import HeadscopeApp
-from headscope.tui.settings import Settings
+from headscope.tui.base.settings import Settings
 
 HEAVY = {HEAVY!r}
 

@@ -21,10 +21,10 @@ import pytest
 from textual.widgets import DataTable
 from textual.worker import WorkerState
 
-from headscope.tui.adapt import score
 from headscope.tui.app import HeadscopeApp
-from headscope.tui.screens import HelpScreen
-from headscope.tui.settings import Settings
+from headscope.tui.base.labels import score
+from headscope.tui.base.settings import Settings
+from headscope.tui.screens.dialogs import HelpScreen
 from headscope.tui.widgets.chart import Chart
 from headscope.tui.widgets.head_tree import HeadTree
 from headscope.tui.widgets.status import StatusBar
@@ -127,7 +127,7 @@ async def test_engine_constructed_on_a_broken_checkpoint_is_a_notification(
     tmp_path: Path, corpus_sources: Sources, case: str
 ) -> None:
     """The same through an engine factory (the app opens the Engine before the first frame)."""
-    from headscope.engine.service import Engine
+    from headscope.engine.service.engine import Engine
 
     broken = build_broken(case, tmp_path, corpus_sources)
     app = HeadscopeApp(broken.path, settings=Settings(), sweep=False,
@@ -146,8 +146,8 @@ async def test_engine_constructed_on_a_broken_checkpoint_is_a_notification(
 async def test_nan_head_is_flagged_in_the_tree_and_other_heads_keep_badges(
     tmp_path: Path, corpus_sources: Sources
 ) -> None:
-    from headscope.engine.loading import open_model
-    from headscope.engine.scores import nonfinite_heads
+    from headscope.engine.circuits.scores import nonfinite_heads
+    from headscope.engine.model.loading import open_model
 
     path = nan_weights(tmp_path, corpus_sources)
     bad = (NAN_LAYER, NAN_HEAD)
@@ -213,7 +213,7 @@ async def test_viewing_a_nan_head_is_flagged_or_a_notification_naming_file_and_h
 
 
 async def test_over_limit_circuit_block_is_a_notification(corpus_sources: Sources) -> None:
-    from headscope.engine.service import Engine
+    from headscope.engine.service.engine import Engine
 
     def small_engine(path: str, raw: bool) -> Engine:
         return Engine(path, raw=raw, max_block_bytes=1024)  # a 24×24 float32 block is 2304 B
@@ -279,7 +279,7 @@ async def test_engine_spectrum_of_a_nan_head_is_empty_with_a_nan_score(
 ) -> None:
     """The engine side of the flag above: no error, no eigenvalues, NaN score; a finite
     head's spectrum is unaffected."""
-    from headscope.engine.service import Engine
+    from headscope.engine.service.engine import Engine
 
     engine = Engine(nan_weights(tmp_path, corpus_sources))
     try:

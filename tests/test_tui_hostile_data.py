@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from headscope.tui.app import HeadscopeApp
-from headscope.tui.settings import Settings
+from headscope.tui.base.settings import Settings
 from headscope.tui.widgets.head_tree import HeadTree
 from tests.test_cli_hostile_args import hostile_vocab  # noqa: F401 (the pytest fixture)
 from tests.test_tui_hostile import assert_no_crash, keys_still_work_then_quit, screen_text, settle
@@ -178,7 +178,7 @@ async def test_untraversable_home_is_a_warning(tmp_path: Path, monkeypatch: pyte
 
 
 def test_no_home_at_all_is_no_settings_file(monkeypatch: pytest.MonkeyPatch) -> None:
-    from headscope.tui.settings import config_path, load_settings
+    from headscope.tui.base.settings import config_path, load_settings
 
     def no_home() -> Path:
         raise RuntimeError("Could not determine home directory.")

@@ -11,8 +11,14 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from headscope.themes import COLORMAPS, THEMES, colormap_for
-from headscope.tui.colormap import cell_of, diverging_rgb, fit_shape, resample, symmetric_range
-from headscope.tui.plots import Colours, Graph, Heatmap, Scatter, build, diagonal_summary
+from headscope.tui.plots.colormap import (
+    cell_of,
+    diverging_rgb,
+    fit_shape,
+    resample,
+    symmetric_range,
+)
+from headscope.tui.plots.figures import Colours, Graph, Heatmap, Scatter, build, diagonal_summary
 
 STOPS = COLORMAPS["red-blue"]
 COLOURS = Colours((200, 200, 200), (120, 120, 120), (255, 170, 0), (90, 170, 255), STOPS)

@@ -7,10 +7,10 @@ from __future__ import annotations
 from textual.widgets import DataTable, Static
 
 from headscope.tui.app import HeadscopeApp
-from headscope.tui.reading_screens import N_DIRECTIONS, N_TOKENS, DirectionsPanel, PathScreen
-from headscope.tui.settings import Settings
+from headscope.tui.base.settings import Settings
 from headscope.tui.widgets.chart import Chart
-from headscope.tui.widgets.views import CompositionPane
+from headscope.tui.widgets.panes import CompositionPane
+from headscope.tui.widgets.reading import N_DIRECTIONS, N_TOKENS, DirectionsPanel, PathScreen
 from tests.conftest import INDUCTION_HEAD, PREV_TOKEN_HEAD, sample_model
 from tests.test_tui_app import make_app, plain, settle, wait_until
 
@@ -19,9 +19,10 @@ async def test_directions_panel_and_the_path_of_an_edge_on_attn_only_2l() -> Non
     """The real engine on the bundled model: the panel beside the induction head's full OV
     shows engine/reading.py's directions, ``)`` steps; enter on the L0.H1 → L1.H2 edge
     shows the K-path's score, ``g`` focuses L1.H2."""
-    from headscope.engine import circuits, reading, scores
-    from headscope.engine.compute import label
-    from headscope.engine.loading import open_model
+    from headscope.engine.circuits import head_circuits as circuits
+    from headscope.engine.circuits import reading, scores
+    from headscope.engine.model.loading import open_model
+    from headscope.engine.sweeps.compute import label
 
     path = sample_model("attn-only-2l")
     model = open_model(path)
@@ -112,8 +113,8 @@ async def test_z_scores_sink_badges_and_the_sink_filter() -> None:
     """The z's the focus line, the Summary and the filtered tree show are the engine's null
     applied to the engine's scores; S marks the heads with either sink score ≥ 0.3, and the
     sink filter keeps those (and the focused head) only."""
-    from headscope.engine.requests import SCORE_NAMES
-    from headscope.tui.adapt import SCORES, z_text
+    from headscope.engine.core.validation import SCORE_NAMES
+    from headscope.tui.base.labels import SCORES, z_text
     from headscope.tui.widgets.head_tree import HeadTree
 
     app, engine = make_app()

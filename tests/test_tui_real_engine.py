@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from headscope.tui.app import HeadscopeApp
-from headscope.tui.settings import Settings
+from headscope.tui.base.settings import Settings
 from headscope.tui.widgets.chart import Chart
 from tests.test_tui_app import settle, wait_until
 
@@ -41,8 +41,9 @@ def gpt2(gpt2_dir: Any) -> Path:
 
 
 async def test_real_engine_views_match_the_pure_functions(gpt2: Path) -> None:
-    from headscope.engine import circuits, scores
-    from headscope.engine.loading import open_model
+    from headscope.engine.circuits import head_circuits as circuits
+    from headscope.engine.circuits import scores
+    from headscope.engine.model.loading import open_model
 
     app = HeadscopeApp(gpt2, settings=Settings(), debounce=0.01, sweep=False)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -84,7 +85,7 @@ async def test_event_loop_keeps_ticking_while_sweeps_run(
     before it computes (a loop blocked on the job would never tick: the job times out and the
     test fails). Counts and threads, not a wall-clock bound: the longest stall is bench/'s
     business, measured on a quiet machine (`python -m bench.stall`)."""
-    from headscope.engine.scheduler import Scheduler
+    from headscope.engine.service.scheduler import Scheduler
 
     ticks, stop = 0, False
     tick = threading.Condition()
@@ -139,9 +140,9 @@ async def test_the_composition_graph_fills_in_pair_by_pair(gpt2_dir: Any, tmp_pa
 
     import numpy as np
 
-    from headscope.engine import compute
-    from headscope.engine.loading import open_model
-    from headscope.tui.widgets.views import CompositionPane
+    from headscope.engine.model.loading import open_model
+    from headscope.engine.sweeps import compute
+    from headscope.tui.widgets.panes import CompositionPane
     from tests import hf_fixtures
 
     with mock.patch.object(hf_fixtures, "N_LAYERS", 4):  # 6 layer pairs

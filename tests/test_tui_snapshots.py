@@ -13,7 +13,7 @@ import pytest
 from textual.widgets import Input
 
 from headscope.tui.app import HeadscopeApp
-from headscope.tui.settings import Settings
+from headscope.tui.base.settings import Settings
 from tests.fake_engine import FakeEngine
 from tests.test_tui_app import settle
 

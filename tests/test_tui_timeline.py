@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 from textual.widgets import DataTable, Static
 
-from headscope.engine import timeline as engine_timeline
-from headscope.engine.service import default_workers
-from headscope.engine.timeline import (
+from headscope.engine.service.engine import default_workers
+from headscope.engine.sweeps import timeline as engine_timeline
+from headscope.engine.sweeps.timeline import (
     StepScores,
     StepSource,
     Timeline,
@@ -27,12 +27,17 @@ from headscope.engine.timeline import (
     score_keys,
 )
 from headscope.tui.app import HeadscopeApp
-from headscope.tui.cli import main
-from headscope.tui.settings import Settings
-from headscope.tui.timeline_mode import TimelineMode, compute_series, engine_workers, open_timeline
-from headscope.tui.timeline_view import TimelinePane, sparkline_cells
+from headscope.tui.base.settings import Settings
+from headscope.tui.cli.main import main
+from headscope.tui.screens.timeline import (
+    TimelineMode,
+    compute_series,
+    engine_workers,
+    open_timeline,
+)
 from headscope.tui.widgets.head_tree import HeadTree
 from headscope.tui.widgets.status import StatusBar
+from headscope.tui.widgets.timeline import TimelinePane, sparkline_cells
 from tests.conftest import INDUCTION_HEAD, SAMPLE_MODELS
 from tests.fake_engine import FakeEngine
 from tests.test_timeline import _write_step
@@ -134,7 +139,7 @@ def test_sparklines_fit_the_width_and_mark_the_steps_each_character_shows() -> N
 
 async def test_scrubbing_opens_that_steps_weights_in_every_tab_and_its_badges(
         shipped: Any) -> None:
-    from headscope.engine.service import Engine
+    from headscope.engine.service.engine import Engine
 
     sources, _, timeline = shipped
     app = shipped_app(shipped)
@@ -332,7 +337,7 @@ async def test_without_a_timeline_key_8_says_how_to_open_one() -> None:
 
 async def test_a_burst_of_step_keys_opens_one_step_and_closes_the_engines_it_replaces(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import headscope.tui.timeline_mode as timeline_mode
+    import headscope.tui.screens.timeline as timeline_mode
 
     # A burst is keys closer together than the scrub delay; on a busy machine Pilot's presses
     # can be 0.15 s apart, so the test widens the delay rather than racing it.
@@ -426,8 +431,8 @@ def test_timeline_tab_120x40(snap_compare: Any) -> None:
 def test_the_timeline_keys_are_in_the_help_and_collide_with_no_other_key() -> None:
     from rich.console import Console
 
-    from headscope.tui.keymap import APP_BINDINGS
-    from headscope.tui.screens import help_table
+    from headscope.tui.base.keymap import APP_BINDINGS
+    from headscope.tui.screens.dialogs import help_table
     from headscope.tui.widgets.head_tree import HeadTree as Tree
 
     console = Console(width=200, record=True)
@@ -442,7 +447,7 @@ def test_the_timeline_keys_are_in_the_help_and_collide_with_no_other_key() -> No
 
 async def test_a_timeline_that_cannot_be_computed_is_a_one_line_notification(
         tmp_path: Path) -> None:
-    from headscope.engine.errors import ShapeMismatchError
+    from headscope.engine.core.errors import ShapeMismatchError
 
     sources = [StepSource(s, tmp_path / f"step-{s}") for s in (0, 1)]
 
@@ -466,7 +471,7 @@ async def test_the_changes_are_listed_even_if_the_pane_missed_the_computed_messa
         shipped: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """In the real app the timeline can finish before the tab is first shown; the list of
     phase changes must not depend on the pane having handled that one message."""
-    from headscope.tui.timeline_mode import TimelineComputed
+    from headscope.tui.screens.timeline import TimelineComputed
 
     post = TimelinePane.post_message
 
@@ -488,7 +493,7 @@ async def test_the_changes_are_listed_even_if_the_pane_missed_the_computed_messa
 async def test_the_explorer_scores_the_series_through_the_results_store(tmp_path: Path) -> None:
     """With the default settings the steps' sweeps land in the results store (conftest points
     it at a temp dir), one entry per step, so the series opens from it the next time."""
-    from headscope.engine.store import default_store
+    from headscope.engine.sweeps.store import default_store
 
     root = tmp_path / "run"
     for i, step in enumerate((0, 100)):

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from headscope.tui.app import HeadscopeApp
-from headscope.tui.settings import Settings
+from headscope.tui.base.settings import Settings
 
 VIEWS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("qk", ("1",)),
@@ -121,7 +121,7 @@ async def shoot_compare(out: Path, compare: Path, model: Path | None, *,
 async def shoot_timeline(out: Path, series: Path, *, head: tuple[int, int], step: int = 675,
                          size: tuple[int, int] = (120, 40)) -> list[Path]:
     """The Timeline tab of ``headscope --timeline series``, scrubbed to ``step`` (real engines)."""
-    from headscope.tui.timeline_mode import open_timeline
+    from headscope.tui.screens.timeline import open_timeline
 
     mode = open_timeline(series)
     app = HeadscopeApp(timeline=mode, settings=Settings(), output_dir=out)
@@ -148,8 +148,8 @@ async def shoot_timeline(out: Path, series: Path, *, head: tuple[int, int], step
 
 def strongest_induction_head(model: Path) -> tuple[int, int]:
     """(layer, head) with the highest induction score (engine.scores, seed 0)."""
-    from headscope.engine.loading import open_model
-    from headscope.engine.scores import behaviour_scores
+    from headscope.engine.circuits.scores import behaviour_scores
+    from headscope.engine.model.loading import open_model
 
     scores = behaviour_scores(open_model(model).weights, seed=0)["induction"].nan_to_num(-1.0)
     layer, head = divmod(int(scores.argmax()), scores.shape[1])

@@ -30,7 +30,7 @@ from textual.app import App
 from textual.binding import BindingType
 from textual.notifications import SeverityLevel
 
-from headscope.engine.errors import HeadscopeError
+from headscope.engine.core.errors import HeadscopeError
 from headscope.sample_models import bundled_model
 from headscope.themes import (
     ALIASES,
@@ -41,14 +41,13 @@ from headscope.themes import (
     THEMES,
     colormap_for,
 )
-
-from .colormode import detect_color_mode
-from .compare_mode import CompareMode
-from .datatext import printable
-from .keymap import APP_BINDINGS
-from .opening import READY_ACTIONS, OpeningScreen
-from .settings import Settings, load_settings
-from .timeline_mode import TimelineMode
+from headscope.tui.base.colormode import detect_color_mode
+from headscope.tui.base.datatext import printable
+from headscope.tui.base.keymap import APP_BINDINGS
+from headscope.tui.base.settings import Settings, load_settings
+from headscope.tui.screens.opening import READY_ACTIONS, OpeningScreen
+from headscope.tui.screens.timeline import TimelineMode
+from headscope.tui.session.compare import CompareMode
 
 # First frame (docs/internals.md): this module imports Textual and small modules only. The
 # explorer (numpy, plotext, the engine's results) is imported after the first frame is painted.
@@ -56,15 +55,15 @@ if TYPE_CHECKING:
     from textual.command import Provider
     from textual.screen import Screen
 
-    from .engine_api import ExplorerEngine
-    from .explorer import ExplorerScreen
+    from headscope.tui.base.protocols import ExplorerEngine
+    from headscope.tui.screens.explorer import ExplorerScreen
 
 __all__ = ["HeadscopeApp", "bundled_model", "run_app"]  # and FILTER_THRESHOLD, lazily
 
 
 def __getattr__(name: str) -> Any:
     if name == "FILTER_THRESHOLD":  # the explorer's, re-exported (imported on first use)
-        from .explorer import FILTER_THRESHOLD
+        from headscope.tui.screens.explorer import FILTER_THRESHOLD
 
         return FILTER_THRESHOLD
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -72,7 +71,7 @@ def __getattr__(name: str) -> Any:
 
 def _commands() -> type[Provider]:
     """The command palette's headscope commands (imported when the palette first opens)."""
-    from .palette import HeadscopeCommands
+    from headscope.tui.screens.palette import HeadscopeCommands
 
     return HeadscopeCommands
 
@@ -113,8 +112,8 @@ async def _in_daemon_thread(work: Callable[[], None]) -> None:
 
 def default_engine_factory(path: str, raw: bool, cache_mb: int = 256,
                            cache_disk_mb: int = 0) -> ExplorerEngine:
-    from headscope.engine.service import Engine
-    from headscope.engine.store import default_store
+    from headscope.engine.service.engine import Engine
+    from headscope.engine.sweeps.store import default_store
 
     store = default_store(cache_disk_mb) if cache_disk_mb > 0 else None
     return Engine(path, raw=raw, cache_bytes=cache_mb << 20, store=store)
@@ -193,7 +192,7 @@ class HeadscopeApp(App[None]):
     def explorer(self) -> ExplorerScreen:
         """The explorer screen (imported and made on first use, not necessarily mounted)."""
         if self._explorer is None:
-            from .explorer import ExplorerScreen
+            from headscope.tui.screens.explorer import ExplorerScreen
 
             self._explorer = ExplorerScreen(**self._explorer_options)
         return self._explorer
@@ -231,7 +230,7 @@ class HeadscopeApp(App[None]):
         await self.push_screen(self.explorer)
 
     def _prepare_explorer(self) -> None:
-        import headscope.tui.explorer  # noqa: F401  (numpy, plotext, the views: ~0.3 s)
+        import headscope.tui.screens.explorer  # noqa: F401  (numpy, plotext, the views: ~0.3 s)
 
         self._read_structure()
 
@@ -248,7 +247,7 @@ class HeadscopeApp(App[None]):
             self.compare.open(self.engine_factory, self.raw)
 
     def _read_structure(self) -> None:
-        from headscope.engine.loading import read_structure  # header + config only: no torch
+        from headscope.engine.model.loading import read_structure  # header + config only: no torch
 
         try:
             self.structure = dict(read_structure(self.path))
@@ -292,7 +291,7 @@ class HeadscopeApp(App[None]):
         self._after_open()
 
     def _after_open(self) -> None:
-        from .explorer import ModelFailed
+        from headscope.tui.screens.explorer import ModelFailed
 
         if self.engine is None:
             self.report(self.open_error or "cannot open the model")
@@ -302,7 +301,7 @@ class HeadscopeApp(App[None]):
         self.run_worker(self._startup(self.engine), group="startup", exit_on_error=False)
 
     async def _startup(self, engine: ExplorerEngine) -> None:
-        from .explorer import ModelFailed, ModelReady
+        from headscope.tui.screens.explorer import ModelFailed, ModelReady
 
         try:
             await engine.ready()
@@ -375,7 +374,7 @@ class HeadscopeApp(App[None]):
 
     # -- help, files ----------------------------------------------------------------------
     def action_help(self) -> None:
-        from .screens import HelpScreen
+        from headscope.tui.screens.dialogs import HelpScreen
 
         self.push_screen(HelpScreen(self.keymap_in_use))
 
@@ -391,7 +390,7 @@ class HeadscopeApp(App[None]):
         return out
 
     def action_choose_output_dir(self) -> None:
-        from .screens import InputScreen
+        from headscope.tui.screens.dialogs import InputScreen
 
         def chosen(text: str | None) -> None:
             if text:

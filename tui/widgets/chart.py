@@ -18,8 +18,7 @@ from textual.theme import Theme
 from textual_plotext import PlotextPlot
 
 from headscope.themes import COLORMAPS
-
-from ..plots import Colours, Figure, build
+from headscope.tui.plots.figures import Colours, Figure, build
 
 CACHE_ENTRIES = 8
 

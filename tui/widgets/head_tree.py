@@ -18,9 +18,16 @@ from textual.message import Message
 from textual.widgets import Tree
 from textual.widgets.tree import TreeNode
 
-from headscope.engine.results import HeadScores, ScoreNull
-
-from ..adapt import BADGES, SINK_BADGE, filter_value, filter_z, score, sink, z_text
+from headscope.engine.core.results import HeadScores, ScoreNull
+from headscope.tui.base.labels import (
+    BADGES,
+    SINK_BADGE,
+    filter_value,
+    filter_z,
+    score,
+    sink,
+    z_text,
+)
 
 Head = tuple[int, int]
 NONFINITE_FLAG = "bold white on red"

@@ -1,0 +1,2 @@
+"""The notebook and CLI facade: JSON-ready reports and the ``Model`` methods.
+"""

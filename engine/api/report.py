@@ -1,0 +1,283 @@
+"""Plain-data reports of a model: what the CLI prints, exports write and notebooks read.
+
+Each report is a request validated by ``engine.requests`` and computed by ``engine.compute``
+(the functions the explorer's ``Engine`` runs), turned into JSON-ready Python values
+(lists, floats, ints, strings) under the public names of ``requests.SCORE_NAMES``. Non-finite
+floats become ``None`` only at serialisation time (``engine.export.jsonable``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+from headscope.engine.core import validation as requests
+from headscope.engine.core.validation import ABLATION_EFFECT, NULL_SAMPLES, SCORE_NAMES, SEED
+from headscope.engine.model.caveats import ov_caveats, qk_caveats
+from headscope.engine.sweeps import compute
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from headscope.engine.core.results import (
+        CircuitBlock,
+        Composition,
+        ScoreNull,
+        ScoreTable,
+        SingularDirections,
+        VirtualPath,
+    )
+    from headscope.engine.model.loading import Model
+    from headscope.engine.sweeps.cluster import Cluster
+    from headscope.engine.sweeps.compute import Progress
+    from headscope.engine.sweeps.store import ResultStore
+
+
+def head_table(
+    model: Model,
+    *,
+    seed: int = SEED,
+    ablation: bool = False,
+    calibrated: bool = True,
+    store: ResultStore | None = None,
+    progress: Progress = None,
+    cluster: Cluster | None = None,
+) -> list[dict[str, Any]]:
+    """One row per head with every weight-based and behavioural score, and (``calibrated``)
+    each score's z against random heads, ``<name>_z`` (``compute.score_null``).
+
+    ``ablation`` adds ``ablation_effect``: the loss increase on the second copy of the same
+    seeded repeated random tokens when the head is zero-ablated (``scores.ablation_effects``;
+    a forward pass per head, so off by default). ``store``: the on-disk results store
+    (``engine.store``) to read finished parts from and write new ones to.
+    """
+    entry = None if store is None else store.for_model(model)
+    # progress: the sweep (with the calibration's random heads), then the ablation sweep
+    split = 0.5 if ablation else 1.0
+    # the random heads' behaviour (the z's) comes from the real heads' forward pass
+    table, null = compute.calibrated_score_table(
+        model, seed, compute._part(progress, 0.0, split), store=entry, cluster=cluster,
+        null_samples=NULL_SAMPLES if calibrated else None)
+    effects = None
+    if ablation:
+        effects = compute.ablation_effects(model, seed, compute._part(progress, split, 1.0), store=entry)
+    if progress is not None:
+        progress(1.0)
+    return score_rows(table, effects, null)
+
+
+WEIGHT_SCORE_NAMES = ("copying_score", "qk_positivity")  # the scores without a forward pass
+
+
+def weight_table(model: Model, *, store: ResultStore | None = None,
+                 progress: Progress = None) -> list[dict[str, Any]]:
+    """``head_table`` without the behavioural scores (no forward pass; torch-free where
+    ``engine.fast`` applies): ``layer``, ``head``, ``WEIGHT_SCORE_NAMES``, ``nonfinite``.
+    ``store``: the same stored parts as ``head_table``'s spectral sweeps (either command
+    reads what the other wrote)."""
+    entry = None if store is None else store.for_model(model)
+    found = compute.weight_scores(model, progress, store=entry)
+    n_layers, n_heads = found["nonfinite"].shape
+    return [{"layer": layer, "head": head,
+             **{name: float(found[name][layer, head]) for name in WEIGHT_SCORE_NAMES},
+             "nonfinite": bool(found["nonfinite"][layer, head])}
+            for layer in range(n_layers) for head in range(n_heads)]
+
+
+def score_rows(table: ScoreTable, effects: np.ndarray | None = None,
+               null: ScoreNull | None = None) -> list[dict[str, Any]]:
+    """``table`` (and ablation ``effects``, and with a ``null`` each score's ``<name>_z``) as
+    one dict per head, layer by layer."""
+    z = {name: null.z(name, getattr(table, name)) for name in SCORE_NAMES} if null else {}
+    rows = []
+    for layer in range(table.n_layers):
+        for head in range(table.n_heads):
+            row: dict[str, Any] = {"layer": layer, "head": head}
+            row.update({name: float(getattr(table, name)[layer, head]) for name in SCORE_NAMES})
+            row.update({f"{name}_z": float(values[layer, head]) for name, values in z.items()})
+            if effects is not None:
+                row[ABLATION_EFFECT] = float(effects[layer, head])
+            # NaN/inf weights or products that overflow float32, or non-finite attention
+            # (compute.nonfinite_heads): the head's scores cannot all be trusted.
+            row["nonfinite"] = bool(table.nonfinite[layer, head])
+            rows.append(row)
+    return rows
+
+
+def sort_rows(rows: list[dict[str, Any]], key: str | None) -> list[dict[str, Any]]:
+    """Sort descending by ``key`` (NaN last); ``None`` keeps layer/head order."""
+    if key is None:
+        return rows
+    columns = [k for k in rows[0] if k not in ("layer", "head", "nonfinite")] if rows else []
+    requests.check_sort_key(key, columns or [*SCORE_NAMES, ABLATION_EFFECT])
+
+    def k(r: dict[str, Any]) -> tuple[bool, float]:
+        v = r[key]
+        bad = v is None or (isinstance(v, float) and math.isnan(v))
+        return (bad, 0.0 if bad else -float(v))
+
+    return sorted(rows, key=k)
+
+
+def composition_report(
+    model: Model,
+    kind: Literal["q", "k", "v"],
+    *,
+    top: int = 10,
+    seed: int = SEED,
+    store: ResultStore | None = None,
+    progress: Progress = None,
+    cluster: Cluster | None = None,
+    on_tile: Callable[[int, int, np.ndarray], None] | None = None,
+) -> dict[str, Any]:
+    """All ``kind``-composition scores ``[L][H][L][H]``, the baseline and the top edges.
+    ``on_tile(source_layer, target_layer, scores [H, H])``: each layer pair as it is done."""
+    requests.check_composition_kind(kind, str(model.path))
+    entry = None if store is None else store.for_model(model)
+    comp = compute.composition(model, kind, seed, progress, top=top, store=entry, cluster=cluster,
+                               on_tile=on_tile)
+    return composition_dict(comp, seed)
+
+
+def composition_dict(comp: Composition, seed: int = SEED) -> dict[str, Any]:
+    """A ``Composition`` result as the JSON the CLI prints and exports write."""
+    baseline = float(comp.baseline)
+    return {
+        "kind": comp.kind,
+        "baseline": baseline,
+        "seed": seed,
+        "scores": comp.scores.tolist(),
+        "top_edges": [
+            {
+                "source": [l1, h1],
+                "target": [l2, h2],
+                "score": float(comp.scores[l1, h1, l2, h2]),
+                "above_baseline": above,
+            }
+            for l1, h1, l2, h2, above in comp.top_edges
+        ],
+    }
+
+
+def forward_report(model: Model, tokens: Sequence[int]) -> dict[str, Any]:
+    """Logits ``[pos][vocab]`` and attention patterns ``[layer][head][query][key]``."""
+    requests.check_tokens(model.structure(), tokens, str(model.path))
+    result = compute.forward_tokens(model, tokens)
+    return {
+        "tokens": list(tokens),
+        "token_strings": [compute.label(model.tokenizer, t) for t in tokens],
+        "logits": result.logits[0].tolist(),
+        "patterns": result.patterns[0].tolist(),
+    }
+
+
+def circuit_report(
+    model: Model,
+    layer: int,
+    head: int,
+    kind: Literal["qk", "ov"],
+    *,
+    basis: Literal["token", "position"] = "token",
+    rows: Sequence[int] | None = None,
+    cols: Sequence[int] | None = None,
+    offset: int = 0,
+) -> dict[str, Any]:
+    """A ``rows × cols`` block of a head's circuit in the token or position basis.
+
+    token basis: QK is ``W_E QK W_Eᵀ`` (query token × key token), OV is the full OV circuit
+    ``W_E OV W_U`` (source token × output token). position basis (QK only): ``W_pos QK
+    W_posᵀ`` for learned positions, or ``W_E W_Q R(Δ) W_Kᵀ W_Eᵀ`` at ``offset`` Δ for rotary.
+    """
+    req = requests.circuit_request(
+        model.structure(), layer, head, kind, basis, rows, cols, offset, where=str(model.path)
+    )
+    return circuit_dict(compute.circuit_block(model, req, numpy=True), model)  # no torch import
+
+
+def circuit_dict(block: CircuitBlock, model: Model) -> dict[str, Any]:
+    """A ``CircuitBlock`` as the JSON the CLI prints and exports write."""
+    return {
+        "layer": block.layer,
+        "head": block.head,
+        "kind": block.kind,
+        "basis": block.basis,
+        "offset": block.offset if model.cfg.positional == "rotary" else None,
+        "processed": not model.raw,
+        "unembedding_tied": model.cfg.tied_unembed,
+        "approximations": ov_caveats(model.cfg) if block.kind == "ov" else qk_caveats(model.cfg),
+        "rows": list(block.row_ids),
+        "cols": list(block.col_ids),
+        "row_labels": list(block.row_labels),
+        "col_labels": list(block.col_labels),
+        "values": block.values.tolist(),
+    }
+
+
+def svd_report(model: Model, layer: int, head: int, kind: Literal["qk", "ov"], *, k: int = 5,
+               top: int = 10) -> dict[str, Any]:
+    """The top ``k`` singular directions of a head's full OV / token QK circuit as tokens
+    (``compute.singular_directions``), ``top`` tokens a side ranked by ``|value|``."""
+    requests.check_svd(model.structure(), layer, head, kind, k, top, str(model.path))
+    return svd_dict(compute.singular_directions(model, layer, head, kind, k, top))
+
+
+def _tokens(ids: Sequence[int], labels: Sequence[str], values: Any) -> list[dict[str, Any]]:
+    return [{"id": int(i), "token": t, "value": float(v)}
+            for i, t, v in zip(ids, labels, values, strict=True)]
+
+
+def svd_dict(found: SingularDirections) -> dict[str, Any]:
+    """A ``SingularDirections`` result as the JSON ``headscope svd --json`` prints."""
+    return {
+        "layer": found.layer,
+        "head": found.head,
+        "kind": found.kind,
+        "singular_values": [float(s) for s in found.singular_values],
+        "overlap": found.overlap,
+        "directions": [
+            {
+                "index": d.index,
+                "sigma": d.sigma,
+                "overlap": d.overlap,
+                "in_tokens": _tokens(d.in_ids, d.in_labels, d.in_values),
+                "out_tokens": _tokens(d.out_ids, d.out_labels, d.out_values),
+            }
+            for d in found.directions
+        ],
+    }
+
+
+def path_report(model: Model, source: tuple[int, int], target: tuple[int, int], *,
+                rows: Sequence[int] | None = None, cols: Sequence[int] | None = None,
+                seed: int = SEED) -> dict[str, Any]:
+    """The virtual heads of the path ``source → target`` (``compute.virtual_path``)."""
+    req = requests.check_path(model.structure(), source, target, rows, cols, where=str(model.path))
+    return path_dict(compute.virtual_path(model, req, seed))
+
+
+def _complex(values: Any) -> list[list[float]]:
+    return [[float(v.real), float(v.imag)] for v in values]
+
+
+def path_dict(found: VirtualPath) -> dict[str, Any]:
+    """A ``VirtualPath`` result as the JSON ``headscope path --json`` prints."""
+    return {
+        "source": list(found.source),
+        "target": list(found.target),
+        "v_composition": {
+            "copying_score": found.v_copying_score,
+            "singular_values": [float(s) for s in found.v_singular_values],
+            "eigenvalues": _complex(found.v_eigenvalues),
+        },
+        "k_composition": {
+            "positivity": found.k_positivity,
+            "diagonal": found.k_diagonal,
+            "eigenvalues": _complex(found.k_eigenvalues),
+            "rows": list(found.row_ids),
+            "cols": list(found.col_ids),
+            "row_labels": list(found.row_labels),
+            "col_labels": list(found.col_labels),
+            "values": found.k_block.tolist(),
+        },
+    }

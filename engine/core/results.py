@@ -1,0 +1,289 @@
+"""What the `Engine` hands to the UI: frozen dataclasses of read-only numpy arrays.
+
+No torch here: the TUI imports these types without paying torch's import, and a result can
+be cached and shared between awaiting callers because nothing in it can be mutated.
+``nbytes(result)`` is what the per-head cache charges for keeping a result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from headscope.engine.core.validation import SCORE_NAMES
+
+Kind = Literal["qk", "ov"]
+Basis = Literal["token", "position"]
+CompositionKind = Literal["q", "k", "v"]
+Edge = tuple[int, int, int, int, float]  # (l1, h1, l2, h2, score - baseline)
+
+
+def readonly(values: Any, dtype: Any = None) -> np.ndarray:
+    """A private, read-only copy of ``values`` (numpy array, torch tensor or sequence)."""
+    if hasattr(values, "detach"):  # a torch tensor: leave torch without importing it
+        values = values.detach().cpu().numpy()
+    array = np.array(values, dtype=dtype, copy=True)
+    array.setflags(write=False)
+    return array
+
+
+@dataclass(frozen=True)
+class CircuitBlock:
+    """A block of a per-head circuit: ``values[i, j]`` = circuit[row_ids[i], col_ids[j]]."""
+
+    values: np.ndarray  # [r, c] float32
+    row_labels: tuple[str, ...]
+    col_labels: tuple[str, ...]
+    row_ids: tuple[int, ...]
+    col_ids: tuple[int, ...]
+    kind: Kind
+    basis: Basis
+    layer: int
+    head: int
+    vmin: float
+    vmax: float
+    note: str = ""  # e.g. "W_U is tied W_Eᵀ"
+    offset: int = 0  # rotary models: the query-key offset Δ the QK circuit is shown at
+
+
+@dataclass(frozen=True)
+class TopTokens:
+    """The output tokens a head's full OV circuit pushes up most for one source token."""
+
+    layer: int
+    head: int
+    source_token: int
+    source_label: str
+    ids: tuple[int, ...]
+    labels: tuple[str, ...]
+    values: np.ndarray  # [k] float32, largest first
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Spectrum:
+    """Eigenvalues of the full OV (or token QK) circuit, from the small ``BA`` matrix."""
+
+    eigenvalues: np.ndarray  # [d_head] complex64, largest |λ| first
+    score: float  # copying score (ov) or QK positivity (qk): Σ Re λ / Σ |λ|
+    kind: Kind
+    layer: int
+    head: int
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Rotary models: mean QK score of a head as a function of the query-key offset Δ."""
+
+    layer: int
+    head: int
+    offsets: tuple[int, ...]
+    values: np.ndarray  # [len(offsets)] float32
+
+
+@dataclass(frozen=True)
+class HeadScores:
+    """Every score of one head, under the public names of ``engine.requests.SCORE_NAMES``."""
+
+    layer: int
+    head: int
+    copying_score: float
+    qk_positivity: float
+    prev_token_score: float
+    duplicate_token_score: float
+    induction_score: float
+    attention_sink_score: float  # attention parked on the first token
+    delimiter_sink_score: float  # ... on delimiters (punctuation, newlines); NaN without a tokenizer
+    nonfinite: bool  # NaN/inf in this head's weights: scores are NaN, flag it in the UI
+
+
+@dataclass(frozen=True)
+class ScoreTable:
+    """Every score of every head; arrays are ``[n_layers, n_heads]``, named as ``HeadScores``."""
+
+    copying_score: np.ndarray
+    qk_positivity: np.ndarray
+    prev_token_score: np.ndarray
+    duplicate_token_score: np.ndarray
+    induction_score: np.ndarray
+    attention_sink_score: np.ndarray
+    delimiter_sink_score: np.ndarray
+    nonfinite: np.ndarray  # bool
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.nonfinite.shape[0])
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.nonfinite.shape[1])
+
+    def head(self, layer: int, head: int) -> HeadScores:
+        return HeadScores(
+            layer=layer,
+            head=head,
+            **{name: float(getattr(self, name)[layer, head]) for name in SCORE_NAMES},
+            nonfinite=bool(self.nonfinite[layer, head]),
+        )
+
+
+@dataclass(frozen=True)
+class Composition:
+    """Q/K/V composition scores between every pair of heads in different layers."""
+
+    kind: CompositionKind
+    scores: np.ndarray  # [L, H, L, H]; zero where source layer >= target layer
+    baseline: float  # expected score of random factors of the same shapes
+    top_edges: tuple[Edge, ...]  # (l1, h1, l2, h2, score - baseline), from rank_edges
+
+
+def rank_edges(scores: np.ndarray, baseline: float, top: int) -> tuple[Edge, ...]:
+    """The ``top`` composition edges furthest above ``baseline``, strongest first.
+
+    Only pairs whose source layer is before the target layer count; non-finite scores (a
+    pruned or NaN head) are left out. Ties keep layer/head order (a stable sort).
+    """
+    scores = np.asarray(scores)
+    n_layers = scores.shape[0]
+    earlier = np.arange(n_layers)[:, None, None, None] < np.arange(n_layers)[None, None, :, None]
+    with np.errstate(invalid="ignore"):
+        excess = np.where(earlier & np.isfinite(scores), scores.astype(np.float64) - baseline, -np.inf)
+    flat = np.argsort(-excess, axis=None, kind="stable")[: max(0, int(top))]
+    edges = []
+    for index in flat:
+        value = float(excess.flat[index])
+        if not np.isfinite(value):
+            break
+        l1, h1, l2, h2 = (int(i) for i in np.unravel_index(index, scores.shape))
+        edges.append((l1, h1, l2, h2, value))
+    return tuple(edges)
+
+
+@dataclass(frozen=True)
+class PromptView:
+    """One prompt through the model, seen from one head."""
+
+    tokens: tuple[str, ...]
+    ids: tuple[int, ...]
+    pattern: np.ndarray  # [q, k] attention of (layer, head)
+    dla: np.ndarray  # [pos] this head's direct logit attribution to each position's prediction
+    predicted: tuple[int, ...]  # [pos] the model's next-token prediction at each position
+    top_predictions: tuple[tuple[int, str, float], ...]  # last position: (id, label, prob)
+    truncated: bool  # the prompt was longer than n_ctx and was cut
+    layer: int
+    head: int
+
+
+@dataclass(frozen=True)
+class TokenDirection:
+    """One singular direction of a token circuit, read as tokens (docs/math.md, "Reading a
+    head"): the ``top`` tokens of largest ``|value|`` on each side, largest first."""
+
+    index: int
+    sigma: float
+    in_ids: tuple[int, ...]
+    in_labels: tuple[str, ...]
+    in_values: np.ndarray  # [top] float32, signed
+    out_ids: tuple[int, ...]
+    out_labels: tuple[str, ...]
+    out_values: np.ndarray  # [top] float32, signed
+    overlap: float  # signed overlap of the in- and out-token lists, in [-1, 1]
+
+
+@dataclass(frozen=True)
+class SingularDirections:
+    """The top-k singular directions of a head's full OV (in = source token, out = predicted
+    token) or token QK circuit (in = query token, out = key token)."""
+
+    layer: int
+    head: int
+    kind: Kind
+    singular_values: np.ndarray  # [k] float32, descending
+    directions: tuple[TokenDirection, ...]
+    overlap: float  # mean of the directions' overlaps: near 1 for a copying head
+
+
+@dataclass(frozen=True)
+class VirtualPath:
+    """Two heads in different layers read as one (docs/math.md, "Virtual heads").
+
+    V-composition: the virtual full OV ``W_E OV_A OV_B W_U``. K-composition: the path
+    ``W_E QK_B (W_E OV_A)ᵀ`` [query token, token moved by A], a block of it and its scores.
+    """
+
+    source: tuple[int, int]
+    target: tuple[int, int]
+    v_copying_score: float
+    v_eigenvalues: np.ndarray  # [d_head] complex64, largest |λ| first
+    v_singular_values: np.ndarray  # [d_head] float32, descending
+    k_positivity: float  # Σ Re λ / Σ |λ| of the K-path
+    k_diagonal: float  # fraction of sampled query tokens whose largest sampled key is themselves
+    k_eigenvalues: np.ndarray  # [d_head] complex64
+    k_block: np.ndarray  # [r, c] float32: rows = query tokens, cols = key-side tokens
+    row_ids: tuple[int, ...]
+    col_ids: tuple[int, ...]
+    row_labels: tuple[str, ...]
+    col_labels: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ScoreNull:
+    """Each score on random heads of the model's shapes and norms (docs/math.md, "Calibrated
+    scores"): ``mean``/``std`` are ``[n_layers]`` per score name; ``z`` calibrates a table."""
+
+    names: tuple[str, ...]
+    mean: np.ndarray  # [len(names), n_layers] float32
+    std: np.ndarray  # [len(names), n_layers] float32
+    samples: int
+    seed: int
+
+    def z(self, name: str, values: np.ndarray) -> np.ndarray:
+        """``(values - mean) / std`` for ``values [n_layers, n_heads]`` of score ``name``."""
+        i = self.names.index(name)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return ((np.asarray(values, np.float64) - self.mean[i][:, None])
+                    / self.std[i][:, None]).astype(np.float32)
+
+    def head_z(self, name: str, layer: int, value: float) -> float:
+        """``z`` of one head's score ``value`` in ``layer`` (the same number as ``z``'s)."""
+        i = self.names.index(name)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return float(np.float32((np.float64(value) - np.float64(self.mean[i, layer]))
+                                    / np.float64(self.std[i, layer])))
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    hits: int
+    misses: int
+    evictions: int
+    bytes: int
+    capacity: int
+    entries: int
+    in_flight: int
+    activity: str | None = None  # e.g. "composition k 40%" while a sweep runs
+    progress: float | None = None  # fraction done of the running sweep
+    origin: str = ""  # where the last sweep's numbers came from: "head scores: from the cache"
+
+
+def nbytes(result: Any) -> int:
+    """Bytes a cached result holds: its arrays plus a small fixed overhead per object."""
+    total = 256
+    if isinstance(result, np.ndarray):
+        return total + int(result.nbytes)
+    if isinstance(result, dict):
+        return total + sum(nbytes(v) for v in result.values())
+    if isinstance(getattr(result, "nbytes", None), int):  # objects that know their size
+        return total + int(result.nbytes)
+    if dataclasses.is_dataclass(result) and not isinstance(result, type):
+        for f in dataclasses.fields(result):
+            value = getattr(result, f.name)
+            if isinstance(value, np.ndarray):
+                total += int(value.nbytes)
+            elif isinstance(value, tuple):
+                total += 16 * len(value)
+                total += sum(len(v) for v in value if isinstance(v, str))
+    return total

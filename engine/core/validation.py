@@ -1,0 +1,280 @@
+"""Every request headscope answers is validated here, once: the CLI, the explorer's ``Engine``,
+the Python API and exports all call these checks before anything is computed.
+
+One set of score names (the public JSON names of ``headscope heads --json``; scripts use
+them, keep them stable), one set of limits, and one error type per mistake:
+
+- a layer, head, token id or position out of range: ``IndexOutOfRangeError``;
+- a kind, basis, sort key or option that does not exist, or does not apply to this model:
+  ``InvalidRequestError``;
+- a result bigger than the byte limit: ``ResourceLimitError``;
+- an empty prompt or token list: ``PromptError``.
+
+Checks read only the model's ``structure`` (``read_structure`` / ``Model.structure()``:
+header and config), so they run before torch is imported. Where a request is computed,
+cached and drawn: docs/internals.md, "The path of a request".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from headscope.engine.core.errors import (
+    IndexOutOfRangeError,
+    InvalidRequestError,
+    PromptError,
+    ResourceLimitError,
+)
+
+__all__ = [
+    "ABLATION_EFFECT",
+    "BASES",
+    "CIRCUIT_KINDS",
+    "COMPOSITION_KINDS",
+    "DEFAULT_BLOCK",
+    "MAX_RESULT_BYTES",
+    "PATH_SAMPLE",
+    "SCORE_NAMES",
+    "SEED",
+    "TOP_EDGES",
+    "Z_NAMES",
+    "CircuitRequest",
+    "PathRequest",
+    "check_composition_kind",
+    "check_head",
+    "check_path",
+    "check_prompt",
+    "check_result_bytes",
+    "check_rotary",
+    "check_sort_key",
+    "check_spectrum_kind",
+    "check_svd",
+    "check_token",
+    "check_tokens",
+    "circuit_request",
+    "prompt_bytes",
+]
+
+# The head scores, by their public names: HeadScores/ScoreTable fields, `heads --json` keys,
+# export columns, diff rows (`<name>_a`, `<name>_b`, `<name>_delta`). docs/math.md defines them.
+SCORE_NAMES: tuple[str, ...] = (
+    "copying_score",
+    "qk_positivity",
+    "prev_token_score",
+    "duplicate_token_score",
+    "induction_score",
+    "attention_sink_score",
+    "delimiter_sink_score",
+)
+# Each score calibrated against random heads (docs/math.md, "Calibrated scores"): `heads --json`.
+Z_NAMES: tuple[str, ...] = tuple(f"{name}_z" for name in SCORE_NAMES)
+ABLATION_EFFECT = "ablation_effect"  # opt-in (a forward pass per head), not part of HeadScores
+
+DEFAULT_BLOCK = 24  # rows/cols of a circuit block when the caller names none
+MAX_RESULT_BYTES = 256 << 20  # the most one result (a circuit block, a prompt's patterns) may hold
+SEED = 0  # seed of the behavioural / composition-baseline sequences (reproducible scores)
+# A composition edge counts (for "lost" / "gained") when its score beats the random-factor
+# baseline by this much. Trained circuits sit 0.05-0.15 above a baseline of ~0.09 at the
+# sample models' shapes, and the margin shrinks as d_head grows (the bundled attn-only-2l,
+# d_head 32: its previous-token → induction edges are +0.08), so 0.1 missed them.
+EDGE_THRESHOLD = 0.05
+TOP_EDGES = 50  # composition edges a Composition result lists, strongest first
+PATH_SAMPLE = 256  # token ids sampled for a K-path's diagonal rate
+NULL_SAMPLES = 64  # random heads per calibration null (engine.reading)
+
+CIRCUIT_KINDS = ("qk", "ov")
+BASES = ("token", "position")
+COMPOSITION_KINDS = ("q", "k", "v")
+
+Structure = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class CircuitRequest:
+    """A validated circuit block: ids in range, size within the limit, offset 0 unless rotary."""
+
+    layer: int
+    head: int
+    kind: str
+    basis: str
+    rows: tuple[int, ...]
+    cols: tuple[int, ...]
+    offset: int
+
+
+def check_head(structure: Structure, layer: int, head: int, where: str | None) -> None:
+    n_layers, n_heads = int(structure["n_layers"]), int(structure["n_heads"])
+    if not 0 <= int(layer) < n_layers:
+        raise IndexOutOfRangeError(
+            where, f"layer {layer} out of range (model has {n_layers} layers: 0..{n_layers - 1})"
+        )
+    if not 0 <= int(head) < n_heads:
+        raise IndexOutOfRangeError(
+            where, f"head {head} out of range (layer has {n_heads} heads: 0..{n_heads - 1})"
+        )
+
+
+def check_result_bytes(n_bytes: int, what: str, where: str | None, limit: int | None = None) -> None:
+    """``ResourceLimitError`` if a result would hold more than ``limit`` (default
+    ``MAX_RESULT_BYTES``) bytes."""
+    limit = MAX_RESULT_BYTES if limit is None else int(limit)
+    if n_bytes > limit:
+        raise ResourceLimitError(
+            where,
+            f"{what} would materialise {_size(n_bytes)}, over the limit of {_size(limit)}; "
+            "ask for a smaller block",
+        )
+
+
+def _size(n_bytes: int) -> str:
+    if n_bytes >= 1 << 20:
+        return f"{n_bytes / 2**20:.1f} MiB"
+    return f"{n_bytes / 2**10:.1f} KiB" if n_bytes >= 1 << 10 else f"{n_bytes} bytes"
+
+
+def _check_ids(ids: Sequence[int], n: int, what: str, where: str | None) -> None:
+    for i in ids:
+        if not 0 <= int(i) < n:
+            raise IndexOutOfRangeError(where, f"{what} {i} out of range 0..{n - 1}")
+
+
+def circuit_request(
+    structure: Structure,
+    layer: int,
+    head: int,
+    kind: str,
+    basis: str = "token",
+    rows: Sequence[int] | None = None,
+    cols: Sequence[int] | None = None,
+    offset: int = 0,
+    *,
+    where: str | None,
+    limit: int | None = None,
+) -> CircuitRequest:
+    """Validate a ``rows × cols`` block of a head's QK or OV circuit (``None``: the first
+    ``DEFAULT_BLOCK`` ids). The position basis is QK-only and learned-positions-only."""
+    check_head(structure, layer, head, where)
+    if kind not in CIRCUIT_KINDS or basis not in BASES:
+        raise InvalidRequestError(where, f"unknown circuit {kind!r} in basis {basis!r}")
+    if basis == "position" and kind != "qk":
+        raise InvalidRequestError(where, "the position basis exists for the QK circuit only")
+    positional = structure["positional"]
+    if basis == "position" and positional != "learned":
+        raise InvalidRequestError(
+            where,
+            f"{positional} positions have no positional QK matrix; use the token basis "
+            "with an offset (rotary) or rotary_profile",
+        )
+    n = int(structure["n_ctx"] if basis == "position" else structure["d_vocab"])
+    default = tuple(range(min(n, DEFAULT_BLOCK)))
+    row_ids = default if rows is None else tuple(int(i) for i in rows)
+    col_ids = default if cols is None else tuple(int(i) for i in cols)
+    _check_ids((*row_ids, *col_ids), n, basis, where)
+    check_result_bytes(4 * len(row_ids) * len(col_ids), f"a {len(row_ids)}×{len(col_ids)} block", where, limit)
+    return CircuitRequest(
+        layer=int(layer),
+        head=int(head),
+        kind=kind,
+        basis=basis,
+        rows=row_ids,
+        cols=col_ids,
+        offset=int(offset) if positional == "rotary" else 0,
+    )
+
+
+def check_spectrum_kind(kind: str, where: str | None) -> None:
+    if kind not in CIRCUIT_KINDS:
+        raise InvalidRequestError(where, f"spectrum kind must be 'ov' or 'qk', not {kind!r}")
+
+
+def check_composition_kind(kind: str, where: str | None) -> None:
+    if kind not in COMPOSITION_KINDS:
+        raise InvalidRequestError(where, f"composition kind must be q, k or v, not {kind!r}")
+
+
+def check_rotary(structure: Structure, where: str | None) -> None:
+    if structure["positional"] != "rotary":
+        raise InvalidRequestError(where, "rotary_profile needs a rotary model")
+
+
+def check_token(structure: Structure, token: int, where: str | None) -> None:
+    _check_ids((token,), int(structure["d_vocab"]), "token", where)
+
+
+def check_tokens(structure: Structure, tokens: Sequence[int], where: str | None) -> None:
+    """A token sequence for a forward pass: non-empty, ids in the vocabulary, within n_ctx."""
+    if not tokens:
+        raise PromptError(where, "empty token list: give at least one token")
+    _check_ids(tokens, int(structure["d_vocab"]), "token", where)
+    n_ctx = int(structure["n_ctx"])
+    if len(tokens) > n_ctx:
+        raise IndexOutOfRangeError(where, f"{len(tokens)} tokens exceed the context of {n_ctx}")
+
+
+def check_prompt(text: str, where: str | None) -> None:
+    if not text or not text.strip():
+        raise PromptError(where, "empty prompt: type some text first")
+
+
+def prompt_bytes(structure: Structure, n_tokens: int) -> int:
+    """float32 bytes of a prompt's patterns ``[L, H, n, n]`` and head outputs ``[L, H, n, d_model]``."""
+    heads = int(structure["n_layers"]) * int(structure["n_heads"])
+    return 4 * heads * n_tokens * (n_tokens + int(structure["d_model"]))
+
+
+def check_sort_key(key: str | None, columns: Sequence[str]) -> None:
+    """A ``--sort`` key must be one of the score columns."""
+    if key is not None and key not in columns:
+        raise InvalidRequestError(None, f"unknown sort key {key!r}; choose from {', '.join(columns)}")
+
+
+def check_svd(structure: Structure, layer: int, head: int, kind: str, k: int, top: int,
+              where: str | None) -> None:
+    """Singular directions of a head: a QK or OV circuit, ``k >= 1`` directions (at most
+    ``d_head`` exist) and ``1 <= top <= d_vocab`` tokens a side."""
+    check_head(structure, layer, head, where)
+    check_spectrum_kind(kind, where)
+    if int(k) < 1:
+        raise InvalidRequestError(where, f"--k must be at least 1, not {k}")
+    d_vocab = int(structure["d_vocab"])
+    if not 1 <= int(top) <= d_vocab:
+        raise InvalidRequestError(where, f"--top must be in 1..{d_vocab}, not {top}")
+
+
+@dataclass(frozen=True)
+class PathRequest:
+    """A validated composition path: ``source`` in an earlier layer than ``target``."""
+
+    source: tuple[int, int]
+    target: tuple[int, int]
+    rows: tuple[int, ...]
+    cols: tuple[int, ...]
+
+
+def check_path(
+    structure: Structure,
+    source: tuple[int, int],
+    target: tuple[int, int],
+    rows: Sequence[int] | None = None,
+    cols: Sequence[int] | None = None,
+    *,
+    where: str | None,
+    limit: int | None = None,
+) -> PathRequest:
+    """Two heads, the first in an earlier layer, and a token block of the K-path (``None``:
+    the first ``DEFAULT_BLOCK`` ids)."""
+    check_head(structure, *source, where)
+    check_head(structure, *target, where)
+    if int(source[0]) >= int(target[0]):
+        raise InvalidRequestError(
+            where, f"a path runs from an earlier layer to a later one, not L{source[0]} to L{target[0]}"
+        )
+    n = int(structure["d_vocab"])
+    default = tuple(range(min(n, DEFAULT_BLOCK)))
+    row_ids = default if rows is None else tuple(int(i) for i in rows)
+    col_ids = default if cols is None else tuple(int(i) for i in cols)
+    _check_ids((*row_ids, *col_ids), n, "token", where)
+    check_result_bytes(4 * len(row_ids) * len(col_ids), f"a {len(row_ids)}×{len(col_ids)} block", where, limit)
+    return PathRequest((int(source[0]), int(source[1])), (int(target[0]), int(target[1])), row_ids, col_ids)

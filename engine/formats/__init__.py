@@ -1,0 +1,3 @@
+"""Checkpoint file formats: safetensors and GGUF headers, tokenizers. Reads bytes; knows
+nothing of models (docs/internals.md, "Layers").
+"""

@@ -1,0 +1,295 @@
+"""Read and validate the header of a llama.cpp GGUF file (no torch, no tensor data).
+
+Layout (GGUF versions 2 and 3, little-endian): the magic ``GGUF``, a ``u32`` version, ``u64``
+tensor and metadata counts, the metadata key/value pairs (typed: integers, floats, bools,
+strings, arrays), one info record per tensor (name, dims, ggml type, offset), then, aligned to
+``general.alignment`` (32 by default), the data buffer the offsets point into.
+
+Everything a later read relies on is checked here, as ``safetensors_header`` does for
+safetensors: every count and length is bounded (and by the bytes left in the file) before
+anything is allocated, strings are UTF-8, arrays are not nested deeper than one level, every
+tensor has a known ggml type, a row length that is a whole number of its type's blocks, an
+aligned offset, and bytes inside the file that overlap no other tensor's. A failure is a
+``CorruptFileError`` naming the file. Nothing here evaluates anything from the file.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import mmap
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from headscope.engine.core.errors import CorruptFileError, UnsupportedFormatError
+
+MAGIC = b"GGUF"
+VERSIONS = (2, 3)
+MAX_KV = 100_000  # real files have a few dozen keys
+MAX_TENSORS = 1_000_000  # real files have a few thousand tensors
+MAX_ARRAY = 50_000_000  # the largest real arrays are vocabularies and merge lists (~10^5..10^6)
+MAX_STRING = 100_000_000  # a chat template is a few KB; bounded anyway by the file size
+MAX_DIMS = 4  # GGML_MAX_DIMS
+MAX_DIM = 1 << 40
+DEFAULT_ALIGNMENT = 32
+
+# Metadata value types of the GGUF spec: id -> (name, struct format or None).
+_UINT8, _INT8, _UINT16, _INT16, _UINT32, _INT32, _FLOAT32, _BOOL, _STRING, _ARRAY = range(10)
+_UINT64, _INT64, _FLOAT64 = 10, 11, 12
+_SCALARS: dict[int, str] = {
+    _UINT8: "<B", _INT8: "<b", _UINT16: "<H", _INT16: "<h", _UINT32: "<I", _INT32: "<i",
+    _FLOAT32: "<f", _BOOL: "<?", _UINT64: "<Q", _INT64: "<q", _FLOAT64: "<d",
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class GGUFTensorInfo:
+    name: str
+    shape: tuple[int, ...]  # row-major (PyTorch/numpy order): ggml's ne reversed
+    ggml_type: int
+    type_name: str  # "F32", "Q4_K", ...
+    offset: int  # absolute byte offset in the file
+    nbytes: int
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class GGUFHeader:
+    path: str
+    version: int
+    file_size: int
+    alignment: int
+    data_start: int
+    metadata: dict[str, Any] = field(repr=False)
+    tensors: dict[str, GGUFTensorInfo] = field(repr=False)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.metadata.get(key, default)
+
+
+def quant_sizes() -> dict[int, tuple[str, int, int]]:
+    """ggml type id -> (name, elements per block, bytes per block), from the ``gguf`` package
+    (llama.cpp's own table, so new types need no change here)."""
+    from gguf.constants import GGML_QUANT_SIZES
+
+    return {int(t): (t.name, block, size) for t, (block, size) in GGML_QUANT_SIZES.items()}
+
+
+def is_gguf(path: str | os.PathLike[str]) -> bool:
+    """Whether the file starts with the GGUF magic (whatever its name)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == MAGIC
+    except OSError:
+        return False
+
+
+class _Cursor:
+    """Sequential reads of a memory-mapped file that never run past its end (the header only is
+    touched; its pages are not kept resident after ``read_gguf_header`` returns)."""
+
+    def __init__(self, buf: Any, path: str, size: int) -> None:
+        self.buf, self.path, self.size, self.pos = buf, path, size, 0
+
+    def left(self) -> int:
+        return self.size - self.pos
+
+    def take(self, n: int, what: str) -> bytes:
+        if n > self.left():
+            raise CorruptFileError(
+                self.path,
+                f"truncated GGUF file: {what} needs {n:,} bytes at offset {self.pos:,}, "
+                f"only {self.left():,} left",
+            )
+        data = self.buf[self.pos : self.pos + n]
+        self.pos += n
+        return data
+
+    def scalar(self, fmt: str, what: str) -> Any:
+        return struct.unpack(fmt, self.take(struct.calcsize(fmt), what))[0]
+
+    def u32(self, what: str) -> int:
+        return self.scalar("<I", what)
+
+    def u64(self, what: str) -> int:
+        return self.scalar("<Q", what)
+
+    def count(self, what: str, limit: int, min_item: int) -> int:
+        """A u64 count, bounded by ``limit`` and by the bytes left (each item >= ``min_item``)."""
+        n = self.u64(what)
+        if n > limit or n * min_item > self.left():
+            raise CorruptFileError(
+                self.path,
+                f"bad GGUF header: {what} is {n:,}, impossible for a file of {self.size:,} bytes "
+                f"(limit {limit:,})",
+            )
+        return n
+
+    def string(self, what: str, strict: bool = True) -> str:
+        """A UTF-8 string; names must decode, values (token strings of some vocabularies hold
+        partial UTF-8 sequences) get U+FFFD for undecodable bytes."""
+        n = self.count(f"length of {what}", MAX_STRING, 1)
+        raw = self.take(n, what)
+        try:
+            return raw.decode("utf-8", errors="strict" if strict else "replace")
+        except UnicodeDecodeError:
+            raise CorruptFileError(self.path, f"bad GGUF header: {what} is not UTF-8") from None
+
+
+def read_gguf_header(path: str | os.PathLike[str]) -> GGUFHeader:
+    """Parse and validate the header of the GGUF file at ``path`` (reads no tensor data)."""
+    p = str(Path(path))
+    try:
+        with open(p, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size == 0:
+                raise CorruptFileError(p, "not a GGUF file (wrong magic; expected 'GGUF'): the file is empty")
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                return _parse(_Cursor(mm, p, size))
+    except (OSError, ValueError) as e:
+        raise CorruptFileError(p, f"cannot read GGUF file: {getattr(e, 'strerror', None) or e}") from None
+
+
+def _parse(c: _Cursor) -> GGUFHeader:
+    if c.size < 4 or c.take(4, "magic") != MAGIC:
+        raise CorruptFileError(c.path, "not a GGUF file (wrong magic; expected 'GGUF')")
+    version = c.u32("version")
+    if version not in VERSIONS:
+        hint = " (a big-endian file?)" if version > 0xFFFF else ""
+        raise CorruptFileError(
+            c.path, f"unsupported GGUF version {version}{hint}; headscope reads versions 2 and 3"
+        )
+    # Minimal sizes: a tensor info is >= 8 (name length) + 4 + 4 + 8 bytes, a key/value >= 8 + 4.
+    n_tensors = c.count("tensor count", MAX_TENSORS, 24)
+    n_kv = c.count("metadata count", MAX_KV, 12)
+    metadata: dict[str, Any] = {}
+    for i in range(n_kv):
+        key = c.string(f"metadata key #{i}")
+        if key in metadata:
+            raise CorruptFileError(c.path, f"bad GGUF header: duplicate metadata key {key!r}")
+        value_type = c.u32(f"type of {key!r}")
+        metadata[key] = _value(c, value_type, key, depth=0)
+    alignment = _alignment(c, metadata)
+    try:
+        sizes = quant_sizes()
+    except ImportError:
+        raise UnsupportedFormatError(
+            c.path, "reading GGUF files needs llama.cpp's gguf package: pip install gguf"
+        ) from None
+    infos = [_tensor_info(c, i, sizes) for i in range(n_tensors)]
+    data_start = -(-c.pos // alignment) * alignment
+    tensors = _place(c, infos, data_start, alignment)
+    return GGUFHeader(c.path, version, c.size, alignment, data_start, metadata, tensors)
+
+
+def _value(c: _Cursor, value_type: int, key: str, depth: int) -> Any:
+    if value_type in _SCALARS:
+        return c.scalar(_SCALARS[value_type], f"value of {key!r}")
+    if value_type == _STRING:
+        return c.string(f"value of {key!r}", strict=False)
+    if value_type == _ARRAY and depth == 0:
+        item_type = c.u32(f"array type of {key!r}")
+        if item_type in _SCALARS:
+            fmt = _SCALARS[item_type]
+            item = struct.calcsize(fmt)
+            n = c.count(f"length of array {key!r}", MAX_ARRAY, item)
+            return list(struct.unpack(f"<{n}{fmt[1]}", c.take(n * item, f"array {key!r}")))
+        if item_type == _STRING:
+            n = c.count(f"length of array {key!r}", MAX_ARRAY, 8)
+            return _strings(c, n, key)
+        if item_type == _ARRAY:
+            n = c.count(f"length of array {key!r}", MAX_ARRAY, 12)
+            return [_value(c, _ARRAY, key, depth + 1) for _ in range(n)]
+        raise CorruptFileError(c.path, f"bad GGUF header: array {key!r} has unknown item type {item_type}")
+    if value_type == _ARRAY:
+        raise CorruptFileError(c.path, f"bad GGUF header: arrays nested too deep in {key!r}")
+    raise CorruptFileError(c.path, f"bad GGUF header: metadata {key!r} has unknown type {value_type}")
+
+
+_U64 = struct.Struct("<Q")
+
+
+def _strings(c: _Cursor, n: int, key: str) -> list[str]:
+    """``n`` strings (a vocabulary or merge list: up to ~10^6), read in one tight loop."""
+    buf, pos, size, unpack = c.buf, c.pos, c.size, _U64.unpack_from
+    out: list[str] = []
+    append = out.append
+    for i in range(n):
+        if pos + 8 > size:
+            c.pos = pos
+            c.take(8, f"length of item {i} of {key!r}")  # raises: truncated
+        (k,) = unpack(buf, pos)
+        pos += 8
+        if k > MAX_STRING or k > size - pos:
+            c.pos = pos
+            raise CorruptFileError(
+                c.path, f"truncated GGUF file: item {i} of {key!r} claims {k:,} bytes at offset {pos:,}"
+            )
+        append(buf[pos : pos + k].decode("utf-8", errors="replace"))
+        pos += k
+    c.pos = pos
+    return out
+
+
+def _alignment(c: _Cursor, metadata: dict[str, Any]) -> int:
+    a = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+    if isinstance(a, bool) or not isinstance(a, int) or a < 1 or a > 1 << 20 or a & (a - 1):
+        raise CorruptFileError(c.path, f"bad GGUF header: general.alignment {a!r} is not a power of two")
+    return a
+
+
+def _tensor_info(c: _Cursor, i: int, sizes: dict[int, tuple[str, int, int]]) -> GGUFTensorInfo:
+    name = c.string(f"name of tensor #{i}")
+    n_dims = c.u32(f"dims of {name!r}")
+    if not 1 <= n_dims <= MAX_DIMS:
+        raise CorruptFileError(c.path, f"bad GGUF header: tensor {name!r} has {n_dims} dimensions (1..{MAX_DIMS})")
+    ne = [c.u64(f"dims of {name!r}") for _ in range(n_dims)]
+    if any(d < 1 or d > MAX_DIM for d in ne):
+        raise CorruptFileError(c.path, f"bad GGUF header: tensor {name!r} has impossible shape {ne}")
+    ggml_type = c.u32(f"type of {name!r}")
+    offset = c.u64(f"offset of {name!r}")
+    if ggml_type not in sizes:
+        raise CorruptFileError(c.path, f"tensor {name!r} has unknown ggml type {ggml_type}")
+    type_name, block, type_size = sizes[ggml_type]
+    if ne[0] % block:
+        raise CorruptFileError(
+            c.path,
+            f"bad GGUF header: tensor {name!r} has rows of {ne[0]} elements, not a whole number "
+            f"of {type_name} blocks of {block}",
+        )
+    numel = math.prod(ne)
+    if numel > MAX_DIM:
+        raise CorruptFileError(c.path, f"bad GGUF header: tensor {name!r} has {numel:,} elements")
+    nbytes = numel // block * type_size
+    return GGUFTensorInfo(name, tuple(reversed(ne)), ggml_type, type_name, offset, nbytes)
+
+
+def _place(
+    c: _Cursor, infos: list[GGUFTensorInfo], data_start: int, alignment: int
+) -> dict[str, GGUFTensorInfo]:
+    """Absolute offsets; every tensor aligned, inside the file, overlapping no other."""
+    tensors: dict[str, GGUFTensorInfo] = {}
+    for t in infos:
+        if t.name in tensors:
+            raise CorruptFileError(c.path, f"bad GGUF header: duplicate tensor {t.name!r}")
+        if t.offset % alignment:
+            raise CorruptFileError(c.path, f"bad GGUF header: tensor {t.name!r} is not aligned to {alignment} bytes")
+        begin = data_start + t.offset
+        if begin + t.nbytes > c.size:
+            raise CorruptFileError(
+                c.path,
+                f"truncated GGUF file: tensor {t.name!r} needs bytes {begin:,}..{begin + t.nbytes:,} "
+                f"but the file has {c.size:,}",
+            )
+        tensors[t.name] = GGUFTensorInfo(t.name, t.shape, t.ggml_type, t.type_name, begin, t.nbytes)
+    spans = sorted((t.offset, t.offset + t.nbytes, t.name) for t in tensors.values())
+    for (_, end, a), (start, _, b) in itertools.pairwise(spans):
+        if start < end:
+            raise CorruptFileError(c.path, f"bad GGUF header: tensors {a!r} and {b!r} overlap")
+    return tensors

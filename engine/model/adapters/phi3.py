@@ -1,0 +1,127 @@
+"""Phi-3 (``Phi3ForCausalLM``): Llama's block with fused projections.
+
+``self_attn.qkv_proj`` is one ``nn.Linear`` ``[(n_heads + 2 n_kv_heads) d_head, d_model]``
+whose output rows are all queries (head by head), then all keys, then all values (grouped
+query attention: ``n_kv_heads`` K/V heads). ``mlp.gate_up_proj`` is ``[2 d_mlp, d_model]``:
+the gate rows first, then the up rows; the MLP is ``down(up(x) * silu(gate(x)))``. RMSNorm,
+rotate-half RoPE on the first ``partial_rotary_factor * d_head`` dims, no biases, an optional
+sliding window (Phi-3-mini: 2047). ``longrope`` scaling (the 128k models: short and long
+per-frequency factors, the original context beside ``rope_scaling``) is computed by
+engine.forward.rotary_inv_freq / rotary_scale.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from headscope.engine.core.config import ModelConfig
+from headscope.engine.model.adapters import (
+    Heads,
+    Rows,
+    SpecMap,
+    Whole,
+    Zeros,
+    checked,
+    divide_heads,
+    first_prefix,
+    get_key,
+    linear,
+    linear_out_heads,
+    optional_float,
+    require_int,
+    rope_scaling_params,
+    vec,
+)
+
+ARCHITECTURES = ("Phi3ForCausalLM", "Phi3Model")
+MODEL_TYPES = ("phi3",)
+
+
+def adapt(
+    config: Mapping[str, Any], arch: str, names: set[str], path: str | None
+) -> tuple[ModelConfig, SpecMap]:
+    d_model = require_int(config, path, "hidden_size")
+    n_heads = require_int(config, path, "num_attention_heads")
+    d_head = (
+        require_int(config, path, "head_dim")
+        if get_key(config, "head_dim") is not None
+        else divide_heads(path, d_model, n_heads)
+    )
+    pct = optional_float(
+        config, path, "rope_parameters.partial_rotary_factor", "partial_rotary_factor", default=1.0
+    )
+    prefix = first_prefix(names, ("model.", ""), "embed_tokens.weight")
+    tied = "lm_head.weight" not in names
+    cfg = ModelConfig(
+        family="phi3",
+        architecture=arch,
+        n_layers=require_int(config, path, "num_hidden_layers"),
+        n_heads=n_heads,
+        n_kv_heads=require_int(config, path, "num_key_value_heads", "num_attention_heads"),
+        d_model=d_model,
+        d_head=d_head,
+        d_vocab=require_int(config, path, "vocab_size"),
+        n_ctx=require_int(config, path, "max_position_embeddings"),
+        d_mlp=require_int(config, path, "intermediate_size"),
+        act_fn=get_key(config, "hidden_act", default="silu"),
+        gated_mlp=True,
+        normalization="RMS",
+        norm_eps=optional_float(config, path, "rms_norm_eps", default=1e-5),
+        positional="rotary",
+        rotary_dim=int(d_head * pct),
+        rotary_base=optional_float(
+            config, path, "rope_parameters.rope_theta", "rope_theta", default=10000.0
+        ),
+        tied_unembed=tied,
+        extra={
+            "rotary_style": "half",
+            "rope_scaling": rope_scaling_params(config),
+            "rope_type": _rope_type(config),
+            "sliding_window": get_key(config, "sliding_window"),
+        },
+    )
+    checked(cfg, names, path)
+    return cfg, specs(cfg, prefix or "model.", tied)
+
+
+def _rope_type(config: Mapping[str, Any]) -> Any:
+    """As transformers' Phi3Config: the early long-context configs' ``"su"`` and ``"yarn"``
+    both name what is now ``"longrope"`` (per-frequency factors)."""
+    kind = get_key(config, "rope_parameters.rope_type", "rope_scaling.rope_type", "rope_scaling.type",
+                   default="default")
+    return "longrope" if kind in ("su", "yarn") else kind
+
+
+def specs(cfg: ModelConfig, p: str, tied: bool) -> SpecMap:
+    dm, dh, n, kv = cfg.d_model, cfg.d_head, cfg.n_heads, cfg.kv_heads
+    mlp = cfg.d_mlp or 4 * dm
+    qkv_rows = (n + 2 * kv) * dh
+    out: SpecMap = {
+        "embed.W_E": Whole(f"{p}embed_tokens.weight", (cfg.d_vocab, dm)),
+        "ln_final.w": vec(f"{p}norm.weight", dm),
+        "unembed.W_U": Whole(f"{p}embed_tokens.weight", (cfg.d_vocab, dm), transpose=True)
+        if tied
+        else Whole("lm_head.weight", (cfg.d_vocab, dm), transpose=True),
+        "unembed.b_U": Zeros((cfg.d_vocab,)),
+    }
+    for layer in range(cfg.n_layers):
+        b, a = f"{p}layers.{layer}.", f"blocks.{layer}."
+        qkv = f"{b}self_attn.qkv_proj.weight"
+        for x, offset, is_kv in (("Q", 0, False), ("K", n * dh, True), ("V", (n + kv) * dh, True)):
+            out[f"{a}attn.W_{x}"] = Heads(
+                qkv, (qkv_rows, dm), axis=0, offset=offset, stride=dh, size=dh,
+                transpose=True, kv=is_kv,
+            )  # fmt: skip
+            out[f"{a}attn.b_{x}"] = Zeros((n, dh))
+        out[f"{a}attn.W_O"] = linear_out_heads(f"{b}self_attn.o_proj.weight", cfg)
+        out[f"{a}attn.b_O"] = Zeros((dm,))
+        out[f"{a}ln1.w"] = vec(f"{b}input_layernorm.weight", dm)
+        out[f"{a}ln2.w"] = vec(f"{b}post_attention_layernorm.weight", dm)
+        gate_up = f"{b}mlp.gate_up_proj.weight"
+        out[f"{a}mlp.W_gate"] = Rows(gate_up, (2 * mlp, dm), transpose=True, offset=0, size=mlp)
+        out[f"{a}mlp.W_in"] = Rows(gate_up, (2 * mlp, dm), transpose=True, offset=mlp, size=mlp)
+        out[f"{a}mlp.W_out"] = linear(f"{b}mlp.down_proj.weight", mlp, dm)
+        out[f"{a}mlp.b_in"] = Zeros((mlp,))
+        out[f"{a}mlp.b_out"] = Zeros((dm,))
+    return out

@@ -1,0 +1,525 @@
+"""Open a checkpoint: format detection, safe paths, header validation, ``Model``.
+
+``read_structure(path)`` answers "what is this model?" from the safetensors headers and
+``config.json`` alone: it never imports torch and never reads tensor data.
+``open_model(path)`` does the same checks and returns a ``Model`` whose weights are read
+lazily, head by head, on first use.
+
+Accepted inputs (README.md, "Supported checkpoints"):
+
+- a directory with ``config.json`` and ``model.safetensors`` or a sharded
+  ``model.safetensors.index.json`` (Hugging Face; GPT-2, GPT-NeoX, Llama/Mistral/Qwen2,
+  BERT);
+- a directory (or a single ``.safetensors`` file) in headscope's native layout: config in
+  the ``headscope_config`` metadata key or a ``headscope.json`` beside the weights;
+- a ``.safetensors`` file with a ``config.json`` beside it;
+- a llama.cpp ``.gguf`` file (Llama, Qwen2/3, OLMo2, Phi-3, Gemma 1/2/3 architectures; engine.gguf_model).
+
+Refused with ``UnsafeFormatError``: pickle files (``.bin .pt .pth .ckpt .pkl``), configs
+that need remote code, and hub names (nothing is ever downloaded).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from headscope.engine.core.config import ModelConfig
+from headscope.engine.core.errors import (
+    ConfigError,
+    CorruptFileError,
+    HeadscopeError,
+    InvalidRequestError,
+    UnsafeFormatError,
+    UnsafePathError,
+    UnsupportedFormatError,
+)
+from headscope.engine.core.files import file_kind, os_reason, read_json_object, read_text
+from headscope.engine.formats.gguf import is_gguf, read_gguf_header
+from headscope.engine.formats.safetensors import SafetensorsHeader, TensorInfo, read_header
+from headscope.engine.formats.tokenizer import IdTokenizer, Tokenizer, load_tokenizer
+from headscope.engine.model import adapters
+from headscope.engine.model.adapters import (
+    SpecMap,
+    check_specs,
+    count_params,
+    storage_dtype,
+    validate_config,
+)
+from headscope.engine.model.adapters import native as native_adapter
+from headscope.engine.model.caveats import model_caveats
+from headscope.engine.model.weights import CheckpointWeights, WeightSource
+
+if TYPE_CHECKING:
+    from headscope.engine.circuits.factored import FactoredMatrix
+    from headscope.engine.circuits.scores import CompositionScores
+    from headscope.engine.forward.transformer import ForwardResult
+    from headscope.engine.model.gguf import GGUFSource
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")  # what a tokenizer is built from
+MAX_JSON_BYTES = 16_000_000  # config.json / index files are KBs; refuse absurd ones
+
+_PICKLE_ADVICE = (
+    "pickle-based checkpoints can run arbitrary code when loaded, so headscope only reads "
+    "safetensors; convert it in a trusted environment, e.g. "
+    "`AutoModel.from_pretrained(dir).save_pretrained(out, safe_serialization=True)`"
+)
+
+STRUCTURE_KEYS = (
+    "path", "format", "family", "architecture", "n_layers", "n_heads", "n_kv_heads", "d_model",
+    "d_head", "d_vocab", "n_ctx", "d_mlp", "positional", "normalization", "n_params", "dtype",
+    "tied_unembed", "has_mlm_head", "causal", "processed", "approximations",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A resolved, validated checkpoint: everything but tensor data (no torch)."""
+
+    path: Path  # what was opened (directory or file)
+    directory: Path  # where weights, config and tokenizer live
+    format: str  # "native" | "hf" | "gguf"
+    cfg: ModelConfig  # as stored (n_params and dtype from the headers)
+    specs: SpecMap
+    files: dict[str, str]  # checkpoint tensor name -> file holding it
+    headers: dict[str, SafetensorsHeader] = field(repr=False)
+    gguf: GGUFSource | None = field(default=None, repr=False)  # GGUF files: where tensors come from
+
+
+def inspect_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
+    """Resolve and validate ``path`` from headers and config only (never imports torch)."""
+    p = Path(path).expanduser()
+    try:
+        return _inspect(p, path)
+    except HeadscopeError:
+        raise
+    except OSError as e:
+        # e.g. a parent directory without search permission: stat() itself fails.
+        where = e.filename if isinstance(e.filename, str) else p
+        raise UnsupportedFormatError(where, f"cannot open: {os_reason(e)}") from None
+    except ValueError as e:  # a NUL byte in the path (from the API; argv cannot hold one)
+        raise UnsupportedFormatError(repr(os.fspath(path)), f"not a usable path: {e}") from None
+
+
+def _inspect(p: Path, given: str | os.PathLike[str]) -> Checkpoint:
+    try:
+        p.stat()
+    except FileNotFoundError:
+        _missing_path(p, given)
+    except NotADirectoryError:
+        raise UnsupportedFormatError(p, "no such file or directory (a parent is a file)") from None
+    if p.is_file():
+        return _open_file(p)
+    if p.is_dir():
+        return _open_directory(p, p)
+    raise UnsupportedFormatError(p, "not a regular file or directory")
+
+
+def read_structure(path: str | os.PathLike[str], raw: bool = False) -> dict[str, Any]:
+    """``Model.structure()`` from the header and config alone (no torch, no tensor reads)."""
+    return structure_of(inspect_checkpoint(path), raw)
+
+
+def structure_of(ckpt: Checkpoint, raw: bool) -> dict[str, Any]:
+    cfg = ckpt.cfg
+    out = {k: getattr(cfg, k) for k in STRUCTURE_KEYS if hasattr(cfg, k)}
+    out.update(
+        path=str(ckpt.path),
+        format=ckpt.format,
+        n_kv_heads=cfg.kv_heads,
+        processed=not raw,
+        approximations=model_caveats(cfg),
+    )
+    return {k: out[k] for k in STRUCTURE_KEYS}
+
+
+@dataclass
+class Model:
+    path: Path
+    cfg: ModelConfig  # of the weights as computed on (processed: LNPre/RMSPre)
+    raw_cfg: ModelConfig  # as stored
+    raw: bool
+    weights: WeightSource
+    tokenizer: Tokenizer
+    checkpoint: Checkpoint = field(repr=False)
+    raw_weights: CheckpointWeights = field(repr=False)
+    warnings: tuple[str, ...] = ()
+    _processed: WeightSource | None = field(default=None, repr=False)
+
+    def structure(self) -> dict[str, Any]:
+        return structure_of(self.checkpoint, self.raw)
+
+    def with_raw(self, raw: bool) -> Model:
+        """The same model, processed or raw; shares file handles and caches."""
+        if raw == self.raw:
+            return self
+        weights = self.raw_weights if raw else self._processed_weights()
+        return dataclasses.replace(
+            self, raw=raw, weights=weights, cfg=weights.cfg, _processed=self._processed
+        )
+
+    # Notebook conveniences (thin wrappers over engine.circuits / scores / forward / report).
+
+    def circuit(self, layer: int, head: int, kind: str = "ov") -> FactoredMatrix:
+        """A head's circuit as a FactoredMatrix: ``"qk"``/``"ov"`` (``d_model × d_model``),
+        ``"token_qk"``, ``"full_ov"`` (``d_vocab × d_vocab``) or ``"positional_qk"``."""
+        from headscope.engine.circuits import head_circuits as circuits
+
+        makers = {
+            "qk": circuits.qk,
+            "ov": circuits.ov,
+            "token_qk": circuits.token_qk,
+            "full_ov": circuits.full_ov,
+            "positional_qk": circuits.positional_qk,
+        }
+        if kind not in makers:
+            raise InvalidRequestError(self.path, f"unknown circuit {kind!r}; choose from {', '.join(makers)}")
+        self.cfg.check_head(layer, head, str(self.path))
+        return makers[kind](self.weights, layer, head)
+
+    def heads(self, seed: int = 0, *, ablation: bool = False) -> list[dict[str, Any]]:
+        """Every head with every score (what ``headscope heads [--ablation]`` prints)."""
+        from headscope.engine.api.report import head_table
+
+        return head_table(self, seed=seed, ablation=ablation)
+
+    def composition(self, kind: str, seed: int = 0) -> CompositionScores:
+        """All ``kind``-composition scores (``.scores [L, H, L, H]``, ``.baseline``)."""
+        from headscope.engine.circuits.scores import composition_scores
+        from headscope.engine.core.validation import check_composition_kind
+
+        check_composition_kind(kind, str(self.path))
+        return composition_scores(self.weights, kind, seed=seed)  # type: ignore[arg-type]
+
+    def singular_directions(self, layer: int, head: int, kind: str = "ov", *, k: int = 5,
+                            top: int = 10) -> dict[str, Any]:
+        """A head's top singular directions as tokens (what ``headscope svd --json`` prints)."""
+        from headscope.engine.api.report import svd_report
+
+        return svd_report(self, layer, head, kind, k=k, top=top)  # type: ignore[arg-type]
+
+    def virtual_path(self, source: tuple[int, int], target: tuple[int, int]) -> dict[str, Any]:
+        """The virtual heads of a composition path (what ``headscope path --json`` prints)."""
+        from headscope.engine.api.report import path_report
+
+        return path_report(self, source, target)
+
+    def run(self, tokens: str | Sequence[int], **kwargs: Any) -> ForwardResult:
+        """The reference forward pass on a prompt (encoded with the tokenizer) or token ids."""
+        from headscope.engine.core.validation import check_tokens
+        from headscope.engine.forward.transformer import run
+
+        ids = self.tokenizer.encode(tokens) if isinstance(tokens, str) else list(tokens)
+        check_tokens(self.structure(), ids, str(self.path))
+        return run(self.weights, ids, **kwargs)
+
+    def _processed_weights(self) -> WeightSource:
+        if self._processed is None:
+            self._processed = _process(self.raw_weights)
+        return self._processed
+
+
+def open_model(path: str | os.PathLike[str], raw: bool = False) -> Model:
+    ckpt = inspect_checkpoint(path)
+    raw_weights = _raw_weights(ckpt)
+    warnings: list[str] = []
+    try:
+        tokenizer = _tokenizer(ckpt)
+    except (CorruptFileError, UnsafePathError) as e:
+        # A broken tokenizer must not hide the weights: fall back to ids, say so (prompt
+        # errors repeat the reason).
+        warnings.append(str(e) + " (showing token ids instead)")
+        tokenizer = IdTokenizer(ckpt.cfg.d_vocab, str(ckpt.directory), reason=e.one_line())
+    processed = None if raw else _process(raw_weights)
+    weights = raw_weights if processed is None else processed
+    return Model(
+        path=ckpt.path,
+        cfg=weights.cfg,
+        raw_cfg=ckpt.cfg,
+        raw=raw,
+        weights=weights,
+        tokenizer=tokenizer,
+        checkpoint=ckpt,
+        raw_weights=raw_weights,
+        warnings=tuple(warnings),
+        _processed=processed,
+    )
+
+
+def _raw_weights(ckpt: Checkpoint) -> CheckpointWeights:
+    if ckpt.gguf is not None:
+        from headscope.engine.model.gguf import GGUFWeights
+
+        return GGUFWeights(ckpt.cfg, ckpt.specs, ckpt.gguf, path=str(ckpt.path))
+    return CheckpointWeights(
+        ckpt.cfg, ckpt.specs, ckpt.files, path=str(ckpt.path), headers=ckpt.headers
+    )
+
+
+def _tokenizer(ckpt: Checkpoint) -> Tokenizer:
+    if ckpt.gguf is not None:
+        from headscope.engine.model.gguf import gguf_tokenizer
+
+        return gguf_tokenizer(ckpt.gguf.header, ckpt.cfg.d_vocab)
+    for name in TOKENIZER_FILES:
+        _refuse_outside(ckpt.directory, ckpt.directory / name, name)
+    return load_tokenizer(ckpt.directory, ckpt.cfg.d_vocab, ckpt.cfg.family)
+
+
+def _process(raw: CheckpointWeights) -> WeightSource:
+    from headscope.engine.model.processing import ProcessedWeights
+
+    return ProcessedWeights(raw)
+
+
+# --- format detection ----------------------------------------------------------------------
+
+_HUB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*(/[A-Za-z0-9][A-Za-z0-9_.\-]*)?")
+
+
+def _missing_path(p: Path, given: str | os.PathLike[str]) -> None:
+    text = os.fspath(given)
+    if _HUB_NAME.fullmatch(text) and not p.suffix and not text.startswith("."):
+        raise UnsafeFormatError(
+            text,
+            "no such file or directory; this looks like a Hugging Face Hub name, but headscope "
+            "never downloads anything: download the checkpoint (safetensors) yourself and pass "
+            "its directory",
+        )
+    raise UnsupportedFormatError(p, "no such file or directory")
+
+
+def _open_file(p: Path) -> Checkpoint:
+    name = p.name.lower()
+    if name.endswith(PICKLE_SUFFIXES):
+        raise UnsafeFormatError(
+            p, f"refusing to load a pickle-based checkpoint ({p.suffix}): {_PICKLE_ADVICE}"
+        )
+    if name in ("config.json", native_adapter.CONFIG_FILE, INDEX_FILE):
+        return _open_directory(p.parent, p.parent)
+    if name.endswith(".gguf") or is_gguf(p):
+        return _open_gguf(p)
+    if not name.endswith(".safetensors"):
+        raise UnsupportedFormatError(
+            p,
+            "not a checkpoint headscope can read (expected a .safetensors or .gguf file or a model directory)",
+        )
+    directory = p.parent
+    header = read_header(p)
+    headers = {str(p): header}
+    files = {t: str(p) for t in header.tensors}
+    return _build(p, directory, headers, files, main=str(p))
+
+
+def _open_gguf(p: Path) -> Checkpoint:
+    """A llama.cpp GGUF file, through the HF adapter of its family (engine.gguf_model)."""
+    from headscope.engine.model import gguf as g
+
+    header = read_gguf_header(p)
+    name, arch = g.arch_of(header)
+    hf_names = g.hf_tensor_names(header, arch)
+    config = g.hf_config(header, name, arch, hf_names)
+    arch_name, module = adapters.adapter_for(config, str(p))
+    tensors = g.virtual_tensors(header, hf_names)
+    cfg, specs = module.adapt(config, arch_name, set(tensors), str(p))
+    check_specs(specs, tensors, lambda t: str(p), cfg.architecture)
+    used = {t: hf_names[t] for t in adapters.spec_tensors(specs)}
+    g.check_all_used(header, used)
+    g.check_types(header, used)
+    cfg = cfg.replace(n_params=count_params(specs, tensors), dtype=g.main_dtype(header, used))
+    validate_config(cfg, str(p))
+    source = g.GGUFSource(header, used, arch, cfg)
+    return Checkpoint(p, p.parent, "gguf", cfg, specs, {}, {}, gguf=source)
+
+
+def _open_directory(p: Path, shown: Path) -> Checkpoint:
+    directory = p
+    entries = sorted(directory.iterdir()) if os.access(directory, os.R_OK | os.X_OK) else None
+    if entries is None:
+        raise UnsupportedFormatError(directory, "directory is not readable")
+    names = {e.name for e in entries}
+    config = _read_config(directory / "config.json") if "config.json" in names else None
+    if config is not None:
+        adapters.refuse_remote_code(config, str(directory / "config.json"))
+
+    if SINGLE_FILE in names:
+        main = _inside(directory, SINGLE_FILE)
+        header = read_header(main)
+        headers, files = {str(main): header}, dict.fromkeys(header.tensors, str(main))
+    elif INDEX_FILE in names:
+        headers, files = _read_index(directory, directory / INDEX_FILE)
+        main = directory / INDEX_FILE
+    else:
+        shards = [e for e in entries if e.name.endswith(".safetensors") and e.is_file()]
+        if len(shards) == 1:
+            main = _inside(directory, shards[0].name)
+            header = read_header(main)
+            headers, files = {str(main): header}, dict.fromkeys(header.tensors, str(main))
+        else:
+            pickles = [e.name for e in entries if e.name.lower().endswith(PICKLE_SUFFIXES)]
+            if pickles:
+                raise UnsafeFormatError(
+                    directory,
+                    f"only pickle-based weights here ({', '.join(pickles[:3])}): {_PICKLE_ADVICE}",
+                )
+            if shards:
+                raise UnsupportedFormatError(
+                    directory,
+                    f"several .safetensors files but no {INDEX_FILE} saying how they fit together",
+                )
+            raise UnsupportedFormatError(directory, "no safetensors weights in this directory")
+    return _build(shown, directory, headers, files, main=str(main), config=config)
+
+
+def _build(
+    shown: Path,
+    directory: Path,
+    headers: dict[str, SafetensorsHeader],
+    files: dict[str, str],
+    main: str,
+    config: dict[str, Any] | None = None,
+) -> Checkpoint:
+    tensors: dict[str, TensorInfo] = {}
+    for file, header in headers.items():
+        for name, info in header.tensors.items():
+            if files.get(name) == file:
+                tensors[name] = info
+    names = adapters.TensorNames(tensors, sum(t.numel for t in tensors.values()))
+    first_meta = next(iter(headers.values())).metadata if headers else {}
+    native_json = directory / native_adapter.CONFIG_FILE
+
+    # exists(), not is_file(): a FIFO or device named like a config is refused by name
+    # (engine.files), not skipped in silence.
+    if native_adapter.CONFIG_KEY in first_meta or native_json.exists():
+        fmt = "native"
+        if native_adapter.CONFIG_KEY in first_meta:
+            cfg_path, text = main, first_meta[native_adapter.CONFIG_KEY]
+        else:
+            _refuse_outside(directory, native_json, native_adapter.CONFIG_FILE)
+            cfg_path, text = str(native_json), _read_text(native_json)
+        fields = native_adapter.parse_config_json(text, cfg_path)
+        cfg, specs = native_adapter.adapt(fields, names, cfg_path)
+    else:
+        if config is None:
+            config_path = directory / "config.json"
+            if not config_path.exists():
+                raise UnsupportedFormatError(
+                    shown,
+                    f"no config: expected config.json or {native_adapter.CONFIG_FILE} beside the weights, "
+                    f"or '{native_adapter.CONFIG_KEY}' in the safetensors metadata",
+                )
+            config = _read_config(config_path)
+            adapters.refuse_remote_code(config, str(config_path))
+        fmt = "hf"
+        cfg_path = str(directory / "config.json")
+        arch, module = adapters.adapter_for(config, cfg_path)
+        cfg, specs = module.adapt(config, arch, names, cfg_path)
+
+    cfg = cfg.replace(n_params=count_params(specs, tensors), dtype=storage_dtype(specs, tensors))
+    validate_config(cfg, cfg_path)
+    check_specs(specs, tensors, lambda t: files.get(t, main), cfg.architecture)
+    return Checkpoint(shown, directory, fmt, cfg, specs, files, headers)
+
+
+# --- files inside the model directory ----------------------------------------------------
+
+
+def _allowed_roots(directory: Path) -> list[Path]:
+    root = directory.resolve()
+    roots = [root]
+    # The Hugging Face cache keeps files in snapshots/<rev>/ as symlinks into ../../blobs/:
+    # those links stay inside the same cached repository, so they are allowed.
+    if root.parent.name == "snapshots":
+        roots.append(root.parent.parent / "blobs")
+    return roots
+
+
+def _inside(directory: Path, name: str, listed_in: Path | None = None) -> Path:
+    """``directory / name``, refusing names and symlinks that lead out of the directory."""
+    where = listed_in or directory
+    if not isinstance(name, str) or not name or "\x00" in name:
+        raise UnsafePathError(where, f"invalid shard file name {name!r}")
+    pure = Path(name)
+    if pure.is_absolute() or name.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", name):
+        raise UnsafePathError(
+            where, f"shard path {name!r} is absolute; shards must be inside the model directory"
+        )
+    if ".." in re.split(r"[/\\]", name):
+        raise UnsafePathError(where, f"shard path {name!r} escapes the model directory ('..')")
+    candidate = directory / pure
+    resolved = candidate.resolve()
+    if not any(resolved.is_relative_to(root) for root in _allowed_roots(directory)):
+        raise UnsafePathError(
+            where,
+            f"shard {name!r} is a symlink leading outside the model directory (to {resolved})",
+        )
+    if not resolved.exists():
+        raise CorruptFileError(where, f"missing shard {name!r} (incomplete download?)")
+    if not resolved.is_file():
+        kind = file_kind(resolved.stat().st_mode)
+        raise CorruptFileError(candidate, f"{name!r} is {kind}, not a regular file")
+    return candidate
+
+
+def _read_index(
+    directory: Path, index_path: Path
+) -> tuple[dict[str, SafetensorsHeader], dict[str, str]]:
+    _inside(directory, INDEX_FILE)
+    index = _read_json(index_path, CorruptFileError, "sharded index")
+    weight_map = index.get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CorruptFileError(index_path, "sharded index has no weight_map object")
+    shard_names: dict[str, Path] = {}
+    for tensor, shard in weight_map.items():
+        if not isinstance(shard, str):
+            raise CorruptFileError(
+                index_path, f"weight_map entry for {tensor!r} is not a file name"
+            )
+        if shard not in shard_names:
+            shard_names[shard] = _inside(directory, shard, listed_in=index_path)
+    headers = {str(p): read_header(p) for p in shard_names.values()}
+    files: dict[str, str] = {}
+    for tensor, shard in weight_map.items():
+        file = str(shard_names[shard])
+        if tensor not in headers[file].tensors:
+            raise CorruptFileError(
+                index_path,
+                f"index places tensor {tensor!r} in {shard!r}, which does not contain it",
+            )
+        files[tensor] = file
+    return headers, files
+
+
+def _read_text(path: Path) -> str:
+    return read_text(path, MAX_JSON_BYTES, ConfigError, path.name)
+
+
+def _read_json(
+    path: Path, error: type[ConfigError] | type[CorruptFileError], what: str
+) -> dict[str, Any]:
+    return read_json_object(path, MAX_JSON_BYTES, error, what)
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    _refuse_outside(path.parent, path, "config.json")
+    return _read_json(path, ConfigError, "config.json")
+
+
+def _refuse_outside(directory: Path, path: Path, what: str) -> None:
+    """A config or tokenizer file that is a symlink out of the model directory (and out of
+    the Hugging Face cache's blobs) is not read, like a shard (``_inside``)."""
+    if not path.is_symlink():
+        return
+    target = path.resolve()
+    if not any(target.is_relative_to(root) for root in _allowed_roots(directory)):
+        raise UnsafePathError(
+            path, f"{what} is a symlink leading outside the model directory (to {target})"
+        )

@@ -1,0 +1,2 @@
+"""The explorer's async ``Engine``: worker pool, priorities, per-head cache, prefetch.
+"""

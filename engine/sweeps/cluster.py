@@ -1,0 +1,409 @@
+"""Sweeps on a Dask cluster: one task per missing part of a sweep (docs/internals.md,
+"Sweeps on a cluster").
+
+The sweeps of ``engine.scores`` keep their result in parts (a layer of the copying and
+QK-positivity sweeps, a target-layer tile of a composition sweep) behind a ``Memo``. Here
+each part the memo lacks becomes one task: a worker opens the checkpoint from the same
+path itself (a shared filesystem; the client sends the path and the fingerprint, never
+weights), checks the fingerprint, computes that one part with the local sweep function
+(``_OnePart`` makes every other part look finished, so the arithmetic is the local one),
+and sends it back. Results are put in the memo as they arrive, so finished parts survive
+an interruption and a later sweep, local or on the cluster, computes only the rest.
+
+Needs the optional ``dask`` and ``distributed`` packages (``pip install 'headscope[cluster]'``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from headscope.engine.core.errors import HeadscopeError
+
+if TYPE_CHECKING:
+    from headscope.engine.circuits.scores import Memo
+    from headscope.engine.model.loading import Model
+
+Progress = Callable[[float], None] | None
+Cancelled = Callable[[], bool] | None
+
+RETRIES = 2  # a task whose worker died is run again elsewhere this many times
+CONNECT_TIMEOUT = "10s"
+MISSING_EXTRA = "sweeps on a cluster need the optional Dask packages: pip install 'headscope[cluster]'"
+
+__all__ = [
+    "Cluster",
+    "ClusterError",
+    "ClusterTaskError",
+    "KeptMemo",
+    "compute_part",
+    "connect",
+    "local_cluster",
+    "part_shapes",
+    "run_parts",
+    "run_steps",
+]
+
+
+class ClusterError(HeadscopeError):
+    """The cluster cannot be reached, went away, or the Dask packages are not installed."""
+
+
+class ClusterTaskError(ClusterError):
+    """A task failed on a worker (the reason names the worker's host and the file)."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Dask sends a task's exception back to the client: rebuild it from (path, reason).
+        return (type(self), (self.path, self.reason))
+
+
+def _require_distributed() -> Any:
+    try:
+        import distributed
+    except ImportError:
+        raise ClusterError(None, MISSING_EXTRA) from None
+    return distributed
+
+
+# -- the parts of a sweep -----------------------------------------------------------------------
+
+
+def part_shapes(sweep: str, n_layers: int, n_heads: int) -> dict[int, tuple[int, ...]]:
+    """Index and shape of every part of ``sweep`` (the ``Memo`` indices of engine.scores)."""
+    if sweep in ("copying_score", "qk_positivity"):
+        return {layer: (n_heads,) for layer in range(n_layers)}
+    if sweep in ("composition-q", "composition-k", "composition-v"):
+        return {t: (t, n_heads, n_heads) for t in range(1, n_layers)}
+    raise ClusterError(None, f"no cluster sweep named {sweep!r}")
+
+
+class _OnePart:
+    """A memo in which every part but ``index`` is already finished (zeros, never read back):
+    the local sweep function then computes exactly that one part."""
+
+    def __init__(self, index: int, shapes: dict[int, tuple[int, ...]]) -> None:
+        self.index, self.shapes = index, shapes
+        self.value: np.ndarray | None = None
+
+    def get(self, index: int, shape: tuple[int, ...] | None = None) -> np.ndarray | None:
+        if index == self.index:
+            return None
+        return np.zeros(shape or self.shapes[index], dtype=np.float32)
+
+    def put(self, index: int, value: Any) -> None:
+        if index == self.index:
+            self.value = np.asarray(value, dtype=np.float32)
+
+
+def _run_sweep(model: Model, sweep: str, memo: _OnePart) -> None:
+    """Compute ``memo``'s one part on the path the client's own sweep takes
+    (``compute.weight_scores``, ``compute.composition``), so the numbers are bit-identical."""
+    from headscope.engine.circuits import fast
+
+    arrays = fast.numpy_weights(model)
+    if arrays is not None and sweep in ("copying_score", "qk_positivity"):
+        # one layer of fast.spectral_scores
+        middle = {sweep: _middle(model, sweep, arrays)}
+        memo.put(memo.index, fast.layer_spectral_scores(arrays, memo.index, middle)[sweep])
+        return
+    if arrays is not None:
+        fast.composition_scores(arrays, sweep.rsplit("-", 1)[1], memo=memo, baseline_samples=1,
+                                tile_bytes=worker_tile_bytes())
+        return
+    from headscope.engine.circuits import (
+        scores,  # the torch path (GGUF, float8, OPT-350m's products)
+    )
+
+    w = model.weights
+    if sweep == "copying_score":
+        scores.all_copying_scores(w, memo=memo, middle=lambda: _middle(model, sweep))
+    elif sweep == "qk_positivity":
+        scores.all_qk_positivity(w, memo=memo, middle=lambda: _middle(model, sweep))
+    else:
+        scores.composition_scores(w, sweep.rsplit("-", 1)[1], memo=memo,  # type: ignore[arg-type]
+                                  baseline_samples=1)
+
+
+def worker_tile_bytes(limit: int | None = None) -> int:
+    """How many bytes of source factors a composition part stacks at once on this worker:
+    a quarter of the worker's memory limit (``dask worker --memory-limit``; ``limit``
+    overrides), never more than the in-process ``fast.TILE_BYTES``, never under 16 MiB. The
+    blocking changes, the numbers do not (tests/test_cluster.py)."""
+    from headscope.engine.circuits.fast import TILE_BYTES
+
+    if limit is None:
+        try:
+            from distributed import get_worker
+
+            limit = get_worker().memory_manager.memory_limit
+        except (ImportError, ValueError, AttributeError):  # not on a worker / an older Dask
+            limit = None
+    if not limit:
+        return TILE_BYTES
+    return max(16 << 20, min(TILE_BYTES, int(limit) // 4))
+
+
+# One open model per worker process: the tasks of one sweep share the opened checkpoint.
+_OPEN: dict[tuple[str, str, bool], Model] = {}
+# ... and its spectral sweeps' d_model × d_model middles (W_U W_E, W_Eᵀ W_E): one contraction
+# over the vocabulary each, which a task per layer would otherwise repeat for every layer
+# (measured on the Pythia-1B shape: one worker 3.3× slower than in-process, mostly that).
+_MIDDLES: dict[str, Any] = {}
+
+
+def _middle(model: Model, sweep: str, arrays: Any = None) -> Any:
+    """The ``d_model × d_model`` middle of a spectral sweep: numpy's (``fast.kept_spectral_middles``,
+    both at once) for ``arrays``, else torch's."""
+    from headscope.engine.circuits import fast
+
+    if arrays is not None:  # kept on the worker's open model, as in-process
+        return fast.kept_spectral_middles(arrays)[sweep]
+    from headscope.engine.circuits import scores
+
+    if sweep not in _MIDDLES:
+        make = scores.copying_middle if sweep == "copying_score" else scores.qk_middle
+        _MIDDLES[sweep] = make(model.weights)
+    return _MIDDLES[sweep]
+
+
+def _not_the_clients(path: str) -> ClusterTaskError:
+    return ClusterTaskError(path, f"on worker host {socket.gethostname()}: the checkpoint differs "
+                            "from the client's (fingerprint mismatch: not the same file on a "
+                            "shared filesystem?)")
+
+
+def _worker_model(path: str, key: str, raw: bool) -> Model:
+    from headscope.engine.model.loading import open_model
+    from headscope.engine.sweeps.store import fingerprint
+
+    cached = _OPEN.get((path, key, raw))
+    if cached is not None:
+        return cached
+    model = open_model(path, raw=raw)
+    found = fingerprint(model.checkpoint, raw)
+    if found != key:
+        raise _not_the_clients(path)
+    _OPEN.clear()
+    _MIDDLES.clear()  # they belong to the model just replaced
+    _OPEN[(path, key, raw)] = model
+    return model
+
+
+def compute_part(path: str, key: str, raw: bool, sweep: str, index: int) -> np.ndarray:
+    """One part of ``sweep`` on the checkpoint at ``path`` (run on a worker).
+
+    Fails with ``ClusterTaskError`` (naming this host and the file) if the checkpoint's
+    fingerprint is not ``key``, or if it cannot be opened here.
+    """
+    try:
+        model = _worker_model(path, key, raw)
+        cfg = model.cfg
+        memo = _OnePart(index, part_shapes(sweep, cfg.n_layers, cfg.n_heads))
+        _run_sweep(model, sweep, memo)
+    except ClusterTaskError:
+        raise
+    except HeadscopeError as err:  # re-typed: it must travel back to the client intact
+        raise ClusterTaskError(err.path, f"on worker host {socket.gethostname()}: {err.reason}") from None
+    assert memo.value is not None
+    return memo.value
+
+
+# -- the client side ----------------------------------------------------------------------------
+
+
+class KeptMemo:
+    """The parts in memory, written through to ``inner`` (the results store, or None): the
+    sweep that follows a cluster run reads them back even if the store cannot keep them."""
+
+    def __init__(self, inner: Memo | None) -> None:
+        self.inner = inner
+        self.parts: dict[int, np.ndarray] = {}
+
+    def get(self, index: int, shape: tuple[int, ...] | None = None) -> np.ndarray | None:
+        if index in self.parts:
+            return self.parts[index]
+        return None if self.inner is None else self.inner.get(index, shape)
+
+    def put(self, index: int, value: Any) -> None:
+        self.parts[index] = np.asarray(value, dtype=np.float32)
+        if self.inner is not None:
+            self.inner.put(index, value)
+
+
+@dataclass
+class Cluster:
+    """A connected Dask client (and the local cluster it started, if any)."""
+
+    client: Any
+    address: str
+    local: Any = None
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.client.close()
+        if self.local is not None:
+            with contextlib.suppress(Exception):
+                self.local.close()
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+def connect(address: str) -> Cluster:
+    """A client of the scheduler at ``address`` (``tcp://HOST:PORT``); one-line error if none."""
+    distributed = _require_distributed()
+    try:
+        client = distributed.Client(address, timeout=CONNECT_TIMEOUT, set_as_default=False)
+    except (OSError, TimeoutError, ValueError) as err:
+        raise ClusterError(None, f"cannot reach a Dask scheduler at {address} ({_brief(err)})") from None
+    return Cluster(client, address)
+
+
+def local_cluster(n_workers: int) -> Cluster:
+    """``n_workers`` local worker processes (one thread each) on 127.0.0.1, and a client."""
+    distributed = _require_distributed()
+    if n_workers < 1:
+        raise ClusterError(None, f"--workers must be at least 1, not {n_workers}")
+    local = distributed.LocalCluster(n_workers=n_workers, processes=True, threads_per_worker=1,
+                                     host="127.0.0.1", dashboard_address=None)
+    client = distributed.Client(local, set_as_default=False)
+    return Cluster(client, local.scheduler_address, local)
+
+
+def _brief(err: BaseException) -> str:
+    text = " ".join(str(err).split()) or type(err).__name__
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def run_parts(cluster: Cluster, model: Model, key: str, sweep: str, memo: Memo,
+              progress: Progress = None, cancelled: Cancelled = None) -> int:
+    """Compute on ``cluster`` every part of ``sweep`` that ``memo`` lacks and put each in it
+    as it arrives; the number computed. ``progress(fraction of parts done)``; ``cancelled()``
+    (or Ctrl-C) cancels the outstanding tasks. A scheduler that goes away is a
+    ``ClusterError``, the parts already put kept."""
+    from headscope.engine.core.errors import CancelledError
+
+    cfg = model.cfg
+    shapes = part_shapes(sweep, cfg.n_layers, cfg.n_heads)
+    missing = [i for i, shape in shapes.items() if memo.get(i, shape) is None]
+    total = len(shapes) or 1
+    done = total - len(missing)
+    _report(progress, done / total)
+    if not missing:
+        return 0
+    distributed = _require_distributed()
+    path = str(model.path)
+    futures = {}
+    count = [done]  # parts finished so far, for the error message
+    with _cluster_failures(cluster, count, total):
+        for i in missing:
+            fut = cluster.client.submit(compute_part, path, key, bool(model.raw), sweep, i,
+                                        retries=RETRIES, pure=False)
+            futures[fut.key] = (fut, i)
+    try:
+        with _cluster_failures(cluster, count, total):
+            for fut in distributed.as_completed([f for f, _ in futures.values()],
+                                                loop=cluster.client.loop):
+                _, index = futures[fut.key]
+                value = fut.result()
+                memo.put(index, value)
+                count[0] += 1
+                _report(progress, count[0] / total)
+                if cancelled is not None and cancelled():
+                    raise CancelledError()
+    except BaseException:
+        _cancel(cluster, [f for f, _ in futures.values()])
+        raise
+    return len(missing)
+
+
+def _score_step(path: str, step: int, seed: int, raw: bool, key: str | None = None) -> Any:
+    """``timeline.score_step`` on a worker (headscope errors re-typed to travel back), after
+    checking the step's fingerprint (``store.fingerprint``: header, sizes, mtimes) is the
+    client's ``key``, as every other cluster task does."""
+    from pathlib import Path
+
+    from headscope.engine.model.loading import inspect_checkpoint
+    from headscope.engine.sweeps.store import fingerprint
+    from headscope.engine.sweeps.timeline import StepSource, score_step
+
+    try:
+        if key is not None and fingerprint(inspect_checkpoint(path), raw) != key:
+            raise _not_the_clients(path)
+        return score_step(StepSource(step, Path(path)), seed=seed, raw=raw)
+    except ClusterTaskError:
+        raise
+    except HeadscopeError as err:
+        raise ClusterTaskError(err.path, f"on worker host {socket.gethostname()}: {err.reason}") from None
+
+
+def run_steps(cluster: Cluster, sources: list[Any], *, seed: int, raw: bool,
+              finished: Callable[[int, Any], None], cancelled: Cancelled = None) -> None:
+    """``timeline.score_step`` of every source on ``cluster``, one task per step;
+    ``finished(i, result)`` as each arrives. Faults and cancellation as ``run_parts``."""
+    from headscope.engine.core.errors import CancelledError
+    from headscope.engine.model.loading import inspect_checkpoint
+    from headscope.engine.sweeps.store import fingerprint
+
+    distributed = _require_distributed()
+    futures: dict[str, tuple[Any, int]] = {}
+    count = [0]
+    keys = [fingerprint(inspect_checkpoint(s.path), raw) for s in sources]  # headers only
+    with _cluster_failures(cluster, count, len(sources)):
+        for i, s in enumerate(sources):
+            fut = cluster.client.submit(_score_step, str(s.path), s.step, seed, raw, keys[i],
+                                        retries=RETRIES, pure=False)
+            futures[fut.key] = (fut, i)
+    try:
+        with _cluster_failures(cluster, count, len(sources)):
+            for fut in distributed.as_completed([f for f, _ in futures.values()],
+                                                loop=cluster.client.loop):
+                finished(futures[fut.key][1], fut.result())
+                count[0] += 1
+                if cancelled is not None and cancelled():
+                    raise CancelledError()
+    except BaseException:
+        _cancel(cluster, [f for f, _ in futures.values()])
+        raise
+
+
+def _report(progress: Progress, fraction: float) -> None:
+    if progress is not None:
+        progress(min(1.0, fraction))
+
+
+def _cancel(cluster: Cluster, futures: list[Any]) -> None:
+    with contextlib.suppress(Exception):
+        cluster.client.cancel([f for f in futures if not f.done()])
+
+
+@contextlib.contextmanager
+def _cluster_failures(cluster: Cluster, count: list[int], total: int) -> Iterator[None]:
+    """Connection failures as one ``ClusterError`` line (task errors pass through);
+    ``count[0]``: the parts finished (and kept) so far."""
+    try:
+        yield
+    except HeadscopeError:
+        raise
+    except (OSError, TimeoutError) as err:
+        raise _gone(cluster, count[0], total, err) from None
+    except Exception as err:
+        if type(err).__name__ == "KilledWorker":
+            raise ClusterError(None, f"a task killed {RETRIES + 1} Dask workers in turn "
+                               f"({_brief(err)}); {count[0]} of {total} parts finished are kept") from None
+        if type(err).__module__.startswith(("distributed", "tornado")) or "closed" in str(err).lower():
+            raise _gone(cluster, count[0], total, err) from None
+        raise
+
+
+def _gone(cluster: Cluster, done: int, total: int, err: BaseException) -> ClusterError:
+    return ClusterError(None, f"lost the Dask scheduler at {cluster.address} ({_brief(err)}); "
+                        f"{done} of {total} parts finished are kept in the results store")

@@ -1,0 +1,917 @@
+"""Every request headscope answers is computed here, once: from an open ``Model`` and a
+validated request (``engine.requests``) to a result of ``engine.results``.
+
+The ``Engine`` runs these on its worker threads and caches what they return; the CLI, the
+exports and ``engine.report`` call them directly. The maths is in ``engine.circuits``,
+``engine.scores`` and ``engine.forward``; this module selects, labels and packs. Long
+computations take ``cancelled() -> bool`` (checked between steps; ``CancelledError``) and
+``progress(fraction)``.
+
+The sweeps take an optional ``store`` (``engine.store.ModelStore``, the model's entry in the
+on-disk results store): the parts it holds are read from it, the parts computed are written
+to it as soon as each is finished (docs/internals.md, "The results store").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from headscope.engine.core.errors import CancelledError, NonFiniteError, PromptError
+from headscope.engine.core.results import (
+    CircuitBlock,
+    Composition,
+    Profile,
+    PromptView,
+    ScoreNull,
+    ScoreTable,
+    SingularDirections,
+    Spectrum,
+    TokenDirection,
+    TopTokens,
+    VirtualPath,
+    rank_edges,
+    readonly,
+)
+from headscope.engine.core.validation import (
+    NULL_SAMPLES,
+    PATH_SAMPLE,
+    SCORE_NAMES,
+    SEED,
+    TOP_EDGES,
+    CircuitRequest,
+    PathRequest,
+    check_result_bytes,
+    prompt_bytes,
+)
+from headscope.engine.model.caveats import ov_caveats, qk_caveats
+
+if TYPE_CHECKING:
+    from headscope.engine.circuits.scores import Memo
+    from headscope.engine.model.loading import Model
+    from headscope.engine.sweeps.cluster import Cluster
+    from headscope.engine.sweeps.store import LayerMemo, ModelStore
+
+Progress = Callable[[float], None] | None
+Cancelled = Callable[[], bool] | None
+
+BEHAVIOURS = ("prev_token", "duplicate_token", "induction")  # keys of scores.behaviour_scores
+SINKS = ("attention_sink", "delimiter_sink")  # reading.sink_scores
+
+
+def _check(cancelled: Cancelled) -> None:
+    if cancelled is not None and cancelled():
+        raise CancelledError()
+
+
+def _part(progress: Progress, start: float, stop: float) -> Progress:
+    """Progress of one step of a sweep, mapped into [start, stop] of the whole."""
+    if progress is None:
+        return None
+    return lambda fraction: progress(start + (stop - start) * fraction)
+
+
+def label(tokenizer: Any, token: int) -> str:
+    """The token's string, or its id when the tokenizer cannot decode it."""
+    decode = getattr(tokenizer, "decode_token", None)
+    if decode is None:
+        return str(token)
+    try:
+        return str(decode(token))
+    except Exception:
+        return str(token)
+
+
+def _unembed_note(model: Model) -> str:
+    return "W_U is tied W_Eᵀ" if model.cfg.tied_unembed else ""
+
+
+# -- per-head requests --------------------------------------------------------------------------
+
+
+def circuit_block(model: Model, req: CircuitRequest, *, numpy: bool = False) -> CircuitBlock:
+    """The block ``req`` asks for (``circuits.circuit_block``), labelled.
+
+    ``numpy``: torch-free where ``engine.fast`` applies (the same products in numpy; the
+    one-shot CLI and exports). The explorer's engine keeps the torch path: its processed
+    weights are already cached for the other views of the head, and a second, numpy copy of
+    ``W_U`` would double what an OV view keeps resident. YaRN and LongRoPE rotary circuits
+    also take the torch path (``fast.rotary_in_numpy``)."""
+    from headscope.engine.circuits import fast
+
+    rotary_free = req.kind == "ov" or req.basis == "position"  # no R(Δ) in these blocks
+    in_numpy = numpy and (rotary_free or fast.rotary_in_numpy(model.cfg, req.layer))
+    arrays = fast.numpy_weights(model) if in_numpy else None
+    if arrays is not None:
+        values: Any = fast.circuit_block(arrays, req.layer, req.head, req.kind, req.basis,
+                                         req.rows, req.cols, req.offset)
+    else:
+        from headscope.engine.circuits import head_circuits as circuits
+
+        values = circuits.circuit_block(
+            model.weights, req.layer, req.head, req.kind, req.basis, req.rows, req.cols, req.offset
+        )
+    array = readonly(values, np.float32)
+    finite = array[np.isfinite(array)]
+    if req.basis == "position":
+        row_labels, col_labels = tuple(map(str, req.rows)), tuple(map(str, req.cols))
+    else:
+        row_labels = tuple(label(model.tokenizer, t) for t in req.rows)
+        col_labels = tuple(label(model.tokenizer, t) for t in req.cols)
+    notes = []
+    if req.kind == "ov" and model.cfg.tied_unembed:
+        notes.append(_unembed_note(model))
+    # Where the circuit is not exactly what the model computes (docs/math.md).
+    notes += ov_caveats(model.cfg) if req.kind == "ov" else qk_caveats(model.cfg)
+    if finite.size < array.size:
+        notes.append("NaN/inf in this head's weights")
+    return CircuitBlock(
+        values=array,
+        row_labels=row_labels,
+        col_labels=col_labels,
+        row_ids=req.rows,
+        col_ids=req.cols,
+        kind=req.kind,  # type: ignore[arg-type]
+        basis=req.basis,  # type: ignore[arg-type]
+        layer=req.layer,
+        head=req.head,
+        vmin=float(finite.min()) if finite.size else float("nan"),
+        vmax=float(finite.max()) if finite.size else float("nan"),
+        note="; ".join(notes),
+        offset=req.offset,
+    )
+
+
+def top_outputs(model: Model, layer: int, head: int, source: int, k: int) -> TopTokens:
+    """The output tokens the full OV circuit raises most when the head attends to ``source``."""
+    import torch
+
+    from headscope.engine.circuits import head_circuits as circuits
+
+    k = max(1, min(k, model.cfg.d_vocab))
+    row = circuits.full_ov_block(model.weights, layer, head, [source], range(model.cfg.d_vocab))[0]
+    values, ids = torch.topk(row, k)
+    tok = model.tokenizer
+    return TopTokens(
+        layer=layer,
+        head=head,
+        source_token=source,
+        source_label=label(tok, source),
+        ids=tuple(int(i) for i in ids),
+        labels=tuple(label(tok, int(i)) for i in ids),
+        values=readonly(values, np.float32),
+        note=_unembed_note(model),
+    )
+
+
+def spectrum(model: Model, layer: int, head: int, kind: str, cancelled: Cancelled = None) -> Spectrum:
+    """Eigenvalues of the full OV (``"ov"``) or token QK (``"qk"``) circuit, and its score."""
+    import torch
+
+    from headscope.engine.circuits import head_circuits as circuits
+    from headscope.engine.circuits import scores
+
+    w = model.weights
+    if kind == "ov":
+        fm = circuits.full_ov(w, layer, head)
+        score = scores.copying_score(fm)
+    else:
+        fm = circuits.token_qk(w, layer, head)
+        score = scores.qk_positivity(fm)
+    _check(cancelled)
+    try:
+        eig = fm.eigenvalues
+    except NonFiniteError:
+        # NaN/inf weights (flagged in HeadScores.nonfinite): an empty spectrum with a NaN
+        # score, like every other score of the head, rather than an error.
+        eig = torch.zeros(0, dtype=torch.complex64)
+    order = eig.abs().argsort(descending=True)
+    return Spectrum(
+        eigenvalues=readonly(eig[order], np.complex64),
+        score=float(score),
+        kind=kind,  # type: ignore[arg-type]
+        layer=layer,
+        head=head,
+    )
+
+
+def rotary_profile(model: Model, layer: int, head: int, offsets: tuple[int, ...]) -> Profile:
+    from headscope.engine.circuits import head_circuits as circuits
+
+    values = circuits.rotary_profile(model.weights, layer, head, list(offsets))
+    return Profile(layer, head, offsets, readonly(values, np.float32))
+
+
+def ablation_effect(model: Model, layer: int, head: int, seed: int = SEED) -> float:
+    """Loss increase on the seeded repeated sequence when the head's output is zeroed."""
+    from headscope.engine.circuits import scores
+
+    return float(scores.ablation_effect(model.weights, layer, head, seed=seed))
+
+
+# -- model-wide requests (sweeps) ---------------------------------------------------------------
+
+
+def nonfinite_heads(model: Model, behaviour: dict[str, Any] | None = None) -> np.ndarray:
+    """[L, H] bool: heads with a NaN/inf in their attention weights (or weights whose
+    products overflow float32), and, given the behaviour scores, heads whose scores are not
+    finite (finite weights whose attention overflows)."""
+    from headscope.engine.circuits import scores
+
+    flags = np.zeros((model.cfg.n_layers, model.cfg.n_heads), bool)
+    for layer, head in scores.nonfinite_heads(model.weights):
+        flags[layer, head] = True
+    for name in BEHAVIOURS if behaviour is not None else ():
+        flags |= ~np.isfinite(np.asarray(behaviour[name], dtype=np.float64))
+    return flags
+
+
+def _memo(store: ModelStore | None, name: str, shape: tuple[int, ...]) -> LayerMemo | None:
+    return None if store is None else store.memo(name, shape)
+
+
+def _monotone(progress: Progress) -> Progress:
+    """``progress`` that never goes back (a cluster run, then the local sweep reading its
+    parts back, both report over the same span)."""
+    if progress is None:
+        return None
+    best = [0.0]
+
+    def report(fraction: float) -> None:
+        best[0] = max(best[0], fraction)
+        progress(best[0])
+
+    return report
+
+
+def _sweep_memo(model: Model, store: ModelStore | None, name: str, shape: tuple[int, ...],
+                cluster: Cluster | None, progress: Progress, cancelled: Cancelled) -> Memo | None:
+    """The memo of one sweep; with a ``cluster``, its missing parts are computed there
+    first (engine.cluster) and the local sweep then only reads them back."""
+    memo = _memo(store, name, shape)
+    if cluster is None:
+        return memo
+    from headscope.engine.sweeps.cluster import KeptMemo, run_parts
+    from headscope.engine.sweeps.store import fingerprint
+
+    kept = KeptMemo(memo)
+    key = store.key if store is not None and store.key else fingerprint(model.checkpoint, model.raw)
+    run_parts(cluster, model, key, name, kept, progress, cancelled)
+    return kept
+
+
+def _stored_nonfinite(model: Model, store: ModelStore | None,
+                      known: np.ndarray | None = None) -> np.ndarray:
+    shape = (model.cfg.n_layers, model.cfg.n_heads)
+    found = None if store is None else store.load("nonfinite", "all", shape, bool)
+    if found is None:
+        found = nonfinite_heads(model) if known is None else known
+        if store is not None:
+            store.save("nonfinite", found)
+    return readonly(found, bool)
+
+
+def behaviour(model: Model, seed: int = SEED, cancelled: Cancelled = None,
+              progress: Progress = None, store: ModelStore | None = None,
+              weights_nonfinite: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Behavioural scores of every head (one batched forward pass) and the non-finite flags.
+
+    With a ``store``, the three tables are one stored part (a forward pass is not resumable);
+    read back, they need neither torch nor the weights. ``weights_nonfinite``:
+    ``nonfinite_heads(model)`` if the caller already has it (from the spectral sweep), so the
+    weights are not checked a second time.
+    """
+    return _behaviour(model, seed, cancelled, progress, store, weights_nonfinite)[0]
+
+
+def _behaviour(model: Model, seed: int, cancelled: Cancelled, progress: Progress,
+               store: ModelStore | None, weights_nonfinite: np.ndarray | None,
+               null_samples: int | None = None) -> tuple[dict[str, np.ndarray], ScoreNull | None]:
+    """``behaviour``, and with ``null_samples`` also ``score_null(samples=null_samples)``:
+    when neither is stored, both come from one forward pass (at 7B a pass reads 13 GB of
+    weights; the random heads read the stream the real heads read)."""
+    # The three behavioural tables and the two attention-sink tables are one stored part.
+    shape = (len(BEHAVIOURS) + len(SINKS), model.cfg.n_layers, model.cfg.n_heads)
+    stacked = None if store is None else store.load(behaviour_part(seed), "all", shape)
+    null = None if null_samples is None else _stored_null(model, seed, null_samples, store)
+    # Weights that are not finite (stored), or attention that is not (these scores).
+    flags = np.array(_stored_nonfinite(model, store, weights_nonfinite))
+    if stacked is None:
+        found, sinks, null_found = _behaviour_pass(
+            model, seed, flags, progress, cancelled, null_samples if null is None else None)
+        stacked = np.stack([*(np.asarray(found[b], dtype=np.float32) for b in BEHAVIOURS), *sinks])
+        if store is not None:
+            store.save(behaviour_part(seed), stacked)
+        if null_found is not None:
+            null = _null_of(model, seed, null_samples, null_found, store)  # type: ignore[arg-type]
+    elif progress is not None:
+        progress(1.0)
+    if null_samples is not None and null is None:  # the scores were stored, the null was not
+        null = score_null(model, seed, null_samples, store, cancelled)
+    out = {b: readonly(stacked[i], np.float32) for i, b in enumerate((*BEHAVIOURS, *SINKS))}
+    for b in BEHAVIOURS:
+        flags |= ~np.isfinite(np.asarray(out[b], dtype=np.float64))
+    out["nonfinite"] = readonly(flags, bool)
+    return out, null
+
+
+def _behaviour_pass(model: Model, seed: int, bad: np.ndarray, progress: Progress,
+                    cancelled: Cancelled, null_samples: int | None
+                    ) -> tuple[dict[str, Any], tuple[np.ndarray, np.ndarray], dict[str, Any] | None]:
+    """One forward pass of ``sink_batches`` side by side (``reading.passes``: each layer's
+    weights are read once): the behavioural scores on the repeated batch
+    (``scores.BehaviourSums``), the sink scores on every batch (``reading.SinkSums``) and,
+    with ``null_samples``, the random heads' behaviour (``reading.NullSums``): each the
+    numbers its own pass gives (up to float rounding: the MLPs of all batches run as one)."""
+    from headscope.engine.circuits import reading, scores
+
+    w = model.weights
+    repeated, natural = sink_batches(model, seed)
+    masks = delimiter_masks(model, natural)
+    found = scores.BehaviourSums(w, repeated, nonfinite=bad)  # the weight sweep's flags
+    sinks = reading.SinkSums(model.cfg, 1 + len(natural), [None, *masks])
+    null = None if null_samples is None else reading.NullSums(
+        w, repeated, natural, seed, null_samples, masks, cancelled)
+
+    def on_block(i: int, layer: int, x: Any, pattern: Any) -> None:
+        if i == 0:
+            found(layer, pattern)
+        sinks(i, layer, x, pattern)
+        if null is not None:
+            null(i, layer, x, pattern)
+
+    _check(cancelled)
+    reading.passes(w, [repeated, *natural], on_block, scores.per_layer(model.cfg.n_layers, progress, cancelled))
+    scores._release_free_heap()
+    return found.result(), _masked_sinks(*sinks.result(), bad), (None if null is None else null.result())
+
+
+def _masked_sinks(first: Any, delim: Any, bad: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The two sink tables as numpy, NaN for the heads with non-finite weights (``bad``)."""
+    first, delim = first.numpy(), delim.numpy()
+    first[bad] = np.nan
+    delim[bad] = np.nan
+    return readonly(first, np.float32), readonly(delim, np.float32)
+
+
+def behaviour_part(seed: int) -> str:
+    """The results-store name of ``behaviour``'s one part."""
+    return f"behaviour-seed{seed}"
+
+
+def score_table(
+    model: Model,
+    seed: int = SEED,
+    progress: Progress = None,
+    cancelled: Cancelled = None,
+    store: ModelStore | None = None,
+    cluster: Cluster | None = None,
+) -> ScoreTable:
+    """Every score of every head, ``[n_layers, n_heads]`` each, under ``SCORE_NAMES``.
+
+    The weight scores are ``weight_scores``' (numpy where ``engine.fast`` applies), so
+    ``heads`` and ``heads --no-behaviour`` give the same numbers bit for bit. torch is
+    imported only for the behavioural forward pass, on a background thread while the weight
+    sweep runs, and not at all when the store holds every part (a warm ``heads``).
+    """
+    return calibrated_score_table(model, seed, progress, cancelled, store, cluster, null_samples=None)[0]
+
+
+def calibrated_score_table(
+    model: Model,
+    seed: int = SEED,
+    progress: Progress = None,
+    cancelled: Cancelled = None,
+    store: ModelStore | None = None,
+    cluster: Cluster | None = None,
+    null_samples: int | None = NULL_SAMPLES,
+) -> tuple[ScoreTable, ScoreNull | None]:
+    """``score_table`` and ``score_null(samples=null_samples)`` (None: no null), the
+    behavioural scores of the real and of the random heads from one forward pass."""
+    if cluster is not None:
+        progress = _monotone(progress)
+    if progress is not None:
+        progress(0.0)
+    if not _stored(store, behaviour_part(seed)):
+        import_torch_in_background()
+    weights = weight_scores(model, _part(progress, 0.0, 0.7), cancelled, store, cluster)
+    found, null = _behaviour(model, seed, cancelled, _part(progress, 0.7, 0.98), store,
+                             weights["nonfinite"], null_samples)
+    _check(cancelled)
+    if store is not None:
+        store.finish()
+    if progress is not None:
+        progress(1.0)
+    return table_of(weights["copying_score"], weights["qk_positivity"], found), null
+
+
+def _stored(store: ModelStore | None, name: str) -> bool:
+    return store is not None and store.has(name)
+
+
+def import_torch_in_background() -> None:
+    """Start ``import torch`` on a daemon thread (a forward pass needs it; the weight algebra
+    before it does not): its 1-3 s overlap that algebra instead of preceding it. The main
+    thread's own ``import torch`` later waits for this one (Python's import lock)."""
+    import contextlib
+    import sys
+    import threading
+
+    if "torch" in sys.modules:
+        return
+
+    def load() -> None:
+        # a failure here is raised again, with its traceback, by the main thread's import
+        with contextlib.suppress(Exception):
+            import torch  # noqa: F401
+
+    threading.Thread(target=load, name="headscope-import-torch", daemon=True).start()
+
+
+def table_of(copying: Any, positivity: Any, found: dict[str, np.ndarray]) -> ScoreTable:
+    """The ``ScoreTable`` of the two weight sweeps and ``behaviour``'s tables (the one place
+    that names them, so a new behavioural score reaches every caller)."""
+    return ScoreTable(
+        copying_score=readonly(copying, np.float32),
+        qk_positivity=readonly(positivity, np.float32),
+        prev_token_score=found["prev_token"],
+        duplicate_token_score=found["duplicate_token"],
+        induction_score=found["induction"],
+        attention_sink_score=found["attention_sink"],
+        delimiter_sink_score=found["delimiter_sink"],
+        nonfinite=found["nonfinite"],
+    )
+
+
+def weight_scores(model: Model, progress: Progress = None, cancelled: Cancelled = None,
+                  store: ModelStore | None = None, cluster: Cluster | None = None
+                  ) -> dict[str, np.ndarray]:
+    """The weight-only scores of every head, ``[L, H]`` each: ``copying_score``,
+    ``qk_positivity`` and ``nonfinite`` (heads with non-finite or overflowing attention
+    weights), without a forward pass, and without torch where ``engine.fast`` applies.
+
+    ``store``: one part per score and layer (an interrupted sweep resumes) and the
+    ``nonfinite`` flags are read back or written. ``cluster``: the missing layers are
+    computed there first (engine.cluster, on the same numpy path), then read back here.
+    """
+    from headscope.engine.circuits import fast
+
+    n_heads = (model.cfg.n_heads,)
+    if cluster is not None:  # the cluster's parts, then their read-back, over the same span
+        progress = _monotone(progress)
+        memos: dict[str, Memo] | None = {
+            name: _sweep_memo(model, store, name, n_heads, cluster, _part(progress, i / 2, (i + 1) / 2),
+                              cancelled)
+            for i, name in enumerate(SPECTRAL_SWEEPS)}
+    else:
+        memos = None if store is None else {name: store.memo(name, n_heads) for name in SPECTRAL_SWEEPS}
+    arrays = fast.numpy_weights(model)
+    if arrays is not None:
+        flags = None if store is None else store.load(
+            "nonfinite", "all", (model.cfg.n_layers, model.cfg.n_heads), bool)
+        found = fast.spectral_scores(arrays, progress, cancelled, memos=memos, known_flags=flags)
+        nonfinite = found["nonfinite"] | found["overflow"]
+        if store is not None and flags is None:
+            store.save("nonfinite", nonfinite)
+    elif memos is None:
+        from headscope.engine.circuits import scores
+
+        found = {k: v.numpy() for k, v in scores.spectral_scores(model.weights, progress, cancelled).items()}
+        nonfinite = found["nonfinite"] | found["overflow"]
+    else:  # the stored (or cluster) sweeps, on torch (GGUF, float8, OPT-350m's products)
+        from headscope.engine.circuits import scores
+
+        found = {
+            "copying_score": scores.all_copying_scores(
+                model.weights, _part(progress, 0.0, 0.5), cancelled, memo=memos["copying_score"]).numpy(),
+            "qk_positivity": scores.all_qk_positivity(
+                model.weights, _part(progress, 0.5, 1.0), cancelled, memo=memos["qk_positivity"]).numpy(),
+        }
+        nonfinite = np.array(_stored_nonfinite(model, store))
+    if store is not None:
+        store.finish()
+    return {"copying_score": readonly(found["copying_score"], np.float32),
+            "qk_positivity": readonly(found["qk_positivity"], np.float32),
+            "nonfinite": readonly(nonfinite, bool)}
+
+
+SPECTRAL_SWEEPS = ("copying_score", "qk_positivity")  # their stored parts: one per layer
+
+
+def composition(
+    model: Model,
+    kind: str,
+    seed: int = SEED,
+    progress: Progress = None,
+    cancelled: Cancelled = None,
+    top: int = TOP_EDGES,
+    on_tile: Callable[[int, int, np.ndarray], None] | None = None,
+    store: ModelStore | None = None,
+    cluster: Cluster | None = None,
+) -> Composition:
+    """Q/K/V composition scores between all pairs of heads, and the ``top`` strongest edges.
+
+    ``on_tile(source_layer, target_layer, scores [H, H])`` gets each layer pair's scores as
+    soon as they are computed (a graph or a ``--top`` list can fill in during the sweep).
+    Stored per target layer (``scores.composition_scores``' tiles, on either path): the
+    scores do not depend on ``seed``, only the baseline does (not stored: it is cheap).
+    """
+    from headscope.engine.circuits import fast
+    from headscope.engine.core.validation import check_composition_kind
+
+    check_composition_kind(kind, str(model.path))
+    if cluster is not None:  # the missing tiles on the cluster first, then read back here
+        progress = _monotone(progress)
+    memo = _sweep_memo(model, store, f"composition-{kind}", (), cluster, progress, cancelled)
+    arrays = fast.numpy_weights(model)
+    if arrays is not None:  # torch-free (engine/fast.py): the same numbers
+        tile_cb = None if on_tile is None else (lambda t: on_tile(t.source, t.target, t.scores))
+        found_scores, baseline = fast.composition_scores(arrays, kind, seed, progress, cancelled,
+                                                         on_tile=tile_cb, memo=memo)
+        if store is not None:
+            store.finish()
+        values = readonly(found_scores, np.float32)
+        return Composition(kind, values, baseline, rank_edges(values, baseline, top))  # type: ignore[arg-type]
+    from headscope.engine.circuits import scores
+
+    torch_cb = None if on_tile is None else (lambda t: on_tile(t.source, t.target, t.scores.numpy()))
+    found = scores.composition_scores(
+        model.weights, kind, seed=seed, progress=progress, cancelled=cancelled,  # type: ignore[arg-type]
+        on_tile=torch_cb, memo=memo,
+    )
+    if store is not None:
+        store.finish()
+    values = readonly(found.scores, np.float32)
+    baseline = float(found.baseline)
+    return Composition(kind, values, baseline, rank_edges(values, baseline, top))  # type: ignore[arg-type]
+
+
+def ablation_effects(
+    model: Model,
+    seed: int = SEED,
+    progress: Progress = None,
+    cancelled: Cancelled = None,
+    store: ModelStore | None = None,
+) -> np.ndarray:
+    """``[n_layers, n_heads]`` zero-ablation effects of every head (``scores.ablation_effects``)."""
+    from headscope.engine.circuits import scores
+
+    effects = scores.ablation_effects(
+        model.weights, seed=seed, progress=progress, cancelled=cancelled,
+        memo=_memo(store, f"ablation-seed{seed}", (model.cfg.n_heads,)),
+    )
+    if store is not None:
+        store.finish()
+    return readonly(effects, np.float32)
+
+
+# -- reading a head (docs/math.md, "Reading a head") ----------------------------------------
+
+
+def sink_batches(model: Model, seed: int = SEED) -> tuple[Any, list[Any]]:
+    """The token batches of the sink scores and of the behavioural null: the seeded repeated
+    random sequences of the behavioural scores, and ``reading.NATURAL_PROMPTS`` encoded by
+    the model's tokenizer (none for a tokenizer that only knows ids), cut to ``n_ctx``."""
+    import torch
+
+    from headscope.engine.circuits import reading, scores
+    from headscope.engine.formats.tokenizer import IdTokenizer
+
+    cfg = model.cfg
+    repeated = scores.repeated_tokens(cfg.d_vocab, cfg.n_ctx, seed)
+    natural: list[Any] = []
+    if not isinstance(model.tokenizer, IdTokenizer):
+        for text in reading.NATURAL_PROMPTS:
+            ids = [i for i in encode(model.tokenizer, text) if 0 <= i < cfg.d_vocab][: cfg.n_ctx]
+            if len(ids) > reading.SINK_SKIP:
+                natural.append(torch.tensor([ids]))
+    return repeated, natural
+
+
+def delimiter_masks(model: Model, natural: Sequence[Any]) -> list[Any]:
+    """``[b, p]`` bool per natural batch: which tokens are delimiters (``reading.is_delimiter``
+    of the token's text)."""
+    import torch
+
+    from headscope.engine.circuits import reading
+
+    memo: dict[int, bool] = {}
+
+    def delimiter(token: int) -> bool:
+        if token not in memo:
+            memo[token] = reading.is_delimiter(label(model.tokenizer, token))
+        return memo[token]
+
+    return [torch.tensor([[delimiter(int(t)) for t in row] for row in tokens.tolist()])
+            for tokens in natural]
+
+
+def sink_tables(model: Model, seed: int = SEED, bad: np.ndarray | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """``[L, H]`` attention-sink scores on the first token and on delimiters
+    (``reading.sink_scores``), in one pass; NaN for heads with non-finite weights (``bad``,
+    ``nonfinite_heads(model)`` if not given)."""
+    from headscope.engine.circuits import reading
+
+    repeated, natural = sink_batches(model, seed)
+    masks = [None, *delimiter_masks(model, natural)]
+    first, delim = reading.sink_scores(model.weights, [repeated, *natural], masks)
+    return _masked_sinks(first, delim, nonfinite_heads(model) if bad is None else bad)
+
+
+def attention_sink(model: Model, seed: int = SEED) -> np.ndarray:
+    """``[L, H]`` attention-sink scores (the first token); NaN for heads with non-finite weights."""
+    return sink_tables(model, seed)[0]
+
+
+def delimiter_sink(model: Model, seed: int = SEED) -> np.ndarray:
+    """``[L, H]`` delimiter-sink scores (NaN without a tokenizer, or for non-finite heads)."""
+    return sink_tables(model, seed)[1]
+
+
+def singular_directions(model: Model, layer: int, head: int, kind: str, k: int, top: int
+                        ) -> SingularDirections:
+    """The top ``k`` singular directions of the full OV / token QK circuit, ``top`` tokens a
+    side (validated by ``requests.check_svd``)."""
+    from headscope.engine.circuits import head_circuits as circuits
+    from headscope.engine.circuits import reading
+
+    w = model.weights
+    fm = circuits.full_ov(w, layer, head) if kind == "ov" else circuits.token_qk(w, layer, head)
+    found = reading.signed_directions(fm, k)
+    tok = model.tokenizer
+    directions = []
+    for i in range(found.s.shape[0]):
+        in_ids, in_values = reading.top_by_magnitude(found.u[:, i], top)
+        out_ids, out_values = reading.top_by_magnitude(found.v[:, i], top)
+        directions.append(TokenDirection(
+            index=i, sigma=float(found.s[i]),
+            in_ids=tuple(in_ids), in_labels=tuple(label(tok, t) for t in in_ids),
+            in_values=readonly(in_values, np.float32),
+            out_ids=tuple(out_ids), out_labels=tuple(label(tok, t) for t in out_ids),
+            out_values=readonly(out_values, np.float32),
+            overlap=reading.overlap(in_ids, in_values, out_ids, out_values),
+        ))
+    overlaps = [d.overlap for d in directions]
+    return SingularDirections(
+        layer=layer, head=head, kind=kind,  # type: ignore[arg-type]
+        singular_values=readonly(found.s, np.float32), directions=tuple(directions),
+        overlap=float(np.mean(overlaps)) if overlaps else float("nan"),
+    )
+
+
+def _eigenvalues(fm: Any) -> Any:
+    import torch
+
+    try:
+        eig = fm.eigenvalues
+    except NonFiniteError:
+        return torch.zeros(0, dtype=torch.complex64)
+    return eig[eig.abs().argsort(descending=True)]
+
+
+def _diagonal_rate(block: Any) -> float:
+    """Fraction of the rows of a square block whose largest entry is on the diagonal."""
+    import torch
+
+    if block.shape[0] == 0:
+        return float("nan")
+    return float((block.argmax(1) == torch.arange(block.shape[0])).float().mean())
+
+
+def virtual_path(model: Model, req: PathRequest, seed: int = SEED) -> VirtualPath:
+    """The V- and K-composition virtual heads of ``req.source → req.target``: spectra and
+    scores, a ``rows × cols`` block of the K-path, and its diagonal rate on a seeded sample of
+    ``PATH_SAMPLE`` token ids (docs/math.md, "Virtual heads")."""
+    import torch
+
+    from headscope.engine.circuits import reading, scores
+
+    source, target, rows, cols = req.source, req.target, req.rows, req.cols
+    g = torch.Generator().manual_seed(seed)
+    sample = torch.randperm(model.cfg.d_vocab, generator=g)[:PATH_SAMPLE].tolist()
+
+    w, tok = model.weights, model.tokenizer
+    virtual = reading.virtual_ov(w, source, target)
+    path = reading.k_path(w, source, target)
+    try:
+        singular = virtual.S
+    except NonFiniteError:
+        singular = np.zeros(0)
+    block = path.block(list(rows), list(cols))
+    return VirtualPath(
+        source=source, target=target,
+        v_copying_score=float(scores.copying_score(virtual)),
+        v_eigenvalues=readonly(_eigenvalues(virtual), np.complex64),
+        v_singular_values=readonly(singular, np.float32),
+        k_positivity=float(scores.qk_positivity(path)),
+        k_diagonal=_diagonal_rate(path.block(list(sample), list(sample))),
+        k_eigenvalues=readonly(_eigenvalues(path), np.complex64),
+        k_block=readonly(block, np.float32),
+        row_ids=tuple(rows), col_ids=tuple(cols),
+        row_labels=tuple(label(tok, t) for t in rows),
+        col_labels=tuple(label(tok, t) for t in cols),
+    )
+
+
+def _finite_mean_std(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and standard deviation of each row's finite entries (NaN for a row with none),
+    without numpy's all-NaN warnings (warnings filters are not thread-safe)."""
+    finite = np.isfinite(values)
+    count = finite.sum(axis=1)
+    safe = np.where(finite, values, 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = safe.sum(axis=1) / count
+        var = (np.where(finite, values - mean[:, None], 0.0) ** 2).sum(axis=1) / count
+    return mean, np.sqrt(var)
+
+
+def score_null(model: Model, seed: int = SEED, samples: int | None = None,
+               store: ModelStore | None = None, cancelled: Cancelled = None) -> ScoreNull:
+    """Every score on random heads of the model's shapes and norms (docs/math.md,
+    "Calibrated scores"): mean and standard deviation per score and layer.
+
+    With a ``store``, computed once per model and seed (one stored part, mean and std), and
+    read back without torch. (``calibrated_score_table`` computes it in the forward pass of
+    the real heads' behavioural scores.)"""
+    samples = NULL_SAMPLES if samples is None else int(samples)
+    stored = _stored_null(model, seed, samples, store)
+    if stored is not None:
+        return stored
+    from headscope.engine.circuits import reading
+
+    repeated, natural = sink_batches(model, seed)
+    found = reading.behaviour_null(model.weights, repeated, natural, seed, samples,
+                                   delimiter_masks(model, natural), cancelled)
+    return _null_of(model, seed, samples, found, store)
+
+
+def _null_part(model: Model, seed: int, samples: int) -> tuple[str, tuple[int, ...]]:
+    return f"null-seed{seed}-n{samples}", (2, len(SCORE_NAMES), model.cfg.n_layers)
+
+
+def _stored_null(model: Model, seed: int, samples: int, store: ModelStore | None) -> ScoreNull | None:
+    part, shape = _null_part(model, seed, samples)
+    stored = None if store is None else store.load(part, "all", shape)
+    if stored is None:
+        return None
+    return ScoreNull(names=SCORE_NAMES, mean=readonly(stored[0], np.float32),
+                     std=readonly(stored[1], np.float32), samples=samples, seed=seed)
+
+
+def _null_middles(model: Model) -> tuple[Any, Any]:
+    """``W_U W_E`` and ``W_Eᵀ W_E`` as tensors: the weight sweep's (``fast``, kept) where
+    ``engine.fast`` applies, so a 7B model's vocabulary-sized products run once, and its
+    processed ``W_U`` (0.5 GB in float32) is never read for them."""
+    import torch
+
+    from headscope.engine.circuits import fast
+
+    arrays = fast.numpy_weights(model)
+    if arrays is not None:
+        kept = fast.kept_spectral_middles(arrays)
+        return torch.from_numpy(kept["copying_score"]), torch.from_numpy(kept["qk_positivity"])
+    w = model.weights
+    w_e, w_u = w.get("embed.W_E"), w.get("unembed.W_U")
+    return w_u @ w_e, w_e.T @ w_e
+
+
+def _null_of(model: Model, seed: int, samples: int, behaviour: dict[str, Any],
+             store: ModelStore | None) -> ScoreNull:
+    """The null from the random heads' behaviour (``reading.behaviour_null``) and their
+    spectral scores, stored."""
+    from headscope.engine.circuits import reading
+
+    cfg = model.cfg
+    middles = _null_middles(model)
+    found = {
+        "copying_score": reading.null_spectral_scores(middles[0], cfg.d_head, seed, samples),
+        "qk_positivity": reading.null_spectral_scores(middles[1], cfg.d_head, seed + 1, samples),
+    }
+    mean = np.zeros((len(SCORE_NAMES), cfg.n_layers))
+    std = np.zeros((len(SCORE_NAMES), cfg.n_layers))
+    for i, name in enumerate(SCORE_NAMES):
+        if name in found:
+            values = found[name].double().numpy()[None, :].repeat(cfg.n_layers, 0)
+        else:
+            values = behaviour[name.removesuffix("_score")].double().numpy()
+        mean[i], std[i] = _finite_mean_std(values)
+    if store is not None:
+        store.save(_null_part(model, seed, samples)[0], np.stack([mean, std]).astype(np.float32))
+    return ScoreNull(names=SCORE_NAMES, mean=readonly(mean, np.float32),
+                     std=readonly(std, np.float32), samples=samples, seed=seed)
+
+
+# -- prompts ----------------------------------------------------------------------------------
+
+
+class PromptRun:
+    """One prompt through the model, every head at once; per-head views are slices."""
+
+    def __init__(
+        self,
+        tokens: tuple[str, ...],
+        ids: tuple[int, ...],
+        patterns: np.ndarray,  # [L, H, q, k]
+        dla: np.ndarray,  # [L, H, pos]
+        predicted: tuple[int, ...],
+        top: tuple[tuple[int, str, float], ...],
+        truncated: bool,
+    ) -> None:
+        self.tokens, self.ids, self.patterns, self.dla = tokens, ids, patterns, dla
+        self.predicted, self.top, self.truncated = predicted, top, truncated
+        self.nbytes = int(patterns.nbytes + dla.nbytes) + 64 * len(ids)
+
+    def view(self, layer: int, head: int) -> PromptView:
+        return PromptView(
+            tokens=self.tokens,
+            ids=self.ids,
+            pattern=self.patterns[layer, head],
+            dla=self.dla[layer, head],
+            predicted=self.predicted,
+            top_predictions=self.top,
+            truncated=self.truncated,
+            layer=layer,
+            head=head,
+        )
+
+
+def encode(tokenizer: Any, text: str) -> list[int]:
+    ids = tokenizer.encode(text)
+    ids = getattr(ids, "ids", ids)
+    return [int(i) for i in ids]
+
+
+def run_prompt(
+    model: Model,
+    text: str,
+    *,
+    limit: int | None = None,
+    cancelled: Cancelled = None,
+    top_k: int = 10,
+) -> PromptRun:
+    """Tokenise ``text`` (cut to n_ctx) and run it: patterns, DLA and predictions of every head."""
+    import torch
+
+    from headscope.engine.forward import transformer as forward
+
+    cfg, w = model.cfg, model.weights
+    where = str(model.path)
+    ids = encode(model.tokenizer, text)
+    if not ids:
+        raise PromptError(where, "the prompt encodes to no tokens")
+    truncated = len(ids) > cfg.n_ctx
+    ids = ids[: cfg.n_ctx]
+    n = len(ids)
+    check_result_bytes(prompt_bytes(model.structure(), n), f"a {n}-token prompt", where, limit)
+    _check(cancelled)
+    result = forward.run(w, ids, return_head_outputs=True)
+    logits = result.logits[0]  # [pos, vocab]
+    predicted = logits.argmax(dim=-1)  # [pos]
+    dla = direct_logit_attribution(model, result, predicted)
+    probs = torch.softmax(logits[-1], dim=-1)
+    p_top, i_top = torch.topk(probs, min(top_k, probs.shape[0]))
+    tok = model.tokenizer
+    top = tuple((int(i), label(tok, int(i)), float(p)) for p, i in zip(p_top, i_top, strict=True))
+    return PromptRun(
+        tokens=tuple(label(tok, i) for i in ids),
+        ids=tuple(ids),
+        patterns=readonly(result.patterns[0], np.float32),
+        dla=readonly(dla, np.float32),
+        predicted=tuple(int(i) for i in predicted),
+        top=top,
+        truncated=truncated,
+    )
+
+
+def direct_logit_attribution(model: Model, result: Any, predicted: Any) -> Any:
+    """[L, H, pos]: each head's output at each position, through the final norm's scale,
+    dotted with ``W_U[:, predicted[pos]]`` — its direct share of that position's top logit.
+
+    LayerNorm subtracts the mean, so the head output is centred first (a no-op on processed
+    weights, whose writing weights are centred); on raw weights the final norm's gain, not
+    yet folded into ``W_U``, multiplies it. Post-LN models (BERT) have no such linear
+    decomposition: NaN.
+    """
+    import torch
+
+    cfg, w = model.cfg, model.weights
+    out = result.head_outputs[0]  # [L, H, pos, d_model]
+    if result.final_scale is None:
+        return torch.full(out.shape[:3], float("nan"))
+    if cfg.normalization in ("LN", "LNPre"):
+        out = out - out.mean(dim=-1, keepdim=True)
+    out = out / result.final_scale[0]  # [pos, 1] broadcasts over L, H
+    if cfg.normalization in ("LN", "RMS") and w.has("ln_final.w"):
+        out = out * w.get("ln_final.w")
+    w_u = w.get("unembed.W_U")[:, predicted]  # [d_model, pos]
+    return torch.einsum("lhpd,dp->lhp", out, w_u)
+
+
+def forward_tokens(model: Model, tokens: Sequence[int]) -> Any:
+    """The reference forward pass on validated token ids (``requests.check_tokens``)."""
+    from headscope.engine.forward import transformer as forward
+
+    return forward.run(model.weights, list(tokens))

@@ -1,0 +1,2 @@
+"""The ``headscope`` command line: one module per command or concern.
+"""

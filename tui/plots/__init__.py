@@ -1,0 +1,2 @@
+"""Figures and colour maps, turned into Rich text off the UI thread.
+"""

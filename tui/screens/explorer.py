@@ -1,0 +1,1079 @@
+"""The explorer screen: the head tree, the focus line, the tabs, and what is loaded in them.
+
+The app (tui/app.py) opens the engine and tells this screen when the model is ready
+(``ModelReady`` / ``ModelFailed``); from then on the screen owns the focused head (cursor
+moves are debounced), tab switching, the score sweeps and the per-tab loads. Each tab's view
+loads what it shows itself (``load(explorer, key)`` on the panes of widgets/views.py and
+compare.py), found through ``VIEWS``.
+
+Freshness: every load is tagged with what it was for (tab, head, weights generation, token
+set, ...). A result that arrives after the user moved on is dropped; per-tab workers are
+exclusive, so a newer request cancels the older one. Sweep results come back as messages
+tagged with the weights generation they were computed for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
+
+import numpy as np
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
+from textual.message import Message
+from textual.screen import Screen
+from textual.timer import Timer
+from textual.widget import Widget
+from textual.widgets import DataTable, Footer, Input, Static, TabbedContent, TabPane
+
+from headscope.engine.core.errors import CancelledError as EngineCancelled
+from headscope.engine.core.errors import HeadscopeError
+from headscope.engine.core.export import atomic_write_text
+from headscope.engine.core.results import HeadScores, ScoreNull
+from headscope.tui.base.labels import (
+    ABLATION,
+    ABLATION_LABEL,
+    SCORES,
+    SHORT,
+    SINKS,
+    jsonable,
+    score,
+    score_rows,
+    stats_line,
+    z_score,
+    z_text,
+)
+from headscope.tui.screens.dialogs import InputScreen
+from headscope.tui.widgets.chart import Chart
+from headscope.tui.widgets.compare import ChangesPane, focus_text, head_changes
+from headscope.tui.widgets.head_tree import HeadTree
+from headscope.tui.widgets.panes import (
+    ROTARY_OFFSETS,
+    CompositionPane,
+    OVPane,
+    PromptPane,
+    QKPane,
+    SpectrumPane,
+    SummaryPane,
+)
+from headscope.tui.widgets.reading import N_DIRECTIONS, N_TOKENS, DirectionsPanel, PathScreen
+from headscope.tui.widgets.status import StatusBar
+from headscope.tui.widgets.timeline import TimelinePane
+
+if TYPE_CHECKING:
+    from headscope.engine.sweeps.diff import ModelDiff
+    from headscope.tui.app import HeadscopeApp
+    from headscope.tui.base.protocols import ExplorerEngine
+    from headscope.tui.session.compare import CompareMode
+
+Head = tuple[int, int]
+LoadKey = tuple[Any, ...]  # (tab, head or None, weights generation, what else the view shows)
+TABS = ("qk", "ov", "spectrum", "prompt", "composition", "summary", "changes", "timeline")
+TAB_TITLES = {"qk": "1 QK", "ov": "2 OV", "spectrum": "3 Spectrum", "prompt": "4 Prompt",
+              "composition": "5 Composition", "summary": "6 Summary", "changes": "7 Changes",
+              "timeline": "8 Timeline"}
+PER_HEAD = ("qk", "ov", "spectrum", "prompt")  # the tabs that show the focused head
+
+
+class TabView(Protocol):
+    """A tab's pane: it asks the engine for what it shows, for the load ``key``."""
+
+    async def load(self, ex: ExplorerScreen, key: LoadKey) -> None: ...
+
+
+# Each tab's view: the pane that loads and draws it (a TabView).
+VIEWS: dict[str, type[Widget]] = {
+    "qk": QKPane, "ov": OVPane, "spectrum": SpectrumPane, "prompt": PromptPane,
+    "composition": CompositionPane, "summary": SummaryPane, "changes": ChangesPane,
+    "timeline": TimelinePane}
+NARROW = 100  # below this many columns, panes stack and the tree narrows
+TREE_FILTERS: tuple[tuple[str, str], ...] = (
+    ("induction_score", "induction"), ("prev_token_score", "prev-token"),
+    ("copying_score", "copying"), ("sink", "sink"))  # sink: on the first token or delimiters
+SHORT_LABELS = {"copying_score": "copy", "qk_positivity": "QK+", "prev_token_score": "prev",
+                "induction_score": "ind"}  # the focus line on a narrow terminal: no room for dup-tok
+FILTER_THRESHOLD = 0.3  # the middling badge strength: what "has the behaviour" means
+
+
+# -- messages: what the app and the explorer's workers report (to the explorer only) ----------
+@dataclass
+class ModelReady(Message, bubble=False):
+    """The engine has opened the model (the app → the explorer)."""
+
+
+@dataclass
+class ModelFailed(Message, bubble=False):
+    """The model could not be opened or made ready (the app → the explorer): ``error`` for
+    the status bar, ``charts`` for every chart."""
+
+    error: str
+    charts: str
+
+
+@dataclass
+class ScoresSwept(Message, bubble=False):
+    """Every head's scores, for the weights of generation ``gen``."""
+
+    rows: list[HeadScores]
+    gen: int
+
+
+@dataclass
+class HeadScored(Message, bubble=False):
+    """One head's scores (before the sweep reached it), for generation ``gen``."""
+
+    scores: HeadScores
+    gen: int
+
+
+@dataclass
+class AblationSwept(Message, bubble=False):
+    """The zero-ablation effect of every head [L, H], for generation ``gen``."""
+
+    effects: np.ndarray
+    gen: int
+
+
+@dataclass
+class NullLoaded(Message, bubble=False):
+    """The scores of random heads (``Engine.score_null``), for generation ``gen``."""
+
+    null: ScoreNull
+    gen: int
+
+
+@dataclass
+class Compared(Message, bubble=False):
+    """The diff A → B (compare mode), for generation ``gen``."""
+
+    diff: ModelDiff
+    gen: int
+
+
+class FocusLine(Static):
+    """The focused head and its scores: the richest of the lines it is given that fits its
+    width (chosen again on every resize), so no number is ever cut."""
+
+    def show(self, choices: list[Text]) -> None:
+        self._choices = choices
+        self._fit()
+
+    def _fit(self) -> None:
+        choices = getattr(self, "_choices", None) or [Text()]
+        room = self.content_size.width
+        self.update(next((c for c in choices if not room or c.cell_len <= room), choices[-1]))
+
+    def on_resize(self) -> None:
+        self._fit()
+
+
+class ExplorerScreen(Screen[None]):
+    # Escape leaves any input or pane for the head tree; the footer shows it only away from
+    # the tree (check_action), so it says how to get back.
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "leave_input", "Back to heads", key_display="esc", id="leave-input",
+                tooltip="Leave the prompt box (or any pane) for the head tree"),
+    ]
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "leave_input":
+            return self.focused is not None and not isinstance(self.focused, HeadTree)
+        return True
+
+    def action_leave_input(self) -> None:
+        self.query_one(HeadTree).focus()
+
+    def __init__(self, *, debounce: float = 0.1, sweep: bool = True, prompt: str = "",
+                 head: Head | None = None, tokens_text: str = "") -> None:
+        super().__init__()
+        self.debounce = debounce
+        self.auto_sweep = sweep
+        self.prompt_text = prompt
+        self.initial_head = head  # focused once the model is open (checked against its shape)
+        self.head: Head | None = None
+        self.active_tab = "qk"
+        self.tokens: list[int] | None = None
+        self.tokens_text = tokens_text
+        self.source_index = 0
+        self.qk_offset = 0  # rotary QK: the offset Δ shown (Widget.offset is taken)
+        self.tree_filter: str | None = None
+        # The directions panel beside the QK/OV heatmaps: the user's choice once v is pressed;
+        # None before (shown unless the terminal is narrow or in compare mode).
+        self.directions_choice: bool | None = None
+        self.rows: dict[Head, HeadScores] = {}
+        self.summary_sort: str | None = None
+        # Zero-ablation effect of every head [L, H] (the opt-in sweep, key a), this gen's.
+        self.ablation: np.ndarray | None = None
+        self.results: dict[str, Any] = {}
+        self.sweep_progress: float | None = None
+        self.gen = 0  # bumped when the weights change (raw/processed)
+        self._tokens_gen = 0
+        self._loaded: dict[str, tuple] = {}
+        self._pending: Head | None = None
+        self._focus_other: str | None = None  # the focus line shows the embed/unembed/MLP
+        # The random-head null of the scores (docs/math.md): the z's, once it arrives.
+        self.null: ScoreNull | None = None
+        self._null_failed = -1  # the generation whose null the engine could not compute
+        self._debounce_timer: Timer | None = None
+
+    # -- what the app owns ---------------------------------------------------------------
+    @property
+    def headscope(self) -> HeadscopeApp:
+        return cast("HeadscopeApp", self.app)
+
+    @property
+    def engine(self) -> ExplorerEngine:
+        engine = self.headscope.engine
+        assert engine is not None  # asked for only once the model is open
+        return engine
+
+    @property
+    def compare(self) -> CompareMode:
+        return self.headscope.compare
+
+    @property
+    def structure(self) -> dict[str, Any]:
+        return self.headscope.structure
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.structure.get("n_layers") or 0)
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.structure.get("n_heads") or 0)
+
+    def report(self, message: str) -> None:
+        self.headscope.report(message)
+
+    # -- layout ---------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        app = self.headscope
+        yield StatusBar(id="status")
+        with Horizontal(id="main"):
+            yield HeadTree(None if app.open_error else self.structure, id="tree")
+            with Vertical(id="center"):
+                yield FocusLine(id="focus-line")
+                with TabbedContent(id="tabs", initial="qk"):
+                    with TabPane(TAB_TITLES["qk"], id="qk"):
+                        yield QKPane(id="qk-pane")
+                    with TabPane(TAB_TITLES["ov"], id="ov"):
+                        yield OVPane(id="ov-pane")
+                    with TabPane(TAB_TITLES["spectrum"], id="spectrum"):
+                        yield SpectrumPane(id="spectrum-pane")
+                    with TabPane(TAB_TITLES["prompt"], id="prompt"):
+                        yield PromptPane(id="prompt-pane")
+                    with TabPane(TAB_TITLES["composition"], id="composition"):
+                        yield CompositionPane(id="composition-pane")
+                    with TabPane(TAB_TITLES["summary"], id="summary"):
+                        yield SummaryPane(id="summary-pane")
+                    if self.compare.enabled:
+                        with TabPane(TAB_TITLES["changes"], id="changes"):
+                            yield ChangesPane(id="changes-pane")
+                    if self.headscope.timeline.enabled:
+                        with TabPane(TAB_TITLES["timeline"], id="timeline"):
+                            yield TimelinePane(id="timeline-pane")
+        # compact, and no "^p palette" (it is in the help screen): every key then fits in
+        # 120 columns, SVG and Export included
+        yield Footer(compact=True, show_command_palette=False)
+
+    def on_mount(self) -> None:
+        app = self.headscope
+        status = self.query_one(StatusBar)
+        status.structure = self.structure
+        status.raw = app.raw
+        if self.compare.path is not None:
+            self.add_class("compare")
+            status.compare = Path(self.compare.path).name or self.compare.path
+        self.layout_for(app.size.width)
+        self.set_interval(0.15, self._tick)
+        if self.prompt_text:
+            self.query_one("#prompt-input", Input).value = self.prompt_text
+        # Tabs are switched with 1-8 (and the mouse), so the tab strip takes no focus: `tab`
+        # from the head tree goes straight to the active pane's list (the composition edges,
+        # the Summary table), not to the strip first.
+        self.query_one("#tabs", TabbedContent).query_one("ContentTabs").can_focus = False
+        self.query_one(HeadTree).focus()
+        app.explorer_mounted()
+
+    def layout_for(self, width: int) -> None:
+        self.set_class(width < NARROW, "narrow")
+        with contextlib.suppress(NoMatches):
+            self.query_one(HeadTree).set_compact(width < NARROW)
+        self._apply_directions()
+
+    @property
+    def directions_visible(self) -> bool:
+        if self.directions_choice is not None:
+            return self.directions_choice
+        return not self.has_class("narrow") and not self.compare.enabled
+
+    def _apply_directions(self) -> None:
+        visible = self.directions_visible
+        self.set_class(visible, "directions-on")
+        self.set_class(not visible, "directions-off")
+
+    def restyle(self) -> None:
+        for chart in self.query(Chart):
+            chart.refresh()
+        for panel in self.query(DirectionsPanel):
+            panel.redraw()
+        self.query_one(HeadTree).refresh_badges()
+
+    # -- the model opening ----------------------------------------------------------------
+    @on(ModelFailed)
+    def _model_failed(self, msg: ModelFailed) -> None:
+        self.query_one(StatusBar).error = msg.error
+        for chart in self.query(Chart):
+            chart.message(msg.charts)
+
+    @on(ModelReady)
+    def _model_ready(self) -> None:
+        self.query_one(StatusBar).structure = self.structure
+        self.run_worker(self._start(), group="startup", exit_on_error=False)
+
+    async def _start(self) -> None:
+        if self.tokens_text and self.tokens is None:
+            await self._set_tokens(self.tokens_text, reload=False)
+        if self.head is None and self.n_layers and self.n_heads:
+            self.goto_head(self._first_head(), immediate=True)
+        else:
+            self._load_active(force=True)
+        if self.auto_sweep:
+            self.start_sweep()
+        if self.compare.error is not None:
+            self.report(f"compare: {self.compare.error}")
+        self.start_compare()
+
+    def _first_head(self) -> Head:
+        """``head=`` of the app if the model has it, else L0.H0 (and say why)."""
+        if self.initial_head is None:
+            return (0, 0)
+        layer, head = self.initial_head
+        if 0 <= layer < self.n_layers and 0 <= head < self.n_heads:
+            return (layer, head)
+        self.report(f"{self.headscope.path}: no head L{layer}.H{head} (the model has "
+                    f"{self.n_layers} layers × {self.n_heads} heads); showing L0.H0")
+        return (0, 0)
+
+    # -- compare mode -----------------------------------------------------------------------
+    def start_compare(self) -> None:
+        if self.compare.engine_b is None:
+            return
+        self.run_worker(self._compare(self.gen), group="compare", exclusive=True,
+                        exit_on_error=False)
+
+    async def _compare(self, gen: int) -> None:
+        """Diff A → B on the engine's workers; ``Compared`` then updates the views."""
+        with contextlib.suppress(NoMatches):
+            self.query_one(ChangesPane).waiting("comparing A and B (scores, circuits, "
+                                                "composition of both)…")
+        try:
+            diff = await self.engine.compare(self.compare.engine_b,
+                                             match_heads=self.compare.match_heads)
+        except EngineCancelled:
+            return
+        except HeadscopeError as err:
+            self.report(f"compare: {err}")
+            with contextlib.suppress(NoMatches):
+                self.query_one(ChangesPane).waiting(f"cannot compare: {err}")
+            return
+        self.post_message(Compared(diff, gen))
+
+    @on(Compared)
+    def _compared(self, msg: Compared) -> None:
+        """Badges, focus line and Changes tab from the diff."""
+        if msg.gen != self.gen:
+            return
+        self.compare.diff = msg.diff
+        self.results["changes"] = msg.diff
+        self.query_one(HeadTree).set_deltas(head_changes(msg.diff))
+        self._update_focus_line()
+        if self.compare.match_heads and self.active_tab in PER_HEAD:
+            self._load_active(force=True)  # B's side waited for the matching
+        if self.active_tab == "changes":
+            self._load_active(force=True)
+
+    # -- scores -----------------------------------------------------------------------------
+    def start_sweep(self) -> None:
+        self.run_worker(self._sweep(self.gen), group="sweep", exclusive=True,
+                        exit_on_error=False)
+
+    async def _sweep(self, gen: int) -> None:
+        table = await self._swept(self.engine.all_head_scores)
+        if table is not None:
+            self.post_message(ScoresSwept(score_rows(table), gen))
+
+    @on(ScoresSwept)
+    def _scores_swept(self, msg: ScoresSwept) -> None:
+        if msg.gen == self.gen:
+            self.set_scores(msg.rows)
+
+    async def _swept(self, sweep: Callable[..., Awaitable[Any]]) -> Any:
+        """Run an engine sweep, its progress in the status bar; ``None`` if it was cancelled
+        or failed (reported)."""
+        def progress(fraction: float) -> None:
+            # Called from engine threads: a plain assignment, read by the status tick.
+            self.sweep_progress = float(fraction)
+
+        self.sweep_progress = 0.0
+        try:
+            return await sweep(progress=progress)
+        except EngineCancelled:
+            return None
+        except HeadscopeError as err:
+            self.report(str(err))
+            return None
+        finally:
+            self.sweep_progress = None
+
+    def set_scores(self, rows: list[HeadScores]) -> None:
+        for r in rows:
+            self.rows[(r.layer, r.head)] = r
+        self.query_one(HeadTree).set_scores(rows)
+        self.show_summary()
+        self._update_focus_line()
+        self.want_null()  # after the scores, never before them
+
+    async def _head_scores(self, head: Head, gen: int) -> None:
+        await self.headscope.model_ready.wait()
+        try:
+            hs = await self.engine.head_scores(*head)
+        except EngineCancelled:
+            return
+        except HeadscopeError as err:
+            self.report(str(err))
+            return
+        self.post_message(HeadScored(hs, gen))
+
+    @on(HeadScored)
+    def _head_scored(self, msg: HeadScored) -> None:
+        if msg.gen == self.gen:
+            self.rows[(msg.scores.layer, msg.scores.head)] = msg.scores
+            self.query_one(HeadTree).set_scores([msg.scores])
+            self._update_focus_line()
+            self.want_null()
+
+    def action_ablation_sweep(self) -> None:
+        """Zero-ablate every head in turn (engine worker); the Summary tab shows the result."""
+        if self.headscope.engine is None:
+            return
+        self.action_show_tab("summary")
+        if self.ablation is not None:
+            self.sort_summary(ABLATION)
+            return
+        if any(w.group == "ablation" and not w.is_finished for w in self.app.workers):
+            self.notify("the ablation sweep is already running", timeout=2)
+            return
+        self.notify("zero-ablating every head: loss on the repeated half of random tokens…",
+                    title="ablation sweep", timeout=3)
+        self.run_worker(self._ablation_sweep(self.gen), group="ablation", exit_on_error=False)
+
+    async def _ablation_sweep(self, gen: int) -> None:
+        await self.headscope.model_ready.wait()
+        effects = await self._swept(self.engine.all_ablation_effects)
+        if effects is not None:
+            self.post_message(AblationSwept(effects, gen))
+
+    @on(AblationSwept)
+    def _ablation_swept(self, msg: AblationSwept) -> None:
+        if msg.gen != self.gen:
+            return
+        effects = msg.effects
+        self.ablation = effects
+        top = np.unravel_index(np.nanargmax(effects), effects.shape) if np.isfinite(effects).any() \
+            else None
+        if top is not None:
+            self.notify(f"zeroing L{top[0]}.H{top[1]} costs the most: "
+                        f"{float(effects[top]):+.2f} nats", title="ablation sweep")
+        else:  # a NaN anywhere in the weights makes the clean loss itself NaN
+            self.notify("no ablation effect is finite: the model's own loss is not "
+                        "(non-finite weights, marked ! in the tree)", title="ablation sweep",
+                        severity="warning")
+        self._update_focus_line()
+        self.summary_sort = ABLATION  # shown sorted; no tab switch if the user moved on
+        if self.active_tab == "summary":
+            self.show_summary()
+
+    def ablation_of(self, head: Head) -> float:
+        """The head's zero-ablation effect, NaN until the sweep (``a``) has run."""
+        return math.nan if self.ablation is None else float(self.ablation[head])
+
+    def _summary_value(self, row: HeadScores, key: str) -> float:
+        return self.ablation_of((row.layer, row.head)) if key == ABLATION else score(row, key)
+
+    def show_summary(self) -> None:
+        rows = sorted(self.rows.values(), key=lambda r: (r.layer, r.head))
+        if self.summary_sort is not None:
+            k = self.summary_sort
+            value = partial(self._summary_value, key=k)
+            rows.sort(key=lambda r: (math.isnan(value(r)), -value(r) if not math.isnan(value(r))
+                                     else 0.0))
+        ablation = [self.ablation_of((r.layer, r.head)) for r in rows]
+        self.query_one(SummaryPane).show(
+            rows, ablation if self.ablation is not None else None, self.summary_sort, self.null)
+        self.results["summary"] = [
+            {**dataclasses.asdict(r), **{f"{k}_z": z_score(self.null, r, k) for k, _ in SCORES},
+             "ablation_effect": a} for r, a in zip(rows, ablation, strict=True)]
+
+    def sort_summary(self, key: str) -> None:
+        self.summary_sort = key
+        self.show_summary()
+        if self.active_tab != "summary":
+            self.action_show_tab("summary")
+
+    def action_cycle_sort(self) -> None:
+        keys = [k for k, _ in SCORES] + ([ABLATION] if self.ablation is not None else [])
+        i = keys.index(self.summary_sort) if self.summary_sort in keys else -1
+        self.sort_summary(keys[(i + 1) % len(keys)])
+
+    # -- focus ----------------------------------------------------------------------------
+    @on(HeadTree.HeadHighlighted)
+    def _highlighted(self, msg: HeadTree.HeadHighlighted) -> None:
+        if msg.head is None:
+            self._pending = None
+            if msg.data is not None and msg.data.kind != "layer":
+                self._update_focus_line(msg.data.kind)
+            return
+        self._pending = msg.head
+        if msg.head == self.head and self._focus_other is not None:
+            self._update_focus_line()  # back on the focused head (a filtered tree rebuilt)
+        if self._debounce_timer is not None:
+            self._debounce_timer.stop()
+        self._debounce_timer = self.set_timer(self.debounce, self._apply_pending)
+
+    @property
+    def focus_pending(self) -> bool:
+        """A cursor move in the tree waits for its debounce before the head is focused."""
+        return self._pending is not None and self._pending != self.head
+
+    def _apply_pending(self) -> None:
+        if self._pending is not None and self._pending != self.head:
+            self.set_head(self._pending)
+
+    @on(HeadTree.HeadChosen)
+    def _chosen(self, msg: HeadTree.HeadChosen) -> None:
+        if self._debounce_timer is not None:
+            self._debounce_timer.stop()
+        self.set_head(msg.head)
+
+    def set_head(self, head: Head) -> None:
+        engine = self.headscope.engine
+        if engine is None:
+            return
+        self.head = head
+        with contextlib.suppress(Exception):  # a priority hint only; never fatal
+            engine.focus(*head)
+        self.source_index = 0
+        self._update_focus_line()
+        self._load_active()
+        if head not in self.rows:
+            self.run_worker(self._head_scores(head, self.gen), group="head-scores",
+                            exclusive=True, exit_on_error=False)
+
+    def goto_head(self, head: Head, *, immediate: bool = False) -> None:
+        self.query_one(HeadTree).select_head(head)
+        if immediate or self.head is None:
+            if self._debounce_timer is not None:
+                self._debounce_timer.stop()
+            self.set_head(head)
+
+    def action_step_head(self, step: int) -> None:
+        if not self.n_layers or not self.n_heads:
+            return
+        heads = [(layer, h) for layer in range(self.n_layers) for h in range(self.n_heads)]
+        i = heads.index(self.head) if self.head in heads else -step
+        self.goto_head(heads[(i + step) % len(heads)])
+
+    def _score_texts(self, row: HeadScores) -> list[Text]:
+        """The focus line's scores, richest first: each a candidate line (the first that fits
+        the line's width is shown, so no number is ever cut). With the null, each score
+        carries its z ("ind +0.95 z=41"); the sink scores only on a sink head."""
+        sinks = [k for k in SINKS if score(row, k) >= FILTER_THRESHOLD]
+        full = [k for k, _ in SCORES if k not in SINKS] + sinks
+        lean = [k for k in full if k in SHORT_LABELS or k in sinks]  # no dup-tok
+        labels, short = dict(SCORES), {**SHORT, **SHORT_LABELS}
+        ablation = self.ablation_of(self.head) if self.head is not None else math.nan
+        z = {k: z_text(z_score(self.null, row, k)) for k in full}
+        top = max(full, key=lambda k: z_score(self.null, row, k)
+                  if z_score(self.null, row, k) == z_score(self.null, row, k) else -math.inf)
+        core = [k for k in lean if k not in SINKS]
+        few = ["copying_score", "prev_token_score", "induction_score"]
+        plans = [(full, labels, full), (full, short, full), (lean, short, lean),
+                 (lean, short, [top]), (core, short, [top]), (lean, short, []),
+                 (core, short, []), (few, short, [])]
+        out = []
+        for keys, names, with_z in plans:
+            text = Text()
+            for i, key in enumerate(keys):
+                v = score(row, key)
+                if i:
+                    text.append("· ", style="dim")
+                text.append(f"{names[key]} {v:+.2f} " if v == v else f"{names[key]} — ")
+                if key in with_z and z[key]:
+                    text.append(f"{z[key]} ", style="dim")
+            if not math.isnan(ablation):
+                text.append("· ", style="dim")
+                text.append(f"{'abl' if names is short else ABLATION_LABEL} {ablation:+.2f} ")
+            text.rstrip()
+            out.append(text)
+        return out
+
+    def _update_focus_line(self, other: str | None = None) -> None:
+        line = self.query_one("#focus-line", FocusLine)
+        self._focus_other = other
+        if other is not None:
+            s = self.structure
+            text = {"embed": f"Embed: W_E [{s.get('d_vocab')}, {s.get('d_model')}]"
+                             + (f", W_pos [{s.get('n_ctx')}, {s.get('d_model')}]"
+                                if s.get("positional") == "learned" else ""),
+                    "unembed": f"Unembed: W_U [{s.get('d_model')}, {s.get('d_vocab')}]"
+                               + (" — tied: W_Eᵀ" if s.get("tied_unembed") else ""),
+                    "mlp": f"MLP: d_mlp {s.get('d_mlp')}"}.get(other, "")
+            line.show([Text(text)])
+            return
+        if self.head is None:
+            line.show([Text()])
+            return
+        layer, head = self.head
+        # Spans start with a visible character (see StatusBar.render): head │ score · score.
+        text = Text()
+        text.append(f"L{layer}.H{head} ", style="bold")
+        row = self.rows.get(self.head)
+        diff = self.compare.diff
+        versus = focus_text(diff, self.head, self.size.width < NARROW) \
+            if diff is not None else None
+        if versus is not None:  # compare mode: A → B instead of A's scores alone
+            text.append_text(versus)
+        choices = [text]
+        if versus is None and row is not None:
+            text.append("│ ", style="dim")
+            choices = [text + scores for scores in self._score_texts(row)]
+        if row is not None and row.nonfinite:
+            for choice in choices:
+                choice.append(("" if choice.plain.endswith(" ") else " ") + "non-finite weights",
+                              style="bold red")
+        self.query_one(StatusBar).focus_text = f"L{layer}.H{head}"
+        line.show(choices)
+
+    # -- tabs and loading ---------------------------------------------------------------
+    @on(TabbedContent.TabActivated)
+    def _tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        if event.tabbed_content.id != "tabs":
+            return
+        self.active_tab = event.pane.id or "qk"
+        self._load_active()
+
+    def action_show_tab(self, tab: str) -> None:
+        if tab == "changes" and not self.compare.enabled:
+            self.notify("no model B: open with headscope A --compare B", severity="warning")
+            return
+        if tab == "timeline" and not self.headscope.timeline.enabled:
+            self.notify("no timeline: open a series with headscope --timeline PATH",
+                        severity="warning")
+            return
+        self.query_one("#tabs", TabbedContent).active = tab
+        self.active_tab = tab
+        self._load_active()
+
+    def _key(self, tab: str) -> LoadKey:
+        extra: tuple = ()
+        if tab in ("qk", "ov"):
+            extra = (self._tokens_gen, self.qk_offset, self.source_index, self.compare.view)
+        elif tab == "prompt":
+            extra = (self.prompt_text,)
+        elif tab == "composition":
+            extra = (self.query_one(CompositionPane).kind,)
+        elif tab == "changes":
+            extra = (self.compare.changes_kind, id(self.compare.diff))
+        elif tab == "timeline":
+            timeline = self.headscope.timeline
+            extra = (timeline.index, id(timeline.timeline), self.head)
+        return (tab, self.head if tab in PER_HEAD else None, self.gen, *extra)
+
+    def fresh(self, key: LoadKey) -> bool:
+        """Whether a load for ``key`` is still what its tab should show."""
+        return self._key(key[0]) == key
+
+    def _load_active(self, force: bool = False) -> None:
+        tab = self.active_tab
+        if self.headscope.engine is None or self.headscope.ready_failed:
+            return
+        if tab in PER_HEAD and self.head is None:
+            return
+        if tab in ("qk", "ov"):
+            self._load_directions()
+        key = self._key(tab)
+        if not force and self._loaded.get(tab) == key:
+            return
+        self._loaded[tab] = key
+        self.run_worker(self._load(key), group=f"load-{tab}", exclusive=True,
+                        exit_on_error=False)
+
+    async def _load(self, key: LoadKey) -> None:
+        await self.headscope.model_ready.wait()
+        tab = key[0]
+        try:
+            view = cast(TabView, self.query_one(VIEWS[tab]))
+            await view.load(self, key)
+        except EngineCancelled:
+            if self._loaded.get(tab) == key:
+                self._loaded.pop(tab, None)
+        except HeadscopeError as err:
+            self.report(str(err))
+        except Exception as err:  # keep running: an engine bug becomes a notification
+            self.report(f"{tab}: unexpected error {err!r}")
+
+    # -- the directions panel (tui/reading_screens.py) -----------------------------------
+    def _load_directions(self) -> None:
+        """The focused head's singular directions in the active tab's panel (QK or OV): from
+        the panel's cache, else asked of the engine in a worker (a loading note meanwhile)."""
+        tab = self.active_tab
+        if tab not in ("qk", "ov") or self.head is None or not self.directions_visible \
+                or self.headscope.engine is None or self.headscope.ready_failed:
+            return
+        panel = self.query_one(f"#{tab}-directions", DirectionsPanel)
+        key = (self.head, self.gen)
+        if panel.key == key:  # shown, or on its way
+            return
+        cached = panel.cache.get(key)
+        if cached is not None:
+            panel.show(key, cached)
+            return
+        panel.loading(key)
+        self.run_worker(self._directions(panel, key), group=f"directions-{tab}",
+                        exclusive=True, exit_on_error=False)
+
+    async def _directions(self, panel: DirectionsPanel, key: tuple[Head, int]) -> None:
+        await self.headscope.model_ready.wait()
+        (layer, head), _gen = key
+        try:
+            found = await self.engine.singular_directions(layer, head, panel.kind,
+                                                          k=N_DIRECTIONS, top=N_TOKENS)
+        except EngineCancelled:
+            if panel.key == key:
+                panel.key = None  # asked again at the next load
+            return
+        except HeadscopeError as err:
+            if panel.key == key:
+                panel.failed(f"cannot read the directions: {err}")
+            return
+        except Exception as err:  # keep running: an engine bug becomes a notification
+            self.report(f"directions: unexpected error {err!r}")
+            if panel.key == key:
+                panel.failed("cannot read the directions (see the notification)")
+            return
+        if panel.key == key:
+            panel.show(key, found)
+
+    def action_toggle_directions(self) -> None:
+        """Show or hide the directions panel (from another tab: the OV tab, with it)."""
+        if self.active_tab not in ("qk", "ov"):
+            self.directions_choice = True
+            self._apply_directions()
+            self.action_show_tab("ov")
+            return
+        self.directions_choice = not self.directions_visible
+        self._apply_directions()
+        self._load_directions()
+
+    def action_step_direction(self, step: int) -> None:
+        """The next or previous singular direction in the panel (shown first if hidden)."""
+        if self.active_tab not in ("qk", "ov"):
+            self.notify("( ) step the singular directions on the QK and OV tabs (1, 2)",
+                        timeout=2)
+            return
+        if not self.directions_visible:
+            self.action_toggle_directions()
+            return
+        self.query_one(f"#{self.active_tab}-directions", DirectionsPanel).step(step)
+
+    def open_path(self, source: Head, target: Head) -> None:
+        """The virtual heads of the composition edge ``source → target`` (a dialog; ``g``
+        there focuses ``target``)."""
+        if self.headscope.engine is None:
+            return
+        self.app.push_screen(PathScreen(self.engine, source, target, self.tokens),
+                             lambda head: head and self.goto_head(head, immediate=True))
+
+    # -- widgets' events ----------------------------------------------------------------
+    @on(Input.Submitted, "#prompt-input")
+    def _prompt_submitted(self, event: Input.Submitted) -> None:
+        self.prompt_text = event.value
+        if self.active_tab != "prompt":
+            self.action_show_tab("prompt")
+        self._load_active()
+        # Out of the box: the number keys switch tabs again (p comes back to edit).
+        self.query_one(HeadTree).focus()
+
+    @on(DataTable.RowSelected)
+    def _row_selected(self, event: DataTable.RowSelected) -> None:
+        table_id = event.data_table.id
+        if table_id in ("summary-table", "changes-table") and event.row_key.value:
+            layer, head = (int(x) for x in str(event.row_key.value).split("."))
+            self.goto_head((layer, head), immediate=True)
+
+    @on(DataTable.HeaderSelected, "#summary-table")
+    def _summary_header(self, event: DataTable.HeaderSelected) -> None:
+        """A click on a column header sorts by it (``head``: back to layer order)."""
+        key = event.column_key.value
+        if key == ABLATION and self.ablation is None:
+            self.notify("press a first: the ablation sweep fills that column", timeout=3)
+            return
+        self.summary_sort = None if key == "head" else key
+        self.show_summary()
+
+    # -- actions --------------------------------------------------------------------------
+    def action_step_threshold(self, step: int) -> None:
+        """Raise or lower the composition graph's edge threshold by one step (0 … 90 %)."""
+        threshold = self.query_one(CompositionPane).step_threshold(step)
+        if self.active_tab != "composition":
+            self.notify(f"composition threshold {threshold:.0%} of the strongest edge",
+                        timeout=1.5)
+
+    def action_cycle_filter(self) -> None:
+        """Head tree: every head → induction → prev-token → copying → sink ≥ 0.3 → every head."""
+        keys = [k for k, _ in TREE_FILTERS]
+        i = keys.index(self.tree_filter) if self.tree_filter in keys else -1
+        self.set_tree_filter(keys[i + 1] if i + 1 < len(keys) else None)
+
+    def set_tree_filter(self, key: str | None, threshold: float = FILTER_THRESHOLD) -> None:
+        self.tree_filter = key
+        label = dict(TREE_FILTERS).get(key or "", key or "")
+        self.query_one(HeadTree).set_filter(key, label, threshold, keep=self.head)
+        self.want_null()
+
+    # -- the random-head null: each score's z (docs/math.md, "Calibrated scores") ----------
+    def want_null(self) -> None:
+        """Ask the engine for the null once (its worker computes it, or reads it from the
+        results store); the scores are shown meanwhile, the z's join them when it arrives."""
+        if self.null is not None or self.headscope.engine is None or self._null_failed == self.gen:
+            return
+        if any(w.group == "score-null" and not w.is_finished for w in self.app.workers):
+            return
+        self.run_worker(self._load_null(self.gen), group="score-null", exit_on_error=False)
+
+    async def _load_null(self, gen: int) -> None:
+        await self.headscope.model_ready.wait()
+        try:
+            null = await self.engine.score_null()
+        except EngineCancelled:
+            return
+        except HeadscopeError as err:
+            self._null_failed = gen  # said once; asked again only for other weights
+            self.report(str(err))
+            return
+        self.post_message(NullLoaded(null, gen))
+
+    @on(NullLoaded)
+    def _null_loaded(self, msg: NullLoaded) -> None:
+        if msg.gen != self.gen:
+            self.want_null()  # the weights changed while it ran: theirs
+            return
+        self.null = msg.null
+        self.query_one(HeadTree).set_null(msg.null)
+        self.show_summary()
+        self._update_focus_line(self._focus_other)
+
+    def _forget_null(self) -> None:
+        """The weights changed (raw/processed, a timeline step): so does the null."""
+        self.app.workers.cancel_group(self, "score-null")
+        self.null = None
+        self.query_one(HeadTree).set_null(None)
+
+    def action_edit_prompt(self) -> None:
+        self.action_show_tab("prompt")
+        self.query_one("#prompt-input", Input).focus()
+
+    def action_toggle_compare_view(self) -> None:
+        if self.compare.engine_b is None:
+            self.notify("no model B: open with headscope A --compare B", severity="warning")
+            return
+        view = self.compare.next_view()
+        self.notify("A | B side by side" if view == "side" else "A | B − A", timeout=1.5)
+        if self.active_tab not in ("qk", "ov"):
+            self.action_show_tab("qk")
+        self._load_active()
+
+    def action_composition(self) -> None:
+        if self.active_tab == "changes":
+            self.compare.next_changes_kind()
+            self._load_active()
+            return
+        if self.active_tab == "composition":
+            kind = self.query_one(CompositionPane).kind
+            self.show_composition({"q": "k", "k": "v", "v": "q"}[kind])
+        else:
+            self.action_show_tab("composition")
+
+    def show_composition(self, kind: str) -> None:
+        self.query_one(CompositionPane).kind = kind
+        self.action_show_tab("composition")
+
+    def action_toggle_raw(self) -> None:
+        if self.headscope.engine is None:
+            return
+        self.run_worker(self._set_raw(not self.headscope.raw), group="raw", exclusive=True,
+                        exit_on_error=False)
+
+    async def _set_raw(self, raw: bool) -> None:
+        app = self.headscope
+        await app.model_ready.wait()
+        try:
+            await self.engine.set_raw(raw)
+            if self.compare.engine_b is not None:
+                await self.compare.engine_b.set_raw(raw)
+        except HeadscopeError as err:
+            self.report(str(err))
+            return
+        app.raw = raw
+        self.gen += 1
+        self.rows.clear()
+        self.ablation = None
+        self._forget_null()
+        self.app.workers.cancel_group(self, "ablation")  # the old weights' sweep: stop its work
+        self.query_one(HeadTree).scores.clear()
+        self.query_one(HeadTree).refresh_badges()
+        status = self.query_one(StatusBar)
+        status.raw = raw
+        app.structure = {**app.structure, "processed": not raw}
+        self.notify("raw weights" if raw else "processed weights (folded LN, centred)")
+        self._load_active()
+        if self.head is not None:
+            self.run_worker(self._head_scores(self.head, self.gen), group="head-scores",
+                            exclusive=True, exit_on_error=False)
+        if self.auto_sweep:
+            self.start_sweep()
+        if self.compare.engine_b is not None:
+            self.compare.diff = None
+            self.start_compare()
+
+    def weights_replaced(self, rows: list[HeadScores] | None) -> None:
+        """The app's engine now has other weights (timeline mode: another step): what was
+        shown is stale. ``rows``: the new weights' scores, when already known."""
+        for group in ("sweep", "head-scores", "ablation", "directions-qk", "directions-ov",
+                      *(f"load-{t}" for t in TABS)):
+            self.app.workers.cancel_group(self, group)
+        self.gen += 1
+        self.rows.clear()
+        self.ablation = None
+        self._forget_null()
+        self._loaded.clear()
+        tree = self.query_one(HeadTree)
+        tree.scores.clear()
+        tree.refresh_badges()
+        self.query_one(StatusBar).structure = self.structure
+        if rows:
+            self.set_scores(rows)
+        self._load_active()
+        if self.head is not None and self.head not in self.rows:
+            self.run_worker(self._head_scores(self.head, self.gen), group="head-scores",
+                            exclusive=True, exit_on_error=False)
+
+    def action_step_source(self, step: int) -> None:
+        self.source_index += step
+        block = (self.results.get("ov") or {}).get("full_ov")
+        n = len(block.row_ids) if block is not None else 0
+        if n:
+            self.source_index %= n
+        self._load_active()
+
+    def action_step_offset(self, step: int) -> None:
+        if self.structure.get("positional") != "rotary":
+            return
+        self.qk_offset = max(-ROTARY_OFFSETS, min(ROTARY_OFFSETS, self.qk_offset + step))
+        self._load_active()
+
+    def action_choose_tokens(self) -> None:
+        self.app.push_screen(
+            InputScreen("Tokens for the QK/OV rows and columns", self.tokens_text,
+                        placeholder="e.g. the cat sat on the mat",
+                        hint="words or a phrase; #12 #40 for token ids; empty: default set"),
+            callback=self._tokens_chosen)
+
+    def _tokens_chosen(self, text: str | None) -> None:
+        if text is None:
+            return
+        self.run_worker(self._set_tokens(text), group="tokens", exclusive=True,
+                        exit_on_error=False)
+
+    async def _set_tokens(self, text: str, reload: bool = True) -> None:
+        text = text.strip()
+        if not text:
+            ids = None
+        elif all(p.startswith("#") and p[1:].isascii() and p[1:].isdigit() for p in text.split()):
+            ids = [int(p[1:]) for p in text.split()]
+        else:
+            await self.headscope.model_ready.wait()
+            try:
+                ids = await self.engine.tokenize(text)
+            except HeadscopeError as err:
+                self.report(str(err))
+                return
+        if ids is not None:
+            ids = list(dict.fromkeys(int(i) for i in ids))  # unique, in order
+        self.tokens, self.tokens_text = ids, text
+        self._tokens_gen += 1
+        self.source_index = 0
+        if not reload:
+            return
+        if self.active_tab not in ("qk", "ov"):
+            self.action_show_tab("qk")
+        self._load_active()
+
+    def action_export(self) -> None:
+        app = self.headscope
+        tab = self.active_tab
+        data = self.results.get(tab)
+        if data is None:
+            self.notify(f"nothing to export on the {tab} tab yet", severity="warning")
+            return
+        doc = {"model": app.path, "processed": not app.raw, "view": tab,
+               "head": list(self.head) if self.head and tab not in ("composition", "summary")
+               else None, "data": jsonable(data)}
+        try:
+            path = app.output_dir() / f"{app.stem()}.json"
+            atomic_write_text(path, json.dumps(doc, indent=1))  # never a partial file
+        except OSError as err:
+            self.report(f"cannot export: {err}")
+            return
+        self.notify(f"saved {path}", title="export")
+
+    # -- status ---------------------------------------------------------------------------
+    def _tick(self) -> None:
+        app = self.headscope
+        if not app.is_running:
+            return
+        try:
+            status = self.query_one(StatusBar)
+        except NoMatches:  # shutting down
+            return
+        busy = any(not w.is_finished and (w.group or "").startswith(("load-", "startup"))
+                   for w in app.workers)
+        activity = hits = misses = in_flight = progress = None
+        if app.engine is not None:
+            try:
+                stats = app.engine.stats()
+                activity, hits, misses, in_flight, progress = stats_line(stats)
+                status.origin = getattr(stats, "origin", "")  # computed now / from the cache
+            except (HeadscopeError, RuntimeError):  # engine closing; a bug should still surface
+                activity = None
+        if app.opening:
+            activity = activity or "opening model…"
+        status.busy = busy
+        status.activity = activity
+        status.progress = self.sweep_progress if self.sweep_progress is not None else progress
+        status.cache = (hits or 0, misses or 0, in_flight or 0)
+        if busy or activity or in_flight or status.progress is not None:
+            status.frame += 1

@@ -1,0 +1,294 @@
+"""Timeline mode: a series of training checkpoints explored one step at a time.
+
+``headscope --timeline PATH [PATH ...]`` opens the explorer on the last step of the series (a
+directory of checkpoints or several checkpoints in order; the steps are
+``engine.timeline.discover_steps``'s). The timeline itself (every head's scores at every
+step, the phase changes: docs/math.md "Training dynamics") is computed once, in a thread
+worker calling the synchronous ``engine/timeline.py`` functions, which score as many steps
+at once as the engine has pool threads (progress in the status bar, cancellation checked
+between steps, each step read from or written to the results store), and drawn by the
+Timeline tab (tui/timeline_view.py).
+
+Scrubbing to another step swaps the app's engine for one opened on that step's checkpoint
+(the same factory as the first): every other tab then shows that step's weights, and the
+head tree's badges are that step's scores, taken from the timeline once it is computed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from textual.css.query import NoMatches
+from textual.message import Message
+from textual.timer import Timer
+from textual.worker import get_current_worker
+
+from headscope.engine.core.errors import HeadscopeError, InvalidRequestError
+from headscope.engine.core.validation import SCORE_NAMES
+from headscope.tui.widgets.status import StatusBar
+
+# The app imports this module before its first frame (TimelineMode() is "no timeline"): what
+# numpy or the engine's timeline module brings is imported where a series is opened or scored.
+if TYPE_CHECKING:
+    from headscope.engine.core.results import HeadScores
+    from headscope.engine.sweeps.store import ResultStore
+    from headscope.engine.sweeps.timeline import StepSource, Timeline
+    from headscope.tui.app import HeadscopeApp
+    from headscope.tui.base.protocols import ExplorerEngine
+
+    # (sources, notes, raw, progress(done, total), cancelled()) → the timeline of those steps
+    Compute = Callable[[Sequence[StepSource], Sequence[str], bool, Callable[[int, int], None],
+                        Callable[[], bool]], Timeline]
+
+SCRUB_DELAY = 0.15  # seconds: a burst of step keys opens only the step it ends on
+
+
+@dataclass
+class TimelineComputed(Message, bubble=False):
+    """The timeline of the series (timeline mode → the Timeline tab's pane)."""
+
+    timeline: Timeline
+
+
+def compute_series(sources: Sequence[StepSource], notes: Sequence[str], raw: bool,
+                   progress: Callable[[int, int], None],
+                   cancelled: Callable[[], bool], store: ResultStore | None = None,
+                   workers: int = 1) -> Timeline:
+    """Score the steps (``engine.timeline.score_steps``: ``workers`` at once, in threads),
+    then assemble the timeline; ``store``: the results store the steps are read from and
+    written to (a series opened again is read back). ``progress(done, total)`` after each
+    step; ``cancelled()`` is checked between steps."""
+    from headscope.engine.sweeps.timeline import build_timeline, check_layouts, score_steps
+
+    check_layouts(sources)
+    results = score_steps(sources, raw=raw, progress=lambda done, total, _r: progress(done, total),
+                          cancelled=cancelled, store=store, workers=workers)
+    return build_timeline(results, notes)
+
+
+def engine_workers() -> int:
+    """How many steps the explorer scores at once: as many as the engine has pool threads
+    (``engine.service.default_workers``; each step's torch work uses the engine's share of
+    the cores)."""
+    from headscope.engine.service.engine import default_workers
+
+    return default_workers()[0]
+
+
+def open_timeline(series: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+                  path: str | None = None, compare: str | None = None) -> TimelineMode:
+    """Timeline mode on a series (``headscope --timeline PATH [PATH ...]``: a directory of
+    checkpoints, or several checkpoints in order, as ``headscope timeline`` takes them),
+    checked before the explorer opens: a bad path, a single step, or a model path or
+    ``--compare`` given as well is a ``HeadscopeError``."""
+    paths = [series] if isinstance(series, str | os.PathLike) else list(series)
+    if path is not None:
+        raise InvalidRequestError(None, f"--timeline opens the series' last step: give "
+                                  f"{' '.join(map(str, paths))} or {path}, not both")
+    if compare is not None:
+        raise InvalidRequestError(None, "--timeline and --compare cannot be combined")
+    from headscope.engine.sweeps.timeline import discover_steps
+
+    sources, notes = discover_steps(paths)
+    return TimelineMode(sources, notes)
+
+
+class TimelineMode:
+    """The series, the step shown, and the timeline once computed (``sources`` empty: off)."""
+
+    def __init__(self, sources: Sequence[StepSource] = (), notes: Sequence[str] = (), *,
+                 compute: Compute | None = None) -> None:
+        self.sources = list(sources)
+        self.notes = list(notes)
+        self.index = len(self.sources) - 1  # the step shown: the last one to start with
+        self.opened = self.index  # the step whose weights the engine has
+        self.timeline: Timeline | None = None
+        self.raw = False  # the weights the timeline was scored on
+        self.error: str | None = None
+        self.done = 0  # steps scored so far
+        self.compute: Compute = compute or self._series
+        self.store: ResultStore | None = None  # the app's results store, set by start()
+        # steps scored at once; None: the engine's pool size, asked for when scoring starts
+        # (engine.service imports numpy, which the first frame must not wait for)
+        self.workers: int | None = None
+        self._timer: Timer | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.sources)
+
+    @property
+    def step(self) -> int:
+        return self.sources[self.index].step
+
+    @property
+    def path(self) -> str:
+        return str(self.sources[self.index].path)
+
+    def status_text(self) -> str:
+        """``step 675 of 18 steps``, and the timeline's progress while it is computed."""
+        if not self.enabled:
+            return ""
+        text = f"step {self.step} of {len(self.sources)} steps"
+        if self.timeline is None and self.error is None:
+            text += f" · scoring steps {self.done}/{len(self.sources)}"
+        return text
+
+    def scores_at(self, index: int) -> list[HeadScores] | None:
+        """Every head's scores at step ``index`` from the timeline (``None`` until computed, or
+        when it was scored on other weights than the ones shown)."""
+        t = self.timeline
+        if t is None:
+            return None
+        from headscope.engine.core.results import HeadScores
+
+        rows = []
+        for layer in range(t.n_layers):
+            for head in range(t.n_heads):
+                values = {k: float(t.series[k][index, layer, head]) for k in SCORE_NAMES}
+                nonfinite = not all(math.isfinite(v) for v in values.values())
+                rows.append(HeadScores(layer=layer, head=head, nonfinite=nonfinite, **values))
+        return rows
+
+    # -- computing the timeline ------------------------------------------------------------
+    def start(self, app: HeadscopeApp) -> None:
+        """Compute the timeline in a thread worker (once; the status bar shows progress)."""
+        if not self.enabled or self.timeline is not None:
+            return
+        self.raw = app.raw
+        mb = app.settings.cache_disk_mb
+        if mb > 0:
+            from headscope.engine.sweeps.store import default_store
+
+            self.store = default_store(mb)
+        app.run_worker(lambda: self._compute(app), thread=True, group="timeline",
+                       exclusive=True, exit_on_error=False)
+
+    def _series(self, sources: Sequence[StepSource], notes: Sequence[str], raw: bool,
+                progress: Callable[[int, int], None], cancelled: Callable[[], bool]) -> Timeline:
+        return compute_series(sources, notes, raw, progress, cancelled, store=self.store,
+                              workers=self.workers or engine_workers())
+
+    def _compute(self, app: HeadscopeApp) -> None:
+        worker = get_current_worker()
+
+        def on_ui(*call: Any) -> None:
+            if not worker.is_cancelled:
+                with contextlib.suppress(RuntimeError):  # the app closed meanwhile
+                    app.call_from_thread(*call)
+
+        def progress(done: int, total: int) -> None:
+            self.done = done
+            on_ui(self.update_status, app)
+
+        try:
+            timeline = self.compute(self.sources, self.notes, self.raw, progress,
+                                    lambda: worker.is_cancelled)
+        except HeadscopeError as err:
+            self.error = f"timeline: {err.one_line()}"
+            on_ui(self._failed, app)
+            return
+        except Exception as err:  # an engine bug: a notification, not a silent worker
+            self.error = f"timeline: unexpected error {err!r}"
+            on_ui(self._failed, app)
+            return
+        on_ui(self._computed, app, timeline)
+
+    def _failed(self, app: HeadscopeApp) -> None:
+        app.report(self.error or "timeline: failed")
+        self.update_status(app)
+        with contextlib.suppress(NoMatches):
+            from headscope.tui.widgets.timeline import TimelinePane
+
+            app.explorer.query_one(TimelinePane).failed(self.error or "")
+
+    def _computed(self, app: HeadscopeApp, timeline: Timeline) -> None:
+        self.timeline = timeline
+        for warning in timeline.warnings:  # identical steps, unnumbered names
+            app.notify(warning, severity="warning", timeout=10)
+        self.update_status(app)
+        if app.raw == self.raw:
+            rows = self.scores_at(self.opened)
+            if rows is not None:
+                app.explorer.set_scores(rows)
+        with contextlib.suppress(NoMatches):
+            from headscope.tui.widgets.timeline import TimelinePane
+
+            app.explorer.query_one(TimelinePane).post_message(TimelineComputed(timeline))
+
+    def update_status(self, app: HeadscopeApp) -> None:
+        with contextlib.suppress(Exception):  # before the explorer is mounted, or shutting down
+            app.explorer.query_one(StatusBar).timeline = self.status_text()
+
+    # -- scrubbing -------------------------------------------------------------------------
+    def scrub(self, app: HeadscopeApp, delta: int | None = None, *, to: int | None = None) -> None:
+        """Show the step ``delta`` away (or step index ``to``); the engine follows after a
+        short pause, so holding the key does not open every step on the way."""
+        if not self.enabled:
+            app.notify("no timeline: open a series with headscope --timeline PATH",
+                       severity="warning")
+            return
+        target = to if to is not None else self.index + (delta or 0)
+        self.index = max(0, min(len(self.sources) - 1, target))
+        self.update_status(app)
+        from headscope.tui.widgets.timeline import TimelinePane
+
+        with contextlib.suppress(NoMatches):
+            app.explorer.query_one(TimelinePane).redraw()
+        if self._timer is not None:
+            self._timer.stop()
+        self._timer = app.set_timer(SCRUB_DELAY, lambda: self._open_step(app))
+
+    def _open_step(self, app: HeadscopeApp) -> None:
+        if self.index == self.opened or app.engine is None:
+            return
+        app.run_worker(self._swap(app, self.index), group="timeline-swap", exclusive=True,
+                       exit_on_error=False)
+
+    async def _swap(self, app: HeadscopeApp, index: int) -> None:
+        """Replace the app's engine with one on step ``index``'s checkpoint."""
+        path = str(self.sources[index].path)
+        try:
+            engine = app.engine_factory(path, app.raw)
+        except HeadscopeError as err:
+            app.report(str(err))
+            return
+        except Exception as err:  # an engine bug must not take the explorer down
+            app.report(f"{path}: cannot open ({err!r})")
+            return
+        old = app.engine
+        app.model_ready.clear()
+        app.ready_failed = False
+        app.engine, app.path, self.opened = engine, path, index
+        app.structure = {**dict(engine.structure), "path": path}
+        rows = self.scores_at(index) if app.raw == self.raw else None
+        app.explorer.weights_replaced(rows)
+        if old is not None:
+            app.run_worker(_close(old), group="timeline-close", exit_on_error=False)
+        try:
+            await engine.ready()
+        except HeadscopeError as err:  # a broken step: say so; another step may open
+            from headscope.tui.screens.explorer import (
+                ModelFailed,  # (the explorer imports this module's pane)
+            )
+
+            app.ready_failed = True
+            app.report(str(err))
+            app.explorer.post_message(ModelFailed(str(err), str(err)))
+            return
+        app.ready_failed = False
+        app.explorer.query_one(StatusBar).error = ""
+        app.model_ready.set()
+        if rows is None and app.explorer.auto_sweep:
+            app.explorer.start_sweep()
+
+
+async def _close(engine: ExplorerEngine) -> None:
+    """Close a replaced engine (its threads); a failure to close is not the user's concern."""
+    with contextlib.suppress(Exception):
+        await engine.aclose()

@@ -1,0 +1,2 @@
+"""UI state that does not need Textual (compare, timeline, explorer state): testable alone.
+"""

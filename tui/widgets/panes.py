@@ -1,0 +1,604 @@
+"""The tab panes of the circuit view: each loads what it shows and draws it.
+
+``load(explorer, key)`` asks the engine for the tab's results (the focused head, token set,
+... are the explorer's; ``key`` says what the load is for, and a result for a ``key`` the
+explorer no longer shows is dropped). The ``show*`` methods turn an engine result into
+``tui.plots`` figures (cheap: numpy views and labels) and hand them to ``Chart`` widgets,
+which build the picture off the UI thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+from rich.table import Table
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.widgets import DataTable, Input, Static
+
+from headscope.engine.core.results import (
+    Composition,
+    HeadScores,
+    Profile,
+    PromptView,
+    ScoreNull,
+    TopTokens,
+)
+from headscope.themes import COLORMAPS
+from headscope.tui.base.datatext import data_text, printable
+from headscope.tui.base.labels import (
+    ABLATION,
+    ABLATION_LABEL,
+    SCORES,
+    edges,
+    predictions,
+    profile_xy,
+    score,
+    top_tokens,
+    z_score,
+    z_text,
+)
+from headscope.tui.base.prompt_words import UNKNOWN, unknown_note, vocabulary_hint
+from headscope.tui.plots.figures import Graph, Heatmap, Line, Scatter
+from headscope.tui.widgets.chart import Chart
+from headscope.tui.widgets.reading import DirectionsPanel
+
+if TYPE_CHECKING:
+    from headscope.tui.screens.explorer import ExplorerScreen, LoadKey
+
+POSITIONS_SHOWN = 32  # positional QK: the first positions
+ROTARY_OFFSETS = 32  # rotary profile over Δ in [-32, 32]
+THRESHOLD_STEP = 0.1  # composition graph: edges ≥ threshold × the strongest edge
+Edge = tuple[int, int, int, int, float]  # (l1, h1, l2, h2, score − baseline)
+
+
+def _bar_colours(widget: Any) -> tuple[str, str]:
+    """Negative/positive bar colours: the ends of the heatmap colour map in use."""
+    neg, _, pos = COLORMAPS.get(getattr(widget.app, "colormap_name", ""), COLORMAPS["red-blue"])
+    return (f"rgb({neg[0]},{neg[1]},{neg[2]})", f"rgb({pos[0]},{pos[1]},{pos[2]})")
+
+
+def _head(layer: int, head: int) -> str:
+    return f"L{layer}.H{head}"
+
+
+def _bar(value: float, vmax: float, width: int = 12,
+         colours: tuple[str, str] = ("blue", "red")) -> Text:
+    """A signed horizontal bar: right of the axis for positive values, left for negative."""
+    if not math.isfinite(value) or vmax <= 0:
+        return Text(" " * (2 * width + 1))
+    n = min(width, round(abs(value) / vmax * width))
+    left = " " * (width - n) + ("█" * n if value < 0 else " " * n)
+    right = ("█" * n if value > 0 else " " * n) + " " * (width - n)
+    text = Text(left[:width], style=colours[0])
+    text.append("│", style="dim")
+    text.append(right[:width], style=colours[1])
+    return text
+
+
+class QKPane(Horizontal):
+    def compose(self) -> ComposeResult:
+        yield Chart(id="qk-token", placeholder="waiting for the model…")
+        yield Chart(id="qk-token-b", placeholder="waiting for model B…", classes="compare-only")
+        with Vertical(id="qk-side"):
+            yield Chart(id="qk-position", placeholder="")
+            yield DirectionsPanel("qk", id="qk-directions")
+
+    def show_pair(self, a: Heatmap, b: Heatmap) -> None:
+        """Compare mode: A's token QK and B's (or B − A) beside it."""
+        self.query_one("#qk-token", Chart).show(a)
+        self.query_one("#qk-token-b", Chart).show(b)
+
+    def show_token(self, block: Any, offset: int | None = None) -> None:
+        title = f"token QK {_head(block.layer, block.head)}  W_E QK W_Eᵀ"
+        if offset is not None:
+            title += f"  Δ={offset}"
+        xlabel = "key token →  (rows: query token)"
+        if getattr(block, "note", ""):  # e.g. q/k norms or soft-capping (docs/math.md)
+            xlabel += f"  · ≈ {block.note}"
+        self.query_one("#qk-token", Chart).show(Heatmap(
+            np.asarray(block.values), tuple(block.row_labels), tuple(block.col_labels),
+            title=title, xlabel=xlabel))
+
+    def show_position(self, block: Any, n_ctx: int = 0) -> None:
+        shown = len(block.row_labels)
+        part = f" · 0–{shown - 1} of {n_ctx}" if 0 < shown < n_ctx else ""  # only the first
+        self.query_one("#qk-position", Chart).show(Heatmap(
+            np.asarray(block.values), tuple(block.row_labels), tuple(block.col_labels),
+            title=f"positional QK {_head(block.layer, block.head)}{part}",
+            xlabel="key position"))
+
+    def show_profile(self, profile: Profile, layer: int, head: int, offset: int) -> None:
+        x, y = profile_xy(profile)
+        self.query_one("#qk-position", Chart).show(Line(
+            x, y, title=f"rotary QK vs offset {_head(layer, head)}", xlabel="offset Δ",
+            mark_x=float(offset)))
+
+    async def load(self, ex: ExplorerScreen, key: LoadKey) -> None:
+        layer, head = key[1]
+        rotary = ex.structure.get("positional") == "rotary"
+        block = await ex.engine.circuit_block(
+            layer, head, "qk", "token", rows=ex.tokens, cols=ex.tokens,
+            offset=ex.qk_offset if rotary else 0)
+        if not ex.fresh(key):
+            return
+        ex.results["qk"] = {"token": block}
+        if ex.compare.engine_b is not None:
+            block_b = await ex.compare.block_b(block, offset=ex.qk_offset if rotary else 0)
+            if not ex.fresh(key):
+                return
+            if block_b is not None:
+                a_fig, b_fig = await ex.compare.figures(
+                    block, block_b, f"token QK L{layer}.H{head}", "token QK",
+                    xlabel="key token →  (rows: query token)")
+                if not ex.fresh(key):
+                    return
+                self.show_pair(a_fig, b_fig)
+                ex.results["qk"]["token_b"] = block_b
+                return  # the positional pane is hidden in compare mode
+        self.show_token(block, ex.qk_offset if rotary else None)
+        pos_chart = self.query_one("#qk-position", Chart)
+        if ex.structure.get("positional") == "learned":
+            n = list(range(min(int(ex.structure.get("n_ctx") or 0), POSITIONS_SHOWN)))
+            pos = await ex.engine.circuit_block(layer, head, "qk", "position", rows=n, cols=n)
+            if not ex.fresh(key):
+                return
+            self.show_position(pos, int(ex.structure.get("n_ctx") or 0))
+            ex.results["qk"]["position"] = pos
+        elif rotary:
+            offsets = list(range(-ROTARY_OFFSETS, ROTARY_OFFSETS + 1))
+            profile = await ex.engine.rotary_profile(layer, head, offsets)
+            if not ex.fresh(key):
+                return
+            self.show_profile(profile, layer, head, ex.qk_offset)
+            ex.results["qk"]["profile"] = profile
+        else:
+            pos_chart.message("no positional embedding: QK depends on tokens only")
+
+
+class OVPane(Horizontal):
+    def compose(self) -> ComposeResult:
+        yield Chart(id="ov-heatmap", placeholder="waiting for the model…")
+        yield Chart(id="ov-heatmap-b", placeholder="waiting for model B…", classes="compare-only")
+        with Vertical(id="ov-side"):
+            yield Static(id="ov-note")
+            yield Static(id="ov-top")
+            yield DirectionsPanel("ov", id="ov-directions")
+
+    def show_block(self, block: Any, figure: Heatmap | None = None) -> None:
+        """A's full OV (``figure``: already made, e.g. by compare mode) and its note."""
+        same = list(block.row_ids) == list(block.col_ids)
+        self.query_one("#ov-heatmap", Chart).show(figure or Heatmap(
+            np.asarray(block.values), tuple(block.row_labels), tuple(block.col_labels),
+            title=f"full OV {_head(block.layer, block.head)}  W_E OV W_U",
+            xlabel="output token →  (rows: source token)", diagonal=same))
+        self.query_one("#ov-note", Static).update(Text(block.note or "", style="dim"))
+
+    def show_pair(self, a: Heatmap, b: Heatmap) -> None:
+        """Compare mode: A's full OV and B's (or B − A) beside it."""
+        self.query_one("#ov-heatmap", Chart).show(a)
+        self.query_one("#ov-heatmap-b", Chart).show(b)
+
+    def show_top(self, result: TopTokens) -> None:
+        rows = top_tokens(result)
+        src = result.source_label or str(result.source_token)
+        table = Table(box=None, padding=(0, 1), title=Text(f"top outputs of {printable(src)!r}", style="table.title"),
+                      title_justify="left", expand=True)
+        # The numbers keep their width (min_width); the token and the bar give way.
+        values = [f"{val:+.3g}" for _, val in rows]
+        tokens = [printable(tok)[:12] for tok, _ in rows]
+        table.add_column("token", no_wrap=True, overflow="ellipsis", max_width=12,
+                         min_width=min(max(map(len, tokens), default=1), 6))
+        table.add_column("value", justify="right", no_wrap=True,
+                         min_width=max(map(len, values), default=5))
+        table.add_column("", no_wrap=True, overflow="crop")
+        vmax = max((abs(v) for _, v in rows if math.isfinite(v)), default=1.0)
+        for (_tok, val), tok, text in zip(rows, tokens, values, strict=True):
+            table.add_row(Text(tok), text, _bar(val, vmax, 6, _bar_colours(self)))  # data: no markup
+        self.query_one("#ov-top", Static).update(table)
+
+    async def load(self, ex: ExplorerScreen, key: LoadKey) -> None:
+        layer, head = key[1]
+        block = await ex.engine.circuit_block(layer, head, "ov", "token",
+                                              rows=ex.tokens, cols=ex.tokens)
+        if not ex.fresh(key):
+            return
+        ex.results["ov"] = {"full_ov": block}
+        pair = None
+        if ex.compare.engine_b is not None:
+            block_b = await ex.compare.block_b(block)
+            if not ex.fresh(key):
+                return
+            if block_b is not None:
+                same = list(block.row_ids) == list(block.col_ids)
+                pair = await ex.compare.figures(
+                    block, block_b, f"full OV L{layer}.H{head}", "full OV",
+                    xlabel="output token →  (rows: source)", diagonal=same)
+                if not ex.fresh(key):
+                    return
+                ex.results["ov"]["full_ov_b"] = block_b
+        self.show_block(block, figure=pair[0] if pair else None)
+        if pair:
+            self.show_pair(*pair)
+        ids = list(block.row_ids)
+        if not ids:
+            return
+        ex.source_index %= len(ids)
+        top = await ex.engine.top_outputs(layer, head, int(ids[ex.source_index]), k=10)
+        if not ex.fresh(key):
+            return
+        self.show_top(top)
+        ex.results["ov"]["top_outputs"] = top
+
+
+class SpectrumPane(Horizontal):
+    def compose(self) -> ComposeResult:
+        yield Chart(id="spectrum-ov", placeholder="waiting for the model…")
+        yield Chart(id="spectrum-qk", placeholder="")
+
+    def show(self, spectrum: Any, b: Any = None) -> None:
+        """A head's eigenvalues; ``b``: model B's spectrum of the same kind, overlaid."""
+        eig = np.asarray(spectrum.eigenvalues).astype(np.complex128)
+        name = "full OV" if spectrum.kind == "ov" else "token QK"
+        label = "copying" if spectrum.kind == "ov" else "QK positivity"
+        title = f"{name} λ · {label} {spectrum.score:+.3f}"
+        eig_b = None
+        if b is not None:
+            eig_b = np.asarray(b.eigenvalues).astype(np.complex128)
+            title = f"{name} λ · {label} {spectrum.score:+.3f} → B {b.score:+.3f}"
+        self.query_one(f"#spectrum-{spectrum.kind}", Chart).show(Scatter(
+            eig.real, eig.imag, title=title,
+            bx=None if eig_b is None else eig_b.real, by=None if eig_b is None else eig_b.imag))
+
+    async def load(self, ex: ExplorerScreen, key: LoadKey) -> None:
+        layer, head = key[1]
+        ov, qk = await asyncio.gather(ex.engine.spectrum(layer, head, "ov"),
+                                      ex.engine.spectrum(layer, head, "qk"))
+        if not ex.fresh(key):
+            return
+        ex.results["spectrum"] = {"ov": ov, "qk": qk}
+        ov_b = qk_b = None
+        if ex.compare.engine_b is not None:
+            ov_b, qk_b = await ex.compare.spectra_b((layer, head))
+            if not ex.fresh(key):
+                return
+            if ov_b is not None:
+                ex.results["spectrum"].update(ov_b=ov_b, qk_b=qk_b)
+        self.show(ov, ov_b)
+        self.show(qk, qk_b)
+
+
+PREDICTIONS_SHOWN = 5  # the rest are ~0 and would take the DLA's rows
+
+
+def _unknown_text(tokens: list[str], prompt: str) -> Text:
+    """How many prompt tokens the vocabulary did not know (marked in the list below)."""
+    note = unknown_note(prompt, tokens)
+    return Text(note + "\n", style="bold yellow") if note else Text("")
+
+
+class PromptPane(Vertical):
+    """The prompt, the head's attention pattern, its per-token DLA and the top predictions.
+
+    The DLA list scrolls on its own; the predictions sit under it at their own height, so
+    all three parts are visible whatever the prompt length."""
+
+    prompt_text = ""  # the prompt of the view shown (its unknown words are named)
+
+    def compose(self) -> ComposeResult:
+        yield Input(placeholder="type a prompt and press enter (p)", id="prompt-input")
+        with Horizontal(id="prompt-body"):
+            yield Chart(id="prompt-pattern", placeholder="no prompt yet: press p")
+            yield Chart(id="prompt-pattern-b", placeholder="waiting for model B…",
+                        classes="compare-only")
+            with Vertical(id="prompt-side"):
+                with VerticalScroll(id="prompt-dla-scroll"):
+                    yield Static(id="prompt-dla")
+                yield Static(id="prompt-preds")
+
+    def on_mount(self) -> None:
+        path = getattr(self.app, "path", "")
+        hint = vocabulary_hint(path)
+        if hint:  # word-level models: say which words they know, where the prompt is typed
+            box = self.query_one("#prompt-input", Input)
+            box.border_title = Text(vocabulary_hint(path, short=True))
+            box.tooltip = hint
+
+    def show(self, view: PromptView, b: PromptView | None = None) -> None:
+        """A's pattern, DLA and predictions; ``b``: model B's pattern on the same prompt,
+        beside A's (compare mode; the DLA and predictions stay A's)."""
+        tokens = [str(t) for t in view.tokens]
+        pattern = np.asarray(view.pattern, dtype=np.float64)
+        prefix = "A " if b is not None else ""
+        self.query_one("#prompt-pattern", Chart).show(Heatmap(
+            pattern, tuple(tokens), tuple(tokens), sequential=True, vmax=1.0,
+            title=f"{prefix}attention {_head(view.layer, view.head)}", xlabel="key →  (rows: query)"))
+        if b is not None:
+            tokens_b = tuple(str(t) for t in b.tokens)
+            self.query_one("#prompt-pattern-b", Chart).show(Heatmap(
+                np.asarray(b.pattern, dtype=np.float64), tokens_b, tokens_b, sequential=True,
+                vmax=1.0, title=f"B attention {_head(b.layer, b.head)}",
+                xlabel="key →  (rows: query)"))
+        dla = np.asarray(view.dla, dtype=np.float64)
+        vmax = float(np.nanmax(np.abs(dla))) if dla.size else 1.0
+        t = Table(box=None, padding=(0, 1), title=f"{prefix}direct logit attribution",
+                  title_justify="left", expand=True)
+        t.add_column("tok", no_wrap=True, overflow="ellipsis", max_width=10)
+        t.add_column("DLA", justify="right", no_wrap=True, min_width=5)
+        t.add_column("", no_wrap=True, overflow="crop")
+        for tok, v in zip(tokens, dla.tolist(), strict=False):
+            cell = data_text(tok, style="reverse yellow" if tok in UNKNOWN else "", width=10)
+            t.add_row(cell, f"{v:+.2f}", _bar(v, vmax, 5, _bar_colours(self)))
+        last = printable(tokens[-1])[:10] if tokens else ""
+        p = Table(box=None, padding=(0, 1), title=Text(f"{prefix}top predictions after {last!r}", style="table.title"),
+                  title_justify="left", expand=True)
+        p.add_column("next", no_wrap=True)
+        p.add_column("p", justify="right")
+        for tok, prob in predictions(view)[:PREDICTIONS_SHOWN]:
+            p.add_row(data_text(tok, width=12), f"{prob:.3f}")
+        note = Text("prompt truncated to the context length\n", style="bold yellow") \
+            if view.truncated else Text("")
+        note.append_text(_unknown_text(tokens, self.prompt_text))
+        from rich.console import Group
+
+        self.query_one("#prompt-dla", Static).update(Group(note, t))
+        self.query_one("#prompt-preds", Static).update(p)
+
+    async def load(self, ex: ExplorerScreen, key: LoadKey) -> None:
+        layer, head = key[1]
+        if not ex.prompt_text.strip():
+            for chart in ("#prompt-pattern", "#prompt-pattern-b"):
+                self.query_one(chart, Chart).message("no prompt yet: press p, type, enter")
+            return
+        self.prompt_text = ex.prompt_text
+        view = await ex.engine.run_prompt(ex.prompt_text, layer, head)
+        if not ex.fresh(key):
+            return
+        view_b = await ex.compare.prompt_b(ex.prompt_text, (layer, head)) \
+            if ex.compare.engine_b is not None else None
+        if not ex.fresh(key):
+            return
+        self.show(view, view_b)
+        ex.results["prompt"] = view if view_b is None else {"a": view, "b": view_b}
+
+
+class CompositionPane(Horizontal):
+    """The Q/K/V-composition graph and its edge list. The pane keeps the graph's state: the
+    kind shown, the edge threshold, the selected edge, and the graphs already computed (per
+    kind and weights generation)."""
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.kind = "k"
+        self.threshold = 0.5  # draw edges ≥ this fraction of the strongest one
+        self.selected: tuple[int, int, int, int] | None = None
+        self.edges: list[Edge] = []  # the table's rows, strongest first
+        self.cache: dict[tuple[str, int], Composition] = {}
+        self.shown: Composition | None = None
+        self._shape = (0, 0)  # (n_layers, n_heads) of the graph shown
+        self.partials = 0  # partial graphs shown while sweeps ran (tests count them)
+
+    def compose(self) -> ComposeResult:
+        yield Chart(id="comp-graph", placeholder="composition scores not computed yet")
+        with Vertical(id="comp-side"):
+            yield Static(id="comp-detail")
+            table: DataTable[Any] = DataTable(id="comp-edges", cursor_type="row",
+                                              zebra_stripes=True)
+            yield table
+
+    def on_mount(self) -> None:
+        table = self.query_one("#comp-edges", DataTable)
+        table.add_column("source", key="source")
+        table.add_column("target", key="target")
+        table.add_column("s−base", key="score")
+
+    def show(self, comp: Composition, n_layers: int, n_heads: int,
+             selected: tuple[int, int, int, int] | None,
+             threshold: float = 0.5, *, partial: bool = False) -> list[tuple[int, int, int, int, float]]:
+        """Draw the edges whose strength is at least ``threshold`` × the strongest one.
+
+        Every edge stays in the table (the ones not drawn are dimmed); returns them, strongest
+        first. ``partial``: the sweep is still running (``comp`` holds the layer pairs done so
+        far, NaN elsewhere, and their top edges): the title says how far it is."""
+        es = [e for e in edges(comp) if math.isfinite(e[4])]
+        drawn, cut = threshold_edges(es, threshold)
+        vmax = max((e[4] for e in drawn), default=1.0)
+        kind = comp.kind.upper()
+        baseline = float(comp.baseline)
+        title = (f"{kind}-composition · {len(drawn)}/{len(es)} edges ≥ {threshold:.0%} of max "
+                 f"(score − baseline ≥ {cut:+.3f}; baseline {baseline:.3f}) · < >")
+        if partial:
+            pairs = n_layers * (n_layers - 1) // 2
+            done = sum(1 for t in range(n_layers) for s in range(t)
+                       if np.isfinite(comp.scores[s, :, t, :]).any())
+            title = f"{title} · computing: {done}/{pairs} layer pairs"
+        self.query_one("#comp-graph", Chart).show(Graph(
+            n_layers, n_heads, tuple(drawn), selected=selected, vmax=vmax, vmin=cut,
+            title=title,
+            nodes=tuple((s[0], s[1]) for s in ([selected[:2], selected[2:]] if selected else []))))
+        table = self.query_one("#comp-edges", DataTable)
+        shown = getattr(table, "_headscope_comp", (None, None))
+        if shown[0] is not comp or shown[1] != threshold:  # identity: results hold arrays
+            fresh = shown[0] is not comp
+            table._headscope_comp = (comp, threshold)  # type: ignore[attr-defined]
+            if fresh:
+                table.clear()
+            for i, (l1, h1, l2, h2, s) in enumerate(es):
+                style = "" if s >= cut and s > 0 else "dim"  # dim: below threshold, not drawn
+                cells = (Text(_head(l1, h1), style=style), Text(_head(l2, h2), style=style),
+                         Text(f"{s:+.3f}", style=style, justify="right"))
+                if fresh:
+                    table.add_row(*cells, key=str(i))
+                else:
+                    for column, cell in zip(("source", "target", "score"), cells, strict=True):
+                        table.update_cell(str(i), column, cell)
+        return es
+
+    def redraw(self) -> None:
+        """The graph shown again, with the current threshold and selected edge."""
+        if self.shown is not None:
+            self.show(self.shown, *self._shape, self.selected, self.threshold)
+
+    def step_threshold(self, step: int) -> float:
+        """Raise or lower the edge threshold by one step (0 … 90 %); the new threshold."""
+        self.threshold = round(min(0.9, max(0.0, self.threshold + step * THRESHOLD_STEP)), 2)
+        self.redraw()
+        return self.threshold
+
+    @on(DataTable.RowHighlighted, "#comp-edges")
+    def _edge_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        edge = self._edge(event.row_key.value)
+        if edge is None or self.shown is None:
+            return
+        self.selected = edge[:4]
+        self.redraw()
+        self.detail(self.shown, edge)
+
+    @on(DataTable.RowSelected, "#comp-edges")
+    def _edge_selected(self, event: DataTable.RowSelected) -> None:
+        """Enter on an edge opens its virtual heads (``g`` there focuses the target head)."""
+        edge = self._edge(event.row_key.value)
+        if edge is not None:
+            l1, h1, l2, h2, _ = edge
+            cast("ExplorerScreen", self.screen).open_path((l1, h1), (l2, h2))
+
+    def _edge(self, row_key: str | None) -> Edge | None:
+        try:
+            return self.edges[int(row_key or "")]
+        except (ValueError, IndexError):
+            return None
+
+    def detail(self, comp: Composition, edge: tuple[int, int, int, int, float] | None) -> None:
+        if edge is None:
+            why = ""
+            if not self.edges:  # an empty table says why
+                why = ("one layer: no head has an earlier layer's head to compose with"
+                       if self._shape[0] < 2 else "no finite composition scores")
+            self.query_one("#comp-detail", Static).update(Text(why, style="italic"))
+            return
+        l1, h1, l2, h2, s = edge
+        kind = comp.kind.upper()
+        base = float(comp.baseline)
+        self.query_one("#comp-detail", Static).update(Text.assemble(
+            (f"{_head(l1, h1)} → {_head(l2, h2)} ", "bold"),
+            f"│ {kind}-comp {s + base:.3f} − baseline {base:.3f} = {s:+.3f}  "
+            "(enter: virtual heads)"))
+
+    async def load(self, ex: ExplorerScreen, key: LoadKey) -> None:
+        kind = self.kind
+        cache_key = (kind, ex.gen)
+        comp = self.cache.get(cache_key)
+        chart = self.query_one("#comp-graph", Chart)
+        if comp is None:
+            chart.message(f"computing {kind.upper()}-composition for every pair of heads…")
+
+            def progress(fraction: float) -> None:
+                ex.sweep_progress = float(fraction)
+
+            def partial(found: Composition) -> None:
+                # the layer pairs done so far (on the event loop; the engine built it on its
+                # thread): the graph and the table fill in while the sweep runs
+                if ex.fresh(key) and self.cache.get(cache_key) is None:
+                    self.shown, self._shape = found, (ex.n_layers, ex.n_heads)
+                    self.edges = self.show(found, ex.n_layers, ex.n_heads, self.selected,
+                                           self.threshold, partial=True)
+                    self.partials += 1
+
+            try:
+                comp = await ex.engine.composition(kind, progress=progress, partial=partial)
+            finally:
+                ex.sweep_progress = None
+            self.cache[cache_key] = comp
+        if not ex.fresh(key):
+            return
+        self.selected = None
+        self.shown, self._shape = comp, (ex.n_layers, ex.n_heads)
+        self.edges = self.show(comp, ex.n_layers, ex.n_heads, None, self.threshold)
+        self.detail(comp, None)
+        ex.results["composition"] = comp
+
+
+def threshold_edges(es: list[tuple[int, int, int, int, float]], threshold: float
+                    ) -> tuple[list[tuple[int, int, int, int, float]], float]:
+    """The edges at least ``threshold`` × the strongest (and above the baseline), and the cut."""
+    strongest = max((e[4] for e in es), default=0.0)
+    cut = max(threshold * strongest, 0.0)
+    return [e for e in es if e[4] > 0 and e[4] >= cut], cut
+
+
+ABLATION_HINT = (f"{ABLATION_LABEL}: press a to zero-ablate every head in turn "
+                 "(the loss it costs on repeated random tokens) · o or a header click: sort")
+Z_HINT = ("z: how far the score is above random heads of this layer's shapes and norms "
+          "(docs/math.md, Calibrated scores)")
+ABLATION_DONE = (f"{ABLATION_LABEL}: loss increase (nats) on repeated random tokens when the "
+                 "head is zeroed · o or a header click: sort")
+
+
+class SummaryPane(Vertical):
+    def compose(self) -> ComposeResult:
+        table: DataTable[Any] = DataTable(id="summary-table", cursor_type="row",
+                                          zebra_stripes=True)
+        yield table
+        yield Static(ABLATION_HINT, id="summary-hint", classes="hint")
+
+    def on_mount(self) -> None:
+        self._sorted_by: str | None = ""  # no header yet: the first _columns builds it
+        self._columns(None)
+
+    def _columns(self, sort: str | None) -> None:
+        """(Re)build the header when the sort changes; the sorted column gets a ▼."""
+        if sort == self._sorted_by:
+            return
+        self._sorted_by = sort
+        table = self.query_one("#summary-table", DataTable)
+        table.clear(columns=True)
+        for key, label in (("head", "head"), *SCORES, (ABLATION, ABLATION_LABEL)):
+            table.add_column(label + (" ▼" if key == sort else ""), key=key)
+
+    def show(self, rows: list[HeadScores], ablation: list[float] | None = None,
+             sort: str | None = None, null: ScoreNull | None = None) -> None:
+        """One row per head; ``ablation`` (aligned with ``rows``) once the sweep has run;
+        ``sort``: the column the rows are sorted by; with the ``null``, each score's z
+        under it (two-line rows)."""
+        table = self.query_one("#summary-table", DataTable)
+        self._columns(sort)
+        table.clear()
+        for i, r in enumerate(rows):
+            cells = [_score_cell(score(r, k), z_score(null, r, k) if null else None)
+                     for k, _ in SCORES]
+            cells.append(_ablation_cell(math.nan if ablation is None else ablation[i]))
+            table.add_row(_head(r.layer, r.head) + (" NaN!" if r.nonfinite else ""), *cells,
+                          key=f"{r.layer}.{r.head}", height=2 if null else 1)
+        hint = ABLATION_HINT if ablation is None else ABLATION_DONE
+        self.query_one("#summary-hint", Static).update(
+            hint if null is None else f"{hint}\n{Z_HINT}")
+
+    async def load(self, ex: ExplorerScreen, key: LoadKey) -> None:
+        if ex.rows:
+            ex.show_summary()
+
+
+def _ablation_cell(v: float) -> Text:
+    """Nats: a head the model cannot do without costs ≥ 0.5; most cost a few hundredths."""
+    if not math.isfinite(v):
+        return Text("—", style="dim", justify="right")
+    style = "bold" if v >= 0.5 else ("" if v >= 0.1 else "dim")
+    return Text(f"{v:+.3f}", style=style, justify="right")
+
+
+def _score_cell(v: float, z: float | None = None) -> Text:
+    """The score; with ``z`` (the null is known), its z on a second line ("—" unknown)."""
+    if not math.isfinite(v):
+        text = Text("—", style="dim", justify="right")
+    else:
+        style = "bold" if v >= 0.6 else ("" if v >= 0.3 else "dim")
+        text = Text(f"{v:+.3f}", style=style, justify="right")
+    if z is not None:
+        text.append("\n")
+        text.append(z_text(z) or "—", style="dim")
+    return text
