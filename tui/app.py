@@ -112,8 +112,8 @@ async def _in_daemon_thread(work: Callable[[], None]) -> None:
 
 def default_engine_factory(path: str, raw: bool, cache_mb: int = 256,
                            cache_disk_mb: int = 0) -> ExplorerEngine:
+    from headscope.engine.api.store import default_store
     from headscope.engine.service.engine import Engine
-    from headscope.engine.sweeps.store import default_store
 
     store = default_store(cache_disk_mb) if cache_disk_mb > 0 else None
     return Engine(path, raw=raw, cache_bytes=cache_mb << 20, store=store)
@@ -247,7 +247,7 @@ class HeadscopeApp(App[None]):
             self.compare.open(self.engine_factory, self.raw)
 
     def _read_structure(self) -> None:
-        from headscope.engine.model.loading import read_structure  # header + config only: no torch
+        from headscope.engine.api.model import read_structure  # header + config only: no torch
 
         try:
             self.structure = dict(read_structure(self.path))

@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
+from headscope.engine.circuits.fast import composition_baseline  # noqa: F401  (re-exported: the CLI prints it)
 from headscope.engine.core import validation as requests
 from headscope.engine.core.validation import ABLATION_EFFECT, NULL_SAMPLES, SCORE_NAMES, SEED
 from headscope.engine.model.caveats import ov_caveats, qk_caveats

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import numpy as np
 
+    from headscope.engine.api.diff import ModelDiff
     from headscope.engine.core.results import (
         CacheStats,
         CircuitBlock,
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
         TopTokens,
         VirtualPath,
     )
-    from headscope.engine.sweeps.diff import ModelDiff
 
 Progress = Callable[[float], None] | None
 # Defaults written ``...`` are the engine's own (e.g. ``engine.diff.EDGE_THRESHOLD``): the

@@ -12,7 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from headscope.engine.sweeps.store import ResultStore
+    from headscope.engine.api.store import ResultStore
 
 
 def add_cache_parser(sub: Any) -> None:
@@ -54,7 +54,7 @@ def disk_mb() -> int:
 
 def results_store(args: argparse.Namespace) -> ResultStore | None:
     """The results store for a sweeping command, or None with ``--no-cache`` / a cap of 0."""
-    from headscope.engine.sweeps.store import default_store
+    from headscope.engine.api.store import default_store
 
     if getattr(args, "no_cache", False):
         return None
@@ -77,7 +77,7 @@ def _size(n: int) -> str:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from headscope.engine.sweeps.store import ResultStore
+    from headscope.engine.api.store import ResultStore
     from headscope.tui.cli.main import emit
 
     store = ResultStore(max_bytes=disk_mb() << 20)

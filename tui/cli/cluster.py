@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from headscope.engine.sweeps.cluster import Cluster
+    from headscope.engine.api.cluster import Cluster
 
 
 def add_cluster_args(p: argparse.ArgumentParser) -> None:
@@ -39,7 +39,7 @@ def _setting() -> str | None:
 @contextlib.contextmanager
 def cluster_from_args(args: argparse.Namespace) -> Iterator[Cluster | None]:
     """The cluster a sweeping command uses (closed afterwards), or None: in-process."""
-    from headscope.engine.sweeps.cluster import connect, local_cluster
+    from headscope.engine.api.cluster import connect, local_cluster
 
     workers = getattr(args, "workers", None)
     address = getattr(args, "scheduler", None) or (None if workers else _setting())

@@ -379,7 +379,7 @@ def cmd_open(args: argparse.Namespace) -> int:
 def check_same_layout(a: Path, b: Path) -> None:
     """Compare mode, like ``diff``: refused before any screen when the head layouts differ
     (headers only, no torch)."""
-    from headscope.engine.model.loading import read_structure
+    from headscope.engine.api.model import read_structure
 
     sa, sb = read_structure(a), read_structure(b)
     la, lb = (sa["n_layers"], sa["n_heads"]), (sb["n_layers"], sb["n_heads"])
@@ -391,7 +391,7 @@ def check_same_layout(a: Path, b: Path) -> None:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from headscope.engine.model.loading import read_structure
+    from headscope.engine.api.model import read_structure
 
     info = read_structure(args.path)
     emit(info, args.json, lambda: (["field", "value"], [[k, v] for k, v in info.items()]))
@@ -399,7 +399,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def _open(args: argparse.Namespace) -> Any:
-    from headscope.engine.model.loading import open_model
+    from headscope.engine.api.model import open_model
 
     model = open_model(args.path, raw=getattr(args, "raw", False))
     # e.g. an unusable tokenizer (ids are shown instead): said once the command succeeded
@@ -472,7 +472,7 @@ def best_edges_so_far(note: Callable[[str], None], d_model: int, d_head: int, se
     and puts them on the progress bar (``note``): ``--top`` fills in while the sweep runs."""
     import numpy as np
 
-    from headscope.engine.circuits.fast import composition_baseline
+    from headscope.engine.api.report import composition_baseline
 
     baseline = composition_baseline(d_model, d_head, seed)
     best: list[tuple[float, int, int, int, int]] = []
@@ -550,8 +550,8 @@ def cmd_circuit(args: argparse.Namespace) -> int:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    from headscope.engine.model.loading import open_model
-    from headscope.engine.sweeps.diff import diff_models
+    from headscope.engine.api.diff import diff_models
+    from headscope.engine.api.model import open_model
 
     a = open_model(args.path, raw=args.raw)
     b = open_model(args.other, raw=args.raw)

@@ -61,7 +61,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _open(args: argparse.Namespace) -> Any:
-    from headscope.engine.model.loading import open_model
+    from headscope.engine.api.model import open_model
 
     return open_model(args.path, raw=args.raw)
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from headscope.tui.cli.cache import add_store_args, results_store
 
 if TYPE_CHECKING:
-    from headscope.engine.sweeps.timeline import StepScores, Timeline
+    from headscope.engine.api.timeline import StepScores, Timeline
 
 EXAMPLE = "headscope timeline sample_models/attn-only-2l-training"
 SPARK = "▁▂▃▄▅▆▇█"
@@ -62,8 +62,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from headscope.engine.api.timeline import compute_timeline
     from headscope.engine.core.errors import InvalidRequestError
-    from headscope.engine.sweeps.timeline import compute_timeline
 
     if args.workers < 1:
         raise InvalidRequestError(None, f"--workers must be at least 1, not {args.workers}")

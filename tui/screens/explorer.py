@@ -72,7 +72,7 @@ from headscope.tui.widgets.status import StatusBar
 from headscope.tui.widgets.timeline import TimelinePane
 
 if TYPE_CHECKING:
-    from headscope.engine.sweeps.diff import ModelDiff
+    from headscope.engine.api.diff import ModelDiff
     from headscope.tui.app import HeadscopeApp
     from headscope.tui.base.protocols import ExplorerEngine
     from headscope.tui.session.compare import CompareMode

@@ -35,9 +35,9 @@ from headscope.tui.widgets.status import StatusBar
 # The app imports this module before its first frame (TimelineMode() is "no timeline"): what
 # numpy or the engine's timeline module brings is imported where a series is opened or scored.
 if TYPE_CHECKING:
+    from headscope.engine.api.store import ResultStore
+    from headscope.engine.api.timeline import StepSource, Timeline
     from headscope.engine.core.results import HeadScores
-    from headscope.engine.sweeps.store import ResultStore
-    from headscope.engine.sweeps.timeline import StepSource, Timeline
     from headscope.tui.app import HeadscopeApp
     from headscope.tui.base.protocols import ExplorerEngine
 
@@ -63,7 +63,7 @@ def compute_series(sources: Sequence[StepSource], notes: Sequence[str], raw: boo
     then assemble the timeline; ``store``: the results store the steps are read from and
     written to (a series opened again is read back). ``progress(done, total)`` after each
     step; ``cancelled()`` is checked between steps."""
-    from headscope.engine.sweeps.timeline import build_timeline, check_layouts, score_steps
+    from headscope.engine.api.timeline import build_timeline, check_layouts, score_steps
 
     check_layouts(sources)
     results = score_steps(sources, raw=raw, progress=lambda done, total, _r: progress(done, total),
@@ -92,7 +92,7 @@ def open_timeline(series: str | os.PathLike[str] | Sequence[str | os.PathLike[st
                                   f"{' '.join(map(str, paths))} or {path}, not both")
     if compare is not None:
         raise InvalidRequestError(None, "--timeline and --compare cannot be combined")
-    from headscope.engine.sweeps.timeline import discover_steps
+    from headscope.engine.api.timeline import discover_steps
 
     sources, notes = discover_steps(paths)
     return TimelineMode(sources, notes)
@@ -163,7 +163,7 @@ class TimelineMode:
         self.raw = app.raw
         mb = app.settings.cache_disk_mb
         if mb > 0:
-            from headscope.engine.sweeps.store import default_store
+            from headscope.engine.api.store import default_store
 
             self.store = default_store(mb)
         app.run_worker(lambda: self._compute(app), thread=True, group="timeline",

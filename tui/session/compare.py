@@ -16,8 +16,8 @@ from headscope.engine.core.errors import CancelledError as EngineCancelled
 from headscope.engine.core.errors import HeadscopeError
 
 if TYPE_CHECKING:  # .compare (plotext, numpy) is imported once B's views are drawn
+    from headscope.engine.api.diff import ModelDiff
     from headscope.engine.core.results import CircuitBlock, PromptView, Spectrum
-    from headscope.engine.sweeps.diff import ModelDiff
     from headscope.tui.base.protocols import ExplorerEngine
     from headscope.tui.plots.figures import Heatmap
 

@@ -25,7 +25,7 @@ from textual.widgets import DataTable, Static
 from headscope.tui.screens.timeline import TimelineComputed
 
 if TYPE_CHECKING:
-    from headscope.engine.sweeps.timeline import Timeline
+    from headscope.engine.api.timeline import Timeline
     from headscope.tui.app import HeadscopeApp
     from headscope.tui.screens.explorer import ExplorerScreen, LoadKey
 
