@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     import numpy as np
     import torch
 
-    from headscope.engine.model.adapters import Spec
+    from headscope.engine.model.adapters.base import Spec
 
 
 @dataclass(frozen=True)

@@ -43,15 +43,17 @@ from headscope.engine.core.files import file_kind, os_reason, read_json_object, 
 from headscope.engine.formats.gguf import is_gguf, read_gguf_header
 from headscope.engine.formats.safetensors import SafetensorsHeader, TensorInfo, read_header
 from headscope.engine.formats.tokenizer import IdTokenizer, Tokenizer, load_tokenizer
-from headscope.engine.model import adapters
-from headscope.engine.model.adapters import (
+from headscope.engine.model.adapters import native as native_adapter
+from headscope.engine.model.adapters.base import (
     SpecMap,
+    TensorNames,
     check_specs,
     count_params,
+    spec_tensors,
     storage_dtype,
     validate_config,
 )
-from headscope.engine.model.adapters import native as native_adapter
+from headscope.engine.model.adapters.registry import adapter_for, refuse_remote_code
 from headscope.engine.model.caveats import model_caveats
 from headscope.engine.model.weights import CheckpointWeights, WeightSource
 
@@ -327,11 +329,11 @@ def _open_gguf(p: Path) -> Checkpoint:
     name, arch = g.arch_of(header)
     hf_names = g.hf_tensor_names(header, arch)
     config = g.hf_config(header, name, arch, hf_names)
-    arch_name, module = adapters.adapter_for(config, str(p))
+    arch_name, module = adapter_for(config, str(p))
     tensors = g.virtual_tensors(header, hf_names)
     cfg, specs = module.adapt(config, arch_name, set(tensors), str(p))
     check_specs(specs, tensors, lambda t: str(p), cfg.architecture)
-    used = {t: hf_names[t] for t in adapters.spec_tensors(specs)}
+    used = {t: hf_names[t] for t in spec_tensors(specs)}
     g.check_all_used(header, used)
     g.check_types(header, used)
     cfg = cfg.replace(n_params=count_params(specs, tensors), dtype=g.main_dtype(header, used))
@@ -348,7 +350,7 @@ def _open_directory(p: Path, shown: Path) -> Checkpoint:
     names = {e.name for e in entries}
     config = _read_config(directory / "config.json") if "config.json" in names else None
     if config is not None:
-        adapters.refuse_remote_code(config, str(directory / "config.json"))
+        refuse_remote_code(config, str(directory / "config.json"))
 
     if SINGLE_FILE in names:
         main = _inside(directory, SINGLE_FILE)
@@ -392,7 +394,7 @@ def _build(
         for name, info in header.tensors.items():
             if files.get(name) == file:
                 tensors[name] = info
-    names = adapters.TensorNames(tensors, sum(t.numel for t in tensors.values()))
+    names = TensorNames(tensors, sum(t.numel for t in tensors.values()))
     first_meta = next(iter(headers.values())).metadata if headers else {}
     native_json = directory / native_adapter.CONFIG_FILE
 
@@ -417,10 +419,10 @@ def _build(
                     f"or '{native_adapter.CONFIG_KEY}' in the safetensors metadata",
                 )
             config = _read_config(config_path)
-            adapters.refuse_remote_code(config, str(config_path))
+            refuse_remote_code(config, str(config_path))
         fmt = "hf"
         cfg_path = str(directory / "config.json")
-        arch, module = adapters.adapter_for(config, cfg_path)
+        arch, module = adapter_for(config, cfg_path)
         cfg, specs = module.adapt(config, arch, names, cfg_path)
 
     cfg = cfg.replace(n_params=count_params(specs, tensors), dtype=storage_dtype(specs, tensors))
