@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from headscope.engine.api import report
+from headscope.engine.api.model import open_model
 from headscope.engine.circuits import head_circuits as circuits
 from headscope.engine.circuits import reading
 from headscope.engine.core.errors import IndexOutOfRangeError, InvalidRequestError
 from headscope.engine.core.validation import SCORE_NAMES, Z_NAMES
 from headscope.engine.forward.transformer import run
-from headscope.engine.model.loading import open_model
 from headscope.engine.service.engine import Engine
 from headscope.engine.sweeps import compute
 from headscope.tui.cli import main as cli

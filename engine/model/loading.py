@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,7 +33,6 @@ from headscope.engine.core.errors import (
     ConfigError,
     CorruptFileError,
     HeadscopeError,
-    InvalidRequestError,
     UnsafeFormatError,
     UnsafePathError,
     UnsupportedFormatError,
@@ -58,9 +56,6 @@ from headscope.engine.model.caveats import model_caveats
 from headscope.engine.model.weights import CheckpointWeights, WeightSource
 
 if TYPE_CHECKING:
-    from headscope.engine.circuits.factored import FactoredMatrix
-    from headscope.engine.circuits.scores import CompositionScores
-    from headscope.engine.forward.transformer import ForwardResult
     from headscope.engine.model.gguf import GGUFSource
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
@@ -145,6 +140,10 @@ def structure_of(ckpt: Checkpoint, raw: bool) -> dict[str, Any]:
 
 @dataclass
 class Model:
+    """An open checkpoint: configs, weights (read lazily) and tokenizer. What the sweeps,
+    the service and the CLI compute on; the notebook conveniences (``circuit``, ``heads``,
+    ``run``, ...) are the facade's subclass, ``engine.api.model.Model``."""
+
     path: Path
     cfg: ModelConfig  # of the weights as computed on (processed: LNPre/RMSPre)
     raw_cfg: ModelConfig  # as stored
@@ -167,61 +166,6 @@ class Model:
         return dataclasses.replace(
             self, raw=raw, weights=weights, cfg=weights.cfg, _processed=self._processed
         )
-
-    # Notebook conveniences (thin wrappers over engine.circuits / scores / forward / report).
-
-    def circuit(self, layer: int, head: int, kind: str = "ov") -> FactoredMatrix:
-        """A head's circuit as a FactoredMatrix: ``"qk"``/``"ov"`` (``d_model × d_model``),
-        ``"token_qk"``, ``"full_ov"`` (``d_vocab × d_vocab``) or ``"positional_qk"``."""
-        from headscope.engine.circuits import head_circuits as circuits
-
-        makers = {
-            "qk": circuits.qk,
-            "ov": circuits.ov,
-            "token_qk": circuits.token_qk,
-            "full_ov": circuits.full_ov,
-            "positional_qk": circuits.positional_qk,
-        }
-        if kind not in makers:
-            raise InvalidRequestError(self.path, f"unknown circuit {kind!r}; choose from {', '.join(makers)}")
-        self.cfg.check_head(layer, head, str(self.path))
-        return makers[kind](self.weights, layer, head)
-
-    def heads(self, seed: int = 0, *, ablation: bool = False) -> list[dict[str, Any]]:
-        """Every head with every score (what ``headscope heads [--ablation]`` prints)."""
-        from headscope.engine.api.report import head_table
-
-        return head_table(self, seed=seed, ablation=ablation)
-
-    def composition(self, kind: str, seed: int = 0) -> CompositionScores:
-        """All ``kind``-composition scores (``.scores [L, H, L, H]``, ``.baseline``)."""
-        from headscope.engine.circuits.scores import composition_scores
-        from headscope.engine.core.validation import check_composition_kind
-
-        check_composition_kind(kind, str(self.path))
-        return composition_scores(self.weights, kind, seed=seed)  # type: ignore[arg-type]
-
-    def singular_directions(self, layer: int, head: int, kind: str = "ov", *, k: int = 5,
-                            top: int = 10) -> dict[str, Any]:
-        """A head's top singular directions as tokens (what ``headscope svd --json`` prints)."""
-        from headscope.engine.api.report import svd_report
-
-        return svd_report(self, layer, head, kind, k=k, top=top)  # type: ignore[arg-type]
-
-    def virtual_path(self, source: tuple[int, int], target: tuple[int, int]) -> dict[str, Any]:
-        """The virtual heads of a composition path (what ``headscope path --json`` prints)."""
-        from headscope.engine.api.report import path_report
-
-        return path_report(self, source, target)
-
-    def run(self, tokens: str | Sequence[int], **kwargs: Any) -> ForwardResult:
-        """The reference forward pass on a prompt (encoded with the tokenizer) or token ids."""
-        from headscope.engine.core.validation import check_tokens
-        from headscope.engine.forward.transformer import run
-
-        ids = self.tokenizer.encode(tokens) if isinstance(tokens, str) else list(tokens)
-        check_tokens(self.structure(), ids, str(self.path))
-        return run(self.weights, ids, **kwargs)
 
     def _processed_weights(self) -> WeightSource:
         if self._processed is None:
