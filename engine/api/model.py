@@ -25,10 +25,10 @@ if TYPE_CHECKING:
     from headscope.engine.circuits.scores import CompositionScores
     from headscope.engine.forward.transformer import ForwardResult
 
-__all__ = ["CIRCUIT_KINDS", "Model", "open_model", "read_structure"]
+__all__ = ["CIRCUITS", "Model", "open_model", "read_structure"]
 
 # The circuits ``Model.circuit`` names (engine.circuits.head_circuits makes them).
-CIRCUIT_KINDS = ("qk", "ov", "token_qk", "full_ov", "positional_qk")
+CIRCUITS = ("qk", "ov", "token_qk", "full_ov", "positional_qk")
 
 
 class Model(loading.Model):
@@ -41,8 +41,8 @@ class Model(loading.Model):
         ``"token_qk"``, ``"full_ov"`` (``d_vocab × d_vocab``) or ``"positional_qk"``."""
         from headscope.engine.circuits import head_circuits as circuits
 
-        if kind not in CIRCUIT_KINDS:
-            raise InvalidRequestError(self.path, f"unknown circuit {kind!r}; choose from {', '.join(CIRCUIT_KINDS)}")
+        if kind not in CIRCUITS:
+            raise InvalidRequestError(self.path, f"unknown circuit {kind!r}; choose from {', '.join(CIRCUITS)}")
         self.cfg.check_head(layer, head, str(self.path))
         return getattr(circuits, kind)(self.weights, layer, head)
 

@@ -14,7 +14,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from headscope.engine.circuits.fast import composition_baseline  # noqa: F401  (re-exported: the CLI prints it)
 from headscope.engine.core import validation as requests
-from headscope.engine.core.validation import ABLATION_EFFECT, NULL_SAMPLES, SCORE_NAMES, SEED
+from headscope.engine.core.validation import (
+    ABLATION_EFFECT,
+    NULL_SAMPLES,
+    SCORE_NAMES,
+    SEED,
+    WEIGHT_SCORE_NAMES,
+)
 from headscope.engine.model.caveats import ov_caveats, qk_caveats
 from headscope.engine.sweeps import compute
 
@@ -58,17 +64,14 @@ def head_table(
     split = 0.5 if ablation else 1.0
     # the random heads' behaviour (the z's) comes from the real heads' forward pass
     table, null = compute.calibrated_score_table(
-        model, seed, compute._part(progress, 0.0, split), store=entry, cluster=cluster,
+        model, seed, compute.progress_span(progress, 0.0, split), store=entry, cluster=cluster,
         null_samples=NULL_SAMPLES if calibrated else None)
     effects = None
     if ablation:
-        effects = compute.ablation_effects(model, seed, compute._part(progress, split, 1.0), store=entry)
+        effects = compute.ablation_effects(model, seed, compute.progress_span(progress, split, 1.0), store=entry)
     if progress is not None:
         progress(1.0)
     return score_rows(table, effects, null)
-
-
-WEIGHT_SCORE_NAMES = ("copying_score", "qk_positivity")  # the scores without a forward pass
 
 
 def weight_table(model: Model, *, store: ResultStore | None = None,

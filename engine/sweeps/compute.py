@@ -66,7 +66,7 @@ def _check(cancelled: Cancelled) -> None:
         raise CancelledError()
 
 
-def _part(progress: Progress, start: float, stop: float) -> Progress:
+def progress_span(progress: Progress, start: float, stop: float) -> Progress:
     """Progress of one step of a sweep, mapped into [start, stop] of the whole."""
     if progress is None:
         return None
@@ -396,8 +396,8 @@ def calibrated_score_table(
         progress(0.0)
     if not _stored(store, behaviour_part(seed)):
         import_torch_in_background()
-    weights = weight_scores(model, _part(progress, 0.0, 0.7), cancelled, store, cluster)
-    found, null = _behaviour(model, seed, cancelled, _part(progress, 0.7, 0.98), store,
+    weights = weight_scores(model, progress_span(progress, 0.0, 0.7), cancelled, store, cluster)
+    found, null = _behaviour(model, seed, cancelled, progress_span(progress, 0.7, 0.98), store,
                              weights["nonfinite"], null_samples)
     _check(cancelled)
     if store is not None:
@@ -462,7 +462,7 @@ def weight_scores(model: Model, progress: Progress = None, cancelled: Cancelled 
     if cluster is not None:  # the cluster's parts, then their read-back, over the same span
         progress = _monotone(progress)
         memos: dict[str, Memo] | None = {
-            name: _sweep_memo(model, store, name, n_heads, cluster, _part(progress, i / 2, (i + 1) / 2),
+            name: _sweep_memo(model, store, name, n_heads, cluster, progress_span(progress, i / 2, (i + 1) / 2),
                               cancelled)
             for i, name in enumerate(SPECTRAL_SWEEPS)}
     else:
@@ -485,9 +485,9 @@ def weight_scores(model: Model, progress: Progress = None, cancelled: Cancelled 
 
         found = {
             "copying_score": scores.all_copying_scores(
-                model.weights, _part(progress, 0.0, 0.5), cancelled, memo=memos["copying_score"]).numpy(),
+                model.weights, progress_span(progress, 0.0, 0.5), cancelled, memo=memos["copying_score"]).numpy(),
             "qk_positivity": scores.all_qk_positivity(
-                model.weights, _part(progress, 0.5, 1.0), cancelled, memo=memos["qk_positivity"]).numpy(),
+                model.weights, progress_span(progress, 0.5, 1.0), cancelled, memo=memos["qk_positivity"]).numpy(),
         }
         nonfinite = np.array(_stored_nonfinite(model, store))
     if store is not None:
