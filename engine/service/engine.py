@@ -54,6 +54,7 @@ from headscope.engine.core.results import (
     readonly,
 )
 from headscope.engine.core.validation import MAX_RESULT_BYTES, SEED, TOP_EDGES
+from headscope.engine.forward.runtime import inference_mode, set_threads
 from headscope.engine.service.scheduler import JobContext, Scheduler
 from headscope.engine.sweeps import compute
 from headscope.engine.sweeps.diff import EDGE_THRESHOLD
@@ -119,7 +120,7 @@ class Engine:
         self._previous_torch_threads: int | None = None
         self.cache = ByteLRU(cache_bytes)
         self._scheduler = Scheduler(
-            workers, on_result=self.cache.put, job_context=_inference_mode
+            workers, on_result=self.cache.put, job_context=inference_mode
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._models: dict[bool, Model] = {}
@@ -167,10 +168,7 @@ class Engine:
                                        or ComputeError(self._where, f"cannot open: {exc}"))
 
     def _set_torch_threads(self) -> None:
-        import torch
-
-        self._previous_torch_threads = torch.get_num_threads()
-        torch.set_num_threads(self._torch_threads)
+        self._previous_torch_threads = set_threads(self._torch_threads)
 
     async def ready(self) -> None:
         """Wait until the model is open (torch imported, config and tensors checked)."""
@@ -237,9 +235,7 @@ class Engine:
         self._scheduler.close()
         await asyncio.to_thread(self._scheduler.join, 5.0)
         if self._previous_torch_threads is not None:
-            import torch
-
-            torch.set_num_threads(self._previous_torch_threads)
+            set_threads(self._previous_torch_threads)
 
     def stats(self) -> CacheStats:
         c = self.cache
@@ -640,18 +636,10 @@ class Engine:
 # -- helpers ---------------------------------------------------------------------------
 
 
-def _inference_mode() -> contextlib.AbstractContextManager[Any]:
-    import torch
-
-    return torch.inference_mode()
-
-
 def _warm_up(model: Model) -> None:
     """Read (and process) the embedding and unembedding while the user reads the tree:
     every token-basis view needs them, and the first view should not pay for them."""
-    import torch
-
-    with torch.inference_mode():
+    with inference_mode():
         for name in ("embed.W_E", "unembed.W_U"):
             if model.weights.has(name):
                 model.weights.get(name)

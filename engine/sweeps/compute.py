@@ -395,6 +395,8 @@ def calibrated_score_table(
     if progress is not None:
         progress(0.0)
     if not _stored(store, behaviour_part(seed)):
+        from headscope.engine.forward.runtime import import_torch_in_background
+
         import_torch_in_background()
     weights = weight_scores(model, progress_span(progress, 0.0, 0.7), cancelled, store, cluster)
     found, null = _behaviour(model, seed, cancelled, progress_span(progress, 0.7, 0.98), store,
@@ -409,25 +411,6 @@ def calibrated_score_table(
 
 def _stored(store: ModelStore | None, name: str) -> bool:
     return store is not None and store.has(name)
-
-
-def import_torch_in_background() -> None:
-    """Start ``import torch`` on a daemon thread (a forward pass needs it; the weight algebra
-    before it does not): its 1-3 s overlap that algebra instead of preceding it. The main
-    thread's own ``import torch`` later waits for this one (Python's import lock)."""
-    import contextlib
-    import sys
-    import threading
-
-    if "torch" in sys.modules:
-        return
-
-    def load() -> None:
-        # a failure here is raised again, with its traceback, by the main thread's import
-        with contextlib.suppress(Exception):
-            import torch  # noqa: F401
-
-    threading.Thread(target=load, name="headscope-import-torch", daemon=True).start()
 
 
 def table_of(copying: Any, positivity: Any, found: dict[str, np.ndarray]) -> ScoreTable:
@@ -574,10 +557,9 @@ def sink_batches(model: Model, seed: int = SEED) -> tuple[Any, list[Any]]:
     """The token batches of the sink scores and of the behavioural null: the seeded repeated
     random sequences of the behavioural scores, and ``reading.NATURAL_PROMPTS`` encoded by
     the model's tokenizer (none for a tokenizer that only knows ids), cut to ``n_ctx``."""
-    import torch
-
     from headscope.engine.circuits import reading, scores
     from headscope.engine.formats.tokenizer import IdTokenizer
+    from headscope.engine.forward.runtime import token_batch
 
     cfg = model.cfg
     repeated = scores.repeated_tokens(cfg.d_vocab, cfg.n_ctx, seed)
@@ -586,16 +568,15 @@ def sink_batches(model: Model, seed: int = SEED) -> tuple[Any, list[Any]]:
         for text in reading.NATURAL_PROMPTS:
             ids = [i for i in encode(model.tokenizer, text) if 0 <= i < cfg.d_vocab][: cfg.n_ctx]
             if len(ids) > reading.SINK_SKIP:
-                natural.append(torch.tensor([ids]))
+                natural.append(token_batch([ids]))
     return repeated, natural
 
 
 def delimiter_masks(model: Model, natural: Sequence[Any]) -> list[Any]:
     """``[b, p]`` bool per natural batch: which tokens are delimiters (``reading.is_delimiter``
     of the token's text)."""
-    import torch
-
     from headscope.engine.circuits import reading
+    from headscope.engine.forward.runtime import mask_batch
 
     memo: dict[int, bool] = {}
 
@@ -604,7 +585,7 @@ def delimiter_masks(model: Model, natural: Sequence[Any]) -> list[Any]:
             memo[token] = reading.is_delimiter(label(model.tokenizer, token))
         return memo[token]
 
-    return [torch.tensor([[delimiter(int(t)) for t in row] for row in tokens.tolist()])
+    return [mask_batch([[delimiter(int(t)) for t in row] for row in tokens.tolist()])
             for tokens in natural]
 
 
@@ -852,12 +833,11 @@ def run_prompt(
     cancelled: Cancelled = None,
     top_k: int = 10,
 ) -> PromptRun:
-    """Tokenise ``text`` (cut to n_ctx) and run it: patterns, DLA and predictions of every head."""
-    import torch
+    """Tokenise ``text`` (cut to n_ctx) and run it: patterns, DLA and predictions of every head
+    (``forward.prompt.prompt_pass``), labelled."""
+    from headscope.engine.forward.prompt import prompt_pass
 
-    from headscope.engine.forward import transformer as forward
-
-    cfg, w = model.cfg, model.weights
+    cfg = model.cfg
     where = str(model.path)
     ids = encode(model.tokenizer, text)
     if not ids:
@@ -867,47 +847,17 @@ def run_prompt(
     n = len(ids)
     check_result_bytes(prompt_bytes(model.structure(), n), f"a {n}-token prompt", where, limit)
     _check(cancelled)
-    result = forward.run(w, ids, return_head_outputs=True)
-    logits = result.logits[0]  # [pos, vocab]
-    predicted = logits.argmax(dim=-1)  # [pos]
-    dla = direct_logit_attribution(model, result, predicted)
-    probs = torch.softmax(logits[-1], dim=-1)
-    p_top, i_top = torch.topk(probs, min(top_k, probs.shape[0]))
+    found = prompt_pass(model.weights, ids, top_k)
     tok = model.tokenizer
-    top = tuple((int(i), label(tok, int(i)), float(p)) for p, i in zip(p_top, i_top, strict=True))
     return PromptRun(
         tokens=tuple(label(tok, i) for i in ids),
         ids=tuple(ids),
-        patterns=readonly(result.patterns[0], np.float32),
-        dla=readonly(dla, np.float32),
-        predicted=tuple(int(i) for i in predicted),
-        top=top,
+        patterns=readonly(found.patterns, np.float32),
+        dla=readonly(found.dla, np.float32),
+        predicted=found.predicted,
+        top=tuple((i, label(tok, i), p) for i, p in found.top),
         truncated=truncated,
     )
-
-
-def direct_logit_attribution(model: Model, result: Any, predicted: Any) -> Any:
-    """[L, H, pos]: each head's output at each position, through the final norm's scale,
-    dotted with ``W_U[:, predicted[pos]]`` — its direct share of that position's top logit.
-
-    LayerNorm subtracts the mean, so the head output is centred first (a no-op on processed
-    weights, whose writing weights are centred); on raw weights the final norm's gain, not
-    yet folded into ``W_U``, multiplies it. Post-LN models (BERT) have no such linear
-    decomposition: NaN.
-    """
-    import torch
-
-    cfg, w = model.cfg, model.weights
-    out = result.head_outputs[0]  # [L, H, pos, d_model]
-    if result.final_scale is None:
-        return torch.full(out.shape[:3], float("nan"))
-    if cfg.normalization in ("LN", "LNPre"):
-        out = out - out.mean(dim=-1, keepdim=True)
-    out = out / result.final_scale[0]  # [pos, 1] broadcasts over L, H
-    if cfg.normalization in ("LN", "RMS") and w.has("ln_final.w"):
-        out = out * w.get("ln_final.w")
-    w_u = w.get("unembed.W_U")[:, predicted]  # [d_model, pos]
-    return torch.einsum("lhpd,dp->lhp", out, w_u)
 
 
 def forward_tokens(model: Model, tokens: Sequence[int]) -> Any:

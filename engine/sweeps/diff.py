@@ -370,7 +370,8 @@ def diff_models(
     the similarities are computed.
     """
     from headscope.engine.circuits.fast import numpy_weights
-    from headscope.engine.sweeps.compute import import_torch_in_background, progress_span
+    from headscope.engine.forward.runtime import import_torch_in_background
+    from headscope.engine.sweeps.compute import progress_span
 
     if progress is not None:
         progress(0.0)
