@@ -668,7 +668,7 @@ def _partial_composition(model: Model, kind: str, deliver: Callable[[Composition
 
     from headscope.engine.circuits.fast import composition_baseline
     from headscope.engine.core.results import rank_edges
-    from headscope.engine.service.scheduler import _call_soon
+    from headscope.engine.service.scheduler import deliver_soon
 
     cfg = model.cfg
     n_layers, n_heads = cfg.n_layers, cfg.n_heads
@@ -688,11 +688,6 @@ def _partial_composition(model: Model, kind: str, deliver: Callable[[Composition
         last[0] = now
         snapshot = readonly(values, np.float32)
         comp = Composition(kind, snapshot, baseline, rank_edges(snapshot, baseline, TOP_EDGES))  # type: ignore[arg-type]
-        _call_soon(loop, _safe_call, deliver, comp)
+        deliver_soon(loop, deliver, comp)
 
     return on_tile
-
-
-def _safe_call(fn: Callable[[Any], None], value: Any) -> None:
-    with contextlib.suppress(Exception):
-        fn(value)

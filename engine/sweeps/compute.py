@@ -326,6 +326,7 @@ def _behaviour_pass(model: Model, seed: int, bad: np.ndarray, progress: Progress
     with ``null_samples``, the random heads' behaviour (``reading.NullSums``): each the
     numbers its own pass gives (up to float rounding: the MLPs of all batches run as one)."""
     from headscope.engine.circuits import reading, scores
+    from headscope.engine.core.memory import release_free_heap
 
     w = model.weights
     repeated, natural = sink_batches(model, seed)
@@ -344,7 +345,7 @@ def _behaviour_pass(model: Model, seed: int, bad: np.ndarray, progress: Progress
 
     _check(cancelled)
     reading.passes(w, [repeated, *natural], on_block, scores.per_layer(model.cfg.n_layers, progress, cancelled))
-    scores._release_free_heap()
+    release_free_heap()
     return found.result(), _masked_sinks(*sinks.result(), bad), (None if null is None else null.result())
 
 
@@ -600,16 +601,6 @@ def sink_tables(model: Model, seed: int = SEED, bad: np.ndarray | None = None
     masks = [None, *delimiter_masks(model, natural)]
     first, delim = reading.sink_scores(model.weights, [repeated, *natural], masks)
     return _masked_sinks(first, delim, nonfinite_heads(model) if bad is None else bad)
-
-
-def attention_sink(model: Model, seed: int = SEED) -> np.ndarray:
-    """``[L, H]`` attention-sink scores (the first token); NaN for heads with non-finite weights."""
-    return sink_tables(model, seed)[0]
-
-
-def delimiter_sink(model: Model, seed: int = SEED) -> np.ndarray:
-    """``[L, H]`` delimiter-sink scores (NaN without a tokenizer, or for non-finite heads)."""
-    return sink_tables(model, seed)[1]
 
 
 def singular_directions(model: Model, layer: int, head: int, kind: str, k: int, top: int
