@@ -501,11 +501,10 @@ def composition(
     soon as they are computed (a graph or a ``--top`` list can fill in during the sweep).
     Stored per target layer (``scores.composition_scores``' tiles, on either path): the
     scores do not depend on ``seed``, only the baseline does (not stored: it is cheap).
+    ``kind`` is validated at the entry (``report``, ``Engine``, ``api.model``), not here.
     """
     from headscope.engine.circuits import fast
-    from headscope.engine.core.validation import check_composition_kind
 
-    check_composition_kind(kind, str(model.path))
     if cluster is not None:  # the missing tiles on the cluster first, then read back here
         progress = _monotone(progress)
     memo = _sweep_memo(model, store, f"composition-{kind}", (), cluster, progress, cancelled)
