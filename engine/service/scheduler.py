@@ -10,7 +10,7 @@ enough; what matters for an interactive explorer is *which* job runs next:
 - **Staleness**: a job bound to a head becomes stale when the user focuses another head
   after it was submitted. Stale queued jobs are dropped before they start; a running job
   sees ``ctx.cancelled()`` turn true and stops at its next check. Their awaiters get
-  ``engine.errors.CancelledError``. A job whose awaiters all went away is dropped too.
+  ``core.errors.CancelledError``. A job whose awaiters all went away is dropped too.
 - **Delivery**: results and errors go back to the awaiting event loop with
   ``loop.call_soon_threadsafe``; a job never leaves a future unresolved. Unknown exceptions
   are wrapped in ``ComputeError`` so every caller sees a typed error.

@@ -1,7 +1,7 @@
 """Sweeps on a Dask cluster: one task per missing part of a sweep (docs/internals.md,
 "Sweeps on a cluster").
 
-The sweeps of ``engine.scores`` keep their result in parts (a layer of the copying and
+The sweeps of ``circuits.scores`` keep their result in parts (a layer of the copying and
 QK-positivity sweeps, a target-layer tile of a composition sweep) behind a ``Memo``. Here
 each part the memo lacks becomes one task: a worker opens the checkpoint from the same
 path itself (a shared filesystem; the client sends the path and the fingerprint, never

@@ -1,13 +1,15 @@
 """Every request headscope answers is computed here, once: from an open ``Model`` and a
-validated request (``engine.requests``) to a result of ``engine.results``.
+request validated at its entry (``core.validation``) to a result of ``core.results``.
 
 The ``Engine`` runs these on its worker threads and caches what they return; the CLI, the
-exports and ``engine.report`` call them directly. The maths is in ``engine.circuits``,
-``engine.scores`` and ``engine.forward``; this module selects, labels and packs. Long
-computations take ``cancelled() -> bool`` (checked between steps; ``CancelledError``) and
-``progress(fraction)``.
+exports and ``api.report`` call them directly. The maths is in ``engine.circuits`` (the
+weight algebra) and ``engine.forward`` (torch: forward passes, and the token batches and
+thread settings of ``forward.runtime``); this module selects, labels and packs, and imports
+no torch itself. Long computations take ``cancelled() -> bool`` (checked between steps;
+``CancelledError``) and ``progress(fraction)`` (``progress_span`` maps a step's into the
+whole's).
 
-The sweeps take an optional ``store`` (``engine.store.ModelStore``, the model's entry in the
+The sweeps take an optional ``store`` (``sweeps.store.ModelStore``, the model's entry in the
 on-disk results store): the parts it holds are read from it, the parts computed are written
 to it as soon as each is finished (docs/internals.md, "The results store").
 """

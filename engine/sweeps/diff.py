@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from headscope.engine.core.errors import InvalidRequestError
-from headscope.engine.core.validation import (  # EDGE_THRESHOLD: re-exported here
+from headscope.engine.core.validation import (
     EDGE_THRESHOLD,
     SCORE_NAMES,
     WEIGHT_SCORE_NAMES,

@@ -4,7 +4,7 @@ A *series* is a directory of checkpoint subdirectories (``step-001000/``, ``step
 ``checkpoint-500/``, ``global_step500/``: the step is the last number in the name) or several
 checkpoint paths in order (:func:`discover_steps`). Each step is scored on its own
 (:func:`score_step`: open, score, fingerprint, close), so steps can run in any order, in a
-thread pool here or as tasks on a Dask cluster (engine/cluster.py); given a results store,
+thread pool here or as tasks on a Dask cluster (engine/sweeps/cluster.py); given a results store,
 each step's scores are one record in the step's entry (:func:`save_step`, :func:`load_step`),
 written on this side wherever the step was scored; :func:`build_timeline`
 assembles the per-step results, finds the phase changes (:func:`find_phase_change`, defined in
@@ -285,7 +285,7 @@ def score_step(source: StepSource, *, seed: int = 0, raw: bool = False,
 
     Independent of every other step (the unit a worker pool or a cluster runs); the scores
     are ``report.head_table``'s and :func:`composition_maxima`'s with the same ``seed``.
-    ``store``: the results store (``engine.store``). A step already scored (by a timeline,
+    ``store``: the results store (``sweeps.store``). A step already scored (by a timeline,
     here or on a cluster) is read back whole (:func:`load_step`), with no model opened;
     otherwise its sweeps read and write the store as ``heads`` and ``composition`` on that
     checkpoint do, and the step's scores are stored (:func:`save_step`).
@@ -366,7 +366,7 @@ def score_steps(sources: Sequence[StepSource], *, seed: int = 0, raw: bool = Fal
                 cluster: Cluster | None = None,
                 store: ResultStore | None = None) -> list[StepScores]:
     """:func:`score_step` for every source, in a pool of ``workers`` threads (1: in turn),
-    or one task per step on a Dask ``cluster`` (engine/cluster.py). ``store``: as for
+    or one task per step on a Dask ``cluster`` (engine/sweeps/cluster.py). ``store``: as for
     :func:`score_step`; the steps it already holds are read back first, and a cluster's
     results are written into it on this side as they arrive, keyed by each step's
     fingerprint, so the series scored again needs no cluster (the workers score each step
