@@ -22,7 +22,7 @@ from headscope.engine.model.loading import read_structure
 
 if TYPE_CHECKING:
     from headscope.engine.circuits.factored import FactoredMatrix
-    from headscope.engine.circuits.scores import CompositionScores
+    from headscope.engine.core.results import Composition
     from headscope.engine.forward.transformer import ForwardResult
 
 __all__ = ["CIRCUITS", "Model", "open_model", "read_structure"]
@@ -33,7 +33,7 @@ CIRCUITS = ("qk", "ov", "token_qk", "full_ov", "positional_qk")
 
 class Model(loading.Model):
     """An open model (``engine.model.loading.Model``) with the notebook conveniences: thin
-    wrappers over ``engine.circuits``, ``engine.forward`` and ``engine.api.report``, so a
+    wrappers over ``engine.circuits``, ``engine.forward``, ``sweeps.compute`` and ``api.report``, so a
     notebook gets the numbers and the errors of the CLI."""
 
     def circuit(self, layer: int, head: int, kind: str = "ov") -> FactoredMatrix:
@@ -52,13 +52,15 @@ class Model(loading.Model):
 
         return head_table(self, seed=seed, ablation=ablation)
 
-    def composition(self, kind: str, seed: int = 0) -> CompositionScores:
-        """All ``kind``-composition scores (``.scores [L, H, L, H]``, ``.baseline``)."""
-        from headscope.engine.circuits.scores import composition_scores
+    def composition(self, kind: str, seed: int = 0) -> Composition:
+        """All ``kind``-composition scores (``.scores [L, H, L, H]``, ``.baseline``,
+        ``.top_edges``): the sweep of ``headscope composition`` (``compute.composition``),
+        so the same numbers."""
         from headscope.engine.core.validation import check_composition_kind
+        from headscope.engine.sweeps.compute import composition
 
         check_composition_kind(kind, str(self.path))
-        return composition_scores(self.weights, kind, seed=seed)  # type: ignore[arg-type]
+        return composition(self, kind, seed)
 
     def singular_directions(self, layer: int, head: int, kind: str = "ov", *, k: int = 5,
                             top: int = 10) -> dict[str, Any]:
