@@ -284,7 +284,7 @@ def score_step(source: StepSource, *, seed: int = 0, raw: bool = False,
     """Open one checkpoint, score every head, fingerprint it, close it.
 
     Independent of every other step (the unit a worker pool or a cluster runs); the scores
-    are ``report.head_table``'s and :func:`composition_maxima`'s with the same ``seed``.
+    are ``compute.score_table``'s (``heads``' numbers) and :func:`composition_maxima`'s with the same ``seed``.
     ``store``: the results store (``sweeps.store``). A step already scored (by a timeline,
     here or on a cluster) is read back whole (:func:`load_step`), with no model opened;
     otherwise its sweeps read and write the store as ``heads`` and ``composition`` on that
