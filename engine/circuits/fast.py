@@ -36,7 +36,7 @@ from headscope.engine.core.errors import (
     InvalidRequestError,
     MissingTensorError,
 )
-from headscope.engine.model.adapters import Heads, Product, Rows, Whole, Zeros
+from headscope.engine.model.adapters.base import Heads, Product, Rows, Whole, Zeros
 from headscope.engine.model.processing import plan_for, processed_config
 
 if TYPE_CHECKING:

@@ -27,7 +27,7 @@ from headscope.engine.formats.safetensors import (
     file_identity,
     read_header,
 )
-from headscope.engine.model.adapters import Heads, Product, Rows, Spec, Whole, Zeros
+from headscope.engine.model.adapters.base import Heads, Product, Rows, Spec, Whole, Zeros
 
 if TYPE_CHECKING:
     import torch
