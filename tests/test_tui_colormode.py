@@ -388,7 +388,7 @@ async def test_status_bar_shows_one_percentage() -> None:
     app, _ = make_app()
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot, app)
-        app.explorer.sweep_progress = None
+        app.explorer.scores.progress = None
         bar = app.query_one(StatusBar)
         bar.activity, bar.progress = "head scores 80%", 0.2
         text = bar.render().plain

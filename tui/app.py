@@ -44,6 +44,7 @@ from headscope.themes import (
 from headscope.tui.base.colormode import detect_color_mode
 from headscope.tui.base.datatext import printable
 from headscope.tui.base.keymap import APP_BINDINGS
+from headscope.tui.base.messages import ModelFailed, ModelReady
 from headscope.tui.base.settings import Settings, load_settings
 from headscope.tui.screens.opening import READY_ACTIONS, OpeningScreen
 from headscope.tui.screens.timeline import TimelineMode
@@ -58,15 +59,7 @@ if TYPE_CHECKING:
     from headscope.tui.base.protocols import ExplorerEngine
     from headscope.tui.screens.explorer import ExplorerScreen
 
-__all__ = ["HeadscopeApp", "bundled_model", "run_app"]  # and FILTER_THRESHOLD, lazily
-
-
-def __getattr__(name: str) -> Any:
-    if name == "FILTER_THRESHOLD":  # the explorer's, re-exported (imported on first use)
-        from headscope.tui.screens.explorer import FILTER_THRESHOLD
-
-        return FILTER_THRESHOLD
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = ["HeadscopeApp", "bundled_model", "run_app"]
 
 
 def _commands() -> type[Provider]:
@@ -291,8 +284,6 @@ class HeadscopeApp(App[None]):
         self._after_open()
 
     def _after_open(self) -> None:
-        from headscope.tui.screens.explorer import ModelFailed
-
         if self.engine is None:
             self.report(self.open_error or "cannot open the model")
             self.explorer.post_message(ModelFailed(self.open_error or "",
@@ -301,8 +292,6 @@ class HeadscopeApp(App[None]):
         self.run_worker(self._startup(self.engine), group="startup", exit_on_error=False)
 
     async def _startup(self, engine: ExplorerEngine) -> None:
-        from headscope.tui.screens.explorer import ModelFailed, ModelReady
-
         try:
             await engine.ready()
         except HeadscopeError as err:

@@ -123,3 +123,8 @@ def edges(comp: Composition) -> list[tuple[int, int, int, int, float]]:
 def stats_line(stats: CacheStats) -> tuple[str | None, int, int, int, float | None]:
     """(activity, hits, misses, in flight, sweep progress) of a CacheStats."""
     return stats.activity or None, stats.hits, stats.misses, stats.in_flight, stats.progress
+
+
+# The middling badge strength: what "has the behaviour" means (the tree filter ``f``, the sink
+# scores on the focus line).
+FILTER_THRESHOLD = 0.3

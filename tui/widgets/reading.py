@@ -33,6 +33,7 @@ from textual.widgets import Label, Static
 from headscope.engine.core.errors import HeadscopeError
 from headscope.tui.base.datatext import data_text
 from headscope.tui.plots.figures import Heatmap, Scatter
+from headscope.tui.widgets.bars import bar_colours
 from headscope.tui.widgets.chart import Chart
 
 if TYPE_CHECKING:
@@ -141,12 +142,8 @@ class DirectionsPanel(Static):
         if not found.directions:
             self.update(Text("no singular directions (non-finite weights?)", style="italic"))
             return
-        from headscope.tui.widgets.panes import (
-            _bar_colours,  # the colour map's ends (views imports us)
-        )
-
         self.index = min(self.index, len(found.directions) - 1)
-        self.update(direction_view(found, self.index, _bar_colours(self)))
+        self.update(direction_view(found, self.index, bar_colours(self)))
 
 
 # -- the path view ----------------------------------------------------------------------------
