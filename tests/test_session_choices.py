@@ -3,7 +3,7 @@ offset and the prompt, and what the QK/OV load key depends on."""
 
 from __future__ import annotations
 
-from headscope.tui.session.choices import ROTARY_OFFSETS, ViewChoices, token_ids
+from headscope.tui.session.choices import ROTARY_OFFSETS, TREE_FILTERS, ViewChoices, token_ids
 
 
 def test_token_ids_reads_hash_ids_only() -> None:
@@ -43,3 +43,23 @@ def test_rotary_offset_stays_within_its_range() -> None:
 
 def test_the_prompt_is_kept_as_given() -> None:
     assert ViewChoices(prompt="a b a b").prompt_text == "a b a b"
+
+
+def test_tree_filters_cycle_back_to_every_head() -> None:
+    c = ViewChoices()
+    seen = []
+    for _ in range(len(TREE_FILTERS) + 1):
+        c.tree_filter = c.next_tree_filter()
+        seen.append(c.tree_filter)
+    assert seen == [*(k for k, _ in TREE_FILTERS), None]
+
+
+def test_the_directions_panel_is_hidden_when_narrow_or_comparing_until_chosen() -> None:
+    c = ViewChoices()
+    assert c.directions_shown(narrow=False, compare=False)
+    assert not c.directions_shown(narrow=True, compare=False)
+    assert not c.directions_shown(narrow=False, compare=True)
+    c.directions = True
+    assert c.directions_shown(narrow=True, compare=True)
+    c.directions = False
+    assert not c.directions_shown(narrow=False, compare=False)

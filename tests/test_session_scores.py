@@ -52,7 +52,7 @@ def test_ablation_names_the_costliest_head_and_sorts_the_summary_by_it() -> None
     assert b.summary_sort == ABLATION
     assert b.ablation_of((0, 0)) == 0.1 and math.isnan(b.ablation_of((1, 0)))
     rows, ablation = b.summary()
-    assert [(r.layer, r.head) for r in rows][0] == (1, 1) and ablation[0] == 0.7
+    assert (rows[0].layer, rows[0].head) == (1, 1) and ablation[0] == 0.7
     assert math.isnan(ablation[-1])  # NaN last
 
 

@@ -552,7 +552,7 @@ async def test_choose_tokens_sets_rows_and_columns() -> None:
         await wait_until(pilot, lambda: isinstance(app.screen, InputScreen), "the token dialog")
         await pilot.press(*"dog cat mat", "enter")
         await settle(pilot, app)
-        assert app.explorer.tokens == engine.encode("dog cat mat")
+        assert app.explorer.choices.tokens == engine.encode("dog cat mat")
         block = app.explorer.results["qk"]["token"]
         assert list(block.row_labels) == ["dog", "cat", "mat"]
 
@@ -614,7 +614,7 @@ async def test_prompt_tab_shows_pattern_dla_and_predictions_at_once() -> None:
             assert region.height >= 3 and screen.contains_region(region), wid
         preds = app.query_one("#prompt-preds")
         assert preds.region.y < app.query_one("#prompt-side").region.bottom
-        view = await engine.run_prompt(app.explorer.prompt_text, 0, 0)
+        view = await engine.run_prompt(app.explorer.choices.prompt_text, 0, 0)
         assert view.top_predictions[0][1] in plain(app.query_one("#prompt-preds", Static))
 
 
@@ -639,7 +639,7 @@ async def test_filter_keeps_heads_with_a_score_above_the_threshold() -> None:
             assert f"{getattr(scores[some], key):.2f}" in tree.badge_text(some)
         await pilot.press("f")
         await settle(pilot, app)
-        assert app.explorer.tree_filter is None and set(tree.head_nodes) == set(heads)
+        assert app.explorer.choices.tree_filter is None and set(tree.head_nodes) == set(heads)
 
 
 def test_graph_title_wraps_instead_of_being_cut() -> None:

@@ -1,6 +1,6 @@
-"""Reading engine results (engine/results.py) into what the widgets draw.
+"""Reading engine results (engine/core/results.py) into what the widgets draw.
 
-The readers use the exact field names of engine/results.py's dataclasses and nothing else:
+The readers use the exact field names of engine/core/results.py's dataclasses and nothing else:
 a renamed or missing field raises (and fails a test) instead of drawing an empty view. The
 scores go by their public names (``engine.requests.SCORE_NAMES``, the JSON keys of
 ``headscope heads --json``); this module is the one place the UI maps them to labels.

@@ -135,6 +135,15 @@ class TimelineSource(Protocol):
     def step(self) -> int: ...
 
 
+class PaneChoices(Protocol):
+    """The user's choices a pane shows (``tui.session.choices.ViewChoices``)."""
+
+    tokens: list[int] | None  # QK/OV rows and columns; None: the engine's default set
+    qk_offset: int  # rotary QK: the offset Δ
+    source_index: int  # the OV source row whose top outputs are listed
+    prompt_text: str
+
+
 class PaneHost(Protocol):
     """What a tab's pane needs from the screen it is on (``ExplorerScreen``): the engine, the
     model's shape, the focused head and the user's choices, where results are kept for the
@@ -160,16 +169,7 @@ class PaneHost(Protocol):
     def head(self) -> Head | None: ...
 
     @property
-    def tokens(self) -> list[int] | None: ...
-
-    @property
-    def qk_offset(self) -> int: ...
-
-    @property
-    def source_index(self) -> int: ...
-
-    @property
-    def prompt_text(self) -> str: ...
+    def choices(self) -> PaneChoices: ...
 
     @property
     def compare(self) -> CompareSide: ...
@@ -196,4 +196,8 @@ class PaneHost(Protocol):
 
     def show_summary(self) -> None:
         """Draw the Summary tab from the scores known so far."""
+        ...
+
+    def report(self, message: str) -> None:
+        """An error the user should see (a notification; the app keeps running)."""
         ...

@@ -55,8 +55,9 @@ from headscope.tui.base.messages import (
     ScoresSwept,
 )
 from headscope.tui.screens.dialogs import InputScreen
-from headscope.tui.session.choices import ViewChoices, token_ids
+from headscope.tui.session.choices import TREE_FILTERS, ViewChoices, token_ids
 from headscope.tui.session.export import export_document, write_export
+from headscope.tui.session.loads import PER_HEAD, TabLoads, load_key
 from headscope.tui.session.scores import ScoreBoard
 from headscope.tui.widgets.chart import Chart
 from headscope.tui.widgets.compare import ChangesPane, focus_text, head_changes
@@ -70,7 +71,7 @@ from headscope.tui.widgets.panes import (
     SpectrumPane,
     SummaryPane,
 )
-from headscope.tui.widgets.reading import N_DIRECTIONS, N_TOKENS, DirectionsPanel, PathScreen
+from headscope.tui.widgets.reading import DirectionsPanel, PathScreen
 from headscope.tui.widgets.status import StatusBar
 from headscope.tui.widgets.timeline import TimelinePane
 
@@ -84,7 +85,6 @@ TABS = ("qk", "ov", "spectrum", "prompt", "composition", "summary", "changes", "
 TAB_TITLES = {"qk": "1 QK", "ov": "2 OV", "spectrum": "3 Spectrum", "prompt": "4 Prompt",
               "composition": "5 Composition", "summary": "6 Summary", "changes": "7 Changes",
               "timeline": "8 Timeline"}
-PER_HEAD = ("qk", "ov", "spectrum", "prompt")  # the tabs that show the focused head
 
 
 class TabView(Protocol):
@@ -99,9 +99,6 @@ VIEWS: dict[str, type[Widget]] = {
     "composition": CompositionPane, "summary": SummaryPane, "changes": ChangesPane,
     "timeline": TimelinePane}
 NARROW = 100  # below this many columns, panes stack and the tree narrows
-TREE_FILTERS: tuple[tuple[str, str], ...] = (
-    ("induction_score", "induction"), ("prev_token_score", "prev-token"),
-    ("copying_score", "copying"), ("sink", "sink"))  # sink: on the first token or delimiters
 
 
 class ExplorerHost(Protocol):
@@ -158,12 +155,8 @@ class ExplorerScreen(Screen[None]):
         # weights shown; the tokens, OV source row, rotary offset and prompt.
         self.scores = ScoreBoard()
         self.choices = ViewChoices(prompt=prompt, tokens_text=tokens_text)
-        self.tree_filter: str | None = None
-        # The directions panel beside the QK/OV heatmaps: the user's choice once v is pressed;
-        # None before (shown unless the terminal is narrow or in compare mode).
-        self.directions_choice: bool | None = None
+        self.loads = TabLoads()  # the key each tab last asked for
         self.results: dict[str, Any] = {}  # each tab's data as shown (what e exports)
-        self._loaded: dict[str, LoadKey] = {}
         self._pending: Head | None = None
         self._focus_other: str | None = None  # the focus line shows the embed/unembed/MLP
         self._debounce_timer: Timer | None = None
@@ -207,22 +200,6 @@ class ExplorerScreen(Screen[None]):
     def gen(self) -> int:
         """The weights' generation: bumped when they change (raw/processed, a timeline step)."""
         return self.scores.gen
-
-    @property
-    def tokens(self) -> list[int] | None:
-        return self.choices.tokens
-
-    @property
-    def qk_offset(self) -> int:
-        return self.choices.qk_offset
-
-    @property
-    def source_index(self) -> int:
-        return self.choices.source_index
-
-    @property
-    def prompt_text(self) -> str:
-        return self.choices.prompt_text
 
     @property
     def has_scores(self) -> bool:
@@ -293,9 +270,7 @@ class ExplorerScreen(Screen[None]):
 
     @property
     def directions_visible(self) -> bool:
-        if self.directions_choice is not None:
-            return self.directions_choice
-        return not self.has_class("narrow") and not self.compare.enabled
+        return self.choices.directions_shown(self.has_class("narrow"), self.compare.enabled)
 
     def _apply_directions(self) -> None:
         visible = self.directions_visible
@@ -602,7 +577,7 @@ class ExplorerScreen(Screen[None]):
         elif tab == "timeline":
             timeline = self.headscope.timeline
             extra = (timeline.index, id(timeline.timeline), self.head)
-        return (tab, self.head if tab in PER_HEAD else None, self.gen, *extra)
+        return load_key(tab, self.head, self.gen, extra)
 
     def fresh(self, key: LoadKey) -> bool:
         """Whether a load for ``key`` is still what its tab should show."""
@@ -617,9 +592,8 @@ class ExplorerScreen(Screen[None]):
         if tab in ("qk", "ov"):
             self._load_directions()
         key = self._key(tab)
-        if not force and self._loaded.get(tab) == key:
+        if not self.loads.ask(key, force):
             return
-        self._loaded[tab] = key
         self.run_worker(self._load(key), group=f"load-{tab}", exclusive=True,
                         exit_on_error=False)
 
@@ -630,14 +604,13 @@ class ExplorerScreen(Screen[None]):
             view = cast(TabView, self.query_one(VIEWS[tab]))
             await view.load(self, key)
         except EngineCancelled:
-            if self._loaded.get(tab) == key:
-                self._loaded.pop(tab, None)
+            self.loads.cancelled(key)
         except HeadscopeError as err:
             self.report(str(err))
         except Exception as err:  # keep running: an engine bug becomes a notification
             self.report(f"{tab}: unexpected error {err!r}")
 
-    # -- the directions panel (tui/reading_screens.py) -----------------------------------
+    # -- the directions panel (tui/widgets/reading.py) -----------------------------------
     def _load_directions(self) -> None:
         """The focused head's singular directions in the active tab's panel (QK or OV): from
         the panel's cache, else asked of the engine in a worker (a loading note meanwhile)."""
@@ -659,34 +632,16 @@ class ExplorerScreen(Screen[None]):
 
     async def _directions(self, panel: DirectionsPanel, key: tuple[Head, int]) -> None:
         await self.headscope.model_ready.wait()
-        (layer, head), _gen = key
-        try:
-            found = await self.engine.singular_directions(layer, head, panel.kind,
-                                                          k=N_DIRECTIONS, top=N_TOKENS)
-        except EngineCancelled:
-            if panel.key == key:
-                panel.key = None  # asked again at the next load
-            return
-        except HeadscopeError as err:
-            if panel.key == key:
-                panel.failed(f"cannot read the directions: {err}")
-            return
-        except Exception as err:  # keep running: an engine bug becomes a notification
-            self.report(f"directions: unexpected error {err!r}")
-            if panel.key == key:
-                panel.failed("cannot read the directions (see the notification)")
-            return
-        if panel.key == key:
-            panel.show(key, found)
+        await panel.load(self, key)
 
     def action_toggle_directions(self) -> None:
         """Show or hide the directions panel (from another tab: the OV tab, with it)."""
         if self.active_tab not in ("qk", "ov"):
-            self.directions_choice = True
+            self.choices.directions = True
             self._apply_directions()
             self.action_show_tab("ov")
             return
-        self.directions_choice = not self.directions_visible
+        self.choices.directions = not self.directions_visible
         self._apply_directions()
         self._load_directions()
 
@@ -706,7 +661,7 @@ class ExplorerScreen(Screen[None]):
         there focuses ``target``)."""
         if self.headscope.engine is None:
             return
-        self.app.push_screen(PathScreen(self.engine, source, target, self.tokens),
+        self.app.push_screen(PathScreen(self.engine, source, target, self.choices.tokens),
                              lambda head: head and self.goto_head(head, immediate=True))
 
     # -- widgets' events ----------------------------------------------------------------
@@ -756,12 +711,10 @@ class ExplorerScreen(Screen[None]):
 
     def action_cycle_filter(self) -> None:
         """Head tree: every head → induction → prev-token → copying → sink ≥ 0.3 → every head."""
-        keys = [k for k, _ in TREE_FILTERS]
-        i = keys.index(self.tree_filter) if self.tree_filter in keys else -1
-        self.set_tree_filter(keys[i + 1] if i + 1 < len(keys) else None)
+        self.set_tree_filter(self.choices.next_tree_filter())
 
     def set_tree_filter(self, key: str | None, threshold: float = FILTER_THRESHOLD) -> None:
-        self.tree_filter = key
+        self.choices.tree_filter = key
         label = dict(TREE_FILTERS).get(key or "", key or "")
         self.query_one(HeadTree).set_filter(key, label, threshold, keep=self.head)
         self.want_null()
@@ -877,7 +830,7 @@ class ExplorerScreen(Screen[None]):
                       *(f"load-{t}" for t in TABS)):
             self.app.workers.cancel_group(self, group)
         self._new_weights()
-        self._loaded.clear()
+        self.loads.forget()
         self.query_one(StatusBar).structure = self.structure
         if rows:
             self.set_scores(rows)

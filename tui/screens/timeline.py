@@ -4,10 +4,10 @@
 directory of checkpoints or several checkpoints in order; the steps are
 ``engine.timeline.discover_steps``'s). The timeline itself (every head's scores at every
 step, the phase changes: docs/math.md "Training dynamics") is computed once, in a thread
-worker calling the synchronous ``engine/timeline.py`` functions, which score as many steps
+worker calling the synchronous ``engine.api.timeline`` functions, which score as many steps
 at once as the engine has pool threads (progress in the status bar, cancellation checked
 between steps, each step read from or written to the results store), and drawn by the
-Timeline tab (tui/timeline_view.py).
+Timeline tab (tui/widgets/timeline.py).
 
 Scrubbing to another step swaps the app's engine for one opened on that step's checkpoint
 (the same factory as the first): every other tab then shows that step's weights, and the

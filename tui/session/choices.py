@@ -1,5 +1,6 @@
 """What the user chose to look at, apart from the focused head: the QK/OV tokens, the OV
-source row, the rotary offset Δ and the prompt. No Textual here.
+source row, the rotary offset Δ, the prompt, the head tree's filter and the directions panel.
+No Textual here.
 
 Each choice is part of the load key of the tabs that show it (the explorer drops a result
 whose key is no longer the tab's, docs/internals.md "The explorer").
@@ -9,6 +10,10 @@ from __future__ import annotations
 
 Head = tuple[int, int]
 ROTARY_OFFSETS = 32  # rotary profile over Δ in [-32, 32]
+# The head tree's filters (f), in the order f cycles through them: (score key, label).
+TREE_FILTERS: tuple[tuple[str, str], ...] = (
+    ("induction_score", "induction"), ("prev_token_score", "prev-token"),
+    ("copying_score", "copying"), ("sink", "sink"))  # sink: on the first token or delimiters
 
 
 def token_ids(text: str) -> list[int] | None:
@@ -21,7 +26,8 @@ def token_ids(text: str) -> list[int] | None:
 
 
 class ViewChoices:
-    """The QK/OV tokens, the OV source row, the rotary offset and the prompt."""
+    """The QK/OV tokens, the OV source row, the rotary offset, the prompt, the tree's filter
+    and whether the directions panel is shown."""
 
     def __init__(self, *, prompt: str = "", tokens_text: str = "") -> None:
         self.tokens: list[int] | None = None  # None: the engine's default token set
@@ -30,6 +36,24 @@ class ViewChoices:
         self.source_index = 0  # the OV source row whose top outputs are listed
         self.qk_offset = 0  # rotary QK: the offset Δ shown
         self.prompt_text = prompt
+        self.tree_filter: str | None = None  # a key of TREE_FILTERS; None: every head
+        # The directions panel beside the QK/OV heatmaps: the user's choice once v is pressed;
+        # None before (shown unless the terminal is narrow or in compare mode).
+        self.directions: bool | None = None
+
+    def next_tree_filter(self) -> str | None:
+        """The filter after the current one: every head → induction → prev-token → copying →
+        sink → every head."""
+        keys = [k for k, _ in TREE_FILTERS]
+        i = keys.index(self.tree_filter) if self.tree_filter in keys else -1
+        return keys[i + 1] if i + 1 < len(keys) else None
+
+    def directions_shown(self, narrow: bool, compare: bool) -> bool:
+        """Whether the directions panel is shown: the user's choice, else unless the terminal
+        is ``narrow`` or in ``compare`` mode (where it would crowd the heatmaps)."""
+        if self.directions is not None:
+            return self.directions
+        return not narrow and not compare
 
     def set_tokens(self, ids: list[int] | None, text: str) -> None:
         """The QK/OV rows and columns: ``ids`` (duplicates dropped, order kept) typed as

@@ -154,10 +154,6 @@ class HeadTree(Tree[NodeData]):
         self.deltas = dict(deltas)
         self.refresh_badges()
 
-    def set_structure(self, structure: dict[str, Any]) -> None:
-        self.structure = structure
-        self._populate()
-
     def _label(self, layer: int, head: int) -> Text:
         text = Text(f"H{head}")
         row = self.scores.get((layer, head))

@@ -105,14 +105,14 @@ class QKPane(Horizontal):
         layer, head = key[1]
         rotary = host.structure.get("positional") == "rotary"
         block = await host.engine.circuit_block(
-            layer, head, "qk", "token", rows=host.tokens, cols=host.tokens,
-            offset=host.qk_offset if rotary else 0)
+            layer, head, "qk", "token", rows=host.choices.tokens, cols=host.choices.tokens,
+            offset=host.choices.qk_offset if rotary else 0)
         if not host.fresh(key):
             return
         result: dict[str, Any] = {"token": block}
         host.keep_result("qk", result)
         if host.compare.engine_b is not None:
-            block_b = await host.compare.block_b(block, offset=host.qk_offset if rotary else 0)
+            block_b = await host.compare.block_b(block, offset=host.choices.qk_offset if rotary else 0)
             if not host.fresh(key):
                 return
             if block_b is not None:
@@ -124,7 +124,7 @@ class QKPane(Horizontal):
                 self.show_pair(a_fig, b_fig)
                 result["token_b"] = block_b
                 return  # the positional pane is hidden in compare mode
-        self.show_token(block, host.qk_offset if rotary else None)
+        self.show_token(block, host.choices.qk_offset if rotary else None)
         pos_chart = self.query_one("#qk-position", Chart)
         if host.structure.get("positional") == "learned":
             n = list(range(min(int(host.structure.get("n_ctx") or 0), POSITIONS_SHOWN)))
@@ -138,7 +138,7 @@ class QKPane(Horizontal):
             profile = await host.engine.rotary_profile(layer, head, offsets)
             if not host.fresh(key):
                 return
-            self.show_profile(profile, layer, head, host.qk_offset)
+            self.show_profile(profile, layer, head, host.choices.qk_offset)
             result["profile"] = profile
         else:
             pos_chart.message("no positional embedding: QK depends on tokens only")
@@ -188,7 +188,7 @@ class OVPane(Horizontal):
     async def load(self, host: PaneHost, key: LoadKey) -> None:
         layer, head = key[1]
         block = await host.engine.circuit_block(layer, head, "ov", "token",
-                                              rows=host.tokens, cols=host.tokens)
+                                              rows=host.choices.tokens, cols=host.choices.tokens)
         if not host.fresh(key):
             return
         result: dict[str, Any] = {"full_ov": block}
@@ -212,7 +212,7 @@ class OVPane(Horizontal):
         ids = list(block.row_ids)
         if not ids:
             return
-        source = host.source_index % len(ids)
+        source = host.choices.source_index % len(ids)
         top = await host.engine.top_outputs(layer, head, int(ids[source]), k=10)
         if not host.fresh(key):
             return
@@ -336,15 +336,15 @@ class PromptPane(Vertical):
 
     async def load(self, host: PaneHost, key: LoadKey) -> None:
         layer, head = key[1]
-        if not host.prompt_text.strip():
+        if not host.choices.prompt_text.strip():
             for chart in ("#prompt-pattern", "#prompt-pattern-b"):
                 self.query_one(chart, Chart).message("no prompt yet: press p, type, enter")
             return
-        self.prompt_text = host.prompt_text
-        view = await host.engine.run_prompt(host.prompt_text, layer, head)
+        self.prompt_text = host.choices.prompt_text
+        view = await host.engine.run_prompt(host.choices.prompt_text, layer, head)
         if not host.fresh(key):
             return
-        view_b = await host.compare.prompt_b(host.prompt_text, (layer, head)) \
+        view_b = await host.compare.prompt_b(host.choices.prompt_text, (layer, head)) \
             if host.compare.engine_b is not None else None
         if not host.fresh(key):
             return

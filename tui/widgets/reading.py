@@ -30,6 +30,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
+from headscope.engine.core.errors import CancelledError as EngineCancelled
 from headscope.engine.core.errors import HeadscopeError
 from headscope.tui.base.datatext import data_text
 from headscope.tui.plots.figures import Heatmap, Scatter
@@ -38,7 +39,7 @@ from headscope.tui.widgets.chart import Chart
 
 if TYPE_CHECKING:
     from headscope.engine.core.results import SingularDirections, VirtualPath
-    from headscope.tui.base.protocols import ExplorerEngine
+    from headscope.tui.base.protocols import ExplorerEngine, PaneHost
 
 Head = tuple[int, int]
 # The CLI's defaults (headscope svd --k 5 --top 10): the panel shows the numbers `svd` prints.
@@ -113,6 +114,29 @@ class DirectionsPanel(Static):
         self.key, self.found = key, None
         self.update(Text(f"L{layer}.H{head} {self.kind.upper()} directions: loading…",
                          style="dim italic"))
+
+    async def load(self, host: PaneHost, key: tuple[Head, int]) -> None:
+        """Ask the engine for the head's directions of ``key`` (the explorer runs this in an
+        exclusive worker per panel); shown if the panel still waits for ``key``."""
+        (layer, head), _gen = key
+        try:
+            found = await host.engine.singular_directions(layer, head, self.kind,
+                                                          k=N_DIRECTIONS, top=N_TOKENS)
+        except EngineCancelled:
+            if self.key == key:
+                self.key = None  # asked again at the next load
+            return
+        except HeadscopeError as err:
+            if self.key == key:
+                self.failed(f"cannot read the directions: {err}")
+            return
+        except Exception as err:  # keep running: an engine bug becomes a notification
+            host.report(f"directions: unexpected error {err!r}")
+            if self.key == key:
+                self.failed("cannot read the directions (see the notification)")
+            return
+        if self.key == key:
+            self.show(key, found)
 
     def failed(self, why: str) -> None:
         self.key, self.found = None, None
