@@ -55,6 +55,7 @@ from headscope.tui.base.messages import (
     ScoresSwept,
 )
 from headscope.tui.screens.dialogs import InputScreen
+from headscope.tui.screens.path import PathScreen
 from headscope.tui.session.choices import TREE_FILTERS, ViewChoices, token_ids
 from headscope.tui.session.export import export_document, write_export
 from headscope.tui.session.loads import PER_HEAD, TabLoads, load_key
@@ -71,7 +72,7 @@ from headscope.tui.widgets.panes import (
     SpectrumPane,
     SummaryPane,
 )
-from headscope.tui.widgets.reading import DirectionsPanel, PathScreen
+from headscope.tui.widgets.reading import DirectionsPanel
 from headscope.tui.widgets.status import StatusBar
 from headscope.tui.widgets.timeline import TimelinePane
 
