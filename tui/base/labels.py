@@ -14,7 +14,6 @@ import numpy as np
 
 from headscope.engine.core.export import jsonable
 from headscope.engine.core.results import (
-    CacheStats,
     Composition,
     HeadScores,
     Profile,
@@ -118,11 +117,6 @@ def profile_xy(profile: Profile) -> tuple[np.ndarray, np.ndarray]:
 def edges(comp: Composition) -> list[tuple[int, int, int, int, float]]:
     """``(l1, h1, l2, h2, score − baseline)`` of a Composition result, strongest first."""
     return [(int(l1), int(h1), int(l2), int(h2), float(s)) for l1, h1, l2, h2, s in comp.top_edges]
-
-
-def stats_line(stats: CacheStats) -> tuple[str | None, int, int, int, float | None]:
-    """(activity, hits, misses, in flight, sweep progress) of a CacheStats."""
-    return stats.activity or None, stats.hits, stats.misses, stats.in_flight, stats.progress
 
 
 # The middling badge strength: what "has the behaviour" means (the tree filter ``f``, the sink

@@ -40,7 +40,7 @@ from textual.widgets import DataTable, Footer, Input, TabbedContent, TabPane
 from headscope.engine.core.errors import CancelledError as EngineCancelled
 from headscope.engine.core.errors import HeadscopeError
 from headscope.engine.core.results import HeadScores
-from headscope.tui.base.labels import ABLATION, FILTER_THRESHOLD, score_rows, stats_line
+from headscope.tui.base.labels import ABLATION, FILTER_THRESHOLD, score_rows
 from headscope.tui.base.messages import (
     AblationSwept,
     Compared,
@@ -899,27 +899,18 @@ class ExplorerScreen(Screen[None]):
     # -- status ---------------------------------------------------------------------------
     def _tick(self) -> None:
         app = self.headscope
-        if not app.is_running:
+        if not self.app.is_running:
             return
         try:
             status = self.query_one(StatusBar)
         except NoMatches:  # shutting down
             return
         busy = any(not w.is_finished and (w.group or "").startswith(("load-", "startup"))
-                   for w in app.workers)
-        activity = hits = misses = in_flight = progress = None
+                   for w in self.app.workers)
+        stats = None
         if app.engine is not None:
             try:
                 stats = app.engine.stats()
-                activity, hits, misses, in_flight, progress = stats_line(stats)
-                status.origin = getattr(stats, "origin", "")  # computed now / from the cache
             except (HeadscopeError, RuntimeError):  # engine closing; a bug should still surface
-                activity = None
-        if app.opening:
-            activity = activity or "opening model…"
-        status.busy = busy
-        status.activity = activity
-        status.progress = self.scores.progress if self.scores.progress is not None else progress
-        status.cache = (hits or 0, misses or 0, in_flight or 0)
-        if busy or activity or in_flight or status.progress is not None:
-            status.frame += 1
+                stats = None
+        status.tick(busy=busy, stats=stats, opening=app.opening, sweep=self.scores.progress)
