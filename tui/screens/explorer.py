@@ -7,10 +7,11 @@ the per-tab loads. Each tab's pane loads what it shows itself (``load(host, key)
 panes of tui/widgets/, found through ``VIEWS``), with this screen as its host
 (``tui.base.protocols.PaneHost``).
 
-What is not drawing lives in tui/session/ and is tested without Textual: the scores, the
-ablation effects, the null and the Summary's order (``ScoreBoard``), the tokens, OV source
-row, rotary offset and prompt (``ViewChoices``), compare mode (``CompareMode``), timeline
-mode's state (``TimelineState``) and the export document (session/export.py).
+What is not drawing lives in tui/session/ and is tested without Textual: the focused head
+(``HeadFocus``), the scores, the ablation effects, the null and the Summary's order
+(``ScoreBoard``), the tokens, OV source row, rotary offset, prompt, tree filter and directions
+panel (``ViewChoices``), the load keys (``TabLoads``), compare mode (``CompareMode``),
+timeline mode's state (``TimelineState``) and the export document (session/export.py).
 
 Freshness: every load is tagged with what it was for (tab, head, weights generation, token
 set, ...). A result that arrives after the user moved on is dropped; per-tab workers are
@@ -58,6 +59,7 @@ from headscope.tui.screens.dialogs import InputScreen
 from headscope.tui.screens.path import PathScreen
 from headscope.tui.session.choices import TREE_FILTERS, ViewChoices, token_ids
 from headscope.tui.session.export import export_document, write_export
+from headscope.tui.session.focus import HeadFocus
 from headscope.tui.session.loads import PER_HEAD, TabLoads, load_key
 from headscope.tui.session.scores import ScoreBoard
 from headscope.tui.widgets.chart import Chart
@@ -149,8 +151,7 @@ class ExplorerScreen(Screen[None]):
         super().__init__()
         self.debounce = debounce
         self.auto_sweep = sweep
-        self.initial_head = head  # focused once the model is open (checked against its shape)
-        self.head: Head | None = None
+        self.head_focus = HeadFocus(head)  # the focused head, and the cursor's move debounced
         self.active_tab = "qk"
         # Not drawing (tui/session/): the scores, ablation, null and Summary order of the
         # weights shown; the tokens, OV source row, rotary offset and prompt.
@@ -158,8 +159,6 @@ class ExplorerScreen(Screen[None]):
         self.choices = ViewChoices(prompt=prompt, tokens_text=tokens_text)
         self.loads = TabLoads()  # the key each tab last asked for
         self.results: dict[str, Any] = {}  # each tab's data as shown (what e exports)
-        self._pending: Head | None = None
-        self._focus_other: str | None = None  # the focus line shows the embed/unembed/MLP
         self._debounce_timer: Timer | None = None
 
     # -- what the app owns ---------------------------------------------------------------
@@ -312,14 +311,10 @@ class ExplorerScreen(Screen[None]):
 
     def _first_head(self) -> Head:
         """``head=`` of the app if the model has it, else L0.H0 (and say why)."""
-        if self.initial_head is None:
-            return (0, 0)
-        layer, head = self.initial_head
-        if 0 <= layer < self.n_layers and 0 <= head < self.n_heads:
-            return (layer, head)
-        self.report(f"{self.headscope.path}: no head L{layer}.H{head} (the model has "
-                    f"{self.n_layers} layers × {self.n_heads} heads); showing L0.H0")
-        return (0, 0)
+        head, why = self.head_focus.first(self.n_layers, self.n_heads)
+        if why is not None:
+            self.report(f"{self.headscope.path}: {why}")
+        return head
 
     # -- compare mode -----------------------------------------------------------------------
     def start_compare(self) -> None:
@@ -475,25 +470,31 @@ class ExplorerScreen(Screen[None]):
     @on(HeadHighlighted)
     def _highlighted(self, msg: HeadHighlighted) -> None:
         if msg.head is None:
-            self._pending = None
+            self.head_focus.pending = None
             if msg.kind is not None and msg.kind != "layer":
                 self._update_focus_line(msg.kind)
             return
-        self._pending = msg.head
-        if msg.head == self.head and self._focus_other is not None:
+        self.head_focus.pending = msg.head
+        if msg.head == self.head and self.head_focus.other is not None:
             self._update_focus_line()  # back on the focused head (a filtered tree rebuilt)
         if self._debounce_timer is not None:
             self._debounce_timer.stop()
         self._debounce_timer = self.set_timer(self.debounce, self._apply_pending)
 
     @property
+    def head(self) -> Head | None:
+        """The focused head (the per-head tabs show it)."""
+        return self.head_focus.head
+
+    @property
     def focus_pending(self) -> bool:
         """A cursor move in the tree waits for its debounce before the head is focused."""
-        return self._pending is not None and self._pending != self.head
+        return self.head_focus.waiting
 
     def _apply_pending(self) -> None:
-        if self._pending is not None and self._pending != self.head:
-            self.set_head(self._pending)
+        head = self.head_focus.due()
+        if head is not None:
+            self.set_head(head)
 
     @on(HeadChosen)
     def _chosen(self, msg: HeadChosen) -> None:
@@ -505,7 +506,7 @@ class ExplorerScreen(Screen[None]):
         engine = self.headscope.engine
         if engine is None:
             return
-        self.head = head
+        self.head_focus.head = head
         with contextlib.suppress(Exception):  # a priority hint only; never fatal
             engine.focus(*head)
         self.choices.source_index = 0
@@ -525,13 +526,11 @@ class ExplorerScreen(Screen[None]):
     def action_step_head(self, step: int) -> None:
         if not self.n_layers or not self.n_heads:
             return
-        heads = [(layer, h) for layer in range(self.n_layers) for h in range(self.n_heads)]
-        i = heads.index(self.head) if self.head in heads else -step
-        self.goto_head(heads[(i + step) % len(heads)])
+        self.goto_head(self.head_focus.stepped(step, self.n_layers, self.n_heads))
 
     def _update_focus_line(self, other: str | None = None) -> None:
         line = self.query_one("#focus-line", FocusLine)
-        self._focus_other = other
+        self.head_focus.other = other
         if other is not None:
             line.show([Text(part_text(other, self.structure))])
             return
@@ -750,7 +749,7 @@ class ExplorerScreen(Screen[None]):
         self.scores.null = msg.null
         self.query_one(HeadTree).set_null(msg.null)
         self.show_summary()
-        self._update_focus_line(self._focus_other)
+        self._update_focus_line(self.head_focus.other)
 
     def _new_weights(self) -> None:
         """The weights changed (raw/processed, a timeline step): a new generation, whose
