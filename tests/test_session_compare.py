@@ -36,3 +36,18 @@ def test_a_failing_factory_is_kept_as_the_error() -> None:
     mode = CompareMode("b", False, lambda _m: None)
     mode.open(factory, raw=False)  # type: ignore[arg-type]
     assert mode.engine_b is None and mode.error is not None and "boom" in mode.error
+
+
+async def test_model_b_follows_a_to_raw_weights_and_its_diff_is_dropped() -> None:
+    calls: list[bool] = []
+
+    class EngineB:
+        async def set_raw(self, raw: bool) -> None:
+            calls.append(raw)
+
+    mode = CompareMode("b", False, lambda _m: None)
+    await mode.set_raw(True)  # not open: nothing to do
+    mode.engine_b = EngineB()  # type: ignore[assignment]
+    mode.diff = SimpleNamespace(matching=None)  # type: ignore[assignment]
+    await mode.set_raw(True)
+    assert calls == [True] and mode.diff is None

@@ -802,8 +802,7 @@ class ExplorerScreen(Screen[None]):
         await app.model_ready.wait()
         try:
             await self.engine.set_raw(raw)
-            if self.compare.engine_b is not None:
-                await self.compare.engine_b.set_raw(raw)
+            await self.compare.set_raw(raw)  # B follows A; its diff is then stale
         except HeadscopeError as err:
             self.report(str(err))
             return
@@ -819,9 +818,7 @@ class ExplorerScreen(Screen[None]):
                             exclusive=True, exit_on_error=False)
         if self.auto_sweep:
             self.start_sweep()
-        if self.compare.engine_b is not None:
-            self.compare.diff = None
-            self.start_compare()
+        self.start_compare()
 
     def weights_replaced(self, rows: list[HeadScores] | None) -> None:
         """The app's engine now has other weights (timeline mode: another step): what was

@@ -56,6 +56,14 @@ class CompareMode:
         except Exception as err:
             self.error = f"{self.path}: cannot open ({err!r})"
 
+    async def set_raw(self, raw: bool) -> None:
+        """Model B follows A to raw or processed weights (no model B: nothing to do); the
+        diff A → B is then stale until computed again."""
+        if self.engine_b is None:
+            return
+        await self.engine_b.set_raw(raw)
+        self.diff = None
+
     def next_view(self) -> str:
         i = COMPARE_VIEWS.index(self.view)
         self.view = COMPARE_VIEWS[(i + 1) % len(COMPARE_VIEWS)]
