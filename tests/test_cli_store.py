@@ -226,7 +226,7 @@ def test_progress_is_drawn_on_a_terminal_and_stdout_stays_json(gpt2_dir, argv) -
 def test_composition_top_edges_fill_in_on_the_progress_bar(gpt2_dir) -> None:
     from headscope.engine.api.report import composition_report
     from headscope.engine.model.loading import open_model
-    from headscope.tui.cli.main import best_edges_so_far
+    from headscope.tui.cli.reports import best_edges_so_far
 
     model = open_model(gpt2_dir[0])
     notes: list[str] = []
@@ -280,7 +280,7 @@ def test_the_cache_disk_mb_setting(capsys, gpt2_dir, tmp_path, monkeypatch, _res
 
 def test_terminal_tables_show_data_as_text(monkeypatch, capsys) -> None:
     """A token or path such as ``[/INST]`` is a cell's text, not Rich markup (which raised)."""
-    from headscope.tui.cli import main as cli
+    from headscope.tui.cli import output as cli
 
     monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
     cli.emit([], False, lambda: (["model", "[b]size[/b]"], [["[/INST]", "[red]x"]]))

@@ -23,6 +23,7 @@ from headscope.engine.forward.transformer import run
 from headscope.engine.service.engine import Engine
 from headscope.engine.sweeps import compute
 from headscope.tui.cli import main as cli
+from headscope.tui.cli import output
 from tests.conftest import INDUCTION_HEAD, PREV_TOKEN_HEAD, sample_model
 
 MODEL_PATH = sample_model("attn-only-2l")
@@ -347,7 +348,7 @@ def test_terminal_tables_print_token_strings_literally(monkeypatch, capsys) -> N
     import sys
 
     monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
-    cli.emit({}, False, lambda: (["token"], [["[bold red]x[/bold red]"]]))
+    output.emit({}, False, lambda: (["token"], [["[bold red]x[/bold red]"]]))
     assert "[bold red]x[/bold red]" in capsys.readouterr().out
 
 

@@ -20,8 +20,9 @@ from textual.widgets import DataTable, Static, TabbedContent
 from textual.worker import WorkerCancelled
 
 from headscope.themes import COLORMAPS
-from headscope.tui.app import FILTER_THRESHOLD, HeadscopeApp
+from headscope.tui.app import HeadscopeApp
 from headscope.tui.base.keymap import APP_BINDINGS
+from headscope.tui.base.labels import FILTER_THRESHOLD
 from headscope.tui.base.settings import Settings
 from headscope.tui.screens.dialogs import HelpScreen, InputScreen
 from headscope.tui.widgets.chart import Chart
@@ -271,7 +272,7 @@ async def test_ablation_sweep_fills_the_summary_focus_line_and_export(tmp_path: 
         assert engine.calls["all_ablation_effects"] == 1
         await pilot.press("r")  # other weights: the effects are gone until swept again
         await settle(pilot, app)
-        assert app.explorer.ablation is None and "abl " not in plain(app.query_one("#focus-line", Static))
+        assert app.explorer.scores.ablation is None and "abl " not in plain(app.query_one("#focus-line", Static))
 
 
 async def test_a_finished_ablation_sweep_does_not_pull_the_user_back_to_summary() -> None:
@@ -282,7 +283,7 @@ async def test_a_finished_ablation_sweep_does_not_pull_the_user_back_to_summary(
         assert app.explorer.active_tab == "summary"
         await pilot.press("2")  # the user moves on while the sweep runs
         await settle(pilot, app)
-        assert app.explorer.ablation is not None and app.explorer.active_tab == "ov"
+        assert app.explorer.scores.ablation is not None and app.explorer.active_tab == "ov"
         await pilot.press("6")  # ...and finds the table sorted by it on return
         await settle(pilot, app)
         table = app.query_one("#summary-table", DataTable)
@@ -337,16 +338,16 @@ async def test_clicking_a_summary_header_sorts_by_that_column() -> None:
         await settle(pilot, app)
         values = [engine._scores(*(int(x) for x in str(table.get_row_at(i)[0])[1:].split(".H")))
                   .induction_score for i in range(table.row_count)]
-        assert values == sorted(values, reverse=True) and app.explorer.summary_sort == "induction_score"
+        assert values == sorted(values, reverse=True) and app.explorer.scores.summary_sort == "induction_score"
         assert str(table.columns["induction_score"].label).endswith("▼")  # type: ignore[index]
         assert not str(table.columns["copying_score"].label).endswith("▼")  # type: ignore[index]
         click("ablation_effect")  # not swept yet: a hint, the order stays
         await settle(pilot, app)
-        assert app.explorer.summary_sort == "induction_score"
+        assert app.explorer.scores.summary_sort == "induction_score"
         assert any("press a first" in n.message for n in app._notifications)
         click("head")
         await settle(pilot, app)
-        assert app.explorer.summary_sort is None and str(table.get_row_at(0)[0]) == "L0.H0"
+        assert app.explorer.scores.summary_sort is None and str(table.get_row_at(0)[0]) == "L0.H0"
 
 
 async def test_toggling_raw_cancels_a_running_ablation_sweep() -> None:
@@ -363,7 +364,7 @@ async def test_toggling_raw_cancels_a_running_ablation_sweep() -> None:
         await wait_until(pilot, lambda: engine.calls["all_ablation_effects cancelled"] and app.raw,
                          "the raw switch cancelled the sweep")
         assert engine.calls["all_ablation_effects cancelled"] == 1
-        assert app.raw and app.explorer.ablation is None
+        assert app.raw and app.explorer.scores.ablation is None
 
 
 async def test_badges_mark_the_planted_heads() -> None:
@@ -551,7 +552,7 @@ async def test_choose_tokens_sets_rows_and_columns() -> None:
         await wait_until(pilot, lambda: isinstance(app.screen, InputScreen), "the token dialog")
         await pilot.press(*"dog cat mat", "enter")
         await settle(pilot, app)
-        assert app.explorer.tokens == engine.encode("dog cat mat")
+        assert app.explorer.choices.tokens == engine.encode("dog cat mat")
         block = app.explorer.results["qk"]["token"]
         assert list(block.row_labels) == ["dog", "cat", "mat"]
 
@@ -613,7 +614,7 @@ async def test_prompt_tab_shows_pattern_dla_and_predictions_at_once() -> None:
             assert region.height >= 3 and screen.contains_region(region), wid
         preds = app.query_one("#prompt-preds")
         assert preds.region.y < app.query_one("#prompt-side").region.bottom
-        view = await engine.run_prompt(app.explorer.prompt_text, 0, 0)
+        view = await engine.run_prompt(app.explorer.choices.prompt_text, 0, 0)
         assert view.top_predictions[0][1] in plain(app.query_one("#prompt-preds", Static))
 
 
@@ -638,7 +639,7 @@ async def test_filter_keeps_heads_with_a_score_above_the_threshold() -> None:
             assert f"{getattr(scores[some], key):.2f}" in tree.badge_text(some)
         await pilot.press("f")
         await settle(pilot, app)
-        assert app.explorer.tree_filter is None and set(tree.head_nodes) == set(heads)
+        assert app.explorer.choices.tree_filter is None and set(tree.head_nodes) == set(heads)
 
 
 def test_graph_title_wraps_instead_of_being_cut() -> None:

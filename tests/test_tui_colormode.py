@@ -294,7 +294,7 @@ async def test_every_focusable_widget_shows_its_focus() -> None:
 
 
 async def test_filter_keeps_the_focused_head() -> None:
-    from headscope.tui.screens.explorer import TREE_FILTERS
+    from headscope.tui.session.choices import TREE_FILTERS
     from headscope.tui.widgets.head_tree import HeadTree
 
     app, _ = make_app()
@@ -309,7 +309,7 @@ async def test_filter_keeps_the_focused_head() -> None:
             assert app.explorer.head == (1, 0)
             current = tree.current()
             assert current is not None and (current.layer, current.head) == (1, 0), current
-        assert app.explorer.tree_filter is None
+        assert app.explorer.choices.tree_filter is None
 
 
 async def test_help_title_shows_the_keymap_table_name() -> None:
@@ -388,7 +388,7 @@ async def test_status_bar_shows_one_percentage() -> None:
     app, _ = make_app()
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot, app)
-        app.explorer.sweep_progress = None
+        app.explorer.scores.progress = None
         bar = app.query_one(StatusBar)
         bar.activity, bar.progress = "head scores 80%", 0.2
         text = bar.render().plain

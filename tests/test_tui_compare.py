@@ -234,7 +234,7 @@ async def test_real_engine_match_heads_pairs_permuted_heads(tmp_path: Path, matc
         same_ov = np.allclose(np.sort_complex(spectra["ov"].eigenvalues),
                               np.sort_complex(spectra["ov_b"].eigenvalues), atol=1e-3)
         assert same_ov == match_heads
-        app.explorer.prompt_text = "When Mary and John went to the store , John gave a drink to Mary"
+        app.explorer.choices.prompt_text = "When Mary and John went to the store , John gave a drink to Mary"
         await pilot.press("4")
         await settle(pilot, app)
         views = app.explorer.results["prompt"]

@@ -14,14 +14,8 @@ from typing import Any
 import pytest
 from textual.message import Message
 
-from headscope.tui.screens.explorer import (
-    TABS,
-    VIEWS,
-    AblationSwept,
-    ExplorerScreen,
-    ModelReady,
-    ScoresSwept,
-)
+from headscope.tui.base.messages import AblationSwept, ModelReady, ScoresSwept
+from headscope.tui.screens.explorer import TABS, VIEWS, ExplorerScreen
 from tests.test_tui_app import make_app, settle, wait_until
 
 
@@ -35,7 +29,7 @@ def test_every_tab_has_a_view_that_loads_itself() -> None:
     assert set(VIEWS) == set(TABS)
     for tab, view in VIEWS.items():
         assert inspect.iscoroutinefunction(getattr(view, "load", None)), tab
-        assert list(inspect.signature(view.load).parameters) == ["self", "ex", "key"], tab
+        assert list(inspect.signature(view.load).parameters) == ["self", "host", "key"], tab
 
 
 async def test_the_model_and_the_sweep_arrive_as_messages() -> None:
@@ -51,7 +45,7 @@ async def test_the_model_and_the_sweep_arrive_as_messages() -> None:
         assert {(r.layer, r.head) for r in sweeps[0].rows} == \
             {(layer, h) for layer in range(engine.L) for h in range(engine.H)}
         assert kinds.index(ModelReady) < kinds.index(ScoresSwept)
-        assert app.explorer.rows == {(r.layer, r.head): r for r in sweeps[0].rows}
+        assert app.explorer.scores.rows == {(r.layer, r.head): r for r in sweeps[0].rows}
 
 
 async def test_a_result_for_older_weights_is_dropped() -> None:
@@ -59,7 +53,7 @@ async def test_a_result_for_older_weights_is_dropped() -> None:
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot, app)
         ex = app.explorer
-        old = list(ex.rows.values())
+        old = list(ex.scores.rows.values())
         await pilot.press("r")  # raw weights: generation 1
         await wait_until(pilot, lambda: ex.gen == 1, "the raw switch")
         await settle(pilot, app)
@@ -67,11 +61,11 @@ async def test_a_result_for_older_weights_is_dropped() -> None:
         ex.post_message(ScoresSwept(planted, gen=0))  # from the processed weights' sweep
         ex.post_message(AblationSwept(_effects(app), gen=0))
         await settle(pilot, app)
-        assert all(r.copying_score != 123.0 for r in ex.rows.values())
-        assert ex.ablation is None
+        assert all(r.copying_score != 123.0 for r in ex.scores.rows.values())
+        assert ex.scores.ablation is None
         ex.post_message(ScoresSwept(planted, gen=1))  # the same rows, this generation's
         await settle(pilot, app)
-        assert all(r.copying_score == 123.0 for r in ex.rows.values())
+        assert all(r.copying_score == 123.0 for r in ex.scores.rows.values())
 
 
 def _effects(app: Any) -> Any:

@@ -156,15 +156,15 @@ async def test_nan_head_is_flagged_in_the_tree_and_other_heads_keep_badges(
 
     app = HeadscopeApp(path, settings=Settings(), debounce=0.01, sweep=True)
     async with app.run_test(size=SIZE) as pilot:
-        await settle(pilot, app, lambda: len(app.explorer.rows) == 8)
+        await settle(pilot, app, lambda: len(app.explorer.scores.rows) == 8)
         assert app.errors == []
         tree = app.explorer.query_one(HeadTree)
-        assert app.explorer.rows[bad].nonfinite and math.isnan(app.explorer.rows[bad].induction_score)
+        assert app.explorer.scores.rows[bad].nonfinite and math.isnan(app.explorer.scores.rows[bad].induction_score)
         label = tree.head_nodes[bad].label
         assert label.plain == f"H{NAN_HEAD} ! nan"
         assert any("red" in str(span.style) and label.plain[span.start:span.end] == "!"
                    for span in label.spans)  # fmt: skip
-        for head, row in app.explorer.rows.items():
+        for head, row in app.explorer.scores.rows.items():
             if head == bad:
                 continue
             assert not row.nonfinite and all(not math.isnan(score(row, k)) for k in
@@ -181,8 +181,8 @@ async def test_nan_head_is_flagged_in_the_tree_and_other_heads_keep_badges(
         # The ablation sweep: with a NaN in the weights the clean loss is NaN, so no effect
         # is defined; a warning says why instead of a column of dashes and nothing else.
         await pilot.press("a")
-        await settle(pilot, app, lambda: app.explorer.ablation is not None)
-        assert app.errors == [] and np.isnan(app.explorer.ablation).all()
+        await settle(pilot, app, lambda: app.explorer.scores.ablation is not None)
+        assert app.errors == [] and np.isnan(app.explorer.scores.ablation).all()
         assert any("no ablation effect is finite" in n.message for n in app._notifications)
         assert_no_crash(app)
         await keys_still_work_then_quit(pilot, app, tabs=False)

@@ -201,7 +201,7 @@ async def test_keymap_and_token_ids_from_the_user_are_not_markup_or_crashes() ->
         await pilot.press("escape")
         await pilot.press("slash")
         await pilot.press(*"#²", "enter")
-        await settle(pilot, app, lambda: app.explorer.tokens_text == "#²")
+        await settle(pilot, app, lambda: app.explorer.choices.tokens_text == "#²")
         assert_no_crash(app)  # int("²") used to kill the worker
         app.explorer.query_one(HeadTree).focus()
         await keys_still_work_then_quit(pilot, app, tabs=False)

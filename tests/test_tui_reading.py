@@ -8,9 +8,10 @@ from textual.widgets import DataTable, Static
 
 from headscope.tui.app import HeadscopeApp
 from headscope.tui.base.settings import Settings
+from headscope.tui.screens.path import PathScreen
 from headscope.tui.widgets.chart import Chart
 from headscope.tui.widgets.panes import CompositionPane
-from headscope.tui.widgets.reading import N_DIRECTIONS, N_TOKENS, DirectionsPanel, PathScreen
+from headscope.tui.widgets.reading import N_DIRECTIONS, N_TOKENS, DirectionsPanel
 from tests.conftest import INDUCTION_HEAD, PREV_TOKEN_HEAD, sample_model
 from tests.test_tui_app import make_app, plain, settle, wait_until
 

@@ -127,7 +127,7 @@ async def test_event_loop_keeps_ticking_while_sweeps_run(
             tick.notify_all()
         await task
         assert app.errors == []
-        assert app.explorer.rows, "the sweep filled the score table"
+        assert app.explorer.scores.rows, "the sweep filled the score table"
         assert job_threads and threading.get_ident() not in job_threads
         assert starved == [], f"the event loop stopped turning while {starved[0]} ran"
 

@@ -471,7 +471,7 @@ async def test_the_changes_are_listed_even_if_the_pane_missed_the_computed_messa
         shipped: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """In the real app the timeline can finish before the tab is first shown; the list of
     phase changes must not depend on the pane having handled that one message."""
-    from headscope.tui.screens.timeline import TimelineComputed
+    from headscope.tui.base.messages import TimelineComputed
 
     post = TimelinePane.post_message
 

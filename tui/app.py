@@ -2,15 +2,15 @@
 
 The app holds the settings, themes, colour maps and keymap, opens and closes the engine, and
 turns errors into notifications. What is on screen (the head tree, the tabs and their loading)
-is the explorer's (tui/explorer.py). The first frame comes before it: the opening screen
-(tui/opening.py), drawn with nothing but Textual imported; the explorer is imported after that
+is the explorer's (tui/screens/explorer.py). The first frame comes before it: the opening screen
+(tui/screens/opening.py), drawn with nothing but Textual imported; the explorer is imported after that
 frame and pushed over it (docs/internals.md, "First frame").
 
 The app renders what ``engine.service.Engine`` computes and never computes on the UI
 thread: every engine call is awaited in an async worker (the engine runs on its own
 threads), plots are built in worker threads by ``Chart``. The engine comes from a factory
 (``engine_factory(path, raw)``) so tests inject a fake one; whatever the factory returns is
-used through ``tui.engine_api.ExplorerEngine``.
+used through ``tui.base.protocols.ExplorerEngine``.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from headscope.themes import (
 from headscope.tui.base.colormode import detect_color_mode
 from headscope.tui.base.datatext import printable
 from headscope.tui.base.keymap import APP_BINDINGS
+from headscope.tui.base.messages import ModelFailed, ModelReady
 from headscope.tui.base.settings import Settings, load_settings
 from headscope.tui.screens.opening import READY_ACTIONS, OpeningScreen
 from headscope.tui.screens.timeline import TimelineMode
@@ -58,15 +59,7 @@ if TYPE_CHECKING:
     from headscope.tui.base.protocols import ExplorerEngine
     from headscope.tui.screens.explorer import ExplorerScreen
 
-__all__ = ["HeadscopeApp", "bundled_model", "run_app"]  # and FILTER_THRESHOLD, lazily
-
-
-def __getattr__(name: str) -> Any:
-    if name == "FILTER_THRESHOLD":  # the explorer's, re-exported (imported on first use)
-        from headscope.tui.screens.explorer import FILTER_THRESHOLD
-
-        return FILTER_THRESHOLD
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = ["HeadscopeApp", "bundled_model", "run_app"]
 
 
 def _commands() -> type[Provider]:
@@ -134,7 +127,7 @@ class HeadscopeApp(App[None]):
                  head: Head | None = None, settings: Settings | None = None,
                  timeline: TimelineMode | None = None, colors: str | None = None) -> None:
         super().__init__()
-        # Timeline mode: a series of checkpoints, opened on its last step (tui/timeline_mode.py).
+        # Timeline mode: a series of checkpoints, opened on its last step (tui/screens/timeline.py).
         self.timeline = timeline or TimelineMode()
         if self.timeline.enabled:
             path = self.timeline.path
@@ -206,7 +199,7 @@ class HeadscopeApp(App[None]):
         return super().default_screen
 
     def get_default_screen(self) -> Screen:
-        """The first screen. With the real engine: the opening screen (tui/opening.py), drawn
+        """The first screen. With the real engine: the opening screen (tui/screens/opening.py), drawn
         with nothing but Textual imported; the explorer is pushed over it once imported and
         the model's header read (its tree comes from the header). With an injected engine the
         explorer is the first screen, as the fake engines' structure is at hand."""
@@ -291,8 +284,6 @@ class HeadscopeApp(App[None]):
         self._after_open()
 
     def _after_open(self) -> None:
-        from headscope.tui.screens.explorer import ModelFailed
-
         if self.engine is None:
             self.report(self.open_error or "cannot open the model")
             self.explorer.post_message(ModelFailed(self.open_error or "",
@@ -301,8 +292,6 @@ class HeadscopeApp(App[None]):
         self.run_worker(self._startup(self.engine), group="startup", exit_on_error=False)
 
     async def _startup(self, engine: ExplorerEngine) -> None:
-        from headscope.tui.screens.explorer import ModelFailed, ModelReady
-
         try:
             await engine.ready()
         except HeadscopeError as err:
@@ -322,7 +311,7 @@ class HeadscopeApp(App[None]):
             self._explorer.layout_for(event.size.width)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """Until the explorer is up, its keys are shown greyed out (tui/opening.py)."""
+        """Until the explorer is up, its keys are shown greyed out (tui/screens/opening.py)."""
         if not self.explorer_up and self._deferred_engine and action not in READY_ACTIONS:
             return None
         return True
@@ -346,7 +335,7 @@ class HeadscopeApp(App[None]):
 
     @property
     def color_mode(self) -> str:
-        """How heatmaps are drawn: ``truecolor``, ``256``, ``16`` or ``none`` (tui/colormode.py).
+        """How heatmaps are drawn: ``truecolor``, ``256``, ``16`` or ``none`` (tui/base/colormode.py).
 
         Chosen with ``--colors``, else detected from the terminal (Rich's colour system and
         ``NO_COLOR``); a headless app (tests, SVG screenshots) draws in truecolor."""
@@ -444,7 +433,7 @@ def run_app(path: str | os.PathLike[str] | None = None, *, raw: bool = False,
             **options: Any) -> None:
     """Open ``path`` (default: the bundled attn-only-2l) in the explorer; blocks until quit.
 
-    ``compare``: a second checkpoint B of the same architecture, explored alongside (tui/compare.py);
+    ``compare``: a second checkpoint B of the same architecture, explored alongside (tui/session/compare.py);
     ``match_heads=True`` (in ``options``) pairs B's heads with A's by circuit similarity.
     """
     HeadscopeApp(path, raw=raw, theme=theme, compare=compare, **options).run()

@@ -1,4 +1,4 @@
-"""Which colours the terminal shows, for the heatmaps (tui/colormap.py draws each mode).
+"""Which colours the terminal shows, for the heatmaps (tui/plots/colormap.py draws each mode).
 
 ``NO_COLOR`` (any non-empty value, https://no-color.org) means no colour; otherwise Rich's
 detection, which reads ``COLORTERM`` (truecolor/24bit) and ``TERM`` (``*-256color``).
@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from headscope.tui.base.settings import (
-    COLOR_MODES,  # (tui/colormap.py imports numpy: not before the first frame)
+    COLOR_MODES,  # (tui/plots/colormap.py imports numpy: not before the first frame)
 )
 
 __all__ = ["COLOR_MODES", "detect_color_mode"]

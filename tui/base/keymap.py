@@ -14,7 +14,7 @@ from __future__ import annotations
 from textual.binding import Binding
 
 # Bindings stay on the app (one list, one footer order, remappable by id); the explorer's own
-# actions are addressed as ``screen.…``: the explorer screen (tui/explorer.py) runs them.
+# actions are addressed as ``screen.…``: the explorer screen (tui/screens/explorer.py) runs them.
 
 APP_BINDINGS: list[Binding] = [
     Binding("q,ctrl+q", "quit", "Quit", id="quit", priority=False,

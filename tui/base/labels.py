@@ -1,6 +1,6 @@
-"""Reading engine results (engine/results.py) into what the widgets draw.
+"""Reading engine results (engine/core/results.py) into what the widgets draw.
 
-The readers use the exact field names of engine/results.py's dataclasses and nothing else:
+The readers use the exact field names of engine/core/results.py's dataclasses and nothing else:
 a renamed or missing field raises (and fails a test) instead of drawing an empty view. The
 scores go by their public names (``engine.requests.SCORE_NAMES``, the JSON keys of
 ``headscope heads --json``); this module is the one place the UI maps them to labels.
@@ -14,7 +14,6 @@ import numpy as np
 
 from headscope.engine.core.export import jsonable
 from headscope.engine.core.results import (
-    CacheStats,
     Composition,
     HeadScores,
     Profile,
@@ -120,6 +119,6 @@ def edges(comp: Composition) -> list[tuple[int, int, int, int, float]]:
     return [(int(l1), int(h1), int(l2), int(h2), float(s)) for l1, h1, l2, h2, s in comp.top_edges]
 
 
-def stats_line(stats: CacheStats) -> tuple[str | None, int, int, int, float | None]:
-    """(activity, hits, misses, in flight, sweep progress) of a CacheStats."""
-    return stats.activity or None, stats.hits, stats.misses, stats.in_flight, stats.progress
+# The middling badge strength: what "has the behaviour" means (the tree filter ``f``, the sink
+# scores on the focus line).
+FILTER_THRESHOLD = 0.3

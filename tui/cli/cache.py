@@ -78,7 +78,7 @@ def _size(n: int) -> str:
 
 def cmd_cache(args: argparse.Namespace) -> int:
     from headscope.engine.api.store import ResultStore
-    from headscope.tui.cli.main import emit
+    from headscope.tui.cli.output import emit
 
     store = ResultStore(max_bytes=disk_mb() << 20)
     if args.action == "clear":

@@ -72,7 +72,7 @@ def _tokens(tokens: list[dict[str, Any]]) -> str:
 
 def run_svd(args: argparse.Namespace) -> int:
     from headscope.engine.api.report import svd_report
-    from headscope.tui.cli.main import emit
+    from headscope.tui.cli.output import emit
 
     report = svd_report(_open(args), args.layer, args.head, args.kind, k=args.k, top=args.top)
 
@@ -87,7 +87,7 @@ def run_svd(args: argparse.Namespace) -> int:
 
 def run_path(args: argparse.Namespace) -> int:
     from headscope.engine.api.report import path_report
-    from headscope.tui.cli.main import emit, parse_token_list
+    from headscope.tui.cli.output import emit, parse_token_list
 
     model = _open(args)
     n = model.cfg.d_vocab

@@ -54,7 +54,7 @@ def fit_shape(n_rows: int, n_cols: int, max_h: int, max_w: int) -> tuple[int, in
     return (max(1, min(max_h, int(n_rows * s))), max(1, min(max_w, int(2 * n_cols * s))))
 
 
-def _bins(n: int, out: int) -> tuple[np.ndarray, np.ndarray]:
+def bins(n: int, out: int) -> tuple[np.ndarray, np.ndarray]:
     """Start/stop source indices for each of ``out`` output cells over ``n`` inputs."""
     i = np.arange(out)
     start = (i * n) // out
@@ -75,8 +75,8 @@ def resample(values: np.ndarray, out_rows: int, out_cols: int) -> np.ndarray:
     s[1:, 1:] = v0.cumsum(0).cumsum(1)
     c = np.zeros((n_rows + 1, n_cols + 1))
     c[1:, 1:] = finite.cumsum(0).cumsum(1)
-    r0, r1 = _bins(n_rows, out_rows)
-    c0, c1 = _bins(n_cols, out_cols)
+    r0, r1 = bins(n_rows, out_rows)
+    c0, c1 = bins(n_cols, out_cols)
 
     def block(p: np.ndarray) -> np.ndarray:
         return (

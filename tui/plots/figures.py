@@ -23,6 +23,7 @@ from headscope.tui.plots.colormap import (
     NEG_GLYPHS,
     RGB,
     SHADES,
+    bins,
     cell_of,
     diverging_rgb,
     fit_shape,
@@ -34,7 +35,6 @@ from headscope.tui.plots.colormap import (
     symmetric_range,
     xterm_rgb,
 )
-from headscope.tui.plots.colormap import _bins as bins
 
 LABEL_WIDTH = 8  # longest tick label kept on the y axis (token strings are cut)
 

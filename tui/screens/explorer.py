@@ -1,10 +1,17 @@
 """The explorer screen: the head tree, the focus line, the tabs, and what is loaded in them.
 
 The app (tui/app.py) opens the engine and tells this screen when the model is ready
-(``ModelReady`` / ``ModelFailed``); from then on the screen owns the focused head (cursor
-moves are debounced), tab switching, the score sweeps and the per-tab loads. Each tab's view
-loads what it shows itself (``load(explorer, key)`` on the panes of widgets/views.py and
-compare.py), found through ``VIEWS``.
+(``ModelReady`` / ``ModelFailed``, tui/base/messages.py); from then on the screen owns the
+focused head (cursor moves are debounced), tab switching, the workers of the score sweeps and
+the per-tab loads. Each tab's pane loads what it shows itself (``load(host, key)`` on the
+panes of tui/widgets/, found through ``VIEWS``), with this screen as its host
+(``tui.base.protocols.PaneHost``).
+
+What is not drawing lives in tui/session/ and is tested without Textual: the focused head
+(``HeadFocus``), the scores, the ablation effects, the null and the Summary's order
+(``ScoreBoard``), the tokens, OV source row, rotary offset, prompt, tree filter and directions
+panel (``ViewChoices``), the load keys (``TabLoads``), compare mode (``CompareMode``),
+timeline mode's state (``TimelineState``) and the export document (session/export.py).
 
 Freshness: every load is tagged with what it was for (tab, head, weights generation, token
 set, ...). A result that arrives after the user moved on is dropped; per-tab workers are
@@ -14,52 +21,52 @@ tagged with the weights generation they were computed for.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import dataclasses
-import json
-import math
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
-import numpy as np
 from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
-from textual.message import Message
 from textual.screen import Screen
 from textual.timer import Timer
 from textual.widget import Widget
-from textual.widgets import DataTable, Footer, Input, Static, TabbedContent, TabPane
+from textual.widgets import DataTable, Footer, Input, TabbedContent, TabPane
 
 from headscope.engine.core.errors import CancelledError as EngineCancelled
 from headscope.engine.core.errors import HeadscopeError
-from headscope.engine.core.export import atomic_write_text
-from headscope.engine.core.results import HeadScores, ScoreNull
-from headscope.tui.base.labels import (
-    ABLATION,
-    ABLATION_LABEL,
-    SCORES,
-    SHORT,
-    SINKS,
-    jsonable,
-    score,
-    score_rows,
-    stats_line,
-    z_score,
-    z_text,
+from headscope.engine.core.results import HeadScores
+from headscope.tui.base.labels import ABLATION, FILTER_THRESHOLD, score_rows
+from headscope.tui.base.messages import (
+    AblationSwept,
+    Compared,
+    EdgeChosen,
+    HeadChosen,
+    HeadHighlighted,
+    HeadScored,
+    ModelFailed,
+    ModelReady,
+    NullLoaded,
+    PhaseChangeChosen,
+    ScoresSwept,
 )
 from headscope.tui.screens.dialogs import InputScreen
+from headscope.tui.screens.path import PathScreen
+from headscope.tui.session.choices import TREE_FILTERS, ViewChoices, token_ids
+from headscope.tui.session.export import export_document, write_export
+from headscope.tui.session.focus import HeadFocus
+from headscope.tui.session.loads import PER_HEAD, TabLoads, load_key
+from headscope.tui.session.scores import ScoreBoard
 from headscope.tui.widgets.chart import Chart
 from headscope.tui.widgets.compare import ChangesPane, focus_text, head_changes
+from headscope.tui.widgets.focus_line import FocusLine, head_lines, part_text
 from headscope.tui.widgets.head_tree import HeadTree
 from headscope.tui.widgets.panes import (
-    ROTARY_OFFSETS,
     CompositionPane,
     OVPane,
     PromptPane,
@@ -67,29 +74,26 @@ from headscope.tui.widgets.panes import (
     SpectrumPane,
     SummaryPane,
 )
-from headscope.tui.widgets.reading import N_DIRECTIONS, N_TOKENS, DirectionsPanel, PathScreen
+from headscope.tui.widgets.reading import DirectionsPanel
 from headscope.tui.widgets.status import StatusBar
 from headscope.tui.widgets.timeline import TimelinePane
 
 if TYPE_CHECKING:
-    from headscope.engine.api.diff import ModelDiff
-    from headscope.tui.app import HeadscopeApp
-    from headscope.tui.base.protocols import ExplorerEngine
+    from headscope.tui.base.protocols import ExplorerEngine, LoadKey
+    from headscope.tui.screens.timeline import TimelineHost, TimelineMode
     from headscope.tui.session.compare import CompareMode
 
 Head = tuple[int, int]
-LoadKey = tuple[Any, ...]  # (tab, head or None, weights generation, what else the view shows)
 TABS = ("qk", "ov", "spectrum", "prompt", "composition", "summary", "changes", "timeline")
 TAB_TITLES = {"qk": "1 QK", "ov": "2 OV", "spectrum": "3 Spectrum", "prompt": "4 Prompt",
               "composition": "5 Composition", "summary": "6 Summary", "changes": "7 Changes",
               "timeline": "8 Timeline"}
-PER_HEAD = ("qk", "ov", "spectrum", "prompt")  # the tabs that show the focused head
 
 
 class TabView(Protocol):
     """A tab's pane: it asks the engine for what it shows, for the load ``key``."""
 
-    async def load(self, ex: ExplorerScreen, key: LoadKey) -> None: ...
+    async def load(self, host: Any, key: LoadKey) -> None: ...
 
 
 # Each tab's view: the pane that loads and draws it (a TabView).
@@ -98,84 +102,32 @@ VIEWS: dict[str, type[Widget]] = {
     "composition": CompositionPane, "summary": SummaryPane, "changes": ChangesPane,
     "timeline": TimelinePane}
 NARROW = 100  # below this many columns, panes stack and the tree narrows
-TREE_FILTERS: tuple[tuple[str, str], ...] = (
-    ("induction_score", "induction"), ("prev_token_score", "prev-token"),
-    ("copying_score", "copying"), ("sink", "sink"))  # sink: on the first token or delimiters
-SHORT_LABELS = {"copying_score": "copy", "qk_positivity": "QK+", "prev_token_score": "prev",
-                "induction_score": "ind"}  # the focus line on a narrow terminal: no room for dup-tok
-FILTER_THRESHOLD = 0.3  # the middling badge strength: what "has the behaviour" means
 
 
-# -- messages: what the app and the explorer's workers report (to the explorer only) ----------
-@dataclass
-class ModelReady(Message, bubble=False):
-    """The engine has opened the model (the app → the explorer)."""
+class ExplorerHost(Protocol):
+    """What the explorer needs from its app (``HeadscopeApp``): the engine's lifecycle, the
+    modes, where files go, and errors as notifications."""
 
+    engine: ExplorerEngine | None
+    structure: dict[str, Any]
+    compare: CompareMode
+    timeline: TimelineMode
+    raw: bool
+    path: str
+    open_error: str | None
+    model_ready: asyncio.Event
+    ready_failed: bool
 
-@dataclass
-class ModelFailed(Message, bubble=False):
-    """The model could not be opened or made ready (the app → the explorer): ``error`` for
-    the status bar, ``charts`` for every chart."""
+    @property
+    def opening(self) -> bool: ...
 
-    error: str
-    charts: str
+    def report(self, message: str) -> None: ...
 
+    def output_dir(self) -> Path: ...
 
-@dataclass
-class ScoresSwept(Message, bubble=False):
-    """Every head's scores, for the weights of generation ``gen``."""
+    def stem(self) -> str: ...
 
-    rows: list[HeadScores]
-    gen: int
-
-
-@dataclass
-class HeadScored(Message, bubble=False):
-    """One head's scores (before the sweep reached it), for generation ``gen``."""
-
-    scores: HeadScores
-    gen: int
-
-
-@dataclass
-class AblationSwept(Message, bubble=False):
-    """The zero-ablation effect of every head [L, H], for generation ``gen``."""
-
-    effects: np.ndarray
-    gen: int
-
-
-@dataclass
-class NullLoaded(Message, bubble=False):
-    """The scores of random heads (``Engine.score_null``), for generation ``gen``."""
-
-    null: ScoreNull
-    gen: int
-
-
-@dataclass
-class Compared(Message, bubble=False):
-    """The diff A → B (compare mode), for generation ``gen``."""
-
-    diff: ModelDiff
-    gen: int
-
-
-class FocusLine(Static):
-    """The focused head and its scores: the richest of the lines it is given that fits its
-    width (chosen again on every resize), so no number is ever cut."""
-
-    def show(self, choices: list[Text]) -> None:
-        self._choices = choices
-        self._fit()
-
-    def _fit(self) -> None:
-        choices = getattr(self, "_choices", None) or [Text()]
-        room = self.content_size.width
-        self.update(next((c for c in choices if not room or c.cell_len <= room), choices[-1]))
-
-    def on_resize(self) -> None:
-        self._fit()
+    def explorer_mounted(self) -> None: ...
 
 
 class ExplorerScreen(Screen[None]):
@@ -199,38 +151,20 @@ class ExplorerScreen(Screen[None]):
         super().__init__()
         self.debounce = debounce
         self.auto_sweep = sweep
-        self.prompt_text = prompt
-        self.initial_head = head  # focused once the model is open (checked against its shape)
-        self.head: Head | None = None
+        self.head_focus = HeadFocus(head)  # the focused head, and the cursor's move debounced
         self.active_tab = "qk"
-        self.tokens: list[int] | None = None
-        self.tokens_text = tokens_text
-        self.source_index = 0
-        self.qk_offset = 0  # rotary QK: the offset Δ shown (Widget.offset is taken)
-        self.tree_filter: str | None = None
-        # The directions panel beside the QK/OV heatmaps: the user's choice once v is pressed;
-        # None before (shown unless the terminal is narrow or in compare mode).
-        self.directions_choice: bool | None = None
-        self.rows: dict[Head, HeadScores] = {}
-        self.summary_sort: str | None = None
-        # Zero-ablation effect of every head [L, H] (the opt-in sweep, key a), this gen's.
-        self.ablation: np.ndarray | None = None
-        self.results: dict[str, Any] = {}
-        self.sweep_progress: float | None = None
-        self.gen = 0  # bumped when the weights change (raw/processed)
-        self._tokens_gen = 0
-        self._loaded: dict[str, tuple] = {}
-        self._pending: Head | None = None
-        self._focus_other: str | None = None  # the focus line shows the embed/unembed/MLP
-        # The random-head null of the scores (docs/math.md): the z's, once it arrives.
-        self.null: ScoreNull | None = None
-        self._null_failed = -1  # the generation whose null the engine could not compute
+        # Not drawing (tui/session/): the scores, ablation, null and Summary order of the
+        # weights shown; the tokens, OV source row, rotary offset and prompt.
+        self.scores = ScoreBoard()
+        self.choices = ViewChoices(prompt=prompt, tokens_text=tokens_text)
+        self.loads = TabLoads()  # the key each tab last asked for
+        self.results: dict[str, Any] = {}  # each tab's data as shown (what e exports)
         self._debounce_timer: Timer | None = None
 
     # -- what the app owns ---------------------------------------------------------------
     @property
-    def headscope(self) -> HeadscopeApp:
-        return cast("HeadscopeApp", self.app)
+    def headscope(self) -> ExplorerHost:
+        return cast("ExplorerHost", self.app)
 
     @property
     def engine(self) -> ExplorerEngine:
@@ -254,8 +188,29 @@ class ExplorerScreen(Screen[None]):
     def n_heads(self) -> int:
         return int(self.structure.get("n_heads") or 0)
 
+    @property
+    def timeline(self) -> TimelineMode:
+        return self.headscope.timeline
+
     def report(self, message: str) -> None:
         self.headscope.report(message)
+
+    # -- what the panes read (tui.base.protocols.PaneHost) ------------------------------------
+    @property
+    def gen(self) -> int:
+        """The weights' generation: bumped when they change (raw/processed, a timeline step)."""
+        return self.scores.gen
+
+    @property
+    def has_scores(self) -> bool:
+        return bool(self.scores.rows)
+
+    def keep_result(self, tab: str, data: Any) -> None:
+        self.results[tab] = data
+
+    def sweep_progress(self, fraction: float | None) -> None:
+        # Called from engine threads: a plain assignment, read by the status tick.
+        self.scores.progress = fraction
 
     # -- layout ---------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -298,8 +253,8 @@ class ExplorerScreen(Screen[None]):
             status.compare = Path(self.compare.path).name or self.compare.path
         self.layout_for(app.size.width)
         self.set_interval(0.15, self._tick)
-        if self.prompt_text:
-            self.query_one("#prompt-input", Input).value = self.prompt_text
+        if self.choices.prompt_text:
+            self.query_one("#prompt-input", Input).value = self.choices.prompt_text
         # Tabs are switched with 1-8 (and the mouse), so the tab strip takes no focus: `tab`
         # from the head tree goes straight to the active pane's list (the composition edges,
         # the Summary table), not to the strip first.
@@ -315,9 +270,7 @@ class ExplorerScreen(Screen[None]):
 
     @property
     def directions_visible(self) -> bool:
-        if self.directions_choice is not None:
-            return self.directions_choice
-        return not self.has_class("narrow") and not self.compare.enabled
+        return self.choices.directions_shown(self.has_class("narrow"), self.compare.enabled)
 
     def _apply_directions(self) -> None:
         visible = self.directions_visible
@@ -344,8 +297,8 @@ class ExplorerScreen(Screen[None]):
         self.run_worker(self._start(), group="startup", exit_on_error=False)
 
     async def _start(self) -> None:
-        if self.tokens_text and self.tokens is None:
-            await self._set_tokens(self.tokens_text, reload=False)
+        if self.choices.tokens_text and self.choices.tokens is None:
+            await self._set_tokens(self.choices.tokens_text, reload=False)
         if self.head is None and self.n_layers and self.n_heads:
             self.goto_head(self._first_head(), immediate=True)
         else:
@@ -358,14 +311,10 @@ class ExplorerScreen(Screen[None]):
 
     def _first_head(self) -> Head:
         """``head=`` of the app if the model has it, else L0.H0 (and say why)."""
-        if self.initial_head is None:
-            return (0, 0)
-        layer, head = self.initial_head
-        if 0 <= layer < self.n_layers and 0 <= head < self.n_heads:
-            return (layer, head)
-        self.report(f"{self.headscope.path}: no head L{layer}.H{head} (the model has "
-                    f"{self.n_layers} layers × {self.n_heads} heads); showing L0.H0")
-        return (0, 0)
+        head, why = self.head_focus.first(self.n_layers, self.n_heads)
+        if why is not None:
+            self.report(f"{self.headscope.path}: {why}")
+        return head
 
     # -- compare mode -----------------------------------------------------------------------
     def start_compare(self) -> None:
@@ -394,7 +343,7 @@ class ExplorerScreen(Screen[None]):
     @on(Compared)
     def _compared(self, msg: Compared) -> None:
         """Badges, focus line and Changes tab from the diff."""
-        if msg.gen != self.gen:
+        if not self.scores.current(msg.gen):
             return
         self.compare.diff = msg.diff
         self.results["changes"] = msg.diff
@@ -417,17 +366,16 @@ class ExplorerScreen(Screen[None]):
 
     @on(ScoresSwept)
     def _scores_swept(self, msg: ScoresSwept) -> None:
-        if msg.gen == self.gen:
+        if self.scores.current(msg.gen):
             self.set_scores(msg.rows)
 
     async def _swept(self, sweep: Callable[..., Awaitable[Any]]) -> Any:
         """Run an engine sweep, its progress in the status bar; ``None`` if it was cancelled
         or failed (reported)."""
         def progress(fraction: float) -> None:
-            # Called from engine threads: a plain assignment, read by the status tick.
-            self.sweep_progress = float(fraction)
+            self.sweep_progress(float(fraction))
 
-        self.sweep_progress = 0.0
+        self.sweep_progress(0.0)
         try:
             return await sweep(progress=progress)
         except EngineCancelled:
@@ -436,11 +384,10 @@ class ExplorerScreen(Screen[None]):
             self.report(str(err))
             return None
         finally:
-            self.sweep_progress = None
+            self.sweep_progress(None)
 
     def set_scores(self, rows: list[HeadScores]) -> None:
-        for r in rows:
-            self.rows[(r.layer, r.head)] = r
+        self.scores.add(rows)
         self.query_one(HeadTree).set_scores(rows)
         self.show_summary()
         self._update_focus_line()
@@ -459,8 +406,8 @@ class ExplorerScreen(Screen[None]):
 
     @on(HeadScored)
     def _head_scored(self, msg: HeadScored) -> None:
-        if msg.gen == self.gen:
-            self.rows[(msg.scores.layer, msg.scores.head)] = msg.scores
+        if self.scores.current(msg.gen):
+            self.scores.add([msg.scores])
             self.query_one(HeadTree).set_scores([msg.scores])
             self._update_focus_line()
             self.want_null()
@@ -470,7 +417,7 @@ class ExplorerScreen(Screen[None]):
         if self.headscope.engine is None:
             return
         self.action_show_tab("summary")
-        if self.ablation is not None:
+        if self.scores.ablation is not None:
             self.sort_summary(ABLATION)
             return
         if any(w.group == "ablation" and not w.is_finished for w in self.app.workers):
@@ -488,82 +435,69 @@ class ExplorerScreen(Screen[None]):
 
     @on(AblationSwept)
     def _ablation_swept(self, msg: AblationSwept) -> None:
-        if msg.gen != self.gen:
+        if not self.scores.current(msg.gen):
             return
-        effects = msg.effects
-        self.ablation = effects
-        top = np.unravel_index(np.nanargmax(effects), effects.shape) if np.isfinite(effects).any() \
-            else None
+        # kept, and the Summary sorted by it; no tab switch if the user moved on
+        top = self.scores.set_ablation(msg.effects)
         if top is not None:
             self.notify(f"zeroing L{top[0]}.H{top[1]} costs the most: "
-                        f"{float(effects[top]):+.2f} nats", title="ablation sweep")
+                        f"{self.scores.ablation_of(top):+.2f} nats", title="ablation sweep")
         else:  # a NaN anywhere in the weights makes the clean loss itself NaN
             self.notify("no ablation effect is finite: the model's own loss is not "
                         "(non-finite weights, marked ! in the tree)", title="ablation sweep",
                         severity="warning")
         self._update_focus_line()
-        self.summary_sort = ABLATION  # shown sorted; no tab switch if the user moved on
         if self.active_tab == "summary":
             self.show_summary()
 
-    def ablation_of(self, head: Head) -> float:
-        """The head's zero-ablation effect, NaN until the sweep (``a``) has run."""
-        return math.nan if self.ablation is None else float(self.ablation[head])
-
-    def _summary_value(self, row: HeadScores, key: str) -> float:
-        return self.ablation_of((row.layer, row.head)) if key == ABLATION else score(row, key)
-
     def show_summary(self) -> None:
-        rows = sorted(self.rows.values(), key=lambda r: (r.layer, r.head))
-        if self.summary_sort is not None:
-            k = self.summary_sort
-            value = partial(self._summary_value, key=k)
-            rows.sort(key=lambda r: (math.isnan(value(r)), -value(r) if not math.isnan(value(r))
-                                     else 0.0))
-        ablation = [self.ablation_of((r.layer, r.head)) for r in rows]
+        rows, ablation = self.scores.summary()
         self.query_one(SummaryPane).show(
-            rows, ablation if self.ablation is not None else None, self.summary_sort, self.null)
-        self.results["summary"] = [
-            {**dataclasses.asdict(r), **{f"{k}_z": z_score(self.null, r, k) for k, _ in SCORES},
-             "ablation_effect": a} for r, a in zip(rows, ablation, strict=True)]
+            rows, ablation if self.scores.ablation is not None else None,
+            self.scores.summary_sort, self.scores.null)
+        self.results["summary"] = self.scores.summary_records(rows, ablation)
 
     def sort_summary(self, key: str) -> None:
-        self.summary_sort = key
+        self.scores.summary_sort = key
         self.show_summary()
         if self.active_tab != "summary":
             self.action_show_tab("summary")
 
     def action_cycle_sort(self) -> None:
-        keys = [k for k, _ in SCORES] + ([ABLATION] if self.ablation is not None else [])
-        i = keys.index(self.summary_sort) if self.summary_sort in keys else -1
-        self.sort_summary(keys[(i + 1) % len(keys)])
+        self.sort_summary(self.scores.next_sort())
 
     # -- focus ----------------------------------------------------------------------------
-    @on(HeadTree.HeadHighlighted)
-    def _highlighted(self, msg: HeadTree.HeadHighlighted) -> None:
+    @on(HeadHighlighted)
+    def _highlighted(self, msg: HeadHighlighted) -> None:
         if msg.head is None:
-            self._pending = None
-            if msg.data is not None and msg.data.kind != "layer":
-                self._update_focus_line(msg.data.kind)
+            self.head_focus.pending = None
+            if msg.kind is not None and msg.kind != "layer":
+                self._update_focus_line(msg.kind)
             return
-        self._pending = msg.head
-        if msg.head == self.head and self._focus_other is not None:
+        self.head_focus.pending = msg.head
+        if msg.head == self.head and self.head_focus.other is not None:
             self._update_focus_line()  # back on the focused head (a filtered tree rebuilt)
         if self._debounce_timer is not None:
             self._debounce_timer.stop()
         self._debounce_timer = self.set_timer(self.debounce, self._apply_pending)
 
     @property
+    def head(self) -> Head | None:
+        """The focused head (the per-head tabs show it)."""
+        return self.head_focus.head
+
+    @property
     def focus_pending(self) -> bool:
         """A cursor move in the tree waits for its debounce before the head is focused."""
-        return self._pending is not None and self._pending != self.head
+        return self.head_focus.waiting
 
     def _apply_pending(self) -> None:
-        if self._pending is not None and self._pending != self.head:
-            self.set_head(self._pending)
+        head = self.head_focus.due()
+        if head is not None:
+            self.set_head(head)
 
-    @on(HeadTree.HeadChosen)
-    def _chosen(self, msg: HeadTree.HeadChosen) -> None:
+    @on(HeadChosen)
+    def _chosen(self, msg: HeadChosen) -> None:
         if self._debounce_timer is not None:
             self._debounce_timer.stop()
         self.set_head(msg.head)
@@ -572,13 +506,13 @@ class ExplorerScreen(Screen[None]):
         engine = self.headscope.engine
         if engine is None:
             return
-        self.head = head
+        self.head_focus.head = head
         with contextlib.suppress(Exception):  # a priority hint only; never fatal
             engine.focus(*head)
-        self.source_index = 0
+        self.choices.source_index = 0
         self._update_focus_line()
         self._load_active()
-        if head not in self.rows:
+        if head not in self.scores.rows:
             self.run_worker(self._head_scores(head, self.gen), group="head-scores",
                             exclusive=True, exit_on_error=False)
 
@@ -592,80 +526,23 @@ class ExplorerScreen(Screen[None]):
     def action_step_head(self, step: int) -> None:
         if not self.n_layers or not self.n_heads:
             return
-        heads = [(layer, h) for layer in range(self.n_layers) for h in range(self.n_heads)]
-        i = heads.index(self.head) if self.head in heads else -step
-        self.goto_head(heads[(i + step) % len(heads)])
-
-    def _score_texts(self, row: HeadScores) -> list[Text]:
-        """The focus line's scores, richest first: each a candidate line (the first that fits
-        the line's width is shown, so no number is ever cut). With the null, each score
-        carries its z ("ind +0.95 z=41"); the sink scores only on a sink head."""
-        sinks = [k for k in SINKS if score(row, k) >= FILTER_THRESHOLD]
-        full = [k for k, _ in SCORES if k not in SINKS] + sinks
-        lean = [k for k in full if k in SHORT_LABELS or k in sinks]  # no dup-tok
-        labels, short = dict(SCORES), {**SHORT, **SHORT_LABELS}
-        ablation = self.ablation_of(self.head) if self.head is not None else math.nan
-        z = {k: z_text(z_score(self.null, row, k)) for k in full}
-        top = max(full, key=lambda k: z_score(self.null, row, k)
-                  if z_score(self.null, row, k) == z_score(self.null, row, k) else -math.inf)
-        core = [k for k in lean if k not in SINKS]
-        few = ["copying_score", "prev_token_score", "induction_score"]
-        plans = [(full, labels, full), (full, short, full), (lean, short, lean),
-                 (lean, short, [top]), (core, short, [top]), (lean, short, []),
-                 (core, short, []), (few, short, [])]
-        out = []
-        for keys, names, with_z in plans:
-            text = Text()
-            for i, key in enumerate(keys):
-                v = score(row, key)
-                if i:
-                    text.append("· ", style="dim")
-                text.append(f"{names[key]} {v:+.2f} " if v == v else f"{names[key]} — ")
-                if key in with_z and z[key]:
-                    text.append(f"{z[key]} ", style="dim")
-            if not math.isnan(ablation):
-                text.append("· ", style="dim")
-                text.append(f"{'abl' if names is short else ABLATION_LABEL} {ablation:+.2f} ")
-            text.rstrip()
-            out.append(text)
-        return out
+        self.goto_head(self.head_focus.stepped(step, self.n_layers, self.n_heads))
 
     def _update_focus_line(self, other: str | None = None) -> None:
         line = self.query_one("#focus-line", FocusLine)
-        self._focus_other = other
+        self.head_focus.other = other
         if other is not None:
-            s = self.structure
-            text = {"embed": f"Embed: W_E [{s.get('d_vocab')}, {s.get('d_model')}]"
-                             + (f", W_pos [{s.get('n_ctx')}, {s.get('d_model')}]"
-                                if s.get("positional") == "learned" else ""),
-                    "unembed": f"Unembed: W_U [{s.get('d_model')}, {s.get('d_vocab')}]"
-                               + (" — tied: W_Eᵀ" if s.get("tied_unembed") else ""),
-                    "mlp": f"MLP: d_mlp {s.get('d_mlp')}"}.get(other, "")
-            line.show([Text(text)])
+            line.show([Text(part_text(other, self.structure))])
             return
         if self.head is None:
             line.show([Text()])
             return
-        layer, head = self.head
-        # Spans start with a visible character (see StatusBar.render): head │ score · score.
-        text = Text()
-        text.append(f"L{layer}.H{head} ", style="bold")
-        row = self.rows.get(self.head)
         diff = self.compare.diff
         versus = focus_text(diff, self.head, self.size.width < NARROW) \
             if diff is not None else None
-        if versus is not None:  # compare mode: A → B instead of A's scores alone
-            text.append_text(versus)
-        choices = [text]
-        if versus is None and row is not None:
-            text.append("│ ", style="dim")
-            choices = [text + scores for scores in self._score_texts(row)]
-        if row is not None and row.nonfinite:
-            for choice in choices:
-                choice.append(("" if choice.plain.endswith(" ") else " ") + "non-finite weights",
-                              style="bold red")
-        self.query_one(StatusBar).focus_text = f"L{layer}.H{head}"
-        line.show(choices)
+        self.query_one(StatusBar).focus_text = f"L{self.head[0]}.H{self.head[1]}"
+        line.show(head_lines(self.head, self.scores.row(self.head), self.scores.null,
+                             self.scores.ablation_of(self.head), versus))
 
     # -- tabs and loading ---------------------------------------------------------------
     @on(TabbedContent.TabActivated)
@@ -690,9 +567,9 @@ class ExplorerScreen(Screen[None]):
     def _key(self, tab: str) -> LoadKey:
         extra: tuple = ()
         if tab in ("qk", "ov"):
-            extra = (self._tokens_gen, self.qk_offset, self.source_index, self.compare.view)
+            extra = (*self.choices.qk_ov_key(), self.compare.view)
         elif tab == "prompt":
-            extra = (self.prompt_text,)
+            extra = (self.choices.prompt_text,)
         elif tab == "composition":
             extra = (self.query_one(CompositionPane).kind,)
         elif tab == "changes":
@@ -700,7 +577,7 @@ class ExplorerScreen(Screen[None]):
         elif tab == "timeline":
             timeline = self.headscope.timeline
             extra = (timeline.index, id(timeline.timeline), self.head)
-        return (tab, self.head if tab in PER_HEAD else None, self.gen, *extra)
+        return load_key(tab, self.head, self.gen, extra)
 
     def fresh(self, key: LoadKey) -> bool:
         """Whether a load for ``key`` is still what its tab should show."""
@@ -715,9 +592,8 @@ class ExplorerScreen(Screen[None]):
         if tab in ("qk", "ov"):
             self._load_directions()
         key = self._key(tab)
-        if not force and self._loaded.get(tab) == key:
+        if not self.loads.ask(key, force):
             return
-        self._loaded[tab] = key
         self.run_worker(self._load(key), group=f"load-{tab}", exclusive=True,
                         exit_on_error=False)
 
@@ -728,14 +604,13 @@ class ExplorerScreen(Screen[None]):
             view = cast(TabView, self.query_one(VIEWS[tab]))
             await view.load(self, key)
         except EngineCancelled:
-            if self._loaded.get(tab) == key:
-                self._loaded.pop(tab, None)
+            self.loads.cancelled(key)
         except HeadscopeError as err:
             self.report(str(err))
         except Exception as err:  # keep running: an engine bug becomes a notification
             self.report(f"{tab}: unexpected error {err!r}")
 
-    # -- the directions panel (tui/reading_screens.py) -----------------------------------
+    # -- the directions panel (tui/widgets/reading.py) -----------------------------------
     def _load_directions(self) -> None:
         """The focused head's singular directions in the active tab's panel (QK or OV): from
         the panel's cache, else asked of the engine in a worker (a loading note meanwhile)."""
@@ -757,34 +632,16 @@ class ExplorerScreen(Screen[None]):
 
     async def _directions(self, panel: DirectionsPanel, key: tuple[Head, int]) -> None:
         await self.headscope.model_ready.wait()
-        (layer, head), _gen = key
-        try:
-            found = await self.engine.singular_directions(layer, head, panel.kind,
-                                                          k=N_DIRECTIONS, top=N_TOKENS)
-        except EngineCancelled:
-            if panel.key == key:
-                panel.key = None  # asked again at the next load
-            return
-        except HeadscopeError as err:
-            if panel.key == key:
-                panel.failed(f"cannot read the directions: {err}")
-            return
-        except Exception as err:  # keep running: an engine bug becomes a notification
-            self.report(f"directions: unexpected error {err!r}")
-            if panel.key == key:
-                panel.failed("cannot read the directions (see the notification)")
-            return
-        if panel.key == key:
-            panel.show(key, found)
+        await panel.load(self, key)
 
     def action_toggle_directions(self) -> None:
         """Show or hide the directions panel (from another tab: the OV tab, with it)."""
         if self.active_tab not in ("qk", "ov"):
-            self.directions_choice = True
+            self.choices.directions = True
             self._apply_directions()
             self.action_show_tab("ov")
             return
-        self.directions_choice = not self.directions_visible
+        self.choices.directions = not self.directions_visible
         self._apply_directions()
         self._load_directions()
 
@@ -804,13 +661,23 @@ class ExplorerScreen(Screen[None]):
         there focuses ``target``)."""
         if self.headscope.engine is None:
             return
-        self.app.push_screen(PathScreen(self.engine, source, target, self.tokens),
+        self.app.push_screen(PathScreen(self.engine, source, target, self.choices.tokens),
                              lambda head: head and self.goto_head(head, immediate=True))
 
     # -- widgets' events ----------------------------------------------------------------
+    @on(EdgeChosen)
+    def _edge_chosen(self, msg: EdgeChosen) -> None:
+        self.open_path(msg.source, msg.target)
+
+    @on(PhaseChangeChosen)
+    def _phase_change_chosen(self, msg: PhaseChangeChosen) -> None:
+        """A phase change of the Timeline tab: its head, at its step."""
+        self.goto_head(msg.head, immediate=True)
+        self.timeline.scrub(cast("TimelineHost", self.app), to=msg.index)
+
     @on(Input.Submitted, "#prompt-input")
     def _prompt_submitted(self, event: Input.Submitted) -> None:
-        self.prompt_text = event.value
+        self.choices.prompt_text = event.value
         if self.active_tab != "prompt":
             self.action_show_tab("prompt")
         self._load_active()
@@ -828,10 +695,10 @@ class ExplorerScreen(Screen[None]):
     def _summary_header(self, event: DataTable.HeaderSelected) -> None:
         """A click on a column header sorts by it (``head``: back to layer order)."""
         key = event.column_key.value
-        if key == ABLATION and self.ablation is None:
+        if key == ABLATION and self.scores.ablation is None:
             self.notify("press a first: the ablation sweep fills that column", timeout=3)
             return
-        self.summary_sort = None if key == "head" else key
+        self.scores.summary_sort = None if key == "head" else key
         self.show_summary()
 
     # -- actions --------------------------------------------------------------------------
@@ -844,12 +711,10 @@ class ExplorerScreen(Screen[None]):
 
     def action_cycle_filter(self) -> None:
         """Head tree: every head → induction → prev-token → copying → sink ≥ 0.3 → every head."""
-        keys = [k for k, _ in TREE_FILTERS]
-        i = keys.index(self.tree_filter) if self.tree_filter in keys else -1
-        self.set_tree_filter(keys[i + 1] if i + 1 < len(keys) else None)
+        self.set_tree_filter(self.choices.next_tree_filter())
 
     def set_tree_filter(self, key: str | None, threshold: float = FILTER_THRESHOLD) -> None:
-        self.tree_filter = key
+        self.choices.tree_filter = key
         label = dict(TREE_FILTERS).get(key or "", key or "")
         self.query_one(HeadTree).set_filter(key, label, threshold, keep=self.head)
         self.want_null()
@@ -858,7 +723,7 @@ class ExplorerScreen(Screen[None]):
     def want_null(self) -> None:
         """Ask the engine for the null once (its worker computes it, or reads it from the
         results store); the scores are shown meanwhile, the z's join them when it arrives."""
-        if self.null is not None or self.headscope.engine is None or self._null_failed == self.gen:
+        if not self.scores.wants_null() or self.headscope.engine is None:
             return
         if any(w.group == "score-null" and not w.is_finished for w in self.app.workers):
             return
@@ -871,26 +736,31 @@ class ExplorerScreen(Screen[None]):
         except EngineCancelled:
             return
         except HeadscopeError as err:
-            self._null_failed = gen  # said once; asked again only for other weights
+            self.scores.null_failed_for(gen)  # said once; asked again only for other weights
             self.report(str(err))
             return
         self.post_message(NullLoaded(null, gen))
 
     @on(NullLoaded)
     def _null_loaded(self, msg: NullLoaded) -> None:
-        if msg.gen != self.gen:
+        if not self.scores.current(msg.gen):
             self.want_null()  # the weights changed while it ran: theirs
             return
-        self.null = msg.null
+        self.scores.null = msg.null
         self.query_one(HeadTree).set_null(msg.null)
         self.show_summary()
-        self._update_focus_line(self._focus_other)
+        self._update_focus_line(self.head_focus.other)
 
-    def _forget_null(self) -> None:
-        """The weights changed (raw/processed, a timeline step): so does the null."""
+    def _new_weights(self) -> None:
+        """The weights changed (raw/processed, a timeline step): a new generation, whose
+        scores, ablation effects and null are still to come."""
+        self.scores.new_weights()
         self.app.workers.cancel_group(self, "score-null")
-        self.null = None
-        self.query_one(HeadTree).set_null(None)
+        self.app.workers.cancel_group(self, "ablation")  # the old weights' sweep: stop its work
+        tree = self.query_one(HeadTree)
+        tree.set_null(None)
+        tree.scores.clear()
+        tree.refresh_badges()
 
     def action_edit_prompt(self) -> None:
         self.action_show_tab("prompt")
@@ -932,19 +802,12 @@ class ExplorerScreen(Screen[None]):
         await app.model_ready.wait()
         try:
             await self.engine.set_raw(raw)
-            if self.compare.engine_b is not None:
-                await self.compare.engine_b.set_raw(raw)
+            await self.compare.set_raw(raw)  # B follows A; its diff is then stale
         except HeadscopeError as err:
             self.report(str(err))
             return
         app.raw = raw
-        self.gen += 1
-        self.rows.clear()
-        self.ablation = None
-        self._forget_null()
-        self.app.workers.cancel_group(self, "ablation")  # the old weights' sweep: stop its work
-        self.query_one(HeadTree).scores.clear()
-        self.query_one(HeadTree).refresh_badges()
+        self._new_weights()
         status = self.query_one(StatusBar)
         status.raw = raw
         app.structure = {**app.structure, "processed": not raw}
@@ -955,49 +818,38 @@ class ExplorerScreen(Screen[None]):
                             exclusive=True, exit_on_error=False)
         if self.auto_sweep:
             self.start_sweep()
-        if self.compare.engine_b is not None:
-            self.compare.diff = None
-            self.start_compare()
+        self.start_compare()
 
     def weights_replaced(self, rows: list[HeadScores] | None) -> None:
         """The app's engine now has other weights (timeline mode: another step): what was
         shown is stale. ``rows``: the new weights' scores, when already known."""
-        for group in ("sweep", "head-scores", "ablation", "directions-qk", "directions-ov",
+        for group in ("sweep", "head-scores", "directions-qk", "directions-ov",
                       *(f"load-{t}" for t in TABS)):
             self.app.workers.cancel_group(self, group)
-        self.gen += 1
-        self.rows.clear()
-        self.ablation = None
-        self._forget_null()
-        self._loaded.clear()
-        tree = self.query_one(HeadTree)
-        tree.scores.clear()
-        tree.refresh_badges()
+        self._new_weights()
+        self.loads.forget()
         self.query_one(StatusBar).structure = self.structure
         if rows:
             self.set_scores(rows)
         self._load_active()
-        if self.head is not None and self.head not in self.rows:
+        if self.head is not None and self.head not in self.scores.rows:
             self.run_worker(self._head_scores(self.head, self.gen), group="head-scores",
                             exclusive=True, exit_on_error=False)
 
     def action_step_source(self, step: int) -> None:
-        self.source_index += step
         block = (self.results.get("ov") or {}).get("full_ov")
-        n = len(block.row_ids) if block is not None else 0
-        if n:
-            self.source_index %= n
+        self.choices.step_source(step, len(block.row_ids) if block is not None else 0)
         self._load_active()
 
     def action_step_offset(self, step: int) -> None:
         if self.structure.get("positional") != "rotary":
             return
-        self.qk_offset = max(-ROTARY_OFFSETS, min(ROTARY_OFFSETS, self.qk_offset + step))
+        self.choices.step_offset(step)
         self._load_active()
 
     def action_choose_tokens(self) -> None:
         self.app.push_screen(
-            InputScreen("Tokens for the QK/OV rows and columns", self.tokens_text,
+            InputScreen("Tokens for the QK/OV rows and columns", self.choices.tokens_text,
                         placeholder="e.g. the cat sat on the mat",
                         hint="words or a phrase; #12 #40 for token ids; empty: default set"),
             callback=self._tokens_chosen)
@@ -1010,22 +862,15 @@ class ExplorerScreen(Screen[None]):
 
     async def _set_tokens(self, text: str, reload: bool = True) -> None:
         text = text.strip()
-        if not text:
-            ids = None
-        elif all(p.startswith("#") and p[1:].isascii() and p[1:].isdigit() for p in text.split()):
-            ids = [int(p[1:]) for p in text.split()]
-        else:
+        ids = token_ids(text)
+        if text and ids is None:  # words: the model's tokenizer says which tokens
             await self.headscope.model_ready.wait()
             try:
                 ids = await self.engine.tokenize(text)
             except HeadscopeError as err:
                 self.report(str(err))
                 return
-        if ids is not None:
-            ids = list(dict.fromkeys(int(i) for i in ids))  # unique, in order
-        self.tokens, self.tokens_text = ids, text
-        self._tokens_gen += 1
-        self.source_index = 0
+        self.choices.set_tokens(ids, text)
         if not reload:
             return
         if self.active_tab not in ("qk", "ov"):
@@ -1039,12 +884,9 @@ class ExplorerScreen(Screen[None]):
         if data is None:
             self.notify(f"nothing to export on the {tab} tab yet", severity="warning")
             return
-        doc = {"model": app.path, "processed": not app.raw, "view": tab,
-               "head": list(self.head) if self.head and tab not in ("composition", "summary")
-               else None, "data": jsonable(data)}
+        doc = export_document(app.path, app.raw, tab, self.head, data)
         try:
-            path = app.output_dir() / f"{app.stem()}.json"
-            atomic_write_text(path, json.dumps(doc, indent=1))  # never a partial file
+            path = write_export(app.output_dir() / f"{app.stem()}.json", doc)
         except OSError as err:
             self.report(f"cannot export: {err}")
             return
@@ -1053,27 +895,18 @@ class ExplorerScreen(Screen[None]):
     # -- status ---------------------------------------------------------------------------
     def _tick(self) -> None:
         app = self.headscope
-        if not app.is_running:
+        if not self.app.is_running:
             return
         try:
             status = self.query_one(StatusBar)
         except NoMatches:  # shutting down
             return
         busy = any(not w.is_finished and (w.group or "").startswith(("load-", "startup"))
-                   for w in app.workers)
-        activity = hits = misses = in_flight = progress = None
+                   for w in self.app.workers)
+        stats = None
         if app.engine is not None:
             try:
                 stats = app.engine.stats()
-                activity, hits, misses, in_flight, progress = stats_line(stats)
-                status.origin = getattr(stats, "origin", "")  # computed now / from the cache
             except (HeadscopeError, RuntimeError):  # engine closing; a bug should still surface
-                activity = None
-        if app.opening:
-            activity = activity or "opening model…"
-        status.busy = busy
-        status.activity = activity
-        status.progress = self.sweep_progress if self.sweep_progress is not None else progress
-        status.cache = (hits or 0, misses or 0, in_flight or 0)
-        if busy or activity or in_flight or status.progress is not None:
-            status.frame += 1
+                stats = None
+        status.tick(busy=busy, stats=stats, opening=app.opening, sweep=self.scores.progress)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
@@ -12,12 +12,28 @@ from headscope.themes import COLORBLIND_SAFE, COLORMAPS, THEME_NAMES
 from headscope.tui.base.labels import SCORES
 
 if TYPE_CHECKING:
-    from headscope.tui.app import HeadscopeApp
+    from headscope.tui.screens.explorer import ExplorerScreen
+
+
+class PaletteHost(Protocol):
+    """What the palette's commands act on: the app (``HeadscopeApp``) and its explorer."""
+
+    structure: dict[str, Any]
+    theme: str
+
+    @property
+    def explorer(self) -> ExplorerScreen: ...
+
+    def set_colormap(self, name: str | None) -> None: ...
+
+    def action_screenshot_svg(self) -> None: ...
+
+    def action_choose_output_dir(self) -> None: ...
 
 
 class HeadscopeCommands(Provider):
     def _commands(self) -> list[tuple[str, Callable[[], object], str]]:
-        app: HeadscopeApp = self.app  # type: ignore[assignment]
+        app = cast("PaletteHost", self.app)
         explorer = app.explorer
         cmds: list[tuple[str, Callable[[], object], str]] = []
         s = app.structure

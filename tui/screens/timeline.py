@@ -4,10 +4,10 @@
 directory of checkpoints or several checkpoints in order; the steps are
 ``engine.timeline.discover_steps``'s). The timeline itself (every head's scores at every
 step, the phase changes: docs/math.md "Training dynamics") is computed once, in a thread
-worker calling the synchronous ``engine/timeline.py`` functions, which score as many steps
+worker calling the synchronous ``engine.api.timeline`` functions, which score as many steps
 at once as the engine has pool threads (progress in the status bar, cancellation checked
 between steps, each step read from or written to the results store), and drawn by the
-Timeline tab (tui/timeline_view.py).
+Timeline tab (tui/widgets/timeline.py).
 
 Scrubbing to another step swaps the app's engine for one opened on that step's checkpoint
 (the same factory as the first): every other tab then shows that step's weights, and the
@@ -16,20 +16,20 @@ head tree's badges are that step's scores, taken from the timeline once it is co
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import math
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from textual.css.query import NoMatches
-from textual.message import Message
+from textual.notifications import SeverityLevel
 from textual.timer import Timer
 from textual.worker import get_current_worker
 
 from headscope.engine.core.errors import HeadscopeError, InvalidRequestError
-from headscope.engine.core.validation import SCORE_NAMES
+from headscope.tui.base.messages import ModelFailed, TimelineComputed
+from headscope.tui.session.timeline import TimelineState
 from headscope.tui.widgets.status import StatusBar
 
 # The app imports this module before its first frame (TimelineMode() is "no timeline"): what
@@ -38,8 +38,8 @@ if TYPE_CHECKING:
     from headscope.engine.api.store import ResultStore
     from headscope.engine.api.timeline import StepSource, Timeline
     from headscope.engine.core.results import HeadScores
-    from headscope.tui.app import HeadscopeApp
     from headscope.tui.base.protocols import ExplorerEngine
+    from headscope.tui.base.settings import Settings
 
     # (sources, notes, raw, progress(done, total), cancelled()) → the timeline of those steps
     Compute = Callable[[Sequence[StepSource], Sequence[str], bool, Callable[[int, int], None],
@@ -48,11 +48,50 @@ if TYPE_CHECKING:
 SCRUB_DELAY = 0.15  # seconds: a burst of step keys opens only the step it ends on
 
 
-@dataclass
-class TimelineComputed(Message, bubble=False):
-    """The timeline of the series (timeline mode → the Timeline tab's pane)."""
+class TimelineExplorer(Protocol):
+    """What timeline mode needs from the explorer screen: its widgets, and to be told that
+    the weights under it changed (``ExplorerScreen.weights_replaced``)."""
 
-    timeline: Timeline
+    auto_sweep: bool
+
+    def query_one(self, selector: Any, expect_type: Any = ...) -> Any: ...
+
+    def post_message(self, message: Any) -> bool: ...
+
+    def set_scores(self, rows: list[HeadScores]) -> None: ...
+
+    def weights_replaced(self, rows: list[HeadScores] | None) -> None: ...
+
+    def start_sweep(self) -> None: ...
+
+
+class TimelineHost(Protocol):
+    """What timeline mode needs from the app (``HeadscopeApp``): its engine and how to
+    replace it, the explorer, and Textual's workers, timers and notifications."""
+
+    engine: ExplorerEngine | None
+    engine_factory: Callable[[str, bool], ExplorerEngine]
+    path: str
+    raw: bool
+    structure: dict[str, Any]
+    model_ready: asyncio.Event
+    ready_failed: bool
+    settings: Settings
+
+    @property
+    def explorer(self) -> TimelineExplorer: ...
+
+    def run_worker(self, work: Any, *, group: str = ..., exclusive: bool = ...,
+                   thread: bool = ..., exit_on_error: bool = ...) -> Any: ...
+
+    def set_timer(self, delay: float, callback: Callable[[], Any]) -> Timer: ...
+
+    def call_from_thread(self, callback: Callable[..., Any], *args: Any) -> Any: ...
+
+    def notify(self, message: str, *, title: str = ..., severity: SeverityLevel = ...,
+               timeout: float | None = ..., markup: bool = ...) -> None: ...
+
+    def report(self, message: str) -> None: ...
 
 
 def compute_series(sources: Sequence[StepSource], notes: Sequence[str], raw: bool,
@@ -98,19 +137,13 @@ def open_timeline(series: str | os.PathLike[str] | Sequence[str | os.PathLike[st
     return TimelineMode(sources, notes)
 
 
-class TimelineMode:
-    """The series, the step shown, and the timeline once computed (``sources`` empty: off)."""
+class TimelineMode(TimelineState):
+    """Timeline mode: the series' state (tui/session/timeline.py) and what drives it (the
+    timeline's worker, scrubbing, the engine swap), on the app given to each call."""
 
     def __init__(self, sources: Sequence[StepSource] = (), notes: Sequence[str] = (), *,
                  compute: Compute | None = None) -> None:
-        self.sources = list(sources)
-        self.notes = list(notes)
-        self.index = len(self.sources) - 1  # the step shown: the last one to start with
-        self.opened = self.index  # the step whose weights the engine has
-        self.timeline: Timeline | None = None
-        self.raw = False  # the weights the timeline was scored on
-        self.error: str | None = None
-        self.done = 0  # steps scored so far
+        super().__init__(sources, notes)
         self.compute: Compute = compute or self._series
         self.store: ResultStore | None = None  # the app's results store, set by start()
         # steps scored at once; None: the engine's pool size, asked for when scoring starts
@@ -118,45 +151,8 @@ class TimelineMode:
         self.workers: int | None = None
         self._timer: Timer | None = None
 
-    @property
-    def enabled(self) -> bool:
-        return bool(self.sources)
-
-    @property
-    def step(self) -> int:
-        return self.sources[self.index].step
-
-    @property
-    def path(self) -> str:
-        return str(self.sources[self.index].path)
-
-    def status_text(self) -> str:
-        """``step 675 of 18 steps``, and the timeline's progress while it is computed."""
-        if not self.enabled:
-            return ""
-        text = f"step {self.step} of {len(self.sources)} steps"
-        if self.timeline is None and self.error is None:
-            text += f" · scoring steps {self.done}/{len(self.sources)}"
-        return text
-
-    def scores_at(self, index: int) -> list[HeadScores] | None:
-        """Every head's scores at step ``index`` from the timeline (``None`` until computed, or
-        when it was scored on other weights than the ones shown)."""
-        t = self.timeline
-        if t is None:
-            return None
-        from headscope.engine.core.results import HeadScores
-
-        rows = []
-        for layer in range(t.n_layers):
-            for head in range(t.n_heads):
-                values = {k: float(t.series[k][index, layer, head]) for k in SCORE_NAMES}
-                nonfinite = not all(math.isfinite(v) for v in values.values())
-                rows.append(HeadScores(layer=layer, head=head, nonfinite=nonfinite, **values))
-        return rows
-
     # -- computing the timeline ------------------------------------------------------------
-    def start(self, app: HeadscopeApp) -> None:
+    def start(self, app: TimelineHost) -> None:
         """Compute the timeline in a thread worker (once; the status bar shows progress)."""
         if not self.enabled or self.timeline is not None:
             return
@@ -174,7 +170,7 @@ class TimelineMode:
         return compute_series(sources, notes, raw, progress, cancelled, store=self.store,
                               workers=self.workers or engine_workers())
 
-    def _compute(self, app: HeadscopeApp) -> None:
+    def _compute(self, app: TimelineHost) -> None:
         worker = get_current_worker()
 
         def on_ui(*call: Any) -> None:
@@ -199,15 +195,15 @@ class TimelineMode:
             return
         on_ui(self._computed, app, timeline)
 
-    def _failed(self, app: HeadscopeApp) -> None:
+    def _failed(self, app: TimelineHost) -> None:
         app.report(self.error or "timeline: failed")
         self.update_status(app)
-        with contextlib.suppress(NoMatches):
-            from headscope.tui.widgets.timeline import TimelinePane
+        from headscope.tui.widgets.timeline import TimelinePane  # numpy: not before the first frame
 
+        with contextlib.suppress(NoMatches):
             app.explorer.query_one(TimelinePane).failed(self.error or "")
 
-    def _computed(self, app: HeadscopeApp, timeline: Timeline) -> None:
+    def _computed(self, app: TimelineHost, timeline: Timeline) -> None:
         self.timeline = timeline
         for warning in timeline.warnings:  # identical steps, unnumbered names
             app.notify(warning, severity="warning", timeout=10)
@@ -216,27 +212,26 @@ class TimelineMode:
             rows = self.scores_at(self.opened)
             if rows is not None:
                 app.explorer.set_scores(rows)
-        with contextlib.suppress(NoMatches):
-            from headscope.tui.widgets.timeline import TimelinePane
+        from headscope.tui.widgets.timeline import TimelinePane  # numpy: not before the first frame
 
+        with contextlib.suppress(NoMatches):
             app.explorer.query_one(TimelinePane).post_message(TimelineComputed(timeline))
 
-    def update_status(self, app: HeadscopeApp) -> None:
+    def update_status(self, app: TimelineHost) -> None:
         with contextlib.suppress(Exception):  # before the explorer is mounted, or shutting down
             app.explorer.query_one(StatusBar).timeline = self.status_text()
 
     # -- scrubbing -------------------------------------------------------------------------
-    def scrub(self, app: HeadscopeApp, delta: int | None = None, *, to: int | None = None) -> None:
+    def scrub(self, app: TimelineHost, delta: int | None = None, *, to: int | None = None) -> None:
         """Show the step ``delta`` away (or step index ``to``); the engine follows after a
         short pause, so holding the key does not open every step on the way."""
         if not self.enabled:
             app.notify("no timeline: open a series with headscope --timeline PATH",
                        severity="warning")
             return
-        target = to if to is not None else self.index + (delta or 0)
-        self.index = max(0, min(len(self.sources) - 1, target))
+        self.show(to if to is not None else self.index + (delta or 0))
         self.update_status(app)
-        from headscope.tui.widgets.timeline import TimelinePane
+        from headscope.tui.widgets.timeline import TimelinePane  # numpy: not before the first frame
 
         with contextlib.suppress(NoMatches):
             app.explorer.query_one(TimelinePane).redraw()
@@ -244,13 +239,13 @@ class TimelineMode:
             self._timer.stop()
         self._timer = app.set_timer(SCRUB_DELAY, lambda: self._open_step(app))
 
-    def _open_step(self, app: HeadscopeApp) -> None:
+    def _open_step(self, app: TimelineHost) -> None:
         if self.index == self.opened or app.engine is None:
             return
         app.run_worker(self._swap(app, self.index), group="timeline-swap", exclusive=True,
                        exit_on_error=False)
 
-    async def _swap(self, app: HeadscopeApp, index: int) -> None:
+    async def _swap(self, app: TimelineHost, index: int) -> None:
         """Replace the app's engine with one on step ``index``'s checkpoint."""
         path = str(self.sources[index].path)
         try:
@@ -273,10 +268,6 @@ class TimelineMode:
         try:
             await engine.ready()
         except HeadscopeError as err:  # a broken step: say so; another step may open
-            from headscope.tui.screens.explorer import (
-                ModelFailed,  # (the explorer imports this module's pane)
-            )
-
             app.ready_failed = True
             app.report(str(err))
             app.explorer.post_message(ModelFailed(str(err), str(err)))

@@ -1,7 +1,7 @@
 """Compare mode's state: model B, its diff against A, head matching and B's requests.
 
 ``headscope A --compare B`` opens B with the same engine factory as A; ``Engine.compare`` diffs
-A → B (tui/compare.py reads the diff for the views). The explorer's views ask this object for
+A → B (tui/widgets/compare.py reads the diff for the views). The explorer's views ask this object for
 B's side of what they show: the request goes to B's head matched to A's focused one, once
 B is open, and comes back ``None`` (not an exception) when B has nothing to show yet.
 """
@@ -15,13 +15,14 @@ from typing import TYPE_CHECKING, Any
 from headscope.engine.core.errors import CancelledError as EngineCancelled
 from headscope.engine.core.errors import HeadscopeError
 
-if TYPE_CHECKING:  # .compare (plotext, numpy) is imported once B's views are drawn
+if TYPE_CHECKING:  # tui.plots (plotext, numpy) is imported once B's views are drawn
     from headscope.engine.api.diff import ModelDiff
     from headscope.engine.core.results import CircuitBlock, PromptView, Spectrum
     from headscope.tui.base.protocols import ExplorerEngine
     from headscope.tui.plots.figures import Heatmap
 
 Head = tuple[int, int]
+COMPARE_VIEWS = ("side", "diff")  # QK/OV: A | B side by side, or A | B − A
 
 
 class CompareMode:
@@ -55,9 +56,15 @@ class CompareMode:
         except Exception as err:
             self.error = f"{self.path}: cannot open ({err!r})"
 
-    def next_view(self) -> str:
-        from headscope.tui.widgets.compare import COMPARE_VIEWS
+    async def set_raw(self, raw: bool) -> None:
+        """Model B follows A to raw or processed weights (no model B: nothing to do); the
+        diff A → B is then stale until computed again."""
+        if self.engine_b is None:
+            return
+        await self.engine_b.set_raw(raw)
+        self.diff = None
 
+    def next_view(self) -> str:
         i = COMPARE_VIEWS.index(self.view)
         self.view = COMPARE_VIEWS[(i + 1) % len(COMPARE_VIEWS)]
         return self.view
@@ -81,7 +88,7 @@ class CompareMode:
     async def figures(self, block: CircuitBlock, block_b: CircuitBlock, title: str, what: str,
                       *, xlabel: str = "", diagonal: bool = False) -> tuple[Heatmap, Heatmap]:
         """A's and B's heatmaps of ``block`` in the current view (side by side or B − A)."""
-        from headscope.tui.widgets.compare import pair_figures
+        from headscope.tui.plots.pairs import pair_figures  # numpy: once B's views are drawn
 
         head = (block.layer, block.head)
         return await pair_figures(block, block_b, self.view, title, self.title_b(what, head),

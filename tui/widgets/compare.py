@@ -5,29 +5,27 @@
 that result for the views (per-head change, the biggest-changes rows, the composition-graph
 diff) and holds the "Changes" tab. Nothing here computes circuit numbers: the heatmap
 difference B − A and the shared colour range of a side-by-side pair are taken in a worker
-thread (``pair_figures``), everything else is read off the diff.
+thread (``tui.plots.pairs.pair_figures``), everything else is read off the diff.
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Static
 
 from headscope.tui.base.labels import SHORT
-from headscope.tui.plots.figures import EdgeDiff, Heatmap
+from headscope.tui.plots.figures import EdgeDiff
+from headscope.tui.widgets.bars import bar_colours
 from headscope.tui.widgets.chart import Chart
-from headscope.tui.widgets.panes import _bar_colours
 
 if TYPE_CHECKING:
-    from headscope.tui.screens.explorer import ExplorerScreen, LoadKey
+    from headscope.tui.base.protocols import LoadKey, PaneHost
 
 Head = tuple[int, int]
 # (score name, column label) of the Δ columns: diff rows carry `<name>_a`, `_b`, `_delta`.
@@ -38,7 +36,6 @@ DELTAS: tuple[tuple[str, str], ...] = tuple(
 FOCUS_SCORES: tuple[tuple[str, str], ...] = tuple(
     (key, SHORT[key]) for key in ("copying_score", "prev_token_score", "induction_score"))
 BADGE_LETTER = {"copying_score": "C", "prev_token_score": "P", "induction_score": "I"}
-COMPARE_VIEWS = ("side", "diff")  # QK/OV: A | B side by side, or A | B − A
 
 
 def _num(x: Any) -> float:
@@ -117,33 +114,6 @@ def focus_text(diff: Any, head: Head, short: bool = False) -> Text | None:
     return text
 
 
-async def pair_figures(a: Any, b: Any, mode: str, title_a: str, title_b: str, *,
-                       xlabel: str = "", diagonal: bool = False) -> tuple[Heatmap, Heatmap]:
-    """Figures for A's and B's circuit blocks (same rows and columns).
-
-    ``side``: both on one symmetric colour range, so equal colours mean equal values;
-    ``diff``: A, and B − A on its own range. The arithmetic runs in a worker thread."""
-
-    def build() -> tuple[Heatmap, Heatmap]:
-        va = np.asarray(a.values, dtype=np.float64)
-        vb = np.asarray(b.values, dtype=np.float64)
-        labels = (tuple(a.row_labels), tuple(a.col_labels))
-        if mode == "diff":
-            delta = vb - va
-            return (Heatmap(va, *labels, title=title_a, xlabel=xlabel, diagonal=diagonal),
-                    Heatmap(delta, *labels, title=f"{title_b}  B − A", xlabel=xlabel,
-                            diagonal=diagonal))
-        with np.errstate(invalid="ignore"):
-            vmax = float(np.nanmax(np.abs(np.concatenate([va.ravel(), vb.ravel()]))))
-        vmax = vmax if math.isfinite(vmax) and vmax > 0 else 1.0
-        return (Heatmap(va, *labels, title=f"A {title_a}", xlabel=xlabel, vmax=vmax,
-                        diagonal=diagonal),
-                Heatmap(vb, *labels, title=f"B {title_b}", xlabel=xlabel, vmax=vmax,
-                        diagonal=diagonal))
-
-    return await asyncio.to_thread(build)
-
-
 def _cell(v: float, strong: float = 0.5) -> Text:
     if not math.isfinite(v):
         return Text("—", style="dim", justify="right")
@@ -207,7 +177,7 @@ class ChangesPane(Horizontal):
         self.query_one("#changes-graph", Chart).show(EdgeDiff(n_layers, n_heads, tuple(es),
                                                               title=title))
         listing = Text()
-        neg, pos = _bar_colours(self)
+        neg, pos = bar_colours(self)
         for status, l1, h1, l2, h2, a, b in es[:12]:
             colour = {"lost": f"bold {neg}", "gained": f"bold {pos}"}.get(status, "")
             listing.append(f"{kind.upper()} {status:<7} ", style=colour)
@@ -218,11 +188,11 @@ class ChangesPane(Horizontal):
                            style="dim")
         self.query_one("#changes-edges", Static).update(listing)
 
-    async def load(self, ex: ExplorerScreen, key: LoadKey) -> None:
-        diff = ex.compare.diff
+    async def load(self, host: PaneHost, key: LoadKey) -> None:
+        diff = host.compare.diff
         if diff is None:
-            if ex.compare.engine_b is None:
-                self.waiting(f"no model B: {ex.compare.error or 'not opened'}")
+            if host.compare.engine_b is None:
+                self.waiting(f"no model B: {host.compare.error or 'not opened'}")
             return  # the explorer shows it when the diff arrives
-        name_b = Path(ex.compare.path or "").name or "B"
-        self.show(diff, ex.compare.changes_kind, ex.n_layers, ex.n_heads, name_b)
+        name_b = Path(host.compare.path or "").name or "B"
+        self.show(diff, host.compare.changes_kind, host.n_layers, host.n_heads, name_b)

@@ -14,7 +14,6 @@ from typing import Any, ClassVar
 
 from rich.text import Text
 from textual.binding import Binding, BindingType
-from textual.message import Message
 from textual.widgets import Tree
 from textual.widgets.tree import TreeNode
 
@@ -28,6 +27,7 @@ from headscope.tui.base.labels import (
     sink,
     z_text,
 )
+from headscope.tui.base.messages import HeadChosen, HeadHighlighted
 
 Head = tuple[int, int]
 NONFINITE_FLAG = "bold white on red"
@@ -75,19 +75,6 @@ class HeadTree(Tree[NodeData]):
         Binding("l,right", "expand_or_child", "Expand", show=False, id="tree-right",
                 tooltip="Expand the layer, or go to its first head"),
     ]
-
-    class HeadHighlighted(Message):
-        """The cursor is on a head (debounced by the app)."""
-
-        def __init__(self, head: Head | None, data: NodeData | None) -> None:
-            super().__init__()
-            self.head = head
-            self.data = data
-
-    class HeadChosen(Message):
-        def __init__(self, head: Head) -> None:
-            super().__init__()
-            self.head = head
 
     def __init__(self, structure: dict[str, Any] | None, *, id: str | None = None) -> None:
         super().__init__("model", data=NodeData("model"), id=id)
@@ -166,10 +153,6 @@ class HeadTree(Tree[NodeData]):
         """Compare mode: how much each head changed (0 = same circuit and scores)."""
         self.deltas = dict(deltas)
         self.refresh_badges()
-
-    def set_structure(self, structure: dict[str, Any]) -> None:
-        self.structure = structure
-        self._populate()
 
     def _label(self, layer: int, head: int) -> Text:
         text = Text(f"H{head}")
@@ -251,13 +234,13 @@ class HeadTree(Tree[NodeData]):
         event.stop()
         data = event.node.data
         head = (data.layer, data.head) if data and data.kind == "head" else None
-        self.post_message(self.HeadHighlighted(head, data))
+        self.post_message(HeadHighlighted(head, data.kind if data else None))
 
     def on_tree_node_selected(self, event: Tree.NodeSelected[NodeData]) -> None:
         event.stop()
         data = event.node.data
         if data and data.kind == "head":
-            self.post_message(self.HeadChosen((data.layer, data.head)))
+            self.post_message(HeadChosen((data.layer, data.head)))
 
     def action_collapse_or_parent(self) -> None:
         node = self.cursor_node

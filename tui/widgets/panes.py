@@ -1,8 +1,9 @@
 """The tab panes of the circuit view: each loads what it shows and draws it.
 
-``load(explorer, key)`` asks the engine for the tab's results (the focused head, token set,
-... are the explorer's; ``key`` says what the load is for, and a result for a ``key`` the
-explorer no longer shows is dropped). The ``show*`` methods turn an engine result into
+``load(host, key)`` asks the engine for the tab's results; the focused head, token set, ...
+are the host's (``tui.base.protocols.PaneHost``, the explorer screen); ``key`` says what the
+load is for, and a result for a ``key`` the host no longer shows is dropped. What the user
+does in a pane goes to the explorer as a message (tui/base/messages.py). The ``show*`` methods turn an engine result into
 ``tui.plots`` figures (cheap: numpy views and labels) and hand them to ``Chart`` widgets,
 which build the picture off the UI thread.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from rich.table import Table
@@ -29,7 +30,6 @@ from headscope.engine.core.results import (
     ScoreNull,
     TopTokens,
 )
-from headscope.themes import COLORMAPS
 from headscope.tui.base.datatext import data_text, printable
 from headscope.tui.base.labels import (
     ABLATION,
@@ -43,42 +43,24 @@ from headscope.tui.base.labels import (
     z_score,
     z_text,
 )
+from headscope.tui.base.messages import EdgeChosen
 from headscope.tui.base.prompt_words import UNKNOWN, unknown_note, vocabulary_hint
 from headscope.tui.plots.figures import Graph, Heatmap, Line, Scatter
+from headscope.tui.session.choices import ROTARY_OFFSETS
+from headscope.tui.widgets.bars import bar_colours, signed_bar
 from headscope.tui.widgets.chart import Chart
 from headscope.tui.widgets.reading import DirectionsPanel
 
 if TYPE_CHECKING:
-    from headscope.tui.screens.explorer import ExplorerScreen, LoadKey
+    from headscope.tui.base.protocols import LoadKey, PaneHost
 
 POSITIONS_SHOWN = 32  # positional QK: the first positions
-ROTARY_OFFSETS = 32  # rotary profile over Δ in [-32, 32]
 THRESHOLD_STEP = 0.1  # composition graph: edges ≥ threshold × the strongest edge
 Edge = tuple[int, int, int, int, float]  # (l1, h1, l2, h2, score − baseline)
 
 
-def _bar_colours(widget: Any) -> tuple[str, str]:
-    """Negative/positive bar colours: the ends of the heatmap colour map in use."""
-    neg, _, pos = COLORMAPS.get(getattr(widget.app, "colormap_name", ""), COLORMAPS["red-blue"])
-    return (f"rgb({neg[0]},{neg[1]},{neg[2]})", f"rgb({pos[0]},{pos[1]},{pos[2]})")
-
-
 def _head(layer: int, head: int) -> str:
     return f"L{layer}.H{head}"
-
-
-def _bar(value: float, vmax: float, width: int = 12,
-         colours: tuple[str, str] = ("blue", "red")) -> Text:
-    """A signed horizontal bar: right of the axis for positive values, left for negative."""
-    if not math.isfinite(value) or vmax <= 0:
-        return Text(" " * (2 * width + 1))
-    n = min(width, round(abs(value) / vmax * width))
-    left = " " * (width - n) + ("█" * n if value < 0 else " " * n)
-    right = ("█" * n if value > 0 else " " * n) + " " * (width - n)
-    text = Text(left[:width], style=colours[0])
-    text.append("│", style="dim")
-    text.append(right[:width], style=colours[1])
-    return text
 
 
 class QKPane(Horizontal):
@@ -119,44 +101,45 @@ class QKPane(Horizontal):
             x, y, title=f"rotary QK vs offset {_head(layer, head)}", xlabel="offset Δ",
             mark_x=float(offset)))
 
-    async def load(self, ex: ExplorerScreen, key: LoadKey) -> None:
+    async def load(self, host: PaneHost, key: LoadKey) -> None:
         layer, head = key[1]
-        rotary = ex.structure.get("positional") == "rotary"
-        block = await ex.engine.circuit_block(
-            layer, head, "qk", "token", rows=ex.tokens, cols=ex.tokens,
-            offset=ex.qk_offset if rotary else 0)
-        if not ex.fresh(key):
+        rotary = host.structure.get("positional") == "rotary"
+        block = await host.engine.circuit_block(
+            layer, head, "qk", "token", rows=host.choices.tokens, cols=host.choices.tokens,
+            offset=host.choices.qk_offset if rotary else 0)
+        if not host.fresh(key):
             return
-        ex.results["qk"] = {"token": block}
-        if ex.compare.engine_b is not None:
-            block_b = await ex.compare.block_b(block, offset=ex.qk_offset if rotary else 0)
-            if not ex.fresh(key):
+        result: dict[str, Any] = {"token": block}
+        host.keep_result("qk", result)
+        if host.compare.engine_b is not None:
+            block_b = await host.compare.block_b(block, offset=host.choices.qk_offset if rotary else 0)
+            if not host.fresh(key):
                 return
             if block_b is not None:
-                a_fig, b_fig = await ex.compare.figures(
+                a_fig, b_fig = await host.compare.figures(
                     block, block_b, f"token QK L{layer}.H{head}", "token QK",
                     xlabel="key token →  (rows: query token)")
-                if not ex.fresh(key):
+                if not host.fresh(key):
                     return
                 self.show_pair(a_fig, b_fig)
-                ex.results["qk"]["token_b"] = block_b
+                result["token_b"] = block_b
                 return  # the positional pane is hidden in compare mode
-        self.show_token(block, ex.qk_offset if rotary else None)
+        self.show_token(block, host.choices.qk_offset if rotary else None)
         pos_chart = self.query_one("#qk-position", Chart)
-        if ex.structure.get("positional") == "learned":
-            n = list(range(min(int(ex.structure.get("n_ctx") or 0), POSITIONS_SHOWN)))
-            pos = await ex.engine.circuit_block(layer, head, "qk", "position", rows=n, cols=n)
-            if not ex.fresh(key):
+        if host.structure.get("positional") == "learned":
+            n = list(range(min(int(host.structure.get("n_ctx") or 0), POSITIONS_SHOWN)))
+            pos = await host.engine.circuit_block(layer, head, "qk", "position", rows=n, cols=n)
+            if not host.fresh(key):
                 return
-            self.show_position(pos, int(ex.structure.get("n_ctx") or 0))
-            ex.results["qk"]["position"] = pos
+            self.show_position(pos, int(host.structure.get("n_ctx") or 0))
+            result["position"] = pos
         elif rotary:
             offsets = list(range(-ROTARY_OFFSETS, ROTARY_OFFSETS + 1))
-            profile = await ex.engine.rotary_profile(layer, head, offsets)
-            if not ex.fresh(key):
+            profile = await host.engine.rotary_profile(layer, head, offsets)
+            if not host.fresh(key):
                 return
-            self.show_profile(profile, layer, head, ex.qk_offset)
-            ex.results["qk"]["profile"] = profile
+            self.show_profile(profile, layer, head, host.choices.qk_offset)
+            result["profile"] = profile
         else:
             pos_chart.message("no positional embedding: QK depends on tokens only")
 
@@ -199,41 +182,42 @@ class OVPane(Horizontal):
         table.add_column("", no_wrap=True, overflow="crop")
         vmax = max((abs(v) for _, v in rows if math.isfinite(v)), default=1.0)
         for (_tok, val), tok, text in zip(rows, tokens, values, strict=True):
-            table.add_row(Text(tok), text, _bar(val, vmax, 6, _bar_colours(self)))  # data: no markup
+            table.add_row(Text(tok), text, signed_bar(val, vmax, 6, bar_colours(self)))  # data: no markup
         self.query_one("#ov-top", Static).update(table)
 
-    async def load(self, ex: ExplorerScreen, key: LoadKey) -> None:
+    async def load(self, host: PaneHost, key: LoadKey) -> None:
         layer, head = key[1]
-        block = await ex.engine.circuit_block(layer, head, "ov", "token",
-                                              rows=ex.tokens, cols=ex.tokens)
-        if not ex.fresh(key):
+        block = await host.engine.circuit_block(layer, head, "ov", "token",
+                                              rows=host.choices.tokens, cols=host.choices.tokens)
+        if not host.fresh(key):
             return
-        ex.results["ov"] = {"full_ov": block}
+        result: dict[str, Any] = {"full_ov": block}
+        host.keep_result("ov", result)
         pair = None
-        if ex.compare.engine_b is not None:
-            block_b = await ex.compare.block_b(block)
-            if not ex.fresh(key):
+        if host.compare.engine_b is not None:
+            block_b = await host.compare.block_b(block)
+            if not host.fresh(key):
                 return
             if block_b is not None:
                 same = list(block.row_ids) == list(block.col_ids)
-                pair = await ex.compare.figures(
+                pair = await host.compare.figures(
                     block, block_b, f"full OV L{layer}.H{head}", "full OV",
                     xlabel="output token →  (rows: source)", diagonal=same)
-                if not ex.fresh(key):
+                if not host.fresh(key):
                     return
-                ex.results["ov"]["full_ov_b"] = block_b
+                result["full_ov_b"] = block_b
         self.show_block(block, figure=pair[0] if pair else None)
         if pair:
             self.show_pair(*pair)
         ids = list(block.row_ids)
         if not ids:
             return
-        ex.source_index %= len(ids)
-        top = await ex.engine.top_outputs(layer, head, int(ids[ex.source_index]), k=10)
-        if not ex.fresh(key):
+        source = host.choices.source_index % len(ids)
+        top = await host.engine.top_outputs(layer, head, int(ids[source]), k=10)
+        if not host.fresh(key):
             return
         self.show_top(top)
-        ex.results["ov"]["top_outputs"] = top
+        result["top_outputs"] = top
 
 
 class SpectrumPane(Horizontal):
@@ -255,20 +239,21 @@ class SpectrumPane(Horizontal):
             eig.real, eig.imag, title=title,
             bx=None if eig_b is None else eig_b.real, by=None if eig_b is None else eig_b.imag))
 
-    async def load(self, ex: ExplorerScreen, key: LoadKey) -> None:
+    async def load(self, host: PaneHost, key: LoadKey) -> None:
         layer, head = key[1]
-        ov, qk = await asyncio.gather(ex.engine.spectrum(layer, head, "ov"),
-                                      ex.engine.spectrum(layer, head, "qk"))
-        if not ex.fresh(key):
+        ov, qk = await asyncio.gather(host.engine.spectrum(layer, head, "ov"),
+                                      host.engine.spectrum(layer, head, "qk"))
+        if not host.fresh(key):
             return
-        ex.results["spectrum"] = {"ov": ov, "qk": qk}
+        result: dict[str, Any] = {"ov": ov, "qk": qk}
+        host.keep_result("spectrum", result)
         ov_b = qk_b = None
-        if ex.compare.engine_b is not None:
-            ov_b, qk_b = await ex.compare.spectra_b((layer, head))
-            if not ex.fresh(key):
+        if host.compare.engine_b is not None:
+            ov_b, qk_b = await host.compare.spectra_b((layer, head))
+            if not host.fresh(key):
                 return
             if ov_b is not None:
-                ex.results["spectrum"].update(ov_b=ov_b, qk_b=qk_b)
+                result.update(ov_b=ov_b, qk_b=qk_b)
         self.show(ov, ov_b)
         self.show(qk, qk_b)
 
@@ -333,7 +318,7 @@ class PromptPane(Vertical):
         t.add_column("", no_wrap=True, overflow="crop")
         for tok, v in zip(tokens, dla.tolist(), strict=False):
             cell = data_text(tok, style="reverse yellow" if tok in UNKNOWN else "", width=10)
-            t.add_row(cell, f"{v:+.2f}", _bar(v, vmax, 5, _bar_colours(self)))
+            t.add_row(cell, f"{v:+.2f}", signed_bar(v, vmax, 5, bar_colours(self)))
         last = printable(tokens[-1])[:10] if tokens else ""
         p = Table(box=None, padding=(0, 1), title=Text(f"{prefix}top predictions after {last!r}", style="table.title"),
                   title_justify="left", expand=True)
@@ -349,22 +334,22 @@ class PromptPane(Vertical):
         self.query_one("#prompt-dla", Static).update(Group(note, t))
         self.query_one("#prompt-preds", Static).update(p)
 
-    async def load(self, ex: ExplorerScreen, key: LoadKey) -> None:
+    async def load(self, host: PaneHost, key: LoadKey) -> None:
         layer, head = key[1]
-        if not ex.prompt_text.strip():
+        if not host.choices.prompt_text.strip():
             for chart in ("#prompt-pattern", "#prompt-pattern-b"):
                 self.query_one(chart, Chart).message("no prompt yet: press p, type, enter")
             return
-        self.prompt_text = ex.prompt_text
-        view = await ex.engine.run_prompt(ex.prompt_text, layer, head)
-        if not ex.fresh(key):
+        self.prompt_text = host.choices.prompt_text
+        view = await host.engine.run_prompt(host.choices.prompt_text, layer, head)
+        if not host.fresh(key):
             return
-        view_b = await ex.compare.prompt_b(ex.prompt_text, (layer, head)) \
-            if ex.compare.engine_b is not None else None
-        if not ex.fresh(key):
+        view_b = await host.compare.prompt_b(host.choices.prompt_text, (layer, head)) \
+            if host.compare.engine_b is not None else None
+        if not host.fresh(key):
             return
         self.show(view, view_b)
-        ex.results["prompt"] = view if view_b is None else {"a": view, "b": view_b}
+        host.keep_result("prompt", view if view_b is None else {"a": view, "b": view_b})
 
 
 class CompositionPane(Horizontal):
@@ -465,7 +450,7 @@ class CompositionPane(Horizontal):
         edge = self._edge(event.row_key.value)
         if edge is not None:
             l1, h1, l2, h2, _ = edge
-            cast("ExplorerScreen", self.screen).open_path((l1, h1), (l2, h2))
+            self.post_message(EdgeChosen((l1, h1), (l2, h2)))
 
     def _edge(self, row_key: str | None) -> Edge | None:
         try:
@@ -489,38 +474,38 @@ class CompositionPane(Horizontal):
             f"│ {kind}-comp {s + base:.3f} − baseline {base:.3f} = {s:+.3f}  "
             "(enter: virtual heads)"))
 
-    async def load(self, ex: ExplorerScreen, key: LoadKey) -> None:
+    async def load(self, host: PaneHost, key: LoadKey) -> None:
         kind = self.kind
-        cache_key = (kind, ex.gen)
+        cache_key = (kind, host.gen)
         comp = self.cache.get(cache_key)
         chart = self.query_one("#comp-graph", Chart)
         if comp is None:
             chart.message(f"computing {kind.upper()}-composition for every pair of heads…")
 
             def progress(fraction: float) -> None:
-                ex.sweep_progress = float(fraction)
+                host.sweep_progress(float(fraction))
 
             def partial(found: Composition) -> None:
                 # the layer pairs done so far (on the event loop; the engine built it on its
                 # thread): the graph and the table fill in while the sweep runs
-                if ex.fresh(key) and self.cache.get(cache_key) is None:
-                    self.shown, self._shape = found, (ex.n_layers, ex.n_heads)
-                    self.edges = self.show(found, ex.n_layers, ex.n_heads, self.selected,
+                if host.fresh(key) and self.cache.get(cache_key) is None:
+                    self.shown, self._shape = found, (host.n_layers, host.n_heads)
+                    self.edges = self.show(found, host.n_layers, host.n_heads, self.selected,
                                            self.threshold, partial=True)
                     self.partials += 1
 
             try:
-                comp = await ex.engine.composition(kind, progress=progress, partial=partial)
+                comp = await host.engine.composition(kind, progress=progress, partial=partial)
             finally:
-                ex.sweep_progress = None
+                host.sweep_progress(None)
             self.cache[cache_key] = comp
-        if not ex.fresh(key):
+        if not host.fresh(key):
             return
         self.selected = None
-        self.shown, self._shape = comp, (ex.n_layers, ex.n_heads)
-        self.edges = self.show(comp, ex.n_layers, ex.n_heads, None, self.threshold)
+        self.shown, self._shape = comp, (host.n_layers, host.n_heads)
+        self.edges = self.show(comp, host.n_layers, host.n_heads, None, self.threshold)
         self.detail(comp, None)
-        ex.results["composition"] = comp
+        host.keep_result("composition", comp)
 
 
 def threshold_edges(es: list[tuple[int, int, int, int, float]], threshold: float
@@ -578,9 +563,9 @@ class SummaryPane(Vertical):
         self.query_one("#summary-hint", Static).update(
             hint if null is None else f"{hint}\n{Z_HINT}")
 
-    async def load(self, ex: ExplorerScreen, key: LoadKey) -> None:
-        if ex.rows:
-            ex.show_summary()
+    async def load(self, host: PaneHost, key: LoadKey) -> None:
+        if host.has_scores:
+            host.show_summary()
 
 
 def _ablation_cell(v: float) -> Text:

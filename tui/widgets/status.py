@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
 from headscope.tui.base.datatext import printable
+
+if TYPE_CHECKING:  # the opening screen draws this bar before numpy is imported
+    from headscope.engine.core.results import CacheStats
 
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 
@@ -58,7 +61,29 @@ class StatusBar(Widget):
     error: reactive[str] = reactive("")
     compare: reactive[str] = reactive("")  # compare mode: the name of model B
     origin: reactive[str] = reactive("")  # where the last sweep's numbers came from
-    timeline: reactive[str] = reactive("")  # timeline mode: the step shown (tui/timeline_mode.py)
+    timeline: reactive[str] = reactive("")  # timeline mode: the step shown (tui/screens/timeline.py)
+
+    def tick(self, *, busy: bool, stats: CacheStats | None, opening: bool,
+             sweep: float | None) -> None:
+        """One beat of the explorer's status tick: ``busy`` (a load or the startup runs),
+        the engine's ``stats`` (``None``: no engine, or it is closing), ``opening`` (the model
+        is still being opened) and the explorer's own ``sweep`` progress, which wins over the
+        engine's. The spinner turns while anything runs."""
+        activity: str | None = None
+        hits = misses = in_flight = 0
+        progress: float | None = None
+        if stats is not None:
+            activity, progress = stats.activity or None, stats.progress
+            hits, misses, in_flight = stats.hits, stats.misses, stats.in_flight
+            self.origin = getattr(stats, "origin", "")  # computed now / from the cache
+        if opening:
+            activity = activity or "opening model…"
+        self.busy = busy
+        self.activity = activity
+        self.progress = sweep if sweep is not None else progress
+        self.cache = (hits, misses, in_flight)
+        if busy or activity or in_flight or self.progress is not None:
+            self.frame += 1
 
     def render(self) -> Text:
         name, arch, shapes = model_summary(self.structure)

@@ -6,7 +6,8 @@ else sampled. Each score's sparklines share one scale (that score's range over e
 step), so rows compare. The step shown is highlighted on every sparkline and the values are
 that step's; a phase change (docs/math.md "Training dynamics") is marked on its sparkline
 and listed below (enter on a row: that head at that step). The data comes from timeline
-mode (tui/timeline_mode.py); this pane asks the engine for nothing.
+mode (tui/screens/timeline.py, its state in tui/session/timeline.py) through the pane's host
+(``PaneHost.timeline``); this pane asks the engine for nothing.
 """
 
 from __future__ import annotations
@@ -22,12 +23,11 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import DataTable, Static
 
-from headscope.tui.screens.timeline import TimelineComputed
+from headscope.tui.base.messages import PhaseChangeChosen, TimelineComputed
 
 if TYPE_CHECKING:
     from headscope.engine.api.timeline import Timeline
-    from headscope.tui.app import HeadscopeApp
-    from headscope.tui.screens.explorer import ExplorerScreen, LoadKey
+    from headscope.tui.base.protocols import LoadKey, PaneHost, TimelineSource
 
 BLOCKS = "▁▂▃▄▅▆▇█"
 # Braille dots filled bottom-up: the left column (steps 2i), the right column (2i + 1).
@@ -178,15 +178,16 @@ class TimelinePane(Vertical):
         yield table
 
     def on_mount(self) -> None:
+        self.host = cast("PaneHost", self.screen)
         table = self.query_one("#timeline-changes", DataTable)
         for title in ("head", "score", "step", "before → after", "window"):
             table.add_column(title, key=title)
 
-    @property
-    def headscope(self) -> HeadscopeApp:
-        return cast("HeadscopeApp", self.app)
+    # The screen this pane is on (the explorer), as a pane's host: set when mounted.
+    host: PaneHost | None = None
 
-    async def load(self, ex: ExplorerScreen, key: LoadKey) -> None:
+    async def load(self, host: PaneHost, key: LoadKey) -> None:
+        self.host = host
         self.redraw()
 
     def on_resize(self) -> None:
@@ -202,7 +203,9 @@ class TimelinePane(Vertical):
 
     def redraw(self) -> None:
         """The header and the sparklines at the step shown (cheap: text only)."""
-        mode = self.headscope.timeline
+        if self.host is None:
+            return
+        mode: TimelineSource = self.host.timeline
         header = self.query_one("#timeline-header", Static)
         t = mode.timeline
         if t is None:
@@ -221,7 +224,7 @@ class TimelinePane(Vertical):
         head.append(" phase change · { } step · enter: go to a change")
         header.update(head)
         width = self.query_one("#timeline-scroll").size.width or self.size.width or 100
-        grid = grid_text(t, mode.index, width, self.headscope.explorer.head, self._mark())
+        grid = grid_text(t, mode.index, width, self.host.head, self._mark())
         self.query_one("#timeline-grid", Static).update(grid)
         self.query_one("#timeline-model", Static).update(Text(model_line(t)))
 
@@ -246,9 +249,8 @@ class TimelinePane(Vertical):
     def _change_selected(self, event: DataTable.RowSelected) -> None:
         """Enter on a phase change: focus its head and show its step."""
         event.stop()
-        t = self.headscope.timeline.timeline
+        t = self.host.timeline.timeline if self.host is not None else None
         if t is None or event.row_key.value is None:
             return
         c = t.phase_changes[int(event.row_key.value)]
-        self.headscope.explorer.goto_head((c["layer"], c["head"]), immediate=True)
-        self.headscope.timeline.scrub(self.headscope, to=t.steps.index(c["step"]))
+        self.post_message(PhaseChangeChosen((c["layer"], c["head"]), t.steps.index(c["step"])))

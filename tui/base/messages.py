@@ -1,0 +1,131 @@
+"""Every Textual ``Message`` of the UI, in one place (docs/internals.md, "The explorer").
+
+Who posts what to whom:
+
+- the app → the explorer: ``ModelReady``, ``ModelFailed`` (the engine opened the model, or not);
+- the explorer's workers → the explorer: ``ScoresSwept``, ``HeadScored``, ``AblationSwept``,
+  ``NullLoaded``, ``Compared``, each tagged with the weights generation ``gen`` it was computed
+  for (a result for older weights is dropped);
+- timeline mode → the Timeline pane: ``TimelineComputed``;
+- widgets → the explorer (they bubble up from the pane): ``HeadHighlighted``, ``HeadChosen``
+  (the head tree), ``EdgeChosen`` (the composition pane), ``PhaseChangeChosen`` (the timeline
+  pane). Widgets say what the user chose; the explorer decides what that does.
+
+Payload types are imported for type checking only: this module is imported before the first
+frame and must stay free of numpy and the engine's results.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from textual.message import Message
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from headscope.engine.api.diff import ModelDiff
+    from headscope.engine.api.timeline import Timeline
+    from headscope.engine.core.results import HeadScores, ScoreNull
+
+Head = tuple[int, int]
+
+
+# -- the app → the explorer ---------------------------------------------------------------
+@dataclass
+class ModelReady(Message, bubble=False):
+    """The engine has opened the model (the app → the explorer)."""
+
+
+@dataclass
+class ModelFailed(Message, bubble=False):
+    """The model could not be opened or made ready (the app → the explorer): ``error`` for
+    the status bar, ``charts`` for every chart."""
+
+    error: str
+    charts: str
+
+
+# -- the explorer's workers → the explorer -----------------------------------------------------
+@dataclass
+class ScoresSwept(Message, bubble=False):
+    """Every head's scores, for the weights of generation ``gen``."""
+
+    rows: list[HeadScores]
+    gen: int
+
+
+@dataclass
+class HeadScored(Message, bubble=False):
+    """One head's scores (before the sweep reached it), for generation ``gen``."""
+
+    scores: HeadScores
+    gen: int
+
+
+@dataclass
+class AblationSwept(Message, bubble=False):
+    """The zero-ablation effect of every head [L, H], for generation ``gen``."""
+
+    effects: np.ndarray
+    gen: int
+
+
+@dataclass
+class NullLoaded(Message, bubble=False):
+    """The scores of random heads (``Engine.score_null``), for generation ``gen``."""
+
+    null: ScoreNull
+    gen: int
+
+
+@dataclass
+class Compared(Message, bubble=False):
+    """The diff A → B (compare mode), for generation ``gen``."""
+
+    diff: ModelDiff
+    gen: int
+
+
+# -- timeline mode → the Timeline pane ---------------------------------------------------------
+@dataclass
+class TimelineComputed(Message, bubble=False):
+    """The timeline of the series (timeline mode → the Timeline tab's pane)."""
+
+    timeline: Timeline
+
+
+# -- widgets → the explorer (bubbling) -----------------------------------------------------------
+class HeadHighlighted(Message):
+    """The tree's cursor is on a head (``head``; the explorer debounces it), or on another
+    node (``head`` None; ``kind``: "embed", "layer", "mlp", "unembed", ...)."""
+
+    def __init__(self, head: Head | None, kind: str | None) -> None:
+        super().__init__()
+        self.head = head
+        self.kind = kind
+
+
+class HeadChosen(Message):
+    """Enter on a head in the tree: focus it at once (no debounce)."""
+
+    def __init__(self, head: Head) -> None:
+        super().__init__()
+        self.head = head
+
+
+@dataclass
+class EdgeChosen(Message):
+    """Enter on a composition edge ``source → target``: open its virtual heads."""
+
+    source: Head
+    target: Head
+
+
+@dataclass
+class PhaseChangeChosen(Message):
+    """Enter on a phase change of the Timeline tab: focus ``head`` at step index ``index``."""
+
+    head: Head
+    index: int

@@ -1,0 +1,84 @@
+"""What every command shares: exit codes, printing a result (JSON, a Rich table or TSV), the
+token lists of ``--rows``/``--cols`` and opening the model a command reads.
+
+Command modules import this, never ``tui/cli/main.py`` (which imports them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from headscope.engine.core.errors import InvalidRequestError
+from headscope.tui.base.datatext import tsv_field
+
+# 0 success · 1 the model or request is at fault (the message says how) · 2 command-line
+# usage error · 130 interrupted.
+EXIT_OK, EXIT_MODEL_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+# The subcommands (anything else first on the command line is a path to open).
+COMMANDS = ("open", "info", "heads", "composition", "forward", "circuit", "diff", "export", "serve",
+            "timeline", "cache", "svd", "path")
+
+
+def open_for_command(args: argparse.Namespace) -> Any:
+    """The model ``args.path`` (raw with ``--raw``); its warnings join ``args.warnings``."""
+    from headscope.engine.api.model import open_model
+
+    model = open_model(args.path, raw=getattr(args, "raw", False))
+    # e.g. an unusable tokenizer (ids are shown instead): said once the command succeeded
+    # (a command that fails on it already names the reason in its one error line)
+    args.warnings = [*getattr(args, "warnings", []), *model.warnings]
+    return model
+
+
+def emit(data: Any, as_json: bool, table: Callable[[], tuple[list[str], list[list[Any]]]] | None) -> None:
+    """JSON when asked (or when there is no tabular form), else a Rich table or TSV."""
+    from headscope.engine.core.export import jsonable
+
+    if as_json or table is None:
+        json.dump(jsonable(data), sys.stdout, allow_nan=False)
+        sys.stdout.write("\n")
+        return
+    columns, rows = table()
+    if sys.stdout.isatty():
+        from headscope.tui.cli.table import print_table
+
+        print_table(columns, [[format_cell(v) for v in row] for row in rows])
+    else:
+        print("\t".join(tsv_field(c) for c in columns))
+        for row in rows:
+            print("\t".join(tsv_field(format_cell(v)) for v in row))
+
+
+def format_cell(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4f}"
+    if isinstance(v, list | tuple) and len(v) == 2:  # a head: [layer, head]
+        return f"L{v[0]}.H{v[1]}"
+    return "" if v is None else str(v)
+
+
+def parse_token_list(model: Any, spec: str | None, n: int, basis: str) -> list[int] | None:
+    """``3,14`` ids, ``0:20`` ranges, or token strings (token basis) — mixed freely."""
+    if spec is None:
+        return None
+    out: list[int] = []
+    for item in (s.strip() for s in spec.split(",")):
+        if not item:
+            continue
+        if ":" in item and all(p.strip().lstrip("-").isdigit() for p in item.split(":", 1)):
+            a, b = (int(p) for p in item.split(":", 1))
+            out.extend(range(a, min(b, n)))
+        elif item.lstrip("-").isdigit():
+            out.append(int(item))
+        elif basis == "token":
+            tid = model.tokenizer.token_to_id(item)
+            if tid is None:
+                raise InvalidRequestError(str(model.path), f"token {item!r} is not in the vocabulary")
+            out.append(tid)
+        else:
+            raise InvalidRequestError(str(model.path), f"position {item!r} is not a number")
+    return out

@@ -1,0 +1,31 @@
+"""``e`` (export): the active tab's data as JSON, in the output directory. No Textual here.
+
+What is written: the model, processed or raw weights, the tab, the focused head (not for the
+tabs that show every head) and the tab's results as the engine returned them (``jsonable``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from headscope.engine.core.export import atomic_write_text
+from headscope.tui.base.labels import jsonable
+
+Head = tuple[int, int]
+ALL_HEADS_TABS = ("composition", "summary")  # their export names no focused head
+
+
+def export_document(model: str, raw: bool, tab: str, head: Head | None,
+                    data: Any) -> dict[str, Any]:
+    """The JSON document of an export."""
+    shown = list(head) if head and tab not in ALL_HEADS_TABS else None
+    return {"model": model, "processed": not raw, "view": tab, "head": shown,
+            "data": jsonable(data)}
+
+
+def write_export(path: Path, doc: dict[str, Any]) -> Path:
+    """Write ``doc`` to ``path`` atomically (never a partial file); ``OSError`` on failure."""
+    atomic_write_text(path, json.dumps(doc, indent=1))
+    return path

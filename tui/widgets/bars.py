@@ -1,0 +1,31 @@
+"""Signed values drawn as text: horizontal bars and their colours, the ends of the heatmap
+colour map in use (so a bar's colour means what a heatmap cell's does)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from rich.text import Text
+
+from headscope.themes import COLORMAPS
+
+
+def bar_colours(widget: Any) -> tuple[str, str]:
+    """Negative/positive bar colours: the ends of the app's heatmap colour map."""
+    neg, _, pos = COLORMAPS.get(getattr(widget.app, "colormap_name", ""), COLORMAPS["red-blue"])
+    return (f"rgb({neg[0]},{neg[1]},{neg[2]})", f"rgb({pos[0]},{pos[1]},{pos[2]})")
+
+
+def signed_bar(value: float, vmax: float, width: int = 12,
+               colours: tuple[str, str] = ("blue", "red")) -> Text:
+    """A signed horizontal bar: right of the axis for positive values, left for negative."""
+    if not math.isfinite(value) or vmax <= 0:
+        return Text(" " * (2 * width + 1))
+    n = min(width, round(abs(value) / vmax * width))
+    left = " " * (width - n) + ("█" * n if value < 0 else " " * n)
+    right = ("█" * n if value > 0 else " " * n) + " " * (width - n)
+    text = Text(left[:width], style=colours[0])
+    text.append("│", style="dim")
+    text.append(right[:width], style=colours[1])
+    return text
