@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from headscope.engine.circuits.fast import composition_baseline  # noqa: F401  (re-exported: the CLI prints it)
+from headscope.engine.circuits.composition import composition_baseline  # noqa: F401  (re-exported: the CLI prints it)
 from headscope.engine.core import validation as requests
 from headscope.engine.core.validation import ABLATION_EFFECT, NULL_SAMPLES, SCORE_NAMES, SEED
 from headscope.engine.model.caveats import ov_caveats, qk_caveats
@@ -193,7 +193,7 @@ def circuit_report(
     req = requests.circuit_request(
         model.structure(), layer, head, kind, basis, rows, cols, offset, where=str(model.path)
     )
-    return circuit_dict(compute.circuit_block(model, req, numpy=True), model)  # no torch import
+    return circuit_dict(compute.circuit_block(model, req), model)  # no torch import
 
 
 def circuit_dict(block: CircuitBlock, model: Model) -> dict[str, Any]:

@@ -56,8 +56,8 @@ from headscope.engine.model.caveats import model_caveats
 from headscope.engine.model.weights import CheckpointWeights, WeightSource
 
 if TYPE_CHECKING:
+    from headscope.engine.circuits.composition import CompositionScores
     from headscope.engine.circuits.factored import FactoredMatrix
-    from headscope.engine.circuits.scores import CompositionScores
     from headscope.engine.forward.transformer import ForwardResult
     from headscope.engine.model.gguf import GGUFSource
 
@@ -172,6 +172,7 @@ class Model:
         """A head's circuit as a FactoredMatrix: ``"qk"``/``"ov"`` (``d_model × d_model``),
         ``"token_qk"``, ``"full_ov"`` (``d_vocab × d_vocab``) or ``"positional_qk"``."""
         from headscope.engine.circuits import head_circuits as circuits
+        from headscope.engine.circuits.fast import numpy_weights
 
         makers = {
             "qk": circuits.qk,
@@ -183,7 +184,7 @@ class Model:
         if kind not in makers:
             raise InvalidRequestError(self.path, f"unknown circuit {kind!r}; choose from {', '.join(makers)}")
         self.cfg.check_head(layer, head, str(self.path))
-        return makers[kind](self.weights, layer, head)
+        return makers[kind](numpy_weights(self), layer, head)
 
     def heads(self, seed: int = 0, *, ablation: bool = False) -> list[dict[str, Any]]:
         """Every head with every score (what ``headscope heads [--ablation]`` prints)."""
@@ -193,11 +194,12 @@ class Model:
 
     def composition(self, kind: str, seed: int = 0) -> CompositionScores:
         """All ``kind``-composition scores (``.scores [L, H, L, H]``, ``.baseline``)."""
-        from headscope.engine.circuits.scores import composition_scores
+        from headscope.engine.circuits.composition import composition_scores
+        from headscope.engine.circuits.fast import numpy_weights
         from headscope.engine.core.validation import check_composition_kind
 
         check_composition_kind(kind, str(self.path))
-        return composition_scores(self.weights, kind, seed=seed)  # type: ignore[arg-type]
+        return composition_scores(numpy_weights(self), kind, seed=seed)
 
     def singular_directions(self, layer: int, head: int, kind: str = "ov", *, k: int = 5,
                             top: int = 10) -> dict[str, Any]:
