@@ -588,24 +588,25 @@ def singular_directions(model: Model, layer: int, head: int, kind: str, k: int, 
                         ) -> SingularDirections:
     """The top ``k`` singular directions of the full OV / token QK circuit, ``top`` tokens a
     side (validated by ``requests.check_svd``)."""
-    from headscope.engine.circuits import directions, head_circuits
+    from headscope.engine.circuits import directions as reading
+    from headscope.engine.circuits import head_circuits
     from headscope.engine.circuits.fast import numpy_weights
 
     w = numpy_weights(model)
     fm = head_circuits.full_ov(w, layer, head) if kind == "ov" else head_circuits.token_qk(w, layer, head)
-    found = directions.signed_directions(fm, k)
+    found = reading.signed_directions(fm, k)
     tok = model.tokenizer
     directions = []
     for i in range(found.s.shape[0]):
-        in_ids, in_values = directions.top_by_magnitude(found.u[:, i], top)
-        out_ids, out_values = directions.top_by_magnitude(found.v[:, i], top)
+        in_ids, in_values = reading.top_by_magnitude(found.u[:, i], top)
+        out_ids, out_values = reading.top_by_magnitude(found.v[:, i], top)
         directions.append(TokenDirection(
             index=i, sigma=float(found.s[i]),
             in_ids=tuple(in_ids), in_labels=tuple(label(tok, t) for t in in_ids),
             in_values=readonly(in_values, np.float32),
             out_ids=tuple(out_ids), out_labels=tuple(label(tok, t) for t in out_ids),
             out_values=readonly(out_values, np.float32),
-            overlap=directions.overlap(in_ids, in_values, out_ids, out_values),
+            overlap=reading.overlap(in_ids, in_values, out_ids, out_values),
         ))
     overlaps = [d.overlap for d in directions]
     return SingularDirections(
