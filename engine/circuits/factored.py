@@ -318,7 +318,10 @@ class FactoredMatrix:
         if any(item is None for item in items):
             raise IndexError("FactoredMatrix indexing does not insert new axes (None)")
         lead, rows, cols = _split_index(_expand_ellipsis(items, self.ndim), self.ndim - 2)
-        return FactoredMatrix(self.A[(*lead, rows, slice(None))], self.B[(*lead, slice(None), cols)])
+        # the leading index first, then rows and columns one at a time: numpy moves advanced
+        # indices separated by a slice to the front
+        a, b = (self.A[lead], self.B[lead]) if lead else (self.A, self.B)
+        return FactoredMatrix(a[..., rows, :], b[..., :, cols])
 
     def unsqueeze(self, dim: int) -> FactoredMatrix:
         if dim < 0:
