@@ -349,7 +349,8 @@ class TorchWeightsAsNumpy:
         return bool(self.weights.has(name))
 
     def get(self, name: str, *, keep: bool = True) -> np.ndarray:
-        return self.weights.get(name).detach().float().numpy()
+        value = self.weights.get(name)
+        return value if isinstance(value, np.ndarray) else value.detach().float().numpy()
 
     def release(self) -> None:
         """Nothing to drop: the torch source keeps its own cache."""
