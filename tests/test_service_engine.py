@@ -57,7 +57,7 @@ async def test_spectrum_and_sweeps_equal_pure_scores(gpt2):
     w = model.weights
     spec = await eng.spectrum(1, 0, "ov")
     assert spec.score == pytest.approx(algebra.copying_score(circuits.full_ov(algebra.nw(w), 1, 0)), abs=1e-5)
-    expected = np.sort_complex(circuits.full_ov(algebra.nw(w), 1, 0).eigenvalues.numpy())
+    expected = np.sort_complex(circuits.full_ov(algebra.nw(w), 1, 0).eigenvalues)
     np.testing.assert_allclose(np.sort_complex(spec.eigenvalues), expected, rtol=1e-3, atol=1e-4)
 
     seen = []

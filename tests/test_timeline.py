@@ -248,17 +248,16 @@ def test_a_series_scored_again_is_read_from_the_results_store(tiny_series: Path,
     composition tile, and prints the same JSON; `--no-cache` computes again."""
     from unittest import mock
 
-    from headscope.engine.circuits import fast, scores
+    from headscope.engine.circuits import composition, spectral
 
     argv = ["timeline", str(tiny_series), "--json"]
     assert main(argv) == 0
     first = json.loads(capsys.readouterr().out)
-    with mock.patch.object(scores, "_batched_spectral_score", side_effect=AssertionError("recomputed")), \
-            mock.patch.object(fast, "_batched_spectral_score", side_effect=AssertionError("recomputed")), \
-            mock.patch.object(fast, "_pair_scores", side_effect=AssertionError("recomputed")):
+    with mock.patch.object(spectral, "_batched_spectral_score", side_effect=AssertionError("recomputed")), \
+            mock.patch.object(composition, "_pair_scores", side_effect=AssertionError("recomputed")):
         assert main(argv) == 0
     assert json.loads(capsys.readouterr().out) == first
-    with mock.patch.object(fast, "_batched_spectral_score", wraps=fast._batched_spectral_score) as sweep:
+    with mock.patch.object(spectral, "_batched_spectral_score", wraps=spectral._batched_spectral_score) as sweep:
         assert main([*argv, "--no-cache"]) == 0
     assert sweep.call_count == 2 * 2 * 3  # copying and QK positivity, 2 layers, 3 steps
     assert json.loads(capsys.readouterr().out) == first

@@ -18,17 +18,18 @@ from tests.test_tui_app import make_app, plain, settle, wait_until
 
 async def test_directions_panel_and_the_path_of_an_edge_on_attn_only_2l() -> None:
     """The real engine on the bundled model: the panel beside the induction head's full OV
-    shows engine/reading.py's directions, ``)`` steps; enter on the L0.H1 → L1.H2 edge
+    shows engine/circuits/directions.py's directions, ``)`` steps; enter on the L0.H1 → L1.H2 edge
     shows the K-path's score, ``g`` focuses L1.H2."""
+    from headscope.engine.circuits import directions as reading
     from headscope.engine.circuits import head_circuits as circuits
-    from headscope.engine.circuits import reading
+    from headscope.engine.circuits.fast import numpy_weights
     from headscope.engine.model.loading import open_model
     from headscope.engine.sweeps.compute import label
 
     path = sample_model("attn-only-2l")
     model = open_model(path)
-    w = model.weights
-    found = reading.signed_directions(circuits.full_ov(algebra.nw(w), *INDUCTION_HEAD), N_DIRECTIONS)
+    w = numpy_weights(model)
+    found = reading.signed_directions(circuits.full_ov(w, *INDUCTION_HEAD), N_DIRECTIONS)
     tops = [(reading.top_by_magnitude(found.u[:, i], N_TOKENS),
              reading.top_by_magnitude(found.v[:, i], N_TOKENS)) for i in range(N_DIRECTIONS)]
     overlaps = [reading.overlap(*ins, *outs) for ins, outs in tops]
