@@ -66,13 +66,13 @@ def headscope(task: str, path: Path) -> dict[str, Any]:
                 await eng.circuit_block(layer, head, "ov", "token", BLOCK, BLOCK)
         elif task == "copying":
             from headscope.engine.circuits import spectral
-            from headscope.engine.circuits.fast import numpy_weights
+            from headscope.engine.circuits.fast import kept_spectral_middles, numpy_weights
             from headscope.engine.model.loading import open_model
 
             weights = numpy_weights(open_model(path))  # shares nothing with the engine: cold
 
             def copying() -> None:  # the copying half of spectral.spectral_scores
-                middle = {"copying_score": weights.get("unembed.W_U") @ weights.get("embed.W_E")}
+                middle = {"copying_score": kept_spectral_middles(weights)["copying_score"]}
                 for layer in range(weights.cfg.n_layers):
                     spectral.layer_spectral_scores(weights, layer, middle)
 
