@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from headscope.engine.circuits import reading, scores
+from headscope.engine.circuits import reading
 from headscope.tui.cli.main import main
 from headscope.tui.cli.progress import progress_bar
 
@@ -35,18 +35,17 @@ def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
 
 
 def count_spectral(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts the batched spectral scores computed, on the numpy path and on torch's."""
-    from headscope.engine.circuits import fast
+    """Counts the batched spectral scores computed (the one sweep, ``circuits.spectral``)."""
+    from headscope.engine.circuits import spectral
 
     calls: list[int] = []
-    for module in (scores, fast):
-        real = module._batched_spectral_score
+    real = spectral._batched_spectral_score
 
-        def spy(small: Any, real: Any = real) -> Any:
-            calls.append(1)
-            return real(small)
+    def spy(small: Any) -> Any:
+        calls.append(1)
+        return real(small)
 
-        monkeypatch.setattr(module, "_batched_spectral_score", spy)
+    monkeypatch.setattr(spectral, "_batched_spectral_score", spy)
     return calls
 
 

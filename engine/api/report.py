@@ -73,8 +73,8 @@ WEIGHT_SCORE_NAMES = ("copying_score", "qk_positivity")  # the scores without a 
 
 def weight_table(model: Model, *, store: ResultStore | None = None,
                  progress: Progress = None) -> list[dict[str, Any]]:
-    """``head_table`` without the behavioural scores (no forward pass; torch-free where
-    ``engine.fast`` applies): ``layer``, ``head``, ``WEIGHT_SCORE_NAMES``, ``nonfinite``.
+    """``head_table`` without the behavioural scores (no forward pass, no torch:
+    ``engine.circuits.spectral``): ``layer``, ``head``, ``WEIGHT_SCORE_NAMES``, ``nonfinite``.
     ``store``: the same stored parts as ``head_table``'s spectral sweeps (either command
     reads what the other wrote)."""
     entry = None if store is None else store.for_model(model)

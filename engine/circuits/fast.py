@@ -297,7 +297,8 @@ def kept_spectral_middles(w: NumpyWeights) -> dict[str, np.ndarray]:
 
 
 def spectral_middles(w: NumpyWeights) -> dict[str, np.ndarray]:
-    """``W_U W_E`` and ``W_Eᵀ W_E`` (``engine.scores.spectral_middles``) of the processed weights.
+    """``W_U W_E`` and ``W_Eᵀ W_E``, the middles of ``spectral.layer_spectral_scores``, of the
+    processed weights.
 
     With a tied unembedding (``W_U`` the transpose of the stored embedding ``E``, up to a
     scale), both come from one Gram matrix ``G = EᵀE`` (a symmetric product, half a GEMM's

@@ -1,7 +1,7 @@
 """Sweeps on a Dask cluster: one task per missing part of a sweep (docs/internals.md,
 "Sweeps on a cluster").
 
-The sweeps of ``engine.scores`` keep their result in parts (a layer of the copying and
+The weight sweeps (``engine.circuits.spectral``, ``engine.circuits.composition``) keep their result in parts (a layer of the copying and
 QK-positivity sweeps, a target-layer tile of a composition sweep) behind a ``Memo``. Here
 each part the memo lacks becomes one task: a worker opens the checkpoint from the same
 path itself (a shared filesystem; the client sends the path and the fingerprint, never
@@ -74,7 +74,7 @@ def _require_distributed() -> Any:
 
 
 def part_shapes(sweep: str, n_layers: int, n_heads: int) -> dict[int, tuple[int, ...]]:
-    """Index and shape of every part of ``sweep`` (the ``Memo`` indices of engine.scores)."""
+    """Index and shape of every part of ``sweep`` (the ``Memo`` indices of the sweeps)."""
     if sweep in ("copying_score", "qk_positivity"):
         return {layer: (n_heads,) for layer in range(n_layers)}
     if sweep in ("composition-q", "composition-k", "composition-v"):

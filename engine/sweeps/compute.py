@@ -3,7 +3,7 @@ validated request (``engine.requests``) to a result of ``engine.results``.
 
 The ``Engine`` runs these on its worker threads and caches what they return; the CLI, the
 exports and ``engine.report`` call them directly. The maths is in ``engine.circuits``,
-``engine.scores`` and ``engine.forward``; this module selects, labels and packs. Long
+``engine.circuits.scores`` and ``engine.forward``; this module selects, labels and packs. Long
 computations take ``cancelled() -> bool`` (checked between steps; ``CancelledError``) and
 ``progress(fraction)``.
 
@@ -353,7 +353,7 @@ def score_table(
 ) -> ScoreTable:
     """Every score of every head, ``[n_layers, n_heads]`` each, under ``SCORE_NAMES``.
 
-    The weight scores are ``weight_scores``' (numpy where ``engine.fast`` applies), so
+    The weight scores are ``weight_scores``' (``spectral.spectral_scores``), so
     ``heads`` and ``heads --no-behaviour`` give the same numbers bit for bit. torch is
     imported only for the behavioural forward pass, on a background thread while the weight
     sweep runs, and not at all when the store holds every part (a warm ``heads``).
