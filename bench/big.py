@@ -14,9 +14,9 @@ peak RSS and import costs are per scenario:
 - ``first_view``: open the model, then the first head's 64×64 token QK block (``Engine``).
 - ``composition-floor-{q,k,v}`` / ``composition-numpy-{q,k,v}`` / ``composition-{q,k,v}``
   (``--composition``): every layer pair's ``[H·d_head, d_model] @ [d_model, H·d_head]``
-  product (the GEMM floor of one mode) vs the streamed sweep, tile by tile, with its ETA:
-  ``engine.fast``'s (numpy, what the CLI and the explorer run on safetensors) and
-  ``engine.scores``' (torch, for GGUF and float8).
+  product (the GEMM floor of one mode) vs the streamed sweep, tile by tile, with its ETA
+  (``engine.circuits.composition``, the one sweep; ``composition-numpy-*`` is kept as a name
+  for the same run).
 
 Ratios are headscope / floor (≤ 1.5 is the goal for ``heads``). ``--tiny`` runs the same on
 the toy ``tiny-llama-mha`` shape (what the smoke test does).
