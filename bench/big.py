@@ -14,9 +14,9 @@ peak RSS and import costs are per scenario:
 - ``first_view``: open the model, then the first head's 64×64 token QK block (``Engine``).
 - ``composition-floor-{q,k,v}`` / ``composition-numpy-{q,k,v}`` / ``composition-{q,k,v}``
   (``--composition``): every layer pair's ``[H·d_head, d_model] @ [d_model, H·d_head]``
-  product (the GEMM floor of one mode) vs the streamed sweep, tile by tile, with its ETA:
-  ``engine.fast``'s (numpy, what the CLI and the explorer run on safetensors) and
-  ``engine.scores``' (torch, for GGUF and float8).
+  product (the GEMM floor of one mode) vs the streamed sweep, tile by tile, with its ETA
+  (``engine.circuits.composition``, the one sweep; ``composition-numpy-*`` is kept as a name
+  for the same run).
 
 Ratios are headscope / floor (≤ 1.5 is the goal for ``heads``). ``--tiny`` runs the same on
 the toy ``tiny-llama-mha`` shape (what the smoke test does).
@@ -167,24 +167,23 @@ def run_composition_floor(path: Path, kind: str) -> dict[str, Any]:
     return {"compute": spent, "seconds": since(T0)}
 
 
-def run_composition(path: Path, kind: str, numpy_path: bool = False) -> dict[str, Any]:
-    """``composition_scores`` streamed tile by tile, with the ETA its progress gives:
-    ``engine.fast``'s (numpy: what the CLI and the explorer run on safetensors) or
-    ``engine.scores``' (torch: GGUF, float8)."""
-    from headscope.engine.circuits import fast, scores
+def run_composition(path: Path, kind: str) -> dict[str, Any]:
+    """``composition.composition_scores`` streamed tile by tile (the one sweep the CLI, the
+    explorer and the cluster workers run), with the ETA its progress gives."""
+    from headscope.engine.circuits.composition import composition_scores
+    from headscope.engine.circuits.fast import numpy_weights
     from headscope.engine.core.eta import Eta
     from headscope.engine.model.loading import open_model
 
     model = open_model(path)
-    w = _FirstLayers(fast.numpy_weights(model) if numpy_path else model.weights, _layers())
-    sweep = fast.composition_scores if numpy_path else scores.composition_scores
+    w = _FirstLayers(numpy_weights(model), _layers())
     eta = Eta()
     etas: list[float] = []
     edges = 0
 
     def on_tile(tile: Any) -> None:
         nonlocal edges
-        edges += int(tile.scores.size if numpy_path else tile.scores.numel())
+        edges += int(tile.scores.size)
 
     def progress(fraction: float) -> None:
         eta.update(fraction)
@@ -194,7 +193,7 @@ def run_composition(path: Path, kind: str, numpy_path: bool = False) -> dict[str
             print(f"# composition {kind}: {fraction:.0%}, ETA {left:.0f} s", file=sys.stderr)
 
     t = time.perf_counter()
-    sweep(w, kind, progress=progress, on_tile=on_tile)  # type: ignore[arg-type, operator]
+    composition_scores(w, kind, progress=progress, on_tile=on_tile)
     return {"compute": since(t), "edges": edges, "first_eta": etas[0] if etas else None,
             "seconds": since(T0)}
 
@@ -202,9 +201,7 @@ def run_composition(path: Path, kind: str, numpy_path: bool = False) -> dict[str
 def one(scenario: str, path: Path) -> dict[str, Any]:
     if scenario.startswith("composition-floor-"):
         out = run_composition_floor(path, scenario[-1])
-    elif scenario.startswith("composition-numpy-"):
-        out = run_composition(path, scenario[-1], numpy_path=True)
-    elif scenario.startswith("composition-"):
+    elif scenario.startswith("composition-"):  # composition-numpy-*: the same, one path now
         out = run_composition(path, scenario[-1])
     else:
         out = {"info": run_info, "heads": run_heads, "first_view": run_first_view,

@@ -1,6 +1,6 @@
 """``python -m bench.diff``: circuit similarity of two GPT-2-small-shaped models.
 
-headscope's ``engine.diff.circuit_similarity`` (token-basis OV and QK similarity of every head
+headscope's ``engine.circuits.similarity.circuit_similarity`` (token-basis OV and QK similarity of every head
 pair within each layer, through six ``d_model × d_model`` Gram matrices) against the
 straightforward way, measured in the same run: materialise the vocabulary-sized factors
 ``W_E W_V``, ``W_O W_U``, ``W_E W_Q``, ``W_E W_K`` of each layer (``[vocab, H·d_head]``) and take
@@ -49,9 +49,10 @@ def run_one(impl: str, shape: dict[str, int]) -> dict[str, float]:
     start = time.perf_counter()
     with torch.inference_mode():
         if impl == "headscope":
-            from headscope.engine.sweeps.diff import circuit_similarity
+            from headscope.engine.circuits.fast import TorchWeightsAsNumpy
+            from headscope.engine.circuits.similarity import circuit_similarity
 
-            circuit_similarity(wa, wb)
+            circuit_similarity(TorchWeightsAsNumpy(wa), TorchWeightsAsNumpy(wb))
         else:
             e_a, e_b = wa.get("embed.W_E"), wb.get("embed.W_E")
             u_a, u_b = wa.get("unembed.W_U"), wb.get("unembed.W_U")

@@ -65,12 +65,19 @@ def headscope(task: str, path: Path) -> dict[str, Any]:
                 await eng.circuit_block(layer, head, "qk", "token", BLOCK, BLOCK)
                 await eng.circuit_block(layer, head, "ov", "token", BLOCK, BLOCK)
         elif task == "copying":
-            from headscope.engine.circuits import scores
+            from headscope.engine.circuits import spectral
+            from headscope.engine.circuits.fast import kept_spectral_middles, numpy_weights
             from headscope.engine.model.loading import open_model
 
-            weights = open_model(path).weights  # shares nothing with the engine: cold
+            weights = numpy_weights(open_model(path))  # shares nothing with the engine: cold
+
+            def copying() -> None:  # the copying half of spectral.spectral_scores
+                middle = {"copying_score": kept_spectral_middles(weights)["copying_score"]}
+                for layer in range(weights.cfg.n_layers):
+                    spectral.layer_spectral_scores(weights, layer, middle)
+
             t = time.perf_counter()
-            await asyncio.to_thread(scores.all_copying_scores, weights)
+            await asyncio.to_thread(copying)
             out["compute"] = since(t)
             t = time.perf_counter()
             await eng.all_head_scores()  # copying + QK positivity + behaviour, via the engine

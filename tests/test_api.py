@@ -7,11 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from headscope.engine import open_model
+from headscope.engine.circuits import composition, spectral
 from headscope.engine.circuits import head_circuits as circuits
-from headscope.engine.circuits import scores
+from headscope.engine.circuits.fast import numpy_weights
 from headscope.engine.core.errors import IndexOutOfRangeError, InvalidRequestError
 from headscope.engine.sweeps import compute
 
@@ -29,13 +29,16 @@ def test_readme_python_example_runs(monkeypatch, capsys) -> None:
 def test_model_conveniences_equal_engine_functions(gpt2_dir) -> None:
     path, _ = gpt2_dir
     model = open_model(path)
+    w = numpy_weights(model)
     fm = model.circuit(1, 2, "full_ov")
-    assert torch.allclose(fm.block([1, 2], [3]), circuits.full_ov(model.weights, 1, 2).block([1, 2], [3]))
+    np.testing.assert_array_equal(fm.block([1, 2], [3]), circuits.full_ov(w, 1, 2).block([1, 2], [3]))
     heads = model.heads()
-    copying = scores.all_copying_scores(model.weights)
-    # heads() sweeps in numpy (engine.fast), the reference in torch: float32 rounding apart
-    assert [h["copying_score"] for h in heads] == pytest.approx(copying.flatten().tolist(), abs=1e-6)
-    comp = model.composition("k")  # the `composition` command's sweep: its numbers exactly
+    copying = spectral.spectral_scores(w)["copying_score"]
+    # one code path: the same numbers, bit for bit
+    assert [h["copying_score"] for h in heads] == copying.flatten().tolist()
+    comp = model.composition("k")
+    np.testing.assert_array_equal(comp.scores, composition.composition_scores(w, "k").scores)
+    # the `composition` command's sweep: its numbers exactly
     assert np.array_equal(comp.scores, compute.composition(model, "k").scores)
     assert comp.baseline == compute.composition(model, "k").baseline
     result = model.run([1, 2, 3])

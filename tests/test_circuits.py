@@ -1,11 +1,14 @@
-"""Per-head circuits against their dense definitions (docs/math.md, "Circuits") on small random weights."""
+"""Per-head circuits (numpy) against their dense definitions (docs/math.md, "Circuits") and
+Hugging Face's rotary embedding (torch) on small random weights."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from headscope.engine.circuits import head_circuits as circuits
+from headscope.engine.circuits.fast import TorchWeightsAsNumpy
 from headscope.engine.core.config import ModelConfig
 from headscope.engine.core.errors import IndexOutOfRangeError, InvalidRequestError
 from headscope.engine.model.weights import DictWeights
@@ -44,7 +47,17 @@ def dense(w: DictWeights, layer: int, name: str) -> torch.Tensor:
     return w.get(f"blocks.{layer}.attn.{name}")
 
 
-def close(x: torch.Tensor, y: torch.Tensor) -> None:
+def nw(w: DictWeights) -> TorchWeightsAsNumpy:
+    """The numpy weights surface the circuits read."""
+    return TorchWeightsAsNumpy(w)
+
+
+def t(x: object) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(x)) if isinstance(x, np.ndarray) else x  # type: ignore[return-value]
+
+
+def close(x: torch.Tensor | np.ndarray, y: torch.Tensor | np.ndarray) -> None:
+    x, y = t(x), t(y)
     torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-4 * float(y.abs().max()))
 
 
@@ -56,11 +69,11 @@ def test_circuits_equal_their_dense_definitions(n_kv_heads):
         for head in range(4):
             q, k = dense(w, layer, "W_Q")[head], dense(w, layer, "W_K")[head]
             v, o = dense(w, layer, "W_V")[head], dense(w, layer, "W_O")[head]
-            close(circuits.qk(w, layer, head).AB, q @ k.T)
-            close(circuits.ov(w, layer, head).AB, v @ o)
-            close(circuits.token_qk(w, layer, head).AB, w_e @ q @ k.T @ w_e.T)
-            close(circuits.positional_qk(w, layer, head).AB, w_pos @ q @ k.T @ w_pos.T)
-            close(circuits.full_ov(w, layer, head).AB, w_e @ v @ o @ w_u)
+            close(circuits.qk(nw(w), layer, head).AB, q @ k.T)
+            close(circuits.ov(nw(w), layer, head).AB, v @ o)
+            close(circuits.token_qk(nw(w), layer, head).AB, w_e @ q @ k.T @ w_e.T)
+            close(circuits.positional_qk(nw(w), layer, head).AB, w_pos @ q @ k.T @ w_pos.T)
+            close(circuits.full_ov(nw(w), layer, head).AB, w_e @ v @ o @ w_u)
 
 
 def test_gqa_heads_read_their_kv_head():
@@ -68,28 +81,32 @@ def test_gqa_heads_read_their_kv_head():
     # Heads 2 and 3 both read K/V head 1 (group size 2).
     raw_k, raw_v = w._t["blocks.1.attn._W_K"][1], w._t["blocks.1.attn._W_V"][1]
     for head in (2, 3):
-        close(circuits.qk(w, 1, head).AB, dense(w, 1, "W_Q")[head] @ raw_k.T)
-        close(circuits.ov(w, 1, head).AB, raw_v @ dense(w, 1, "W_O")[head])
+        close(circuits.qk(nw(w), 1, head).AB, dense(w, 1, "W_Q")[head] @ raw_k.T)
+        close(circuits.ov(nw(w), 1, head).AB, raw_v @ dense(w, 1, "W_O")[head])
 
 
-def test_block_helpers_equal_blocks_of_the_full_circuits():
+def test_circuit_blocks_equal_blocks_of_the_full_circuits():
     w = random_weights()
     rows, cols = [3, 0, 22], [5, 5, 1, 9]
-    close(circuits.token_qk_block(w, 1, 2, rows, cols), circuits.token_qk(w, 1, 2).block(rows, cols))
-    close(circuits.full_ov_block(w, 0, 3, rows, cols), circuits.full_ov(w, 0, 3).block(rows, cols))
+    close(circuits.circuit_block(nw(w), 1, 2, "qk", "token", rows, cols),
+          circuits.token_qk(nw(w), 1, 2).block(rows, cols))
+    close(circuits.circuit_block(nw(w), 0, 3, "ov", "token", rows, cols),
+          circuits.full_ov(nw(w), 0, 3).block(rows, cols))
+    close(circuits.circuit_block(nw(w), 0, 3, "qk", "position", rows[:2], cols),
+          circuits.positional_qk(nw(w), 0, 3).block(rows[:2], cols))
 
 
 def test_out_of_range_heads_and_wrong_position_kinds_are_typed_errors():
     w = random_weights()
     with pytest.raises(IndexOutOfRangeError, match=r"test\.safetensors"):
-        circuits.qk(w, 2, 0)
+        circuits.qk(nw(w), 2, 0)
     with pytest.raises(IndexOutOfRangeError):
-        circuits.ov(w, 0, 4)
+        circuits.ov(nw(w), 0, 4)
     with pytest.raises(InvalidRequestError):
-        circuits.rotary_qk(w, 0, 0, 1)
+        circuits.rotary_qk(nw(w), 0, 0, 1)
     rot = random_weights(positional="rotary", d_head=6, rotary_dim=4)
     with pytest.raises(InvalidRequestError, match="learned"):
-        circuits.positional_qk(rot, 0, 0)
+        circuits.positional_qk(nw(rot), 0, 0)
 
 
 def hf_rotary_score(q: torch.Tensor, k: torch.Tensor, qpos: int, kpos: int, cfg: ModelConfig
@@ -114,23 +131,23 @@ def test_rotary_qk_is_the_score_of_rotated_queries_and_keys(rotary_dim):
     q, k = x_q @ dense(w, 1, "W_Q")[2], x_k @ dense(w, 1, "W_K")[2]
     for i, delta in [(5, 0), (5, 1), (9, 3), (40, 17), (3, -2)]:
         expected = hf_rotary_score(q, k, i, i - delta, w.cfg)
-        got = x_q @ circuits.rotary_qk(w, 1, 2, delta).AB @ x_k
+        got = x_q @ t(circuits.rotary_qk(nw(w), 1, 2, delta).AB) @ x_k
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
     # Offset 0 is the plain QK circuit.
-    close(circuits.rotary_qk(w, 1, 2, 0).AB, circuits.qk(w, 1, 2).AB)
+    close(circuits.rotary_qk(nw(w), 1, 2, 0).AB, circuits.qk(nw(w), 1, 2).AB)
 
 
 def test_rotary_matrices_compose_like_rotations():
     w = random_weights(positional="rotary", d_head=6, rotary_dim=4)
     r = lambda d: circuits.rotary_matrix(w.cfg, d)  # noqa: E731
     close(r(7) @ r(3).T, r(4))
-    close(r(5) @ r(5).T, torch.eye(6))
+    close(r(5) @ r(5).T, np.eye(6, dtype=np.float32))
 
 
 def test_rotary_profile_is_the_documented_statistic():
     w = random_weights(positional="rotary", d_head=6, rotary_dim=4, d_vocab=40)
     offsets = [0, 1, 2, 7]
-    profile = circuits.rotary_profile(w, 0, 1, offsets, n_tokens=10, seed=3)
+    profile = circuits.rotary_profile(nw(w), 0, 1, offsets, n_tokens=10, seed=3)
     ids = torch.randperm(40, generator=torch.Generator().manual_seed(3))[:10]
     w_q, w_k = dense(w, 0, "W_Q")[1], dense(w, 0, "W_K")[1]
     for n, delta in enumerate(offsets):
@@ -139,6 +156,12 @@ def test_rotary_profile_is_the_documented_statistic():
             e = w.get("embed.W_E")[t]
             e = e * 12**0.5 / e.norm()
             total += float(hf_rotary_score(e @ w_q, e @ w_k, 20 + delta, 20, w.cfg))
-        assert profile[n].item() == pytest.approx(total / 10, rel=1e-4, abs=1e-4)
+        assert float(profile[n]) == pytest.approx(total / 10, rel=1e-4, abs=1e-4)
     # Reproducible for a seed.
-    torch.testing.assert_close(circuits.rotary_profile(w, 0, 1, offsets, n_tokens=10, seed=3), profile)
+    np.testing.assert_array_equal(circuits.rotary_profile(nw(w), 0, 1, offsets, n_tokens=10, seed=3), profile)
+
+
+@pytest.mark.parametrize("n,count,seed", [(40, 10, 3), (50257, 256, 0), (300, 256, 7), (5, 9, 1)])
+def test_token_sample_is_torchs_seeded_permutation(n, count, seed):
+    expected = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:count]
+    np.testing.assert_array_equal(circuits.token_sample(n, count, seed), expected.numpy())

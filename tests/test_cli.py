@@ -16,6 +16,7 @@ from headscope.engine.circuits import scores
 from headscope.engine.forward import transformer as forward
 from headscope.engine.model.loading import open_model
 from headscope.tui.cli.main import main
+from tests import weight_algebra as algebra
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -46,7 +47,7 @@ def test_heads_equal_the_score_functions(capsys, gpt2_dir) -> None:
     path, _ = gpt2_dir
     rows = run_json(capsys, "heads", str(path))
     w = open_model(path).weights
-    copying = scores.all_copying_scores(w)
+    copying = algebra.all_copying_scores(w)
     behaviour = scores.behaviour_scores(w, seed=0)
     assert len(rows) == w.cfg.n_layers * w.cfg.n_heads
     for r in rows:
@@ -94,7 +95,7 @@ def test_composition_json_shape_and_top_edges(capsys, gpt2_dir) -> None:
     path, _ = gpt2_dir
     report = run_json(capsys, "composition", str(path), "--kind", "k", "--top", "3")
     w = open_model(path).weights
-    expected = scores.composition_scores(w, "k", seed=0)
+    expected = algebra.composition_scores(w, "k", seed=0)
     s = torch.tensor(report["scores"])
     L, H = w.cfg.n_layers, w.cfg.n_heads
     assert s.shape == (L, H, L, H)
@@ -126,7 +127,7 @@ def test_circuit_block_equals_the_dense_product(capsys, gpt2_dir) -> None:
     assert report["rows"] == [0, 1, 2, 3, 4, 7] and report["cols"] == [3, 4]
     assert torch.allclose(torch.tensor(report["values"]), dense[[0, 1, 2, 3, 4, 7]][:, [3, 4]], atol=1e-4)
     ov = run_json(capsys, "circuit", str(path), "0", "1", "--kind", "ov", "--rows", "2,5", "--cols", "2,5")
-    full = circuits.full_ov(w, 0, 1).block([2, 5], [2, 5])
+    full = torch.from_numpy(circuits.full_ov(algebra.nw(w), 0, 1).block([2, 5], [2, 5]))
     assert torch.allclose(torch.tensor(ov["values"]), full, atol=1e-5)
 
 
@@ -208,7 +209,7 @@ def test_rotary_models_show_token_qk_at_an_offset(capsys, llama_dir) -> None:
                       "--rows", "0:4", "--cols", "5,6")
     w = open_model(path).weights
     e = w.get("embed.W_E")
-    dense = e[:4] @ circuits.rotary_qk(w, 1, 3, 3).AB @ e[[5, 6]].T
+    dense = e[:4] @ torch.from_numpy(circuits.rotary_qk(algebra.nw(w), 1, 3, 3).AB) @ e[[5, 6]].T
     assert report["offset"] == 3
     assert torch.allclose(torch.tensor(report["values"]), dense, atol=1e-4)
     code, _, err = run_cli(capsys, "circuit", str(path), "0", "0", "--kind", "qk", "--basis", "position")

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from headscope.engine.circuits import reading, scores
+from headscope.engine.circuits import reading
 from headscope.tui.cli.main import main
 from headscope.tui.cli.progress import progress_bar
 
@@ -35,18 +35,17 @@ def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
 
 
 def count_spectral(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts the batched spectral scores computed, on the numpy path and on torch's."""
-    from headscope.engine.circuits import fast
+    """Counts the batched spectral scores computed (the one sweep, ``circuits.spectral``)."""
+    from headscope.engine.circuits import spectral
 
     calls: list[int] = []
-    for module in (scores, fast):
-        real = module._batched_spectral_score
+    real = spectral._batched_spectral_score
 
-        def spy(small: Any, real: Any = real) -> Any:
-            calls.append(1)
-            return real(small)
+    def spy(small: Any) -> Any:
+        calls.append(1)
+        return real(small)
 
-        monkeypatch.setattr(module, "_batched_spectral_score", spy)
+    monkeypatch.setattr(spectral, "_batched_spectral_score", spy)
     return calls
 
 
@@ -58,9 +57,11 @@ def test_a_second_heads_run_is_served_from_the_store(capsys, gpt2_dir, monkeypat
     def no_null(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("the random-head null was computed again")
 
+    from headscope.engine.circuits import directions
+
     with monkeypatch.context() as patched:  # the null (the z's) is stored too
         patched.setattr(reading, "behaviour_null", no_null)
-        patched.setattr(reading, "null_spectral_scores", no_null)
+        patched.setattr(directions, "null_spectral_scores", no_null)
         second = run(capsys, "heads", path, "--json")
     assert calls == []
     assert second == first and first[0] == 0
@@ -73,7 +74,7 @@ def test_a_second_heads_run_is_served_from_the_store(capsys, gpt2_dir, monkeypat
 def test_weight_only_heads_share_the_store_with_heads(capsys, gpt2_dir, monkeypatch) -> None:
     """`heads --no-behaviour` stores what it computes and reads it back (a second run
     computes nothing), and shares the parts with `heads`' spectral sweeps both ways."""
-    from headscope.engine.circuits import fast
+    from headscope.engine.circuits import fast, spectral
 
     path = str(gpt2_dir[0])
     first = run_json(capsys, "heads", path, "--no-behaviour")
@@ -82,11 +83,11 @@ def test_weight_only_heads_share_the_store_with_heads(capsys, gpt2_dir, monkeypa
         raise AssertionError("recomputed a stored layer")
 
     with monkeypatch.context() as m:
-        m.setattr(fast, "layer_spectral_scores", fail)
+        m.setattr(spectral, "layer_spectral_scores", fail)
         m.setattr(fast, "spectral_middles", fail)
         assert run_json(capsys, "heads", path, "--no-behaviour") == first
     with monkeypatch.context() as m:  # (the random-head null, not stored yet, forms the middles)
-        m.setattr(fast, "layer_spectral_scores", fail)
+        m.setattr(spectral, "layer_spectral_scores", fail)
         calls = count_spectral(m)
         full = run_json(capsys, "heads", path)  # heads reads the same parts
         assert calls == []

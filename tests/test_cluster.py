@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("distributed")
 
 from headscope.engine.api import report
-from headscope.engine.circuits import fast, scores
+from headscope.engine.circuits import composition, fast, spectral
 from headscope.engine.model.loading import open_model
 from headscope.engine.sweeps import compute
 from headscope.engine.sweeps.cluster import (
@@ -66,7 +66,7 @@ def _scheduler(port: int, scratch: Path) -> subprocess.Popen[bytes]:
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_scratch_env(scratch))
 
 
-WORKER_MEMORY = "2GB"  # a limit under 4 × fast.TILE_BYTES: the workers block tiles smaller
+WORKER_MEMORY = "2GB"  # a limit under 4 × composition.TILE_BYTES: the workers block tiles smaller
 
 
 def _worker(address: str, scratch: Path) -> subprocess.Popen[bytes]:
@@ -150,8 +150,7 @@ def test_heads_and_composition_on_the_cluster_equal_the_local_sweeps(
     assert seen == sorted(seen) and seen[-1] >= 0.8  # the cluster parts reported as they came
     # every part is in the store: a local sweep now computes nothing
     entry = store.for_model(model)
-    with mock.patch.object(scores, "_batched_spectral_score", side_effect=AssertionError), \
-            mock.patch.object(fast, "_batched_spectral_score", side_effect=AssertionError):
+    with mock.patch.object(spectral, "_batched_spectral_score", side_effect=AssertionError):
         again = compute.score_table(model, store=entry)
     np.testing.assert_array_equal(again.copying_score, np.array([r["copying_score"] for r in heads],
                                                                 dtype=np.float32).reshape(6, -1))
@@ -159,19 +158,18 @@ def test_heads_and_composition_on_the_cluster_equal_the_local_sweeps(
 
 def test_workers_size_composition_blocks_to_their_memory(cluster: Cluster, deep_gpt2: Path) -> None:
     assert worker_tile_bytes(2 << 30) == 512 << 20
-    assert worker_tile_bytes(64 << 30) == fast.TILE_BYTES  # never more than in-process
+    assert worker_tile_bytes(64 << 30) == composition.TILE_BYTES  # never more than in-process
     assert worker_tile_bytes(1 << 20) == 16 << 20
-    assert worker_tile_bytes() == fast.TILE_BYTES  # not on a worker: the in-process size
+    assert worker_tile_bytes() == composition.TILE_BYTES  # not on a worker: the in-process size
     limits = {a: w["memory_limit"] for a, w in cluster.client.scheduler_info()["workers"].items()}
     found = {a: cluster.client.submit(worker_tile_bytes, workers=[a], pure=False).result()
              for a in limits}  # in a task on each real worker: its own limit
     assert found == {a: worker_tile_bytes(limit) for a, limit in limits.items()}
-    assert all(v < fast.TILE_BYTES for v in found.values())
+    assert all(v < composition.TILE_BYTES for v in found.values())
     # smaller blocks, the same numbers: one source layer at a time against the default
     arrays = fast.numpy_weights(open_model(deep_gpt2))
-    assert arrays is not None
-    small, _ = fast.composition_scores(arrays, "k", baseline_samples=1, tile_bytes=1)
-    default, _ = fast.composition_scores(arrays, "k", baseline_samples=1)
+    small = composition.composition_scores(arrays, "k", baseline_samples=1, tile_bytes=1).scores
+    default = composition.composition_scores(arrays, "k", baseline_samples=1).scores
     np.testing.assert_array_equal(small, default)
 
 
@@ -200,10 +198,9 @@ def test_an_interrupted_local_sweep_resumes_on_the_cluster(
     model = open_model(deep_gpt2)
     entry = ResultStore(tmp_path / "store").for_model(model)
     memo = entry.memo("composition-q", ())
-    arrays = fast.numpy_weights(model)  # the local path compute.composition takes
-    assert arrays is not None
+    arrays = fast.numpy_weights(model)  # what compute.composition reads
     with pytest.raises(_Stop):  # interrupted after tiles 1 and 2
-        fast.composition_scores(arrays, "q", memo=_Upto(memo, 3))
+        composition.composition_scores(arrays, "q", memo=_Upto(memo, 3))
     kept = KeptMemo(entry.memo("composition-q", ()))
     computed = run_parts(cluster, model, entry.key or "", "composition-q", kept)
     assert computed == 3  # tiles 3, 4, 5
@@ -214,7 +211,7 @@ def test_an_interrupted_local_sweep_resumes_on_the_cluster(
 class _Upto:
     """A memo that stops the sweep (raises) once tile ``stop`` would be stored."""
 
-    def __init__(self, inner: scores.Memo, stop: int) -> None:
+    def __init__(self, inner: spectral.Memo, stop: int) -> None:
         self.inner, self.stop = inner, stop
 
     def get(self, index: int, shape: tuple[int, ...] | None = None) -> np.ndarray | None:

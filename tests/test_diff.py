@@ -1,18 +1,34 @@
-"""engine.diff: circuit similarity from the factors, head matching, and model diffs."""
+"""Circuit similarity from the factors (engine.circuits.similarity, numpy) against dense
+circuits, head matching, and model diffs."""
 
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
+from headscope.engine.circuits import similarity
+from headscope.engine.circuits.fast import TorchWeightsAsNumpy
 from headscope.engine.core.config import ModelConfig
 from headscope.engine.core.errors import InvalidRequestError
 from headscope.engine.model.weights import DictWeights
-from headscope.engine.sweeps.diff import best_matching, circuit_similarity, principal_cosines
+from headscope.engine.sweeps.diff import best_matching
 
 L, H, D, DH, V, N_CTX = 2, 3, 16, 4, 40, 8
+
+
+def circuit_similarity(wa: DictWeights, wb: DictWeights) -> SimpleNamespace:
+    """``similarity.circuit_similarity`` on the numpy surface of ``wa``, ``wb``, as tensors."""
+    ov, qk = similarity.circuit_similarity(TorchWeightsAsNumpy(wa), TorchWeightsAsNumpy(wb))
+    return SimpleNamespace(ov=torch.from_numpy(ov), qk=torch.from_numpy(qk))
+
+
+def principal_cosines(x: torch.Tensor, y: torch.Tensor) -> float:
+    """The mean principal cosine of the column spaces of one pair."""
+    return float(similarity.principal_cosines(x.numpy()[None], y.numpy()[None])[0])
 
 
 def random_weights(seed: int, d_model: int = D, d_head: int = DH, path: str | None = None) -> DictWeights:
@@ -127,7 +143,7 @@ def test_a_nan_head_has_nan_similarity_and_the_others_are_unchanged() -> None:
     finite[1, :, 2] = False
     torch.testing.assert_close(sim.ov[finite], clean.ov[finite])
     torch.testing.assert_close(sim.qk, clean.qk)  # the NaN is in W_V: QK is untouched
-    assert torch.isnan(principal_cosines(wa.get("blocks.1.attn.W_V")[2], wb.get("blocks.1.attn.W_V")[2])).all()
+    assert np.isnan(principal_cosines(wa.get("blocks.1.attn.W_V")[2], wb.get("blocks.1.attn.W_V")[2]))
 
 
 def test_huge_heads_have_the_similarity_of_the_unscaled_head() -> None:
@@ -155,6 +171,8 @@ def test_principal_cosines() -> None:
     g = torch.Generator().manual_seed(0)
     x = torch.randn(10, 3, generator=g)
     mix = torch.randn(3, 3, generator=g) + 3 * torch.eye(3)
-    assert torch.allclose(principal_cosines(x, x @ mix), torch.ones(3), atol=1e-5)
+    assert principal_cosines(x, x @ mix) == pytest.approx(1.0, abs=1e-5)  # each cosine is at most 1
     e = torch.eye(10)
-    assert torch.allclose(principal_cosines(e[:, :2], e[:, 2:4]), torch.zeros(2), atol=1e-6)
+    assert principal_cosines(e[:, :2], e[:, 2:4]) == pytest.approx(0.0, abs=1e-6)
+    half = torch.cat([e[:, :1], (e[:, 1:2] + e[:, 2:3]) / 2**0.5], dim=1)  # cosines 1 and 1/√2
+    assert principal_cosines(e[:, :2], half) == pytest.approx((1 + 2**-0.5) / 2, abs=1e-6)

@@ -13,6 +13,7 @@ from headscope.engine.circuits import scores
 from headscope.engine.core.export import atomic_write_text
 from headscope.engine.model.loading import open_model
 from headscope.tui.cli.main import main
+from tests import weight_algebra as algebra
 
 
 def export(tmp_path: Path, path: Path, *argv: str) -> Path:
@@ -28,7 +29,7 @@ def test_heads_csv_round_trip(tmp_path, gpt2_dir, capsys) -> None:
     assert capsys.readouterr().out.strip() == str(written)
     rows = list(csv.DictReader(written.open()))
     w = open_model(path).weights
-    copying = scores.all_copying_scores(w)
+    copying = algebra.all_copying_scores(w)
     assert len(rows) == w.cfg.n_layers * w.cfg.n_heads
     for r in rows:
         assert float(r["copying_score"]) == pytest.approx(float(copying[int(r["layer"]), int(r["head"])]), abs=1e-6)
@@ -50,7 +51,7 @@ def test_heads_csv_with_the_ablation_column(tmp_path, gpt2_dir) -> None:
 def test_composition_json_and_csv_agree(tmp_path, gpt2_dir) -> None:
     path, _ = gpt2_dir
     js = json.loads(export(tmp_path / "j", path, "--what", "composition", "--kind", "v").read_text())
-    expected = scores.composition_scores(open_model(path).weights, "v", seed=0)
+    expected = algebra.composition_scores(open_model(path).weights, "v", seed=0)
     assert js["baseline"] == pytest.approx(float(expected.baseline))
     rows = list(csv.DictReader(export(tmp_path / "c", path, "--what", "composition", "--kind", "v",
                                       "--format", "csv").open()))

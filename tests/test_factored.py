@@ -1,9 +1,9 @@
-"""FactoredMatrix against the dense product it stands for (property-based)."""
+"""FactoredMatrix against the dense product it stands for (property-based), in numpy."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,18 +17,23 @@ seeds = st.integers(min_value=0, max_value=2**31 - 1)
 leading = st.sampled_from([(), (3,), (2, 2)])
 
 
-def randn(*shape: int, seed: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g, dtype=torch.float64)
+def randn(*shape: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape)
 
 
 def factors(lead: tuple[int, ...], rows_n: int, m: int, r: int, seed: int) -> FactoredMatrix:
     return FactoredMatrix(randn(*lead, rows_n, m, seed=seed), randn(*lead, m, r, seed=seed + 1))
 
 
-def close(x: torch.Tensor, y: torch.Tensor, tol: float = 1e-9) -> None:
-    scale = max(1.0, float(y.abs().max())) if y.numel() else 1.0
-    torch.testing.assert_close(x, y, atol=tol * scale, rtol=tol)
+def close(x: np.ndarray, y: np.ndarray, tol: float = 1e-9) -> None:
+    x, y = np.asarray(x), np.asarray(y)
+    scale = max(1.0, float(np.abs(y).max())) if y.size else 1.0
+    assert x.shape == y.shape, (x.shape, y.shape)
+    np.testing.assert_allclose(x, y, atol=tol * scale, rtol=tol)
+
+
+def fro(x: np.ndarray) -> np.ndarray:
+    return np.linalg.norm(x, axis=(-2, -1))
 
 
 @SETTINGS
@@ -36,9 +41,9 @@ def close(x: torch.Tensor, y: torch.Tensor, tol: float = 1e-9) -> None:
 def test_shape_transpose_and_norm_match_dense(lead, rows_n, m, r, seed):
     fm = factors(lead, rows_n, m, r, seed)
     dense = fm.AB
-    assert fm.shape == dense.shape == torch.Size((*lead, rows_n, r))
-    close(fm.T.AB, dense.transpose(-2, -1))
-    close(fm.norm(), torch.linalg.matrix_norm(dense, "fro"))
+    assert fm.shape == dense.shape == (*lead, rows_n, r)
+    close(fm.T.AB, dense.swapaxes(-2, -1))
+    close(fm.norm(), fro(dense))
 
 
 @SETTINGS
@@ -48,16 +53,16 @@ def test_svd_reconstructs_with_a_true_vh(lead, rows_n, m, r, seed):
     u, s, vh = fm.svd()
     k = min(rows_n, m, r)
     assert u.shape == (*lead, rows_n, k) and s.shape == (*lead, k) and vh.shape == (*lead, k, r)
-    close(u @ torch.diag_embed(s) @ vh, fm.AB)
-    dense_s = torch.linalg.svdvals(fm.AB)
+    close((u * s[..., None, :]) @ vh, fm.AB)
+    dense_s = np.linalg.svd(fm.AB, compute_uv=False)
     close(s, dense_s[..., :k])
     # Orthonormal singular vectors: Vh has orthonormal rows (TransformerLens returns V here).
-    eye = torch.eye(k, dtype=s.dtype).expand(*lead, k, k)
-    close(u.transpose(-2, -1) @ u, eye, 1e-8)
-    close(vh @ vh.transpose(-2, -1), eye, 1e-8)
+    eye = np.broadcast_to(np.eye(k, dtype=s.dtype), (*lead, k, k))
+    close(u.swapaxes(-2, -1) @ u, eye, 1e-8)
+    close(vh @ vh.swapaxes(-2, -1), eye, 1e-8)
 
 
-def assert_same_multiset(x: torch.Tensor, y: torch.Tensor, tol: float = 1e-7) -> None:
+def assert_same_multiset(x: np.ndarray, y: np.ndarray, tol: float = 1e-7) -> None:
     """Every value of y matched to a distinct nearest value of x (greedy, exact for small tol)."""
     assert x.shape == y.shape
     left = list(x.tolist())
@@ -71,7 +76,7 @@ def assert_same_multiset(x: torch.Tensor, y: torch.Tensor, tol: float = 1e-7) ->
 @given(dims, dims, seeds)
 def test_eigenvalues_agree_as_multisets_with_zeros(n, m, seed):
     fm = factors((), n, m, n, seed)
-    dense = torch.linalg.eigvals(fm.AB)
+    dense = np.linalg.eigvals(fm.AB)
     full = fm.eigenvalues_full()
     assert fm.eigenvalues.shape == (min(n, m),)
     assert full.shape == (n,)
@@ -124,21 +129,21 @@ def test_leading_dims_broadcast_and_index():
         fm[0, 1, 2, 3]
     with pytest.raises(IndexError):
         fm[..., ...]
-    mask = torch.tensor([True, False, True, True])
+    mask = np.array([True, False, True, True])
     close(fm[mask, ..., 1].AB, fm.AB[mask][..., 1:2])  # a boolean mask over the leading dim
     stacked = FactoredMatrix(randn(2, 3, 5, 2, seed=3), randn(2, 3, 2, 7, seed=4))
-    mask2 = torch.tensor([[True, False, True], [False, True, False]])
+    mask2 = np.array([[True, False, True], [False, True, False]])
     close(stacked[mask2, 2].AB, stacked.AB[mask2][..., 2:3, :])  # a 2-D mask consumes two dims
 
 
-def test_bf16_factors_compute_in_float32():
-    fm = factors((), 8, 3, 8, 5).to(torch.bfloat16)
+def test_float16_factors_compute_in_float32():
+    fm = factors((), 8, 3, 8, 5).to(np.float16)
     ev = fm.eigenvalues
-    assert ev.dtype == torch.complex64
-    ref = torch.linalg.eigvals(fm.B.float() @ fm.A.float())
+    assert ev.dtype == np.complex64
+    ref = np.linalg.eigvals(fm.B.astype(np.float32) @ fm.A.astype(np.float32))
     assert_same_multiset(ev, ref, 1e-5)
-    assert fm.svd()[1].dtype == torch.float32
-    assert fm.norm().dtype == torch.float32
+    assert fm.svd()[1].dtype == np.float32
+    assert fm.norm().dtype == np.float32
 
 
 def test_non_finite_factors_raise_before_eig_or_svd():
@@ -149,7 +154,7 @@ def test_non_finite_factors_raise_before_eig_or_svd():
         _ = fm.eigenvalues
     with pytest.raises(NonFiniteError):
         fm.svd()
-    assert torch.isnan(fm.norm())  # the norm is plain arithmetic: NaN, no crash
+    assert np.isnan(fm.norm())  # the norm is plain arithmetic: NaN, no crash
 
 
 def test_make_even_and_collapse_are_the_same_matrix():
@@ -162,22 +167,7 @@ def test_make_even_and_collapse_are_the_same_matrix():
 
 def test_mismatched_inner_dims_are_refused():
     with pytest.raises(ValueError):
-        FactoredMatrix(torch.zeros(3, 2), torch.zeros(3, 3))
-
-
-@given(st.lists(st.lists(st.integers(1, 4), max_size=4), min_size=1, max_size=3))
-def test_broadcast_shapes_matches_numpy(shapes: list[list[int]]) -> None:
-    import numpy as np
-
-    from headscope.engine.circuits.factored import broadcast_shapes
-
-    try:
-        expected = np.broadcast_shapes(*map(tuple, shapes))
-    except ValueError:
-        with pytest.raises(ValueError):
-            broadcast_shapes(*shapes)
-    else:
-        assert broadcast_shapes(*shapes) == expected
+        FactoredMatrix(np.zeros((3, 2)), np.zeros((3, 3)))
 
 
 # -- TransformerLens semantics: vectors with batch dims, scalars, indexing, svd caching ------
@@ -205,9 +195,9 @@ def test_vector_products_of_the_reported_shapes():
 def test_multiplication_takes_scalars_only():
     fm = factors((2,), 4, 3, 5, 1)
     close((fm * 2.5).AB, 2.5 * fm.AB)
-    close((torch.tensor(-3.0, dtype=torch.float64) * fm).AB, -3 * fm.AB)
-    close((fm * torch.tensor([2.0], dtype=torch.float64)).AB, 2 * fm.AB)
-    for bad in (torch.ones(3, dtype=torch.float64), torch.ones(2, 1, 1, dtype=torch.float64)):
+    close((np.array(-3.0) * fm).AB, -3 * fm.AB)
+    close((fm * np.array([2.0])).AB, 2 * fm.AB)
+    for bad in (np.ones(3), np.ones((2, 1, 1))):
         with pytest.raises(ValueError, match="scalar"):
             fm * bad
 
@@ -238,8 +228,8 @@ def test_indexing_rows_and_columns_matches_the_dense_matrix(lead, rows_n, m, r, 
 def test_svd_is_computed_once_per_matrix(monkeypatch: pytest.MonkeyPatch):
     fm = factors((3,), 6, 2, 5, 8)
     calls = []
-    real = torch.linalg.svd
-    monkeypatch.setattr(torch.linalg, "svd", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = np.linalg.svd
+    monkeypatch.setattr(np.linalg, "svd", lambda *a, **k: calls.append(1) or real(*a, **k))
     u, s, vh = fm.svd()
     assert fm.U is u and fm.S is s and fm.Vh is vh
     fm.make_even(), fm.collapse_l(), fm.collapse_r()
@@ -251,29 +241,31 @@ def test_svd_is_computed_once_per_matrix(monkeypatch: pytest.MonkeyPatch):
 
 
 def huge_factors(seed: int, scale: float = 1e19) -> FactoredMatrix:
-    return FactoredMatrix((randn(40, 4, seed=seed) * scale).float(),
-                          (randn(4, 40, seed=seed + 1) * scale).float())
+    return FactoredMatrix((randn(40, 4, seed=seed) * scale).astype(np.float32),
+                          (randn(4, 40, seed=seed + 1) * scale).astype(np.float32))
 
 
 def test_eigenvalues_of_overflowing_products_are_computed_in_float64():
     fm = huge_factors(3)
-    assert not torch.isfinite(fm.B @ fm.A).all()  # the float32 product overflows
+    with np.errstate(over="ignore", invalid="ignore"):
+        assert not np.isfinite(fm.B @ fm.A).all()  # the float32 product overflows
     ev = fm.eigenvalues_double()
-    assert ev.dtype == torch.complex128 and torch.isfinite(torch.view_as_real(ev)).all()
-    ref = torch.linalg.eigvals(fm.B.double() @ fm.A.double())
+    assert ev.dtype == np.complex128 and np.isfinite(ev.view(np.float64)).all()
+    ref = np.linalg.eigvals(fm.B.astype(np.float64) @ fm.A.astype(np.float64))
     assert_same_multiset(ev / 1e38, ref / 1e38, 1e-9)
     # In complex64 they do not fit: inf, never NaN from an eig of an overflowed matrix.
-    ev32 = torch.view_as_real(fm.eigenvalues)
-    assert fm.eigenvalues.dtype == torch.complex64 and not torch.isnan(ev32).any()
+    ev32 = fm.eigenvalues.view(np.float32)
+    assert fm.eigenvalues.dtype == np.complex64 and not np.isnan(ev32).any()
 
 
 def test_svd_and_norm_of_overflowing_products_do_not_crash():
     fm = huge_factors(5, scale=1e17)  # AB ~ 1e34·√m: finite in float32, its Grams are not
     u, s, vh = fm.svd()
-    ref = torch.linalg.svdvals(fm.A.double() @ fm.B.double())[:4]
-    torch.testing.assert_close(s.double(), ref, rtol=1e-4, atol=0)
-    rebuilt = (u.double() * s.double()[None, :]) @ vh.double()
-    torch.testing.assert_close(rebuilt / 1e34, fm.A.double() @ fm.B.double() / 1e34, rtol=1e-4, atol=1e-3)
-    torch.testing.assert_close(fm.norm().double(), ref.norm(), rtol=1e-4, atol=0)
+    a64, b64 = fm.A.astype(np.float64), fm.B.astype(np.float64)
+    ref = np.linalg.svd(a64 @ b64, compute_uv=False)[:4]
+    np.testing.assert_allclose(s.astype(np.float64), ref, rtol=1e-4, atol=0)
+    rebuilt = (u.astype(np.float64) * s.astype(np.float64)[None, :]) @ vh.astype(np.float64)
+    np.testing.assert_allclose(rebuilt / 1e34, a64 @ b64 / 1e34, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(float(fm.norm()), np.linalg.norm(ref), rtol=1e-4, atol=0)
     s_big = huge_factors(7).svd()[1]  # beyond float32's range: inf, not a crash
-    assert torch.isinf(s_big).any() and not torch.isnan(s_big).any()
+    assert np.isinf(s_big).any() and not np.isnan(s_big).any()

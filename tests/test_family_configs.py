@@ -168,11 +168,12 @@ def test_phi_qk_layernorm_is_flagged(tmp_path: Path) -> None:
 
 
 def test_opt_projected_embeddings_are_the_products(tmp_path: Path) -> None:
-    """W_E = E P_inᵀ and W_U = P_outᵀ Eᵀ, and the scores work (through the torch path)."""
+    """W_E = E P_inᵀ and W_U = P_outᵀ Eᵀ, and the scores work (the numpy algebra on the torch
+    weights' temporary adapter: the reader does not build products)."""
     import torch
 
     from headscope.engine.api.report import head_table
-    from headscope.engine.circuits.fast import numpy_weights
+    from headscope.engine.circuits.fast import TorchWeightsAsNumpy, numpy_weights
 
     path, model = build_opt_projected(tmp_path)
     m = open_model(path, raw=True)
@@ -180,7 +181,7 @@ def test_opt_projected_embeddings_are_the_products(tmp_path: Path) -> None:
     embed = sd["model.decoder.embed_tokens.weight"]
     torch.testing.assert_close(m.weights.get("embed.W_E"), embed @ sd["model.decoder.project_in.weight"].T)
     torch.testing.assert_close(m.weights.get("unembed.W_U"), sd["model.decoder.project_out.weight"].T @ embed.T)
-    assert m.cfg.d_model == D_MODEL and numpy_weights(open_model(path)) is None
+    assert m.cfg.d_model == D_MODEL and isinstance(numpy_weights(open_model(path)), TorchWeightsAsNumpy)
     rows = head_table(open_model(path))
     assert len(rows) == N_LAYERS * N_HEADS and all(not r["nonfinite"] for r in rows)
 

@@ -284,7 +284,7 @@ def test_raw_qk_circuit_is_the_checkpoints(family: tuple[str, Any, Any]) -> None
     m = open_model(path, raw=True)
     for layer, head in ((0, 0), (1, 3)):
         ours = m.circuit(layer, head, "qk")
-        dense = ours.A @ ours.B
+        dense = torch.from_numpy(ours.A @ ours.B)
         _assert_close(dense, _hf_head_qk(name, model, layer, head), f"{name} QK L{layer}H{head}")
 
 

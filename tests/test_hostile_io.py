@@ -29,7 +29,8 @@ from safetensors.torch import load_file, save, save_file
 
 import headscope.engine.api.report as report_module
 from headscope.engine.api.model import open_model, read_structure
-from headscope.engine.circuits.scores import nonfinite_heads
+from headscope.engine.circuits.fast import numpy_weights
+from headscope.engine.circuits.spectral import nonfinite_heads
 from headscope.engine.core import files
 from headscope.engine.core.errors import (
     CheckpointChangedError,
@@ -379,12 +380,11 @@ def test_cli_out_of_memory_is_one_line(
 
 @pytest.mark.parametrize("path", ["numpy", "torch"])
 def test_engine_out_of_memory_is_a_resource_error(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
-    """The weight sweep runs in numpy (engine.fast), or in torch where that does not apply:
+    """The weight sweep runs in numpy (engine.circuits.spectral), the behavioural pass in torch:
     either allocator's failure is one line with the size asked for."""
     import numpy as np
 
-    import headscope.engine.circuits.fast as fast
-    import headscope.engine.circuits.scores as scores
+    import headscope.engine.circuits.spectral as spectral
 
     def exhausted(*args: Any, **kwargs: Any) -> Any:
         if path == "torch":
@@ -395,11 +395,7 @@ def test_engine_out_of_memory_is_a_resource_error(monkeypatch: pytest.MonkeyPatc
             from numpy.core._exceptions import _ArrayMemoryError
         raise _ArrayMemoryError((85899345920 // 4,), np.dtype(np.float32))
 
-    if path == "torch":
-        monkeypatch.setattr(fast, "numpy_weights", lambda model: None)
-    monkeypatch.setattr(fast, "spectral_scores", exhausted)
-    monkeypatch.setattr(scores, "all_copying_scores", exhausted)
-    monkeypatch.setattr(scores, "spectral_scores", exhausted)  # the one-pass sweep without a store
+    monkeypatch.setattr(spectral, "spectral_scores", exhausted)
 
     async def go() -> None:
         engine = Engine("sample_models/attn-only-2l", prefetch=False)
@@ -478,7 +474,7 @@ def test_nonfinite_flags_heads_whose_attention_is_not_finite(
     tensors["transformer.wpe.weight"] = torch.full_like(tensors["transformer.wpe.weight"], 3e38)
     save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
     m = open_model(d, raw=True)
-    assert nonfinite_heads(m.weights) == []  # the stored attention weights are finite
+    assert nonfinite_heads(numpy_weights(m)) == []  # the stored attention weights are finite
     rows = m.heads()
     assert all(r["nonfinite"] for r in rows)
     assert all(r["copying_score"] == r["copying_score"] for r in rows)  # weight scores finite

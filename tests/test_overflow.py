@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 import torch
 
+from headscope.engine.circuits import composition, spectral
 from headscope.engine.circuits import head_circuits as circuits
-from headscope.engine.circuits import scores
 from headscope.engine.circuits.factored import tame
+from headscope.engine.circuits.fast import numpy_weights
 from headscope.engine.model.loading import open_model
 from tests.hf_fixtures import D_MODEL, N_HEADS, build_gpt2
 
@@ -64,21 +65,23 @@ def assert_clean_exit(proc: subprocess.CompletedProcess[str]) -> None:
 
 API_SCRIPT = r"""
 import json, math, sys
-from headscope.engine.circuits import head_circuits as circuits, scores
-from headscope.engine.circuits.factored import tame
+from headscope.engine.circuits import composition, head_circuits as circuits, scores, spectral
+from headscope.engine.circuits.fast import numpy_weights
 from headscope.engine.model.loading import open_model
 
-w = open_model(sys.argv[1]).weights
+model = open_model(sys.argv[1])
+w = numpy_weights(model)
 L, H = int(sys.argv[2]), int(sys.argv[3])
 clean = lambda t: [None if math.isnan(v) else v for v in t.flatten().tolist()]
+sweep = spectral.spectral_scores(w)
 out = {
-    "nonfinite": scores.nonfinite_heads(w),
-    "copying": clean(scores.all_copying_scores(w)),
-    "positivity": clean(scores.all_qk_positivity(w)),
-    "copying_one": scores.copying_score(circuits.full_ov(w, L, H)),
-    "positivity_one": scores.qk_positivity(circuits.token_qk(w, L, H)),
-    "composition": {k: clean(scores.composition_scores(w, k).scores) for k in "qkv"},
-    "induction": clean(scores.behaviour_scores(w, seq_len=8)["induction"]),
+    "nonfinite": spectral.nonfinite_heads(w),
+    "copying": clean(sweep["copying_score"]),
+    "positivity": clean(sweep["qk_positivity"]),
+    "copying_one": spectral.copying_score(circuits.full_ov(w, L, H)),
+    "positivity_one": spectral.qk_positivity(circuits.token_qk(w, L, H)),
+    "composition": {k: clean(composition.composition_scores(w, k).scores) for k in "qkv"},
+    "induction": clean(scores.behaviour_scores(model.weights, seq_len=8)["induction"]),
     "ov_singular": circuits.ov(w, L, H).svd()[1].tolist(),
     "qk_singular": circuits.qk(w, L, H).S.tolist(),
     "ov_eigenvalues": [abs(z) for z in circuits.full_ov(w, L, H).eigenvalues_double().tolist()],
@@ -103,15 +106,16 @@ def test_huge_head_through_the_api_in_a_subprocess(huge_and_reference: tuple[Pat
     got = json.loads(proc.stdout)
     assert got["nonfinite"] == [[LAYER, HEAD]]  # flagged: its forward pass overflows
     # The weight-based scores are scale-free: the 1e19 head scores as the unscaled one.
-    w = open_model(ref).weights
-    _close(got["copying"], scores.all_copying_scores(w).flatten().tolist())
-    _close(got["positivity"], scores.all_qk_positivity(w).flatten().tolist())
+    w = numpy_weights(open_model(ref))
+    sweep = spectral.spectral_scores(w)
+    _close(got["copying"], sweep["copying_score"].flatten().tolist())
+    _close(got["positivity"], sweep["qk_positivity"].flatten().tolist())
     assert got["copying_one"] == pytest.approx(
-        scores.copying_score(circuits.full_ov(w, LAYER, HEAD)), abs=1e-4)
+        spectral.copying_score(circuits.full_ov(w, LAYER, HEAD)), abs=1e-4)
     assert got["positivity_one"] == pytest.approx(
-        scores.qk_positivity(circuits.token_qk(w, LAYER, HEAD)), abs=1e-4)
+        spectral.qk_positivity(circuits.token_qk(w, LAYER, HEAD)), abs=1e-4)
     for kind in "qkv":
-        _close(got["composition"][kind], scores.composition_scores(w, kind).scores.flatten().tolist())
+        _close(got["composition"][kind], composition.composition_scores(w, kind).scores.flatten().tolist())
     # Its behaviour cannot be computed in float32: NaN (null), flagged above; layer 0 is upstream.
     induction = torch.tensor([math.nan if v is None else v for v in got["induction"]]).view(2, -1)
     assert math.isnan(induction[LAYER, HEAD]) and torch.isfinite(induction[0]).all()
@@ -130,16 +134,16 @@ def test_huge_head_through_the_cli_in_a_subprocess(huge_and_reference: tuple[Pat
     row = rows[(LAYER, HEAD)]
     assert row["nonfinite"] is True
     assert sum(r["nonfinite"] for r in rows.values()) == 1
-    w = open_model(ref).weights
-    assert row["copying_score"] == pytest.approx(float(scores.all_copying_scores(w)[LAYER, HEAD]), abs=1e-4)
-    assert row["qk_positivity"] == pytest.approx(float(scores.all_qk_positivity(w)[LAYER, HEAD]), abs=1e-4)
+    sweep = spectral.spectral_scores(numpy_weights(open_model(ref)))
+    assert row["copying_score"] == pytest.approx(float(sweep["copying_score"][LAYER, HEAD]), abs=1e-4)
+    assert row["qk_positivity"] == pytest.approx(float(sweep["qk_positivity"][LAYER, HEAD]), abs=1e-4)
     assert row["prev_token_score"] is None  # NaN in JSON: the forward pass overflows
 
 
 def test_realistic_weights_are_not_flagged_or_rescaled(huge_and_reference: tuple[Path, Path]) -> None:
     _, ref = huge_and_reference
-    w = open_model(ref).weights
-    assert scores.nonfinite_heads(w) == []
+    w = numpy_weights(open_model(ref))
+    assert spectral.nonfinite_heads(w) == []
     x = w.get("blocks.0.attn.W_V")
     assert tame(x) is x  # untouched: bit-identical scores for every ordinary model
 
@@ -202,12 +206,12 @@ def test_diff_with_a_huge_head_in_a_subprocess(diff_models_on_disk: dict[str, Pa
 
 
 def test_diff_with_a_different_d_model_and_d_head(diff_models_on_disk: dict[str, Path]) -> None:
-    from headscope.engine.sweeps.diff import circuit_similarity
+    from headscope.engine.circuits.similarity import circuit_similarity
 
     out = run_diff(diff_models_on_disk["base"], diff_models_on_disk["distilled"])
-    sim = circuit_similarity(open_model(diff_models_on_disk["base"]).weights,
-                             open_model(diff_models_on_disk["distilled"]).weights)
+    ov, _ = circuit_similarity(numpy_weights(open_model(diff_models_on_disk["base"])),
+                               numpy_weights(open_model(diff_models_on_disk["distilled"])))
     for r in out["heads"]:
-        assert r["ov_similarity"] == pytest.approx(float(sim.ov[r["layer"], r["head"], r["head"]]), abs=1e-5)
+        assert r["ov_similarity"] == pytest.approx(float(ov[r["layer"], r["head"], r["head"]]), abs=1e-5)
         assert "read_subspace_cos" not in r  # residual streams of different widths: no angles
         assert r["nonfinite"] is False

@@ -15,8 +15,9 @@ import torch
 
 from headscope.engine.api import report
 from headscope.engine.api.model import open_model
+from headscope.engine.circuits import directions, reading
 from headscope.engine.circuits import head_circuits as circuits
-from headscope.engine.circuits import reading
+from headscope.engine.circuits.fast import numpy_weights
 from headscope.engine.core.errors import IndexOutOfRangeError, InvalidRequestError
 from headscope.engine.core.validation import SCORE_NAMES, Z_NAMES
 from headscope.engine.forward.transformer import run
@@ -48,16 +49,18 @@ def head_weights(w: Any, layer: int, head: int) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("kind", ["ov", "qk"])
 def test_factored_directions_equal_the_dense_svd_up_to_sign(model: Any, kind: str) -> None:
-    w = model.weights
+    w = numpy_weights(model)
     fm = circuits.full_ov(w, 1, 2) if kind == "ov" else circuits.token_qk(w, 1, 2)
-    dense = fm.AB.double()  # 414 × 414: small enough to decompose here, never in the engine
+    dense = torch.from_numpy(fm.AB).double()  # 414 × 414: small enough to decompose here, never in the engine
     u, s, vh = torch.linalg.svd(dense)
-    found = reading.signed_directions(fm, 5)
-    np.testing.assert_allclose(found.s.numpy(), s[:5].numpy(), rtol=1e-4)
+    found = directions.signed_directions(fm, 5)
+    np.testing.assert_allclose(found.s, s[:5].numpy(), rtol=1e-4)
     for i in range(5):
-        sign = torch.sign(found.u[:, i].double() @ u[:, i])
-        torch.testing.assert_close(found.u[:, i].double(), sign * u[:, i], atol=1e-4, rtol=0)
-        torch.testing.assert_close(found.v[:, i].double(), sign * vh[i], atol=1e-4, rtol=0)
+        fu, fv = torch.from_numpy(found.u[:, i]).double(), torch.from_numpy(found.v[:, i]).double()
+        sign = torch.sign(fu @ u[:, i])
+        torch.testing.assert_close(fu, sign * u[:, i], atol=1e-4, rtol=0)
+        torch.testing.assert_close(fv, sign * vh[i], atol=1e-4, rtol=0)
+        assert float(fu[fu.abs().argmax()]) > 0  # the sign: the largest entry of u is positive
     got = compute.singular_directions(model, 1, 2, kind, 5, 10)
     for i, d in enumerate(got.directions):  # tokens ranked as the dense columns rank them
         assert list(d.in_ids) == u[:, i].abs().topk(10).indices.tolist()
@@ -66,9 +69,9 @@ def test_factored_directions_equal_the_dense_svd_up_to_sign(model: Any, kind: st
 
 
 def test_overlap_counts_shared_tokens_with_their_sign() -> None:
-    assert reading.overlap([1, 2, 3, 4], [1.0, -1.0, 1.0, 1.0], [2, 1, 9], [-2.0, 3.0, 1.0]) == 0.5
-    assert reading.overlap([1, 2], [1.0, 1.0], [1, 2], [-1.0, -1.0]) == -1.0
-    assert reading.overlap([1, 2], [1.0, 1.0], [3, 4], [1.0, 1.0]) == 0.0
+    assert directions.overlap([1, 2, 3, 4], [1.0, -1.0, 1.0, 1.0], [2, 1, 9], [-2.0, 3.0, 1.0]) == 0.5
+    assert directions.overlap([1, 2], [1.0, 1.0], [1, 2], [-1.0, -1.0]) == -1.0
+    assert directions.overlap([1, 2], [1.0, 1.0], [3, 4], [1.0, 1.0]) == 0.0
 
 
 def test_svd_json_schema_and_the_copying_head_reads_what_it_writes(capsys) -> None:
@@ -97,10 +100,13 @@ def test_virtual_heads_equal_the_dense_products(model: Any) -> None:
     ov_a = a["W_V"].double() @ a["W_O"].double()
     virtual = w_e @ ov_a @ b["W_V"].double() @ b["W_O"].double() @ w_u
     k_path = w_e @ b["W_Q"].double() @ b["W_K"].double().T @ ov_a.T @ w_e.T
-    torch.testing.assert_close(reading.virtual_ov(w, PREV_TOKEN_HEAD, INDUCTION_HEAD).AB.double(),
-                               virtual, atol=1e-3, rtol=1e-4)
-    torch.testing.assert_close(reading.k_path(w, PREV_TOKEN_HEAD, INDUCTION_HEAD).AB.double(),
-                               k_path, atol=1e-3, rtol=1e-4)
+    nw = numpy_weights(model)
+    torch.testing.assert_close(
+        torch.from_numpy(directions.virtual_ov(nw, PREV_TOKEN_HEAD, INDUCTION_HEAD).AB).double(),
+        virtual, atol=1e-3, rtol=1e-4)
+    torch.testing.assert_close(
+        torch.from_numpy(directions.k_path(nw, PREV_TOKEN_HEAD, INDUCTION_HEAD).AB).double(),
+        k_path, atol=1e-3, rtol=1e-4)
 
 
 def test_the_prev_token_to_induction_path_shows_the_mechanism(model: Any, capsys) -> None:
@@ -227,10 +233,28 @@ def test_the_table_and_its_null_come_from_one_forward_pass(model: Any, monkeypat
 
 
 def test_null_spectral_scores_are_scale_free() -> None:
+    middle = torch.randn(16, 16, generator=torch.Generator().manual_seed(3)).numpy()
+    a = directions.null_spectral_scores(middle, 4, seed=0, samples=8)
+    b = directions.null_spectral_scores(middle * 1e3, 4, seed=0, samples=8)
+    np.testing.assert_allclose(a, b, rtol=1.3e-6, atol=1e-5)
+
+
+def test_null_spectral_scores_draw_torchs_seeded_normals() -> None:
+    """The random heads are ``torch.randn``'s, seeded as before (numbers kept across the move to
+    numpy): every draw within one float32 ulp, the scores as the torch computation gives them."""
+    g = torch.Generator().manual_seed(5)
+    bits = np.random.RandomState(5)._bit_generator
+    for size in (16 * 7, 1000, 37):
+        want = torch.randn(size, generator=g).numpy()
+        got = directions.torch_normals(bits, size)
+        np.testing.assert_allclose(got, want, rtol=3e-7, atol=3e-7)
     middle = torch.randn(16, 16, generator=torch.Generator().manual_seed(3))
-    a = reading.null_spectral_scores(middle, 4, seed=0, samples=8)
-    b = reading.null_spectral_scores(middle * 1e3, 4, seed=0, samples=8)
-    torch.testing.assert_close(a, b)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(8, 16, 4, generator=g), torch.randn(8, 16, 4, generator=g)
+    eig = torch.linalg.eigvals((y.transpose(-2, -1) @ middle @ x).double())
+    want = (eig.real.sum(-1) / eig.abs().sum(-1)).float().numpy()
+    np.testing.assert_allclose(directions.null_spectral_scores(middle.numpy(), 4, seed=0, samples=8), want,
+                               atol=1e-6)
 
 
 def test_a_rotary_model_gets_sink_scores_and_a_null(llama_dir) -> None:
@@ -339,9 +363,9 @@ def test_the_model_api_gives_what_the_cli_prints(model: Any, capsys) -> None:
 
 
 def test_non_finite_embeddings_give_a_nan_null_not_a_crash() -> None:
-    middle = torch.eye(8)
+    middle = np.eye(8, dtype=np.float32)
     middle[2, 3] = float("nan")
-    assert torch.isnan(reading.null_spectral_scores(middle, 4, seed=0, samples=4)).all()
+    assert np.isnan(directions.null_spectral_scores(middle, 4, seed=0, samples=4)).all()
 
 
 def test_terminal_tables_print_token_strings_literally(monkeypatch, capsys) -> None:

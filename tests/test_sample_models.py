@@ -16,9 +16,7 @@ from safetensors import safe_open
 
 from headscope.engine.circuits.scores import (
     ablation_effects,
-    all_copying_scores,
     behaviour_scores,
-    composition_scores,
     repeated_tokens,
 )
 from headscope.engine.forward.transformer import run
@@ -26,6 +24,7 @@ from headscope.engine.model.loading import open_model
 from headscope.sample_models import corpus
 from headscope.sample_models.model import ModelShape, TinyTransformer, copying_scores
 from tests.conftest import INDUCTION_HEAD, PREV_TOKEN_HEAD, sample_model
+from tests.weight_algebra import all_copying_scores, composition_scores
 
 # Clear margins for zero-ablation (nats of mean loss on the second copy of the engine's
 # repeated random tokens, where the intact model's loss is ≈ 0.04); the measured values are

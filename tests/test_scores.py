@@ -1,22 +1,47 @@
-"""Scores (docs/math.md, "Scores"): batched sweeps against per-head dense definitions, constructed heads
-with known answers, seeds, cancellation and non-finite weights."""
+"""Scores (docs/math.md, "Scores"): the weight-only sweeps (``spectral``, ``composition``,
+numpy) and the behavioural ones against per-head dense definitions, constructed heads with
+known answers, seeds, cancellation and non-finite weights."""
 
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
+from headscope.engine.circuits import composition as comp_mod
 from headscope.engine.circuits import head_circuits as circuits
-from headscope.engine.circuits import scores
+from headscope.engine.circuits import scores, spectral
 from headscope.engine.circuits.factored import FactoredMatrix
+from headscope.engine.circuits.fast import TorchWeightsAsNumpy
 from headscope.engine.core.config import ModelConfig
 from headscope.engine.core.errors import CancelledError, InvalidRequestError
 from headscope.engine.forward.transformer import run
 from headscope.engine.model.weights import DictWeights
 from tests.test_circuits import random_weights
+
+
+def nw(w: DictWeights) -> TorchWeightsAsNumpy:
+    """The numpy weights surface the weight algebra reads."""
+    return TorchWeightsAsNumpy(w)
+
+
+def all_copying_scores(w: DictWeights, progress=None, cancelled=None) -> torch.Tensor:
+    """``spectral.spectral_scores``' copying scores ``[L, H]``, as a tensor."""
+    return torch.from_numpy(spectral.spectral_scores(nw(w), progress, cancelled)["copying_score"])
+
+
+def all_qk_positivity(w: DictWeights, progress=None, cancelled=None) -> torch.Tensor:
+    return torch.from_numpy(spectral.spectral_scores(nw(w), progress, cancelled)["qk_positivity"])
+
+
+def composition_scores(w: DictWeights, kind: str, seed: int = 0, progress=None, cancelled=None) -> SimpleNamespace:
+    """``composition.composition_scores``, its scores as a tensor."""
+    found = comp_mod.composition_scores(nw(w), kind, seed, progress, cancelled)
+    return SimpleNamespace(kind=found.kind, scores=torch.from_numpy(found.scores), baseline=found.baseline)
+
 
 # -- reference implementations (dense, one head or pair at a time) ---------------------------
 
@@ -145,15 +170,15 @@ def induction_model() -> DictWeights:
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 def test_identity_copying_head_scores_plus_one_and_its_negation_minus_one(sign):
     w = copying_model(sign)
-    assert scores.copying_score(circuits.full_ov(w, 0, 0)) == pytest.approx(sign, abs=1e-5)
-    assert float(scores.all_copying_scores(w)[0, 0]) == pytest.approx(sign, abs=1e-5)
+    assert spectral.copying_score(circuits.full_ov(nw(w), 0, 0)) == pytest.approx(sign, abs=1e-5)
+    assert float(all_copying_scores(w)[0, 0]) == pytest.approx(sign, abs=1e-5)
 
 
 @pytest.mark.parametrize("n_kv_heads", [None, 2])
 def test_batched_spectral_scores_equal_the_dense_per_head_definition(n_kv_heads):
     w = random_weights(n_kv_heads=n_kv_heads, d_vocab=9)
     w_e, w_u = w.get("embed.W_E"), w.get("unembed.W_U")
-    copying, positivity = scores.all_copying_scores(w), scores.all_qk_positivity(w)
+    copying, positivity = all_copying_scores(w), all_qk_positivity(w)
     assert copying.shape == positivity.shape == (2, 4)
     for layer in range(2):
         for head in range(4):
@@ -163,8 +188,8 @@ def test_batched_spectral_scores_equal_the_dense_per_head_definition(n_kv_heads)
             want_p = dense_spectral_score(w_e @ q @ k.T @ w_e.T)
             assert float(copying[layer, head]) == pytest.approx(want_c, abs=1e-4)
             assert float(positivity[layer, head]) == pytest.approx(want_p, abs=1e-4)
-            assert scores.copying_score(circuits.full_ov(w, layer, head)) == pytest.approx(want_c, abs=1e-4)
-            assert scores.qk_positivity(circuits.token_qk(w, layer, head)) == pytest.approx(want_p, abs=1e-4)
+            assert spectral.copying_score(circuits.full_ov(nw(w), layer, head)) == pytest.approx(want_c, abs=1e-4)
+            assert spectral.qk_positivity(circuits.token_qk(nw(w), layer, head)) == pytest.approx(want_p, abs=1e-4)
 
 
 # -- composition -------------------------------------------------------------------------------
@@ -174,7 +199,7 @@ def test_batched_spectral_scores_equal_the_dense_per_head_definition(n_kv_heads)
 @pytest.mark.parametrize("n_kv_heads", [None, 2])
 def test_batched_composition_equals_the_dense_per_pair_definition(kind, n_kv_heads):
     w = random_weights(n_layers=3, n_kv_heads=n_kv_heads)
-    result = scores.composition_scores(w, kind, seed=5)
+    result = composition_scores(w, kind, seed=5)
     assert result.kind == kind and result.scores.shape == (3, 4, 3, 4)
     torch.testing.assert_close(result.scores, dense_composition(w, kind), rtol=1e-4, atol=1e-5)
     later_or_same = torch.arange(3)[:, None] >= torch.arange(3)[None, :]
@@ -185,16 +210,17 @@ def test_composition_score_is_its_definition_on_dense_matrices():
     """``‖W_A W_B‖_F / (‖W_A‖_F ‖W_B‖_F)``, from the factors, for rectangular factors and a
     batch; scale-free, and 1 when ``W_B`` only reads what ``W_A`` writes."""
     g = torch.Generator().manual_seed(3)
-    a = FactoredMatrix(torch.randn(5, 9, 3, generator=g, dtype=torch.float64),
-                       torch.randn(5, 3, 7, generator=g, dtype=torch.float64))
-    b = FactoredMatrix(torch.randn(5, 7, 2, generator=g, dtype=torch.float64),
-                       torch.randn(5, 2, 11, generator=g, dtype=torch.float64))
-    dense = torch.linalg.matrix_norm(a.AB @ b.AB) / (torch.linalg.matrix_norm(a.AB) * torch.linalg.matrix_norm(b.AB))
-    torch.testing.assert_close(scores.composition_score(a, b), dense)
-    torch.testing.assert_close(scores.composition_score(a * 3.0, b), dense)
-    u = torch.linalg.qr(torch.randn(6, 1, generator=g, dtype=torch.float64))[0]  # rank one, W_B = W_Aᵀ
+    a = FactoredMatrix(torch.randn(5, 9, 3, generator=g, dtype=torch.float64).numpy(),
+                       torch.randn(5, 3, 7, generator=g, dtype=torch.float64).numpy())
+    b = FactoredMatrix(torch.randn(5, 7, 2, generator=g, dtype=torch.float64).numpy(),
+                       torch.randn(5, 2, 11, generator=g, dtype=torch.float64).numpy())
+    ab, bb = torch.from_numpy(a.AB), torch.from_numpy(b.AB)
+    dense = torch.linalg.matrix_norm(ab @ bb) / (torch.linalg.matrix_norm(ab) * torch.linalg.matrix_norm(bb))
+    torch.testing.assert_close(torch.from_numpy(comp_mod.composition_score(a, b)), dense)
+    torch.testing.assert_close(torch.from_numpy(comp_mod.composition_score(a * 3.0, b)), dense)
+    u = torch.linalg.qr(torch.randn(6, 1, generator=g, dtype=torch.float64))[0].numpy()  # rank one, W_B = W_Aᵀ
     rank_one = FactoredMatrix(u, u.T)
-    assert float(scores.composition_score(rank_one, rank_one)) == pytest.approx(1.0)
+    assert float(comp_mod.composition_score(rank_one, rank_one)) == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("kind", ["q", "k", "v"])
@@ -203,23 +229,23 @@ def test_batched_composition_equals_composition_score_on_the_heads_circuits(kind
     """The fast path (reduced factors, one matmul per target layer) against the definition
     on each pair's FactoredMatrix circuits: OV₁ and QK₂ / QK₂ᵀ / OV₂."""
     w = random_weights(n_layers=3, n_kv_heads=n_kv_heads)
-    fast = scores.composition_scores(w, kind, seed=5).scores
+    fast = composition_scores(w, kind, seed=5).scores
     for l1 in range(3):
         for h1 in range(4):
             for l2 in range(l1 + 1, 3):
                 for h2 in range(4):
-                    target = {"q": circuits.qk(w, l2, h2), "k": circuits.qk(w, l2, h2).T,
-                              "v": circuits.ov(w, l2, h2)}[kind]
-                    want = scores.composition_score(circuits.ov(w, l1, h1), target)
+                    target = {"q": circuits.qk(nw(w), l2, h2), "k": circuits.qk(nw(w), l2, h2).T,
+                              "v": circuits.ov(nw(w), l2, h2)}[kind]
+                    want = comp_mod.composition_score(circuits.ov(nw(w), l1, h1), target)
                     assert float(fast[l1, h1, l2, h2]) == pytest.approx(float(want), rel=1e-4, abs=1e-6)
 
 
 def test_composition_baseline_is_seeded_and_matches_a_dense_monte_carlo_estimate():
-    a = scores.composition_baseline(16, 4, seed=1)
-    assert scores.composition_baseline(16, 4, seed=1) == a
-    assert scores.composition_baseline(16, 4, seed=2) != a
+    a = comp_mod.composition_baseline(16, 4, seed=1)
+    assert comp_mod.composition_baseline(16, 4, seed=1) == a
+    assert comp_mod.composition_baseline(16, 4, seed=2) != a
     w = random_weights()
-    assert scores.composition_scores(w, "k", seed=1).baseline == scores.composition_baseline(12, 5, seed=1)
+    assert composition_scores(w, "k", seed=1).baseline == comp_mod.composition_baseline(12, 5, seed=1)
     # Independent estimate: dense products of numpy Gaussian factors.
     rng = np.random.default_rng(0)
     ratios = []
@@ -227,18 +253,18 @@ def test_composition_baseline_is_seeded_and_matches_a_dense_monte_carlo_estimate
         ov1 = rng.standard_normal((16, 4)) @ rng.standard_normal((4, 16))
         qk2 = rng.standard_normal((16, 4)) @ rng.standard_normal((4, 16))
         ratios.append(np.linalg.norm(ov1 @ qk2) / (np.linalg.norm(ov1) * np.linalg.norm(qk2)))
-    assert scores.composition_baseline(16, 4, seed=1, samples=400) == pytest.approx(np.mean(ratios), abs=0.01)
+    assert comp_mod.composition_baseline(16, 4, seed=1, samples=400) == pytest.approx(np.mean(ratios), abs=0.01)
 
 
 def test_previous_token_head_feeding_an_induction_head_is_the_top_k_composition_edge():
     w = induction_model()
-    k_comp = scores.composition_scores(w, "k")
+    k_comp = composition_scores(w, "k")
     top = torch.nan_to_num(k_comp.scores, nan=-1.0).flatten().argmax()
     assert np.unravel_index(int(top), k_comp.scores.shape) == (0, 0, 1, 0)
     assert float(k_comp.scores[0, 0, 1, 0]) == pytest.approx(1 / math.sqrt(VOCAB), rel=1e-4)
     assert float(k_comp.scores[0, 0, 1, 0]) > k_comp.baseline
     # The previous-token head writes where the induction head's *key* reads, not its query.
-    assert float(scores.composition_scores(w, "q").scores[0, 0, 1, 0]) == pytest.approx(0, abs=1e-6)
+    assert float(composition_scores(w, "q").scores[0, 0, 1, 0]) == pytest.approx(0, abs=1e-6)
 
 
 # -- behaviour ---------------------------------------------------------------------------------------
@@ -355,17 +381,17 @@ def test_ablation_effects_are_loss_increases_and_the_induction_head_matters_most
 
 def test_sweeps_report_progress_up_to_one():
     w = random_weights(n_layers=3)
-    for sweep in (scores.all_copying_scores, scores.all_qk_positivity,
-                  lambda w, progress: scores.composition_scores(w, "v", progress=progress)):
+    for sweep in (all_copying_scores, all_qk_positivity,
+                  lambda w, progress: composition_scores(w, "v", progress=progress)):
         seen: list[float] = []
         sweep(w, progress=seen.append)
         assert seen == sorted(seen) and seen[-1] == 1.0
 
 
 @pytest.mark.parametrize("sweep", [
-    lambda w, c: scores.all_copying_scores(w, cancelled=c),
-    lambda w, c: scores.all_qk_positivity(w, cancelled=c),
-    lambda w, c: scores.composition_scores(w, "q", cancelled=c),
+    lambda w, c: all_copying_scores(w, cancelled=c),
+    lambda w, c: all_qk_positivity(w, cancelled=c),
+    lambda w, c: composition_scores(w, "q", cancelled=c),
     lambda w, c: scores.behaviour_scores(w, cancelled=c),
     lambda w, c: scores.ablation_effects(w, cancelled=c),
 ])
@@ -393,15 +419,15 @@ def with_nan(w: DictWeights, name: str, layer: int, head: int) -> DictWeights:
 def test_nan_weights_give_nan_scores_for_that_head_and_no_crash(name):
     clean = random_weights(n_layers=3)
     w = with_nan(clean, name, 1, 2)
-    assert scores.nonfinite_heads(w) == [(1, 2)]
-    assert scores.nonfinite_heads(clean) == []
+    assert spectral.nonfinite_heads(nw(w)) == [(1, 2)]
+    assert spectral.nonfinite_heads(nw(clean)) == []
     bad = torch.zeros(3, 4, dtype=torch.bool)
     bad[1, 2] = True
-    for sweep in (scores.all_copying_scores, scores.all_qk_positivity):
+    for sweep in (all_copying_scores, all_qk_positivity):
         s, ref = sweep(w), sweep(clean)
         assert torch.isnan(s[bad]).all()
         torch.testing.assert_close(s[~bad], ref[~bad])
-    comp, ref = scores.composition_scores(w, "k").scores, scores.composition_scores(clean, "k").scores
+    comp, ref = composition_scores(w, "k").scores, composition_scores(clean, "k").scores
     assert torch.isnan(comp[1, 2, 2]).all() and torch.isnan(comp[0, :, 1, 2]).all()
     assert comp[1, 2, 0].eq(0).all()  # no edge to an earlier layer: stays zero
     finite = ~torch.isnan(comp)
@@ -411,7 +437,7 @@ def test_nan_weights_give_nan_scores_for_that_head_and_no_crash(name):
     assert torch.isfinite(behaviour["induction"][0]).all()  # layer 0 is upstream of the NaN
     # The single-circuit scores see only their own factors: NaN when the NaN is in them.
     circuit = circuits.token_qk if name in ("W_Q", "W_K") else circuits.full_ov
-    assert math.isnan(scores.copying_score(circuit(w, 1, 2)))
+    assert math.isnan(spectral.copying_score(circuit(nw(w), 1, 2)))
 
 
 def test_a_zero_head_has_undefined_scores_not_a_crash():
@@ -421,15 +447,15 @@ def test_a_zero_head_has_undefined_scores_not_a_crash():
     w_o[1] = 0  # a pruned head: OV = 0, so every ratio is 0/0
     t["blocks.0.attn.W_O"] = w_o
     w = DictWeights(clean.cfg, t)
-    assert scores.nonfinite_heads(w) == []
-    assert torch.isnan(scores.all_copying_scores(w)[0, 1])
-    comp = scores.composition_scores(w, "v").scores
+    assert spectral.nonfinite_heads(nw(w)) == []
+    assert torch.isnan(all_copying_scores(w)[0, 1])
+    comp = composition_scores(w, "v").scores
     assert torch.isnan(comp[0, 1, 1]).all() and torch.isfinite(comp[0, 0, 1]).all()
 
 
 def test_r_factor_never_decomposes_a_non_finite_gram():
-    x = torch.randn(3, 10, 4, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(3, 10, 4, generator=torch.Generator().manual_seed(0)).numpy()
     x[1, 2, 3] = float("inf")
-    root = scores._r_factor(x)
-    assert torch.equal(root[1], torch.zeros(4, 4))
-    torch.testing.assert_close(root[0].T @ root[0], x[0].T @ x[0], atol=1e-4, rtol=1e-5)
+    root = comp_mod._r_factor(x)
+    np.testing.assert_array_equal(root[1], np.zeros((4, 4), np.float32))
+    np.testing.assert_allclose(root[0].T @ root[0], x[0].T @ x[0], atol=1e-4, rtol=1e-5)

@@ -14,6 +14,7 @@ from headscope.engine.core import errors
 from headscope.engine.forward import transformer as forward
 from headscope.engine.model.loading import open_model, read_structure
 from headscope.engine.service.engine import Engine
+from tests import weight_algebra as algebra
 
 
 @pytest.fixture
@@ -33,9 +34,9 @@ async def test_structure_at_once_and_blocks_equal_pure_circuits(gpt2):
     qk = await eng.circuit_block(1, 2, "qk", "token", rows, cols)
     ov = await eng.circuit_block(1, 2, "ov", "token", rows, cols)
     pos = await eng.circuit_block(0, 1, "qk", "position", [0, 3], [0, 1, 2])
-    np.testing.assert_allclose(qk.values, circuits.token_qk(w, 1, 2).block(rows, cols), rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(ov.values, circuits.full_ov(w, 1, 2).block(rows, cols), rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(pos.values, circuits.positional_qk(w, 0, 1).block([0, 3], [0, 1, 2]), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(qk.values, circuits.token_qk(algebra.nw(w), 1, 2).block(rows, cols), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(ov.values, circuits.full_ov(algebra.nw(w), 1, 2).block(rows, cols), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(pos.values, circuits.positional_qk(algebra.nw(w), 0, 1).block([0, 3], [0, 1, 2]), rtol=1e-4, atol=1e-5)
     assert qk.row_ids == tuple(rows) and len(qk.row_labels) == 4
     assert qk.vmin == pytest.approx(float(qk.values.min())) and not qk.values.flags.writeable
     assert ov.note == "W_U is tied W_Eᵀ"
@@ -55,14 +56,14 @@ async def test_spectrum_and_sweeps_equal_pure_scores(gpt2):
     eng, model = gpt2
     w = model.weights
     spec = await eng.spectrum(1, 0, "ov")
-    assert spec.score == pytest.approx(scores.copying_score(circuits.full_ov(w, 1, 0)), abs=1e-5)
-    expected = np.sort_complex(circuits.full_ov(w, 1, 0).eigenvalues.numpy())
+    assert spec.score == pytest.approx(algebra.copying_score(circuits.full_ov(algebra.nw(w), 1, 0)), abs=1e-5)
+    expected = np.sort_complex(circuits.full_ov(algebra.nw(w), 1, 0).eigenvalues)
     np.testing.assert_allclose(np.sort_complex(spec.eigenvalues), expected, rtol=1e-3, atol=1e-4)
 
     seen = []
     table = await eng.all_head_scores(progress=seen.append)
-    np.testing.assert_allclose(table.copying_score, scores.all_copying_scores(w), atol=1e-5)
-    np.testing.assert_allclose(table.qk_positivity, scores.all_qk_positivity(w), atol=1e-5)
+    np.testing.assert_allclose(table.copying_score, algebra.all_copying_scores(w), atol=1e-5)
+    np.testing.assert_allclose(table.qk_positivity, algebra.all_qk_positivity(w), atol=1e-5)
     behaviour = scores.behaviour_scores(w, seed=0)
     for name in ("prev_token", "duplicate_token", "induction"):
         np.testing.assert_allclose(getattr(table, f"{name}_score"), behaviour[name], atol=1e-5)
@@ -75,7 +76,7 @@ async def test_spectrum_and_sweeps_equal_pure_scores(gpt2):
     assert hs.copying_score == pytest.approx(float(table.copying_score[1, 1]))
 
     comp = await eng.composition("k")
-    ref = scores.composition_scores(w, "k", seed=0)
+    ref = algebra.composition_scores(w, "k", seed=0)
     np.testing.assert_allclose(comp.scores, ref.scores, atol=1e-5)
     assert comp.baseline == pytest.approx(float(ref.baseline))
     l1, _h1, l2, _h2, excess = comp.top_edges[0]

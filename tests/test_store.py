@@ -17,7 +17,10 @@ import numpy as np
 import pytest
 
 from headscope.engine.api import report
-from headscope.engine.circuits import fast, scores
+from headscope.engine.circuits import composition as composition_module
+from headscope.engine.circuits import scores
+from headscope.engine.circuits import spectral as spectral_module
+from headscope.engine.circuits.fast import numpy_weights
 from headscope.engine.model.loading import open_model
 from headscope.engine.sweeps import compute
 from headscope.engine.sweeps.store import ResultStore, fingerprint
@@ -45,13 +48,18 @@ def store(tmp_path: Path) -> ResultStore:
     return ResultStore(tmp_path / "store")
 
 
-class Counter:
-    """Wraps a function of ``scores`` (or ``fast``) and counts its calls; counters made with
-    the same ``tally`` share one count."""
+# where each counted function lives
+HOME = {"_batched_spectral_score": spectral_module, "_pair_scores": composition_module,
+        "behaviour_scores": scores}
 
-    def __init__(self, name: str, module: Any = scores, tally: list[int] | None = None) -> None:
+
+class Counter:
+    """Wraps a function of ``HOME[name]`` and counts its calls; counters made with the same
+    ``tally`` share one count."""
+
+    def __init__(self, name: str, tally: list[int] | None = None) -> None:
         self.name, self.tally = name, [0] if tally is None else tally
-        self.real = getattr(module, name)
+        self.real = getattr(HOME[name], name)
 
     @property
     def calls(self) -> int:
@@ -63,12 +71,9 @@ class Counter:
 
 
 def counting(monkeypatch: pytest.MonkeyPatch, name: str) -> Counter:
-    """Counts the calls of ``scores.<name>`` and of its torch-free twin ``fast.<name>`` (the
-    path ``compute`` takes where it applies), together."""
+    """Counts the calls of ``HOME[name].<name>`` (the one code path ``compute`` takes)."""
     counter = Counter(name)
-    monkeypatch.setattr(scores, name, counter)
-    if hasattr(fast, name):
-        monkeypatch.setattr(fast, name, Counter(name, fast, counter.tally))
+    monkeypatch.setattr(HOME[name], name, counter)
     return counter
 
 
@@ -117,12 +122,14 @@ def test_spectral_sweep_equals_the_per_head_definition(deep_gpt2, store) -> None
     from headscope.engine.circuits import head_circuits as circuits
 
     model = open_model(deep_gpt2)
-    memo = store.for_model(model).memo("copying_score", (model.cfg.n_heads,))
-    scores.all_copying_scores(model.weights, memo=memo)
-    stored = scores.all_copying_scores(model.weights, memo=memo)
+    entry = store.for_model(model)
+    memos = {name: entry.memo(name, (model.cfg.n_heads,)) for name in ("copying_score", "qk_positivity")}
+    w = numpy_weights(model)
+    spectral_module.spectral_scores(w, memos=memos)
+    stored = spectral_module.spectral_scores(w, memos=memos)["copying_score"]
     for layer in range(N_LAYERS):
         for head in range(model.cfg.n_heads):
-            expected = scores.copying_score(circuits.full_ov(model.weights, layer, head))
+            expected = spectral_module.copying_score(circuits.full_ov(w, layer, head))
             assert float(stored[layer, head]) == pytest.approx(expected, rel=1e-4, abs=1e-5)
 
 
@@ -171,15 +178,17 @@ def test_processing_mode_and_seed_are_separate_entries(deep_gpt2, store) -> None
 def test_interrupted_spectral_sweep_resumes_with_the_missing_layers(deep_gpt2, store, monkeypatch, k) -> None:
     model = open_model(deep_gpt2)
     entry = store.for_model(model)
-    memo = entry.memo("qk_positivity", (model.cfg.n_heads,))
+    memos = {name: entry.memo(name, (model.cfg.n_heads,)) for name in ("copying_score", "qk_positivity")}
     with pytest.raises(KeyboardInterrupt):
-        scores.all_qk_positivity(model.weights, progress=raise_after(k), memo=memo)
-    assert entry.computed == k  # each layer stored as soon as it was done
+        spectral_module.spectral_scores(numpy_weights(model), progress=raise_after(k), memos=memos)
+    assert entry.computed == 2 * k  # each layer's two parts stored as soon as it was done
     spectral = counting(monkeypatch, "_batched_spectral_score")
-    resumed = scores.all_qk_positivity(open_model(deep_gpt2).weights, memo=memo)
-    assert spectral.calls == N_LAYERS - k
-    monkeypatch.setattr(scores, "_batched_spectral_score", spectral.real)
-    same(resumed, scores.all_qk_positivity(model.weights))
+    resumed = spectral_module.spectral_scores(numpy_weights(open_model(deep_gpt2)), memos=memos)
+    assert spectral.calls == 2 * (N_LAYERS - k)  # copying and QK positivity of the missing layers
+    monkeypatch.setattr(spectral_module, "_batched_spectral_score", spectral.real)
+    fresh = spectral_module.spectral_scores(numpy_weights(model))
+    same(resumed["qk_positivity"], fresh["qk_positivity"])
+    same(resumed["copying_score"], fresh["copying_score"])
 
 
 @pytest.mark.parametrize("k", [1, 3])
@@ -193,7 +202,7 @@ def test_interrupted_composition_resumes_with_the_missing_tiles(deep_gpt2, store
     pairs = counting(monkeypatch, "_pair_scores")
     resumed = compute.composition(open_model(deep_gpt2), "k", store=store.for_model(model))
     assert pairs.calls == N_LAYERS - 1 - k
-    monkeypatch.setattr(scores, "_pair_scores", pairs.real)
+    monkeypatch.setattr(composition_module, "_pair_scores", pairs.real)
     same(resumed.scores, compute.composition(model, "k").scores)
 
 
@@ -241,7 +250,7 @@ def test_interrupted_head_table_resumes_and_equals_an_uninterrupted_one(deep_gpt
     spectral = counting(monkeypatch, "_batched_spectral_score")
     resumed = report.head_table(open_model(deep_gpt2), store=store)
     assert spectral.calls == 2 * (N_LAYERS - 3)  # copying and QK positivity of the 2 missing layers
-    monkeypatch.setattr(scores, "_batched_spectral_score", spectral.real)
+    monkeypatch.setattr(spectral_module, "_batched_spectral_score", spectral.real)
     assert json.dumps(resumed) == json.dumps(report.head_table(model))
 
 
@@ -283,7 +292,7 @@ def test_a_rewritten_tensor_invalidates_the_entry(model_copy, store, monkeypatch
     spectral = counting(monkeypatch, "_batched_spectral_score")
     new = compute.score_table(changed, store=entry)
     assert spectral.calls == 2 * N_LAYERS and entry.loaded == 0
-    monkeypatch.setattr(scores, "_batched_spectral_score", spectral.real)
+    monkeypatch.setattr(spectral_module, "_batched_spectral_score", spectral.real)
     same(new.copying_score, compute.score_table(open_model(model_copy)).copying_score)
     assert not np.array_equal(new.copying_score, old.copying_score)
 
@@ -425,7 +434,7 @@ async def test_a_cancelled_engine_sweep_resumes_in_the_next_engine(deep_gpt2, st
     engine = Engine(None, model=open_model(deep_gpt2), store=store, prefetch=False)
     loop = asyncio.get_running_loop()
     task: asyncio.Task[Any] | None = None
-    real_pairs, real_fast_pairs = scores._pair_scores, fast._pair_scores
+    real_pairs = composition_module._pair_scores
     tiles = []
 
     def then_cancel(real: Any) -> Any:
@@ -441,9 +450,7 @@ async def test_a_cancelled_engine_sweep_resumes_in_the_next_engine(deep_gpt2, st
 
         return pairs_then_cancel
 
-    # either path of compute.composition (torch, or engine/fast.py's numpy)
-    monkeypatch.setattr(scores, "_pair_scores", then_cancel(real_pairs))
-    monkeypatch.setattr(fast, "_pair_scores", then_cancel(real_fast_pairs))
+    monkeypatch.setattr(composition_module, "_pair_scores", then_cancel(real_pairs))
     try:
         task = asyncio.ensure_future(engine.composition("v"))
         with pytest.raises((asyncio.CancelledError, CancelledError)):
@@ -457,8 +464,7 @@ async def test_a_cancelled_engine_sweep_resumes_in_the_next_engine(deep_gpt2, st
         assert stored.computed == 2  # tiles 1 and 2 were finished, and kept
     finally:
         await engine.aclose()
-    monkeypatch.setattr(scores, "_pair_scores", real_pairs)
-    monkeypatch.setattr(fast, "_pair_scores", real_fast_pairs)
+    monkeypatch.setattr(composition_module, "_pair_scores", real_pairs)
     pairs = counting(monkeypatch, "_pair_scores")
     reopened = Engine(None, model=open_model(deep_gpt2), store=store, prefetch=False)
     try:
@@ -467,7 +473,7 @@ async def test_a_cancelled_engine_sweep_resumes_in_the_next_engine(deep_gpt2, st
     finally:
         await reopened.aclose()
     assert pairs.calls == N_LAYERS - 1 - 2
-    monkeypatch.setattr(scores, "_pair_scores", pairs.real)
+    monkeypatch.setattr(composition_module, "_pair_scores", pairs.real)
     same(resumed.scores, compute.composition(open_model(deep_gpt2), "v").scores)
 
 
@@ -541,23 +547,24 @@ async def test_the_explorer_status_bar_says_where_the_scores_came_from(gpt2_dir,
 
 
 @pytest.mark.parametrize("tile_bytes", [1, 768 << 20])  # one source layer per block, or all in one
-def test_torch_composition_sweep_resumes_from_its_memo(deep_gpt2, store, monkeypatch, tile_bytes) -> None:
+def test_composition_sweep_resumes_from_its_memo(deep_gpt2, store, monkeypatch, tile_bytes) -> None:
     model = open_model(deep_gpt2)
     entry = store.for_model(model)
     memo = entry.memo("composition-q", ())
     with pytest.raises(KeyboardInterrupt):  # during target layer 3: targets 1 and 2 are whole
-        scores.composition_scores(model.weights, "q", memo=memo, tile_bytes=1 << 40,
+        composition_module.composition_scores(numpy_weights(model), "q", memo=memo, tile_bytes=1 << 40,
                                   on_tile=lambda t: (_ for _ in ()).throw(KeyboardInterrupt)
                                   if t.target == 3 else None)
     assert entry.computed == 2
     pairs = counting(monkeypatch, "_pair_scores")
     seen: list[tuple[int, int]] = []
-    resumed = scores.composition_scores(open_model(deep_gpt2).weights, "q", memo=memo, tile_bytes=tile_bytes,
+    resumed = composition_module.composition_scores(numpy_weights(open_model(deep_gpt2)), "q", memo=memo,
+                                                    tile_bytes=tile_bytes,
                                         on_tile=lambda t: seen.append((t.source, t.target)))
     # stored targets 1, 2 are not recomputed; every pair still reaches on_tile once
-    assert sorted(seen) == sorted(scores.composition_pairs(N_LAYERS))
+    assert sorted(seen) == sorted(composition_module.composition_pairs(N_LAYERS))
     assert entry.computed == N_LAYERS - 1
-    monkeypatch.setattr(scores, "_pair_scores", pairs.real)
-    fresh = scores.composition_scores(model.weights, "q")
+    monkeypatch.setattr(composition_module, "_pair_scores", pairs.real)
+    fresh = composition_module.composition_scores(numpy_weights(model), "q")
     same(resumed.scores, fresh.scores)
     assert pairs.calls == (N_LAYERS - 3 if tile_bytes > 1 else sum(range(3, N_LAYERS)))

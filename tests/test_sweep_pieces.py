@@ -1,4 +1,4 @@
-"""The fast sweeps (docs/math.md, "Scores") against their straightforward definitions on random
+"""The weight sweeps (docs/math.md, "Scores"; numpy) against their straightforward definitions on random
 checkpoints (GQA, bf16, LayerNorm and RMSNorm), and the pieces a sweep is made of: one layer
 of spectral scores, one layer pair of composition scores, streamed as they finish."""
 
@@ -8,10 +8,11 @@ import math
 
 import numpy as np
 import pytest
-import torch
 
 from bench.checkpoints import SHAPES, write_checkpoint
-from headscope.engine.circuits import scores
+from headscope.engine.circuits import composition as comp
+from headscope.engine.circuits import factored, spectral
+from headscope.engine.circuits.fast import TorchWeightsAsNumpy, kept_spectral_middles, numpy_weights
 from headscope.engine.core.eta import Eta
 from headscope.engine.model.loading import open_model
 from headscope.engine.model.weights import DictWeights
@@ -69,82 +70,88 @@ def dense_composition(w, kind: str) -> np.ndarray:
 
 def test_spectral_sweep_equals_the_eigenvalue_definition(model):
     copying, positivity = definition_scores(model.weights)
-    fused = scores.spectral_scores(model.weights)
-    np.testing.assert_allclose(fused["copying_score"].numpy(), copying, atol=1e-4)
-    np.testing.assert_allclose(fused["qk_positivity"].numpy(), positivity, atol=1e-4)
+    fused = spectral.spectral_scores(numpy_weights(model))
+    np.testing.assert_allclose(fused["copying_score"], copying, atol=1e-4)
+    np.testing.assert_allclose(fused["qk_positivity"], positivity, atol=1e-4)
     assert not fused["nonfinite"].any() and not fused["overflow"].any()
-    # the per-score sweeps and the CLI's table are the same numbers
-    np.testing.assert_allclose(scores.all_copying_scores(model.weights).numpy(), copying, atol=1e-4)
-    np.testing.assert_allclose(scores.all_qk_positivity(model.weights).numpy(), positivity, atol=1e-4)
+    # the CLI's table is the same numbers, bit for bit (one code path)
     table = compute.score_table(model)
-    np.testing.assert_allclose(table.copying_score, copying, atol=1e-4)
-    np.testing.assert_allclose(table.qk_positivity, positivity, atol=1e-4)
+    np.testing.assert_array_equal(table.copying_score, fused["copying_score"])
+    np.testing.assert_array_equal(table.qk_positivity, fused["qk_positivity"])
 
 
 def test_one_layer_piece_equals_the_sweep_row(model):
-    w = model.weights
-    whole = scores.spectral_scores(w)
-    piece = scores.layer_spectral_scores(w, 1, scores.spectral_middles(w))
+    w = numpy_weights(model)
+    whole = spectral.spectral_scores(w)
+    piece = spectral.layer_spectral_scores(w, 1, kept_spectral_middles(w))
     for name in ("copying_score", "qk_positivity", "nonfinite"):
-        assert torch.equal(piece[name], whole[name][1])
+        np.testing.assert_array_equal(piece[name], whole[name][1])
 
 
 @pytest.mark.parametrize("kind", ["q", "k", "v"])
 def test_tiled_composition_equals_the_definition_and_the_untiled_sweep(model, kind):
-    w = model.weights
-    untiled = scores.composition_scores(w, kind, tile_bytes=1 << 40).scores
-    tiled = scores.composition_scores(w, kind, tile_bytes=1).scores  # one source layer a block
-    torch.testing.assert_close(tiled, untiled, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(tiled.numpy(), dense_composition(w, kind), atol=1e-4)
+    w = numpy_weights(model)
+    untiled = comp.composition_scores(w, kind, tile_bytes=1 << 40).scores
+    tiled = comp.composition_scores(w, kind, tile_bytes=1).scores  # one source layer a block
+    np.testing.assert_allclose(tiled, untiled, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(tiled, dense_composition(model.weights, kind), atol=1e-4)
 
 
 def test_streamed_tiles_arrive_pair_by_pair_and_equal_the_final_matrix(model):
-    w = model.weights
-    tiles: list[scores.CompositionTile] = []
+    w = numpy_weights(model)
+    tiles: list[comp.CompositionTile] = []
     fractions: list[float] = []
-    final = scores.composition_scores(w, "k", on_tile=tiles.append, progress=fractions.append, tile_bytes=1)
+    final = comp.composition_scores(w, "k", on_tile=tiles.append, progress=fractions.append, tile_bytes=1)
     pairs = [(t.source, t.target) for t in tiles]
-    assert sorted(pairs) == sorted(scores.composition_pairs(w.cfg.n_layers))
+    assert sorted(pairs) == sorted(comp.composition_pairs(w.cfg.n_layers))
     assert len(set(pairs)) == len(pairs)
     for tile in tiles:
-        assert torch.equal(tile.scores, final.scores[tile.source, :, tile.target, :])
-        alone = scores.composition_tile(w, "k", tile.source, tile.target)
-        torch.testing.assert_close(alone.scores, tile.scores, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(tile.scores, final.scores[tile.source, :, tile.target, :])
+        alone = comp.composition_tile(w, "k", tile.source, tile.target)
+        np.testing.assert_allclose(alone.scores, tile.scores, rtol=1e-5, atol=1e-6)
     assert fractions == sorted(fractions) and fractions[-1] == 1.0
 
 
 def test_skipped_pairs_are_not_recomputed(model):
-    w = model.weights
+    w = numpy_weights(model)
     n = w.cfg.n_layers
-    done = frozenset(scores.composition_pairs(n)[:1])
-    rest = [(t.source, t.target) for t in scores.iter_composition_tiles(w, "q", skip=done)]
-    assert sorted(rest) == sorted(set(scores.composition_pairs(n)) - done)
+    done = frozenset(comp.composition_pairs(n)[:1])
+    rest = [(t.source, t.target) for t in comp.iter_composition_tiles(w, "q", skip=done)]
+    assert sorted(rest) == sorted(set(comp.composition_pairs(n)) - done)
 
 
 def test_nonfinite_heads_are_nan_in_every_piece():
     w = random_weights(n_layers=3, n_heads=2)
     tensors = {k: v.clone() for k, v in w._t.items()}
     tensors["blocks.1.attn.W_Q"][1, 0, 0] = math.nan
-    bad = DictWeights(w.cfg, tensors)
-    fused = scores.spectral_scores(bad)
-    assert fused["nonfinite"].nonzero().tolist() == [[1, 1]]
+    bad = TorchWeightsAsNumpy(DictWeights(w.cfg, tensors))
+    fused = spectral.spectral_scores(bad)
+    assert np.argwhere(fused["nonfinite"]).tolist() == [[1, 1]]
     assert math.isnan(fused["copying_score"][1, 1]) and math.isnan(fused["qk_positivity"][1, 1])
-    assert not fused["copying_score"][1, 0].isnan()
-    assert [tuple(x) for x in (fused["nonfinite"] | fused["overflow"]).nonzero().tolist()] == \
-        scores.nonfinite_heads(bad)
-    tile = scores.composition_tile(bad, "v", 0, 1)
-    assert tile.scores[:, 1].isnan().all() and not tile.scores[:, 0].isnan().any()
-    assert scores.composition_tile(bad, "v", 1, 2).scores[1].isnan().all()
+    assert not np.isnan(fused["copying_score"][1, 0])
+    assert [tuple(x) for x in np.argwhere(fused["nonfinite"] | fused["overflow"]).tolist()] == \
+        spectral.nonfinite_heads(bad)
+    tile = comp.composition_tile(bad, "v", 0, 1)
+    assert np.isnan(tile.scores[:, 1]).all() and not np.isnan(tile.scores[:, 0]).any()
+    assert np.isnan(comp.composition_tile(bad, "v", 1, 2).scores[1]).all()
 
 
 def test_lapack_runs_on_one_thread_and_the_setting_is_restored():
-    before = torch.get_num_threads()
-    with scores.one_lapack_thread():
-        assert torch.get_num_threads() == 1
-        with scores.one_lapack_thread():
-            assert torch.get_num_threads() == 1
-        assert torch.get_num_threads() == 1
-    assert torch.get_num_threads() == before
+    calls = factored._openblas_threads()
+    if calls is None:
+        pytest.skip("numpy does not use OpenBLAS here")
+    setter, getter = calls
+    before = getter()
+    setter(2)
+    try:
+        with factored.one_lapack_thread():
+            assert getter() == 1
+            with factored.one_lapack_thread():
+                assert getter() == 1
+            assert getter() == 1
+        assert getter() == 2
+    finally:
+        setter(before)
 
 
 def test_eta_from_progress_fractions():

@@ -24,6 +24,7 @@ from headscope.sample_models import corpus
 from headscope.sample_models.export import write_native
 from headscope.sample_models.model import ModelShape, TinyTransformer
 from headscope.tui.cli.main import main
+from tests import weight_algebra as algebra
 from tests.conftest import INDUCTION_HEAD, PREV_TOKEN_HEAD, SAMPLE_MODELS
 
 SERIES = SAMPLE_MODELS / "attn-only-2l-training"
@@ -232,9 +233,8 @@ def test_scores_per_step_are_the_heads_table(tiny_series: Path) -> None:
             for key in HEAD_SCORE_KEYS:
                 assert t.series[key][i, r["layer"], r["head"]] == pytest.approx(r[key], abs=1e-7)
     # Composition maxima: layer-0 heads as sources, layer-1 heads as targets, above baseline.
-    from headscope.engine.circuits import scores
 
-    k = scores.composition_scores(open_model(t.paths[1]).weights, "k")
+    k = algebra.composition_scores(open_model(t.paths[1]).weights, "k")
     above = k.scores.numpy() - k.baseline
     assert t.series["k_composition_max"][1, 0, 1] == pytest.approx(above[0, 1, 1, :].max(), abs=1e-6)
     assert t.series["k_composition_max"][1, 1, 0] == pytest.approx(above[0, :, 1, 0].max(), abs=1e-6)
@@ -248,17 +248,16 @@ def test_a_series_scored_again_is_read_from_the_results_store(tiny_series: Path,
     composition tile, and prints the same JSON; `--no-cache` computes again."""
     from unittest import mock
 
-    from headscope.engine.circuits import fast, scores
+    from headscope.engine.circuits import composition, spectral
 
     argv = ["timeline", str(tiny_series), "--json"]
     assert main(argv) == 0
     first = json.loads(capsys.readouterr().out)
-    with mock.patch.object(scores, "_batched_spectral_score", side_effect=AssertionError("recomputed")), \
-            mock.patch.object(fast, "_batched_spectral_score", side_effect=AssertionError("recomputed")), \
-            mock.patch.object(fast, "_pair_scores", side_effect=AssertionError("recomputed")):
+    with mock.patch.object(spectral, "_batched_spectral_score", side_effect=AssertionError("recomputed")), \
+            mock.patch.object(composition, "_pair_scores", side_effect=AssertionError("recomputed")):
         assert main(argv) == 0
     assert json.loads(capsys.readouterr().out) == first
-    with mock.patch.object(fast, "_batched_spectral_score", wraps=fast._batched_spectral_score) as sweep:
+    with mock.patch.object(spectral, "_batched_spectral_score", wraps=spectral._batched_spectral_score) as sweep:
         assert main([*argv, "--no-cache"]) == 0
     assert sweep.call_count == 2 * 2 * 3  # copying and QK positivity, 2 layers, 3 steps
     assert json.loads(capsys.readouterr().out) == first

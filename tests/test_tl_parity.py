@@ -37,7 +37,8 @@ from typing import Any
 import pytest
 import torch
 
-from headscope.engine.circuits import scores
+from headscope.engine.circuits import composition, spectral
+from headscope.engine.circuits.fast import numpy_weights
 from headscope.engine.model.loading import open_model
 from tests import family_fixtures
 from tests.hf_fixtures_phi import (  # noqa: F401  (session-scoped pytest fixtures)
@@ -99,7 +100,8 @@ def test_new_families_match_transformer_lens(new_family: tuple[str, Path, Any]) 
 def check_against_transformer_lens(name: str, path: Path, hf_model: Any) -> None:
     """Processed weights and weight-based scores of the checkpoint at ``path``, headscope's
     against TransformerLens'."""
-    w = open_model(path).weights
+    model = open_model(path)
+    w = model.weights
     cfg = w.cfg
     tl = _boot(path)
     group = cfg.n_heads // cfg.kv_heads
@@ -135,10 +137,11 @@ def check_against_transformer_lens(name: str, path: Path, hf_model: Any) -> None
         _close(w.get("unembed.W_U"), w_u, f"{name} W_U")
         _close(w.get("unembed.b_U"), tl.b_U, f"{name} b_U")
 
-        # The scores, each side computed its own way on its own weights.
-        _close(scores.all_copying_scores(w), _spectral(tl.W_E @ tl.OV @ w_u), f"{name} copying scores")
-        _close(scores.all_qk_positivity(w), _spectral(tl.W_E @ tl.QK @ tl.W_E.T), f"{name} QK positivity")
+        # The scores, each side computed its own way on its own weights (headscope's in numpy).
+        ours = spectral.spectral_scores(numpy_weights(model))
+        _close(torch.from_numpy(ours["copying_score"]), _spectral(tl.W_E @ tl.OV @ w_u), f"{name} copying scores")
+        _close(torch.from_numpy(ours["qk_positivity"]), _spectral(tl.W_E @ tl.QK @ tl.W_E.T), f"{name} QK positivity")
         for kind in "QKV":
             theirs = tl.all_composition_scores(kind)
-            _close(scores.composition_scores(w, kind.lower()).scores, getattr(theirs, "scores", theirs),
-                   f"{name} {kind}-composition")
+            found = composition.composition_scores(numpy_weights(model), kind.lower())
+            _close(torch.from_numpy(found.scores), getattr(theirs, "scores", theirs), f"{name} {kind}-composition")

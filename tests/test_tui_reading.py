@@ -12,22 +12,24 @@ from headscope.tui.screens.path import PathScreen
 from headscope.tui.widgets.chart import Chart
 from headscope.tui.widgets.panes import CompositionPane
 from headscope.tui.widgets.reading import N_DIRECTIONS, N_TOKENS, DirectionsPanel
+from tests import weight_algebra as algebra
 from tests.conftest import INDUCTION_HEAD, PREV_TOKEN_HEAD, sample_model
 from tests.test_tui_app import make_app, plain, settle, wait_until
 
 
 async def test_directions_panel_and_the_path_of_an_edge_on_attn_only_2l() -> None:
     """The real engine on the bundled model: the panel beside the induction head's full OV
-    shows engine/reading.py's directions, ``)`` steps; enter on the L0.H1 → L1.H2 edge
+    shows engine/circuits/directions.py's directions, ``)`` steps; enter on the L0.H1 → L1.H2 edge
     shows the K-path's score, ``g`` focuses L1.H2."""
+    from headscope.engine.circuits import directions as reading
     from headscope.engine.circuits import head_circuits as circuits
-    from headscope.engine.circuits import reading, scores
+    from headscope.engine.circuits.fast import numpy_weights
     from headscope.engine.model.loading import open_model
     from headscope.engine.sweeps.compute import label
 
     path = sample_model("attn-only-2l")
     model = open_model(path)
-    w = model.weights
+    w = numpy_weights(model)
     found = reading.signed_directions(circuits.full_ov(w, *INDUCTION_HEAD), N_DIRECTIONS)
     tops = [(reading.top_by_magnitude(found.u[:, i], N_TOKENS),
              reading.top_by_magnitude(found.v[:, i], N_TOKENS)) for i in range(N_DIRECTIONS)]
@@ -64,8 +66,8 @@ async def test_directions_panel_and_the_path_of_an_edge_on_attn_only_2l() -> Non
         await pilot.press("enter")
         await wait_until(pilot, lambda: isinstance(app.screen, PathScreen), "the path view")
         await settle(pilot, app)
-        k_path = scores.qk_positivity(reading.k_path(w, PREV_TOKEN_HEAD, INDUCTION_HEAD))
-        v_path = scores.copying_score(reading.virtual_ov(w, PREV_TOKEN_HEAD, INDUCTION_HEAD))
+        k_path = algebra.qk_positivity(reading.k_path(w, PREV_TOKEN_HEAD, INDUCTION_HEAD))
+        v_path = algebra.copying_score(reading.virtual_ov(w, PREV_TOKEN_HEAD, INDUCTION_HEAD))
         summary = plain(app.screen.query_one("#path-summary", Static))
         assert "L0.H1 → L1.H2" in summary and f"K-path positivity {float(k_path):+.3f}" in summary
         assert f"V-path copying {float(v_path):+.3f}" in summary

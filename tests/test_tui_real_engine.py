@@ -18,6 +18,7 @@ import pytest
 from headscope.tui.app import HeadscopeApp
 from headscope.tui.base.settings import Settings
 from headscope.tui.widgets.chart import Chart
+from tests import weight_algebra as algebra
 from tests.test_tui_app import settle, wait_until
 
 
@@ -42,7 +43,6 @@ def gpt2(gpt2_dir: Any) -> Path:
 
 async def test_real_engine_views_match_the_pure_functions(gpt2: Path) -> None:
     from headscope.engine.circuits import head_circuits as circuits
-    from headscope.engine.circuits import scores
     from headscope.engine.model.loading import open_model
 
     app = HeadscopeApp(gpt2, settings=Settings(), debounce=0.01, sweep=False)
@@ -54,7 +54,7 @@ async def test_real_engine_views_match_the_pure_functions(gpt2: Path) -> None:
         await wait_ready(pilot, app)
         assert app.explorer.head == (0, 1)
         model = open_model(gpt2)
-        expected = scores.copying_score(circuits.full_ov(model.weights, 0, 1))
+        expected = algebra.copying_score(circuits.full_ov(algebra.nw(model.weights), 0, 1))
         text = app.explorer.query_one("#spectrum-ov", Chart).rendered.plain
         assert f"copying {expected:+.3f}" in text
         await pilot.press("q")

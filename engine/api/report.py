@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from headscope.engine.circuits.fast import composition_baseline  # noqa: F401  (re-exported: the CLI prints it)
+from headscope.engine.circuits.composition import composition_baseline  # noqa: F401  (re-exported: the CLI prints it)
 from headscope.engine.core import validation
 from headscope.engine.core.validation import (
     ABLATION_EFFECT,
@@ -76,8 +76,8 @@ def head_table(
 
 def weight_table(model: Model, *, store: ResultStore | None = None,
                  progress: Progress = None) -> list[dict[str, Any]]:
-    """``head_table`` without the behavioural scores (no forward pass; torch-free where
-    ``circuits.fast`` applies): ``layer``, ``head``, ``WEIGHT_SCORE_NAMES``, ``nonfinite``.
+    """``head_table`` without the behavioural scores (no forward pass, no torch:
+    ``engine.circuits.spectral``): ``layer``, ``head``, ``WEIGHT_SCORE_NAMES``, ``nonfinite``.
     ``store``: the same stored parts as ``head_table``'s spectral sweeps (either command
     reads what the other wrote)."""
     entry = None if store is None else store.for_model(model)
@@ -196,7 +196,7 @@ def circuit_report(
     req = validation.circuit_request(
         model.structure(), layer, head, kind, basis, rows, cols, offset, where=str(model.path)
     )
-    return circuit_dict(compute.circuit_block(model, req, numpy=True), model)  # no torch import
+    return circuit_dict(compute.circuit_block(model, req), model)  # no torch import
 
 
 def circuit_dict(block: CircuitBlock, model: Model) -> dict[str, Any]:

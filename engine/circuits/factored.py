@@ -1,4 +1,6 @@
-"""``FactoredMatrix``: a matrix kept as the product ``A @ B`` of two thin factors.
+"""``FactoredMatrix``: a matrix kept as the product ``A @ B`` of two thin factors, in numpy,
+and the numeric guards every weight-only computation shares (docs/math.md, "Circuits" and
+"Scores": non-finite heads, taming, one LAPACK thread).
 
 A head's circuits are low rank: ``QK = W_Q W_Kᵀ`` is ``d_model × d_model`` but has rank at most
 ``d_head``, and the full OV circuit ``W_E W_V W_O W_U`` is ``d_vocab × d_vocab`` of rank
@@ -16,111 +18,174 @@ meaning is the same. Differences, on purpose:
 - ``eigenvalues`` are the ``min(ldim, mdim)`` eigenvalues of ``AB`` that can be non-zero
   (computed from the small ``BA`` when ``mdim < ldim``); ``eigenvalues_full()`` pads them with
   the zeros that complete the spectrum of ``AB``.
-- 16-bit factors are computed on in float32 (eig/svd are not implemented for bf16). The
-  matrices handed to ``eigvals``/``svd`` (the small ``BA``, the SVD's middle factor) and the
-  norm's Gram matrices are formed in float64, so finite float32 factors never overflow there
-  (heads with weights near 1e19 do overflow float32 products). Whatever is handed to an
-  eigen- or singular-value routine is checked first: a non-finite factor or product raises
-  :class:`~engine.errors.NonFiniteError`, because ``torch.linalg.eigvals`` on a NaN matrix
-  kills the process in current CPU builds.
+- 16-bit factors are computed on in float32. The matrices handed to ``eigvals``/``svd`` (the
+  small ``BA``, the SVD's middle factor) and the norm's Gram matrices are formed in float64,
+  so finite float32 factors never overflow there (heads with weights near 1e19 do overflow
+  float32 products). Whatever is handed to an eigen- or singular-value routine is checked
+  first: a non-finite factor or product raises :class:`~engine.errors.NonFiniteError`
+  (LAPACK on a NaN matrix misbehaves; docs/math.md, "Scores").
 - ``block(rows, cols)`` materialises only the requested rows and columns.
 
 The same as TransformerLens: ``fm @ v`` and ``v @ fm`` with a vector ``v`` return
 ``[..., ldim]`` / ``[..., rdim]`` for every leading (batch) index; ``fm * s`` takes a scalar
-only (a tensor with more than one element raises ``ValueError``); ``fm[idx]`` indexes the
+only (an array with more than one element raises ``ValueError``); ``fm[idx]`` indexes the
 leading dims, then rows, then columns (an integer row or column keeps its dim, as
 TransformerLens' slices do).
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import functools
 import operator
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Union
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
-import torch
+import numpy as np
 
 from headscope.engine.core.errors import NonFiniteError
 
-if TYPE_CHECKING:
-    from torch import Tensor
+Index = Sequence[int] | np.ndarray | slice | None
 
-Index = Union[Sequence[int], "Tensor", slice, None]
-
-_SIXTEEN_BIT = (torch.float16, torch.bfloat16)
-
-__all__ = ["FactoredMatrix", "broadcast_shapes", "check_finite", "is_finite", "max_abs", "tame"]
+__all__ = ["TAME_ABOVE", "FactoredMatrix", "check_finite", "finite_matrices", "is_finite",
+           "max_abs", "one_lapack_thread", "tame"]
 
 
-def broadcast_shapes(*shapes: Sequence[int]) -> tuple[int, ...]:
-    """NumPy broadcasting of shapes. ``torch.broadcast_shapes`` imports torch.fx's symbolic
-    shapes on first use (~0.4 s), which would land on the first head the user opens."""
-    ndim = max((len(s) for s in shapes), default=0)
-    out = []
-    for dims in zip(*((1,) * (ndim - len(s)) + tuple(s) for s in shapes), strict=True):
-        sizes = {d for d in dims if d != 1}
-        if len(sizes) > 1:
-            raise ValueError(f"shapes {[tuple(s) for s in shapes]} do not broadcast")
-        out.append(sizes.pop() if sizes else 1)
-    return tuple(out)
+# -- numeric guards --------------------------------------------------------------------------
 
 
-def _compute(t: Tensor) -> Tensor:
-    """The tensor in a dtype linear algebra works in: 16-bit floats go to float32."""
-    return t.float() if t.dtype in _SIXTEEN_BIT else t
+def is_finite(x: np.ndarray) -> bool:
+    """True unless ``x`` holds a NaN or an infinity (max/min propagate NaN and keep ±inf:
+    no boolean array is formed)."""
+    x = np.asarray(x)
+    if x.size == 0:
+        return True
+    with np.errstate(invalid="ignore"):
+        return bool(np.isfinite(x.max()) and np.isfinite(x.min()))
 
 
-def is_finite(t: Tensor) -> bool:
-    """True unless ``t`` holds a NaN or an infinity."""
-    # max/min propagate NaN and keep ±inf: much faster than isfinite(t).all().
-    return t.numel() == 0 or (bool(torch.isfinite(t.amax())) and bool(torch.isfinite(t.amin())))
-
-
-def check_finite(*tensors: Tensor, what: str = "matrix", path: str | None = None) -> None:
-    """Raise NonFiniteError if any tensor holds a NaN or an infinity."""
-    for t in tensors:
-        if not is_finite(t):
+def check_finite(*arrays: np.ndarray, what: str = "matrix", path: str | None = None) -> None:
+    """Raise NonFiniteError if any array holds a NaN or an infinity."""
+    for x in arrays:
+        if not is_finite(x):
             raise NonFiniteError(path, f"{what} has NaN or infinite entries")
 
 
-def max_abs(x: Tensor) -> Tensor:
-    """``[...]``: the largest ``|entry|`` of each matrix of ``x [..., m, n]`` (NaN if any)."""
-    return torch.maximum(x.amax((-2, -1)), -x.amin((-2, -1)))
+def finite_matrices(x: np.ndarray) -> np.ndarray:
+    """``[...]`` bool: which matrices of ``x [..., m, n]`` are entirely finite.
+
+    One reduction pass: a sum is NaN or ±inf if any entry is (it could also overflow, but
+    only for entries near 1e33, which no float32 computation survives anyway)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.isfinite(x.sum((-2, -1)))
+
+
+def max_abs(x: np.ndarray) -> np.ndarray:
+    """``[...]``: the largest ``|entry|`` of each matrix of ``x [..., m, n]`` (NaN/inf if any)."""
+    flat = x.reshape(*x.shape[:-2], -1)
+    with np.errstate(invalid="ignore"):
+        return np.maximum(flat.max(-1), -flat.min(-1))
 
 
 # Heads whose largest weight exceeds this are rescaled before the scale-free scores (below).
-_TAME_ABOVE = 2.0**20
+TAME_ABOVE = 2.0**20
 
 
-def tame(x: Tensor) -> Tensor:
+def tame(x: np.ndarray, peak: np.ndarray | None = None) -> np.ndarray:
     """``x [..., m, n]`` with each matrix whose largest entry exceeds ``2**20`` divided by a
     power of two (exact) that brings it to at most 1; ``x`` itself if there is none.
 
-    Every weight-based score in ``engine.scores`` and ``engine.diff`` is a ratio invariant to
-    a positive scale of each head's factors (``Σ Re λ / Σ |λ|``, ``‖XY‖ / (‖X‖ ‖Y‖)``), but
-    float32 products of weights near 1e19 overflow to inf/NaN. Taming changes no score and
-    keeps the products finite (docs/math.md, "Scores").
+    Every weight-based score (copying, QK positivity, composition, the diff's similarities)
+    is a ratio invariant to a positive scale of each head's factors (``Σ Re λ / Σ |λ|``,
+    ``‖XY‖ / (‖X‖ ‖Y‖)``), but float32 products of weights near 1e19 overflow to inf/NaN.
+    Taming changes no score and keeps the products finite (docs/math.md, "Scores").
+    ``peak``: ``max_abs(x)`` if the caller has it.
     """
-    peak = max_abs(x)
-    big = torch.isfinite(peak) & (peak > _TAME_ABOVE)
-    if not bool(big.any()):
+    peak = max_abs(x) if peak is None else peak
+    with np.errstate(invalid="ignore"):
+        big = np.isfinite(peak) & (peak > TAME_ABOVE)
+    if not big.any():
         return x
-    scale = torch.where(big, torch.exp2(-torch.ceil(torch.log2(peak))), torch.ones_like(peak))
+    scale = np.ones_like(peak)
+    scale[big] = np.exp2(-np.ceil(np.log2(peak[big])))
     return x * scale[..., None, None]
 
 
-def _as_index(idx: Index) -> Tensor | slice:
+@functools.cache
+def _openblas_threads() -> tuple[Callable[[int], None], Callable[[], int]] | None:
+    """numpy's OpenBLAS thread setters (None if numpy uses another BLAS)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            libs = sorted({line.split()[-1] for line in maps if "openblas" in line and ".so" in line})
+    except OSError:
+        return None
+    for path in libs:
+        lib = ctypes.CDLL(path)
+        for suffix in ("64_", ""):
+            for prefix in ("scipy_openblas_", "openblas_"):
+                setter = getattr(lib, f"{prefix}set_num_threads{suffix}", None)
+                getter = getattr(lib, f"{prefix}get_num_threads{suffix}", None)
+                if setter is not None and getter is not None:
+                    return setter, getter
+    return None
+
+
+_LOCK = threading.Lock()
+_USERS = 0
+_SAVED = 1
+
+
+@contextlib.contextmanager
+def one_lapack_thread() -> Iterator[None]:
+    """numpy's LAPACK on one thread for ``d_head``-sized ``eigvals``/``cholesky``/``eigh``.
+
+    Threaded ``geev`` on 128 × 128 matrices is 5-15× *slower* with 2 threads than with one on
+    a busy 2-core box: the threads spin waiting on each other (docs/internals.md, "Sweeps in
+    pieces"). The setting is process-wide, so it is restored when the last user leaves; other
+    threads' products run single-threaded meanwhile (same numbers, briefly slower).
+    """
+    global _USERS, _SAVED
+    calls = _openblas_threads()
+    if calls is None:
+        yield
+        return
+    setter, getter = calls
+    with _LOCK:
+        if _USERS == 0:
+            _SAVED = int(getter())
+            setter(1)
+        _USERS += 1
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _USERS -= 1
+            if _USERS == 0:
+                setter(_SAVED)
+
+
+# -- indexing ----------------------------------------------------------------------------------
+
+
+def _compute(x: np.ndarray) -> np.ndarray:
+    """The array in a dtype linear algebra works in: 16-bit floats go to float32."""
+    return x.astype(np.float32) if x.dtype == np.float16 else x
+
+
+def _as_index(idx: Index) -> np.ndarray | slice:
     if idx is None:
         return slice(None)
     if isinstance(idx, slice):
         return idx
-    return torch.as_tensor(idx, dtype=torch.long)
+    return np.asarray(idx, dtype=np.intp)
 
 
 def _keep_dim(item: object) -> object:
     """A row/column index that keeps its dim: an integer ``i`` becomes ``slice(i, i + 1)``."""
-    if isinstance(item, torch.Tensor):
-        if item.ndim != 0 or item.is_floating_point() or item.dtype == torch.bool:
+    if isinstance(item, np.ndarray):
+        if item.ndim != 0 or item.dtype.kind not in "iu":
             return item
     elif isinstance(item, bool) or not hasattr(item, "__index__"):
         return item
@@ -133,11 +198,10 @@ def _index_ndim(item: object) -> int:
     if item is Ellipsis:
         return 0
     if isinstance(item, (list, tuple)):
-        mask = torch.as_tensor(item)
-        return mask.ndim if mask.dtype == torch.bool else 1
-    dtype = getattr(item, "dtype", None)
-    if dtype is not None and str(dtype) in ("torch.bool", "torch.uint8", "bool", "uint8"):
-        return int(getattr(item, "ndim", 1))
+        mask = np.asarray(item)
+        return mask.ndim if mask.dtype == np.bool_ else 1
+    if isinstance(item, np.ndarray) and item.dtype == np.bool_:
+        return item.ndim
     return 1
 
 
@@ -175,14 +239,18 @@ def _split_index(items: list[object], n_lead: int) -> tuple[tuple[object, ...], 
     return tuple(lead), rows, cols
 
 
-def _qr(x: Tensor) -> tuple[Tensor, Tensor]:
+def _qr(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Reduced QR; in float64 if float32's (scaled) norms still overflow on huge entries."""
-    q, r = torch.linalg.qr(x)
+    with np.errstate(all="ignore"):
+        q, r = np.linalg.qr(x)
     if not (is_finite(q) and is_finite(r)):
-        q, r = torch.linalg.qr(x.double())
+        q, r = np.linalg.qr(x.astype(np.float64))
         check_finite(q, r, what="QR factors of the matrix (svd)")
-        q = q.to(x.dtype)
+        q = q.astype(x.dtype)
     return q, r
+
+
+# -- the factored matrix -----------------------------------------------------------------------
 
 
 class FactoredMatrix:
@@ -193,24 +261,23 @@ class FactoredMatrix:
     circuit at once.
     """
 
-    def __init__(self, A: Tensor, B: Tensor) -> None:
+    def __init__(self, A: Any, B: Any) -> None:
+        A, B = np.asarray(A), np.asarray(B)
         if A.ndim < 2 or B.ndim < 2:
             raise ValueError(f"factors must be at least 2-D, got {tuple(A.shape)} and {tuple(B.shape)}")
         if A.shape[-1] != B.shape[-2]:
-            raise ValueError(
-                f"inner dimensions differ: A {tuple(A.shape)} @ B {tuple(B.shape)}"
-            )
-        lead = broadcast_shapes(A.shape[:-2], B.shape[:-2])
+            raise ValueError(f"inner dimensions differ: A {tuple(A.shape)} @ B {tuple(B.shape)}")
+        lead = np.broadcast_shapes(A.shape[:-2], B.shape[:-2])
         # broadcast_to is a view: no copy, so stacked weights do not double memory.
-        self.A = A.broadcast_to((*lead, *A.shape[-2:]))
-        self.B = B.broadcast_to((*lead, *B.shape[-2:]))
+        self.A = np.broadcast_to(A, (*lead, *A.shape[-2:]))
+        self.B = np.broadcast_to(B, (*lead, *B.shape[-2:]))
         self.ldim = A.shape[-2]
         self.mdim = A.shape[-1]
         self.rdim = B.shape[-1]
-        self.shape = torch.Size((*lead, self.ldim, self.rdim))
+        self.shape = (*lead, self.ldim, self.rdim)
         # svd() is computed once (a plain attribute: functools.cached_property serialises
         # every instance on one lock in Python 3.11, and worker threads share this class).
-        self._svd: tuple[Tensor, Tensor, Tensor] | None = None
+        self._svd: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     # -- basic shape -----------------------------------------------------------------------
 
@@ -219,11 +286,11 @@ class FactoredMatrix:
         return len(self.shape)
 
     @property
-    def dtype(self) -> torch.dtype:
-        return torch.promote_types(self.A.dtype, self.B.dtype)
+    def dtype(self) -> np.dtype:
+        return np.promote_types(self.A.dtype, self.B.dtype)
 
     @property
-    def pair(self) -> tuple[Tensor, Tensor]:
+    def pair(self) -> tuple[np.ndarray, np.ndarray]:
         return self.A, self.B
 
     def __repr__(self) -> str:
@@ -232,11 +299,11 @@ class FactoredMatrix:
     @property
     def T(self) -> FactoredMatrix:
         """The transpose ``(AB)ᵀ = Bᵀ Aᵀ``."""
-        return FactoredMatrix(self.B.transpose(-2, -1), self.A.transpose(-2, -1))
+        return FactoredMatrix(self.B.swapaxes(-2, -1), self.A.swapaxes(-2, -1))
 
-    def to(self, dtype: torch.dtype) -> FactoredMatrix:
+    def to(self, dtype: Any) -> FactoredMatrix:
         """Both factors in ``dtype``; eig/svd/norm still compute in float32 for 16-bit."""
-        return FactoredMatrix(self.A.to(dtype), self.B.to(dtype))
+        return FactoredMatrix(self.A.astype(dtype), self.B.astype(dtype))
 
     def __getitem__(self, idx: object) -> FactoredMatrix:
         """Index the leading dims, then rows, then columns, without forming ``AB``.
@@ -251,36 +318,40 @@ class FactoredMatrix:
         if any(item is None for item in items):
             raise IndexError("FactoredMatrix indexing does not insert new axes (None)")
         lead, rows, cols = _split_index(_expand_ellipsis(items, self.ndim), self.ndim - 2)
-        return FactoredMatrix(self.A[(*lead, rows, slice(None))], self.B[(*lead, slice(None), cols)])
+        # the leading index first, then rows and columns one at a time: numpy moves advanced
+        # indices separated by a slice to the front
+        a, b = (self.A[lead], self.B[lead]) if lead else (self.A, self.B)
+        return FactoredMatrix(a[..., rows, :], b[..., :, cols])
 
     def unsqueeze(self, dim: int) -> FactoredMatrix:
         if dim < 0:
             dim += self.ndim + 1
         if dim > self.ndim - 2:
             raise IndexError("unsqueeze applies to the leading dims only")
-        return FactoredMatrix(self.A.unsqueeze(dim), self.B.unsqueeze(dim))
+        return FactoredMatrix(np.expand_dims(self.A, dim), np.expand_dims(self.B, dim))
 
     # -- products --------------------------------------------------------------------------
 
     @property
-    def AB(self) -> Tensor:
+    def AB(self) -> np.ndarray:
         """The dense product ``[..., ldim, rdim]``: potentially huge, prefer ``block``."""
         return self.A @ self.B
 
     @property
-    def BA(self) -> Tensor:
+    def BA(self) -> np.ndarray:
         """The small reverse product ``[..., mdim, mdim]`` (square matrices only)."""
         if self.ldim != self.rdim:
             raise ValueError(f"BA needs a square matrix, shape is {tuple(self.shape)}")
         return self.B @ self.A
 
-    def __matmul__(self, other: Tensor | FactoredMatrix) -> Tensor | FactoredMatrix:
+    def __matmul__(self, other: Any) -> np.ndarray | FactoredMatrix:
         if isinstance(other, FactoredMatrix):
             # (A1 B1)(A2 B2): contract the small B1 A2 first, keep the smaller inner dim.
             middle = self.B @ other.A  # [..., m1, m2]
             if self.mdim <= other.mdim:
                 return FactoredMatrix(self.A, middle @ other.B)
             return FactoredMatrix(self.A @ middle, other.B)
+        other = np.asarray(other)
         if other.ndim == 1:  # [..., ldim]: one vector per leading index
             if other.shape[0] != self.rdim:
                 raise ValueError(f"cannot multiply {tuple(self.shape)} @ {tuple(other.shape)}")
@@ -291,7 +362,8 @@ class FactoredMatrix:
             return FactoredMatrix(self.A, self.B @ other)
         return FactoredMatrix(self.A @ self.B, other)
 
-    def __rmatmul__(self, other: Tensor) -> Tensor | FactoredMatrix:
+    def __rmatmul__(self, other: Any) -> np.ndarray | FactoredMatrix:
+        other = np.asarray(other)
         if other.ndim == 1:  # [..., rdim]: one vector per leading index
             if other.shape[0] != self.ldim:
                 raise ValueError(f"cannot multiply {tuple(other.shape)} @ {tuple(self.shape)}")
@@ -302,16 +374,19 @@ class FactoredMatrix:
             return FactoredMatrix(other @ self.A, self.B)
         return FactoredMatrix(other, self.A @ self.B)
 
-    def __mul__(self, scalar: float | Tensor) -> FactoredMatrix:
-        """``s · AB`` for a scalar ``s`` (a number or a one-element tensor)."""
-        if isinstance(scalar, torch.Tensor):
-            if scalar.numel() != 1:
+    # ``array @ fm`` and ``array * fm``: numpy defers to __rmatmul__ / __rmul__
+    __array_ufunc__ = None
+
+    def __mul__(self, scalar: Any) -> FactoredMatrix:
+        """``s · AB`` for a scalar ``s`` (a number or a one-element array)."""
+        if isinstance(scalar, np.ndarray):
+            if scalar.size != 1:
                 raise ValueError(
-                    f"FactoredMatrix * tensor needs a scalar, got shape {tuple(scalar.shape)}; "
+                    f"FactoredMatrix * array needs a scalar, got shape {tuple(scalar.shape)}; "
                     "use @ for matrix products"
                 )
             scalar = scalar.reshape(())
-        elif not isinstance(scalar, (int, float)):
+        elif not isinstance(scalar, (int, float, np.number)):
             return NotImplemented
         return FactoredMatrix(self.A * scalar, self.B)
 
@@ -320,29 +395,31 @@ class FactoredMatrix:
     def __neg__(self) -> FactoredMatrix:
         return FactoredMatrix(-self.A, self.B)
 
-    def block(self, rows: Index = None, cols: Index = None) -> Tensor:
+    def block(self, rows: Index = None, cols: Index = None) -> np.ndarray:
         """Materialise only ``AB[..., rows, :][..., :, cols]``: ``A[rows] @ B[:, cols]``."""
         a = _compute(self.A)[..., _as_index(rows), :]
         b = _compute(self.B)[..., :, _as_index(cols)]
-        return a @ b
+        with np.errstate(all="ignore"):
+            return a @ b
 
     # -- norms, SVD and spectrum -------------------------------------------------------------
 
-    def norm(self) -> Tensor:
+    def norm(self) -> np.ndarray:
         """Frobenius norm ``sqrt(trace((AᵀA)(BBᵀ)))`` from two ``mdim × mdim`` Gram matrices."""
         dtype = _compute(self.A).dtype
         # float64 throughout: the Grams of finite float32 factors can overflow float32 (and
         # be large while AB is small). A norm beyond float32's range comes back as inf.
-        a, b = self.A.double(), self.B.double()
-        gram_a = a.transpose(-2, -1) @ a  # [..., m, m]
-        gram_b = b @ b.transpose(-2, -1)  # [..., m, m], symmetric: trace(XY) = sum(X * Y)
-        sq = (gram_a * gram_b).sum((-2, -1))
-        return sq.clamp_min(0).sqrt().to(dtype)
+        a, b = self.A.astype(np.float64), self.B.astype(np.float64)
+        with np.errstate(all="ignore"):
+            gram_a = a.swapaxes(-2, -1) @ a  # [..., m, m]
+            gram_b = b @ b.swapaxes(-2, -1)  # [..., m, m], symmetric: trace(XY) = sum(X * Y)
+            sq = (gram_a * gram_b).sum((-2, -1))
+            return np.sqrt(np.maximum(sq, 0)).astype(dtype)
 
     def _check_finite(self, what: str) -> None:
         check_finite(self.A, self.B, what=f"factors of the matrix ({what})")
 
-    def svd(self) -> tuple[Tensor, Tensor, Tensor]:
+    def svd(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(U, S, Vh)`` with ``U @ diag(S) @ Vh == AB`` (computed once, then cached).
 
         ``A = Qa Ra`` and ``Bᵀ = Qb Rb`` (reduced QR), so ``AB = Qa (Ra Rbᵀ) Qbᵀ``; the SVD
@@ -356,76 +433,81 @@ class FactoredMatrix:
             self._svd = self._compute_svd()
         return self._svd
 
-    def _compute_svd(self) -> tuple[Tensor, Tensor, Tensor]:
+    def _compute_svd(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         self._check_finite("svd")
         a, b = _compute(self.A), _compute(self.B)
         qa, ra = _qr(a)  # qa [.., l, p], ra [.., p, m], p = min(l, m)
-        qb, rb = _qr(b.transpose(-2, -1))  # qb [.., r, s], rb [.., s, m]
-        middle = ra.double() @ rb.double().transpose(-2, -1)
+        qb, rb = _qr(b.swapaxes(-2, -1))  # qb [.., r, s], rb [.., s, m]
+        with np.errstate(all="ignore"):
+            middle = ra.astype(np.float64) @ rb.astype(np.float64).swapaxes(-2, -1)
         check_finite(middle, what="middle factor of the SVD")
-        um, s, vhm = torch.linalg.svd(middle, full_matrices=False)
-        return qa @ um.to(qa.dtype), s.to(a.dtype), vhm.to(qb.dtype) @ qb.transpose(-2, -1)
+        um, s, vhm = np.linalg.svd(middle, full_matrices=False)
+        with np.errstate(over="ignore"):
+            return (qa @ um.astype(qa.dtype), s.astype(a.dtype),
+                    vhm.astype(qb.dtype) @ qb.swapaxes(-2, -1))
 
     @property
-    def U(self) -> Tensor:
+    def U(self) -> np.ndarray:
         return self.svd()[0]
 
     @property
-    def S(self) -> Tensor:
+    def S(self) -> np.ndarray:
         return self.svd()[1]
 
     @property
-    def Vh(self) -> Tensor:
+    def Vh(self) -> np.ndarray:
         return self.svd()[2]
 
     def make_even(self) -> FactoredMatrix:
         """The same matrix as ``(U √S, √S Vh)``: balanced factors with orthogonal columns/rows."""
         u, s, vh = self.svd()
-        root = s.sqrt()
+        root = np.sqrt(s)
         return FactoredMatrix(u * root[..., None, :], root[..., :, None] * vh)
 
     @property
-    def eigenvalues(self) -> Tensor:
+    def eigenvalues(self) -> np.ndarray:
         """The ``min(ldim, mdim)`` eigenvalues of ``AB`` that can be non-zero (complex).
 
         If ``BAv = λv`` then ``AB(Av) = λ(Av)``: the non-zero eigenvalues of ``AB`` are those
         of the ``mdim × mdim`` matrix ``BA``. When ``ldim <= mdim``, ``AB`` itself is the
         smaller matrix and is used directly.
         """
-        complex_dtype = torch.complex128 if _compute(self.A).dtype == torch.float64 else torch.complex64
-        return self.eigenvalues_double().to(complex_dtype)
+        complex_dtype = np.complex128 if _compute(self.A).dtype == np.float64 else np.complex64
+        with np.errstate(over="ignore"):
+            return self.eigenvalues_double().astype(complex_dtype)
 
-    def eigenvalues_double(self) -> Tensor:
+    def eigenvalues_double(self) -> np.ndarray:
         """``eigenvalues`` in complex128, whatever the factors' dtype.
 
         The small matrix is formed in float64: a product of finite float32 factors cannot
         overflow there (in float32 factors near 1e19 give inf/NaN), and dgeev is more
-        accurate (and faster than sgeev on CPU here). Statistics over the spectrum (the
-        copying score) use this; ``eigenvalues`` casts it to the compute dtype, where
-        eigenvalues beyond float32's range become inf.
+        accurate. Statistics over the spectrum (the copying score) use this; ``eigenvalues``
+        casts it to the compute dtype, where eigenvalues beyond float32's range become inf.
         """
         if self.ldim != self.rdim:
             raise ValueError(f"eigenvalues need a square matrix, shape is {tuple(self.shape)}")
         self._check_finite("eigenvalues")
-        a, b = self.A.double(), self.B.double()
-        small = a @ b if self.ldim <= self.mdim else b @ a
+        a, b = self.A.astype(np.float64), self.B.astype(np.float64)
+        with np.errstate(all="ignore"):
+            small = a @ b if self.ldim <= self.mdim else b @ a
         check_finite(small, what="product of the factors (eigenvalues)")
-        return torch.linalg.eigvals(small)
+        with one_lapack_thread():
+            return np.linalg.eigvals(small).astype(np.complex128)
 
-    def eigenvalues_full(self) -> Tensor:
+    def eigenvalues_full(self) -> np.ndarray:
         """All ``ldim`` eigenvalues of ``AB``: ``eigenvalues`` padded with exact zeros."""
         ev = self.eigenvalues
         pad = self.ldim - ev.shape[-1]
         if pad == 0:
             return ev
-        return torch.cat((ev, ev.new_zeros((*ev.shape[:-1], pad))), dim=-1)
+        return np.concatenate((ev, np.zeros((*ev.shape[:-1], pad), ev.dtype)), axis=-1)
 
-    def collapse_l(self) -> Tensor:
+    def collapse_l(self) -> np.ndarray:
         """``diag(S) @ Vh`` ``[..., r, rdim]``: the matrix with its left orthogonal factor removed."""
         _, s, vh = self.svd()
         return s[..., :, None] * vh
 
-    def collapse_r(self) -> Tensor:
+    def collapse_r(self) -> np.ndarray:
         """``U @ diag(S)`` ``[..., ldim, r]``: the matrix with its right orthogonal factor removed."""
         u, s, _ = self.svd()
         return u * s[..., None, :]

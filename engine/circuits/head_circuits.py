@@ -1,4 +1,5 @@
-"""Per-head QK and OV circuits as :class:`~engine.factored.FactoredMatrix` (docs/math.md, "Circuits").
+"""Per-head QK and OV circuits as :class:`~engine.circuits.factored.FactoredMatrix`, in numpy
+(docs/math.md, "Circuits").
 
 Row-vector convention, as TransformerLens: ``QK = W_Q W_Kᵀ`` has query-side rows and key-side
 columns; ``OV = W_V W_O`` maps a source residual vector (row) to the head's output. The
@@ -6,204 +7,281 @@ circuits are weights only: attention scores are shown without the ``1/√d_head`
 the query/key/value biases are not part of them (they add a per-query/per-key constant that
 the bilinear QK form does not contain; ``fold_value_biases`` moves ``b_V`` into ``b_O``).
 
-Nothing here materialises a ``d_model × d_model`` or ``d_vocab × d_vocab`` matrix: ask a
-circuit for ``.block(rows, cols)``, or use the ``*_block`` helpers, which never compute more
-than the requested embedding rows.
+``w`` is the numpy weights surface (``engine.circuits.fast.numpy_weights(model)``): ``w.get``
+float32 arrays, ``w.cfg``, ``w.embed_rows``, ``w.unembed_cols``. Nothing here materialises a
+``d_model × d_model`` or ``d_vocab × d_vocab`` matrix: ask a circuit for ``.block(rows,
+cols)``, or use ``circuit_block``, which reads only the requested embedding rows.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Any
 
-import torch
+import numpy as np
 
-from headscope.engine.circuits.factored import FactoredMatrix, broadcast_shapes
+from headscope.engine.circuits.factored import FactoredMatrix
 from headscope.engine.core.config import ModelConfig
-from headscope.engine.core.errors import InvalidRequestError
-from headscope.engine.model.weights import WeightSource
-
-if TYPE_CHECKING:
-    from torch import Tensor
+from headscope.engine.core.errors import ConfigError, InvalidRequestError
 
 __all__ = [
+    "circuit_block",
     "full_ov",
-    "full_ov_block",
     "head_weight",
+    "layer_rotary_config",
     "ov",
     "positional_qk",
     "qk",
     "rope",
+    "rotary_inv_freq",
     "rotary_matrix",
     "rotary_profile",
     "rotary_qk",
     "token_qk",
-    "token_qk_block",
+    "token_sample",
 ]
 
 
-def _path(w: WeightSource) -> str | None:
+def _path(w: Any) -> str | None:
     return getattr(w, "path", None)
 
 
-def head_weight(w: WeightSource, layer: int, head: int, name: str) -> Tensor:
-    """``blocks.{layer}.attn.{name}`` for one head (float32), after a range check."""
+def head_weight(w: Any, layer: int, head: int, name: str) -> np.ndarray:
+    """``blocks.{layer}.attn.{name}`` of one head (float32), after a range check:
+    ``W_Q``/``W_K``/``W_V`` ``[d_model, d_head]``, ``W_O`` ``[d_head, d_model]``."""
     w.cfg.check_head(layer, head, _path(w))
-    return w.get_head(f"blocks.{layer}.attn.{name}", head)
+    return w.get(f"blocks.{layer}.attn.{name}")[head]
 
 
-def qk(w: WeightSource, layer: int, head: int) -> FactoredMatrix:
+def qk(w: Any, layer: int, head: int) -> FactoredMatrix:
     """``W_Q W_Kᵀ`` ``[d_model (query), d_model (key)]``."""
     return FactoredMatrix(head_weight(w, layer, head, "W_Q"), head_weight(w, layer, head, "W_K").T)
 
 
-def ov(w: WeightSource, layer: int, head: int) -> FactoredMatrix:
+def ov(w: Any, layer: int, head: int) -> FactoredMatrix:
     """``W_V W_O`` ``[d_model (source), d_model (output)]``."""
     return FactoredMatrix(head_weight(w, layer, head, "W_V"), head_weight(w, layer, head, "W_O"))
 
 
-def token_qk(w: WeightSource, layer: int, head: int) -> FactoredMatrix:
-    """``W_E QK W_Eᵀ`` ``[query token, key token]``."""
+def token_qk(w: Any, layer: int, head: int) -> FactoredMatrix:
+    """``W_E QK W_Eᵀ = (W_E W_Q)(W_E W_K)ᵀ`` ``[query token, key token]``."""
+    w_q, w_k = head_weight(w, layer, head, "W_Q"), head_weight(w, layer, head, "W_K")
     w_e = w.get("embed.W_E")
-    return FactoredMatrix(w_e @ head_weight(w, layer, head, "W_Q"),
-                          (w_e @ head_weight(w, layer, head, "W_K")).T)
+    with np.errstate(all="ignore"):
+        return FactoredMatrix(w_e @ w_q, (w_e @ w_k).T)
 
 
-def full_ov(w: WeightSource, layer: int, head: int) -> FactoredMatrix:
-    """``W_E OV W_U`` ``[source token, output token]`` (``W_U`` is ``W_Eᵀ`` when tied)."""
-    return FactoredMatrix(w.get("embed.W_E") @ head_weight(w, layer, head, "W_V"),
-                          head_weight(w, layer, head, "W_O") @ w.get("unembed.W_U"))
+def full_ov(w: Any, layer: int, head: int) -> FactoredMatrix:
+    """``W_E OV W_U = (W_E W_V)(W_O W_U)`` ``[source token, output token]`` (``W_U`` is
+    ``W_Eᵀ`` when tied)."""
+    w_v, w_o = head_weight(w, layer, head, "W_V"), head_weight(w, layer, head, "W_O")
+    with np.errstate(all="ignore"):
+        return FactoredMatrix(w.get("embed.W_E") @ w_v, w_o @ w.get("unembed.W_U"))
 
 
-def positional_qk(w: WeightSource, layer: int, head: int) -> FactoredMatrix:
-    """``W_pos QK W_posᵀ`` ``[query position, key position]``, learned positions only."""
+def _require_learned(w: Any) -> None:
     if w.cfg.positional != "learned":
         raise InvalidRequestError(
-            _path(w),
-            f"positional QK needs learned position embeddings; this model's are "
-            f"{w.cfg.positional!r} (rotary models: use rotary_qk at an offset)",
-        )
+            _path(w), f"positional QK needs learned position embeddings; this model's are "
+            f"{w.cfg.positional!r} (rotary models: use rotary_qk at an offset)")
+
+
+def positional_qk(w: Any, layer: int, head: int) -> FactoredMatrix:
+    """``W_pos QK W_posᵀ`` ``[query position, key position]``, learned positions only."""
+    _require_learned(w)
+    w_q, w_k = head_weight(w, layer, head, "W_Q"), head_weight(w, layer, head, "W_K")
     w_pos = w.get("pos_embed.W_pos")
-    return FactoredMatrix(w_pos @ head_weight(w, layer, head, "W_Q"),
-                          (w_pos @ head_weight(w, layer, head, "W_K")).T)
+    with np.errstate(all="ignore"):
+        return FactoredMatrix(w_pos @ w_q, (w_pos @ w_k).T)
 
 
-def token_qk_block(w: WeightSource, layer: int, head: int, rows: Sequence[int],
-                   cols: Sequence[int], offset: int | None = None) -> Tensor:
-    """``token_qk(...).block(rows, cols)`` reading only those embedding rows.
-
-    With ``offset`` (rotary models) the block of ``W_E W_Q R(Δ) W_Kᵀ W_Eᵀ`` instead.
-    """
-    w_e = w.get("embed.W_E")
-    w_q = head_weight(w, layer, head, "W_Q")
-    if offset is not None:
-        w_q = w_q @ rotary_matrix(_layer_cfg(w, layer), offset, _path(w))
-    q = w_e[torch.as_tensor(rows, dtype=torch.long)] @ w_q
-    k = w_e[torch.as_tensor(cols, dtype=torch.long)] @ head_weight(w, layer, head, "W_K")
-    return q @ k.T
-
-
-def full_ov_block(w: WeightSource, layer: int, head: int, rows: Sequence[int],
-                  cols: Sequence[int]) -> Tensor:
-    """``full_ov(...).block(rows, cols)`` reading only those rows of ``W_E``/columns of ``W_U``."""
-    src = w.get("embed.W_E")[torch.as_tensor(rows, dtype=torch.long)]
-    out = w.get("unembed.W_U")[:, torch.as_tensor(cols, dtype=torch.long)]
-    return (src @ head_weight(w, layer, head, "W_V")) @ (head_weight(w, layer, head, "W_O") @ out)
-
-
-def circuit_block(w: WeightSource, layer: int, head: int, kind: str, basis: str,
-                  rows: Sequence[int], cols: Sequence[int], offset: int = 0) -> Tensor:
+def circuit_block(w: Any, layer: int, head: int, kind: str, basis: str,
+                  rows: Sequence[int] | np.ndarray, cols: Sequence[int] | np.ndarray,
+                  offset: int = 0, *, unembed: np.ndarray | None = None) -> np.ndarray:
     """The ``rows × cols`` block of a head's circuit that the explorer and the CLI show.
 
-    token basis: QK is ``W_E QK W_Eᵀ`` (rotary models: at offset Δ), OV the full OV circuit
-    ``W_E OV W_U``; position basis (QK, learned positions): ``W_pos QK W_posᵀ``. Only the
-    requested rows and columns are ever multiplied out.
+    token basis: QK is ``W_E QK W_Eᵀ`` (rotary models: ``W_E W_Q R(Δ) W_Kᵀ W_Eᵀ`` at offset
+    Δ), OV the full OV circuit ``W_E OV W_U``; position basis (QK, learned positions):
+    ``W_pos QK W_posᵀ``. Only the requested rows and columns are multiplied out, and only
+    those rows of ``W_E`` (columns of ``W_U``) are read (``w.embed_rows``, ``w.unembed_cols``).
+    ``unembed``: ``w.unembed_cols(cols)`` if the caller keeps it (the same columns for every
+    head of a view: processing them reads the whole stored unembedding).
     """
-    if basis == "position":
-        return positional_qk(w, layer, head).block(list(rows), list(cols))
-    if kind == "ov":
-        return full_ov_block(w, layer, head, rows, cols)
-    rotary = w.cfg.positional == "rotary"
-    return token_qk_block(w, layer, head, rows, cols, offset if rotary else None)
+    cfg = w.cfg
+    cfg.check_head(layer, head, _path(w))
+    rows, cols = np.asarray(rows, dtype=np.intp), np.asarray(cols, dtype=np.intp)
+
+    def attn(name: str) -> np.ndarray:
+        return w.get(f"blocks.{layer}.attn.{name}")[head]
+
+    with np.errstate(all="ignore"):
+        if basis == "position":
+            _require_learned(w)
+            w_pos = w.get("pos_embed.W_pos")
+            return (w_pos[rows] @ attn("W_Q")) @ (w_pos[cols] @ attn("W_K")).T
+        if kind == "ov":
+            out = w.unembed_cols(cols) if unembed is None else unembed
+            return (w.embed_rows(rows) @ attn("W_V")) @ (attn("W_O") @ out)
+        w_q = attn("W_Q")
+        if cfg.positional == "rotary":
+            w_q = w_q @ rotary_matrix(layer_rotary_config(cfg, layer), offset, _path(w))
+        return (w.embed_rows(rows) @ w_q) @ (w.embed_rows(cols) @ attn("W_K")).T
 
 
 # -- rotary position embeddings --------------------------------------------------------------
+# TEMPORARY: the frequencies come from engine.circuits.fast (default, linear, llama3) and the
+# YaRN / LongRoPE port below, the per-layer config and the attention factor from
+# engine.forward.transformer (pure Python); all move to engine/model/rotary.py.
 
 
-def _require_rotary(cfg: ModelConfig, path: str | None) -> int:
-    if cfg.positional != "rotary":
-        raise InvalidRequestError(
-            path, f"rotary circuits need rotary positions; this model's are {cfg.positional!r}"
-        )
-    return cfg.rotary_dim or cfg.d_head
-
-
-def rope(x: Tensor, positions: Tensor, cfg: ModelConfig) -> Tensor:
-    """Rotate row vectors ``x [..., d_head]`` to ``positions`` (broadcast against ``x[..., 0]``).
-
-    Hugging Face / GPT-NeoX ``rotate_half`` convention on the first ``r = cfg.rotary_dim``
-    dims: dims ``i`` and ``i + r/2`` form a pair rotated by ``position · base^(-2i/r)`` (with
-    the checkpoint's RoPE scaling applied, as in the forward pass); the remaining dims pass
-    through (partial rotary).
-    """
-    # one definition of the frequencies (incl. RoPE scaling) and of the rotation
-    from headscope.engine.forward.transformer import apply_rotary, rotary_inv_freq, rotary_scale
-
-    x = x.expand(broadcast_shapes(x.shape, (*positions.shape, x.shape[-1])))
-    # LongRoPE: the factors of a sequence reaching the largest position asked for
-    seq_len = int(positions.max().item()) + 1 if positions.numel() else None
-    inv_freq = rotary_inv_freq(cfg, seq_len=seq_len).to(torch.float64)
-    # angles [..., r/2]
-    return apply_rotary(x, positions.to(torch.float64)[..., None] * inv_freq, rotary_scale(cfg))
-
-
-def _layer_cfg(w: WeightSource, layer: int) -> ModelConfig:
+def layer_rotary_config(cfg: ModelConfig, layer: int) -> ModelConfig:
     """The config with ``layer``'s RoPE (Gemma 3's local layers have their own base)."""
     from headscope.engine.forward.transformer import layer_config
 
-    return layer_config(w.cfg, layer)
+    return layer_config(cfg, layer)
 
 
-def rotary_matrix(cfg: ModelConfig, offset: int, path: str | None = None) -> Tensor:
+def _require_rotary(cfg: ModelConfig, path: str | None) -> None:
+    if cfg.positional != "rotary":
+        raise InvalidRequestError(
+            path, f"rotary circuits need rotary positions; this model's are {cfg.positional!r}")
+
+
+def rotary_inv_freq(cfg: ModelConfig, path: str | None = None, seq_len: int | None = None) -> np.ndarray:
+    """Rotation frequencies (float32 ``[r/2]``) with the checkpoint's RoPE scaling
+    (docs/math.md, "RoPE scaling"); LongRoPE's depend on the sequence length ``seq_len``."""
+    from headscope.engine.circuits import fast
+
+    kind = cfg.extra.get("rope_type") or "default"
+    if kind in fast.ROPE_TYPES:
+        return fast.rotary_inv_freq(cfg, path)
+    r = cfg.rotary_dim or cfg.d_head
+    params = cfg.extra.get("rope_scaling") or {}
+    try:
+        if kind == "yarn":
+            return _yarn_inv_freq(cfg, params, r)
+        if kind == "longrope":
+            long = seq_len is not None and seq_len > params["original_max_position_embeddings"]
+            factors = np.asarray(params["long_factor" if long else "short_factor"], dtype=np.float32)
+            shape = np.arange(0, r, 2).astype(np.float32) / np.float32(r)
+            return (np.float32(1.0) / (factors * np.float32(cfg.rotary_base) ** shape)).astype(np.float32)
+    except KeyError as missing:
+        raise ConfigError(path, f"RoPE scaling {kind!r} needs parameter {missing}") from None
+    return fast.rotary_inv_freq(cfg, path)  # raises: not supported
+
+
+def _yarn_inv_freq(cfg: ModelConfig, params: dict, r: int) -> np.ndarray:
+    """YaRN (transformers' ``_compute_yarn_parameters``): each frequency interpolated (divided by
+    ``factor``) or kept, with a linear ramp between the dims that turn ``beta_fast`` and
+    ``beta_slow`` times over the original context."""
+    base, original = cfg.rotary_base, float(params["original_max_position_embeddings"])
+    factor = params.get("factor")
+    factor = float(factor) if factor is not None else cfg.n_ctx / original
+    beta_fast, beta_slow = params.get("beta_fast") or 32, params.get("beta_slow") or 1
+
+    def correction_dim(rotations: float) -> float:
+        return (r * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if params.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, r - 1)
+    if low == high:
+        high += 0.001  # as transformers: no division by zero
+    f32 = np.float32
+    ramp = np.clip((np.arange(r // 2, dtype=f32) - f32(low)) / f32(high - low), 0, 1).astype(f32)
+    pos_freqs = (f32(base) ** (np.arange(0, r, 2).astype(f32) / f32(r))).astype(f32)
+    keep = f32(1) - ramp  # extrapolation weight
+    return ((f32(1.0) / (f32(factor) * pos_freqs)) * (f32(1) - keep) + (f32(1.0) / pos_freqs) * keep).astype(f32)
+
+
+def rope(x: np.ndarray, positions: np.ndarray, cfg: ModelConfig) -> np.ndarray:
+    """Rotate row vectors ``x [..., d_head]`` to ``positions`` (broadcast against ``x[..., 0]``).
+
+    Hugging Face / GPT-NeoX ``rotate_half`` convention on the first ``r = cfg.rotary_dim``
+    dims: dims ``i`` and ``i + r/2`` form a pair rotated by ``position · θ_i`` (with the
+    checkpoint's RoPE scaling, and YaRN's / LongRoPE's factor on cos and sin, as in the
+    forward pass); the remaining dims pass through (partial rotary).
+    """
+    from headscope.engine.forward.transformer import rotary_scale
+
+    positions = np.asarray(positions, dtype=np.float64)
+    seq_len = int(positions.max()) + 1 if positions.size else None  # LongRoPE's factors
+    inv_freq = rotary_inv_freq(cfg, seq_len=seq_len).astype(np.float64)
+    angles = positions[..., None] * inv_freq  # [..., r/2]
+    cos, sin = np.cos(angles), np.sin(angles)
+    scale = rotary_scale(cfg)
+    if scale != 1.0:  # as transformers: cos and sin times the attention scaling
+        cos, sin = cos * scale, sin * scale
+    cos = np.concatenate((cos, cos), axis=-1).astype(x.dtype)
+    sin = np.concatenate((sin, sin), axis=-1).astype(x.dtype)
+    r = 2 * angles.shape[-1]
+    x = np.broadcast_to(x, np.broadcast_shapes(x.shape, (*positions.shape, x.shape[-1])))
+    x_rot, x_pass = x[..., :r], x[..., r:]
+    rotated = np.concatenate((-x_rot[..., r // 2:], x_rot[..., : r // 2]), axis=-1)  # rotate_half
+    return np.concatenate((x_rot * cos + rotated * sin, x_pass), axis=-1)
+
+
+def rotary_matrix(cfg: ModelConfig, offset: int, path: str | None = None) -> np.ndarray:
     """``R(Δ) [d_head, d_head]`` with ``rope(x, p) = x @ R(p)``.
 
     Rotations compose, ``R(i) R(j)ᵀ = R(i - j)``, so the score of a query at position ``i``
     and a key at ``j`` is ``q R(i) (k R(j))ᵀ = q R(i - j) kᵀ``: it depends on ``Δ = i - j`` only.
     """
     _require_rotary(cfg, path)
-    eye = torch.eye(cfg.d_head, dtype=torch.float32)
-    return rope(eye, torch.full((cfg.d_head,), float(offset)), cfg)
+    eye = np.eye(cfg.d_head, dtype=np.float32)
+    return rope(eye, np.full((cfg.d_head,), float(offset)), cfg)
 
 
-def rotary_qk(w: WeightSource, layer: int, head: int, offset: int) -> FactoredMatrix:
+def rotary_qk(w: Any, layer: int, head: int, offset: int) -> FactoredMatrix:
     """``W_Q R(Δ) W_Kᵀ`` ``[d_model (query), d_model (key)]`` for a key ``Δ = offset``
     positions before the query (weights only: no biases, no ``1/√d_head``)."""
-    rot = rotary_matrix(_layer_cfg(w, layer), offset, _path(w))
-    return FactoredMatrix(head_weight(w, layer, head, "W_Q") @ rot,
-                          head_weight(w, layer, head, "W_K").T)
+    rot = rotary_matrix(layer_rotary_config(w.cfg, layer), offset, _path(w))
+    return FactoredMatrix(head_weight(w, layer, head, "W_Q") @ rot, head_weight(w, layer, head, "W_K").T)
 
 
-def rotary_profile(w: WeightSource, layer: int, head: int, offsets: Sequence[int], *,
-                   n_tokens: int = 256, seed: int = 0) -> Tensor:
-    """Same-token QK score against offset: ``[len(offsets)]``.
+def token_sample(d_vocab: int, count: int, seed: int) -> np.ndarray:
+    """``count`` distinct token ids drawn with ``seed``: the first ``count`` entries of
+    ``torch.randperm(d_vocab, generator=torch.Generator().manual_seed(seed))``, the sample the
+    rotary profile and the K-path's diagonal rate have always used (docs/math.md).
 
-    The statistic: draw ``n_tokens`` distinct token ids with a generator seeded by ``seed``,
-    take their embedding rows ``e`` rescaled to norm ``√d_model`` (the scale a pre-norm hands
-    to attention), and average, over the sample, the unscaled attention score of ``e`` as the
+    torch's CPU ``randperm`` is a forward Fisher-Yates shuffle drawing ``random() % (n - i)``
+    from an MT19937 seeded like numpy's legacy ``RandomState(seed)``; entry ``i`` is final
+    after step ``i``, so ``count`` steps suffice."""
+    bits = np.random.RandomState(seed)._bit_generator
+    k = max(0, min(int(count), int(d_vocab)))
+    raw = bits.random_raw(k)
+    moved: dict[int, int] = {}
+    out = np.empty(k, dtype=np.int64)
+    for i in range(k):
+        z = int(raw[i]) % (d_vocab - i) + i
+        vi, vz = moved.get(i, i), moved.get(z, z)
+        moved[i], moved[z] = vz, vi
+        out[i] = vz
+    return out
+
+
+def rotary_profile(w: Any, layer: int, head: int, offsets: Sequence[int], *,
+                   n_tokens: int = 256, seed: int = 0) -> np.ndarray:
+    """Same-token QK score against offset: ``[len(offsets)]`` float32.
+
+    The statistic: ``n_tokens`` distinct token ids drawn with ``seed`` (``token_sample``),
+    their embedding rows ``e`` rescaled to norm ``√d_model`` (the scale a pre-norm hands to
+    attention), and the mean over the sample of the unscaled attention score of ``e`` as the
     query and the same ``e`` as a key ``Δ`` positions earlier:
     ``profile[Δ] = mean_e  e W_Q R(Δ) W_Kᵀ eᵀ``. It shows how the head's preference for
     matching content decays or oscillates with distance; weights only (no biases).
     """
-    cfg = _layer_cfg(w, layer)
-    path = _path(w)
-    _require_rotary(cfg, path)
+    cfg = layer_rotary_config(w.cfg, layer)
+    _require_rotary(cfg, _path(w))
     w_q, w_k = head_weight(w, layer, head, "W_Q"), head_weight(w, layer, head, "W_K")
-    w_e = w.get("embed.W_E")
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randperm(cfg.d_vocab, generator=g)[: min(n_tokens, cfg.d_vocab)]
-    e = w_e[ids]
-    e = e * (cfg.d_model**0.5 / e.norm(dim=-1, keepdim=True).clamp_min(1e-12))
-    q, k = e @ w_q, e @ w_k  # [n, d_head]
-    deltas = torch.as_tensor(list(offsets), dtype=torch.float32)
-    q_rot = rope(q[None, :, :], deltas[:, None], cfg)  # [n_offsets, n, d_head]
-    return (q_rot * k).sum(-1).mean(-1)
+    ids = token_sample(cfg.d_vocab, n_tokens, seed)
+    e = w.embed_rows(ids)
+    with np.errstate(all="ignore"):
+        norms = np.sqrt(np.square(e).sum(-1, keepdims=True))
+        e = e * (np.float32(cfg.d_model**0.5) / np.maximum(norms, np.float32(1e-12)))
+        q, k = e @ w_q, e @ w_k  # [n, d_head]
+        deltas = np.asarray(list(offsets), dtype=np.float32)
+        q_rot = rope(q[None, :, :], deltas[:, None], cfg)  # [n_offsets, n, d_head]
+        return (q_rot * k).sum(-1).mean(-1).astype(np.float32)

@@ -1,9 +1,7 @@
-"""Reading a head (docs/math.md, "Reading a head"): singular directions as tokens, virtual
-heads along composition paths, attention sinks (on the first token and on delimiters), and
-the null that calibrates the scores.
-
-Pure torch functions on a ``WeightSource`` and ``FactoredMatrix``; nothing here forms a
-``d_vocab × d_vocab`` matrix (SVDs and spectra come from the ``d_head``-sized factors).
+"""Reading a head by its behaviour (docs/math.md, "Reading a head"): attention sinks (on the
+first token and on delimiters) and the random-head null that calibrates the behavioural
+scores, on forward passes. The weight-only reading (singular directions, virtual heads, the
+spectral scores' null) is in ``directions``.
 """
 
 from __future__ import annotations
@@ -11,14 +9,12 @@ from __future__ import annotations
 import math
 import unicodedata
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from headscope.engine.circuits.factored import FactoredMatrix, is_finite
 from headscope.engine.core.errors import CancelledError
 from headscope.engine.core.validation import NULL_SAMPLES
 from headscope.engine.model.weights import WeightSource
@@ -26,101 +22,16 @@ from headscope.engine.model.weights import WeightSource
 __all__ = [
     "NULL_SAMPLES",
     "SINK_SKIP",
-    "Directions",
     "delimiter_sink_mass",
     "head_generators",
     "is_delimiter",
-    "k_path",
-    "null_spectral_scores",
-    "overlap",
     "projected_patterns",
     "random_head_patterns",
     "random_projections",
-    "signed_directions",
     "sink_mass",
-    "top_by_magnitude",
-    "virtual_ov",
 ]
 
 SINK_SKIP = 4  # query positions 0..SINK_SKIP-1 are left out of the sink score
-
-
-# -- singular directions ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Directions:
-    """The top ``k`` singular triplets of a circuit: ``u [ldim, k]``, ``s [k]``, ``v [rdim, k]``."""
-
-    u: Tensor
-    s: Tensor
-    v: Tensor
-
-
-def signed_directions(fm: FactoredMatrix, k: int) -> Directions:
-    """Top ``k`` singular triplets of ``fm`` (``FactoredMatrix.svd``, from the factors), with
-    the sign fixed so each ``u`` column's largest-magnitude entry is positive (``u s vᵀ`` is
-    unchanged when ``u`` and ``v`` flip together)."""
-    u, s, vh = fm.svd()
-    k = max(0, min(int(k), s.shape[-1]))
-    u, s, v = u[:, :k], s[:k], vh[:k].T
-    peak = u.gather(0, u.abs().argmax(0, keepdim=True))  # [1, k]
-    sign = torch.where(peak < 0, -1.0, 1.0).to(u.dtype)
-    return Directions(u * sign, s, v * sign)
-
-
-def top_by_magnitude(vector: Tensor, top: int) -> tuple[list[int], list[float]]:
-    """Ids and signed values of the ``top`` entries of largest ``|value|``, largest first."""
-    top = max(0, min(int(top), vector.shape[0]))
-    idx = vector.abs().topk(top).indices
-    return [int(i) for i in idx], [float(vector[i]) for i in idx]
-
-
-def overlap(in_ids: Sequence[int], in_values: Sequence[float],
-            out_ids: Sequence[int], out_values: Sequence[float]) -> float:
-    """Signed overlap of a direction's top in- and out-tokens, in [-1, 1].
-
-    (tokens in both lists with the same sign − those with opposite signs) / len(in list):
-    1 when the direction reads and writes the same tokens the same way (copying), −1 when
-    it writes them negated, 0 when the lists share nothing. NaN for empty lists.
-    """
-    if not in_ids:
-        return math.nan
-    out = dict(zip(out_ids, out_values, strict=True))
-    total = sum(math.copysign(1.0, v * out[t]) for t, v in zip(in_ids, in_values, strict=True)
-                if t in out and v * out[t] != 0)
-    return total / len(in_ids)
-
-
-# -- virtual heads -----------------------------------------------------------------------------
-
-
-def _head(w: WeightSource, layer: int, head: int, name: str) -> Tensor:
-    return w.get_head(f"blocks.{layer}.attn.{name}", head)
-
-
-def virtual_ov(w: WeightSource, a: tuple[int, int], b: tuple[int, int]) -> FactoredMatrix:
-    """The V-composition virtual full OV circuit ``W_E OV_A OV_B W_U`` [source token, output
-    token], kept factored through ``d_head``: ``(W_E W_V^A) (W_O^A W_V^B) (W_O^B W_U)``."""
-    (la, ha), (lb, hb) = a, b
-    middle = _head(w, la, ha, "W_O") @ _head(w, lb, hb, "W_V")  # [d_head, d_head]
-    left = w.get("embed.W_E") @ _head(w, la, ha, "W_V")  # [d_vocab, d_head]
-    right = _head(w, lb, hb, "W_O") @ w.get("unembed.W_U")  # [d_head, d_vocab]
-    return FactoredMatrix(left @ middle, right)
-
-
-def k_path(w: WeightSource, a: tuple[int, int], b: tuple[int, int]) -> FactoredMatrix:
-    """The K-composition path ``W_E QK_B (W_E OV_A)ᵀ`` [query token, key-side token]: how much
-    a query token attends to a position whose *earlier head A* moved token ``t`` there.
-
-    ``= (W_E W_Q^B) (W_E W_V^A W_O^A W_K^B)ᵀ``; for an induction mechanism (A a previous-token
-    head) it is the query token against the token *before* the key, and its diagonal stands out.
-    """
-    (la, ha), (lb, hb) = a, b
-    w_e = w.get("embed.W_E")
-    query = w_e @ _head(w, lb, hb, "W_Q")  # [d_vocab, d_head]
-    key = (w_e @ _head(w, la, ha, "W_V")) @ (_head(w, la, ha, "W_O") @ _head(w, lb, hb, "W_K"))
-    return FactoredMatrix(query, key.T)
 
 
 # -- attention sinks ---------------------------------------------------------------------------
@@ -174,28 +85,6 @@ def delimiter_sink_mass(pattern: Tensor, delimiter: Tensor, skip: int = SINK_SKI
 
 
 # -- the null ----------------------------------------------------------------------------------
-
-
-def null_spectral_scores(middle: Tensor, d_head: int, seed: int,
-                         samples: int = NULL_SAMPLES) -> Tensor:
-    """``[samples]``: ``Σ Re λ / Σ |λ|`` of random heads' token circuits.
-
-    A random head is ``X``, ``Y [d_model, d_head]`` i.i.d. standard Gaussian (seeded); its
-    token circuit ``(W_E X)(Yᵀ W_U)`` (OV, ``middle = W_U W_E``) or ``(W_E X)(W_E Y)ᵀ`` (QK,
-    ``middle = W_Eᵀ W_E``) has the non-zero eigenvalues of ``Yᵀ middle X``. The score is
-    scale free in each factor, so matching a head's norms changes nothing.
-    """
-    d_model = middle.shape[0]
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(samples, d_model, d_head, generator=g)
-    y = torch.randn(samples, d_model, d_head, generator=g)
-    # float32 products, as the real heads' scores are formed (engine.fast); at 7B the float64
-    # ones were 2 × 275 GFLOP
-    small = y.transpose(-2, -1) @ middle.float() @ x  # [S, d_head, d_head]
-    if not is_finite(small):  # NaN/inf embeddings: eigvals on a NaN matrix kills the process
-        return torch.full((samples,), math.nan)
-    eig = torch.linalg.eigvals(small.double())
-    return (eig.real.sum(-1) / eig.abs().sum(-1)).float()
 
 
 def random_projections(rows: Tensor, d_head: int, norms: Sequence[float], samples: int,

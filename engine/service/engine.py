@@ -665,7 +665,7 @@ def _partial_composition(model: Model, kind: str, deliver: Callable[[Composition
     (built here, on the worker thread: the event loop only receives it)."""
     import time
 
-    from headscope.engine.circuits.fast import composition_baseline
+    from headscope.engine.circuits.composition import composition_baseline
     from headscope.engine.core.results import rank_edges
     from headscope.engine.service.scheduler import deliver_soon
 

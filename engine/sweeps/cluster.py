@@ -1,7 +1,7 @@
 """Sweeps on a Dask cluster: one task per missing part of a sweep (docs/internals.md,
 "Sweeps on a cluster").
 
-The sweeps of ``circuits.scores`` keep their result in parts (a layer of the copying and
+The weight sweeps (``engine.circuits.spectral``, ``engine.circuits.composition``) keep their result in parts (a layer of the copying and
 QK-positivity sweeps, a target-layer tile of a composition sweep) behind a ``Memo``. Here
 each part the memo lacks becomes one task: a worker opens the checkpoint from the same
 path itself (a shared filesystem; the client sends the path and the fingerprint, never
@@ -26,7 +26,7 @@ import numpy as np
 from headscope.engine.core.errors import HeadscopeError
 
 if TYPE_CHECKING:
-    from headscope.engine.circuits.scores import Memo
+    from headscope.engine.circuits.spectral import Memo
     from headscope.engine.model.loading import Model
 
 Progress = Callable[[float], None] | None
@@ -76,7 +76,7 @@ def _require_distributed() -> Any:
 
 
 def part_shapes(sweep: str, n_layers: int, n_heads: int) -> dict[int, tuple[int, ...]]:
-    """Index and shape of every part of ``sweep`` (the ``Memo`` indices of engine.scores)."""
+    """Index and shape of every part of ``sweep`` (the ``Memo`` indices of the sweeps)."""
     if sweep in ("copying_score", "qk_positivity"):
         return {layer: (n_heads,) for layer in range(n_layers)}
     if sweep in ("composition-q", "composition-k", "composition-v"):
@@ -103,40 +103,28 @@ class _OnePart:
 
 
 def _run_sweep(model: Model, sweep: str, memo: _OnePart) -> None:
-    """Compute ``memo``'s one part on the path the client's own sweep takes
+    """Compute ``memo``'s one part by the function the client's own sweep runs
     (``compute.weight_scores``, ``compute.composition``), so the numbers are bit-identical."""
-    from headscope.engine.circuits import fast
+    from headscope.engine.circuits import spectral
+    from headscope.engine.circuits.composition import composition_scores
+    from headscope.engine.circuits.fast import kept_spectral_middles, numpy_weights
 
-    arrays = fast.numpy_weights(model)
-    if arrays is not None and sweep in ("copying_score", "qk_positivity"):
-        # one layer of fast.spectral_scores
-        middle = {sweep: _middle(model, sweep, arrays)}
-        memo.put(memo.index, fast.layer_spectral_scores(arrays, memo.index, middle)[sweep])
+    arrays = numpy_weights(model)
+    if sweep in ("copying_score", "qk_positivity"):
+        # one layer of spectral.spectral_scores; the middles are kept on the worker's open model
+        middle = {sweep: kept_spectral_middles(arrays)[sweep]}
+        memo.put(memo.index, spectral.layer_spectral_scores(arrays, memo.index, middle)[sweep])
         return
-    if arrays is not None:
-        fast.composition_scores(arrays, sweep.rsplit("-", 1)[1], memo=memo, baseline_samples=1,
-                                tile_bytes=worker_tile_bytes())
-        return
-    from headscope.engine.circuits import (
-        scores,  # the torch path (GGUF, float8, OPT-350m's products)
-    )
-
-    w = model.weights
-    if sweep == "copying_score":
-        scores.all_copying_scores(w, memo=memo, middle=lambda: _middle(model, sweep))
-    elif sweep == "qk_positivity":
-        scores.all_qk_positivity(w, memo=memo, middle=lambda: _middle(model, sweep))
-    else:
-        scores.composition_scores(w, sweep.rsplit("-", 1)[1], memo=memo,  # type: ignore[arg-type]
-                                  baseline_samples=1)
+    composition_scores(arrays, sweep.rsplit("-", 1)[1], memo=memo, baseline_samples=1,
+                       tile_bytes=worker_tile_bytes())
 
 
 def worker_tile_bytes(limit: int | None = None) -> int:
     """How many bytes of source factors a composition part stacks at once on this worker:
     a quarter of the worker's memory limit (``dask worker --memory-limit``; ``limit``
-    overrides), never more than the in-process ``fast.TILE_BYTES``, never under 16 MiB. The
+    overrides), never more than the in-process ``composition.TILE_BYTES``, never under 16 MiB. The
     blocking changes, the numbers do not (tests/test_cluster.py)."""
-    from headscope.engine.circuits.fast import TILE_BYTES
+    from headscope.engine.circuits.composition import TILE_BYTES
 
     if limit is None:
         try:
@@ -152,26 +140,6 @@ def worker_tile_bytes(limit: int | None = None) -> int:
 
 # One open model per worker process: the tasks of one sweep share the opened checkpoint.
 _OPEN: dict[tuple[str, str, bool], Model] = {}
-# ... and its spectral sweeps' d_model × d_model middles (W_U W_E, W_Eᵀ W_E): one contraction
-# over the vocabulary each, which a task per layer would otherwise repeat for every layer
-# (measured on the Pythia-1B shape: one worker 3.3× slower than in-process, mostly that).
-_MIDDLES: dict[str, Any] = {}
-
-
-def _middle(model: Model, sweep: str, arrays: Any = None) -> Any:
-    """The ``d_model × d_model`` middle of a spectral sweep: numpy's (``fast.kept_spectral_middles``,
-    both at once) for ``arrays``, else torch's."""
-    from headscope.engine.circuits import fast
-
-    if arrays is not None:  # kept on the worker's open model, as in-process
-        return fast.kept_spectral_middles(arrays)[sweep]
-    from headscope.engine.circuits import scores
-
-    if sweep not in _MIDDLES:
-        make = scores.copying_middle if sweep == "copying_score" else scores.qk_middle
-        _MIDDLES[sweep] = make(model.weights)
-    return _MIDDLES[sweep]
-
 
 def _worker_model(path: str, key: str, raw: bool) -> Model:
     from headscope.engine.model.loading import open_model
@@ -185,7 +153,6 @@ def _worker_model(path: str, key: str, raw: bool) -> Model:
     if found != key:
         raise fingerprint_mismatch(path)
     _OPEN.clear()
-    _MIDDLES.clear()  # they belong to the model just replaced
     _OPEN[(path, key, raw)] = model
     return model
 

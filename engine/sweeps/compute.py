@@ -16,6 +16,8 @@ to it as soon as each is finished (docs/internals.md, "The results store").
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -51,7 +53,7 @@ from headscope.engine.core.validation import (
 from headscope.engine.model.caveats import ov_caveats, qk_caveats
 
 if TYPE_CHECKING:
-    from headscope.engine.circuits.scores import Memo
+    from headscope.engine.circuits.spectral import Memo
     from headscope.engine.model.loading import Model
     from headscope.engine.sweeps.cluster import Cluster
     from headscope.engine.sweeps.store import LayerMemo, ModelStore
@@ -93,28 +95,38 @@ def _unembed_note(model: Model) -> str:
 # -- per-head requests --------------------------------------------------------------------------
 
 
-def circuit_block(model: Model, req: CircuitRequest, *, numpy: bool = False) -> CircuitBlock:
-    """The block ``req`` asks for (``circuits.circuit_block``), labelled.
+_UNEMBED_KEPT = 4  # unembedding column blocks kept per weights (the views' columns)
+_unembed_blocks: weakref.WeakKeyDictionary[Any, dict[tuple[int, ...], np.ndarray]] = weakref.WeakKeyDictionary()
+_unembed_lock = threading.Lock()
 
-    ``numpy``: torch-free where ``engine.fast`` applies (the same products in numpy; the
-    one-shot CLI and exports). The explorer's engine keeps the torch path: its processed
-    weights are already cached for the other views of the head, and a second, numpy copy of
-    ``W_U`` would double what an OV view keeps resident. YaRN and LongRoPE rotary circuits
-    also take the torch path (``fast.rotary_in_numpy``)."""
-    from headscope.engine.circuits import fast
 
-    rotary_free = req.kind == "ov" or req.basis == "position"  # no R(Δ) in these blocks
-    in_numpy = numpy and (rotary_free or fast.rotary_in_numpy(model.cfg, req.layer))
-    arrays = fast.numpy_weights(model) if in_numpy else None
-    if arrays is not None:
-        values: Any = fast.circuit_block(arrays, req.layer, req.head, req.kind, req.basis,
-                                         req.rows, req.cols, req.offset)
-    else:
-        from headscope.engine.circuits import head_circuits as circuits
+def unembed_block(w: Any, cols: Sequence[int]) -> np.ndarray:
+    """``w.unembed_cols(cols)``, kept for the next heads' OV blocks (the explorer shows the
+    same columns for every head; processing them reads the whole stored unembedding: 0.3 s
+    at 7B). The same array whoever asks, so the numbers do not depend on the order."""
+    key = tuple(int(c) for c in cols)
+    with _unembed_lock:
+        kept = _unembed_blocks.setdefault(w, {})
+        found = kept.get(key)
+    if found is None:
+        found = w.unembed_cols(np.asarray(key, dtype=np.intp))
+        found.setflags(write=False)
+        with _unembed_lock:
+            kept[key] = found
+            while len(kept) > _UNEMBED_KEPT:
+                kept.pop(next(iter(kept)))
+    return found
 
-        values = circuits.circuit_block(
-            model.weights, req.layer, req.head, req.kind, req.basis, req.rows, req.cols, req.offset
-        )
+
+def circuit_block(model: Model, req: CircuitRequest) -> CircuitBlock:
+    """The block ``req`` asks for (``head_circuits.circuit_block``), labelled."""
+    from headscope.engine.circuits import head_circuits
+    from headscope.engine.circuits.fast import numpy_weights
+
+    w = numpy_weights(model)
+    unembed = unembed_block(w, req.cols) if req.kind == "ov" and req.basis == "token" else None
+    values = head_circuits.circuit_block(w, req.layer, req.head, req.kind, req.basis,
+                                         req.rows, req.cols, req.offset, unembed=unembed)
     array = readonly(values, np.float32)
     finite = array[np.isfinite(array)]
     if req.basis == "position":
@@ -148,13 +160,14 @@ def circuit_block(model: Model, req: CircuitRequest, *, numpy: bool = False) -> 
 
 def top_outputs(model: Model, layer: int, head: int, source: int, k: int) -> TopTokens:
     """The output tokens the full OV circuit raises most when the head attends to ``source``."""
-    import torch
-
-    from headscope.engine.circuits import head_circuits as circuits
+    from headscope.engine.circuits import head_circuits
+    from headscope.engine.circuits.fast import numpy_weights
 
     k = max(1, min(k, model.cfg.d_vocab))
-    row = circuits.full_ov_block(model.weights, layer, head, [source], range(model.cfg.d_vocab))[0]
-    values, ids = torch.topk(row, k)
+    row = head_circuits.circuit_block(numpy_weights(model), layer, head, "ov", "token", [source],
+                                      np.arange(model.cfg.d_vocab))[0]
+    ids = np.argsort(-row, kind="stable")[:k]  # the k largest, largest first
+    values = row[ids]
     tok = model.tokenizer
     return TopTokens(
         layer=layer,
@@ -170,28 +183,22 @@ def top_outputs(model: Model, layer: int, head: int, source: int, k: int) -> Top
 
 def spectrum(model: Model, layer: int, head: int, kind: str, cancelled: Cancelled = None) -> Spectrum:
     """Eigenvalues of the full OV (``"ov"``) or token QK (``"qk"``) circuit, and its score."""
-    import torch
+    from headscope.engine.circuits import head_circuits, spectral
+    from headscope.engine.circuits.fast import numpy_weights
 
-    from headscope.engine.circuits import head_circuits as circuits
-    from headscope.engine.circuits import scores
-
-    w = model.weights
+    w = numpy_weights(model)
     if kind == "ov":
-        fm = circuits.full_ov(w, layer, head)
-        score = scores.copying_score(fm)
+        fm = head_circuits.full_ov(w, layer, head)
+        score = spectral.copying_score(fm)
     else:
-        fm = circuits.token_qk(w, layer, head)
-        score = scores.qk_positivity(fm)
+        fm = head_circuits.token_qk(w, layer, head)
+        score = spectral.qk_positivity(fm)
     _check(cancelled)
-    try:
-        eig = fm.eigenvalues
-    except NonFiniteError:
-        # NaN/inf weights (flagged in HeadScores.nonfinite): an empty spectrum with a NaN
-        # score, like every other score of the head, rather than an error.
-        eig = torch.zeros(0, dtype=torch.complex64)
-    order = eig.abs().argsort(descending=True)
+    # NaN/inf weights (flagged in HeadScores.nonfinite): an empty spectrum with a NaN score,
+    # like every other score of the head, rather than an error.
+    eig = _eigenvalues(fm)
     return Spectrum(
-        eigenvalues=readonly(eig[order], np.complex64),
+        eigenvalues=readonly(eig, np.complex64),
         score=float(score),
         kind=kind,  # type: ignore[arg-type]
         layer=layer,
@@ -200,9 +207,10 @@ def spectrum(model: Model, layer: int, head: int, kind: str, cancelled: Cancelle
 
 
 def rotary_profile(model: Model, layer: int, head: int, offsets: tuple[int, ...]) -> Profile:
-    from headscope.engine.circuits import head_circuits as circuits
+    from headscope.engine.circuits import head_circuits
+    from headscope.engine.circuits.fast import numpy_weights
 
-    values = circuits.rotary_profile(model.weights, layer, head, list(offsets))
+    values = head_circuits.rotary_profile(numpy_weights(model), layer, head, list(offsets))
     return Profile(layer, head, offsets, readonly(values, np.float32))
 
 
@@ -220,10 +228,11 @@ def nonfinite_heads(model: Model, behaviour: dict[str, Any] | None = None) -> np
     """[L, H] bool: heads with a NaN/inf in their attention weights (or weights whose
     products overflow float32), and, given the behaviour scores, heads whose scores are not
     finite (finite weights whose attention overflows)."""
-    from headscope.engine.circuits import scores
+    from headscope.engine.circuits import spectral
+    from headscope.engine.circuits.fast import numpy_weights
 
     flags = np.zeros((model.cfg.n_layers, model.cfg.n_heads), bool)
-    for layer, head in scores.nonfinite_heads(model.weights):
+    for layer, head in spectral.nonfinite_heads(numpy_weights(model)):
         flags[layer, head] = True
     for name in BEHAVIOURS if behaviour is not None else ():
         flags |= ~np.isfinite(np.asarray(behaviour[name], dtype=np.float64))
@@ -374,7 +383,7 @@ def score_table(
 ) -> ScoreTable:
     """Every score of every head, ``[n_layers, n_heads]`` each, under ``SCORE_NAMES``.
 
-    The weight scores are ``weight_scores``' (numpy where ``engine.fast`` applies), so
+    The weight scores are ``weight_scores``' (``spectral.spectral_scores``), so
     ``heads`` and ``heads --no-behaviour`` give the same numbers bit for bit. torch is
     imported only for the behavioural forward pass, on a background thread while the weight
     sweep runs, and not at all when the store holds every part (a warm ``heads``).
@@ -436,13 +445,14 @@ def weight_scores(model: Model, progress: Progress = None, cancelled: Cancelled 
                   ) -> dict[str, np.ndarray]:
     """The weight-only scores of every head, ``[L, H]`` each: ``copying_score``,
     ``qk_positivity`` and ``nonfinite`` (heads with non-finite or overflowing attention
-    weights), without a forward pass, and without torch where ``engine.fast`` applies.
+    weights), without a forward pass and without torch (``spectral.spectral_scores``).
 
     ``store``: one part per score and layer (an interrupted sweep resumes) and the
     ``nonfinite`` flags are read back or written. ``cluster``: the missing layers are
-    computed there first (engine.cluster, on the same numpy path), then read back here.
+    computed there first (engine.cluster, by the same function), then read back here.
     """
-    from headscope.engine.circuits import fast
+    from headscope.engine.circuits import spectral
+    from headscope.engine.circuits.fast import numpy_weights
 
     n_heads = (model.cfg.n_heads,)
     if cluster is not None:  # the cluster's parts, then their read-back, over the same span
@@ -453,29 +463,12 @@ def weight_scores(model: Model, progress: Progress = None, cancelled: Cancelled 
             for i, name in enumerate(SPECTRAL_SWEEPS)}
     else:
         memos = None if store is None else {name: store.memo(name, n_heads) for name in SPECTRAL_SWEEPS}
-    arrays = fast.numpy_weights(model)
-    if arrays is not None:
-        flags = None if store is None else store.load(
-            "nonfinite", "all", (model.cfg.n_layers, model.cfg.n_heads), bool)
-        found = fast.spectral_scores(arrays, progress, cancelled, memos=memos, known_flags=flags)
-        nonfinite = found["nonfinite"] | found["overflow"]
-        if store is not None and flags is None:
-            store.save("nonfinite", nonfinite)
-    elif memos is None:
-        from headscope.engine.circuits import scores
-
-        found = {k: v.numpy() for k, v in scores.spectral_scores(model.weights, progress, cancelled).items()}
-        nonfinite = found["nonfinite"] | found["overflow"]
-    else:  # the stored (or cluster) sweeps, on torch (GGUF, float8, OPT-350m's products)
-        from headscope.engine.circuits import scores
-
-        found = {
-            "copying_score": scores.all_copying_scores(
-                model.weights, progress_span(progress, 0.0, 0.5), cancelled, memo=memos["copying_score"]).numpy(),
-            "qk_positivity": scores.all_qk_positivity(
-                model.weights, progress_span(progress, 0.5, 1.0), cancelled, memo=memos["qk_positivity"]).numpy(),
-        }
-        nonfinite = np.array(_stored_nonfinite(model, store))
+    flags = None if store is None else store.load(
+        "nonfinite", "all", (model.cfg.n_layers, model.cfg.n_heads), bool)
+    found = spectral.spectral_scores(numpy_weights(model), progress, cancelled, memos=memos, known_flags=flags)
+    nonfinite = found["nonfinite"] | found["overflow"]
+    if store is not None and flags is None:
+        store.save("nonfinite", nonfinite)
     if store is not None:
         store.finish()
     return {"copying_score": readonly(found["copying_score"], np.float32),
@@ -501,36 +494,23 @@ def composition(
 
     ``on_tile(source_layer, target_layer, scores [H, H])`` gets each layer pair's scores as
     soon as they are computed (a graph or a ``--top`` list can fill in during the sweep).
-    Stored per target layer (``scores.composition_scores``' tiles, on either path): the
-    scores do not depend on ``seed``, only the baseline does (not stored: it is cheap).
-    ``kind`` is validated at the entry (``report``, ``Engine``, ``api.model``), not here.
+    Stored per target layer (``composition.composition_scores``' tiles): the scores do not
+    depend on ``seed``, only the baseline does (not stored: it is cheap). ``kind`` is
+    validated at the entry (``report``, ``Engine``, ``api.model``), not here.
     """
-    from headscope.engine.circuits import fast
+    from headscope.engine.circuits.composition import composition_scores
+    from headscope.engine.circuits.fast import numpy_weights
 
     if cluster is not None:  # the missing tiles on the cluster first, then read back here
         progress = _monotone(progress)
     memo = _sweep_memo(model, store, f"composition-{kind}", (), cluster, progress, cancelled)
-    arrays = fast.numpy_weights(model)
-    if arrays is not None:  # torch-free (engine/fast.py): the same numbers
-        tile_cb = None if on_tile is None else (lambda t: on_tile(t.source, t.target, t.scores))
-        found_scores, baseline = fast.composition_scores(arrays, kind, seed, progress, cancelled,
-                                                         on_tile=tile_cb, memo=memo)
-        if store is not None:
-            store.finish()
-        values = readonly(found_scores, np.float32)
-        return Composition(kind, values, baseline, rank_edges(values, baseline, top))  # type: ignore[arg-type]
-    from headscope.engine.circuits import scores
-
-    torch_cb = None if on_tile is None else (lambda t: on_tile(t.source, t.target, t.scores.numpy()))
-    found = scores.composition_scores(
-        model.weights, kind, seed=seed, progress=progress, cancelled=cancelled,  # type: ignore[arg-type]
-        on_tile=torch_cb, memo=memo,
-    )
+    tile_cb = None if on_tile is None else (lambda t: on_tile(t.source, t.target, t.scores))
+    found = composition_scores(numpy_weights(model), kind, seed, progress, cancelled,
+                               on_tile=tile_cb, memo=memo)
     if store is not None:
         store.finish()
     values = readonly(found.scores, np.float32)
-    baseline = float(found.baseline)
-    return Composition(kind, values, baseline, rank_edges(values, baseline, top))  # type: ignore[arg-type]
+    return Composition(kind, values, found.baseline, rank_edges(values, found.baseline, top))  # type: ignore[arg-type]
 
 
 def ablation_effects(
@@ -608,11 +588,12 @@ def singular_directions(model: Model, layer: int, head: int, kind: str, k: int, 
                         ) -> SingularDirections:
     """The top ``k`` singular directions of the full OV / token QK circuit, ``top`` tokens a
     side (validated by ``requests.check_svd``)."""
-    from headscope.engine.circuits import head_circuits as circuits
-    from headscope.engine.circuits import reading
+    from headscope.engine.circuits import directions as reading
+    from headscope.engine.circuits import head_circuits
+    from headscope.engine.circuits.fast import numpy_weights
 
-    w = model.weights
-    fm = circuits.full_ov(w, layer, head) if kind == "ov" else circuits.token_qk(w, layer, head)
+    w = numpy_weights(model)
+    fm = head_circuits.full_ov(w, layer, head) if kind == "ov" else head_circuits.token_qk(w, layer, head)
     found = reading.signed_directions(fm, k)
     tok = model.tokenizer
     directions = []
@@ -635,40 +616,29 @@ def singular_directions(model: Model, layer: int, head: int, kind: str, k: int, 
     )
 
 
-def _eigenvalues(fm: Any) -> Any:
-    import torch
-
+def _eigenvalues(fm: Any) -> np.ndarray:
+    """The circuit's eigenvalues, largest ``|λ|`` first; none for non-finite weights."""
     try:
         eig = fm.eigenvalues
     except NonFiniteError:
-        return torch.zeros(0, dtype=torch.complex64)
-    return eig[eig.abs().argsort(descending=True)]
-
-
-def _diagonal_rate(block: Any) -> float:
-    """Fraction of the rows of a square block whose largest entry is on the diagonal."""
-    import torch
-
-    if block.shape[0] == 0:
-        return float("nan")
-    return float((block.argmax(1) == torch.arange(block.shape[0])).float().mean())
+        return np.zeros(0, dtype=np.complex64)
+    return eig[np.argsort(-np.abs(eig), kind="stable")]
 
 
 def virtual_path(model: Model, req: PathRequest, seed: int = SEED) -> VirtualPath:
     """The V- and K-composition virtual heads of ``req.source → req.target``: spectra and
     scores, a ``rows × cols`` block of the K-path, and its diagonal rate on a seeded sample of
     ``PATH_SAMPLE`` token ids (docs/math.md, "Virtual heads")."""
-    import torch
-
-    from headscope.engine.circuits import reading, scores
+    from headscope.engine.circuits import directions, spectral
+    from headscope.engine.circuits.fast import numpy_weights
+    from headscope.engine.circuits.head_circuits import token_sample
 
     source, target, rows, cols = req.source, req.target, req.rows, req.cols
-    g = torch.Generator().manual_seed(seed)
-    sample = torch.randperm(model.cfg.d_vocab, generator=g)[:PATH_SAMPLE].tolist()
+    sample = token_sample(model.cfg.d_vocab, PATH_SAMPLE, seed)
 
-    w, tok = model.weights, model.tokenizer
-    virtual = reading.virtual_ov(w, source, target)
-    path = reading.k_path(w, source, target)
+    w, tok = numpy_weights(model), model.tokenizer
+    virtual = directions.virtual_ov(w, source, target)
+    path = directions.k_path(w, source, target)
     try:
         singular = virtual.S
     except NonFiniteError:
@@ -676,11 +646,11 @@ def virtual_path(model: Model, req: PathRequest, seed: int = SEED) -> VirtualPat
     block = path.block(list(rows), list(cols))
     return VirtualPath(
         source=source, target=target,
-        v_copying_score=float(scores.copying_score(virtual)),
+        v_copying_score=float(spectral.copying_score(virtual)),
         v_eigenvalues=readonly(_eigenvalues(virtual), np.complex64),
         v_singular_values=readonly(singular, np.float32),
-        k_positivity=float(scores.qk_positivity(path)),
-        k_diagonal=_diagonal_rate(path.block(list(sample), list(sample))),
+        k_positivity=float(spectral.qk_positivity(path)),
+        k_diagonal=directions.diagonal_rate(path.block(sample, sample)),
         k_eigenvalues=readonly(_eigenvalues(path), np.complex64),
         k_block=readonly(block, np.float32),
         row_ids=tuple(rows), col_ids=tuple(cols),
@@ -734,40 +704,26 @@ def _stored_null(model: Model, seed: int, samples: int, store: ModelStore | None
                      std=readonly(stored[1], np.float32), samples=samples, seed=seed)
 
 
-def _null_middles(model: Model) -> tuple[Any, Any]:
-    """``W_U W_E`` and ``W_Eᵀ W_E`` as tensors: the weight sweep's (``fast``, kept) where
-    ``engine.fast`` applies, so a 7B model's vocabulary-sized products run once, and its
-    processed ``W_U`` (0.5 GB in float32) is never read for them."""
-    import torch
-
-    from headscope.engine.circuits import fast
-
-    arrays = fast.numpy_weights(model)
-    if arrays is not None:
-        kept = fast.kept_spectral_middles(arrays)
-        return torch.from_numpy(kept["copying_score"]), torch.from_numpy(kept["qk_positivity"])
-    w = model.weights
-    w_e, w_u = w.get("embed.W_E"), w.get("unembed.W_U")
-    return w_u @ w_e, w_e.T @ w_e
-
-
 def _null_of(model: Model, seed: int, samples: int, behaviour: dict[str, Any],
              store: ModelStore | None) -> ScoreNull:
     """The null from the random heads' behaviour (``reading.behaviour_null``) and their
     spectral scores, stored."""
-    from headscope.engine.circuits import reading
+    from headscope.engine.circuits.directions import null_spectral_scores
+    from headscope.engine.circuits.fast import kept_spectral_middles, numpy_weights
 
     cfg = model.cfg
-    middles = _null_middles(model)
+    # the weight sweep's W_U W_E and W_Eᵀ W_E (kept): a 7B model's vocabulary-sized products
+    # run once
+    middles = kept_spectral_middles(numpy_weights(model))
     found = {
-        "copying_score": reading.null_spectral_scores(middles[0], cfg.d_head, seed, samples),
-        "qk_positivity": reading.null_spectral_scores(middles[1], cfg.d_head, seed + 1, samples),
+        "copying_score": null_spectral_scores(middles["copying_score"], cfg.d_head, seed, samples),
+        "qk_positivity": null_spectral_scores(middles["qk_positivity"], cfg.d_head, seed + 1, samples),
     }
     mean = np.zeros((len(SCORE_NAMES), cfg.n_layers))
     std = np.zeros((len(SCORE_NAMES), cfg.n_layers))
     for i, name in enumerate(SCORE_NAMES):
         if name in found:
-            values = found[name].double().numpy()[None, :].repeat(cfg.n_layers, 0)
+            values = found[name].astype(np.float64)[None, :].repeat(cfg.n_layers, 0)
         else:
             values = behaviour[name.removesuffix("_score")].double().numpy()
         mean[i], std[i] = _finite_mean_std(values)

@@ -1,0 +1,267 @@
+"""Q-, K- and V-composition scores between heads (docs/math.md, "Scores"):
+``‖W_A W_B‖_F / (‖W_A‖_F ‖W_B‖_F)`` for the OV circuit ``W_A`` of an earlier head and the
+circuit ``W_B`` a later head reads through (QK for Q-, QKᵀ for K-, OV for V-composition).
+
+``composition_score`` is the definition on two ``FactoredMatrix`` circuits (as TransformerLens'
+``composition_scores``). The sweep (``iter_composition_tiles``, ``composition_scores``) is its
+fast path, tested pair by pair against it: it never loops over head pairs in Python — each
+circuit is reduced to a small square-root factor of its Gram matrices, and one matrix product
+per target layer gives all pairs' norms. It works in tiles of source layers that fit
+``TILE_BYTES`` (docs/internals.md, "Sweeps in pieces").
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from headscope.engine.circuits.factored import (
+    FactoredMatrix,
+    finite_matrices,
+    one_lapack_thread,
+    tame,
+)
+from headscope.engine.circuits.spectral import (
+    Cancelled,
+    Memo,
+    Progress,
+    check_cancelled,
+    layer_nonfinite,
+    report,
+)
+from headscope.engine.core.validation import check_composition_kind
+
+__all__ = ["TILE_BYTES", "CompositionScores", "CompositionTile", "composition_baseline",
+           "composition_pairs", "composition_score", "composition_scores", "composition_tile",
+           "iter_composition_tiles"]
+
+TILE_BYTES = 768 << 20  # source factors stacked at once by a composition sweep
+
+
+@dataclass(frozen=True)
+class CompositionTile:
+    """One layer pair's scores ``[H, H]``: source layer's heads × target layer's heads."""
+
+    kind: str
+    source: int
+    target: int
+    scores: np.ndarray
+
+
+@dataclass(frozen=True)
+class CompositionScores:
+    """``scores[l1, h1, l2, h2]``: how much head (l1, h1) writes into what (l2, h2) reads.
+
+    Zero where ``l1 >= l2``; NaN where either head has non-finite weights (or a zero circuit).
+    ``baseline`` is the expected score of random Gaussian factors of the same shapes.
+    """
+
+    kind: str
+    scores: np.ndarray  # [L, H, L, H] float32
+    baseline: float
+    seed: int
+
+
+def _frobenius(x: np.ndarray) -> np.ndarray:
+    return np.sqrt(np.square(x).sum((-2, -1)))
+
+
+def composition_score(left: FactoredMatrix, right: FactoredMatrix) -> np.ndarray:
+    """The composition score by its definition, ``‖W_A W_B‖_F / (‖W_A‖_F ‖W_B‖_F)``.
+
+    As TransformerLens' ``composition_scores``: ``left.collapse_l()`` (``S Vh``) and
+    ``right.collapse_r()`` (``U S``) drop orthogonal factors that change none of the three
+    norms. Leading dims broadcast.
+    """
+    a, b = left.collapse_l(), right.collapse_r()
+    return _frobenius(a @ b) / (_frobenius(a) * _frobenius(b))
+
+
+def _r_factor(x: np.ndarray) -> np.ndarray:
+    """``R [H, k, k]`` with ``RᵀR = xᵀx`` for ``x [H, n, k]``: a float64 Cholesky factor
+    (``diag(√λ) Vᵀ`` of ``eigh`` where it fails: rank-deficient Grams). Replacing ``x`` by
+    ``R`` changes no Frobenius norm of ``x Y`` (``‖xY‖² = tr(Yᵀ xᵀx Y)``)."""
+    with one_lapack_thread():  # small batched products too: threads only contend here
+        x64 = x.astype(np.float64)
+        gram = x64.swapaxes(-2, -1) @ x64
+        gram = np.where(finite_matrices(gram)[:, None, None], gram, 0)
+        root = np.empty_like(gram)
+        for i, g in enumerate(gram):
+            try:
+                root[i] = np.linalg.cholesky(g).T
+            except np.linalg.LinAlgError:
+                vals, vecs = np.linalg.eigh(g)
+                root[i] = np.sqrt(np.clip(vals, 0, None))[:, None] * vecs.T
+    return root.astype(x.dtype)
+
+
+def _zero_bad(x: np.ndarray, bad: np.ndarray) -> np.ndarray:
+    if not bad.any():
+        return x
+    x = x.copy()
+    x[bad] = 0
+    return x
+
+
+class _Factors:
+    """Each layer's reduced factors: the source ``X = R(W_V) W_O [H, k, d]`` (``‖X Y‖ = ‖OV
+    Y‖``) and the target ``Y = A R(Bᵀ)ᵀ [H, d, k]`` of ``W_B = A B`` (``‖X Y‖ = ‖X W_B‖``),
+    tamed, with non-finite heads zeroed (and their scores NaN)."""
+
+    def __init__(self, w: Any, kind: str) -> None:
+        self.w, self.kind = w, kind
+        self._bad: dict[int, np.ndarray] = {}
+
+    def bad(self, layer: int) -> np.ndarray:
+        if layer not in self._bad:
+            self._bad[layer] = layer_nonfinite(self.w, layer)
+        return self._bad[layer]
+
+    def _attn(self, layer: int, name: str) -> np.ndarray:
+        return self.w.get(f"blocks.{layer}.attn.{name}")
+
+    def source(self, layer: int) -> np.ndarray:
+        bad = self.bad(layer)
+        w_v = _zero_bad(tame(self._attn(layer, "W_V")), bad)
+        w_o = _zero_bad(tame(self._attn(layer, "W_O")), bad)
+        with one_lapack_thread():  # H small products
+            return _r_factor(w_v) @ w_o  # [H, k, d]
+
+    def target(self, layer: int) -> np.ndarray:
+        a_name, b_name = {"q": ("W_Q", "W_K"), "k": ("W_K", "W_Q"), "v": ("W_V", "W_O")}[self.kind]
+        a, b_t = self._attn(layer, a_name), self._attn(layer, b_name)
+        if self.kind == "v":
+            b_t = b_t.swapaxes(-2, -1)
+        bad = self.bad(layer)
+        a, b_t = _zero_bad(tame(a), bad), _zero_bad(tame(b_t), bad)
+        with one_lapack_thread():
+            return a @ _r_factor(b_t).swapaxes(-2, -1)  # [H, d, k]
+
+    def tile(self, source: int, target: int, scores: np.ndarray) -> CompositionTile:
+        mask = self.bad(source)[:, None] | self.bad(target)[None, :]
+        return CompositionTile(self.kind, source, target, np.where(mask, np.float32(np.nan), scores))
+
+
+def _pair_scores(x: np.ndarray, x_norm: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``[B, H, k, d]``, ``[B, H]``, ``[H2, d, k2]`` -> ``[B, H, H2]``: ``‖x_i y_j‖ / (‖x_i‖ ‖y_j‖)``
+    for every pair, from one product."""
+    n_src, n_heads, k, d = x.shape
+    n_tgt, _, k2 = y.shape
+    with np.errstate(all="ignore"):
+        prod = x.reshape(-1, d) @ np.ascontiguousarray(y.transpose(1, 0, 2)).reshape(d, n_tgt * k2)
+        np.square(prod, out=prod)
+        sq = prod.reshape(n_src, n_heads, k, n_tgt, k2).sum((2, 4))
+        y_norm = np.sqrt(np.square(y).sum((-2, -1)))
+        return (np.sqrt(sq) / (x_norm[:, :, None] * y_norm[None, None, :])).astype(np.float32)
+
+
+def composition_pairs(n_layers: int) -> list[tuple[int, int]]:
+    """Every ``(source, target)`` layer pair of a composition sweep, ``source < target``."""
+    return [(s, t) for t in range(n_layers) for s in range(t)]
+
+
+def composition_tile(w: Any, kind: str, source: int, target: int) -> CompositionTile:
+    """One layer pair's scores (what ``iter_composition_tiles`` yields for it)."""
+    check_composition_kind(kind, getattr(w, "path", None))
+    if not 0 <= source < target < w.cfg.n_layers:
+        raise ValueError(f"a composition tile needs 0 <= source < target < {w.cfg.n_layers}, "
+                         f"not {source}, {target}")
+    f = _Factors(w, kind)
+    x = f.source(source)
+    with np.errstate(all="ignore"):
+        x_norm = np.sqrt(np.square(x).sum((-2, -1)))
+    return f.tile(source, target, _pair_scores(x[None], x_norm[None], f.target(target))[0])
+
+
+def iter_composition_tiles(w: Any, kind: str, progress: Progress = None,
+                           cancelled: Cancelled = None, *, skip: frozenset[tuple[int, int]] = frozenset(),
+                           tile_bytes: int = TILE_BYTES) -> Iterator[CompositionTile]:
+    """Every pair ``source < target`` not in ``skip``, as each finishes: blocks of source
+    layers that fit ``tile_bytes``, each multiplied with each later target layer in one
+    product; ``progress`` counts pairs (equal work each)."""
+    n_layers, cfg = w.cfg.n_layers, w.cfg
+    wanted = set(composition_pairs(n_layers)) - skip
+    total = max(1, len(wanted))
+    done = 0
+    f = _Factors(w, kind)
+    hk = cfg.n_heads * cfg.d_head
+    block = max(1, tile_bytes // (4 * hk * (cfg.d_model + hk)))  # X [H, k, d] and its product
+    for first in range(0, n_layers - 1, block):
+        sources = [s for s in range(first, min(first + block, n_layers - 1))
+                   if any((s, t) in wanted for t in range(s + 1, n_layers))]
+        if not sources:
+            continue
+        check_cancelled(cancelled)
+        xs = np.stack([f.source(s) for s in sources])
+        with np.errstate(all="ignore"):
+            x_norms = np.sqrt(np.square(xs).sum((-2, -1)))
+        for target in range(sources[0] + 1, n_layers):
+            rows = [i for i, s in enumerate(sources) if s < target and (s, target) in wanted]
+            if not rows:
+                continue
+            check_cancelled(cancelled)
+            lo, hi = rows[0], rows[-1] + 1
+            part = _pair_scores(xs[lo:hi], x_norms[lo:hi], f.target(target))
+            for i in rows:
+                yield f.tile(sources[i], target, part[i - lo])
+                done += 1
+            report(progress, done / total)
+    report(progress, 1.0)
+
+
+@functools.lru_cache(maxsize=32)
+def composition_baseline(d_model: int, d_head: int, seed: int = 0, samples: int = 32) -> float:
+    """Expected composition score of i.i.d. standard Gaussian factors of the model's shapes:
+    the mean over ``samples`` draws from numpy's ``default_rng(seed)`` of
+    ``‖OV₁ M₂‖ / (‖OV₁‖ ‖M₂‖)``, through ``d_head``-sized Gram matrices (no
+    ``d_model × d_model`` product)."""
+    rng = np.random.default_rng(seed)
+    v, o = rng.standard_normal((samples, d_model, d_head)), rng.standard_normal((samples, d_head, d_model))
+    q, k = rng.standard_normal((samples, d_model, d_head)), rng.standard_normal((samples, d_model, d_head))
+    # ‖V O Q Kᵀ‖² = tr((VᵀV)(O Q)(KᵀK)(O Q)ᵀ); ‖V O‖² = tr((VᵀV)(O Oᵀ)); ‖Q Kᵀ‖² = tr((QᵀQ)(KᵀK))
+    with one_lapack_thread():
+        gv, gk, gq = (np.swapaxes(m, -2, -1) @ m for m in (v, k, q))
+        oq = o @ q
+        num = ((gv @ oq @ gk) * oq).sum((-2, -1))
+        ov = ((gv @ o) * o).sum((-2, -1))
+        qk = (gq * gk).sum((-2, -1))  # Gram matrices are symmetric
+    return float(np.mean(np.sqrt(num) / (np.sqrt(ov) * np.sqrt(qk))))
+
+
+def composition_scores(w: Any, kind: str, seed: int = 0, progress: Progress = None,
+                       cancelled: Cancelled = None, *,
+                       on_tile: Callable[[CompositionTile], None] | None = None,
+                       baseline_samples: int = 32, memo: Memo | None = None,
+                       tile_bytes: int = TILE_BYTES) -> CompositionScores:
+    """Every ``kind``-composition score ``[L, H, L, H]`` and the baseline.
+
+    ``memo``: one part per target layer ``t``, ``scores[:t, :, t, :]``; stored targets are
+    skipped (``on_tile`` still gets their tiles, first), each computed target is put once its
+    last pair ``(t - 1, t)`` is done. ``tile_bytes`` bounds the source factors held at once;
+    it changes the blocking, not the numbers."""
+    check_composition_kind(kind, getattr(w, "path", None))
+    cfg = w.cfg
+    scores = np.zeros((cfg.n_layers, cfg.n_heads, cfg.n_layers, cfg.n_heads), np.float32)
+    skip: set[tuple[int, int]] = set()
+    for target in range(1, cfg.n_layers):
+        known = None if memo is None else memo.get(target, (target, cfg.n_heads, cfg.n_heads))
+        if known is None:
+            continue
+        scores[:target, :, target, :] = known
+        skip.update((source, target) for source in range(target))
+        if on_tile is not None:
+            for source in range(target):
+                on_tile(CompositionTile(kind, source, target, scores[source, :, target, :].copy()))
+    for tile in iter_composition_tiles(w, kind, progress, cancelled, skip=frozenset(skip),
+                                       tile_bytes=tile_bytes):
+        scores[tile.source, :, tile.target, :] = tile.scores
+        if memo is not None and tile.source == tile.target - 1:
+            memo.put(tile.target, scores[:tile.target, :, tile.target, :].copy())
+        if on_tile is not None:
+            on_tile(tile)
+    baseline = composition_baseline(cfg.d_model, cfg.d_head, seed, baseline_samples)
+    return CompositionScores(kind, scores, baseline, seed)

@@ -1,0 +1,255 @@
+"""The spectral scores of a head (docs/math.md, "Scores"): the copying score and QK
+positivity, ``Σ Re λ / Σ |λ|`` over the eigenvalues of its full OV and token QK circuits,
+per head (``copying_score``, ``qk_positivity`` on a ``FactoredMatrix``) and as a model-wide
+sweep in pieces (``layer_spectral_scores``, ``spectral_scores``; docs/internals.md, "Sweeps in
+pieces"), with the non-finite and overflow flags of every head.
+
+The full OV circuit ``(W_E W_V)(W_O W_U)`` has the non-zero eigenvalues of the ``d_head ×
+d_head`` matrix ``W_O (W_U W_E) W_V``; the token QK circuit ``(W_E W_Q)(W_E W_K)ᵀ`` those of
+``W_Kᵀ (W_Eᵀ W_E) W_Q``. The two ``d_model × d_model`` middles are formed once per model
+(``fast.kept_spectral_middles``); then each layer is one batched product and one batched
+``eigvals`` on one LAPACK thread.
+
+Heads with a NaN/inf weight get NaN scores and never reach LAPACK; heads whose weights are
+finite but huge are rescaled by a power of two first (``factored.tame``: the scores are
+scale-free), and flagged when their float32 products would overflow (``overflow``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+
+from headscope.engine.circuits.factored import (
+    FactoredMatrix,
+    finite_matrices,
+    is_finite,
+    max_abs,
+    one_lapack_thread,
+    tame,
+)
+from headscope.engine.core.errors import CancelledError, NonFiniteError
+
+Progress = Callable[[float], None] | None
+Cancelled = Callable[[], bool] | None
+
+__all__ = ["HEAD_BIASES", "HEAD_WEIGHTS", "SPECTRAL_SCORES", "Memo", "check_cancelled",
+           "copying_score", "layer_flags", "layer_nonfinite", "layer_spectral_scores",
+           "nonfinite_heads", "qk_positivity", "report", "spectral_score", "spectral_scores"]
+
+HEAD_WEIGHTS = ("W_Q", "W_K", "W_V", "W_O")
+HEAD_BIASES = ("b_Q", "b_K", "b_V")
+SPECTRAL_SCORES = ("copying_score", "qk_positivity")
+
+
+class Memo(Protocol):
+    """Where a sweep keeps its per-layer parts (``engine.sweeps.store.LayerMemo``): ``get(i)``
+    a part already finished (or None), ``put(i, value)`` one just finished. Sweeps given a
+    memo compute only the parts it lacks and store each as soon as it is done, so an
+    interrupted sweep resumes (docs/internals.md, "The results store")."""
+
+    def get(self, index: int, shape: tuple[int, ...] | None = None) -> np.ndarray | None: ...
+
+    def put(self, index: int, value: Any) -> None: ...
+
+
+def check_cancelled(cancelled: Cancelled) -> None:
+    if cancelled is not None and cancelled():
+        raise CancelledError("sweep cancelled")
+
+
+def report(progress: Progress, fraction: float) -> None:
+    if progress is not None:
+        progress(min(1.0, max(0.0, fraction)))
+
+
+# -- one head ------------------------------------------------------------------------------------
+
+
+def spectral_score(eigenvalues: np.ndarray) -> np.ndarray:
+    """``Σ Re λ / Σ |λ|`` over the last axis: +1 when every eigenvalue is positive real."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return eigenvalues.real.sum(-1) / np.abs(eigenvalues).sum(-1)
+
+
+def copying_score(fm: FactoredMatrix) -> float:
+    """Copying score of a (full OV) circuit: ``Σ Re λ / Σ |λ|``; NaN if non-finite.
+
+    The eigenvalues come from float64 (``eigenvalues_double``): factors near 1e19, whose
+    float32 product overflows, still get their (scale-free) score.
+    """
+    if not (is_finite(fm.A) and is_finite(fm.B)):
+        return math.nan
+    try:
+        return float(spectral_score(fm.eigenvalues_double()))
+    except NonFiniteError:
+        return math.nan
+
+
+def qk_positivity(fm: FactoredMatrix) -> float:
+    """The same statistic on a (token) QK circuit: near +1 when heads attend to similar tokens."""
+    return copying_score(fm)
+
+
+# -- flags ---------------------------------------------------------------------------------------
+
+
+def _biases_nonfinite(w: Any, layer: int) -> np.ndarray:
+    bad = np.zeros(w.cfg.n_heads, bool)
+    for name in HEAD_BIASES:
+        if w.has(f"blocks.{layer}.attn.{name}"):
+            with np.errstate(invalid="ignore", over="ignore"):
+                bad |= ~np.isfinite(w.get(f"blocks.{layer}.attn.{name}").sum(-1))
+    return bad
+
+
+def layer_nonfinite(w: Any, layer: int) -> np.ndarray:
+    """``[H]`` bool: heads of ``layer`` with a NaN/inf in a weight or bias."""
+    bad = _biases_nonfinite(w, layer)
+    for name in HEAD_WEIGHTS:
+        bad |= ~np.isfinite(max_abs(w.get(f"blocks.{layer}.attn.{name}")))
+    return bad
+
+
+def _overflow(w: Any, peaks: dict[str, np.ndarray]) -> np.ndarray:
+    """``[H]`` bool: ``d_head · max|W_Q| · max|W_K|`` or ``d_head · max|W_V| · max|W_O|``
+    exceeds float32's maximum (docs/math.md, "Scores")."""
+    limit = float(np.finfo(np.float32).max) / w.cfg.d_head
+    p64 = {name: peak.astype(np.float64) for name, peak in peaks.items()}
+    with np.errstate(invalid="ignore", over="ignore"):
+        return (p64["W_Q"] * p64["W_K"] > limit) | (p64["W_V"] * p64["W_O"] > limit)
+
+
+def layer_flags(w: Any, layer: int) -> np.ndarray:
+    """``[H]`` bool: ``nonfinite | overflow`` of ``layer_spectral_scores`` without the scores."""
+    peaks = {name: max_abs(w.get(f"blocks.{layer}.attn.{name}")) for name in HEAD_WEIGHTS}
+    bad = _biases_nonfinite(w, layer)
+    for peak in peaks.values():
+        bad |= ~np.isfinite(peak)
+    return bad | _overflow(w, peaks)
+
+
+def nonfinite_heads(w: Any) -> list[tuple[int, int]]:
+    """``(layer, head)`` of every head with NaN/inf attention weights or biases, or weights
+    whose float32 products overflow (``layer_flags``)."""
+    return [(layer, int(head)) for layer in range(w.cfg.n_layers)
+            for head in np.flatnonzero(layer_flags(w, layer))]
+
+
+# -- the sweep -------------------------------------------------------------------------------------
+
+
+def _batched_spectral_score(small: np.ndarray) -> np.ndarray:
+    """``spectral_score`` of each ``small [H, k, k]`` (float64 eigenvalues), NaN if non-finite."""
+    finite = finite_matrices(small)
+    safe = np.where(finite[:, None, None], small, 0).astype(np.float64)
+    with one_lapack_thread():
+        ev = np.linalg.eigvals(safe)
+    score = spectral_score(ev).astype(np.float32)
+    return np.where(finite, score, np.nan).astype(np.float32)
+
+
+def layer_spectral_scores(w: Any, layer: int, middles: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One layer's piece of the sweep: ``{"copying_score", "qk_positivity": [H], "nonfinite",
+    "overflow": [H] bool}`` for the kinds in ``middles`` (``W_U W_E``, ``W_Eᵀ W_E``).
+
+    Each of the layer's four attention weights is read once for both scores; their per-head
+    peaks give the non-finite flag, the overflow flag and the taming scale."""
+    mats = {name: w.get(f"blocks.{layer}.attn.{name}") for name in HEAD_WEIGHTS}
+    peaks = {name: max_abs(x) for name, x in mats.items()}
+    bad = _biases_nonfinite(w, layer)
+    for peak in peaks.values():
+        bad |= ~np.isfinite(peak)
+    out: dict[str, np.ndarray] = {"nonfinite": bad}
+    for kind, middle in middles.items():
+        if kind == "copying_score":  # W_O (W_U W_E) W_V
+            lhs, rhs = tame(mats["W_O"], peaks["W_O"]), tame(mats["W_V"], peaks["W_V"])
+        else:  # W_Kᵀ (W_Eᵀ W_E) W_Q
+            lhs, rhs = tame(mats["W_K"], peaks["W_K"]).swapaxes(-2, -1), tame(mats["W_Q"], peaks["W_Q"])
+        n, k, d = lhs.shape
+        with np.errstate(all="ignore"):
+            wide = (np.ascontiguousarray(lhs).reshape(n * k, d) @ middle).reshape(n, k, d)
+            with one_lapack_thread():  # H small products: threads only contend here
+                small = wide @ rhs
+        out[kind] = np.where(bad, np.float32(np.nan), _batched_spectral_score(small))
+    out["overflow"] = _overflow(w, peaks)
+    return out
+
+
+def spectral_scores(w: Any, progress: Progress = None, cancelled: Cancelled = None, *,
+                    memos: dict[str, Memo] | None = None, known_flags: np.ndarray | None = None
+                    ) -> dict[str, np.ndarray]:
+    """Copying score, QK positivity, the non-finite and overflow flags, ``[L, H]`` each.
+
+    ``memos`` (``{"copying_score": memo, "qk_positivity": memo}``, one part per layer): a
+    layer both hold is read back, not computed (the ``d_model × d_model`` middles are formed
+    only if one is missing); each layer computed is put in both. A read-back layer's flags
+    come from ``known_flags`` (the stored ``nonfinite`` part, ``nonfinite | overflow``) when
+    given, else from one pass over its weights (``layer_flags``). The next layer's weights
+    are read on a thread while this one's eigenvalues run (``_read_ahead``)."""
+    from headscope.engine.circuits.fast import kept_spectral_middles
+
+    cfg = w.cfg
+    check_cancelled(cancelled)
+    memos = memos or {}
+    middles: dict[str, np.ndarray] | None = None
+    out = {name: np.empty((cfg.n_layers, cfg.n_heads), np.float32) for name in SPECTRAL_SCORES}
+    out["nonfinite"] = np.zeros((cfg.n_layers, cfg.n_heads), bool)
+    out["overflow"] = np.zeros((cfg.n_layers, cfg.n_heads), bool)
+
+    def stored(layer: int) -> dict[str, np.ndarray] | None:
+        known = {name: memo.get(layer, (cfg.n_heads,)) for name, memo in memos.items()}
+        if memos and all(v is not None for v in known.values()) and set(known) == set(SPECTRAL_SCORES):
+            return known  # type: ignore[return-value]
+        return None
+
+    reading: threading.Thread | None = None
+    peeked: dict[int, dict[str, np.ndarray] | None] = {}  # each part loaded (and counted) once
+    for layer in range(cfg.n_layers):
+        known = peeked.pop(layer) if layer in peeked else stored(layer)
+        if known is not None:
+            for name, value in known.items():
+                out[name][layer] = value
+            out["nonfinite"][layer] = known_flags[layer] if known_flags is not None else layer_flags(w, layer)
+            report(progress, (layer + 1) / cfg.n_layers)
+            continue
+        check_cancelled(cancelled)
+        if middles is None:
+            middles = kept_spectral_middles(w)
+        if reading is not None:
+            reading.join()
+        # the next layer's weights are read (one core: preadv, widening, processing) while
+        # this one's eigenvalues run on one LAPACK thread: the reads fill the idle core
+        nxt = layer + 1
+        if nxt < cfg.n_layers:
+            peeked[nxt] = stored(nxt)
+        reading = _read_ahead(w, nxt) if nxt < cfg.n_layers and peeked[nxt] is None else None
+        for name, value in layer_spectral_scores(w, layer, middles).items():
+            out[name][layer] = value
+        for name, memo in memos.items():
+            memo.put(layer, out[name][layer])
+        report(progress, (layer + 1) / cfg.n_layers)
+    if reading is not None:
+        reading.join()
+    w.release()  # the last layers' weights: a 7B model's are 0.5 GB that a forward pass needs more
+    return out
+
+
+def _read_ahead(w: Any, layer: int) -> threading.Thread:
+    """Read ``layer``'s four attention weights into ``w``'s cache on a daemon thread (no BLAS:
+    the OpenBLAS thread count ``one_lapack_thread`` sets is process-wide). A failure is left
+    for the sweep's own read of the same tensor to raise."""
+
+    def read() -> None:
+        with contextlib.suppress(Exception):
+            for name in HEAD_WEIGHTS:
+                w.get(f"blocks.{layer}.attn.{name}")
+
+    thread = threading.Thread(target=read, name="headscope-read-ahead", daemon=True)
+    thread.start()
+    return thread
