@@ -3,17 +3,13 @@ commands").
 
 The copying score, QK positivity and the Q/K/V composition scores only need products of
 the attention weights and embeddings, ``d_head``-sized eigenvalues and Gram matrices. Here
-they are computed from numpy arrays read straight from the safetensors files (the same
-``pread`` reads and adapter specs as ``CheckpointWeights``), processed as ``ProcessedWeights``
-processes them (only the tensors these scores read), by the same algorithms as
-``engine.scores`` (``layer_spectral_scores``, ``iter_composition_tiles``). So ``headscope
-heads --no-behaviour``, ``composition`` and the like never wait for ``import torch`` (1-3 s,
-more than the algebra on GPT-2-small shapes). ``tests/test_fast.py`` holds them equal to the
-torch path on every family's fixture.
+they are computed from the model's weights object itself (``ProcessedWeights`` or
+``CheckpointWeights``, numpy float32 arrays: ``engine.model.weights.CircuitWeights``), so
+``headscope heads --no-behaviour``, ``composition`` and the like never wait for ``import
+torch`` (1-3 s, more than the algebra on GPT-2-small shapes).
 
-``numpy_weights(model)`` returns None where this path does not apply (GGUF files, a dtype
-numpy cannot widen, e.g. float8, embeddings that are a product of two tensors as OPT-350m's):
-callers then use ``engine.scores``.
+``numpy_weights(model)`` returns that object, for every model (GGUF, float8 and OPT-350m's
+product embeddings included).
 """
 
 from __future__ import annotations
@@ -21,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import os
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -29,20 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from headscope.engine.core.cache import ByteLRU
-from headscope.engine.core.errors import (
-    CancelledError,
-    CorruptFileError,
-    InvalidRequestError,
-    MissingTensorError,
-)
-from headscope.engine.model.adapters import Heads, Product, Rows, Whole, Zeros
-from headscope.engine.model.processing import plan_for, processed_config
+from headscope.engine.core.errors import CancelledError, InvalidRequestError
+from headscope.engine.model.weights import CircuitWeights
 
 if TYPE_CHECKING:
     from headscope.engine.circuits.scores import Memo
     from headscope.engine.model.loading import Model
-    from headscope.engine.model.weights import CheckpointWeights
 
 Progress = Callable[[float], None] | None
 Cancelled = Callable[[], bool] | None
@@ -50,248 +37,13 @@ Cancelled = Callable[[], bool] | None
 __all__ = ["NumpyWeights", "circuit_block", "composition_baseline", "composition_scores",
            "numpy_weights", "rotary_matrix", "spectral_scores"]
 
-_NUMPY_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": "bf16"}
+# The numpy weights the algebra below reads: one weights object per model now
+# (engine.model.weights.CircuitWeights), processed or raw.
+NumpyWeights = CircuitWeights
+
 _HEAD_WEIGHTS = ("W_Q", "W_K", "W_V", "W_O")
 _HEAD_BIASES = ("b_Q", "b_K", "b_V")
 _TAME_ABOVE = 2.0**20  # as engine.factored.tame
-
-
-class _Unsupported(Exception):
-    pass
-
-
-# -- reading ---------------------------------------------------------------------------------
-
-
-def _widen(raw: np.ndarray, dtype: Any) -> np.ndarray:
-    """Stored bytes as float32 (bf16: the upper half of a float32, exact)."""
-    if dtype == "bf16":
-        wide = raw.view(np.uint16).astype(np.uint32)
-        wide <<= 16  # in place: one float32-sized array, not two
-        return wide.view(np.float32)
-    return raw.view(dtype).astype(np.float32, copy=False)
-
-
-class NumpyWeights:
-    """The processed attention weights and embeddings of a safetensors checkpoint as float32
-    numpy arrays: ``get(name)`` for ``embed.W_E``, ``unembed.W_U`` and ``blocks.{l}.attn.*``,
-    with the values ``ProcessedWeights`` (or, for a raw model, ``CheckpointWeights``) gives."""
-
-    def __init__(self, raw: CheckpointWeights, processed: bool, cache_bytes: int = 512 << 20) -> None:
-        self.raw = raw
-        self.path = raw.path
-        self.cfg = processed_config(raw.cfg) if processed else raw.cfg
-        self.plan = plan_for(raw.cfg) if processed else None
-        self._cache = ByteLRU(cache_bytes, lambda a: int(a.nbytes), max_entry=cache_bytes // 2)
-        self._lock = threading.Lock()
-        self.middles: dict[str, np.ndarray] | None = None  # kept_spectral_middles'
-        self._middles_lock = threading.Lock()  # the sweep and the null may both ask at once
-
-    def has(self, name: str) -> bool:
-        return self.raw.has(name)
-
-    def release(self) -> None:
-        """Drop the cached tensors (a sweep that read every layer keeps only its last ones)."""
-        with self._lock:
-            self._cache.clear()
-
-    def tied_embedding(self) -> tuple[np.ndarray, float, float] | None:
-        """``(E, a, b)`` when ``W_U = a Eᵀ`` and ``W_E = b E`` for one stored tensor ``E``."""
-        u, e = self.raw.specs.get("unembed.W_U"), self.raw.specs.get("embed.W_E")
-        if not (type(u) is Whole and type(e) is Whole and u.tensor == e.tensor):
-            return None
-        if not u.transpose or e.transpose or u.add != 0.0 or e.add != 0.0:
-            return None
-        return self._read(e.tensor), u.scale, e.scale
-
-    # raw canonical tensors, as CheckpointWeights._build makes them
-
-    def _read(self, tensor: str, rows: slice | None = None) -> np.ndarray:
-        file = self.raw.files.get(tensor)
-        if file is None:
-            raise MissingTensorError(self.path, f"missing tensor {tensor!r}")
-        handle, info, data_start = self.raw._locate(file, tensor)
-        # the identity checks of CheckpointWeights._read: a file rewritten since the model
-        # was opened (or during this read) is refused, not read
-        self.raw._check_unchanged(file)
-        dtype = _NUMPY_DTYPES.get(info.dtype)
-        if dtype is None:
-            raise _Unsupported(info.dtype)
-        shape = list(info.shape)
-        row_bytes = info.nbytes // shape[0] if shape and shape[0] else info.nbytes
-        first, count = 0, (shape[0] if shape else 1)
-        if rows is not None:
-            first, stop, _ = rows.indices(shape[0])
-            count = max(0, stop - first)
-            shape[0] = count
-        buffer = np.empty(count * row_bytes, np.uint8)
-        view, done = memoryview(buffer), 0
-        while done < len(view):
-            got = os.preadv(handle.fileno(), [view[done:]], data_start + info.begin + first * row_bytes + done)
-            if got <= 0:
-                raise CorruptFileError(file, f"cannot read tensor {tensor!r}: the file ends early")
-            done += got
-        self.raw._check_unchanged(file)
-        return _widen(buffer, dtype).reshape(shape)
-
-    def raw_get(self, name: str) -> np.ndarray:
-        spec = self.raw.specs.get(name)
-        if spec is None:
-            raise MissingTensorError(self.path, f"no tensor {name!r} in this {self.cfg.architecture} model")
-        if isinstance(spec, Zeros):
-            return np.zeros(spec.shape, np.float32)
-        if isinstance(spec, Rows):
-            t = self._read(spec.tensor, slice(spec.offset, spec.offset + spec.size))
-            return np.ascontiguousarray(t.T if spec.transpose else t)
-        if isinstance(spec, Whole):
-            t = self._read(spec.tensor)
-            t = np.ascontiguousarray(t.T) if spec.transpose else t
-            if spec.scale != 1.0:
-                t = t * np.float32(spec.scale)
-            if spec.add != 0.0:
-                t = t + np.float32(spec.add)
-            return t
-        return self._heads(spec)
-
-    def _heads(self, spec: Heads) -> np.ndarray:
-        cfg = self.raw.cfg
-        stored = cfg.kv_heads if spec.kv else cfg.n_heads
-        t = np.ascontiguousarray(self._read(spec.tensor))
-        shape, strides = list(t.shape), list(t.strides)
-        shape[spec.axis] = spec.size
-        heads = np.lib.stride_tricks.as_strided(
-            t[(slice(None),) * spec.axis + (slice(spec.offset, None),)],
-            (stored, *shape), (spec.stride * strides[spec.axis], *strides), writeable=False)
-        if spec.squeeze:
-            heads = heads.squeeze(spec.axis + 1)
-        if spec.transpose:
-            heads = heads.swapaxes(-2, -1)
-        if spec.deinterleave:
-            r = spec.deinterleave
-            order = np.concatenate([np.arange(0, r, 2), np.arange(1, r, 2), np.arange(r, heads.shape[-1])])
-            heads = heads[..., order]
-        if spec.kv and stored != cfg.n_heads:
-            heads = np.repeat(heads, cfg.n_heads // stored, axis=0)
-        return np.ascontiguousarray(heads)
-
-    def embed_rows(self, ids: np.ndarray) -> np.ndarray:
-        """``get("embed.W_E")[ids]``, reading only those rows (runs of consecutive ids) when
-        the embedding is stored whole and untransposed: each row is processed on its own
-        (centring writes along ``d_model``), so a circuit block of a few tokens does not
-        read and centre a vocabulary-sized matrix."""
-        spec = self.raw.specs.get("embed.W_E")
-        with self._lock:
-            whole = self._cache.get("embed.W_E")
-        if whole is not None or type(spec) is not Whole or spec.transpose:
-            return (whole if whole is not None else self.get("embed.W_E"))[ids]
-        uniq = np.unique(ids)
-        breaks = np.flatnonzero(np.diff(uniq) != 1) + 1
-        runs = np.split(uniq, breaks) if uniq.size else []
-        t = np.concatenate([self._read(spec.tensor, slice(int(r[0]), int(r[-1]) + 1)) for r in runs]) \
-            if runs else np.zeros((0, self.cfg.d_model), np.float32)
-        with np.errstate(all="ignore"):
-            if spec.scale != 1.0:
-                t = t * np.float32(spec.scale)
-            if spec.add != 0.0:
-                t = t + np.float32(spec.add)
-            if self.plan is not None and self.plan.center_writing:
-                t = t - t.mean(-1, keepdims=True)
-        return t[np.searchsorted(uniq, ids)]
-
-    def unembed_cols(self, cols: np.ndarray) -> np.ndarray:
-        """``get("unembed.W_U")[:, cols]`` without processing the whole unembedding: the
-        reading-side steps (final-norm gain, centring along ``d_model``) act on each column
-        alone, and centring the unembedding subtracts the (processed) mean column, so only
-        ``cols`` and the stored tensor's mean are processed (one read of it, no copies)."""
-        spec = self.raw.specs.get("unembed.W_U")
-        with self._lock:
-            whole = self._cache.get("unembed.W_U")
-        if whole is not None or type(spec) is not Whole:
-            return (whole if whole is not None else self.get("unembed.W_U"))[:, cols]
-        stored = self._read(spec.tensor)  # [vocab, d_model] when transposed, else [d_model, vocab]
-        block = stored[cols].T if spec.transpose else stored[:, cols]
-        p = self.plan
-        with np.errstate(all="ignore"):
-            mean = stored.mean(0 if spec.transpose else 1, dtype=np.float64)[:, None]
-            del stored
-            if spec.scale != 1.0:
-                block, mean = block * np.float32(spec.scale), mean * spec.scale
-            if spec.add != 0.0:
-                block, mean = block + np.float32(spec.add), mean + spec.add
-            if p is None:
-                return np.ascontiguousarray(block, dtype=np.float32)
-            gain, _ = self._gain("ln_final")
-
-            def reading(x: np.ndarray) -> np.ndarray:  # per column: gain, centre along d_model
-                if gain is not None:
-                    x = x * gain[:, None]
-                return x - x.mean(0, keepdims=True) if p.center_reading else x
-
-            out = reading(block)
-            if p.center_unembed:
-                out = out - reading(mean)
-        return np.ascontiguousarray(out, dtype=np.float32)
-
-    # processed tensors (ProcessedWeights' rules for the tensors the weight scores read)
-
-    def get(self, name: str, *, keep: bool = True) -> np.ndarray:
-        """The processed tensor; ``keep=False``: not kept in the cache if it was not there
-        (a vocabulary-sized tensor a caller reads once, e.g. for a Gram matrix)."""
-        with self._lock:
-            hit = self._cache.get(name)
-        if hit is not None:
-            return hit
-        value = self._compute(name)
-        value.setflags(write=False)
-        if keep:
-            with self._lock:
-                self._cache.put(name, value)
-        return value
-
-    def _gain(self, prefix: str) -> tuple[np.ndarray | None, np.ndarray | None]:
-        p = self.plan
-        w = self.raw_get(f"{prefix}.w") if p and p.fold_norm_gain and self.raw.has(f"{prefix}.w") else None
-        b = self.raw_get(f"{prefix}.b") if p and p.fold_norm_bias and self.raw.has(f"{prefix}.b") else None
-        return w, b
-
-    def _compute(self, name: str) -> np.ndarray:
-        p = self.plan
-        if p is None:
-            return self.raw_get(name)
-        parts = name.split(".")
-        if name in ("embed.W_E", "pos_embed.W_pos"):
-            t = self.raw_get(name)
-            return t - t.mean(-1, keepdims=True) if p.center_writing else t
-        if name == "unembed.W_U":
-            t = self.raw_get(name)
-            w, _ = self._gain("ln_final")
-            if w is not None:
-                t = t * w[:, None]
-            if p.center_reading:
-                t = t - t.mean(0, keepdims=True)
-            return t - t.mean(-1, keepdims=True) if p.center_unembed else t
-        if len(parts) == 4 and parts[2] == "attn":
-            return self._attn(int(parts[1]), parts[3])
-        raise MissingTensorError(self.path, f"{name!r} is not read by the weight-only scores")
-
-    def _attn(self, layer: int, leaf: str) -> np.ndarray:
-        p = self.plan
-        pre = f"blocks.{layer}.attn"
-        w, ln_b = self._gain(f"blocks.{layer}.ln1")
-        if leaf in ("W_Q", "W_K", "W_V"):
-            t = self.raw_get(f"{pre}.{leaf}")
-            if w is not None:
-                t = t * w[:, None]
-            return t - t.mean(-2, keepdims=True) if p.center_reading else t
-        if leaf == "W_O":
-            t = self.raw_get(f"{pre}.W_O")
-            return t - t.mean(-1, keepdims=True) if p.center_writing else t
-        if leaf in _HEAD_BIASES:
-            if leaf == "b_V" and p.fold_value_biases:
-                return np.zeros((self.cfg.n_heads, self.cfg.d_head), np.float32)
-            b = self.raw_get(f"{pre}.{leaf}")
-            return b if ln_b is None else b + ln_b @ self.raw_get(f"{pre}.W_{leaf[-1]}")
-        raise MissingTensorError(self.path, f"{pre}.{leaf} is not read by the weight-only scores")
 
 
 def _center_rows(x: np.ndarray) -> np.ndarray:
@@ -347,27 +99,10 @@ def spectral_middles(w: NumpyWeights) -> dict[str, np.ndarray]:
         return {"copying_score": np.float32(a * b) * cv, "qk_positivity": np.float32(b * b) * qk}
 
 
-def numpy_weights(model: Model) -> NumpyWeights | None:
-    """The torch-free view of ``model``'s weights, or None where it does not apply (GGUF, a
-    dtype numpy cannot widen): callers then use the torch path."""
-    from headscope.engine.model.weights import CheckpointWeights
-
-    raw = model.raw_weights
-    if type(raw) is not CheckpointWeights or getattr(model.checkpoint, "gguf", None) is not None:
-        return None
-    headers = model.checkpoint.headers
-    if any(isinstance(spec, Product) for spec in raw.specs.values()):
-        return None  # OPT-350m's projected embeddings: the torch path builds the product
-    for spec in raw.specs.values():
-        tensor = getattr(spec, "tensor", None)
-        file = raw.files.get(tensor) if tensor else None
-        info = headers[file].tensors.get(tensor) if file in headers else None
-        if info is not None and info.dtype not in _NUMPY_DTYPES:
-            return None
-    views = raw.__dict__.setdefault("_numpy_views", {})  # shared by with_raw() copies
-    if model.raw not in views:
-        views[model.raw] = NumpyWeights(raw, processed=not model.raw)
-    return views[model.raw]
+def numpy_weights(model: Model) -> NumpyWeights:
+    """``model``'s weights as the circuits read them: numpy arrays, every model (the weights
+    object itself, processed or raw, with the surface of ``engine.model.weights.CircuitWeights``)."""
+    return model.weights  # type: ignore[return-value]
 
 
 # -- threads -----------------------------------------------------------------------------------

@@ -422,7 +422,9 @@ class NullSums:
         if i + 1 < self.n_batches:
             return
         inputs, self.inputs = self.inputs, []
-        norm_q, norm_k = (_mean_finite_norm(self.w.get(f"blocks.{layer}.attn.{n}")) for n in ("W_Q", "W_K"))
+        from headscope.engine.forward.torch_weights import as_tensor
+
+        norm_q, norm_k = (_mean_finite_norm(as_tensor(self.w.get(f"blocks.{layer}.attn.{n}"))) for n in ("W_Q", "W_K"))
         patterns = random_head_patterns(inputs, self.cfg.d_head, norm_q, norm_k, float(self.cfg.scale),
                                         self._rotate_for(layer), self.seed + layer, self.samples,
                                         causal=self.cfg.causal)

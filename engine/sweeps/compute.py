@@ -775,7 +775,7 @@ def _null_middles(model: Model) -> tuple[Any, Any]:
         return torch.from_numpy(kept["copying_score"]), torch.from_numpy(kept["qk_positivity"])
     w = model.weights
     w_e, w_u = w.get("embed.W_E"), w.get("unembed.W_U")
-    return w_u @ w_e, w_e.T @ w_e
+    return torch.from_numpy(w_u @ w_e), torch.from_numpy(w_e.T @ w_e)
 
 
 def _null_of(model: Model, seed: int, samples: int, behaviour: dict[str, Any],
@@ -897,7 +897,9 @@ def direct_logit_attribution(model: Model, result: Any, predicted: Any) -> Any:
     """
     import torch
 
-    cfg, w = model.cfg, model.weights
+    from headscope.engine.forward.torch_weights import torch_weights
+
+    cfg, w = model.cfg, torch_weights(model.weights)
     out = result.head_outputs[0]  # [L, H, pos, d_model]
     if result.final_scale is None:
         return torch.full(out.shape[:3], float("nan"))
