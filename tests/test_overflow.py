@@ -20,6 +20,7 @@ import torch
 from headscope.engine.circuits import head_circuits as circuits
 from headscope.engine.circuits import scores
 from headscope.engine.circuits.factored import tame
+from headscope.engine.forward.torch_weights import torch_weights
 from headscope.engine.model.loading import open_model
 from tests.hf_fixtures import D_MODEL, N_HEADS, build_gpt2
 
@@ -66,9 +67,10 @@ API_SCRIPT = r"""
 import json, math, sys
 from headscope.engine.circuits import head_circuits as circuits, scores
 from headscope.engine.circuits.factored import tame
+from headscope.engine.forward.torch_weights import torch_weights
 from headscope.engine.model.loading import open_model
 
-w = open_model(sys.argv[1]).weights
+w = torch_weights(open_model(sys.argv[1]).weights)
 L, H = int(sys.argv[2]), int(sys.argv[3])
 clean = lambda t: [None if math.isnan(v) else v for v in t.flatten().tolist()]
 out = {
@@ -103,7 +105,7 @@ def test_huge_head_through_the_api_in_a_subprocess(huge_and_reference: tuple[Pat
     got = json.loads(proc.stdout)
     assert got["nonfinite"] == [[LAYER, HEAD]]  # flagged: its forward pass overflows
     # The weight-based scores are scale-free: the 1e19 head scores as the unscaled one.
-    w = open_model(ref).weights
+    w = torch_weights(open_model(ref).weights)
     _close(got["copying"], scores.all_copying_scores(w).flatten().tolist())
     _close(got["positivity"], scores.all_qk_positivity(w).flatten().tolist())
     assert got["copying_one"] == pytest.approx(
@@ -130,7 +132,7 @@ def test_huge_head_through_the_cli_in_a_subprocess(huge_and_reference: tuple[Pat
     row = rows[(LAYER, HEAD)]
     assert row["nonfinite"] is True
     assert sum(r["nonfinite"] for r in rows.values()) == 1
-    w = open_model(ref).weights
+    w = torch_weights(open_model(ref).weights)
     assert row["copying_score"] == pytest.approx(float(scores.all_copying_scores(w)[LAYER, HEAD]), abs=1e-4)
     assert row["qk_positivity"] == pytest.approx(float(scores.all_qk_positivity(w)[LAYER, HEAD]), abs=1e-4)
     assert row["prev_token_score"] is None  # NaN in JSON: the forward pass overflows
@@ -138,7 +140,7 @@ def test_huge_head_through_the_cli_in_a_subprocess(huge_and_reference: tuple[Pat
 
 def test_realistic_weights_are_not_flagged_or_rescaled(huge_and_reference: tuple[Path, Path]) -> None:
     _, ref = huge_and_reference
-    w = open_model(ref).weights
+    w = torch_weights(open_model(ref).weights)
     assert scores.nonfinite_heads(w) == []
     x = w.get("blocks.0.attn.W_V")
     assert tame(x) is x  # untouched: bit-identical scores for every ordinary model
@@ -205,8 +207,8 @@ def test_diff_with_a_different_d_model_and_d_head(diff_models_on_disk: dict[str,
     from headscope.engine.sweeps.diff import circuit_similarity
 
     out = run_diff(diff_models_on_disk["base"], diff_models_on_disk["distilled"])
-    sim = circuit_similarity(open_model(diff_models_on_disk["base"]).weights,
-                             open_model(diff_models_on_disk["distilled"]).weights)
+    sim = circuit_similarity(torch_weights(open_model(diff_models_on_disk["base"]).weights),
+                             torch_weights(open_model(diff_models_on_disk["distilled"]).weights))
     for r in out["heads"]:
         assert r["ov_similarity"] == pytest.approx(float(sim.ov[r["layer"], r["head"], r["head"]]), abs=1e-5)
         assert "read_subspace_cos" not in r  # residual streams of different widths: no angles

@@ -46,6 +46,7 @@ from headscope.engine.core.validation import (
     check_result_bytes,
     prompt_bytes,
 )
+from headscope.engine.forward.torch_weights import torch_weights
 from headscope.engine.model.caveats import ov_caveats, qk_caveats
 
 if TYPE_CHECKING:
@@ -111,7 +112,7 @@ def circuit_block(model: Model, req: CircuitRequest, *, numpy: bool = False) -> 
         from headscope.engine.circuits import head_circuits as circuits
 
         values = circuits.circuit_block(
-            model.weights, req.layer, req.head, req.kind, req.basis, req.rows, req.cols, req.offset
+            torch_weights(model.weights), req.layer, req.head, req.kind, req.basis, req.rows, req.cols, req.offset
         )
     array = readonly(values, np.float32)
     finite = array[np.isfinite(array)]
@@ -151,7 +152,7 @@ def top_outputs(model: Model, layer: int, head: int, source: int, k: int) -> Top
     from headscope.engine.circuits import head_circuits as circuits
 
     k = max(1, min(k, model.cfg.d_vocab))
-    row = circuits.full_ov_block(model.weights, layer, head, [source], range(model.cfg.d_vocab))[0]
+    row = circuits.full_ov_block(torch_weights(model.weights), layer, head, [source], range(model.cfg.d_vocab))[0]
     values, ids = torch.topk(row, k)
     tok = model.tokenizer
     return TopTokens(
@@ -173,7 +174,7 @@ def spectrum(model: Model, layer: int, head: int, kind: str, cancelled: Cancelle
     from headscope.engine.circuits import head_circuits as circuits
     from headscope.engine.circuits import scores
 
-    w = model.weights
+    w = torch_weights(model.weights)
     if kind == "ov":
         fm = circuits.full_ov(w, layer, head)
         score = scores.copying_score(fm)
@@ -200,7 +201,7 @@ def spectrum(model: Model, layer: int, head: int, kind: str, cancelled: Cancelle
 def rotary_profile(model: Model, layer: int, head: int, offsets: tuple[int, ...]) -> Profile:
     from headscope.engine.circuits import head_circuits as circuits
 
-    values = circuits.rotary_profile(model.weights, layer, head, list(offsets))
+    values = circuits.rotary_profile(torch_weights(model.weights), layer, head, list(offsets))
     return Profile(layer, head, offsets, readonly(values, np.float32))
 
 
@@ -221,7 +222,7 @@ def nonfinite_heads(model: Model, behaviour: dict[str, Any] | None = None) -> np
     from headscope.engine.circuits import scores
 
     flags = np.zeros((model.cfg.n_layers, model.cfg.n_heads), bool)
-    for layer, head in scores.nonfinite_heads(model.weights):
+    for layer, head in scores.nonfinite_heads(torch_weights(model.weights)):
         flags[layer, head] = True
     for name in BEHAVIOURS if behaviour is not None else ():
         flags |= ~np.isfinite(np.asarray(behaviour[name], dtype=np.float64))
@@ -638,7 +639,7 @@ def singular_directions(model: Model, layer: int, head: int, kind: str, k: int, 
     from headscope.engine.circuits import head_circuits as circuits
     from headscope.engine.circuits import reading
 
-    w = model.weights
+    w = torch_weights(model.weights)
     fm = circuits.full_ov(w, layer, head) if kind == "ov" else circuits.token_qk(w, layer, head)
     found = reading.signed_directions(fm, k)
     tok = model.tokenizer
@@ -693,7 +694,7 @@ def virtual_path(model: Model, req: PathRequest, seed: int = SEED) -> VirtualPat
     g = torch.Generator().manual_seed(seed)
     sample = torch.randperm(model.cfg.d_vocab, generator=g)[:PATH_SAMPLE].tolist()
 
-    w, tok = model.weights, model.tokenizer
+    w, tok = torch_weights(model.weights), model.tokenizer
     virtual = reading.virtual_ov(w, source, target)
     path = reading.k_path(w, source, target)
     try:
@@ -896,8 +897,6 @@ def direct_logit_attribution(model: Model, result: Any, predicted: Any) -> Any:
     decomposition: NaN.
     """
     import torch
-
-    from headscope.engine.forward.torch_weights import torch_weights
 
     cfg, w = model.cfg, torch_weights(model.weights)
     out = result.head_outputs[0]  # [L, H, pos, d_model]
