@@ -38,6 +38,7 @@ import pytest
 import torch
 
 from headscope.engine.circuits import scores
+from headscope.engine.forward.torch_weights import torch_weights
 from headscope.engine.model.loading import open_model
 from tests import family_fixtures
 from tests.hf_fixtures_phi import (  # noqa: F401  (session-scoped pytest fixtures)
@@ -99,7 +100,7 @@ def test_new_families_match_transformer_lens(new_family: tuple[str, Path, Any]) 
 def check_against_transformer_lens(name: str, path: Path, hf_model: Any) -> None:
     """Processed weights and weight-based scores of the checkpoint at ``path``, headscope's
     against TransformerLens'."""
-    w = open_model(path).weights
+    w = torch_weights(open_model(path).weights)
     cfg = w.cfg
     tl = _boot(path)
     group = cfg.n_heads // cfg.kv_heads
