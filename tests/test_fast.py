@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from headscope.engine.circuits import fast, scores
+from headscope.engine.forward.torch_weights import torch_weights
 from headscope.engine.model.loading import open_model
 from headscope.engine.sweeps import compute
 from tests import family_fixtures, hf_fixtures, hf_fixtures_phi
@@ -42,10 +43,10 @@ def test_numpy_path_equals_the_torch_path(name, dtype, tmp_path):
         model = open_model(path, raw=raw)
         arrays = fast.numpy_weights(model)
         assert arrays is not None
-        _spectral_equal(fast.spectral_scores(arrays), scores.spectral_scores(model.weights))
+        _spectral_equal(fast.spectral_scores(arrays), scores.spectral_scores(torch_weights(model.weights)))
         for kind in ("q", "k", "v"):
             got, baseline = fast.composition_scores(arrays, kind, seed=3)
-            want = scores.composition_scores(model.weights, kind, seed=3)
+            want = scores.composition_scores(torch_weights(model.weights), kind, seed=3)
             np.testing.assert_allclose(got, want.scores.numpy(), atol=1e-5, rtol=1e-4)
             assert baseline == want.baseline
 
@@ -78,12 +79,12 @@ def test_nonfinite_and_overflowing_heads_match_the_torch_path(tmp_path):
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(file), metadata={"format": "pt"})
     model = open_model(path)
     got = fast.spectral_scores(fast.numpy_weights(model))
-    want = scores.spectral_scores(model.weights)
+    want = scores.spectral_scores(torch_weights(model.weights))
     assert got["nonfinite"].nonzero() == (np.array([0]), np.array([1]))
     assert got["overflow"][1, 3]
     _spectral_equal(got, want)
     comp, _ = fast.composition_scores(fast.numpy_weights(model), "v")
-    np.testing.assert_allclose(comp, scores.composition_scores(model.weights, "v").scores.numpy(),
+    np.testing.assert_allclose(comp, scores.composition_scores(torch_weights(model.weights), "v").scores.numpy(),
                                atol=1e-5, rtol=1e-4)
     assert np.isnan(comp[0, 1, 1]).all() and not np.isnan(comp[0, 0, 1]).any()
 
@@ -137,7 +138,7 @@ def test_weight_only_commands_do_not_import_torch(argv, tmp_path):
         from headscope.engine.circuits import head_circuits as circuits
 
         m = open_model(path)
-        want = circuits.circuit_block(m.weights, int(argv[2]), int(argv[3]), argv[5], "token",
+        want = circuits.circuit_block(torch_weights(m.weights), int(argv[2]), int(argv[3]), argv[5], "token",
                                       out["rows"], out["cols"], out["offset"] or 0)
         np.testing.assert_allclose(np.array(out["values"]), want.numpy(), atol=1e-5, rtol=1e-4)
     if argv[0] == "diff":
@@ -148,7 +149,7 @@ def test_weight_only_commands_do_not_import_torch(argv, tmp_path):
         assert [r["copying_score"] for r in out] == pytest.approx(want["copying_score"].ravel().tolist())
         assert set(out[0]) == {"layer", "head", "copying_score", "qk_positivity", "nonfinite"}
     if argv[0] == "composition":
-        want = scores.composition_scores(open_model(path).weights, "k")
+        want = scores.composition_scores(torch_weights(open_model(path).weights), "k")
         np.testing.assert_allclose(np.array(out["scores"]), want.scores.numpy(), atol=1e-5)
 
 
@@ -191,7 +192,7 @@ def test_circuit_blocks_equal_the_torch_path(name, dtype, tmp_path):
         for kind, basis, offset in cases:
             c = cols if basis == "token" else [cfg.n_ctx - 1, 2]
             got = fast.circuit_block(arrays, layer, head, kind, basis, rows, c, offset)
-            want = circuits.circuit_block(model.weights, layer, head, kind, basis, rows, c, offset)
+            want = circuits.circuit_block(torch_weights(model.weights), layer, head, kind, basis, rows, c, offset)
             np.testing.assert_allclose(got, want.numpy(), atol=1e-5, rtol=1e-4)
     if cfg.positional == "rotary":
         lc = model.weights.cfg
@@ -216,7 +217,7 @@ def test_diff_equals_the_torch_path(tmp_path):
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(file), metadata={"format": "pt"})
     a, b = open_model(a_path), open_model(b_path)
     ov, qk = similarity_arrays(fast.numpy_weights(a), fast.numpy_weights(b))
-    want = circuit_similarity(a.weights, b.weights)
+    want = circuit_similarity(torch_weights(a.weights), torch_weights(b.weights))
     np.testing.assert_allclose(ov, want.ov.numpy(), atol=1e-5)
     np.testing.assert_allclose(qk, want.qk.numpy(), atol=1e-5)
     assert np.isnan(ov[0, :, 0]).all() and np.isnan(ov[0]).sum() == a.cfg.n_heads  # B's L0.H0

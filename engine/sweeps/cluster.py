@@ -118,8 +118,9 @@ def _run_sweep(model: Model, sweep: str, memo: _OnePart) -> None:
     from headscope.engine.circuits import (
         scores,  # the torch path (GGUF, float8, OPT-350m's products)
     )
+    from headscope.engine.forward.torch_weights import torch_weights
 
-    w = model.weights
+    w = torch_weights(model.weights)
     if sweep == "copying_score":
         scores.all_copying_scores(w, memo=memo, middle=lambda: _middle(model, sweep))
     elif sweep == "qk_positivity":
@@ -164,10 +165,11 @@ def _middle(model: Model, sweep: str, arrays: Any = None) -> Any:
     if arrays is not None:  # kept on the worker's open model, as in-process
         return fast.kept_spectral_middles(arrays)[sweep]
     from headscope.engine.circuits import scores
+    from headscope.engine.forward.torch_weights import torch_weights
 
     if sweep not in _MIDDLES:
         make = scores.copying_middle if sweep == "copying_score" else scores.qk_middle
-        _MIDDLES[sweep] = make(model.weights)
+        _MIDDLES[sweep] = make(torch_weights(model.weights))
     return _MIDDLES[sweep]
 
 

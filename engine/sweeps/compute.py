@@ -479,16 +479,17 @@ def weight_scores(model: Model, progress: Progress = None, cancelled: Cancelled 
     elif memos is None:
         from headscope.engine.circuits import scores
 
-        found = {k: v.numpy() for k, v in scores.spectral_scores(model.weights, progress, cancelled).items()}
+        found = {k: v.numpy() for k, v in scores.spectral_scores(torch_weights(model.weights), progress,
+                                                                  cancelled).items()}
         nonfinite = found["nonfinite"] | found["overflow"]
     else:  # the stored (or cluster) sweeps, on torch (GGUF, float8, OPT-350m's products)
         from headscope.engine.circuits import scores
 
         found = {
             "copying_score": scores.all_copying_scores(
-                model.weights, _part(progress, 0.0, 0.5), cancelled, memo=memos["copying_score"]).numpy(),
+                torch_weights(model.weights), _part(progress, 0.0, 0.5), cancelled, memo=memos["copying_score"]).numpy(),
             "qk_positivity": scores.all_qk_positivity(
-                model.weights, _part(progress, 0.5, 1.0), cancelled, memo=memos["qk_positivity"]).numpy(),
+                torch_weights(model.weights), _part(progress, 0.5, 1.0), cancelled, memo=memos["qk_positivity"]).numpy(),
         }
         nonfinite = np.array(_stored_nonfinite(model, store))
     if store is not None:
@@ -539,7 +540,7 @@ def composition(
 
     torch_cb = None if on_tile is None else (lambda t: on_tile(t.source, t.target, t.scores.numpy()))
     found = scores.composition_scores(
-        model.weights, kind, seed=seed, progress=progress, cancelled=cancelled,  # type: ignore[arg-type]
+        torch_weights(model.weights), kind, seed=seed, progress=progress, cancelled=cancelled,  # type: ignore[arg-type]
         on_tile=torch_cb, memo=memo,
     )
     if store is not None:

@@ -381,7 +381,9 @@ def diff_models(
     if torch_free:
         sim_ov, sim_qk = similarity_arrays(arrays_a, arrays_b)  # type: ignore[arg-type]
     else:
-        sim = circuit_similarity(a.weights, b.weights)
+        from headscope.engine.forward.torch_weights import torch_weights
+
+        sim = circuit_similarity(torch_weights(a.weights), torch_weights(b.weights))
         sim_ov, sim_qk = sim.ov.numpy(), sim.qk.numpy()
     n_layers, n_heads = a.cfg.n_layers, a.cfg.n_heads
     if match_heads:
@@ -466,11 +468,14 @@ def _subspace_cosines(a: Model, b: Model, matching: list[list[int]], arrays_a: N
             write[layer] = principal_cosines_np(arrays_a.get(f"{pre}.W_O").swapaxes(-2, -1),
                                                 arrays_b.get(f"{pre}.W_O")[hb].swapaxes(-2, -1))
             continue
+        from headscope.engine.forward.torch_weights import torch_weights
+
+        wa, wb = torch_weights(a.weights), torch_weights(b.weights)
         for head in range(n_heads):
             read[layer, head] = float(principal_cosines(
-                a.weights.get_head(f"{pre}.W_V", head), b.weights.get_head(f"{pre}.W_V", hb[head])).mean())
+                wa.get_head(f"{pre}.W_V", head), wb.get_head(f"{pre}.W_V", hb[head])).mean())
             write[layer, head] = float(principal_cosines(
-                a.weights.get_head(f"{pre}.W_O", head).T, b.weights.get_head(f"{pre}.W_O", hb[head]).T).mean())
+                wa.get_head(f"{pre}.W_O", head).T, wb.get_head(f"{pre}.W_O", hb[head]).T).mean())
     return read, write
 
 
