@@ -386,8 +386,10 @@ class NullSums:
                  samples: int = NULL_SAMPLES, delimiters: Sequence[Tensor] | None = None,
                  cancelled: Callable[[], bool] | None = None) -> None:
         from headscope.engine.circuits.scores import detection_patterns
+        from headscope.engine.forward.torch_weights import torch_weights
 
         cfg = w.cfg
+        w = torch_weights(w)  # the layer's W_Q/W_K norms are read as tensors
         self.w, self.cfg, self.seed, self.samples, self.cancelled = w, cfg, seed, samples, cancelled
         self.detections = detection_patterns(repeated)
         self.n_batches = 1 + len(natural)
@@ -422,9 +424,7 @@ class NullSums:
         if i + 1 < self.n_batches:
             return
         inputs, self.inputs = self.inputs, []
-        from headscope.engine.forward.torch_weights import as_tensor
-
-        norm_q, norm_k = (_mean_finite_norm(as_tensor(self.w.get(f"blocks.{layer}.attn.{n}"))) for n in ("W_Q", "W_K"))
+        norm_q, norm_k = (_mean_finite_norm(self.w.get(f"blocks.{layer}.attn.{n}")) for n in ("W_Q", "W_K"))
         patterns = random_head_patterns(inputs, self.cfg.d_head, norm_q, norm_k, float(self.cfg.scale),
                                         self._rotate_for(layer), self.seed + layer, self.samples,
                                         causal=self.cfg.causal)
