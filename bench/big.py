@@ -101,9 +101,10 @@ def run_floor(path: Path) -> dict[str, Any]:
     import torch
 
     from headscope.engine.forward import transformer as forward
+    from headscope.engine.forward.torch_weights import torch_weights
     from headscope.engine.model.loading import open_model
 
-    w = open_model(path, raw=True).weights
+    w = torch_weights(open_model(path, raw=True).weights)  # the torch floor, as before
     cfg = w.cfg
     t = time.perf_counter()
     w_e, w_u = w.get("embed.W_E"), w.get("unembed.W_U")
@@ -150,9 +151,10 @@ def _layers() -> int:
 def run_composition_floor(path: Path, kind: str) -> dict[str, Any]:
     """Every layer pair's ``[H·k, d] @ [d, H·k]`` product: the GEMM floor of one mode (only
     the products are timed, not the reads)."""
+    from headscope.engine.forward.torch_weights import torch_weights
     from headscope.engine.model.loading import open_model
 
-    w = _FirstLayers(open_model(path, raw=True).weights, _layers())
+    w = _FirstLayers(torch_weights(open_model(path, raw=True).weights), _layers())
     cfg = w.cfg
     n, d = cfg.n_heads * cfg.d_head, cfg.d_model
     target = {"q": "W_Q", "k": "W_K", "v": "W_V"}[kind]
@@ -173,10 +175,11 @@ def run_composition(path: Path, kind: str, numpy_path: bool = False) -> dict[str
     ``engine.scores``' (torch: GGUF, float8)."""
     from headscope.engine.circuits import fast, scores
     from headscope.engine.core.eta import Eta
+    from headscope.engine.forward.torch_weights import torch_weights
     from headscope.engine.model.loading import open_model
 
     model = open_model(path)
-    w = _FirstLayers(fast.numpy_weights(model) if numpy_path else model.weights, _layers())
+    w = _FirstLayers(fast.numpy_weights(model) if numpy_path else torch_weights(model.weights), _layers())
     sweep = fast.composition_scores if numpy_path else scores.composition_scores
     eta = Eta()
     etas: list[float] = []

@@ -38,7 +38,9 @@ def random_weights(seed: int, shape: dict[str, int]):
         for name in ("W_Q", "W_K", "W_V"):
             t[f"blocks.{layer}.attn.{name}"] = torch.randn(H, D, Dh, generator=g)
         t[f"blocks.{layer}.attn.W_O"] = torch.randn(H, Dh, D, generator=g)
-    return DictWeights(cfg, t)
+    from headscope.engine.forward.torch_weights import torch_weights
+
+    return torch_weights(DictWeights(cfg, t))  # the torch similarity and its dense baseline
 
 
 def run_one(impl: str, shape: dict[str, int]) -> dict[str, float]:
