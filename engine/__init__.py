@@ -12,15 +12,15 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from headscope.engine.api.model import Model, open_model, read_structure
     from headscope.engine.core.config import ModelConfig
     from headscope.engine.core.errors import HeadscopeError
-    from headscope.engine.model.loading import Model, open_model, read_structure
 
 __all__ = ["HeadscopeError", "Model", "ModelConfig", "open_model", "read_structure"]
 
 _HOMES = {"ModelConfig": ".core.config", "HeadscopeError": ".core.errors",
-          "Model": ".model.loading", "open_model": ".model.loading",
-          "read_structure": ".model.loading"}
+          "Model": ".api.model", "open_model": ".api.model",
+          "read_structure": ".api.model"}
 
 
 def __getattr__(name: str) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -12,6 +13,7 @@ from headscope.engine import open_model
 from headscope.engine.circuits import head_circuits as circuits
 from headscope.engine.circuits import scores
 from headscope.engine.core.errors import IndexOutOfRangeError, InvalidRequestError
+from headscope.engine.sweeps import compute
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -33,8 +35,9 @@ def test_model_conveniences_equal_engine_functions(gpt2_dir) -> None:
     copying = scores.all_copying_scores(model.weights)
     # heads() sweeps in numpy (engine.fast), the reference in torch: float32 rounding apart
     assert [h["copying_score"] for h in heads] == pytest.approx(copying.flatten().tolist(), abs=1e-6)
-    comp = model.composition("k")
-    assert torch.equal(comp.scores, scores.composition_scores(model.weights, "k").scores)
+    comp = model.composition("k")  # the `composition` command's sweep: its numbers exactly
+    assert np.array_equal(comp.scores, compute.composition(model, "k").scores)
+    assert comp.baseline == compute.composition(model, "k").baseline
     result = model.run([1, 2, 3])
     assert result.logits.shape == (1, 3, model.cfg.d_vocab)
 

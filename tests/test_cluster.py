@@ -347,7 +347,7 @@ def test_timeline_on_the_cluster_equals_the_local_timeline_and_is_stored_on_the_
     _assert_close(remote.to_dict(), local.to_dict())
     # The client wrote every step that came back into its results store, keyed by the
     # step's fingerprint: the series again, with no cluster, is read back, nothing scored.
-    with mock.patch.object(timeline, "_score_step", side_effect=AssertionError("scored again")):
+    with mock.patch.object(timeline, "score_checkpoint", side_effect=AssertionError("scored again")):
         again = timeline.compute_timeline([series], store=store)
     assert again.to_dict() == remote.to_dict()
     assert {e.path for e in store.entries()} == {str(p.resolve()) for p in series.glob("step-*")}
@@ -356,12 +356,12 @@ def test_timeline_on_the_cluster_equals_the_local_timeline_and_is_stored_on_the_
 def test_a_timeline_step_that_differs_on_the_worker_fails_naming_it() -> None:
     """The worker side of a timeline task, run here: a step whose fingerprint is not the
     client's is refused before it is scored."""
-    from headscope.engine.sweeps.cluster import _score_step
+    from headscope.engine.sweeps.timeline import score_step_task
     from headscope.sample_models import bundled_model
 
     path = str(bundled_model())
     with pytest.raises(ClusterTaskError) as err:
-        _score_step(path, 0, 0, False, "0" * 32)
+        score_step_task(path, 0, 0, False, "0" * 32)
     line = str(err.value)
     assert path in line and "fingerprint" in line and "on worker host" in line and "\n" not in line
 

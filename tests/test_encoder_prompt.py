@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import torch
 
+from headscope.engine.api.model import open_model
 from headscope.engine.formats.tokenizer import HFTokenizer
-from headscope.engine.model.loading import open_model
 from headscope.tui.cli.main import main
 from tests.hf_fixtures import BERT_WORDS, N_CTX, build_bert_mlm, write_bert_tokenizer
 

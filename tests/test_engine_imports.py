@@ -48,7 +48,12 @@ def test_importing_every_engine_module_loads_no_ui_and_engine_loads_no_torch():
     code = f"""
 import importlib, sys
 import headscope.engine, headscope.engine.service.engine, headscope.engine.core.results, headscope.engine.core.cache, headscope.engine.service.scheduler
-assert "torch" not in sys.modules, "importing engine / engine.service imports torch"
+import headscope.engine.api.model, headscope.engine.forward.runtime
+assert "torch" not in sys.modules, "importing engine / engine.service / the facade imports torch"
+from headscope.engine import Model, open_model, read_structure
+from headscope.sample_models import bundled_model
+assert read_structure(bundled_model())["n_layers"] > 0
+assert "torch" not in sys.modules, "read_structure imports torch"
 for name in {modules!r}:
     importlib.import_module(name)
 bad = sorted(m for m in sys.modules if m.split(".")[0] in {FORBIDDEN!r} or m.startswith("headscope.tui"))
@@ -60,3 +65,19 @@ print("ok")
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "ok"
+
+
+def test_the_cli_info_command_never_imports_torch():
+    """``headscope info`` answers from the header and config (``api.model.read_structure``)."""
+    code = """
+import sys
+from headscope.sample_models import bundled_model
+from headscope.tui.cli.main import main
+assert main(["info", str(bundled_model())]) == 0
+assert "torch" not in sys.modules, sorted(m for m in sys.modules if m.startswith("headscope"))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "n_layers" in done.stdout or "layers" in done.stdout

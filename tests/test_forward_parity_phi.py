@@ -280,7 +280,7 @@ def _hf_head_qk(name: str, model: Any, layer: int, head: int) -> torch.Tensor:
 def test_raw_qk_circuit_is_the_checkpoints(family: tuple[str, Any, Any]) -> None:
     """The raw QK circuit W_Q W_Kᵀ of every head is the checkpoint's (for GPT-J: the head-dim
     reordering cancels), read through Model.circuit."""
-    from headscope.engine.model.loading import open_model
+    from headscope.engine.api.model import open_model
 
     name, path, model = family
     m = open_model(path, raw=True)

@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 import torch
 
+from headscope.engine.api.model import open_model, read_structure
 from headscope.engine.core.errors import ConfigError, CorruptFileError, UnknownArchitectureError
 from headscope.engine.forward.transformer import run
-from headscope.engine.model.loading import open_model, read_structure
 from tests.gguf_fixtures import (
     gguf_bytes,
     k_quant_blocks,

@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file, save, save_file
 
 import headscope.engine.api.report as report_module
+from headscope.engine.api.model import open_model, read_structure
 from headscope.engine.circuits.scores import nonfinite_heads
 from headscope.engine.core import files
 from headscope.engine.core.errors import (
@@ -44,7 +45,6 @@ from headscope.engine.formats.safetensors import parse_header_bytes
 from headscope.engine.formats.safetensors import read_header as read_header_of
 from headscope.engine.formats.tokenizer import HFTokenizer, IdTokenizer, rust_guard
 from headscope.engine.forward.torch_weights import torch_weights
-from headscope.engine.model.loading import open_model, read_structure
 from headscope.engine.service.engine import Engine
 from headscope.tui.cli.main import main
 from tests import hf_fixtures as hf

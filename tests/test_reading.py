@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from headscope.engine.api import report
+from headscope.engine.api.model import open_model
 from headscope.engine.circuits import head_circuits as circuits
 from headscope.engine.circuits import reading
 from headscope.engine.core.errors import IndexOutOfRangeError, InvalidRequestError
 from headscope.engine.core.validation import SCORE_NAMES, Z_NAMES
 from headscope.engine.forward.transformer import run
-from headscope.engine.model.loading import open_model
 from headscope.engine.service.engine import Engine
 from headscope.engine.sweeps import compute
 from headscope.tui.cli import main as cli
@@ -156,7 +156,7 @@ def test_a_head_parked_on_delimiters_gets_a_high_delimiter_sink_and_others_a_low
 def test_sink_scores_equal_the_reference_forward_patterns(model: Any) -> None:
     repeated, natural = compute.sink_batches(model)
     assert natural, "the bundled vocabulary encodes the natural prompts"
-    got = compute.attention_sink(model)
+    got = compute.sink_tables(model)[0]  # on the first token
     expected = torch.zeros(model.cfg.n_layers, model.cfg.n_heads)
     batches = [repeated, *natural]
     for tokens in batches:
@@ -302,7 +302,7 @@ async def test_the_engine_returns_what_the_reports_print(model: Any) -> None:
         null = await eng.score_null()
         assert null is await eng.score_null()  # cached
         scores = await eng.head_scores(1, 1)
-        assert scores.attention_sink_score == pytest.approx(float(compute.attention_sink(model)[1, 1]))
+        assert scores.attention_sink_score == pytest.approx(float(compute.sink_tables(model)[0][1, 1]))
         with pytest.raises(InvalidRequestError):
             await eng.virtual_path((1, 0), (0, 1))
     finally:

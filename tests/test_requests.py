@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from headscope.engine.api import report
+from headscope.engine.api.model import open_model
 from headscope.engine.core.cache import ByteLRU
 from headscope.engine.core.errors import (
     HeadscopeError,
@@ -26,7 +27,6 @@ from headscope.engine.core.errors import (
 )
 from headscope.engine.core.results import HeadScores, ScoreTable, rank_edges
 from headscope.engine.core.validation import MAX_RESULT_BYTES, SCORE_NAMES, Z_NAMES
-from headscope.engine.model.loading import open_model
 from headscope.engine.service.engine import Engine
 from headscope.tui.cli import main as cli
 from tests.conftest import sample_model

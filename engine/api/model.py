@@ -1,9 +1,92 @@
-"""Opening a checkpoint, for notebooks and the UI: ``open_model``, ``read_structure``.
+"""The notebook ``Model``: an open checkpoint with the conveniences of README.md's "Python API".
 
-Part of the engine"s facade: the UI imports ``engine.core``, ``engine.api`` and
-``engine.service`` only (docs/internals.md, "Layers").
+``engine.model.loading`` opens a checkpoint into the plain data class (path, configs,
+weights, tokenizer); the sweeps, the service and the CLI work on that. This module, part of
+the engine's facade (the UI imports ``engine.core``, ``engine.api`` and ``engine.service``
+only: docs/internals.md, "Layers"), adds what a notebook asks of a model — a circuit, the
+head table, a composition sweep, a head's singular directions, a virtual path, a forward
+pass — each validated here, at the entry, and computed by the layers below. Those imports
+are made in the methods: ``read_structure`` and ``open_model`` stay free of torch.
 """
 
-from headscope.engine.model.loading import Model, open_model, read_structure
+from __future__ import annotations
 
-__all__ = ["Model", "open_model", "read_structure"]
+import dataclasses
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from headscope.engine.core.errors import InvalidRequestError
+from headscope.engine.model import loading
+from headscope.engine.model.loading import read_structure
+
+if TYPE_CHECKING:
+    from headscope.engine.circuits.factored import FactoredMatrix
+    from headscope.engine.core.results import Composition
+    from headscope.engine.forward.transformer import ForwardResult
+
+__all__ = ["CIRCUITS", "Model", "open_model", "read_structure"]
+
+# The circuits ``Model.circuit`` names (engine.circuits.head_circuits makes them).
+CIRCUITS = ("qk", "ov", "token_qk", "full_ov", "positional_qk")
+
+
+class Model(loading.Model):
+    """An open model (``engine.model.loading.Model``) with the notebook conveniences: thin
+    wrappers over ``engine.circuits``, ``engine.forward``, ``sweeps.compute`` and ``api.report``, so a
+    notebook gets the numbers and the errors of the CLI."""
+
+    def circuit(self, layer: int, head: int, kind: str = "ov") -> FactoredMatrix:
+        """A head's circuit as a FactoredMatrix: ``"qk"``/``"ov"`` (``d_model × d_model``),
+        ``"token_qk"``, ``"full_ov"`` (``d_vocab × d_vocab``) or ``"positional_qk"``."""
+        from headscope.engine.circuits import head_circuits as circuits
+
+        if kind not in CIRCUITS:
+            raise InvalidRequestError(self.path, f"unknown circuit {kind!r}; choose from {', '.join(CIRCUITS)}")
+        self.cfg.check_head(layer, head, str(self.path))
+        return getattr(circuits, kind)(self.weights, layer, head)
+
+    def heads(self, seed: int = 0, *, ablation: bool = False) -> list[dict[str, Any]]:
+        """Every head with every score (what ``headscope heads [--ablation]`` prints)."""
+        from headscope.engine.api.report import head_table
+
+        return head_table(self, seed=seed, ablation=ablation)
+
+    def composition(self, kind: str, seed: int = 0) -> Composition:
+        """All ``kind``-composition scores (``.scores [L, H, L, H]``, ``.baseline``,
+        ``.top_edges``): the sweep of ``headscope composition`` (``compute.composition``),
+        so the same numbers."""
+        from headscope.engine.core.validation import check_composition_kind
+        from headscope.engine.sweeps.compute import composition
+
+        check_composition_kind(kind, str(self.path))
+        return composition(self, kind, seed)
+
+    def singular_directions(self, layer: int, head: int, kind: str = "ov", *, k: int = 5,
+                            top: int = 10) -> dict[str, Any]:
+        """A head's top singular directions as tokens (what ``headscope svd --json`` prints)."""
+        from headscope.engine.api.report import svd_report
+
+        return svd_report(self, layer, head, kind, k=k, top=top)  # type: ignore[arg-type]
+
+    def virtual_path(self, source: tuple[int, int], target: tuple[int, int]) -> dict[str, Any]:
+        """The virtual heads of a composition path (what ``headscope path --json`` prints)."""
+        from headscope.engine.api.report import path_report
+
+        return path_report(self, source, target)
+
+    def run(self, tokens: str | Sequence[int], **kwargs: Any) -> ForwardResult:
+        """The reference forward pass on a prompt (encoded with the tokenizer) or token ids."""
+        from headscope.engine.core.validation import check_tokens
+        from headscope.engine.forward.transformer import run
+
+        ids = self.tokenizer.encode(tokens) if isinstance(tokens, str) else list(tokens)
+        check_tokens(self.structure(), ids, str(self.path))
+        return run(self.weights, ids, **kwargs)
+
+
+def open_model(path: str | os.PathLike[str], raw: bool = False) -> Model:
+    """``engine.model.loading.open_model`` as the notebook ``Model`` (the same weights,
+    tokenizer and caches; ``with_raw`` keeps the class)."""
+    opened = loading.open_model(path, raw=raw)
+    return Model(**{f.name: getattr(opened, f.name) for f in dataclasses.fields(opened)})

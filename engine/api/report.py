@@ -1,9 +1,9 @@
 """Plain-data reports of a model: what the CLI prints, exports write and notebooks read.
 
-Each report is a request validated by ``engine.requests`` and computed by ``engine.compute``
+Each report is a request validated by ``core.validation`` and computed by ``sweeps.compute``
 (the functions the explorer's ``Engine`` runs), turned into JSON-ready Python values
-(lists, floats, ints, strings) under the public names of ``requests.SCORE_NAMES``. Non-finite
-floats become ``None`` only at serialisation time (``engine.export.jsonable``).
+(lists, floats, ints, strings) under the public names of ``validation.SCORE_NAMES``. Non-finite
+floats become ``None`` only at serialisation time (``core.export.jsonable``).
 """
 
 from __future__ import annotations
@@ -13,8 +13,14 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from headscope.engine.circuits.fast import composition_baseline  # noqa: F401  (re-exported: the CLI prints it)
-from headscope.engine.core import validation as requests
-from headscope.engine.core.validation import ABLATION_EFFECT, NULL_SAMPLES, SCORE_NAMES, SEED
+from headscope.engine.core import validation
+from headscope.engine.core.validation import (
+    ABLATION_EFFECT,
+    NULL_SAMPLES,
+    SCORE_NAMES,
+    SEED,
+    WEIGHT_SCORE_NAMES,
+)
 from headscope.engine.model.caveats import ov_caveats, qk_caveats
 from headscope.engine.sweeps import compute
 
@@ -51,30 +57,27 @@ def head_table(
     ``ablation`` adds ``ablation_effect``: the loss increase on the second copy of the same
     seeded repeated random tokens when the head is zero-ablated (``scores.ablation_effects``;
     a forward pass per head, so off by default). ``store``: the on-disk results store
-    (``engine.store``) to read finished parts from and write new ones to.
+    (``sweeps.store``) to read finished parts from and write new ones to.
     """
     entry = None if store is None else store.for_model(model)
     # progress: the sweep (with the calibration's random heads), then the ablation sweep
     split = 0.5 if ablation else 1.0
     # the random heads' behaviour (the z's) comes from the real heads' forward pass
     table, null = compute.calibrated_score_table(
-        model, seed, compute._part(progress, 0.0, split), store=entry, cluster=cluster,
+        model, seed, compute.progress_span(progress, 0.0, split), store=entry, cluster=cluster,
         null_samples=NULL_SAMPLES if calibrated else None)
     effects = None
     if ablation:
-        effects = compute.ablation_effects(model, seed, compute._part(progress, split, 1.0), store=entry)
+        effects = compute.ablation_effects(model, seed, compute.progress_span(progress, split, 1.0), store=entry)
     if progress is not None:
         progress(1.0)
     return score_rows(table, effects, null)
 
 
-WEIGHT_SCORE_NAMES = ("copying_score", "qk_positivity")  # the scores without a forward pass
-
-
 def weight_table(model: Model, *, store: ResultStore | None = None,
                  progress: Progress = None) -> list[dict[str, Any]]:
     """``head_table`` without the behavioural scores (no forward pass; torch-free where
-    ``engine.fast`` applies): ``layer``, ``head``, ``WEIGHT_SCORE_NAMES``, ``nonfinite``.
+    ``circuits.fast`` applies): ``layer``, ``head``, ``WEIGHT_SCORE_NAMES``, ``nonfinite``.
     ``store``: the same stored parts as ``head_table``'s spectral sweeps (either command
     reads what the other wrote)."""
     entry = None if store is None else store.for_model(model)
@@ -111,7 +114,7 @@ def sort_rows(rows: list[dict[str, Any]], key: str | None) -> list[dict[str, Any
     if key is None:
         return rows
     columns = [k for k in rows[0] if k not in ("layer", "head", "nonfinite")] if rows else []
-    requests.check_sort_key(key, columns or [*SCORE_NAMES, ABLATION_EFFECT])
+    validation.check_sort_key(key, columns or [*SCORE_NAMES, ABLATION_EFFECT])
 
     def k(r: dict[str, Any]) -> tuple[bool, float]:
         v = r[key]
@@ -134,7 +137,7 @@ def composition_report(
 ) -> dict[str, Any]:
     """All ``kind``-composition scores ``[L][H][L][H]``, the baseline and the top edges.
     ``on_tile(source_layer, target_layer, scores [H, H])``: each layer pair as it is done."""
-    requests.check_composition_kind(kind, str(model.path))
+    validation.check_composition_kind(kind, str(model.path))
     entry = None if store is None else store.for_model(model)
     comp = compute.composition(model, kind, seed, progress, top=top, store=entry, cluster=cluster,
                                on_tile=on_tile)
@@ -163,7 +166,7 @@ def composition_dict(comp: Composition, seed: int = SEED) -> dict[str, Any]:
 
 def forward_report(model: Model, tokens: Sequence[int]) -> dict[str, Any]:
     """Logits ``[pos][vocab]`` and attention patterns ``[layer][head][query][key]``."""
-    requests.check_tokens(model.structure(), tokens, str(model.path))
+    validation.check_tokens(model.structure(), tokens, str(model.path))
     result = compute.forward_tokens(model, tokens)
     return {
         "tokens": list(tokens),
@@ -190,7 +193,7 @@ def circuit_report(
     ``W_E OV W_U`` (source token × output token). position basis (QK only): ``W_pos QK
     W_posᵀ`` for learned positions, or ``W_E W_Q R(Δ) W_Kᵀ W_Eᵀ`` at ``offset`` Δ for rotary.
     """
-    req = requests.circuit_request(
+    req = validation.circuit_request(
         model.structure(), layer, head, kind, basis, rows, cols, offset, where=str(model.path)
     )
     return circuit_dict(compute.circuit_block(model, req, numpy=True), model)  # no torch import
@@ -219,7 +222,7 @@ def svd_report(model: Model, layer: int, head: int, kind: Literal["qk", "ov"], *
                top: int = 10) -> dict[str, Any]:
     """The top ``k`` singular directions of a head's full OV / token QK circuit as tokens
     (``compute.singular_directions``), ``top`` tokens a side ranked by ``|value|``."""
-    requests.check_svd(model.structure(), layer, head, kind, k, top, str(model.path))
+    validation.check_svd(model.structure(), layer, head, kind, k, top, str(model.path))
     return svd_dict(compute.singular_directions(model, layer, head, kind, k, top))
 
 
@@ -253,7 +256,7 @@ def path_report(model: Model, source: tuple[int, int], target: tuple[int, int], 
                 rows: Sequence[int] | None = None, cols: Sequence[int] | None = None,
                 seed: int = SEED) -> dict[str, Any]:
     """The virtual heads of the path ``source → target`` (``compute.virtual_path``)."""
-    req = requests.check_path(model.structure(), source, target, rows, cols, where=str(model.path))
+    req = validation.check_path(model.structure(), source, target, rows, cols, where=str(model.path))
     return path_dict(compute.virtual_path(model, req, seed))
 
 

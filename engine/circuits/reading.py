@@ -308,13 +308,6 @@ def passes(w: WeightSource, batches: Sequence[Tensor],
                         after_layer=after_layer)
 
 
-def attention_sink_scores(w: WeightSource, batches: Sequence[Tensor], skip: int = SINK_SKIP
-                          ) -> Tensor:
-    """``[L, H]``: ``sink_mass`` of every head, averaged over the token batches (each batch
-    weighs the same)."""
-    return sink_scores(w, batches, [None] * len(batches), skip)[0]
-
-
 def sink_scores(w: WeightSource, batches: Sequence[Tensor],
                 delimiters: Sequence[Tensor | None], skip: int = SINK_SKIP
                 ) -> tuple[Tensor, Tensor]:

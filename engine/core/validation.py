@@ -39,6 +39,7 @@ __all__ = [
     "SCORE_NAMES",
     "SEED",
     "TOP_EDGES",
+    "WEIGHT_SCORE_NAMES",
     "Z_NAMES",
     "CircuitRequest",
     "PathRequest",
@@ -68,6 +69,8 @@ SCORE_NAMES: tuple[str, ...] = (
     "attention_sink_score",
     "delimiter_sink_score",
 )
+# The scores of the weights alone (no forward pass): `heads --no-behaviour`, `diff --no-behaviour`.
+WEIGHT_SCORE_NAMES: tuple[str, ...] = ("copying_score", "qk_positivity")
 # Each score calibrated against random heads (docs/math.md, "Calibrated scores"): `heads --json`.
 Z_NAMES: tuple[str, ...] = tuple(f"{name}_z" for name in SCORE_NAMES)
 ABLATION_EFFECT = "ablation_effect"  # opt-in (a forward pass per head), not part of HeadScores

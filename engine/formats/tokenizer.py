@@ -21,7 +21,7 @@ from headscope.engine.core.files import loads_json, read_bytes, read_text
 
 # Byte-level BPE (GPT-2, NeoX, Llama 3, Qwen2) spells bytes as printable characters; the
 # ones that matter for reading tokens are the space and newline markers.
-_DISPLAY = str.maketrans({"Ġ": " ", "Ċ": "\n", "ĉ": "\t", "▁": " "})
+TOKEN_DISPLAY = str.maketrans({"Ġ": " ", "Ċ": "\n", "ĉ": "\t", "▁": " "})
 MAX_TOKENIZER_BYTES = 200_000_000
 _BERT_SPECIAL = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 MAX_CONFIG_BYTES = 16_000_000  # tokenizer_config.json
@@ -111,7 +111,7 @@ class HFTokenizer:
             return token[2:]
         if re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", token):  # SentencePiece byte fallback
             return token
-        return token.translate(_DISPLAY)
+        return token.translate(TOKEN_DISPLAY)
 
     def token_to_id(self, token: str) -> int | None:
         with rust_guard(self.path, f"cannot look up token {token!r}"):

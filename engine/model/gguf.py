@@ -47,7 +47,7 @@ from headscope.engine.model.weights import CheckpointWeights
 if TYPE_CHECKING:
     import numpy as np
 
-    from headscope.engine.model.adapters import Spec
+    from headscope.engine.model.adapters.base import Spec
 
 
 @dataclass(frozen=True)
@@ -614,10 +614,10 @@ class GGUFVocabTokenizer(IdTokenizer):
         self._ids = {t: i for i, t in reversed(list(enumerate(tokens)))}
 
     def decode_token(self, token_id: int) -> str:
-        from headscope.engine.formats.tokenizer import _DISPLAY
+        from headscope.engine.formats.tokenizer import TOKEN_DISPLAY
 
         if 0 <= token_id < len(self.tokens):
-            return self.tokens[token_id].translate(_DISPLAY)
+            return self.tokens[token_id].translate(TOKEN_DISPLAY)
         return f"<{token_id}>"
 
     def token_to_id(self, token: str) -> int | None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,7 +33,6 @@ from headscope.engine.core.errors import (
     ConfigError,
     CorruptFileError,
     HeadscopeError,
-    InvalidRequestError,
     UnsafeFormatError,
     UnsafePathError,
     UnsupportedFormatError,
@@ -43,22 +41,21 @@ from headscope.engine.core.files import file_kind, os_reason, read_json_object, 
 from headscope.engine.formats.gguf import is_gguf, read_gguf_header
 from headscope.engine.formats.safetensors import SafetensorsHeader, TensorInfo, read_header
 from headscope.engine.formats.tokenizer import IdTokenizer, Tokenizer, load_tokenizer
-from headscope.engine.model import adapters
-from headscope.engine.model.adapters import (
+from headscope.engine.model.adapters import native as native_adapter
+from headscope.engine.model.adapters.base import (
     SpecMap,
+    TensorNames,
     check_specs,
     count_params,
+    spec_tensors,
     storage_dtype,
     validate_config,
 )
-from headscope.engine.model.adapters import native as native_adapter
+from headscope.engine.model.adapters.registry import adapter_for, refuse_remote_code
 from headscope.engine.model.caveats import model_caveats
 from headscope.engine.model.weights import CheckpointWeights, WeightSource
 
 if TYPE_CHECKING:
-    from headscope.engine.circuits.factored import FactoredMatrix
-    from headscope.engine.circuits.scores import CompositionScores
-    from headscope.engine.forward.transformer import ForwardResult
     from headscope.engine.model.gguf import GGUFSource
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
@@ -143,6 +140,10 @@ def structure_of(ckpt: Checkpoint, raw: bool) -> dict[str, Any]:
 
 @dataclass
 class Model:
+    """An open checkpoint: configs, weights (read lazily) and tokenizer. What the sweeps,
+    the service and the CLI compute on; the notebook conveniences (``circuit``, ``heads``,
+    ``run``, ...) are the facade's subclass, ``engine.api.model.Model``."""
+
     path: Path
     cfg: ModelConfig  # of the weights as computed on (processed: LNPre/RMSPre)
     raw_cfg: ModelConfig  # as stored
@@ -165,61 +166,6 @@ class Model:
         return dataclasses.replace(
             self, raw=raw, weights=weights, cfg=weights.cfg, _processed=self._processed
         )
-
-    # Notebook conveniences (thin wrappers over engine.circuits / scores / forward / report).
-
-    def circuit(self, layer: int, head: int, kind: str = "ov") -> FactoredMatrix:
-        """A head's circuit as a FactoredMatrix: ``"qk"``/``"ov"`` (``d_model × d_model``),
-        ``"token_qk"``, ``"full_ov"`` (``d_vocab × d_vocab``) or ``"positional_qk"``."""
-        from headscope.engine.circuits import head_circuits as circuits
-
-        makers = {
-            "qk": circuits.qk,
-            "ov": circuits.ov,
-            "token_qk": circuits.token_qk,
-            "full_ov": circuits.full_ov,
-            "positional_qk": circuits.positional_qk,
-        }
-        if kind not in makers:
-            raise InvalidRequestError(self.path, f"unknown circuit {kind!r}; choose from {', '.join(makers)}")
-        self.cfg.check_head(layer, head, str(self.path))
-        return makers[kind](self.weights, layer, head)
-
-    def heads(self, seed: int = 0, *, ablation: bool = False) -> list[dict[str, Any]]:
-        """Every head with every score (what ``headscope heads [--ablation]`` prints)."""
-        from headscope.engine.api.report import head_table
-
-        return head_table(self, seed=seed, ablation=ablation)
-
-    def composition(self, kind: str, seed: int = 0) -> CompositionScores:
-        """All ``kind``-composition scores (``.scores [L, H, L, H]``, ``.baseline``)."""
-        from headscope.engine.circuits.scores import composition_scores
-        from headscope.engine.core.validation import check_composition_kind
-
-        check_composition_kind(kind, str(self.path))
-        return composition_scores(self.weights, kind, seed=seed)  # type: ignore[arg-type]
-
-    def singular_directions(self, layer: int, head: int, kind: str = "ov", *, k: int = 5,
-                            top: int = 10) -> dict[str, Any]:
-        """A head's top singular directions as tokens (what ``headscope svd --json`` prints)."""
-        from headscope.engine.api.report import svd_report
-
-        return svd_report(self, layer, head, kind, k=k, top=top)  # type: ignore[arg-type]
-
-    def virtual_path(self, source: tuple[int, int], target: tuple[int, int]) -> dict[str, Any]:
-        """The virtual heads of a composition path (what ``headscope path --json`` prints)."""
-        from headscope.engine.api.report import path_report
-
-        return path_report(self, source, target)
-
-    def run(self, tokens: str | Sequence[int], **kwargs: Any) -> ForwardResult:
-        """The reference forward pass on a prompt (encoded with the tokenizer) or token ids."""
-        from headscope.engine.core.validation import check_tokens
-        from headscope.engine.forward.transformer import run
-
-        ids = self.tokenizer.encode(tokens) if isinstance(tokens, str) else list(tokens)
-        check_tokens(self.structure(), ids, str(self.path))
-        return run(self.weights, ids, **kwargs)
 
     def _processed_weights(self) -> WeightSource:
         if self._processed is None:
@@ -327,11 +273,11 @@ def _open_gguf(p: Path) -> Checkpoint:
     name, arch = g.arch_of(header)
     hf_names = g.hf_tensor_names(header, arch)
     config = g.hf_config(header, name, arch, hf_names)
-    arch_name, module = adapters.adapter_for(config, str(p))
+    arch_name, module = adapter_for(config, str(p))
     tensors = g.virtual_tensors(header, hf_names)
     cfg, specs = module.adapt(config, arch_name, set(tensors), str(p))
     check_specs(specs, tensors, lambda t: str(p), cfg.architecture)
-    used = {t: hf_names[t] for t in adapters.spec_tensors(specs)}
+    used = {t: hf_names[t] for t in spec_tensors(specs)}
     g.check_all_used(header, used)
     g.check_types(header, used)
     cfg = cfg.replace(n_params=count_params(specs, tensors), dtype=g.main_dtype(header, used))
@@ -348,7 +294,7 @@ def _open_directory(p: Path, shown: Path) -> Checkpoint:
     names = {e.name for e in entries}
     config = _read_config(directory / "config.json") if "config.json" in names else None
     if config is not None:
-        adapters.refuse_remote_code(config, str(directory / "config.json"))
+        refuse_remote_code(config, str(directory / "config.json"))
 
     if SINGLE_FILE in names:
         main = _inside(directory, SINGLE_FILE)
@@ -392,7 +338,7 @@ def _build(
         for name, info in header.tensors.items():
             if files.get(name) == file:
                 tensors[name] = info
-    names = adapters.TensorNames(tensors, sum(t.numel for t in tensors.values()))
+    names = TensorNames(tensors, sum(t.numel for t in tensors.values()))
     first_meta = next(iter(headers.values())).metadata if headers else {}
     native_json = directory / native_adapter.CONFIG_FILE
 
@@ -417,10 +363,10 @@ def _build(
                     f"or '{native_adapter.CONFIG_KEY}' in the safetensors metadata",
                 )
             config = _read_config(config_path)
-            adapters.refuse_remote_code(config, str(config_path))
+            refuse_remote_code(config, str(config_path))
         fmt = "hf"
         cfg_path = str(directory / "config.json")
-        arch, module = adapters.adapter_for(config, cfg_path)
+        arch, module = adapter_for(config, cfg_path)
         cfg, specs = module.adapt(config, arch, names, cfg_path)
 
     cfg = cfg.replace(n_params=count_params(specs, tensors), dtype=storage_dtype(specs, tensors))

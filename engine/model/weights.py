@@ -33,7 +33,7 @@ from headscope.engine.formats.safetensors import (
     file_identity,
     read_header,
 )
-from headscope.engine.model.adapters import Heads, Product, Rows, Spec, Whole, Zeros
+from headscope.engine.model.adapters.base import Heads, Product, Rows, Spec, Whole, Zeros
 
 __all__ = ["HEAD_TENSORS", "CheckpointWeights", "CircuitWeights", "DictWeights", "WeightSource", "as_float32", "float8_table",
            "read_only", "tensor_bytes", "widen"]

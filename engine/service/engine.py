@@ -2,17 +2,17 @@
 
 One ``Engine`` per open model. ``structure`` is there at once (header and config only, no
 torch); the model itself is opened on a background thread. Every other method is ``async``
-and returns a frozen dataclass of read-only numpy arrays (``engine.results``). Each request
-is validated by ``engine.requests`` (the same checks the CLI and the Python API run),
-computed on a small thread pool by the functions of ``engine.compute`` (the ones the CLI
+and returns a frozen dataclass of read-only numpy arrays (``core.results``). Each request
+is validated by ``core.validation`` (the same checks the CLI and the Python API run),
+computed on a small thread pool by the functions of ``sweeps.compute`` (the ones the CLI
 calls directly) and kept in a per-head LRU cache bounded by bytes: this module owns the
 cache keys, the scheduling and the prefetch, not the maths.
 
-Scheduling (``engine.scheduler``): identical requests in flight share one computation; the
+Scheduling (``service.scheduler``): identical requests in flight share one computation; the
 focused head's requests run first; requests for heads the user has left are dropped before
 they start (or stop at their next check) and their awaiters get ``CancelledError``; when
 idle, the views the user last looked at are prefetched for the neighbouring heads. Sweeps
-report progress and fill the per-head cache; given a ``store`` (``engine.store``), they read
+report progress and fill the per-head cache; given a ``store`` (``sweeps.store``), they read
 the parts already on disk, write the ones they compute, and ``stats().origin`` says where
 the last sweep's numbers came from.
 """
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from headscope.engine.core import validation as requests
+from headscope.engine.core import validation
 from headscope.engine.core.cache import ByteLRU
 from headscope.engine.core.errors import (
     HeadscopeError,
@@ -53,10 +53,10 @@ from headscope.engine.core.results import (
     VirtualPath,
     readonly,
 )
-from headscope.engine.core.validation import MAX_RESULT_BYTES, SEED, TOP_EDGES
+from headscope.engine.core.validation import EDGE_THRESHOLD, MAX_RESULT_BYTES, SEED, TOP_EDGES
+from headscope.engine.forward.runtime import inference_mode, set_threads
 from headscope.engine.service.scheduler import JobContext, Scheduler
 from headscope.engine.sweeps import compute
-from headscope.engine.sweeps.diff import EDGE_THRESHOLD
 
 if TYPE_CHECKING:
     from headscope.engine.model.loading import Model
@@ -99,7 +99,7 @@ class Engine:
         """Open ``path`` (or wrap an already open ``model``: notebooks, tests, benchmarks).
 
         ``max_block_bytes`` bounds any one materialised result (a circuit block, a prompt's
-        patterns): bigger requests raise ``ResourceLimitError`` (``engine.requests``).
+        patterns): bigger requests raise ``ResourceLimitError`` (``core.validation``).
         ``store``: the on-disk results store the sweeps consult and fill (None: memory only).
         """
         if path is None and model is None:
@@ -119,7 +119,7 @@ class Engine:
         self._previous_torch_threads: int | None = None
         self.cache = ByteLRU(cache_bytes)
         self._scheduler = Scheduler(
-            workers, on_result=self.cache.put, job_context=_inference_mode
+            workers, on_result=self.cache.put, job_context=inference_mode
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._models: dict[bool, Model] = {}
@@ -167,10 +167,7 @@ class Engine:
                                        or ComputeError(self._where, f"cannot open: {exc}"))
 
     def _set_torch_threads(self) -> None:
-        import torch
-
-        self._previous_torch_threads = torch.get_num_threads()
-        torch.set_num_threads(self._torch_threads)
+        self._previous_torch_threads = set_threads(self._torch_threads)
 
     async def ready(self) -> None:
         """Wait until the model is open (torch imported, config and tensors checked)."""
@@ -237,9 +234,7 @@ class Engine:
         self._scheduler.close()
         await asyncio.to_thread(self._scheduler.join, 5.0)
         if self._previous_torch_threads is not None:
-            import torch
-
-            torch.set_num_threads(self._previous_torch_threads)
+            set_threads(self._previous_torch_threads)
 
     def stats(self) -> CacheStats:
         c = self.cache
@@ -265,7 +260,7 @@ class Engine:
 
     def focus(self, layer: int, head: int) -> None:
         """The user looks at (layer, head): its requests go first, stale ones are dropped."""
-        requests.check_head(self.structure, layer, head, self._where)
+        validation.check_head(self.structure, layer, head, self._where)
         self._scheduler.focus((layer, head))
         loop = self._loop
         if self._prefetch_enabled and loop is not None and not loop.is_closed():
@@ -340,7 +335,7 @@ class Engine:
         cols: tuple[int, ...] | None,
         offset: int,
     ) -> tuple[Hashable, Callable[[JobContext], CircuitBlock]]:
-        req = requests.circuit_request(
+        req = validation.circuit_request(
             self.structure, layer, head, kind, basis, rows, cols, offset,
             where=self._where, limit=self.max_block_bytes,
         )
@@ -363,8 +358,8 @@ class Engine:
     def _plan_top_outputs(
         self, layer: int, head: int, source: int, k: int
     ) -> tuple[Hashable, Callable[[JobContext], TopTokens]]:
-        requests.check_head(self.structure, layer, head, self._where)
-        requests.check_token(self.structure, source, self._where)
+        validation.check_head(self.structure, layer, head, self._where)
+        validation.check_token(self.structure, source, self._where)
         raw = self._raw
         key = (layer, head, "top_outputs", (source, k, raw))
         return key, lambda ctx: compute.top_outputs(self._model(raw), layer, head, source, k)
@@ -380,8 +375,8 @@ class Engine:
     def _plan_spectrum(
         self, layer: int, head: int, kind: str
     ) -> tuple[Hashable, Callable[[JobContext], Spectrum]]:
-        requests.check_head(self.structure, layer, head, self._where)
-        requests.check_spectrum_kind(kind, self._where)
+        validation.check_head(self.structure, layer, head, self._where)
+        validation.check_spectrum_kind(kind, self._where)
         raw = self._raw
         key = (layer, head, "spectrum", (kind, raw))
         return key, lambda ctx: self._stored_spectrum(raw, layer, head, kind, ctx.cancelled)
@@ -404,21 +399,21 @@ class Engine:
 
     async def rotary_profile(self, layer: int, head: int, offsets: Sequence[int]) -> Profile:
         """Rotary models: the head's QK score as a function of the query-key offset Δ."""
-        requests.check_rotary(self.structure, self._where)
+        validation.check_rotary(self.structure, self._where)
         key, fn = self._plan_rotary_profile(layer, head, tuple(int(o) for o in offsets))
         return await self._get(key, fn, head=(layer, head), label=f"L{layer}H{head} profile")
 
     def _plan_rotary_profile(
         self, layer: int, head: int, offsets: tuple[int, ...]
     ) -> tuple[Hashable, Callable[[JobContext], Profile]]:
-        requests.check_head(self.structure, layer, head, self._where)
+        validation.check_head(self.structure, layer, head, self._where)
         raw = self._raw
         key = (layer, head, "rotary_profile", (offsets, raw))
         return key, lambda ctx: compute.rotary_profile(self._model(raw), layer, head, offsets)
 
     async def head_scores(self, layer: int, head: int) -> HeadScores:
         """Every score of one head (its spectra are cached too: the spectrum view is free)."""
-        requests.check_head(self.structure, layer, head, self._where)
+        validation.check_head(self.structure, layer, head, self._where)
         raw = self._raw
         key = (layer, head, "head_scores", (raw,))
         hit = self.cache.get(key)
@@ -482,7 +477,7 @@ class Engine:
     async def singular_directions(self, layer: int, head: int, kind: Literal["ov", "qk"],
                                   k: int = 5, top: int = 10) -> SingularDirections:
         """The top ``k`` singular directions of the full OV / token QK circuit, as tokens."""
-        requests.check_svd(self.structure, layer, head, kind, k, top, self._where)
+        validation.check_svd(self.structure, layer, head, kind, k, top, self._where)
         raw = self._raw
         key = (layer, head, "singular_directions", (kind, int(k), int(top), raw))
         return await self._get(
@@ -496,7 +491,7 @@ class Engine:
                            rows: Sequence[int] | None = None,
                            cols: Sequence[int] | None = None) -> VirtualPath:
         """The V- and K-composition virtual heads of ``source → target``."""
-        req = requests.check_path(self.structure, source, target, _ids(rows), _ids(cols),
+        req = validation.check_path(self.structure, source, target, _ids(rows), _ids(cols),
                                   where=self._where, limit=self.max_block_bytes)
         raw = self._raw
         key = (*req.target, "virtual_path", (req.source, req.rows, req.cols, SEED, raw))
@@ -528,7 +523,7 @@ class Engine:
         Partial results are built on the worker thread; the last one comes before the final
         result is returned. A caller that joins a sweep already running gets no partials.
         """
-        requests.check_composition_kind(kind, self._where)
+        validation.check_composition_kind(kind, self._where)
         raw = self._raw
         self._remember_loop()
         loop = self._loop
@@ -550,7 +545,7 @@ class Engine:
 
     async def ablation(self, layer: int, head: int) -> float:
         """Loss increase on the seeded repeated sequence when the head's output is zeroed."""
-        requests.check_head(self.structure, layer, head, self._where)
+        validation.check_head(self.structure, layer, head, self._where)
         raw = self._raw
         return await self._get(
             (layer, head, "ablation", (SEED, raw)),
@@ -588,7 +583,7 @@ class Engine:
     async def compare(
         self, other: Engine, *, match_heads: bool = False, threshold: float = EDGE_THRESHOLD
     ) -> ModelDiff:
-        """Diff this model (A) against ``other`` (B) with ``engine.diff.diff_models``, on a worker.
+        """Diff this model (A) against ``other`` (B) with ``sweeps.diff.diff_models``, on a worker.
 
         Each model is taken with its own current raw/processed setting.
         """
@@ -622,8 +617,8 @@ class Engine:
 
     async def run_prompt(self, text: str, layer: int, head: int) -> PromptView:
         """Tokenise ``text`` (cut to n_ctx), run it, and show it from (layer, head)."""
-        requests.check_head(self.structure, layer, head, self._where)
-        requests.check_prompt(text, self._where)
+        validation.check_head(self.structure, layer, head, self._where)
+        validation.check_prompt(text, self._where)
         raw = self._raw
 
         def run(ctx: JobContext) -> compute.PromptRun:
@@ -640,18 +635,10 @@ class Engine:
 # -- helpers ---------------------------------------------------------------------------
 
 
-def _inference_mode() -> contextlib.AbstractContextManager[Any]:
-    import torch
-
-    return torch.inference_mode()
-
-
 def _warm_up(model: Model) -> None:
     """Read (and process) the embedding and unembedding while the user reads the tree:
     every token-basis view needs them, and the first view should not pay for them."""
-    import torch
-
-    with torch.inference_mode():
+    with inference_mode():
         for name in ("embed.W_E", "unembed.W_U"):
             if model.weights.has(name):
                 model.weights.get(name)
@@ -680,7 +667,7 @@ def _partial_composition(model: Model, kind: str, deliver: Callable[[Composition
 
     from headscope.engine.circuits.fast import composition_baseline
     from headscope.engine.core.results import rank_edges
-    from headscope.engine.service.scheduler import _call_soon
+    from headscope.engine.service.scheduler import deliver_soon
 
     cfg = model.cfg
     n_layers, n_heads = cfg.n_layers, cfg.n_heads
@@ -700,11 +687,6 @@ def _partial_composition(model: Model, kind: str, deliver: Callable[[Composition
         last[0] = now
         snapshot = readonly(values, np.float32)
         comp = Composition(kind, snapshot, baseline, rank_edges(snapshot, baseline, TOP_EDGES))  # type: ignore[arg-type]
-        _call_soon(loop, _safe_call, deliver, comp)
+        deliver_soon(loop, deliver, comp)
 
     return on_tile
-
-
-def _safe_call(fn: Callable[[Any], None], value: Any) -> None:
-    with contextlib.suppress(Exception):
-        fn(value)

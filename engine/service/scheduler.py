@@ -10,7 +10,7 @@ enough; what matters for an interactive explorer is *which* job runs next:
 - **Staleness**: a job bound to a head becomes stale when the user focuses another head
   after it was submitted. Stale queued jobs are dropped before they start; a running job
   sees ``ctx.cancelled()`` turn true and stops at its next check. Their awaiters get
-  ``engine.errors.CancelledError``. A job whose awaiters all went away is dropped too.
+  ``core.errors.CancelledError``. A job whose awaiters all went away is dropped too.
 - **Delivery**: results and errors go back to the awaiting event loop with
   ``loop.call_soon_threadsafe``; a job never leaves a future unresolved. Unknown exceptions
   are wrapped in ``ComputeError`` so every caller sees a typed error.
@@ -345,7 +345,7 @@ class Scheduler:
         self.progress = fraction
         if job.progress is not None:
             callback = job.progress
-            _call_soon(job.loop, _safe_progress, callback, fraction)
+            deliver_soon(job.loop, callback, fraction)
 
     # -- delivery (loop thread) -----------------------------------------------------
 
@@ -376,9 +376,16 @@ def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: A
         loop.call_soon_threadsafe(fn, *args)
 
 
-def _safe_progress(callback: Callable[[float], None], fraction: float) -> None:
+def deliver_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[Any], None], value: Any) -> None:
+    """``callback(value)`` on ``loop``, from any thread: a progress report or a partial
+    result for the UI, which must never fail the job (its exceptions are dropped), nor reach
+    a closed loop."""
+    _call_soon(loop, _quietly, callback, value)
+
+
+def _quietly(callback: Callable[[Any], None], value: Any) -> None:
     with contextlib.suppress(Exception):
-        callback(fraction)
+        callback(value)
 
 
 def _consume_exception(future: asyncio.Future[Any]) -> None:

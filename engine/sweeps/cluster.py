@@ -1,7 +1,7 @@
 """Sweeps on a Dask cluster: one task per missing part of a sweep (docs/internals.md,
 "Sweeps on a cluster").
 
-The sweeps of ``engine.scores`` keep their result in parts (a layer of the copying and
+The sweeps of ``circuits.scores`` keep their result in parts (a layer of the copying and
 QK-positivity sweeps, a target-layer tile of a composition sweep) behind a ``Memo``. Here
 each part the memo lacks becomes one task: a worker opens the checkpoint from the same
 path itself (a shared filesystem; the client sends the path and the fingerprint, never
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -43,10 +43,12 @@ __all__ = [
     "KeptMemo",
     "compute_part",
     "connect",
+    "fingerprint_mismatch",
     "local_cluster",
+    "on_worker",
     "part_shapes",
     "run_parts",
-    "run_steps",
+    "run_tasks",
 ]
 
 
@@ -173,12 +175,6 @@ def _middle(model: Model, sweep: str, arrays: Any = None) -> Any:
     return _MIDDLES[sweep]
 
 
-def _not_the_clients(path: str) -> ClusterTaskError:
-    return ClusterTaskError(path, f"on worker host {socket.gethostname()}: the checkpoint differs "
-                            "from the client's (fingerprint mismatch: not the same file on a "
-                            "shared filesystem?)")
-
-
 def _worker_model(path: str, key: str, raw: bool) -> Model:
     from headscope.engine.model.loading import open_model
     from headscope.engine.sweeps.store import fingerprint
@@ -189,7 +185,7 @@ def _worker_model(path: str, key: str, raw: bool) -> Model:
     model = open_model(path, raw=raw)
     found = fingerprint(model.checkpoint, raw)
     if found != key:
-        raise _not_the_clients(path)
+        raise fingerprint_mismatch(path)
     _OPEN.clear()
     _MIDDLES.clear()  # they belong to the model just replaced
     _OPEN[(path, key, raw)] = model
@@ -210,7 +206,7 @@ def compute_part(path: str, key: str, raw: bool, sweep: str, index: int) -> np.n
     except ClusterTaskError:
         raise
     except HeadscopeError as err:  # re-typed: it must travel back to the client intact
-        raise ClusterTaskError(err.path, f"on worker host {socket.gethostname()}: {err.reason}") from None
+        raise on_worker(err) from None
     assert memo.value is not None
     return memo.value
 
@@ -327,45 +323,35 @@ def run_parts(cluster: Cluster, model: Model, key: str, sweep: str, memo: Memo,
     return len(missing)
 
 
-def _score_step(path: str, step: int, seed: int, raw: bool, key: str | None = None) -> Any:
-    """``timeline.score_step`` on a worker (headscope errors re-typed to travel back), after
-    checking the step's fingerprint (``store.fingerprint``: header, sizes, mtimes) is the
-    client's ``key``, as every other cluster task does."""
-    from pathlib import Path
-
-    from headscope.engine.model.loading import inspect_checkpoint
-    from headscope.engine.sweeps.store import fingerprint
-    from headscope.engine.sweeps.timeline import StepSource, score_step
-
-    try:
-        if key is not None and fingerprint(inspect_checkpoint(path), raw) != key:
-            raise _not_the_clients(path)
-        return score_step(StepSource(step, Path(path)), seed=seed, raw=raw)
-    except ClusterTaskError:
-        raise
-    except HeadscopeError as err:
-        raise ClusterTaskError(err.path, f"on worker host {socket.gethostname()}: {err.reason}") from None
+def on_worker(err: HeadscopeError) -> ClusterTaskError:
+    """``err``, raised by a task on a worker, as the error that travels back to the client
+    intact (Dask pickles it): the reason names this host."""
+    return ClusterTaskError(err.path, f"on worker host {socket.gethostname()}: {err.reason}")
 
 
-def run_steps(cluster: Cluster, sources: list[Any], *, seed: int, raw: bool,
+def fingerprint_mismatch(path: str) -> ClusterTaskError:
+    """The error of a task whose checkpoint is not the client's (``store.fingerprint``)."""
+    return ClusterTaskError(path, f"on worker host {socket.gethostname()}: the checkpoint differs "
+                            "from the client's (fingerprint mismatch: not the same file on a "
+                            "shared filesystem?)")
+
+
+def run_tasks(cluster: Cluster, task: Callable[..., Any], args: Sequence[tuple[Any, ...]], *,
               finished: Callable[[int, Any], None], cancelled: Cancelled = None) -> None:
-    """``timeline.score_step`` of every source on ``cluster``, one task per step;
-    ``finished(i, result)`` as each arrives. Faults and cancellation as ``run_parts``."""
+    """``task(*args[i])`` for every ``i`` on ``cluster``, one Dask task each (a module-level
+    function: Dask sends it by name); ``finished(i, result)`` as each arrives. Faults and
+    cancellation as ``run_parts`` (the timeline's steps: ``timeline.score_step_task``)."""
     from headscope.engine.core.errors import CancelledError
-    from headscope.engine.model.loading import inspect_checkpoint
-    from headscope.engine.sweeps.store import fingerprint
 
     distributed = _require_distributed()
     futures: dict[str, tuple[Any, int]] = {}
     count = [0]
-    keys = [fingerprint(inspect_checkpoint(s.path), raw) for s in sources]  # headers only
-    with _cluster_failures(cluster, count, len(sources)):
-        for i, s in enumerate(sources):
-            fut = cluster.client.submit(_score_step, str(s.path), s.step, seed, raw, keys[i],
-                                        retries=RETRIES, pure=False)
+    with _cluster_failures(cluster, count, len(args)):
+        for i, a in enumerate(args):
+            fut = cluster.client.submit(task, *a, retries=RETRIES, pure=False)
             futures[fut.key] = (fut, i)
     try:
-        with _cluster_failures(cluster, count, len(sources)):
+        with _cluster_failures(cluster, count, len(args)):
             for fut in distributed.as_completed([f for f, _ in futures.values()],
                                                 loop=cluster.client.loop):
                 finished(futures[fut.key][1], fut.result())

@@ -1,13 +1,15 @@
 """Every request headscope answers is computed here, once: from an open ``Model`` and a
-validated request (``engine.requests``) to a result of ``engine.results``.
+request validated at its entry (``core.validation``) to a result of ``core.results``.
 
 The ``Engine`` runs these on its worker threads and caches what they return; the CLI, the
-exports and ``engine.report`` call them directly. The maths is in ``engine.circuits``,
-``engine.scores`` and ``engine.forward``; this module selects, labels and packs. Long
-computations take ``cancelled() -> bool`` (checked between steps; ``CancelledError``) and
-``progress(fraction)``.
+exports and ``api.report`` call them directly. The maths is in ``engine.circuits`` (the
+weight algebra) and ``engine.forward`` (torch: forward passes, and the token batches and
+thread settings of ``forward.runtime``); this module selects, labels and packs, and imports
+no torch itself. Long computations take ``cancelled() -> bool`` (checked between steps;
+``CancelledError``) and ``progress(fraction)`` (``progress_span`` maps a step's into the
+whole's).
 
-The sweeps take an optional ``store`` (``engine.store.ModelStore``, the model's entry in the
+The sweeps take an optional ``store`` (``sweeps.store.ModelStore``, the model's entry in the
 on-disk results store): the parts it holds are read from it, the parts computed are written
 to it as soon as each is finished (docs/internals.md, "The results store").
 """
@@ -67,7 +69,7 @@ def _check(cancelled: Cancelled) -> None:
         raise CancelledError()
 
 
-def _part(progress: Progress, start: float, stop: float) -> Progress:
+def progress_span(progress: Progress, start: float, stop: float) -> Progress:
     """Progress of one step of a sweep, mapped into [start, stop] of the whole."""
     if progress is None:
         return None
@@ -327,6 +329,7 @@ def _behaviour_pass(model: Model, seed: int, bad: np.ndarray, progress: Progress
     with ``null_samples``, the random heads' behaviour (``reading.NullSums``): each the
     numbers its own pass gives (up to float rounding: the MLPs of all batches run as one)."""
     from headscope.engine.circuits import reading, scores
+    from headscope.engine.core.memory import release_free_heap
 
     w = model.weights
     repeated, natural = sink_batches(model, seed)
@@ -345,7 +348,7 @@ def _behaviour_pass(model: Model, seed: int, bad: np.ndarray, progress: Progress
 
     _check(cancelled)
     reading.passes(w, [repeated, *natural], on_block, scores.per_layer(model.cfg.n_layers, progress, cancelled))
-    scores._release_free_heap()
+    release_free_heap()
     return found.result(), _masked_sinks(*sinks.result(), bad), (None if null is None else null.result())
 
 
@@ -396,9 +399,11 @@ def calibrated_score_table(
     if progress is not None:
         progress(0.0)
     if not _stored(store, behaviour_part(seed)):
+        from headscope.engine.forward.runtime import import_torch_in_background
+
         import_torch_in_background()
-    weights = weight_scores(model, _part(progress, 0.0, 0.7), cancelled, store, cluster)
-    found, null = _behaviour(model, seed, cancelled, _part(progress, 0.7, 0.98), store,
+    weights = weight_scores(model, progress_span(progress, 0.0, 0.7), cancelled, store, cluster)
+    found, null = _behaviour(model, seed, cancelled, progress_span(progress, 0.7, 0.98), store,
                              weights["nonfinite"], null_samples)
     _check(cancelled)
     if store is not None:
@@ -410,25 +415,6 @@ def calibrated_score_table(
 
 def _stored(store: ModelStore | None, name: str) -> bool:
     return store is not None and store.has(name)
-
-
-def import_torch_in_background() -> None:
-    """Start ``import torch`` on a daemon thread (a forward pass needs it; the weight algebra
-    before it does not): its 1-3 s overlap that algebra instead of preceding it. The main
-    thread's own ``import torch`` later waits for this one (Python's import lock)."""
-    import contextlib
-    import sys
-    import threading
-
-    if "torch" in sys.modules:
-        return
-
-    def load() -> None:
-        # a failure here is raised again, with its traceback, by the main thread's import
-        with contextlib.suppress(Exception):
-            import torch  # noqa: F401
-
-    threading.Thread(target=load, name="headscope-import-torch", daemon=True).start()
 
 
 def table_of(copying: Any, positivity: Any, found: dict[str, np.ndarray]) -> ScoreTable:
@@ -463,7 +449,7 @@ def weight_scores(model: Model, progress: Progress = None, cancelled: Cancelled 
     if cluster is not None:  # the cluster's parts, then their read-back, over the same span
         progress = _monotone(progress)
         memos: dict[str, Memo] | None = {
-            name: _sweep_memo(model, store, name, n_heads, cluster, _part(progress, i / 2, (i + 1) / 2),
+            name: _sweep_memo(model, store, name, n_heads, cluster, progress_span(progress, i / 2, (i + 1) / 2),
                               cancelled)
             for i, name in enumerate(SPECTRAL_SWEEPS)}
     else:
@@ -487,9 +473,9 @@ def weight_scores(model: Model, progress: Progress = None, cancelled: Cancelled 
 
         found = {
             "copying_score": scores.all_copying_scores(
-                torch_weights(model.weights), _part(progress, 0.0, 0.5), cancelled, memo=memos["copying_score"]).numpy(),
+                torch_weights(model.weights), progress_span(progress, 0.0, 0.5), cancelled, memo=memos["copying_score"]).numpy(),
             "qk_positivity": scores.all_qk_positivity(
-                torch_weights(model.weights), _part(progress, 0.5, 1.0), cancelled, memo=memos["qk_positivity"]).numpy(),
+                torch_weights(model.weights), progress_span(progress, 0.5, 1.0), cancelled, memo=memos["qk_positivity"]).numpy(),
         }
         nonfinite = np.array(_stored_nonfinite(model, store))
     if store is not None:
@@ -519,11 +505,10 @@ def composition(
     soon as they are computed (a graph or a ``--top`` list can fill in during the sweep).
     Stored per target layer (``scores.composition_scores``' tiles, on either path): the
     scores do not depend on ``seed``, only the baseline does (not stored: it is cheap).
+    ``kind`` is validated at the entry (``report``, ``Engine``, ``api.model``), not here.
     """
     from headscope.engine.circuits import fast
-    from headscope.engine.core.validation import check_composition_kind
 
-    check_composition_kind(kind, str(model.path))
     if cluster is not None:  # the missing tiles on the cluster first, then read back here
         progress = _monotone(progress)
     memo = _sweep_memo(model, store, f"composition-{kind}", (), cluster, progress, cancelled)
@@ -576,10 +561,9 @@ def sink_batches(model: Model, seed: int = SEED) -> tuple[Any, list[Any]]:
     """The token batches of the sink scores and of the behavioural null: the seeded repeated
     random sequences of the behavioural scores, and ``reading.NATURAL_PROMPTS`` encoded by
     the model's tokenizer (none for a tokenizer that only knows ids), cut to ``n_ctx``."""
-    import torch
-
     from headscope.engine.circuits import reading, scores
     from headscope.engine.formats.tokenizer import IdTokenizer
+    from headscope.engine.forward.runtime import token_batch
 
     cfg = model.cfg
     repeated = scores.repeated_tokens(cfg.d_vocab, cfg.n_ctx, seed)
@@ -588,16 +572,15 @@ def sink_batches(model: Model, seed: int = SEED) -> tuple[Any, list[Any]]:
         for text in reading.NATURAL_PROMPTS:
             ids = [i for i in encode(model.tokenizer, text) if 0 <= i < cfg.d_vocab][: cfg.n_ctx]
             if len(ids) > reading.SINK_SKIP:
-                natural.append(torch.tensor([ids]))
+                natural.append(token_batch([ids]))
     return repeated, natural
 
 
 def delimiter_masks(model: Model, natural: Sequence[Any]) -> list[Any]:
     """``[b, p]`` bool per natural batch: which tokens are delimiters (``reading.is_delimiter``
     of the token's text)."""
-    import torch
-
     from headscope.engine.circuits import reading
+    from headscope.engine.forward.runtime import mask_batch
 
     memo: dict[int, bool] = {}
 
@@ -606,7 +589,7 @@ def delimiter_masks(model: Model, natural: Sequence[Any]) -> list[Any]:
             memo[token] = reading.is_delimiter(label(model.tokenizer, token))
         return memo[token]
 
-    return [torch.tensor([[delimiter(int(t)) for t in row] for row in tokens.tolist()])
+    return [mask_batch([[delimiter(int(t)) for t in row] for row in tokens.tolist()])
             for tokens in natural]
 
 
@@ -621,16 +604,6 @@ def sink_tables(model: Model, seed: int = SEED, bad: np.ndarray | None = None
     masks = [None, *delimiter_masks(model, natural)]
     first, delim = reading.sink_scores(model.weights, [repeated, *natural], masks)
     return _masked_sinks(first, delim, nonfinite_heads(model) if bad is None else bad)
-
-
-def attention_sink(model: Model, seed: int = SEED) -> np.ndarray:
-    """``[L, H]`` attention-sink scores (the first token); NaN for heads with non-finite weights."""
-    return sink_tables(model, seed)[0]
-
-
-def delimiter_sink(model: Model, seed: int = SEED) -> np.ndarray:
-    """``[L, H]`` delimiter-sink scores (NaN without a tokenizer, or for non-finite heads)."""
-    return sink_tables(model, seed)[1]
 
 
 def singular_directions(model: Model, layer: int, head: int, kind: str, k: int, top: int
@@ -854,12 +827,11 @@ def run_prompt(
     cancelled: Cancelled = None,
     top_k: int = 10,
 ) -> PromptRun:
-    """Tokenise ``text`` (cut to n_ctx) and run it: patterns, DLA and predictions of every head."""
-    import torch
+    """Tokenise ``text`` (cut to n_ctx) and run it: patterns, DLA and predictions of every head
+    (``forward.prompt.prompt_pass``), labelled."""
+    from headscope.engine.forward.prompt import prompt_pass
 
-    from headscope.engine.forward import transformer as forward
-
-    cfg, w = model.cfg, model.weights
+    cfg = model.cfg
     where = str(model.path)
     ids = encode(model.tokenizer, text)
     if not ids:
@@ -869,47 +841,17 @@ def run_prompt(
     n = len(ids)
     check_result_bytes(prompt_bytes(model.structure(), n), f"a {n}-token prompt", where, limit)
     _check(cancelled)
-    result = forward.run(w, ids, return_head_outputs=True)
-    logits = result.logits[0]  # [pos, vocab]
-    predicted = logits.argmax(dim=-1)  # [pos]
-    dla = direct_logit_attribution(model, result, predicted)
-    probs = torch.softmax(logits[-1], dim=-1)
-    p_top, i_top = torch.topk(probs, min(top_k, probs.shape[0]))
+    found = prompt_pass(model.weights, ids, top_k)
     tok = model.tokenizer
-    top = tuple((int(i), label(tok, int(i)), float(p)) for p, i in zip(p_top, i_top, strict=True))
     return PromptRun(
         tokens=tuple(label(tok, i) for i in ids),
         ids=tuple(ids),
-        patterns=readonly(result.patterns[0], np.float32),
-        dla=readonly(dla, np.float32),
-        predicted=tuple(int(i) for i in predicted),
-        top=top,
+        patterns=readonly(found.patterns, np.float32),
+        dla=readonly(found.dla, np.float32),
+        predicted=found.predicted,
+        top=tuple((i, label(tok, i), p) for i, p in found.top),
         truncated=truncated,
     )
-
-
-def direct_logit_attribution(model: Model, result: Any, predicted: Any) -> Any:
-    """[L, H, pos]: each head's output at each position, through the final norm's scale,
-    dotted with ``W_U[:, predicted[pos]]`` — its direct share of that position's top logit.
-
-    LayerNorm subtracts the mean, so the head output is centred first (a no-op on processed
-    weights, whose writing weights are centred); on raw weights the final norm's gain, not
-    yet folded into ``W_U``, multiplies it. Post-LN models (BERT) have no such linear
-    decomposition: NaN.
-    """
-    import torch
-
-    cfg, w = model.cfg, torch_weights(model.weights)
-    out = result.head_outputs[0]  # [L, H, pos, d_model]
-    if result.final_scale is None:
-        return torch.full(out.shape[:3], float("nan"))
-    if cfg.normalization in ("LN", "LNPre"):
-        out = out - out.mean(dim=-1, keepdim=True)
-    out = out / result.final_scale[0]  # [pos, 1] broadcasts over L, H
-    if cfg.normalization in ("LN", "RMS") and w.has("ln_final.w"):
-        out = out * w.get("ln_final.w")
-    w_u = w.get("unembed.W_U")[:, predicted]  # [d_model, pos]
-    return torch.einsum("lhpd,dp->lhp", out, w_u)
 
 
 def forward_tokens(model: Model, tokens: Sequence[int]) -> Any:

@@ -34,9 +34,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from headscope.engine.core.errors import InvalidRequestError
-from headscope.engine.core.validation import (  # EDGE_THRESHOLD: re-exported here
+from headscope.engine.core.validation import (
     EDGE_THRESHOLD,
     SCORE_NAMES,
+    WEIGHT_SCORE_NAMES,
 )
 
 if TYPE_CHECKING:
@@ -368,9 +369,9 @@ def diff_models(
     default) torch is imported for their forward pass only, on a background thread while
     the similarities are computed.
     """
-    from headscope.engine.api.report import WEIGHT_SCORE_NAMES, head_table, weight_table
     from headscope.engine.circuits.fast import numpy_weights
-    from headscope.engine.sweeps.compute import _part, import_torch_in_background
+    from headscope.engine.forward.runtime import import_torch_in_background
+    from headscope.engine.sweeps.compute import progress_span
 
     if progress is not None:
         progress(0.0)
@@ -396,22 +397,24 @@ def diff_models(
         progress(0.05)
     keys = SCORE_KEYS if behaviour else WEIGHT_SCORE_NAMES
 
-    def table(model: Model, part: Progress) -> dict[tuple[int, int], dict[str, Any]]:
-        if not behaviour:
-            rows = weight_table(model, store=store, progress=part)
-        else:  # z-scores are not compared: no calibration pass
-            rows = head_table(model, seed=seed, store=store, progress=part, cluster=cluster,
-                              calibrated=False)
-        return {(r["layer"], r["head"]): r for r in rows}
+    def table(model: Model, part: Progress) -> dict[str, np.ndarray]:
+        """``keys`` and ``nonfinite``, ``[L, H]`` each: the sweeps (and stored parts) of
+        ``heads --no-behaviour`` / ``heads``; z-scores are not compared (no calibration)."""
+        from headscope.engine.sweeps.compute import score_table, weight_scores
 
-    rows_a = table(a, _part(progress, 0.05, 0.3))
-    rows_b = table(b, _part(progress, 0.3, 0.55))
+        entry = None if store is None else store.for_model(model)
+        if not behaviour:
+            return weight_scores(model, part, store=entry)
+        found = score_table(model, seed, part, store=entry, cluster=cluster)
+        return {name: getattr(found, name) for name in (*keys, "nonfinite")}
+
+    table_a = table(a, progress_span(progress, 0.05, 0.3))
+    table_b = table(b, progress_span(progress, 0.3, 0.55))
     cosines = _subspace_cosines(a, b, matching, arrays_a, arrays_b) if a.cfg.d_model == b.cfg.d_model else None
     heads = []
     for layer in range(n_layers):
         for head in range(n_heads):
             hb = matching[layer][head]
-            ra, rb = rows_a[(layer, head)], rows_b[(layer, hb)]
             row: dict[str, Any] = {
                 "layer": layer,
                 "head": head,
@@ -420,21 +423,22 @@ def diff_models(
                 "qk_similarity": float(sim_qk[layer, head, hb]),
             }
             for key in keys:
-                row[f"{key}_a"] = ra[key]
-                row[f"{key}_b"] = rb[key]
-                row[f"{key}_delta"] = rb[key] - ra[key]
+                va, vb = float(table_a[key][layer, head]), float(table_b[key][layer, hb])
+                row[f"{key}_a"] = va
+                row[f"{key}_b"] = vb
+                row[f"{key}_delta"] = vb - va
             if cosines is not None:
                 row["read_subspace_cos"] = float(cosines[0][layer, head])
                 row["write_subspace_cos"] = float(cosines[1][layer, head])
             # NaN/inf or overflowing weights in either head: its numbers are flagged
-            row["nonfinite"] = bool(ra.get("nonfinite") or rb.get("nonfinite")) or not (
+            row["nonfinite"] = bool(table_a["nonfinite"][layer, head] or table_b["nonfinite"][layer, hb]) or not (
                 math.isfinite(row["ov_similarity"]) and math.isfinite(row["qk_similarity"])
             )
             row["change"] = _change_size(row, keys)  # how much the head changed: ranks and colours
             heads.append(row)
     composition = {
         kind: _composition_diff(a, b, kind, matching, threshold, seed, store,
-                                _part(progress, 0.55 + 0.15 * i, 0.7 + 0.15 * i), cluster)
+                                progress_span(progress, 0.55 + 0.15 * i, 0.7 + 0.15 * i), cluster)
         for i, kind in enumerate("qkv")
     }
     # Changes equal to 1e-6 are float noise: keep those in layer/head order (stable output);
@@ -500,14 +504,14 @@ def _composition_diff(
     a: Model, b: Model, kind: str, matching: list[list[int]], threshold: float, seed: int,
     store: ResultStore | None = None, progress: Progress = None, cluster: Cluster | None = None,
 ) -> dict[str, Any]:
-    from headscope.engine.sweeps.compute import _part, composition
+    from headscope.engine.sweeps.compute import composition, progress_span
 
     def scores_of(model: Model, part: Progress) -> Any:
         # The `composition` command's own sweep (same stored tiles, same numbers).
         entry = None if store is None else store.for_model(model)
         return composition(model, kind, seed=seed, progress=part, store=entry, cluster=cluster)
 
-    ra, rb = scores_of(a, _part(progress, 0.0, 0.5)), scores_of(b, _part(progress, 0.5, 1.0))
+    ra, rb = scores_of(a, progress_span(progress, 0.0, 0.5)), scores_of(b, progress_span(progress, 0.5, 1.0))
     # A pruned (all-zero) or non-finite head has an undefined (NaN) ratio; for the graph
     # diff it composes with nothing: score 0, so its edges show up as lost or gained.
     above_a = np.nan_to_num(ra.scores, nan=0.0) - ra.baseline

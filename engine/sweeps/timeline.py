@@ -4,7 +4,7 @@ A *series* is a directory of checkpoint subdirectories (``step-001000/``, ``step
 ``checkpoint-500/``, ``global_step500/``: the step is the last number in the name) or several
 checkpoint paths in order (:func:`discover_steps`). Each step is scored on its own
 (:func:`score_step`: open, score, fingerprint, close), so steps can run in any order, in a
-thread pool here or as tasks on a Dask cluster (engine/cluster.py); given a results store,
+thread pool here or as tasks on a Dask cluster (engine/sweeps/cluster.py); given a results store,
 each step's scores are one record in the step's entry (:func:`save_step`, :func:`load_step`),
 written on this side wherever the step was scored; :func:`build_timeline`
 assembles the per-step results, finds the phase changes (:func:`find_phase_change`, defined in
@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from headscope.engine.core.errors import (
     CancelledError,
+    HeadscopeError,
     InvalidRequestError,
     ShapeMismatchError,
     UnsupportedFormatError,
@@ -283,8 +284,8 @@ def score_step(source: StepSource, *, seed: int = 0, raw: bool = False,
     """Open one checkpoint, score every head, fingerprint it, close it.
 
     Independent of every other step (the unit a worker pool or a cluster runs); the scores
-    are ``report.head_table``'s and :func:`composition_maxima`'s with the same ``seed``.
-    ``store``: the results store (``engine.store``). A step already scored (by a timeline,
+    are ``compute.score_table``'s (``heads``' numbers) and :func:`composition_maxima`'s with the same ``seed``.
+    ``store``: the results store (``sweeps.store``). A step already scored (by a timeline,
     here or on a cluster) is read back whole (:func:`load_step`), with no model opened;
     otherwise its sweeps read and write the store as ``heads`` and ``composition`` on that
     checkpoint do, and the step's scores are stored (:func:`save_step`).
@@ -293,27 +294,49 @@ def score_step(source: StepSource, *, seed: int = 0, raw: bool = False,
     stored = load_step(entry, source, seed)
     if stored is not None:
         return stored
-    result = _score_step(source, seed=seed, raw=raw, store=store)
+    result = score_checkpoint(source, seed=seed, raw=raw, store=store)
     save_step(entry, result, seed)
     return result
 
 
-def _score_step(source: StepSource, *, seed: int, raw: bool,
-                store: ResultStore | None) -> StepScores:
+def score_step_task(path: str, step: int, seed: int, raw: bool, key: str | None = None) -> StepScores:
+    """:func:`score_step` as a cluster task, run on a worker (``cluster.run_tasks``): the
+    step's fingerprint (``store.fingerprint``: header, sizes, mtimes) is checked against the
+    client's ``key`` first, as every other cluster task does, and headscope errors are
+    re-typed to travel back."""
+    from headscope.engine.model.loading import inspect_checkpoint
+    from headscope.engine.sweeps.cluster import ClusterTaskError, fingerprint_mismatch, on_worker
+    from headscope.engine.sweeps.store import fingerprint as stored_key
+
+    try:
+        if key is not None and stored_key(inspect_checkpoint(path), raw) != key:
+            raise fingerprint_mismatch(path)
+        return score_step(StepSource(step, Path(path)), seed=seed, raw=raw)
+    except ClusterTaskError:
+        raise
+    except HeadscopeError as err:
+        raise on_worker(err) from None
+
+
+def score_checkpoint(source: StepSource, *, seed: int, raw: bool,
+                     store: ResultStore | None) -> StepScores:
+    """Open the step's checkpoint, score it (the sweeps read and write ``store``'s entry
+    of that checkpoint), fingerprint it, close it: :func:`score_step` without the step's
+    own record."""
     import numpy as np
 
-    from headscope.engine.api.report import head_table
     from headscope.engine.core.validation import SCORE_NAMES
     from headscope.engine.model.loading import open_model
+    from headscope.engine.sweeps.compute import score_table
 
     model = open_model(source.path, raw=raw)
     try:
-        # z-scores: not tracked per step
-        rows = head_table(model, seed=seed, calibrated=False, store=store)
+        entry = None if store is None else store.for_model(model)
+        # the `heads` command's sweep and stored parts; z-scores are not tracked per step
+        table = score_table(model, seed, store=entry)
         n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
-        values = {k: np.array([r[k] for r in rows], dtype=np.float64).reshape(n_layers, n_heads)
-                  for k in SCORE_NAMES}
-        values.update(composition_maxima(model, seed, None if store is None else store.for_model(model)))
+        values = {k: np.asarray(getattr(table, k), dtype=np.float64) for k in SCORE_NAMES}
+        values.update(composition_maxima(model, seed, entry))
         digest = fingerprint(model.checkpoint)
     finally:
         model.raw_weights.close()
@@ -343,7 +366,7 @@ def score_steps(sources: Sequence[StepSource], *, seed: int = 0, raw: bool = Fal
                 cluster: Cluster | None = None,
                 store: ResultStore | None = None) -> list[StepScores]:
     """:func:`score_step` for every source, in a pool of ``workers`` threads (1: in turn),
-    or one task per step on a Dask ``cluster`` (engine/cluster.py). ``store``: as for
+    or one task per step on a Dask ``cluster`` (engine/sweeps/cluster.py). ``store``: as for
     :func:`score_step`; the steps it already holds are read back first, and a cluster's
     results are written into it on this side as they arrive, keyed by each step's
     fingerprint, so the series scored again needs no cluster (the workers score each step
@@ -365,7 +388,9 @@ def score_steps(sources: Sequence[StepSource], *, seed: int = 0, raw: bool = Fal
             raise CancelledError()
 
     if cluster is not None:
-        from headscope.engine.sweeps.cluster import run_steps
+        from headscope.engine.model.loading import inspect_checkpoint
+        from headscope.engine.sweeps.cluster import run_tasks
+        from headscope.engine.sweeps.store import fingerprint as stored_key
 
         entries = [step_entry(store, s, raw) for s in sources]
         for i, s in enumerate(sources):
@@ -379,8 +404,10 @@ def score_steps(sources: Sequence[StepSource], *, seed: int = 0, raw: bool = Fal
             finished(missing[j], r)
 
         if missing:
-            run_steps(cluster, [sources[i] for i in missing], seed=seed, raw=raw,
-                      finished=arrived, cancelled=cancelled)
+            tasks = [(str(sources[i].path), sources[i].step, seed, raw,
+                      stored_key(inspect_checkpoint(sources[i].path), raw))  # headers only
+                     for i in missing]
+            run_tasks(cluster, score_step_task, tasks, finished=arrived, cancelled=cancelled)
     elif workers <= 1:
         for i, s in enumerate(sources):
             check()

@@ -26,13 +26,12 @@ from typing import Any
 
 from headscope.engine.core.config import ModelConfig
 from headscope.engine.core.errors import ConfigError
-from headscope.engine.model.adapters import (
+from headscope.engine.model.adapters import llama, qwen3
+from headscope.engine.model.adapters.base import (
     SpecMap,
     Whole,
     get_key,
-    llama,
     optional_float,
-    qwen3,
     vec,
 )
 

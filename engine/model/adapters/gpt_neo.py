@@ -13,7 +13,7 @@ from typing import Any
 
 from headscope.engine.core.config import ModelConfig
 from headscope.engine.core.errors import ConfigError
-from headscope.engine.model.adapters import (
+from headscope.engine.model.adapters.base import (
     SpecMap,
     Whole,
     Zeros,

@@ -17,7 +17,8 @@ from typing import Any
 
 from headscope.engine.core.config import ModelConfig
 from headscope.engine.core.errors import ConfigError
-from headscope.engine.model.adapters import SpecMap, linear, llama, require_int
+from headscope.engine.model.adapters import llama
+from headscope.engine.model.adapters.base import SpecMap, linear, require_int
 
 ARCHITECTURES = ("MixtralForCausalLM", "MixtralModel")
 MODEL_TYPES = ("mixtral",)

@@ -15,7 +15,7 @@ from typing import Any, get_args
 from headscope.engine.core.config import Family, ModelConfig, Normalization, Positional
 from headscope.engine.core.errors import ConfigError
 from headscope.engine.core.files import loads_json
-from headscope.engine.model.adapters import Heads, Spec, SpecMap, Whole, Zeros, checked
+from headscope.engine.model.adapters.base import Heads, Spec, SpecMap, Whole, Zeros, checked
 
 CONFIG_KEY = "headscope_config"
 CONFIG_FILE = "headscope.json"

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from headscope.engine.core.config import ModelConfig
-from headscope.engine.model.adapters import (
+from headscope.engine.model.adapters.base import (
     Heads,
     Rows,
     SpecMap,

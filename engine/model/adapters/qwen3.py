@@ -18,7 +18,8 @@ from typing import Any
 
 from headscope.engine.core.config import ModelConfig
 from headscope.engine.core.errors import ConfigError
-from headscope.engine.model.adapters import SpecMap, Whole, linear_bias_heads, llama, vec
+from headscope.engine.model.adapters import llama
+from headscope.engine.model.adapters.base import SpecMap, Whole, linear_bias_heads, vec
 
 ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3Model", "Olmo2ForCausalLM", "Olmo2Model")
 MODEL_TYPES = ("qwen3", "olmo2")
