@@ -187,10 +187,11 @@ def float8_table(kind: str) -> np.ndarray:
     subnormal = (man / (1 << man_bits)) * 2.0 ** (1 - bias)
     value = sign * np.where(exp == 0, subnormal, normal)
     top = exp == (1 << exp_bits) - 1
+    nan = np.copysign(np.nan, sign)  # a NaN keeps its byte's sign, as torch's conversion does
     if kind == "e4m3":
-        value = np.where(top & (man == 7), np.nan, value)
+        value = np.where(top & (man == 7), nan, value)
     else:
-        value = np.where(top, np.where(man == 0, sign * np.inf, np.nan), value)
+        value = np.where(top, np.where(man == 0, sign * np.inf, nan), value)
     return value.astype(np.float32)
 
 
@@ -201,9 +202,10 @@ def widen(raw: np.ndarray, dtype: Any) -> np.ndarray:
     """Stored bytes (``uint8``) as float32: bf16 is the upper half of a float32 (exact, one
     float32-sized array, no second one); float8 through its 256-value table; float16/float64
     cast (float32 bytes are viewed, not copied)."""
-    if dtype == "bf16":
-        wide = raw.view(np.uint16).astype(np.uint32)
-        wide <<= 16  # in place
+    if dtype == "bf16":  # one pass: each uint16 widened and shifted into its float32's top half
+        halves = raw.view(np.uint16)
+        wide = np.empty(halves.shape, np.uint32)
+        np.left_shift(halves, 16, out=wide, dtype=np.uint32)
         return wide.view(np.float32)
     if isinstance(dtype, str):
         return _FLOAT8[dtype][raw]
