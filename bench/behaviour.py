@@ -5,14 +5,14 @@ runs each scenario in a fresh subprocess (``--one SCENARIO PATH``), so peak RSS
 (``ru_maxrss``) is per scenario. Scenarios, each on ``engine.loading.open_model`` (processed
 weights, cold: the first pass also pays for processing the weights it reads):
 
-- ``behaviour``: ``scores.behaviour_scores`` (per-layer reduction, no unembedding);
+- ``behaviour``: ``behaviour.behaviour_scores`` (per-layer reduction, no unembedding);
 - ``behaviour-ref``: the straightforward way, ``forward.run`` with every pattern stacked and
   logits, then the same measure on the stacked tensor (what ``behaviour_scores`` did before);
-- ``ablation``: ``scores.ablation_effects`` (cached residuals, heads of a layer batched);
+- ``ablation``: ``behaviour.ablation_effects`` (cached residuals, heads of a layer batched);
 - ``ablation-ref``: one full ``forward.run`` per head (what it did before), time-boxed by
   ``--budget`` seconds and extrapolated linearly over the heads (marked in the table);
 - ``ablation-one`` / ``ablation-one-ref``: one head's effect (what ``Engine.ablation`` asks),
-  at the middle layer: ``scores.ablation_effect`` vs two full passes.
+  at the middle layer: ``behaviour.ablation_effect`` vs two full passes.
 
 Values of the fast and the reference scenario are compared (max |difference|) in the table.
 """
@@ -59,24 +59,24 @@ def reference_loss(logits: Any, tokens: Any) -> float:
 def one(scenario: str, path: Path, budget: float, seq_len: int | None, batch: int) -> dict[str, Any]:
     import torch
 
-    from headscope.engine.circuits import scores
+    from headscope.engine.forward import behaviour
     from headscope.engine.forward.transformer import run
     from headscope.engine.model.loading import open_model
 
     w = open_model(path).weights
     cfg = w.cfg
     out: dict[str, Any] = {"open_s": time.perf_counter() - T0, "rss_open_mb": rss_mb()}
-    tokens = scores.repeated_tokens(cfg.d_vocab, cfg.n_ctx, SEED, seq_len, batch)
+    tokens = behaviour.repeated_tokens(cfg.d_vocab, cfg.n_ctx, SEED, seq_len, batch)
     out["tokens"] = list(tokens.shape)
     t = time.perf_counter()
     if scenario == "behaviour":
-        found = scores.behaviour_scores(w, SEED, seq_len=seq_len, batch=batch)
+        found = behaviour.behaviour_scores(w, SEED, seq_len=seq_len, batch=batch)
         values = torch.stack([found[k] for k in ("prev_token", "duplicate_token", "induction")])
     elif scenario == "behaviour-ref":
         patterns = run(w, tokens).patterns
-        values = torch.stack([scores._detect(patterns, det) for det in scores.detection_patterns(tokens).values()])
+        values = torch.stack([behaviour._detect(patterns, det) for det in behaviour.detection_patterns(tokens).values()])
     elif scenario == "ablation":
-        values = scores.ablation_effects(w, SEED, seq_len=seq_len, batch=batch)
+        values = behaviour.ablation_effects(w, SEED, seq_len=seq_len, batch=batch)
     elif scenario == "ablation-ref":
         values = torch.full((cfg.n_layers, cfg.n_heads), float("nan"))
         base = reference_loss(run(w, tokens).logits, tokens)
@@ -94,7 +94,7 @@ def one(scenario: str, path: Path, budget: float, seq_len: int | None, batch: in
         out["extrapolated"] = done < cfg.n_layers * cfg.n_heads
         out["seconds"] = out["clean_pass_s"] + per_head * cfg.n_layers * cfg.n_heads
     elif scenario == "ablation-one":
-        values = torch.tensor(scores.ablation_effect(w, cfg.n_layers // 2, 0, SEED, seq_len=seq_len, batch=batch))
+        values = torch.tensor(behaviour.ablation_effect(w, cfg.n_layers // 2, 0, SEED, seq_len=seq_len, batch=batch))
     elif scenario == "ablation-one-ref":
         base = reference_loss(run(w, tokens).logits, tokens)
         ablated = reference_loss(run(w, tokens, ablate=[(cfg.n_layers // 2, 0)]).logits, tokens)
@@ -112,17 +112,17 @@ def one(scenario: str, path: Path, budget: float, seq_len: int | None, batch: in
 
 
 def one_again(scenario: str, w: Any, tokens: Any, seq_len: int | None, batch: int) -> None:
-    from headscope.engine.circuits import scores
+    from headscope.engine.forward import behaviour
     from headscope.engine.forward.transformer import run
 
     layer = w.cfg.n_layers // 2
     if scenario == "behaviour":
-        scores.behaviour_scores(w, SEED, seq_len=seq_len, batch=batch)
+        behaviour.behaviour_scores(w, SEED, seq_len=seq_len, batch=batch)
     elif scenario == "behaviour-ref":
         patterns = run(w, tokens).patterns
-        [scores._detect(patterns, det) for det in scores.detection_patterns(tokens).values()]
+        [behaviour._detect(patterns, det) for det in behaviour.detection_patterns(tokens).values()]
     elif scenario == "ablation-one":
-        scores.ablation_effect(w, layer, 0, SEED, seq_len=seq_len, batch=batch)
+        behaviour.ablation_effect(w, layer, 0, SEED, seq_len=seq_len, batch=batch)
     elif scenario == "ablation-one-ref":
         reference_loss(run(w, tokens).logits, tokens)
         reference_loss(run(w, tokens, ablate=[(layer, 0)]).logits, tokens)

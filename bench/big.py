@@ -101,9 +101,10 @@ def run_floor(path: Path) -> dict[str, Any]:
     import torch
 
     from headscope.engine.forward import transformer as forward
+    from headscope.engine.forward.torch_weights import torch_weights
     from headscope.engine.model.loading import open_model
 
-    w = open_model(path, raw=True).weights
+    w = torch_weights(open_model(path, raw=True).weights)  # the torch floor, as before
     cfg = w.cfg
     t = time.perf_counter()
     w_e, w_u = w.get("embed.W_E"), w.get("unembed.W_U")
@@ -150,9 +151,10 @@ def _layers() -> int:
 def run_composition_floor(path: Path, kind: str) -> dict[str, Any]:
     """Every layer pair's ``[H·k, d] @ [d, H·k]`` product: the GEMM floor of one mode (only
     the products are timed, not the reads)."""
+    from headscope.engine.forward.torch_weights import torch_weights
     from headscope.engine.model.loading import open_model
 
-    w = _FirstLayers(open_model(path, raw=True).weights, _layers())
+    w = _FirstLayers(torch_weights(open_model(path, raw=True).weights), _layers())
     cfg = w.cfg
     n, d = cfg.n_heads * cfg.d_head, cfg.d_model
     target = {"q": "W_Q", "k": "W_K", "v": "W_V"}[kind]
@@ -171,12 +173,11 @@ def run_composition(path: Path, kind: str) -> dict[str, Any]:
     """``composition.composition_scores`` streamed tile by tile (the one sweep the CLI, the
     explorer and the cluster workers run), with the ETA its progress gives."""
     from headscope.engine.circuits.composition import composition_scores
-    from headscope.engine.circuits.fast import numpy_weights
     from headscope.engine.core.eta import Eta
     from headscope.engine.model.loading import open_model
 
     model = open_model(path)
-    w = _FirstLayers(numpy_weights(model), _layers())
+    w = _FirstLayers(model.weights, _layers())
     eta = Eta()
     etas: list[float] = []
     edges = 0

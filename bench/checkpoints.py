@@ -176,7 +176,7 @@ def write_tokenizer(path: Path, d_vocab: int) -> Path:
 
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    from headscope.engine.circuits.reading import NATURAL_PROMPTS
+    from headscope.engine.forward.sinks import NATURAL_PROMPTS
 
     words = ["<unk>", *dict.fromkeys(w for text in NATURAL_PROMPTS for w in re.findall(r"\S+", text))]
     words += [f"w{i}" for i in range(len(words), d_vocab)]

@@ -38,7 +38,9 @@ def random_weights(seed: int, shape: dict[str, int]):
         for name in ("W_Q", "W_K", "W_V"):
             t[f"blocks.{layer}.attn.{name}"] = torch.randn(H, D, Dh, generator=g)
         t[f"blocks.{layer}.attn.W_O"] = torch.randn(H, Dh, D, generator=g)
-    return DictWeights(cfg, t)
+    from headscope.engine.forward.torch_weights import torch_weights
+
+    return torch_weights(DictWeights(cfg, t))  # the torch similarity and its dense baseline
 
 
 def run_one(impl: str, shape: dict[str, int]) -> dict[str, float]:
@@ -49,10 +51,10 @@ def run_one(impl: str, shape: dict[str, int]) -> dict[str, float]:
     start = time.perf_counter()
     with torch.inference_mode():
         if impl == "headscope":
-            from headscope.engine.circuits.fast import TorchWeightsAsNumpy
+
             from headscope.engine.circuits.similarity import circuit_similarity
 
-            circuit_similarity(TorchWeightsAsNumpy(wa), TorchWeightsAsNumpy(wb))
+            circuit_similarity(wa, wb)
         else:
             e_a, e_b = wa.get("embed.W_E"), wb.get("embed.W_E")
             u_a, u_b = wa.get("unembed.W_U"), wb.get("unembed.W_U")

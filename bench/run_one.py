@@ -66,10 +66,10 @@ def headscope(task: str, path: Path) -> dict[str, Any]:
                 await eng.circuit_block(layer, head, "ov", "token", BLOCK, BLOCK)
         elif task == "copying":
             from headscope.engine.circuits import spectral
-            from headscope.engine.circuits.fast import kept_spectral_middles, numpy_weights
+            from headscope.engine.circuits.spectral import kept_spectral_middles
             from headscope.engine.model.loading import open_model
 
-            weights = numpy_weights(open_model(path))  # shares nothing with the engine: cold
+            weights = open_model(path).weights  # shares nothing with the engine: cold
 
             def copying() -> None:  # the copying half of spectral.spectral_scores
                 middle = {"copying_score": kept_spectral_middles(weights)["copying_score"]}
@@ -107,7 +107,9 @@ def dense(task: str, path: Path) -> dict[str, Any]:
     read_structure(path)
     out["structure"] = since(T0)
     t = time.perf_counter()
-    w = open_model(path, raw=True).weights
+    from headscope.engine.forward.torch_weights import torch_weights
+
+    w = torch_weights(open_model(path, raw=True).weights)  # the dense baseline is torch
     cfg = w.cfg
     stack = {n: torch.stack([w.get(f"blocks.{la}.attn.{n}") for la in range(cfg.n_layers)])
              for n in ("W_Q", "W_K", "W_V", "W_O")}  # [L, H, ...] every head, in memory

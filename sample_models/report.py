@@ -14,9 +14,8 @@ from pathlib import Path
 import torch
 
 from headscope.engine.circuits.composition import composition_scores
-from headscope.engine.circuits.fast import numpy_weights
-from headscope.engine.circuits.scores import ablation_effects, behaviour_scores
 from headscope.engine.circuits.spectral import spectral_scores
+from headscope.engine.forward.behaviour import ablation_effects, behaviour_scores
 from headscope.engine.model.loading import open_model
 
 HERE = Path(__file__).resolve().parent
@@ -31,7 +30,7 @@ def head_table(path: Path) -> str:
         "prev-token": behaviour["prev_token"],
         "induction": behaviour["induction"],
         "duplicate": behaviour["duplicate_token"],
-        "copying": spectral_scores(numpy_weights(model))["copying_score"],
+        "copying": spectral_scores(model.weights)["copying_score"],
         "ablation Δloss": ablation_effects(w, seed=0),
     }
     lines = ["| head | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
@@ -40,7 +39,7 @@ def head_table(path: Path) -> str:
             cells = " | ".join(f"{float(v[layer, head]):.2f}" for v in columns.values())
             lines.append(f"| L{layer}H{head} | {cells} |")
     if model.cfg.n_layers > 1:
-        comp = composition_scores(numpy_weights(model), "k")
+        comp = composition_scores(model.weights, "k")
         flat = [(float(comp.scores[l1, h1, l2, h2]) - comp.baseline, l1, h1, l2, h2)
                 for l1 in range(model.cfg.n_layers) for l2 in range(l1 + 1, model.cfg.n_layers)
                 for h1 in range(model.cfg.n_heads) for h2 in range(model.cfg.n_heads)]

@@ -11,7 +11,6 @@ import pytest
 from headscope.engine import open_model
 from headscope.engine.circuits import composition, spectral
 from headscope.engine.circuits import head_circuits as circuits
-from headscope.engine.circuits.fast import numpy_weights
 from headscope.engine.core.errors import IndexOutOfRangeError, InvalidRequestError
 from headscope.engine.sweeps import compute
 
@@ -29,7 +28,7 @@ def test_readme_python_example_runs(monkeypatch, capsys) -> None:
 def test_model_conveniences_equal_engine_functions(gpt2_dir) -> None:
     path, _ = gpt2_dir
     model = open_model(path)
-    w = numpy_weights(model)
+    w = model.weights
     fm = model.circuit(1, 2, "full_ov")
     np.testing.assert_array_equal(fm.block([1, 2], [3]), circuits.full_ov(w, 1, 2).block([1, 2], [3]))
     heads = model.heads()

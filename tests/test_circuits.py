@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from headscope.engine.circuits import head_circuits as circuits
-from headscope.engine.circuits.fast import TorchWeightsAsNumpy
 from headscope.engine.core.config import ModelConfig
 from headscope.engine.core.errors import IndexOutOfRangeError, InvalidRequestError
+from headscope.engine.model import rotary
 from headscope.engine.model.weights import DictWeights
 
 
@@ -47,9 +47,9 @@ def dense(w: DictWeights, layer: int, name: str) -> torch.Tensor:
     return w.get(f"blocks.{layer}.attn.{name}")
 
 
-def nw(w: DictWeights) -> TorchWeightsAsNumpy:
+def nw(w: DictWeights) -> DictWeights:
     """The numpy weights surface the circuits read."""
-    return TorchWeightsAsNumpy(w)
+    return w
 
 
 def t(x: object) -> torch.Tensor:
@@ -139,7 +139,7 @@ def test_rotary_qk_is_the_score_of_rotated_queries_and_keys(rotary_dim):
 
 def test_rotary_matrices_compose_like_rotations():
     w = random_weights(positional="rotary", d_head=6, rotary_dim=4)
-    r = lambda d: circuits.rotary_matrix(w.cfg, d)  # noqa: E731
+    r = lambda d: rotary.rotary_matrix(w.cfg, d)  # noqa: E731
     close(r(7) @ r(3).T, r(4))
     close(r(5) @ r(5).T, np.eye(6, dtype=np.float32))
 

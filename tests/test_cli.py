@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from headscope.engine.circuits import head_circuits as circuits
-from headscope.engine.circuits import scores
+from headscope.engine.forward import behaviour
 from headscope.engine.forward import transformer as forward
 from headscope.engine.model.loading import open_model
 from headscope.tui.cli.main import main
@@ -48,12 +48,12 @@ def test_heads_equal_the_score_functions(capsys, gpt2_dir) -> None:
     rows = run_json(capsys, "heads", str(path))
     w = open_model(path).weights
     copying = algebra.all_copying_scores(w)
-    behaviour = scores.behaviour_scores(w, seed=0)
+    behaviours = behaviour.behaviour_scores(w, seed=0)
     assert len(rows) == w.cfg.n_layers * w.cfg.n_heads
     for r in rows:
         layer, head = r["layer"], r["head"]
         assert r["copying_score"] == pytest.approx(float(copying[layer, head]), abs=1e-6)
-        assert r["induction_score"] == pytest.approx(float(behaviour["induction"][layer, head]), abs=1e-6)
+        assert r["induction_score"] == pytest.approx(float(behaviours["induction"][layer, head]), abs=1e-6)
         assert -1 <= r["copying_score"] <= 1
 
 
@@ -76,7 +76,7 @@ def test_heads_ablation_column_equals_single_head_forward_passes(capsys, gpt2_di
     # Each value is the loss of a full forward pass with that one head zeroed, minus the
     # clean loss, on the second copy of the seed-0 repeated tokens.
     w = open_model(path).weights
-    tokens = scores.repeated_tokens(w.cfg.d_vocab, w.cfg.n_ctx, seed=0)
+    tokens = behaviour.repeated_tokens(w.cfg.d_vocab, w.cfg.n_ctx, seed=0)
     half = tokens.shape[1] // 2
 
     def loss(ablate: list[tuple[int, int]]) -> float:

@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from headscope.engine.circuits import reading
 from headscope.tui.cli.main import main
 from headscope.tui.cli.progress import progress_bar
 
@@ -58,9 +57,10 @@ def test_a_second_heads_run_is_served_from_the_store(capsys, gpt2_dir, monkeypat
         raise AssertionError("the random-head null was computed again")
 
     from headscope.engine.circuits import directions
+    from headscope.engine.forward import null as null_module
 
     with monkeypatch.context() as patched:  # the null (the z's) is stored too
-        patched.setattr(reading, "behaviour_null", no_null)
+        patched.setattr(null_module, "behaviour_null", no_null)
         patched.setattr(directions, "null_spectral_scores", no_null)
         second = run(capsys, "heads", path, "--json")
     assert calls == []
@@ -74,7 +74,7 @@ def test_a_second_heads_run_is_served_from_the_store(capsys, gpt2_dir, monkeypat
 def test_weight_only_heads_share_the_store_with_heads(capsys, gpt2_dir, monkeypatch) -> None:
     """`heads --no-behaviour` stores what it computes and reads it back (a second run
     computes nothing), and shares the parts with `heads`' spectral sweeps both ways."""
-    from headscope.engine.circuits import fast, spectral
+    from headscope.engine.circuits import spectral
 
     path = str(gpt2_dir[0])
     first = run_json(capsys, "heads", path, "--no-behaviour")
@@ -84,7 +84,7 @@ def test_weight_only_heads_share_the_store_with_heads(capsys, gpt2_dir, monkeypa
 
     with monkeypatch.context() as m:
         m.setattr(spectral, "layer_spectral_scores", fail)
-        m.setattr(fast, "spectral_middles", fail)
+        m.setattr(spectral, "spectral_middles", fail)
         assert run_json(capsys, "heads", path, "--no-behaviour") == first
     with monkeypatch.context() as m:  # (the random-head null, not stored yet, forms the middles)
         m.setattr(spectral, "layer_spectral_scores", fail)

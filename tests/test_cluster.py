@@ -167,7 +167,7 @@ def test_workers_size_composition_blocks_to_their_memory(cluster: Cluster, deep_
     assert found == {a: worker_tile_bytes(limit) for a, limit in limits.items()}
     assert all(v < composition.TILE_BYTES for v in found.values())
     # smaller blocks, the same numbers: one source layer at a time against the default
-    arrays = fast.numpy_weights(open_model(deep_gpt2))
+    arrays = open_model(deep_gpt2).weights
     small = composition.composition_scores(arrays, "k", baseline_samples=1, tile_bytes=1).scores
     default = composition.composition_scores(arrays, "k", baseline_samples=1).scores
     np.testing.assert_array_equal(small, default)
@@ -184,7 +184,7 @@ def test_a_worker_forms_each_vocabulary_contraction_once(deep_gpt2: Path) -> Non
     found = compute.weight_scores(model)  # the local sweep: the same numbers, bit for bit
     local = {name: found[name] for name in ("copying_score", "qk_positivity")}
     cluster_mod._OPEN.clear()
-    with mock.patch.object(fast, "spectral_middles", wraps=fast.spectral_middles) as middles:
+    with mock.patch.object(fast, "spectral_middles", wraps=spectral.spectral_middles) as middles:
         for sweep, rows in local.items():
             for layer in range(rows.shape[0]):
                 part = cluster_mod.compute_part(str(deep_gpt2), key, False, sweep, layer)
@@ -198,7 +198,7 @@ def test_an_interrupted_local_sweep_resumes_on_the_cluster(
     model = open_model(deep_gpt2)
     entry = ResultStore(tmp_path / "store").for_model(model)
     memo = entry.memo("composition-q", ())
-    arrays = fast.numpy_weights(model)  # what compute.composition reads
+    arrays = model.weights  # what compute.composition reads
     with pytest.raises(_Stop):  # interrupted after tiles 1 and 2
         composition.composition_scores(arrays, "q", memo=_Upto(memo, 3))
     kept = KeptMemo(entry.memo("composition-q", ()))

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from headscope.engine.circuits import similarity
-from headscope.engine.circuits.fast import TorchWeightsAsNumpy
 from headscope.engine.core.config import ModelConfig
 from headscope.engine.core.errors import InvalidRequestError
 from headscope.engine.model.weights import DictWeights
@@ -22,7 +21,7 @@ L, H, D, DH, V, N_CTX = 2, 3, 16, 4, 40, 8
 
 def circuit_similarity(wa: DictWeights, wb: DictWeights) -> SimpleNamespace:
     """``similarity.circuit_similarity`` on the numpy surface of ``wa``, ``wb``, as tensors."""
-    ov, qk = similarity.circuit_similarity(TorchWeightsAsNumpy(wa), TorchWeightsAsNumpy(wb))
+    ov, qk = similarity.circuit_similarity(wa, wb)
     return SimpleNamespace(ov=torch.from_numpy(ov), qk=torch.from_numpy(qk))
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from headscope.engine.circuits import scores
 from headscope.engine.core.export import atomic_write_text
+from headscope.engine.forward import behaviour
 from headscope.engine.model.loading import open_model
 from headscope.tui.cli.main import main
 from tests import weight_algebra as algebra
@@ -39,7 +39,7 @@ def test_heads_csv_with_the_ablation_column(tmp_path, gpt2_dir) -> None:
     path, _ = gpt2_dir
     written = export(tmp_path, path, "--what", "heads", "--format", "csv", "--ablation")
     rows = list(csv.DictReader(written.open()))
-    effects = scores.ablation_effects(open_model(path).weights, seed=0)
+    effects = behaviour.ablation_effects(open_model(path).weights, seed=0)
     for r in rows:
         expected = float(effects[int(r["layer"]), int(r["head"])])
         assert float(r["ablation_effect"]) == pytest.approx(expected, abs=1e-5)

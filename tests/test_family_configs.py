@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from headscope.engine.forward.transformer import log_probs, run
@@ -173,15 +174,17 @@ def test_opt_projected_embeddings_are_the_products(tmp_path: Path) -> None:
     import torch
 
     from headscope.engine.api.report import head_table
-    from headscope.engine.circuits.fast import TorchWeightsAsNumpy, numpy_weights
+    from headscope.engine.forward.torch_weights import torch_weights
 
     path, model = build_opt_projected(tmp_path)
     m = open_model(path, raw=True)
     sd = {k: v.detach().float() for k, v in model.state_dict().items()}
     embed = sd["model.decoder.embed_tokens.weight"]
-    torch.testing.assert_close(m.weights.get("embed.W_E"), embed @ sd["model.decoder.project_in.weight"].T)
-    torch.testing.assert_close(m.weights.get("unembed.W_U"), sd["model.decoder.project_out.weight"].T @ embed.T)
-    assert m.cfg.d_model == D_MODEL and isinstance(numpy_weights(open_model(path)), TorchWeightsAsNumpy)
+    tw = torch_weights(m.weights)
+    torch.testing.assert_close(tw.get("embed.W_E"), embed @ sd["model.decoder.project_in.weight"].T)
+    torch.testing.assert_close(tw.get("unembed.W_U"), sd["model.decoder.project_out.weight"].T @ embed.T)
+    # the processed product embeddings are numpy arrays too (no torch adapter for the circuits)
+    assert m.cfg.d_model == D_MODEL and isinstance(open_model(path).weights.get("embed.W_E"), np.ndarray)
     rows = head_table(open_model(path))
     assert len(rows) == N_LAYERS * N_HEADS and all(not r["nonfinite"] for r in rows)
 

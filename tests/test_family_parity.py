@@ -18,7 +18,9 @@ from typing import Any
 import pytest
 import torch
 
+from headscope.engine.forward.torch_weights import torch_weights
 from headscope.engine.forward.transformer import layer_config, log_probs, run
+from headscope.engine.model import rotary
 from headscope.engine.model.loading import open_model
 from headscope.engine.model.processing import ProcessedWeights, plan_for
 from tests import family_fixtures
@@ -113,7 +115,8 @@ def _hf(model: Any, name: str) -> torch.Tensor:
 @pytest.mark.parametrize("builder", [build_gemma, build_gemma2, build_gemma3])
 def test_gemma_gains_are_one_plus_w_and_embeddings_scaled(tmp_path: Path, builder: Any) -> None:
     path, model = builder(tmp_path)
-    raw = open_model(path, raw=True).weights
+    raw_arrays = open_model(path, raw=True).weights
+    raw = torch_weights(raw_arrays)
     d = raw.cfg.d_model
     embed = _hf(model, "model.embed_tokens.weight")
     torch.testing.assert_close(raw.get("embed.W_E"), embed * math.sqrt(d))
@@ -122,7 +125,7 @@ def test_gemma_gains_are_one_plus_w_and_embeddings_scaled(tmp_path: Path, builde
     torch.testing.assert_close(raw.get("blocks.0.ln1.w"), gain)
     torch.testing.assert_close(raw.get("ln_final.w"), 1 + _hf(model, "model.norm.weight"))
     # Processing folds the real (1 + w) gain into the readers: exact, as for any RMSNorm.
-    proc = ProcessedWeights(raw)
+    proc = torch_weights(ProcessedWeights(raw_arrays))
     torch.testing.assert_close(proc.get_head("blocks.0.attn.W_Q", 1), gain[:, None] * raw.get_head("blocks.0.attn.W_Q", 1))
     assert not proc.has("blocks.0.ln1.w")
 
@@ -133,27 +136,26 @@ def test_gemma2_final_softcap_keeps_unembed_uncentred(tmp_path: Path) -> None:
         path, _ = builder(tmp_path / builder.__name__)
         proc = open_model(path).weights
         assert plan_for(proc.raw_cfg).center_unembed is centred
-        mean = proc.get("unembed.W_U").mean(-1).abs().max().item()
+        mean = torch_weights(proc).get("unembed.W_U").mean(-1).abs().max().item()
         assert (mean < 1e-5) is centred
 
 
 def test_olmo2_norms_after_sublayers_and_whole_projection_qk_norm(tmp_path: Path) -> None:
     path, model = build_olmo2(tmp_path)
     m = open_model(path)
-    raw = m.raw_weights
+    raw, processed = torch_weights(m.raw_weights), torch_weights(m.weights)
     assert not raw.has("blocks.0.ln1.w") and raw.has("blocks.0.ln1_post.w")
     # nothing before attention to fold: processed W_Q is the raw one
-    torch.testing.assert_close(m.weights.get("blocks.0.attn.W_Q"), raw.get("blocks.0.attn.W_Q"))
+    torch.testing.assert_close(processed.get("blocks.0.attn.W_Q"), raw.get("blocks.0.attn.W_Q"))
     # K/V gains: 2 stored heads, each read by 2 query heads
     k_gain = _hf(model, "model.layers.0.self_attn.k_norm.weight").reshape(2, -1)
     torch.testing.assert_close(raw.get("blocks.0.attn.k_norm.w"), k_gain.repeat_interleave(2, 0))
-    torch.testing.assert_close(m.weights.get("blocks.1.ln2_post.w"),
+    torch.testing.assert_close(processed.get("blocks.1.ln2_post.w"),
                                _hf(model, "model.layers.1.post_feedforward_layernorm.weight"))
 
 
 def test_gemma3_rotary_circuits_use_each_layers_base(tmp_path: Path) -> None:
     """The rotary circuits rotate like transformers' rotary embedding of that layer's kind."""
-    from headscope.engine.circuits import head_circuits as circuits
 
     path, model = build_gemma3(tmp_path)
     cfg = open_model(path).cfg
@@ -164,7 +166,7 @@ def test_gemma3_rotary_circuits_use_each_layers_base(tmp_path: Path) -> None:
     for layer, kind in enumerate(model.config.layer_types):
         cos, sin = model.model.rotary_emb(x, pos[None], kind)
         ref, _ = apply_rotary_pos_emb(x, x, cos, sin)
-        ours = torch.from_numpy(circuits.rope(x.numpy(), pos.double().numpy(), layer_config(cfg, layer)))
+        ours = torch.from_numpy(rotary.rope(x.numpy(), pos.double().numpy(), layer_config(cfg, layer)))
         _assert_close(ours, ref, f"gemma3 layer {layer} ({kind}) rotary")
     assert layer_config(cfg, 0).rotary_base != layer_config(cfg, 1).rotary_base
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from headscope.engine.circuits import composition, fast, spectral
+from headscope.engine.circuits import composition, spectral
 from headscope.engine.model.loading import open_model
 from headscope.engine.sweeps import compute
 from tests import family_fixtures, hf_fixtures, hf_fixtures_phi
@@ -75,7 +75,7 @@ def test_weight_scores_equal_their_dense_definitions_on_every_family(name, dtype
     path = _build(name, dtype, tmp_path)
     for raw in (False, True):
         model = open_model(path, raw=raw)
-        arrays = fast.numpy_weights(model)
+        arrays = model.weights
         t = _torch_weights(model)
         for key, value in t.items():
             np.testing.assert_allclose(arrays.get(key), value.float().numpy(), atol=1e-6, rtol=1e-6, err_msg=key)
@@ -117,7 +117,7 @@ def test_nonfinite_and_overflowing_heads_are_flagged_and_the_others_scored(tmp_p
     tensors["transformer.h.1.attn.c_proj.weight"] = c_proj
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(file), metadata={"format": "pt"})
     model = open_model(path)
-    got = spectral.spectral_scores(fast.numpy_weights(model))
+    got = spectral.spectral_scores(model.weights)
     assert got["nonfinite"].nonzero() == (np.array([0]), np.array([1]))
     assert got["overflow"][1, 3] and got["overflow"].sum() == 1
     assert np.isnan(got["copying_score"][0, 1]) and np.isnan(got["qk_positivity"][0, 1])
@@ -130,7 +130,7 @@ def test_nonfinite_and_overflowing_heads_are_flagged_and_the_others_scored(tmp_p
     ok = ~got["nonfinite"]
     np.testing.assert_allclose(got["copying_score"][ok], want["copying_score"][ok], atol=1e-5, rtol=1e-4)
     np.testing.assert_allclose(got["qk_positivity"][ok], want["qk_positivity"][ok], atol=1e-5, rtol=1e-4)
-    comp = composition.composition_scores(fast.numpy_weights(model), "v").scores
+    comp = composition.composition_scores(model.weights, "v").scores
     t["blocks.0.attn.W_Q"] = torch.nan_to_num(t["blocks.0.attn.W_Q"])
     dense = _dense_composition(t, model.cfg, "v")
     assert np.isnan(comp[0, 1, 1]).all() and not np.isnan(comp[0, 0, 1]).any()
@@ -258,7 +258,7 @@ def test_circuit_blocks_equal_dense_products_and_the_forward_rotation(name, dtyp
     from headscope.engine.circuits import head_circuits
 
     model = open_model(_build(name, dtype, tmp_path))
-    arrays, cfg = fast.numpy_weights(model), model.cfg
+    arrays, cfg = model.weights, model.cfg
     rows, cols = [5, 0, 3, 3, 9], [cfg.d_vocab - 1, 2, 3, 4]
     cases = [("ov", "token", 0), ("qk", "token", 0), ("qk", "token", -3), ("qk", "token", 17)]
     if cfg.positional == "learned":
@@ -315,7 +315,7 @@ def test_diff_equals_the_dense_definitions(tmp_path):
     tensors["transformer.h.0.attn.c_attn.weight"][3, 2 * 32 + 1] = float("nan")  # L0.H0's W_V
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(file), metadata={"format": "pt"})
     a, b = open_model(a_path), open_model(b_path)
-    ov, qk = circuit_similarity(fast.numpy_weights(a), fast.numpy_weights(b))
+    ov, qk = circuit_similarity(a.weights, b.weights)
     ta, tb = _torch_weights(a), _torch_weights(b)
     for got, kind in ((ov, "ov"), (qk, "qk")):
         want = _dense_similarity(ta, tb, a.cfg, kind)

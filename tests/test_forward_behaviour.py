@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from headscope.engine.core.errors import ConfigError, IndexOutOfRangeError, PromptError
+from headscope.engine.forward.torch_weights import torch_weights
 from headscope.engine.forward.transformer import log_probs, run
 from headscope.engine.model.processing import ProcessedWeights
 from headscope.engine.model.weights import DictWeights
@@ -78,6 +79,7 @@ def test_residual_decomposes_into_head_outputs_through_the_final_scale(kind: str
     cfg = w.cfg
     res = run(w, TOKENS, return_head_outputs=True)
     assert res.head_outputs.shape == (TOKENS.shape[0], cfg.n_layers, cfg.n_heads, CTX, cfg.d_model)
+    w = torch_weights(w)
     resid = w.get("embed.W_E")[TOKENS] + res.head_outputs.sum(dim=(1, 2))
     if cfg.positional == "learned":
         resid = resid + w.get("pos_embed.W_pos")[:CTX]

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from headscope.engine.core.config import ModelConfig
+from headscope.engine.forward.torch_weights import torch_weights
 from headscope.engine.forward.transformer import log_probs, run
 from headscope.engine.model.processing import ProcessedWeights
 from headscope.engine.model.weights import DictWeights
@@ -244,10 +245,10 @@ def test_loaded_canonical_tensors_agree_with_independent_conversion(family: tupl
 
     name, path, model = family
     ours = hf_to_canonical(name, model)
-    loaded = open_model(path, raw=True).weights
+    loaded = torch_weights(open_model(path, raw=True).weights)
     for key in ours._t:
         assert loaded.has(key), f"{name}: loader lacks {key}"
-        _assert_close(loaded.get(key), ours.get(key), f"{name} {key}")
+        _assert_close(loaded.get(key), torch_weights(ours).get(key), f"{name} {key}")
 
 
 # -- RoPE scaling and sliding windows: features real Llama 3 / Mistral checkpoints use --------
@@ -332,7 +333,8 @@ def _tl_gated_state(llama_path: Any) -> tuple[dict[str, Any], dict[str, torch.Te
     from headscope.engine.model.loading import open_model
     from headscope.engine.model.tl_compat import to_transformer_lens
 
-    tl_cfg, state = to_transformer_lens(open_model(llama_path, raw=True).weights)
+    tl_cfg, arrays = to_transformer_lens(open_model(llama_path, raw=True).weights)
+    state = {k: torch.tensor(v) for k, v in arrays.items()}  # as load_state_dict takes them
     g = torch.Generator().manual_seed(0)
     for layer in range(tl_cfg["n_layers"]):
         state[f"blocks.{layer}.mlp.b_in"] = torch.randn(tl_cfg["d_mlp"], generator=g)

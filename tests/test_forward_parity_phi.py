@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from headscope.engine.core.config import ModelConfig
+from headscope.engine.forward.torch_weights import torch_weights
 from headscope.engine.forward.transformer import log_probs, run
 from headscope.engine.model.processing import ProcessedWeights
 from headscope.engine.model.weights import DictWeights
@@ -205,13 +206,14 @@ def test_loaded_tensors_agree_with_independent_conversion(family: tuple[str, Any
 
     name, path, model = family
     ours = to_canonical(name, model)
-    loaded = open_model(path, raw=True).weights
+    loaded = torch_weights(open_model(path, raw=True).weights)
+    ours_t = torch_weights(ours)
     for key in ours._t:
         assert loaded.has(key), f"{name}: loader lacks {key}"
-        _assert_close(loaded.get(key), ours.get(key), f"{name} {key}")
+        _assert_close(loaded.get(key), ours_t.get(key), f"{name} {key}")
     for key in ("blocks.1.attn.W_Q", "blocks.1.attn.W_K", "blocks.0.attn.W_V", "blocks.0.attn.W_O"):
         for head in range(loaded.cfg.n_heads):  # per-head reads of fused / sliced tensors
-            _assert_close(loaded.get_head(key, head), ours.get(key)[head], f"{name} {key}[{head}]")
+            _assert_close(loaded.get_head(key, head), ours_t.get(key)[head], f"{name} {key}[{head}]")
 
 
 def test_phi3_sliding_window_and_partial_rotary(tmp_path) -> None:
@@ -245,8 +247,8 @@ def test_processing_equals_transformerlens_definitions(family: tuple[str, Any, A
 
     name, path, _ = family
     raw = open_model(path, raw=True)
-    processed = open_model(path).weights
-    expected = tl_process(raw.cfg, {k: raw.weights.get(k) for k in raw.checkpoint.specs})
+    processed = torch_weights(open_model(path).weights)
+    expected = tl_process(raw.cfg, {k: torch_weights(raw.weights).get(k) for k in raw.checkpoint.specs})
     for key, want in expected.items():
         assert processed.has(key), f"{name}: {key}"
         torch.testing.assert_close(processed.get(key), want, rtol=1e-5, atol=1e-5, msg=f"{name} {key}")

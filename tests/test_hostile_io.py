@@ -21,6 +21,7 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -29,7 +30,6 @@ from safetensors.torch import load_file, save, save_file
 
 import headscope.engine.api.report as report_module
 from headscope.engine.api.model import open_model, read_structure
-from headscope.engine.circuits.fast import numpy_weights
 from headscope.engine.circuits.spectral import nonfinite_heads
 from headscope.engine.core import files
 from headscope.engine.core.errors import (
@@ -222,14 +222,14 @@ def test_same_size_rewrite_in_place_is_detected(tmp_path: Path, gpt2_dir: tuple[
     d = copy_of(gpt2_dir[0], tmp_path / "m")
     f = d / "model.safetensors"
     m = open_model(d, raw=True)
-    old = m.weights.get_head("blocks.0.attn.W_Q", 0).clone()
+    old = m.weights.get_head("blocks.0.attn.W_Q", 0).copy()
     _rewrite_in_place(f, _rewritten_bytes(f, 2.0))
     with pytest.raises(CheckpointChangedError, match=r"changed on disk .*modification time.*reopen") as info:
         m.weights.get_head("blocks.0.attn.W_Q", 1)
     assert str(f) in str(info.value)
-    assert torch.equal(m.weights.get_head("blocks.0.attn.W_Q", 0), old)  # cached: still the old
+    assert np.array_equal(m.weights.get_head("blocks.0.attn.W_Q", 0), old)  # cached: still the old
     fresh = open_model(d, raw=True)  # reopening reads the new weights
-    assert torch.allclose(fresh.weights.get_head("blocks.0.attn.W_Q", 0), 2 * old)
+    assert np.allclose(fresh.weights.get_head("blocks.0.attn.W_Q", 0), 2 * old)
 
 
 def test_checkpoint_replaced_by_rename_is_detected(tmp_path: Path, gpt2_dir: tuple[Path, Any]) -> None:
@@ -474,7 +474,7 @@ def test_nonfinite_flags_heads_whose_attention_is_not_finite(
     tensors["transformer.wpe.weight"] = torch.full_like(tensors["transformer.wpe.weight"], 3e38)
     save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
     m = open_model(d, raw=True)
-    assert nonfinite_heads(numpy_weights(m)) == []  # the stored attention weights are finite
+    assert nonfinite_heads(m.weights) == []  # the stored attention weights are finite
     rows = m.heads()
     assert all(r["nonfinite"] for r in rows)
     assert all(r["copying_score"] == r["copying_score"] for r in rows)  # weight scores finite

@@ -22,6 +22,7 @@ import torch
 
 from headscope.engine.formats.safetensors import read_header
 from headscope.engine.formats.tokenizer import HFTokenizer, IdTokenizer, VocabTokenizer
+from headscope.engine.forward.torch_weights import torch_weights
 from headscope.engine.forward.transformer import log_probs, run
 from headscope.engine.model.loading import open_model, read_structure
 from headscope.engine.model.weights import CheckpointWeights, DictWeights
@@ -129,7 +130,7 @@ def test_canonical_tensors_reproduce_hf_modules(
     request: pytest.FixtureRequest, family: str
 ) -> None:
     path, model = _fixture(request, family)
-    w = open_model(path, raw=True).weights
+    w = torch_weights(open_model(path, raw=True).weights)
     cfg = w.cfg
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(5, cfg.d_model, generator=gen)
@@ -187,7 +188,7 @@ def test_canonical_tensors_reproduce_hf_modules(
 
 def test_bert_mlm_head_matches_transformers(bert_mlm_dir: tuple[Path, Any]) -> None:
     path, model = bert_mlm_dir
-    w = open_model(path, raw=True).weights
+    w = torch_weights(open_model(path, raw=True).weights)
     assert w.cfg.has_mlm_head and w.cfg.tied_unembed and not w.cfg.extra["unembed_standin"]
     x = torch.randn(5, w.cfg.d_model, generator=torch.Generator().manual_seed(1))
     h = torch.nn.functional.gelu(x @ w.get("mlm.W") + w.get("mlm.b"))
@@ -210,7 +211,7 @@ def test_bert_without_head_is_flagged_tied(bert_base_dir: tuple[Path, Any]) -> N
     assert s["tied_unembed"] and not s["has_mlm_head"] and not s["causal"]
     assert m.raw_cfg.extra["unembed_standin"]
     torch.testing.assert_close(
-        m.weights.get("unembed.W_U"), model.get_input_embeddings().weight.T.detach()
+        torch_weights(m.weights).get("unembed.W_U"), model.get_input_embeddings().weight.T.detach()
     )
     assert not m.weights.has("mlm.W")
 
@@ -332,9 +333,9 @@ def test_bf16_checkpoint_is_read_as_float32_and_stays_bf16_on_disk(tmp_path: Pat
     assert {t.dtype for t in header.tensors.values()} == {"BF16"}
     m = open_model(path, raw=True)
     assert m.structure()["dtype"] == "bfloat16"
-    W_Q = m.weights.get("blocks.0.attn.W_Q")
+    W_Q = torch_weights(m.weights).get("blocks.0.attn.W_Q")
     assert W_Q.dtype == torch.float32
-    assert m.weights.get_head("blocks.0.attn.W_Q", 1).dtype == torch.float32
+    assert torch_weights(m.weights).get_head("blocks.0.attn.W_Q", 1).dtype == torch.float32
     ref = model.transformer.h[0].attn.c_attn.weight[:, :32].reshape(32, 4, 8).permute(1, 0, 2)
     torch.testing.assert_close(W_Q, ref.detach(), atol=0, rtol=0)
     log_probs(run(open_model(path).weights, TOKENS))  # processed forward runs on bf16 weights
@@ -382,7 +383,7 @@ def test_single_safetensors_file_with_config_beside_it(gpt2_dir: tuple[Path, Any
 def _canonical(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     m = open_model(path, raw=True)
     fields = {k: v for k, v in m.raw_cfg.to_dict().items() if k != "extra"}
-    return fields, {n: m.weights.get(n) for n in m.checkpoint.specs}
+    return fields, {n: torch_weights(m.weights).get(n).clone() for n in m.checkpoint.specs}
 
 
 @pytest.mark.parametrize("in_metadata", [True, False], ids=["metadata", "headscope.json"])
@@ -396,7 +397,7 @@ def test_native_round_trip(tmp_path: Path, gpt2_dir: tuple[Path, Any], in_metada
     m = open_model(out, raw=True)
     assert m.structure()["format"] == "native" and m.raw_cfg.tied_unembed
     for name, t in tensors.items():
-        torch.testing.assert_close(m.weights.get(name), t, atol=0, rtol=0)
+        torch.testing.assert_close(torch_weights(m.weights).get(name), t, atol=0, rtol=0)
     ref = log_probs(run(open_model(gpt2_dir[0]).weights, TOKENS))
     torch.testing.assert_close(
         log_probs(run(open_model(out).weights, TOKENS)), ref, atol=1e-5, rtol=0
@@ -476,3 +477,29 @@ def test_vocab_and_id_tokenizers() -> None:
         ids.encode("100")
     with pytest.raises(PromptError, match="not a token id"):
         ids.encode("3 x")
+
+
+def test_widen_is_exact_for_every_stored_dtype() -> None:
+    """bf16, float16, float8 (e4m3fn, e5m2: every one of the 256 bytes) and float64 bytes
+    become the float32 values torch gives them, bit for bit (NaNs as NaNs)."""
+    import numpy as np
+
+    from headscope.engine.model.weights import widen
+
+    def raw(t: torch.Tensor) -> np.ndarray:
+        return t.contiguous().view(torch.uint8).numpy()
+
+    special = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 1e-40, 3e38, 1.5])
+    for t in (torch.randn(64, 48).to(torch.bfloat16), special.to(torch.bfloat16),
+              torch.randn(33).half(), special.double()):
+        stored = {torch.bfloat16: "bf16", torch.float16: np.float16, torch.float64: np.float64}[t.dtype]
+        got, want = widen(raw(t), stored).reshape(t.shape), t.float().numpy()
+        assert np.array_equal(got, want, equal_nan=True), t.dtype
+        finite = np.isfinite(want)
+        assert np.array_equal(got[finite].view(np.uint32), want[finite].view(np.uint32))  # signed zeros too
+    codes = torch.arange(256, dtype=torch.uint8)
+    for kind, dtype in (("e4m3", torch.float8_e4m3fn), ("e5m2", torch.float8_e5m2)):
+        want = codes.view(dtype).float().numpy()
+        got = widen(codes.numpy(), kind)
+        assert np.array_equal(got, want, equal_nan=True), kind
+        assert np.array_equal(np.signbit(got), np.signbit(want)), kind

@@ -20,7 +20,6 @@ import torch
 from headscope.engine.circuits import composition, spectral
 from headscope.engine.circuits import head_circuits as circuits
 from headscope.engine.circuits.factored import tame
-from headscope.engine.circuits.fast import numpy_weights
 from headscope.engine.model.loading import open_model
 from tests.hf_fixtures import D_MODEL, N_HEADS, build_gpt2
 
@@ -65,12 +64,13 @@ def assert_clean_exit(proc: subprocess.CompletedProcess[str]) -> None:
 
 API_SCRIPT = r"""
 import json, math, sys
-from headscope.engine.circuits import composition, head_circuits as circuits, scores, spectral
-from headscope.engine.circuits.fast import numpy_weights
+from headscope.engine.circuits import composition, head_circuits as circuits, spectral
+from headscope.engine.forward import behaviour
+
 from headscope.engine.model.loading import open_model
 
 model = open_model(sys.argv[1])
-w = numpy_weights(model)
+w = model.weights
 L, H = int(sys.argv[2]), int(sys.argv[3])
 clean = lambda t: [None if math.isnan(v) else v for v in t.flatten().tolist()]
 sweep = spectral.spectral_scores(w)
@@ -81,7 +81,7 @@ out = {
     "copying_one": spectral.copying_score(circuits.full_ov(w, L, H)),
     "positivity_one": spectral.qk_positivity(circuits.token_qk(w, L, H)),
     "composition": {k: clean(composition.composition_scores(w, k).scores) for k in "qkv"},
-    "induction": clean(scores.behaviour_scores(model.weights, seq_len=8)["induction"]),
+    "induction": clean(behaviour.behaviour_scores(model.weights, seq_len=8)["induction"]),
     "ov_singular": circuits.ov(w, L, H).svd()[1].tolist(),
     "qk_singular": circuits.qk(w, L, H).S.tolist(),
     "ov_eigenvalues": [abs(z) for z in circuits.full_ov(w, L, H).eigenvalues_double().tolist()],
@@ -106,7 +106,7 @@ def test_huge_head_through_the_api_in_a_subprocess(huge_and_reference: tuple[Pat
     got = json.loads(proc.stdout)
     assert got["nonfinite"] == [[LAYER, HEAD]]  # flagged: its forward pass overflows
     # The weight-based scores are scale-free: the 1e19 head scores as the unscaled one.
-    w = numpy_weights(open_model(ref))
+    w = open_model(ref).weights
     sweep = spectral.spectral_scores(w)
     _close(got["copying"], sweep["copying_score"].flatten().tolist())
     _close(got["positivity"], sweep["qk_positivity"].flatten().tolist())
@@ -134,7 +134,7 @@ def test_huge_head_through_the_cli_in_a_subprocess(huge_and_reference: tuple[Pat
     row = rows[(LAYER, HEAD)]
     assert row["nonfinite"] is True
     assert sum(r["nonfinite"] for r in rows.values()) == 1
-    sweep = spectral.spectral_scores(numpy_weights(open_model(ref)))
+    sweep = spectral.spectral_scores(open_model(ref).weights)
     assert row["copying_score"] == pytest.approx(float(sweep["copying_score"][LAYER, HEAD]), abs=1e-4)
     assert row["qk_positivity"] == pytest.approx(float(sweep["qk_positivity"][LAYER, HEAD]), abs=1e-4)
     assert row["prev_token_score"] is None  # NaN in JSON: the forward pass overflows
@@ -142,7 +142,7 @@ def test_huge_head_through_the_cli_in_a_subprocess(huge_and_reference: tuple[Pat
 
 def test_realistic_weights_are_not_flagged_or_rescaled(huge_and_reference: tuple[Path, Path]) -> None:
     _, ref = huge_and_reference
-    w = numpy_weights(open_model(ref))
+    w = open_model(ref).weights
     assert spectral.nonfinite_heads(w) == []
     x = w.get("blocks.0.attn.W_V")
     assert tame(x) is x  # untouched: bit-identical scores for every ordinary model
@@ -209,8 +209,8 @@ def test_diff_with_a_different_d_model_and_d_head(diff_models_on_disk: dict[str,
     from headscope.engine.circuits.similarity import circuit_similarity
 
     out = run_diff(diff_models_on_disk["base"], diff_models_on_disk["distilled"])
-    ov, _ = circuit_similarity(numpy_weights(open_model(diff_models_on_disk["base"])),
-                               numpy_weights(open_model(diff_models_on_disk["distilled"])))
+    ov, _ = circuit_similarity(open_model(diff_models_on_disk["base"]).weights,
+                               open_model(diff_models_on_disk["distilled"]).weights)
     for r in out["heads"]:
         assert r["ov_similarity"] == pytest.approx(float(ov[r["layer"], r["head"], r["head"]]), abs=1e-5)
         assert "read_subspace_cos" not in r  # residual streams of different widths: no angles

@@ -13,6 +13,7 @@ import torch
 
 from headscope.engine.core.config import ModelConfig
 from headscope.engine.core.errors import IndexOutOfRangeError, MissingTensorError
+from headscope.engine.forward.torch_weights import torch_weights
 from headscope.engine.forward.transformer import log_probs, run
 from headscope.engine.model.processing import ProcessedWeights, processed_config
 from headscope.engine.model.weights import HEAD_TENSORS, DictWeights
@@ -83,7 +84,7 @@ def random_tensors(cfg: ModelConfig, seed: int = 0) -> dict[str, torch.Tensor]:
 
 
 def expanded(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    w = DictWeights(cfg, tensors)
+    w = torch_weights(DictWeights(cfg, tensors))
     names = {k.replace("._", ".") for k in tensors}
     return {k: w.get(k) for k in names}
 
@@ -150,7 +151,7 @@ def test_processed_tensors_equal_transformerlens_definitions(kind: str) -> None:
     cfg = make_cfg(kind)
     raw = random_tensors(cfg)
     expected = tl_process(cfg, expanded(cfg, raw))
-    pw = ProcessedWeights(DictWeights(cfg, raw))
+    pw = torch_weights(ProcessedWeights(DictWeights(cfg, raw)))
     for name, want in expected.items():
         assert pw.has(name), name
         torch.testing.assert_close(pw.get(name), want, rtol=1e-5, atol=1e-5, msg=name)
@@ -176,7 +177,7 @@ def test_written_out_example_w_q_is_scaled_then_centred() -> None:
     """W_Q processed = (diag(w) W_Q) with the d_model mean removed; b_Q gains ln1.b @ W_Q."""
     cfg = make_cfg("ln")
     raw = random_tensors(cfg)
-    pw = ProcessedWeights(DictWeights(cfg, raw))
+    pw = torch_weights(ProcessedWeights(DictWeights(cfg, raw)))
     w, b, W_Q = raw["blocks.1.ln1.w"], raw["blocks.1.ln1.b"], raw["blocks.1.attn.W_Q"][2]
     scaled = torch.diag(w) @ W_Q
     centring = torch.eye(D) - torch.full((D, D), 1.0 / D)  # projection orthogonal to all-ones
@@ -193,7 +194,8 @@ def test_processing_is_idempotent(kind: str) -> None:
     twice = ProcessedWeights(once)
     assert twice.cfg == once.cfg
     for name in tl_process(cfg, expanded(cfg, random_tensors(cfg))):
-        torch.testing.assert_close(twice.get(name), once.get(name), rtol=1e-5, atol=1e-5, msg=name)
+        torch.testing.assert_close(torch_weights(twice).get(name), torch_weights(once).get(name),
+                                   rtol=1e-5, atol=1e-5, msg=name)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -279,8 +281,9 @@ def test_non_finite_weights_are_processed_without_error() -> None:
     t["blocks.0.attn.W_V"][1, 3, 0] = float("nan")
     t["blocks.1.ln1.w"][0] = float("inf")
     pw = ProcessedWeights(DictWeights(cfg, t))
-    assert pw.get("blocks.0.attn.b_O").isnan().any()  # NaN W_V -> folded b_V -> b_O
-    assert torch.isfinite(pw.get_head("blocks.0.attn.W_Q", 0)).all()
+    tw = torch_weights(pw)
+    assert tw.get("blocks.0.attn.b_O").isnan().any()  # NaN W_V -> folded b_V -> b_O
+    assert torch.isfinite(tw.get_head("blocks.0.attn.W_Q", 0)).all()
     res = run(pw, [1, 2, 3])
     assert res.logits.isnan().any()
 
@@ -299,11 +302,13 @@ def test_concurrent_reads_agree_with_serial_reads() -> None:
 
     def read(job: tuple[str, int | None]) -> torch.Tensor:
         name, head = job
-        return shared.get(name) if head is None else shared.get_head(name, head)
+        tw = torch_weights(shared)
+        return tw.get(name) if head is None else tw.get_head(name, head)
 
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(read, jobs))
     for (name, head), got in zip(jobs, results, strict=True):
-        want = serial.get(name) if head is None else serial.get_head(name, head)
+        tw = torch_weights(serial)
+        want = tw.get(name) if head is None else tw.get_head(name, head)
         torch.testing.assert_close(got, want, msg=f"{name}[{head}]")
     assert shared._cache.bytes <= 4096

@@ -15,11 +15,12 @@ import torch
 
 from headscope.engine.api import report
 from headscope.engine.api.model import open_model
-from headscope.engine.circuits import directions, reading
+from headscope.engine.circuits import directions
 from headscope.engine.circuits import head_circuits as circuits
-from headscope.engine.circuits.fast import numpy_weights
 from headscope.engine.core.errors import IndexOutOfRangeError, InvalidRequestError
 from headscope.engine.core.validation import SCORE_NAMES, Z_NAMES
+from headscope.engine.forward import behaviour, null, sinks
+from headscope.engine.forward import null as null_module
 from headscope.engine.forward.transformer import run
 from headscope.engine.service.engine import Engine
 from headscope.engine.sweeps import compute
@@ -49,7 +50,7 @@ def head_weights(w: Any, layer: int, head: int) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("kind", ["ov", "qk"])
 def test_factored_directions_equal_the_dense_svd_up_to_sign(model: Any, kind: str) -> None:
-    w = numpy_weights(model)
+    w = model.weights
     fm = circuits.full_ov(w, 1, 2) if kind == "ov" else circuits.token_qk(w, 1, 2)
     dense = torch.from_numpy(fm.AB).double()  # 414 × 414: small enough to decompose here, never in the engine
     u, s, vh = torch.linalg.svd(dense)
@@ -100,7 +101,7 @@ def test_virtual_heads_equal_the_dense_products(model: Any) -> None:
     ov_a = a["W_V"].double() @ a["W_O"].double()
     virtual = w_e @ ov_a @ b["W_V"].double() @ b["W_O"].double() @ w_u
     k_path = w_e @ b["W_Q"].double() @ b["W_K"].double().T @ ov_a.T @ w_e.T
-    nw = numpy_weights(model)
+    nw = model.weights
     torch.testing.assert_close(
         torch.from_numpy(directions.virtual_ov(nw, PREV_TOKEN_HEAD, INDUCTION_HEAD).AB).double(),
         virtual, atol=1e-3, rtol=1e-4)
@@ -133,17 +134,17 @@ def test_sink_mass_is_the_attention_to_position_zero_after_the_first_queries() -
     pattern = torch.zeros(1, 2, 6, 6)
     pattern[0, 0, :, 0] = 1.0  # head 0: everything on the first token
     pattern[0, 1] = torch.eye(6)  # head 1: each token on itself (query 0 too)
-    torch.testing.assert_close(reading.sink_mass(pattern, skip=4), torch.tensor([1.0, 0.0]))
-    torch.testing.assert_close(reading.sink_mass(pattern, skip=0), torch.tensor([1.0, 1 / 6]))
+    torch.testing.assert_close(sinks.sink_mass(pattern, skip=4), torch.tensor([1.0, 0.0]))
+    torch.testing.assert_close(sinks.sink_mass(pattern, skip=0), torch.tensor([1.0, 1 / 6]))
 
 
 def test_a_head_parked_on_delimiters_gets_a_high_delimiter_sink_and_others_a_low_one() -> None:
     words = ["When", "Mary", "and", "John", ",", "John", "gave", "a", "drink", ".", "\n", "Mary",
              "went", "home"]
-    delimiter = torch.tensor([[reading.is_delimiter(t) for t in words]])
+    delimiter = torch.tensor([[sinks.is_delimiter(t) for t in words]])
     assert [t for t, d in zip(words, delimiter[0].tolist(), strict=True) if d] == [",", ".", "\n"]
-    assert all(map(reading.is_delimiter, (" ,", ".\n", "<|endoftext|>", "[SEP]", "?!")))
-    assert not any(map(reading.is_delimiter, ("the", " cat", "<unk>", "$", "a.")))
+    assert all(map(sinks.is_delimiter, (" ,", ".\n", "<|endoftext|>", "[SEP]", "?!")))
+    assert not any(map(sinks.is_delimiter, ("the", " cat", "<unk>", "$", "a.")))
     n = len(words)
     pattern = torch.zeros(1, 3, n, n)
     last = None
@@ -153,11 +154,11 @@ def test_a_head_parked_on_delimiters_gets_a_high_delimiter_sink_and_others_a_low
         pattern[0, 2, q, 0] = 1.0  # head 2: the first token (sink_mass's, not this score)
         if delimiter[0, q]:
             last = q
-    got = reading.delimiter_sink_mass(pattern, delimiter)
+    got = sinks.delimiter_sink_mass(pattern, delimiter)
     # the scored queries: 5..13 (after the first delimiter, at 4); the previous-token head is
     # on a delimiter at 3 of them (after ",", "." and "\n")
     assert got[0] == 1.0 and got[1] == pytest.approx(3 / 9) and got[2] == 0.0
-    assert reading.delimiter_sink_mass(pattern, torch.zeros_like(delimiter)).isnan().all()
+    assert sinks.delimiter_sink_mass(pattern, torch.zeros_like(delimiter)).isnan().all()
 
 
 def test_sink_scores_equal_the_reference_forward_patterns(model: Any) -> None:
@@ -168,7 +169,7 @@ def test_sink_scores_equal_the_reference_forward_patterns(model: Any) -> None:
     batches = [repeated, *natural]
     for tokens in batches:
         patterns = run(model.weights, tokens).patterns  # [b, L, H, q, k]
-        expected += patterns[:, :, :, reading.SINK_SKIP:, 0].mean((0, 3)) / len(batches)
+        expected += patterns[:, :, :, sinks.SINK_SKIP:, 0].mean((0, 3)) / len(batches)
     np.testing.assert_allclose(got, expected.numpy(), atol=1e-5)
 
 
@@ -206,7 +207,6 @@ def test_the_table_and_its_null_come_from_one_forward_pass(model: Any, monkeypat
     batches and its weights are read once (a 7B model reads 13 GB of weights per pass; the
     passes used to be one per batch, and three of them), with the same numbers as the
     separate requests and, up to float rounding, as the behavioural scores on their own."""
-    from headscope.engine.circuits import scores
     from headscope.engine.forward import transformer as forward
 
     table, null = compute.score_table(model), compute.score_null(model)
@@ -226,7 +226,7 @@ def test_the_table_and_its_null_come_from_one_forward_pass(model: Any, monkeypat
         np.testing.assert_array_equal(getattr(shared, name), getattr(table, name), err_msg=name)
     np.testing.assert_array_equal(shared_null.mean, null.mean)
     np.testing.assert_array_equal(shared_null.std, null.std)
-    alone = scores.behaviour_scores(model.weights)
+    alone = behaviour.behaviour_scores(model.weights)
     for name, score in alone.items():
         np.testing.assert_allclose(getattr(shared, f"{name}_score"), score.numpy(), rtol=1e-5, atol=1e-6,
                                    err_msg=name)
@@ -344,7 +344,7 @@ async def test_the_engine_keeps_the_null_in_the_results_store(monkeypatch, tmp_p
             def fail(*args: Any, **kwargs: Any) -> Any:
                 raise AssertionError("the null was computed again")
 
-            monkeypatch.setattr(reading, "behaviour_null", fail)
+            monkeypatch.setattr(null_module, "behaviour_null", fail)
         eng = Engine(MODEL_PATH, workers=1, prefetch=False, store=ResultStore(tmp_path))
         try:
             await eng.ready()
@@ -378,8 +378,8 @@ def test_terminal_tables_print_token_strings_literally(monkeypatch, capsys) -> N
 
 def test_random_heads_are_causal_only_in_causal_models() -> None:
     x = torch.randn(2, 6, 16, generator=torch.Generator().manual_seed(0))
-    (causal,) = reading.random_head_patterns([x], 4, 3.0, 3.0, 2.0, None, seed=0, samples=5)
-    (encoder,) = reading.random_head_patterns([x], 4, 3.0, 3.0, 2.0, None, seed=0, samples=5, causal=False)
+    (causal,) = null.random_head_patterns([x], 4, 3.0, 3.0, 2.0, None, seed=0, samples=5)
+    (encoder,) = null.random_head_patterns([x], 4, 3.0, 3.0, 2.0, None, seed=0, samples=5, causal=False)
     assert causal.shape == (2, 5, 6, 6)
     torch.testing.assert_close(causal.sum(-1), torch.ones(2, 5, 6))
     above = torch.ones(6, 6, dtype=torch.bool).triu(1)  # keys after the query
@@ -391,7 +391,7 @@ def test_a_non_finite_row_projects_to_nan_alone() -> None:
     other rows, and so their projections, stay finite."""
     rows = torch.randn(6, 16, generator=torch.Generator().manual_seed(2))
     rows[2, 3], rows[4, 0] = float("nan"), float("inf")
-    q, k = reading.random_projections(rows, 4, (1.0, 2.0), 3, *reading.head_generators(0))
+    q, k = null.random_projections(rows, 4, (1.0, 2.0), 3, *null.head_generators(0))
     for t in (q, k):
         assert t.shape == (3, 6, 4)
         assert t[:, [2, 4]].isnan().all() and torch.isfinite(t[:, [0, 1, 3, 5]]).all()
@@ -409,7 +409,7 @@ def test_random_heads_drawn_in_the_rows_span_have_the_distribution_of_whole_ones
     g = torch.Generator().manual_seed(5)
     rows = torch.randn(n_rows, d, generator=g, dtype=torch.float64)
     rows[1] = rows[0]  # the same token twice (a repeated sequence's first layer)
-    got, other = reading.random_projections(rows.float(), e, (norm, 2 * norm), samples, *reading.head_generators(7))
+    got, other = null.random_projections(rows.float(), e, (norm, 2 * norm), samples, *null.head_generators(7))
     got = got.double()
     assert not torch.allclose(other.double(), 2 * got)  # two sets of heads, not one rescaled
     whole = torch.randn(samples, d, e, generator=g, dtype=torch.float64)

@@ -14,11 +14,12 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from headscope.engine.circuits.scores import (
+from headscope.engine.forward.behaviour import (
     ablation_effects,
     behaviour_scores,
     repeated_tokens,
 )
+from headscope.engine.forward.torch_weights import torch_weights
 from headscope.engine.forward.transformer import run
 from headscope.engine.model.loading import open_model
 from headscope.sample_models import corpus
@@ -38,7 +39,7 @@ INDUCTION_ABLATION_MARGIN = 0.5
 @pytest.fixture(scope="module")
 def two_layer():
     model = open_model(sample_model("attn-only-2l"))
-    w = model.weights
+    w = torch_weights(model.weights)
     return model, behaviour_scores(w, seed=0), all_copying_scores(w), composition_scores(w, "k")
 
 
@@ -96,7 +97,7 @@ def test_attn_only_1l_copies_but_has_no_induction_head() -> None:
     assert model.cfg.n_layers == 1
     behaviour = behaviour_scores(model.weights, seed=0)
     assert float(behaviour["induction"].max()) < 0.3, behaviour["induction"]
-    assert float(all_copying_scores(model.weights).max()) >= 0.7
+    assert float(all_copying_scores(torch_weights(model.weights)).max()) >= 0.7
 
 
 @pytest.mark.parametrize("name", ["attn-only-1l", "attn-only-2l"])
@@ -112,7 +113,7 @@ def test_engine_copying_scores_match_the_training_code(name: str) -> None:
     with safe_open(str(path / "model.safetensors"), "pt") as f:
         trained.load_state_dict({k: f.get_tensor(k) for k in f.keys()})  # noqa: SIM118
     raw = open_model(path, raw=True)
-    torch.testing.assert_close(all_copying_scores(raw.weights), copying_scores(trained),
+    torch.testing.assert_close(all_copying_scores(torch_weights(raw.weights)), copying_scores(trained),
                                rtol=0, atol=1e-4)
 
 
@@ -150,7 +151,7 @@ def test_gpt2_mini_circuits_are_computed_with_layer_norm_folded() -> None:
     path = sample_model("gpt2-mini")
     model = open_model(path)
     assert model.cfg.normalization == "LNPre" and not model.raw
-    w, raw = model.weights, model.with_raw(True).weights
+    w, raw = torch_weights(model.weights), torch_weights(model.with_raw(True).weights)
     # fold_ln + center_writing_weights: W_V of every head reads ln1's gain, centred over
     # d_model (TransformerLens' fold_layer_norm), so the OV circuit includes the LayerNorm.
     for layer in range(model.cfg.n_layers):

@@ -13,19 +13,19 @@ import torch
 
 from headscope.engine.circuits import composition as comp_mod
 from headscope.engine.circuits import head_circuits as circuits
-from headscope.engine.circuits import scores, spectral
+from headscope.engine.circuits import spectral
 from headscope.engine.circuits.factored import FactoredMatrix
-from headscope.engine.circuits.fast import TorchWeightsAsNumpy
 from headscope.engine.core.config import ModelConfig
 from headscope.engine.core.errors import CancelledError, InvalidRequestError
+from headscope.engine.forward import behaviour
 from headscope.engine.forward.transformer import run
 from headscope.engine.model.weights import DictWeights
 from tests.test_circuits import random_weights
 
 
-def nw(w: DictWeights) -> TorchWeightsAsNumpy:
+def nw(w: DictWeights) -> DictWeights:
     """The numpy weights surface the weight algebra reads."""
-    return TorchWeightsAsNumpy(w)
+    return w
 
 
 def all_copying_scores(w: DictWeights, progress=None, cancelled=None) -> torch.Tensor:
@@ -272,7 +272,7 @@ def test_previous_token_head_feeding_an_induction_head_is_the_top_k_composition_
 
 def test_constructed_heads_get_their_behaviour_scores():
     w = induction_model()
-    b = scores.behaviour_scores(w, seed=0)
+    b = behaviour.behaviour_scores(w, seed=0)
     assert float(b["prev_token"][0, 0]) > 0.99
     # Only the second copy's first query is split: key 0 also "follows" token 0, because
     # the previous-token head at position 0 can only attend to itself.
@@ -283,21 +283,21 @@ def test_constructed_heads_get_their_behaviour_scores():
 
 
 def test_repeated_tokens_are_seeded_and_duplicate_only_across_copies():
-    toks = scores.repeated_tokens(50, 40, seed=3, seq_len=10, batch=2)
+    toks = behaviour.repeated_tokens(50, 40, seed=3, seq_len=10, batch=2)
     assert toks.shape == (2, 20)
-    torch.testing.assert_close(toks, scores.repeated_tokens(50, 40, seed=3, seq_len=10, batch=2))
-    assert not torch.equal(toks, scores.repeated_tokens(50, 40, seed=4, seq_len=10, batch=2))
+    torch.testing.assert_close(toks, behaviour.repeated_tokens(50, 40, seed=3, seq_len=10, batch=2))
+    assert not torch.equal(toks, behaviour.repeated_tokens(50, 40, seed=4, seq_len=10, batch=2))
     assert torch.equal(toks[:, :10], toks[:, 10:])
     assert all(len(set(row[:10].tolist())) == 10 for row in toks)
     with pytest.raises(InvalidRequestError):
-        scores.repeated_tokens(50, 15, seq_len=8)
+        behaviour.repeated_tokens(50, 15, seq_len=8)
 
 
 @pytest.mark.parametrize("seq_len,vocab", [(6, 23), (8, 5)])  # 5 < 8: repeats inside a copy
 def test_behaviour_scores_match_transformerlens_detect_head_mul(seq_len, vocab):
     w = random_weights(d_vocab=vocab, seed=4)
-    tokens = scores.repeated_tokens(vocab, 16, seed=7, seq_len=seq_len, batch=3)
-    got = scores.behaviour_scores(w, seed=7, seq_len=seq_len, batch=3)
+    tokens = behaviour.repeated_tokens(vocab, 16, seed=7, seq_len=seq_len, batch=3)
+    got = behaviour.behaviour_scores(w, seed=7, seq_len=seq_len, batch=3)
     patterns = run(w, tokens).patterns
     refs = {"prev_token": tl_previous_token_pattern, "duplicate_token": tl_duplicate_token_pattern,
             "induction": tl_induction_pattern}
@@ -330,10 +330,10 @@ def tl_masked_score(pattern: torch.Tensor, detection: torch.Tensor, exclude_bos:
 @pytest.mark.parametrize("exclude_bos,exclude_current_token", [(True, False), (False, True), (True, True)])
 def test_behaviour_scores_exclude_bos_and_current_token_as_transformerlens(exclude_bos, exclude_current_token):
     w = random_weights(d_vocab=23, seed=5)
-    tokens = scores.repeated_tokens(23, 16, seed=2, seq_len=6, batch=2)
-    got = scores.behaviour_scores(w, seed=2, seq_len=6, batch=2, exclude_bos=exclude_bos,
+    tokens = behaviour.repeated_tokens(23, 16, seed=2, seq_len=6, batch=2)
+    got = behaviour.behaviour_scores(w, seed=2, seq_len=6, batch=2, exclude_bos=exclude_bos,
                                   exclude_current_token=exclude_current_token)
-    plain = scores.behaviour_scores(w, seed=2, seq_len=6, batch=2)
+    plain = behaviour.behaviour_scores(w, seed=2, seq_len=6, batch=2)
     patterns = run(w, tokens).patterns
     refs = {"prev_token": tl_previous_token_pattern, "duplicate_token": tl_duplicate_token_pattern,
             "induction": tl_induction_pattern}
@@ -364,8 +364,8 @@ def loss_without(w: DictWeights, tokens: torch.Tensor, layer: int | None, head: 
 
 def test_ablation_effects_are_loss_increases_and_the_induction_head_matters_most():
     w = induction_model()
-    effects = scores.ablation_effects(w, seed=2)
-    tokens = scores.repeated_tokens(VOCAB, N_CTX, seed=2)
+    effects = behaviour.ablation_effects(w, seed=2)
+    tokens = behaviour.repeated_tokens(VOCAB, N_CTX, seed=2)
     base = loss_without(w, tokens, None, None)
     for layer in range(2):
         for head in range(2):
@@ -373,7 +373,7 @@ def test_ablation_effects_are_loss_increases_and_the_induction_head_matters_most
             assert float(effects[layer, head]) == pytest.approx(want, abs=1e-4)
     assert float(effects[1, 0]) > 0.5  # the induction head predicts the whole second copy
     assert np.unravel_index(int(effects.flatten().argmax()), effects.shape) in {(1, 0), (0, 0)}
-    assert scores.ablation_effect(w, 1, 0, seed=2) == pytest.approx(float(effects[1, 0]), abs=1e-6)
+    assert behaviour.ablation_effect(w, 1, 0, seed=2) == pytest.approx(float(effects[1, 0]), abs=1e-6)
 
 
 # -- sweeps: progress, cancellation, non-finite weights ------------------------------------------
@@ -392,8 +392,8 @@ def test_sweeps_report_progress_up_to_one():
     lambda w, c: all_copying_scores(w, cancelled=c),
     lambda w, c: all_qk_positivity(w, cancelled=c),
     lambda w, c: composition_scores(w, "q", cancelled=c),
-    lambda w, c: scores.behaviour_scores(w, cancelled=c),
-    lambda w, c: scores.ablation_effects(w, cancelled=c),
+    lambda w, c: behaviour.behaviour_scores(w, cancelled=c),
+    lambda w, c: behaviour.ablation_effects(w, cancelled=c),
 ])
 def test_a_cancelled_sweep_raises_cancelled_error(sweep):
     w = random_weights(n_layers=3)
@@ -432,9 +432,9 @@ def test_nan_weights_give_nan_scores_for_that_head_and_no_crash(name):
     assert comp[1, 2, 0].eq(0).all()  # no edge to an earlier layer: stays zero
     finite = ~torch.isnan(comp)
     torch.testing.assert_close(comp[finite], ref[finite])
-    behaviour = scores.behaviour_scores(w, seq_len=6)
-    assert torch.isnan(behaviour["induction"][1, 2])
-    assert torch.isfinite(behaviour["induction"][0]).all()  # layer 0 is upstream of the NaN
+    behaviours = behaviour.behaviour_scores(w, seq_len=6)
+    assert torch.isnan(behaviours["induction"][1, 2])
+    assert torch.isfinite(behaviours["induction"][0]).all()  # layer 0 is upstream of the NaN
     # The single-circuit scores see only their own factors: NaN when the NaN is in them.
     circuit = circuits.token_qk if name in ("W_Q", "W_K") else circuits.full_ov
     assert math.isnan(spectral.copying_score(circuit(nw(w), 1, 2)))

@@ -15,8 +15,8 @@ import weakref
 import pytest
 import torch
 
-from headscope.engine.circuits import scores
 from headscope.engine.core.errors import CancelledError
+from headscope.engine.forward import behaviour
 from headscope.engine.forward import transformer as forward
 from headscope.engine.forward.transformer import run
 from headscope.engine.model.loading import open_model
@@ -48,7 +48,7 @@ def reference_behaviour(w: WeightSource, tokens: torch.Tensor) -> dict[str, torc
     """All patterns stacked, then the TransformerLens "mul" measure per sequence (our rows)."""
     patterns = run(w, tokens).patterns  # [b, L, H, q, k]
     out = {}
-    for name, det in scores.detection_patterns(tokens).items():
+    for name, det in behaviour.detection_patterns(tokens).items():
         rows = det.sum(-1) > 0  # [b, q]
         on = (patterns * det[:, None, None]).sum((-2, -1))
         total = (patterns * rows[:, None, None, :, None]).sum((-2, -1))
@@ -95,8 +95,8 @@ SEQ, BATCH = 6, 2  # 2 sequences of 6 random tokens written twice: small and fas
 @pytest.mark.parametrize("name", list(dict_models()))
 def test_ablation_effects_equal_one_pass_per_head_on_dict_models(name, ablation):
     w = dict_models()[name]
-    tokens = scores.repeated_tokens(w.cfg.d_vocab, w.cfg.n_ctx, 3, SEQ, BATCH)
-    got = scores.ablation_effects(w, seed=3, seq_len=SEQ, batch=BATCH, ablation=ablation)
+    tokens = behaviour.repeated_tokens(w.cfg.d_vocab, w.cfg.n_ctx, 3, SEQ, BATCH)
+    got = behaviour.ablation_effects(w, seed=3, seq_len=SEQ, batch=BATCH, ablation=ablation)
     want = reference_ablation_effects(w, tokens, ablation)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
     assert got.abs().max() > 1e-3  # the heads matter: the comparison is not 0 == 0
@@ -106,8 +106,8 @@ def test_ablation_effects_equal_one_pass_per_head_on_dict_models(name, ablation)
 @pytest.mark.parametrize("name", ["gpt2", "neox", "llama", "bert_mlm", "gpt2 raw"])
 def test_ablation_effects_equal_one_pass_per_head_on_every_family(family_models, name, ablation):
     w = family_models[name]
-    tokens = scores.repeated_tokens(w.cfg.d_vocab, w.cfg.n_ctx, 5, SEQ, BATCH)
-    got = scores.ablation_effects(w, seed=5, seq_len=SEQ, batch=BATCH, ablation=ablation)
+    tokens = behaviour.repeated_tokens(w.cfg.d_vocab, w.cfg.n_ctx, 5, SEQ, BATCH)
+    got = behaviour.ablation_effects(w, seed=5, seq_len=SEQ, batch=BATCH, ablation=ablation)
     want = reference_ablation_effects(w, tokens, ablation)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
     assert got.abs().max() > 1e-3
@@ -115,24 +115,24 @@ def test_ablation_effects_equal_one_pass_per_head_on_every_family(family_models,
 
 def test_ablation_effect_of_one_head_equals_the_sweep_entry(family_models):
     w = family_models["gpt2"]
-    sweep = scores.ablation_effects(w, seed=1, seq_len=SEQ, batch=BATCH, ablation="mean")
+    sweep = behaviour.ablation_effects(w, seed=1, seq_len=SEQ, batch=BATCH, ablation="mean")
     for layer, head in [(0, 0), (0, 3), (1, 2)]:
-        one = scores.ablation_effect(w, layer, head, seed=1, seq_len=SEQ, batch=BATCH, ablation="mean")
+        one = behaviour.ablation_effect(w, layer, head, seed=1, seq_len=SEQ, batch=BATCH, ablation="mean")
         assert one == pytest.approx(float(sweep[layer, head]), abs=1e-6)
 
 
 def test_heads_ablated_in_small_chunks_give_the_same_effects(monkeypatch):
     w = dict_models()["attn-only learned"]
-    together = scores.ablation_effects(w, seed=0, seq_len=SEQ, batch=BATCH)
-    monkeypatch.setattr(scores, "_ABLATION_BATCH_BYTES", 1)  # one head per batch
-    assert scores._heads_per_pass(w, torch.zeros(BATCH, 2 * SEQ)) == 1
-    torch.testing.assert_close(scores.ablation_effects(w, seed=0, seq_len=SEQ, batch=BATCH), together,
+    together = behaviour.ablation_effects(w, seed=0, seq_len=SEQ, batch=BATCH)
+    monkeypatch.setattr(behaviour, "_ABLATION_BATCH_BYTES", 1)  # one head per batch
+    assert behaviour._heads_per_pass(w, torch.zeros(BATCH, 2 * SEQ)) == 1
+    torch.testing.assert_close(behaviour.ablation_effects(w, seed=0, seq_len=SEQ, batch=BATCH), together,
                                atol=1e-6, rtol=0)
 
 
 def test_run_ablations_gives_the_final_stream_of_each_single_head_ablation(family_models):
     for w in (dict_models()["attn-only rotary gqa"], family_models["neox"], family_models["bert_mlm"]):
-        tokens = scores.repeated_tokens(w.cfg.d_vocab, w.cfg.n_ctx, 0, SEQ, BATCH)
+        tokens = behaviour.repeated_tokens(w.cfg.d_vocab, w.cfg.n_ctx, 0, SEQ, BATCH)
         layer = w.cfg.n_layers - 2
         with torch.inference_mode():
             entering = forward.blocks(w, forward.embed(w, tokens), 0, layer)
@@ -146,7 +146,7 @@ def test_run_ablations_gives_the_final_stream_of_each_single_head_ablation(famil
 def test_ablation_sweep_reports_progress_and_stops_between_layers():
     w = random_weights(n_layers=4, n_ctx=24)
     seen: list[float] = []
-    scores.ablation_effects(w, seq_len=SEQ, batch=BATCH, progress=seen.append)
+    behaviour.ablation_effects(w, seq_len=SEQ, batch=BATCH, progress=seen.append)
     assert len(seen) == 4 and seen == sorted(seen) and seen[-1] == 1.0
     checks: list[int] = []
     reports: list[float] = []
@@ -156,18 +156,18 @@ def test_ablation_sweep_reports_progress_and_stops_between_layers():
         return len(checks) > 3
 
     with pytest.raises(CancelledError):
-        scores.ablation_effects(w, seq_len=SEQ, batch=BATCH, progress=reports.append, cancelled=cancelled)
+        behaviour.ablation_effects(w, seq_len=SEQ, batch=BATCH, progress=reports.append, cancelled=cancelled)
     assert len(reports) == 2  # two layers done, then stopped
 
 
 def test_ablation_rejects_unknown_kinds_and_heads():
     w = random_weights()
     with pytest.raises(ValueError):
-        scores.ablation_effects(w, ablation="resample")
+        behaviour.ablation_effects(w, ablation="resample")
     with pytest.raises(ValueError):
-        scores.ablation_effect(w, 0, 0, ablation="resample")
+        behaviour.ablation_effect(w, 0, 0, ablation="resample")
     with pytest.raises(Exception, match="head"):
-        scores.ablation_effect(w, 0, 99)
+        behaviour.ablation_effect(w, 0, 99)
 
 
 # -- behaviour ----------------------------------------------------------------------------------
@@ -176,8 +176,8 @@ def test_ablation_rejects_unknown_kinds_and_heads():
 @pytest.mark.parametrize("name", ["gpt2", "neox", "llama", "bert_mlm"])
 def test_behaviour_scores_equal_the_stacked_pattern_definition(family_models, name):
     w = family_models[name]
-    tokens = scores.repeated_tokens(w.cfg.d_vocab, w.cfg.n_ctx, 4, 8, 3)
-    got = scores.behaviour_scores(w, seed=4, seq_len=8, batch=3)
+    tokens = behaviour.repeated_tokens(w.cfg.d_vocab, w.cfg.n_ctx, 4, 8, 3)
+    got = behaviour.behaviour_scores(w, seed=4, seq_len=8, batch=3)
     for key, want in reference_behaviour(w, tokens).items():
         torch.testing.assert_close(got[key], want, atol=1e-6, rtol=1e-6)
 
@@ -185,9 +185,9 @@ def test_behaviour_scores_equal_the_stacked_pattern_definition(family_models, na
 def test_behaviour_scores_default_sequence_and_per_layer_progress():
     w = random_weights(n_layers=3, n_ctx=100)
     seen: list[float] = []
-    got = scores.behaviour_scores(w, seed=0, progress=seen.append)
+    got = behaviour.behaviour_scores(w, seed=0, progress=seen.append)
     assert seen == [1 / 3, 2 / 3, 1.0]
-    default = scores.repeated_tokens(w.cfg.d_vocab, w.cfg.n_ctx, 0)
+    default = behaviour.repeated_tokens(w.cfg.d_vocab, w.cfg.n_ctx, 0)
     assert default.shape == (4, 64)  # batch 4, T = min(32, n_ctx // 2) written twice
     for key, want in reference_behaviour(w, default).items():
         torch.testing.assert_close(got[key], want, atol=1e-6, rtol=1e-6)
@@ -207,13 +207,13 @@ def test_behaviour_scores_keep_one_layers_pattern_at_a_time(monkeypatch):
         return out
 
     monkeypatch.setattr(forward, "attend", attend)
-    scores.behaviour_scores(w, seq_len=SEQ, batch=BATCH)
+    behaviour.behaviour_scores(w, seq_len=SEQ, batch=BATCH)
     assert alive == [0, 0, 0]  # each layer's pattern is reduced and dropped before the next is made
 
 
 def test_blocks_callback_sees_each_layer_input_and_pattern(family_models):
     w = family_models["llama"]
-    tokens = scores.repeated_tokens(w.cfg.d_vocab, w.cfg.n_ctx, 0, SEQ, BATCH)
+    tokens = behaviour.repeated_tokens(w.cfg.d_vocab, w.cfg.n_ctx, 0, SEQ, BATCH)
     seen: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     with torch.inference_mode():
         x0 = forward.embed(w, tokens)

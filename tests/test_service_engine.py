@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from headscope.engine.circuits import head_circuits as circuits
-from headscope.engine.circuits import scores
 from headscope.engine.core import errors
+from headscope.engine.forward import behaviour
 from headscope.engine.forward import transformer as forward
 from headscope.engine.model.loading import open_model, read_structure
 from headscope.engine.service.engine import Engine
@@ -64,9 +64,9 @@ async def test_spectrum_and_sweeps_equal_pure_scores(gpt2):
     table = await eng.all_head_scores(progress=seen.append)
     np.testing.assert_allclose(table.copying_score, algebra.all_copying_scores(w), atol=1e-5)
     np.testing.assert_allclose(table.qk_positivity, algebra.all_qk_positivity(w), atol=1e-5)
-    behaviour = scores.behaviour_scores(w, seed=0)
+    behaviours = behaviour.behaviour_scores(w, seed=0)
     for name in ("prev_token", "duplicate_token", "induction"):
-        np.testing.assert_allclose(getattr(table, f"{name}_score"), behaviour[name], atol=1e-5)
+        np.testing.assert_allclose(getattr(table, f"{name}_score"), behaviours[name], atol=1e-5)
     await asyncio.sleep(0)  # progress callbacks are delivered through the loop
     assert seen and seen[-1] == 1.0
     # the sweep filled the per-head cache: no new computation for a head's scores
@@ -87,7 +87,7 @@ async def test_ablation_sweep_equals_single_head_ablations_and_fills_the_cache(g
     eng, model = gpt2
     seen = []
     effects = await eng.all_ablation_effects(progress=seen.append)
-    np.testing.assert_allclose(effects, scores.ablation_effects(model.weights, seed=0), atol=1e-5)
+    np.testing.assert_allclose(effects, behaviour.ablation_effects(model.weights, seed=0), atol=1e-5)
     assert effects.shape == (model.cfg.n_layers, model.cfg.n_heads) and not effects.flags.writeable
     await asyncio.sleep(0)
     assert seen and seen[-1] == pytest.approx(1.0)
@@ -96,7 +96,7 @@ async def test_ablation_sweep_equals_single_head_ablations_and_fills_the_cache(g
     started = eng.computations_started
     value = await eng.ablation(1, 2)
     assert eng.computations_started == started
-    assert value == pytest.approx(scores.ablation_effect(model.weights, 1, 2, seed=0), abs=1e-5)
+    assert value == pytest.approx(behaviour.ablation_effect(model.weights, 1, 2, seed=0), abs=1e-5)
     assert await eng.all_ablation_effects() is effects
 
 

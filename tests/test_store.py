@@ -18,9 +18,8 @@ import pytest
 
 from headscope.engine.api import report
 from headscope.engine.circuits import composition as composition_module
-from headscope.engine.circuits import scores
 from headscope.engine.circuits import spectral as spectral_module
-from headscope.engine.circuits.fast import numpy_weights
+from headscope.engine.forward import behaviour as behaviour_module
 from headscope.engine.model.loading import open_model
 from headscope.engine.sweeps import compute
 from headscope.engine.sweeps.store import ResultStore, fingerprint
@@ -50,7 +49,7 @@ def store(tmp_path: Path) -> ResultStore:
 
 # where each counted function lives
 HOME = {"_batched_spectral_score": spectral_module, "_pair_scores": composition_module,
-        "behaviour_scores": scores}
+        "behaviour_scores": behaviour_module}
 
 
 class Counter:
@@ -124,7 +123,7 @@ def test_spectral_sweep_equals_the_per_head_definition(deep_gpt2, store) -> None
     model = open_model(deep_gpt2)
     entry = store.for_model(model)
     memos = {name: entry.memo(name, (model.cfg.n_heads,)) for name in ("copying_score", "qk_positivity")}
-    w = numpy_weights(model)
+    w = model.weights
     spectral_module.spectral_scores(w, memos=memos)
     stored = spectral_module.spectral_scores(w, memos=memos)["copying_score"]
     for layer in range(N_LAYERS):
@@ -180,13 +179,13 @@ def test_interrupted_spectral_sweep_resumes_with_the_missing_layers(deep_gpt2, s
     entry = store.for_model(model)
     memos = {name: entry.memo(name, (model.cfg.n_heads,)) for name in ("copying_score", "qk_positivity")}
     with pytest.raises(KeyboardInterrupt):
-        spectral_module.spectral_scores(numpy_weights(model), progress=raise_after(k), memos=memos)
+        spectral_module.spectral_scores(model.weights, progress=raise_after(k), memos=memos)
     assert entry.computed == 2 * k  # each layer's two parts stored as soon as it was done
     spectral = counting(monkeypatch, "_batched_spectral_score")
-    resumed = spectral_module.spectral_scores(numpy_weights(open_model(deep_gpt2)), memos=memos)
+    resumed = spectral_module.spectral_scores(open_model(deep_gpt2).weights, memos=memos)
     assert spectral.calls == 2 * (N_LAYERS - k)  # copying and QK positivity of the missing layers
     monkeypatch.setattr(spectral_module, "_batched_spectral_score", spectral.real)
-    fresh = spectral_module.spectral_scores(numpy_weights(model))
+    fresh = spectral_module.spectral_scores(model.weights)
     same(resumed["qk_positivity"], fresh["qk_positivity"])
     same(resumed["copying_score"], fresh["copying_score"])
 
@@ -552,19 +551,19 @@ def test_composition_sweep_resumes_from_its_memo(deep_gpt2, store, monkeypatch, 
     entry = store.for_model(model)
     memo = entry.memo("composition-q", ())
     with pytest.raises(KeyboardInterrupt):  # during target layer 3: targets 1 and 2 are whole
-        composition_module.composition_scores(numpy_weights(model), "q", memo=memo, tile_bytes=1 << 40,
+        composition_module.composition_scores(model.weights, "q", memo=memo, tile_bytes=1 << 40,
                                   on_tile=lambda t: (_ for _ in ()).throw(KeyboardInterrupt)
                                   if t.target == 3 else None)
     assert entry.computed == 2
     pairs = counting(monkeypatch, "_pair_scores")
     seen: list[tuple[int, int]] = []
-    resumed = composition_module.composition_scores(numpy_weights(open_model(deep_gpt2)), "q", memo=memo,
+    resumed = composition_module.composition_scores(open_model(deep_gpt2).weights, "q", memo=memo,
                                                     tile_bytes=tile_bytes,
                                         on_tile=lambda t: seen.append((t.source, t.target)))
     # stored targets 1, 2 are not recomputed; every pair still reaches on_tile once
     assert sorted(seen) == sorted(composition_module.composition_pairs(N_LAYERS))
     assert entry.computed == N_LAYERS - 1
     monkeypatch.setattr(composition_module, "_pair_scores", pairs.real)
-    fresh = composition_module.composition_scores(numpy_weights(model), "q")
+    fresh = composition_module.composition_scores(model.weights, "q")
     same(resumed.scores, fresh.scores)
     assert pairs.calls == (N_LAYERS - 3 if tile_bytes > 1 else sum(range(3, N_LAYERS)))

@@ -12,7 +12,7 @@ import pytest
 from bench.checkpoints import SHAPES, write_checkpoint
 from headscope.engine.circuits import composition as comp
 from headscope.engine.circuits import factored, spectral
-from headscope.engine.circuits.fast import TorchWeightsAsNumpy, kept_spectral_middles, numpy_weights
+from headscope.engine.circuits.spectral import kept_spectral_middles
 from headscope.engine.core.eta import Eta
 from headscope.engine.model.loading import open_model
 from headscope.engine.model.weights import DictWeights
@@ -70,7 +70,7 @@ def dense_composition(w, kind: str) -> np.ndarray:
 
 def test_spectral_sweep_equals_the_eigenvalue_definition(model):
     copying, positivity = definition_scores(model.weights)
-    fused = spectral.spectral_scores(numpy_weights(model))
+    fused = spectral.spectral_scores(model.weights)
     np.testing.assert_allclose(fused["copying_score"], copying, atol=1e-4)
     np.testing.assert_allclose(fused["qk_positivity"], positivity, atol=1e-4)
     assert not fused["nonfinite"].any() and not fused["overflow"].any()
@@ -81,7 +81,7 @@ def test_spectral_sweep_equals_the_eigenvalue_definition(model):
 
 
 def test_one_layer_piece_equals_the_sweep_row(model):
-    w = numpy_weights(model)
+    w = model.weights
     whole = spectral.spectral_scores(w)
     piece = spectral.layer_spectral_scores(w, 1, kept_spectral_middles(w))
     for name in ("copying_score", "qk_positivity", "nonfinite"):
@@ -90,7 +90,7 @@ def test_one_layer_piece_equals_the_sweep_row(model):
 
 @pytest.mark.parametrize("kind", ["q", "k", "v"])
 def test_tiled_composition_equals_the_definition_and_the_untiled_sweep(model, kind):
-    w = numpy_weights(model)
+    w = model.weights
     untiled = comp.composition_scores(w, kind, tile_bytes=1 << 40).scores
     tiled = comp.composition_scores(w, kind, tile_bytes=1).scores  # one source layer a block
     np.testing.assert_allclose(tiled, untiled, rtol=1e-5, atol=1e-6)
@@ -98,7 +98,7 @@ def test_tiled_composition_equals_the_definition_and_the_untiled_sweep(model, ki
 
 
 def test_streamed_tiles_arrive_pair_by_pair_and_equal_the_final_matrix(model):
-    w = numpy_weights(model)
+    w = model.weights
     tiles: list[comp.CompositionTile] = []
     fractions: list[float] = []
     final = comp.composition_scores(w, "k", on_tile=tiles.append, progress=fractions.append, tile_bytes=1)
@@ -113,7 +113,7 @@ def test_streamed_tiles_arrive_pair_by_pair_and_equal_the_final_matrix(model):
 
 
 def test_skipped_pairs_are_not_recomputed(model):
-    w = numpy_weights(model)
+    w = model.weights
     n = w.cfg.n_layers
     done = frozenset(comp.composition_pairs(n)[:1])
     rest = [(t.source, t.target) for t in comp.iter_composition_tiles(w, "q", skip=done)]
@@ -124,7 +124,7 @@ def test_nonfinite_heads_are_nan_in_every_piece():
     w = random_weights(n_layers=3, n_heads=2)
     tensors = {k: v.clone() for k, v in w._t.items()}
     tensors["blocks.1.attn.W_Q"][1, 0, 0] = math.nan
-    bad = TorchWeightsAsNumpy(DictWeights(w.cfg, tensors))
+    bad = DictWeights(w.cfg, tensors)
     fused = spectral.spectral_scores(bad)
     assert np.argwhere(fused["nonfinite"]).tolist() == [[1, 1]]
     assert math.isnan(fused["copying_score"][1, 1]) and math.isnan(fused["qk_positivity"][1, 1])

@@ -424,7 +424,7 @@ def test_the_bundled_series_shows_the_induction_circuit_forming(bundled: dict) -
 def test_the_previous_token_head_forms_at_the_first_positions_first() -> None:
     """docs/math.md's account of the previous-token score's late half-way point: at step 800
     L0.H1 attends to t-1 at positions 1-31 and hardly at all at positions 32-63."""
-    from headscope.engine.circuits.scores import repeated_tokens
+    from headscope.engine.forward.behaviour import repeated_tokens
     from headscope.engine.forward.transformer import run
 
     model = open_model(SERIES / "step-000800")

@@ -38,7 +38,6 @@ import pytest
 import torch
 
 from headscope.engine.circuits import composition, spectral
-from headscope.engine.circuits.fast import numpy_weights
 from headscope.engine.model.loading import open_model
 from tests import family_fixtures
 from tests.hf_fixtures_phi import (  # noqa: F401  (session-scoped pytest fixtures)
@@ -138,10 +137,10 @@ def check_against_transformer_lens(name: str, path: Path, hf_model: Any) -> None
         _close(w.get("unembed.b_U"), tl.b_U, f"{name} b_U")
 
         # The scores, each side computed its own way on its own weights (headscope's in numpy).
-        ours = spectral.spectral_scores(numpy_weights(model))
+        ours = spectral.spectral_scores(model.weights)
         _close(torch.from_numpy(ours["copying_score"]), _spectral(tl.W_E @ tl.OV @ w_u), f"{name} copying scores")
         _close(torch.from_numpy(ours["qk_positivity"]), _spectral(tl.W_E @ tl.QK @ tl.W_E.T), f"{name} QK positivity")
         for kind in "QKV":
             theirs = tl.all_composition_scores(kind)
-            found = composition.composition_scores(numpy_weights(model), kind.lower())
+            found = composition.composition_scores(model.weights, kind.lower())
             _close(torch.from_numpy(found.scores), getattr(theirs, "scores", theirs), f"{name} {kind}-composition")

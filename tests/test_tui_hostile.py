@@ -146,14 +146,14 @@ async def test_engine_constructed_on_a_broken_checkpoint_is_a_notification(
 async def test_nan_head_is_flagged_in_the_tree_and_other_heads_keep_badges(
     tmp_path: Path, corpus_sources: Sources
 ) -> None:
-    from headscope.engine.circuits.fast import numpy_weights
+
     from headscope.engine.circuits.spectral import nonfinite_heads
     from headscope.engine.model.loading import open_model
 
     path = nan_weights(tmp_path, corpus_sources)
     bad = (NAN_LAYER, NAN_HEAD)
     model = open_model(path)
-    assert nonfinite_heads(numpy_weights(model)) == [bad]  # the engine flags exactly the poisoned head
+    assert nonfinite_heads(model.weights) == [bad]  # the engine flags exactly the poisoned head
 
     app = HeadscopeApp(path, settings=Settings(), debounce=0.01, sweep=True)
     async with app.run_test(size=SIZE) as pilot:

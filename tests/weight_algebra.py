@@ -10,12 +10,11 @@ from typing import Any
 import torch
 
 from headscope.engine.circuits import composition, spectral
-from headscope.engine.circuits.fast import TorchWeightsAsNumpy
 
 
 def nw(w: Any) -> Any:
     """The numpy weights surface of ``w`` (``w`` itself if it is one)."""
-    return w if hasattr(w, "embed_rows") else TorchWeightsAsNumpy(w)
+    return w
 
 
 def all_copying_scores(w: Any, progress: Any = None, cancelled: Any = None) -> torch.Tensor:

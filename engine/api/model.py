@@ -40,12 +40,12 @@ class Model(loading.Model):
         """A head's circuit as a FactoredMatrix: ``"qk"``/``"ov"`` (``d_model × d_model``),
         ``"token_qk"``, ``"full_ov"`` (``d_vocab × d_vocab``) or ``"positional_qk"``."""
         from headscope.engine.circuits import head_circuits as circuits
-        from headscope.engine.circuits.fast import numpy_weights
+
 
         if kind not in CIRCUITS:
             raise InvalidRequestError(self.path, f"unknown circuit {kind!r}; choose from {', '.join(CIRCUITS)}")
         self.cfg.check_head(layer, head, str(self.path))
-        return getattr(circuits, kind)(numpy_weights(self), layer, head)
+        return getattr(circuits, kind)(self.weights, layer, head)
 
     def heads(self, seed: int = 0, *, ablation: bool = False) -> list[dict[str, Any]]:
         """Every head with every score (what ``headscope heads [--ablation]`` prints)."""

@@ -15,27 +15,22 @@ cols)``, or use ``circuit_block``, which reads only the requested embedding rows
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from headscope.engine.circuits.factored import FactoredMatrix
-from headscope.engine.core.config import ModelConfig
-from headscope.engine.core.errors import ConfigError, InvalidRequestError
+from headscope.engine.core.errors import InvalidRequestError
+from headscope.engine.model.rotary import layer_config, require_rotary, rope, rotary_matrix
 
 __all__ = [
     "circuit_block",
     "full_ov",
     "head_weight",
-    "layer_rotary_config",
     "ov",
     "positional_qk",
     "qk",
-    "rope",
-    "rotary_inv_freq",
-    "rotary_matrix",
     "rotary_profile",
     "rotary_qk",
     "token_qk",
@@ -125,119 +120,18 @@ def circuit_block(w: Any, layer: int, head: int, kind: str, basis: str,
             return (w.embed_rows(rows) @ attn("W_V")) @ (attn("W_O") @ out)
         w_q = attn("W_Q")
         if cfg.positional == "rotary":
-            w_q = w_q @ rotary_matrix(layer_rotary_config(cfg, layer), offset, _path(w))
+            w_q = w_q @ rotary_matrix(layer_config(cfg, layer), offset, _path(w))
         return (w.embed_rows(rows) @ w_q) @ (w.embed_rows(cols) @ attn("W_K")).T
 
 
-# -- rotary position embeddings --------------------------------------------------------------
-# TEMPORARY: the frequencies come from engine.circuits.fast (default, linear, llama3) and the
-# YaRN / LongRoPE port below, the per-layer config and the attention factor from
-# engine.forward.transformer (pure Python); all move to engine/model/rotary.py.
-
-
-def layer_rotary_config(cfg: ModelConfig, layer: int) -> ModelConfig:
-    """The config with ``layer``'s RoPE (Gemma 3's local layers have their own base)."""
-    from headscope.engine.forward.transformer import layer_config
-
-    return layer_config(cfg, layer)
-
-
-def _require_rotary(cfg: ModelConfig, path: str | None) -> None:
-    if cfg.positional != "rotary":
-        raise InvalidRequestError(
-            path, f"rotary circuits need rotary positions; this model's are {cfg.positional!r}")
-
-
-def rotary_inv_freq(cfg: ModelConfig, path: str | None = None, seq_len: int | None = None) -> np.ndarray:
-    """Rotation frequencies (float32 ``[r/2]``) with the checkpoint's RoPE scaling
-    (docs/math.md, "RoPE scaling"); LongRoPE's depend on the sequence length ``seq_len``."""
-    from headscope.engine.circuits import fast
-
-    kind = cfg.extra.get("rope_type") or "default"
-    if kind in fast.ROPE_TYPES:
-        return fast.rotary_inv_freq(cfg, path)
-    r = cfg.rotary_dim or cfg.d_head
-    params = cfg.extra.get("rope_scaling") or {}
-    try:
-        if kind == "yarn":
-            return _yarn_inv_freq(cfg, params, r)
-        if kind == "longrope":
-            long = seq_len is not None and seq_len > params["original_max_position_embeddings"]
-            factors = np.asarray(params["long_factor" if long else "short_factor"], dtype=np.float32)
-            shape = np.arange(0, r, 2).astype(np.float32) / np.float32(r)
-            return (np.float32(1.0) / (factors * np.float32(cfg.rotary_base) ** shape)).astype(np.float32)
-    except KeyError as missing:
-        raise ConfigError(path, f"RoPE scaling {kind!r} needs parameter {missing}") from None
-    return fast.rotary_inv_freq(cfg, path)  # raises: not supported
-
-
-def _yarn_inv_freq(cfg: ModelConfig, params: dict, r: int) -> np.ndarray:
-    """YaRN (transformers' ``_compute_yarn_parameters``): each frequency interpolated (divided by
-    ``factor``) or kept, with a linear ramp between the dims that turn ``beta_fast`` and
-    ``beta_slow`` times over the original context."""
-    base, original = cfg.rotary_base, float(params["original_max_position_embeddings"])
-    factor = params.get("factor")
-    factor = float(factor) if factor is not None else cfg.n_ctx / original
-    beta_fast, beta_slow = params.get("beta_fast") or 32, params.get("beta_slow") or 1
-
-    def correction_dim(rotations: float) -> float:
-        return (r * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
-
-    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
-    if params.get("truncate", True):
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, r - 1)
-    if low == high:
-        high += 0.001  # as transformers: no division by zero
-    f32 = np.float32
-    ramp = np.clip((np.arange(r // 2, dtype=f32) - f32(low)) / f32(high - low), 0, 1).astype(f32)
-    pos_freqs = (f32(base) ** (np.arange(0, r, 2).astype(f32) / f32(r))).astype(f32)
-    keep = f32(1) - ramp  # extrapolation weight
-    return ((f32(1.0) / (f32(factor) * pos_freqs)) * (f32(1) - keep) + (f32(1.0) / pos_freqs) * keep).astype(f32)
-
-
-def rope(x: np.ndarray, positions: np.ndarray, cfg: ModelConfig) -> np.ndarray:
-    """Rotate row vectors ``x [..., d_head]`` to ``positions`` (broadcast against ``x[..., 0]``).
-
-    Hugging Face / GPT-NeoX ``rotate_half`` convention on the first ``r = cfg.rotary_dim``
-    dims: dims ``i`` and ``i + r/2`` form a pair rotated by ``position · θ_i`` (with the
-    checkpoint's RoPE scaling, and YaRN's / LongRoPE's factor on cos and sin, as in the
-    forward pass); the remaining dims pass through (partial rotary).
-    """
-    from headscope.engine.forward.transformer import rotary_scale
-
-    positions = np.asarray(positions, dtype=np.float64)
-    seq_len = int(positions.max()) + 1 if positions.size else None  # LongRoPE's factors
-    inv_freq = rotary_inv_freq(cfg, seq_len=seq_len).astype(np.float64)
-    angles = positions[..., None] * inv_freq  # [..., r/2]
-    cos, sin = np.cos(angles), np.sin(angles)
-    scale = rotary_scale(cfg)
-    if scale != 1.0:  # as transformers: cos and sin times the attention scaling
-        cos, sin = cos * scale, sin * scale
-    cos = np.concatenate((cos, cos), axis=-1).astype(x.dtype)
-    sin = np.concatenate((sin, sin), axis=-1).astype(x.dtype)
-    r = 2 * angles.shape[-1]
-    x = np.broadcast_to(x, np.broadcast_shapes(x.shape, (*positions.shape, x.shape[-1])))
-    x_rot, x_pass = x[..., :r], x[..., r:]
-    rotated = np.concatenate((-x_rot[..., r // 2:], x_rot[..., : r // 2]), axis=-1)  # rotate_half
-    return np.concatenate((x_rot * cos + rotated * sin, x_pass), axis=-1)
-
-
-def rotary_matrix(cfg: ModelConfig, offset: int, path: str | None = None) -> np.ndarray:
-    """``R(Δ) [d_head, d_head]`` with ``rope(x, p) = x @ R(p)``.
-
-    Rotations compose, ``R(i) R(j)ᵀ = R(i - j)``, so the score of a query at position ``i``
-    and a key at ``j`` is ``q R(i) (k R(j))ᵀ = q R(i - j) kᵀ``: it depends on ``Δ = i - j`` only.
-    """
-    _require_rotary(cfg, path)
-    eye = np.eye(cfg.d_head, dtype=np.float32)
-    return rope(eye, np.full((cfg.d_head,), float(offset)), cfg)
+# -- rotary position embeddings: engine/model/rotary.py (one RoPE for the circuits and the
+# forward pass)
 
 
 def rotary_qk(w: Any, layer: int, head: int, offset: int) -> FactoredMatrix:
     """``W_Q R(Δ) W_Kᵀ`` ``[d_model (query), d_model (key)]`` for a key ``Δ = offset``
     positions before the query (weights only: no biases, no ``1/√d_head``)."""
-    rot = rotary_matrix(layer_rotary_config(w.cfg, layer), offset, _path(w))
+    rot = rotary_matrix(layer_config(w.cfg, layer), offset, _path(w))
     return FactoredMatrix(head_weight(w, layer, head, "W_Q") @ rot, head_weight(w, layer, head, "W_K").T)
 
 
@@ -273,8 +167,8 @@ def rotary_profile(w: Any, layer: int, head: int, offsets: Sequence[int], *,
     ``profile[Δ] = mean_e  e W_Q R(Δ) W_Kᵀ eᵀ``. It shows how the head's preference for
     matching content decays or oscillates with distance; weights only (no biases).
     """
-    cfg = layer_rotary_config(w.cfg, layer)
-    _require_rotary(cfg, _path(w))
+    cfg = layer_config(w.cfg, layer)
+    require_rotary(cfg, _path(w))
     w_q, w_k = head_weight(w, layer, head, "W_Q"), head_weight(w, layer, head, "W_K")
     ids = token_sample(cfg.d_vocab, n_tokens, seed)
     e = w.embed_rows(ids)

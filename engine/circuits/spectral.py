@@ -7,7 +7,7 @@ pieces"), with the non-finite and overflow flags of every head.
 The full OV circuit ``(W_E W_V)(W_O W_U)`` has the non-zero eigenvalues of the ``d_head ×
 d_head`` matrix ``W_O (W_U W_E) W_V``; the token QK circuit ``(W_E W_Q)(W_E W_K)ᵀ`` those of
 ``W_Kᵀ (W_Eᵀ W_E) W_Q``. The two ``d_model × d_model`` middles are formed once per model
-(``fast.kept_spectral_middles``); then each layer is one batched product and one batched
+(``spectral.kept_spectral_middles``); then each layer is one batched product and one batched
 ``eigvals`` on one LAPACK thread.
 
 Heads with a NaN/inf weight get NaN scores and never reach LAPACK; heads whose weights are
@@ -21,7 +21,7 @@ import contextlib
 import math
 import threading
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -34,6 +34,9 @@ from headscope.engine.circuits.factored import (
     tame,
 )
 from headscope.engine.core.errors import CancelledError, NonFiniteError
+
+if TYPE_CHECKING:
+    from headscope.engine.model.weights import CircuitWeights
 
 Progress = Callable[[float], None] | None
 Cancelled = Callable[[], bool] | None
@@ -192,8 +195,6 @@ def spectral_scores(w: Any, progress: Progress = None, cancelled: Cancelled = No
     come from ``known_flags`` (the stored ``nonfinite`` part, ``nonfinite | overflow``) when
     given, else from one pass over its weights (``layer_flags``). The next layer's weights
     are read on a thread while this one's eigenvalues run (``_read_ahead``)."""
-    from headscope.engine.circuits.fast import kept_spectral_middles
-
     cfg = w.cfg
     check_cancelled(cancelled)
     memos = memos or {}
@@ -253,3 +254,60 @@ def _read_ahead(w: Any, layer: int) -> threading.Thread:
     thread = threading.Thread(target=read, name="headscope-read-ahead", daemon=True)
     thread.start()
     return thread
+
+
+# -- the middles, formed once per model ---------------------------------------------------------
+
+
+def _center_rows(x: np.ndarray) -> np.ndarray:
+    """``C x`` for the centring projector ``C = I - 11ᵀ/n`` (each column loses its mean)."""
+    return x - x.mean(0, keepdims=True)
+
+
+def _center_cols(x: np.ndarray) -> np.ndarray:
+    """``x C``: each row loses its mean."""
+    return x - x.mean(1, keepdims=True)
+
+
+def kept_spectral_middles(w: CircuitWeights) -> dict[str, np.ndarray]:
+    """``spectral_middles(w)``, formed once per model and kept (``2 · d_model²`` floats): the
+    weight sweep and the random-head null (``sweeps.compute.score_null``) share them."""
+    with w.middles_lock:  # formed once even when two workers ask (2 TFLOP at 7B)
+        if w.middles is None:
+            w.middles = spectral_middles(w)
+        return w.middles
+
+
+def spectral_middles(w: CircuitWeights) -> dict[str, np.ndarray]:
+    """``W_U W_E`` and ``W_Eᵀ W_E``, the middles of ``spectral.layer_spectral_scores``, of the
+    processed weights.
+
+    With a tied unembedding (``W_U`` the transpose of the stored embedding ``E``, up to a
+    scale), both come from one Gram matrix ``G = EᵀE`` (a symmetric product, half a GEMM's
+    work) instead of a vocabulary-sized GEMM and a Gram: processing only centres (``C``,
+    rank-one corrections) and scales by the final norm's gain, so ``W_U W_E = ab P diag(g)
+    (G − V μμᵀ) Q`` and ``W_Eᵀ W_E = b² Q G Q`` (``μ`` the mean row of ``E``; ``P``, ``Q``,
+    ``V μμᵀ`` only where centre-reading, centre-writing, centre-unembed apply).
+    """
+    tied = w.tied_embedding()
+    if tied is None:
+        w_e = w.get("embed.W_E")
+        with np.errstate(all="ignore"):
+            return {"copying_score": w.get("unembed.W_U") @ w_e, "qk_positivity": w_e.T @ w_e}
+    e, a, b = tied
+    p = w.plan
+    with np.errstate(all="ignore"):
+        gram = e.T @ e  # [d_model, d_model]
+        qk = gram
+        cv = gram
+        if p is not None and p.center_unembed:
+            mu = e.mean(0, dtype=np.float64)
+            cv = (gram - (e.shape[0] * np.outer(mu, mu))).astype(np.float32)
+        if p is not None and p.center_writing:  # W_E = b E C
+            qk, cv = _center_cols(_center_rows(qk)), _center_cols(cv)
+        gain, _ = w.fold_gains("ln_final")
+        if gain is not None:
+            cv = gain[:, None] * cv
+        if p is not None and p.center_reading:
+            cv = _center_rows(cv)
+        return {"copying_score": np.float32(a * b) * cv, "qk_positivity": np.float32(b * b) * qk}

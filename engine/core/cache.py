@@ -98,6 +98,12 @@ class ByteLRU:
         self._drop(key)
         self.evictions += 1
 
+    def clear_group(self) -> None:
+        """Drop the entries of the group (``ProcessedWeights.release``: a sweep's last layers)."""
+        with self._lock:
+            for key in [k for k in self._entries if self._in_group(k)]:
+                self._drop(key)
+
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from headscope.engine.forward.torch_weights import torch_weights
 from headscope.engine.forward.transformer import ForwardResult, run
 from headscope.engine.model.weights import WeightSource
 
@@ -58,6 +59,7 @@ def direct_logit_attribution(w: WeightSource, result: ForwardResult, predicted: 
     """
     import torch
 
+    w = torch_weights(w)
     cfg = w.cfg
     out = result.head_outputs[0]  # [L, H, pos, d_model]
     if result.final_scale is None:

@@ -25,6 +25,9 @@ from typing import TYPE_CHECKING
 
 from headscope.engine.core.config import ModelConfig
 from headscope.engine.core.errors import ConfigError, IndexOutOfRangeError, PromptError
+from headscope.engine.forward.torch_weights import torch_weights
+from headscope.engine.model.rotary import is_local_layer, layer_config, rotary_scale
+from headscope.engine.model.rotary import rotary_inv_freq as rope_frequencies
 from headscope.engine.model.weights import WeightSource
 
 if TYPE_CHECKING:
@@ -138,6 +141,7 @@ def _token_batch(tokens: Tensor | Sequence, cfg: ModelConfig, path: str | None) 
 
 def embed(w: WeightSource, tokens: Tensor) -> Tensor:
     """Token (+ learned position) (+ BERT token-type 0, then LayerNorm) embeddings."""
+    w = torch_weights(w)
     cfg = w.cfg
     x = w.get("embed.W_E")[tokens]
     if cfg.positional == "learned":
@@ -239,6 +243,7 @@ def _attention_side_by_side(w: WeightSource, layer: int, x: Tensor, shapes: list
                             on_block: StreamsCallback | None) -> Tensor:
     """The attention output ``[1, N, d_model]`` of the side-by-side streams ``x [1, N, d]``
     (``shapes``: each stream's ``(b, p)``)."""
+    w = torch_weights(w)
     import torch
 
     h, e = w.cfg.n_heads, w.cfg.d_head
@@ -295,6 +300,7 @@ def attention(w: WeightSource, layer: int, x: Tensor, ablated: Sequence[int], ab
 
     Returns (output [b, p, d_model], pattern [b, h, q, k], per-head outputs [b, h, p, d_model]).
     """
+    w = torch_weights(w)
     import torch
 
     pattern, z = attend(w, layer, *queries_keys_values(w, layer, x))
@@ -305,6 +311,7 @@ def attention(w: WeightSource, layer: int, x: Tensor, ablated: Sequence[int], ab
 def queries_keys_values(w: WeightSource, layer: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """``q``, ``k``, ``v [b, h, p, d_head]`` of the (normalised) input ``x [b, p, d_model]``,
     with their biases and the q/k norms (each acts on one token: no positions yet)."""
+    w = torch_weights(w)
     import torch
 
     pre = f"blocks.{layer}.attn"
@@ -341,6 +348,7 @@ def combine_heads(w: WeightSource, layer: int, result: Tensor, ablated: Sequence
                   ) -> Tensor:
     """The attention output ``Σ_h result_h + b_O`` [b, p, d_model] from the per-head outputs
     ``result`` [b, h, p, d_model], after replacing (in place) those of the ``ablated`` heads."""
+    w = torch_weights(w)
     for h in ablated:
         if ablation == "zero":
             result[:, h] = 0.0
@@ -365,25 +373,6 @@ def attention_mask(cfg: ModelConfig, n: int, layer: int | None = None) -> Tensor
     return hidden
 
 
-def is_local_layer(cfg: ModelConfig, layer: int | None) -> bool:
-    """Whether ``layer`` uses the sliding window: every layer unless ``extra["layer_types"]``
-    (Hugging Face's per-layer ``"sliding_attention"``/``"full_attention"``) says otherwise."""
-    types = cfg.extra.get("layer_types")
-    if layer is None or not types:
-        return True
-    return types[layer] == "sliding_attention"
-
-
-def layer_config(cfg: ModelConfig, layer: int) -> ModelConfig:
-    """``cfg`` with the RoPE of ``layer``: Gemma 3's local layers rotate with their own base
-    and scaling (``extra["rope_local"]``); every other model returns ``cfg`` itself."""
-    local = cfg.extra.get("rope_local")
-    if not local or not cfg.extra.get("layer_types") or not is_local_layer(cfg, layer):
-        return cfg
-    extra = {**cfg.extra, "rope_type": local.get("rope_type") or "default", "rope_scaling": local}
-    return cfg.replace(rotary_base=float(local.get("rope_theta", cfg.rotary_base)), extra=extra)
-
-
 def softcap(x: Tensor, cap: float | None) -> Tensor:
     """Gemma 2's soft-capping ``cap · tanh(x / cap)`` (identity when ``cap`` is unset)."""
     import torch
@@ -397,6 +386,7 @@ def qk_norm(w: WeightSource, layer: int, q: Tensor, k: Tensor) -> tuple[Tensor, 
     projection, all heads at once, with a ``[h, d_head]`` gain (OLMo2; with grouped-query
     attention the expanded keys have the same mean square as the stored ones); or a LayerNorm
     per head over ``d_head`` with gain and bias (Phi's ``qk_layernorm``: ``qk_norm == "layer"``)."""
+    w = torch_weights(w)
     pre = f"blocks.{layer}.attn"
     if not w.has(f"{pre}.q_norm.w"):
         return q, k
@@ -408,6 +398,7 @@ def qk_norm(w: WeightSource, layer: int, q: Tensor, k: Tensor) -> tuple[Tensor, 
 
 
 def _qk_rms(w: WeightSource, name: str, x: Tensor) -> Tensor:
+    w = torch_weights(w)
     import torch
 
     gain, eps = w.get(name), w.cfg.norm_eps
@@ -417,92 +408,12 @@ def _qk_rms(w: WeightSource, name: str, x: Tensor) -> Tensor:
     return x * scale * gain[:, None, :]
 
 
-ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
-
-
 def rotary_inv_freq(cfg: ModelConfig, path: str | None = None, seq_len: int | None = None) -> Tensor:
-    """Rotation frequencies base^(-2i/r) of the r = rotary_dim rotated dims, [r/2], with the
-    RoPE scaling of ``cfg.extra["rope_type"]`` (``ROPE_TYPES``) as transformers computes it.
-    LongRoPE depends on the sequence: its long factors apply once ``seq_len`` (positions
-    0 .. seq_len-1) exceeds the original context, its short ones otherwise. Other scalings
-    raise ConfigError rather than give silently wrong patterns."""
+    """``engine.model.rotary.rotary_inv_freq`` as a float32 tensor (the one computation of
+    the frequencies, every RoPE scaling included)."""
     import torch
 
-    from headscope.engine.circuits.fast import ROPE_TYPES as NUMPY_ROPE_TYPES
-    from headscope.engine.circuits.fast import rotary_inv_freq as numpy_inv_freq
-
-    kind = cfg.extra.get("rope_type") or "default"
-    if kind in NUMPY_ROPE_TYPES:  # one computation for both paths (engine.fast, numpy)
-        return torch.from_numpy(numpy_inv_freq(cfg, path))
-    r = cfg.rotary_dim or cfg.d_head
-    style = cfg.extra.get("rotary_style", "half")
-    if style != "half":
-        raise ConfigError(path, f"rotary style {style!r} is not supported (only NeoX/Llama 'half')")
-    params = cfg.extra.get("rope_scaling") or {}
-    try:
-        if kind == "yarn":
-            return _yarn_inv_freq(cfg, params, r)
-        if kind == "longrope":
-            long = seq_len is not None and seq_len > params["original_max_position_embeddings"]
-            factors = torch.tensor(params["long_factor" if long else "short_factor"], dtype=torch.float32)
-            shape = torch.arange(0, r, 2, dtype=torch.int64).float() / r
-            return 1.0 / (factors * cfg.rotary_base**shape)
-    except KeyError as missing:
-        raise ConfigError(path, f"RoPE scaling {kind!r} needs parameter {missing}") from None
-    raise ConfigError(path, f"RoPE scaling {kind!r} is not supported ({', '.join(ROPE_TYPES)})")
-
-
-def rotary_scale(cfg: ModelConfig) -> float:
-    """What YaRN and LongRoPE multiply cos and sin by (transformers' ``attention_scaling``),
-    1 for the other scalings: the rotated dims of queries and keys are scaled by it, so their
-    part of each score by its square (``attention_factor`` if the config gives it, else
-    ``0.1 ln(s) + 1`` (YaRN, with DeepSeek's ``mscale`` / ``mscale_all_dim``) or
-    ``sqrt(1 + ln(s) / ln(original context))`` (LongRoPE) for a scaling factor ``s > 1``)."""
-    kind = cfg.extra.get("rope_type") or "default"
-    if kind not in ("yarn", "longrope"):
-        return 1.0
-    params = cfg.extra.get("rope_scaling") or {}
-    if params.get("attention_factor") is not None:
-        return float(params["attention_factor"])
-    original = float(params["original_max_position_embeddings"])
-    factor = params.get("factor")
-    factor = float(factor) if factor is not None else cfg.n_ctx / original
-    if kind == "longrope":
-        return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
-
-    def mscale(scale: float, m: float = 1.0) -> float:
-        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
-    m, m_all = params.get("mscale"), params.get("mscale_all_dim")
-    if m and m_all:
-        return float(mscale(factor, m) / mscale(factor, m_all))
-    return mscale(factor)
-
-
-def _yarn_inv_freq(cfg: ModelConfig, params: dict, r: int) -> Tensor:
-    """YaRN (transformers' ``_compute_yarn_parameters``): each frequency interpolated (divided by
-    ``factor``) or kept, with a linear ramp between the dims that turn ``beta_fast`` and
-    ``beta_slow`` times over the original context."""
-    import torch
-
-    base, original = cfg.rotary_base, float(params["original_max_position_embeddings"])
-    factor = params.get("factor")
-    factor = float(factor) if factor is not None else cfg.n_ctx / original
-    beta_fast, beta_slow = params.get("beta_fast") or 32, params.get("beta_slow") or 1
-
-    def correction_dim(rotations: float) -> float:
-        return (r * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
-
-    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
-    if params.get("truncate", True):
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, r - 1)
-    if low == high:
-        high += 0.001  # as transformers: no division by zero
-    ramp = torch.clamp((torch.arange(r // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
-    pos_freqs = base ** (torch.arange(0, r, 2).float() / r)
-    keep = 1 - ramp  # extrapolation weight
-    return (1.0 / (factor * pos_freqs)) * (1 - keep) + (1.0 / pos_freqs) * keep
+    return torch.from_numpy(rope_frequencies(cfg, path, seq_len))
 
 
 def rotary(x: Tensor, inv_freq: Tensor, scale: float = 1.0) -> Tensor:
@@ -546,6 +457,7 @@ def mlp(w: WeightSource, layer: int, x: Tensor) -> Tensor:
     not inside it. The Hugging Face gated MLPs headscope reads (Llama, Qwen2) have no bias
     (``b_in = 0``), where both readings agree.
     """
+    w = torch_weights(w)
     cfg = w.cfg
     pre = f"blocks.{layer}.mlp"
     act = activation(cfg.act_fn, getattr(w, "path", None))
@@ -562,6 +474,7 @@ def experts(w: WeightSource, layer: int, x: Tensor, act: Callable[[Tensor], Tens
     """Mixtral's sparse mixture of experts: each token goes to the ``experts_per_token``
     experts its router ranks highest, weighted by their softmax probabilities renormalised
     over the chosen ones; each expert is a gated MLP ``(act(x W_gate) * (x W_in)) W_out``."""
+    w = torch_weights(w)
     import torch
 
     cfg, pre = w.cfg, f"blocks.{layer}.mlp"
@@ -582,6 +495,7 @@ def experts(w: WeightSource, layer: int, x: Tensor, act: Callable[[Tensor], Tens
 
 def unembed(w: WeightSource, x: Tensor) -> Tensor:
     """Final norm (pre-LN models) or the BERT masked-LM transform, then x W_U + b_U."""
+    w = torch_weights(w)
     cfg = w.cfg
     if cfg.post_ln:
         if w.has("mlm.W"):  # BertForMaskedLM: dense -> act -> LayerNorm -> tied decoder
@@ -598,6 +512,7 @@ def unembed(w: WeightSource, x: Tensor) -> Tensor:
 
 def norm(w: WeightSource, prefix: str, x: Tensor) -> Tensor:
     """The model's normalisation with parameters ``{prefix}.w``/``.b`` (absent once folded)."""
+    w = torch_weights(w)
     cfg = w.cfg
     kind = cfg.normalization
     if kind in ("LN", "LNPre"):
@@ -615,6 +530,7 @@ def post_normed_heads(w: WeightSource, layer: int, result: Tensor) -> Tensor:
     residual stream. With a post-attention norm (Gemma 2/3, OLMo2) that is the head's output
     times the norm's per-position factor ``g / rms(Σ_h result_h + b_O)``, frozen like the final
     norm's scale in direct logit attribution; otherwise ``result`` itself."""
+    w = torch_weights(w)
     prefix = f"blocks.{layer}.ln1_post"
     if not w.has(f"{prefix}.w"):
         return result
@@ -633,6 +549,7 @@ def post_norm(w: WeightSource, prefix: str, x: Tensor) -> Tensor:
     """RMSNorm, with its gain, of a sublayer's output before the residual add (Gemma 2/3,
     OLMo2); ``x`` itself when the model has no ``{prefix}.w``. Processing never folds it:
     the norm divides the sum of all heads' outputs (docs/math.md)."""
+    w = torch_weights(w)
     if not w.has(f"{prefix}.w"):
         return x
     return x * _rsqrt_mean_square(x, w.cfg.norm_eps) * w.get(f"{prefix}.w")

@@ -46,7 +46,6 @@ from headscope.engine.model.weights import CheckpointWeights
 
 if TYPE_CHECKING:
     import numpy as np
-    import torch
 
     from headscope.engine.model.adapters.base import Spec
 
@@ -463,10 +462,9 @@ class GGUFSource:
             return self.cfg.kv_heads
         return None
 
-    def read(self, hf: str, rows: slice | None = None) -> torch.Tensor:
-        """The tensor ``hf`` as float32 in HF layout (rows ``rows`` of its first axis only)."""
-        import torch
-
+    def read(self, hf: str, rows: slice | None = None) -> np.ndarray:
+        """The tensor ``hf`` as float32 in HF layout (rows ``rows`` of its first axis only), in
+        memory of its own."""
         g = self.hf_names.get(hf)
         if g is None:
             raise MissingTensorError(self.header.path, f"missing tensor {hf!r}")
@@ -481,7 +479,7 @@ class GGUFSource:
             if whole is not None:
                 self._cache.move_to_end(g)
         if whole is not None:
-            return torch.from_numpy(whole[first:stop].copy())
+            return whole[first:stop].copy()
         if len(info.shape) == 1:  # a vector is read whole (its bytes are not split in rows)
             lo, hi = 0, n
         else:
@@ -491,13 +489,15 @@ class GGUFSource:
             data = _unpermute(data, (hi - lo) // group)
         if self.arch.norm_offset and hf.endswith("norm.weight"):
             data = data - self.arch.norm_offset
-        if (lo, hi) == (0, n):
-            self._keep(g, data)
-        return torch.from_numpy(data[first - lo : stop - lo].copy())
+        kept = (lo, hi) == (0, n) and self._keep(g, data)
+        if not kept and (first - lo, stop - lo) == (0, len(data)):
+            return data  # not kept: already the caller's
+        return data[first - lo : stop - lo].copy()
 
-    def _keep(self, g: str, data: np.ndarray) -> None:
+    def _keep(self, g: str, data: np.ndarray) -> bool:
+        """Keep a whole dequantised tensor (unless it is over a quarter of the budget)."""
         if data.nbytes > self.cache_bytes // 4:
-            return
+            return False
         with self._lock:
             if g not in self._cache:
                 self._cache[g] = data
@@ -505,6 +505,7 @@ class GGUFSource:
             while self._cached_bytes > self.cache_bytes and self._cache:
                 _, old = self._cache.popitem(last=False)
                 self._cached_bytes -= old.nbytes
+        return True
 
     def _dequantised(self, info: GGUFTensorInfo, g: str, lo: int, hi: int) -> np.ndarray:
         import numpy as np
@@ -583,14 +584,18 @@ class GGUFWeights(CheckpointWeights):
         super().__init__(cfg, specs, {}, path=path)
         self.source = source
 
-    def _read(self, tensor: str, index: tuple[slice, ...] | None, upcast: bool = True) -> torch.Tensor:
+    def _read(self, tensor: str, index: tuple[slice, ...] | None = None) -> np.ndarray:
+        import numpy as np
+
         rows = None
         if index is not None and index[0] != slice(None):
             rows, index = index[0], (slice(None), *index[1:])
         t = self.source.read(tensor, rows)
         with self._lock:
             self.reads += 1
-        return t if index is None else t[index].clone()
+        if index is None or all(i == slice(None) for i in index):
+            return t
+        return np.ascontiguousarray(t[index])
 
     def close(self) -> None:
         super().close()

@@ -35,16 +35,15 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+
+import numpy as np
 
 from headscope.engine.core.cache import ByteLRU
 from headscope.engine.core.config import ModelConfig
 from headscope.engine.core.errors import MissingTensorError
-from headscope.engine.model.weights import HEAD_TENSORS, WeightSource, tensor_bytes
-
-if TYPE_CHECKING:
-    import torch
+from headscope.engine.model.weights import HEAD_TENSORS, WeightSource, read_only, tensor_bytes
 
 __all__ = ["Plan", "ProcessedWeights", "plan_for", "processed_config"]
 
@@ -140,17 +139,27 @@ def _split(name: str) -> tuple[int | None, str, str]:
     return None, "", name
 
 
-def _center(t: torch.Tensor, dim: int) -> torch.Tensor:
-    return t - t.mean(dim, keepdim=True)
+def _center(t: np.ndarray, dim: int) -> np.ndarray:
+    return t - t.mean(dim, keepdims=True)
 
 
-def _center_(t: torch.Tensor, dim: int) -> torch.Tensor:
-    """In place, for tensors this module just allocated (saves a W_U-sized temporary)."""
-    return t.sub_(t.mean(dim, keepdim=True))
+def _center_(t: np.ndarray, dim: int) -> np.ndarray:
+    """In place, for arrays this module just allocated (saves a W_U-sized temporary)."""
+    t -= t.mean(dim, keepdims=True)
+    return t
 
 
 class ProcessedWeights:
-    """A ``WeightSource`` applying TransformerLens' default weight processing lazily."""
+    """A ``WeightSource`` applying TransformerLens' default weight processing lazily, as
+    read-only float32 numpy arrays.
+
+    Besides ``has``/``get``/``get_head``, the surface the weight-only circuits read (the
+    same on ``CheckpointWeights`` for a raw model): ``get(name, keep=False)`` (not kept if
+    not already cached), ``release()`` (drop the whole-layer arrays a sweep read),
+    ``tied_embedding()``, ``embed_rows(ids)`` and ``unembed_cols(cols)`` (a few processed rows
+    or columns without processing a vocabulary-sized matrix), ``fold_gains(prefix)``,
+    ``plan``, and ``middles`` under ``middles_lock`` (products formed once per model).
+    """
 
     # The default bound holds a GPT-2-small-sized model's processed weights (~650 MB), so that
     # repeated forward passes do not recompute W_E/W_U each time (a full pass reads every
@@ -176,6 +185,9 @@ class ProcessedWeights:
             group=_is_layer_tensor,  # type: ignore[arg-type]
             group_capacity=_layer_budget(self.cfg, cache_bytes),
         )
+        self.middles: dict[str, np.ndarray] | None = None  # the circuits' kept products
+        self.middles_lock = threading.Lock()  # the sweep and the null may both ask at once
+
 
     # -- WeightSource -------------------------------------------------------------------
 
@@ -184,10 +196,15 @@ class ProcessedWeights:
             return False
         return self.raw.has(name)
 
-    def get(self, name: str) -> torch.Tensor:
-        return self._cached(name, None)
+    def get(self, name: str, *, keep: bool = True) -> np.ndarray:
+        """The processed array (read-only); ``keep=False``: not kept in the cache if it was
+        not there (a vocabulary-sized array a caller reads once, e.g. for a Gram matrix)."""
+        if keep:
+            return self._cached(name, None)
+        hit = self._cache.get((name, None))
+        return hit if hit is not None else read_only(self._compute(name, None))
 
-    def get_head(self, name: str, head: int) -> torch.Tensor:
+    def get_head(self, name: str, head: int) -> np.ndarray:
         if _split(name)[2] not in HEAD_TENSORS:
             raise MissingTensorError(self.path, f"{name!r} is not a per-head tensor")
         self.cfg.check_head(_split(name)[0] or 0, head, self.path)
@@ -195,17 +212,77 @@ class ProcessedWeights:
 
     # -- cache --------------------------------------------------------------------------
 
-    def _cached(self, name: str, head: int | None) -> torch.Tensor:
+    def _cached(self, name: str, head: int | None) -> np.ndarray:
         key = (name, head)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
-        value = self._compute(name, head)
+        value = read_only(self._compute(name, head))
         self._cache.put(key, value)
         return value
 
-    def clear_cache(self) -> None:
-        self._cache.clear()
+    def release(self) -> None:
+        """Drop the cached whole-layer arrays (a sweep that read every layer keeps only its
+        last ones: a 7B model's are 0.5 GB); the raw source drops its own."""
+        self._cache.clear_group()
+        release = getattr(self.raw, "release", None)
+        if release is not None:
+            release()
+
+    # -- a few rows or columns, for the weight-only circuits --------------------------------
+
+    def fold_gains(self, prefix: str) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """The (gain, bias) of the norm ``prefix`` that processing folds into its readers
+        (None where it folds none)."""
+        return self._norm(prefix)
+
+
+    def tied_embedding(self) -> tuple[np.ndarray, float, float] | None:
+        """The raw ``(E, a, b)`` with ``W_U = a Eᵀ`` and ``W_E = b E`` (before processing; see
+        ``CheckpointWeights.tied_embedding``), or None."""
+        tied = getattr(self.raw, "tied_embedding", None)
+        return tied() if tied is not None else None
+
+    def embed_rows(self, ids: np.ndarray) -> np.ndarray:
+        """``get("embed.W_E")[ids]``, reading only those rows where the raw source can: each
+        row is processed on its own (centring writes along ``d_model``), so a circuit block
+        of a few tokens does not read and centre a vocabulary-sized matrix."""
+        ids = np.asarray(ids, dtype=np.intp)
+        whole = self._cache.get(("embed.W_E", None))
+        rows = getattr(self.raw, "embed_rows", None)
+        if whole is not None or rows is None:
+            return (whole if whole is not None else self.get("embed.W_E"))[ids]
+        t = rows(ids)
+        if not self.plan.center_writing:
+            return t
+        with np.errstate(all="ignore"):
+            return t - t.mean(-1, keepdims=True)
+
+    def unembed_cols(self, cols: np.ndarray) -> np.ndarray:
+        """``get("unembed.W_U")[:, cols]`` without processing the whole unembedding: the
+        reading-side steps (final-norm gain, centring along ``d_model``) act on each column
+        alone, and centring the unembedding subtracts the (processed) mean column, so only
+        ``cols`` and the stored tensor's mean are processed (one read of it, no copies)."""
+        cols = np.asarray(cols, dtype=np.intp)
+        whole = self._cache.get(("unembed.W_U", None))
+        block = getattr(self.raw, "unembed_block", None)
+        found = None if whole is not None or block is None else block(cols)
+        if found is None:
+            return np.ascontiguousarray((whole if whole is not None else self.get("unembed.W_U"))[:, cols])
+        block, mean = found
+        p = self.plan
+        with np.errstate(all="ignore"):
+            gain, _ = self._norm("ln_final")
+
+            def reading(x: np.ndarray) -> np.ndarray:  # per column: gain, centre along d_model
+                if gain is not None:
+                    x = x * gain[:, None]
+                return x - x.mean(0, keepdims=True) if p.center_reading else x
+
+            out = reading(block)
+            if p.center_unembed:
+                out = out - reading(mean)
+        return np.ascontiguousarray(out, dtype=np.float32)
 
     # -- the processing itself ----------------------------------------------------------
 
@@ -216,16 +293,16 @@ class ProcessedWeights:
             _split(name)[1] in ("ln1", "ln2") and _split(name)[2] in ("w", "b")
         )
 
-    def _raw(self, name: str, head: int | None) -> torch.Tensor:
+    def _raw(self, name: str, head: int | None) -> np.ndarray:
         return self.raw.get(name) if head is None else self.raw.get_head(name, head)
 
-    def _raw_fresh(self, name: str) -> torch.Tensor:
+    def _raw_fresh(self, name: str) -> np.ndarray:
         """``raw.get(name)`` that this module may edit in place (processing a whole tensor
         then needs no second copy of it: 0.4 GB less peak for a 50k × 2048 ``W_U``)."""
         fresh = getattr(self.raw, "get_fresh", None)
-        return fresh(name) if fresh is not None else self.raw.get(name).clone()
+        return fresh(name) if fresh is not None else self.raw.get(name).copy()
 
-    def _norm(self, prefix: str) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def _norm(self, prefix: str) -> tuple[np.ndarray | None, np.ndarray | None]:
         """The (gain, bias) of the norm named ``prefix`` that processing folds away."""
         p = self.plan
         # OLMo2 has no norm before its sublayers: nothing to fold there.
@@ -235,9 +312,7 @@ class ProcessedWeights:
             b = self._cached(f"~{prefix}.b", None)
         return w, b
 
-    def _compute(self, name: str, head: int | None) -> torch.Tensor:
-        import torch
-
+    def _compute(self, name: str, head: int | None) -> np.ndarray:
         if name.startswith("~"):  # the raw norm vectors, cached like everything else
             return self.raw.get(name[1:])
         if self._is_folded_norm(name):
@@ -245,7 +320,8 @@ class ProcessedWeights:
         layer, module, leaf = _split(name)
         p = self.plan
 
-        with torch.no_grad():
+        # non-finite weights give non-finite results, silently (docs/math.md)
+        with np.errstate(all="ignore"):
             if _MOE_READER.match(name):
                 return self._moe_reader(name)
             if module == "attn":
@@ -260,27 +336,29 @@ class ProcessedWeights:
                 return self._unembed(leaf)
             return self._raw(name, head)
 
-    def _attn(self, layer: int | None, leaf: str, head: int | None) -> torch.Tensor:
+    def _attn(self, layer: int | None, leaf: str, head: int | None) -> np.ndarray:
         """Attention weights of one layer (``head`` None: all heads stacked on dim 0)."""
-        import torch
-
         p = self.plan
         pre = f"blocks.{layer}.attn"
         if leaf in ("W_Q", "W_K", "W_V"):
             # LN(x) W = n(x) diag(w) W + b W: scale the rows, then drop their d_model mean.
-            W = self._raw(f"{pre}.{leaf}", head)
             w, _ = self._norm(f"blocks.{layer}.ln1")
+            if w is None and not p.center_reading:
+                return self._raw(f"{pre}.{leaf}", head)
+            # a whole layer: one fresh copy edited in place (no second layer-sized array)
+            W = self._raw_fresh(f"{pre}.{leaf}") if head is None else self._raw(f"{pre}.{leaf}", head).copy()
             if w is not None:
-                W = W * w[:, None]
-            return _center(W, -2) if p.center_reading else W
+                W *= w[:, None]
+            return _center_(W, -2) if p.center_reading else W
         if leaf in ("b_Q", "b_K", "b_V"):
             if leaf == "b_V" and p.fold_value_biases:  # moved into b_O (below)
                 shape = (self.cfg.d_head,) if head is not None else (self.cfg.n_heads, self.cfg.d_head)
-                return torch.zeros(shape)
+                return np.zeros(shape, np.float32)
             return self._folded_bias(layer, leaf, head)
         if leaf == "W_O":
-            W_O = self._raw(f"{pre}.W_O", head)
-            return _center(W_O, -1) if p.center_writing else W_O
+            if not p.center_writing:
+                return self._raw(f"{pre}.W_O", head)
+            return _center_(self._raw_fresh(f"{pre}.W_O") if head is None else self._raw(f"{pre}.W_O", head).copy(), -1)
         if leaf == "b_O":
             b_O = self._raw(f"{pre}.b_O", None)
             if p.center_writing:
@@ -289,11 +367,11 @@ class ProcessedWeights:
                 # Pattern rows sum to 1, so head h always adds b_V[h] W_O[h]: move it to b_O.
                 b_V = self._folded_bias(layer, "b_V", None)  # [n_heads, d_head]
                 W_O = self._cached(f"{pre}.W_O", None)  # processed: [n_heads, d_head, d_model]
-                b_O = b_O + torch.einsum("he,hem->m", b_V, W_O)
+                b_O = b_O + np.tensordot(b_V, W_O, axes=([0, 1], [0, 1]))
             return b_O
         return self._raw(f"{pre}.{leaf}", head)
 
-    def _folded_bias(self, layer: int | None, leaf: str, head: int | None) -> torch.Tensor:
+    def _folded_bias(self, layer: int | None, leaf: str, head: int | None) -> np.ndarray:
         """b_Q/b_K/b_V with the ln1 bias folded in: b + ln1.b @ W (W before scaling)."""
         pre = f"blocks.{layer}.attn"
         b = self._raw(f"{pre}.{leaf}", head)
@@ -303,7 +381,7 @@ class ProcessedWeights:
         W = self._raw(f"{pre}.W_{leaf[-1]}", head)  # [(h,) d_model, d_head]
         return b + ln_b @ W
 
-    def _mlp_reader(self, layer: int | None, leaf: str) -> torch.Tensor:
+    def _mlp_reader(self, layer: int | None, leaf: str) -> np.ndarray:
         p = self.plan
         pre = f"blocks.{layer}.mlp"
         w, ln_b = self._norm(f"blocks.{layer}.ln2")
@@ -316,21 +394,21 @@ class ProcessedWeights:
         # TransformerLens centres W_in only (never W_gate): match it.
         return _center(W, 0) if (p.center_reading and leaf == "W_in") else W
 
-    def _moe_reader(self, name: str) -> torch.Tensor:
+    def _moe_reader(self, name: str) -> np.ndarray:
         """Mixtral's router and experts read the ln2 output: its (RMSNorm) gain scales their
         rows, exactly as for a dense gated MLP."""
         W = self._raw(name, None)
         w, _ = self._norm(f"blocks.{name.split('.')[1]}.ln2")
         return W * w[:, None] if w is not None else W
 
-    def _unembed(self, leaf: str) -> torch.Tensor:
+    def _unembed(self, leaf: str) -> np.ndarray:
         p = self.plan
         w, ln_b = self._norm("ln_final")
         if leaf == "W_U":
             # [d_model, d_vocab], the largest tensor: one fresh copy, edited in place
             W_U = self._raw_fresh("unembed.W_U")
             if w is not None:
-                W_U.mul_(w[:, None])
+                W_U *= w[:, None]
             if p.center_reading:
                 _center_(W_U, 0)
             return _center_(W_U, -1) if p.center_unembed else W_U

@@ -21,14 +21,13 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import numpy as np
 
 from headscope.engine.core.config import ModelConfig
 from headscope.engine.core.errors import InvalidRequestError
 from headscope.engine.model.weights import DictWeights, WeightSource
-
-if TYPE_CHECKING:
-    import torch
 
 _TO_TL_POS = {"learned": "standard", "rotary": "rotary"}
 _FROM_TL_POS = {v: k for k, v in _TO_TL_POS.items()}
@@ -61,13 +60,13 @@ def tensor_names(cfg: ModelConfig) -> list[str]:
     return names
 
 
-def _unexpanded(w: WeightSource, name: str) -> tuple[str, torch.Tensor]:
+def _unexpanded(w: WeightSource, name: str) -> tuple[str, np.ndarray]:
     """GQA K/V tensors go back to ``_W_K`` ``[n_kv_heads, ...]`` as TransformerLens stores them."""
     cfg = w.cfg
     prefix, _, last = name.rpartition(".")
     if cfg.kv_heads != cfg.n_heads and last in _GQA_NAMES:
         group = cfg.n_heads // cfg.kv_heads
-        return f"{prefix}._{last}", w.get(name)[::group].contiguous()
+        return f"{prefix}._{last}", np.ascontiguousarray(w.get(name)[::group])
     return name, w.get(name)
 
 
@@ -110,8 +109,9 @@ def _check_plain_attention(cfg: ModelConfig) -> None:
         )
 
 
-def to_transformer_lens(w: WeightSource) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """``(HookedTransformerConfig kwargs, state dict)`` of the weights as headscope sees them."""
+def to_transformer_lens(w: WeightSource) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """``(HookedTransformerConfig kwargs, state dict)`` of the weights as headscope sees them
+    (float32 numpy arrays, read-only: ``torch.tensor(a)`` each for ``load_state_dict``)."""
     cfg = w.cfg
     _check_decoder(cfg)
     tl_cfg: dict[str, Any] = {
@@ -144,9 +144,10 @@ def to_transformer_lens(w: WeightSource) -> tuple[dict[str, Any], dict[str, torc
 
 
 def from_transformer_lens(
-    tl_cfg: Mapping[str, Any], state_dict: Mapping[str, torch.Tensor], *, name: str = "transformer-lens"
+    tl_cfg: Mapping[str, Any], state_dict: Mapping[str, Any], *, name: str = "transformer-lens"
 ) -> DictWeights:
-    """Wrap a TransformerLens config + state dict as a headscope ``WeightSource``."""
+    """Wrap a TransformerLens config + state dict (tensors or arrays) as a headscope
+    ``WeightSource``."""
     pos = tl_cfg.get("positional_embedding_type", "standard")
     if pos not in _FROM_TL_POS:
         raise InvalidRequestError(None, f"positional_embedding_type {pos!r} is not supported")
@@ -175,13 +176,13 @@ def from_transformer_lens(
     )
     # TransformerLens keeps buffers (masks, rotary tables) in its state dict: drop them.
     wanted = set(tensor_names(cfg)) | {f"{n.rpartition('.')[0]}._{n.rpartition('.')[2]}" for n in tensor_names(cfg)}
-    tensors = {k: v.detach() for k, v in state_dict.items() if k in wanted}
+    tensors = {k: v for k, v in state_dict.items() if k in wanted}  # DictWeights converts them
     return DictWeights(cfg, tensors, path=name)
 
 
 def save_native(w: WeightSource, path: str | Path, *, vocab: list[str] | None = None) -> Path:
     """Write ``w`` in headscope's native layout (``model.safetensors`` + ``headscope.json``)."""
-    from safetensors.torch import save_file
+    from safetensors.numpy import save_file
 
     from headscope.engine.core.export import atomic_write_text, file_mode
 
@@ -189,7 +190,7 @@ def save_native(w: WeightSource, path: str | Path, *, vocab: list[str] | None = 
     _check_decoder(cfg)
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.contiguous() for k, v in (_unexpanded(w, n) for n in tensor_names(cfg) if w.has(n))}
+    tensors = {k: np.ascontiguousarray(v) for k, v in (_unexpanded(w, n) for n in tensor_names(cfg) if w.has(n))}
     fields = cfg.to_dict()
     for derived in ("attn_only", "extra"):
         fields.pop(derived, None)

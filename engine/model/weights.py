@@ -1,8 +1,12 @@
-"""Weight sources: where canonical float32 tensors come from (docs/internals.md).
+"""Weight sources: where canonical float32 arrays come from (docs/internals.md).
 
-``WeightSource`` is the one interface the forward pass, the circuits and the scores read
-weights through. ``DictWeights`` holds tensors in memory (tests, training, conversions);
-``CheckpointWeights`` (below) reads a checkpoint lazily.
+``WeightSource`` is the one interface the circuits, the scores and (through
+``engine.forward.torch_weights``) the forward pass read weights through: numpy float32 arrays.
+``DictWeights`` holds tensors in memory (tests, training, conversions);
+``CheckpointWeights`` (below) reads a safetensors checkpoint lazily. Nothing here imports
+torch: tensors handed to ``DictWeights`` are converted duck-typed (``as_float32``).
+
+Arrays a source returns are read-only (``get_fresh`` aside): they may be cached and shared.
 """
 
 from __future__ import annotations
@@ -10,7 +14,9 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
 
 from headscope.engine.core.cache import ByteLRU
 from headscope.engine.core.config import ModelConfig
@@ -29,26 +35,8 @@ from headscope.engine.formats.safetensors import (
 )
 from headscope.engine.model.adapters.base import Heads, Product, Rows, Spec, Whole, Zeros
 
-if TYPE_CHECKING:
-    import torch
-
-# safetensors dtype -> torch dtype name, for the float types weights come in.
-_FLOAT_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
-                 "F8_E5M2": "float8_e5m2", "F8_E4M3": "float8_e4m3fn"}
-
-
-class _TorchDtypes(dict):
-    """``_FLOAT_DTYPES`` as torch dtypes, built on first use (torch is imported lazily)."""
-
-    def get(self, key: str, default: Any = None) -> Any:
-        if not self:
-            import torch
-
-            self.update({k: getattr(torch, v) for k, v in _FLOAT_DTYPES.items()})
-        return super().get(key, default)
-
-
-_TORCH_DTYPES = _TorchDtypes()
+__all__ = ["HEAD_TENSORS", "CheckpointWeights", "CircuitWeights", "DictWeights", "WeightSource", "as_float32", "float8_table",
+           "read_only", "tensor_bytes", "widen"]
 
 # Attention tensors that are stored per head along dim 0 in canonical form.
 HEAD_TENSORS = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V")
@@ -60,51 +48,172 @@ class WeightSource(Protocol):
 
     def has(self, name: str) -> bool: ...
 
-    def get(self, name: str) -> torch.Tensor: ...
+    def get(self, name: str) -> np.ndarray: ...
 
-    def get_head(self, name: str, head: int) -> torch.Tensor: ...
+    def get_head(self, name: str, head: int) -> np.ndarray: ...
+
+
+@runtime_checkable
+class CircuitWeights(WeightSource, Protocol):
+    """What the weight-only circuits read: a ``WeightSource`` (``ProcessedWeights``,
+    ``CheckpointWeights``, ``DictWeights``) with
+
+    - ``get(name, keep=False)``: not kept in a cache if not already there (a vocabulary-sized
+      array read once);
+    - ``release()``: drop the cached whole-layer arrays (after a sweep over the layers);
+    - ``tied_embedding()``: ``(E, a, b)`` with ``W_U = a Eᵀ``, ``W_E = b E`` before processing
+      (one stored tensor ``E``), or None;
+    - ``embed_rows(ids)`` / ``unembed_cols(cols)``: rows of ``W_E`` / columns of ``W_U`` without
+      building the whole matrix;
+    - ``fold_gains(prefix)``: the norm (gain, bias) processing folds away (None, None raw);
+    - ``plan``: the processing applied (``processing.Plan``), None for raw weights;
+    - ``middles``, ``middles_lock``: products the circuits form once per model and keep.
+    """
+
+    path: str | None
+    plan: Any
+    middles: dict[str, np.ndarray] | None
+    middles_lock: threading.Lock
+
+    def get(self, name: str, *, keep: bool = True) -> np.ndarray: ...
+
+    def release(self) -> None: ...
+
+    def tied_embedding(self) -> tuple[np.ndarray, float, float] | None: ...
+
+    def embed_rows(self, ids: np.ndarray) -> np.ndarray: ...
+
+    def unembed_cols(self, cols: np.ndarray) -> np.ndarray: ...
+
+    def fold_gains(self, prefix: str) -> tuple[np.ndarray | None, np.ndarray | None]: ...
+
+
+def as_float32(t: Any) -> np.ndarray:
+    """``t`` (a numpy array, or anything with torch's ``detach``/``float``/``numpy``) as a float32
+    numpy array; a float32 CPU tensor is shared, not copied. Duck-typed: the model layer never
+    imports torch."""
+    if isinstance(t, np.ndarray):
+        return t.astype(np.float32, copy=False)
+    if hasattr(t, "detach"):
+        t = t.detach()
+        if str(getattr(t, "dtype", "")) != "torch.float32":
+            t = t.float()
+        return np.asarray(t.cpu().numpy())
+    return np.asarray(t, dtype=np.float32)
+
+
+def read_only(a: np.ndarray) -> np.ndarray:
+    """A read-only view of ``a`` (``a`` itself, e.g. a caller's array or a tensor's memory,
+    keeps its flags)."""
+    view = a.view()
+    view.setflags(write=False)
+    return view
 
 
 class DictWeights:
-    """Canonical tensors held in a dict. GQA ``_W_K``/``_W_V``/``_b_K``/``_b_V`` are expanded."""
+    """Canonical tensors held in a dict (numpy arrays or torch tensors, converted on ``get``).
+    GQA ``_W_K``/``_W_V``/``_b_K``/``_b_V`` are expanded."""
 
-    def __init__(self, cfg: ModelConfig, tensors: Mapping[str, torch.Tensor], path: str | None = None):
+    plan = None  # raw weights: nothing folded (see ProcessedWeights.plan)
+
+    def __init__(self, cfg: ModelConfig, tensors: Mapping[str, Any], path: str | None = None):
         self.cfg = cfg
         self.path = path
         self._t = dict(tensors)
+        self.middles: dict[str, np.ndarray] | None = None
+        self.middles_lock = threading.Lock()
 
     def has(self, name: str) -> bool:
         return name in self._t or _kv_name(name) in self._t
 
-    def get(self, name: str) -> torch.Tensor:
-        import torch
-
+    def get(self, name: str, *, keep: bool = True) -> np.ndarray:
         if name in self._t:
-            return self._t[name].float()
+            return read_only(as_float32(self._t[name]))
         kv = _kv_name(name)
         if kv in self._t:
             group = self.cfg.n_heads // self.cfg.kv_heads
-            return torch.repeat_interleave(self._t[kv].float(), group, dim=0)
+            return read_only(np.repeat(as_float32(self._t[kv]), group, axis=0))
         raise MissingTensorError(self.path, f"missing tensor {name!r}")
 
-    def get_head(self, name: str, head: int) -> torch.Tensor:
+    def get_head(self, name: str, head: int) -> np.ndarray:
         if name in self._t:
-            return self._t[name][head].float()
+            return read_only(as_float32(self._t[name][head]))
         kv = _kv_name(name)
         if kv in self._t:
-            return self._t[kv][self.cfg.kv_head_of(head)].float()
+            return read_only(as_float32(self._t[kv][self.cfg.kv_head_of(head)]))
         raise MissingTensorError(self.path, f"missing tensor {name!r}")
 
+    def release(self) -> None:
+        """Nothing is cached here."""
+
+    def tied_embedding(self) -> tuple[np.ndarray, float, float] | None:
+        return None
+
+    def embed_rows(self, ids: np.ndarray) -> np.ndarray:
+        return self.get("embed.W_E")[np.asarray(ids, dtype=np.intp)]
+
+    def unembed_cols(self, cols: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(self.get("unembed.W_U")[:, np.asarray(cols, dtype=np.intp)])
+
+    def fold_gains(self, prefix: str) -> tuple[np.ndarray | None, np.ndarray | None]:
+        return None, None
 
 
-def tensor_bytes(t: torch.Tensor) -> int:
-    """Bytes a tensor's elements hold (what the tensor caches charge for it)."""
-    return int(t.numel() * t.element_size())
 
-def _pread_into(handle: Any, buffer: torch.Tensor, offset: int, file: str, tensor: str) -> None:
+def tensor_bytes(t: np.ndarray) -> int:
+    """Bytes an array's elements hold (what the weight caches charge for it)."""
+    return int(t.nbytes)
+
+
+# -- widening stored dtypes to float32 -------------------------------------------------------
+
+# safetensors dtype -> how its bytes become float32 (``widen``)
+_STORED = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": "bf16",
+           "F8_E5M2": "e5m2", "F8_E4M3": "e4m3"}
+
+
+def float8_table(kind: str) -> np.ndarray:
+    """The 256 float32 values of a float8 byte: ``e4m3`` (OCP E4M3FN: bias 7, no infinities,
+    ``S.1111.111`` NaN) or ``e5m2`` (IEEE-like: bias 15, infinities and NaNs). Exact."""
+    exp_bits, bias = (4, 7) if kind == "e4m3" else (5, 15)
+    man_bits = 7 - exp_bits
+    code = np.arange(256)
+    sign = np.where(code & 0x80, -1.0, 1.0)
+    exp = (code >> man_bits) & ((1 << exp_bits) - 1)
+    man = code & ((1 << man_bits) - 1)
+    normal = (1.0 + man / (1 << man_bits)) * np.exp2(exp.astype(np.float64) - bias)
+    subnormal = (man / (1 << man_bits)) * 2.0 ** (1 - bias)
+    value = sign * np.where(exp == 0, subnormal, normal)
+    top = exp == (1 << exp_bits) - 1
+    nan = np.copysign(np.nan, sign)  # a NaN keeps its byte's sign, as torch's conversion does
+    if kind == "e4m3":
+        value = np.where(top & (man == 7), nan, value)
+    else:
+        value = np.where(top, np.where(man == 0, sign * np.inf, nan), value)
+    return value.astype(np.float32)
+
+
+_FLOAT8 = {kind: float8_table(kind) for kind in ("e4m3", "e5m2")}
+
+
+def widen(raw: np.ndarray, dtype: Any) -> np.ndarray:
+    """Stored bytes (``uint8``) as float32: bf16 is the upper half of a float32 (exact, one
+    float32-sized array, no second one); float8 through its 256-value table; float16/float64
+    cast (float32 bytes are viewed, not copied)."""
+    if dtype == "bf16":  # one pass: each uint16 widened and shifted into its float32's top half
+        halves = raw.view(np.uint16)
+        wide = np.empty(halves.shape, np.uint32)
+        np.left_shift(halves, 16, out=wide, dtype=np.uint32)
+        return wide.view(np.float32)
+    if isinstance(dtype, str):
+        return _FLOAT8[dtype][raw]
+    return raw.view(dtype).astype(np.float32, copy=False)
+
+
+def _pread_into(handle: Any, buffer: np.ndarray, offset: int, file: str, tensor: str) -> None:
     """Fill the uint8 ``buffer`` from ``offset`` of the open file (positional reads: no shared
     file position, so threads can read the same file at once)."""
-    view = memoryview(buffer.numpy())
+    view = memoryview(buffer)
     done = 0
     while done < len(view):  # one read returns at most ~2 GB on Linux
         got = os.preadv(handle.fileno(), [view[done:]], offset + done)
@@ -114,33 +223,31 @@ def _pread_into(handle: Any, buffer: torch.Tensor, offset: int, file: str, tenso
         done += got
 
 
-def _affine(t: torch.Tensor, spec: Whole) -> torch.Tensor:
-    """``t * spec.scale + spec.add`` in place (``t`` is a fresh float32 tensor)."""
+def _affine(t: np.ndarray, spec: Whole) -> np.ndarray:
+    """``t * spec.scale + spec.add`` (float32) in place (``t`` is a fresh float32 array)."""
     if spec.scale != 1.0:
-        t.mul_(spec.scale)
+        t *= np.float32(spec.scale)
     if spec.add != 0.0:
-        t.add_(spec.add)
+        t += np.float32(spec.add)
     return t
 
 
-def _deinterleaved(block: torch.Tensor, r: int) -> torch.Tensor:
+def _deinterleaved(block: np.ndarray, r: int) -> np.ndarray:
     """The last axis (a head's dims) with its first ``r`` reordered from interleaved rotary pairs
     ``(2i, 2i+1)`` to rotate-half pairs ``(i, i + r/2)``: evens, then odds, then the rest."""
-    import torch
-
-    order = torch.cat([torch.arange(0, r, 2), torch.arange(1, r, 2), torch.arange(r, block.shape[-1])])
+    order = np.concatenate([np.arange(0, r, 2), np.arange(1, r, 2), np.arange(r, block.shape[-1])])
     return block[..., order]
 
 
-def _head_view(t: torch.Tensor, spec: Heads, stored: int) -> torch.Tensor:
+def _head_view(t: np.ndarray, spec: Heads, stored: int) -> np.ndarray:
     """``stack([t.narrow(spec.axis, spec.offset + i * spec.stride, spec.size) for i in
     range(stored)])`` as a strided view of ``t`` (no copy)."""
-    t = t.contiguous()
-    strides = list(t.stride())
-    shape = list(t.shape)
+    t = np.ascontiguousarray(t)
+    shape, strides = list(t.shape), list(t.strides)
     shape[spec.axis] = spec.size
-    return t.as_strided((stored, *shape), (spec.stride * strides[spec.axis], *strides),
-                        t.storage_offset() + spec.offset * strides[spec.axis])
+    start = t[(slice(None),) * spec.axis + (slice(spec.offset, None),)]
+    return np.lib.stride_tricks.as_strided(
+        start, (stored, *shape), (spec.stride * strides[spec.axis], *strides))
 
 
 def _changed(file: str, was: tuple[int, ...], now: tuple[int, ...]) -> CheckpointChangedError:
@@ -165,10 +272,17 @@ class CheckpointWeights:
     ``specs`` (from an adapter) say where each canonical tensor lives; ``files`` map each
     checkpoint tensor name to the (already validated, inside-the-model-directory) file
     holding it. Files are opened on first use and read with ``pread`` (see ``_read``); ``get_head`` reads
-    only the rows/columns of one head; bf16/fp16 are upcast to float32 per tensor or per
-    slice, never for the whole model. Converted tensors live in a small LRU cache bounded
+    only the rows/columns of one head; bf16/fp16/float8 are widened to float32 per tensor or
+    per slice, never for the whole model. Converted arrays live in a small LRU cache bounded
     by bytes. Safe to call from several threads.
+
+    The weight-only circuits read the raw model through the same surface as
+    ``ProcessedWeights``: ``get(name, keep=...)``, ``release()``, ``tied_embedding()``,
+    ``embed_rows(ids)``, ``unembed_cols(cols)``, ``fold_gains(prefix)``, ``plan`` (None: nothing
+    folded) and ``middles`` under ``middles_lock`` (kept ``d_model²`` products, formed once).
     """
+
+    plan = None  # raw weights: nothing folded (see ProcessedWeights.plan)
 
     def __init__(
         self,
@@ -193,23 +307,35 @@ class CheckpointWeights:
         # big tensors (embeddings) would evict everything: a quarter of the budget at most
         self._cache = ByteLRU(cache_bytes, tensor_bytes, max_entry=cache_bytes // 4)
         self._lock = threading.RLock()
+        self.middles: dict[str, np.ndarray] | None = None  # the circuits' kept products
+        self.middles_lock = threading.Lock()  # the sweep and the null may both ask at once
+
 
     def has(self, name: str) -> bool:
         return name in self.specs
 
-    def get(self, name: str) -> torch.Tensor:
-        return self._cached((name, None), lambda: self._build(name))
-
-    def get_fresh(self, name: str) -> torch.Tensor:
-        """``get(name)`` as a tensor no one else holds (not cached): the caller may edit it
-        in place, e.g. to process a vocabulary-sized tensor without a second copy."""
+    def get(self, name: str, *, keep: bool = True) -> np.ndarray:
+        """The canonical array (read-only); ``keep=False``: not kept in the cache if it was
+        not there (a vocabulary-sized array a caller reads once)."""
+        if keep:
+            return self._cached((name, None), lambda: self._build(name))
         hit = self._cache.get((name, None))
-        return hit.clone() if hit is not None else self._build(name)
+        return hit if hit is not None else read_only(self._build(name))
 
-    def get_head(self, name: str, head: int) -> torch.Tensor:
+    def get_fresh(self, name: str) -> np.ndarray:
+        """``get(name)`` as an array no one else holds (not cached, writable): the caller may
+        edit it in place, e.g. to process a vocabulary-sized tensor without a second copy."""
+        hit = self._cache.get((name, None))
+        return hit.copy() if hit is not None else self._build(name)
+
+    def get_head(self, name: str, head: int) -> np.ndarray:
         if not 0 <= head < self.cfg.n_heads:
             raise IndexOutOfRangeError(self.path, f"head {head} out of range 0..{self.cfg.n_heads - 1}")
         return self._cached((name, head), lambda: self._build_head(name, head))
+
+    def release(self) -> None:
+        """Drop the cached arrays (a sweep that read every layer keeps only its last ones)."""
+        self._cache.clear()
 
     def close(self) -> None:
         with self._lock:
@@ -218,7 +344,69 @@ class CheckpointWeights:
             self._handles.clear()
             self._cache.clear()
 
-    # --- building canonical tensors ---------------------------------------------------
+    # --- what the weight-only circuits read without building vocabulary-sized arrays ------
+
+    def fold_gains(self, prefix: str) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """The norm gain and bias processing folds away: none in a raw model."""
+        return None, None
+
+
+    def tied_embedding(self) -> tuple[np.ndarray, float, float] | None:
+        """``(E, a, b)`` when ``W_U = a Eᵀ`` and ``W_E = b E`` for one stored tensor ``E``
+        (read fresh, float32 ``[d_vocab, d_model]``)."""
+        u, e = self.specs.get("unembed.W_U"), self.specs.get("embed.W_E")
+        if not (type(u) is Whole and type(e) is Whole and u.tensor == e.tensor):
+            return None
+        if not u.transpose or e.transpose or u.add != 0.0 or e.add != 0.0:
+            return None
+        return self._read(e.tensor), u.scale, e.scale
+
+    def embed_rows(self, ids: np.ndarray) -> np.ndarray:
+        """``get("embed.W_E")[ids]``, reading only those rows (runs of consecutive ids) when
+        the embedding is stored whole and untransposed."""
+        ids = np.asarray(ids, dtype=np.intp)
+        spec = self.specs.get("embed.W_E")
+        whole = self._cache.get(("embed.W_E", None))
+        if whole is not None or type(spec) is not Whole or spec.transpose:
+            return (whole if whole is not None else self.get("embed.W_E"))[ids]
+        uniq = np.unique(ids)
+        runs = np.split(uniq, np.flatnonzero(np.diff(uniq) != 1) + 1) if uniq.size else []
+        if runs:
+            t = np.concatenate([self._read(spec.tensor, (slice(int(r[0]), int(r[-1]) + 1),)) for r in runs])
+        else:
+            t = np.zeros((0, self.cfg.d_model), np.float32)
+        with np.errstate(all="ignore"):
+            t = _affine(t, spec)
+        return t[np.searchsorted(uniq, ids)]
+
+    def unembed_block(self, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(get("unembed.W_U")[:, cols], its mean column)`` (the mean in float64, ``[d_model,
+        1]``) from one read of the stored tensor and no float32 copy of it, when the
+        unembedding is stored whole; else None."""
+        spec = self.specs.get("unembed.W_U")
+        if type(spec) is not Whole:
+            return None
+        stored = self._read(spec.tensor)  # [vocab, d_model] when transposed, else [d_model, vocab]
+        block = stored[cols].T if spec.transpose else stored[:, cols]
+        with np.errstate(all="ignore"):
+            mean = stored.mean(0 if spec.transpose else 1, dtype=np.float64)[:, None]
+            del stored
+            if spec.scale != 1.0:
+                block, mean = block * np.float32(spec.scale), mean * spec.scale
+            if spec.add != 0.0:
+                block, mean = block + np.float32(spec.add), mean + spec.add
+        return block, mean
+
+    def unembed_cols(self, cols: np.ndarray) -> np.ndarray:
+        """``get("unembed.W_U")[:, cols]`` without building the whole unembedding."""
+        cols = np.asarray(cols, dtype=np.intp)
+        whole = self._cache.get(("unembed.W_U", None))
+        found = None if whole is not None else self.unembed_block(cols)
+        if found is None:
+            return np.ascontiguousarray((whole if whole is not None else self.get("unembed.W_U"))[:, cols])
+        return np.ascontiguousarray(found[0], dtype=np.float32)
+
+    # --- building canonical arrays ------------------------------------------------------
 
     def _spec(self, name: str) -> Spec:
         spec = self.specs.get(name)
@@ -226,14 +414,10 @@ class CheckpointWeights:
             raise MissingTensorError(self.path, f"no tensor {name!r} in this {self.cfg.architecture} model")
         return spec
 
-    def _build(self, name: str) -> torch.Tensor:
-        import torch
-
+    def _build(self, name: str) -> np.ndarray:
         spec = self._spec(name)
         if isinstance(spec, Zeros):
-            return torch.zeros(spec.shape)
-        # Rearranged in the stored dtype and upcast in the same pass (upcasting is exact, so
-        # the order does not matter): no float32 copy of the tensor in its stored layout.
+            return np.zeros(spec.shape, np.float32)
         if isinstance(spec, Product):
             return self._build_whole(spec.left) @ self._build_whole(spec.right)
         if isinstance(spec, Rows):
@@ -241,53 +425,48 @@ class CheckpointWeights:
         if isinstance(spec, Whole):
             return self._build_whole(spec)
         stored = self.cfg.kv_heads if spec.kv else self.cfg.n_heads
-        # Upcast the stored tensor in one sequential pass, then cut every head out of it as one
+        # Widen the stored tensor in one sequential pass, then cut every head out of it as one
         # strided view and copy that once: stacking per-head transposed slices of a bf16
-        # tensor was the slowest step of a 7B sweep (27 s of `torch.stack`).
-        heads = self._cut(spec, _head_view(self._read(spec.tensor, None), spec, stored), batched=True)
+        # tensor was the slowest step of a 7B sweep.
+        heads = self._cut(spec, _head_view(self._read(spec.tensor), spec, stored), batched=True)
         if spec.kv and stored != self.cfg.n_heads:
-            heads = torch.repeat_interleave(heads, self.cfg.n_heads // stored, dim=0)
-        return heads.contiguous()
+            return np.repeat(heads, self.cfg.n_heads // stored, axis=0)
+        return np.ascontiguousarray(heads)
 
-    def _build_whole(self, spec: Whole) -> torch.Tensor:
-        import torch
+    def _build_whole(self, spec: Whole) -> np.ndarray:
+        # Widened contiguously (one sequential pass), then transposed as a view: no second
+        # float32 copy, and no element-by-element transposing widen (the slow step a 7B
+        # model's tied unembedding once took).
+        t = _affine(self._read(spec.tensor), spec)
+        return t.T if spec.transpose else t
 
-        if not spec.transpose:
-            return _affine(self._read(spec.tensor, None).contiguous(), spec)
-        t = self._read(spec.tensor, None, upcast=False).T
-        return _affine(torch.empty(t.shape).copy_(t), spec)
-
-    def _build_rows(self, spec: Rows) -> torch.Tensor:
+    def _build_rows(self, spec: Rows) -> np.ndarray:
         """Part of a fused tensor: only its rows are read."""
-        index = (slice(spec.offset, spec.offset + spec.size), *([slice(None)] * (len(spec.shape) - 1)))
-        t = self._read(spec.tensor, index)
-        return (t.T if spec.transpose else t).contiguous()
+        t = self._read(spec.tensor, (slice(spec.offset, spec.offset + spec.size),))
+        return np.ascontiguousarray(t.T) if spec.transpose else t
 
-    def _build_head(self, name: str, head: int) -> torch.Tensor:
-        import torch
-
+    def _build_head(self, name: str, head: int) -> np.ndarray:
         spec = self._spec(name)
         if isinstance(spec, Zeros) and len(spec.shape) >= 2 and spec.shape[0] == self.cfg.n_heads:
-            return torch.zeros(spec.shape[1:])
+            return np.zeros(spec.shape[1:], np.float32)
         if not isinstance(spec, Heads):
             raise MissingTensorError(self.path, f"{name!r} is not a per-head tensor")
         stored = self.cfg.kv_head_of(head) if spec.kv else head
         start = spec.offset + stored * spec.stride
         index = [slice(None)] * len(spec.shape)
         index[spec.axis] = slice(start, start + spec.size)
-        return self._cut(spec, self._read(spec.tensor, tuple(index))).contiguous()
+        return np.ascontiguousarray(self._cut(spec, self._read(spec.tensor, tuple(index))))
 
     @staticmethod
-    def _cut(spec: Heads, block: torch.Tensor, batched: bool = False) -> torch.Tensor:
+    def _cut(spec: Heads, block: np.ndarray, batched: bool = False) -> np.ndarray:
         """One head's ``block`` (or all heads, ``batched``: a leading head dim) in canonical layout."""
         if spec.squeeze:
             block = block.squeeze(spec.axis + int(batched))
-        block = block.transpose(-2, -1) if spec.transpose else block
+        block = block.swapaxes(-2, -1) if spec.transpose else block
         return _deinterleaved(block, spec.deinterleave) if spec.deinterleave else block
 
-    def _read(self, tensor: str, index: tuple[slice, ...] | None, upcast: bool = True) -> torch.Tensor:
-        """One tensor (or a slice of it) from disk, as float32 in memory of its own (in its
-        stored dtype if not ``upcast``; whole tensors only).
+    def _read(self, tensor: str, index: tuple[slice, ...] | None = None) -> np.ndarray:
+        """One tensor (or a slice of it) from disk, as float32 in memory of its own.
 
         Bytes are copied with ``pread`` into a buffer we own, not read through a memory map:
         pages of a mapped file count as this process's resident memory for as long as the
@@ -295,15 +474,13 @@ class CheckpointWeights:
         (measured: +2.2 GB peak RSS on a 1B model after one forward pass). Page-cache pages
         of a plain read do not. A slice along the first axis reads only its rows.
         """
-        import torch
-
         file = self.files.get(tensor)
         if file is None:
             raise MissingTensorError(self.path, f"missing tensor {tensor!r}")
         try:
             handle, info, data_start = self._locate(file, tensor)
             self._check_unchanged(file)
-            dtype = _TORCH_DTYPES.get(info.dtype)
+            dtype = _STORED.get(info.dtype)
             if dtype is None:
                 raise CorruptFileError(file, f"tensor {tensor!r} has dtype {info.dtype}, not a float type")
             shape = list(info.shape)
@@ -313,22 +490,16 @@ class CheckpointWeights:
                 first, stop, _ = index[0].indices(shape[0])
                 rows = max(0, stop - first)
                 shape[0] = rows
-                index = (slice(None), *index[1:])
-            n_bytes = rows * row_bytes
-            buffer = torch.empty(n_bytes, dtype=torch.uint8)
+            rest = None if index is None or all(i == slice(None) for i in index[1:]) else index[1:]
+            buffer = np.empty(rows * row_bytes, np.uint8)
             _pread_into(handle, buffer, data_start + info.begin + first * row_bytes, file, tensor)
             self._check_unchanged(file)  # a rewrite during the read: these bytes may be mixed
             with self._lock:
                 self.reads += 1
-            t = buffer.view(dtype).reshape(shape)
-            if not upcast and index is None:
-                return t
-            if index is not None:
-                t = t[index]
-            out = t.float()
-            if out.data_ptr() == buffer.data_ptr() and out.numel() * 4 != n_bytes:
-                out = out.clone(memory_format=torch.contiguous_format)  # a float32 slice: drop the rest
-            return out
+            t = widen(buffer, dtype).reshape(shape)
+            if rest is not None:
+                t = np.ascontiguousarray(t[(slice(None), *rest)])  # a slice: drop the rest
+            return t
         except CorruptFileError:
             raise
         except OSError as e:
@@ -372,10 +543,10 @@ class CheckpointWeights:
             raise CorruptFileError(file, f"no tensor {tensor!r} in this file")
         return handle, info, header.data_start
 
-    def _cached(self, key: tuple[str, int | None], build: Callable[[], torch.Tensor]) -> torch.Tensor:
+    def _cached(self, key: tuple[str, int | None], build: Callable[[], np.ndarray]) -> np.ndarray:
         hit = self._cache.get(key)
         if hit is not None:
             return hit
-        value = build()
+        value = read_only(build())
         self._cache.put(key, value)
         return value

@@ -107,9 +107,9 @@ def _run_sweep(model: Model, sweep: str, memo: _OnePart) -> None:
     (``compute.weight_scores``, ``compute.composition``), so the numbers are bit-identical."""
     from headscope.engine.circuits import spectral
     from headscope.engine.circuits.composition import composition_scores
-    from headscope.engine.circuits.fast import kept_spectral_middles, numpy_weights
+    from headscope.engine.circuits.spectral import kept_spectral_middles
 
-    arrays = numpy_weights(model)
+    arrays = model.weights
     if sweep in ("copying_score", "qk_positivity"):
         # one layer of spectral.spectral_scores; the middles are kept on the worker's open model
         middle = {sweep: kept_spectral_middles(arrays)[sweep]}

@@ -61,8 +61,8 @@ if TYPE_CHECKING:
 Progress = Callable[[float], None] | None
 Cancelled = Callable[[], bool] | None
 
-BEHAVIOURS = ("prev_token", "duplicate_token", "induction")  # keys of scores.behaviour_scores
-SINKS = ("attention_sink", "delimiter_sink")  # reading.sink_scores
+BEHAVIOURS = ("prev_token", "duplicate_token", "induction")  # keys of behaviour.behaviour_scores
+SINKS = ("attention_sink", "delimiter_sink")  # sinks.sink_scores
 
 
 def _check(cancelled: Cancelled) -> None:
@@ -121,9 +121,9 @@ def unembed_block(w: Any, cols: Sequence[int]) -> np.ndarray:
 def circuit_block(model: Model, req: CircuitRequest) -> CircuitBlock:
     """The block ``req`` asks for (``head_circuits.circuit_block``), labelled."""
     from headscope.engine.circuits import head_circuits
-    from headscope.engine.circuits.fast import numpy_weights
 
-    w = numpy_weights(model)
+
+    w = model.weights
     unembed = unembed_block(w, req.cols) if req.kind == "ov" and req.basis == "token" else None
     values = head_circuits.circuit_block(w, req.layer, req.head, req.kind, req.basis,
                                          req.rows, req.cols, req.offset, unembed=unembed)
@@ -161,10 +161,10 @@ def circuit_block(model: Model, req: CircuitRequest) -> CircuitBlock:
 def top_outputs(model: Model, layer: int, head: int, source: int, k: int) -> TopTokens:
     """The output tokens the full OV circuit raises most when the head attends to ``source``."""
     from headscope.engine.circuits import head_circuits
-    from headscope.engine.circuits.fast import numpy_weights
+
 
     k = max(1, min(k, model.cfg.d_vocab))
-    row = head_circuits.circuit_block(numpy_weights(model), layer, head, "ov", "token", [source],
+    row = head_circuits.circuit_block(model.weights, layer, head, "ov", "token", [source],
                                       np.arange(model.cfg.d_vocab))[0]
     ids = np.argsort(-row, kind="stable")[:k]  # the k largest, largest first
     values = row[ids]
@@ -184,9 +184,9 @@ def top_outputs(model: Model, layer: int, head: int, source: int, k: int) -> Top
 def spectrum(model: Model, layer: int, head: int, kind: str, cancelled: Cancelled = None) -> Spectrum:
     """Eigenvalues of the full OV (``"ov"``) or token QK (``"qk"``) circuit, and its score."""
     from headscope.engine.circuits import head_circuits, spectral
-    from headscope.engine.circuits.fast import numpy_weights
 
-    w = numpy_weights(model)
+
+    w = model.weights
     if kind == "ov":
         fm = head_circuits.full_ov(w, layer, head)
         score = spectral.copying_score(fm)
@@ -208,17 +208,17 @@ def spectrum(model: Model, layer: int, head: int, kind: str, cancelled: Cancelle
 
 def rotary_profile(model: Model, layer: int, head: int, offsets: tuple[int, ...]) -> Profile:
     from headscope.engine.circuits import head_circuits
-    from headscope.engine.circuits.fast import numpy_weights
 
-    values = head_circuits.rotary_profile(numpy_weights(model), layer, head, list(offsets))
+
+    values = head_circuits.rotary_profile(model.weights, layer, head, list(offsets))
     return Profile(layer, head, offsets, readonly(values, np.float32))
 
 
 def ablation_effect(model: Model, layer: int, head: int, seed: int = SEED) -> float:
     """Loss increase on the seeded repeated sequence when the head's output is zeroed."""
-    from headscope.engine.circuits import scores
+    from headscope.engine.forward import behaviour
 
-    return float(scores.ablation_effect(model.weights, layer, head, seed=seed))
+    return float(behaviour.ablation_effect(model.weights, layer, head, seed=seed))
 
 
 # -- model-wide requests (sweeps) ---------------------------------------------------------------
@@ -229,10 +229,10 @@ def nonfinite_heads(model: Model, behaviour: dict[str, Any] | None = None) -> np
     products overflow float32), and, given the behaviour scores, heads whose scores are not
     finite (finite weights whose attention overflows)."""
     from headscope.engine.circuits import spectral
-    from headscope.engine.circuits.fast import numpy_weights
+
 
     flags = np.zeros((model.cfg.n_layers, model.cfg.n_heads), bool)
-    for layer, head in spectral.nonfinite_heads(numpy_weights(model)):
+    for layer, head in spectral.nonfinite_heads(model.weights):
         flags[layer, head] = True
     for name in BEHAVIOURS if behaviour is not None else ():
         flags |= ~np.isfinite(np.asarray(behaviour[name], dtype=np.float64))
@@ -331,33 +331,34 @@ def _behaviour(model: Model, seed: int, cancelled: Cancelled, progress: Progress
 def _behaviour_pass(model: Model, seed: int, bad: np.ndarray, progress: Progress,
                     cancelled: Cancelled, null_samples: int | None
                     ) -> tuple[dict[str, Any], tuple[np.ndarray, np.ndarray], dict[str, Any] | None]:
-    """One forward pass of ``sink_batches`` side by side (``reading.passes``: each layer's
+    """One forward pass of ``sink_batches`` side by side (``sinks.passes``: each layer's
     weights are read once): the behavioural scores on the repeated batch
-    (``scores.BehaviourSums``), the sink scores on every batch (``reading.SinkSums``) and,
-    with ``null_samples``, the random heads' behaviour (``reading.NullSums``): each the
+    (``behaviour.BehaviourSums``), the sink scores on every batch (``sinks.SinkSums``) and,
+    with ``null_samples``, the random heads' behaviour (``null.NullSums``): each the
     numbers its own pass gives (up to float rounding: the MLPs of all batches run as one)."""
-    from headscope.engine.circuits import reading, scores
     from headscope.engine.core.memory import release_free_heap
+    from headscope.engine.forward import behaviour, null, sinks
 
     w = model.weights
     repeated, natural = sink_batches(model, seed)
     masks = delimiter_masks(model, natural)
-    found = scores.BehaviourSums(w, repeated, nonfinite=bad)  # the weight sweep's flags
-    sinks = reading.SinkSums(model.cfg, 1 + len(natural), [None, *masks])
-    null = None if null_samples is None else reading.NullSums(
+    found = behaviour.BehaviourSums(w, repeated, nonfinite=bad)  # the weight sweep's flags
+    sink_sums = sinks.SinkSums(model.cfg, 1 + len(natural), [None, *masks])
+    null_sums = None if null_samples is None else null.NullSums(
         w, repeated, natural, seed, null_samples, masks, cancelled)
 
     def on_block(i: int, layer: int, x: Any, pattern: Any) -> None:
         if i == 0:
             found(layer, pattern)
-        sinks(i, layer, x, pattern)
-        if null is not None:
-            null(i, layer, x, pattern)
+        sink_sums(i, layer, x, pattern)
+        if null_sums is not None:
+            null_sums(i, layer, x, pattern)
 
     _check(cancelled)
-    reading.passes(w, [repeated, *natural], on_block, scores.per_layer(model.cfg.n_layers, progress, cancelled))
+    sinks.passes(w, [repeated, *natural], on_block, behaviour.per_layer(model.cfg.n_layers, progress, cancelled))
     release_free_heap()
-    return found.result(), _masked_sinks(*sinks.result(), bad), (None if null is None else null.result())
+    return (found.result(), _masked_sinks(*sink_sums.result(), bad),
+            None if null_sums is None else null_sums.result())
 
 
 def _masked_sinks(first: Any, delim: Any, bad: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -452,7 +453,7 @@ def weight_scores(model: Model, progress: Progress = None, cancelled: Cancelled 
     computed there first (engine.cluster, by the same function), then read back here.
     """
     from headscope.engine.circuits import spectral
-    from headscope.engine.circuits.fast import numpy_weights
+
 
     n_heads = (model.cfg.n_heads,)
     if cluster is not None:  # the cluster's parts, then their read-back, over the same span
@@ -465,7 +466,7 @@ def weight_scores(model: Model, progress: Progress = None, cancelled: Cancelled 
         memos = None if store is None else {name: store.memo(name, n_heads) for name in SPECTRAL_SWEEPS}
     flags = None if store is None else store.load(
         "nonfinite", "all", (model.cfg.n_layers, model.cfg.n_heads), bool)
-    found = spectral.spectral_scores(numpy_weights(model), progress, cancelled, memos=memos, known_flags=flags)
+    found = spectral.spectral_scores(model.weights, progress, cancelled, memos=memos, known_flags=flags)
     nonfinite = found["nonfinite"] | found["overflow"]
     if store is not None and flags is None:
         store.save("nonfinite", nonfinite)
@@ -499,13 +500,13 @@ def composition(
     validated at the entry (``report``, ``Engine``, ``api.model``), not here.
     """
     from headscope.engine.circuits.composition import composition_scores
-    from headscope.engine.circuits.fast import numpy_weights
+
 
     if cluster is not None:  # the missing tiles on the cluster first, then read back here
         progress = _monotone(progress)
     memo = _sweep_memo(model, store, f"composition-{kind}", (), cluster, progress, cancelled)
     tile_cb = None if on_tile is None else (lambda t: on_tile(t.source, t.target, t.scores))
-    found = composition_scores(numpy_weights(model), kind, seed, progress, cancelled,
+    found = composition_scores(model.weights, kind, seed, progress, cancelled,
                                on_tile=tile_cb, memo=memo)
     if store is not None:
         store.finish()
@@ -520,10 +521,10 @@ def ablation_effects(
     cancelled: Cancelled = None,
     store: ModelStore | None = None,
 ) -> np.ndarray:
-    """``[n_layers, n_heads]`` zero-ablation effects of every head (``scores.ablation_effects``)."""
-    from headscope.engine.circuits import scores
+    """``[n_layers, n_heads]`` zero-ablation effects of every head (``behaviour.ablation_effects``)."""
+    from headscope.engine.forward import behaviour
 
-    effects = scores.ablation_effects(
+    effects = behaviour.ablation_effects(
         model.weights, seed=seed, progress=progress, cancelled=cancelled,
         memo=_memo(store, f"ablation-seed{seed}", (model.cfg.n_heads,)),
     )
@@ -537,34 +538,34 @@ def ablation_effects(
 
 def sink_batches(model: Model, seed: int = SEED) -> tuple[Any, list[Any]]:
     """The token batches of the sink scores and of the behavioural null: the seeded repeated
-    random sequences of the behavioural scores, and ``reading.NATURAL_PROMPTS`` encoded by
+    random sequences of the behavioural scores, and ``sinks.NATURAL_PROMPTS`` encoded by
     the model's tokenizer (none for a tokenizer that only knows ids), cut to ``n_ctx``."""
-    from headscope.engine.circuits import reading, scores
     from headscope.engine.formats.tokenizer import IdTokenizer
+    from headscope.engine.forward import behaviour, sinks
     from headscope.engine.forward.runtime import token_batch
 
     cfg = model.cfg
-    repeated = scores.repeated_tokens(cfg.d_vocab, cfg.n_ctx, seed)
+    repeated = behaviour.repeated_tokens(cfg.d_vocab, cfg.n_ctx, seed)
     natural: list[Any] = []
     if not isinstance(model.tokenizer, IdTokenizer):
-        for text in reading.NATURAL_PROMPTS:
+        for text in sinks.NATURAL_PROMPTS:
             ids = [i for i in encode(model.tokenizer, text) if 0 <= i < cfg.d_vocab][: cfg.n_ctx]
-            if len(ids) > reading.SINK_SKIP:
+            if len(ids) > sinks.SINK_SKIP:
                 natural.append(token_batch([ids]))
     return repeated, natural
 
 
 def delimiter_masks(model: Model, natural: Sequence[Any]) -> list[Any]:
-    """``[b, p]`` bool per natural batch: which tokens are delimiters (``reading.is_delimiter``
+    """``[b, p]`` bool per natural batch: which tokens are delimiters (``sinks.is_delimiter``
     of the token's text)."""
-    from headscope.engine.circuits import reading
+    from headscope.engine.forward import sinks
     from headscope.engine.forward.runtime import mask_batch
 
     memo: dict[int, bool] = {}
 
     def delimiter(token: int) -> bool:
         if token not in memo:
-            memo[token] = reading.is_delimiter(label(model.tokenizer, token))
+            memo[token] = sinks.is_delimiter(label(model.tokenizer, token))
         return memo[token]
 
     return [mask_batch([[delimiter(int(t)) for t in row] for row in tokens.tolist()])
@@ -574,13 +575,13 @@ def delimiter_masks(model: Model, natural: Sequence[Any]) -> list[Any]:
 def sink_tables(model: Model, seed: int = SEED, bad: np.ndarray | None = None
                 ) -> tuple[np.ndarray, np.ndarray]:
     """``[L, H]`` attention-sink scores on the first token and on delimiters
-    (``reading.sink_scores``), in one pass; NaN for heads with non-finite weights (``bad``,
+    (``sinks.sink_scores``), in one pass; NaN for heads with non-finite weights (``bad``,
     ``nonfinite_heads(model)`` if not given)."""
-    from headscope.engine.circuits import reading
+    from headscope.engine.forward import sinks
 
     repeated, natural = sink_batches(model, seed)
     masks = [None, *delimiter_masks(model, natural)]
-    first, delim = reading.sink_scores(model.weights, [repeated, *natural], masks)
+    first, delim = sinks.sink_scores(model.weights, [repeated, *natural], masks)
     return _masked_sinks(first, delim, nonfinite_heads(model) if bad is None else bad)
 
 
@@ -588,30 +589,29 @@ def singular_directions(model: Model, layer: int, head: int, kind: str, k: int, 
                         ) -> SingularDirections:
     """The top ``k`` singular directions of the full OV / token QK circuit, ``top`` tokens a
     side (validated by ``requests.check_svd``)."""
-    from headscope.engine.circuits import directions as reading
-    from headscope.engine.circuits import head_circuits
-    from headscope.engine.circuits.fast import numpy_weights
+    from headscope.engine.circuits import directions, head_circuits
 
-    w = numpy_weights(model)
+
+    w = model.weights
     fm = head_circuits.full_ov(w, layer, head) if kind == "ov" else head_circuits.token_qk(w, layer, head)
-    found = reading.signed_directions(fm, k)
+    found = directions.signed_directions(fm, k)
     tok = model.tokenizer
-    directions = []
+    rows = []
     for i in range(found.s.shape[0]):
-        in_ids, in_values = reading.top_by_magnitude(found.u[:, i], top)
-        out_ids, out_values = reading.top_by_magnitude(found.v[:, i], top)
-        directions.append(TokenDirection(
+        in_ids, in_values = directions.top_by_magnitude(found.u[:, i], top)
+        out_ids, out_values = directions.top_by_magnitude(found.v[:, i], top)
+        rows.append(TokenDirection(
             index=i, sigma=float(found.s[i]),
             in_ids=tuple(in_ids), in_labels=tuple(label(tok, t) for t in in_ids),
             in_values=readonly(in_values, np.float32),
             out_ids=tuple(out_ids), out_labels=tuple(label(tok, t) for t in out_ids),
             out_values=readonly(out_values, np.float32),
-            overlap=reading.overlap(in_ids, in_values, out_ids, out_values),
+            overlap=directions.overlap(in_ids, in_values, out_ids, out_values),
         ))
-    overlaps = [d.overlap for d in directions]
+    overlaps = [d.overlap for d in rows]
     return SingularDirections(
         layer=layer, head=head, kind=kind,  # type: ignore[arg-type]
-        singular_values=readonly(found.s, np.float32), directions=tuple(directions),
+        singular_values=readonly(found.s, np.float32), directions=tuple(rows),
         overlap=float(np.mean(overlaps)) if overlaps else float("nan"),
     )
 
@@ -630,13 +630,12 @@ def virtual_path(model: Model, req: PathRequest, seed: int = SEED) -> VirtualPat
     scores, a ``rows × cols`` block of the K-path, and its diagonal rate on a seeded sample of
     ``PATH_SAMPLE`` token ids (docs/math.md, "Virtual heads")."""
     from headscope.engine.circuits import directions, spectral
-    from headscope.engine.circuits.fast import numpy_weights
     from headscope.engine.circuits.head_circuits import token_sample
 
     source, target, rows, cols = req.source, req.target, req.rows, req.cols
     sample = token_sample(model.cfg.d_vocab, PATH_SAMPLE, seed)
 
-    w, tok = numpy_weights(model), model.tokenizer
+    w, tok = model.weights, model.tokenizer
     virtual = directions.virtual_ov(w, source, target)
     path = directions.k_path(w, source, target)
     try:
@@ -683,11 +682,12 @@ def score_null(model: Model, seed: int = SEED, samples: int | None = None,
     stored = _stored_null(model, seed, samples, store)
     if stored is not None:
         return stored
-    from headscope.engine.circuits import reading
+
+    from headscope.engine.forward import null
 
     repeated, natural = sink_batches(model, seed)
-    found = reading.behaviour_null(model.weights, repeated, natural, seed, samples,
-                                   delimiter_masks(model, natural), cancelled)
+    found = null.behaviour_null(model.weights, repeated, natural, seed, samples,
+                                delimiter_masks(model, natural), cancelled)
     return _null_of(model, seed, samples, found, store)
 
 
@@ -706,15 +706,15 @@ def _stored_null(model: Model, seed: int, samples: int, store: ModelStore | None
 
 def _null_of(model: Model, seed: int, samples: int, behaviour: dict[str, Any],
              store: ModelStore | None) -> ScoreNull:
-    """The null from the random heads' behaviour (``reading.behaviour_null``) and their
+    """The null from the random heads' behaviour (``null.behaviour_null``) and their
     spectral scores, stored."""
     from headscope.engine.circuits.directions import null_spectral_scores
-    from headscope.engine.circuits.fast import kept_spectral_middles, numpy_weights
+    from headscope.engine.circuits.spectral import kept_spectral_middles
 
     cfg = model.cfg
     # the weight sweep's W_U W_E and W_Eᵀ W_E (kept): a 7B model's vocabulary-sized products
     # run once
-    middles = kept_spectral_middles(numpy_weights(model))
+    middles = kept_spectral_middles(model.weights)
     found = {
         "copying_score": null_spectral_scores(middles["copying_score"], cfg.d_head, seed, samples),
         "qk_positivity": null_spectral_scores(middles["qk_positivity"], cfg.d_head, seed + 1, samples),

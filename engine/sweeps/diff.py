@@ -127,14 +127,14 @@ def diff_models(
     imports torch; with the behavioural scores (the default) torch is imported for their
     forward pass only, on a background thread while the similarities are computed.
     """
-    from headscope.engine.circuits.fast import numpy_weights
+
     from headscope.engine.circuits.similarity import circuit_similarity
     from headscope.engine.forward.runtime import import_torch_in_background
     from headscope.engine.sweeps.compute import progress_span
 
     if progress is not None:
         progress(0.0)
-    arrays_a, arrays_b = numpy_weights(a), numpy_weights(b)
+    arrays_a, arrays_b = a.weights, b.weights
     if behaviour:
         import_torch_in_background()
     sim_ov, sim_qk = circuit_similarity(arrays_a, arrays_b)

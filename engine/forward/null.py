@@ -1,15 +1,11 @@
-"""Reading a head by its behaviour (docs/math.md, "Reading a head"): attention sinks (on the
-first token and on delimiters) and the random-head null that calibrates the behavioural
-scores, on forward passes. The weight-only reading (singular directions, virtual heads, the
-spectral scores' null) is in ``directions``.
+"""The random-head null that calibrates the behavioural and sink scores (docs/math.md,
+"Calibrated scores"): random heads read the clean model's stream, layer by layer.
 """
 
 from __future__ import annotations
 
 import math
-import unicodedata
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 import torch
@@ -17,72 +13,8 @@ from torch import Tensor
 
 from headscope.engine.core.errors import CancelledError
 from headscope.engine.core.validation import NULL_SAMPLES
+from headscope.engine.forward.sinks import delimiter_sink_mass, passes, sink_mass
 from headscope.engine.model.weights import WeightSource
-
-__all__ = [
-    "NULL_SAMPLES",
-    "SINK_SKIP",
-    "delimiter_sink_mass",
-    "head_generators",
-    "is_delimiter",
-    "projected_patterns",
-    "random_head_patterns",
-    "random_projections",
-    "sink_mass",
-]
-
-SINK_SKIP = 4  # query positions 0..SINK_SKIP-1 are left out of the sink score
-
-
-# -- attention sinks ---------------------------------------------------------------------------
-
-
-def sink_mass(pattern: Tensor, skip: int = SINK_SKIP) -> Tensor:
-    """``pattern [b, h, q, k]`` -> ``[h]``: mean attention to key 0 over queries ``q >= skip``
-    (all queries if the sequence is not longer than ``skip``) and over the batch."""
-    q = pattern.shape[-2]
-    start = skip if q > skip else 0
-    return pattern[:, :, start:, 0].float().mean((0, 2))
-
-
-# Special tokens that end or separate text, by their usual spellings (prompts are encoded
-# without special tokens, so these count only where a prompt spells them out).
-SPECIAL_DELIMITERS = frozenset({
-    "<s>", "</s>", "<bos>", "<eos>", "<|endoftext|>", "<|begin_of_text|>", "<|end_of_text|>",
-    "<|eot_id|>", "<|im_start|>", "<|im_end|>", "[CLS]", "[SEP]",
-})
-
-
-def is_delimiter(text: str) -> bool:
-    """Whether a token's text is a delimiter: whitespace only (a newline, a space), or
-    punctuation only (Unicode category P*: ``.`` ``,`` ``?`` ``"`` ``)``, once whitespace is
-    removed: `` ,`` and ``.\n`` count), or one of ``SPECIAL_DELIMITERS`` (BOS/EOS/SEP)."""
-    if text in SPECIAL_DELIMITERS:
-        return True
-    core = "".join(text.split())
-    return all(unicodedata.category(c).startswith("P") for c in core)
-
-
-def delimiter_sink_mass(pattern: Tensor, delimiter: Tensor, skip: int = SINK_SKIP,
-                        causal: bool = True) -> Tensor:
-    """``pattern [b, h, q, k]``, ``delimiter [b, k]`` (bool) -> ``[h]``: the attention mass on
-    the delimiter positions ``1 ≤ k < q`` (neither the first token, which ``sink_mass``
-    counts, nor the query itself; an encoder's ``k > q`` too), averaged over the queries
-    ``q >= skip`` that have at least one such position and over the batch; NaN for every head
-    if no query has one."""
-    n = pattern.shape[-1]
-    others = torch.ones(n, n, dtype=torch.bool)
-    others = others.tril(-1) if causal else others & ~torch.eye(n, dtype=torch.bool)
-    others[:, 0] = False  # the first token is sink_mass's
-    keys = delimiter.bool()[:, None, :] & others[None]  # [b, q, k]
-    rows = keys.any(-1)  # [b, q]
-    if n > skip:
-        rows[:, :skip] = False
-    if not bool(rows.any()):
-        return torch.full((pattern.shape[1],), math.nan)
-    mass = (pattern.float() * keys[:, None].float()).sum(-1)  # [b, h, q]
-    return (mass * rows[:, None].float()).sum((0, 2)) / rows.sum()
-
 
 # -- the null ----------------------------------------------------------------------------------
 
@@ -174,63 +106,6 @@ def random_head_patterns(xs: Sequence[Tensor], d_head: int, norm_q: float, norm_
 
 # -- model-wide passes: sinks and the behavioural null -----------------------------------------
 
-# Natural text for the sink score (encoded with the model's tokenizer where it has one).
-NATURAL_PROMPTS = (
-    "When Mary and John went to the store , John gave a drink to Mary .",
-    "The cat sat on the mat and looked at the dog , and the dog looked back at the cat .",
-    "On Monday the old man walked to the river with his small red boat .",
-    "In the morning we read the news , then we went out to buy bread and milk .",
-)
-
-
-def passes(w: WeightSource, batches: Sequence[Tensor],
-           on_block: Callable[[int, int, Tensor, Tensor], None],
-           after_layer: Callable[[int], None] | None = None) -> None:
-    """Run the ``[b, p]`` token batches through the model side by side, layer by layer
-    (``forward.blocks_together``: each layer's weights are read once for all of them);
-    ``on_block(batch_index, layer, x_in, pattern)`` sees every layer's input stream and
-    pattern of every batch, ``after_layer(layer)`` runs once each layer is done."""
-    from headscope.engine.forward.transformer import blocks_together, embed
-
-    with torch.inference_mode():
-        blocks_together(w, [embed(w, tokens) for tokens in batches], on_block=on_block,
-                        after_layer=after_layer)
-
-
-def sink_scores(w: WeightSource, batches: Sequence[Tensor],
-                delimiters: Sequence[Tensor | None], skip: int = SINK_SKIP
-                ) -> tuple[Tensor, Tensor]:
-    """``([L, H], [L, H])`` in one pass over the batches: ``sink_mass`` averaged over every
-    batch, and ``delimiter_sink_mass`` averaged over the batches with a ``delimiters [b, p]``
-    mask (``None``: a batch without one) that have a query to score (NaN if none has)."""
-    sums = SinkSums(w.cfg, len(batches), delimiters, skip)
-    passes(w, batches, sums)
-    return sums.result()
-
-
-class SinkSums:
-    """``sink_scores``' reduction, an ``on_block(batch_index, layer, x, pattern)`` for
-    ``passes``; ``result()`` once every batch has run."""
-
-    def __init__(self, cfg: Any, n_batches: int, delimiters: Sequence[Tensor | None],
-                 skip: int = SINK_SKIP) -> None:
-        self.cfg, self.n_batches, self.delimiters, self.skip = cfg, n_batches, delimiters, skip
-        self.first = torch.zeros(cfg.n_layers, cfg.n_heads)
-        self.delim = torch.zeros(cfg.n_layers, cfg.n_heads)
-        self.counted = torch.zeros(cfg.n_layers)
-
-    def __call__(self, i: int, layer: int, _x: Tensor, pattern: Tensor) -> None:
-        self.first[layer] += sink_mass(pattern, self.skip) / self.n_batches
-        if self.delimiters[i] is not None:
-            found = delimiter_sink_mass(pattern, self.delimiters[i], self.skip, self.cfg.causal)
-            if not bool(found.isnan().all()):
-                self.delim[layer] += found
-                self.counted[layer] += 1
-
-    def result(self) -> tuple[Tensor, Tensor]:
-        return self.first, self.delim / self.counted[:, None]  # 0/0: NaN where no batch had a delimiter
-
-
 def _mean_finite_norm(weights: Tensor) -> float:
     """Mean Frobenius norm of the heads ``[H, d_model, d_head]`` whose norm is finite (a NaN
     head does not poison its layer's null); NaN if none is."""
@@ -267,9 +142,11 @@ class NullSums:
     def __init__(self, w: WeightSource, repeated: Tensor, natural: Sequence[Tensor], seed: int,
                  samples: int = NULL_SAMPLES, delimiters: Sequence[Tensor] | None = None,
                  cancelled: Callable[[], bool] | None = None) -> None:
-        from headscope.engine.circuits.scores import detection_patterns
+        from headscope.engine.forward.behaviour import detection_patterns
+        from headscope.engine.forward.torch_weights import torch_weights
 
         cfg = w.cfg
+        w = torch_weights(w)  # the layer's W_Q/W_K norms are read as tensors
         self.w, self.cfg, self.seed, self.samples, self.cancelled = w, cfg, seed, samples, cancelled
         self.detections = detection_patterns(repeated)
         self.n_batches = 1 + len(natural)
@@ -312,7 +189,7 @@ class NullSums:
             self._reduce(j, layer, pattern)
 
     def _reduce(self, i: int, layer: int, pattern: Tensor) -> None:
-        from headscope.engine.circuits.scores import _detect
+        from headscope.engine.forward.behaviour import _detect
 
         out = self.out
         out["attention_sink"][layer] += sink_mass(pattern) / self.n_batches

@@ -206,8 +206,10 @@ class BehaviourSums:
 
     def __init__(self, w: WeightSource, tokens: Tensor, *, exclude_bos: bool = False,
                  exclude_current_token: bool = False, nonfinite: Any = None) -> None:
+        from headscope.engine.forward.torch_weights import torch_weights
+
         cfg = w.cfg
-        self.w, self.exclude = w, {"exclude_bos": exclude_bos, "exclude_current_token": exclude_current_token}
+        self.w, self.exclude = torch_weights(w), {"exclude_bos": exclude_bos, "exclude_current_token": exclude_current_token}
         self.detections = detection_patterns(tokens)
         self.out = {name: torch.full((cfg.n_layers, cfg.n_heads), math.nan) for name in self.detections}
         self.known = nonfinite is not None
@@ -308,8 +310,10 @@ def ablation_effects(w: WeightSource, seed: int = 0, *, seq_len: int | None = No
     """
     import torch
 
+    from headscope.engine.forward.torch_weights import torch_weights
     from headscope.engine.forward.transformer import blocks, embed, run_ablations
 
+    w = torch_weights(w)  # the flags below read the weights as tensors
     _check_ablation(w, ablation)
     cfg = w.cfg
     n_layers, n_heads = cfg.n_layers, cfg.n_heads

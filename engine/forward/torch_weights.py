@@ -1,0 +1,70 @@
+"""The weights as torch tensors: the one place the forward layer turns the model layer's numpy
+arrays into tensors (docs/internals.md, "Weights").
+
+``torch_weights(w)`` wraps any ``WeightSource`` (numpy float32 arrays, read-only, possibly
+cached and shared); its ``get``/``get_head`` return ``torch.from_numpy`` views of them: no
+copy, so a forward pass holds no second copy of a big tensor. The forward pass never writes
+into a weight (every operation on one makes a new tensor), and must not: the memory is the
+cache's.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from typing import TYPE_CHECKING, Any
+
+from headscope.engine.core.config import ModelConfig
+from headscope.engine.model.weights import WeightSource
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+__all__ = ["TorchWeights", "as_tensor", "torch_weights"]
+
+# torch warns, once per process, that a read-only array gives a tensor it cannot protect. The
+# arrays are read-only so that numpy code cannot edit a cached weight, and the forward pass
+# writes none: the first such conversion is made with that warning silenced (after it torch
+# never warns again), without a process-wide filter.
+_WARNED = False
+_WARN_LOCK = threading.Lock()
+
+
+def as_tensor(a: Any) -> Tensor:
+    """A numpy array as a tensor sharing its memory (anything else: ``torch.as_tensor``)."""
+    global _WARNED
+    import numpy as np
+    import torch
+
+    if not isinstance(a, np.ndarray):
+        return torch.as_tensor(a)
+    if _WARNED or a.flags.writeable:
+        return torch.from_numpy(a)
+    with _WARN_LOCK, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)
+        t = torch.from_numpy(a)
+        _WARNED = True
+    return t
+
+
+class TorchWeights:
+    """A ``WeightSource`` view whose arrays are torch tensors (zero-copy)."""
+
+    def __init__(self, source: WeightSource) -> None:
+        self.source = source
+        self.cfg: ModelConfig = source.cfg
+        self.path: str | None = getattr(source, "path", None)
+
+    def has(self, name: str) -> bool:
+        return self.source.has(name)
+
+    def get(self, name: str) -> Tensor:
+        return as_tensor(self.source.get(name))
+
+    def get_head(self, name: str, head: int) -> Tensor:
+        return as_tensor(self.source.get_head(name, head))
+
+
+def torch_weights(w: WeightSource | TorchWeights) -> TorchWeights:
+    """``w`` read as torch tensors (``w`` itself if it already is such a view)."""
+    return w if isinstance(w, TorchWeights) else TorchWeights(w)
