@@ -38,9 +38,7 @@ def random_weights(seed: int, shape: dict[str, int]):
         for name in ("W_Q", "W_K", "W_V"):
             t[f"blocks.{layer}.attn.{name}"] = torch.randn(H, D, Dh, generator=g)
         t[f"blocks.{layer}.attn.W_O"] = torch.randn(H, Dh, D, generator=g)
-    from headscope.engine.forward.torch_weights import torch_weights
-
-    return torch_weights(DictWeights(cfg, t))  # the torch similarity and its dense baseline
+    return DictWeights(cfg, t)  # numpy arrays: what headscope's similarity reads
 
 
 def run_one(impl: str, shape: dict[str, int]) -> dict[str, float]:
@@ -55,7 +53,10 @@ def run_one(impl: str, shape: dict[str, int]) -> dict[str, float]:
             from headscope.engine.circuits.similarity import circuit_similarity
 
             circuit_similarity(wa, wb)
-        else:
+        else:  # the dense baseline, in torch
+            from headscope.engine.forward.torch_weights import torch_weights
+
+            wa, wb = torch_weights(wa), torch_weights(wb)
             e_a, e_b = wa.get("embed.W_E"), wb.get("embed.W_E")
             u_a, u_b = wa.get("unembed.W_U"), wb.get("unembed.W_U")
             for layer in range(min(BASELINE_LAYERS, shape["n_layers"])):

@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("distributed")
 
 from headscope.engine.api import report
-from headscope.engine.circuits import composition, fast, spectral
+from headscope.engine.circuits import composition, spectral
 from headscope.engine.model.loading import open_model
 from headscope.engine.sweeps import compute
 from headscope.engine.sweeps.cluster import (
@@ -184,7 +184,7 @@ def test_a_worker_forms_each_vocabulary_contraction_once(deep_gpt2: Path) -> Non
     found = compute.weight_scores(model)  # the local sweep: the same numbers, bit for bit
     local = {name: found[name] for name in ("copying_score", "qk_positivity")}
     cluster_mod._OPEN.clear()
-    with mock.patch.object(fast, "spectral_middles", wraps=spectral.spectral_middles) as middles:
+    with mock.patch.object(spectral, "spectral_middles", wraps=spectral.spectral_middles) as middles:
         for sweep, rows in local.items():
             for layer in range(rows.shape[0]):
                 part = cluster_mod.compute_part(str(deep_gpt2), key, False, sweep, layer)
@@ -314,7 +314,7 @@ def test_cli_diff_on_the_cluster_prints_the_local_json(
     sweeps = sorted(c.args[3] for c in spy.call_args_list)
     assert sweeps == sorted(2 * ["copying_score", "qk_positivity", "composition-q",
                                  "composition-k", "composition-v"])
-    # the local diff takes the weight scores from engine.fast (numpy), the workers from the
+    # the local diff takes the weight scores from engine.circuits (numpy), the workers from the
     # torch sweep: the same numbers to float32 rounding
     _assert_close(json.loads(remote), json.loads(local))
 

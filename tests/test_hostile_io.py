@@ -264,8 +264,11 @@ def test_engine_never_mixes_old_and_new_weights(tmp_path: Path, gpt2_dir: tuple[
             await engine.ready()
             first = await engine.circuit_block(0, 0, "ov", "token", rows=[1, 2], cols=[1, 2])
             _rewrite_in_place(f, _rewritten_bytes(f, 2.0))
+            # a head of another layer: its weights are not cached yet, so they are read (the
+            # engine reads a layer's attention weights whole: layer 0's other heads are cached
+            # old weights, which mix nothing)
             with pytest.raises(CheckpointChangedError, match="reopen"):
-                await engine.circuit_block(0, 1, "ov", "token", rows=[1, 2], cols=[1, 2])
+                await engine.circuit_block(1, 1, "ov", "token", rows=[1, 2], cols=[1, 2])
             again = await engine.circuit_block(0, 0, "ov", "token", rows=[1, 2], cols=[1, 2])
             assert (again.values == first.values).all()  # the cached old result, not a mix
         finally:

@@ -637,11 +637,11 @@ class Engine:
 
 def _warm_up(model: Model) -> None:
     """Read (and process) the embedding and unembedding while the user reads the tree:
-    every token-basis view needs them, and the first view should not pay for them."""
-    with inference_mode():
-        for name in ("embed.W_E", "unembed.W_U"):
-            if model.weights.has(name):
-                model.weights.get(name)
+    every token-basis view needs them, and the first view should not pay for them. numpy only
+    (the model layer's arrays): opening the model imports no torch."""
+    for name in ("embed.W_E", "unembed.W_U"):
+        if model.weights.has(name):
+            model.weights.get(name)
 
 
 def origin_text(what: str, loaded: int, computed: int) -> str:
