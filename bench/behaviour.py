@@ -74,7 +74,7 @@ def one(scenario: str, path: Path, budget: float, seq_len: int | None, batch: in
         values = torch.stack([found[k] for k in ("prev_token", "duplicate_token", "induction")])
     elif scenario == "behaviour-ref":
         patterns = run(w, tokens).patterns
-        values = torch.stack([behaviour._detect(patterns, det) for det in behaviour.detection_patterns(tokens).values()])
+        values = torch.stack([behaviour.detect(patterns, det) for det in behaviour.detection_patterns(tokens).values()])
     elif scenario == "ablation":
         values = behaviour.ablation_effects(w, SEED, seq_len=seq_len, batch=batch)
     elif scenario == "ablation-ref":
@@ -120,7 +120,7 @@ def one_again(scenario: str, w: Any, tokens: Any, seq_len: int | None, batch: in
         behaviour.behaviour_scores(w, SEED, seq_len=seq_len, batch=batch)
     elif scenario == "behaviour-ref":
         patterns = run(w, tokens).patterns
-        [behaviour._detect(patterns, det) for det in behaviour.detection_patterns(tokens).values()]
+        [behaviour.detect(patterns, det) for det in behaviour.detection_patterns(tokens).values()]
     elif scenario == "ablation-one":
         behaviour.ablation_effect(w, layer, 0, SEED, seq_len=seq_len, batch=batch)
     elif scenario == "ablation-one-ref":

@@ -1,7 +1,8 @@
-"""The one (numpy) weight algebra against dense definitions computed from the processed torch
-weights (parity-tested against transformers and TransformerLens) on every family's fixture
-(processed and raw, fp32/fp16/bf16, GQA), with non-finite and overflowing heads, and the
-weight-only commands checked not to import torch at all."""
+"""The one (numpy) weight algebra against dense definitions computed in torch from the
+processed weights (parity-tested against transformers and TransformerLens), read through the
+forward layer's zero-copy torch view, on every family's fixture (processed and raw,
+fp32/fp16/bf16, GQA), with non-finite and overflowing heads, and the weight-only commands
+checked not to import torch at all."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 import torch
 
 from headscope.engine.circuits import composition, spectral
+from headscope.engine.forward.torch_weights import torch_weights
 from headscope.engine.model.loading import open_model
 from headscope.engine.sweeps import compute
 from tests import family_fixtures, hf_fixtures, hf_fixtures_phi
@@ -30,9 +32,10 @@ def _build(name: str, dtype: str | None, tmp_path: Path) -> Path:
 
 
 def _torch_weights(model) -> dict[str, torch.Tensor]:
-    """The reference: ``model.weights`` (torch, ``ProcessedWeights``: parity-tested against
-    transformers and TransformerLens) in float64."""
-    w = model.weights
+    """The reference: ``model.weights`` (``ProcessedWeights``: parity-tested against
+    transformers and TransformerLens) as torch tensors (``torch_weights``) in float64, for the
+    dense definitions below (torch eigenvalues and norms, not the numpy algebra under test)."""
+    w = torch_weights(model.weights)
     names = ["embed.W_E", "unembed.W_U"] + [f"blocks.{layer}.attn.{n}" for layer in range(model.cfg.n_layers)
                                             for n in ("W_Q", "W_K", "W_V", "W_O")]
     return {name: w.get(name).double() for name in names}
@@ -69,16 +72,15 @@ def _dense_composition(t: dict[str, torch.Tensor], cfg, kind: str) -> np.ndarray
 
 @pytest.mark.parametrize(("name", "dtype"), CASES)
 def test_weight_scores_equal_their_dense_definitions_on_every_family(name, dtype, tmp_path):
-    """The numpy weights (``numpy_weights``: the safetensors reader, or the temporary adapter)
-    equal the processed torch weights, and the one weight algebra on them equals the dense
-    definitions (eigenvalues of the vocab × vocab circuits, norms of the dense products)."""
+    """The one weight algebra on ``model.weights`` equals the dense definitions (eigenvalues
+    of the vocab × vocab circuits, norms of the dense products, in torch, float64), processed
+    and raw. The processed weights themselves are held to TransformerLens' and transformers'
+    in tests/test_processing.py and the parity tests."""
     path = _build(name, dtype, tmp_path)
     for raw in (False, True):
         model = open_model(path, raw=raw)
         arrays = model.weights
         t = _torch_weights(model)
-        for key, value in t.items():
-            np.testing.assert_allclose(arrays.get(key), value.float().numpy(), atol=1e-6, rtol=1e-6, err_msg=key)
         found = spectral.spectral_scores(arrays)
         want = _dense_spectral(t, model.cfg)
         for score in ("copying_score", "qk_positivity"):
@@ -223,16 +225,13 @@ def test_no_behaviour_refuses_behavioural_sort_keys_and_ablation(capsys):
 
 
 def _dense_block(model, layer: int, head: int, kind: str, basis: str, rows, cols, offset: int) -> np.ndarray:
-    """The block from the processed torch weights, RoPE by the forward pass's rotation
-    (``forward.transformer.apply_rotary``, parity-tested against transformers)."""
-    from headscope.engine.forward.transformer import (
-        apply_rotary,
-        layer_config,
-        rotary_inv_freq,
-        rotary_scale,
-    )
+    """The block from the processed weights in torch (``torch_weights``), RoPE by the forward
+    pass's torch rotation (``forward.transformer.apply_rotary``, parity-tested against
+    transformers), not the numpy ``model.rotary`` the circuits use."""
+    from headscope.engine.forward.transformer import apply_rotary, rotary_inv_freq, rotary_scale
+    from headscope.engine.model.rotary import layer_config
 
-    w = model.weights
+    w = torch_weights(model.weights)
     get = lambda name: w.get(f"blocks.{layer}.attn.{name}")[head].double()  # noqa: E731
     rows, cols = torch.as_tensor(rows), torch.as_tensor(cols)
     if basis == "position":

@@ -18,13 +18,14 @@ from headscope.engine.circuits.factored import FactoredMatrix
 from headscope.engine.core.config import ModelConfig
 from headscope.engine.core.errors import CancelledError, InvalidRequestError
 from headscope.engine.forward import behaviour
+from headscope.engine.forward.torch_weights import torch_weights
 from headscope.engine.forward.transformer import run
 from headscope.engine.model.weights import DictWeights
 from tests.test_circuits import random_weights
 
 
 def nw(w: DictWeights) -> DictWeights:
-    """The numpy weights surface the weight algebra reads."""
+    """The numpy weights surface the weight algebra reads: ``w`` itself (``get`` gives arrays)."""
     return w
 
 
@@ -52,7 +53,9 @@ def dense_spectral_score(m: torch.Tensor) -> float:
 
 
 def attn(w: DictWeights, layer: int, name: str) -> torch.Tensor:
-    return w.get(f"blocks.{layer}.attn.{name}")
+    """A weight as a tensor (the forward layer's zero-copy view): the references do their
+    maths in torch, apart from the numpy algebra under test."""
+    return torch_weights(w).get(f"blocks.{layer}.attn.{name}")
 
 
 def dense_composition(w: DictWeights, kind: str) -> torch.Tensor:
@@ -177,7 +180,7 @@ def test_identity_copying_head_scores_plus_one_and_its_negation_minus_one(sign):
 @pytest.mark.parametrize("n_kv_heads", [None, 2])
 def test_batched_spectral_scores_equal_the_dense_per_head_definition(n_kv_heads):
     w = random_weights(n_kv_heads=n_kv_heads, d_vocab=9)
-    w_e, w_u = w.get("embed.W_E"), w.get("unembed.W_U")
+    w_e, w_u = torch_weights(w).get("embed.W_E"), torch_weights(w).get("unembed.W_U")
     copying, positivity = all_copying_scores(w), all_qk_positivity(w)
     assert copying.shape == positivity.shape == (2, 4)
     for layer in range(2):
@@ -353,7 +356,7 @@ def loss_without(w: DictWeights, tokens: torch.Tensor, layer: int | None, head: 
     """Reference: zero-ablation is the same model with that head's W_O set to zero."""
     t = dict(w._t)
     if layer is not None:
-        w_o = t[f"blocks.{layer}.attn.W_O"].clone()
+        w_o = torch.as_tensor(t[f"blocks.{layer}.attn.W_O"]).clone()
         w_o[head] = 0
         t[f"blocks.{layer}.attn.W_O"] = w_o
     logits = run(DictWeights(w.cfg, t), tokens).logits
@@ -409,7 +412,7 @@ def test_a_cancelled_sweep_raises_cancelled_error(sweep):
 
 def with_nan(w: DictWeights, name: str, layer: int, head: int) -> DictWeights:
     t = dict(w._t)
-    x = t[f"blocks.{layer}.attn.{name}"].clone()
+    x = torch.as_tensor(t[f"blocks.{layer}.attn.{name}"]).clone()
     x[head].view(-1)[3] = float("nan")
     t[f"blocks.{layer}.attn.{name}"] = x
     return DictWeights(w.cfg, t)
@@ -443,7 +446,7 @@ def test_nan_weights_give_nan_scores_for_that_head_and_no_crash(name):
 def test_a_zero_head_has_undefined_scores_not_a_crash():
     clean = random_weights(n_layers=2)
     t = dict(clean._t)
-    w_o = t["blocks.0.attn.W_O"].clone()
+    w_o = torch.as_tensor(t["blocks.0.attn.W_O"]).clone()
     w_o[1] = 0  # a pruned head: OV = 0, so every ratio is 0/0
     t["blocks.0.attn.W_O"] = w_o
     w = DictWeights(clean.cfg, t)

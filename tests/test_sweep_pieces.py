@@ -26,8 +26,13 @@ def model(request, tmp_path_factory):
     return open_model(write_checkpoint(SHAPES[request.param], tmp_path_factory.mktemp("ck")))
 
 
+def _f64(w, name: str) -> np.ndarray:
+    """A weight (a read-only float32 array) as a float64 copy for the dense definitions."""
+    return np.asarray(w.get(name), dtype=np.float64)
+
+
 def _attn(w, layer: int, name: str) -> np.ndarray:
-    return w.get(f"blocks.{layer}.attn.{name}").double().numpy()
+    return _f64(w, f"blocks.{layer}.attn.{name}")
 
 
 def _spectral(m: np.ndarray) -> float:
@@ -40,7 +45,7 @@ def definition_scores(w) -> tuple[np.ndarray, np.ndarray]:
     """Copying (full OV ``W_E W_V W_O W_U``) and QK positivity (token QK ``W_E W_Q W_Kᵀ W_Eᵀ``)
     from the eigenvalues of the dense ``d_vocab × d_vocab`` circuits, head by head."""
     cfg = w.cfg
-    w_e, w_u = w.get("embed.W_E").double().numpy(), w.get("unembed.W_U").double().numpy()
+    w_e, w_u = _f64(w, "embed.W_E"), _f64(w, "unembed.W_U")
     copying = np.empty((cfg.n_layers, cfg.n_heads))
     positivity = np.empty((cfg.n_layers, cfg.n_heads))
     for layer in range(cfg.n_layers):
@@ -122,7 +127,7 @@ def test_skipped_pairs_are_not_recomputed(model):
 
 def test_nonfinite_heads_are_nan_in_every_piece():
     w = random_weights(n_layers=3, n_heads=2)
-    tensors = {k: v.clone() for k, v in w._t.items()}
+    tensors = {k: np.array(w.get(k)) for k in w._t}  # writable float32 copies
     tensors["blocks.1.attn.W_Q"][1, 0, 0] = math.nan
     bad = DictWeights(w.cfg, tensors)
     fused = spectral.spectral_scores(bad)

@@ -1,5 +1,5 @@
-"""The weight algebra (``engine.circuits``, numpy) as the tests call it: on a torch weight
-source (``DictWeights``, ``model.weights``) through the numpy surface, results as tensors
+"""The weight algebra (``engine.circuits``, numpy) as the tests call it: on any weight source
+(``DictWeights``, ``model.weights``; both give read-only float32 arrays), results as tensors
 where the tests compare tensors."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from headscope.engine.circuits import composition, spectral
 
 
 def nw(w: Any) -> Any:
-    """The numpy weights surface of ``w`` (``w`` itself if it is one)."""
+    """The numpy weights surface of ``w``: ``w`` itself (every weight source is one now; kept
+    for the tests that call it)."""
     return w
 
 

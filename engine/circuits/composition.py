@@ -33,7 +33,6 @@ from headscope.engine.circuits.spectral import (
     layer_nonfinite,
     report,
 )
-from headscope.engine.core.validation import check_composition_kind
 
 __all__ = ["TILE_BYTES", "CompositionScores", "CompositionTile", "composition_baseline",
            "composition_pairs", "composition_score", "composition_scores", "composition_tile",
@@ -166,7 +165,6 @@ def composition_pairs(n_layers: int) -> list[tuple[int, int]]:
 
 def composition_tile(w: Any, kind: str, source: int, target: int) -> CompositionTile:
     """One layer pair's scores (what ``iter_composition_tiles`` yields for it)."""
-    check_composition_kind(kind, getattr(w, "path", None))
     if not 0 <= source < target < w.cfg.n_layers:
         raise ValueError(f"a composition tile needs 0 <= source < target < {w.cfg.n_layers}, "
                          f"not {source}, {target}")
@@ -242,8 +240,8 @@ def composition_scores(w: Any, kind: str, seed: int = 0, progress: Progress = No
     ``memo``: one part per target layer ``t``, ``scores[:t, :, t, :]``; stored targets are
     skipped (``on_tile`` still gets their tiles, first), each computed target is put once its
     last pair ``(t - 1, t)`` is done. ``tile_bytes`` bounds the source factors held at once;
-    it changes the blocking, not the numbers."""
-    check_composition_kind(kind, getattr(w, "path", None))
+    it changes the blocking, not the numbers. ``kind`` is validated where the request enters
+    (``api``, ``service``: docs/internals.md, "The path of a request"), not here."""
     cfg = w.cfg
     scores = np.zeros((cfg.n_layers, cfg.n_heads, cfg.n_layers, cfg.n_heads), np.float32)
     skip: set[tuple[int, int]] = set()

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from headscope.engine.circuits.spectral import Memo
-from headscope.engine.core.errors import CancelledError, InvalidRequestError
+from headscope.engine.circuits.spectral import Memo, check_cancelled, layer_nonfinite, report
+from headscope.engine.core.errors import InvalidRequestError
 from headscope.engine.core.memory import (
     release_free_heap,  # the sweeps end by returning freed pages
 )
@@ -45,51 +45,6 @@ def _known(memo: Memo | None, index: int, shape: tuple[int, ...] | None = None) 
         return None
     found = memo.get(index, shape)
     return None if found is None else torch.from_numpy(np.array(found, dtype=np.float32))
-
-
-def _attn(w: WeightSource, layer: int, name: str) -> Tensor:
-    return w.get(f"blocks.{layer}.attn.{name}")
-
-
-def _check(cancelled: Cancelled) -> None:
-    if cancelled is not None and cancelled():
-        raise CancelledError("sweep cancelled")
-
-
-def _report(progress: Progress, fraction: float) -> None:
-    if progress is not None:
-        progress(min(1.0, max(0.0, fraction)))
-
-
-def _finite_per_matrix(x: Tensor) -> Tensor:
-    """``[...]`` bool: which of the matrices ``x [..., m, n]`` are entirely finite.
-
-    One reduction pass: a sum is NaN or ±inf if any entry is (it could also overflow, but
-    only for entries near 1e33, which no float32 computation survives anyway). It is many
-    times faster on CPU than ``isfinite(x).all()``, which materialises a bool tensor first.
-    """
-    return torch.isfinite(x.sum((-2, -1)))
-
-
-# -- non-finite heads (the forward passes' NaN flags) --------------------------------------------
-
-_HEAD_WEIGHTS = ("W_Q", "W_K", "W_V", "W_O")
-_HEAD_BIASES = ("b_Q", "b_K", "b_V")
-
-
-def _layer_nonfinite(w: WeightSource, layer: int) -> Tensor:
-    """``[n_heads]`` bool: heads of ``layer`` with a NaN/inf in a weight or bias."""
-    bad = torch.zeros(w.cfg.n_heads, dtype=torch.bool)
-    for name in _HEAD_WEIGHTS:
-        bad |= ~_finite_per_matrix(_attn(w, layer, name))
-    for name in _HEAD_BIASES:
-        if w.has(f"blocks.{layer}.attn.{name}"):
-            bad |= ~torch.isfinite(_attn(w, layer, name).sum(-1))
-    return bad
-
-
-def _nonfinite_mask(w: WeightSource) -> Tensor:
-    return torch.stack([_layer_nonfinite(w, layer) for layer in range(w.cfg.n_layers)])
 
 
 def repeated_tokens(vocab: int, n_ctx: int, seed: int = 0, seq_len: int | None = None,
@@ -142,7 +97,7 @@ def _excluded(n: int, exclude_bos: bool, exclude_current_token: bool) -> Tensor 
     return keep
 
 
-def _detect(patterns: Tensor, detection: Tensor, *, exclude_bos: bool = False,
+def detect(patterns: Tensor, detection: Tensor, *, exclude_bos: bool = False,
             exclude_current_token: bool = False) -> Tensor:
     """TransformerLens ``error_measure="mul"``: attention mass on the pattern / total mass.
 
@@ -174,19 +129,19 @@ def behaviour_scores(w: WeightSource, seed: int = 0, *, seq_len: int | None = No
     """``prev_token``, ``duplicate_token`` and ``induction`` scores ``[L, H]``.
 
     One forward pass on ``repeated_tokens(vocab, n_ctx, seed, seq_len, batch)`` (see there and
-    ``_detect``): by default ``batch=4`` sequences of ``T = min(32, n_ctx // 2)`` distinct
+    ``detect``): by default ``batch=4`` sequences of ``T = min(32, n_ctx // 2)`` distinct
     random tokens written twice (``2T = 64`` positions). Each layer's scores are computed
     from its pattern as soon as the layer's attention has run (``BehaviourSums``), so memory
     holds one layer's ``[batch, n_heads, 2T, 2T]`` pattern, never all of them, and the
     unembedding is skipped. ``progress`` and ``cancelled()`` are reported/checked after each
     layer. Non-finite heads get NaN. ``exclude_bos`` / ``exclude_current_token``: as
-    TransformerLens' ``detect_head`` (see ``_detect``); the sequences have no BOS token, so
+    TransformerLens' ``detect_head`` (see ``detect``); the sequences have no BOS token, so
     "BOS" is position 0. (``engine.compute.behaviour`` runs the same reduction in one pass
     with the attention sinks and the random-head null.)
     """
     from headscope.engine.forward.transformer import blocks_together, embed
 
-    _check(cancelled)
+    check_cancelled(cancelled)
     tokens = repeated_tokens(w.cfg.d_vocab, w.cfg.n_ctx, seed, seq_len, batch)
     found = BehaviourSums(w, tokens, exclude_bos=exclude_bos, exclude_current_token=exclude_current_token)
     with torch.inference_mode():
@@ -206,10 +161,9 @@ class BehaviourSums:
 
     def __init__(self, w: WeightSource, tokens: Tensor, *, exclude_bos: bool = False,
                  exclude_current_token: bool = False, nonfinite: Any = None) -> None:
-        from headscope.engine.forward.torch_weights import torch_weights
-
         cfg = w.cfg
-        self.w, self.exclude = torch_weights(w), {"exclude_bos": exclude_bos, "exclude_current_token": exclude_current_token}
+        self.weights = w  # numpy: the non-finite check is the weight sweep's (spectral.layer_nonfinite)
+        self.exclude = {"exclude_bos": exclude_bos, "exclude_current_token": exclude_current_token}
         self.detections = detection_patterns(tokens)
         self.out = {name: torch.full((cfg.n_layers, cfg.n_heads), math.nan) for name in self.detections}
         self.known = nonfinite is not None
@@ -218,10 +172,10 @@ class BehaviourSums:
 
     def __call__(self, layer: int, pattern: Tensor) -> None:
         if not self.known:
-            self.bad[layer] = _layer_nonfinite(self.w, layer)
+            self.bad[layer] = torch.from_numpy(layer_nonfinite(self.weights, layer))
         pattern = pattern.float()
         for name, det in self.detections.items():
-            self.out[name][layer] = _detect(pattern, det, **self.exclude)
+            self.out[name][layer] = detect(pattern, det, **self.exclude)
 
     def result(self) -> dict[str, Tensor]:
         return {name: torch.where(self.bad, torch.full_like(score, math.nan), score)
@@ -233,9 +187,9 @@ def per_layer(n_layers: int, progress: Progress, cancelled: Cancelled) -> Callab
     ``cancelled()`` before every layer but the first."""
 
     def after_layer(layer: int) -> None:
-        _report(progress, (layer + 1) / n_layers)
+        report(progress, (layer + 1) / n_layers)
         if layer + 1 < n_layers:
-            _check(cancelled)
+            check_cancelled(cancelled)
 
     return after_layer
 
@@ -313,7 +267,7 @@ def ablation_effects(w: WeightSource, seed: int = 0, *, seq_len: int | None = No
     from headscope.engine.forward.torch_weights import torch_weights
     from headscope.engine.forward.transformer import blocks, embed, run_ablations
 
-    w = torch_weights(w)  # the flags below read the weights as tensors
+    weights, w = w, torch_weights(w)  # numpy for the non-finite flags (spectral.layer_nonfinite)
     _check_ablation(w, ablation)
     cfg = w.cfg
     n_layers, n_heads = cfg.n_layers, cfg.n_heads
@@ -322,12 +276,12 @@ def ablation_effects(w: WeightSource, seed: int = 0, *, seq_len: int | None = No
     out = torch.empty(n_layers, n_heads)
     known = {layer: _known(memo, layer, (n_heads,)) for layer in range(n_layers)}
     if all(v is not None for v in known.values()):
-        _report(progress, 1.0)
+        report(progress, 1.0)
         return torch.stack([v for v in known.values() if v is not None])
     # Work per layer: the blocks after it plus the unembedding (about one block's worth).
     cost = [n_layers - layer + 1 for layer in range(n_layers)]
     done = 0
-    _check(cancelled)
+    check_cancelled(cancelled)
     with torch.inference_mode():
         entering: list[Tensor] = []  # the clean residual stream entering each block
         clean = blocks(w, embed(w, tokens), on_block=lambda _layer, x, _pattern: entering.append(x))
@@ -337,9 +291,9 @@ def ablation_effects(w: WeightSource, seed: int = 0, *, seq_len: int | None = No
             if stored is not None:
                 out[layer] = stored
                 done += cost[layer]
-                _report(progress, done / sum(cost))
+                report(progress, done / sum(cost))
                 continue
-            _check(cancelled)
+            check_cancelled(cancelled)
             for first in range(0, n_heads, chunk):
                 heads = list(range(first, min(n_heads, first + chunk)))
                 final = run_ablations(w, entering[layer], layer, heads, ablation)
@@ -347,12 +301,13 @@ def ablation_effects(w: WeightSource, seed: int = 0, *, seq_len: int | None = No
                     out[layer, head] = _stream_loss(w, final[i], tokens) - base
             if memo is not None:
                 # NaN for non-finite heads, as in the whole table below
-                memo.put(layer, torch.where(_layer_nonfinite(w, layer), math.nan, out[layer]))
+                bad = torch.from_numpy(layer_nonfinite(weights, layer))
+                memo.put(layer, torch.where(bad, math.nan, out[layer]))
             done += cost[layer]
-            _report(progress, done / sum(cost))
+            report(progress, done / sum(cost))
     entering.clear()  # the streams are not needed any more: free them before the trim
     del clean
-    bad = _nonfinite_mask(w)
+    bad = torch.from_numpy(np.stack([layer_nonfinite(weights, layer) for layer in range(n_layers)]))
     release_free_heap()
     return torch.where(bad, torch.full_like(out, math.nan), out)
 

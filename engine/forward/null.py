@@ -189,7 +189,7 @@ class NullSums:
             self._reduce(j, layer, pattern)
 
     def _reduce(self, i: int, layer: int, pattern: Tensor) -> None:
-        from headscope.engine.forward.behaviour import _detect
+        from headscope.engine.forward.behaviour import detect
 
         out = self.out
         out["attention_sink"][layer] += sink_mass(pattern) / self.n_batches
@@ -201,7 +201,7 @@ class NullSums:
                 self.counted[layer] += 1
         if i == 0:
             for name, det in self.detections.items():
-                out[name][layer] = _detect(pattern, det)
+                out[name][layer] = detect(pattern, det)
 
     def result(self) -> dict[str, Tensor]:
         self.out["delimiter_sink"] /= self.counted[:, None]
