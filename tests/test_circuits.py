@@ -10,6 +10,7 @@ import torch
 from headscope.engine.circuits import head_circuits as circuits
 from headscope.engine.core.config import ModelConfig
 from headscope.engine.core.errors import IndexOutOfRangeError, InvalidRequestError
+from headscope.engine.forward.torch_weights import torch_weights
 from headscope.engine.model import rotary
 from headscope.engine.model.weights import DictWeights
 
@@ -43,8 +44,13 @@ def random_weights(*, n_layers: int = 2, n_heads: int = 4, d_model: int = 12, d_
     return DictWeights(cfg, t, path="test.safetensors")
 
 
-def dense(w: DictWeights, layer: int, name: str) -> torch.Tensor:
+def dense(w: DictWeights, layer: int, name: str) -> np.ndarray:
     return w.get(f"blocks.{layer}.attn.{name}")
+
+
+def dense_torch(w: DictWeights, layer: int, name: str) -> torch.Tensor:
+    """``dense`` as a tensor (zero-copy), for the comparisons with Hugging Face's rotary code."""
+    return torch_weights(w).get(f"blocks.{layer}.attn.{name}")
 
 
 def nw(w: DictWeights) -> DictWeights:
@@ -79,7 +85,7 @@ def test_circuits_equal_their_dense_definitions(n_kv_heads):
 def test_gqa_heads_read_their_kv_head():
     w = random_weights(n_kv_heads=2)
     # Heads 2 and 3 both read K/V head 1 (group size 2).
-    raw_k, raw_v = w._t["blocks.1.attn._W_K"][1], w._t["blocks.1.attn._W_V"][1]
+    raw_k, raw_v = w._t["blocks.1.attn._W_K"][1].numpy(), w._t["blocks.1.attn._W_V"][1].numpy()
     for head in (2, 3):
         close(circuits.qk(nw(w), 1, head).AB, dense(w, 1, "W_Q")[head] @ raw_k.T)
         close(circuits.ov(nw(w), 1, head).AB, raw_v @ dense(w, 1, "W_O")[head])
@@ -128,7 +134,7 @@ def test_rotary_qk_is_the_score_of_rotated_queries_and_keys(rotary_dim):
     w = random_weights(positional="rotary", d_head=6, rotary_dim=rotary_dim, n_ctx=64)
     g = torch.Generator().manual_seed(1)
     x_q, x_k = torch.randn(12, generator=g), torch.randn(12, generator=g)
-    q, k = x_q @ dense(w, 1, "W_Q")[2], x_k @ dense(w, 1, "W_K")[2]
+    q, k = x_q @ dense_torch(w, 1, "W_Q")[2], x_k @ dense_torch(w, 1, "W_K")[2]
     for i, delta in [(5, 0), (5, 1), (9, 3), (40, 17), (3, -2)]:
         expected = hf_rotary_score(q, k, i, i - delta, w.cfg)
         got = x_q @ t(circuits.rotary_qk(nw(w), 1, 2, delta).AB) @ x_k
@@ -149,11 +155,11 @@ def test_rotary_profile_is_the_documented_statistic():
     offsets = [0, 1, 2, 7]
     profile = circuits.rotary_profile(nw(w), 0, 1, offsets, n_tokens=10, seed=3)
     ids = torch.randperm(40, generator=torch.Generator().manual_seed(3))[:10]
-    w_q, w_k = dense(w, 0, "W_Q")[1], dense(w, 0, "W_K")[1]
+    w_q, w_k = dense_torch(w, 0, "W_Q")[1], dense_torch(w, 0, "W_K")[1]
     for n, delta in enumerate(offsets):
         total = 0.0
         for t in ids.tolist():
-            e = w.get("embed.W_E")[t]
+            e = torch_weights(w).get("embed.W_E")[t]
             e = e * 12**0.5 / e.norm()
             total += float(hf_rotary_score(e @ w_q, e @ w_k, 20 + delta, 20, w.cfg))
         assert float(profile[n]) == pytest.approx(total / 10, rel=1e-4, abs=1e-4)

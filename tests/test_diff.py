@@ -25,9 +25,9 @@ def circuit_similarity(wa: DictWeights, wb: DictWeights) -> SimpleNamespace:
     return SimpleNamespace(ov=torch.from_numpy(ov), qk=torch.from_numpy(qk))
 
 
-def principal_cosines(x: torch.Tensor, y: torch.Tensor) -> float:
-    """The mean principal cosine of the column spaces of one pair."""
-    return float(similarity.principal_cosines(x.numpy()[None], y.numpy()[None])[0])
+def principal_cosines(x: np.ndarray | torch.Tensor, y: np.ndarray | torch.Tensor) -> float:
+    """The mean principal cosine of the column spaces of one pair (arrays or tensors)."""
+    return float(similarity.principal_cosines(np.asarray(x)[None], np.asarray(y)[None])[0])
 
 
 def random_weights(seed: int, d_model: int = D, d_head: int = DH, path: str | None = None) -> DictWeights:
@@ -57,21 +57,21 @@ def edited(w: DictWeights, name: str, layer: int, head: int, change) -> DictWeig
     return DictWeights(w.cfg, t)
 
 
-def dense_full_ov(w: DictWeights, layer: int, head: int) -> torch.Tensor:
+def dense_full_ov(w: DictWeights, layer: int, head: int) -> np.ndarray:
     wv = w.get(f"blocks.{layer}.attn.W_V")[head]
     wo = w.get(f"blocks.{layer}.attn.W_O")[head]
     return w.get("embed.W_E") @ wv @ wo @ w.get("unembed.W_U")
 
 
-def dense_token_qk(w: DictWeights, layer: int, head: int) -> torch.Tensor:
+def dense_token_qk(w: DictWeights, layer: int, head: int) -> np.ndarray:
     wq = w.get(f"blocks.{layer}.attn.W_Q")[head]
     wk = w.get(f"blocks.{layer}.attn.W_K")[head]
     e = w.get("embed.W_E")
     return e @ wq @ wk.T @ e.T
 
 
-def cosine(x: torch.Tensor, y: torch.Tensor) -> float:
-    return float((x * y).sum() / (x.norm() * y.norm()))
+def cosine(x: np.ndarray, y: np.ndarray) -> float:
+    return float((x * y).sum() / (np.linalg.norm(x) * np.linalg.norm(y)))
 
 
 def test_similarity_matches_dense_circuits_for_every_head_pair() -> None:

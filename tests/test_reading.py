@@ -21,6 +21,7 @@ from headscope.engine.core.errors import IndexOutOfRangeError, InvalidRequestErr
 from headscope.engine.core.validation import SCORE_NAMES, Z_NAMES
 from headscope.engine.forward import behaviour, null, sinks
 from headscope.engine.forward import null as null_module
+from headscope.engine.forward.torch_weights import torch_weights
 from headscope.engine.forward.transformer import run
 from headscope.engine.service.engine import Engine
 from headscope.engine.sweeps import compute
@@ -95,7 +96,7 @@ def test_svd_json_schema_and_the_copying_head_reads_what_it_writes(capsys) -> No
 
 
 def test_virtual_heads_equal_the_dense_products(model: Any) -> None:
-    w = model.weights
+    w = torch_weights(model.weights)  # the dense products in torch float64, on the same arrays
     a, b = head_weights(w, *PREV_TOKEN_HEAD), head_weights(w, *INDUCTION_HEAD)
     w_e, w_u = w.get("embed.W_E").double(), w.get("unembed.W_U").double()
     ov_a = a["W_V"].double() @ a["W_O"].double()

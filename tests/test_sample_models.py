@@ -1,8 +1,9 @@
 """Acceptance of the bundled sample models (sample_models/README.md): their circuits are real.
 
-Scores come from the engine (``engine.scores`` on ``engine.loading.open_model``), i.e. what
-``headscope heads`` shows; the training code's own diagnostics (``sample_models.model``,
-written independently) are used as a cross-check of the engine on trained weights.
+Scores come from the engine (``engine.circuits`` and ``engine.forward.behaviour`` on
+``engine.model.loading.open_model``), i.e. what ``headscope heads`` shows; the training code's
+own diagnostics (``sample_models.model``, written independently) are used as a cross-check of
+the engine on trained weights.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ INDUCTION_ABLATION_MARGIN = 0.5
 @pytest.fixture(scope="module")
 def two_layer():
     model = open_model(sample_model("attn-only-2l"))
-    w = torch_weights(model.weights)
+    w = model.weights
     return model, behaviour_scores(w, seed=0), all_copying_scores(w), composition_scores(w, "k")
 
 
@@ -63,7 +64,7 @@ def test_attn_only_2l_prev_token_head_k_composes_into_a_copying_induction_head(t
 def _repeated_loss(model, ablate: list[tuple[int, int]]) -> float:
     """Next-token loss on the second copy of the engine's seeded repeated random sequences
     (positions T..2T-2 predicting T+1..2T-1: what the first copy determines), as
-    ``engine.scores.ablation_effects`` defines it."""
+    ``engine.forward.behaviour.ablation_effects`` defines it."""
     tokens = repeated_tokens(model.cfg.d_vocab, model.cfg.n_ctx, seed=0)
     half = tokens.shape[1] // 2
     logits = run(model.weights, tokens, ablate=ablate).logits[:, half:-1]
@@ -97,7 +98,7 @@ def test_attn_only_1l_copies_but_has_no_induction_head() -> None:
     assert model.cfg.n_layers == 1
     behaviour = behaviour_scores(model.weights, seed=0)
     assert float(behaviour["induction"].max()) < 0.3, behaviour["induction"]
-    assert float(all_copying_scores(torch_weights(model.weights)).max()) >= 0.7
+    assert float(all_copying_scores(model.weights).max()) >= 0.7
 
 
 @pytest.mark.parametrize("name", ["attn-only-1l", "attn-only-2l"])
@@ -113,7 +114,7 @@ def test_engine_copying_scores_match_the_training_code(name: str) -> None:
     with safe_open(str(path / "model.safetensors"), "pt") as f:
         trained.load_state_dict({k: f.get_tensor(k) for k in f.keys()})  # noqa: SIM118
     raw = open_model(path, raw=True)
-    torch.testing.assert_close(all_copying_scores(torch_weights(raw.weights)), copying_scores(trained),
+    torch.testing.assert_close(all_copying_scores(raw.weights), copying_scores(trained),
                                rtol=0, atol=1e-4)
 
 
@@ -151,14 +152,16 @@ def test_gpt2_mini_circuits_are_computed_with_layer_norm_folded() -> None:
     path = sample_model("gpt2-mini")
     model = open_model(path)
     assert model.cfg.normalization == "LNPre" and not model.raw
-    w, raw = torch_weights(model.weights), torch_weights(model.with_raw(True).weights)
+    w = model.weights
+    # The fold checked in torch on zero-copy tensors of the same arrays.
+    tw, raw = torch_weights(w), torch_weights(model.with_raw(True).weights)
     # fold_ln + center_writing_weights: W_V of every head reads ln1's gain, centred over
     # d_model (TransformerLens' fold_layer_norm), so the OV circuit includes the LayerNorm.
     for layer in range(model.cfg.n_layers):
         gain = raw.get(f"blocks.{layer}.ln1.w")
         folded = gain[None, :, None] * raw.get(f"blocks.{layer}.attn.W_V")
         folded = folded - folded.mean(1, keepdim=True)
-        torch.testing.assert_close(w.get(f"blocks.{layer}.attn.W_V"), folded,
+        torch.testing.assert_close(tw.get(f"blocks.{layer}.attn.W_V"), folded,
                                    rtol=1e-5, atol=1e-6)
     scores = behaviour_scores(w, seed=0)
     assert all(torch.isfinite(s).all() for s in scores.values())

@@ -1,4 +1,4 @@
-"""The results store (engine/store.py): stored sweeps equal computed ones to the bit, a
+"""The results store (engine/sweeps/store.py): stored sweeps equal computed ones to the bit, a
 second run computes nothing, an interrupted sweep resumes with only the missing layers, a
 changed checkpoint or a damaged file is never trusted, and a broken store never fails."""
 

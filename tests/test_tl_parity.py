@@ -38,6 +38,7 @@ import pytest
 import torch
 
 from headscope.engine.circuits import composition, spectral
+from headscope.engine.forward.torch_weights import torch_weights
 from headscope.engine.model.loading import open_model
 from tests import family_fixtures
 from tests.hf_fixtures_phi import (  # noqa: F401  (session-scoped pytest fixtures)
@@ -100,7 +101,7 @@ def check_against_transformer_lens(name: str, path: Path, hf_model: Any) -> None
     """Processed weights and weight-based scores of the checkpoint at ``path``, headscope's
     against TransformerLens'."""
     model = open_model(path)
-    w = model.weights
+    w = torch_weights(model.weights)  # the same arrays as zero-copy tensors, to meet TransformerLens'
     cfg = w.cfg
     tl = _boot(path)
     group = cfg.n_heads // cfg.kv_heads

@@ -93,15 +93,13 @@ def positional_qk(w: Any, layer: int, head: int) -> FactoredMatrix:
 
 def circuit_block(w: Any, layer: int, head: int, kind: str, basis: str,
                   rows: Sequence[int] | np.ndarray, cols: Sequence[int] | np.ndarray,
-                  offset: int = 0, *, unembed: np.ndarray | None = None) -> np.ndarray:
+                  offset: int = 0) -> np.ndarray:
     """The ``rows × cols`` block of a head's circuit that the explorer and the CLI show.
 
     token basis: QK is ``W_E QK W_Eᵀ`` (rotary models: ``W_E W_Q R(Δ) W_Kᵀ W_Eᵀ`` at offset
     Δ), OV the full OV circuit ``W_E OV W_U``; position basis (QK, learned positions):
     ``W_pos QK W_posᵀ``. Only the requested rows and columns are multiplied out, and only
     those rows of ``W_E`` (columns of ``W_U``) are read (``w.embed_rows``, ``w.unembed_cols``).
-    ``unembed``: ``w.unembed_cols(cols)`` if the caller keeps it (the same columns for every
-    head of a view: processing them reads the whole stored unembedding).
     """
     cfg = w.cfg
     cfg.check_head(layer, head, _path(w))
@@ -116,8 +114,7 @@ def circuit_block(w: Any, layer: int, head: int, kind: str, basis: str,
             w_pos = w.get("pos_embed.W_pos")
             return (w_pos[rows] @ attn("W_Q")) @ (w_pos[cols] @ attn("W_K")).T
         if kind == "ov":
-            out = w.unembed_cols(cols) if unembed is None else unembed
-            return (w.embed_rows(rows) @ attn("W_V")) @ (attn("W_O") @ out)
+            return (w.embed_rows(rows) @ attn("W_V")) @ (attn("W_O") @ w.unembed_cols(cols))
         w_q = attn("W_Q")
         if cfg.positional == "rotary":
             w_q = w_q @ rotary_matrix(layer_config(cfg, layer), offset, _path(w))

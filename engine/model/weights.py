@@ -307,6 +307,7 @@ class CheckpointWeights:
         # big tensors (embeddings) would evict everything: a quarter of the budget at most
         self._cache = ByteLRU(cache_bytes, tensor_bytes, max_entry=cache_bytes // 4)
         self._lock = threading.RLock()
+        self._unembed_means: dict[str, np.ndarray] = {}  # unembed_block's, per stored tensor
         self.middles: dict[str, np.ndarray] | None = None  # the circuits' kept products
         self.middles_lock = threading.Lock()  # the sweep and the null may both ask at once
 
@@ -343,6 +344,7 @@ class CheckpointWeights:
                 handle.close()
             self._handles.clear()
             self._cache.clear()
+            self._unembed_means.clear()
 
     # --- what the weight-only circuits read without building vocabulary-sized arrays ------
 
@@ -369,33 +371,56 @@ class CheckpointWeights:
         whole = self._cache.get(("embed.W_E", None))
         if whole is not None or type(spec) is not Whole or spec.transpose:
             return (whole if whole is not None else self.get("embed.W_E"))[ids]
+        with np.errstate(all="ignore"):
+            return _affine(self._stored_rows(spec.tensor, ids), spec)
+
+    def _stored_rows(self, tensor: str, ids: np.ndarray) -> np.ndarray:
+        """Rows ``ids`` of a stored ``[vocab, d_model]`` tensor (float32, in the order of
+        ``ids``), each run of consecutive ids one read."""
         uniq = np.unique(ids)
         runs = np.split(uniq, np.flatnonzero(np.diff(uniq) != 1) + 1) if uniq.size else []
-        if runs:
-            t = np.concatenate([self._read(spec.tensor, (slice(int(r[0]), int(r[-1]) + 1),)) for r in runs])
-        else:
-            t = np.zeros((0, self.cfg.d_model), np.float32)
-        with np.errstate(all="ignore"):
-            t = _affine(t, spec)
+        if not runs:
+            return np.zeros((0, self.cfg.d_model), np.float32)
+        t = np.concatenate([self._read(tensor, (slice(int(r[0]), int(r[-1]) + 1),)) for r in runs])
         return t[np.searchsorted(uniq, ids)]
 
     def unembed_block(self, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         """``(get("unembed.W_U")[:, cols], its mean column)`` (the mean in float64, ``[d_model,
-        1]``) from one read of the stored tensor and no float32 copy of it, when the
-        unembedding is stored whole; else None."""
+        1]``) without a float32 copy of the whole unembedding, when it is stored whole; else
+        None. The mean is computed from one read of the stored tensor and kept (``d_model``
+        numbers); after that, a stored ``[vocab, d_model]`` tensor (GPT-2, Llama: ``transpose``)
+        gives only the rows of ``cols``, so each OV view at 7B reads 24 rows, not 0.25 GB."""
         spec = self.specs.get("unembed.W_U")
         if type(spec) is not Whole:
             return None
-        stored = self._read(spec.tensor)  # [vocab, d_model] when transposed, else [d_model, vocab]
-        block = stored[cols].T if spec.transpose else stored[:, cols]
+        mean = self._unembed_mean(spec)
+        cols = np.asarray(cols, dtype=np.intp)
+        block = self._stored_rows(spec.tensor, cols).T if spec.transpose else self._read(spec.tensor)[:, cols]
         with np.errstate(all="ignore"):
-            mean = stored.mean(0 if spec.transpose else 1, dtype=np.float64)[:, None]
-            del stored
             if spec.scale != 1.0:
-                block, mean = block * np.float32(spec.scale), mean * spec.scale
+                block = block * np.float32(spec.scale)
             if spec.add != 0.0:
-                block, mean = block + np.float32(spec.add), mean + spec.add
+                block = block + np.float32(spec.add)
         return block, mean
+
+    def _unembed_mean(self, spec: Whole) -> np.ndarray:
+        """The stored unembedding's mean column (float64 ``[d_model, 1]``, after its scale and
+        offset), computed once per open checkpoint: the file cannot change under it
+        (``CheckpointChangedError`` on the next read)."""
+        with self._lock:
+            found = self._unembed_means.get(spec.tensor)
+        if found is None:
+            stored = self._read(spec.tensor)  # [vocab, d_model] when transposed, else [d_model, vocab]
+            with np.errstate(all="ignore"):
+                found = stored.mean(0 if spec.transpose else 1, dtype=np.float64)[:, None]
+                del stored
+                if spec.scale != 1.0:
+                    found = found * spec.scale
+                if spec.add != 0.0:
+                    found = found + spec.add
+            with self._lock:
+                self._unembed_means[spec.tensor] = found
+        return found
 
     def unembed_cols(self, cols: np.ndarray) -> np.ndarray:
         """``get("unembed.W_U")[:, cols]`` without building the whole unembedding."""

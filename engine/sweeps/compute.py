@@ -16,8 +16,6 @@ to it as soon as each is finished (docs/internals.md, "The results store").
 
 from __future__ import annotations
 
-import threading
-import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -95,38 +93,13 @@ def _unembed_note(model: Model) -> str:
 # -- per-head requests --------------------------------------------------------------------------
 
 
-_UNEMBED_KEPT = 4  # unembedding column blocks kept per weights (the views' columns)
-_unembed_blocks: weakref.WeakKeyDictionary[Any, dict[tuple[int, ...], np.ndarray]] = weakref.WeakKeyDictionary()
-_unembed_lock = threading.Lock()
-
-
-def unembed_block(w: Any, cols: Sequence[int]) -> np.ndarray:
-    """``w.unembed_cols(cols)``, kept for the next heads' OV blocks (the explorer shows the
-    same columns for every head; processing them reads the whole stored unembedding: 0.3 s
-    at 7B). The same array whoever asks, so the numbers do not depend on the order."""
-    key = tuple(int(c) for c in cols)
-    with _unembed_lock:
-        kept = _unembed_blocks.setdefault(w, {})
-        found = kept.get(key)
-    if found is None:
-        found = w.unembed_cols(np.asarray(key, dtype=np.intp))
-        found.setflags(write=False)
-        with _unembed_lock:
-            kept[key] = found
-            while len(kept) > _UNEMBED_KEPT:
-                kept.pop(next(iter(kept)))
-    return found
-
-
 def circuit_block(model: Model, req: CircuitRequest) -> CircuitBlock:
     """The block ``req`` asks for (``head_circuits.circuit_block``), labelled."""
     from headscope.engine.circuits import head_circuits
 
 
-    w = model.weights
-    unembed = unembed_block(w, req.cols) if req.kind == "ov" and req.basis == "token" else None
-    values = head_circuits.circuit_block(w, req.layer, req.head, req.kind, req.basis,
-                                         req.rows, req.cols, req.offset, unembed=unembed)
+    values = head_circuits.circuit_block(model.weights, req.layer, req.head, req.kind, req.basis,
+                                         req.rows, req.cols, req.offset)
     array = readonly(values, np.float32)
     finite = array[np.isfinite(array)]
     if req.basis == "position":
