@@ -2,7 +2,7 @@
 
 Writes (or reuses, ``--dir``) the random GPT-2-small checkpoint of ``bench.checkpoints`` and
 runs each scenario in a fresh subprocess (``--one SCENARIO PATH``), so peak RSS
-(``ru_maxrss``) is per scenario. Scenarios, each on ``engine.loading.open_model`` (processed
+(``ru_maxrss``) is per scenario. Scenarios, each on ``engine.model.loading.open_model`` (processed
 weights, cold: the first pass also pays for processing the weights it reads):
 
 - ``behaviour``: ``behaviour.behaviour_scores`` (per-layer reduction, no unembedding);

@@ -8,7 +8,7 @@ peak RSS and import costs are per scenario:
 - ``floor``: the same work as plain dense products: read every layer's attention weights and
   both embeddings, form ``W_U W_E`` and ``W_Eᵀ W_E`` once, one ``4096 × 4096 × 4096`` product
   per layer for each of the two spectral sweeps, plus one forward pass of the whole model on 64
-  tokens (``engine.forward.run`` on the raw weights).
+  tokens (``engine.forward.transformer.run`` on the raw weights).
 - ``heads``: ``headscope heads PATH --json`` (the CLI's ``main``), output discarded.
 - ``info``: ``headscope info PATH --json``.
 - ``first_view``: open the model, then the first head's 64×64 token QK block (``Engine``).

@@ -13,7 +13,7 @@ pass, as ``headscope heads`` runs them; ``composition-k``: the target-layer tile
   (fresh store again) shows the steady state.
 
 Parts are the results store's: a layer of a spectral sweep, a target-layer tile of a
-composition sweep (``engine.cluster.part_shapes``), one task each; they are not resized to a
+composition sweep (``engine.sweeps.cluster.part_shapes``), one task each; they are not resized to a
 worker's memory. Ratios are in-process seconds / cluster seconds (> 1: the cluster is faster).
 On a 2-core box expect < 1: four workers share two cores with the client, and each opens the
 checkpoint once.

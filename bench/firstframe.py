@@ -3,7 +3,7 @@
 Each measurement is a fresh subprocess (``--one KIND PATH``), so imports are cold, as for a
 user typing ``headscope``. It starts the app headless at 120×40 with Textual's test
 harness and stops the first clock when the first frame is painted: the opening screen
-(tui/opening.py: the status bar naming the model and "opening PATH …", a line on what comes
+(tui/screens/opening.py: the status bar naming the model and "opening PATH …", a line on what comes
 next, the footer bar, whose keys Textual draws a frame or two later);
 the explorer, numpy and plotext are imported after it, the engine and torch after the
 explorer. The same process then times the explorer being up (its head tree, from the

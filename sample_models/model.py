@@ -12,7 +12,7 @@ Two flavours:
 
 This module also holds the training-time diagnostics (previous-token and induction
 attention, copying and K-composition scores). They are written independently of
-``engine.scores`` on purpose, so that the two can be checked against each other.
+``engine.circuits``/``engine.forward.behaviour`` on purpose, so that the two can be checked against each other.
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ class TinyTransformer(nn.Module):
         return {k: v.detach().float().contiguous().clone() for k, v in self.state_dict().items()}
 
 
-# ---- diagnostics (independent of engine.scores) -------------------------------------------
+# ---- diagnostics (independent of engine.forward.behaviour) -------------------------------------------
 
 
 def loss_fn(logits: Tensor, tokens: Tensor) -> Tensor:

@@ -3,7 +3,7 @@
     python -m headscope.sample_models.report [MODEL_DIR ...]
 
 The numbers are the ones ``headscope heads`` / ``headscope composition`` show: engine
-scores on the processed weights (``engine.scores``), not the training code's diagnostics.
+scores on the processed weights (``engine.circuits.spectral``, ``engine.forward.behaviour``), not the training code's diagnostics.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from tests.hf_fixtures import (  # noqa: F401  (re-exported pytest fixtures)
 
 @pytest.fixture(autouse=True)
 def _results_store_in_tmp(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Every test gets its own on-disk results store (engine.store), never ~/.cache."""
+    """Every test gets its own on-disk results store (engine.sweeps.store), never ~/.cache."""
     root = tmp_path_factory.mktemp("headscope-cache")
     monkeypatch.setenv("HEADSCOPE_CACHE_DIR", str(root))
     return root

@@ -344,10 +344,10 @@ class FakeEngine:
 
     async def compare(self, other: FakeEngine, *, match_heads: bool = False,
                       threshold: float = EDGE_THRESHOLD) -> Any:
-        """``engine.diff.diff_models`` on the fake weights: dense circuits, same rules.
+        """``engine.sweeps.diff.diff_models`` on the fake weights: dense circuits, same rules.
 
         Similarities are cosines of the dense full OV / token QK matrices; ``change`` is
-        engine.diff's measure (lost similarity or the largest score delta)."""
+        engine.sweeps.diff's measure (lost similarity or the largest score delta)."""
         from headscope.engine.sweeps.diff import SCORE_KEYS, ModelDiff, _change_size, edge_changes
 
         await self._enter("compare")

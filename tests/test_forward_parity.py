@@ -3,7 +3,7 @@
 Two routes, so a failure points at its cause:
 - ``hf_to_canonical`` (below) converts the in-memory ``transformers`` model to canonical
   tensors independently of the loaders: this checks the forward pass alone;
-- ``open_model(path)`` (when engine.loading exists) checks loading + processing + forward.
+- ``open_model(path)`` (engine.model.loading) checks loading + processing + forward.
 Both are compared with ``transformers`` run eagerly with ``output_attentions=True``.
 """
 
@@ -43,7 +43,7 @@ def _expand(t: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 
 def hf_to_canonical(family: str, model: Any) -> DictWeights:
-    """Canonical float32 tensors + ModelConfig from a transformers model (no engine.loading)."""
+    """Canonical float32 tensors + ModelConfig from a transformers model (no engine.model.loading)."""
     c = model.config
     sd = {k: v.detach().float().clone() for k, v in model.state_dict().items()}
     d, L, H = c.hidden_size, c.num_hidden_layers, c.num_attention_heads
@@ -222,7 +222,7 @@ def test_single_sequence_is_batch_of_one(gpt2_dir: tuple[Any, Any]) -> None:
     _assert_close(one.logits[0], both.logits[1], "batch row vs single")
 
 
-# -- end to end: checkpoint on disk -> engine.loading -> (processing) -> forward -----------
+# -- end to end: checkpoint on disk -> engine.model.loading -> (processing) -> forward -----------
 
 
 @pytest.mark.parametrize("raw", [True, False], ids=["raw", "processed"])

@@ -2,7 +2,7 @@
 
 The same bad request gets the same error type and the same one-line message whichever way
 it comes in; the same good request gets the same numbers under the same names
-(engine/requests.py validates, engine/compute.py computes; docs/internals.md).
+(engine/core/validation.py validates, engine/sweeps/compute.py computes; docs/internals.md).
 """
 
 from __future__ import annotations
@@ -170,9 +170,8 @@ async def test_circuit_json_and_the_engine_block_agree(engine, capsys) -> None:
     got = cli_json(["circuit", str(MODEL), "1", "2", "--kind", "ov", "--rows", "3,9,4", "--cols", "0:6"],
                    capsys)
     block = await engine.circuit_block(1, 2, "ov", rows=[3, 9, 4], cols=range(6))
-    # the CLI computes the block with numpy (engine.fast, no torch), the explorer's engine with
-    # torch: the same products in float32, summed in a different order
-    np.testing.assert_allclose(np.asarray(got["values"], np.float32), block.values, rtol=1e-5, atol=1e-6)
+    # one code path (head_circuits.circuit_block): the CLI and the explorer agree bit for bit
+    np.testing.assert_array_equal(np.asarray(got["values"], np.float32), block.values)
     assert (got["row_labels"], got["col_labels"]) == (list(block.row_labels), list(block.col_labels))
     default = cli_json(["circuit", str(MODEL), "0", "1", "--kind", "qk"], capsys)  # no rows: the same default
     assert default["rows"] == list((await engine.circuit_block(0, 1, "qk")).row_ids)

@@ -3,7 +3,7 @@
 Fake engines first (fast): B is A with one head pruned, so every number the views show can
 be checked against the fakes' own dense circuits. Then the real thing: the bundled
 attn-only-2l against a copy whose induction head is zeroed (safetensors load/save),
-through ``Engine.compare`` (engine.diff.diff_models on A's workers).
+through ``Engine.compare`` (engine.sweeps.diff.diff_models on A's workers).
 """
 
 from __future__ import annotations

@@ -147,7 +147,7 @@ async def shoot_timeline(out: Path, series: Path, *, head: tuple[int, int], step
 
 
 def strongest_induction_head(model: Path) -> tuple[int, int]:
-    """(layer, head) with the highest induction score (engine.scores, seed 0)."""
+    """(layer, head) with the highest induction score (engine.forward.behaviour, seed 0)."""
     from headscope.engine.forward.behaviour import behaviour_scores
     from headscope.engine.model.loading import open_model
 

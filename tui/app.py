@@ -6,7 +6,7 @@ is the explorer's (tui/screens/explorer.py). The first frame comes before it: th
 (tui/screens/opening.py), drawn with nothing but Textual imported; the explorer is imported after that
 frame and pushed over it (docs/internals.md, "First frame").
 
-The app renders what ``engine.service.Engine`` computes and never computes on the UI
+The app renders what ``engine.service.engine.Engine`` computes and never computes on the UI
 thread: every engine call is awaited in an async worker (the engine runs on its own
 threads), plots are built in worker threads by ``Chart``. The engine comes from a factory
 (``engine_factory(path, raw)``) so tests inject a fake one; whatever the factory returns is

@@ -55,9 +55,10 @@ def head_table(
     each score's z against random heads, ``<name>_z`` (``compute.score_null``).
 
     ``ablation`` adds ``ablation_effect``: the loss increase on the second copy of the same
-    seeded repeated random tokens when the head is zero-ablated (``scores.ablation_effects``;
-    a forward pass per head, so off by default). ``store``: the on-disk results store
-    (``sweeps.store``) to read finished parts from and write new ones to.
+    seeded repeated random tokens when the head is zero-ablated
+    (``forward.behaviour.ablation_effects``; a forward pass per head, so off by default).
+    ``store``: the on-disk results store (``sweeps.store``) to read finished parts from and
+    write new ones to.
     """
     entry = None if store is None else store.for_model(model)
     # progress: the sweep (with the calibration's random heads), then the ablation sweep

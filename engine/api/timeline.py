@@ -1,4 +1,4 @@
-"""Checkpoint series, as the UI and the CLI see them (docs/internals.md, "Timelines").
+"""Checkpoint series, as the UI and the CLI see them (docs/internals.md, "Training dynamics").
 
 Part of the engine"s facade: the UI imports ``engine.core``, ``engine.api`` and
 ``engine.service`` only (docs/internals.md, "Layers").

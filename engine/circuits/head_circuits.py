@@ -7,10 +7,11 @@ circuits are weights only: attention scores are shown without the ``1/√d_head`
 the query/key/value biases are not part of them (they add a per-query/per-key constant that
 the bilinear QK form does not contain; ``fold_value_biases`` moves ``b_V`` into ``b_O``).
 
-``w`` is the numpy weights surface (``engine.circuits.fast.numpy_weights(model)``): ``w.get``
-float32 arrays, ``w.cfg``, ``w.embed_rows``, ``w.unembed_cols``. Nothing here materialises a
-``d_model × d_model`` or ``d_vocab × d_vocab`` matrix: ask a circuit for ``.block(rows,
-cols)``, or use ``circuit_block``, which reads only the requested embedding rows.
+``w`` is the model's weights (``model.weights``, the ``engine.model.weights.CircuitWeights``
+surface): ``w.get`` read-only float32 arrays, ``w.cfg``, ``w.embed_rows``, ``w.unembed_cols``.
+Nothing here materialises a ``d_model × d_model`` or ``d_vocab × d_vocab`` matrix: ask a
+circuit for ``.block(rows, cols)``, or use ``circuit_block``, which reads only the requested
+embedding rows.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from headscope.engine.model.rotary import layer_config, require_rotary, rope, ro
 __all__ = [
     "circuit_block",
     "full_ov",
+    "full_ov_row",
     "head_weight",
     "ov",
     "positional_qk",
@@ -119,6 +121,17 @@ def circuit_block(w: Any, layer: int, head: int, kind: str, basis: str,
         if cfg.positional == "rotary":
             w_q = w_q @ rotary_matrix(layer_config(cfg, layer), offset, _path(w))
         return (w.embed_rows(rows) @ w_q) @ (w.embed_rows(cols) @ attn("W_K")).T
+
+
+def full_ov_row(w: Any, layer: int, head: int, source: int) -> np.ndarray:
+    """Row ``source`` of the full OV circuit ``W_E OV W_U`` over the whole vocabulary
+    ``[d_vocab]``: what the head writes to the logits when it attends to ``source``. Reads the
+    whole (cached) unembedding: every column is needed."""
+    w.cfg.check_head(layer, head, _path(w))
+    w_v = w.get(f"blocks.{layer}.attn.W_V")[head]
+    w_o = w.get(f"blocks.{layer}.attn.W_O")[head]
+    with np.errstate(all="ignore"):
+        return ((w.embed_rows(np.asarray([source], dtype=np.intp)) @ w_v) @ (w_o @ w.get("unembed.W_U")))[0]
 
 
 # -- rotary position embeddings: engine/model/rotary.py (one RoPE for the circuits and the

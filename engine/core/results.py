@@ -86,7 +86,7 @@ class Profile:
 
 @dataclass(frozen=True)
 class HeadScores:
-    """Every score of one head, under the public names of ``engine.requests.SCORE_NAMES``."""
+    """Every score of one head, under the public names of ``core.validation.SCORE_NAMES``."""
 
     layer: int
     head: int

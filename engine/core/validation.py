@@ -85,7 +85,7 @@ SEED = 0  # seed of the behavioural / composition-baseline sequences (reproducib
 EDGE_THRESHOLD = 0.05
 TOP_EDGES = 50  # composition edges a Composition result lists, strongest first
 PATH_SAMPLE = 256  # token ids sampled for a K-path's diagonal rate
-NULL_SAMPLES = 64  # random heads per calibration null (engine.reading)
+NULL_SAMPLES = 64  # random heads per calibration null (engine.forward.null, circuits.directions)
 
 CIRCUIT_KINDS = ("qk", "ov")
 BASES = ("token", "position")

@@ -5,7 +5,7 @@ tensor and metadata counts, the metadata key/value pairs (typed: integers, float
 strings, arrays), one info record per tensor (name, dims, ggml type, offset), then, aligned to
 ``general.alignment`` (32 by default), the data buffer the offsets point into.
 
-Everything a later read relies on is checked here, as ``safetensors_header`` does for
+Everything a later read relies on is checked here, as ``formats.safetensors`` does for
 safetensors: every count and length is bounded (and by the bytes left in the file) before
 anything is allocated, strings are UTF-8, arrays are not nested deeper than one level, every
 tensor has a known ggml type, a row length that is a whole number of its type's blocks, an

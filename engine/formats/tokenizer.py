@@ -217,7 +217,7 @@ def rust_guard(
 
 def load_tokenizer(directory: Path, d_vocab: int, family: str) -> Tokenizer:
     """The best tokenizer a checkpoint directory offers; ``IdTokenizer`` if none."""
-    # exists(), not is_file(): a FIFO or device is refused with its reason (engine.files).
+    # exists(), not is_file(): a FIFO or device is refused with its reason (engine.core.files).
     if (directory / "tokenizer.json").exists():
         return HFTokenizer.from_file(directory / "tokenizer.json")
     vocab = directory / "vocab.txt"

@@ -433,8 +433,8 @@ def apply_rotary(x: Tensor, angles: Tensor, scale: float = 1.0) -> Tensor:
     """Rotate the first ``r = 2·angles.shape[-1]`` dims of ``x`` by ``angles`` (broadcast
     against ``x[..., :r/2]``): dims ``(i, i + r/2)`` form a pair rotated by ``angles[..., i]``
     (the NeoX / Hugging Face ``rotate_half`` convention), times ``scale``; the rest pass
-    through. The one rotation the forward pass (``rotary``) and the rotary circuits
-    (``circuits.rope``) use.
+    through. The forward pass's rotation (``rotary``); the rotary circuits use its numpy
+    twin, ``engine.model.rotary.apply_rotary``, with the same frequencies.
     """
     import torch
 

@@ -13,7 +13,8 @@ Accepted inputs (README.md, "Supported checkpoints"):
 - a directory (or a single ``.safetensors`` file) in headscope's native layout: config in
   the ``headscope_config`` metadata key or a ``headscope.json`` beside the weights;
 - a ``.safetensors`` file with a ``config.json`` beside it;
-- a llama.cpp ``.gguf`` file (Llama, Qwen2/3, OLMo2, Phi-3, Gemma 1/2/3 architectures; engine.gguf_model).
+- a llama.cpp ``.gguf`` file (Llama, Qwen2/3, OLMo2, Phi-3, Gemma 1/2/3 architectures;
+  engine.model.gguf).
 
 Refused with ``UnsafeFormatError``: pickle files (``.bin .pt .pth .ckpt .pkl``), configs
 that need remote code, and hub names (nothing is ever downloaded).
@@ -266,7 +267,7 @@ def _open_file(p: Path) -> Checkpoint:
 
 
 def _open_gguf(p: Path) -> Checkpoint:
-    """A llama.cpp GGUF file, through the HF adapter of its family (engine.gguf_model)."""
+    """A llama.cpp GGUF file, through the HF adapter of its family (engine.model.gguf)."""
     from headscope.engine.model import gguf as g
 
     header = read_gguf_header(p)
@@ -343,7 +344,7 @@ def _build(
     native_json = directory / native_adapter.CONFIG_FILE
 
     # exists(), not is_file(): a FIFO or device named like a config is refused by name
-    # (engine.files), not skipped in silence.
+    # (engine.core.files), not skipped in silence.
     if native_adapter.CONFIG_KEY in first_meta or native_json.exists():
         fmt = "native"
         if native_adapter.CONFIG_KEY in first_meta:

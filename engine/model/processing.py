@@ -264,11 +264,13 @@ class ProcessedWeights:
         alone, and centring the unembedding subtracts the (processed) mean column, so only
         ``cols`` and the stored tensor's mean are processed (one read of it, no copies)."""
         cols = np.asarray(cols, dtype=np.intp)
-        whole = self._cache.get(("unembed.W_U", None))
+        # the column path whether or not the whole processed W_U is cached, so a block's
+        # numbers do not depend on what was asked before (the CLI and the explorer agree bit for
+        # bit); it reads only the columns' rows once the stored mean is known
         block = getattr(self.raw, "unembed_block", None)
-        found = None if whole is not None or block is None else block(cols)
+        found = None if block is None else block(cols)
         if found is None:
-            return np.ascontiguousarray((whole if whole is not None else self.get("unembed.W_U"))[:, cols])
+            return np.ascontiguousarray(self.get("unembed.W_U")[:, cols])
         block, mean = found
         p = self.plan
         with np.errstate(all="ignore"):

@@ -558,7 +558,7 @@ class Engine:
         """``[n_layers, n_heads]`` zero-ablation effects of every head (a cancellable sweep).
 
         The values ``ablation(layer, head)`` gives, computed together by
-        ``scores.ablation_effects`` (which skips what an ablation cannot change), and
+        ``forward.behaviour.ablation_effects`` (which skips what an ablation cannot change), and
         published per head so that ``ablation`` is a cache hit afterwards. Opt-in: a forward
         pass per head is the most expensive sweep on a big model.
         """

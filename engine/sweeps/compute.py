@@ -135,10 +135,8 @@ def top_outputs(model: Model, layer: int, head: int, source: int, k: int) -> Top
     """The output tokens the full OV circuit raises most when the head attends to ``source``."""
     from headscope.engine.circuits import head_circuits
 
-
     k = max(1, min(k, model.cfg.d_vocab))
-    row = head_circuits.circuit_block(model.weights, layer, head, "ov", "token", [source],
-                                      np.arange(model.cfg.d_vocab))[0]
+    row = head_circuits.full_ov_row(model.weights, layer, head, source)
     ids = np.argsort(-row, kind="stable")[:k]  # the k largest, largest first
     values = row[ids]
     tok = model.tokenizer
@@ -233,7 +231,7 @@ def _monotone(progress: Progress) -> Progress:
 def _sweep_memo(model: Model, store: ModelStore | None, name: str, shape: tuple[int, ...],
                 cluster: Cluster | None, progress: Progress, cancelled: Cancelled) -> Memo | None:
     """The memo of one sweep; with a ``cluster``, its missing parts are computed there
-    first (engine.cluster) and the local sweep then only reads them back."""
+    first (sweeps.cluster) and the local sweep then only reads them back."""
     memo = _memo(store, name, shape)
     if cluster is None:
         return memo
@@ -423,7 +421,7 @@ def weight_scores(model: Model, progress: Progress = None, cancelled: Cancelled 
 
     ``store``: one part per score and layer (an interrupted sweep resumes) and the
     ``nonfinite`` flags are read back or written. ``cluster``: the missing layers are
-    computed there first (engine.cluster, by the same function), then read back here.
+    computed there first (sweeps.cluster, by the same function), then read back here.
     """
     from headscope.engine.circuits import spectral
 
@@ -561,7 +559,7 @@ def sink_tables(model: Model, seed: int = SEED, bad: np.ndarray | None = None
 def singular_directions(model: Model, layer: int, head: int, kind: str, k: int, top: int
                         ) -> SingularDirections:
     """The top ``k`` singular directions of the full OV / token QK circuit, ``top`` tokens a
-    side (validated by ``requests.check_svd``)."""
+    side (validated by ``validation.check_svd``)."""
     from headscope.engine.circuits import directions, head_circuits
 
 
@@ -782,7 +780,7 @@ def run_prompt(
 
 
 def forward_tokens(model: Model, tokens: Sequence[int]) -> Any:
-    """The reference forward pass on validated token ids (``requests.check_tokens``)."""
+    """The reference forward pass on validated token ids (``validation.check_tokens``)."""
     from headscope.engine.forward import transformer as forward
 
     return forward.run(model.weights, list(tokens))

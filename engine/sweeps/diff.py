@@ -118,9 +118,9 @@ def diff_models(
     numbering is arbitrary); otherwise head ``h`` of A is compared with head ``h`` of B.
     Composition edges count when their score exceeds the baseline by ``threshold``.
     ``store``: the on-disk results store both models' sweeps read and write
-    (``engine.store``); ``progress(fraction)`` follows the whole diff. ``cluster``: both
+    (``sweeps.store``); ``progress(fraction)`` follows the whole diff. ``cluster``: both
     models' weight sweeps (copying, QK positivity, composition tiles) run there
-    (``engine.cluster``); the similarities and the behavioural pass stay here.
+    (``sweeps.cluster``); the similarities and the behavioural pass stay here.
 
     Everything but the behavioural scores is weight algebra (``engine.circuits``, numpy):
     ``behaviour=False`` compares only the weight scores (``WEIGHT_SCORE_NAMES``) and never

@@ -72,7 +72,7 @@ MATH_VERSION = 3  # 2: the composition baseline is drawn with numpy (default_rng
 # products in float32
 DEFAULT_DISK_MB = 512
 MAGIC = b"HEADSCOPE-RESULT\n"
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json")  # engine.tokenizer
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json")  # formats.tokenizer
 ENTRY_FILE = "entry.json"
 SUFFIX = ".hsr"
 MAX_HEADER = 1 << 16

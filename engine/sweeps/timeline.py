@@ -10,7 +10,7 @@ written on this side wherever the step was scored; :func:`build_timeline`
 assembles the per-step results, finds the phase changes (:func:`find_phase_change`, defined in
 docs/math.md "Training dynamics") and warns about steps with identical weights.
 
-Scores per head and step: the five of ``headscope heads`` (``requests.SCORE_NAMES``, same
+Scores per head and step: the five of ``headscope heads`` (``validation.SCORE_NAMES``, same
 names, same functions, same seed) and, for each composition kind, the head's strongest edge
 above the random baseline (``q_composition_max``, ...; the head at either end of the edge).
 """

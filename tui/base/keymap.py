@@ -1,7 +1,7 @@
 """Every key of the app, with an id (for user keymaps) and a tooltip (for the help screen).
 
 Users remap keys by id, posting-style, in the ``[keymap]`` table of the settings file
-(``tui.settings``: ``~/.config/headscope/config.toml``)::
+(``tui.base.settings``: ``~/.config/headscope/config.toml``)::
 
     [keymap]
     next-head = "n"

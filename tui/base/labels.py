@@ -2,7 +2,7 @@
 
 The readers use the exact field names of engine/core/results.py's dataclasses and nothing else:
 a renamed or missing field raises (and fails a test) instead of drawing an empty view. The
-scores go by their public names (``engine.requests.SCORE_NAMES``, the JSON keys of
+scores go by their public names (``engine.core.validation.SCORE_NAMES``, the JSON keys of
 ``headscope heads --json``); this module is the one place the UI maps them to labels.
 """
 

@@ -35,8 +35,8 @@ if TYPE_CHECKING:
     )
 
 Progress = Callable[[float], None] | None
-# Defaults written ``...`` are the engine's own (e.g. ``engine.diff.EDGE_THRESHOLD``): the
-# protocol fixes names, kinds and types, not default values.
+# Defaults written ``...`` are the engine's own (e.g. ``engine.core.validation.EDGE_THRESHOLD``):
+# the protocol fixes names, kinds and types, not default values.
 
 
 class ExplorerEngine(Protocol):

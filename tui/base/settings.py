@@ -41,10 +41,10 @@ class Settings:
     colormap: str = "diverging"
     colors: str = ""  # "" = detect from the terminal
     cache_mb: int = 256
-    cache_disk_mb: int = 512  # the on-disk results store (engine.store); 0 turns it off
+    cache_disk_mb: int = 512  # the on-disk results store (engine.api.store); 0 turns it off
     tokens: tuple[str, ...] = ()
     keymap: dict[str, str] = field(default_factory=dict)
-    cluster: str | None = None  # a Dask scheduler address (tui/cli_cluster.py)
+    cluster: str | None = None  # a Dask scheduler address (tui/cli/cluster.py)
     source: str | None = None  # the file these came from, if any
 
 

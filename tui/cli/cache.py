@@ -1,8 +1,9 @@
 """``headscope cache ls|clear [PATH]`` and the results store the sweeping commands use.
 
-The store (``engine.store``) lives under ``$HEADSCOPE_CACHE_DIR``, else
-``$XDG_CACHE_HOME/headscope`` (``~/.cache/headscope``), bounded by the ``cache_disk_mb``
-setting. ``--no-cache`` (or ``cache_disk_mb = 0``) computes without it.
+The store (``engine.api.store``, i.e. ``engine.sweeps.store``) lives under
+``$HEADSCOPE_CACHE_DIR``, else ``$XDG_CACHE_HOME/headscope`` (``~/.cache/headscope``),
+bounded by the ``cache_disk_mb`` setting. ``--no-cache`` (or ``cache_disk_mb = 0``) computes
+without it.
 """
 
 from __future__ import annotations

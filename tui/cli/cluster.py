@@ -1,5 +1,5 @@
 """``--scheduler tcp://HOST:PORT`` and ``--workers N``: the sweeping commands on a Dask
-cluster (engine/cluster.py; README, "Sweeps on a cluster").
+cluster (engine/sweeps/cluster.py; README, "Sweeps on a cluster").
 
 Without either flag the ``cluster`` setting (a scheduler address) is used; without that,
 the sweep runs in-process as always. Needs the optional extra ``headscope[cluster]``.

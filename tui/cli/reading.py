@@ -1,7 +1,7 @@
 """``headscope svd`` and ``headscope path``: reading a head (docs/math.md, "Reading a head").
 
-Registered by ``tui/cli.py`` (``add_parsers`` and ``HANDLERS``); the work is
-``engine.report.svd_report`` / ``path_report``. ``--json`` prints the report; otherwise a
+Registered by ``tui/cli/main.py`` (``add_parsers`` and ``HANDLERS``); the work is
+``engine.api.report.svd_report`` / ``path_report``. ``--json`` prints the report; otherwise a
 table: one row per singular direction (its tokens each side), or the path's scores and the
 K-path block.
 """

@@ -51,7 +51,7 @@ def cmd_heads(args: argparse.Namespace) -> int:
 
 
 def _weight_heads(args: argparse.Namespace) -> int:
-    """``heads --no-behaviour``: the weight-only scores (engine/fast.py: no torch import)."""
+    """``heads --no-behaviour``: the weight-only scores (engine/circuits/spectral.py: no torch)."""
     from headscope.engine.api.report import WEIGHT_SCORE_NAMES, sort_rows, weight_table
     from headscope.engine.core.validation import check_sort_key
 

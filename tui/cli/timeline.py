@@ -1,7 +1,7 @@
 """``headscope timeline PATH [PATH ...]``: every head's scores across training checkpoints.
 
-Registered by ``tui/cli.py`` (``add_parser`` and ``run``); the work is
-``engine.timeline.compute_timeline``. ``--json`` prints ``Timeline.to_dict()``; otherwise one
+Registered by ``tui/cli/main.py`` (``add_parser`` and ``run``); the work is
+``engine.api.timeline.compute_timeline``. ``--json`` prints ``Timeline.to_dict()``; otherwise one
 row per head (a sparkline and the last value of each score, and the head's largest phase
 change), the phase changes, and the step where the most heads changed. Warnings (identical
 checkpoints, unnumbered steps) go to stderr.

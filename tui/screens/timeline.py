@@ -2,7 +2,7 @@
 
 ``headscope --timeline PATH [PATH ...]`` opens the explorer on the last step of the series (a
 directory of checkpoints or several checkpoints in order; the steps are
-``engine.timeline.discover_steps``'s). The timeline itself (every head's scores at every
+``engine.api.timeline.discover_steps``'s). The timeline itself (every head's scores at every
 step, the phase changes: docs/math.md "Training dynamics") is computed once, in a thread
 worker calling the synchronous ``engine.api.timeline`` functions, which score as many steps
 at once as the engine has pool threads (progress in the status bar, cancellation checked
@@ -98,7 +98,7 @@ def compute_series(sources: Sequence[StepSource], notes: Sequence[str], raw: boo
                    progress: Callable[[int, int], None],
                    cancelled: Callable[[], bool], store: ResultStore | None = None,
                    workers: int = 1) -> Timeline:
-    """Score the steps (``engine.timeline.score_steps``: ``workers`` at once, in threads),
+    """Score the steps (``engine.api.timeline.score_steps``: ``workers`` at once, in threads),
     then assemble the timeline; ``store``: the results store the steps are read from and
     written to (a series opened again is read back). ``progress(done, total)`` after each
     step; ``cancelled()`` is checked between steps."""
@@ -112,7 +112,7 @@ def compute_series(sources: Sequence[StepSource], notes: Sequence[str], raw: boo
 
 def engine_workers() -> int:
     """How many steps the explorer scores at once: as many as the engine has pool threads
-    (``engine.service.default_workers``; each step's torch work uses the engine's share of
+    (``engine.service.engine.default_workers``; each step's torch work uses the engine's share of
     the cores)."""
     from headscope.engine.service.engine import default_workers
 

@@ -1,7 +1,7 @@
 """Compare mode: model A explored with model B alongside.
 
 ``headscope A --compare B`` opens both engines; ``Engine.compare`` runs
-``engine.diff.diff_models`` on A's worker pool and returns a ``ModelDiff``. This module reads
+``engine.api.diff.diff_models`` on A's worker pool and returns a ``ModelDiff``. This module reads
 that result for the views (per-head change, the biggest-changes rows, the composition-graph
 diff) and holds the "Changes" tab. Nothing here computes circuit numbers: the heatmap
 difference B − A and the shared colour range of a side-by-side pair are taken in a worker

@@ -405,7 +405,7 @@ def _check_math_values(cfg: ModelConfig, path: str | None) -> None:
         _check_rope_scaling(cfg, path)
 
 
-# What each supported RoPE scaling needs (engine.forward.rotary_inv_freq), and the bound
+# What each supported RoPE scaling needs (engine.model.rotary.rotary_inv_freq), and the bound
 # each value must exceed.
 _ROPE_PARAMS: dict[str, tuple[tuple[str, float], ...]] = {
     "linear": (("factor", 0.0),),

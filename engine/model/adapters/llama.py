@@ -91,7 +91,7 @@ def adapt(
         extra={
             "rotary_style": "half",
             # The scaling parameters (factor, low/high_freq_factor, ...) that
-            # engine.forward.rotary_inv_freq needs for "linear"/"llama3" RoPE.
+            # engine.model.rotary.rotary_inv_freq needs for "linear"/"llama3" RoPE.
             "rope_scaling": rope_scaling_params(config),
             "rope_type": get_key(
                 config,

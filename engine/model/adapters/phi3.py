@@ -7,7 +7,7 @@ the gate rows first, then the up rows; the MLP is ``down(up(x) * silu(gate(x)))`
 rotate-half RoPE on the first ``partial_rotary_factor * d_head`` dims, no biases, an optional
 sliding window (Phi-3-mini: 2047). ``longrope`` scaling (the 128k models: short and long
 per-frequency factors, the original context beside ``rope_scaling``) is computed by
-engine.forward.rotary_inv_freq / rotary_scale.
+engine.model.rotary.rotary_inv_freq / rotary_scale.
 """
 
 from __future__ import annotations
