@@ -46,9 +46,11 @@ def _path(w: Any) -> str | None:
 
 def head_weight(w: Any, layer: int, head: int, name: str) -> np.ndarray:
     """``blocks.{layer}.attn.{name}`` of one head (float32), after a range check:
-    ``W_Q``/``W_K``/``W_V`` ``[d_model, d_head]``, ``W_O`` ``[d_head, d_model]``."""
+    ``W_Q``/``W_K``/``W_V`` ``[d_model, d_head]``, ``W_O`` ``[d_head, d_model]``. Only that
+    head's slice is read and processed (``get_head``): a view of one head of a 7B layer reads
+    1 MB, not the layer's 32 MB."""
     w.cfg.check_head(layer, head, _path(w))
-    return w.get(f"blocks.{layer}.attn.{name}")[head]
+    return w.get_head(f"blocks.{layer}.attn.{name}", head)
 
 
 def qk(w: Any, layer: int, head: int) -> FactoredMatrix:
@@ -108,7 +110,7 @@ def circuit_block(w: Any, layer: int, head: int, kind: str, basis: str,
     rows, cols = np.asarray(rows, dtype=np.intp), np.asarray(cols, dtype=np.intp)
 
     def attn(name: str) -> np.ndarray:
-        return w.get(f"blocks.{layer}.attn.{name}")[head]
+        return w.get_head(f"blocks.{layer}.attn.{name}", head)
 
     with np.errstate(all="ignore"):
         if basis == "position":
@@ -127,9 +129,8 @@ def full_ov_row(w: Any, layer: int, head: int, source: int) -> np.ndarray:
     """Row ``source`` of the full OV circuit ``W_E OV W_U`` over the whole vocabulary
     ``[d_vocab]``: what the head writes to the logits when it attends to ``source``. Reads the
     whole (cached) unembedding: every column is needed."""
-    w.cfg.check_head(layer, head, _path(w))
-    w_v = w.get(f"blocks.{layer}.attn.W_V")[head]
-    w_o = w.get(f"blocks.{layer}.attn.W_O")[head]
+    w_v = head_weight(w, layer, head, "W_V")
+    w_o = head_weight(w, layer, head, "W_O")
     with np.errstate(all="ignore"):
         return ((w.embed_rows(np.asarray([source], dtype=np.intp)) @ w_v) @ (w_o @ w.get("unembed.W_U")))[0]
 
