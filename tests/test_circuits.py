@@ -53,10 +53,6 @@ def dense_torch(w: DictWeights, layer: int, name: str) -> torch.Tensor:
     return torch_weights(w).get(f"blocks.{layer}.attn.{name}")
 
 
-def nw(w: DictWeights) -> DictWeights:
-    """The numpy weights surface the circuits read."""
-    return w
-
 
 def t(x: object) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(x)) if isinstance(x, np.ndarray) else x  # type: ignore[return-value]
@@ -75,11 +71,11 @@ def test_circuits_equal_their_dense_definitions(n_kv_heads):
         for head in range(4):
             q, k = dense(w, layer, "W_Q")[head], dense(w, layer, "W_K")[head]
             v, o = dense(w, layer, "W_V")[head], dense(w, layer, "W_O")[head]
-            close(circuits.qk(nw(w), layer, head).AB, q @ k.T)
-            close(circuits.ov(nw(w), layer, head).AB, v @ o)
-            close(circuits.token_qk(nw(w), layer, head).AB, w_e @ q @ k.T @ w_e.T)
-            close(circuits.positional_qk(nw(w), layer, head).AB, w_pos @ q @ k.T @ w_pos.T)
-            close(circuits.full_ov(nw(w), layer, head).AB, w_e @ v @ o @ w_u)
+            close(circuits.qk(w, layer, head).AB, q @ k.T)
+            close(circuits.ov(w, layer, head).AB, v @ o)
+            close(circuits.token_qk(w, layer, head).AB, w_e @ q @ k.T @ w_e.T)
+            close(circuits.positional_qk(w, layer, head).AB, w_pos @ q @ k.T @ w_pos.T)
+            close(circuits.full_ov(w, layer, head).AB, w_e @ v @ o @ w_u)
 
 
 def test_gqa_heads_read_their_kv_head():
@@ -87,32 +83,32 @@ def test_gqa_heads_read_their_kv_head():
     # Heads 2 and 3 both read K/V head 1 (group size 2).
     raw_k, raw_v = w._t["blocks.1.attn._W_K"][1].numpy(), w._t["blocks.1.attn._W_V"][1].numpy()
     for head in (2, 3):
-        close(circuits.qk(nw(w), 1, head).AB, dense(w, 1, "W_Q")[head] @ raw_k.T)
-        close(circuits.ov(nw(w), 1, head).AB, raw_v @ dense(w, 1, "W_O")[head])
+        close(circuits.qk(w, 1, head).AB, dense(w, 1, "W_Q")[head] @ raw_k.T)
+        close(circuits.ov(w, 1, head).AB, raw_v @ dense(w, 1, "W_O")[head])
 
 
 def test_circuit_blocks_equal_blocks_of_the_full_circuits():
     w = random_weights()
     rows, cols = [3, 0, 22], [5, 5, 1, 9]
-    close(circuits.circuit_block(nw(w), 1, 2, "qk", "token", rows, cols),
-          circuits.token_qk(nw(w), 1, 2).block(rows, cols))
-    close(circuits.circuit_block(nw(w), 0, 3, "ov", "token", rows, cols),
-          circuits.full_ov(nw(w), 0, 3).block(rows, cols))
-    close(circuits.circuit_block(nw(w), 0, 3, "qk", "position", rows[:2], cols),
-          circuits.positional_qk(nw(w), 0, 3).block(rows[:2], cols))
+    close(circuits.circuit_block(w, 1, 2, "qk", "token", rows, cols),
+          circuits.token_qk(w, 1, 2).block(rows, cols))
+    close(circuits.circuit_block(w, 0, 3, "ov", "token", rows, cols),
+          circuits.full_ov(w, 0, 3).block(rows, cols))
+    close(circuits.circuit_block(w, 0, 3, "qk", "position", rows[:2], cols),
+          circuits.positional_qk(w, 0, 3).block(rows[:2], cols))
 
 
 def test_out_of_range_heads_and_wrong_position_kinds_are_typed_errors():
     w = random_weights()
     with pytest.raises(IndexOutOfRangeError, match=r"test\.safetensors"):
-        circuits.qk(nw(w), 2, 0)
+        circuits.qk(w, 2, 0)
     with pytest.raises(IndexOutOfRangeError):
-        circuits.ov(nw(w), 0, 4)
+        circuits.ov(w, 0, 4)
     with pytest.raises(InvalidRequestError):
-        circuits.rotary_qk(nw(w), 0, 0, 1)
+        circuits.rotary_qk(w, 0, 0, 1)
     rot = random_weights(positional="rotary", d_head=6, rotary_dim=4)
     with pytest.raises(InvalidRequestError, match="learned"):
-        circuits.positional_qk(nw(rot), 0, 0)
+        circuits.positional_qk(rot, 0, 0)
 
 
 def hf_rotary_score(q: torch.Tensor, k: torch.Tensor, qpos: int, kpos: int, cfg: ModelConfig
@@ -137,10 +133,10 @@ def test_rotary_qk_is_the_score_of_rotated_queries_and_keys(rotary_dim):
     q, k = x_q @ dense_torch(w, 1, "W_Q")[2], x_k @ dense_torch(w, 1, "W_K")[2]
     for i, delta in [(5, 0), (5, 1), (9, 3), (40, 17), (3, -2)]:
         expected = hf_rotary_score(q, k, i, i - delta, w.cfg)
-        got = x_q @ t(circuits.rotary_qk(nw(w), 1, 2, delta).AB) @ x_k
+        got = x_q @ t(circuits.rotary_qk(w, 1, 2, delta).AB) @ x_k
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
     # Offset 0 is the plain QK circuit.
-    close(circuits.rotary_qk(nw(w), 1, 2, 0).AB, circuits.qk(nw(w), 1, 2).AB)
+    close(circuits.rotary_qk(w, 1, 2, 0).AB, circuits.qk(w, 1, 2).AB)
 
 
 def test_rotary_matrices_compose_like_rotations():
@@ -153,7 +149,7 @@ def test_rotary_matrices_compose_like_rotations():
 def test_rotary_profile_is_the_documented_statistic():
     w = random_weights(positional="rotary", d_head=6, rotary_dim=4, d_vocab=40)
     offsets = [0, 1, 2, 7]
-    profile = circuits.rotary_profile(nw(w), 0, 1, offsets, n_tokens=10, seed=3)
+    profile = circuits.rotary_profile(w, 0, 1, offsets, n_tokens=10, seed=3)
     ids = torch.randperm(40, generator=torch.Generator().manual_seed(3))[:10]
     w_q, w_k = dense_torch(w, 0, "W_Q")[1], dense_torch(w, 0, "W_K")[1]
     for n, delta in enumerate(offsets):
@@ -164,7 +160,7 @@ def test_rotary_profile_is_the_documented_statistic():
             total += float(hf_rotary_score(e @ w_q, e @ w_k, 20 + delta, 20, w.cfg))
         assert float(profile[n]) == pytest.approx(total / 10, rel=1e-4, abs=1e-4)
     # Reproducible for a seed.
-    np.testing.assert_array_equal(circuits.rotary_profile(nw(w), 0, 1, offsets, n_tokens=10, seed=3), profile)
+    np.testing.assert_array_equal(circuits.rotary_profile(w, 0, 1, offsets, n_tokens=10, seed=3), profile)
 
 
 @pytest.mark.parametrize("n,count,seed", [(40, 10, 3), (50257, 256, 0), (300, 256, 7), (5, 9, 1)])

@@ -169,8 +169,8 @@ def test_phi_qk_layernorm_is_flagged(tmp_path: Path) -> None:
 
 
 def test_opt_projected_embeddings_are_the_products(tmp_path: Path) -> None:
-    """W_E = E P_inᵀ and W_U = P_outᵀ Eᵀ, and the scores work (the numpy algebra on the torch
-    weights' temporary adapter: the reader does not build products)."""
+    """W_E = E P_inᵀ and W_U = P_outᵀ Eᵀ (the reader builds the products, as numpy arrays),
+    and the scores work."""
     import torch
 
     from headscope.engine.api.report import head_table

@@ -24,23 +24,18 @@ from headscope.engine.model.weights import DictWeights
 from tests.test_circuits import random_weights
 
 
-def nw(w: DictWeights) -> DictWeights:
-    """The numpy weights surface the weight algebra reads: ``w`` itself (``get`` gives arrays)."""
-    return w
-
-
 def all_copying_scores(w: DictWeights, progress=None, cancelled=None) -> torch.Tensor:
     """``spectral.spectral_scores``' copying scores ``[L, H]``, as a tensor."""
-    return torch.from_numpy(spectral.spectral_scores(nw(w), progress, cancelled)["copying_score"])
+    return torch.from_numpy(spectral.spectral_scores(w, progress, cancelled)["copying_score"])
 
 
 def all_qk_positivity(w: DictWeights, progress=None, cancelled=None) -> torch.Tensor:
-    return torch.from_numpy(spectral.spectral_scores(nw(w), progress, cancelled)["qk_positivity"])
+    return torch.from_numpy(spectral.spectral_scores(w, progress, cancelled)["qk_positivity"])
 
 
 def composition_scores(w: DictWeights, kind: str, seed: int = 0, progress=None, cancelled=None) -> SimpleNamespace:
     """``composition.composition_scores``, its scores as a tensor."""
-    found = comp_mod.composition_scores(nw(w), kind, seed, progress, cancelled)
+    found = comp_mod.composition_scores(w, kind, seed, progress, cancelled)
     return SimpleNamespace(kind=found.kind, scores=torch.from_numpy(found.scores), baseline=found.baseline)
 
 
@@ -173,7 +168,7 @@ def induction_model() -> DictWeights:
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 def test_identity_copying_head_scores_plus_one_and_its_negation_minus_one(sign):
     w = copying_model(sign)
-    assert spectral.copying_score(circuits.full_ov(nw(w), 0, 0)) == pytest.approx(sign, abs=1e-5)
+    assert spectral.copying_score(circuits.full_ov(w, 0, 0)) == pytest.approx(sign, abs=1e-5)
     assert float(all_copying_scores(w)[0, 0]) == pytest.approx(sign, abs=1e-5)
 
 
@@ -191,8 +186,8 @@ def test_batched_spectral_scores_equal_the_dense_per_head_definition(n_kv_heads)
             want_p = dense_spectral_score(w_e @ q @ k.T @ w_e.T)
             assert float(copying[layer, head]) == pytest.approx(want_c, abs=1e-4)
             assert float(positivity[layer, head]) == pytest.approx(want_p, abs=1e-4)
-            assert spectral.copying_score(circuits.full_ov(nw(w), layer, head)) == pytest.approx(want_c, abs=1e-4)
-            assert spectral.qk_positivity(circuits.token_qk(nw(w), layer, head)) == pytest.approx(want_p, abs=1e-4)
+            assert spectral.copying_score(circuits.full_ov(w, layer, head)) == pytest.approx(want_c, abs=1e-4)
+            assert spectral.qk_positivity(circuits.token_qk(w, layer, head)) == pytest.approx(want_p, abs=1e-4)
 
 
 # -- composition -------------------------------------------------------------------------------
@@ -237,9 +232,9 @@ def test_batched_composition_equals_composition_score_on_the_heads_circuits(kind
         for h1 in range(4):
             for l2 in range(l1 + 1, 3):
                 for h2 in range(4):
-                    target = {"q": circuits.qk(nw(w), l2, h2), "k": circuits.qk(nw(w), l2, h2).T,
-                              "v": circuits.ov(nw(w), l2, h2)}[kind]
-                    want = comp_mod.composition_score(circuits.ov(nw(w), l1, h1), target)
+                    target = {"q": circuits.qk(w, l2, h2), "k": circuits.qk(w, l2, h2).T,
+                              "v": circuits.ov(w, l2, h2)}[kind]
+                    want = comp_mod.composition_score(circuits.ov(w, l1, h1), target)
                     assert float(fast[l1, h1, l2, h2]) == pytest.approx(float(want), rel=1e-4, abs=1e-6)
 
 
@@ -422,8 +417,8 @@ def with_nan(w: DictWeights, name: str, layer: int, head: int) -> DictWeights:
 def test_nan_weights_give_nan_scores_for_that_head_and_no_crash(name):
     clean = random_weights(n_layers=3)
     w = with_nan(clean, name, 1, 2)
-    assert spectral.nonfinite_heads(nw(w)) == [(1, 2)]
-    assert spectral.nonfinite_heads(nw(clean)) == []
+    assert spectral.nonfinite_heads(w) == [(1, 2)]
+    assert spectral.nonfinite_heads(clean) == []
     bad = torch.zeros(3, 4, dtype=torch.bool)
     bad[1, 2] = True
     for sweep in (all_copying_scores, all_qk_positivity):
@@ -440,7 +435,7 @@ def test_nan_weights_give_nan_scores_for_that_head_and_no_crash(name):
     assert torch.isfinite(behaviours["induction"][0]).all()  # layer 0 is upstream of the NaN
     # The single-circuit scores see only their own factors: NaN when the NaN is in them.
     circuit = circuits.token_qk if name in ("W_Q", "W_K") else circuits.full_ov
-    assert math.isnan(spectral.copying_score(circuit(nw(w), 1, 2)))
+    assert math.isnan(spectral.copying_score(circuit(w, 1, 2)))
 
 
 def test_a_zero_head_has_undefined_scores_not_a_crash():
@@ -450,7 +445,7 @@ def test_a_zero_head_has_undefined_scores_not_a_crash():
     w_o[1] = 0  # a pruned head: OV = 0, so every ratio is 0/0
     t["blocks.0.attn.W_O"] = w_o
     w = DictWeights(clean.cfg, t)
-    assert spectral.nonfinite_heads(nw(w)) == []
+    assert spectral.nonfinite_heads(w) == []
     assert torch.isnan(all_copying_scores(w)[0, 1])
     comp = composition_scores(w, "v").scores
     assert torch.isnan(comp[0, 1, 1]).all() and torch.isfinite(comp[0, 0, 1]).all()

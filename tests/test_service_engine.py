@@ -34,9 +34,9 @@ async def test_structure_at_once_and_blocks_equal_pure_circuits(gpt2):
     qk = await eng.circuit_block(1, 2, "qk", "token", rows, cols)
     ov = await eng.circuit_block(1, 2, "ov", "token", rows, cols)
     pos = await eng.circuit_block(0, 1, "qk", "position", [0, 3], [0, 1, 2])
-    np.testing.assert_allclose(qk.values, circuits.token_qk(algebra.nw(w), 1, 2).block(rows, cols), rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(ov.values, circuits.full_ov(algebra.nw(w), 1, 2).block(rows, cols), rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(pos.values, circuits.positional_qk(algebra.nw(w), 0, 1).block([0, 3], [0, 1, 2]), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(qk.values, circuits.token_qk(w, 1, 2).block(rows, cols), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(ov.values, circuits.full_ov(w, 1, 2).block(rows, cols), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(pos.values, circuits.positional_qk(w, 0, 1).block([0, 3], [0, 1, 2]), rtol=1e-4, atol=1e-5)
     assert qk.row_ids == tuple(rows) and len(qk.row_labels) == 4
     assert qk.vmin == pytest.approx(float(qk.values.min())) and not qk.values.flags.writeable
     assert ov.note == "W_U is tied W_Eᵀ"
@@ -56,8 +56,8 @@ async def test_spectrum_and_sweeps_equal_pure_scores(gpt2):
     eng, model = gpt2
     w = model.weights
     spec = await eng.spectrum(1, 0, "ov")
-    assert spec.score == pytest.approx(algebra.copying_score(circuits.full_ov(algebra.nw(w), 1, 0)), abs=1e-5)
-    expected = np.sort_complex(circuits.full_ov(algebra.nw(w), 1, 0).eigenvalues)
+    assert spec.score == pytest.approx(algebra.copying_score(circuits.full_ov(w, 1, 0)), abs=1e-5)
+    expected = np.sort_complex(circuits.full_ov(w, 1, 0).eigenvalues)
     np.testing.assert_allclose(np.sort_complex(spec.eigenvalues), expected, rtol=1e-3, atol=1e-4)
 
     seen = []

@@ -54,7 +54,7 @@ async def test_real_engine_views_match_the_pure_functions(gpt2: Path) -> None:
         await wait_ready(pilot, app)
         assert app.explorer.head == (0, 1)
         model = open_model(gpt2)
-        expected = algebra.copying_score(circuits.full_ov(algebra.nw(model.weights), 0, 1))
+        expected = algebra.copying_score(circuits.full_ov(model.weights, 0, 1))
         text = app.explorer.query_one("#spectrum-ov", Chart).rendered.plain
         assert f"copying {expected:+.3f}" in text
         await pilot.press("q")

@@ -12,25 +12,19 @@ import torch
 from headscope.engine.circuits import composition, spectral
 
 
-def nw(w: Any) -> Any:
-    """The numpy weights surface of ``w``: ``w`` itself (every weight source is one now; kept
-    for the tests that call it)."""
-    return w
-
-
 def all_copying_scores(w: Any, progress: Any = None, cancelled: Any = None) -> torch.Tensor:
     """``[L, H]``: the copying scores of ``spectral.spectral_scores``."""
-    return torch.from_numpy(spectral.spectral_scores(nw(w), progress, cancelled)["copying_score"])
+    return torch.from_numpy(spectral.spectral_scores(w, progress, cancelled)["copying_score"])
 
 
 def all_qk_positivity(w: Any, progress: Any = None, cancelled: Any = None) -> torch.Tensor:
     """``[L, H]``: the QK positivities of ``spectral.spectral_scores``."""
-    return torch.from_numpy(spectral.spectral_scores(nw(w), progress, cancelled)["qk_positivity"])
+    return torch.from_numpy(spectral.spectral_scores(w, progress, cancelled)["qk_positivity"])
 
 
 def composition_scores(w: Any, kind: str, seed: int = 0, **kwargs: Any) -> SimpleNamespace:
     """``composition.composition_scores`` with its scores as a tensor."""
-    found = composition.composition_scores(nw(w), kind, seed, **kwargs)
+    found = composition.composition_scores(w, kind, seed, **kwargs)
     return SimpleNamespace(kind=found.kind, scores=torch.from_numpy(found.scores), baseline=found.baseline)
 
 
