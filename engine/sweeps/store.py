@@ -67,9 +67,10 @@ __all__ = [
 FORMAT_VERSION = 1  # the layout of the files below
 # Bump whenever a stored number would change (a score's definition, its precision, the
 # random sequences of a seed): every entry written before is then ignored.
-MATH_VERSION = 3  # 2: the composition baseline is drawn with numpy (default_rng(seed));
+MATH_VERSION = 4  # 2: the composition baseline is drawn with numpy (default_rng(seed));
 # 3: the null's random heads are drawn in the span of the stream's rows, its spectral
-# products in float32
+# products in float32; 4: ... drawn through
+# the symmetric root of the rows' Gram matrix (forward.null.gram_root), not a QR
 DEFAULT_DISK_MB = 512
 MAGIC = b"HEADSCOPE-RESULT\n"
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json")  # formats.tokenizer
