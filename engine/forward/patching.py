@@ -116,8 +116,8 @@ class LogitDiff:
     name: str = "logit_diff"
 
     def __call__(self, w: WeightSource, final: Tensor, n: int) -> Tensor:
-        logits = unembed(w, final[:, -1])  # [n·b, d_vocab]
-        return (logits[:, self.answer] - logits[:, self.wrong]).float().reshape(n, -1).mean(1)
+        logits = unembed(w, final[:, -1], (self.answer, self.wrong))  # [n·b, 2]: not all of W_U
+        return (logits[:, 0] - logits[:, 1]).float().reshape(n, -1).mean(1)
 
 
 @dataclass(frozen=True)
