@@ -29,8 +29,8 @@ from headscope.tui.plots.colormap import (
     fit_shape,
     nearest_entry,
     palette_ramp,
+    pool_extreme,
     ramp_index,
-    resample,
     shade_level,
     symmetric_range,
     xterm_rgb,
@@ -122,7 +122,7 @@ class Heatmap:
             ch, cw = fit_shape(n_rows, n_cols, height - overhead - key_lines + 1, width - lw - 2)
         if ch < 1 or cw < 1:
             return Text("(pane too small)")
-        grid = resample(self.values, ch, cw)
+        grid = pool_extreme(self.values, ch, cw)
         vmax = self.vmax if self.vmax is not None else symmetric_range(self.values)
         colour, recolour = cell_colours(grid, vmax, colours)
         plt = _plot(lw + 2 + cw, ch + 3, colours)  # frame top/bottom + x tick labels
@@ -236,14 +236,15 @@ def _recolour(text: Text, table: Recolour) -> Text:
 
 
 def merged(n: int, cells: int) -> str:
-    """Which rows share a cell when ``n`` rows are pooled into ``cells`` (block means)."""
+    """Which rows share a cell when ``n`` rows are pooled into ``cells``, and what the cell
+    shows (``pool_extreme``: the block's entry of largest magnitude, with its sign)."""
     if cells >= n or cells <= 0:
         return ""
-    start, stop = bins(n, cells)  # the blocks resample() averages
+    start, stop = bins(n, cells)  # the blocks pool_extreme() reduces
     blocks = [f"{a}–{b - 1}" for a, b in zip(start.tolist(), stop.tolist(), strict=True)
               if b - a > 1]
     more = ", …" if len(blocks) > 2 else ""
-    return f" (rows {', '.join(blocks[:2])}{more} averaged)"
+    return f" (rows {', '.join(blocks[:2])}{more}: each cell its largest |value|)"
 
 
 def diagonal_summary(values: np.ndarray) -> str:

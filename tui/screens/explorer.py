@@ -58,7 +58,7 @@ from headscope.tui.base.messages import (
 from headscope.tui.screens.dialogs import InputScreen
 from headscope.tui.screens.path import PathScreen
 from headscope.tui.session.choices import TREE_FILTERS, ViewChoices, token_ids
-from headscope.tui.session.export import export_document, write_export
+from headscope.tui.session.export import export_document, saved_where, write_export
 from headscope.tui.session.focus import HeadFocus
 from headscope.tui.session.loads import PER_HEAD, TabLoads, load_key
 from headscope.tui.session.scores import ScoreBoard
@@ -890,7 +890,7 @@ class ExplorerScreen(Screen[None]):
         except OSError as err:
             self.report(f"cannot export: {err}")
             return
-        self.notify(f"saved {path}", title="export")
+        self.notify(saved_where(path), title="export saved")
 
     # -- status ---------------------------------------------------------------------------
     def _tick(self) -> None:

@@ -1,0 +1,166 @@
+"""The explorer at 80×24, the size most SSH sessions open at, and in 256 colours (issue #28).
+
+The heatmap checks read the rendered cells (their palette entries), not the figure's data;
+the colour check reads what the app would write to the terminal after each action.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import textual.constants
+from rich.style import Style
+from rich.text import Text
+from textual.widgets import DataTable
+
+from headscope.tui.app import HeadscopeApp
+from headscope.tui.base.settings import Settings
+from headscope.tui.plots.colormap import bins, palette_ramp
+from headscope.tui.screens.path import PathScreen
+from headscope.tui.widgets.chart import Chart
+from tests.conftest import INDUCTION_HEAD, sample_model
+from tests.test_tui_app import make_app, settle, wait_until
+
+TRUECOLOR = re.compile(r"\x1b\[[0-9;]*?[34]8;2;")
+
+
+@pytest.fixture(autouse=True)
+def _quiet_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HEADSCOPE_CONFIG", str(tmp_path / "none.toml"))
+    monkeypatch.setenv("HEADSCOPE_OUTPUT_DIR", str(tmp_path / "out"))
+
+
+def heatmap_cells(text: Text) -> list[list[int | None]]:
+    """The palette entry of every cell of a 256-colour heatmap, row by row (the characters
+    between the y axis and the right frame of each canvas line)."""
+    lines = text.plain.split("\n")
+    starts = np.cumsum([0] + [len(line) + 1 for line in lines])
+    entry: dict[int, int] = {}
+    for span in text.spans:
+        style = span.style
+        if isinstance(style, Style) and style.color is not None and style.color.number is not None:
+            for k in range(span.start, span.end):
+                entry[k] = style.color.number
+    grid = []
+    for i, line in enumerate(lines):
+        if "█" not in line:
+            continue
+        left = line.index("┤") + 1 if "┤" in line[:12] else line.index("│") + 1
+        right = line.index("│", left)
+        grid.append([entry.get(int(starts[i]) + k) for k in range(left, right)])
+    return grid
+
+
+async def test_the_ov_diagonal_of_the_induction_head_is_bright_at_80x24() -> None:
+    """Pooled by block means, attn-only-2l L1.H2's 24×24 OV circuit came out grey at 80×24
+    (entries 234–237): each cell now keeps its block's signed extreme, so every cell that
+    holds a diagonal entry is in the top quarter of the ramp (+vmax/2 … +vmax)."""
+    app = HeadscopeApp(sample_model("attn-only-2l"), settings=Settings(), debounce=0.01,
+                       sweep=False, head=INDUCTION_HEAD, colors="256")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, app.model_ready.is_set, "the model", limit=1200)
+        await pilot.press("2")
+        await settle(pilot, app)
+        chart = app.explorer.query_one("#ov-heatmap", Chart)
+        await wait_until(pilot, lambda: chart.rendered is not None, "the OV heatmap")
+        text = chart.rendered
+        assert "pooled 24×24→" in text.plain and "largest |value|" in text.plain
+        ramp = palette_ramp(chart.colours().stops)
+        top_quarter = set(ramp[12:]) - set(ramp[:12])  # positions 12…16 of −8…+8
+        grid = heatmap_cells(text)
+        n_rows, n_cols = len(grid), len(grid[0])
+        assert n_rows < 24 and all(len(row) == n_cols for row in grid)
+        r0, r1 = bins(24, n_rows)
+        c0, c1 = bins(24, n_cols)
+        diagonal = [(i, j) for i in range(n_rows) for j in range(n_cols)
+                    if max(r0[i], c0[j]) < min(r1[i], c1[j])]  # the blocks share a token
+        assert len(diagonal) >= n_rows
+        dim = [(i, j, grid[i][j]) for i, j in diagonal if grid[i][j] not in top_quarter]
+        assert dim == [], dim
+
+
+async def test_256_colours_never_become_truecolor_codes(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Everything the app writes in 256-colour mode is 256-colour codes, after theme cycling,
+    raw/processed toggles, resizes, the virtual-heads pop-up and a screenshot. The screenshot
+    was the cause: Textual's export renders the screen through a truecolor console, Rich
+    caches the codes on each Style, and Textual's output reused them (38;2;… in 256 mode)."""
+    monkeypatch.setattr(textual.constants, "COLOR_SYSTEM", "256")  # the app's console
+    app, _ = make_app(colors="256", output_dir=tmp_path)
+
+    def written() -> str:
+        # what the driver writes for a full repaint (App._display renders the same update)
+        update = app.screen._compositor.render_update(full=True)
+        return update.render_segments(app.console)
+
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, app)
+        assert app.console.color_system == "256"
+
+        async def check(what: str) -> None:
+            # a screenshot of the new state before the terminal output has drawn it (the
+            # headless app draws nothing itself): the order that poisoned the styles
+            await settle(pilot, app)
+            await pilot.press("s")
+            await settle(pilot, app)
+            out = written()
+            assert "38;5;" in out and not TRUECOLOR.search(out), what
+
+        await check("start")
+        for keys, what in [("2", "OV tab"), ("t", "theme"), ("t", "theme 2"), ("r", "raw"),
+                           ("r", "processed"), ("1", "QK tab"), ("3", "spectrum"),
+                           ("4", "prompt"), ("6", "summary")]:
+            await pilot.press(keys)
+            await check(what)
+        await pilot.resize_terminal(120, 40)
+        await check("resized to 120×40")
+        await pilot.press("5")
+        await settle(pilot, app)
+        app.explorer.query_one("#comp-edges", DataTable).focus()
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: isinstance(app.screen, PathScreen), "the virtual heads")
+        await settle(pilot, app)
+        app.action_screenshot_svg()  # the pop-up has its own keys: the app's action
+        await settle(pilot, app)
+        assert not TRUECOLOR.search(written()), "virtual heads"
+        await pilot.press("escape")
+        await pilot.resize_terminal(80, 24)
+        await check("back at 80×24")
+        assert list(tmp_path.glob("*.svg"))
+
+
+async def test_saves_say_where_and_follow_the_output_dir_setting(tmp_path: Path) -> None:
+    """`s` and `e` wrote into the current directory (after `make run`, the checkout) and said
+    only the path. The output_dir setting (config.toml, $HEADSCOPE_OUTPUT_DIR) is honoured and
+    the notification names the directory and how to change it."""
+    out = tmp_path / "chosen"
+    app, _ = make_app(settings=Settings(output_dir=str(out)))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, app)
+        assert app.output_dir() == out.resolve()
+        await pilot.press("s", "e")
+        await settle(pilot, app)
+        saved = sorted(p.suffix for p in out.iterdir())
+        assert saved == [".json", ".svg"]
+        messages = [n.message for n in app._notifications]
+        for suffix in (".svg", ".json"):
+            (name,) = [p.name for p in out.iterdir() if p.suffix == suffix]
+            assert any(name in m and f"{out.resolve()}/" in m and "output directory" in m
+                       for m in messages), messages
+
+
+def test_the_output_dir_setting_is_read_from_the_file_and_the_environment(tmp_path: Path) -> None:
+    from headscope.engine.core.errors import ConfigError
+    from headscope.tui.base.settings import load_settings
+
+    config = tmp_path / "config.toml"
+    config.write_text('output_dir = "/srv/shots"\n')
+    assert load_settings({"HEADSCOPE_CONFIG": str(config)}).output_dir == "/srv/shots"
+    env = {"HEADSCOPE_CONFIG": str(config), "HEADSCOPE_OUTPUT_DIR": "/tmp/x"}
+    assert load_settings(env).output_dir == "/tmp/x"
+    config.write_text("output_dir = 3\n")
+    with pytest.raises(ConfigError, match="output_dir"):
+        load_settings({"HEADSCOPE_CONFIG": str(config)})
