@@ -164,3 +164,107 @@ def test_the_output_dir_setting_is_read_from_the_file_and_the_environment(tmp_pa
     config.write_text("output_dir = 3\n")
     with pytest.raises(ConfigError, match="output_dir"):
         load_settings({"HEADSCOPE_CONFIG": str(config)})
+
+
+async def test_the_focus_line_keeps_the_strongest_scores_z_at_80_columns() -> None:
+    """At 80 columns the focus line kept `QK+` and `prev` and dropped the z of `ind +0.95`;
+    now the weaker parts go first and the strongest score keeps its z."""
+    import math
+
+    from textual.widgets import Static
+
+    from headscope.tui.base.labels import SHORT, z_score, z_text
+    from headscope.tui.widgets.focus_line import SHORT_LABELS, score_texts
+
+    app, engine = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, app)
+        line = app.query_one("#focus-line", Static)
+        shown = str(line.render())
+        row = engine._scores(0, 0)
+        null = await engine.score_null()
+        keys = ["copying_score", "qk_positivity", "prev_token_score", "duplicate_token_score",
+                "induction_score"]
+        top = max(keys, key=lambda k: z_score(null, row, k))
+        name = {**SHORT, **SHORT_LABELS}[top]
+        value = getattr(row, top)
+        assert f"{name} {value:+.2f} {z_text(z_score(null, row, top))}" in shown, shown
+        assert len(shown) <= line.content_size.width
+        # every candidate with a z comes before the ones without any
+        has_z = ["z=" in t.plain for t in score_texts(row, null, math.nan)]
+        assert has_z == sorted(has_z, reverse=True)
+
+
+async def test_a_filter_marks_the_focused_head_that_fails_it() -> None:
+    """Under the previous-token filter the focused head showed `H2 0.02 z=-6.4` like a match;
+    it stays (filtering never moves the focus), marked `focus`, its score struck through."""
+    from headscope.tui.session.choices import TREE_FILTERS
+    from headscope.tui.widgets.head_tree import HeadTree
+
+    app, _ = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, app)
+        tree = app.query_one(HeadTree)
+        seen = 0
+        for _ in range(len(TREE_FILTERS)):
+            await pilot.press("f")
+            await settle(pilot, app)
+            for head, node in tree.head_nodes.items():
+                label = node.label
+                if head == app.explorer.head and not tree.meets(head):
+                    seen += 1
+                    assert label.plain.endswith(" focus"), label.plain
+                    assert "z=" not in label.plain
+                    assert any("strike" in str(span.style) for span in label.spans)
+                else:
+                    assert "focus" not in label.plain
+        assert seen, "the focused head met every filter: pick another"
+
+
+async def test_stored_ablation_effects_show_in_the_summary_without_a() -> None:
+    """Effects already in the results store showed as `—` in the Summary until `a`."""
+    from headscope.tui.base.labels import ABLATION
+
+    app, engine = make_app()
+    engine.stored_ablation = True
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("6")
+        await settle(pilot, app)
+        assert engine.calls["all_ablation_effects"] == 0  # nothing swept
+        assert app.explorer.scores.ablation is not None
+        table = app.query_one("#summary-table", DataTable)
+        column = list(table.columns).index(ABLATION)
+        cells = [str(table.get_row_at(r)[column]) for r in range(table.row_count)]
+        assert len(cells) == 8 and not any("—" in c for c in cells), cells
+        expected = {f"{await engine.ablation(layer, head):+.3f}" for layer in range(2)
+                    for head in range(4)}
+        assert {c.strip() for c in cells} == expected
+        assert "press a" not in str(app.query_one("#summary-hint").render())
+
+
+async def test_the_real_engine_reads_stored_ablation_effects(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from headscope.engine.api.model import open_model
+    from headscope.engine.api.report import head_table
+    from headscope.engine.service.engine import Engine
+    from headscope.engine.sweeps.store import ResultStore
+
+    store = ResultStore(tmp_path / "store")
+    path = sample_model("attn-only-2l")
+    engine = Engine(path, workers=1, prefetch=False, store=store)
+    await engine.ready()
+    try:
+        assert await engine.stored_ablation_effects() is None
+    finally:
+        await engine.aclose()
+    rows = head_table(open_model(path), ablation=True, store=store)
+    engine = Engine(path, workers=1, prefetch=False, store=store)
+    await engine.ready()
+    try:
+        effects = await engine.stored_ablation_effects()
+    finally:
+        await engine.aclose()
+    assert effects is not None
+    for r in rows:
+        assert effects[r["layer"], r["head"]] == pytest.approx(r["ablation_effect"], abs=1e-6)

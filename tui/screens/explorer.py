@@ -363,6 +363,14 @@ class ExplorerScreen(Screen[None]):
         table = await self._swept(self.engine.all_head_scores)
         if table is not None:
             self.post_message(ScoresSwept(score_rows(table), gen))
+        # ablation effects an earlier run stored (`a`, or `heads --ablation`) are shown at
+        # once, in the Summary and on the focus line; the sweep itself stays opt-in (`a`)
+        try:
+            effects = await self.engine.stored_ablation_effects()
+        except (EngineCancelled, HeadscopeError):
+            effects = None
+        if effects is not None:
+            self.post_message(AblationSwept(effects, gen, stored=True))
 
     @on(ScoresSwept)
     def _scores_swept(self, msg: ScoresSwept) -> None:
@@ -439,7 +447,9 @@ class ExplorerScreen(Screen[None]):
             return
         # kept, and the Summary sorted by it; no tab switch if the user moved on
         top = self.scores.set_ablation(msg.effects)
-        if top is not None:
+        if msg.stored:
+            pass  # read back from the results store: no news to announce
+        elif top is not None:
             self.notify(f"zeroing L{top[0]}.H{top[1]} costs the most: "
                         f"{self.scores.ablation_of(top):+.2f} nats", title="ablation sweep")
         else:  # a NaN anywhere in the weights makes the clean loss itself NaN
