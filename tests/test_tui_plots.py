@@ -210,3 +210,14 @@ async def test_a_figure_that_fails_to_draw_says_so_instead_of_rendering_forever(
                 break
         assert chart.rendered is not None and "cannot draw this figure" in chart.rendered.plain
         assert "bad data" in chart.rendered.plain
+
+
+def test_a_heatmap_key_never_runs_past_the_chart() -> None:
+    """The virtual-heads pop-up drew `… 24/24 rows peak` into the plot beside it
+    (`peakIm λ`): a key part wider than the chart is wrapped at its spaces."""
+    values = np.eye(24) + 0.01
+    labels = tuple(f"t{i}" for i in range(24))
+    for width in (30, 40, 45, 60):
+        text = build(Heatmap(values, labels, labels, diagonal=True), width, 22, COLOURS).plain
+        assert all(len(line) <= width for line in text.splitlines()), (width, text)
+        assert "rows peak on diag" in " ".join(text.split())

@@ -268,3 +268,56 @@ async def test_the_real_engine_reads_stored_ablation_effects(tmp_path: Path,
     assert effects is not None
     for r in rows:
         assert effects[r["layer"], r["head"]] == pytest.approx(r["ablation_effect"], abs=1e-6)
+
+
+async def test_qk_and_spectrum_use_the_width_at_80x24() -> None:
+    """QK: the token heatmap and the positional QK side by side (the positional one was
+    hidden and ~35 columns left blank). Spectrum: the two plots side by side, each with a
+    canvas tall enough that the real axis is the row labelled 0.0 (stacked, each had two
+    rows), and the title's score whole."""
+    app, _ = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, app)
+        token = app.explorer.query_one("#qk-token", Chart)
+        position = app.explorer.query_one("#qk-position", Chart)
+        assert position.display and position.region.width >= 25
+        assert position.region.x >= token.region.right
+        assert "positional QK" in position.rendered.plain
+        await pilot.press("3")
+        await settle(pilot, app)
+        for chart_id in ("spectrum-ov", "spectrum-qk"):
+            chart = app.explorer.query_one(f"#{chart_id}", Chart)
+            lines = chart.rendered.plain.splitlines()
+            canvas = [line for line in lines if "┤" in line or "├" in line or
+                      (line.lstrip().startswith("│") and "┬" not in line)]
+            assert len(canvas) >= 9, lines
+            zero = [line for line in lines if "├" in line]  # the axis line through Im 0
+            assert len(zero) == 1 and zero[0].split("├")[0].strip() == "0.0", lines
+            label = "copying" if chart_id == "spectrum-ov" else "QK positivity"
+            assert re.search(rf"{label} [+-]\d\.\d{{3}}", " ".join(lines)), lines
+
+
+async def test_focus_is_drawn_and_comes_back_with_its_tab() -> None:
+    """The focused pane has a heavy frame; after `5`, `tab` to the edge list, `1` and `5`
+    again, the edge list has focus (it was nowhere, so `tab` went to the tree and `enter`
+    did nothing until a second `tab`)."""
+    from headscope.tui.widgets.head_tree import HeadTree
+
+    app, _ = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, app)
+        tree = app.query_one(HeadTree)
+        edges = app.explorer.query_one("#comp-edges", DataTable)
+        assert app.focused is tree and tree.styles.border.top[0] == "heavy"
+        await pilot.press("5", "tab")
+        await settle(pilot, app)
+        assert app.focused is edges and edges.styles.border.top[0] == "heavy"
+        assert tree.styles.border.top[0] == "round"
+        await pilot.press("1")
+        await settle(pilot, app)
+        assert app.focused is tree  # never a hidden widget
+        await pilot.press("5")
+        await settle(pilot, app)
+        assert app.focused is edges
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: isinstance(app.screen, PathScreen), "the virtual heads")

@@ -570,9 +570,21 @@ class ExplorerScreen(Screen[None]):
             self.notify("no timeline: open a series with headscope --timeline PATH",
                         severity="warning")
             return
+        focused, previous = self.app.focused, self.active_tab
+        remembered: dict[str, Any] = self.__dict__.setdefault("_tab_focus", {})
+        if focused is not None and any(a.id == previous for a in focused.ancestors):
+            remembered[previous] = focused  # its tab is hidden: focus it again on return
         self.query_one("#tabs", TabbedContent).active = tab
         self.active_tab = tab
         self._load_active()
+        # Focus never stays on a hidden widget: coming back to 5 after the edge list had focus
+        # left focus nowhere, so `tab` went to the tree and `enter` did nothing until a second
+        # `tab`. Back on a tab, its widget that had focus has it again; else the tree.
+        back = remembered.get(tab)
+        if back is not None and back.is_attached and back.focusable:
+            self.call_after_refresh(back.focus)
+        elif focused is None or any(a.id == previous for a in focused.ancestors):
+            self.call_after_refresh(self.query_one(HeadTree).focus)
 
     def _key(self, tab: str) -> LoadKey:
         extra: tuple = ()
