@@ -24,6 +24,7 @@ from headscope.tui.widgets.chart import Chart
 from tests.conftest import INDUCTION_HEAD, sample_model
 from tests.test_tui_app import make_app, settle, wait_until
 
+ROOT = Path(__file__).resolve().parents[1]
 TRUECOLOR = re.compile(r"\x1b\[[0-9;]*?[34]8;2;")
 
 
@@ -67,7 +68,10 @@ async def test_the_ov_diagonal_of_the_induction_head_is_bright_at_80x24() -> Non
         chart = app.explorer.query_one("#ov-heatmap", Chart)
         await wait_until(pilot, lambda: chart.rendered is not None, "the OV heatmap")
         text = chart.rendered
-        assert "pooled 24×24→" in text.plain and "largest |value|" in text.plain
+        assert "largest |value|" in text.plain
+        # the shape README.md's tour quotes for 80×24
+        quoted = re.search(r"`(pooled 24×24→\d+×\d+)`", (ROOT / "README.md").read_text())
+        assert quoted and quoted.group(1) in text.plain, text.plain
         ramp = palette_ramp(chart.colours().stops)
         top_quarter = set(ramp[12:]) - set(ramp[:12])  # positions 12…16 of −8…+8
         grid = heatmap_cells(text)
