@@ -83,7 +83,8 @@ def test_svd_json_schema_and_the_copying_head_reads_what_it_writes(capsys) -> No
     assert (got["layer"], got["head"], got["kind"]) == (*INDUCTION_HEAD, "ov")
     assert len(got["singular_values"]) == len(got["directions"]) == 5
     first = got["directions"][0]
-    assert {"index", "sigma", "in_tokens", "out_tokens"} <= set(first)
+    assert {"direction", "sigma", "in_tokens", "out_tokens"} <= set(first)
+    assert [d["direction"] for d in got["directions"]] == [1, 2, 3, 4, 5]  # as the panel: 1/5
     assert set(first["in_tokens"][0]) == {"id", "token", "value"} and len(first["in_tokens"]) == 10
     magnitudes = [abs(t["value"]) for t in first["in_tokens"]]
     assert magnitudes == sorted(magnitudes, reverse=True)

@@ -368,8 +368,12 @@ class HeadscopeApp(App[None]):
         self.push_screen(HelpScreen(self.keymap_in_use))
 
     def output_dir(self) -> Path:
-        """Where screenshots and exports go: never next to the checkpoint."""
-        chosen = self._output_dir or os.environ.get("HEADSCOPE_OUTPUT_DIR") or Path.cwd()
+        """Where screenshots and exports go: the directory chosen in the palette ("Set output
+        directory…"), else the ``output_dir`` setting (config.toml or
+        ``$HEADSCOPE_OUTPUT_DIR``), else the current directory; never next to the checkpoint
+        (then the temporary directory's ``headscope/``). Every notification names it."""
+        chosen = (self._output_dir or getattr(self.settings, "output_dir", "")
+                  or os.environ.get("HEADSCOPE_OUTPUT_DIR") or Path.cwd())
         out = Path(chosen).expanduser().resolve()
         model = Path(self.path).expanduser().resolve()
         model_dir = model if model.is_dir() else model.parent
@@ -400,12 +404,40 @@ class HeadscopeApp(App[None]):
                 f"{time.strftime('%Y%m%d-%H%M%S')}")
 
     def action_screenshot_svg(self) -> None:
+        from headscope.engine.core.errors import OutputError
+        from headscope.engine.core.export import atomic_write_text
+        from headscope.tui.session.export import saved_where
+
         try:
-            out = self.save_screenshot(f"{self.stem()}.svg", path=str(self.output_dir()))
-        except OSError as err:
+            out = atomic_write_text(self.output_dir() / f"{self.stem()}.svg",
+                                    self.export_screenshot())
+        except (OSError, OutputError) as err:
             self.report(f"cannot save screenshot: {err}")
             return
-        self.notify(f"saved {out}", title="screenshot")
+        self.notify(saved_where(out), title="screenshot saved")
+
+    def export_screenshot(self, *, title: str | None = None, simplify: bool = False) -> str:
+        """The screen as SVG, as Textual's ``export_screenshot`` makes it, on a console that
+        renders no colour codes.
+
+        Textual's prints the screen through a truecolor Rich console. Rich caches the SGR
+        codes a ``Style`` renders to on the style object itself (``Style._ansi``), whatever
+        the colour system, and Textual's own output reuses that cache: after one screenshot
+        every style on screen wrote ``38;2;…`` / ``48;2;…`` to a 256-colour terminal. A
+        console without a colour system records the same segments (the SVG is identical)
+        and renders no codes, so nothing is cached."""
+        import io
+
+        from rich.console import Console
+
+        width, height = self.size
+        console = Console(width=width, height=height, file=io.StringIO(), force_terminal=True,
+                          color_system=None, record=True, legacy_windows=False, safe_box=False)
+        # Textual's own export_screenshot reads the screen the same way (no public API)
+        update = self.screen._compositor.render_update(
+            full=True, screen_stack=self._background_screens, simplify=simplify)
+        console.print(update)
+        return console.export_svg(title=title or self.title)
 
     # -- notifications, quitting ------------------------------------------------------------
     def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",

@@ -37,6 +37,7 @@ from headscope.tui.cli.output import (
     EXIT_MODEL_ERROR,
     EXIT_OK,
     EXIT_USAGE,
+    UsageError,
 )
 
 THEME_HELP = ("headscope-dark", "headscope-light", "headscope-contrast", "headscope-colorblind")
@@ -75,11 +76,38 @@ def version() -> str:
 # ----------------------------------------------------------------------------- parser
 
 
+DESCRIPTION = "Explore the attention circuits of transformer language models."
+
+
+def supported_text() -> str:
+    """What ``--help`` says opens, from the engine's family table (the README's table)."""
+    from headscope.engine.api.model import supported_checkpoints
+
+    supported = supported_checkpoints()
+    return (f"{DESCRIPTION}\n\nCheckpoints: safetensors (a file, a directory or sharded) of the "
+            f"families {', '.join(supported['families'])}; llama.cpp GGUF files of the "
+            f"{', '.join(supported['gguf'])} architectures. Never pickle, never downloaded.")
+
+
+class HelpParser(argparse.ArgumentParser):
+    """The top-level parser: its description lists the supported families, read from the
+    engine only when help is printed (the adapters' import is not paid by every command)."""
+
+    def format_help(self) -> str:
+        import shutil
+        import textwrap
+
+        # argparse's own width (COLUMNS or the terminal, less 2); it does not wrap a raw text
+        width = max(40, min(100, shutil.get_terminal_size().columns - 2))
+        self.description = "\n".join(textwrap.fill(p, width) if p else p
+                                      for p in supported_text().split("\n"))
+        return super().format_help()
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = HelpParser(
         prog="headscope",
-        description="Explore the attention circuits of transformer language models "
-        "(safetensors checkpoints only: native, GPT-2, GPT-NeoX/Pythia, Llama/Mistral/Qwen2, BERT).",
+        description=DESCRIPTION,
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -341,6 +369,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(args, "exit_now", False) and from_shell:
             exit_now(code)
         return code
+    except UsageError as err:
+        print(f"headscope {args.command}: error: {printable(str(err))}", file=sys.stderr)
+        return EXIT_USAGE
     except HeadscopeError as err:
         print(f"headscope: {err.one_line()}", file=sys.stderr)
         return EXIT_MODEL_ERROR
