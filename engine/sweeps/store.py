@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from headscope.engine.core.errors import CorruptFileError, HeadscopeError
+from headscope.engine.core.errors import CorruptFileError, HeadscopeError, escape_line
 from headscope.engine.core.files import read_bytes
 from headscope.engine.model.adapters.native import CONFIG_FILE as NATIVE_CONFIG_FILE
 
@@ -114,7 +114,7 @@ def cache_root(env: dict[str, str] | None = None) -> Path:
 
 
 def _stderr_warning(message: str) -> None:
-    print(f"headscope: warning: {message}", file=sys.stderr)
+    print(f"headscope: warning: {escape_line(message)}", file=sys.stderr)
 
 
 # -- the fingerprint of a checkpoint -----------------------------------------------------

@@ -23,7 +23,6 @@ from pathlib import Path
 
 from headscope.engine.core.errors import HeadscopeError, out_of_memory
 from headscope.engine.core.validation import EDGE_THRESHOLD
-from headscope.tui.base.datatext import printable
 from headscope.tui.cli import args as args_types
 from headscope.tui.cli import explore, reports
 from headscope.tui.cli import reading as cli_reading
@@ -36,6 +35,7 @@ from headscope.tui.cli.output import (
     EXIT_MODEL_ERROR,
     EXIT_OK,
     EXIT_USAGE,
+    say,
 )
 
 THEME_HELP = ("headscope-dark", "headscope-light", "headscope-contrast", "headscope-colorblind")
@@ -325,27 +325,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     typo = unknown_command(argv)
     if typo:
-        print(f"headscope: {typo}", file=sys.stderr)
+        say(typo)
         return EXIT_USAGE
     args = parser.parse_args(normalise_argv(argv))
     try:
         code = HANDLERS[args.command](args)
         for warning in getattr(args, "warnings", []):
-            print(f"headscope: warning: {printable(warning)}", file=sys.stderr)
+            say(warning, warning=True)
         if getattr(args, "exit_now", False) and from_shell:
             exit_now(code)
         return code
     except HeadscopeError as err:
-        print(f"headscope: {err.one_line()}", file=sys.stderr)
+        say(err.one_line())
         return EXIT_MODEL_ERROR
     except (MemoryError, RuntimeError) as err:  # torch's allocator raises RuntimeError
         oom = out_of_memory(err, getattr(args, "path", None), f"headscope {args.command}")
         if oom is None:
             raise
-        print(f"headscope: {oom.one_line()}", file=sys.stderr)
+        say(oom.one_line())
         return EXIT_MODEL_ERROR
     except KeyboardInterrupt:
-        print("headscope: interrupted", file=sys.stderr)
+        say("interrupted")
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # `headscope heads ... | head`
         return EXIT_OK

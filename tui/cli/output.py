@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from headscope.engine.core.errors import InvalidRequestError
-from headscope.tui.base.datatext import tsv_field
+from headscope.tui.base.datatext import printable, tsv_field
 
 # 0 success · 1 the model or request is at fault (the message says how) · 2 command-line
 # usage error · 130 interrupted.
@@ -21,6 +21,13 @@ EXIT_OK, EXIT_MODEL_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 # The subcommands (anything else first on the command line is a path to open).
 COMMANDS = ("open", "info", "heads", "composition", "forward", "circuit", "diff", "export", "serve",
             "timeline", "cache", "svd", "path")
+
+
+def say(message: str, *, warning: bool = False) -> None:
+    """One line on stderr, ``headscope: [warning: ]<message>``: every message of the CLI goes
+    through here, so a path or token carrying escape codes never reaches the terminal raw
+    (``printable``, the one escaping of data shown to a user)."""
+    print(f"headscope: {'warning: ' if warning else ''}{printable(message)}", file=sys.stderr)
 
 
 def open_for_command(args: argparse.Namespace) -> Any:

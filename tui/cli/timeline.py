@@ -15,6 +15,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from headscope.tui.cli.cache import add_store_args, results_store
+from headscope.tui.cli.output import say
 
 if TYPE_CHECKING:
     from headscope.engine.api.timeline import StepScores, Timeline
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     if sys.stderr.isatty():
         sys.stderr.write("\r\033[K")
     for warning in timeline.warnings:
-        print(f"headscope: warning: {warning}", file=sys.stderr)
+        say(warning, warning=True)
     if args.json:
         from headscope.engine.core.export import jsonable
 
