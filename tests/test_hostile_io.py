@@ -17,6 +17,7 @@ import os
 import pathlib
 import shutil
 import struct
+import sys
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -568,3 +569,23 @@ def test_tokenizer_files_leading_outside_are_not_read(
     m = open_model(d)
     assert isinstance(m.tokenizer, IdTokenizer)
     assert "symlink leading outside the model directory" in m.warnings[0]
+
+
+def test_a_panicking_tokenizer_regex_prints_no_rust_panic_text(
+    tmp_path: Path, gpt2_dir: tuple[Path, Any], capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A split regex that backtracks past Oniguruma's retry limit panics in Rust; its panic
+    hook writes ``thread '…' panicked at …`` straight to fd 2, past Python's sys.stderr (and
+    onto the explorer's screen). Only headscope's one line may reach the terminal."""
+    d = copy_of(gpt2_dir[0], tmp_path / "m")
+    doc = json.loads((d / "tokenizer.json").read_text())
+    doc["pre_tokenizer"] = {"type": "Split", "pattern": {"Regex": "(a*)*b"},
+                            "behavior": "Isolated", "invert": False}
+    (d / "tokenizer.json").write_text(json.dumps(doc))
+    capfd.readouterr()
+    assert main(["forward", str(d), "--prompt", "a" * 60 + " b"]) == 1
+    err = capfd.readouterr().err
+    assert "panicked at" not in err and "RUST_BACKTRACE" not in err, err
+    assert one_line(err).startswith("headscope: ") and "tokenizers panicked" in err
+    print("still on stderr", file=sys.stderr)  # the redirection was undone
+    assert capfd.readouterr().err == "still on stderr\n"
