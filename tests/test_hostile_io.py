@@ -589,3 +589,17 @@ def test_a_panicking_tokenizer_regex_prints_no_rust_panic_text(
     assert one_line(err).startswith("headscope: ") and "tokenizers panicked" in err
     print("still on stderr", file=sys.stderr)  # the redirection was undone
     assert capfd.readouterr().err == "still on stderr\n"
+
+
+def test_circuit_rows_name_the_unusable_tokenizer(
+    tmp_path: Path, gpt2_dir: tuple[Path, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`forward --prompt` named the tokenizer's failure; `circuit --rows cat` said only that
+    'cat' is not in the vocabulary."""
+    d = copy_of(gpt2_dir[0], tmp_path / "m")
+    (d / "tokenizer.json").write_text('{"model": 3}')
+    capsys.readouterr()
+    assert main(["circuit", str(d), "0", "0", "--kind", "qk", "--rows", "cat", "--cols", "1"]) == 1
+    line = one_line(capsys.readouterr().err)
+    assert "'cat' is not in the vocabulary" in line
+    assert "tokenizer is unusable" in line and "tokenizer.json" in line and "token ids" in line

@@ -170,7 +170,8 @@ class IdTokenizer:
         self.path = path
         self.reason = reason
 
-    def _why(self) -> str:
+    def why(self) -> str:
+        """Why there is no tokenizer, and what to type instead (a lookup error repeats it)."""
         if self.reason:
             return f"this model's tokenizer is unusable ({self.reason}): type token ids, e.g. 3,14,15"
         return "this model has no tokenizer: type token ids, e.g. 3,14,15"
@@ -178,11 +179,11 @@ class IdTokenizer:
     def encode(self, text: str) -> list[int]:
         parts = [p for p in re.split(r"[,\s]+", text.strip()) if p]
         if not parts:
-            raise PromptError(self.path, f"empty prompt ({self._why()})")
+            raise PromptError(self.path, f"empty prompt ({self.why()})")
         ids = []
         for p in parts:
             if not (p.isascii() and p.isdigit()):
-                raise PromptError(self.path, f"{p!r} is not a token id ({self._why()})")
+                raise PromptError(self.path, f"{p!r} is not a token id ({self.why()})")
             i = int(p)
             if i >= self.vocab_size:
                 raise PromptError(self.path, f"token id {i} out of range 0..{self.vocab_size - 1}")

@@ -84,7 +84,11 @@ def parse_token_list(model: Any, spec: str | None, n: int, basis: str) -> list[i
         elif basis == "token":
             tid = model.tokenizer.token_to_id(item)
             if tid is None:
-                raise InvalidRequestError(str(model.path), f"token {item!r} is not in the vocabulary")
+                # an unusable tokenizer.json (IdTokenizer) is why nothing is found: say so
+                why = getattr(model.tokenizer, "why", None)
+                note = f" ({why()})" if callable(why) else ""
+                raise InvalidRequestError(str(model.path),
+                                          f"token {item!r} is not in the vocabulary{note}")
             out.append(tid)
         else:
             raise InvalidRequestError(str(model.path), f"position {item!r} is not a number")
