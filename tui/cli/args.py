@@ -62,6 +62,11 @@ def workers(text: str) -> int:
     return _bounded(text, "a number of workers", 1, MAX_WORKERS)
 
 
+def sessions(text: str) -> int:
+    """``serve --max-sessions``: 1 or more."""
+    return _bounded(text, "a number of sessions", 1, 1024)
+
+
 def port(text: str) -> int:
     """A TCP port, 1 … 65535."""
     return _bounded(text, "a TCP port", 1, 65535)

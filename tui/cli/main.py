@@ -238,8 +238,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1; others need --allow-remote)")
     p.add_argument("--allow-remote", action="store_true",
-                   help="allow binding to a non-loopback address: anyone who can reach it can "
-                        "use the explorer")
+                   help="allow binding to a non-loopback address (needs --token or "
+                        "HEADSCOPE_TOKEN): anyone who can reach it and has the token can use "
+                        "the explorer")
+    p.add_argument("--token", help="the key every request needs, in the printed URL "
+                   "(default: $HEADSCOPE_TOKEN, else a random one per start)")
+    p.add_argument("--max-sessions", type=args_types.sessions, default=4, metavar="N",
+                   help="explorer sessions (browser tabs, ~250 MB each) at once (default 4)")
     cli_timeline.add_parser(sub)
     add_cache_parser(sub)
     cli_reading.add_parsers(sub)
