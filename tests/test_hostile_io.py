@@ -12,6 +12,7 @@ test touching one has a timeout.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import pathlib
@@ -603,3 +604,33 @@ def test_circuit_rows_name_the_unusable_tokenizer(
     line = one_line(capsys.readouterr().err)
     assert "'cat' is not in the vocabulary" in line
     assert "tokenizer is unusable" in line and "tokenizer.json" in line and "token ids" in line
+
+
+def test_in_the_explorer_native_stderr_text_never_reaches_the_screen() -> None:
+    """Textual draws on fd 2, where a Rust panic hook writes too: while the app runs, it
+    draws on a duplicate of the terminal and fd 2 goes to /dev/null (tui.app.screen_off_fd2)."""
+    import pty
+    import subprocess
+
+    code = ("import os, sys\n"
+            "from headscope.tui.app import screen_off_fd2\n"
+            "with screen_off_fd2():\n"
+            "    sys.__stderr__.write('SCREEN\\n'); sys.__stderr__.flush()\n"
+            "    os.write(2, b'thread panicked at onig\\n')\n"
+            "os.write(2, b'AFTER\\n')\n")
+    leader, follower = pty.openpty()
+    try:
+        done = subprocess.run([sys.executable, "-c", code], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=follower, timeout=60)
+        os.close(follower)
+        follower = -1
+        seen = b""
+        with contextlib.suppress(OSError):  # EIO once the child's side is closed
+            while chunk := os.read(leader, 4096):
+                seen += chunk
+    finally:
+        os.close(leader)
+        if follower >= 0:
+            os.close(follower)
+    assert done.returncode == 0
+    assert b"SCREEN" in seen and b"AFTER" in seen and b"panicked" not in seen
