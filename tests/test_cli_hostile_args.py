@@ -315,3 +315,23 @@ def test_control_characters_in_a_path_do_not_reach_stderr(
     assert code == 1
     assert "\x1b" not in err and "\x07" not in err
     assert "evil\\x1b]8;;https:x\\x07dir" in err
+
+
+def test_escape_codes_in_a_path_do_not_reach_stderr_through_warnings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """forward's "prompt truncated" and "unknown tokens" lines and timeline's "identical
+    weights" warning went out raw (issue #29): every message goes through one escaping."""
+    evil = "evil\x1b]0;pwned\x07\x1b[31m"
+    model = tmp_path / f"{evil}model"
+    shutil.copytree(MODEL, model)
+    long_prompt = "qqqzzz " + " ".join(["the"] * 80)  # n_ctx is 64; one unknown word
+    code, _, err = run(capsys, "forward", str(model), "--prompt", long_prompt)
+    assert code == 0 and "truncated" in err and "unknown" in err
+    assert "\x1b" not in err and "\x07" not in err
+    steps = tmp_path / f"{evil}steps"
+    for name in ("step-000000", "step-000100"):  # the same weights twice
+        shutil.copytree("sample_models/attn-only-2l-training/step-000000", steps / name)
+    code, _, err = run(capsys, "timeline", str(steps), "--json", "--no-cache")
+    assert code == 0 and "identical weights" in err
+    assert "\x1b" not in err and "\x07" not in err

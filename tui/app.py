@@ -21,7 +21,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -468,4 +468,41 @@ def run_app(path: str | os.PathLike[str] | None = None, *, raw: bool = False,
     ``compare``: a second checkpoint B of the same architecture, explored alongside (tui/session/compare.py);
     ``match_heads=True`` (in ``options``) pairs B's heads with A's by circuit similarity.
     """
-    HeadscopeApp(path, raw=raw, theme=theme, compare=compare, **options).run()
+    with screen_off_fd2():
+        HeadscopeApp(path, raw=raw, theme=theme, compare=compare, **options).run()
+
+
+@contextlib.contextmanager
+def screen_off_fd2() -> Iterator[None]:
+    """Textual draws the screen on ``sys.__stderr__``, i.e. on fd 2, where native libraries
+    write too: the text of a Rust panic in ``tokenizers`` (issue #29) landed on the screen.
+    While the app runs, it draws on a duplicate of the terminal instead and fd 2 points at
+    ``/dev/null``; both are restored afterwards (errors after the app are printed as ever).
+    Nothing changes when stderr is not a terminal (tests, pipes)."""
+    import sys
+
+    try:
+        sys.stderr.flush()
+        if not os.isatty(2):
+            yield
+            return
+        screen_fd = os.dup(2)
+        null = os.open(os.devnull, os.O_WRONLY)
+    except (OSError, ValueError, AttributeError):
+        yield
+        return
+    saved = sys.__stderr__
+    screen = open(screen_fd, "w", encoding="utf-8", errors="backslashreplace")  # noqa: SIM115
+    original = os.dup(2)
+    try:
+        sys.__stderr__ = screen
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(original, 2)
+        sys.__stderr__ = saved
+        with contextlib.suppress(OSError, ValueError):
+            screen.close()  # flushes; closes screen_fd
+        for fd in (original, null):
+            with contextlib.suppress(OSError):
+                os.close(fd)

@@ -194,6 +194,10 @@ def hf_config(header: GGUFHeader, name: str, arch: GGUFArch, hf_names: Mapping[s
         "use_sliding_window": False,
     }
     window = key("attention.sliding_window")
+    if type(window) is int and window == 0:
+        # llama.cpp reads 0 as no sliding window; convert_hf_to_gguf writes 0 for Phi-4
+        # ("use zero value ... to distinguish Phi-4"), whose attention is global.
+        window = None
     if window is not None:
         config["sliding_window"] = window
     head_dim = key("attention.key_length")
@@ -337,6 +341,10 @@ def _rope_vector(header: GGUFHeader, name: str, dim: Any) -> np.ndarray:
     import numpy as np
 
     info = header.tensors[name]
+    if _positive(dim) and dim % 2:
+        raise ConfigError(header.path, f"RoPE dimension count {dim} is odd, but tensor {name!r} "
+                                       f"holds one factor per pair of rotary dimensions "
+                                       f"({math.prod(info.shape)} values): they do not match")
     if info.type_name != "F32" or len(info.shape) != 1 or not _positive(dim) or info.shape[0] != dim // 2:
         raise ConfigError(header.path, f"tensor {name!r} is not {dim}/2 float32 RoPE factors")
     try:

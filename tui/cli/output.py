@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from headscope.engine.core.errors import IndexOutOfRangeError, InvalidRequestError
-from headscope.tui.base.datatext import tsv_field
+from headscope.tui.base.datatext import printable, tsv_field
 
 # 0 success · 1 the model or request is at fault (the message says how) · 2 command-line
 # usage error · 130 interrupted.
@@ -32,6 +32,13 @@ class UsageError(Exception):
         self.argument = argument
         self.message = " ".join(message.split())
         super().__init__(f"argument {argument}: {self.message}")
+
+
+def say(message: str, *, warning: bool = False) -> None:
+    """One line on stderr, ``headscope: [warning: ]<message>``: every message of the CLI goes
+    through here, so a path or token carrying escape codes never reaches the terminal raw
+    (``printable``, the one escaping of data shown to a user)."""
+    print(f"headscope: {'warning: ' if warning else ''}{printable(message)}", file=sys.stderr)
 
 
 def open_for_command(args: argparse.Namespace) -> Any:
@@ -95,7 +102,11 @@ def parse_token_list(model: Any, spec: str | None, n: int, basis: str) -> list[i
         elif basis == "token":
             tid = model.tokenizer.token_to_id(item)
             if tid is None:
-                raise InvalidRequestError(str(model.path), f"token {item!r} is not in the vocabulary")
+                # an unusable tokenizer.json (IdTokenizer) is why nothing is found: say so
+                why = getattr(model.tokenizer, "why", None)
+                note = f" ({why()})" if callable(why) else ""
+                raise InvalidRequestError(str(model.path),
+                                          f"token {item!r} is not in the vocabulary{note}")
             out.append(tid)
         else:
             raise InvalidRequestError(str(model.path), f"position {item!r} is not a number")

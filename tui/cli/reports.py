@@ -5,7 +5,6 @@ with ``--json``; each reads the model through the engine's facade, engine/api/).
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from headscope.tui.cli.output import (
     emit,
     open_for_command,
     parse_token_list,
+    say,
 )
 from headscope.tui.cli.progress import progress_bar
 
@@ -131,8 +131,8 @@ def cmd_forward(args: argparse.Namespace) -> int:
         check_prompt(args.prompt, str(model.path))
         tokens = model.tokenizer.encode(args.prompt)
         if len(tokens) > model.cfg.n_ctx:
-            print(f"headscope: {model.path}: prompt truncated from {len(tokens)} to the context "
-                  f"of {model.cfg.n_ctx} tokens", file=sys.stderr)
+            say(f"{model.path}: prompt truncated from {len(tokens)} to the context "
+                f"of {model.cfg.n_ctx} tokens")
             tokens = tokens[: model.cfg.n_ctx]
     with progress_bar(f"forward {model.path.name}", quiet=args.quiet, determinate=False):
         report = forward_report(model, tokens)
@@ -141,7 +141,7 @@ def cmd_forward(args: argparse.Namespace) -> int:
 
         note = unknown_note(args.prompt, list(report["token_strings"]))
         if note:
-            print(f"headscope: {model.path}: {note}", file=sys.stderr)
+            say(f"{model.path}: {note}")
 
     def table() -> tuple[list[str], list[list[Any]]]:
         import numpy as np
