@@ -1,9 +1,10 @@
 """The GGUF dequantisation kernels (engine/formats/dequant.py) against llama.cpp's own numpy
 reference, ``gguf.quants.dequantize``: bit for bit, on random valid blocks of every type.
 
-"Valid": every byte pattern of the packed quants and sub-block scales is a real block; only
-the f16 (super-)block scales are drawn as finite numbers (both signs, some zero, some
-subnormal), since a NaN or infinite scale has no bit pattern to agree on.
+"Valid" (``bench.dequant.random_blocks``): every byte pattern of the packed quants and
+sub-block scales is a real block; only the f16 (super-)block scales are drawn as finite
+numbers (both signs, some zero, some subnormal), since a NaN or infinite scale has no bit
+pattern to agree on.
 """
 
 from __future__ import annotations
@@ -11,36 +12,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from bench.dequant import random_blocks
 from headscope.engine.formats import dequant
 from headscope.engine.formats.dequant import DequantError, dequantize, row_nbytes
-
-# Byte offsets of the f16 scales in each block (tests/gguf_fixtures.k_quant_blocks, ggml-common.h).
-F16_FIELDS = {"Q8_0": (0,), "Q4_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
-
-
-def random_blocks(type_name: str, rows: int, cols: int, seed: int) -> np.ndarray:
-    """``[rows, row_nbytes]`` uint8: a valid ``type_name`` tensor of shape ``[rows, cols]``."""
-    gen = np.random.default_rng(seed)
-    block, size = dequant.block_layout(type_name)
-    n = rows * cols // block
-    if type_name in ("F32", "F16", "BF16"):
-        values = gen.standard_normal(n) * np.exp2(gen.integers(-26, 12, n))  # f16 subnormals too
-        if type_name == "F32":
-            raw = values.astype(np.float32).view(np.uint8)
-        elif type_name == "F16":
-            raw = values.astype(np.float16).view(np.uint8)
-        else:
-            raw = (values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
-        return raw.reshape(rows, -1)
-    raw = gen.integers(0, 256, size=(n, size), dtype=np.uint8)
-    for at in F16_FIELDS[type_name]:
-        scale = gen.uniform(-1e-2, 1e-2, n)
-        scale[gen.random(n) < 0.05] = 0.0
-        scale[gen.random(n) < 0.05] = -0.0
-        scale[gen.random(n) < 0.05] *= 1e-4  # f16 subnormals (below 6.1e-5)
-        scale[0] = -0.0 if at == 0 else 0.0  # block 0: d = -0, dmin = +0, so values of -0
-        raw[:, at : at + 2] = scale.astype(np.float16).view(np.uint8).reshape(n, 2)
-    return raw.reshape(rows, -1)
 
 
 def reference(raw: np.ndarray, type_name: str) -> np.ndarray:

@@ -13,13 +13,14 @@ from typing import Any
 import numpy as np
 import pytest
 
+from bench.dequant import random_blocks
 from headscope.engine.api.model import open_model
 from headscope.engine.core.errors import CorruptFileError
 from headscope.engine.formats.dequant import TYPES
 from headscope.engine.model import gguf as gguf_model
 from tests.gguf_fixtures import write_gguf
 from tests.hf_fixtures import randomize_
-from tests.test_dequant import random_blocks, reference, same_bits
+from tests.test_dequant import reference, same_bits
 
 
 def _llama(seed: int = 4) -> Any:

@@ -39,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-__all__ = ["TYPES", "DequantError", "block_layout", "can_dequantise", "dequantize", "row_nbytes"]
+__all__ = ["TYPES", "DequantError", "block_layout", "can_dequantise", "default_threads", "dequantize", "row_nbytes"]
 
 QK_K = 256
 # type name -> (values per block, bytes per block), as ggml's type traits.
@@ -111,7 +111,7 @@ def dequantize(
     kernel = _KERNELS[type_name]
     per_chunk = max(1, CHUNK // block)
     starts = list(range(0, n_blocks, per_chunk))
-    n_threads = min(threads or _default_threads(), len(starts))
+    n_threads = min(threads or default_threads(), len(starts))
     if n_blocks * block < THREADED_MIN or n_threads <= 1:
         _run(kernel, src, dst, starts, per_chunk)
         return out
@@ -151,7 +151,7 @@ _POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
 
 
-def _default_threads() -> int:
+def default_threads() -> int:
     return max(1, min(4, os.cpu_count() or 1))
 
 
@@ -159,7 +159,7 @@ def _pool() -> ThreadPoolExecutor:
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:
-            _POOL = ThreadPoolExecutor(max_workers=_default_threads(), thread_name_prefix="dequant")
+            _POOL = ThreadPoolExecutor(max_workers=default_threads(), thread_name_prefix="dequant")
         return _POOL
 
 
