@@ -167,11 +167,10 @@ def _pool() -> ThreadPoolExecutor:
 
 
 def _f16(blocks: np.ndarray, scratch: _Scratch, first: int) -> np.ndarray:
-    """The f16 at byte ``first`` of each block, as float32 ``[n, 1]``."""
-    two = scratch.get("f16", (len(blocks), 2), np.uint8)
-    np.copyto(two, blocks[:, first : first + 2])  # rows of 34 or 210 bytes: not 2-aligned
+    """The f16 at byte ``first`` of each block, as float32 ``[n, 1]`` (blocks of 34, 18 and 210
+    bytes: every field starts on an even byte, so the bytes can be viewed as f16 in place)."""
     wide = scratch.get("d", (len(blocks), 1), np.float32)
-    np.copyto(wide, two.view(np.float16))
+    np.copyto(wide, blocks[:, first : first + 2].view(np.float16))
     return wide
 
 
@@ -198,12 +197,20 @@ def _k_q4_0(blocks: np.ndarray, out: np.ndarray, scratch: _Scratch) -> None:
     n = len(blocks)
     d = _f16(blocks, scratch, 0)
     q = scratch.get("q", (n, 2, 16), np.uint8)
-    qs = blocks[:, 2:]
-    np.bitwise_and(qs, 0x0F, out=q[:, 0])  # values 0..15: low nibbles
-    np.right_shift(qs, 4, out=q[:, 1])  # values 16..31: high nibbles
+    _split_nibbles(blocks[:, 2:], q)  # values 0..15: low nibbles; 16..31: high
     np.subtract(q, 8, out=q)  # wraps to the int8 q - 8 (exact)
     np.copyto(out, q.view(np.int8).reshape(n, 32))
     np.multiply(out, d, out=out)  # the reference's d * (q - 8)
+
+
+def _split_nibbles(packed: np.ndarray, pairs: np.ndarray) -> None:
+    """``pairs[..., 0, :] = packed & 15``, ``pairs[..., 1, :] = packed >> 4`` (``pairs`` a
+    contiguous uint8 array, ``packed`` with its last axis even and contiguous). x86 has no
+    8-bit vector shift, so numpy would shift bytes one at a time: the shift is done on 16-bit
+    words (two bytes at once), then one long mask over all of ``pairs`` clears the stray bits."""
+    np.copyto(pairs[..., 0, :], packed)
+    np.right_shift(packed.view(np.uint16), 4, out=pairs[..., 1, :].view(np.uint16))
+    np.bitwise_and(pairs, 0x0F, out=pairs)
 
 
 _M6 = np.uint32(0x3F3F3F3F)  # the same byte mask in each byte of a word
@@ -246,9 +253,7 @@ def _k_nibbles(qs: np.ndarray, scratch: _Scratch) -> np.ndarray:
     low nibbles, then 32 high ones."""
     n = len(qs)
     q = scratch.get("q", (n, 4, 2, 32), np.uint8)
-    runs = qs.reshape(n, 4, 32)
-    np.bitwise_and(runs, 0x0F, out=q[:, :, 0])
-    np.right_shift(runs, 4, out=q[:, :, 1])
+    _split_nibbles(qs.reshape(n, 4, 32), q)
     return q.reshape(n, 8, 32)
 
 
@@ -264,23 +269,24 @@ def _k_q4_k(blocks: np.ndarray, out: np.ndarray, scratch: _Scratch) -> None:
     _k_finish(_k_nibbles(blocks[:, 16:144], scratch), dsc, dm, out)
 
 
-_BIT_SHIFT = np.arange(8, dtype=np.uint8).reshape(1, 8, 1)
+_BIT_SHIFT = np.arange(8, dtype=np.uint16).reshape(1, 8, 1)
 
 
 def _k_q5_k(blocks: np.ndarray, out: np.ndarray, scratch: _Scratch) -> None:
     n = len(blocks)
     dsc, dm = _k_scales(blocks, scratch)
     q = _k_nibbles(blocks[:, 48:176], scratch)
-    h = scratch.get("h", (n, 8, 32), np.uint8)
-    np.right_shift(blocks[:, None, 16:48], _BIT_SHIFT, out=h)  # bit j of qh[i]: value i of sub-block j
-    np.bitwise_and(h, 1, out=h)
+    # bit j of qh[i] is the fifth bit of value i of sub-block j. On 16-bit words (see
+    # _split_nibbles): (word >> j) & 0x0101 is bit j of both bytes, and << 4 puts it in place.
+    h = scratch.get("h", (n, 8, 16), np.uint16)
+    np.right_shift(blocks[:, None, 16:48].view(np.uint16), _BIT_SHIFT, out=h)
+    np.bitwise_and(h, 0x0101, out=h)
     np.left_shift(h, 4, out=h)
-    np.bitwise_or(q, h, out=q)
+    np.bitwise_or(q, h.view(np.uint8).reshape(n, 8, 32), out=q)
     _k_finish(q, dsc, dm, out)
 
 
-_NIBBLE_SHIFT = np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
-_PAIR_SHIFT = np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)
+_PAIR_SHIFT = np.array([0, 2, 4, 6], np.uint16).reshape(1, 1, 4, 1)
 
 
 def _k_q6_k(blocks: np.ndarray, out: np.ndarray, scratch: _Scratch) -> None:
@@ -291,21 +297,21 @@ def _k_q6_k(blocks: np.ndarray, out: np.ndarray, scratch: _Scratch) -> None:
     np.multiply(d, scales, out=scales)  # the reference's d * scales
     # Value 128·h + 64·s + i (h, s in 0..1, i in 0..63): low nibble (s = 0) or high nibble
     # (s = 1) of ql[64·h + i]; value 128·h + 32·k + i (k in 0..3, i in 0..31): bits 2k, 2k+1
-    # of qh[32·h + i].
+    # of qh[32·h + i] (shifted on 16-bit words, as in _split_nibbles).
     q = scratch.get("q", (n, 2, 2, 64), np.uint8)
     low = blocks[:, :128].reshape(n, 2, 64)
-    np.bitwise_and(low, 0x0F, out=q[:, :, 0])
-    np.right_shift(low, 4, out=q[:, :, 1])
-    h = scratch.get("h", (n, 2, 4, 32), np.uint8)
-    np.right_shift(blocks[:, 128:192].reshape(n, 2, 1, 32), _PAIR_SHIFT, out=h)
-    np.bitwise_and(h, 0x03, out=h)
+    _split_nibbles(low, q)
+    h = scratch.get("h", (n, 2, 4, 16), np.uint16)
+    np.right_shift(blocks[:, 128:192].view(np.uint16).reshape(n, 2, 1, 16), _PAIR_SHIFT, out=h)
+    np.bitwise_and(h, 0x0303, out=h)
     np.left_shift(h, 4, out=h)
     flat = q.reshape(n, QK_K)
-    np.bitwise_or(flat, h.reshape(n, QK_K), out=flat)
+    np.bitwise_or(flat, h.view(np.uint8).reshape(n, QK_K), out=flat)
     np.subtract(flat, 32, out=flat)  # wraps to the int8 q - 32 (exact)
-    o = out.reshape(n, 16, 16)
-    np.copyto(o, flat.view(np.int8).reshape(n, 16, 16))
-    np.multiply(o, scales.reshape(n, 16, 1), out=o)  # the reference's (d * scales) * q
+    np.copyto(out, flat.view(np.int8))
+    # the reference's (d * scales) * q; one scale per 16 values: repeated once to full length,
+    # a long multiply is cheaper than one short broadcast loop per 16 values
+    np.multiply(out, np.repeat(scales.reshape(-1), 16).reshape(n, QK_K), out=out)
 
 
 _KERNELS: dict[str, Kernel] = {
