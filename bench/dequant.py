@@ -27,14 +27,18 @@ TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q4_0", "F16", "BF16")
 F16_FIELDS = {"Q8_0": (0,), "Q4_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
 
 
-def random_blocks(type_name: str, rows: int, cols: int, seed: int, scale: float = 1e-2) -> np.ndarray:
+def random_blocks(
+    type_name: str, rows: int, cols: int, seed: int, scale: float = 1e-2, extremes: bool = False
+) -> np.ndarray:
     """``[rows, row bytes]`` uint8: a valid ``type_name`` tensor of shape ``[rows, cols]``.
 
     Every byte pattern of the packed quants and sub-block scales is a real block (the ``gguf``
     package cannot quantise to K-types, so random blocks stand in for quantised weights);
     only the f16 block scales are drawn, as finite numbers in ``±scale`` (some 0, -0 and f16
-    subnormals: block 0 has d = -0 and dmin = +0, so its values are -0). F32/F16/BF16: normal
-    values over a wide range of exponents (f16 subnormals included).
+    subnormals: block 0 has d = -0 and dmin = +0, so its values are -0). F32/F16/BF16:
+    normal values of standard deviation ``scale`` (weights), or with ``extremes`` over a wide
+    range of exponents, a third of them f16 subnormals (tests; subnormals make every f16
+    conversion several times slower, so the benchmark leaves them out).
     """
     from headscope.engine.formats.dequant import block_layout
 
@@ -42,7 +46,7 @@ def random_blocks(type_name: str, rows: int, cols: int, seed: int, scale: float 
     block, size = block_layout(type_name)
     n = rows * cols // block
     if type_name in ("F32", "F16", "BF16"):
-        values = gen.standard_normal(n) * np.exp2(gen.integers(-26, 12, n))
+        values = gen.standard_normal(n) * (np.exp2(gen.integers(-26, 12, n)) if extremes else scale)
         if type_name == "F32":
             raw = values.astype(np.float32).view(np.uint8)
         elif type_name == "F16":

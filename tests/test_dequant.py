@@ -31,7 +31,7 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
 @pytest.mark.parametrize("type_name", list(dequant.TYPES))
 @pytest.mark.parametrize(("rows", "cols"), [(1, 256), (7, 512), (33, 768)])
 def test_every_type_is_bit_for_bit_the_reference(type_name: str, rows: int, cols: int) -> None:
-    raw = random_blocks(type_name, rows, cols, seed=rows * 1000 + cols)
+    raw = random_blocks(type_name, rows, cols, seed=rows * 1000 + cols, extremes=True)
     want = reference(raw, type_name).reshape(rows, cols)
     out = np.full((rows, cols), np.nan, np.float32)
     got = dequantize(raw.reshape(-1), type_name, out)
@@ -47,7 +47,7 @@ def test_chunks_and_threads_change_nothing(type_name: str, monkeypatch: pytest.M
     """Many chunks (the last one short), shared among threads: the same bits as one pass."""
     monkeypatch.setattr(dequant, "CHUNK", 512)
     monkeypatch.setattr(dequant, "THREADED_MIN", 1)
-    raw = random_blocks(type_name, 61, 512, seed=5)
+    raw = random_blocks(type_name, 61, 512, seed=5, extremes=True)
     want = reference(raw, type_name)
     for threads in (1, 2, 3):
         out = np.empty(61 * 512, np.float32)
@@ -59,7 +59,7 @@ def test_chunks_and_threads_change_nothing(type_name: str, monkeypatch: pytest.M
 def test_a_row_range_reads_only_its_bytes(type_name: str) -> None:
     """One head's rows: their bytes alone, into a reused buffer, give the reference's rows."""
     rows, cols = 24, 512
-    raw = random_blocks(type_name, rows, cols, seed=11)
+    raw = random_blocks(type_name, rows, cols, seed=11, extremes=True)
     want = reference(raw, type_name)
     step = row_nbytes(type_name, cols)
     assert raw.shape[1] == step

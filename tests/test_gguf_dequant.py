@@ -39,7 +39,7 @@ def _write(model: Any, path: Path, type_name: str) -> dict[str, np.ndarray]:
     blocks, want = {}, {}
     for i, (hf, t) in enumerate(model.state_dict().items()):
         if t.ndim == 2:
-            raw = random_blocks(type_name, t.shape[0], t.shape[1], seed=i)
+            raw = random_blocks(type_name, t.shape[0], t.shape[1], seed=i, extremes=True)
             blocks[hf] = (raw, type_name)
             want[hf] = reference(raw, type_name).reshape(t.shape)
     write_gguf(model, path, raw_blocks=blocks)
