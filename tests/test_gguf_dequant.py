@@ -123,3 +123,23 @@ def test_bytes_that_do_not_fit_type_and_shape_are_one_line(tmp_path: Path) -> No
         assert "\n" not in msg and f"'{name}'" in msg and "Q4_K" in msg and "bytes" in msg, msg
     partial = dataclasses.replace(header.tensors[name], shape=(128, 200))
     assert "not a whole number of Q4_K blocks" in (gguf_model.size_problem(partial) or "")
+
+
+def test_whole_reads_are_not_cached_column_cuts_are(tmp_path: Path) -> None:
+    """A sweep's whole-tensor reads leave nothing in the reader's cache (no copy for it); one
+    head's columns of o_proj dequantise the tensor once for every head, and each cut is a
+    small array of its own."""
+    model = _llama()
+    _write(model, tmp_path / "m.gguf", "Q8_0")
+    m = open_model(tmp_path / "m.gguf", raw=True)
+    src = m.checkpoint.gguf
+    o = "model.layers.0.self_attn.o_proj.weight"
+    before = src.dequantised
+    whole = src.read(o)
+    assert same_bits(src.read(o), whole) and src.dequantised == before + 2 and src._cached_bytes == 0
+    cuts = [src.read(o, None, (slice(64 * h, 64 * (h + 1)),)) for h in range(4)]
+    assert src.dequantised == before + 3 and src._cached_bytes == whole.nbytes
+    for h, cut in enumerate(cuts):
+        assert cut.flags.c_contiguous and cut.base is None and same_bits(cut, whole[:, 64 * h : 64 * (h + 1)])
+    again = src.read(o)
+    assert same_bits(again, whole) and again.base is None and src.dequantised == before + 3

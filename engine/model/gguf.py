@@ -488,9 +488,16 @@ class GGUFSource:
             return self.cfg.kv_heads
         return None
 
-    def read(self, hf: str, rows: slice | None = None) -> np.ndarray:
-        """The tensor ``hf`` as float32 in HF layout (rows ``rows`` of its first axis only), in
-        memory of its own."""
+    def read(self, hf: str, rows: slice | None = None, cols: tuple[slice, ...] | None = None) -> np.ndarray:
+        """The tensor ``hf`` as float32 in HF layout (rows ``rows`` of its first axis only; and
+        ``cols``, an index of the other axes, e.g. one head's columns of ``o_proj``), in
+        memory of its own.
+
+        Only a cut along ``cols`` keeps the whole dequantised tensor (for the next head's cut):
+        a whole-tensor read (a sweep, the forward pass) is kept by the caller if at all, and a
+        copy for the cache would cost a second pass over it."""
+        import numpy as np
+
         g = self.hf_names.get(hf)
         if g is None:
             raise MissingTensorError(self.header.path, f"missing tensor {hf!r}")
@@ -500,12 +507,13 @@ class GGUFSource:
         stop = max(stop, first)
         heads = self.permuted_heads(hf)
         group = n // heads if heads else 1
+        rest = tuple(cols or ())
         with self._lock:
             whole = self._cache.get(g)
             if whole is not None:
                 self._cache.move_to_end(g)
         if whole is not None:
-            return whole[first:stop].copy()
+            return np.array(whole[(slice(first, stop), *rest)], order="C")  # a copy
         if len(info.shape) == 1:  # a vector is read whole (its bytes are not split in rows)
             lo, hi = 0, n
         else:
@@ -513,10 +521,12 @@ class GGUFSource:
         data = self._dequantised(info, g, lo, hi, heads=(hi - lo) // group if heads else None)
         if self.arch.norm_offset and hf.endswith("norm.weight"):
             data = data - self.arch.norm_offset
-        kept = (lo, hi) == (0, n) and self._keep(g, data)
-        if not kept and (first - lo, stop - lo) == (0, len(data)):
+        part = (slice(first - lo, stop - lo), *rest)
+        if rest and (lo, hi) == (0, n) and self._keep(g, data):
+            return np.array(data[part], order="C")  # a copy: the cache keeps ``data``
+        if (first - lo, stop - lo) == (0, len(data)) and not rest:
             return data  # not kept: already the caller's
-        return data[first - lo : stop - lo].copy()
+        return np.ascontiguousarray(data[part])
 
     def _keep(self, g: str, data: np.ndarray) -> bool:
         """Keep a whole dequantised tensor (unless it is over a quarter of the budget)."""
@@ -637,17 +647,14 @@ class GGUFWeights(CheckpointWeights):
         self.source = source
 
     def _read(self, tensor: str, index: tuple[slice, ...] | None = None) -> np.ndarray:
-        import numpy as np
-
-        rows = None
-        if index is not None and index[0] != slice(None):
-            rows, index = index[0], (slice(None), *index[1:])
-        t = self.source.read(tensor, rows)
+        rows = cols = None
+        if index is not None:
+            rows = None if index[0] == slice(None) else index[0]
+            cols = None if all(i == slice(None) for i in index[1:]) else index[1:]
+        t = self.source.read(tensor, rows, cols)
         with self._lock:
             self.reads += 1
-        if index is None or all(i == slice(None) for i in index):
-            return t
-        return np.ascontiguousarray(t[index])
+        return t
 
     def close(self) -> None:
         super().close()
