@@ -93,3 +93,23 @@ def test_bad_input_is_a_one_line_error_naming_the_type() -> None:
         row_nbytes("Q8_0", 100)
     for err in (DequantError("x"),):
         assert isinstance(err, ValueError)
+
+
+def test_a_forked_child_gets_threads_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A child forked after the pool started (a worker process) dequantises with threads of
+    its own instead of waiting forever on its parent's, which it does not have."""
+    import multiprocessing
+
+    monkeypatch.setattr(dequant, "CHUNK", 512)
+    monkeypatch.setattr(dequant, "THREADED_MIN", 1)
+    raw = random_blocks("Q8_0", 16, 512, seed=2).reshape(-1)
+    want = dequantize(raw, "Q8_0", threads=2)  # starts the pool in this process
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(1) as pool:
+        got = pool.apply_async(_threaded_q8_0, (raw,)).get(timeout=60)
+    assert same_bits(got, want)
+
+
+def _threaded_q8_0(raw: np.ndarray) -> np.ndarray:
+    dequant.CHUNK, dequant.THREADED_MIN = 512, 1  # a forked child keeps the parent's values anyway
+    return dequantize(raw, "Q8_0", threads=2)

@@ -147,7 +147,7 @@ def _run(kernel: Kernel, src: np.ndarray, dst: np.ndarray, starts: list[int], pe
             kernel(src[s : s + per_chunk], dst[s : s + per_chunk], scratch)
 
 
-_POOL: ThreadPoolExecutor | None = None
+_POOL: tuple[int, ThreadPoolExecutor] | None = None  # (the pid that made it, the pool)
 _POOL_LOCK = threading.Lock()
 
 
@@ -156,11 +156,13 @@ def default_threads() -> int:
 
 
 def _pool() -> ThreadPoolExecutor:
+    """The process's pool. A forked child (a worker process) gets a new one: it inherits the
+    parent's pool object but not its threads, and work handed to that would never run."""
     global _POOL
     with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = ThreadPoolExecutor(max_workers=default_threads(), thread_name_prefix="dequant")
-        return _POOL
+        if _POOL is None or _POOL[0] != os.getpid():
+            _POOL = (os.getpid(), ThreadPoolExecutor(max_workers=default_threads(), thread_name_prefix="dequant"))
+        return _POOL[1]
 
 
 # --- kernels: (blocks [n, bytes] uint8, values [n, block] float32, scratch) ---------------------
