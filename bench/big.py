@@ -278,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--one", nargs=2, metavar=("SCENARIO", "PATH"), help=argparse.SUPPRESS)
     ap.add_argument("--dir", type=Path, help="where the checkpoint is written (reused if present)")
     ap.add_argument("--tiny", action="store_true", help="the toy shape (smoke test)")
+    ap.add_argument("--shape", help="another shape of bench/checkpoints.py (e.g. llama-1b-gqa)")
     ap.add_argument("--composition", action="store_true",
                     help="also all Q/K/V composition scores against their GEMM floors (long)")
     ap.add_argument("--only", help="comma-separated scenarios (default: all)")
@@ -296,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.gguf:
         return main_gguf(args)
-    shape = "tiny-llama-mha" if args.tiny else "llama-7b"
+    shape = args.shape or ("tiny-llama-mha" if args.tiny else "llama-7b")
     root = args.dir or Path(tempfile.mkdtemp(prefix="headscope-bench-"))
     t = time.perf_counter()
     path = write_checkpoint(SHAPES[shape], root)  # shape is renamed below for the table
@@ -324,7 +325,7 @@ def main_gguf(args: argparse.Namespace) -> int:
     from .checkpoints import SHAPES, write_checkpoint
     from .gguf_checkpoints import write_gguf_checkpoint
 
-    shape = SHAPES["tiny-llama-256" if args.tiny else "llama-7b"]
+    shape = SHAPES[args.shape or ("tiny-llama-256" if args.tiny else "llama-7b")]
     root = args.dir or Path(tempfile.mkdtemp(prefix="headscope-bench-"))
     t = time.perf_counter()
     path = write_checkpoint(shape, root)
