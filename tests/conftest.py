@@ -3,7 +3,9 @@ and the bundled sample models."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,6 +25,31 @@ def _results_store_in_tmp(tmp_path_factory: pytest.TempPathFactory, monkeypatch:
     root = tmp_path_factory.mktemp("headscope-cache")
     monkeypatch.setenv("HEADSCOPE_CACHE_DIR", str(root))
     return root
+
+
+@pytest.fixture(autouse=True)
+def _record_notifications(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every notification an app ever showed, in ``notified(app)``: Textual drops a toast from
+    ``app._notifications`` when it times out (5 s), so a test that looked there after a slow
+    open on a busy machine found nothing. Patched only where the tests imported Textual (a
+    test of the engine must not import it)."""
+    if "textual.app" not in sys.modules:
+        return
+    from textual.app import App
+
+    shown = App._on_notify
+
+    def on_notify(self: Any, event: Any) -> None:
+        self.__dict__.setdefault("_notified_history", []).append(event.notification)
+        shown(self, event)
+
+    monkeypatch.setattr(App, "_on_notify", on_notify)
+
+
+def notified(app: Any) -> list[Any]:
+    """The notifications ``app`` has shown, oldest first, expired ones too (``.message``,
+    ``.severity``, ``.markup``)."""
+    return list(app.__dict__.get("_notified_history", []))
 
 
 SAMPLE_MODELS = Path(__file__).resolve().parent.parent / "sample_models"

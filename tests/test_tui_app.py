@@ -29,6 +29,7 @@ from headscope.tui.widgets.chart import Chart
 from headscope.tui.widgets.head_tree import HeadTree
 from headscope.tui.widgets.panes import CompositionPane
 from headscope.tui.widgets.status import StatusBar
+from tests.conftest import notified
 from tests.fake_engine import FakeEngine, broken_factory
 
 
@@ -258,7 +259,7 @@ async def test_ablation_sweep_fills_the_summary_focus_line_and_export(tmp_path: 
         assert column == sorted(column, reverse=True)
         assert column[0] == pytest.approx(float(effects[best]), abs=1e-3)
         assert "loss increase" in plain(app.query_one("#summary-hint", Static))
-        assert any(f"L{best[0]}.H{best[1]} costs the most" in n.message for n in app._notifications)
+        assert any(f"L{best[0]}.H{best[1]} costs the most" in n.message for n in notified(app))
         app.explorer.goto_head((int(best[0]), int(best[1])), immediate=True)
         await settle(pilot, app)
         assert f"abl {float(effects[best]):+.2f}" in plain(app.query_one("#focus-line", Static))
@@ -344,7 +345,7 @@ async def test_clicking_a_summary_header_sorts_by_that_column() -> None:
         click("ablation_effect")  # not swept yet: a hint, the order stays
         await settle(pilot, app)
         assert app.explorer.scores.summary_sort == "induction_score"
-        assert any("press a first" in n.message for n in app._notifications)
+        assert any("press a first" in n.message for n in notified(app))
         click("head")
         await settle(pilot, app)
         assert app.explorer.scores.summary_sort is None and str(table.get_row_at(0)[0]) == "L0.H0"
@@ -445,7 +446,7 @@ async def test_broken_checkpoint_is_a_notification_and_the_app_keeps_running() -
         await settle(pilot, app)
         assert app.engine is None
         assert any("header length exceeds file size" in e for e in app.errors)
-        notes = [n.message for n in app._notifications]
+        notes = [n.message for n in notified(app)]
         assert any("broken/model.safetensors" in m for m in notes)
         await pilot.press("j", "2", "c", "r", "question_mark")
         # still alive and answering keys

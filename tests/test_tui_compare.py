@@ -22,7 +22,7 @@ from headscope.tui.base.settings import Settings
 from headscope.tui.widgets.chart import Chart
 from headscope.tui.widgets.head_tree import HeadTree
 from headscope.tui.widgets.status import StatusBar
-from tests.conftest import INDUCTION_HEAD, PREV_TOKEN_HEAD
+from tests.conftest import INDUCTION_HEAD, PREV_TOKEN_HEAD, notified
 from tests.fake_engine import FakeEngine
 from tests.test_diff_sample import permuted_copy
 from tests.test_tui_app import chart_text, plain, settle
@@ -139,7 +139,7 @@ async def test_without_b_the_compare_keys_only_explain() -> None:
         await pilot.press("7", "d")
         await settle(pilot, app)
         assert app.explorer.active_tab == "qk" and a.calls["compare"] == 0
-        assert any("--compare" in n.message for n in app._notifications)
+        assert any("--compare" in n.message for n in notified(app))
 
 
 # -- the real engine --------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from headscope.tui.widgets.chart import Chart
 from headscope.tui.widgets.head_tree import HeadTree
 from headscope.tui.widgets.status import StatusBar
 from tests import test_hostile
+from tests.conftest import notified
 from tests.test_hostile import BROKEN, NAN_HEAD, NAN_LAYER, Sources, build_broken, nan_weights
 from tests.test_tui_app import settle as quiet
 
@@ -75,7 +76,7 @@ def assert_no_crash(app: HeadscopeApp) -> None:
     assert app._exception is None
     failed = [w for w in app.workers if w.state == WorkerState.ERROR]
     assert not failed, [repr(w.error) for w in failed]
-    for n in app._notifications:
+    for n in notified(app):
         assert "Traceback" not in n.message and "unexpected error" not in n.message, n.message
 
 
@@ -107,7 +108,7 @@ async def test_broken_checkpoint_is_a_notification_and_keys_keep_working(
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot, app, lambda: app.model_ready.is_set())
         assert not app.model_ready.is_set(), "a broken checkpoint opened"
-        errors = [n.message for n in app._notifications if n.severity == "error"]
+        errors = [n.message for n in notified(app) if n.severity == "error"]
         assert len(errors) == 1, errors
         message = errors[0]
         assert broken.names in message, message  # names the file at fault
@@ -184,7 +185,7 @@ async def test_nan_head_is_flagged_in_the_tree_and_other_heads_keep_badges(
         await pilot.press("a")
         await settle(pilot, app, lambda: app.explorer.scores.ablation is not None)
         assert app.errors == [] and np.isnan(app.explorer.scores.ablation).all()
-        assert any("no ablation effect is finite" in n.message for n in app._notifications)
+        assert any("no ablation effect is finite" in n.message for n in notified(app))
         assert_no_crash(app)
         await keys_still_work_then_quit(pilot, app, tabs=False)
 

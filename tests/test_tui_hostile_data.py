@@ -17,6 +17,7 @@ import pytest
 from headscope.tui.app import HeadscopeApp
 from headscope.tui.base.settings import Settings
 from headscope.tui.widgets.head_tree import HeadTree
+from tests.conftest import notified
 from tests.test_cli_hostile_args import hostile_vocab  # noqa: F401 (the pytest fixture)
 from tests.test_tui_hostile import assert_no_crash, keys_still_work_then_quit, screen_text, settle
 
@@ -71,7 +72,7 @@ async def test_notifications_are_not_markup(tmp_path: Path) -> None:
         await settle(pilot, app, lambda: bool(app.errors))
         assert str(broken) in app.errors[0]
         await pilot.pause(0.1)
-        assert all(not n.markup for n in app._notifications)
+        assert all(not n.markup for n in notified(app))
         assert "broken[red]/ckpt[/]" in screen_text(app).replace("\n", "")
         assert_no_crash(app)
 
@@ -108,7 +109,7 @@ async def _starts_with_a_warning(fragment: str) -> None:
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot, app, lambda: app.model_ready.is_set())
         assert app.settings_error is not None and fragment in app.settings_error
-        warnings = [n.message for n in app._notifications if n.severity == "warning"]
+        warnings = [n.message for n in notified(app) if n.severity == "warning"]
         assert any(fragment in w for w in warnings), warnings
         assert "Layer 1" in screen_text(app)  # the first frame, and the model, are there
         await keys_still_work_then_quit(pilot, app, tabs=False)
@@ -221,7 +222,7 @@ async def test_unusable_tokenizer_is_shown_when_the_model_opens(
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot, app, lambda: app.model_ready.is_set())
         await pilot.pause(0.1)
-        warnings = [n.message for n in app._notifications if n.severity == "warning"]
+        warnings = [n.message for n in notified(app) if n.severity == "warning"]
         assert any("tokenizer.json" in w and "FIFO" in w and "token ids" in w for w in warnings), warnings
         assert_no_crash(app)
 

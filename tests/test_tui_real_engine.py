@@ -19,6 +19,7 @@ from headscope.tui.app import HeadscopeApp
 from headscope.tui.base.settings import Settings
 from headscope.tui.widgets.chart import Chart
 from tests import weight_algebra as algebra
+from tests.conftest import notified
 from tests.test_tui_app import settle, wait_until
 
 
@@ -72,7 +73,7 @@ async def test_truncated_checkpoint_becomes_a_notification(tmp_path: Path, gpt2:
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_ready(pilot, app)
         assert app.errors and str(broken) in app.errors[0]
-        assert any(str(broken) in n.message for n in app._notifications)
+        assert any(str(broken) in n.message for n in notified(app))
         await pilot.press("2", "j", "question_mark")  # still answering keys
         await wait_until(pilot, lambda: app.screen.__class__.__name__ == "HelpScreen",
                          "the help screen")

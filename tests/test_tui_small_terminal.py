@@ -21,7 +21,7 @@ from headscope.tui.base.settings import Settings
 from headscope.tui.plots.colormap import bins, palette_ramp
 from headscope.tui.screens.path import PathScreen
 from headscope.tui.widgets.chart import Chart
-from tests.conftest import INDUCTION_HEAD, sample_model
+from tests.conftest import INDUCTION_HEAD, notified, sample_model
 from tests.test_tui_app import make_app, settle, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -149,7 +149,7 @@ async def test_saves_say_where_and_follow_the_output_dir_setting(tmp_path: Path)
         await settle(pilot, app)
         saved = sorted(p.suffix for p in out.iterdir())
         assert saved == [".json", ".svg"]
-        messages = [n.message for n in app._notifications]
+        messages = [n.message for n in notified(app)]
         for suffix in (".svg", ".json"):
             (name,) = [p.name for p in out.iterdir() if p.suffix == suffix]
             assert any(name in m and f"{out.resolve()}/" in m and "output directory" in m

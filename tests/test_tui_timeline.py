@@ -38,7 +38,7 @@ from headscope.tui.screens.timeline import (
 from headscope.tui.widgets.head_tree import HeadTree
 from headscope.tui.widgets.status import StatusBar
 from headscope.tui.widgets.timeline import TimelinePane, sparkline_cells
-from tests.conftest import INDUCTION_HEAD, SAMPLE_MODELS
+from tests.conftest import INDUCTION_HEAD, SAMPLE_MODELS, notified
 from tests.fake_engine import FakeEngine
 from tests.test_timeline import _write_step
 from tests.test_tui_app import plain, settle, wait_until
@@ -246,7 +246,7 @@ async def test_identical_steps_are_a_notification_and_the_steps_are_scored_in_a_
         assert ui_thread == [False]
         assert step_threads and all(n.startswith("timeline") for n in step_threads)
         assert progress == [1, 2, 3, 4]
-        notes = [n.message for n in app._notifications]
+        notes = [n.message for n in notified(app)]
         assert any("identical weights" in n and "100" in n and "300" in n for n in notes)
         assert app.errors == []
         assert "step 300 of 4 steps" in status(app)
@@ -330,7 +330,7 @@ async def test_without_a_timeline_key_8_says_how_to_open_one() -> None:
         await pilot.press("8", "right_curly_bracket")
         assert app.explorer.active_tab == "qk"
         assert not app.explorer.query(TimelinePane)
-        notes = [n.message for n in app._notifications]
+        notes = [n.message for n in notified(app)]
         assert sum("--timeline" in n for n in notes) == 2
         await pilot.press("q")
 
