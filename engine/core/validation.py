@@ -49,6 +49,7 @@ __all__ = [
     "PathRequest",
     "check_composition_kind",
     "check_head",
+    "check_head_sets",
     "check_patchable",
     "check_path",
     "check_prompt",
@@ -337,6 +338,22 @@ class PatchRequest:
                            self.seed, self.seq_len, self.batch, self.edge], separators=(",", ":"))
 
 
+def check_head_sets(structure: Structure, heads: Sequence[Sequence[tuple[int, int]]], where: str | None
+                    ) -> list[tuple[tuple[int, int], ...]]:
+    """Sets of heads to patch together: each non-empty, each head in range, repeats dropped."""
+    sets = []
+    for group in heads:
+        found = tuple(dict.fromkeys((int(layer), int(head)) for layer, head in group))
+        if not found:
+            raise InvalidRequestError(where, "an empty set of heads to patch")
+        for layer, head in found:
+            check_head(structure, layer, head, where)
+        sets.append(found)
+    if not sets:
+        raise InvalidRequestError(where, "no heads to patch")
+    return sets
+
+
 def check_patchable(structure: Structure, where: str | None) -> None:
     """Patching reads a next-token metric at the last position: causal models only."""
     if not structure.get("causal", True):
@@ -390,18 +407,7 @@ def patch_request(
         raise InvalidRequestError(where, "--verify checks attribution's estimates: it needs --method attribution")
     if not 0 <= int(verify) <= int(structure["n_layers"]) * int(structure["n_heads"]):
         raise InvalidRequestError(where, f"--verify must be between 0 and the number of heads, not {verify}")
-    sets = None
-    if heads is not None:
-        sets = []
-        for group in heads:
-            found = tuple(dict.fromkeys((int(layer), int(head)) for layer, head in group))
-            if not found:
-                raise InvalidRequestError(where, "an empty set of heads to patch")
-            for layer, head in found:
-                check_head(structure, layer, head, where)
-            sets.append(found)
-        if not sets:
-            raise InvalidRequestError(where, "no heads to patch")
+    sets = None if heads is None else check_head_sets(structure, heads, where)
     common = dict(site=site, method=method, noising=bool(noising), heads=None if sets is None else tuple(sets),
                   by_position=bool(by_position), verify=int(verify),
                   edge=None if edge is None else (tuple(map(int, edge[0])), tuple(map(int, edge[1]))))

@@ -50,7 +50,12 @@ from headscope.engine.core.errors import (
     PromptError,
 )
 from headscope.engine.core.results import PatchResult, patch_result
-from headscope.engine.core.validation import PATCH_SITES, PATH_INPUTS, check_patchable
+from headscope.engine.core.validation import (
+    PATCH_SITES,
+    PATH_INPUTS,
+    check_head_sets,
+    check_patchable,
+)
 from headscope.engine.forward.behaviour import (
     copies_per_pass,
     repeated_tokens,
@@ -366,19 +371,11 @@ def _run_variants(w: WeightSource, base_in: list[Tensor], variants: Sequence[_Va
 
 
 def _head_sets(w: WeightSource, heads: Sequence[Sequence[tuple[int, int]]] | None) -> list[HeadSet]:
-    """Every head alone (``None``), or the given sets, each checked and without repeats."""
+    """Every head alone (``None``), or the given sets (``validation.check_head_sets``)."""
     cfg = w.cfg
     if heads is None:
         return [((layer, head),) for layer in range(cfg.n_layers) for head in range(cfg.n_heads)]
-    sets = []
-    for group in heads:
-        found = tuple(dict.fromkeys((int(layer), int(head)) for layer, head in group))
-        if not found:
-            raise InvalidRequestError(None, "an empty set of heads to patch")
-        for layer, head in found:
-            cfg.check_head(layer, head, getattr(w, "path", None))
-        sets.append(found)
-    return sets
+    return check_head_sets({"n_layers": cfg.n_layers, "n_heads": cfg.n_heads}, heads, getattr(w, "path", None))
 
 
 def _evaluate(w: WeightSource, runs: _Runs, variants: list[_Variant], site: str, metric: Metric,
@@ -509,7 +506,7 @@ def attribute_heads(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor |
                     estimates[layer] = (grad_tap * delta).transpose(0, 1).reshape(cfg.n_heads, -1).sum(1)
             grad = grad.detach()
             report(progress, (cfg.n_layers - layer + 1) / steps)
-    heads = _all_heads(cfg.n_layers, cfg.n_heads)
+    heads = [h for (h,) in _head_sets(w, None)]
     values = [float(v) for v in estimates.flatten()]
     exact = None
     if verify:
@@ -524,10 +521,6 @@ def attribute_heads(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor |
     report(progress, 1.0)
     return _result(w, "attribution", site, metric, noising, runs, clean_t, [(h,) for h in heads], values,
                    exact=exact)
-
-
-def _all_heads(n_layers: int, n_heads: int) -> list[tuple[int, int]]:
-    return [(layer, head) for layer in range(n_layers) for head in range(n_heads)]
 
 
 # -- path patching ---------------------------------------------------------------------------
