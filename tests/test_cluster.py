@@ -555,3 +555,24 @@ def test_workers_are_bounded_by_cores_and_memory_and_the_nannies_are_quiet(
     assert started[-1]["n_workers"] == 3 and "3.0 GB of memory available" in said[-1]
     cluster_module.local_cluster(2, warn=said.append)  # within the bounds: as asked, silently
     assert started[-1]["n_workers"] == 2 and len(said) == 2
+
+
+def test_timeline_threads_are_bounded_by_the_cores(monkeypatch, capsys) -> None:
+    from headscope.engine.sweeps import cluster as cluster_module
+    from headscope.engine.sweeps import timeline as timeline_module
+    from headscope.tui.cli.main import main
+
+    asked: list[int] = []
+    real = timeline_module.score_steps
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        asked.append(kwargs.get("workers", 1))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(timeline_module, "score_steps", spy)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(cluster_module, "available_memory", lambda: 64 << 30)
+    steps = "sample_models/attn-only-2l-training"
+    assert main(["timeline", steps, "--workers", "64", "--json", "--no-cache"]) == 0
+    assert asked == [2]
+    assert "--workers 64: scoring 2 steps at once (2 CPU cores available)" in capsys.readouterr().err

@@ -4,6 +4,6 @@ Part of the engine"s facade: the UI imports ``engine.core``, ``engine.api`` and
 ``engine.service`` only (docs/internals.md, "Layers").
 """
 
-from headscope.engine.sweeps.cluster import Cluster, connect, local_cluster
+from headscope.engine.sweeps.cluster import Cluster, connect, local_cluster, worker_bound
 
-__all__ = ["Cluster", "connect", "local_cluster"]
+__all__ = ["Cluster", "connect", "local_cluster", "worker_bound"]

@@ -297,16 +297,16 @@ def _close_quietly(client: Any) -> None:
         client.close(timeout=2)
 
 
-def worker_bound(model_bytes: int = 0) -> tuple[int, str]:
-    """How many local worker processes this machine can run, and why: one per core (more
-    only wait for one), and as many as the available memory holds at ``WORKER_BASE_BYTES``
-    plus ``model_bytes`` (what one worker reads of the model) each."""
+def worker_bound(model_bytes: int = 0, base: int = WORKER_BASE_BYTES) -> tuple[int, str]:
+    """How many local workers this machine can run, and why: one per core (more only wait
+    for one), and as many as the available memory holds at ``base`` (a process's own cost;
+    0 for threads) plus ``model_bytes`` (what one worker reads of the model) each."""
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
     available = available_memory()
-    per_worker = WORKER_BASE_BYTES + max(0, int(model_bytes))
+    per_worker = max(1, base + max(0, int(model_bytes)))
     by_memory = max(1, available // per_worker) if available else cores
     if by_memory < cores:
         return by_memory, (f"{available / 2**30:.1f} GB of memory available, about "

@@ -54,7 +54,7 @@ def cluster_from_args(args: argparse.Namespace) -> Iterator[Cluster | None]:
     # A lost scheduler is our one-line ClusterError: not also the client's logged tracebacks.
     logging.getLogger("distributed.client").setLevel(logging.CRITICAL)
     if workers is not None:
-        cluster = local_cluster(workers, _model_bytes(getattr(args, "path", None)),
+        cluster = local_cluster(workers, model_bytes(getattr(args, "path", None)),
                                 warn=lambda message: say(message, warning=True))
     else:
         cluster = connect(str(address))
@@ -64,16 +64,23 @@ def cluster_from_args(args: argparse.Namespace) -> Iterator[Cluster | None]:
         cluster.close()
 
 
-def _model_bytes(path: str | None) -> int:
+def model_bytes(path: str | None) -> int:
     """The size of the weights at ``path`` (a file, or a directory's weight files): what
-    one worker may read of the model."""
+    one worker may read of the model (a timeline's series directory: its first step's)."""
     if not path:
         return 0
     try:
         p = Path(path)
         if p.is_file():
             return p.stat().st_size
-        return sum(f.stat().st_size for f in p.iterdir()
+        entries = sorted(p.iterdir())
+        size = sum(f.stat().st_size for f in entries
                    if f.suffix in (".safetensors", ".gguf") and f.is_file())
+        if size:
+            return size
+        step = next((d for d in entries if d.is_dir() and not d.is_symlink()), None)
+        return 0 if step is None else sum(
+            f.stat().st_size for f in step.iterdir()
+            if f.suffix in (".safetensors", ".gguf") and f.is_file())
     except OSError:
         return 0

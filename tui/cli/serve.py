@@ -39,11 +39,12 @@ from textual_serve.app_service import AppService
 from textual_serve.server import Server
 
 from headscope.engine.core.errors import InvalidRequestError
+from headscope.tui.base.datatext import printable
 
 GRACE = 2.0  # seconds an app gets to quit by itself after its websocket closed
 KILL_AFTER = 2.0  # seconds between SIGTERM and SIGKILL
 MAX_SESSIONS = 4  # app processes at once (~250 MB each)
-ERROR_TAIL = 4000  # characters of a failed app's stderr shown in the browser
+ERROR_TAIL = 4000  # bytes of a failed app's stderr kept to show in the browser
 
 
 LIVE: set[Process] = set()  # app processes not yet ended
@@ -102,7 +103,7 @@ class AppProcess(AppService):
         said = bytes(self._stderr_tail).decode("utf-8", "replace").strip() or "(no message)"
         lines = [line for line in said.splitlines() if line.strip()][-20:]
         text = ("\x1b[2J\x1b[H\x1b[1;31mheadscope: the explorer could not start\x1b[0m\r\n\r\n"
-                + "\r\n".join(printable_line(line) for line in lines)
+                + "\r\n".join(printable(line) for line in lines)  # data, not terminal codes
                 + "\r\n\r\n(close this tab; the server keeps running)\r\n")
         with contextlib.suppress(Exception):
             await self.remote_write_bytes(text.encode("utf-8"))
@@ -119,13 +120,6 @@ class AppProcess(AppService):
                 if self._task is not None:
                     self._task.cancel()
                     self._task = None
-
-
-def printable_line(line: str) -> str:
-    """An app's stderr line without its own control characters (data, not terminal codes)."""
-    from headscope.tui.base.datatext import printable
-
-    return printable(line)
 
 
 class _Tee:

@@ -64,12 +64,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from headscope.engine.api.cluster import worker_bound
     from headscope.engine.api.timeline import compute_timeline
-    from headscope.tui.cli.cluster import cluster_from_args
+    from headscope.tui.cli.cluster import cluster_from_args, model_bytes
 
+    workers = args.workers
+    if workers > 1 and not args.scheduler:  # threads, each holding one step's model
+        bound, why = worker_bound(max(model_bytes(p) for p in args.paths), base=0)
+        if workers > bound:
+            say(f"--workers {workers}: scoring {bound} steps at once ({why})", warning=True)
+            workers = bound
     with cluster_from_args(argparse.Namespace(scheduler=args.scheduler)) as cluster:
         timeline = compute_timeline(args.paths, seed=args.seed, raw=args.raw,
-                                    workers=args.workers, cluster=cluster,
+                                    workers=workers, cluster=cluster,
                                     store=results_store(args),  # unused by cluster steps
                                     progress=_progress if sys.stderr.isatty() else None)
     if sys.stderr.isatty():
