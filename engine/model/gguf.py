@@ -10,7 +10,7 @@ keeps one adapter:
   float32 tensors of the HF shape;
 - ``GGUFWeights`` reads those tensors lazily: the rows asked for are read with ``pread`` and
   dequantised by headscope's kernels (``engine.formats.dequant``: F32, F16, BF16, Q8_0, Q4_0,
-  Q4_K, Q5_K, Q6_K, bit for bit llama.cpp's ``gguf.quants.dequantize``, several times
+  Q4_K, Q5_K, Q6_K, bit for bit llama.cpp's ``gguf.quants.dequantize``, about three times
   faster), other types by ``gguf.quants`` itself; the conversion's changes are undone: the
   Q/K row permutation of Llama-architecture files (``convert_hf_to_gguf.py``'s
   ``LlamaModel.permute``, done there for llama.cpp's interleaved rotary kernel; undone on the
@@ -461,7 +461,7 @@ class GGUFSource:
     """Reads HF-named tensors out of a GGUF file: rows by ``pread``, dequantised, conversion
     undone.
 
-    Dequantising costs more than copying bytes (~1-2 ns per element for Q4_K), and per-head
+    Dequantising costs more than copying bytes (~2 ns per element for Q4_K), and per-head
     reads of a tensor cut along its columns (``W_O``) need the whole tensor: whole tensors
     are kept, dequantised, in a small LRU bounded by ``cache_bytes`` (tensors over a quarter of
     it, e.g. embeddings, are not kept). Callers always get a copy of their own.
@@ -589,7 +589,7 @@ class GGUFSource:
         self, raw: np.ndarray, info: GGUFTensorInfo, kind: str, row_bytes: int, shape: tuple[int, ...]
     ) -> np.ndarray:
         """Types headscope has no kernel for (Q5_0, Q2_K, the IQ types, ...): llama.cpp's own
-        numpy code, ~5-10× slower."""
+        numpy code, about three times slower."""
         import numpy as np
         from gguf.constants import GGMLQuantizationType
         from gguf.quants import dequantize
