@@ -57,7 +57,7 @@ new_family = family_fixtures.new_family
 ATOL = 1e-4
 
 
-def _boot(path: Path) -> Any:
+def boot_transformer_lens(path: Path) -> Any:
     """TransformerLens' processed model of the checkpoint at ``path``, offline."""
     from tokenizers import Tokenizer, models
     from transformer_lens.model_bridge import TransformerBridge
@@ -103,7 +103,7 @@ def check_against_transformer_lens(name: str, path: Path, hf_model: Any) -> None
     model = open_model(path)
     w = torch_weights(model.weights)  # the same arrays as zero-copy tensors, to meet TransformerLens'
     cfg = w.cfg
-    tl = _boot(path)
+    tl = boot_transformer_lens(path)
     group = cfg.n_heads // cfg.kv_heads
 
     def stacked(what: str) -> torch.Tensor:

@@ -255,6 +255,104 @@ class ScoreNull:
                                     / np.float64(self.std[i, layer])))
 
 
+PatchSite = Literal["out", "q", "k", "v", "pattern"]
+PatchMethod = Literal["exact", "attribution", "path"]
+
+
+def head_label(heads: tuple[tuple[int, int], ...]) -> str:
+    """``L1.H2``, or ``L1.H1+L1.H2`` for heads patched together."""
+    return "+".join(f"L{layer}.H{head}" for layer, head in heads)
+
+
+@dataclass(frozen=True)
+class PatchRow:
+    """One patch: a head, heads patched together, or a path (sender, receiver).
+
+    ``patched`` is the metric after patching (attribution: ``corrupt + estimate`` in
+    denoising, ``clean + estimate`` in noising, the first-order estimate of that metric);
+    ``recovered = (patched - corrupt) / (clean - corrupt)``. Both are ``None``, never NaN,
+    when they are undefined (the clean and corrupt runs give the same metric) or non-finite.
+    """
+
+    heads: tuple[tuple[int, int], ...]  # (layer, head) each; a path: (sender, receiver)
+    patched: float | None
+    recovered: float | None
+    # --by-position: the metric with the heads patched at that position alone, [pos]
+    positions: tuple[float | None, ...] | None = None
+    positions_recovered: tuple[float | None, ...] | None = None
+    # attribution: the first-order estimate of ``patched - corrupt`` (noising: ``- clean``);
+    # with --verify, the exact patch's metric and recovered for the top K heads
+    estimate: float | None = None
+    exact: float | None = None
+    exact_recovered: float | None = None
+
+    @property
+    def layer(self) -> int:
+        return self.heads[0][0]
+
+    @property
+    def head(self) -> int:
+        return self.heads[0][1]
+
+    @property
+    def label(self) -> str:
+        return head_label(self.heads)
+
+
+@dataclass(frozen=True)
+class PatchResult:
+    """Activation, attribution or path patching of attention heads (docs/math.md,
+    "Patching"), as ``headscope patch`` / ``path`` print it and ``Model.patch`` returns it.
+
+    Denoising (the default) runs the corrupt input and patches in clean activations;
+    ``noising`` runs the clean input and patches in corrupt ones. ``recovered`` is
+    ``(m - m_corrupt) / (m_clean - m_corrupt)`` either way; when ``m_clean == m_corrupt`` it
+    is undefined: every row's ``recovered`` is ``None`` and ``note`` says why."""
+
+    method: PatchMethod
+    site: str  # out | q | k | v | pattern; a path: the receiver's input q | k | v
+    metric: str  # "logit_diff" | "induction"
+    noising: bool
+    clean: float
+    corrupt: float
+    rows: tuple[PatchRow, ...]
+    n_layers: int
+    n_heads: int
+    tokens: int  # positions per sequence
+    batch: int
+    note: str = ""
+
+    @property
+    def recovered_defined(self) -> bool:
+        return recovered(self.clean, self.corrupt, self.clean) is not None
+
+    def table(self) -> np.ndarray:
+        """``[n_layers, n_heads]`` float32 of the single-head rows' ``recovered`` (the
+        estimate's, for attribution), NaN where there is no row or it is undefined: the
+        heatmap of the explorer's Patch tab."""
+        out = np.full((self.n_layers, self.n_heads), np.nan, dtype=np.float32)
+        for row in self.rows:
+            if len(row.heads) == 1 and row.recovered is not None:
+                out[row.layer, row.head] = row.recovered
+        return out
+
+
+# |m_clean - m_corrupt| at or below this fraction of their scale: the two runs give the same
+# metric (float32 rounding of equal inputs), and ``recovered`` is undefined.
+SAME_METRIC_RTOL = 1e-6
+
+
+def recovered(clean: float, corrupt: float, value: float | None) -> float | None:
+    """``(value - corrupt) / (clean - corrupt)``, or ``None`` when undefined: the runs give
+    the same metric, or a value is not finite."""
+    if value is None or not all(np.isfinite((clean, corrupt, value))):
+        return None
+    span = clean - corrupt
+    if abs(span) <= SAME_METRIC_RTOL * max(1.0, abs(clean), abs(corrupt)):
+        return None
+    return float((value - corrupt) / span)
+
+
 @dataclass(frozen=True)
 class CacheStats:
     hits: int

@@ -34,9 +34,11 @@ __all__ = [
     "ablation_effect",
     "ablation_effects",
     "behaviour_scores",
+    "copies_per_pass",
     "detection_patterns",
     "per_layer",
     "repeated_tokens",
+    "second_copy_log_probs",
 ]
 
 
@@ -202,17 +204,21 @@ def per_layer(n_layers: int, progress: Progress, cancelled: Cancelled) -> Callab
 _ABLATION_BATCH_BYTES = 128 << 20
 
 
-def _second_copy_loss(logits: Tensor, tokens: Tensor) -> float:
-    """Mean next-token cross-entropy of the second copy of a ``[batch, 2T]`` repeated sequence.
-
-    ``logits [batch, T-1, d_vocab]`` at positions ``T .. 2T-2``, predicting tokens
-    ``T+1 .. 2T-1``: the predictions the first copy determines. The first copy is random, so
-    no head can lower its loss; including it would only add noise (and penalise heads that,
-    like induction heads, guess from context).
-    """
+def second_copy_log_probs(logits: Tensor, tokens: Tensor) -> Tensor:
+    """``[batch, T-1]`` log-probabilities of the second copy's next tokens of a ``[batch, 2T]``
+    repeated sequence: ``logits [batch, T-1, d_vocab]`` at positions ``T .. 2T-2``, predicting
+    tokens ``T+1 .. 2T-1``, the predictions the first copy determines. The first copy is
+    random, so no head can make it likelier; including it would only add noise (and penalise
+    heads that, like induction heads, guess from context). The ablation effect's loss is
+    minus their mean; the induction task of patching reads their mean per patched run."""
     half = tokens.shape[1] // 2
     logp = torch.log_softmax(logits.float(), dim=-1)
-    return float(-logp.gather(-1, tokens[:, half + 1 :, None]).mean())
+    return logp.gather(-1, tokens[:, half + 1 :, None])[..., 0]
+
+
+def _second_copy_loss(logits: Tensor, tokens: Tensor) -> float:
+    """Mean next-token cross-entropy of the second copy (``second_copy_log_probs``)."""
+    return float(-second_copy_log_probs(logits, tokens).mean())
 
 
 def _stream_loss(w: WeightSource, x: Tensor, tokens: Tensor) -> float:
@@ -229,13 +235,19 @@ def _stream_loss(w: WeightSource, x: Tensor, tokens: Tensor) -> float:
 
 def _heads_per_pass(w: WeightSource, tokens: Tensor) -> int:
     """How many single-head ablations of a layer to run as one batch (memory-bounded)."""
+    return copies_per_pass(w, tokens.shape[0], tokens.shape[1], w.cfg.n_heads)
+
+
+def copies_per_pass(w: WeightSource, batch: int, pos: int, n: int) -> int:
+    """How many of ``n`` edited copies of a ``[batch, pos]`` token batch (one per ablated or
+    patched head) to run through the rest of the model as one batch: as many as fit in
+    ``_ABLATION_BATCH_BYTES``, in equal chunks (12 -> 6 + 6)."""
     cfg = w.cfg
-    b, p = tokens.shape
     # float32 per-head outputs [b, H, p, d_model] (and their ablated copy) plus the MLP's
     # hidden activations: the largest tensors of one ablated copy of the batch.
-    per_head = 4 * b * p * (cfg.n_heads * cfg.d_model + 3 * (cfg.d_mlp or 0))
-    most = max(1, min(cfg.n_heads, _ABLATION_BATCH_BYTES // per_head))
-    return math.ceil(cfg.n_heads / math.ceil(cfg.n_heads / most))  # equal chunks: 12 -> 6 + 6
+    per_head = 4 * batch * pos * (cfg.n_heads * cfg.d_model + 3 * (cfg.d_mlp or 0))
+    most = max(1, min(n, _ABLATION_BATCH_BYTES // per_head))
+    return math.ceil(n / math.ceil(n / most)) if n else 1
 
 
 def _check_ablation(w: WeightSource, ablation: str) -> None:

@@ -37,14 +37,19 @@ __all__ = [
     "ForwardResult",
     "activation",
     "attention_mask",
+    "attention_pattern",
     "blocks",
     "blocks_together",
     "log_probs",
+    "projections",
+    "qk_norm",
+    "queries_keys_values",
     "rotary",
     "rotary_inv_freq",
     "rotary_scale",
     "run",
     "run_ablations",
+    "token_ids",
 ]
 
 # (layer, residual stream entering the block [b, p, d_model], its pattern [b, h, q, k])
@@ -90,7 +95,7 @@ def run(
         ablated.setdefault(layer, []).append(head)
 
     with torch.inference_mode():
-        toks = _token_batch(tokens, cfg, path)
+        toks = token_ids(tokens, cfg, path)
         x = embed(weights, toks)  # [batch, pos, d_model]
         patterns, head_outputs = [], []
         for layer in range(cfg.n_layers):
@@ -120,7 +125,9 @@ def log_probs(result: ForwardResult) -> Tensor:
 # -- inputs --------------------------------------------------------------------------------
 
 
-def _token_batch(tokens: Tensor | Sequence, cfg: ModelConfig, path: str | None) -> Tensor:
+def token_ids(tokens: Tensor | Sequence, cfg: ModelConfig, path: str | None) -> Tensor:
+    """``tokens`` ([pos] or [batch, pos] ids) as a ``[batch, pos]`` int64 tensor, checked: at
+    least one position, at most ``n_ctx``, every id in the vocabulary."""
     import torch
 
     toks = torch.as_tensor(tokens, dtype=torch.long)
@@ -311,6 +318,13 @@ def attention(w: WeightSource, layer: int, x: Tensor, ablated: Sequence[int], ab
 def queries_keys_values(w: WeightSource, layer: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """``q``, ``k``, ``v [b, h, p, d_head]`` of the (normalised) input ``x [b, p, d_model]``,
     with their biases and the q/k norms (each acts on one token: no positions yet)."""
+    q, k, v = projections(w, layer, x)
+    q, k = qk_norm(w, layer, q, k)
+    return q, k, v
+
+
+def projections(w: WeightSource, layer: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``queries_keys_values`` before the q/k norm (TransformerLens' ``hook_q``/``hook_k``)."""
     w = torch_weights(w)
     import torch
 
@@ -319,13 +333,20 @@ def queries_keys_values(w: WeightSource, layer: int, x: Tensor) -> tuple[Tensor,
     q = torch.einsum("bpd,hde->bhpe", x, w.get(f"{pre}.W_Q")) + w.get(f"{pre}.b_Q")[:, None, :]
     k = torch.einsum("bpd,hde->bhpe", x, w.get(f"{pre}.W_K")) + w.get(f"{pre}.b_K")[:, None, :]
     v = torch.einsum("bpd,hde->bhpe", x, w.get(f"{pre}.W_V")) + w.get(f"{pre}.b_V")[:, None, :]
-    q, k = qk_norm(w, layer, q, k)
     return q, k, v
 
 
 def attend(w: WeightSource, layer: int, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     """The pattern ``[b, h, q, k]`` and what each head reads, ``z = pattern @ v``
     ``[b, h, q, d_head]``, of one batch of sequences' queries, keys and values."""
+    pattern = attention_pattern(w, layer, q, k)
+    return pattern, pattern @ v
+
+
+def attention_pattern(w: WeightSource, layer: int, q: Tensor, k: Tensor) -> Tensor:
+    """The pattern ``[b, h, q, k]`` of queries and keys ``[b, h, p, d_head]`` (RoPE, the
+    scale, the soft-cap, the mask, the softmax). Dimension 1 may hold any selection of heads
+    (nothing in it is per head): patching runs chosen heads' attention side by side."""
     import torch
 
     cfg = w.cfg
@@ -340,8 +361,7 @@ def attend(w: WeightSource, layer: int, q: Tensor, k: Tensor, v: Tensor) -> tupl
     hidden = attention_mask(cfg, scores.shape[-1], layer)
     if hidden is not None:
         scores = scores.masked_fill(hidden, float("-inf"))
-    pattern = torch.softmax(scores, dim=-1)
-    return pattern, pattern @ v
+    return torch.softmax(scores, dim=-1)
 
 
 def combine_heads(w: WeightSource, layer: int, result: Tensor, ablated: Sequence[int], ablation: str
