@@ -43,6 +43,8 @@ from headscope.engine.core.results import (
     CircuitBlock,
     Composition,
     HeadScores,
+    PatchResult,
+    PatchRow,
     Profile,
     PromptView,
     ScoreNull,
@@ -54,12 +56,11 @@ from headscope.engine.core.results import (
     readonly,
 )
 from headscope.engine.core.validation import EDGE_THRESHOLD, MAX_RESULT_BYTES, SEED, TOP_EDGES
-from headscope.engine.forward.runtime import inference_mode, set_threads
+from headscope.engine.forward.runtime import gradient_mode, inference_mode, set_threads
 from headscope.engine.service.scheduler import JobContext, Scheduler
 from headscope.engine.sweeps import compute
 
 if TYPE_CHECKING:
-    from headscope.engine.core.results import PatchResult
     from headscope.engine.forward.patching import Metric
     from headscope.engine.model.loading import Model
     from headscope.engine.sweeps.diff import ModelDiff
@@ -621,9 +622,14 @@ class Engine:
         inputs = (_prompt_key(clean), _prompt_key(corrupt), answer, wrong)
 
         def run(ctx: JobContext) -> PatchResult:
+            model = self._model(raw)
+            # attribution takes a backward pass: its inputs are made with autograd on too
+            with gradient_mode() if method == "attribution" else contextlib.nullcontext():
+                return run_patch(model, ctx)
+
+        def run_patch(model: Model, ctx: JobContext) -> PatchResult:
             from headscope.engine.forward import patching
 
-            model = self._model(raw)
             clean_t, corrupt_t, metric, digest = patch_inputs(model, clean, corrupt, answer, wrong)
             name = f"patch-{method}-{site}-{digest}"
 
@@ -886,8 +892,6 @@ def patch_array(result: PatchResult) -> np.ndarray:
 def patch_from_array(stored: np.ndarray, method: str, site: str, metric: str, n_layers: int,
                      n_heads: int) -> PatchResult:
     """The ``PatchResult`` that ``patch_array`` stored."""
-    from headscope.engine.core.results import PatchResult, PatchRow
-
     rows = []
     for layer in range(n_layers):
         for head in range(n_heads):

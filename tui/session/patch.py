@@ -148,8 +148,8 @@ class PatchSession:
     def key(self) -> tuple[Any, ...]:
         """The identity of the request (part of the tab's load key)."""
         req = self.request()
-        return tuple(tuple(v) if isinstance(v, list) else v for v in req.values()) \
-            + (self.inputs.site, self.inputs.method)
+        values = (tuple(v) if isinstance(v, list) else v for v in req.values())
+        return (*values, self.inputs.site, self.inputs.method)
 
     def task_text(self) -> str:
         """What is measured, in words."""
