@@ -64,7 +64,7 @@ class PatchPane(Vertical):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.session = PatchSession()
-        self.status = ""  # the line under the form (tests read it)
+        self.status = ""  # the two lines under the form: what is measured, then news
 
     def compose(self) -> ComposeResult:
         with Vertical(id="patch-form"):
@@ -126,13 +126,14 @@ class PatchPane(Vertical):
                 with select.prevent(Select.Changed):
                     select.value = getattr(inputs, name)
 
-    def _read_form(self) -> None:
+    def _read_form(self) -> bool:
+        """The session takes the boxes' values; whether any changed."""
         values = {box: self.query_one(f"#patch-{box}", Input).value for box in BOXES}
         for name in ("site", "method"):
             value = self.query_one(f"#patch-{name}", Select).value
             if isinstance(value, str):
                 values[name] = value
-        self.session.edit(**values)
+        return self.session.edit(**values)
 
     @on(Input.Submitted, "#patch-form Input")
     def _submitted(self, event: Input.Submitted) -> None:
@@ -144,8 +145,9 @@ class PatchPane(Vertical):
     @on(Select.Changed, "#patch-form Select")
     def _chosen(self, event: Select.Changed) -> None:
         event.stop()
-        self._read_form()
-        self.post_message(PatchRequested())
+        # Select posts Changed when it mounts too: only a new choice runs
+        if self._read_form():
+            self.post_message(PatchRequested())
 
     # -- the list -------------------------------------------------------------------------
     @on(DataTable.RowHighlighted, "#patch-table")
@@ -173,10 +175,10 @@ class PatchPane(Vertical):
                 f"{result.clean:+.3f}, corrupt {result.corrupt:+.3f}) · enter: focus {row.label}")
 
     def _set_status(self, text: str) -> None:
-        self.status = text
         summary = self.session.summary()
         lines = [self.session.task_text() + (f" · {summary}" if summary else ""), text]
-        self.query_one("#patch-status", Static).update(Text("\n".join(lines)))
+        self.status = "\n".join(lines)
+        self.query_one("#patch-status", Static).update(Text(self.status))
 
     def _progress_tick(self) -> None:
         fraction = self.session.progress
