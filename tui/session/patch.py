@@ -154,7 +154,7 @@ class PatchSession:
     def task_text(self) -> str:
         """What is measured, in words."""
         if self.is_task:
-            return "induction task (seeded repeated tokens): mean log p of the repeated half"
+            return "induction task: mean log p of the repeated half"
         i = self.inputs
         if i.answer and i.wrong:
             return f"logit[{i.answer}] − logit[{i.wrong}] at the last position"
@@ -185,9 +185,8 @@ class PatchSession:
         r = self.result
         if r is None:
             return ""
-        what = "estimated recovered (attribution)" if r.method == "attribution" else "recovered"
-        line = (f"{r.site} · {r.method} · clean {r.clean:+.3f}  corrupt {r.corrupt:+.3f}  "
-                f"({r.batch}×{r.tokens} tokens) · {what} = (m − corrupt)/(clean − corrupt)")
+        line = (f"clean {r.clean:+.3f} corrupt {r.corrupt:+.3f} "
+                f"({r.batch}×{r.tokens} tokens)")
         return f"{line} · {r.note}" if r.note else line
 
     def records(self) -> dict[str, Any]:

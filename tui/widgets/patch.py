@@ -171,8 +171,7 @@ class PatchPane(Vertical):
         rec = "undefined" if row.recovered is None else f"{row.recovered:+.3f}"
         metric = "—" if row.patched is None else f"{row.patched:+.3f}"
         est = "≈" if result.method == "attribution" else ""
-        return (f"{row.label}: recovered {est}{rec} (metric {est}{metric}; clean "
-                f"{result.clean:+.3f}, corrupt {result.corrupt:+.3f}) · enter: focus {row.label}")
+        return f"{row.label}: recovered {est}{rec} (metric {est}{metric}) · enter: focus it"
 
     def _set_status(self, text: str) -> None:
         summary = self.session.summary()
@@ -246,7 +245,7 @@ class PatchPane(Vertical):
                 np.nan_to_num(values, nan=0.0),
                 tuple(f"L{i}" for i in range(result.n_layers)),
                 tuple(f"H{i}" for i in range(result.n_heads)),
-                title=title, xlabel="head →  (rows: layer)"))
+                title=title, xlabel="recovered = (m − corrupt)/(clean − corrupt) · rows: layer"))
         table = self.query_one("#patch-table", DataTable)
         table.clear()
         for row in session.rows:
