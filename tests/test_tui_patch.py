@@ -174,3 +174,54 @@ async def test_the_heatmap_in_256_colours_has_no_truecolor() -> None:
         # the heatmap's cells (and its key's ramp) are palette entries: nothing truecolor
         # for the terminal to quantise (the ticks' theme colours Textual downgrades itself)
         assert cells and {c.type for c in cells} == {ColorType.EIGHT_BIT}
+
+
+async def test_composition_edges_show_their_path_effect_and_unused_ones() -> None:
+    app, engine = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("5")
+        await settle(pilot, app)
+        pane = app.query_one("#composition-pane")
+        # one request: the top edges into the receivers' k (K-composition is shown first),
+        # on the current task (the Patch tab's inputs: the induction task)
+        assert len(engine.path_requests) == 1
+        asked, kind = engine.path_requests[0]
+        assert kind == "k" and len(asked) == min(8, len([e for e in pane.edges if e[4] > 0]))
+        assert [tuple(map(tuple, a)) for a in asked] == \
+            [((e[0], e[1]), (e[2], e[3])) for e in pane.edges[:len(asked)]]
+        table = app.query_one("#comp-edges", DataTable)
+        induction = (1, 2)
+        cells = {}
+        for i, e in enumerate(pane.edges[:len(asked)]):
+            cells[(e[0], e[1]), (e[2], e[3])] = str(table.get_row_at(i)[3])
+        _, cut = __import__("headscope.tui.widgets.panes", fromlist=["x"]).threshold_edges(
+            pane.edges, pane.threshold)
+        for (sender, receiver), cell in cells.items():
+            effect = pane.paths[(sender, receiver)]
+            edge = next(e for e in pane.edges if ((e[0], e[1]), (e[2], e[3])) == (sender, receiver))
+            strong = edge[4] >= cut and edge[4] > 0
+            if receiver == induction:
+                assert effect == pytest.approx(0.2 * engine._behaviour[0][sender])
+            else:
+                assert effect == 0.0
+            assert ("unused" in cell) == (strong and abs(effect) < 0.05), (sender, receiver, cell)
+        assert any("unused" in c for c in cells.values())
+        # the detail line of a highlighted edge says it
+        table.focus()
+        await pilot.press("down", "up")
+        await settle(pilot, app)
+        detail = str(app.query_one("#comp-detail").render())
+        assert "path effect on the current task" in detail
+        # another task (the Patch tab's answer/wrong): the path effects are asked again
+        await pilot.press("9")
+        await settle(pilot, app)
+        box = app.query_one("#patch-answer", Input)
+        box.value = "#7"
+        app.query_one("#patch-wrong", Input).value = "#9"
+        box.focus()
+        await pilot.press("enter")
+        await settle(pilot, app)
+        await pilot.press("5")
+        await settle(pilot, app)
+        assert len(engine.path_requests) == 2 and engine.calls["composition"] == 1

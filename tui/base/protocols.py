@@ -212,6 +212,10 @@ class PaneHost(Protocol):
         """Draw the Summary tab from the scores known so far."""
         ...
 
+    def patch_request(self) -> dict[str, Any]:
+        """The Patch tab's inputs as ``Engine.patch`` takes them (the current task)."""
+        ...
+
     def report(self, message: str) -> None:
         """An error the user should see (a notification; the app keeps running)."""
         ...

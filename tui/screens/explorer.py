@@ -576,8 +576,8 @@ class ExplorerScreen(Screen[None]):
             extra = (*self.choices.qk_ov_key(), self.compare.view)
         elif tab == "prompt":
             extra = (self.choices.prompt_text,)
-        elif tab == "composition":
-            extra = (self.query_one(CompositionPane).kind,)
+        elif tab == "composition":  # its path effects are on the current task
+            extra = (self.query_one(CompositionPane).kind, *self.query_one(PatchPane).session.key())
         elif tab == "changes":
             extra = (self.compare.changes_kind, id(self.compare.diff))
         elif tab == "timeline":
@@ -678,6 +678,9 @@ class ExplorerScreen(Screen[None]):
         self.open_path(msg.source, msg.target)
 
     # -- the Patch tab (tui/widgets/patch.py) ------------------------------------------------
+    def patch_request(self) -> dict[str, Any]:
+        return self.query_one(PatchPane).session.request()
+
     @on(PatchRequested)
     def _patch_requested(self) -> None:
         if self.active_tab != "patch":
