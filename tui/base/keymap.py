@@ -111,9 +111,9 @@ APP_BINDINGS: list[Binding] = [
 WIDGET_KEYS: list[tuple[str, str]] = [
     ("↑ ↓ / j k", "move in the head tree, tables and lists"),
     ("← → / h l", "collapse / expand a layer in the tree"),
-    ("enter", "tree, summary: focus the head under the cursor; composition edge: open its "
-              "virtual heads (K-path heatmap and score, V-path copying and spectrum; g there "
-              "focuses the later head)"),
+    ("enter", "tree, summary, patch list: focus the head under the cursor; composition "
+              "edge: open its virtual heads (K-path heatmap and score, V-path copying and "
+              "spectrum; g there focuses the later head); a patch box: run patching"),
     ("tab / shift+tab", "move focus between panes"),
     ("ctrl+p", "command palette: go to head L.H, sort, themes, exports"),
     ("escape", "close a dialog; leave the prompt box or a pane for the head tree"),

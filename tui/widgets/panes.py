@@ -383,7 +383,7 @@ class CompositionPane(PathEffects, Horizontal):
         table.add_column("source", key="source")
         table.add_column("target", key="target")
         table.add_column("s−base", key="score")
-        table.add_column("path", key="path")
+        table.add_column("path", key="path", width=12)  # "+0.00 unused"
 
     def show(self, comp: Composition, n_layers: int, n_heads: int,
              selected: tuple[int, int, int, int] | None,
