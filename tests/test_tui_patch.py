@@ -225,3 +225,24 @@ async def test_composition_edges_show_their_path_effect_and_unused_ones() -> Non
         await pilot.press("5")
         await settle(pilot, app)
         assert len(engine.path_requests) == 2 and engine.calls["composition"] == 1
+
+
+async def test_on_the_real_engine_the_induction_head_recovers_most() -> None:
+    """attn-only-2l through the real Engine: the Patch tab's list starts with L1.H2, then
+    the other layer-1 heads, as ``Engine.patch`` computes them."""
+    from headscope.tui.app import HeadscopeApp
+    from headscope.tui.base.settings import Settings
+    from tests.conftest import sample_model
+    from tests.test_tui_real_engine import wait_ready
+
+    app = HeadscopeApp(sample_model("attn-only-2l"), settings=Settings(), debounce=0.01,
+                       sweep=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_ready(pilot, app)
+        await pilot.press("9")
+        pane = app.query_one(PatchPane)
+        await wait_until(pilot, lambda: pane.session.result is not None, "the patching", 1200)
+        await settle(pilot, app)
+        assert rows(app)[:3] == ["L1.H2", "L1.H1", "L1.H0"]
+        assert "induction task" in pane.status and "L1.H2: recovered +0.7" in pane.status
+        assert app.query_one("#patch-map", Chart).rendered is not None

@@ -823,6 +823,10 @@ def patch_token(model: Model, what: str, token: str | int) -> int:
     ids = compute.encode(model.tokenizer, str(token))
     if len(ids) != 1:
         raise PromptError(where, f"the {what} token {str(token)!r} is {len(ids)} tokens, not one")
+    # a word-level vocabulary encodes an unknown word as <unk>: not the token asked for
+    if model.tokenizer.decode_token(ids[0]).strip().lower() != text.lower():
+        raise PromptError(where, f"the {what} token {str(token)!r} is not in the vocabulary "
+                          f"(it encodes to {model.tokenizer.decode_token(ids[0])!r})")
     return ids[0]
 
 
