@@ -9,11 +9,13 @@ floats become ``None`` only at serialisation time (``core.export.jsonable``).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from headscope.engine.circuits.composition import composition_baseline  # noqa: F401  (re-exported: the CLI prints it)
 from headscope.engine.core import validation
+from headscope.engine.core.errors import InvalidRequestError, PromptError
 from headscope.engine.core.validation import (
     ABLATION_EFFECT,
     NULL_SAMPLES,
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
     from headscope.engine.core.results import (
         CircuitBlock,
         Composition,
+        PatchResult,
         ScoreNull,
         ScoreTable,
         SingularDirections,
@@ -286,3 +289,140 @@ def path_dict(found: VirtualPath) -> dict[str, Any]:
             "values": found.k_block.tolist(),
         },
     }
+
+
+# -- patching (docs/math.md, "Patching") --------------------------------------------------------
+
+# Heads to patch together: "L1.H1,L1.H2" (one set), or (layer, head) pairs (one set), or a
+# list of either (one set each).
+HeadSpec = str | Sequence[Any]
+_HEAD = re.compile(r"^[Ll]?(\d+)\.[Hh]?(\d+)$")
+
+
+def head_sets(spec: HeadSpec | None, where: str | None = None) -> list[list[tuple[int, int]]] | None:
+    """``--heads`` / ``Model.patch(heads=...)`` as sets of ``(layer, head)`` patched together:
+    ``"L1.H1,L1.H2"`` is one set; ``[(1, 1), (1, 2)]`` is one set; a list of such strings or
+    lists is a set each. ``None``: every head alone."""
+    if spec is None:
+        return None
+
+    def one(item: Any) -> tuple[int, int]:
+        if isinstance(item, str):
+            match = _HEAD.match(item.strip())
+            if match is None:
+                raise InvalidRequestError(where, f"{item!r} is not a head: write L1.H2 or 1.2")
+            return int(match.group(1)), int(match.group(2))
+        layer, head = item
+        return int(layer), int(head)
+
+    def group(item: Any) -> list[tuple[int, int]]:
+        if isinstance(item, str):
+            return [one(part) for part in item.split(",") if part.strip()]
+        return [one(part) for part in item]
+
+    if isinstance(spec, str) or (spec and not isinstance(spec[0], str) and _is_pair(spec[0])):
+        return [group(spec)]
+    return [group(item) for item in spec]
+
+
+def _is_pair(item: Any) -> bool:
+    return isinstance(item, Sequence) and len(item) == 2 and all(isinstance(v, int) for v in item)
+
+
+def token_id(model: Model, token: int | str, what: str) -> int:
+    """An answer token as an id: an int, ASCII digits, or a token string as ``--rows`` takes
+    it (the vocabulary's spelling; else the text if it encodes to exactly one token)."""
+    where = str(model.path)
+    if isinstance(token, int):
+        return token
+    text = str(token)
+    if text.strip().isascii() and text.strip().isdigit():
+        return int(text.strip())
+    found = model.tokenizer.token_to_id(text)
+    if found is not None:
+        return int(found)
+    ids = compute.encode(model.tokenizer, text) if text.strip() else []
+    if len(ids) != 1:
+        raise InvalidRequestError(where, f"the {what} token {text!r} is {len(ids)} tokens "
+                                  f"({', '.join(compute.label(model.tokenizer, i) for i in ids) or 'none'}): "
+                                  "give one token, by its string or its id")
+    return ids[0]
+
+
+def _ids(model: Model, given: str | Sequence[Any] | None, what: str) -> list[list[int]] | None:
+    """A prompt (text, encoded by the tokenizer), token ids, or a batch of token id lists."""
+    if given is None:
+        return None
+    if isinstance(given, str):
+        if not given.strip():
+            raise PromptError(str(model.path), f"the {what} prompt is empty")
+        return [compute.encode(model.tokenizer, given)]
+    rows = list(given)
+    if rows and not isinstance(rows[0], str) and isinstance(rows[0], Sequence):
+        return [[int(t) for t in row] for row in rows]
+    return [[int(t) for t in rows]]
+
+
+def patch_request(
+    model: Model,
+    clean: str | Sequence[Any] | None = None,
+    corrupt: str | Sequence[Any] | None = None,
+    *,
+    answer: int | str | None = None,
+    wrong: int | str | None = None,
+    site: str = "out",
+    method: str = "exact",
+    noising: bool = False,
+    heads: HeadSpec | None = None,
+    by_position: bool = False,
+    verify: int = 0,
+    seed: int = SEED,
+    seq_len: int | None = None,
+    batch: int = validation.PATCH_BATCH,
+    edge: tuple[tuple[int, int], tuple[int, int]] | None = None,
+) -> validation.PatchRequest:
+    """The inputs of ``patch`` / ``path-patch`` (prompts as text or ids, answer tokens as ids
+    or strings, heads as ``head_sets`` takes them) resolved against the model's tokenizer and
+    validated (``validation.patch_request``)."""
+    where = str(model.path)
+    validation.check_patchable(model.structure(), where)
+    return validation.patch_request(
+        model.structure(), clean=_ids(model, clean, "clean"), corrupt=_ids(model, corrupt, "corrupt"),
+        answer=None if answer is None else token_id(model, answer, "answer"),
+        wrong=None if wrong is None else token_id(model, wrong, "wrong"),
+        site=site, method=method, noising=noising, heads=head_sets(heads, where), by_position=by_position,
+        verify=verify, seed=seed, seq_len=seq_len, batch=batch, edge=edge, where=where)
+
+
+def patch_report(model: Model, req: validation.PatchRequest, *, store: ResultStore | None = None,
+                 progress: Progress = None, cancelled: Callable[[], bool] | None = None) -> PatchResult:
+    """``compute.patch`` with the model's entry of the results store (``None``: no store)."""
+    entry = None if store is None else store.for_model(model)
+    return compute.patch(model, req, progress, cancelled, entry)
+
+
+def patch_dict(result: PatchResult) -> dict[str, Any]:
+    """The JSON of ``headscope patch`` / ``path-patch``: ``{"method", "site", "metric",
+    "clean", "corrupt", "heads": [{"layer", "head", "patched", "recovered"}, ...]}``, plus
+    ``noising``, ``note`` (why ``recovered`` is null, if it is), the input's shape, and per
+    row: ``heads`` for heads patched together (``[[layer, head], ...]``), ``sender`` and
+    ``receiver`` for a path, ``positions``/``positions_recovered`` (by position),
+    ``estimate``/``exact``/``exact_recovered`` (attribution). Undefined numbers are null."""
+    rows = []
+    for row in result.rows:
+        out: dict[str, Any] = {}
+        if result.method == "path":
+            out["sender"], out["receiver"] = list(row.heads[0]), list(row.heads[1])
+        elif len(row.heads) == 1:
+            out["layer"], out["head"] = row.layer, row.head
+        else:
+            out["heads"] = [list(h) for h in row.heads]
+        out["patched"], out["recovered"] = row.patched, row.recovered
+        if row.positions is not None:
+            out["positions"], out["positions_recovered"] = list(row.positions), list(row.positions_recovered or ())
+        if result.method == "attribution":
+            out["estimate"], out["exact"], out["exact_recovered"] = row.estimate, row.exact, row.exact_recovered
+        rows.append(out)
+    return {"method": result.method, "site": result.site, "metric": result.metric,
+            "noising": result.noising, "clean": result.clean, "corrupt": result.corrupt,
+            "tokens": result.tokens, "batch": result.batch, "note": result.note or None, "heads": rows}

@@ -353,6 +353,38 @@ def recovered(clean: float, corrupt: float, value: float | None) -> float | None
     return float((value - corrupt) / span)
 
 
+def patch_result(*, method: PatchMethod, site: str, metric: str, noising: bool, clean: float,
+                 corrupt: float, sets: Any, values: Any, n_layers: int, n_heads: int,
+                 tokens: int, batch: int, positions: Any = None, exact: Any = None) -> PatchResult:
+    """The ``PatchResult`` of raw numbers, computed now or read back from the results store
+    (one builder for both, so a stored result is the computed one). ``sets``: each row's
+    heads; ``values [rows]``: each row's metric after patching (attribution: the estimate of
+    its change); ``positions [rows, pos]`` (by position) and ``exact [rows]`` (attribution's
+    verified heads; NaN for the others) if any. Non-finite numbers become ``None``."""
+    def number(v: Any) -> float | None:
+        return float(v) if v is not None and np.isfinite(v) else None
+
+    base = clean if noising else corrupt
+    rows = []
+    for i, heads in enumerate(sets):
+        value = number(values[i])
+        estimate = value if method == "attribution" else None
+        patched = (None if value is None else base + value) if method == "attribution" else value
+        at = None if positions is None else tuple(number(v) for v in positions[i])
+        ex = None if exact is None else number(exact[i])
+        rows.append(PatchRow(
+            heads=tuple((int(layer), int(head)) for layer, head in heads), patched=patched,
+            recovered=recovered(clean, corrupt, patched), positions=at,
+            positions_recovered=None if at is None else tuple(recovered(clean, corrupt, v) for v in at),
+            estimate=estimate, exact=ex, exact_recovered=recovered(clean, corrupt, ex)))
+    note = ""
+    if recovered(clean, corrupt, clean) is None:
+        note = f"the clean and corrupt inputs give the same {metric} ({clean:.6g}): recovered is undefined"
+    return PatchResult(method=method, site=site, metric=metric, noising=noising, clean=float(clean),
+                       corrupt=float(corrupt), rows=tuple(rows), n_layers=n_layers, n_heads=n_heads,
+                       tokens=tokens, batch=batch, note=note)
+
+
 @dataclass(frozen=True)
 class CacheStats:
     hits: int

@@ -35,6 +35,9 @@ __all__ = [
     "COMPOSITION_KINDS",
     "DEFAULT_BLOCK",
     "MAX_RESULT_BYTES",
+    "PATCH_METHODS",
+    "PATCH_SITES",
+    "PATH_INPUTS",
     "PATH_SAMPLE",
     "SCORE_NAMES",
     "SEED",
@@ -42,9 +45,11 @@ __all__ = [
     "WEIGHT_SCORE_NAMES",
     "Z_NAMES",
     "CircuitRequest",
+    "PatchRequest",
     "PathRequest",
     "check_composition_kind",
     "check_head",
+    "check_patchable",
     "check_path",
     "check_prompt",
     "check_result_bytes",
@@ -55,6 +60,7 @@ __all__ = [
     "check_token",
     "check_tokens",
     "circuit_request",
+    "patch_request",
     "prompt_bytes",
 ]
 
@@ -281,3 +287,151 @@ def check_path(
     _check_ids((*row_ids, *col_ids), n, "token", where)
     check_result_bytes(4 * len(row_ids) * len(col_ids), f"a {len(row_ids)}×{len(col_ids)} block", where, limit)
     return PathRequest((int(source[0]), int(source[1])), (int(target[0]), int(target[1])), row_ids, col_ids)
+
+
+# -- patching (docs/math.md, "Patching") -------------------------------------------------------
+
+PATCH_SITES = ("out", "q", "k", "v", "pattern")
+PATCH_METHODS = ("exact", "attribution")
+PATH_INPUTS = ("q", "k", "v")
+PATCH_TASKS = ("logit_diff", "induction")
+PATCH_BATCH = 4  # induction task: sequences, and half-length at most (behaviour's defaults)
+PATCH_HALF = 32
+
+
+@dataclass(frozen=True)
+class PatchRequest:
+    """A validated patching request (``headscope patch`` / ``path-patch``, ``Model.patch``,
+    the explorer's Patch tab). ``task == "induction"``: the tokens are made from ``seed``,
+    ``seq_len`` and ``batch`` where the forward pass runs; else ``clean`` and ``corrupt`` are
+    ``[batch][pos]`` ids of the same shape and ``answer``/``wrong`` the logit difference's
+    tokens. ``edge`` (path patching): ``(sender, receiver)``, ``site`` the receiver's input."""
+
+    task: str
+    site: str = "out"
+    method: str = "exact"
+    noising: bool = False
+    clean: tuple[tuple[int, ...], ...] = ()
+    corrupt: tuple[tuple[int, ...], ...] = ()
+    answer: int | None = None
+    wrong: int | None = None
+    heads: tuple[tuple[tuple[int, int], ...], ...] | None = None  # sets patched together
+    by_position: bool = False
+    verify: int = 0
+    seed: int = SEED
+    seq_len: int | None = None
+    batch: int = PATCH_BATCH
+    edge: tuple[tuple[int, int], tuple[int, int]] | None = None
+
+    def key(self) -> str:
+        """Everything the numbers depend on, as one canonical string (the results store's
+        part name hashes it with the checkpoint's fingerprint)."""
+        import json
+
+        return json.dumps([self.task, self.site, self.method, self.noising, self.clean, self.corrupt,
+                           self.answer, self.wrong, self.heads, self.by_position, self.verify,
+                           self.seed, self.seq_len, self.batch, self.edge], separators=(",", ":"))
+
+
+def check_patchable(structure: Structure, where: str | None) -> None:
+    """Patching reads a next-token metric at the last position: causal models only."""
+    if not structure.get("causal", True):
+        raise InvalidRequestError(
+            where, f"{structure.get('architecture', 'this model')} is an encoder (every position sees "
+            "the whole input): patching measures a next-token metric at the last position, which "
+            "only a causal model has")
+
+
+def patch_request(
+    structure: Structure,
+    *,
+    clean: Sequence[Sequence[int]] | None = None,
+    corrupt: Sequence[Sequence[int]] | None = None,
+    answer: int | None = None,
+    wrong: int | None = None,
+    site: str = "out",
+    method: str = "exact",
+    noising: bool = False,
+    heads: Sequence[Sequence[tuple[int, int]]] | None = None,
+    by_position: bool = False,
+    verify: int = 0,
+    seed: int = SEED,
+    seq_len: int | None = None,
+    batch: int = PATCH_BATCH,
+    edge: tuple[tuple[int, int], tuple[int, int]] | None = None,
+    where: str | None,
+) -> PatchRequest:
+    """Validate a patching request. No prompt (``clean is None``) is the induction task;
+    with prompts, both must be given, of the same shape, with ``answer`` and ``wrong``."""
+    check_patchable(structure, where)
+    n_ctx, d_vocab = int(structure["n_ctx"]), int(structure["d_vocab"])
+    if edge is not None:
+        if site not in PATH_INPUTS:
+            raise InvalidRequestError(where, f"a path patches the receiver's q, k or v, not {site!r}")
+        check_head(structure, *edge[0], where)
+        check_head(structure, *edge[1], where)
+        if int(edge[0][0]) >= int(edge[1][0]):
+            raise InvalidRequestError(where, f"a path runs from an earlier layer to a later one: "
+                                      f"L{edge[0][0]}.H{edge[0][1]} is not below L{edge[1][0]}.H{edge[1][1]}")
+        if method != "exact" or heads is not None or by_position or verify:
+            raise InvalidRequestError(where, "path patching takes one edge and no --method, --heads, "
+                                      "--by-position or --verify")
+    elif site not in PATCH_SITES:
+        raise InvalidRequestError(where, f"--site must be one of {', '.join(PATCH_SITES)}, not {site!r}")
+    if method not in PATCH_METHODS:
+        raise InvalidRequestError(where, f"--method must be exact or attribution, not {method!r}")
+    if method == "attribution" and (heads is not None or by_position):
+        raise InvalidRequestError(where, "attribution estimates every head alone: no --heads or --by-position")
+    if verify and method != "attribution":
+        raise InvalidRequestError(where, "--verify checks attribution's estimates: it needs --method attribution")
+    if not 0 <= int(verify) <= int(structure["n_layers"]) * int(structure["n_heads"]):
+        raise InvalidRequestError(where, f"--verify must be between 0 and the number of heads, not {verify}")
+    sets = None
+    if heads is not None:
+        sets = []
+        for group in heads:
+            found = tuple(dict.fromkeys((int(layer), int(head)) for layer, head in group))
+            if not found:
+                raise InvalidRequestError(where, "an empty set of heads to patch")
+            for layer, head in found:
+                check_head(structure, layer, head, where)
+            sets.append(found)
+        if not sets:
+            raise InvalidRequestError(where, "no heads to patch")
+    common = dict(site=site, method=method, noising=bool(noising), heads=None if sets is None else tuple(sets),
+                  by_position=bool(by_position), verify=int(verify),
+                  edge=None if edge is None else (tuple(map(int, edge[0])), tuple(map(int, edge[1]))))
+    if clean is None and corrupt is None:
+        if answer is not None or wrong is not None:
+            raise InvalidRequestError(where, "--answer and --wrong go with --clean and --corrupt prompts "
+                                      "(the induction task scores the whole second half)")
+        half = min(PATCH_HALF, n_ctx // 2) if seq_len is None else int(seq_len)
+        if not 2 <= half <= n_ctx // 2:
+            raise InvalidRequestError(where, f"--seq-len must be between 2 and {n_ctx // 2} (half the "
+                                      f"context of {n_ctx}), not {half}")
+        if not 1 <= int(batch) <= 64:
+            raise InvalidRequestError(where, f"--batch must be between 1 and 64, not {batch}")
+        return PatchRequest(task="induction", seed=int(seed), seq_len=half, batch=int(batch), **common)  # type: ignore[arg-type]
+    if clean is None or corrupt is None:
+        raise InvalidRequestError(where, "give both a clean and a corrupt input (or neither, for the induction task)")
+    rows = []
+    for name, given in (("clean", clean), ("corrupt", corrupt)):
+        batch_rows = [tuple(int(t) for t in row) for row in given]
+        if not batch_rows or any(not row for row in batch_rows):
+            raise PromptError(where, f"the {name} input is empty")
+        for row in batch_rows:
+            _check_ids(row, d_vocab, f"{name} token id", where)
+            if len(row) > n_ctx:
+                raise IndexOutOfRangeError(where, f"the {name} input's {len(row)} tokens exceed the context of {n_ctx}")
+        if len({len(row) for row in batch_rows}) > 1:
+            raise InvalidRequestError(where, f"the {name} sequences differ in length")
+        rows.append(tuple(batch_rows))
+    a, b = rows
+    if len(a[0]) != len(b[0]) or len(a) != len(b):
+        raise InvalidRequestError(where, f"the clean and corrupt inputs must have the same length: clean "
+                                  f"is {len(a[0])} tokens, corrupt {len(b[0])}")
+    if answer is None or wrong is None:
+        raise InvalidRequestError(where, "the logit difference needs --answer and --wrong tokens")
+    _check_ids((answer,), d_vocab, "answer token id", where)
+    _check_ids((wrong,), d_vocab, "wrong token id", where)
+    return PatchRequest(task="logit_diff", clean=a, corrupt=b, answer=int(answer), wrong=int(wrong), **common)  # type: ignore[arg-type]

@@ -49,7 +49,8 @@ from headscope.engine.core.errors import (
     NonFiniteError,
     PromptError,
 )
-from headscope.engine.core.results import PatchResult, PatchRow, recovered
+from headscope.engine.core.results import PatchResult, patch_result
+from headscope.engine.core.validation import PATCH_SITES, PATH_INPUTS, check_patchable
 from headscope.engine.forward.behaviour import (
     copies_per_pass,
     repeated_tokens,
@@ -90,8 +91,7 @@ __all__ = [
 Progress = Callable[[float], None] | None
 Cancelled = Callable[[], bool] | None
 HeadSet = tuple[tuple[int, int], ...]  # heads patched together
-SITES = ("out", "q", "k", "v", "pattern")
-PATH_INPUTS = ("q", "k", "v")
+SITES = PATCH_SITES  # (core.validation: one list for every entry point)
 
 
 # -- metrics ---------------------------------------------------------------------------------
@@ -116,8 +116,8 @@ class LogitDiff:
     name: str = "logit_diff"
 
     def __call__(self, w: WeightSource, final: Tensor, n: int) -> Tensor:
-        logits = unembed(w, final[:, -1])  # [n·b, d_vocab]
-        return (logits[:, self.answer] - logits[:, self.wrong]).float().reshape(n, -1).mean(1)
+        logits = unembed(w, final[:, -1], (self.answer, self.wrong))  # [n·b, 2]: not all of W_U
+        return (logits[:, 0] - logits[:, 1]).float().reshape(n, -1).mean(1)
 
 
 @dataclass(frozen=True)
@@ -160,10 +160,7 @@ def check_inputs(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor | Se
     (patching reads a next-token metric), ids in range, at most ``n_ctx``, not empty, the
     same shape (the patched activations are position by position)."""
     cfg, path = w.cfg, getattr(w, "path", None)
-    if not cfg.causal:
-        raise InvalidRequestError(
-            path, f"{cfg.architecture} is an encoder (every position sees the whole input): patching "
-            "measures a next-token metric at the last position, which only a causal model has")
+    check_patchable({"causal": cfg.causal, "architecture": cfg.architecture}, path)
     toks = []
     for name, tokens in (("clean", clean), ("corrupt", corrupt)):
         try:
@@ -410,23 +407,6 @@ def _evaluate(w: WeightSource, runs: _Runs, variants: list[_Variant], site: str,
     return out
 
 
-def _number(value: float) -> float | None:
-    return float(value) if math.isfinite(value) else None
-
-
-def _result(w: WeightSource, method: str, site: str, metric: Metric, noising: bool, runs: _Runs,
-            rows: list[PatchRow], tokens: Tensor) -> PatchResult:
-    cfg = w.cfg
-    note = ""
-    if recovered(runs.clean, runs.corrupt, runs.clean) is None:
-        note = (f"the clean and corrupt inputs give the same {metric.name} ({runs.clean:.6g}): "
-                "recovered is undefined")
-    return PatchResult(method=method, site=site, metric=metric.name, noising=noising,  # type: ignore[arg-type]
-                       clean=runs.clean, corrupt=runs.corrupt, rows=tuple(rows), n_layers=cfg.n_layers,
-                       n_heads=cfg.n_heads, tokens=int(tokens.shape[1]), batch=int(tokens.shape[0]),
-                       note=note)
-
-
 def patch_heads(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor | Sequence, metric: Metric, *,
                 site: str = "out", noising: bool = False,
                 heads: Sequence[Sequence[tuple[int, int]]] | None = None, by_position: bool = False,
@@ -446,18 +426,19 @@ def patch_heads(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor | Seq
         if by_position:
             variants += [_Variant(s, pos) for s in sets for pos in range(clean_t.shape[1])]
         values = _evaluate(w, runs, variants, site, metric, _activation_source(w, runs, site), progress, cancelled)
-    rows = []
     n_pos = clean_t.shape[1]
-    for i, heads_i in enumerate(sets):
-        patched = _number(values[i])
-        positions = positions_rec = None
-        if by_position:
-            at = values[len(sets) + i * n_pos: len(sets) + (i + 1) * n_pos]
-            positions = tuple(_number(v) for v in at)
-            positions_rec = tuple(recovered(runs.clean, runs.corrupt, v) for v in positions)
-        rows.append(PatchRow(heads=heads_i, patched=patched, recovered=recovered(runs.clean, runs.corrupt, patched),
-                             positions=positions, positions_recovered=positions_rec))
-    return _result(w, "exact", site, metric, noising, runs, rows, clean_t)
+    positions = None
+    if by_position:
+        positions = [values[len(sets) + i * n_pos: len(sets) + (i + 1) * n_pos] for i in range(len(sets))]
+    return _result(w, "exact", site, metric, noising, runs, clean_t, sets, values[:len(sets)], positions=positions)
+
+
+def _result(w: WeightSource, method: str, site: str, metric: Metric, noising: bool, runs: _Runs,
+            tokens: Tensor, sets: Sequence[HeadSet], values: Sequence[float], **more: object) -> PatchResult:
+    return patch_result(method=method, site=site, metric=metric.name, noising=noising,  # type: ignore[arg-type]
+                        clean=runs.clean, corrupt=runs.corrupt, sets=sets, values=values,
+                        n_layers=w.cfg.n_layers, n_heads=w.cfg.n_heads, tokens=int(tokens.shape[1]),
+                        batch=int(tokens.shape[0]), **more)  # type: ignore[arg-type]
 
 
 def _activation_source(w: WeightSource, runs: _Runs, site: str) -> SourceFor:
@@ -528,27 +509,21 @@ def attribute_heads(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor |
                     estimates[layer] = (grad_tap * delta).transpose(0, 1).reshape(cfg.n_heads, -1).sum(1)
             grad = grad.detach()
             report(progress, (cfg.n_layers - layer + 1) / steps)
-    base = runs.clean if noising else runs.corrupt
-    values = estimates.tolist()
-    exact: dict[tuple[int, int], float | None] = {}
+    heads = _all_heads(cfg.n_layers, cfg.n_heads)
+    values = [float(v) for v in estimates.flatten()]
+    exact = None
     if verify:
-        flat = sorted(((abs(values[lh[0]][lh[1]]), lh) for lh in _all_heads(cfg.n_layers, cfg.n_heads)),
-                      key=lambda t: -t[0] if math.isfinite(t[0]) else math.inf)
-        top = [lh for _, lh in flat[:verify]]
+        order = sorted(range(len(heads)), key=lambda i: -abs(values[i]) if math.isfinite(values[i]) else math.inf)
+        top = order[:verify]
         with torch.inference_mode():
-            found = _evaluate(w, runs, [_Variant((lh,)) for lh in top], site, metric,
+            found = _evaluate(w, runs, [_Variant((heads[i],)) for i in top], site, metric,
                               _activation_source(w, runs, site), None, cancelled)
-        exact = {lh: _number(v) for lh, v in zip(top, found, strict=True)}
-    rows = []
-    for layer, head in _all_heads(cfg.n_layers, cfg.n_heads):
-        estimate = _number(values[layer][head])
-        patched = None if estimate is None else base + estimate
-        ex = exact.get((layer, head))
-        rows.append(PatchRow(heads=((layer, head),), patched=patched,
-                             recovered=recovered(runs.clean, runs.corrupt, patched), estimate=estimate,
-                             exact=ex, exact_recovered=recovered(runs.clean, runs.corrupt, ex)))
+        exact = [math.nan] * len(heads)
+        for i, value in zip(top, found, strict=True):
+            exact[i] = value
     report(progress, 1.0)
-    return _result(w, "attribution", site, metric, noising, runs, rows, clean_t)
+    return _result(w, "attribution", site, metric, noising, runs, clean_t, [(h,) for h in heads], values,
+                   exact=exact)
 
 
 def _all_heads(n_layers: int, n_heads: int) -> list[tuple[int, int]]:
@@ -609,7 +584,5 @@ def path_patch(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor | Sequ
             for i, value in zip(idx, metric(w, final, len(idx)).tolist(), strict=True):
                 values[i] = value
             report(progress, (n_done + 1) / len(by_layer))
-    rows = [PatchRow(heads=(tuple(sender), tuple(receiver)), patched=_number(v),
-                     recovered=recovered(runs.clean, runs.corrupt, _number(v)))
-            for (sender, receiver), v in zip(edges, values, strict=True)]
-    return _result(w, "path", receiver_input, metric, noising, runs, rows, clean_t)
+    sets = [(tuple(sender), tuple(receiver)) for sender, receiver in edges]
+    return _result(w, "path", receiver_input, metric, noising, runs, clean_t, sets, values)

@@ -513,8 +513,9 @@ def experts(w: WeightSource, layer: int, x: Tensor, act: Callable[[Tensor], Tens
     return out.reshape(x.shape)
 
 
-def unembed(w: WeightSource, x: Tensor) -> Tensor:
-    """Final norm (pre-LN models) or the BERT masked-LM transform, then x W_U + b_U."""
+def unembed(w: WeightSource, x: Tensor, columns: Sequence[int] | None = None) -> Tensor:
+    """Final norm (pre-LN models) or the BERT masked-LM transform, then x W_U + b_U;
+    ``columns``: only those tokens' logits (a logit difference needs two of ``d_vocab``)."""
     w = torch_weights(w)
     cfg = w.cfg
     if cfg.post_ln:
@@ -524,7 +525,10 @@ def unembed(w: WeightSource, x: Tensor) -> Tensor:
             x = layer_norm(x, w.get("mlm.ln.w"), w.get("mlm.ln.b"), cfg.norm_eps)
     else:
         x = norm(w, "ln_final", x)
-    return softcap(x @ w.get("unembed.W_U") + w.get("unembed.b_U"), w.cfg.extra.get("final_softcap"))
+    w_u, b_u = w.get("unembed.W_U"), w.get("unembed.b_U")
+    if columns is not None:
+        w_u, b_u = w_u[:, list(columns)], b_u[list(columns)]
+    return softcap(x @ w_u + b_u, w.cfg.extra.get("final_softcap"))
 
 
 # -- normalisation -------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from headscope.engine.core.validation import EDGE_THRESHOLD
 from headscope.tui.base.datatext import printable
 from headscope.tui.cli import args as args_types
 from headscope.tui.cli import explore, reports
+from headscope.tui.cli import patch as cli_patch
 from headscope.tui.cli import reading as cli_reading
 from headscope.tui.cli import timeline as cli_timeline
 from headscope.tui.cli.cache import add_cache_parser, add_quiet_arg, add_store_args, cmd_cache
@@ -54,6 +55,8 @@ examples:
   headscope cache ls                          stored sweep results (scores, composition, ablation)
   headscope svd sample_models/attn-only-2l 1 2 --kind ov --k 5 --top 10
   headscope path sample_models/attn-only-2l L0.H1 L1.H2   (the induction mechanism's K-path)
+  headscope patch sample_models/attn-only-2l --heads L1.H1,L1.H2   (activation patching, induction task)
+  headscope path-patch sample_models/attn-only-2l L0.H1 L1.H2 --patch k   (the edge's causal effect)
 
 exit codes: 0 ok, 1 bad model file or request (one line on stderr), 2 usage, 130 interrupted
 """
@@ -243,6 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_timeline.add_parser(sub)
     add_cache_parser(sub)
     cli_reading.add_parsers(sub)
+    cli_patch.add_parsers(sub)
     return parser
 
 
@@ -307,6 +311,8 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "cache": cmd_cache,
     "svd": cli_reading.run_svd,
     "path": cli_reading.run_path,
+    "patch": cli_patch.cmd_patch,
+    "path-patch": cli_patch.cmd_path_patch,
 }
 
 

@@ -1,0 +1,228 @@
+"""``headscope patch`` and ``headscope path-patch``: activation, attribution and path patching
+(docs/math.md, "Patching"). (``headscope path`` is the weight-based virtual path of two heads;
+the path patching of an edge is ``path-patch``.)
+
+Registered by ``tui/cli/main.py`` (``add_parsers`` and ``HANDLERS``); the work is
+``engine.api.report.patch_request`` (inputs resolved and validated) and ``patch_report``
+(``sweeps.compute.patch``, through the results store). ``--json`` prints
+``api.report.patch_dict``; otherwise a table: the clean and corrupt runs' metric, then one
+row per head (or set, or edge), most recovered first.
+
+Exit codes: 2 for what is wrong with the command line, including inputs this model cannot
+take (prompts of different lengths, an empty prompt, an answer of several tokens, an id out
+of range, text for a model without a tokenizer); 1 for the model itself (an encoder, whose
+positions all see the whole input, has no next-token metric to patch; non-finite
+activations).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from headscope.engine.core.errors import IndexOutOfRangeError, InvalidRequestError, PromptError
+from headscope.tui.cli import args as args_types
+from headscope.tui.cli.cache import add_quiet_arg, add_store_args, results_store
+from headscope.tui.cli.output import EXIT_OK, EXIT_USAGE, emit, open_for_command
+from headscope.tui.cli.progress import progress_bar
+from headscope.tui.cli.reading import head_ref
+
+PATCH_EXAMPLE = ("headscope patch sample_models/attn-only-2l --clean \"cake card kite cup hotel mouse "
+                 "cake card kite cup hotel\" --corrupt \"cake card kite cup hotel mouse Ivy Jack shoe "
+                 "Ryan Lily\" --answer mouse --wrong Ivy")
+PATH_PATCH_EXAMPLE = "headscope path-patch sample_models/attn-only-2l L0.H1 L1.H2 --patch k"
+SITES = ("out", "q", "k", "v", "pattern")  # core.validation.PATCH_SITES, for argparse's choices
+
+
+def add_parsers(subparsers: Any) -> None:
+    """The ``patch`` and ``path-patch`` subcommands on ``headscope``'s subparsers."""
+    help_text = ("activation patching of every head: run the corrupt input with one head's clean "
+                 "activation (denoising; --noising the reverse) and report how much of the clean "
+                 "metric it recovers")
+    p = subparsers.add_parser("patch", help=help_text, description=help_text,
+                              epilog=f"examples:\n  {PATCH_EXAMPLE}\n"
+                                     "  headscope patch sample_models/attn-only-2l --heads L1.H1,L1.H2\n"
+                                     "  headscope patch sample_models/attn-only-2l --method attribution --verify 3",
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("path", help="model directory, .safetensors or .gguf file")
+    p.add_argument("--site", choices=SITES, default="out",
+                   help="what is patched: the head's output z (out, default), its queries, keys, "
+                        "values or attention pattern")
+    p.add_argument("--method", choices=("exact", "attribution"), default="exact",
+                   help="exact patching (default), or attribution patching: a first-order "
+                        "estimate of every head from one backward pass")
+    p.add_argument("--verify", type=args_types.count, default=0, metavar="K",
+                   help="with --method attribution: patch the top K heads by |estimate| exactly too")
+    p.add_argument("--heads", action="append", metavar="L.H,...",
+                   help="patch these heads together, e.g. L1.H1,L1.H2 (repeat for more sets; "
+                        "default: every head alone)")
+    p.add_argument("--by-position", action="store_true",
+                   help="also patch each position alone and report each")
+    _inputs(p)
+    p.add_argument("--top", type=args_types.count, default=None,
+                   help="rows of the table (default: all; --json has every row)")
+
+    help_text = ("path patching of a composition edge: the sender's clean output enters only the "
+                 "receiver's query, key or value input; every other path stays corrupt")
+    p = subparsers.add_parser("path-patch", help=help_text, description=help_text,
+                              epilog=f"example:\n  {PATH_PATCH_EXAMPLE}",
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("path", help="model directory, .safetensors or .gguf file")
+    p.add_argument("sender", type=head_ref, help="the earlier head, e.g. L0.H1")
+    p.add_argument("receiver", type=head_ref, help="the later head, e.g. L1.H2")
+    p.add_argument("--patch", choices=("q", "k", "v"), default="q",
+                   help="the receiver's input the sender's output enters (default q)")
+    _inputs(p)
+
+
+def _inputs(p: argparse.ArgumentParser) -> None:
+    """The prompt, metric and run options both commands share."""
+    p.add_argument("--clean", metavar="TEXT", help="the clean prompt (with --corrupt, --answer, --wrong)")
+    p.add_argument("--corrupt", metavar="TEXT", help="the corrupt prompt, the same number of tokens")
+    p.add_argument("--clean-tokens", type=args_types.token_ids, metavar="IDS",
+                   help="the clean input as token ids, e.g. 3,14,15")
+    p.add_argument("--corrupt-tokens", type=args_types.token_ids, metavar="IDS",
+                   help="the corrupt input as token ids")
+    p.add_argument("--answer", metavar="TOK",
+                   help="the metric is logit[answer] - logit[wrong] at the last position: a token "
+                        "id or string, as --rows takes them")
+    p.add_argument("--wrong", metavar="TOK", help="the other token of the logit difference")
+    p.add_argument("--task", choices=("induction",), default=None,
+                   help="induction (the default without prompts): seeded random tokens written "
+                        "twice vs the same first half and another second half; the metric is the "
+                        "mean log-probability of the clean next token over the second half")
+    p.add_argument("--seed", type=args_types.seed, default=0, help="seed of the induction task (default 0)")
+    p.add_argument("--seq-len", type=args_types.count, default=None,
+                   help="induction task: length of the repeated half (default min(32, n_ctx/2))")
+    p.add_argument("--batch", type=args_types.count, default=4,
+                   help="induction task: sequences averaged over (default 4)")
+    p.add_argument("--noising", action="store_true",
+                   help="run the clean input and patch in corrupt activations instead")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--raw", action="store_true",
+                   help="use the weights as stored (no LayerNorm folding or centring)")
+    add_store_args(p)
+    add_quiet_arg(p)
+
+
+def _usage(message: str) -> int:
+    print(f"headscope: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _command_line_problem(args: argparse.Namespace, command: str) -> str | None:
+    """What is wrong with the options themselves, before the model is opened."""
+    if args.clean is not None and args.clean_tokens is not None:
+        return "give the clean input as --clean TEXT or --clean-tokens IDS, not both"
+    if args.corrupt is not None and args.corrupt_tokens is not None:
+        return "give the corrupt input as --corrupt TEXT or --corrupt-tokens IDS, not both"
+    clean = args.clean if args.clean is not None else args.clean_tokens
+    corrupt = args.corrupt if args.corrupt is not None else args.corrupt_tokens
+    if (clean is None) != (corrupt is None):
+        return "give both a clean and a corrupt input (or neither, for the induction task)"
+    if clean is not None and args.task == "induction":
+        return "--task induction makes its own inputs: no --clean/--corrupt with it"
+    if clean is not None and (args.answer is None or args.wrong is None):
+        return "with --clean and --corrupt, give the metric's --answer and --wrong tokens"
+    if clean is None and (args.answer is not None or args.wrong is not None):
+        return "--answer and --wrong go with --clean and --corrupt prompts"
+    if command == "patch":
+        if args.verify and args.method != "attribution":
+            return "--verify checks attribution's estimates: add --method attribution"
+        if args.method == "attribution" and (args.heads or args.by_position):
+            return "attribution estimates every head alone: no --heads or --by-position with it"
+    return None
+
+
+def _request(model: Any, args: argparse.Namespace, **more: Any) -> Any:
+    from headscope.engine.api.report import patch_request
+
+    clean = args.clean if args.clean is not None else _id_list(args.clean_tokens)
+    corrupt = args.corrupt if args.corrupt is not None else _id_list(args.corrupt_tokens)
+    return patch_request(model, clean, corrupt, answer=args.answer, wrong=args.wrong, noising=args.noising,
+                         seed=args.seed, seq_len=args.seq_len, batch=args.batch, **more)
+
+
+def _id_list(text: str | None) -> list[int] | None:
+    return None if text is None else [int(t) for t in text.split(",") if t.strip()]
+
+
+def _run(args: argparse.Namespace, command: str, **more: Any) -> Any:
+    """Open the model, resolve and validate the inputs (a problem with them: exit 2), patch."""
+    from headscope.engine.api.report import patch_report
+    from headscope.engine.core.validation import check_patchable
+
+    problem = _command_line_problem(args, command)
+    if problem is not None:
+        return _usage(problem)
+    model = open_for_command(args)
+    check_patchable(model.structure(), str(model.path))  # an encoder: the model's fault, exit 1
+    try:
+        req = _request(model, args, **more)
+    except (InvalidRequestError, PromptError, IndexOutOfRangeError) as err:
+        return _usage(err.one_line())
+    with progress_bar(f"{command} {model.path.name}", quiet=args.quiet) as progress:
+        return patch_report(model, req, store=results_store(args), progress=progress)
+
+
+def cmd_patch(args: argparse.Namespace) -> int:
+    result = _run(args, "patch", site=args.site, method=args.method, verify=args.verify,
+                  heads=args.heads, by_position=args.by_position)
+    if isinstance(result, int):
+        return result
+    _emit(args, result)
+    return EXIT_OK
+
+
+def cmd_path_patch(args: argparse.Namespace) -> int:
+    result = _run(args, "path-patch", site=args.patch, edge=(args.sender, args.receiver))
+    if isinstance(result, int):
+        return result
+    _emit(args, result)
+    return EXIT_OK
+
+
+def _emit(args: argparse.Namespace, result: Any) -> None:
+    from headscope.engine.api.report import patch_dict
+
+    report = patch_dict(result)
+    if result.note:
+        args.warnings = [*getattr(args, "warnings", []), result.note]
+    emit(report, args.json, lambda: _table(result, getattr(args, "top", None)))
+
+
+def _recovered_key(row: Any) -> float:
+    return -row.recovered if row.recovered is not None else float("inf")
+
+
+def _table(result: Any, top: int | None) -> tuple[list[str], list[list[Any]]]:
+    """The clean and corrupt runs, then each row, most recovered first."""
+    attribution = result.method == "attribution"
+    what = {"path": "path", "attribution": "estimated"}.get(result.method, "patched")
+    columns = ["heads", f"{result.metric} ({what})", "recovered"]
+    if attribution:
+        columns += ["exact", "exact recovered"]
+    if any(r.positions is not None for r in result.rows):
+        columns += ["recovered by position"]
+    width = len(columns)
+    rows: list[list[Any]] = [
+        ["clean run", result.clean, 1.0 if result.recovered_defined else None],
+        ["corrupt run", result.corrupt, 0.0 if result.recovered_defined else None],
+    ]
+    rows = [row + [None] * (width - len(row)) for row in rows]
+    found = sorted(result.rows, key=_recovered_key)
+    for row in found[:top] if top is not None else found:
+        label = (f"{_head(row.heads[0])} → {_head(row.heads[1])} ({result.site})"
+                 if result.method == "path" else row.label)
+        line: list[Any] = [label, row.patched, row.recovered]
+        if attribution:
+            line += [row.exact, row.exact_recovered]
+        if row.positions_recovered is not None:
+            line += [" ".join("—" if v is None else f"{v:+.2f}" for v in row.positions_recovered)]
+        rows.append(line + [None] * (width - len(line)))
+    return columns, rows
+
+
+def _head(head: tuple[int, int]) -> str:
+    return f"L{head[0]}.H{head[1]}"
