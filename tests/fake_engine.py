@@ -447,6 +447,8 @@ class FakeEngine:
             if clean is not None and corrupt is not None and len(clean) != len(corrupt):
                 raise PromptError(self.path, f"the clean and corrupt inputs must have the same "
                                   f"length: clean has {len(clean)} tokens, corrupt {len(corrupt)}")
+            if clean is not None and (answer is None or wrong is None):
+                raise PromptError(self.path, "the logit difference needs --answer and --wrong tokens")
             for step in range(1, self.sweep_steps + 1):
                 if progress is not None:
                     t = threading.Thread(target=progress, args=(step / self.sweep_steps,))

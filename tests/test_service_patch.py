@@ -56,7 +56,8 @@ async def test_results_store_keyed_by_fingerprint_and_inputs(attn2):
         assert [r.recovered for r in again.rows] == [r.recovered for r in first.rows]
         # other inputs are another entry: computed, not the stored one
         ids = [int(i) for i in (await other.induction_prompts())[0]]
-        changed = await other.patch(clean=ids, corrupt=ids[:32] + ids[:32][::-1], site="v")
+        changed = await other.patch(clean=ids, corrupt=ids[:32] + ids[:32][::-1], site="v",
+                                    answer=ids[0], wrong=ids[1])
         assert other.stats().origin == "patching: computed now"
         assert changed.batch == 1 and changed.rows != again.rows
     finally:
@@ -90,8 +91,8 @@ async def test_path_patch_equals_forward_path_patch(attn2):
 
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"clean": "#1 #2", "corrupt": [1, 2, 3]}, "same length"),
-    ({"clean": [1, 2], "corrupt": [3, 4], "answer": "#5"}, "give both the answer and the wrong"),
-    ({"clean": [1, 2], "corrupt": [3, 4], "answer": "#5", "wrong": "#99999"}, "out of range"),
+    ({"clean": [1, 2], "corrupt": [3, 4], "answer": "#5"}, "needs --answer and --wrong"),
+    ({"clean": [1, 2], "corrupt": [3, 4], "answer": "#5", "wrong": "#99999"}, "99999"),
     ({"clean": [1, 2], "corrupt": [3, 4], "answer": 5, "wrong": "the cat"}, "2 tokens, not one"),
     ({"clean": [1, 2], "corrupt": [3, 4], "answer": 5, "wrong": "zyzzyva"}, "not in the vocabulary"),
     ({"clean": "", "corrupt": [3, 4]}, "the clean prompt is empty"),

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import os
 import threading
 from collections.abc import Callable, Hashable, Sequence
@@ -44,7 +45,6 @@ from headscope.engine.core.results import (
     Composition,
     HeadScores,
     PatchResult,
-    PatchRow,
     Profile,
     PromptView,
     ScoreNull,
@@ -61,7 +61,6 @@ from headscope.engine.service.scheduler import JobContext, Scheduler
 from headscope.engine.sweeps import compute
 
 if TYPE_CHECKING:
-    from headscope.engine.forward.patching import Metric
     from headscope.engine.model.loading import Model
     from headscope.engine.sweeps.diff import ModelDiff
     from headscope.engine.sweeps.store import ModelStore, ResultStore
@@ -69,7 +68,6 @@ if TYPE_CHECKING:
 __all__ = ["Engine", "default_workers"]
 
 MAX_PREFETCH_VIEWS = 3
-PATCH_SITES = ("out", "q", "k", "v", "pattern")  # forward.patching.SITES (no torch here)
 
 Progress = Callable[[float], None] | None
 
@@ -595,7 +593,9 @@ class Engine:
             from headscope.engine.forward.patching import induction_task
 
             cfg = self._model(raw).cfg
-            clean, corrupt = induction_task(cfg.d_vocab, cfg.n_ctx, SEED)
+            req = validation.patch_request(self.structure, where=self._where)  # the task's
+            clean, corrupt = induction_task(cfg.d_vocab, cfg.n_ctx, req.seed, req.seq_len,
+                                            req.batch)
             return tuple(int(i) for i in clean[0]), tuple(int(i) for i in corrupt[0])
 
         return await self._get((None, None, "induction_prompts", (SEED, raw)), run, head=None,
@@ -606,47 +606,24 @@ class Engine:
                     wrong: str | int | None = None, site: str = "out", method: str = "exact",
                     progress: Progress = None) -> PatchResult:
         """Activation (``method="exact"``) or attribution patching of every head at ``site``,
-        denoising (a cancellable sweep, ``forward.patching``).
+        denoising: ``compute.patch`` (what ``headscope patch`` runs) as a cancellable sweep.
 
         No prompts: the seeded induction task and its metric (the mean log-probability of the
-        repeated half). Prompts are text (the model's tokenizer) or token ids; with ``answer``
-        and ``wrong`` (ids, ``#id``, or a one-token string) the metric is their logit
-        difference at the last position. Results are kept in the results store under the
-        checkpoint's fingerprint and a digest of the resolved inputs."""
-        if site not in PATCH_SITES:
-            raise InvalidRequestError(self._where, f"site must be one of {', '.join(PATCH_SITES)}, "
-                                      f"not {site!r}")
-        if method not in ("exact", "attribution"):
-            raise InvalidRequestError(self._where, f"method must be exact or attribution, not {method!r}")
+        repeated half). Prompts are text (the model's tokenizer) or token ids, with the
+        ``answer`` and ``wrong`` tokens of the logit difference (ids, ``#id`` or a one-token
+        string). Results are kept in the results store under the checkpoint's fingerprint
+        and a hash of the resolved request (``compute.patch_part``)."""
+        validation.check_patchable(self.structure, self._where)
         raw = self._raw
         inputs = (_prompt_key(clean), _prompt_key(corrupt), answer, wrong)
 
         def run(ctx: JobContext) -> PatchResult:
             model = self._model(raw)
-            # attribution takes a backward pass: its inputs are made with autograd on too
-            with gradient_mode() if method == "attribution" else contextlib.nullcontext():
-                return run_patch(model, ctx)
-
-        def run_patch(model: Model, ctx: JobContext) -> PatchResult:
-            from headscope.engine.forward import patching
-
-            clean_t, corrupt_t, metric, digest = patch_inputs(model, clean, corrupt, answer, wrong)
-            name = f"patch-{method}-{site}-{digest}"
-
-            def sweep(entry: ModelStore | None) -> PatchResult:
-                cfg = model.cfg
-                stored = None if entry is None else entry.load(name, "all", None, np.float64)
-                if stored is not None and stored.shape == (5 + 3 * cfg.n_layers * cfg.n_heads,):
-                    return patch_from_array(stored, method, site, metric.name, cfg.n_layers, cfg.n_heads)
-                fn = patching.patch_heads if method == "exact" else patching.attribute_heads
-                found = fn(model.weights, clean_t, corrupt_t, metric, site=site,
-                           progress=ctx.progress, cancelled=ctx.cancelled)
-                if entry is not None and not found.note:  # a flagged result is recomputed
-                    entry.save(name, patch_array(found))
-                    entry.finish()
-                return found
-
-            result = self._stored(raw, "patching", sweep)
+            req = patch_request(model, clean, corrupt, answer, wrong, site=site, method=method)
+            # attribution takes a backward pass: the workers run under inference_mode
+            with gradient_mode() if req.method == "attribution" else contextlib.nullcontext():
+                result = self._stored(raw, "patching", lambda entry: compute.patch(
+                    model, req, ctx.progress, ctx.cancelled, entry))
             ctx.progress(1.0)
             return result
 
@@ -659,28 +636,32 @@ class Engine:
                          answer: str | int | None = None, wrong: str | int | None = None,
                          progress: Progress = None) -> PatchResult:
         """Path patching of each composition edge ``(sender, receiver)`` into the receiver's
-        ``receiver_input`` (q, k or v), on the same inputs and metric as ``patch``: one row
-        per edge (``forward.patching.path_patch``)."""
-        if receiver_input not in ("q", "k", "v"):
-            raise InvalidRequestError(self._where, f"the receiver input must be q, k or v, not "
-                                      f"{receiver_input!r}")
+        ``receiver_input`` (q, k or v), on the same inputs and metric as ``patch``: one
+        ``compute.patch`` request per edge (each kept in the results store), one row per edge
+        in the result."""
+        validation.check_patchable(self.structure, self._where)
         pairs = tuple((tuple(map(int, s)), tuple(map(int, r))) for s, r in edges)
-        for sender, receiver in pairs:
-            validation.check_head(self.structure, *sender, self._where)
-            validation.check_head(self.structure, *receiver, self._where)
         raw = self._raw
         inputs = (_prompt_key(clean), _prompt_key(corrupt), answer, wrong)
 
         def run(ctx: JobContext) -> PatchResult:
-            from headscope.engine.forward import patching
-
             model = self._model(raw)
-            clean_t, corrupt_t, metric, _ = patch_inputs(model, clean, corrupt, answer, wrong)
-            result = patching.path_patch(model.weights, clean_t, corrupt_t, metric, pairs,
-                                         receiver_input=receiver_input, progress=ctx.progress,
-                                         cancelled=ctx.cancelled)
+            found: list[PatchResult] = []
+            for i, edge in enumerate(pairs):
+                ctx.check()
+                req = patch_request(model, clean, corrupt, answer, wrong, site=receiver_input,
+                                    edge=edge)  # type: ignore[arg-type]
+
+                def part(fraction: float, i: int = i) -> None:
+                    ctx.progress((i + fraction) / len(pairs))
+
+                found.append(self._stored(raw, None, lambda entry, req=req, part=part:
+                                          compute.patch(model, req, part, ctx.cancelled, entry)))
             ctx.progress(1.0)
-            return result
+            if not found:
+                raise InvalidRequestError(self._where, "no edges to path-patch")
+            first = found[0]
+            return dataclasses.replace(first, rows=tuple(r for f in found for r in f.rows))
 
         return await self._get(
             (None, None, "path_patch", (pairs, receiver_input, *inputs, SEED, raw)), run,
@@ -798,7 +779,7 @@ def _partial_composition(model: Model, kind: str, deliver: Callable[[Composition
     return on_tile
 
 
-# -- patching's inputs and its stored form -----------------------------------------------------
+# -- patching's inputs ------------------------------------------------------------------------
 
 
 def _prompt_key(prompt: str | Sequence[int] | None) -> str | tuple[int, ...] | None:
@@ -807,14 +788,14 @@ def _prompt_key(prompt: str | Sequence[int] | None) -> str | tuple[int, ...] | N
 
 def patch_token(model: Model, what: str, token: str | int) -> int:
     """An answer or wrong token: an id (``12`` or ``#12``) or a string that is one token of the
-    model's vocabulary (or encodes to exactly one)."""
+    model's vocabulary (or encodes to exactly one). The rule of ``api.report.token_id`` (the
+    CLI's), which the service cannot import (a sibling layer); ``#12`` and a word-level
+    vocabulary's ``<unk>`` are the explorer's additions."""
     where = str(model.path)
     text = str(token).strip()
     digits = text[1:] if text.startswith("#") else text
     if isinstance(token, int) or (digits.isascii() and digits.isdigit()):
-        ident = int(token) if isinstance(token, int) else int(digits)
-        validation.check_token(model.structure(), ident, where)
-        return ident
+        return int(token) if isinstance(token, int) else int(digits)
     if not text:
         raise PromptError(where, f"the {what} token is empty")
     ident = model.tokenizer.token_to_id(str(token))
@@ -830,80 +811,22 @@ def patch_token(model: Model, what: str, token: str | int) -> int:
     return ids[0]
 
 
-def patch_inputs(model: Model, clean: str | Sequence[int] | None,
-                 corrupt: str | Sequence[int] | None, answer: str | int | None,
-                 wrong: str | int | None) -> tuple[Any, Any, Metric, str]:
-    """(clean tokens, corrupt tokens, metric, digest) of a patching request, checked by
-    ``forward.patching.check_inputs``; the digest names the request in the results store
-    (the token ids, the metric and its tokens; the checkpoint is the entry's fingerprint)."""
-    import hashlib
-
-    from headscope.engine.forward import patching
-
-    cfg = model.cfg
-    if clean is None and corrupt is None:
-        clean_ids, corrupt_ids = patching.induction_task(cfg.d_vocab, cfg.n_ctx, SEED)
-    else:
-        texts = []
-        for name, prompt in (("clean", clean), ("corrupt", corrupt)):
-            if prompt is None or (isinstance(prompt, str) and not prompt.strip()):
-                raise PromptError(str(model.path), f"the {name} prompt is empty")
-            texts.append(compute.encode(model.tokenizer, prompt) if isinstance(prompt, str)
-                         else [int(i) for i in prompt])
-        clean_ids, corrupt_ids = texts
-    clean_t, corrupt_t = patching.check_inputs(model.weights, clean_ids, corrupt_ids)
-    metric: Metric
-    if answer is None and wrong is None:
-        metric = patching.InductionLogProb(clean_t)
-        tail = b"induction"
-    elif answer is None or wrong is None:
-        raise PromptError(str(model.path), "give both the answer and the wrong token "
-                          "(their logit difference), or neither (the induction metric)")
-    else:
-        a, w = patch_token(model, "answer", answer), patch_token(model, "wrong", wrong)
-        metric = patching.LogitDiff(a, w)
-        tail = f"logit_diff {a} {w}".encode()
-    h = hashlib.blake2b(digest_size=12)
-    for t in (clean_t, corrupt_t):
-        h.update(repr(tuple(t.shape)).encode())
-        h.update(t.numpy().astype(np.int64).tobytes())
-    h.update(tail)
-    return clean_t, corrupt_t, metric, h.hexdigest()
-
-
-def _value(x: float | None) -> float:
-    return float("nan") if x is None else float(x)
-
-
-def _maybe(x: float) -> float | None:
-    return float(x) if np.isfinite(x) else None
-
-
-def patch_array(result: PatchResult) -> np.ndarray:
-    """A whole-model ``PatchResult`` as one float64 vector for the results store:
-    ``clean, corrupt, tokens, batch, noising`` then each head's (patched, recovered,
-    estimate), layer by layer (None: NaN)."""
-    n = result.n_layers * result.n_heads
-    out = np.full(5 + 3 * n, np.nan)
-    out[:5] = (result.clean, result.corrupt, result.tokens, result.batch, float(result.noising))
-    for row in result.rows:
-        if len(row.heads) == 1:
-            i = 5 + 3 * (row.layer * result.n_heads + row.head)
-            out[i:i + 3] = (_value(row.patched), _value(row.recovered), _value(row.estimate))
-    return out
-
-
-def patch_from_array(stored: np.ndarray, method: str, site: str, metric: str, n_layers: int,
-                     n_heads: int) -> PatchResult:
-    """The ``PatchResult`` that ``patch_array`` stored."""
-    rows = []
-    for layer in range(n_layers):
-        for head in range(n_heads):
-            i = 5 + 3 * (layer * n_heads + head)
-            patched, rec, estimate = stored[i:i + 3]
-            rows.append(PatchRow(((layer, head),), _maybe(patched), _maybe(rec),
-                                 estimate=_maybe(estimate)))
-    return PatchResult(method=method, site=site, metric=metric,  # type: ignore[arg-type]
-                       noising=bool(stored[4]), clean=float(stored[0]),
-                       corrupt=float(stored[1]), rows=tuple(rows), n_layers=n_layers,
-                       n_heads=n_heads, tokens=int(stored[2]), batch=int(stored[3]))
+def patch_request(model: Model, clean: str | Sequence[int] | None,
+                  corrupt: str | Sequence[int] | None, answer: str | int | None,
+                  wrong: str | int | None, **options: Any) -> validation.PatchRequest:
+    """The explorer's inputs (text or ids, tokens as ids or strings) resolved against the
+    model's tokenizer and validated by ``validation.patch_request`` (the CLI's checks)."""
+    where = str(model.path)
+    prompts = []
+    for name, prompt in (("clean", clean), ("corrupt", corrupt)):
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise PromptError(where, f"the {name} prompt is empty")
+            prompts.append([compute.encode(model.tokenizer, prompt)])
+        else:
+            prompts.append(None if prompt is None else [[int(i) for i in prompt]])
+    return validation.patch_request(
+        model.structure(), clean=prompts[0], corrupt=prompts[1],
+        answer=None if answer is None else patch_token(model, "answer", answer),
+        wrong=None if wrong is None else patch_token(model, "wrong", wrong), where=where,
+        **options)

@@ -7,7 +7,7 @@ Inputs: the clean and corrupt prompts start as the seeded induction task
 and wrong token, the request is the task itself (its batch of sequences and its metric, the
 numbers ``headscope patch`` prints). Edited, they are the user's prompts: words for the
 model's tokenizer or ``#id`` tokens, and the metric is the logit difference answer − wrong
-when both are given (the induction metric on the clean prompt otherwise).
+(both tokens are then needed, as ``headscope patch --clean … --answer … --wrong …``).
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ class PatchSession:
         i = self.inputs
         if i.answer and i.wrong:
             return f"logit[{i.answer}] − logit[{i.wrong}] at the last position"
-        return "your prompts: mean log p of the clean prompt's second half"
+        return "your prompts: give an answer and a wrong token (their logit difference)"
 
     # -- the result -----------------------------------------------------------------------
     def set_result(self, result: PatchResult, key: tuple[Any, ...]) -> None:
