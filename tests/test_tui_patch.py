@@ -135,13 +135,11 @@ async def test_an_engine_error_is_one_line_in_the_tab() -> None:
 
 
 async def test_progress_and_x_stops_the_run() -> None:
-    engine = FakeEngine(delay=30.0, sweep_steps=1000)
+    engine = FakeEngine(sweep_steps=1000)
     app, _ = make_app(engine, sweep=False)
     async with app.run_test(size=(120, 40)) as pilot:
-        await pilot.pause(0.2)
-        engine.delay = 0.0
         await settle(pilot, app)
-        engine.delay = 30.0
+        engine.delay = 30.0  # spread over the patch run's 1000 progress steps
         await pilot.press("9")
         pane = app.query_one(PatchPane)
         await wait_until(pilot, lambda: engine.calls["patch"] == 1, "the run")
