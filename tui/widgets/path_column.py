@@ -17,7 +17,7 @@ from rich.text import Text
 
 from headscope.engine.core.errors import CancelledError as EngineCancelled
 from headscope.engine.core.errors import HeadscopeError
-from headscope.tui.session.patch import NEAR_ZERO, path_edges, path_effects, unused
+from headscope.tui.session.patch import path_edges, path_effects, unused
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -62,10 +62,10 @@ class PathEffects:
                 else f"path patching: {self.paths_state}"
         value = self.paths[pair]
         if value is None:
-            return "path effect on the current task: undefined"
-        line = f"path effect on the current task: recovered {value:+.3f}"
-        if unused(strong, value):
-            line += f" · {UNUSED} (strong weights, |path effect| < {NEAR_ZERO})"
+            return "path patching on the task: recovered undefined"
+        line = f"path patching on the task: recovered {value:+.3f}"
+        if unused(strong, value):  # strong weights, |path effect| < NEAR_ZERO
+            line += f" · {UNUSED}"
         return line
 
     def _is_top(self, pair: tuple[Head, Head]) -> bool:
