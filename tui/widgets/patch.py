@@ -55,7 +55,7 @@ class PatchPane(Vertical):
     PatchPane #patch-answer, PatchPane #patch-wrong { width: 1fr; min-width: 6; }
     PatchPane #patch-site { width: 13; margin-left: 1; }
     PatchPane #patch-method { width: 17; margin-left: 1; }
-    PatchPane #patch-status { height: auto; max-height: 3; }
+    PatchPane #patch-status { height: auto; max-height: 4; }
     PatchPane #patch-body { height: 1fr; }
     PatchPane #patch-map { width: 1fr; height: 1fr; }
     PatchPane #patch-table { width: 30; height: 1fr; }
@@ -111,13 +111,13 @@ class PatchPane(Vertical):
         self._set_status(HINT)
 
     # -- the form -------------------------------------------------------------------------
-    def fill(self) -> None:
-        """The boxes show the session's inputs."""
+    def fill(self, *, only_empty: bool = False) -> None:
+        """The boxes show the session's inputs (``only_empty``: not over what was typed)."""
         inputs = self.session.inputs
         for box in BOXES:
             widget = self.query_one(f"#patch-{box}", Input)
             value = getattr(inputs, box)
-            if widget.value != value:
+            if widget.value != value and not (only_empty and widget.value):
                 widget.value = value
                 widget.cursor_position = 0
         for name in ("site", "method"):
@@ -192,7 +192,7 @@ class PatchPane(Vertical):
         if not session.has_task:
             clean, corrupt = await engine.induction_prompts()
             session.set_task(clean, corrupt)
-            self.fill()
+            self.fill(only_empty=True)  # the user may have typed while the model opened
         request = session.request()
         inputs = session.inputs
         if session.result is None:
@@ -212,7 +212,7 @@ class PatchPane(Vertical):
             self._set_status("stopped: enter in a box (or 9) runs it again")
             raise
         except HeadscopeError as err:
-            self._set_status(f"cannot patch: {err}")
+            self._set_status(f"cannot patch: {err.reason}")  # the path is in the title bar
             raise
         finally:
             session.progress = None
