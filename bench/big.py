@@ -20,6 +20,13 @@ peak RSS and import costs are per scenario:
 
 Ratios are headscope / floor (≤ 1.5 is the goal for ``heads``). ``--tiny`` runs the same on
 the toy ``tiny-llama-mha`` shape (what the smoke test does).
+
+``--gguf``: the same shape also as llama.cpp GGUF files in Q8_0 and Q4_K (``Q4_K_M``-like:
+the output matrix in Q6_K), random valid blocks and a 32k-piece SentencePiece vocabulary
+(``bench/gguf_checkpoints.py``), written once into ``DIR`` next to the bf16 checkpoint;
+``info``, ``first_view`` and ``heads`` run on each file (``heads-q8_0``, ...) against the
+``floor`` of the bf16 checkpoint, in the same run. With ``--tiny``: the ``tiny-llama-256``
+shape (K-quant rows need 256 values).
 """
 
 from __future__ import annotations
@@ -41,6 +48,8 @@ from . import publish, ratio  # noqa: E402
 
 SCENARIOS = ("info", "first_view", "floor", "heads")
 KINDS = ("q", "k", "v")
+GGUF_TYPES = ("Q8_0", "Q4_K")
+GGUF_SCENARIOS = ("info", "first_view", "heads")  # each as f"{name}-{type.lower()}"
 
 
 def rss_mb() -> float:
@@ -269,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--one", nargs=2, metavar=("SCENARIO", "PATH"), help=argparse.SUPPRESS)
     ap.add_argument("--dir", type=Path, help="where the checkpoint is written (reused if present)")
     ap.add_argument("--tiny", action="store_true", help="the toy shape (smoke test)")
+    ap.add_argument("--shape", help="another shape of bench/checkpoints.py (e.g. llama-1b-gqa)")
     ap.add_argument("--composition", action="store_true",
                     help="also all Q/K/V composition scores against their GEMM floors (long)")
     ap.add_argument("--only", help="comma-separated scenarios (default: all)")
@@ -276,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="composition on the first N layers only (N(N-1)/2 layer pairs; default all)")
     ap.add_argument("--out", type=Path, help="also write the markdown table to this file")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per scenario")
+    ap.add_argument("--gguf", action="store_true",
+                    help="the same shape as Q8_0 and Q4_K GGUF files against the bf16 floor")
     args = ap.parse_args(argv)
     if args.one:
         print(json.dumps(one(args.one[0], Path(args.one[1]))))
@@ -283,7 +295,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from .checkpoints import SHAPES, write_checkpoint
 
-    shape = "tiny-llama-mha" if args.tiny else "llama-7b"
+    if args.gguf:
+        return main_gguf(args)
+    shape = args.shape or ("tiny-llama-mha" if args.tiny else "llama-7b")
     root = args.dir or Path(tempfile.mkdtemp(prefix="headscope-bench-"))
     t = time.perf_counter()
     path = write_checkpoint(SHAPES[shape], root)  # shape is renamed below for the table
@@ -304,6 +318,56 @@ def main(argv: list[str] | None = None) -> int:
         print(f"#   {name:22s} {json.dumps(res[name])}", file=sys.stderr)
     text = f"Run {time.strftime('%Y-%m-%d %H:%M %Z')}.\n\n{report(shape, res)}\n"
     return publish(text, args.out)
+
+
+def main_gguf(args: argparse.Namespace) -> int:
+    """``--gguf``: the bf16 floor, then info / first view / heads on each GGUF file."""
+    from .checkpoints import SHAPES, write_checkpoint
+    from .gguf_checkpoints import write_gguf_checkpoint
+
+    shape = SHAPES[args.shape or ("tiny-llama-256" if args.tiny else "llama-7b")]
+    root = args.dir or Path(tempfile.mkdtemp(prefix="headscope-bench-"))
+    t = time.perf_counter()
+    path = write_checkpoint(shape, root)
+    files = {q: write_gguf_checkpoint(shape, root, q) for q in GGUF_TYPES}
+    print(f"# {shape.name}: bf16 and GGUF checkpoints ready in {since(t):.1f} s in {root}", file=sys.stderr)
+    names = ["floor", *(f"{n}-{q.lower()}" for q in GGUF_TYPES for n in GGUF_SCENARIOS)]
+    if args.only:
+        names = [n for n in args.only.split(",") if n]
+    res = {}
+    for name in names:
+        base, _, kind = name.rpartition("-")
+        target = files.get(kind.upper()) if base in GGUF_SCENARIOS else None
+        res[name] = scenario(base, target, args.timeout) if target else scenario(name, path, args.timeout)
+        print(f"#   {name:22s} {json.dumps(res[name])}", file=sys.stderr)
+    sizes = {q: p.stat().st_size for q, p in files.items()}
+    text = f"Run {time.strftime('%Y-%m-%d %H:%M %Z')}.\n\n{report_gguf(shape.name, res, sizes)}\n"
+    return publish(text, args.out)
+
+
+def report_gguf(shape: str, res: dict[str, dict[str, Any]], sizes: dict[str, int]) -> str:
+    floor = res.get("floor", {})
+    floor_s = floor.get("seconds")
+    rows = [
+        ("bf16 dense floor, whole process (s)", floor_s if floor_s is not None else floor.get("error"), ""),
+        ("… of which spectral products (s)", floor.get("spectral"), ""),
+        ("… of which the 64-token forward pass (s)", floor.get("forward"), ""),
+    ]
+    for q in GGUF_TYPES:
+        k = q.lower()
+        heads, view, info = res.get(f"heads-{k}", {}), res.get(f"first_view-{k}", {}), res.get(f"info-{k}", {})
+        rows += [
+            (f"{q}: file size (GB)", sizes[q] / 1e9 if q in sizes else None, ""),
+            (f"{q}: `heads --json`, whole process (s)", heads.get("seconds", heads.get("error")), "≤ 1.5× floor"),
+            (f"{q}: `heads` / bf16 floor", ratio(heads.get("seconds"), floor_s), "≤ 1.5×"),
+            (f"{q}: `heads` peak RSS (MB)", heads.get("rss_mb"), "≤ 3000"),
+            (f"{q}: open until ready (s)", view.get("open", view.get("error")), ""),
+            (f"{q}: first head QK 64×64 after open (s)", view.get("first_view"), "< 1"),
+            (f"{q}: `info --json`, whole process (s)", info.get("seconds", info.get("error")), "< 0.5"),
+        ]
+    lines = [f"### {shape}: GGUF against the bf16 dense floor", "", "| metric | value | goal |", "|---|---|---|"]
+    lines += [f"| {label} | {_fmt(v)} | {goal} |" for label, v, goal in rows]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

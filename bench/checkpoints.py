@@ -49,6 +49,8 @@ SHAPES = {
     "tiny-neox": Shape("tiny-neox", "neox", 2, 4, 64, 500, 64, 256, dtype="float16"),
     "tiny-llama": Shape("tiny-llama", "llama", 2, 4, 64, 500, 64, 176, n_kv_heads=2, dtype="bfloat16"),
     "tiny-llama-mha": Shape("tiny-llama-mha", "llama", 3, 4, 64, 500, 128, 176, dtype="bfloat16"),
+    # rows of 256: the smallest shape K-quant GGUF files can have (`bench.big --gguf --tiny`)
+    "tiny-llama-256": Shape("tiny-llama-256", "llama", 2, 4, 256, 500, 128, 512, dtype="bfloat16"),
 }
 
 

@@ -67,6 +67,7 @@ class FakeEngine:
         self.gate: asyncio.Event | None = None  # when set to an Event, ready() waits on it
         self.focused: tuple[int, int] | None = None
         self.closed = False
+        self.stored_ablation = False  # stored_ablation_effects: None until set
         self._hits = self._misses = 0
         self._in_flight = 0
         self._activity: str | None = None
@@ -417,6 +418,12 @@ class FakeEngine:
         finally:
             self._activity = None
         return readonly(self._behaviour[2], np.float32)  # the same values ``ablation`` gives
+
+    async def stored_ablation_effects(self) -> np.ndarray | None:
+        """What a results store would hold: the sweep's values once ``stored_ablation`` is
+        set (an earlier run's `a`, or the CLI's ``heads --ablation``), else None."""
+        await self._enter("stored_ablation_effects")
+        return readonly(self._behaviour[2], np.float32) if self.stored_ablation else None
 
     # -- patching (planted: the induction head L1.H2 recovers most) ------------------------
     async def induction_prompts(self) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -63,7 +64,7 @@ def test_heads_sort_and_unknown_key(capsys, gpt2_dir) -> None:
     values = [r["prev_token_score"] for r in rows]
     assert values == sorted(values, reverse=True)
     code, _, err = run_cli(capsys, "heads", str(path), "--sort", "nonsense")
-    assert code == 1 and "unknown sort key" in err and err.count("\n") == 1
+    assert code == 2 and "unknown sort key" in err and err.count("\n") == 1
 
 
 def test_heads_ablation_column_equals_single_head_forward_passes(capsys, gpt2_dir) -> None:
@@ -149,6 +150,15 @@ def test_position_basis(capsys, gpt2_dir) -> None:
         (["circuit", "{path}", "0", "0", "--kind", "ov", "--basis", "position"], "position basis"),
         (["forward", "{path}", "--tokens", "1,100000"], "out of range"),
         (["forward", "{path}", "--prompt", "   "], "empty prompt"),
+        # ranges are checked as ids are, never cut to the vocabulary (nor emptied by it)
+        (["circuit", "sample_models/attn-only-2l", "1", "2", "--kind", "ov", "--rows", "5000:6000"],
+         "token range 5000:6000 out of range 0..413"),
+        (["circuit", "sample_models/attn-only-2l", "1", "2", "--kind", "ov", "--rows", "0:99999"],
+         "token range 0:99999 out of range 0..413"),
+        (["circuit", "sample_models/attn-only-2l", "1", "2", "--kind", "ov", "--cols", "3,99999"],
+         "token 99999 out of range 0..413"),
+        (["circuit", "sample_models/attn-only-2l", "1", "2", "--kind", "qk", "--basis", "position",
+          "--rows", "0:9999"], "position range 0:9999 out of range"),
     ],
 )
 def test_errors_are_one_line_with_exit_code_1(capsys, gpt2_dir, argv, fragment) -> None:
@@ -156,6 +166,12 @@ def test_errors_are_one_line_with_exit_code_1(capsys, gpt2_dir, argv, fragment) 
     code, out, err = run_cli(capsys, *(a.format(path=path) for a in argv))
     assert code == 1 and out == ""
     assert fragment in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_range_up_to_the_vocabulary_is_whole(capsys) -> None:
+    report = run_json(capsys, "circuit", "sample_models/attn-only-2l", "1", "2", "--kind", "ov",
+                      "--rows", "410:414", "--cols", "0:2")
+    assert report["rows"] == [410, 411, 412, 413]
 
 
 def test_pickle_checkpoint_is_refused(capsys, tmp_path) -> None:
@@ -183,6 +199,34 @@ def test_help_and_version() -> None:
     version = subprocess.run([sys.executable, "-m", "headscope.tui.cli.main", "--version"], capture_output=True,
                              text=True, cwd=REPO, check=True).stdout
     assert version.startswith("headscope ")
+
+
+def readme_families() -> list[str]:
+    """The family column of README.md's "Supported checkpoints" table."""
+    text = (REPO / "README.md").read_text().split("## Supported checkpoints", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in text.splitlines() if line.startswith("| ")]
+    return [row.split("|")[1].strip() for row in rows[1:] if not set(row) <= set("|- ")]
+
+
+def test_help_lists_the_families_of_the_readme_table(capsys) -> None:
+    """`--help` used to say "safetensors checkpoints only: native, GPT-2, GPT-NeoX/Pythia,
+    Llama/Mistral/Qwen2, BERT". It reads the engine's family table, and the README's table
+    has exactly those rows, so neither can fall behind the adapters."""
+    from headscope.engine.api.model import supported_checkpoints
+    from headscope.engine.model.adapters import registry
+
+    supported = supported_checkpoints()
+    assert readme_families() == supported["families"]
+    covered = [arch for _, archs in registry.FAMILY_TABLE for arch in archs]
+    assert sorted(covered) == supported["architectures"]  # each adapter's, in one row each
+    readme = (REPO / "README.md").read_text()
+    gguf_line = readme.split("**GGUF**", 1)[1].split("architectures.", 1)[0]
+    assert sorted(re.findall(r"`([a-z0-9]+)`", gguf_line)) == supported["gguf"]
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    for name in [*supported["families"], *supported["gguf"]]:
+        assert name in shown
 
 
 def test_tables_are_tsv_when_piped(gpt2_dir) -> None:

@@ -153,7 +153,7 @@ def test_circuit_block_over_the_limit_is_refused_in_one_line(
     # lower it so the same request is an over-limit one.
     monkeypatch.setattr(requests_module, "MAX_RESULT_BYTES", 4000)  # 1000 float32 cells
     code, out, err = run(
-        capsys, "circuit", path, "0", "0", "--kind", "qk", "--rows", "0:100000", "--cols", "0:100000"
+        capsys, "circuit", path, "0", "0", "--kind", "qk", "--rows", f"0:{VOCAB}", "--cols", f"0:{VOCAB}"
     )
     assert (code, out) == (1, "")
     assert_one_line_refusal(

@@ -111,6 +111,14 @@ BAD_ARGUMENTS = {
     "tokens_arabic_digit": (["forward", MODEL, "--tokens", "٣"], "--tokens", "not a token id"),
     "tokens_none": (["forward", MODEL, "--tokens", ", ,"], "--tokens", "no token ids"),
     "out_dev_null": (["export", MODEL, "--what", "heads", "--out", "/dev/null"], "--out", "character device"),
+    "sort_typo": (["heads", MODEL, "--sort", "inducton_score"], "--sort", "did you mean induction_score?"),
+    "sort_typo_weights": (["heads", MODEL, "--no-behaviour", "--sort", "copyng_score"], "--sort",
+                          "did you mean copying_score?"),
+    "sort_unknown": (["heads", MODEL, "--sort", "nonsense"], "--sort", "unknown sort key 'nonsense'"),
+    "export_composition_no_kind": (["export", MODEL, "--what", "composition"], "--kind",
+                                   "--what composition needs --kind q|k|v"),
+    "export_circuit_no_head": (["export", MODEL, "--what", "circuit", "--kind", "ov", "--layer", "1"],
+                               "--head", "--what circuit needs --head"),
 }
 
 
@@ -191,9 +199,20 @@ def test_export_out_unwritable_is_refused_before_the_sweep(
         monkeypatch.setattr(os, "access", lambda p, mode, **kw: Path(p) != locked and real(p, mode, **kw))
     else:
         locked.chmod(0o500)
-    code, _, err = run(capsys, "export", MODEL, "--what", "heads", "--out", str(locked / "new"))
+    code, _, err = run(capsys, "export", MODEL, "--what", "heads", "--out", str(locked))
     assert code == 2 and "permission denied" in usage_error(err)
-    assert not (locked / "new").exists()
+    assert list(locked.iterdir()) == []
+
+
+@pytest.mark.parametrize("out", ["missing", "missing/deeper"])
+def test_export_out_that_does_not_exist_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], no_sweeps: None, out: str
+) -> None:
+    """README: --out names an existing directory; a typo in it is not a new directory."""
+    code, stdout, err = run(capsys, "export", MODEL, "--what", "heads", "--out", str(tmp_path / out))
+    assert code == 2 and not stdout
+    assert "no such directory" in usage_error(err)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_disk_full_during_the_write_is_one_line_and_leaves_nothing(
@@ -204,6 +223,7 @@ def test_disk_full_during_the_write_is_one_line_and_leaves_nothing(
 
     monkeypatch.setattr(export_module.os, "fsync", no_space)
     out = tmp_path / "out"
+    out.mkdir()
     # --no-cache: the full disk would also (rightly) cost the results store one warning line.
     code, stdout, err = run(capsys, "export", MODEL, "--what", "composition", "--kind", "k",
                             "--out", str(out), "--no-cache")
@@ -295,3 +315,23 @@ def test_control_characters_in_a_path_do_not_reach_stderr(
     assert code == 1
     assert "\x1b" not in err and "\x07" not in err
     assert "evil\\x1b]8;;https:x\\x07dir" in err
+
+
+def test_escape_codes_in_a_path_do_not_reach_stderr_through_warnings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """forward's "prompt truncated" and "unknown tokens" lines and timeline's "identical
+    weights" warning went out raw (issue #29): every message goes through one escaping."""
+    evil = "evil\x1b]0;pwned\x07\x1b[31m"
+    model = tmp_path / f"{evil}model"
+    shutil.copytree(MODEL, model)
+    long_prompt = "qqqzzz " + " ".join(["the"] * 80)  # n_ctx is 64; one unknown word
+    code, _, err = run(capsys, "forward", str(model), "--prompt", long_prompt)
+    assert code == 0 and "truncated" in err and "unknown" in err
+    assert "\x1b" not in err and "\x07" not in err
+    steps = tmp_path / f"{evil}steps"
+    for name in ("step-000000", "step-000100"):  # the same weights twice
+        shutil.copytree("sample_models/attn-only-2l-training/step-000000", steps / name)
+    code, _, err = run(capsys, "timeline", str(steps), "--json", "--no-cache")
+    assert code == 0 and "identical weights" in err
+    assert "\x1b" not in err and "\x07" not in err

@@ -95,3 +95,26 @@ def test_readme_synopsis_has_every_export_and_open_option() -> None:
             for flag in action.option_strings:
                 if flag.startswith("--") and flag != "--help":
                     assert flag in readme, f"README lacks {command} {flag}"
+
+
+@pytest.mark.parametrize("width", [120, 80])
+def test_headers_wrap_between_words_never_inside_one(
+    monkeypatch: pytest.MonkeyPatch, capsys: Any, width: int
+) -> None:
+    """At 120 columns Rich folded `copying_score` into `copying_sc`/`ore`. Headers wrap
+    after a `_` and their long words are shortened (ABBREVIATIONS); numbers stay whole."""
+    from headscope.engine.core.validation import ABLATION_EFFECT, SCORE_NAMES
+    from headscope.tui.cli.table import ABBREVIATIONS
+
+    out = run_in_terminal(monkeypatch, capsys, width, "heads", MODEL, "--ablation")
+    assert_whole_numbers(out, width)
+    lines = out.splitlines()
+    rule = next(i for i, line in enumerate(lines) if "───" in line)
+    words = {w for name in ["layer", "head", "nonfinite", *SCORE_NAMES, ABLATION_EFFECT]
+             for w in name.split("_")} | set(ABBREVIATIONS.values())
+    header_tokens = [t for line in lines[:rule] for t in line.split()]
+    assert header_tokens and all(t.rstrip("_") in words for t in header_tokens), header_tokens
+    rows = [line for line in lines[rule + 1:] if NUMBER.search(line)]
+    assert len(rows) == 6 and all(len(NUMBER.findall(r)) >= 5 for r in rows)
+    if width == 120:  # every column fits once the headers wrap
+        assert "left out" not in out and "nonfinite" in out

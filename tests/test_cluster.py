@@ -422,3 +422,136 @@ def test_a_scheduler_that_goes_away_is_one_line_with_the_parts_kept(tmp_path: Pa
     finally:
         _stop(worker)
         _stop(sched)
+
+
+# -- addresses and ports that are not a scheduler; --workers bounds (issue #29) ---------------
+
+
+@contextlib.contextmanager
+def _server(banner: bytes | None) -> Iterator[str]:
+    """A TCP service on 127.0.0.1 that is not Dask: silent until spoken to (as an HTTP
+    server), or sending ``banner`` at once (as SSH)."""
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = listener.accept()
+                held.append(conn)
+                if banner is not None:
+                    conn.sendall(banner)
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield f"tcp://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        listener.close()
+        for conn in held:
+            conn.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("banner", [None, b"SSH-2.0-OpenSSH_9.2\r\n"])
+def test_a_port_with_another_service_is_not_a_scheduler_in_bounded_time(banner) -> None:
+    """An HTTP server on the port: the client waited for a handshake for 8 minutes."""
+    with _server(banner) as address, \
+            mock.patch("headscope.engine.sweeps.cluster.HANDSHAKE_TIMEOUT", 1.0), \
+            mock.patch("headscope.engine.sweeps.cluster.CONNECT_TIMEOUT", "2s"), \
+            pytest.raises(ClusterError) as err:
+        connect(address)
+    line = str(err.value)
+    assert f"{address} is not a Dask scheduler" in line and "\n" not in line
+
+
+def test_the_http_port_of_a_real_http_server_is_refused_from_the_cli(tmp_path: Path) -> None:
+    """As a user meets it: `heads --scheduler` at `python -m http.server`, one line, exit 1."""
+    port = _free_port()
+    http = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + WAIT
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+                break
+            time.sleep(0.1)
+        done = subprocess.run(
+            [sys.executable, "-m", "headscope.tui.cli.main", "heads", "sample_models/attn-only-1l",
+             "--no-cache", "--scheduler", f"tcp://127.0.0.1:{port}"],
+            capture_output=True, text=True, timeout=60,
+            env={**os.environ, "HEADSCOPE_CONFIG": str(tmp_path / "none.toml")})
+    finally:
+        _stop(http)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert "is not a Dask scheduler" in done.stderr
+
+
+@pytest.mark.parametrize("address", ["garbage", "tcp://", "tcp://[::1", "tcp://host:99999",
+                                     "http://127.0.0.1:8786"])
+def test_a_malformed_address_is_refused_before_any_client_is_built(address: str) -> None:
+    import distributed
+
+    with mock.patch.object(distributed, "Client", side_effect=AssertionError("built")), \
+            pytest.raises(ClusterError, match="is not a Dask scheduler address"):
+        connect(address)
+
+
+def test_a_malformed_address_leaves_nothing_to_stall_at_exit(tmp_path: Path) -> None:
+    """The one line came, then a 20 s stall and Client.__del__'s TimeoutError traceback."""
+    done = subprocess.run(
+        [sys.executable, "-m", "headscope.tui.cli.main", "heads", "sample_models/attn-only-1l",
+         "--no-cache", "--scheduler", "tcp://[::1"],
+        capture_output=True, text=True, timeout=15,
+        env={**os.environ, "HEADSCOPE_CONFIG": str(tmp_path / "none.toml")})
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_workers_below_one_is_a_usage_error(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from headscope.tui.cli.main import main
+
+    for argv in (["heads", "sample_models/attn-only-1l", f"--workers={value}"],
+                 ["timeline", "sample_models/attn-only-2l-training", f"--workers={value}"]):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 2
+        assert "--workers" in capsys.readouterr().err
+
+
+def test_workers_are_bounded_by_cores_and_memory_and_the_nannies_are_quiet(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """--workers 64 on a 0.7 MB model: 66 processes, 4 GB, unfinished after 150 s."""
+    import logging
+
+    import distributed
+
+    from headscope.engine.sweeps import cluster as cluster_module
+
+    started: list[dict[str, object]] = []
+
+    class FakeLocal:
+        scheduler_address = "tcp://127.0.0.1:1"
+
+        def __init__(self, **kwargs: object) -> None:
+            started.append(kwargs)
+
+    monkeypatch.setattr(distributed, "LocalCluster", FakeLocal)
+    monkeypatch.setattr(distributed, "Client", lambda *a, **k: mock.Mock())
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(cluster_module, "available_memory", lambda: 64 << 30)
+    said: list[str] = []
+    cluster_module.local_cluster(64, model_bytes=700_000, warn=said.append)
+    assert started[-1]["n_workers"] == 2 and said == ["--workers 64: starting 2 (2 CPU cores available)"]
+    assert started[-1]["silence_logs"] == logging.ERROR
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setattr(cluster_module, "available_memory", lambda: 3 << 30)
+    cluster_module.local_cluster(16, model_bytes=724 << 20, warn=said.append)  # 1 GiB a worker
+    assert started[-1]["n_workers"] == 3 and "3.0 GB of memory available" in said[-1]
+    cluster_module.local_cluster(2, warn=said.append)  # within the bounds: as asked, silently
+    assert started[-1]["n_workers"] == 2 and len(said) == 2

@@ -18,6 +18,7 @@ from tests import weight_algebra as algebra
 
 def export(tmp_path: Path, path: Path, *argv: str) -> Path:
     out = tmp_path / "out"
+    out.mkdir(parents=True)
     assert main(["export", str(path), "--out", str(out), *argv]) == 0
     (written,) = list(out.iterdir())
     return written
@@ -43,9 +44,10 @@ def test_heads_csv_with_the_ablation_column(tmp_path, gpt2_dir) -> None:
     for r in rows:
         expected = float(effects[int(r["layer"]), int(r["head"])])
         assert float(r["ablation_effect"]) == pytest.approx(expected, abs=1e-5)
+    (tmp_path / "x").mkdir()
     assert main(["export", str(path), "--what", "composition", "--kind", "k", "--ablation",
                  "--out", str(tmp_path / "x")]) == 1
-    assert not (tmp_path / "x").exists()
+    assert list((tmp_path / "x").iterdir()) == []
 
 
 def test_composition_json_and_csv_agree(tmp_path, gpt2_dir) -> None:

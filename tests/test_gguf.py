@@ -687,3 +687,33 @@ def test_missing_gguf_package_is_a_typed_error(llama_pair, tmp_path: Path, monke
     monkeypatch.setitem(sys.modules, "gguf.constants", None)  # import fails as if not installed
     with pytest.raises(UnsupportedFormatError, match="pip install gguf"):
         read_structure(path)
+
+
+# --- metadata llama.cpp reads its own way (issue #29) -----------------------------------------
+
+
+def test_phi4_style_sliding_window_zero_means_no_window(tmp_path: Path) -> None:
+    """convert_hf_to_gguf writes phi3.attention.sliding_window = 0 for Phi-4 (no window);
+    llama.cpp reads 0 as no sliding window. The file is the windowless original."""
+    ref, model = build_phi3(tmp_path / "hf", partial_rotary_factor=0.5)
+
+    def zero_window(w: Any) -> None:
+        w.add_sliding_window(0)
+
+    path = write_gguf(model, tmp_path / "phi4.gguf", metadata=zero_window)
+    m = open_model(path, raw=True)
+    assert m.cfg.extra.get("sliding_window") is None
+    _assert_same_model(ref, path, tol=1e-6)
+
+
+def test_odd_rope_dimension_count_with_rope_freqs_names_the_mismatch(
+    llama_pair, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gguf
+
+    real = gguf.GGUFWriter.add_rope_dimension_count
+    monkeypatch.setattr(gguf.GGUFWriter, "add_rope_dimension_count", lambda w, n: real(w, 7))
+    path = write_gguf(llama_pair[1], tmp_path / "odd.gguf",
+                      extra_tensors={"rope_freqs.weight": np.ones(3, dtype=np.float32)})
+    with pytest.raises(ConfigError, match=r"RoPE dimension count 7 is odd.*'rope_freqs\.weight'"):
+        read_structure(path)

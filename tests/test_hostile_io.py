@@ -12,11 +12,13 @@ test touching one has a timeout.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import pathlib
 import shutil
 import struct
+import sys
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -568,3 +570,67 @@ def test_tokenizer_files_leading_outside_are_not_read(
     m = open_model(d)
     assert isinstance(m.tokenizer, IdTokenizer)
     assert "symlink leading outside the model directory" in m.warnings[0]
+
+
+def test_a_panicking_tokenizer_regex_prints_no_rust_panic_text(
+    tmp_path: Path, gpt2_dir: tuple[Path, Any], capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A split regex that backtracks past Oniguruma's retry limit panics in Rust; its panic
+    hook writes ``thread '…' panicked at …`` straight to fd 2, past Python's sys.stderr (and
+    onto the explorer's screen). Only headscope's one line may reach the terminal."""
+    d = copy_of(gpt2_dir[0], tmp_path / "m")
+    doc = json.loads((d / "tokenizer.json").read_text())
+    doc["pre_tokenizer"] = {"type": "Split", "pattern": {"Regex": "(a*)*b"},
+                            "behavior": "Isolated", "invert": False}
+    (d / "tokenizer.json").write_text(json.dumps(doc))
+    capfd.readouterr()
+    assert main(["forward", str(d), "--prompt", "a" * 60 + " b"]) == 1
+    err = capfd.readouterr().err
+    assert "panicked at" not in err and "RUST_BACKTRACE" not in err, err
+    assert one_line(err).startswith("headscope: ") and "tokenizers panicked" in err
+    print("still on stderr", file=sys.stderr)  # the redirection was undone
+    assert capfd.readouterr().err == "still on stderr\n"
+
+
+def test_circuit_rows_name_the_unusable_tokenizer(
+    tmp_path: Path, gpt2_dir: tuple[Path, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`forward --prompt` named the tokenizer's failure; `circuit --rows cat` said only that
+    'cat' is not in the vocabulary."""
+    d = copy_of(gpt2_dir[0], tmp_path / "m")
+    (d / "tokenizer.json").write_text('{"model": 3}')
+    capsys.readouterr()
+    assert main(["circuit", str(d), "0", "0", "--kind", "qk", "--rows", "cat", "--cols", "1"]) == 1
+    line = one_line(capsys.readouterr().err)
+    assert "'cat' is not in the vocabulary" in line
+    assert "tokenizer is unusable" in line and "tokenizer.json" in line and "token ids" in line
+
+
+def test_in_the_explorer_native_stderr_text_never_reaches_the_screen() -> None:
+    """Textual draws on fd 2, where a Rust panic hook writes too: while the app runs, it
+    draws on a duplicate of the terminal and fd 2 goes to /dev/null (tui.app.screen_off_fd2)."""
+    import pty
+    import subprocess
+
+    code = ("import os, sys\n"
+            "from headscope.tui.app import screen_off_fd2\n"
+            "with screen_off_fd2():\n"
+            "    sys.__stderr__.write('SCREEN\\n'); sys.__stderr__.flush()\n"
+            "    os.write(2, b'thread panicked at onig\\n')\n"
+            "os.write(2, b'AFTER\\n')\n")
+    leader, follower = pty.openpty()
+    try:
+        done = subprocess.run([sys.executable, "-c", code], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=follower, timeout=60)
+        os.close(follower)
+        follower = -1
+        seen = b""
+        with contextlib.suppress(OSError):  # EIO once the child's side is closed
+            while chunk := os.read(leader, 4096):
+                seen += chunk
+    finally:
+        os.close(leader)
+        if follower >= 0:
+            os.close(follower)
+    assert done.returncode == 0
+    assert b"SCREEN" in seen and b"AFTER" in seen and b"panicked" not in seen

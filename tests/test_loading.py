@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -351,6 +352,24 @@ def test_get_head_reads_one_slice_and_caches(gpt2_dir: tuple[Path, Any]) -> None
     assert w.reads == 1 and head.shape == (32, 8)
     w.get_head("blocks.1.attn.W_V", 2)
     assert w.reads == 1  # cached
+
+
+def test_a_fused_tensor_is_read_once_for_all_its_parts(gpt2_dir: tuple[Path, Any]) -> None:
+    """GPT-2's c_attn holds W_Q, W_K, W_V and every head as column ranges: one read serves
+    them all (each part used to read the whole tensor again), and each part is its own,
+    writable copy, equal to the stored columns."""
+    path, model = gpt2_dir
+    w = open_model(path, raw=True).raw_weights
+    assert isinstance(w, CheckpointWeights)
+    stored = model.transformer.h[1].attn.c_attn.weight.detach().numpy()
+    parts = [w.get("blocks.1.attn.W_Q"), w.get_fresh("blocks.1.attn.W_K"), w.get_head("blocks.1.attn.W_V", 2)]
+    parts += [w.get_head(f"blocks.1.attn.W_{x}", h) for x in "QKV" for h in range(4)]
+    assert w.reads == 1
+    np.testing.assert_array_equal(parts[0], stored[:, :32].reshape(32, 4, 8).transpose(1, 0, 2))
+    np.testing.assert_array_equal(parts[1], stored[:, 32:64].reshape(32, 4, 8).transpose(1, 0, 2))
+    np.testing.assert_array_equal(parts[2], stored[:, 64 + 16 : 64 + 24])
+    parts[1] += 1  # get_fresh: the caller's to edit; the next read is unchanged
+    np.testing.assert_array_equal(w.get_head("blocks.1.attn.W_K", 0), stored[:, 32:40])
 
 
 def test_read_structure_does_not_import_torch(gpt2_dir: tuple[Path, Any]) -> None:

@@ -83,7 +83,8 @@ def test_svd_json_schema_and_the_copying_head_reads_what_it_writes(capsys) -> No
     assert (got["layer"], got["head"], got["kind"]) == (*INDUCTION_HEAD, "ov")
     assert len(got["singular_values"]) == len(got["directions"]) == 5
     first = got["directions"][0]
-    assert {"index", "sigma", "in_tokens", "out_tokens"} <= set(first)
+    assert {"direction", "sigma", "in_tokens", "out_tokens"} <= set(first)
+    assert [d["direction"] for d in got["directions"]] == [1, 2, 3, 4, 5]  # as the panel: 1/5
     assert set(first["in_tokens"][0]) == {"id", "token", "value"} and len(first["in_tokens"]) == 10
     magnitudes = [abs(t["value"]) for t in first["in_tokens"]]
     assert magnitudes == sorted(magnitudes, reverse=True)
@@ -396,6 +397,21 @@ def test_a_non_finite_row_projects_to_nan_alone() -> None:
     for t in (q, k):
         assert t.shape == (3, 6, 4)
         assert t[:, [2, 4]].isnan().all() and torch.isfinite(t[:, [0, 1, 3, 5]]).all()
+
+
+def test_random_heads_move_with_the_rows_not_with_their_rounding() -> None:
+    """A repeated token's layer-0 stream is the same row up to rounding: the draw must be a
+    continuous function of the rows, so a 1e-7 change in them (another summation order) moves
+    the projections by about as much, not by a redrawn basis (a QR of the rows did: ~0.5)."""
+    g = torch.Generator().manual_seed(3)
+    tokens = torch.randn(20, 64, generator=g, dtype=torch.float64)
+    rows = tokens[torch.randint(0, 20, (50,), generator=g)]  # 50 rows, rank 20
+    rows = rows + 1e-7 * torch.randn(rows.shape, generator=g, dtype=torch.float64)
+    moved = rows + 1e-7 * torch.randn(rows.shape, generator=g, dtype=torch.float64)
+    a, _ = null.random_projections(rows.float(), 8, (1.0, 1.0), 4, *null.head_generators(0))
+    b, _ = null.random_projections(moved.float(), 8, (1.0, 1.0), 4, *null.head_generators(0))
+    assert float(a.abs().max()) > 0.1
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
 
 
 def _quantiles(t: torch.Tensor) -> torch.Tensor:

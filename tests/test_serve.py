@@ -28,14 +28,16 @@ def test_serve_answers_on_loopback_and_stops(gpt2_dir) -> None:
     path, _ = gpt2_dir
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "headscope.tui.cli.main", "serve", str(path), "--port", str(port)],
+        [sys.executable, "-m", "headscope.tui.cli.main", "serve", str(path), "--port", str(port),
+         "--token", "test-token-0123456789"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )
     try:
         deadline, page = time.monotonic() + 30, None
         while time.monotonic() < deadline and page is None:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as response:
+                url = f"http://127.0.0.1:{port}/?token=test-token-0123456789"
+                with urllib.request.urlopen(url, timeout=2) as response:
                     page = response.read().decode()
             except OSError:
                 assert proc.poll() is None, proc.stdout.read().decode()

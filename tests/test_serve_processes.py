@@ -51,10 +51,13 @@ def wait_for(condition, what: str, limit: float = 60.0) -> None:  # type: ignore
     pytest.fail(f"never happened within {limit:.0f} s: {what}")
 
 
+TOKEN = "test-token-0123456789"
+
+
 def start_server(port: int) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "headscope.tui.cli.main", "serve", "sample_models/attn-only-2l",
-         "--port", str(port)],
+         "--port", str(port), "--token", TOKEN],
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     wait_for(lambda: _answers(port), "the server answers")
@@ -70,7 +73,7 @@ def _answers(port: int) -> bool:
 
 async def open_app(port: int, server: int) -> tuple[object, object, set[int]]:
     session = aiohttp.ClientSession()
-    ws = await session.ws_connect(f"http://127.0.0.1:{port}/ws?width=100&height=30")
+    ws = await session.ws_connect(f"http://127.0.0.1:{port}/ws?token={TOKEN}&width=100&height=30")
     for _ in range(600):
         apps = children(server)
         if apps:
@@ -132,7 +135,7 @@ def start_stubborn_server(port: int) -> subprocess.Popen[bytes]:
     """The serve machinery around an app that answers neither quit nor SIGTERM (as an app
     stuck opening a model does not answer quit)."""
     code = ("import sys; from headscope.tui.cli.serve import serve; "
-            f"serve(sys.argv[1], host='127.0.0.1', port={port}, title='t')")
+            f"serve(sys.argv[1], host='127.0.0.1', port={port}, title='t', token={TOKEN!r})")
     proc = subprocess.Popen([sys.executable, "-c", code, STUBBORN], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_for(lambda: _answers(port), "the server answers")

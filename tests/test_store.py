@@ -4,11 +4,14 @@ changed checkpoint or a damaged file is never trusted, and a broken store never 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import os
 import shutil
+import threading
+import time
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -567,3 +570,164 @@ def test_composition_sweep_resumes_from_its_memo(deep_gpt2, store, monkeypatch, 
     fresh = composition_module.composition_scores(model.weights, "q")
     same(resumed.scores, fresh.scores)
     assert pairs.calls == (N_LAYERS - 3 if tile_bytes > 1 else sum(range(3, N_LAYERS)))
+
+
+# -- hostile stores (issue #29): only the store's own files are read or deleted -----------
+
+
+def _entry_of(store: ResultStore, model_dir: Path) -> Path:
+    model = open_model(model_dir)
+    compute.score_table(model, store=store.for_model(model))
+    entry = store.for_model(model).dir
+    assert entry is not None and (entry / "entry.json").is_file()
+    return entry
+
+
+def test_clear_deletes_only_the_entries_it_wrote_and_lists_them(gpt2_dir, tmp_path) -> None:
+    """With HEADSCOPE_CACHE_DIR=~/.cache, `cache clear` must not wipe huggingface/."""
+    store = ResultStore(tmp_path / "cache")
+    entry = _entry_of(store, gpt2_dir[0])
+    foreign = tmp_path / "cache" / "huggingface"
+    (foreign / "hub").mkdir(parents=True)
+    (foreign / "hub" / "weights.bin").write_bytes(b"not ours")
+    lookalike = tmp_path / "cache" / ("0" * 32)  # named like an entry, holds another's file
+    lookalike.mkdir()
+    (lookalike / "notes.txt").write_text("not ours")
+    damaged = tmp_path / "cache" / ("1" * 32)  # ours, but its entry.json is damaged
+    damaged.mkdir()
+    (damaged / "entry.json").write_text("{")
+    (damaged / "copying_score.0.hsr").write_bytes(b"HEADSCOPE-RESULT\n")
+    outside = tmp_path / "elsewhere"
+    shutil.copytree(entry, outside / entry.name)
+    (tmp_path / "cache" / ("2" * 32)).symlink_to(outside / entry.name)  # a link to an entry
+
+    removed = store.clear()
+    assert sorted(e.key for e in removed) == sorted([entry.name, damaged.name])
+    assert str(gpt2_dir[0].resolve()) in [e.path for e in removed]
+    assert not entry.exists() and not damaged.exists()
+    assert (foreign / "hub" / "weights.bin").read_bytes() == b"not ours"
+    assert (lookalike / "notes.txt").is_file()
+    assert (outside / entry.name / "entry.json").is_file()
+    assert (tmp_path / "cache" / ("2" * 32)).is_symlink()
+
+
+def test_the_stale_temporary_clean_up_never_follows_a_symlink(gpt2_dir, tmp_path) -> None:
+    store = ResultStore(tmp_path / "cache")
+    entry = _entry_of(store, gpt2_dir[0])
+    outside = tmp_path / "elsewhere"
+    (outside / ".tmp-dir").mkdir(parents=True)
+    (outside / ".tmp-dir" / "file").write_text("keep")
+    (outside / ".tmp-file").write_text("keep")
+    (outside / "victim").mkdir()
+    (outside / "victim" / "data").write_text("keep")
+    own_stale = entry / ".tmp-abc.hsr"
+    own_stale.write_bytes(b"left by a killed writer")
+    (entry / ".tmp-link").symlink_to(outside / "victim")  # unlinked, target untouched
+    (tmp_path / "cache" / "link").symlink_to(outside)
+    (tmp_path / "cache" / ("3" * 32)).symlink_to(outside)
+    (tmp_path / "cache" / ".trash-x").symlink_to(outside / "victim")
+    hour_ago = time.time() - 7200
+    for p in [outside / ".tmp-dir", outside / ".tmp-file", outside / "victim", own_stale]:
+        os.utime(p, (hour_ago, hour_ago))
+    for p in [entry / ".tmp-link", tmp_path / "cache" / ".trash-x"]:
+        os.utime(p, (hour_ago, hour_ago), follow_symlinks=False)
+
+    store.trim()
+    assert not own_stale.exists()  # the clean-up still runs on the store's own files
+    assert not (entry / ".tmp-link").is_symlink()
+    assert (outside / ".tmp-dir" / "file").read_text() == "keep"
+    assert (outside / ".tmp-file").read_text() == "keep"
+    assert (outside / "victim" / "data").read_text() == "keep"
+
+
+def test_editing_the_native_config_changes_the_fingerprint_and_the_scores(tmp_path) -> None:
+    """attn_scale lives in headscope.json: a stale entry served prev-token 0.163 for 0.033."""
+    from safetensors.numpy import load_file, save_file
+
+    from tests.conftest import SAMPLE_MODELS
+
+    model_dir = Path(shutil.copytree(SAMPLE_MODELS / "attn-only-2l", tmp_path / "model"))
+    weights = model_dir / "model.safetensors"  # its config only in headscope.json, not in
+    save_file(load_file(weights), weights)  # the safetensors metadata (which would win)
+    store = ResultStore(tmp_path / "cache")
+    before = report.head_table(open_model(model_dir), store=store)
+    key = fingerprint(open_model(model_dir).checkpoint, raw=False)
+    config = model_dir / "headscope.json"
+    fields = json.loads(config.read_text())
+    fields["attn_scale"] = 1.0
+    config.write_text(json.dumps(fields))
+    assert fingerprint(open_model(model_dir).checkpoint, raw=False) != key
+    after = report.head_table(open_model(model_dir), store=store)
+    fresh = report.head_table(open_model(model_dir))
+    assert json.dumps(after) == json.dumps(fresh)
+    assert json.dumps(after) != json.dumps(before)
+
+
+def _unblock(fifo: Path) -> None:
+    """Open and close the FIFO's write end, so a reader stuck on it sees the end."""
+    with contextlib.suppress(OSError):
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+
+def _within(seconds: float, fn: Any, fifo: Path) -> Any:
+    """``fn()`` run in a thread; fails if it is still blocked after ``seconds``."""
+    out: list[Any] = []
+    worker = threading.Thread(target=lambda: out.append(fn()), daemon=True)
+    worker.start()
+    worker.join(seconds)
+    stuck = worker.is_alive()
+    if stuck:
+        _unblock(fifo)
+        worker.join(5)
+    assert not stuck, "blocked reading a FIFO in the store"
+    return out[0]
+
+
+def test_a_fifo_in_the_store_is_skipped_not_waited_on(deep_gpt2, store) -> None:
+    model = open_model(deep_gpt2)
+    plain = compute.score_table(model, store=store.for_model(model))
+    target = _stored_files(store, "copying_score")[1]
+    target.unlink()
+    os.mkfifo(target)
+    again = _within(20, lambda: compute.score_table(open_model(deep_gpt2),
+                                                    store=store.for_model(model)), target)
+    same(again.copying_score, plain.copying_score)
+    assert target.is_file()  # replaced by a good file
+    entry_json = target.parent / "entry.json"
+    entry_json.unlink()
+    os.mkfifo(entry_json)
+    assert _within(20, store.entries, entry_json) == []
+
+
+def test_a_stored_part_linked_to_dev_zero_is_ignored_in_bounded_memory(deep_gpt2, store) -> None:
+    """Read before: until memory ran out, then reported as the model not fitting."""
+    model = open_model(deep_gpt2)
+    compute.score_table(model, store=store.for_model(model))
+    target = _stored_files(store, "copying_score")[1]
+    target.unlink()
+    target.symlink_to("/dev/zero")
+    entry_json = target.parent / "entry.json"
+    entry_json.rename(target.parent / "entry.saved")
+    entry_json.symlink_to("/dev/zero")
+    big = target.parent / "copying_score.2.hsr"  # a regular file far larger than its part
+    big.unlink()
+    with open(big, "wb") as f:
+        f.truncate(1 << 30)  # sparse
+    script = (
+        "import resource, sys\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n"
+        "from headscope.engine.sweeps.store import ModelStore, ResultStore\n"
+        f"store = ResultStore({str(store.root)!r})\n"
+        "assert store.entries() == []\n"
+        f"entry = ModelStore(store, {target.parent.name!r}, 'x', False)\n"
+        f"assert entry.load('copying_score', 1, ({model.cfg.n_heads},)) is None\n"
+        f"assert entry.load('copying_score', 2, ({model.cfg.n_heads},)) is None\n"
+        "assert entry.load('copying_score', 1) is None\n"
+        "print('ok')\n"
+    )
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-800:]

@@ -473,10 +473,10 @@ def test_pooled_heatmap_key_says_which_rows_were_merged() -> None:
                          tuple("abcdefghijklmnopqrstuvwx"), vmax=1.0), 60, 18,
                  colours("red-blue", "truecolor")).plain
     key = " ".join(text.splitlines()[-3:])
-    assert "pooled 24×24→" in key and "averaged" in key
+    assert "pooled 24×24→" in key and "largest |value|" in key
     assert all(len(line) <= 60 for line in text.splitlines())
-    assert merged(24, 12) == " (rows 0–1, 2–3, … averaged)"
-    assert merged(24, 23) == " (rows 22–23 averaged)"  # the blocks of resample()
+    assert merged(24, 12) == " (rows 0–1, 2–3, …: largest |value|)"
+    assert merged(24, 23) == " (rows 22–23: largest |value|)"  # pool_extreme's blocks
     assert merged(5, 10) == ""
 
 

@@ -12,9 +12,11 @@ from rich.console import Console
 
 from headscope.themes import COLORMAPS, THEMES, colormap_for
 from headscope.tui.plots.colormap import (
+    bins,
     cell_of,
     diverging_rgb,
     fit_shape,
+    pool_extreme,
     resample,
     symmetric_range,
 )
@@ -71,6 +73,34 @@ def test_resample_repeats_when_growing_and_ignores_nans() -> None:
     assert np.isnan(grown[3, 3])
     pooled = resample(v, 1, 1)
     assert pooled[0, 0] == pytest.approx(2.0)  # mean of the finite entries
+
+
+@given(st.integers(1, 30), st.integers(1, 30), st.integers(1, 40), st.integers(1, 40))
+@settings(max_examples=100, deadline=None)
+def test_pool_extreme_keeps_each_blocks_signed_extreme(n_r: int, n_c: int, o_r: int, o_c: int) -> None:
+    rng = np.random.default_rng(n_r * 131 + n_c)
+    v = rng.normal(size=(n_r, n_c))
+    v[rng.random(v.shape) < 0.1] = np.nan
+    pooled = pool_extreme(v, o_r, o_c)
+    assert pooled.shape == (o_r, o_c)
+    r0, r1 = bins(n_r, o_r)
+    c0, c1 = bins(n_c, o_c)
+    for i in range(o_r):
+        for j in range(o_c):
+            block = v[r0[i]:r1[i], c0[j]:c1[j]]
+            finite = block[np.isfinite(block)]
+            if finite.size == 0:
+                assert np.isnan(pooled[i, j])
+            else:  # the entry of largest magnitude, sign kept (reference: a plain loop)
+                assert pooled[i, j] == finite[np.argmax(np.abs(finite))] or \
+                    abs(pooled[i, j]) == np.abs(finite).max()
+
+
+def test_pooling_keeps_a_diagonal_bright() -> None:
+    """A 24×24 identity pooled to 7×7: block means give 1/3-ish, the extreme keeps 1."""
+    pooled = pool_extreme(np.eye(24) - 0.05, 7, 7)
+    assert np.allclose(np.diag(pooled), 0.95)
+    assert resample(np.eye(24) - 0.05, 7, 7).diagonal().max() < 0.5
 
 
 def _canvas_colours(text, width: int) -> list[list[tuple[int, int, int]]]:
@@ -180,3 +210,14 @@ async def test_a_figure_that_fails_to_draw_says_so_instead_of_rendering_forever(
                 break
         assert chart.rendered is not None and "cannot draw this figure" in chart.rendered.plain
         assert "bad data" in chart.rendered.plain
+
+
+def test_a_heatmap_key_never_runs_past_the_chart() -> None:
+    """The virtual-heads pop-up drew `… 24/24 rows peak` into the plot beside it
+    (`peakIm λ`): a key part wider than the chart is wrapped at its spaces."""
+    values = np.eye(24) + 0.01
+    labels = tuple(f"t{i}" for i in range(24))
+    for width in (30, 40, 45, 60):
+        text = build(Heatmap(values, labels, labels, diagonal=True), width, 22, COLOURS).plain
+        assert all(len(line) <= width for line in text.splitlines()), (width, text)
+        assert "rows peak on diag" in " ".join(text.split())

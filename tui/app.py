@@ -21,7 +21,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -368,8 +368,12 @@ class HeadscopeApp(App[None]):
         self.push_screen(HelpScreen(self.keymap_in_use))
 
     def output_dir(self) -> Path:
-        """Where screenshots and exports go: never next to the checkpoint."""
-        chosen = self._output_dir or os.environ.get("HEADSCOPE_OUTPUT_DIR") or Path.cwd()
+        """Where screenshots and exports go: the directory chosen in the palette ("Set output
+        directory…"), else the ``output_dir`` setting (config.toml or
+        ``$HEADSCOPE_OUTPUT_DIR``), else the current directory; never next to the checkpoint
+        (then the temporary directory's ``headscope/``). Every notification names it."""
+        chosen = (self._output_dir or getattr(self.settings, "output_dir", "")
+                  or os.environ.get("HEADSCOPE_OUTPUT_DIR") or Path.cwd())
         out = Path(chosen).expanduser().resolve()
         model = Path(self.path).expanduser().resolve()
         model_dir = model if model.is_dir() else model.parent
@@ -400,12 +404,40 @@ class HeadscopeApp(App[None]):
                 f"{time.strftime('%Y%m%d-%H%M%S')}")
 
     def action_screenshot_svg(self) -> None:
+        from headscope.engine.core.errors import OutputError
+        from headscope.engine.core.export import atomic_write_text
+        from headscope.tui.session.export import saved_where
+
         try:
-            out = self.save_screenshot(f"{self.stem()}.svg", path=str(self.output_dir()))
-        except OSError as err:
+            out = atomic_write_text(self.output_dir() / f"{self.stem()}.svg",
+                                    self.export_screenshot())
+        except (OSError, OutputError) as err:
             self.report(f"cannot save screenshot: {err}")
             return
-        self.notify(f"saved {out}", title="screenshot")
+        self.notify(saved_where(out), title="screenshot saved")
+
+    def export_screenshot(self, *, title: str | None = None, simplify: bool = False) -> str:
+        """The screen as SVG, as Textual's ``export_screenshot`` makes it, on a console that
+        renders no colour codes.
+
+        Textual's prints the screen through a truecolor Rich console. Rich caches the SGR
+        codes a ``Style`` renders to on the style object itself (``Style._ansi``), whatever
+        the colour system, and Textual's own output reuses that cache: after one screenshot
+        every style on screen wrote ``38;2;…`` / ``48;2;…`` to a 256-colour terminal. A
+        console without a colour system records the same segments (the SVG is identical)
+        and renders no codes, so nothing is cached."""
+        import io
+
+        from rich.console import Console
+
+        width, height = self.size
+        console = Console(width=width, height=height, file=io.StringIO(), force_terminal=True,
+                          color_system=None, record=True, legacy_windows=False, safe_box=False)
+        # Textual's own export_screenshot reads the screen the same way (no public API)
+        update = self.screen._compositor.render_update(
+            full=True, screen_stack=self._background_screens, simplify=simplify)
+        console.print(update)
+        return console.export_svg(title=title or self.title)
 
     # -- notifications, quitting ------------------------------------------------------------
     def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
@@ -436,4 +468,41 @@ def run_app(path: str | os.PathLike[str] | None = None, *, raw: bool = False,
     ``compare``: a second checkpoint B of the same architecture, explored alongside (tui/session/compare.py);
     ``match_heads=True`` (in ``options``) pairs B's heads with A's by circuit similarity.
     """
-    HeadscopeApp(path, raw=raw, theme=theme, compare=compare, **options).run()
+    with screen_off_fd2():
+        HeadscopeApp(path, raw=raw, theme=theme, compare=compare, **options).run()
+
+
+@contextlib.contextmanager
+def screen_off_fd2() -> Iterator[None]:
+    """Textual draws the screen on ``sys.__stderr__``, i.e. on fd 2, where native libraries
+    write too: the text of a Rust panic in ``tokenizers`` (issue #29) landed on the screen.
+    While the app runs, it draws on a duplicate of the terminal instead and fd 2 points at
+    ``/dev/null``; both are restored afterwards (errors after the app are printed as ever).
+    Nothing changes when stderr is not a terminal (tests, pipes)."""
+    import sys
+
+    try:
+        sys.stderr.flush()
+        if not os.isatty(2):
+            yield
+            return
+        screen_fd = os.dup(2)
+        null = os.open(os.devnull, os.O_WRONLY)
+    except (OSError, ValueError, AttributeError):
+        yield
+        return
+    saved = sys.__stderr__
+    screen = open(screen_fd, "w", encoding="utf-8", errors="backslashreplace")  # noqa: SIM115
+    original = os.dup(2)
+    try:
+        sys.__stderr__ = screen
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(original, 2)
+        sys.__stderr__ = saved
+        with contextlib.suppress(OSError, ValueError):
+            screen.close()  # flushes; closes screen_fd
+        for fd in (original, null):
+            with contextlib.suppress(OSError):
+                os.close(fd)

@@ -26,10 +26,22 @@ if TYPE_CHECKING:
     from headscope.engine.forward.transformer import ForwardResult
     from headscope.engine.sweeps.store import ResultStore
 
-__all__ = ["CIRCUITS", "Model", "open_model", "read_structure"]
+__all__ = ["CIRCUITS", "Model", "open_model", "read_structure", "supported_checkpoints"]
 
 # The circuits ``Model.circuit`` names (engine.circuits.head_circuits makes them).
 CIRCUITS = ("qk", "ov", "token_qk", "full_ov", "positional_qk")
+
+
+def supported_checkpoints() -> dict[str, list[str]]:
+    """What opens: ``families`` (README.md's "Supported checkpoints" table, in its order),
+    the Hugging Face ``architectures`` of their ``config.json`` and the ``gguf``
+    architectures of llama.cpp files. The one source of ``headscope --help``'s list."""
+    from headscope.engine.model import gguf
+    from headscope.engine.model.adapters import registry
+
+    return {"families": registry.family_names(),
+            "architectures": registry.supported_architectures(),
+            "gguf": sorted(gguf.ARCHS)}
 
 
 class Model(loading.Model):

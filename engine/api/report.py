@@ -245,7 +245,8 @@ def svd_dict(found: SingularDirections) -> dict[str, Any]:
         "overlap": found.overlap,
         "directions": [
             {
-                "index": d.index,
+                # numbered from 1, as the explorer's panel shows them ("OV direction 1/5")
+                "direction": d.index + 1,
                 "sigma": d.sigma,
                 "overlap": d.overlap,
                 "in_tokens": _tokens(d.in_ids, d.in_labels, d.in_values),

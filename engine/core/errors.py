@@ -24,7 +24,12 @@ class HeadscopeError(Exception):
         """``path: reason``; control characters (in a path, a token) are escaped, so the line
         is safe to print to a terminal."""
         line = f"{self.path}: {self.reason}" if self.path else self.reason
-        return line if line.isprintable() else "".join(map(_visible, line))
+        return escape_line(line)
+
+
+def escape_line(line: str) -> str:
+    """``line`` with control characters (an escape code in a path) shown as ``\\x1b``."""
+    return line if line.isprintable() else "".join(map(_visible, line))
 
 
 def _visible(ch: str) -> str:

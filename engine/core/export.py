@@ -96,8 +96,9 @@ def jsonable(obj: Any) -> Any:
 def check_output_dir(out: str | os.PathLike[str]) -> Path:
     """Refuse an output directory that cannot take a file, before any work is done: a
     regular file or a device (``/dev/null``) in its place, a directory that is not
-    writable or a filesystem with no space left. Nothing is created.
-    A directory that does not exist yet is fine if its nearest existing parent is."""
+    writable, a filesystem with no space left, or no directory at all: ``--out`` names an
+    existing directory (README, "Command line"), so a typo in it is an error rather than a
+    new directory somewhere. Nothing is created."""
     out = Path(out)
     existing = out
     while True:
@@ -116,6 +117,9 @@ def check_output_dir(out: str | os.PathLike[str]) -> Path:
         where = "" if existing == out else f" ({existing} is {what})"
         raise OutputError(out, f"not a directory{where or f': it is {what}'}; --out names "
                                "the directory to write into")
+    if existing != out:
+        raise OutputError(out, "no such directory; --out names an existing directory "
+                               "(create it first)")
     try:
         free = os.statvfs(existing)
     except OSError as e:

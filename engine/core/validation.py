@@ -234,9 +234,13 @@ def prompt_bytes(structure: Structure, n_tokens: int) -> int:
 
 
 def check_sort_key(key: str | None, columns: Sequence[str]) -> None:
-    """A ``--sort`` key must be one of the score columns."""
+    """A ``--sort`` key must be one of the score columns (a near miss names the closest)."""
     if key is not None and key not in columns:
-        raise InvalidRequestError(None, f"unknown sort key {key!r}; choose from {', '.join(columns)}")
+        import difflib
+
+        close = difflib.get_close_matches(key, columns, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]}? The keys: " if close else "choose from "
+        raise InvalidRequestError(None, f"unknown sort key {key!r}; {hint}{', '.join(columns)}")
 
 
 def check_svd(structure: Structure, layer: int, head: int, kind: str, k: int, top: int,

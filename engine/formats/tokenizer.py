@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import os
 import re
+import sys
+import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -61,14 +64,14 @@ class HFTokenizer:
         from tokenizers import Tokenizer as RustTokenizer
 
         text = read_text(path, MAX_TOKENIZER_BYTES, CorruptFileError, "tokenizer file")
-        with rust_guard(path, "cannot read tokenizer"):
+        with rust_guard(path, "cannot read tokenizer", quiet=True):
             tok = RustTokenizer.from_str(text)
             # Prompts are encoded as typed: the file's truncation and padding do not apply
             # (and a stride >= max_length, or a huge fixed padding, panics in Rust).
             tok.no_truncation()
             tok.no_padding()
             tokenizer = cls(tok, str(path))
-        with rust_guard(path, "tokenizer fails on a test prompt"):
+        with rust_guard(path, "tokenizer fails on a test prompt", quiet=True):
             tok.encode("a b", add_special_tokens=False)  # fail at open, not at every prompt
         return tokenizer
 
@@ -88,7 +91,7 @@ class HFTokenizer:
         # As tokenizers' WordPiece.read_file: line i is token i, trailing whitespace trimmed.
         vocab = {line.rstrip(): i for i, line in enumerate(lines)}
         unk = "[UNK]" if "[UNK]" in vocab else next(iter(vocab), "[UNK]")
-        with rust_guard(path, "cannot read WordPiece vocabulary"):
+        with rust_guard(path, "cannot read WordPiece vocabulary", quiet=True):
             tok = RustTokenizer(models.WordPiece(vocab, unk_token=unk))
         tok.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
@@ -99,7 +102,7 @@ class HFTokenizer:
     def encode(self, text: str) -> list[int]:
         if not text.strip():
             raise PromptError(self.path, "empty prompt")
-        with rust_guard(self.path, "the tokenizer failed on this prompt", PromptError):
+        with rust_guard(self.path, "the tokenizer failed on this prompt", PromptError, quiet=True):
             return list(self._tok.encode(text, add_special_tokens=False).ids)
 
     def decode_token(self, token_id: int) -> str:
@@ -167,7 +170,8 @@ class IdTokenizer:
         self.path = path
         self.reason = reason
 
-    def _why(self) -> str:
+    def why(self) -> str:
+        """Why there is no tokenizer, and what to type instead (a lookup error repeats it)."""
         if self.reason:
             return f"this model's tokenizer is unusable ({self.reason}): type token ids, e.g. 3,14,15"
         return "this model has no tokenizer: type token ids, e.g. 3,14,15"
@@ -175,11 +179,11 @@ class IdTokenizer:
     def encode(self, text: str) -> list[int]:
         parts = [p for p in re.split(r"[,\s]+", text.strip()) if p]
         if not parts:
-            raise PromptError(self.path, f"empty prompt ({self._why()})")
+            raise PromptError(self.path, f"empty prompt ({self.why()})")
         ids = []
         for p in parts:
             if not (p.isascii() and p.isdigit()):
-                raise PromptError(self.path, f"{p!r} is not a token id ({self._why()})")
+                raise PromptError(self.path, f"{p!r} is not a token id ({self.why()})")
             i = int(p)
             if i >= self.vocab_size:
                 raise PromptError(self.path, f"token id {i} out of range 0..{self.vocab_size - 1}")
@@ -199,20 +203,80 @@ _NOT_PANICS = (KeyboardInterrupt, SystemExit, GeneratorExit)
 
 @contextmanager
 def rust_guard(
-    path: str | os.PathLike[str] | None, what: str, error: type[HeadscopeError] = CorruptFileError
+    path: str | os.PathLike[str] | None, what: str, error: type[HeadscopeError] = CorruptFileError,
+    *, quiet: bool = False,
 ) -> Iterator[None]:
     """Errors of the Rust ``tokenizers`` as one typed line. A Rust panic surfaces as
-    ``pyo3_runtime.PanicException``, a ``BaseException``: ``except Exception`` misses it."""
+    ``pyo3_runtime.PanicException``, a ``BaseException``: ``except Exception`` misses it.
+
+    ``quiet``: around the calls that run the file's regexes (building, encoding), where a
+    pathological pattern panics; the text Rust's panic hook writes to fd 2 is kept off the
+    terminal (``_panic_text_kept_off_stderr``); the one line says what happened."""
     try:
-        yield
+        if quiet:
+            with _panic_text_kept_off_stderr():
+                yield
+        else:
+            yield
     except HeadscopeError:
         raise
     except _NOT_PANICS:
         raise
     except BaseException as e:  # Exception, and Rust panics
-        kind = "panicked" if type(e).__name__ == "PanicException" else "failed"
+        kind = "panicked" if _is_panic(e) else "failed"
         first = (str(e) or type(e).__name__).splitlines()[0]
         raise error(path, f"{what}: tokenizers {kind}: {first[:160]}") from None
+
+
+def _is_panic(e: BaseException) -> bool:
+    return type(e).__name__ == "PanicException"
+
+
+# One redirection of fd 2 at a time (the engine encodes on several worker threads).
+_STDERR_LOCK = threading.Lock()
+
+
+@contextmanager
+def _panic_text_kept_off_stderr() -> Iterator[None]:
+    """fd 2 points at a scratch file while the body runs. Rust's default panic hook writes
+    ``thread '…' panicked at …`` and a ``RUST_BACKTRACE`` note straight to fd 2 (no Python
+    stream sees it; in the explorer it lands on the screen): on a panic the scratch file is
+    dropped; otherwise what was written meanwhile (another thread's line) is passed on."""
+    with _STDERR_LOCK:
+        try:
+            sys.stderr.flush()
+            saved = os.dup(2)
+        except (OSError, ValueError, AttributeError):  # no fd 2 to protect
+            yield
+            return
+        panicked = False
+        try:
+            with tempfile.TemporaryFile() as scratch:
+                os.dup2(scratch.fileno(), 2)
+                try:
+                    yield
+                except BaseException as e:
+                    panicked = _is_panic(e)
+                    raise
+                finally:
+                    os.dup2(saved, 2)
+                    if not panicked:
+                        _pass_on(scratch.fileno(), saved)
+        finally:
+            os.close(saved)
+
+
+def _pass_on(scratch: int, fd: int) -> None:
+    """Copy what the scratch file received to ``fd`` (best effort: stderr may be gone)."""
+    try:
+        size = os.fstat(scratch).st_size
+        if size:
+            os.lseek(scratch, 0, os.SEEK_SET)
+            data = os.read(scratch, size)
+            while data:
+                data = data[os.write(fd, data):]
+    except OSError:
+        pass
 
 
 def load_tokenizer(directory: Path, d_vocab: int, family: str) -> Tokenizer:

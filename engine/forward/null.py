@@ -27,13 +27,20 @@ def random_projections(rows: Tensor, d_head: int, norms: Sequence[float], sample
     (a χ² per head).
 
     Drawn in the span of the rows when ``N < d`` (docs/math.md, "Calibrated scores"): with
-    ``rowsᵀ = Q R`` (``Q [d, N]``, orthonormal columns), ``rows @ W = Rᵀ (Qᵀ W)``, where
-    ``Qᵀ W`` is itself i.i.d. standard Gaussian ``[N, d_head]``, independent of the part of
-    ``W`` outside the span, whose squared norm (all the rescaling needs of it) is χ² with
-    ``(d − N)·d_head`` degrees of freedom. So ``N·d_head`` normals and one χ² per head give
-    exactly the distribution of drawing all of ``W``: a 7B layer's 64 heads drew 2 × 33.5 M
-    normals and formed two ``[N, 4096] @ [4096, 8192]`` products per batch; now ~2 × 2.7 M
-    normals and an ``[N, N]`` product.
+    the Gram matrix ``G = rows rowsᵀ`` and its symmetric square root ``S = G^½``, ``rows @ W``
+    has the law of ``S Z`` for ``Z [N, d_head]`` i.i.d. standard Gaussian (both are Gaussian
+    with covariance ``G ⊗ I``), and ``‖Z‖²`` plus a χ² with ``(d − N)·d_head`` degrees of
+    freedom has the law of ``‖W‖²`` jointly with it (``rows = U Σ Vᵀ``: ``Z = U Vᵀ W``; with
+    rank ``r < N``, ``N − r`` of ``Z``'s dimensions stand in for as many outside the span). So
+    ``N·d_head`` normals and one χ² per head give exactly the distribution of drawing all of
+    ``W``: a 7B layer's 64 heads drew 2 × 33.5 M normals and formed two
+    ``[N, 4096] @ [4096, 8192]`` products per batch; now ~2 × 2.7 M normals and an
+    ``[N, N]`` product.
+
+    ``G^½`` is the one square root that is a continuous function of the rows: a triangular
+    factor (a QR of ``rowsᵀ``) picks, for rows that are dependent up to rounding (a repeated
+    token's layer-0 stream, the same row up to 1e-7), a basis from the rounding itself, so the
+    draw, and every z, moved with 1e-7 changes of the weights.
     """
     finite = torch.isfinite(rows).all(-1)
     if not bool(finite.all()):  # a NaN row would spoil the span of all: it projects to NaN alone
@@ -45,19 +52,27 @@ def random_projections(rows: Tensor, d_head: int, norms: Sequence[float], sample
     n, d = rows.shape
     rows = rows.double()
     span = n < d
-    r = torch.linalg.qr(rows.T, mode="r")[1] if span else None  # rows = rᵀ Qᵀ
+    root = gram_root(rows) if span else None
     out = []
     for norm in norms:
         inside = torch.randn(samples, n if span else d, d_head, generator=gen).double()
-        if r is not None:
+        if root is not None:
             outside = torch.from_numpy(rng.chisquare((d - n) * d_head, samples))
-            projected = r.T @ inside
+            projected = root @ inside
         else:  # no smaller span: W itself
             outside = torch.zeros(samples, dtype=torch.float64)
             projected = rows @ inside
         frobenius = (inside.square().sum((1, 2)) + outside).sqrt()
         out.append((projected * (norm / frobenius)[:, None, None]).float())
     return out
+
+
+def gram_root(rows: Tensor) -> Tensor:
+    """``(rows rowsᵀ)^½`` ``[N, N]`` (float64), the symmetric positive semi-definite root:
+    eigenvalues that rounding made slightly negative count as 0."""
+    rows = rows.double()
+    values, vectors = torch.linalg.eigh(rows @ rows.T)
+    return (vectors * values.clamp(min=0).sqrt()) @ vectors.T
 
 
 def head_generators(seed: int) -> tuple[torch.Generator, np.random.Generator]:

@@ -9,11 +9,12 @@ keeps one adapter:
   (``model.layers.3.self_attn.q_proj.weight``, ``hf_tensor_names``), presented to the adapter as
   float32 tensors of the HF shape;
 - ``GGUFWeights`` reads those tensors lazily: the rows asked for are read with ``pread`` and
-  dequantised with llama.cpp's own ``gguf.quants.dequantize`` (F32, F16, BF16, Q8_0, Q4_0,
-  Q4_K, Q6_K and every other type it knows), then the conversion's changes are undone: the
+  dequantised by headscope's kernels (``engine.formats.dequant``: F32, F16, BF16, Q8_0, Q4_0,
+  Q4_K, Q5_K, Q6_K, bit for bit llama.cpp's ``gguf.quants.dequantize``, several times
+  faster), other types by ``gguf.quants`` itself; the conversion's changes are undone: the
   Q/K row permutation of Llama-architecture files (``convert_hf_to_gguf.py``'s
-  ``LlamaModel.permute``, done there for llama.cpp's interleaved rotary kernel) and Gemma's
-  ``+ 1`` on norm gains. So circuits and patterns equal those of the original checkpoint, up
+  ``LlamaModel.permute``, done there for llama.cpp's interleaved rotary kernel; undone on the
+  bytes, before dequantising) and Gemma's ``+ 1`` on norm gains. So circuits and patterns equal those of the original checkpoint, up
   to the quantisation error of the stored type.
 - Gemma 2/3 settings the file does not store are what llama.cpp assumes (``gemma_config``):
   the attention scale, Gemma 2's alternating and Gemma 3's five-in-six local layers, Gemma 3's
@@ -194,6 +195,10 @@ def hf_config(header: GGUFHeader, name: str, arch: GGUFArch, hf_names: Mapping[s
         "use_sliding_window": False,
     }
     window = key("attention.sliding_window")
+    if type(window) is int and window == 0:
+        # llama.cpp reads 0 as no sliding window; convert_hf_to_gguf writes 0 for Phi-4
+        # ("use zero value ... to distinguish Phi-4"), whose attention is global.
+        window = None
     if window is not None:
         config["sliding_window"] = window
     head_dim = key("attention.key_length")
@@ -337,6 +342,10 @@ def _rope_vector(header: GGUFHeader, name: str, dim: Any) -> np.ndarray:
     import numpy as np
 
     info = header.tensors[name]
+    if _positive(dim) and dim % 2:
+        raise ConfigError(header.path, f"RoPE dimension count {dim} is odd, but tensor {name!r} "
+                                       f"holds one factor per pair of rotary dimensions "
+                                       f"({math.prod(info.shape)} values): they do not match")
     if info.type_name != "F32" or len(info.shape) != 1 or not _positive(dim) or info.shape[0] != dim // 2:
         raise ConfigError(header.path, f"tensor {name!r} is not {dim}/2 float32 RoPE factors")
     try:
@@ -399,16 +408,41 @@ def check_all_used(header: GGUFHeader, used: Mapping[str, str]) -> None:
 
 
 def check_types(header: GGUFHeader, used: Mapping[str, str]) -> None:
-    """Every tensor the model reads has a type ``gguf.quants`` can dequantise."""
+    """Every tensor the model reads has a type headscope can dequantise (its own kernels,
+    ``engine.formats.dequant``, or else ``gguf.quants``) and the bytes its type and shape need."""
     from gguf.quants import _type_traits  # llama.cpp's table of implemented block types
 
-    known = {t.name for t in _type_traits} | {"F32", "F16", "F64"}
+    from headscope.engine.formats.dequant import TYPES
+
+    known = {t.name for t in _type_traits} | set(TYPES) | {"F64"}
     for g in used.values():
         t = header.tensors[g]
         if t.type_name not in known:
             raise CorruptFileError(
                 header.path, f"tensor {g!r} has type {t.type_name}, which cannot be dequantised"
             )
+        problem = size_problem(t)
+        if problem:
+            raise CorruptFileError(header.path, problem)
+
+
+def size_problem(t: GGUFTensorInfo) -> str | None:
+    """Why a tensor's bytes do not fit its type and shape (None if they do, or if the type is
+    not one of headscope's own kernels: gguf.quants checks those)."""
+    from headscope.engine.formats.dequant import TYPES
+
+    layout = TYPES.get(t.type_name)
+    if layout is None:
+        return None
+    block, size = layout
+    rows = t.numel // t.shape[-1] if t.shape[-1] else 0
+    what = f"tensor {t.name!r} ({t.type_name}, shape {list(t.shape)})"
+    if t.shape[-1] % block:
+        return f"{what} has rows of {t.shape[-1]} values, not a whole number of {t.type_name} blocks of {block}"
+    expected = t.numel // block * size
+    if t.nbytes != expected or (rows and t.nbytes % rows):
+        return f"{what} holds {t.nbytes:,} bytes; its type and shape need {expected:,}"
+    return None
 
 
 def main_dtype(header: GGUFHeader, used: Mapping[str, str]) -> str:
@@ -427,7 +461,7 @@ class GGUFSource:
     """Reads HF-named tensors out of a GGUF file: rows by ``pread``, dequantised, conversion
     undone.
 
-    Dequantising costs more than copying bytes (~10 ns per element for Q4_K), and per-head
+    Dequantising costs more than copying bytes (~1-2 ns per element for Q4_K), and per-head
     reads of a tensor cut along its columns (``W_O``) need the whole tensor: whole tensors
     are kept, dequantised, in a small LRU bounded by ``cache_bytes`` (tensors over a quarter of
     it, e.g. embeddings, are not kept). Callers always get a copy of their own.
@@ -462,9 +496,16 @@ class GGUFSource:
             return self.cfg.kv_heads
         return None
 
-    def read(self, hf: str, rows: slice | None = None) -> np.ndarray:
-        """The tensor ``hf`` as float32 in HF layout (rows ``rows`` of its first axis only), in
-        memory of its own."""
+    def read(self, hf: str, rows: slice | None = None, cols: tuple[slice, ...] | None = None) -> np.ndarray:
+        """The tensor ``hf`` as float32 in HF layout (rows ``rows`` of its first axis only; and
+        ``cols``, an index of the other axes, e.g. one head's columns of ``o_proj``), in
+        memory of its own.
+
+        Only a cut along ``cols`` keeps the whole dequantised tensor (for the next head's cut):
+        a whole-tensor read (a sweep, the forward pass) is kept by the caller if at all, and a
+        copy for the cache would cost a second pass over it."""
+        import numpy as np
+
         g = self.hf_names.get(hf)
         if g is None:
             raise MissingTensorError(self.header.path, f"missing tensor {hf!r}")
@@ -474,25 +515,26 @@ class GGUFSource:
         stop = max(stop, first)
         heads = self.permuted_heads(hf)
         group = n // heads if heads else 1
+        rest = tuple(cols or ())
         with self._lock:
             whole = self._cache.get(g)
             if whole is not None:
                 self._cache.move_to_end(g)
         if whole is not None:
-            return whole[first:stop].copy()
+            return np.array(whole[(slice(first, stop), *rest)], order="C")  # a copy
         if len(info.shape) == 1:  # a vector is read whole (its bytes are not split in rows)
             lo, hi = 0, n
         else:
             lo, hi = first // group * group, -(-stop // group) * group  # whole heads if permuted
-        data = self._dequantised(info, g, lo, hi)
-        if heads:
-            data = _unpermute(data, (hi - lo) // group)
+        data = self._dequantised(info, g, lo, hi, heads=(hi - lo) // group if heads else None)
         if self.arch.norm_offset and hf.endswith("norm.weight"):
             data = data - self.arch.norm_offset
-        kept = (lo, hi) == (0, n) and self._keep(g, data)
-        if not kept and (first - lo, stop - lo) == (0, len(data)):
+        part = (slice(first - lo, stop - lo), *rest)
+        if rest and (lo, hi) == (0, n) and self._keep(g, data):
+            return np.array(data[part], order="C")  # a copy: the cache keeps ``data``
+        if (first - lo, stop - lo) == (0, len(data)) and not rest:
             return data  # not kept: already the caller's
-        return data[first - lo : stop - lo].copy()
+        return np.ascontiguousarray(data[part])
 
     def _keep(self, g: str, data: np.ndarray) -> bool:
         """Keep a whole dequantised tensor (unless it is over a quarter of the budget)."""
@@ -507,27 +549,55 @@ class GGUFSource:
                 self._cached_bytes -= old.nbytes
         return True
 
-    def _dequantised(self, info: GGUFTensorInfo, g: str, lo: int, hi: int) -> np.ndarray:
+    def _dequantised(
+        self, info: GGUFTensorInfo, g: str, lo: int, hi: int, heads: int | None = None
+    ) -> np.ndarray:
+        """Rows ``lo:hi`` of tensor ``g`` as a new float32 array: stored order, or with the
+        conversion's Q/K permutation undone over ``heads`` whole heads."""
         import numpy as np
-        from gguf.constants import GGMLQuantizationType
-        from gguf.quants import dequantize
+
+        from headscope.engine.formats import dequant
 
         vector = len(info.shape) == 1
         n = 1 if vector else info.shape[0]
-        row_bytes = info.nbytes // n
         if vector:
             lo, hi = 0, 1
+        kind = f"tensor {g!r} ({info.type_name}, shape {list(info.shape)})"
+        problem = size_problem(info)
+        if problem:
+            raise CorruptFileError(self.header.path, problem)
+        row_bytes = info.nbytes // n
         raw = self._pread(info.offset + lo * row_bytes, (hi - lo) * row_bytes, g)
         with self._lock:
             self.dequantised += 1
         shape = info.shape if vector else (hi - lo, *info.shape[1:])
+        if heads:
+            # Rows are dequantised independently, so the permutation is undone on the bytes
+            # (a quarter to a half byte per value for Q4/Q8) instead of on the float32 rows.
+            raw = _unpermute(raw.reshape(hi - lo, row_bytes), heads).reshape(-1)
         if info.type_name == "F64":
             return raw.view(np.float64).astype(np.float32).reshape(shape)
-        qtype = GGMLQuantizationType(info.ggml_type)
+        if dequant.can_dequantise(info.type_name):
+            out = np.empty(shape, np.float32)
+            try:
+                return dequant.dequantize(raw, info.type_name, out)
+            except dequant.DequantError as e:
+                raise CorruptFileError(self.header.path, f"cannot dequantise {kind}: {e}") from None
+        return self._dequantised_by_gguf(raw, info, kind, row_bytes, shape)
+
+    def _dequantised_by_gguf(
+        self, raw: np.ndarray, info: GGUFTensorInfo, kind: str, row_bytes: int, shape: tuple[int, ...]
+    ) -> np.ndarray:
+        """Types headscope has no kernel for (Q5_0, Q2_K, the IQ types, ...): llama.cpp's own
+        numpy code, ~5-10× slower."""
+        import numpy as np
+        from gguf.constants import GGMLQuantizationType
+        from gguf.quants import dequantize
+
         try:
-            values = dequantize(raw.reshape(-1, row_bytes), qtype)
+            values = dequantize(raw.reshape(-1, row_bytes), GGMLQuantizationType(info.ggml_type))
         except (ValueError, NotImplementedError) as e:
-            raise CorruptFileError(self.header.path, f"cannot dequantise tensor {g!r}: {str(e)[:160]}") from None
+            raise CorruptFileError(self.header.path, f"cannot dequantise {kind}: {str(e)[:160]}") from None
         return np.array(values, dtype=np.float32).reshape(shape)
 
     def _pread(self, offset: int, n: int, g: str) -> np.ndarray:
@@ -545,7 +615,7 @@ class GGUFSource:
                     f"the file changed on disk since it was opened (now {size:,} bytes, "
                     f"was {self.header.file_size:,}); reopen the model",
                 )
-            buf = bytearray(n)
+            buf = np.empty(n, np.uint8)  # not bytearray(n): that zero-fills it first
             view, done = memoryview(buf), 0
             while done < n:
                 got = os.preadv(self._handle.fileno(), [view[done:]], offset + done)
@@ -554,7 +624,7 @@ class GGUFSource:
                 done += got
         except OSError as e:
             raise CorruptFileError(path, f"cannot read tensor {g!r}: {str(e)[:160]}") from None
-        return np.frombuffer(buf, dtype=np.uint8)
+        return buf
 
     def close(self) -> None:
         with self._lock:
@@ -585,17 +655,14 @@ class GGUFWeights(CheckpointWeights):
         self.source = source
 
     def _read(self, tensor: str, index: tuple[slice, ...] | None = None) -> np.ndarray:
-        import numpy as np
-
-        rows = None
-        if index is not None and index[0] != slice(None):
-            rows, index = index[0], (slice(None), *index[1:])
-        t = self.source.read(tensor, rows)
+        rows = cols = None
+        if index is not None:
+            rows = None if index[0] == slice(None) else index[0]
+            cols = None if all(i == slice(None) for i in index[1:]) else index[1:]
+        t = self.source.read(tensor, rows, cols)
         with self._lock:
             self.reads += 1
-        if index is None or all(i == slice(None) for i in index):
-            return t
-        return np.ascontiguousarray(t[index])
+        return t
 
     def close(self) -> None:
         super().close()

@@ -390,11 +390,13 @@ class ProcessedWeights:
         if leaf == "b_in":
             b_in = self._raw(f"{pre}.b_in", None)
             return b_in if ln_b is None else b_in + ln_b @ self._raw(f"{pre}.W_in", None)
-        W = self._raw(f"{pre}.{leaf}", None)  # [d_model, d_mlp]
+        center = p.center_reading and leaf == "W_in"  # TransformerLens never centres W_gate
+        if w is None and not center:
+            return self._raw(f"{pre}.{leaf}", None)
+        W = self._raw_fresh(f"{pre}.{leaf}")  # [d_model, d_mlp], edited in place: no second copy
         if w is not None:
-            W = W * w[:, None]
-        # TransformerLens centres W_in only (never W_gate): match it.
-        return _center(W, 0) if (p.center_reading and leaf == "W_in") else W
+            W *= w[:, None]
+        return _center_(W, 0) if center else W
 
     def _moe_reader(self, name: str) -> np.ndarray:
         """Mixtral's router and experts read the ln2 output: its (RMSNorm) gain scales their

@@ -582,6 +582,22 @@ class Engine:
             progress=progress,
         )
 
+    async def stored_ablation_effects(self) -> np.ndarray | None:
+        """The ablation effects already in the results store (a sweep of an earlier run, the
+        CLI's ``heads --ablation``), or None: read on a worker, no forward pass."""
+        raw = self._raw
+
+        def run(ctx: JobContext) -> np.ndarray | None:
+            entry = self._entry(raw)
+            return compute.stored_ablation_effects(self._model(raw), SEED, entry)
+
+        return await self._get(
+            (None, None, "stored_ablation_effects", (SEED, raw)),
+            run,
+            head=None,
+            label="stored ablation effects",
+        )
+
     # -- interventions: activation, attribution and path patching (docs/math.md, "Patching") --
 
     async def induction_prompts(self) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -16,6 +16,8 @@ Needs the optional ``dask`` and ``distributed`` packages (``pip install 'headsco
 from __future__ import annotations
 
 import contextlib
+import os
+import re
 import socket
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from headscope.engine.core.errors import HeadscopeError
+from headscope.engine.core.files import os_reason
 
 if TYPE_CHECKING:
     from headscope.engine.circuits.spectral import Memo
@@ -34,6 +37,14 @@ Cancelled = Callable[[], bool] | None
 
 RETRIES = 2  # a task whose worker died is run again elsewhere this many times
 CONNECT_TIMEOUT = "10s"
+# A Dask scheduler writes its handshake as soon as a connection is accepted (distributed's
+# Listener.on_connection): a service that stays silent this long, or says something else
+# (an HTTP server waits for a request, SSH sends a text banner), is not one.
+HANDSHAKE_TIMEOUT = 5.0
+_ADDRESS = re.compile(r"(?:(tcp|tls)://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):([0-9]{1,5})")
+# What one local worker process costs before it reads a model (Python, numpy, torch and
+# distributed imported: ~250 MB resident, measured), and the cap on what it reads of one.
+WORKER_BASE_BYTES = 300 << 20
 MISSING_EXTRA = "sweeps on a cluster need the optional Dask packages: pip install 'headscope[cluster]'"
 
 __all__ = [
@@ -46,9 +57,11 @@ __all__ = [
     "fingerprint_mismatch",
     "local_cluster",
     "on_worker",
+    "parse_address",
     "part_shapes",
     "run_parts",
     "run_tasks",
+    "worker_bound",
 ]
 
 
@@ -220,23 +233,117 @@ class Cluster:
         self.close()
 
 
-def connect(address: str) -> Cluster:
-    """A client of the scheduler at ``address`` (``tcp://HOST:PORT``); one-line error if none."""
-    distributed = _require_distributed()
+def parse_address(address: str) -> tuple[str, str, int]:
+    """``(scheme, host, port)`` of ``tcp://HOST:PORT`` (``tls://``, or no scheme: tcp);
+    a one-line ``ClusterError`` for anything else, before any client is built."""
+    match = _ADDRESS.fullmatch(address.strip())
+    if match is None or not 1 <= int(match.group(3)) <= 65535:
+        raise ClusterError(None, f"{address!r} is not a Dask scheduler address: expected "
+                           "tcp://HOST:PORT")
+    return match.group(1) or "tcp", match.group(2).strip("[]"), int(match.group(3))
+
+
+def probe_scheduler(address: str, host: str, port: int,
+                    timeout: float = HANDSHAKE_TIMEOUT) -> None:
+    """Fail in bounded time unless a Dask scheduler answers at ``host:port``: the client's
+    own connect waits for a handshake without end on a port where another service listens."""
     try:
-        client = distributed.Client(address, timeout=CONNECT_TIMEOUT, set_as_default=False)
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except OSError as err:
+        reason = "timed out" if isinstance(err, TimeoutError) else os_reason(err)
+        raise ClusterError(None, f"cannot reach a Dask scheduler at {address} ({reason})") from None
+    with sock:
+        sock.settimeout(timeout)
+        head = b""
+        try:
+            while len(head) < 8:
+                chunk = sock.recv(8 - len(head))
+                if not chunk:
+                    break
+                head += chunk
+        except OSError:  # timed out, or reset
+            pass
+    # Dask's first frame starts with a little-endian 64-bit count (of frames or bytes): small.
+    if len(head) < 8 or not 0 < int.from_bytes(head, "little") < 1 << 32:
+        said = f"it sent {head[:8]!r}" if head else f"no Dask handshake within {timeout:g} s"
+        raise ClusterError(None, f"{address} is not a Dask scheduler ({said}; another service "
+                           "listens on that port?)")
+
+
+def connect(address: str) -> Cluster:
+    """A client of the scheduler at ``address`` (``tcp://HOST:PORT``); one-line error if none.
+
+    The address is checked and the port probed first (``parse_address``,
+    ``probe_scheduler``); a client whose construction fails is closed at once (left to its
+    ``__del__``, it stalls 20 s and prints a traceback)."""
+    distributed = _require_distributed()
+    scheme, host, port = parse_address(address)
+    if scheme == "tcp":
+        probe_scheduler(address, host, port, HANDSHAKE_TIMEOUT)
+    client = distributed.Client.__new__(distributed.Client)
+    try:
+        client.__init__(address.strip(), timeout=CONNECT_TIMEOUT, set_as_default=False)
     except (OSError, TimeoutError, ValueError) as err:
+        _close_quietly(client)
         raise ClusterError(None, f"cannot reach a Dask scheduler at {address} ({_brief(err)})") from None
+    except BaseException:
+        _close_quietly(client)
+        raise
     return Cluster(client, address)
 
 
-def local_cluster(n_workers: int) -> Cluster:
-    """``n_workers`` local worker processes (one thread each) on 127.0.0.1, and a client."""
+def _close_quietly(client: Any) -> None:
+    with contextlib.suppress(Exception):
+        client.close(timeout=2)
+
+
+def worker_bound(model_bytes: int = 0) -> tuple[int, str]:
+    """How many local worker processes this machine can run, and why: one per core (more
+    only wait for one), and as many as the available memory holds at ``WORKER_BASE_BYTES``
+    plus ``model_bytes`` (what one worker reads of the model) each."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    available = available_memory()
+    per_worker = WORKER_BASE_BYTES + max(0, int(model_bytes))
+    by_memory = max(1, available // per_worker) if available else cores
+    if by_memory < cores:
+        return by_memory, (f"{available / 2**30:.1f} GB of memory available, about "
+                           f"{per_worker / 2**20:.0f} MB per worker")
+    return cores, f"{cores} CPU core{'s' if cores != 1 else ''} available"
+
+
+def available_memory() -> int | None:
+    """``MemAvailable`` of ``/proc/meminfo`` in bytes (None where there is none)."""
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f.read(1 << 16).splitlines():
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def local_cluster(n_workers: int, model_bytes: int = 0,
+                  warn: Callable[[str], None] | None = None) -> Cluster:
+    """Up to ``n_workers`` local worker processes (one thread each) on 127.0.0.1, and a
+    client; more than the machine can run (``worker_bound``) are cut, saying so."""
+    import logging
+
     distributed = _require_distributed()
     if n_workers < 1:
         raise ClusterError(None, f"--workers must be at least 1, not {n_workers}")
+    bound, why = worker_bound(model_bytes)
+    if n_workers > bound:
+        if warn is not None:
+            warn(f"--workers {n_workers}: starting {bound} ({why})")
+        n_workers = bound
+    # The nannies' warnings (one per worker: memory, ports, restarts) are not ours to show.
     local = distributed.LocalCluster(n_workers=n_workers, processes=True, threads_per_worker=1,
-                                     host="127.0.0.1", dashboard_address=None)
+                                     host="127.0.0.1", dashboard_address=None,
+                                     silence_logs=logging.ERROR)
     client = distributed.Client(local, set_as_default=False)
     return Cluster(client, local.scheduler_address, local)
 

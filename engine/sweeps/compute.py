@@ -507,6 +507,19 @@ def ablation_effects(
     return readonly(effects, np.float32)
 
 
+def stored_ablation_effects(model: Model, seed: int = SEED,
+                            store: ModelStore | None = None) -> np.ndarray | None:
+    """The ``[n_layers, n_heads]`` effects ``ablation_effects`` stored, read back without a
+    forward pass (and without torch); None unless every layer's part is there."""
+    memo = _memo(store, f"ablation-seed{seed}", (model.cfg.n_heads,))
+    if memo is None:
+        return None
+    parts = [memo.get(layer) for layer in range(model.cfg.n_layers)]
+    if any(part is None for part in parts):
+        return None
+    return readonly(np.stack(parts), np.float32)
+
+
 # -- reading a head (docs/math.md, "Reading a head") ----------------------------------------
 
 

@@ -4,7 +4,8 @@
 Where: ``$HEADSCOPE_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/headscope`` (default
 ``~/.cache/headscope``). One directory per checkpoint *entry*, named by its fingerprint
 (``fingerprint``): the resolved checkpoint path, the size, mtime and header bytes of every
-safetensors file the model reads, the bytes of ``config.json`` and of the shard index, the
+safetensors file the model reads, the bytes of every config file the loader reads
+(``CONFIG_FILES``: ``config.json``, the native ``headscope.json``, the shard index), the
 size and mtime of the tokenizer's files (the sink scores read it), the processing mode
 (raw/processed), ``FORMAT_VERSION`` and ``MATH_VERSION``. A changed checkpoint gets a new
 fingerprint, so it never sees the old numbers; the old entry ages out.
@@ -23,6 +24,14 @@ numbers, so neither corrupts the other. Sweeps store each part as soon as it is 
 an interrupted sweep (Ctrl-C, a closed SSH session, ``kill``) keeps what it finished and the
 next run computes only the rest.
 
+Only what the store wrote is ever deleted or read: an entry is a real directory (never a
+symlink) named by a fingerprint, holding an ``entry.json`` of this format or only files of
+the store's own kinds (``OWN_FILE``); anything else under the root (another program's
+cache, when ``$HEADSCOPE_CACHE_DIR`` is ``~/.cache``) is left alone, and clean-ups never
+follow a symlink out of the root. Every file read is read through ``core.files.read_bytes``:
+a regular file only (a FIFO would hang, a link to ``/dev/zero`` would never end) and at most
+the bytes its header says it holds.
+
 The store is bounded (``max_bytes``, the ``cache_disk_mb`` setting): after a sweep the least
 recently used entries are deleted until the total fits. A store that cannot be written (an
 unwritable directory, a full disk) never fails a command: it warns once and the command
@@ -35,8 +44,11 @@ import contextlib
 import hashlib
 import io
 import json
+import math
 import os
+import re
 import shutil
+import stat
 import sys
 import tempfile
 import threading
@@ -47,6 +59,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from headscope.engine.core.errors import CorruptFileError, HeadscopeError, escape_line
+from headscope.engine.core.files import read_bytes
+from headscope.engine.model.adapters.native import CONFIG_FILE as NATIVE_CONFIG_FILE
 
 if TYPE_CHECKING:
     from headscope.engine.model.loading import Checkpoint, Model
@@ -67,15 +83,24 @@ __all__ = [
 FORMAT_VERSION = 1  # the layout of the files below
 # Bump whenever a stored number would change (a score's definition, its precision, the
 # random sequences of a seed): every entry written before is then ignored.
-MATH_VERSION = 3  # 2: the composition baseline is drawn with numpy (default_rng(seed));
+MATH_VERSION = 4  # 2: the composition baseline is drawn with numpy (default_rng(seed));
 # 3: the null's random heads are drawn in the span of the stream's rows, its spectral
-# products in float32
+# products in float32; 4: ... drawn through
+# the symmetric root of the rows' Gram matrix (forward.null.gram_root), not a QR
 DEFAULT_DISK_MB = 512
 MAGIC = b"HEADSCOPE-RESULT\n"
+# Every file whose bytes the loader reads to set a number (model.loading, adapters.native).
+CONFIG_FILES = ("config.json", NATIVE_CONFIG_FILE, "model.safetensors.index.json")
+MAX_CONFIG_BYTES = 16_000_000  # as model.loading.MAX_JSON_BYTES: configs are KBs
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json")  # formats.tokenizer
 ENTRY_FILE = "entry.json"
 SUFFIX = ".hsr"
 MAX_HEADER = 1 << 16
+MAX_ENTRY_BYTES = 1 << 16  # entry.json: a path and a few fields
+MAX_NPY_HEADER = 1 << 12  # np.save's header for the shapes stored here (~128 bytes)
+MAX_UNSHAPED_BYTES = 64 << 20  # a part read without an expected shape (spectra, timelines)
+ENTRY_NAME = re.compile(r"[0-9a-f]{32}")  # a fingerprint: blake2b, 16 bytes, hex
+OWN_FILE = re.compile(r"(entry\.json|[^/]+\.[^./]+\.hsr|\.tmp-.*)", re.DOTALL)
 
 Warn = Callable[[str], None]
 
@@ -90,7 +115,7 @@ def cache_root(env: dict[str, str] | None = None) -> Path:
 
 
 def _stderr_warning(message: str) -> None:
-    print(f"headscope: warning: {message}", file=sys.stderr)
+    print(f"headscope: warning: {escape_line(message)}", file=sys.stderr)
 
 
 # -- the fingerprint of a checkpoint -----------------------------------------------------
@@ -108,7 +133,8 @@ def _header_bytes(path: Path) -> bytes:
 
 def _file_part(path: Path, with_header: bool) -> bytes:
     st = path.stat()
-    head = _header_bytes(path) if with_header else path.read_bytes()
+    head = (_header_bytes(path) if with_header
+            else read_bytes(path, MAX_CONFIG_BYTES, CorruptFileError, path.name))
     meta = f"{path.name}\0{st.st_size}\0{st.st_mtime_ns}\0".encode()
     return meta + hashlib.blake2b(head, digest_size=16).digest()
 
@@ -120,9 +146,9 @@ def fingerprint(ckpt: Checkpoint, raw: bool) -> str:
     h.update(str(Path(ckpt.path).resolve()).encode() + b"\0")
     for file in sorted(set(ckpt.files.values())):
         h.update(_file_part(Path(file), with_header=True))
-    for name in ("config.json", "model.safetensors.index.json"):
+    for name in CONFIG_FILES:
         extra = Path(ckpt.directory) / name
-        if extra.is_file():
+        if extra.exists():  # a FIFO or device is refused by read_bytes, not skipped
             h.update(_file_part(extra, with_header=False))
     # The sink scores read the tokenizer (the natural sentences, which tokens are delimiters):
     # its files count by size and mtime (a tokenizer.json can be 30 MB; not read on each open).
@@ -209,7 +235,7 @@ def _dir_bytes(path: Path) -> int:
     with contextlib.suppress(OSError):
         for p in path.iterdir():
             with contextlib.suppress(OSError):
-                total += p.stat().st_size
+                total += p.lstat().st_size
     return total
 
 
@@ -283,10 +309,10 @@ class ResultStore:
     # -- listing, clearing, trimming
 
     def _entry_dirs(self) -> list[Path]:
-        try:
-            return [p for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".")]
-        except OSError:
-            return []
+        """The directories under the root that may be entries: real directories (a symlink
+        is never one; following it could read or delete outside the store) named by a
+        fingerprint."""
+        return [self.root / name for name in _real_dirs(self.root) if ENTRY_NAME.fullmatch(name)]
 
     def entries(self) -> list[EntryInfo]:
         """Every entry with its model path, size, stored parts and last use, newest first."""
@@ -295,27 +321,31 @@ class ResultStore:
             meta = _read_entry(d)
             if meta is None:
                 continue
-            parts: dict[str, int] = {}
-            for p in d.glob(f"*{SUFFIX}"):
-                if not p.name.startswith("."):
-                    name = p.name[: -len(SUFFIX)].rsplit(".", 1)[0]
-                    parts[name] = parts.get(name, 0) + 1
-            with contextlib.suppress(OSError):
-                out.append(EntryInfo(d.name, str(meta.get("path", "?")), bool(meta.get("raw")),
-                                     _dir_bytes(d), parts, (d / ENTRY_FILE).stat().st_mtime))
+            info = _entry_info(d, meta)
+            if info is not None:
+                out.append(info)
         return sorted(out, key=lambda e: -e.last_used)
 
     def clear(self, path: str | os.PathLike[str] | None = None) -> list[EntryInfo]:
-        """Delete every entry (or those written for the checkpoint at ``path``); the removed."""
+        """Delete every entry (or those written for the checkpoint at ``path``); the removed.
+
+        Only what the store wrote: entries, and (with no ``path``) fingerprint-named
+        directories whose ``entry.json`` is damaged but which hold nothing but the store's
+        own files. Every other directory or file under the root is left alone.
+        """
         target = None if path is None else str(Path(path).expanduser().resolve())
         removed = []
         for entry in self.entries():
             if target is None or str(Path(entry.path).resolve()) == target:
                 _remove_dir(self.root / entry.key)
                 removed.append(entry)
-        if target is None:  # also directories without a readable entry.json
+        if target is None:  # entries whose entry.json cannot be read
             for d in self._entry_dirs():
-                _remove_dir(d)
+                if _read_entry(d) is None and _only_own_files(d):
+                    size = _dir_bytes(d)
+                    _remove_dir(d)
+                    removed.append(EntryInfo(d.name, f"(damaged entry {d.name})", False, size,
+                                             {}, 0.0))
         return removed
 
     def trim(self, keep: str | None = None) -> None:
@@ -331,23 +361,80 @@ class ResultStore:
                 total -= entry.bytes
 
 
+def _real_dirs(root: Path) -> list[str]:
+    """Names of the real directories in ``root`` (``lstat``: symlinks are not followed)."""
+    try:
+        with os.scandir(root) as it:
+            return [e.name for e in it if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
+
+
+def _only_own_files(d: Path) -> bool:
+    """Whether ``d`` holds only files the store writes (and no directory, no symlink)."""
+    try:
+        with os.scandir(d) as it:
+            return all(e.is_file(follow_symlinks=False) and OWN_FILE.fullmatch(e.name)
+                       for e in it)
+    except OSError:
+        return False
+
+
+def _entry_info(d: Path, meta: dict[str, Any]) -> EntryInfo | None:
+    parts: dict[str, int] = {}
+    for p in d.glob(f"*{SUFFIX}"):
+        if not p.name.startswith("."):
+            name = p.name[: -len(SUFFIX)].rsplit(".", 1)[0]
+            parts[name] = parts.get(name, 0) + 1
+    try:
+        used = os.lstat(d / ENTRY_FILE).st_mtime
+    except OSError:
+        return None
+    return EntryInfo(d.name, str(meta.get("path", "?")), bool(meta.get("raw")), _dir_bytes(d),
+                     parts, used)
+
+
 def _remove_stale_temporaries(root: Path, age: float = 3600.0) -> None:
     """Temporary files an old process left behind when it was killed mid-write (and the
-    trash of an interrupted removal); young ones may still be being written."""
+    trash of an interrupted removal); young ones may still be being written.
+
+    Never through a symlink: a linked directory in the root is not searched, a linked
+    ``.tmp-*`` is unlinked itself (its target is untouched), and ``shutil.rmtree`` does not
+    follow the links inside what it deletes.
+    """
     now = time.time()
-    with contextlib.suppress(OSError):
-        for p in [*root.glob("*/.tmp-*"), *root.glob(".trash-*")]:
-            with contextlib.suppress(OSError):
-                if now - p.stat().st_mtime > age:
-                    shutil.rmtree(p) if p.is_dir() else p.unlink()
+    candidates = [root / name for name in _real_dirs(root) if name.startswith(".trash-")]
+    for name in _real_dirs(root):
+        if ENTRY_NAME.fullmatch(name):
+            with contextlib.suppress(OSError), os.scandir(root / name) as it:
+                candidates += [Path(e.path) for e in it if e.name.startswith(".tmp-")]
+    for p in candidates:
+        with contextlib.suppress(OSError):
+            st = os.lstat(p)
+            if now - st.st_mtime > age:
+                shutil.rmtree(p) if stat.S_ISDIR(st.st_mode) else p.unlink()
+
+
+def _read_part(path: Path, limit: int) -> bytes | None:
+    """The bytes of a store file: a regular file of at most ``limit`` bytes, else None."""
+    try:
+        return read_bytes(path, limit, CorruptFileError, "stored result")
+    except HeadscopeError:
+        return None
 
 
 def _read_entry(d: Path) -> dict[str, Any] | None:
-    try:
-        meta = json.loads((d / ENTRY_FILE).read_bytes())
-    except (OSError, ValueError):
+    """``entry.json`` of the directory ``d`` if it is this store's, for this directory."""
+    blob = _read_part(d / ENTRY_FILE, MAX_ENTRY_BYTES)
+    if blob is None:
         return None
-    return meta if isinstance(meta, dict) and meta.get("format") == FORMAT_VERSION else None
+    try:
+        meta = json.loads(blob)
+    except ValueError:
+        return None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
+        return None
+    return meta if meta.get("fingerprint") == d.name else None
 
 
 def _remove_dir(d: Path) -> None:
@@ -404,11 +491,16 @@ class ModelStore:
         """The stored part, or None (absent, unreadable, or failing any check)."""
         if not self.enabled or self.key is None:
             return None
-        try:
-            blob = self._file(name, str(index)).read_bytes()
-        except OSError:
+        dtype = np.dtype(dtype)
+        if shape is None:
+            limit = max(MAX_UNSHAPED_BYTES, self.store.max_bytes)
+        else:  # exactly what the file holds, with room for its two headers
+            limit = (len(MAGIC) + 4 + MAX_HEADER + MAX_NPY_HEADER
+                     + math.prod(shape) * dtype.itemsize)
+        blob = _read_part(self._file(name, str(index)), limit)
+        if blob is None:
             return None
-        array = _decode(blob, self.key, name, str(index), shape, np.dtype(dtype))
+        array = _decode(blob, self.key, name, str(index), shape, dtype)
         if array is not None and (name, str(index)) not in self._written:
             self._count("loaded")
             self._touch()

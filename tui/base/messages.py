@@ -67,10 +67,12 @@ class HeadScored(Message, bubble=False):
 
 @dataclass
 class AblationSwept(Message, bubble=False):
-    """The zero-ablation effect of every head [L, H], for generation ``gen``."""
+    """The zero-ablation effect of every head [L, H], for generation ``gen`` (``stored``: read
+    back from the results store, not swept now)."""
 
     effects: np.ndarray
     gen: int
+    stored: bool = False
 
 
 @dataclass

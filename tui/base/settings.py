@@ -10,11 +10,13 @@ Where: ``$HEADSCOPE_CONFIG`` if set, else ``$XDG_CONFIG_HOME/headscope/config.to
     cache_disk_mb = 512             # results store on disk (0: do not persist results)
     tokens = ["Mary", "John"]       # default token set for the QK/OV heatmaps
     cluster = "tcp://host:8786"     # Dask scheduler for the sweeping commands (headscope[cluster])
+    output_dir = "~/headscope-out"  # where the explorer's `s` and `e` write (default: the cwd)
     [keymap]                        # binding id = keys (see `?` in the explorer)
     "next-head" = "n"
 
 Environment variables override the file: ``HEADSCOPE_THEME``, ``HEADSCOPE_COLORMAP``,
-``HEADSCOPE_CACHE_MB``, ``HEADSCOPE_CACHE_DISK_MB``, ``HEADSCOPE_COLORS``. A malformed file is a one-line ConfigError naming it.
+``HEADSCOPE_CACHE_MB``, ``HEADSCOPE_CACHE_DISK_MB``, ``HEADSCOPE_COLORS``, ``HEADSCOPE_OUTPUT_DIR``.
+A malformed file is a one-line ConfigError naming it.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class Settings:
     tokens: tuple[str, ...] = ()
     keymap: dict[str, str] = field(default_factory=dict)
     cluster: str | None = None  # a Dask scheduler address (tui/cli/cluster.py)
+    output_dir: str = ""  # screenshots and exports of the explorer ("" = the current directory)
     source: str | None = None  # the file these came from, if any
 
 
@@ -106,13 +109,15 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         data["cache_mb"] = env["HEADSCOPE_CACHE_MB"]
     if "HEADSCOPE_CACHE_DISK_MB" in env:
         data["cache_disk_mb"] = env["HEADSCOPE_CACHE_DISK_MB"]
+    if env.get("HEADSCOPE_OUTPUT_DIR"):
+        data["output_dir"] = env["HEADSCOPE_OUTPUT_DIR"]
     return _validate(data, path if exists else None)
 
 
 def _validate(data: dict[str, Any], path: Path | None) -> Settings:
     where = path or "settings"
     unknown = set(data) - {"theme", "colormap", "colors", "cache_mb", "cache_disk_mb", "tokens",
-                           "keymap", "cluster"}
+                           "keymap", "cluster", "output_dir"}
     if unknown:
         raise ConfigError(where, f"unknown setting(s): {', '.join(sorted(unknown))}")
     theme = str(data.get("theme", DEFAULT_THEME))
@@ -133,6 +138,9 @@ def _validate(data: dict[str, Any], path: Path | None) -> Settings:
     cluster = data.get("cluster")
     if cluster is not None and (not isinstance(cluster, str) or "://" not in cluster):
         raise ConfigError(where, 'cluster must be a scheduler address like "tcp://host:8786"')
+    output_dir = data.get("output_dir", "")
+    if not isinstance(output_dir, str):
+        raise ConfigError(where, f"output_dir must be a directory path, not {output_dir!r}")
     return Settings(
         theme=theme,
         colormap=colormap,
@@ -142,6 +150,7 @@ def _validate(data: dict[str, Any], path: Path | None) -> Settings:
         tokens=tuple(tokens),
         keymap=dict(keymap),
         cluster=cluster,
+        output_dir=output_dir,
         source=str(path) if path else None,
     )
 

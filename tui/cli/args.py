@@ -18,6 +18,7 @@ from headscope.engine.core.export import check_output_dir
 MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed's range
 MAX_OFFSET = 2**24  # a rotary offset beyond this has no float32 angle precision left
 MAX_TOP = 1_000_000
+MAX_WORKERS = 4096
 
 _INT = re.compile(r"[+-]?[0-9]+")
 
@@ -54,6 +55,16 @@ def seed(text: str) -> int:
 def offset(text: str) -> int:
     """A rotary query-key offset Δ (may be negative)."""
     return _bounded(text, "a rotary offset", -MAX_OFFSET, MAX_OFFSET)
+
+
+def workers(text: str) -> int:
+    """``--workers``: 1 or more (the machine bounds it further, saying so)."""
+    return _bounded(text, "a number of workers", 1, MAX_WORKERS)
+
+
+def sessions(text: str) -> int:
+    """``serve --max-sessions``: 1 or more."""
+    return _bounded(text, "a number of sessions", 1, 1024)
 
 
 def port(text: str) -> int:

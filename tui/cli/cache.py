@@ -59,8 +59,10 @@ def results_store(args: argparse.Namespace) -> ResultStore | None:
 
     if getattr(args, "no_cache", False):
         return None
+    from headscope.tui.cli.output import say
+
     mb = disk_mb()
-    return default_store(mb) if mb > 0 else None
+    return default_store(mb, warn=lambda message: say(message, warning=True)) if mb > 0 else None
 
 
 def _age(seconds: float) -> str:

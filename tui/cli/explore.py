@@ -60,25 +60,51 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    import os
     import shlex
 
-    if args.host not in LOOPBACK and not args.allow_remote:
+    token = args.token if args.token is not None else os.environ.get("HEADSCOPE_TOKEN")
+    remote = args.host not in LOOPBACK
+    if remote and not args.allow_remote:
         raise InvalidRequestError(
             None, f"refusing to bind {args.host}: pass --allow-remote to serve beyond this machine"
         )
+    if token is not None and (len(token) < MIN_TOKEN or not token.isascii()
+                              or not token.isprintable() or " " in token):
+        raise InvalidRequestError(None, f"--token / HEADSCOPE_TOKEN must be at least {MIN_TOKEN} "
+                                  "printable ASCII characters without spaces")
+    if remote and token is None:
+        raise InvalidRequestError(None, "--allow-remote needs a token you chose: pass --token or "
+                                  "set HEADSCOPE_TOKEN (the key every browser must present)")
     try:
         import textual_serve.server  # noqa: F401
     except ImportError:
-        raise InvalidRequestError(
-            None, "headscope serve needs textual-serve: pip install 'headscope[serve]'"
-        ) from None
+        raise InvalidRequestError(None, f"headscope serve needs textual-serve: {serve_hint()}") from None
     from headscope.sample_models import bundled_model
 
+    if args.path and not Path(args.path).exists():  # as `open`: one line, before serving
+        raise InvalidRequestError(args.path, "no such file or directory")
     path = Path(args.path) if args.path else bundled_model()
+    from headscope.engine.api.model import read_structure
+
+    read_structure(path)  # headers only: a model that cannot open fails here, not in a tab
     command = [sys.executable, "-m", "headscope.tui.cli.main", "open", str(path.resolve())]
     if args.raw:
         command.append("--raw")
     from headscope.tui.cli.serve import serve
 
-    serve(shlex.join(command), host=args.host, port=args.port, title=f"headscope · {path.name}")
+    serve(shlex.join(command), host=args.host, port=args.port, title=f"headscope · {path.name}",
+          token=token, max_sessions=args.max_sessions)
     return EXIT_OK
+
+
+MIN_TOKEN = 8
+
+
+def serve_hint() -> str:
+    """How to install the ``serve`` extra: the README's command, in the checkout this
+    headscope runs from (editable install), else from the package index."""
+    root = Path(__file__).resolve().parents[2]
+    if (root / "pyproject.toml").is_file():
+        return f"in the checkout ({root}) run pip install -e '.[serve]'"
+    return "pip install 'headscope[serve]'"

@@ -37,6 +37,8 @@ from headscope.tui.cli.output import (
     EXIT_MODEL_ERROR,
     EXIT_OK,
     EXIT_USAGE,
+    UsageError,
+    say,
 )
 
 THEME_HELP = ("headscope-dark", "headscope-light", "headscope-contrast", "headscope-colorblind")
@@ -75,11 +77,38 @@ def version() -> str:
 # ----------------------------------------------------------------------------- parser
 
 
+DESCRIPTION = "Explore the attention circuits of transformer language models."
+
+
+def supported_text() -> str:
+    """What ``--help`` says opens, from the engine's family table (the README's table)."""
+    from headscope.engine.api.model import supported_checkpoints
+
+    supported = supported_checkpoints()
+    return (f"{DESCRIPTION}\n\nCheckpoints: safetensors (a file, a directory or sharded) of the "
+            f"families {', '.join(supported['families'])}; llama.cpp GGUF files of the "
+            f"{', '.join(supported['gguf'])} architectures. Never pickle, never downloaded.")
+
+
+class HelpParser(argparse.ArgumentParser):
+    """The top-level parser: its description lists the supported families, read from the
+    engine only when help is printed (the adapters' import is not paid by every command)."""
+
+    def format_help(self) -> str:
+        import shutil
+        import textwrap
+
+        # argparse's own width (COLUMNS or the terminal, less 2); it does not wrap a raw text
+        width = max(40, min(100, shutil.get_terminal_size().columns - 2))
+        self.description = "\n".join(textwrap.fill(p, width) if p else p
+                                      for p in supported_text().split("\n"))
+        return super().format_help()
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = HelpParser(
         prog="headscope",
-        description="Explore the attention circuits of transformer language models "
-        "(safetensors checkpoints only: native, GPT-2, GPT-NeoX/Pythia, Llama/Mistral/Qwen2, BERT).",
+        description=DESCRIPTION,
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -241,8 +270,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1; others need --allow-remote)")
     p.add_argument("--allow-remote", action="store_true",
-                   help="allow binding to a non-loopback address: anyone who can reach it can "
-                        "use the explorer")
+                   help="allow binding to a non-loopback address (needs --token or "
+                        "HEADSCOPE_TOKEN): anyone who can reach it and has the token can use "
+                        "the explorer")
+    p.add_argument("--token", help="the key every request needs, in the printed URL "
+                   "(default: $HEADSCOPE_TOKEN, else a random one per start)")
+    p.add_argument("--max-sessions", type=args_types.sessions, default=4, metavar="N",
+                   help="explorer sessions (browser tabs, ~250 MB each) at once (default 4)")
     cli_timeline.add_parser(sub)
     add_cache_parser(sub)
     cli_reading.add_parsers(sub)
@@ -331,27 +365,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     typo = unknown_command(argv)
     if typo:
-        print(f"headscope: {typo}", file=sys.stderr)
+        say(typo)
         return EXIT_USAGE
     args = parser.parse_args(normalise_argv(argv))
     try:
         code = HANDLERS[args.command](args)
         for warning in getattr(args, "warnings", []):
-            print(f"headscope: warning: {printable(warning)}", file=sys.stderr)
+            say(warning, warning=True)
         if getattr(args, "exit_now", False) and from_shell:
             exit_now(code)
         return code
+    except UsageError as err:
+        print(f"headscope {args.command}: error: {printable(str(err))}", file=sys.stderr)
+        return EXIT_USAGE
     except HeadscopeError as err:
-        print(f"headscope: {err.one_line()}", file=sys.stderr)
+        say(err.one_line())
         return EXIT_MODEL_ERROR
     except (MemoryError, RuntimeError) as err:  # torch's allocator raises RuntimeError
         oom = out_of_memory(err, getattr(args, "path", None), f"headscope {args.command}")
         if oom is None:
             raise
-        print(f"headscope: {oom.one_line()}", file=sys.stderr)
+        say(oom.one_line())
         return EXIT_MODEL_ERROR
     except KeyboardInterrupt:
-        print("headscope: interrupted", file=sys.stderr)
+        say("interrupted")
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # `headscope heads ... | head`
         return EXIT_OK

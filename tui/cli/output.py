@@ -12,8 +12,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from headscope.engine.core.errors import InvalidRequestError
-from headscope.tui.base.datatext import tsv_field
+from headscope.engine.core.errors import IndexOutOfRangeError, InvalidRequestError
+from headscope.tui.base.datatext import printable, tsv_field
 
 # 0 success · 1 the model or request is at fault (the message says how) · 2 command-line
 # usage error · 130 interrupted.
@@ -21,6 +21,24 @@ EXIT_OK, EXIT_MODEL_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 # The subcommands (anything else first on the command line is a path to open).
 COMMANDS = ("open", "info", "heads", "composition", "forward", "circuit", "diff", "export", "serve",
             "timeline", "cache", "svd", "path", "patch", "path-patch")
+
+
+class UsageError(Exception):
+    """A command-line mistake found after parsing (a missing option of one ``--what``, an
+    unknown ``--sort`` key): ``main`` prints it as argparse prints its own, one line naming
+    the argument, and exits 2, before any model is opened."""
+
+    def __init__(self, argument: str, message: str) -> None:
+        self.argument = argument
+        self.message = " ".join(message.split())
+        super().__init__(f"argument {argument}: {self.message}")
+
+
+def say(message: str, *, warning: bool = False) -> None:
+    """One line on stderr, ``headscope: [warning: ]<message>``: every message of the CLI goes
+    through here, so a path or token carrying escape codes never reaches the terminal raw
+    (``printable``, the one escaping of data shown to a user)."""
+    print(f"headscope: {'warning: ' if warning else ''}{printable(message)}", file=sys.stderr)
 
 
 def open_for_command(args: argparse.Namespace) -> Any:
@@ -71,13 +89,24 @@ def parse_token_list(model: Any, spec: str | None, n: int, basis: str) -> list[i
             continue
         if ":" in item and all(p.strip().lstrip("-").isdigit() for p in item.split(":", 1)):
             a, b = (int(p) for p in item.split(":", 1))
-            out.extend(range(a, min(b, n)))
+            # checked as ids are (validation's "token 99999 out of range 0..413"), not cut to
+            # the vocabulary: 5000:6000 used to print an empty block, 0:99999 414 rows
+            if not 0 <= a < b <= n:
+                what = "token" if basis == "token" else "position"
+                raise IndexOutOfRangeError(
+                    str(model.path), f"{what} range {a}:{b} out of range 0..{n - 1} "
+                                     f"(START:STOP with STOP at most {n})")
+            out.extend(range(a, b))
         elif item.lstrip("-").isdigit():
             out.append(int(item))
         elif basis == "token":
             tid = model.tokenizer.token_to_id(item)
             if tid is None:
-                raise InvalidRequestError(str(model.path), f"token {item!r} is not in the vocabulary")
+                # an unusable tokenizer.json (IdTokenizer) is why nothing is found: say so
+                why = getattr(model.tokenizer, "why", None)
+                note = f" ({why()})" if callable(why) else ""
+                raise InvalidRequestError(str(model.path),
+                                          f"token {item!r} is not in the vocabulary{note}")
             out.append(tid)
         else:
             raise InvalidRequestError(str(model.path), f"position {item!r} is not a number")

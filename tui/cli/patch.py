@@ -18,13 +18,12 @@ activations).
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 from headscope.engine.core.errors import IndexOutOfRangeError, InvalidRequestError, PromptError
 from headscope.tui.cli import args as args_types
 from headscope.tui.cli.cache import add_quiet_arg, add_store_args, results_store
-from headscope.tui.cli.output import EXIT_OK, EXIT_USAGE, emit, open_for_command
+from headscope.tui.cli.output import EXIT_OK, EXIT_USAGE, emit, open_for_command, say
 from headscope.tui.cli.progress import progress_bar
 from headscope.tui.cli.reading import head_ref
 
@@ -107,7 +106,7 @@ def _inputs(p: argparse.ArgumentParser) -> None:
 
 
 def _usage(message: str) -> int:
-    print(f"headscope: {message}", file=sys.stderr)
+    say(message)  # escaped: the message may quote a token or a path
     return EXIT_USAGE
 
 

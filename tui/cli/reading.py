@@ -77,7 +77,7 @@ def run_svd(args: argparse.Namespace) -> int:
     report = svd_report(_open(args), args.layer, args.head, args.kind, k=args.k, top=args.top)
 
     def table() -> tuple[list[str], list[list[Any]]]:
-        rows = [[d["index"], d["sigma"], d["overlap"], _tokens(d["in_tokens"]), _tokens(d["out_tokens"])]
+        rows = [[d["direction"], d["sigma"], d["overlap"], _tokens(d["in_tokens"]), _tokens(d["out_tokens"])]
                 for d in report["directions"]]
         return ["direction", "sigma", "overlap", "reads (in)", "writes (out)"], rows
 

@@ -5,7 +5,6 @@ with ``--json``; each reads the model through the engine's facade, engine/api/).
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,14 @@ from typing import Any
 from headscope.engine.core.errors import InvalidRequestError
 from headscope.tui.cli.cache import results_store
 from headscope.tui.cli.cluster import cluster_from_args
-from headscope.tui.cli.output import EXIT_OK, emit, open_for_command, parse_token_list
+from headscope.tui.cli.output import (
+    EXIT_OK,
+    UsageError,
+    emit,
+    open_for_command,
+    parse_token_list,
+    say,
+)
 from headscope.tui.cli.progress import progress_bar
 
 
@@ -27,17 +33,12 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def cmd_heads(args: argparse.Namespace) -> int:
     from headscope.engine.api.report import head_table, sort_rows
-    from headscope.engine.core.validation import (
-        ABLATION_EFFECT,
-        SCORE_NAMES,
-        Z_NAMES,
-        check_sort_key,
-    )
+    from headscope.engine.core.validation import ABLATION_EFFECT, SCORE_NAMES, Z_NAMES
 
     if args.no_behaviour:
         return _weight_heads(args)
     ablation = args.ablation or args.sort == ABLATION_EFFECT
-    check_sort_key(args.sort, [*SCORE_NAMES, *Z_NAMES, ABLATION_EFFECT])  # before the model is opened
+    sort_key(args.sort, [*SCORE_NAMES, *Z_NAMES, ABLATION_EFFECT])  # before the model is opened
     model = open_for_command(args)
     with cluster_from_args(args) as cluster, \
             progress_bar(f"heads {model.path.name}", quiet=args.quiet) as progress:
@@ -53,17 +54,26 @@ def cmd_heads(args: argparse.Namespace) -> int:
 def _weight_heads(args: argparse.Namespace) -> int:
     """``heads --no-behaviour``: the weight-only scores (engine/circuits/spectral.py: no torch)."""
     from headscope.engine.api.report import WEIGHT_SCORE_NAMES, sort_rows, weight_table
-    from headscope.engine.core.validation import check_sort_key
 
     if args.ablation:
         raise InvalidRequestError(None, "--ablation runs the model: it cannot go with --no-behaviour")
-    check_sort_key(args.sort, list(WEIGHT_SCORE_NAMES))
+    sort_key(args.sort, list(WEIGHT_SCORE_NAMES))
     model = open_for_command(args)
     with progress_bar(f"heads {model.path.name}", quiet=args.quiet) as progress:
         rows = sort_rows(weight_table(model, store=results_store(args), progress=progress), args.sort)
     columns = ["layer", "head", *WEIGHT_SCORE_NAMES, "nonfinite"]
     emit(rows, args.json, lambda: (columns, [[r[c] for c in columns] for r in rows]))
     return EXIT_OK
+
+
+def sort_key(key: str | None, columns: list[str]) -> None:
+    """``--sort``: one of ``columns``, or a usage error naming the closest key."""
+    from headscope.engine.core.validation import check_sort_key
+
+    try:
+        check_sort_key(key, columns)
+    except InvalidRequestError as err:
+        raise UsageError("--sort", err.reason) from None
 
 
 def cmd_composition(args: argparse.Namespace) -> int:
@@ -121,8 +131,8 @@ def cmd_forward(args: argparse.Namespace) -> int:
         check_prompt(args.prompt, str(model.path))
         tokens = model.tokenizer.encode(args.prompt)
         if len(tokens) > model.cfg.n_ctx:
-            print(f"headscope: {model.path}: prompt truncated from {len(tokens)} to the context "
-                  f"of {model.cfg.n_ctx} tokens", file=sys.stderr)
+            say(f"{model.path}: prompt truncated from {len(tokens)} to the context "
+                f"of {model.cfg.n_ctx} tokens")
             tokens = tokens[: model.cfg.n_ctx]
     with progress_bar(f"forward {model.path.name}", quiet=args.quiet, determinate=False):
         report = forward_report(model, tokens)
@@ -131,7 +141,7 @@ def cmd_forward(args: argparse.Namespace) -> int:
 
         note = unknown_note(args.prompt, list(report["token_strings"]))
         if note:
-            print(f"headscope: {model.path}: {note}", file=sys.stderr)
+            say(f"{model.path}: {note}")
 
     def table() -> tuple[list[str], list[list[Any]]]:
         import numpy as np
@@ -210,8 +220,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     if args.ablation and args.what != "heads":
         raise InvalidRequestError(None, "--ablation is a column of --what heads")
-    if args.what == "circuit" and (args.kind is None or args.layer is None or args.head is None):
-        raise InvalidRequestError(None, "--what circuit needs --kind qk|ov, --layer and --head")
+    check_export_options(args)
     model = open_for_command(args)
     name = Path(args.path).name or "model"
     suffix = "-raw" if args.raw else ""
@@ -237,3 +246,21 @@ def cmd_export(args: argparse.Namespace) -> int:
     written = export_report(args.what, report, args.out, args.format, stem)
     print(written)
     return EXIT_OK
+
+
+# The options each ``export --what`` needs, and the --kind values it takes.
+EXPORT_NEEDS = {"composition": ("--kind",), "circuit": ("--kind", "--layer", "--head")}
+EXPORT_KINDS = {"composition": ("q", "k", "v"), "circuit": ("qk", "ov")}
+
+
+def check_export_options(args: argparse.Namespace) -> None:
+    """A missing or mismatched option of ``--what`` is a usage error naming the flag, found
+    before the model is opened (``--what composition`` without ``--kind`` used to exit 1 with
+    ``composition kind must be q, k or v, not None``). A ``--kind`` of the wrong family
+    (``--what composition --kind qk``) is the engine's validation error, the same one the API
+    and the explorer give (tests/test_requests.py)."""
+    for flag in EXPORT_NEEDS.get(args.what, ()):
+        if getattr(args, flag.lstrip("-")) is None:
+            kinds = EXPORT_KINDS[args.what]
+            example = f"{flag} {'|'.join(kinds)}" if flag == "--kind" else f"{flag} N"
+            raise UsageError(flag, f"--what {args.what} needs {example}")

@@ -7,18 +7,33 @@ stop the apps at all. Here each app runs in its own process group with the shell
 the app (``exec``); a websocket that closes gives it ``GRACE`` seconds to quit, then the
 group gets SIGTERM and, if still alive, SIGKILL; the server's shutdown does the same for
 every app still running. See docs/internals.md (serve).
+
+Access, as Jupyter does it: any web page the user has open could otherwise reach 127.0.0.1,
+drive the explorer and read what it shows, and on a shared machine so could every local
+user. So every request (page, websocket, static files, downloads) needs the server's token,
+random per start unless ``--token``/``HEADSCOPE_TOKEN`` sets it: in the URL printed at start
+(``?token=…``), which sets a same-site cookie for the page's own requests. Anything else
+gets 403. The websocket must also come from the page's own origin (a browser always sends
+``Origin``), and at most ``max_sessions`` apps run at once (each is a ~250 MB process): the
+page says so when the cap is reached. An app that exits before its first frame (a model
+that fails to open) shows its error in the browser instead of a blank start tile.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
+import html
 import os
+import secrets
 import signal
 import socket
 from asyncio.subprocess import Process
 from typing import Any
+from urllib.parse import urlsplit
 
+from aiohttp import web
 from textual_serve import server as _server
 from textual_serve.app_service import AppService
 from textual_serve.server import Server
@@ -27,6 +42,8 @@ from headscope.engine.core.errors import InvalidRequestError
 
 GRACE = 2.0  # seconds an app gets to quit by itself after its websocket closed
 KILL_AFTER = 2.0  # seconds between SIGTERM and SIGKILL
+MAX_SESSIONS = 4  # app processes at once (~250 MB each)
+ERROR_TAIL = 4000  # characters of a failed app's stderr shown in the browser
 
 
 LIVE: set[Process] = set()  # app processes not yet ended
@@ -48,9 +65,47 @@ class AppProcess(AppService):
         )
         assert process.stdin is not None
         self._stdin = process.stdin
+        self._spoke = False  # the app has sent a frame (it started)
+        self._stderr_tail = bytearray()
+        if process.stderr is not None:  # what it says, kept for the browser if it fails
+            process.stderr = _Tee(process.stderr, self._stderr_tail)  # type: ignore[assignment]
         LIVE.add(process)
         SOCKETS[process] = self.remote_close
         return process
+
+    async def on_data(self, payload: bytes) -> None:
+        self._spoke = True
+        await super().on_data(payload)
+
+    async def on_meta(self, data: bytes) -> None:
+        self._spoke = True
+        await super().on_meta(data)
+
+    async def run(self) -> None:
+        await super().run()
+        process = self._process
+        if getattr(self, "_spoke", True) or process is None:
+            return
+        # It ended before its first frame; textual-serve stopped reading its stderr when
+        # stdout closed, so the rest of what it said is read here.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(process.wait(), timeout=GRACE)
+        if process.returncode is None:
+            return
+        if isinstance(process.stderr, _Tee):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(process.stderr.read_rest(), timeout=1.0)
+        await self._show_failure()
+
+    async def _show_failure(self) -> None:
+        """The app ended before its first frame: its error, in the browser's terminal."""
+        said = bytes(self._stderr_tail).decode("utf-8", "replace").strip() or "(no message)"
+        lines = [line for line in said.splitlines() if line.strip()][-20:]
+        text = ("\x1b[2J\x1b[H\x1b[1;31mheadscope: the explorer could not start\x1b[0m\r\n\r\n"
+                + "\r\n".join(printable_line(line) for line in lines)
+                + "\r\n\r\n(close this tab; the server keeps running)\r\n")
+        with contextlib.suppress(Exception):
+            await self.remote_write_bytes(text.encode("utf-8"))
 
     async def stop(self) -> None:
         process = self._process
@@ -64,6 +119,30 @@ class AppProcess(AppService):
                 if self._task is not None:
                     self._task.cancel()
                     self._task = None
+
+
+def printable_line(line: str) -> str:
+    """An app's stderr line without its own control characters (data, not terminal codes)."""
+    from headscope.tui.base.datatext import printable
+
+    return printable(line)
+
+
+class _Tee:
+    """An app's stderr stream that also keeps the last ``ERROR_TAIL`` bytes it gave."""
+
+    def __init__(self, stream: asyncio.StreamReader, tail: bytearray) -> None:
+        self._stream, self._tail = stream, tail
+
+    async def read(self, n: int = -1) -> bytes:
+        data = await self._stream.read(n)
+        self._tail += data
+        del self._tail[:-ERROR_TAIL]
+        return data
+
+    async def read_rest(self) -> None:
+        while await self.read(1 << 12):
+            pass
 
 
 async def end_process(process: Process) -> None:
@@ -80,6 +159,72 @@ async def end_process(process: Process) -> None:
 
 
 class HeadscopeServer(Server):
+    """textual-serve's server behind a token, an Origin check and a cap on sessions."""
+
+    def __init__(self, command: str, *, host: str, port: int, title: str, token: str,
+                 max_sessions: int = MAX_SESSIONS) -> None:
+        super().__init__(command, host=host, port=port, title=title)
+        self.token = token
+        self.max_sessions = max_sessions
+        self.sessions = 0
+        self.cookie = f"headscope-token-{port}"  # cookies are per host, not per port
+
+    @property
+    def url(self) -> str:
+        """The address to open, with the token."""
+        return f"{self.public_url}/?token={self.token}"
+
+    async def _make_app(self) -> web.Application:
+        app = await super()._make_app()
+        app.middlewares.append(self._guard)
+        return app
+
+    def _has_token(self, request: web.Request) -> tuple[bool, bool]:
+        """(authorised, by the URL's token): the URL's ``token`` or the page's cookie."""
+        given = request.query.get("token")
+        if given is not None and hmac.compare_digest(given.encode(), self.token.encode()):
+            return True, True
+        cookie = request.cookies.get(self.cookie)
+        return cookie is not None and hmac.compare_digest(cookie.encode(), self.token.encode()), False
+
+    @web.middleware
+    async def _guard(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        authorised, by_url = self._has_token(request)
+        if not authorised:
+            return _page(403, "This headscope server needs its token",
+                         "Open the address <code>headscope serve</code> printed when it started "
+                         "(it ends in <code>?token=…</code>).")
+        if request.path == "/ws":
+            origin = request.headers.get("Origin")
+            if origin is not None and not same_origin(origin, request.host):
+                return _page(403, "Cross-origin websocket refused",
+                             "Only the explorer's own page may connect to it.")
+            if self.sessions >= self.max_sessions:
+                return _page(503, "Too many sessions", self._cap_text())
+        elif request.path == "/" and self.sessions >= self.max_sessions:
+            return _page(503, "Too many sessions", self._cap_text())
+        response = await handler(request)
+        if by_url and request.path == "/" and not response.prepared:
+            response.set_cookie(self.cookie, self.token, httponly=True, samesite="Strict")
+        return response
+
+    def _cap_text(self) -> str:
+        return (f"{self.sessions} explorer sessions are open, the most this server runs at once "
+                f"(each is a process of ~250 MB; <code>--max-sessions</code> sets it). Close a "
+                "tab that shows headscope, wait a few seconds, then reload this page.")
+
+    async def handle_websocket(self, request: web.Request) -> web.WebSocketResponse:
+        self.sessions += 1
+        try:
+            return await super().handle_websocket(request)
+        finally:
+            self.sessions -= 1
+
+    async def on_startup(self, app: Any) -> None:
+        # Not textual-serve's banner: it renders the command (a path) as Rich markup.
+        print(f"headscope serve: open {self.url}", flush=True)
+        print("(the token in the address is the key to this server; Ctrl+C stops it)", flush=True)
+
     async def on_shutdown(self, app: Any) -> None:
         # The browsers' websockets are closed too: an app that died before it was ready
         # leaves its websocket handler waiting on the browser, and aiohttp's shutdown would
@@ -89,6 +234,25 @@ class HeadscopeServer(Server):
         for close in closers:
             with contextlib.suppress(Exception):
                 await close()
+
+
+def same_origin(origin: str, host: str) -> bool:
+    """Whether the ``Origin`` of a request is the server's own (``http://`` + its Host)."""
+    parts = urlsplit(origin)
+    return parts.scheme in ("http", "https") and parts.netloc.lower() == host.lower()
+
+
+def _page(status: int, title: str, body: str) -> web.Response:
+    """A small HTML page for a refusal (``title`` plain text, ``body`` trusted HTML)."""
+    text = (f"<!DOCTYPE html><html><head><title>headscope: {html.escape(title)}</title></head>"
+            f"<body style='background:#0c181f;color:#eee;font-family:monospace;padding:2em'>"
+            f"<h1>{status}: {html.escape(title)}</h1><p>{body}</p></body></html>")
+    return web.Response(status=status, text=text, content_type="text/html")
+
+
+def new_token() -> str:
+    """A random token (Jupyter's strength: 192 bits)."""
+    return secrets.token_urlsafe(24)
 
 
 def check_port(host: str, port: int) -> None:
@@ -106,12 +270,15 @@ def check_port(host: str, port: int) -> None:
         raise InvalidRequestError(None, f"cannot serve on {where}: {reason}") from None
 
 
-def serve(command: str, *, host: str, port: int, title: str) -> None:
-    """Serve ``command`` (one app per browser tab) until Ctrl-C / SIGTERM."""
+def serve(command: str, *, host: str, port: int, title: str, token: str | None = None,
+          max_sessions: int = MAX_SESSIONS) -> None:
+    """Serve ``command`` (one app per browser tab) until Ctrl-C / SIGTERM; ``token``:
+    the key every request needs (random if None)."""
     check_port(host, port)
     _server.AppService = AppProcess  # type: ignore[misc]  # the server builds AppService by name
     try:
-        HeadscopeServer(command, host=host, port=port, title=title).serve()
+        HeadscopeServer(command, host=host, port=port, title=title, token=token or new_token(),
+                        max_sessions=max_sessions).serve()
     except OSError as err:  # taken between the check and the bind
         reason = (err.strerror or str(err)).lower()
         raise InvalidRequestError(None, f"cannot serve on {host}:{port}: {reason}") from None

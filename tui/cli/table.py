@@ -1,12 +1,15 @@
 """CLI tables that fit the terminal without cutting a number.
 
 Rich shrinks a table wider than the terminal by cutting cells to ``-…``. Here every column
-is at least as wide as its widest cell (headers may wrap, cells never), the box is the
+is at least as wide as its widest cell (headers may wrap after a ``_``, never inside a word;
+cells never wrap), the box is the
 light one (fewer border columns), and when the table is still too wide the trailing
 columns are left out with a note saying how many and how to see them (``--json``).
 """
 
 from __future__ import annotations
+
+import re
 
 from rich import box
 from rich.console import Console
@@ -22,10 +25,53 @@ def table_width(widths: list[int]) -> int:
     return sum(widths) + BORDER * len(widths) + 1
 
 
+# Short forms of the score names' long words, used only when the table is too wide for
+# whole headers and a word is wider than its column's numbers (TSV and --json keep the names).
+ABBREVIATIONS = {"positivity": "posit", "duplicate": "dup", "attention": "attn",
+                 "delimiter": "delim", "induction": "induct", "ablation": "ablat"}
+
+
+def header_parts(name: str) -> list[str]:
+    """Where a header may wrap: after each ``_`` (``copying_`` ``score``), never inside a
+    word (Rich's own folding gave ``copying_sc``/``ore``)."""
+    return [p for p in re.split(r"(?<=_)", name) if p]
+
+
+def abbreviate(name: str, width: int) -> str:
+    """``name`` with each word wider than ``width`` shortened (``ABBREVIATIONS``)."""
+    parts = header_parts(name)
+    out = []
+    for part in parts:
+        word = part.rstrip("_")
+        if len(word) > width and word in ABBREVIATIONS:
+            part = ABBREVIATIONS[word] + part[len(word):]
+        out.append(part)
+    return "".join(out)
+
+
+def wrap_header(name: str, width: int) -> str:
+    """``name`` on lines of at most ``width`` (longer only where one word is), split after ``_``."""
+    lines: list[str] = []
+    for part in header_parts(name):
+        if lines and len(lines[-1]) + len(part) <= width:
+            lines[-1] += part
+        else:
+            lines.append(part)
+    return "\n".join(lines)
+
+
+def column_widths(columns: list[str], cells: list[list[str]], wrap: bool) -> list[int]:
+    """Each column's width: its widest cell, and its header's widest word (``wrap``) or the
+    whole header."""
+    return [max([len(row[i]) for row in cells if i < len(row)]
+                + [max(map(len, header_parts(name))) if wrap else len(name), 1])
+            for i, name in enumerate(columns)]
+
+
 def fit_columns(columns: list[str], cells: list[list[str]], width: int) -> int:
-    """How many leading columns fit in ``width`` with every cell whole (at least 1)."""
-    widths = [max([len(row[i]) for row in cells if i < len(row)] + [1])
-              for i in range(len(columns))]
+    """How many leading columns fit in ``width`` with every cell and header word whole (at
+    least 1)."""
+    widths = column_widths(columns, cells, wrap=True)
     keep = len(columns)
     while keep > 1 and table_width(widths[:keep]) > width:
         keep -= 1
@@ -38,11 +84,17 @@ def print_table(columns: list[str], cells: list[list[str]], console: Console | N
     console = console or Console()
     columns = [printable(str(c)) for c in columns]
     cells = [[printable(str(c)) for c in row] for row in cells]
+    # headers on one line when the whole table fits so, else wrapped after their `_`s, their
+    # long words shortened where wider than the column's numbers
+    if table_width(column_widths(columns, cells, wrap=False)) > console.width:
+        cell_widths = column_widths(["" for _ in columns], cells, wrap=False)
+        columns = [abbreviate(name, w) for name, w in zip(columns, cell_widths, strict=True)]
     keep = fit_columns(columns, cells, console.width)
+    wrap = table_width(column_widths(columns[:keep], cells, wrap=False)) > console.width
+    widths = column_widths(columns[:keep], cells, wrap=wrap)
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    for i, name in enumerate(columns[:keep]):
-        longest = max([len(row[i]) for row in cells if i < len(row)] + [1])
-        t.add_column(Text(name), min_width=longest, overflow="fold")
+    for name, width in zip(columns[:keep], widths, strict=True):
+        t.add_column(Text(wrap_header(name, width)), min_width=width, overflow="fold")
     for row in cells:
         t.add_row(*(Text(c) for c in row[:keep]))
     console.print(t)

@@ -14,7 +14,9 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
+from headscope.tui.cli import args as args_types
 from headscope.tui.cli.cache import add_store_args, results_store
+from headscope.tui.cli.output import say
 
 if TYPE_CHECKING:
     from headscope.engine.api.timeline import StepScores, Timeline
@@ -52,7 +54,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="use the weights as stored (no LayerNorm folding or centring)")
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the random token sequences and baselines (default 0, as `heads`)")
-    p.add_argument("--workers", type=int, default=1,
+    p.add_argument("--workers", type=args_types.workers, default=1,
                    help="score this many steps at once, in threads (default 1)")
     p.add_argument("--scheduler", metavar="tcp://HOST:PORT",
                    help="score the steps on this Dask scheduler, one task per step (workers "
@@ -63,10 +65,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from headscope.engine.api.timeline import compute_timeline
-    from headscope.engine.core.errors import InvalidRequestError
-
-    if args.workers < 1:
-        raise InvalidRequestError(None, f"--workers must be at least 1, not {args.workers}")
     from headscope.tui.cli.cluster import cluster_from_args
 
     with cluster_from_args(argparse.Namespace(scheduler=args.scheduler)) as cluster:
@@ -77,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     if sys.stderr.isatty():
         sys.stderr.write("\r\033[K")
     for warning in timeline.warnings:
-        print(f"headscope: warning: {warning}", file=sys.stderr)
+        say(warning, warning=True)
     if args.json:
         from headscope.engine.core.export import jsonable
 

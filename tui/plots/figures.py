@@ -29,8 +29,8 @@ from headscope.tui.plots.colormap import (
     fit_shape,
     nearest_entry,
     palette_ramp,
+    pool_extreme,
     ramp_index,
-    resample,
     shade_level,
     symmetric_range,
     xterm_rgb,
@@ -86,7 +86,9 @@ class Heatmap:
         vmax = self.vmax if self.vmax is not None else symmetric_range(self.values)
         lo = 0.0 if self.sequential else -vmax
         text = Text(f"{lo:+.3g} ", style=_rgb(colours.muted))
-        text.append_text(_key_ramp(np.linspace(lo, vmax, 16), vmax, colours))
+        # 16 steps, fewer in a narrow chart (half of 80 columns) so both ends stay on one line
+        room = width - len(f"{lo:+.3g}  {vmax:+.3g}") if width else 16
+        text.append_text(_key_ramp(np.linspace(lo, vmax, max(6, min(16, room))), vmax, colours))
         text.append(f" {vmax:+.3g}", style=_rgb(colours.muted))
         n_rows, n_cols = self.values.shape
         parts: list[tuple[str, tuple[int, ...]]] = []
@@ -96,6 +98,11 @@ class Heatmap:
                 parts.append((merged(n_rows, shape[0]).strip(), colours.muted))
         if self.diagonal and n_rows == n_cols and n_rows > 1:
             parts.append((diagonal_summary(self.values), colours.foreground))
+        if width:  # a part wider than the chart is wrapped at its spaces, never drawn past
+            # the chart's edge (the virtual-heads pop-up: "24/24 rows peakIm λ")
+            parts = [(piece.plain, colour) for part, colour in parts
+                     for piece in (_wrap(part, width, max_lines=3) if len(part) > width
+                                   else [Text(part)])]
         line = len(text.plain)
         for part, colour in parts:
             if width and line + 2 + len(part) > width:
@@ -122,7 +129,7 @@ class Heatmap:
             ch, cw = fit_shape(n_rows, n_cols, height - overhead - key_lines + 1, width - lw - 2)
         if ch < 1 or cw < 1:
             return Text("(pane too small)")
-        grid = resample(self.values, ch, cw)
+        grid = pool_extreme(self.values, ch, cw)
         vmax = self.vmax if self.vmax is not None else symmetric_range(self.values)
         colour, recolour = cell_colours(grid, vmax, colours)
         plt = _plot(lw + 2 + cw, ch + 3, colours)  # frame top/bottom + x tick labels
@@ -236,14 +243,15 @@ def _recolour(text: Text, table: Recolour) -> Text:
 
 
 def merged(n: int, cells: int) -> str:
-    """Which rows share a cell when ``n`` rows are pooled into ``cells`` (block means)."""
+    """Which rows share a cell when ``n`` rows are pooled into ``cells``, and what the cell
+    shows (``pool_extreme``: the block's entry of largest magnitude, with its sign)."""
     if cells >= n or cells <= 0:
         return ""
-    start, stop = bins(n, cells)  # the blocks resample() averages
+    start, stop = bins(n, cells)  # the blocks pool_extreme() reduces
     blocks = [f"{a}–{b - 1}" for a, b in zip(start.tolist(), stop.tolist(), strict=True)
               if b - a > 1]
     more = ", …" if len(blocks) > 2 else ""
-    return f" (rows {', '.join(blocks[:2])}{more} averaged)"
+    return f" (rows {', '.join(blocks[:2])}{more}: largest |value|)"
 
 
 def diagonal_summary(values: np.ndarray) -> str:
@@ -270,7 +278,10 @@ class Scatter:
     by: np.ndarray | None = None
 
     def draw(self, width: int, height: int, colours: Colours) -> Text:
-        plt = _plot(width, height, colours)
+        # The title is ours, wrapped on up to two lines: plotext's, cut to the canvas, lost
+        # the copying score at 80 columns ("full OV λ · copyin…").
+        titles = _wrap(self.title, width, "bold", 2) if self.title else []
+        plt = _plot(width, max(height - len(titles), 1), colours)
         x, y = _finite_xy(self.x, self.y)
         bx, by = _finite_xy(self.bx, self.by)
         r = float(np.abs(np.concatenate([x, y, bx, by])).max(initial=0.0)) or 1.0
@@ -293,11 +304,10 @@ class Scatter:
             plt.scatter(x[pos].tolist(), y[pos].tolist(), marker="dot", color=pos_colour,
                         label="A" if self.bx is not None else None)
             plt.scatter(x[~pos].tolist(), y[~pos].tolist(), marker="dot", color=neg)
-        _title(plt, self.title, width)
         plt.xlabel(self.xlabel)
         plt.ylabel(self.ylabel)
         plt.ticks_color(colours.foreground)
-        return _pinned(_text(plt), colours)
+        return Text("\n").join([*titles, _pinned(_text(plt), colours)])
 
 
 def _symmetric_ticks(lim: float, n: int) -> tuple[list[float], list[str]]:

@@ -60,7 +60,7 @@ from headscope.tui.base.messages import (
 from headscope.tui.screens.dialogs import InputScreen
 from headscope.tui.screens.path import PathScreen
 from headscope.tui.session.choices import TREE_FILTERS, ViewChoices, token_ids
-from headscope.tui.session.export import export_document, write_export
+from headscope.tui.session.export import export_document, saved_where, write_export
 from headscope.tui.session.focus import HeadFocus
 from headscope.tui.session.loads import PER_HEAD, TabLoads, load_key
 from headscope.tui.session.scores import ScoreBoard
@@ -369,6 +369,14 @@ class ExplorerScreen(Screen[None]):
         table = await self._swept(self.engine.all_head_scores)
         if table is not None:
             self.post_message(ScoresSwept(score_rows(table), gen))
+        # ablation effects an earlier run stored (`a`, or `heads --ablation`) are shown at
+        # once, in the Summary and on the focus line; the sweep itself stays opt-in (`a`)
+        try:
+            effects = await self.engine.stored_ablation_effects()
+        except (EngineCancelled, HeadscopeError):
+            effects = None
+        if effects is not None:
+            self.post_message(AblationSwept(effects, gen, stored=True))
 
     @on(ScoresSwept)
     def _scores_swept(self, msg: ScoresSwept) -> None:
@@ -445,7 +453,9 @@ class ExplorerScreen(Screen[None]):
             return
         # kept, and the Summary sorted by it; no tab switch if the user moved on
         top = self.scores.set_ablation(msg.effects)
-        if top is not None:
+        if msg.stored:
+            pass  # read back from the results store: no news to announce
+        elif top is not None:
             self.notify(f"zeroing L{top[0]}.H{top[1]} costs the most: "
                         f"{self.scores.ablation_of(top):+.2f} nats", title="ablation sweep")
         else:  # a NaN anywhere in the weights makes the clean loss itself NaN
@@ -566,9 +576,21 @@ class ExplorerScreen(Screen[None]):
             self.notify("no timeline: open a series with headscope --timeline PATH",
                         severity="warning")
             return
+        focused, previous = self.app.focused, self.active_tab
+        remembered: dict[str, Any] = self.__dict__.setdefault("_tab_focus", {})
+        if focused is not None and any(a.id == previous for a in focused.ancestors):
+            remembered[previous] = focused  # its tab is hidden: focus it again on return
         self.query_one("#tabs", TabbedContent).active = tab
         self.active_tab = tab
         self._load_active()
+        # Focus never stays on a hidden widget: coming back to 5 after the edge list had focus
+        # left focus nowhere, so `tab` went to the tree and `enter` did nothing until a second
+        # `tab`. Back on a tab, its widget that had focus has it again; else the tree.
+        back = remembered.get(tab)
+        if back is not None and back.is_attached and back.focusable:
+            self.call_after_refresh(back.focus)
+        elif focused is None or any(a.id == previous for a in focused.ancestors):
+            self.call_after_refresh(self.query_one(HeadTree).focus)
 
     def _key(self, tab: str) -> LoadKey:
         extra: tuple = ()
@@ -923,7 +945,7 @@ class ExplorerScreen(Screen[None]):
         except OSError as err:
             self.report(f"cannot export: {err}")
             return
-        self.notify(f"saved {path}", title="export")
+        self.notify(saved_where(path), title="export saved")
 
     # -- status ---------------------------------------------------------------------------
     def _tick(self) -> None:

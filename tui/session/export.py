@@ -29,3 +29,10 @@ def write_export(path: Path, doc: dict[str, Any]) -> Path:
     """Write ``doc`` to ``path`` atomically (never a partial file); ``OSError`` on failure."""
     atomic_write_text(path, json.dumps(doc, indent=1))
     return path
+
+
+def saved_where(path: Path) -> str:
+    """A notification naming the file, the directory it went to, and how to change it
+    (after ``make run`` the current directory is the git checkout)."""
+    return (f"{path.name} in {path.parent}/ (output directory: ctrl+p → Set output "
+            "directory, or output_dir in config.toml)")

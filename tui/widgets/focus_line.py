@@ -69,9 +69,17 @@ def score_texts(row: HeadScores, null: ScoreNull | None, ablation: float) -> lis
               if z_score(null, row, k) == z_score(null, row, k) else -math.inf)
     core = [k for k in lean if k not in SINKS]
     few = ["copying_score", "prev_token_score", "induction_score"]
-    plans = [(full, labels, full), (full, short, full), (lean, short, lean),
-             (lean, short, [top]), (core, short, [top]), (lean, short, []),
-             (core, short, []), (few, short, [])]
+    # Less important parts go first: the weaker scores' z's, then QK+ and the sinks, then the
+    # other scores; the z of the head's strongest score goes last but one (at 80 columns the
+    # line used to keep QK+ and prev and drop `z=219` from `ind +0.95`).
+    plans = [(full, labels, full), (full, short, full), (lean, short, lean), (core, short, core)]
+    keys = list(full)
+    for dropped in ["duplicate_token_score", *sinks, "qk_positivity", "prev_token_score",
+                    "copying_score", "induction_score"]:
+        if dropped != top and dropped in keys:
+            keys = [k for k in keys if k != dropped]
+            plans.append((keys, short, [top]))
+    plans.append((few, short, []))
     out = []
     for keys, names, with_z in plans:
         text = Text()

@@ -3,7 +3,8 @@
 Built from ``engine.structure`` alone (no torch, no tensor read), so it is on the first
 frame. Badges (C copying, P previous-token, I induction, S attention sink) are coloured by
 strength and only appear for heads whose score is known, so interesting heads stand out at a
-glance. Filtered (``f``), each head shows the filtered score and its z against random heads.
+glance. Filtered (``f``), each head shows the filtered score and its z against random heads;
+the focused head stays in the tree when it fails the filter, marked ``focus`` (score struck).
 A head with NaN/inf weights shows a red "!" flag and "nan" instead of badges.
 """
 
@@ -175,7 +176,12 @@ class HeadTree(Tree[NodeData]):
                 sink_style = badge_style(sink(row), strong, mid)
                 if sink_style:
                     text.append(f" {SINK_BADGE[1]}", style=sink_style)
-            if self.filter is not None:
+            if self.filter is not None and not self.meets((layer, head)):
+                # the focused head, kept in the tree though it fails the filter: marked as
+                # such, its score struck through, never shown like a match
+                text.append(f" {filter_value(row, self.filter[0]):.2f}", style="dim strike")
+                text.append(" focus", style="italic")
+            elif self.filter is not None:
                 # the filtered score and, once the null is in, its z: "0.95 z=41"
                 text.append(f" {filter_value(row, self.filter[0]):.2f}", style="bold")
                 z = z_text(filter_z(self.null, row, self.filter[0]))

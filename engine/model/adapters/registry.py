@@ -42,6 +42,36 @@ FAMILIES: tuple[ModuleType, ...] = (gpt2, neox, llama, bert, gemma, qwen3, gpt_n
                                     phi3, phi, gptj, opt)
 
 
+# The families as README.md's "Supported checkpoints" table names them, in its order, with
+# the architectures each reads (several share an adapter module: Gemma 1/2/3 are one). The
+# CLI's --help lists these labels; tests/test_cli.py checks that the README's table has
+# exactly these rows and that every architecture of every adapter is in one of them.
+NATIVE_FAMILY = "headscope native"
+FAMILY_TABLE: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (NATIVE_FAMILY, ()),  # engine/model/adapters/native.py: not read from a config.json
+    ("GPT-2", gpt2.ARCHITECTURES),
+    ("GPT-NeoX", neox.ARCHITECTURES),
+    ("Llama family", llama.ARCHITECTURES),
+    ("Qwen3", ("Qwen3ForCausalLM", "Qwen3Model")),
+    ("OLMo2", ("Olmo2ForCausalLM", "Olmo2Model")),
+    ("Gemma", ("GemmaForCausalLM", "GemmaModel")),
+    ("Gemma 2", ("Gemma2ForCausalLM", "Gemma2Model")),
+    ("Gemma 3 (text)", ("Gemma3ForCausalLM", "Gemma3TextModel")),
+    ("Mixtral", mixtral.ARCHITECTURES),
+    ("GPT-Neo", gpt_neo.ARCHITECTURES),
+    ("BERT", bert.ARCHITECTURES),
+    ("Phi-3", phi3.ARCHITECTURES),
+    ("Phi", phi.ARCHITECTURES),
+    ("GPT-J", gptj.ARCHITECTURES),
+    ("OPT", opt.ARCHITECTURES),
+)
+
+
+def family_names() -> list[str]:
+    """The supported families, as README.md's table names them."""
+    return [name for name, _ in FAMILY_TABLE]
+
+
 def _registry() -> dict[str, ModuleType]:
     return {arch: module for module in FAMILIES for arch in module.ARCHITECTURES}
 

@@ -1,0 +1,327 @@
+"""The explorer at 80×24, the size most SSH sessions open at, and in 256 colours (issue #28).
+
+The heatmap checks read the rendered cells (their palette entries), not the figure's data;
+the colour check reads what the app would write to the terminal after each action.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import textual.constants
+from rich.style import Style
+from rich.text import Text
+from textual.widgets import DataTable
+
+from headscope.tui.app import HeadscopeApp
+from headscope.tui.base.settings import Settings
+from headscope.tui.plots.colormap import bins, palette_ramp
+from headscope.tui.screens.path import PathScreen
+from headscope.tui.widgets.chart import Chart
+from tests.conftest import INDUCTION_HEAD, sample_model
+from tests.test_tui_app import make_app, settle, wait_until
+
+ROOT = Path(__file__).resolve().parents[1]
+TRUECOLOR = re.compile(r"\x1b\[[0-9;]*?[34]8;2;")
+
+
+@pytest.fixture(autouse=True)
+def _quiet_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HEADSCOPE_CONFIG", str(tmp_path / "none.toml"))
+    monkeypatch.setenv("HEADSCOPE_OUTPUT_DIR", str(tmp_path / "out"))
+
+
+def heatmap_cells(text: Text) -> list[list[int | None]]:
+    """The palette entry of every cell of a 256-colour heatmap, row by row (the characters
+    between the y axis and the right frame of each canvas line)."""
+    lines = text.plain.split("\n")
+    starts = np.cumsum([0] + [len(line) + 1 for line in lines])
+    entry: dict[int, int] = {}
+    for span in text.spans:
+        style = span.style
+        if isinstance(style, Style) and style.color is not None and style.color.number is not None:
+            for k in range(span.start, span.end):
+                entry[k] = style.color.number
+    grid = []
+    for i, line in enumerate(lines):
+        if "█" not in line:
+            continue
+        left = line.index("┤") + 1 if "┤" in line[:12] else line.index("│") + 1
+        right = line.index("│", left)
+        grid.append([entry.get(int(starts[i]) + k) for k in range(left, right)])
+    return grid
+
+
+async def test_the_ov_diagonal_of_the_induction_head_is_bright_at_80x24() -> None:
+    """Pooled by block means, attn-only-2l L1.H2's 24×24 OV circuit came out grey at 80×24
+    (entries 234–237): each cell now keeps its block's signed extreme, so every cell that
+    holds a diagonal entry is in the top quarter of the ramp (+vmax/2 … +vmax)."""
+    app = HeadscopeApp(sample_model("attn-only-2l"), settings=Settings(), debounce=0.01,
+                       sweep=False, head=INDUCTION_HEAD, colors="256")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, app.model_ready.is_set, "the model", limit=1200)
+        await pilot.press("2")
+        await settle(pilot, app)
+        chart = app.explorer.query_one("#ov-heatmap", Chart)
+        await wait_until(pilot, lambda: chart.rendered is not None, "the OV heatmap")
+        text = chart.rendered
+        assert "largest |value|" in text.plain
+        # the shape README.md's tour quotes for 80×24
+        quoted = re.search(r"`(pooled 24×24→\d+×\d+)`", (ROOT / "README.md").read_text())
+        assert quoted and quoted.group(1) in text.plain, text.plain
+        ramp = palette_ramp(chart.colours().stops)
+        top_quarter = set(ramp[12:]) - set(ramp[:12])  # positions 12…16 of −8…+8
+        grid = heatmap_cells(text)
+        n_rows, n_cols = len(grid), len(grid[0])
+        assert n_rows < 24 and all(len(row) == n_cols for row in grid)
+        r0, r1 = bins(24, n_rows)
+        c0, c1 = bins(24, n_cols)
+        diagonal = [(i, j) for i in range(n_rows) for j in range(n_cols)
+                    if max(r0[i], c0[j]) < min(r1[i], c1[j])]  # the blocks share a token
+        assert len(diagonal) >= n_rows
+        dim = [(i, j, grid[i][j]) for i, j in diagonal if grid[i][j] not in top_quarter]
+        assert dim == [], dim
+
+
+async def test_256_colours_never_become_truecolor_codes(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Everything the app writes in 256-colour mode is 256-colour codes, after theme cycling,
+    raw/processed toggles, resizes, the virtual-heads pop-up and a screenshot. The screenshot
+    was the cause: Textual's export renders the screen through a truecolor console, Rich
+    caches the codes on each Style, and Textual's output reused them (38;2;… in 256 mode)."""
+    monkeypatch.setattr(textual.constants, "COLOR_SYSTEM", "256")  # the app's console
+    app, _ = make_app(colors="256", output_dir=tmp_path)
+
+    def written() -> str:
+        # what the driver writes for a full repaint (App._display renders the same update)
+        update = app.screen._compositor.render_update(full=True)
+        return update.render_segments(app.console)
+
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, app)
+        assert app.console.color_system == "256"
+
+        async def check(what: str) -> None:
+            # a screenshot of the new state before the terminal output has drawn it (the
+            # headless app draws nothing itself): the order that poisoned the styles
+            await settle(pilot, app)
+            await pilot.press("s")
+            await settle(pilot, app)
+            out = written()
+            assert "38;5;" in out and not TRUECOLOR.search(out), what
+
+        await check("start")
+        for keys, what in [("2", "OV tab"), ("t", "theme"), ("t", "theme 2"), ("r", "raw"),
+                           ("r", "processed"), ("1", "QK tab"), ("3", "spectrum"),
+                           ("4", "prompt"), ("6", "summary")]:
+            await pilot.press(keys)
+            await check(what)
+        await pilot.resize_terminal(120, 40)
+        await check("resized to 120×40")
+        await pilot.press("5")
+        await settle(pilot, app)
+        app.explorer.query_one("#comp-edges", DataTable).focus()
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: isinstance(app.screen, PathScreen), "the virtual heads")
+        await settle(pilot, app)
+        app.action_screenshot_svg()  # the pop-up has its own keys: the app's action
+        await settle(pilot, app)
+        assert not TRUECOLOR.search(written()), "virtual heads"
+        await pilot.press("escape")
+        await pilot.resize_terminal(80, 24)
+        await check("back at 80×24")
+        assert list(tmp_path.glob("*.svg"))
+
+
+async def test_saves_say_where_and_follow_the_output_dir_setting(tmp_path: Path) -> None:
+    """`s` and `e` wrote into the current directory (after `make run`, the checkout) and said
+    only the path. The output_dir setting (config.toml, $HEADSCOPE_OUTPUT_DIR) is honoured and
+    the notification names the directory and how to change it."""
+    out = tmp_path / "chosen"
+    app, _ = make_app(settings=Settings(output_dir=str(out)))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, app)
+        assert app.output_dir() == out.resolve()
+        await pilot.press("s", "e")
+        await settle(pilot, app)
+        saved = sorted(p.suffix for p in out.iterdir())
+        assert saved == [".json", ".svg"]
+        messages = [n.message for n in app._notifications]
+        for suffix in (".svg", ".json"):
+            (name,) = [p.name for p in out.iterdir() if p.suffix == suffix]
+            assert any(name in m and f"{out.resolve()}/" in m and "output directory" in m
+                       for m in messages), messages
+
+
+def test_the_output_dir_setting_is_read_from_the_file_and_the_environment(tmp_path: Path) -> None:
+    from headscope.engine.core.errors import ConfigError
+    from headscope.tui.base.settings import load_settings
+
+    config = tmp_path / "config.toml"
+    config.write_text('output_dir = "/srv/shots"\n')
+    assert load_settings({"HEADSCOPE_CONFIG": str(config)}).output_dir == "/srv/shots"
+    env = {"HEADSCOPE_CONFIG": str(config), "HEADSCOPE_OUTPUT_DIR": "/tmp/x"}
+    assert load_settings(env).output_dir == "/tmp/x"
+    config.write_text("output_dir = 3\n")
+    with pytest.raises(ConfigError, match="output_dir"):
+        load_settings({"HEADSCOPE_CONFIG": str(config)})
+
+
+async def test_the_focus_line_keeps_the_strongest_scores_z_at_80_columns() -> None:
+    """At 80 columns the focus line kept `QK+` and `prev` and dropped the z of `ind +0.95`;
+    now the weaker parts go first and the strongest score keeps its z."""
+    import math
+
+    from textual.widgets import Static
+
+    from headscope.tui.base.labels import SHORT, z_score, z_text
+    from headscope.tui.widgets.focus_line import SHORT_LABELS, score_texts
+
+    app, engine = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, app)
+        line = app.query_one("#focus-line", Static)
+        shown = str(line.render())
+        row = engine._scores(0, 0)
+        null = await engine.score_null()
+        keys = ["copying_score", "qk_positivity", "prev_token_score", "duplicate_token_score",
+                "induction_score"]
+        top = max(keys, key=lambda k: z_score(null, row, k))
+        name = {**SHORT, **SHORT_LABELS}[top]
+        value = getattr(row, top)
+        assert f"{name} {value:+.2f} {z_text(z_score(null, row, top))}" in shown, shown
+        assert len(shown) <= line.content_size.width
+        # every candidate with a z comes before the ones without any
+        has_z = ["z=" in t.plain for t in score_texts(row, null, math.nan)]
+        assert has_z == sorted(has_z, reverse=True)
+
+
+async def test_a_filter_marks_the_focused_head_that_fails_it() -> None:
+    """Under the previous-token filter the focused head showed `H2 0.02 z=-6.4` like a match;
+    it stays (filtering never moves the focus), marked `focus`, its score struck through."""
+    from headscope.tui.session.choices import TREE_FILTERS
+    from headscope.tui.widgets.head_tree import HeadTree
+
+    app, _ = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, app)
+        tree = app.query_one(HeadTree)
+        seen = 0
+        for _ in range(len(TREE_FILTERS)):
+            await pilot.press("f")
+            await settle(pilot, app)
+            for head, node in tree.head_nodes.items():
+                label = node.label
+                if head == app.explorer.head and not tree.meets(head):
+                    seen += 1
+                    assert label.plain.endswith(" focus"), label.plain
+                    assert "z=" not in label.plain
+                    assert any("strike" in str(span.style) for span in label.spans)
+                else:
+                    assert "focus" not in label.plain
+        assert seen, "the focused head met every filter: pick another"
+
+
+async def test_stored_ablation_effects_show_in_the_summary_without_a() -> None:
+    """Effects already in the results store showed as `—` in the Summary until `a`."""
+    from headscope.tui.base.labels import ABLATION
+
+    app, engine = make_app()
+    engine.stored_ablation = True
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("6")
+        await settle(pilot, app)
+        assert engine.calls["all_ablation_effects"] == 0  # nothing swept
+        assert app.explorer.scores.ablation is not None
+        table = app.query_one("#summary-table", DataTable)
+        column = list(table.columns).index(ABLATION)
+        cells = [str(table.get_row_at(r)[column]) for r in range(table.row_count)]
+        assert len(cells) == 8 and not any("—" in c for c in cells), cells
+        expected = {f"{await engine.ablation(layer, head):+.3f}" for layer in range(2)
+                    for head in range(4)}
+        assert {c.strip() for c in cells} == expected
+        assert "press a" not in str(app.query_one("#summary-hint").render())
+
+
+async def test_the_real_engine_reads_stored_ablation_effects(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from headscope.engine.api.model import open_model
+    from headscope.engine.api.report import head_table
+    from headscope.engine.service.engine import Engine
+    from headscope.engine.sweeps.store import ResultStore
+
+    store = ResultStore(tmp_path / "store")
+    path = sample_model("attn-only-2l")
+    engine = Engine(path, workers=1, prefetch=False, store=store)
+    await engine.ready()
+    try:
+        assert await engine.stored_ablation_effects() is None
+    finally:
+        await engine.aclose()
+    rows = head_table(open_model(path), ablation=True, store=store)
+    engine = Engine(path, workers=1, prefetch=False, store=store)
+    await engine.ready()
+    try:
+        effects = await engine.stored_ablation_effects()
+    finally:
+        await engine.aclose()
+    assert effects is not None
+    for r in rows:
+        assert effects[r["layer"], r["head"]] == pytest.approx(r["ablation_effect"], abs=1e-6)
+
+
+async def test_qk_and_spectrum_use_the_width_at_80x24() -> None:
+    """QK: the token heatmap and the positional QK side by side (the positional one was
+    hidden and ~35 columns left blank). Spectrum: the two plots side by side, each with a
+    canvas tall enough that the real axis is the row labelled 0.0 (stacked, each had two
+    rows), and the title's score whole."""
+    app, _ = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, app)
+        token = app.explorer.query_one("#qk-token", Chart)
+        position = app.explorer.query_one("#qk-position", Chart)
+        assert position.display and position.region.width >= 25
+        assert position.region.x >= token.region.right
+        assert "positional QK" in position.rendered.plain
+        await pilot.press("3")
+        await settle(pilot, app)
+        for chart_id in ("spectrum-ov", "spectrum-qk"):
+            chart = app.explorer.query_one(f"#{chart_id}", Chart)
+            lines = chart.rendered.plain.splitlines()
+            canvas = [line for line in lines if "┤" in line or "├" in line or
+                      (line.lstrip().startswith("│") and "┬" not in line)]
+            assert len(canvas) >= 9, lines
+            zero = [line for line in lines if "├" in line]  # the axis line through Im 0
+            assert len(zero) == 1 and zero[0].split("├")[0].strip() == "0.0", lines
+            label = "copying" if chart_id == "spectrum-ov" else "QK positivity"
+            assert re.search(rf"{label} [+-]\d\.\d{{3}}", " ".join(lines)), lines
+
+
+async def test_focus_is_drawn_and_comes_back_with_its_tab() -> None:
+    """The focused pane has a heavy frame; after `5`, `tab` to the edge list, `1` and `5`
+    again, the edge list has focus (it was nowhere, so `tab` went to the tree and `enter`
+    did nothing until a second `tab`)."""
+    from headscope.tui.widgets.head_tree import HeadTree
+
+    app, _ = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, app)
+        tree = app.query_one(HeadTree)
+        edges = app.explorer.query_one("#comp-edges", DataTable)
+        assert app.focused is tree and tree.styles.border.top[0] == "heavy"
+        await pilot.press("5", "tab")
+        await settle(pilot, app)
+        assert app.focused is edges and edges.styles.border.top[0] == "heavy"
+        assert tree.styles.border.top[0] == "round"
+        await pilot.press("1")
+        await settle(pilot, app)
+        assert app.focused is tree  # never a hidden widget
+        await pilot.press("5")
+        await settle(pilot, app)
+        assert app.focused is edges
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: isinstance(app.screen, PathScreen), "the virtual heads")
