@@ -74,9 +74,11 @@ def test_heads_sorted_by_recovered_undefined_last_and_the_selection_kept() -> No
     s.set_result(result({(0, 0): 0.9, (0, 1): 0.0, (1, 0): 0.15, (1, 1): 0.71}), s.key())
     assert s.selected.head == (1, 0) and s.cursor == 2
     assert "clean -0.500 corrupt -6.000 (4×8 tokens)" in s.summary()
-    records = s.records()
+    records = s.records()  # headscope patch --json's shape, most recovered first
+    assert {"method", "site", "metric", "clean", "corrupt", "heads"} <= set(records)
     assert records["heads"][0] == {"layer": 0, "head": 0, "patched": pytest.approx(-1.05),
                                    "recovered": 0.9}
+    assert [(h["layer"], h["head"]) for h in records["heads"]] == [h.head for h in s.rows]
 
 
 def test_path_effects_and_unused_edges() -> None:

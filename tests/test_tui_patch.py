@@ -244,3 +244,21 @@ async def test_on_the_real_engine_the_induction_head_recovers_most() -> None:
         assert rows(app)[:3] == ["L1.H2", "L1.H1", "L1.H0"]
         assert "induction task" in pane.status and "L1.H2: recovered +0.7" in pane.status
         assert app.query_one("#patch-map", Chart).rendered is not None
+
+
+async def test_e_exports_the_patch_result_as_the_cli_prints_it(tmp_path: Path) -> None:
+    import json
+
+    app, _ = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("9")
+        await settle(pilot, app)
+        await pilot.press("e")
+        await settle(pilot, app)
+        files = list((tmp_path / "out").glob("*.json"))
+        assert len(files) == 1
+        doc = json.loads(files[0].read_text())
+        assert doc["view"] == "patch" and doc["head"] is None
+        assert doc["data"]["method"] == "exact" and doc["data"]["site"] == "out"
+        assert (doc["data"]["heads"][0]["layer"], doc["data"]["heads"][0]["head"]) == (1, 2)

@@ -190,14 +190,19 @@ class PatchSession:
         return f"{line} · {r.note}" if r.note else line
 
     def records(self) -> dict[str, Any]:
-        """What ``e`` exports: the result as ``headscope patch --json`` shapes it."""
+        """What ``e`` exports: the JSON ``headscope patch --json`` prints for the result
+        (``api.report.patch_dict``; imported here, not before the first frame), its heads
+        most recovered first as the list shows them."""
+        from headscope.engine.api.report import patch_dict
+
         r = self.result
         if r is None:
             return {}
-        return {"method": r.method, "site": r.site, "metric": r.metric, "clean": r.clean,
-                "corrupt": r.corrupt, "note": r.note,
-                "heads": [{"layer": h.head[0], "head": h.head[1], "patched": h.patched,
-                           "recovered": h.recovered} for h in self.rows]}
+        doc = patch_dict(r)
+        order = {h.head: i for i, h in enumerate(self.rows)}
+        doc["heads"] = sorted(doc["heads"], key=lambda row: order.get(
+            (row.get("layer"), row.get("head")), len(order)))
+        return doc
 
 
 # -- the Composition tab's path effects -------------------------------------------------------
