@@ -187,7 +187,7 @@ class PatchPane(Vertical):
     # -- loading --------------------------------------------------------------------------
     async def load(self, host: PaneHost, key: LoadKey) -> None:
         """Patch for the session's inputs (the load key's), on the engine's workers."""
-        engine: Any = host.engine
+        engine = host.engine
         session = self.session
         if not session.has_task:
             clean, corrupt = await engine.induction_prompts()
