@@ -23,6 +23,8 @@ from headscope.engine.core.results import (
     CircuitBlock,
     Composition,
     HeadScores,
+    PatchResult,
+    PatchRow,
     Profile,
     PromptView,
     ScoreNull,
@@ -60,6 +62,8 @@ class FakeEngine:
         self.fail = set(fail)
         self.calls: Counter[str] = Counter()
         self.requests: list[tuple[int, int, str, str]] = []  # circuit blocks asked for
+        self.patch_requests: list[dict[str, Any]] = []  # patch() calls' inputs
+        self.path_requests: list[tuple[Any, str]] = []  # path_patch() calls' edges and input
         self.gate: asyncio.Event | None = None  # when set to an Event, ready() waits on it
         self.focused: tuple[int, int] | None = None
         self.closed = False
@@ -420,6 +424,76 @@ class FakeEngine:
         set (an earlier run's `a`, or the CLI's ``heads --ablation``), else None."""
         await self._enter("stored_ablation_effects")
         return readonly(self._behaviour[2], np.float32) if self.stored_ablation else None
+
+    # -- patching (planted: the induction head L1.H2 recovers most) ------------------------
+    async def induction_prompts(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        self.calls["induction_prompts"] += 1
+        await asyncio.sleep(0)
+        half = tuple(range(3, 9))
+        return half + half, half + tuple(range(20, 26))
+
+    def patch_table(self, site: str = "out", method: str = "exact") -> np.ndarray:
+        """``[L, H]`` recovered of the fake: the behavioural induction score, L1.H2 planted
+        highest, one head slightly negative; attribution: the same times 0.9."""
+        table = self._behaviour[2].copy()
+        table[0, 0] = -0.05
+        if site != "out":
+            table = table * 0.5
+        return table * (0.9 if method == "attribution" else 1.0)
+
+    async def patch(self, *, clean: Any = None, corrupt: Any = None, answer: Any = None,
+                    wrong: Any = None, site: str = "out", method: str = "exact",
+                    progress: Callable[[float], None] | None = None) -> PatchResult:
+        self.patch_requests.append({"clean": clean, "corrupt": corrupt, "answer": answer,
+                                    "wrong": wrong, "site": site, "method": method})
+        self._activity = "patching"
+        try:
+            self.calls["patch"] += 1  # ``delay`` is spread over the progress steps
+            if "patch" in self.fail:
+                raise CorruptFileError(self.path, "patch failed: tensor data truncated")
+            if clean is not None and corrupt is not None and len(clean) != len(corrupt):
+                raise PromptError(self.path, f"the clean and corrupt inputs must have the same "
+                                  f"length: clean has {len(clean)} tokens, corrupt {len(corrupt)}")
+            if clean is not None and (answer is None or wrong is None):
+                raise PromptError(self.path, "the logit difference needs --answer and --wrong tokens")
+            for step in range(1, self.sweep_steps + 1):
+                if progress is not None:
+                    t = threading.Thread(target=progress, args=(step / self.sweep_steps,))
+                    t.start()
+                    t.join()
+                await asyncio.sleep(self.delay / self.sweep_steps if self.delay else 0)
+        except asyncio.CancelledError:
+            self.calls["patch cancelled"] += 1
+            raise
+        finally:
+            self._activity = None
+        table = self.patch_table(site, method)
+        clean_m, corrupt_m = -0.5, -6.0
+        rows = tuple(PatchRow(((layer, head),), corrupt_m + float(table[layer, head]) * 5.5,
+                              float(table[layer, head]),
+                              estimate=float(table[layer, head]) * 5.5 if method == "attribution" else None)
+                     for layer in range(self.L) for head in range(self.H))
+        return PatchResult(method=method, site=site,  # type: ignore[arg-type]
+                           metric="induction" if answer is None else "logit_diff", noising=False,
+                           clean=clean_m, corrupt=corrupt_m, rows=rows, n_layers=self.L,
+                           n_heads=self.H, tokens=12, batch=1 if clean is not None else 4)
+
+    async def path_patch(self, edges: Any, receiver_input: str, *, clean: Any = None,
+                         corrupt: Any = None, answer: Any = None, wrong: Any = None,
+                         progress: Callable[[float], None] | None = None) -> PatchResult:
+        """Planted: an edge into L1.H2 recovers 0.3 (v) or 0.2 (q, k) per unit of the
+        sender's prev-token score; every other edge 0."""
+        await self._enter("path_patch")
+        self.path_requests.append((tuple(edges), receiver_input))
+        rows = []
+        for sender, receiver in edges:
+            rec = 0.0
+            if tuple(receiver) == (min(1, self.L - 1), min(2, self.H - 1)):
+                rec = (0.3 if receiver_input == "v" else 0.2) * float(self._behaviour[0][sender])
+            rows.append(PatchRow((tuple(sender), tuple(receiver)), -6.0 + 5.5 * rec, rec))
+        return PatchResult(method="path", site=receiver_input, metric="induction",
+                           noising=False, clean=-0.5, corrupt=-6.0, rows=tuple(rows),
+                           n_layers=self.L, n_heads=self.H, tokens=12, batch=4)
 
     def stats(self) -> CacheStats:
         return CacheStats(hits=self._hits, misses=self._misses, evictions=0, bytes=0,

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from torch import Tensor
 
-__all__ = ["import_torch_in_background", "inference_mode", "mask_batch", "set_threads",
-           "token_batch"]
+__all__ = ["gradient_mode", "import_torch_in_background", "inference_mode", "mask_batch",
+           "set_threads", "token_batch"]
 
 
 def set_threads(n: int) -> int:
@@ -35,6 +35,15 @@ def inference_mode() -> contextlib.AbstractContextManager[Any]:
     import torch
 
     return torch.inference_mode()
+
+
+def gradient_mode() -> contextlib.AbstractContextManager[Any]:
+    """``torch.inference_mode(False)``: autograd back on inside a job that runs under
+    ``inference_mode`` (the engine's workers): attribution patching takes a backward pass,
+    and tensors made in inference mode cannot enter one."""
+    import torch
+
+    return torch.inference_mode(False)
 
 
 def import_torch_in_background() -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import os
 import threading
 from collections.abc import Callable, Hashable, Sequence
@@ -43,6 +44,7 @@ from headscope.engine.core.results import (
     CircuitBlock,
     Composition,
     HeadScores,
+    PatchResult,
     Profile,
     PromptView,
     ScoreNull,
@@ -54,7 +56,7 @@ from headscope.engine.core.results import (
     readonly,
 )
 from headscope.engine.core.validation import EDGE_THRESHOLD, MAX_RESULT_BYTES, SEED, TOP_EDGES
-from headscope.engine.forward.runtime import inference_mode, set_threads
+from headscope.engine.forward.runtime import gradient_mode, inference_mode, set_threads
 from headscope.engine.service.scheduler import JobContext, Scheduler
 from headscope.engine.sweeps import compute
 
@@ -596,6 +598,91 @@ class Engine:
             label="stored ablation effects",
         )
 
+    # -- interventions: activation, attribution and path patching (docs/math.md, "Patching") --
+
+    async def induction_prompts(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The first clean and corrupt sequence of the seeded induction task (what
+        ``patch()`` runs with no prompts): the explorer's Patch tab shows them as its inputs."""
+        raw = self._raw
+
+        def run(ctx: JobContext) -> tuple[tuple[int, ...], tuple[int, ...]]:
+            from headscope.engine.forward.patching import induction_task
+
+            cfg = self._model(raw).cfg
+            req = validation.patch_request(self.structure, where=self._where)  # the task's
+            clean, corrupt = induction_task(cfg.d_vocab, cfg.n_ctx, req.seed, req.seq_len,
+                                            req.batch)
+            return tuple(int(i) for i in clean[0]), tuple(int(i) for i in corrupt[0])
+
+        return await self._get((None, None, "induction_prompts", (SEED, raw)), run, head=None,
+                               label="induction task")
+
+    async def patch(self, *, clean: str | Sequence[int] | None = None,
+                    corrupt: str | Sequence[int] | None = None, answer: str | int | None = None,
+                    wrong: str | int | None = None, site: str = "out", method: str = "exact",
+                    progress: Progress = None) -> PatchResult:
+        """Activation (``method="exact"``) or attribution patching of every head at ``site``,
+        denoising: ``compute.patch`` (what ``headscope patch`` runs) as a cancellable sweep.
+
+        No prompts: the seeded induction task and its metric (the mean log-probability of the
+        repeated half). Prompts are text (the model's tokenizer) or token ids, with the
+        ``answer`` and ``wrong`` tokens of the logit difference (ids, ``#id`` or a one-token
+        string). Results are kept in the results store under the checkpoint's fingerprint
+        and a hash of the resolved request (``compute.patch_part``)."""
+        validation.check_patchable(self.structure, self._where)
+        raw = self._raw
+        inputs = (_prompt_key(clean), _prompt_key(corrupt), answer, wrong)
+
+        def run(ctx: JobContext) -> PatchResult:
+            model = self._model(raw)
+            req = patch_request(model, clean, corrupt, answer, wrong, site=site, method=method)
+            # attribution takes a backward pass: the workers run under inference_mode
+            with gradient_mode() if req.method == "attribution" else contextlib.nullcontext():
+                result = self._stored(raw, "patching", lambda entry: compute.patch(
+                    model, req, ctx.progress, ctx.cancelled, entry))
+            ctx.progress(1.0)
+            return result
+
+        return await self._get((None, None, "patch", (*inputs, site, method, SEED, raw)), run,
+                               head=None, label=f"patching {site}", progress=progress)
+
+    async def path_patch(self, edges: Sequence[tuple[tuple[int, int], tuple[int, int]]],
+                         receiver_input: str, *, clean: str | Sequence[int] | None = None,
+                         corrupt: str | Sequence[int] | None = None,
+                         answer: str | int | None = None, wrong: str | int | None = None,
+                         progress: Progress = None) -> PatchResult:
+        """Path patching of each composition edge ``(sender, receiver)`` into the receiver's
+        ``receiver_input`` (q, k or v), on the same inputs and metric as ``patch``: one
+        ``compute.patch`` request per edge (each kept in the results store), one row per edge
+        in the result."""
+        validation.check_patchable(self.structure, self._where)
+        pairs = tuple((tuple(map(int, s)), tuple(map(int, r))) for s, r in edges)
+        raw = self._raw
+        inputs = (_prompt_key(clean), _prompt_key(corrupt), answer, wrong)
+
+        def run(ctx: JobContext) -> PatchResult:
+            model = self._model(raw)
+            found: list[PatchResult] = []
+            for i, edge in enumerate(pairs):
+                ctx.check()
+                req = patch_request(model, clean, corrupt, answer, wrong, site=receiver_input,
+                                    edge=edge)  # type: ignore[arg-type]
+
+                def part(fraction: float, i: int = i) -> None:
+                    ctx.progress((i + fraction) / len(pairs))
+
+                found.append(self._stored(raw, None, lambda entry, req=req, part=part:
+                                          compute.patch(model, req, part, ctx.cancelled, entry)))
+            ctx.progress(1.0)
+            if not found:
+                raise InvalidRequestError(self._where, "no edges to path-patch")
+            first = found[0]
+            return dataclasses.replace(first, rows=tuple(r for f in found for r in f.rows))
+
+        return await self._get(
+            (None, None, "path_patch", (pairs, receiver_input, *inputs, SEED, raw)), run,
+            head=None, label=f"path patching {receiver_input}", progress=progress)
+
     async def compare(
         self, other: Engine, *, match_heads: bool = False, threshold: float = EDGE_THRESHOLD
     ) -> ModelDiff:
@@ -706,3 +793,56 @@ def _partial_composition(model: Model, kind: str, deliver: Callable[[Composition
         deliver_soon(loop, deliver, comp)
 
     return on_tile
+
+
+# -- patching's inputs ------------------------------------------------------------------------
+
+
+def _prompt_key(prompt: str | Sequence[int] | None) -> str | tuple[int, ...] | None:
+    return prompt if prompt is None or isinstance(prompt, str) else tuple(int(i) for i in prompt)
+
+
+def patch_token(model: Model, what: str, token: str | int) -> int:
+    """An answer or wrong token: an id (``12`` or ``#12``) or a string that is one token of the
+    model's vocabulary (or encodes to exactly one). The rule of ``api.report.token_id`` (the
+    CLI's), which the service cannot import (a sibling layer); ``#12`` and a word-level
+    vocabulary's ``<unk>`` are the explorer's additions."""
+    where = str(model.path)
+    text = str(token).strip()
+    digits = text[1:] if text.startswith("#") else text
+    if isinstance(token, int) or (digits.isascii() and digits.isdigit()):
+        return int(token) if isinstance(token, int) else int(digits)
+    if not text:
+        raise PromptError(where, f"the {what} token is empty")
+    ident = model.tokenizer.token_to_id(str(token))
+    if ident is not None:
+        return int(ident)
+    ids = compute.encode(model.tokenizer, str(token))
+    if len(ids) != 1:
+        raise PromptError(where, f"the {what} token {str(token)!r} is {len(ids)} tokens, not one")
+    # a word-level vocabulary encodes an unknown word as <unk>: not the token asked for
+    if model.tokenizer.decode_token(ids[0]).strip().lower() != text.lower():
+        raise PromptError(where, f"the {what} token {str(token)!r} is not in the vocabulary "
+                          f"(it encodes to {model.tokenizer.decode_token(ids[0])!r})")
+    return ids[0]
+
+
+def patch_request(model: Model, clean: str | Sequence[int] | None,
+                  corrupt: str | Sequence[int] | None, answer: str | int | None,
+                  wrong: str | int | None, **options: Any) -> validation.PatchRequest:
+    """The explorer's inputs (text or ids, tokens as ids or strings) resolved against the
+    model's tokenizer and validated by ``validation.patch_request`` (the CLI's checks)."""
+    where = str(model.path)
+    prompts = []
+    for name, prompt in (("clean", clean), ("corrupt", corrupt)):
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise PromptError(where, f"the {name} prompt is empty")
+            prompts.append([compute.encode(model.tokenizer, prompt)])
+        else:
+            prompts.append(None if prompt is None else [[int(i) for i in prompt]])
+    return validation.patch_request(
+        model.structure(), clean=prompts[0], corrupt=prompts[1],
+        answer=None if answer is None else patch_token(model, "answer", answer),
+        wrong=None if wrong is None else patch_token(model, "wrong", wrong), where=where,
+        **options)

@@ -94,6 +94,11 @@ APP_BINDINGS: list[Binding] = [
             tooltip="Compare mode: QK/OV heatmaps of A and B side by side, or A and B − A"),
     Binding("8", "screen.show_tab('timeline')", "Timeline", id="tab-timeline", show=False,
             tooltip="Timeline mode: every head's scores across the steps, the phase changes"),
+    Binding("9", "screen.show_tab('patch')", "Patch", id="tab-patch", show=False,
+            tooltip="Patch tab: activation or attribution patching of every head (induction "
+                    "task or your prompts): what each head recovers, sorted; enter focuses it"),
+    Binding("x", "screen.stop_patch", "Stop patching", id="stop-patch", show=False,
+            tooltip="Patch tab: stop the patching run"),
     Binding("left_curly_bracket", "timeline_step(-1)", "Prev step", id="prev-step",
             show=False, key_display="{",
             tooltip="Timeline mode: the previous step (every tab then shows its weights)"),
@@ -106,9 +111,9 @@ APP_BINDINGS: list[Binding] = [
 WIDGET_KEYS: list[tuple[str, str]] = [
     ("↑ ↓ / j k", "move in the head tree, tables and lists"),
     ("← → / h l", "collapse / expand a layer in the tree"),
-    ("enter", "tree, summary: focus the head under the cursor; composition edge: open its "
-              "virtual heads (K-path heatmap and score, V-path copying and spectrum; g there "
-              "focuses the later head)"),
+    ("enter", "tree, summary, patch list: focus the head under the cursor; composition "
+              "edge: open its virtual heads (K-path heatmap and score, V-path copying and "
+              "spectrum; g there focuses the later head); a patch box: run patching"),
     ("tab / shift+tab", "move focus between panes"),
     ("ctrl+p", "command palette: go to head L.H, sort, themes, exports"),
     ("escape", "close a dialog; leave the prompt box or a pane for the head tree"),

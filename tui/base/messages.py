@@ -9,7 +9,8 @@ Who posts what to whom:
 - timeline mode → the Timeline pane: ``TimelineComputed``;
 - widgets → the explorer (they bubble up from the pane): ``HeadHighlighted``, ``HeadChosen``
   (the head tree), ``EdgeChosen`` (the composition pane), ``PhaseChangeChosen`` (the timeline
-  pane). Widgets say what the user chose; the explorer decides what that does.
+  pane), ``PatchRequested`` and ``PatchHeadChosen`` (the patch pane). Widgets say what the
+  user chose; the explorer decides what that does.
 
 Payload types are imported for type checking only: this module is imported before the first
 frame and must stay free of numpy and the engine's results.
@@ -131,3 +132,16 @@ class PhaseChangeChosen(Message):
 
     head: Head
     index: int
+
+
+@dataclass
+class PatchRequested(Message):
+    """The Patch tab's inputs changed (a prompt box submitted, the site or method chosen):
+    the explorer runs patching for them (the pane → the explorer)."""
+
+
+@dataclass
+class PatchHeadChosen(Message):
+    """Enter on a head of the Patch tab (its heatmap's sorted list): focus ``head``."""
+
+    head: Head

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         CircuitBlock,
         Composition,
         HeadScores,
+        PatchResult,
         Profile,
         PromptView,
         ScoreNull,
@@ -92,6 +93,19 @@ class ExplorerEngine(Protocol):
 
     async def compare(self, other: Any, *, match_heads: bool = False,
                       threshold: float = ...) -> ModelDiff: ...
+
+    async def induction_prompts(self) -> tuple[tuple[int, ...], tuple[int, ...]]: ...
+
+    async def patch(self, *, clean: str | Sequence[int] | None = None,
+                    corrupt: str | Sequence[int] | None = None, answer: str | int | None = None,
+                    wrong: str | int | None = None, site: str = "out", method: str = "exact",
+                    progress: Progress = None) -> PatchResult: ...
+
+    async def path_patch(self, edges: Sequence[tuple[tuple[int, int], tuple[int, int]]],
+                         receiver_input: str, *, clean: str | Sequence[int] | None = None,
+                         corrupt: str | Sequence[int] | None = None,
+                         answer: str | int | None = None, wrong: str | int | None = None,
+                         progress: Progress = None) -> PatchResult: ...
 
 
 def protocol_members() -> dict[str, Any]:
@@ -198,6 +212,10 @@ class PaneHost(Protocol):
 
     def show_summary(self) -> None:
         """Draw the Summary tab from the scores known so far."""
+        ...
+
+    def patch_request(self) -> dict[str, Any]:
+        """The Patch tab's inputs as ``Engine.patch`` takes them (the current task)."""
         ...
 
     def report(self, message: str) -> None:

@@ -52,6 +52,8 @@ from headscope.tui.base.messages import (
     ModelFailed,
     ModelReady,
     NullLoaded,
+    PatchHeadChosen,
+    PatchRequested,
     PhaseChangeChosen,
     ScoresSwept,
 )
@@ -74,6 +76,7 @@ from headscope.tui.widgets.panes import (
     SpectrumPane,
     SummaryPane,
 )
+from headscope.tui.widgets.patch import PatchPane
 from headscope.tui.widgets.reading import DirectionsPanel
 from headscope.tui.widgets.status import StatusBar
 from headscope.tui.widgets.timeline import TimelinePane
@@ -84,10 +87,11 @@ if TYPE_CHECKING:
     from headscope.tui.session.compare import CompareMode
 
 Head = tuple[int, int]
-TABS = ("qk", "ov", "spectrum", "prompt", "composition", "summary", "changes", "timeline")
+TABS = ("qk", "ov", "spectrum", "prompt", "composition", "summary", "changes", "timeline",
+        "patch")
 TAB_TITLES = {"qk": "1 QK", "ov": "2 OV", "spectrum": "3 Spectrum", "prompt": "4 Prompt",
               "composition": "5 Composition", "summary": "6 Summary", "changes": "7 Changes",
-              "timeline": "8 Timeline"}
+              "timeline": "8 Timeline", "patch": "9 Patch"}
 
 
 class TabView(Protocol):
@@ -100,7 +104,7 @@ class TabView(Protocol):
 VIEWS: dict[str, type[Widget]] = {
     "qk": QKPane, "ov": OVPane, "spectrum": SpectrumPane, "prompt": PromptPane,
     "composition": CompositionPane, "summary": SummaryPane, "changes": ChangesPane,
-    "timeline": TimelinePane}
+    "timeline": TimelinePane, "patch": PatchPane}
 NARROW = 100  # below this many columns, panes stack and the tree narrows
 
 
@@ -239,6 +243,8 @@ class ExplorerScreen(Screen[None]):
                     if self.headscope.timeline.enabled:
                         with TabPane(TAB_TITLES["timeline"], id="timeline"):
                             yield TimelinePane(id="timeline-pane")
+                    with TabPane(TAB_TITLES["patch"], id="patch"):
+                        yield PatchPane(id="patch-pane")
         # compact, and no "^p palette" (it is in the help screen): every key then fits in
         # 120 columns, SVG and Export included
         yield Footer(compact=True, show_command_palette=False)
@@ -592,13 +598,15 @@ class ExplorerScreen(Screen[None]):
             extra = (*self.choices.qk_ov_key(), self.compare.view)
         elif tab == "prompt":
             extra = (self.choices.prompt_text,)
-        elif tab == "composition":
-            extra = (self.query_one(CompositionPane).kind,)
+        elif tab == "composition":  # its path effects are on the current task
+            extra = (self.query_one(CompositionPane).kind, *self.query_one(PatchPane).session.key())
         elif tab == "changes":
             extra = (self.compare.changes_kind, id(self.compare.diff))
         elif tab == "timeline":
             timeline = self.headscope.timeline
             extra = (timeline.index, id(timeline.timeline), self.head)
+        elif tab == "patch":
+            extra = self.query_one(PatchPane).session.key()
         return load_key(tab, self.head, self.gen, extra)
 
     def fresh(self, key: LoadKey) -> bool:
@@ -690,6 +698,31 @@ class ExplorerScreen(Screen[None]):
     @on(EdgeChosen)
     def _edge_chosen(self, msg: EdgeChosen) -> None:
         self.open_path(msg.source, msg.target)
+
+    # -- the Patch tab (tui/widgets/patch.py) ------------------------------------------------
+    def patch_request(self) -> dict[str, Any]:
+        return self.query_one(PatchPane).session.request()
+
+    @on(PatchRequested)
+    def _patch_requested(self) -> None:
+        if self.active_tab != "patch":
+            self.action_show_tab("patch")
+        self._load_active(force=True)
+
+    @on(PatchHeadChosen)
+    def _patch_head_chosen(self, msg: PatchHeadChosen) -> None:
+        self.goto_head(msg.head, immediate=True)
+        self.notify(f"L{msg.head[0]}.H{msg.head[1]} focused: 1 QK, 2 OV, 4 Prompt show it",
+                    timeout=2)
+
+    def action_stop_patch(self) -> None:
+        """Stop the patching run (its worker; the engine drops the job at its next check)."""
+        if not any(w.group == "load-patch" and not w.is_finished for w in self.app.workers):
+            self.notify("no patching run to stop (9: the Patch tab)", timeout=2)
+            return
+        self.app.workers.cancel_group(self, "load-patch")
+        self.loads.cancelled(self._key("patch"))
+        self.query_one(PatchPane).stopped()
 
     @on(PhaseChangeChosen)
     def _phase_change_chosen(self, msg: PhaseChangeChosen) -> None:

@@ -14,7 +14,7 @@ from headscope.engine.core.export import atomic_write_text
 from headscope.tui.base.labels import jsonable
 
 Head = tuple[int, int]
-ALL_HEADS_TABS = ("composition", "summary")  # their export names no focused head
+ALL_HEADS_TABS = ("composition", "summary", "patch")  # their export names no focused head
 
 
 def export_document(model: str, raw: bool, tab: str, head: Head | None,

@@ -49,6 +49,7 @@ from headscope.tui.plots.figures import Graph, Heatmap, Line, Scatter
 from headscope.tui.session.choices import ROTARY_OFFSETS
 from headscope.tui.widgets.bars import bar_colours, signed_bar
 from headscope.tui.widgets.chart import Chart
+from headscope.tui.widgets.path_column import PathEffects
 from headscope.tui.widgets.reading import DirectionsPanel
 
 if TYPE_CHECKING:
@@ -352,7 +353,7 @@ class PromptPane(Vertical):
         host.keep_result("prompt", view if view_b is None else {"a": view, "b": view_b})
 
 
-class CompositionPane(Horizontal):
+class CompositionPane(PathEffects, Horizontal):
     """The Q/K/V-composition graph and its edge list. The pane keeps the graph's state: the
     kind shown, the edge threshold, the selected edge, and the graphs already computed (per
     kind and weights generation)."""
@@ -367,6 +368,7 @@ class CompositionPane(Horizontal):
         self.shown: Composition | None = None
         self._shape = (0, 0)  # (n_layers, n_heads) of the graph shown
         self.partials = 0  # partial graphs shown while sweeps ran (tests count them)
+        self.init_paths()  # the top edges' path effects on the current task (path_column.py)
 
     def compose(self) -> ComposeResult:
         yield Chart(id="comp-graph", placeholder="composition scores not computed yet")
@@ -381,6 +383,7 @@ class CompositionPane(Horizontal):
         table.add_column("source", key="source")
         table.add_column("target", key="target")
         table.add_column("s−base", key="score")
+        table.add_column("path", key="path", width=12)  # "+0.00 unused"
 
     def show(self, comp: Composition, n_layers: int, n_heads: int,
              selected: tuple[int, int, int, int] | None,
@@ -407,20 +410,23 @@ class CompositionPane(Horizontal):
             title=title,
             nodes=tuple((s[0], s[1]) for s in ([selected[:2], selected[2:]] if selected else []))))
         table = self.query_one("#comp-edges", DataTable)
-        shown = getattr(table, "_headscope_comp", (None, None))
-        if shown[0] is not comp or shown[1] != threshold:  # identity: results hold arrays
+        shown = getattr(table, "_headscope_comp", (None, None, None))
+        paths = (id(self.paths), self.paths_state)
+        if shown[0] is not comp or shown[1:] != (threshold, paths):  # identity: results hold arrays
             fresh = shown[0] is not comp
-            table._headscope_comp = (comp, threshold)  # type: ignore[attr-defined]
+            table._headscope_comp = (comp, threshold, paths)  # type: ignore[attr-defined]
             if fresh:
                 table.clear()
             for i, (l1, h1, l2, h2, s) in enumerate(es):
                 style = "" if s >= cut and s > 0 else "dim"  # dim: below threshold, not drawn
                 cells = (Text(_head(l1, h1), style=style), Text(_head(l2, h2), style=style),
-                         Text(f"{s:+.3f}", style=style, justify="right"))
+                         Text(f"{s:+.3f}", style=style, justify="right"),
+                         self.path_cell((l1, h1, l2, h2, s), not style))
                 if fresh:
                     table.add_row(*cells, key=str(i))
                 else:
-                    for column, cell in zip(("source", "target", "score"), cells, strict=True):
+                    for column, cell in zip(("source", "target", "score", "path"), cells,
+                                            strict=True):
                         table.update_cell(str(i), column, cell)
         return es
 
@@ -469,10 +475,12 @@ class CompositionPane(Horizontal):
         l1, h1, l2, h2, s = edge
         kind = comp.kind.upper()
         base = float(comp.baseline)
+        _, cut = threshold_edges(self.edges, self.threshold)
+        path = self.path_line(edge, s > 0 and s >= cut)
         self.query_one("#comp-detail", Static).update(Text.assemble(
             (f"{_head(l1, h1)} → {_head(l2, h2)} ", "bold"),
             f"│ {kind}-comp {s + base:.3f} − baseline {base:.3f} = {s:+.3f}  "
-            "(enter: virtual heads)"))
+            "(enter: virtual heads)", f"\n{path}" if path else ""))
 
     async def load(self, host: PaneHost, key: LoadKey) -> None:
         kind = self.kind
@@ -502,10 +510,12 @@ class CompositionPane(Horizontal):
         if not host.fresh(key):
             return
         self.selected = None
+        self.init_paths()
         self.shown, self._shape = comp, (host.n_layers, host.n_heads)
         self.edges = self.show(comp, host.n_layers, host.n_heads, None, self.threshold)
         self.detail(comp, None)
         host.keep_result("composition", comp)
+        await self.load_paths(host, key, kind, self.edges)
 
 
 def threshold_edges(es: list[tuple[int, int, int, int, float]], threshold: float

@@ -1,0 +1,105 @@
+"""The Composition tab's path effects: for its strongest edges, what path patching the edge
+does on the current task (the Patch tab's inputs: the induction task unless edited), beside
+the weight score; a strong edge whose path barely moves the metric is marked "unused on this
+task" (docs/math.md, "Patching"; tui/session/patch.py decides what is strong and unused).
+
+A mixin of ``CompositionPane`` (tui/widgets/panes.py), kept here so that the pane only calls
+``load_paths`` after its graph and ``path_cell`` / ``path_line`` when it draws an edge. The
+edges go to ``Engine.path_patch`` in one request (the receiver's input is the composition
+kind: Q-, K- or V-composition ↔ the receiver's q, k or v), on the engine's workers.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rich.text import Text
+
+from headscope.engine.core.errors import CancelledError as EngineCancelled
+from headscope.engine.core.errors import HeadscopeError
+from headscope.tui.session.patch import path_edges, path_effects, unused
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from headscope.tui.base.protocols import LoadKey, PaneHost
+
+Head = tuple[int, int]
+UNUSED = "unused on this task"
+
+
+class PathEffects:
+    """The path effect of each of the top edges, for the composition kind and task shown."""
+
+    paths: dict[tuple[Head, Head], float | None]
+    paths_state: str  # "" not asked, "computing", "done", or why it failed
+
+    def init_paths(self) -> None:
+        self.paths = {}
+        self.paths_state = ""
+
+    def path_cell(self, edge: tuple[int, int, int, int, float], strong: bool) -> Text:
+        """The "path" column: the edge's recovered fraction, "unused" when the weights are
+        strong and the path effect near zero; blank for edges without one."""
+        pair = ((edge[0], edge[1]), (edge[2], edge[3]))
+        if pair not in self.paths:
+            return Text("…" if self.paths_state == "computing" and self._is_top(pair) else "",
+                        style="dim", justify="right")
+        value = self.paths[pair]
+        if value is None:
+            return Text("—", style="dim", justify="right")
+        if unused(strong, value):
+            return Text(f"{value:+.2f} unused", style="bold yellow", justify="right")
+        return Text(f"{value:+.2f}", justify="right")
+
+    def path_line(self, edge: tuple[int, int, int, int, float], strong: bool) -> str:
+        """The detail line's part about the edge's path effect."""
+        pair = ((edge[0], edge[1]), (edge[2], edge[3]))
+        if pair not in self.paths:
+            if self.paths_state == "computing":
+                return "path patching on the current task…"
+            return "" if not self.paths_state or self.paths_state == "done" \
+                else f"path patching: {self.paths_state}"
+        value = self.paths[pair]
+        if value is None:
+            return "path patching on the task: recovered undefined"
+        line = f"path patching on the task: recovered {value:+.3f}"
+        if unused(strong, value):  # strong weights, |path effect| < NEAR_ZERO
+            line += f" · {UNUSED}"
+        return line
+
+    def _is_top(self, pair: tuple[Head, Head]) -> bool:
+        return pair in getattr(self, "path_top", ())
+
+    async def load_paths(self, host: PaneHost, key: LoadKey, kind: str,
+                         edges: Sequence[tuple[int, int, int, int, float]]) -> None:
+        """Path-patch the top edges on the current task (the Patch tab's inputs)."""
+        top = path_edges([e for e in edges if e[4] > 0])
+        self.path_top = set(top)
+        if not top:
+            return
+        self.paths_state = "computing"
+        self.redraw_paths()
+        try:
+            found = await host.engine.path_patch(top, kind, **host.patch_request())
+        except EngineCancelled:
+            self.paths_state = ""
+            raise
+        except HeadscopeError as err:
+            self.paths_state = err.one_line() if hasattr(err, "one_line") else str(err)
+            self.redraw_paths()
+            return
+        if not host.fresh(key):
+            return
+        self.paths = path_effects(found)
+        self.paths_state = "done"
+        self.redraw_paths()
+
+    def redraw_paths(self) -> None:
+        """The pane draws its table and the selected edge's detail again."""
+        pane: Any = self
+        pane.redraw()
+        if pane.shown is not None and pane.selected is not None:
+            edge = next((e for e in pane.edges if tuple(e[:4]) == tuple(pane.selected)), None)
+            if edge is not None:
+                pane.detail(pane.shown, edge)
