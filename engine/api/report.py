@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from headscope.engine.circuits.composition import composition_baseline  # noqa: F401  (re-exported: the CLI prints it)
 from headscope.engine.core import validation
-from headscope.engine.core.errors import InvalidRequestError, PromptError
+from headscope.engine.core.errors import InvalidRequestError
 from headscope.engine.core.validation import (
     ABLATION_EFFECT,
     NULL_SAMPLES,
@@ -330,40 +330,6 @@ def _is_pair(item: Any) -> bool:
     return isinstance(item, Sequence) and len(item) == 2 and all(isinstance(v, int) for v in item)
 
 
-def token_id(model: Model, token: int | str, what: str) -> int:
-    """An answer token as an id: an int, ASCII digits, or a token string as ``--rows`` takes
-    it (the vocabulary's spelling; else the text if it encodes to exactly one token)."""
-    where = str(model.path)
-    if isinstance(token, int):
-        return token
-    text = str(token)
-    if text.strip().isascii() and text.strip().isdigit():
-        return int(text.strip())
-    found = model.tokenizer.token_to_id(text)
-    if found is not None:
-        return int(found)
-    ids = compute.encode(model.tokenizer, text) if text.strip() else []
-    if len(ids) != 1:
-        raise InvalidRequestError(where, f"the {what} token {text!r} is {len(ids)} tokens "
-                                  f"({', '.join(compute.label(model.tokenizer, i) for i in ids) or 'none'}): "
-                                  "give one token, by its string or its id")
-    return ids[0]
-
-
-def _ids(model: Model, given: str | Sequence[Any] | None, what: str) -> list[list[int]] | None:
-    """A prompt (text, encoded by the tokenizer), token ids, or a batch of token id lists."""
-    if given is None:
-        return None
-    if isinstance(given, str):
-        if not given.strip():
-            raise PromptError(str(model.path), f"the {what} prompt is empty")
-        return [compute.encode(model.tokenizer, given)]
-    rows = list(given)
-    if rows and not isinstance(rows[0], str) and isinstance(rows[0], Sequence):
-        return [[int(t) for t in row] for row in rows]
-    return [[int(t) for t in rows]]
-
-
 def patch_request(
     model: Model,
     clean: str | Sequence[Any] | None = None,
@@ -388,9 +354,10 @@ def patch_request(
     where = str(model.path)
     validation.check_patchable(model.structure(), where)
     return validation.patch_request(
-        model.structure(), clean=_ids(model, clean, "clean"), corrupt=_ids(model, corrupt, "corrupt"),
-        answer=None if answer is None else token_id(model, answer, "answer"),
-        wrong=None if wrong is None else token_id(model, wrong, "wrong"),
+        model.structure(), clean=compute.prompt_ids(model, clean, "clean"),
+        corrupt=compute.prompt_ids(model, corrupt, "corrupt"),
+        answer=None if answer is None else compute.answer_token(model, answer, "answer"),
+        wrong=None if wrong is None else compute.answer_token(model, wrong, "wrong"),
         site=site, method=method, noising=noising, heads=head_sets(heads, where), by_position=by_position,
         verify=verify, seed=seed, seq_len=seq_len, batch=batch, edge=edge, where=where)
 

@@ -802,47 +802,14 @@ def _prompt_key(prompt: str | Sequence[int] | None) -> str | tuple[int, ...] | N
     return prompt if prompt is None or isinstance(prompt, str) else tuple(int(i) for i in prompt)
 
 
-def patch_token(model: Model, what: str, token: str | int) -> int:
-    """An answer or wrong token: an id (``12`` or ``#12``) or a string that is one token of the
-    model's vocabulary (or encodes to exactly one). The rule of ``api.report.token_id`` (the
-    CLI's), which the service cannot import (a sibling layer); ``#12`` and a word-level
-    vocabulary's ``<unk>`` are the explorer's additions."""
-    where = str(model.path)
-    text = str(token).strip()
-    digits = text[1:] if text.startswith("#") else text
-    if isinstance(token, int) or (digits.isascii() and digits.isdigit()):
-        return int(token) if isinstance(token, int) else int(digits)
-    if not text:
-        raise PromptError(where, f"the {what} token is empty")
-    ident = model.tokenizer.token_to_id(str(token))
-    if ident is not None:
-        return int(ident)
-    ids = compute.encode(model.tokenizer, str(token))
-    if len(ids) != 1:
-        raise PromptError(where, f"the {what} token {str(token)!r} is {len(ids)} tokens, not one")
-    # a word-level vocabulary encodes an unknown word as <unk>: not the token asked for
-    if model.tokenizer.decode_token(ids[0]).strip().lower() != text.lower():
-        raise PromptError(where, f"the {what} token {str(token)!r} is not in the vocabulary "
-                          f"(it encodes to {model.tokenizer.decode_token(ids[0])!r})")
-    return ids[0]
-
-
 def patch_request(model: Model, clean: str | Sequence[int] | None,
                   corrupt: str | Sequence[int] | None, answer: str | int | None,
                   wrong: str | int | None, **options: Any) -> validation.PatchRequest:
     """The explorer's inputs (text or ids, tokens as ids or strings) resolved against the
     model's tokenizer and validated by ``validation.patch_request`` (the CLI's checks)."""
-    where = str(model.path)
-    prompts = []
-    for name, prompt in (("clean", clean), ("corrupt", corrupt)):
-        if isinstance(prompt, str):
-            if not prompt.strip():
-                raise PromptError(where, f"the {name} prompt is empty")
-            prompts.append([compute.encode(model.tokenizer, prompt)])
-        else:
-            prompts.append(None if prompt is None else [[int(i) for i in prompt]])
     return validation.patch_request(
-        model.structure(), clean=prompts[0], corrupt=prompts[1],
-        answer=None if answer is None else patch_token(model, "answer", answer),
-        wrong=None if wrong is None else patch_token(model, "wrong", wrong), where=where,
-        **options)
+        model.structure(), clean=compute.prompt_ids(model, clean, "clean"),
+        corrupt=compute.prompt_ids(model, corrupt, "corrupt"),
+        answer=None if answer is None else compute.answer_token(model, answer, "answer"),
+        wrong=None if wrong is None else compute.answer_token(model, wrong, "wrong"),
+        where=str(model.path), **options)

@@ -760,6 +760,54 @@ def encode(tokenizer: Any, text: str) -> list[int]:
     return [int(i) for i in ids]
 
 
+# -- patching's inputs, as the CLI, the API and the explorer give them ---------------------------
+
+
+def answer_token(model: Model, token: int | str, what: str) -> int:
+    """An answer (or wrong) token as an id: an int, digits (``12``, or ``#12`` as the explorer
+    shows ids), or a token string as ``--rows`` takes it (the vocabulary's spelling, else text
+    that encodes to exactly one token). A word-level vocabulary encodes an unknown word as
+    ``<unk>``: that is not the token asked for, and is refused. The range of an id is checked
+    by ``validation.patch_request``."""
+    where = str(model.path)
+    if isinstance(token, int):
+        return token
+    text = str(token)
+    digits = text.strip()[1:] if text.strip().startswith("#") else text.strip()
+    if digits.isascii() and digits.isdigit():
+        return int(digits)
+    if not text.strip():
+        raise PromptError(where, f"the {what} token is empty")
+    found = model.tokenizer.token_to_id(text)
+    if found is not None:
+        return int(found)
+    ids = encode(model.tokenizer, text)
+    if len(ids) != 1:
+        raise PromptError(where, f"the {what} token {text!r} is {len(ids)} tokens "
+                          f"({', '.join(label(model.tokenizer, i) for i in ids) or 'none'}): "
+                          "give one token, by its string or its id")
+    spelled = model.tokenizer.decode_token(ids[0])
+    if spelled.strip().lower() != text.strip().lower():
+        raise PromptError(where, f"the {what} token {text!r} is not in the vocabulary "
+                          f"(it encodes to {spelled!r})")
+    return ids[0]
+
+
+def prompt_ids(model: Model, given: str | Sequence[Any] | None, what: str) -> list[list[int]] | None:
+    """A prompt as a batch of token id lists: text (encoded by the tokenizer), token ids, or
+    already a batch of id lists; None stays None (the task's own prompts)."""
+    if given is None:
+        return None
+    if isinstance(given, str):
+        if not given.strip():
+            raise PromptError(str(model.path), f"the {what} prompt is empty")
+        return [encode(model.tokenizer, given)]
+    rows = list(given)
+    if rows and not isinstance(rows[0], str) and isinstance(rows[0], Sequence):
+        return [[int(t) for t in row] for row in rows]
+    return [[int(t) for t in rows]]
+
+
 def run_prompt(
     model: Model,
     text: str,
