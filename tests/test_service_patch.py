@@ -93,7 +93,7 @@ async def test_path_patch_equals_forward_path_patch(attn2):
     ({"clean": "#1 #2", "corrupt": [1, 2, 3]}, "same length"),
     ({"clean": [1, 2], "corrupt": [3, 4], "answer": "#5"}, "needs --answer and --wrong"),
     ({"clean": [1, 2], "corrupt": [3, 4], "answer": "#5", "wrong": "#99999"}, "99999"),
-    ({"clean": [1, 2], "corrupt": [3, 4], "answer": 5, "wrong": "the cat"}, "2 tokens, not one"),
+    ({"clean": [1, 2], "corrupt": [3, 4], "answer": 5, "wrong": "the cat"}, "is 2 tokens"),
     ({"clean": [1, 2], "corrupt": [3, 4], "answer": 5, "wrong": "zyzzyva"}, "not in the vocabulary"),
     ({"clean": "", "corrupt": [3, 4]}, "the clean prompt is empty"),
     ({"site": "mlp"}, "site must be one of"),

@@ -379,7 +379,7 @@ def test_open_runs_the_readme_repeated_phrase_on_the_sample_models(
     words = set((ROOT / "sample_models/attn-only-2l/vocab.txt").read_text().splitlines())
     assert all(w in words for w in REPEATED_PHRASE.split())
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert "`4` runs a prompt with a repeated phrase" in readme
+    assert "**`4`** runs a prompt with a repeated phrase" in readme
 
 
 async def test_status_bar_shows_one_percentage() -> None:
