@@ -27,22 +27,15 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import platform  # noqa: E402
-import resource  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-from . import publish  # noqa: E402
+from . import publish, round_robin, rss_mb, run_json  # noqa: E402
 
 SCENARIOS = ("behaviour", "behaviour-ref", "ablation", "ablation-ref", "ablation-one", "ablation-one-ref")
 SEED = 0
 WARM = ("behaviour", "behaviour-ref", "ablation-one", "ablation-one-ref")  # cheap: timed twice
-
-
-def rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 # -- one scenario, in this process -------------------------------------------------------------
@@ -132,18 +125,11 @@ def one_again(scenario: str, w: Any, tokens: Any, seq_len: int | None, batch: in
 
 
 def run_scenario(scenario: str, path: Path, args: argparse.Namespace) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "bench.behaviour", "--one", scenario, str(path),
+    cmd = ["-m", "bench.behaviour", "--one", scenario, str(path),
            "--budget", str(args.budget), "--batch", str(args.batch)]
     if args.seq_len is not None:
         cmd += ["--seq-len", str(args.seq_len)]
-    root = Path(__file__).resolve().parent.parent
-    try:
-        done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timeout after {args.timeout:.0f} s"}
-    if done.returncode != 0:
-        return {"error": ((done.stderr.strip().splitlines() or ["?"])[-1])[:120]}
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_json(cmd, args.timeout)
 
 
 def best(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -219,13 +205,7 @@ def main(argv: list[str] | None = None) -> int:
 
     root = args.dir or Path(tempfile.mkdtemp(prefix="headscope-bench-"))
     path = write_checkpoint(SHAPES[args.shape], root)
-    runs: dict[str, list[dict[str, Any]]] = {}
-    for _ in range(args.repeat):  # round robin: load changes hit every scenario alike
-        for scenario in args.scenarios.split(","):
-            r = run_scenario(scenario, path, args)
-            runs.setdefault(scenario, []).append(r)
-            shown = {k: v for k, v in r.items() if k != "values"}
-            print(scenario, json.dumps(shown), file=sys.stderr, flush=True)
+    runs = round_robin(args.scenarios.split(","), args.repeat, lambda s: run_scenario(s, path, args))
     results = {name: best(rs) for name, rs in runs.items()}
     head = (f"{args.shape}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
             f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end, "

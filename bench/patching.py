@@ -30,21 +30,15 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import platform  # noqa: E402
-import resource  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-from . import publish, ratio  # noqa: E402
+from . import publish, ratio, round_robin, rss_mb, run_json  # noqa: E402
 
 SCENARIOS = ("headscope", "tl")
 ANSWER, WRONG = 1, 2
-
-
-def rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def prompts(d_vocab: int, n: int, seed: int = 0) -> tuple[list[int], list[int]]:
@@ -117,15 +111,8 @@ def one(scenario: str, path: Path, n_tokens: int) -> dict[str, Any]:
 
 
 def run_scenario(scenario: str, path: Path, args: argparse.Namespace) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "bench.patching", "--one", scenario, str(path), "--tokens", str(args.tokens)]
-    root = Path(__file__).resolve().parent.parent
-    try:
-        done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timeout after {args.timeout:.0f} s"}
-    if done.returncode != 0:
-        return {"error": ((done.stderr.strip().splitlines() or ["?"])[-1])[:120]}
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    cmd = ["-m", "bench.patching", "--one", scenario, str(path), "--tokens", str(args.tokens)]
+    return run_json(cmd, args.timeout)
 
 
 def table(results: dict[str, dict[str, Any]]) -> str:
@@ -181,12 +168,7 @@ def main(argv: list[str] | None = None) -> int:
 
     root = args.dir or Path(tempfile.mkdtemp(prefix="headscope-bench-"))
     path = write_checkpoint(SHAPES[args.shape], root)
-    runs: dict[str, list[dict[str, Any]]] = {}
-    for _ in range(args.repeat):  # round robin: load changes hit every scenario alike
-        for scenario in args.scenarios.split(","):
-            r = run_scenario(scenario, path, args)
-            runs.setdefault(scenario, []).append(r)
-            print(scenario, json.dumps({k: v for k, v in r.items() if k != "values"}), file=sys.stderr, flush=True)
+    runs = round_robin(args.scenarios.split(","), args.repeat, lambda s: run_scenario(s, path, args))
     results = {}
     for name, rs in runs.items():
         ok = [r for r in rs if "error" not in r]
