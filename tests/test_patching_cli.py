@@ -15,24 +15,12 @@ from headscope.engine.api.model import open_model
 from headscope.engine.api.store import default_store
 from headscope.tui.cli.main import main
 from tests.conftest import sample_model
-from tests.test_cli_store import _run_with_tty_stderr
+from tests.test_cli_store import _run_with_tty_stderr, run, run_json
 
 MODEL = str(sample_model("attn-only-2l"))
 CLEAN = "cake card kite cup hotel mouse cake card kite cup hotel"
 CORRUPT = "cake card kite cup hotel mouse Ivy Jack shoe Ryan Lily"
 PROMPTS = ["--clean", CLEAN, "--corrupt", CORRUPT, "--answer", "mouse", "--wrong", "Ivy"]
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
-    code, out, err = run(capsys, *argv, "--json")
-    assert code == 0, err
-    return json.loads(out)
 
 
 def test_json_has_the_issue_shape_and_the_api_numbers(capsys) -> None:
