@@ -34,6 +34,7 @@ from headscope.engine.circuits.factored import (
     tame,
 )
 from headscope.engine.core.errors import CancelledError, NonFiniteError
+from headscope.engine.model.weights import file_sorted
 
 if TYPE_CHECKING:
     from headscope.engine.model.weights import CircuitWeights
@@ -42,7 +43,7 @@ Progress = Callable[[float], None] | None
 Cancelled = Callable[[], bool] | None
 
 __all__ = ["HEAD_BIASES", "HEAD_WEIGHTS", "SPECTRAL_SCORES", "Memo", "check_cancelled",
-           "copying_score", "layer_flags", "layer_nonfinite", "layer_spectral_scores",
+           "copying_score", "file_order", "layer_flags", "layer_nonfinite", "layer_spectral_scores",
            "nonfinite_heads", "qk_positivity", "report", "spectral_score", "spectral_scores"]
 
 HEAD_WEIGHTS = ("W_Q", "W_K", "W_V", "W_O")
@@ -194,7 +195,12 @@ def spectral_scores(w: Any, progress: Progress = None, cancelled: Cancelled = No
     only if one is missing); each layer computed is put in both. A read-back layer's flags
     come from ``known_flags`` (the stored ``nonfinite`` part, ``nonfinite | overflow``) when
     given, else from one pass over its weights (``layer_flags``). The next layer's weights
-    are read on a thread while this one's eigenvalues run (``_read_ahead``)."""
+    are read on a thread while this one's eigenvalues run (``_read_ahead``).
+
+    Layers are visited in the order their weights lie in the checkpoint's files (``file_order``;
+    the scores of one layer do not depend on another's), and no two reads overlap in time: each
+    byte of the attention weights is read once, in file order (docs/internals.md, "The read
+    plan")."""
     cfg = w.cfg
     check_cancelled(cancelled)
     memos = memos or {}
@@ -211,45 +217,61 @@ def spectral_scores(w: Any, progress: Progress = None, cancelled: Cancelled = No
 
     reading: threading.Thread | None = None
     peeked: dict[int, dict[str, np.ndarray] | None] = {}  # each part loaded (and counted) once
-    for layer in range(cfg.n_layers):
+    order = file_order(w, cfg.n_layers)
+    for done, layer in enumerate(order, 1):
         known = peeked.pop(layer) if layer in peeked else stored(layer)
         if known is not None:
             for name, value in known.items():
                 out[name][layer] = value
             out["nonfinite"][layer] = known_flags[layer] if known_flags is not None else layer_flags(w, layer)
-            report(progress, (layer + 1) / cfg.n_layers)
+            report(progress, done / cfg.n_layers)
             continue
         check_cancelled(cancelled)
         if middles is None:
             middles = kept_spectral_middles(w)
         if reading is not None:
             reading.join()
+        else:  # not read ahead: read now, before the next layer's read starts
+            _read_layer(w, layer)
         # the next layer's weights are read (one core: preadv, widening, processing) while
         # this one's eigenvalues run on one LAPACK thread: the reads fill the idle core
-        nxt = layer + 1
-        if nxt < cfg.n_layers:
+        nxt = order[done] if done < cfg.n_layers else None
+        if nxt is not None:
             peeked[nxt] = stored(nxt)
-        reading = _read_ahead(w, nxt) if nxt < cfg.n_layers and peeked[nxt] is None else None
+        reading = _read_ahead(w, nxt) if nxt is not None and peeked[nxt] is None else None
         for name, value in layer_spectral_scores(w, layer, middles).items():
             out[name][layer] = value
         for name, memo in memos.items():
             memo.put(layer, out[name][layer])
-        report(progress, (layer + 1) / cfg.n_layers)
+        report(progress, done / cfg.n_layers)
     if reading is not None:
         reading.join()
     w.release()  # the last layers' weights: a 7B model's are 0.5 GB that a forward pass needs more
     return out
 
 
+def file_order(w: Any, n_layers: int) -> list[int]:
+    """The layers in the order their attention weights lie in the checkpoint's files (a
+    single-file checkpoint sorts its tensors by name: layer 10 before layer 2); numeric order
+    for weights held in memory."""
+    firsts = file_sorted(w, [f"blocks.{layer}.attn.W_Q" for layer in range(n_layers)])
+    return [int(name.split(".")[1]) for name in firsts]
+
+
+def _read_layer(w: Any, layer: int) -> None:
+    """Read ``layer``'s four attention weights into ``w``'s cache, in file order."""
+    for name in file_sorted(w, [f"blocks.{layer}.attn.{name}" for name in HEAD_WEIGHTS]):
+        w.get(name)
+
+
 def _read_ahead(w: Any, layer: int) -> threading.Thread:
-    """Read ``layer``'s four attention weights into ``w``'s cache on a daemon thread (no BLAS:
-    the OpenBLAS thread count ``one_lapack_thread`` sets is process-wide). A failure is left
-    for the sweep's own read of the same tensor to raise."""
+    """``_read_layer`` on a daemon thread (no BLAS: the OpenBLAS thread count
+    ``one_lapack_thread`` sets is process-wide). A failure is left for the sweep's own read of
+    the same tensor to raise."""
 
     def read() -> None:
         with contextlib.suppress(Exception):
-            for name in HEAD_WEIGHTS:
-                w.get(f"blocks.{layer}.attn.{name}")
+            _read_layer(w, layer)
 
     thread = threading.Thread(target=read, name="headscope-read-ahead", daemon=True)
     thread.start()

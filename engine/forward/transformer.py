@@ -28,7 +28,7 @@ from headscope.engine.core.errors import ConfigError, IndexOutOfRangeError, Prom
 from headscope.engine.forward.torch_weights import torch_weights
 from headscope.engine.model.rotary import is_local_layer, layer_config, rotary_scale
 from headscope.engine.model.rotary import rotary_inv_freq as rope_frequencies
-from headscope.engine.model.weights import WeightSource
+from headscope.engine.model.weights import WeightSource, will_need
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -99,6 +99,7 @@ def run(
         x = embed(weights, toks)  # [batch, pos, d_model]
         patterns, head_outputs = [], []
         for layer in range(cfg.n_layers):
+            read_next(weights, layer)
             x, pattern, result = block(weights, layer, x, ablated.get(layer, ()), ablation)
             patterns.append(pattern)
             if return_head_outputs:
@@ -233,11 +234,19 @@ def blocks_together(w: WeightSource, streams: Sequence[Tensor], *,
     d = streams[0].shape[-1]
     x = torch.cat([s.reshape(-1, d) for s in streams])[None]  # [1, N, d_model]
     for layer in range(w.cfg.n_layers):
+        read_next(w, layer)
         a = _attention_side_by_side(w, layer, x, shapes, on_block)
         x = finish_block(w, layer, x, a)
         if after_layer is not None:
             after_layer(layer)
     return _per_stream(x[0], shapes)
+
+
+def read_next(w: WeightSource, layer: int) -> None:
+    """As layer ``layer`` starts, tell the kernel what the pass reads after it (the next
+    layer's weights, or the unembedding after the last): its disk reads then overlap this
+    layer's work when the checkpoint is streamed (``model.readplan``; nothing otherwise)."""
+    will_need(w, f"blocks.{layer + 1}." if layer + 1 < w.cfg.n_layers else "unembed.")
 
 
 def _per_stream(rows: Tensor, shapes: list[tuple[int, int]]) -> list[Tensor]:

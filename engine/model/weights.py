@@ -23,6 +23,7 @@ from headscope.engine.core.config import ModelConfig
 from headscope.engine.core.errors import (
     CheckpointChangedError,
     CorruptFileError,
+    HeadscopeError,
     IndexOutOfRangeError,
     MissingTensorError,
     out_of_memory,
@@ -42,9 +43,17 @@ from headscope.engine.model.adapters.base import (
     Zeros,
     spec_parts,
 )
+from headscope.engine.model.readplan import (
+    DONTNEED,
+    SEQUENTIAL,
+    WILLNEED,
+    ReadPlan,
+    advise,
+    plan_reads,
+)
 
-__all__ = ["HEAD_TENSORS", "CheckpointWeights", "CircuitWeights", "DictWeights", "WeightSource", "as_float32", "float8_table",
-           "read_only", "tensor_bytes", "widen"]
+__all__ = ["HEAD_TENSORS", "CheckpointWeights", "CircuitWeights", "DictWeights", "StagingBuffers", "WeightSource",
+           "as_float32", "file_sorted", "float8_table", "read_only", "tensor_bytes", "widen", "will_need"]
 
 # Attention tensors that are stored per head along dim 0 in canonical form.
 HEAD_TENSORS = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V")
@@ -231,6 +240,90 @@ def _pread_into(handle: Any, buffer: np.ndarray, offset: int, file: str, tensor:
         done += got
 
 
+class StagingBuffers:
+    """A few ``uint8`` buffers the stored bytes of a tensor are read into before widening,
+    reused from read to read (any thread; one reader holds a buffer at a time).
+
+    Only bytes that ``widen`` copies out of (bf16, float16, float8, float64) are read into a
+    staging buffer: the float32 array a read returns is the caller's and is never reused. A
+    buffer of a fresh allocation above glibc's mmap threshold (32 MB) is mapped, faulted in and
+    zeroed page by page on every read and unmapped after it; a 13B layer is 650 MB of such
+    reads. ``keep`` buffers of at most ``limit`` bytes are kept (a bigger read allocates its
+    own): peak memory grows by at most ``keep * limit``."""
+
+    def __init__(self, keep: int = 2, limit: int = 160 << 20) -> None:
+        self.keep, self.limit = keep, limit
+        self._free: list[np.ndarray] = []
+        self._lock = threading.Lock()
+        self.reused = 0  # reads served by a kept buffer (tests count them)
+
+    def take(self, n: int) -> np.ndarray:
+        """A ``uint8`` array of ``n`` bytes (contents undefined); ``give`` it back after use."""
+        with self._lock:
+            for i, buf in enumerate(self._free):
+                if buf.size >= n:
+                    self.reused += 1
+                    return self._free.pop(i)[:n]
+        return np.empty(n, np.uint8)
+
+    def give(self, buf: np.ndarray) -> None:
+        """Return a buffer ``take`` gave (nothing may use it afterwards)."""
+        base = buf.base if isinstance(buf.base, np.ndarray) else buf
+        if base.size > self.limit:
+            return
+        with self._lock:
+            self._free.append(base)
+            self._free.sort(key=lambda b: b.size)
+            del self._free[: max(0, len(self._free) - self.keep)]  # the smallest go first
+
+    def kept(self) -> list[int]:
+        """The sizes of the buffers kept, smallest first."""
+        with self._lock:
+            return [b.size for b in self._free]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._free.clear()
+
+
+def _widens_by_copy(dtype: Any) -> bool:
+    """Whether ``widen(raw, dtype)`` returns new memory (not a view of ``raw``)."""
+    return dtype is not np.float32
+
+
+def _source_with(w: Any, method: str) -> Any:
+    """The first of ``w`` and the sources it wraps (``TorchWeights.source``,
+    ``ProcessedWeights.raw``, ...) with ``method``, or None."""
+    for _ in range(4):
+        if w is None:
+            return None
+        if callable(getattr(w, method, None)):
+            return w
+        w = getattr(w, "source", None) or getattr(w, "raw", None)
+    return None
+
+
+def will_need(w: Any, prefix: str) -> None:
+    """Tell the kernel that the tensors whose canonical names start with ``prefix`` (e.g.
+    ``blocks.3.``) will be read soon (``CheckpointWeights.advise_will_need``), for any source
+    (a no-op for those held in memory)."""
+    found = _source_with(w, "advise_will_need")
+    if found is not None:
+        found.advise_will_need(prefix)
+
+
+def file_sorted(w: Any, names: list[str]) -> list[str]:
+    """``names`` in the order their stored bytes lie in the checkpoint's files
+    (``CheckpointWeights.file_position``); unchanged for sources without files."""
+    found = _source_with(w, "file_position")
+    if found is None:
+        return list(names)
+    keys = {name: found.file_position(name) for name in names}
+    if any(k is None for k in keys.values()):
+        return list(names)
+    return sorted(names, key=lambda n: keys[n])
+
+
 def _affine(t: np.ndarray, spec: Whole) -> np.ndarray:
     """``t * spec.scale + spec.add`` (float32) in place (``t`` is a fresh float32 array)."""
     if spec.scale != 1.0:
@@ -337,10 +430,109 @@ class CheckpointWeights:
         self._shared = shared_tensors(self.specs)
         self.middles: dict[str, np.ndarray] | None = None  # the circuits' kept products
         self.middles_lock = threading.Lock()  # the sweep and the null may both ask at once
-
+        # The read plan (engine.model.readplan): the stored tensors of attention weights are
+        # the hot ones (read again by a forward pass, composition, the explorer).
+        self._hot = frozenset(part.tensor for name, spec in self.specs.items() if ".attn." in name
+                              for part in spec_parts(spec))
+        self._budget: int | None = None  # see page_cache_budget
+        self._plan: ReadPlan | None = None
+        self.staging = StagingBuffers()
+        # Called with (file, tensor, offset, bytes) for every read from disk: what a test
+        # asserts the read order and the bytes read per pass with.
+        self.on_read: Callable[[str, str, int, int], None] | None = None
+        self.advising: threading.Thread | None = None  # the last advise_will_need's thread
 
     def has(self, name: str) -> bool:
         return name in self.specs
+
+    # --- the read plan (engine.model.readplan) ------------------------------------------
+
+    @property
+    def page_cache_budget(self) -> int | None:
+        """Bytes of page cache the read plan counts on (None: ``readplan.page_cache_bytes()``);
+        setting it decides the plan again (tests, benchmarks)."""
+        return self._budget
+
+    @page_cache_budget.setter
+    def page_cache_budget(self, value: int | None) -> None:
+        with self._lock:
+            self._budget, self._plan = value, None
+
+    @property
+    def read_plan(self) -> ReadPlan:
+        """What the kernel is told about this checkpoint's bytes, decided on first use from
+        its headers: nothing when it fits in the page cache."""
+        with self._lock:
+            if self._plan is None:
+                try:
+                    headers = [self._header(file) for file in sorted(set(self.files.values()))]
+                except (OSError, CorruptFileError):  # reads will say what is wrong
+                    headers = []
+                total = sum(info.nbytes for h in headers for info in h.tensors.values())
+                hot = sum(info.nbytes for h in headers for name, info in h.tensors.items()
+                          if name in self._hot)
+                self._plan = plan_reads(total, hot, self._budget)
+            return self._plan
+
+    def _header(self, file: str) -> SafetensorsHeader:
+        with self._lock:
+            header = self._headers.get(file)
+            if header is None:
+                header = self._headers[file] = read_header(file)
+            return header
+
+    def file_position(self, name: str) -> tuple[str, int] | None:
+        """``(file, offset)`` of the first stored byte of canonical tensor ``name`` (None if
+        it has none): the order a sweep reads tensors in (``file_sorted``)."""
+        spec = self.specs.get(name)
+        parts = [] if spec is None else spec_parts(spec)
+        if not parts or parts[0].tensor not in self.files:
+            return None
+        file = self.files[parts[0].tensor]
+        try:
+            header = self._header(file)
+        except (OSError, CorruptFileError):
+            return None
+        info = header.tensors.get(parts[0].tensor)
+        return None if info is None else (file, header.data_start + info.begin)
+
+    def advise_will_need(self, prefix: str) -> None:
+        """When the checkpoint is streamed (``read_plan``), ask the kernel to start reading
+        the stored tensors of every canonical name starting with ``prefix`` (a layer the
+        pass reaches next), on a thread: the advice may wait for the disk queue."""
+        if not self.read_plan.streaming:
+            return
+        tensors = sorted({part.tensor for name, spec in self.specs.items() if name.startswith(prefix)
+                          for part in spec_parts(spec)})
+        ranges = []
+        for tensor in tensors:
+            file = self.files.get(tensor)
+            if file is None:
+                continue
+            try:
+                handle, info, data_start = self._locate(file, tensor)
+            except (OSError, HeadscopeError):
+                continue  # the read itself will say what is wrong
+            ranges.append((handle.fileno(), data_start + info.begin, info.nbytes))
+        ranges.sort(key=lambda r: r[1])
+
+        def run() -> None:
+            for fd, offset, n in ranges:
+                advise(fd, offset, n, WILLNEED)
+
+        self.advising = threading.Thread(target=run, name="headscope-will-need", daemon=True)
+        self.advising.start()
+
+    def _consumed(self, file: str, handle: Any, tensor: str, offset: int, n: int) -> None:
+        """Bytes just read from disk into memory of our own: counted, reported to ``on_read``,
+        and dropped from the page cache if the plan says so."""
+        with self._lock:
+            self.reads += 1
+        hook = self.on_read
+        if hook is not None:
+            hook(file, tensor, offset, n)
+        if self.read_plan.drops(tensor in self._hot):
+            advise(handle.fileno(), offset, n, DONTNEED)
 
     def get(self, name: str, *, keep: bool = True) -> np.ndarray:
         """The canonical array (read-only); ``keep=False``: not kept in the cache if it was
@@ -371,6 +563,7 @@ class CheckpointWeights:
                 handle.close()
             self._handles.clear()
             self._cache.clear()
+            self.staging.clear()
             self._unembed_means.clear()
 
     # --- what the weight-only circuits read without building vocabulary-sized arrays ------
@@ -546,12 +739,15 @@ class CheckpointWeights:
                 rows = max(0, stop - first)
                 shape[0] = rows
             rest = None if index is None or all(i == slice(None) for i in index[1:]) else index[1:]
-            buffer = np.empty(rows * row_bytes, np.uint8)
-            _pread_into(handle, buffer, data_start + info.begin + first * row_bytes, file, tensor)
+            staged = _widens_by_copy(dtype)
+            buffer = self.staging.take(rows * row_bytes) if staged else np.empty(rows * row_bytes, np.uint8)
+            offset = data_start + info.begin + first * row_bytes
+            _pread_into(handle, buffer, offset, file, tensor)
             self._check_unchanged(file)  # a rewrite during the read: these bytes may be mixed
-            with self._lock:
-                self.reads += 1
+            self._consumed(file, handle, tensor, offset, buffer.size)
             t = widen(buffer, dtype).reshape(shape)
+            if staged:
+                self.staging.give(buffer)  # widened into new memory: the buffer is free again
             if rest is not None:
                 t = np.ascontiguousarray(t[(slice(None), *rest)])  # a slice: drop the rest
             return t
@@ -572,12 +768,14 @@ class CheckpointWeights:
         key = ("@stored", tensor)
         whole = self._cache.get(key)
         if whole is None:
-            buffer = np.empty(info.nbytes, np.uint8)
+            staged = _widens_by_copy(dtype)
+            buffer = self.staging.take(info.nbytes) if staged else np.empty(info.nbytes, np.uint8)
             _pread_into(handle, buffer, data_start + info.begin, file, tensor)
             self._check_unchanged(file)  # a rewrite during the read: these bytes may be mixed
-            with self._lock:
-                self.reads += 1
+            self._consumed(file, handle, tensor, data_start + info.begin, info.nbytes)
             fresh = widen(buffer, dtype).reshape(info.shape)
+            if staged:
+                self.staging.give(buffer)
             if tensor_bytes(fresh) > self._cache.max_entry:  # too big to keep: no copy of it
                 return fresh if index is None else np.ascontiguousarray(fresh[index])
             whole = read_only(fresh)
@@ -610,6 +808,8 @@ class CheckpointWeights:
                 if header.identity is not None and opened != header.identity:
                     handle.close()  # rewritten between inspection and this first read
                     raise _changed(file, header.identity, opened)
+                if self.read_plan.streaming:  # a larger kernel read-ahead for a streamed file
+                    advise(handle.fileno(), 0, opened[2], SEQUENTIAL)
                 self._identity[file] = opened
                 self._handles[file] = handle
             header = self._headers[file]

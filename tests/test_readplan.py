@@ -1,0 +1,162 @@
+"""The read plan of a checkpoint larger than RAM (engine/model/readplan.py, docs/internals.md "The
+read plan"): a sweep reads each byte once, in file order; what is not needed again is dropped
+from the page cache (``POSIX_FADV_DONTNEED``, recorded here through a patched
+``os.posix_fadvise``), the attention weights stay when they fit, and nothing is advised for a
+checkpoint that fits. The numbers never change."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import numpy as np
+import pytest
+
+from headscope.engine.model import readplan
+from headscope.engine.model.loading import open_model
+from headscope.engine.model.weights import StagingBuffers
+from headscope.engine.sweeps import compute
+from tests import hf_fixtures
+
+N_LAYERS = 12  # > 10: a single safetensors file sorts layer 10 before layer 2
+
+
+@pytest.fixture(scope="module")
+def llama12(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 12-layer bf16 Llama (GQA) in one safetensors file, with a tokenizer."""
+    with mock.patch.object(hf_fixtures, "N_LAYERS", N_LAYERS):
+        path, _ = hf_fixtures.build_llama(tmp_path_factory.mktemp("llama12"), dtype="bfloat16",
+                                          tokenizer=True)
+    return path
+
+
+class Reads:
+    """Every read from disk of an open model (``CheckpointWeights.on_read``) and every
+    ``posix_fadvise`` call."""
+
+    def __init__(self, model: Any, monkeypatch: pytest.MonkeyPatch, budget: int | None) -> None:
+        self.raw = model.weights.raw
+        self.raw.page_cache_budget = budget
+        self.reads: list[tuple[str, str, int, int]] = []
+        self.advice: list[tuple[int, int, int]] = []
+        self.raw.on_read = lambda f, t, o, n: self.reads.append((f, t, o, n))
+        monkeypatch.setattr(os, "posix_fadvise", lambda fd, o, n, a: self.advice.append((o, n, a)),
+                            raising=False)
+
+    def advised(self, kind: int | None) -> list[tuple[int, int]]:
+        if self.raw.advising is not None:
+            self.raw.advising.join()
+        return [(o, n) for o, n, a in self.advice if a == kind]
+
+
+def heads_passes(model: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What ``heads`` runs: the spectral sweep, then one forward pass (scores, sinks, null)."""
+    table, null = compute.calibrated_score_table(model, seed=0, null_samples=4)
+    assert null is not None
+    return {f.name: getattr(table, f.name) for f in dataclasses.fields(table)}, {"mean": null.mean, "std": null.std}
+
+
+def is_attention(tensor: str) -> bool:
+    return ".self_attn." in tensor
+
+
+def test_the_spectral_sweep_reads_each_attention_byte_once_in_file_order(llama12, monkeypatch) -> None:
+    model = open_model(llama12)
+    seen = Reads(model, monkeypatch, None)
+    compute.weight_scores(model)
+    attention = [(f, t, o, n) for f, t, o, n in seen.reads if is_attention(t)]
+    tensors = [t for _, t, _, _ in seen.reads]
+    assert len(tensors) == len(set(tensors))  # no tensor read twice in the pass
+    stored = {t for t in seen.raw.files if is_attention(t)}
+    assert {t for _, t, _, _ in attention} == stored  # every attention weight, whole
+    offsets = [o for _, _, o, _ in attention]
+    assert offsets == sorted(offsets)  # file order: layer 10 before layer 2
+    ends = [o + n for _, _, o, n in attention]
+    assert all(end <= nxt for end, nxt in zip(ends, offsets[1:], strict=False))  # no overlap
+
+
+def test_the_forward_pass_reads_each_tensor_once(llama12, monkeypatch) -> None:
+    model = open_model(llama12)
+    seen = Reads(model, monkeypatch, None)
+    weights = compute.weight_scores(model)
+    first = len(seen.reads)
+    compute.behaviour(model, seed=0, weights_nonfinite=weights["nonfinite"])
+    tensors = [t for _, t, _, _ in seen.reads[first:]]
+    assert len(tensors) == len(set(tensors))
+    # it re-reads the attention weights the spectral sweep read (released after it), and the MLPs
+    assert {t for t in seen.raw.files if is_attention(t) or ".mlp." in t} <= set(tensors)
+
+
+def test_a_checkpoint_that_fits_in_the_page_cache_gets_no_advice(llama12, monkeypatch) -> None:
+    model = open_model(llama12)
+    seen = Reads(model, monkeypatch, 1 << 40)
+    heads_passes(model)
+    assert not model.weights.raw.read_plan.streaming
+    assert seen.reads and seen.advice == []
+
+
+def test_larger_than_ram_drops_what_is_read_and_keeps_the_attention_weights(llama12, monkeypatch) -> None:
+    model = open_model(llama12)
+    plan = model.weights.raw.read_plan  # the real plan: only its sizes are used
+    seen = Reads(model, monkeypatch, plan.hot + 1)  # the attention weights fit, the rest not
+    assert model.weights.raw.read_plan.keep_hot
+    heads_passes(model)
+    dropped = seen.advised(readplan.DONTNEED)
+    others = [(o, n) for _, t, o, n in seen.reads if not is_attention(t)]
+    assert others and sorted(dropped) == sorted(others)  # each range once read, no attention's
+    assert len(seen.advised(readplan.SEQUENTIAL)) == 1  # one file
+    will = seen.advised(readplan.WILLNEED)
+    mlp = {(o, n) for _, t, o, n in seen.reads if ".mlp." in t and ".layers.0." not in t}
+    assert mlp <= set(will)  # each later layer announced before the pass reached it
+
+
+def test_when_even_the_attention_weights_do_not_fit_every_range_read_is_dropped(llama12, monkeypatch) -> None:
+    model = open_model(llama12)
+    seen = Reads(model, monkeypatch, 1)
+    assert model.weights.raw.read_plan.streaming and not model.weights.raw.read_plan.keep_hot
+    heads_passes(model)
+    assert sorted(seen.advised(readplan.DONTNEED)) == sorted((o, n) for _, _, o, n in seen.reads)
+
+
+def test_the_plan_never_changes_the_numbers(llama12, monkeypatch) -> None:
+    plain = heads_passes(open_model(llama12))
+    streamed_model = open_model(llama12)
+    Reads(streamed_model, monkeypatch, 1)
+    streamed = heads_passes(streamed_model)
+    for a, b in zip(plain, streamed, strict=True):
+        for name in a:
+            assert np.asarray(a[name]).tobytes() == np.asarray(b[name]).tobytes(), name
+
+
+def test_without_posix_fadvise_the_plan_is_a_no_op(llama12, monkeypatch) -> None:
+    monkeypatch.delattr(os, "posix_fadvise", raising=False)
+    model = open_model(llama12)
+    model.weights.raw.page_cache_budget = 1
+    heads_passes(model)
+    assert readplan.advise(0, 0, 10, readplan.DONTNEED) is False
+
+
+def test_staging_buffers_are_reused_and_never_alias_a_returned_array(llama12) -> None:
+    model = open_model(llama12, raw=True)
+    w = model.weights
+    first = w.get("blocks.0.attn.W_Q")
+    kept = first.copy()
+    for layer in range(1, N_LAYERS):
+        w.get(f"blocks.{layer}.attn.W_Q")
+        w.get(f"blocks.{layer}.mlp.W_in")
+    assert w.staging.reused > 0
+    assert first.tobytes() == kept.tobytes()  # the returned array is its own memory
+    fresh = open_model(llama12, raw=True).weights.get("blocks.0.attn.W_Q")
+    assert fresh.tobytes() == kept.tobytes()
+
+
+def test_staging_buffers_keep_at_most_their_bound() -> None:
+    staging = StagingBuffers(keep=2, limit=1000)
+    bufs = [staging.take(n) for n in (100, 200, 300, 2000)]
+    for b in bufs:
+        staging.give(b)
+    assert staging.kept() == [200, 300]  # the two largest within the limit
+    assert staging.take(250).size == 250 and staging.reused == 1
