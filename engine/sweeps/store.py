@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from headscope.engine.core.errors import CorruptFileError, HeadscopeError, escape_line
-from headscope.engine.core.files import read_bytes
+from headscope.engine.core.files import os_reason, read_bytes
 from headscope.engine.model.adapters.native import CONFIG_FILE as NATIVE_CONFIG_FILE
 
 if TYPE_CHECKING:
@@ -274,13 +274,19 @@ class ResultStore:
         self._keys: dict[tuple[int, bool], tuple[Any, str]] = {}
         self._keys_lock = threading.Lock()
 
-    def warn_once(self, error: BaseException | str) -> None:
-        """Stop persisting and say so once (a broken store never fails a command)."""
+    def warn_once(self, error: BaseException | str, file: Path | None = None) -> None:
+        """Stop persisting and say so once (a broken store never fails a command); ``file``:
+        the part that could not be written (the parts stored before it are kept)."""
         self.broken = True
         if not self._warned:
             self._warned = True
-            self._warn(f"cannot use the results cache at {self.root} ({error}); "
-                       "computing without it")
+            reason = os_reason(error) if isinstance(error, OSError) else error
+            if file is not None:
+                self._warn(f"cannot write {file} ({reason}); computing the rest without the "
+                           "results cache (the parts already stored are kept)")
+            else:
+                self._warn(f"cannot use the results cache at {self.root} ({reason}); "
+                           "computing without it")
 
     def for_model(self, model: Model) -> ModelStore:
         """The entry of ``model`` (its fingerprint; disabled if it cannot be taken)."""
@@ -512,11 +518,12 @@ class ModelStore:
         self._written.add((name, str(index)))
         if not self.enabled or self.key is None:
             return
+        file = self._file(name, str(index))
         try:
             self._ensure_entry()
-            _write_atomic(self._file(name, str(index)), _encode(self.key, name, str(index), array))
-        except OSError as err:
-            self.store.warn_once(err)
+            _write_atomic(file, _encode(self.key, name, str(index), array))
+        except OSError as err:  # a full disk (ENOSPC), a read-only one: no partial file is left
+            self.store.warn_once(err, file)
 
     def _ensure_entry(self) -> None:
         assert self.dir is not None
