@@ -27,6 +27,15 @@ the output matrix in Q6_K), random valid blocks and a 32k-piece SentencePiece vo
 ``info``, ``first_view`` and ``heads`` run on each file (``heads-q8_0``, ...) against the
 ``floor`` of the bf16 checkpoint, in the same run. With ``--tiny``: the ``tiny-llama-256``
 shape (K-quant rows need 256 values).
+
+``--13b``: the ``llama-13b`` shape (40 layers × 40 heads, d_model 5120, d_mlp 13824, vocab
+32000, bf16, ~26 GB in per-layer shards, written once into ``DIR``): larger than the page
+cache of a 24 GB box, so every pass reads the disk and the read plan (``engine.model.readplan``)
+decides what stays cached. Scenarios ``first_view``, ``floor``, ``heads``,
+``composition-floor-k`` and ``composition-k``, each with the bytes it read from the disk
+(``/proc/self/io``). ``--drop-caches`` (root only; it empties the page cache of the whole box)
+starts every scenario cold. With ``--tiny``: the ``tiny-llama-mha`` shape with a page-cache
+budget smaller than it (``--page-cache-mb``, default 0.2 MB), so the streamed path runs.
 """
 
 from __future__ import annotations
@@ -47,6 +56,7 @@ from typing import Any  # noqa: E402
 from . import publish, ratio  # noqa: E402
 
 SCENARIOS = ("info", "first_view", "floor", "heads")
+SCENARIOS_13B = ("first_view", "floor", "heads", "composition-floor-k", "composition-k")
 KINDS = ("q", "k", "v")
 GGUF_TYPES = ("Q8_0", "Q4_K")
 GGUF_SCENARIOS = ("info", "first_view", "heads")  # each as f"{name}-{type.lower()}"
@@ -58,6 +68,17 @@ def rss_mb() -> float:
 
 def since(t: float) -> float:
     return time.perf_counter() - t
+
+
+def disk_read_gb() -> float | None:
+    """Bytes this process has had read from the storage layer (``/proc/self/io``
+    ``read_bytes``: page-cache hits do not count), in GB; None off Linux."""
+    try:
+        with open("/proc/self/io") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        return int(fields["read_bytes"]) / 1e9
+    except (OSError, KeyError, ValueError):
+        return None
 
 
 # -- scenarios (each in its own process) -------------------------------------------------------
@@ -217,13 +238,29 @@ def one(scenario: str, path: Path) -> dict[str, Any]:
         out = {"info": run_info, "heads": run_heads, "first_view": run_first_view,
                "floor": run_floor}[scenario](path)
     out["rss_mb"] = rss_mb()
+    out["disk_read_gb"] = disk_read_gb()
     return out
 
 
 # -- the run -------------------------------------------------------------------------------
 
 
-def scenario(name: str, path: Path, timeout: float) -> dict[str, Any]:
+def drop_caches() -> bool:
+    """Empty the page cache (root only; the whole box's): False if not allowed."""
+    import os
+
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("1\n")
+    except OSError:
+        return False
+    return True
+
+
+def scenario(name: str, path: Path, timeout: float, cold: bool = False) -> dict[str, Any]:
+    if cold and not drop_caches():
+        print("#   cannot drop the page cache (not root?): this scenario starts warm", file=sys.stderr)
     cmd = [sys.executable, "-m", "bench.big", "--one", name, str(path)]
     root = Path(__file__).resolve().parent.parent
     try:
@@ -288,6 +325,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per scenario")
     ap.add_argument("--gguf", action="store_true",
                     help="the same shape as Q8_0 and Q4_K GGUF files against the bf16 floor")
+    ap.add_argument("--13b", dest="b13", action="store_true",
+                    help="the 13B shape (26 GB, larger than RAM) against its dense floor")
+    ap.add_argument("--page-cache-mb", type=float,
+                    help="the page cache the read plan counts on (HEADSCOPE_PAGE_CACHE_MB)")
+    ap.add_argument("--drop-caches", action="store_true",
+                    help="empty the whole box's page cache before each scenario (root only)")
     args = ap.parse_args(argv)
     if args.one:
         print(json.dumps(one(args.one[0], Path(args.one[1]))))
@@ -297,6 +340,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.gguf:
         return main_gguf(args)
+    if args.b13:
+        return main_13b(args)
     shape = args.shape or ("tiny-llama-mha" if args.tiny else "llama-7b")
     root = args.dir or Path(tempfile.mkdtemp(prefix="headscope-bench-"))
     t = time.perf_counter()
@@ -318,6 +363,46 @@ def main(argv: list[str] | None = None) -> int:
         print(f"#   {name:22s} {json.dumps(res[name])}", file=sys.stderr)
     text = f"Run {time.strftime('%Y-%m-%d %H:%M %Z')}.\n\n{report(shape, res)}\n"
     return publish(text, args.out)
+
+
+def main_13b(args: argparse.Namespace) -> int:
+    """``--13b``: the larger-than-RAM shape, each scenario against its floor, with the read
+    plan each process ran with and the bytes it read from the disk."""
+    import os
+
+    from headscope.engine.model.readplan import PAGE_CACHE_ENV, page_cache_bytes
+
+    from .checkpoints import SHAPES, checkpoint_bytes, write_checkpoint
+
+    budget = args.page_cache_mb if args.page_cache_mb is not None else (0.2 if args.tiny else None)
+    if budget is not None:
+        os.environ[PAGE_CACHE_ENV] = str(budget)  # read by the scenario processes
+    if args.layers:
+        os.environ["BENCH_LAYERS"] = str(args.layers)
+    shape = SHAPES[args.shape or ("tiny-llama-mha" if args.tiny else "llama-13b")]
+    root = args.dir or Path(tempfile.mkdtemp(prefix="headscope-bench-"))
+    t = time.perf_counter()
+    path = write_checkpoint(shape, root)
+    print(f"# {shape.name}: checkpoint ready in {since(t):.1f} s at {path}", file=sys.stderr)
+    names = [n for n in (args.only or ",".join(SCENARIOS_13B)).split(",") if n]
+    res = {}
+    for name in names:
+        res[name] = scenario(name, path, args.timeout, cold=args.drop_caches)
+        print(f"#   {name:22s} {json.dumps(res[name])}", file=sys.stderr)
+    size, cache = checkpoint_bytes(path), page_cache_bytes()
+    title = shape.name + (f" (composition on the first {args.layers} layers)" if args.layers else "")
+    lines = [f"Run {time.strftime('%Y-%m-%d %H:%M %Z')}.", "",
+             f"Checkpoint {size / 1e9:.3g} GB; page cache counted on {cache / 1e9:.3g} GB "
+             f"({'streamed' if size > cache else 'fits'}); page cache "
+             f"{'dropped before each scenario' if args.drop_caches else 'not dropped'}.", "",
+             report(title, res), *_disk_rows(res), ""]
+    return publish("\n".join(lines), args.out)
+
+
+def _disk_rows(res: dict[str, dict[str, Any]]) -> list[str]:
+    """Rows of the bytes each scenario read from the disk (page-cache hits do not count)."""
+    return [f"| {name}: read from disk (GB) | {_fmt(r.get('disk_read_gb'))} | |"
+            for name, r in res.items() if "error" not in r]
 
 
 def main_gguf(args: argparse.Namespace) -> int:

@@ -44,6 +44,9 @@ SHAPES = {
     # Llama-2-7B: 32 × 32 heads, d_head 128, ~13 GB of bf16 in per-layer shards. Written once
     # into a reusable directory (`python -m bench.big --dir DIR`), never by `make test`.
     "llama-7b": Shape("llama-7b", "llama", 32, 32, 4096, 32000, 4096, 11008, dtype="bfloat16"),
+    # Llama-2-13B: 40 × 40 heads, d_head 128, d_mlp 13824, ~26 GB of bf16: larger than the
+    # page cache of the 24 GB box (`python -m bench.big --13b --dir DIR`, never `make test`).
+    "llama-13b": Shape("llama-13b", "llama", 40, 40, 5120, 32000, 4096, 13824, dtype="bfloat16"),
     # tiny shapes for the smoke test
     "tiny-gpt2": Shape("tiny-gpt2", "gpt2", 2, 4, 64, 500, 64, 256),
     "tiny-neox": Shape("tiny-neox", "neox", 2, 4, 64, 500, 64, 256, dtype="float16"),

@@ -160,3 +160,12 @@ def test_staging_buffers_keep_at_most_their_bound() -> None:
         staging.give(b)
     assert staging.kept() == [200, 300]  # the two largest within the limit
     assert staging.take(250).size == 250 and staging.reused == 1
+
+
+def test_the_page_cache_budget_can_be_set_in_the_environment(monkeypatch) -> None:
+    monkeypatch.setenv(readplan.PAGE_CACHE_ENV, "0.5")
+    assert readplan.page_cache_bytes() == 1 << 19
+    assert readplan.plan_reads(1 << 20, 1 << 18).keep_hot
+    for bad in ("", "-1", "lots"):  # not a positive number: physical memory decides
+        monkeypatch.setenv(readplan.PAGE_CACHE_ENV, bad)
+        assert readplan.page_cache_bytes() > 1 << 20
