@@ -169,3 +169,33 @@ def test_the_page_cache_budget_can_be_set_in_the_environment(monkeypatch) -> Non
     for bad in ("", "-1", "lots"):  # not a positive number: physical memory decides
         monkeypatch.setenv(readplan.PAGE_CACHE_ENV, bad)
         assert readplan.page_cache_bytes() > 1 << 20
+
+
+@pytest.fixture(scope="module")
+def llama12_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The 12-layer Llama as a Q8_0 GGUF file (llama.cpp's layout)."""
+    from tests.gguf_fixtures import write_gguf
+
+    root = tmp_path_factory.mktemp("llama12-gguf")
+    with mock.patch.object(hf_fixtures, "N_LAYERS", N_LAYERS):
+        _, model = hf_fixtures.build_llama(root / "hf")
+    return write_gguf(model, root / "model.gguf", qtype="Q8_0")
+
+
+def test_a_streamed_gguf_file_drops_every_range_read_and_keeps_its_numbers(llama12_gguf, monkeypatch) -> None:
+    plain = heads_passes(open_model(llama12_gguf))
+    model = open_model(llama12_gguf)
+    source = model.weights.raw.source
+    source.page_cache_budget = 1
+    reads: list[tuple[int, int]] = []
+    advice: list[tuple[int, int, int]] = []
+    source.on_read = lambda f, t, o, n: reads.append((o, n))
+    monkeypatch.setattr(os, "posix_fadvise", lambda fd, o, n, a: advice.append((o, n, a)), raising=False)
+    streamed = heads_passes(model)
+    assert model.weights.raw.read_plan.streaming
+    dropped = [(o, n) for o, n, a in advice if a == readplan.DONTNEED]
+    assert reads and sorted(dropped) == sorted(reads)
+    assert [a for *_, a in advice].count(readplan.SEQUENTIAL) == 1
+    for a, b in zip(plain, streamed, strict=True):
+        for name in a:
+            assert np.asarray(a[name]).tobytes() == np.asarray(b[name]).tobytes(), name

@@ -29,7 +29,7 @@ import math
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +43,15 @@ from headscope.engine.core.errors import (
 from headscope.engine.formats.gguf import GGUFHeader, GGUFTensorInfo
 from headscope.engine.formats.safetensors import TensorInfo
 from headscope.engine.formats.tokenizer import HFTokenizer, IdTokenizer, Tokenizer
+from headscope.engine.model.adapters.base import spec_parts
+from headscope.engine.model.readplan import (
+    DONTNEED,
+    SEQUENTIAL,
+    WILLNEED,
+    ReadPlan,
+    advise,
+    plan_reads,
+)
 from headscope.engine.model.weights import CheckpointWeights
 
 if TYPE_CHECKING:
@@ -485,6 +494,67 @@ class GGUFSource:
         self._cached_bytes = 0
         self._handle: Any = None
         self._lock = threading.Lock()
+        self._budget: int | None = None  # see page_cache_budget
+        self._plan: ReadPlan | None = None
+        # Called with (file, tensor, offset, bytes) for every read from disk (tests).
+        self.on_read: Callable[[str, str, int, int], None] | None = None
+
+    @property
+    def page_cache_budget(self) -> int | None:
+        """Bytes of page cache the read plan counts on (None: ``readplan.page_cache_bytes()``);
+        setting it decides the plan again."""
+        return self._budget
+
+    @page_cache_budget.setter
+    def page_cache_budget(self, value: int | None) -> None:
+        with self._lock:
+            self._budget, self._plan = value, None
+
+    @property
+    def read_plan(self) -> ReadPlan:
+        """What the kernel is told about the file's bytes (``engine.model.readplan``): a
+        quantised 70B (40 GB) does not fit in the page cache; its attention tensors are the
+        hot ones."""
+        with self._lock:
+            if self._plan is None:
+                tensors = self.header.tensors
+                hot = sum(info.nbytes for name, info in tensors.items() if ".attn_" in name)
+                self._plan = plan_reads(sum(info.nbytes for info in tensors.values()), hot,
+                                        self._budget)
+            return self._plan
+
+    def position(self, hf: str) -> int | None:
+        """The file offset of ``hf``'s first byte (None if the file has no such tensor)."""
+        g = self.hf_names.get(hf)
+        return None if g is None else self.header.tensors[g].offset
+
+    def advise_will_need(self, hfs: list[str]) -> None:
+        """When the file is streamed, ask the kernel to start reading these tensors, on a
+        thread (``CheckpointWeights.advise_will_need``)."""
+        if not self.read_plan.streaming:
+            return
+        ranges = sorted((info.offset, info.nbytes) for info in
+                        (self.header.tensors[self.hf_names[h]] for h in hfs if h in self.hf_names))
+        handle = self._open()
+
+        def run() -> None:
+            for offset, n in ranges:
+                advise(handle.fileno(), offset, n, WILLNEED)
+
+        threading.Thread(target=run, name="headscope-will-need", daemon=True).start()
+
+    def _open(self) -> Any:
+        with self._lock:
+            if self._handle is None:
+                self._handle = open(self.header.path, "rb")  # noqa: SIM115 (closed in close())
+                streaming = self._plan.streaming if self._plan is not None else None
+            else:
+                return self._handle
+        if streaming is None:
+            streaming = self.read_plan.streaming
+        if streaming:  # a larger kernel read-ahead for a streamed file
+            advise(self._handle.fileno(), 0, self.header.file_size, SEQUENTIAL)
+        return self._handle
 
     def permuted_heads(self, hf: str) -> int | None:
         """How many heads the conversion permuted the rows of ``hf`` in, if it did."""
@@ -604,11 +674,9 @@ class GGUFSource:
         import numpy as np
 
         path = self.header.path
-        with self._lock:
-            if self._handle is None:
-                self._handle = open(path, "rb")  # noqa: SIM115 (closed in close())
+        handle = self._open()
         try:
-            size = os.fstat(self._handle.fileno()).st_size
+            size = os.fstat(handle.fileno()).st_size
             if size != self.header.file_size:
                 raise CorruptFileError(
                     path,
@@ -618,12 +686,17 @@ class GGUFSource:
             buf = np.empty(n, np.uint8)  # not bytearray(n): that zero-fills it first
             view, done = memoryview(buf), 0
             while done < n:
-                got = os.preadv(self._handle.fileno(), [view[done:]], offset + done)
+                got = os.preadv(handle.fileno(), [view[done:]], offset + done)
                 if got <= 0:
                     raise CorruptFileError(path, f"cannot read tensor {g!r}: the file ends early")
                 done += got
         except OSError as e:
             raise CorruptFileError(path, f"cannot read tensor {g!r}: {str(e)[:160]}") from None
+        hook = self.on_read
+        if hook is not None:
+            hook(path, g, offset, n)
+        if self.read_plan.drops(".attn_" in g):  # read once into our memory: see read_plan
+            advise(handle.fileno(), offset, n, DONTNEED)
         return buf
 
     def close(self) -> None:
@@ -653,6 +726,20 @@ class GGUFWeights(CheckpointWeights):
     def __init__(self, cfg: ModelConfig, specs: Mapping[str, Spec], source: GGUFSource, path: str | None = None) -> None:
         super().__init__(cfg, specs, {}, path=path)
         self.source = source
+
+    @property
+    def read_plan(self) -> ReadPlan:
+        return self.source.read_plan
+
+    def file_position(self, name: str) -> tuple[str, int] | None:
+        spec = self.specs.get(name)
+        parts = [] if spec is None else spec_parts(spec)
+        offset = self.source.position(parts[0].tensor) if parts else None
+        return None if offset is None else (self.source.header.path, offset)
+
+    def advise_will_need(self, prefix: str) -> None:
+        self.source.advise_will_need(sorted({part.tensor for name, spec in self.specs.items()
+                                             if name.startswith(prefix) for part in spec_parts(spec)}))
 
     def _read(self, tensor: str, index: tuple[slice, ...] | None = None) -> np.ndarray:
         rows = cols = None
