@@ -249,9 +249,11 @@ class StagingBuffers:
     buffer of a fresh allocation above glibc's mmap threshold (32 MB) is mapped, faulted in and
     zeroed page by page on every read and unmapped after it; a 13B layer is 650 MB of such
     reads. ``keep`` buffers of at most ``limit`` bytes are kept (a bigger read allocates its
-    own): peak memory grows by at most ``keep * limit``."""
+    own): peak memory grows by at most ``keep * limit``. One is enough: the sweeps read on one
+    thread at a time (the read-ahead thread, or the forward pass); a second reader at the same
+    moment allocates its own."""
 
-    def __init__(self, keep: int = 2, limit: int = 160 << 20) -> None:
+    def __init__(self, keep: int = 1, limit: int = 160 << 20) -> None:
         self.keep, self.limit = keep, limit
         self._free: list[np.ndarray] = []
         self._lock = threading.Lock()
