@@ -344,23 +344,27 @@ def attend(w: WeightSource, layer: int, q: Tensor, k: Tensor, v: Tensor) -> tupl
 
 
 def attention_pattern(w: WeightSource, layer: int, q: Tensor, k: Tensor) -> Tensor:
-    """The pattern ``[b, h, q, k]`` of queries and keys ``[b, h, p, d_head]`` (RoPE, the
-    scale, the soft-cap, the mask, the softmax). Dimension 1 may hold any selection of heads
-    (nothing in it is per head): patching runs chosen heads' attention side by side."""
+    """The pattern ``[b, h, s, p]`` of queries ``[b, h, s, d_head]`` and keys ``[b, h, p,
+    d_head]`` (RoPE, the scale, the soft-cap, the mask, the softmax). The queries are those of
+    the last ``s <= p`` positions (``s < p``: a run that reuses the keys of a shared prefix
+    computes only the rows it needs, as patching does; their RoPE angles and mask rows are
+    those of their positions). Dimension 1 may hold any selection of heads (nothing in it is
+    per head): patching runs chosen heads' attention side by side."""
     import torch
 
     cfg = w.cfg
+    n, first = k.shape[-2], k.shape[-2] - q.shape[-2]
     if cfg.positional == "rotary":
         layer_cfg = layer_config(cfg, layer)
-        inv_freq = rotary_inv_freq(layer_cfg, getattr(w, "path", None), seq_len=q.shape[-2])
+        inv_freq = rotary_inv_freq(layer_cfg, getattr(w, "path", None), seq_len=n)
         scale = rotary_scale(layer_cfg)
-        q, k = rotary(q, inv_freq, scale), rotary(k, inv_freq, scale)
+        q, k = rotary(q, inv_freq, scale, start=first), rotary(k, inv_freq, scale)
 
-    scores = q @ k.transpose(-1, -2) / cfg.scale  # [b, h, q, k]
+    scores = q @ k.transpose(-1, -2) / cfg.scale  # [b, h, s, p]
     scores = softcap(scores, cfg.extra.get("attn_softcap"))
-    hidden = attention_mask(cfg, scores.shape[-1], layer)
+    hidden = attention_mask(cfg, n, layer)
     if hidden is not None:
-        scores = scores.masked_fill(hidden, float("-inf"))
+        scores = scores.masked_fill(hidden[first:], float("-inf"))
     return torch.softmax(scores, dim=-1)
 
 
@@ -436,8 +440,9 @@ def rotary_inv_freq(cfg: ModelConfig, path: str | None = None, seq_len: int | No
     return torch.from_numpy(rope_frequencies(cfg, path, seq_len))
 
 
-def rotary(x: Tensor, inv_freq: Tensor, scale: float = 1.0) -> Tensor:
-    """Rotate the first r = 2·len(inv_freq) dims of each head of x [b, h, p, d_head] by position.
+def rotary(x: Tensor, inv_freq: Tensor, scale: float = 1.0, start: int = 0) -> Tensor:
+    """Rotate the first r = 2·len(inv_freq) dims of each head of x [b, h, p, d_head] by position
+    (``start``, ``start + 1``, ...: the positions of its rows).
 
     NeoX / Hugging Face convention: dims (i, i + r/2) form a pair rotated by angle
     p · inv_freq[i]; the rest pass through unchanged (partial rotary). ``scale``: YaRN's and
@@ -445,7 +450,7 @@ def rotary(x: Tensor, inv_freq: Tensor, scale: float = 1.0) -> Tensor:
     """
     import torch
 
-    pos = torch.arange(x.shape[-2], dtype=torch.float32)
+    pos = torch.arange(start, start + x.shape[-2], dtype=torch.float32)
     return apply_rotary(x, pos[:, None] * inv_freq[None, :], scale)  # angles [p, r/2]
 
 
