@@ -150,7 +150,7 @@ def embed(w: WeightSource, tokens: Tensor) -> Tensor:
     """Token (+ learned position) (+ BERT token-type 0, then LayerNorm) embeddings."""
     w = torch_weights(w)
     cfg = w.cfg
-    x = w.get("embed.W_E")[tokens]
+    x = w.embed_rows(tokens)
     if cfg.positional == "learned":
         x = x + w.get("pos_embed.W_pos")[: tokens.shape[1]]
     if w.has("embed.W_token_type"):
@@ -530,9 +530,10 @@ def unembed(w: WeightSource, x: Tensor, columns: Sequence[int] | None = None) ->
             x = layer_norm(x, w.get("mlm.ln.w"), w.get("mlm.ln.b"), cfg.norm_eps)
     else:
         x = norm(w, "ln_final", x)
-    w_u, b_u = w.get("unembed.W_U"), w.get("unembed.b_U")
-    if columns is not None:
-        w_u, b_u = w_u[:, list(columns)], b_u[list(columns)]
+    if columns is None:
+        w_u, b_u = w.get("unembed.W_U"), w.get("unembed.b_U")
+    else:
+        w_u, b_u = w.unembed_columns(columns)
     return softcap(x @ w_u + b_u, w.cfg.extra.get("final_softcap"))
 
 

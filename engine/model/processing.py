@@ -286,6 +286,28 @@ class ProcessedWeights:
                 out = out - reading(mean)
         return np.ascontiguousarray(out, dtype=np.float32)
 
+    def unembed_bias_cols(self, cols: np.ndarray) -> np.ndarray:
+        """``get("unembed.b_U")[cols]`` without processing the whole unembedding, as
+        ``unembed_cols``: the folded final-norm bias reads only the columns ``cols`` of the
+        stored ``W_U``, and centring over the vocabulary subtracts its mean, ``mean(b_U) +
+        ln_b · (mean column)``, from the stored tensor's mean column (kept once computed)."""
+        cols = np.asarray(cols, dtype=np.intp)
+        block = getattr(self.raw, "unembed_block", None)
+        found = None if block is None else block(cols)
+        if found is None:
+            return np.ascontiguousarray(self.get("unembed.b_U")[cols])
+        w_cols, mean = found
+        b_U = self._raw("unembed.b_U", None)
+        _, ln_b = self._norm("ln_final")
+        with np.errstate(all="ignore"):
+            out, centre = b_U[cols].astype(np.float64), b_U.mean(dtype=np.float64)
+            if ln_b is not None:
+                out = out + ln_b.astype(np.float64) @ w_cols
+                centre = centre + float(ln_b.astype(np.float64) @ mean[:, 0])
+            if self.plan.center_unembed:
+                out = out - centre
+        return out.astype(np.float32)
+
     # -- the processing itself ----------------------------------------------------------
 
     def _is_folded_norm(self, name: str) -> bool:
@@ -394,6 +416,10 @@ class ProcessedWeights:
         if w is None and not center:
             return self._raw(f"{pre}.{leaf}", None)
         W = self._raw_fresh(f"{pre}.{leaf}")  # [d_model, d_mlp], edited in place: no second copy
+        if leaf == "W_in" and ln_b is not None and self._cache.get((f"{pre}.b_in", None)) is None:
+            # the folded b_in reads this same raw W_in: form it from this read (a forward pass
+            # asks for W_in first) instead of reading and keeping the raw W_in a second time
+            self._cache.put((f"{pre}.b_in", None), read_only(self._raw(f"{pre}.b_in", None) + ln_b @ W))
         if w is not None:
             W *= w[:, None]
         return _center_(W, 0) if center else W
