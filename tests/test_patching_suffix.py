@@ -152,5 +152,10 @@ def test_a_few_columns_and_rows_of_the_processed_embeddings(family: tuple[str, A
     w_u, b_u = w.unembed_columns(cols)
     assert torch.allclose(w_u, w.get("unembed.W_U")[:, cols], atol=1e-6)
     assert torch.allclose(b_u, w.get("unembed.b_U")[cols], atol=1e-6)
+    # a logit difference skips the centring over the vocabulary: the same shift for every column
+    w_s, b_s = w.unembed_columns(cols, centred=False)
+    x = torch.randn(5, model.cfg.d_model, generator=torch.Generator().manual_seed(0))
+    diff = (x @ w_u + b_u)[:, :, None] - (x @ w_u + b_u)[:, None, :]
+    assert torch.allclose((x @ w_s + b_s)[:, :, None] - (x @ w_s + b_s)[:, None, :], diff, atol=1e-5)
     ids = torch.tensor([[5, 9, 5], [0, 1, model.cfg.d_vocab - 1]])
     assert torch.equal(w.embed_rows(ids), w.get("embed.W_E")[ids])

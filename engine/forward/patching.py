@@ -127,7 +127,8 @@ class LogitDiff:
     name: str = "logit_diff"
 
     def __call__(self, w: WeightSource, final: Tensor, n: int) -> Tensor:
-        logits = unembed(w, final[:, -1], (self.answer, self.wrong))  # [n·b, 2]: not all of W_U
+        # [n·b, 2]: not all of W_U; a difference needs no centring over the vocabulary
+        logits = unembed(w, final[:, -1], (self.answer, self.wrong), centred=False)
         return (logits[:, 0] - logits[:, 1]).float().reshape(n, -1).mean(1)
 
     def reads(self, p: int) -> int:

@@ -74,16 +74,18 @@ class TorchWeights:
             return self.get("embed.W_E")[ids]
         return as_tensor(rows(ids.reshape(-1).numpy())).reshape(*ids.shape, -1)
 
-    def unembed_columns(self, cols: Sequence[int]) -> tuple[Tensor, Tensor]:
+    def unembed_columns(self, cols: Sequence[int], *, centred: bool = True) -> tuple[Tensor, Tensor]:
         """``(W_U[:, cols], b_U[cols])``, processing only those columns where the source can
-        (``unembed_cols``, ``unembed_bias_cols``): a logit difference reads two of 50k."""
+        (``unembed_cols``, ``unembed_bias_cols``): a logit difference reads two of 50k.
+        ``centred=False``: the caller reads only differences between the columns' logits, so
+        processing's centring over the vocabulary may be left out (``CircuitWeights``)."""
         import numpy as np
 
         ids = np.asarray(list(cols), dtype=np.intp)
         w_cols = getattr(self.source, "unembed_cols", None)
         b_cols = getattr(self.source, "unembed_bias_cols", None)
-        w_u = as_tensor(w_cols(ids)) if w_cols is not None else self.get("unembed.W_U")[:, list(cols)]
-        b_u = as_tensor(b_cols(ids)) if b_cols is not None else self.get("unembed.b_U")[list(cols)]
+        w_u = as_tensor(w_cols(ids, centred=centred)) if w_cols is not None else self.get("unembed.W_U")[:, list(cols)]
+        b_u = as_tensor(b_cols(ids, centred=centred)) if b_cols is not None else self.get("unembed.b_U")[list(cols)]
         return w_u, b_u
 
 

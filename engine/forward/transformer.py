@@ -518,9 +518,13 @@ def experts(w: WeightSource, layer: int, x: Tensor, act: Callable[[Tensor], Tens
     return out.reshape(x.shape)
 
 
-def unembed(w: WeightSource, x: Tensor, columns: Sequence[int] | None = None) -> Tensor:
+def unembed(w: WeightSource, x: Tensor, columns: Sequence[int] | None = None, *,
+            centred: bool = True) -> Tensor:
     """Final norm (pre-LN models) or the BERT masked-LM transform, then x W_U + b_U;
-    ``columns``: only those tokens' logits (a logit difference needs two of ``d_vocab``)."""
+    ``columns``: only those tokens' logits (a logit difference needs two of ``d_vocab``);
+    with ``centred=False`` they may all be shifted by the same amount per position (what
+    processing's centring over the vocabulary changes: a difference of them is exact), which
+    spares reading the whole unembedding for its mean."""
     w = torch_weights(w)
     cfg = w.cfg
     if cfg.post_ln:
@@ -533,7 +537,7 @@ def unembed(w: WeightSource, x: Tensor, columns: Sequence[int] | None = None) ->
     if columns is None:
         w_u, b_u = w.get("unembed.W_U"), w.get("unembed.b_U")
     else:
-        w_u, b_u = w.unembed_columns(columns)
+        w_u, b_u = w.unembed_columns(columns, centred=centred)
     return softcap(x @ w_u + b_u, w.cfg.extra.get("final_softcap"))
 
 

@@ -258,17 +258,22 @@ class ProcessedWeights:
         with np.errstate(all="ignore"):
             return t - t.mean(-1, keepdims=True)
 
-    def unembed_cols(self, cols: np.ndarray) -> np.ndarray:
+    def unembed_cols(self, cols: np.ndarray, *, centred: bool = True) -> np.ndarray:
         """``get("unembed.W_U")[:, cols]`` without processing the whole unembedding: the
         reading-side steps (final-norm gain, centring along ``d_model``) act on each column
         alone, and centring the unembedding subtracts the (processed) mean column, so only
-        ``cols`` and the stored tensor's mean are processed (one read of it, no copies)."""
+        ``cols`` and the stored tensor's mean are processed (one read of it, no copies).
+        ``centred=False``: for a caller that reads only differences between columns, the
+        centring over the vocabulary (one column subtracted from each: every logit of a
+        position shifted alike) may be left out, and is where that saves reading the whole
+        stored tensor for its mean."""
         cols = np.asarray(cols, dtype=np.intp)
+        centred = centred and self.plan.center_unembed
         # the column path whether or not the whole processed W_U is cached, so a block's
         # numbers do not depend on what was asked before (the CLI and the explorer agree bit for
         # bit); it reads only the columns' rows once the stored mean is known
         block = getattr(self.raw, "unembed_block", None)
-        found = None if block is None else block(cols)
+        found = None if block is None else block(cols, with_mean=centred)
         if found is None:
             return np.ascontiguousarray(self.get("unembed.W_U")[:, cols])
         block, mean = found
@@ -282,18 +287,19 @@ class ProcessedWeights:
                 return x - x.mean(0, keepdims=True) if p.center_reading else x
 
             out = reading(block)
-            if p.center_unembed:
+            if centred:
                 out = out - reading(mean)
         return np.ascontiguousarray(out, dtype=np.float32)
 
-    def unembed_bias_cols(self, cols: np.ndarray) -> np.ndarray:
+    def unembed_bias_cols(self, cols: np.ndarray, *, centred: bool = True) -> np.ndarray:
         """``get("unembed.b_U")[cols]`` without processing the whole unembedding, as
-        ``unembed_cols``: the folded final-norm bias reads only the columns ``cols`` of the
-        stored ``W_U``, and centring over the vocabulary subtracts its mean, ``mean(b_U) +
-        ln_b · (mean column)``, from the stored tensor's mean column (kept once computed)."""
+        ``unembed_cols`` (and its ``centred``): the folded final-norm bias reads only the
+        columns ``cols`` of the stored ``W_U``, and centring over the vocabulary subtracts its
+        mean, ``mean(b_U) + ln_b · (mean column)``, from the stored tensor's mean column."""
         cols = np.asarray(cols, dtype=np.intp)
+        centred = centred and self.plan.center_unembed
         block = getattr(self.raw, "unembed_block", None)
-        found = None if block is None else block(cols)
+        found = None if block is None else block(cols, with_mean=centred)
         if found is None:
             return np.ascontiguousarray(self.get("unembed.b_U")[cols])
         w_cols, mean = found
@@ -303,8 +309,9 @@ class ProcessedWeights:
             out, centre = b_U[cols].astype(np.float64), b_U.mean(dtype=np.float64)
             if ln_b is not None:
                 out = out + ln_b.astype(np.float64) @ w_cols
-                centre = centre + float(ln_b.astype(np.float64) @ mean[:, 0])
-            if self.plan.center_unembed:
+            if centred:
+                if ln_b is not None:
+                    centre = centre + float(ln_b.astype(np.float64) @ mean[:, 0])
                 out = out - centre
         return out.astype(np.float32)
 
