@@ -488,11 +488,13 @@ def mlp(w: WeightSource, layer: int, x: Tensor) -> Tensor:
     act = activation(cfg.act_fn, getattr(w, "path", None))
     if cfg.extra.get("n_experts"):
         return experts(w, layer, x, act)
+    # ``(x @ W).add_(b)``: the bits of ``x @ W + b`` without a second activation-sized tensor
+    # (a patching pass of many copies makes thousands); autograd keeps no product's output
     if cfg.gated_mlp:
-        hidden = act(x @ w.get(f"{pre}.W_gate")) * (x @ w.get(f"{pre}.W_in")) + w.get(f"{pre}.b_in")
+        hidden = (act(x @ w.get(f"{pre}.W_gate")) * (x @ w.get(f"{pre}.W_in"))).add_(w.get(f"{pre}.b_in"))
     else:
-        hidden = act(x @ w.get(f"{pre}.W_in") + w.get(f"{pre}.b_in"))
-    return hidden @ w.get(f"{pre}.W_out") + w.get(f"{pre}.b_out")
+        hidden = act((x @ w.get(f"{pre}.W_in")).add_(w.get(f"{pre}.b_in")))
+    return (hidden @ w.get(f"{pre}.W_out")).add_(w.get(f"{pre}.b_out"))
 
 
 def experts(w: WeightSource, layer: int, x: Tensor, act: Callable[[Tensor], Tensor]) -> Tensor:
@@ -623,7 +625,12 @@ def activation(name: str | None, path: str | None = None) -> Callable[[Tensor], 
     import torch.nn.functional as F
 
     def gelu_new(x: Tensor) -> Tensor:  # GPT-2's tanh approximation, written out as HF does
-        return 0.5 * x * (1.0 + torch.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * torch.pow(x, 3.0))))
+        if x.requires_grad:  # autograd keeps tanh's output: no step in place
+            return 0.5 * x * (1.0 + torch.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * torch.pow(x, 3.0))))
+        # the same operations in the same order (the same bits) on one temporary: four fewer
+        # activation-sized tensors, 10-15% of an MLP's time on a patching pass
+        t = torch.pow(x, 3.0).mul_(0.044715).add_(x).mul_(_SQRT_2_OVER_PI).tanh_().add_(1.0)
+        return (0.5 * x).mul_(t)
 
     def gelu_fast(x: Tensor) -> Tensor:
         return 0.5 * x * (1.0 + torch.tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x)))

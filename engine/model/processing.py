@@ -149,6 +149,11 @@ def _center_(t: np.ndarray, dim: int) -> np.ndarray:
     return t
 
 
+# the cache key of a whole layer's b_Q/b_K/b_V with the ln1 bias folded in (``_folded_bias``),
+# formed while its W is processed
+_FOLDED = "{pre}.{leaf}~folded"
+
+
 class ProcessedWeights:
     """A ``WeightSource`` applying TransformerLens' default weight processing lazily, as
     read-only float32 numpy arrays.
@@ -378,6 +383,12 @@ class ProcessedWeights:
                 return self._raw(f"{pre}.{leaf}", head)
             # a whole layer: one fresh copy edited in place (no second layer-sized array)
             W = self._raw_fresh(f"{pre}.{leaf}") if head is None else self._raw(f"{pre}.{leaf}", head).copy()
+            _, ln_b = self._norm(f"blocks.{layer}.ln1")
+            bias = (_FOLDED.format(pre=pre, leaf=f"b_{leaf[-1]}"), None)
+            if head is None and ln_b is not None and self._cache.get(bias) is None:
+                # the folded bias reads this same raw W: form it from this read (a forward pass
+                # asks for W first) instead of building and keeping the raw W a second time
+                self._cache.put(bias, read_only(self._raw(f"{pre}.b_{leaf[-1]}", None) + ln_b @ W))
             if w is not None:
                 W *= w[:, None]
             return _center_(W, -2) if p.center_reading else W
@@ -405,6 +416,9 @@ class ProcessedWeights:
     def _folded_bias(self, layer: int | None, leaf: str, head: int | None) -> np.ndarray:
         """b_Q/b_K/b_V with the ln1 bias folded in: b + ln1.b @ W (W before scaling)."""
         pre = f"blocks.{layer}.attn"
+        kept = self._cache.get((_FOLDED.format(pre=pre, leaf=leaf), None)) if head is None else None
+        if kept is not None:
+            return kept
         b = self._raw(f"{pre}.{leaf}", head)
         _, ln_b = self._norm(f"blocks.{layer}.ln1")
         if ln_b is None:
