@@ -8,12 +8,15 @@ read from the patched logits. With grouped-query attention a "head" is a query h
 ``k``/``v`` site is its own copy of the shared key/value head (TransformerLens patches the
 stored K/V head, which equals patching its group of query heads together).
 
-Cost (``patch_heads``): one pass over the clean and the corrupt batch together keeps the
-residual stream entering each layer; then the patches that start at layer ``l`` resume from
-there, as ``transformer.run_ablations`` does: the attention of ``l`` runs once, only the
-patched heads' attention is recomputed (side by side, one "head" per patch), and the rest of
-the model runs on all the patched copies as one batch (``behaviour.copies_per_pass`` copies
-at a time). Nothing below ``l`` is rerun, nothing is rerun per head.
+Cost (``patch_heads``; docs/math.md, "Patching"): one pass over the clean and the corrupt
+batch together keeps the residual stream entering each layer. Then all patched copies run
+together (``behaviour.copies_per_pass`` at a time), each joining the batch at its first
+patched layer from the base stream (nothing below it is rerun), exactly but only where a
+patch can change something: positions from the first one where the clean and corrupt tokens
+differ (earlier keys and values come from the base run: causal attention keeps both runs
+equal there), and in the last layer only the positions the metric reads. A layer's attention
+runs once per distinct stream; a patched head adds ``(z_new - z) W_O[h]`` to its copy's
+attention output (its own attention recomputed side by side with the other patched heads).
 
 Attribution (``attribute_heads``, AtP, Kramár et al. 2024) is the first-order estimate
 ``grad(metric) · (source - base)`` of every head at once from the same two runs and one
