@@ -159,3 +159,20 @@ def test_a_few_columns_and_rows_of_the_processed_embeddings(family: tuple[str, A
     assert torch.allclose((x @ w_s + b_s)[:, :, None] - (x @ w_s + b_s)[:, None, :], diff, atol=1e-5)
     ids = torch.tensor([[5, 9, 5], [0, 1, model.cfg.d_vocab - 1]])
     assert torch.equal(w.embed_rows(ids), w.get("embed.W_E")[ids])
+
+
+def test_gelu_new_in_place_gives_the_written_out_formula_bit_for_bit() -> None:
+    """The MLP's activation outside autograd works in place on one temporary (a patching pass
+    makes thousands of activation-sized tensors); the same operations in the same order give
+    the same bits as TransformerLens' and Hugging Face's formula, and autograd still works."""
+    import math
+
+    from headscope.engine.forward.transformer import activation
+
+    gelu = activation("gelu_new")
+    x = torch.randn(300, 257, generator=torch.Generator().manual_seed(0)) * 4
+    written = 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+    assert torch.equal(gelu(x), written)
+    leaf = x.clone().requires_grad_(True)
+    (grad,) = torch.autograd.grad(gelu(leaf).sum(), leaf)
+    assert torch.equal(gelu(leaf).detach(), written) and torch.isfinite(grad).all()
