@@ -30,6 +30,7 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import platform  # noqa: E402
+import resource  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -106,6 +107,9 @@ def one(scenario: str, path: Path, n_tokens: int) -> dict[str, Any]:
         else:
             raise SystemExit(f"unknown scenario {scenario!r}")
     out["seconds"] = time.perf_counter() - T0
+    # every thread's CPU time (user + system): on a shared box, less load-dependent than the wall
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    out["cpu_seconds"] = usage.ru_utime + usage.ru_stime
     out["rss_mb"] = rss_mb()
     return out
 
@@ -128,6 +132,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
              "|---|---|---|---|---|"]
     for key, metric, fmt in (("seconds", "whole process (s)", ".2f"),
                              ("open_seconds", "of which imports + loading (s)", ".2f"),
+                             ("cpu_seconds", "whole process, CPU time of all threads (s)", ".2f"),
                              ("rss_mb", "peak RSS (MB)", ".0f")):
         both = ours is not None and tl is not None and key in ours and key in tl
         lines.append(f"| exact patching, every head, site out | {metric} | {cell(ours, key, fmt)} | "

@@ -8,12 +8,15 @@ read from the patched logits. With grouped-query attention a "head" is a query h
 ``k``/``v`` site is its own copy of the shared key/value head (TransformerLens patches the
 stored K/V head, which equals patching its group of query heads together).
 
-Cost (``patch_heads``): one pass over the clean and the corrupt batch together keeps the
-residual stream entering each layer; then the patches that start at layer ``l`` resume from
-there, as ``transformer.run_ablations`` does: the attention of ``l`` runs once, only the
-patched heads' attention is recomputed (side by side, one "head" per patch), and the rest of
-the model runs on all the patched copies as one batch (``behaviour.copies_per_pass`` copies
-at a time). Nothing below ``l`` is rerun, nothing is rerun per head.
+Cost (``patch_heads``; docs/math.md, "Patching"): one pass over the clean and the corrupt
+batch together keeps the residual stream entering each layer. Then all patched copies run
+together (``behaviour.copies_per_pass`` at a time), each joining the batch at its first
+patched layer from the base stream (nothing below it is rerun), exactly but only where a
+patch can change something: positions from the first one where the clean and corrupt tokens
+differ (earlier keys and values come from the base run: causal attention keeps both runs
+equal there), and in the last layer only the positions the metric reads. A layer's attention
+runs once per distinct stream; a patched head adds ``(z_new - z) W_O[h]`` to its copy's
+attention output (its own attention recomputed side by side with the other patched heads).
 
 Attribution (``attribute_heads``, AtP, Kramár et al. 2024) is the first-order estimate
 ``grad(metric) · (source - base)`` of every head at once from the same two runs and one
@@ -42,6 +45,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from headscope.engine.circuits.factored import one_lapack_thread
 from headscope.engine.circuits.spectral import check_cancelled, report
 from headscope.engine.core.errors import (
     IndexOutOfRangeError,
@@ -111,6 +115,12 @@ class Metric(Protocol):
 
     def __call__(self, w: WeightSource, final: Tensor, n: int) -> Tensor: ...
 
+    def reads(self, p: int) -> int:
+        """How many of the last positions of a ``p``-token final stream the metric reads:
+        it is called with at least those (``final [n·b, >= reads, d]``) and indexes from
+        the end, so patched runs compute only them in the last layer."""
+        ...
+
 
 @dataclass(frozen=True)
 class LogitDiff:
@@ -121,8 +131,12 @@ class LogitDiff:
     name: str = "logit_diff"
 
     def __call__(self, w: WeightSource, final: Tensor, n: int) -> Tensor:
-        logits = unembed(w, final[:, -1], (self.answer, self.wrong))  # [n·b, 2]: not all of W_U
+        # [n·b, 2]: not all of W_U; a difference needs no centring over the vocabulary
+        logits = unembed(w, final[:, -1], (self.answer, self.wrong), centred=False)
         return (logits[:, 0] - logits[:, 1]).float().reshape(n, -1).mean(1)
+
+    def reads(self, p: int) -> int:
+        return 1
 
 
 @dataclass(frozen=True)
@@ -134,9 +148,12 @@ class InductionLogProb:
     name: str = "induction"
 
     def __call__(self, w: WeightSource, final: Tensor, n: int) -> Tensor:
-        half = self.tokens.shape[1] // 2
-        logp = second_copy_log_probs(unembed(w, final[:, half:-1]), self.tokens.repeat(n, 1))
+        p = self.tokens.shape[1]
+        logp = second_copy_log_probs(unembed(w, final[:, final.shape[1] - self.reads(p):-1]), self.tokens.repeat(n, 1))
         return logp.reshape(n, -1).mean(1)
+
+    def reads(self, p: int) -> int:
+        return p - p // 2  # the second half (its predictions: all but the last position)
 
 
 def induction_task(vocab: int, n_ctx: int, seed: int = 0, seq_len: int | None = None,
@@ -207,6 +224,7 @@ class _Runs:
     base_final: Tensor
     clean: float
     corrupt: float
+    noising: bool
 
 
 def _two_runs(w: WeightSource, clean: Tensor, corrupt: Tensor, metric: Metric, noising: bool) -> _Runs:
@@ -227,7 +245,7 @@ def _two_runs(w: WeightSource, clean: Tensor, corrupt: Tensor, metric: Metric, n
     clean_in, corrupt_in = [x[:b] for x in entering], [x[b:] for x in entering]
     base, source = (clean_in, corrupt_in) if noising else (corrupt_in, clean_in)
     return _Runs(base_in=base, source_in=source, base_final=final[:b] if noising else final[b:],
-                 clean=float(values[0]), corrupt=float(values[1]))
+                 clean=float(values[0]), corrupt=float(values[1]), noising=noising)
 
 
 def _site_activation(w: WeightSource, layer: int, x: Tensor, site: str) -> Tensor:
@@ -261,70 +279,133 @@ class _Variant:
     pos: int | None = None
 
 
-# (variant, head, pos): one head of one variant patched at the layer being run
+# (variant, head, pos): one head of one variant patched at the layer being run (the
+# variant's index in the list given to ``_evaluate``)
 _Pair = tuple[int, int, "int | None"]
-# the activation each pair patches in, [b, P, ...] in the order of the pairs
+# the activation each pair patches in, [b, P, p, ...] at every position (a pattern: every
+# query row), in the order of the pairs
 SourceFor = Callable[[int, list[_Pair]], "Tensor"]
 
 
-def _patched_attention(w: WeightSource, layer: int, x: Tensor, n: int, pairs: list[_Pair],
-                       site: str, source: Tensor, shared: bool) -> Tensor:
-    """The attention output ``[n·b, p, d_model]`` of ``layer`` for ``n`` variants.
+@dataclass
+class _Suffix:
+    """What every patched run shares (docs/math.md, "Patching", cost).
 
-    ``x [m·b, p, d]`` enters the layer: ``shared``, one stream all variants share (``m = 1``,
-    the layer where they start: its attention runs once), else one per variant (``m = n``). Each pair's
-    head gets ``source [b, P, ...]`` at its site; its attention is recomputed with the other
-    inputs it had, side by side with the other pairs' heads, and its output replaces the
-    head's in the sum, which is formed as the forward pass forms it (``transformer.attention``).
-    """
-    w = torch_weights(w)
-    m = 1 if shared else n
-    b = x.shape[0] // m
+    ``first``: the first position where clean and corrupt tokens differ in any sequence of
+    the batch. Attention is causal, so before it the two runs' streams are equal at every
+    layer, and so is every activation a patch puts in: a patched run equals the base run
+    there. Patched runs therefore carry only positions ``first ..`` (``[n·b, p - first,
+    d]``) and read the keys and values of the earlier ones from the base run (``prefix``,
+    computed once per layer). ``reads``: how many final positions the metric reads; the last
+    layer computes only those queries (and their MLP), its keys and values still at every
+    position."""
+
+    w: WeightSource
+    runs: _Runs
+    first: int
+    reads: int
+    _prefix: dict[int, tuple[Tensor, Tensor, Tensor]]
+
+    def prefix(self, layer: int) -> tuple[Tensor, Tensor, Tensor]:
+        """The base run's keys before the q/k norm, after it, and values ``[b, h, first,
+        d_head]`` of layer ``layer``."""
+        if layer not in self._prefix:
+            x = self.runs.base_in[layer][:, :self.first]
+            k_pre, v = projections(self.w, layer, attention_input(self.w, layer, x))[1:]
+            self._prefix[layer] = (k_pre, qk_norm(self.w, layer, k_pre, k_pre)[1], v)
+        return self._prefix[layer]
+
+    def queries_from(self, layer: int) -> int:
+        """The first position whose query (and MLP) ``layer`` computes."""
+        p = self.runs.base_in[0].shape[1]
+        if layer < self.w.cfg.n_layers - 1:
+            return self.first
+        return max(self.first, p - self.reads)
+
+
+def _suffix(w: WeightSource, runs: _Runs, clean: Tensor, corrupt: Tensor, metric: Metric) -> _Suffix:
+    differ = (clean != corrupt).any(dim=0).nonzero()
+    first = int(differ[0]) if differ.numel() else clean.shape[1]
+    return _Suffix(torch_weights(w), runs, first, metric.reads(clean.shape[1]), {})
+
+
+def _patched_layer(ctx: _Suffix, layer: int, x: Tensor, slot: Tensor, pairs: list[_Pair], site: str,
+                   source: Tensor | None) -> Tensor:
+    """Block ``layer`` of ``n = len(slot)`` patched runs; returns their streams after it,
+    ``[n·b, p - q0, d]`` from position ``q0 = ctx.queries_from(layer)``.
+
+    ``x [m·b, s, d]`` holds ``m`` distinct streams entering the layer at positions ``first ..``
+    and ``slot[j]`` is run ``j``'s (runs that start at this layer share the base stream).
+    Attention runs once per stream. Each pair's head gets ``source`` at its site (positions
+    before ``first`` equal the base run's); its output is recomputed with the other inputs
+    it had, and the change ``(z_new - z) W_O[h]`` is added to its run's attention output."""
+    w = ctx.w
+    m, n, first, q0 = x.shape[0] // ctx.runs.base_in[0].shape[0], len(slot), ctx.first, ctx.queries_from(layer)
+    b, s = x.shape[0] // m, x.shape[1]
+    rows = q0 - first  # the suffix rows that are not queries here
     q_pre, k_pre, v = projections(w, layer, attention_input(w, layer, x))
+    q_pre = q_pre[:, :, rows:]
     q, k = qk_norm(w, layer, q_pre, k_pre)
+    pk_pre, pk, pv = ctx.prefix(layer)
+
+    def whole(pre: Tensor, t: Tensor) -> Tensor:  # the prefix's rows, then the stream's
+        return torch.cat((pre.repeat(m, 1, 1, 1), t), dim=2) if first else t
+
+    k, v = whole(pk, k), whole(pv, v)
     pattern = attention_pattern(w, layer, q, k)
-    w_o = w.get(f"blocks.{layer}.attn.W_O")
-    variant = torch.tensor([j for j, _, _ in pairs])
-    heads = torch.tensor([h for _, h, _ in pairs])
-    rows = variant if m > 1 else torch.zeros_like(variant)
+    z = pattern @ v  # [m·b, h, sq, e]
+    pre = f"blocks.{layer}.attn"
+    w_o, b_o = w.get(f"{pre}.W_O"), w.get(f"{pre}.b_O")
+    h, e = w.cfg.n_heads, w.cfg.d_head
+    sq = z.shape[2]
+    # Σ_h z_h W_O[h] + b_O of every stream at once, one product (as blocks_together forms it)
+    a = (z.transpose(1, 2).reshape(m * b * sq, h * e) @ w_o.reshape(h * e, -1) + b_o).reshape(m, b, sq, -1)
+    x_q = x.reshape(m, b, s, -1)[:, :, rows:]
+    if m != n or not torch.equal(slot, torch.arange(n)):
+        a, x_q = a[slot], x_q[slot]
+    if pairs:
+        variant = torch.tensor([j for j, _, _ in pairs])
+        heads = torch.tensor([hd for _, hd, _ in pairs])
+        at = slot[variant]
 
-    def pick(t: Tensor) -> Tensor:  # [m·b, h, ...] -> the pairs' heads [b, P, ...]
-        return t.reshape(m, b, *t.shape[1:])[rows, :, heads].transpose(0, 1)
+        def pick(t: Tensor) -> Tensor:  # [m·b, h, ...] -> the pairs' heads [b, P, ...]
+            return t.reshape(m, b, *t.shape[1:])[at, :, heads].transpose(0, 1)
 
-    def per_variant(t: Tensor) -> Tensor:  # [m·b, h, ...] -> [n, b, h, ...], a copy to edit
-        t = t.reshape(m, b, *t.shape[1:])
-        return t.expand(n, *t.shape[1:]).clone() if m == 1 else t.clone()
+        assert source is not None
+        positions = [pos for _, _, pos in pairs]
+        if site in ("q", "out", "pattern"):  # one row per query
+            source = source[:, :, q0:]
+        if site in ("q", "k") and _norm_spans_heads(w, layer):
+            # the norm mixes the heads: each run's whole attention, its heads renormalised
+            def per_run(t: Tensor) -> Tensor:  # [m·b, h, ...] -> [n, b, h, ...], a copy to edit
+                return t.reshape(m, b, *t.shape[1:])[slot]
 
-    base = {"q": q_pre, "k": k_pre, "v": v, "pattern": pattern, "out": pattern @ v}[site]
-    patched = _at_positions(pick(base), source, [pos for _, _, pos in pairs])
-    if site in ("q", "k") and _norm_spans_heads(w, layer):
-        # the norm mixes the heads: every head of a variant gets its renormalised q (k)
-        edited = per_variant(q_pre if site == "q" else k_pre)
-        edited[variant, :, heads] = patched.transpose(0, 1)
-        other = per_variant(k_pre if site == "q" else q_pre)
-        nb = (n * b, *edited.shape[2:])
-        edited, other = edited.reshape(nb), other.reshape(nb)
-        q_v, k_v = qk_norm(w, layer, *((edited, other) if site == "q" else (other, edited)))
-        z = attention_pattern(w, layer, q_v, k_v) @ per_variant(v).reshape(nb)
-        a = torch.einsum("bhqe,hem->bhqm", z, w_o).sum(dim=1) + w.get(f"blocks.{layer}.attn.b_O")
-        return a
-
-    result = torch.einsum("bhqe,hem->bhqm", pattern @ v, w_o)
-    result = result.reshape(m, b, *result.shape[1:])
-    result = result.expand(n, *result.shape[1:]).clone() if m == 1 else result
-    if site == "out":
-        z_new = patched
-    elif site == "q":
-        z_new = attention_pattern(w, layer, _normed(w, layer, patched, "q"), pick(k)) @ pick(v)
-    elif site == "k":
-        z_new = attention_pattern(w, layer, pick(q), _normed(w, layer, patched, "k")) @ pick(v)
-    elif site == "v":
-        z_new = pick(pattern) @ patched
-    else:
-        z_new = patched @ pick(v)
-    result[variant, :, heads] = torch.einsum("bPqe,Pem->Pbqm", z_new, w_o[heads])
-    a = result.sum(dim=2) + w.get(f"blocks.{layer}.attn.b_O")  # [n, b, p, d_model]
-    return a.reshape(n * b, *a.shape[2:])
+            q_runs, k_runs = per_run(q_pre), per_run(whole(pk_pre, k_pre))
+            edited = q_runs if site == "q" else k_runs
+            edited[variant, :, heads] = _at_positions(
+                edited[variant, :, heads].transpose(0, 1), source, positions, q0 if site == "q" else 0).transpose(0, 1)
+            q_v, k_v = qk_norm(w, layer, q_runs.flatten(0, 1), k_runs.flatten(0, 1))
+            z_v = attention_pattern(w, layer, q_v, k_v) @ per_run(v).flatten(0, 1)
+            a = (z_v.transpose(1, 2).reshape(n * b * sq, h * e) @ w_o.reshape(h * e, -1) + b_o).reshape(n, b, sq, -1)
+        else:
+            base = {"q": q_pre, "k": k_pre, "v": v, "pattern": pattern, "out": z}[site]
+            if site == "k":
+                base = whole(pk_pre, k_pre)
+            offset = 0 if site in ("k", "v") else q0
+            patched = _at_positions(pick(base), source, positions, offset)
+            if site == "out":
+                z_new = patched
+            elif site == "q":
+                z_new = attention_pattern(w, layer, _normed(w, layer, patched, "q"), pick(k)) @ pick(v)
+            elif site == "k":
+                z_new = attention_pattern(w, layer, pick(q), _normed(w, layer, patched, "k")) @ pick(v)
+            elif site == "v":
+                z_new = pick(pattern) @ patched
+            else:
+                z_new = patched @ pick(v)
+            a.index_add_(0, variant, torch.einsum("bPqe,Pem->Pbqm", z_new - pick(z), w_o[heads]))
+    a = a.reshape(n * b, sq, -1)
+    return finish_block(w, layer, x_q.reshape(n * b, sq, -1), a)
 
 
 def _normed(w: WeightSource, layer: int, x: Tensor, which: str) -> Tensor:
@@ -333,41 +414,51 @@ def _normed(w: WeightSource, layer: int, x: Tensor, which: str) -> Tensor:
     return q if which == "q" else k
 
 
-def _at_positions(base: Tensor, source: Tensor, positions: list[int | None]) -> Tensor:
-    """``source [b, P, p, ...]`` where each pair patches (every position, or its one
-    position: the query row of a pattern), ``base`` elsewhere."""
+def _at_positions(base: Tensor, source: Tensor, positions: list[int | None], offset: int = 0) -> Tensor:
+    """``source [b, P, rows, ...]`` where each pair patches (every row, or its one position:
+    the query row of a pattern), ``base`` elsewhere; row ``i`` is position ``offset + i``
+    (a position outside the rows: nothing to patch here)."""
     if all(pos is None for pos in positions):
         return source
     out = base.clone()
     for i, pos in enumerate(positions):
         if pos is None:
             out[:, i] = source[:, i]
-        else:
-            out[:, i, pos] = source[:, i, pos]
+        elif 0 <= pos - offset < out.shape[2]:
+            out[:, i, pos - offset] = source[:, i, pos - offset]
     return out
 
 
-def _run_variants(w: WeightSource, base_in: list[Tensor], variants: Sequence[_Variant], site: str,
-                  source_for: SourceFor) -> Tensor:
-    """The final stream ``[n·b, p, d]`` of each variant, resumed from the first layer any of
-    them patches (they must all start there) with the heads patched layer by layer."""
-    n = len(variants)
-    start = min(layer for v in variants for layer, _ in v.heads)
-    last = max(layer for v in variants for layer, _ in v.heads)
-    x = base_in[start]
-    shared = True
-    for layer in range(start, last + 1):
-        pairs = [(j, head, v.pos) for j, v in enumerate(variants) for lh, head in v.heads if lh == layer]
-        if not pairs:
-            x = blocks(w, x, layer, layer + 1)
-            continue
-        a = _patched_attention(w, layer, x, n, pairs, site, source_for(layer, pairs), shared)
-        if shared:
-            b, p, d = x.shape
-            x = x[None].expand(n, b, p, d).reshape(n * b, p, d)
-            shared = False
-        x = finish_block(w, layer, x, a)
-    return blocks(w, x, last + 1)
+def _run_variants(ctx: _Suffix, variants: Sequence[_Variant], ids: Sequence[int], site: str,
+                  source_for: SourceFor, cancelled: Cancelled, step: Callable[[int], None]) -> Tensor:
+    """The final stream of each variant (``ids``: their indices for ``source_for``) at the
+    positions the metric reads, ``[n·b, reads, d]``. One pass from the first layer any of
+    them patches: a variant joins the batch at its first patched layer (from the base
+    stream), its heads patched layer by layer; ``step(k)`` after each layer (``k`` runs)."""
+    runs, first = ctx.runs, ctx.first
+    starts = [min(layer for layer, _ in v.heads) for v in variants]
+    order: list[int] = []  # the variants running, in the order of the rows of x
+    b, p, d = runs.base_in[0].shape
+    x = runs.base_in[0].new_empty((0, p - first, d))
+    for layer in range(min(starts), ctx.w.cfg.n_layers):
+        check_cancelled(cancelled)
+        joining = [i for i, start in enumerate(starts) if start == layer]
+        slot = torch.arange(len(order) + len(joining))
+        if joining:  # the base stream entering ``layer`` is one more slot, shared
+            slot[len(order):] = len(order)
+            x = torch.cat((x, runs.base_in[layer][:, first:]))
+        order += joining
+        pairs = [(j, head, variants[i].pos) for j, i in enumerate(order)
+                 for lh, head in variants[i].heads if lh == layer]
+        source = source_for(layer, [(ids[order[j]], hd, pos) for j, hd, pos in pairs]) if pairs else None
+        x = _patched_layer(ctx, layer, x, slot, pairs, site, source)
+        step(len(order))
+    final = x.reshape(len(order), b, *x.shape[1:])[torch.tensor(order).argsort()]
+    missing = ctx.reads - final.shape[2]  # read positions before ``first``: the base run's
+    if missing > 0:
+        kept = runs.base_final[None, :, p - ctx.reads:p - ctx.reads + missing]
+        final = torch.cat((kept.expand(len(order), *kept.shape[1:]), final), dim=2)
+    return final.reshape(len(order) * b, *final.shape[2:])
 
 
 def _head_sets(w: WeightSource, heads: Sequence[Sequence[tuple[int, int]]] | None) -> list[HeadSet]:
@@ -378,29 +469,37 @@ def _head_sets(w: WeightSource, heads: Sequence[Sequence[tuple[int, int]]] | Non
     return check_head_sets({"n_layers": cfg.n_layers, "n_heads": cfg.n_heads}, heads, getattr(w, "path", None))
 
 
-def _evaluate(w: WeightSource, runs: _Runs, variants: list[_Variant], site: str, metric: Metric,
+def _evaluate(w: WeightSource, ctx: _Suffix, variants: list[_Variant], site: str, metric: Metric,
               source_for: SourceFor, progress: Progress, cancelled: Cancelled) -> list[float]:
-    """The metric of every variant: grouped by the layer they start at, in batches of
-    ``copies_per_pass`` resumed from there. Progress counts the layers run."""
+    """The metric of every variant, in batches of ``copies_per_pass`` (in the order of the
+    layer they start at), each one pass from its first patched layer (``_run_variants``).
+    A variant that patches only positions before ``ctx.first`` is the base run. Progress
+    counts the layers run."""
+    runs = ctx.runs
     n_layers = len(runs.base_in)
     b, p, _ = runs.base_in[0].shape
-    by_start: dict[int, list[int]] = {}
-    for i, v in enumerate(variants):
-        by_start.setdefault(min(layer for layer, _ in v.heads), []).append(i)
-    total = sum((n_layers - start + 1) * len(idx) for start, idx in by_start.items()) or 1
+    base = runs.clean if runs.noising else runs.corrupt
+    out = [base] * len(variants)
+    todo = [i for i, v in enumerate(variants) if v.pos is None or v.pos >= ctx.first]
+    if ctx.first == p:
+        todo = []
+    starts = {i: min(layer for layer, _ in variants[i].heads) for i in todo}
+    todo.sort(key=starts.__getitem__)
+    total = sum(n_layers - starts[i] for i in todo) or 1
     done = 0
-    out = [math.nan] * len(variants)
-    for start in sorted(by_start):
-        idx = by_start[start]
-        chunk = copies_per_pass(w, b, p, len(idx))
-        for first in range(0, len(idx), chunk):
-            check_cancelled(cancelled)
-            part = idx[first:first + chunk]
-            final = _run_variants(w, runs.base_in, [variants[i] for i in part], site, source_for)
-            for i, value in zip(part, metric(w, final, len(part)).tolist(), strict=True):
-                out[i] = value
-            done += (n_layers - start + 1) * len(part)
-            report(progress, done / total)
+
+    def step(k: int) -> None:
+        nonlocal done
+        done += k
+        report(progress, done / total)
+
+    chunk = copies_per_pass(w, b, p, len(todo))
+    for at in range(0, len(todo), chunk):
+        part = todo[at:at + chunk]
+        final = _run_variants(ctx, [variants[i] for i in part], part, site, source_for, cancelled, step)
+        for i, value in zip(part, metric(w, final, len(part)).tolist(), strict=True):
+            out[i] = value
+    report(progress, 1.0)
     return out
 
 
@@ -417,12 +516,17 @@ def patch_heads(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor | Seq
     clean_t, corrupt_t = check_inputs(w, clean, corrupt)
     sets = _head_sets(w, heads)
     check_cancelled(cancelled)
-    with torch.inference_mode():
+    # numpy's OpenBLAS on one thread while torch runs: the weights the first pass processes on
+    # the way are small numpy products, and an idle OpenBLAS pool spins against torch's on 2
+    # cores (GPT-2 small, every head: 2.2-2.8 s -> 1.6-1.8 s whole process, CPU time 3.6-4.7 s
+    # -> 2.3-2.4 s), as in the sweeps' passes (``sweeps.compute``)
+    with torch.inference_mode(), one_lapack_thread():
         runs = _two_runs(w, clean_t, corrupt_t, metric, noising)
         variants = [_Variant(s) for s in sets]
         if by_position:
             variants += [_Variant(s, pos) for s in sets for pos in range(clean_t.shape[1])]
-        values = _evaluate(w, runs, variants, site, metric, _activation_source(w, runs, site), progress, cancelled)
+        values = _evaluate(w, _suffix(w, runs, clean_t, corrupt_t, metric), variants, site, metric,
+                           _activation_source(w, runs, site), progress, cancelled)
     n_pos = clean_t.shape[1]
     positions = None
     if by_position:
@@ -468,7 +572,8 @@ def attribute_heads(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor |
     tw = torch_weights(w)
     check_cancelled(cancelled)
     steps = cfg.n_layers + 1 + (1 if verify else 0)
-    with torch.no_grad():  # not inference_mode: the kept streams enter the backward pass
+    # not inference_mode: the kept streams enter the backward pass; numpy's BLAS: see patch_heads
+    with torch.no_grad(), one_lapack_thread():
         runs = _two_runs(w, clean_t, corrupt_t, metric, noising)
     report(progress, 1 / steps)
     with torch.enable_grad():
@@ -513,8 +618,8 @@ def attribute_heads(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor |
         order = sorted(range(len(heads)), key=lambda i: -abs(values[i]) if math.isfinite(values[i]) else math.inf)
         top = order[:verify]
         with torch.inference_mode():
-            found = _evaluate(w, runs, [_Variant((heads[i],)) for i in top], site, metric,
-                              _activation_source(w, runs, site), None, cancelled)
+            found = _evaluate(w, _suffix(w, runs, clean_t, corrupt_t, metric), [_Variant((heads[i],)) for i in top],
+                              site, metric, _activation_source(w, runs, site), None, cancelled)
         exact = [math.nan] * len(heads)
         for i, value in zip(top, found, strict=True):
             exact[i] = value
@@ -544,8 +649,7 @@ def path_patch(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor | Sequ
                                       f"is not below L{receiver[0]}.H{receiver[1]}")
     tw = torch_weights(w)
     check_cancelled(cancelled)
-    values: list[float] = [math.nan] * len(edges)
-    with torch.inference_mode():
+    with torch.inference_mode(), one_lapack_thread():  # numpy's BLAS: see patch_heads
         runs = _two_runs(w, clean_t, corrupt_t, metric, noising)
         shares: dict[tuple[int, bool], Tensor] = {}
 
@@ -558,24 +662,20 @@ def path_patch(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor | Sequ
                 shares[layer, source] = post_normed_heads(tw, layer, result)
             return shares[layer, source]
 
-        by_layer: dict[int, list[int]] = {}
-        for i, (_, receiver) in enumerate(edges):
-            by_layer.setdefault(receiver[0], []).append(i)
-        for n_done, (layer, idx) in enumerate(sorted(by_layer.items())):
-            check_cancelled(cancelled)
-            # the receiver's input: the base stream + (source - base) output of the sender
-            delta = torch.stack([share(edges[i][0][0], True)[:, edges[i][0][1]]
-                                 - share(edges[i][0][0], False)[:, edges[i][0][1]] for i in idx])
-            x = runs.base_in[layer][None] + delta  # [E, b, p, d]
-            e, b, p, d = x.shape
-            qkv = projections(tw, layer, attention_input(tw, layer, x.reshape(e * b, p, d)))
-            fed = qkv[PATH_INPUTS.index(receiver_input)].reshape(e, b, *qkv[0].shape[1:])
-            source = fed[torch.arange(e), :, [edges[i][1][1] for i in idx]].transpose(0, 1)  # [b, E, p, d_head]
-            variants = [_Variant((edges[i][1],)) for i in idx]
-            final = _run_variants(w, runs.base_in, variants, receiver_input,
-                                  lambda _layer, _pairs, source=source: source)
-            for i, value in zip(idx, metric(w, final, len(idx)).tolist(), strict=True):
-                values[i] = value
-            report(progress, (n_done + 1) / len(by_layer))
+        fed: dict[int, Tensor] = {}  # edge -> the receiver's input [b, p, d_head]
+
+        def source_for(_layer: int, pairs: list[_Pair]) -> Tensor:
+            for i, _, _ in pairs:
+                if i not in fed:
+                    (sl, sh), (rl, rh) = edges[i]
+                    # the receiver's input: the base stream + (source - base) output of the sender
+                    x = runs.base_in[rl] + (share(sl, True)[:, sh] - share(sl, False)[:, sh])
+                    qkv = projections(tw, rl, attention_input(tw, rl, x))
+                    fed[i] = qkv[PATH_INPUTS.index(receiver_input)][:, rh]
+            return torch.stack([fed.pop(i) for i, _, _ in pairs], dim=1)  # [b, P, p, d_head]
+
+        values = _evaluate(w, _suffix(w, runs, clean_t, corrupt_t, metric),
+                           [_Variant((receiver,)) for _, receiver in edges], receiver_input, metric,
+                           source_for, progress, cancelled)
     sets = [(tuple(sender), tuple(receiver)) for sender, receiver in edges]
     return _result(w, "path", receiver_input, metric, noising, runs, clean_t, sets, values)

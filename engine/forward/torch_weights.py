@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import warnings
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from headscope.engine.core.config import ModelConfig
@@ -63,6 +64,29 @@ class TorchWeights:
 
     def get_head(self, name: str, head: int) -> Tensor:
         return as_tensor(self.source.get_head(name, head))
+
+    def embed_rows(self, ids: Tensor) -> Tensor:
+        """``get("embed.W_E")[ids]`` (``ids`` of any shape): only those rows are read and
+        processed where the source can (``CircuitWeights.embed_rows``), not the whole
+        vocabulary-sized matrix (154 MB for GPT-2) that a pass of a few tokens needs rows of."""
+        rows = getattr(self.source, "embed_rows", None)
+        if rows is None:
+            return self.get("embed.W_E")[ids]
+        return as_tensor(rows(ids.reshape(-1).numpy())).reshape(*ids.shape, -1)
+
+    def unembed_columns(self, cols: Sequence[int], *, centred: bool = True) -> tuple[Tensor, Tensor]:
+        """``(W_U[:, cols], b_U[cols])``, processing only those columns where the source can
+        (``unembed_cols``, ``unembed_bias_cols``): a logit difference reads two of 50k.
+        ``centred=False``: the caller reads only differences between the columns' logits, so
+        processing's centring over the vocabulary may be left out (``CircuitWeights``)."""
+        import numpy as np
+
+        ids = np.asarray(list(cols), dtype=np.intp)
+        w_cols = getattr(self.source, "unembed_cols", None)
+        b_cols = getattr(self.source, "unembed_bias_cols", None)
+        w_u = as_tensor(w_cols(ids, centred=centred)) if w_cols is not None else self.get("unembed.W_U")[:, list(cols)]
+        b_u = as_tensor(b_cols(ids, centred=centred)) if b_cols is not None else self.get("unembed.b_U")[list(cols)]
+        return w_u, b_u
 
 
 def torch_weights(w: WeightSource | TorchWeights) -> TorchWeights:

@@ -149,6 +149,11 @@ def _center_(t: np.ndarray, dim: int) -> np.ndarray:
     return t
 
 
+# the cache key of a whole layer's b_Q/b_K/b_V with the ln1 bias folded in (``_folded_bias``),
+# formed while its W is processed
+_FOLDED = "{pre}.{leaf}~folded"
+
+
 class ProcessedWeights:
     """A ``WeightSource`` applying TransformerLens' default weight processing lazily, as
     read-only float32 numpy arrays.
@@ -258,17 +263,22 @@ class ProcessedWeights:
         with np.errstate(all="ignore"):
             return t - t.mean(-1, keepdims=True)
 
-    def unembed_cols(self, cols: np.ndarray) -> np.ndarray:
+    def unembed_cols(self, cols: np.ndarray, *, centred: bool = True) -> np.ndarray:
         """``get("unembed.W_U")[:, cols]`` without processing the whole unembedding: the
         reading-side steps (final-norm gain, centring along ``d_model``) act on each column
         alone, and centring the unembedding subtracts the (processed) mean column, so only
-        ``cols`` and the stored tensor's mean are processed (one read of it, no copies)."""
+        ``cols`` and the stored tensor's mean are processed (one read of it, no copies).
+        ``centred=False``: for a caller that reads only differences between columns, the
+        centring over the vocabulary (one column subtracted from each: every logit of a
+        position shifted alike) may be left out, and is where that saves reading the whole
+        stored tensor for its mean."""
         cols = np.asarray(cols, dtype=np.intp)
+        centred = centred and self.plan.center_unembed
         # the column path whether or not the whole processed W_U is cached, so a block's
         # numbers do not depend on what was asked before (the CLI and the explorer agree bit for
         # bit); it reads only the columns' rows once the stored mean is known
         block = getattr(self.raw, "unembed_block", None)
-        found = None if block is None else block(cols)
+        found = None if block is None else block(cols, with_mean=centred)
         if found is None:
             return np.ascontiguousarray(self.get("unembed.W_U")[:, cols])
         block, mean = found
@@ -282,9 +292,33 @@ class ProcessedWeights:
                 return x - x.mean(0, keepdims=True) if p.center_reading else x
 
             out = reading(block)
-            if p.center_unembed:
+            if centred:
                 out = out - reading(mean)
         return np.ascontiguousarray(out, dtype=np.float32)
+
+    def unembed_bias_cols(self, cols: np.ndarray, *, centred: bool = True) -> np.ndarray:
+        """``get("unembed.b_U")[cols]`` without processing the whole unembedding, as
+        ``unembed_cols`` (and its ``centred``): the folded final-norm bias reads only the
+        columns ``cols`` of the stored ``W_U``, and centring over the vocabulary subtracts its
+        mean, ``mean(b_U) + ln_b · (mean column)``, from the stored tensor's mean column."""
+        cols = np.asarray(cols, dtype=np.intp)
+        centred = centred and self.plan.center_unembed
+        block = getattr(self.raw, "unembed_block", None)
+        found = None if block is None else block(cols, with_mean=centred)
+        if found is None:
+            return np.ascontiguousarray(self.get("unembed.b_U")[cols])
+        w_cols, mean = found
+        b_U = self._raw("unembed.b_U", None)
+        _, ln_b = self._norm("ln_final")
+        with np.errstate(all="ignore"):
+            out, centre = b_U[cols].astype(np.float64), b_U.mean(dtype=np.float64)
+            if ln_b is not None:
+                out = out + ln_b.astype(np.float64) @ w_cols
+            if centred:
+                if ln_b is not None:
+                    centre = centre + float(ln_b.astype(np.float64) @ mean[:, 0])
+                out = out - centre
+        return out.astype(np.float32)
 
     # -- the processing itself ----------------------------------------------------------
 
@@ -349,6 +383,12 @@ class ProcessedWeights:
                 return self._raw(f"{pre}.{leaf}", head)
             # a whole layer: one fresh copy edited in place (no second layer-sized array)
             W = self._raw_fresh(f"{pre}.{leaf}") if head is None else self._raw(f"{pre}.{leaf}", head).copy()
+            _, ln_b = self._norm(f"blocks.{layer}.ln1")
+            bias = (_FOLDED.format(pre=pre, leaf=f"b_{leaf[-1]}"), None)
+            if head is None and ln_b is not None and self._cache.get(bias) is None:
+                # the folded bias reads this same raw W: form it from this read (a forward pass
+                # asks for W first) instead of building and keeping the raw W a second time
+                self._cache.put(bias, read_only(self._raw(f"{pre}.b_{leaf[-1]}", None) + ln_b @ W))
             if w is not None:
                 W *= w[:, None]
             return _center_(W, -2) if p.center_reading else W
@@ -376,6 +416,9 @@ class ProcessedWeights:
     def _folded_bias(self, layer: int | None, leaf: str, head: int | None) -> np.ndarray:
         """b_Q/b_K/b_V with the ln1 bias folded in: b + ln1.b @ W (W before scaling)."""
         pre = f"blocks.{layer}.attn"
+        kept = self._cache.get((_FOLDED.format(pre=pre, leaf=leaf), None)) if head is None else None
+        if kept is not None:
+            return kept
         b = self._raw(f"{pre}.{leaf}", head)
         _, ln_b = self._norm(f"blocks.{layer}.ln1")
         if ln_b is None:
@@ -394,6 +437,10 @@ class ProcessedWeights:
         if w is None and not center:
             return self._raw(f"{pre}.{leaf}", None)
         W = self._raw_fresh(f"{pre}.{leaf}")  # [d_model, d_mlp], edited in place: no second copy
+        if leaf == "W_in" and ln_b is not None and self._cache.get((f"{pre}.b_in", None)) is None:
+            # the folded b_in reads this same raw W_in: form it from this read (a forward pass
+            # asks for W_in first) instead of reading and keeping the raw W_in a second time
+            self._cache.put((f"{pre}.b_in", None), read_only(self._raw(f"{pre}.b_in", None) + ln_b @ W))
         if w is not None:
             W *= w[:, None]
         return _center_(W, 0) if center else W

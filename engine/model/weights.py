@@ -81,7 +81,9 @@ class CircuitWeights(WeightSource, Protocol):
     - ``tied_embedding()``: ``(E, a, b)`` with ``W_U = a Eᵀ``, ``W_E = b E`` before processing
       (one stored tensor ``E``), or None;
     - ``embed_rows(ids)`` / ``unembed_cols(cols)``: rows of ``W_E`` / columns of ``W_U`` without
-      building the whole matrix;
+      building the whole matrix (``centred=False``: without processing's centring over the
+      vocabulary, which shifts all logits of a position alike: enough for a logit difference,
+      and it need not read the whole stored matrix for its mean);
     - ``fold_gains(prefix)``: the norm (gain, bias) processing folds away (None, None raw);
     - ``plan``: the processing applied (``processing.Plan``), None for raw weights;
     - ``middles``, ``middles_lock``: products the circuits form once per model and keep.
@@ -100,7 +102,7 @@ class CircuitWeights(WeightSource, Protocol):
 
     def embed_rows(self, ids: np.ndarray) -> np.ndarray: ...
 
-    def unembed_cols(self, cols: np.ndarray) -> np.ndarray: ...
+    def unembed_cols(self, cols: np.ndarray, *, centred: bool = True) -> np.ndarray: ...
 
     def fold_gains(self, prefix: str) -> tuple[np.ndarray | None, np.ndarray | None]: ...
 
@@ -169,7 +171,7 @@ class DictWeights:
     def embed_rows(self, ids: np.ndarray) -> np.ndarray:
         return self.get("embed.W_E")[np.asarray(ids, dtype=np.intp)]
 
-    def unembed_cols(self, cols: np.ndarray) -> np.ndarray:
+    def unembed_cols(self, cols: np.ndarray, *, centred: bool = True) -> np.ndarray:
         return np.ascontiguousarray(self.get("unembed.W_U")[:, np.asarray(cols, dtype=np.intp)])
 
     def fold_gains(self, prefix: str) -> tuple[np.ndarray | None, np.ndarray | None]:
@@ -606,16 +608,18 @@ class CheckpointWeights:
         t = np.concatenate([self._read(tensor, (slice(int(r[0]), int(r[-1]) + 1),)) for r in runs])
         return t[np.searchsorted(uniq, ids)]
 
-    def unembed_block(self, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    def unembed_block(self, cols: np.ndarray, *, with_mean: bool = True
+                      ) -> tuple[np.ndarray, np.ndarray | None] | None:
         """``(get("unembed.W_U")[:, cols], its mean column)`` (the mean in float64, ``[d_model,
-        1]``) without a float32 copy of the whole unembedding, when it is stored whole; else
-        None. The mean is computed from one read of the stored tensor and kept (``d_model``
-        numbers); after that, a stored ``[vocab, d_model]`` tensor (GPT-2, Llama: ``transpose``)
-        gives only the rows of ``cols``, so each OV view at 7B reads 24 rows, not 0.25 GB."""
+        1]``; None unless ``with_mean``) without a float32 copy of the whole unembedding, when
+        it is stored whole; else None. The mean is computed from one read of the stored tensor
+        and kept (``d_model`` numbers); after that, a stored ``[vocab, d_model]`` tensor (GPT-2,
+        Llama: ``transpose``) gives only the rows of ``cols``, so each OV view at 7B reads 24
+        rows, not 0.25 GB."""
         spec = self.specs.get("unembed.W_U")
         if type(spec) is not Whole:
             return None
-        mean = self._unembed_mean(spec)
+        mean = self._unembed_mean(spec) if with_mean else None
         cols = np.asarray(cols, dtype=np.intp)
         block = self._stored_rows(spec.tensor, cols).T if spec.transpose else self._read(spec.tensor)[:, cols]
         with np.errstate(all="ignore"):
@@ -644,11 +648,12 @@ class CheckpointWeights:
                 self._unembed_means[spec.tensor] = found
         return found
 
-    def unembed_cols(self, cols: np.ndarray) -> np.ndarray:
-        """``get("unembed.W_U")[:, cols]`` without building the whole unembedding."""
+    def unembed_cols(self, cols: np.ndarray, *, centred: bool = True) -> np.ndarray:
+        """``get("unembed.W_U")[:, cols]`` without building the whole unembedding (raw
+        weights: nothing is centred, whatever ``centred`` says)."""
         cols = np.asarray(cols, dtype=np.intp)
         whole = self._cache.get(("unembed.W_U", None))
-        found = None if whole is not None else self.unembed_block(cols)
+        found = None if whole is not None else self.unembed_block(cols, with_mean=False)
         if found is None:
             return np.ascontiguousarray((whole if whole is not None else self.get("unembed.W_U"))[:, cols])
         return np.ascontiguousarray(found[0], dtype=np.float32)
