@@ -368,6 +368,7 @@ class CompositionPane(PathEffects, Horizontal):
         self.shown: Composition | None = None
         self._shape = (0, 0)  # (n_layers, n_heads) of the graph shown
         self.partials = 0  # partial graphs shown while sweeps ran (tests count them)
+        self.compact = False  # below 100 columns: the edge list's columns packed (set_compact)
         self.init_paths()  # the top edges' path effects on the current task (path_column.py)
 
     def compose(self) -> ComposeResult:
@@ -379,11 +380,53 @@ class CompositionPane(PathEffects, Horizontal):
             yield table
 
     def on_mount(self) -> None:
+        self._add_columns()
+
+    def _add_columns(self) -> None:
         table = self.query_one("#comp-edges", DataTable)
+        if self.compact:
+            # At 80×24 the side column has 31 columns for the list: with the default padding
+            # (one column each side of every cell) the path column was off-screen. Packed,
+            # the cells carry their own separating space (see _cells).
+            table.cell_padding = 0
+            table.add_column("from", key="source")
+            table.add_column(" to", key="target")
+            table.add_column(Text(" s−base", justify="right"), key="score")
+            table.add_column(Text(" path", justify="right"), key="path", width=13)
+            return
+        table.cell_padding = 1
         table.add_column("source", key="source")
         table.add_column("target", key="target")
         table.add_column("s−base", key="score")
         table.add_column("path", key="path", width=12)  # "+0.00 unused"
+
+    def set_compact(self, compact: bool) -> None:
+        """Pack the edge list's columns below 100 columns (the explorer's layout_for)."""
+        if compact == self.compact:
+            return
+        self.compact = compact
+        table = self.query_one("#comp-edges", DataTable)
+        selected = self.selected
+        table.clear(columns=True)
+        table._headscope_comp = (None, None, None)  # type: ignore[attr-defined]
+        self._add_columns()
+        self.redraw()
+        if selected is not None:  # the cursor stays on the selected edge
+            rows = [tuple(e[:4]) for e in self.edges]
+            if tuple(selected) in rows:
+                table.move_cursor(row=rows.index(tuple(selected)))
+
+    def _cells(self, edge: Edge, style: str) -> tuple[Text, Text, Text, Text]:
+        """An edge list row; packed (``compact``), every cell after the first starts with
+        the space that separates it from the one before."""
+        l1, h1, l2, h2, s = edge
+        gap = " " if self.compact else ""
+        path = self.path_cell(edge, not style)
+        if self.compact and path.plain:
+            path = Text(gap, justify="right") + path
+            path.justify = "right"
+        return (Text(_head(l1, h1), style=style), Text(gap + _head(l2, h2), style=style),
+                Text(f"{gap}{s:+.3f}", style=style, justify="right"), path)
 
     def show(self, comp: Composition, n_layers: int, n_heads: int,
              selected: tuple[int, int, int, int] | None,
@@ -417,11 +460,10 @@ class CompositionPane(PathEffects, Horizontal):
             table._headscope_comp = (comp, threshold, paths)  # type: ignore[attr-defined]
             if fresh:
                 table.clear()
-            for i, (l1, h1, l2, h2, s) in enumerate(es):
+            for i, edge in enumerate(es):
+                s = edge[4]
                 style = "" if s >= cut and s > 0 else "dim"  # dim: below threshold, not drawn
-                cells = (Text(_head(l1, h1), style=style), Text(_head(l2, h2), style=style),
-                         Text(f"{s:+.3f}", style=style, justify="right"),
-                         self.path_cell((l1, h1, l2, h2, s), not style))
+                cells = self._cells(edge, style)
                 if fresh:
                     table.add_row(*cells, key=str(i))
                 else:
