@@ -314,7 +314,11 @@ class PromptPane(Vertical):
         vmax = float(np.nanmax(np.abs(dla))) if dla.size else 1.0
         t = Table(box=None, padding=(0, 1), title=f"{prefix}direct logit attribution",
                   title_justify="left", expand=True)
-        t.add_column("tok", no_wrap=True, overflow="ellipsis", max_width=10)
+        # As the OV tab's top outputs: the token keeps up to 6 characters (at 80×24 the bar
+        # left it 2, `Wh…`), the number its width; the bar gives way first.
+        longest = max((len(printable(tok)) for tok in tokens), default=1)
+        t.add_column("tok", no_wrap=True, overflow="ellipsis", max_width=10,
+                     min_width=min(longest, 6))
         t.add_column("DLA", justify="right", no_wrap=True, min_width=5)
         t.add_column("", no_wrap=True, overflow="crop")
         for tok, v in zip(tokens, dla.tolist(), strict=False):
