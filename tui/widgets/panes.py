@@ -171,20 +171,32 @@ class OVPane(Horizontal):
     def show_top(self, result: TopTokens) -> None:
         rows = top_tokens(result)
         src = result.source_label or str(result.source_token)
-        table = Table(box=None, padding=(0, 1), title=Text(f"top outputs of {printable(src)!r}", style="table.title"),
-                      title_justify="left", expand=True)
+        # The title above the table, not its title: Rich cut a table title to one line
+        # (`top outputs of '<unk` at 80×24) where a Text wraps.
+        title = Text(f"top outputs of {printable(src)!r}", style="table.title")
+        table = Table(box=None, padding=(0, 1), expand=True)
         # The numbers keep their width (min_width); the token and the bar give way.
         values = [f"{val:+.3g}" for _, val in rows]
         tokens = [printable(tok)[:12] for tok, _ in rows]
+        token_width = min(max(map(len, tokens), default=1), 6)
+        value_width = max(map(len, values), default=5)
         table.add_column("token", no_wrap=True, overflow="ellipsis", max_width=12,
-                         min_width=min(max(map(len, tokens), default=1), 6))
-        table.add_column("value", justify="right", no_wrap=True,
-                         min_width=max(map(len, values), default=5))
-        table.add_column("", no_wrap=True, overflow="crop")
+                         min_width=token_width)
+        table.add_column("value", justify="right", no_wrap=True, min_width=value_width)
+        # Each half of the bar as wide as the pane allows, up to 6: cropped, a positive
+        # bar (the right half) was all that went at 80×24, leaving only the axis.
+        top = self.query_one("#ov-top", Static)
+        room = top.content_size.width - token_width - value_width - 6
+        half = 6 if room <= 0 and not top.content_size.width else max(0, min(6, (room - 1) // 2))
+        if half:
+            table.add_column("", no_wrap=True, overflow="crop")
         vmax = max((abs(v) for _, v in rows if math.isfinite(v)), default=1.0)
         for (_tok, val), tok, text in zip(rows, tokens, values, strict=True):
-            table.add_row(Text(tok), text, signed_bar(val, vmax, 6, bar_colours(self)))  # data: no markup
-        self.query_one("#ov-top", Static).update(table)
+            bar = (signed_bar(val, vmax, half, bar_colours(self)),) if half else ()
+            table.add_row(Text(tok), text, *bar)  # data: no markup
+        from rich.console import Group
+
+        top.update(Group(title, table))
 
     async def load(self, host: PaneHost, key: LoadKey) -> None:
         layer, head = key[1]
