@@ -355,7 +355,7 @@ async def test_prompt_view_counts_and_marks_unknown_tokens() -> None:
         dla = app.query_one("#prompt-dla", Static)
         text = plain(dla)
         assert "2 of 4 prompt tokens are unknown (<unk>): zebra, quietly" in text
-        marked = [r for r in dla.content.renderables[1].columns[0]._cells
+        marked = [r for r in dla.content.renderables[-1].columns[0]._cells
                   if isinstance(r, Text) and "reverse" in str(r.style)]
         assert [str(r) for r in marked] == ["<unk>", "<unk>"]
 

@@ -47,7 +47,7 @@ from headscope.tui.base.messages import EdgeChosen
 from headscope.tui.base.prompt_words import UNKNOWN, unknown_note, vocabulary_hint
 from headscope.tui.plots.figures import Graph, Heatmap, Line, Scatter
 from headscope.tui.session.choices import ROTARY_OFFSETS
-from headscope.tui.widgets.bars import bar_colours, signed_bar
+from headscope.tui.widgets.bars import bar_colours, bar_half, signed_bar
 from headscope.tui.widgets.chart import Chart
 from headscope.tui.widgets.path_column import PathEffects
 from headscope.tui.widgets.reading import DirectionsPanel
@@ -186,8 +186,7 @@ class OVPane(Horizontal):
         # Each half of the bar as wide as the pane allows, up to 6: cropped, a positive
         # bar (the right half) was all that went at 80×24, leaving only the axis.
         top = self.query_one("#ov-top", Static)
-        room = top.content_size.width - token_width - value_width - 6
-        half = 6 if room <= 0 and not top.content_size.width else max(0, min(6, (room - 1) // 2))
+        half = bar_half(top.content_size.width, token_width + value_width + 4, 6)
         if half:
             table.add_column("", no_wrap=True, overflow="crop")
         vmax = max((abs(v) for _, v in rows if math.isfinite(v)), default=1.0)
@@ -324,18 +323,24 @@ class PromptPane(Vertical):
                 xlabel="key →  (rows: query)"))
         dla = np.asarray(view.dla, dtype=np.float64)
         vmax = float(np.nanmax(np.abs(dla))) if dla.size else 1.0
-        t = Table(box=None, padding=(0, 1), title=f"{prefix}direct logit attribution",
-                  title_justify="left", expand=True)
+        # the title above the table (a Text wraps; the table's title was cut at 80×24)
+        title = Text(f"{prefix}direct logit attribution", style="table.title")
+        t = Table(box=None, padding=(0, 1), expand=True)
         # As the OV tab's top outputs: the token keeps up to 6 characters (at 80×24 the bar
         # left it 2, `Wh…`), the number its width; the bar gives way first.
         longest = max((len(printable(tok)) for tok in tokens), default=1)
         t.add_column("tok", no_wrap=True, overflow="ellipsis", max_width=10,
                      min_width=min(longest, 6))
         t.add_column("DLA", justify="right", no_wrap=True, min_width=5)
-        t.add_column("", no_wrap=True, overflow="crop")
-        for tok, v in zip(tokens, dla.tolist(), strict=False):
+        numbers = [f"{v:+.2f}" for v in dla.tolist()]
+        half = bar_half(self.query_one("#prompt-dla", Static).content_size.width,
+                        min(longest, 10) + max(map(len, numbers), default=5) + 4, 5)
+        if half:
+            t.add_column("", no_wrap=True, overflow="crop")
+        for tok, v, number in zip(tokens, dla.tolist(), numbers, strict=False):
             cell = data_text(tok, style="reverse yellow" if tok in UNKNOWN else "", width=10)
-            t.add_row(cell, f"{v:+.2f}", signed_bar(v, vmax, 5, bar_colours(self)))
+            bar = (signed_bar(v, vmax, half, bar_colours(self)),) if half else ()
+            t.add_row(cell, number, *bar)
         last = printable(tokens[-1])[:10] if tokens else ""
         p = Table(box=None, padding=(0, 1), title=Text(f"{prefix}top predictions after {last!r}", style="table.title"),
                   title_justify="left", expand=True)
@@ -348,7 +353,7 @@ class PromptPane(Vertical):
         note.append_text(_unknown_text(tokens, self.prompt_text))
         from rich.console import Group
 
-        self.query_one("#prompt-dla", Static).update(Group(note, t))
+        self.query_one("#prompt-dla", Static).update(Group(note, title, t))
         self.query_one("#prompt-preds", Static).update(p)
 
     async def load(self, host: PaneHost, key: LoadKey) -> None:
