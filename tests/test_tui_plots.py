@@ -46,13 +46,33 @@ def test_nonfinite_values_get_the_zero_colour_and_do_not_set_the_range() -> None
 
 
 @given(st.integers(1, 60), st.integers(1, 60), st.integers(1, 50), st.integers(2, 120))
-@settings(max_examples=150, deadline=None)
-def test_fit_shape_fits_and_keeps_cells_twice_as_wide(rows: int, cols: int, h: int, w: int) -> None:
+@settings(max_examples=300, deadline=None)
+def test_fit_shape_fits_and_widens_cells_at_most_twofold(rows: int, cols: int, h: int,
+                                                         w: int) -> None:
     ch, cw = fit_shape(rows, cols, h, w)
     assert 1 <= ch <= h and 1 <= cw <= w
-    if rows <= h and 2 * cols <= w:  # fits unpooled: k rows × 2k columns per entry
+    if rows <= h and 2 * cols <= w:  # fits unpooled: k rows × 2k…4k columns per entry
         k = ch // rows
-        assert ch == rows * k and cw == 2 * cols * k
+        assert ch == rows * k and cw % cols == 0
+        assert 2 * k <= cw // cols <= 4 * k
+        # as wide as allowed: twice square, or no whole column more fits
+        assert cw // cols == 4 * k or cw + cols > w
+    elif rows <= h and cols <= w:  # one row per entry, one or two columns: nothing pooled
+        assert (ch, cw) == (rows, w)
+    else:  # pooled: never more than twice as wide as square (one row of rounding, one cell)
+        assert cw <= 2 * max(1, 2 * cols * (ch + 1) / rows)
+        assert ch < rows or cw < cols
+
+
+def test_fit_shape_widens_a_height_bound_grid_into_the_width() -> None:
+    """The 80×24 OV tab with the directions panel hidden: 24×24 in 6 rows was a square
+    6×12 grid in a 31-column canvas; the columns now use the width (all 24 shown), and
+    shown in 19 columns they are pooled less than the rows."""
+    assert fit_shape(24, 24, 6, 31) == (6, 24)
+    assert fit_shape(24, 24, 6, 19) == (6, 19)
+    assert fit_shape(24, 24, 6, 200) == (6, 24)  # at most twice square (6×12)
+    assert fit_shape(6, 9, 12, 100) == (12, 72)  # 2 rows × 8 columns per entry (2× square)
+    assert fit_shape(24, 24, 25, 47) == (24, 47)  # not pooled to 23×47 for one column
 
 
 @given(st.integers(1, 40), st.integers(1, 40), st.integers(1, 40), st.integers(1, 40))
@@ -128,13 +148,14 @@ def test_heatmap_draws_every_entry_in_place_without_overwriting() -> None:
     assert len(text.plain.splitlines()) <= height
     assert all(len(line) <= width for line in text.plain.splitlines())
     ch, cw = fit_shape(6, 9, height - 6, width - 3)
-    k = ch // 6
+    k, kw = ch // 6, cw // 9  # every entry k rows by kw columns (2k … 4k)
+    assert ch == 6 * k and cw == 9 * kw and 2 * k <= kw <= 4 * k
     expected = diverging_rgb(v, STOPS)
     grid = _canvas_colours(text, width)[:ch]
     assert len(grid) == ch and all(len(row) == cw for row in grid)
     for i in range(ch):
         for j in range(cw):
-            assert grid[i][j] == tuple(int(x) for x in expected[i // k, j // (2 * k)])
+            assert grid[i][j] == tuple(int(x) for x in expected[i // k, j // kw])
 
 
 def test_heatmap_pools_big_matrices_and_says_so() -> None:

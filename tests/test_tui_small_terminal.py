@@ -18,7 +18,7 @@ from textual.widgets import DataTable
 
 from headscope.tui.app import HeadscopeApp
 from headscope.tui.base.settings import Settings
-from headscope.tui.plots.colormap import bins, palette_ramp
+from headscope.tui.plots.colormap import bins, palette_ramp, ramp_index
 from headscope.tui.screens.path import PathScreen
 from headscope.tui.widgets.chart import Chart
 from tests.conftest import INDUCTION_HEAD, notified, sample_model
@@ -58,7 +58,7 @@ def heatmap_cells(text: Text) -> list[list[int | None]]:
 async def test_the_ov_diagonal_of_the_induction_head_is_bright_at_80x24() -> None:
     """Pooled by block means, attn-only-2l L1.H2's 24×24 OV circuit came out grey at 80×24
     (entries 234–237): each cell now keeps its block's signed extreme, so every cell that
-    holds a diagonal entry is in the top quarter of the ramp (+vmax/2 … +vmax)."""
+    holds a bright diagonal entry is in the top quarter of the ramp (+vmax/2 … +vmax)."""
     app = HeadscopeApp(sample_model("attn-only-2l"), settings=Settings(), debounce=0.01,
                        sweep=False, head=INDUCTION_HEAD, colors="256")
     async with app.run_test(size=(80, 24)) as pilot:
@@ -79,8 +79,15 @@ async def test_the_ov_diagonal_of_the_induction_head_is_bright_at_80x24() -> Non
         assert n_rows < 24 and all(len(row) == n_cols for row in grid)
         r0, r1 = bins(24, n_rows)
         c0, c1 = bins(24, n_cols)
+        # the diagonal entries that are bright themselves (23 of 24: <bos>, never in the
+        # training text, copies nothing, -0.16 of the range; shown unpooled in its own
+        # column since the columns use the width, it is rightly not bright)
+        values = np.asarray(chart.figure.values)
+        vmax = np.abs(values).max()
+        bright = {k for k in range(24) if ramp_index(values[k, k], vmax) >= 12}
+        assert len(bright) >= 23
         diagonal = [(i, j) for i in range(n_rows) for j in range(n_cols)
-                    if max(r0[i], c0[j]) < min(r1[i], c1[j])]  # the blocks share a token
+                    if any(r0[i] <= k < r1[i] and c0[j] <= k < c1[j] for k in bright)]
         assert len(diagonal) >= n_rows
         dim = [(i, j, grid[i][j]) for i, j in diagonal if grid[i][j] not in top_quarter]
         assert dim == [], dim
@@ -325,3 +332,151 @@ async def test_focus_is_drawn_and_comes_back_with_its_tab() -> None:
         assert app.focused is edges
         await pilot.press("enter")
         await wait_until(pilot, lambda: isinstance(app.screen, PathScreen), "the virtual heads")
+
+
+def canvas(chart: Chart) -> tuple[int, int]:
+    """(rows, columns) of cells a heatmap chart draws, read from its rendered text."""
+    grid = heatmap_cells(chart.rendered)
+    assert grid and all(len(row) == len(grid[0]) for row in grid)
+    return len(grid), len(grid[0])
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+async def test_hiding_the_directions_panel_gives_its_room_to_the_heatmaps(
+        size: tuple[int, int]) -> None:
+    """`v` hid the directions panel and the heatmaps stayed as they were: height-bound with
+    square cells, the OV heatmap at 80×24 was 6×12 cells in a 31-column canvas. A grid
+    bound by the height now widens its cells into the width (up to twice square), so the
+    room the panel leaves goes to the heatmaps: read from the rendered cells, before and
+    after `v`."""
+    app, _ = make_app()
+    async with app.run_test(size=size) as pilot:
+        await settle(pilot, app)
+        narrow = size[0] < 100
+        views = {}
+        for tab, ids in (("2", ("ov-heatmap",)), ("1", ("qk-token", "qk-position"))):
+            await pilot.press(tab)
+            for shown in (not narrow, narrow):  # the panel as it starts, then after v
+                await settle(pilot, app)
+                assert app.explorer.directions_visible == shown
+                for chart_id in ids:
+                    chart = app.explorer.query_one(f"#{chart_id}", Chart)
+                    if chart.display and chart.region.width:
+                        await wait_until(pilot, lambda c=chart: c.rendered is not None, chart_id)
+                        views[chart_id, shown] = (canvas(chart), chart.figure.values.shape,
+                                                  chart.rendered.plain.splitlines())
+                await pilot.press("v")  # (twice in all: back to the start)
+        ov_on, ov_off = views["ov-heatmap", True], views["ov-heatmap", False]
+        (rows_on, cols_on), (rows_off, cols_off) = ov_on[0], ov_off[0]
+        n_rows, n_cols = ov_off[1]
+        if narrow:
+            # the panel's side column (34) gives way to the top outputs (22): 12 columns more
+            assert rows_off >= rows_on and cols_off > cols_on, (ov_on[0], ov_off[0])
+            # every column shown (the rows pooled: 6 of 24), entries twice square at most
+            assert cols_off == n_cols and rows_off < n_rows, "\n".join(ov_off[2])
+            assert cols_off / n_cols <= 2 * 2 * rows_off / n_rows
+            # with the panel shown, the narrower canvas reaches the chart's right edge
+            assert any(line.endswith("┘") for line in ov_on[2]), ov_on[2]
+            # QK: without the panel the positional QK comes back beside the token heatmap
+            assert ("qk-position", False) in views and ("qk-position", True) not in views
+            token_on, token_off = views["qk-token", True][0], views["qk-token", False][0]
+            assert token_off[1] >= token_on[1]
+        else:
+            # 120×40: the panel sits under the side lists; the OV heatmap is unpooled at one
+            # row per entry either way, and the positional QK takes the height it leaves
+            assert (rows_on, cols_on) == (rows_off, cols_off) == (n_rows, 2 * n_cols)
+            pos_on, pos_off = views["qk-position", True][0], views["qk-position", False][0]
+            assert pos_off[0] > pos_on[0] and pos_off[1] >= pos_on[1], (pos_on, pos_off)
+            assert views["qk-token", False][0] == views["qk-token", True][0]
+
+
+async def _tabs_on_screen(pilot: object, app: HeadscopeApp) -> list[str]:
+    """The tab strip's labels, each checked to lie whole inside the strip (not scrolled)."""
+    from textual.widgets import TabbedContent
+    from textual.widgets._tabbed_content import ContentTabs
+    from textual.widgets._tabs import Tab
+
+    strip = app.explorer.query_one("#tabs", TabbedContent).query_one(ContentTabs)
+    assert strip.scroll_x == 0
+    labels = []
+    for tab in strip.query(Tab):
+        if not tab.display:
+            continue
+        label = str(tab.label)
+        assert strip.region.x <= tab.region.x and tab.region.right <= strip.region.right, label
+        assert tab.region.width >= len(label) + 1, label
+        labels.append(label)
+    return labels
+
+
+@pytest.mark.parametrize("mode", ["plain", "compare"])
+async def test_every_tab_is_on_screen_at_80_columns(mode: str) -> None:
+    """With the `9 Patch` tab the strip overflowed 80 columns (`9` cut, and with `5` active
+    `1 QK` scrolled off): below 100 columns the long names are shortened and each tab has
+    one column of padding, so every tab number and name stays on screen, on every tab."""
+    from headscope.tui.screens.explorer import SHORT_TAB_TITLES, TAB_TITLES
+
+    if mode == "compare":
+        from tests.test_tui_compare import fake_pair
+
+        app, _, _ = fake_pair()
+        keys = "12345679"
+    else:
+        app, _ = make_app()
+        keys = "1234569"
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, app)
+        for key in keys:
+            await pilot.press(key)
+            await settle(pilot, app)
+            labels = await _tabs_on_screen(pilot, app)
+            assert [label.split()[0] for label in labels] == list(keys), labels
+            assert set(labels) <= set(SHORT_TAB_TITLES.values())
+        await pilot.resize_terminal(120, 40)  # wide again: the full names
+        await settle(pilot, app)
+        labels = await _tabs_on_screen(pilot, app)
+        assert set(labels) <= set(TAB_TITLES.values()) and "5 Composition" in labels
+    # timeline mode (8 Time instead of 7 Changes) is narrower than compare mode's strip
+    timeline = [SHORT_TAB_TITLES[t] for t in SHORT_TAB_TITLES if t != "changes"]
+    changes = [SHORT_TAB_TITLES[t] for t in SHORT_TAB_TITLES if t != "timeline"]
+    assert sum(len(t) + 1 for t in timeline) <= sum(len(t) + 1 for t in changes) <= 80 - 18
+
+
+async def test_the_composition_path_column_is_on_screen_at_80x24() -> None:
+    """At 80×24 the edge list showed source, target and s−base, and the path column (the
+    path-patching effect beside the weight score) was past the right edge. Packed (no cell
+    padding, a narrower graph), every column, `+0.00 unused` included, is inside the list."""
+    app, engine = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("5")
+        await settle(pilot, app)
+        pane = app.explorer.query_one("#composition-pane")
+        table = app.explorer.query_one("#comp-edges", DataTable)
+        assert pane.compact and len(engine.path_requests) == 1
+        inside = table.scrollable_content_region.width
+        widths = [column.get_render_width(table) for column in table.columns.values()]
+        assert sum(widths) <= inside, (widths, inside)
+        assert table.max_scroll_x == 0
+        labels = [str(column.label).strip() for column in table.columns.values()]
+        assert labels == ["from", "to", "s−base", "path"]
+        cells = [str(table.get_row_at(i)[3]) for i in range(table.row_count)]
+        assert any(c.endswith("unused") for c in cells), cells
+        for i, edge in enumerate(pane.edges):  # each row: its edge, score and path effect
+            row = [str(c).strip() for c in table.get_row_at(i)]
+            assert row[:3] == [f"L{edge[0]}.H{edge[1]}", f"L{edge[2]}.H{edge[3]}",
+                               f"{edge[4]:+.3f}"]
+            effect = pane.paths.get(((edge[0], edge[1]), (edge[2], edge[3])))
+            if effect is not None:
+                assert row[3].startswith(f"{effect:+.2f}")
+        # the cursor's edge stays selected through a resize (the columns are rebuilt)
+        table.focus()
+        await pilot.press("down", "down")
+        await settle(pilot, app)
+        selected = pane.selected
+        await pilot.resize_terminal(120, 40)
+        await settle(pilot, app)
+        assert not pane.compact and pane.selected == selected
+        assert [str(c.label) for c in table.columns.values()] == ["source", "target", "s−base",
+                                                                   "path"]
+        assert tuple(pane.edges[table.cursor_row][:4]) == tuple(selected)

@@ -5,8 +5,9 @@ Pure numpy, no Textual: these run in worker threads and are tested on their own.
 - ``diverging_rgb`` maps zero to the middle stop and ±``vmax`` to the end stops, so the
   sign of a circuit entry is its hue and its size is its saturation.
 - ``fit_shape`` chooses how many terminal cells a matrix gets: terminal cells are about
-  twice as tall as wide, so an entry is drawn 2k cells wide and k tall; a matrix that does
-  not fit is pooled, never silently overwritten (plotext's ``matrix_plot`` would drop cells).
+  twice as tall as wide, so an entry is drawn 2k cells wide and k tall (up to twice as wide
+  when the height bounds it and the pane has width to spare); a matrix that does not fit is
+  pooled, never silently overwritten (plotext's ``matrix_plot`` would drop cells).
 - ``resample`` pools (block means) or repeats rows/columns to exactly that many cells;
   ``pool_extreme`` keeps each block's signed extreme instead (what heatmaps draw).
 """
@@ -40,19 +41,37 @@ def diverging_rgb(
     return np.clip(np.rint(rgb), 0, 255).astype(np.uint8)
 
 
-def fit_shape(n_rows: int, n_cols: int, max_h: int, max_w: int) -> tuple[int, int]:
+STRETCH = 2  # entries at most twice as wide as square (fit_shape)
+
+
+def fit_shape(n_rows: int, n_cols: int, max_h: int, max_w: int,
+              stretch: int = STRETCH) -> tuple[int, int]:
     """Cells ``(height, width)`` for an ``n_rows × n_cols`` matrix in a ``max_h × max_w`` area.
 
-    Each entry is ``k`` rows by ``2k`` columns for the largest ``k ≥ 1`` that fits; when even
-    ``k = 1`` does not fit, both axes are pooled by the same factor (aspect kept)."""
+    Each entry is ``k`` rows by ``2k`` columns (square) for the largest ``k ≥ 1`` that fits;
+    when even ``k = 1`` does not fit, one row by one or two columns if that fits, else both
+    axes are pooled by the same factor. A grid bound
+    by the height leaves width over (the 80×24 OV tab with the directions panel hidden: a
+    6×12 grid in a 31-column canvas), so the entries are then widened into it, up to
+    ``stretch`` times square: every entry the same whole number of cells wide when all the
+    columns are shown, more of the columns shown (pooled less) when they are not."""
     if n_rows <= 0 or n_cols <= 0 or max_h <= 0 or max_w <= 0:
         return (0, 0)
     if n_rows <= max_h and 2 * n_cols <= max_w:
         k = min(max_h // n_rows, max_w // (2 * n_cols))
-        return (n_rows * k, 2 * n_cols * k)
-    # Pool both axes by the same factor, so a square matrix still looks square.
-    s = min(max_h / n_rows, max_w / (2 * n_cols))
-    return (max(1, min(max_h, int(n_rows * s))), max(1, min(max_w, int(2 * n_cols * s))))
+        ch, cw = n_rows * k, 2 * n_cols * k
+    elif n_rows <= max_h and n_cols <= max_w:
+        # one cell per entry fits, two columns per entry do not: every entry is shown, some
+        # one column wide, the others two (a 24×24 circuit in 25×47 was pooled to 23×47,
+        # its last two rows merged, for one missing column)
+        ch, cw = n_rows, max_w
+    else:  # pool both axes by the same factor, so a square matrix still looks square
+        s = min(max_h / n_rows, max_w / (2 * n_cols))
+        ch, cw = max(1, min(max_h, int(n_rows * s))), max(1, min(max_w, int(2 * n_cols * s)))
+    wide = min(max_w, stretch * cw)
+    if wide >= n_cols:  # equal widths: a whole number of cells per column
+        return ch, max(cw, n_cols * (wide // n_cols))
+    return ch, wide
 
 
 def bins(n: int, out: int) -> tuple[np.ndarray, np.ndarray]:

@@ -139,7 +139,10 @@ class Heatmap:
         xi, xl = _ticks(n_cols, cw, [short(s, 6) for s in self.col_labels], 7)
         plt.xticks([cell_of(i, n_cols, cw) for i in xi], xl)
         yi, yl = _ticks(n_rows, ch, rows, 1)
-        plt.yticks([ch - 1 - cell_of(i, n_rows, ch) for i in yi], yl)
+        # padded to the widest label of all rows, which the plot's width counts: plotext
+        # makes its label column as wide as the labels drawn, and a canvas one column wider
+        # than the grid drew a blank column through the middle of the heatmap
+        plt.yticks([ch - 1 - cell_of(i, n_rows, ch) for i in yi], [s.rjust(lw) for s in yl])
         plt.xlabel("")  # matrix_plot sets "column"/"row"
         plt.ylabel("")
         plt.ticks_color(colours.foreground)

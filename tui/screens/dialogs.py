@@ -50,7 +50,7 @@ class HelpScreen(ModalScreen[None]):
         width: 90%; max-width: 100; height: 90%;
         border: round $primary; background: $surface; padding: 0 1;
     }
-    HelpScreen #help-title { text-style: bold; }
+    HelpScreen #help-title { text-style: bold; width: 100%; }  /* wraps at 80 columns */
     """
 
     def __init__(self, keymap: dict[str, str]) -> None:

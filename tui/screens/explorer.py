@@ -92,6 +92,12 @@ TABS = ("qk", "ov", "spectrum", "prompt", "composition", "summary", "changes", "
 TAB_TITLES = {"qk": "1 QK", "ov": "2 OV", "spectrum": "3 Spectrum", "prompt": "4 Prompt",
               "composition": "5 Composition", "summary": "6 Summary", "changes": "7 Changes",
               "timeline": "8 Timeline", "patch": "9 Patch"}
+# Below NARROW columns: the longest names shortened, so that every tab of the strip is on
+# screen at 80 columns (the strip scrolled, and with 5 active `1 QK` was off its left edge);
+# headscope.tcss gives each tab one column of padding instead of two there. The widest
+# strip, compare mode's eight tabs, is 61 of the 62 columns beside the tree.
+SHORT_TAB_TITLES = {**TAB_TITLES, "spectrum": "3 Spec", "composition": "5 Comp",
+                    "timeline": "8 Time"}
 
 
 class TabView(Protocol):
@@ -272,6 +278,13 @@ class ExplorerScreen(Screen[None]):
         self.set_class(width < NARROW, "narrow")
         with contextlib.suppress(NoMatches):
             self.query_one(HeadTree).set_compact(width < NARROW)
+            titles = SHORT_TAB_TITLES if width < NARROW else TAB_TITLES
+            tabs = self.query_one("#tabs", TabbedContent)
+            for pane in tabs.query(TabPane):
+                tab = tabs.get_tab(pane)
+                if pane.id in titles and str(tab.label) != titles[pane.id]:
+                    tab.label = titles[pane.id]
+            self.query_one(CompositionPane).set_compact(width < NARROW)
         self._apply_directions()
 
     @property

@@ -17,6 +17,16 @@ def bar_colours(widget: Any) -> tuple[str, str]:
     return (f"rgb({neg[0]},{neg[1]},{neg[2]})", f"rgb({pos[0]},{pos[1]},{pos[2]})")
 
 
+def bar_half(width: int, used: int, most: int) -> int:
+    """How wide each half of a ``signed_bar`` can be in a table ``width`` columns wide whose
+    other columns take ``used`` (padding included): up to ``most``, 0 when not one block
+    fits (cropped, a positive bar lost its right half, all of it); ``most`` while the
+    widget is not laid out yet (``width`` 0)."""
+    if width <= 0:
+        return most
+    return max(0, min(most, (width - used - 2 - 1) // 2))  # the column's padding, the axis
+
+
 def signed_bar(value: float, vmax: float, width: int = 12,
                colours: tuple[str, str] = ("blue", "red")) -> Text:
     """A signed horizontal bar: right of the axis for positive values, left for negative."""

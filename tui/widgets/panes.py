@@ -47,7 +47,7 @@ from headscope.tui.base.messages import EdgeChosen
 from headscope.tui.base.prompt_words import UNKNOWN, unknown_note, vocabulary_hint
 from headscope.tui.plots.figures import Graph, Heatmap, Line, Scatter
 from headscope.tui.session.choices import ROTARY_OFFSETS
-from headscope.tui.widgets.bars import bar_colours, signed_bar
+from headscope.tui.widgets.bars import bar_colours, bar_half, signed_bar
 from headscope.tui.widgets.chart import Chart
 from headscope.tui.widgets.path_column import PathEffects
 from headscope.tui.widgets.reading import DirectionsPanel
@@ -171,20 +171,31 @@ class OVPane(Horizontal):
     def show_top(self, result: TopTokens) -> None:
         rows = top_tokens(result)
         src = result.source_label or str(result.source_token)
-        table = Table(box=None, padding=(0, 1), title=Text(f"top outputs of {printable(src)!r}", style="table.title"),
-                      title_justify="left", expand=True)
+        # The title above the table, not its title: Rich cut a table title to one line
+        # (`top outputs of '<unk` at 80×24) where a Text wraps.
+        title = Text(f"top outputs of {printable(src)!r}", style="table.title")
+        table = Table(box=None, padding=(0, 1), expand=True)
         # The numbers keep their width (min_width); the token and the bar give way.
         values = [f"{val:+.3g}" for _, val in rows]
         tokens = [printable(tok)[:12] for tok, _ in rows]
+        token_width = min(max(map(len, tokens), default=1), 6)
+        value_width = max(map(len, values), default=5)
         table.add_column("token", no_wrap=True, overflow="ellipsis", max_width=12,
-                         min_width=min(max(map(len, tokens), default=1), 6))
-        table.add_column("value", justify="right", no_wrap=True,
-                         min_width=max(map(len, values), default=5))
-        table.add_column("", no_wrap=True, overflow="crop")
+                         min_width=token_width)
+        table.add_column("value", justify="right", no_wrap=True, min_width=value_width)
+        # Each half of the bar as wide as the pane allows, up to 6: cropped, a positive
+        # bar (the right half) was all that went at 80×24, leaving only the axis.
+        top = self.query_one("#ov-top", Static)
+        half = bar_half(top.content_size.width, token_width + value_width + 4, 6)
+        if half:
+            table.add_column("", no_wrap=True, overflow="crop")
         vmax = max((abs(v) for _, v in rows if math.isfinite(v)), default=1.0)
         for (_tok, val), tok, text in zip(rows, tokens, values, strict=True):
-            table.add_row(Text(tok), text, signed_bar(val, vmax, 6, bar_colours(self)))  # data: no markup
-        self.query_one("#ov-top", Static).update(table)
+            bar = (signed_bar(val, vmax, half, bar_colours(self)),) if half else ()
+            table.add_row(Text(tok), text, *bar)  # data: no markup
+        from rich.console import Group
+
+        top.update(Group(title, table))
 
     async def load(self, host: PaneHost, key: LoadKey) -> None:
         layer, head = key[1]
@@ -312,14 +323,24 @@ class PromptPane(Vertical):
                 xlabel="key →  (rows: query)"))
         dla = np.asarray(view.dla, dtype=np.float64)
         vmax = float(np.nanmax(np.abs(dla))) if dla.size else 1.0
-        t = Table(box=None, padding=(0, 1), title=f"{prefix}direct logit attribution",
-                  title_justify="left", expand=True)
-        t.add_column("tok", no_wrap=True, overflow="ellipsis", max_width=10)
+        # the title above the table (a Text wraps; the table's title was cut at 80×24)
+        title = Text(f"{prefix}direct logit attribution", style="table.title")
+        t = Table(box=None, padding=(0, 1), expand=True)
+        # As the OV tab's top outputs: the token keeps up to 6 characters (at 80×24 the bar
+        # left it 2, `Wh…`), the number its width; the bar gives way first.
+        longest = max((len(printable(tok)) for tok in tokens), default=1)
+        t.add_column("tok", no_wrap=True, overflow="ellipsis", max_width=10,
+                     min_width=min(longest, 6))
         t.add_column("DLA", justify="right", no_wrap=True, min_width=5)
-        t.add_column("", no_wrap=True, overflow="crop")
-        for tok, v in zip(tokens, dla.tolist(), strict=False):
+        numbers = [f"{v:+.2f}" for v in dla.tolist()]
+        half = bar_half(self.query_one("#prompt-dla", Static).content_size.width,
+                        min(longest, 10) + max(map(len, numbers), default=5) + 4, 5)
+        if half:
+            t.add_column("", no_wrap=True, overflow="crop")
+        for tok, v, number in zip(tokens, dla.tolist(), numbers, strict=False):
             cell = data_text(tok, style="reverse yellow" if tok in UNKNOWN else "", width=10)
-            t.add_row(cell, f"{v:+.2f}", signed_bar(v, vmax, 5, bar_colours(self)))
+            bar = (signed_bar(v, vmax, half, bar_colours(self)),) if half else ()
+            t.add_row(cell, number, *bar)
         last = printable(tokens[-1])[:10] if tokens else ""
         p = Table(box=None, padding=(0, 1), title=Text(f"{prefix}top predictions after {last!r}", style="table.title"),
                   title_justify="left", expand=True)
@@ -332,7 +353,7 @@ class PromptPane(Vertical):
         note.append_text(_unknown_text(tokens, self.prompt_text))
         from rich.console import Group
 
-        self.query_one("#prompt-dla", Static).update(Group(note, t))
+        self.query_one("#prompt-dla", Static).update(Group(note, title, t))
         self.query_one("#prompt-preds", Static).update(p)
 
     async def load(self, host: PaneHost, key: LoadKey) -> None:
@@ -368,6 +389,7 @@ class CompositionPane(PathEffects, Horizontal):
         self.shown: Composition | None = None
         self._shape = (0, 0)  # (n_layers, n_heads) of the graph shown
         self.partials = 0  # partial graphs shown while sweeps ran (tests count them)
+        self.compact = False  # below 100 columns: the edge list's columns packed (set_compact)
         self.init_paths()  # the top edges' path effects on the current task (path_column.py)
 
     def compose(self) -> ComposeResult:
@@ -379,11 +401,53 @@ class CompositionPane(PathEffects, Horizontal):
             yield table
 
     def on_mount(self) -> None:
+        self._add_columns()
+
+    def _add_columns(self) -> None:
         table = self.query_one("#comp-edges", DataTable)
+        if self.compact:
+            # At 80×24 the side column has 31 columns for the list: with the default padding
+            # (one column each side of every cell) the path column was off-screen. Packed,
+            # the cells carry their own separating space (see _cells).
+            table.cell_padding = 0
+            table.add_column("from", key="source")
+            table.add_column(" to", key="target")
+            table.add_column(Text(" s−base", justify="right"), key="score")
+            table.add_column(Text(" path", justify="right"), key="path", width=13)
+            return
+        table.cell_padding = 1
         table.add_column("source", key="source")
         table.add_column("target", key="target")
         table.add_column("s−base", key="score")
         table.add_column("path", key="path", width=12)  # "+0.00 unused"
+
+    def set_compact(self, compact: bool) -> None:
+        """Pack the edge list's columns below 100 columns (the explorer's layout_for)."""
+        if compact == self.compact:
+            return
+        self.compact = compact
+        table = self.query_one("#comp-edges", DataTable)
+        selected = self.selected
+        table.clear(columns=True)
+        table._headscope_comp = (None, None, None)  # type: ignore[attr-defined]
+        self._add_columns()
+        self.redraw()
+        if selected is not None:  # the cursor stays on the selected edge
+            rows = [tuple(e[:4]) for e in self.edges]
+            if tuple(selected) in rows:
+                table.move_cursor(row=rows.index(tuple(selected)))
+
+    def _cells(self, edge: Edge, style: str) -> tuple[Text, Text, Text, Text]:
+        """An edge list row; packed (``compact``), every cell after the first starts with
+        the space that separates it from the one before."""
+        l1, h1, l2, h2, s = edge
+        gap = " " if self.compact else ""
+        path = self.path_cell(edge, not style)
+        if self.compact and path.plain:
+            path = Text(gap, justify="right") + path
+            path.justify = "right"
+        return (Text(_head(l1, h1), style=style), Text(gap + _head(l2, h2), style=style),
+                Text(f"{gap}{s:+.3f}", style=style, justify="right"), path)
 
     def show(self, comp: Composition, n_layers: int, n_heads: int,
              selected: tuple[int, int, int, int] | None,
@@ -417,11 +481,10 @@ class CompositionPane(PathEffects, Horizontal):
             table._headscope_comp = (comp, threshold, paths)  # type: ignore[attr-defined]
             if fresh:
                 table.clear()
-            for i, (l1, h1, l2, h2, s) in enumerate(es):
+            for i, edge in enumerate(es):
+                s = edge[4]
                 style = "" if s >= cut and s > 0 else "dim"  # dim: below threshold, not drawn
-                cells = (Text(_head(l1, h1), style=style), Text(_head(l2, h2), style=style),
-                         Text(f"{s:+.3f}", style=style, justify="right"),
-                         self.path_cell((l1, h1, l2, h2, s), not style))
+                cells = self._cells(edge, style)
                 if fresh:
                     table.add_row(*cells, key=str(i))
                 else:
