@@ -416,6 +416,43 @@ def test_sentencepiece_tokenizer_from_metadata(llama_pair, tmp_path: Path) -> No
     assert m.tokenizer.decode_token(9) == "<0x0A>"  # byte tokens shown as such
 
 
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_metadata_tokenizer_is_built_on_the_first_prompt(kind: str, llama_pair, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Opening a GGUF file does not build the tokenizer (0.5-1 s for a 32k SentencePiece
+    table, bench/README.md "GGUF"): token strings, ids and the vocabulary size come from the
+    table and equal what the built tokenizer gives, for every id (a repeated piece included);
+    the first prompt builds it, once."""
+    from headscope.engine.formats.tokenizer import HFTokenizer
+    from headscope.engine.model import gguf as gguf_model
+
+    tokens = ["<unk>", "<s>", "▁", "a", "b", "▁a", "ab", "▁ab", "<0x0A>", "Ġab", "##x", "ab"]
+    tokens += [f"t{i}" for i in range(len(tokens), 96)]
+    scores = [-float(i) for i in range(len(tokens))]
+    extra = {"scores": scores} if kind == "llama" else {"merges": ["a b", "▁ ab"]}
+    path = write_gguf(llama_pair[1], tmp_path / "lazy.gguf", tokens=tokens, tokenizer_model=kind, **extra)
+    build = gguf_model._spm if kind == "llama" else gguf_model._bpe
+    calls: list[int] = []
+
+    def counted(*args: object) -> object:
+        calls.append(1)
+        return build(*args)
+
+    monkeypatch.setattr(gguf_model, "_spm" if kind == "llama" else "_bpe", counted)
+    m = open_model(path, raw=True)
+    assert calls == []
+    eager = HFTokenizer(build(tokens, scores) if kind == "llama" else build(tokens, ["a b", "▁ ab"]))
+    assert [m.tokenizer.decode_token(i) for i in range(98)] == \
+        [eager.decode_token(i) for i in range(98)]
+    assert [m.tokenizer.token_to_id(t) for t in [*tokens, "zz"]] == \
+        [eager.token_to_id(t) for t in [*tokens, "zz"]]
+    assert m.tokenizer.vocab_size == eager.vocab_size
+    assert calls == []
+    assert m.tokenizer.encode("ab ab") == eager.encode("ab ab")
+    assert m.tokenizer.encode("a b") == eager.encode("a b")
+    assert calls == [1]
+
+
 def test_no_tokenizer_means_token_ids(llama_pair, tmp_path: Path) -> None:
     _, model = llama_pair
     m = open_model(write_gguf(model, tmp_path / "none.gguf"), raw=True)

@@ -170,3 +170,48 @@ async def test_tokenize_uses_the_model_tokenizer(tmp_path) -> None:
             await engine.tokenize("  ")
     finally:
         await engine.aclose()
+
+
+async def test_ready_and_first_view_do_not_wait_for_the_warm_up(gpt2_dir, monkeypatch) -> None:
+    """Reading W_E and W_U ahead of the token views happens after the model is open: the first
+    head view of a 7B GGUF file must not wait for both to be dequantised (bench/README.md,
+    "GGUF"). A warm-up that fails is not an open failure: the view that needs it reports it."""
+    import threading
+
+    from headscope.engine.service import engine as engine_module
+
+    release, started = threading.Event(), threading.Event()
+    warmed: list[str] = []
+    real = engine_module._warm_up
+
+    def slow_warm_up(model) -> None:
+        started.set()
+        release.wait(30)
+        real(model)
+        warmed.append("done")
+
+    monkeypatch.setattr(engine_module, "_warm_up", slow_warm_up)
+    eng = Engine(gpt2_dir[0], workers=2)
+    try:
+        await asyncio.wait_for(eng.ready(), 30)
+        block = await asyncio.wait_for(eng.circuit_block(0, 0, "qk", "position", [0, 1], [0, 1]), 30)
+        assert block.values.shape == (2, 2) and started.is_set() and warmed == []
+    finally:
+        release.set()
+        await eng.aclose()
+
+
+def test_a_failing_warm_up_is_left_to_the_view(monkeypatch) -> None:
+    from headscope.engine.service import engine as engine_module
+
+    class Broken:
+        def has(self, name: str) -> bool:
+            return True
+
+        def get(self, name: str):
+            raise errors.CorruptFileError("m.gguf", f"{name}: bad block")
+
+    class Model:
+        weights = Broken()
+
+    engine_module._warm_up(Model())  # no exception: nothing to report before a view asks

@@ -41,6 +41,26 @@ class Tokenizer(Protocol):
     def token_to_id(self, token: str) -> int | None: ...
 
 
+def display_token(token: str | None, token_id: int) -> str:
+    """How a vocabulary entry is shown: ``<id>`` for an id without one, WordPiece's ``##``
+    dropped, SentencePiece byte tokens (``<0x0A>``) as they are, space and newline markers as
+    the characters they stand for (``TOKEN_DISPLAY``)."""
+    if token is None:
+        return f"<{token_id}>"
+    if token.startswith("##"):  # WordPiece continuation
+        return token[2:]
+    if re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", token):  # SentencePiece byte fallback
+        return token
+    return token.translate(TOKEN_DISPLAY)
+
+
+def reads_text(tokenizer: Tokenizer) -> bool:
+    """Whether prompts are text: not for ``IdTokenizer`` (token ids), nor for a tokenizer
+    built on first use that could not be built (``reads_text()`` of its own)."""
+    probe = getattr(tokenizer, "reads_text", None)
+    return bool(probe()) if callable(probe) else not isinstance(tokenizer, IdTokenizer)
+
+
 class HFTokenizer:
     """A ``tokenizers.Tokenizer``; ``encode`` gives exactly the prompt's tokens.
 
@@ -107,14 +127,7 @@ class HFTokenizer:
 
     def decode_token(self, token_id: int) -> str:
         with rust_guard(self.path, f"cannot decode token {token_id}"):
-            token = self._tok.id_to_token(token_id)
-        if token is None:
-            return f"<{token_id}>"
-        if token.startswith("##"):  # WordPiece continuation
-            return token[2:]
-        if re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", token):  # SentencePiece byte fallback
-            return token
-        return token.translate(TOKEN_DISPLAY)
+            return display_token(self._tok.id_to_token(token_id), token_id)
 
     def token_to_id(self, token: str) -> int | None:
         with rust_guard(self.path, f"cannot look up token {token!r}"):

@@ -42,7 +42,7 @@ from headscope.engine.core.errors import (
 )
 from headscope.engine.formats.gguf import GGUFHeader, GGUFTensorInfo
 from headscope.engine.formats.safetensors import TensorInfo
-from headscope.engine.formats.tokenizer import HFTokenizer, IdTokenizer, Tokenizer
+from headscope.engine.formats.tokenizer import HFTokenizer, IdTokenizer, Tokenizer, display_token
 from headscope.engine.model.adapters.base import spec_parts
 from headscope.engine.model.readplan import (
     DONTNEED,
@@ -791,20 +791,66 @@ def gguf_tokenizer(header: GGUFHeader, d_vocab: int) -> Tokenizer:
       ``▁`` and one prepended (the "legacy" Llama behaviour);
     - anything else, or a table that does not build: the token strings for display, prompts as
       token ids. No tokens at all: ``IdTokenizer``.
+
+    Either is built on the first prompt, not at open (``LazyTokenizer``).
     """
     tokens = header.get("tokenizer.ggml.tokens")
     if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
         return IdTokenizer(d_vocab, header.path)
     kind = header.get("tokenizer.ggml.model")
-    try:
-        if kind == "gpt2":
-            merges = header.get("tokenizer.ggml.merges") or []
-            return HFTokenizer(_bpe(tokens, merges, header.get("tokenizer.ggml.pre")), header.path)
-        if kind == "llama":
-            return HFTokenizer(_spm(tokens, header.get("tokenizer.ggml.scores")), header.path)
-    except Exception:  # a table tokenizers refuses: fall back to display only
-        pass
+    if kind == "gpt2":
+        merges = header.get("tokenizer.ggml.merges") or []
+        pre = header.get("tokenizer.ggml.pre")
+        return LazyTokenizer(tokens, lambda: _bpe(tokens, merges, pre), d_vocab, header.path)
+    if kind == "llama":
+        scores = header.get("tokenizer.ggml.scores")
+        return LazyTokenizer(tokens, lambda: _spm(tokens, scores), d_vocab, header.path)
     return GGUFVocabTokenizer(tokens, d_vocab, header.path)
+
+
+class LazyTokenizer:
+    """A metadata tokenizer that is built (``tokenizers``' BPE from the token table) on the
+    first prompt. Building a 32k-piece SentencePiece table is about 0.5-1 s of Python (every
+    split of every piece is ranked), and opening a model only needs token strings and ids,
+    which come from the table itself: the first head view of a 7B GGUF file must take less
+    than 1 s (bench/README.md, "GGUF"). A table ``tokenizers`` refuses leaves the token
+    strings for display and prompts as token ids (``GGUFVocabTokenizer``), as before."""
+
+    def __init__(self, tokens: list[str], build: Callable[[], Any], d_vocab: int,
+                 path: str | None = None) -> None:
+        self.tokens = tokens
+        self.path = path
+        # As the built BPE's vocabulary: a repeated piece keeps its first id, later copies
+        # have none (``id_to_token`` gives None for them).
+        self._ids = {t: i for i, t in reversed(list(enumerate(tokens)))}
+        self.vocab_size: int = len(self._ids)
+        self._build = build
+        self._d_vocab = d_vocab
+        self._lock = threading.Lock()
+        self._built: Tokenizer | None = None
+
+    def _tokenizer(self) -> Tokenizer:
+        with self._lock:
+            if self._built is None:
+                try:
+                    self._built = HFTokenizer(self._build(), self.path)
+                except Exception:  # a table tokenizers refuses: fall back to display only
+                    self._built = GGUFVocabTokenizer(self.tokens, self._d_vocab, self.path)
+            return self._built
+
+    def reads_text(self) -> bool:
+        return not isinstance(self._tokenizer(), IdTokenizer)
+
+    def encode(self, text: str) -> list[int]:
+        return self._tokenizer().encode(text)
+
+    def decode_token(self, token_id: int) -> str:
+        token = self.tokens[token_id] if 0 <= token_id < len(self.tokens) else None
+        return display_token(token if token is not None and self._ids[token] == token_id
+                             else None, token_id)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._ids.get(token)
 
 
 # The split regexes of the byte-level BPE tokenizers (their tokenizer.json pre_tokenizer), by

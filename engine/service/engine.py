@@ -156,17 +156,19 @@ class Engine:
             from headscope.engine.model.loading import open_model
 
             model = open_model(self.path, raw=self._raw)
-            _warm_up(model)
             with self._models_lock:
                 self._models[model.raw] = model
             self._opened.set_result(model)
         except HeadscopeError as exc:
             self._opened.set_exception(exc)
+            return
         except Exception as exc:
             from headscope.engine.core.errors import ComputeError, out_of_memory
 
             self._opened.set_exception(out_of_memory(exc, self._where, "opening the model")
                                        or ComputeError(self._where, f"cannot open: {exc}"))
+            return
+        _warm_up(model)
 
     def _set_torch_threads(self) -> None:
         self._previous_torch_threads = set_threads(self._torch_threads)
@@ -739,12 +741,17 @@ class Engine:
 
 
 def _warm_up(model: Model) -> None:
-    """Read (and process) the embedding and unembedding while the user reads the tree:
-    every token-basis view needs them, and the first view should not pay for them. numpy only
-    (the model layer's arrays): opening the model imports no torch."""
+    """Read (and process) the embedding and unembedding while the user reads the tree, after
+    the model is open (``ready()`` does not wait for it: on a 7B GGUF file dequantising both
+    is most of a second, and the first head view needs only a few embedding rows). Every
+    token-basis view needs them later. A failure here is not reported: the view that needs
+    the tensor reads it again and reports it. numpy only: opening the model imports no torch."""
     for name in ("embed.W_E", "unembed.W_U"):
-        if model.weights.has(name):
-            model.weights.get(name)
+        try:
+            if model.weights.has(name):
+                model.weights.get(name)
+        except Exception:  # reported by the view that needs it
+            continue
 
 
 def origin_text(what: str, loaded: int, computed: int) -> str:

@@ -532,14 +532,14 @@ def sink_batches(model: Model, seed: int = SEED) -> tuple[Any, list[Any]]:
     """The token batches of the sink scores and of the behavioural null: the seeded repeated
     random sequences of the behavioural scores, and ``sinks.NATURAL_PROMPTS`` encoded by
     the model's tokenizer (none for a tokenizer that only knows ids), cut to ``n_ctx``."""
-    from headscope.engine.formats.tokenizer import IdTokenizer
+    from headscope.engine.formats.tokenizer import reads_text
     from headscope.engine.forward import behaviour, sinks
     from headscope.engine.forward.runtime import token_batch
 
     cfg = model.cfg
     repeated = behaviour.repeated_tokens(cfg.d_vocab, cfg.n_ctx, seed)
     natural: list[Any] = []
-    if not isinstance(model.tokenizer, IdTokenizer):
+    if reads_text(model.tokenizer):
         for text in sinks.NATURAL_PROMPTS:
             ids = [i for i in encode(model.tokenizer, text) if 0 <= i < cfg.d_vocab][: cfg.n_ctx]
             if len(ids) > sinks.SINK_SKIP:
