@@ -172,10 +172,10 @@ async def test_tokenize_uses_the_model_tokenizer(tmp_path) -> None:
         await engine.aclose()
 
 
-async def test_ready_and_first_view_do_not_wait_for_the_warm_up(gpt2_dir, monkeypatch) -> None:
-    """Reading W_E and W_U ahead of the token views happens after the model is open: the first
-    head view of a 7B GGUF file must not wait for both to be dequantised (bench/README.md,
-    "GGUF"). A warm-up that fails is not an open failure: the view that needs it reports it."""
+async def test_ready_and_first_view_do_not_wait_for_torch_or_the_warm_up(gpt2_dir, monkeypatch) -> None:
+    """Importing torch (and setting its threads) and reading W_E and W_U ahead of the token
+    views happen after the model is open: the first head view of a 7B GGUF file must not wait
+    for them (bench/README.md, "GGUF"). Once torch is ready, jobs run in inference mode."""
     import threading
 
     from headscope.engine.service import engine as engine_module
@@ -190,15 +190,31 @@ async def test_ready_and_first_view_do_not_wait_for_the_warm_up(gpt2_dir, monkey
         real(model)
         warmed.append("done")
 
+    real_threads = Engine._set_torch_threads
+
+    def slow_threads(self) -> None:
+        release.wait(30)
+        real_threads(self)
+
     monkeypatch.setattr(engine_module, "_warm_up", slow_warm_up)
+    monkeypatch.setattr(Engine, "_set_torch_threads", slow_threads)
     eng = Engine(gpt2_dir[0], workers=2)
     try:
         await asyncio.wait_for(eng.ready(), 30)
         block = await asyncio.wait_for(eng.circuit_block(0, 0, "qk", "position", [0, 1], [0, 1]), 30)
-        assert block.values.shape == (2, 2) and started.is_set() and warmed == []
+        assert block.values.shape == (2, 2) and warmed == [] and not eng._torch_ready.is_set()
+        with eng._job_mode():
+            assert not torch.is_inference_mode_enabled()
     finally:
         release.set()
-        await eng.aclose()
+    for _ in range(300):
+        if warmed:
+            break
+        await asyncio.sleep(0.1)
+    assert started.is_set() and warmed == ["done"] and eng._torch_ready.is_set()
+    with eng._job_mode():
+        assert torch.is_inference_mode_enabled()
+    await eng.aclose()
 
 
 def test_a_failing_warm_up_is_left_to_the_view(monkeypatch) -> None:

@@ -120,8 +120,10 @@ class Engine:
         self._torch_threads = torch_threads
         self._previous_torch_threads: int | None = None
         self.cache = ByteLRU(cache_bytes)
+        # set once torch is imported and its threads are set (``_job_mode``)
+        self._torch_ready = threading.Event()
         self._scheduler = Scheduler(
-            workers, on_result=self.cache.put, job_context=inference_mode
+            workers, on_result=self.cache.put, job_context=self._job_mode
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._models: dict[bool, Model] = {}
@@ -134,6 +136,7 @@ class Engine:
         if model is not None:
             self.structure: dict[str, Any] = model.structure()
             self._set_torch_threads()
+            self._torch_ready.set()
             self._models[model.raw] = model
             self._opened.set_result(model)
         else:
@@ -151,8 +154,11 @@ class Engine:
     # -- lifecycle ------------------------------------------------------------------
 
     def _open(self) -> None:
+        """Open the model (numpy only), then import torch and set its threads, then read the
+        embeddings ahead (``_warm_up``). ``ready()`` waits for the first step only: the weight
+        views need no torch, and importing it is most of a second (bench/README.md, "GGUF":
+        the first head view of a 7B file in under 1 s)."""
         try:
-            self._set_torch_threads()
             from headscope.engine.model.loading import open_model
 
             model = open_model(self.path, raw=self._raw)
@@ -168,7 +174,20 @@ class Engine:
             self._opened.set_exception(out_of_memory(exc, self._where, "opening the model")
                                        or ComputeError(self._where, f"cannot open: {exc}"))
             return
+        try:
+            self._set_torch_threads()
+            self._torch_ready.set()
+        except Exception:  # a broken torch: the forward passes that need it say so
+            pass
         _warm_up(model)
+
+    def _job_mode(self) -> contextlib.AbstractContextManager[Any]:
+        """What every job runs in: torch's inference mode once the opener has imported torch
+        and set its threads. A job that starts before (the first weight views, numpy only)
+        waits for neither; one that needs torch that early imports it itself (Python's import
+        lock makes it wait for the opener's import) and runs without inference mode, which
+        only skips autograd bookkeeping that no weight here asks for (none requires grad)."""
+        return inference_mode() if self._torch_ready.is_set() else contextlib.nullcontext()
 
     def _set_torch_threads(self) -> None:
         self._previous_torch_threads = set_threads(self._torch_threads)
