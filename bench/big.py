@@ -294,7 +294,7 @@ def report(shape: str, res: dict[str, dict[str, Any]]) -> str:
         base = res.get(f"composition-floor-{kind}") or {}
         if f"composition-floor-{kind}" in res:
             rows.append((f"composition {kind}: GEMM floor (s)", base.get("compute", base.get("error")), ""))
-        for impl, label in (("numpy-", "numpy (CLI, explorer)"), ("", "torch (GGUF, float8)")):
+        for impl, label in (("numpy-", "the sweep (numpy-)"), ("", "the sweep (CLI, explorer)")):
             comp = res.get(f"composition-{impl}{kind}")
             if comp is None:
                 continue

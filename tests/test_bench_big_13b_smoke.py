@@ -12,7 +12,7 @@ def test_bench_big_13b_smoke(tmp_path, capsys):
                      "--timeout", "300"]) == 0
     text = out.read_text()
     assert "### tiny-llama-mha" in text and "(streamed)" in text
-    assert "| `heads` / floor |" in text and "| composition k, torch (GGUF, float8) / GEMM floor |" in text
+    assert "| `heads` / floor |" in text and "| composition k, the sweep (CLI, explorer) / GEMM floor |" in text
     for name in big.SCENARIOS_13B:
         assert f"| {name}: read from disk (GB) |" in text
     assert "error" not in text and "timeout" not in text

@@ -12,8 +12,8 @@ def test_bench_big_smoke(tmp_path, capsys):
                      "--timeout", "300"]) == 0
     text = out.read_text()
     assert "### tiny-llama-mha" in text and "| `heads` / floor |" in text
-    assert "| composition k, numpy (CLI, explorer) / GEMM floor |" in text
-    assert "| composition k, torch (GGUF, float8) / GEMM floor |" in text
+    assert "| composition k, the sweep (numpy-) / GEMM floor |" in text
+    assert "| composition k, the sweep (CLI, explorer) / GEMM floor |" in text
     assert "error" not in text and "timeout" not in text
     assert text in capsys.readouterr().out
 

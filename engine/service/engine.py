@@ -193,7 +193,7 @@ class Engine:
         self._previous_torch_threads = set_threads(self._torch_threads)
 
     async def ready(self) -> None:
-        """Wait until the model is open (torch imported, config and tensors checked)."""
+        """Wait until the model is open (config and tensors checked; torch is imported after)."""
         self._remember_loop()
         await asyncio.wrap_future(self._opened)
 

@@ -33,6 +33,9 @@ if TYPE_CHECKING:
     from headscope.tui.base.protocols import LoadKey, PaneHost
 
 BOXES = ("clean", "corrupt", "answer", "wrong")
+# What the map's values mean, short enough for the 80-column layout's narrow chart (the
+# formula, (m - m_corrupt) / (m_clean - m_corrupt), is in the README and docs/math.md).
+XLABEL = "1 = clean run, 0 = corrupt run"
 HINT = "enter in a box runs it · x stops · enter on a head focuses it"
 
 
@@ -245,7 +248,7 @@ class PatchPane(Vertical):
                 np.nan_to_num(values, nan=0.0),
                 tuple(f"L{i}" for i in range(result.n_layers)),
                 tuple(f"H{i}" for i in range(result.n_heads)),
-                title=title, xlabel="recovered = (m − corrupt)/(clean − corrupt) · rows: layer"))
+                title=title, xlabel=XLABEL))
         table = self.query_one("#patch-table", DataTable)
         table.clear()
         for row in session.rows:
