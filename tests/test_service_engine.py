@@ -231,3 +231,33 @@ def test_a_failing_warm_up_is_left_to_the_view(monkeypatch) -> None:
         weights = Broken()
 
     engine_module._warm_up(Model())  # no exception: nothing to report before a view asks
+
+
+async def test_an_engine_closed_while_opening_leaves_torch_threads_alone(gpt2_dir, monkeypatch) -> None:
+    """The opener sets torch's threads after the model is open; an Engine closed before that
+    (the explorer quit at once) must not change them afterwards: aclose restores them, and
+    the opener, finding the engine closed, does not set them."""
+    import threading
+
+    from headscope.engine.model import loading
+
+    before = torch.get_num_threads()
+    release, done = threading.Event(), threading.Event()
+    real = loading.open_model
+
+    def slow_open(*args, **kwargs):
+        release.wait(30)
+        try:
+            return real(*args, **kwargs)
+        finally:
+            done.set()
+
+    monkeypatch.setattr(loading, "open_model", slow_open)
+    eng = Engine(gpt2_dir[0], workers=1)
+    eng._torch_threads = before + 1
+    await eng.aclose()
+    release.set()
+    await asyncio.wait_for(asyncio.to_thread(done.wait, 30), 40)
+    await asyncio.wait_for(eng.ready(), 30)
+    await asyncio.sleep(0.2)  # the opener's last steps, after ready()
+    assert torch.get_num_threads() == before and not eng._torch_ready.is_set()

@@ -122,6 +122,8 @@ class Engine:
         self.cache = ByteLRU(cache_bytes)
         # set once torch is imported and its threads are set (``_job_mode``)
         self._torch_ready = threading.Event()
+        self._threads_lock = threading.Lock()  # the opener sets torch's threads, aclose restores
+        self._closed = False
         self._scheduler = Scheduler(
             workers, on_result=self.cache.put, job_context=self._job_mode
         )
@@ -175,7 +177,10 @@ class Engine:
                                        or ComputeError(self._where, f"cannot open: {exc}"))
             return
         try:
-            self._set_torch_threads()
+            with self._threads_lock:
+                if self._closed:  # closed while opening: leave torch's threads as they are
+                    return
+                self._set_torch_threads()
             self._torch_ready.set()
         except Exception:  # a broken torch: the forward passes that need it say so
             pass
@@ -256,8 +261,11 @@ class Engine:
     async def aclose(self) -> None:
         self._scheduler.close()
         await asyncio.to_thread(self._scheduler.join, 5.0)
-        if self._previous_torch_threads is not None:
-            set_threads(self._previous_torch_threads)
+        with self._threads_lock:
+            self._closed = True
+            if self._previous_torch_threads is not None:
+                set_threads(self._previous_torch_threads)
+                self._previous_torch_threads = None
 
     def stats(self) -> CacheStats:
         c = self.cache
