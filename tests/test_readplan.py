@@ -185,8 +185,10 @@ def llama12_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_a_streamed_gguf_file_drops_every_range_read_and_keeps_its_numbers(llama12_gguf, monkeypatch) -> None:
     plain = heads_passes(open_model(llama12_gguf))
     model = open_model(llama12_gguf)
+    # set where a safetensors checkpoint's is set: a GGUF file's plan is its source's
+    model.weights.raw.page_cache_budget = 1
     source = model.weights.raw.source
-    source.page_cache_budget = 1
+    assert source.page_cache_budget == 1
     reads: list[tuple[int, int]] = []
     advice: list[tuple[int, int, int]] = []
     source.on_read = lambda f, t, o, n: reads.append((o, n))

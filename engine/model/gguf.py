@@ -48,9 +48,9 @@ from headscope.engine.model.readplan import (
     DONTNEED,
     SEQUENTIAL,
     WILLNEED,
+    PlannedReads,
     ReadPlan,
     advise,
-    plan_reads,
 )
 from headscope.engine.model.weights import CheckpointWeights
 
@@ -466,7 +466,7 @@ def main_dtype(header: GGUFHeader, used: Mapping[str, str]) -> str:
 # --- reading tensors ------------------------------------------------------------------------
 
 
-class GGUFSource:
+class GGUFSource(PlannedReads):
     """Reads HF-named tensors out of a GGUF file: rows by ``pread``, dequantised, conversion
     undone.
 
@@ -494,34 +494,15 @@ class GGUFSource:
         self._cached_bytes = 0
         self._handle: Any = None
         self._lock = threading.Lock()
-        self._budget: int | None = None  # see page_cache_budget
-        self._plan: ReadPlan | None = None
         # Called with (file, tensor, offset, bytes) for every read from disk (tests).
         self.on_read: Callable[[str, str, int, int], None] | None = None
 
-    @property
-    def page_cache_budget(self) -> int | None:
-        """Bytes of page cache the read plan counts on (None: ``readplan.page_cache_bytes()``);
-        setting it decides the plan again."""
-        return self._budget
-
-    @page_cache_budget.setter
-    def page_cache_budget(self, value: int | None) -> None:
-        with self._lock:
-            self._budget, self._plan = value, None
-
-    @property
-    def read_plan(self) -> ReadPlan:
-        """What the kernel is told about the file's bytes (``engine.model.readplan``): a
-        quantised 70B (40 GB) does not fit in the page cache; its attention tensors are the
-        hot ones."""
-        with self._lock:
-            if self._plan is None:
-                tensors = self.header.tensors
-                hot = sum(info.nbytes for name, info in tensors.items() if ".attn_" in name)
-                self._plan = plan_reads(sum(info.nbytes for info in tensors.values()), hot,
-                                        self._budget)
-            return self._plan
+    def plan_sizes(self) -> tuple[int, int]:
+        """The read plan's sizes: a quantised 70B (40 GB) does not fit in the page cache; its
+        attention tensors are the hot ones."""
+        tensors = self.header.tensors
+        hot = sum(info.nbytes for name, info in tensors.items() if ".attn_" in name)
+        return sum(info.nbytes for info in tensors.values()), hot
 
     def position(self, hf: str) -> int | None:
         """The file offset of ``hf``'s first byte (None if the file has no such tensor)."""
@@ -726,6 +707,15 @@ class GGUFWeights(CheckpointWeights):
     def __init__(self, cfg: ModelConfig, specs: Mapping[str, Spec], source: GGUFSource, path: str | None = None) -> None:
         super().__init__(cfg, specs, {}, path=path)
         self.source = source
+
+    # The file's reads, and so its plan, are the source's: the budget is set there too.
+    @property
+    def page_cache_budget(self) -> int | None:
+        return self.source.page_cache_budget
+
+    @page_cache_budget.setter
+    def page_cache_budget(self, value: int | None) -> None:
+        self.source.page_cache_budget = value
 
     @property
     def read_plan(self) -> ReadPlan:

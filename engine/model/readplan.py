@@ -24,10 +24,11 @@ never changes what is read or the numbers: only what the kernel keeps.
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 
-__all__ = ["CACHE_SHARE", "DONTNEED", "PAGE_CACHE_ENV", "SEQUENTIAL", "WILLNEED", "ReadPlan", "advise",
-           "page_cache_bytes", "plan_reads"]
+__all__ = ["CACHE_SHARE", "DONTNEED", "PAGE_CACHE_ENV", "SEQUENTIAL", "WILLNEED", "PlannedReads", "ReadPlan",
+           "advise", "page_cache_bytes", "plan_reads"]
 
 DONTNEED = getattr(os, "POSIX_FADV_DONTNEED", None)
 WILLNEED = getattr(os, "POSIX_FADV_WILLNEED", None)
@@ -95,3 +96,37 @@ def plan_reads(total: int, hot: int, budget: int | None = None) -> ReadPlan:
     budget = page_cache_bytes() if budget is None else int(budget)
     streaming = budget > 0 and total > budget
     return ReadPlan(total, hot, budget, streaming, streaming and hot <= budget)
+
+
+class PlannedReads:
+    """A reader of one checkpoint's bytes with a read plan, decided on first use from the
+    sizes ``plan_sizes()`` gives (safetensors: ``CheckpointWeights``; GGUF: ``GGUFSource``).
+    The class provides ``_lock``."""
+
+    _lock: threading.Lock | threading.RLock
+    _budget: int | None = None  # see page_cache_budget
+    _plan: ReadPlan | None = None
+
+    def plan_sizes(self) -> tuple[int, int]:
+        """``(total, hot)``: bytes of every stored tensor, and of the attention weights."""
+        raise NotImplementedError
+
+    @property
+    def page_cache_budget(self) -> int | None:
+        """Bytes of page cache the read plan counts on (None: ``page_cache_bytes()``);
+        setting it decides the plan again (tests, benchmarks)."""
+        return self._budget
+
+    @page_cache_budget.setter
+    def page_cache_budget(self, value: int | None) -> None:
+        with self._lock:
+            self._budget, self._plan = value, None
+
+    @property
+    def read_plan(self) -> ReadPlan:
+        """What the kernel is told about this checkpoint's bytes: nothing when it fits in the
+        page cache."""
+        with self._lock:
+            if self._plan is None:
+                self._plan = plan_reads(*self.plan_sizes(), self._budget)
+            return self._plan

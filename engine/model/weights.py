@@ -47,9 +47,8 @@ from headscope.engine.model.readplan import (
     DONTNEED,
     SEQUENTIAL,
     WILLNEED,
-    ReadPlan,
+    PlannedReads,
     advise,
-    plan_reads,
 )
 
 __all__ = ["HEAD_TENSORS", "CheckpointWeights", "CircuitWeights", "DictWeights", "StagingBuffers", "WeightSource",
@@ -384,7 +383,7 @@ def _kv_name(name: str) -> str:
     return f"{prefix}._{last}" if last in ("W_K", "W_V", "b_K", "b_V") else name
 
 
-class CheckpointWeights:
+class CheckpointWeights(PlannedReads):
     """A ``WeightSource`` reading a safetensors checkpoint lazily (docs/internals.md).
 
     ``specs`` (from an adapter) say where each canonical tensor lives; ``files`` map each
@@ -438,8 +437,6 @@ class CheckpointWeights:
         # the hot ones (read again by a forward pass, composition, the explorer).
         self._hot = frozenset(part.tensor for name, spec in self.specs.items() if ".attn." in name
                               for part in spec_parts(spec))
-        self._budget: int | None = None  # see page_cache_budget
-        self._plan: ReadPlan | None = None
         self.staging = StagingBuffers()
         # Called with (file, tensor, offset, bytes) for every read from disk: what a test
         # asserts the read order and the bytes read per pass with.
@@ -451,32 +448,17 @@ class CheckpointWeights:
 
     # --- the read plan (engine.model.readplan) ------------------------------------------
 
-    @property
-    def page_cache_budget(self) -> int | None:
-        """Bytes of page cache the read plan counts on (None: ``readplan.page_cache_bytes()``);
-        setting it decides the plan again (tests, benchmarks)."""
-        return self._budget
-
-    @page_cache_budget.setter
-    def page_cache_budget(self, value: int | None) -> None:
-        with self._lock:
-            self._budget, self._plan = value, None
-
-    @property
-    def read_plan(self) -> ReadPlan:
-        """What the kernel is told about this checkpoint's bytes, decided on first use from
-        its headers: nothing when it fits in the page cache."""
-        with self._lock:
-            if self._plan is None:
-                try:
-                    headers = [self._header(file) for file in sorted(set(self.files.values()))]
-                except (OSError, CorruptFileError):  # reads will say what is wrong
-                    headers = []
-                total = sum(info.nbytes for h in headers for info in h.tensors.values())
-                hot = sum(info.nbytes for h in headers for name, info in h.tensors.items()
-                          if name in self._hot)
-                self._plan = plan_reads(total, hot, self._budget)
-            return self._plan
+    def plan_sizes(self) -> tuple[int, int]:
+        """The read plan's sizes, from the headers: the stored tensors of attention weights
+        are the hot ones (read again by a forward pass, composition, the explorer)."""
+        try:
+            headers = [self._header(file) for file in sorted(set(self.files.values()))]
+        except (OSError, CorruptFileError):  # reads will say what is wrong
+            headers = []
+        total = sum(info.nbytes for h in headers for info in h.tensors.values())
+        hot = sum(info.nbytes for h in headers for name, info in h.tensors.items()
+                  if name in self._hot)
+        return total, hot
 
     def _header(self, file: str) -> SafetensorsHeader:
         with self._lock:
