@@ -8,7 +8,6 @@ import errno
 import os
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import numpy as np
 import pytest
@@ -19,16 +18,10 @@ from headscope.engine.sweeps import compute
 from headscope.engine.sweeps import store as store_module
 from headscope.engine.sweeps.store import ResultStore
 from headscope.tui.cli.main import main
-from tests import hf_fixtures
-
-N_LAYERS = 5
-
-
-@pytest.fixture(scope="module")
-def deep_gpt2(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    with mock.patch.object(hf_fixtures, "N_LAYERS", N_LAYERS):
-        path, _ = hf_fixtures.build_gpt2(tmp_path_factory.mktemp("deep-gpt2"), shard=True)
-    return path
+from tests.test_store import (
+    N_LAYERS,
+    deep_gpt2,  # noqa: F401 (the pytest fixture: a sharded 5-layer GPT-2)
+)
 
 
 def stored_parts(root: Path, name: str) -> list[str]:
@@ -40,7 +33,7 @@ def temporaries(root: Path) -> list[Path]:
 
 
 def test_a_full_disk_midway_is_one_line_naming_the_file_and_keeps_what_was_stored(
-        deep_gpt2: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        deep_gpt2: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
     expected = compute.weight_scores(open_model(deep_gpt2))
     real_fsync = os.fsync
     writes = [0]
@@ -76,7 +69,8 @@ def test_a_full_disk_midway_is_one_line_naming_the_file_and_keeps_what_was_store
 
 
 def test_out_of_memory_in_a_layer_is_one_line_and_the_next_run_resumes(
-        deep_gpt2: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+        deep_gpt2: Path, capsys: pytest.CaptureFixture[str],  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
     root = Path(os.environ["HEADSCOPE_CACHE_DIR"])  # conftest: a fresh store per test
     real = spectral_module.layer_spectral_scores
     calls = [0]
