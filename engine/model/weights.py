@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -728,15 +728,8 @@ class CheckpointWeights(PlannedReads):
                 rows = max(0, stop - first)
                 shape[0] = rows
             rest = None if index is None or all(i == slice(None) for i in index[1:]) else index[1:]
-            staged = _widens_by_copy(dtype)
-            buffer = self.staging.take(rows * row_bytes) if staged else np.empty(rows * row_bytes, np.uint8)
-            offset = data_start + info.begin + first * row_bytes
-            _pread_into(handle, buffer, offset, file, tensor)
-            self._check_unchanged(file)  # a rewrite during the read: these bytes may be mixed
-            self._consumed(file, handle, tensor, offset, buffer.size)
-            t = widen(buffer, dtype).reshape(shape)
-            if staged:
-                self.staging.give(buffer)  # widened into new memory: the buffer is free again
+            t = self._read_widened(file, handle, tensor, data_start + info.begin + first * row_bytes,
+                                   rows * row_bytes, dtype, shape)
             if rest is not None:
                 t = np.ascontiguousarray(t[(slice(None), *rest)])  # a slice: drop the rest
             return t
@@ -750,6 +743,20 @@ class CheckpointWeights(PlannedReads):
                 raise
             raise oom from None
 
+    def _read_widened(self, file: str, handle: Any, tensor: str, offset: int, n: int, dtype: Any,
+                      shape: Sequence[int]) -> np.ndarray:
+        """``n`` stored bytes at ``offset``, widened to float32 of ``shape`` in new memory. Bytes
+        ``widen`` copies out of are read into a reused staging buffer, free again once widened."""
+        staged = _widens_by_copy(dtype)
+        buffer = self.staging.take(n) if staged else np.empty(n, np.uint8)
+        _pread_into(handle, buffer, offset, file, tensor)
+        self._check_unchanged(file)  # a rewrite during the read: these bytes may be mixed
+        self._consumed(file, handle, tensor, offset, n)
+        t = widen(buffer, dtype).reshape(shape)
+        if staged:
+            self.staging.give(buffer)
+        return t
+
     def _cut_shared(self, tensor: str, file: str, handle: Any, info: TensorInfo, data_start: int,
                     dtype: Any, index: tuple[slice, ...] | None) -> np.ndarray:
         """``_read`` of a shared stored tensor (see ``_shared``): the part asked for, copied
@@ -757,14 +764,8 @@ class CheckpointWeights(PlannedReads):
         key = ("@stored", tensor)
         whole = self._cache.get(key)
         if whole is None:
-            staged = _widens_by_copy(dtype)
-            buffer = self.staging.take(info.nbytes) if staged else np.empty(info.nbytes, np.uint8)
-            _pread_into(handle, buffer, data_start + info.begin, file, tensor)
-            self._check_unchanged(file)  # a rewrite during the read: these bytes may be mixed
-            self._consumed(file, handle, tensor, data_start + info.begin, info.nbytes)
-            fresh = widen(buffer, dtype).reshape(info.shape)
-            if staged:
-                self.staging.give(buffer)
+            fresh = self._read_widened(file, handle, tensor, data_start + info.begin, info.nbytes,
+                                       dtype, info.shape)
             if tensor_bytes(fresh) > self._cache.max_entry:  # too big to keep: no copy of it
                 return fresh if index is None else np.ascontiguousarray(fresh[index])
             whole = read_only(fresh)
