@@ -480,3 +480,139 @@ async def test_the_composition_path_column_is_on_screen_at_80x24() -> None:
         assert [str(c.label) for c in table.columns.values()] == ["source", "target", "s−base",
                                                                    "path"]
         assert tuple(pane.edges[table.cursor_row][:4]) == tuple(selected)
+
+
+def screen_lines(app: HeadscopeApp) -> list[str]:
+    """The screen as the terminal shows it, one string per row (the top screen over the
+    ones below it, as a screenshot renders it)."""
+    import io
+
+    from rich.console import Console
+
+    width, height = app.size
+    console = Console(width=width, height=height, file=io.StringIO(), force_terminal=True,
+                      color_system=None, record=True, legacy_windows=False)
+    console.print(app.screen._compositor.render_update(
+        full=True, screen_stack=app._background_screens))
+    return console.export_text().splitlines()
+
+
+async def test_the_summary_fits_80_columns_without_scrolling_sideways() -> None:
+    """At 80×24 the Summary's nine columns (head, seven scores, zero-abl) were 86 columns
+    wide in a 58-column table: it scrolled sideways and `sink`, `delim-sink` and `zero-abl`
+    were off-screen. Below 100 columns the headers are the short labels, the cells carry
+    their own separating space (no cell padding), the scores show two decimals and their
+    z's the bare number under them: every column fits, sorted by the widest header too."""
+    from headscope.tui.base.labels import ABLATION, ABLATION_SHORT, SCORES, SHORT, z_text
+
+    app, engine = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("a")  # the ablation column filled, the rows sorted by it
+        await settle(pilot, app)
+        table = app.query_one("#summary-table", DataTable)
+        null = await engine.score_null()
+        for sort in (ABLATION, "delimiter_sink_score"):  # the widest header: "delim ▼"
+            app.explorer.sort_summary(sort)
+            await settle(pilot, app)
+            assert list(table.columns) == ["head", *(k for k, _ in SCORES), ABLATION]
+            widths = [c.get_render_width(table) for c in table.columns.values()]
+            inside = table.scrollable_content_region.width
+            assert sum(widths) <= inside, (widths, inside)
+            assert table.max_scroll_x == 0 and table.virtual_size.width <= inside
+            short = ["head", *(SHORT[k] for k, _ in SCORES), ABLATION_SHORT]
+            assert [str(c.label).strip() for c in table.columns.values()] == [
+                label + (" ▼" if key == sort else "")
+                for key, label in zip(table.columns, short, strict=True)]
+            # readable: every cell's value (and z) with a space before it, none cut
+            for i in range(table.row_count):
+                row = table.get_row_at(i)
+                layer, head = (int(x) for x in str(row[0])[1:].split(".H"))
+                scores = engine._scores(layer, head)
+                for (key, _), cell in zip(SCORES, row[1:-1], strict=True):
+                    value = getattr(scores, key)
+                    z = null.head_z(key, layer, value)
+                    assert str(cell).split("\n") == [f" {value:+.2f}",
+                                                     " " + z_text(z).removeprefix("z=")]
+                assert str(row[-1]).strip() == f"{await engine.ablation(layer, head):+.3f}"
+        hint = str(app.query_one("#summary-hint").render())
+        assert hint.startswith(f"{ABLATION_SHORT}: loss increase"), hint
+        # 120×40 as before: the long labels, padded cells, three decimals and z=…
+        await pilot.resize_terminal(120, 40)
+        await settle(pilot, app)
+        labels = [str(c.label) for c in table.columns.values()]
+        assert labels == ["head", *(label for _, label in SCORES[:-1]), "delim-sink ▼",
+                          "zero-abl"]
+        assert table.cell_padding == 1
+        row = table.get_row_at(0)
+        layer, head = (int(x) for x in str(row[0])[1:].split(".H"))
+        value = engine._scores(layer, head).copying_score
+        assert str(row[1]) == f"{value:+.3f}\n{z_text(null.head_z('copying_score', layer, value))}"
+
+
+async def open_virtual_heads(pilot: object, app: HeadscopeApp) -> PathScreen:
+    """Tab 5, enter on the edge list's first edge: the virtual-heads pop-up, drawn."""
+    await pilot.press("5")  # type: ignore[attr-defined]
+    await settle(pilot, app)
+    app.explorer.query_one("#comp-edges", DataTable).focus()
+    await pilot.press("enter")  # type: ignore[attr-defined]
+    await wait_until(pilot, lambda: isinstance(app.screen, PathScreen), "the virtual heads")
+    await settle(pilot, app)
+    screen = app.screen
+    assert isinstance(screen, PathScreen)
+    for chart_id in ("path-heatmap", "path-spectrum"):
+        chart = screen.query_one(f"#{chart_id}", Chart)
+        await wait_until(pilot, lambda c=chart: c.rendered is not None, chart_id)
+    await settle(pilot, app)
+    return screen
+
+
+async def test_s_saves_the_virtual_heads_pop_up(tmp_path: Path) -> None:
+    """`s` in the virtual-heads pop-up saved nothing: a modal screen stops the key chain
+    before the app's bindings. The pop-up binds it itself (same id, so a user keymap moves
+    both), says so on its last line, and the SVG is the pop-up, named after the edge."""
+    out = tmp_path / "out"
+    app, _ = make_app(output_dir=out)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, app)
+        screen = await open_virtual_heads(pilot, app)
+        await pilot.press("s")
+        await settle(pilot, app)
+        assert isinstance(app.screen, PathScreen)  # still open
+        (svg,) = out.glob("*.svg")
+        assert any("s saves" in line for line in screen_lines(app)), screen_lines(app)
+        (la, ha), (lb, hb) = screen.source, screen.target
+        assert f"_path_L{la}H{ha}-L{lb}H{hb}_" in svg.name
+        text = svg.read_text()
+        assert text.startswith("<svg") and text.rstrip().endswith("</svg>")
+        for shown in ("K-path", "V-path", f"L{la}.H{ha}", f"L{lb}.H{hb}", "escape"):
+            assert shown in text, shown
+        assert any(svg.name in n.message and "output directory" in n.message
+                   for n in notified(app))
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+async def test_the_k_path_x_label_keeps_a_blank_column_before_the_spectrum(
+        size: tuple[int, int]) -> None:
+    """At 80×24 the K-path's x label ran into the V-path plot's tick label
+    (`(rows: …-0.5┤`): the two charts now have a blank column between them, and every row
+    of the heatmap's text ends before it."""
+    app, _ = make_app()
+    async with app.run_test(size=size) as pilot:
+        await settle(pilot, app)
+        screen = await open_virtual_heads(pilot, app)
+        heatmap = screen.query_one("#path-heatmap", Chart)
+        spectrum = screen.query_one("#path-spectrum", Chart)
+        lines = screen_lines(app)
+        drawn = heatmap.rendered.plain.splitlines()
+        (xlabel,) = [line for line in drawn if line.startswith("token moved")]
+        (row,) = [y for y, line in enumerate(lines) if "token moved" in line]
+        start, end = heatmap.region.x, heatmap.region.x + len(xlabel.rstrip())
+        assert lines[row][start:end] == xlabel.rstrip(), lines[row]
+        assert lines[row][end] == " ", lines[row]
+        # the neighbouring text on that row is the spectrum's (its tick label or frame)
+        right = lines[row][end:spectrum.region.right].strip()
+        assert right, lines[row]
+        # and no row of the heatmap's text reaches the column before the spectrum
+        for y in range(heatmap.region.y, heatmap.region.bottom):
+            assert lines[y][spectrum.region.x - 1] == " ", lines[y]

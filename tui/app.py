@@ -394,14 +394,18 @@ class HeadscopeApp(App[None]):
                                      str(self.output_dir())), callback=chosen)
 
     def stem(self) -> str:
-        """File name stem of a screenshot or export: model, tab, head, time."""
+        """File name stem of a screenshot or export: model, tab, head (or the pop-up's
+        view), time."""
         name = Path(self.path).name or "model"
         if not self.explorer_up:  # the opening screen
             return f"headscope_{name}_opening_{time.strftime('%Y%m%d-%H%M%S')}"
-        focused = self.explorer.head
-        head = f"_L{focused[0]}H{focused[1]}" if focused else ""
-        return (f"headscope_{name}_{self.explorer.active_tab}{head}_"
-                f"{time.strftime('%Y%m%d-%H%M%S')}")
+        # a pop-up over the explorer names what it shows (PathScreen: the edge)
+        view = getattr(self.screen, "file_view", None)
+        if not isinstance(view, str):
+            focused = self.explorer.head
+            head = f"_L{focused[0]}H{focused[1]}" if focused else ""
+            view = f"{self.explorer.active_tab}{head}"
+        return f"headscope_{name}_{view}_{time.strftime('%Y%m%d-%H%M%S')}"
 
     def action_screenshot_svg(self) -> None:
         from headscope.engine.core.errors import OutputError

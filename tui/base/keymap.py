@@ -11,6 +11,8 @@ Users remap keys by id, posting-style, in the ``[keymap]`` table of the settings
 
 from __future__ import annotations
 
+import dataclasses
+
 from textual.binding import Binding
 
 # Bindings stay on the app (one list, one footer order, remappable by id); the explorer's own
@@ -118,3 +120,12 @@ WIDGET_KEYS: list[tuple[str, str]] = [
     ("ctrl+p", "command palette: go to head L.H, sort, themes, exports"),
     ("escape", "close a dialog; leave the prompt box or a pane for the head tree"),
 ]
+
+
+def modal_binding(binding_id: str) -> Binding:
+    """The app's binding ``binding_id`` for a modal screen: Textual stops a modal screen's
+    key chain before the app's bindings (``Screen._modal_binding_chain``), so an app key such
+    as ``s`` did nothing there. Same keys, id (a user keymap remaps both) and tooltip, the
+    action addressed to the app."""
+    (binding,) = [b for b in APP_BINDINGS if b.id == binding_id]
+    return dataclasses.replace(binding, action=f"app.{binding.action}")

@@ -24,7 +24,7 @@ from headscope.engine.core.results import (
 )
 from headscope.engine.core.validation import ABLATION_EFFECT, SCORE_NAMES
 
-__all__ = ["ABLATION", "ABLATION_LABEL", "BADGES", "SCORES", "SCORE_KEYS", "SHORT", "jsonable"]
+__all__ = ["ABLATION", "ABLATION_LABEL", "ABLATION_SHORT", "BADGES", "SCORES", "SCORE_KEYS", "SHORT", "jsonable"]
 
 # (score name, column label) of the summary table and the focus line, in SCORE_NAMES order.
 SCORES: tuple[tuple[str, str], ...] = (
@@ -38,6 +38,7 @@ SHORT: dict[str, str] = dict(zip(SCORE_NAMES, ("copy", "QK+", "prev", "dup", "in
 SINKS = ("attention_sink_score", "delimiter_sink_score")  # on the first token, on delimiters
 # The zero-ablation effect: not part of HeadScores (an opt-in sweep, Engine.all_ablation_effects).
 ABLATION, ABLATION_LABEL = ABLATION_EFFECT, "zero-abl"
+ABLATION_SHORT = "abl"  # its label where SHORT's are used (narrow focus line and Summary)
 # Badges in the head tree: (score, letter). Colour follows the strength.
 BADGES: tuple[tuple[str, str], ...] = (
     ("copying_score", "C"), ("prev_token_score", "P"), ("induction_score", "I"))

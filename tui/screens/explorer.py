@@ -285,6 +285,7 @@ class ExplorerScreen(Screen[None]):
                 if pane.id in titles and str(tab.label) != titles[pane.id]:
                     tab.label = titles[pane.id]
             self.query_one(CompositionPane).set_compact(width < NARROW)
+            self.query_one(SummaryPane).set_compact(width < NARROW)
         self._apply_directions()
 
     @property

@@ -1,7 +1,7 @@
 """The virtual heads of a composition edge (docs/math.md, "Reading a head"), opened by enter on
 an edge of the Composition tab: the K-path heatmap (query token × the token the earlier head
 moved), its positivity and diagonal rate, the V-path's copying score and eigenvalues; ``g``
-focuses the later head.
+focuses the later head, ``s`` saves an SVG of the pop-up.
 
 Token strings are data: they go into ``rich.text.Text``, never markup.
 """
@@ -20,6 +20,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
 from headscope.engine.core.errors import HeadscopeError
+from headscope.tui.base.keymap import modal_binding
 from headscope.tui.plots.figures import Heatmap, Scatter
 from headscope.tui.widgets.chart import Chart
 
@@ -37,7 +38,9 @@ CSS = """
 }}
 {name} .reading-title {{ text-style: bold; }}
 {name} #path-charts {{ height: 1fr; }}
-{name} #path-heatmap {{ width: 3fr; }}
+/* a blank column between the charts: the heatmap's text lines (title, x label, key) may
+   fill its width, and the x label ran into the spectrum's tick labels ("(rows: …-0.5┤") */
+{name} #path-heatmap {{ width: 3fr; margin-right: 1; }}
 {name} #path-spectrum {{ width: 2fr; }}
 """
 
@@ -74,6 +77,7 @@ class PathScreen(ModalScreen[Head | None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape,q", "close", "Close", id="path-close"),
         Binding("g", "goto_target", "Go to head", id="path-goto"),
+        modal_binding("screenshot"),  # s: an SVG of the pop-up
     ]
     DEFAULT_CSS = CSS.format(name="PathScreen")
 
@@ -91,7 +95,8 @@ class PathScreen(ModalScreen[Head | None]):
             with Horizontal(id="path-charts"):
                 yield Chart(id="path-heatmap", placeholder="loading…")
                 yield Chart(id="path-spectrum", placeholder="")
-            yield Label(Text(f"g focuses L{lb}.H{hb} · escape closes", style="dim"))
+            yield Label(Text(f"g focuses L{lb}.H{hb} · s saves an SVG · escape closes",
+                             style="dim"))
 
     def on_mount(self) -> None:
         self.load()
@@ -108,6 +113,12 @@ class PathScreen(ModalScreen[Head | None]):
         self.query_one("#path-summary", Static).update(path_summary(self.found))
         self.query_one("#path-heatmap", Chart).show(path_heatmap(self.found))
         self.query_one("#path-spectrum", Chart).show(path_spectrum(self.found))
+
+    @property
+    def file_view(self) -> str:
+        """What a screenshot's file name says is on screen (``HeadscopeApp.stem``)."""
+        (la, ha), (lb, hb) = self.source, self.target
+        return f"path_L{la}H{ha}-L{lb}H{hb}"
 
     def action_goto_target(self) -> None:
         self.dismiss(self.target)

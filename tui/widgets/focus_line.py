@@ -13,6 +13,7 @@ from textual.widgets import Static
 from headscope.engine.core.results import HeadScores, ScoreNull
 from headscope.tui.base.labels import (
     ABLATION_LABEL,
+    ABLATION_SHORT,
     FILTER_THRESHOLD,
     SCORES,
     SHORT,
@@ -92,7 +93,7 @@ def score_texts(row: HeadScores, null: ScoreNull | None, ablation: float) -> lis
                 text.append(f"{z[key]} ", style="dim")
         if not math.isnan(ablation):
             text.append("· ", style="dim")
-            text.append(f"{'abl' if names is short else ABLATION_LABEL} {ablation:+.2f} ")
+            text.append(f"{ABLATION_SHORT if names is short else ABLATION_LABEL} {ablation:+.2f} ")
         text.rstrip()
         out.append(text)
     return out
