@@ -606,8 +606,8 @@ ABLATION_HINT, ABLATION_DONE, Z_HINT = summary_hints(ABLATION_LABEL)
 # Below 100 columns (``SummaryPane.compact``): the short labels, and the z's under the scores
 # are bare numbers.
 COMPACT_HINTS = (*summary_hints(ABLATION_SHORT)[:2],
-                 "under each score its z: how far it is above random heads of this layer's "
-                 "shapes and norms (docs/math.md, Calibrated scores)")
+                 "z, under each score: how far above random heads of this layer's shapes "
+                 "and norms (docs/math.md, Calibrated scores)")
 
 
 class SummaryPane(Vertical):
