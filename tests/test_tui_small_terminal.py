@@ -591,6 +591,24 @@ async def test_s_saves_the_virtual_heads_pop_up(tmp_path: Path) -> None:
                    for n in notified(app))
 
 
+async def test_a_remapped_screenshot_key_saves_the_pop_up_too(tmp_path: Path) -> None:
+    """The pop-up's binding has the app's id: a user keymap that moves `screenshot` moves it
+    in the pop-up as well (the old key then does nothing there either), and the pop-up's
+    last line names the new key."""
+    out = tmp_path / "out"
+    app, _ = make_app(output_dir=out, keymap={"screenshot": "ctrl+s"})
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, app)
+        await open_virtual_heads(pilot, app)
+        assert any("ctrl+s saves an SVG" in line for line in screen_lines(app))
+        await pilot.press("s")
+        await settle(pilot, app)
+        assert not out.exists() or not list(out.glob("*.svg"))
+        await pilot.press("ctrl+s")
+        await settle(pilot, app)
+        assert len(list(out.glob("*_path_*.svg"))) == 1
+
+
 @pytest.mark.parametrize("size", [(80, 24), (120, 40)])
 async def test_the_k_path_x_label_keeps_a_blank_column_before_the_spectrum(
         size: tuple[int, int]) -> None:

@@ -95,8 +95,14 @@ class PathScreen(ModalScreen[Head | None]):
             with Horizontal(id="path-charts"):
                 yield Chart(id="path-heatmap", placeholder="loading…")
                 yield Chart(id="path-spectrum", placeholder="")
-            yield Label(Text(f"g focuses L{lb}.H{hb} · s saves an SVG · escape closes",
+            yield Label(Text(f"{self.key('path-goto', 'g')} focuses L{lb}.H{hb} · "
+                             f"{self.key('screenshot', 's')} saves an SVG · escape closes",
                              style="dim"))
+
+    def key(self, binding_id: str, default: str) -> str:
+        """The key bound to ``binding_id``: ``default``, or the user's (the app's keymap)."""
+        keymap = getattr(self.app, "keymap_in_use", None) or {}
+        return str(keymap.get(binding_id, default)).split(",")[0]
 
     def on_mount(self) -> None:
         self.load()
