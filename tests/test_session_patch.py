@@ -29,7 +29,7 @@ def test_the_task_is_the_request_until_the_inputs_are_edited() -> None:
     s = PatchSession()
     before = s.key()
     assert s.is_task and s.request() == {"clean": None, "corrupt": None, "answer": None,
-                                         "wrong": None}
+                                         "wrong": None, "task": "induction"}
     s.set_task([5, 6, 5, 6], [5, 6, 9, 10])
     assert (s.inputs.clean, s.inputs.corrupt) == ("#5 #6 #5 #6", "#5 #6 #9 #10")
     assert s.is_task and s.key() == before  # the first load's key stays the tab's
@@ -38,7 +38,7 @@ def test_the_task_is_the_request_until_the_inputs_are_edited() -> None:
     s.edit(answer=" 7 ", wrong="#8")
     assert not s.is_task
     assert s.request() == {"clean": [5, 6, 5, 6], "corrupt": [5, 6, 9, 10], "answer": "7",
-                           "wrong": "#8"}
+                           "wrong": "#8", "task": None}
     assert "logit[7] − logit[#8]" in s.task_text()
     # words go to the model's tokenizer as they are
     s.edit(clean="the cat sat", corrupt="the dog sat", answer="", wrong="")

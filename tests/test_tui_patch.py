@@ -46,7 +46,8 @@ async def test_nine_opens_the_patch_tab_on_the_induction_task(size: tuple[int, i
         assert app.query_one("#patch-clean", Input).value == "#3 #4 #5 #6 #7 #8 " * 1 + \
             "#3 #4 #5 #6 #7 #8"
         assert engine.patch_requests == [{"clean": None, "corrupt": None, "answer": None,
-                                          "wrong": None, "site": "out", "method": "exact"}]
+                                          "wrong": None, "site": "out", "method": "exact",
+                                          "task": "induction"}]
         # the sorted list: the planted induction head first, then the rest by recovered
         table = engine.patch_table()
         order = sorted(((layer, head) for layer in range(engine.L) for head in range(engine.H)),
@@ -103,7 +104,7 @@ async def test_edited_inputs_site_and_method_run_again() -> None:
         assert engine.patch_requests[-1] == {
             "clean": [3, 4, 5, 6, 7, 8, 3, 4, 5, 6, 7, 8],
             "corrupt": [3, 4, 5, 6, 7, 8, 20, 21, 22, 23, 24, 25],
-            "answer": "#7", "wrong": "#9", "site": "out", "method": "exact"}
+            "answer": "#7", "wrong": "#9", "site": "out", "method": "exact", "task": None}
         assert "logit[#7] − logit[#9]" in app.query_one(PatchPane).status
         pane = app.query_one(PatchPane)
         app.query_one("#patch-method").value = "attribution"
