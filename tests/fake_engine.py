@@ -432,7 +432,7 @@ class FakeEngine:
         await asyncio.sleep(0)
         half = tuple(range(3, 9))
         if task == "first-occurrence":  # every other token of the first copy redrawn
-            return half + half, (20, 4, 21, 6, 22, 8) + half
+            return half + half, (20, 4, 21, 6, 22, 8, *half)
         return half + half, half + tuple(range(20, 26))
 
     def patch_table(self, site: str = "out", method: str = "exact") -> np.ndarray:
