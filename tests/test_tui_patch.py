@@ -59,7 +59,7 @@ async def test_nine_opens_the_patch_tab_on_the_induction_task(size: tuple[int, i
         assert "recovered · out · exact" in chart.rendered.plain
         assert "L1" in chart.rendered.plain and "H2" in chart.rendered.plain
         # every part of the tab is on screen
-        for widget in ("#patch-clean", "#patch-corrupt", "#patch-answer", "#patch-wrong",
+        for widget in ("#patch-task", "#patch-clean", "#patch-corrupt", "#patch-answer", "#patch-wrong",
                        "#patch-site", "#patch-method", "#patch-map", "#patch-table",
                        "#patch-status"):
             region = app.query_one(widget).region
@@ -117,6 +117,43 @@ async def test_edited_inputs_site_and_method_run_again() -> None:
         app.query_one("#patch-site").value = "v"
         await settle(pilot, app)
         assert engine.patch_requests[-1]["site"] == "v"
+
+
+async def test_the_task_select_fills_the_boxes_and_the_path_column_follows() -> None:
+    """Choosing the first-occurrence task: its prompts replace the boxes (typed tokens are
+    cleared), the request is that task, the Composition tab asks its path effects on it;
+    back to induction: its prompts again."""
+    from textual.widgets import Select
+
+    app, engine = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("9")
+        await settle(pilot, app)
+        pane = app.query_one(PatchPane)
+        app.query_one("#patch-answer", Input).value = "#7"
+        select = app.query_one("#patch-task", Select)
+        select.focus()
+        await pilot.press("enter", "down", "enter")
+        await settle(pilot, app)
+        assert select.value == "first-occurrence"
+        assert app.query_one("#patch-corrupt", Input).value == "#20 #4 #21 #6 #22 #8 #3 #4 #5 #6 #7 #8"
+        assert app.query_one("#patch-answer", Input).value == ""
+        assert engine.patch_requests[-1] == {"clean": None, "corrupt": None, "answer": None,
+                                             "wrong": None, "site": "out", "method": "exact",
+                                             "task": "first-occurrence"}
+        assert "first-occurrence task" in pane.status
+        assert "even positions" in str(app.query_one("#patch-task-note").render())
+        await pilot.press("5")
+        await settle(pilot, app)
+        assert engine.path_tasks[-1] == "first-occurrence"
+        await pilot.press("9")
+        await settle(pilot, app)
+        select.focus()
+        await pilot.press("enter", "up", "enter")
+        await settle(pilot, app)
+        assert engine.patch_requests[-1]["task"] == "induction"
+        assert app.query_one("#patch-corrupt", Input).value == "#3 #4 #5 #6 #7 #8 #20 #21 #22 #23 #24 #25"
 
 
 async def test_an_engine_error_is_one_line_in_the_tab() -> None:
