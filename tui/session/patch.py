@@ -148,7 +148,7 @@ class PatchSession:
 
     @property
     def is_task(self) -> bool:
-        """The prompts are the untouched induction task and no tokens are given: the request
+        """The prompts are the chosen task's, untouched, and no tokens are given: the request
         is the whole task (its batch and its metric)."""
         i = self.inputs
         if i.answer or i.wrong:

@@ -112,7 +112,7 @@ class PatchPane(Vertical):
         for box in BOXES:
             self.query_one(f"#patch-{box}", Input).tooltip = {
                 "clean": "The clean prompt: words (the model's tokenizer) or #id tokens. "
-                         "Left as the induction task with no answer/wrong: the whole task "
+                         "Left as the chosen task's with no answer/wrong: the whole task "
                          "(seeded repeated tokens, mean log p of the repeated half)",
                 "corrupt": "The corrupt prompt: the same number of tokens as the clean one",
                 "answer": "Answer token (an id, #id or a one-token string): the metric is "

@@ -1,5 +1,5 @@
 """The Composition tab's path effects: for its strongest edges, what path patching the edge
-does on the current task (the Patch tab's inputs: the induction task unless edited), beside
+does on the current task (the Patch tab's inputs: its chosen built-in task unless edited), beside
 the weight score; a strong edge whose path barely moves the metric is marked "unused on this
 task" (docs/math.md, "Patching"; tui/session/patch.py decides what is strong and unused).
 
