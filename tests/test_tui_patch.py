@@ -248,7 +248,7 @@ async def test_composition_edges_show_their_path_effect_and_unused_ones() -> Non
         await pilot.press("down", "up")
         await settle(pilot, app)
         detail = str(app.query_one("#comp-detail").render())
-        assert "path patching on the task: recovered" in detail
+        assert "path patching on the induction task: recovered" in detail
         # another task (the Patch tab's answer/wrong): the path effects are asked again
         await pilot.press("9")
         await settle(pilot, app)
