@@ -64,6 +64,7 @@ class FakeEngine:
         self.requests: list[tuple[int, int, str, str]] = []  # circuit blocks asked for
         self.patch_requests: list[dict[str, Any]] = []  # patch() calls' inputs
         self.path_requests: list[tuple[Any, str]] = []  # path_patch() calls' edges and input
+        self.path_tasks: list[str | None] = []  # path_patch() calls' task (None: prompts)
         self.gate: asyncio.Event | None = None  # when set to an Event, ready() waits on it
         self.focused: tuple[int, int] | None = None
         self.closed = False
@@ -426,10 +427,12 @@ class FakeEngine:
         return readonly(self._behaviour[2], np.float32) if self.stored_ablation else None
 
     # -- patching (planted: the induction head L1.H2 recovers most) ------------------------
-    async def induction_prompts(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    async def induction_prompts(self, task: str = "induction") -> tuple[tuple[int, ...], tuple[int, ...]]:
         self.calls["induction_prompts"] += 1
         await asyncio.sleep(0)
         half = tuple(range(3, 9))
+        if task == "first-occurrence":  # every other token of the first copy redrawn
+            return half + half, (20, 4, 21, 6, 22, 8, *half)
         return half + half, half + tuple(range(20, 26))
 
     def patch_table(self, site: str = "out", method: str = "exact") -> np.ndarray:
@@ -443,9 +446,10 @@ class FakeEngine:
 
     async def patch(self, *, clean: Any = None, corrupt: Any = None, answer: Any = None,
                     wrong: Any = None, site: str = "out", method: str = "exact",
+                    task: str | None = None,
                     progress: Callable[[float], None] | None = None) -> PatchResult:
         self.patch_requests.append({"clean": clean, "corrupt": corrupt, "answer": answer,
-                                    "wrong": wrong, "site": site, "method": method})
+                                    "wrong": wrong, "site": site, "method": method, "task": task})
         self._activity = "patching"
         try:
             self.calls["patch"] += 1  # ``delay`` is spread over the progress steps
@@ -474,24 +478,26 @@ class FakeEngine:
                               estimate=float(table[layer, head]) * 5.5 if method == "attribution" else None)
                      for layer in range(self.L) for head in range(self.H))
         return PatchResult(method=method, site=site,  # type: ignore[arg-type]
-                           metric="induction" if answer is None else "logit_diff", noising=False,
+                           metric=task or ("induction" if answer is None else "logit_diff"), noising=False,
                            clean=clean_m, corrupt=corrupt_m, rows=rows, n_layers=self.L,
                            n_heads=self.H, tokens=12, batch=1 if clean is not None else 4)
 
     async def path_patch(self, edges: Any, receiver_input: str, *, clean: Any = None,
                          corrupt: Any = None, answer: Any = None, wrong: Any = None,
+                         task: str | None = None,
                          progress: Callable[[float], None] | None = None) -> PatchResult:
         """Planted: an edge into L1.H2 recovers 0.3 (v) or 0.2 (q, k) per unit of the
         sender's prev-token score; every other edge 0."""
         await self._enter("path_patch")
         self.path_requests.append((tuple(edges), receiver_input))
+        self.path_tasks.append(task)
         rows = []
         for sender, receiver in edges:
             rec = 0.0
             if tuple(receiver) == (min(1, self.L - 1), min(2, self.H - 1)):
                 rec = (0.3 if receiver_input == "v" else 0.2) * float(self._behaviour[0][sender])
             rows.append(PatchRow((tuple(sender), tuple(receiver)), -6.0 + 5.5 * rec, rec))
-        return PatchResult(method="path", site=receiver_input, metric="induction",
+        return PatchResult(method="path", site=receiver_input, metric=task or "induction",
                            noising=False, clean=-0.5, corrupt=-6.0, rows=tuple(rows),
                            n_layers=self.L, n_heads=self.H, tokens=12, batch=4)
 

@@ -74,3 +74,24 @@ def test_path_patching_prints_the_quoted_numbers(capsys) -> None:
     assert f"{abs(found['L0.H1', 'q']):.2f}" == f"{abs(found['L0.H1', 'v']):.2f}" == "0.00"
     quoted("through q or v 0.00")
     quoted(f"L0.H0 → L1.H2 (k) {found['L0.H0', 'k']:.2f}")
+
+
+def test_the_first_occurrence_task_prints_the_quoted_numbers(capsys) -> None:
+    """The built-in first-occurrence task: the K edge's path effect (and nothing through q or
+    v, nothing from L0.H0; 0.00 on the induction task), then every head."""
+    task = ["--task", "first-occurrence"]
+    quoted("path-patch sample_models/attn-only-2l L0.H1 L1.H2 --patch k --task first-occurrence")
+    quoted("patch sample_models/attn-only-2l --task first-occurrence")
+    found = {}
+    for sender, patch in (("L0.H1", "k"), ("L0.H1", "q"), ("L0.H1", "v"), ("L0.H0", "k")):
+        (row,) = cli(capsys, "path-patch", MODEL, sender, "L1.H2", "--patch", patch, *task)["heads"]
+        found[sender, patch] = row["recovered"]
+    (row,) = cli(capsys, "path-patch", MODEL, "L0.H1", "L1.H2", "--patch", "k")["heads"]
+    quoted(f"L0.H1 → L1.H2 (k) recovers {found['L0.H1', 'k']:.2f} (induction task: {abs(row['recovered']):.2f})")
+    assert {f"{abs(found[k]):.2f}" for k in (("L0.H1", "q"), ("L0.H1", "v"), ("L0.H0", "k"))} == {"0.00"}
+    quoted("through q or v 0.00; L0.H0 → L1.H2 (k) 0.00")
+    quoted(f"(K) {found['L0.H1', 'k']:+.2f}, used")
+    report = cli(capsys, "patch", MODEL, *task)
+    rec = {(r["layer"], r["head"]): r["recovered"] for r in report["heads"]}
+    quoted(f"L0.H1 {rec[0, 1]:.2f}, L1.H2 {rec[1, 2]:.2f}, L1.H1 {rec[1, 1]:.2f}, L1.H0 {rec[1, 0]:.2f}")
+    assert max(abs(rec[0, 0]), abs(rec[0, 2])) <= 0.01  # "L0.H0 and L0.H2 ≤ 0.01"

@@ -89,6 +89,28 @@ async def test_path_patch_equals_forward_path_patch(attn2):
     assert [r.recovered for r in found.rows] == pytest.approx([r.recovered for r in ref.rows])
 
 
+async def test_the_first_occurrence_task_is_its_own_request(attn2):
+    """``task="first-occurrence"``: its own prompts, its own patching and path patching (not
+    the induction task's, in the engine's memory or in the results store)."""
+    eng, model, _ = attn2
+    clean, corrupt = patching.induction_task(model.cfg.d_vocab, model.cfg.n_ctx, 0, task="first-occurrence")
+    prompts = await eng.induction_prompts("first-occurrence")
+    assert prompts == (tuple(int(i) for i in clean[0]), tuple(int(i) for i in corrupt[0]))
+    assert prompts != await eng.induction_prompts()
+    edge = [((0, 1), (1, 2))]
+    induction = await eng.path_patch(edge, "k")
+    found = await eng.path_patch(edge, "k", task="first-occurrence")
+    ref = patching.path_patch(model.weights, clean, corrupt, patching.task_metric("first-occurrence", clean),
+                              edge, receiver_input="k")
+    assert found.metric == "first-occurrence" and induction.metric == "induction"
+    assert found.rows[0].recovered == pytest.approx(ref.rows[0].recovered)
+    assert found.rows[0].recovered > induction.rows[0].recovered + 0.3
+    heads = await eng.patch(task="first-occurrence")
+    assert heads.metric == "first-occurrence" and (heads.clean, heads.corrupt) == (found.clean, found.corrupt)
+    with pytest.raises(errors.HeadscopeError, match="--task must be one of"):
+        await eng.induction_prompts("logit_diff")
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"clean": "#1 #2", "corrupt": [1, 2, 3]}, "same length"),
     ({"clean": [1, 2], "corrupt": [3, 4], "answer": "#5"}, "needs --answer and --wrong"),

@@ -29,7 +29,7 @@ def test_the_task_is_the_request_until_the_inputs_are_edited() -> None:
     s = PatchSession()
     before = s.key()
     assert s.is_task and s.request() == {"clean": None, "corrupt": None, "answer": None,
-                                         "wrong": None}
+                                         "wrong": None, "task": "induction"}
     s.set_task([5, 6, 5, 6], [5, 6, 9, 10])
     assert (s.inputs.clean, s.inputs.corrupt) == ("#5 #6 #5 #6", "#5 #6 #9 #10")
     assert s.is_task and s.key() == before  # the first load's key stays the tab's
@@ -38,7 +38,7 @@ def test_the_task_is_the_request_until_the_inputs_are_edited() -> None:
     s.edit(answer=" 7 ", wrong="#8")
     assert not s.is_task
     assert s.request() == {"clean": [5, 6, 5, 6], "corrupt": [5, 6, 9, 10], "answer": "7",
-                           "wrong": "#8"}
+                           "wrong": "#8", "task": None}
     assert "logit[7] − logit[#8]" in s.task_text()
     # words go to the model's tokenizer as they are
     s.edit(clean="the cat sat", corrupt="the dog sat", answer="", wrong="")
@@ -94,3 +94,21 @@ def test_path_effects_and_unused_edges() -> None:
     assert unused(True, 0.01) and unused(True, -NEAR_ZERO / 2)
     assert not unused(True, 0.5) and not unused(False, 0.0)
     assert not unused(True, None)  # undefined is not "unused": nothing is known
+
+
+def test_choosing_a_task_puts_its_prompts_in_the_boxes() -> None:
+    s = PatchSession()
+    s.set_task([5, 6, 5, 6], [5, 6, 9, 10])
+    s.edit(clean="the cat", corrupt="the dog", answer="cat", wrong="dog")
+    assert s.choose_task("first-occurrence")
+    # its prompts are not known yet: empty boxes stand for the task
+    assert (s.inputs.clean, s.inputs.answer, s.inputs.wrong) == ("", "", "")
+    assert s.is_task and s.request()["task"] == "first-occurrence"
+    assert "first-occurrence task" in s.task_text()
+    s.set_task([5, 6, 5, 6], [11, 6, 5, 6])
+    assert (s.inputs.clean, s.inputs.corrupt) == ("#5 #6 #5 #6", "#11 #6 #5 #6")
+    key = s.key()
+    assert s.choose_task("induction") and s.inputs.corrupt == "#5 #6 #9 #10" and s.key() != key
+    assert not s.choose_task("induction")  # nothing changed
+    with pytest.raises(ValueError, match="task must be one of"):
+        s.choose_task("logit_diff")

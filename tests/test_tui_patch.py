@@ -46,7 +46,8 @@ async def test_nine_opens_the_patch_tab_on_the_induction_task(size: tuple[int, i
         assert app.query_one("#patch-clean", Input).value == "#3 #4 #5 #6 #7 #8 " * 1 + \
             "#3 #4 #5 #6 #7 #8"
         assert engine.patch_requests == [{"clean": None, "corrupt": None, "answer": None,
-                                          "wrong": None, "site": "out", "method": "exact"}]
+                                          "wrong": None, "site": "out", "method": "exact",
+                                          "task": "induction"}]
         # the sorted list: the planted induction head first, then the rest by recovered
         table = engine.patch_table()
         order = sorted(((layer, head) for layer in range(engine.L) for head in range(engine.H)),
@@ -58,7 +59,7 @@ async def test_nine_opens_the_patch_tab_on_the_induction_task(size: tuple[int, i
         assert "recovered · out · exact" in chart.rendered.plain
         assert "L1" in chart.rendered.plain and "H2" in chart.rendered.plain
         # every part of the tab is on screen
-        for widget in ("#patch-clean", "#patch-corrupt", "#patch-answer", "#patch-wrong",
+        for widget in ("#patch-task", "#patch-clean", "#patch-corrupt", "#patch-answer", "#patch-wrong",
                        "#patch-site", "#patch-method", "#patch-map", "#patch-table",
                        "#patch-status"):
             region = app.query_one(widget).region
@@ -103,7 +104,7 @@ async def test_edited_inputs_site_and_method_run_again() -> None:
         assert engine.patch_requests[-1] == {
             "clean": [3, 4, 5, 6, 7, 8, 3, 4, 5, 6, 7, 8],
             "corrupt": [3, 4, 5, 6, 7, 8, 20, 21, 22, 23, 24, 25],
-            "answer": "#7", "wrong": "#9", "site": "out", "method": "exact"}
+            "answer": "#7", "wrong": "#9", "site": "out", "method": "exact", "task": None}
         assert "logit[#7] − logit[#9]" in app.query_one(PatchPane).status
         pane = app.query_one(PatchPane)
         app.query_one("#patch-method").value = "attribution"
@@ -116,6 +117,43 @@ async def test_edited_inputs_site_and_method_run_again() -> None:
         app.query_one("#patch-site").value = "v"
         await settle(pilot, app)
         assert engine.patch_requests[-1]["site"] == "v"
+
+
+async def test_the_task_select_fills_the_boxes_and_the_path_column_follows() -> None:
+    """Choosing the first-occurrence task: its prompts replace the boxes (typed tokens are
+    cleared), the request is that task, the Composition tab asks its path effects on it;
+    back to induction: its prompts again."""
+    from textual.widgets import Select
+
+    app, engine = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("9")
+        await settle(pilot, app)
+        pane = app.query_one(PatchPane)
+        app.query_one("#patch-answer", Input).value = "#7"
+        select = app.query_one("#patch-task", Select)
+        select.focus()
+        await pilot.press("enter", "down", "enter")
+        await settle(pilot, app)
+        assert select.value == "first-occurrence"
+        assert app.query_one("#patch-corrupt", Input).value == "#20 #4 #21 #6 #22 #8 #3 #4 #5 #6 #7 #8"
+        assert app.query_one("#patch-answer", Input).value == ""
+        assert engine.patch_requests[-1] == {"clean": None, "corrupt": None, "answer": None,
+                                             "wrong": None, "site": "out", "method": "exact",
+                                             "task": "first-occurrence"}
+        assert "first-occurrence task" in pane.status
+        assert "even positions" in str(app.query_one("#patch-task-note").render())
+        await pilot.press("5")
+        await settle(pilot, app)
+        assert engine.path_tasks[-1] == "first-occurrence"
+        await pilot.press("9")
+        await settle(pilot, app)
+        select.focus()
+        await pilot.press("enter", "up", "enter")
+        await settle(pilot, app)
+        assert engine.patch_requests[-1]["task"] == "induction"
+        assert app.query_one("#patch-corrupt", Input).value == "#3 #4 #5 #6 #7 #8 #20 #21 #22 #23 #24 #25"
 
 
 async def test_an_engine_error_is_one_line_in_the_tab() -> None:
@@ -210,7 +248,7 @@ async def test_composition_edges_show_their_path_effect_and_unused_ones() -> Non
         await pilot.press("down", "up")
         await settle(pilot, app)
         detail = str(app.query_one("#comp-detail").render())
-        assert "path patching on the task: recovered" in detail
+        assert "path patching on the induction task: recovered" in detail
         # another task (the Patch tab's answer/wrong): the path effects are asked again
         await pilot.press("9")
         await settle(pilot, app)

@@ -92,35 +92,37 @@ class Model(loading.Model):
     def patch(self, clean: str | Sequence[Any] | None = None, corrupt: str | Sequence[Any] | None = None, *,
               answer: int | str | None = None, wrong: int | str | None = None, site: str = "out",
               method: str = "exact", noising: bool = False, heads: Any = None, by_position: bool = False,
-              verify: int = 0, seed: int = 0, seq_len: int | None = None, batch: int = 4,
-              store: ResultStore | None = None, progress: Callable[[float], None] | None = None,
-              ) -> PatchResult:
+              verify: int = 0, task: str | None = None, seed: int = 0, seq_len: int | None = None,
+              batch: int = 4, store: ResultStore | None = None,
+              progress: Callable[[float], None] | None = None) -> PatchResult:
         """Activation (``method="exact"``) or attribution patching of every head (what
         ``headscope patch`` prints; docs/math.md, "Patching"). ``clean``/``corrupt``: text,
         token ids or a batch of id lists, of the same length, with the ``answer`` and
         ``wrong`` tokens of the logit difference (ids or token strings); neither: the seeded
-        induction task. ``heads``: sets patched together (``"L1.H1,L1.H2"``, ``[(1, 1), (1, 2)]``,
+        built-in ``task``, ``"induction"`` (the default) or ``"first-occurrence"`` (its first
+        copy corrupted, not its second: the path through an induction head's keys carries
+        the answer; docs/math.md, "Patching"). ``heads``: sets patched together (``"L1.H1,L1.H2"``, ``[(1, 1), (1, 2)]``,
         or a list of such sets); ``store``: a results store (``engine.api.store``) to reuse."""
         from headscope.engine.api.report import patch_report, patch_request
 
         req = patch_request(self, clean, corrupt, answer=answer, wrong=wrong, site=site, method=method,
                             noising=noising, heads=heads, by_position=by_position, verify=verify,
-                            seed=seed, seq_len=seq_len, batch=batch)
+                            task=task, seed=seed, seq_len=seq_len, batch=batch)
         return patch_report(self, req, store=store, progress=progress)
 
     def path_patch(self, sender: tuple[int, int], receiver: tuple[int, int],
                    clean: str | Sequence[Any] | None = None, corrupt: str | Sequence[Any] | None = None, *,
                    patch: str = "q", answer: int | str | None = None, wrong: int | str | None = None,
-                   noising: bool = False, seed: int = 0, seq_len: int | None = None, batch: int = 4,
-                   store: ResultStore | None = None, progress: Callable[[float], None] | None = None,
-                   ) -> PatchResult:
+                   noising: bool = False, task: str | None = None, seed: int = 0,
+                   seq_len: int | None = None, batch: int = 4, store: ResultStore | None = None,
+                   progress: Callable[[float], None] | None = None) -> PatchResult:
         """Path patching of the edge ``sender -> receiver`` (what ``headscope path-patch``
         prints): the sender's clean output into the receiver's ``patch`` input (q, k or v)
-        only; inputs and metric as ``patch``. One row, ``heads = (sender, receiver)``."""
+        only; inputs, ``task`` and metric as ``patch``. One row, ``heads = (sender, receiver)``."""
         from headscope.engine.api.report import patch_report, patch_request
 
         req = patch_request(self, clean, corrupt, answer=answer, wrong=wrong, site=patch, noising=noising,
-                            seed=seed, seq_len=seq_len, batch=batch, edge=(tuple(sender), tuple(receiver)))  # type: ignore[arg-type]
+                            task=task, seed=seed, seq_len=seq_len, batch=batch, edge=(tuple(sender), tuple(receiver)))  # type: ignore[arg-type]
         return patch_report(self, req, store=store, progress=progress)
 
     def run(self, tokens: str | Sequence[int], **kwargs: Any) -> ForwardResult:

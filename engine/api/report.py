@@ -347,6 +347,7 @@ def patch_request(
     seq_len: int | None = None,
     batch: int = validation.PATCH_BATCH,
     edge: tuple[tuple[int, int], tuple[int, int]] | None = None,
+    task: str | None = None,
 ) -> validation.PatchRequest:
     """The inputs of ``patch`` / ``path-patch`` (prompts as text or ids, answer tokens as ids
     or strings, heads as ``head_sets`` takes them) resolved against the model's tokenizer and
@@ -359,7 +360,7 @@ def patch_request(
         answer=None if answer is None else compute.answer_token(model, answer, "answer"),
         wrong=None if wrong is None else compute.answer_token(model, wrong, "wrong"),
         site=site, method=method, noising=noising, heads=head_sets(heads, where), by_position=by_position,
-        verify=verify, seed=seed, seq_len=seq_len, batch=batch, edge=edge, where=where)
+        verify=verify, seed=seed, seq_len=seq_len, batch=batch, edge=edge, task=task, where=where)
 
 
 def patch_report(model: Model, req: validation.PatchRequest, *, store: ResultStore | None = None,

@@ -311,7 +311,7 @@ class PatchResult:
 
     method: PatchMethod
     site: str  # out | q | k | v | pattern; a path: the receiver's input q | k | v
-    metric: str  # "logit_diff" | "induction"
+    metric: str  # "logit_diff" | "induction" | "first-occurrence" (validation.PATCH_TASKS)
     noising: bool
     clean: float
     corrupt: float

@@ -299,16 +299,17 @@ def check_path(
 PATCH_SITES = ("out", "q", "k", "v", "pattern")
 PATCH_METHODS = ("exact", "attribution")
 PATH_INPUTS = ("q", "k", "v")
-PATCH_TASKS = ("logit_diff", "induction")
-PATCH_BATCH = 4  # induction task: sequences, and half-length at most (behaviour's defaults)
+PATCH_TASKS = ("logit_diff", "induction", "first-occurrence")
+PATCH_BATCH = 4  # built-in tasks: sequences, and half-length at most (behaviour's defaults)
 PATCH_HALF = 32
 
 
 @dataclass(frozen=True)
 class PatchRequest:
     """A validated patching request (``headscope patch`` / ``path-patch``, ``Model.patch``,
-    the explorer's Patch tab). ``task == "induction"``: the tokens are made from ``seed``,
-    ``seq_len`` and ``batch`` where the forward pass runs; else ``clean`` and ``corrupt`` are
+    the explorer's Patch tab). ``task`` a built-in task (``"induction"``, ``"first-occurrence"``:
+    ``forward.patching.induction_task``): the tokens are made from ``seed``, ``seq_len`` and
+    ``batch`` where the forward pass runs; ``"logit_diff"``: ``clean`` and ``corrupt`` are
     ``[batch][pos]`` ids of the same shape and ``answer``/``wrong`` the logit difference's
     tokens. ``edge`` (path patching): ``(sender, receiver)``, ``site`` the receiver's input."""
 
@@ -380,11 +381,18 @@ def patch_request(
     seq_len: int | None = None,
     batch: int = PATCH_BATCH,
     edge: tuple[tuple[int, int], tuple[int, int]] | None = None,
+    task: str | None = None,
     where: str | None,
 ) -> PatchRequest:
-    """Validate a patching request. No prompt (``clean is None``) is the induction task;
-    with prompts, both must be given, of the same shape, with ``answer`` and ``wrong``."""
+    """Validate a patching request. No prompt (``clean is None``) is a built-in task
+    (``task``, default ``"induction"``); with prompts, both must be given, of the same shape,
+    with ``answer`` and ``wrong``, and no ``task``."""
     check_patchable(structure, where)
+    tasks = PATCH_TASKS[1:]
+    if task is not None and task not in tasks:
+        raise InvalidRequestError(where, f"--task must be one of {', '.join(tasks)}, not {task!r}")
+    if task is not None and (clean is not None or corrupt is not None):
+        raise InvalidRequestError(where, f"--task {task} makes its own inputs: no --clean/--corrupt with it")
     n_ctx, d_vocab = int(structure["n_ctx"]), int(structure["d_vocab"])
     if edge is not None:
         if site not in PATH_INPUTS:
@@ -414,14 +422,14 @@ def patch_request(
     if clean is None and corrupt is None:
         if answer is not None or wrong is not None:
             raise InvalidRequestError(where, "--answer and --wrong go with --clean and --corrupt prompts "
-                                      "(the induction task scores the whole second half)")
+                                      f"(the {task or 'induction'} task scores the second half)")
         half = min(PATCH_HALF, n_ctx // 2) if seq_len is None else int(seq_len)
         if not 2 <= half <= n_ctx // 2:
             raise InvalidRequestError(where, f"--seq-len must be between 2 and {n_ctx // 2} (half the "
                                       f"context of {n_ctx}), not {half}")
         if not 1 <= int(batch) <= 64:
             raise InvalidRequestError(where, f"--batch must be between 1 and 64, not {batch}")
-        return PatchRequest(task="induction", seed=int(seed), seq_len=half, batch=int(batch), **common)  # type: ignore[arg-type]
+        return PatchRequest(task=task or "induction", seed=int(seed), seq_len=half, batch=int(batch), **common)  # type: ignore[arg-type]
     if clean is None or corrupt is None:
         raise InvalidRequestError(where, "give both a clean and a corrupt input (or neither, for the induction task)")
     rows = []

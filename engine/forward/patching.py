@@ -56,6 +56,7 @@ from headscope.engine.core.errors import (
 from headscope.engine.core.results import PatchResult, patch_result
 from headscope.engine.core.validation import (
     PATCH_SITES,
+    PATCH_TASKS,
     PATH_INPUTS,
     check_head_sets,
     check_patchable,
@@ -86,6 +87,7 @@ if TYPE_CHECKING:
 __all__ = [
     "PATH_INPUTS",
     "SITES",
+    "TASKS",
     "HeadSet",
     "InductionLogProb",
     "LogitDiff",
@@ -95,6 +97,7 @@ __all__ = [
     "induction_task",
     "patch_heads",
     "path_patch",
+    "task_metric",
 ]
 
 Progress = Callable[[float], None] | None
@@ -142,35 +145,89 @@ class LogitDiff:
 @dataclass(frozen=True)
 class InductionLogProb:
     """The mean log-probability of the clean next token over the second half of a repeated
-    sequence (``behaviour.second_copy_log_probs`` of the clean ``tokens [b, 2T]``)."""
+    sequence (``behaviour.second_copy_log_probs`` of the clean ``tokens [b, 2T]``: the
+    predictions at positions ``T .. 2T-2``), or of every ``every``-th of those predictions
+    from the first (the first-occurrence task reads only those whose answer it keeps)."""
 
     tokens: Tensor
     name: str = "induction"
+    every: int = 1
 
     def __call__(self, w: WeightSource, final: Tensor, n: int) -> Tensor:
         p = self.tokens.shape[1]
         logp = second_copy_log_probs(unembed(w, final[:, final.shape[1] - self.reads(p):-1]), self.tokens.repeat(n, 1))
-        return logp.reshape(n, -1).mean(1)
+        return logp[:, ::self.every].reshape(n, -1).mean(1)
 
     def reads(self, p: int) -> int:
         return p - p // 2  # the second half (its predictions: all but the last position)
 
 
+TASKS = PATCH_TASKS[1:]  # the built-in tasks (core.validation; "logit_diff" is the user's prompts)
+# first-occurrence: the first half's positions 0, 2, 4, ... are redrawn (docs/math.md, "Patching")
+FIRST_OCCURRENCE_EVERY = 2
+
+
+def _other_tokens(vocab: int, shape: tuple[int, int], seed: int, avoid: Tensor | None = None) -> Tensor:
+    """``[batch, n]`` seeded random ids, distinct within a row when the vocabulary allows, and
+    (``avoid [batch, m]``) none of the ids of that row of ``avoid`` when it allows that too:
+    the tokens a task's corrupt input puts where the clean one's were."""
+    batch, n = shape
+    g = torch.Generator().manual_seed(seed + 0x5EED)
+    if vocab < n:
+        return torch.randint(vocab, (batch, n), generator=g)
+    rows = []
+    for b in range(batch):
+        perm = torch.randperm(vocab, generator=g)
+        if avoid is not None:
+            kept = perm[~torch.isin(perm, avoid[b])]
+            perm = kept if len(kept) >= n else perm
+        rows.append(perm[:n])
+    return torch.stack(rows)
+
+
 def induction_task(vocab: int, n_ctx: int, seed: int = 0, seq_len: int | None = None,
-                   batch: int = 4) -> tuple[Tensor, Tensor]:
-    """``(clean, corrupt)`` token batches ``[batch, 2T]`` of the induction task: clean is
-    ``behaviour.repeated_tokens(vocab, n_ctx, seed, seq_len, batch)`` (a seeded random
-    sequence written twice); corrupt keeps its first half and draws another random second
-    half (seeded too, distinct ids within it when the vocabulary allows), so nothing in the
-    corrupt context predicts the clean second half."""
+                   batch: int = 4, task: str = "induction") -> tuple[Tensor, Tensor]:
+    """``(clean, corrupt)`` token batches ``[batch, 2T]`` of a built-in task (``TASKS``):
+    clean is ``behaviour.repeated_tokens(vocab, n_ctx, seed, seq_len, batch)`` (a seeded
+    random sequence written twice) for both.
+
+    ``induction``: corrupt keeps the first half and draws another random second half (seeded
+    too, distinct ids within it when the vocabulary allows), so nothing in the corrupt
+    context predicts the clean second half.
+
+    ``first-occurrence``: corrupt keeps the second half and redraws the first half's tokens at
+    positions ``0, 2, 4, ...`` (ids of neither copy, when the vocabulary allows), keeping the
+    odd ones. A second-half token at an even offset then has no earlier occurrence, while the
+    token that followed it (its clean answer) is still in place: only the previous-token
+    information at that answer's position, which an induction head reads through its keys,
+    finds it again (docs/math.md, "Patching")."""
+    if task not in TASKS:
+        raise InvalidRequestError(None, f"the task must be one of {', '.join(TASKS)}, not {task!r}")
     clean = repeated_tokens(vocab, n_ctx, seed, seq_len, batch)
     half = clean.shape[1] // 2
-    g = torch.Generator().manual_seed(seed + 0x5EED)
-    if vocab >= half:
-        second = torch.stack([torch.randperm(vocab, generator=g)[:half] for _ in range(batch)])
-    else:
-        second = torch.randint(vocab, (batch, half), generator=g)
-    return clean, torch.cat((clean[:, :half], second), dim=1)
+    if task == "induction":
+        return clean, torch.cat((clean[:, :half], _other_tokens(vocab, (batch, half), seed)), dim=1)
+    redrawn = torch.arange(0, half, FIRST_OCCURRENCE_EVERY)
+    corrupt = clean.clone()
+    corrupt[:, redrawn] = _other_tokens(vocab, (batch, len(redrawn)), seed, avoid=clean[:, :half])
+    return clean, corrupt
+
+
+def task_metric(task: str, clean: Tensor) -> InductionLogProb:
+    """The metric of a built-in task on its clean tokens (``induction_task``).
+
+    ``first-occurrence`` reads the predictions at ``T + i`` for even ``i`` only (of
+    ``T .. 2T-2``): their query token's first occurrence (position ``i``) is redrawn and their
+    answer (position ``i + 1``) kept, so the corrupt run has nothing to find and a path into
+    the keys can give it back. At odd ``i`` the answer itself is redrawn: the induction head
+    finds the right position in the corrupt run too and copies the wrong token from it, which
+    no path through a head's keys can change; reading those would only halve every
+    recovered fraction (docs/math.md, "Patching"). Like ``induction``'s, the metric skips the
+    prediction of the second half's first token (at position ``T-1``): it is random in both
+    runs."""
+    if task == "induction":
+        return InductionLogProb(clean)
+    return InductionLogProb(clean, name=task, every=FIRST_OCCURRENCE_EVERY)
 
 
 # -- inputs ----------------------------------------------------------------------------------

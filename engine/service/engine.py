@@ -629,42 +629,45 @@ class Engine:
 
     # -- interventions: activation, attribution and path patching (docs/math.md, "Patching") --
 
-    async def induction_prompts(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """The first clean and corrupt sequence of the seeded induction task (what
-        ``patch()`` runs with no prompts): the explorer's Patch tab shows them as its inputs."""
+    async def induction_prompts(self, task: str = "induction") -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The first clean and corrupt sequence of a seeded built-in task (``"induction"``,
+        what ``patch()`` runs with no prompts, or ``"first-occurrence"``): the explorer's
+        Patch tab shows them as its inputs."""
         raw = self._raw
+        # the task's seed, length and batch (an unknown task: one line, before any work)
+        req = validation.patch_request(self.structure, task=task, where=self._where)
 
         def run(ctx: JobContext) -> tuple[tuple[int, ...], tuple[int, ...]]:
             from headscope.engine.forward.patching import induction_task
 
             cfg = self._model(raw).cfg
-            req = validation.patch_request(self.structure, where=self._where)  # the task's
             clean, corrupt = induction_task(cfg.d_vocab, cfg.n_ctx, req.seed, req.seq_len,
-                                            req.batch)
+                                            req.batch, task=req.task)
             return tuple(int(i) for i in clean[0]), tuple(int(i) for i in corrupt[0])
 
-        return await self._get((None, None, "induction_prompts", (SEED, raw)), run, head=None,
-                               label="induction task")
+        return await self._get((None, None, "induction_prompts", (SEED, raw, req.task)), run,
+                               head=None, label=f"{req.task} task")
 
     async def patch(self, *, clean: str | Sequence[int] | None = None,
                     corrupt: str | Sequence[int] | None = None, answer: str | int | None = None,
                     wrong: str | int | None = None, site: str = "out", method: str = "exact",
-                    progress: Progress = None) -> PatchResult:
+                    task: str | None = None, progress: Progress = None) -> PatchResult:
         """Activation (``method="exact"``) or attribution patching of every head at ``site``,
         denoising: ``compute.patch`` (what ``headscope patch`` runs) as a cancellable sweep.
 
-        No prompts: the seeded induction task and its metric (the mean log-probability of the
-        repeated half). Prompts are text (the model's tokenizer) or token ids, with the
+        No prompts: the seeded built-in ``task`` (default ``"induction"``; or
+        ``"first-occurrence"``) and its metric (the mean log-probability of the repeated
+        half). Prompts are text (the model's tokenizer) or token ids, with the
         ``answer`` and ``wrong`` tokens of the logit difference (ids, ``#id`` or a one-token
         string). Results are kept in the results store under the checkpoint's fingerprint
         and a hash of the resolved request (``compute.patch_part``)."""
         validation.check_patchable(self.structure, self._where)
         raw = self._raw
-        inputs = (_prompt_key(clean), _prompt_key(corrupt), answer, wrong)
+        inputs = (_prompt_key(clean), _prompt_key(corrupt), answer, wrong, task)
 
         def run(ctx: JobContext) -> PatchResult:
             model = self._model(raw)
-            req = patch_request(model, clean, corrupt, answer, wrong, site=site, method=method)
+            req = patch_request(model, clean, corrupt, answer, wrong, site=site, method=method, task=task)
             # attribution takes a backward pass: the workers run under inference_mode
             with gradient_mode() if req.method == "attribution" else contextlib.nullcontext():
                 result = self._stored(raw, "patching", lambda entry: compute.patch(
@@ -679,7 +682,7 @@ class Engine:
                          receiver_input: str, *, clean: str | Sequence[int] | None = None,
                          corrupt: str | Sequence[int] | None = None,
                          answer: str | int | None = None, wrong: str | int | None = None,
-                         progress: Progress = None) -> PatchResult:
+                         task: str | None = None, progress: Progress = None) -> PatchResult:
         """Path patching of each composition edge ``(sender, receiver)`` into the receiver's
         ``receiver_input`` (q, k or v), on the same inputs and metric as ``patch``: one
         ``compute.patch`` request per edge (each kept in the results store), one row per edge
@@ -687,7 +690,7 @@ class Engine:
         validation.check_patchable(self.structure, self._where)
         pairs = tuple((tuple(map(int, s)), tuple(map(int, r))) for s, r in edges)
         raw = self._raw
-        inputs = (_prompt_key(clean), _prompt_key(corrupt), answer, wrong)
+        inputs = (_prompt_key(clean), _prompt_key(corrupt), answer, wrong, task)
 
         def run(ctx: JobContext) -> PatchResult:
             model = self._model(raw)
@@ -695,7 +698,7 @@ class Engine:
             for i, edge in enumerate(pairs):
                 ctx.check()
                 req = patch_request(model, clean, corrupt, answer, wrong, site=receiver_input,
-                                    edge=edge)  # type: ignore[arg-type]
+                                    edge=edge, task=task)  # type: ignore[arg-type]
 
                 def part(fraction: float, i: int = i) -> None:
                     ctx.progress((i + fraction) / len(pairs))

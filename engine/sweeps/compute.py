@@ -862,7 +862,7 @@ def _patch_shape(model: Model, req: PatchRequest) -> tuple[int, int, int]:
     """(rows, positions, sequences) of a request's result."""
     cfg = model.cfg
     rows = 1 if req.edge is not None else len(req.heads) if req.heads is not None else cfg.n_layers * cfg.n_heads
-    if req.task == "induction":
+    if req.task != "logit_diff":  # a built-in task: 2 × seq_len tokens
         return rows, 2 * int(req.seq_len or 0), req.batch
     return rows, len(req.clean[0]), len(req.clean)
 
@@ -904,9 +904,10 @@ def _patch_now(model: Model, req: PatchRequest, progress: Progress, cancelled: C
 
     cfg, w = model.cfg, model.weights
     metric: Any
-    if req.task == "induction":
-        clean, corrupt = patching.induction_task(cfg.d_vocab, cfg.n_ctx, req.seed, req.seq_len, req.batch)
-        metric = patching.InductionLogProb(clean)
+    if req.task != "logit_diff":  # a built-in task
+        clean, corrupt = patching.induction_task(cfg.d_vocab, cfg.n_ctx, req.seed, req.seq_len, req.batch,
+                                                 task=req.task)
+        metric = patching.task_metric(req.task, clean)
     else:
         clean, corrupt = token_batch(req.clean), token_batch(req.corrupt)
         metric = patching.LogitDiff(int(req.answer or 0), int(req.wrong or 0))

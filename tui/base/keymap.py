@@ -97,8 +97,9 @@ APP_BINDINGS: list[Binding] = [
     Binding("8", "screen.show_tab('timeline')", "Timeline", id="tab-timeline", show=False,
             tooltip="Timeline mode: every head's scores across the steps, the phase changes"),
     Binding("9", "screen.show_tab('patch')", "Patch", id="tab-patch", show=False,
-            tooltip="Patch tab: activation or attribution patching of every head (induction "
-                    "task or your prompts): what each head recovers, sorted; enter focuses it"),
+            tooltip="Patch tab: activation or attribution patching of every head (the induction "
+                    "or first-occurrence task, or your prompts): what each head recovers, "
+                    "sorted; enter focuses it"),
     Binding("x", "screen.stop_patch", "Stop patching", id="stop-patch", show=False,
             tooltip="Patch tab: stop the patching run"),
     Binding("left_curly_bracket", "timeline_step(-1)", "Prev step", id="prev-step",

@@ -136,7 +136,7 @@ class PhaseChangeChosen(Message):
 
 @dataclass
 class PatchRequested(Message):
-    """The Patch tab's inputs changed (a prompt box submitted, the site or method chosen):
+    """The Patch tab's inputs changed (a prompt box submitted, the task, site or method chosen):
     the explorer runs patching for them (the pane → the explorer)."""
 
 

@@ -58,7 +58,8 @@ examples:
   headscope svd sample_models/attn-only-2l 1 2 --kind ov --k 5 --top 10
   headscope path sample_models/attn-only-2l L0.H1 L1.H2   (the induction mechanism's K-path)
   headscope patch sample_models/attn-only-2l --heads L1.H1,L1.H2   (activation patching, induction task)
-  headscope path-patch sample_models/attn-only-2l L0.H1 L1.H2 --patch k   (the edge's causal effect)
+  headscope path-patch sample_models/attn-only-2l L0.H1 L1.H2 --patch k --task first-occurrence
+                                              (the edge's causal effect)
 
 exit codes: 0 ok, 1 bad model file or request (one line on stderr), 2 usage, 130 interrupted
 """

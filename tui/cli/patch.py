@@ -21,6 +21,7 @@ import argparse
 from typing import Any
 
 from headscope.engine.core.errors import IndexOutOfRangeError, InvalidRequestError, PromptError
+from headscope.engine.core.validation import PATCH_TASKS
 from headscope.tui.cli import args as args_types
 from headscope.tui.cli.cache import add_quiet_arg, add_store_args, results_store
 from headscope.tui.cli.output import EXIT_OK, EXIT_USAGE, emit, open_for_command, say
@@ -30,7 +31,9 @@ from headscope.tui.cli.reading import head_ref
 PATCH_EXAMPLE = ("headscope patch sample_models/attn-only-2l --clean \"cake card kite cup hotel mouse "
                  "cake card kite cup hotel\" --corrupt \"cake card kite cup hotel mouse Ivy Jack shoe "
                  "Ryan Lily\" --answer mouse --wrong Ivy")
-PATH_PATCH_EXAMPLE = "headscope path-patch sample_models/attn-only-2l L0.H1 L1.H2 --patch k"
+PATH_PATCH_EXAMPLE = ("headscope path-patch sample_models/attn-only-2l L0.H1 L1.H2 --patch k "
+                      "--task first-occurrence")
+TASKS = PATCH_TASKS[1:]  # the built-in tasks ("logit_diff" is --clean/--corrupt/--answer/--wrong)
 SITES = ("out", "q", "k", "v", "pattern")  # core.validation.PATCH_SITES, for argparse's choices
 
 
@@ -87,15 +90,19 @@ def _inputs(p: argparse.ArgumentParser) -> None:
                    help="the metric is logit[answer] - logit[wrong] at the last position: a token "
                         "id or string, as --rows takes them")
     p.add_argument("--wrong", metavar="TOK", help="the other token of the logit difference")
-    p.add_argument("--task", choices=("induction",), default=None,
-                   help="induction (the default without prompts): seeded random tokens written "
-                        "twice vs the same first half and another second half; the metric is the "
-                        "mean log-probability of the clean next token over the second half")
-    p.add_argument("--seed", type=args_types.seed, default=0, help="seed of the induction task (default 0)")
+    p.add_argument("--task", choices=TASKS, default=None,
+                   help="a built-in task on seeded random tokens written twice (clean), without "
+                        "prompts. induction (the default): corrupt keeps the first half and "
+                        "redraws the second; the metric is the mean log-probability of the clean "
+                        "next token over the second half. first-occurrence: corrupt redraws every "
+                        "other token of the first half instead (so the path through an induction "
+                        "head's keys carries the answer); the metric reads the second-half "
+                        "positions whose answer it kept")
+    p.add_argument("--seed", type=args_types.seed, default=0, help="seed of the task (default 0)")
     p.add_argument("--seq-len", type=args_types.count, default=None,
-                   help="induction task: length of the repeated half (default min(32, n_ctx/2))")
+                   help="task: length of the repeated half (default min(32, n_ctx/2))")
     p.add_argument("--batch", type=args_types.count, default=4,
-                   help="induction task: sequences averaged over (default 4)")
+                   help="task: sequences averaged over (default 4)")
     p.add_argument("--noising", action="store_true",
                    help="run the clean input and patch in corrupt activations instead")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -120,8 +127,8 @@ def _command_line_problem(args: argparse.Namespace, command: str) -> str | None:
     corrupt = args.corrupt if args.corrupt is not None else args.corrupt_tokens
     if (clean is None) != (corrupt is None):
         return "give both a clean and a corrupt input (or neither, for the induction task)"
-    if clean is not None and args.task == "induction":
-        return "--task induction makes its own inputs: no --clean/--corrupt with it"
+    if clean is not None and args.task is not None:
+        return f"--task {args.task} makes its own inputs: no --clean/--corrupt with it"
     if clean is not None and (args.answer is None or args.wrong is None):
         return "with --clean and --corrupt, give the metric's --answer and --wrong tokens"
     if clean is None and (args.answer is not None or args.wrong is not None):
@@ -140,7 +147,7 @@ def _request(model: Any, args: argparse.Namespace, **more: Any) -> Any:
     clean = args.clean if args.clean is not None else _id_list(args.clean_tokens)
     corrupt = args.corrupt if args.corrupt is not None else _id_list(args.corrupt_tokens)
     return patch_request(model, clean, corrupt, answer=args.answer, wrong=args.wrong, noising=args.noising,
-                         seed=args.seed, seq_len=args.seq_len, batch=args.batch, **more)
+                         task=args.task, seed=args.seed, seq_len=args.seq_len, batch=args.batch, **more)
 
 
 def _id_list(text: str | None) -> list[int] | None:

@@ -2,10 +2,11 @@
 what patching them recovers, the selected head; and the path effects beside the Composition
 tab's edges (docs/math.md, "Patching").
 
-Inputs: the clean and corrupt prompts start as the seeded induction task
-(``Engine.induction_prompts``, shown as ``#id`` tokens); left as they are, with no answer
-and wrong token, the request is the task itself (its batch of sequences and its metric, the
-numbers ``headscope patch`` prints). Edited, they are the user's prompts: words for the
+Inputs: the clean and corrupt prompts start as the chosen built-in task's, the seeded
+induction task by default or the first-occurrence task (``Engine.induction_prompts``, shown
+as ``#id`` tokens); left as they are, with no answer and wrong token, the request is the
+task itself (its batch of sequences and its metric, the numbers ``headscope patch [--task
+…]`` prints). Choosing another task puts its prompts in the boxes. Edited, they are the user's prompts: words for the
 model's tokenizer or ``#id`` tokens, and the metric is the logit difference answer − wrong
 (both tokens are then needed, as ``headscope patch --clean … --answer … --wrong …``).
 """
@@ -26,6 +27,11 @@ if TYPE_CHECKING:
 Head = tuple[int, int]
 SITES = ("out", "q", "k", "v", "pattern")
 METHODS = ("exact", "attribution")
+# the built-in tasks (core.validation.PATCH_TASKS after "logit_diff"), what each measures and
+# what its corrupt run changes, in words short enough for the 80-column form
+TASKS = {"induction": ("mean log p of the repeated half", "corrupt: 2nd half redrawn"),
+         "first-occurrence": ("mean log p where the first occurrence was redrawn",
+                              "1st half: even positions redrawn")}
 # |recovered| below this: patching the path changes the metric by less than 5 % of the gap
 # between the clean and the corrupt runs ("unused on this task" beside a strong weight score)
 NEAR_ZERO = 0.05
@@ -42,6 +48,7 @@ class PatchInputs:
     wrong: str = ""
     site: str = "out"
     method: str = "exact"
+    task: str = "induction"  # the built-in task the prompts start as (TASKS)
 
 
 @dataclass(frozen=True)
@@ -87,7 +94,7 @@ class PatchSession:
 
     def __init__(self) -> None:
         self.inputs = PatchInputs()
-        self.task: tuple[str, str] | None = None  # the induction task's prompts, as text
+        self.prompts: dict[str, tuple[str, str]] = {}  # each built-in task's prompts, as text
         self.result: PatchResult | None = None
         self.rows: list[PatchedHead] = []
         self.cursor = 0
@@ -96,15 +103,30 @@ class PatchSession:
 
     # -- inputs ---------------------------------------------------------------------------
     @property
+    def task(self) -> tuple[str, str] | None:
+        """The chosen task's prompts, as text (None: not known yet)."""
+        return self.prompts.get(self.inputs.task)
+
+    @property
     def has_task(self) -> bool:
         return self.task is not None
 
     def set_task(self, clean: Sequence[int], corrupt: Sequence[int]) -> PatchInputs:
-        """The induction task's first sequence pair; the prompt boxes take it if empty."""
-        self.task = (ids_text(clean), ids_text(corrupt))
+        """The chosen task's first sequence pair; the prompt boxes take it if empty."""
+        text = self.prompts[self.inputs.task] = (ids_text(clean), ids_text(corrupt))
         if not self.inputs.clean and not self.inputs.corrupt:
-            self.inputs = replace(self.inputs, clean=self.task[0], corrupt=self.task[1])
+            self.inputs = replace(self.inputs, clean=text[0], corrupt=text[1])
         return self.inputs
+
+    def choose_task(self, task: str) -> bool:
+        """Another built-in task: the boxes take its prompts (empty until they are known:
+        empty boxes stand for the task), answer and wrong are cleared; whether it changed."""
+        if task not in TASKS:
+            raise ValueError(f"task must be one of {', '.join(TASKS)}")
+        before = self.inputs
+        self.inputs = replace(self.inputs, task=task, clean="", corrupt="", answer="", wrong="")
+        self.reset_task()
+        return self.inputs != before
 
     def edit(self, **changes: str) -> bool:
         """Change some inputs (as typed); whether anything changed."""
@@ -119,14 +141,14 @@ class PatchSession:
         return changed
 
     def reset_task(self) -> None:
-        """Back to the induction task (empty answer and wrong)."""
+        """Back to the chosen task's prompts (empty answer and wrong)."""
         if self.task is not None:
             self.inputs = replace(self.inputs, clean=self.task[0], corrupt=self.task[1],
                                   answer="", wrong="")
 
     @property
     def is_task(self) -> bool:
-        """The prompts are the untouched induction task and no tokens are given: the request
+        """The prompts are the chosen task's, untouched, and no tokens are given: the request
         is the whole task (its batch and its metric)."""
         i = self.inputs
         if i.answer or i.wrong:
@@ -143,7 +165,7 @@ class PatchSession:
         else:
             prompts = {"clean": _prompt(i.clean), "corrupt": _prompt(i.corrupt)}
         tokens = {"answer": i.answer or None, "wrong": i.wrong or None}
-        return {**prompts, **tokens}
+        return {**prompts, **tokens, "task": i.task if self.is_task else None}
 
     def key(self) -> tuple[Any, ...]:
         """The identity of the request (part of the tab's load key)."""
@@ -154,7 +176,7 @@ class PatchSession:
     def task_text(self) -> str:
         """What is measured, in words."""
         if self.is_task:
-            return "induction task: mean log p of the repeated half"
+            return f"{self.inputs.task} task: {TASKS[self.inputs.task][0]}"
         i = self.inputs
         if i.answer and i.wrong:
             return f"logit[{i.answer}] − logit[{i.wrong}] at the last position"

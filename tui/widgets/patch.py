@@ -1,8 +1,10 @@
-"""The Patch tab: activation or attribution patching of every head, on the induction task or
-on the user's prompts (docs/math.md, "Patching").
+"""The Patch tab: activation or attribution patching of every head, on a built-in task (the
+induction task, or the first-occurrence task whose corrupt run changes the first copy) or on
+the user's prompts (docs/math.md, "Patching").
 
-The form (clean and corrupt prompts, answer and wrong tokens, site, method) is the state of
-``tui.session.patch.PatchSession``; submitting a box or choosing a site or method posts
+The form (the task, whose prompts fill the boxes; clean and corrupt prompts, answer and wrong
+tokens, site, method) is the state of ``tui.session.patch.PatchSession``; choosing a task
+puts its prompts in the boxes; submitting a box or choosing a task, site or method posts
 ``PatchRequested`` and the explorer loads the tab for the new inputs (``load``): the engine
 patches on its workers (``Engine.patch``), with its progress here and in the status bar, and
 ``x`` stops it. The result is drawn as a layer × head heatmap of ``recovered`` (the diverging
@@ -26,7 +28,7 @@ from headscope.engine.core.errors import CancelledError as EngineCancelled
 from headscope.engine.core.errors import HeadscopeError
 from headscope.tui.base.messages import PatchHeadChosen, PatchRequested
 from headscope.tui.plots.figures import Heatmap
-from headscope.tui.session.patch import METHODS, SITES, PatchedHead, PatchSession
+from headscope.tui.session.patch import METHODS, SITES, TASKS, PatchedHead, PatchSession
 from headscope.tui.widgets.chart import Chart
 
 if TYPE_CHECKING:
@@ -56,6 +58,8 @@ class PatchPane(Vertical):
     PatchPane .patch-label-short { width: 7; color: $text-muted; padding-left: 1; }
     PatchPane #patch-clean, PatchPane #patch-corrupt { width: 1fr; }
     PatchPane #patch-answer, PatchPane #patch-wrong { width: 1fr; min-width: 6; }
+    PatchPane #patch-task { width: 21; }
+    PatchPane #patch-task-note { width: 1fr; color: $text-muted; padding-left: 1; }
     PatchPane #patch-site { width: 13; margin-left: 1; }
     PatchPane #patch-method { width: 17; margin-left: 1; }
     PatchPane #patch-status { height: auto; max-height: 4; }
@@ -72,9 +76,14 @@ class PatchPane(Vertical):
     def compose(self) -> ComposeResult:
         with Vertical(id="patch-form"):
             with Horizontal(classes="patch-row"):
+                yield Label("task", classes="patch-label")
+                yield Select([(name, name) for name in TASKS], id="patch-task",
+                             value="induction", allow_blank=False, compact=True)
+                yield Label(TASKS["induction"][1], id="patch-task-note")
+            with Horizontal(classes="patch-row"):
                 yield Label("clean", classes="patch-label")
                 yield Input(id="patch-clean", compact=True,
-                            placeholder="the induction task (loading…) or a prompt")
+                            placeholder="the task's prompt (loading…) or yours")
             with Horizontal(classes="patch-row"):
                 yield Label("corrupt", classes="patch-label")
                 yield Input(id="patch-corrupt", compact=True,
@@ -103,13 +112,19 @@ class PatchPane(Vertical):
         for box in BOXES:
             self.query_one(f"#patch-{box}", Input).tooltip = {
                 "clean": "The clean prompt: words (the model's tokenizer) or #id tokens. "
-                         "Left as the induction task with no answer/wrong: the whole task "
+                         "Left as the chosen task's with no answer/wrong: the whole task "
                          "(seeded repeated tokens, mean log p of the repeated half)",
                 "corrupt": "The corrupt prompt: the same number of tokens as the clean one",
                 "answer": "Answer token (an id, #id or a one-token string): the metric is "
                           "logit[answer] − logit[wrong] at the last position",
                 "wrong": "Wrong token (an id, #id or a one-token string)",
             }[box]
+        self.query_one("#patch-task", Select).tooltip = (
+            "The built-in task the prompts start as. induction: the corrupt run redraws the "
+            "second copy (the heads that read it matter). first-occurrence: it redraws every "
+            "other token of the first copy instead, so an induction head must find the "
+            "earlier token again: the path through its keys carries the answer "
+            "(the Composition tab's path column follows the task)")
         self.set_interval(0.2, self._progress_tick)
         self._set_status(HINT)
 
@@ -123,11 +138,12 @@ class PatchPane(Vertical):
             if widget.value != value and not (only_empty and widget.value):
                 widget.value = value
                 widget.cursor_position = 0
-        for name in ("site", "method"):
+        for name in ("site", "method", "task"):
             select = self.query_one(f"#patch-{name}", Select)
             if select.value != getattr(inputs, name):
                 with select.prevent(Select.Changed):
                     select.value = getattr(inputs, name)
+        self.query_one("#patch-task-note", Label).update(TASKS[inputs.task][1])
 
     def _read_form(self) -> bool:
         """The session takes the boxes' values; whether any changed."""
@@ -149,7 +165,13 @@ class PatchPane(Vertical):
     def _chosen(self, event: Select.Changed) -> None:
         event.stop()
         # Select posts Changed when it mounts too: only a new choice runs
-        if self._read_form():
+        if event.select.id == "patch-task":
+            changed = isinstance(event.value, str) and self.session.choose_task(event.value)
+            if changed:
+                self.fill()  # the chosen task's prompts (empty until the engine gives them)
+        else:
+            changed = self._read_form()
+        if changed:
             self.post_message(PatchRequested())
 
     # -- the list -------------------------------------------------------------------------
@@ -193,7 +215,7 @@ class PatchPane(Vertical):
         engine = host.engine
         session = self.session
         if not session.has_task:
-            clean, corrupt = await engine.induction_prompts()
+            clean, corrupt = await engine.induction_prompts(session.inputs.task)
             session.set_task(clean, corrupt)
             self.fill(only_empty=True)  # the user may have typed while the model opened
         request = session.request()

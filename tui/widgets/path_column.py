@@ -1,5 +1,5 @@
 """The Composition tab's path effects: for its strongest edges, what path patching the edge
-does on the current task (the Patch tab's inputs: the induction task unless edited), beside
+does on the current task (the Patch tab's inputs: its chosen built-in task unless edited), beside
 the weight score; a strong edge whose path barely moves the metric is marked "unused on this
 task" (docs/math.md, "Patching"; tui/session/patch.py decides what is strong and unused).
 
@@ -33,10 +33,12 @@ class PathEffects:
 
     paths: dict[tuple[Head, Head], float | None]
     paths_state: str  # "" not asked, "computing", "done", or why it failed
+    paths_task: str  # what the effects were measured on, in words ("the induction task")
 
     def init_paths(self) -> None:
         self.paths = {}
         self.paths_state = ""
+        self.paths_task = "the task"
 
     def path_cell(self, edge: tuple[int, int, int, int, float], strong: bool) -> Text:
         """The "path" column: the edge's recovered fraction, "unused" when the weights are
@@ -62,8 +64,8 @@ class PathEffects:
                 else f"path patching: {self.paths_state}"
         value = self.paths[pair]
         if value is None:
-            return "path patching on the task: recovered undefined"
-        line = f"path patching on the task: recovered {value:+.3f}"
+            return f"path patching on {self.paths_task}: recovered undefined"
+        line = f"path patching on {self.paths_task}: recovered {value:+.3f}"
         if unused(strong, value):  # strong weights, |path effect| < NEAR_ZERO
             line += f" · {UNUSED}"
         return line
@@ -92,6 +94,8 @@ class PathEffects:
         if not host.fresh(key):
             return
         self.paths = path_effects(found)
+        # the result's metric names the task (core.validation.PATCH_TASKS): say which it was
+        self.paths_task = "your prompts" if found.metric == "logit_diff" else f"the {found.metric} task"
         self.paths_state = "done"
         self.redraw_paths()
 
