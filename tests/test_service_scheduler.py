@@ -231,6 +231,47 @@ async def test_cancelled_sweep_stops_and_reports_progress():
     s.close()
 
 
+async def test_a_sweep_its_caller_gave_up_on_leaves_no_unretrieved_exception():
+    """The abandoned job still ends with "cancelled" on its future; nobody awaits it, so the
+    scheduler retrieves it. Left unretrieved, asyncio logged "Future exception was never
+    retrieved" whenever the future was collected, once inside pytest's ast.parse, which that
+    nested log's traceback formatting broke (CPython 3.11, gh-106905: a crashed test run)."""
+    import gc
+
+    loop = asyncio.get_running_loop()
+    reported: list[dict] = []
+    loop.set_exception_handler(lambda _loop, context: reported.append(context))
+    s = Scheduler(1)
+    started, ended = threading.Event(), threading.Event()
+
+    def sweep(ctx):
+        started.set()
+        try:
+            while True:
+                ctx.check()
+                time.sleep(0.002)
+        finally:
+            ended.set()
+
+    task = asyncio.create_task(s.run("sweep", sweep, label="sweep"))
+    while not started.is_set():
+        await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    while not ended.is_set():
+        await asyncio.sleep(0.01)
+    for _ in range(5):  # the worker's delivery reaches the loop
+        await asyncio.sleep(0.01)
+    s.close()  # the worker returns: nothing of the job is left on its stack
+    for thread in s._threads:
+        thread.join(5)
+    del task
+    gc.collect()
+    await asyncio.sleep(0)
+    assert not [c for c in reported if "never retrieved" in str(c.get("message"))]
+
+
 async def test_event_loop_not_blocked_while_sweep_runs():
     """The sweep runs on a worker thread and the loop keeps turning meanwhile. Counts, not
     wall-clock: how long a tick may take is bench/'s business (busy machines are slow)."""

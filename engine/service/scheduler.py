@@ -244,6 +244,12 @@ class Scheduler:
             return job
 
     def _abandon(self, job: Job, reason: str) -> None:
+        # nobody awaits the job any more: its "cancelled" ending is retrieved here, or asyncio
+        # logs "Future exception was never retrieved" when the future is collected, from
+        # wherever the collection happens (once inside pytest's ast.parse, where the nested
+        # parse of that log's traceback is CPython 3.11's "AST constructor recursion depth
+        # mismatch", gh-106905)
+        _call_soon(job.loop, job.future.add_done_callback, _consume_exception)  # any thread
         with self._cv:
             if job.state == "queued":
                 self._queue.remove(job)
@@ -338,6 +344,9 @@ class Scheduler:
                         self.activity, self.progress = None, None
                     self._cv.notify_all()
             self._deliver(job, result, error)
+            # an idle worker keeps nothing of its last job alive (a result array, or an error
+            # whose traceback holds the job and its future) while it waits for the next
+            job = result = error = None
 
     def _report_progress(self, job: Job, fraction: float) -> None:
         fraction = min(1.0, max(0.0, float(fraction)))
@@ -390,4 +399,4 @@ def _quietly(callback: Callable[[Any], None], value: Any) -> None:
 
 def _consume_exception(future: asyncio.Future[Any]) -> None:
     if not future.cancelled():
-        future.exception()  # prefetch failures are not worth a "never retrieved" warning
+        future.exception()  # a prefetch or an abandoned job: its failure is not worth a warning
