@@ -8,7 +8,7 @@ from bench.patching import main
 
 def test_bench_patching_smoke(tmp_path, capsys) -> None:
     out = tmp_path / "table.md"
-    code = main(["--shape", "tiny-gpt2", "--scenarios", "headscope,tl,attribution,forward",
+    code = main(["--shape", "tiny-gpt2", "--scenarios", "headscope,tl,torch,attribution,forward",
                  "--tokens", "8", "--dir", str(tmp_path / "ck"), "--out", str(out), "--timeout", "120"])
     assert code == 0
     text = out.read_text()
@@ -16,5 +16,6 @@ def test_bench_patching_smoke(tmp_path, capsys) -> None:
     rows = {line.split("|")[2].strip(): line.split("|") for line in text.splitlines()
             if line.startswith("| exact patching")}
     assert rows["whole process (s)"][5].strip().endswith("×")  # TransformerLens / headscope
+    assert rows["whole process after importing torch (s)"][5].strip().endswith("×")
     assert float(rows["max abs difference of the values"][3]) < 1e-4
     assert "| attribution / forward |" in text and "error" not in text and "not run" not in text

@@ -368,6 +368,10 @@ def test_a_fused_tensor_is_read_once_for_all_its_parts(gpt2_dir: tuple[Path, Any
     np.testing.assert_array_equal(parts[0], stored[:, :32].reshape(32, 4, 8).transpose(1, 0, 2))
     np.testing.assert_array_equal(parts[1], stored[:, 32:64].reshape(32, 4, 8).transpose(1, 0, 2))
     np.testing.assert_array_equal(parts[2], stored[:, 64 + 16 : 64 + 24])
+    # each part is cut out of the kept read and copied once: none shares memory with it
+    # (parts[2] is cached: asked again below as W_V of head 2, the same array)
+    distinct = list({id(p): p for p in parts}.values())
+    assert not any(np.shares_memory(a, b) for i, a in enumerate(distinct) for b in distinct[i + 1:])
     parts[1] += 1  # get_fresh: the caller's to edit; the next read is unchanged
     np.testing.assert_array_equal(w.get_head("blocks.1.attn.W_K", 0), stored[:, 32:40])
 

@@ -662,10 +662,13 @@ class CheckpointWeights(PlannedReads):
         # Widen the stored tensor in one sequential pass, then cut every head out of it as one
         # strided view and copy that once: stacking per-head transposed slices of a bf16
         # tensor was the slowest step of a 7B sweep.
-        heads = self._cut(spec, _head_view(self._read(spec.tensor), spec, stored), batched=True)
+        # a fused stored tensor (GPT-2's c_attn) is read once and kept: its heads are cut out
+        # of the kept array, copied once here (not a copy of all of it per Q, K and V first)
+        heads = self._cut(spec, _head_view(self._read(spec.tensor, borrow=True), spec, stored), batched=True)
         if spec.kv and stored != self.cfg.n_heads:
             return np.repeat(heads, self.cfg.n_heads // stored, axis=0)
-        return np.ascontiguousarray(heads)
+        out = np.ascontiguousarray(heads)
+        return out if out.flags.writeable else out.copy()  # the caller's own, even of a kept array
 
     def _build_whole(self, spec: Whole) -> np.ndarray:
         # Widened contiguously (one sequential pass), then transposed as a view: no second
@@ -699,8 +702,10 @@ class CheckpointWeights(PlannedReads):
         block = block.swapaxes(-2, -1) if spec.transpose else block
         return _deinterleaved(block, spec.deinterleave) if spec.deinterleave else block
 
-    def _read(self, tensor: str, index: tuple[slice, ...] | None = None) -> np.ndarray:
-        """One tensor (or a slice of it) from disk, as float32 in memory of its own.
+    def _read(self, tensor: str, index: tuple[slice, ...] | None = None, *, borrow: bool = False) -> np.ndarray:
+        """One tensor (or a slice of it) from disk, as float32 in memory of its own
+        (``borrow``: a stored tensor shared by several canonical ones may come back as the
+        kept read-only array itself, for a caller that copies what it takes).
 
         Bytes are copied with ``pread`` into a buffer we own, not read through a memory map:
         pages of a mapped file count as this process's resident memory for as long as the
@@ -720,7 +725,7 @@ class CheckpointWeights(PlannedReads):
             shape = list(info.shape)
             whole_rows = index is None or not shape or index[0] == slice(None)
             if whole_rows and tensor in self._shared:
-                return self._cut_shared(tensor, file, handle, info, data_start, dtype, index)
+                return self._cut_shared(tensor, file, handle, info, data_start, dtype, index, borrow)
             row_bytes = info.nbytes // shape[0] if shape and shape[0] else info.nbytes
             first, rows = 0, (shape[0] if shape else 1)
             if index is not None and shape and index[0] != slice(None):
@@ -758,7 +763,7 @@ class CheckpointWeights(PlannedReads):
         return t
 
     def _cut_shared(self, tensor: str, file: str, handle: Any, info: TensorInfo, data_start: int,
-                    dtype: Any, index: tuple[slice, ...] | None) -> np.ndarray:
+                    dtype: Any, index: tuple[slice, ...] | None, borrow: bool = False) -> np.ndarray:
         """``_read`` of a shared stored tensor (see ``_shared``): the part asked for, copied
         out of the widened whole, which is read once and kept in the LRU."""
         key = ("@stored", tensor)
@@ -771,6 +776,8 @@ class CheckpointWeights(PlannedReads):
             whole = read_only(fresh)
             self._cache.put(key, whole)
         part = whole if index is None else whole[index]
+        if borrow:
+            return part  # read-only: the caller copies the part it keeps
         return np.array(part, dtype=np.float32, order="C", copy=True)  # the caller's own
 
     def _check_unchanged(self, file: str) -> None:
