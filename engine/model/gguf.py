@@ -731,7 +731,8 @@ class GGUFWeights(CheckpointWeights):
         self.source.advise_will_need(sorted({part.tensor for name, spec in self.specs.items()
                                              if name.startswith(prefix) for part in spec_parts(spec)}))
 
-    def _read(self, tensor: str, index: tuple[slice, ...] | None = None) -> np.ndarray:
+    def _read(self, tensor: str, index: tuple[slice, ...] | None = None, *, borrow: bool = False) -> np.ndarray:
+        # always a fresh array of its own (``borrow`` allows less, so nothing to do for it)
         rows = cols = None
         if index is not None:
             rows = None if index[0] == slice(None) else index[0]
