@@ -66,6 +66,7 @@ from headscope.engine.core.validation import (
     check_patchable,
 )
 from headscope.engine.forward.behaviour import (
+    equal_parts,
     repeated_tokens,
     second_copy_log_probs,
 )
@@ -114,9 +115,13 @@ SITES = PATCH_SITES  # (core.validation: one list for every entry point)
 _STREAM_BYTES = 512 << 20
 # One layer's transient tensors (queries, keys and values with the prefix rows, the pattern,
 # z, the attention output, the MLP's hidden activations) for the copies run through it at
-# once: the layer runs in sub-batches of copies that fit (``_runs_per_part``). At 7B ~40 of the
-# 1024 copies a sub-batch: products of ~400 rows, as efficient as all of them at once, while
-# the held layer weights (0.8 GB), the streams and these stay under 3 GB.
+# once: the layer runs in sub-batches of copies that fit (``_Suffix.runs_per_part``, an upper
+# bound: a 1B model's peak RSS grew by ~0.55× the budget). At 7B ~50 of the 1024 copies a
+# sub-batch: products of ~450 rows, compute-bound, while the held layer weights (0.8 GB), the
+# streams and these stay well under 3 GB. Smaller sub-batches re-stream each weight matrix
+# from memory more often: every head of the 1B shape (bench/README.md, "Patching every
+# head") took 327 s with 16 MB, 116 s with 256 MB, 99 s with 1 GB (peak RSS 946, 1126,
+# 1518 MB; one run each on a loaded box).
 _LAYER_BYTES = 256 << 20
 
 
@@ -369,7 +374,7 @@ class _Suffix:
         """How many of ``n`` patched copies one pass carries: as many streams as fit
         ``_STREAM_BYTES`` (each copy's stream into and out of a layer), in equal chunks."""
         b, p, d = self.runs.base_in[0].shape
-        return _equal_parts(n, _STREAM_BYTES // (2 * 4 * b * max(1, p - self.first) * d))
+        return equal_parts(n, _STREAM_BYTES // (2 * 4 * b * max(1, p - self.first) * d))
 
     def runs_per_part(self, layer: int, n: int) -> int:
         """How many of the ``n`` copies running through ``layer`` go through it at once: as
@@ -385,14 +390,7 @@ class _Suffix:
         s, sq = p - self.first, p - self.queries_from(layer)
         he = cfg.n_heads * cfg.d_head
         per_copy = 4 * b * (8 * s * d + 8 * p * he + 3 * cfg.n_heads * sq * p + 4 * sq * (cfg.d_mlp or 0))
-        return _equal_parts(n, _LAYER_BYTES // per_copy)
-
-
-def _equal_parts(n: int, most: int) -> int:
-    """The size of the fewest equal parts of ``n`` items with at most ``most`` in each (at
-    least one): 12 items, at most 8 -> 6 (6 + 6, not 8 + 4)."""
-    most = max(1, min(n, most))
-    return math.ceil(n / math.ceil(n / most)) if n else 1
+        return equal_parts(n, _LAYER_BYTES // per_copy)
 
 
 def _suffix(w: WeightSource, runs: _Runs, clean: Tensor, corrupt: Tensor, metric: Metric) -> _Suffix:
