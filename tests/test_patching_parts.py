@@ -254,3 +254,27 @@ def test_each_layers_weights_are_read_once_per_pass(fixture: str, request: pytes
         trace.check()  # though every layer ran in sub-batches
         unsplit = patching.patch_heads(open_model(path).weights, BASE, differing_from(3), metric, site=site)
         same(found, unsplit, f"{fixture} {site} small cache")
+
+
+def test_progress_per_sub_batch_and_cancelling_inside_a_layer(
+        family: tuple[str, Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Progress moves after every sub-batch (more steps than layers, never back, ending at
+    1); a cancel seen between two sub-batches of one layer stops the pass there."""
+    from headscope.engine.core.errors import CancelledError
+
+    _, model, _ = family
+    metric = patching.LogitDiff(ANSWER, WRONG)
+    seen: list[float] = []
+    with split(monkeypatch, layer_bytes=1):
+        patching.patch_heads(model.weights, BASE, differing_from(3), metric, progress=seen.append)
+    assert seen == sorted(seen) and seen[-1] == 1.0 and len(seen) > 2 * model.cfg.n_layers
+    asked = 0
+
+    def cancelled() -> bool:
+        nonlocal asked
+        asked += 1
+        return asked > 3  # after the first layer's first sub-batches
+
+    with split(monkeypatch, layer_bytes=1) as trace, pytest.raises(CancelledError):
+        patching.patch_heads(model.weights, BASE, differing_from(3), metric, cancelled=cancelled)
+    assert trace.calls and {layer for _, layer, _ in trace.calls} == {0}
