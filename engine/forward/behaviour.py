@@ -36,6 +36,7 @@ __all__ = [
     "behaviour_scores",
     "copies_per_pass",
     "detection_patterns",
+    "equal_parts",
     "per_layer",
     "repeated_tokens",
     "second_copy_log_probs",
@@ -239,14 +240,20 @@ def _heads_per_pass(w: WeightSource, tokens: Tensor) -> int:
 
 
 def copies_per_pass(w: WeightSource, batch: int, pos: int, n: int) -> int:
-    """How many of ``n`` edited copies of a ``[batch, pos]`` token batch (one per ablated or
-    patched head) to run through the rest of the model as one batch: as many as fit in
+    """How many of ``n`` edited copies of a ``[batch, pos]`` token batch (one per ablated
+    head) to run through the rest of the model as one batch: as many as fit in
     ``_ABLATION_BATCH_BYTES``, in equal chunks (12 -> 6 + 6)."""
     cfg = w.cfg
     # float32 per-head outputs [b, H, p, d_model] (and their ablated copy) plus the MLP's
     # hidden activations: the largest tensors of one ablated copy of the batch.
     per_head = 4 * batch * pos * (cfg.n_heads * cfg.d_model + 3 * (cfg.d_mlp or 0))
-    most = max(1, min(n, _ABLATION_BATCH_BYTES // per_head))
+    return equal_parts(n, _ABLATION_BATCH_BYTES // per_head)
+
+
+def equal_parts(n: int, most: int) -> int:
+    """The size of the fewest equal parts of ``n`` items with at most ``most`` (at least one)
+    in each: 12 items, at most 8 -> 6 (6 + 6, not 8 + 4)."""
+    most = max(1, min(n, most))
     return math.ceil(n / math.ceil(n / most)) if n else 1
 
 

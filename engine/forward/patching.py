@@ -10,13 +10,18 @@ stored K/V head, which equals patching its group of query heads together).
 
 Cost (``patch_heads``; docs/math.md, "Patching"): one pass over the clean and the corrupt
 batch together keeps the residual stream entering each layer. Then all patched copies run
-together (``behaviour.copies_per_pass`` at a time), each joining the batch at its first
-patched layer from the base stream (nothing below it is rerun), exactly but only where a
-patch can change something: positions from the first one where the clean and corrupt tokens
-differ (earlier keys and values come from the base run: causal attention keeps both runs
-equal there), and in the last layer only the positions the metric reads. A layer's attention
-runs once per distinct stream; a patched head adds ``(z_new - z) W_O[h]`` to its copy's
-attention output (its own attention recomputed side by side with the other patched heads).
+together in one more pass over the layers, each joining the batch at its first patched layer
+from the base stream (nothing below it is rerun), exactly but only where a patch can change
+something: positions from the first one where the clean and corrupt tokens differ (earlier
+keys and values come from the base run: causal attention keeps both runs equal there), and
+in the last layer only the positions the metric reads. A layer's attention runs once per
+distinct stream; a patched head adds ``(z_new - z) W_O[h]`` to its copy's attention output
+(its own attention recomputed side by side with the other patched heads). The pass keeps
+every copy's stream (``_STREAM_BYTES`` bounds them: beyond it the copies go in several
+passes) and runs each layer over the copies in sub-batches sized by ``_LAYER_BYTES`` for
+that layer's transient tensors; the layer's weights are read once and held while its
+sub-batches run (``_LayerWeights``), so a model whose weights do not fit the cache (1B, 7B)
+reads them once per pass, not once per batch of copies.
 
 Attribution (``attribute_heads``, AtP, Kramár et al. 2024) is the first-order estimate
 ``grad(metric) · (source - base)`` of every head at once from the same two runs and one
@@ -33,7 +38,7 @@ other head or MLP sees the change; the receiver's new output then flows through 
 the model as usual.
 
 Every entry point takes ``progress(fraction)`` and ``cancelled()`` (checked between patched
-batches, raising ``CancelledError``) like the other sweeps.
+sub-batches, raising ``CancelledError``) like the other sweeps.
 """
 
 from __future__ import annotations
@@ -62,11 +67,11 @@ from headscope.engine.core.validation import (
     check_patchable,
 )
 from headscope.engine.forward.behaviour import (
-    copies_per_pass,
+    equal_parts,
     repeated_tokens,
     second_copy_log_probs,
 )
-from headscope.engine.forward.torch_weights import torch_weights
+from headscope.engine.forward.torch_weights import TorchWeights, torch_weights
 from headscope.engine.forward.transformer import (
     attention_input,
     attention_pattern,
@@ -76,6 +81,7 @@ from headscope.engine.forward.transformer import (
     post_normed_heads,
     projections,
     qk_norm,
+    read_next,
     token_ids,
     unembed,
 )
@@ -104,6 +110,22 @@ Progress = Callable[[float], None] | None
 Cancelled = Callable[[], bool] | None
 HeadSet = tuple[tuple[int, int], ...]  # heads patched together
 SITES = PATCH_SITES  # (core.validation: one list for every entry point)
+
+# Memory of the patched pass (bytes, roughly; docs/math.md, "Patching", cost). The streams of
+# the patched copies, kept from layer to layer (float32 ``[b, p - first, d_model]`` each, in and
+# out of a layer): the 1024 heads of a 7B model on a 20-token prompt that differs from position
+# 11 on take ~0.35 GB, so that every head of GPT-2 small or of a 7B model goes in one pass.
+_STREAM_BYTES = 512 << 20
+# One layer's transient tensors (queries, keys and values with the prefix rows, the pattern,
+# z, the attention output, the MLP's hidden activations) for the copies run through it at
+# once: the layer runs in sub-batches of copies that fit (``_Suffix.runs_per_part``, an upper
+# bound: a 1B model's peak RSS grew by ~0.55× the budget). At 7B ~50 of the 1024 copies a
+# sub-batch: products of ~450 rows, compute-bound, while the held layer weights (0.8 GB), the
+# streams and these stay well under 3 GB. Smaller sub-batches re-stream each weight matrix
+# from memory more often: every head of the 1B shape (bench/README.md, "Patching every
+# head") took 327 s with 16 MB, 116 s with 256 MB, 99 s with 1 GB (peak RSS 946, 1126,
+# 1518 MB; one run each on a loaded box).
+_LAYER_BYTES = 256 << 20
 
 
 # -- metrics ---------------------------------------------------------------------------------
@@ -344,6 +366,32 @@ _Pair = tuple[int, int, "int | None"]
 SourceFor = Callable[[int, list[_Pair]], "Tensor"]
 
 
+class _LayerWeights(TorchWeights):
+    """``torch_weights(w)`` that holds the tensors of one layer (``hold``) while the patched
+    copies go through it in sub-batches: each sub-batch asks for the same weights, and a model
+    whose layers do not fit the weight cache (a 7B layer is 0.8 GB of float32, the cache's layer
+    budget 0.5 GB) would otherwise read and process them from the checkpoint once per
+    sub-batch. Tensors of other layers pass through."""
+
+    def __init__(self, w: WeightSource) -> None:
+        super().__init__(w.source if isinstance(w, TorchWeights) else w)
+        self._layer: str | None = None  # the held layer's name prefix
+        self._held: dict[str, Tensor] = {}
+
+    def hold(self, layer: int | None) -> None:
+        """Keep the tensors of ``layer`` as they are read, dropping the previous layer's
+        (``None``: hold nothing)."""
+        self._layer = None if layer is None else f"blocks.{layer}."
+        self._held.clear()
+
+    def get(self, name: str) -> Tensor:
+        if self._layer is None or not name.startswith(self._layer):
+            return super().get(name)
+        if name not in self._held:
+            self._held[name] = super().get(name)
+        return self._held[name]
+
+
 @dataclass
 class _Suffix:
     """What every patched run shares (docs/math.md, "Patching", cost).
@@ -357,7 +405,7 @@ class _Suffix:
     layer computes only those queries (and their MLP), its keys and values still at every
     position."""
 
-    w: WeightSource
+    w: _LayerWeights
     runs: _Runs
     first: int
     reads: int
@@ -379,11 +427,33 @@ class _Suffix:
             return self.first
         return max(self.first, p - self.reads)
 
+    def copies_per_pass(self, n: int) -> int:
+        """How many of ``n`` patched copies one pass carries: as many streams as fit
+        ``_STREAM_BYTES`` (each copy's stream into and out of a layer), in equal chunks."""
+        b, p, d = self.runs.base_in[0].shape
+        return equal_parts(n, _STREAM_BYTES // (2 * 4 * b * max(1, p - self.first) * d))
+
+    def runs_per_part(self, layer: int, n: int) -> int:
+        """How many of the ``n`` copies running through ``layer`` go through it at once: as
+        many as ``_LAYER_BYTES`` holds of the float32 tensors ``_patched_layer`` makes per copy
+        (an upper bound: per stream they are fewer, the copies joining at a layer share one),
+        in equal sub-batches. Per copy of ``b`` sequences, ``s`` positions entering the layer,
+        ``sq`` queries, ``p`` keys: the normed input, q/k/v and their norms, the residual adds
+        (about ``8·s·d_model``); keys and values with the prefix rows and their rotations
+        (``8·p·h·d_head``); scores and pattern (``3·h·sq·p``); the MLP's hidden activations
+        (``4·sq·d_mlp``, a gated MLP has three)."""
+        cfg = self.w.cfg
+        b, p, d = self.runs.base_in[0].shape
+        s, sq = p - self.first, p - self.queries_from(layer)
+        he = cfg.n_heads * cfg.d_head
+        per_copy = 4 * b * (8 * s * d + 8 * p * he + 3 * cfg.n_heads * sq * p + 4 * sq * (cfg.d_mlp or 0))
+        return equal_parts(n, _LAYER_BYTES // per_copy)
+
 
 def _suffix(w: WeightSource, runs: _Runs, clean: Tensor, corrupt: Tensor, metric: Metric) -> _Suffix:
     differ = (clean != corrupt).any(dim=0).nonzero()
     first = int(differ[0]) if differ.numel() else clean.shape[1]
-    return _Suffix(torch_weights(w), runs, first, metric.reads(clean.shape[1]), {})
+    return _Suffix(_LayerWeights(w), runs, first, metric.reads(clean.shape[1]), {})
 
 
 def _patched_layer(ctx: _Suffix, layer: int, x: Tensor, slot: Tensor, pairs: list[_Pair], site: str,
@@ -491,31 +561,69 @@ def _run_variants(ctx: _Suffix, variants: Sequence[_Variant], ids: Sequence[int]
     """The final stream of each variant (``ids``: their indices for ``source_for``) at the
     positions the metric reads, ``[n·b, reads, d]``. One pass from the first layer any of
     them patches: a variant joins the batch at its first patched layer (from the base
-    stream), its heads patched layer by layer; ``step(k)`` after each layer (``k`` runs)."""
+    stream), its heads patched layer by layer. Each layer runs in sub-batches of the copies
+    (``_layer_in_parts``) with its weights held, so they are read once for all of them;
+    ``step(k)`` after each sub-batch of ``k`` copies."""
     runs, first = ctx.runs, ctx.first
     starts = [min(layer for layer, _ in v.heads) for v in variants]
     order: list[int] = []  # the variants running, in the order of the rows of x
     b, p, d = runs.base_in[0].shape
     x = runs.base_in[0].new_empty((0, p - first, d))
-    for layer in range(min(starts), ctx.w.cfg.n_layers):
-        check_cancelled(cancelled)
-        joining = [i for i, start in enumerate(starts) if start == layer]
-        slot = torch.arange(len(order) + len(joining))
-        if joining:  # the base stream entering ``layer`` is one more slot, shared
-            slot[len(order):] = len(order)
-            x = torch.cat((x, runs.base_in[layer][:, first:]))
-        order += joining
-        pairs = [(j, head, variants[i].pos) for j, i in enumerate(order)
-                 for lh, head in variants[i].heads if lh == layer]
-        source = source_for(layer, [(ids[order[j]], hd, pos) for j, hd, pos in pairs]) if pairs else None
-        x = _patched_layer(ctx, layer, x, slot, pairs, site, source)
-        step(len(order))
+    try:
+        for layer in range(min(starts), ctx.w.cfg.n_layers):
+            check_cancelled(cancelled)
+            read_next(ctx.w, layer)  # the next layer's reads overlap this one's work
+            ctx.w.hold(layer)
+            joining = [i for i, start in enumerate(starts) if start == layer]
+            slot = torch.arange(len(order) + len(joining))
+            if joining:  # the base stream entering ``layer`` is one more slot, shared
+                slot[len(order):] = len(order)
+                x = torch.cat((x, runs.base_in[layer][:, first:]))
+            order += joining
+            pairs = [(j, head, variants[i].pos) for j, i in enumerate(order)
+                     for lh, head in variants[i].heads if lh == layer]
+            x = _layer_in_parts(ctx, layer, x, slot, pairs, site, source_for, [ids[i] for i in order],
+                                cancelled, step)
+    finally:
+        ctx.w.hold(None)
     final = x.reshape(len(order), b, *x.shape[1:])[torch.tensor(order).argsort()]
     missing = ctx.reads - final.shape[2]  # read positions before ``first``: the base run's
     if missing > 0:
         kept = runs.base_final[None, :, p - ctx.reads:p - ctx.reads + missing]
         final = torch.cat((kept.expand(len(order), *kept.shape[1:]), final), dim=2)
     return final.reshape(len(order) * b, *final.shape[2:])
+
+
+def _layer_in_parts(ctx: _Suffix, layer: int, x: Tensor, slot: Tensor, pairs: list[_Pair], site: str,
+                    source_for: SourceFor, ids: list[int], cancelled: Cancelled,
+                    step: Callable[[int], None]) -> Tensor:
+    """``_patched_layer`` of the ``n = len(slot)`` runs in sub-batches of consecutive runs
+    (``ctx.runs_per_part``), the same streams out, ``[n·b, sq, d]``. ``slot`` is
+    non-decreasing (the runs joining at this layer share the last stream), so a sub-batch
+    of runs ``j0 .. j1-1`` reads the streams ``slot[j0] .. slot[j1-1]`` (a view of ``x``)
+    with its slots shifted to start at 0, and its pairs re-indexed from ``j0``, their
+    activations from ``source_for`` (``ids[j]``: run ``j``'s variant for it)."""
+    n = len(slot)
+    b = ctx.runs.base_in[0].shape[0]
+    size = ctx.runs_per_part(layer, n)
+    out: Tensor | None = None
+    for j0 in range(0, n, size):
+        check_cancelled(cancelled)
+        j1 = min(n, j0 + size)
+        s0, s1 = int(slot[j0]), int(slot[j1 - 1]) + 1
+        mine = [pair for pair in pairs if j0 <= pair[0] < j1]
+        y = _patched_layer(ctx, layer, x[s0 * b:s1 * b], slot[j0:j1] - s0,
+                           [(j - j0, head, pos) for j, head, pos in mine], site,
+                           source_for(layer, [(ids[j], head, pos) for j, head, pos in mine]) if mine else None)
+        if size >= n:
+            out = y
+        else:
+            if out is None:  # filled in place: no second copy of every stream
+                out = y.new_empty((n * b, *y.shape[1:]))
+            out[j0 * b:j1 * b] = y
+        step(j1 - j0)
+    assert out is not None
+    return out
 
 
 def _head_sets(w: WeightSource, heads: Sequence[Sequence[tuple[int, int]]] | None) -> list[HeadSet]:
@@ -528,13 +636,14 @@ def _head_sets(w: WeightSource, heads: Sequence[Sequence[tuple[int, int]]] | Non
 
 def _evaluate(w: WeightSource, ctx: _Suffix, variants: list[_Variant], site: str, metric: Metric,
               source_for: SourceFor, progress: Progress, cancelled: Cancelled) -> list[float]:
-    """The metric of every variant, in batches of ``copies_per_pass`` (in the order of the
-    layer they start at), each one pass from its first patched layer (``_run_variants``).
-    A variant that patches only positions before ``ctx.first`` is the base run. Progress
-    counts the layers run."""
+    """The metric of every variant: one pass from the first patched layer for all of them
+    (``_run_variants``), or several when their streams exceed ``_STREAM_BYTES``
+    (``ctx.copies_per_pass``, in the order of the layer they start at). A variant that
+    patches only positions before ``ctx.first`` is the base run. Progress counts the
+    copy-layers run."""
     runs = ctx.runs
     n_layers = len(runs.base_in)
-    b, p, _ = runs.base_in[0].shape
+    p = runs.base_in[0].shape[1]
     base = runs.clean if runs.noising else runs.corrupt
     out = [base] * len(variants)
     todo = [i for i, v in enumerate(variants) if v.pos is None or v.pos >= ctx.first]
@@ -550,7 +659,7 @@ def _evaluate(w: WeightSource, ctx: _Suffix, variants: list[_Variant], site: str
         done += k
         report(progress, done / total)
 
-    chunk = copies_per_pass(w, b, p, len(todo))
+    chunk = ctx.copies_per_pass(len(todo))
     for at in range(0, len(todo), chunk):
         part = todo[at:at + chunk]
         final = _run_variants(ctx, [variants[i] for i in part], part, site, source_for, cancelled, step)
@@ -582,8 +691,9 @@ def patch_heads(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor | Seq
         variants = [_Variant(s) for s in sets]
         if by_position:
             variants += [_Variant(s, pos) for s in sets for pos in range(clean_t.shape[1])]
-        values = _evaluate(w, _suffix(w, runs, clean_t, corrupt_t, metric), variants, site, metric,
-                           _activation_source(w, runs, site), progress, cancelled)
+        ctx = _suffix(w, runs, clean_t, corrupt_t, metric)
+        # the source activations read their layer's weights while the pass holds them
+        values = _evaluate(w, ctx, variants, site, metric, _activation_source(ctx.w, runs, site), progress, cancelled)
     n_pos = clean_t.shape[1]
     positions = None
     if by_position:
@@ -675,8 +785,9 @@ def attribute_heads(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor |
         order = sorted(range(len(heads)), key=lambda i: -abs(values[i]) if math.isfinite(values[i]) else math.inf)
         top = order[:verify]
         with torch.inference_mode():
-            found = _evaluate(w, _suffix(w, runs, clean_t, corrupt_t, metric), [_Variant((heads[i],)) for i in top],
-                              site, metric, _activation_source(w, runs, site), None, cancelled)
+            ctx = _suffix(w, runs, clean_t, corrupt_t, metric)
+            found = _evaluate(w, ctx, [_Variant((heads[i],)) for i in top], site, metric,
+                              _activation_source(ctx.w, runs, site), None, cancelled)
         exact = [math.nan] * len(heads)
         for i, value in zip(top, found, strict=True):
             exact[i] = value
@@ -704,10 +815,11 @@ def path_patch(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor | Sequ
         if sender[0] >= receiver[0]:
             raise InvalidRequestError(path, f"a path runs from an earlier layer to a later one: L{sender[0]}.H{sender[1]} "
                                       f"is not below L{receiver[0]}.H{receiver[1]}")
-    tw = torch_weights(w)
     check_cancelled(cancelled)
     with torch.inference_mode(), one_lapack_thread():  # numpy's BLAS: see patch_heads
         runs = _two_runs(w, clean_t, corrupt_t, metric, noising)
+        ctx = _suffix(w, runs, clean_t, corrupt_t, metric)
+        tw = ctx.w  # the receiver's projections read its layer's weights while the pass holds them
         shares: dict[tuple[int, bool], Tensor] = {}
 
         def share(layer: int, source: bool) -> Tensor:
@@ -731,8 +843,7 @@ def path_patch(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor | Sequ
                     fed[i] = qkv[PATH_INPUTS.index(receiver_input)][:, rh]
             return torch.stack([fed.pop(i) for i, _, _ in pairs], dim=1)  # [b, P, p, d_head]
 
-        values = _evaluate(w, _suffix(w, runs, clean_t, corrupt_t, metric),
-                           [_Variant((receiver,)) for _, receiver in edges], receiver_input, metric,
+        values = _evaluate(w, ctx, [_Variant((receiver,)) for _, receiver in edges], receiver_input, metric,
                            source_for, progress, cancelled)
     sets = [(tuple(sender), tuple(receiver)) for sender, receiver in edges]
     return _result(w, "path", receiver_input, metric, noising, runs, clean_t, sets, values)
