@@ -113,6 +113,19 @@ def expect(how: str, heads: Any) -> dict[str, bool]:
     return {"parts": True, "shared": how != "2 a sub-batch" and heads is None, "passes": "pass" in how and heads is None}
 
 
+def split_and_unsplit(fn: Any, monkeypatch: pytest.MonkeyPatch, splits: dict[str, Any],
+                      expected: dict[str, bool], what: str, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` (``patch_heads``, ``path_patch``) split as ``splits`` say
+    (``split``): checked to have split as ``expected`` and to equal the unsplit result
+    (``same``), which it returns."""
+    unsplit = fn(*args, **kwargs)
+    with split(monkeypatch, **splits) as trace:
+        found = fn(*args, **kwargs)
+    trace.check(**expected)
+    same(found, unsplit, what)
+    return found
+
+
 def same(found: Any, unsplit: Any, what: str) -> None:
     """The split result equals the unsplit one to float noise (the products' row blocking)."""
     a = torch.tensor([r.patched for r in found.rows])
@@ -139,14 +152,10 @@ def test_every_site_split_matches_unsplit_and_transformer_lens(
         _, cache = tl.run_with_cache(torch.tensor(cached))
         for site in patching.SITES:
             heads = grouped(model, site)
-            unsplit = patching.patch_heads(model.weights, clean, corrupt, metric, site=site, noising=noising,
-                                           heads=heads)
-            with split(monkeypatch, **SPLITS[how]) as trace:
-                found = patching.patch_heads(model.weights, clean, corrupt, metric, site=site, noising=noising,
-                                             heads=heads)
-            trace.check(**expect(how, heads))
             what = f"{name} {site} {how} noising={noising}"
-            same(found, unsplit, what)
+            found = split_and_unsplit(patching.patch_heads, monkeypatch, SPLITS[how], expect(how, heads), what,
+                                      model.weights, clean, corrupt, metric, site=site, noising=noising,
+                                      heads=heads)
             theirs = getattr(tl_patching, f"get_act_patch_attn_head_{site}_all_pos")(
                 tl, torch.tensor(run), cache, tl_logit_diff)
             close(patched(found, theirs.shape), theirs, what)
@@ -164,13 +173,9 @@ def test_by_position_split_matches_unsplit_and_transformer_lens(
         _, cache = tl.run_with_cache(torch.tensor(clean))
         for site in ("out", "k", "pattern"):
             heads = grouped(model, site)
-            unsplit = patching.patch_heads(model.weights, clean, corrupt, metric, site=site, heads=heads,
-                                           by_position=True)
-            with split(monkeypatch, **SPLITS[how]) as trace:
-                found = patching.patch_heads(model.weights, clean, corrupt, metric, site=site, heads=heads,
-                                             by_position=True)
-            trace.check(**expect(how, None))
-            same(found, unsplit, f"{name} {site} by position, {how}")
+            found = split_and_unsplit(patching.patch_heads, monkeypatch, SPLITS[how], expect(how, None),
+                                      f"{name} {site} by position, {how}", model.weights, clean, corrupt,
+                                      metric, site=site, heads=heads, by_position=True)
             theirs = getattr(tl_patching, f"get_act_patch_attn_head_{site}_by_pos")(
                 tl, torch.tensor(corrupt), cache, tl_logit_diff)
             per_pos = torch.tensor([row.positions for row in found.rows])
@@ -194,22 +199,17 @@ def test_head_sets_and_paths_split_match_unsplit_and_hooks(
     edges = [((0, h), (1, r)) for h in range(4) for r in range(4)]
     with torch.no_grad():
         for site in ("out", "q", "v", "pattern"):
-            unsplit = patching.patch_heads(model.weights, clean, corrupt, metric, site=site, heads=sets)
-            with split(monkeypatch, runs=2, copies=5) as trace:
-                found = patching.patch_heads(model.weights, clean, corrupt, metric, site=site, heads=sets)
-            trace.check(passes=True)
-            same(found, unsplit, f"{name} {site} sets")
+            found = split_and_unsplit(patching.patch_heads, monkeypatch, {"runs": 2, "copies": 5}, {"passes": True},
+                                      f"{name} {site} sets", model.weights, clean, corrupt, metric, site=site,
+                                      heads=sets)
             if site != "v":  # (the hooks' v is the stored K/V head)
                 for row, heads in zip(found.rows, sets, strict=True):
                     expected = tl_patch(tl, clean[0], corrupt[0], tl_logit_diff, site, heads)
                     assert row.patched == pytest.approx(expected, abs=1e-4), (name, site, heads)
         for receiver_input in patching.PATH_INPUTS:
-            unsplit = patching.path_patch(model.weights, clean, corrupt, metric, edges, receiver_input=receiver_input)
-            with split(monkeypatch, runs=3, copies=7) as trace:
-                found = patching.path_patch(model.weights, clean, corrupt, metric, edges,
-                                            receiver_input=receiver_input)
-            trace.check(passes=True)
-            same(found, unsplit, f"{name} path {receiver_input}")
+            found = split_and_unsplit(patching.path_patch, monkeypatch, {"runs": 3, "copies": 7}, {"passes": True},
+                                      f"{name} path {receiver_input}", model.weights, clean, corrupt, metric,
+                                      edges, receiver_input=receiver_input)
 
 
 @pytest.mark.parametrize("name", ["olmo2", "mixtral"])

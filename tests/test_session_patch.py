@@ -7,8 +7,12 @@ from __future__ import annotations
 import pytest
 
 from headscope.engine.core.results import PatchResult, PatchRow
+from headscope.engine.core.validation import BUILTIN_TASKS, PATCH_METHODS, PATCH_SITES
 from headscope.tui.session.patch import (
+    METHODS,
     NEAR_ZERO,
+    SITES,
+    TASKS,
     PatchSession,
     path_edges,
     path_effects,
@@ -23,6 +27,12 @@ def result(values: dict[tuple[int, int], float | None], method: str = "exact") -
     return PatchResult(method=method, site="out", metric="induction", noising=False,  # type: ignore[arg-type]
                        clean=-0.5, corrupt=-6.0, rows=rows, n_layers=2, n_heads=2, tokens=8,
                        batch=4)
+
+
+def test_the_tab_offers_exactly_the_engines_tasks_sites_and_methods() -> None:
+    """A task the engine gains gets its words in the Patch tab's task box (or this fails)."""
+    assert tuple(TASKS) == BUILTIN_TASKS
+    assert SITES == PATCH_SITES and METHODS == PATCH_METHODS
 
 
 def test_the_task_is_the_request_until_the_inputs_are_edited() -> None:

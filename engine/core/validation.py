@@ -31,6 +31,7 @@ from headscope.engine.core.errors import (
 __all__ = [
     "ABLATION_EFFECT",
     "BASES",
+    "BUILTIN_TASKS",
     "CIRCUIT_KINDS",
     "COMPOSITION_KINDS",
     "DEFAULT_BLOCK",
@@ -300,6 +301,7 @@ PATCH_SITES = ("out", "q", "k", "v", "pattern")
 PATCH_METHODS = ("exact", "attribution")
 PATH_INPUTS = ("q", "k", "v")
 PATCH_TASKS = ("logit_diff", "induction", "first-occurrence")
+BUILTIN_TASKS = PATCH_TASKS[1:]  # the tasks that make their own inputs ("logit_diff": the user's prompts)
 PATCH_BATCH = 4  # built-in tasks: sequences, and half-length at most (behaviour's defaults)
 PATCH_HALF = 32
 
@@ -388,9 +390,8 @@ def patch_request(
     (``task``, default ``"induction"``); with prompts, both must be given, of the same shape,
     with ``answer`` and ``wrong``, and no ``task``."""
     check_patchable(structure, where)
-    tasks = PATCH_TASKS[1:]
-    if task is not None and task not in tasks:
-        raise InvalidRequestError(where, f"--task must be one of {', '.join(tasks)}, not {task!r}")
+    if task is not None and task not in BUILTIN_TASKS:
+        raise InvalidRequestError(where, f"--task must be one of {', '.join(BUILTIN_TASKS)}, not {task!r}")
     if task is not None and (clean is not None or corrupt is not None):
         raise InvalidRequestError(where, f"--task {task} makes its own inputs: no --clean/--corrupt with it")
     n_ctx, d_vocab = int(structure["n_ctx"]), int(structure["d_vocab"])

@@ -60,8 +60,8 @@ from headscope.engine.core.errors import (
 )
 from headscope.engine.core.results import PatchResult, patch_result
 from headscope.engine.core.validation import (
+    BUILTIN_TASKS,
     PATCH_SITES,
-    PATCH_TASKS,
     PATH_INPUTS,
     check_head_sets,
     check_patchable,
@@ -184,7 +184,7 @@ class InductionLogProb:
         return p - p // 2  # the second half (its predictions: all but the last position)
 
 
-TASKS = PATCH_TASKS[1:]  # the built-in tasks (core.validation; "logit_diff" is the user's prompts)
+TASKS = BUILTIN_TASKS  # (core.validation: one list for every entry point)
 # first-occurrence: the first half's positions 0, 2, 4, ... are redrawn (docs/math.md, "Patching")
 FIRST_OCCURRENCE_EVERY = 2
 

@@ -21,7 +21,7 @@ import argparse
 from typing import Any
 
 from headscope.engine.core.errors import IndexOutOfRangeError, InvalidRequestError, PromptError
-from headscope.engine.core.validation import PATCH_TASKS
+from headscope.engine.core.validation import BUILTIN_TASKS
 from headscope.tui.cli import args as args_types
 from headscope.tui.cli.cache import add_quiet_arg, add_store_args, results_store
 from headscope.tui.cli.output import EXIT_OK, EXIT_USAGE, emit, open_for_command, say
@@ -33,7 +33,6 @@ PATCH_EXAMPLE = ("headscope patch sample_models/attn-only-2l --clean \"cake card
                  "Ryan Lily\" --answer mouse --wrong Ivy")
 PATH_PATCH_EXAMPLE = ("headscope path-patch sample_models/attn-only-2l L0.H1 L1.H2 --patch k "
                       "--task first-occurrence")
-TASKS = PATCH_TASKS[1:]  # the built-in tasks ("logit_diff" is --clean/--corrupt/--answer/--wrong)
 SITES = ("out", "q", "k", "v", "pattern")  # core.validation.PATCH_SITES, for argparse's choices
 
 
@@ -90,7 +89,7 @@ def _inputs(p: argparse.ArgumentParser) -> None:
                    help="the metric is logit[answer] - logit[wrong] at the last position: a token "
                         "id or string, as --rows takes them")
     p.add_argument("--wrong", metavar="TOK", help="the other token of the logit difference")
-    p.add_argument("--task", choices=TASKS, default=None,
+    p.add_argument("--task", choices=BUILTIN_TASKS, default=None,
                    help="a built-in task on seeded random tokens written twice (clean), without "
                         "prompts. induction (the default): corrupt keeps the first half and "
                         "redraws the second; the metric is the mean log-probability of the clean "

@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from headscope.engine.core.validation import PATCH_METHODS, PATCH_SITES
 from headscope.tui.session.choices import token_ids
 
 if TYPE_CHECKING:
@@ -25,8 +26,8 @@ if TYPE_CHECKING:
     from headscope.engine.core.results import PatchResult
 
 Head = tuple[int, int]
-SITES = ("out", "q", "k", "v", "pattern")
-METHODS = ("exact", "attribution")
+SITES = PATCH_SITES
+METHODS = PATCH_METHODS
 # the built-in tasks (core.validation.PATCH_TASKS after "logit_diff"), what each measures and
 # what its corrupt run changes, in words short enough for the 80-column form
 TASKS = {"induction": ("mean log p of the repeated half", "corrupt: 2nd half redrawn"),
