@@ -52,7 +52,10 @@ def stop_pid(pid: int) -> None:
 
 
 async def _get(url: str, **kwargs: object) -> tuple[int, str, object]:
-    async with aiohttp.ClientSession() as session, session.get(url, **kwargs) as response:
+    """GET ``url`` as a browser does: redirects followed, cookies kept (also for an IP host,
+    which aiohttp's default jar refuses and browsers do not)."""
+    jar = aiohttp.CookieJar(unsafe=True)
+    async with aiohttp.ClientSession(cookie_jar=jar) as session, session.get(url, **kwargs) as response:
         return response.status, await response.text(), response.cookies
 
 
@@ -64,8 +67,9 @@ async def test_every_request_needs_the_token(server) -> None:
         status, text, _ = await _get(url)
         assert status == 403, url
         assert "token" in text
-    status, page, cookies = await _get(f"{base}/?token={TOKEN}")
+    status, page, _ = await _get(f"{base}/?token={TOKEN}")
     assert status == 200 and "textual-terminal" in page
+    status, _, cookies = await _get(f"{base}/?token={TOKEN}", allow_redirects=False)
     cookie = cookies[f"headscope-token-{port}"]  # type: ignore[index]
     assert cookie.value == TOKEN and cookie["httponly"] and cookie["samesite"] == "Strict"
     status, _, _ = await _get(f"{base}/static/js/textual.js",
