@@ -220,3 +220,14 @@ async def test_a_resize_is_bounded_too() -> None:
     await app.set_terminal_size(-5, 0)
     await app.set_terminal_size(120, 40)
     assert [(m["width"], m["height"]) for m in sent] == [(MAX_COLUMNS, MAX_ROWS), (1, 1), (120, 40)]
+
+
+def test_the_printed_address_is_a_url_for_every_bind_address() -> None:
+    """`--host ::1` printed `http://::1:PORT` (not a URL); `0.0.0.0` is no address to open."""
+    from headscope.tui.cli.serve import HeadscopeServer, url_host
+
+    assert url_host("::1") == "[::1]" and url_host("127.0.0.1") == "127.0.0.1"
+    assert url_host("0.0.0.0") == url_host("::") == socket.gethostname()
+    served = HeadscopeServer("true", host="::1", port=8123, title="t", token=ODD_TOKEN)
+    assert served.url == "http://[::1]:8123/?token=a%2Bb%23c%26d%2541e%3Df%2Fg%3Fh"
+    assert urlsplit(served.url).hostname == "::1" and urlsplit(served.url).port == 8123
