@@ -227,7 +227,7 @@ def test_progress_is_drawn_on_a_terminal_and_stdout_stays_json(gpt2_dir, argv) -
 def test_composition_top_edges_fill_in_on_the_progress_bar(gpt2_dir) -> None:
     from headscope.engine.api.report import composition_report
     from headscope.engine.model.loading import open_model
-    from headscope.tui.cli.reports import best_edges_so_far
+    from headscope.tui.cli.commands.composition import best_edges_so_far
 
     model = open_model(gpt2_dir[0])
     notes: list[str] = []

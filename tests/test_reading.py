@@ -287,7 +287,7 @@ def test_bad_requests_get_one_typed_line(argv: list[str], error: type, capsys) -
     full = [argv[0], str(MODEL_PATH), *argv[1:]]
     args = cli.build_parser().parse_args(full)
     with pytest.raises(error):
-        cli.HANDLERS[args.command](args)
+        args.handler(args)
     assert cli.main(full) == cli.EXIT_MODEL_ERROR
     err = capsys.readouterr().err
     assert err.startswith("headscope: ") and err.count("\n") == 1 and str(MODEL_PATH) in err

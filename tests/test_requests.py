@@ -39,7 +39,7 @@ def cli_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> HeadscopeE
     """The error the CLI raises for ``argv``, checked to be the one line it prints."""
     args = cli.build_parser().parse_args(cli.normalise_argv(argv))
     with pytest.raises(HeadscopeError) as raised:
-        cli.HANDLERS[args.command](args)
+        args.handler(args)
     assert cli.main(argv) == cli.EXIT_MODEL_ERROR
     assert capsys.readouterr().err == f"headscope: {raised.value.one_line()}\n"
     return raised.value

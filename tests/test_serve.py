@@ -34,10 +34,12 @@ def test_serve_answers_on_loopback_and_stops(gpt2_dir) -> None:
     )
     try:
         deadline, page = time.monotonic() + 30, None
+        # as a browser: the token's URL sets a cookie and redirects to the clean URL
+        browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor())
         while time.monotonic() < deadline and page is None:
             try:
                 url = f"http://127.0.0.1:{port}/?token=test-token-0123456789"
-                with urllib.request.urlopen(url, timeout=2) as response:
+                with browser.open(url, timeout=2) as response:
                     page = response.read().decode()
             except OSError:
                 assert proc.poll() is None, proc.stdout.read().decode()

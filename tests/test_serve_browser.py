@@ -25,6 +25,7 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -173,12 +174,23 @@ async def test_the_explorer_in_a_real_browser() -> None:
             assert "403" in text and "token" in text
             assert not children(server.pid)
 
-            # with it: the explorer, drawn in the page
-            await tools.send("Page.navigate", session, url=f"http://127.0.0.1:{port}/?token={TOKEN}")
+            # with it, opened as `localhost` (not the bind address: the page's websocket
+            # used to point at 127.0.0.1, another origin, and the explorer never started):
+            # the explorer, drawn in the page
+            origin = f"localhost:{port}"
+            first = len(tools.events)
+            await tools.send("Page.navigate", session, url=f"http://{origin}/?token={TOKEN}")
             await until(lambda: tools.evaluate(
                 session, "document.body.classList.contains('-first-byte')"), "the app's first frame")
             apps = children(server.pid)
             assert len(apps) == 1
+            # the token went to a cookie: the address bar holds the clean URL; and the page
+            # asked nothing of any other host (Google Fonts, before)
+            assert await tools.evaluate(session, "window.location.href") == f"http://{origin}/"
+            asked = [e["params"]["request"]["url"] if "request" in e["params"] else e["params"]["url"]
+                     for e in tools.events[first:]
+                     if e.get("method") in ("Network.requestWillBeSent", "Network.webSocketCreated")]
+            assert {urlsplit(u).netloc for u in asked if not u.startswith("data:")} == {origin}, asked
             await until(lambda: _async("token QK" in tools.received()), "the QK tab on screen")
             await asyncio.sleep(1.0)  # let the first screen settle
 

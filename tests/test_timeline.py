@@ -349,7 +349,7 @@ def test_the_text_table_has_a_row_per_head(tiny_series: Path, capsys) -> None:
 
 
 def test_sparkline_scales_and_samples() -> None:
-    from headscope.tui.cli.timeline import sparkline
+    from headscope.tui.cli.commands.timeline import sparkline
 
     assert sparkline([0.0, 0.5, 1.0], 0.0, 1.0) == "▁▅█"
     assert sparkline([0.3, float("nan")], 0.3, 0.3) == "▁·"
@@ -440,7 +440,7 @@ def test_the_previous_token_head_forms_at_the_first_positions_first() -> None:
 
 
 def test_a_narrow_terminal_keeps_the_most_telling_scores() -> None:
-    from headscope.tui.cli.timeline import TEXT_SCORES, fitting_scores
+    from headscope.tui.cli.commands.timeline import TEXT_SCORES, fitting_scores
 
     assert fitting_scores(18, 400) == TEXT_SCORES
     assert [key for _, key in fitting_scores(18, 100)] == ["prev_token_score", "induction_score"]

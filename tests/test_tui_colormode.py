@@ -225,7 +225,7 @@ def test_cli_typo_of_a_command_is_a_usage_error() -> None:
 
 def test_cli_missing_path_is_one_line_before_any_screen() -> None:
     out = run_cli("no/such/model")
-    assert out.returncode == 1
+    assert out.returncode == 2  # a usage error, as a folder that is not a checkpoint
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("headscope: no/such/model: no such file")
     assert "\x1b[" not in out.stdout  # no screen was drawn

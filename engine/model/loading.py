@@ -234,7 +234,10 @@ _HUB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*(/[A-Za-z0-9][A-Za-z0-9_.\-]
 
 def _missing_path(p: Path, given: str | os.PathLike[str]) -> None:
     text = os.fspath(given)
-    if _HUB_NAME.fullmatch(text) and not p.suffix and not text.startswith("."):
+    # `org/name` whose `org` is a local folder is a local typo (sample_models/attn-only-2), not
+    # a Hub name
+    local = "/" in text and Path(text).parent.is_dir()
+    if _HUB_NAME.fullmatch(text) and not p.suffix and not text.startswith(".") and not local:
         raise UnsafeFormatError(
             text,
             "no such file or directory; this looks like a Hugging Face Hub name, but headscope "

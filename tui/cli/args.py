@@ -127,3 +127,14 @@ def output_dir(text: str) -> str:
     except OutputError as err:
         raise argparse.ArgumentTypeError(err.one_line()) from None
     return text
+
+
+_HEAD = re.compile(r"^[Ll]?(\d+)\.[Hh]?(\d+)$")
+
+
+def head_ref(text: str) -> tuple[int, int]:
+    """``"L0.H1"`` or ``"0.1"`` → ``(0, 1)`` (a malformed value is a usage error)."""
+    match = _HEAD.match(text.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a head: write L1.H2 or 1.2")
+    return int(match.group(1)), int(match.group(2))

@@ -4,10 +4,10 @@
 subcommands print what the explorer shows, as tables in a terminal, TSV when piped, or JSON
 with ``--json``. Every error is one line on stderr naming the file and the problem.
 
-This module is the argument parser and ``main`` (errors → exit codes); the commands live in
-explore.py (open, serve), reports.py (info, heads, composition, forward, circuit, diff,
-export), reading.py (svd, path), timeline.py and cache.py; what they share (exit codes,
-printing, token lists) in output.py.
+This module is the top-level parser and ``main`` (errors → exit codes); each command is a
+module of tui/cli/commands/ that registers its own parser and handler (``register(sub)``,
+``run(args)``); what they share (exit codes, printing, token lists, options) is in
+output.py and options.py.
 
 Exit codes: 0 success · 1 the model or request is at fault (the message says how) ·
 2 command-line usage error · 130 interrupted.
@@ -18,30 +18,43 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from headscope.engine.core.errors import HeadscopeError, out_of_memory
-from headscope.engine.core.validation import EDGE_THRESHOLD
 from headscope.tui.base.datatext import printable
-from headscope.tui.cli import args as args_types
-from headscope.tui.cli import explore, reports
-from headscope.tui.cli import patch as cli_patch
-from headscope.tui.cli import reading as cli_reading
-from headscope.tui.cli import timeline as cli_timeline
-from headscope.tui.cli.cache import add_cache_parser, add_quiet_arg, add_store_args, cmd_cache
-from headscope.tui.cli.cluster import add_cluster_args
+from headscope.tui.cli.commands import (
+    cache,
+    circuit,
+    composition,
+    diff,
+    export,
+    forward,
+    heads,
+    info,
+    patch,
+    path,
+    path_patch,
+    serve,
+    svd,
+    timeline,
+)
+from headscope.tui.cli.commands import open as open_command
 from headscope.tui.cli.output import (
     COMMANDS,
     EXIT_INTERRUPTED,
     EXIT_MODEL_ERROR,
     EXIT_OK,
     EXIT_USAGE,
+    PathUsageError,
     UsageError,
     say,
 )
 
-THEME_HELP = ("headscope-dark", "headscope-light", "headscope-contrast", "headscope-colorblind")
+# Every command, in the order of ``headscope --help``: each module registers its parser and
+# its handler (tui/cli/commands/__init__.py).
+COMMAND_MODULES = (open_command, info, heads, composition, forward, circuit, diff, export, serve,
+                   timeline, cache, svd, path, patch, path_patch)
 
 EPILOG = """\
 examples:
@@ -114,174 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"headscope {version()}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-
-    def command(name: str, help: str, example: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(
-            name,
-            help=help,
-            description=help,
-            epilog=f"example:\n  {example}",
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
-        return p
-
-    def model_arg(p: argparse.ArgumentParser, optional: bool = False) -> None:
-        if optional:
-            p.add_argument("path", nargs="?", help="model directory, .safetensors or .gguf file "
-                           "(default: the bundled attn-only-2l)")
-        else:
-            p.add_argument("path", help="model directory, .safetensors or .gguf file")
-
-    def processing_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--raw", action="store_true",
-                       help="use the weights as stored (no LayerNorm folding or centring)")
-
-    def json_arg(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-
-    p = command("open", "open the terminal explorer (the default command)", "headscope open path/to/model")
-    model_arg(p, optional=True)
-    processing_args(p)
-    p.add_argument("--theme", type=theme_arg,
-                   help="colour theme: " + ", ".join(THEME_HELP) + " (or dark, light, "
-                        "contrast, colorblind)")
-    p.add_argument("--colors", choices=("truecolor", "256", "16", "none"), default=None,
-                   help="heatmap colours (default: detected from the terminal; 256 uses a "
-                        "lightness-ordered palette ramp, 16 and none draw shades ░▒▓█)")
-    p.add_argument("--compare", metavar="B", default=None,
-                   help="a second checkpoint of the same architecture, explored alongside "
-                        "(Changes tab, Δ badges, A|B heatmaps)")
-    p.add_argument("--head", metavar="L.H", type=layer_head, default=None,
-                   help="open focused on this head, e.g. --head 1.2 (default: L0.H0)")
-    p.add_argument("--match-heads", action="store_true",
-                   help="with --compare: pair B's heads with A's by circuit similarity "
-                        "(Hungarian, per layer), for checkpoints from independent runs")
-    p.add_argument("--timeline", metavar="PATH", nargs="+", default=None,
-                   help="a directory of training checkpoints (step-*/checkpoint-* "
-                        "subdirectories) or several checkpoints in order: open the last step "
-                        "with a Timeline tab, { } scrub")
-
-    p = command("info", "architecture, shapes and dtype, from the header alone", "headscope info path/to/model --json")
-    model_arg(p)
-    json_arg(p)
-
-    p = command("heads", "every head with its copying, QK-positivity, previous-token, "
-                "duplicate-token and induction scores", "headscope heads path --sort induction_score")
-    model_arg(p)
-    json_arg(p)
-    processing_args(p)
-    p.add_argument("--sort", metavar="KEY", help="sort descending by a score column, e.g. induction_score")
-    p.add_argument("--seed", type=args_types.seed, default=0, help="seed of the random token sequences (default 0)")
-    p.add_argument("--ablation", action="store_true",
-                   help="add ablation_effect: the loss increase on the repeated half of the random "
-                        "sequences when the head is zero-ablated (a forward pass per head; implied "
-                        "by --sort ablation_effect)")
-    p.add_argument("--no-behaviour", action="store_true",
-                   help="only the weight-based scores (copying_score, qk_positivity): no forward "
-                        "pass, and no wait for torch")
-    add_store_args(p)
-    add_cluster_args(p)
-    add_quiet_arg(p)
-
-    p = command("composition", "Q-, K- or V-composition scores between heads of different layers",
-                "headscope composition path --kind k --top 5")
-    model_arg(p)
-    json_arg(p)
-    processing_args(p)
-    p.add_argument("--kind", choices=("q", "k", "v"), required=True)
-    p.add_argument("--top", type=args_types.count, default=10, help="how many top edges to list (default 10)")
-    p.add_argument("--seed", type=args_types.seed, default=0, help="seed of the random baseline (default 0)")
-    add_store_args(p)
-    add_cluster_args(p)
-    add_quiet_arg(p)
-
-    p = command("forward", "logits and attention patterns for a token sequence",
-                "headscope forward path --tokens 3,14,15,92 --json")
-    model_arg(p)
-    json_arg(p)
-    processing_args(p)
-    group = p.add_mutually_exclusive_group(required=True)
-    group.add_argument("--tokens", type=args_types.token_ids, help="comma-separated token ids, e.g. 3,14,15,92")
-    group.add_argument("--prompt", help="text, encoded with the model's tokenizer")
-    add_quiet_arg(p)
-
-    p = command("circuit", "a block of a head's QK or OV circuit",
-                "headscope circuit path 1 4 --kind qk --basis position --rows 0:16 --cols 0:16")
-    model_arg(p)
-    p.add_argument("layer", type=args_types.index)
-    p.add_argument("head", type=args_types.index)
-    json_arg(p)
-    processing_args(p)
-    p.add_argument("--kind", choices=("qk", "ov"), required=True)
-    p.add_argument("--basis", choices=("token", "position"), default="token")
-    p.add_argument("--rows", type=args_types.token_spec,
-                   help="ids (3,14), ranges (0:20) or tokens (Mary,John); default the first 24")
-    p.add_argument("--cols", type=args_types.token_spec, help="as --rows")
-    p.add_argument("--offset", type=args_types.offset, default=0, help="rotary models: query-key offset Δ")
-    add_quiet_arg(p)
-
-    p = command("diff", "compare the circuits of two checkpoints with the same head layout "
-                "(after pruning, distillation or more training)",
-                "headscope diff original/ pruned/ --json")
-    p.add_argument("path", help="checkpoint A (the reference)")
-    p.add_argument("other", help="checkpoint B")
-    json_arg(p)
-    processing_args(p)
-    p.add_argument("--match-heads", action="store_true",
-                   help="match B's heads to A's within each layer by circuit similarity "
-                        "(Hungarian assignment), for checkpoints from independent runs")
-    p.add_argument("--threshold", type=args_types.finite_float, default=EDGE_THRESHOLD,
-                   help="composition edges count when this far above their baseline "
-                        f"(default {EDGE_THRESHOLD})")
-    p.add_argument("--seed", type=args_types.seed, default=0)
-    p.add_argument("--no-behaviour", action="store_true",
-                   help="compare only the weights: circuit similarities, subspaces, copying and "
-                        "QK-positivity deltas, composition edges (no forward pass, no wait for torch)")
-    add_store_args(p)
-    add_cluster_args(p)
-    add_quiet_arg(p)
-
-    p = command("export", "write heads, composition or circuit data to JSON or CSV, atomically",
-                "headscope export path --what composition --kind k --format csv --out results/")
-    model_arg(p)
-    processing_args(p)
-    p.add_argument("--what", choices=("heads", "composition", "circuit"), required=True)
-    p.add_argument("--format", choices=("json", "csv"), default="json")
-    p.add_argument("--out", default=".", type=args_types.output_dir, help="directory to write into (default: the current "
-                   "directory; never the checkpoint's unless you name it)")
-    p.add_argument("--kind", choices=("q", "k", "v", "qk", "ov"),
-                   help="composition: q|k|v; circuit: qk|ov")
-    p.add_argument("--layer", type=args_types.index, help="circuit: layer")
-    p.add_argument("--head", type=args_types.index, help="circuit: head")
-    p.add_argument("--basis", choices=("token", "position"), default="token")
-    p.add_argument("--rows", type=args_types.token_spec, help="circuit rows, as for `headscope circuit`")
-    p.add_argument("--cols", type=args_types.token_spec, help="circuit columns")
-    p.add_argument("--seed", type=args_types.seed, default=0)
-    p.add_argument("--ablation", action="store_true",
-                   help="heads: add the zero-ablation effect column (a forward pass per head)")
-    add_store_args(p)
-    add_quiet_arg(p)
-
-    p = command("serve", "serve the explorer to a web browser (textual-serve), on 127.0.0.1 by default",
-                "headscope serve path --port 8000")
-    model_arg(p, optional=True)
-    processing_args(p)
-    p.add_argument("--port", type=args_types.port, default=8000)
-    p.add_argument("--host", default="127.0.0.1",
-                   help="address to bind (default 127.0.0.1; others need --allow-remote)")
-    p.add_argument("--allow-remote", action="store_true",
-                   help="allow binding to a non-loopback address (needs --token or "
-                        "HEADSCOPE_TOKEN): anyone who can reach it and has the token can use "
-                        "the explorer")
-    p.add_argument("--token", help="the key every request needs, in the printed URL "
-                   "(default: $HEADSCOPE_TOKEN, else a random one per start)")
-    p.add_argument("--max-sessions", type=args_types.sessions, default=4, metavar="N",
-                   help="explorer sessions (browser tabs, ~250 MB each) at once (default 4)")
-    cli_timeline.add_parser(sub)
-    add_cache_parser(sub)
-    cli_reading.add_parsers(sub)
-    cli_patch.add_parsers(sub)
+    # Plain parsers: HelpParser's general text and family list are the top level's alone
+    # (`patch --help` opened with them instead of what patch does).
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=argparse.ArgumentParser)
+    for module in COMMAND_MODULES:
+        module.register(sub)
     return parser
 
 
@@ -296,17 +146,6 @@ def normalise_argv(argv: Sequence[str]) -> list[str]:
     return argv
 
 
-def theme_arg(text: str) -> str:
-    """``--theme``: a theme name or alias (argparse type: an unknown one is a usage error)."""
-    from headscope.themes import ALIASES, THEME_NAMES
-
-    name = ALIASES.get(text, text)
-    if name not in THEME_NAMES:
-        raise argparse.ArgumentTypeError(
-            f"unknown theme {text!r}; themes: {', '.join(THEME_NAMES)}")
-    return name
-
-
 def unknown_command(argv: Sequence[str]) -> str | None:
     """``headscope head …`` where ``head`` is no file: the closest subcommand, if any."""
     import difflib
@@ -318,37 +157,7 @@ def unknown_command(argv: Sequence[str]) -> str | None:
     return f"unknown command {first!r}; did you mean {close[0]!r}?" if close else None
 
 
-def layer_head(text: str) -> tuple[int, int]:
-    """``"1.2"`` → ``(1, 2)`` (argparse type: a malformed value is a usage error)."""
-    try:
-        layer, head = (int(part) for part in text.split("."))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not LAYER.HEAD, e.g. 1.2") from None
-    if layer < 0 or head < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: layer and head count from 0")
-    return layer, head
-
-
-# ----------------------------------------------------------------------------- commands
-
-
-HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "export": reports.cmd_export,
-    "serve": explore.cmd_serve,
-    "diff": reports.cmd_diff,
-    "open": explore.cmd_open,
-    "info": reports.cmd_info,
-    "heads": reports.cmd_heads,
-    "composition": reports.cmd_composition,
-    "forward": reports.cmd_forward,
-    "circuit": reports.cmd_circuit,
-    "timeline": cli_timeline.run,
-    "cache": cmd_cache,
-    "svd": cli_reading.run_svd,
-    "path": cli_reading.run_path,
-    "patch": cli_patch.cmd_patch,
-    "path-patch": cli_patch.cmd_path_patch,
-}
+# ----------------------------------------------------------------------------- main
 
 
 def exit_now(code: int) -> None:
@@ -370,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     args = parser.parse_args(normalise_argv(argv))
     try:
-        code = HANDLERS[args.command](args)
+        code = args.handler(args)
         for warning in getattr(args, "warnings", []):
             say(warning, warning=True)
         if getattr(args, "exit_now", False) and from_shell:
@@ -378,6 +187,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     except UsageError as err:
         print(f"headscope {args.command}: error: {printable(str(err))}", file=sys.stderr)
+        return EXIT_USAGE
+    except PathUsageError as err:
+        say(str(err))
         return EXIT_USAGE
     except HeadscopeError as err:
         say(err.one_line())

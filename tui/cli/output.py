@@ -34,6 +34,11 @@ class UsageError(Exception):
         super().__init__(f"argument {argument}: {self.message}")
 
 
+class PathUsageError(Exception):
+    """A path on the command line that names no checkpoint (tui/cli/paths.py): ``main`` prints
+    the one line and exits 2."""
+
+
 def say(message: str, *, warning: bool = False) -> None:
     """One line on stderr, ``headscope: [warning: ]<message>``: every message of the CLI goes
     through here, so a path or token carrying escape codes never reaches the terminal raw

@@ -12,11 +12,18 @@ Access, as Jupyter does it: any web page the user has open could otherwise reach
 drive the explorer and read what it shows, and on a shared machine so could every local
 user. So every request (page, websocket, static files, downloads) needs the server's token,
 random per start unless ``--token``/``HEADSCOPE_TOKEN`` sets it: in the URL printed at start
-(``?token=…``), which sets a same-site cookie for the page's own requests. Anything else
-gets 403. The websocket must also come from the page's own origin (a browser always sends
+(``?token=…``, URL-encoded). The page at that URL answers with the token as an HttpOnly,
+SameSite=Strict cookie and a redirect to the clean URL, so the page's own requests and its
+websocket carry the cookie, and the token stays out of the address bar, the Referer and the
+access log (which also masks any ``token=`` a script sends). Anything else gets 403. The websocket must also come from the page's own origin (a browser always sends
 ``Origin``), and at most ``max_sessions`` apps run at once (each is a ~250 MB process): the
 page says so when the cap is reached. An app that exits before its first frame (a model
 that fails to open) shows its error in the browser instead of a blank start tile.
+
+The page (templates/app_index.html) is built from the request, not from the bind address:
+the websocket is at the Host the browser used (``[::1]``, ``localhost``, an SSH tunnel's
+local port), the static files at relative URLs, and the terminal font is served here (no
+Google Fonts). A browser's terminal size is bounded (``MAX_COLUMNS`` × ``MAX_ROWS``).
 """
 
 from __future__ import annotations
@@ -25,14 +32,18 @@ import asyncio
 import contextlib
 import hmac
 import html
+import logging
 import os
+import re
 import secrets
 import signal
 import socket
 from asyncio.subprocess import Process
+from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
+import aiohttp_jinja2
 from aiohttp import web
 from textual_serve import server as _server
 from textual_serve.app_service import AppService
@@ -45,16 +56,33 @@ GRACE = 2.0  # seconds an app gets to quit by itself after its websocket closed
 KILL_AFTER = 2.0  # seconds between SIGTERM and SIGKILL
 MAX_SESSIONS = 4  # app processes at once (~250 MB each)
 ERROR_TAIL = 4000  # bytes of a failed app's stderr kept to show in the browser
+# The largest terminal a browser may ask for, in cells: beyond any real window at any font
+# size, and small enough that a session stays within its ~250 MB (20000×20000 grew one app
+# to ~2 GB in 20 s, so --max-sessions bounded nothing).
+MAX_COLUMNS, MAX_ROWS = 500, 200
+TEMPLATES = Path(__file__).resolve().parent / "templates"  # the page, without Google Fonts
+# A Host header as browsers send it: a name, an IPv4 or a [bracketed] IPv6 address, a port.
+_HOST = re.compile(r"(?:[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?")
+_TOKEN_IN_URL = re.compile(r"(?<=[?&]token=)[^&\s\"]*")
 
 
 LIVE: set[Process] = set()  # app processes not yet ended
 SOCKETS: dict[Process, Any] = {}  # each live app's "close the browser's websocket"
 
 
+def terminal_size(width: int, height: int) -> tuple[int, int]:
+    """The browser's terminal size, within 1…``MAX_COLUMNS`` × 1…``MAX_ROWS`` cells."""
+    return max(1, min(int(width), MAX_COLUMNS)), max(1, min(int(height), MAX_ROWS))
+
+
 class AppProcess(AppService):
     """One app process, in its own process group, stopped for sure."""
 
+    async def set_terminal_size(self, width: int, height: int) -> None:
+        await super().set_terminal_size(*terminal_size(width, height))
+
     async def _open_app_process(self, width: int = 80, height: int = 24) -> Process:
+        width, height = terminal_size(width, height)
         environment = self._build_environment(width=width, height=height)
         self._process = process = await asyncio.create_subprocess_shell(
             "exec " + self.command,
@@ -153,11 +181,13 @@ async def end_process(process: Process) -> None:
 
 
 class HeadscopeServer(Server):
-    """textual-serve's server behind a token, an Origin check and a cap on sessions."""
+    """textual-serve's server behind a token, an Origin check and a cap on sessions; its page
+    built from the request (the address the browser used), with no third-party request."""
 
     def __init__(self, command: str, *, host: str, port: int, title: str, token: str,
                  max_sessions: int = MAX_SESSIONS) -> None:
-        super().__init__(command, host=host, port=port, title=title)
+        super().__init__(command, host=host, port=port, title=title,
+                         public_url=f"http://{url_host(host)}:{port}", templates_path=TEMPLATES)
         self.token = token
         self.max_sessions = max_sessions
         self.sessions = 0
@@ -165,13 +195,30 @@ class HeadscopeServer(Server):
 
     @property
     def url(self) -> str:
-        """The address to open, with the token."""
-        return f"{self.public_url}/?token={self.token}"
+        """The address to open, with the token (URL-encoded: ``+ # & %`` would change it)."""
+        return f"{self.public_url}/?token={quote(self.token, safe='')}"
 
     async def _make_app(self) -> web.Application:
         app = await super()._make_app()
         app.middlewares.append(self._guard)
+        app.on_response_prepare.append(_no_referrer)
         return app
+
+    @aiohttp_jinja2.template("app_index.html")
+    async def handle_index(self, request: web.Request) -> dict[str, Any]:
+        """The page, its URLs from the request: the websocket at the address the browser used
+        (its Host: ``[::1]``, ``localhost``, a tunnel's local port, the machine's name for
+        ``0.0.0.0``), the static files relative to it. textual-serve builds both from the
+        bind address (``ws://0.0.0.0``, ``ws://::1:8000``), and then the explorer never starts."""
+        host = request.host if _HOST.fullmatch(request.host or "") else f"{url_host(self.host)}:{self.port}"
+        scheme = "wss" if request.secure else "ws"
+        size = request.query.get("fontsize", "16")
+        return {
+            "font_size": int(size) if size.isascii() and size.isdigit() and 0 < int(size) <= 64 else 16,
+            "app_websocket_url": f"{scheme}://{host}/ws",
+            "config": {"static": {"url": "/static/"}},
+            "application": {"name": self.title},
+        }
 
     def _has_token(self, request: web.Request) -> tuple[bool, bool]:
         """(authorised, by the URL's token): the URL's ``token`` or the page's cookie."""
@@ -197,10 +244,14 @@ class HeadscopeServer(Server):
                 return _page(503, "Too many sessions", self._cap_text())
         elif request.path == "/" and self.sessions >= self.max_sessions:
             return _page(503, "Too many sessions", self._cap_text())
-        response = await handler(request)
-        if by_url and request.path == "/" and not response.prepared:
-            response.set_cookie(self.cookie, self.token, httponly=True, samesite="Strict")
-        return response
+        if by_url and request.path == "/" and request.method == "GET":
+            # The token moves to a cookie and the address bar to the clean URL, so the token
+            # stays out of the history, of the Referer and of every later log line.
+            rest = [(k, v) for k, v in request.query.items() if k != "token"]
+            redirect = web.Response(status=303, headers={"Location": str(request.rel_url.with_query(rest))})
+            redirect.set_cookie(self.cookie, self.token, httponly=True, samesite="Strict")
+            return redirect
+        return await handler(request)
 
     def _cap_text(self) -> str:
         return (f"{self.sessions} explorer sessions are open, the most this server runs at once "
@@ -228,6 +279,30 @@ class HeadscopeServer(Server):
         for close in closers:
             with contextlib.suppress(Exception):
                 await close()
+
+
+async def _no_referrer(request: web.Request, response: web.StreamResponse) -> None:
+    """No page of the server sends a Referer (a link followed from the explorer)."""
+    response.headers.setdefault("Referrer-Policy", "no-referrer")
+
+
+class RedactToken(logging.Filter):
+    """The access log's ``?token=…`` (the first request's, or a script's) as ``token=…``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg = _TOKEN_IN_URL.sub("…", str(record.msg))
+        if record.args:
+            record.args = tuple(_TOKEN_IN_URL.sub("…", a) if isinstance(a, str) else a
+                                for a in record.args)  # type: ignore[union-attr]
+        return True
+
+
+def url_host(host: str) -> str:
+    """``host`` as a URL writes it: an IPv6 address in brackets (``http://[::1]:8000``), and
+    this machine's name for a wildcard bind (``0.0.0.0`` is no address to open)."""
+    if host in ("0.0.0.0", "::", ""):
+        return socket.gethostname()
+    return f"[{host}]" if ":" in host else host
 
 
 def same_origin(origin: str, host: str) -> bool:
@@ -269,6 +344,7 @@ def serve(command: str, *, host: str, port: int, title: str, token: str | None =
     """Serve ``command`` (one app per browser tab) until Ctrl-C / SIGTERM; ``token``:
     the key every request needs (random if None)."""
     check_port(host, port)
+    logging.getLogger("aiohttp.access").addFilter(RedactToken())
     _server.AppService = AppProcess  # type: ignore[misc]  # the server builds AppService by name
     try:
         HeadscopeServer(command, host=host, port=port, title=title, token=token or new_token(),

@@ -1,6 +1,6 @@
 """``headscope timeline PATH [PATH ...]``: every head's scores across training checkpoints.
 
-Registered by ``tui/cli/main.py`` (``add_parser`` and ``run``); the work is
+The work is
 ``engine.api.timeline.compute_timeline``. ``--json`` prints ``Timeline.to_dict()``; otherwise one
 row per head (a sparkline and the last value of each score, and the head's largest phase
 change), the phase changes, and the step where the most heads changed. Warnings (identical
@@ -15,8 +15,9 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from headscope.tui.cli import args as args_types
-from headscope.tui.cli.cache import add_store_args, results_store
+from headscope.tui.cli.options import command_parser, json_arg, raw_arg, store_arg
 from headscope.tui.cli.output import say
+from headscope.tui.cli.store import results_store
 
 if TYPE_CHECKING:
     from headscope.engine.api.timeline import StepScores, Timeline
@@ -39,19 +40,16 @@ PRIORITY = ("induction_score", "prev_token_score", "copying_score", "k_compositi
 FIXED_WIDTH = 42
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """The ``timeline`` subcommand on ``headscope``'s subparsers."""
-    help_text = ("every head's scores across training checkpoints, with the phase changes "
-                 "(a directory of step-*/checkpoint-* subdirectories, or several checkpoints in order)")
-    p = subparsers.add_parser("timeline", help=help_text, description=help_text,
-                              epilog=f"example:\n  {EXAMPLE}\n  headscope timeline ckpt/step1000 "
-                                     "ckpt/step2000 ckpt/step4000 --json",
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+def register(sub: Any) -> None:
+    """The ``timeline`` subcommand."""
+    p = command_parser(sub, "timeline", "every head's scores across training checkpoints, with the "
+                       "phase changes (a directory of step-*/checkpoint-* subdirectories, or "
+                       "several checkpoints in order)",
+                       [EXAMPLE, "headscope timeline ckpt/step1000 ckpt/step2000 ckpt/step4000 --json"])
     p.add_argument("paths", nargs="+", metavar="PATH",
                    help="a directory of checkpoint subdirectories, or two or more checkpoints in order")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--raw", action="store_true",
-                   help="use the weights as stored (no LayerNorm folding or centring)")
+    json_arg(p)
+    raw_arg(p)
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the random token sequences and baselines (default 0, as `heads`)")
     p.add_argument("--workers", type=args_types.workers, default=1,
@@ -59,8 +57,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--scheduler", metavar="tcp://HOST:PORT",
                    help="score the steps on this Dask scheduler, one task per step (workers "
                         "read the checkpoints from the same paths); needs headscope[cluster]")
-    add_store_args(p)
-    return p
+    store_arg(p)
+    p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,8 +1,6 @@
 """``headscope patch`` and ``headscope path-patch``: activation, attribution and path patching
-(docs/math.md, "Patching"). (``headscope path`` is the weight-based virtual path of two heads;
-the path patching of an edge is ``path-patch``.)
-
-Registered by ``tui/cli/main.py`` (``add_parsers`` and ``HANDLERS``); the work is
+(docs/math.md, "Patching"): what the two commands (commands/patch.py, commands/path_patch.py)
+share, their inputs, the run and the table. The work is
 ``engine.api.report.patch_request`` (inputs resolved and validated) and ``patch_report``
 (``sweeps.compute.patch``, through the results store). ``--json`` prints
 ``api.report.patch_dict``; otherwise a table: the clean and corrupt runs' metric, then one
@@ -23,61 +21,13 @@ from typing import Any
 from headscope.engine.core.errors import IndexOutOfRangeError, InvalidRequestError, PromptError
 from headscope.engine.core.validation import BUILTIN_TASKS
 from headscope.tui.cli import args as args_types
-from headscope.tui.cli.cache import add_quiet_arg, add_store_args, results_store
+from headscope.tui.cli.options import json_arg, quiet_arg, raw_arg, store_arg
 from headscope.tui.cli.output import EXIT_OK, EXIT_USAGE, emit, open_for_command, say
 from headscope.tui.cli.progress import progress_bar
-from headscope.tui.cli.reading import head_ref
-
-PATCH_EXAMPLE = ("headscope patch sample_models/attn-only-2l --clean \"cake card kite cup hotel mouse "
-                 "cake card kite cup hotel\" --corrupt \"cake card kite cup hotel mouse Ivy Jack shoe "
-                 "Ryan Lily\" --answer mouse --wrong Ivy")
-PATH_PATCH_EXAMPLE = ("headscope path-patch sample_models/attn-only-2l L0.H1 L1.H2 --patch k "
-                      "--task first-occurrence")
-SITES = ("out", "q", "k", "v", "pattern")  # core.validation.PATCH_SITES, for argparse's choices
+from headscope.tui.cli.store import results_store
 
 
-def add_parsers(subparsers: Any) -> None:
-    """The ``patch`` and ``path-patch`` subcommands on ``headscope``'s subparsers."""
-    help_text = ("activation patching of every head: run the corrupt input with one head's clean "
-                 "activation (denoising; --noising the reverse) and report how much of the clean "
-                 "metric it recovers")
-    p = subparsers.add_parser("patch", help=help_text, description=help_text,
-                              epilog=f"examples:\n  {PATCH_EXAMPLE}\n"
-                                     "  headscope patch sample_models/attn-only-2l --heads L1.H1,L1.H2\n"
-                                     "  headscope patch sample_models/attn-only-2l --method attribution --verify 3",
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("path", help="model directory, .safetensors or .gguf file")
-    p.add_argument("--site", choices=SITES, default="out",
-                   help="what is patched: the head's output z (out, default), its queries, keys, "
-                        "values or attention pattern")
-    p.add_argument("--method", choices=("exact", "attribution"), default="exact",
-                   help="exact patching (default), or attribution patching: a first-order "
-                        "estimate of every head from one backward pass")
-    p.add_argument("--verify", type=args_types.count, default=0, metavar="K",
-                   help="with --method attribution: patch the top K heads by |estimate| exactly too")
-    p.add_argument("--heads", action="append", metavar="L.H,...",
-                   help="patch these heads together, e.g. L1.H1,L1.H2 (repeat for more sets; "
-                        "default: every head alone)")
-    p.add_argument("--by-position", action="store_true",
-                   help="also patch each position alone and report each")
-    _inputs(p)
-    p.add_argument("--top", type=args_types.count, default=None,
-                   help="rows of the table (default: all; --json has every row)")
-
-    help_text = ("path patching of a composition edge: the sender's clean output enters only the "
-                 "receiver's query, key or value input; every other path stays corrupt")
-    p = subparsers.add_parser("path-patch", help=help_text, description=help_text,
-                              epilog=f"example:\n  {PATH_PATCH_EXAMPLE}",
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("path", help="model directory, .safetensors or .gguf file")
-    p.add_argument("sender", type=head_ref, help="the earlier head, e.g. L0.H1")
-    p.add_argument("receiver", type=head_ref, help="the later head, e.g. L1.H2")
-    p.add_argument("--patch", choices=("q", "k", "v"), default="q",
-                   help="the receiver's input the sender's output enters (default q)")
-    _inputs(p)
-
-
-def _inputs(p: argparse.ArgumentParser) -> None:
+def inputs(p: argparse.ArgumentParser) -> None:
     """The prompt, metric and run options both commands share."""
     p.add_argument("--clean", metavar="TEXT", help="the clean prompt (with --corrupt, --answer, --wrong)")
     p.add_argument("--corrupt", metavar="TEXT", help="the corrupt prompt, the same number of tokens")
@@ -104,11 +54,10 @@ def _inputs(p: argparse.ArgumentParser) -> None:
                    help="task: sequences averaged over (default 4)")
     p.add_argument("--noising", action="store_true",
                    help="run the clean input and patch in corrupt activations instead")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--raw", action="store_true",
-                   help="use the weights as stored (no LayerNorm folding or centring)")
-    add_store_args(p)
-    add_quiet_arg(p)
+    json_arg(p)
+    raw_arg(p)
+    store_arg(p)
+    quiet_arg(p)
 
 
 def _usage(message: str) -> int:
@@ -153,7 +102,7 @@ def _id_list(text: str | None) -> list[int] | None:
     return None if text is None else [int(t) for t in text.split(",") if t.strip()]
 
 
-def _run(args: argparse.Namespace, command: str, **more: Any) -> Any:
+def run_patching(args: argparse.Namespace, command: str, **more: Any) -> Any:
     """Open the model, resolve and validate the inputs (a problem with them: exit 2), patch."""
     from headscope.engine.api.report import patch_report
     from headscope.engine.core.validation import check_patchable
@@ -171,30 +120,15 @@ def _run(args: argparse.Namespace, command: str, **more: Any) -> Any:
         return patch_report(model, req, store=results_store(args), progress=progress)
 
 
-def cmd_patch(args: argparse.Namespace) -> int:
-    result = _run(args, "patch", site=args.site, method=args.method, verify=args.verify,
-                  heads=args.heads, by_position=args.by_position)
-    if isinstance(result, int):
-        return result
-    _emit(args, result)
-    return EXIT_OK
-
-
-def cmd_path_patch(args: argparse.Namespace) -> int:
-    result = _run(args, "path-patch", site=args.patch, edge=(args.sender, args.receiver))
-    if isinstance(result, int):
-        return result
-    _emit(args, result)
-    return EXIT_OK
-
-
-def _emit(args: argparse.Namespace, result: Any) -> None:
+def emit_result(args: argparse.Namespace, result: Any) -> int:
+    """Print ``result`` (JSON or the table); its note joins the warnings said at the end."""
     from headscope.engine.api.report import patch_dict
 
     report = patch_dict(result)
     if result.note:
         args.warnings = [*getattr(args, "warnings", []), result.note]
     emit(report, args.json, lambda: _table(result, getattr(args, "top", None)))
+    return EXIT_OK
 
 
 def _recovered_key(row: Any) -> float:

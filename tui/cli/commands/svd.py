@@ -1,0 +1,48 @@
+"""``headscope svd PATH LAYER HEAD``: a head's top singular directions as tokens (docs/math.md,
+"Reading a head"); the work is ``engine.api.report.svd_report``. ``--json`` prints the report;
+otherwise one row per singular direction, its tokens each side."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from headscope.tui.cli.options import command_parser, json_arg, model_arg, raw_arg
+from headscope.tui.cli.output import EXIT_OK, emit
+
+EXAMPLE = "headscope svd sample_models/attn-only-2l 1 2 --kind ov --k 5 --top 10 --json"
+
+
+def register(sub: Any) -> None:
+    p = command_parser(sub, "svd", "a head's top singular directions as tokens: what each "
+                       "direction reads (OV: source tokens, QK: query tokens) and writes "
+                       "(OV: predicted tokens, QK: key tokens)", EXAMPLE)
+    model_arg(p)
+    p.add_argument("layer", type=int)
+    p.add_argument("head", type=int)
+    p.add_argument("--kind", choices=("ov", "qk"), default="ov")
+    p.add_argument("--k", type=int, default=5, help="how many directions (default 5)")
+    p.add_argument("--top", type=int, default=10, help="tokens listed each side (default 10)")
+    json_arg(p)
+    raw_arg(p)
+    p.set_defaults(handler=run)
+
+
+def tokens_text(tokens: list[dict[str, Any]]) -> str:
+    return " ".join(f"{t['token']!r}({t['value']:+.2f})" for t in tokens)
+
+
+def run(args: argparse.Namespace) -> int:
+    from headscope.engine.api.model import open_model
+    from headscope.engine.api.report import svd_report
+
+    report = svd_report(open_model(args.path, raw=args.raw), args.layer, args.head, args.kind,
+                        k=args.k, top=args.top)
+
+    def table() -> tuple[list[str], list[list[Any]]]:
+        rows = [[d["direction"], d["sigma"], d["overlap"], tokens_text(d["in_tokens"]),
+                 tokens_text(d["out_tokens"])] for d in report["directions"]]
+        return ["direction", "sigma", "overlap", "reads (in)", "writes (out)"], rows
+
+    emit(report, args.json, table)
+    return EXIT_OK
