@@ -31,11 +31,9 @@ from headscope.engine.forward.transformer import (
     attention,
     attention_input,
     attention_mask,
-    attention_scores,
     embed,
     finish_block,
     norm_scale,
-    projections,
     read_next,
     rotate_queries_keys,
     token_ids,
@@ -114,22 +112,25 @@ def qk_attribution(w: WeightSource, tokens: Sequence[int], layer: int, head: int
     n = n_tokens if (cfg.extra.get("rope_type") == "longrope") else query + 1
 
     with torch.inference_mode():
-        parts, x = _components(tw, toks[:, :n], layer, head)  # [C, n, 2e], stream entering `layer`
-        e = cfg.d_head
-        scale = norm_scale(x[0], cfg)  # [n, 1]: frozen
+        q_parts, k_parts, x = _components(tw, toks[:, :n], layer, head, query)  # [C-1, e], [C-1, n, e]
+        scale = norm_scale(x[0], cfg)[: query + 1]  # [Q+1, 1]: frozen
         bias_q, bias_k = _bias_parts(tw, layer, head)
-        # each part of the query at Q and of the key at 0..Q, the bias last
-        q_parts = torch.cat([parts[:, query, :e] / scale[query], bias_q[None]])  # [C, e]
-        k_parts = torch.cat([parts[:, : query + 1, e:] / scale[: query + 1],
-                             bias_k.expand(1, query + 1, e)])  # [C, Q+1, e]
-        q_rot, k_rot = rotate_queries_keys(tw, layer, q_parts[None, :, None], k_parts[None], seq_len=n)
-        q_rot, k_rot = q_rot[0, :, 0], k_rot[0][:, key_ids]  # [C, e], [C, K, e]
+        # each part of the query at Q and of the key at 0..Q, divided by its position's scale;
+        # the bias; last the whole stream: the model's score, through the same reading
+        read_q, read_k = _reading(tw, layer, head).split(cfg.d_head, dim=1)
+        stream_q, stream_k = x[0, query] @ read_q / scale[query], x[0, : query + 1] @ read_k / scale
+        q_all = torch.cat([q_parts / scale[query], bias_q[None], (stream_q + bias_q)[None]])
+        k_all = torch.cat([k_parts[:, : query + 1] / scale, bias_k.expand(1, query + 1, -1),
+                           (stream_k + bias_k)[None]])
+        q_rot, k_rot = rotate_queries_keys(tw, layer, q_all[None, :, None], k_all[None], seq_len=n)
+        q_rot, k_rot = q_rot[0, :, 0], k_rot[0][:, key_ids]  # [C+1, e], [C+1, K, e]
+        score = q_rot[-1] @ k_rot[-1].T / cfg.scale  # [K]
+        q_rot, k_rot = q_rot[:-1], k_rot[:-1]
         terms = torch.einsum("ae,bke->abk", q_rot, k_rot) / cfg.scale  # one GEMM
         # the totals from the summed other side, in float64: Σ_b q_a·k_b = q_a·(Σ_b k_b)
         q64, k64 = q_rot.double(), k_rot.double()
         query_totals = torch.einsum("ae,ke->ak", q64, k64.sum(0)) / cfg.scale
         key_totals = torch.einsum("e,bke->bk", q64.sum(0), k64) / cfg.scale
-        score = _score(tw, layer, head, x, query)[key_ids]
 
     nonfinite = not (bool(torch.isfinite(score).all()) and bool(torch.isfinite(terms).all()))
     return QKAttribution(
@@ -217,18 +218,28 @@ def _constant_outputs(w: TorchWeights, layer: int) -> Tensor:
     return torch.einsum("he,hem->hm", b_v, w.get(f"{pre}.W_O"))
 
 
-def _components(w: TorchWeights, toks: Tensor, layer: int, head: int) -> tuple[Tensor, Tensor]:
-    """The forward pass to ``layer``: every residual component's projection ``c @ P``
-    (``_reading``) at every position, ``[C - 1, n, 2·d_head]`` in ``component_names`` order
-    (without ``bias``), and the stream entering ``layer`` ``[1, n, d_model]``."""
+def _components(w: TorchWeights, toks: Tensor, layer: int, head: int, query: int
+                ) -> tuple[Tensor, Tensor, Tensor]:
+    """The forward pass to ``layer``: every residual component (``component_names`` order,
+    without ``bias``) through the head's reading (``_reading``, before the scale), its query
+    side at ``query`` ``[C - 1, d_head]`` and its key side at every position ``[C - 1, n,
+    d_head]``; and the stream entering ``layer`` ``[1, n, d_model]``. The heads' key sides cost
+    ``n·d_model²`` per layer on top of the pass (a 7B layer: ~8%)."""
     import torch
 
-    cfg = w.cfg
-    reading = _reading(w, layer, head)  # [d_model, 2e]
+    cfg, e = w.cfg, w.cfg.d_head
+    read_q, read_k = _reading(w, layer, head).split(e, dim=1)  # [d_model, e] each
     n = toks.shape[1]
-    parts = [w.embed_rows(toks[0]) @ reading]
+    q_parts: list[Tensor] = []
+    k_parts: list[Tensor] = []
+
+    def add(c: Tensor) -> None:  # c: [n, d_model] or [h, n, d_model]
+        q_parts.append((c[..., query, :] @ read_q).reshape(-1, e))
+        k_parts.append((c @ read_k).reshape(-1, n, e))
+
+    add(w.embed_rows(toks[0]))
     if cfg.positional == "learned":
-        parts.append(w.get("pos_embed.W_pos")[:n] @ reading)
+        add(w.get("pos_embed.W_pos")[:n])
     x = embed(w, toks)
     for l in range(layer):  # noqa: E741
         read_next(w, l)
@@ -236,19 +247,11 @@ def _components(w: TorchWeights, toks: Tensor, layer: int, head: int) -> tuple[T
         mlp_out: list[Tensor] = []
         x = finish_block(w, l, x, a, on_mlp=mlp_out.append)
         constant = _constant_outputs(w, l)  # [h, d_model]
-        heads = result[0] @ reading - (constant @ reading)[:, None]  # [h, n, 2e]
-        attn_bias = (w.get(f"blocks.{l}.attn.b_O") + constant.sum(dim=0)) @ reading
-        parts += [*heads, attn_bias.expand(n, -1)]
+        add(result[0] - constant[:, None])  # each head less its constant part
+        add((w.get(f"blocks.{l}.attn.b_O") + constant.sum(dim=0)).expand(n, -1))  # a{l}.bias
         if mlp_out:
-            parts.append(mlp_out[0][0] @ reading)
-    return torch.stack(parts), x
-
-
-def _score(w: TorchWeights, layer: int, head: int, x: Tensor, query: int) -> Tensor:
-    """The model's own score ``[n]`` from ``query`` to every position of the stream ``x``
-    entering ``layer`` (before the mask; keys after the query are meaningless)."""
-    q, k, _ = projections(w, layer, attention_input(w, layer, x))
-    return attention_scores(w, layer, q[:, head: head + 1], k[:, head: head + 1])[0, 0, query]
+            add(mlp_out[0][0])
+    return torch.cat(q_parts), torch.cat(k_parts), x
 
 
 def _readonly(t: Tensor, dtype: type) -> np.ndarray:
