@@ -2,7 +2,8 @@
 
 For the bundled attn-only-2l (TransformerLens' native bridge, raw weights), GPT-2 (MLPs,
 learned positions), Llama (RMSNorm, rotary, grouped-query attention), NeoX (partial rotary,
-parallel attention + MLP) and Qwen2 (QKV biases, GQA), on every head of every layer:
+parallel attention + MLP), Qwen2 (QKV biases, GQA), Phi (partial rotary, parallel, biases
+everywhere), Phi-3 and Mixtral (experts), on every head of every layer:
 
 - the score equals TransformerLens' ``hook_attn_scores[0, h, Q, K]`` (the native bridge's
   ``hook_attn_scores`` is its pattern, so there: ``hook_q · hook_k / √d_head``) to 1e-5 of the
@@ -20,7 +21,8 @@ The reference: the components of ``resid_pre[L]`` from ``hook_embed``, ``hook_po
 less the constant ``(b·W_V[h] + b_V[h]) W_O[h]``, ``b_O`` plus those constants,
 ``hook_mlp_out``; each normalised with ``blocks.L.ln1.hook_scale`` (LayerNorm: centred
 first), times the norm's gain, through ``W_Q[h]`` / ``W_K[kv(h)]``, rotated with the bridge's
-own ``hook_cos`` / ``hook_sin`` at its position, in float64.
+own ``hook_cos`` / ``hook_sin`` at its position, in float64. (GPT-J is left out: its bridge
+has no ``hook_cos`` and keeps the interleaved rotary layout, and this reference rotates halves.)
 """
 
 from __future__ import annotations
@@ -42,10 +44,11 @@ from headscope.engine.forward.qk_attribution import component_names, out_of_scop
 from headscope.engine.model.loading import open_model
 from tests import family_fixtures
 from tests.conftest import INDUCTION_HEAD, PREV_TOKEN_HEAD, sample_model
+from tests.hf_fixtures_phi import phi3_dir, phi_dir  # noqa: F401  (session-scoped pytest fixtures)
 from tests.test_patching import boot_native
 from tests.test_tl_parity import boot_transformer_lens
 
-FAMILIES = ["gpt2", "llama", "neox", "qwen2"]
+FAMILIES = ["gpt2", "llama", "neox", "qwen2", "phi", "phi3"]
 TOKENS = [1, 5, 9, 2, 33, 7, 5, 9, 12, 40, 3, 9]
 QUERY = 9  # keys 0..9; positions 10, 11 must change nothing
 SCORE_RTOL = 1e-5  # the issue's: of the row's largest |score|
@@ -277,6 +280,11 @@ def test_matches_transformer_lens_and_the_hook_reference(name: str, request: pyt
 
 def test_attn_only_2l_matches_transformer_lens_and_the_hook_reference() -> None:
     check_model("attn-only-2l", sample_model("attn-only-2l"))
+
+
+def test_mixtral_matches_transformer_lens_and_the_hook_reference(tmp_path: Path) -> None:
+    """A sparse mixture of experts: ``m{l}`` is the routed experts' weighted sum."""
+    check_model("mixtral", family_fixtures.build_mixtral(tmp_path / "mixtral")[0])
 
 
 def test_induction_head_keys_come_from_the_previous_token_head() -> None:
