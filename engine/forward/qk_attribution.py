@@ -112,12 +112,12 @@ def qk_attribution(w: WeightSource, tokens: Sequence[int], layer: int, head: int
     n = n_tokens if (cfg.extra.get("rope_type") == "longrope") else query + 1
 
     with torch.inference_mode():
-        q_parts, k_parts, x = _components(tw, toks[:, :n], layer, head, query)  # [C-1, e], [C-1, n, e]
+        read_q, read_k = _reading(tw, layer, head).split(cfg.d_head, dim=1)  # [d_model, e] each
+        q_parts, k_parts, x = _components(tw, toks[:, :n], layer, query, read_q, read_k)  # [C-1, e], [C-1, n, e]
         scale = norm_scale(x[0], cfg)[: query + 1]  # [Q+1, 1]: frozen
         bias_q, bias_k = _bias_parts(tw, layer, head)
         # each part of the query at Q and of the key at 0..Q, divided by its position's scale;
         # the bias; last the whole stream: the model's score, through the same reading
-        read_q, read_k = _reading(tw, layer, head).split(cfg.d_head, dim=1)
         stream_q, stream_k = x[0, query] @ read_q / scale[query], x[0, : query + 1] @ read_k / scale
         q_all = torch.cat([q_parts / scale[query], bias_q[None], (stream_q + bias_q)[None]])
         k_all = torch.cat([k_parts[:, : query + 1] / scale, bias_k.expand(1, query + 1, -1),
@@ -138,7 +138,7 @@ def qk_attribution(w: WeightSource, tokens: Sequence[int], layer: int, head: int
         score=_readonly(score, np.float32), terms=_readonly(terms, np.float32),
         query_totals=_readonly(query_totals, np.float64), key_totals=_readonly(key_totals, np.float64),
         nonfinite=nonfinite, path=path,
-        note="layer 0 reads the embeddings only: embed, pos, bias" if layer == 0 else "",
+        note=f"layer 0 reads the embeddings only: {', '.join(names)}" if layer == 0 else "",
     )
 
 
@@ -218,7 +218,7 @@ def _constant_outputs(w: TorchWeights, layer: int) -> Tensor:
     return torch.einsum("he,hem->hm", b_v, w.get(f"{pre}.W_O"))
 
 
-def _components(w: TorchWeights, toks: Tensor, layer: int, head: int, query: int
+def _components(w: TorchWeights, toks: Tensor, layer: int, query: int, read_q: Tensor, read_k: Tensor
                 ) -> tuple[Tensor, Tensor, Tensor]:
     """The forward pass to ``layer``: every residual component (``component_names`` order,
     without ``bias``) through the head's reading (``_reading``, before the scale), its query
@@ -228,7 +228,6 @@ def _components(w: TorchWeights, toks: Tensor, layer: int, head: int, query: int
     import torch
 
     cfg, e = w.cfg, w.cfg.d_head
-    read_q, read_k = _reading(w, layer, head).split(e, dim=1)  # [d_model, e] each
     n = toks.shape[1]
     q_parts: list[Tensor] = []
     k_parts: list[Tensor] = []
