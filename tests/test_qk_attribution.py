@@ -411,3 +411,26 @@ def test_non_finite_activations_are_flagged() -> None:
         found = qk_attribution(_NaNWeights(model.weights, "blocks.0.attn.W_V"), TOKENS, 1, 2, 8)
     assert found.nonfinite
     assert not qk_attribution(model.weights, TOKENS, 1, 2, 8).nonfinite
+
+
+def test_one_pass_to_the_layer_over_the_query_prefix(gpt2_dir: tuple[Path, Any], monkeypatch: pytest.MonkeyPatch
+                                                     ) -> None:
+    """The cost the issue bounds: the blocks below ``layer`` run once each, on the first
+    ``query + 1`` positions only (causal: later tokens change nothing there), whatever the
+    number of keys; nothing of ``layer`` itself runs but the head's own reading."""
+    from headscope.engine.forward import qk_attribution as module
+
+    model = open_model(gpt2_dir[0])
+    seen: list[tuple[int, int]] = []
+    real = module.attention
+
+    def counting(w: Any, layer: int, x: torch.Tensor, *args: Any) -> Any:
+        seen.append((layer, x.shape[1]))
+        return real(w, layer, x, *args)
+
+    monkeypatch.setattr(module, "attention", counting)
+    found = module.qk_attribution(model.weights, TOKENS, 1, 3, 6)
+    assert seen == [(0, 7)] and found.keys == tuple(range(7))
+    seen.clear()
+    module.qk_attribution(model.weights, TOKENS, 0, 3, 11)
+    assert seen == []
