@@ -38,7 +38,6 @@ __all__ = [
     "activation",
     "attention_mask",
     "attention_pattern",
-    "attention_scores",
     "blocks",
     "blocks_together",
     "log_probs",
@@ -375,18 +374,13 @@ def attention_pattern(w: WeightSource, layer: int, q: Tensor, k: Tensor) -> Tens
 
     cfg = w.cfg
     n, first = k.shape[-2], k.shape[-2] - q.shape[-2]
-    scores = softcap(attention_scores(w, layer, q, k), cfg.extra.get("attn_softcap"))  # [b, h, s, p]
+    q, k = rotate_queries_keys(w, layer, q, k)
+    scores = q @ k.transpose(-1, -2) / cfg.scale  # [b, h, s, p]
+    scores = softcap(scores, cfg.extra.get("attn_softcap"))
     hidden = attention_mask(cfg, n, layer)
     if hidden is not None:
         scores = scores.masked_fill(hidden[first:], float("-inf"))
     return torch.softmax(scores, dim=-1)
-
-
-def attention_scores(w: WeightSource, layer: int, q: Tensor, k: Tensor) -> Tensor:
-    """``q·k / scale`` ``[b, h, s, p]`` after RoPE, before the soft-cap, the mask and the
-    softmax, of queries ``[b, h, s, d_head]`` at the last ``s`` of the keys' ``p`` positions."""
-    q, k = rotate_queries_keys(w, layer, q, k)
-    return q @ k.transpose(-1, -2) / w.cfg.scale
 
 
 def rotate_queries_keys(w: WeightSource, layer: int, q: Tensor, k: Tensor, seq_len: int | None = None
