@@ -47,6 +47,7 @@ __all__ = [
     "rotary",
     "rotary_inv_freq",
     "rotary_scale",
+    "rotate_queries_keys",
     "run",
     "run_ablations",
     "token_ids",
@@ -173,21 +174,31 @@ def attention_input(w: WeightSource, layer: int, x: Tensor) -> Tensor:
     return x if w.cfg.post_ln else pre_norm(w, f"blocks.{layer}.ln1", x)
 
 
-def finish_block(w: WeightSource, layer: int, x: Tensor, a: Tensor) -> Tensor:
-    """The rest of block ``layer`` given its input ``x`` and its attention output ``a``."""
+def finish_block(w: WeightSource, layer: int, x: Tensor, a: Tensor, *,
+                 on_mlp: Callable[[Tensor], None] | None = None) -> Tensor:
+    """The rest of block ``layer`` given its input ``x`` and its attention output ``a``.
+
+    ``on_mlp(out)``, if given, sees what the MLP adds to the residual stream ``[b, p,
+    d_model]`` (TransformerLens' ``hook_mlp_out``): QK attribution keeps it as a component."""
     cfg = w.cfg
     ln1, ln2 = f"blocks.{layer}.ln1", f"blocks.{layer}.ln2"
+
+    def seen(out: Tensor) -> Tensor:
+        if on_mlp is not None:
+            on_mlp(out)
+        return out
+
     if cfg.post_ln:  # BERT: normalise after each residual add
         x = norm(w, ln1, x + a)
         if not cfg.attn_only:
-            x = norm(w, ln2, x + mlp(w, layer, x))
+            x = norm(w, ln2, x + seen(mlp(w, layer, x)))
         return x
     if cfg.attn_only:
         return x + a
     if cfg.parallel_attn_mlp:  # GPT-NeoX: both read the same residual stream
-        return x + a + mlp(w, layer, norm(w, ln2, x))
+        return x + a + seen(mlp(w, layer, norm(w, ln2, x)))
     x = x + post_norm(w, f"blocks.{layer}.ln1_post", a)
-    return x + post_norm(w, f"blocks.{layer}.ln2_post", mlp(w, layer, pre_norm(w, ln2, x)))
+    return x + seen(post_norm(w, f"blocks.{layer}.ln2_post", mlp(w, layer, pre_norm(w, ln2, x))))
 
 
 def blocks(w: WeightSource, x: Tensor, start: int = 0, stop: int | None = None, *,
@@ -363,18 +374,30 @@ def attention_pattern(w: WeightSource, layer: int, q: Tensor, k: Tensor) -> Tens
 
     cfg = w.cfg
     n, first = k.shape[-2], k.shape[-2] - q.shape[-2]
-    if cfg.positional == "rotary":
-        layer_cfg = layer_config(cfg, layer)
-        inv_freq = rotary_inv_freq(layer_cfg, getattr(w, "path", None), seq_len=n)
-        scale = rotary_scale(layer_cfg)
-        q, k = rotary(q, inv_freq, scale, start=first), rotary(k, inv_freq, scale)
-
+    q, k = rotate_queries_keys(w, layer, q, k)
     scores = q @ k.transpose(-1, -2) / cfg.scale  # [b, h, s, p]
     scores = softcap(scores, cfg.extra.get("attn_softcap"))
     hidden = attention_mask(cfg, n, layer)
     if hidden is not None:
         scores = scores.masked_fill(hidden[first:], float("-inf"))
     return torch.softmax(scores, dim=-1)
+
+
+def rotate_queries_keys(w: WeightSource, layer: int, q: Tensor, k: Tensor, seq_len: int | None = None
+                        ) -> tuple[Tensor, Tensor]:
+    """RoPE of ``layer`` on queries ``[.., s, d_head]`` and keys ``[.., p, d_head]`` (keys at
+    positions ``0 .. p-1``, queries at the last ``s`` of them); both unchanged without rotary
+    positions. ``seq_len``: the length of the sequence whose frequencies apply (LongRoPE picks
+    them by it), ``p`` unless given. Every leading dimension is a batch: QK attribution rotates
+    each residual component's part of a query or key as the forward pass rotates the whole."""
+    cfg = w.cfg
+    if cfg.positional != "rotary":
+        return q, k
+    n, first = k.shape[-2], k.shape[-2] - q.shape[-2]
+    layer_cfg = layer_config(cfg, layer)
+    inv_freq = rotary_inv_freq(layer_cfg, getattr(w, "path", None), seq_len=n if seq_len is None else seq_len)
+    scale = rotary_scale(layer_cfg)
+    return rotary(q, inv_freq, scale, start=first), rotary(k, inv_freq, scale)
 
 
 def combine_heads(w: WeightSource, layer: int, result: Tensor, ablated: Sequence[int], ablation: str
