@@ -441,9 +441,24 @@ def test_pruning_drops_dangling_nodes() -> None:
         g.top(scores, g.n_edges + 1)
 
 
-def test_curve_area_is_the_trapezoid_from_the_empty_circuit() -> None:
-    assert curve_area((0.5, 1.0), (1.0, 1.0)) == pytest.approx(0.25 + 0.5)
-    assert curve_area((1.0,), (1.0,)) == pytest.approx(0.5)
+def test_curve_area_is_mibs_trapezoid() -> None:
+    """MIB's CPR: the trapezoid rule between consecutive points, from the first to the last."""
+    assert curve_area((0.5, 1.0), (1.0, 1.0)) == pytest.approx(0.5)
+    assert curve_area((0.0, 0.5, 1.0), (0.0, 1.0, 0.5)) == pytest.approx(0.25 + 0.375)
+    assert curve_area((1.0,), (0.7,)) == 0.0
+
+
+def test_the_curve_counts_edges_as_mib(first_occurrence: Any) -> None:
+    w, clean, corrupt, metric = first_occurrence
+    ig = edges.edge_scores(w, clean, corrupt, metric, method="eap-ig")
+    curve = edges.faithfulness_curve(w, clean, corrupt, metric, ig)
+    assert [pt.top for pt in curve.points] == [int(f * 52) for f in curve.fractions] == [0, 1, 2, 5, 10, 26, 52]
+    assert curve.points[-1].faithfulness == pytest.approx(1.0, abs=1e-5)
+    values = tuple(pt.faithfulness for pt in curve.points)
+    assert curve.area == pytest.approx(curve_area(curve.fractions, values))
+    assert curve.area_from_1 == pytest.approx(curve_area(curve.fractions, tuple(abs(1 - v) for v in values)))
+    with pytest.raises(InvalidRequestError, match="must increase within 0"):
+        edges.faithfulness_curve(w, clean, corrupt, metric, ig, (0.5, 0.2))
 
 
 # -- the first-occurrence task on attn-only-2l ------------------------------------------------------
@@ -518,3 +533,21 @@ def test_bad_input_is_refused_in_one_line(first_occurrence: Any) -> None:
         edges.faithfulness(w, clean[:1, :12], corrupt[:1, :12], diff, scores, [53])
     with pytest.raises(InvalidRequestError, match=r"no edge 'a9\.h0->logits'"):
         edges.exact_edges(w, same, same, diff, ["a9.h0->logits"])
+
+
+def test_nonfinite_scores_are_flagged_never_nan() -> None:
+    """An edge whose gradient was not finite is flagged, scores 0 (None by name), ranks last
+    and is never picked into a circuit before a finite one."""
+    from headscope.engine.core.edge_results import edge_scores_result
+
+    g = edge_graph(2, 2, attn_only=True, parallel=False)
+    raw = np.linspace(0.1, 1.0, g.n_edges)
+    raw[g.index["a1.h0->logits"]] = np.nan
+    raw[g.index["a1.h1->logits"]] = np.inf
+    s = edge_scores_result(method="eap", steps=0, metric="logit_diff", clean=1.0, corrupt=0.0, graph=g,
+                           scores=raw, tokens=3, batch=1)
+    assert np.isfinite(s.scores).all() and s.nonfinite.sum() == 2
+    assert s.score("a1.h0->logits") is None and s.score("a1.h1->logits") is None
+    assert {g.edges[i] for i in s.ranked()[-2:]} == {"a1.h0->logits", "a1.h1->logits"}
+    picked = g.top(s.scores, g.n_edges - 2, ~s.nonfinite)
+    assert not picked[s.nonfinite].any()

@@ -96,20 +96,24 @@ class Faithfulness:
 
 @dataclass(frozen=True)
 class FaithfulnessCurve:
-    """Faithfulness at ``fractions`` of the edges (``points[i].top = round(fraction ×
-    n_edges)``, at least 1) and the area under it (trapezoid over the fraction, 0 .. 1; the
-    curve starts at (0, 0): no edge is the corrupt run)."""
+    """Faithfulness at ``fractions`` of the edges (``points[i].top = int(fraction ×
+    n_edges)``, as MIB's ``evaluate_area_under_curve``: 0 edges is the corrupt run) and the
+    areas MIB reports: ``area`` (CPR, under the curve) and ``area_from_1`` (CMD, between the
+    curve and 1), both by the trapezoid rule over the fraction between the first and the last
+    point (``curve_area``)."""
 
     fractions: tuple[float, ...]
     points: tuple[Faithfulness, ...]
     area: float
+    area_from_1: float
 
 
 def curve_area(fractions: tuple[float, ...], values: tuple[float, ...]) -> float:
-    """MIB's CPR: the area under faithfulness against the fraction of edges kept, by the
-    trapezoid rule, from the empty circuit (fraction 0, faithfulness 0) to the last point."""
-    x = np.array((0.0, *fractions), dtype=np.float64)
-    y = np.array((0.0, *values), dtype=np.float64)
+    """MIB's CPR (hannamw/MIB-circuit-track, ``evaluate_area_under_curve`` with
+    ``log_scale=False``): ``Σ_i (x_{i+1} - x_i)(f_i + f_{i+1}) / 2`` over consecutive points
+    (fraction ``x``, faithfulness ``f``); CMD is the same sum of ``|1 - f|``."""
+    x = np.asarray(fractions, dtype=np.float64)
+    y = np.asarray(values, dtype=np.float64)
     return float(np.sum((x[1:] - x[:-1]) * (y[1:] + y[:-1]) / 2))
 
 

@@ -359,14 +359,16 @@ def faithfulness(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor | Se
 def faithfulness_curve(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor | Sequence, metric: Metric,
                        scores: EdgeScores, fractions: Sequence[float] = CURVE_FRACTIONS, *,
                        progress: Progress = None, cancelled: Cancelled = None) -> FaithfulnessCurve:
-    """Faithfulness at each fraction of the edges (at least one edge each) and the area
-    under the curve (``edge_results.curve_area``)."""
-    n_edges = scores.graph.n_edges
-    tops = [max(1, round(f * n_edges)) for f in fractions]
+    """Faithfulness at each fraction of the edges (``int(fraction × n_edges)`` of them, as
+    MIB) and the areas under the curve and between it and 1 (``edge_results.curve_area``)."""
+    fractions = tuple(float(f) for f in fractions)
+    if not fractions or any(not 0 <= f <= 1 for f in fractions) or list(fractions) != sorted(fractions):
+        raise InvalidRequestError(None, f"the curve's fractions must increase within 0 .. 1, not {fractions}")
+    tops = [int(f * scores.graph.n_edges) for f in fractions]
     points = faithfulness(w, clean, corrupt, metric, scores, tops, progress=progress, cancelled=cancelled)
-    return FaithfulnessCurve(fractions=tuple(float(f) for f in fractions), points=tuple(points),
-                             area=curve_area(tuple(float(f) for f in fractions),
-                                             tuple(pt.faithfulness for pt in points)))
+    values = tuple(pt.faithfulness for pt in points)
+    return FaithfulnessCurve(fractions=fractions, points=tuple(points), area=curve_area(fractions, values),
+                             area_from_1=curve_area(fractions, tuple(abs(1.0 - v) for v in values)))
 
 
 def exact_edges(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor | Sequence, metric: Metric,
