@@ -511,6 +511,13 @@ def test_progress_and_cancellation(first_occurrence: Any) -> None:
 
     with pytest.raises(CancelledError):
         edges.edge_scores(w, clean, corrupt, metric, method="eap-ig", cancelled=cancel_later)
+    scores = edges.edge_scores(w, clean, corrupt, metric)
+    seen.clear()
+    edges.faithfulness(w, clean, corrupt, metric, scores, [3, 10], progress=seen.append)
+    assert seen == sorted(seen) and seen[-1] == 1.0 and len(seen) >= w.cfg.n_layers
+    calls[0] = 0
+    with pytest.raises(CancelledError):
+        edges.exact_edges(w, clean, corrupt, metric, [K_EDGE], cancelled=cancel_later)
 
 
 # -- bad input -------------------------------------------------------------------------------------
@@ -551,3 +558,16 @@ def test_nonfinite_scores_are_flagged_never_nan() -> None:
     assert {g.edges[i] for i in s.ranked()[-2:]} == {"a1.h0->logits", "a1.h1->logits"}
     picked = g.top(s.scores, g.n_edges - 2, ~s.nonfinite)
     assert not picked[s.nonfinite].any()
+
+
+@pytest.mark.parametrize("build", ["build_gemma2", "build_olmo2"])
+def test_models_normalising_after_their_sublayers_are_refused(build: str, tmp_path: Path) -> None:
+    """Their norms divide the sum of the sources: no source's difference reaches a destination
+    alone, so the graph does not describe them (one line, naming the architecture)."""
+    from tests import family_fixtures
+
+    path, _ = getattr(family_fixtures, build)(tmp_path)
+    model = open_model(path)
+    with pytest.raises(InvalidRequestError, match="edge attribution needs a pre-norm model") as err:
+        edges.edge_scores(model.weights, CLEAN, CORRUPT, patching.LogitDiff(ANSWER, WRONG))
+    assert model.cfg.architecture in str(err.value) and "\n" not in str(err.value)

@@ -258,24 +258,30 @@ def _corrupt_run(w: WeightSource, graph: EdgeGraph, clean: Tensor, corrupt: Tens
 
 
 def _patched_metrics(w: WeightSource, graph: EdgeGraph, clean: Tensor, corrupt: _Corrupt, metric: Metric,
-                     patched: np.ndarray, cancelled: Cancelled, step: Callable[[int], None]) -> list[float]:
+                     patched: np.ndarray, progress: Progress, cancelled: Cancelled) -> list[float]:
     """The metric of a clean run per row of ``patched [c, n_edges]`` (bool): each destination's
     input gets ``Σ (S_corrupt - S_this run)`` over its patched edges, ``S_this run`` what the
     source writes in that same run (EAP-IG's ``evaluate_graph`` with patching). All copies
-    go through the layers together, in chunks (``_COPY_BYTES``)."""
+    go through the layers together, in chunks (``_COPY_BYTES``). Progress: the corrupt run
+    was the first of the passes over the layers, then one per chunk, reported per layer."""
     tw = torch_weights(w)
     b, p = clean.shape
     per_copy = 4 * b * p * graph.n_sources * w.cfg.d_model
     size = max(1, _COPY_BYTES // per_copy)
+    starts = range(0, len(patched), size)
+    layers = w.cfg.n_layers * (len(starts) + 1)
     out: list[float] = []
-    for at in range(0, len(patched), size):
-        out += _patched_chunk(tw, graph, clean, corrupt, metric, patched[at:at + size], cancelled)
-        step(min(size, len(patched) - at))
+    for i, at in enumerate(starts):
+        def layer_done(layer: int, i: int = i) -> None:
+            report(progress, (w.cfg.n_layers * (i + 1) + layer + 1) / layers)
+
+        out += _patched_chunk(tw, graph, clean, corrupt, metric, patched[at:at + size], cancelled, layer_done)
+    report(progress, 1.0)
     return out
 
 
 def _patched_chunk(w: WeightSource, graph: EdgeGraph, clean: Tensor, corrupt: _Corrupt, metric: Metric,
-                   patched: np.ndarray, cancelled: Cancelled) -> list[float]:
+                   patched: np.ndarray, cancelled: Cancelled, layer_done: Callable[[int], None]) -> list[float]:
     cfg = w.cfg
     c = len(patched)
     b, p = clean.shape
@@ -308,6 +314,7 @@ def _patched_chunk(w: WeightSource, graph: EdgeGraph, clean: Tensor, corrupt: _C
         written = _sources_of(graph, layer, out)
         this[:, :, :, first:first + written.shape[2]] = written.reshape(c, b, p, *written.shape[2:])
         x = out.out
+        layer_done(layer)
     d = graph.logits_destination
     x = x + delta(graph.n_sources, slice(d, d + 1))[:, :, 0]
     return [float(v) for v in metric(w, x, c)]
@@ -342,14 +349,8 @@ def faithfulness(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor | Se
     with torch.inference_mode(), one_lapack_thread():
         corrupt_run = _corrupt_run(w, graph, clean_t, corrupt_t, metric)
         _check_differ(w, metric, corrupt_run)
-        done = [0]
-
-        def step(k: int) -> None:
-            done[0] += k
-            report(progress, done[0] / max(1, len(circuits)))
-
         found = _patched_metrics(w, graph, clean_t, corrupt_run, metric, np.stack([~c for c in circuits]),
-                                 cancelled, step)
+                                 progress, cancelled) if circuits else []
     span = corrupt_run.clean - corrupt_run.corrupt
     return [Faithfulness(top=n, edges=int(c.sum()), clean=corrupt_run.clean, corrupt=corrupt_run.corrupt,
                          circuit=m, faithfulness=(m - corrupt_run.corrupt) / span, in_circuit=_readonly(c))
@@ -386,13 +387,7 @@ def exact_edges(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor | Seq
     check_cancelled(cancelled)
     with torch.inference_mode(), one_lapack_thread():
         corrupt_run = _corrupt_run(w, graph, clean_t, corrupt_t, metric)
-        done = [0]
-
-        def step(k: int) -> None:
-            done[0] += k
-            report(progress, done[0] / max(1, len(edges)))
-
-        found = _patched_metrics(w, graph, clean_t, corrupt_run, metric, rows, cancelled, step) if len(edges) else []
+        found = _patched_metrics(w, graph, clean_t, corrupt_run, metric, rows, progress, cancelled) if len(edges) else []
     return [ExactEdge(edge=name, estimate=None if scores is None else scores.score(name), patched=m,
                       exact=m - corrupt_run.clean) for name, m in zip(edges, found, strict=True)]
 
