@@ -427,6 +427,15 @@ def test_the_graph_counts_as_eap_ig() -> None:
     assert attn.edges[-1] == "a1.h2->logits" and "a1.h0->a1.h1<q>" not in attn.index
 
 
+def test_edge_counts_are_mibs() -> None:
+    """The MIB circuit track's ``EDGE_COUNTS`` of its models (hannamw/MIB-circuit-track),
+    from their shapes: GPT-2 small, Qwen2.5-0.5B, Gemma 2 2B, Llama 3.1 8B."""
+    shapes = {"gpt2": (12, 12, 32491), "qwen2.5": (24, 14, 179749), "gemma2": (26, 8, 74218),
+              "llama3": (32, 32, 1592881)}
+    for name, (layers, heads, count) in shapes.items():
+        assert edge_graph(layers, heads, attn_only=False, parallel=False).n_edges == count, name
+
+
 def test_pruning_drops_dangling_nodes() -> None:
     g = edge_graph(2, 2, attn_only=True, parallel=False)
     scores = np.zeros(g.n_edges)
