@@ -25,6 +25,7 @@ per-copy source differences fit ``_COPY_BYTES``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -60,7 +61,7 @@ from headscope.engine.forward.transformer import (
     qk_norm,
     read_next,
 )
-from headscope.engine.model.weights import WeightSource
+from headscope.engine.model.weights import WeightSource, will_need
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -138,6 +139,16 @@ def _check_finite(w: WeightSource, x: Tensor, what: str) -> None:
         raise NonFiniteError(getattr(w, "path", None), f"non-finite activations in {what}: no edge to score")
 
 
+def _two_metrics(w: WeightSource, metric: Metric, final: Tensor) -> tuple[float, float]:
+    """The metric of the clean and the corrupt run (``final [2·b, p, d]``), checked finite."""
+    _check_finite(w, final, "the clean or corrupt run")
+    values = [float(v) for v in metric(w, final, 2)]
+    for value, name in zip(values, ("clean", "corrupt"), strict=True):
+        if not math.isfinite(value):
+            raise NonFiniteError(getattr(w, "path", None), f"the {name} run's {metric.name} is not finite")
+    return values[0], values[1]
+
+
 # -- scores ------------------------------------------------------------------------------------
 
 
@@ -182,9 +193,7 @@ def edge_scores(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor | Seq
             delta[:, :, first:first + written.shape[2]] = written[b:2 * b] - written[:b]
             x = out.out
             report(progress, (layer + 1) / total)
-        _check_finite(w, x[:2 * b], "the clean or corrupt run")
-        values = metric(tw, x[:2 * b], 2)
-        m_clean, m_corrupt = float(values[0]), float(values[1])
+        m_clean, m_corrupt = _two_metrics(tw, metric, x[:2 * b])
         final = x[rows]
     scores = torch.zeros(graph.n_sources, graph.n_destinations, dtype=torch.float64)
 
@@ -201,6 +210,8 @@ def edge_scores(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor | Seq
         report(progress, (cfg.n_layers + 1) / total)
         for layer in reversed(range(cfg.n_layers)):
             check_cancelled(cancelled)
+            if layer:  # the backward pass reads the layers downwards: the one below next
+                will_need(tw, f"blocks.{layer - 1}.")
             x_in = kept.pop().detach().requires_grad_(True)
             d_qkv = x_in.new_zeros((*x_in.shape[:2], 3, cfg.n_heads, cfg.d_model), requires_grad=True)
             leaves = [x_in, d_qkv]
@@ -252,9 +263,7 @@ def _corrupt_run(w: WeightSource, graph: EdgeGraph, clean: Tensor, corrupt: Tens
         first = graph.head_source(layer)
         sources[:, :, first:first + written.shape[2]] = written
         x = out.out
-    _check_finite(w, x, "the clean or corrupt run")
-    values = metric(tw, x, 2)
-    return _Corrupt(sources, float(values[0]), float(values[1]))
+    return _Corrupt(sources, *_two_metrics(tw, metric, x))
 
 
 def _patched_metrics(w: WeightSource, graph: EdgeGraph, clean: Tensor, corrupt: _Corrupt, metric: Metric,
