@@ -580,3 +580,25 @@ def test_models_normalising_after_their_sublayers_are_refused(build: str, tmp_pa
     with pytest.raises(InvalidRequestError, match="edge attribution needs a pre-norm model") as err:
         edges.edge_scores(model.weights, CLEAN, CORRUPT, patching.LogitDiff(ANSWER, WRONG))
     assert model.cfg.architecture in str(err.value) and "\n" not in str(err.value)
+
+
+def test_non_finite_activations_are_refused(tmp_path: Path) -> None:
+    """A NaN weight makes the runs non-finite: refused in one line, never NaN scores."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from headscope.engine.core.errors import NonFiniteError
+
+    for name in ("headscope.json", "vocab.txt"):
+        shutil.copy(ATTN2 / name, tmp_path / name)
+    tensors = load_file(ATTN2 / "model.safetensors")
+    tensors["blocks.1.attn.W_V"][0, 0, 0] = float("nan")
+    save_file(tensors, tmp_path / "model.safetensors")
+    w = open_model(tmp_path, raw=True).weights
+    diff = patching.LogitDiff(3, 4)
+    for call in (lambda: edges.edge_scores(w, [[1, 2, 3, 1, 2]], [[1, 2, 4, 1, 2]], diff, method="eap-ig"),
+                 lambda: edges.exact_edges(w, [[1, 2, 3, 1, 2]], [[1, 2, 4, 1, 2]], diff, [K_EDGE])):
+        with pytest.raises(NonFiniteError, match="non-finite activations in the clean or corrupt run") as err:
+            call()
+        assert "\n" not in str(err.value)
