@@ -602,3 +602,17 @@ def test_non_finite_activations_are_refused(tmp_path: Path) -> None:
         with pytest.raises(NonFiniteError, match="non-finite activations in the clean or corrupt run") as err:
             call()
         assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_exact_checks_of_head_edges_are_path_patching(name: str, request: pytest.FixtureRequest) -> None:
+    """Every head -> later head edge at q, k and v (Llama: grouped keys and values, each query
+    head its own copy): the exact check equals ``path_patch`` in noising."""
+    path, _ = request.getfixturevalue(f"{name}_dir")
+    w = open_model(path).weights
+    metric = patching.LogitDiff(ANSWER, WRONG)
+    pairs = [((0, s), (1, r)) for s in range(w.cfg.n_heads) for r in range(w.cfg.n_heads)]
+    for x in QKV:
+        found = edges.exact_edges(w, CLEAN, CORRUPT, metric, [f"a0.h{s}->a1.h{r}<{x}>" for (_, s), (_, r) in pairs])
+        rows = patching.path_patch(w, CLEAN, CORRUPT, metric, pairs, receiver_input=x, noising=True).rows
+        assert [e.patched for e in found] == pytest.approx([row.patched for row in rows], abs=1e-4), x
