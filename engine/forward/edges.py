@@ -18,9 +18,11 @@ backward pass layer by layer from the top, each layer recomputed from its kept i
 one layer's graph). The source differences are kept, ``[b, p, n_sources, d_model]`` float32
 (GPT-2 small, 20 tokens: 9.6 MB; a 7B model: 17 MB per token), and each destination layer's
 scores are ``Δ · grad`` summed over positions and ``d_model`` as they are made: never a
-``[p, n_src, n_dst, d_model]`` tensor. ``faithfulness`` and ``exact_edges`` run one forward pass
-of the corrupt input and one of every circuit (edge) at once, in chunks of copies whose
-per-copy source differences fit ``_COPY_BYTES``.
+``[p, n_src, n_dst, d_model]`` tensor. ``faithfulness`` runs one forward pass of the clean and
+corrupt inputs and one of every circuit at once, in chunks of copies whose per-copy sources
+fit ``_COPY_BYTES``. ``exact_edges`` runs the same plain pass, then one pass for every edge at
+once, each copy joining at its destination's layer: an edge alone needs no record of what its
+copy's sources write (they are upstream of the patch: the clean run's).
 """
 
 from __future__ import annotations
@@ -241,29 +243,93 @@ def edge_scores(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor | Seq
 
 @dataclass(frozen=True)
 class _Corrupt:
-    """What the corrupt run writes (every source, ``[b, p, n_sources, d]``) and both metrics."""
+    """The two plain runs: what the corrupt run writes (every source, ``[b, p, n_sources,
+    d]``), with ``clean_too`` what the clean run writes and the clean stream entering each
+    layer and leaving the last, and both metrics."""
 
     sources: Tensor
     clean: float
     corrupt: float
+    clean_sources: Tensor | None = None
+    clean_in: tuple[Tensor, ...] = ()
+    clean_final: Tensor | None = None
 
 
-def _corrupt_run(w: WeightSource, graph: EdgeGraph, clean: Tensor, corrupt: Tensor, metric: Metric) -> _Corrupt:
-    """One pass over ``[clean; corrupt]`` keeping the corrupt run's sources."""
+def _corrupt_run(w: WeightSource, graph: EdgeGraph, clean: Tensor, corrupt: Tensor, metric: Metric,
+                 clean_too: bool = False) -> _Corrupt:
+    """One pass over ``[clean; corrupt]`` keeping the corrupt run's sources (and the clean
+    run's sources and streams, ``clean_too``)."""
     tw = torch_weights(w)
     b, p = clean.shape
     toks = torch.cat((clean, corrupt))
-    sources = torch.empty((b, p, graph.n_sources, w.cfg.d_model))
-    sources[:, :, 0] = tw.embed_rows(corrupt)
+    sources = torch.empty((2 if clean_too else 1, b, p, graph.n_sources, w.cfg.d_model))
+    sources[:, :, :, 0] = tw.embed_rows(toks).reshape(2, b, p, -1)[-len(sources):]
     x = embed(tw, toks)
+    clean_in = []
     for layer in range(w.cfg.n_layers):
         read_next(tw, layer)
+        if clean_too:
+            clean_in.append(x[:b])
         out = _layer(tw, layer, x)
-        written = _sources_of(graph, layer, out)[b:]
+        written = _sources_of(graph, layer, out)
         first = graph.head_source(layer)
-        sources[:, :, first:first + written.shape[2]] = written
+        sources[:, :, :, first:first + written.shape[2]] = written.reshape(2, b, p, -1, w.cfg.d_model)[-len(sources):]
         x = out.out
-    return _Corrupt(sources, *_two_metrics(tw, metric, x))
+    m_clean, m_corrupt = _two_metrics(tw, metric, x)
+    if not clean_too:
+        return _Corrupt(sources[0], m_clean, m_corrupt)
+    return _Corrupt(sources[1], m_clean, m_corrupt, sources[0], tuple(clean_in), x[:b])
+
+
+def _edges_alone(w: WeightSource, graph: EdgeGraph, run: _Corrupt, metric: Metric, pairs: list[tuple[int, int]],
+                 progress: Progress, cancelled: Cancelled) -> list[float]:
+    """The metric of a clean run per edge ``(source, destination)`` corrupted alone: the
+    destination's input gets ``S_corrupt - S_clean`` (the source is written before the
+    destination reads, so this run writes its clean value). The copies go through the layers
+    together in one pass, each joining at its destination's layer from the clean stream
+    (``logits``: the clean final stream, no layer to run); one ``[b, p, d]`` stream a copy."""
+    assert run.clean_sources is not None and run.clean_final is not None
+    tw = torch_weights(w)
+    cfg = w.cfg
+    b = run.clean_final.shape[0]
+    per_layer = graph.per_layer_destinations
+
+    def layer_of(d: int) -> int:
+        return cfg.n_layers if d == graph.logits_destination else d // per_layer
+
+    order = sorted(range(len(pairs)), key=lambda i: layer_of(pairs[i][1]))
+    running: list[int] = []  # the copies in the batch, in the order of its rows
+    x = run.clean_final.new_empty((0, *run.clean_final.shape[1:]))
+    for layer in range(min((layer_of(pairs[i][1]) for i in order), default=cfg.n_layers), cfg.n_layers):
+        check_cancelled(cancelled)
+        read_next(tw, layer)
+        joining = [i for i in order if layer_of(pairs[i][1]) == layer]
+        running += joining
+        x = torch.cat((x, run.clean_in[layer].repeat(len(joining), 1, 1)))
+        d_qkv = x.new_zeros((*x.shape[:2], 3, cfg.n_heads, cfg.d_model)) if joining else None
+        d_mlp = x.new_zeros(x.shape) if joining and graph.has_mlp else None
+        for row, i in enumerate(running):
+            src, dst = pairs[i]
+            if i not in joining:
+                continue
+            diff = run.sources[:, :, src] - run.clean_sources[:, :, src]  # [b, p, d]
+            at = dst - layer * per_layer
+            if at < 3 * cfg.n_heads:
+                assert d_qkv is not None
+                d_qkv[row * b:(row + 1) * b, :, at // cfg.n_heads, at % cfg.n_heads] = diff
+            else:
+                assert d_mlp is not None
+                d_mlp[row * b:(row + 1) * b] = diff
+        x = _layer(tw, layer, x, d_qkv, d_mlp).out
+        report(progress, (layer + 1) / (cfg.n_layers + 1))
+    final = torch.empty((len(pairs) * b, *run.clean_final.shape[1:]))
+    for row, i in enumerate(running):
+        final[i * b:(i + 1) * b] = x[row * b:(row + 1) * b]
+    for i, (src, dst) in enumerate(pairs):
+        if dst == graph.logits_destination:
+            final[i * b:(i + 1) * b] = run.clean_final + run.sources[:, :, src] - run.clean_sources[:, :, src]
+    report(progress, 1.0)
+    return [float(v) for v in metric(tw, final, len(pairs))]
 
 
 def _patched_metrics(w: WeightSource, graph: EdgeGraph, clean: Tensor, corrupt: _Corrupt, metric: Metric,
@@ -388,15 +454,16 @@ def exact_edges(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor | Seq
     ``S_corrupt - S_clean`` (the change its score estimates); every other input and what the
     destination then writes flow through the rest of the model as usual."""
     graph, clean_t, corrupt_t = _prepare(w, clean, corrupt, metric)
-    rows = np.zeros((len(edges), graph.n_edges), dtype=bool)
-    for i, name in enumerate(edges):
+    pairs = []
+    for name in edges:
         if name not in graph.index:
             raise InvalidRequestError(getattr(w, "path", None), f"no edge {name!r} in this model's graph")
-        rows[i, graph.index[name]] = True
+        i = graph.index[name]
+        pairs.append((int(graph.edge_src[i]), int(graph.edge_dst[i])))
     check_cancelled(cancelled)
     with torch.inference_mode(), one_lapack_thread():
-        corrupt_run = _corrupt_run(w, graph, clean_t, corrupt_t, metric)
-        found = _patched_metrics(w, graph, clean_t, corrupt_run, metric, rows, progress, cancelled) if len(edges) else []
+        corrupt_run = _corrupt_run(w, graph, clean_t, corrupt_t, metric, clean_too=True)
+        found = _edges_alone(w, graph, corrupt_run, metric, pairs, progress, cancelled) if pairs else []
     return [ExactEdge(edge=name, estimate=None if scores is None else scores.score(name), patched=m,
                       exact=m - corrupt_run.clean) for name, m in zip(edges, found, strict=True)]
 
