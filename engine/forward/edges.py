@@ -73,7 +73,7 @@ __all__ = ["METHODS", "edge_scores", "exact_edges", "faithfulness", "faithfulnes
 Progress = Callable[[float], None] | None
 Cancelled = Callable[[], bool] | None
 METHODS: tuple[EdgeMethod, ...] = ("eap", "eap-ig")
-# the per-copy source differences of the patched runs kept at once (faithfulness, exact)
+# what the copies' sources write, kept at once in faithfulness' patched runs
 _COPY_BYTES = 256 << 20
 
 
@@ -128,8 +128,8 @@ def _layer(w: WeightSource, layer: int, x: Tensor, d_qkv: Tensor | None = None,
     return _LayerOut(mid + m, heads, m)
 
 
-def _sources_of(graph: EdgeGraph, layer: int, out: _LayerOut) -> Tensor:
-    """What layer ``layer`` writes, ``[b, p, n, d]`` in source order (its heads, its MLP)."""
+def _sources_of(out: _LayerOut) -> Tensor:
+    """What a layer writes, ``[b, p, n, d]`` in source order (its heads, its MLP)."""
     parts = [out.heads.transpose(1, 2)]
     if out.mlp is not None:
         parts.append(out.mlp[:, :, None])
@@ -190,7 +190,7 @@ def edge_scores(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor | Seq
             read_next(tw, layer)
             kept.append(x[rows])
             out = _layer(tw, layer, x)
-            written = _sources_of(graph, layer, out)
+            written = _sources_of(out)
             first = graph.head_source(layer)
             delta[:, :, first:first + written.shape[2]] = written[b:2 * b] - written[:b]
             x = out.out
@@ -271,7 +271,7 @@ def _corrupt_run(w: WeightSource, graph: EdgeGraph, clean: Tensor, corrupt: Tens
         if clean_too:
             clean_in.append(x[:b])
         out = _layer(tw, layer, x)
-        written = _sources_of(graph, layer, out)
+        written = _sources_of(out)
         first = graph.head_source(layer)
         sources[:, :, :, first:first + written.shape[2]] = written.reshape(2, b, p, -1, w.cfg.d_model)[-len(sources):]
         x = out.out
@@ -386,7 +386,7 @@ def _patched_chunk(w: WeightSource, graph: EdgeGraph, clean: Tensor, corrupt: _C
             return delta(graph.reads_mlp(layer), slice(d, d + 1))[:, :, 0]
 
         out = _layer(w, layer, x, d_qkv, mlp_delta=mlp_delta if graph.has_mlp else None)
-        written = _sources_of(graph, layer, out)
+        written = _sources_of(out)
         this[:, :, :, first:first + written.shape[2]] = written.reshape(c, b, p, *written.shape[2:])
         x = out.out
         layer_done(layer)
