@@ -344,16 +344,22 @@ def queries_keys_values(w: WeightSource, layer: int, x: Tensor) -> tuple[Tensor,
 
 
 def projections(w: WeightSource, layer: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """``queries_keys_values`` before the q/k norm (TransformerLens' ``hook_q``/``hook_k``)."""
+    """``queries_keys_values`` before the q/k norm (TransformerLens' ``hook_q``/``hook_k``).
+
+    ``x`` is ``[b, p, d_model]``, read by every head, or ``[b, p, 3, h, d_model]``: the
+    queries', keys' and values' own copy for each head (TransformerLens'
+    ``use_split_qkv_input``; edge attribution gives each its own input, docs/math.md)."""
     w = torch_weights(w)
     import torch
 
     pre = f"blocks.{layer}.attn"
-    # [b, p, d_model] @ [h, d_model, d_head] -> [b, h, p, d_head]
-    q = torch.einsum("bpd,hde->bhpe", x, w.get(f"{pre}.W_Q")) + w.get(f"{pre}.b_Q")[:, None, :]
-    k = torch.einsum("bpd,hde->bhpe", x, w.get(f"{pre}.W_K")) + w.get(f"{pre}.b_K")[:, None, :]
-    v = torch.einsum("bpd,hde->bhpe", x, w.get(f"{pre}.W_V")) + w.get(f"{pre}.b_V")[:, None, :]
-    return q, k, v
+    spec = "bpd,hde->bhpe" if x.ndim == 3 else "bphd,hde->bhpe"
+
+    def project(i: int, name: str) -> Tensor:  # [b, p, (h,) d_model] @ [h, d_model, d_head] -> [b, h, p, d_head]
+        return (torch.einsum(spec, x if x.ndim == 3 else x[:, :, i], w.get(f"{pre}.W_{name}"))
+                + w.get(f"{pre}.b_{name}")[:, None, :])
+
+    return project(0, "Q"), project(1, "K"), project(2, "V")
 
 
 def attend(w: WeightSource, layer: int, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
