@@ -178,14 +178,14 @@ class NullSums:
         from headscope.engine.forward.transformer import (
             layer_config,
             rotary,
-            rotary_inv_freq,
             rotary_scale,
+            torch_rotary_inv_freq,
         )
 
         if self.cfg.positional != "rotary":
             return None
         layer_cfg, path = layer_config(self.cfg, layer), getattr(self.w, "path", None)
-        return lambda t: rotary(t, rotary_inv_freq(layer_cfg, path, t.shape[-2]), rotary_scale(layer_cfg))
+        return lambda t: rotary(t, torch_rotary_inv_freq(layer_cfg, path, t.shape[-2]), rotary_scale(layer_cfg))
 
     def __call__(self, i: int, layer: int, x: Tensor, _pattern: Tensor) -> None:
         from headscope.engine.forward.transformer import attention_input

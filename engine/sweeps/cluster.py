@@ -27,13 +27,10 @@ import numpy as np
 
 from headscope.engine.core.errors import HeadscopeError
 from headscope.engine.core.files import os_reason
+from headscope.engine.core.progress import Cancelled, Memo, Progress, report
 
 if TYPE_CHECKING:
-    from headscope.engine.circuits.spectral import Memo
     from headscope.engine.model.loading import Model
-
-Progress = Callable[[float], None] | None
-Cancelled = Callable[[], bool] | None
 
 RETRIES = 2  # a task whose worker died is run again elsewhere this many times
 CONNECT_TIMEOUT = "10s"
@@ -366,7 +363,7 @@ def run_parts(cluster: Cluster, model: Model, key: str, sweep: str, memo: Memo,
     missing = [i for i, shape in shapes.items() if memo.get(i, shape) is None]
     total = len(shapes) or 1
     done = total - len(missing)
-    _report(progress, done / total)
+    report(progress, done / total)
     if not missing:
         return 0
     distributed = _require_distributed()
@@ -386,7 +383,7 @@ def run_parts(cluster: Cluster, model: Model, key: str, sweep: str, memo: Memo,
                 value = fut.result()
                 memo.put(index, value)
                 count[0] += 1
-                _report(progress, count[0] / total)
+                report(progress, count[0] / total)
                 if cancelled is not None and cancelled():
                     raise CancelledError()
     except BaseException:
@@ -433,11 +430,6 @@ def run_tasks(cluster: Cluster, task: Callable[..., Any], args: Sequence[tuple[A
     except BaseException:
         _cancel(cluster, [f for f, _ in futures.values()])
         raise
-
-
-def _report(progress: Progress, fraction: float) -> None:
-    if progress is not None:
-        progress(min(1.0, fraction))
 
 
 def _cancel(cluster: Cluster, futures: list[Any]) -> None:

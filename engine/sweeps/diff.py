@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from headscope.engine.core.progress import Progress
 from headscope.engine.core.validation import (
     EDGE_THRESHOLD,
     SCORE_NAMES,
@@ -42,7 +43,6 @@ from headscope.engine.core.validation import (
 if TYPE_CHECKING:
     from headscope.engine.model.loading import Model
     from headscope.engine.sweeps.cluster import Cluster
-    from headscope.engine.sweeps.compute import Progress
     from headscope.engine.sweeps.store import ResultStore
 
 # The scores a diff compares (every head score but the duplicate-token one).

@@ -21,7 +21,7 @@ import argparse
 from typing import Any
 
 from headscope.engine.core.errors import IndexOutOfRangeError, InvalidRequestError, PromptError
-from headscope.engine.core.validation import BUILTIN_TASKS
+from headscope.engine.core.validation import BUILTIN_TASKS, PATCH_SITES
 from headscope.tui.cli import args as args_types
 from headscope.tui.cli.cache import add_quiet_arg, add_store_args, results_store
 from headscope.tui.cli.output import EXIT_OK, EXIT_USAGE, emit, open_for_command, say
@@ -33,7 +33,6 @@ PATCH_EXAMPLE = ("headscope patch sample_models/attn-only-2l --clean \"cake card
                  "Ryan Lily\" --answer mouse --wrong Ivy")
 PATH_PATCH_EXAMPLE = ("headscope path-patch sample_models/attn-only-2l L0.H1 L1.H2 --patch k "
                       "--task first-occurrence")
-SITES = ("out", "q", "k", "v", "pattern")  # core.validation.PATCH_SITES, for argparse's choices
 
 
 def add_parsers(subparsers: Any) -> None:
@@ -47,7 +46,7 @@ def add_parsers(subparsers: Any) -> None:
                                      "  headscope patch sample_models/attn-only-2l --method attribution --verify 3",
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("path", help="model directory, .safetensors or .gguf file")
-    p.add_argument("--site", choices=SITES, default="out",
+    p.add_argument("--site", choices=PATCH_SITES, default="out",
                    help="what is patched: the head's output z (out, default), its queries, keys, "
                         "values or attention pattern")
     p.add_argument("--method", choices=("exact", "attribution"), default="exact",
