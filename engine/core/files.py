@@ -10,21 +10,24 @@ objects cost ~30× the bytes of ``[{},{},...]``, so that input is refused before
 Failures are the caller's typed error (``ConfigError``, ``CorruptFileError``, ...) naming
 the file, one line.
 
-Every file headscope writes whole (results-store parts, exports, saved configs) goes through
-``write_atomic``: a temporary file in the target's directory, flushed, fsynced and renamed
-over the target (``os.replace`` is atomic on POSIX within a filesystem), so a reader sees the
-old file or the new one, never half of one, and an interrupted write leaves no partial file.
+Every file headscope writes whole (results-store parts, exports, saved models) goes through
+``write_atomic`` (``atomic_file`` for a writer that wants a path): a temporary file in the
+target's directory, flushed, fsynced and renamed over the target (``os.replace`` is atomic on
+POSIX within a filesystem), so a reader sees the old file or the new one, never half of one,
+and an interrupted write leaves no partial file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import stat
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from headscope.engine.core.errors import HeadscopeError
 
@@ -161,15 +164,18 @@ def read_json_object(path: Path, limit: int, error: ErrorType, what: str) -> dic
     return obj
 
 
-def write_atomic(path: Path, data: bytes, mode: int | None = None) -> None:
-    """Write ``data`` to ``path`` via a fsync'd temporary file and ``os.replace``: readers see
-    the old file or the new one, never half of one. ``mode``: the new file's permissions
-    (None: ``tempfile.mkstemp``'s owner-only 0o600). The temporary file is removed on any
-    failure, which propagates unchanged (an ``OSError`` for the caller to name)."""
+@contextlib.contextmanager
+def atomic_file(path: Path, mode: int | None = None) -> Iterator[BinaryIO]:
+    """A temporary file beside ``path``, open for binary writing, renamed over ``path`` when
+    the block ends: flushed, given ``mode`` (None: ``tempfile.mkstemp``'s owner-only 0o600),
+    fsynced, then ``os.replace``d, so readers see the old file or the new one, never half of
+    one. A writer that needs a path (safetensors' ``save_file``) writes to ``f.name``. On any
+    failure the temporary file is removed and the error propagates unchanged (an ``OSError``
+    for the caller to name)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{TMP_PREFIX}{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            yield f
             f.flush()
             if mode is not None:
                 os.fchmod(f.fileno(), mode)
@@ -178,3 +184,9 @@ def write_atomic(path: Path, data: bytes, mode: int | None = None) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_atomic(path: Path, data: bytes, mode: int | None = None) -> None:
+    """Write ``data`` to ``path`` atomically (``atomic_file``)."""
+    with atomic_file(path, mode) as f:
+        f.write(data)
