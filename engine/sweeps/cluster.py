@@ -27,7 +27,7 @@ import numpy as np
 
 from headscope.engine.core.errors import HeadscopeError
 from headscope.engine.core.files import os_reason
-from headscope.engine.core.progress import Cancelled, Memo, Progress, report
+from headscope.engine.core.progress import Cancelled, Memo, Progress, check_cancelled, report
 
 if TYPE_CHECKING:
     from headscope.engine.model.loading import Model
@@ -356,7 +356,6 @@ def run_parts(cluster: Cluster, model: Model, key: str, sweep: str, memo: Memo,
     as it arrives; the number computed. ``progress(fraction of parts done)``; ``cancelled()``
     (or Ctrl-C) cancels the outstanding tasks. A scheduler that goes away is a
     ``ClusterError``, the parts already put kept."""
-    from headscope.engine.core.errors import CancelledError
 
     cfg = model.cfg
     shapes = part_shapes(sweep, cfg.n_layers, cfg.n_heads)
@@ -384,8 +383,7 @@ def run_parts(cluster: Cluster, model: Model, key: str, sweep: str, memo: Memo,
                 memo.put(index, value)
                 count[0] += 1
                 report(progress, count[0] / total)
-                if cancelled is not None and cancelled():
-                    raise CancelledError()
+                check_cancelled(cancelled)
     except BaseException:
         _cancel(cluster, [f for f, _ in futures.values()])
         raise
@@ -410,7 +408,6 @@ def run_tasks(cluster: Cluster, task: Callable[..., Any], args: Sequence[tuple[A
     """``task(*args[i])`` for every ``i`` on ``cluster``, one Dask task each (a module-level
     function: Dask sends it by name); ``finished(i, result)`` as each arrives. Faults and
     cancellation as ``run_parts`` (the timeline's steps: ``timeline.score_step_task``)."""
-    from headscope.engine.core.errors import CancelledError
 
     distributed = _require_distributed()
     futures: dict[str, tuple[Any, int]] = {}
@@ -425,8 +422,7 @@ def run_tasks(cluster: Cluster, task: Callable[..., Any], args: Sequence[tuple[A
                                                 loop=cluster.client.loop):
                 finished(futures[fut.key][1], fut.result())
                 count[0] += 1
-                if cancelled is not None and cancelled():
-                    raise CancelledError()
+                check_cancelled(cancelled)
     except BaseException:
         _cancel(cluster, [f for f, _ in futures.values()])
         raise

@@ -29,13 +29,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from headscope.engine.core.errors import (
-    CancelledError,
     HeadscopeError,
     InvalidRequestError,
     ShapeMismatchError,
     UnsupportedFormatError,
 )
-from headscope.engine.core.progress import Cancelled
+from headscope.engine.core.progress import Cancelled, check_cancelled
 from headscope.engine.core.validation import EDGE_THRESHOLD
 
 if TYPE_CHECKING:
@@ -386,10 +385,6 @@ def score_steps(sources: Sequence[StepSource], *, seed: int = 0, raw: bool = Fal
         if progress is not None:
             progress(len(results), total, r)
 
-    def check() -> None:
-        if cancelled is not None and cancelled():
-            raise CancelledError()
-
     if cluster is not None:
         from headscope.engine.model.loading import inspect_checkpoint
         from headscope.engine.sweeps.cluster import run_tasks
@@ -413,7 +408,7 @@ def score_steps(sources: Sequence[StepSource], *, seed: int = 0, raw: bool = Fal
             run_tasks(cluster, score_step_task, tasks, finished=arrived, cancelled=cancelled)
     elif workers <= 1:
         for i, s in enumerate(sources):
-            check()
+            check_cancelled(cancelled)
             finished(i, score_step(s, seed=seed, raw=raw, store=store))
     else:
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="timeline") as pool:
@@ -421,7 +416,7 @@ def score_steps(sources: Sequence[StepSource], *, seed: int = 0, raw: bool = Fal
                        for i, s in enumerate(sources)}
             try:
                 for future in as_completed(futures):
-                    check()
+                    check_cancelled(cancelled)
                     finished(futures[future], future.result())
             except BaseException:
                 for future in futures:
