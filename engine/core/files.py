@@ -27,7 +27,7 @@ import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from headscope.engine.core.errors import HeadscopeError
 
@@ -165,21 +165,23 @@ def read_json_object(path: Path, limit: int, error: ErrorType, what: str) -> dic
 
 
 @contextlib.contextmanager
-def atomic_file(path: Path, mode: int | None = None) -> Iterator[BinaryIO]:
-    """A temporary file beside ``path``, open for binary writing, renamed over ``path`` when
-    the block ends: flushed, given ``mode`` (None: ``tempfile.mkstemp``'s owner-only 0o600),
-    fsynced, then ``os.replace``d, so readers see the old file or the new one, never half of
-    one. A writer that needs a path (safetensors' ``save_file``) writes to ``f.name``. On any
+def atomic_file(path: Path, mode: int | None = None) -> Iterator[Path]:
+    """A temporary file beside ``path`` to write (by its path), renamed over ``path`` when the
+    block ends: given ``mode`` (None: ``tempfile.mkstemp``'s owner-only 0o600), fsynced, then
+    ``os.replace``d, so readers see the old file or the new one, never half of one. On any
     failure the temporary file is removed and the error propagates unchanged (an ``OSError``
     for the caller to name)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{TMP_PREFIX}{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as f:
-            yield f
-            f.flush()
+        os.close(fd)
+        yield Path(tmp)
+        fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)  # the writer's data, whoever wrote it
+        try:
             if mode is not None:
-                os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
+                os.fchmod(fd, mode)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -188,5 +190,5 @@ def atomic_file(path: Path, mode: int | None = None) -> Iterator[BinaryIO]:
 
 def write_atomic(path: Path, data: bytes, mode: int | None = None) -> None:
     """Write ``data`` to ``path`` atomically (``atomic_file``)."""
-    with atomic_file(path, mode) as f:
+    with atomic_file(path, mode) as tmp, open(tmp, "wb") as f:
         f.write(data)

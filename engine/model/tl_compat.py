@@ -197,8 +197,8 @@ def save_native(w: WeightSource, path: str | Path, *, vocab: list[str] | None = 
         fields.pop(derived, None)
     fields["family"] = "native"  # the layout on disk; `architecture` keeps the origin
     blob = json.dumps(fields)
-    with atomic_file(path / "model.safetensors", mode=file_mode()) as f:
-        save_file(tensors, f.name, metadata={"headscope_config": blob})  # by path, same inode
+    with atomic_file(path / "model.safetensors", mode=file_mode()) as tmp:
+        save_file(tensors, str(tmp), metadata={"headscope_config": blob})
     atomic_write_text(path / "headscope.json", blob)
     if vocab is not None:
         atomic_write_text(path / "vocab.txt", "\n".join(vocab) + "\n")
