@@ -21,6 +21,7 @@ pytest.importorskip("distributed")
 
 from headscope.engine.api import report
 from headscope.engine.circuits import composition, spectral
+from headscope.engine.core.progress import Memo
 from headscope.engine.model.loading import open_model
 from headscope.engine.sweeps import compute
 from headscope.engine.sweeps.cluster import (
@@ -211,7 +212,7 @@ def test_an_interrupted_local_sweep_resumes_on_the_cluster(
 class _Upto:
     """A memo that stops the sweep (raises) once tile ``stop`` would be stored."""
 
-    def __init__(self, inner: spectral.Memo, stop: int) -> None:
+    def __init__(self, inner: Memo, stop: int) -> None:
         self.inner, self.stop = inner, stop
 
     def get(self, index: int, shape: tuple[int, ...] | None = None) -> np.ndarray | None:

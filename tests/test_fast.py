@@ -226,9 +226,13 @@ def test_no_behaviour_refuses_behavioural_sort_keys_and_ablation(capsys):
 
 def _dense_block(model, layer: int, head: int, kind: str, basis: str, rows, cols, offset: int) -> np.ndarray:
     """The block from the processed weights in torch (``torch_weights``), RoPE by the forward
-    pass's torch rotation (``forward.transformer.apply_rotary``, parity-tested against
+    pass's torch rotation (``forward.transformer.torch_apply_rotary``, parity-tested against
     transformers), not the numpy ``model.rotary`` the circuits use."""
-    from headscope.engine.forward.transformer import apply_rotary, rotary_inv_freq, rotary_scale
+    from headscope.engine.forward.transformer import (
+        rotary_scale,
+        torch_apply_rotary,
+        torch_rotary_inv_freq,
+    )
     from headscope.engine.model.rotary import layer_config
 
     w = torch_weights(model.weights)
@@ -244,8 +248,8 @@ def _dense_block(model, layer: int, head: int, kind: str, basis: str, rows, cols
     if model.cfg.positional == "rotary":
         lc = layer_config(model.cfg, layer)
         d = lc.d_head
-        inv = rotary_inv_freq(lc, seq_len=offset + 1).double()
-        rot = apply_rotary(torch.eye(d, dtype=torch.float64), torch.full((d, 1), float(offset),
+        inv = torch_rotary_inv_freq(lc, seq_len=offset + 1).double()
+        rot = torch_apply_rotary(torch.eye(d, dtype=torch.float64), torch.full((d, 1), float(offset),
                            dtype=torch.float64) * inv, rotary_scale(lc))
         w_q = w_q @ rot
     return ((w_e[rows] @ w_q) @ (w_e[cols] @ get("W_K")).T).numpy()

@@ -86,3 +86,14 @@ def test_no_module_imports_itself_back() -> None:
     edges = {m: set(graph.find_modules_directly_imported_by(m)) for m in graph.modules}
     cycles = strongly_connected(edges)
     assert cycles == [], "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_forward_and_circuits_are_independent_siblings() -> None:
+    # the weight algebra and the forward pass share plumbing through core and model only
+    # (pyproject's "forward | circuits" layer): neither imports the other, even lazily
+    graph = grimp.build_graph("headscope.engine", include_external_packages=False,
+                              exclude_type_checking_imports=False)
+    for a, b in (("forward", "circuits"), ("circuits", "forward")):
+        found = graph.find_matching_direct_imports(
+            import_expression=f"headscope.engine.{a}.** -> headscope.engine.{b}.**")
+        assert found == [], found

@@ -19,7 +19,7 @@ import torch
 
 from headscope.engine.circuits import composition, spectral
 from headscope.engine.circuits import head_circuits as circuits
-from headscope.engine.circuits.factored import tame
+from headscope.engine.core.numeric import tame
 from headscope.engine.model.loading import open_model
 from tests.hf_fixtures import D_MODEL, N_HEADS, build_gpt2
 

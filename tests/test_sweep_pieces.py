@@ -11,8 +11,9 @@ import pytest
 
 from bench.checkpoints import SHAPES, write_checkpoint
 from headscope.engine.circuits import composition as comp
-from headscope.engine.circuits import factored, spectral
+from headscope.engine.circuits import spectral
 from headscope.engine.circuits.spectral import kept_spectral_middles
+from headscope.engine.core import threads
 from headscope.engine.core.eta import Eta
 from headscope.engine.model.loading import open_model
 from headscope.engine.model.weights import DictWeights
@@ -142,16 +143,16 @@ def test_nonfinite_heads_are_nan_in_every_piece():
 
 
 def test_lapack_runs_on_one_thread_and_the_setting_is_restored():
-    calls = factored._openblas_threads()
+    calls = threads._openblas_threads()
     if calls is None:
         pytest.skip("numpy does not use OpenBLAS here")
     setter, getter = calls
     before = getter()
     setter(2)
     try:
-        with factored.one_lapack_thread():
+        with threads.one_lapack_thread():
             assert getter() == 1
-            with factored.one_lapack_thread():
+            with threads.one_lapack_thread():
                 assert getter() == 1
             assert getter() == 1
         assert getter() == 2

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from headscope.engine.circuits.composition import composition_baseline  # noqa: F401  (re-exported: the CLI prints it)
 from headscope.engine.core import validation
 from headscope.engine.core.errors import InvalidRequestError
+from headscope.engine.core.progress import Progress
 from headscope.engine.core.validation import (
     ABLATION_EFFECT,
     NULL_SAMPLES,
@@ -40,7 +41,6 @@ if TYPE_CHECKING:
     )
     from headscope.engine.model.loading import Model
     from headscope.engine.sweeps.cluster import Cluster
-    from headscope.engine.sweeps.compute import Progress
     from headscope.engine.sweeps.store import ResultStore
 
 

@@ -19,20 +19,11 @@ from typing import Any
 
 import numpy as np
 
-from headscope.engine.circuits.factored import (
-    FactoredMatrix,
-    finite_matrices,
-    one_lapack_thread,
-    tame,
-)
-from headscope.engine.circuits.spectral import (
-    Cancelled,
-    Memo,
-    Progress,
-    check_cancelled,
-    layer_nonfinite,
-    report,
-)
+from headscope.engine.circuits.factored import FactoredMatrix
+from headscope.engine.core.numeric import finite_matrices, tame
+from headscope.engine.core.progress import Cancelled, Memo, Progress, check_cancelled, report
+from headscope.engine.core.threads import one_lapack_thread
+from headscope.engine.model.nonfinite import layer_nonfinite
 
 __all__ = ["TILE_BYTES", "CompositionScores", "CompositionTile", "composition_baseline",
            "composition_pairs", "composition_score", "composition_scores", "composition_tile",

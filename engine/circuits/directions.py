@@ -16,9 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from headscope.engine.circuits.factored import FactoredMatrix, is_finite, one_lapack_thread
+from headscope.engine.circuits.factored import FactoredMatrix
 from headscope.engine.circuits.head_circuits import head_weight
 from headscope.engine.circuits.spectral import spectral_score
+from headscope.engine.core.numeric import is_finite
+from headscope.engine.core.threads import one_lapack_thread
 from headscope.engine.core.validation import NULL_SAMPLES
 
 __all__ = ["Directions", "diagonal_rate", "k_path", "null_spectral_scores", "overlap",

@@ -1,6 +1,7 @@
-"""``FactoredMatrix``: a matrix kept as the product ``A @ B`` of two thin factors, in numpy,
-and the numeric guards every weight-only computation shares (docs/math.md, "Circuits" and
-"Scores": non-finite heads, taming, one LAPACK thread).
+"""``FactoredMatrix``: a matrix kept as the product ``A @ B`` of two thin factors, in numpy
+(docs/math.md, "Circuits"). The numeric guards it shares with every weight-only computation
+(non-finite checks, taming) are ``engine.core.numeric``; the LAPACK thread control is
+``engine.core.threads``.
 
 A head's circuits are low rank: ``QK = W_Q W_Kᵀ`` is ``d_model × d_model`` but has rank at most
 ``d_head``, and the full OV circuit ``W_E W_V W_O W_U`` is ``d_vocab × d_vocab`` of rank
@@ -35,135 +36,18 @@ TransformerLens' slices do).
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import functools
 import operator
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from headscope.engine.core.errors import NonFiniteError
+from headscope.engine.core.numeric import check_finite, is_finite
+from headscope.engine.core.threads import one_lapack_thread
 
 Index = Sequence[int] | np.ndarray | slice | None
 
-__all__ = ["TAME_ABOVE", "FactoredMatrix", "check_finite", "finite_matrices", "is_finite",
-           "max_abs", "one_lapack_thread", "tame"]
-
-
-# -- numeric guards --------------------------------------------------------------------------
-
-
-def is_finite(x: np.ndarray) -> bool:
-    """True unless ``x`` holds a NaN or an infinity (max/min propagate NaN and keep ±inf:
-    no boolean array is formed)."""
-    x = np.asarray(x)
-    if x.size == 0:
-        return True
-    with np.errstate(invalid="ignore"):
-        return bool(np.isfinite(x.max()) and np.isfinite(x.min()))
-
-
-def check_finite(*arrays: np.ndarray, what: str = "matrix", path: str | None = None) -> None:
-    """Raise NonFiniteError if any array holds a NaN or an infinity."""
-    for x in arrays:
-        if not is_finite(x):
-            raise NonFiniteError(path, f"{what} has NaN or infinite entries")
-
-
-def finite_matrices(x: np.ndarray) -> np.ndarray:
-    """``[...]`` bool: which matrices of ``x [..., m, n]`` are entirely finite.
-
-    One reduction pass: a sum is NaN or ±inf if any entry is (it could also overflow, but
-    only for entries near 1e33, which no float32 computation survives anyway)."""
-    with np.errstate(invalid="ignore", over="ignore"):
-        return np.isfinite(x.sum((-2, -1)))
-
-
-def max_abs(x: np.ndarray) -> np.ndarray:
-    """``[...]``: the largest ``|entry|`` of each matrix of ``x [..., m, n]`` (NaN/inf if any)."""
-    flat = x.reshape(*x.shape[:-2], -1)
-    with np.errstate(invalid="ignore"):
-        return np.maximum(flat.max(-1), -flat.min(-1))
-
-
-# Heads whose largest weight exceeds this are rescaled before the scale-free scores (below).
-TAME_ABOVE = 2.0**20
-
-
-def tame(x: np.ndarray, peak: np.ndarray | None = None) -> np.ndarray:
-    """``x [..., m, n]`` with each matrix whose largest entry exceeds ``2**20`` divided by a
-    power of two (exact) that brings it to at most 1; ``x`` itself if there is none.
-
-    Every weight-based score (copying, QK positivity, composition, the diff's similarities)
-    is a ratio invariant to a positive scale of each head's factors (``Σ Re λ / Σ |λ|``,
-    ``‖XY‖ / (‖X‖ ‖Y‖)``), but float32 products of weights near 1e19 overflow to inf/NaN.
-    Taming changes no score and keeps the products finite (docs/math.md, "Scores").
-    ``peak``: ``max_abs(x)`` if the caller has it.
-    """
-    peak = max_abs(x) if peak is None else peak
-    with np.errstate(invalid="ignore"):
-        big = np.isfinite(peak) & (peak > TAME_ABOVE)
-    if not big.any():
-        return x
-    scale = np.ones_like(peak)
-    scale[big] = np.exp2(-np.ceil(np.log2(peak[big])))
-    return x * scale[..., None, None]
-
-
-@functools.cache
-def _openblas_threads() -> tuple[Callable[[int], None], Callable[[], int]] | None:
-    """numpy's OpenBLAS thread setters (None if numpy uses another BLAS)."""
-    try:
-        with open("/proc/self/maps") as maps:
-            libs = sorted({line.split()[-1] for line in maps if "openblas" in line and ".so" in line})
-    except OSError:
-        return None
-    for path in libs:
-        lib = ctypes.CDLL(path)
-        for suffix in ("64_", ""):
-            for prefix in ("scipy_openblas_", "openblas_"):
-                setter = getattr(lib, f"{prefix}set_num_threads{suffix}", None)
-                getter = getattr(lib, f"{prefix}get_num_threads{suffix}", None)
-                if setter is not None and getter is not None:
-                    return setter, getter
-    return None
-
-
-_LOCK = threading.Lock()
-_USERS = 0
-_SAVED = 1
-
-
-@contextlib.contextmanager
-def one_lapack_thread() -> Iterator[None]:
-    """numpy's LAPACK on one thread for ``d_head``-sized ``eigvals``/``cholesky``/``eigh``.
-
-    Threaded ``geev`` on 128 × 128 matrices is 5-15× *slower* with 2 threads than with one on
-    a busy 2-core box: the threads spin waiting on each other (docs/internals.md, "Sweeps in
-    pieces"). The setting is process-wide, so it is restored when the last user leaves; other
-    threads' products run single-threaded meanwhile (same numbers, briefly slower).
-    """
-    global _USERS, _SAVED
-    calls = _openblas_threads()
-    if calls is None:
-        yield
-        return
-    setter, getter = calls
-    with _LOCK:
-        if _USERS == 0:
-            _SAVED = int(getter())
-            setter(1)
-        _USERS += 1
-    try:
-        yield
-    finally:
-        with _LOCK:
-            _USERS -= 1
-            if _USERS == 0:
-                setter(_SAVED)
+__all__ = ["FactoredMatrix"]
 
 
 # -- indexing ----------------------------------------------------------------------------------

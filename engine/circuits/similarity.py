@@ -19,8 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from headscope.engine.circuits.factored import finite_matrices, one_lapack_thread, tame
 from headscope.engine.core.errors import InvalidRequestError
+from headscope.engine.core.numeric import finite_matrices, tame
+from headscope.engine.core.threads import one_lapack_thread
 
 __all__ = ["check_comparable", "circuit_similarity", "principal_cosines"]
 

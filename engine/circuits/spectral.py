@@ -11,7 +11,7 @@ d_head`` matrix ``W_O (W_U W_E) W_V``; the token QK circuit ``(W_E W_Q)(W_E W_K)
 ``eigvals`` on one LAPACK thread.
 
 Heads with a NaN/inf weight get NaN scores and never reach LAPACK; heads whose weights are
-finite but huge are rescaled by a power of two first (``factored.tame``: the scores are
+finite but huge are rescaled by a power of two first (``numeric.tame``: the scores are
 scale-free), and flagged when their float32 products would overflow (``overflow``).
 """
 
@@ -20,56 +20,26 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from headscope.engine.circuits.factored import (
-    FactoredMatrix,
-    finite_matrices,
-    is_finite,
-    max_abs,
-    one_lapack_thread,
-    tame,
-)
-from headscope.engine.core.errors import CancelledError, NonFiniteError
+from headscope.engine.circuits.factored import FactoredMatrix
+from headscope.engine.core.errors import NonFiniteError
+from headscope.engine.core.numeric import finite_matrices, is_finite, max_abs, tame
+from headscope.engine.core.progress import Cancelled, Memo, Progress, check_cancelled, report
+from headscope.engine.core.threads import one_lapack_thread
+from headscope.engine.model.nonfinite import HEAD_WEIGHTS, biases_nonfinite
 from headscope.engine.model.weights import file_sorted
 
 if TYPE_CHECKING:
     from headscope.engine.model.weights import CircuitWeights
 
-Progress = Callable[[float], None] | None
-Cancelled = Callable[[], bool] | None
+__all__ = ["SPECTRAL_SCORES", "copying_score", "file_order", "layer_flags",
+           "layer_spectral_scores", "nonfinite_heads", "qk_positivity", "spectral_score",
+           "spectral_scores"]
 
-__all__ = ["HEAD_BIASES", "HEAD_WEIGHTS", "SPECTRAL_SCORES", "Memo", "check_cancelled",
-           "copying_score", "file_order", "layer_flags", "layer_nonfinite", "layer_spectral_scores",
-           "nonfinite_heads", "qk_positivity", "report", "spectral_score", "spectral_scores"]
-
-HEAD_WEIGHTS = ("W_Q", "W_K", "W_V", "W_O")
-HEAD_BIASES = ("b_Q", "b_K", "b_V")
 SPECTRAL_SCORES = ("copying_score", "qk_positivity")
-
-
-class Memo(Protocol):
-    """Where a sweep keeps its per-layer parts (``engine.sweeps.store.LayerMemo``): ``get(i)``
-    a part already finished (or None), ``put(i, value)`` one just finished. Sweeps given a
-    memo compute only the parts it lacks and store each as soon as it is done, so an
-    interrupted sweep resumes (docs/internals.md, "The results store")."""
-
-    def get(self, index: int, shape: tuple[int, ...] | None = None) -> np.ndarray | None: ...
-
-    def put(self, index: int, value: Any) -> None: ...
-
-
-def check_cancelled(cancelled: Cancelled) -> None:
-    if cancelled is not None and cancelled():
-        raise CancelledError("sweep cancelled")
-
-
-def report(progress: Progress, fraction: float) -> None:
-    if progress is not None:
-        progress(min(1.0, max(0.0, fraction)))
 
 
 # -- one head ------------------------------------------------------------------------------------
@@ -103,23 +73,6 @@ def qk_positivity(fm: FactoredMatrix) -> float:
 # -- flags ---------------------------------------------------------------------------------------
 
 
-def _biases_nonfinite(w: Any, layer: int) -> np.ndarray:
-    bad = np.zeros(w.cfg.n_heads, bool)
-    for name in HEAD_BIASES:
-        if w.has(f"blocks.{layer}.attn.{name}"):
-            with np.errstate(invalid="ignore", over="ignore"):
-                bad |= ~np.isfinite(w.get(f"blocks.{layer}.attn.{name}").sum(-1))
-    return bad
-
-
-def layer_nonfinite(w: Any, layer: int) -> np.ndarray:
-    """``[H]`` bool: heads of ``layer`` with a NaN/inf in a weight or bias."""
-    bad = _biases_nonfinite(w, layer)
-    for name in HEAD_WEIGHTS:
-        bad |= ~np.isfinite(max_abs(w.get(f"blocks.{layer}.attn.{name}")))
-    return bad
-
-
 def _overflow(w: Any, peaks: dict[str, np.ndarray]) -> np.ndarray:
     """``[H]`` bool: ``d_head · max|W_Q| · max|W_K|`` or ``d_head · max|W_V| · max|W_O|``
     exceeds float32's maximum (docs/math.md, "Scores")."""
@@ -132,7 +85,7 @@ def _overflow(w: Any, peaks: dict[str, np.ndarray]) -> np.ndarray:
 def layer_flags(w: Any, layer: int) -> np.ndarray:
     """``[H]`` bool: ``nonfinite | overflow`` of ``layer_spectral_scores`` without the scores."""
     peaks = {name: max_abs(w.get(f"blocks.{layer}.attn.{name}")) for name in HEAD_WEIGHTS}
-    bad = _biases_nonfinite(w, layer)
+    bad = biases_nonfinite(w, layer)
     for peak in peaks.values():
         bad |= ~np.isfinite(peak)
     return bad | _overflow(w, peaks)
@@ -166,7 +119,7 @@ def layer_spectral_scores(w: Any, layer: int, middles: dict[str, np.ndarray]) ->
     peaks give the non-finite flag, the overflow flag and the taming scale."""
     mats = {name: w.get(f"blocks.{layer}.attn.{name}") for name in HEAD_WEIGHTS}
     peaks = {name: max_abs(x) for name, x in mats.items()}
-    bad = _biases_nonfinite(w, layer)
+    bad = biases_nonfinite(w, layer)
     for peak in peaks.values():
         bad |= ~np.isfinite(peak)
     out: dict[str, np.ndarray] = {"nonfinite": bad}

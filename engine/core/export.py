@@ -1,8 +1,7 @@
 """Write reports to files, atomically.
 
-A file appears complete or not at all: data goes to a temporary file in the target
-directory, is flushed and fsynced, then renamed over the target (``os.replace`` is atomic on
-POSIX within a filesystem). An interrupted export leaves no partial file behind.
+A file appears complete or not at all (``core.files.write_atomic``, the one atomic write):
+an interrupted export leaves no partial file behind.
 """
 
 from __future__ import annotations
@@ -14,13 +13,12 @@ import json
 import math
 import os
 import stat
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from headscope.engine.core.errors import InvalidRequestError, OutputError
-from headscope.engine.core.files import file_kind, os_reason
+from headscope.engine.core.files import file_kind, os_reason, write_atomic
 
 Format = Literal["json", "csv"]
 
@@ -46,27 +44,19 @@ def file_mode() -> int:
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
-    """Write ``text`` to ``path`` so that readers never see a partial file (an existing file
-    is replaced whole). A failure (read-only directory, full disk, ``path`` a directory) is
-    an ``OutputError`` naming ``path``, and leaves nothing behind."""
+    """Write ``text`` (UTF-8) to ``path`` so that readers never see a partial file (an
+    existing file is replaced whole; ``core.files.write_atomic``), readable as ``open(path,
+    "w")`` would leave it (``file_mode``). A failure (read-only directory, full disk, ``path``
+    a directory) is an ``OutputError`` naming ``path``, and leaves nothing behind."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as e:
         raise OutputError(path, f"cannot write here: {os_reason(e)}") from None
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fchmod(f.fileno(), file_mode())
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:
-        Path(tmp).unlink(missing_ok=True)
-        if isinstance(e, OSError):
-            raise OutputError(path, f"cannot write: {os_reason(e)}") from None
-        raise
+        write_atomic(path, text.encode("utf-8"), mode=file_mode())
+    except OSError as e:
+        raise OutputError(path, f"cannot write: {os_reason(e)}") from None
     return path
 
 

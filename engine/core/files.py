@@ -9,14 +9,23 @@ objects cost ~30× the bytes of ``[{},{},...]``, so that input is refused before
 
 Failures are the caller's typed error (``ConfigError``, ``CorruptFileError``, ...) naming
 the file, one line.
+
+Every file headscope writes whole (results-store parts, exports, saved models) goes through
+``write_atomic`` (``atomic_file`` for a writer that wants a path): a temporary file in the
+target's directory, flushed, fsynced and renamed over the target (``os.replace`` is atomic on
+POSIX within a filesystem), so a reader sees the old file or the new one, never half of one,
+and an interrupted write leaves no partial file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import stat
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +33,16 @@ from headscope.engine.core.errors import HeadscopeError
 
 ErrorType = type[HeadscopeError]
 
+# Every temporary file ``write_atomic`` creates starts with this (the results store removes
+# its own leftovers by it).
+TMP_PREFIX = ".tmp-"
+
 # A JSON file describing a model holds at most one object or array per this many bytes (a
 # safetensors header entry is >= 50 bytes for its three containers; configs are sparser).
 MIN_BYTES_PER_CONTAINER = 16
+# A config or index JSON file (config.json, headscope.json, tokenizer_config.json, the shard
+# index) is KBs: refuse absurd ones.
+MAX_CONFIG_BYTES = 16_000_000
 _SLACK_CONTAINERS = 1024
 
 
@@ -118,7 +134,9 @@ def check_nesting(raw: str | bytes, path: str | os.PathLike[str] | None, error: 
         )
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``' ``object_pairs_hook`` that refuses a key given twice (``ValueError``):
+    which value would win is ambiguous."""
     out: dict[str, Any] = {}
     for k, v in pairs:
         if k in out:
@@ -132,7 +150,7 @@ def loads_json(raw: str | bytes, path: str | os.PathLike[str] | None, error: Err
     """``json.loads`` with duplicate keys refused and the nesting bound checked first."""
     check_nesting(raw, path, error, what)
     try:
-        return json.loads(raw, object_pairs_hook=_no_duplicates)
+        return json.loads(raw, object_pairs_hook=no_duplicate_keys)
     except (ValueError, RecursionError) as e:
         message = str(e) or type(e).__name__
         raise error(path, f"{what} is not valid JSON: {message[:160]}") from None
@@ -144,3 +162,33 @@ def read_json_object(path: Path, limit: int, error: ErrorType, what: str) -> dic
     if not isinstance(obj, dict):
         raise error(path, f"{what} is not a JSON object")
     return obj
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path, mode: int | None = None) -> Iterator[Path]:
+    """A temporary file beside ``path`` to write (by its path), renamed over ``path`` when the
+    block ends: given ``mode`` (None: ``tempfile.mkstemp``'s owner-only 0o600), fsynced, then
+    ``os.replace``d, so readers see the old file or the new one, never half of one. On any
+    failure the temporary file is removed and the error propagates unchanged (an ``OSError``
+    for the caller to name)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{TMP_PREFIX}{path.name}.", suffix=".tmp")
+    try:
+        os.close(fd)
+        yield Path(tmp)
+        fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)  # the writer's data, whoever wrote it
+        try:
+            if mode is not None:
+                os.fchmod(fd, mode)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_atomic(path: Path, data: bytes, mode: int | None = None) -> None:
+    """Write ``data`` to ``path`` atomically (``atomic_file``)."""
+    with atomic_file(path, mode) as tmp, open(tmp, "wb") as f:
+        f.write(data)

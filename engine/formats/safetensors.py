@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from headscope.engine.core.errors import CorruptFileError, UnsafeFormatError
-from headscope.engine.core.files import check_nesting, open_regular, os_reason
+from headscope.engine.core.files import check_nesting, no_duplicate_keys, open_regular, os_reason
 
 # Headers of real checkpoints are a few hundred KB at most; the reference implementation
 # refuses headers above 100 MB, and so do we (a hostile length must not make us allocate).
@@ -184,15 +184,6 @@ def _header_length(path: str | os.PathLike[str], prefix: bytes, file_size: int, 
     return n
 
 
-def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
-    out: dict[str, object] = {}
-    for k, v in pairs:
-        if k in out:
-            raise ValueError(f"duplicate key {k!r}")
-        out[k] = v
-    return out
-
-
 def _validate(
     path: str | os.PathLike[str], raw: bytes, n: int, file_size: int
 ) -> SafetensorsHeader:
@@ -201,7 +192,7 @@ def _validate(
     check_nesting(raw, path, CorruptFileError, "safetensors header")
     try:
         text = raw.decode("utf-8")
-        obj = json.loads(text, object_pairs_hook=_no_duplicates)
+        obj = json.loads(text, object_pairs_hook=no_duplicate_keys)
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise CorruptFileError(path, f"bad JSON in safetensors header: {_short(e)}") from None
     if not isinstance(obj, dict):
@@ -216,7 +207,7 @@ def _validate(
     buffer_size = file_size - 8 - n
     tensors: dict[str, TensorInfo] = {}
     for name, entry in obj.items():
-        tensors[name] = _tensor_info(path, name, entry, buffer_size)
+        tensors[name] = _header_entry(path, name, entry, buffer_size)
 
     # Like the reference implementation: in order of offset, tensors tile the data buffer
     # exactly (no overlap, no gap, nothing after the last one), so every later read
@@ -243,7 +234,7 @@ def _validate(
     return SafetensorsHeader(str(path), n, file_size, tensors, dict(metadata))
 
 
-def _tensor_info(
+def _header_entry(
     path: str | os.PathLike[str], name: str, entry: object, buffer_size: int
 ) -> TensorInfo:
     where = f"tensor {name!r}"

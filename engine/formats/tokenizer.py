@@ -20,14 +20,17 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from headscope.engine.core.errors import CorruptFileError, HeadscopeError, PromptError
-from headscope.engine.core.files import loads_json, read_bytes, read_text
+from headscope.engine.core.files import MAX_CONFIG_BYTES, loads_json, read_bytes, read_text
 
 # Byte-level BPE (GPT-2, NeoX, Llama 3, Qwen2) spells bytes as printable characters; the
 # ones that matter for reading tokens are the space and newline markers.
 TOKEN_DISPLAY = str.maketrans({"Ġ": " ", "Ċ": "\n", "ĉ": "\t", "▁": " "})
 MAX_TOKENIZER_BYTES = 200_000_000
 _BERT_SPECIAL = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
-MAX_CONFIG_BYTES = 16_000_000  # tokenizer_config.json
+# What a tokenizer is built from, in the order ``load_tokenizer`` prefers them, and the
+# config it reads beside a WordPiece vocabulary.
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 
 
 @runtime_checkable
@@ -307,7 +310,7 @@ def load_tokenizer(directory: Path, d_vocab: int, family: str) -> Tokenizer:
 
 def _lowercase(directory: Path) -> bool:
     """``do_lower_case`` from ``tokenizer_config.json`` (uncased BERT, the common case, if absent)."""
-    path = directory / "tokenizer_config.json"
+    path = directory / TOKENIZER_CONFIG_FILE
     if not path.exists():
         return True
     try:

@@ -15,22 +15,19 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from headscope.engine.circuits.spectral import Memo, check_cancelled, layer_nonfinite, report
 from headscope.engine.core.errors import InvalidRequestError
 from headscope.engine.core.memory import (
     release_free_heap,  # the sweeps end by returning freed pages
 )
+from headscope.engine.core.progress import Cancelled, Memo, Progress, check_cancelled, report
+from headscope.engine.model.nonfinite import layer_nonfinite
 from headscope.engine.model.weights import WeightSource
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-Progress = Callable[[float], None] | None
-Cancelled = Callable[[], bool] | None
-
 __all__ = [
     "BehaviourSums",
-    "Memo",
     "ablation_effect",
     "ablation_effects",
     "behaviour_scores",
@@ -165,7 +162,7 @@ class BehaviourSums:
     def __init__(self, w: WeightSource, tokens: Tensor, *, exclude_bos: bool = False,
                  exclude_current_token: bool = False, nonfinite: Any = None) -> None:
         cfg = w.cfg
-        self.weights = w  # numpy: the non-finite check is the weight sweep's (spectral.layer_nonfinite)
+        self.weights = w  # numpy: the non-finite check is the weight sweep's (model.nonfinite.layer_nonfinite)
         self.exclude = {"exclude_bos": exclude_bos, "exclude_current_token": exclude_current_token}
         self.detections = detection_patterns(tokens)
         self.out = {name: torch.full((cfg.n_layers, cfg.n_heads), math.nan) for name in self.detections}
@@ -286,7 +283,7 @@ def ablation_effects(w: WeightSource, seed: int = 0, *, seq_len: int | None = No
     from headscope.engine.forward.torch_weights import torch_weights
     from headscope.engine.forward.transformer import blocks, embed, run_ablations
 
-    weights, w = w, torch_weights(w)  # numpy for the non-finite flags (spectral.layer_nonfinite)
+    weights, w = w, torch_weights(w)  # numpy for the non-finite flags (model.nonfinite.layer_nonfinite)
     _check_ablation(w, ablation)
     cfg = w.cfg
     n_layers, n_heads = cfg.n_layers, cfg.n_heads

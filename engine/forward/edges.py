@@ -35,8 +35,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from headscope.engine.circuits.factored import one_lapack_thread
-from headscope.engine.circuits.spectral import check_cancelled, report
 from headscope.engine.core.edge_graph import EdgeGraph, edge_graph
 from headscope.engine.core.edge_results import (
     CURVE_FRACTIONS,
@@ -50,6 +48,8 @@ from headscope.engine.core.edge_results import (
     metrics_differ,
 )
 from headscope.engine.core.errors import InvalidRequestError, NonFiniteError
+from headscope.engine.core.progress import check_cancelled, report
+from headscope.engine.core.threads import one_lapack_thread
 from headscope.engine.forward.patching import Metric, _check_metric, check_inputs
 from headscope.engine.forward.torch_weights import torch_weights
 from headscope.engine.forward.transformer import (

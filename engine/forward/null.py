@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from headscope.engine.core.errors import CancelledError
+from headscope.engine.core.progress import Cancelled, check_cancelled
 from headscope.engine.core.validation import NULL_SAMPLES
 from headscope.engine.forward.sinks import delimiter_sink_mass, passes, sink_mass
 from headscope.engine.model.weights import WeightSource
@@ -132,7 +132,7 @@ def _mean_finite_norm(weights: Tensor) -> float:
 def behaviour_null(w: WeightSource, repeated: Tensor, natural: Sequence[Tensor], seed: int,
                    samples: int = NULL_SAMPLES,
                    delimiters: Sequence[Tensor] | None = None,
-                   cancelled: Callable[[], bool] | None = None) -> dict[str, Tensor]:
+                   cancelled: Cancelled = None) -> dict[str, Tensor]:
     """``{name: [L, samples]}``: the behavioural scores of ``samples`` random heads per layer.
 
     Layer ``l``'s random heads (``random_head_patterns``: Gaussian ``W_Q``/``W_K`` rescaled
@@ -156,7 +156,7 @@ class NullSums:
 
     def __init__(self, w: WeightSource, repeated: Tensor, natural: Sequence[Tensor], seed: int,
                  samples: int = NULL_SAMPLES, delimiters: Sequence[Tensor] | None = None,
-                 cancelled: Callable[[], bool] | None = None) -> None:
+                 cancelled: Cancelled = None) -> None:
         from headscope.engine.forward.behaviour import detection_patterns
         from headscope.engine.forward.torch_weights import torch_weights
 
@@ -178,20 +178,19 @@ class NullSums:
         from headscope.engine.forward.transformer import (
             layer_config,
             rotary,
-            rotary_inv_freq,
             rotary_scale,
+            torch_rotary_inv_freq,
         )
 
         if self.cfg.positional != "rotary":
             return None
         layer_cfg, path = layer_config(self.cfg, layer), getattr(self.w, "path", None)
-        return lambda t: rotary(t, rotary_inv_freq(layer_cfg, path, t.shape[-2]), rotary_scale(layer_cfg))
+        return lambda t: rotary(t, torch_rotary_inv_freq(layer_cfg, path, t.shape[-2]), rotary_scale(layer_cfg))
 
     def __call__(self, i: int, layer: int, x: Tensor, _pattern: Tensor) -> None:
         from headscope.engine.forward.transformer import attention_input
 
-        if self.cancelled is not None and self.cancelled():
-            raise CancelledError()
+        check_cancelled(self.cancelled)
         self.inputs.append(attention_input(self.w, layer, x).float())
         if i + 1 < self.n_batches:
             return

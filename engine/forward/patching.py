@@ -50,15 +50,15 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from headscope.engine.circuits.factored import one_lapack_thread
-from headscope.engine.circuits.spectral import check_cancelled, report
 from headscope.engine.core.errors import (
     IndexOutOfRangeError,
     InvalidRequestError,
     NonFiniteError,
     PromptError,
 )
+from headscope.engine.core.progress import Cancelled, Progress, check_cancelled, report
 from headscope.engine.core.results import PatchResult, patch_result
+from headscope.engine.core.threads import one_lapack_thread
 from headscope.engine.core.validation import (
     BUILTIN_TASKS,
     PATCH_SITES,
@@ -106,8 +106,6 @@ __all__ = [
     "task_metric",
 ]
 
-Progress = Callable[[float], None] | None
-Cancelled = Callable[[], bool] | None
 HeadSet = tuple[tuple[int, int], ...]  # heads patched together
 SITES = PATCH_SITES  # (core.validation: one list for every entry point)
 

@@ -26,8 +26,12 @@ from typing import TYPE_CHECKING
 from headscope.engine.core.config import ModelConfig
 from headscope.engine.core.errors import ConfigError, IndexOutOfRangeError, PromptError
 from headscope.engine.forward.torch_weights import torch_weights
-from headscope.engine.model.rotary import is_local_layer, layer_config, rotary_scale
-from headscope.engine.model.rotary import rotary_inv_freq as rope_frequencies
+from headscope.engine.model.rotary import (
+    is_local_layer,
+    layer_config,
+    rotary_inv_freq,
+    rotary_scale,
+)
 from headscope.engine.model.weights import WeightSource, will_need
 
 if TYPE_CHECKING:
@@ -45,12 +49,12 @@ __all__ = [
     "qk_norm",
     "queries_keys_values",
     "rotary",
-    "rotary_inv_freq",
     "rotary_scale",
     "rotate_queries_keys",
     "run",
     "run_ablations",
     "token_ids",
+    "torch_rotary_inv_freq",
 ]
 
 # (layer, residual stream entering the block [b, p, d_model], its pattern [b, h, q, k])
@@ -401,7 +405,7 @@ def rotate_queries_keys(w: WeightSource, layer: int, q: Tensor, k: Tensor, seq_l
         return q, k
     n, first = k.shape[-2], k.shape[-2] - q.shape[-2]
     layer_cfg = layer_config(cfg, layer)
-    inv_freq = rotary_inv_freq(layer_cfg, getattr(w, "path", None), seq_len=n if seq_len is None else seq_len)
+    inv_freq = torch_rotary_inv_freq(layer_cfg, getattr(w, "path", None), seq_len=n if seq_len is None else seq_len)
     scale = rotary_scale(layer_cfg)
     return rotary(q, inv_freq, scale, start=first), rotary(k, inv_freq, scale)
 
@@ -470,12 +474,12 @@ def _qk_rms(w: WeightSource, name: str, x: Tensor) -> Tensor:
     return x * scale * gain[:, None, :]
 
 
-def rotary_inv_freq(cfg: ModelConfig, path: str | None = None, seq_len: int | None = None) -> Tensor:
+def torch_rotary_inv_freq(cfg: ModelConfig, path: str | None = None, seq_len: int | None = None) -> Tensor:
     """``engine.model.rotary.rotary_inv_freq`` as a float32 tensor (the one computation of
     the frequencies, every RoPE scaling included)."""
     import torch
 
-    return torch.from_numpy(rope_frequencies(cfg, path, seq_len))
+    return torch.from_numpy(rotary_inv_freq(cfg, path, seq_len))
 
 
 def rotary(x: Tensor, inv_freq: Tensor, scale: float = 1.0, start: int = 0) -> Tensor:
@@ -489,10 +493,10 @@ def rotary(x: Tensor, inv_freq: Tensor, scale: float = 1.0, start: int = 0) -> T
     import torch
 
     pos = torch.arange(start, start + x.shape[-2], dtype=torch.float32)
-    return apply_rotary(x, pos[:, None] * inv_freq[None, :], scale)  # angles [p, r/2]
+    return torch_apply_rotary(x, pos[:, None] * inv_freq[None, :], scale)  # angles [p, r/2]
 
 
-def apply_rotary(x: Tensor, angles: Tensor, scale: float = 1.0) -> Tensor:
+def torch_apply_rotary(x: Tensor, angles: Tensor, scale: float = 1.0) -> Tensor:
     """Rotate the first ``r = 2·angles.shape[-1]`` dims of ``x`` by ``angles`` (broadcast
     against ``x[..., :r/2]``): dims ``(i, i + r/2)`` form a pair rotated by ``angles[..., i]``
     (the NeoX / Hugging Face ``rotate_half`` convention), times ``scale``; the rest pass

@@ -38,10 +38,21 @@ from headscope.engine.core.errors import (
     UnsafePathError,
     UnsupportedFormatError,
 )
-from headscope.engine.core.files import file_kind, os_reason, read_json_object, read_text
+from headscope.engine.core.files import (
+    MAX_CONFIG_BYTES,
+    file_kind,
+    os_reason,
+    read_json_object,
+    read_text,
+)
 from headscope.engine.formats.gguf import is_gguf, read_gguf_header
 from headscope.engine.formats.safetensors import SafetensorsHeader, TensorInfo, read_header
-from headscope.engine.formats.tokenizer import IdTokenizer, Tokenizer, load_tokenizer
+from headscope.engine.formats.tokenizer import (
+    TOKENIZER_FILES,
+    IdTokenizer,
+    Tokenizer,
+    load_tokenizer,
+)
 from headscope.engine.model.adapters import native as native_adapter
 from headscope.engine.model.adapters.base import (
     SpecMap,
@@ -62,8 +73,6 @@ if TYPE_CHECKING:
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")  # what a tokenizer is built from
-MAX_JSON_BYTES = 16_000_000  # config.json / index files are KBs; refuse absurd ones
 
 _PICKLE_ADVICE = (
     "pickle-based checkpoints can run arbitrary code when loaded, so headscope only reads "
@@ -449,13 +458,13 @@ def _read_index(
 
 
 def _read_text(path: Path) -> str:
-    return read_text(path, MAX_JSON_BYTES, ConfigError, path.name)
+    return read_text(path, MAX_CONFIG_BYTES, ConfigError, path.name)
 
 
 def _read_json(
     path: Path, error: type[ConfigError] | type[CorruptFileError], what: str
 ) -> dict[str, Any]:
-    return read_json_object(path, MAX_JSON_BYTES, error, what)
+    return read_json_object(path, MAX_CONFIG_BYTES, error, what)
 
 
 def _read_config(path: Path) -> dict[str, Any]:

@@ -185,6 +185,7 @@ def save_native(w: WeightSource, path: str | Path, *, vocab: list[str] | None = 
     from safetensors.numpy import save_file
 
     from headscope.engine.core.export import atomic_write_text, file_mode
+    from headscope.engine.core.files import atomic_file
 
     cfg = w.cfg
     _check_decoder(cfg)
@@ -196,10 +197,8 @@ def save_native(w: WeightSource, path: str | Path, *, vocab: list[str] | None = 
         fields.pop(derived, None)
     fields["family"] = "native"  # the layout on disk; `architecture` keeps the origin
     blob = json.dumps(fields)
-    tmp = path / ".model.safetensors.tmp"
-    save_file(tensors, str(tmp), metadata={"headscope_config": blob})
-    tmp.chmod(file_mode())
-    tmp.replace(path / "model.safetensors")
+    with atomic_file(path / "model.safetensors", mode=file_mode()) as tmp:
+        save_file(tensors, str(tmp), metadata={"headscope_config": blob})
     atomic_write_text(path / "headscope.json", blob)
     if vocab is not None:
         atomic_write_text(path / "vocab.txt", "\n".join(vocab) + "\n")

@@ -39,6 +39,7 @@ from headscope.engine.core.errors import (
     NonFiniteError,
     PromptError,
 )
+from headscope.engine.core.progress import Progress
 from headscope.engine.core.results import (
     CacheStats,
     CircuitBlock,
@@ -69,7 +70,6 @@ __all__ = ["Engine", "default_workers"]
 
 MAX_PREFETCH_VIEWS = 3
 
-Progress = Callable[[float], None] | None
 
 
 def default_workers(cpus: int | None = None) -> tuple[int, int]:

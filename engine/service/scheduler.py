@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from headscope.engine.core.errors import CancelledError, ComputeError, HeadscopeError, out_of_memory
+from headscope.engine.core.progress import Progress
 
 FOCUSED, USER, PREFETCH = 0, 1, 2  # priority classes, lower runs first
 
@@ -47,7 +48,7 @@ class Job:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[Any]
     label: str
-    progress: Callable[[float], None] | None = None
+    progress: Progress = None
     waiters: int = 0
     state: str = "queued"  # queued | running | done
     cancel_reason: str | None = None
@@ -139,7 +140,7 @@ class Scheduler:
         *,
         head: Head | None = None,
         label: str = "job",
-        progress: Callable[[float], None] | None = None,
+        progress: Progress = None,
     ) -> Any:
         """Run ``fn(ctx)`` on a worker (or join the identical job in flight) and await it."""
         job = self._submit(key, fn, head=head, priority=USER, label=label, progress=progress)
@@ -209,7 +210,7 @@ class Scheduler:
         head: Head | None,
         priority: int,
         label: str,
-        progress: Callable[[float], None] | None = None,
+        progress: Progress = None,
         loop: asyncio.AbstractEventLoop | None = None,
     ) -> Job:
         loop = loop or asyncio.get_running_loop()

@@ -27,13 +27,10 @@ import numpy as np
 
 from headscope.engine.core.errors import HeadscopeError
 from headscope.engine.core.files import os_reason
+from headscope.engine.core.progress import Cancelled, Memo, Progress, check_cancelled, report
 
 if TYPE_CHECKING:
-    from headscope.engine.circuits.spectral import Memo
     from headscope.engine.model.loading import Model
-
-Progress = Callable[[float], None] | None
-Cancelled = Callable[[], bool] | None
 
 RETRIES = 2  # a task whose worker died is run again elsewhere this many times
 CONNECT_TIMEOUT = "10s"
@@ -359,14 +356,13 @@ def run_parts(cluster: Cluster, model: Model, key: str, sweep: str, memo: Memo,
     as it arrives; the number computed. ``progress(fraction of parts done)``; ``cancelled()``
     (or Ctrl-C) cancels the outstanding tasks. A scheduler that goes away is a
     ``ClusterError``, the parts already put kept."""
-    from headscope.engine.core.errors import CancelledError
 
     cfg = model.cfg
     shapes = part_shapes(sweep, cfg.n_layers, cfg.n_heads)
     missing = [i for i, shape in shapes.items() if memo.get(i, shape) is None]
     total = len(shapes) or 1
     done = total - len(missing)
-    _report(progress, done / total)
+    report(progress, done / total)
     if not missing:
         return 0
     distributed = _require_distributed()
@@ -386,9 +382,8 @@ def run_parts(cluster: Cluster, model: Model, key: str, sweep: str, memo: Memo,
                 value = fut.result()
                 memo.put(index, value)
                 count[0] += 1
-                _report(progress, count[0] / total)
-                if cancelled is not None and cancelled():
-                    raise CancelledError()
+                report(progress, count[0] / total)
+                check_cancelled(cancelled)
     except BaseException:
         _cancel(cluster, [f for f, _ in futures.values()])
         raise
@@ -413,7 +408,6 @@ def run_tasks(cluster: Cluster, task: Callable[..., Any], args: Sequence[tuple[A
     """``task(*args[i])`` for every ``i`` on ``cluster``, one Dask task each (a module-level
     function: Dask sends it by name); ``finished(i, result)`` as each arrives. Faults and
     cancellation as ``run_parts`` (the timeline's steps: ``timeline.score_step_task``)."""
-    from headscope.engine.core.errors import CancelledError
 
     distributed = _require_distributed()
     futures: dict[str, tuple[Any, int]] = {}
@@ -428,16 +422,10 @@ def run_tasks(cluster: Cluster, task: Callable[..., Any], args: Sequence[tuple[A
                                                 loop=cluster.client.loop):
                 finished(futures[fut.key][1], fut.result())
                 count[0] += 1
-                if cancelled is not None and cancelled():
-                    raise CancelledError()
+                check_cancelled(cancelled)
     except BaseException:
         _cancel(cluster, [f for f, _ in futures.values()])
         raise
-
-
-def _report(progress: Progress, fraction: float) -> None:
-    if progress is not None:
-        progress(min(1.0, fraction))
 
 
 def _cancel(cluster: Cluster, futures: list[Any]) -> None:

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from headscope.engine.circuits.factored import one_lapack_thread
 from headscope.engine.core.errors import CancelledError, NonFiniteError, PromptError
+from headscope.engine.core.progress import Cancelled, Memo, Progress
 from headscope.engine.core.results import (
     CircuitBlock,
     Composition,
@@ -40,6 +40,7 @@ from headscope.engine.core.results import (
     rank_edges,
     readonly,
 )
+from headscope.engine.core.threads import one_lapack_thread
 from headscope.engine.core.validation import (
     NULL_SAMPLES,
     PATH_SAMPLE,
@@ -55,13 +56,9 @@ from headscope.engine.core.validation import (
 from headscope.engine.model.caveats import ov_caveats, qk_caveats
 
 if TYPE_CHECKING:
-    from headscope.engine.circuits.spectral import Memo
     from headscope.engine.model.loading import Model
     from headscope.engine.sweeps.cluster import Cluster
     from headscope.engine.sweeps.store import LayerMemo, ModelStore
-
-Progress = Callable[[float], None] | None
-Cancelled = Callable[[], bool] | None
 
 BEHAVIOURS = ("prev_token", "duplicate_token", "induction")  # keys of behaviour.behaviour_scores
 SINKS = ("attention_sink", "delimiter_sink")  # sinks.sink_scores

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from headscope.engine.core.progress import Progress, report
 from headscope.engine.core.validation import (
     EDGE_THRESHOLD,
     SCORE_NAMES,
@@ -42,7 +43,6 @@ from headscope.engine.core.validation import (
 if TYPE_CHECKING:
     from headscope.engine.model.loading import Model
     from headscope.engine.sweeps.cluster import Cluster
-    from headscope.engine.sweeps.compute import Progress
     from headscope.engine.sweeps.store import ResultStore
 
 # The scores a diff compares (every head score but the duplicate-token one).
@@ -132,8 +132,7 @@ def diff_models(
     from headscope.engine.forward.runtime import import_torch_in_background
     from headscope.engine.sweeps.compute import progress_span
 
-    if progress is not None:
-        progress(0.0)
+    report(progress, 0.0)
     arrays_a, arrays_b = a.weights, b.weights
     if behaviour:
         import_torch_in_background()
@@ -145,8 +144,7 @@ def diff_models(
         matching = [best_matching(total[i].tolist()) for i in range(n_layers)]
     else:
         matching = [list(range(n_heads)) for _ in range(n_layers)]
-    if progress is not None:
-        progress(0.05)
+    report(progress, 0.05)
     keys = SCORE_KEYS if behaviour else WEIGHT_SCORE_NAMES
 
     def table(model: Model, part: Progress) -> dict[str, np.ndarray]:
@@ -198,8 +196,7 @@ def diff_models(
     biggest = sorted(heads, key=lambda r: (math.isnan(r["change"]), -round(r["change"], 6)
                                            if math.isfinite(r["change"]) else 0.0,
                                            r["layer"], r["head"]))[:10]
-    if progress is not None:
-        progress(1.0)
+    report(progress, 1.0)
     return ModelDiff(
         heads=heads,
         matching=matching if match_heads else None,

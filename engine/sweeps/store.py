@@ -50,7 +50,6 @@ import re
 import shutil
 import stat
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -61,7 +60,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from headscope.engine.core.errors import CorruptFileError, HeadscopeError, escape_line
-from headscope.engine.core.files import os_reason, read_bytes
+from headscope.engine.core.files import (
+    MAX_CONFIG_BYTES,
+    TMP_PREFIX,
+    os_reason,
+    read_bytes,
+    write_atomic,
+)
+from headscope.engine.formats.tokenizer import TOKENIZER_CONFIG_FILE, TOKENIZER_FILES
 from headscope.engine.model.adapters.native import CONFIG_FILE as NATIVE_CONFIG_FILE
 
 if TYPE_CHECKING:
@@ -91,8 +97,8 @@ DEFAULT_DISK_MB = 512
 MAGIC = b"HEADSCOPE-RESULT\n"
 # Every file whose bytes the loader reads to set a number (model.loading, adapters.native).
 CONFIG_FILES = ("config.json", NATIVE_CONFIG_FILE, "model.safetensors.index.json")
-MAX_CONFIG_BYTES = 16_000_000  # as model.loading.MAX_JSON_BYTES: configs are KBs
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json")  # formats.tokenizer
+# Every file the tokenizer reads (formats.tokenizer), in this order (it is hashed).
+TOKENIZER_READS = (*TOKENIZER_FILES, TOKENIZER_CONFIG_FILE)
 ENTRY_FILE = "entry.json"
 SUFFIX = ".hsr"
 MAX_HEADER = 1 << 16
@@ -100,7 +106,7 @@ MAX_ENTRY_BYTES = 1 << 16  # entry.json: a path and a few fields
 MAX_NPY_HEADER = 1 << 12  # np.save's header for the shapes stored here (~128 bytes)
 MAX_UNSHAPED_BYTES = 64 << 20  # a part read without an expected shape (spectra, timelines)
 ENTRY_NAME = re.compile(r"[0-9a-f]{32}")  # a fingerprint: blake2b, 16 bytes, hex
-OWN_FILE = re.compile(r"(entry\.json|[^/]+\.[^./]+\.hsr|\.tmp-.*)", re.DOTALL)
+OWN_FILE = re.compile(rf"(entry\.json|[^/]+\.[^./]+\.hsr|{re.escape(TMP_PREFIX)}.*)", re.DOTALL)
 
 Warn = Callable[[str], None]
 
@@ -152,7 +158,7 @@ def fingerprint(ckpt: Checkpoint, raw: bool) -> str:
             h.update(_file_part(extra, with_header=False))
     # The sink scores read the tokenizer (the natural sentences, which tokens are delimiters):
     # its files count by size and mtime (a tokenizer.json can be 30 MB; not read on each open).
-    for name in TOKENIZER_FILES:
+    for name in TOKENIZER_READS:
         extra = Path(ckpt.directory) / name
         if extra.is_file():
             st = extra.stat()
@@ -213,21 +219,6 @@ def _decode(blob: bytes, key: str, name: str, index: str, shape: tuple[int, ...]
     if list(array.shape) != header.get("shape"):
         return None
     return array
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a fsync'd temporary file and ``os.replace``."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def _dir_bytes(path: Path) -> int:
@@ -413,7 +404,7 @@ def _remove_stale_temporaries(root: Path, age: float = 3600.0) -> None:
     for name in _real_dirs(root):
         if ENTRY_NAME.fullmatch(name):
             with contextlib.suppress(OSError), os.scandir(root / name) as it:
-                candidates += [Path(e.path) for e in it if e.name.startswith(".tmp-")]
+                candidates += [Path(e.path) for e in it if e.name.startswith(TMP_PREFIX)]
     for p in candidates:
         with contextlib.suppress(OSError):
             st = os.lstat(p)
@@ -521,7 +512,7 @@ class ModelStore:
         file = self._file(name, str(index))
         try:
             self._ensure_entry()
-            _write_atomic(file, _encode(self.key, name, str(index), array))
+            write_atomic(file, _encode(self.key, name, str(index), array))
         except OSError as err:  # a full disk (ENOSPC), a read-only one: no partial file is left
             self.store.warn_once(err, file)
 
@@ -532,7 +523,7 @@ class ModelStore:
         self.dir.mkdir(parents=True, exist_ok=True)
         meta = {"format": FORMAT_VERSION, "path": self.path, "raw": self.raw,
                 "fingerprint": self.key, "created": time.time()}
-        _write_atomic(self.dir / ENTRY_FILE, json.dumps(meta).encode())
+        write_atomic(self.dir / ENTRY_FILE, json.dumps(meta).encode())
         self._touched = True
 
     def _touch(self) -> None:

@@ -29,12 +29,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from headscope.engine.core.errors import (
-    CancelledError,
     HeadscopeError,
     InvalidRequestError,
     ShapeMismatchError,
     UnsupportedFormatError,
 )
+from headscope.engine.core.progress import Cancelled, check_cancelled
+from headscope.engine.core.validation import EDGE_THRESHOLD
 
 if TYPE_CHECKING:
     import numpy as np
@@ -44,8 +45,8 @@ if TYPE_CHECKING:
     from headscope.engine.sweeps.store import ModelStore, ResultStore
 
 COMPOSITION_KEYS = ("q_composition_max", "k_composition_max", "v_composition_max")
-# A composition edge matters when it beats its baseline by this much (as in `headscope diff`).
-COMPOSITION_JUMP = 0.05
+# A composition edge matters when it beats its baseline by this much (`headscope diff`'s).
+COMPOSITION_JUMP = EDGE_THRESHOLD
 # The five head scores lie in [0, 1] (attention) or [-1, 1] (spectral): a jump of 0.2 is
 # far above seed-to-seed noise and well below the 0.6-0.8 swing of a forming circuit.
 SCORE_JUMP = 0.2
@@ -165,13 +166,13 @@ def _subdirectory_checkpoints(directory: Path) -> list[Path]:
     return subdirs
 
 
-# ----------------------------------------------------------------------------- fingerprints
+# ----------------------------------------------------------------------------- weights digest
 
 
-def fingerprint(ckpt: Checkpoint) -> str:
+def weights_digest(ckpt: Checkpoint) -> str:
     """BLAKE2b-128 of every tensor: name, dtype, shape and raw bytes, in name order.
 
-    Two steps with the same fingerprint hold the same weights bit for bit, whatever the file
+    Two steps with the same digest hold the same weights bit for bit, whatever the file
     layout or metadata; the same weights stored in another dtype differ. Reads every tensor
     byte once (hashing runs at disk speed; the scores read most of them anyway).
     """
@@ -337,7 +338,7 @@ def score_checkpoint(source: StepSource, *, seed: int, raw: bool,
         n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
         values = {k: np.asarray(getattr(table, k), dtype=np.float64) for k in SCORE_NAMES}
         values.update(composition_maxima(model, seed, entry))
-        digest = fingerprint(model.checkpoint)
+        digest = weights_digest(model.checkpoint)
     finally:
         model.raw_weights.close()
     return StepScores(source.step, source.path, n_layers, n_heads, digest, values)
@@ -357,12 +358,13 @@ def check_layouts(sources: Sequence[StepSource]) -> tuple[int, int]:
     return first.n_layers, first.n_heads
 
 
-Progress = Callable[[int, int, StepScores], None] | None
+# Called as each step finishes: (steps done, steps in all, that step's scores).
+StepProgress = Callable[[int, int, StepScores], None] | None
 
 
 def score_steps(sources: Sequence[StepSource], *, seed: int = 0, raw: bool = False,
-                workers: int = 1, progress: Progress = None,
-                cancelled: Callable[[], bool] | None = None,
+                workers: int = 1, progress: StepProgress = None,
+                cancelled: Cancelled = None,
                 cluster: Cluster | None = None,
                 store: ResultStore | None = None) -> list[StepScores]:
     """:func:`score_step` for every source, in a pool of ``workers`` threads (1: in turn),
@@ -382,10 +384,6 @@ def score_steps(sources: Sequence[StepSource], *, seed: int = 0, raw: bool = Fal
         results[i] = r
         if progress is not None:
             progress(len(results), total, r)
-
-    def check() -> None:
-        if cancelled is not None and cancelled():
-            raise CancelledError()
 
     if cluster is not None:
         from headscope.engine.model.loading import inspect_checkpoint
@@ -410,7 +408,7 @@ def score_steps(sources: Sequence[StepSource], *, seed: int = 0, raw: bool = Fal
             run_tasks(cluster, score_step_task, tasks, finished=arrived, cancelled=cancelled)
     elif workers <= 1:
         for i, s in enumerate(sources):
-            check()
+            check_cancelled(cancelled)
             finished(i, score_step(s, seed=seed, raw=raw, store=store))
     else:
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="timeline") as pool:
@@ -418,7 +416,7 @@ def score_steps(sources: Sequence[StepSource], *, seed: int = 0, raw: bool = Fal
                        for i, s in enumerate(sources)}
             try:
                 for future in as_completed(futures):
-                    check()
+                    check_cancelled(cancelled)
                     finished(futures[future], future.result())
             except BaseException:
                 for future in futures:
@@ -605,8 +603,8 @@ def build_timeline(results: Sequence[StepScores], notes: Sequence[str] = (),
 
 
 def compute_timeline(paths: Sequence[str | os.PathLike[str]], *, seed: int = 0, raw: bool = False,
-                     workers: int = 1, progress: Progress = None,
-                     cancelled: Callable[[], bool] | None = None,
+                     workers: int = 1, progress: StepProgress = None,
+                     cancelled: Cancelled = None,
                      cluster: Cluster | None = None,
                      store: ResultStore | None = None) -> Timeline:
     """Discover the steps of ``paths``, check they are one layout, score them, assemble."""

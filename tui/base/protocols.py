@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from headscope.engine.core.progress import Progress
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -35,7 +37,6 @@ if TYPE_CHECKING:
         VirtualPath,
     )
 
-Progress = Callable[[float], None] | None
 # Defaults written ``...`` are the engine's own (e.g. ``engine.core.validation.EDGE_THRESHOLD``):
 # the protocol fixes names, kinds and types, not default values.
 

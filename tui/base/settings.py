@@ -34,7 +34,7 @@ DEFAULT_THEME = "headscope-dark"
 COLORMAPS = ("diverging", "colorblind")
 MAX_SETTINGS_BYTES = 1_000_000
 MAX_CACHE_MB = 1 << 20  # 1 TiB
-COLOR_MODES = ("truecolor", "256", "16", "none")  # as tui/colormap.COLOR_MODES
+COLOR_MODES = ("truecolor", "256", "16", "none")  # the one list (tui/base/colormode.py re-exports it)
 
 
 @dataclass(frozen=True)

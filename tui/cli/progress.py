@@ -15,8 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from headscope.engine.core.eta import Eta
-
-Progress = Callable[[float], None]
+from headscope.engine.core.progress import Progress
 
 
 def eta_text(seconds: float | None) -> str:

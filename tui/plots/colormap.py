@@ -151,7 +151,6 @@ def cell_of(index: int, n: int, out: int) -> float:
 # ramp is built from palette entries whose CIE L* is monotone from the zero stop to each end.
 # In 16 colours or without colour, magnitude is a shade character and sign a colour or glyph.
 
-COLOR_MODES = ("truecolor", "256", "16", "none")
 XTERM_LEVELS = (0, 95, 135, 175, 215, 255)
 RAMP_STEPS = 8  # palette entries per half of a 256-colour ramp (plus the zero entry)
 SHADES = " ░▒▓█"  # magnitude 0 … 4 (positive, or either sign in 16 colours)

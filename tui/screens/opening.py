@@ -19,8 +19,8 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from headscope.tui.base.datatext import printable
+from headscope.tui.widgets.status import SPINNER
 
-SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"  # as widgets/status.py (not imported: it is the explorer's)
 BODY = ("The head tree (from the checkpoint's header) and the views come next; the model's "
         "weights open after them. The keys below light up with the explorer; the help and "
         "quit keys work already.")

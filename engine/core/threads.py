@@ -1,0 +1,68 @@
+"""BLAS/LAPACK thread control: numpy's OpenBLAS held to one thread while ``d_head``-sized
+decompositions run (docs/internals.md, "Sweeps in pieces"). Process-wide, reference-counted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import threading
+from collections.abc import Callable, Iterator
+
+__all__ = ["one_lapack_thread"]
+
+
+@functools.cache
+def _openblas_threads() -> tuple[Callable[[int], None], Callable[[], int]] | None:
+    """numpy's OpenBLAS thread setters (None if numpy uses another BLAS)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            libs = sorted({line.split()[-1] for line in maps if "openblas" in line and ".so" in line})
+    except OSError:
+        return None
+    for path in libs:
+        lib = ctypes.CDLL(path)
+        for suffix in ("64_", ""):
+            for prefix in ("scipy_openblas_", "openblas_"):
+                setter = getattr(lib, f"{prefix}set_num_threads{suffix}", None)
+                getter = getattr(lib, f"{prefix}get_num_threads{suffix}", None)
+                if setter is not None and getter is not None:
+                    return setter, getter
+    return None
+
+
+_LOCK = threading.Lock()
+_USERS = 0
+_SAVED = 1
+
+
+@contextlib.contextmanager
+def one_lapack_thread() -> Iterator[None]:
+    """numpy's LAPACK on one thread for ``d_head``-sized ``eigvals``/``cholesky``/``eigh``.
+
+    Threaded ``geev`` on 128 × 128 matrices is 5-15× *slower* with 2 threads than with one on
+    a busy 2-core box: the threads spin waiting on each other (docs/internals.md, "Sweeps in
+    pieces"). The setting is process-wide, so it is restored when the last user leaves; other
+    threads' products run single-threaded meanwhile (same numbers, briefly slower).
+    """
+    global _USERS, _SAVED
+    calls = _openblas_threads()
+    if calls is None:
+        yield
+        return
+    setter, getter = calls
+    with _LOCK:
+        if _USERS == 0:
+            _SAVED = int(getter())
+            setter(1)
+        _USERS += 1
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _USERS -= 1
+            if _USERS == 0:
+                setter(_SAVED)
+
+
