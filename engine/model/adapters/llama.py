@@ -51,12 +51,7 @@ def adapt(
     cfg = decoder_config(
         config, arch, names, path,
         family="qwen2" if qwen else "llama",
-        n_kv_heads=require_int(config, path, "num_key_value_heads", "num_attention_heads"),
-        act_fn=get_key(config, "hidden_act", default="silu"),
-        gated_mlp=True,
-        normalization="RMS",
-        norm_eps=optional_float(config, path, "rms_norm_eps", default=1e-6),
-        rope=1.0,
+        **llama_block(config, path, norm_eps=1e-6),
         tied_unembed="lm_head.weight" not in names,
         extra={"sliding_window": window},
     )  # fmt: skip
@@ -69,6 +64,20 @@ def adapt(
         # The canonical gated MLP has no gate bias: refuse rather than drop it silently.
         raise ConfigError(path, "mlp_bias=true (biases in a gated MLP) is not supported")
     return cfg, specs(cfg, prefix_of(names), cfg.tied_unembed, attn_bias, o_bias)
+
+
+def llama_block(config: Mapping[str, Any], path: str | None, *, norm_eps: float) -> dict[str, Any]:
+    """What a Llama-style block changes in the decoder default (``decoder_config``):
+    grouped-query attention, a gated SiLU MLP, RMSNorm (epsilon ``norm_eps`` unless the config
+    gives one), rotate-half RoPE on whole heads. Phi-3 reads the same."""
+    return {
+        "n_kv_heads": require_int(config, path, "num_key_value_heads", "num_attention_heads"),
+        "act_fn": get_key(config, "hidden_act", default="silu"),
+        "gated_mlp": True,
+        "normalization": "RMS",
+        "norm_eps": optional_float(config, path, "rms_norm_eps", default=norm_eps),
+        "rope": 1.0,
+    }
 
 
 def window_layers(config: Mapping[str, Any], n_layers: int, window: Any, path: str | None) -> list[str] | None:

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from headscope.engine.core.config import ModelConfig
+from headscope.engine.model.adapters import llama
 from headscope.engine.model.adapters.base import (
     Heads,
     Rows,
@@ -23,13 +24,10 @@ from headscope.engine.model.adapters.base import (
     Zeros,
     decoder_config,
     embed_specs,
-    first_prefix,
     get_key,
     linear,
     linear_out_heads,
     norm_specs,
-    optional_float,
-    require_int,
 )
 
 ARCHITECTURES = ("Phi3ForCausalLM", "Phi3Model")
@@ -39,21 +37,15 @@ MODEL_TYPES = ("phi3",)
 def adapt(
     config: Mapping[str, Any], arch: str, names: set[str], path: str | None
 ) -> tuple[ModelConfig, SpecMap]:
-    prefix = first_prefix(names, ("model.", ""), "embed_tokens.weight")
     tied = "lm_head.weight" not in names
     cfg = decoder_config(
         config, arch, names, path,
         family="phi3",
-        n_kv_heads=require_int(config, path, "num_key_value_heads", "num_attention_heads"),
-        act_fn=get_key(config, "hidden_act", default="silu"),
-        gated_mlp=True,
-        normalization="RMS",
-        norm_eps=optional_float(config, path, "rms_norm_eps", default=1e-5),
-        rope=1.0,
+        **llama.llama_block(config, path, norm_eps=1e-5),
         tied_unembed=tied,
         extra={"rope_type": _rope_type(config), "sliding_window": get_key(config, "sliding_window")},
     )  # fmt: skip
-    return cfg, specs(cfg, prefix or "model.", tied)
+    return cfg, specs(cfg, llama.prefix_of(names), tied)
 
 
 def _rope_type(config: Mapping[str, Any]) -> Any:
