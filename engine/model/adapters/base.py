@@ -90,6 +90,8 @@ class Product:
 
 Spec = Whole | Heads | Zeros | Product
 SpecMap = dict[str, Spec]
+# What every family's ``adapt(config, arch, names, path)`` returns.
+Adapted = tuple[ModelConfig, SpecMap]
 
 
 def spec_parts(spec: Spec) -> tuple[Whole | Heads, ...]:

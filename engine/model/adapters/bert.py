@@ -16,6 +16,7 @@ from typing import Any
 from headscope.engine.core.config import ModelConfig
 from headscope.engine.core.errors import ConfigError
 from headscope.engine.model.adapters.base import (
+    Adapted,
     SpecMap,
     Whole,
     Zeros,
@@ -37,9 +38,7 @@ MODEL_TYPES = ("bert",)
 _MLM = "cls.predictions."
 
 
-def adapt(
-    config: Mapping[str, Any], arch: str, names: set[str], path: str | None
-) -> tuple[ModelConfig, SpecMap]:
+def adapt(config: Mapping[str, Any], arch: str, names: set[str], path: str | None) -> Adapted:
     position_type = get_key(config, "position_embedding_type", default="absolute")
     if position_type != "absolute":
         raise ConfigError(

@@ -28,6 +28,7 @@ from headscope.engine.core.config import ModelConfig
 from headscope.engine.core.errors import ConfigError
 from headscope.engine.model.adapters import llama, qwen3
 from headscope.engine.model.adapters.base import (
+    Adapted,
     SpecMap,
     Whole,
     get_key,
@@ -55,9 +56,7 @@ def _version(config: Mapping[str, Any], arch: str) -> int:
     return 1
 
 
-def adapt(
-    config: Mapping[str, Any], arch: str, names: set[str], path: str | None
-) -> tuple[ModelConfig, SpecMap]:
+def adapt(config: Mapping[str, Any], arch: str, names: set[str], path: str | None) -> Adapted:
     version = _version(config, arch)
     if config.get("use_bidirectional_attention"):
         raise ConfigError(path, "use_bidirectional_attention=true (Gemma 3 encoder) is not supported")

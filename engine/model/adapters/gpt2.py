@@ -15,6 +15,7 @@ from typing import Any
 from headscope.engine.core.config import ModelConfig
 from headscope.engine.core.errors import ConfigError
 from headscope.engine.model.adapters.base import (
+    Adapted,
     Heads,
     SpecMap,
     Whole,
@@ -33,9 +34,7 @@ ARCHITECTURES = ("GPT2LMHeadModel", "GPT2Model")
 MODEL_TYPES = ("gpt2",)
 
 
-def adapt(
-    config: Mapping[str, Any], arch: str, names: set[str], path: str | None
-) -> tuple[ModelConfig, SpecMap]:
+def adapt(config: Mapping[str, Any], arch: str, names: set[str], path: str | None) -> Adapted:
     d_model = require_int(config, path, "n_embd", "hidden_size")
     n_heads = require_int(config, path, "n_head", "num_attention_heads")
     if config.get("scale_attn_by_inverse_layer_idx"):

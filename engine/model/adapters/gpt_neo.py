@@ -14,6 +14,7 @@ from typing import Any
 from headscope.engine.core.config import ModelConfig
 from headscope.engine.core.errors import ConfigError
 from headscope.engine.model.adapters.base import (
+    Adapted,
     SpecMap,
     Whole,
     attention_specs,
@@ -31,9 +32,7 @@ ARCHITECTURES = ("GPTNeoForCausalLM", "GPTNeoModel")
 MODEL_TYPES = ("gpt_neo",)
 
 
-def adapt(
-    config: Mapping[str, Any], arch: str, names: set[str], path: str | None
-) -> tuple[ModelConfig, SpecMap]:
+def adapt(config: Mapping[str, Any], arch: str, names: set[str], path: str | None) -> Adapted:
     d_model = require_int(config, path, "hidden_size")
     n_layers = require_int(config, path, "num_layers", "num_hidden_layers")
     prefix = first_prefix(names, ("transformer.", ""), "wte.weight")

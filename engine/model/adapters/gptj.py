@@ -20,6 +20,7 @@ from typing import Any
 from headscope.engine.core.config import ModelConfig
 from headscope.engine.core.errors import ConfigError
 from headscope.engine.model.adapters.base import (
+    Adapted,
     Heads,
     SpecMap,
     Zeros,
@@ -39,9 +40,7 @@ ARCHITECTURES = ("GPTJForCausalLM", "GPTJModel")
 MODEL_TYPES = ("gptj",)
 
 
-def adapt(
-    config: Mapping[str, Any], arch: str, names: set[str], path: str | None
-) -> tuple[ModelConfig, SpecMap]:
+def adapt(config: Mapping[str, Any], arch: str, names: set[str], path: str | None) -> Adapted:
     d_model = require_int(config, path, "n_embd", "hidden_size")
     n_heads = require_int(config, path, "n_head", "num_attention_heads")
     d_head = divide_heads(path, d_model, n_heads)

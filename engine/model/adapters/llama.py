@@ -17,6 +17,7 @@ from typing import Any
 from headscope.engine.core.config import ModelConfig
 from headscope.engine.core.errors import ConfigError
 from headscope.engine.model.adapters.base import (
+    Adapted,
     SpecMap,
     attention_specs,
     decoder_config,
@@ -41,9 +42,7 @@ ARCHITECTURES = (
 MODEL_TYPES = ("llama", "mistral", "qwen2")
 
 
-def adapt(
-    config: Mapping[str, Any], arch: str, names: set[str], path: str | None
-) -> tuple[ModelConfig, SpecMap]:
+def adapt(config: Mapping[str, Any], arch: str, names: set[str], path: str | None) -> Adapted:
     qwen = arch.startswith("Qwen2") or config.get("model_type") == "qwen2"
     window = (
         get_key(config, "sliding_window") if config.get("use_sliding_window", not qwen) else None

@@ -15,6 +15,7 @@ from typing import Any
 
 from headscope.engine.core.config import ModelConfig
 from headscope.engine.model.adapters.base import (
+    Adapted,
     Heads,
     SpecMap,
     Whole,
@@ -35,9 +36,7 @@ ARCHITECTURES = ("GPTNeoXForCausalLM", "GPTNeoXModel")
 MODEL_TYPES = ("gpt_neox",)
 
 
-def adapt(
-    config: Mapping[str, Any], arch: str, names: set[str], path: str | None
-) -> tuple[ModelConfig, SpecMap]:
+def adapt(config: Mapping[str, Any], arch: str, names: set[str], path: str | None) -> Adapted:
     prefix = first_prefix(names, ("gpt_neox.", ""), "embed_in.weight")
     tied = "embed_out.weight" not in names
     cfg = decoder_config(

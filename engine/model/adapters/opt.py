@@ -24,6 +24,7 @@ from typing import Any
 from headscope.engine.core.config import ModelConfig
 from headscope.engine.core.errors import ConfigError
 from headscope.engine.model.adapters.base import (
+    Adapted,
     Product,
     Rows,
     SpecMap,
@@ -44,9 +45,7 @@ MODEL_TYPES = ("opt",)
 POSITION_OFFSET = 2  # OPTLearnedPositionalEmbedding.offset
 
 
-def adapt(
-    config: Mapping[str, Any], arch: str, names: set[str], path: str | None
-) -> tuple[ModelConfig, SpecMap]:
+def adapt(config: Mapping[str, Any], arch: str, names: set[str], path: str | None) -> Adapted:
     proj = require_int(config, path, "word_embed_proj_dim", "hidden_size")
     if not optional_bool(config, path, "layer_norm_elementwise_affine", True):
         raise ConfigError(path, "layer_norm_elementwise_affine=false is not supported")

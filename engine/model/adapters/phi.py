@@ -19,6 +19,7 @@ from typing import Any
 
 from headscope.engine.core.config import ModelConfig
 from headscope.engine.model.adapters.base import (
+    Adapted,
     SpecMap,
     Whole,
     attention_specs,
@@ -37,9 +38,7 @@ ARCHITECTURES = ("PhiForCausalLM", "PhiModel")
 MODEL_TYPES = ("phi",)
 
 
-def adapt(
-    config: Mapping[str, Any], arch: str, names: set[str], path: str | None
-) -> tuple[ModelConfig, SpecMap]:
+def adapt(config: Mapping[str, Any], arch: str, names: set[str], path: str | None) -> Adapted:
     qk_layernorm = optional_bool(config, path, "qk_layernorm", False)
     prefix = first_prefix(names, ("model.", ""), "embed_tokens.weight")
     tied = "lm_head.weight" not in names

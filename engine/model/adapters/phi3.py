@@ -18,6 +18,7 @@ from typing import Any
 from headscope.engine.core.config import ModelConfig
 from headscope.engine.model.adapters import llama
 from headscope.engine.model.adapters.base import (
+    Adapted,
     Heads,
     Rows,
     SpecMap,
@@ -34,9 +35,7 @@ ARCHITECTURES = ("Phi3ForCausalLM", "Phi3Model")
 MODEL_TYPES = ("phi3",)
 
 
-def adapt(
-    config: Mapping[str, Any], arch: str, names: set[str], path: str | None
-) -> tuple[ModelConfig, SpecMap]:
+def adapt(config: Mapping[str, Any], arch: str, names: set[str], path: str | None) -> Adapted:
     tied = "lm_head.weight" not in names
     cfg = decoder_config(
         config, arch, names, path,
