@@ -189,8 +189,8 @@ def hf_config(header: GGUFHeader, name: str, arch: GGUFArch, hf_names: Mapping[s
     if head_dim is not None:
         config["head_dim"] = head_dim
     rope_dims = key("rope.dimension_count")
-    d_head = head_dim or (d_model // n_heads if _positive(d_model) and _positive(n_heads) else None)
-    if _positive(rope_dims) and _positive(d_head) and rope_dims != d_head:
+    d_head = head_dim or (d_model // n_heads if _positive_int(d_model) and _positive_int(n_heads) else None)
+    if _positive_int(rope_dims) and _positive_int(d_head) and rope_dims != d_head:
         config["partial_rotary_factor"] = rope_dims / d_head
     scaling = key("rope.scaling.type")
     if scaling == "yarn":
@@ -237,12 +237,12 @@ def gemma_config(header: GGUFHeader, name: str, config: Mapping[str, Any]) -> di
             out[k] = key(k)
     n_layers, d_model, n_heads = config.get("num_hidden_layers"), config.get("hidden_size"), config.get("num_attention_heads")
     head_dim = config.get("head_dim")
-    if head_dim is None and _positive(d_model) and _positive(n_heads):
+    if head_dim is None and _positive_int(d_model) and _positive_int(n_heads):
         head_dim = d_model // n_heads
     scale = key("attention.scale")
     if isinstance(scale, int | float) and not isinstance(scale, bool) and scale > 0:
         out["query_pre_attn_scalar"] = 1.0 / (scale * scale)
-    elif n_layers == _GEMMA_27B_LAYERS[name] and _positive(d_model) and _positive(n_heads):
+    elif n_layers == _GEMMA_27B_LAYERS[name] and _positive_int(d_model) and _positive_int(n_heads):
         out["query_pre_attn_scalar"] = d_model // n_heads
     elif head_dim is not None:
         out["query_pre_attn_scalar"] = head_dim
@@ -250,13 +250,13 @@ def gemma_config(header: GGUFHeader, name: str, config: Mapping[str, Any]) -> di
     if name == "gemma3":
         out["rope_local_base_freq"] = key("rope.freq_base_swa", 10000.0)
         pattern = key("attention.sliding_window_pattern", 6)
-        if not _positive(n_layers) or n_layers > len(header.tensors):
+        if not _positive_int(n_layers) or n_layers > len(header.tensors):
             pass  # implausible: the adapter refuses n_layers before anything is built per layer
         elif not window:
             out["layer_types"] = ["full_attention"] * n_layers
         elif isinstance(pattern, list):  # one flag per layer: true = sliding
             out["layer_types"] = ["sliding_attention" if p else "full_attention" for p in pattern]
-        elif _positive(pattern):
+        elif _positive_int(pattern):
             out["sliding_window_pattern"] = pattern
     if window:
         out["sliding_window"] = window
@@ -326,11 +326,11 @@ def _rope_vector(header: GGUFHeader, name: str, dim: Any) -> np.ndarray:
     import numpy as np
 
     info = header.tensors[name]
-    if _positive(dim) and dim % 2:
+    if _positive_int(dim) and dim % 2:
         raise ConfigError(header.path, f"RoPE dimension count {dim} is odd, but tensor {name!r} "
                                        f"holds one factor per pair of rotary dimensions "
                                        f"({math.prod(info.shape)} values): they do not match")
-    if info.type_name != "F32" or len(info.shape) != 1 or not _positive(dim) or info.shape[0] != dim // 2:
+    if info.type_name != "F32" or len(info.shape) != 1 or not _positive_int(dim) or info.shape[0] != dim // 2:
         raise ConfigError(header.path, f"tensor {name!r} is not {dim}/2 float32 RoPE factors")
     try:
         with open(header.path, "rb") as f:
@@ -353,7 +353,7 @@ def longrope(header: GGUFHeader, name: str, dim: Any) -> dict[str, Any]:
         raise ConfigError(header.path, f"LongRoPE needs both factor tensors; {missing[0]!r} is missing")
     prefix = f"{name}.rope.scaling."
     original = header.metadata.get(prefix + "original_context_length")
-    if not _positive(original):
+    if not _positive_int(original):
         raise ConfigError(header.path, f"LongRoPE needs {prefix}original_context_length, got {original!r}")
     out: dict[str, Any] = {
         "rope_type": "longrope", "original_max_position_embeddings": original,
@@ -365,7 +365,7 @@ def longrope(header: GGUFHeader, name: str, dim: Any) -> dict[str, Any]:
     return out
 
 
-def _positive(v: Any) -> bool:
+def _positive_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
 

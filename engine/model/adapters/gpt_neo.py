@@ -49,14 +49,14 @@ def adapt(config: Mapping[str, Any], arch: str, names: set[str], path: str | Non
         attn_scale=1.0,
         tied_unembed=tied,
         extra={
-            "layer_types": _layer_types(config, n_layers, path),
+            "layer_types": _attention_layers(config, n_layers, path),
             "sliding_window": require_int(config, path, "window_size") if "window_size" in config else 256,
         },
     )  # fmt: skip
     return cfg, specs(cfg, prefix or "transformer.", tied)
 
 
-def _layer_types(config: Mapping[str, Any], n_layers: int, path: str | None) -> list[str]:
+def _attention_layers(config: Mapping[str, Any], n_layers: int, path: str | None) -> list[str]:
     """``attention_layers`` (``"global"``/``"local"`` per layer), or its compressed form
     ``attention_types`` (``[[["global", "local"], 12]]``), as Hugging Face names the kinds."""
     layers = config.get("attention_layers")
