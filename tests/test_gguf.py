@@ -116,7 +116,7 @@ def test_transformers_own_gguf_reader_agrees_with_the_test_files(family: str, re
 def test_llama_qk_permutation_is_really_undone(llama_pair, tmp_path: Path) -> None:
     """The stored rows are permuted (so the test means something) and the reader undoes it:
     reading the file without the inverse permutation gives other patterns."""
-    from headscope.engine.model import gguf as gguf_model
+    from headscope.engine.model import gguf_config, gguf_weights
 
     _path, model = llama_pair
     gguf = write_gguf(model, tmp_path / "model.gguf")
@@ -125,11 +125,11 @@ def test_llama_qk_permutation_is_really_undone(llama_pair, tmp_path: Path) -> No
     src = open_model(gguf, raw=True).checkpoint.gguf
     stored = src._dequantised(src.header.tensors["blk.0.attn_q.weight"], "blk.0.attn_q.weight", 0, 32)
     assert np.array_equal(stored, permute(q, 4))
-    assert np.array_equal(gguf_model._unpermute(stored, 4), q)
+    assert np.array_equal(gguf_weights._unpermute(stored, 4), q)
 
     good = run(open_model(gguf, raw=True).weights, SEQS).patterns
     m = open_model(gguf, raw=True)
-    m.checkpoint.gguf.arch = gguf_model.GGUFArch("LlamaForCausalLM", "llama", "silu", permuted_qk=False)
+    m.checkpoint.gguf.arch = gguf_config.GGUFArch("LlamaForCausalLM", "llama", "silu", permuted_qk=False)
     assert _max_diff(run(m.weights, SEQS).patterns, good) > 1e-2
 
 
@@ -139,7 +139,8 @@ def test_gemma_gguf_norm_offset_is_undone(tmp_path: Path) -> None:
     from transformers import GemmaConfig, GemmaForCausalLM
 
     from headscope.engine.formats.gguf import read_gguf_header
-    from headscope.engine.model import gguf as gguf_model
+    from headscope.engine.model import gguf_config
+    from headscope.engine.model.gguf_weights import GGUFSource
 
     cfg = GemmaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=16,
@@ -148,11 +149,11 @@ def test_gemma_gguf_norm_offset_is_undone(tmp_path: Path) -> None:
     model.save_pretrained(tmp_path / "ref", safe_serialization=True)
     path = write_gguf(model, tmp_path / "g.gguf")
     header = read_gguf_header(path)
-    name, arch = gguf_model.arch_of(header)
-    hf_names = gguf_model.hf_tensor_names(header, arch)
-    config = gguf_model.hf_config(header, name, arch, hf_names)
+    name, arch = gguf_config.arch_of(header)
+    hf_names = gguf_config.hf_tensor_names(header, arch)
+    config = gguf_config.hf_config(header, name, arch, hf_names)
     assert (config["model_type"], config["head_dim"], config["tie_word_embeddings"]) == ("gemma", 16, True)
-    src = gguf_model.GGUFSource(header, hf_names, arch, open_model(build_llama(tmp_path / "l")[0]).raw_cfg)
+    src = GGUFSource(header, hf_names, arch, open_model(build_llama(tmp_path / "l")[0]).raw_cfg)
     sd = model.state_dict()
     for hf in ("model.norm.weight", "model.layers.1.input_layernorm.weight", "model.layers.0.self_attn.q_proj.weight"):
         # (w + 1) - 1 in float32 is w up to half an ulp of numbers in [1, 2): 2^-24 each way.
@@ -265,7 +266,7 @@ def test_gemma_gguf_attention_scale_follows_llama_cpp() -> None:
     layers), scaled by d_model / n_heads; an explicit attention.scale wins."""
     from types import SimpleNamespace
 
-    from headscope.engine.model.gguf import gemma_config
+    from headscope.engine.model.gguf_config import gemma_config
 
     def scalar(name: str, n_layers: int, **meta: Any) -> Any:
         header = SimpleNamespace(metadata={f"{name}.{k}": v for k, v in meta.items()},
@@ -423,22 +424,22 @@ def test_metadata_tokenizer_is_built_on_the_first_prompt(kind: str, llama_pair, 
     table, bench/README.md "GGUF"): token strings, ids and the vocabulary size come from the
     table and equal what the built tokenizer gives, for every id (a repeated piece included);
     the first prompt builds it, once."""
+    from headscope.engine.formats import gguf_tokenizer
     from headscope.engine.formats.tokenizer import HFTokenizer
-    from headscope.engine.model import gguf as gguf_model
 
     tokens = ["<unk>", "<s>", "▁", "a", "b", "▁a", "ab", "▁ab", "<0x0A>", "Ġab", "##x", "ab"]
     tokens += [f"t{i}" for i in range(len(tokens), 96)]
     scores = [-float(i) for i in range(len(tokens))]
     extra = {"scores": scores} if kind == "llama" else {"merges": ["a b", "▁ ab"]}
     path = write_gguf(llama_pair[1], tmp_path / "lazy.gguf", tokens=tokens, tokenizer_model=kind, **extra)
-    build = gguf_model._spm if kind == "llama" else gguf_model._bpe
+    build = gguf_tokenizer._spm if kind == "llama" else gguf_tokenizer._bpe
     calls: list[int] = []
 
     def counted(*args: object) -> object:
         calls.append(1)
         return build(*args)
 
-    monkeypatch.setattr(gguf_model, "_spm" if kind == "llama" else "_bpe", counted)
+    monkeypatch.setattr(gguf_tokenizer, "_spm" if kind == "llama" else "_bpe", counted)
     m = open_model(path, raw=True)
     assert calls == []
     eager = HFTokenizer(build(tokens, scores) if kind == "llama" else build(tokens, ["a b", "▁ ab"]))

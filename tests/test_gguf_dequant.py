@@ -17,7 +17,7 @@ from bench.dequant import random_blocks
 from headscope.engine.api.model import open_model
 from headscope.engine.core.errors import CorruptFileError
 from headscope.engine.formats.dequant import TYPES
-from headscope.engine.model import gguf as gguf_model
+from headscope.engine.model import gguf_weights
 from tests.gguf_fixtures import write_gguf
 from tests.hf_fixtures import randomize_
 from tests.test_dequant import reference, same_bits
@@ -115,14 +115,14 @@ def test_bytes_that_do_not_fit_type_and_shape_are_one_line(tmp_path: Path) -> No
     name = "blk.0.attn_v.weight"
     bad = dataclasses.replace(header.tensors[name], nbytes=header.tensors[name].nbytes - 144)
     bad_header = dataclasses.replace(header, tensors={**header.tensors, name: bad})
-    for check in (lambda: gguf_model.check_types(bad_header, src.hf_names),
+    for check in (lambda: gguf_weights.check_types(bad_header, src.hf_names),
                   lambda: src._dequantised(bad, name, 0, 64)):
         with pytest.raises(CorruptFileError) as e:
             check()
         msg = str(e.value)
         assert "\n" not in msg and f"'{name}'" in msg and "Q4_K" in msg and "bytes" in msg, msg
     partial = dataclasses.replace(header.tensors[name], shape=(128, 200))
-    assert "not a whole number of Q4_K blocks" in (gguf_model.size_problem(partial) or "")
+    assert "not a whole number of Q4_K blocks" in (gguf_weights.size_problem(partial) or "")
 
 
 def test_whole_reads_are_not_cached_column_cuts_are(tmp_path: Path) -> None:

@@ -507,7 +507,7 @@ def test_widen_is_exact_for_every_stored_dtype() -> None:
     become the float32 values torch gives them, bit for bit (NaNs as NaNs)."""
     import numpy as np
 
-    from headscope.engine.model.weights import widen
+    from headscope.engine.formats.widening import widen
 
     def raw(t: torch.Tensor) -> np.ndarray:
         return t.contiguous().view(torch.uint8).numpy()

@@ -15,9 +15,9 @@ from unittest import mock
 import numpy as np
 import pytest
 
+from headscope.engine.formats.widening import StagingBuffers
 from headscope.engine.model import readplan
 from headscope.engine.model.loading import open_model
-from headscope.engine.model.weights import StagingBuffers
 from headscope.engine.sweeps import compute
 from tests import hf_fixtures
 

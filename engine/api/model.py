@@ -36,12 +36,12 @@ def supported_checkpoints() -> dict[str, list[str]]:
     """What opens: ``families`` (README.md's "Supported checkpoints" table, in its order),
     the Hugging Face ``architectures`` of their ``config.json`` and the ``gguf``
     architectures of llama.cpp files. The one source of ``headscope --help``'s list."""
-    from headscope.engine.model import gguf
+    from headscope.engine.model import gguf_config
     from headscope.engine.model.adapters import registry
 
     return {"families": registry.family_names(),
             "architectures": registry.supported_architectures(),
-            "gguf": sorted(gguf.ARCHS)}
+            "gguf": sorted(gguf_config.ARCHS)}
 
 
 class Model(loading.Model):

@@ -14,7 +14,7 @@ Accepted inputs (README.md, "Supported checkpoints"):
   the ``headscope_config`` metadata key or a ``headscope.json`` beside the weights;
 - a ``.safetensors`` file with a ``config.json`` beside it;
 - a llama.cpp ``.gguf`` file (Llama, Qwen2/3, OLMo2, Phi-3, Gemma 1/2/3 architectures;
-  engine.model.gguf).
+  engine.model.gguf_config, gguf_weights, engine.formats.gguf_tokenizer).
 
 Refused with ``UnsafeFormatError``: pickle files (``.bin .pt .pth .ckpt .pkl``), configs
 that need remote code, and hub names (nothing is ever downloaded).
@@ -68,7 +68,7 @@ from headscope.engine.model.caveats import model_caveats
 from headscope.engine.model.weights import CheckpointWeights, WeightSource
 
 if TYPE_CHECKING:
-    from headscope.engine.model.gguf import GGUFSource
+    from headscope.engine.model.gguf_weights import GGUFSource
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 SINGLE_FILE = "model.safetensors"
@@ -212,7 +212,7 @@ def open_model(path: str | os.PathLike[str], raw: bool = False) -> Model:
 
 def _raw_weights(ckpt: Checkpoint) -> CheckpointWeights:
     if ckpt.gguf is not None:
-        from headscope.engine.model.gguf import GGUFWeights
+        from headscope.engine.model.gguf_weights import GGUFWeights
 
         return GGUFWeights(ckpt.cfg, ckpt.specs, ckpt.gguf, path=str(ckpt.path))
     return CheckpointWeights(
@@ -222,7 +222,7 @@ def _raw_weights(ckpt: Checkpoint) -> CheckpointWeights:
 
 def _tokenizer(ckpt: Checkpoint) -> Tokenizer:
     if ckpt.gguf is not None:
-        from headscope.engine.model.gguf import gguf_tokenizer
+        from headscope.engine.formats.gguf_tokenizer import gguf_tokenizer
 
         return gguf_tokenizer(ckpt.gguf.header, ckpt.cfg.d_vocab)
     for name in TOKENIZER_FILES:
@@ -279,8 +279,9 @@ def _open_file(p: Path) -> Checkpoint:
 
 
 def _open_gguf(p: Path) -> Checkpoint:
-    """A llama.cpp GGUF file, through the HF adapter of its family (engine.model.gguf)."""
-    from headscope.engine.model import gguf as g
+    """A llama.cpp GGUF file, through the HF adapter of its family (engine.model.gguf_config)."""
+    from headscope.engine.model import gguf_config as g
+    from headscope.engine.model.gguf_weights import GGUFSource, check_types
 
     header = read_gguf_header(p)
     name, arch = g.arch_of(header)
@@ -292,10 +293,10 @@ def _open_gguf(p: Path) -> Checkpoint:
     check_specs(specs, tensors, lambda t: str(p), cfg.architecture)
     used = {t: hf_names[t] for t in spec_tensors(specs)}
     g.check_all_used(header, used)
-    g.check_types(header, used)
+    check_types(header, used)
     cfg = cfg.replace(n_params=count_params(specs, tensors), dtype=g.main_dtype(header, used))
     validate_config(cfg, str(p))
-    source = g.GGUFSource(header, used, arch, cfg)
+    source = GGUFSource(header, used, arch, cfg)
     return Checkpoint(p, p.parent, "gguf", cfg, specs, {}, {}, gguf=source)
 
 

@@ -34,6 +34,13 @@ from headscope.engine.formats.safetensors import (
     file_identity,
     read_header,
 )
+from headscope.engine.formats.widening import (
+    STORED_AS,
+    StagingBuffers,
+    pread_into,
+    widen,
+    widens_by_copy,
+)
 from headscope.engine.model.adapters.base import (
     Heads,
     Product,
@@ -50,9 +57,10 @@ from headscope.engine.model.readplan import (
     PlannedReads,
     advise,
 )
+from headscope.engine.model.spec_arrays import affine, deinterleaved, head_view, shared_tensors
 
-__all__ = ["HEAD_TENSORS", "CheckpointWeights", "CircuitWeights", "DictWeights", "StagingBuffers", "WeightSource",
-           "as_float32", "file_sorted", "float8_table", "read_only", "tensor_bytes", "widen", "will_need"]
+__all__ = ["HEAD_TENSORS", "CheckpointWeights", "CircuitWeights", "DictWeights", "WeightSource",
+           "as_float32", "file_sorted", "read_only", "tensor_bytes", "will_need"]
 
 # Attention tensors that are stored per head along dim 0 in canonical form.
 HEAD_TENSORS = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V")
@@ -177,121 +185,9 @@ class DictWeights:
         return None, None
 
 
-
 def tensor_bytes(t: np.ndarray) -> int:
     """Bytes an array's elements hold (what the weight caches charge for it)."""
     return int(t.nbytes)
-
-
-# -- widening stored dtypes to float32 -------------------------------------------------------
-
-# safetensors dtype -> how its bytes become float32 (``widen``)
-_STORED = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": "bf16",
-           "F8_E5M2": "e5m2", "F8_E4M3": "e4m3"}
-
-
-def float8_table(kind: str) -> np.ndarray:
-    """The 256 float32 values of a float8 byte: ``e4m3`` (OCP E4M3FN: bias 7, no infinities,
-    ``S.1111.111`` NaN) or ``e5m2`` (IEEE-like: bias 15, infinities and NaNs). Exact."""
-    exp_bits, bias = (4, 7) if kind == "e4m3" else (5, 15)
-    man_bits = 7 - exp_bits
-    code = np.arange(256)
-    sign = np.where(code & 0x80, -1.0, 1.0)
-    exp = (code >> man_bits) & ((1 << exp_bits) - 1)
-    man = code & ((1 << man_bits) - 1)
-    normal = (1.0 + man / (1 << man_bits)) * np.exp2(exp.astype(np.float64) - bias)
-    subnormal = (man / (1 << man_bits)) * 2.0 ** (1 - bias)
-    value = sign * np.where(exp == 0, subnormal, normal)
-    top = exp == (1 << exp_bits) - 1
-    nan = np.copysign(np.nan, sign)  # a NaN keeps its byte's sign, as torch's conversion does
-    if kind == "e4m3":
-        value = np.where(top & (man == 7), nan, value)
-    else:
-        value = np.where(top, np.where(man == 0, sign * np.inf, nan), value)
-    return value.astype(np.float32)
-
-
-_FLOAT8 = {kind: float8_table(kind) for kind in ("e4m3", "e5m2")}
-
-
-def widen(raw: np.ndarray, dtype: Any) -> np.ndarray:
-    """Stored bytes (``uint8``) as float32: bf16 is the upper half of a float32 (exact, one
-    float32-sized array, no second one); float8 through its 256-value table; float16/float64
-    cast (float32 bytes are viewed, not copied)."""
-    if dtype == "bf16":  # one pass: each uint16 widened and shifted into its float32's top half
-        halves = raw.view(np.uint16)
-        wide = np.empty(halves.shape, np.uint32)
-        np.left_shift(halves, 16, out=wide, dtype=np.uint32)
-        return wide.view(np.float32)
-    if isinstance(dtype, str):
-        return _FLOAT8[dtype][raw]
-    return raw.view(dtype).astype(np.float32, copy=False)
-
-
-def _pread_into(handle: Any, buffer: np.ndarray, offset: int, file: str, tensor: str) -> None:
-    """Fill the uint8 ``buffer`` from ``offset`` of the open file (positional reads: no shared
-    file position, so threads can read the same file at once)."""
-    view = memoryview(buffer)
-    done = 0
-    while done < len(view):  # one read returns at most ~2 GB on Linux
-        got = os.preadv(handle.fileno(), [view[done:]], offset + done)
-        if got <= 0:
-            raise CorruptFileError(file, f"cannot read tensor {tensor!r}: the file ends after "
-                                         f"{done:,} of its {len(view):,} bytes")
-        done += got
-
-
-class StagingBuffers:
-    """A few ``uint8`` buffers the stored bytes of a tensor are read into before widening,
-    reused from read to read (any thread; one reader holds a buffer at a time).
-
-    Only bytes that ``widen`` copies out of (bf16, float16, float8, float64) are read into a
-    staging buffer: the float32 array a read returns is the caller's and is never reused. A
-    buffer of a fresh allocation above glibc's mmap threshold (32 MB) is mapped, faulted in and
-    zeroed page by page on every read and unmapped after it; a 13B layer is 650 MB of such
-    reads. ``keep`` buffers of at most ``limit`` bytes are kept (a bigger read allocates its
-    own): peak memory grows by at most ``keep * limit``. One is enough: the sweeps read on one
-    thread at a time (the read-ahead thread, or the forward pass); a second reader at the same
-    moment allocates its own."""
-
-    def __init__(self, keep: int = 1, limit: int = 160 << 20) -> None:
-        self.keep, self.limit = keep, limit
-        self._free: list[np.ndarray] = []
-        self._lock = threading.Lock()
-        self.reused = 0  # reads served by a kept buffer (tests count them)
-
-    def take(self, n: int) -> np.ndarray:
-        """A ``uint8`` array of ``n`` bytes (contents undefined); ``give`` it back after use."""
-        with self._lock:
-            for i, buf in enumerate(self._free):
-                if buf.size >= n:
-                    self.reused += 1
-                    return self._free.pop(i)[:n]
-        return np.empty(n, np.uint8)
-
-    def give(self, buf: np.ndarray) -> None:
-        """Return a buffer ``take`` gave (nothing may use it afterwards)."""
-        base = buf.base if isinstance(buf.base, np.ndarray) else buf
-        if base.size > self.limit:
-            return
-        with self._lock:
-            self._free.append(base)
-            self._free.sort(key=lambda b: b.size)
-            del self._free[: max(0, len(self._free) - self.keep)]  # the smallest go first
-
-    def kept(self) -> list[int]:
-        """The sizes of the buffers kept, smallest first."""
-        with self._lock:
-            return [b.size for b in self._free]
-
-    def clear(self) -> None:
-        with self._lock:
-            self._free.clear()
-
-
-def _widens_by_copy(dtype: Any) -> bool:
-    """Whether ``widen(raw, dtype)`` returns new memory (not a view of ``raw``)."""
-    return dtype is not np.float32
 
 
 def _source_with(w: Any, method: str) -> Any:
@@ -327,33 +223,6 @@ def file_sorted(w: Any, names: list[str]) -> list[str]:
     return sorted(names, key=lambda n: keys[n])
 
 
-def _affine(t: np.ndarray, spec: Whole) -> np.ndarray:
-    """``t * spec.scale + spec.add`` (float32) in place (``t`` is a fresh float32 array)."""
-    if spec.scale != 1.0:
-        t *= np.float32(spec.scale)
-    if spec.add != 0.0:
-        t += np.float32(spec.add)
-    return t
-
-
-def _deinterleaved(block: np.ndarray, r: int) -> np.ndarray:
-    """The last axis (a head's dims) with its first ``r`` reordered from interleaved rotary pairs
-    ``(2i, 2i+1)`` to rotate-half pairs ``(i, i + r/2)``: evens, then odds, then the rest."""
-    order = np.concatenate([np.arange(0, r, 2), np.arange(1, r, 2), np.arange(r, block.shape[-1])])
-    return block[..., order]
-
-
-def _head_view(t: np.ndarray, spec: Heads, stored: int) -> np.ndarray:
-    """``stack([t.narrow(spec.axis, spec.offset + i * spec.stride, spec.size) for i in
-    range(stored)])`` as a strided view of ``t`` (no copy)."""
-    t = np.ascontiguousarray(t)
-    shape, strides = list(t.shape), list(t.strides)
-    shape[spec.axis] = spec.size
-    start = t[(slice(None),) * spec.axis + (slice(spec.offset, None),)]
-    return np.lib.stride_tricks.as_strided(
-        start, (stored, *shape), (spec.stride * strides[spec.axis], *strides))
-
-
 def _changed(file: str, was: tuple[int, ...], now: tuple[int, ...]) -> CheckpointChangedError:
     changed = [name for name, a, b in zip(("device", "inode", "size", "modification time"),
                                           was, now, strict=True) if a != b]
@@ -362,19 +231,6 @@ def _changed(file: str, was: tuple[int, ...], now: tuple[int, ...]) -> Checkpoin
         f"the file changed on disk since the model was opened ({', '.join(changed)} differ: "
         "rewritten or replaced); reopen the model to see the new weights",
     )
-
-
-def shared_tensors(specs: Mapping[str, Spec]) -> frozenset[str]:
-    """The stored tensors that back more than one canonical tensor, or whose heads are cut
-    along a later axis than the first (a part of them cannot be read alone)."""
-    uses: dict[str, int] = {}
-    columns = set()
-    for spec in specs.values():
-        for part in spec_parts(spec):
-            uses[part.tensor] = uses.get(part.tensor, 0) + 1
-            if isinstance(part, Heads) and part.axis > 0:
-                columns.add(part.tensor)
-    return frozenset(columns | {t for t, n in uses.items() if n > 1})
 
 
 def _kv_name(name: str) -> str:
@@ -578,7 +434,7 @@ class CheckpointWeights(PlannedReads):
         if whole is not None or type(spec) is not Whole or spec.transpose:
             return (whole if whole is not None else self.get("embed.W_E"))[ids]
         with np.errstate(all="ignore"):
-            return _affine(self._stored_rows(spec.tensor, ids), spec)
+            return affine(self._stored_rows(spec.tensor, ids), spec)
 
     def _stored_rows(self, tensor: str, ids: np.ndarray) -> np.ndarray:
         """Rows ``ids`` of a stored ``[vocab, d_model]`` tensor (float32, in the order of
@@ -664,7 +520,7 @@ class CheckpointWeights(PlannedReads):
         # tensor was the slowest step of a 7B sweep.
         # a fused stored tensor (GPT-2's c_attn) is read once and kept: its heads are cut out
         # of the kept array, copied once here (not a copy of all of it per Q, K and V first)
-        heads = self._cut(spec, _head_view(self._read(spec.tensor, borrow=True), spec, stored), batched=True)
+        heads = self._cut(spec, head_view(self._read(spec.tensor, borrow=True), spec, stored), batched=True)
         if spec.kv and stored != self.cfg.n_heads:
             return np.repeat(heads, self.cfg.n_heads // stored, axis=0)
         out = np.ascontiguousarray(heads)
@@ -674,7 +530,7 @@ class CheckpointWeights(PlannedReads):
         # Widened contiguously (one sequential pass), then transposed as a view: no second
         # float32 copy, and no element-by-element transposing widen (the slow step a 7B
         # model's tied unembedding once took).
-        t = _affine(self._read(spec.tensor), spec)
+        t = affine(self._read(spec.tensor), spec)
         return t.T if spec.transpose else t
 
     def _build_rows(self, spec: Rows) -> np.ndarray:
@@ -700,7 +556,7 @@ class CheckpointWeights(PlannedReads):
         if spec.squeeze:
             block = block.squeeze(spec.axis + int(batched))
         block = block.swapaxes(-2, -1) if spec.transpose else block
-        return _deinterleaved(block, spec.deinterleave) if spec.deinterleave else block
+        return deinterleaved(block, spec.deinterleave) if spec.deinterleave else block
 
     def _read(self, tensor: str, index: tuple[slice, ...] | None = None, *, borrow: bool = False) -> np.ndarray:
         """One tensor (or a slice of it) from disk, as float32 in memory of its own
@@ -719,7 +575,7 @@ class CheckpointWeights(PlannedReads):
         try:
             handle, info, data_start = self._locate(file, tensor)
             self._check_unchanged(file)
-            dtype = _STORED.get(info.dtype)
+            dtype = STORED_AS.get(info.dtype)
             if dtype is None:
                 raise CorruptFileError(file, f"tensor {tensor!r} has dtype {info.dtype}, not a float type")
             shape = list(info.shape)
@@ -752,9 +608,9 @@ class CheckpointWeights(PlannedReads):
                       shape: Sequence[int]) -> np.ndarray:
         """``n`` stored bytes at ``offset``, widened to float32 of ``shape`` in new memory. Bytes
         ``widen`` copies out of are read into a reused staging buffer, free again once widened."""
-        staged = _widens_by_copy(dtype)
+        staged = widens_by_copy(dtype)
         buffer = self.staging.take(n) if staged else np.empty(n, np.uint8)
-        _pread_into(handle, buffer, offset, file, tensor)
+        pread_into(handle, buffer, offset, file, tensor)
         self._check_unchanged(file)  # a rewrite during the read: these bytes may be mixed
         self._consumed(file, handle, tensor, offset, n)
         t = widen(buffer, dtype).reshape(shape)

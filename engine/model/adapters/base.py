@@ -90,6 +90,8 @@ class Product:
 
 Spec = Whole | Heads | Zeros | Product
 SpecMap = dict[str, Spec]
+# What every family's ``adapt(config, arch, names, path)`` returns.
+Adapted = tuple[ModelConfig, SpecMap]
 
 
 def spec_parts(spec: Spec) -> tuple[Whole | Heads, ...]:
@@ -222,6 +224,140 @@ def linear(tensor: str, d_in: int, d_out: int) -> Whole:
 
 def vec(tensor: str, n: int) -> Whole:
     return Whole(tensor, (n,))
+
+
+def embed_specs(cfg: ModelConfig, embed: str, tied: bool, *, unembed_bias: bool = False) -> SpecMap:
+    """``W_E`` from ``embed`` ``[d_vocab, d_model]``; ``W_U`` its transpose when ``tied``, else
+    ``lm_head.weight``'s; ``b_U`` is ``lm_head.bias`` or zeros."""
+    v, dm = cfg.d_vocab, cfg.d_model
+    return {
+        "embed.W_E": Whole(embed, (v, dm)),
+        "unembed.W_U": Whole(embed if tied else "lm_head.weight", (v, dm), transpose=True),
+        "unembed.b_U": vec("lm_head.bias", v) if unembed_bias else Zeros((v,)),
+    }
+
+
+def norm_specs(canonical: str, tensor: str, d: int, *, bias: bool = True) -> SpecMap:
+    """A LayerNorm's gain and bias (``{tensor}.weight`` / ``.bias``) as ``{canonical}.w`` /
+    ``.b``; ``bias=False``: an RMSNorm's gain alone."""
+    out: SpecMap = {f"{canonical}.w": vec(f"{tensor}.weight", d)}
+    if bias:
+        out[f"{canonical}.b"] = vec(f"{tensor}.bias", d)
+    return out
+
+
+def attention_specs(
+    block: str, cfg: ModelConfig, q: str, k: str, v: str, o: str,
+    *, qkv_bias: bool, o_bias: bool, grouped: bool = False,
+) -> SpecMap:
+    """Block ``block``'s attention from separate ``nn.Linear`` projections (``{q}.weight``,
+    ``{q}.bias``, ...); ``grouped``: K and V store only ``cfg.kv_heads`` heads. An absent bias
+    is zeros."""
+    n, dh, dm = cfg.n_heads, cfg.d_head, cfg.d_model
+    out: SpecMap = {}
+    for x, tensor in zip("QKV", (q, k, v), strict=True):
+        kv = grouped and x != "Q"
+        stored = cfg.kv_heads if kv else n
+        out[f"{block}attn.W_{x}"] = linear_heads(f"{tensor}.weight", cfg, stored, kv=kv)
+        out[f"{block}attn.b_{x}"] = (
+            linear_bias_heads(f"{tensor}.bias", cfg, stored, kv=kv) if qkv_bias else Zeros((n, dh))
+        )
+    out[f"{block}attn.W_O"] = linear_out_heads(f"{o}.weight", cfg)
+    out[f"{block}attn.b_O"] = vec(f"{o}.bias", dm) if o_bias else Zeros((dm,))
+    return out
+
+
+def mlp_specs(
+    block: str, cfg: ModelConfig, w_in: str, w_out: str, *, gate: str | None = None, bias: bool = True
+) -> SpecMap:
+    """Block ``block``'s MLP ``w_out(act(w_in x))`` from ``nn.Linear`` layers (``gate``:
+    ``w_out(w_in x * act(gate x))``, no biases); an absent bias is zeros."""
+    dm, mlp = cfg.d_model, cfg.d_mlp or 4 * cfg.d_model
+    out: SpecMap = {}
+    if gate is not None:
+        out[f"{block}mlp.W_gate"] = linear(f"{gate}.weight", dm, mlp)
+    out[f"{block}mlp.W_in"] = linear(f"{w_in}.weight", dm, mlp)
+    out[f"{block}mlp.b_in"] = vec(f"{w_in}.bias", mlp) if bias else Zeros((mlp,))
+    out[f"{block}mlp.W_out"] = linear(f"{w_out}.weight", mlp, dm)
+    out[f"{block}mlp.b_out"] = vec(f"{w_out}.bias", dm) if bias else Zeros((dm,))
+    return out
+
+
+# --- one decoder default ------------------------------------------------------------------
+
+# Where config.json keeps each shape field, as most families spell it (transformers' names);
+# a family passes a value only where its config differs (GPT-2: n_embd, n_head, n_layer, ...).
+SHAPE_KEYS: dict[str, tuple[str, ...]] = {
+    "n_layers": ("num_hidden_layers",),
+    "n_heads": ("num_attention_heads",),
+    "d_model": ("hidden_size",),
+    "d_vocab": ("vocab_size",),
+    "n_ctx": ("max_position_embeddings",),
+    "d_mlp": ("intermediate_size",),
+}
+
+
+def decoder_config(
+    config: Mapping[str, Any],
+    arch: str,
+    names: set[str],
+    path: str | None,
+    *,
+    rope: float | None = None,
+    extra: Mapping[str, Any] | None = None,
+    **fields: Any,
+) -> ModelConfig:
+    """A family's ``ModelConfig``: what differs from the one default, given as ``fields``;
+    every shape field not given read from ``config.json`` (``SHAPE_KEYS``; ``d_head``:
+    ``head_dim``, else ``d_model / n_heads``); ``rope``: rotate-half RoPE on that default
+    fraction of each head (``rope_fields``; ``fields`` and ``extra`` win over it); the rest
+    ``ModelConfig``'s defaults (pre-LN LayerNorm, learned positions, causal, attention scaled
+    by √d_head). Returned ``checked``: before any per-layer spec is built."""
+    for name, keys in SHAPE_KEYS.items():
+        if name not in fields:
+            fields[name] = require_int(config, path, *keys)
+    if "d_head" not in fields:
+        fields["d_head"] = (
+            require_int(config, path, "head_dim")
+            if get_key(config, "head_dim") is not None
+            else divide_heads(path, fields["d_model"], fields["n_heads"])
+        )
+    if rope is not None:
+        rotary, rotary_extra = rope_fields(config, path, fields["d_head"], rope)
+        fields = {**rotary, **fields}
+        extra = {**rotary_extra, **(extra or {})}
+    cfg = ModelConfig(architecture=arch, extra=dict(extra or {}), **fields)
+    return checked(cfg, names, path)
+
+
+def rope_fields(
+    config: Mapping[str, Any], path: str | None, d_head: int, fraction: float
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Rotate-half RoPE as Hugging Face configs describe it, old and new spellings alike: on
+    the first ``partial_rotary_factor`` (default ``fraction``) of each head's dims, base
+    ``rope_theta``, scaled as ``rope_scaling`` says. (``ModelConfig`` fields, ``extra``)."""
+    pct = optional_float(
+        config, path, "rope_parameters.partial_rotary_factor", "rotary_pct", "partial_rotary_factor",
+        default=fraction, within=(0.0, 1.0),
+    )
+    fields = {
+        "positional": "rotary",
+        "rotary_dim": int(d_head * pct),  # as transformers computes rotary_ndims
+        "rotary_base": optional_float(
+            config, path, "rope_parameters.rope_theta", "rope_theta", "rotary_emb_base", default=10000.0
+        ),
+    }
+    extra = {
+        "rotary_style": "half",
+        # The scaling parameters (factor, low/high_freq_factor, ...) that
+        # engine.model.rotary.rotary_inv_freq needs for "linear"/"llama3"/... RoPE.
+        "rope_scaling": rope_scaling_params(config),
+        "rope_type": get_key(
+            config, "rope_parameters.rope_type", "rope_scaling.rope_type", "rope_scaling.type",
+            default="default",
+        ),
+    }
+    return fields, extra
 
 
 # --- config.json helpers ------------------------------------------------------------------

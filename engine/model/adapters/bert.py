@@ -16,17 +16,17 @@ from typing import Any
 from headscope.engine.core.config import ModelConfig
 from headscope.engine.core.errors import ConfigError
 from headscope.engine.model.adapters.base import (
+    Adapted,
     SpecMap,
     Whole,
     Zeros,
-    checked,
-    divide_heads,
+    attention_specs,
+    decoder_config,
     first_prefix,
     get_key,
     linear,
-    linear_bias_heads,
-    linear_heads,
-    linear_out_heads,
+    mlp_specs,
+    norm_specs,
     optional_float,
     require_int,
     vec,
@@ -38,17 +38,13 @@ MODEL_TYPES = ("bert",)
 _MLM = "cls.predictions."
 
 
-def adapt(
-    config: Mapping[str, Any], arch: str, names: set[str], path: str | None
-) -> tuple[ModelConfig, SpecMap]:
+def adapt(config: Mapping[str, Any], arch: str, names: set[str], path: str | None) -> Adapted:
     position_type = get_key(config, "position_embedding_type", default="absolute")
     if position_type != "absolute":
         raise ConfigError(
             path,
             f"BERT position_embedding_type {position_type!r} is not supported (only 'absolute')",
         )
-    d_model = require_int(config, path, "hidden_size")
-    n_heads = require_int(config, path, "num_attention_heads")
     prefix = first_prefix(names, ("bert.", ""), "embeddings.word_embeddings.weight")
     has_mlm = f"{_MLM}transform.dense.weight" in names
     n_types = (
@@ -56,20 +52,11 @@ def adapt(
         if "type_vocab_size" in config
         else 2
     )
-    cfg = ModelConfig(
+    cfg = decoder_config(  # an encoder: the decoder default without the causal mask
+        config, arch, names, path,
         family="bert",
-        architecture=arch,
-        n_layers=require_int(config, path, "num_hidden_layers"),
-        n_heads=n_heads,
-        d_model=d_model,
-        d_head=divide_heads(path, d_model, n_heads),
-        d_vocab=require_int(config, path, "vocab_size"),
-        n_ctx=require_int(config, path, "max_position_embeddings"),
-        d_mlp=require_int(config, path, "intermediate_size"),
         act_fn=get_key(config, "hidden_act", default="gelu"),
-        normalization="LN",
         norm_eps=optional_float(config, path, "layer_norm_eps", default=1e-12),
-        positional="learned",
         causal=False,
         post_ln=True,
         # The MLM decoder is tied to the word embeddings too; without the head W_Eᵀ merely
@@ -77,37 +64,27 @@ def adapt(
         tied_unembed=f"{_MLM}decoder.weight" not in names,
         has_mlm_head=has_mlm,
         extra={"n_types": n_types, "unembed_standin": not has_mlm},
-    )
-    checked(cfg, names, path)
+    )  # fmt: skip
     return cfg, specs(cfg, prefix if prefix is not None else "bert.", names, n_types)
 
 
 def specs(cfg: ModelConfig, p: str, names: set[str], n_types: int) -> SpecMap:
-    dm, n = cfg.d_model, cfg.n_heads
-    mlp = cfg.d_mlp or 4 * dm
+    dm = cfg.d_model
     e = f"{p}embeddings."
     out: SpecMap = {
         "embed.W_E": Whole(f"{e}word_embeddings.weight", (cfg.d_vocab, dm)),
         "pos_embed.W_pos": Whole(f"{e}position_embeddings.weight", (cfg.n_ctx, dm)),
         "embed.W_token_type": Whole(f"{e}token_type_embeddings.weight", (n_types, dm)),
-        "embed.ln.w": vec(f"{e}LayerNorm.weight", dm),
-        "embed.ln.b": vec(f"{e}LayerNorm.bias", dm),
+        **norm_specs("embed.ln", f"{e}LayerNorm", dm),
     }
     for layer in range(cfg.n_layers):
         b, a = f"{p}encoder.layer.{layer}.", f"blocks.{layer}."
-        for x, proj in (("Q", "query"), ("K", "key"), ("V", "value")):
-            out[f"{a}attn.W_{x}"] = linear_heads(f"{b}attention.self.{proj}.weight", cfg, n)
-            out[f"{a}attn.b_{x}"] = linear_bias_heads(f"{b}attention.self.{proj}.bias", cfg, n)
-        out[f"{a}attn.W_O"] = linear_out_heads(f"{b}attention.output.dense.weight", cfg)
-        out[f"{a}attn.b_O"] = vec(f"{b}attention.output.dense.bias", dm)
-        out[f"{a}ln1.w"] = vec(f"{b}attention.output.LayerNorm.weight", dm)
-        out[f"{a}ln1.b"] = vec(f"{b}attention.output.LayerNorm.bias", dm)
-        out[f"{a}mlp.W_in"] = linear(f"{b}intermediate.dense.weight", dm, mlp)
-        out[f"{a}mlp.b_in"] = vec(f"{b}intermediate.dense.bias", mlp)
-        out[f"{a}mlp.W_out"] = linear(f"{b}output.dense.weight", mlp, dm)
-        out[f"{a}mlp.b_out"] = vec(f"{b}output.dense.bias", dm)
-        out[f"{a}ln2.w"] = vec(f"{b}output.LayerNorm.weight", dm)
-        out[f"{a}ln2.b"] = vec(f"{b}output.LayerNorm.bias", dm)
+        att = f"{b}attention."
+        out |= attention_specs(a, cfg, f"{att}self.query", f"{att}self.key", f"{att}self.value",
+                               f"{att}output.dense", qkv_bias=True, o_bias=True)
+        out |= norm_specs(f"{a}ln1", f"{att}output.LayerNorm", dm)
+        out |= mlp_specs(a, cfg, f"{b}intermediate.dense", f"{b}output.dense")
+        out |= norm_specs(f"{a}ln2", f"{b}output.LayerNorm", dm)
     decoder = f"{_MLM}decoder.weight"
     out["unembed.W_U"] = Whole(
         decoder if decoder in names else f"{e}word_embeddings.weight",
@@ -118,8 +95,7 @@ def specs(cfg: ModelConfig, p: str, names: set[str], n_types: int) -> SpecMap:
     if cfg.has_mlm_head:
         out["mlm.W"] = linear(f"{_MLM}transform.dense.weight", dm, dm)
         out["mlm.b"] = vec(f"{_MLM}transform.dense.bias", dm)
-        out["mlm.ln.w"] = vec(f"{_MLM}transform.LayerNorm.weight", dm)
-        out["mlm.ln.b"] = vec(f"{_MLM}transform.LayerNorm.bias", dm)
+        out |= norm_specs("mlm.ln", f"{_MLM}transform.LayerNorm", dm)
         bias = next(
             (t for t in (f"{_MLM}bias", f"{_MLM}decoder.bias") if t in names), f"{_MLM}bias"
         )

@@ -28,6 +28,7 @@ from headscope.engine.core.config import ModelConfig
 from headscope.engine.core.errors import ConfigError
 from headscope.engine.model.adapters import llama, qwen3
 from headscope.engine.model.adapters.base import (
+    Adapted,
     SpecMap,
     Whole,
     get_key,
@@ -55,9 +56,7 @@ def _version(config: Mapping[str, Any], arch: str) -> int:
     return 1
 
 
-def adapt(
-    config: Mapping[str, Any], arch: str, names: set[str], path: str | None
-) -> tuple[ModelConfig, SpecMap]:
+def adapt(config: Mapping[str, Any], arch: str, names: set[str], path: str | None) -> Adapted:
     version = _version(config, arch)
     if config.get("use_bidirectional_attention"):
         raise ConfigError(path, "use_bidirectional_attention=true (Gemma 3 encoder) is not supported")
@@ -66,12 +65,12 @@ def adapt(
     changes: dict[str, Any] = {"family": f"gemma{version if version > 1 else ''}", "act_fn": _act(config, version)}
     if version >= 2:
         changes["attn_scale"] = math.sqrt(
-            _positive(config, path, "query_pre_attn_scalar", float(cfg.d_head))
+            _positive_float(config, path, "query_pre_attn_scalar", float(cfg.d_head))
         )
-        extra["layer_types"] = _layer_types(config, cfg.n_layers, version, path)
+        extra["layer_types"] = _local_layers(config, cfg.n_layers, version, path)
         extra["post_attn_norm"] = True
         for key, name in (("attn_softcap", "attn_logit_softcapping"), ("final_softcap", "final_logit_softcapping")):
-            extra[key] = _positive(config, path, name, None) if config.get(name) is not None else None
+            extra[key] = _positive_float(config, path, name, None) if config.get(name) is not None else None
     if version == 3:
         full, local = _gemma3_rope(config, path)
         changes["rotary_base"] = float(full["rope_theta"])
@@ -81,7 +80,7 @@ def adapt(
     return cfg, _gemma_specs(cfg, specs, llama.prefix_of(names), version)
 
 
-def _positive(config: Mapping[str, Any], path: str | None, key: str, default: float | None) -> float:
+def _positive_float(config: Mapping[str, Any], path: str | None, key: str, default: float | None) -> float:
     value = optional_float(config, path, key, default=default if default is not None else 0.0)
     if value <= 0:
         raise ConfigError(path, f"config field {key} must be > 0, got {value!r}")
@@ -95,7 +94,7 @@ def _act(config: Mapping[str, Any], version: int) -> str:
     return get_key(config, "hidden_activation", default="gelu_pytorch_tanh")
 
 
-def _layer_types(config: Mapping[str, Any], n_layers: int, version: int, path: str | None) -> list[str]:
+def _local_layers(config: Mapping[str, Any], n_layers: int, version: int, path: str | None) -> list[str]:
     types = qwen3.layer_types(config, n_layers, path)
     if types is not None:
         return types

@@ -15,14 +15,15 @@ from typing import Any
 from headscope.engine.core.config import ModelConfig
 from headscope.engine.core.errors import ConfigError
 from headscope.engine.model.adapters.base import (
+    Adapted,
     Heads,
     SpecMap,
     Whole,
-    Zeros,
-    checked,
-    divide_heads,
+    decoder_config,
+    embed_specs,
     first_prefix,
     get_key,
+    norm_specs,
     optional_bool,
     optional_float,
     require_int,
@@ -33,34 +34,26 @@ ARCHITECTURES = ("GPT2LMHeadModel", "GPT2Model")
 MODEL_TYPES = ("gpt2",)
 
 
-def adapt(
-    config: Mapping[str, Any], arch: str, names: set[str], path: str | None
-) -> tuple[ModelConfig, SpecMap]:
+def adapt(config: Mapping[str, Any], arch: str, names: set[str], path: str | None) -> Adapted:
     d_model = require_int(config, path, "n_embd", "hidden_size")
     n_heads = require_int(config, path, "n_head", "num_attention_heads")
     if config.get("scale_attn_by_inverse_layer_idx"):
         raise ConfigError(path, "scale_attn_by_inverse_layer_idx is not supported")
-    d_mlp = get_key(config, "n_inner") or 4 * d_model
     prefix = first_prefix(names, ("transformer.", ""), "wte.weight")
     tied = not (prefix is not None and "lm_head.weight" in names)
-    cfg = ModelConfig(
+    cfg = decoder_config(
+        config, arch, names, path,
         family="gpt2",
-        architecture=arch,
         n_layers=require_int(config, path, "n_layer", "num_hidden_layers"),
         n_heads=n_heads,
         d_model=d_model,
-        d_head=divide_heads(path, d_model, n_heads),
-        d_vocab=require_int(config, path, "vocab_size"),
         n_ctx=require_int(config, path, "n_positions", "n_ctx", "max_position_embeddings"),
-        d_mlp=d_mlp,
+        d_mlp=get_key(config, "n_inner") or 4 * d_model,
         act_fn=get_key(config, "activation_function", default="gelu_new"),
-        normalization="LN",
         norm_eps=optional_float(config, path, "layer_norm_epsilon", default=1e-5),
-        positional="learned",
         attn_scale=None if optional_bool(config, path, "scale_attn_weights", True) else 1.0,
         tied_unembed=tied,
-    )
-    checked(cfg, names, path)
+    )  # fmt: skip
     return cfg, specs(cfg, prefix or "transformer.", tied)
 
 
@@ -68,14 +61,9 @@ def specs(cfg: ModelConfig, p: str, tied: bool) -> SpecMap:
     dm, dh, n = cfg.d_model, cfg.d_head, cfg.n_heads
     mlp = cfg.d_mlp or 4 * dm
     out: SpecMap = {
-        "embed.W_E": Whole(f"{p}wte.weight", (cfg.d_vocab, dm)),
+        **embed_specs(cfg, f"{p}wte.weight", tied),
         "pos_embed.W_pos": Whole(f"{p}wpe.weight", (cfg.n_ctx, dm)),
-        "ln_final.w": vec(f"{p}ln_f.weight", dm),
-        "ln_final.b": vec(f"{p}ln_f.bias", dm),
-        "unembed.W_U": Whole(f"{p}wte.weight", (cfg.d_vocab, dm), transpose=True)
-        if tied
-        else Whole("lm_head.weight", (cfg.d_vocab, dm), transpose=True),
-        "unembed.b_U": Zeros((cfg.d_vocab,)),
+        **norm_specs("ln_final", f"{p}ln_f", dm),
     }
     for layer in range(cfg.n_layers):
         b, a = f"{p}h.{layer}.", f"blocks.{layer}."
@@ -90,10 +78,8 @@ def specs(cfg: ModelConfig, p: str, tied: bool) -> SpecMap:
             f"{b}attn.c_proj.weight", (n * dh, dm), axis=0, offset=0, stride=dh, size=dh
         )
         out[f"{a}attn.b_O"] = vec(f"{b}attn.c_proj.bias", dm)
-        out[f"{a}ln1.w"] = vec(f"{b}ln_1.weight", dm)
-        out[f"{a}ln1.b"] = vec(f"{b}ln_1.bias", dm)
-        out[f"{a}ln2.w"] = vec(f"{b}ln_2.weight", dm)
-        out[f"{a}ln2.b"] = vec(f"{b}ln_2.bias", dm)
+        out |= norm_specs(f"{a}ln1", f"{b}ln_1", dm) | norm_specs(f"{a}ln2", f"{b}ln_2", dm)
+        # Conv1D: weights stored [d_in, d_out], already the canonical orientation
         out[f"{a}mlp.W_in"] = Whole(f"{b}mlp.c_fc.weight", (dm, mlp))
         out[f"{a}mlp.b_in"] = vec(f"{b}mlp.c_fc.bias", mlp)
         out[f"{a}mlp.W_out"] = Whole(f"{b}mlp.c_proj.weight", (mlp, dm))

@@ -14,59 +14,49 @@ from typing import Any
 from headscope.engine.core.config import ModelConfig
 from headscope.engine.core.errors import ConfigError
 from headscope.engine.model.adapters.base import (
+    Adapted,
     SpecMap,
     Whole,
-    Zeros,
-    checked,
-    divide_heads,
+    attention_specs,
+    decoder_config,
+    embed_specs,
     first_prefix,
     get_key,
-    linear,
-    linear_heads,
-    linear_out_heads,
+    mlp_specs,
+    norm_specs,
     optional_float,
     require_int,
-    vec,
 )
 
 ARCHITECTURES = ("GPTNeoForCausalLM", "GPTNeoModel")
 MODEL_TYPES = ("gpt_neo",)
 
 
-def adapt(
-    config: Mapping[str, Any], arch: str, names: set[str], path: str | None
-) -> tuple[ModelConfig, SpecMap]:
+def adapt(config: Mapping[str, Any], arch: str, names: set[str], path: str | None) -> Adapted:
     d_model = require_int(config, path, "hidden_size")
-    n_heads = require_int(config, path, "num_heads", "num_attention_heads")
     n_layers = require_int(config, path, "num_layers", "num_hidden_layers")
     prefix = first_prefix(names, ("transformer.", ""), "wte.weight")
     tied = not (prefix is not None and "lm_head.weight" in names)
-    cfg = ModelConfig(
+    cfg = decoder_config(
+        config, arch, names, path,
         family="gpt_neo",
-        architecture=arch,
         n_layers=n_layers,
-        n_heads=n_heads,
+        n_heads=require_int(config, path, "num_heads", "num_attention_heads"),
         d_model=d_model,
-        d_head=divide_heads(path, d_model, n_heads),
-        d_vocab=require_int(config, path, "vocab_size"),
-        n_ctx=require_int(config, path, "max_position_embeddings"),
         d_mlp=get_key(config, "intermediate_size") or 4 * d_model,
         act_fn=get_key(config, "activation_function", default="gelu_new"),
-        normalization="LN",
         norm_eps=optional_float(config, path, "layer_norm_epsilon", default=1e-5),
-        positional="learned",
         attn_scale=1.0,
         tied_unembed=tied,
         extra={
-            "layer_types": _layer_types(config, n_layers, path),
+            "layer_types": _attention_layers(config, n_layers, path),
             "sliding_window": require_int(config, path, "window_size") if "window_size" in config else 256,
         },
-    )
-    checked(cfg, names, path)
+    )  # fmt: skip
     return cfg, specs(cfg, prefix or "transformer.", tied)
 
 
-def _layer_types(config: Mapping[str, Any], n_layers: int, path: str | None) -> list[str]:
+def _attention_layers(config: Mapping[str, Any], n_layers: int, path: str | None) -> list[str]:
     """``attention_layers`` (``"global"``/``"local"`` per layer), or its compressed form
     ``attention_types`` (``[[["global", "local"], 12]]``), as Hugging Face names the kinds."""
     layers = config.get("attention_layers")
@@ -85,30 +75,17 @@ def _layer_types(config: Mapping[str, Any], n_layers: int, path: str | None) -> 
 
 
 def specs(cfg: ModelConfig, p: str, tied: bool) -> SpecMap:
-    dm, dh, n = cfg.d_model, cfg.d_head, cfg.n_heads
-    mlp = cfg.d_mlp or 4 * dm
+    dm = cfg.d_model
     out: SpecMap = {
-        "embed.W_E": Whole(f"{p}wte.weight", (cfg.d_vocab, dm)),
+        **embed_specs(cfg, f"{p}wte.weight", tied),
         "pos_embed.W_pos": Whole(f"{p}wpe.weight", (cfg.n_ctx, dm)),
-        "ln_final.w": vec(f"{p}ln_f.weight", dm),
-        "ln_final.b": vec(f"{p}ln_f.bias", dm),
-        "unembed.W_U": Whole(f"{p}wte.weight", (cfg.d_vocab, dm), transpose=True)
-        if tied
-        else Whole("lm_head.weight", (cfg.d_vocab, dm), transpose=True),
-        "unembed.b_U": Zeros((cfg.d_vocab,)),
+        **norm_specs("ln_final", f"{p}ln_f", dm),
     }
     for layer in range(cfg.n_layers):
         b, a = f"{p}h.{layer}.", f"blocks.{layer}."
-        for x in "QKV":
-            out[f"{a}attn.W_{x}"] = linear_heads(f"{b}attn.attention.{x.lower()}_proj.weight", cfg, n)
-            out[f"{a}attn.b_{x}"] = Zeros((n, dh))
-        out[f"{a}attn.W_O"] = linear_out_heads(f"{b}attn.attention.out_proj.weight", cfg)
-        out[f"{a}attn.b_O"] = vec(f"{b}attn.attention.out_proj.bias", dm)
-        for ln, hf in (("ln1", "ln_1"), ("ln2", "ln_2")):
-            out[f"{a}{ln}.w"] = vec(f"{b}{hf}.weight", dm)
-            out[f"{a}{ln}.b"] = vec(f"{b}{hf}.bias", dm)
-        out[f"{a}mlp.W_in"] = linear(f"{b}mlp.c_fc.weight", dm, mlp)
-        out[f"{a}mlp.b_in"] = vec(f"{b}mlp.c_fc.bias", mlp)
-        out[f"{a}mlp.W_out"] = linear(f"{b}mlp.c_proj.weight", mlp, dm)
-        out[f"{a}mlp.b_out"] = vec(f"{b}mlp.c_proj.bias", dm)
+        att = f"{b}attn.attention."
+        out |= attention_specs(a, cfg, f"{att}q_proj", f"{att}k_proj", f"{att}v_proj", f"{att}out_proj",
+                               qkv_bias=False, o_bias=True)
+        out |= norm_specs(f"{a}ln1", f"{b}ln_1", dm) | norm_specs(f"{a}ln2", f"{b}ln_2", dm)
+        out |= mlp_specs(a, cfg, f"{b}mlp.c_fc", f"{b}mlp.c_proj")
     return out

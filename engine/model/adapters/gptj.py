@@ -20,28 +20,27 @@ from typing import Any
 from headscope.engine.core.config import ModelConfig
 from headscope.engine.core.errors import ConfigError
 from headscope.engine.model.adapters.base import (
+    Adapted,
     Heads,
     SpecMap,
-    Whole,
     Zeros,
-    checked,
+    decoder_config,
     divide_heads,
+    embed_specs,
     first_prefix,
     get_key,
-    linear,
     linear_out_heads,
+    mlp_specs,
+    norm_specs,
     optional_float,
     require_int,
-    vec,
 )
 
 ARCHITECTURES = ("GPTJForCausalLM", "GPTJModel")
 MODEL_TYPES = ("gptj",)
 
 
-def adapt(
-    config: Mapping[str, Any], arch: str, names: set[str], path: str | None
-) -> tuple[ModelConfig, SpecMap]:
+def adapt(config: Mapping[str, Any], arch: str, names: set[str], path: str | None) -> Adapted:
     d_model = require_int(config, path, "n_embd", "hidden_size")
     n_heads = require_int(config, path, "n_head", "num_attention_heads")
     d_head = divide_heads(path, d_model, n_heads)
@@ -53,18 +52,16 @@ def adapt(
     d_mlp = require_int(config, path, "n_inner") if get_key(config, "n_inner") is not None else 4 * d_model
     prefix = first_prefix(names, ("transformer.", ""), "wte.weight")
     tied = "lm_head.weight" not in names
-    cfg = ModelConfig(
+    cfg = decoder_config(
+        config, arch, names, path,
         family="gptj",
-        architecture=arch,
         n_layers=require_int(config, path, "n_layer", "num_hidden_layers"),
         n_heads=n_heads,
         d_model=d_model,
         d_head=d_head,
-        d_vocab=require_int(config, path, "vocab_size"),
         n_ctx=require_int(config, path, "n_positions", "max_position_embeddings"),
         d_mlp=d_mlp,
         act_fn=get_key(config, "activation_function", default="gelu_new"),
-        normalization="LN",
         norm_eps=optional_float(config, path, "layer_norm_epsilon", default=1e-5),
         positional="rotary",
         rotary_dim=rotary_dim,
@@ -72,23 +69,16 @@ def adapt(
         parallel_attn_mlp=True,
         tied_unembed=tied,
         extra={"rotary_style": "half", "rotary_source_layout": "interleaved"},
-    )
-    checked(cfg, names, path)
+    )  # fmt: skip
     return cfg, specs(cfg, prefix or "transformer.", tied, "lm_head.bias" in names)
 
 
 def specs(cfg: ModelConfig, p: str, tied: bool, unembed_bias: bool) -> SpecMap:
     dm, dh, n = cfg.d_model, cfg.d_head, cfg.n_heads
-    mlp = cfg.d_mlp or 4 * dm
     r = cfg.rotary_dim or dh
     out: SpecMap = {
-        "embed.W_E": Whole(f"{p}wte.weight", (cfg.d_vocab, dm)),
-        "ln_final.w": vec(f"{p}ln_f.weight", dm),
-        "ln_final.b": vec(f"{p}ln_f.bias", dm),
-        "unembed.W_U": Whole(f"{p}wte.weight", (cfg.d_vocab, dm), transpose=True)
-        if tied
-        else Whole("lm_head.weight", (cfg.d_vocab, dm), transpose=True),
-        "unembed.b_U": vec("lm_head.bias", cfg.d_vocab) if unembed_bias else Zeros((cfg.d_vocab,)),
+        **embed_specs(cfg, f"{p}wte.weight", tied, unembed_bias=unembed_bias),
+        **norm_specs("ln_final", f"{p}ln_f", dm),
     }
     for layer in range(cfg.n_layers):
         b, a = f"{p}h.{layer}.", f"blocks.{layer}."
@@ -100,11 +90,7 @@ def specs(cfg: ModelConfig, p: str, tied: bool, unembed_bias: bool) -> SpecMap:
             out[f"{a}attn.b_{x}"] = Zeros((n, dh))
         out[f"{a}attn.W_O"] = linear_out_heads(f"{b}attn.out_proj.weight", cfg)
         out[f"{a}attn.b_O"] = Zeros((dm,))
-        for ln in ("ln1", "ln2"):  # one LayerNorm read by both branches
-            out[f"{a}{ln}.w"] = vec(f"{b}ln_1.weight", dm)
-            out[f"{a}{ln}.b"] = vec(f"{b}ln_1.bias", dm)
-        out[f"{a}mlp.W_in"] = linear(f"{b}mlp.fc_in.weight", dm, mlp)
-        out[f"{a}mlp.b_in"] = vec(f"{b}mlp.fc_in.bias", mlp)
-        out[f"{a}mlp.W_out"] = linear(f"{b}mlp.fc_out.weight", mlp, dm)
-        out[f"{a}mlp.b_out"] = vec(f"{b}mlp.fc_out.bias", dm)
+        # one LayerNorm read by both branches
+        out |= norm_specs(f"{a}ln1", f"{b}ln_1", dm) | norm_specs(f"{a}ln2", f"{b}ln_1", dm)
+        out |= mlp_specs(a, cfg, f"{b}mlp.fc_in", f"{b}mlp.fc_out")
     return out

@@ -17,22 +17,18 @@ from typing import Any
 from headscope.engine.core.config import ModelConfig
 from headscope.engine.core.errors import ConfigError
 from headscope.engine.model.adapters.base import (
+    Adapted,
     SpecMap,
-    Whole,
-    Zeros,
-    checked,
-    divide_heads,
+    attention_specs,
+    decoder_config,
+    embed_specs,
     first_prefix,
     get_key,
-    linear,
-    linear_bias_heads,
-    linear_heads,
-    linear_out_heads,
+    mlp_specs,
+    norm_specs,
     optional_bool,
     optional_float,
     require_int,
-    rope_scaling_params,
-    vec,
 )
 
 ARCHITECTURES = (
@@ -46,64 +42,18 @@ ARCHITECTURES = (
 MODEL_TYPES = ("llama", "mistral", "qwen2")
 
 
-def adapt(
-    config: Mapping[str, Any], arch: str, names: set[str], path: str | None
-) -> tuple[ModelConfig, SpecMap]:
+def adapt(config: Mapping[str, Any], arch: str, names: set[str], path: str | None) -> Adapted:
     qwen = arch.startswith("Qwen2") or config.get("model_type") == "qwen2"
-    d_model = require_int(config, path, "hidden_size")
-    n_heads = require_int(config, path, "num_attention_heads")
-    n_kv = require_int(config, path, "num_key_value_heads", "num_attention_heads")
-    d_head = (
-        require_int(config, path, "head_dim")
-        if get_key(config, "head_dim") is not None
-        else divide_heads(path, d_model, n_heads)
-    )
-    pct = optional_float(
-        config, path, "rope_parameters.partial_rotary_factor", "partial_rotary_factor", default=1.0,
-        within=(0.0, 1.0),
-    )
-    prefix = first_prefix(names, ("model.", ""), "embed_tokens.weight")
-    tied = "lm_head.weight" not in names
     window = (
         get_key(config, "sliding_window") if config.get("use_sliding_window", not qwen) else None
     )
-    cfg = ModelConfig(
+    cfg = decoder_config(
+        config, arch, names, path,
         family="qwen2" if qwen else "llama",
-        architecture=arch,
-        n_layers=require_int(config, path, "num_hidden_layers"),
-        n_heads=n_heads,
-        n_kv_heads=n_kv,
-        d_model=d_model,
-        d_head=d_head,
-        d_vocab=require_int(config, path, "vocab_size"),
-        n_ctx=require_int(config, path, "max_position_embeddings"),
-        d_mlp=require_int(config, path, "intermediate_size"),
-        act_fn=get_key(config, "hidden_act", default="silu"),
-        gated_mlp=True,
-        normalization="RMS",
-        norm_eps=optional_float(config, path, "rms_norm_eps", default=1e-6),
-        positional="rotary",
-        rotary_dim=int(d_head * pct),
-        rotary_base=optional_float(
-            config, path, "rope_parameters.rope_theta", "rope_theta", default=10000.0
-        ),
-        tied_unembed=tied,
-        extra={
-            "rotary_style": "half",
-            # The scaling parameters (factor, low/high_freq_factor, ...) that
-            # engine.model.rotary.rotary_inv_freq needs for "linear"/"llama3" RoPE.
-            "rope_scaling": rope_scaling_params(config),
-            "rope_type": get_key(
-                config,
-                "rope_parameters.rope_type",
-                "rope_scaling.rope_type",
-                "rope_scaling.type",
-                default="default",
-            ),
-            "sliding_window": window,
-        },
-    )
-    checked(cfg, names, path)  # before a list of n_layers entries is built
+        **llama_block(config, path, norm_eps=1e-6),
+        tied_unembed="lm_head.weight" not in names,
+        extra={"sliding_window": window},
+    )  # fmt: skip
     types = window_layers(config, cfg.n_layers, window, path)
     if types is not None:
         cfg = cfg.replace(extra={**cfg.extra, "layer_types": types})
@@ -112,7 +62,21 @@ def adapt(
     if optional_bool(config, path, "mlp_bias", False):
         # The canonical gated MLP has no gate bias: refuse rather than drop it silently.
         raise ConfigError(path, "mlp_bias=true (biases in a gated MLP) is not supported")
-    return cfg, specs(cfg, prefix or "model.", tied, attn_bias, o_bias)
+    return cfg, specs(cfg, prefix_of(names), cfg.tied_unembed, attn_bias, o_bias)
+
+
+def llama_block(config: Mapping[str, Any], path: str | None, *, norm_eps: float) -> dict[str, Any]:
+    """What a Llama-style block changes in the decoder default (``decoder_config``):
+    grouped-query attention, a gated SiLU MLP, RMSNorm (epsilon ``norm_eps`` unless the config
+    gives one), rotate-half RoPE on whole heads. Phi-3 reads the same."""
+    return {
+        "n_kv_heads": require_int(config, path, "num_key_value_heads", "num_attention_heads"),
+        "act_fn": get_key(config, "hidden_act", default="silu"),
+        "gated_mlp": True,
+        "normalization": "RMS",
+        "norm_eps": optional_float(config, path, "rms_norm_eps", default=norm_eps),
+        "rope": 1.0,
+    }
 
 
 def window_layers(config: Mapping[str, Any], n_layers: int, window: Any, path: str | None) -> list[str] | None:
@@ -139,35 +103,17 @@ def prefix_of(names: set[str]) -> str:
 
 
 def specs(cfg: ModelConfig, p: str, tied: bool, attn_bias: bool, o_bias: bool) -> SpecMap:
-    dm, dh, n, kv = cfg.d_model, cfg.d_head, cfg.n_heads, cfg.kv_heads
-    mlp = cfg.d_mlp or 4 * dm
+    dm = cfg.d_model
     out: SpecMap = {
-        "embed.W_E": Whole(f"{p}embed_tokens.weight", (cfg.d_vocab, dm)),
-        "ln_final.w": vec(f"{p}norm.weight", dm),
-        "unembed.W_U": Whole(f"{p}embed_tokens.weight", (cfg.d_vocab, dm), transpose=True)
-        if tied
-        else Whole("lm_head.weight", (cfg.d_vocab, dm), transpose=True),
-        "unembed.b_U": Zeros((cfg.d_vocab,)),
+        **embed_specs(cfg, f"{p}embed_tokens.weight", tied),
+        **norm_specs("ln_final", f"{p}norm", dm, bias=False),
     }
     for layer in range(cfg.n_layers):
         b, a = f"{p}layers.{layer}.", f"blocks.{layer}."
-        for x, proj, stored in (("Q", "q_proj", n), ("K", "k_proj", kv), ("V", "v_proj", kv)):
-            is_kv = x != "Q"
-            out[f"{a}attn.W_{x}"] = linear_heads(
-                f"{b}self_attn.{proj}.weight", cfg, stored, kv=is_kv
-            )
-            out[f"{a}attn.b_{x}"] = (
-                linear_bias_heads(f"{b}self_attn.{proj}.bias", cfg, stored, kv=is_kv)
-                if attn_bias
-                else Zeros((n, dh))
-            )
-        out[f"{a}attn.W_O"] = linear_out_heads(f"{b}self_attn.o_proj.weight", cfg)
-        out[f"{a}attn.b_O"] = vec(f"{b}self_attn.o_proj.bias", dm) if o_bias else Zeros((dm,))
-        out[f"{a}ln1.w"] = vec(f"{b}input_layernorm.weight", dm)
-        out[f"{a}ln2.w"] = vec(f"{b}post_attention_layernorm.weight", dm)
-        out[f"{a}mlp.W_gate"] = linear(f"{b}mlp.gate_proj.weight", dm, mlp)
-        out[f"{a}mlp.W_in"] = linear(f"{b}mlp.up_proj.weight", dm, mlp)
-        out[f"{a}mlp.W_out"] = linear(f"{b}mlp.down_proj.weight", mlp, dm)
-        out[f"{a}mlp.b_in"] = Zeros((mlp,))
-        out[f"{a}mlp.b_out"] = Zeros((dm,))
+        att = f"{b}self_attn."
+        out |= attention_specs(a, cfg, f"{att}q_proj", f"{att}k_proj", f"{att}v_proj", f"{att}o_proj",
+                               qkv_bias=attn_bias, o_bias=o_bias, grouped=True)
+        out |= norm_specs(f"{a}ln1", f"{b}input_layernorm", dm, bias=False)
+        out |= norm_specs(f"{a}ln2", f"{b}post_attention_layernorm", dm, bias=False)
+        out |= mlp_specs(a, cfg, f"{b}mlp.up_proj", f"{b}mlp.down_proj", gate=f"{b}mlp.gate_proj", bias=False)
     return out

@@ -15,18 +15,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from headscope.engine.core.config import ModelConfig
 from headscope.engine.core.errors import ConfigError
 from headscope.engine.model.adapters import llama
-from headscope.engine.model.adapters.base import SpecMap, linear, require_int
+from headscope.engine.model.adapters.base import Adapted, linear, require_int
 
 ARCHITECTURES = ("MixtralForCausalLM", "MixtralModel")
 MODEL_TYPES = ("mixtral",)
 
 
-def adapt(
-    config: Mapping[str, Any], arch: str, names: set[str], path: str | None
-) -> tuple[ModelConfig, SpecMap]:
+def adapt(config: Mapping[str, Any], arch: str, names: set[str], path: str | None) -> Adapted:
     cfg, specs = llama.adapt(config, arch, names, path)
     n_experts = require_int(config, path, "num_local_experts")
     top_k = require_int(config, path, "num_experts_per_tok")

@@ -19,72 +19,40 @@ from typing import Any
 
 from headscope.engine.core.config import ModelConfig
 from headscope.engine.model.adapters.base import (
+    Adapted,
     SpecMap,
     Whole,
-    Zeros,
-    checked,
-    divide_heads,
+    attention_specs,
+    decoder_config,
+    embed_specs,
     first_prefix,
     get_key,
-    linear,
-    linear_bias_heads,
-    linear_heads,
-    linear_out_heads,
+    mlp_specs,
+    norm_specs,
     optional_bool,
     optional_float,
     require_int,
-    rope_scaling_params,
-    vec,
 )
 
 ARCHITECTURES = ("PhiForCausalLM", "PhiModel")
 MODEL_TYPES = ("phi",)
 
 
-def adapt(
-    config: Mapping[str, Any], arch: str, names: set[str], path: str | None
-) -> tuple[ModelConfig, SpecMap]:
+def adapt(config: Mapping[str, Any], arch: str, names: set[str], path: str | None) -> Adapted:
     qk_layernorm = optional_bool(config, path, "qk_layernorm", False)
-    d_model = require_int(config, path, "hidden_size")
-    n_heads = require_int(config, path, "num_attention_heads")
-    d_head = divide_heads(path, d_model, n_heads)
-    pct = optional_float(
-        config, path, "rope_parameters.partial_rotary_factor", "partial_rotary_factor", default=0.5
-    )
     prefix = first_prefix(names, ("model.", ""), "embed_tokens.weight")
     tied = "lm_head.weight" not in names
-    cfg = ModelConfig(
+    cfg = decoder_config(
+        config, arch, names, path,
         family="phi",
-        architecture=arch,
-        n_layers=require_int(config, path, "num_hidden_layers"),
-        n_heads=n_heads,
         n_kv_heads=require_int(config, path, "num_key_value_heads", "num_attention_heads"),
-        d_model=d_model,
-        d_head=d_head,
-        d_vocab=require_int(config, path, "vocab_size"),
-        n_ctx=require_int(config, path, "max_position_embeddings"),
-        d_mlp=require_int(config, path, "intermediate_size"),
         act_fn=get_key(config, "hidden_act", default="gelu_new"),
-        normalization="LN",
         norm_eps=optional_float(config, path, "layer_norm_eps", default=1e-5),
-        positional="rotary",
-        rotary_dim=int(d_head * pct),
-        rotary_base=optional_float(
-            config, path, "rope_parameters.rope_theta", "rope_theta", default=10000.0
-        ),
+        rope=0.5,
         parallel_attn_mlp=True,
         tied_unembed=tied,
-        extra={
-            "rotary_style": "half",
-            "qk_norm": "layer" if qk_layernorm else None,
-            "rope_scaling": rope_scaling_params(config),
-            "rope_type": get_key(
-                config, "rope_parameters.rope_type", "rope_scaling.rope_type", "rope_scaling.type",
-                default="default",
-            ),
-        },
-    )
-    checked(cfg, names, path)
+        extra={"qk_norm": "layer" if qk_layernorm else None},
+    )  # fmt: skip
     out = specs(cfg, prefix or "model.", tied, "lm_head.bias" in names)
     if qk_layernorm:
         p = prefix or "model."
@@ -97,30 +65,17 @@ def adapt(
 
 
 def specs(cfg: ModelConfig, p: str, tied: bool, unembed_bias: bool) -> SpecMap:
-    dm, n, kv = cfg.d_model, cfg.n_heads, cfg.kv_heads
-    mlp = cfg.d_mlp or 4 * dm
+    dm = cfg.d_model
     out: SpecMap = {
-        "embed.W_E": Whole(f"{p}embed_tokens.weight", (cfg.d_vocab, dm)),
-        "ln_final.w": vec(f"{p}final_layernorm.weight", dm),
-        "ln_final.b": vec(f"{p}final_layernorm.bias", dm),
-        "unembed.W_U": Whole(f"{p}embed_tokens.weight", (cfg.d_vocab, dm), transpose=True)
-        if tied
-        else Whole("lm_head.weight", (cfg.d_vocab, dm), transpose=True),
-        "unembed.b_U": vec("lm_head.bias", cfg.d_vocab) if unembed_bias else Zeros((cfg.d_vocab,)),
+        **embed_specs(cfg, f"{p}embed_tokens.weight", tied, unembed_bias=unembed_bias),
+        **norm_specs("ln_final", f"{p}final_layernorm", dm),
     }
     for layer in range(cfg.n_layers):
         b, a = f"{p}layers.{layer}.", f"blocks.{layer}."
-        for x, proj, stored in (("Q", "q_proj", n), ("K", "k_proj", kv), ("V", "v_proj", kv)):
-            is_kv = x != "Q"
-            out[f"{a}attn.W_{x}"] = linear_heads(f"{b}self_attn.{proj}.weight", cfg, stored, kv=is_kv)
-            out[f"{a}attn.b_{x}"] = linear_bias_heads(f"{b}self_attn.{proj}.bias", cfg, stored, kv=is_kv)
-        out[f"{a}attn.W_O"] = linear_out_heads(f"{b}self_attn.dense.weight", cfg)
-        out[f"{a}attn.b_O"] = vec(f"{b}self_attn.dense.bias", dm)
-        for ln in ("ln1", "ln2"):  # one LayerNorm read by both branches
-            out[f"{a}{ln}.w"] = vec(f"{b}input_layernorm.weight", dm)
-            out[f"{a}{ln}.b"] = vec(f"{b}input_layernorm.bias", dm)
-        out[f"{a}mlp.W_in"] = linear(f"{b}mlp.fc1.weight", dm, mlp)
-        out[f"{a}mlp.b_in"] = vec(f"{b}mlp.fc1.bias", mlp)
-        out[f"{a}mlp.W_out"] = linear(f"{b}mlp.fc2.weight", mlp, dm)
-        out[f"{a}mlp.b_out"] = vec(f"{b}mlp.fc2.bias", dm)
+        att = f"{b}self_attn."
+        out |= attention_specs(a, cfg, f"{att}q_proj", f"{att}k_proj", f"{att}v_proj", f"{att}dense",
+                               qkv_bias=True, o_bias=True, grouped=True)
+        # one LayerNorm read by both branches
+        out |= norm_specs(f"{a}ln1", f"{b}input_layernorm", dm) | norm_specs(f"{a}ln2", f"{b}input_layernorm", dm)
+        out |= mlp_specs(a, cfg, f"{b}mlp.fc1", f"{b}mlp.fc2")
     return out

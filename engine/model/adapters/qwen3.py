@@ -16,18 +16,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from headscope.engine.core.config import ModelConfig
 from headscope.engine.core.errors import ConfigError
 from headscope.engine.model.adapters import llama
-from headscope.engine.model.adapters.base import SpecMap, Whole, linear_bias_heads, vec
+from headscope.engine.model.adapters.base import Adapted, Whole, linear_bias_heads, vec
 
 ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3Model", "Olmo2ForCausalLM", "Olmo2Model")
 MODEL_TYPES = ("qwen3", "olmo2")
 
 
-def adapt(
-    config: Mapping[str, Any], arch: str, names: set[str], path: str | None
-) -> tuple[ModelConfig, SpecMap]:
+def adapt(config: Mapping[str, Any], arch: str, names: set[str], path: str | None) -> Adapted:
     olmo = arch.startswith("Olmo2") or config.get("model_type") == "olmo2"
     cfg, specs = llama.adapt(config, arch, names, path)
     extra = {**cfg.extra, "layer_types": layer_types(config, cfg.n_layers, path) or cfg.extra.get("layer_types")}
