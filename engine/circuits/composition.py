@@ -138,13 +138,22 @@ class _Factors:
 
 def _pair_scores(x: np.ndarray, x_norm: np.ndarray, y: np.ndarray) -> np.ndarray:
     """``[B, H, k, d]``, ``[B, H]``, ``[H2, d, k2]`` -> ``[B, H, H2]``: ``‖x_i y_j‖ / (‖x_i‖ ‖y_j‖)``
-    for every pair, from one product."""
+    for every pair, one product per source layer.
+
+    One product per source layer, never one for the whole block: BLAS may sum a product's
+    entries in another order when the number of rows changes (seen on AMD EPYC's OpenBLAS
+    kernels, 1 ulp), and a pair's score must not depend on how many source layers shared its
+    block (``tile_bytes``), its cluster part or a resumed sweep (tests compare them to the bit).
+    The target's factors are still read once per block."""
     n_src, n_heads, k, d = x.shape
     n_tgt, _, k2 = y.shape
+    y_flat = np.ascontiguousarray(y.transpose(1, 0, 2)).reshape(d, n_tgt * k2)
+    sq = np.empty((n_src, n_heads, n_tgt), dtype=np.result_type(x, y))
     with np.errstate(all="ignore"):
-        prod = x.reshape(-1, d) @ np.ascontiguousarray(y.transpose(1, 0, 2)).reshape(d, n_tgt * k2)
-        np.square(prod, out=prod)
-        sq = prod.reshape(n_src, n_heads, k, n_tgt, k2).sum((2, 4))
+        for i in range(n_src):
+            prod = x[i].reshape(-1, d) @ y_flat
+            np.square(prod, out=prod)
+            sq[i] = prod.reshape(n_heads, k, n_tgt, k2).sum((1, 3))
         y_norm = np.sqrt(np.square(y).sum((-2, -1)))
         return (np.sqrt(sq) / (x_norm[:, :, None] * y_norm[None, None, :])).astype(np.float32)
 
