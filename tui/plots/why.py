@@ -133,7 +133,7 @@ class TermGrid:
     col_labels: tuple[str, ...]
     vmax: float
     total: int
-    title: str = "terms: query source ↓ × key source →"
+    title: str = "query ↓ × key →"
 
     def draw(self, width: int, height: int, colours: Colours) -> Text:
         rows, cols = self.values.shape
@@ -148,7 +148,7 @@ class TermGrid:
             return Text("(pane too small)", style="dim")
         grid = np.asarray(self.values, dtype=np.float64)[:shown_rows, :shown_cols]
         more = self.total > min(shown_rows, shown_cols)
-        shown = f" · {shown_rows}×{shown_cols} of {self.total}" if more else ""
+        shown = f" ({shown_rows}×{shown_cols} of {self.total})" if more else " terms"
         text = _fit(self.title + shown, width, "bold")
         text.append("\n")
         text.append(" " * (lw + 1))

@@ -149,7 +149,8 @@ class WhyView(Vertical):
             self.query_one(table_id, DataTable).clear(columns=True)
         self._terms, self._totals = [], {"query": [], "key": []}
         self._line = ""
-        self._set_status(text)
+        self._set_status("")  # the text is in the grid's place, once
+        self._lists(False)  # and has the view's width
 
     def show(self, attribution: QKAttribution, key: int | None = None,
              tokens: Sequence[str] | None = None) -> None:
@@ -190,6 +191,7 @@ class WhyView(Vertical):
         attr = self.attribution
         assert attr is not None
         self.key = key
+        self._lists(True)
         score = float(attr.score[attr.column(key)])
         self.query_one("#why-title", Static).update(Text(
             f"why {head_label(attr.layer, attr.head)} attends q={attr.query} → k={key}: "
@@ -249,7 +251,13 @@ class WhyView(Vertical):
     def _set_status(self, hint: str) -> None:
         lines = [line for line in (self._line, hint) if line]
         self.status = "\n".join(lines)
-        self.query_one("#why-status", Static).update(Text(self.status))
+        status = self.query_one("#why-status", Static)
+        status.update(Text(self.status))
+        status.display = bool(self.status)
+
+    def _lists(self, shown: bool) -> None:
+        for selector in ("#why-terms", "#why-totals"):
+            self.query_one(selector).display = shown
 
     # -- the links --------------------------------------------------------------------------
     def _term_target(self, index: int) -> tuple[tuple[int, int], str] | None:
