@@ -30,6 +30,7 @@ from headscope.tui.plots.figures import Colours
 from headscope.tui.plots.why import (
     TermGrid,
     bar_styles,
+    cell_at,
     num,
     source_head,
     strongest_sources,
@@ -62,7 +63,7 @@ def row() -> QKAttribution:
 def test_top_terms_are_the_sorted_terms_and_the_rest_adds_up_to_the_score(row: QKAttribution) -> None:
     for key in (0, KEY, QUERY):
         for top in (1, 5, 12, len(row.names) ** 2):
-            rows, rest, rest_sum = top_terms(row, key, top)
+            rows, rest, rest_sum = top_terms(cell_at(row, key), top)
             assert rows == row.ranked_terms(key, top)  # the engine's full sort
             assert rest == len(row.names) ** 2 - len(rows)
             score = float(row.score[row.column(key)])
@@ -70,24 +71,53 @@ def test_top_terms_are_the_sorted_terms_and_the_rest_adds_up_to_the_score(row: Q
                 score, abs=1e-4 * np.abs(row.terms).max())
 
 
+def synthetic(terms: np.ndarray) -> QKAttribution:
+    """A row of ``terms`` [n, n, keys] under made-up names (what the selections read)."""
+    n, _, k = terms.shape
+    return QKAttribution(layer=3, head=0, query=k - 1, keys=tuple(range(k)),
+                         names=tuple(f"c{i}" for i in range(n)),
+                         score=terms.sum((0, 1)).astype(np.float32), terms=terms,
+                         query_totals=terms.sum(1, dtype=np.float64),
+                         key_totals=terms.sum(0, dtype=np.float64),
+                         nonfinite=not np.isfinite(terms).all())
+
+
+def test_top_terms_search_only_some_rows_yet_match_a_full_sort() -> None:
+    """The pruned search (rows whose maximum can reach the top) against argsort of all n²,
+    with many ties (values on a coarse grid) and with a NaN term (listed first)."""
+    rng = np.random.default_rng(1)
+    terms = np.round(rng.normal(size=(60, 60, 2)) * 3).astype(np.float32)  # ties galore
+    terms[:, :, 1] *= np.exp(rng.normal(size=(60, 1)) * 2)  # a few rows dominate
+    for j in (0, 1):
+        flat = terms[:, :, j].ravel()
+        for top in (1, 3, 12, 59, 60, 61, 500, 3600):
+            expected = np.argsort(-np.abs(flat), kind="stable")[:top]
+            rows, _, _ = top_terms(cell_at(synthetic(terms), j), top)
+            assert [(q, k) for q, k, _ in rows] == [
+                (f"c{i // 60}", f"c{i % 60}") for i in expected.tolist()], (j, top)
+    terms[7, 9, 0] = np.nan
+    rows, _, _ = top_terms(cell_at(synthetic(terms), 0), 3)
+    assert rows[0][:2] == ("c7", "c9") and np.isnan(rows[0][2])
+
+
 def test_key_side_totals_name_the_previous_token_head_first(row: QKAttribution) -> None:
-    rows, rest, rest_sum = top_totals(row, KEY, "key", 4)
+    rows, rest, rest_sum = top_totals(cell_at(row, KEY), "key", 4)
     assert rows[0][0] == "a{}.h{}".format(*PREV_TOKEN_HEAD) and rows[0][1] > 0
     _, key_totals = row.totals(KEY)
     by_size = sorted(key_totals.items(), key=lambda kv: -abs(kv[1]))
     assert [name for name, _ in rows] == [name for name, _ in by_size[:4]]
     assert rest == len(row.names) - 4
     assert sum(v for _, v in rows) + rest_sum == pytest.approx(sum(key_totals.values()))
-    q_rows, _, _ = top_totals(row, KEY, "query", len(row.names))
+    q_rows, _, _ = top_totals(cell_at(row, KEY), "query", len(row.names))
     assert dict(q_rows) == pytest.approx(row.totals(KEY)[0])
 
 
 def test_strongest_sources_carry_the_most_of_the_terms(row: QKAttribution) -> None:
     cell = np.asarray(row.terms[:, :, row.column(KEY)], dtype=np.float64)
-    q, k = strongest_sources(cell, 3)
+    q, k = strongest_sources(cell_at(row, KEY), 3)
     assert list(q) == list(np.argsort(-np.abs(cell).sum(1), kind="stable")[:3])
     assert list(k) == list(np.argsort(-np.abs(cell).sum(0), kind="stable")[:3])
-    grid = term_grid(row, KEY, top=3)
+    grid = term_grid(cell_at(row, KEY), top=3)
     assert grid.col_labels[0] == "a{}.h{}".format(*PREV_TOKEN_HEAD)
     np.testing.assert_array_equal(grid.values, cell[np.ix_(q, k)])
     assert grid.vmax == symmetric_range(cell)  # the whole cell's range, not the shown block's
@@ -106,7 +136,7 @@ def _cells(text: Text, label: str) -> list[tuple[str, Style]]:
 
 
 def test_grid_cells_are_the_heatmaps_colours_in_each_mode(row: QKAttribution) -> None:
-    grid = term_grid(row, KEY)
+    grid = term_grid(cell_at(row, KEY))
     assert grid.row_labels[0] == "embed" and grid.col_labels[0] == "a0.h1"
     strongest = float(grid.values[0, 0])
     assert abs(strongest) == grid.vmax  # embed × a0.h1: the largest term of the cell
@@ -133,10 +163,17 @@ def test_grid_cells_are_the_heatmaps_colours_in_each_mode(row: QKAttribution) ->
 
 
 def test_grid_fits_any_width_and_says_how_much_it_shows(row: QKAttribution) -> None:
-    grid = term_grid(row, KEY)
-    for width in (24, 30, 45, 60, 80):
-        text = grid.draw(width, 12, colours("truecolor")).plain
-        assert all(len(line) <= width for line in text.split("\n")), (width, text)
+    grid = term_grid(cell_at(row, KEY))
+    for width in (24, 30, 45, 60, 80, 120):
+        for height in (5, 9, 12, 16, 30):
+            text = grid.draw(width, height, colours("truecolor")).plain
+            lines = text.split("\n")
+            assert all(len(line) <= width for line in lines), (width, text)
+            assert len(lines) <= height, (width, height, text)
+    # room to spare: every entry two lines tall, the grid's rows all there
+    tall = grid.draw(80, 30, colours("truecolor")).plain.split("\n")
+    assert sum(line.strip().startswith("embed ") for line in tall) == 1
+    assert len(tall) == 1 + 1 + 2 * len(grid.row_labels) + 1
     narrow = grid.draw(30, 12, colours("truecolor")).plain
     assert narrow.split("\n")[0] == f"query ↓ × key → (6×2 of {len(row.names)})"
     assert grid.draw(8, 3, colours("truecolor")).plain == "(pane too small)"
@@ -146,7 +183,7 @@ def test_non_finite_terms_are_marked_not_drawn_as_zero(row: QKAttribution) -> No
     terms = np.array(row.terms)
     terms[0, :, row.column(KEY)] = np.nan
     bad = dataclasses.replace(row, terms=terms, nonfinite=True)
-    grid = term_grid(bad, KEY)
+    grid = term_grid(cell_at(bad, KEY))
     assert grid.row_labels[0] == "embed"  # NaN counts as the largest: never hidden
     assert "???" in grid.draw(70, 12, colours("truecolor")).plain
 

@@ -2,8 +2,9 @@
 of a head's score split into (query source × key source) terms.
 
 Pure numpy and Rich, no Textual: the widget (tui/widgets/why.py) re-slices a whole query row
-(``QKAttribution``, every key at once) with these at every key move, so each is a top-k
-selection (``argpartition``), never a sort of all n² terms (at 7B, n ≈ 1056 components).
+(``QKAttribution``, every key at once) at every key move: ``cell_at`` slices one key once
+(``Cell``), and each picture is a top-k selection from it (``argpartition``), never a sort of
+all n² terms (at 7B, n ≈ 1056 components: 1.1 M terms per key).
 
 - ``TermGrid``: the strongest query sources × the strongest key sources as a small heatmap,
   drawn with the cells of every other heatmap (``figures.cell_colours``: the same diverging
@@ -49,50 +50,95 @@ def num(value: float) -> str:
 
 
 def _top(magnitude: np.ndarray, top: int) -> np.ndarray:
-    """Indices of the ``top`` largest entries, largest first (ties: lower index first);
-    NaN counts as the largest (a non-finite term is news, never hidden)."""
+    """Indices of the ``top`` largest entries, largest first (ties: lower index first, also
+    at the cut: a tie there keeps the lower indices, as a stable sort would); NaN counts as
+    the largest (a non-finite term is news, never hidden)."""
     m = np.nan_to_num(np.asarray(magnitude, dtype=np.float64), nan=np.inf)
     top = max(0, min(int(top), m.size))
     if top == 0:
         return np.zeros(0, dtype=np.int64)
-    part = np.argpartition(-m, top - 1)[:top] if top < m.size else np.arange(m.size)
+    kth = -np.partition(-m, top - 1)[top - 1]  # the top-th largest value
+    above = np.flatnonzero(m > kth)
+    part = np.concatenate([above, np.flatnonzero(m == kth)[: top - above.size]])
     return part[np.lexsort((part, -m[part]))]
 
 
-def cell(attr: QKAttribution, key: int) -> np.ndarray:
-    """``[n, n]`` term(query source, key source) at key position ``key`` (a view)."""
-    return attr.terms[:, :, attr.column(key)]
+@dataclass(frozen=True)
+class Cell:
+    """One key of a query row, sliced once: what every picture of that key reads.
+
+    ``magnitude`` is the one O(n²) copy (``|term|``, contiguous float32); the terms stay a
+    view of the row's array."""
+
+    names: tuple[str, ...]
+    key: int
+    score: float  # the model's score at (query, key)
+    terms: np.ndarray  # [n, n] view: term(query source, key source)
+    magnitude: np.ndarray  # [n, n] float32, |terms|
+    row_max: np.ndarray  # [n] the largest |term| of each query source
+    query_totals: np.ndarray  # [n] float64
+    key_totals: np.ndarray  # [n] float64
+
+    @property
+    def vmax(self) -> float:
+        """The colour scale's half-width: the largest finite |term| (``symmetric_range``)."""
+        if np.isfinite(self.row_max).all():
+            return float(self.row_max.max()) or 1.0
+        return symmetric_range(self.magnitude)
 
 
-def strongest_sources(terms: np.ndarray, top: int) -> tuple[np.ndarray, np.ndarray]:
+def cell_at(attr: QKAttribution, key: int) -> Cell:
+    """Key position ``key`` of the row ``attr`` (IndexOutOfRangeError for a key not in it)."""
+    j = attr.column(key)
+    terms = attr.terms[:, :, j]
+    magnitude = np.abs(terms)
+    return Cell(names=attr.names, key=key, score=float(attr.score[j]), terms=terms,
+                magnitude=magnitude, row_max=magnitude.max(1),
+                query_totals=np.asarray(attr.query_totals[:, j], dtype=np.float64),
+                key_totals=np.asarray(attr.key_totals[:, j], dtype=np.float64))
+
+
+def _top_entries(cell: Cell, top: int) -> np.ndarray:
+    """Flat indices of the ``top`` largest |terms|, largest first (ties: lower index first).
+
+    Only the rows that can hold one are searched: the ``top`` largest row maxima each have an
+    entry at least as large, so the ``top``-th largest entry is ≥ the ``top``-th largest row
+    maximum, and every entry of the top lies in a row whose maximum reaches it."""
+    n_rows, n_cols = cell.magnitude.shape
+    if np.isnan(cell.row_max).any():  # a non-finite term: the plain way (NaN first)
+        return _top(cell.magnitude.ravel(), top)
+    k = max(1, min(int(top), n_rows))
+    bound = np.partition(cell.row_max, n_rows - k)[n_rows - k]
+    rows = np.flatnonzero(cell.row_max >= bound)  # ascending: flat order is kept
+    order = _top(cell.magnitude[rows].ravel(), top)
+    return rows[order // n_cols] * n_cols + order % n_cols
+
+
+def strongest_sources(cell: Cell, top: int) -> tuple[np.ndarray, np.ndarray]:
     """The ``top`` query sources and key sources carrying the most of the terms, by
     Σ |term| along their row / column (a source whose terms cancel still shows), strongest
     first."""
-    a = np.abs(np.asarray(terms, dtype=np.float64))
-    return _top(a.sum(1), top), _top(a.sum(0), top)
+    m = cell.magnitude
+    return _top(m.sum(1, dtype=np.float64), top), _top(m.sum(0, dtype=np.float64), top)
 
 
-def top_terms(attr: QKAttribution, key: int, top: int) -> tuple[list[tuple[str, str, float]], int, float]:
-    """The ``top`` terms at ``key`` by |value| as ``(query source, key source, value)``, how
-    many terms are left out and what they add up to (score − the listed terms)."""
-    c = cell(attr, key)
-    n = len(attr.names)
-    order = _top(np.abs(c).ravel(), top)
-    rows = [(attr.names[i // n], attr.names[i % n], float(c.flat[i])) for i in order]
-    rest = c.size - len(rows)
+def top_terms(cell: Cell, top: int) -> tuple[list[tuple[str, str, float]], int, float]:
+    """The ``top`` terms by |value| as ``(query source, key source, value)``, how many terms
+    are left out and what they add up to (Σ terms − the listed ones)."""
+    n = len(cell.names)
+    rows = [(cell.names[i // n], cell.names[i % n], float(cell.terms[i // n, i % n]))
+            for i in _top_entries(cell, top).tolist()]
     shown = float(np.sum([v for _, _, v in rows], dtype=np.float64)) if rows else 0.0
-    return rows, rest, float(np.sum(c, dtype=np.float64)) - shown
+    return rows, n * n - len(rows), float(cell.query_totals.sum()) - shown
 
 
-def top_totals(attr: QKAttribution, key: int, side: str, top: int
-               ) -> tuple[list[tuple[str, float]], int, float]:
-    """The ``top`` sources of one side (``"query"`` / ``"key"``) at ``key`` by |total|, as
-    ``(source, total)``, how many are left out and their sum."""
-    totals = (attr.query_totals if side == "query" else attr.key_totals)[:, attr.column(key)]
-    order = _top(np.abs(totals), top)
-    rows = [(attr.names[i], float(totals[i])) for i in order]
-    rest = float(np.sum(totals, dtype=np.float64)) - float(np.sum([v for _, v in rows]))
-    return rows, len(attr.names) - len(rows), rest
+def top_totals(cell: Cell, side: str, top: int) -> tuple[list[tuple[str, float]], int, float]:
+    """The ``top`` sources of one side (``"query"`` / ``"key"``) by |total|, as ``(source,
+    total)``, how many are left out and their sum."""
+    totals = cell.query_totals if side == "query" else cell.key_totals
+    rows = [(cell.names[i], float(totals[i])) for i in _top(np.abs(totals), top).tolist()]
+    rest = float(totals.sum()) - float(np.sum([v for _, v in rows], dtype=np.float64))
+    return rows, len(cell.names) - len(rows), rest
 
 
 @functools.lru_cache(maxsize=16)
@@ -141,12 +187,20 @@ class TermGrid:
         lw = max((len(s) for s in labels), default=0)
         heads = [short_name(s) for s in self.col_labels]
         cw = max([4, *(len(s) + 1 for s in heads)])  # every column as wide as its label
-        # lines: title, column labels, the rows, the key (one line, wrapped if it must)
-        shown_rows = max(0, min(rows, height - 3))
+        # lines: title, column labels, the rows, the key (the colour ramp: it names no
+        # source, so the same whichever are shown; wrapped if it must)
+        key = Heatmap(self.values, tuple(labels), tuple(heads), vmax=self.vmax).key(
+            colours, self.values.shape, width)
+        key_lines = key.plain.count("\n") + 1
+        shown_rows = max(0, min(rows, height - 2 - key_lines))
         shown_cols = max(0, min(cols, (width - lw - 1) // cw))
         if shown_rows < 1 or shown_cols < 1:
             return Text("(pane too small)", style="dim")
         grid = np.asarray(self.values, dtype=np.float64)[:shown_rows, :shown_cols]
+        # room to spare: entries two lines tall and wider, up to twice (about square: a
+        # terminal cell is twice as tall as wide)
+        rh = max(1, min(2, (height - 2 - key_lines) // shown_rows))
+        cw = max(cw, min(2 * cw, (width - lw - 1) // shown_cols))
         more = self.total > min(shown_rows, shown_cols)
         shown = f" ({shown_rows}×{shown_cols} of {self.total})" if more else " terms"
         text = _fit(self.title + shown, width, "bold")
@@ -156,15 +210,15 @@ class TermGrid:
             text.append(name.rjust(cw), style=_fg(colours.foreground))
         rgb, recolour = cell_colours(grid, self.vmax, colours)
         for i in range(shown_rows):
-            text.append("\n")
-            text.append(labels[i].rjust(lw) + " ", style=_fg(colours.foreground))
-            for j in range(shown_cols):
-                text.append(" ")  # a gap: neighbouring cells of one colour stay apart
-                text.append_text(_cell_text(grid[i, j], tuple(int(x) for x in rgb[i, j]),
-                                            recolour, cw - 1, colours))
+            for line in range(rh):
+                text.append("\n")
+                label = labels[i] if line == 0 else ""
+                text.append(label.rjust(lw) + " ", style=_fg(colours.foreground))
+                for j in range(shown_cols):
+                    text.append(" ")  # a gap: neighbouring cells of one colour stay apart
+                    text.append_text(_cell_text(grid[i, j], tuple(int(x) for x in rgb[i, j]),
+                                                recolour, cw - 1, colours))
         text.append("\n")
-        key = Heatmap(grid, tuple(labels[:shown_rows]), tuple(heads[:shown_cols]),
-                      vmax=self.vmax).key(colours, grid.shape, width)
         text.append_text(key)
         return text
 
@@ -181,13 +235,13 @@ def _cell_text(value: float, rgb: tuple[int, int, int], recolour: dict, width: i
     return Text((char or "█") * width, style=style)
 
 
-def term_grid(attr: QKAttribution, key: int, top: int = GRID_TOP) -> TermGrid:
-    """The ``top`` × ``top`` strongest block of the cell at ``key``."""
-    c = np.asarray(cell(attr, key), dtype=np.float64)
-    q, k = strongest_sources(c, top)
-    return TermGrid(values=c[np.ix_(q, k)], row_labels=tuple(attr.names[i] for i in q),
-                    col_labels=tuple(attr.names[i] for i in k), vmax=symmetric_range(c),
-                    total=len(attr.names))
+def term_grid(cell: Cell, top: int = GRID_TOP) -> TermGrid:
+    """The ``top`` × ``top`` strongest block of the cell."""
+    q, k = strongest_sources(cell, top)
+    return TermGrid(values=np.asarray(cell.terms[np.ix_(q, k)], dtype=np.float64),
+                    row_labels=tuple(cell.names[i] for i in q),
+                    col_labels=tuple(cell.names[i] for i in k), vmax=cell.vmax,
+                    total=len(cell.names))
 
 
 def _fg(c: tuple[int, ...]) -> str:

@@ -13,6 +13,7 @@ the engine. Token strings are data: ``Text``, never markup.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -28,7 +29,9 @@ from headscope.engine.core.attribution import QKAttribution
 from headscope.tui.base.datatext import printable
 from headscope.tui.base.messages import WhyHeadSelected, WhyKeyMoved
 from headscope.tui.plots.why import (
+    Cell,
     bar_styles,
+    cell_at,
     num,
     short_name,
     source_head,
@@ -41,6 +44,7 @@ from headscope.tui.widgets.chart import Chart
 
 TERMS_TOP = 12  # rows of the ranked list (then one row: what the other terms add up to)
 TOTALS_TOP = 8  # rows of each side's totals (likewise)
+CELLS_KEPT = 4  # keys kept sliced (each an n² float32 copy: 4.5 MB at 7B)
 BAR_MOST = 10  # cells of each half of a totals bar, at most
 IDLE = "not computed: choose a cell of the attention pattern"
 HINT = "← → key · home/end first/last · enter on a head: go to it"
@@ -99,6 +103,7 @@ class WhyView(Vertical):
         self._terms: list[tuple[str, str, float] | None] = []  # the ranked list's rows
         self._totals: dict[str, list[str | None]] = {"query": [], "key": []}
         self._line = ""  # status line 1: the tokens, the note, the flags
+        self._cells: OrderedDict[int, Cell] = OrderedDict()  # the last keys shown, sliced
 
     def compose(self) -> ComposeResult:
         yield Static(id="why-title")
@@ -160,6 +165,7 @@ class WhyView(Vertical):
             self.show_error("no key position to explain")
             return
         self.state, self.attribution = "ready", attribution
+        self._cells.clear()
         self.tokens = None if tokens is None else tuple(tokens)
         if key is None or key not in attribution.keys:
             finite = np.where(np.isfinite(attribution.score), attribution.score, -np.inf)
@@ -192,13 +198,14 @@ class WhyView(Vertical):
         assert attr is not None
         self.key = key
         self._lists(True)
-        score = float(attr.score[attr.column(key)])
+        cell = self._cell(key)
+        score = cell.score
         self.query_one("#why-title", Static).update(Text(
             f"why {head_label(attr.layer, attr.head)} attends q={attr.query} → k={key}: "
             f"score {num(score)}"))
-        self.query_one("#why-grid", Chart).show(term_grid(attr, key))
-        self._fill_terms(attr, key)
-        self._fill_totals(attr, key)
+        self.query_one("#why-grid", Chart).show(term_grid(cell))
+        self._fill_terms(cell)
+        self._fill_totals(cell)
         parts = [f"q={attr.query}{_token(self.tokens, attr.query)} → "
                  f"k={key}{_token(self.tokens, key)} (keys {attr.keys[0]}..{attr.keys[-1]})"]
         if attr.note:
@@ -208,10 +215,19 @@ class WhyView(Vertical):
         self._line = " · ".join(parts)
         self._hint_focused()
 
-    def _fill_terms(self, attr: QKAttribution, key: int) -> None:
+    def _cell(self, key: int) -> Cell:
+        """Key ``key`` of the row, sliced (kept for the last few keys: back and forth)."""
+        assert self.attribution is not None
+        cell = self._cells.pop(key, None) or cell_at(self.attribution, key)
+        self._cells[key] = cell
+        while len(self._cells) > CELLS_KEPT:
+            self._cells.popitem(last=False)
+        return cell
+
+    def _fill_terms(self, cell: Cell) -> None:
         table = self.query_one("#why-terms", DataTable)
         row = _reset(table, ("query", "key", "term"))
-        rows, rest, rest_sum = top_terms(attr, key, TERMS_TOP)
+        rows, rest, rest_sum = top_terms(cell, TERMS_TOP)
         self._terms = [*rows]
         for q, k, v in rows:
             table.add_row(_name(q), _name(k), _value(v))
@@ -220,8 +236,8 @@ class WhyView(Vertical):
             table.add_row(Text(f"+{rest} more", style="dim"), Text(""), _value(rest_sum, "dim"))
         table.move_cursor(row=min(row, max(table.row_count - 1, 0)))
 
-    def _fill_totals(self, attr: QKAttribution, key: int) -> None:
-        sides = {side: top_totals(attr, key, side, TOTALS_TOP) for side in ("query", "key")}
+    def _fill_totals(self, cell: Cell) -> None:
+        sides = {side: top_totals(cell, side, TOTALS_TOP) for side in ("query", "key")}
         values = [abs(v) for rows, _, _ in sides.values() for _, v in rows if np.isfinite(v)]
         vmax = max(values, default=0.0)
         styles = bar_styles(self.query_one("#why-grid", Chart).colours())
@@ -246,7 +262,7 @@ class WhyView(Vertical):
 
     def _refill_totals(self) -> None:
         if self.attribution is not None and self.key is not None:
-            self._fill_totals(self.attribution, self.key)
+            self._fill_totals(self._cell(self.key))
 
     def _set_status(self, hint: str) -> None:
         lines = [line for line in (self._line, hint) if line]
@@ -298,7 +314,7 @@ class WhyView(Vertical):
                 self._set_status("the other terms, summed · " + HINT)
                 return
             q, k, v = term
-            score = float(attr.score[attr.column(key)])
+            score = self._cell(key).score
             share = (f" ({v / score:.0%} of the score)"
                      if score and np.isfinite(score) and np.isfinite(v) else "")
             self._set_status(f"{q} × {k}: {num(v)}{share} · {go}")
