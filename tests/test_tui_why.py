@@ -276,3 +276,10 @@ async def test_256_colours_write_no_truecolor_codes(row: QKAttribution,
             out = update.render_segments(app.console)
             assert "38;5;" in out and not TRUECOLOR.search(out), keys
             assert "█" in ANSI.sub("", out)
+
+
+def test_every_key_has_an_id_and_a_tooltip() -> None:
+    """Users remap keys by id (tui/base/keymap.py); the help screen shows the tooltips."""
+    ids = [b.id for b in WhyView.BINDINGS]
+    assert ids == ["why-prev-key", "why-next-key", "why-first-key", "why-last-key"]
+    assert all(b.tooltip and b.tooltip.startswith("Why view:") for b in WhyView.BINDINGS)

@@ -278,9 +278,10 @@ class WhyView(Vertical):
     # -- the links --------------------------------------------------------------------------
     def _term_target(self, index: int) -> tuple[tuple[int, int], str] | None:
         """The head a ranked term links to: its key side's, else its query side's."""
-        if not 0 <= index < len(self._terms) or self._terms[index] is None:
+        term = self._terms[index] if 0 <= index < len(self._terms) else None
+        if term is None:
             return None
-        q, k, _ = self._terms[index]  # type: ignore[misc]
+        q, k, _ = term
         for name, side in ((k, "key"), (q, "query")):
             head = source_head(name)
             if head is not None:
