@@ -9,8 +9,9 @@ Who posts what to whom:
 - timeline mode → the Timeline pane: ``TimelineComputed``;
 - widgets → the explorer (they bubble up from the pane): ``HeadHighlighted``, ``HeadChosen``
   (the head tree), ``EdgeChosen`` (the composition pane), ``PhaseChangeChosen`` (the timeline
-  pane), ``PatchRequested`` and ``PatchHeadChosen`` (the patch pane). Widgets say what the
-  user chose; the explorer decides what that does.
+  pane), ``PatchRequested`` and ``PatchHeadChosen`` (the patch pane), ``WhyHeadSelected`` and
+  ``WhyKeyMoved`` (the "why" view of QK attribution). Widgets say what the user chose; the
+  explorer decides what that does.
 
 Payload types are imported for type checking only: this module is imported before the first
 frame and must stay free of numpy and the engine's results.
@@ -145,3 +146,22 @@ class PatchHeadChosen(Message):
     """Enter on a head of the Patch tab (its heatmap's sorted list): focus ``head``."""
 
     head: Head
+
+
+@dataclass
+class WhyHeadSelected(Message):
+    """Enter on a source head of the "why" view (its ranked terms or a side's totals): jump to
+    ``head``, which feeds the explained head's ``side`` (``"query"`` or ``"key"``)."""
+
+    head: Head
+    side: str
+
+
+@dataclass
+class WhyKeyMoved(Message):
+    """The "why" view moved to key position ``key`` of head ``head``'s query row ``query``
+    (from its cached row, no engine call): the explorer may move its pattern cursor along."""
+
+    head: Head
+    query: int
+    key: int
