@@ -219,7 +219,10 @@ async def test_states_before_a_result() -> None:
         pane.show(same)
         await pilot.pause()
         assert "give the same logit_diff" in screen_text(app) and pane.state == "same"
-        await pilot.press("plus")  # nothing to change: no crash, no message
+        app.query_one("#circuit-edges", DataTable).focus()
+        await pilot.press("plus")  # no circuit to change: the message stays
+        await pilot.pause()
+        assert "give the same logit_diff" in screen_text(app) and pane.top == DEFAULT_TOP
         pane.show(scores)
         await pilot.pause()
         assert pane.state == "result" and "faithfulness curve not computed" in screen_text(app)

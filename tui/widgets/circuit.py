@@ -6,9 +6,10 @@ The pane takes the engine's core results (``EdgeScores``, optionally a ``Faithfu
 - the circuit of the top N edges, pruned (``EdgeGraph.circuit``, numpy only: drawn at once when
   N changes), as a graph (``tui.plots.circuit``: layers left to right, edges in the heatmaps'
   diverging map), scrollable when it is larger than the pane;
-- beside it the edges sorted by |estimate| (● in the circuit, ○ among the top N but pruned),
-  with the exact check where one was made (``–`` where not);
-- under the list the faithfulness curve over N (plotext, through ``Chart``) with N marked.
+- under it the faithfulness curve over N (plotext, through ``Chart``; log % of the edges) with
+  N marked;
+- beside both the edges sorted by |estimate| (● in the circuit, ○ among the top N but pruned),
+  with the exact check where one was made (``–`` where not).
 
 ``-``/``+`` step N along 1, 2, 5, 10, 20, 50, … (and the number of edges), ``<``/``>`` by one;
 each change posts ``CircuitTopChanged`` (the faithfulness of a new N needs the engine: the
@@ -96,11 +97,11 @@ class CircuitPane(Vertical):
     CircuitPane { height: 1fr; }
     CircuitPane #circuit-status { height: auto; max-height: 3; }
     CircuitPane #circuit-body { height: 1fr; }
-    CircuitPane #circuit-scroll { width: 1fr; height: 1fr; }
+    CircuitPane #circuit-main { width: 1fr; height: 1fr; }
+    CircuitPane #circuit-scroll { height: 1fr; }
     CircuitPane #circuit-graph { width: auto; height: auto; }
-    CircuitPane #circuit-side { width: 40; height: 1fr; }
-    CircuitPane #circuit-edges { height: 1fr; }
-    CircuitPane #circuit-curve { height: 9; }
+    CircuitPane #circuit-edges { width: 40; height: 1fr; }
+    CircuitPane #circuit-curve { height: 40%; min-height: 8; }
     """
 
     def __init__(self, *, placeholder: str = NOT_COMPUTED, id: str | None = None) -> None:
@@ -120,13 +121,13 @@ class CircuitPane(Vertical):
     def compose(self) -> ComposeResult:
         yield Static(id="circuit-status")
         with Horizontal(id="circuit-body"):
-            with ScrollableContainer(id="circuit-scroll"):
-                yield Static(id="circuit-graph")
-            with Vertical(id="circuit-side"):
-                table: DataTable[Any] = DataTable(id="circuit-edges", cursor_type="row",
-                                                  zebra_stripes=True)
-                yield table
+            with Vertical(id="circuit-main"):
+                with ScrollableContainer(id="circuit-scroll"):
+                    yield Static(id="circuit-graph")
                 yield Chart(id="circuit-curve", placeholder="faithfulness curve not computed")
+            table: DataTable[Any] = DataTable(id="circuit-edges", cursor_type="row",
+                                              zebra_stripes=True)
+            yield table
 
     def on_mount(self) -> None:
         table = self.query_one("#circuit-edges", DataTable)
@@ -219,8 +220,8 @@ class CircuitPane(Vertical):
     # -- N --------------------------------------------------------------------------------
     def set_top(self, n: int) -> None:
         """N: the circuit of the top ``n`` edges (clipped to the graph); posts
-        ``CircuitTopChanged`` when it changes."""
-        if self.scores is None:
+        ``CircuitTopChanged`` when it changes (only with a circuit on screen)."""
+        if self.scores is None or self.state != "result":
             return
         n = max(0, min(int(n), self.scores.graph.n_edges))
         if n == self.top:
@@ -230,7 +231,7 @@ class CircuitPane(Vertical):
         self.post_message(CircuitTopChanged(n))
 
     def action_step_top(self, direction: int) -> None:
-        if self.scores is None:
+        if self.scores is None or self.state != "result":
             return
         steps = ladder(self.scores.graph.n_edges)
         if direction > 0:
