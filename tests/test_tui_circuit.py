@@ -232,3 +232,23 @@ async def test_states_before_a_result() -> None:
         pane.clear()
         await pilot.pause()
         assert NOT_COMPUTED in screen_text(app) and K_EDGE not in screen_text(app)
+
+
+async def test_a_graph_wider_than_the_pane_scrolls_to_the_selected_edge() -> None:
+    """N = 26 at 80 columns: the graph is wider than its pane; the edge highlighted in the list
+    is scrolled into view (its lane's column is on screen)."""
+    app = PaneApp()
+    async with app.run_test(size=(80, 24)) as pilot:
+        pane = await shown(pilot, app, top=26)
+        scroll = app.query_one("#circuit-scroll")
+        assert pane.drawing is not None and pane.drawing.width > scroll.size.width
+        lanes = pane.drawing.lanes
+        far = max(lanes, key=lambda e: lanes[e][0])  # the rightmost lane
+        row = pane._rows.index(far)
+        table = app.query_one("#circuit-edges", DataTable)
+        table.move_cursor(row=row)
+        for _ in range(5):
+            await pilot.pause()
+        assert pane.selected == far
+        x = pane.drawing.lanes[far][0]
+        assert scroll.scroll_x <= x < scroll.scroll_x + scroll.size.width

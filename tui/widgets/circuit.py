@@ -32,6 +32,7 @@ from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, ScrollableContainer, Vertical
+from textual.geometry import Region
 from textual.widgets import DataTable, Static
 
 from headscope.engine.core.edge_graph import EdgeGraph
@@ -273,6 +274,11 @@ class CircuitPane(Vertical):
         selected = self.selected if self.selected is not None and mask[self.selected] else None
         self.drawing = draw_circuit(scores.graph, scores.scores, mask, colours, selected=selected)
         graph.update(self.drawing.text)
+        lane = self.drawing.lanes.get(selected) if selected is not None else None
+        if lane is not None:  # a graph wider or taller than the pane: the selected edge in view
+            x, top, bottom = lane
+            self.call_after_refresh(self.query_one("#circuit-scroll", ScrollableContainer).scroll_to_region,
+                                    Region(max(x - 8, 0), top, 16, bottom - top + 1), animate=False)
 
     def _fill_list(self) -> None:
         scores = self.scores
