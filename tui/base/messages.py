@@ -165,3 +165,24 @@ class WhyKeyMoved(Message):
     head: Head
     query: int
     key: int
+
+
+@dataclass
+class CircuitEdgeChosen(Message):
+    """Enter on an edge of the circuit pane's list: show its heads' QK/OV views and their
+    composition score beside the edge's causal evidence. ``edge`` is its name
+    (``a0.h1->a1.h2<k>``); ``source`` and ``target`` its heads (None for ``input``, an MLP,
+    the logits); ``input`` the target head's input it enters (``q``/``k``/``v``, else None)."""
+
+    edge: str
+    source: Head | None
+    target: Head | None
+    input: str | None
+
+
+@dataclass
+class CircuitTopChanged(Message):
+    """The circuit pane's N changed (its keys): the circuit of the top ``top`` edges is drawn
+    at once; its faithfulness needs the engine (the pane → the explorer)."""
+
+    top: int

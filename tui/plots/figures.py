@@ -338,10 +338,13 @@ class Line:
     xlabel: str = ""
     ylabel: str = ""
     mark_x: float | None = None
+    log_x: bool = False  # e.g. the faithfulness curve over 1 % … 100 % of the edges
 
     def draw(self, width: int, height: int, colours: Colours) -> Text:
         plt = _plot(width, height, colours)
         plt.plot(self.x.tolist(), self.y.tolist(), marker="braille", color=colours.primary)
+        if self.log_x:
+            plt.xscale("log")
         plt.horizontal_line(0, color=colours.muted)
         if self.mark_x is not None:
             plt.vertical_line(self.mark_x, color=colours.accent)
