@@ -4,7 +4,7 @@ The pane takes the engine's core results (``EdgeScores``, optionally a ``Faithfu
 ``Faithfulness`` points and ``ExactEdge`` checks) and shows
 
 - the circuit of the top N edges, pruned (``EdgeGraph.circuit``, numpy only: drawn at once when
-  N changes), as a graph (``tui.plots.circuit``: layers left to right, edges in the heatmaps'
+  N changes), as a graph (``tui.plots.edge_circuit``: layers left to right, edges in the heatmaps'
   diverging map), scrollable when it is larger than the pane;
 - under it the faithfulness curve over N (plotext, through ``Chart``; log % of the edges) with
   N marked;
@@ -45,7 +45,7 @@ from headscope.engine.core.edge_results import (
 )
 from headscope.tui.base.datatext import data_text
 from headscope.tui.base.messages import CircuitEdgeChosen, CircuitTopChanged, Head
-from headscope.tui.plots.circuit import CircuitDrawing, draw_circuit, edge_ends, edge_style
+from headscope.tui.plots.edge_circuit import CircuitDrawing, draw_circuit, edge_ends, edge_style
 from headscope.tui.plots.figures import Line
 from headscope.tui.widgets.chart import Chart
 

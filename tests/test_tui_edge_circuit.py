@@ -1,4 +1,4 @@
-"""The Circuit pane (tui/widgets/circuit.py) in a tiny app, at 80×24 and 120×40: the circuit
+"""The Circuit pane (tui/widgets/edge_circuit.py) in a tiny app, at 80×24 and 120×40: the circuit
 edge attribution finds on attn-only-2l's first-occurrence task on screen, N changed by keys,
 enter asking for the edge's heads, 256 colours, and its states before a result."""
 
@@ -25,7 +25,7 @@ from headscope.engine.core.edge_results import (
 from headscope.tui.base.messages import CircuitEdgeChosen, CircuitTopChanged
 from headscope.tui.plots.colormap import xterm_rgb
 from headscope.tui.widgets.chart import Chart
-from headscope.tui.widgets.circuit import DEFAULT_TOP, NOT_COMPUTED, CircuitPane, ladder
+from headscope.tui.widgets.edge_circuit import DEFAULT_TOP, NOT_COMPUTED, CircuitPane, ladder
 from tests.conftest import sample_model
 
 K_EDGE = "a0.h1->a1.h2<k>"

@@ -1,4 +1,4 @@
-"""The circuit graph (tui/plots/circuit.py): its layout on the circuit edge attribution finds on
+"""The circuit graph (tui/plots/edge_circuit.py): its layout on the circuit edge attribution finds on
 attn-only-2l's first-occurrence task, its colours in every colour mode, and that nothing in it
 is markup."""
 
@@ -17,7 +17,7 @@ from rich.text import Text
 from headscope.engine.core.edge_graph import edge_graph
 from headscope.engine.core.edge_results import EdgeScores, FaithfulnessCurve
 from headscope.themes import COLORMAPS
-from headscope.tui.plots.circuit import (
+from headscope.tui.plots.edge_circuit import (
     circuit_nodes,
     draw_circuit,
     edge_ends,
@@ -37,8 +37,8 @@ def colours(mode: str, cmap: str = "red-blue") -> Colours:
 @pytest.fixture(scope="module")
 def found() -> tuple[EdgeScores, FaithfulnessCurve, list[Any]]:
     """EAP-IG on attn-only-2l's first-occurrence task, its faithfulness curve and the exact
-    checks of its top 3 edges (computed once for this module and tests/test_tui_circuit.py)."""
-    from tests.test_tui_circuit import first_occurrence_circuit
+    checks of its top 3 edges (computed once for this module and tests/test_tui_edge_circuit.py)."""
+    from tests.test_tui_edge_circuit import first_occurrence_circuit
 
     return first_occurrence_circuit()
 
