@@ -47,6 +47,11 @@ BADGES: tuple[tuple[str, str], ...] = (
 SINK_BADGE: tuple[str, str] = ("sink", "S")
 
 
+def head_name(layer: int, head: int) -> str:
+    """A head as the UI names it: ``L1.H5``."""
+    return f"L{layer}.H{head}"
+
+
 def score(hs: HeadScores, key: str) -> float:
     """The score ``key`` (one of ``SCORE_KEYS``) of a head, as a float (NaN if unknown)."""
     if key not in SCORE_KEYS:

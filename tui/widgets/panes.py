@@ -1,4 +1,6 @@
-"""The tab panes of the circuit view: each loads what it shows and draws it.
+"""The Prompt (4) and Composition (5) panes; the other tabs' panes are in circuit.py (QK, OV,
+Spectrum), summary.py, compare.py (Changes), timeline.py and patch.py. Every pane loads what
+it shows and draws it.
 
 ``load(host, key)`` asks the engine for the tab's results; the focused head, token set, ...
 are the host's (``tui.base.protocols.PaneHost``, the explorer screen); ``key`` says what the
@@ -10,7 +12,6 @@ which build the picture off the UI thread.
 
 from __future__ import annotations
 
-import asyncio
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -24,252 +25,26 @@ from textual.widgets import DataTable, Input, Static
 
 from headscope.engine.core.results import (
     Composition,
-    HeadScores,
-    Profile,
     PromptView,
-    ScoreNull,
-    TopTokens,
 )
 from headscope.tui.base.datatext import data_text, printable
 from headscope.tui.base.labels import (
-    ABLATION,
-    ABLATION_LABEL,
-    ABLATION_SHORT,
-    SCORES,
-    SHORT,
     edges,
+    head_name,
     predictions,
-    profile_xy,
-    score,
-    top_tokens,
-    z_score,
-    z_text,
 )
 from headscope.tui.base.messages import EdgeChosen
 from headscope.tui.base.prompt_words import UNKNOWN, unknown_note, vocabulary_hint
-from headscope.tui.plots.figures import Graph, Heatmap, Line, Scatter
-from headscope.tui.session.choices import ROTARY_OFFSETS
+from headscope.tui.plots.figures import Graph, Heatmap
 from headscope.tui.widgets.bars import bar_colours, bar_half, signed_bar
 from headscope.tui.widgets.chart import Chart
 from headscope.tui.widgets.path_column import PathEffects
-from headscope.tui.widgets.reading import DirectionsPanel
 
 if TYPE_CHECKING:
     from headscope.tui.base.protocols import LoadKey, PaneHost
 
-POSITIONS_SHOWN = 32  # positional QK: the first positions
 THRESHOLD_STEP = 0.1  # composition graph: edges ≥ threshold × the strongest edge
 Edge = tuple[int, int, int, int, float]  # (l1, h1, l2, h2, score − baseline)
-
-
-def _head(layer: int, head: int) -> str:
-    return f"L{layer}.H{head}"
-
-
-class QKPane(Horizontal):
-    def compose(self) -> ComposeResult:
-        yield Chart(id="qk-token", placeholder="waiting for the model…")
-        yield Chart(id="qk-token-b", placeholder="waiting for model B…", classes="compare-only")
-        with Vertical(id="qk-side"):
-            yield Chart(id="qk-position", placeholder="")
-            yield DirectionsPanel("qk", id="qk-directions")
-
-    def show_pair(self, a: Heatmap, b: Heatmap) -> None:
-        """Compare mode: A's token QK and B's (or B − A) beside it."""
-        self.query_one("#qk-token", Chart).show(a)
-        self.query_one("#qk-token-b", Chart).show(b)
-
-    def show_token(self, block: Any, offset: int | None = None) -> None:
-        title = f"token QK {_head(block.layer, block.head)}  W_E QK W_Eᵀ"
-        if offset is not None:
-            title += f"  Δ={offset}"
-        xlabel = "key token →  (rows: query token)"
-        if getattr(block, "note", ""):  # e.g. q/k norms or soft-capping (docs/math.md)
-            xlabel += f"  · ≈ {block.note}"
-        self.query_one("#qk-token", Chart).show(Heatmap(
-            np.asarray(block.values), tuple(block.row_labels), tuple(block.col_labels),
-            title=title, xlabel=xlabel))
-
-    def show_position(self, block: Any, n_ctx: int = 0) -> None:
-        shown = len(block.row_labels)
-        part = f" · 0–{shown - 1} of {n_ctx}" if 0 < shown < n_ctx else ""  # only the first
-        self.query_one("#qk-position", Chart).show(Heatmap(
-            np.asarray(block.values), tuple(block.row_labels), tuple(block.col_labels),
-            title=f"positional QK {_head(block.layer, block.head)}{part}",
-            xlabel="key position"))
-
-    def show_profile(self, profile: Profile, layer: int, head: int, offset: int) -> None:
-        x, y = profile_xy(profile)
-        self.query_one("#qk-position", Chart).show(Line(
-            x, y, title=f"rotary QK vs offset {_head(layer, head)}", xlabel="offset Δ",
-            mark_x=float(offset)))
-
-    async def load(self, host: PaneHost, key: LoadKey) -> None:
-        layer, head = key[1]
-        rotary = host.structure.get("positional") == "rotary"
-        block = await host.engine.circuit_block(
-            layer, head, "qk", "token", rows=host.choices.tokens, cols=host.choices.tokens,
-            offset=host.choices.qk_offset if rotary else 0)
-        if not host.fresh(key):
-            return
-        result: dict[str, Any] = {"token": block}
-        host.keep_result("qk", result)
-        if host.compare.engine_b is not None:
-            block_b = await host.compare.block_b(block, offset=host.choices.qk_offset if rotary else 0)
-            if not host.fresh(key):
-                return
-            if block_b is not None:
-                a_fig, b_fig = await host.compare.figures(
-                    block, block_b, f"token QK L{layer}.H{head}", "token QK",
-                    xlabel="key token →  (rows: query token)")
-                if not host.fresh(key):
-                    return
-                self.show_pair(a_fig, b_fig)
-                result["token_b"] = block_b
-                return  # the positional pane is hidden in compare mode
-        self.show_token(block, host.choices.qk_offset if rotary else None)
-        pos_chart = self.query_one("#qk-position", Chart)
-        if host.structure.get("positional") == "learned":
-            n = list(range(min(int(host.structure.get("n_ctx") or 0), POSITIONS_SHOWN)))
-            pos = await host.engine.circuit_block(layer, head, "qk", "position", rows=n, cols=n)
-            if not host.fresh(key):
-                return
-            self.show_position(pos, int(host.structure.get("n_ctx") or 0))
-            result["position"] = pos
-        elif rotary:
-            offsets = list(range(-ROTARY_OFFSETS, ROTARY_OFFSETS + 1))
-            profile = await host.engine.rotary_profile(layer, head, offsets)
-            if not host.fresh(key):
-                return
-            self.show_profile(profile, layer, head, host.choices.qk_offset)
-            result["profile"] = profile
-        else:
-            pos_chart.message("no positional embedding: QK depends on tokens only")
-
-
-class OVPane(Horizontal):
-    def compose(self) -> ComposeResult:
-        yield Chart(id="ov-heatmap", placeholder="waiting for the model…")
-        yield Chart(id="ov-heatmap-b", placeholder="waiting for model B…", classes="compare-only")
-        with Vertical(id="ov-side"):
-            yield Static(id="ov-note")
-            yield Static(id="ov-top")
-            yield DirectionsPanel("ov", id="ov-directions")
-
-    def show_block(self, block: Any, figure: Heatmap | None = None) -> None:
-        """A's full OV (``figure``: already made, e.g. by compare mode) and its note."""
-        same = list(block.row_ids) == list(block.col_ids)
-        self.query_one("#ov-heatmap", Chart).show(figure or Heatmap(
-            np.asarray(block.values), tuple(block.row_labels), tuple(block.col_labels),
-            title=f"full OV {_head(block.layer, block.head)}  W_E OV W_U",
-            xlabel="output token →  (rows: source token)", diagonal=same))
-        self.query_one("#ov-note", Static).update(Text(block.note or "", style="dim"))
-
-    def show_pair(self, a: Heatmap, b: Heatmap) -> None:
-        """Compare mode: A's full OV and B's (or B − A) beside it."""
-        self.query_one("#ov-heatmap", Chart).show(a)
-        self.query_one("#ov-heatmap-b", Chart).show(b)
-
-    def show_top(self, result: TopTokens) -> None:
-        rows = top_tokens(result)
-        src = result.source_label or str(result.source_token)
-        # The title above the table, not its title: Rich cut a table title to one line
-        # (`top outputs of '<unk` at 80×24) where a Text wraps.
-        title = Text(f"top outputs of {printable(src)!r}", style="table.title")
-        table = Table(box=None, padding=(0, 1), expand=True)
-        # The numbers keep their width (min_width); the token and the bar give way.
-        values = [f"{val:+.3g}" for _, val in rows]
-        tokens = [printable(tok)[:12] for tok, _ in rows]
-        token_width = min(max(map(len, tokens), default=1), 6)
-        value_width = max(map(len, values), default=5)
-        table.add_column("token", no_wrap=True, overflow="ellipsis", max_width=12,
-                         min_width=token_width)
-        table.add_column("value", justify="right", no_wrap=True, min_width=value_width)
-        # Each half of the bar as wide as the pane allows, up to 6: cropped, a positive
-        # bar (the right half) was all that went at 80×24, leaving only the axis.
-        top = self.query_one("#ov-top", Static)
-        half = bar_half(top.content_size.width, token_width + value_width + 4, 6)
-        if half:
-            table.add_column("", no_wrap=True, overflow="crop")
-        vmax = max((abs(v) for _, v in rows if math.isfinite(v)), default=1.0)
-        for (_tok, val), tok, text in zip(rows, tokens, values, strict=True):
-            bar = (signed_bar(val, vmax, half, bar_colours(self)),) if half else ()
-            table.add_row(Text(tok), text, *bar)  # data: no markup
-        from rich.console import Group
-
-        top.update(Group(title, table))
-
-    async def load(self, host: PaneHost, key: LoadKey) -> None:
-        layer, head = key[1]
-        block = await host.engine.circuit_block(layer, head, "ov", "token",
-                                              rows=host.choices.tokens, cols=host.choices.tokens)
-        if not host.fresh(key):
-            return
-        result: dict[str, Any] = {"full_ov": block}
-        host.keep_result("ov", result)
-        pair = None
-        if host.compare.engine_b is not None:
-            block_b = await host.compare.block_b(block)
-            if not host.fresh(key):
-                return
-            if block_b is not None:
-                same = list(block.row_ids) == list(block.col_ids)
-                pair = await host.compare.figures(
-                    block, block_b, f"full OV L{layer}.H{head}", "full OV",
-                    xlabel="output token →  (rows: source)", diagonal=same)
-                if not host.fresh(key):
-                    return
-                result["full_ov_b"] = block_b
-        self.show_block(block, figure=pair[0] if pair else None)
-        if pair:
-            self.show_pair(*pair)
-        ids = list(block.row_ids)
-        if not ids:
-            return
-        source = host.choices.source_index % len(ids)
-        top = await host.engine.top_outputs(layer, head, int(ids[source]), k=10)
-        if not host.fresh(key):
-            return
-        self.show_top(top)
-        result["top_outputs"] = top
-
-
-class SpectrumPane(Horizontal):
-    def compose(self) -> ComposeResult:
-        yield Chart(id="spectrum-ov", placeholder="waiting for the model…")
-        yield Chart(id="spectrum-qk", placeholder="")
-
-    def show(self, spectrum: Any, b: Any = None) -> None:
-        """A head's eigenvalues; ``b``: model B's spectrum of the same kind, overlaid."""
-        eig = np.asarray(spectrum.eigenvalues).astype(np.complex128)
-        name = "full OV" if spectrum.kind == "ov" else "token QK"
-        label = "copying" if spectrum.kind == "ov" else "QK positivity"
-        title = f"{name} λ · {label} {spectrum.score:+.3f}"
-        eig_b = None
-        if b is not None:
-            eig_b = np.asarray(b.eigenvalues).astype(np.complex128)
-            title = f"{name} λ · {label} {spectrum.score:+.3f} → B {b.score:+.3f}"
-        self.query_one(f"#spectrum-{spectrum.kind}", Chart).show(Scatter(
-            eig.real, eig.imag, title=title,
-            bx=None if eig_b is None else eig_b.real, by=None if eig_b is None else eig_b.imag))
-
-    async def load(self, host: PaneHost, key: LoadKey) -> None:
-        layer, head = key[1]
-        ov, qk = await asyncio.gather(host.engine.spectrum(layer, head, "ov"),
-                                      host.engine.spectrum(layer, head, "qk"))
-        if not host.fresh(key):
-            return
-        result: dict[str, Any] = {"ov": ov, "qk": qk}
-        host.keep_result("spectrum", result)
-        ov_b = qk_b = None
-        if host.compare.engine_b is not None:
-            ov_b, qk_b = await host.compare.spectra_b((layer, head))
-            if not host.fresh(key):
-                return
-            if ov_b is not None:
-                result.update(ov_b=ov_b, qk_b=qk_b)
-        self.show(ov, ov_b)
-        self.show(qk, qk_b)
 
 
 PREDICTIONS_SHOWN = 5  # the rest are ~0 and would take the DLA's rows
@@ -316,12 +91,12 @@ class PromptPane(Vertical):
         prefix = "A " if b is not None else ""
         self.query_one("#prompt-pattern", Chart).show(Heatmap(
             pattern, tuple(tokens), tuple(tokens), sequential=True, vmax=1.0,
-            title=f"{prefix}attention {_head(view.layer, view.head)}", xlabel="key →  (rows: query)"))
+            title=f"{prefix}attention {head_name(view.layer, view.head)}", xlabel="key →  (rows: query)"))
         if b is not None:
             tokens_b = tuple(str(t) for t in b.tokens)
             self.query_one("#prompt-pattern-b", Chart).show(Heatmap(
                 np.asarray(b.pattern, dtype=np.float64), tokens_b, tokens_b, sequential=True,
-                vmax=1.0, title=f"B attention {_head(b.layer, b.head)}",
+                vmax=1.0, title=f"B attention {head_name(b.layer, b.head)}",
                 xlabel="key →  (rows: query)"))
         dla = np.asarray(view.dla, dtype=np.float64)
         vmax = float(np.nanmax(np.abs(dla))) if dla.size else 1.0
@@ -448,7 +223,7 @@ class CompositionPane(PathEffects, Horizontal):
         if self.compact and path.plain:
             path = Text(gap, justify="right") + path
             path.justify = "right"
-        return (Text(_head(l1, h1), style=style), Text(gap + _head(l2, h2), style=style),
+        return (Text(head_name(l1, h1), style=style), Text(gap + head_name(l2, h2), style=style),
                 Text(f"{gap}{s:+.3f}", style=style, justify="right"), path)
 
     def show(self, comp: Composition, n_layers: int, n_heads: int,
@@ -543,7 +318,7 @@ class CompositionPane(PathEffects, Horizontal):
         _, cut = threshold_edges(self.edges, self.threshold)
         path = self.path_line(edge, s > 0 and s >= cut)
         self.query_one("#comp-detail", Static).update(Text.assemble(
-            (f"{_head(l1, h1)} → {_head(l2, h2)} ", "bold"),
+            (f"{head_name(l1, h1)} → {head_name(l2, h2)} ", "bold"),
             f"│ {kind}-comp {s + base:.3f} − baseline {base:.3f} = {s:+.3f}  "
             "(enter: virtual heads)", f"\n{path}" if path else ""))
 
@@ -589,127 +364,3 @@ def threshold_edges(es: list[tuple[int, int, int, int, float]], threshold: float
     strongest = max((e[4] for e in es), default=0.0)
     cut = max(threshold * strongest, 0.0)
     return [e for e in es if e[4] > 0 and e[4] >= cut], cut
-
-
-def summary_hints(ablation_label: str) -> tuple[str, str, str]:
-    """The Summary's hint lines (before the ablation sweep, after it, the z's), naming the
-    ablation column by the label it has on screen."""
-    return ((f"{ablation_label}: press a to zero-ablate every head in turn "
-             "(the loss it costs on repeated random tokens) · o or a header click: sort"),
-            (f"{ablation_label}: loss increase (nats) on repeated random tokens when the "
-             "head is zeroed · o or a header click: sort"),
-            ("z: how far the score is above random heads of this layer's shapes and norms "
-             "(docs/math.md, Calibrated scores)"))
-
-
-ABLATION_HINT, ABLATION_DONE, Z_HINT = summary_hints(ABLATION_LABEL)
-# Below 100 columns (``SummaryPane.compact``): the short labels, and the z's under the scores
-# are bare numbers.
-COMPACT_HINTS = (*summary_hints(ABLATION_SHORT)[:2],
-                 "z, under each score: how far above random heads of this layer's shapes "
-                 "and norms (docs/math.md, Calibrated scores)")
-
-
-class SummaryPane(Vertical):
-    def __init__(self, *, id: str | None = None) -> None:
-        super().__init__(id=id)
-        # Below 100 columns (set_compact): the nine columns in the ~59 an 80-column terminal
-        # leaves (84 with the full labels, padding and three decimals: it scrolled sideways).
-        self.compact = False
-        self._shown: tuple[Any, ...] | None = None  # show()'s arguments, to redraw
-
-    def compose(self) -> ComposeResult:
-        table: DataTable[Any] = DataTable(id="summary-table", cursor_type="row",
-                                          zebra_stripes=True)
-        yield table
-        yield Static(ABLATION_HINT, id="summary-hint", classes="hint")
-
-    def on_mount(self) -> None:
-        self._sorted_by: str | None = ""  # no header yet: the first _columns builds it
-        self._columns(None)
-
-    def _columns(self, sort: str | None) -> None:
-        """(Re)build the header when the sort changes; the sorted column gets a ▼."""
-        if sort == self._sorted_by:
-            return
-        self._sorted_by = sort
-        table = self.query_one("#summary-table", DataTable)
-        table.clear(columns=True)
-        if self.compact:
-            # Packed like the Composition tab's edge list: no cell padding, each cell after
-            # the first starts with its own separating space (see _score_cell).
-            table.cell_padding = 0
-            columns = [(key, SHORT[key]) for key, _ in SCORES] + [(ABLATION, ABLATION_SHORT)]
-            table.add_column("head", key="head")
-            for key, label in columns:
-                table.add_column(Text(f" {label}" + (" ▼" if key == sort else ""),
-                                      justify="right"), key=key)
-            return
-        table.cell_padding = 1
-        for key, label in (("head", "head"), *SCORES, (ABLATION, ABLATION_LABEL)):
-            table.add_column(label + (" ▼" if key == sort else ""), key=key)
-
-    def set_compact(self, compact: bool) -> None:
-        """Pack the table below 100 columns (the explorer's layout_for)."""
-        if compact == self.compact:
-            return
-        self.compact = compact
-        self._sorted_by = ""  # the header is rebuilt with the other labels
-        if self._shown is not None:
-            self.show(*self._shown)
-        elif self.is_mounted:
-            self._columns(None)
-
-    def show(self, rows: list[HeadScores], ablation: list[float] | None = None,
-             sort: str | None = None, null: ScoreNull | None = None) -> None:
-        """One row per head; ``ablation`` (aligned with ``rows``) once the sweep has run;
-        ``sort``: the column the rows are sorted by; with the ``null``, each score's z
-        under it (two-line rows)."""
-        self._shown = (rows, ablation, sort, null)
-        table = self.query_one("#summary-table", DataTable)
-        self._columns(sort)
-        table.clear()
-        compact = self.compact
-        for i, r in enumerate(rows):
-            cells = [_score_cell(score(r, k), z_score(null, r, k) if null else None,
-                                 compact=compact) for k, _ in SCORES]
-            cells.append(_ablation_cell(math.nan if ablation is None else ablation[i],
-                                        compact=compact))
-            table.add_row(_head(r.layer, r.head) + (" NaN!" if r.nonfinite else ""), *cells,
-                          key=f"{r.layer}.{r.head}", height=2 if null else 1)
-        hints = COMPACT_HINTS if compact else (ABLATION_HINT, ABLATION_DONE, Z_HINT)
-        hint = hints[0] if ablation is None else hints[1]
-        self.query_one("#summary-hint", Static).update(
-            hint if null is None else f"{hint}\n{hints[2]}")
-
-    async def load(self, host: PaneHost, key: LoadKey) -> None:
-        if host.has_scores:
-            host.show_summary()
-
-
-def _ablation_cell(v: float, *, compact: bool = False) -> Text:
-    """Nats: a head the model cannot do without costs ≥ 0.5; most cost a few hundredths
-    (three decimals, narrow too). ``compact``: with the space that separates it."""
-    gap = " " if compact else ""
-    if not math.isfinite(v):
-        return Text(f"{gap}—", style="dim", justify="right")
-    style = "bold" if v >= 0.5 else ("" if v >= 0.1 else "dim")
-    return Text(f"{gap}{v:+.3f}", style=style, justify="right")
-
-
-def _score_cell(v: float, z: float | None = None, *, compact: bool = False) -> Text:
-    """The score; with ``z`` (the null is known), its z on a second line ("—" unknown).
-    ``compact`` (below 100 columns): two decimals, the z without its ``z=`` (the hint says
-    what the second line is), each line starting with the space that separates the cell
-    from the one before."""
-    gap = " " if compact else ""
-    if not math.isfinite(v):
-        text = Text(f"{gap}—", style="dim", justify="right")
-    else:
-        style = "bold" if v >= 0.6 else ("" if v >= 0.3 else "dim")
-        text = Text(f"{gap}{v:{'+.2f' if compact else '+.3f'}}", style=style, justify="right")
-    if z is not None:
-        shown = z_text(z)
-        text.append("\n" + gap)
-        text.append((shown.removeprefix("z=") if compact else shown) or "—", style="dim")
-    return text

@@ -4,8 +4,8 @@
   of that circuit as tokens, one at a time: index/k, σ, the tokens it reads (in) and writes
   (out) with their signed values, the direction's in/out overlap and the head's. ``(`` / ``)``
   step through them (``ExplorerScreen.action_step_direction``); ``v`` shows or hides the panel
-  (hidden by default on a narrow terminal and in compare mode). The explorer loads it through
-  the engine's ``singular_directions`` request in a worker, cached per head (the panel keeps
+  (hidden by default on a narrow terminal and in compare mode). The panel loads it through
+  the engine's ``singular_directions`` request in its own worker (``want``), cached per head (the panel keeps
   what it has shown, per head and weights generation).
 - ``PathScreen`` (tui/screens/path.py): the virtual heads of a composition edge.
 
@@ -15,6 +15,7 @@ Token strings are data: they go into ``rich.text.Text`` (``data_text``), never m
 from __future__ import annotations
 
 import math
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from rich.console import Group
@@ -105,9 +106,32 @@ class DirectionsPanel(Static):
         self.update(Text(f"L{layer}.H{head} {self.kind.upper()} directions: loading…",
                          style="dim italic"))
 
+    def want(self, host: PaneHost, key: tuple[Head, int],
+             ready: Callable[[], Awaitable[object]]) -> None:
+        """Show the directions of ``key``: from the cache, else asked of the engine (once
+        ``ready()``) in this panel's exclusive worker, a loading note meanwhile."""
+        if self.key == key:  # shown, or on its way
+            return
+        cached = self.cache.get(key)
+        if cached is not None:
+            self.show(key, cached)
+            return
+        self.loading(key)
+        self.run_worker(self._when_ready(host, key, ready), group="directions",
+                        exclusive=True, exit_on_error=False)
+
+    async def _when_ready(self, host: PaneHost, key: tuple[Head, int],
+                          ready: Callable[[], Awaitable[object]]) -> None:
+        await ready()
+        await self.load(host, key)
+
+    def stop(self) -> None:
+        """The weights changed: stop asking for the old ones' directions."""
+        self.app.workers.cancel_group(self, "directions")
+
     async def load(self, host: PaneHost, key: tuple[Head, int]) -> None:
-        """Ask the engine for the head's directions of ``key`` (the explorer runs this in an
-        exclusive worker per panel); shown if the panel still waits for ``key``."""
+        """Ask the engine for the head's directions of ``key`` (``want`` runs this in the
+        panel's exclusive worker); shown if the panel still waits for ``key``."""
         (layer, head), _gen = key
         try:
             found = await host.engine.singular_directions(layer, head, self.kind,
