@@ -17,6 +17,7 @@ from rich.text import Text
 from headscope.engine.core.edge_graph import edge_graph
 from headscope.engine.core.edge_results import EdgeScores, FaithfulnessCurve
 from headscope.themes import COLORMAPS
+from headscope.tui.plots.colormap import lightness, palette_ramp, xterm_rgb
 from headscope.tui.plots.edge_circuit import (
     circuit_nodes,
     draw_circuit,
@@ -24,7 +25,6 @@ from headscope.tui.plots.edge_circuit import (
     edge_style,
     key_line,
 )
-from headscope.tui.plots.colormap import lightness, palette_ramp, xterm_rgb
 from headscope.tui.plots.figures import Colours
 
 K_EDGE = "a0.h1->a1.h2<k>"
