@@ -37,12 +37,12 @@ SWEEPS = ("heads", "composition-k")
 
 
 def _sweep(name: str) -> Callable[[Any, Any, Any], object]:
-    from headscope.engine.sweeps import compute
+    from headscope.engine.sweeps import scores
 
     if name == "heads":
-        return lambda model, store, cluster: compute.score_table(model, store=store, cluster=cluster)
+        return lambda model, store, cluster: scores.score_table(model, store=store, cluster=cluster)
     kind = name.rsplit("-", 1)[1]
-    return lambda model, store, cluster: compute.composition(model, kind, store=store, cluster=cluster)
+    return lambda model, store, cluster: scores.composition(model, kind, store=store, cluster=cluster)
 
 
 def _timed(fn: Callable[[], object]) -> float:

@@ -4,7 +4,7 @@ the path patching of an edge is ``path-patch``.)
 
 Registered by ``tui/cli/main.py`` (``add_parsers`` and ``HANDLERS``); the work is
 ``engine.api.report.patch_request`` (inputs resolved and validated) and ``patch_report``
-(``sweeps.compute.patch``, through the results store). ``--json`` prints
+(``sweeps.patch_runs.patch``, through the results store). ``--json`` prints
 ``api.report.patch_dict``; otherwise a table: the clean and corrupt runs' metric, then one
 row per head (or set, or edge), most recovered first.
 
