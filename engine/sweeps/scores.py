@@ -62,7 +62,7 @@ def nonfinite_table(model: Model, behaviour: dict[str, Any] | None = None) -> np
     from headscope.engine.circuits import spectral
 
     flags = np.zeros((model.cfg.n_layers, model.cfg.n_heads), bool)
-    for layer, head in spectral.nonfinite_table(model.weights):
+    for layer, head in spectral.nonfinite_heads(model.weights):
         flags[layer, head] = True
     for name in BEHAVIOURS if behaviour is not None else ():
         flags |= ~np.isfinite(np.asarray(behaviour[name], dtype=np.float64))
@@ -353,7 +353,7 @@ def ablation_sweep(
 
 def stored_ablation_effects(model: Model, seed: int = SEED,
                             store: ModelStore | None = None) -> np.ndarray | None:
-    """The ``[n_layers, n_heads]`` effects ``ablation_effects`` stored, read back without a
+    """The ``[n_layers, n_heads]`` effects ``ablation_sweep`` stored, read back without a
     forward pass (and without torch); None unless every layer's part is there."""
     memo = _memo(store, f"ablation-seed{seed}", (model.cfg.n_heads,))
     if memo is None:
