@@ -287,7 +287,7 @@ class DirectionsRequest(Request):
     """The top ``k`` singular directions of a head's full OV / token QK circuit, ``top``
     tokens a side: ``k >= 1`` (at most ``d_head`` exist), ``1 <= top <= d_vocab``."""
 
-    name: ClassVar[str] = "singular_directions"
+    name: ClassVar[str] = "directions"
     layer: int
     head_index: int
     kind: str
@@ -313,7 +313,7 @@ class PathRequest(Request):
     """The V- and K-composition virtual heads of ``source → target`` (``source`` in an
     earlier layer) and a ``rows × cols`` token block of the K-path. Belongs to ``target``."""
 
-    name: ClassVar[str] = "virtual_path"
+    name: ClassVar[str] = "virtual_heads"
     source: Head
     target: Head
     rows: tuple[int, ...]
@@ -323,6 +323,9 @@ class PathRequest(Request):
     @property
     def head(self) -> Head | None:
         return self.target
+
+    def label(self) -> str:
+        return f"L{self.source[0]}H{self.source[1]}→L{self.target[0]}H{self.target[1]}"
 
     @classmethod
     def of(cls, structure: Structure, source: Sequence[int], target: Sequence[int],

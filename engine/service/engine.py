@@ -358,11 +358,11 @@ class Engine:
         self._remember_loop()
         raw = self._raw
         key = (request.key(), raw)
+        if request.prefetched:
+            self._remember_view(request)
         hit = self.cache.get(key)
         if hit is not None:
             return hit
-        if request.prefetched:
-            self._remember_view(request)
         if isinstance(request, HeadScoresRequest):  # assembled from two cached views and a sweep
             return await self._head_scores(request, key)
         return await self._scheduler.run(key, self._job(request, raw, partial), head=request.head,
@@ -395,7 +395,8 @@ class Engine:
         scores, nonfinite = [float("nan"), float("nan")], False
         try:
             for i, kind in enumerate(("ov", "qk")):
-                scores[i] = (await self.get(SpectrumRequest(request.layer, request.head_index, kind))).score
+                spectrum = SpectrumRequest(request.layer, request.head_index, kind)
+                scores[i] = (await self.get(spectrum)).score
         except NonFiniteError:
             nonfinite = True
         model = self._opened.result()
@@ -406,12 +407,15 @@ class Engine:
     # -- the explorer's requests, until it calls get() itself ---------------------------------
 
     async def circuit_block(self, layer: int, head: int, kind: Literal["qk", "ov"],
-                            basis: Literal["token", "position"] = "token", rows: Sequence[int] | None = None,
-                            cols: Sequence[int] | None = None, offset: int = 0) -> CircuitBlock:
-        return await self.get(CircuitRequest.of(self.structure, layer, head, kind, basis, rows, cols, offset, where=self._where, limit=self.max_block_bytes))
+                            basis: Literal["token", "position"] = "token",
+                            rows: Sequence[int] | None = None, cols: Sequence[int] | None = None,
+                            offset: int = 0) -> CircuitBlock:
+        return await self.get(CircuitRequest.of(self.structure, layer, head, kind, basis, rows, cols,
+                                                offset, where=self._where, limit=self.max_block_bytes))
 
     async def top_outputs(self, layer: int, head: int, source_token: int, k: int = 10) -> TopTokens:
-        return await self.get(TopOutputsRequest.of(self.structure, layer, head, source_token, k, where=self._where))
+        return await self.get(TopOutputsRequest.of(self.structure, layer, head, source_token, k,
+                                                   where=self._where))
 
     async def spectrum(self, layer: int, head: int, kind: Literal["ov", "qk"]) -> Spectrum:
         return await self.get(SpectrumRequest.of(self.structure, layer, head, kind, where=self._where))
@@ -427,18 +431,22 @@ class Engine:
 
     async def singular_directions(self, layer: int, head: int, kind: Literal["ov", "qk"],
                                   k: int = 5, top: int = 10) -> SingularDirections:
-        return await self.get(DirectionsRequest.of(self.structure, layer, head, kind, k, top, where=self._where))
+        return await self.get(DirectionsRequest.of(self.structure, layer, head, kind, k, top,
+                                                   where=self._where))
 
     async def virtual_path(self, source: tuple[int, int], target: tuple[int, int],
-                           rows: Sequence[int] | None = None, cols: Sequence[int] | None = None) -> VirtualPath:
-        return await self.get(PathRequest.of(self.structure, source, target, rows, cols, where=self._where, limit=self.max_block_bytes))
+                           rows: Sequence[int] | None = None, cols: Sequence[int] | None = None
+                           ) -> VirtualPath:
+        return await self.get(PathRequest.of(self.structure, source, target, rows, cols,
+                                             where=self._where, limit=self.max_block_bytes))
 
     async def score_null(self) -> ScoreNull:
         return await self.get(ScoreNullRequest(SEED))
 
     async def composition(self, kind: Literal["q", "k", "v"], progress: Progress = None,
                           partial: Callable[[Composition], None] | None = None) -> Composition:
-        return await self.get(CompositionRequest.of(self.structure, kind, where=self._where), progress, partial=partial)
+        return await self.get(CompositionRequest.of(self.structure, kind, where=self._where), progress,
+                              partial=partial)
 
     async def ablation(self, layer: int, head: int) -> float:
         return await self.get(AblationRequest.of(self.structure, layer, head, where=self._where))
@@ -456,7 +464,8 @@ class Engine:
                     corrupt: str | Sequence[int] | None = None, answer: str | int | None = None,
                     wrong: str | int | None = None, site: str = "out", method: str = "exact",
                     task: str | None = None, progress: Progress = None) -> PatchResult:
-        return await self.get(await self._patch_request(clean, corrupt, answer=answer, wrong=wrong, site=site, method=method, task=task), progress)
+        return await self.get(await self._patch_request(clean, corrupt, answer=answer, wrong=wrong,
+                                                        site=site, method=method, task=task), progress)
 
     async def path_patch(self, edges: Sequence[tuple[tuple[int, int], tuple[int, int]]],
                          receiver_input: str, *, clean: str | Sequence[int] | None = None,
@@ -467,16 +476,17 @@ class Engine:
         ``receiver_input`` (q, k or v): one ``PatchRequest`` per edge (each cached and kept
         in the results store), one row per edge in the result."""
         check_patchable(self.structure, self._where)
-        requests = [await self._patch_request(clean, corrupt, answer=answer, wrong=wrong, site=receiver_input,
-                                              edge=edge, task=task) for edge in edges]
+        requests = [await self._patch_request(clean, corrupt, answer=answer, wrong=wrong,
+                                              site=receiver_input, edge=edge, task=task) for edge in edges]
         if not requests:
             raise InvalidRequestError(self._where, "no edges to path-patch")
-        found = [await self.get(req, None if progress is None else progress_span(progress, i / len(requests), (i + 1) / len(requests)))
+        n = len(requests)
+        found = [await self.get(req, progress_span(progress, i / n, (i + 1) / n))
                  for i, req in enumerate(requests)]
         return dataclasses.replace(found[0], rows=tuple(r for f in found for r in f.rows))
 
-    async def _patch_request(self, clean: str | Sequence[int] | None, corrupt: str | Sequence[int] | None,
-                             **options: Any) -> PatchRequest:
+    async def _patch_request(self, clean: str | Sequence[int] | None,
+                             corrupt: str | Sequence[int] | None, **options: Any) -> PatchRequest:
         """The explorer's patching inputs (text or ids) resolved against the tokenizer."""
         check_patchable(self.structure, self._where)
         await self.ready()
@@ -512,7 +522,8 @@ class Engine:
 
     async def run_prompt(self, text: str, layer: int, head: int) -> PromptView:
         validation.check_head(self.structure, layer, head, self._where)
-        return (await self.get(PromptRequest.of(self.structure, text, where=self._where, limit=self.max_block_bytes))).view(layer, head)
+        prompt = PromptRequest.of(self.structure, text, where=self._where, limit=self.max_block_bytes)
+        return (await self.get(prompt)).view(layer, head)
 
 
 # -- helpers ---------------------------------------------------------------------------

@@ -145,7 +145,7 @@ def run_prompt(model: Model, req: PromptRequest, *, cancelled: Cancelled = None,
 
 
 @computes(TokenizeRequest)
-def token_ids(model: Model, req: TokenizeRequest, **_: Any) -> list[int]:
+def tokenized(model: Model, req: TokenizeRequest, **_: Any) -> list[int]:
     """Token ids of ``req.text`` with the model's tokenizer (for choosing heatmap tokens)."""
     return encode(model.tokenizer, req.text)
 
