@@ -67,7 +67,7 @@ def head_table(
     cluster: Cluster | None = None,
 ) -> list[dict[str, Any]]:
     """One row per head with every weight-based and behavioural score, and (``calibrated``)
-    each score's z against random heads, ``<name>_z`` (``compute.score_null``).
+    each score's z against random heads, ``<name>_z`` (``scores.score_null``).
 
     ``ablation`` adds ``ablation_effect``: the loss increase on the second copy of the same
     seeded repeated random tokens when the head is zero-ablated

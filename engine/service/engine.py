@@ -379,8 +379,12 @@ class Engine:
             if partial is not None and loop is not None and isinstance(request, CompositionRequest):
                 options["on_tile"] = _partial_composition(model, request.kind, partial, loop,
                                                           self.partial_interval)
-            result = self._stored(raw, request.origin(), lambda entry: compute(
-                model, request, progress=ctx.progress, cancelled=ctx.cancelled, store=entry, **options))
+            def run_with(entry: ModelStore | None) -> Any:
+                return compute(model, request, progress=ctx.progress, cancelled=ctx.cancelled,
+                               store=entry, **options)
+
+            # only stored requests open the model's entry (it fingerprints the checkpoint)
+            result = self._stored(raw, request.origin(), run_with) if request.stored else run_with(None)
             for other, value in request.published(result):
                 ctx.publish((other.key(), raw), value)
             ctx.progress(1.0)
@@ -555,7 +559,7 @@ def origin_text(what: str, loaded: int, computed: int) -> str:
 def _partial_composition(model: Model, kind: str, deliver: Callable[[Composition], None],
                          loop: asyncio.AbstractEventLoop, interval: float
                          ) -> Callable[[int, int, np.ndarray], None]:
-    """An ``on_tile`` for ``compute.composition`` that gathers the tiles as they finish and
+    """An ``on_tile`` for ``scores.composition`` that gathers the tiles as they finish and
     hands ``deliver`` a partial ``Composition`` on ``loop`` at most every ``interval`` seconds
     (built here, on the worker thread: the event loop only receives it)."""
     import time
