@@ -1,6 +1,6 @@
 """README.md's tour holds: every command it quotes is run, and every number it quotes is
 read from README.md itself and checked against what the command prints, or, for the
-explorer's steps, against the engine calls the explorer makes (engine.sweeps.compute, the
+explorer's steps, against the engine calls the explorer makes (engine.sweeps.dispatch.compute, the
 same functions its panes show). The 80×24 pooling it quotes is checked on the drawn heatmap
 (tests/test_tui_small_terminal.py). Rewording a claim fails here until this test follows it; a
 number that drifts fails here first.

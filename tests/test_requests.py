@@ -273,25 +273,41 @@ async def test_a_bad_request_is_the_same_error_built_from_the_api_the_cli_and_th
     assert "--k must be at least 1" in built.value.reason
 
 
+# The forward passes run in float32 with torch's threads as the Engine sets them (cpus //
+# workers) or as a notebook leaves them: the reductions split differently, a few float32 ulps
+# apart (seen: 6e-7 relative on a patching metric). The weight views are numpy: bit for bit.
+FORWARD = (requests.PatchRequest, requests.BehaviourRequest, requests.ScoreTableRequest,
+           requests.ScoreNullRequest, requests.HeadScoresRequest, requests.AblationRequest,
+           requests.AblationSweepRequest)
+
+
+def agree(got: Any, want: Any, exact: bool, where: str) -> None:
+    if isinstance(want, np.ndarray | float):
+        if exact:
+            np.testing.assert_array_equal(got, want, err_msg=where)
+        else:
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=where)
+    elif dataclasses.is_dataclass(want):
+        for field in dataclasses.fields(want):
+            agree(getattr(got, field.name), getattr(want, field.name), exact, f"{where}.{field.name}")
+    elif isinstance(want, dict):
+        assert got.keys() == want.keys(), where
+        for key in want:
+            agree(got[key], want[key], exact, f"{where}[{key}]")
+    elif isinstance(want, tuple | list) and want and not isinstance(want[0], int | str):
+        assert len(got) == len(want), where
+        for i, (a, b) in enumerate(zip(got, want, strict=True)):
+            agree(a, b, exact, f"{where}[{i}]")
+    else:
+        assert got == want, where
+
+
 async def test_engine_get_and_model_get_give_the_same_numbers(engine) -> None:
     model = open_model(MODEL)
     for req in sample_requests():
         if isinstance(req, requests.PromptRequest | requests.ProfileRequest):
             continue  # a PromptRun is the Engine's per-head view's source; no rotary profile here
-        got, want = await engine.get(req), model.get(req)
-        if dataclasses.is_dataclass(want):
-            for field in dataclasses.fields(want):
-                a, b = getattr(got, field.name), getattr(want, field.name)
-                if isinstance(b, np.ndarray):
-                    np.testing.assert_array_equal(a, b)
-                elif field.name != "directions":
-                    assert a == b or (a != a and b != b), (type(req).__name__, field.name)
-        elif isinstance(want, np.ndarray):
-            np.testing.assert_array_equal(got, want)
-        elif isinstance(want, dict):
-            assert got.keys() == want.keys()
-        else:
-            assert got == want, type(req).__name__
+        agree(await engine.get(req), model.get(req), not isinstance(req, FORWARD), type(req).__name__)
 
 
 # -- the shared pieces -----------------------------------------------------------------------
