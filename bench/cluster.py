@@ -5,7 +5,7 @@ Per shape (GPT-2-small and the Pythia-1B shape; ``--tiny`` for the smoke test) a
 sweep (``heads``: the copying and QK-positivity layer sweeps plus the in-process behavioural
 pass, as ``headscope heads`` runs them; ``composition-k``: the target-layer tiles), it times
 
-- the in-process sweep (``compute.score_table`` / ``compute.composition`` with a fresh
+- the in-process sweep (``scores.score_table`` / ``scores.composition`` with a fresh
   results store, so nothing is read back from an earlier run),
 - for each worker count N: starting ``LocalCluster(N)`` (one thread per worker, processes),
   then the same call with ``cluster=`` and another fresh store. The first sweep on a new
@@ -37,12 +37,12 @@ SWEEPS = ("heads", "composition-k")
 
 
 def _sweep(name: str) -> Callable[[Any, Any, Any], object]:
-    from headscope.engine.sweeps import compute
+    from headscope.engine.sweeps import scores
 
     if name == "heads":
-        return lambda model, store, cluster: compute.score_table(model, store=store, cluster=cluster)
+        return lambda model, store, cluster: scores.score_table(model, store=store, cluster=cluster)
     kind = name.rsplit("-", 1)[1]
-    return lambda model, store, cluster: compute.composition(model, kind, store=store, cluster=cluster)
+    return lambda model, store, cluster: scores.composition(model, kind, store=store, cluster=cluster)
 
 
 def _timed(fn: Callable[[], object]) -> float:

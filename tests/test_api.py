@@ -12,7 +12,7 @@ from headscope.engine import open_model
 from headscope.engine.circuits import composition, spectral
 from headscope.engine.circuits import head_circuits as circuits
 from headscope.engine.core.errors import IndexOutOfRangeError, InvalidRequestError
-from headscope.engine.sweeps import compute
+from headscope.engine.sweeps import scores as score_sweeps
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -38,8 +38,8 @@ def test_model_conveniences_equal_engine_functions(gpt2_dir) -> None:
     comp = model.composition("k")
     np.testing.assert_array_equal(comp.scores, composition.composition_scores(w, "k").scores)
     # the `composition` command's sweep: its numbers exactly
-    assert np.array_equal(comp.scores, compute.composition(model, "k").scores)
-    assert comp.baseline == compute.composition(model, "k").baseline
+    assert np.array_equal(comp.scores, score_sweeps.composition(model, "k").scores)
+    assert comp.baseline == score_sweeps.composition(model, "k").baseline
     result = model.run([1, 2, 3])
     assert result.logits.shape == (1, 3, model.cfg.d_vocab)
 

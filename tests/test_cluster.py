@@ -23,7 +23,7 @@ from headscope.engine.api import report
 from headscope.engine.circuits import composition, spectral
 from headscope.engine.core.progress import Memo
 from headscope.engine.model.loading import open_model
-from headscope.engine.sweeps import compute
+from headscope.engine.sweeps import scores as score_sweeps
 from headscope.engine.sweeps.cluster import (
     Cluster,
     ClusterError,
@@ -152,7 +152,7 @@ def test_heads_and_composition_on_the_cluster_equal_the_local_sweeps(
     # every part is in the store: a local sweep now computes nothing
     entry = store.for_model(model)
     with mock.patch.object(spectral, "_batched_spectral_score", side_effect=AssertionError):
-        again = compute.score_table(model, store=entry)
+        again = score_sweeps.score_table(model, store=entry)
     np.testing.assert_array_equal(again.copying_score, np.array([r["copying_score"] for r in heads],
                                                                 dtype=np.float32).reshape(6, -1))
 
@@ -182,7 +182,7 @@ def test_a_worker_forms_each_vocabulary_contraction_once(deep_gpt2: Path) -> Non
 
     model = open_model(deep_gpt2)
     key = fingerprint(model.checkpoint, False)
-    found = compute.weight_scores(model)  # the local sweep: the same numbers, bit for bit
+    found = score_sweeps.weight_scores(model)  # the local sweep: the same numbers, bit for bit
     local = {name: found[name] for name in ("copying_score", "qk_positivity")}
     cluster_mod._OPEN.clear()
     with mock.patch.object(spectral, "spectral_middles", wraps=spectral.spectral_middles) as middles:
@@ -199,14 +199,14 @@ def test_an_interrupted_local_sweep_resumes_on_the_cluster(
     model = open_model(deep_gpt2)
     entry = ResultStore(tmp_path / "store").for_model(model)
     memo = entry.memo("composition-q", ())
-    arrays = model.weights  # what compute.composition reads
+    arrays = model.weights  # what score_sweeps.composition reads
     with pytest.raises(_Stop):  # interrupted after tiles 1 and 2
         composition.composition_scores(arrays, "q", memo=_Upto(memo, 3))
     kept = KeptMemo(entry.memo("composition-q", ()))
     computed = run_parts(cluster, model, entry.key or "", "composition-q", kept)
     assert computed == 3  # tiles 3, 4, 5
-    found = compute.composition(model, "q", store=ResultStore(tmp_path / "store").for_model(model))
-    np.testing.assert_array_equal(found.scores, compute.composition(model, "q").scores)
+    found = score_sweeps.composition(model, "q", store=ResultStore(tmp_path / "store").for_model(model))
+    np.testing.assert_array_equal(found.scores, score_sweeps.composition(model, "q").scores)
 
 
 class _Upto:
@@ -261,10 +261,10 @@ def test_a_worker_killed_mid_sweep_loses_nothing(
             victim.wait(timeout=10)
 
     store = ResultStore(tmp_path / "store")
-    found = compute.composition(model, "v", store=store.for_model(model), cluster=cluster,
+    found = score_sweeps.composition(model, "v", store=store.for_model(model), cluster=cluster,
                                 progress=progress)
     assert killed and killed[0] < 0.5  # the kill came with most parts still to be sent back
-    np.testing.assert_array_equal(found.scores, compute.composition(model, "v").scores)
+    np.testing.assert_array_equal(found.scores, score_sweeps.composition(model, "v").scores)
     with contextlib.suppress(Exception):
         assert cluster.client.nthreads()  # the other worker is still serving
 
@@ -418,8 +418,8 @@ def test_a_scheduler_that_goes_away_is_one_line_with_the_parts_kept(tmp_path: Pa
         assert "\n" not in line and address in line
         assert f"{len(kept.parts)} of 15 parts finished are kept" in line and kept.parts
         # the next (local) sweep computes only the rest and gets the local numbers
-        again = compute.composition(model, "v", store=ResultStore(tmp_path / "store").for_model(model))
-        np.testing.assert_array_equal(again.scores, compute.composition(model, "v").scores)
+        again = score_sweeps.composition(model, "v", store=ResultStore(tmp_path / "store").for_model(model))
+        np.testing.assert_array_equal(again.scores, score_sweeps.composition(model, "v").scores)
     finally:
         _stop(worker)
         _stop(sched)

@@ -125,17 +125,17 @@ def test_matches_transformers_and_the_feature_matters(case: tuple[str, Path, Any
 def test_circuit_command_on_scaled_rope(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``headscope circuit`` at a rotary offset on YaRN / LongRoPE models: the numpy path steps
     aside (it has neither scaling, nor their cos/sin factor) and the numbers are the engine's."""
-    from headscope.engine.core.validation import CircuitRequest
-    from headscope.engine.sweeps import compute
+    from headscope.engine.core.requests import CircuitRequest
+    from headscope.engine.sweeps.dispatch import compute
     from headscope.tui.cli.main import main
 
     path, _ = BUILDERS[name][0](tmp_path)
     assert main(["circuit", str(path), "1", "0", "--kind", "qk", "--offset", "3", "--rows", "0:5",
                  "--cols", "0:5", "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
-    req = CircuitRequest(layer=1, head=0, kind="qk", basis="token", rows=tuple(range(5)),
+    req = CircuitRequest(layer=1, head_index=0, kind="qk", basis="token", rows=tuple(range(5)),
                          cols=tuple(range(5)), offset=3)
-    want = compute.circuit_block(open_model(path), req).values
+    want = compute(open_model(path), req).values
     assert got["values"] == want.tolist()
 
 

@@ -18,7 +18,7 @@ import torch
 from headscope.engine.circuits import composition, spectral
 from headscope.engine.forward.torch_weights import torch_weights
 from headscope.engine.model.loading import open_model
-from headscope.engine.sweeps import compute
+from headscope.engine.sweeps import scores as score_sweeps
 from tests import family_fixtures, hf_fixtures, hf_fixtures_phi
 
 BUILDERS = {**hf_fixtures.FAMILIES, **family_fixtures.NEW_FAMILIES, **hf_fixtures_phi.PHI_FAMILIES}
@@ -94,8 +94,8 @@ def test_weight_scores_equal_their_dense_definitions_on_every_family(name, dtype
 
 def test_weight_scores_equal_the_score_table(tmp_path):
     model = open_model(_build("llama", "bfloat16", tmp_path))
-    table = compute.score_table(model)
-    found = compute.weight_scores(model)
+    table = score_sweeps.score_table(model)
+    found = score_sweeps.weight_scores(model)
     np.testing.assert_array_equal(found["copying_score"], table.copying_score)  # one code path
     np.testing.assert_array_equal(found["qk_positivity"], table.qk_positivity)
     np.testing.assert_array_equal(found["nonfinite"], table.nonfinite)
@@ -193,7 +193,7 @@ def test_weight_only_commands_do_not_import_torch(argv, tmp_path):
         assert all(abs(r["ov_similarity"] - 1) < 1e-5 and r["copying_score_delta"] == 0 for r in out["heads"])
         assert "induction_score_delta" not in out["heads"][0]
     if argv[0] == "heads":
-        want = compute.weight_scores(open_model(path))
+        want = score_sweeps.weight_scores(open_model(path))
         assert [r["copying_score"] for r in out] == pytest.approx(want["copying_score"].ravel().tolist())
         assert set(out[0]) == {"layer", "head", "copying_score", "qk_positivity", "nonfinite"}
     if argv[0] == "composition":
@@ -205,7 +205,7 @@ def test_weight_only_commands_do_not_import_torch(argv, tmp_path):
 def test_composition_streams_each_layer_pair_before_the_result(tmp_path):
     model = open_model(_build("llama", "bfloat16", tmp_path))
     seen: list[tuple[int, int, np.ndarray]] = []
-    comp = compute.composition(model, "q", on_tile=lambda s, t, v: seen.append((s, t, v.copy())))
+    comp = score_sweeps.composition(model, "q", on_tile=lambda s, t, v: seen.append((s, t, v.copy())))
     assert sorted((s, t) for s, t, _ in seen) == sorted(composition.composition_pairs(model.cfg.n_layers))
     for source, target, values in seen:
         np.testing.assert_array_equal(values, comp.scores[source, :, target, :])

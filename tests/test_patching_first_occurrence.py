@@ -15,8 +15,8 @@ import torch
 
 from headscope.engine.api.model import open_model as open_api_model
 from headscope.engine.api.store import default_store
-from headscope.engine.core import validation
 from headscope.engine.core.errors import InvalidRequestError
+from headscope.engine.core.requests import PatchRequest
 from headscope.engine.forward import patching
 from headscope.engine.model.loading import open_model
 from headscope.tui.session.patch import NEAR_ZERO
@@ -170,14 +170,14 @@ def check_against_tl(model: Any, tl: Any, tl_patching: Any, seq_len: int, batch:
 
 def test_the_request_names_the_task_and_refuses_it_with_prompts() -> None:
     structure = open_model(MODEL).structure()
-    req = validation.patch_request(structure, task=TASK, where="m")
+    req = PatchRequest.of(structure, task=TASK, where="m")
     assert req.task == TASK and req.seq_len == 32
-    assert req.key() != validation.patch_request(structure, where="m").key()
-    assert validation.patch_request(structure, where="m").task == "induction"
+    assert req.key() != PatchRequest.of(structure, where="m").key()
+    assert PatchRequest.of(structure, where="m").task == "induction"
     with pytest.raises(InvalidRequestError, match="--task must be one of induction, first-occurrence"):
-        validation.patch_request(structure, task="logit_diff", where="m")
+        PatchRequest.of(structure, task="logit_diff", where="m")
     with pytest.raises(InvalidRequestError, match="makes its own inputs"):
-        validation.patch_request(structure, task=TASK, clean=[[1, 2]], corrupt=[[1, 3]], answer=1,
+        PatchRequest.of(structure, task=TASK, clean=[[1, 2]], corrupt=[[1, 3]], answer=1,
                                  wrong=2, where="m")
 
 

@@ -18,13 +18,15 @@ from headscope.engine.api.model import open_model
 from headscope.engine.circuits import directions
 from headscope.engine.circuits import head_circuits as circuits
 from headscope.engine.core.errors import IndexOutOfRangeError, InvalidRequestError
+from headscope.engine.core.requests import DirectionsRequest
 from headscope.engine.core.validation import SCORE_NAMES, Z_NAMES
 from headscope.engine.forward import behaviour, null, sinks
 from headscope.engine.forward import null as null_module
 from headscope.engine.forward.torch_weights import torch_weights
 from headscope.engine.forward.transformer import run
 from headscope.engine.service.engine import Engine
-from headscope.engine.sweeps import compute
+from headscope.engine.sweeps import scores as score_sweeps
+from headscope.engine.sweeps.dispatch import compute
 from headscope.tui.cli import main as cli
 from headscope.tui.cli import output
 from tests.conftest import INDUCTION_HEAD, PREV_TOKEN_HEAD, sample_model
@@ -63,7 +65,7 @@ def test_factored_directions_equal_the_dense_svd_up_to_sign(model: Any, kind: st
         torch.testing.assert_close(fu, sign * u[:, i], atol=1e-4, rtol=0)
         torch.testing.assert_close(fv, sign * vh[i], atol=1e-4, rtol=0)
         assert float(fu[fu.abs().argmax()]) > 0  # the sign: the largest entry of u is positive
-    got = compute.singular_directions(model, 1, 2, kind, 5, 10)
+    got = compute(model, DirectionsRequest(1, 2, kind, 5, 10))
     for i, d in enumerate(got.directions):  # tokens ranked as the dense columns rank them
         assert list(d.in_ids) == u[:, i].abs().topk(10).indices.tolist()
         assert list(d.out_ids) == vh[i].abs().topk(10).indices.tolist()
@@ -164,9 +166,9 @@ def test_a_head_parked_on_delimiters_gets_a_high_delimiter_sink_and_others_a_low
 
 
 def test_sink_scores_equal_the_reference_forward_patterns(model: Any) -> None:
-    repeated, natural = compute.sink_batches(model)
+    repeated, natural = score_sweeps.sink_batches(model)
     assert natural, "the bundled vocabulary encodes the natural prompts"
-    got = compute.sink_tables(model)[0]  # on the first token
+    got = score_sweeps.sink_tables(model)[0]  # on the first token
     expected = torch.zeros(model.cfg.n_layers, model.cfg.n_heads)
     batches = [repeated, *natural]
     for tokens in batches:
@@ -189,12 +191,12 @@ def test_heads_json_has_the_sink_score_and_a_z_for_every_score(capsys) -> None:
 
 
 def test_the_null_is_seeded_and_z_is_the_standardised_score(model: Any) -> None:
-    null = compute.score_null(model, seed=0, samples=16)
-    again = compute.score_null(model, seed=0, samples=16)
-    other = compute.score_null(model, seed=1, samples=16)
+    null = score_sweeps.score_null(model, seed=0, samples=16)
+    again = score_sweeps.score_null(model, seed=0, samples=16)
+    other = score_sweeps.score_null(model, seed=1, samples=16)
     np.testing.assert_array_equal(null.mean, again.mean)
     assert not np.array_equal(null.mean, other.mean)
-    table = compute.score_table(model)
+    table = score_sweeps.score_table(model)
     i = null.names.index("induction_score")
     expected = (table.induction_score[1, 2] - null.mean[i, 1]) / null.std[i, 1]
     assert null.z("induction_score", table.induction_score)[1, 2] == pytest.approx(expected, rel=1e-5)
@@ -211,8 +213,8 @@ def test_the_table_and_its_null_come_from_one_forward_pass(model: Any, monkeypat
     separate requests and, up to float rounding, as the behavioural scores on their own."""
     from headscope.engine.forward import transformer as forward
 
-    table, null = compute.score_table(model), compute.score_null(model)
-    _, natural = compute.sink_batches(model)
+    table, null = score_sweeps.score_table(model), score_sweeps.score_null(model)
+    _, natural = score_sweeps.sink_batches(model)
     finished: list[int] = []
     real = forward.finish_block
 
@@ -221,7 +223,7 @@ def test_the_table_and_its_null_come_from_one_forward_pass(model: Any, monkeypat
         return real(w, layer, x, a)
 
     monkeypatch.setattr(forward, "finish_block", counting)
-    shared, shared_null = compute.calibrated_score_table(model)
+    shared, shared_null = score_sweeps.calibrated_score_table(model)
     assert natural and finished == list(range(model.cfg.n_layers))
     assert shared_null is not None
     for name in (*SCORE_NAMES, "nonfinite"):
@@ -262,8 +264,8 @@ def test_null_spectral_scores_draw_torchs_seeded_normals() -> None:
 def test_a_rotary_model_gets_sink_scores_and_a_null(llama_dir) -> None:
     path, _ = llama_dir
     rotary = open_model(path)
-    null = compute.score_null(rotary, samples=8)
-    first, delimiters = compute.sink_tables(rotary)
+    null = score_sweeps.score_null(rotary, samples=8)
+    first, delimiters = score_sweeps.sink_tables(rotary)
     assert np.isfinite(first).all()
     # delimiters: only where the tokenizer's natural prompts have some (NaN, not 0, without)
     i = null.names.index("delimiter_sink_score")
@@ -329,7 +331,7 @@ async def test_the_engine_returns_what_the_reports_print(model: Any) -> None:
         null = await eng.score_null()
         assert null is await eng.score_null()  # cached
         scores = await eng.head_scores(1, 1)
-        assert scores.attention_sink_score == pytest.approx(float(compute.sink_tables(model)[0][1, 1]))
+        assert scores.attention_sink_score == pytest.approx(float(score_sweeps.sink_tables(model)[0][1, 1]))
         with pytest.raises(InvalidRequestError):
             await eng.virtual_path((1, 0), (0, 1))
     finally:
@@ -444,7 +446,7 @@ def test_random_heads_drawn_in_the_rows_span_have_the_distribution_of_whole_ones
 
 def test_an_encoder_gets_a_null(bert_base_dir) -> None:
     path, _ = bert_base_dir
-    null = compute.score_null(open_model(path), samples=8)
+    null = score_sweeps.score_null(open_model(path), samples=8)
     assert null.names == SCORE_NAMES
     # (no punctuation in the fixture's vocabulary: no delimiter-sink null, NaN rather than 0)
     assert np.isfinite(np.delete(null.mean, SCORE_NAMES.index("delimiter_sink_score"), 0)).all()

@@ -1,6 +1,6 @@
 """README.md's tour holds: every command it quotes is run, and every number it quotes is
 read from README.md itself and checked against what the command prints, or, for the
-explorer's steps, against the engine calls the explorer makes (engine.sweeps.compute, the
+explorer's steps, against the engine calls the explorer makes (engine.sweeps.dispatch.compute, the
 same functions its panes show). The 80×24 pooling it quotes is checked on the drawn heatmap
 (tests/test_tui_small_terminal.py). Rewording a claim fails here until this test follows it; a
 number that drifts fails here first.
@@ -94,7 +94,7 @@ def test_the_explorer_steps_numbers(capsys: pytest.CaptureFixture[str]) -> None:
     """Each number of the walk, from the engine calls behind the pane that shows it."""
     from headscope.engine.api.model import open_model
     from headscope.engine.api.report import circuit_report
-    from headscope.engine.sweeps import compute
+    from headscope.engine.core.requests import SpectrumRequest
     from headscope.tui.base.labels import z_text
     from headscope.tui.plots.figures import diagonal_summary
     from headscope.tui.widgets.reading import N_DIRECTIONS, N_TOKENS
@@ -123,9 +123,9 @@ def test_the_explorer_steps_numbers(capsys: pytest.CaptureFixture[str]) -> None:
     assert f"({svd['overlap']:.1f})" in claim(r"prints as `overlap` \([\d.]+\)").group(0)
     assert [d["direction"] for d in svd["directions"]] == list(range(1, N_DIRECTIONS + 1))
     # 6: the Spectrum pane's title
-    assert f"{compute.spectrum(model, 1, 2, 'ov').score:+.3f}" == \
+    assert f"{model.get(SpectrumRequest(1, 2, 'ov')).score:+.3f}" == \
         claim(r"`copying ([+-][\d.]+)`").group(1)
-    # 8: the edge and its virtual heads (the pop-up shows compute.virtual_path)
+    # 8: the edge and its virtual heads (the pop-up shows a PathRequest)
     comp = run_json(capsys, ["composition", MODEL, "--kind", "k", "--top", "1"])
     assert f"{comp['top_edges'][0]['above_baseline']:+.3f}" == \
         claim(r"`([+-][\d.]+)` above the baseline").group(1)

@@ -18,7 +18,7 @@ import pytest
 from headscope.engine.formats.widening import StagingBuffers
 from headscope.engine.model import readplan
 from headscope.engine.model.loading import open_model
-from headscope.engine.sweeps import compute
+from headscope.engine.sweeps import scores as score_sweeps
 from tests import hf_fixtures
 
 N_LAYERS = 12  # > 10: a single safetensors file sorts layer 10 before layer 2
@@ -54,7 +54,7 @@ class Reads:
 
 def heads_passes(model: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """What ``heads`` runs: the spectral sweep, then one forward pass (scores, sinks, null)."""
-    table, null = compute.calibrated_score_table(model, seed=0, null_samples=4)
+    table, null = score_sweeps.calibrated_score_table(model, seed=0, null_samples=4)
     assert null is not None
     return {f.name: getattr(table, f.name) for f in dataclasses.fields(table)}, {"mean": null.mean, "std": null.std}
 
@@ -66,7 +66,7 @@ def is_attention(tensor: str) -> bool:
 def test_the_spectral_sweep_reads_each_attention_byte_once_in_file_order(llama12, monkeypatch) -> None:
     model = open_model(llama12)
     seen = Reads(model, monkeypatch, None)
-    compute.weight_scores(model)
+    score_sweeps.weight_scores(model)
     attention = [(f, t, o, n) for f, t, o, n in seen.reads if is_attention(t)]
     tensors = [t for _, t, _, _ in seen.reads]
     assert len(tensors) == len(set(tensors))  # no tensor read twice in the pass
@@ -81,9 +81,9 @@ def test_the_spectral_sweep_reads_each_attention_byte_once_in_file_order(llama12
 def test_the_forward_pass_reads_each_tensor_once(llama12, monkeypatch) -> None:
     model = open_model(llama12)
     seen = Reads(model, monkeypatch, None)
-    weights = compute.weight_scores(model)
+    weights = score_sweeps.weight_scores(model)
     first = len(seen.reads)
-    compute.behaviour(model, seed=0, weights_nonfinite=weights["nonfinite"])
+    score_sweeps.behaviour(model, seed=0, weights_nonfinite=weights["nonfinite"])
     tensors = [t for _, t, _, _ in seen.reads[first:]]
     assert len(tensors) == len(set(tensors))
     # it re-reads the attention weights the spectral sweep read (released after it), and the MLPs

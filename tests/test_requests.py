@@ -2,7 +2,8 @@
 
 The same bad request gets the same error type and the same one-line message whichever way
 it comes in; the same good request gets the same numbers under the same names
-(engine/core/validation.py validates, engine/sweeps/compute.py computes; docs/internals.md).
+(engine/core/requests.py builds and validates, engine/sweeps/dispatch.py computes;
+docs/internals.md).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 
 from headscope.engine.api import report
 from headscope.engine.api.model import open_model
+from headscope.engine.core import requests
 from headscope.engine.core.cache import ByteLRU
 from headscope.engine.core.errors import (
     HeadscopeError,
@@ -187,6 +189,125 @@ async def test_the_fake_engine_uses_the_same_names() -> None:
     assert head.induction_score == float(table.induction_score[1, 2])
     diff = await fake.compare(FakeEngine(seed=1))
     assert {"copying_score_delta", "induction_score_a", "prev_token_score_b"} <= set(diff.heads[0])
+
+
+# -- the request types ---------------------------------------------------------------------------
+
+
+def sample_requests() -> list[Any]:
+    """One valid request of every type (each built with its own ``of`` where it has one)."""
+    structure = open_model(MODEL).structure()
+    return [
+        requests.CircuitRequest.of(structure, 1, 2, "ov", rows=[3, 4], cols=[5]),
+        requests.TopOutputsRequest.of(structure, 1, 2, 7, 5),
+        requests.SpectrumRequest.of(structure, 1, 2, "qk"),
+        requests.ProfileRequest(1, 2, (0, 1)),  # the sample model has learned positions
+        requests.HeadScoresRequest.of(structure, 1, 2),
+        requests.AblationRequest.of(structure, 1, 2),
+        requests.DirectionsRequest.of(structure, 1, 2, "ov", 3, 4),
+        requests.PathRequest.of(structure, (0, 1), (1, 2), [1, 2], [3]),
+        requests.BehaviourRequest(),
+        requests.ScoreTableRequest(),
+        requests.ScoreNullRequest(),
+        requests.CompositionRequest.of(structure, "k"),
+        requests.AblationSweepRequest(),
+        requests.PromptRequest.of(structure, "the cat"),
+        requests.TokenizeRequest.of(structure, "the cat"),
+        requests.InductionPromptsRequest.of(structure, "first-occurrence"),
+        requests.PatchRequest.of(structure, clean=[[1, 2, 3]], corrupt=[[1, 2, 4]], answer=5, wrong=6),
+    ]
+
+
+def test_every_request_type_has_exactly_one_computation() -> None:
+    from headscope.engine.sweeps import dispatch  # noqa: F401  (registers every computation)
+
+    kinds = requests.request_types()
+    assert set(requests.COMPUTATIONS) == set(kinds)
+    assert {type(r) for r in sample_requests()} == set(kinds)
+    with pytest.raises(TypeError, match="already computed"):
+        requests.computes(requests.SpectrumRequest)(lambda *a, **k: None)
+
+
+def _other(value: Any) -> Any:
+    """A different value of the same field."""
+    if value is None:
+        return 1
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 1
+    if isinstance(value, str):
+        return value + "x"
+    return (*value, value[0]) if value else (1,)
+
+
+def test_the_key_changes_with_every_field_and_names_the_head() -> None:
+    keys = set()
+    for req in sample_requests():
+        keys.add(req.key())
+        assert req.key() == dataclasses.replace(req).key()  # stable
+        for field in dataclasses.fields(req):
+            changed = dataclasses.replace(req, **{field.name: _other(getattr(req, field.name))})
+            assert changed.key() != req.key(), (type(req).__name__, field.name)
+        want = (req.target if isinstance(req, requests.PathRequest)
+                else (1, 2) if hasattr(req, "head_index") else None)
+        assert req.head == want, type(req).__name__
+    assert len(keys) == len(sample_requests())  # no two types share a key
+
+
+def test_a_patch_request_key_is_its_results_store_part() -> None:
+    req = sample_requests()[-1]
+    assert req.key().startswith("patch-") and len(req.key()) == len("patch-") + 24
+
+
+async def test_a_bad_request_is_the_same_error_built_from_the_api_the_cli_and_the_engine(capsys) -> None:
+    structure = open_model(MODEL).structure()
+    with pytest.raises(InvalidRequestError) as built:
+        requests.DirectionsRequest.of(structure, 1, 2, "ov", 0, 10)
+    from_cli = cli_error(["svd", str(MODEL), "1", "2", "--kind", "ov", "--k", "0"], capsys)
+    from_engine = await engine_error(MODEL, lambda e: e.singular_directions(1, 2, "ov", k=0))
+    with pytest.raises(InvalidRequestError) as from_api:
+        open_model(MODEL).singular_directions(1, 2, "ov", k=0)
+    for other in (from_cli, from_engine, from_api.value):
+        same_error(built.value, other, InvalidRequestError)
+    assert "--k must be at least 1" in built.value.reason
+
+
+# The forward passes run in float32 with torch's threads as the Engine sets them (cpus //
+# workers) or as a notebook leaves them: the reductions split differently, a few float32 ulps
+# apart (seen: 6e-7 relative on a patching metric). The weight views are numpy: bit for bit.
+FORWARD = (requests.PatchRequest, requests.BehaviourRequest, requests.ScoreTableRequest,
+           requests.ScoreNullRequest, requests.HeadScoresRequest, requests.AblationRequest,
+           requests.AblationSweepRequest)
+
+
+def agree(got: Any, want: Any, exact: bool, where: str) -> None:
+    if isinstance(want, np.ndarray | float):
+        if exact:
+            np.testing.assert_array_equal(got, want, err_msg=where)
+        else:
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=where)
+    elif dataclasses.is_dataclass(want):
+        for field in dataclasses.fields(want):
+            agree(getattr(got, field.name), getattr(want, field.name), exact, f"{where}.{field.name}")
+    elif isinstance(want, dict):
+        assert got.keys() == want.keys(), where
+        for key in want:
+            agree(got[key], want[key], exact, f"{where}[{key}]")
+    elif isinstance(want, tuple | list) and want and not isinstance(want[0], int | str):
+        assert len(got) == len(want), where
+        for i, (a, b) in enumerate(zip(got, want, strict=True)):
+            agree(a, b, exact, f"{where}[{i}]")
+    else:
+        assert got == want, where
+
+
+async def test_engine_get_and_model_get_give_the_same_numbers(engine) -> None:
+    model = open_model(MODEL)
+    for req in sample_requests():
+        if isinstance(req, requests.PromptRequest | requests.ProfileRequest):
+            continue  # a PromptRun is the Engine's per-head view's source; no rotary profile here
+        agree(await engine.get(req), model.get(req), not isinstance(req, FORWARD), type(req).__name__)
 
 
 # -- the shared pieces -----------------------------------------------------------------------

@@ -24,7 +24,8 @@ from headscope.engine.circuits import composition as composition_module
 from headscope.engine.circuits import spectral as spectral_module
 from headscope.engine.forward import behaviour as behaviour_module
 from headscope.engine.model.loading import open_model
-from headscope.engine.sweeps import compute
+from headscope.engine.sweeps import head_views
+from headscope.engine.sweeps import scores as score_sweeps
 from headscope.engine.sweeps.store import ResultStore, fingerprint
 from tests import hf_fixtures
 
@@ -103,14 +104,14 @@ def same(a: Any, b: Any) -> None:
 
 def test_score_table_from_the_store_equals_the_computed_one(deep_gpt2, store, monkeypatch) -> None:
     model = open_model(deep_gpt2)
-    plain = compute.score_table(model)
-    first = compute.score_table(model, store=store.for_model(model))
+    plain = score_sweeps.score_table(model)
+    first = score_sweeps.score_table(model, store=store.for_model(model))
     # a fresh process: a new model object and a new entry, the same store on disk
     again = open_model(deep_gpt2)
     spectral = counting(monkeypatch, "_batched_spectral_score")
     behaviour = counting(monkeypatch, "behaviour_scores")
     entry = store.for_model(again)
-    second = compute.score_table(again, store=entry)
+    second = score_sweeps.score_table(again, store=entry)
     assert spectral.calls == 0 and behaviour.calls == 0
     assert entry.computed == 0 and entry.loaded > 0
     for name in ("copying_score", "qk_positivity", "prev_token_score", "duplicate_token_score",
@@ -138,10 +139,10 @@ def test_spectral_sweep_equals_the_per_head_definition(deep_gpt2, store) -> None
 @pytest.mark.parametrize("kind", ["q", "k", "v"])
 def test_composition_from_the_store_equals_the_computed_one(deep_gpt2, store, monkeypatch, kind) -> None:
     model = open_model(deep_gpt2)
-    plain = compute.composition(model, kind)
-    first = compute.composition(model, kind, store=store.for_model(model))
+    plain = score_sweeps.composition(model, kind)
+    first = score_sweeps.composition(model, kind, store=store.for_model(model))
     pairs = counting(monkeypatch, "_pair_scores")
-    second = compute.composition(open_model(deep_gpt2), kind, store=store.for_model(model))
+    second = score_sweeps.composition(open_model(deep_gpt2), kind, store=store.for_model(model))
     assert pairs.calls == 0
     same(first.scores, plain.scores)
     same(second.scores, plain.scores)
@@ -152,11 +153,11 @@ def test_ablation_effects_from_the_store_run_no_forward_pass(deep_gpt2, store, m
     from headscope.engine.forward import transformer as forward
 
     model = open_model(deep_gpt2)
-    plain = compute.ablation_effects(model)
-    first = compute.ablation_effects(model, store=store.for_model(model))
+    plain = score_sweeps.ablation_sweep(model)
+    first = score_sweeps.ablation_sweep(model, store=store.for_model(model))
     passes = mock.Mock(wraps=forward.blocks)
     monkeypatch.setattr(forward, "blocks", passes)
-    second = compute.ablation_effects(open_model(deep_gpt2), store=store.for_model(model))
+    second = score_sweeps.ablation_sweep(open_model(deep_gpt2), store=store.for_model(model))
     assert passes.call_count == 0
     same(first, plain)
     same(second, plain)
@@ -165,12 +166,12 @@ def test_ablation_effects_from_the_store_run_no_forward_pass(deep_gpt2, store, m
 def test_processing_mode_and_seed_are_separate_entries(deep_gpt2, store) -> None:
     processed, raw = open_model(deep_gpt2), open_model(deep_gpt2, raw=True)
     assert store.for_model(processed).key != store.for_model(raw).key
-    table = compute.score_table(processed, store=store.for_model(processed))
-    raw_table = compute.score_table(raw, store=store.for_model(raw))
-    same(raw_table.copying_score, compute.score_table(raw).copying_score)
+    table = score_sweeps.score_table(processed, store=store.for_model(processed))
+    raw_table = score_sweeps.score_table(raw, store=store.for_model(raw))
+    same(raw_table.copying_score, score_sweeps.score_table(raw).copying_score)
     assert not np.array_equal(raw_table.copying_score, table.copying_score)
-    other_seed = compute.score_table(processed, seed=3, store=store.for_model(processed))
-    same(other_seed.induction_score, compute.score_table(processed, seed=3).induction_score)
+    other_seed = score_sweeps.score_table(processed, seed=3, store=store.for_model(processed))
+    same(other_seed.induction_score, score_sweeps.score_table(processed, seed=3).induction_score)
 
 
 # -- interrupted sweeps resume ------------------------------------------------------------
@@ -199,13 +200,13 @@ def test_interrupted_composition_resumes_with_the_missing_tiles(deep_gpt2, store
     entry = store.for_model(model)
     # progress is reported once per target layer 1..L-1 (the k-th report follows tile k)
     with pytest.raises(KeyboardInterrupt):
-        compute.composition(model, "k", progress=raise_after(k), store=entry)
+        score_sweeps.composition(model, "k", progress=raise_after(k), store=entry)
     assert entry.computed == k
     pairs = counting(monkeypatch, "_pair_scores")
-    resumed = compute.composition(open_model(deep_gpt2), "k", store=store.for_model(model))
+    resumed = score_sweeps.composition(open_model(deep_gpt2), "k", store=store.for_model(model))
     assert pairs.calls == N_LAYERS - 1 - k
     monkeypatch.setattr(composition_module, "_pair_scores", pairs.real)
-    same(resumed.scores, compute.composition(model, "k").scores)
+    same(resumed.scores, score_sweeps.composition(model, "k").scores)
 
 
 def test_interrupted_ablation_sweep_resumes_with_the_missing_layers(deep_gpt2, store, monkeypatch) -> None:
@@ -214,7 +215,7 @@ def test_interrupted_ablation_sweep_resumes_with_the_missing_layers(deep_gpt2, s
     model = open_model(deep_gpt2)
     entry = store.for_model(model)
     with pytest.raises(KeyboardInterrupt):
-        compute.ablation_effects(model, progress=raise_after(2), store=entry)
+        score_sweeps.ablation_sweep(model, progress=raise_after(2), store=entry)
     assert entry.computed == 2
     ablated_layers: list[int] = []
     real = forward.run_ablations
@@ -224,22 +225,22 @@ def test_interrupted_ablation_sweep_resumes_with_the_missing_layers(deep_gpt2, s
         return real(w, x, layer, *rest)
 
     monkeypatch.setattr(forward, "run_ablations", spy)
-    resumed = compute.ablation_effects(open_model(deep_gpt2), store=store.for_model(model))
+    resumed = score_sweeps.ablation_sweep(open_model(deep_gpt2), store=store.for_model(model))
     assert sorted(set(ablated_layers)) == [2, 3, 4]
     monkeypatch.setattr(forward, "run_ablations", real)
-    same(resumed, compute.ablation_effects(model))
+    same(resumed, score_sweeps.ablation_sweep(model))
 
 
 def test_a_sweep_with_a_gap_loads_each_stored_part_once(deep_gpt2, store) -> None:
     """The numpy sweep peeks at the next layer (to read its weights ahead); a stored layer
     after a computed one is still loaded, and counted, once."""
     model = open_model(deep_gpt2)
-    compute.weight_scores(model, store=store.for_model(model))
+    score_sweeps.weight_scores(model, store=store.for_model(model))
     for path in _stored_files(store, "copying_score") + _stored_files(store, "qk_positivity"):
         if ".1.hsr" in path.name:
             path.unlink()  # layer 1 is computed again, layers 2.. are read back after it
     entry = store.for_model(open_model(deep_gpt2))
-    compute.weight_scores(open_model(deep_gpt2), store=entry)
+    score_sweeps.weight_scores(open_model(deep_gpt2), store=entry)
     assert (entry.loaded, entry.computed) == (2 * (N_LAYERS - 1) + 1, 2)  # + the nonfinite flags
 
 
@@ -284,7 +285,7 @@ def _rewrite_one_tensor(path: Path) -> Path:
 def test_a_rewritten_tensor_invalidates_the_entry(model_copy, store, monkeypatch) -> None:
     model = open_model(model_copy)
     old_key = store.for_model(model).key
-    old = compute.score_table(model, store=store.for_model(model))
+    old = score_sweeps.score_table(model, store=store.for_model(model))
     size = {p.name: p.stat().st_size for p in model_copy.glob("*.safetensors")}
     shard = _rewrite_one_tensor(model_copy)
     assert shard.stat().st_size == size[shard.name]
@@ -292,10 +293,10 @@ def test_a_rewritten_tensor_invalidates_the_entry(model_copy, store, monkeypatch
     entry = store.for_model(changed)
     assert entry.key != old_key
     spectral = counting(monkeypatch, "_batched_spectral_score")
-    new = compute.score_table(changed, store=entry)
+    new = score_sweeps.score_table(changed, store=entry)
     assert spectral.calls == 2 * N_LAYERS and entry.loaded == 0
     monkeypatch.setattr(spectral_module, "_batched_spectral_score", spectral.real)
-    same(new.copying_score, compute.score_table(open_model(model_copy)).copying_score)
+    same(new.copying_score, score_sweeps.score_table(open_model(model_copy)).copying_score)
     assert not np.array_equal(new.copying_score, old.copying_score)
 
 
@@ -339,7 +340,7 @@ def _stored_files(store: ResultStore, name: str) -> list[Path]:
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "flipped", "foreign", "empty"])
 def test_damaged_files_are_ignored_recomputed_and_replaced(deep_gpt2, store, monkeypatch, damage) -> None:
     model = open_model(deep_gpt2)
-    plain = compute.score_table(model, store=store.for_model(model))
+    plain = score_sweeps.score_table(model, store=store.for_model(model))
     target = _stored_files(store, "copying_score")[2]
     blob = target.read_bytes()
     if damage == "truncated":
@@ -353,7 +354,7 @@ def test_damaged_files_are_ignored_recomputed_and_replaced(deep_gpt2, store, mon
     else:
         target.write_bytes(b"")
     spectral = counting(monkeypatch, "_batched_spectral_score")
-    again = compute.score_table(open_model(deep_gpt2), store=store.for_model(model))
+    again = score_sweeps.score_table(open_model(deep_gpt2), store=store.for_model(model))
     assert spectral.calls == 2  # only the damaged layer (its two scores are computed together)
     same(again.copying_score, plain.copying_score)
     assert target.read_bytes() == blob  # replaced by a good file
@@ -361,8 +362,8 @@ def test_damaged_files_are_ignored_recomputed_and_replaced(deep_gpt2, store, mon
 
 def test_a_file_of_another_checkpoint_is_not_trusted(deep_gpt2, gpt2_dir, store) -> None:
     a, b = open_model(deep_gpt2), open_model(gpt2_dir[0])
-    compute.score_table(a, store=store.for_model(a))
-    compute.score_table(b, store=store.for_model(b))
+    score_sweeps.score_table(a, store=store.for_model(a))
+    score_sweeps.score_table(b, store=store.for_model(b))
     entry_a, entry_b = store.for_model(a), store.for_model(b)
     assert entry_a.dir is not None and entry_b.dir is not None
     shutil.copyfile(entry_b.dir / "copying_score.0.hsr", entry_a.dir / "copying_score.0.hsr")
@@ -375,22 +376,22 @@ def test_an_unwritable_store_warns_once_and_still_answers(deep_gpt2, tmp_path) -
     warnings: list[str] = []
     store = ResultStore(blocker / "headscope", warn=warnings.append)
     model = open_model(deep_gpt2)
-    table = compute.score_table(model, store=store.for_model(model))
-    effects = compute.ablation_effects(model, store=store.for_model(model))
-    same(table.copying_score, compute.score_table(model).copying_score)
-    same(effects, compute.ablation_effects(model))
+    table = score_sweeps.score_table(model, store=store.for_model(model))
+    effects = score_sweeps.ablation_sweep(model, store=store.for_model(model))
+    same(table.copying_score, score_sweeps.score_table(model).copying_score)
+    same(effects, score_sweeps.ablation_sweep(model))
     assert len(warnings) == 1 and str(blocker) in warnings[0]
 
 
 def test_the_size_cap_evicts_the_least_recently_used_entries(deep_gpt2, gpt2_dir, tmp_path) -> None:
     store = ResultStore(tmp_path / "store", max_bytes=1)  # smaller than any entry
     a, b = open_model(deep_gpt2), open_model(gpt2_dir[0])
-    compute.score_table(a, store=store.for_model(a))
+    score_sweeps.score_table(a, store=store.for_model(a))
     assert [e.path for e in store.entries()] == [str(deep_gpt2.resolve())]
-    compute.score_table(b, store=store.for_model(b))  # a is evicted, b (in use) is kept
+    score_sweeps.score_table(b, store=store.for_model(b))  # a is evicted, b (in use) is kept
     assert [e.path for e in store.entries()] == [str(gpt2_dir[0].resolve())]
     roomy = ResultStore(tmp_path / "store", max_bytes=1 << 20)
-    compute.score_table(a, store=roomy.for_model(a))
+    score_sweeps.score_table(a, store=roomy.for_model(a))
     assert len(roomy.entries()) == 2
 
 
@@ -476,7 +477,7 @@ async def test_a_cancelled_engine_sweep_resumes_in_the_next_engine(deep_gpt2, st
         await reopened.aclose()
     assert pairs.calls == N_LAYERS - 1 - 2
     monkeypatch.setattr(composition_module, "_pair_scores", pairs.real)
-    same(resumed.scores, compute.composition(open_model(deep_gpt2), "v").scores)
+    same(resumed.scores, score_sweeps.composition(open_model(deep_gpt2), "v").scores)
 
 
 async def test_engine_spectra_are_stored_per_head(deep_gpt2, store, monkeypatch) -> None:
@@ -490,8 +491,8 @@ async def test_engine_spectra_are_stored_per_head(deep_gpt2, store, monkeypatch)
             await engine.aclose()
 
     first = await spectra()
-    calls = mock.Mock(wraps=compute.spectrum)
-    monkeypatch.setattr(compute, "spectrum", calls)
+    calls = mock.Mock(wraps=head_views._spectrum_now)  # the eigenvalues, when not stored
+    monkeypatch.setattr(head_views, "_spectrum_now", calls)
     second = await spectra()
     assert calls.call_count == 0
     for a, b in zip(first, second, strict=True):
@@ -577,7 +578,7 @@ def test_composition_sweep_resumes_from_its_memo(deep_gpt2, store, monkeypatch, 
 
 def _entry_of(store: ResultStore, model_dir: Path) -> Path:
     model = open_model(model_dir)
-    compute.score_table(model, store=store.for_model(model))
+    score_sweeps.score_table(model, store=store.for_model(model))
     entry = store.for_model(model).dir
     assert entry is not None and (entry / "entry.json").is_file()
     return entry
@@ -685,11 +686,11 @@ def _within(seconds: float, fn: Any, fifo: Path) -> Any:
 
 def test_a_fifo_in_the_store_is_skipped_not_waited_on(deep_gpt2, store) -> None:
     model = open_model(deep_gpt2)
-    plain = compute.score_table(model, store=store.for_model(model))
+    plain = score_sweeps.score_table(model, store=store.for_model(model))
     target = _stored_files(store, "copying_score")[1]
     target.unlink()
     os.mkfifo(target)
-    again = _within(20, lambda: compute.score_table(open_model(deep_gpt2),
+    again = _within(20, lambda: score_sweeps.score_table(open_model(deep_gpt2),
                                                     store=store.for_model(model)), target)
     same(again.copying_score, plain.copying_score)
     assert target.is_file()  # replaced by a good file
@@ -702,7 +703,7 @@ def test_a_fifo_in_the_store_is_skipped_not_waited_on(deep_gpt2, store) -> None:
 def test_a_stored_part_linked_to_dev_zero_is_ignored_in_bounded_memory(deep_gpt2, store) -> None:
     """Read before: until memory ran out, then reported as the model not fitting."""
     model = open_model(deep_gpt2)
-    compute.score_table(model, store=store.for_model(model))
+    score_sweeps.score_table(model, store=store.for_model(model))
     target = _stored_files(store, "copying_score")[1]
     target.unlink()
     target.symlink_to("/dev/zero")

@@ -14,7 +14,7 @@ import pytest
 
 from headscope.engine.circuits import spectral as spectral_module
 from headscope.engine.model.loading import open_model
-from headscope.engine.sweeps import compute
+from headscope.engine.sweeps import scores as score_sweeps
 from headscope.engine.sweeps import store as store_module
 from headscope.engine.sweeps.store import ResultStore
 from headscope.tui.cli.main import main
@@ -34,7 +34,7 @@ def temporaries(root: Path) -> list[Path]:
 
 def test_a_full_disk_midway_is_one_line_naming_the_file_and_keeps_what_was_stored(
         deep_gpt2: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
-    expected = compute.weight_scores(open_model(deep_gpt2))
+    expected = score_sweeps.weight_scores(open_model(deep_gpt2))
     real_fsync = os.fsync
     writes = [0]
 
@@ -49,7 +49,7 @@ def test_a_full_disk_midway_is_one_line_naming_the_file_and_keeps_what_was_store
     model = open_model(deep_gpt2)
     with monkeypatch.context() as patched:
         patched.setattr(store_module.os, "fsync", fsync)
-        found = compute.weight_scores(model, store=store.for_model(model))
+        found = score_sweeps.weight_scores(model, store=store.for_model(model))
     for name in ("copying_score", "qk_positivity"):  # the sweep finished without the store
         assert np.asarray(found[name]).tobytes() == np.asarray(expected[name]).tobytes()
     assert len(warnings) == 1 and "\n" not in warnings[0]
@@ -62,7 +62,7 @@ def test_a_full_disk_midway_is_one_line_naming_the_file_and_keeps_what_was_store
     again = ResultStore(tmp_path / "store")
     model = open_model(deep_gpt2)
     entry = again.for_model(model)
-    found = compute.weight_scores(model, store=entry)
+    found = score_sweeps.weight_scores(model, store=entry)
     assert entry.loaded == 4 and entry.computed == 2 * (N_LAYERS - 2) + 1  # + the flags
     for name in ("copying_score", "qk_positivity"):
         assert np.asarray(found[name]).tobytes() == np.asarray(expected[name]).tobytes()

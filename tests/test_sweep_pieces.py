@@ -17,7 +17,7 @@ from headscope.engine.core import threads
 from headscope.engine.core.eta import Eta
 from headscope.engine.model.loading import open_model
 from headscope.engine.model.weights import DictWeights
-from headscope.engine.sweeps import compute
+from headscope.engine.sweeps import scores as score_sweeps
 from tests.test_circuits import random_weights
 
 
@@ -81,7 +81,7 @@ def test_spectral_sweep_equals_the_eigenvalue_definition(model):
     np.testing.assert_allclose(fused["qk_positivity"], positivity, atol=1e-4)
     assert not fused["nonfinite"].any() and not fused["overflow"].any()
     # the CLI's table is the same numbers, bit for bit (one code path)
-    table = compute.score_table(model)
+    table = score_sweeps.score_table(model)
     np.testing.assert_array_equal(table.copying_score, fused["copying_score"])
     np.testing.assert_array_equal(table.qk_positivity, fused["qk_positivity"])
 

@@ -24,7 +24,7 @@ async def test_directions_panel_and_the_path_of_an_edge_on_attn_only_2l() -> Non
     from headscope.engine.circuits import directions as reading
     from headscope.engine.circuits import head_circuits as circuits
     from headscope.engine.model.loading import open_model
-    from headscope.engine.sweeps.compute import label
+    from headscope.engine.sweeps.prompts import label
 
     path = sample_model("attn-only-2l")
     model = open_model(path)

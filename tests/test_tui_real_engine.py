@@ -142,7 +142,7 @@ async def test_the_composition_graph_fills_in_pair_by_pair(gpt2_dir: Any, tmp_pa
     import numpy as np
 
     from headscope.engine.model.loading import open_model
-    from headscope.engine.sweeps import compute
+    from headscope.engine.sweeps import scores as score_sweeps
     from headscope.tui.widgets.panes import CompositionPane
     from tests import hf_fixtures
 
@@ -162,7 +162,7 @@ async def test_the_composition_graph_fills_in_pair_by_pair(gpt2_dir: Any, tmp_pa
         assert pane.partials >= 1
         text = app.explorer.query_one("#comp-graph", Chart).rendered.plain
         assert "K-composition" in text and "computing" not in text
-    one_shot = {kind: compute.composition(open_model(path), kind).scores for kind in "qk"}
+    one_shot = {kind: score_sweeps.composition(open_model(path), kind).scores for kind in "qk"}
     np.testing.assert_array_equal(pane.shown.scores, one_shot["k"])
     np.testing.assert_array_equal(direct.scores, one_shot["q"])
     assert len(seen) == 5  # the last pair's scores come with the final result

@@ -5,8 +5,10 @@ weights, tokenizer); the sweeps, the service and the CLI work on that. This modu
 the engine's facade (the UI imports ``engine.core``, ``engine.api`` and ``engine.service``
 only: docs/internals.md, "Layers"), adds what a notebook asks of a model — a circuit, the
 head table, a composition sweep, a head's singular directions, a virtual path, a forward
-pass — each validated here, at the entry, and computed by the layers below. Those imports
-are made in the methods: ``read_structure`` and ``open_model`` stay free of torch.
+pass — each a request of ``core.requests`` (validated where it is built) computed by
+``sweeps.dispatch.compute``, the function under the explorer's ``Engine`` too; ``Model.get``
+takes any request. Those imports are made in the methods: ``read_structure`` and
+``open_model`` stay free of torch.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from headscope.engine.model.loading import read_structure
 
 if TYPE_CHECKING:
     from headscope.engine.circuits.factored import FactoredMatrix
+    from headscope.engine.core.requests import Request
     from headscope.engine.core.results import Composition, PatchResult
     from headscope.engine.forward.transformer import ForwardResult
     from headscope.engine.sweeps.store import ResultStore
@@ -46,8 +49,18 @@ def supported_checkpoints() -> dict[str, list[str]]:
 
 class Model(loading.Model):
     """An open model (``engine.model.loading.Model``) with the notebook conveniences: thin
-    wrappers over ``engine.circuits``, ``engine.forward``, ``sweeps.compute`` and ``api.report``, so a
-    notebook gets the numbers and the errors of the CLI."""
+    wrappers over ``engine.circuits``, ``engine.forward``, ``sweeps.dispatch.compute`` and
+    ``api.report``, so a notebook gets the numbers and the errors of the CLI."""
+
+    def get(self, request: Request, *, store: ResultStore | None = None,
+            progress: Callable[[float], None] | None = None) -> Any:
+        """The result of any request of ``core.requests`` (built with ``SomeRequest.of(
+        model.structure(), ...)``), computed as the CLI and the explorer compute it; ``store``:
+        a results store (``engine.api.store``) to read and write stored requests."""
+        from headscope.engine.sweeps.dispatch import compute
+
+        entry = None if store is None else store.for_model(self)
+        return compute(self, request, progress=progress, store=entry)
 
     def circuit(self, layer: int, head: int, kind: str = "ov") -> FactoredMatrix:
         """A head's circuit as a FactoredMatrix: ``"qk"``/``"ov"`` (``d_model × d_model``),
@@ -68,13 +81,10 @@ class Model(loading.Model):
 
     def composition(self, kind: str, seed: int = 0) -> Composition:
         """All ``kind``-composition scores (``.scores [L, H, L, H]``, ``.baseline``,
-        ``.top_edges``): the sweep of ``headscope composition`` (``compute.composition``),
-        so the same numbers."""
-        from headscope.engine.core.validation import check_composition_kind
-        from headscope.engine.sweeps.compute import composition
+        ``.top_edges``): the sweep of ``headscope composition``, so the same numbers."""
+        from headscope.engine.core.requests import CompositionRequest
 
-        check_composition_kind(kind, str(self.path))
-        return composition(self, kind, seed)
+        return self.get(CompositionRequest.of(self.structure(), kind, seed, where=str(self.path)))
 
     def singular_directions(self, layer: int, head: int, kind: str = "ov", *, k: int = 5,
                             top: int = 10) -> dict[str, Any]:
@@ -103,12 +113,12 @@ class Model(loading.Model):
         copy corrupted, not its second: the path through an induction head's keys carries
         the answer; docs/math.md, "Patching"). ``heads``: sets patched together (``"L1.H1,L1.H2"``, ``[(1, 1), (1, 2)]``,
         or a list of such sets); ``store``: a results store (``engine.api.store``) to reuse."""
-        from headscope.engine.api.report import patch_report, patch_request
+        from headscope.engine.sweeps.prompts import patch_request
 
-        req = patch_request(self, clean, corrupt, answer=answer, wrong=wrong, site=site, method=method,
-                            noising=noising, heads=heads, by_position=by_position, verify=verify,
-                            task=task, seed=seed, seq_len=seq_len, batch=batch)
-        return patch_report(self, req, store=store, progress=progress)
+        return self.get(patch_request(self, clean, corrupt, answer=answer, wrong=wrong, site=site, method=method,
+                                      noising=noising, heads=heads, by_position=by_position, verify=verify,
+                                      task=task, seed=seed, seq_len=seq_len, batch=batch),
+                        store=store, progress=progress)
 
     def path_patch(self, sender: tuple[int, int], receiver: tuple[int, int],
                    clean: str | Sequence[Any] | None = None, corrupt: str | Sequence[Any] | None = None, *,
@@ -119,11 +129,12 @@ class Model(loading.Model):
         """Path patching of the edge ``sender -> receiver`` (what ``headscope path-patch``
         prints): the sender's clean output into the receiver's ``patch`` input (q, k or v)
         only; inputs, ``task`` and metric as ``patch``. One row, ``heads = (sender, receiver)``."""
-        from headscope.engine.api.report import patch_report, patch_request
+        from headscope.engine.sweeps.prompts import patch_request
 
-        req = patch_request(self, clean, corrupt, answer=answer, wrong=wrong, site=patch, noising=noising,
-                            task=task, seed=seed, seq_len=seq_len, batch=batch, edge=(tuple(sender), tuple(receiver)))  # type: ignore[arg-type]
-        return patch_report(self, req, store=store, progress=progress)
+        return self.get(patch_request(self, clean, corrupt, answer=answer, wrong=wrong, site=patch, noising=noising,
+                                      task=task, seed=seed, seq_len=seq_len, batch=batch,
+                                      edge=(tuple(sender), tuple(receiver))),  # type: ignore[arg-type]
+                        store=store, progress=progress)
 
     def run(self, tokens: str | Sequence[int], **kwargs: Any) -> ForwardResult:
         """The reference forward pass on a prompt (encoded with the tokenizer) or token ids."""

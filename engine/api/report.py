@@ -1,7 +1,7 @@
 """Plain-data reports of a model: what the CLI prints, exports write and notebooks read.
 
-Each report is a request validated by ``core.validation`` and computed by ``sweeps.compute``
-(the functions the explorer's ``Engine`` runs), turned into JSON-ready Python values
+Each report is a request of ``core.requests`` (validated where it is built) computed by
+``sweeps.dispatch.compute`` (what the explorer's ``Engine`` runs), turned into JSON-ready Python values
 (lists, floats, ints, strings) under the public names of ``validation.SCORE_NAMES``. Non-finite
 floats become ``None`` only at serialisation time (``core.export.jsonable``).
 """
@@ -9,14 +9,19 @@ floats become ``None`` only at serialisation time (``core.export.jsonable``).
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from headscope.engine.circuits.composition import composition_baseline  # noqa: F401  (re-exported: the CLI prints it)
 from headscope.engine.core import validation
-from headscope.engine.core.errors import InvalidRequestError
-from headscope.engine.core.progress import Progress
+from headscope.engine.core.progress import Progress, progress_span
+from headscope.engine.core.requests import (
+    CircuitRequest,
+    CompositionRequest,
+    DirectionsRequest,
+    PatchRequest,
+    PathRequest,
+)
 from headscope.engine.core.validation import (
     ABLATION_EFFECT,
     NULL_SAMPLES,
@@ -25,7 +30,14 @@ from headscope.engine.core.validation import (
     WEIGHT_SCORE_NAMES,
 )
 from headscope.engine.model.caveats import ov_caveats, qk_caveats
-from headscope.engine.sweeps import compute
+from headscope.engine.sweeps import scores
+from headscope.engine.sweeps.dispatch import compute
+from headscope.engine.sweeps.prompts import (  # noqa: F401  (head_sets, patch_request: re-exported for the CLI)
+    forward_tokens,
+    head_sets,
+    label,
+    patch_request,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -55,7 +67,7 @@ def head_table(
     cluster: Cluster | None = None,
 ) -> list[dict[str, Any]]:
     """One row per head with every weight-based and behavioural score, and (``calibrated``)
-    each score's z against random heads, ``<name>_z`` (``compute.score_null``).
+    each score's z against random heads, ``<name>_z`` (``scores.score_null``).
 
     ``ablation`` adds ``ablation_effect``: the loss increase on the second copy of the same
     seeded repeated random tokens when the head is zero-ablated
@@ -67,12 +79,12 @@ def head_table(
     # progress: the sweep (with the calibration's random heads), then the ablation sweep
     split = 0.5 if ablation else 1.0
     # the random heads' behaviour (the z's) comes from the real heads' forward pass
-    table, null = compute.calibrated_score_table(
-        model, seed, compute.progress_span(progress, 0.0, split), store=entry, cluster=cluster,
+    table, null = scores.calibrated_score_table(
+        model, seed, progress_span(progress, 0.0, split), store=entry, cluster=cluster,
         null_samples=NULL_SAMPLES if calibrated else None)
     effects = None
     if ablation:
-        effects = compute.ablation_effects(model, seed, compute.progress_span(progress, split, 1.0), store=entry)
+        effects = scores.ablation_sweep(model, seed, progress_span(progress, split, 1.0), store=entry)
     if progress is not None:
         progress(1.0)
     return score_rows(table, effects, null)
@@ -85,7 +97,7 @@ def weight_table(model: Model, *, store: ResultStore | None = None,
     ``store``: the same stored parts as ``head_table``'s spectral sweeps (either command
     reads what the other wrote)."""
     entry = None if store is None else store.for_model(model)
-    found = compute.weight_scores(model, progress, store=entry)
+    found = scores.weight_scores(model, progress, store=entry)
     n_layers, n_heads = found["nonfinite"].shape
     return [{"layer": layer, "head": head,
              **{name: float(found[name][layer, head]) for name in WEIGHT_SCORE_NAMES},
@@ -107,7 +119,7 @@ def score_rows(table: ScoreTable, effects: np.ndarray | None = None,
             if effects is not None:
                 row[ABLATION_EFFECT] = float(effects[layer, head])
             # NaN/inf weights or products that overflow float32, or non-finite attention
-            # (compute.nonfinite_heads): the head's scores cannot all be trusted.
+            # (scores.nonfinite_table): the head's scores cannot all be trusted.
             row["nonfinite"] = bool(table.nonfinite[layer, head])
             rows.append(row)
     return rows
@@ -141,10 +153,9 @@ def composition_report(
 ) -> dict[str, Any]:
     """All ``kind``-composition scores ``[L][H][L][H]``, the baseline and the top edges.
     ``on_tile(source_layer, target_layer, scores [H, H])``: each layer pair as it is done."""
-    validation.check_composition_kind(kind, str(model.path))
+    req = CompositionRequest.of(model.structure(), kind, seed, top, where=str(model.path))
     entry = None if store is None else store.for_model(model)
-    comp = compute.composition(model, kind, seed, progress, top=top, store=entry, cluster=cluster,
-                               on_tile=on_tile)
+    comp = compute(model, req, progress=progress, store=entry, cluster=cluster, on_tile=on_tile)
     return composition_dict(comp, seed)
 
 
@@ -171,10 +182,10 @@ def composition_dict(comp: Composition, seed: int = SEED) -> dict[str, Any]:
 def forward_report(model: Model, tokens: Sequence[int]) -> dict[str, Any]:
     """Logits ``[pos][vocab]`` and attention patterns ``[layer][head][query][key]``."""
     validation.check_tokens(model.structure(), tokens, str(model.path))
-    result = compute.forward_tokens(model, tokens)
+    result = forward_tokens(model, tokens)
     return {
         "tokens": list(tokens),
-        "token_strings": [compute.label(model.tokenizer, t) for t in tokens],
+        "token_strings": [label(model.tokenizer, t) for t in tokens],
         "logits": result.logits[0].tolist(),
         "patterns": result.patterns[0].tolist(),
     }
@@ -197,10 +208,9 @@ def circuit_report(
     ``W_E OV W_U`` (source token × output token). position basis (QK only): ``W_pos QK
     W_posᵀ`` for learned positions, or ``W_E W_Q R(Δ) W_Kᵀ W_Eᵀ`` at ``offset`` Δ for rotary.
     """
-    req = validation.circuit_request(
-        model.structure(), layer, head, kind, basis, rows, cols, offset, where=str(model.path)
-    )
-    return circuit_dict(compute.circuit_block(model, req), model)  # no torch import
+    req = CircuitRequest.of(model.structure(), layer, head, kind, basis, rows, cols, offset,
+                            where=str(model.path))
+    return circuit_dict(compute(model, req), model)  # no torch import
 
 
 def circuit_dict(block: CircuitBlock, model: Model) -> dict[str, Any]:
@@ -225,9 +235,9 @@ def circuit_dict(block: CircuitBlock, model: Model) -> dict[str, Any]:
 def svd_report(model: Model, layer: int, head: int, kind: Literal["qk", "ov"], *, k: int = 5,
                top: int = 10) -> dict[str, Any]:
     """The top ``k`` singular directions of a head's full OV / token QK circuit as tokens
-    (``compute.singular_directions``), ``top`` tokens a side ranked by ``|value|``."""
-    validation.check_svd(model.structure(), layer, head, kind, k, top, str(model.path))
-    return svd_dict(compute.singular_directions(model, layer, head, kind, k, top))
+    (``head_views.token_directions``), ``top`` tokens a side ranked by ``|value|``."""
+    req = DirectionsRequest.of(model.structure(), layer, head, kind, k, top, where=str(model.path))
+    return svd_dict(compute(model, req))
 
 
 def _tokens(ids: Sequence[int], labels: Sequence[str], values: Any) -> list[dict[str, Any]]:
@@ -260,9 +270,9 @@ def svd_dict(found: SingularDirections) -> dict[str, Any]:
 def path_report(model: Model, source: tuple[int, int], target: tuple[int, int], *,
                 rows: Sequence[int] | None = None, cols: Sequence[int] | None = None,
                 seed: int = SEED) -> dict[str, Any]:
-    """The virtual heads of the path ``source → target`` (``compute.virtual_path``)."""
-    req = validation.check_path(model.structure(), source, target, rows, cols, where=str(model.path))
-    return path_dict(compute.virtual_path(model, req, seed))
+    """The virtual heads of the path ``source → target`` (``head_views.virtual_heads``)."""
+    req = PathRequest.of(model.structure(), source, target, rows, cols, seed=seed, where=str(model.path))
+    return path_dict(compute(model, req))
 
 
 def _complex(values: Any) -> list[list[float]]:
@@ -294,80 +304,11 @@ def path_dict(found: VirtualPath) -> dict[str, Any]:
 
 # -- patching (docs/math.md, "Patching") --------------------------------------------------------
 
-# Heads to patch together: "L1.H1,L1.H2" (one set), or (layer, head) pairs (one set), or a
-# list of either (one set each).
-HeadSpec = str | Sequence[Any]
-_HEAD = re.compile(r"^[Ll]?(\d+)\.[Hh]?(\d+)$")
-
-
-def head_sets(spec: HeadSpec | None, where: str | None = None) -> list[list[tuple[int, int]]] | None:
-    """``--heads`` / ``Model.patch(heads=...)`` as sets of ``(layer, head)`` patched together:
-    ``"L1.H1,L1.H2"`` is one set; ``[(1, 1), (1, 2)]`` is one set; a list of such strings or
-    lists is a set each. ``None``: every head alone."""
-    if spec is None:
-        return None
-
-    def one(item: Any) -> tuple[int, int]:
-        if isinstance(item, str):
-            match = _HEAD.match(item.strip())
-            if match is None:
-                raise InvalidRequestError(where, f"{item!r} is not a head: write L1.H2 or 1.2")
-            return int(match.group(1)), int(match.group(2))
-        layer, head = item
-        return int(layer), int(head)
-
-    def group(item: Any) -> list[tuple[int, int]]:
-        if isinstance(item, str):
-            return [one(part) for part in item.split(",") if part.strip()]
-        return [one(part) for part in item]
-
-    if isinstance(spec, str) or (spec and not isinstance(spec[0], str) and _is_pair(spec[0])):
-        return [group(spec)]
-    return [group(item) for item in spec]
-
-
-def _is_pair(item: Any) -> bool:
-    return isinstance(item, Sequence) and len(item) == 2 and all(isinstance(v, int) for v in item)
-
-
-def patch_request(
-    model: Model,
-    clean: str | Sequence[Any] | None = None,
-    corrupt: str | Sequence[Any] | None = None,
-    *,
-    answer: int | str | None = None,
-    wrong: int | str | None = None,
-    site: str = "out",
-    method: str = "exact",
-    noising: bool = False,
-    heads: HeadSpec | None = None,
-    by_position: bool = False,
-    verify: int = 0,
-    seed: int = SEED,
-    seq_len: int | None = None,
-    batch: int = validation.PATCH_BATCH,
-    edge: tuple[tuple[int, int], tuple[int, int]] | None = None,
-    task: str | None = None,
-) -> validation.PatchRequest:
-    """The inputs of ``patch`` / ``path-patch`` (prompts as text or ids, answer tokens as ids
-    or strings, heads as ``head_sets`` takes them) resolved against the model's tokenizer and
-    validated (``validation.patch_request``)."""
-    where = str(model.path)
-    validation.check_patchable(model.structure(), where)
-    return validation.patch_request(
-        model.structure(), clean=compute.prompt_ids(model, clean, "clean"),
-        corrupt=compute.prompt_ids(model, corrupt, "corrupt"),
-        answer=None if answer is None else compute.answer_token(model, answer, "answer"),
-        wrong=None if wrong is None else compute.answer_token(model, wrong, "wrong"),
-        site=site, method=method, noising=noising, heads=head_sets(heads, where), by_position=by_position,
-        verify=verify, seed=seed, seq_len=seq_len, batch=batch, edge=edge, task=task, where=where)
-
-
-def patch_report(model: Model, req: validation.PatchRequest, *, store: ResultStore | None = None,
+def patch_report(model: Model, req: PatchRequest, *, store: ResultStore | None = None,
                  progress: Progress = None, cancelled: Callable[[], bool] | None = None) -> PatchResult:
-    """``compute.patch`` with the model's entry of the results store (``None``: no store)."""
+    """``req`` computed with the model's entry of the results store (``None``: no store)."""
     entry = None if store is None else store.for_model(model)
-    return compute.patch(model, req, progress, cancelled, entry)
+    return compute(model, req, progress=progress, cancelled=cancelled, store=entry)
 
 
 def patch_dict(result: PatchResult) -> dict[str, Any]:

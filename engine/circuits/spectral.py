@@ -246,7 +246,7 @@ def _center_cols(x: np.ndarray) -> np.ndarray:
 
 def kept_spectral_middles(w: CircuitWeights) -> dict[str, np.ndarray]:
     """``spectral_middles(w)``, formed once per model and kept (``2 · d_model²`` floats): the
-    weight sweep and the random-head null (``sweeps.compute.score_null``) share them."""
+    weight sweep and the random-head null (``sweeps.scores.score_null``) share them."""
     with w.middles_lock:  # formed once even when two workers ask (2 TFLOP at 7B)
         if w.middles is None:
             w.middles = spectral_middles(w)

@@ -16,7 +16,7 @@ import numpy as np
 
 from headscope.engine.core.errors import CancelledError
 
-__all__ = ["Cancelled", "Memo", "Progress", "check_cancelled", "report"]
+__all__ = ["Cancelled", "Memo", "Progress", "check_cancelled", "monotone", "progress_span", "report"]
 
 # Called with the fraction done, 0..1 (None: nobody is listening).
 Progress = Callable[[float], None] | None
@@ -45,3 +45,24 @@ def report(progress: Progress, fraction: float) -> None:
     """Tell ``progress`` the fraction done, clamped to 0..1."""
     if progress is not None:
         progress(min(1.0, max(0.0, fraction)))
+
+
+def progress_span(progress: Progress, start: float, stop: float) -> Progress:
+    """Progress of one step of a sweep, mapped into [start, stop] of the whole."""
+    if progress is None:
+        return None
+    return lambda fraction: progress(start + (stop - start) * fraction)
+
+
+def monotone(progress: Progress) -> Progress:
+    """``progress`` that never goes back (a cluster run, then the local sweep reading its
+    parts back, both report over the same span)."""
+    if progress is None:
+        return None
+    best = [0.0]
+
+    def forward(fraction: float) -> None:
+        best[0] = max(best[0], fraction)
+        progress(best[0])
+
+    return forward

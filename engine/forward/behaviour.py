@@ -136,7 +136,7 @@ def behaviour_scores(w: WeightSource, seed: int = 0, *, seq_len: int | None = No
     unembedding is skipped. ``progress`` and ``cancelled()`` are reported/checked after each
     layer. Non-finite heads get NaN. ``exclude_bos`` / ``exclude_current_token``: as
     TransformerLens' ``detect_head`` (see ``detect``); the sequences have no BOS token, so
-    "BOS" is position 0. (``sweeps.compute.calibrated_score_table`` runs the same reduction
+    "BOS" is position 0. (``sweeps.scores.calibrated_score_table`` runs the same reduction
     in one pass with the attention sinks and the random-head null.)
     """
     from headscope.engine.forward.transformer import blocks_together, embed

@@ -683,7 +683,7 @@ def patch_heads(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor | Seq
     # numpy's OpenBLAS on one thread while torch runs: the weights the first pass processes on
     # the way are small numpy products, and an idle OpenBLAS pool spins against torch's on 2
     # cores (GPT-2 small, every head: 2.2-2.8 s -> 1.6-1.8 s whole process, CPU time 3.6-4.7 s
-    # -> 2.3-2.4 s), as in the sweeps' passes (``sweeps.compute``)
+    # -> 2.3-2.4 s), as in the sweeps' passes (``sweeps.scores``)
     with torch.inference_mode(), one_lapack_thread():
         runs = _two_runs(w, clean_t, corrupt_t, metric, noising)
         variants = [_Variant(s) for s in sets]

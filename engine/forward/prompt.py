@@ -1,5 +1,5 @@
 """One prompt through the model, every head at once: what the explorer's Prompt view shows
-(``compute.run_prompt`` validates, labels and caches it; this module runs torch).
+(``sweeps.prompts.run_prompt`` labels it, the ``Engine`` caches it; this module runs torch).
 """
 
 from __future__ import annotations

@@ -1,12 +1,14 @@
 """``Engine``: the async facade the explorer talks to (docs/internals.md, "Engine").
 
 One ``Engine`` per open model. ``structure`` is there at once (header and config only, no
-torch); the model itself is opened on a background thread. Every other method is ``async``
-and returns a frozen dataclass of read-only numpy arrays (``core.results``). Each request
-is validated by ``core.validation`` (the same checks the CLI and the Python API run),
-computed on a small thread pool by the functions of ``sweeps.compute`` (the ones the CLI
-calls directly) and kept in a per-head LRU cache bounded by bytes: this module owns the
-cache keys, the scheduling and the prefetch, not the maths.
+torch); the model itself is opened on a background thread. ``get(request)`` takes any
+request of ``core.requests`` (validated where it was built: ``SomeRequest.of(structure, ...)``,
+the same checks the CLI and the Python API run), computes it on a small thread pool with
+``sweeps.dispatch.compute`` (what the CLI and the API call directly) and keeps the result, a
+frozen dataclass of read-only numpy arrays (``core.results``), in an LRU cache bounded by
+bytes under ``(request.key(), raw)``: this module owns the caching, the scheduling and the
+prefetch, not the maths. The named methods (``circuit_block``, ``patch``, ...) build a request
+and call ``get``; they remain while the explorer still calls them.
 
 Scheduling (``service.scheduler``): identical requests in flight share one computation; the
 focused head's requests run first; requests for heads the user has left are dropped before
@@ -33,13 +35,28 @@ import numpy as np
 
 from headscope.engine.core import validation
 from headscope.engine.core.cache import ByteLRU
-from headscope.engine.core.errors import (
-    HeadscopeError,
-    InvalidRequestError,
-    NonFiniteError,
-    PromptError,
+from headscope.engine.core.errors import HeadscopeError, InvalidRequestError, NonFiniteError
+from headscope.engine.core.progress import Progress, progress_span
+from headscope.engine.core.requests import (
+    AblationRequest,
+    AblationSweepRequest,
+    BehaviourRequest,
+    CircuitRequest,
+    CompositionRequest,
+    DirectionsRequest,
+    HeadScoresRequest,
+    InductionPromptsRequest,
+    PatchRequest,
+    PathRequest,
+    ProfileRequest,
+    PromptRequest,
+    Request,
+    ScoreNullRequest,
+    ScoreTableRequest,
+    SpectrumRequest,
+    TokenizeRequest,
+    TopOutputsRequest,
 )
-from headscope.engine.core.progress import Progress
 from headscope.engine.core.results import (
     CacheStats,
     CircuitBlock,
@@ -56,10 +73,17 @@ from headscope.engine.core.results import (
     VirtualPath,
     readonly,
 )
-from headscope.engine.core.validation import EDGE_THRESHOLD, MAX_RESULT_BYTES, SEED, TOP_EDGES
-from headscope.engine.forward.runtime import gradient_mode, inference_mode, set_threads
+from headscope.engine.core.validation import (
+    EDGE_THRESHOLD,
+    MAX_RESULT_BYTES,
+    SEED,
+    TOP_EDGES,
+    check_patchable,
+)
+from headscope.engine.forward.runtime import inference_mode, set_threads
 from headscope.engine.service.scheduler import JobContext, Scheduler
-from headscope.engine.sweeps import compute
+from headscope.engine.sweeps.dispatch import compute
+from headscope.engine.sweeps.prompts import patch_request
 
 if TYPE_CHECKING:
     from headscope.engine.model.loading import Model
@@ -69,7 +93,6 @@ if TYPE_CHECKING:
 __all__ = ["Engine", "default_workers"]
 
 MAX_PREFETCH_VIEWS = 3
-
 
 
 def default_workers(cpus: int | None = None) -> tuple[int, int]:
@@ -130,7 +153,7 @@ class Engine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._models: dict[bool, Model] = {}
         self._models_lock = threading.Lock()
-        self._views: list[tuple[str, tuple[Any, ...]]] = []  # recent views, for prefetch
+        self._views: list[Request] = []  # recent views, for prefetch
         self.store = store
         self._entries: dict[bool, ModelStore] = {}
         self._origin = ""  # where the last sweep's numbers came from (stats().origin)
@@ -302,18 +325,20 @@ class Engine:
         if self._scheduler.focused != (layer, head):
             return
         neighbours = [(layer, head + 1), (layer, head - 1), (layer + 1, head), (layer - 1, head)]
-        for name, args in list(self._views):
+        raw = self._raw
+        for view in list(self._views):
             for nl, nh in neighbours:
                 if 0 <= nl < self.n_layers and 0 <= nh < self.n_heads:
-                    key, fn = getattr(self, f"_plan_{name}")(nl, nh, *args)
+                    request = view.at(nl, nh)
+                    key = (request.key(), raw)
                     if key not in self.cache:
-                        self._scheduler.prefetch(key, fn, head=(nl, nh), label=f"prefetch {name}")
+                        self._scheduler.prefetch(key, self._job(request, raw), head=(nl, nh),
+                                                 label=f"prefetch {request.name}")
 
-    def _remember_view(self, name: str, args: tuple[Any, ...]) -> None:
-        view = (name, args)
-        if view in self._views:
-            self._views.remove(view)
-        self._views.insert(0, view)
+    def _remember_view(self, request: Request) -> None:
+        if request in self._views:
+            self._views.remove(request)
+        self._views.insert(0, request)
         del self._views[MAX_PREFETCH_VIEWS:]
 
     def _remember_loop(self) -> None:
@@ -322,449 +347,187 @@ class Engine:
 
     # -- the request path -----------------------------------------------------------
 
-    async def _get(
-        self,
-        key: Hashable,
-        fn: Callable[[JobContext], Any],
-        *,
-        head: tuple[int, int] | None,
-        label: str,
-        progress: Progress = None,
-    ) -> Any:
-        """Cached result, or the one in flight, or a new job; awaited without blocking."""
+    async def get(self, request: Request, progress: Progress = None, *,
+                  partial: Callable[[Composition], None] | None = None) -> Any:
+        """The result of ``request`` (``core.requests``, built with ``SomeRequest.of``): from
+        the cache, or joining the identical request in flight, or a new job on the worker pool
+        (``sweeps.dispatch.compute``), the focused head's first; a request for a head the user
+        has left is dropped (its awaiter gets ``CancelledError``). Stored requests read and
+        write the results store. ``progress(fraction)`` for sweeps; ``partial(comp)``: a
+        composition's scores so far, on the event loop (``_partial_composition``)."""
         self._remember_loop()
+        raw = self._raw
+        key = (request.key(), raw)
+        if request.prefetched:
+            self._remember_view(request)
         hit = self.cache.get(key)
         if hit is not None:
             return hit
-        return await self._scheduler.run(key, fn, head=head, label=label, progress=progress)
+        if isinstance(request, HeadScoresRequest):  # assembled from two cached views and a sweep
+            return await self._head_scores(request, key)
+        return await self._scheduler.run(key, self._job(request, raw, partial), head=request.head,
+                                         label=request.label(), progress=progress)
 
-    # -- circuit blocks -------------------------------------------------------------
+    def _job(self, request: Request, raw: bool,
+             partial: Callable[[Composition], None] | None = None) -> Callable[[JobContext], Any]:
+        loop = self._loop
 
-    async def circuit_block(
-        self,
-        layer: int,
-        head: int,
-        kind: Literal["qk", "ov"],
-        basis: Literal["token", "position"] = "token",
-        rows: Sequence[int] | None = None,
-        cols: Sequence[int] | None = None,
-        offset: int = 0,
-    ) -> CircuitBlock:
-        """``rows × cols`` of the head's token (or positional) QK or full OV circuit."""
-        args = (kind, basis, _ids(rows), _ids(cols), int(offset))
-        key, fn = self._plan_circuit_block(layer, head, *args)
-        self._remember_view("circuit_block", args)
-        return await self._get(key, fn, head=(layer, head), label=f"L{layer}H{head} {kind}")
-
-    def _plan_circuit_block(
-        self,
-        layer: int,
-        head: int,
-        kind: str,
-        basis: str,
-        rows: tuple[int, ...] | None,
-        cols: tuple[int, ...] | None,
-        offset: int,
-    ) -> tuple[Hashable, Callable[[JobContext], CircuitBlock]]:
-        req = validation.circuit_request(
-            self.structure, layer, head, kind, basis, rows, cols, offset,
-            where=self._where, limit=self.max_block_bytes,
-        )
-        raw = self._raw
-        key = (layer, head, "circuit_block", (kind, basis, req.rows, req.cols, req.offset, raw))
-
-        def run(ctx: JobContext) -> CircuitBlock:
+        def run(ctx: JobContext) -> Any:
             model = self._model(raw)
             ctx.check()
-            return compute.circuit_block(model, req)
+            options: dict[str, Any] = {}
+            if partial is not None and loop is not None and isinstance(request, CompositionRequest):
+                options["on_tile"] = _partial_composition(model, request.kind, partial, loop,
+                                                          self.partial_interval)
+            def run_with(entry: ModelStore | None) -> Any:
+                return compute(model, request, progress=ctx.progress, cancelled=ctx.cancelled,
+                               store=entry, **options)
 
-        return key, run
+            # only stored requests open the model's entry (it fingerprints the checkpoint)
+            result = self._stored(raw, request.origin(), run_with) if request.stored else run_with(None)
+            for other, value in request.published(result):
+                ctx.publish((other.key(), raw), value)
+            ctx.progress(1.0)
+            return result
 
-    async def top_outputs(self, layer: int, head: int, source_token: int, k: int = 10) -> TopTokens:
-        """The output tokens the full OV circuit raises most when the head attends to ``source_token``."""
-        args = (int(source_token), int(k))
-        key, fn = self._plan_top_outputs(layer, head, *args)
-        return await self._get(key, fn, head=(layer, head), label=f"L{layer}H{head} top outputs")
+        return run
 
-    def _plan_top_outputs(
-        self, layer: int, head: int, source: int, k: int
-    ) -> tuple[Hashable, Callable[[JobContext], TopTokens]]:
-        validation.check_head(self.structure, layer, head, self._where)
-        validation.check_token(self.structure, source, self._where)
-        raw = self._raw
-        key = (layer, head, "top_outputs", (source, k, raw))
-        return key, lambda ctx: compute.top_outputs(self._model(raw), layer, head, source, k)
-
-    # -- spectra, profiles, scores ----------------------------------------------------
-
-    async def spectrum(self, layer: int, head: int, kind: Literal["ov", "qk"]) -> Spectrum:
-        """Eigenvalues of the full OV (``"ov"``) or token QK (``"qk"``) circuit, and its score."""
-        key, fn = self._plan_spectrum(layer, head, kind)
-        self._remember_view("spectrum", (kind,))
-        return await self._get(key, fn, head=(layer, head), label=f"L{layer}H{head} spectrum")
-
-    def _plan_spectrum(
-        self, layer: int, head: int, kind: str
-    ) -> tuple[Hashable, Callable[[JobContext], Spectrum]]:
-        validation.check_head(self.structure, layer, head, self._where)
-        validation.check_spectrum_kind(kind, self._where)
-        raw = self._raw
-        key = (layer, head, "spectrum", (kind, raw))
-        return key, lambda ctx: self._stored_spectrum(raw, layer, head, kind, ctx.cancelled)
-
-    def _stored_spectrum(self, raw: bool, layer: int, head: int, kind: str,
-                         cancelled: Callable[[], bool]) -> Spectrum:
-        """``compute.spectrum``, kept in the results store per head (eigenvalues and score)."""
-        entry = self._entry(raw)
-        name, index = f"spectrum-{kind}", f"L{layer}H{head}"
-        if entry is not None:
-            eig = entry.load(name, index, None, np.complex64)
-            score = entry.load(f"{name}-score", index, (), np.float64)
-            if eig is not None and score is not None:
-                return Spectrum(readonly(eig, np.complex64), float(score), kind, layer, head)  # type: ignore[arg-type]
-        found = compute.spectrum(self._model(raw), layer, head, kind, cancelled)
-        if entry is not None:
-            entry.save(name, found.eigenvalues, index)
-            entry.save(f"{name}-score", np.asarray(found.score, np.float64), index)
-        return found
-
-    async def rotary_profile(self, layer: int, head: int, offsets: Sequence[int]) -> Profile:
-        """Rotary models: the head's QK score as a function of the query-key offset Δ."""
-        validation.check_rotary(self.structure, self._where)
-        key, fn = self._plan_rotary_profile(layer, head, tuple(int(o) for o in offsets))
-        return await self._get(key, fn, head=(layer, head), label=f"L{layer}H{head} profile")
-
-    def _plan_rotary_profile(
-        self, layer: int, head: int, offsets: tuple[int, ...]
-    ) -> tuple[Hashable, Callable[[JobContext], Profile]]:
-        validation.check_head(self.structure, layer, head, self._where)
-        raw = self._raw
-        key = (layer, head, "rotary_profile", (offsets, raw))
-        return key, lambda ctx: compute.rotary_profile(self._model(raw), layer, head, offsets)
-
-    async def head_scores(self, layer: int, head: int) -> HeadScores:
-        """Every score of one head (its spectra are cached too: the spectrum view is free)."""
-        validation.check_head(self.structure, layer, head, self._where)
-        raw = self._raw
-        key = (layer, head, "head_scores", (raw,))
-        hit = self.cache.get(key)
-        if hit is not None:
-            return hit
-        behaviour = await self._behaviour(raw)
-        copying, positivity, nonfinite = float("nan"), float("nan"), False
+    async def _head_scores(self, request: HeadScoresRequest, key: Hashable) -> HeadScores:
+        """One head's scores from the model-wide behaviour tables and its two spectra (each
+        cached on its own: the spectrum view is free afterwards)."""
+        tables = await self.get(BehaviourRequest(request.seed))
+        scores, nonfinite = [float("nan"), float("nan")], False
         try:
-            copying = (await self.spectrum(layer, head, "ov")).score
-            positivity = (await self.spectrum(layer, head, "qk")).score
+            for i, kind in enumerate(("ov", "qk")):
+                spectrum = SpectrumRequest(request.layer, request.head_index, kind)
+                scores[i] = (await self.get(spectrum)).score
         except NonFiniteError:
             nonfinite = True
-        result = HeadScores(
-            layer=layer,
-            head=head,
-            copying_score=copying,
-            qk_positivity=positivity,
-            prev_token_score=float(behaviour["prev_token"][layer, head]),
-            duplicate_token_score=float(behaviour["duplicate_token"][layer, head]),
-            induction_score=float(behaviour["induction"][layer, head]),
-            attention_sink_score=float(behaviour["attention_sink"][layer, head]),
-            delimiter_sink_score=float(behaviour["delimiter_sink"][layer, head]),
-            nonfinite=nonfinite or bool(behaviour["nonfinite"][layer, head]),
-        )
+        model = self._opened.result()
+        result = compute(model, request, behaviour_tables=tables, spectra=(*scores, nonfinite))
         self.cache.put(key, result)
         return result
 
-    async def _behaviour(self, raw: bool) -> dict[str, np.ndarray]:
-        """Behavioural scores of every head: one batched forward pass, model-wide."""
-        return await self._get(
-            (None, None, "behaviour", (SEED, raw)),
-            lambda ctx: self._stored(raw, None, lambda entry: compute.behaviour(
-                self._model(raw), SEED, ctx.cancelled, store=entry)),
-            head=None,
-            label="behaviour scores",
-        )
+    # -- the explorer's requests, until it calls get() itself ---------------------------------
+
+    async def circuit_block(self, layer: int, head: int, kind: Literal["qk", "ov"],
+                            basis: Literal["token", "position"] = "token",
+                            rows: Sequence[int] | None = None, cols: Sequence[int] | None = None,
+                            offset: int = 0) -> CircuitBlock:
+        return await self.get(CircuitRequest.of(self.structure, layer, head, kind, basis, rows, cols,
+                                                offset, where=self._where, limit=self.max_block_bytes))
+
+    async def top_outputs(self, layer: int, head: int, source_token: int, k: int = 10) -> TopTokens:
+        return await self.get(TopOutputsRequest.of(self.structure, layer, head, source_token, k,
+                                                   where=self._where))
+
+    async def spectrum(self, layer: int, head: int, kind: Literal["ov", "qk"]) -> Spectrum:
+        return await self.get(SpectrumRequest.of(self.structure, layer, head, kind, where=self._where))
+
+    async def rotary_profile(self, layer: int, head: int, offsets: Sequence[int]) -> Profile:
+        return await self.get(ProfileRequest.of(self.structure, layer, head, offsets, where=self._where))
+
+    async def head_scores(self, layer: int, head: int) -> HeadScores:
+        return await self.get(HeadScoresRequest.of(self.structure, layer, head, where=self._where))
 
     async def all_head_scores(self, progress: Progress = None) -> ScoreTable:
-        """Every score of every head (a sweep): fills the per-head ``head_scores`` cache."""
-        raw = self._raw
-
-        def run(ctx: JobContext) -> ScoreTable:
-            table = self._stored(raw, "head scores", lambda entry: compute.score_table(
-                self._model(raw), SEED, ctx.progress, ctx.cancelled, store=entry))
-            for layer in range(table.n_layers):
-                for head in range(table.n_heads):
-                    ctx.publish((layer, head, "head_scores", (raw,)), table.head(layer, head))
-            ctx.progress(1.0)
-            return table
-
-        return await self._get(
-            (None, None, "all_head_scores", (SEED, raw)),
-            run,
-            head=None,
-            label="all head scores",
-            progress=progress,
-        )
-
-    # -- reading a head (docs/math.md, "Reading a head") -----------------------------------
+        return await self.get(ScoreTableRequest(SEED), progress)
 
     async def singular_directions(self, layer: int, head: int, kind: Literal["ov", "qk"],
                                   k: int = 5, top: int = 10) -> SingularDirections:
-        """The top ``k`` singular directions of the full OV / token QK circuit, as tokens."""
-        validation.check_svd(self.structure, layer, head, kind, k, top, self._where)
-        raw = self._raw
-        key = (layer, head, "singular_directions", (kind, int(k), int(top), raw))
-        return await self._get(
-            key,
-            lambda ctx: compute.singular_directions(self._model(raw), layer, head, kind, int(k), int(top)),
-            head=(layer, head),
-            label=f"L{layer}H{head} {kind} directions",
-        )
+        return await self.get(DirectionsRequest.of(self.structure, layer, head, kind, k, top,
+                                                   where=self._where))
 
     async def virtual_path(self, source: tuple[int, int], target: tuple[int, int],
-                           rows: Sequence[int] | None = None,
-                           cols: Sequence[int] | None = None) -> VirtualPath:
-        """The V- and K-composition virtual heads of ``source → target``."""
-        req = validation.check_path(self.structure, source, target, _ids(rows), _ids(cols),
-                                  where=self._where, limit=self.max_block_bytes)
-        raw = self._raw
-        key = (*req.target, "virtual_path", (req.source, req.rows, req.cols, SEED, raw))
-        return await self._get(
-            key,
-            lambda ctx: compute.virtual_path(self._model(raw), req, SEED),
-            head=req.target,
-            label=f"L{req.source[0]}H{req.source[1]}→L{req.target[0]}H{req.target[1]}",
-        )
+                           rows: Sequence[int] | None = None, cols: Sequence[int] | None = None
+                           ) -> VirtualPath:
+        return await self.get(PathRequest.of(self.structure, source, target, rows, cols,
+                                             where=self._where, limit=self.max_block_bytes))
 
     async def score_null(self) -> ScoreNull:
-        """Every score on random heads of the model's shapes and norms (model-wide, cached)."""
-        raw = self._raw
-        return await self._get(
-            (None, None, "score_null", (SEED, raw)),
-            lambda ctx: self._stored(raw, None, lambda entry: compute.score_null(
-                self._model(raw), SEED, store=entry, cancelled=ctx.cancelled)),
-            head=None,
-            label="score null",
-        )
+        return await self.get(ScoreNullRequest(SEED))
 
     async def composition(self, kind: Literal["q", "k", "v"], progress: Progress = None,
                           partial: Callable[[Composition], None] | None = None) -> Composition:
-        """Q/K/V composition scores between all pairs of heads (a cancellable sweep).
-
-        ``partial(comp)``: called on the event loop with the scores so far while the sweep
-        runs, at most every ``partial_interval`` seconds (a graph fills in layer pair by layer
-        pair): pairs not computed yet are NaN, the top edges are those of the pairs done.
-        Partial results are built on the worker thread; the last one comes before the final
-        result is returned. A caller that joins a sweep already running gets no partials.
-        """
-        validation.check_composition_kind(kind, self._where)
-        raw = self._raw
-        self._remember_loop()
-        loop = self._loop
-
-        def run(ctx: JobContext) -> Composition:
-            model = self._model(raw)
-            on_tile = None if partial is None or loop is None else \
-                _partial_composition(model, kind, partial, loop, self.partial_interval)
-            return self._stored(raw, f"composition {kind}", lambda entry: compute.composition(
-                model, kind, SEED, ctx.progress, ctx.cancelled, on_tile=on_tile, store=entry))
-
-        return await self._get(
-            (None, None, "composition", (kind, SEED, raw)),
-            run,
-            head=None,
-            label=f"composition {kind}",
-            progress=progress,
-        )
+        return await self.get(CompositionRequest.of(self.structure, kind, where=self._where), progress,
+                              partial=partial)
 
     async def ablation(self, layer: int, head: int) -> float:
-        """Loss increase on the seeded repeated sequence when the head's output is zeroed."""
-        validation.check_head(self.structure, layer, head, self._where)
-        raw = self._raw
-        return await self._get(
-            (layer, head, "ablation", (SEED, raw)),
-            lambda ctx: compute.ablation_effect(self._model(raw), layer, head, SEED),
-            head=(layer, head),
-            label="ablation",
-        )
+        return await self.get(AblationRequest.of(self.structure, layer, head, where=self._where))
 
     async def all_ablation_effects(self, progress: Progress = None) -> np.ndarray:
-        """``[n_layers, n_heads]`` zero-ablation effects of every head (a cancellable sweep).
-
-        The values ``ablation(layer, head)`` gives, computed together by
-        ``forward.behaviour.ablation_effects`` (which skips what an ablation cannot change), and
-        published per head so that ``ablation`` is a cache hit afterwards. Opt-in: a forward
-        pass per head is the most expensive sweep on a big model.
-        """
-        raw = self._raw
-
-        def run(ctx: JobContext) -> np.ndarray:
-            table = self._stored(raw, "ablation effects", lambda entry: compute.ablation_effects(
-                self._model(raw), SEED, ctx.progress, ctx.cancelled, store=entry))
-            for layer in range(table.shape[0]):
-                for head in range(table.shape[1]):
-                    ctx.publish((layer, head, "ablation", (SEED, raw)), float(table[layer, head]))
-            return table
-
-        return await self._get(
-            (None, None, "all_ablation_effects", (SEED, raw)),
-            run,
-            head=None,
-            label="ablation sweep",
-            progress=progress,
-        )
+        return await self.get(AblationSweepRequest(SEED), progress)
 
     async def stored_ablation_effects(self) -> np.ndarray | None:
-        """The ablation effects already in the results store (a sweep of an earlier run, the
-        CLI's ``heads --ablation``), or None: read on a worker, no forward pass."""
-        raw = self._raw
-
-        def run(ctx: JobContext) -> np.ndarray | None:
-            entry = self._entry(raw)
-            return compute.stored_ablation_effects(self._model(raw), SEED, entry)
-
-        return await self._get(
-            (None, None, "stored_ablation_effects", (SEED, raw)),
-            run,
-            head=None,
-            label="stored ablation effects",
-        )
-
-    # -- interventions: activation, attribution and path patching (docs/math.md, "Patching") --
+        return await self.get(AblationSweepRequest(SEED, stored_only=True))
 
     async def induction_prompts(self, task: str = "induction") -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """The first clean and corrupt sequence of a seeded built-in task (``"induction"``,
-        what ``patch()`` runs with no prompts, or ``"first-occurrence"``): the explorer's
-        Patch tab shows them as its inputs."""
-        raw = self._raw
-        # the task's seed, length and batch (an unknown task: one line, before any work)
-        req = validation.patch_request(self.structure, task=task, where=self._where)
-
-        def run(ctx: JobContext) -> tuple[tuple[int, ...], tuple[int, ...]]:
-            from headscope.engine.forward.patching import induction_task
-
-            cfg = self._model(raw).cfg
-            clean, corrupt = induction_task(cfg.d_vocab, cfg.n_ctx, req.seed, req.seq_len,
-                                            req.batch, task=req.task)
-            return tuple(int(i) for i in clean[0]), tuple(int(i) for i in corrupt[0])
-
-        return await self._get((None, None, "induction_prompts", (SEED, raw, req.task)), run,
-                               head=None, label=f"{req.task} task")
+        return await self.get(InductionPromptsRequest.of(self.structure, task, where=self._where))
 
     async def patch(self, *, clean: str | Sequence[int] | None = None,
                     corrupt: str | Sequence[int] | None = None, answer: str | int | None = None,
                     wrong: str | int | None = None, site: str = "out", method: str = "exact",
                     task: str | None = None, progress: Progress = None) -> PatchResult:
-        """Activation (``method="exact"``) or attribution patching of every head at ``site``,
-        denoising: ``compute.patch`` (what ``headscope patch`` runs) as a cancellable sweep.
-
-        No prompts: the seeded built-in ``task`` (default ``"induction"``; or
-        ``"first-occurrence"``) and its metric (the mean log-probability of the repeated
-        half). Prompts are text (the model's tokenizer) or token ids, with the
-        ``answer`` and ``wrong`` tokens of the logit difference (ids, ``#id`` or a one-token
-        string). Results are kept in the results store under the checkpoint's fingerprint
-        and a hash of the resolved request (``compute.patch_part``)."""
-        validation.check_patchable(self.structure, self._where)
-        raw = self._raw
-        inputs = (_prompt_key(clean), _prompt_key(corrupt), answer, wrong, task)
-
-        def run(ctx: JobContext) -> PatchResult:
-            model = self._model(raw)
-            req = patch_request(model, clean, corrupt, answer, wrong, site=site, method=method, task=task)
-            # attribution takes a backward pass: the workers run under inference_mode
-            with gradient_mode() if req.method == "attribution" else contextlib.nullcontext():
-                result = self._stored(raw, "patching", lambda entry: compute.patch(
-                    model, req, ctx.progress, ctx.cancelled, entry))
-            ctx.progress(1.0)
-            return result
-
-        return await self._get((None, None, "patch", (*inputs, site, method, SEED, raw)), run,
-                               head=None, label=f"patching {site}", progress=progress)
+        return await self.get(await self._patch_request(clean, corrupt, answer=answer, wrong=wrong,
+                                                        site=site, method=method, task=task), progress)
 
     async def path_patch(self, edges: Sequence[tuple[tuple[int, int], tuple[int, int]]],
                          receiver_input: str, *, clean: str | Sequence[int] | None = None,
                          corrupt: str | Sequence[int] | None = None,
                          answer: str | int | None = None, wrong: str | int | None = None,
                          task: str | None = None, progress: Progress = None) -> PatchResult:
-        """Path patching of each composition edge ``(sender, receiver)`` into the receiver's
-        ``receiver_input`` (q, k or v), on the same inputs and metric as ``patch``: one
-        ``compute.patch`` request per edge (each kept in the results store), one row per edge
-        in the result."""
-        validation.check_patchable(self.structure, self._where)
-        pairs = tuple((tuple(map(int, s)), tuple(map(int, r))) for s, r in edges)
-        raw = self._raw
-        inputs = (_prompt_key(clean), _prompt_key(corrupt), answer, wrong, task)
+        """Path patching of each edge ``(sender, receiver)`` into the receiver's
+        ``receiver_input`` (q, k or v): one ``PatchRequest`` per edge (each cached and kept
+        in the results store), one row per edge in the result."""
+        check_patchable(self.structure, self._where)
+        requests = [await self._patch_request(clean, corrupt, answer=answer, wrong=wrong,
+                                              site=receiver_input, edge=edge, task=task) for edge in edges]
+        if not requests:
+            raise InvalidRequestError(self._where, "no edges to path-patch")
+        n = len(requests)
+        found = [await self.get(req, progress_span(progress, i / n, (i + 1) / n))
+                 for i, req in enumerate(requests)]
+        return dataclasses.replace(found[0], rows=tuple(r for f in found for r in f.rows))
 
-        def run(ctx: JobContext) -> PatchResult:
-            model = self._model(raw)
-            found: list[PatchResult] = []
-            for i, edge in enumerate(pairs):
-                ctx.check()
-                req = patch_request(model, clean, corrupt, answer, wrong, site=receiver_input,
-                                    edge=edge, task=task)  # type: ignore[arg-type]
-
-                def part(fraction: float, i: int = i) -> None:
-                    ctx.progress((i + fraction) / len(pairs))
-
-                found.append(self._stored(raw, None, lambda entry, req=req, part=part:
-                                          compute.patch(model, req, part, ctx.cancelled, entry)))
-            ctx.progress(1.0)
-            if not found:
-                raise InvalidRequestError(self._where, "no edges to path-patch")
-            first = found[0]
-            return dataclasses.replace(first, rows=tuple(r for f in found for r in f.rows))
-
-        return await self._get(
-            (None, None, "path_patch", (pairs, receiver_input, *inputs, SEED, raw)), run,
-            head=None, label=f"path patching {receiver_input}", progress=progress)
+    async def _patch_request(self, clean: str | Sequence[int] | None,
+                             corrupt: str | Sequence[int] | None, **options: Any) -> PatchRequest:
+        """The explorer's patching inputs (text or ids) resolved against the tokenizer."""
+        check_patchable(self.structure, self._where)
+        await self.ready()
+        return patch_request(self._opened.result(), clean, corrupt, **options)
 
     async def compare(
         self, other: Engine, *, match_heads: bool = False, threshold: float = EDGE_THRESHOLD
     ) -> ModelDiff:
         """Diff this model (A) against ``other`` (B) with ``sweeps.diff.diff_models``, on a worker.
 
-        Each model is taken with its own current raw/processed setting.
+        Each model is taken with its own current raw/processed setting (not a ``Request``:
+        it needs two open models).
         """
         await self.ready()
         await other.ready()
+        self._remember_loop()
         raw, other_raw = self._raw, other.raw
 
         def run(ctx: JobContext) -> ModelDiff:
             from headscope.engine.sweeps.diff import diff_models
 
-            return diff_models(
-                self._model(raw),
-                other._model(other_raw),
-                match_heads=match_heads,
-                threshold=threshold,
-                seed=SEED,
-            )
+            return diff_models(self._model(raw), other._model(other_raw), match_heads=match_heads,
+                               threshold=threshold, seed=SEED)
 
-        key = (None, None, "compare", (str(other.path), id(other), raw, other_raw, match_heads, threshold))
-        return await self._get(key, run, head=None, label="compare")
-
-    # -- prompts --------------------------------------------------------------------
+        key = ("compare", str(other.path), id(other), raw, other_raw, match_heads, threshold)
+        hit = self.cache.get(key)
+        if hit is not None:
+            return hit
+        return await self._scheduler.run(key, run, head=None, label="compare")
 
     async def tokenize(self, text: str) -> list[int]:
-        """Token ids of ``text`` with the model's tokenizer (for choosing heatmap tokens)."""
-        if not text or not text.strip():
-            raise PromptError(self._where, "empty text: type some tokens first")
-        await self.ready()
-        model = self._opened.result()
-        return await asyncio.to_thread(model.tokenizer.encode, text)
+        return await self.get(TokenizeRequest.of(self.structure, text, where=self._where))
 
     async def run_prompt(self, text: str, layer: int, head: int) -> PromptView:
-        """Tokenise ``text`` (cut to n_ctx), run it, and show it from (layer, head)."""
         validation.check_head(self.structure, layer, head, self._where)
-        validation.check_prompt(text, self._where)
-        raw = self._raw
-
-        def run(ctx: JobContext) -> compute.PromptRun:
-            return compute.run_prompt(
-                self._model(raw), text, limit=self.max_block_bytes, cancelled=ctx.cancelled
-            )
-
-        prompt: compute.PromptRun = await self._get(
-            (None, None, "prompt", (text, raw)), run, head=None, label="prompt"
-        )
-        return prompt.view(layer, head)
+        prompt = PromptRequest.of(self.structure, text, where=self._where, limit=self.max_block_bytes)
+        return (await self.get(prompt)).view(layer, head)
 
 
 # -- helpers ---------------------------------------------------------------------------
@@ -793,14 +556,10 @@ def origin_text(what: str, loaded: int, computed: int) -> str:
     return f"{what}: {loaded} parts from the cache, {computed} computed now"
 
 
-def _ids(ids: Sequence[int] | None) -> tuple[int, ...] | None:
-    return None if ids is None else tuple(int(i) for i in ids)
-
-
 def _partial_composition(model: Model, kind: str, deliver: Callable[[Composition], None],
                          loop: asyncio.AbstractEventLoop, interval: float
                          ) -> Callable[[int, int, np.ndarray], None]:
-    """An ``on_tile`` for ``compute.composition`` that gathers the tiles as they finish and
+    """An ``on_tile`` for ``scores.composition`` that gathers the tiles as they finish and
     hands ``deliver`` a partial ``Composition`` on ``loop`` at most every ``interval`` seconds
     (built here, on the worker thread: the event loop only receives it)."""
     import time
@@ -830,23 +589,3 @@ def _partial_composition(model: Model, kind: str, deliver: Callable[[Composition
         deliver_soon(loop, deliver, comp)
 
     return on_tile
-
-
-# -- patching's inputs ------------------------------------------------------------------------
-
-
-def _prompt_key(prompt: str | Sequence[int] | None) -> str | tuple[int, ...] | None:
-    return prompt if prompt is None or isinstance(prompt, str) else tuple(int(i) for i in prompt)
-
-
-def patch_request(model: Model, clean: str | Sequence[int] | None,
-                  corrupt: str | Sequence[int] | None, answer: str | int | None,
-                  wrong: str | int | None, **options: Any) -> validation.PatchRequest:
-    """The explorer's inputs (text or ids, tokens as ids or strings) resolved against the
-    model's tokenizer and validated by ``validation.patch_request`` (the CLI's checks)."""
-    return validation.patch_request(
-        model.structure(), clean=compute.prompt_ids(model, clean, "clean"),
-        corrupt=compute.prompt_ids(model, corrupt, "corrupt"),
-        answer=None if answer is None else compute.answer_token(model, answer, "answer"),
-        wrong=None if wrong is None else compute.answer_token(model, wrong, "wrong"),
-        where=str(model.path), **options)

@@ -114,7 +114,7 @@ class _OnePart:
 
 def _run_sweep(model: Model, sweep: str, memo: _OnePart) -> None:
     """Compute ``memo``'s one part by the function the client's own sweep runs
-    (``compute.weight_scores``, ``compute.composition``), so the numbers are bit-identical."""
+    (``scores.weight_scores``, ``scores.composition``), so the numbers are bit-identical."""
     from headscope.engine.circuits import spectral
     from headscope.engine.circuits.composition import composition_scores
     from headscope.engine.circuits.spectral import kept_spectral_middles

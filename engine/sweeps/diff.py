@@ -41,6 +41,7 @@ from headscope.engine.core.validation import (
 )
 
 if TYPE_CHECKING:
+    from headscope.engine.core.progress import Progress
     from headscope.engine.model.loading import Model
     from headscope.engine.sweeps.cluster import Cluster
     from headscope.engine.sweeps.store import ResultStore
@@ -129,8 +130,8 @@ def diff_models(
     """
 
     from headscope.engine.circuits.similarity import circuit_similarity
+    from headscope.engine.core.progress import progress_span
     from headscope.engine.forward.runtime import import_torch_in_background
-    from headscope.engine.sweeps.compute import progress_span
 
     report(progress, 0.0)
     arrays_a, arrays_b = a.weights, b.weights
@@ -150,7 +151,7 @@ def diff_models(
     def table(model: Model, part: Progress) -> dict[str, np.ndarray]:
         """``keys`` and ``nonfinite``, ``[L, H]`` each: the sweeps (and stored parts) of
         ``heads --no-behaviour`` / ``heads``; z-scores are not compared (no calibration)."""
-        from headscope.engine.sweeps.compute import score_table, weight_scores
+        from headscope.engine.sweeps.scores import score_table, weight_scores
 
         entry = None if store is None else store.for_model(model)
         if not behaviour:
@@ -245,7 +246,8 @@ def _composition_diff(
     a: Model, b: Model, kind: str, matching: list[list[int]], threshold: float, seed: int,
     store: ResultStore | None = None, progress: Progress = None, cluster: Cluster | None = None,
 ) -> dict[str, Any]:
-    from headscope.engine.sweeps.compute import composition, progress_span
+    from headscope.engine.core.progress import progress_span
+    from headscope.engine.sweeps.scores import composition
 
     def scores_of(model: Model, part: Progress) -> Any:
         # The `composition` command's own sweep (same stored tiles, same numbers).

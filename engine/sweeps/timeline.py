@@ -214,12 +214,12 @@ def composition_maxima(model: Model, seed: int = 0,
     """Per head, its strongest edge of each composition kind above the baseline, either end.
 
     ``[n_layers, n_heads]`` per kind; NaN for a head with no edge (a one-layer model) or
-    non-finite weights. The scores are the ``composition`` command's (``compute.composition``,
+    non-finite weights. The scores are the ``composition`` command's (``scores.composition``,
     its stored tiles when ``store`` is given).
     """
     import numpy as np
 
-    from headscope.engine.sweeps.compute import composition
+    from headscope.engine.sweeps.scores import composition
 
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     earlier = np.arange(n_layers)[:, None] < np.arange(n_layers)[None, :]
@@ -285,7 +285,7 @@ def score_step(source: StepSource, *, seed: int = 0, raw: bool = False,
     """Open one checkpoint, score every head, fingerprint it, close it.
 
     Independent of every other step (the unit a worker pool or a cluster runs); the scores
-    are ``compute.score_table``'s (``heads``' numbers) and :func:`composition_maxima`'s with the same ``seed``.
+    are ``scores.score_table``'s (``heads``' numbers) and :func:`composition_maxima`'s with the same ``seed``.
     ``store``: the results store (``sweeps.store``). A step already scored (by a timeline,
     here or on a cluster) is read back whole (:func:`load_step`), with no model opened;
     otherwise its sweeps read and write the store as ``heads`` and ``composition`` on that
@@ -328,7 +328,7 @@ def score_checkpoint(source: StepSource, *, seed: int, raw: bool,
 
     from headscope.engine.core.validation import SCORE_NAMES
     from headscope.engine.model.loading import open_model
-    from headscope.engine.sweeps.compute import score_table
+    from headscope.engine.sweeps.scores import score_table
 
     model = open_model(source.path, raw=raw)
     try:

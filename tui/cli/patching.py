@@ -2,7 +2,7 @@
 (docs/math.md, "Patching"): what the two commands (commands/patch.py, commands/path_patch.py)
 share, their inputs, the run and the table. The work is
 ``engine.api.report.patch_request`` (inputs resolved and validated) and ``patch_report``
-(``sweeps.compute.patch``, through the results store). ``--json`` prints
+(``sweeps.patch_runs.patch``, through the results store). ``--json`` prints
 ``api.report.patch_dict``; otherwise a table: the clean and corrupt runs' metric, then one
 row per head (or set, or edge), most recovered first.
 

@@ -46,7 +46,7 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from headscope.engine.api.report import circuit_report, composition_report, head_table
     from headscope.engine.core.export import export_report
-    from headscope.engine.core.validation import check_composition_kind
+    from headscope.engine.core.requests import CompositionRequest
 
     if args.ablation and args.what != "heads":
         raise InvalidRequestError(None, "--ablation is a column of --what heads")
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
                                      progress=progress)
         stem = f"{name}-heads{suffix}"
     elif args.what == "composition":
-        check_composition_kind(args.kind, str(model.path))
+        CompositionRequest.of(model.structure(), args.kind, where=str(model.path))  # before the bar
         with progress_bar(f"{args.kind}-composition {name}", quiet=args.quiet) as progress:
             report = composition_report(model, args.kind, seed=args.seed, store=store,
                                         progress=progress)
