@@ -2,7 +2,7 @@
 
 Writes (or reuses, ``--dir``) the random GPT-2-small checkpoint of ``bench.checkpoints`` and
 runs each scenario in a fresh subprocess (``--one SCENARIO PATH``), so peak RSS
-(``ru_maxrss``) is per scenario. Scenarios, each on ``engine.model.loading.open_model`` (processed
+(``ru_maxrss``) is per scenario. Scenarios, each on ``engine.model.loading.load_model`` (processed
 weights, cold: the first pass also pays for processing the weights it reads):
 
 - ``behaviour``: ``behaviour.behaviour_scores`` (per-layer reduction, no unembedding);
@@ -54,9 +54,9 @@ def one(scenario: str, path: Path, budget: float, seq_len: int | None, batch: in
 
     from headscope.engine.forward import behaviour
     from headscope.engine.forward.transformer import run
-    from headscope.engine.model.loading import open_model
+    from headscope.engine.model.loading import load_model
 
-    w = open_model(path).weights
+    w = load_model(path).weights
     cfg = w.cfg
     out: dict[str, Any] = {"open_s": time.perf_counter() - T0, "rss_open_mb": rss_mb()}
     tokens = behaviour.repeated_tokens(cfg.d_vocab, cfg.n_ctx, SEED, seq_len, batch)

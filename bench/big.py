@@ -132,9 +132,9 @@ def run_floor(path: Path) -> dict[str, Any]:
 
     from headscope.engine.forward import transformer as forward
     from headscope.engine.forward.torch_weights import torch_weights
-    from headscope.engine.model.loading import open_model
+    from headscope.engine.model.loading import load_model
 
-    w = torch_weights(open_model(path, raw=True).weights)  # the torch floor, as before
+    w = torch_weights(load_model(path, raw=True).weights)  # the torch floor, as before
     cfg = w.cfg
     t = time.perf_counter()
     w_e, w_u = w.get("embed.W_E"), w.get("unembed.W_U")
@@ -182,9 +182,9 @@ def run_composition_floor(path: Path, kind: str) -> dict[str, Any]:
     """Every layer pair's ``[H·k, d] @ [d, H·k]`` product: the GEMM floor of one mode (only
     the products are timed, not the reads)."""
     from headscope.engine.forward.torch_weights import torch_weights
-    from headscope.engine.model.loading import open_model
+    from headscope.engine.model.loading import load_model
 
-    w = _FirstLayers(torch_weights(open_model(path, raw=True).weights), _layers())
+    w = _FirstLayers(torch_weights(load_model(path, raw=True).weights), _layers())
     cfg = w.cfg
     n, d = cfg.n_heads * cfg.d_head, cfg.d_model
     target = {"q": "W_Q", "k": "W_K", "v": "W_V"}[kind]
@@ -204,9 +204,9 @@ def run_composition(path: Path, kind: str) -> dict[str, Any]:
     explorer and the cluster workers run), with the ETA its progress gives."""
     from headscope.engine.circuits.composition import composition_scores
     from headscope.engine.core.eta import Eta
-    from headscope.engine.model.loading import open_model
+    from headscope.engine.model.loading import load_model
 
-    model = open_model(path)
+    model = load_model(path)
     w = _FirstLayers(model.weights, _layers())
     eta = Eta()
     etas: list[float] = []

@@ -53,11 +53,11 @@ def _timed(fn: Callable[[], object]) -> float:
 
 def measure(path: Path, workers: tuple[int, ...], sweeps: tuple[str, ...]) -> dict[str, Any]:
     """Seconds for every (sweep, in-process | N workers) on the checkpoint at ``path``."""
-    from headscope.engine.model.loading import open_model
+    from headscope.engine.model.loading import load_model
     from headscope.engine.sweeps.cluster import local_cluster
     from headscope.engine.sweeps.store import ResultStore
 
-    model = open_model(path)
+    model = load_model(path)
     scratch = Path(tempfile.mkdtemp(prefix="headscope-bench-cluster-"))
     fresh = iter(range(10**6))
 

@@ -91,9 +91,9 @@ def one(scenario: str, path: Path, n_tokens: int) -> dict[str, Any]:
         out["values"] = [row.patched for row in result.rows]
     else:
         from headscope.engine.forward import patching
-        from headscope.engine.model.loading import open_model
+        from headscope.engine.model.loading import load_model
 
-        model = open_model(path)
+        model = load_model(path)
         clean, corrupt = prompts(model.cfg.d_vocab, n_tokens)
         metric = patching.LogitDiff(ANSWER, WRONG)
         out["open_seconds"] = time.perf_counter() - T0

@@ -67,9 +67,9 @@ def headscope(task: str, path: Path) -> dict[str, Any]:
         elif task == "copying":
             from headscope.engine.circuits import spectral
             from headscope.engine.circuits.spectral import kept_spectral_middles
-            from headscope.engine.model.loading import open_model
+            from headscope.engine.model.loading import load_model
 
-            weights = open_model(path).weights  # shares nothing with the engine: cold
+            weights = load_model(path).weights  # shares nothing with the engine: cold
 
             def copying() -> None:  # the copying half of spectral.spectral_scores
                 middle = {"copying_score": kept_spectral_middles(weights)["copying_score"]}
@@ -101,7 +101,7 @@ def dense(task: str, path: Path) -> dict[str, Any]:
     matrices materialised per head, dense eigenvalues, dense products per pair."""
     import torch
 
-    from headscope.engine.model.loading import open_model, read_structure
+    from headscope.engine.model.loading import load_model, read_structure
 
     out: dict[str, Any] = {}
     read_structure(path)
@@ -109,7 +109,7 @@ def dense(task: str, path: Path) -> dict[str, Any]:
     t = time.perf_counter()
     from headscope.engine.forward.torch_weights import torch_weights
 
-    w = torch_weights(open_model(path, raw=True).weights)  # the dense baseline is torch
+    w = torch_weights(load_model(path, raw=True).weights)  # the dense baseline is torch
     cfg = w.cfg
     stack = {n: torch.stack([w.get(f"blocks.{la}.attn.{n}") for la in range(cfg.n_layers)])
              for n in ("W_Q", "W_K", "W_V", "W_O")}  # [L, H, ...] every head, in memory

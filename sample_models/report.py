@@ -16,14 +16,14 @@ import torch
 from headscope.engine.circuits.composition import composition_scores
 from headscope.engine.circuits.spectral import spectral_scores
 from headscope.engine.forward.behaviour import ablation_effects, behaviour_scores
-from headscope.engine.model.loading import open_model
+from headscope.engine.model.loading import load_model
 
 HERE = Path(__file__).resolve().parent
 MODELS = ("attn-only-1l", "attn-only-2l", "gpt2-mini")
 
 
 def head_table(path: Path) -> str:
-    model = open_model(path)
+    model = load_model(path)
     w = model.weights
     behaviour = behaviour_scores(w, seed=0)
     columns = {

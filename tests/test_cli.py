@@ -15,7 +15,7 @@ import torch
 from headscope.engine.circuits import head_circuits as circuits
 from headscope.engine.forward import behaviour
 from headscope.engine.forward import transformer as forward
-from headscope.engine.model.loading import open_model
+from headscope.engine.model.loading import load_model
 from headscope.tui.cli.main import main
 from tests import weight_algebra as algebra
 
@@ -47,7 +47,7 @@ def test_info_reports_the_structure(capsys, gpt2_dir) -> None:
 def test_heads_equal_the_score_functions(capsys, gpt2_dir) -> None:
     path, _ = gpt2_dir
     rows = run_json(capsys, "heads", str(path))
-    w = open_model(path).weights
+    w = load_model(path).weights
     copying = algebra.all_copying_scores(w)
     behaviours = behaviour.behaviour_scores(w, seed=0)
     assert len(rows) == w.cfg.n_layers * w.cfg.n_heads
@@ -76,7 +76,7 @@ def test_heads_ablation_column_equals_single_head_forward_passes(capsys, gpt2_di
     assert values == sorted(values, reverse=True)
     # Each value is the loss of a full forward pass with that one head zeroed, minus the
     # clean loss, on the second copy of the seed-0 repeated tokens.
-    w = open_model(path).weights
+    w = load_model(path).weights
     tokens = behaviour.repeated_tokens(w.cfg.d_vocab, w.cfg.n_ctx, seed=0)
     half = tokens.shape[1] // 2
 
@@ -95,7 +95,7 @@ def test_heads_ablation_column_equals_single_head_forward_passes(capsys, gpt2_di
 def test_composition_json_shape_and_top_edges(capsys, gpt2_dir) -> None:
     path, _ = gpt2_dir
     report = run_json(capsys, "composition", str(path), "--kind", "k", "--top", "3")
-    w = open_model(path).weights
+    w = load_model(path).weights
     expected = algebra.composition_scores(w, "k", seed=0)
     s = torch.tensor(report["scores"])
     L, H = w.cfg.n_layers, w.cfg.n_heads
@@ -114,7 +114,7 @@ def test_composition_json_shape_and_top_edges(capsys, gpt2_dir) -> None:
 def test_forward_matches_the_engine(capsys, gpt2_dir) -> None:
     path, _ = gpt2_dir
     report = run_json(capsys, "forward", str(path), "--tokens", "3,14,15,92")
-    ref = forward.run(open_model(path).weights, [3, 14, 15, 92])
+    ref = forward.run(load_model(path).weights, [3, 14, 15, 92])
     assert torch.allclose(torch.tensor(report["logits"]), ref.logits[0], atol=1e-5)
     assert torch.tensor(report["patterns"]).shape == ref.patterns[0].shape
 
@@ -122,7 +122,7 @@ def test_forward_matches_the_engine(capsys, gpt2_dir) -> None:
 def test_circuit_block_equals_the_dense_product(capsys, gpt2_dir) -> None:
     path, _ = gpt2_dir
     report = run_json(capsys, "circuit", str(path), "1", "2", "--kind", "qk", "--rows", "0:5,7", "--cols", "3,4")
-    w = open_model(path).weights
+    w = load_model(path).weights
     e = w.get("embed.W_E")
     dense = e @ w.get_head("blocks.1.attn.W_Q", 2) @ w.get_head("blocks.1.attn.W_K", 2).T @ e.T
     assert report["rows"] == [0, 1, 2, 3, 4, 7] and report["cols"] == [3, 4]
@@ -136,7 +136,7 @@ def test_position_basis(capsys, gpt2_dir) -> None:
     path, _ = gpt2_dir
     report = run_json(capsys, "circuit", str(path), "0", "0", "--kind", "qk", "--basis", "position",
                       "--rows", "0:4", "--cols", "0:4")
-    w = open_model(path).weights
+    w = load_model(path).weights
     p = w.get("pos_embed.W_pos")[:4]
     dense = p @ w.get_head("blocks.0.attn.W_Q", 0) @ w.get_head("blocks.0.attn.W_K", 0).T @ p.T
     assert torch.allclose(torch.tensor(report["values"]), torch.from_numpy(dense), atol=1e-4)
@@ -251,7 +251,7 @@ def test_rotary_models_show_token_qk_at_an_offset(capsys, llama_dir) -> None:
     path, _ = llama_dir
     report = run_json(capsys, "circuit", str(path), "1", "3", "--kind", "qk", "--offset", "3",
                       "--rows", "0:4", "--cols", "5,6")
-    w = open_model(path).weights
+    w = load_model(path).weights
     e = w.get("embed.W_E")
     dense = e[:4] @ circuits.rotary_qk(w, 1, 3, 3).AB @ e[[5, 6]].T
     assert report["offset"] == 3

@@ -217,10 +217,10 @@ def test_engine_run_prompt_truncates_to_the_context(corpus_sources: Sources) -> 
 _CHANGED_UNDER_US = """
 import sys
 from headscope.engine.core.errors import HeadscopeError
-from headscope.engine.model.loading import open_model
+from headscope.engine.model.loading import load_model
 
 path = sys.argv[1]
-m = open_model(path, raw=True)
+m = load_model(path, raw=True)
 m.weights.get_head("blocks.0.attn.W_Q", 0)  # the file is now open (mmap)
 f = m.path / "model.safetensors"
 size = f.stat().st_size

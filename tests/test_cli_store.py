@@ -101,11 +101,11 @@ def test_progress_ends_at_one(gpt2_dir) -> None:
     """Every sweep's progress rises to exactly 1.0 once its result is ready (the CLI bars end
     at 100 %, not at the start of the last stage), stored or not."""
     from headscope.engine.api.report import composition_report, head_table, weight_table
-    from headscope.engine.model.loading import open_model
+    from headscope.engine.model.loading import load_model
     from headscope.engine.sweeps.diff import diff_models
     from headscope.engine.sweeps.store import ResultStore
 
-    model = open_model(gpt2_dir[0])
+    model = load_model(gpt2_dir[0])
     store = ResultStore()
     runs = {
         "heads": lambda p: head_table(model, progress=p, store=store),
@@ -124,14 +124,14 @@ def test_progress_ends_at_one(gpt2_dir) -> None:
 def test_one_fingerprint_per_model_and_command(gpt2_dir, monkeypatch) -> None:
     """``ResultStore.for_model`` reads a checkpoint's shard headers once per store (one
     command), however many sweeps ask for its entry."""
-    from headscope.engine.model.loading import open_model
+    from headscope.engine.model.loading import load_model
     from headscope.engine.sweeps import store as store_module
     from headscope.engine.sweeps.diff import diff_models
 
     calls: list[str] = []
     real = store_module.fingerprint
     monkeypatch.setattr(store_module, "fingerprint", lambda ckpt, raw: calls.append(ckpt.path) or real(ckpt, raw))
-    a, b = open_model(gpt2_dir[0]), open_model(gpt2_dir[0])
+    a, b = load_model(gpt2_dir[0]), load_model(gpt2_dir[0])
     store = store_module.ResultStore()
     diff_models(a, b, store=store, behaviour=False)
     assert len(calls) == 2  # A and B: two tables and six composition sweeps between them
@@ -226,10 +226,10 @@ def test_progress_is_drawn_on_a_terminal_and_stdout_stays_json(gpt2_dir, argv) -
 
 def test_composition_top_edges_fill_in_on_the_progress_bar(gpt2_dir) -> None:
     from headscope.engine.api.report import composition_report
-    from headscope.engine.model.loading import open_model
+    from headscope.engine.model.loading import load_model
     from headscope.tui.cli.commands.composition import best_edges_so_far
 
-    model = open_model(gpt2_dir[0])
+    model = load_model(gpt2_dir[0])
     notes: list[str] = []
     on_tile = best_edges_so_far(notes.append, model.cfg.d_model, model.cfg.d_head, 0)
     report = composition_report(model, "k", on_tile=on_tile)

@@ -22,7 +22,7 @@ pytest.importorskip("distributed")
 from headscope.engine.api import report
 from headscope.engine.circuits import composition, spectral
 from headscope.engine.core.progress import Memo
-from headscope.engine.model.loading import open_model
+from headscope.engine.model.loading import load_model
 from headscope.engine.sweeps import scores as score_sweeps
 from headscope.engine.sweeps.cluster import (
     Cluster,
@@ -136,7 +136,7 @@ def deep_gpt2(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_heads_and_composition_on_the_cluster_equal_the_local_sweeps(
         cluster: Cluster, deep_gpt2: Path, tmp_path: Path) -> None:
-    model = open_model(deep_gpt2)
+    model = load_model(deep_gpt2)
     local_heads = report.head_table(model)
     local_comp = report.composition_report(model, "k")
     store = ResultStore(tmp_path / "store")
@@ -168,7 +168,7 @@ def test_workers_size_composition_blocks_to_their_memory(cluster: Cluster, deep_
     assert found == {a: worker_tile_bytes(limit) for a, limit in limits.items()}
     assert all(v < composition.TILE_BYTES for v in found.values())
     # smaller blocks, the same numbers: one source layer at a time against the default
-    arrays = open_model(deep_gpt2).weights
+    arrays = load_model(deep_gpt2).weights
     small = composition.composition_scores(arrays, "k", baseline_samples=1, tile_bytes=1).scores
     default = composition.composition_scores(arrays, "k", baseline_samples=1).scores
     np.testing.assert_array_equal(small, default)
@@ -180,7 +180,7 @@ def test_a_worker_forms_each_vocabulary_contraction_once(deep_gpt2: Path) -> Non
     from headscope.engine.sweeps import cluster as cluster_mod
     from headscope.engine.sweeps.store import fingerprint
 
-    model = open_model(deep_gpt2)
+    model = load_model(deep_gpt2)
     key = fingerprint(model.checkpoint, False)
     found = score_sweeps.weight_scores(model)  # the local sweep: the same numbers, bit for bit
     local = {name: found[name] for name in ("copying_score", "qk_positivity")}
@@ -196,7 +196,7 @@ def test_a_worker_forms_each_vocabulary_contraction_once(deep_gpt2: Path) -> Non
 
 def test_an_interrupted_local_sweep_resumes_on_the_cluster(
         cluster: Cluster, deep_gpt2: Path, tmp_path: Path) -> None:
-    model = open_model(deep_gpt2)
+    model = load_model(deep_gpt2)
     entry = ResultStore(tmp_path / "store").for_model(model)
     memo = entry.memo("composition-q", ())
     arrays = model.weights  # what score_sweeps.composition reads
@@ -229,7 +229,7 @@ class _Stop(Exception):
 
 
 def test_a_fingerprint_mismatch_fails_naming_the_file(cluster: Cluster, deep_gpt2: Path) -> None:
-    model = open_model(deep_gpt2)
+    model = load_model(deep_gpt2)
     with pytest.raises(ClusterTaskError) as err:
         run_parts(cluster, model, "0" * 32, "copying_score", KeptMemo(None))
     line = str(err.value)
@@ -250,7 +250,7 @@ def test_a_worker_killed_mid_sweep_loses_nothing(
         deep_gpt2: Path, tmp_path: Path) -> None:
     """Kills one of the module's two workers (the tests after it use the other)."""
     _, workers = scheduler
-    model = open_model(_sixteen_layers(tmp_path))
+    model = load_model(_sixteen_layers(tmp_path))
     victim = workers[1]
     killed: list[float] = []
 
@@ -383,7 +383,7 @@ def test_cancelling_stops_the_sweep_and_keeps_the_finished_parts(
         cluster: Cluster, deep_gpt2: Path, tmp_path: Path) -> None:
     from headscope.engine.core.errors import CancelledError
 
-    model = open_model(deep_gpt2)
+    model = load_model(deep_gpt2)
     entry = ResultStore(tmp_path / "store").for_model(model)
     kept = KeptMemo(entry.memo("composition-k", ()))
     with pytest.raises(CancelledError):
@@ -400,7 +400,7 @@ def test_a_scheduler_that_goes_away_is_one_line_with_the_parts_kept(tmp_path: Pa
     sched = _scheduler(port, tmp_path)
     worker = _worker(address, tmp_path)
     try:
-        model = open_model(_sixteen_layers(tmp_path))
+        model = load_model(_sixteen_layers(tmp_path))
         c = _connect_when_up(address)
         with c:
             c.client.wait_for_workers(1, timeout=WAIT)

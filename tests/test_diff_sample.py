@@ -11,7 +11,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from headscope.engine.model.loading import open_model
+from headscope.engine.model.loading import load_model
 from headscope.engine.sweeps.diff import diff_models
 from tests.conftest import INDUCTION_HEAD as INDUCTION
 from tests.conftest import PREV_TOKEN_HEAD as PREV
@@ -47,7 +47,7 @@ def base() -> Path:
 
 
 def test_self_diff_is_identity(base) -> None:
-    d = diff_models(open_model(base), open_model(base))
+    d = diff_models(load_model(base), load_model(base))
     for row in d.heads:
         assert row["ov_similarity"] == pytest.approx(1.0, abs=1e-5)
         assert row["qk_similarity"] == pytest.approx(1.0, abs=1e-5)
@@ -67,7 +67,7 @@ def test_pruned_induction_head_is_named_first_with_its_lost_k_edge(base, tmp_pat
                 t[key][head] = 0
 
     pruned = rewrite(base, tmp_path / "pruned", prune)
-    d = diff_models(open_model(base), open_model(pruned))
+    d = diff_models(load_model(base), load_model(pruned))
     first = d.biggest_changes[0]
     assert (first["layer"], first["head"]) == INDUCTION
     lost = d.composition["k"]["lost"]
@@ -76,10 +76,10 @@ def test_pruned_induction_head_is_named_first_with_its_lost_k_edge(base, tmp_pat
 
 
 def test_permuted_heads_are_matched_back(base, tmp_path) -> None:
-    n_heads = open_model(base).cfg.n_heads
+    n_heads = load_model(base).cfg.n_heads
     perm = [(i + 1) % n_heads for i in range(n_heads)]  # B's head i is A's head perm[i]
     shuffled = permuted_copy(base, tmp_path / "shuffled", perm)
-    d = diff_models(open_model(base), open_model(shuffled), match_heads=True)
+    d = diff_models(load_model(base), load_model(shuffled), match_heads=True)
     inverse = [perm.index(h) for h in range(n_heads)]  # A's head h sits at B's head inverse[h]
     assert d.matching == [inverse, inverse]
     for row in d.heads:

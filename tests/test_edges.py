@@ -25,7 +25,7 @@ from headscope.engine.core.edge_graph import QKV, edge_graph
 from headscope.engine.core.edge_results import curve_area
 from headscope.engine.core.errors import InvalidRequestError
 from headscope.engine.forward import edges, patching
-from headscope.engine.model.loading import open_model
+from headscope.engine.model.loading import load_model
 from tests.conftest import sample_model
 from tests.hf_fixtures import (  # noqa: F401  (session-scoped pytest fixtures)
     gpt2_dir,
@@ -267,7 +267,7 @@ def ungrouped(path: Path, tmp: Path) -> Path:
 def family(name: str, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
     """(headscope model, TransformerLens bridge) of a fixture family."""
     path, _ = request.getfixturevalue(f"{name}_dir")
-    model = open_model(path)
+    model = load_model(path)
     tl_path = path if model.cfg.kv_heads == model.cfg.n_heads else ungrouped(path, tmp_path_factory.mktemp(f"{name}_ungrouped"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -349,7 +349,7 @@ def test_edge_attribution_matches_the_reference(name: str, request: pytest.Fixtu
 
 def test_edge_attribution_matches_the_reference_on_attn_only_2l(tmp_path: Path) -> None:
     """The first-occurrence task (its metric written out for the reference), short sequences."""
-    model = open_model(ATTN2)
+    model = load_model(ATTN2)
     clean, corrupt = patching.induction_task(model.cfg.d_vocab, model.cfg.n_ctx, 3, 8, 2, task="first-occurrence")
     half = clean.shape[1] // 2
 
@@ -475,7 +475,7 @@ def test_the_curve_counts_edges_as_mib(first_occurrence: Any) -> None:
 
 @pytest.fixture(scope="module")
 def first_occurrence() -> tuple[Any, Any, Any, Any]:
-    model = open_model(ATTN2)
+    model = load_model(ATTN2)
     w = model.weights
     clean, corrupt = patching.induction_task(w.cfg.d_vocab, w.cfg.n_ctx, 0, task="first-occurrence")
     return w, clean, corrupt, patching.task_metric("first-occurrence", clean)
@@ -576,7 +576,7 @@ def test_models_normalising_after_their_sublayers_are_refused(build: str, tmp_pa
     from tests import family_fixtures
 
     path, _ = getattr(family_fixtures, build)(tmp_path)
-    model = open_model(path)
+    model = load_model(path)
     with pytest.raises(InvalidRequestError, match="edge attribution needs a pre-norm model") as err:
         edges.edge_scores(model.weights, CLEAN, CORRUPT, patching.LogitDiff(ANSWER, WRONG))
     assert model.cfg.architecture in str(err.value) and "\n" not in str(err.value)
@@ -595,7 +595,7 @@ def test_non_finite_activations_are_refused(tmp_path: Path) -> None:
     tensors = load_file(ATTN2 / "model.safetensors")
     tensors["blocks.1.attn.W_V"][0, 0, 0] = float("nan")
     save_file(tensors, tmp_path / "model.safetensors")
-    w = open_model(tmp_path, raw=True).weights
+    w = load_model(tmp_path, raw=True).weights
     diff = patching.LogitDiff(3, 4)
     for call in (lambda: edges.edge_scores(w, [[1, 2, 3, 1, 2]], [[1, 2, 4, 1, 2]], diff, method="eap-ig"),
                  lambda: edges.exact_edges(w, [[1, 2, 3, 1, 2]], [[1, 2, 4, 1, 2]], diff, [K_EDGE])):
@@ -609,7 +609,7 @@ def test_exact_checks_of_head_edges_are_path_patching(name: str, request: pytest
     """Every head -> later head edge at q, k and v (Llama: grouped keys and values, each query
     head its own copy): the exact check equals ``path_patch`` in noising."""
     path, _ = request.getfixturevalue(f"{name}_dir")
-    w = open_model(path).weights
+    w = load_model(path).weights
     metric = patching.LogitDiff(ANSWER, WRONG)
     pairs = [((0, s), (1, r)) for s in range(w.cfg.n_heads) for r in range(w.cfg.n_heads)]
     for x in QKV:

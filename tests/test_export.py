@@ -11,7 +11,7 @@ import pytest
 
 from headscope.engine.core.export import atomic_write_text
 from headscope.engine.forward import behaviour
-from headscope.engine.model.loading import open_model
+from headscope.engine.model.loading import load_model
 from headscope.tui.cli.main import main
 from tests import weight_algebra as algebra
 
@@ -29,7 +29,7 @@ def test_heads_csv_round_trip(tmp_path, gpt2_dir, capsys) -> None:
     written = export(tmp_path, path, "--what", "heads", "--format", "csv")
     assert capsys.readouterr().out.strip() == str(written)
     rows = list(csv.DictReader(written.open()))
-    w = open_model(path).weights
+    w = load_model(path).weights
     copying = algebra.all_copying_scores(w)
     assert len(rows) == w.cfg.n_layers * w.cfg.n_heads
     for r in rows:
@@ -40,7 +40,7 @@ def test_heads_csv_with_the_ablation_column(tmp_path, gpt2_dir) -> None:
     path, _ = gpt2_dir
     written = export(tmp_path, path, "--what", "heads", "--format", "csv", "--ablation")
     rows = list(csv.DictReader(written.open()))
-    effects = behaviour.ablation_effects(open_model(path).weights, seed=0)
+    effects = behaviour.ablation_effects(load_model(path).weights, seed=0)
     for r in rows:
         expected = float(effects[int(r["layer"]), int(r["head"])])
         assert float(r["ablation_effect"]) == pytest.approx(expected, abs=1e-5)
@@ -53,7 +53,7 @@ def test_heads_csv_with_the_ablation_column(tmp_path, gpt2_dir) -> None:
 def test_composition_json_and_csv_agree(tmp_path, gpt2_dir) -> None:
     path, _ = gpt2_dir
     js = json.loads(export(tmp_path / "j", path, "--what", "composition", "--kind", "v").read_text())
-    expected = algebra.composition_scores(open_model(path).weights, "v", seed=0)
+    expected = algebra.composition_scores(load_model(path).weights, "v", seed=0)
     assert js["baseline"] == pytest.approx(float(expected.baseline))
     rows = list(csv.DictReader(export(tmp_path / "c", path, "--what", "composition", "--kind", "v",
                                       "--format", "csv").open()))
@@ -70,7 +70,7 @@ def test_circuit_csv_cells(tmp_path, gpt2_dir) -> None:
     rows = list(csv.DictReader(written.open()))
     from headscope.engine.circuits.head_circuits import full_ov
 
-    block = full_ov(open_model(path).weights, 1, 0).block([1, 2], [3, 4, 5])
+    block = full_ov(load_model(path).weights, 1, 0).block([1, 2], [3, 4, 5])
     assert len(rows) == 6
     for r in rows:
         i, j = [1, 2].index(int(r["row_id"])), [3, 4, 5].index(int(r["col_id"]))
@@ -105,7 +105,7 @@ def test_written_files_get_the_umask_permissions_not_mkstemps_0600(tmp_path, uma
     # What open(path, "w") would give: exports must be readable by whoever can read the
     # directory, as any other file the user writes (mkstemp and safetensors make 0o600).
     from headscope.engine.core.export import file_mode
-    from headscope.engine.model.loading import open_model
+    from headscope.engine.model.loading import load_model
     from headscope.engine.model.tl_compat import save_native
     from tests.conftest import sample_model
 
@@ -113,7 +113,7 @@ def test_written_files_get_the_umask_permissions_not_mkstemps_0600(tmp_path, uma
     try:
         assert file_mode() == 0o666 & ~umask
         target = atomic_write_text(tmp_path / "report.json", "{}")
-        out = save_native(open_model(sample_model("attn-only-1l")).weights, tmp_path / "m",
+        out = save_native(load_model(sample_model("attn-only-1l")).weights, tmp_path / "m",
                           vocab=["a"])
     finally:
         os.umask(old)

@@ -2,7 +2,7 @@
 
 Each builder makes a tiny random checkpoint (tests/hf_fixtures.py recipe) with the config
 feature switched on and set so that it changes the numbers at the 17-token test sequences;
-logits and attention patterns through ``open_model`` must match ``transformers`` to 1e-4, raw
+logits and attention patterns through ``load_model`` must match ``transformers`` to 1e-4, raw
 and processed, and leaving the feature out must change them.
 """
 
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from headscope.engine.forward.transformer import log_probs, run
-from headscope.engine.model.loading import open_model
+from headscope.engine.model.loading import load_model
 from tests.hf_fixtures import D_MLP, D_MODEL, N_CTX, N_HEADS, N_LAYERS, VOCAB, _finish
 from tests.test_family_parity import _Without
 from tests.test_forward_parity import SEQS, _assert_close, hf_reference
@@ -109,13 +109,13 @@ def test_matches_transformers_and_the_feature_matters(case: tuple[str, Path, Any
     name, path, model = case
     ref_lp, ref_pat = hf_reference(name, model, SEQS)
     for raw in (True, False):
-        res = run(open_model(path, raw=raw).weights, SEQS)
+        res = run(load_model(path, raw=raw).weights, SEQS)
         _assert_close(res.patterns, ref_pat, f"{name} patterns (raw={raw})")
         _assert_close(log_probs(res), ref_lp, f"{name} log-probs (raw={raw})")
     change = dict(BUILDERS[name][1])
     if not change:
         return
-    w = open_model(path, raw=True).weights
+    w = load_model(path, raw=True).weights
     without = run(_Without(w, change.pop("hide", ()), **change), SEQS)
     diff = max((without.patterns - ref_pat).abs().max().item(), (log_probs(without) - ref_lp).abs().max().item())
     assert diff > 1e-3, f"{name}: leaving the feature out changes nothing ({diff:.1e})"
@@ -135,7 +135,7 @@ def test_circuit_command_on_scaled_rope(name: str, tmp_path: Path, capsys: pytes
     got = json.loads(capsys.readouterr().out)
     req = CircuitRequest(layer=1, head_index=0, kind="qk", basis="token", rows=tuple(range(5)),
                          cols=tuple(range(5)), offset=3)
-    want = compute(open_model(path), req).values
+    want = compute(load_model(path), req).values
     assert got["values"] == want.tolist()
 
 
@@ -145,7 +145,7 @@ def test_qwen2_window_layers_from_older_configs(tmp_path: Path) -> None:
     config = json.loads((path / "config.json").read_text())
     assert config.pop("layer_types") == ["full_attention", "sliding_attention"]
     (path / "config.json").write_text(json.dumps(config))
-    assert open_model(path).cfg.extra["layer_types"] == ["full_attention", "sliding_attention"]
+    assert load_model(path).cfg.extra["layer_types"] == ["full_attention", "sliding_attention"]
 
 
 def test_longrope_short_factors_below_the_original_context(tmp_path: Path) -> None:
@@ -154,10 +154,10 @@ def test_longrope_short_factors_below_the_original_context(tmp_path: Path) -> No
     path, model = build_phi3_longrope(tmp_path)
     short = SEQS[:, :8]
     ref_lp, ref_pat = hf_reference("phi3", model, short)
-    res = run(open_model(path).weights, short)
+    res = run(load_model(path).weights, short)
     _assert_close(res.patterns, ref_pat, "phi3 longrope patterns (8 positions)")
     _assert_close(log_probs(res), ref_lp, "phi3 longrope log-probs (8 positions)")
-    long_pat = run(open_model(path).weights, SEQS).patterns[:, :, :, :8, :8]
+    long_pat = run(load_model(path).weights, SEQS).patterns[:, :, :, :8, :8]
     assert (long_pat - ref_pat).abs().max() > 1e-3
 
 
@@ -177,15 +177,15 @@ def test_opt_projected_embeddings_are_the_products(tmp_path: Path) -> None:
     from headscope.engine.forward.torch_weights import torch_weights
 
     path, model = build_opt_projected(tmp_path)
-    m = open_model(path, raw=True)
+    m = load_model(path, raw=True)
     sd = {k: v.detach().float() for k, v in model.state_dict().items()}
     embed = sd["model.decoder.embed_tokens.weight"]
     tw = torch_weights(m.weights)
     torch.testing.assert_close(tw.get("embed.W_E"), embed @ sd["model.decoder.project_in.weight"].T)
     torch.testing.assert_close(tw.get("unembed.W_U"), sd["model.decoder.project_out.weight"].T @ embed.T)
     # the processed product embeddings are numpy arrays too (no torch adapter for the circuits)
-    assert m.cfg.d_model == D_MODEL and isinstance(open_model(path).weights.get("embed.W_E"), np.ndarray)
-    rows = head_table(open_model(path))
+    assert m.cfg.d_model == D_MODEL and isinstance(load_model(path).weights.get("embed.W_E"), np.ndarray)
+    rows = head_table(load_model(path))
     assert len(rows) == N_LAYERS * N_HEADS and all(not r["nonfinite"] for r in rows)
 
 
@@ -214,6 +214,6 @@ def test_phi3_early_long_context_spellings_mean_longrope(tmp_path: Path, legacy:
     config["rope_scaling"] = {"type": legacy, "long_factor": rope["long_factor"], "short_factor": rope["short_factor"]}
     (path / "config.json").write_text(json.dumps(config))
     ref_lp, ref_pat = hf_reference("phi3", model, SEQS)
-    res = run(open_model(path).weights, SEQS)
+    res = run(load_model(path).weights, SEQS)
     _assert_close(res.patterns, ref_pat, f"phi3 {legacy} patterns")
     _assert_close(log_probs(res), ref_lp, f"phi3 {legacy} log-probs")

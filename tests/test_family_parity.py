@@ -2,7 +2,7 @@
 transformers.
 
 For each family (tiny random checkpoints, tests/family_fixtures.py): logits and attention
-patterns through ``open_model`` match ``transformers`` to 1e-4, raw and processed; each
+patterns through ``load_model`` match ``transformers`` to 1e-4, raw and processed; each
 feature the family adds changes the numbers (so the parity is not vacuous); the canonical
 tensors and their processing are what docs/math.md says; scores, composition, the CLI and
 the explorer work on it; the structure flags the heads whose circuits are approximate.
@@ -21,7 +21,7 @@ import torch
 from headscope.engine.forward.torch_weights import torch_weights
 from headscope.engine.forward.transformer import layer_config, log_probs, run
 from headscope.engine.model import rotary
-from headscope.engine.model.loading import open_model
+from headscope.engine.model.loading import load_model
 from headscope.engine.model.processing import ProcessedWeights, plan_for
 from tests import family_fixtures
 from tests.family_fixtures import build_gemma, build_gemma2, build_gemma3, build_olmo2
@@ -33,7 +33,7 @@ new_family = family_fixtures.new_family  # the session-scoped fixture, one per f
 @pytest.mark.parametrize("raw", [True, False], ids=["raw", "processed"])
 def test_open_model_matches_transformers(new_family: tuple[str, Path, Any], raw: bool) -> None:
     name, path, model = new_family
-    m = open_model(path, raw=raw)
+    m = load_model(path, raw=raw)
     assert isinstance(m.weights, ProcessedWeights) != raw
     ref_lp, ref_pat = hf_reference(name, model, SEQS)
     res = run(m.weights, SEQS)
@@ -95,7 +95,7 @@ FEATURES: dict[str, dict[str, dict[str, Any]]] = {
 
 def test_every_feature_changes_the_output(new_family: tuple[str, Path, Any]) -> None:
     name, path, _ = new_family
-    w = open_model(path, raw=True).weights
+    w = load_model(path, raw=True).weights
     base = run(w, SEQS)
     for feature, change in FEATURES.get(name, {}).items():
         change = dict(change)
@@ -115,7 +115,7 @@ def _hf(model: Any, name: str) -> torch.Tensor:
 @pytest.mark.parametrize("builder", [build_gemma, build_gemma2, build_gemma3])
 def test_gemma_gains_are_one_plus_w_and_embeddings_scaled(tmp_path: Path, builder: Any) -> None:
     path, model = builder(tmp_path)
-    raw_arrays = open_model(path, raw=True).weights
+    raw_arrays = load_model(path, raw=True).weights
     raw = torch_weights(raw_arrays)
     d = raw.cfg.d_model
     embed = _hf(model, "model.embed_tokens.weight")
@@ -134,7 +134,7 @@ def test_gemma2_final_softcap_keeps_unembed_uncentred(tmp_path: Path) -> None:
     """Centring W_U shifts each position's logits before the tanh cap: not exact, so off."""
     for builder, centred in ((build_gemma, True), (build_gemma2, False)):
         path, _ = builder(tmp_path / builder.__name__)
-        proc = open_model(path).weights
+        proc = load_model(path).weights
         assert plan_for(proc.raw_cfg).center_unembed is centred
         mean = torch_weights(proc).get("unembed.W_U").mean(-1).abs().max().item()
         assert (mean < 1e-5) is centred
@@ -142,7 +142,7 @@ def test_gemma2_final_softcap_keeps_unembed_uncentred(tmp_path: Path) -> None:
 
 def test_olmo2_norms_after_sublayers_and_whole_projection_qk_norm(tmp_path: Path) -> None:
     path, model = build_olmo2(tmp_path)
-    m = open_model(path)
+    m = load_model(path)
     raw, processed = torch_weights(m.raw_weights), torch_weights(m.weights)
     assert not raw.has("blocks.0.ln1.w") and raw.has("blocks.0.ln1_post.w")
     # nothing before attention to fold: processed W_Q is the raw one
@@ -158,7 +158,7 @@ def test_gemma3_rotary_circuits_use_each_layers_base(tmp_path: Path) -> None:
     """The rotary circuits rotate like transformers' rotary embedding of that layer's kind."""
 
     path, model = build_gemma3(tmp_path)
-    cfg = open_model(path).cfg
+    cfg = load_model(path).cfg
     pos = torch.arange(17)
     x = torch.randn(1, 1, 17, cfg.d_head, generator=torch.Generator().manual_seed(0))
     from transformers.models.gemma3.modeling_gemma3 import apply_rotary_pos_emb
@@ -178,7 +178,7 @@ def test_scores_and_composition_are_finite(new_family: tuple[str, Path, Any]) ->
     from headscope.engine.api.report import composition_report, head_table
 
     name, path, _ = new_family
-    m = open_model(path)
+    m = load_model(path)
     rows = head_table(m)
     assert len(rows) == m.cfg.n_layers * m.cfg.n_heads
     for row in rows:
@@ -198,7 +198,7 @@ def test_batches_side_by_side_run_as_each_alone(new_family: tuple[str, Path, Any
     Gemma's post-norms and sliding windows, Qwen3/OLMo2's q/k norms."""
     from tests.test_scores_perf import assert_side_by_side_is_alone
 
-    assert_side_by_side_is_alone(open_model(new_family[1]).weights)
+    assert_side_by_side_is_alone(load_model(new_family[1]).weights)
 
 
 def test_structure_and_circuits_flag_non_bilinear_scores(new_family: tuple[str, Path, Any]) -> None:
@@ -207,7 +207,7 @@ def test_structure_and_circuits_flag_non_bilinear_scores(new_family: tuple[str, 
 
     name, path, _ = new_family
     notes = read_structure(path)["approximations"]
-    qk = circuit_report(open_model(path), 0, 0, "qk", rows=[1, 2], cols=[1, 2])["approximations"]
+    qk = circuit_report(load_model(path), 0, 0, "qk", rows=[1, 2], cols=[1, 2])["approximations"]
     if name in BENT:
         assert any(BENT[name] in n for n in notes) and any(BENT[name] in n for n in qk)
     else:
@@ -220,7 +220,7 @@ def test_tl_conversion_refuses_what_it_cannot_carry(tmp_path: Path) -> None:
 
     path, _ = build_gemma2(tmp_path / "g2")
     with pytest.raises(InvalidRequestError, match="soft-capping"):
-        save_native(open_model(path).weights, tmp_path / "out")
+        save_native(load_model(path).weights, tmp_path / "out")
 
 
 def test_cli_info_and_heads(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -290,7 +290,7 @@ def test_head_outputs_sum_to_the_post_normed_attention_output(tmp_path: Path) ->
     from headscope.engine.forward import transformer as forward
 
     path, _ = build_gemma2(tmp_path)
-    w = open_model(path).weights
+    w = load_model(path).weights
     res = run(w, SEQS, return_head_outputs=True)
     stream: list[torch.Tensor] = []
     with torch.inference_mode():
@@ -317,7 +317,7 @@ def test_gemma3_global_rope_scaling_matches_transformers(tmp_path: Path) -> None
     path, model = _finish(Gemma3ForCausalLM(cfg), tmp_path, seed=29, shard=False, dtype=None,
                           tokenizer=False)
     ref_lp, ref_pat = hf_reference("gemma3", model, SEQS)
-    w = open_model(path).weights
+    w = load_model(path).weights
     res = run(w, SEQS)
     _assert_close(res.patterns, ref_pat, "gemma3 scaled-RoPE patterns")
     _assert_close(log_probs(res), ref_lp, "gemma3 scaled-RoPE log-probs")
@@ -338,7 +338,7 @@ def test_older_config_spellings_give_the_same_model(tmp_path: Path, name: str, l
     config.update(legacy)
     (path / "config.json").write_text(json.dumps({k: v for k, v in config.items() if v is not None}))
     ref_lp, ref_pat = hf_reference(name, model, SEQS)
-    res = run(open_model(path).weights, SEQS)
+    res = run(load_model(path).weights, SEQS)
     _assert_close(res.patterns, ref_pat, f"{name} (older config) patterns")
     _assert_close(log_probs(res), ref_lp, f"{name} (older config) log-probs")
 

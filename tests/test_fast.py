@@ -17,7 +17,7 @@ import torch
 
 from headscope.engine.circuits import composition, spectral
 from headscope.engine.forward.torch_weights import torch_weights
-from headscope.engine.model.loading import open_model
+from headscope.engine.model.loading import load_model
 from headscope.engine.sweeps import scores as score_sweeps
 from tests import family_fixtures, hf_fixtures, hf_fixtures_phi
 
@@ -78,7 +78,7 @@ def test_weight_scores_equal_their_dense_definitions_on_every_family(name, dtype
     in tests/test_processing.py and the parity tests."""
     path = _build(name, dtype, tmp_path)
     for raw in (False, True):
-        model = open_model(path, raw=raw)
+        model = load_model(path, raw=raw)
         arrays = model.weights
         t = _torch_weights(model)
         found = spectral.spectral_scores(arrays)
@@ -93,7 +93,7 @@ def test_weight_scores_equal_their_dense_definitions_on_every_family(name, dtype
 
 
 def test_weight_scores_equal_the_score_table(tmp_path):
-    model = open_model(_build("llama", "bfloat16", tmp_path))
+    model = load_model(_build("llama", "bfloat16", tmp_path))
     table = score_sweeps.score_table(model)
     found = score_sweeps.weight_scores(model)
     np.testing.assert_array_equal(found["copying_score"], table.copying_score)  # one code path
@@ -118,7 +118,7 @@ def test_nonfinite_and_overflowing_heads_are_flagged_and_the_others_scored(tmp_p
     c_proj[3 * d_head: 4 * d_head] *= 1e20
     tensors["transformer.h.1.attn.c_proj.weight"] = c_proj
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(file), metadata={"format": "pt"})
-    model = open_model(path)
+    model = load_model(path)
     got = spectral.spectral_scores(model.weights)
     assert got["nonfinite"].nonzero() == (np.array([0]), np.array([1]))
     assert got["overflow"][1, 3] and got["overflow"].sum() == 1
@@ -186,24 +186,24 @@ def test_weight_only_commands_do_not_import_torch(argv, tmp_path):
     modules, out = _cli_in_fresh_process(*(a.format(path=path) for a in argv))
     assert modules == []
     if argv[0] == "circuit":
-        want = _dense_block(open_model(path), int(argv[2]), int(argv[3]), argv[5], "token",
+        want = _dense_block(load_model(path), int(argv[2]), int(argv[3]), argv[5], "token",
                             out["rows"], out["cols"], out["offset"] or 0)
         np.testing.assert_allclose(np.array(out["values"]), want, atol=1e-5, rtol=1e-4)
     if argv[0] == "diff":
         assert all(abs(r["ov_similarity"] - 1) < 1e-5 and r["copying_score_delta"] == 0 for r in out["heads"])
         assert "induction_score_delta" not in out["heads"][0]
     if argv[0] == "heads":
-        want = score_sweeps.weight_scores(open_model(path))
+        want = score_sweeps.weight_scores(load_model(path))
         assert [r["copying_score"] for r in out] == pytest.approx(want["copying_score"].ravel().tolist())
         assert set(out[0]) == {"layer", "head", "copying_score", "qk_positivity", "nonfinite"}
     if argv[0] == "composition":
-        model = open_model(path)
+        model = load_model(path)
         want = _dense_composition(_torch_weights(model), model.cfg, "k")
         np.testing.assert_allclose(np.array(out["scores"]), want, atol=1e-5)
 
 
 def test_composition_streams_each_layer_pair_before_the_result(tmp_path):
-    model = open_model(_build("llama", "bfloat16", tmp_path))
+    model = load_model(_build("llama", "bfloat16", tmp_path))
     seen: list[tuple[int, int, np.ndarray]] = []
     comp = score_sweeps.composition(model, "q", on_tile=lambda s, t, v: seen.append((s, t, v.copy())))
     assert sorted((s, t) for s, t, _ in seen) == sorted(composition.composition_pairs(model.cfg.n_layers))
@@ -260,7 +260,7 @@ def _dense_block(model, layer: int, head: int, kind: str, basis: str, rows, cols
 def test_circuit_blocks_equal_dense_products_and_the_forward_rotation(name, dtype, tmp_path):
     from headscope.engine.circuits import head_circuits
 
-    model = open_model(_build(name, dtype, tmp_path))
+    model = load_model(_build(name, dtype, tmp_path))
     arrays, cfg = model.weights, model.cfg
     rows, cols = [5, 0, 3, 3, 9], [cfg.d_vocab - 1, 2, 3, 4]
     cases = [("ov", "token", 0), ("qk", "token", 0), ("qk", "token", -3), ("qk", "token", 17)]
@@ -317,7 +317,7 @@ def test_diff_equals_the_dense_definitions(tmp_path):
         tensors[name] = tensors[name] + 0.3 * torch.randn(tensors[name].shape, generator=g)
     tensors["transformer.h.0.attn.c_attn.weight"][3, 2 * 32 + 1] = float("nan")  # L0.H0's W_V
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(file), metadata={"format": "pt"})
-    a, b = open_model(a_path), open_model(b_path)
+    a, b = load_model(a_path), load_model(b_path)
     ov, qk = circuit_similarity(a.weights, b.weights)
     ta, tb = _torch_weights(a), _torch_weights(b)
     for got, kind in ((ov, "ov"), (qk, "qk")):

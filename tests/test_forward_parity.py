@@ -3,7 +3,7 @@
 Two routes, so a failure points at its cause:
 - ``hf_to_canonical`` (below) converts the in-memory ``transformers`` model to canonical
   tensors independently of the loaders: this checks the forward pass alone;
-- ``open_model(path)`` (engine.model.loading) checks loading + processing + forward.
+- ``load_model(path)`` (engine.model.loading) checks loading + processing + forward.
 Both are compared with ``transformers`` run eagerly with ``output_attentions=True``.
 """
 
@@ -227,25 +227,25 @@ def test_single_sequence_is_batch_of_one(gpt2_dir: tuple[Any, Any]) -> None:
 
 @pytest.mark.parametrize("raw", [True, False], ids=["raw", "processed"])
 def test_open_model_forward_matches_transformers(family: tuple[str, Any, Any], raw: bool) -> None:
-    from headscope.engine.model.loading import open_model
+    from headscope.engine.model.loading import load_model
 
     name, path, model = family
-    m = open_model(path, raw=raw)
+    m = load_model(path, raw=raw)
     assert isinstance(m.weights, ProcessedWeights) != raw
     ref_lp, ref_pat = hf_reference(name, model, SEQS)
     res = run(m.weights, SEQS)
-    _assert_close(res.patterns, ref_pat, f"{name} patterns via open_model")
+    _assert_close(res.patterns, ref_pat, f"{name} patterns via load_model")
     if ref_lp is not None:
-        _assert_close(log_probs(res), ref_lp, f"{name} log-probs via open_model")
+        _assert_close(log_probs(res), ref_lp, f"{name} log-probs via load_model")
 
 
 def test_loaded_canonical_tensors_agree_with_independent_conversion(family: tuple[str, Any, Any]) -> None:
     """The adapters and this file's converter agree tensor by tensor (localises failures)."""
-    from headscope.engine.model.loading import open_model
+    from headscope.engine.model.loading import load_model
 
     name, path, model = family
     ours = hf_to_canonical(name, model)
-    loaded = torch_weights(open_model(path, raw=True).weights)
+    loaded = torch_weights(load_model(path, raw=True).weights)
     for key in ours._t:
         assert loaded.has(key), f"{name}: loader lacks {key}"
         _assert_close(loaded.get(key), torch_weights(ours).get(key), f"{name} {key}")
@@ -305,7 +305,7 @@ def test_llama3_rope_scaling_through_open_model(tmp_path) -> None:
     import transformers
 
     from headscope.engine.forward.transformer import log_probs, run
-    from headscope.engine.model.loading import open_model
+    from headscope.engine.model.loading import load_model
     from tests.hf_fixtures import randomize_
 
     cfg = transformers.LlamaConfig(
@@ -321,7 +321,7 @@ def test_llama3_rope_scaling_through_open_model(tmp_path) -> None:
     tokens = torch.tensor([[3, 9, 1, 40, 2, 7, 7, 30, 11, 5, 60, 4]])
     with torch.inference_mode():
         ref = hf(tokens).logits.log_softmax(-1)
-    ours = log_probs(run(open_model(tmp_path).weights, tokens))
+    ours = log_probs(run(load_model(tmp_path).weights, tokens))
     assert torch.allclose(ours, ref, atol=1e-4)
 
 
@@ -330,10 +330,10 @@ def test_llama3_rope_scaling_through_open_model(tmp_path) -> None:
 
 def _tl_gated_state(llama_path: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """The llama fixture as a TransformerLens config + state dict, with a non-zero ``b_in``."""
-    from headscope.engine.model.loading import open_model
+    from headscope.engine.model.loading import load_model
     from headscope.engine.model.tl_compat import to_transformer_lens
 
-    tl_cfg, arrays = to_transformer_lens(open_model(llama_path, raw=True).weights)
+    tl_cfg, arrays = to_transformer_lens(load_model(llama_path, raw=True).weights)
     state = {k: torch.tensor(v) for k, v in arrays.items()}  # as load_state_dict takes them
     g = torch.Generator().manual_seed(0)
     for layer in range(tl_cfg["n_layers"]):

@@ -2,7 +2,7 @@
 
 Two routes, so a failure points at its cause: ``to_canonical`` (below) converts the in-memory
 ``transformers`` model independently of the adapters (forward pass alone), and
-``open_model(path)`` checks adapter + loading + processing + forward. Logits and attention
+``load_model(path)`` checks adapter + loading + processing + forward. Logits and attention
 patterns must match ``transformers`` (eager, ``output_attentions=True``) to 1e-4, raw and
 processed.
 """
@@ -193,20 +193,20 @@ def test_forward_matches_transformers(family: tuple[str, Any, Any]) -> None:
 
 @pytest.mark.parametrize("raw", [True, False], ids=["raw", "processed"])
 def test_open_model_matches_transformers(family: tuple[str, Any, Any], raw: bool) -> None:
-    from headscope.engine.model.loading import open_model
+    from headscope.engine.model.loading import load_model
 
     name, path, model = family
-    m = open_model(path, raw=raw)
+    m = load_model(path, raw=raw)
     assert isinstance(m.weights, ProcessedWeights) != raw
-    _check(name, m.weights, model, "open_model raw" if raw else "open_model processed")
+    _check(name, m.weights, model, "load_model raw" if raw else "load_model processed")
 
 
 def test_loaded_tensors_agree_with_independent_conversion(family: tuple[str, Any, Any]) -> None:
-    from headscope.engine.model.loading import open_model
+    from headscope.engine.model.loading import load_model
 
     name, path, model = family
     ours = to_canonical(name, model)
-    loaded = torch_weights(open_model(path, raw=True).weights)
+    loaded = torch_weights(load_model(path, raw=True).weights)
     ours_t = torch_weights(ours)
     for key in ours._t:
         assert loaded.has(key), f"{name}: loader lacks {key}"
@@ -218,10 +218,10 @@ def test_loaded_tensors_agree_with_independent_conversion(family: tuple[str, Any
 
 def test_phi3_sliding_window_and_partial_rotary(tmp_path) -> None:
     """A Phi-3 with a window shorter than the prompt and partial rotary, end to end."""
-    from headscope.engine.model.loading import open_model
+    from headscope.engine.model.loading import load_model
 
     path, model = build_phi3(tmp_path, sliding_window=5, partial_rotary_factor=0.5)
-    m = open_model(path)
+    m = load_model(path)
     assert m.cfg.extra["sliding_window"] == 5 and m.cfg.rotary_dim == 4
     _check("phi3", m.weights, model, "window")
     no_window = DictWeights(m.raw_cfg.replace(extra={}), to_canonical("phi3", model)._t)
@@ -242,12 +242,12 @@ def test_gptj_interleaved_rotary_needs_the_reordering(request: pytest.FixtureReq
 def test_processing_equals_transformerlens_definitions(family: tuple[str, Any, Any]) -> None:
     """The lazily processed checkpoint equals tests/test_processing.tl_process (TransformerLens'
     from_pretrained defaults, transcribed eagerly) applied to the raw canonical tensors."""
-    from headscope.engine.model.loading import open_model
+    from headscope.engine.model.loading import load_model
     from tests.test_processing import tl_process
 
     name, path, _ = family
-    raw = open_model(path, raw=True)
-    processed = torch_weights(open_model(path).weights)
+    raw = load_model(path, raw=True)
+    processed = torch_weights(load_model(path).weights)
     expected = tl_process(raw.cfg, {k: torch_weights(raw.weights).get(k) for k in raw.checkpoint.specs})
     for key, want in expected.items():
         assert processed.has(key), f"{name}: {key}"
@@ -310,15 +310,15 @@ def test_native_round_trip(family: tuple[str, Any, Any], tmp_path) -> None:
     """save_native of the processed model reopens with the same logits (post-LN OPT has no
     TransformerLens equivalent and is refused with a reason)."""
     from headscope.engine.core.errors import InvalidRequestError
-    from headscope.engine.model.loading import open_model
+    from headscope.engine.model.loading import load_model
     from headscope.engine.model.tl_compat import save_native
 
     name, path, _ = family
-    m = open_model(path)
+    m = load_model(path)
     if m.cfg.post_ln:
         with pytest.raises(InvalidRequestError, match="post-LN"):
             save_native(m.weights, tmp_path / "native")
         return
     save_native(m.weights, tmp_path / "native")
-    again = open_model(tmp_path / "native")
+    again = load_model(tmp_path / "native")
     _assert_close(run(again.weights, SEQS).logits, run(m.weights, SEQS).logits, f"{name} native round trip")

@@ -45,7 +45,7 @@ from headscope.engine.core.errors import (
     UnsupportedFormatError,
 )
 from headscope.engine.formats.safetensors import parse_header_bytes, read_header
-from headscope.engine.model.loading import inspect_checkpoint, open_model, read_structure
+from headscope.engine.model.loading import inspect_checkpoint, load_model, read_structure
 from tests import hf_fixtures as hf
 
 INDEX_FILE_NAME = "model.safetensors.index.json"
@@ -269,7 +269,7 @@ def test_truncated_checkpoint_is_detected_at_open(tmp_path: Path, corpus_sources
     with pytest.raises(CorruptFileError, match="truncated"):
         read_structure(d)
     with pytest.raises(CorruptFileError, match="truncated"):
-        open_model(d)
+        load_model(d)
 
 
 # --- sharded checkpoints: paths and shards -------------------------------------------------
@@ -323,7 +323,7 @@ def absolute_shard_path(tmp_path: Path, sources: Sources) -> Broken:
 def test_absolute_shard_path_is_refused(tmp_path: Path, corpus_sources: Sources) -> None:
     d = absolute_shard_path(tmp_path, corpus_sources).path
     with pytest.raises(UnsafePathError, match="absolute"):
-        open_model(d)
+        load_model(d)
 
 
 @broken("symlinked_shard")
@@ -368,7 +368,7 @@ def missing_shard(tmp_path: Path, sources: Sources) -> Broken:
 def test_missing_shard_is_named(tmp_path: Path, corpus_sources: Sources) -> None:
     case = missing_shard(tmp_path, corpus_sources)
     with pytest.raises(CorruptFileError, match=case.fragment):
-        open_model(case.path)
+        load_model(case.path)
 
 
 @broken("index_points_at_wrong_shard")
@@ -417,7 +417,7 @@ def test_pickle_files_are_refused_with_advice(tmp_path: Path, corpus_sources: So
         f = tmp_path / name
         f.write_bytes(pickle.dumps({"x": 1}))
         with pytest.raises(UnsafeFormatError, match="pickle") as info:
-            open_model(f)
+            load_model(f)
         assert "safetensors" in str(info.value) and "trusted environment" in str(info.value)
     d = pickle_only_directory(tmp_path, corpus_sources).path
     with pytest.raises(UnsafeFormatError, match=r"only pickle-based weights.*pytorch_model\.bin"):
@@ -447,7 +447,7 @@ def test_remote_code_is_refused(tmp_path: Path, corpus_sources: Sources) -> None
     for key in REMOTE_CODE_CASES:
         d = BROKEN[f"remote_code_{key}"](tmp_path, corpus_sources).path
         with pytest.raises(UnsafeFormatError, match="remote code"):
-            open_model(d)
+            load_model(d)
 
 
 @pytest.mark.parametrize("name", ["gpt2", "openai-community/gpt2", "EleutherAI/pythia-70m"])
@@ -809,7 +809,7 @@ def test_missing_tensor_is_named(tmp_path: Path, corpus_sources: Sources) -> Non
     with pytest.raises(
         MissingTensorError, match=r"missing tensor 'model\.layers\.1\.self_attn\.k_proj\.weight'"
     ):
-        open_model(d)
+        load_model(d)
 
 
 @broken("wrong_shape")
@@ -831,7 +831,7 @@ def test_wrong_shape_names_expected_and_found(tmp_path: Path, corpus_sources: So
     with pytest.raises(
         ShapeMismatchError, match=r"k_proj\.weight' has shape \[32, 32\], expected \[16, 32\]"
     ):
-        open_model(d)
+        load_model(d)
 
 
 @broken("integer_weights")
@@ -866,7 +866,7 @@ def nan_weights(tmp_path: Path, sources: Sources) -> Path:
 
 
 def test_nan_weights_load_without_crashing(tmp_path: Path, corpus_sources: Sources) -> None:
-    m = open_model(nan_weights(tmp_path, corpus_sources), raw=True)
+    m = load_model(nan_weights(tmp_path, corpus_sources), raw=True)
     assert np.isnan(m.weights.get_head("blocks.1.attn.W_Q", 1)).any()
     assert np.isfinite(m.weights.get_head("blocks.1.attn.W_Q", 0)).all()
 
@@ -874,7 +874,7 @@ def test_nan_weights_load_without_crashing(tmp_path: Path, corpus_sources: Sourc
 def test_broken_tokenizer_falls_back_to_ids(tmp_path: Path, gpt2_dir: tuple[Path, Any]) -> None:
     d = copy_of(gpt2_dir[0], tmp_path / "m")
     (d / "tokenizer.json").write_text("{broken")
-    m = open_model(d)
+    m = load_model(d)
     assert m.tokenizer.encode("1 2") == [1, 2] and "tokenizer" in m.warnings[0]
 
 
@@ -900,7 +900,7 @@ def test_every_broken_checkpoint_is_one_typed_line_naming_the_file(
 ) -> None:
     b = build_broken(case, tmp_path, corpus_sources)
     with pytest.raises(b.error, match=b.fragment) as info:
-        open_model(b.path)
+        load_model(b.path)
     message = str(info.value)
     assert "\n" not in message and b.names in message
 

@@ -4,7 +4,7 @@ The canonical tensors are checked against the ``transformers`` modules themselve
 head's Q/K/V projection of a random input, each output projection, every MLP linear and
 norm, the unembedding (and BERT's MLM head) — so a wrong split of a fused QKV tensor, a
 missing transpose or a wrong GQA mapping shows up as a numeric mismatch. End to end,
-``engine.forward`` on ``open_model`` must reproduce the transformers log-probabilities.
+``engine.forward`` on ``load_model`` must reproduce the transformers log-probabilities.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from headscope.engine.formats.safetensors import read_header
 from headscope.engine.formats.tokenizer import HFTokenizer, IdTokenizer, VocabTokenizer
 from headscope.engine.forward.torch_weights import torch_weights
 from headscope.engine.forward.transformer import log_probs, run
-from headscope.engine.model.loading import open_model, read_structure
+from headscope.engine.model.loading import load_model, read_structure
 from headscope.engine.model.weights import CheckpointWeights, DictWeights
 from tests import hf_fixtures as hf
 
@@ -131,7 +131,7 @@ def test_canonical_tensors_reproduce_hf_modules(
     request: pytest.FixtureRequest, family: str
 ) -> None:
     path, model = _fixture(request, family)
-    w = torch_weights(open_model(path, raw=True).weights)
+    w = torch_weights(load_model(path, raw=True).weights)
     cfg = w.cfg
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(5, cfg.d_model, generator=gen)
@@ -189,7 +189,7 @@ def test_canonical_tensors_reproduce_hf_modules(
 
 def test_bert_mlm_head_matches_transformers(bert_mlm_dir: tuple[Path, Any]) -> None:
     path, model = bert_mlm_dir
-    w = torch_weights(open_model(path, raw=True).weights)
+    w = torch_weights(load_model(path, raw=True).weights)
     assert w.cfg.has_mlm_head and w.cfg.tied_unembed and not w.cfg.extra["unembed_standin"]
     x = torch.randn(5, w.cfg.d_model, generator=torch.Generator().manual_seed(1))
     h = torch.nn.functional.gelu(x @ w.get("mlm.W") + w.get("mlm.b"))
@@ -207,7 +207,7 @@ def test_bert_mlm_head_matches_transformers(bert_mlm_dir: tuple[Path, Any]) -> N
 
 def test_bert_without_head_is_flagged_tied(bert_base_dir: tuple[Path, Any]) -> None:
     path, model = bert_base_dir
-    m = open_model(path, raw=True)
+    m = load_model(path, raw=True)
     s = m.structure()
     assert s["tied_unembed"] and not s["has_mlm_head"] and not s["causal"]
     assert m.raw_cfg.extra["unembed_standin"]
@@ -234,7 +234,7 @@ def test_open_model_forward_matches_transformers(
 ) -> None:
     """End to end: loading (+ processing) + engine.forward reproduce transformers."""
     path, model = _fixture(request, family)
-    m = open_model(path, raw=raw)
+    m = load_model(path, raw=raw)
     ours = log_probs(run(m.weights, TOKENS))[0]
     torch.testing.assert_close(ours, _hf_log_probs(family, model, TOKENS)[0], atol=1e-4, rtol=0)
 
@@ -245,7 +245,7 @@ def test_structure_matches_model_and_counts_hf_parameters(
 ) -> None:
     path, model = _fixture(request, family)
     s = read_structure(path)
-    m = open_model(path)
+    m = load_model(path)
     assert s == m.structure()
     assert s["n_params"] == sum(p.numel() for p in model.parameters())
     c = model.config
@@ -260,16 +260,16 @@ def test_structure_matches_model_and_counts_hf_parameters(
 def test_family_specific_config(
     neox_dir: tuple[Path, Any], llama_dir: tuple[Path, Any], qwen2_dir: tuple[Path, Any]
 ) -> None:
-    neox = open_model(neox_dir[0], raw=True).cfg
+    neox = load_model(neox_dir[0], raw=True).cfg
     assert neox.rotary_dim == 2 and neox.parallel_attn_mlp and neox.positional == "rotary"
-    llama = open_model(llama_dir[0], raw=True).cfg
+    llama = load_model(llama_dir[0], raw=True).cfg
     assert (llama.n_kv_heads, llama.gated_mlp, llama.normalization, llama.tied_unembed) == (
         2,
         True,
         "RMS",
         False,
     )
-    qwen = open_model(qwen2_dir[0], raw=True).cfg
+    qwen = load_model(qwen2_dir[0], raw=True).cfg
     assert qwen.family == "qwen2" and qwen.tied_unembed
 
 
@@ -293,8 +293,8 @@ def test_old_and_new_config_spellings_agree(
         c["rotary_emb_base"] = 777.0
         c["torch_dtype"] = c.pop("dtype")
 
-    new = open_model(neox_dir[0], raw=True).cfg
-    old = open_model(_rewrite_config(neox_dir[0], tmp_path / "neox_old", neox_old), raw=True).cfg
+    new = load_model(neox_dir[0], raw=True).cfg
+    old = load_model(_rewrite_config(neox_dir[0], tmp_path / "neox_old", neox_old), raw=True).cfg
     assert (new.rotary_dim, new.rotary_base) == (2, 10000.0)
     assert (old.rotary_dim, old.rotary_base) == (4, 777.0)
 
@@ -303,7 +303,7 @@ def test_old_and_new_config_spellings_agree(
         c["rope_theta"] = 500000.0
 
     assert (
-        open_model(
+        load_model(
             _rewrite_config(llama_dir[0], tmp_path / "llama_old", llama_old)
         ).raw_cfg.rotary_base
         == 500000.0
@@ -317,7 +317,7 @@ def test_sharded_equals_single_file(tmp_path: Path) -> None:
         len(list(sharded.glob("*.safetensors"))) > 1
         and (sharded / "model.safetensors.index.json").exists()
     )
-    a, b = open_model(single, raw=True), open_model(sharded, raw=True)
+    a, b = load_model(single, raw=True), load_model(sharded, raw=True)
     assert len(set(b.checkpoint.files.values())) > 1
     assert read_structure(single) | {"path": ""} == read_structure(sharded) | {"path": ""}
     for name in a.checkpoint.specs:
@@ -332,20 +332,20 @@ def test_bf16_checkpoint_is_read_as_float32_and_stays_bf16_on_disk(tmp_path: Pat
     before = {p.name: (p.stat().st_mtime_ns, p.stat().st_size) for p in path.iterdir()}
     header = read_header(path / "model.safetensors")
     assert {t.dtype for t in header.tensors.values()} == {"BF16"}
-    m = open_model(path, raw=True)
+    m = load_model(path, raw=True)
     assert m.structure()["dtype"] == "bfloat16"
     W_Q = torch_weights(m.weights).get("blocks.0.attn.W_Q")
     assert W_Q.dtype == torch.float32
     assert torch_weights(m.weights).get_head("blocks.0.attn.W_Q", 1).dtype == torch.float32
     ref = model.transformer.h[0].attn.c_attn.weight[:, :32].reshape(32, 4, 8).permute(1, 0, 2)
     torch.testing.assert_close(W_Q, ref.detach(), atol=0, rtol=0)
-    log_probs(run(open_model(path).weights, TOKENS))  # processed forward runs on bf16 weights
+    log_probs(run(load_model(path).weights, TOKENS))  # processed forward runs on bf16 weights
     after = {p.name: (p.stat().st_mtime_ns, p.stat().st_size) for p in path.iterdir()}
     assert before == after  # nothing written next to the checkpoint, nothing rewritten
 
 
 def test_get_head_reads_one_slice_and_caches(gpt2_dir: tuple[Path, Any]) -> None:
-    m = open_model(gpt2_dir[0], raw=True)
+    m = load_model(gpt2_dir[0], raw=True)
     w = m.raw_weights
     assert isinstance(w, CheckpointWeights) and w.reads == 0  # opening reads no tensor data
     head = w.get_head("blocks.1.attn.W_V", 2)
@@ -359,7 +359,7 @@ def test_a_fused_tensor_is_read_once_for_all_its_parts(gpt2_dir: tuple[Path, Any
     them all (each part used to read the whole tensor again), and each part is its own,
     writable copy, equal to the stored columns."""
     path, model = gpt2_dir
-    w = open_model(path, raw=True).raw_weights
+    w = load_model(path, raw=True).raw_weights
     assert isinstance(w, CheckpointWeights)
     stored = model.transformer.h[1].attn.c_attn.weight.detach().numpy()
     parts = [w.get("blocks.1.attn.W_Q"), w.get_fresh("blocks.1.attn.W_K"), w.get_head("blocks.1.attn.W_V", 2)]
@@ -404,7 +404,7 @@ def test_single_safetensors_file_with_config_beside_it(gpt2_dir: tuple[Path, Any
 
 
 def _canonical(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    m = open_model(path, raw=True)
+    m = load_model(path, raw=True)
     fields = {k: v for k, v in m.raw_cfg.to_dict().items() if k != "extra"}
     return fields, {n: torch_weights(m.weights).get(n).clone() for n in m.checkpoint.specs}
 
@@ -417,13 +417,13 @@ def test_native_round_trip(tmp_path: Path, gpt2_dir: tuple[Path, Any], in_metada
     out = hf.write_native(
         tmp_path / "n", fields, tensors, vocab=words, config_in_metadata=in_metadata
     )
-    m = open_model(out, raw=True)
+    m = load_model(out, raw=True)
     assert m.structure()["format"] == "native" and m.raw_cfg.tied_unembed
     for name, t in tensors.items():
         torch.testing.assert_close(torch_weights(m.weights).get(name), t, atol=0, rtol=0)
-    ref = log_probs(run(open_model(gpt2_dir[0]).weights, TOKENS))
+    ref = log_probs(run(load_model(gpt2_dir[0]).weights, TOKENS))
     torch.testing.assert_close(
-        log_probs(run(open_model(out).weights, TOKENS)), ref, atol=1e-5, rtol=0
+        log_probs(run(load_model(out).weights, TOKENS)), ref, atol=1e-5, rtol=0
     )
     assert isinstance(m.tokenizer, VocabTokenizer) and m.tokenizer.encode("t3 t95") == [3, 95]
 
@@ -432,15 +432,15 @@ def test_native_grouped_query_weights_are_expanded(
     tmp_path: Path, llama_dir: tuple[Path, Any]
 ) -> None:
     fields, tensors = _canonical(llama_dir[0])
-    cfg = open_model(llama_dir[0], raw=True).raw_cfg
+    cfg = load_model(llama_dir[0], raw=True).raw_cfg
     for layer in range(cfg.n_layers):
         for x in ("W_K", "W_V", "b_K", "b_V"):
             full = tensors.pop(f"blocks.{layer}.attn.{x}")
             tensors[f"blocks.{layer}.attn._{x}"] = full[:: cfg.n_heads // cfg.kv_heads].clone()
     out = hf.write_native(tmp_path / "gqa", fields, tensors)
-    m = open_model(out, raw=True)
+    m = load_model(out, raw=True)
     assert m.structure()["n_kv_heads"] == 2
-    ref = open_model(llama_dir[0], raw=True).weights
+    ref = load_model(llama_dir[0], raw=True).weights
     for h in range(cfg.n_heads):
         torch.testing.assert_close(
             m.weights.get_head("blocks.1.attn.W_K", h), ref.get_head("blocks.1.attn.W_K", h)
@@ -450,7 +450,7 @@ def test_native_grouped_query_weights_are_expanded(
 
 
 def test_dict_and_checkpoint_weights_agree_on_grouped_heads(llama_dir: tuple[Path, Any]) -> None:
-    w = open_model(llama_dir[0], raw=True).weights
+    w = load_model(llama_dir[0], raw=True).weights
     d = DictWeights(w.cfg, {"blocks.0.attn._W_K": w.get("blocks.0.attn.W_K")[::2]})
     for h in range(4):
         torch.testing.assert_close(
@@ -462,7 +462,7 @@ def test_dict_and_checkpoint_weights_agree_on_grouped_heads(llama_dir: tuple[Pat
 
 
 def test_hf_tokenizer_from_tokenizer_json(gpt2_dir: tuple[Path, Any]) -> None:
-    tok = open_model(gpt2_dir[0]).tokenizer
+    tok = load_model(gpt2_dir[0]).tokenizer
     assert isinstance(tok, HFTokenizer) and tok.vocab_size == 96
     assert tok.encode("the cat sat on zebra") == [1, 2, 3, 4, 0]
     assert (

@@ -20,7 +20,7 @@ import torch
 from headscope.engine.circuits import composition, spectral
 from headscope.engine.circuits import head_circuits as circuits
 from headscope.engine.core.numeric import tame
-from headscope.engine.model.loading import open_model
+from headscope.engine.model.loading import load_model
 from tests.hf_fixtures import D_MODEL, N_HEADS, build_gpt2
 
 REPO = Path(__file__).resolve().parent.parent
@@ -67,9 +67,9 @@ import json, math, sys
 from headscope.engine.circuits import composition, head_circuits as circuits, spectral
 from headscope.engine.forward import behaviour
 
-from headscope.engine.model.loading import open_model
+from headscope.engine.model.loading import load_model
 
-model = open_model(sys.argv[1])
+model = load_model(sys.argv[1])
 w = model.weights
 L, H = int(sys.argv[2]), int(sys.argv[3])
 clean = lambda t: [None if math.isnan(v) else v for v in t.flatten().tolist()]
@@ -106,7 +106,7 @@ def test_huge_head_through_the_api_in_a_subprocess(huge_and_reference: tuple[Pat
     got = json.loads(proc.stdout)
     assert got["nonfinite"] == [[LAYER, HEAD]]  # flagged: its forward pass overflows
     # The weight-based scores are scale-free: the 1e19 head scores as the unscaled one.
-    w = open_model(ref).weights
+    w = load_model(ref).weights
     sweep = spectral.spectral_scores(w)
     _close(got["copying"], sweep["copying_score"].flatten().tolist())
     _close(got["positivity"], sweep["qk_positivity"].flatten().tolist())
@@ -134,7 +134,7 @@ def test_huge_head_through_the_cli_in_a_subprocess(huge_and_reference: tuple[Pat
     row = rows[(LAYER, HEAD)]
     assert row["nonfinite"] is True
     assert sum(r["nonfinite"] for r in rows.values()) == 1
-    sweep = spectral.spectral_scores(open_model(ref).weights)
+    sweep = spectral.spectral_scores(load_model(ref).weights)
     assert row["copying_score"] == pytest.approx(float(sweep["copying_score"][LAYER, HEAD]), abs=1e-4)
     assert row["qk_positivity"] == pytest.approx(float(sweep["qk_positivity"][LAYER, HEAD]), abs=1e-4)
     assert row["prev_token_score"] is None  # NaN in JSON: the forward pass overflows
@@ -142,7 +142,7 @@ def test_huge_head_through_the_cli_in_a_subprocess(huge_and_reference: tuple[Pat
 
 def test_realistic_weights_are_not_flagged_or_rescaled(huge_and_reference: tuple[Path, Path]) -> None:
     _, ref = huge_and_reference
-    w = open_model(ref).weights
+    w = load_model(ref).weights
     assert spectral.nonfinite_heads(w) == []
     x = w.get("blocks.0.attn.W_V")
     assert tame(x) is x  # untouched: bit-identical scores for every ordinary model
@@ -209,8 +209,8 @@ def test_diff_with_a_different_d_model_and_d_head(diff_models_on_disk: dict[str,
     from headscope.engine.circuits.similarity import circuit_similarity
 
     out = run_diff(diff_models_on_disk["base"], diff_models_on_disk["distilled"])
-    ov, _ = circuit_similarity(open_model(diff_models_on_disk["base"]).weights,
-                               open_model(diff_models_on_disk["distilled"]).weights)
+    ov, _ = circuit_similarity(load_model(diff_models_on_disk["base"]).weights,
+                               load_model(diff_models_on_disk["distilled"]).weights)
     for r in out["heads"]:
         assert r["ov_similarity"] == pytest.approx(float(ov[r["layer"], r["head"], r["head"]]), abs=1e-5)
         assert "read_subspace_cos" not in r  # residual streams of different widths: no angles

@@ -26,7 +26,7 @@ from headscope.engine.core.errors import (
 )
 from headscope.engine.core.results import recovered
 from headscope.engine.forward import patching
-from headscope.engine.model.loading import open_model
+from headscope.engine.model.loading import load_model
 from tests.conftest import sample_model
 from tests.test_tl_parity import boot_transformer_lens
 
@@ -63,7 +63,7 @@ def boot_native(path: Path) -> Any:
 def attn_only() -> tuple[Any, Any, list[int], list[int], patching.LogitDiff]:
     """(headscope model, TransformerLens bridge, clean ids, corrupt ids, metric)."""
     path = sample_model("attn-only-2l")
-    model = open_model(path)
+    model = load_model(path)
     tok = model.tokenizer
     clean, corrupt = tok.encode(CLEAN_TEXT), tok.encode(CORRUPT_TEXT)
     metric = patching.LogitDiff(tok.token_to_id("mouse"), tok.token_to_id("Ivy"))
@@ -180,7 +180,7 @@ def test_induction_task_and_by_position(attn_only: Any) -> None:
 def test_gqa_heads_patch_their_own_copy_of_the_shared_key(llama_dir: tuple[Path, Any]) -> None:
     """A query head's k site is its copy of the stored K head: patching one query head of a
     group differs from patching the group (which is TransformerLens' K-head patch)."""
-    model = open_model(llama_dir[0])
+    model = load_model(llama_dir[0])
     clean, corrupt = [[1, 5, 9, 2, 33, 7, 5, 9]], [[1, 5, 9, 2, 40, 7, 11, 9]]
     metric = patching.LogitDiff(3, 4)
     one = patching.patch_heads(model.weights, clean, corrupt, metric, site="k", heads=[[(1, 0)]])
@@ -247,7 +247,7 @@ def test_attribution_matches_autograd_reference(attn_only: Any, site: str) -> No
 def test_attribution_with_mlps_matches_autograd_reference(gpt2_dir: tuple[Path, Any], site: str) -> None:
     """The backward pass runs layer by layer through the MLPs too (GPT-2 fixture)."""
     path, _ = gpt2_dir
-    model = open_model(path)
+    model = load_model(path)
     tl = boot_transformer_lens(path)
     clean, corrupt = [[1, 5, 9, 2, 33, 7, 5, 9]], [[1, 5, 9, 2, 40, 7, 11, 9]]
     metric = patching.LogitDiff(3, 4)
@@ -312,7 +312,7 @@ def test_path_patching_matches_hook_reference_attn_only(attn_only: Any) -> None:
 def test_path_patching_matches_hook_reference_with_mlps(gpt2_dir: tuple[Path, Any]) -> None:
     """GPT-2 fixture: the sender's output skips layer 0's MLP on its way to the receiver."""
     path, _ = gpt2_dir
-    model = open_model(path)
+    model = load_model(path)
     tl = boot_transformer_lens(path)
     clean, corrupt = [[1, 5, 9, 2, 33, 7, 5, 9]], [[1, 5, 9, 2, 40, 7, 11, 9]]
     metric = patching.LogitDiff(3, 4)
@@ -351,7 +351,7 @@ def test_bad_inputs_are_one_line_errors(attn_only: Any, bert_mlm_dir: tuple[Path
         patching.patch_heads(w, clean, corrupt, metric, site="z")
     with pytest.raises(IndexOutOfRangeError):
         patching.patch_heads(w, clean, corrupt, metric, heads=[[(0, 3)]])
-    bert = open_model(bert_mlm_dir[0])
+    bert = load_model(bert_mlm_dir[0])
     with pytest.raises(InvalidRequestError, match="encoder"):
         patching.patch_heads(bert.weights, [[5, 6, 7]], [[5, 6, 8]], patching.LogitDiff(1, 2))
 
@@ -378,6 +378,6 @@ def test_non_finite_activations_are_refused(tmp_path: Path) -> None:
     tensors = load_file(source / "model.safetensors")
     tensors["blocks.1.attn.W_V"][0, 0, 0] = float("nan")
     save_file(tensors, tmp_path / "model.safetensors")
-    model = open_model(tmp_path, raw=True)
+    model = load_model(tmp_path, raw=True)
     with pytest.raises(NonFiniteError, match="clean run from layer 1"):
         patching.patch_heads(model.weights, [[1, 2, 3, 1, 2]], [[1, 2, 4, 1, 2]], patching.LogitDiff(3, 4))

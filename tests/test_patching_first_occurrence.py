@@ -18,7 +18,7 @@ from headscope.engine.api.store import default_store
 from headscope.engine.core.errors import InvalidRequestError
 from headscope.engine.core.requests import PatchRequest
 from headscope.engine.forward import patching
-from headscope.engine.model.loading import open_model
+from headscope.engine.model.loading import load_model
 from headscope.tui.session.patch import NEAR_ZERO
 from tests.conftest import sample_model
 from tests.test_cli_store import run, run_json
@@ -82,7 +82,7 @@ def test_a_small_vocabulary_still_gives_the_shapes() -> None:
 
 @pytest.fixture(scope="module")
 def attn2() -> Any:
-    return open_model(MODEL)
+    return load_model(MODEL)
 
 
 def test_the_metric_is_defined_and_reads_the_kept_answers(attn2: Any) -> None:
@@ -140,7 +140,7 @@ def test_exact_patching_matches_transformer_lens_on_fixtures(name: str, request:
     from transformer_lens import patching as tl_patching
 
     path, _ = request.getfixturevalue(f"{name}_dir")
-    check_against_tl(open_model(path), boot_transformer_lens(path), tl_patching, seq_len=6, batch=2)
+    check_against_tl(load_model(path), boot_transformer_lens(path), tl_patching, seq_len=6, batch=2)
 
 
 def check_against_tl(model: Any, tl: Any, tl_patching: Any, seq_len: int, batch: int) -> None:
@@ -169,7 +169,7 @@ def check_against_tl(model: Any, tl: Any, tl_patching: Any, seq_len: int, batch:
 
 
 def test_the_request_names_the_task_and_refuses_it_with_prompts() -> None:
-    structure = open_model(MODEL).structure()
+    structure = load_model(MODEL).structure()
     req = PatchRequest.of(structure, task=TASK, where="m")
     assert req.task == TASK and req.seq_len == 32
     assert req.key() != PatchRequest.of(structure, where="m").key()

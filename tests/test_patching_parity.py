@@ -29,7 +29,7 @@ import pytest
 import torch
 
 from headscope.engine.forward import patching
-from headscope.engine.model.loading import open_model
+from headscope.engine.model.loading import load_model
 from tests import family_fixtures
 from tests.hf_fixtures_phi import (  # noqa: F401  (session-scoped pytest fixtures)
     gptj_dir,
@@ -108,7 +108,7 @@ def check_family(name: str, path: Path) -> None:
     """All five sites, every head, logit difference, against TransformerLens."""
     from transformer_lens import patching as tl_patching
 
-    model = open_model(path)
+    model = load_model(path)
     tl = boot_transformer_lens(path)
     with torch.no_grad():
         _, cache = tl.run_with_cache(torch.tensor(CLEAN))
@@ -141,7 +141,7 @@ def test_by_position_and_induction_match_transformer_lens(name: str, request: py
     from transformer_lens import patching as tl_patching
 
     path, _ = request.getfixturevalue(f"{name}_dir")
-    model = open_model(path)
+    model = load_model(path)
     tl = boot_transformer_lens(path)
     metric = patching.LogitDiff(ANSWER, WRONG)
     with torch.no_grad():
@@ -180,7 +180,7 @@ def test_opt_post_ln_matches_transformers_hooks(request: pytest.FixtureRequest) 
     hooks on transformers' own modules (the projections' outputs; the output projection's
     input for ``out`` and, as ``clean pattern @ corrupt v``, for ``pattern``)."""
     path, hf = request.getfixturevalue("opt_post_ln_dir")
-    model = open_model(path)
+    model = load_model(path)
     implementation = hf.config._attn_implementation
     hf.set_attn_implementation("eager")  # returns the patterns (a shared fixture: put back below)
     try:

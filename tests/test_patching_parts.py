@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from headscope.engine.forward import behaviour, patching
-from headscope.engine.model.loading import open_model
+from headscope.engine.model.loading import load_model
 from headscope.engine.model.processing import ProcessedWeights
 from tests import family_fixtures, test_patching_suffix
 from tests.test_patching import tl_patch
@@ -232,7 +232,7 @@ def test_each_layers_weights_are_read_once_per_pass(fixture: str, request: pytes
     ``get`` of each layer tensor is called twice: once by the clean and corrupt run, once by
     the pass of the patched copies, which holds each layer's weights for its sub-batches."""
     path, _ = request.getfixturevalue(f"{fixture}_dir")
-    raw = open_model(path).weights.raw
+    raw = load_model(path).weights.raw
     w = ProcessedWeights(raw, cache_bytes=1)
     counts: Counter[str] = Counter()
     get = w.get
@@ -252,7 +252,7 @@ def test_each_layers_weights_are_read_once_per_pass(fixture: str, request: pytes
         layer_reads = {name: k for name, k in counts.items() if name.startswith("blocks.")}
         assert layer_reads and all(k == 2 for k in layer_reads.values()), (site, layer_reads)
         trace.check()  # though every layer ran in sub-batches
-        unsplit = patching.patch_heads(open_model(path).weights, BASE, differing_from(3), metric, site=site)
+        unsplit = patching.patch_heads(load_model(path).weights, BASE, differing_from(3), metric, site=site)
         same(found, unsplit, f"{fixture} {site} small cache")
 
 

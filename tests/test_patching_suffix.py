@@ -22,7 +22,7 @@ import torch
 from headscope.engine.forward import patching
 from headscope.engine.forward.torch_weights import torch_weights
 from headscope.engine.forward.transformer import attention_pattern
-from headscope.engine.model.loading import open_model
+from headscope.engine.model.loading import load_model
 from tests.test_patching import tl_patch
 from tests.test_patching_parity import ANSWER, WRONG, close, grouped, patched, tl_logit_diff
 from tests.test_tl_parity import boot_transformer_lens
@@ -42,7 +42,7 @@ def differing_from(first: int) -> list[list[int]]:
 @pytest.fixture(scope="module", params=["gpt2", "llama"])
 def family(request: pytest.FixtureRequest) -> tuple[str, Any, Any]:
     path, _ = request.getfixturevalue(f"{request.param}_dir")
-    return request.param, open_model(path), boot_transformer_lens(path)
+    return request.param, load_model(path), boot_transformer_lens(path)
 
 
 @pytest.mark.parametrize("first", [0, 3, P - 1])

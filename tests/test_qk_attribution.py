@@ -41,7 +41,7 @@ from headscope.engine.core.config import ModelConfig
 from headscope.engine.core.errors import IndexOutOfRangeError, InvalidRequestError
 from headscope.engine.forward.behaviour import repeated_tokens
 from headscope.engine.forward.qk_attribution import component_names, out_of_scope, qk_attribution
-from headscope.engine.model.loading import open_model
+from headscope.engine.model.loading import load_model
 from tests import family_fixtures
 from tests.conftest import INDUCTION_HEAD, PREV_TOKEN_HEAD, sample_model
 from tests.hf_fixtures_phi import phi3_dir, phi_dir  # noqa: F401  (session-scoped pytest fixtures)
@@ -262,7 +262,7 @@ def check_head(model: Any, raw: Any, tl: Any, layer: int, head: int, *, native: 
 
 def check_model(name: str, path: Path) -> dict[str, float]:
     """Every head of every layer (the frozen-scale removals on two heads per layer)."""
-    model, raw, tl = open_model(path), open_model(path, raw=True), boot(name, path)
+    model, raw, tl = load_model(path), load_model(path, raw=True), boot(name, path)
     worst: dict[str, float] = {}
     for layer in range(model.cfg.n_layers):
         for head in range(model.cfg.n_heads):
@@ -291,7 +291,7 @@ def test_induction_head_keys_come_from_the_previous_token_head() -> None:
     """On a repeated random sequence, the induction head's key side at the induction cell
     (query in the second copy, key = the token after the earlier occurrence) is driven first
     by the previous-token head (K-composition), at every query of the second copy."""
-    model = open_model(sample_model("attn-only-2l"))
+    model = load_model(sample_model("attn-only-2l"))
     half = 20
     tokens = repeated_tokens(model.cfg.d_vocab, model.cfg.n_ctx, seed=0, seq_len=half, batch=1)[0].tolist()
     layer, head = INDUCTION_HEAD
@@ -308,7 +308,7 @@ def test_induction_head_keys_come_from_the_previous_token_head() -> None:
 
 
 def test_layer_zero_has_only_the_embeddings(gpt2_dir: tuple[Path, Any], llama_dir: tuple[Path, Any]) -> None:
-    gpt2, llama = open_model(gpt2_dir[0]), open_model(llama_dir[0])
+    gpt2, llama = load_model(gpt2_dir[0]), load_model(llama_dir[0])
     found = qk_attribution(gpt2.weights, TOKENS, 0, 1, 4)
     assert found.names == ("embed", "pos", "bias") and found.terms.shape == (3, 3, 5)
     assert "layer 0" in found.note
@@ -319,7 +319,7 @@ def test_layer_zero_has_only_the_embeddings(gpt2_dir: tuple[Path, Any], llama_di
 
 
 def test_keys_and_helpers(gpt2_dir: tuple[Path, Any]) -> None:
-    model = open_model(gpt2_dir[0])
+    model = load_model(gpt2_dir[0])
     found = qk_attribution(model.weights, TOKENS, 1, 2, 6)
     some = qk_attribution(model.weights, TOKENS, 1, 2, 6, keys=[4, 1])
     assert some.keys == (1, 4)
@@ -337,7 +337,7 @@ def test_keys_and_helpers(gpt2_dir: tuple[Path, Any]) -> None:
 
 
 def test_bad_positions_are_one_line_errors(gpt2_dir: tuple[Path, Any]) -> None:
-    model = open_model(gpt2_dir[0])
+    model = load_model(gpt2_dir[0])
     with pytest.raises(IndexOutOfRangeError, match=r"query 12 out of range .*0\.\.11"):
         qk_attribution(model.weights, TOKENS, 1, 0, 12)
     with pytest.raises(IndexOutOfRangeError, match=r"key 8 is after the query .* sees keys 0\.\.5"):
@@ -351,7 +351,7 @@ def test_bad_positions_are_one_line_errors(gpt2_dir: tuple[Path, Any]) -> None:
 def test_sliding_window_keys(tmp_path: Path) -> None:
     """Mistral's window: the query sees its last WINDOW keys only; others are refused."""
     path, _ = family_fixtures.build_mistral(tmp_path / "mistral")
-    model = open_model(path)
+    model = load_model(path)
     found = qk_attribution(model.weights, TOKENS, 1, 0, 9)
     first = 9 - family_fixtures.WINDOW + 1
     assert found.keys == tuple(range(first, 10))
@@ -383,7 +383,7 @@ def test_out_of_scope_models_are_named(changes: dict[str, Any], words: str) -> N
 def test_out_of_scope_models_are_refused_in_one_line(tmp_path: Path, bert_mlm_dir: tuple[Path, Any]) -> None:
     for path in (family_fixtures.build_gemma2(tmp_path / "gemma2")[0], bert_mlm_dir[0]):
         with pytest.raises(InvalidRequestError) as err:
-            qk_attribution(open_model(path).weights, TOKENS[:4], 1, 0, 3)
+            qk_attribution(load_model(path).weights, TOKENS[:4], 1, 0, 3)
         assert "QK attribution" in str(err.value) and "\n" not in str(err.value)
 
 
@@ -405,7 +405,7 @@ class _NaNWeights:
 
 
 def test_non_finite_activations_are_flagged() -> None:
-    model = open_model(sample_model("attn-only-2l"))
+    model = load_model(sample_model("attn-only-2l"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         found = qk_attribution(_NaNWeights(model.weights, "blocks.0.attn.W_V"), TOKENS, 1, 2, 8)
@@ -420,7 +420,7 @@ def test_one_pass_to_the_layer_over_the_query_prefix(gpt2_dir: tuple[Path, Any],
     number of keys; nothing of ``layer`` itself runs but the head's own reading."""
     from headscope.engine.forward import qk_attribution as module
 
-    model = open_model(gpt2_dir[0])
+    model = load_model(gpt2_dir[0])
     seen: list[tuple[int, int]] = []
     real = module.attention
 

@@ -17,7 +17,7 @@ import pytest
 
 from headscope.engine.formats.widening import StagingBuffers
 from headscope.engine.model import readplan
-from headscope.engine.model.loading import open_model
+from headscope.engine.model.loading import load_model
 from headscope.engine.sweeps import scores as score_sweeps
 from tests import hf_fixtures
 
@@ -64,7 +64,7 @@ def is_attention(tensor: str) -> bool:
 
 
 def test_the_spectral_sweep_reads_each_attention_byte_once_in_file_order(llama12, monkeypatch) -> None:
-    model = open_model(llama12)
+    model = load_model(llama12)
     seen = Reads(model, monkeypatch, None)
     score_sweeps.weight_scores(model)
     attention = [(f, t, o, n) for f, t, o, n in seen.reads if is_attention(t)]
@@ -79,7 +79,7 @@ def test_the_spectral_sweep_reads_each_attention_byte_once_in_file_order(llama12
 
 
 def test_the_forward_pass_reads_each_tensor_once(llama12, monkeypatch) -> None:
-    model = open_model(llama12)
+    model = load_model(llama12)
     seen = Reads(model, monkeypatch, None)
     weights = score_sweeps.weight_scores(model)
     first = len(seen.reads)
@@ -91,7 +91,7 @@ def test_the_forward_pass_reads_each_tensor_once(llama12, monkeypatch) -> None:
 
 
 def test_a_checkpoint_that_fits_in_the_page_cache_gets_no_advice(llama12, monkeypatch) -> None:
-    model = open_model(llama12)
+    model = load_model(llama12)
     seen = Reads(model, monkeypatch, 1 << 40)
     heads_passes(model)
     assert not model.weights.raw.read_plan.streaming
@@ -99,7 +99,7 @@ def test_a_checkpoint_that_fits_in_the_page_cache_gets_no_advice(llama12, monkey
 
 
 def test_larger_than_ram_drops_what_is_read_and_keeps_the_attention_weights(llama12, monkeypatch) -> None:
-    model = open_model(llama12)
+    model = load_model(llama12)
     plan = model.weights.raw.read_plan  # the real plan: only its sizes are used
     seen = Reads(model, monkeypatch, plan.hot + 1)  # the attention weights fit, the rest not
     assert model.weights.raw.read_plan.keep_hot
@@ -114,7 +114,7 @@ def test_larger_than_ram_drops_what_is_read_and_keeps_the_attention_weights(llam
 
 
 def test_when_even_the_attention_weights_do_not_fit_every_range_read_is_dropped(llama12, monkeypatch) -> None:
-    model = open_model(llama12)
+    model = load_model(llama12)
     seen = Reads(model, monkeypatch, 1)
     assert model.weights.raw.read_plan.streaming and not model.weights.raw.read_plan.keep_hot
     heads_passes(model)
@@ -122,8 +122,8 @@ def test_when_even_the_attention_weights_do_not_fit_every_range_read_is_dropped(
 
 
 def test_the_plan_never_changes_the_numbers(llama12, monkeypatch) -> None:
-    plain = heads_passes(open_model(llama12))
-    streamed_model = open_model(llama12)
+    plain = heads_passes(load_model(llama12))
+    streamed_model = load_model(llama12)
     Reads(streamed_model, monkeypatch, 1)
     streamed = heads_passes(streamed_model)
     for a, b in zip(plain, streamed, strict=True):
@@ -133,14 +133,14 @@ def test_the_plan_never_changes_the_numbers(llama12, monkeypatch) -> None:
 
 def test_without_posix_fadvise_the_plan_is_a_no_op(llama12, monkeypatch) -> None:
     monkeypatch.delattr(os, "posix_fadvise", raising=False)
-    model = open_model(llama12)
+    model = load_model(llama12)
     model.weights.raw.page_cache_budget = 1
     heads_passes(model)
     assert readplan.advise(0, 0, 10, readplan.DONTNEED) is False
 
 
 def test_staging_buffers_are_reused_and_never_alias_a_returned_array(llama12) -> None:
-    model = open_model(llama12, raw=True)
+    model = load_model(llama12, raw=True)
     w = model.weights
     first = w.get("blocks.0.attn.W_Q")
     kept = first.copy()
@@ -149,7 +149,7 @@ def test_staging_buffers_are_reused_and_never_alias_a_returned_array(llama12) ->
         w.get(f"blocks.{layer}.mlp.W_in")
     assert w.staging.reused > 0
     assert first.tobytes() == kept.tobytes()  # the returned array is its own memory
-    fresh = open_model(llama12, raw=True).weights.get("blocks.0.attn.W_Q")
+    fresh = load_model(llama12, raw=True).weights.get("blocks.0.attn.W_Q")
     assert fresh.tobytes() == kept.tobytes()
 
 
@@ -183,8 +183,8 @@ def llama12_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_a_streamed_gguf_file_drops_every_range_read_and_keeps_its_numbers(llama12_gguf, monkeypatch) -> None:
-    plain = heads_passes(open_model(llama12_gguf))
-    model = open_model(llama12_gguf)
+    plain = heads_passes(load_model(llama12_gguf))
+    model = load_model(llama12_gguf)
     # set where a safetensors checkpoint's is set: a GGUF file's plan is its source's
     model.weights.raw.page_cache_budget = 1
     source = model.weights.raw.source

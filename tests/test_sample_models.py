@@ -1,7 +1,7 @@
 """Acceptance of the bundled sample models (sample_models/README.md): their circuits are real.
 
 Scores come from the engine (``engine.circuits`` and ``engine.forward.behaviour`` on
-``engine.model.loading.open_model``), i.e. what ``headscope heads`` shows; the training code's
+``engine.model.loading.load_model``), i.e. what ``headscope heads`` shows; the training code's
 own diagnostics (``sample_models.model``, written independently) are used as a cross-check of
 the engine on trained weights.
 """
@@ -22,7 +22,7 @@ from headscope.engine.forward.behaviour import (
 )
 from headscope.engine.forward.torch_weights import torch_weights
 from headscope.engine.forward.transformer import run
-from headscope.engine.model.loading import open_model
+from headscope.engine.model.loading import load_model
 from headscope.sample_models import corpus
 from headscope.sample_models.model import ModelShape, TinyTransformer, copying_scores
 from tests.conftest import INDUCTION_HEAD, PREV_TOKEN_HEAD, sample_model
@@ -39,7 +39,7 @@ INDUCTION_ABLATION_MARGIN = 0.5
 
 @pytest.fixture(scope="module")
 def two_layer():
-    model = open_model(sample_model("attn-only-2l"))
+    model = load_model(sample_model("attn-only-2l"))
     w = model.weights
     return model, behaviour_scores(w, seed=0), all_copying_scores(w), composition_scores(w, "k")
 
@@ -94,7 +94,7 @@ def test_attn_only_2l_zero_ablating_the_circuit_hurts_on_repeated_tokens(two_lay
 
 
 def test_attn_only_1l_copies_but_has_no_induction_head() -> None:
-    model = open_model(sample_model("attn-only-1l"))
+    model = load_model(sample_model("attn-only-1l"))
     assert model.cfg.n_layers == 1
     behaviour = behaviour_scores(model.weights, seed=0)
     assert float(behaviour["induction"].max()) < 0.3, behaviour["induction"]
@@ -113,14 +113,14 @@ def test_engine_copying_scores_match_the_training_code(name: str) -> None:
     trained = TinyTransformer(shape)
     with safe_open(str(path / "model.safetensors"), "pt") as f:
         trained.load_state_dict({k: f.get_tensor(k) for k in f.keys()})  # noqa: SIM118
-    raw = open_model(path, raw=True)
+    raw = load_model(path, raw=True)
     torch.testing.assert_close(all_copying_scores(raw.weights), copying_scores(trained),
                                rtol=0, atol=1e-4)
 
 
 def test_native_sample_models_ship_their_vocabulary() -> None:
     for name in ("attn-only-1l", "attn-only-2l"):
-        model = open_model(sample_model(name))
+        model = load_model(sample_model(name))
         text = "When Mary and John went to the store , John gave a drink to Mary ."
         assert model.tokenizer.encode(text) == corpus.encode(text)
         # Attention-only with LayerNorm, like TransformerLens' attn-only models.
@@ -131,7 +131,7 @@ def test_native_sample_models_ship_their_vocabulary() -> None:
 def test_gpt2_mini_loads_through_the_hf_adapter_and_agrees_with_transformers() -> None:
     transformers = pytest.importorskip("transformers")
     path = sample_model("gpt2-mini")
-    model = open_model(path)
+    model = load_model(path)
     assert model.raw_cfg.family == "gpt2" and model.raw_cfg.normalization == "LN"
     assert model.raw_cfg.d_mlp is not None and model.raw_cfg.tied_unembed
     text = corpus.Corpus(7).text(4)
@@ -150,7 +150,7 @@ def test_gpt2_mini_loads_through_the_hf_adapter_and_agrees_with_transformers() -
 
 def test_gpt2_mini_circuits_are_computed_with_layer_norm_folded() -> None:
     path = sample_model("gpt2-mini")
-    model = open_model(path)
+    model = load_model(path)
     assert model.cfg.normalization == "LNPre" and not model.raw
     w = model.weights
     # The fold checked in torch on zero-copy tensors of the same arrays.

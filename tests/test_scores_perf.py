@@ -19,7 +19,7 @@ from headscope.engine.core.errors import CancelledError
 from headscope.engine.forward import behaviour
 from headscope.engine.forward import transformer as forward
 from headscope.engine.forward.transformer import run
-from headscope.engine.model.loading import open_model
+from headscope.engine.model.loading import load_model
 from headscope.engine.model.weights import DictWeights, WeightSource
 from tests.test_circuits import random_weights
 
@@ -80,8 +80,8 @@ def dict_models() -> dict[str, WeightSource]:
 @pytest.fixture(scope="module")
 def family_models(gpt2_dir, neox_dir, llama_dir, bert_mlm_dir) -> dict[str, WeightSource]:
     dirs = {"gpt2": gpt2_dir[0], "neox": neox_dir[0], "llama": llama_dir[0], "bert_mlm": bert_mlm_dir[0]}
-    models = {name: open_model(path).weights for name, path in dirs.items()}
-    models["gpt2 raw"] = open_model(gpt2_dir[0], raw=True).weights
+    models = {name: load_model(path).weights for name, path in dirs.items()}
+    models["gpt2 raw"] = load_model(gpt2_dir[0], raw=True).weights
     return models
 
 

@@ -12,7 +12,7 @@ from headscope.engine.circuits import head_circuits as circuits
 from headscope.engine.core import errors
 from headscope.engine.forward import behaviour
 from headscope.engine.forward import transformer as forward
-from headscope.engine.model.loading import open_model, read_structure
+from headscope.engine.model.loading import load_model, read_structure
 from headscope.engine.service.engine import Engine
 from tests import weight_algebra as algebra
 
@@ -22,7 +22,7 @@ async def gpt2(gpt2_dir):
     path, _ = gpt2_dir
     eng = Engine(path, workers=2)
     await eng.ready()
-    yield eng, open_model(path)
+    yield eng, load_model(path)
     await eng.aclose()
 
 
@@ -152,20 +152,20 @@ async def test_raw_switch_changes_cache_key(gpt2):
     await eng.set_raw(True)
     raw = await eng.circuit_block(0, 0, "qk", "token", [0, 1], [0, 1])
     assert raw is not processed
-    w_raw = open_model(eng.path, raw=True).weights
+    w_raw = load_model(eng.path, raw=True).weights
     np.testing.assert_allclose(raw.values, circuits.token_qk(w_raw, 0, 0).block([0, 1], [0, 1]), rtol=1e-4, atol=1e-5)
 
 
 async def test_tokenize_uses_the_model_tokenizer(tmp_path) -> None:
     from headscope.engine.core.errors import PromptError
-    from headscope.engine.model.loading import open_model
+    from headscope.engine.model.loading import load_model
     from headscope.engine.service.engine import Engine
     from tests.hf_fixtures import build_gpt2
 
     path, _ = build_gpt2(tmp_path / "m", tokenizer=True)
     engine = Engine(path)
     try:
-        assert await engine.tokenize("the cat sat") == open_model(path).tokenizer.encode("the cat sat")
+        assert await engine.tokenize("the cat sat") == load_model(path).tokenizer.encode("the cat sat")
         with pytest.raises(PromptError):
             await engine.tokenize("  ")
     finally:
@@ -243,7 +243,7 @@ async def test_an_engine_closed_while_opening_leaves_torch_threads_alone(gpt2_di
 
     before = torch.get_num_threads()
     release, done = threading.Event(), threading.Event()
-    real = loading.open_model
+    real = loading.load_model
 
     def slow_open(*args, **kwargs):
         release.wait(30)
@@ -252,7 +252,7 @@ async def test_an_engine_closed_while_opening_leaves_torch_threads_alone(gpt2_di
         finally:
             done.set()
 
-    monkeypatch.setattr(loading, "open_model", slow_open)
+    monkeypatch.setattr(loading, "load_model", slow_open)
     eng = Engine(gpt2_dir[0], workers=1)
     eng._torch_threads = before + 1
     await eng.aclose()

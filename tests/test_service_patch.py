@@ -11,7 +11,7 @@ import pytest
 
 from headscope.engine.core import errors
 from headscope.engine.forward import patching
-from headscope.engine.model.loading import open_model
+from headscope.engine.model.loading import load_model
 from headscope.engine.service.engine import Engine
 from headscope.engine.sweeps.store import ResultStore
 from tests.conftest import sample_model
@@ -22,7 +22,7 @@ async def attn2(tmp_path):
     path = sample_model("attn-only-2l")
     eng = Engine(path, workers=2, store=ResultStore(tmp_path / "store"))
     await eng.ready()
-    yield eng, open_model(path), tmp_path / "store"
+    yield eng, load_model(path), tmp_path / "store"
     await eng.aclose()
 
 

@@ -23,7 +23,7 @@ from headscope.engine.api import report
 from headscope.engine.circuits import composition as composition_module
 from headscope.engine.circuits import spectral as spectral_module
 from headscope.engine.forward import behaviour as behaviour_module
-from headscope.engine.model.loading import open_model
+from headscope.engine.model.loading import load_model
 from headscope.engine.sweeps import head_views
 from headscope.engine.sweeps import scores as score_sweeps
 from headscope.engine.sweeps.store import ResultStore, fingerprint
@@ -103,11 +103,11 @@ def same(a: Any, b: Any) -> None:
 
 
 def test_score_table_from_the_store_equals_the_computed_one(deep_gpt2, store, monkeypatch) -> None:
-    model = open_model(deep_gpt2)
+    model = load_model(deep_gpt2)
     plain = score_sweeps.score_table(model)
     first = score_sweeps.score_table(model, store=store.for_model(model))
     # a fresh process: a new model object and a new entry, the same store on disk
-    again = open_model(deep_gpt2)
+    again = load_model(deep_gpt2)
     spectral = counting(monkeypatch, "_batched_spectral_score")
     behaviour = counting(monkeypatch, "behaviour_scores")
     entry = store.for_model(again)
@@ -124,7 +124,7 @@ def test_spectral_sweep_equals_the_per_head_definition(deep_gpt2, store) -> None
     """The stored sweep's numbers are the per-head scores of docs/math.md."""
     from headscope.engine.circuits import head_circuits as circuits
 
-    model = open_model(deep_gpt2)
+    model = load_model(deep_gpt2)
     entry = store.for_model(model)
     memos = {name: entry.memo(name, (model.cfg.n_heads,)) for name in ("copying_score", "qk_positivity")}
     w = model.weights
@@ -138,11 +138,11 @@ def test_spectral_sweep_equals_the_per_head_definition(deep_gpt2, store) -> None
 
 @pytest.mark.parametrize("kind", ["q", "k", "v"])
 def test_composition_from_the_store_equals_the_computed_one(deep_gpt2, store, monkeypatch, kind) -> None:
-    model = open_model(deep_gpt2)
+    model = load_model(deep_gpt2)
     plain = score_sweeps.composition(model, kind)
     first = score_sweeps.composition(model, kind, store=store.for_model(model))
     pairs = counting(monkeypatch, "_pair_scores")
-    second = score_sweeps.composition(open_model(deep_gpt2), kind, store=store.for_model(model))
+    second = score_sweeps.composition(load_model(deep_gpt2), kind, store=store.for_model(model))
     assert pairs.calls == 0
     same(first.scores, plain.scores)
     same(second.scores, plain.scores)
@@ -152,19 +152,19 @@ def test_composition_from_the_store_equals_the_computed_one(deep_gpt2, store, mo
 def test_ablation_effects_from_the_store_run_no_forward_pass(deep_gpt2, store, monkeypatch) -> None:
     from headscope.engine.forward import transformer as forward
 
-    model = open_model(deep_gpt2)
+    model = load_model(deep_gpt2)
     plain = score_sweeps.ablation_sweep(model)
     first = score_sweeps.ablation_sweep(model, store=store.for_model(model))
     passes = mock.Mock(wraps=forward.blocks)
     monkeypatch.setattr(forward, "blocks", passes)
-    second = score_sweeps.ablation_sweep(open_model(deep_gpt2), store=store.for_model(model))
+    second = score_sweeps.ablation_sweep(load_model(deep_gpt2), store=store.for_model(model))
     assert passes.call_count == 0
     same(first, plain)
     same(second, plain)
 
 
 def test_processing_mode_and_seed_are_separate_entries(deep_gpt2, store) -> None:
-    processed, raw = open_model(deep_gpt2), open_model(deep_gpt2, raw=True)
+    processed, raw = load_model(deep_gpt2), load_model(deep_gpt2, raw=True)
     assert store.for_model(processed).key != store.for_model(raw).key
     table = score_sweeps.score_table(processed, store=store.for_model(processed))
     raw_table = score_sweeps.score_table(raw, store=store.for_model(raw))
@@ -179,14 +179,14 @@ def test_processing_mode_and_seed_are_separate_entries(deep_gpt2, store) -> None
 
 @pytest.mark.parametrize("k", [1, 3])
 def test_interrupted_spectral_sweep_resumes_with_the_missing_layers(deep_gpt2, store, monkeypatch, k) -> None:
-    model = open_model(deep_gpt2)
+    model = load_model(deep_gpt2)
     entry = store.for_model(model)
     memos = {name: entry.memo(name, (model.cfg.n_heads,)) for name in ("copying_score", "qk_positivity")}
     with pytest.raises(KeyboardInterrupt):
         spectral_module.spectral_scores(model.weights, progress=raise_after(k), memos=memos)
     assert entry.computed == 2 * k  # each layer's two parts stored as soon as it was done
     spectral = counting(monkeypatch, "_batched_spectral_score")
-    resumed = spectral_module.spectral_scores(open_model(deep_gpt2).weights, memos=memos)
+    resumed = spectral_module.spectral_scores(load_model(deep_gpt2).weights, memos=memos)
     assert spectral.calls == 2 * (N_LAYERS - k)  # copying and QK positivity of the missing layers
     monkeypatch.setattr(spectral_module, "_batched_spectral_score", spectral.real)
     fresh = spectral_module.spectral_scores(model.weights)
@@ -196,14 +196,14 @@ def test_interrupted_spectral_sweep_resumes_with_the_missing_layers(deep_gpt2, s
 
 @pytest.mark.parametrize("k", [1, 3])
 def test_interrupted_composition_resumes_with_the_missing_tiles(deep_gpt2, store, monkeypatch, k) -> None:
-    model = open_model(deep_gpt2)
+    model = load_model(deep_gpt2)
     entry = store.for_model(model)
     # progress is reported once per target layer 1..L-1 (the k-th report follows tile k)
     with pytest.raises(KeyboardInterrupt):
         score_sweeps.composition(model, "k", progress=raise_after(k), store=entry)
     assert entry.computed == k
     pairs = counting(monkeypatch, "_pair_scores")
-    resumed = score_sweeps.composition(open_model(deep_gpt2), "k", store=store.for_model(model))
+    resumed = score_sweeps.composition(load_model(deep_gpt2), "k", store=store.for_model(model))
     assert pairs.calls == N_LAYERS - 1 - k
     monkeypatch.setattr(composition_module, "_pair_scores", pairs.real)
     same(resumed.scores, score_sweeps.composition(model, "k").scores)
@@ -212,7 +212,7 @@ def test_interrupted_composition_resumes_with_the_missing_tiles(deep_gpt2, store
 def test_interrupted_ablation_sweep_resumes_with_the_missing_layers(deep_gpt2, store, monkeypatch) -> None:
     from headscope.engine.forward import transformer as forward
 
-    model = open_model(deep_gpt2)
+    model = load_model(deep_gpt2)
     entry = store.for_model(model)
     with pytest.raises(KeyboardInterrupt):
         score_sweeps.ablation_sweep(model, progress=raise_after(2), store=entry)
@@ -225,7 +225,7 @@ def test_interrupted_ablation_sweep_resumes_with_the_missing_layers(deep_gpt2, s
         return real(w, x, layer, *rest)
 
     monkeypatch.setattr(forward, "run_ablations", spy)
-    resumed = score_sweeps.ablation_sweep(open_model(deep_gpt2), store=store.for_model(model))
+    resumed = score_sweeps.ablation_sweep(load_model(deep_gpt2), store=store.for_model(model))
     assert sorted(set(ablated_layers)) == [2, 3, 4]
     monkeypatch.setattr(forward, "run_ablations", real)
     same(resumed, score_sweeps.ablation_sweep(model))
@@ -234,24 +234,24 @@ def test_interrupted_ablation_sweep_resumes_with_the_missing_layers(deep_gpt2, s
 def test_a_sweep_with_a_gap_loads_each_stored_part_once(deep_gpt2, store) -> None:
     """The numpy sweep peeks at the next layer (to read its weights ahead); a stored layer
     after a computed one is still loaded, and counted, once."""
-    model = open_model(deep_gpt2)
+    model = load_model(deep_gpt2)
     score_sweeps.weight_scores(model, store=store.for_model(model))
     for path in _stored_files(store, "copying_score") + _stored_files(store, "qk_positivity"):
         if ".1.hsr" in path.name:
             path.unlink()  # layer 1 is computed again, layers 2.. are read back after it
-    entry = store.for_model(open_model(deep_gpt2))
-    score_sweeps.weight_scores(open_model(deep_gpt2), store=entry)
+    entry = store.for_model(load_model(deep_gpt2))
+    score_sweeps.weight_scores(load_model(deep_gpt2), store=entry)
     assert (entry.loaded, entry.computed) == (2 * (N_LAYERS - 1) + 1, 2)  # + the nonfinite flags
 
 
 def test_interrupted_head_table_resumes_and_equals_an_uninterrupted_one(deep_gpt2, store, monkeypatch) -> None:
-    model = open_model(deep_gpt2)
+    model = load_model(deep_gpt2)
     # reports: 0 at the start, then one per layer of the spectral sweep (both scores of a
     # layer are stored before its report): the 4th stops it after 3 layers
     with pytest.raises(KeyboardInterrupt):
         report.head_table(model, store=store, progress=raise_after(1 + 3))
     spectral = counting(monkeypatch, "_batched_spectral_score")
-    resumed = report.head_table(open_model(deep_gpt2), store=store)
+    resumed = report.head_table(load_model(deep_gpt2), store=store)
     assert spectral.calls == 2 * (N_LAYERS - 3)  # copying and QK positivity of the 2 missing layers
     monkeypatch.setattr(spectral_module, "_batched_spectral_score", spectral.real)
     assert json.dumps(resumed) == json.dumps(report.head_table(model))
@@ -283,25 +283,25 @@ def _rewrite_one_tensor(path: Path) -> Path:
 
 
 def test_a_rewritten_tensor_invalidates_the_entry(model_copy, store, monkeypatch) -> None:
-    model = open_model(model_copy)
+    model = load_model(model_copy)
     old_key = store.for_model(model).key
     old = score_sweeps.score_table(model, store=store.for_model(model))
     size = {p.name: p.stat().st_size for p in model_copy.glob("*.safetensors")}
     shard = _rewrite_one_tensor(model_copy)
     assert shard.stat().st_size == size[shard.name]
-    changed = open_model(model_copy)
+    changed = load_model(model_copy)
     entry = store.for_model(changed)
     assert entry.key != old_key
     spectral = counting(monkeypatch, "_batched_spectral_score")
     new = score_sweeps.score_table(changed, store=entry)
     assert spectral.calls == 2 * N_LAYERS and entry.loaded == 0
     monkeypatch.setattr(spectral_module, "_batched_spectral_score", spectral.real)
-    same(new.copying_score, score_sweeps.score_table(open_model(model_copy)).copying_score)
+    same(new.copying_score, score_sweeps.score_table(load_model(model_copy)).copying_score)
     assert not np.array_equal(new.copying_score, old.copying_score)
 
 
 def test_touching_a_shard_or_editing_the_config_changes_the_fingerprint(model_copy) -> None:
-    ckpt = open_model(model_copy).checkpoint
+    ckpt = load_model(model_copy).checkpoint
     before = fingerprint(ckpt, raw=False)
     assert fingerprint(ckpt, raw=False) == before  # stable
     shard = sorted(model_copy.glob("*.safetensors"))[1]
@@ -317,14 +317,14 @@ def test_touching_a_shard_or_editing_the_config_changes_the_fingerprint(model_co
 def test_a_changed_tokenizer_is_never_served_stale_sink_scores(model_copy, store) -> None:
     """The delimiter sink reads the tokenizer (its natural sentences, which tokens are
     delimiters): an edited tokenizer is a new entry and new numbers."""
-    before = report.head_table(open_model(model_copy), store=store)
+    before = report.head_table(load_model(model_copy), store=store)
     assert all(math.isnan(row["delimiter_sink_score"]) for row in before)  # no punctuation tokens
     words = [*hf_fixtures.WORDS]
     words[-2:] = [",", "."]  # now the sentences have delimiters
     hf_fixtures.write_word_tokenizer(model_copy, words)
-    model = open_model(model_copy)
+    model = load_model(model_copy)
     after = report.head_table(model, store=store)
-    assert json.dumps(after) == json.dumps(report.head_table(open_model(model_copy)))
+    assert json.dumps(after) == json.dumps(report.head_table(load_model(model_copy)))
     assert all(math.isfinite(row["delimiter_sink_score"]) for row in after)
     key = fingerprint(model.checkpoint, raw=False)
     tokenizer = model_copy / "tokenizer.json"
@@ -339,7 +339,7 @@ def _stored_files(store: ResultStore, name: str) -> list[Path]:
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "flipped", "foreign", "empty"])
 def test_damaged_files_are_ignored_recomputed_and_replaced(deep_gpt2, store, monkeypatch, damage) -> None:
-    model = open_model(deep_gpt2)
+    model = load_model(deep_gpt2)
     plain = score_sweeps.score_table(model, store=store.for_model(model))
     target = _stored_files(store, "copying_score")[2]
     blob = target.read_bytes()
@@ -354,14 +354,14 @@ def test_damaged_files_are_ignored_recomputed_and_replaced(deep_gpt2, store, mon
     else:
         target.write_bytes(b"")
     spectral = counting(monkeypatch, "_batched_spectral_score")
-    again = score_sweeps.score_table(open_model(deep_gpt2), store=store.for_model(model))
+    again = score_sweeps.score_table(load_model(deep_gpt2), store=store.for_model(model))
     assert spectral.calls == 2  # only the damaged layer (its two scores are computed together)
     same(again.copying_score, plain.copying_score)
     assert target.read_bytes() == blob  # replaced by a good file
 
 
 def test_a_file_of_another_checkpoint_is_not_trusted(deep_gpt2, gpt2_dir, store) -> None:
-    a, b = open_model(deep_gpt2), open_model(gpt2_dir[0])
+    a, b = load_model(deep_gpt2), load_model(gpt2_dir[0])
     score_sweeps.score_table(a, store=store.for_model(a))
     score_sweeps.score_table(b, store=store.for_model(b))
     entry_a, entry_b = store.for_model(a), store.for_model(b)
@@ -375,7 +375,7 @@ def test_an_unwritable_store_warns_once_and_still_answers(deep_gpt2, tmp_path) -
     blocker.write_text("a file where the cache directory should be")
     warnings: list[str] = []
     store = ResultStore(blocker / "headscope", warn=warnings.append)
-    model = open_model(deep_gpt2)
+    model = load_model(deep_gpt2)
     table = score_sweeps.score_table(model, store=store.for_model(model))
     effects = score_sweeps.ablation_sweep(model, store=store.for_model(model))
     same(table.copying_score, score_sweeps.score_table(model).copying_score)
@@ -385,7 +385,7 @@ def test_an_unwritable_store_warns_once_and_still_answers(deep_gpt2, tmp_path) -
 
 def test_the_size_cap_evicts_the_least_recently_used_entries(deep_gpt2, gpt2_dir, tmp_path) -> None:
     store = ResultStore(tmp_path / "store", max_bytes=1)  # smaller than any entry
-    a, b = open_model(deep_gpt2), open_model(gpt2_dir[0])
+    a, b = load_model(deep_gpt2), load_model(gpt2_dir[0])
     score_sweeps.score_table(a, store=store.for_model(a))
     assert [e.path for e in store.entries()] == [str(deep_gpt2.resolve())]
     score_sweeps.score_table(b, store=store.for_model(b))  # a is evicted, b (in use) is kept
@@ -401,7 +401,7 @@ def test_the_size_cap_evicts_the_least_recently_used_entries(deep_gpt2, gpt2_dir
 async def test_engine_sweeps_read_the_store_and_say_so(deep_gpt2, store, monkeypatch) -> None:
     from headscope.engine.service.engine import Engine
 
-    engine = Engine(None, model=open_model(deep_gpt2), store=store, prefetch=False)
+    engine = Engine(None, model=load_model(deep_gpt2), store=store, prefetch=False)
     try:
         first = await engine.all_head_scores()
         assert engine.stats().origin == "head scores: computed now"
@@ -411,7 +411,7 @@ async def test_engine_sweeps_read_the_store_and_say_so(deep_gpt2, store, monkeyp
         await engine.aclose()
     spectral = counting(monkeypatch, "_batched_spectral_score")
     pairs = counting(monkeypatch, "_pair_scores")
-    reopened = Engine(None, model=open_model(deep_gpt2), store=store, prefetch=False)
+    reopened = Engine(None, model=load_model(deep_gpt2), store=store, prefetch=False)
     try:
         second = await reopened.all_head_scores()
         assert reopened.stats().origin == "head scores: from the cache"
@@ -434,7 +434,7 @@ async def test_a_cancelled_engine_sweep_resumes_in_the_next_engine(deep_gpt2, st
     from headscope.engine.core.errors import CancelledError
     from headscope.engine.service.engine import Engine
 
-    engine = Engine(None, model=open_model(deep_gpt2), store=store, prefetch=False)
+    engine = Engine(None, model=load_model(deep_gpt2), store=store, prefetch=False)
     loop = asyncio.get_running_loop()
     task: asyncio.Task[Any] | None = None
     real_pairs = composition_module._pair_scores
@@ -469,7 +469,7 @@ async def test_a_cancelled_engine_sweep_resumes_in_the_next_engine(deep_gpt2, st
         await engine.aclose()
     monkeypatch.setattr(composition_module, "_pair_scores", real_pairs)
     pairs = counting(monkeypatch, "_pair_scores")
-    reopened = Engine(None, model=open_model(deep_gpt2), store=store, prefetch=False)
+    reopened = Engine(None, model=load_model(deep_gpt2), store=store, prefetch=False)
     try:
         resumed = await reopened.composition("v")
         assert reopened.stats().origin == "composition v: 2 parts from the cache, 2 computed now"
@@ -477,14 +477,14 @@ async def test_a_cancelled_engine_sweep_resumes_in_the_next_engine(deep_gpt2, st
         await reopened.aclose()
     assert pairs.calls == N_LAYERS - 1 - 2
     monkeypatch.setattr(composition_module, "_pair_scores", pairs.real)
-    same(resumed.scores, score_sweeps.composition(open_model(deep_gpt2), "v").scores)
+    same(resumed.scores, score_sweeps.composition(load_model(deep_gpt2), "v").scores)
 
 
 async def test_engine_spectra_are_stored_per_head(deep_gpt2, store, monkeypatch) -> None:
     from headscope.engine.service.engine import Engine
 
     async def spectra() -> list[Any]:
-        engine = Engine(None, model=open_model(deep_gpt2), store=store, prefetch=False)
+        engine = Engine(None, model=load_model(deep_gpt2), store=store, prefetch=False)
         try:
             return [await engine.spectrum(layer, 1, kind) for layer in (0, 4) for kind in ("ov", "qk")]
         finally:
@@ -506,7 +506,7 @@ def test_a_sweep_counts_only_what_its_own_thread_loaded_and_computed(deep_gpt2, 
     sweep's (a race that showed as "9 parts from the cache, 1 computed now" on a warm open)."""
     import threading
 
-    entry = store.for_model(open_model(deep_gpt2))
+    entry = store.for_model(load_model(deep_gpt2))
     entry.save("mine", np.zeros(3, np.float32))
     assert entry.counts() == (0, 1)
     other = threading.Thread(target=lambda: (entry.save("theirs", np.ones(3, np.float32)),
@@ -515,7 +515,7 @@ def test_a_sweep_counts_only_what_its_own_thread_loaded_and_computed(deep_gpt2, 
     other.join()
     assert entry.counts() == (0, 1)
     assert (entry.loaded, entry.computed) == (0, 2)  # "mine" was written here: not a cache hit
-    again = store.for_model(open_model(deep_gpt2))
+    again = store.for_model(load_model(deep_gpt2))
     again.load("theirs", "all", (3,))
     assert again.counts() == (1, 0)
 
@@ -551,7 +551,7 @@ async def test_the_explorer_status_bar_says_where_the_scores_came_from(gpt2_dir,
 
 @pytest.mark.parametrize("tile_bytes", [1, 768 << 20])  # one source layer per block, or all in one
 def test_composition_sweep_resumes_from_its_memo(deep_gpt2, store, monkeypatch, tile_bytes) -> None:
-    model = open_model(deep_gpt2)
+    model = load_model(deep_gpt2)
     entry = store.for_model(model)
     memo = entry.memo("composition-q", ())
     with pytest.raises(KeyboardInterrupt):  # during target layer 3: targets 1 and 2 are whole
@@ -561,7 +561,7 @@ def test_composition_sweep_resumes_from_its_memo(deep_gpt2, store, monkeypatch, 
     assert entry.computed == 2
     pairs = counting(monkeypatch, "_pair_scores")
     seen: list[tuple[int, int]] = []
-    resumed = composition_module.composition_scores(open_model(deep_gpt2).weights, "q", memo=memo,
+    resumed = composition_module.composition_scores(load_model(deep_gpt2).weights, "q", memo=memo,
                                                     tile_bytes=tile_bytes,
                                         on_tile=lambda t: seen.append((t.source, t.target)))
     # stored targets 1, 2 are not recomputed; every pair still reaches on_tile once
@@ -577,7 +577,7 @@ def test_composition_sweep_resumes_from_its_memo(deep_gpt2, store, monkeypatch, 
 
 
 def _entry_of(store: ResultStore, model_dir: Path) -> Path:
-    model = open_model(model_dir)
+    model = load_model(model_dir)
     score_sweeps.score_table(model, store=store.for_model(model))
     entry = store.for_model(model).dir
     assert entry is not None and (entry / "entry.json").is_file()
@@ -651,15 +651,15 @@ def test_editing_the_native_config_changes_the_fingerprint_and_the_scores(tmp_pa
     weights = model_dir / "model.safetensors"  # its config only in headscope.json, not in
     save_file(load_file(weights), weights)  # the safetensors metadata (which would win)
     store = ResultStore(tmp_path / "cache")
-    before = report.head_table(open_model(model_dir), store=store)
-    key = fingerprint(open_model(model_dir).checkpoint, raw=False)
+    before = report.head_table(load_model(model_dir), store=store)
+    key = fingerprint(load_model(model_dir).checkpoint, raw=False)
     config = model_dir / "headscope.json"
     fields = json.loads(config.read_text())
     fields["attn_scale"] = 1.0
     config.write_text(json.dumps(fields))
-    assert fingerprint(open_model(model_dir).checkpoint, raw=False) != key
-    after = report.head_table(open_model(model_dir), store=store)
-    fresh = report.head_table(open_model(model_dir))
+    assert fingerprint(load_model(model_dir).checkpoint, raw=False) != key
+    after = report.head_table(load_model(model_dir), store=store)
+    fresh = report.head_table(load_model(model_dir))
     assert json.dumps(after) == json.dumps(fresh)
     assert json.dumps(after) != json.dumps(before)
 
@@ -685,12 +685,12 @@ def _within(seconds: float, fn: Any, fifo: Path) -> Any:
 
 
 def test_a_fifo_in_the_store_is_skipped_not_waited_on(deep_gpt2, store) -> None:
-    model = open_model(deep_gpt2)
+    model = load_model(deep_gpt2)
     plain = score_sweeps.score_table(model, store=store.for_model(model))
     target = _stored_files(store, "copying_score")[1]
     target.unlink()
     os.mkfifo(target)
-    again = _within(20, lambda: score_sweeps.score_table(open_model(deep_gpt2),
+    again = _within(20, lambda: score_sweeps.score_table(load_model(deep_gpt2),
                                                     store=store.for_model(model)), target)
     same(again.copying_score, plain.copying_score)
     assert target.is_file()  # replaced by a good file
@@ -702,7 +702,7 @@ def test_a_fifo_in_the_store_is_skipped_not_waited_on(deep_gpt2, store) -> None:
 
 def test_a_stored_part_linked_to_dev_zero_is_ignored_in_bounded_memory(deep_gpt2, store) -> None:
     """Read before: until memory ran out, then reported as the model not fitting."""
-    model = open_model(deep_gpt2)
+    model = load_model(deep_gpt2)
     score_sweeps.score_table(model, store=store.for_model(model))
     target = _stored_files(store, "copying_score")[1]
     target.unlink()

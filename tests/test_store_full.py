@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from headscope.engine.circuits import spectral as spectral_module
-from headscope.engine.model.loading import open_model
+from headscope.engine.model.loading import load_model
 from headscope.engine.sweeps import scores as score_sweeps
 from headscope.engine.sweeps import store as store_module
 from headscope.engine.sweeps.store import ResultStore
@@ -34,7 +34,7 @@ def temporaries(root: Path) -> list[Path]:
 
 def test_a_full_disk_midway_is_one_line_naming_the_file_and_keeps_what_was_stored(
         deep_gpt2: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
-    expected = score_sweeps.weight_scores(open_model(deep_gpt2))
+    expected = score_sweeps.weight_scores(load_model(deep_gpt2))
     real_fsync = os.fsync
     writes = [0]
 
@@ -46,7 +46,7 @@ def test_a_full_disk_midway_is_one_line_naming_the_file_and_keeps_what_was_store
 
     warnings: list[str] = []
     store = ResultStore(tmp_path / "store", warn=warnings.append)
-    model = open_model(deep_gpt2)
+    model = load_model(deep_gpt2)
     with monkeypatch.context() as patched:
         patched.setattr(store_module.os, "fsync", fsync)
         found = score_sweeps.weight_scores(model, store=store.for_model(model))
@@ -60,7 +60,7 @@ def test_a_full_disk_midway_is_one_line_naming_the_file_and_keeps_what_was_store
 
     # the disk has room again: the next run reads the two layers back and computes the rest
     again = ResultStore(tmp_path / "store")
-    model = open_model(deep_gpt2)
+    model = load_model(deep_gpt2)
     entry = again.for_model(model)
     found = score_sweeps.weight_scores(model, store=entry)
     assert entry.loaded == 4 and entry.computed == 2 * (N_LAYERS - 2) + 1  # + the flags

@@ -15,7 +15,7 @@ from headscope.engine.circuits import spectral
 from headscope.engine.circuits.spectral import kept_spectral_middles
 from headscope.engine.core import threads
 from headscope.engine.core.eta import Eta
-from headscope.engine.model.loading import open_model
+from headscope.engine.model.loading import load_model
 from headscope.engine.model.weights import DictWeights
 from headscope.engine.sweeps import scores as score_sweeps
 from tests.test_circuits import random_weights
@@ -24,7 +24,7 @@ from tests.test_circuits import random_weights
 @pytest.fixture(scope="module", params=["tiny-llama", "tiny-gpt2", "tiny-llama-mha"])
 def model(request, tmp_path_factory):
     """A processed random checkpoint: GQA bf16 RMSNorm, tied fp32 LayerNorm, 3-layer bf16."""
-    return open_model(write_checkpoint(SHAPES[request.param], tmp_path_factory.mktemp("ck")))
+    return load_model(write_checkpoint(SHAPES[request.param], tmp_path_factory.mktemp("ck")))
 
 
 def _f64(w, name: str) -> np.ndarray:

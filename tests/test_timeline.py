@@ -18,7 +18,7 @@ from headscope.engine.core.errors import (
     UnsupportedFormatError,
 )
 from headscope.engine.core.validation import SCORE_NAMES as HEAD_SCORE_KEYS
-from headscope.engine.model.loading import open_model
+from headscope.engine.model.loading import load_model
 from headscope.engine.sweeps import timeline as tl
 from headscope.sample_models import corpus
 from headscope.sample_models.export import write_native
@@ -228,13 +228,13 @@ def test_scores_per_step_are_the_heads_table(tiny_series: Path) -> None:
     t = tl.compute_timeline([tiny_series])
     assert t.steps == [0, 100, 200]
     for i, path in enumerate(t.paths):
-        rows = head_table(open_model(path))
+        rows = head_table(load_model(path))
         for r in rows:
             for key in HEAD_SCORE_KEYS:
                 assert t.series[key][i, r["layer"], r["head"]] == pytest.approx(r[key], abs=1e-7)
     # Composition maxima: layer-0 heads as sources, layer-1 heads as targets, above baseline.
 
-    k = algebra.composition_scores(open_model(t.paths[1]).weights, "k")
+    k = algebra.composition_scores(load_model(t.paths[1]).weights, "k")
     above = k.scores.numpy() - k.baseline
     assert t.series["k_composition_max"][1, 0, 1] == pytest.approx(above[0, 1, 1, :].max(), abs=1e-6)
     assert t.series["k_composition_max"][1, 1, 0] == pytest.approx(above[0, :, 1, 0].max(), abs=1e-6)
@@ -428,7 +428,7 @@ def test_the_previous_token_head_forms_at_the_first_positions_first() -> None:
     from headscope.engine.forward.behaviour import repeated_tokens
     from headscope.engine.forward.transformer import run
 
-    model = open_model(SERIES / "step-000800")
+    model = load_model(SERIES / "step-000800")
     try:
         tokens = repeated_tokens(model.cfg.d_vocab, model.cfg.n_ctx, 0)  # heads' sequences
         pattern = run(model.weights, tokens).patterns[:, PREV_TOKEN_HEAD[0], PREV_TOKEN_HEAD[1]]

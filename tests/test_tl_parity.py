@@ -39,7 +39,7 @@ import torch
 
 from headscope.engine.circuits import composition, spectral
 from headscope.engine.forward.torch_weights import torch_weights
-from headscope.engine.model.loading import open_model
+from headscope.engine.model.loading import load_model
 from tests import family_fixtures
 from tests.hf_fixtures_phi import (  # noqa: F401  (session-scoped pytest fixtures)
     gptj_dir,
@@ -100,7 +100,7 @@ def test_new_families_match_transformer_lens(new_family: tuple[str, Path, Any]) 
 def check_against_transformer_lens(name: str, path: Path, hf_model: Any) -> None:
     """Processed weights and weight-based scores of the checkpoint at ``path``, headscope's
     against TransformerLens'."""
-    model = open_model(path)
+    model = load_model(path)
     w = torch_weights(model.weights)  # the same arrays as zero-copy tensors, to meet TransformerLens'
     cfg = w.cfg
     tl = boot_transformer_lens(path)

@@ -8,11 +8,11 @@ import numpy as np
 import torch
 
 from headscope.engine.forward.torch_weights import TorchWeights, torch_weights
-from headscope.engine.model.loading import open_model
+from headscope.engine.model.loading import load_model
 
 
 def test_tensors_share_the_cached_arrays_and_warn_nothing(gpt2_dir) -> None:
-    w = open_model(gpt2_dir[0]).weights
+    w = load_model(gpt2_dir[0]).weights
     tw = torch_weights(w)
     assert torch_weights(tw) is tw and isinstance(tw, TorchWeights) and tw.cfg is w.cfg
     with warnings.catch_warnings():

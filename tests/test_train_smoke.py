@@ -81,7 +81,7 @@ def test_engine_opens_the_tiny_model(tmp_path: Path) -> None:
     loading = pytest.importorskip("headscope.engine.model.loading")
     out = tmp_path / "tiny"
     train.train("tiny", seed=0, out=out, quiet=True)
-    model = loading.open_model(out)
+    model = loading.load_model(out)
     assert model.cfg.n_layers == train.PRESETS["tiny"].shape.n_layers
     assert model.tokenizer.encode("When Mary") == corpus.encode("When Mary")
 
@@ -107,7 +107,7 @@ def test_save_steps_write_float16_checkpoints_without_changing_the_run(tmp_path:
     assert json.loads((series / "step-000002" / "headscope.json").read_text())["dtype"] == "float16"
     assert "--save-steps 0,2,5" in (series / "README.md").read_text()
     loading = pytest.importorskip("headscope.engine.model.loading")
-    assert loading.open_model(series / "step-000002").raw_cfg.dtype == "float16"
+    assert loading.load_model(series / "step-000002").raw_cfg.dtype == "float16"
 
 
 def test_save_steps_are_checked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -149,11 +149,11 @@ async def test_nan_head_is_flagged_in_the_tree_and_other_heads_keep_badges(
 ) -> None:
 
     from headscope.engine.circuits.spectral import nonfinite_heads
-    from headscope.engine.model.loading import open_model
+    from headscope.engine.model.loading import load_model
 
     path = nan_weights(tmp_path, corpus_sources)
     bad = (NAN_LAYER, NAN_HEAD)
-    model = open_model(path)
+    model = load_model(path)
     assert nonfinite_heads(model.weights) == [bad]  # the engine flags exactly the poisoned head
 
     app = HeadscopeApp(path, settings=Settings(), debounce=0.01, sweep=True)

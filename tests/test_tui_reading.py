@@ -23,11 +23,11 @@ async def test_directions_panel_and_the_path_of_an_edge_on_attn_only_2l() -> Non
     shows the K-path's score, ``g`` focuses L1.H2."""
     from headscope.engine.circuits import directions as reading
     from headscope.engine.circuits import head_circuits as circuits
-    from headscope.engine.model.loading import open_model
+    from headscope.engine.model.loading import load_model
     from headscope.engine.sweeps.prompts import label
 
     path = sample_model("attn-only-2l")
-    model = open_model(path)
+    model = load_model(path)
     w = model.weights
     found = reading.signed_directions(circuits.full_ov(w, *INDUCTION_HEAD), N_DIRECTIONS)
     tops = [(reading.top_by_magnitude(found.u[:, i], N_TOKENS),

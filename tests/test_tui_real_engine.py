@@ -44,7 +44,7 @@ def gpt2(gpt2_dir: Any) -> Path:
 
 async def test_real_engine_views_match_the_pure_functions(gpt2: Path) -> None:
     from headscope.engine.circuits import head_circuits as circuits
-    from headscope.engine.model.loading import open_model
+    from headscope.engine.model.loading import load_model
 
     app = HeadscopeApp(gpt2, settings=Settings(), debounce=0.01, sweep=False)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -54,7 +54,7 @@ async def test_real_engine_views_match_the_pure_functions(gpt2: Path) -> None:
         await pilot.press("right_square_bracket", "3")  # L0.H1, spectrum tab
         await wait_ready(pilot, app)
         assert app.explorer.head == (0, 1)
-        model = open_model(gpt2)
+        model = load_model(gpt2)
         expected = algebra.copying_score(circuits.full_ov(model.weights, 0, 1))
         text = app.explorer.query_one("#spectrum-ov", Chart).rendered.plain
         assert f"copying {expected:+.3f}" in text
@@ -141,7 +141,7 @@ async def test_the_composition_graph_fills_in_pair_by_pair(gpt2_dir: Any, tmp_pa
 
     import numpy as np
 
-    from headscope.engine.model.loading import open_model
+    from headscope.engine.model.loading import load_model
     from headscope.engine.sweeps import scores as score_sweeps
     from headscope.tui.widgets.panes import CompositionPane
     from tests import hf_fixtures
@@ -162,7 +162,7 @@ async def test_the_composition_graph_fills_in_pair_by_pair(gpt2_dir: Any, tmp_pa
         assert pane.partials >= 1
         text = app.explorer.query_one("#comp-graph", Chart).rendered.plain
         assert "K-composition" in text and "computing" not in text
-    one_shot = {kind: score_sweeps.composition(open_model(path), kind).scores for kind in "qk"}
+    one_shot = {kind: score_sweeps.composition(load_model(path), kind).scores for kind in "qk"}
     np.testing.assert_array_equal(pane.shown.scores, one_shot["k"])
     np.testing.assert_array_equal(direct.scores, one_shot["q"])
     assert len(seen) == 5  # the last pair's scores come with the final result

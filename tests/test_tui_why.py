@@ -24,7 +24,7 @@ from textual.worker import WorkerCancelled
 from headscope.engine.core.attribution import QKAttribution
 from headscope.engine.forward.behaviour import repeated_tokens
 from headscope.engine.forward.qk_attribution import qk_attribution
-from headscope.engine.model.loading import open_model
+from headscope.engine.model.loading import load_model
 from headscope.tui.base.colormode import detect_color_mode
 from headscope.tui.base.messages import WhyHeadSelected, WhyKeyMoved
 from headscope.tui.plots.why import num
@@ -41,7 +41,7 @@ TRUECOLOR = re.compile(r"\x1b\[[0-9;]*?[34]8;2;")
 
 @pytest.fixture(scope="module")
 def model_tokens() -> tuple[Any, list[int]]:
-    model = open_model(sample_model("attn-only-2l"))
+    model = load_model(sample_model("attn-only-2l"))
     tokens = repeated_tokens(model.cfg.d_vocab, model.cfg.n_ctx, seed=0, seq_len=HALF,
                              batch=1)[0].tolist()
     return model, tokens

@@ -23,7 +23,7 @@ from rich.text import Text
 from headscope.engine.core.attribution import QKAttribution
 from headscope.engine.forward.behaviour import repeated_tokens
 from headscope.engine.forward.qk_attribution import qk_attribution
-from headscope.engine.model.loading import open_model
+from headscope.engine.model.loading import load_model
 from headscope.themes import COLORMAPS
 from headscope.tui.plots.colormap import NEG_GLYPHS, diverging_rgb, palette_ramp, symmetric_range
 from headscope.tui.plots.figures import Colours
@@ -54,7 +54,7 @@ def colours(mode: str, cmap: str = "red-blue") -> Colours:
 
 @pytest.fixture(scope="module")
 def row() -> QKAttribution:
-    model = open_model(sample_model("attn-only-2l"))
+    model = load_model(sample_model("attn-only-2l"))
     tokens = repeated_tokens(model.cfg.d_vocab, model.cfg.n_ctx, seed=0, seq_len=HALF,
                              batch=1)[0].tolist()
     return qk_attribution(model.weights, tokens, *INDUCTION_HEAD, QUERY)

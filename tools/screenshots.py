@@ -149,9 +149,9 @@ async def shoot_timeline(out: Path, series: Path, *, head: tuple[int, int], step
 def strongest_induction_head(model: Path) -> tuple[int, int]:
     """(layer, head) with the highest induction score (engine.forward.behaviour, seed 0)."""
     from headscope.engine.forward.behaviour import behaviour_scores
-    from headscope.engine.model.loading import open_model
+    from headscope.engine.model.loading import load_model
 
-    scores = behaviour_scores(open_model(model).weights, seed=0)["induction"].nan_to_num(-1.0)
+    scores = behaviour_scores(load_model(model).weights, seed=0)["induction"].nan_to_num(-1.0)
     layer, head = divmod(int(scores.argmax()), scores.shape[1])
     return layer, head
 

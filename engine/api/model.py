@@ -47,8 +47,8 @@ def supported_checkpoints() -> dict[str, list[str]]:
             "gguf": sorted(gguf_config.ARCHS)}
 
 
-class Model(loading.Model):
-    """An open model (``engine.model.loading.Model``) with the notebook conveniences: thin
+class Model(loading.LoadedModel):
+    """An open model (``engine.model.loading.LoadedModel``) with the notebook conveniences: thin
     wrappers over ``engine.circuits``, ``engine.forward``, ``sweeps.dispatch.compute`` and
     ``api.report``, so a notebook gets the numbers and the errors of the CLI."""
 
@@ -147,7 +147,7 @@ class Model(loading.Model):
 
 
 def open_model(path: str | os.PathLike[str], raw: bool = False) -> Model:
-    """``engine.model.loading.open_model`` as the notebook ``Model`` (the same weights,
+    """``engine.model.loading.load_model`` as the notebook ``Model`` (the same weights,
     tokenizer and caches; ``with_raw`` keeps the class)."""
-    opened = loading.open_model(path, raw=raw)
+    opened = loading.load_model(path, raw=raw)
     return Model(**{f.name: getattr(opened, f.name) for f in dataclasses.fields(opened)})

@@ -51,13 +51,13 @@ if TYPE_CHECKING:
         SingularDirections,
         VirtualPath,
     )
-    from headscope.engine.model.loading import Model
+    from headscope.engine.model.loading import LoadedModel
     from headscope.engine.sweeps.cluster import Cluster
     from headscope.engine.sweeps.store import ResultStore
 
 
 def head_table(
-    model: Model,
+    model: LoadedModel,
     *,
     seed: int = SEED,
     ablation: bool = False,
@@ -90,7 +90,7 @@ def head_table(
     return score_rows(table, effects, null)
 
 
-def weight_table(model: Model, *, store: ResultStore | None = None,
+def weight_table(model: LoadedModel, *, store: ResultStore | None = None,
                  progress: Progress = None) -> list[dict[str, Any]]:
     """``head_table`` without the behavioural scores (no forward pass, no torch:
     ``engine.circuits.spectral``): ``layer``, ``head``, ``WEIGHT_SCORE_NAMES``, ``nonfinite``.
@@ -141,7 +141,7 @@ def sort_rows(rows: list[dict[str, Any]], key: str | None) -> list[dict[str, Any
 
 
 def composition_report(
-    model: Model,
+    model: LoadedModel,
     kind: Literal["q", "k", "v"],
     *,
     top: int = 10,
@@ -179,7 +179,7 @@ def composition_dict(comp: Composition, seed: int = SEED) -> dict[str, Any]:
     }
 
 
-def forward_report(model: Model, tokens: Sequence[int]) -> dict[str, Any]:
+def forward_report(model: LoadedModel, tokens: Sequence[int]) -> dict[str, Any]:
     """Logits ``[pos][vocab]`` and attention patterns ``[layer][head][query][key]``."""
     validation.check_tokens(model.structure(), tokens, str(model.path))
     result = forward_tokens(model, tokens)
@@ -192,7 +192,7 @@ def forward_report(model: Model, tokens: Sequence[int]) -> dict[str, Any]:
 
 
 def circuit_report(
-    model: Model,
+    model: LoadedModel,
     layer: int,
     head: int,
     kind: Literal["qk", "ov"],
@@ -213,7 +213,7 @@ def circuit_report(
     return circuit_dict(compute(model, req), model)  # no torch import
 
 
-def circuit_dict(block: CircuitBlock, model: Model) -> dict[str, Any]:
+def circuit_dict(block: CircuitBlock, model: LoadedModel) -> dict[str, Any]:
     """A ``CircuitBlock`` as the JSON the CLI prints and exports write."""
     return {
         "layer": block.layer,
@@ -232,7 +232,7 @@ def circuit_dict(block: CircuitBlock, model: Model) -> dict[str, Any]:
     }
 
 
-def svd_report(model: Model, layer: int, head: int, kind: Literal["qk", "ov"], *, k: int = 5,
+def svd_report(model: LoadedModel, layer: int, head: int, kind: Literal["qk", "ov"], *, k: int = 5,
                top: int = 10) -> dict[str, Any]:
     """The top ``k`` singular directions of a head's full OV / token QK circuit as tokens
     (``head_views.token_directions``), ``top`` tokens a side ranked by ``|value|``."""
@@ -267,7 +267,7 @@ def svd_dict(found: SingularDirections) -> dict[str, Any]:
     }
 
 
-def path_report(model: Model, source: tuple[int, int], target: tuple[int, int], *,
+def path_report(model: LoadedModel, source: tuple[int, int], target: tuple[int, int], *,
                 rows: Sequence[int] | None = None, cols: Sequence[int] | None = None,
                 seed: int = SEED) -> dict[str, Any]:
     """The virtual heads of the path ``source → target`` (``head_views.virtual_heads``)."""
@@ -304,7 +304,7 @@ def path_dict(found: VirtualPath) -> dict[str, Any]:
 
 # -- patching (docs/math.md, "Patching") --------------------------------------------------------
 
-def patch_report(model: Model, req: PatchRequest, *, store: ResultStore | None = None,
+def patch_report(model: LoadedModel, req: PatchRequest, *, store: ResultStore | None = None,
                  progress: Progress = None, cancelled: Callable[[], bool] | None = None) -> PatchResult:
     """``req`` computed with the model's entry of the results store (``None``: no store)."""
     entry = None if store is None else store.for_model(model)

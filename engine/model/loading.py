@@ -1,8 +1,8 @@
-"""Open a checkpoint: format detection, safe paths, header validation, ``Model``.
+"""Open a checkpoint: format detection, safe paths, header validation, ``LoadedModel``.
 
 ``read_structure(path)`` answers "what is this model?" from the safetensors headers and
 ``config.json`` alone: it never imports torch and never reads tensor data.
-``open_model(path)`` does the same checks and returns a ``Model`` whose weights are read
+``load_model(path)`` does the same checks and returns a ``LoadedModel`` whose weights are read
 lazily, head by head, on first use.
 
 Accepted inputs (README.md, "Supported checkpoints"):
@@ -131,7 +131,7 @@ def _inspect(p: Path, given: str | os.PathLike[str]) -> Checkpoint:
 
 
 def read_structure(path: str | os.PathLike[str], raw: bool = False) -> dict[str, Any]:
-    """``Model.structure()`` from the header and config alone (no torch, no tensor reads)."""
+    """``LoadedModel.structure()`` from the header and config alone (no torch, no tensor reads)."""
     return structure_of(inspect_checkpoint(path), raw)
 
 
@@ -149,7 +149,7 @@ def structure_of(ckpt: Checkpoint, raw: bool) -> dict[str, Any]:
 
 
 @dataclass
-class Model:
+class LoadedModel:
     """An open checkpoint: configs, weights (read lazily) and tokenizer. What the sweeps,
     the service and the CLI compute on; the notebook conveniences (``circuit``, ``heads``,
     ``run``, ...) are the facade's subclass, ``engine.api.model.Model``."""
@@ -168,7 +168,7 @@ class Model:
     def structure(self) -> dict[str, Any]:
         return structure_of(self.checkpoint, self.raw)
 
-    def with_raw(self, raw: bool) -> Model:
+    def with_raw(self, raw: bool) -> LoadedModel:
         """The same model, processed or raw; shares file handles and caches."""
         if raw == self.raw:
             return self
@@ -183,7 +183,7 @@ class Model:
         return self._processed
 
 
-def open_model(path: str | os.PathLike[str], raw: bool = False) -> Model:
+def load_model(path: str | os.PathLike[str], raw: bool = False) -> LoadedModel:
     ckpt = inspect_checkpoint(path)
     raw_weights = _raw_weights(ckpt)
     warnings: list[str] = []
@@ -196,7 +196,7 @@ def open_model(path: str | os.PathLike[str], raw: bool = False) -> Model:
         tokenizer = IdTokenizer(ckpt.cfg.d_vocab, str(ckpt.directory), reason=e.one_line())
     processed = None if raw else _process(raw_weights)
     weights = raw_weights if processed is None else processed
-    return Model(
+    return LoadedModel(
         path=ckpt.path,
         cfg=weights.cfg,
         raw_cfg=ckpt.cfg,

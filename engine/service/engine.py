@@ -86,7 +86,7 @@ from headscope.engine.sweeps.dispatch import compute
 from headscope.engine.sweeps.prompts import patch_request
 
 if TYPE_CHECKING:
-    from headscope.engine.model.loading import Model
+    from headscope.engine.model.loading import LoadedModel
     from headscope.engine.sweeps.diff import ModelDiff
     from headscope.engine.sweeps.store import ModelStore, ResultStore
 
@@ -118,7 +118,7 @@ class Engine:
         workers: int | None = None,
         max_block_bytes: int = MAX_RESULT_BYTES,
         prefetch: bool = True,
-        model: Model | None = None,
+        model: LoadedModel | None = None,
         store: ResultStore | None = None,
     ) -> None:
         """Open ``path`` (or wrap an already open ``model``: notebooks, tests, benchmarks).
@@ -151,13 +151,13 @@ class Engine:
             workers, on_result=self.cache.put, job_context=self._job_mode
         )
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._models: dict[bool, Model] = {}
+        self._models: dict[bool, LoadedModel] = {}
         self._models_lock = threading.Lock()
         self._views: list[Request] = []  # recent views, for prefetch
         self.store = store
         self._entries: dict[bool, ModelStore] = {}
         self._origin = ""  # where the last sweep's numbers came from (stats().origin)
-        self._opened: concurrent.futures.Future[Model] = concurrent.futures.Future()
+        self._opened: concurrent.futures.Future[LoadedModel] = concurrent.futures.Future()
         if model is not None:
             self.structure: dict[str, Any] = model.structure()
             self._set_torch_threads()
@@ -184,9 +184,9 @@ class Engine:
         views need no torch, and importing it is most of a second (bench/README.md, "GGUF":
         the first head view of a 7B file in under 1 s)."""
         try:
-            from headscope.engine.model.loading import open_model
+            from headscope.engine.model.loading import load_model
 
-            model = open_model(self.path, raw=self._raw)
+            model = load_model(self.path, raw=self._raw)
             with self._models_lock:
                 self._models[model.raw] = model
             self._opened.set_result(model)
@@ -245,7 +245,7 @@ class Engine:
             await self._scheduler.run(("model", raw), lambda ctx: self._model(raw), label="open")
         self._raw = raw
 
-    def _model(self, raw: bool) -> Model:
+    def _model(self, raw: bool) -> LoadedModel:
         """The open model with weights ``raw`` or processed (call on a worker thread)."""
         base = self._opened.result()
         with self._models_lock:
@@ -533,7 +533,7 @@ class Engine:
 # -- helpers ---------------------------------------------------------------------------
 
 
-def _warm_up(model: Model) -> None:
+def _warm_up(model: LoadedModel) -> None:
     """Read (and process) the embedding and unembedding while the user reads the tree, after
     the model is open (``ready()`` does not wait for it: on a 7B GGUF file dequantising both
     is most of a second, and the first head view needs only a few embedding rows). Every
@@ -556,7 +556,7 @@ def origin_text(what: str, loaded: int, computed: int) -> str:
     return f"{what}: {loaded} parts from the cache, {computed} computed now"
 
 
-def _partial_composition(model: Model, kind: str, deliver: Callable[[Composition], None],
+def _partial_composition(model: LoadedModel, kind: str, deliver: Callable[[Composition], None],
                          loop: asyncio.AbstractEventLoop, interval: float
                          ) -> Callable[[int, int, np.ndarray], None]:
     """An ``on_tile`` for ``scores.composition`` that gathers the tiles as they finish and

@@ -30,7 +30,7 @@ from headscope.engine.core.files import os_reason
 from headscope.engine.core.progress import Cancelled, Memo, Progress, check_cancelled, report
 
 if TYPE_CHECKING:
-    from headscope.engine.model.loading import Model
+    from headscope.engine.model.loading import LoadedModel
 
 RETRIES = 2  # a task whose worker died is run again elsewhere this many times
 CONNECT_TIMEOUT = "10s"
@@ -112,7 +112,7 @@ class _OnePart:
             self.value = np.asarray(value, dtype=np.float32)
 
 
-def _run_sweep(model: Model, sweep: str, memo: _OnePart) -> None:
+def _run_sweep(model: LoadedModel, sweep: str, memo: _OnePart) -> None:
     """Compute ``memo``'s one part by the function the client's own sweep runs
     (``scores.weight_scores``, ``scores.composition``), so the numbers are bit-identical."""
     from headscope.engine.circuits import spectral
@@ -149,16 +149,16 @@ def worker_tile_bytes(limit: int | None = None) -> int:
 
 
 # One open model per worker process: the tasks of one sweep share the opened checkpoint.
-_OPEN: dict[tuple[str, str, bool], Model] = {}
+_OPEN: dict[tuple[str, str, bool], LoadedModel] = {}
 
-def _worker_model(path: str, key: str, raw: bool) -> Model:
-    from headscope.engine.model.loading import open_model
+def _worker_model(path: str, key: str, raw: bool) -> LoadedModel:
+    from headscope.engine.model.loading import load_model
     from headscope.engine.sweeps.store import fingerprint
 
     cached = _OPEN.get((path, key, raw))
     if cached is not None:
         return cached
-    model = open_model(path, raw=raw)
+    model = load_model(path, raw=raw)
     found = fingerprint(model.checkpoint, raw)
     if found != key:
         raise fingerprint_mismatch(path)
@@ -350,7 +350,7 @@ def _brief(err: BaseException) -> str:
     return text if len(text) <= 160 else text[:157] + "..."
 
 
-def run_parts(cluster: Cluster, model: Model, key: str, sweep: str, memo: Memo,
+def run_parts(cluster: Cluster, model: LoadedModel, key: str, sweep: str, memo: Memo,
               progress: Progress = None, cancelled: Cancelled = None) -> int:
     """Compute on ``cluster`` every part of ``sweep`` that ``memo`` lacks and put each in it
     as it arrives; the number computed. ``progress(fraction of parts done)``; ``cancelled()``

@@ -42,7 +42,7 @@ from headscope.engine.core.validation import (
 
 if TYPE_CHECKING:
     from headscope.engine.core.progress import Progress
-    from headscope.engine.model.loading import Model
+    from headscope.engine.model.loading import LoadedModel
     from headscope.engine.sweeps.cluster import Cluster
     from headscope.engine.sweeps.store import ResultStore
 
@@ -108,7 +108,7 @@ class ModelDiff:
 
 
 def diff_models(
-    a: Model, b: Model, *, match_heads: bool = False, threshold: float = EDGE_THRESHOLD,
+    a: LoadedModel, b: LoadedModel, *, match_heads: bool = False, threshold: float = EDGE_THRESHOLD,
     seed: int = 0, store: ResultStore | None = None, progress: Progress = None,
     cluster: Cluster | None = None, behaviour: bool = True,
 ) -> ModelDiff:
@@ -148,7 +148,7 @@ def diff_models(
     report(progress, 0.05)
     keys = SCORE_KEYS if behaviour else WEIGHT_SCORE_NAMES
 
-    def table(model: Model, part: Progress) -> dict[str, np.ndarray]:
+    def table(model: LoadedModel, part: Progress) -> dict[str, np.ndarray]:
         """``keys`` and ``nonfinite``, ``[L, H]`` each: the sweeps (and stored parts) of
         ``heads --no-behaviour`` / ``heads``; z-scores are not compared (no calibration)."""
         from headscope.engine.sweeps.scores import score_table, weight_scores
@@ -209,7 +209,7 @@ def diff_models(
     )
 
 
-def _subspace_cosines(a: Model, b: Model, matching: list[list[int]], arrays_a: Any,
+def _subspace_cosines(a: LoadedModel, b: LoadedModel, matching: list[list[int]], arrays_a: Any,
                       arrays_b: Any) -> tuple[np.ndarray, np.ndarray]:
     """``[L, H]`` mean principal cosines of each head's read (``W_V``) and write (``W_Oᵀ``)
     subspaces with its matched head of B (models of the same ``d_model``)."""
@@ -243,13 +243,13 @@ def _summary(row: dict[str, Any], keys: tuple[str, ...] = SCORE_KEYS) -> dict[st
 
 
 def _composition_diff(
-    a: Model, b: Model, kind: str, matching: list[list[int]], threshold: float, seed: int,
+    a: LoadedModel, b: LoadedModel, kind: str, matching: list[list[int]], threshold: float, seed: int,
     store: ResultStore | None = None, progress: Progress = None, cluster: Cluster | None = None,
 ) -> dict[str, Any]:
     from headscope.engine.core.progress import progress_span
     from headscope.engine.sweeps.scores import composition
 
-    def scores_of(model: Model, part: Progress) -> Any:
+    def scores_of(model: LoadedModel, part: Progress) -> Any:
         # The `composition` command's own sweep (same stored tiles, same numbers).
         entry = None if store is None else store.for_model(model)
         return composition(model, kind, seed=seed, progress=part, store=entry, cluster=cluster)

@@ -19,13 +19,13 @@ from headscope.engine.core.requests import COMPUTATIONS, Request
 from headscope.engine.sweeps import head_views, patch_runs, prompts, scores  # noqa: F401
 
 if TYPE_CHECKING:
-    from headscope.engine.model.loading import Model
+    from headscope.engine.model.loading import LoadedModel
     from headscope.engine.sweeps.store import ModelStore
 
 __all__ = ["compute"]
 
 
-def compute(model: Model, request: Request, *, progress: Progress = None, cancelled: Cancelled = None,
+def compute(model: LoadedModel, request: Request, *, progress: Progress = None, cancelled: Cancelled = None,
             store: ModelStore | None = None, **options: Any) -> Any:
     """The result of ``request`` on ``model``. ``progress(fraction)`` and ``cancelled()`` as
     every long computation takes them; ``store``: the model's entry in the results store (read

@@ -37,16 +37,16 @@ from headscope.engine.model.caveats import ov_caveats, qk_caveats
 from headscope.engine.sweeps.prompts import label
 
 if TYPE_CHECKING:
-    from headscope.engine.model.loading import Model
+    from headscope.engine.model.loading import LoadedModel
     from headscope.engine.sweeps.store import ModelStore
 
 
-def _unembed_note(model: Model) -> str:
+def _unembed_note(model: LoadedModel) -> str:
     return "W_U is tied W_Eᵀ" if model.cfg.tied_unembed else ""
 
 
 @computes(CircuitRequest)
-def labelled_block(model: Model, req: CircuitRequest, **_: Any) -> CircuitBlock:
+def labelled_block(model: LoadedModel, req: CircuitRequest, **_: Any) -> CircuitBlock:
     """The block ``req`` asks for (``head_circuits.circuit_block``), labelled."""
     from headscope.engine.circuits import head_circuits
 
@@ -84,7 +84,7 @@ def labelled_block(model: Model, req: CircuitRequest, **_: Any) -> CircuitBlock:
 
 
 @computes(TopOutputsRequest)
-def top_outputs(model: Model, req: TopOutputsRequest, **_: Any) -> TopTokens:
+def top_outputs(model: LoadedModel, req: TopOutputsRequest, **_: Any) -> TopTokens:
     """The output tokens the full OV circuit raises most when the head attends to ``source``."""
     from headscope.engine.circuits import head_circuits
 
@@ -106,7 +106,7 @@ def top_outputs(model: Model, req: TopOutputsRequest, **_: Any) -> TopTokens:
 
 
 @computes(SpectrumRequest)
-def head_spectrum(model: Model, req: SpectrumRequest, *, cancelled: Cancelled = None,
+def head_spectrum(model: LoadedModel, req: SpectrumRequest, *, cancelled: Cancelled = None,
                   store: ModelStore | None = None, **_: Any) -> Spectrum:
     """Eigenvalues of the full OV (``"ov"``) or token QK (``"qk"``) circuit, and its score;
     kept in the results store per head (eigenvalues and score)."""
@@ -124,7 +124,7 @@ def head_spectrum(model: Model, req: SpectrumRequest, *, cancelled: Cancelled = 
     return found
 
 
-def _spectrum_now(model: Model, layer: int, head: int, kind: str, cancelled: Cancelled) -> Spectrum:
+def _spectrum_now(model: LoadedModel, layer: int, head: int, kind: str, cancelled: Cancelled) -> Spectrum:
     from headscope.engine.circuits import head_circuits, spectral
 
     w = model.weights
@@ -148,7 +148,7 @@ def _spectrum_now(model: Model, layer: int, head: int, kind: str, cancelled: Can
 
 
 @computes(ProfileRequest)
-def head_profile(model: Model, req: ProfileRequest, **_: Any) -> Profile:
+def head_profile(model: LoadedModel, req: ProfileRequest, **_: Any) -> Profile:
     """The head's QK score at each query-key offset Δ of ``req.offsets`` (rotary models)."""
     from headscope.engine.circuits import head_circuits
 
@@ -157,7 +157,7 @@ def head_profile(model: Model, req: ProfileRequest, **_: Any) -> Profile:
 
 
 @computes(AblationRequest)
-def head_ablation(model: Model, req: AblationRequest, **_: Any) -> float:
+def head_ablation(model: LoadedModel, req: AblationRequest, **_: Any) -> float:
     """Loss increase on the seeded repeated sequence when the head's output is zeroed."""
     from headscope.engine.forward import behaviour
 
@@ -165,7 +165,7 @@ def head_ablation(model: Model, req: AblationRequest, **_: Any) -> float:
 
 
 @computes(DirectionsRequest)
-def token_directions(model: Model, req: DirectionsRequest, **_: Any) -> SingularDirections:
+def token_directions(model: LoadedModel, req: DirectionsRequest, **_: Any) -> SingularDirections:
     """The top ``k`` singular directions of the full OV / token QK circuit, ``top`` tokens a
     side."""
     from headscope.engine.circuits import directions, head_circuits
@@ -205,7 +205,7 @@ def eigenvalues_by_size(fm: Any) -> np.ndarray:
 
 
 @computes(PathRequest)
-def virtual_heads(model: Model, req: PathRequest, **_: Any) -> VirtualPath:
+def virtual_heads(model: LoadedModel, req: PathRequest, **_: Any) -> VirtualPath:
     """The V- and K-composition virtual heads of ``req.source → req.target``: spectra and
     scores, a ``rows × cols`` block of the K-path, and its diagonal rate on a seeded sample of
     ``PATH_SAMPLE`` token ids (docs/math.md, "Virtual heads")."""

@@ -15,11 +15,11 @@ from headscope.engine.core.requests import InductionPromptsRequest, PatchRequest
 from headscope.engine.core.results import PatchResult, patch_result
 
 if TYPE_CHECKING:
-    from headscope.engine.model.loading import Model
+    from headscope.engine.model.loading import LoadedModel
     from headscope.engine.sweeps.store import ModelStore
 
 
-def _patch_shape(model: Model, req: PatchRequest) -> tuple[int, int, int]:
+def _patch_shape(model: LoadedModel, req: PatchRequest) -> tuple[int, int, int]:
     """(rows, positions, sequences) of a request's result."""
     cfg = model.cfg
     rows = 1 if req.edge is not None else len(req.heads) if req.heads is not None else cfg.n_layers * cfg.n_heads
@@ -29,7 +29,7 @@ def _patch_shape(model: Model, req: PatchRequest) -> tuple[int, int, int]:
 
 
 @computes(PatchRequest)
-def patch(model: Model, req: PatchRequest, *, progress: Progress = None, cancelled: Cancelled = None,
+def patch(model: LoadedModel, req: PatchRequest, *, progress: Progress = None, cancelled: Cancelled = None,
           store: ModelStore | None = None, **_: Any) -> PatchResult:
     """Activation patching of every head (or ``req.heads``), attribution patching (with
     ``req.verify`` heads patched exactly), or path patching of ``req.edge``, as the request
@@ -55,7 +55,7 @@ def patch(model: Model, req: PatchRequest, *, progress: Progress = None, cancell
     return result
 
 
-def _patch_now(model: Model, req: PatchRequest, progress: Progress, cancelled: Cancelled) -> PatchResult:
+def _patch_now(model: LoadedModel, req: PatchRequest, progress: Progress, cancelled: Cancelled) -> PatchResult:
     from headscope.engine.forward import patching
     from headscope.engine.forward.runtime import token_batch
 
@@ -92,7 +92,7 @@ def _patch_values(result: PatchResult) -> np.ndarray:
     return np.asarray(out, dtype=np.float64)
 
 
-def _patch_of(model: Model, req: PatchRequest, values: np.ndarray, rows: int, pos: int, batch: int
+def _patch_of(model: LoadedModel, req: PatchRequest, values: np.ndarray, rows: int, pos: int, batch: int
               ) -> PatchResult:
     """The stored vector (``_patch_values``) back as the result it was made from."""
     cfg = model.cfg
@@ -113,7 +113,7 @@ def _patch_of(model: Model, req: PatchRequest, values: np.ndarray, rows: int, po
 
 
 @computes(InductionPromptsRequest)
-def task_prompts(model: Model, req: InductionPromptsRequest, **_: Any
+def task_prompts(model: LoadedModel, req: InductionPromptsRequest, **_: Any
                  ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The first clean and corrupt sequence of a seeded built-in task (``"induction"``, what
     a ``PatchRequest`` with no prompts runs, or ``"first-occurrence"``)."""

@@ -18,7 +18,7 @@ from headscope.engine.core.results import PromptView, readonly
 from headscope.engine.core.validation import PATCH_BATCH, SEED, check_result_bytes, prompt_bytes
 
 if TYPE_CHECKING:
-    from headscope.engine.model.loading import Model
+    from headscope.engine.model.loading import LoadedModel
 
 
 def label(tokenizer: Any, token: int) -> str:
@@ -69,7 +69,7 @@ class PromptRun:
         )
 
 
-def answer_token(model: Model, token: int | str, what: str) -> int:
+def answer_token(model: LoadedModel, token: int | str, what: str) -> int:
     """An answer (or wrong) token as an id: an int, digits (``12``, or ``#12`` as the explorer
     shows ids), or a token string as ``--rows`` takes it (the vocabulary's spelling, else text
     that encodes to exactly one token). A word-level vocabulary encodes an unknown word as
@@ -99,7 +99,7 @@ def answer_token(model: Model, token: int | str, what: str) -> int:
     return ids[0]
 
 
-def prompt_ids(model: Model, given: str | Sequence[Any] | None, what: str) -> list[list[int]] | None:
+def prompt_ids(model: LoadedModel, given: str | Sequence[Any] | None, what: str) -> list[list[int]] | None:
     """A prompt as a batch of token id lists: text (encoded by the tokenizer), token ids, or
     already a batch of id lists; None stays None (the task's own prompts)."""
     if given is None:
@@ -115,7 +115,7 @@ def prompt_ids(model: Model, given: str | Sequence[Any] | None, what: str) -> li
 
 
 @computes(PromptRequest)
-def run_prompt(model: Model, req: PromptRequest, *, cancelled: Cancelled = None, top_k: int = 10,
+def run_prompt(model: LoadedModel, req: PromptRequest, *, cancelled: Cancelled = None, top_k: int = 10,
                **_: Any) -> PromptRun:
     """Tokenise ``req.text`` (cut to n_ctx) and run it: patterns, DLA and predictions of every
     head (``forward.prompt.prompt_pass``), labelled."""
@@ -145,12 +145,12 @@ def run_prompt(model: Model, req: PromptRequest, *, cancelled: Cancelled = None,
 
 
 @computes(TokenizeRequest)
-def tokenized(model: Model, req: TokenizeRequest, **_: Any) -> list[int]:
+def tokenized(model: LoadedModel, req: TokenizeRequest, **_: Any) -> list[int]:
     """Token ids of ``req.text`` with the model's tokenizer (for choosing heatmap tokens)."""
     return encode(model.tokenizer, req.text)
 
 
-def forward_tokens(model: Model, tokens: Sequence[int]) -> Any:
+def forward_tokens(model: LoadedModel, tokens: Sequence[int]) -> Any:
     """The reference forward pass on validated token ids (``validation.check_tokens``)."""
     from headscope.engine.forward import transformer as forward
 
@@ -196,7 +196,7 @@ def _is_pair(item: Any) -> bool:
 
 
 def patch_request(
-    model: Model,
+    model: LoadedModel,
     clean: str | Sequence[Any] | None = None,
     corrupt: str | Sequence[Any] | None = None,
     *,

@@ -45,7 +45,7 @@ from headscope.engine.core.validation import NULL_SAMPLES, SCORE_NAMES, SEED, TO
 from headscope.engine.sweeps.prompts import encode, label
 
 if TYPE_CHECKING:
-    from headscope.engine.model.loading import Model
+    from headscope.engine.model.loading import LoadedModel
     from headscope.engine.sweeps.cluster import Cluster
     from headscope.engine.sweeps.store import LayerMemo, ModelStore
 
@@ -55,7 +55,7 @@ BEHAVIOURS = ("prev_token", "duplicate_token", "induction")  # keys of behaviour
 SINKS = ("attention_sink", "delimiter_sink")  # sinks.sink_scores
 
 
-def nonfinite_table(model: Model, behaviour: dict[str, Any] | None = None) -> np.ndarray:
+def nonfinite_table(model: LoadedModel, behaviour: dict[str, Any] | None = None) -> np.ndarray:
     """[L, H] bool: heads with a NaN/inf in their attention weights (or weights whose
     products overflow float32), and, given the behaviour scores, heads whose scores are not
     finite (finite weights whose attention overflows)."""
@@ -73,7 +73,7 @@ def _memo(store: ModelStore | None, name: str, shape: tuple[int, ...]) -> LayerM
     return None if store is None else store.memo(name, shape)
 
 
-def _sweep_memo(model: Model, store: ModelStore | None, name: str, shape: tuple[int, ...],
+def _sweep_memo(model: LoadedModel, store: ModelStore | None, name: str, shape: tuple[int, ...],
                 cluster: Cluster | None, progress: Progress, cancelled: Cancelled) -> Memo | None:
     """The memo of one sweep; with a ``cluster``, its missing parts are computed there
     first (sweeps.cluster) and the local sweep then only reads them back."""
@@ -89,7 +89,7 @@ def _sweep_memo(model: Model, store: ModelStore | None, name: str, shape: tuple[
     return kept
 
 
-def _stored_nonfinite(model: Model, store: ModelStore | None,
+def _stored_nonfinite(model: LoadedModel, store: ModelStore | None,
                       known: np.ndarray | None = None) -> np.ndarray:
     shape = (model.cfg.n_layers, model.cfg.n_heads)
     found = None if store is None else store.load("nonfinite", "all", shape, bool)
@@ -100,7 +100,7 @@ def _stored_nonfinite(model: Model, store: ModelStore | None,
     return readonly(found, bool)
 
 
-def behaviour(model: Model, seed: int = SEED, cancelled: Cancelled = None,
+def behaviour(model: LoadedModel, seed: int = SEED, cancelled: Cancelled = None,
               progress: Progress = None, store: ModelStore | None = None,
               weights_nonfinite: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Behavioural scores of every head (one batched forward pass) and the non-finite flags.
@@ -113,7 +113,7 @@ def behaviour(model: Model, seed: int = SEED, cancelled: Cancelled = None,
     return _behaviour(model, seed, cancelled, progress, store, weights_nonfinite)[0]
 
 
-def _behaviour(model: Model, seed: int, cancelled: Cancelled, progress: Progress,
+def _behaviour(model: LoadedModel, seed: int, cancelled: Cancelled, progress: Progress,
                store: ModelStore | None, weights_nonfinite: np.ndarray | None,
                null_samples: int | None = None) -> tuple[dict[str, np.ndarray], ScoreNull | None]:
     """``behaviour``, and with ``null_samples`` also ``score_null(samples=null_samples)``:
@@ -144,7 +144,7 @@ def _behaviour(model: Model, seed: int, cancelled: Cancelled, progress: Progress
     return out, null
 
 
-def _behaviour_pass(model: Model, seed: int, bad: np.ndarray, progress: Progress,
+def _behaviour_pass(model: LoadedModel, seed: int, bad: np.ndarray, progress: Progress,
                     cancelled: Cancelled, null_samples: int | None
                     ) -> tuple[dict[str, Any], tuple[np.ndarray, np.ndarray], dict[str, Any] | None]:
     """One forward pass of ``sink_batches`` side by side (``sinks.passes``: each layer's
@@ -195,7 +195,7 @@ def behaviour_part(seed: int) -> str:
 
 
 def score_table(
-    model: Model,
+    model: LoadedModel,
     seed: int = SEED,
     progress: Progress = None,
     cancelled: Cancelled = None,
@@ -213,7 +213,7 @@ def score_table(
 
 
 def calibrated_score_table(
-    model: Model,
+    model: LoadedModel,
     seed: int = SEED,
     progress: Progress = None,
     cancelled: Cancelled = None,
@@ -261,7 +261,7 @@ def table_of(copying: Any, positivity: Any, found: dict[str, np.ndarray]) -> Sco
     )
 
 
-def weight_scores(model: Model, progress: Progress = None, cancelled: Cancelled = None,
+def weight_scores(model: LoadedModel, progress: Progress = None, cancelled: Cancelled = None,
                   store: ModelStore | None = None, cluster: Cluster | None = None
                   ) -> dict[str, np.ndarray]:
     """The weight-only scores of every head, ``[L, H]`` each: ``copying_score``,
@@ -300,7 +300,7 @@ SPECTRAL_SWEEPS = ("copying_score", "qk_positivity")  # their stored parts: one 
 
 
 def composition(
-    model: Model,
+    model: LoadedModel,
     kind: str,
     seed: int = SEED,
     progress: Progress = None,
@@ -333,7 +333,7 @@ def composition(
 
 
 def ablation_sweep(
-    model: Model,
+    model: LoadedModel,
     seed: int = SEED,
     progress: Progress = None,
     cancelled: Cancelled = None,
@@ -351,7 +351,7 @@ def ablation_sweep(
     return readonly(effects, np.float32)
 
 
-def stored_ablation_effects(model: Model, seed: int = SEED,
+def stored_ablation_effects(model: LoadedModel, seed: int = SEED,
                             store: ModelStore | None = None) -> np.ndarray | None:
     """The ``[n_layers, n_heads]`` effects ``ablation_sweep`` stored, read back without a
     forward pass (and without torch); None unless every layer's part is there."""
@@ -364,7 +364,7 @@ def stored_ablation_effects(model: Model, seed: int = SEED,
     return readonly(np.stack(parts), np.float32)
 
 
-def sink_batches(model: Model, seed: int = SEED) -> tuple[Any, list[Any]]:
+def sink_batches(model: LoadedModel, seed: int = SEED) -> tuple[Any, list[Any]]:
     """The token batches of the sink scores and of the behavioural null: the seeded repeated
     random sequences of the behavioural scores, and ``sinks.NATURAL_PROMPTS`` encoded by
     the model's tokenizer (none for a tokenizer that only knows ids), cut to ``n_ctx``."""
@@ -383,7 +383,7 @@ def sink_batches(model: Model, seed: int = SEED) -> tuple[Any, list[Any]]:
     return repeated, natural
 
 
-def delimiter_masks(model: Model, natural: Sequence[Any]) -> list[Any]:
+def delimiter_masks(model: LoadedModel, natural: Sequence[Any]) -> list[Any]:
     """``[b, p]`` bool per natural batch: which tokens are delimiters (``sinks.is_delimiter``
     of the token's text)."""
     from headscope.engine.forward import sinks
@@ -400,7 +400,7 @@ def delimiter_masks(model: Model, natural: Sequence[Any]) -> list[Any]:
             for tokens in natural]
 
 
-def sink_tables(model: Model, seed: int = SEED, bad: np.ndarray | None = None
+def sink_tables(model: LoadedModel, seed: int = SEED, bad: np.ndarray | None = None
                 ) -> tuple[np.ndarray, np.ndarray]:
     """``[L, H]`` attention-sink scores on the first token and on delimiters
     (``sinks.sink_scores``), in one pass; NaN for heads with non-finite weights (``bad``,
@@ -425,7 +425,7 @@ def _finite_mean_std(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return mean, np.sqrt(var)
 
 
-def score_null(model: Model, seed: int = SEED, samples: int | None = None,
+def score_null(model: LoadedModel, seed: int = SEED, samples: int | None = None,
                store: ModelStore | None = None, cancelled: Cancelled = None) -> ScoreNull:
     """Every score on random heads of the model's shapes and norms (docs/math.md,
     "Calibrated scores"): mean and standard deviation per score and layer.
@@ -446,11 +446,11 @@ def score_null(model: Model, seed: int = SEED, samples: int | None = None,
     return _null_of(model, seed, samples, found, store)
 
 
-def _null_part(model: Model, seed: int, samples: int) -> tuple[str, tuple[int, ...]]:
+def _null_part(model: LoadedModel, seed: int, samples: int) -> tuple[str, tuple[int, ...]]:
     return f"null-seed{seed}-n{samples}", (2, len(SCORE_NAMES), model.cfg.n_layers)
 
 
-def _stored_null(model: Model, seed: int, samples: int, store: ModelStore | None) -> ScoreNull | None:
+def _stored_null(model: LoadedModel, seed: int, samples: int, store: ModelStore | None) -> ScoreNull | None:
     part, shape = _null_part(model, seed, samples)
     stored = None if store is None else store.load(part, "all", shape)
     if stored is None:
@@ -459,7 +459,7 @@ def _stored_null(model: Model, seed: int, samples: int, store: ModelStore | None
                      std=readonly(stored[1], np.float32), samples=samples, seed=seed)
 
 
-def _null_of(model: Model, seed: int, samples: int, behaviour: dict[str, Any],
+def _null_of(model: LoadedModel, seed: int, samples: int, behaviour: dict[str, Any],
              store: ModelStore | None) -> ScoreNull:
     """The null from the random heads' behaviour (``null.behaviour_null``) and their
     spectral scores, stored."""
@@ -492,14 +492,14 @@ def _null_of(model: Model, seed: int, samples: int, behaviour: dict[str, Any],
 
 
 @computes(BehaviourRequest)
-def _behaviour_of(model: Model, req: BehaviourRequest, *, progress: Progress = None,
+def _behaviour_of(model: LoadedModel, req: BehaviourRequest, *, progress: Progress = None,
                   cancelled: Cancelled = None, store: ModelStore | None = None, **_: Any
                   ) -> dict[str, np.ndarray]:
     return behaviour(model, req.seed, cancelled, progress, store)
 
 
 @computes(ScoreTableRequest)
-def _score_table_of(model: Model, req: ScoreTableRequest, *, progress: Progress = None,
+def _score_table_of(model: LoadedModel, req: ScoreTableRequest, *, progress: Progress = None,
                     cancelled: Cancelled = None, store: ModelStore | None = None,
                     cluster: Cluster | None = None, **_: Any) -> ScoreTable:
     table = score_table(model, req.seed, progress, cancelled, store, cluster)
@@ -509,13 +509,13 @@ def _score_table_of(model: Model, req: ScoreTableRequest, *, progress: Progress 
 
 
 @computes(ScoreNullRequest)
-def _score_null_of(model: Model, req: ScoreNullRequest, *, cancelled: Cancelled = None,
+def _score_null_of(model: LoadedModel, req: ScoreNullRequest, *, cancelled: Cancelled = None,
                    store: ModelStore | None = None, **_: Any) -> ScoreNull:
     return score_null(model, req.seed, req.samples, store, cancelled)
 
 
 @computes(CompositionRequest)
-def _composition_of(model: Model, req: CompositionRequest, *, progress: Progress = None,
+def _composition_of(model: LoadedModel, req: CompositionRequest, *, progress: Progress = None,
                     cancelled: Cancelled = None, store: ModelStore | None = None,
                     cluster: Cluster | None = None,
                     on_tile: Callable[[int, int, np.ndarray], None] | None = None, **_: Any) -> Composition:
@@ -523,7 +523,7 @@ def _composition_of(model: Model, req: CompositionRequest, *, progress: Progress
 
 
 @computes(AblationSweepRequest)
-def _ablation_sweep_of(model: Model, req: AblationSweepRequest, *, progress: Progress = None,
+def _ablation_sweep_of(model: LoadedModel, req: AblationSweepRequest, *, progress: Progress = None,
                        cancelled: Cancelled = None, store: ModelStore | None = None, **_: Any
                        ) -> np.ndarray | None:
     if req.stored_only:
@@ -532,7 +532,7 @@ def _ablation_sweep_of(model: Model, req: AblationSweepRequest, *, progress: Pro
 
 
 @computes(HeadScoresRequest)
-def head_scores(model: Model, req: HeadScoresRequest, *, store: ModelStore | None = None,
+def head_scores(model: LoadedModel, req: HeadScoresRequest, *, store: ModelStore | None = None,
                 behaviour_tables: dict[str, np.ndarray] | None = None,
                 spectra: tuple[float, float, bool] | None = None, **_: Any) -> HeadScores:
     """Every score of one head: its two spectral scores (``spectra``: copying, positivity and

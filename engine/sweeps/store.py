@@ -71,7 +71,7 @@ from headscope.engine.formats.tokenizer import TOKENIZER_CONFIG_FILE, TOKENIZER_
 from headscope.engine.model.adapters.native import CONFIG_FILE as NATIVE_CONFIG_FILE
 
 if TYPE_CHECKING:
-    from headscope.engine.model.loading import Checkpoint, Model
+    from headscope.engine.model.loading import Checkpoint, LoadedModel
 
 __all__ = [
     "DEFAULT_DISK_MB",
@@ -279,7 +279,7 @@ class ResultStore:
                 self._warn(f"cannot use the results cache at {self.root} ({reason}); "
                            "computing without it")
 
-    def for_model(self, model: Model) -> ModelStore:
+    def for_model(self, model: LoadedModel) -> ModelStore:
         """The entry of ``model`` (its fingerprint; disabled if it cannot be taken)."""
         slot = (id(model.checkpoint), bool(model.raw))
         with self._keys_lock:

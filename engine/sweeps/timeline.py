@@ -40,7 +40,7 @@ from headscope.engine.core.validation import EDGE_THRESHOLD
 if TYPE_CHECKING:
     import numpy as np
 
-    from headscope.engine.model.loading import Checkpoint, Model
+    from headscope.engine.model.loading import Checkpoint, LoadedModel
     from headscope.engine.sweeps.cluster import Cluster
     from headscope.engine.sweeps.store import ModelStore, ResultStore
 
@@ -209,7 +209,7 @@ class StepScores:
     scores: Mapping[str, np.ndarray] = field(repr=False)
 
 
-def composition_maxima(model: Model, seed: int = 0,
+def composition_maxima(model: LoadedModel, seed: int = 0,
                        store: ModelStore | None = None) -> dict[str, np.ndarray]:
     """Per head, its strongest edge of each composition kind above the baseline, either end.
 
@@ -327,10 +327,10 @@ def score_checkpoint(source: StepSource, *, seed: int, raw: bool,
     import numpy as np
 
     from headscope.engine.core.validation import SCORE_NAMES
-    from headscope.engine.model.loading import open_model
+    from headscope.engine.model.loading import load_model
     from headscope.engine.sweeps.scores import score_table
 
-    model = open_model(source.path, raw=raw)
+    model = load_model(source.path, raw=raw)
     try:
         entry = None if store is None else store.for_model(model)
         # the `heads` command's sweep and stored parts; z-scores are not tracked per step
