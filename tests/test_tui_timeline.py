@@ -249,7 +249,7 @@ async def test_identical_steps_are_a_notification_and_the_steps_are_scored_in_a_
         notes = [n.message for n in notified(app)]
         assert any("identical weights" in n and "100" in n and "300" in n for n in notes)
         assert app.errors == []
-        assert "step 300 of 4 steps" in status(app)
+        assert "step 300 (4 of 4)" in status(app)
         assert "scoring" not in status(app)
         await pilot.press("q")
 
