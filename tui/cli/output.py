@@ -23,6 +23,12 @@ COMMANDS = ("open", "info", "heads", "composition", "forward", "circuit", "diff"
             "timeline", "cache", "svd", "path", "patch", "path-patch")
 
 
+class Items(list[str]):
+    """A cell of several items (a direction's tokens): in a terminal table, packed on as many
+    lines as the width left to its column needs, never split inside an item (table.py); in
+    TSV, the items joined by spaces."""
+
+
 class UsageError(Exception):
     """A command-line mistake found after parsing (a missing option of one ``--what``, an
     unknown ``--sort`` key): ``main`` prints it as argparse prints its own, one line naming
@@ -57,8 +63,10 @@ def open_for_command(args: argparse.Namespace) -> Any:
     return model
 
 
-def emit(data: Any, as_json: bool, table: Callable[[], tuple[list[str], list[list[Any]]]] | None) -> None:
-    """JSON when asked (or when there is no tabular form), else a Rich table or TSV."""
+def emit(data: Any, as_json: bool, table: Callable[[], tuple[list[str], list[list[Any]]]] | None,
+         fewer: str | None = None) -> None:
+    """JSON when asked (or when there is no tabular form), else a Rich table or TSV.
+    ``fewer``: the options choosing fewer columns, named if a terminal cannot show them all."""
     from headscope.engine.core.export import jsonable
 
     if as_json or table is None:
@@ -69,7 +77,8 @@ def emit(data: Any, as_json: bool, table: Callable[[], tuple[list[str], list[lis
     if sys.stdout.isatty():
         from headscope.tui.cli.table import print_table
 
-        print_table(columns, [[format_cell(v) for v in row] for row in rows])
+        print_table(columns, [[v if isinstance(v, Items) else format_cell(v) for v in row]
+                              for row in rows], fewer=fewer)
     else:
         print("\t".join(tsv_field(c) for c in columns))
         for row in rows:
@@ -77,6 +86,8 @@ def emit(data: Any, as_json: bool, table: Callable[[], tuple[list[str], list[lis
 
 
 def format_cell(v: Any) -> str:
+    if isinstance(v, Items):  # (TSV) a terminal table packs them on lines
+        return " ".join(v)
     if isinstance(v, float):
         return f"{v:.4f}"
     if isinstance(v, list | tuple) and len(v) == 2:  # a head: [layer, head]
