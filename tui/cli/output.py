@@ -14,6 +14,7 @@ from typing import Any
 
 from headscope.engine.core.errors import IndexOutOfRangeError, InvalidRequestError
 from headscope.tui.base.datatext import printable, tsv_field
+from headscope.tui.cli.table import Items
 
 # 0 success · 1 the model or request is at fault (the message says how) · 2 command-line
 # usage error · 130 interrupted.
@@ -21,12 +22,6 @@ EXIT_OK, EXIT_MODEL_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 # The subcommands (anything else first on the command line is a path to open).
 COMMANDS = ("open", "info", "heads", "composition", "forward", "circuit", "diff", "export", "serve",
             "timeline", "cache", "svd", "path", "patch", "path-patch")
-
-
-class Items(list[str]):
-    """A cell of several items (a direction's tokens): in a terminal table, packed on as many
-    lines as the width left to its column needs, never split inside an item (table.py); in
-    TSV, the items joined by spaces."""
 
 
 class UsageError(Exception):

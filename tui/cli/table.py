@@ -10,14 +10,12 @@ columns are left out with a note saying how many and how to see them (``--json``
 from __future__ import annotations
 
 import re
-
-from rich import box
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING
 
 from headscope.tui.base.datatext import printable
-from headscope.tui.cli.output import Items
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 BORDER = 3  # a column costs its width + 2 padding + 1 rule
 
@@ -59,6 +57,12 @@ def wrap_header(name: str, width: int) -> str:
         else:
             lines.append(part)
     return "\n".join(lines)
+
+
+class Items(list[str]):
+    """A cell of several items (a direction's tokens): in a terminal table, packed on as many
+    lines as the width left to its column needs, never split inside an item; in TSV, the
+    items joined by spaces (``output.format_cell``)."""
 
 
 def cell_width(cell: str | Items) -> int:
@@ -121,6 +125,11 @@ def print_table(columns: list[str], cells: list[list[str | Items]], console: Con
     data (token strings, paths): shown literally (``datatext``), never as markup. ``fewer``:
     the command's options that choose fewer columns (``--cols``), named when some are left
     out."""
+    from rich import box  # Rich only for a terminal (TSV and JSON start faster)
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
     console = console or Console()
     columns = [printable(str(c)) for c in columns]
     cells = [[Items(printable(str(i)) for i in c) if isinstance(c, Items) else printable(str(c))

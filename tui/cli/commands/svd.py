@@ -9,7 +9,8 @@ import argparse
 from typing import Any
 
 from headscope.tui.cli.options import command_parser, json_arg, model_arg, raw_arg
-from headscope.tui.cli.output import EXIT_OK, Items, emit
+from headscope.tui.cli.output import EXIT_OK, emit
+from headscope.tui.cli.table import Items
 
 EXAMPLE = "headscope svd sample_models/attn-only-2l 1 2 --kind ov --k 5 --top 10 --json"
 
