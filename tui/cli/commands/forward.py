@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     def table() -> tuple[list[str], list[list[Any]]]:
         # argmax over a row with a NaN names token 0 (or whichever comes first): no
         # prediction is shown where a logit is not finite
-        top = np.where(finite, np.nan_to_num(logits, nan=-np.inf).argmax(-1), -1)
+        top = np.where(finite, logits.argmax(-1), -1)
         return (
             ["pos", "token", "predicted next", "logit"],
             [[i, s, model.tokenizer.decode_token(int(t)), float(logits[i, t])] if t >= 0
