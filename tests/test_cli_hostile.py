@@ -139,6 +139,31 @@ def test_heads_on_nan_weights_succeeds_and_writes_nothing(
     assert listing(tmp_path) == before
 
 
+def test_forward_on_nan_weights_names_the_positions_and_predicts_nothing(
+    tmp_path: Path, cwd: Path, corpus_sources: Sources, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One NaN weight made every logit NaN and `forward` named token 0 "predicted next"
+    everywhere, exit 0, no word. Now: one warning line naming the file, the positions and the
+    head whose attention is not finite; no prediction there (`-`, null in the JSON)."""
+    path = nan_weights(tmp_path, corpus_sources)
+    code, out, err = run(capsys, "forward", str(path), "--tokens", "1,2,3,4", "--json")
+    assert code == 0
+    report = json.loads(out)  # strict JSON: no NaN
+    assert len(report["logits"]) == 4 and all(None in row for row in report["logits"])
+    assert len(err.splitlines()) == 1 and str(path) in err
+    assert "logits not finite at positions 0–3 of 4" in err
+    assert f"L{NAN_LAYER}.H{NAN_HEAD}" in err and "no prediction" in err
+    code, out, err = run(capsys, "forward", str(path), "--tokens", "1,2,3,4")  # TSV
+    assert code == 0 and len(err.splitlines()) == 1
+    rows = [line.split("\t") for line in out.splitlines()[1:]]
+    assert [r[2:] for r in rows] == [["-", "-"]] * 4
+    # a terminal table too, and a finite model still predicts
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    code, out, err = run(capsys, "forward", str(corpus_sources.gpt2), "--tokens", "1,2,3,4")
+    assert code == 0 and err == "" and " - " not in out
+
+
 # --- resource limits and prompts -------------------------------------------------------------
 
 

@@ -224,6 +224,21 @@ def test_progress_is_drawn_on_a_terminal_and_stdout_stays_json(gpt2_dir, argv) -
     assert quiet_terminal == b""
 
 
+def test_timeline_draws_the_progress_bar_with_an_eta() -> None:
+    """`timeline --no-cache` printed nothing for seconds, then bare `scored step …` lines:
+    it has the bar of the other sweeps (elapsed time, ETA), on stderr only."""
+    steps = "sample_models/attn-only-2l-training/step-{:06d}"
+    argv = ["timeline", steps.format(0), steps.format(3000), "--json", "--no-cache"]
+    code, out, terminal = _run_with_tty_stderr(argv)
+    assert code == 0, terminal
+    assert json.loads(out)["steps"] == [0, 3000] and "\x1b" not in out
+    drawn = terminal.decode()
+    assert "timeline" in drawn and "ETA" in drawn and "%" in drawn
+    quiet_code, quiet_out, quiet_terminal = _run_with_tty_stderr([*argv, "--quiet"])
+    assert quiet_code == 0 and json.loads(quiet_out) == json.loads(out)
+    assert quiet_terminal == b""
+
+
 def test_composition_top_edges_fill_in_on_the_progress_bar(gpt2_dir) -> None:
     from headscope.engine.api.report import composition_report
     from headscope.engine.model.loading import load_model

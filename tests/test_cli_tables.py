@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import re
 import sys
 from typing import Any
@@ -41,7 +42,30 @@ def test_circuit_without_rows_at_120(monkeypatch: pytest.MonkeyPatch, capsys: An
     out = run_in_terminal(monkeypatch, capsys, 120, "circuit", MODEL, "1", "2", "--kind", "qk")
     assert_whole_numbers(out, 120)
     assert "columns left out" in out and "--json" in out
+    assert "choose fewer with --cols" in out  # circuit's option (svd has none: not named there)
     assert len(NUMBER.findall(out)) >= 24 * 5
+
+
+@pytest.mark.parametrize("width", [120, 80])
+def test_svd_wraps_its_tokens_and_prints_the_head_overlap(
+        monkeypatch: pytest.MonkeyPatch, capsys: Any, width: int) -> None:
+    """`svd` dropped both token columns at 120 columns, pointed at `--rows/--cols` (which it
+    does not have), and its head overlap (the README tour's 0.6) was only in `--json`."""
+    assert main(["svd", MODEL, "1", "2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    out = run_in_terminal(monkeypatch, capsys, width, "svd", MODEL, "1", "2")
+    assert_whole_numbers(out, width)
+    assert "left out" not in out and "--rows" not in out
+    for d in report["directions"]:  # every token each side, whole, with its value
+        for t in d["in_tokens"] + d["out_tokens"]:
+            assert f"{t['token']!r}({t['value']:+.2f})" in out
+    assert f"overlap {report['overlap']:.2f} (the head's" in out
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: False)  # TSV: one row per direction
+    assert main(["svd", MODEL, "1", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines[0].split("\t")) == 5 and len(lines[1:6]) == len(report["directions"])
+    assert all(len(line.split("\t")) == 5 for line in lines[1:6])
+    assert lines[-1].startswith(f"overlap {report['overlap']:.2f} ")
 
 
 def test_diff_at_120(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:

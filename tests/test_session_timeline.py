@@ -32,9 +32,11 @@ def test_the_last_step_is_shown_first_and_show_clamps() -> None:
 def test_status_text_says_the_progress_until_the_timeline_is_computed() -> None:
     t = TimelineState(series(3))
     t.done = 1
-    assert t.status_text() == "step 200 of 3 steps · scoring steps 1/3"
+    assert t.status_text() == "step 200 (3 of 3) · scoring steps 1/3"
     t.error = "timeline: failed"
-    assert t.status_text() == "step 200 of 3 steps"
+    assert t.status_text() == "step 200 (3 of 3)"
+    t.show(0)  # the step number and its place in the series, not "step 0 of 3 steps"
+    assert t.status_text() == "step 0 (1 of 3)"
 
 
 def test_scores_at_reads_a_step_of_the_timeline() -> None:

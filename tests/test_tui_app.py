@@ -124,6 +124,20 @@ async def test_first_frame_shows_the_tree_before_the_model_is_ready() -> None:
         assert engine.requests[0] == (0, 0, "qk", "token")
 
 
+async def test_ctrl_c_says_how_to_quit_in_plain_text() -> None:
+    """Textual's ``Press [b]ctrl+q[/b] to quit the app`` was shown with its markup as text
+    (the app's notifications are never markup: they carry data)."""
+    app, _ = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("ctrl+c")
+        await pilot.pause()
+        said = [n for n in notified(app) if "quit" in n.message]
+        # the keys as the footer shows them (`^q`), whatever the keymap binds to quit
+        assert [n.message for n in said] == ["Press ^q or q to quit the app"]
+        assert not said[0].markup
+
+
 async def test_navigation_debounces_and_focuses_the_last_head() -> None:
     app, engine = make_app(debounce=0.2)
     async with app.run_test(size=(120, 40)) as pilot:

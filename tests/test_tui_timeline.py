@@ -117,7 +117,7 @@ async def test_timeline_tab_has_a_sparkline_row_per_head_and_the_induction_phase
         assert found[0][2] == str(change["step"]) == "675"
         assert change["before"] < 0.3 and change["after"] > 0.8
         assert found[0][3] == f"{change['before']:+.2f} → {change['after']:+.2f}"
-        assert "step 3000 of 18 steps" in status(app)
+        assert "step 3000 (18 of 18)" in status(app)
         await pilot.press("q")
 
 
@@ -150,7 +150,7 @@ async def test_scrubbing_opens_that_steps_weights_in_every_tab_and_its_badges(
         for _ in range(len(sources) - 1 - target):
             await pilot.press("left_curly_bracket")
         assert app.timeline.index == target
-        assert "step 675 of 18 steps" in status(app)
+        assert "step 675 (9 of 18)" in status(app)
         await wait_until(pilot, lambda: app.timeline.opened == target, "step 675 opened")
         await wait_until(pilot, lambda: app.model_ready.is_set(), "step 675 ready")
         await settle(pilot, app)
@@ -171,7 +171,7 @@ async def test_scrubbing_opens_that_steps_weights_in_every_tab_and_its_badges(
         await pilot.press(*["left_curly_bracket"] * 3)  # 650, 625, then 600
         await wait_until(pilot, lambda: app.timeline.opened == target - 3, "step 600 opened")
         await settle(pilot, app)
-        assert "step 600 of 18 steps" in status(app)
+        assert "step 600 (6 of 18)" in status(app)
         assert tree.scores[INDUCTION_HEAD].induction_score < 0.3 < \
             timeline.series["induction_score"][-1, 1, 2]
         # The Timeline tab shows the same step.
@@ -198,7 +198,7 @@ async def test_enter_on_a_phase_change_shows_that_head_at_that_step(shipped: Any
                          "step 675 opened")
         await settle(pilot, app)
         assert app.explorer.head == INDUCTION_HEAD
-        assert "step 675 of 18 steps" in status(app)
+        assert "step 675 (9 of 18)" in status(app)
         await pilot.press("q")
 
 
@@ -249,7 +249,7 @@ async def test_identical_steps_are_a_notification_and_the_steps_are_scored_in_a_
         notes = [n.message for n in notified(app)]
         assert any("identical weights" in n and "100" in n and "300" in n for n in notes)
         assert app.errors == []
-        assert "step 300 of 4 steps" in status(app)
+        assert "step 300 (4 of 4)" in status(app)
         assert "scoring" not in status(app)
         await pilot.press("q")
 

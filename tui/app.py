@@ -451,6 +451,15 @@ class HeadscopeApp(App[None]):
         super().notify(printable(message), title=printable(title), severity=severity,
                        timeout=timeout, markup=markup)
 
+    def action_help_quit(self) -> None:
+        """``ctrl+c`` (copy in an input, not quit): say which keys quit. Textual's own note is
+        markup (``Press [b]ctrl+q[/b] …``), which ``notify`` above shows as text."""
+        keys = [self.get_key_display(active.binding) for active in self.active_bindings.values()
+                if active.binding.action in ("quit", "app.quit")]
+        if keys:
+            self.notify(f"Press {' or '.join(dict.fromkeys(keys))} to quit the app",
+                        title="Do you want to quit?")
+
     def report(self, message: str) -> None:
         """Engine errors become notifications; the app keeps running."""
         self.errors.append(message)

@@ -14,6 +14,7 @@ from typing import Any
 
 from headscope.engine.core.errors import IndexOutOfRangeError, InvalidRequestError
 from headscope.tui.base.datatext import printable, tsv_field
+from headscope.tui.cli.table import Items
 
 # 0 success · 1 the model or request is at fault (the message says how) · 2 command-line
 # usage error · 130 interrupted.
@@ -57,8 +58,10 @@ def open_for_command(args: argparse.Namespace) -> Any:
     return model
 
 
-def emit(data: Any, as_json: bool, table: Callable[[], tuple[list[str], list[list[Any]]]] | None) -> None:
-    """JSON when asked (or when there is no tabular form), else a Rich table or TSV."""
+def emit(data: Any, as_json: bool, table: Callable[[], tuple[list[str], list[list[Any]]]] | None,
+         fewer: str | None = None) -> None:
+    """JSON when asked (or when there is no tabular form), else a Rich table or TSV.
+    ``fewer``: the options choosing fewer columns, named if a terminal cannot show them all."""
     from headscope.engine.core.export import jsonable
 
     if as_json or table is None:
@@ -69,7 +72,8 @@ def emit(data: Any, as_json: bool, table: Callable[[], tuple[list[str], list[lis
     if sys.stdout.isatty():
         from headscope.tui.cli.table import print_table
 
-        print_table(columns, [[format_cell(v) for v in row] for row in rows])
+        print_table(columns, [[v if isinstance(v, Items) else format_cell(v) for v in row]
+                              for row in rows], fewer=fewer)
     else:
         print("\t".join(tsv_field(c) for c in columns))
         for row in rows:
@@ -77,6 +81,8 @@ def emit(data: Any, as_json: bool, table: Callable[[], tuple[list[str], list[lis
 
 
 def format_cell(v: Any) -> str:
+    if isinstance(v, Items):  # (TSV) a terminal table packs them on lines
+        return " ".join(v)
     if isinstance(v, float):
         return f"{v:.4f}"
     if isinstance(v, list | tuple) and len(v) == 2:  # a head: [layer, head]

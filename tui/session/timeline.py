@@ -44,10 +44,10 @@ class TimelineState:
         return str(self.sources[self.index].path)
 
     def status_text(self) -> str:
-        """``step 675 of 18 steps``, and the timeline's progress while it is computed."""
+        """``step 675 (5 of 18)``: the step number and its place in the series, and the timeline's progress while it is computed."""
         if not self.enabled:
             return ""
-        text = f"step {self.step} of {len(self.sources)} steps"
+        text = f"step {self.step} ({self.index + 1} of {len(self.sources)})"
         if self.timeline is None and self.error is None:
             text += f" · scoring steps {self.done}/{len(self.sources)}"
         return text

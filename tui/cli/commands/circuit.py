@@ -43,5 +43,5 @@ def run(args: argparse.Namespace) -> int:
         return (["row \\ col", *report["col_labels"]],
                 [[label, *vals] for label, vals in zip(report["row_labels"], report["values"], strict=True)])
 
-    emit(report, args.json, table)
+    emit(report, args.json, table, fewer="--cols")
     return EXIT_OK

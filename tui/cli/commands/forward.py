@@ -51,16 +51,49 @@ def run(args: argparse.Namespace) -> int:
         if note:
             say(f"{model.path}: {note}")
 
-    def table() -> tuple[list[str], list[list[Any]]]:
-        import numpy as np
+    import numpy as np
 
-        logits = np.asarray(report["logits"])
-        top = logits.argmax(-1)
+    logits = np.asarray(report["logits"], dtype=np.float64)
+    finite = np.isfinite(logits).all(-1)
+    if not finite.all():
+        say(f"{model.path}: {nonfinite_note(finite, np.asarray(report['patterns']))}", warning=True)
+
+    def table() -> tuple[list[str], list[list[Any]]]:
+        # argmax over a row with a NaN names token 0 (or whichever comes first): no
+        # prediction is shown where a logit is not finite
+        top = np.where(finite, logits.argmax(-1), -1)
         return (
             ["pos", "token", "predicted next", "logit"],
-            [[i, s, model.tokenizer.decode_token(int(t)), float(logits[i, t])]
+            [[i, s, model.tokenizer.decode_token(int(t)), float(logits[i, t])] if t >= 0
+             else [i, s, "-", "-"]
              for i, (s, t) in enumerate(zip(report["token_strings"], top, strict=True))],
         )
 
     emit(report, args.json, table)
     return EXIT_OK
+
+
+def spans(positions: list[int]) -> str:
+    """``0–3, 7``: runs of consecutive positions."""
+    runs: list[list[int]] = []
+    for p in positions:
+        if runs and p == runs[-1][1] + 1:
+            runs[-1][1] = p
+        else:
+            runs.append([p, p])
+    return ", ".join(f"{a}" if a == b else f"{a}–{b}" for a, b in runs)
+
+
+def nonfinite_note(finite: Any, patterns: Any) -> str:
+    """One line: the positions whose logits are not all finite (``finite[pos]`` False), and
+    the first heads whose attention is not (``patterns[layer][head][query][key]``), where the
+    NaN/inf comes from."""
+    import numpy as np
+
+    bad = [int(p) for p in np.flatnonzero(~finite)]
+    heads = [f"L{layer}.H{head}" for layer, head in
+             zip(*np.nonzero(~np.isfinite(patterns).all(axis=(2, 3))), strict=True)]
+    where = f"; attention not finite in {', '.join(heads[:4])}{' …' if len(heads) > 4 else ''}" \
+        if heads else ""
+    return (f"logits not finite at position{'s' if len(bad) > 1 else ''} {spans(bad)} of "
+            f"{len(finite)} (NaN/inf weights or float32 overflow{where}): no prediction there")

@@ -1,6 +1,7 @@
 """``headscope svd PATH LAYER HEAD``: a head's top singular directions as tokens (docs/math.md,
 "Reading a head"); the work is ``engine.api.report.svd_report``. ``--json`` prints the report;
-otherwise one row per singular direction, its tokens each side."""
+otherwise one row per singular direction, its tokens each side (wrapped in a terminal), then the
+head's overlap."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 from headscope.tui.cli.options import command_parser, json_arg, model_arg, raw_arg
 from headscope.tui.cli.output import EXIT_OK, emit
+from headscope.tui.cli.table import Items
 
 EXAMPLE = "headscope svd sample_models/attn-only-2l 1 2 --kind ov --k 5 --top 10 --json"
 
@@ -28,8 +30,18 @@ def register(sub: Any) -> None:
     p.set_defaults(handler=run)
 
 
-def tokens_text(tokens: list[dict[str, Any]]) -> str:
-    return " ".join(f"{t['token']!r}({t['value']:+.2f})" for t in tokens)
+def token_items(tokens: list[dict[str, Any]]) -> Items:
+    """``'Mary'(+0.14)`` per token: a cell a terminal table wraps between tokens."""
+    return Items(f"{t['token']!r}({t['value']:+.2f})" for t in tokens)
+
+
+def overlap_line(report: dict[str, Any]) -> str:
+    """The head's overlap (the README's 0.6), which the table's per-direction column is not."""
+    import math
+
+    v = report["overlap"]
+    shown = f"{v:.2f}" if isinstance(v, float) and math.isfinite(v) else "undefined"
+    return f"overlap {shown} (the head's: the mean of its {len(report['directions'])} directions')"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,9 +52,12 @@ def run(args: argparse.Namespace) -> int:
                         k=args.k, top=args.top)
 
     def table() -> tuple[list[str], list[list[Any]]]:
-        rows = [[d["direction"], d["sigma"], d["overlap"], tokens_text(d["in_tokens"]),
-                 tokens_text(d["out_tokens"])] for d in report["directions"]]
+        rows = [[d["direction"], d["sigma"], d["overlap"], token_items(d["in_tokens"]),
+                 token_items(d["out_tokens"])] for d in report["directions"]]
         return ["direction", "sigma", "overlap", "reads (in)", "writes (out)"], rows
 
     emit(report, args.json, table)
+    if not args.json:
+        print()
+        print(overlap_line(report))
     return EXIT_OK

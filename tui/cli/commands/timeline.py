@@ -15,12 +15,16 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from headscope.tui.cli import args as args_types
-from headscope.tui.cli.options import command_parser, json_arg, raw_arg, store_arg
+from headscope.tui.cli.options import command_parser, json_arg, quiet_arg, raw_arg, store_arg
 from headscope.tui.cli.output import say
+from headscope.tui.cli.progress import progress_bar
 from headscope.tui.cli.store import results_store
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from headscope.engine.api.timeline import StepScores, Timeline
+    from headscope.tui.cli.progress import Progress
 
 EXAMPLE = "headscope timeline sample_models/attn-only-2l-training"
 SPARK = "▁▂▃▄▅▆▇█"
@@ -58,6 +62,7 @@ def register(sub: Any) -> None:
                    help="score the steps on this Dask scheduler, one task per step (workers "
                         "read the checkpoints from the same paths); needs headscope[cluster]")
     store_arg(p)
+    quiet_arg(p)
     p.set_defaults(handler=run)
 
 
@@ -72,13 +77,12 @@ def run(args: argparse.Namespace) -> int:
         if workers > bound:
             say(f"--workers {workers}: scoring {bound} steps at once ({why})", warning=True)
             workers = bound
-    with cluster_from_args(argparse.Namespace(scheduler=args.scheduler)) as cluster:
+    with (cluster_from_args(argparse.Namespace(scheduler=args.scheduler)) as cluster,
+          progress_bar("timeline", quiet=args.quiet) as bar):
         timeline = compute_timeline(args.paths, seed=args.seed, raw=args.raw,
                                     workers=workers, cluster=cluster,
                                     store=results_store(args),  # unused by cluster steps
-                                    progress=_progress if sys.stderr.isatty() else None)
-    if sys.stderr.isatty():
-        sys.stderr.write("\r\033[K")
+                                    progress=None if bar is None else step_progress(bar))
     for warning in timeline.warnings:
         say(warning, warning=True)
     if args.json:
@@ -91,9 +95,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _progress(done: int, total: int, result: StepScores) -> None:
-    sys.stderr.write(f"\rscored step {result.step} ({done}/{total})\033[K")
-    sys.stderr.flush()
+def step_progress(bar: Progress) -> Callable[[int, int, StepScores], None]:
+    """``compute_timeline``'s report of each scored step, on the bar: the fraction of the steps
+    scored (the ETA follows from it) and the last step's number."""
+
+    def report(done: int, total: int, result: StepScores) -> None:
+        bar(done / total)
+        bar.note(f"scored step {result.step} ({done}/{total})")  # type: ignore[attr-defined]
+
+    return report
 
 
 # ----------------------------------------------------------------------------- text
