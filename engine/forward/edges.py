@@ -48,7 +48,8 @@ from headscope.engine.core.edge_results import (
     metrics_differ,
 )
 from headscope.engine.core.errors import InvalidRequestError, NonFiniteError
-from headscope.engine.core.progress import check_cancelled, report
+from headscope.engine.core.progress import Cancelled, Progress, check_cancelled, report
+from headscope.engine.core.results import readonly
 from headscope.engine.core.threads import one_lapack_thread
 from headscope.engine.forward.patching import Metric, _check_metric, check_inputs
 from headscope.engine.forward.torch_weights import torch_weights
@@ -70,8 +71,6 @@ if TYPE_CHECKING:
 
 __all__ = ["METHODS", "edge_scores", "exact_edges", "faithfulness", "faithfulness_curve", "graph_of"]
 
-Progress = Callable[[float], None] | None
-Cancelled = Callable[[], bool] | None
 METHODS: tuple[EdgeMethod, ...] = ("eap", "eap-ig")
 # what the copies' sources write, kept at once in faithfulness' patched runs
 _COPY_BYTES = 256 << 20
@@ -428,7 +427,7 @@ def faithfulness(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor | Se
                                  progress, cancelled) if circuits else []
     span = corrupt_run.clean - corrupt_run.corrupt
     return [Faithfulness(top=n, edges=int(c.sum()), clean=corrupt_run.clean, corrupt=corrupt_run.corrupt,
-                         circuit=m, faithfulness=(m - corrupt_run.corrupt) / span, in_circuit=_readonly(c))
+                         circuit=m, faithfulness=(m - corrupt_run.corrupt) / span, in_circuit=readonly(c, bool))
             for n, c, m in zip(tops, circuits, found, strict=True)]
 
 
@@ -474,8 +473,4 @@ def _check_differ(w: WeightSource, metric: Metric, run: _Corrupt) -> None:
                                   f"({run.clean:.6g}): faithfulness is undefined")
 
 
-def _readonly(mask: np.ndarray) -> np.ndarray:
-    out = np.array(mask, dtype=bool, copy=True)
-    out.setflags(write=False)
-    return out
 

@@ -25,6 +25,7 @@ import numpy as np
 from headscope.engine.core.attribution import QKAttribution
 from headscope.engine.core.config import ModelConfig
 from headscope.engine.core.errors import IndexOutOfRangeError, InvalidRequestError
+from headscope.engine.core.results import readonly
 from headscope.engine.core.validation import check_result_bytes
 from headscope.engine.forward.torch_weights import TorchWeights, torch_weights
 from headscope.engine.forward.transformer import (
@@ -135,8 +136,8 @@ def qk_attribution(w: WeightSource, tokens: Sequence[int], layer: int, head: int
     nonfinite = not (bool(torch.isfinite(score).all()) and bool(torch.isfinite(terms).all()))
     return QKAttribution(
         layer=int(layer), head=int(head), query=query, keys=tuple(key_ids), names=names,
-        score=_readonly(score, np.float32), terms=_readonly(terms, np.float32),
-        query_totals=_readonly(query_totals, np.float64), key_totals=_readonly(key_totals, np.float64),
+        score=readonly(score, np.float32), terms=readonly(terms, np.float32),
+        query_totals=readonly(query_totals, np.float64), key_totals=readonly(key_totals, np.float64),
         nonfinite=nonfinite, path=path,
         note=f"layer 0 reads the embeddings only: {', '.join(names)}" if layer == 0 else "",
     )
@@ -253,7 +254,3 @@ def _components(w: TorchWeights, toks: Tensor, layer: int, query: int, read_q: T
     return torch.cat(q_parts), torch.cat(k_parts), x
 
 
-def _readonly(t: Tensor, dtype: type) -> np.ndarray:
-    a = np.array(t.detach().numpy(), dtype=dtype, copy=True)
-    a.setflags(write=False)
-    return a
