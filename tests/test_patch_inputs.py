@@ -139,3 +139,54 @@ def test_bad_api_inputs_are_typed_one_line_errors(call, message: str) -> None:
     with pytest.raises((InvalidRequestError, PromptError), match=message) as info:
         call(open_model(MODEL))
     assert "\n" not in str(info.value)
+
+
+# -- 11: non-finite patched rows -----------------------------------------------------------------
+
+def test_non_finite_rows_are_named_in_the_note_and_null() -> None:
+    from headscope.engine.core.results import patch_result
+
+    sets = [((0, 0),), ((0, 1),), ((1, 0),), ((1, 1),)]
+    found = patch_result(method="exact", site="out", metric="logit_diff", noising=False, clean=2.0, corrupt=0.0,
+                         sets=sets, values=[1.0, np.nan, np.inf, 0.5], n_layers=2, n_heads=2, tokens=3, batch=1)
+    assert [r.patched for r in found.rows] == [1.0, None, None, 0.5]
+    assert found.note == ("the metric after patching is not finite for L0.H1, L1.H0 (shown as null): the patched "
+                          "run overflows or meets a NaN")
+    assert np.isnan(found.table()[0, 1]) and found.table()[0, 0] == 0.5
+    # attribution: a verified head whose exact patch is not finite is named; unverified ones are not
+    found = patch_result(method="attribution", site="out", metric="logit_diff", noising=False, clean=2.0,
+                         corrupt=0.0, sets=sets, values=[0.1, 0.9, 0.5, 0.2], exact=[np.nan, np.nan, 1.0, np.nan],
+                         verified=2, n_layers=2, n_heads=2, tokens=3, batch=1)
+    assert [r.exact for r in found.rows] == [None, None, 1.0, None]
+    assert found.note == ("--verify's exact patch is not finite for L0.H1 (exact shown as null): the patched run "
+                          "overflows or meets a NaN")
+    # a path row is named as its edge; finite rows say nothing
+    found = patch_result(method="path", site="k", metric="logit_diff", noising=False, clean=2.0, corrupt=0.0,
+                         sets=[((0, 1), (1, 2))], values=[np.nan], n_layers=2, n_heads=3, tokens=3, batch=1)
+    assert "not finite for L0.H1 → L1.H2" in found.note
+    assert patch_result(method="exact", site="out", metric="logit_diff", noising=False, clean=2.0, corrupt=0.0,
+                        sets=sets, values=[1.0, 0.0, 0.2, 0.5], n_layers=2, n_heads=2, tokens=3,
+                        batch=1).note == ""
+
+
+def test_a_non_finite_patched_run_is_said_by_the_cli(capsys, monkeypatch) -> None:
+    """Through the command: the row is null in --json and the note names it on stderr."""
+    import json
+
+    from headscope.engine.forward import patching
+
+    real = patching._evaluate
+
+    def one_overflows(*args, **kwargs):
+        found = list(real(*args, **kwargs))
+        found[2] = float("inf")
+        return found
+
+    monkeypatch.setattr(patching, "_evaluate", one_overflows)
+    code, out, err = run(capsys, "patch", MODEL, "--clean", CLEAN, "--corrupt", CORRUPT, "--answer", "mouse",
+                         "--wrong", "Ivy", "--no-cache", "--json")
+    assert code == 0
+    report = json.loads(out)
+    heads = {(row["layer"], row["head"]): row for row in report["heads"]}
+    assert heads[(0, 2)]["patched"] is None and heads[(0, 2)]["recovered"] is None
+    assert "not finite for L0.H2" in report["note"] and "not finite for L0.H2" in err
