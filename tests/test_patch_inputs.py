@@ -55,6 +55,13 @@ def test_prompts_differing_only_in_unknown_words_are_refused(capsys) -> None:
     assert "differ only in words outside the vocabulary (Blorp, Zorp)" in err
     with pytest.raises(PromptError, match="Blorp, Zorp"):
         open_model(MODEL).patch(clean, corrupt, answer="mouse", wrong="Ivy")
+    # a batch of texts too; words unknown in both prompts are named once
+    with pytest.raises(PromptError, match="differ only in words outside the vocabulary"):
+        patch_request(open_model(MODEL), [CLEAN, clean], [CLEAN, corrupt], answer="mouse", wrong="Ivy")
+    notes: list[str] = []
+    patch_request(open_model(MODEL), ["cake Zorb", "cake card"], ["cake Quux", "cake kite"], answer="mouse",
+                  wrong="Ivy", notes=notes)
+    assert notes == ["words outside the vocabulary become <unk> in the clean and corrupt prompts: Zorb, Quux"]
 
 
 # -- 8: digit answers ----------------------------------------------------------------------------

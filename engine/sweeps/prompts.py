@@ -132,22 +132,33 @@ def unknown_words(model: LoadedModel, text: str, ids: Sequence[int]) -> list[str
     return [label(model.tokenizer, ids[i]) for i in where]
 
 
+def _is_text(given: Any) -> bool:
+    """A prompt given as text, or a batch of texts (not token ids)."""
+    return isinstance(given, str) or (isinstance(given, Sequence) and bool(given)
+                                      and all(isinstance(row, str) for row in given))
+
+
 def _unknown_words_check(model: LoadedModel, clean: Any, corrupt: Any, clean_ids: list[list[int]] | None,
                          corrupt_ids: list[list[int]] | None, notes: list[str] | None) -> None:
     """Text prompts with words outside the vocabulary: refused when the two prompts then
     become the same tokens (they differed only in those words, so nothing is left to patch),
     else noted once, naming the words (as ``forward`` and the Prompt tab do)."""
-    found = {what: unknown_words(model, text, ids[0]) for what, text, ids in
-             (("clean", clean, clean_ids), ("corrupt", corrupt, corrupt_ids)) if isinstance(text, str) and ids}
+    def texts(given: Any) -> list[str]:
+        return [given] if isinstance(given, str) else list(given) if _is_text(given) else []
+
+    found = {what: [w for text, row in zip(texts(given), ids or [], strict=False)
+                    for w in unknown_words(model, text, row)]
+             for what, given, ids in (("clean", clean, clean_ids), ("corrupt", corrupt, corrupt_ids))}
     words = list(dict.fromkeys(w for ws in found.values() for w in ws))
     if not words:
         return
     named = ", ".join(words)
-    if isinstance(clean, str) and isinstance(corrupt, str) and clean != corrupt and clean_ids == corrupt_ids:
+    if _is_text(clean) and _is_text(corrupt) and texts(clean) != texts(corrupt) and clean_ids == corrupt_ids:
         raise PromptError(str(model.path), f"the clean and corrupt prompts differ only in words outside the "
                           f"vocabulary ({named}), which all become <unk>: use words of the vocabulary")
     if notes is not None:
-        where = " and ".join(f"{what} prompt" for what, ws in found.items() if ws)
+        which = [what for what, ws in found.items() if ws]
+        where = "clean and corrupt prompts" if len(which) == 2 else f"{which[0]} prompt"
         notes.append(f"words outside the vocabulary become <unk> in the {where}: {named}")
 
 
@@ -312,7 +323,7 @@ def patch_request(
     check_patchable(model.structure(), where)
     clean_ids, corrupt_ids = prompt_ids(model, clean, "clean"), prompt_ids(model, corrupt, "corrupt")
     _unknown_words_check(model, clean, corrupt, clean_ids, corrupt_ids, notes)
-    text = isinstance(clean, str) or isinstance(corrupt, str)
+    text = _is_text(clean) or _is_text(corrupt)
 
     def token(given: int | str | None, what: str) -> int | None:
         return None if given is None else answer_token(model, given, what, text_prompts=text, notes=notes)
