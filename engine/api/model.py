@@ -108,11 +108,15 @@ class Model(loading.LoadedModel):
         """Activation (``method="exact"``) or attribution patching of every head (what
         ``headscope patch`` prints; docs/math.md, "Patching"). ``clean``/``corrupt``: text,
         token ids or a batch of id lists, of the same length, with the ``answer`` and
-        ``wrong`` tokens of the logit difference (ids or token strings); neither: the seeded
+        ``wrong`` tokens of the logit difference (ids, ``"id:7"``, or token strings: with text
+        prompts, digits that are a vocabulary token are that token); a batch is a list of texts,
+        of id lists, or a 2-D array; neither: the seeded
         built-in ``task``, ``"induction"`` (the default) or ``"first-occurrence"`` (its first
         copy corrupted, not its second: the path through an induction head's keys carries
         the answer; docs/math.md, "Patching"). ``heads``: sets patched together (``"L1.H1,L1.H2"``, ``[(1, 1), (1, 2)]``,
-        or a list of such sets); ``store``: a results store (``engine.api.store``) to reuse."""
+        or a list of such sets; numpy integers too); ``store``: a results store (``engine.api.store``)
+        to reuse. What the CLI says on stderr about the inputs (words outside the vocabulary,
+        digits read as a token) is an ``InputWarning``."""
         from headscope.engine.sweeps.prompts import patch_request
 
         notes: list[str] = []
