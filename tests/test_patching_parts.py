@@ -28,7 +28,7 @@ from headscope.engine.forward import behaviour, patching
 from headscope.engine.model.loading import load_model
 from headscope.engine.model.processing import ProcessedWeights
 from tests import family_fixtures, test_patching_suffix
-from tests.test_patching import tl_patch
+from tests.test_patching import ATOL, REPEAT, assert_close, tl_patch
 from tests.test_patching_parity import (
     ANSWER,
     WRONG,
@@ -130,11 +130,11 @@ def same(found: Any, unsplit: Any, what: str) -> None:
     """The split result equals the unsplit one to float noise (the products' row blocking)."""
     a = torch.tensor([r.patched for r in found.rows])
     b = torch.tensor([r.patched for r in unsplit.rows])
-    assert (a - b).abs().max().item() <= 1e-5, what
+    assert_close(a, b, what, REPEAT)
     if unsplit.rows[0].positions is not None:
         pa = torch.tensor([r.positions for r in found.rows])
         pb = torch.tensor([r.positions for r in unsplit.rows])
-        assert (pa - pb).abs().max().item() <= 1e-5, what
+        assert_close(pa, pb, what, REPEAT)
     assert (found.clean, found.corrupt) == (unsplit.clean, unsplit.corrupt)
 
 
@@ -205,7 +205,7 @@ def test_head_sets_and_paths_split_match_unsplit_and_hooks(
             if site != "v":  # (the hooks' v is the stored K/V head)
                 for row, heads in zip(found.rows, sets, strict=True):
                     expected = tl_patch(tl, clean[0], corrupt[0], tl_logit_diff, site, heads)
-                    assert row.patched == pytest.approx(expected, abs=1e-4), (name, site, heads)
+                    assert row.patched == pytest.approx(expected, abs=ATOL, rel=ATOL), (name, site, heads)
         for receiver_input in patching.PATH_INPUTS:
             found = split_and_unsplit(patching.path_patch, monkeypatch, {"runs": 3, "copies": 7}, {"passes": True},
                                       f"{name} path {receiver_input}", model.weights, clean, corrupt, metric,

@@ -23,7 +23,7 @@ from headscope.engine.forward import patching
 from headscope.engine.forward.torch_weights import torch_weights
 from headscope.engine.forward.transformer import attention_pattern
 from headscope.engine.model.loading import load_model
-from tests.test_patching import tl_patch
+from tests.test_patching import ATOL, tl_patch
 from tests.test_patching_parity import ANSWER, WRONG, close, grouped, patched, tl_logit_diff
 from tests.test_tl_parity import boot_transformer_lens
 
@@ -128,7 +128,7 @@ def test_heads_patched_together_across_layers_match_hooks(family: tuple[str, Any
             found = patching.patch_heads(model.weights, clean, corrupt, metric, site=site, heads=sets)
             for row, heads in zip(found.rows, sets, strict=True):
                 expected = tl_patch(tl, clean[0], corrupt[0], tl_logit_diff, site, heads)
-                assert row.patched == pytest.approx(expected, abs=1e-4), (name, site, heads)
+                assert row.patched == pytest.approx(expected, abs=ATOL, rel=ATOL), (name, site, heads)
 
 
 def test_queries_of_the_last_positions_get_the_rows_of_the_full_pattern(family: tuple[str, Any, Any]) -> None:

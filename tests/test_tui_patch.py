@@ -195,6 +195,42 @@ async def test_progress_and_x_stops_the_run() -> None:
         assert engine.calls["patch"] == 2 and pane.session.result is not None
 
 
+@pytest.mark.parametrize("colors", ["truecolor", "256", "16"])
+async def test_a_non_finite_head_is_a_question_mark_not_zero(colors: str) -> None:
+    """A head whose patched run was not finite (``patched``/``recovered`` None, the note
+    naming it) is drawn as ``?`` — the colour of 0 would read as "no effect" — and its
+    detail says why."""
+    import dataclasses
+
+    engine = FakeEngine()
+    real = engine.patch
+
+    async def one_not_finite(**kwargs: Any) -> Any:
+        found = await real(**kwargs)
+        rows = tuple(dataclasses.replace(r, patched=None, recovered=None) if r.heads == ((0, 1),) else r
+                     for r in found.rows)
+        return dataclasses.replace(found, rows=rows, note="the metric after patching is not finite for L0.H1")
+
+    engine.patch = one_not_finite  # type: ignore[method-assign]
+    app, _ = make_app(engine, colors=colors)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("9")
+        await settle(pilot, app)
+        chart = app.query_one("#patch-map", Chart)
+        await wait_until(pilot, lambda: chart.rendered is not None, "the heatmap")
+        plain = chart.rendered.plain
+        assert "?" in plain and "? no finite value" in plain
+        pane = app.query_one(PatchPane)
+        assert "not finite for L0.H1" in pane.status
+        assert rows(app)[-1] == "L0.H1"  # sorted last, its cells "—"
+        table = app.query_one("#patch-table", DataTable)
+        table.focus()
+        table.move_cursor(row=table.row_count - 1)
+        await settle(pilot, app)
+        assert "L0.H1: not finite" in pane.status
+
+
 async def test_the_heatmap_in_256_colours_has_no_truecolor() -> None:
     app, _ = make_app(colors="256")
     async with app.run_test(size=(80, 24)) as pilot:

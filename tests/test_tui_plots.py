@@ -242,3 +242,24 @@ def test_a_heatmap_key_never_runs_past_the_chart() -> None:
         text = build(Heatmap(values, labels, labels, diagonal=True), width, 22, COLOURS).plain
         assert all(len(line) <= width for line in text.splitlines()), (width, text)
         assert "rows peak on diag" in " ".join(text.split())
+
+
+@pytest.mark.parametrize("mode", ["truecolor", "256", "16", "none"])
+def test_missing_cells_are_marked_not_drawn_as_zero(mode: str) -> None:
+    """``Heatmap(missing="?")``: a NaN cell is the mark in the muted colour, named in the key;
+    without it NaN keeps the zero colour (the heatmaps where NaN means "nothing there")."""
+    import dataclasses
+
+    from rich.color import Color
+
+    colours = dataclasses.replace(COLOURS, mode=mode)
+    values = np.array([[0.5, np.nan, -0.2], [0.1, 0.9, 0.0]])
+    marked = Heatmap(values, ("L0", "L1"), ("H0", "H1", "H2"), missing="?").draw(60, 20, colours)
+    assert "?" in marked.plain and "? no finite value" in marked.plain
+    muted = Color.from_rgb(*COLOURS.muted)
+    assert any(marked.plain[s.start:s.end].strip("?") == "" and s.style.color == muted
+               for s in marked.spans if hasattr(s.style, "color"))
+    plain = Heatmap(values, ("L0", "L1"), ("H0", "H1", "H2")).draw(60, 20, colours)
+    assert "?" not in plain.plain
+    finite = Heatmap(np.nan_to_num(values), ("L0", "L1"), ("H0", "H1", "H2"), missing="?").draw(60, 20, colours)
+    assert "?" not in finite.plain

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from headscope.engine.forward.transformer import ForwardResult
     from headscope.engine.sweeps.store import ResultStore
 
-__all__ = ["CIRCUITS", "Model", "open_model", "read_structure", "supported_checkpoints"]
+__all__ = ["CIRCUITS", "InputWarning", "Model", "open_model", "read_structure", "supported_checkpoints"]
 
 # The circuits ``Model.circuit`` names (engine.circuits.head_circuits makes them).
 CIRCUITS = ("qk", "ov", "token_qk", "full_ov", "positional_qk")
@@ -108,19 +108,25 @@ class Model(loading.LoadedModel):
         """Activation (``method="exact"``) or attribution patching of every head (what
         ``headscope patch`` prints; docs/math.md, "Patching"). ``clean``/``corrupt``: text,
         token ids or a batch of id lists, of the same length, with the ``answer`` and
-        ``wrong`` tokens of the logit difference (ids or token strings); neither: the seeded
+        ``wrong`` tokens of the logit difference (ids, ``"id:7"``, or token strings: with text
+        prompts, digits that are a vocabulary token are that token); a batch is a list of texts,
+        of id lists, or a 2-D array; neither: the seeded
         built-in ``task``, ``"induction"`` (the default) or ``"first-occurrence"`` (its first
         copy corrupted, not its second: the path through an induction head's keys carries
         the answer; docs/math.md, "Patching"). ``heads``: sets patched together (``"L1.H1,L1.H2"``, ``[(1, 1), (1, 2)]``,
-        or a list of such sets); ``store``: a results store (``engine.api.store``) to reuse."""
+        or a list of such sets; numpy integers too); ``store``: a results store (``engine.api.store``)
+        to reuse. What the CLI says on stderr about the inputs (words outside the vocabulary,
+        digits read as a token) is an ``InputWarning``."""
         from headscope.engine.sweeps.prompts import patch_request
 
-        return self.get(patch_request(self, clean, corrupt, answer=answer, wrong=wrong, site=site, method=method,
-                                      noising=noising, heads=heads, by_position=by_position, verify=verify,
-                                      task=task, seed=seed, seq_len=seq_len, batch=batch),
-                        store=store, progress=progress)
+        notes: list[str] = []
+        req = patch_request(self, clean, corrupt, answer=answer, wrong=wrong, site=site, method=method,
+                            noising=noising, heads=heads, by_position=by_position, verify=verify,
+                            task=task, seed=seed, seq_len=seq_len, batch=batch, notes=notes)
+        _warn(notes)
+        return self.get(req, store=store, progress=progress)
 
-    def path_patch(self, sender: tuple[int, int], receiver: tuple[int, int],
+    def path_patch(self, sender: tuple[int, int] | str, receiver: tuple[int, int] | str,
                    clean: str | Sequence[Any] | None = None, corrupt: str | Sequence[Any] | None = None, *,
                    patch: str = "q", answer: int | str | None = None, wrong: int | str | None = None,
                    noising: bool = False, task: str | None = None, seed: int = 0,
@@ -128,13 +134,16 @@ class Model(loading.LoadedModel):
                    progress: Callable[[float], None] | None = None) -> PatchResult:
         """Path patching of the edge ``sender -> receiver`` (what ``headscope path-patch``
         prints): the sender's clean output into the receiver's ``patch`` input (q, k or v)
-        only; inputs, ``task`` and metric as ``patch``. One row, ``heads = (sender, receiver)``."""
+        only; inputs, ``task`` and metric as ``patch``; heads as pairs or ``"L0.H1"``. One row,
+        ``heads = (sender, receiver)``."""
         from headscope.engine.sweeps.prompts import patch_request
 
-        return self.get(patch_request(self, clean, corrupt, answer=answer, wrong=wrong, site=patch, noising=noising,
-                                      task=task, seed=seed, seq_len=seq_len, batch=batch,
-                                      edge=(tuple(sender), tuple(receiver))),  # type: ignore[arg-type]
-                        store=store, progress=progress)
+        notes: list[str] = []
+        req = patch_request(self, clean, corrupt, answer=answer, wrong=wrong, site=patch, noising=noising,
+                            task=task, seed=seed, seq_len=seq_len, batch=batch, edge=(sender, receiver),
+                            notes=notes)
+        _warn(notes)
+        return self.get(req, store=store, progress=progress)
 
     def run(self, tokens: str | Sequence[int], **kwargs: Any) -> ForwardResult:
         """The reference forward pass on a prompt (encoded with the tokenizer) or token ids."""
@@ -144,6 +153,18 @@ class Model(loading.LoadedModel):
         ids = self.tokenizer.encode(tokens) if isinstance(tokens, str) else list(tokens)
         check_tokens(self.structure(), ids, str(self.path))
         return run(self.weights, ids, **kwargs)
+
+
+class InputWarning(UserWarning):
+    """What ``Model.patch`` says about its inputs (words that became ``<unk>``, digits read as
+    a token) — what the CLI prints on stderr."""
+
+
+def _warn(notes: list[str]) -> None:
+    import warnings
+
+    for note in notes:
+        warnings.warn(note, InputWarning, stacklevel=3)
 
 
 def open_model(path: str | os.PathLike[str], raw: bool = False) -> Model:

@@ -31,6 +31,7 @@ from headscope.engine.core.validation import (
     CIRCUIT_KINDS,
     COMPOSITION_KINDS,
     DEFAULT_BLOCK,
+    MAX_SEED,
     NULL_SAMPLES,
     PATCH_BATCH,
     PATCH_HALF,
@@ -549,6 +550,8 @@ class PatchRequest(Request):
             raise InvalidRequestError(where, "attribution estimates every head alone: no --heads or --by-position")
         if verify and method != "attribution":
             raise InvalidRequestError(where, "--verify checks attribution's estimates: it needs --method attribution")
+        if not 0 <= int(seed) <= MAX_SEED:
+            raise InvalidRequestError(where, f"the seed must be between 0 and 2**63-1, not {seed}")
         if not 0 <= int(verify) <= int(structure["n_layers"]) * int(structure["n_heads"]):
             raise InvalidRequestError(where, f"--verify must be between 0 and the number of heads, not {verify}")
         common: dict[str, Any] = dict(

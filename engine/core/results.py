@@ -8,6 +8,8 @@ be cached and shared between awaiting callers because nothing in it can be mutat
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -353,14 +355,23 @@ def recovered(clean: float, corrupt: float, value: float | None) -> float | None
     return float((value - corrupt) / span)
 
 
+def verify_order(estimates: Sequence[float]) -> list[int]:
+    """Rows in the order ``--verify K`` patches the first K of exactly: largest ``|estimate|``
+    first, non-finite estimates last."""
+    return sorted(range(len(estimates)),
+                  key=lambda i: -abs(estimates[i]) if math.isfinite(estimates[i]) else math.inf)
+
+
 def patch_result(*, method: PatchMethod, site: str, metric: str, noising: bool, clean: float,
                  corrupt: float, sets: Any, values: Any, n_layers: int, n_heads: int,
-                 tokens: int, batch: int, positions: Any = None, exact: Any = None) -> PatchResult:
+                 tokens: int, batch: int, positions: Any = None, exact: Any = None,
+                 verified: int = 0) -> PatchResult:
     """The ``PatchResult`` of raw numbers, computed now or read back from the results store
     (one builder for both, so a stored result is the computed one). ``sets``: each row's
     heads; ``values [rows]``: each row's metric after patching (attribution: the estimate of
     its change); ``positions [rows, pos]`` (by position) and ``exact [rows]`` (attribution's
-    verified heads; NaN for the others) if any. Non-finite numbers become ``None``."""
+    ``verified`` heads, the first of ``verify_order``; NaN for the others) if any.
+    Non-finite numbers become ``None``, and the note names their rows."""
     def number(v: Any) -> float | None:
         return float(v) if v is not None and np.isfinite(v) else None
 
@@ -377,12 +388,39 @@ def patch_result(*, method: PatchMethod, site: str, metric: str, noising: bool, 
             recovered=recovered(clean, corrupt, patched), positions=at,
             positions_recovered=None if at is None else tuple(recovered(clean, corrupt, v) for v in at),
             estimate=estimate, exact=ex, exact_recovered=recovered(clean, corrupt, ex)))
-    note = ""
+    notes = []
     if recovered(clean, corrupt, clean) is None:
-        note = f"the clean and corrupt inputs give the same {metric} ({clean:.6g}): recovered is undefined"
+        notes.append(f"the clean and corrupt inputs give the same {metric} ({clean:.6g}): recovered is undefined")
+    notes += _non_finite_notes(method, rows, values, positions, exact, verified)
     return PatchResult(method=method, site=site, metric=metric, noising=noising, clean=float(clean),
                        corrupt=float(corrupt), rows=tuple(rows), n_layers=n_layers, n_heads=n_heads,
-                       tokens=tokens, batch=batch, note=note)
+                       tokens=tokens, batch=batch, note="; ".join(notes))
+
+
+def _non_finite_notes(method: str, rows: Sequence[PatchRow], values: Any, positions: Any, exact: Any,
+                      verified: int) -> list[str]:
+    """Which rows came out non-finite (null in JSON, ``?`` in the Patch tab), and why: a
+    patched run (or attribution's gradient) overflowed or met a NaN. Without this a null
+    reads as "undefined" and, drawn, as no effect."""
+    def named(which: Sequence[int]) -> str:
+        labels = [" → ".join(f"L{layer}.H{head}" for layer, head in rows[i].heads) if method == "path"
+                  else rows[i].label for i in which]
+        return ", ".join(labels[:8]) + (f" and {len(labels) - 8} more" if len(labels) > 8 else "")
+
+    notes = []
+    what = "estimate" if method == "attribution" else "metric after patching"
+    bad = [i for i in range(len(rows)) if not np.isfinite(values[i])
+           or (positions is not None and not np.isfinite(np.asarray(positions[i], dtype=np.float64)).all())]
+    if bad:
+        notes.append(f"the {what} is not finite for {named(bad)} (shown as null): the patched run "
+                     "overflows or meets a NaN")
+    if exact is not None and verified:
+        checked = verify_order([float(v) for v in values])[:verified]
+        unverifiable = sorted(i for i in checked if not np.isfinite(exact[i]))
+        if unverifiable:
+            notes.append(f"--verify's exact patch is not finite for {named(unverifiable)} (exact shown as "
+                         "null): the patched run overflows or meets a NaN")
+    return notes
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ __all__ = [
     "COMPOSITION_KINDS",
     "DEFAULT_BLOCK",
     "MAX_RESULT_BYTES",
+    "MAX_SEED",
     "PATCH_METHODS",
     "PATCH_SITES",
     "PATH_INPUTS",
@@ -78,6 +79,7 @@ ABLATION_EFFECT = "ablation_effect"  # opt-in (a forward pass per head), not par
 DEFAULT_BLOCK = 24  # rows/cols of a circuit block when the caller names none
 MAX_RESULT_BYTES = 256 << 20  # the most one result (a circuit block, a prompt's patterns) may hold
 SEED = 0  # seed of the behavioural / composition-baseline sequences (reproducible scores)
+MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed's range
 # A composition edge counts (for "lost" / "gained") when its score beats the random-factor
 # baseline by this much. Trained circuits sit 0.05-0.15 above a baseline of ~0.09 at the
 # sample models' shapes, and the margin shrinks as d_head grows (the bundled attn-only-2l,

@@ -57,7 +57,7 @@ from headscope.engine.core.errors import (
     PromptError,
 )
 from headscope.engine.core.progress import Cancelled, Progress, check_cancelled, report
-from headscope.engine.core.results import PatchResult, patch_result
+from headscope.engine.core.results import PatchResult, patch_result, verify_order
 from headscope.engine.core.threads import one_lapack_thread
 from headscope.engine.core.validation import (
     BUILTIN_TASKS,
@@ -803,8 +803,7 @@ def attribute_heads(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor |
     values = [float(v) for v in estimates.flatten()]
     exact = None
     if verify:
-        order = sorted(range(len(heads)), key=lambda i: -abs(values[i]) if math.isfinite(values[i]) else math.inf)
-        top = order[:verify]
+        top = verify_order(values)[:verify]
         with torch.inference_mode():
             ctx = _suffix(w, runs, clean_t, corrupt_t, metric)
             found = _evaluate(w, ctx, [_Variant((heads[i],)) for i in top], site, metric,
@@ -814,7 +813,7 @@ def attribute_heads(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor |
             exact[i] = value
     report(progress, 1.0)
     return _result(w, "attribution", site, metric, noising, runs, clean_t, [(h,) for h in heads], values,
-                   exact=exact)
+                   exact=exact, verified=verify if exact is not None else 0)
 
 
 # -- path patching ---------------------------------------------------------------------------

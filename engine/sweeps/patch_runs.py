@@ -109,7 +109,8 @@ def _patch_of(model: LoadedModel, req: PatchRequest, values: np.ndarray, rows: i
     return patch_result(method="path" if req.edge is not None else req.method,  # type: ignore[arg-type]
                         site=req.site, metric=req.task, noising=req.noising, clean=float(values[0]),
                         corrupt=float(values[1]), sets=sets, values=values[2:at], n_layers=cfg.n_layers,
-                        n_heads=cfg.n_heads, tokens=pos, batch=batch, positions=positions, exact=exact)
+                        n_heads=cfg.n_heads, tokens=pos, batch=batch, positions=positions, exact=exact,
+                        verified=req.verify)
 
 
 @computes(InductionPromptsRequest)

@@ -5,6 +5,7 @@ model's tokenizer, and the prompt view of every head at once.
 
 from __future__ import annotations
 
+import numbers
 import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -69,22 +70,37 @@ class PromptRun:
         )
 
 
-def answer_token(model: LoadedModel, token: int | str, what: str) -> int:
-    """An answer (or wrong) token as an id: an int, digits (``12``, or ``#12`` as the explorer
-    shows ids), or a token string as ``--rows`` takes it (the vocabulary's spelling, else text
-    that encodes to exactly one token). A word-level vocabulary encodes an unknown word as
-    ``<unk>``: that is not the token asked for, and is refused. The range of an id is checked
-    by ``PatchRequest.of``."""
+def answer_token(model: LoadedModel, token: int | str, what: str, *, text_prompts: bool = False,
+                 notes: list[str] | None = None) -> int:
+    """An answer (or wrong) token as an id: an int, ``id:12`` or ``#12`` (an id, as the
+    explorer shows ids), digits, or a token string as ``--rows`` takes it (the vocabulary's
+    spelling, else text that encodes to exactly one token). Digits are an id when the prompts
+    are ids; with ``text_prompts`` a vocabulary token spelled with those digits is the token
+    (a numeric task asks for ``7``, not id 7), said in ``notes``. A word-level vocabulary
+    encodes an unknown word as ``<unk>``: that is not the token asked for, and is refused.
+    The range of an id is checked by ``PatchRequest.of``."""
     where = str(model.path)
-    if isinstance(token, int):
-        return token
+    if isinstance(token, bool):
+        raise InvalidRequestError(where, f"the {what} token is {token!r}: give a token id or string")
+    if isinstance(token, numbers.Integral):  # numpy integers too
+        return int(token)
     text = str(token)
-    digits = text.strip()[1:] if text.strip().startswith("#") else text.strip()
-    if digits.isascii() and digits.isdigit():
-        return int(digits)
-    if not text.strip():
+    stripped = text.strip()
+    explicit = next((stripped[len(p):].strip() for p in _ID_PREFIXES if stripped.startswith(p)), None)
+    if explicit is not None:
+        if not (explicit.isascii() and explicit.isdigit()):
+            raise PromptError(where, f"the {what} token {text!r} is not an id: write id:12")
+        return int(explicit)
+    if not stripped:
         raise PromptError(where, f"the {what} token is empty")
     found = model.tokenizer.token_to_id(text)
+    if stripped.isascii() and stripped.isdigit():
+        if text_prompts and found is not None and int(found) != int(stripped):
+            if notes is not None:
+                notes.append(f"the {what} {text!r} is the token {text!r} (id {int(found)}), as the prompts "
+                             f"are text; write id:{stripped} for the id {stripped}")
+            return int(found)
+        return int(stripped)
     if found is not None:
         return int(found)
     ids = encode(model.tokenizer, text)
@@ -99,19 +115,79 @@ def answer_token(model: LoadedModel, token: int | str, what: str) -> int:
     return ids[0]
 
 
+# How an answer names an id explicitly, whatever the prompts: ``id:7`` (``#7``: as the explorer
+# shows ids).
+_ID_PREFIXES = ("id:", "#")
+# How tokenizers spell the token an unknown word becomes.
+UNKNOWN_TOKENS = ("<unk>", "[UNK]")
+
+
+def unknown_words(model: LoadedModel, text: str, ids: Sequence[int]) -> list[str]:
+    """The words of ``text`` the tokenizer turned into its unknown token (``<unk>``): by word
+    where a word-level vocabulary lines the words up with the tokens, else the unknown tokens."""
+    where = [i for i, t in enumerate(ids) if label(model.tokenizer, t) in UNKNOWN_TOKENS]
+    words = text.split()
+    if len(words) == len(ids):
+        return [words[i] for i in where]
+    return [label(model.tokenizer, ids[i]) for i in where]
+
+
+def _is_text(given: Any) -> bool:
+    """A prompt given as text, or a batch of texts (not token ids)."""
+    return isinstance(given, str) or (isinstance(given, Sequence) and bool(given)
+                                      and all(isinstance(row, str) for row in given))
+
+
+def _unknown_words_check(model: LoadedModel, clean: Any, corrupt: Any, clean_ids: list[list[int]] | None,
+                         corrupt_ids: list[list[int]] | None, notes: list[str] | None) -> None:
+    """Text prompts with words outside the vocabulary: refused when the two prompts then
+    become the same tokens (they differed only in those words, so nothing is left to patch),
+    else noted once, naming the words (as ``forward`` and the Prompt tab do)."""
+    def texts(given: Any) -> list[str]:
+        return [given] if isinstance(given, str) else list(given) if _is_text(given) else []
+
+    found = {what: [w for text, row in zip(texts(given), ids or [], strict=False)
+                    for w in unknown_words(model, text, row)]
+             for what, given, ids in (("clean", clean, clean_ids), ("corrupt", corrupt, corrupt_ids))}
+    words = list(dict.fromkeys(w for ws in found.values() for w in ws))
+    if not words:
+        return
+    named = ", ".join(words)
+    if _is_text(clean) and _is_text(corrupt) and texts(clean) != texts(corrupt) and clean_ids == corrupt_ids:
+        raise PromptError(str(model.path), f"the clean and corrupt prompts differ only in words outside the "
+                          f"vocabulary ({named}), which all become <unk>: use words of the vocabulary")
+    if notes is not None:
+        which = [what for what, ws in found.items() if ws]
+        where = "clean and corrupt prompts" if len(which) == 2 else f"{which[0]} prompt"
+        notes.append(f"words outside the vocabulary become <unk> in the {where}: {named}")
+
+
 def prompt_ids(model: LoadedModel, given: str | Sequence[Any] | None, what: str) -> list[list[int]] | None:
     """A prompt as a batch of token id lists: text (encoded by the tokenizer), token ids, or
-    already a batch of id lists; None stays None (the task's own prompts)."""
+    a batch of either (a list of texts, of id lists, a 2-D array); None stays None (the task's
+    own prompts)."""
+    where = str(model.path)
     if given is None:
         return None
     if isinstance(given, str):
         if not given.strip():
-            raise PromptError(str(model.path), f"the {what} prompt is empty")
+            raise PromptError(where, f"the {what} prompt is empty")
         return [encode(model.tokenizer, given)]
-    rows = list(given)
-    if rows and not isinstance(rows[0], str) and isinstance(rows[0], Sequence):
-        return [[int(t) for t in row] for row in rows]
-    return [[int(t) for t in rows]]
+    rows = given.tolist() if isinstance(given, np.ndarray) else list(given)
+    if rows and all(isinstance(row, str) for row in rows):
+        return [ids for text in rows for ids in prompt_ids(model, text, what) or []]
+    if rows and all(isinstance(row, Sequence) and not isinstance(row, str) for row in rows):
+        return [_ids(row, what, where) for row in rows]
+    return [_ids(rows, what, where)]
+
+
+def _ids(row: Sequence[Any], what: str, where: str) -> list[int]:
+    """One prompt's token ids (Python or numpy integers), or the typed error naming the item."""
+    bad = next((t for t in row if isinstance(t, bool) or not isinstance(t, numbers.Integral)), None)
+    if bad is not None:
+        raise InvalidRequestError(where, f"the {what} prompt has {bad!r}: give text, token ids, or a batch "
+                                  "of either")
+    return [int(t) for t in row]
 
 
 @computes(PromptRequest)
@@ -171,6 +247,8 @@ def head_sets(spec: HeadSpec | None, where: str | None = None) -> list[list[tupl
     lists is a set each. ``None``: every head alone."""
     if spec is None:
         return None
+    if isinstance(spec, np.ndarray):  # heads picked from an array (result.table()'s indices)
+        spec = spec.tolist()
 
     def one(item: Any) -> tuple[int, int]:
         if isinstance(item, str):
@@ -178,21 +256,40 @@ def head_sets(spec: HeadSpec | None, where: str | None = None) -> list[list[tupl
             if match is None:
                 raise InvalidRequestError(where, f"{item!r} is not a head: write L1.H2 or 1.2")
             return int(match.group(1)), int(match.group(2))
+        if not _is_pair(item):
+            raise InvalidRequestError(where, f"{item!r} is not a head: write L1.H2 or (1, 2)")
         layer, head = item
         return int(layer), int(head)
 
     def group(item: Any) -> list[tuple[int, int]]:
         if isinstance(item, str):
             return [one(part) for part in item.split(",") if part.strip()]
+        if _is_pair(item):  # one head alone
+            return [one(item)]
+        if not isinstance(item, Sequence):
+            raise InvalidRequestError(where, f"{item!r} is not a head or a set of heads: write L1.H2 or (1, 2)")
         return [one(part) for part in item]
 
-    if isinstance(spec, str) or (spec and not isinstance(spec[0], str) and _is_pair(spec[0])):
+    if not isinstance(spec, str | Sequence):
+        raise InvalidRequestError(where, f"{spec!r} is not a head or a set of heads: write L1.H2 or (1, 2)")
+    if _is_pair(spec) or isinstance(spec, str) or (spec and not isinstance(spec[0], str) and _is_pair(spec[0])):
         return [group(spec)]
     return [group(item) for item in spec]
 
 
 def _is_pair(item: Any) -> bool:
-    return isinstance(item, Sequence) and len(item) == 2 and all(isinstance(v, int) for v in item)
+    return (isinstance(item, Sequence | np.ndarray) and len(item) == 2
+            and all(isinstance(v, numbers.Integral) for v in item))
+
+
+def edge_of(edge: tuple[Any, Any] | None, where: str | None = None) -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """A path-patching edge ``(sender, receiver)``, each head a pair or ``"L0.H1"``."""
+    if edge is None:
+        return None
+    heads = [head_sets(head if isinstance(head, str) else [head], where) or [[]] for head in edge]
+    if len(heads) != 2 or any(len(h) != 1 or len(h[0]) != 1 for h in heads):
+        raise InvalidRequestError(where, f"{edge!r} is not an edge: give two heads, e.g. ('L0.H1', 'L1.H2')")
+    return heads[0][0][0], heads[1][0][0]
 
 
 def patch_request(
@@ -211,20 +308,28 @@ def patch_request(
     seed: int = SEED,
     seq_len: int | None = None,
     batch: int = PATCH_BATCH,
-    edge: tuple[tuple[int, int], tuple[int, int]] | None = None,
+    edge: tuple[Any, Any] | None = None,
     task: str | None = None,
+    notes: list[str] | None = None,
 ) -> PatchRequest:
     """The inputs of ``patch`` / ``path-patch`` as the CLI, the API and the explorer give them
     (prompts as text or ids, answer tokens as ids or strings, heads as ``head_sets`` takes
-    them) resolved against the model's tokenizer, as a validated ``PatchRequest``."""
+    them, an ``edge``'s heads as pairs or ``"L0.H1"``) resolved against the model's tokenizer, as a
+    validated ``PatchRequest``. ``notes``, when given, collects what the caller should say
+    about the inputs (words that became ``<unk>``, digits read as a token)."""
     from headscope.engine.core.validation import check_patchable
 
     where = str(model.path)
     check_patchable(model.structure(), where)
+    clean_ids, corrupt_ids = prompt_ids(model, clean, "clean"), prompt_ids(model, corrupt, "corrupt")
+    _unknown_words_check(model, clean, corrupt, clean_ids, corrupt_ids, notes)
+    text = _is_text(clean) or _is_text(corrupt)
+
+    def token(given: int | str | None, what: str) -> int | None:
+        return None if given is None else answer_token(model, given, what, text_prompts=text, notes=notes)
+
     return PatchRequest.of(
-        model.structure(), clean=prompt_ids(model, clean, "clean"),
-        corrupt=prompt_ids(model, corrupt, "corrupt"),
-        answer=None if answer is None else answer_token(model, answer, "answer"),
-        wrong=None if wrong is None else answer_token(model, wrong, "wrong"),
+        model.structure(), clean=clean_ids, corrupt=corrupt_ids,
+        answer=token(answer, "answer"), wrong=token(wrong, "wrong"),
         site=site, method=method, noising=noising, heads=head_sets(heads, where), by_position=by_position,
-        verify=verify, seed=seed, seq_len=seq_len, batch=batch, edge=edge, task=task, where=where)
+        verify=verify, seed=seed, seq_len=seq_len, batch=batch, edge=edge_of(edge, where), task=task, where=where)

@@ -37,7 +37,9 @@ def inputs(p: argparse.ArgumentParser) -> None:
                    help="the corrupt input as token ids")
     p.add_argument("--answer", metavar="TOK",
                    help="the metric is logit[answer] - logit[wrong] at the last position: a token "
-                        "id or string, as --rows takes them")
+                        "string or id, as --rows takes them; with --clean/--corrupt TEXT, digits "
+                        "that are a vocabulary token are that token (said on stderr), and id:7 is "
+                        "the id 7; with --clean-tokens IDS, digits are an id")
     p.add_argument("--wrong", metavar="TOK", help="the other token of the logit difference")
     p.add_argument("--task", choices=BUILTIN_TASKS, default=None,
                    help="a built-in task on seeded random tokens written twice (clean), without "
@@ -112,10 +114,13 @@ def run_patching(args: argparse.Namespace, command: str, **more: Any) -> Any:
         return _usage(problem)
     model = open_for_command(args)
     check_patchable(model.structure(), str(model.path))  # an encoder: the model's fault, exit 1
+    notes: list[str] = []
     try:
-        req = _request(model, args, **more)
+        req = _request(model, args, notes=notes, **more)
     except (InvalidRequestError, PromptError, IndexOutOfRangeError) as err:
         return _usage(err.one_line())
+    for note in notes:  # words that became <unk>, digits read as a token: said once, before the run
+        say(f"{model.path}: {note}", warning=True)
     with progress_bar(f"{command} {model.path.name}", quiet=args.quiet) as progress:
         return patch_report(model, req, store=results_store(args), progress=progress)
 

@@ -77,6 +77,9 @@ class Heatmap:
     sequential: bool = False  # attention patterns: 0 … max on the positive half of the map
     vmax: float | None = None
     diagonal: bool = False  # rows and cols are the same token set: report the diagonal
+    # drawn (muted) in the cells with no finite value, and named in the key, instead of the
+    # zero colour: where NaN means "no number" (a non-finite patched head), not "nothing there"
+    missing: str | None = None
 
     def key(self, colours: Colours, shape: tuple[int, int], width: int = 0) -> Text:
         """The value-range key: a gradient from −vmax (or 0) to +vmax, and the pooling.
@@ -98,6 +101,8 @@ class Heatmap:
                 parts.append((merged(n_rows, shape[0]).strip(), colours.muted))
         if self.diagonal and n_rows == n_cols and n_rows > 1:
             parts.append((diagonal_summary(self.values), colours.foreground))
+        if self.missing is not None and not np.isfinite(self.values).all():
+            parts.append((f"{self.missing} no finite value", colours.muted))
         if width:  # a part wider than the chart is wrapped at its spaces, never drawn past
             # the chart's edge (the virtual-heads pop-up: "24/24 rows peakIm λ")
             parts = [(piece.plain, colour) for part, colour in parts
@@ -132,6 +137,8 @@ class Heatmap:
         grid = pool_extreme(self.values, ch, cw)
         vmax = self.vmax if self.vmax is not None else symmetric_range(self.values)
         colour, recolour = cell_colours(grid, vmax, colours)
+        if self.missing is not None:
+            colour, recolour = _mark_missing(grid, colour, recolour, self.missing, colours)
         plt = _plot(lw + 2 + cw, ch + 3, colours)  # frame top/bottom + x tick labels
         plt.matrix_plot([[tuple(int(x) for x in c) for c in row] for row in colour])
         plt.xlim(0, max(cw - 1, 1))
@@ -181,6 +188,21 @@ def cell_colours(grid: np.ndarray, vmax: float, colours: Colours) -> tuple[np.nd
         rgb[..., 0], rgb[..., 1], rgb[..., 2] = 1, 2, level + 10  # placeholders, never shown
         return rgb, {(1, 2, k + 10): _shade(k, colours) for k in range(-4, 5)}
     return diverging_rgb(grid, colours.stops, vmax), {}
+
+
+MISSING_RGB = (3, 1, 4)  # the placeholder of a cell with no finite value (never shown)
+
+
+def _mark_missing(grid: np.ndarray, colour: np.ndarray, recolour: Recolour, mark: str,
+                  colours: Colours) -> tuple[np.ndarray, Recolour]:
+    """The cells of ``grid`` with no finite value drawn as ``mark`` in the muted colour, not in
+    the zero colour ``cell_colours`` gives NaN (which reads as "no effect")."""
+    missing = ~np.isfinite(grid)
+    if not missing.any():
+        return colour, recolour
+    colour = np.array(colour, copy=True)
+    colour[missing] = MISSING_RGB
+    return colour, {**recolour, MISSING_RGB: (mark, Style(color=Color.from_rgb(*colours.muted)))}
 
 
 def _shade(level: int, colours: Colours) -> tuple[str, Style]:

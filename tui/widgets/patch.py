@@ -193,6 +193,8 @@ class PatchPane(Vertical):
         result = self.session.result
         if result is None:
             return HINT
+        if row.patched is None:  # the patched run was not finite (the summary's note says so)
+            return f"{row.label}: not finite (its patched run overflows or meets a NaN) · enter: focus it"
         rec = "undefined" if row.recovered is None else f"{row.recovered:+.3f}"
         metric = "—" if row.patched is None else f"{row.patched:+.3f}"
         est = "≈" if result.method == "attribution" else ""
@@ -266,11 +268,13 @@ class PatchPane(Vertical):
             self.query_one("#patch-map", Chart).message(
                 f"{title}: undefined ({result.note or 'no finite value'})")
         else:
+            # a head with no finite number (not patched alone, or its patched run not finite:
+            # the note says which) is a "?", never the colour of 0 ("no effect")
             self.query_one("#patch-map", Chart).show(Heatmap(
-                np.nan_to_num(values, nan=0.0),
+                values,
                 tuple(f"L{i}" for i in range(result.n_layers)),
                 tuple(f"H{i}" for i in range(result.n_heads)),
-                title=title, xlabel=XLABEL))
+                title=title, xlabel=XLABEL, missing="?"))
         table = self.query_one("#patch-table", DataTable)
         table.clear()
         for row in session.rows:
