@@ -90,12 +90,12 @@ def one(scenario: str, path: Path, n_tokens: int) -> dict[str, Any]:
         result = api_model.patch([clean], [corrupt], answer=ANSWER, wrong=WRONG)
         out["values"] = [row.patched for row in result.rows]
     else:
-        from headscope.engine.forward import patching
+        from headscope.engine.forward import patch_tasks, patching
         from headscope.engine.model.loading import load_model
 
         model = load_model(path)
         clean, corrupt = prompts(model.cfg.d_vocab, n_tokens)
-        metric = patching.LogitDiff(ANSWER, WRONG)
+        metric = patch_tasks.LogitDiff(ANSWER, WRONG)
         out["open_seconds"] = time.perf_counter() - T0
         if scenario in ("attribution", "forward"):
             from headscope.engine.forward.transformer import run

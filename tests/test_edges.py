@@ -24,7 +24,7 @@ import torch
 from headscope.engine.core.edge_graph import QKV, edge_graph
 from headscope.engine.core.edge_results import curve_area
 from headscope.engine.core.errors import InvalidRequestError
-from headscope.engine.forward import edges, patching
+from headscope.engine.forward import edges, patch_tasks, patching
 from headscope.engine.model.loading import load_model
 from tests.conftest import sample_model
 from tests.hf_fixtures import (  # noqa: F401  (session-scoped pytest fixtures)
@@ -344,13 +344,13 @@ def check_parity(model: Any, tl: Any, clean: Any, corrupt: Any, metric: Any, tl_
 def test_edge_attribution_matches_the_reference(name: str, request: pytest.FixtureRequest,
                                                 tmp_path_factory: pytest.TempPathFactory) -> None:
     model, tl = family(name, request, tmp_path_factory)
-    check_parity(model, tl, CLEAN, CORRUPT, patching.LogitDiff(ANSWER, WRONG), logit_diff, name)
+    check_parity(model, tl, CLEAN, CORRUPT, patch_tasks.LogitDiff(ANSWER, WRONG), logit_diff, name)
 
 
 def test_edge_attribution_matches_the_reference_on_attn_only_2l(tmp_path: Path) -> None:
     """The first-occurrence task (its metric written out for the reference), short sequences."""
     model = load_model(ATTN2)
-    clean, corrupt = patching.induction_task(model.cfg.d_vocab, model.cfg.n_ctx, 3, 8, 2, task="first-occurrence")
+    clean, corrupt = patch_tasks.induction_task(model.cfg.d_vocab, model.cfg.n_ctx, 3, 8, 2, task="first-occurrence")
     half = clean.shape[1] // 2
 
     def tl_metric(logits: torch.Tensor) -> torch.Tensor:
@@ -362,7 +362,7 @@ def test_edge_attribution_matches_the_reference_on_attn_only_2l(tmp_path: Path) 
     def with_b_u(logits: torch.Tensor) -> torch.Tensor:  # GPT-2's lm_head has no bias
         return tl_metric(logits + b_u)
 
-    check_parity(model, tl, clean.tolist(), corrupt.tolist(), patching.task_metric("first-occurrence", clean),
+    check_parity(model, tl, clean.tolist(), corrupt.tolist(), patch_tasks.task_metric("first-occurrence", clean),
                  with_b_u, "attn-only-2l", ref_has_mlp=True)
 
 
@@ -477,8 +477,8 @@ def test_the_curve_counts_edges_as_mib(first_occurrence: Any) -> None:
 def first_occurrence() -> tuple[Any, Any, Any, Any]:
     model = load_model(ATTN2)
     w = model.weights
-    clean, corrupt = patching.induction_task(w.cfg.d_vocab, w.cfg.n_ctx, 0, task="first-occurrence")
-    return w, clean, corrupt, patching.task_metric("first-occurrence", clean)
+    clean, corrupt = patch_tasks.induction_task(w.cfg.d_vocab, w.cfg.n_ctx, 0, task="first-occurrence")
+    return w, clean, corrupt, patch_tasks.task_metric("first-occurrence", clean)
 
 
 def test_the_k_composition_edge_is_found_and_its_exact_check_is_path_patching(first_occurrence: Any) -> None:
@@ -510,7 +510,7 @@ def test_progress_and_cancellation(first_occurrence: Any) -> None:
 
     w, clean, corrupt, metric = first_occurrence
     seen: list[float] = []
-    edges.edge_scores(w, clean[:1, :12], corrupt[:1, :12], patching.LogitDiff(3, 4), progress=seen.append)
+    edges.edge_scores(w, clean[:1, :12], corrupt[:1, :12], patch_tasks.LogitDiff(3, 4), progress=seen.append)
     assert seen == sorted(seen) and seen[-1] == 1.0 and len(seen) >= 2 * w.cfg.n_layers
     calls = [0]
 
@@ -539,7 +539,7 @@ def test_bad_input_is_refused_in_one_line(first_occurrence: Any) -> None:
         edges.edge_scores(w, clean, corrupt, metric, method="eap-ig", steps=0)
     with pytest.raises(InvalidRequestError, match="method must be one of eap, eap-ig"):
         edges.edge_scores(w, clean, corrupt, metric, method="acdc")  # type: ignore[arg-type]
-    diff = patching.LogitDiff(3, 4)
+    diff = patch_tasks.LogitDiff(3, 4)
     scores = edges.edge_scores(w, same, same, diff)
     assert not scores.scores.any()  # nothing differs: every score is 0
     with pytest.raises(InvalidRequestError, match=r"give the same logit_diff .*faithfulness is undefined") as err:
@@ -578,7 +578,7 @@ def test_models_normalising_after_their_sublayers_are_refused(build: str, tmp_pa
     path, _ = getattr(family_fixtures, build)(tmp_path)
     model = load_model(path)
     with pytest.raises(InvalidRequestError, match="edge attribution needs a pre-norm model") as err:
-        edges.edge_scores(model.weights, CLEAN, CORRUPT, patching.LogitDiff(ANSWER, WRONG))
+        edges.edge_scores(model.weights, CLEAN, CORRUPT, patch_tasks.LogitDiff(ANSWER, WRONG))
     assert model.cfg.architecture in str(err.value) and "\n" not in str(err.value)
 
 
@@ -596,7 +596,7 @@ def test_non_finite_activations_are_refused(tmp_path: Path) -> None:
     tensors["blocks.1.attn.W_V"][0, 0, 0] = float("nan")
     save_file(tensors, tmp_path / "model.safetensors")
     w = load_model(tmp_path, raw=True).weights
-    diff = patching.LogitDiff(3, 4)
+    diff = patch_tasks.LogitDiff(3, 4)
     for call in (lambda: edges.edge_scores(w, [[1, 2, 3, 1, 2]], [[1, 2, 4, 1, 2]], diff, method="eap-ig"),
                  lambda: edges.exact_edges(w, [[1, 2, 3, 1, 2]], [[1, 2, 4, 1, 2]], diff, [K_EDGE])):
         with pytest.raises(NonFiniteError, match="non-finite activations in the clean or corrupt run") as err:
@@ -610,7 +610,7 @@ def test_exact_checks_of_head_edges_are_path_patching(name: str, request: pytest
     head its own copy): the exact check equals ``path_patch`` in noising."""
     path, _ = request.getfixturevalue(f"{name}_dir")
     w = load_model(path).weights
-    metric = patching.LogitDiff(ANSWER, WRONG)
+    metric = patch_tasks.LogitDiff(ANSWER, WRONG)
     pairs = [((0, s), (1, r)) for s in range(w.cfg.n_heads) for r in range(w.cfg.n_heads)]
     for x in QKV:
         found = edges.exact_edges(w, CLEAN, CORRUPT, metric, [f"a0.h{s}->a1.h{r}<{x}>" for (_, s), (_, r) in pairs])

@@ -25,7 +25,7 @@ from headscope.engine.core.errors import (
     PromptError,
 )
 from headscope.engine.core.results import recovered
-from headscope.engine.forward import patching
+from headscope.engine.forward import patch_tasks, patching
 from headscope.engine.model.loading import load_model
 from tests.conftest import sample_model
 from tests.test_tl_parity import boot_transformer_lens
@@ -72,17 +72,17 @@ def boot_native(path: Path) -> Any:
 
 
 @pytest.fixture(scope="module")
-def attn_only() -> tuple[Any, Any, list[int], list[int], patching.LogitDiff]:
+def attn_only() -> tuple[Any, Any, list[int], list[int], patch_tasks.LogitDiff]:
     """(headscope model, TransformerLens bridge, clean ids, corrupt ids, metric)."""
     path = sample_model("attn-only-2l")
     model = load_model(path)
     tok = model.tokenizer
     clean, corrupt = tok.encode(CLEAN_TEXT), tok.encode(CORRUPT_TEXT)
-    metric = patching.LogitDiff(tok.token_to_id("mouse"), tok.token_to_id("Ivy"))
+    metric = patch_tasks.LogitDiff(tok.token_to_id("mouse"), tok.token_to_id("Ivy"))
     return model, boot_native(path), clean, corrupt, metric
 
 
-def tl_metric(metric: patching.LogitDiff) -> Any:
+def tl_metric(metric: patch_tasks.LogitDiff) -> Any:
     return lambda logits: (logits[:, -1, metric.answer] - logits[:, -1, metric.wrong]).mean()
 
 
@@ -172,12 +172,12 @@ def test_induction_task_and_by_position(attn_only: Any) -> None:
     """The default task (seeded, any model), and by_position rows equal to patching one
     position as its own head set would (the all-positions row is unchanged)."""
     model = attn_only[0]
-    clean, corrupt = patching.induction_task(model.cfg.d_vocab, model.cfg.n_ctx, seed=0, seq_len=8, batch=2)
-    again = patching.induction_task(model.cfg.d_vocab, model.cfg.n_ctx, seed=0, seq_len=8, batch=2)
+    clean, corrupt = patch_tasks.induction_task(model.cfg.d_vocab, model.cfg.n_ctx, seed=0, seq_len=8, batch=2)
+    again = patch_tasks.induction_task(model.cfg.d_vocab, model.cfg.n_ctx, seed=0, seq_len=8, batch=2)
     assert torch.equal(clean, again[0]) and torch.equal(corrupt, again[1])
     assert torch.equal(clean[:, :8], clean[:, 8:]) and torch.equal(corrupt[:, :8], clean[:, :8])
     assert not torch.equal(corrupt[:, 8:], clean[:, 8:])
-    metric = patching.InductionLogProb(clean)
+    metric = patch_tasks.InductionLogProb(clean)
     out = patching.patch_heads(model.weights, clean, corrupt, metric, by_position=True)
     assert out.metric == "induction" and out.clean > out.corrupt
     best = max(out.rows, key=lambda r: r.recovered)
@@ -194,7 +194,7 @@ def test_gqa_heads_patch_their_own_copy_of_the_shared_key(llama_dir: tuple[Path,
     group differs from patching the group (which is TransformerLens' K-head patch)."""
     model = load_model(llama_dir[0])
     clean, corrupt = [[1, 5, 9, 2, 33, 7, 5, 9]], [[1, 5, 9, 2, 40, 7, 11, 9]]
-    metric = patching.LogitDiff(3, 4)
+    metric = patch_tasks.LogitDiff(3, 4)
     one = patching.patch_heads(model.weights, clean, corrupt, metric, site="k", heads=[[(1, 0)]])
     group = patching.patch_heads(model.weights, clean, corrupt, metric, site="k", heads=[[(1, 0), (1, 1)]])
     assert one.rows[0].patched != pytest.approx(group.rows[0].patched, abs=1e-4)
@@ -262,7 +262,7 @@ def test_attribution_with_mlps_matches_autograd_reference(gpt2_dir: tuple[Path, 
     model = load_model(path)
     tl = boot_transformer_lens(path)
     clean, corrupt = [[1, 5, 9, 2, 33, 7, 5, 9]], [[1, 5, 9, 2, 40, 7, 11, 9]]
-    metric = patching.LogitDiff(3, 4)
+    metric = patch_tasks.LogitDiff(3, 4)
     found = patching.attribute_heads(model.weights, clean, corrupt, metric, site=site)
     expected = autograd_reference(tl, clean, corrupt, tl_metric(metric), site, math.sqrt(model.cfg.d_head))
     estimates = torch.tensor([row.estimate for row in found.rows]).reshape(expected.shape)
@@ -327,7 +327,7 @@ def test_path_patching_matches_hook_reference_with_mlps(gpt2_dir: tuple[Path, An
     model = load_model(path)
     tl = boot_transformer_lens(path)
     clean, corrupt = [[1, 5, 9, 2, 33, 7, 5, 9]], [[1, 5, 9, 2, 40, 7, 11, 9]]
-    metric = patching.LogitDiff(3, 4)
+    metric = patch_tasks.LogitDiff(3, 4)
     edges = [((0, h1), (1, h2)) for h1 in range(4) for h2 in (0, 3)]
     with torch.no_grad():
         for kind in patching.PATH_INPUTS:
@@ -358,14 +358,14 @@ def test_bad_inputs_are_one_line_errors(attn_only: Any, bert_mlm_dir: tuple[Path
     with pytest.raises(IndexOutOfRangeError, match="token id 999"):
         patching.patch_heads(w, clean, [*corrupt[:-1], 999], metric)
     with pytest.raises(IndexOutOfRangeError, match="answer token id 414"):
-        patching.patch_heads(w, clean, corrupt, patching.LogitDiff(414, 0))
+        patching.patch_heads(w, clean, corrupt, patch_tasks.LogitDiff(414, 0))
     with pytest.raises(InvalidRequestError, match="site must be one of"):
         patching.patch_heads(w, clean, corrupt, metric, site="z")
     with pytest.raises(IndexOutOfRangeError):
         patching.patch_heads(w, clean, corrupt, metric, heads=[[(0, 3)]])
     bert = load_model(bert_mlm_dir[0])
     with pytest.raises(InvalidRequestError, match="encoder"):
-        patching.patch_heads(bert.weights, [[5, 6, 7]], [[5, 6, 8]], patching.LogitDiff(1, 2))
+        patching.patch_heads(bert.weights, [[5, 6, 7]], [[5, 6, 8]], patch_tasks.LogitDiff(1, 2))
 
 
 def test_same_metric_leaves_recovered_undefined(attn_only: Any) -> None:
@@ -392,7 +392,7 @@ def test_non_finite_activations_are_refused(tmp_path: Path) -> None:
     save_file(tensors, tmp_path / "model.safetensors")
     model = load_model(tmp_path, raw=True)
     with pytest.raises(NonFiniteError, match="clean run from layer 1"):
-        patching.patch_heads(model.weights, [[1, 2, 3, 1, 2]], [[1, 2, 4, 1, 2]], patching.LogitDiff(3, 4))
+        patching.patch_heads(model.weights, [[1, 2, 3, 1, 2]], [[1, 2, 4, 1, 2]], patch_tasks.LogitDiff(3, 4))
 
 
 def test_pattern_sources_are_kept_within_their_budget_with_the_same_results(attn_only: Any,

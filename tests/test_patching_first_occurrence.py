@@ -17,7 +17,7 @@ from headscope.engine.api.model import open_model as open_api_model
 from headscope.engine.api.store import default_store
 from headscope.engine.core.errors import InvalidRequestError
 from headscope.engine.core.requests import PatchRequest
-from headscope.engine.forward import patching
+from headscope.engine.forward import patch_tasks, patching
 from headscope.engine.model.loading import load_model
 from headscope.tui.session.patch import NEAR_ZERO
 from tests.conftest import sample_model
@@ -36,7 +36,7 @@ README_PROMPTS_K = 0.33
 
 def task(vocab: int = 414, n_ctx: int = 64, seed: int = 0, seq_len: int | None = None,
          batch: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
-    return patching.induction_task(vocab, n_ctx, seed, seq_len, batch, task=TASK)
+    return patch_tasks.induction_task(vocab, n_ctx, seed, seq_len, batch, task=TASK)
 
 
 # -- the tokens -------------------------------------------------------------------------------
@@ -45,7 +45,7 @@ def task(vocab: int = 414, n_ctx: int = 64, seed: int = 0, seq_len: int | None =
 def test_the_first_copy_is_redrawn_at_even_positions_the_second_kept() -> None:
     clean, corrupt = task(seq_len=9, batch=3)
     assert clean.shape == corrupt.shape == (3, 18)
-    ind_clean, ind_corrupt = patching.induction_task(414, 64, 0, 9, 3)
+    ind_clean, ind_corrupt = patch_tasks.induction_task(414, 64, 0, 9, 3)
     assert torch.equal(clean, ind_clean)  # the same clean sequences as the induction task
     assert torch.equal(clean[:, :9], clean[:, 9:])
     assert torch.equal(corrupt[:, 9:], clean[:, 9:])  # the second copy is the clean one
@@ -74,7 +74,7 @@ def test_a_small_vocabulary_still_gives_the_shapes() -> None:
         assert clean.shape == corrupt.shape == (2, 16)
         assert int(corrupt.max()) < vocab and torch.equal(corrupt[:, 8:], clean[:, 8:])
     with pytest.raises(InvalidRequestError, match="the task must be one of induction, first-occurrence"):
-        patching.induction_task(414, 64, task="first")
+        patch_tasks.induction_task(414, 64, task="first")
 
 
 # -- on attn-only-2l ----------------------------------------------------------------------------
@@ -90,8 +90,8 @@ def test_the_metric_is_defined_and_reads_the_kept_answers(attn2: Any) -> None:
     redrawn): clean well above corrupt, at least the induction task's clean level minus
     noise, and the corrupt run no better than chance-level guessing."""
     w = attn2.weights
-    clean, corrupt = patching.induction_task(w.cfg.d_vocab, w.cfg.n_ctx, 0, task=TASK)
-    metric = patching.task_metric(TASK, clean)
+    clean, corrupt = patch_tasks.induction_task(w.cfg.d_vocab, w.cfg.n_ctx, 0, task=TASK)
+    metric = patch_tasks.task_metric(TASK, clean)
     assert metric.name == TASK and metric.every == 2
     found = patching.patch_heads(w, clean, corrupt, metric)
     assert found.metric == TASK and found.recovered_defined
@@ -114,9 +114,9 @@ def test_the_k_path_of_the_induction_head_carries_the_answer_here(attn2: Any) ->
     same in both runs; v: the answer's value is the same too)."""
     w = attn2.weights
     found = {}
-    for name in patching.TASKS:
-        clean, corrupt = patching.induction_task(w.cfg.d_vocab, w.cfg.n_ctx, 0, task=name)
-        metric = patching.task_metric(name, clean)
+    for name in patch_tasks.TASKS:
+        clean, corrupt = patch_tasks.induction_task(w.cfg.d_vocab, w.cfg.n_ctx, 0, task=name)
+        metric = patch_tasks.task_metric(name, clean)
         for kind in patching.PATH_INPUTS:
             (row,) = patching.path_patch(w, clean, corrupt, metric, [EDGE], receiver_input=kind).rows
             found[name, kind] = row.recovered
@@ -145,14 +145,14 @@ def test_exact_patching_matches_transformer_lens_on_fixtures(name: str, request:
 
 def check_against_tl(model: Any, tl: Any, tl_patching: Any, seq_len: int, batch: int) -> None:
     cfg = model.cfg
-    clean, corrupt = patching.induction_task(cfg.d_vocab, cfg.n_ctx, 3, seq_len, batch, task=TASK)
+    clean, corrupt = patch_tasks.induction_task(cfg.d_vocab, cfg.n_ctx, 3, seq_len, batch, task=TASK)
     half = clean.shape[1] // 2
 
     def tl_metric(logits: torch.Tensor) -> torch.Tensor:
         logp = torch.log_softmax(logits[:, half:-1].float(), dim=-1)
         return logp.gather(-1, clean[:, half + 1:, None])[:, ::2].mean()
 
-    metric = patching.task_metric(TASK, clean)
+    metric = patch_tasks.task_metric(TASK, clean)
     with torch.no_grad():
         _, cache = tl.run_with_cache(clean)
         for site in ("out", "q", "k", "v"):  # the pattern edit: test_patching_parity's cases

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 import torch
 
-from headscope.engine.forward import patching
+from headscope.engine.forward import patch_tasks, patching
 from headscope.engine.model.loading import load_model
 from tests import family_fixtures
 from tests.hf_fixtures_phi import (  # noqa: F401  (session-scoped pytest fixtures)
@@ -122,7 +122,7 @@ def check_family(name: str, path: Path) -> None:
                 # every "patched" run is the corrupt run: the edit had no effect
                 assert torch.allclose(theirs, tl_logit_diff(tl(torch.tensor(CORRUPT))).expand_as(theirs))
                 theirs = tl_pattern_by_z(tl, cache, tl_logit_diff)
-            found = ours(model, site, patching.LogitDiff(ANSWER, WRONG))
+            found = ours(model, site, patch_tasks.LogitDiff(ANSWER, WRONG))
             close(patched(found, theirs.shape), theirs, f"{name} {site}")
 
 
@@ -146,7 +146,7 @@ def test_by_position_and_induction_match_transformer_lens(name: str, request: py
     path, _ = request.getfixturevalue(f"{name}_dir")
     model = load_model(path)
     tl = boot_transformer_lens(path)
-    metric = patching.LogitDiff(ANSWER, WRONG)
+    metric = patch_tasks.LogitDiff(ANSWER, WRONG)
     with torch.no_grad():
         _, cache = tl.run_with_cache(torch.tensor(CLEAN))
         for site in patching.SITES:
@@ -164,7 +164,7 @@ def test_by_position_and_induction_match_transformer_lens(name: str, request: py
             # the same sums in other batch shapes: float32 noise of a logit difference of O(1)
             assert [r.patched for r in alone.rows] == pytest.approx([r.patched for r in found.rows], abs=1e-5, rel=1e-5)
 
-        clean, corrupt = patching.induction_task(model.cfg.d_vocab, model.cfg.n_ctx, seed=3, seq_len=6, batch=2)
+        clean, corrupt = patch_tasks.induction_task(model.cfg.d_vocab, model.cfg.n_ctx, seed=3, seq_len=6, batch=2)
         half = clean.shape[1] // 2
 
         def tl_induction(logits: torch.Tensor) -> torch.Tensor:
@@ -173,7 +173,7 @@ def test_by_position_and_induction_match_transformer_lens(name: str, request: py
 
         _, cache = tl.run_with_cache(clean)
         theirs = tl_patching.get_act_patch_attn_head_out_all_pos(tl, corrupt, cache, tl_induction)
-        found = ours(model, "out", patching.InductionLogProb(clean), clean, corrupt)
+        found = ours(model, "out", patch_tasks.InductionLogProb(clean), clean, corrupt)
         close(patched(found, theirs.shape), theirs, f"{name} induction")
         assert found.clean == pytest.approx(float(tl_induction(tl(clean))), abs=ATOL)
         assert found.corrupt == pytest.approx(float(tl_induction(tl(corrupt))), abs=ATOL)
@@ -192,7 +192,7 @@ def test_opt_post_ln_matches_transformers_hooks(request: pytest.FixtureRequest) 
             clean_acts, corrupt_acts = hf_capture(hf, CLEAN), hf_capture(hf, CORRUPT)
             for site in patching.SITES:
                 expected = hf_patched(hf, site, clean_acts, corrupt_acts)
-                found = ours(model, site, patching.LogitDiff(ANSWER, WRONG))
+                found = ours(model, site, patch_tasks.LogitDiff(ANSWER, WRONG))
                 close(patched(found, expected.shape), expected, f"opt_post_ln {site}")
     finally:
         hf.set_attn_implementation(implementation)

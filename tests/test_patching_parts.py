@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import torch
 
-from headscope.engine.forward import behaviour, patching
+from headscope.engine.forward import behaviour, patch_tasks, patching
 from headscope.engine.model.loading import load_model
 from headscope.engine.model.processing import ProcessedWeights
 from tests import family_fixtures, test_patching_suffix
@@ -147,7 +147,7 @@ def test_every_site_split_matches_unsplit_and_transformer_lens(
     name, model, tl = family
     clean, corrupt = BASE, differing_from(3)
     run, cached = (clean, corrupt) if noising else (corrupt, clean)
-    metric = patching.LogitDiff(ANSWER, WRONG)
+    metric = patch_tasks.LogitDiff(ANSWER, WRONG)
     with torch.no_grad():
         _, cache = tl.run_with_cache(torch.tensor(cached))
         for site in patching.SITES:
@@ -168,7 +168,7 @@ def test_by_position_split_matches_unsplit_and_transformer_lens(
 
     name, model, tl = family
     clean, corrupt = BASE, differing_from(3)
-    metric = patching.LogitDiff(ANSWER, WRONG)
+    metric = patch_tasks.LogitDiff(ANSWER, WRONG)
     with torch.no_grad():
         _, cache = tl.run_with_cache(torch.tensor(clean))
         for site in ("out", "k", "pattern"):
@@ -195,7 +195,7 @@ def test_head_sets_and_paths_split_match_unsplit_and_hooks(
     clean, corrupt = BASE[:1], differing_from(4)[:1]
     sets = [[(1, 2)], [(0, 1), (1, 2)], [(0, 0), (0, 3)], [(1, 0), (1, 1), (1, 3)], [(0, 2), (1, 0)],
             [(1, 3)], [(0, 3), (1, 3)]]
-    metric = patching.LogitDiff(ANSWER, WRONG)
+    metric = patch_tasks.LogitDiff(ANSWER, WRONG)
     edges = [((0, h), (1, r)) for h in range(4) for r in range(4)]
     with torch.no_grad():
         for site in ("out", "q", "v", "pattern"):
@@ -244,7 +244,7 @@ def test_each_layers_weights_are_read_once_per_pass(fixture: str, request: pytes
     monkeypatch.setattr(w, "get", counting)
     monkeypatch.setattr(behaviour, "_ABLATION_BATCH_BYTES", 1)  # what the copies were batched by before
     monkeypatch.setattr(patching, "_LAYER_BYTES", 1, raising=False)
-    metric = patching.LogitDiff(ANSWER, WRONG)
+    metric = patch_tasks.LogitDiff(ANSWER, WRONG)
     for site in ("out", "k"):
         counts.clear()
         with split(monkeypatch, layer_bytes=1) as trace:
@@ -263,7 +263,7 @@ def test_progress_per_sub_batch_and_cancelling_inside_a_layer(
     from headscope.engine.core.errors import CancelledError
 
     _, model, _ = family
-    metric = patching.LogitDiff(ANSWER, WRONG)
+    metric = patch_tasks.LogitDiff(ANSWER, WRONG)
     seen: list[float] = []
     with split(monkeypatch, layer_bytes=1):
         patching.patch_heads(model.weights, BASE, differing_from(3), metric, progress=seen.append)

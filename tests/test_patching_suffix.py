@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-from headscope.engine.forward import patching
+from headscope.engine.forward import patch_tasks, patching
 from headscope.engine.forward.torch_weights import torch_weights
 from headscope.engine.forward.transformer import attention_pattern
 from headscope.engine.model.loading import load_model
@@ -55,7 +55,7 @@ def test_every_site_matches_transformer_lens_wherever_the_inputs_first_differ(
     clean, corrupt = BASE, differing_from(first)
     # noising is TransformerLens' denoising with the roles swapped: the clean run, the corrupt cache
     run, cached = (clean, corrupt) if noising else (corrupt, clean)
-    metric = patching.LogitDiff(ANSWER, WRONG)
+    metric = patch_tasks.LogitDiff(ANSWER, WRONG)
     with torch.no_grad():
         _, cache = tl.run_with_cache(torch.tensor(cached))
         for site in patching.SITES:
@@ -75,7 +75,7 @@ def test_by_position_matches_transformer_lens(family: tuple[str, Any, Any], firs
 
     name, model, tl = family
     clean, corrupt = BASE, differing_from(first)
-    metric = patching.LogitDiff(ANSWER, WRONG)
+    metric = patch_tasks.LogitDiff(ANSWER, WRONG)
     with torch.no_grad():
         _, cache = tl.run_with_cache(torch.tensor(clean))
         for site in patching.SITES:
@@ -98,7 +98,7 @@ def test_induction_metric_reads_positions_before_the_first_difference(family: tu
     from transformer_lens import patching as tl_patching
 
     name, model, tl = family
-    clean, _ = patching.induction_task(model.cfg.d_vocab, model.cfg.n_ctx, seed=1, seq_len=5, batch=2)
+    clean, _ = patch_tasks.induction_task(model.cfg.d_vocab, model.cfg.n_ctx, seed=1, seq_len=5, batch=2)
     corrupt = clean.clone()
     corrupt[:, -1] = (clean[:, -1] + 1) % model.cfg.d_vocab
     corrupt[1, -2] = (clean[1, -2] + 1) % model.cfg.d_vocab  # the batch's first difference: -2
@@ -112,7 +112,7 @@ def test_induction_metric_reads_positions_before_the_first_difference(family: tu
         _, cache = tl.run_with_cache(clean)
         for site in ("out", "k", "v"):
             theirs = getattr(tl_patching, f"get_act_patch_attn_head_{site}_all_pos")(tl, corrupt, cache, tl_induction)
-            found = patching.patch_heads(model.weights, clean, corrupt, patching.InductionLogProb(clean),
+            found = patching.patch_heads(model.weights, clean, corrupt, patch_tasks.InductionLogProb(clean),
                                          site=site, heads=grouped(model, site))
             close(patched(found, theirs.shape), theirs, f"{name} induction {site}")
 
@@ -122,7 +122,7 @@ def test_heads_patched_together_across_layers_match_hooks(family: tuple[str, Any
     name, model, tl = family
     clean, corrupt = BASE[:1], differing_from(4)[:1]
     sets = [[(1, 2)], [(0, 1), (1, 2)], [(0, 0), (0, 3)], [(1, 0), (1, 1), (1, 3)], [(0, 2), (1, 0)]]
-    metric = patching.LogitDiff(ANSWER, WRONG)
+    metric = patch_tasks.LogitDiff(ANSWER, WRONG)
     with torch.no_grad():
         for site in ("out", "q", "pattern"):  # (the hooks' k/v are the stored K/V heads)
             found = patching.patch_heads(model.weights, clean, corrupt, metric, site=site, heads=sets)

@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 from headscope.engine.core import errors
-from headscope.engine.forward import patching
+from headscope.engine.forward import patch_tasks, patching
 from headscope.engine.model.loading import load_model
 from headscope.engine.service.engine import Engine
 from headscope.engine.sweeps.store import ResultStore
@@ -30,8 +30,8 @@ async def test_the_induction_task_equals_forward_patching_and_l1h2_leads(attn2):
     eng, model, _ = attn2
     progress: list[float] = []
     found = await eng.patch(progress=progress.append)
-    clean, corrupt = patching.induction_task(model.cfg.d_vocab, model.cfg.n_ctx, 0)
-    ref = patching.patch_heads(model.weights, clean, corrupt, patching.InductionLogProb(clean))
+    clean, corrupt = patch_tasks.induction_task(model.cfg.d_vocab, model.cfg.n_ctx, 0)
+    ref = patching.patch_heads(model.weights, clean, corrupt, patch_tasks.InductionLogProb(clean))
     assert found.metric == "induction" and (found.batch, found.tokens) == (ref.batch, ref.tokens)
     assert [r.recovered for r in found.rows] == pytest.approx([r.recovered for r in ref.rows])
     best = max(found.rows, key=lambda r: r.recovered)
@@ -72,7 +72,7 @@ async def test_attribution_and_a_logit_difference_by_token(attn2):
     found = await eng.patch(clean=ids[:33], corrupt=corrupt[:33], answer=f"#{answer}",
                             wrong=str(wrong), method="attribution")
     ref = patching.attribute_heads(model.weights, [ids[:33]], [corrupt[:33]],
-                                   patching.LogitDiff(answer, wrong))
+                                   patch_tasks.LogitDiff(answer, wrong))
     assert found.method == "attribution" and found.metric == "logit_diff"
     assert [r.estimate for r in found.rows] == pytest.approx([r.estimate for r in ref.rows],
                                                              abs=1e-5)
@@ -82,8 +82,8 @@ async def test_path_patch_equals_forward_path_patch(attn2):
     eng, model, _ = attn2
     edges = [((0, 1), (1, 2)), ((0, 0), (1, 1))]
     found = await eng.path_patch(edges, "q")
-    clean, corrupt = patching.induction_task(model.cfg.d_vocab, model.cfg.n_ctx, 0)
-    ref = patching.path_patch(model.weights, clean, corrupt, patching.InductionLogProb(clean),
+    clean, corrupt = patch_tasks.induction_task(model.cfg.d_vocab, model.cfg.n_ctx, 0)
+    ref = patching.path_patch(model.weights, clean, corrupt, patch_tasks.InductionLogProb(clean),
                               edges, receiver_input="q")
     assert [r.heads for r in found.rows] == [((0, 1), (1, 2)), ((0, 0), (1, 1))]
     assert [r.recovered for r in found.rows] == pytest.approx([r.recovered for r in ref.rows])
@@ -93,14 +93,14 @@ async def test_the_first_occurrence_task_is_its_own_request(attn2):
     """``task="first-occurrence"``: its own prompts, its own patching and path patching (not
     the induction task's, in the engine's memory or in the results store)."""
     eng, model, _ = attn2
-    clean, corrupt = patching.induction_task(model.cfg.d_vocab, model.cfg.n_ctx, 0, task="first-occurrence")
+    clean, corrupt = patch_tasks.induction_task(model.cfg.d_vocab, model.cfg.n_ctx, 0, task="first-occurrence")
     prompts = await eng.induction_prompts("first-occurrence")
     assert prompts == (tuple(int(i) for i in clean[0]), tuple(int(i) for i in corrupt[0]))
     assert prompts != await eng.induction_prompts()
     edge = [((0, 1), (1, 2))]
     induction = await eng.path_patch(edge, "k")
     found = await eng.path_patch(edge, "k", task="first-occurrence")
-    ref = patching.path_patch(model.weights, clean, corrupt, patching.task_metric("first-occurrence", clean),
+    ref = patching.path_patch(model.weights, clean, corrupt, patch_tasks.task_metric("first-occurrence", clean),
                               edge, receiver_input="k")
     assert found.metric == "first-occurrence" and induction.metric == "induction"
     assert found.rows[0].recovered == pytest.approx(ref.rows[0].recovered)

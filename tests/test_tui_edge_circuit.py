@@ -36,12 +36,12 @@ EDGE_GLYPHS = "─━│┃┌┏┐┓└┗┘┛┬┳┴┻├┣┤┫┼�
 def first_occurrence_circuit() -> tuple[EdgeScores, FaithfulnessCurve, list[ExactEdge]]:
     """EAP-IG (5 steps) on attn-only-2l's first-occurrence task (as tests/test_edges.py), its
     faithfulness curve, and the exact checks of its top 3 edges."""
-    from headscope.engine.forward import edges, patching
+    from headscope.engine.forward import edges, patch_tasks
     from headscope.engine.model.loading import load_model
 
     w = load_model(sample_model("attn-only-2l")).weights
-    clean, corrupt = patching.induction_task(w.cfg.d_vocab, w.cfg.n_ctx, 0, task="first-occurrence")
-    metric = patching.task_metric("first-occurrence", clean)
+    clean, corrupt = patch_tasks.induction_task(w.cfg.d_vocab, w.cfg.n_ctx, 0, task="first-occurrence")
+    metric = patch_tasks.task_metric("first-occurrence", clean)
     scores = edges.edge_scores(w, clean, corrupt, metric, method="eap-ig")
     curve = edges.faithfulness_curve(w, clean, corrupt, metric, scores)
     top = [scores.graph.edges[i] for i in scores.ranked()[:3]]

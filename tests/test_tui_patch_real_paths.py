@@ -77,7 +77,7 @@ async def test_choosing_the_first_occurrence_task_makes_the_k_edge_used() -> Non
         await wait_until(pilot, lambda: patch.session.result is not None
                          and patch.session.result.metric == "first-occurrence", "the new task", 1200)
         model = open_model(path)
-        from headscope.engine.forward.patching import induction_task
+        from headscope.engine.forward.patch_tasks import induction_task
 
         clean, corrupt = induction_task(model.cfg.d_vocab, model.cfg.n_ctx, task="first-occurrence")
         assert app.query_one("#patch-clean", Input).value == ids_text(clean[0].tolist())

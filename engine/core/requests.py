@@ -481,7 +481,7 @@ class InductionPromptsRequest(Request):
 class PatchRequest(Request):
     """Activation, attribution or path patching (``headscope patch`` / ``path-patch``,
     ``Model.patch``, the explorer's Patch tab). ``task`` a built-in task (``"induction"``,
-    ``"first-occurrence"``: ``forward.patching.induction_task``): the tokens are made from
+    ``"first-occurrence"``: ``forward.patch_tasks.induction_task``): the tokens are made from
     ``seed``, ``seq_len`` and ``batch`` where the forward pass runs; ``"logit_diff"``:
     ``clean`` and ``corrupt`` are ``[batch][pos]`` ids of the same shape and
     ``answer``/``wrong`` the logit difference's tokens. ``edge`` (path patching):

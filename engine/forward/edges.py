@@ -51,7 +51,7 @@ from headscope.engine.core.errors import InvalidRequestError, NonFiniteError
 from headscope.engine.core.progress import Cancelled, Progress, check_cancelled, report
 from headscope.engine.core.results import readonly
 from headscope.engine.core.threads import one_lapack_thread
-from headscope.engine.forward.patching import Metric, _check_metric, check_inputs
+from headscope.engine.forward.patch_tasks import Metric, check_inputs, check_metric
 from headscope.engine.forward.torch_weights import torch_weights
 from headscope.engine.forward.transformer import (
     attention_input,
@@ -164,7 +164,7 @@ def edge_scores(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor | Seq
         raise InvalidRequestError(None, f"method must be one of {', '.join(METHODS)}, not {method!r}")
     if method == "eap-ig" and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
         raise InvalidRequestError(None, f"--steps must be a whole number of at least 1, not {steps!r}")
-    _check_metric(w, metric)
+    check_metric(w, metric)
     clean_t, corrupt_t = check_inputs(w, clean, corrupt)
     graph = graph_of(w)
     tw = torch_weights(w)
@@ -396,7 +396,7 @@ def _patched_chunk(w: WeightSource, graph: EdgeGraph, clean: Tensor, corrupt: _C
 
 def _prepare(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor | Sequence, metric: Metric
              ) -> tuple[EdgeGraph, Tensor, Tensor]:
-    _check_metric(w, metric)
+    check_metric(w, metric)
     clean_t, corrupt_t = check_inputs(w, clean, corrupt)
     return graph_of(w), clean_t, corrupt_t
 

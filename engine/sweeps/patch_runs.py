@@ -56,18 +56,18 @@ def patch(model: LoadedModel, req: PatchRequest, *, progress: Progress = None, c
 
 
 def _patch_now(model: LoadedModel, req: PatchRequest, progress: Progress, cancelled: Cancelled) -> PatchResult:
-    from headscope.engine.forward import patching
+    from headscope.engine.forward import patch_tasks, patching
     from headscope.engine.forward.runtime import token_batch
 
     cfg, w = model.cfg, model.weights
     metric: Any
     if req.task != "logit_diff":  # a built-in task
-        clean, corrupt = patching.induction_task(cfg.d_vocab, cfg.n_ctx, req.seed, req.seq_len, req.batch,
+        clean, corrupt = patch_tasks.induction_task(cfg.d_vocab, cfg.n_ctx, req.seed, req.seq_len, req.batch,
                                                  task=req.task)
-        metric = patching.task_metric(req.task, clean)
+        metric = patch_tasks.task_metric(req.task, clean)
     else:
         clean, corrupt = token_batch(req.clean), token_batch(req.corrupt)
-        metric = patching.LogitDiff(int(req.answer or 0), int(req.wrong or 0))
+        metric = patch_tasks.LogitDiff(int(req.answer or 0), int(req.wrong or 0))
     common = dict(noising=req.noising, progress=progress, cancelled=cancelled)
     if req.edge is not None:
         return patching.path_patch(w, clean, corrupt, metric, [req.edge], receiver_input=req.site, **common)
@@ -118,7 +118,7 @@ def task_prompts(model: LoadedModel, req: InductionPromptsRequest, **_: Any
                  ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The first clean and corrupt sequence of a seeded built-in task (``"induction"``, what
     a ``PatchRequest`` with no prompts runs, or ``"first-occurrence"``)."""
-    from headscope.engine.forward.patching import induction_task
+    from headscope.engine.forward.patch_tasks import induction_task
 
     cfg = model.cfg
     clean, corrupt = induction_task(cfg.d_vocab, cfg.n_ctx, req.seed, req.seq_len, req.batch, task=req.task)
