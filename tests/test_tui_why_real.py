@@ -25,8 +25,8 @@ from tests.test_tui_app import settle, wait_until
 from tests.test_tui_real_engine import wait_ready
 from tests.test_tui_why import screen_lines
 
-WORDS = ("market bakery map basket old light duck twenty August give epsilon omega copper "
-         "orange wind brass truck wall").split()
+WORDS = ["market", "bakery", "map", "basket", "old", "light", "duck", "twenty", "August", "give",
+         "epsilon", "omega", "copper", "orange", "wind", "brass", "truck", "wall"]
 PROMPT = " ".join(WORDS + WORDS)
 HALF = len(WORDS)
 
