@@ -109,7 +109,7 @@ APP_BINDINGS: list[Binding] = [
             show=False, key_display="}",
             tooltip="Timeline mode: the next step (every tab then shows its weights)"),
     # -- the "why" view of the Prompt tab's pattern (QK attribution, issue 38) --
-    Binding("w", "screen.why", "Why", id="why",
+    Binding("w", "screen.why", "Why", id="why", show=False,
             tooltip="Prompt tab: why the head attends at the pattern's cursor cell: its score "
                     "split into query-side × key-side sources (earlier heads, MLPs, embeddings), "
                     "in the pattern's place; ← → move along the row; pressed again, the pattern"),
