@@ -64,7 +64,7 @@ async def test_explain_this_head_opens_why_at_the_induction_cell(
         await pilot.press("W")
         why = app.query_one(WhyView)
         await wait_until(pilot, lambda: why.state == "ready", "the why row", 1200)
-        await settle(pilot, app)
+        await settle(pilot, app, limit=1200)  # a busy box: up to a minute
         query, key = 2 * HALF - 1, HALF  # 'wall' again: attends to what followed it, 'market'
         assert pane.cursor == (query, key) and (why.attribution.query, why.key) == (query, key)
         lines = screen_lines(app)
@@ -85,7 +85,7 @@ async def test_explain_this_head_opens_why_at_the_induction_cell(
 
         # along the row: the cached row, re-sliced
         await pilot.press("left")
-        await settle(pilot, app)
+        await settle(pilot, app, limit=1200)  # a busy box: up to a minute
         assert why.key == key - 1 and pane.cursor == (query, key - 1)
         assert f"why L1.H2 attends q={query} → k={key - 1}" in "\n".join(screen_lines(app))
         assert len(rows_computed) == 1
@@ -102,7 +102,7 @@ async def test_explain_this_head_opens_why_at_the_induction_cell(
         await pilot.press("right")  # back at the induction cell: its top term, embed × a0.h1
         why.query_one("#why-terms", DataTable).move_cursor(row=0)
         why.query_one("#why-terms").focus()
-        await settle(pilot, app)
+        await settle(pilot, app, limit=1200)  # a busy box: up to a minute
         assert why.key == key and f"embed × {previous}" in "\n".join(screen_lines(app))
         await pilot.press("enter")
         await wait_until(pilot, lambda: app.explorer.head == PREV_TOKEN_HEAD and why.state == "ready"
@@ -110,7 +110,7 @@ async def test_explain_this_head_opens_why_at_the_induction_cell(
         assert "why L0.H1 attends" in "\n".join(screen_lines(app))
         # w: back to the pattern, its cursor named under it
         await pilot.press("w")
-        await settle(pilot, app)
+        await settle(pilot, app, limit=1200)  # a busy box: up to a minute
         assert not pane.why_open
         assert f"cell q={query} 'wall'" in "\n".join(screen_lines(app))
         assert app.errors == []
