@@ -131,6 +131,13 @@ class FakeEngine:
             raise PromptError(self.path, "empty text")
         return self.encode(text)
 
+    async def get(self, request: Any, progress: Callable[[float], None] | None = None, *,
+                  partial: Callable[[Any], None] | None = None) -> Any:
+        """Only what the explorer asks through ``get`` so far (the "why" view's QK attribution
+        row is not faked: tests/test_tui_why_real.py runs it on the real engine)."""
+        await self._enter("get")
+        raise CorruptFileError(self.path, f"the fake engine does not compute {type(request).__name__}")
+
     async def ready(self) -> None:
         if self.gate is not None:
             await self.gate.wait()

@@ -118,7 +118,7 @@ def test_attn_only_2l_matches_transformer_lens(attn_only: Any) -> None:
     model, tl, clean, corrupt, metric = attn_only
     with torch.no_grad():
         _, cache = tl.run_with_cache(torch.tensor([clean]))
-        for site in patching.SITES:
+        for site in patch_tasks.SITES:
             theirs = getattr(tl_patching, f"get_act_patch_attn_head_{site}_all_pos")(
                 tl, torch.tensor([corrupt]), cache, tl_metric(metric))
             found = patching.patch_heads(model.weights, clean, corrupt, metric, site=site)
@@ -243,7 +243,7 @@ def autograd_reference(tl: Any, clean: Any, corrupt: Any, metric: Any, site: str
     return out
 
 
-@pytest.mark.parametrize("site", patching.SITES)
+@pytest.mark.parametrize("site", patch_tasks.SITES)
 def test_attribution_matches_autograd_reference(attn_only: Any, site: str) -> None:
     model, tl, clean, corrupt, metric = attn_only
     found = patching.attribute_heads(model.weights, clean, corrupt, metric, site=site)

@@ -115,7 +115,7 @@ def check_family(name: str, path: Path) -> None:
     tl = boot_transformer_lens(path)
     with torch.no_grad():
         _, cache = tl.run_with_cache(torch.tensor(CLEAN))
-        for site in patching.SITES:
+        for site in patch_tasks.SITES:
             theirs = getattr(tl_patching, f"get_act_patch_attn_head_{site}_all_pos")(
                 tl, torch.tensor(CORRUPT), cache, tl_logit_diff)
             if site == "pattern" and name in PATTERN_EDIT_DISCARDED:
@@ -149,7 +149,7 @@ def test_by_position_and_induction_match_transformer_lens(name: str, request: py
     metric = patch_tasks.LogitDiff(ANSWER, WRONG)
     with torch.no_grad():
         _, cache = tl.run_with_cache(torch.tensor(CLEAN))
-        for site in patching.SITES:
+        for site in patch_tasks.SITES:
             theirs = getattr(tl_patching, f"get_act_patch_attn_head_{site}_by_pos")(
                 tl, torch.tensor(CORRUPT), cache, tl_logit_diff)
             found = ours(model, site, metric, by_position=True)
@@ -190,7 +190,7 @@ def test_opt_post_ln_matches_transformers_hooks(request: pytest.FixtureRequest) 
     try:
         with torch.no_grad():
             clean_acts, corrupt_acts = hf_capture(hf, CLEAN), hf_capture(hf, CORRUPT)
-            for site in patching.SITES:
+            for site in patch_tasks.SITES:
                 expected = hf_patched(hf, site, clean_acts, corrupt_acts)
                 found = ours(model, site, patch_tasks.LogitDiff(ANSWER, WRONG))
                 close(patched(found, expected.shape), expected, f"opt_post_ln {site}")

@@ -150,7 +150,7 @@ def test_every_site_split_matches_unsplit_and_transformer_lens(
     metric = patch_tasks.LogitDiff(ANSWER, WRONG)
     with torch.no_grad():
         _, cache = tl.run_with_cache(torch.tensor(cached))
-        for site in patching.SITES:
+        for site in patch_tasks.SITES:
             heads = grouped(model, site)
             what = f"{name} {site} {how} noising={noising}"
             found = split_and_unsplit(patching.patch_heads, monkeypatch, SPLITS[how], expect(how, heads), what,

@@ -58,7 +58,7 @@ def test_every_site_matches_transformer_lens_wherever_the_inputs_first_differ(
     metric = patch_tasks.LogitDiff(ANSWER, WRONG)
     with torch.no_grad():
         _, cache = tl.run_with_cache(torch.tensor(cached))
-        for site in patching.SITES:
+        for site in patch_tasks.SITES:
             theirs = getattr(tl_patching, f"get_act_patch_attn_head_{site}_all_pos")(
                 tl, torch.tensor(run), cache, tl_logit_diff)
             found = patching.patch_heads(model.weights, clean, corrupt, metric, site=site,
@@ -78,7 +78,7 @@ def test_by_position_matches_transformer_lens(family: tuple[str, Any, Any], firs
     metric = patch_tasks.LogitDiff(ANSWER, WRONG)
     with torch.no_grad():
         _, cache = tl.run_with_cache(torch.tensor(clean))
-        for site in patching.SITES:
+        for site in patch_tasks.SITES:
             theirs = getattr(tl_patching, f"get_act_patch_attn_head_{site}_by_pos")(
                 tl, torch.tensor(corrupt), cache, tl_logit_diff)
             found = patching.patch_heads(model.weights, clean, corrupt, metric, site=site,

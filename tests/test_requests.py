@@ -214,6 +214,7 @@ def sample_requests() -> list[Any]:
         requests.PromptRequest.of(structure, "the cat"),
         requests.TokenizeRequest.of(structure, "the cat"),
         requests.InductionPromptsRequest.of(structure, "first-occurrence"),
+        requests.QKAttributionRequest.of(structure, 1, 2, [1, 2, 3, 1], 3, 2),
         requests.PatchRequest.of(structure, clean=[[1, 2, 3]], corrupt=[[1, 2, 4]], answer=5, wrong=6),
     ]
 
@@ -278,7 +279,7 @@ async def test_a_bad_request_is_the_same_error_built_from_the_api_the_cli_and_th
 # apart (seen: 6e-7 relative on a patching metric). The weight views are numpy: bit for bit.
 FORWARD = (requests.PatchRequest, requests.BehaviourRequest, requests.ScoreTableRequest,
            requests.ScoreNullRequest, requests.HeadScoresRequest, requests.AblationRequest,
-           requests.AblationSweepRequest)
+           requests.AblationSweepRequest, requests.QKAttributionRequest)
 
 
 def agree(got: Any, want: Any, exact: bool, where: str) -> None:

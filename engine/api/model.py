@@ -24,6 +24,7 @@ from headscope.engine.model.loading import read_structure
 
 if TYPE_CHECKING:
     from headscope.engine.circuits.factored import FactoredMatrix
+    from headscope.engine.core.attribution import QKAttribution
     from headscope.engine.core.requests import Request
     from headscope.engine.core.results import Composition, PatchResult
     from headscope.engine.forward.transformer import ForwardResult
@@ -144,6 +145,18 @@ class Model(loading.LoadedModel):
                             notes=notes)
         _warn(notes)
         return self.get(req, store=store, progress=progress)
+
+    def qk_attribution(self, head: str | Sequence[int], *, prompt: str | None = None,
+                       tokens: Sequence[int] | None = None, query: int, key: int | None = None
+                       ) -> QKAttribution:
+        """Why ``head`` (``"L1.H2"`` or ``(1, 2)``) scores each key from position ``query`` on
+        a prompt (text, tokenised as the Prompt tab does, or ids): the whole query row split
+        into (query source, key source) terms (what ``headscope qk-attribution`` prints;
+        docs/math.md, "QK attribution"). ``key``, if given, is checked (``0 <= key <= query``);
+        read it with ``.ranked_terms(key)`` and ``.totals(key)``."""
+        from headscope.engine.sweeps.attribution import qk_attribution_request
+
+        return self.get(qk_attribution_request(self, head, prompt=prompt, tokens=tokens, query=query, key=key))
 
     def run(self, tokens: str | Sequence[int], **kwargs: Any) -> ForwardResult:
         """The reference forward pass on a prompt (encoded with the tokenizer) or token ids."""

@@ -48,6 +48,7 @@ from headscope.engine.core.validation import (
     check_prompt,
     check_result_bytes,
     check_token,
+    check_tokens,
 )
 
 __all__ = [
@@ -64,6 +65,7 @@ __all__ = [
     "PathRequest",
     "ProfileRequest",
     "PromptRequest",
+    "QKAttributionRequest",
     "Request",
     "ScoreNullRequest",
     "ScoreTableRequest",
@@ -593,6 +595,41 @@ class PatchRequest(Request):
         check_ids((answer,), d_vocab, "answer token id", where)
         check_ids((wrong,), d_vocab, "wrong token id", where)
         return cls(task="logit_diff", clean=a, corrupt=b, answer=int(answer), wrong=int(wrong), **common)
+
+
+# -- QK attribution (docs/math.md, "QK attribution") ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class QKAttributionRequest(Request):
+    """Why head ``layer``.``head_index`` scores each key from position ``query`` on the prompt
+    ``tokens`` (ids): the whole query row, every key the query sees, at once (the explorer
+    moves along the row without another request). ``of`` checks the key asked for too, though
+    the row does not depend on it: a key after the query is refused with the allowed range."""
+
+    name: ClassVar[str] = "qk_attribution"
+    layer: int
+    head_index: int
+    tokens: tuple[int, ...]
+    query: int
+
+    def label(self) -> str:
+        return f"L{self.layer}H{self.head_index} why q={self.query}"
+
+    @classmethod
+    def of(cls, structure: Structure, layer: int, head: int, tokens: Sequence[int], query: int,
+           key: int | None = None, *, where: Any = ...) -> QKAttributionRequest:
+        where = _where(structure, where)
+        check_head(structure, layer, head, where)
+        ids = tuple(int(t) for t in tokens)
+        check_tokens(structure, ids, where)
+        n = len(ids)
+        if not 0 <= int(query) < n:
+            raise IndexOutOfRangeError(where, f"query {query} out of range (the prompt has {n} tokens: 0..{n - 1})")
+        if key is not None and not 0 <= int(key) <= int(query):
+            why = "is after the query (causal attention)" if int(key) > int(query) else "out of range"
+            raise IndexOutOfRangeError(where, f"key {key} {why}: query {query} sees keys 0..{query}")
+        return cls(int(layer), int(head), ids, int(query))
 
 
 def request_types() -> tuple[type[Request], ...]:

@@ -108,6 +108,22 @@ APP_BINDINGS: list[Binding] = [
     Binding("right_curly_bracket", "timeline_step(1)", "Next step", id="next-step",
             show=False, key_display="}",
             tooltip="Timeline mode: the next step (every tab then shows its weights)"),
+    # -- the "why" view of the Prompt tab's pattern (QK attribution, issue 38) --
+    Binding("w", "screen.why", "Why", id="why", show=False,
+            tooltip="Prompt tab: why the head attends at the pattern's cursor cell: its score "
+                    "split into query-side × key-side sources (earlier heads, MLPs, embeddings), "
+                    "in the pattern's place; ← → move along the row; pressed again, the pattern"),
+    Binding("W", "screen.explain_head", "Explain head", id="explain-head", show=False,
+            tooltip="Prompt tab: the cursor to the pattern's strongest off-diagonal cell "
+                    "(against uniform attention; the first token left out), and why there"),
+    Binding("shift+up", "screen.why_cursor(-1, 0)", "Cell ↑", id="why-cursor-up", show=False,
+            tooltip="Prompt tab: the pattern's cursor one query up (the why view follows)"),
+    Binding("shift+down", "screen.why_cursor(1, 0)", "Cell ↓", id="why-cursor-down", show=False,
+            tooltip="Prompt tab: the pattern's cursor one query down (the why view follows)"),
+    Binding("shift+left", "screen.why_cursor(0, -1)", "Cell ←", id="why-cursor-left", show=False,
+            tooltip="Prompt tab: the pattern's cursor one key left"),
+    Binding("shift+right", "screen.why_cursor(0, 1)", "Cell →", id="why-cursor-right", show=False,
+            tooltip="Prompt tab: the pattern's cursor one key right (at most the query's own)"),
 ]
 
 # Keys handled by widgets, listed in the help screen (the tree's own bindings are on HeadTree).

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
     from headscope.engine.api.diff import ModelDiff
     from headscope.engine.api.timeline import Timeline
+    from headscope.engine.core.requests import Request
     from headscope.engine.core.results import (
         CacheStats,
         CircuitBlock,
@@ -56,6 +57,9 @@ class ExplorerEngine(Protocol):
     def focus(self, layer: int, head: int) -> None: ...
 
     def stats(self) -> CacheStats: ...
+
+    async def get(self, request: Request, progress: Progress = None, *,
+                  partial: Callable[[Composition], None] | None = None) -> Any: ...
 
     async def tokenize(self, text: str) -> list[int]: ...
 

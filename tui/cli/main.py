@@ -35,6 +35,7 @@ from headscope.tui.cli.commands import (
     patch,
     path,
     path_patch,
+    qk_attribution,
     serve,
     svd,
     timeline,
@@ -54,7 +55,8 @@ from headscope.tui.cli.output import (
 # Every command, in the order of ``headscope --help``: each module registers its parser and
 # its handler (tui/cli/commands/__init__.py).
 COMMAND_MODULES = (open_command, info, heads, composition, forward, circuit, diff, export, serve,
-                   timeline, cache, svd, path, patch, path_patch)
+                   timeline, cache, svd, path, patch, path_patch,
+                   qk_attribution)
 
 EPILOG = """\
 examples:
@@ -73,6 +75,8 @@ examples:
   headscope patch sample_models/attn-only-2l --heads L1.H1,L1.H2   (activation patching, induction task)
   headscope path-patch sample_models/attn-only-2l L0.H1 L1.H2 --patch k --task first-occurrence
                                               (the edge's causal effect)
+  headscope qk-attribution sample_models/attn-only-2l L1.H2 --prompt "..." --query 7 --key 3
+                                              (why the head attends there: sources of the score)
 
 exit codes: 0 ok, 1 bad model file or request (one line on stderr), 2 usage, 130 interrupted
 """

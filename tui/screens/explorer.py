@@ -45,6 +45,7 @@ from headscope.tui.base.messages import (
     PatchHeadChosen,
     PatchRequested,
     PhaseChangeChosen,
+    WhyHeadSelected,
 )
 from headscope.tui.screens.dialogs import InputScreen
 from headscope.tui.screens.explorer_scores import ExplorerScores
@@ -286,6 +287,56 @@ class ExplorerScreen(ExplorerScores):
         self.app.workers.cancel_group(self, "load-patch")
         self.loads.cancelled(self._key("patch"))
         self.query_one(PatchPane).stopped()
+
+
+    # -- the "why" view of the Prompt tab (tui/widgets/panes.py, tui/widgets/why.py) -------
+    def action_why(self) -> None:
+        """Open the why view at the pattern's cursor cell (on the Prompt tab), or close it."""
+        pane = self.query_one(PromptPane)
+        if self.active_tab == "prompt" and pane.why_open:
+            pane.set_why_open(False)
+            return
+        self.action_show_tab("prompt")
+        if pane.view is None:
+            self.notify("w explains a cell of the Prompt tab's attention pattern: type a prompt "
+                        "first (p)", timeout=3)
+            return
+        pane.set_why_open(True)
+        self._load_why()
+
+    def action_explain_head(self) -> None:
+        """Why at the pattern's strongest cell (``PromptPane.strongest_cell``)."""
+        pane = self.query_one(PromptPane)
+        self.action_show_tab("prompt")
+        cell = pane.strongest_cell()
+        if cell is None:
+            self.notify("W explains the strongest cell of the Prompt tab's pattern: type a "
+                        "prompt of two tokens or more first (p)", timeout=3)
+            return
+        pane.cursor = cell
+        pane.draw_pattern()
+        pane.set_why_open(True)
+        self._load_why()
+
+    def action_why_cursor(self, d_query: int, d_key: int) -> None:
+        pane = self.query_one(PromptPane)
+        if self.active_tab != "prompt" or pane.move_cursor(d_query, d_key) is None:
+            return
+        if pane.why_open:
+            self._load_why()
+
+    def _load_why(self) -> None:
+        if self.headscope.engine is None:
+            return
+        pane = self.query_one(PromptPane)
+        self.run_worker(pane.load_why(self.engine), group="why", exclusive=True,
+                        exit_on_error=False)
+
+    @on(WhyHeadSelected)
+    def _why_head_selected(self, msg: WhyHeadSelected) -> None:
+        self.goto_head(msg.head, immediate=True)
+        self.notify(f"L{msg.head[0]}.H{msg.head[1]} focused (it fed the {msg.side} side): "
+                    "its why at the same cell · w: its pattern", timeout=2)
 
 
     # -- actions --------------------------------------------------------------------------

@@ -23,6 +23,8 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, Input, Static
 
+from headscope.engine.core.errors import CancelledError, HeadscopeError
+from headscope.engine.core.requests import QKAttributionRequest
 from headscope.engine.core.results import (
     Composition,
     PromptView,
@@ -33,15 +35,16 @@ from headscope.tui.base.labels import (
     head_name,
     predictions,
 )
-from headscope.tui.base.messages import EdgeChosen
+from headscope.tui.base.messages import EdgeChosen, WhyKeyMoved
 from headscope.tui.base.prompt_words import UNKNOWN, unknown_note, vocabulary_hint
 from headscope.tui.plots.figures import Graph, Heatmap
 from headscope.tui.widgets.bars import bar_colours, bar_half, signed_bar
 from headscope.tui.widgets.chart import Chart
 from headscope.tui.widgets.path_column import PathEffects
+from headscope.tui.widgets.why import WhyView
 
 if TYPE_CHECKING:
-    from headscope.tui.base.protocols import LoadKey, PaneHost
+    from headscope.tui.base.protocols import ExplorerEngine, LoadKey, PaneHost
 
 THRESHOLD_STEP = 0.1  # composition graph: edges ≥ threshold × the strongest edge
 Edge = tuple[int, int, int, int, float]  # (l1, h1, l2, h2, score − baseline)
@@ -60,9 +63,22 @@ class PromptPane(Vertical):
     """The prompt, the head's attention pattern, its per-token DLA and the top predictions.
 
     The DLA list scrolls on its own; the predictions sit under it at their own height, so
-    all three parts are visible whatever the prompt length."""
+    all three parts are visible whatever the prompt length.
+
+    The pattern has a cell cursor (query, key), named under it; ``w`` opens the "why" view
+    (tui/widgets/why.py) of that cell in the pattern's place: the head's QK attribution of
+    the cursor's whole query row (one ``QKAttributionRequest``, cached by the Engine), so
+    moving along the row re-slices it. ``W`` puts the cursor on the pattern's strongest cell
+    (``strongest_cell``) and opens it."""
 
     prompt_text = ""  # the prompt of the view shown (its unknown words are named)
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.view: PromptView | None = None  # A's view shown
+        self.view_b: PromptView | None = None
+        self.cursor: tuple[int, int] | None = None  # (query, key) of the pattern
+        self.why_open = False
 
     def compose(self) -> ComposeResult:
         yield Input(placeholder="type a prompt and press enter (p)", id="prompt-input")
@@ -74,8 +90,10 @@ class PromptPane(Vertical):
                 with VerticalScroll(id="prompt-dla-scroll"):
                     yield Static(id="prompt-dla")
                 yield Static(id="prompt-preds")
+        yield WhyView(id="prompt-why")
 
     def on_mount(self) -> None:
+        self.query_one("#prompt-why", WhyView).display = False
         path = getattr(self.app, "path", "")
         hint = vocabulary_hint(path)
         if hint:  # word-level models: say which words they know, where the prompt is typed
@@ -87,17 +105,15 @@ class PromptPane(Vertical):
         """A's pattern, DLA and predictions; ``b``: model B's pattern on the same prompt,
         beside A's (compare mode; the DLA and predictions stay A's)."""
         tokens = [str(t) for t in view.tokens]
-        pattern = np.asarray(view.pattern, dtype=np.float64)
+        n = len(tokens)
+        if self.view is None or self.view.ids != view.ids or self.cursor is None \
+                or max(self.cursor) >= n:
+            # a new prompt: its last query, at the key it attends to most
+            last = np.nan_to_num(np.asarray(view.pattern, dtype=np.float64)[n - 1], nan=-1.0) if n else None
+            self.cursor = (n - 1, int(np.argmax(last))) if last is not None else None
+        self.view, self.view_b = view, b
+        self.draw_pattern()
         prefix = "A " if b is not None else ""
-        self.query_one("#prompt-pattern", Chart).show(Heatmap(
-            pattern, tuple(tokens), tuple(tokens), sequential=True, vmax=1.0,
-            title=f"{prefix}attention {head_name(view.layer, view.head)}", xlabel="key →  (rows: query)"))
-        if b is not None:
-            tokens_b = tuple(str(t) for t in b.tokens)
-            self.query_one("#prompt-pattern-b", Chart).show(Heatmap(
-                np.asarray(b.pattern, dtype=np.float64), tokens_b, tokens_b, sequential=True,
-                vmax=1.0, title=f"B attention {head_name(b.layer, b.head)}",
-                xlabel="key →  (rows: query)"))
         dla = np.asarray(view.dla, dtype=np.float64)
         vmax = float(np.nanmax(np.abs(dla))) if dla.size else 1.0
         # the title above the table (a Text wraps; the table's title was cut at 80×24)
@@ -133,6 +149,111 @@ class PromptPane(Vertical):
         self.query_one("#prompt-dla", Static).update(Group(note, title, t))
         self.query_one("#prompt-preds", Static).update(p)
 
+    def draw_pattern(self) -> None:
+        """A's (and B's) pattern, the cursor's cell named under it."""
+        view, b = self.view, self.view_b
+        if view is None:
+            return
+        tokens = tuple(str(t) for t in view.tokens)
+        prefix = "A " if b is not None else ""
+        self.query_one("#prompt-pattern", Chart).show(Heatmap(
+            np.asarray(view.pattern, dtype=np.float64), tokens, tokens, sequential=True, vmax=1.0,
+            title=f"{prefix}attention {head_name(view.layer, view.head)}",
+            xlabel=f"{self.cursor_text()} · key →  (rows: query)".lstrip(" ·")))
+        if b is not None:
+            tokens_b = tuple(str(t) for t in b.tokens)
+            self.query_one("#prompt-pattern-b", Chart).show(Heatmap(
+                np.asarray(b.pattern, dtype=np.float64), tokens_b, tokens_b, sequential=True,
+                vmax=1.0, title=f"B attention {head_name(b.layer, b.head)}",
+                xlabel="key →  (rows: query)"))
+
+    def cursor_text(self) -> str:
+        """The cursor's cell: positions, tokens (printable, never markup) and attention."""
+        if self.view is None or self.cursor is None:
+            return ""
+        q, k = self.cursor
+        tokens = self.view.tokens
+        weight = float(np.asarray(self.view.pattern)[q, k])
+        return (f"cell q={q} {_short(tokens[q])} → k={k} {_short(tokens[k])} {weight:.2f} "
+                "(shift+arrows · w why · W explain)")
+
+    def move_cursor(self, d_query: int, d_key: int) -> tuple[int, int] | None:
+        """Move the cursor (the key stays at or before the query: attention is causal)."""
+        if self.view is None or self.cursor is None:
+            return None
+        n = len(self.view.tokens)
+        q = max(0, min(n - 1, self.cursor[0] + int(d_query)))
+        k = max(0, min(q, self.cursor[1] + int(d_key)))
+        self.cursor = (q, k)
+        self.draw_pattern()
+        return self.cursor
+
+    def strongest_cell(self) -> tuple[int, int] | None:
+        """The pattern's strongest off-diagonal cell, measured against uniform attention
+        (weight × the keys the query sees): the induction cell on a repeated sequence. The
+        diagonal and, past two tokens, the first key (where heads park: an attention sink)
+        are left out."""
+        if self.view is None:
+            return None
+        pattern = np.asarray(self.view.pattern, dtype=np.float64)
+        n = pattern.shape[0]
+        if n < 2:
+            return None
+        lift = pattern * np.arange(1, n + 1)[:, None]  # weight × (q + 1)
+        allowed = np.tril(np.ones((n, n), dtype=bool), -1)
+        if n > 2:
+            allowed[:, 0] = False
+        lift = np.where(allowed & np.isfinite(lift), lift, -np.inf)
+        q, k = np.unravel_index(int(np.argmax(lift)), lift.shape)
+        return (int(q), int(k)) if np.isfinite(lift[q, k]) else None
+
+    # -- the "why" view ----------------------------------------------------------------------
+    def set_why_open(self, shown: bool) -> None:
+        """The why view in the pattern's place, or the pattern back."""
+        self.why_open = shown
+        self.query_one("#prompt-body").display = not shown
+        why = self.query_one("#prompt-why", WhyView)
+        why.display = shown
+        if shown:
+            self.call_after_refresh(why.query_one("#why-terms").focus)
+
+    async def load_why(self, engine: ExplorerEngine) -> None:
+        """The QK attribution of the cursor's query row for the head shown (one request: the
+        Engine caches it, so coming back to a row is instant), at the cursor's key."""
+        why = self.query_one("#prompt-why", WhyView)
+        view = self.view
+        if view is None or self.cursor is None:
+            why.show_idle("no prompt yet: press p, type, enter; then w on a cell")
+            return
+        query, key = self.cursor
+        row = why.attribution
+        if row is not None and (row.layer, row.head, row.query) == (view.layer, view.head, query) \
+                and why.tokens == tuple(view.tokens):
+            why.set_key(key)  # the same row: re-sliced, no engine call
+            return
+        why.show_computing(view.layer, view.head, query)
+        try:
+            request = QKAttributionRequest.of(engine.structure, view.layer, view.head, view.ids,
+                                              query, key, where=None)
+            row = await engine.get(request)
+        except CancelledError:  # the head was left: its own load follows
+            return
+        except HeadscopeError as err:
+            if err.reason.startswith("QK attribution of"):  # soft-capping, ALiBi, ...: said, no sum
+                why.show_out_of_scope(err.reason.split(": ", 1)[-1])
+            else:
+                why.show_error(err.reason)
+            return
+        if self.view is view and self.cursor is not None and self.cursor[0] == query:
+            why.show(row, self.cursor[1], view.tokens)
+
+    @on(WhyKeyMoved)
+    def _why_key_moved(self, msg: WhyKeyMoved) -> None:
+        # the pattern's cursor follows the why view along the row (drawn when it is back)
+        if self.cursor is not None and msg.query == self.cursor[0]:
+            self.cursor = (msg.query, msg.key)
+            self.draw_pattern()
+
     async def load(self, host: PaneHost, key: LoadKey) -> None:
         layer, head = key[1]
         if not host.choices.prompt_text.strip():
@@ -149,6 +270,14 @@ class PromptPane(Vertical):
             return
         self.show(view, view_b)
         host.keep_result("prompt", view if view_b is None else {"a": view, "b": view_b})
+        if self.why_open:  # another head or prompt: its why at the same cell
+            await self.load_why(host.engine)
+
+
+def _short(token: str, width: int = 10) -> str:
+    """A token for the cursor line: printable, quoted, cut."""
+    s = printable(str(token))
+    return repr(s if len(s) <= width else s[: width - 1] + "…")
 
 
 class CompositionPane(PathEffects, Horizontal):

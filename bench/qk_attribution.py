@@ -1,0 +1,128 @@
+"""``python -m bench.qk_attribution``: the QK attribution of one query row against one forward
+pass to that layer, in the same process, on the same tokens (issue 38: at most 1.3×).
+
+For each ``--shapes`` entry, writes (or reuses, ``--dir``) the random checkpoint of
+``bench.checkpoints`` and runs, in a fresh subprocess (``--one SHAPE PATH``):
+
+- ``forward``: the plain forward pass to the last layer ``L`` (the embedding, then
+  ``forward.transformer.blocks`` up to ``L``) on a ``--tokens``-token seeded prompt;
+- ``qk_attribution``: ``forward.qk_attribution.qk_attribution`` of head ``L``.0 at the last
+  position: every key of the row (all ``--tokens`` of them), every (query source, key source)
+  term.
+
+Both are run once to read and process the weights, then ``--repeat`` times in turn; the
+fastest of each is reported, with their ratio, the terms' size and the process's peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from . import publish, ratio, rss_mb, run_json
+
+SHAPES = ("gpt2-small",)
+
+
+def prompt(d_vocab: int, n: int, seed: int = 0) -> list[int]:
+    import random
+
+    rng = random.Random(seed)
+    return [rng.randrange(3, d_vocab) for _ in range(n)]
+
+
+def one(path: Path, n_tokens: int, repeat: int) -> dict[str, Any]:
+    """Both measurements in this process (module docstring)."""
+    import torch
+
+    from headscope.engine.forward.qk_attribution import qk_attribution
+    from headscope.engine.forward.torch_weights import torch_weights
+    from headscope.engine.forward.transformer import blocks, embed, token_ids
+    from headscope.engine.model.loading import load_model
+
+    model = load_model(path)
+    cfg = model.cfg
+    tokens = prompt(cfg.d_vocab, n_tokens)
+    layer, head, query = cfg.n_layers - 1, 0, n_tokens - 1
+    tw = torch_weights(model.weights)
+
+    def forward() -> Any:
+        with torch.inference_mode():
+            return blocks(tw, embed(tw, token_ids(tokens, cfg, None)), 0, layer)
+
+    def attribution() -> Any:
+        return qk_attribution(model.weights, tokens, layer, head, query)
+
+    out: dict[str, Any] = {"layer": layer, "keys": n_tokens, "threads": torch.get_num_threads()}
+    t = time.perf_counter()
+    found = attribution()  # cold: reads and processes the weights
+    out["cold_seconds"] = time.perf_counter() - t
+    forward()
+    best = {"forward": float("inf"), "qk_attribution": float("inf")}
+    for _ in range(repeat):
+        for name, fn in (("forward", forward), ("qk_attribution", attribution)):
+            t = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - t)
+    out.update({f"{k}_seconds": v for k, v in best.items()})
+    out["components"] = len(found.names)
+    out["terms_mb"] = found.terms.nbytes / 2**20
+    out["rss_mb"] = rss_mb()
+    return out
+
+
+def table(results: dict[str, dict[str, Any]], n_tokens: int) -> str:
+    lines = [f"| shape | last layer | components | forward to it (s) | one query row, {n_tokens} keys (s) | "
+             "row / forward | terms (MB) | peak RSS (MB) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for shape, r in results.items():
+        if "error" in r:
+            lines.append(f"| {shape} | {r['error']} | | | | | | |")
+            continue
+        lines.append(f"| {shape} | {r['layer']} | {r['components']} | {r['forward_seconds']:.3f} | "
+                     f"{r['qk_attribution_seconds']:.3f} | "
+                     f"**{ratio(r['qk_attribution_seconds'], r['forward_seconds'])}** | "
+                     f"{r['terms_mb']:.1f} | {r['rss_mb']:.0f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.qk_attribution", description=__doc__.splitlines()[0])
+    p.add_argument("--one", metavar="PATH", help="measure PATH in this process, print JSON")
+    p.add_argument("--dir", type=Path, help="where the checkpoints are written / reused")
+    p.add_argument("--shapes", default=",".join(SHAPES), help="bench.checkpoints shapes (default gpt2-small)")
+    p.add_argument("--tokens", type=int, default=64, help="prompt length = keys of the row (default 64)")
+    p.add_argument("--repeat", type=int, default=5, help="timed runs of each (the fastest is shown)")
+    p.add_argument("--timeout", type=float, default=1800.0)
+    p.add_argument("--out", type=Path, help="also write the table here")
+    args = p.parse_args(argv)
+    if args.one:
+        print(json.dumps(one(Path(args.one), args.tokens, args.repeat)))
+        return 0
+
+    from .checkpoints import SHAPES as ALL
+    from .checkpoints import write_checkpoint
+
+    root = args.dir or Path(tempfile.mkdtemp(prefix="headscope-bench-"))
+    results = {}
+    for shape in args.shapes.split(","):
+        path = write_checkpoint(ALL[shape], root)
+        results[shape] = run_json(["-m", "bench.qk_attribution", "--one", str(path), "--tokens",
+                                   str(args.tokens), "--repeat", str(args.repeat)], args.timeout)
+        print(shape, json.dumps(results[shape]), file=sys.stderr, flush=True)
+    head = (f"{args.tokens} tokens, head L.0 at the last layer, query = the last position, "
+            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores, "
+            f"load average {os.getloadavg()[0]:.1f} at the end, Python {platform.python_version()}, "
+            f"best of {args.repeat}")
+    return publish(f"{head}\n\n{table(results, args.tokens)}\n", args.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
