@@ -1,5 +1,5 @@
 """``headscope patch`` and ``headscope path-patch``: activation, attribution and path patching
-(docs/math.md, "Patching"): what the two commands (commands/patch.py, commands/path_patch.py)
+(docs/math.md, "Patching"): what the two commands (``patch`` and ``path-patch``)
 share, their inputs, the run and the table. The work is
 ``engine.api.report.patch_request`` (inputs resolved and validated) and ``patch_report``
 (``sweeps.patch_runs.patch``, through the results store). ``--json`` prints

@@ -25,6 +25,7 @@ from textual.widgets import Static
 
 from headscope.engine.core.errors import CancelledError as EngineCancelled
 from headscope.engine.core.errors import HeadscopeError
+from headscope.engine.core.requests import DirectionsRequest
 from headscope.tui.base.datatext import data_text
 from headscope.tui.widgets.bars import bar_colours
 
@@ -134,8 +135,8 @@ class DirectionsPanel(Static):
         panel's exclusive worker); shown if the panel still waits for ``key``."""
         (layer, head), _gen = key
         try:
-            found = await host.engine.singular_directions(layer, head, self.kind,
-                                                          k=N_DIRECTIONS, top=N_TOKENS)
+            found = await host.engine.get(DirectionsRequest.of(host.structure, layer, head, self.kind,
+                                                               k=N_DIRECTIONS, top=N_TOKENS))
         except EngineCancelled:
             if self.key == key:
                 self.key = None  # asked again at the next load
