@@ -5,7 +5,7 @@
   (out) with their signed values, the direction's in/out overlap and the head's. ``(`` / ``)``
   step through them (``ExplorerScreen.action_step_direction``); ``v`` shows or hides the panel
   (hidden by default on a narrow terminal and in compare mode). The panel loads it through
-  the engine's ``singular_directions`` request in its own worker (``want``), cached per head (the panel keeps
+  a ``DirectionsRequest`` in its own worker (``want``), cached per head (the panel keeps
   what it has shown, per head and weights generation).
 - ``PathScreen`` (tui/screens/path.py): the virtual heads of a composition edge.
 
