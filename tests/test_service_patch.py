@@ -1,4 +1,4 @@
-"""``Engine.patch`` / ``path_patch`` / ``induction_prompts`` (the Patch tab's requests) on
+"""``PatchInputsRequest`` and ``InductionPromptsRequest`` through ``Engine.get`` (the Patch tab's requests) on
 the bundled attn-only-2l: the numbers are ``forward.patching``'s, the results store keeps
 them under the checkpoint's fingerprint and a digest of the inputs, bad inputs are one
 line, a run stops when its caller goes away."""
