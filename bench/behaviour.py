@@ -11,7 +11,7 @@ weights, cold: the first pass also pays for processing the weights it reads):
 - ``ablation``: ``behaviour.ablation_effects`` (cached residuals, heads of a layer batched);
 - ``ablation-ref``: one full ``forward.run`` per head (what it did before), time-boxed by
   ``--budget`` seconds and extrapolated linearly over the heads (marked in the table);
-- ``ablation-one`` / ``ablation-one-ref``: one head's effect (what ``Engine.ablation`` asks),
+- ``ablation-one`` / ``ablation-one-ref``: one head's effect (what an ``AblationRequest`` asks),
   at the middle layer: ``behaviour.ablation_effect`` vs two full passes.
 
 Values of the fast and the reference scenario are compared (max |difference|) in the table.

@@ -109,6 +109,7 @@ def run_heads(path: Path) -> dict[str, Any]:
 def run_first_view(path: Path) -> dict[str, Any]:
     import asyncio
 
+    from headscope.engine.core.requests import CircuitRequest
     from headscope.engine.service.engine import Engine
 
     eng = Engine(path)
@@ -118,7 +119,7 @@ def run_first_view(path: Path) -> dict[str, Any]:
         await eng.ready()
         opened = since(t)
         t = time.perf_counter()
-        await eng.circuit_block(0, 0, "qk", "token", list(range(64)), list(range(64)))
+        await eng.get(CircuitRequest.of(eng.structure, 0, 0, "qk", "token", list(range(64)), list(range(64)), limit=eng.max_block_bytes))
         view = since(t)
         await eng.aclose()
         return {"open": opened, "first_view": view}

@@ -37,6 +37,7 @@ def rss_mb() -> float:
 def headscope(task: str, path: Path) -> dict[str, Any]:
     import asyncio
 
+    from headscope.engine.core.requests import CircuitRequest, CompositionRequest, ScoreTableRequest
     from headscope.engine.service.engine import Engine
 
     out: dict[str, Any] = {}
@@ -50,20 +51,20 @@ def headscope(task: str, path: Path) -> dict[str, Any]:
         if task == "view":
             heads = [(0, 0), *[(min(la, eng.n_layers - 1), min(h, eng.n_heads - 1)) for la, h in BROWSE]]
             t = time.perf_counter()
-            await eng.circuit_block(0, 0, "qk", "token", BLOCK, BLOCK)
+            await eng.get(CircuitRequest.of(eng.structure, 0, 0, "qk", "token", BLOCK, BLOCK, limit=eng.max_block_bytes))
             out["first_qk"] = since(t)
             t = time.perf_counter()
-            await eng.circuit_block(0, 0, "ov", "token", BLOCK, BLOCK)
+            await eng.get(CircuitRequest.of(eng.structure, 0, 0, "ov", "token", BLOCK, BLOCK, limit=eng.max_block_bytes))
             out["first_ov"] = since(t)
             out["first_view_total"] = since(T0)
             t = time.perf_counter()
-            await eng.circuit_block(0, 0, "qk", "token", BLOCK, BLOCK)
-            await eng.circuit_block(0, 0, "ov", "token", BLOCK, BLOCK)
+            await eng.get(CircuitRequest.of(eng.structure, 0, 0, "qk", "token", BLOCK, BLOCK, limit=eng.max_block_bytes))
+            await eng.get(CircuitRequest.of(eng.structure, 0, 0, "ov", "token", BLOCK, BLOCK, limit=eng.max_block_bytes))
             out["cached"] = since(t) / 2
             for layer, head in heads[1:]:
                 eng.focus(layer, head)
-                await eng.circuit_block(layer, head, "qk", "token", BLOCK, BLOCK)
-                await eng.circuit_block(layer, head, "ov", "token", BLOCK, BLOCK)
+                await eng.get(CircuitRequest.of(eng.structure, layer, head, "qk", "token", BLOCK, BLOCK, limit=eng.max_block_bytes))
+                await eng.get(CircuitRequest.of(eng.structure, layer, head, "ov", "token", BLOCK, BLOCK, limit=eng.max_block_bytes))
         elif task == "copying":
             from headscope.engine.circuits import spectral
             from headscope.engine.circuits.spectral import kept_spectral_middles
@@ -80,12 +81,12 @@ def headscope(task: str, path: Path) -> dict[str, Any]:
             await asyncio.to_thread(copying)
             out["compute"] = since(t)
             t = time.perf_counter()
-            await eng.all_head_scores()  # copying + QK positivity + behaviour, via the engine
+            await eng.get(ScoreTableRequest())  # copying + QK positivity + behaviour, via the engine
             out["all_head_scores"] = since(t)
         elif task == "composition":
             t = time.perf_counter()
             for kind in "qkv":
-                await eng.composition(kind)
+                await eng.get(CompositionRequest.of(eng.structure, kind))
             out["compute"] = since(t)
         await eng.aclose()
 

@@ -59,7 +59,9 @@ async def measure(path: Path) -> dict[str, np.ndarray]:
 
         async def sweeps() -> None:
             app.explorer.start_sweep()
-            await asyncio.gather(*(app.engine.composition(k) for k in "qkv"))
+            from headscope.engine.core.requests import CompositionRequest
+
+            await asyncio.gather(*(app.engine.get(CompositionRequest.of(app.engine.structure, k)) for k in "qkv"))
             await app.workers.wait_for_complete()
 
         return {"idle": await _gaps_while(app, idle), "sweeping": await _gaps_while(app, sweeps)}

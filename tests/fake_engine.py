@@ -3,8 +3,12 @@
 It implements the same async API with small numpy weights and computes real circuits from
 them (token QK = W_E W_Q W_Kᵀ W_Eᵀ, full OV = W_E W_V W_O W_U, eigenvalues of BA, ...), so
 what the TUI shows can be checked against numbers computed here independently. Planted
-behaviour: L0.H1 is a previous-token head, L1.H2 an induction head. Counters record calls;
-``delay`` slows every call down and ``fail`` makes the named methods raise.
+behaviour: L0.H1 is a previous-token head, L1.H2 an induction head.
+
+``get(request)`` answers each request type of ``engine.core.requests`` with one method here
+(``ANSWERS``: request class -> method name). Requests come built and validated by
+``SomeRequest.of(engine.structure, ...)``, as the real engine gets them. Counters record the
+calls by method name; ``delay`` slows every call down and ``fail`` makes the named methods raise.
 """
 
 from __future__ import annotations
@@ -18,6 +22,26 @@ from typing import Any
 import numpy as np
 
 from headscope.engine.core.errors import CancelledError, CorruptFileError, PromptError
+from headscope.engine.core.requests import (
+    AblationRequest,
+    AblationSweepRequest,
+    CircuitRequest,
+    CompositionRequest,
+    DirectionsRequest,
+    HeadScoresRequest,
+    InductionPromptsRequest,
+    PatchInputsRequest,
+    PathRequest,
+    ProfileRequest,
+    PromptRequest,
+    QKAttributionRequest,
+    Request,
+    ScoreNullRequest,
+    ScoreTableRequest,
+    SpectrumRequest,
+    TokenizeRequest,
+    TopOutputsRequest,
+)
 from headscope.engine.core.results import (
     CacheStats,
     CircuitBlock,
@@ -37,7 +61,7 @@ from headscope.engine.core.results import (
     rank_edges,
     readonly,
 )
-from headscope.engine.core.validation import DEFAULT_BLOCK, SCORE_NAMES, TOP_EDGES
+from headscope.engine.core.validation import MAX_RESULT_BYTES, SCORE_NAMES, TOP_EDGES
 from headscope.engine.sweeps.diff import EDGE_THRESHOLD
 
 WORDS = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran", "to", "and", "in", "of",
@@ -49,7 +73,23 @@ def _copying(eigs: np.ndarray) -> float:
     return float(eigs.real.sum() / total) if total > 0 else 0.0
 
 
+# request class -> the FakeEngine method that answers it (``get``)
+ANSWERS: dict[type[Request], str] = {
+    CircuitRequest: "circuit_block", TopOutputsRequest: "top_outputs",
+    SpectrumRequest: "spectrum", ProfileRequest: "rotary_profile",
+    HeadScoresRequest: "head_scores", ScoreTableRequest: "all_head_scores",
+    DirectionsRequest: "singular_directions", PathRequest: "virtual_path",
+    ScoreNullRequest: "score_null", CompositionRequest: "composition",
+    AblationRequest: "ablation", AblationSweepRequest: "all_ablation_effects",
+    InductionPromptsRequest: "induction_prompts", PatchInputsRequest: "patch",
+    PromptRequest: "run_prompt", TokenizeRequest: "tokenize",
+    QKAttributionRequest: "qk_attribution",
+}
+
+
 class FakeEngine:
+    max_block_bytes = MAX_RESULT_BYTES
+
     def __init__(self, path: str = "fake/attn-only-2l", *, raw: bool = False,
                  n_layers: int = 2, n_heads: int = 4, d_model: int = 16, d_head: int = 4,
                  n_ctx: int = 32, positional: str = "learned", delay: float = 0.0,
@@ -62,9 +102,9 @@ class FakeEngine:
         self.fail = set(fail)
         self.calls: Counter[str] = Counter()
         self.requests: list[tuple[int, int, str, str]] = []  # circuit blocks asked for
-        self.patch_requests: list[dict[str, Any]] = []  # patch() calls' inputs
-        self.path_requests: list[tuple[Any, str]] = []  # path_patch() calls' edges and input
-        self.path_tasks: list[str | None] = []  # path_patch() calls' task (None: prompts)
+        self.patch_requests: list[dict[str, Any]] = []  # patch requests' inputs
+        self.path_requests: list[tuple[Any, str]] = []  # path patch requests' edges and input
+        self.path_tasks: list[str | None] = []  # path patch requests' task (None: prompts)
         self.gate: asyncio.Event | None = None  # when set to an Event, ready() waits on it
         self.focused: tuple[int, int] | None = None
         self.closed = False
@@ -125,18 +165,21 @@ class FakeEngine:
         return [WORDS.index(w) if w in WORDS else hash(w) % self.V for w in text.split()]
 
     # -- API ------------------------------------------------------------------------------
-    async def tokenize(self, text: str) -> list[int]:
-        await self._enter("tokenize")
-        if not text.strip():
-            raise PromptError(self.path, "empty text")
-        return self.encode(text)
+    async def get(self, request: Request, progress: Callable[[float], None] | None = None, *,
+                  partial: Callable[[Composition], None] | None = None) -> Any:
+        """The answer of ``ANSWERS[type(request)]`` (a composition's ``partial`` is not sent)."""
+        return await getattr(self, ANSWERS[type(request)])(request, progress)
 
-    async def get(self, request: Any, progress: Callable[[float], None] | None = None, *,
-                  partial: Callable[[Any], None] | None = None) -> Any:
-        """Only what the explorer asks through ``get`` so far (the "why" view's QK attribution
-        row is not faked: tests/test_tui_why_real.py runs it on the real engine)."""
-        await self._enter("get")
-        raise CorruptFileError(self.path, f"the fake engine does not compute {type(request).__name__}")
+    async def tokenize(self, req: TokenizeRequest, progress: Any = None) -> list[int]:
+        await self._enter("tokenize")
+        return self.encode(req.text)
+
+    async def qk_attribution(self, req: QKAttributionRequest, progress: Any = None) -> Any:
+        """Not faked: a QK attribution row is a forward pass to the head's layer
+        (tests/test_tui_why_real.py runs the "why" view on the real engine)."""
+        await self._enter("qk_attribution")
+        raise CorruptFileError(self.path, "the fake engine does not compute QK attribution")
+
 
     async def ready(self) -> None:
         if self.gate is not None:
@@ -166,9 +209,8 @@ class FakeEngine:
         A, B = self.ov_factors(layer, head)
         return (self.W_E @ A) @ (B @ self.W_U)
 
-    async def circuit_block(self, layer: int, head: int, kind: str, basis: str,
-                            rows: list[int] | None = None, cols: list[int] | None = None,
-                            offset: int = 0) -> CircuitBlock:
+    async def circuit_block(self, req: CircuitRequest, progress: Any = None) -> CircuitBlock:
+        layer, head, kind, basis = req.layer, req.head_index, req.kind, req.basis
         await self._enter("circuit_block")
         self.requests.append((layer, head, kind, basis))
         if basis == "position":
@@ -178,16 +220,16 @@ class FakeEngine:
         else:
             full = self.token_qk(layer, head) if kind == "qk" else self.full_ov(layer, head)
             labels = list(WORDS)
-        r = list(range(min(DEFAULT_BLOCK, full.shape[0]))) if rows is None else list(rows)
-        c = list(range(min(DEFAULT_BLOCK, full.shape[1]))) if cols is None else list(cols)
+        r, c = list(req.rows), list(req.cols)
         values = readonly(full[np.ix_(r, c)], np.float32)
         return CircuitBlock(values=values, row_labels=tuple(labels[i] for i in r),
                             col_labels=tuple(labels[i] for i in c), row_ids=tuple(r),
                             col_ids=tuple(c), kind=kind, basis=basis, layer=layer, head=head,
                             vmin=float(values.min()), vmax=float(values.max()),
-                            note="W_U is tied W_Eᵀ" if kind == "ov" else "", offset=offset)
+                            note="W_U is tied W_Eᵀ" if kind == "ov" else "", offset=req.offset)
 
-    async def top_outputs(self, layer: int, head: int, source_token: int, k: int = 10) -> TopTokens:
+    async def top_outputs(self, req: TopOutputsRequest, progress: Any = None) -> TopTokens:
+        layer, head, source_token, k = req.layer, req.head_index, req.source, req.k
         await self._enter("top_outputs")
         row = self.full_ov(layer, head)[source_token]
         ids = [int(i) for i in np.argsort(-row)[:k]]
@@ -195,8 +237,8 @@ class FakeEngine:
                          source_label=WORDS[source_token], ids=tuple(ids),
                          labels=tuple(WORDS[i] for i in ids), values=readonly(row[ids]))
 
-    async def singular_directions(self, layer: int, head: int, kind: str, k: int = 5,
-                                  top: int = 10) -> SingularDirections:
+    async def singular_directions(self, req: DirectionsRequest, progress: Any = None) -> SingularDirections:
+        layer, head, kind, k, top = req.layer, req.head_index, req.kind, req.k, req.top
         await self._enter("singular_directions")
         matrix = self.full_ov(layer, head) if kind == "ov" else self.token_qk(layer, head)
         u, s, vh = np.linalg.svd(matrix)
@@ -215,15 +257,13 @@ class FakeEngine:
                                   directions=tuple(directions),
                                   overlap=float(np.mean([d.overlap for d in directions])))
 
-    async def virtual_path(self, source: tuple[int, int], target: tuple[int, int],
-                           rows: Any = None, cols: Any = None) -> VirtualPath:
+    async def virtual_path(self, req: PathRequest, progress: Any = None) -> VirtualPath:
+        source, target, rows, cols = req.source, req.target, req.rows, req.cols
         await self._enter("virtual_path")
         (la, ha), (lb, hb) = source, target
         ov_a = self.W_V[la, ha] @ self.W_O[la, ha]
         virtual = self.W_E @ ov_a @ self.W_V[lb, hb] @ self.W_O[lb, hb] @ self.W_U
         path = (self.W_E @ self.W_Q[lb, hb]) @ (self.W_E @ ov_a @ self.W_K[lb, hb]).T
-        rows = tuple(range(DEFAULT_BLOCK)) if rows is None else tuple(rows)
-        cols = tuple(range(DEFAULT_BLOCK)) if cols is None else tuple(cols)
         eig_v, eig_k = np.linalg.eigvals(virtual), np.linalg.eigvals(path)
         return VirtualPath(
             source=source, target=target, v_copying_score=_copying(eig_v),
@@ -236,13 +276,14 @@ class FakeEngine:
             k_block=readonly(path[np.ix_(rows, cols)], np.float32), row_ids=rows, col_ids=cols,
             row_labels=tuple(WORDS[i] for i in rows), col_labels=tuple(WORDS[i] for i in cols))
 
-    async def score_null(self) -> ScoreNull:
+    async def score_null(self, req: ScoreNullRequest, progress: Any = None) -> ScoreNull:
         await self._enter("score_null")
         n = len(SCORE_NAMES)
         return ScoreNull(names=SCORE_NAMES, mean=readonly(np.full((n, self.L), 0.05), np.float32),
                          std=readonly(np.full((n, self.L), 0.02), np.float32), samples=64, seed=0)
 
-    async def spectrum(self, layer: int, head: int, kind: str) -> Spectrum:
+    async def spectrum(self, req: SpectrumRequest, progress: Any = None) -> Spectrum:
+        layer, head, kind = req.layer, req.head_index, req.kind
         await self._enter("spectrum")
         if kind == "ov":
             A, B = self.ov_factors(layer, head)
@@ -255,9 +296,9 @@ class FakeEngine:
         return Spectrum(eigenvalues=readonly(eigs, np.complex64), score=_copying(eigs), kind=kind,
                         layer=layer, head=head)
 
-    async def rotary_profile(self, layer: int, head: int, offsets: Any) -> Profile:
+    async def rotary_profile(self, req: ProfileRequest, progress: Any = None) -> Profile:
+        layer, head, offsets = req.layer, req.head_index, req.offsets
         await self._enter("rotary_profile")
-        offsets = tuple(int(o) for o in offsets)
         x = np.asarray(offsets, dtype=np.float64)
         return Profile(layer=layer, head=head, offsets=offsets,
                        values=readonly(np.cos(x / (3.0 + head)) * (layer + 1), np.float32))
@@ -278,11 +319,13 @@ class FakeEngine:
                           attention_sink_score=f32(b[3]), delimiter_sink_score=f32(b[4]),
                           nonfinite=False)
 
-    async def head_scores(self, layer: int, head: int) -> HeadScores:
+    async def head_scores(self, req: HeadScoresRequest, progress: Any = None) -> HeadScores:
+        layer, head = req.layer, req.head_index
         await self._enter("head_scores")
         return self._cached((layer, head, "scores"), lambda: self._scores(layer, head))
 
-    async def all_head_scores(self, progress: Callable[[float], None] | None = None) -> ScoreTable:
+    async def all_head_scores(self, req: ScoreTableRequest,
+                              progress: Callable[[float], None] | None = None) -> ScoreTable:
         await self._enter("all_head_scores")
         self._activity = "scoring heads"
         heads = [(layer, h) for layer in range(self.L) for h in range(self.H)]
@@ -305,8 +348,9 @@ class FakeEngine:
         return ScoreTable(**{name: grid(name) for name in SCORE_NAMES},
                           nonfinite=grid("nonfinite", bool))
 
-    async def composition(self, kind: str, progress: Callable[[float], None] | None = None,
-                          partial: Callable[[Composition], None] | None = None) -> Composition:
+    async def composition(self, req: CompositionRequest,
+                          progress: Callable[[float], None] | None = None) -> Composition:
+        kind = req.kind
         await self._enter("composition")
         L, H = self.L, self.H
         scores = np.zeros((L, H, L, H))
@@ -331,10 +375,13 @@ class FakeEngine:
         return Composition(kind=kind, scores=scores, baseline=baseline,  # type: ignore[arg-type]
                            top_edges=rank_edges(scores, baseline, TOP_EDGES))
 
-    async def run_prompt(self, text: str, layer: int, head: int) -> PromptView:
+    async def run_prompt(self, req: PromptRequest, progress: Any = None) -> _Prompt:
+        """Every head's view of the prompt, as the engine's ``PromptRequest`` answers it:
+        ``.view(layer, head)`` is one head's."""
         await self._enter("run_prompt")
-        if not text.strip():
-            raise PromptError(self.path, "empty prompt: type some text first")
+        return _Prompt(self, req.text)
+
+    def prompt_view(self, text: str, layer: int, head: int) -> PromptView:
         ids = self.encode(text)
         truncated = len(ids) > self.n_ctx
         ids = ids[: self.n_ctx]
@@ -386,7 +433,7 @@ class FakeEngine:
                 heads.append(row)
         composition = {}
         for kind in "qkv":
-            ca, cb = await self.composition(kind), await other.composition(kind)
+            ca, cb = (await self.get(CompositionRequest(kind)), await other.get(CompositionRequest(kind)))
             above_a = np.nan_to_num(np.asarray(ca.scores), nan=0.0) - ca.baseline
             above_b = np.nan_to_num(np.asarray(cb.scores), nan=0.0) - cb.baseline
             identity = [list(range(self.H)) for _ in range(self.L)]
@@ -406,11 +453,14 @@ class FakeEngine:
         self._cache.clear()
         return self
 
-    async def ablation(self, layer: int, head: int) -> float:
+    async def ablation(self, req: AblationRequest, progress: Any = None) -> float:
         await self._enter("ablation")
-        return float(self._behaviour[2, layer, head])
+        return float(self._behaviour[2, req.layer, req.head_index])
 
-    async def all_ablation_effects(self, progress: Callable[[float], None] | None = None) -> np.ndarray:
+    async def all_ablation_effects(self, req: AblationSweepRequest,
+                                   progress: Callable[[float], None] | None = None) -> np.ndarray | None:
+        if req.stored_only:
+            return await self.stored_ablation_effects()
         self._activity = "ablation sweep"
         try:
             await self._enter("all_ablation_effects")
@@ -434,7 +484,9 @@ class FakeEngine:
         return readonly(self._behaviour[2], np.float32) if self.stored_ablation else None
 
     # -- patching (planted: the induction head L1.H2 recovers most) ------------------------
-    async def induction_prompts(self, task: str = "induction") -> tuple[tuple[int, ...], tuple[int, ...]]:
+    async def induction_prompts(self, req: InductionPromptsRequest, progress: Any = None
+                                ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        task = req.task
         self.calls["induction_prompts"] += 1
         await asyncio.sleep(0)
         half = tuple(range(3, 9))
@@ -451,10 +503,14 @@ class FakeEngine:
             table = table * 0.5
         return table * (0.9 if method == "attribution" else 1.0)
 
-    async def patch(self, *, clean: Any = None, corrupt: Any = None, answer: Any = None,
-                    wrong: Any = None, site: str = "out", method: str = "exact",
-                    task: str | None = None,
+    async def patch(self, req: PatchInputsRequest,
                     progress: Callable[[float], None] | None = None) -> PatchResult:
+        if req.edges is not None:
+            return await self.path_patch(req)
+        clean, corrupt, answer, wrong = (list(req.clean) if isinstance(req.clean, tuple) else req.clean,
+                                         list(req.corrupt) if isinstance(req.corrupt, tuple) else req.corrupt,
+                                         req.answer, req.wrong)
+        site, method, task = req.site, req.method, req.task
         self.patch_requests.append({"clean": clean, "corrupt": corrupt, "answer": answer,
                                     "wrong": wrong, "site": site, "method": method, "task": task})
         self._activity = "patching"
@@ -489,13 +545,11 @@ class FakeEngine:
                            clean=clean_m, corrupt=corrupt_m, rows=rows, n_layers=self.L,
                            n_heads=self.H, tokens=12, batch=1 if clean is not None else 4)
 
-    async def path_patch(self, edges: Any, receiver_input: str, *, clean: Any = None,
-                         corrupt: Any = None, answer: Any = None, wrong: Any = None,
-                         task: str | None = None,
-                         progress: Callable[[float], None] | None = None) -> PatchResult:
-        """Planted: an edge into L1.H2 recovers 0.3 (v) or 0.2 (q, k) per unit of the
+    async def path_patch(self, req: PatchInputsRequest) -> PatchResult:
+        """Path patching of ``req.edges`` into the receivers' ``req.site``. Planted: an edge into L1.H2 recovers 0.3 (v) or 0.2 (q, k) per unit of the
         sender's prev-token score; every other edge 0."""
         await self._enter("path_patch")
+        edges, receiver_input, task = req.edges or (), req.site, req.task
         self.path_requests.append((tuple(edges), receiver_input))
         self.path_tasks.append(task)
         rows = []
@@ -516,6 +570,16 @@ class FakeEngine:
     async def aclose(self) -> None:
         self.closed = True
         self.calls["aclose"] += 1
+
+
+class _Prompt:
+    """A prompt through the fake model: each head's view on demand (``PromptResult.view``)."""
+
+    def __init__(self, engine: FakeEngine, text: str) -> None:
+        self.engine, self.text = engine, text
+
+    def view(self, layer: int, head: int) -> PromptView:
+        return self.engine.prompt_view(self.text, layer, head)
 
 
 def broken_factory(path: str = "broken/model.safetensors") -> Callable[..., Any]:

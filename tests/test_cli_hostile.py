@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 import headscope.engine.core.validation as requests_module
+from headscope.engine.core.requests import PromptRequest
 from headscope.tui.cli.main import EXIT_MODEL_ERROR, main
 from tests import test_hostile
 from tests.hf_fixtures import N_CTX, VOCAB
@@ -224,13 +225,13 @@ def test_engine_run_prompt_truncates_to_the_context(corpus_sources: Sources) -> 
         eng = Engine(corpus_sources.gpt2)
         try:
             await eng.ready()
-            view = await eng.run_prompt(" ".join(["the cat sat"] * N_CTX), 0, 0)
+            view = (await eng.get(PromptRequest.of(eng.structure, " ".join(["the cat sat"] * N_CTX), limit=eng.max_block_bytes))).view(0, 0)
             assert view.truncated and len(view.ids) == len(view.tokens) == N_CTX
             assert view.pattern.shape == (N_CTX, N_CTX)
-            short = await eng.run_prompt("the cat sat", 0, 0)
+            short = (await eng.get(PromptRequest.of(eng.structure, "the cat sat", limit=eng.max_block_bytes))).view(0, 0)
             assert not short.truncated and len(short.ids) == 3
             with pytest.raises(PromptError, match=str(corpus_sources.gpt2)):
-                await eng.run_prompt("", 0, 0)
+                (await eng.get(PromptRequest.of(eng.structure, "", limit=eng.max_block_bytes))).view(0, 0)
         finally:
             await eng.aclose()
 

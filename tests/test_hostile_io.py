@@ -43,6 +43,7 @@ from headscope.engine.core.errors import (
     UnsupportedFormatError,
     out_of_memory,
 )
+from headscope.engine.core.requests import CircuitRequest, ScoreTableRequest
 from headscope.engine.formats.safetensors import parse_header_bytes
 from headscope.engine.formats.safetensors import read_header as read_header_of
 from headscope.engine.formats.tokenizer import HFTokenizer, IdTokenizer, rust_guard
@@ -264,14 +265,14 @@ def test_engine_never_mixes_old_and_new_weights(tmp_path: Path, gpt2_dir: tuple[
         engine = Engine(d, raw=True, prefetch=False)
         try:
             await engine.ready()
-            first = await engine.circuit_block(0, 0, "ov", "token", rows=[1, 2], cols=[1, 2])
+            first = await engine.get(CircuitRequest.of(engine.structure, 0, 0, "ov", "token", rows=[1, 2], cols=[1, 2], limit=engine.max_block_bytes))
             _rewrite_in_place(f, _rewritten_bytes(f, 2.0))
             # a head of another layer: its weights are not cached yet, so they are read (the
             # engine reads a layer's attention weights whole: layer 0's other heads are cached
             # old weights, which mix nothing)
             with pytest.raises(CheckpointChangedError, match="reopen"):
-                await engine.circuit_block(1, 1, "ov", "token", rows=[1, 2], cols=[1, 2])
-            again = await engine.circuit_block(0, 0, "ov", "token", rows=[1, 2], cols=[1, 2])
+                await engine.get(CircuitRequest.of(engine.structure, 1, 1, "ov", "token", rows=[1, 2], cols=[1, 2], limit=engine.max_block_bytes))
+            again = await engine.get(CircuitRequest.of(engine.structure, 0, 0, "ov", "token", rows=[1, 2], cols=[1, 2], limit=engine.max_block_bytes))
             assert (again.values == first.values).all()  # the cached old result, not a mix
         finally:
             await engine.aclose()
@@ -406,7 +407,7 @@ def test_engine_out_of_memory_is_a_resource_error(monkeypatch: pytest.MonkeyPatc
         engine = Engine("sample_models/attn-only-2l", prefetch=False)
         try:
             with pytest.raises(ResourceLimitError, match=r"out of memory: all head scores .*80\.0 GiB"):
-                await engine.all_head_scores()
+                await engine.get(ScoreTableRequest())
         finally:
             await engine.aclose()
 
@@ -487,7 +488,7 @@ def test_nonfinite_flags_heads_whose_attention_is_not_finite(
     async def go() -> None:
         engine = Engine(None, model=m, prefetch=False)
         try:
-            table = await engine.all_head_scores()
+            table = await engine.get(ScoreTableRequest())
             assert table.nonfinite.all()
         finally:
             await engine.aclose()

@@ -18,7 +18,12 @@ from headscope.engine.api.model import open_model
 from headscope.engine.circuits import directions
 from headscope.engine.circuits import head_circuits as circuits
 from headscope.engine.core.errors import IndexOutOfRangeError, InvalidRequestError
-from headscope.engine.core.requests import DirectionsRequest
+from headscope.engine.core.requests import (
+    DirectionsRequest,
+    HeadScoresRequest,
+    PathRequest,
+    ScoreNullRequest,
+)
 from headscope.engine.core.validation import SCORE_NAMES, Z_NAMES
 from headscope.engine.forward import behaviour, null, sinks
 from headscope.engine.forward import null as null_module
@@ -322,18 +327,18 @@ async def test_the_engine_returns_what_the_reports_print(model: Any) -> None:
     eng = Engine(MODEL_PATH, workers=1, prefetch=False)
     try:
         await eng.ready()
-        directions = await eng.singular_directions(1, 2, "ov", k=3, top=5)
+        directions = await eng.get(DirectionsRequest.of(eng.structure, 1, 2, "ov", k=3, top=5))
         # The Engine computes on its worker thread (one BLAS thread), the report here: the same
         # numbers up to float32 summation order.
         assert_close(report.svd_dict(directions), report.svd_report(model, 1, 2, "ov", k=3, top=5))
-        path = await eng.virtual_path((0, 1), (1, 2))
+        path = await eng.get(PathRequest.of(eng.structure, (0, 1), (1, 2), limit=eng.max_block_bytes))
         assert_close(report.path_dict(path), report.path_report(model, (0, 1), (1, 2)))
-        null = await eng.score_null()
-        assert null is await eng.score_null()  # cached
-        scores = await eng.head_scores(1, 1)
+        null = await eng.get(ScoreNullRequest())
+        assert null is await eng.get(ScoreNullRequest())  # cached
+        scores = await eng.get(HeadScoresRequest.of(eng.structure, 1, 1))
         assert scores.attention_sink_score == pytest.approx(float(score_sweeps.sink_tables(model)[0][1, 1]))
         with pytest.raises(InvalidRequestError):
-            await eng.virtual_path((1, 0), (0, 1))
+            await eng.get(PathRequest.of(eng.structure, (1, 0), (0, 1), limit=eng.max_block_bytes))
     finally:
         await eng.aclose()
 
@@ -352,7 +357,7 @@ async def test_the_engine_keeps_the_null_in_the_results_store(monkeypatch, tmp_p
         eng = Engine(MODEL_PATH, workers=1, prefetch=False, store=ResultStore(tmp_path))
         try:
             await eng.ready()
-            nulls.append(await eng.score_null())
+            nulls.append(await eng.get(ScoreNullRequest()))
         finally:
             await eng.aclose()
     np.testing.assert_array_equal(nulls[0].mean, nulls[1].mean)

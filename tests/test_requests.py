@@ -27,6 +27,14 @@ from headscope.engine.core.errors import (
     InvalidRequestError,
     ResourceLimitError,
 )
+from headscope.engine.core.requests import (
+    AblationSweepRequest,
+    CircuitRequest,
+    CompositionRequest,
+    DirectionsRequest,
+    HeadScoresRequest,
+    ScoreTableRequest,
+)
 from headscope.engine.core.results import HeadScores, ScoreTable, rank_edges
 from headscope.engine.core.validation import MAX_RESULT_BYTES, SCORE_NAMES, Z_NAMES
 from headscope.engine.service.engine import Engine
@@ -79,7 +87,7 @@ def vocab_ranges(n_ids: int) -> str:
 
 async def test_head_out_of_range_is_the_same_error_from_the_cli_and_the_engine(capsys) -> None:
     from_cli = cli_error(["circuit", str(MODEL), "9", "0", "--kind", "qk"], capsys)
-    from_engine = await engine_error(MODEL, lambda e: e.circuit_block(9, 0, "qk"))
+    from_engine = await engine_error(MODEL, lambda e: e.get(CircuitRequest.of(e.structure, 9, 0, "qk", limit=e.max_block_bytes)))
     same_error(from_cli, from_engine, IndexOutOfRangeError)
     assert "layer 9 out of range" in from_cli.reason
     with pytest.raises(HeadscopeError) as from_api:
@@ -89,7 +97,7 @@ async def test_head_out_of_range_is_the_same_error_from_the_cli_and_the_engine(c
 
 async def test_token_out_of_range_is_the_same_error_from_the_cli_and_the_engine(capsys) -> None:
     from_cli = cli_error(["circuit", str(MODEL), "1", "2", "--kind", "ov", "--rows", "100000"], capsys)
-    from_engine = await engine_error(MODEL, lambda e: e.circuit_block(1, 2, "ov", rows=[100000]))
+    from_engine = await engine_error(MODEL, lambda e: e.get(CircuitRequest.of(e.structure, 1, 2, "ov", rows=[100000], limit=e.max_block_bytes)))
     same_error(from_cli, from_engine, IndexOutOfRangeError)
 
 
@@ -100,7 +108,7 @@ async def test_oversized_block_is_the_same_error_under_the_same_limit(capsys) ->
     ids = [int(i) for part in spec.split(",") for i in range(*map(int, part.split(":")))]
     from_cli = cli_error(["circuit", str(MODEL), "0", "0", "--kind", "qk",
                           "--rows", spec, "--cols", spec], capsys)
-    from_engine = await engine_error(MODEL, lambda e: e.circuit_block(0, 0, "qk", rows=ids, cols=ids))
+    from_engine = await engine_error(MODEL, lambda e: e.get(CircuitRequest.of(e.structure, 0, 0, "qk", rows=ids, cols=ids, limit=e.max_block_bytes)))
     same_error(from_cli, from_engine, ResourceLimitError)
     assert f"a {len(ids)}×{len(ids)} block" in from_cli.reason
 
@@ -108,14 +116,14 @@ async def test_oversized_block_is_the_same_error_under_the_same_limit(capsys) ->
 async def test_bad_kinds_are_the_same_error_from_export_the_api_and_the_engine(capsys, tmp_path) -> None:
     export = ["export", str(MODEL), "--out", str(tmp_path)]
     from_cli = cli_error([*export, "--what", "composition", "--kind", "qk"], capsys)
-    from_engine = await engine_error(MODEL, lambda e: e.composition("qk"))  # type: ignore[arg-type]
+    from_engine = await engine_error(MODEL, lambda e: e.get(CompositionRequest.of(e.structure, "qk")))  # type: ignore[arg-type]
     same_error(from_cli, from_engine, InvalidRequestError)
     with pytest.raises(InvalidRequestError) as from_api:
         open_model(MODEL).composition("qk")
     same_error(from_api.value, from_engine, InvalidRequestError)
 
     from_cli = cli_error([*export, "--what", "circuit", "--kind", "q", "--layer", "0", "--head", "0"], capsys)
-    from_engine = await engine_error(MODEL, lambda e: e.circuit_block(0, 0, "q"))  # type: ignore[arg-type]
+    from_engine = await engine_error(MODEL, lambda e: e.get(CircuitRequest.of(e.structure, 0, 0, "q", limit=e.max_block_bytes)))  # type: ignore[arg-type]
     same_error(from_cli, from_engine, InvalidRequestError)
     assert list(tmp_path.iterdir()) == []
 
@@ -123,7 +131,7 @@ async def test_bad_kinds_are_the_same_error_from_export_the_api_and_the_engine(c
 async def test_position_basis_of_a_rotary_model_is_the_same_error(capsys, llama_dir) -> None:
     path, _ = llama_dir
     from_cli = cli_error(["circuit", str(path), "0", "0", "--kind", "qk", "--basis", "position"], capsys)
-    from_engine = await engine_error(path, lambda e: e.circuit_block(0, 0, "qk", "position"))
+    from_engine = await engine_error(path, lambda e: e.get(CircuitRequest.of(e.structure, 0, 0, "qk", "position", limit=e.max_block_bytes)))
     same_error(from_cli, from_engine, InvalidRequestError)
 
 
@@ -140,14 +148,14 @@ async def engine():
 
 async def test_heads_json_and_the_engine_score_table_agree_by_name(engine, capsys) -> None:
     rows = cli_json(["heads", str(MODEL)], capsys)
-    table = await engine.all_head_scores()
+    table = await engine.get(ScoreTableRequest())
     assert [f.name for f in dataclasses.fields(ScoreTable)] == [*SCORE_NAMES, "nonfinite"]
     assert [f.name for f in dataclasses.fields(HeadScores)] == ["layer", "head", *SCORE_NAMES, "nonfinite"]
     assert [k for k in rows[0] if k not in ("layer", "head", "nonfinite") and not k.endswith("_z")] \
         == list(SCORE_NAMES)
     assert [k for k in rows[0] if k.endswith("_z")] == list(Z_NAMES)
     for row in rows:
-        head = await engine.head_scores(row["layer"], row["head"])  # published by the sweep
+        head = await engine.get(HeadScoresRequest.of(engine.structure, row["layer"], row["head"]))  # published by the sweep
         for name in SCORE_NAMES:
             assert row[name] == float(getattr(table, name)[row["layer"], row["head"]]), name
             assert row[name] == getattr(head, name), name
@@ -155,13 +163,13 @@ async def test_heads_json_and_the_engine_score_table_agree_by_name(engine, capsy
 
 async def test_heads_json_ablation_effect_equals_the_engine_sweep(engine, capsys) -> None:
     rows = cli_json(["heads", str(MODEL), "--ablation"], capsys)
-    effects = await engine.all_ablation_effects()
+    effects = await engine.get(AblationSweepRequest())
     assert [r["ablation_effect"] for r in rows] == [float(v) for v in np.asarray(effects).ravel()]
 
 
 async def test_composition_json_and_the_engine_composition_agree(engine, capsys) -> None:
     got = cli_json(["composition", str(MODEL), "--kind", "k", "--top", "5"], capsys)
-    comp = await engine.composition("k")
+    comp = await engine.get(CompositionRequest.of(engine.structure, "k"))
     assert got["baseline"] == comp.baseline
     np.testing.assert_array_equal(np.asarray(got["scores"], np.float32), comp.scores)
     assert [(*e["source"], *e["target"], e["above_baseline"]) for e in got["top_edges"]] \
@@ -171,18 +179,18 @@ async def test_composition_json_and_the_engine_composition_agree(engine, capsys)
 async def test_circuit_json_and_the_engine_block_agree(engine, capsys) -> None:
     got = cli_json(["circuit", str(MODEL), "1", "2", "--kind", "ov", "--rows", "3,9,4", "--cols", "0:6"],
                    capsys)
-    block = await engine.circuit_block(1, 2, "ov", rows=[3, 9, 4], cols=range(6))
+    block = await engine.get(CircuitRequest.of(engine.structure, 1, 2, "ov", rows=[3, 9, 4], cols=range(6), limit=engine.max_block_bytes))
     # one code path (head_circuits.circuit_block): the CLI and the explorer agree bit for bit
     np.testing.assert_array_equal(np.asarray(got["values"], np.float32), block.values)
     assert (got["row_labels"], got["col_labels"]) == (list(block.row_labels), list(block.col_labels))
     default = cli_json(["circuit", str(MODEL), "0", "1", "--kind", "qk"], capsys)  # no rows: the same default
-    assert default["rows"] == list((await engine.circuit_block(0, 1, "qk")).row_ids)
+    assert default["rows"] == list((await engine.get(CircuitRequest.of(engine.structure, 0, 1, "qk", limit=engine.max_block_bytes))).row_ids)
 
 
 async def test_the_fake_engine_uses_the_same_names() -> None:
     fake = FakeEngine()
-    table = await fake.all_head_scores()
-    head = await fake.head_scores(1, 2)
+    table = await fake.get(ScoreTableRequest())
+    head = await fake.get(HeadScoresRequest.of(fake.structure, 1, 2))
     assert [r for r in report.score_rows(table)[0] if r not in ("layer", "head", "nonfinite")] \
         == list(SCORE_NAMES)
     assert {f.name for f in dataclasses.fields(head)} >= set(SCORE_NAMES)
@@ -215,6 +223,9 @@ def sample_requests() -> list[Any]:
         requests.TokenizeRequest.of(structure, "the cat"),
         requests.InductionPromptsRequest.of(structure, "first-occurrence"),
         requests.QKAttributionRequest.of(structure, 1, 2, [1, 2, 3, 1], 3, 2),
+        # the explorer's patching inputs (text or ids), resolved where it runs
+        requests.PatchInputsRequest.of(structure, clean=[1, 2, 3], corrupt=[1, 2, 4], answer=5, wrong=6,
+                                       site="k", edges=[((0, 1), (1, 2))]),
         requests.PatchRequest.of(structure, clean=[[1, 2, 3]], corrupt=[[1, 2, 4]], answer=5, wrong=6),
     ]
 
@@ -266,7 +277,7 @@ async def test_a_bad_request_is_the_same_error_built_from_the_api_the_cli_and_th
     with pytest.raises(InvalidRequestError) as built:
         requests.DirectionsRequest.of(structure, 1, 2, "ov", 0, 10)
     from_cli = cli_error(["svd", str(MODEL), "1", "2", "--kind", "ov", "--k", "0"], capsys)
-    from_engine = await engine_error(MODEL, lambda e: e.singular_directions(1, 2, "ov", k=0))
+    from_engine = await engine_error(MODEL, lambda e: e.get(DirectionsRequest.of(e.structure, 1, 2, "ov", k=0)))
     with pytest.raises(InvalidRequestError) as from_api:
         open_model(MODEL).singular_directions(1, 2, "ov", k=0)
     for other in (from_cli, from_engine, from_api.value):
@@ -277,7 +288,7 @@ async def test_a_bad_request_is_the_same_error_built_from_the_api_the_cli_and_th
 # The forward passes run in float32 with torch's threads as the Engine sets them (cpus //
 # workers) or as a notebook leaves them: the reductions split differently, a few float32 ulps
 # apart (seen: 6e-7 relative on a patching metric). The weight views are numpy: bit for bit.
-FORWARD = (requests.PatchRequest, requests.BehaviourRequest, requests.ScoreTableRequest,
+FORWARD = (requests.PatchRequest, requests.PatchInputsRequest, requests.BehaviourRequest, requests.ScoreTableRequest,
            requests.ScoreNullRequest, requests.HeadScoresRequest, requests.AblationRequest,
            requests.AblationSweepRequest, requests.QKAttributionRequest)
 

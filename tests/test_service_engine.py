@@ -10,6 +10,17 @@ import torch
 
 from headscope.engine.circuits import head_circuits as circuits
 from headscope.engine.core import errors
+from headscope.engine.core.requests import (
+    AblationRequest,
+    AblationSweepRequest,
+    CircuitRequest,
+    CompositionRequest,
+    HeadScoresRequest,
+    PromptRequest,
+    ScoreTableRequest,
+    SpectrumRequest,
+    TokenizeRequest,
+)
 from headscope.engine.forward import behaviour
 from headscope.engine.forward import transformer as forward
 from headscope.engine.model.loading import load_model, read_structure
@@ -31,9 +42,9 @@ async def test_structure_at_once_and_blocks_equal_pure_circuits(gpt2):
     assert eng.structure == read_structure(eng.path)
     w = model.weights
     rows, cols = [0, 5, 7, 3], [1, 2, 9]
-    qk = await eng.circuit_block(1, 2, "qk", "token", rows, cols)
-    ov = await eng.circuit_block(1, 2, "ov", "token", rows, cols)
-    pos = await eng.circuit_block(0, 1, "qk", "position", [0, 3], [0, 1, 2])
+    qk = await eng.get(CircuitRequest.of(eng.structure, 1, 2, "qk", "token", rows, cols, limit=eng.max_block_bytes))
+    ov = await eng.get(CircuitRequest.of(eng.structure, 1, 2, "ov", "token", rows, cols, limit=eng.max_block_bytes))
+    pos = await eng.get(CircuitRequest.of(eng.structure, 0, 1, "qk", "position", [0, 3], [0, 1, 2], limit=eng.max_block_bytes))
     np.testing.assert_allclose(qk.values, circuits.token_qk(w, 1, 2).block(rows, cols), rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(ov.values, circuits.full_ov(w, 1, 2).block(rows, cols), rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(pos.values, circuits.positional_qk(w, 0, 1).block([0, 3], [0, 1, 2]), rtol=1e-4, atol=1e-5)
@@ -44,9 +55,9 @@ async def test_structure_at_once_and_blocks_equal_pure_circuits(gpt2):
 
 async def test_cache_hit_is_identical_object_without_recompute(gpt2):
     eng, _ = gpt2
-    first = await eng.circuit_block(0, 0, "ov", "token", [1, 2], [3, 4])
+    first = await eng.get(CircuitRequest.of(eng.structure, 0, 0, "ov", "token", [1, 2], [3, 4], limit=eng.max_block_bytes))
     started = eng.computations_started
-    again = await eng.circuit_block(0, 0, "ov", "token", [1, 2], [3, 4])
+    again = await eng.get(CircuitRequest.of(eng.structure, 0, 0, "ov", "token", [1, 2], [3, 4], limit=eng.max_block_bytes))
     assert again is first
     assert eng.computations_started == started
     assert eng.stats().hits >= 1 and eng.stats().bytes > 0
@@ -55,13 +66,13 @@ async def test_cache_hit_is_identical_object_without_recompute(gpt2):
 async def test_spectrum_and_sweeps_equal_pure_scores(gpt2):
     eng, model = gpt2
     w = model.weights
-    spec = await eng.spectrum(1, 0, "ov")
+    spec = await eng.get(SpectrumRequest.of(eng.structure, 1, 0, "ov"))
     assert spec.score == pytest.approx(algebra.copying_score(circuits.full_ov(w, 1, 0)), abs=1e-5)
     expected = np.sort_complex(circuits.full_ov(w, 1, 0).eigenvalues)
     np.testing.assert_allclose(np.sort_complex(spec.eigenvalues), expected, rtol=1e-3, atol=1e-4)
 
     seen = []
-    table = await eng.all_head_scores(progress=seen.append)
+    table = await eng.get(ScoreTableRequest(), seen.append)
     np.testing.assert_allclose(table.copying_score, algebra.all_copying_scores(w), atol=1e-5)
     np.testing.assert_allclose(table.qk_positivity, algebra.all_qk_positivity(w), atol=1e-5)
     behaviours = behaviour.behaviour_scores(w, seed=0)
@@ -71,11 +82,11 @@ async def test_spectrum_and_sweeps_equal_pure_scores(gpt2):
     assert seen and seen[-1] == 1.0
     # the sweep filled the per-head cache: no new computation for a head's scores
     started = eng.computations_started
-    hs = await eng.head_scores(1, 1)
+    hs = await eng.get(HeadScoresRequest.of(eng.structure, 1, 1))
     assert eng.computations_started == started
     assert hs.copying_score == pytest.approx(float(table.copying_score[1, 1]))
 
-    comp = await eng.composition("k")
+    comp = await eng.get(CompositionRequest.of(eng.structure, "k"))
     ref = algebra.composition_scores(w, "k", seed=0)
     np.testing.assert_allclose(comp.scores, ref.scores, atol=1e-5)
     assert comp.baseline == pytest.approx(float(ref.baseline))
@@ -86,7 +97,7 @@ async def test_spectrum_and_sweeps_equal_pure_scores(gpt2):
 async def test_ablation_sweep_equals_single_head_ablations_and_fills_the_cache(gpt2):
     eng, model = gpt2
     seen = []
-    effects = await eng.all_ablation_effects(progress=seen.append)
+    effects = await eng.get(AblationSweepRequest(), seen.append)
     np.testing.assert_allclose(effects, behaviour.ablation_effects(model.weights, seed=0), atol=1e-5)
     assert effects.shape == (model.cfg.n_layers, model.cfg.n_heads) and not effects.flags.writeable
     await asyncio.sleep(0)
@@ -94,18 +105,18 @@ async def test_ablation_sweep_equals_single_head_ablations_and_fills_the_cache(g
     # every head's value was published: the single-head request computes nothing new, and
     # equals a full forward pass with that head zeroed
     started = eng.computations_started
-    value = await eng.ablation(1, 2)
+    value = await eng.get(AblationRequest.of(eng.structure, 1, 2))
     assert eng.computations_started == started
     assert value == pytest.approx(behaviour.ablation_effect(model.weights, 1, 2, seed=0), abs=1e-5)
-    assert await eng.all_ablation_effects() is effects
+    assert await eng.get(AblationSweepRequest()) is effects
 
 
 async def test_prompt_view_matches_forward_and_rejects_empty(gpt2):
     eng, model = gpt2
     with pytest.raises(errors.PromptError):
-        await eng.run_prompt("   ", 0, 0)
+        (await eng.get(PromptRequest.of(eng.structure, "   ", limit=eng.max_block_bytes))).view(0, 0)
     text = "the cat sat on the mat"
-    view = await eng.run_prompt(text, 1, 3)
+    view = (await eng.get(PromptRequest.of(eng.structure, text, limit=eng.max_block_bytes))).view(1, 3)
     ids = model.tokenizer.encode(text)
     ref = forward.run(model.weights, ids)
     assert view.ids == tuple(ids) and not view.truncated
@@ -115,17 +126,17 @@ async def test_prompt_view_matches_forward_and_rejects_empty(gpt2):
     probs = torch.softmax(ref.logits[0, -1], -1)
     assert view.top_predictions[0][0] == int(probs.argmax())
     long = " ".join(["the cat"] * (model.cfg.n_ctx + 5))
-    cut = await eng.run_prompt(long, 0, 0)
+    cut = (await eng.get(PromptRequest.of(eng.structure, long, limit=eng.max_block_bytes))).view(0, 0)
     assert cut.truncated and len(cut.ids) == model.cfg.n_ctx
 
 
 async def test_typed_errors_for_bad_requests(gpt2):
     eng, _ = gpt2
     with pytest.raises(errors.IndexOutOfRangeError):
-        await eng.circuit_block(99, 0, "qk")
+        await eng.get(CircuitRequest.of(eng.structure, 99, 0, "qk", limit=eng.max_block_bytes))
     with pytest.raises(errors.ResourceLimitError):
         eng.max_block_bytes = 64
-        await eng.circuit_block(0, 0, "qk", "token", list(range(10)), list(range(10)))
+        await eng.get(CircuitRequest.of(eng.structure, 0, 0, "qk", "token", list(range(10)), list(range(10)), limit=eng.max_block_bytes))
 
 
 async def test_focus_change_drops_queued_views_of_the_left_head(gpt2):
@@ -133,12 +144,12 @@ async def test_focus_change_drops_queued_views_of_the_left_head(gpt2):
     eng.focus(0, 0)
     # many queued requests for (0, 0); the focus moves before most of them start
     tasks = [
-        asyncio.create_task(eng.circuit_block(0, 0, "ov", "token", [i], list(range(30))))
+        asyncio.create_task(eng.get(CircuitRequest.of(eng.structure, 0, 0, "ov", "token", [i], list(range(30)), limit=eng.max_block_bytes)))
         for i in range(40)
     ]
     await asyncio.sleep(0)
     eng.focus(1, 1)
-    fresh = await eng.circuit_block(1, 1, "qk", "token", [0], [0])
+    fresh = await eng.get(CircuitRequest.of(eng.structure, 1, 1, "qk", "token", [0], [0], limit=eng.max_block_bytes))
     done = await asyncio.gather(*tasks, return_exceptions=True)
     dropped = [d for d in done if isinstance(d, errors.CancelledError)]
     assert dropped, "no stale request was dropped"
@@ -148,9 +159,9 @@ async def test_focus_change_drops_queued_views_of_the_left_head(gpt2):
 
 async def test_raw_switch_changes_cache_key(gpt2):
     eng, _ = gpt2
-    processed = await eng.circuit_block(0, 0, "qk", "token", [0, 1], [0, 1])
+    processed = await eng.get(CircuitRequest.of(eng.structure, 0, 0, "qk", "token", [0, 1], [0, 1], limit=eng.max_block_bytes))
     await eng.set_raw(True)
-    raw = await eng.circuit_block(0, 0, "qk", "token", [0, 1], [0, 1])
+    raw = await eng.get(CircuitRequest.of(eng.structure, 0, 0, "qk", "token", [0, 1], [0, 1], limit=eng.max_block_bytes))
     assert raw is not processed
     w_raw = load_model(eng.path, raw=True).weights
     np.testing.assert_allclose(raw.values, circuits.token_qk(w_raw, 0, 0).block([0, 1], [0, 1]), rtol=1e-4, atol=1e-5)
@@ -165,9 +176,9 @@ async def test_tokenize_uses_the_model_tokenizer(tmp_path) -> None:
     path, _ = build_gpt2(tmp_path / "m", tokenizer=True)
     engine = Engine(path)
     try:
-        assert await engine.tokenize("the cat sat") == load_model(path).tokenizer.encode("the cat sat")
+        assert await engine.get(TokenizeRequest.of(engine.structure, "the cat sat")) == load_model(path).tokenizer.encode("the cat sat")
         with pytest.raises(PromptError):
-            await engine.tokenize("  ")
+            await engine.get(TokenizeRequest.of(engine.structure, "  "))
     finally:
         await engine.aclose()
 
@@ -201,7 +212,7 @@ async def test_ready_and_first_view_do_not_wait_for_torch_or_the_warm_up(gpt2_di
     eng = Engine(gpt2_dir[0], workers=2)
     try:
         await asyncio.wait_for(eng.ready(), 30)
-        block = await asyncio.wait_for(eng.circuit_block(0, 0, "qk", "position", [0, 1], [0, 1]), 30)
+        block = await asyncio.wait_for(eng.get(CircuitRequest.of(eng.structure, 0, 0, "qk", "position", [0, 1], [0, 1], limit=eng.max_block_bytes)), 30)
         assert block.values.shape == (2, 2) and warmed == [] and not eng._torch_ready.is_set()
         with eng._job_mode():
             assert not torch.is_inference_mode_enabled()

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from headscope.engine.core.errors import CancelledError as EngineCancelled
+from headscope.engine.core.requests import HeadScoresRequest
 from headscope.engine.core.validation import SCORE_NAMES
 from headscope.tui.session import sweeps
 from tests.fake_engine import FakeEngine
@@ -37,7 +38,7 @@ def test_the_score_sweep_gives_every_head_in_layer_order_and_shows_its_progress(
     engine, seen = FakeEngine(n_layers=2, n_heads=3, sweep_steps=3), Seen()
     rows = run(sweeps.all_scores(engine, seen.show, seen.report))
     assert [(r.layer, r.head) for r in rows] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
-    one = run(engine.head_scores(1, 2))  # the same head asked for alone
+    one = run(engine.get(HeadScoresRequest.of(engine.structure, 1, 2)))  # the same head asked for alone
     for name in SCORE_NAMES:
         assert getattr(rows[5], name) == pytest.approx(getattr(one, name)), name
     assert seen.progress[0] == 0.0 and seen.progress[-1] is None
@@ -55,7 +56,7 @@ def test_a_failing_sweep_is_reported_once_and_its_progress_ends() -> None:
 
 def test_a_cancelled_request_gives_nothing_and_says_nothing() -> None:
     class Cancelled(FakeEngine):
-        async def head_scores(self, layer: int, head: int) -> Any:
+        async def head_scores(self, req: Any, progress: Any = None) -> Any:
             raise EngineCancelled("moved on")
 
     seen = Seen()

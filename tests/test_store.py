@@ -22,6 +22,12 @@ import pytest
 from headscope.engine.api import report
 from headscope.engine.circuits import composition as composition_module
 from headscope.engine.circuits import spectral as spectral_module
+from headscope.engine.core.requests import (
+    CompositionRequest,
+    HeadScoresRequest,
+    ScoreTableRequest,
+    SpectrumRequest,
+)
 from headscope.engine.forward import behaviour as behaviour_module
 from headscope.engine.model.loading import load_model
 from headscope.engine.sweeps import head_views
@@ -403,9 +409,9 @@ async def test_engine_sweeps_read_the_store_and_say_so(deep_gpt2, store, monkeyp
 
     engine = Engine(None, model=load_model(deep_gpt2), store=store, prefetch=False)
     try:
-        first = await engine.all_head_scores()
+        first = await engine.get(ScoreTableRequest())
         assert engine.stats().origin == "head scores: computed now"
-        comp = await engine.composition("q")
+        comp = await engine.get(CompositionRequest.of(engine.structure, "q"))
         assert engine.stats().origin == "composition q: computed now"
     finally:
         await engine.aclose()
@@ -413,11 +419,11 @@ async def test_engine_sweeps_read_the_store_and_say_so(deep_gpt2, store, monkeyp
     pairs = counting(monkeypatch, "_pair_scores")
     reopened = Engine(None, model=load_model(deep_gpt2), store=store, prefetch=False)
     try:
-        second = await reopened.all_head_scores()
+        second = await reopened.get(ScoreTableRequest())
         assert reopened.stats().origin == "head scores: from the cache"
-        comp2 = await reopened.composition("q")
+        comp2 = await reopened.get(CompositionRequest.of(reopened.structure, "q"))
         assert reopened.stats().origin == "composition q: from the cache"
-        scores_of_head = await reopened.head_scores(3, 1)  # per-head cache filled by the sweep
+        scores_of_head = await reopened.get(HeadScoresRequest.of(reopened.structure, 3, 1))  # per-head cache filled by the sweep
     finally:
         await reopened.aclose()
     assert spectral.calls == 0 and pairs.calls == 0
@@ -455,7 +461,7 @@ async def test_a_cancelled_engine_sweep_resumes_in_the_next_engine(deep_gpt2, st
 
     monkeypatch.setattr(composition_module, "_pair_scores", then_cancel(real_pairs))
     try:
-        task = asyncio.ensure_future(engine.composition("v"))
+        task = asyncio.ensure_future(engine.get(CompositionRequest.of(engine.structure, "v")))
         with pytest.raises((asyncio.CancelledError, CancelledError)):
             await task
         for _ in range(3000):  # let the job stop (in_flight drops at the cancel, before that)
@@ -471,7 +477,7 @@ async def test_a_cancelled_engine_sweep_resumes_in_the_next_engine(deep_gpt2, st
     pairs = counting(monkeypatch, "_pair_scores")
     reopened = Engine(None, model=load_model(deep_gpt2), store=store, prefetch=False)
     try:
-        resumed = await reopened.composition("v")
+        resumed = await reopened.get(CompositionRequest.of(reopened.structure, "v"))
         assert reopened.stats().origin == "composition v: 2 parts from the cache, 2 computed now"
     finally:
         await reopened.aclose()
@@ -486,7 +492,7 @@ async def test_engine_spectra_are_stored_per_head(deep_gpt2, store, monkeypatch)
     async def spectra() -> list[Any]:
         engine = Engine(None, model=load_model(deep_gpt2), store=store, prefetch=False)
         try:
-            return [await engine.spectrum(layer, 1, kind) for layer in (0, 4) for kind in ("ov", "qk")]
+            return [await engine.get(SpectrumRequest.of(engine.structure, layer, 1, kind)) for layer in (0, 4) for kind in ("ov", "qk")]
         finally:
             await engine.aclose()
 

@@ -19,6 +19,7 @@ from textual.command import CommandList, CommandPalette
 from textual.widgets import DataTable, Static, TabbedContent
 from textual.worker import WorkerCancelled
 
+from headscope.engine.core.requests import CircuitRequest, CompositionRequest, PromptRequest
 from headscope.themes import COLORMAPS
 from headscope.tui.app import HeadscopeApp
 from headscope.tui.base.keymap import APP_BINDINGS
@@ -195,7 +196,7 @@ async def test_prompt_entry_shows_pattern_dla_and_predictions() -> None:
         assert app.explorer.active_tab == "prompt"
         await pilot.press(*"the cat sat", "enter")
         await settle(pilot, app)
-        view = await engine.run_prompt("the cat sat", 0, 0)
+        view = (await engine.get(PromptRequest.of(engine.structure, "the cat sat", limit=engine.max_block_bytes))).view(0, 0)
         text = chart_text(app, "prompt-pattern")
         assert "attention L0.H0" in text and "sat" in text
         preds = plain(app.query_one("#prompt-preds", Static))
@@ -210,7 +211,7 @@ async def test_composition_edges_select_heads_and_kind_switches() -> None:
         await settle(pilot, app)
         await pilot.press("c")
         await settle(pilot, app)
-        comp = await engine.composition("k")
+        comp = await engine.get(CompositionRequest.of(engine.structure, "k"))
         table = app.query_one("#comp-edges", DataTable)
         assert table.row_count == len(comp.top_edges)
         assert "K-composition" in chart_text(app, "comp-graph")
@@ -509,7 +510,7 @@ async def test_export_and_screenshot_go_to_the_output_dir_not_the_checkpoint(
         exported = [p for p in new if p.suffix == ".json"]
         assert len(exported) == 1 and any(p.suffix == ".svg" for p in new)
         doc = json.loads(exported[0].read_text())
-        block = await engine.circuit_block(0, 0, "qk", "token")
+        block = await engine.get(CircuitRequest.of(engine.structure, 0, 0, "qk", "token", limit=engine.max_block_bytes))
         assert np.allclose(np.array(doc["data"]["token"]["values"]), block.values, atol=1e-4)
         assert doc["head"] == [0, 0] and doc["processed"] is True
         assert list(model_dir.iterdir()) == []
@@ -591,7 +592,7 @@ async def test_composition_graph_draws_edges_above_the_threshold_only() -> None:
         await settle(pilot, app)
         await pilot.press("c")
         await settle(pilot, app)
-        comp = await engine.composition("k")
+        comp = await engine.get(CompositionRequest.of(engine.structure, "k"))
         strongest = max(e[4] for e in comp.top_edges)
 
         def expected(fraction: float) -> set[tuple[int, int, int, int]]:
@@ -629,7 +630,7 @@ async def test_prompt_tab_shows_pattern_dla_and_predictions_at_once() -> None:
             assert region.height >= 3 and screen.contains_region(region), wid
         preds = app.query_one("#prompt-preds")
         assert preds.region.y < app.query_one("#prompt-side").region.bottom
-        view = await engine.run_prompt(app.explorer.choices.prompt_text, 0, 0)
+        view = (await engine.get(PromptRequest.of(engine.structure, app.explorer.choices.prompt_text, limit=engine.max_block_bytes))).view(0, 0)
         assert view.top_predictions[0][1] in plain(app.query_one("#prompt-preds", Static))
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from textual.widgets import DataTable, Static
 
+from headscope.engine.core.requests import CompositionRequest
 from headscope.engine.sweeps.diff import EDGE_THRESHOLD
 from headscope.tui.app import HeadscopeApp
 from headscope.tui.base.settings import Settings
@@ -60,7 +61,7 @@ async def test_changes_tab_names_the_pruned_head_first_and_its_lost_edges() -> N
         row = {r["head"]: r for r in app.compare.diff.heads if r["layer"] == 1}
         assert row[2]["ov_similarity"] == 0.0 and row[0]["ov_similarity"] == pytest.approx(1.0)
         # lost K-composition edges: every edge into L1.H2 that was above threshold in A
-        comp = await a.composition("k")
+        comp = await a.get(CompositionRequest.of(a.structure, "k"))
         want = {(l1, h1) for l1, h1, l2, h2, s in comp.top_edges
                 if (l2, h2) == (1, 2) and s > EDGE_THRESHOLD}
         assert want

@@ -1,4 +1,4 @@
-"""The explorer's engine protocol (tui/engine_api.py) against the real engine and the fake.
+"""The explorer's engine protocol (tui/base/protocols.py) against the real engine and the fake.
 
 Checked without opening a model: for every method of the protocol, the class defines it, it
 is a coroutine function exactly when the protocol's is, and its parameters have the same names
@@ -42,10 +42,21 @@ def mismatches(cls: type) -> list[str]:
 
 def test_the_protocol_lists_what_the_explorer_calls() -> None:
     names = set(protocol_members())
-    assert {"ready", "circuit_block", "top_outputs", "spectrum", "rotary_profile", "run_prompt",
-            "head_scores", "all_head_scores", "all_ablation_effects", "composition", "compare",
-            "set_raw", "tokenize", "focus", "stats", "aclose"} <= names
-    assert "structure" in ExplorerEngine.__annotations__
+    # the lifecycle, one way in for every request, and the diff of two models
+    assert names == {"ready", "set_raw", "aclose", "focus", "stats", "get", "compare"}
+    assert {"structure", "max_block_bytes"} <= set(ExplorerEngine.__annotations__)
+
+
+def test_the_fake_answers_every_request_type() -> None:
+    from headscope.engine.core.requests import PatchRequest, request_types
+    from tests.fake_engine import ANSWERS
+
+    # the explorer never sends a bare PatchRequest (its inputs are text: PatchInputsRequest)
+    # nor the parts the engine assembles head scores from (BehaviourRequest)
+    explorer_sends = {t for t in request_types() if t.__name__ not in ("PatchRequest", "BehaviourRequest")}
+    assert set(ANSWERS) == explorer_sends
+    assert PatchRequest not in ANSWERS
+    assert all(callable(getattr(FakeEngine, name)) for name in ANSWERS.values())
 
 
 @pytest.mark.parametrize("cls", [Engine, FakeEngine])
@@ -55,12 +66,10 @@ def test_engine_matches_the_protocol(cls: type) -> None:
 
 def test_a_drifted_fake_is_caught() -> None:
     class Drifted(FakeEngine):
-        async def circuit_block(self, layer: int, head: int, kind: str,  # type: ignore[override]
-                                basis: str, rows: Any = None, columns: Any = None,
-                                offset: int = 0) -> Any:
+        async def get(self, request: Any, on_progress: Any = None) -> Any:  # type: ignore[override]
             raise AssertionError
 
-        def spectrum(self, layer: int, head: int, kind: str) -> Any:  # type: ignore[override]
+        async def stats(self) -> Any:  # type: ignore[override]
             raise AssertionError
 
         async def compare(self, other: Any, match_heads: bool = False,  # type: ignore[override]
@@ -68,8 +77,8 @@ def test_a_drifted_fake_is_caught() -> None:
             raise AssertionError
 
     found = mismatches(Drifted)
-    assert any(m.startswith("Drifted.circuit_block") for m in found)
-    assert any(m.startswith("Drifted.spectrum: async") for m in found)
+    assert any(m.startswith("Drifted.get") for m in found)
+    assert any(m.startswith("Drifted.stats: async") for m in found)
     assert any(m.startswith("Drifted.compare") for m in found)
     assert len(found) == 3
 
@@ -82,4 +91,4 @@ def test_a_missing_method_is_caught() -> None:
 
     found = mismatches(Partial)
     assert "Partial.ready: missing" not in found
-    assert "Partial.circuit_block: missing" in found
+    assert "Partial.get: missing" in found

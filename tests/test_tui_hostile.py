@@ -21,6 +21,7 @@ import pytest
 from textual.widgets import DataTable
 from textual.worker import WorkerState
 
+from headscope.engine.core.requests import SpectrumRequest
 from headscope.tui.app import HeadscopeApp
 from headscope.tui.base.labels import score
 from headscope.tui.base.settings import Settings
@@ -285,9 +286,9 @@ async def test_engine_spectrum_of_a_nan_head_is_empty_with_a_nan_score(
 
     engine = Engine(nan_weights(tmp_path, corpus_sources))
     try:
-        bad = await engine.spectrum(NAN_LAYER, NAN_HEAD, "qk")  # its W_Q holds the NaN
+        bad = await engine.get(SpectrumRequest.of(engine.structure, NAN_LAYER, NAN_HEAD, "qk"))  # its W_Q holds the NaN
         assert bad.eigenvalues.size == 0 and math.isnan(bad.score)
-        good = await engine.spectrum(NAN_LAYER, (NAN_HEAD + 1) % 4, "qk")
+        good = await engine.get(SpectrumRequest.of(engine.structure, NAN_LAYER, (NAN_HEAD + 1) % 4, "qk"))
         assert good.eigenvalues.size > 0 and math.isfinite(good.score)
     finally:
         await engine.aclose()

@@ -3,7 +3,7 @@ the sorted list of what each head recovers, enter to focus a head, the inputs ed
 run's progress and its cancellation (x), at 120×40 and 80×24 and in 256 colours.
 
 The real engine's numbers on attn-only-2l are checked in test_tui_real_engine-style at the
-end (``Engine.patch``: L1.H2 recovers most on the induction task)."""
+end (a ``PatchInputsRequest``: L1.H2 recovers most on the induction task)."""
 
 from __future__ import annotations
 
@@ -301,7 +301,7 @@ async def test_composition_edges_show_their_path_effect_and_unused_ones() -> Non
 
 async def test_on_the_real_engine_the_induction_head_recovers_most() -> None:
     """attn-only-2l through the real Engine: the Patch tab's list starts with L1.H2, then
-    the other layer-1 heads, as ``Engine.patch`` computes them."""
+    the other layer-1 heads, as the Engine computes them."""
     from headscope.tui.app import HeadscopeApp
     from headscope.tui.base.settings import Settings
     from tests.conftest import sample_model

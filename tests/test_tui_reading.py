@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from textual.widgets import DataTable, Static
 
+from headscope.engine.core.requests import DirectionsRequest, ScoreNullRequest, ScoreTableRequest
 from headscope.tui.app import HeadscopeApp
 from headscope.tui.base.settings import Settings
 from headscope.tui.screens.path import PathScreen
@@ -91,15 +92,14 @@ async def test_directions_panel_is_off_when_narrow_v_shows_it_and_it_follows_the
         await settle(pilot, app)
         assert panel.region.width and not app.explorer.query_one("#ov-top", Static).region.width
         head = app.explorer.head
-        found = await engine.singular_directions(*head, "ov", k=N_DIRECTIONS, top=N_TOKENS)
+        found = await engine.get(DirectionsRequest.of(engine.structure, *head, "ov", k=N_DIRECTIONS, top=N_TOKENS))
         assert f"{found.directions[0].sigma:.3g}" in plain(panel)
         await pilot.press("left_parenthesis")  # cyclic: the last direction
         n = len(found.directions)
         assert f"direction {n}/{n}" in plain(panel)
         await pilot.press("right_square_bracket")  # the next head: its directions, from 1
         await settle(pilot, app)
-        other = await engine.singular_directions(*app.explorer.head, "ov", k=N_DIRECTIONS,
-                                                 top=N_TOKENS)
+        other = await engine.get(DirectionsRequest.of(engine.structure, *app.explorer.head, "ov", k=N_DIRECTIONS, top=N_TOKENS))
         assert app.explorer.head != head and f"direction 1/{n}" in plain(panel)
         assert f"{other.directions[0].sigma:.3g}" in plain(panel)
         await pilot.press("left_square_bracket")  # back: from the panel's cache, no worker
@@ -125,7 +125,7 @@ async def test_z_scores_sink_badges_and_the_sink_filter() -> None:
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot, app)
         tree = app.explorer.query_one(HeadTree)
-        null, table = await engine.score_null(), await engine.all_head_scores()
+        null, table = await engine.get(ScoreNullRequest()), await engine.get(ScoreTableRequest())
         z = {name: null.z(name, getattr(table, name)) for name in SCORE_NAMES}  # = heads --json
         sinks = {h for h in tree.head_nodes
                  if max(table.attention_sink_score[h], table.delimiter_sink_score[h]) >= 0.3}

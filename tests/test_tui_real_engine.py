@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from headscope.engine.core.requests import CompositionRequest
 from headscope.tui.app import HeadscopeApp
 from headscope.tui.base.settings import Settings
 from headscope.tui.widgets.chart import Chart
@@ -121,7 +122,7 @@ async def test_event_loop_keeps_ticking_while_sweeps_run(
         await wait_ready(pilot, app)
         app.explorer.start_sweep()  # all head scores: behaviour forward passes on engine threads
         # Q/K/V composition sweeps at once, while the status bar animates their progress.
-        await asyncio.gather(*(app.engine.composition(k) for k in "qkv"))
+        await asyncio.gather(*(app.engine.get(CompositionRequest.of(app.engine.structure, k)) for k in "qkv"))
         await settle(pilot, app)  # the sweep's scores reach the explorer
         with tick:  # jobs submitted from now on (idle prefetch) no longer wait for ticks
             stop = True
@@ -153,7 +154,7 @@ async def test_the_composition_graph_fills_in_pair_by_pair(gpt2_dir: Any, tmp_pa
         await wait_ready(pilot, app)
         app.engine.partial_interval = 0.0  # every pair but the last one
         seen: list[Any] = []
-        direct = await app.engine.composition("q", partial=seen.append)
+        direct = await app.engine.get(CompositionRequest.of(app.engine.structure, "q"), partial=seen.append)
         await pilot.press("5")  # the composition tab: K-composition, with partial graphs
         pane = app.explorer.query_one(CompositionPane)
         await wait_until(pilot, lambda: ("k", app.explorer.gen) in pane.cache, "the K sweep")

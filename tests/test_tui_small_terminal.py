@@ -16,6 +16,7 @@ from rich.style import Style
 from rich.text import Text
 from textual.widgets import DataTable
 
+from headscope.engine.core.requests import AblationRequest, AblationSweepRequest, ScoreNullRequest
 from headscope.tui.app import HeadscopeApp
 from headscope.tui.base.settings import Settings
 from headscope.tui.plots.colormap import bins, palette_ramp, ramp_index
@@ -193,7 +194,7 @@ async def test_the_focus_line_keeps_the_strongest_scores_z_at_80_columns() -> No
         line = app.query_one("#focus-line", Static)
         shown = str(line.render())
         row = engine._scores(0, 0)
-        null = await engine.score_null()
+        null = await engine.get(ScoreNullRequest())
         keys = ["copying_score", "qk_positivity", "prev_token_score", "duplicate_token_score",
                 "induction_score"]
         top = max(keys, key=lambda k: z_score(null, row, k))
@@ -248,7 +249,7 @@ async def test_stored_ablation_effects_show_in_the_summary_without_a() -> None:
         column = list(table.columns).index(ABLATION)
         cells = [str(table.get_row_at(r)[column]) for r in range(table.row_count)]
         assert len(cells) == 8 and not any("—" in c for c in cells), cells
-        expected = {f"{await engine.ablation(layer, head):+.3f}" for layer in range(2)
+        expected = {f"{await engine.get(AblationRequest.of(engine.structure, layer, head)):+.3f}" for layer in range(2)
                     for head in range(4)}
         assert {c.strip() for c in cells} == expected
         assert "press a" not in str(app.query_one("#summary-hint").render())
@@ -266,14 +267,14 @@ async def test_the_real_engine_reads_stored_ablation_effects(tmp_path: Path,
     engine = Engine(path, workers=1, prefetch=False, store=store)
     await engine.ready()
     try:
-        assert await engine.stored_ablation_effects() is None
+        assert await engine.get(AblationSweepRequest(stored_only=True)) is None
     finally:
         await engine.aclose()
     rows = head_table(open_model(path), ablation=True, store=store)
     engine = Engine(path, workers=1, prefetch=False, store=store)
     await engine.ready()
     try:
-        effects = await engine.stored_ablation_effects()
+        effects = await engine.get(AblationSweepRequest(stored_only=True))
     finally:
         await engine.aclose()
     assert effects is not None
@@ -511,7 +512,7 @@ async def test_the_summary_fits_80_columns_without_scrolling_sideways() -> None:
         await pilot.press("a")  # the ablation column filled, the rows sorted by it
         await settle(pilot, app)
         table = app.query_one("#summary-table", DataTable)
-        null = await engine.score_null()
+        null = await engine.get(ScoreNullRequest())
         for sort in (ABLATION, "delimiter_sink_score"):  # the widest header: "delim ▼"
             app.explorer.sort_summary(sort)
             await settle(pilot, app)
@@ -534,7 +535,7 @@ async def test_the_summary_fits_80_columns_without_scrolling_sideways() -> None:
                     z = null.head_z(key, layer, value)
                     assert str(cell).split("\n") == [f" {value:+.2f}",
                                                      " " + z_text(z).removeprefix("z=")]
-                assert str(row[-1]).strip() == f"{await engine.ablation(layer, head):+.3f}"
+                assert str(row[-1]).strip() == f"{await engine.get(AblationRequest.of(engine.structure, layer, head)):+.3f}"
         hint = str(app.query_one("#summary-hint").render())
         assert hint.startswith(f"{ABLATION_SHORT}: loss increase"), hint
         # 120×40 as before: the long labels, padded cells, three decimals and z=…

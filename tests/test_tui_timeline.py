@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from textual.widgets import DataTable, Static
 
+from headscope.engine.core.requests import CircuitRequest
 from headscope.engine.service.engine import default_workers
 from headscope.engine.sweeps import timeline as engine_timeline
 from headscope.engine.sweeps.timeline import (
@@ -159,7 +160,7 @@ async def test_scrubbing_opens_that_steps_weights_in_every_tab_and_its_badges(
         direct = Engine(str(sources[target].path))
         try:
             await direct.ready()
-            expected = await direct.circuit_block(0, 0, "qk", "token")
+            expected = await direct.get(CircuitRequest.of(direct.structure, 0, 0, "qk", "token", limit=direct.max_block_bytes))
         finally:
             await direct.aclose()
         np.testing.assert_allclose(shown, np.asarray(expected.values), rtol=1e-6, atol=1e-6)

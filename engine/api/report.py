@@ -19,8 +19,8 @@ from headscope.engine.core.requests import (
     CircuitRequest,
     CompositionRequest,
     DirectionsRequest,
-    PatchRequest,
     PathRequest,
+    Request,
 )
 from headscope.engine.core.validation import (
     ABLATION_EFFECT,
@@ -304,11 +304,13 @@ def path_dict(found: VirtualPath) -> dict[str, Any]:
 
 # -- patching (docs/math.md, "Patching") --------------------------------------------------------
 
-def patch_report(model: LoadedModel, req: PatchRequest, *, store: ResultStore | None = None,
-                 progress: Progress = None, cancelled: Callable[[], bool] | None = None) -> PatchResult:
-    """``req`` computed with the model's entry of the results store (``None``: no store)."""
+def computed(model: LoadedModel, req: Request, *, store: ResultStore | None = None,
+             progress: Progress = None, cancelled: Callable[[], bool] | None = None, **options: Any) -> Any:
+    """``req`` (built by the CLI with ``SomeRequest.of``) computed with the model's entry of
+    the results store (``None``: no store); ``options`` as ``compute`` takes them (a sweep's
+    ``cluster``, a composition's ``on_tile``). The ``*_dict`` functions shape the result."""
     entry = None if store is None else store.for_model(model)
-    return compute(model, req, progress=progress, cancelled=cancelled, store=entry)
+    return compute(model, req, progress=progress, cancelled=cancelled, store=entry, **options)
 
 
 def patch_dict(result: PatchResult) -> dict[str, Any]:

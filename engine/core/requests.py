@@ -61,6 +61,7 @@ __all__ = [
     "DirectionsRequest",
     "HeadScoresRequest",
     "InductionPromptsRequest",
+    "PatchInputsRequest",
     "PatchRequest",
     "PathRequest",
     "ProfileRequest",
@@ -630,6 +631,47 @@ class QKAttributionRequest(Request):
             why = "is after the query (causal attention)" if int(key) > int(query) else "out of range"
             raise IndexOutOfRangeError(where, f"key {key} {why}: query {query} sees keys 0..{query}")
         return cls(int(layer), int(head), ids, int(query))
+
+
+@dataclass(frozen=True)
+class PatchInputsRequest(Request):
+    """Patching with the inputs as the explorer's Patch tab has them: prompts as text or ids,
+    ``answer``/``wrong`` as token strings or ids, or none of them (``task``). Where it runs
+    they are resolved against the tokenizer (``sweeps.prompts.patch_request``) into one
+    ``PatchRequest`` (every head at ``site``), or with ``edges`` one per edge (path patching
+    into the receiver's ``site``, one row per edge): each is computed, and kept in the results
+    store, as that ``PatchRequest``."""
+
+    name: ClassVar[str] = "patch"
+    stored: ClassVar[bool] = True
+    origin_text: ClassVar[str | None] = "patching"
+    clean: str | tuple[int, ...] | None = None
+    corrupt: str | tuple[int, ...] | None = None
+    answer: str | int | None = None
+    wrong: str | int | None = None
+    site: str = "out"
+    method: str = "exact"
+    task: str | None = None
+    edges: tuple[tuple[Head, Head], ...] | None = None
+
+    @classmethod
+    def of(cls, structure: Structure, *, clean: str | Sequence[int] | None = None,
+           corrupt: str | Sequence[int] | None = None, answer: str | int | None = None,
+           wrong: str | int | None = None, site: str = "out", method: str = "exact",
+           task: str | None = None, edges: Sequence[Sequence[Sequence[int]]] | None = None,
+           where: Any = ...) -> PatchInputsRequest:
+        """The checks that need no tokenizer; the rest are ``PatchRequest.of``'s, where it runs."""
+        where = _where(structure, where)
+        check_patchable(structure, where)
+        if edges is not None and not edges:
+            raise InvalidRequestError(where, "no edges to path-patch")
+
+        def prompt(given: str | Sequence[int] | None) -> str | tuple[int, ...] | None:
+            return given if given is None or isinstance(given, str) else tuple(int(t) for t in given)
+
+        return cls(prompt(clean), prompt(corrupt), answer, wrong, site, method, task,
+                   None if edges is None else tuple(((int(s[0]), int(s[1])), (int(r[0]), int(r[1])))
+                                                    for s, r in edges))
 
 
 def request_types() -> tuple[type[Request], ...]:

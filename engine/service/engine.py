@@ -7,8 +7,7 @@ the same checks the CLI and the Python API run), computes it on a small thread p
 ``sweeps.dispatch.compute`` (what the CLI and the API call directly) and keeps the result, a
 frozen dataclass of read-only numpy arrays (``core.results``), in an LRU cache bounded by
 bytes under ``(request.key(), raw)``: this module owns the caching, the scheduling and the
-prefetch, not the maths. The named methods (``circuit_block``, ``patch``, ...) build a request
-and call ``get``; they remain while the explorer still calls them.
+prefetch, not the maths. ``compare`` is the one other computation: it needs two open models.
 
 Scheduling (``service.scheduler``): identical requests in flight share one computation; the
 focused head's requests run first; requests for heads the user has left are dropped before
@@ -24,53 +23,29 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import dataclasses
 import os
 import threading
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from headscope.engine.core import validation
 from headscope.engine.core.cache import ByteLRU
 from headscope.engine.core.errors import HeadscopeError, InvalidRequestError, NonFiniteError
-from headscope.engine.core.progress import Progress, progress_span
+from headscope.engine.core.progress import Progress
 from headscope.engine.core.requests import (
-    AblationRequest,
-    AblationSweepRequest,
     BehaviourRequest,
-    CircuitRequest,
     CompositionRequest,
-    DirectionsRequest,
     HeadScoresRequest,
-    InductionPromptsRequest,
-    PatchRequest,
-    PathRequest,
-    ProfileRequest,
-    PromptRequest,
     Request,
-    ScoreNullRequest,
-    ScoreTableRequest,
     SpectrumRequest,
-    TokenizeRequest,
-    TopOutputsRequest,
 )
 from headscope.engine.core.results import (
     CacheStats,
-    CircuitBlock,
     Composition,
     HeadScores,
-    PatchResult,
-    Profile,
-    PromptView,
-    ScoreNull,
-    ScoreTable,
-    SingularDirections,
-    Spectrum,
-    TopTokens,
-    VirtualPath,
     readonly,
 )
 from headscope.engine.core.validation import (
@@ -78,12 +53,10 @@ from headscope.engine.core.validation import (
     MAX_RESULT_BYTES,
     SEED,
     TOP_EDGES,
-    check_patchable,
 )
 from headscope.engine.forward.runtime import inference_mode, set_threads
 from headscope.engine.service.scheduler import JobContext, Scheduler
 from headscope.engine.sweeps.dispatch import compute
-from headscope.engine.sweeps.prompts import patch_request
 
 if TYPE_CHECKING:
     from headscope.engine.model.loading import LoadedModel
@@ -408,94 +381,6 @@ class Engine:
         self.cache.put(key, result)
         return result
 
-    # -- the explorer's requests, until it calls get() itself ---------------------------------
-
-    async def circuit_block(self, layer: int, head: int, kind: Literal["qk", "ov"],
-                            basis: Literal["token", "position"] = "token",
-                            rows: Sequence[int] | None = None, cols: Sequence[int] | None = None,
-                            offset: int = 0) -> CircuitBlock:
-        return await self.get(CircuitRequest.of(self.structure, layer, head, kind, basis, rows, cols,
-                                                offset, where=self._where, limit=self.max_block_bytes))
-
-    async def top_outputs(self, layer: int, head: int, source_token: int, k: int = 10) -> TopTokens:
-        return await self.get(TopOutputsRequest.of(self.structure, layer, head, source_token, k,
-                                                   where=self._where))
-
-    async def spectrum(self, layer: int, head: int, kind: Literal["ov", "qk"]) -> Spectrum:
-        return await self.get(SpectrumRequest.of(self.structure, layer, head, kind, where=self._where))
-
-    async def rotary_profile(self, layer: int, head: int, offsets: Sequence[int]) -> Profile:
-        return await self.get(ProfileRequest.of(self.structure, layer, head, offsets, where=self._where))
-
-    async def head_scores(self, layer: int, head: int) -> HeadScores:
-        return await self.get(HeadScoresRequest.of(self.structure, layer, head, where=self._where))
-
-    async def all_head_scores(self, progress: Progress = None) -> ScoreTable:
-        return await self.get(ScoreTableRequest(SEED), progress)
-
-    async def singular_directions(self, layer: int, head: int, kind: Literal["ov", "qk"],
-                                  k: int = 5, top: int = 10) -> SingularDirections:
-        return await self.get(DirectionsRequest.of(self.structure, layer, head, kind, k, top,
-                                                   where=self._where))
-
-    async def virtual_path(self, source: tuple[int, int], target: tuple[int, int],
-                           rows: Sequence[int] | None = None, cols: Sequence[int] | None = None
-                           ) -> VirtualPath:
-        return await self.get(PathRequest.of(self.structure, source, target, rows, cols,
-                                             where=self._where, limit=self.max_block_bytes))
-
-    async def score_null(self) -> ScoreNull:
-        return await self.get(ScoreNullRequest(SEED))
-
-    async def composition(self, kind: Literal["q", "k", "v"], progress: Progress = None,
-                          partial: Callable[[Composition], None] | None = None) -> Composition:
-        return await self.get(CompositionRequest.of(self.structure, kind, where=self._where), progress,
-                              partial=partial)
-
-    async def ablation(self, layer: int, head: int) -> float:
-        return await self.get(AblationRequest.of(self.structure, layer, head, where=self._where))
-
-    async def all_ablation_effects(self, progress: Progress = None) -> np.ndarray:
-        return await self.get(AblationSweepRequest(SEED), progress)
-
-    async def stored_ablation_effects(self) -> np.ndarray | None:
-        return await self.get(AblationSweepRequest(SEED, stored_only=True))
-
-    async def induction_prompts(self, task: str = "induction") -> tuple[tuple[int, ...], tuple[int, ...]]:
-        return await self.get(InductionPromptsRequest.of(self.structure, task, where=self._where))
-
-    async def patch(self, *, clean: str | Sequence[int] | None = None,
-                    corrupt: str | Sequence[int] | None = None, answer: str | int | None = None,
-                    wrong: str | int | None = None, site: str = "out", method: str = "exact",
-                    task: str | None = None, progress: Progress = None) -> PatchResult:
-        return await self.get(await self._patch_request(clean, corrupt, answer=answer, wrong=wrong,
-                                                        site=site, method=method, task=task), progress)
-
-    async def path_patch(self, edges: Sequence[tuple[tuple[int, int], tuple[int, int]]],
-                         receiver_input: str, *, clean: str | Sequence[int] | None = None,
-                         corrupt: str | Sequence[int] | None = None,
-                         answer: str | int | None = None, wrong: str | int | None = None,
-                         task: str | None = None, progress: Progress = None) -> PatchResult:
-        """Path patching of each edge ``(sender, receiver)`` into the receiver's
-        ``receiver_input`` (q, k or v): one ``PatchRequest`` per edge (each cached and kept
-        in the results store), one row per edge in the result."""
-        check_patchable(self.structure, self._where)
-        requests = [await self._patch_request(clean, corrupt, answer=answer, wrong=wrong,
-                                              site=receiver_input, edge=edge, task=task) for edge in edges]
-        if not requests:
-            raise InvalidRequestError(self._where, "no edges to path-patch")
-        n = len(requests)
-        found = [await self.get(req, progress_span(progress, i / n, (i + 1) / n))
-                 for i, req in enumerate(requests)]
-        return dataclasses.replace(found[0], rows=tuple(r for f in found for r in f.rows))
-
-    async def _patch_request(self, clean: str | Sequence[int] | None,
-                             corrupt: str | Sequence[int] | None, **options: Any) -> PatchRequest:
-        """The explorer's patching inputs (text or ids) resolved against the tokenizer."""
-        check_patchable(self.structure, self._where)
-        await self.ready()
-        return patch_request(self._opened.result(), clean, corrupt, **options)
-
     async def compare(
         self, other: Engine, *, match_heads: bool = False, threshold: float = EDGE_THRESHOLD
     ) -> ModelDiff:
@@ -520,14 +405,6 @@ class Engine:
         if hit is not None:
             return hit
         return await self._scheduler.run(key, run, head=None, label="compare")
-
-    async def tokenize(self, text: str) -> list[int]:
-        return await self.get(TokenizeRequest.of(self.structure, text, where=self._where))
-
-    async def run_prompt(self, text: str, layer: int, head: int) -> PromptView:
-        validation.check_head(self.structure, layer, head, self._where)
-        prompt = PromptRequest.of(self.structure, text, where=self._where, limit=self.max_block_bytes)
-        return (await self.get(prompt)).view(layer, head)
 
 
 # -- helpers ---------------------------------------------------------------------------

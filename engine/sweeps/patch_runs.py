@@ -10,8 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from headscope.engine.core.progress import Cancelled, Progress
-from headscope.engine.core.requests import InductionPromptsRequest, PatchRequest, computes
+from headscope.engine.core.progress import Cancelled, Progress, progress_span
+from headscope.engine.core.requests import (
+    InductionPromptsRequest,
+    PatchInputsRequest,
+    PatchRequest,
+    computes,
+)
 from headscope.engine.core.results import PatchResult, patch_result
 
 if TYPE_CHECKING:
@@ -111,6 +116,28 @@ def _patch_of(model: LoadedModel, req: PatchRequest, values: np.ndarray, rows: i
                         corrupt=float(values[1]), sets=sets, values=values[2:at], n_layers=cfg.n_layers,
                         n_heads=cfg.n_heads, tokens=pos, batch=batch, positions=positions, exact=exact,
                         verified=req.verify)
+
+
+@computes(PatchInputsRequest)
+def patch_inputs(model: LoadedModel, req: PatchInputsRequest, *, progress: Progress = None,
+                 cancelled: Cancelled = None, store: ModelStore | None = None, **_: Any) -> PatchResult:
+    """``req``'s inputs resolved against the tokenizer into ``PatchRequest``s (one, or one per
+    edge), each computed by ``patch`` (and kept in the store under its own key); the edges'
+    rows joined into one result, in the order of ``req.edges``."""
+    import dataclasses
+
+    from headscope.engine.sweeps.prompts import patch_request
+
+    inputs: dict[str, Any] = dict(answer=req.answer, wrong=req.wrong, task=req.task)
+    if req.edges is None:
+        return patch(model, patch_request(model, req.clean, req.corrupt, site=req.site, method=req.method,
+                                          **inputs), progress=progress, cancelled=cancelled, store=store)
+    requests = [patch_request(model, req.clean, req.corrupt, site=req.site, edge=edge, **inputs)
+                for edge in req.edges]
+    n = len(requests)
+    found = [patch(model, one, progress=progress_span(progress, i / n, (i + 1) / n), cancelled=cancelled,
+                   store=store) for i, one in enumerate(requests)]
+    return dataclasses.replace(found[0], rows=tuple(row for result in found for row in result.rows))
 
 
 @computes(InductionPromptsRequest)

@@ -36,7 +36,7 @@ SCORE_KEYS = SCORE_NAMES
 SHORT: dict[str, str] = dict(zip(SCORE_NAMES, ("copy", "QK+", "prev", "dup", "ind", "sink", "delim"),
                              strict=True))
 SINKS = ("attention_sink_score", "delimiter_sink_score")  # on the first token, on delimiters
-# The zero-ablation effect: not part of HeadScores (an opt-in sweep, Engine.all_ablation_effects).
+# The zero-ablation effect: not part of HeadScores (an opt-in sweep, AblationSweepRequest).
 ABLATION, ABLATION_LABEL = ABLATION_EFFECT, "zero-abl"
 ABLATION_SHORT = "abl"  # its label where SHORT's are used (narrow focus line and Summary)
 # Badges in the head tree: (score, letter). Colour follows the strength.

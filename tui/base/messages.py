@@ -78,7 +78,7 @@ class AblationSwept(Message, bubble=False):
 
 @dataclass
 class NullLoaded(Message, bubble=False):
-    """The scores of random heads (``Engine.score_null``), for generation ``gen``."""
+    """The scores of random heads (``ScoreNullRequest``), for generation ``gen``."""
 
     null: ScoreNull
     gen: int

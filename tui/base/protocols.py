@@ -1,6 +1,9 @@
 """What the explorer needs from an engine, and what a tab's pane needs from its host.
 
-``ExplorerEngine``: what the explorer needs from an engine.
+``ExplorerEngine``: what the explorer needs from an engine: the lifecycle of one open model
+and ``get(request)``. A pane builds its request with ``SomeRequest.of(engine.structure, ...)``
+(``engine.core.requests``: validated where it is built, as the CLI's and the API's are) and
+awaits ``engine.get(request, progress)``; adding a request type adds nothing here.
 
 ``headscope.engine.service.engine.Engine`` satisfies this protocol, and so does the test fake
 (``tests/fake_engine.FakeEngine``); ``tests/test_tui_engine_api.py`` checks both against it
@@ -11,14 +14,12 @@ and the UI awaits it in a worker (docs/internals.md).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from headscope.engine.core.progress import Progress
 
 if TYPE_CHECKING:
-    import numpy as np
-
     from headscope.engine.api.diff import ModelDiff
     from headscope.engine.api.timeline import Timeline
     from headscope.engine.core.requests import Request
@@ -26,16 +27,8 @@ if TYPE_CHECKING:
         CacheStats,
         CircuitBlock,
         Composition,
-        HeadScores,
-        PatchResult,
-        Profile,
         PromptView,
-        ScoreNull,
-        ScoreTable,
-        SingularDirections,
         Spectrum,
-        TopTokens,
-        VirtualPath,
     )
 
 # Defaults written ``...`` are the engine's own (e.g. ``engine.core.validation.EDGE_THRESHOLD``):
@@ -47,6 +40,8 @@ class ExplorerEngine(Protocol):
 
     # Header and config (layers, heads, positional, vocabulary, ...): there at once.
     structure: dict[str, Any]
+    # The most bytes one materialised result may hold (a block's or a prompt's ``limit=``).
+    max_block_bytes: int
 
     async def ready(self) -> None: ...
 
@@ -61,56 +56,8 @@ class ExplorerEngine(Protocol):
     async def get(self, request: Request, progress: Progress = None, *,
                   partial: Callable[[Composition], None] | None = None) -> Any: ...
 
-    async def tokenize(self, text: str) -> list[int]: ...
-
-    async def circuit_block(self, layer: int, head: int, kind: Any, basis: Any = "token",
-                            rows: Sequence[int] | None = None, cols: Sequence[int] | None = None,
-                            offset: int = 0) -> CircuitBlock: ...
-
-    async def top_outputs(self, layer: int, head: int, source_token: int,
-                          k: int = 10) -> TopTokens: ...
-
-    async def singular_directions(self, layer: int, head: int, kind: Any, k: int = 5,
-                                  top: int = 10) -> SingularDirections: ...
-
-    async def virtual_path(self, source: tuple[int, int], target: tuple[int, int],
-                           rows: Sequence[int] | None = None,
-                           cols: Sequence[int] | None = None) -> VirtualPath: ...
-
-    async def score_null(self) -> ScoreNull: ...
-
-    async def spectrum(self, layer: int, head: int, kind: Any) -> Spectrum: ...
-
-    async def rotary_profile(self, layer: int, head: int, offsets: Sequence[int]) -> Profile: ...
-
-    async def run_prompt(self, text: str, layer: int, head: int) -> PromptView: ...
-
-    async def head_scores(self, layer: int, head: int) -> HeadScores: ...
-
-    async def all_head_scores(self, progress: Progress = None) -> ScoreTable: ...
-
-    async def all_ablation_effects(self, progress: Progress = None) -> np.ndarray: ...
-
-    async def stored_ablation_effects(self) -> np.ndarray | None: ...
-
-    async def composition(self, kind: Any, progress: Progress = None,
-                          partial: Callable[[Composition], None] | None = None) -> Composition: ...
-
     async def compare(self, other: Any, *, match_heads: bool = False,
                       threshold: float = ...) -> ModelDiff: ...
-
-    async def induction_prompts(self, task: str = "induction") -> tuple[tuple[int, ...], tuple[int, ...]]: ...
-
-    async def patch(self, *, clean: str | Sequence[int] | None = None,
-                    corrupt: str | Sequence[int] | None = None, answer: str | int | None = None,
-                    wrong: str | int | None = None, site: str = "out", method: str = "exact",
-                    task: str | None = None, progress: Progress = None) -> PatchResult: ...
-
-    async def path_patch(self, edges: Sequence[tuple[tuple[int, int], tuple[int, int]]],
-                         receiver_input: str, *, clean: str | Sequence[int] | None = None,
-                         corrupt: str | Sequence[int] | None = None,
-                         answer: str | int | None = None, wrong: str | int | None = None,
-                         task: str | None = None, progress: Progress = None) -> PatchResult: ...
 
 
 def protocol_members() -> dict[str, Any]:
@@ -220,7 +167,7 @@ class PaneHost(Protocol):
         ...
 
     def patch_request(self) -> dict[str, Any]:
-        """The Patch tab's inputs as ``Engine.patch`` takes them (the current task)."""
+        """The Patch tab's inputs as ``PatchInputsRequest.of`` takes them (the current task)."""
         ...
 
     def report(self, message: str) -> None:

@@ -1,8 +1,8 @@
 """``headscope patch`` and ``headscope path-patch``: activation, attribution and path patching
-(docs/math.md, "Patching"): what the two commands (commands/patch.py, commands/path_patch.py)
+(docs/math.md, "Patching"): what the two commands (``patch`` and ``path-patch``)
 share, their inputs, the run and the table. The work is
-``engine.api.report.patch_request`` (inputs resolved and validated) and ``patch_report``
-(``sweeps.patch_runs.patch``, through the results store). ``--json`` prints
+``engine.api.report.patch_request`` (inputs resolved and validated into one ``PatchRequest``) and
+``computed`` (``sweeps.patch_runs.patch``, through the results store, under the request's key). ``--json`` prints
 ``api.report.patch_dict``; otherwise a table: the clean and corrupt runs' metric, then one
 row per head (or set, or edge), most recovered first.
 
@@ -106,7 +106,7 @@ def _id_list(text: str | None) -> list[int] | None:
 
 def run_patching(args: argparse.Namespace, command: str, **more: Any) -> Any:
     """Open the model, resolve and validate the inputs (a problem with them: exit 2), patch."""
-    from headscope.engine.api.report import patch_report
+    from headscope.engine.api.report import computed
     from headscope.engine.core.validation import check_patchable
 
     problem = _command_line_problem(args, command)
@@ -122,7 +122,7 @@ def run_patching(args: argparse.Namespace, command: str, **more: Any) -> Any:
     for note in notes:  # words that became <unk>, digits read as a token: said once, before the run
         say(f"{model.path}: {note}", warning=True)
     with progress_bar(f"{command} {model.path.name}", quiet=args.quiet) as progress:
-        return patch_report(model, req, store=results_store(args), progress=progress)
+        return computed(model, req, store=results_store(args), progress=progress)
 
 
 def emit_result(args: argparse.Namespace, result: Any) -> int:

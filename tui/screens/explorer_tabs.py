@@ -361,5 +361,5 @@ class ExplorerTabs(Screen[None]):
             self, (self.head, self.gen), self.headscope.model_ready.wait)
 
     def patch_request(self) -> dict[str, Any]:
-        """The Patch tab's inputs (its pane's session) as ``Engine.patch`` takes them."""
+        """The Patch tab's inputs (its pane's session) as ``PatchInputsRequest.of`` takes them."""
         return self.query_one(PatchPane).session.request()

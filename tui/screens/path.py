@@ -20,6 +20,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
 from headscope.engine.core.errors import HeadscopeError
+from headscope.engine.core.requests import PathRequest
 from headscope.tui.base.keymap import modal_binding
 from headscope.tui.plots.figures import Heatmap, Scatter
 from headscope.tui.widgets.chart import Chart
@@ -110,8 +111,10 @@ class PathScreen(ModalScreen[Head | None]):
     @work(exclusive=True, group="path", exit_on_error=False)
     async def load(self) -> None:
         try:
-            self.found = await self.engine.virtual_path(self.source, self.target,
-                                                        rows=self.tokens, cols=self.tokens)
+            engine = self.engine
+            self.found = await engine.get(PathRequest.of(engine.structure, self.source, self.target,
+                                                         rows=self.tokens, cols=self.tokens,
+                                                         limit=engine.max_block_bytes))
         except HeadscopeError as err:
             self.query_one("#path-summary", Static).update(Text(f"cannot read the path: {err}"))
             self.query_one("#path-heatmap", Chart).message("")

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from headscope.engine.core.errors import CancelledError as EngineCancelled
 from headscope.engine.core.errors import HeadscopeError
+from headscope.engine.core.requests import CircuitRequest, PromptRequest, SpectrumRequest
 
 if TYPE_CHECKING:  # tui.plots (plotext, numpy) is imported once B's views are drawn
     from headscope.engine.api.diff import ModelDiff
@@ -96,19 +97,23 @@ class CompareMode:
 
     async def block_b(self, block: CircuitBlock, offset: int = 0) -> CircuitBlock | None:
         """Model B's circuit block over the same rows and columns as A's ``block``."""
-        return await self._from_b((block.layer, block.head), lambda h: self._b.circuit_block(
-            *h, block.kind, block.basis, rows=list(block.row_ids), cols=list(block.col_ids),
-            offset=offset))
+        return await self._from_b((block.layer, block.head), lambda h: self._b.get(CircuitRequest.of(
+            self._b.structure, *h, block.kind, block.basis, rows=list(block.row_ids),
+            cols=list(block.col_ids), offset=offset, limit=self._b.max_block_bytes)))
 
     async def spectra_b(self, head: Head) -> tuple[Spectrum | None, Spectrum | None]:
         """Model B's OV and QK spectra of the head shown beside A's (``None`` if unavailable)."""
         both = await self._from_b(head, lambda h: asyncio.gather(
-            self._b.spectrum(*h, "ov"), self._b.spectrum(*h, "qk")))
+            *(self._b.get(SpectrumRequest.of(self._b.structure, *h, kind)) for kind in ("ov", "qk"))))
         return (None, None) if both is None else (both[0], both[1])
 
     async def prompt_b(self, text: str, head: Head) -> PromptView | None:
         """Model B's view of the prompt at the head shown beside A's (``None`` if unavailable)."""
-        return await self._from_b(head, lambda h: self._b.run_prompt(text, *h))
+        return await self._from_b(head, lambda h: self._prompt_b(text, h))
+
+    async def _prompt_b(self, text: str, head: Head) -> PromptView:
+        found = await self._b.get(PromptRequest.of(self._b.structure, text, limit=self._b.max_block_bytes))
+        return found.view(*head)
 
     @property
     def _b(self) -> ExplorerEngine:

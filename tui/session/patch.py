@@ -3,7 +3,7 @@ what patching them recovers, the selected head; and the path effects beside the 
 tab's edges (docs/math.md, "Patching").
 
 Inputs: the clean and corrupt prompts start as the chosen built-in task's, the seeded
-induction task by default or the first-occurrence task (``Engine.induction_prompts``, shown
+induction task by default or the first-occurrence task (``InductionPromptsRequest``, shown
 as ``#id`` tokens); left as they are, with no answer and wrong token, the request is the
 task itself (its batch of sequences and its metric, the numbers ``headscope patch [--task
 …]`` prints). Choosing another task puts its prompts in the boxes. Edited, they are the user's prompts: words for the
@@ -159,7 +159,7 @@ class PatchSession:
         return (i.clean, i.corrupt) == self.task
 
     def request(self) -> dict[str, Any]:
-        """The keyword arguments of ``Engine.patch`` (and of ``Engine.path_patch``)."""
+        """The inputs as ``PatchInputsRequest.of`` takes them (for every head, or for edges)."""
         i = self.inputs
         if self.is_task:
             prompts: dict[str, Any] = {"clean": None, "corrupt": None}

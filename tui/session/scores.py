@@ -5,7 +5,7 @@ No Textual here: the explorer's workers fill this object (their results are drop
 ``gen`` moved on: raw/processed toggled, a timeline step opened) and the head tree, the focus
 line and the Summary tab are drawn from it. The null and z-scores are docs/math.md
 ("Calibrated scores"); the ablation effect is the loss a head's zeroing costs
-(``Engine.all_ablation_effects``).
+(``AblationSweepRequest``).
 """
 
 from __future__ import annotations

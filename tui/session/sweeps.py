@@ -9,8 +9,7 @@ gives ``None``. No Textual here: the explorer's workers await these and post the
 messages tagged with the weights generation (tui/base/messages.py); the tests drive them
 with the fake engine directly (tests/test_session_sweeps.py).
 
-The engine calls keep the form of ``tui.base.protocols.ExplorerEngine`` (a method per
-request).
+Each builds its request (``engine.core.requests``) and awaits ``engine.get``.
 """
 
 from __future__ import annotations
@@ -20,6 +19,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from headscope.engine.core.errors import CancelledError as EngineCancelled
 from headscope.engine.core.errors import HeadscopeError
+from headscope.engine.core.requests import (
+    AblationSweepRequest,
+    HeadScoresRequest,
+    Request,
+    ScoreNullRequest,
+    ScoreTableRequest,
+    TokenizeRequest,
+)
 from headscope.tui.base.labels import score_rows
 from headscope.tui.session.choices import token_ids
 
@@ -47,8 +54,8 @@ async def _asked(request: Awaitable[T], report: Report, prefix: str = "") -> T |
         return None
 
 
-async def swept(sweep: Callable[..., Awaitable[T]], show: ShowProgress,
-                report: Report) -> T | None:
+async def swept(engine: ExplorerEngine, request: Request, show: ShowProgress,
+                report: Report) -> Any:
     """Run an engine sweep, its progress shown (``show``, called from the engine's threads);
     ``None`` if it was cancelled or failed (reported)."""
     def progress(fraction: float) -> None:
@@ -56,15 +63,15 @@ async def swept(sweep: Callable[..., Awaitable[T]], show: ShowProgress,
 
     show(0.0)
     try:
-        return await _asked(sweep(progress=progress), report)
+        return await _asked(engine.get(request, progress), report)
     finally:
         show(None)
 
 
 async def all_scores(engine: ExplorerEngine, show: ShowProgress,
                      report: Report) -> list[HeadScores] | None:
-    """Every head's scores (``Engine.all_head_scores``), in layer order."""
-    table = await swept(engine.all_head_scores, show, report)
+    """Every head's scores (``ScoreTableRequest``), in layer order."""
+    table = await swept(engine, ScoreTableRequest(), show, report)
     return None if table is None else score_rows(table)
 
 
@@ -72,28 +79,28 @@ async def stored_ablation(engine: ExplorerEngine) -> np.ndarray | None:
     """The ablation effects an earlier run stored (``a``, or ``heads --ablation``), if any:
     shown at once; the sweep itself stays opt-in. Quiet when it cannot be read."""
     try:
-        return await engine.stored_ablation_effects()
+        return await engine.get(AblationSweepRequest(stored_only=True))
     except (EngineCancelled, HeadscopeError):
         return None
 
 
 async def ablation(engine: ExplorerEngine, show: ShowProgress,
                    report: Report) -> np.ndarray | None:
-    """Every head's zero-ablation effect [L, H] (``Engine.all_ablation_effects``)."""
-    return await swept(engine.all_ablation_effects, show, report)
+    """Every head's zero-ablation effect [L, H] (``AblationSweepRequest``)."""
+    return await swept(engine, AblationSweepRequest(), show, report)
 
 
 async def head_scores(engine: ExplorerEngine, head: Head, report: Report) -> HeadScores | None:
     """One head's scores, before the sweep reaches it."""
-    return await _asked(engine.head_scores(*head), report)
+    return await _asked(engine.get(HeadScoresRequest.of(engine.structure, *head)), report)
 
 
 async def score_null(engine: ExplorerEngine, report: Report,
                      failed: Callable[[], None]) -> ScoreNull | None:
-    """The scores of random heads (``Engine.score_null``); ``failed()`` when the engine
+    """The scores of random heads (``ScoreNullRequest``); ``failed()`` when the engine
     cannot compute it (then it is said once, not asked again for these weights)."""
     try:
-        return await engine.score_null()
+        return await engine.get(ScoreNullRequest())
     except EngineCancelled:
         return None
     except HeadscopeError as err:
@@ -141,7 +148,8 @@ async def tokens(text: str, report: Report, ready: Callable[[], Awaitable[Any]],
     if text and ids is None:  # words: the model's tokenizer says which tokens
         await ready()
         try:
-            return await engine().tokenize(text)
+            found = engine()
+            return await found.get(TokenizeRequest.of(found.structure, text))
         except HeadscopeError as err:
             report(str(err))
             return NOT_TOKENISED

@@ -19,6 +19,12 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Static
 
+from headscope.engine.core.requests import (
+    CircuitRequest,
+    ProfileRequest,
+    SpectrumRequest,
+    TopOutputsRequest,
+)
 from headscope.engine.core.results import (
     Profile,
     TopTokens,
@@ -82,9 +88,10 @@ class QKPane(Horizontal):
     async def load(self, host: PaneHost, key: LoadKey) -> None:
         layer, head = key[1]
         rotary = host.structure.get("positional") == "rotary"
-        block = await host.engine.circuit_block(
-            layer, head, "qk", "token", rows=host.choices.tokens, cols=host.choices.tokens,
-            offset=host.choices.qk_offset if rotary else 0)
+        engine = host.engine
+        block = await engine.get(CircuitRequest.of(
+            host.structure, layer, head, "qk", "token", rows=host.choices.tokens, cols=host.choices.tokens,
+            offset=host.choices.qk_offset if rotary else 0, limit=engine.max_block_bytes))
         if not host.fresh(key):
             return
         result: dict[str, Any] = {"token": block}
@@ -106,14 +113,15 @@ class QKPane(Horizontal):
         pos_chart = self.query_one("#qk-position", Chart)
         if host.structure.get("positional") == "learned":
             n = list(range(min(int(host.structure.get("n_ctx") or 0), POSITIONS_SHOWN)))
-            pos = await host.engine.circuit_block(layer, head, "qk", "position", rows=n, cols=n)
+            pos = await engine.get(CircuitRequest.of(host.structure, layer, head, "qk", "position",
+                                                     rows=n, cols=n, limit=engine.max_block_bytes))
             if not host.fresh(key):
                 return
             self.show_position(pos, int(host.structure.get("n_ctx") or 0))
             result["position"] = pos
         elif rotary:
             offsets = list(range(-ROTARY_OFFSETS, ROTARY_OFFSETS + 1))
-            profile = await host.engine.rotary_profile(layer, head, offsets)
+            profile = await engine.get(ProfileRequest.of(host.structure, layer, head, offsets))
             if not host.fresh(key):
                 return
             self.show_profile(profile, layer, head, host.choices.qk_offset)
@@ -176,8 +184,10 @@ class OVPane(Horizontal):
 
     async def load(self, host: PaneHost, key: LoadKey) -> None:
         layer, head = key[1]
-        block = await host.engine.circuit_block(layer, head, "ov", "token",
-                                              rows=host.choices.tokens, cols=host.choices.tokens)
+        engine = host.engine
+        block = await engine.get(CircuitRequest.of(host.structure, layer, head, "ov", "token",
+                                                   rows=host.choices.tokens, cols=host.choices.tokens,
+                                                   limit=engine.max_block_bytes))
         if not host.fresh(key):
             return
         result: dict[str, Any] = {"full_ov": block}
@@ -202,7 +212,7 @@ class OVPane(Horizontal):
         if not ids:
             return
         source = host.choices.source_index % len(ids)
-        top = await host.engine.top_outputs(layer, head, int(ids[source]), k=10)
+        top = await engine.get(TopOutputsRequest.of(host.structure, layer, head, int(ids[source]), k=10))
         if not host.fresh(key):
             return
         self.show_top(top)
@@ -230,8 +240,8 @@ class SpectrumPane(Horizontal):
 
     async def load(self, host: PaneHost, key: LoadKey) -> None:
         layer, head = key[1]
-        ov, qk = await asyncio.gather(host.engine.spectrum(layer, head, "ov"),
-                                      host.engine.spectrum(layer, head, "qk"))
+        ov, qk = await asyncio.gather(*(host.engine.get(SpectrumRequest.of(host.structure, layer, head, kind))
+                                        for kind in ("ov", "qk")))
         if not host.fresh(key):
             return
         result: dict[str, Any] = {"ov": ov, "qk": qk}

@@ -24,7 +24,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, Input, Static
 
 from headscope.engine.core.errors import CancelledError, HeadscopeError
-from headscope.engine.core.requests import QKAttributionRequest
+from headscope.engine.core.requests import CompositionRequest, PromptRequest, QKAttributionRequest
 from headscope.engine.core.results import (
     Composition,
     PromptView,
@@ -261,7 +261,10 @@ class PromptPane(Vertical):
                 self.query_one(chart, Chart).message("no prompt yet: press p, type, enter")
             return
         self.prompt_text = host.choices.prompt_text
-        view = await host.engine.run_prompt(host.choices.prompt_text, layer, head)
+        engine = host.engine
+        found = await engine.get(PromptRequest.of(host.structure, host.choices.prompt_text,
+                                                  limit=engine.max_block_bytes))
+        view = found.view(layer, head)
         if not host.fresh(key):
             return
         view_b = await host.compare.prompt_b(host.choices.prompt_text, (layer, head)) \
@@ -472,7 +475,8 @@ class CompositionPane(PathEffects, Horizontal):
                     self.partials += 1
 
             try:
-                comp = await host.engine.composition(kind, progress=progress, partial=partial)
+                comp = await host.engine.get(CompositionRequest.of(host.structure, kind), progress,
+                                             partial=partial)
             finally:
                 host.sweep_progress(None)
             self.cache[cache_key] = comp

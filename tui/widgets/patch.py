@@ -6,7 +6,7 @@ The form (the task, whose prompts fill the boxes; clean and corrupt prompts, ans
 tokens, site, method) is the state of ``tui.session.patch.PatchSession``; choosing a task
 puts its prompts in the boxes; submitting a box or choosing a task, site or method posts
 ``PatchRequested`` and the explorer loads the tab for the new inputs (``load``): the engine
-patches on its workers (``Engine.patch``), with its progress here and in the status bar, and
+patches on its workers (a ``PatchInputsRequest``), with its progress here and in the status bar, and
 ``x`` stops it. The result is drawn as a layer × head heatmap of ``recovered`` (the diverging
 map of every heatmap, right in 256 and 16 colours: ``tui.plots``) beside the heads sorted by
 it; ``enter`` on one focuses that head (``PatchHeadChosen``).
@@ -26,6 +26,7 @@ from textual.widgets import DataTable, Input, Label, Select, Static
 
 from headscope.engine.core.errors import CancelledError as EngineCancelled
 from headscope.engine.core.errors import HeadscopeError
+from headscope.engine.core.requests import InductionPromptsRequest, PatchInputsRequest
 from headscope.tui.base.messages import PatchHeadChosen, PatchRequested
 from headscope.tui.plots.figures import Heatmap
 from headscope.tui.session.patch import METHODS, SITES, TASKS, PatchedHead, PatchSession
@@ -217,7 +218,7 @@ class PatchPane(Vertical):
         engine = host.engine
         session = self.session
         if not session.has_task:
-            clean, corrupt = await engine.induction_prompts(session.inputs.task)
+            clean, corrupt = await engine.get(InductionPromptsRequest.of(host.structure, session.inputs.task))
             session.set_task(clean, corrupt)
             self.fill(only_empty=True)  # the user may have typed while the model opened
         request = session.request()
@@ -233,8 +234,8 @@ class PatchPane(Vertical):
         session.progress = 0.0
         self._set_status("patching every head… (x stops)")
         try:
-            result = await engine.patch(**request, site=inputs.site, method=inputs.method,
-                                        progress=progress)
+            result = await engine.get(PatchInputsRequest.of(host.structure, **request, site=inputs.site,
+                                                             method=inputs.method), progress)
         except EngineCancelled:
             self._set_status("stopped: enter in a box (or 9) runs it again")
             raise

@@ -5,7 +5,7 @@ task" (docs/math.md, "Patching"; tui/session/patch.py decides what is strong and
 
 A mixin of ``CompositionPane`` (tui/widgets/panes.py), kept here so that the pane only calls
 ``load_paths`` after its graph and ``path_cell`` / ``path_line`` when it draws an edge. The
-edges go to ``Engine.path_patch`` in one request (the receiver's input is the composition
+edges go to the engine in one ``PatchInputsRequest`` (the receiver's input is the composition
 kind: Q-, K- or V-composition ↔ the receiver's q, k or v), on the engine's workers.
 """
 
@@ -17,6 +17,7 @@ from rich.text import Text
 
 from headscope.engine.core.errors import CancelledError as EngineCancelled
 from headscope.engine.core.errors import HeadscopeError
+from headscope.engine.core.requests import PatchInputsRequest
 from headscope.tui.session.patch import path_edges, path_effects, unused
 
 if TYPE_CHECKING:
@@ -83,7 +84,8 @@ class PathEffects:
         self.paths_state = "computing"
         self.redraw_paths()
         try:
-            found = await host.engine.path_patch(top, kind, **host.patch_request())
+            found = await host.engine.get(PatchInputsRequest.of(host.structure, edges=top, site=kind,
+                                                                **host.patch_request()))
         except EngineCancelled:
             self.paths_state = ""
             raise

@@ -5,7 +5,7 @@
   (out) with their signed values, the direction's in/out overlap and the head's. ``(`` / ``)``
   step through them (``ExplorerScreen.action_step_direction``); ``v`` shows or hides the panel
   (hidden by default on a narrow terminal and in compare mode). The panel loads it through
-  the engine's ``singular_directions`` request in its own worker (``want``), cached per head (the panel keeps
+  a ``DirectionsRequest`` in its own worker (``want``), cached per head (the panel keeps
   what it has shown, per head and weights generation).
 - ``PathScreen`` (tui/screens/path.py): the virtual heads of a composition edge.
 
@@ -25,6 +25,7 @@ from textual.widgets import Static
 
 from headscope.engine.core.errors import CancelledError as EngineCancelled
 from headscope.engine.core.errors import HeadscopeError
+from headscope.engine.core.requests import DirectionsRequest
 from headscope.tui.base.datatext import data_text
 from headscope.tui.widgets.bars import bar_colours
 
@@ -134,8 +135,8 @@ class DirectionsPanel(Static):
         panel's exclusive worker); shown if the panel still waits for ``key``."""
         (layer, head), _gen = key
         try:
-            found = await host.engine.singular_directions(layer, head, self.kind,
-                                                          k=N_DIRECTIONS, top=N_TOKENS)
+            found = await host.engine.get(DirectionsRequest.of(host.structure, layer, head, self.kind,
+                                                               k=N_DIRECTIONS, top=N_TOKENS))
         except EngineCancelled:
             if self.key == key:
                 self.key = None  # asked again at the next load

@@ -30,14 +30,16 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from headscope.engine.api.report import circuit_report
+    from headscope.engine.api.report import circuit_dict, computed
+    from headscope.engine.core.requests import CircuitRequest
 
     model = open_for_command(args)
     n = model.cfg.n_ctx if args.basis == "position" else model.cfg.d_vocab
     rows, cols = (parse_token_list(model, spec, n, args.basis) for spec in (args.rows, args.cols))
     with progress_bar(f"circuit {model.path.name}", quiet=args.quiet, determinate=False):
-        report = circuit_report(model, args.layer, args.head, args.kind, basis=args.basis,
-                                rows=rows, cols=cols, offset=args.offset)
+        req = CircuitRequest.of(model.structure(), args.layer, args.head, args.kind, args.basis, rows, cols,
+                                args.offset, where=str(model.path))
+        report = circuit_dict(computed(model, req), model)  # no torch import
 
     def table() -> tuple[list[str], list[list[Any]]]:
         return (["row \\ col", *report["col_labels"]],

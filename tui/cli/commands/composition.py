@@ -38,7 +38,8 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from headscope.engine.api.report import composition_report
+    from headscope.engine.api.report import composition_dict, computed
+    from headscope.engine.core.requests import CompositionRequest
 
     model = open_for_command(args)
     with cluster_from_args(args) as cluster, \
@@ -46,9 +47,9 @@ def run(args: argparse.Namespace) -> int:
         note = getattr(progress, "note", None)
         on_tile = None if note is None or args.top == 0 else best_edges_so_far(
             note, model.cfg.d_model, model.cfg.d_head, args.seed, shown=min(2, args.top))
-        report = composition_report(model, args.kind, top=args.top, seed=args.seed,
-                                    store=results_store(args), progress=progress, cluster=cluster,
-                                    on_tile=on_tile)
+        req = CompositionRequest.of(model.structure(), args.kind, args.seed, args.top, where=str(model.path))
+        report = composition_dict(computed(model, req, store=results_store(args), progress=progress,
+                                           cluster=cluster, on_tile=on_tile), args.seed)
     columns = ["source", "target", "score", "above_baseline"]
     emit(report, args.json, lambda: (columns, [[e[c] for c in columns] for e in report["top_edges"]]))
     return EXIT_OK

@@ -44,9 +44,9 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from headscope.engine.api.report import circuit_report, composition_report, head_table
+    from headscope.engine.api.report import circuit_dict, composition_dict, computed, head_table
     from headscope.engine.core.export import export_report
-    from headscope.engine.core.requests import CompositionRequest
+    from headscope.engine.core.requests import CircuitRequest, CompositionRequest
 
     if args.ablation and args.what != "heads":
         raise InvalidRequestError(None, "--ablation is a column of --what heads")
@@ -61,17 +61,18 @@ def run(args: argparse.Namespace) -> int:
                                      progress=progress)
         stem = f"{name}-heads{suffix}"
     elif args.what == "composition":
-        CompositionRequest.of(model.structure(), args.kind, where=str(model.path))  # before the bar
+        # before the bar; the ten strongest edges, as ``composition_report`` lists them
+        req = CompositionRequest.of(model.structure(), args.kind, args.seed, 10, where=str(model.path))
         with progress_bar(f"{args.kind}-composition {name}", quiet=args.quiet) as progress:
-            report = composition_report(model, args.kind, seed=args.seed, store=store,
-                                        progress=progress)
+            report = composition_dict(computed(model, req, store=store, progress=progress), args.seed)
         stem = f"{name}-{args.kind}-composition{suffix}"
     else:
         n = model.cfg.n_ctx if args.basis == "position" else model.cfg.d_vocab
         rows, cols = (parse_token_list(model, spec, n, args.basis) for spec in (args.rows, args.cols))
         with progress_bar(f"circuit {name}", quiet=args.quiet, determinate=False):
-            report = circuit_report(model, args.layer, args.head, args.kind, basis=args.basis,
-                                    rows=rows, cols=cols)
+            circuit = CircuitRequest.of(model.structure(), args.layer, args.head, args.kind, args.basis,
+                                        rows, cols, where=str(model.path))
+            report = circuit_dict(computed(model, circuit), model)
         stem = f"{name}-L{args.layer}H{args.head}-{args.kind}-{args.basis}{suffix}"
     written = export_report(args.what, report, args.out, args.format, stem)
     print(written)

@@ -32,13 +32,15 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from headscope.engine.api.model import open_model
-    from headscope.engine.api.report import path_report
+    from headscope.engine.api.report import computed, path_dict
+    from headscope.engine.core.requests import PathRequest
 
     model = open_model(args.path, raw=args.raw)
     n = model.cfg.d_vocab
-    report = path_report(model, args.source, args.target,
-                         rows=parse_token_list(model, args.rows, n, "token"),
-                         cols=parse_token_list(model, args.cols, n, "token"), seed=args.seed)
+    req = PathRequest.of(model.structure(), args.source, args.target,
+                         parse_token_list(model, args.rows, n, "token"),
+                         parse_token_list(model, args.cols, n, "token"), seed=args.seed, where=str(model.path))
+    report = path_dict(computed(model, req))
 
     def table() -> tuple[list[str], list[list[Any]]]:
         k, v = report["k_composition"], report["v_composition"]

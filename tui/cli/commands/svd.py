@@ -46,10 +46,13 @@ def overlap_line(report: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from headscope.engine.api.model import open_model
-    from headscope.engine.api.report import svd_report
+    from headscope.engine.api.report import computed, svd_dict
+    from headscope.engine.core.requests import DirectionsRequest
 
-    report = svd_report(open_model(args.path, raw=args.raw), args.layer, args.head, args.kind,
-                        k=args.k, top=args.top)
+    model = open_model(args.path, raw=args.raw)
+    req = DirectionsRequest.of(model.structure(), args.layer, args.head, args.kind, args.k, args.top,
+                               where=str(model.path))
+    report = svd_dict(computed(model, req))
 
     def table() -> tuple[list[str], list[list[Any]]]:
         rows = [[d["direction"], d["sigma"], d["overlap"], token_items(d["in_tokens"]),
