@@ -46,6 +46,22 @@ def test_known_words_say_nothing(capsys) -> None:
         open_model(MODEL).patch(CLEAN, CORRUPT, answer="mouse", wrong="Ivy", heads="L1.H2")
 
 
+def test_the_explorers_patch_result_notes_the_unknown_words() -> None:
+    """The Patch tab's request (text as typed) carries the same note in its result, which the
+    tab shows; known words add none."""
+    from headscope.engine.core.requests import PatchInputsRequest
+    from headscope.engine.sweeps.dispatch import compute
+
+    model = open_model(MODEL)
+    corrupt = "cake card kite cup hotel mouse Zorb Quux shoe Ryan Lily"
+    for text, said in ((corrupt, True), (CORRUPT, False)):
+        req = PatchInputsRequest.of(model.structure(), clean=CLEAN, corrupt=text, answer="mouse", wrong="Ivy",
+                                    edges=[((0, 1), (1, 2))], site="k")
+        note = compute(model, req).note
+        assert ("words outside the vocabulary become <unk> in the corrupt prompt: Zorb, Quux" in note) is said
+        assert note.count("<unk>") == int(said)
+
+
 def test_prompts_differing_only_in_unknown_words_are_refused(capsys) -> None:
     clean = "cake card kite cup hotel mouse cake card Blorp cup hotel"
     corrupt = "cake card kite cup hotel mouse cake card Zorp cup hotel"

@@ -205,8 +205,8 @@ async def test_a_non_finite_head_is_a_question_mark_not_zero(colors: str) -> Non
     engine = FakeEngine()
     real = engine.patch
 
-    async def one_not_finite(**kwargs: Any) -> Any:
-        found = await real(**kwargs)
+    async def one_not_finite(*args: Any, **kwargs: Any) -> Any:
+        found = await real(*args, **kwargs)
         rows = tuple(dataclasses.replace(r, patched=None, recovered=None) if r.heads == ((0, 1),) else r
                      for r in found.rows)
         return dataclasses.replace(found, rows=rows, note="the metric after patching is not finite for L0.H1")

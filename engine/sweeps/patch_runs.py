@@ -128,16 +128,24 @@ def patch_inputs(model: LoadedModel, req: PatchInputsRequest, *, progress: Progr
 
     from headscope.engine.sweeps.prompts import patch_request
 
-    inputs: dict[str, Any] = dict(answer=req.answer, wrong=req.wrong, task=req.task)
+    # what resolving the inputs had to say (unknown words, a digit answer read as a token):
+    # the CLI prints these on stderr; here they join the result's note, which the tab shows
+    notes: list[str] = []
+    inputs: dict[str, Any] = dict(answer=req.answer, wrong=req.wrong, task=req.task, notes=notes)
     if req.edges is None:
-        return patch(model, patch_request(model, req.clean, req.corrupt, site=req.site, method=req.method,
-                                          **inputs), progress=progress, cancelled=cancelled, store=store)
-    requests = [patch_request(model, req.clean, req.corrupt, site=req.site, edge=edge, **inputs)
-                for edge in req.edges]
-    n = len(requests)
-    found = [patch(model, one, progress=progress_span(progress, i / n, (i + 1) / n), cancelled=cancelled,
-                   store=store) for i, one in enumerate(requests)]
-    return dataclasses.replace(found[0], rows=tuple(row for result in found for row in result.rows))
+        result = patch(model, patch_request(model, req.clean, req.corrupt, site=req.site, method=req.method,
+                                            **inputs), progress=progress, cancelled=cancelled, store=store)
+    else:
+        requests = [patch_request(model, req.clean, req.corrupt, site=req.site, edge=edge, **inputs)
+                    for edge in req.edges]
+        n = len(requests)
+        found = [patch(model, one, progress=progress_span(progress, i / n, (i + 1) / n), cancelled=cancelled,
+                       store=store) for i, one in enumerate(requests)]
+        result = dataclasses.replace(found[0], rows=tuple(row for result in found for row in result.rows))
+    said = list(dict.fromkeys(notes))  # one edge's inputs are every edge's: each note once
+    if not said:
+        return result
+    return dataclasses.replace(result, note="; ".join([*said, *([result.note] if result.note else [])]))
 
 
 @computes(InductionPromptsRequest)
