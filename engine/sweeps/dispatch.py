@@ -16,7 +16,7 @@ from headscope.engine.core.progress import Cancelled, Progress
 from headscope.engine.core.requests import COMPUTATIONS, Request
 
 # imported for their @computes registrations
-from headscope.engine.sweeps import head_views, patch_runs, prompts, scores  # noqa: F401
+from headscope.engine.sweeps import edges, head_views, patch_runs, prompts, scores  # noqa: F401
 
 if TYPE_CHECKING:
     from headscope.engine.model.loading import LoadedModel
