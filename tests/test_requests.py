@@ -214,6 +214,9 @@ def sample_requests() -> list[Any]:
         requests.PromptRequest.of(structure, "the cat"),
         requests.TokenizeRequest.of(structure, "the cat"),
         requests.InductionPromptsRequest.of(structure, "first-occurrence"),
+        requests.EdgesRequest.of(structure, task="first-occurrence", verify=2),
+        requests.FaithfulnessRequest.of(structure, clean=[[1, 2, 3]], corrupt=[[1, 2, 4]], answer=5, wrong=6,
+                                        tops=(3,), curve=True),
         requests.PatchRequest.of(structure, clean=[[1, 2, 3]], corrupt=[[1, 2, 4]], answer=5, wrong=6),
     ]
 

@@ -100,6 +100,10 @@ APP_BINDINGS: list[Binding] = [
             tooltip="Patch tab: activation or attribution patching of every head (the induction "
                     "or first-occurrence task, or your prompts): what each head recovers, "
                     "sorted; enter focuses it"),
+    Binding("0", "screen.show_tab('circuit')", "Circuit", id="tab-circuit", show=False,
+            tooltip="Circuit tab: the circuit edge attribution finds (EAP-IG; m: EAP) for the Patch "
+                    "tab's prompts or the first-occurrence task: graph, edges with exact checks, "
+                    "faithfulness; +/- N; enter: the edge's heads"),
     Binding("x", "screen.stop_patch", "Stop patching", id="stop-patch", show=False,
             tooltip="Patch tab: stop the patching run"),
     Binding("left_curly_bracket", "timeline_step(-1)", "Prev step", id="prev-step",
