@@ -60,9 +60,9 @@ TAB_TITLES = {"qk": "1 QK", "ov": "2 OV", "spectrum": "3 Spectrum", "prompt": "4
 # Below NARROW columns: the longest names shortened, so that every tab of the strip is on
 # screen at 80 columns (the strip scrolled, and with 5 active `1 QK` was off its left edge);
 # headscope.tcss gives each tab one column of padding instead of two there. The widest
-# strip, compare mode's eight tabs, is 61 of the 62 columns beside the tree.
+# strip, compare mode's nine tabs, is 61 of the 62 columns beside the tree.
 SHORT_TAB_TITLES = {**TAB_TITLES, "spectrum": "3 Spec", "composition": "5 Comp",
-                    "timeline": "8 Time", "circuit": "0 Circ"}
+                    "timeline": "8 Time", "summary": "6 Sum", "changes": "7 Chng", "circuit": "0 Circ"}
 
 
 class TabView(Protocol):

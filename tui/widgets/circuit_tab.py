@@ -86,6 +86,9 @@ class CircuitTab(CircuitPane):
         except HeadscopeError as err:
             self.failed(getattr(err, "reason", None) or str(err))
             return
+        except Exception as err:  # an engine bug: said here, and reported by the explorer
+            self.failed(f"unexpected error {err!r}")
+            raise
         finally:
             timer.stop()
         if not host.fresh(key):
