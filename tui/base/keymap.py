@@ -121,6 +121,9 @@ WIDGET_KEYS: list[tuple[str, str]] = [
     ("enter", "tree, summary, patch list: focus the head under the cursor; composition "
               "edge: open its virtual heads (K-path heatmap and score, V-path copying and "
               "spectrum; g there focuses the later head); a patch box: run patching"),
+    ("- + / < >", "Circuit tab: fewer / more edges in the circuit (1, 2, 5, 10, …; < > by one); "
+                  "m: EAP-IG or EAP; enter on an edge: its head's QK (OV for a value input) "
+                  "and the two heads' composition score"),
     ("tab / shift+tab", "move focus between panes"),
     ("ctrl+p", "command palette: go to head L.H, sort, themes, exports"),
     ("escape", "close a dialog; leave the prompt box or a pane for the head tree"),

@@ -297,16 +297,21 @@ class ExplorerScreen(ExplorerScores):
         assert msg.source is not None and msg.target is not None and msg.input is not None
         engine: Any = self.engine
         try:
-            comp = await engine.get(CompositionRequest.of(self.structure, msg.input))
+            comp = await engine.get(CompositionRequest.of(self.structure, msg.input), lambda _: None)
         except HeadscopeError as err:
             self.report(str(err))
             return
         (l1, h1), (l2, h2) = msg.source, msg.target
         score = float(comp.scores[l1, h1, l2, h2])
         pane = self.query_one(CircuitTab)
-        line = f"{msg.edge}: {msg.input.upper()}-composition {score:.3f} (baseline {comp.baseline:.3f})"
-        pane._set_status(f"{pane.status.split(chr(10))[0]}\n{line}")
-        self.notify(line, timeout=6)
+        weights = f"{msg.input.upper()}-composition {score:.3f} (baseline {comp.baseline:.3f})"
+        lines = pane.status.split("\n")
+        if len(lines) > 1 and lines[1].startswith(f"{msg.edge}:"):  # beside its estimate and exact
+            lines[1] = f"{lines[1].split(' · enter')[0]} · {weights}"
+        else:
+            lines = [lines[0], f"{msg.edge}: {weights}"]
+        pane._set_status("\n".join(lines))
+        self.notify(f"{msg.edge}: {weights}", timeout=6)
 
     # -- the Patch tab (tui/widgets/patch.py) ------------------------------------------------
     @on(PatchRequested)

@@ -43,6 +43,9 @@ class CircuitTab(CircuitPane):
         if hasattr(screen, "_load_active"):
             screen._load_active()
 
+    def _progress(self, fraction: float) -> None:
+        self.fraction = float(fraction)  # read by the pane's timer
+
     async def _inputs(self, host: PaneHost, patch: dict[str, Any]) -> dict[str, Any]:
         """The Patch tab's inputs as a request's: ids, not text."""
         if patch.get("task") is not None or (patch.get("clean") is None and patch.get("corrupt") is None):
@@ -74,15 +77,13 @@ class CircuitTab(CircuitPane):
         self.computing(f"{self.method} edge attribution", 0.0)
         self.fraction = 0.0
 
-        def progress(fraction: float) -> None:  # engine threads: a plain assignment
-            self.fraction = float(fraction)
-
         what = f"{self.method} edge attribution"
         timer = self.set_interval(0.25, lambda: self.computing(what, self.fraction))
         try:
             inputs = await self._inputs(host, patch)
             self.inputs = {**inputs, "method": self.method}
-            attribution = await engine.get(EdgesRequest.of(host.structure, **self.inputs, verify=VERIFY), progress)
+            attribution = await engine.get(EdgesRequest.of(host.structure, **self.inputs, verify=VERIFY),
+                                           self._progress)
         except HeadscopeError as err:
             self.failed(getattr(err, "reason", None) or str(err))
             return
@@ -108,7 +109,9 @@ class CircuitTab(CircuitPane):
         engine: Any = host.engine
         self.computing(f"faithfulness of the top {top}")
         try:
-            found = await engine.get(FaithfulnessRequest.of(host.structure, **self.inputs, tops=(top,), curve=curve))
+            # with a progress callback: the engine's status line then ends with the job
+            found = await engine.get(FaithfulnessRequest.of(host.structure, **self.inputs, tops=(top,), curve=curve),
+                                     self._progress)
         except HeadscopeError as err:
             self._set_status(f"faithfulness: {getattr(err, 'reason', None) or err}")
             return
