@@ -1,7 +1,8 @@
 """The Circuit tab on the real engine (issue #37): 0 opens it, it finds the first-occurrence
 circuit of attn-only-2l without typing (input → a0.h1<v>, a0.h1 → a1.h2<k>, a1.h2 → logits
 among the top edges, with exact checks), - and + change N (its faithfulness computed), and
-enter on an edge focuses its target head's QK view."""
+enter on an edge focuses its target head's QK view (the two heads' composition score beside
+the edge), and m switches to EAP."""
 
 from __future__ import annotations
 
@@ -46,3 +47,11 @@ async def test_the_circuit_tab_finds_and_navigates_the_induction_circuit() -> No
         await pilot.press("enter")
         await wait_until(pilot, lambda: app.screen.head == (1, 2) and app.screen.active_tab == "qk",
                          "the edge's target head in the QK tab", 600)
+        await wait_until(pilot, lambda: "K-composition" in pane.status, "the composition score", 1200)
+        await pilot.press("0")
+        await settle(pilot, app)
+        pane.query_one("#circuit-edges", DataTable).focus()
+        await pilot.press("m")
+        await wait_until(pilot, lambda: pane.scores is not None and pane.scores.method == "eap"
+                         and pane.state == "result", "the EAP circuit", 1200)
+        assert pane.scores.steps == 0

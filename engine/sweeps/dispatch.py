@@ -4,7 +4,7 @@ Below both facades: the explorer's ``Engine`` runs it on its workers (and caches
 returns), the Python API and ``api.report`` call it directly. Each request type has exactly
 one computation, registered with ``@computes(SomeRequest)`` in the module that implements it:
 ``head_views`` (one head's views), ``scores`` (model-wide sweeps), ``prompts`` (tokenising, a
-prompt through the model) and ``patch_runs`` (patching).
+prompt through the model), ``patch_runs`` (patching) and ``edges`` (edge attribution).
 """
 
 from __future__ import annotations
