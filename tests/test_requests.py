@@ -281,7 +281,7 @@ async def test_a_bad_request_is_the_same_error_built_from_the_api_the_cli_and_th
 # apart (seen: 6e-7 relative on a patching metric). The weight views are numpy: bit for bit.
 FORWARD = (requests.PatchRequest, requests.BehaviourRequest, requests.ScoreTableRequest,
            requests.ScoreNullRequest, requests.HeadScoresRequest, requests.AblationRequest,
-           requests.AblationSweepRequest)
+           requests.AblationSweepRequest, requests.EdgesRequest, requests.FaithfulnessRequest)
 
 
 def agree(got: Any, want: Any, exact: bool, where: str) -> None:
