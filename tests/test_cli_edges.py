@@ -175,3 +175,30 @@ def test_help_says_what_it_does_with_the_example(capsys) -> None:
             main([command, "--help"])
         out = capsys.readouterr().out
         assert "--task first-occurrence" in out and "attn-only-2l" in out
+
+
+def test_non_finite_gradients_are_flagged_never_printed_as_nan(capsys, monkeypatch) -> None:
+    import dataclasses
+
+    import numpy as np
+
+    from headscope.engine.core.edge_results import edge_scores_result
+    from headscope.engine.forward import edges as forward_edges
+
+    real = forward_edges.edge_scores
+
+    def some_nan(*args, **kwargs):
+        found = real(*args, **kwargs)
+        values = np.array(found.scores)
+        values[found.graph.index[K_EDGE]] = np.nan
+        fields = {f.name: getattr(found, f.name) for f in dataclasses.fields(found)}
+        fields.pop("nonfinite")
+        return edge_scores_result(**{**fields, "scores": values})
+
+    monkeypatch.setattr(forward_edges, "edge_scores", some_nan)
+    code, out, err = run(capsys, "edges", MODEL, *TASK, "--method", "eap", "--json", "--no-cache")
+    assert code == 0 and "NaN" not in out
+    report = json.loads(out)
+    assert report["nonfinite"] == [K_EDGE]
+    assert report["edges"][-1] == {"edge": K_EDGE, "score": None, "exact": None}  # ranked last
+    assert "non-finite gradients" in err
