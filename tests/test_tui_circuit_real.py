@@ -55,3 +55,37 @@ async def test_the_circuit_tab_finds_and_navigates_the_induction_circuit() -> No
         await wait_until(pilot, lambda: pane.scores is not None and pane.scores.method == "eap"
                          and pane.state == "result", "the EAP circuit", 1200)
         assert pane.scores.steps == 0
+
+
+async def test_the_circuit_tab_follows_the_patch_tabs_prompts() -> None:
+    """Prompts typed in the Patch tab (words, the answer and wrong tokens) are the Circuit
+    tab's inputs: its metric is their logit difference, as ``headscope edges --clean …``."""
+    from textual.widgets import Input
+
+    from headscope.engine.api.model import open_model
+    from headscope.tui.app import HeadscopeApp
+    from headscope.tui.base.settings import Settings
+    from tests.conftest import sample_model
+    from tests.test_tui_real_engine import wait_ready
+
+    clean = "cake card kite cup hotel mouse cake card kite cup hotel"
+    corrupt = "cake card kite cup lamp mouse cake card kite cup hotel"
+    app = HeadscopeApp(sample_model("attn-only-2l"), settings=Settings(), debounce=0.01, sweep=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_ready(pilot, app)
+        await pilot.press("9")
+        await settle(pilot, app)
+        for box, text in (("clean", clean), ("corrupt", corrupt), ("answer", "mouse"), ("wrong", "lamp")):
+            app.query_one(f"#patch-{box}", Input).value = text
+        app.query_one("#patch-clean", Input).focus()
+        await pilot.press("enter")  # the boxes are the Patch tab's inputs once entered
+        await settle(pilot, app)
+        await pilot.press("escape", "0")
+        pane = app.query_one(CircuitTab)
+        try:
+            await wait_until(pilot, lambda: pane.state == "result" and pane.scores is not None
+                             and pane.scores.metric == "logit_diff", "the circuit of the typed prompts", 1200)
+        except AssertionError:
+            raise AssertionError(f"{pane.state}: {pane.status}; {app.explorer.patch_request()}") from None
+        want = open_model(sample_model("attn-only-2l")).edges(clean, corrupt, answer="mouse", wrong="lamp").scores
+        assert pane.scores.clean == want.clean and pane.scores.corrupt == want.corrupt
