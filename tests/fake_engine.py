@@ -28,6 +28,8 @@ from headscope.engine.core.requests import (
     CircuitRequest,
     CompositionRequest,
     DirectionsRequest,
+    EdgesRequest,
+    FaithfulnessRequest,
     HeadScoresRequest,
     InductionPromptsRequest,
     PatchInputsRequest,
@@ -84,6 +86,7 @@ ANSWERS: dict[type[Request], str] = {
     InductionPromptsRequest: "induction_prompts", PatchInputsRequest: "patch",
     PromptRequest: "run_prompt", TokenizeRequest: "tokenize",
     QKAttributionRequest: "qk_attribution",
+    EdgesRequest: "edges", FaithfulnessRequest: "faithfulness",
 }
 
 
@@ -179,6 +182,16 @@ class FakeEngine:
         (tests/test_tui_why_real.py runs the "why" view on the real engine)."""
         await self._enter("qk_attribution")
         raise CorruptFileError(self.path, "the fake engine does not compute QK attribution")
+
+    async def edges(self, req: EdgesRequest, progress: Any = None) -> Any:
+        """Not faked: edge attribution is a forward and backward pass (tests of the Circuit
+        tab run the real engine: tests/test_tui_circuit_real.py)."""
+        await self._enter("edges")
+        raise CorruptFileError(self.path, "the fake engine does not compute edge attribution")
+
+    async def faithfulness(self, req: FaithfulnessRequest, progress: Any = None) -> Any:
+        await self._enter("faithfulness")
+        raise CorruptFileError(self.path, "the fake engine does not compute faithfulness")
 
 
     async def ready(self) -> None:

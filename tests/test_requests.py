@@ -226,6 +226,9 @@ def sample_requests() -> list[Any]:
         # the explorer's patching inputs (text or ids), resolved where it runs
         requests.PatchInputsRequest.of(structure, clean=[1, 2, 3], corrupt=[1, 2, 4], answer=5, wrong=6,
                                        site="k", edges=[((0, 1), (1, 2))]),
+        requests.EdgesRequest.of(structure, task="first-occurrence", verify=2),
+        requests.FaithfulnessRequest.of(structure, clean=[[1, 2, 3]], corrupt=[[1, 2, 4]], answer=5, wrong=6,
+                                        tops=(3,), curve=True),
         requests.PatchRequest.of(structure, clean=[[1, 2, 3]], corrupt=[[1, 2, 4]], answer=5, wrong=6),
     ]
 
@@ -290,7 +293,8 @@ async def test_a_bad_request_is_the_same_error_built_from_the_api_the_cli_and_th
 # apart (seen: 6e-7 relative on a patching metric). The weight views are numpy: bit for bit.
 FORWARD = (requests.PatchRequest, requests.PatchInputsRequest, requests.BehaviourRequest, requests.ScoreTableRequest,
            requests.ScoreNullRequest, requests.HeadScoresRequest, requests.AblationRequest,
-           requests.AblationSweepRequest, requests.QKAttributionRequest)
+           requests.AblationSweepRequest, requests.QKAttributionRequest,
+           requests.EdgesRequest, requests.FaithfulnessRequest)
 
 
 def agree(got: Any, want: Any, exact: bool, where: str) -> None:

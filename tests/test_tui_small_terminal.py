@@ -421,10 +421,10 @@ async def test_every_tab_is_on_screen_at_80_columns(mode: str) -> None:
         from tests.test_tui_compare import fake_pair
 
         app, _, _ = fake_pair()
-        keys = "12345679"
+        keys = "123456790"
     else:
         app, _ = make_app()
-        keys = "1234569"
+        keys = "12345690"
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(pilot, app)
         for key in keys:

@@ -25,6 +25,7 @@ from headscope.engine.model.loading import read_structure
 if TYPE_CHECKING:
     from headscope.engine.circuits.factored import FactoredMatrix
     from headscope.engine.core.attribution import QKAttribution
+    from headscope.engine.core.edge_results import EdgeAttribution, FaithfulnessResult
     from headscope.engine.core.requests import Request
     from headscope.engine.core.results import Composition, PatchResult
     from headscope.engine.forward.transformer import ForwardResult
@@ -157,6 +158,35 @@ class Model(loading.LoadedModel):
         from headscope.engine.sweeps.attribution import qk_attribution_request
 
         return self.get(qk_attribution_request(self, head, prompt=prompt, tokens=tokens, query=query, key=key))
+
+    def edges(self, clean: str | Sequence[Any] | None = None, corrupt: str | Sequence[Any] | None = None, *,
+              answer: int | str | None = None, wrong: int | str | None = None, task: str | None = None,
+              method: str = "eap-ig", steps: int = 5, verify: int = 0, seed: int = 0, seq_len: int | None = None,
+              batch: int = 4, store: ResultStore | None = None,
+              progress: Callable[[float], None] | None = None) -> EdgeAttribution:
+        """EAP or EAP-IG scores of every edge (what ``headscope edges`` prints; docs/math.md,
+        "Edge attribution"): ``.scores`` (``EdgeScores``: ``.score(name)``, ``.ranked()``) and
+        ``.exact``, the top ``verify`` edges patched alone. Inputs, ``task`` and metric as ``patch``."""
+        from headscope.engine.sweeps.edges import edges_request
+
+        return self.get(edges_request(self, clean, corrupt, answer=answer, wrong=wrong, task=task, method=method,
+                                      steps=steps, verify=verify, seed=seed, seq_len=seq_len, batch=batch),
+                        store=store, progress=progress)
+
+    def faithfulness(self, clean: str | Sequence[Any] | None = None, corrupt: str | Sequence[Any] | None = None,
+                     *, top: int | Sequence[int] = (), curve: bool = False, answer: int | str | None = None,
+                     wrong: int | str | None = None, task: str | None = None, method: str = "eap-ig",
+                     steps: int = 5, seed: int = 0, seq_len: int | None = None, batch: int = 4,
+                     store: ResultStore | None = None,
+                     progress: Callable[[float], None] | None = None) -> FaithfulnessResult:
+        """The faithfulness of the top-``top`` circuits (one N or several) of an edge
+        attribution, and with ``curve`` the curve over 1 … 100 % of the edges (what ``headscope
+        faithfulness`` prints): ``.points``, ``.curve``, ``.scores``."""
+        from headscope.engine.sweeps.edges import faithfulness_request
+
+        return self.get(faithfulness_request(self, clean, corrupt, tops=top, curve=curve, answer=answer, wrong=wrong,
+                                             task=task, method=method, steps=steps, seed=seed, seq_len=seq_len,
+                                             batch=batch), store=store, progress=progress)
 
     def run(self, tokens: str | Sequence[int], **kwargs: Any) -> ForwardResult:
         """The reference forward pass on a prompt (encoded with the tokenizer) or token ids."""

@@ -12,6 +12,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
+
 from headscope.engine.circuits.composition import composition_baseline  # noqa: F401  (re-exported: the CLI prints it)
 from headscope.engine.core import validation
 from headscope.engine.core.progress import Progress, progress_span
@@ -32,6 +34,7 @@ from headscope.engine.core.validation import (
 from headscope.engine.model.caveats import ov_caveats, qk_caveats
 from headscope.engine.sweeps import scores
 from headscope.engine.sweeps.dispatch import compute
+from headscope.engine.sweeps.edges import edge_structure, edges_request, faithfulness_request  # noqa: F401  (re-exported for the CLI)
 from headscope.engine.sweeps.prompts import (  # noqa: F401  (head_sets, patch_request: re-exported for the CLI)
     forward_tokens,
     head_sets,
@@ -338,3 +341,50 @@ def patch_dict(result: PatchResult) -> dict[str, Any]:
     return {"method": result.method, "site": result.site, "metric": result.metric,
             "noising": result.noising, "clean": result.clean, "corrupt": result.corrupt,
             "tokens": result.tokens, "batch": result.batch, "note": result.note or None, "heads": rows}
+
+
+# -- edge attribution (``headscope edges`` / ``faithfulness``) -----------------------------------
+
+
+def edges_dict(result: Any, top: int | None = None) -> dict[str, Any]:
+    """The JSON of ``headscope edges``: ``{"method", "steps", "metric", "clean", "corrupt",
+    "edges": [{"edge", "score", "exact"}, ...]}``, every edge (``top``: the first ``top``) by
+    |score|, largest first; ``exact`` the edge patched alone (``--verify``) or null. An edge
+    whose gradient was not finite has a null score and is named in ``nonfinite``."""
+    scores = result.scores
+    exact = {row.edge: row.exact for row in result.exact}
+    ranked = scores.ranked()
+    rows = [{"edge": scores.graph.edges[int(i)], "score": scores.score(scores.graph.edges[int(i)]),
+             "exact": exact.get(scores.graph.edges[int(i)])}
+            for i in (ranked if top is None else ranked[:top])]
+    nonfinite = [scores.graph.edges[int(i)] for i in np.flatnonzero(scores.nonfinite)]
+    return {"method": scores.method, "steps": scores.steps, "metric": scores.metric, "clean": scores.clean,
+            "corrupt": scores.corrupt, "tokens": scores.tokens, "batch": scores.batch,
+            "n_edges": scores.graph.n_edges, "nonfinite": nonfinite, "edges": rows}
+
+
+def _circuit_dict(point: Any) -> dict[str, Any]:
+    return {"top": point.top, "clean": point.clean, "corrupt": point.corrupt, "circuit": point.circuit,
+            "faithfulness": point.faithfulness, "edges": point.edges}
+
+
+def faithfulness_dict(result: Any) -> Any:
+    """The JSON of ``headscope faithfulness``: per asked N ``{"top", "clean", "corrupt",
+    "circuit", "faithfulness", "edges"}`` (``edges``: left after pruning), one object for one N,
+    a list for several; with the curve, ``"curve": {"area", "area_from_1", "points": [{"fraction",
+    "top", "edges", "circuit", "faithfulness"}, ...]}`` is added to the object (several N:
+    ``{"circuits": [...], "curve": ...}``; no N: ``{"clean", "corrupt", "curve"}``)."""
+    circuits = [_circuit_dict(p) for p in result.points]
+    out: Any = circuits[0] if len(circuits) == 1 else circuits
+    if result.curve is None:
+        return out
+    curve = result.curve
+    found = {"area": curve.area, "area_from_1": curve.area_from_1,
+             "points": [{"fraction": f, **{k: v for k, v in _circuit_dict(p).items()
+                                           if k not in ("clean", "corrupt")}}
+                        for f, p in zip(curve.fractions, curve.points, strict=True)]}
+    if isinstance(out, dict):
+        return {**out, "curve": found}
+    if circuits:
+        return {"circuits": circuits, "curve": found}
+    return {"clean": result.scores.clean, "corrupt": result.scores.corrupt, "curve": found}

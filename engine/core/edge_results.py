@@ -13,11 +13,13 @@ from headscope.engine.core.results import SAME_METRIC_RTOL, readonly
 
 __all__ = [
     "CURVE_FRACTIONS",
+    "EdgeAttribution",
     "EdgeMethod",
     "EdgeScores",
     "ExactEdge",
     "Faithfulness",
     "FaithfulnessCurve",
+    "FaithfulnessResult",
     "curve_area",
     "metrics_differ",
 ]
@@ -126,3 +128,22 @@ class ExactEdge:
     estimate: float | None
     patched: float  # the metric with the edge corrupted
     exact: float  # patched - clean
+
+
+@dataclass(frozen=True)
+class EdgeAttribution:
+    """What ``EdgesRequest`` gives: every edge's score and the exact checks of its top
+    ``verify`` edges by |score| (in that order)."""
+
+    scores: EdgeScores
+    exact: tuple[ExactEdge, ...] = ()
+
+
+@dataclass(frozen=True)
+class FaithfulnessResult:
+    """What ``FaithfulnessRequest`` gives: one point per asked N (in the order asked), the
+    curve when asked, and the attribution they were made from."""
+
+    scores: EdgeScores
+    points: tuple[Faithfulness, ...]
+    curve: FaithfulnessCurve | None = None

@@ -4,7 +4,7 @@ Below both facades: the explorer's ``Engine`` runs it on its workers (and caches
 returns), the Python API and ``api.report`` call it directly. Each request type has exactly
 one computation, registered with ``@computes(SomeRequest)`` in the module that implements it:
 ``head_views`` (one head's views), ``scores`` (model-wide sweeps), ``prompts`` (tokenising, a
-prompt through the model) and ``patch_runs`` (patching).
+prompt through the model), ``patch_runs`` (patching) and ``edges`` (edge attribution).
 """
 
 from __future__ import annotations
@@ -16,7 +16,14 @@ from headscope.engine.core.progress import Cancelled, Progress
 from headscope.engine.core.requests import COMPUTATIONS, Request
 
 # imported for their @computes registrations
-from headscope.engine.sweeps import attribution, head_views, patch_runs, prompts, scores  # noqa: F401
+from headscope.engine.sweeps import (  # noqa: F401
+    attribution,
+    edges,
+    head_views,
+    patch_runs,
+    prompts,
+    scores,
+)
 
 if TYPE_CHECKING:
     from headscope.engine.model.loading import LoadedModel

@@ -60,19 +60,27 @@ def patch(model: LoadedModel, req: PatchRequest, *, progress: Progress = None, c
     return result
 
 
-def _patch_now(model: LoadedModel, req: PatchRequest, progress: Progress, cancelled: Cancelled) -> PatchResult:
-    from headscope.engine.forward import patch_tasks, patching
+def task_inputs(model: LoadedModel, req: Any) -> tuple[Any, Any, Any]:
+    """The clean and corrupt token batches and the metric of a request with patching's
+    inputs (``task``, ``clean``, ``corrupt``, ``answer``, ``wrong``, ``seed``, ``seq_len``,
+    ``batch``: a ``PatchRequest``, an ``EdgesRequest``)."""
+    from headscope.engine.forward import patch_tasks
     from headscope.engine.forward.runtime import token_batch
 
-    cfg, w = model.cfg, model.weights
-    metric: Any
+    cfg = model.cfg
     if req.task != "logit_diff":  # a built-in task
         clean, corrupt = patch_tasks.induction_task(cfg.d_vocab, cfg.n_ctx, req.seed, req.seq_len, req.batch,
                                                  task=req.task)
-        metric = patch_tasks.task_metric(req.task, clean)
-    else:
-        clean, corrupt = token_batch(req.clean), token_batch(req.corrupt)
-        metric = patch_tasks.LogitDiff(int(req.answer or 0), int(req.wrong or 0))
+        return clean, corrupt, patch_tasks.task_metric(req.task, clean)
+    return (token_batch(req.clean), token_batch(req.corrupt),
+            patch_tasks.LogitDiff(int(req.answer or 0), int(req.wrong or 0)))
+
+
+def _patch_now(model: LoadedModel, req: PatchRequest, progress: Progress, cancelled: Cancelled) -> PatchResult:
+    from headscope.engine.forward import patching
+
+    w = model.weights
+    clean, corrupt, metric = task_inputs(model, req)
     common = dict(noising=req.noising, progress=progress, cancelled=cancelled)
     if req.edge is not None:
         return patching.path_patch(w, clean, corrupt, metric, [req.edge], receiver_input=req.site, **common)

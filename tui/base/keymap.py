@@ -100,6 +100,10 @@ APP_BINDINGS: list[Binding] = [
             tooltip="Patch tab: activation or attribution patching of every head (the induction "
                     "or first-occurrence task, or your prompts): what each head recovers, "
                     "sorted; enter focuses it"),
+    Binding("0", "screen.show_tab('circuit')", "Circuit", id="tab-circuit", show=False,
+            tooltip="Circuit tab: the circuit edge attribution finds (EAP-IG; m: EAP) for the Patch "
+                    "tab's prompts or the first-occurrence task: graph, edges with exact checks, "
+                    "faithfulness; +/- N; enter: the edge's heads"),
     Binding("x", "screen.stop_patch", "Stop patching", id="stop-patch", show=False,
             tooltip="Patch tab: stop the patching run"),
     Binding("left_curly_bracket", "timeline_step(-1)", "Prev step", id="prev-step",
@@ -133,6 +137,9 @@ WIDGET_KEYS: list[tuple[str, str]] = [
     ("enter", "tree, summary, patch list: focus the head under the cursor; composition "
               "edge: open its virtual heads (K-path heatmap and score, V-path copying and "
               "spectrum; g there focuses the later head); a patch box: run patching"),
+    ("- + / < >", "Circuit tab: fewer / more edges in the circuit (1, 2, 5, 10, …; < > by one); "
+                  "m: EAP-IG or EAP; enter on an edge: its head's QK (OV for a value input) "
+                  "and the two heads' composition score"),
     ("tab / shift+tab", "move focus between panes"),
     ("ctrl+p", "command palette: go to head L.H, sort, themes, exports"),
     ("escape", "close a dialog; leave the prompt box or a pane for the head tree"),

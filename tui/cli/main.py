@@ -28,7 +28,9 @@ from headscope.tui.cli.commands import (
     circuit,
     composition,
     diff,
+    edges,
     export,
+    faithfulness,
     forward,
     heads,
     info,
@@ -55,7 +57,7 @@ from headscope.tui.cli.output import (
 # Every command, in the order of ``headscope --help``: each module registers its parser and
 # its handler (tui/cli/commands/__init__.py).
 COMMAND_MODULES = (open_command, info, heads, composition, forward, circuit, diff, export, serve,
-                   timeline, cache, svd, path, patch, path_patch,
+                   timeline, cache, svd, path, patch, path_patch, edges, faithfulness,
                    qk_attribution)
 
 EPILOG = """\
@@ -77,6 +79,9 @@ examples:
                                               (the edge's causal effect)
   headscope qk-attribution sample_models/attn-only-2l L1.H2 --prompt "..." --query 7 --key 3
                                               (why the head attends there: sources of the score)
+  headscope edges sample_models/attn-only-2l --task first-occurrence --top 10 --verify 3
+                                              (find the circuit: every edge's attribution)
+  headscope faithfulness sample_models/attn-only-2l --task first-occurrence --top 5,20 --curve
 
 exit codes: 0 ok, 1 bad model file or request (one line on stderr), 2 usage, 130 interrupted
 """

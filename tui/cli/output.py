@@ -21,7 +21,7 @@ from headscope.tui.cli.table import Items
 EXIT_OK, EXIT_MODEL_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 # The subcommands (anything else first on the command line is a path to open).
 COMMANDS = ("open", "info", "heads", "composition", "forward", "circuit", "diff", "export", "serve",
-            "timeline", "cache", "svd", "path", "patch", "path-patch",
+            "timeline", "cache", "svd", "path", "patch", "path-patch", "edges", "faithfulness",
             "qk-attribution")
 
 

@@ -29,6 +29,18 @@ from headscope.tui.cli.store import results_store
 
 def inputs(p: argparse.ArgumentParser) -> None:
     """The prompt, metric and run options both commands share."""
+    prompt_options(p)
+    p.add_argument("--noising", action="store_true",
+                   help="run the clean input and patch in corrupt activations instead")
+    json_arg(p)
+    raw_arg(p)
+    store_arg(p)
+    quiet_arg(p)
+
+
+def prompt_options(p: argparse.ArgumentParser) -> None:
+    """The prompts, the metric's tokens and the built-in task (``patch``, ``path-patch``,
+    ``edges``, ``faithfulness``)."""
     p.add_argument("--clean", metavar="TEXT", help="the clean prompt (with --corrupt, --answer, --wrong)")
     p.add_argument("--corrupt", metavar="TEXT", help="the corrupt prompt, the same number of tokens")
     p.add_argument("--clean-tokens", type=args_types.token_ids, metavar="IDS",
@@ -54,12 +66,6 @@ def inputs(p: argparse.ArgumentParser) -> None:
                    help="task: length of the repeated half (default min(32, n_ctx/2))")
     p.add_argument("--batch", type=args_types.count, default=4,
                    help="task: sequences averaged over (default 4)")
-    p.add_argument("--noising", action="store_true",
-                   help="run the clean input and patch in corrupt activations instead")
-    json_arg(p)
-    raw_arg(p)
-    store_arg(p)
-    quiet_arg(p)
 
 
 def _usage(message: str) -> int:
@@ -91,11 +97,22 @@ def _command_line_problem(args: argparse.Namespace, command: str) -> str | None:
     return None
 
 
+def prompts(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The clean and corrupt inputs as given: text, id lists, or None (a task)."""
+    clean = args.clean if args.clean is not None else _id_list(args.clean_tokens)
+    corrupt = args.corrupt if args.corrupt is not None else _id_list(args.corrupt_tokens)
+    return clean, corrupt
+
+
+def command_line_problem(args: argparse.Namespace, command: str) -> str | None:
+    """What is wrong with the prompt options themselves, before the model is opened."""
+    return _command_line_problem(args, command)
+
+
 def _request(model: Any, args: argparse.Namespace, **more: Any) -> Any:
     from headscope.engine.api.report import patch_request
 
-    clean = args.clean if args.clean is not None else _id_list(args.clean_tokens)
-    corrupt = args.corrupt if args.corrupt is not None else _id_list(args.corrupt_tokens)
+    clean, corrupt = prompts(args)
     return patch_request(model, clean, corrupt, answer=args.answer, wrong=args.wrong, noising=args.noising,
                          task=args.task, seed=args.seed, seq_len=args.seq_len, batch=args.batch, **more)
 

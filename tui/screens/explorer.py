@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from textual import on
 from textual.app import ComposeResult
@@ -39,6 +39,8 @@ from textual.widgets import DataTable, Footer, Input, TabbedContent, TabPane
 from headscope.engine.core.errors import HeadscopeError
 from headscope.tui.base.labels import FILTER_THRESHOLD
 from headscope.tui.base.messages import (
+    CircuitEdgeChosen,
+    CircuitTopChanged,
     EdgeChosen,
     ModelFailed,
     ModelReady,
@@ -64,6 +66,7 @@ from headscope.tui.session.choices import TREE_FILTERS
 from headscope.tui.session.export import export_document, saved_where, write_export
 from headscope.tui.widgets.chart import Chart
 from headscope.tui.widgets.circuit import OVPane, QKPane, SpectrumPane
+from headscope.tui.widgets.circuit_tab import CircuitTab
 from headscope.tui.widgets.compare import ChangesPane
 from headscope.tui.widgets.focus_line import FocusLine
 from headscope.tui.widgets.head_tree import HeadTree
@@ -126,6 +129,8 @@ class ExplorerScreen(ExplorerScores):
                             yield TimelinePane(id="timeline-pane")
                     with TabPane(TAB_TITLES["patch"], id="patch"):
                         yield PatchPane(id="patch-pane")
+                    with TabPane(TAB_TITLES["circuit"], id="circuit"):
+                        yield CircuitTab(id="circuit-pane")
         # compact, and no "^p palette" (it is in the help screen): every key then fits in
         # 120 columns, SVG and Export included
         yield Footer(compact=True, show_command_palette=False)
@@ -265,6 +270,49 @@ class ExplorerScreen(ExplorerScores):
             layer, head = (int(x) for x in str(event.row_key.value).split("."))
             self.goto_head((layer, head), immediate=True)
 
+
+    # -- the Circuit tab (tui/widgets/circuit_tab.py) -------------------------------------------
+    @on(CircuitTopChanged)
+    def _circuit_top_changed(self, msg: CircuitTopChanged) -> None:
+        pane = self.query_one(CircuitTab)
+        self.run_worker(pane.faithfulness(self, msg.top), group="circuit-top", exclusive=True,
+                        exit_on_error=False)
+
+    @on(CircuitEdgeChosen)
+    def _circuit_edge_chosen(self, msg: CircuitEdgeChosen) -> None:
+        """The edge's target head (else its source) in its QK view (OV for a value input),
+        and the two heads' composition score in a notification."""
+        head = msg.target or msg.source
+        if head is None:
+            self.notify(f"{msg.edge}: no head at either end", timeout=3)
+            return
+        self.goto_head(head, immediate=True)
+        self.action_show_tab("ov" if msg.input == "v" or msg.target is None else "qk")
+        if msg.source is not None and msg.target is not None and msg.input is not None:
+            self.run_worker(self._composition_of(msg), group="circuit-composition", exclusive=True,
+                            exit_on_error=False)
+
+    async def _composition_of(self, msg: CircuitEdgeChosen) -> None:
+        from headscope.engine.core.requests import CompositionRequest
+
+        assert msg.source is not None and msg.target is not None and msg.input is not None
+        engine: Any = self.engine
+        try:
+            comp = await engine.get(CompositionRequest.of(self.structure, msg.input), lambda _: None)
+        except HeadscopeError as err:
+            self.report(str(err))
+            return
+        (l1, h1), (l2, h2) = msg.source, msg.target
+        score = float(comp.scores[l1, h1, l2, h2])
+        pane = self.query_one(CircuitTab)
+        weights = f"{msg.input.upper()}-composition {score:.3f} (baseline {comp.baseline:.3f})"
+        lines = pane.status.split("\n")
+        if len(lines) > 1 and lines[1].startswith(f"{msg.edge}:"):  # beside its estimate and exact
+            lines[1] = f"{lines[1].split(' · enter')[0]} · {weights}"
+        else:
+            lines = [lines[0], f"{msg.edge}: {weights}"]
+        pane._set_status("\n".join(lines))
+        self.notify(f"{msg.edge}: {weights}", timeout=6)
 
     # -- the Patch tab (tui/widgets/patch.py) ------------------------------------------------
     @on(PatchRequested)

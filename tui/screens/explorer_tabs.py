@@ -35,6 +35,7 @@ from headscope.tui.session.focus import HeadFocus
 from headscope.tui.session.loads import PER_HEAD, TabLoads, load_key
 from headscope.tui.session.scores import ScoreBoard
 from headscope.tui.widgets.circuit import OVPane, QKPane, SpectrumPane
+from headscope.tui.widgets.circuit_tab import CircuitTab
 from headscope.tui.widgets.compare import ChangesPane, focus_text
 from headscope.tui.widgets.focus_line import FocusLine, head_lines, part_text
 from headscope.tui.widgets.head_tree import HeadTree
@@ -52,16 +53,16 @@ if TYPE_CHECKING:
 
 Head = tuple[int, int]
 TABS = ("qk", "ov", "spectrum", "prompt", "composition", "summary", "changes", "timeline",
-        "patch")
+        "patch", "circuit")
 TAB_TITLES = {"qk": "1 QK", "ov": "2 OV", "spectrum": "3 Spectrum", "prompt": "4 Prompt",
               "composition": "5 Composition", "summary": "6 Summary", "changes": "7 Changes",
-              "timeline": "8 Timeline", "patch": "9 Patch"}
+              "timeline": "8 Timeline", "patch": "9 Patch", "circuit": "0 Circuit"}
 # Below NARROW columns: the longest names shortened, so that every tab of the strip is on
 # screen at 80 columns (the strip scrolled, and with 5 active `1 QK` was off its left edge);
 # headscope.tcss gives each tab one column of padding instead of two there. The widest
-# strip, compare mode's eight tabs, is 61 of the 62 columns beside the tree.
+# strip, compare mode's nine tabs, is 61 of the 62 columns beside the tree.
 SHORT_TAB_TITLES = {**TAB_TITLES, "spectrum": "3 Spec", "composition": "5 Comp",
-                    "timeline": "8 Time"}
+                    "timeline": "8 Time", "summary": "6 Sum", "changes": "7 Chng", "circuit": "0 Circ"}
 
 
 class TabView(Protocol):
@@ -74,7 +75,7 @@ class TabView(Protocol):
 VIEWS: dict[str, type[Widget]] = {
     "qk": QKPane, "ov": OVPane, "spectrum": SpectrumPane, "prompt": PromptPane,
     "composition": CompositionPane, "summary": SummaryPane, "changes": ChangesPane,
-    "timeline": TimelinePane, "patch": PatchPane}
+    "timeline": TimelinePane, "patch": PatchPane, "circuit": CircuitTab}
 NARROW = 100  # below this many columns, panes stack and the tree narrows
 
 
@@ -317,6 +318,8 @@ class ExplorerTabs(Screen[None]):
             extra = (timeline.index, id(timeline.timeline), self.head)
         elif tab == "patch":
             extra = self.query_one(PatchPane).session.key()
+        elif tab == "circuit":  # the Patch tab's inputs, the method
+            extra = (*self.query_one(PatchPane).session.key()[:5], self.query_one(CircuitTab).method)
         return load_key(tab, self.head, self.gen, extra)
 
     def fresh(self, key: LoadKey) -> bool:

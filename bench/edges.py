@@ -1,0 +1,132 @@
+"""``python -m bench.edges``: edge attribution (EAP, EAP-IG) against one forward pass of both
+prompts and against TransformerLens 4's edge attribution, in one run.
+
+Writes (or reuses, ``--dir``) the random checkpoint of ``bench.checkpoints`` (GPT-2-small by
+default) and times, in this one process, each warm (the weights read and processed by a
+first call, as a sweep after others in the explorer would find them; the best of
+``--repeat``):
+
+- ``forward``: ``forward.transformer.run`` of the clean and the corrupt prompt, one batch
+  (the floor: the issue asks for EAP ≤ 4× it);
+- ``eap`` / ``eap-ig``: ``forward.edges.edge_scores`` (EAP-IG with ``--steps``, default 5);
+- ``tl``: TransformerLens 4's ``tools.analysis.attribution_patching.attribution_patch`` at
+  edge granularity (its EAP: ``ig_steps=1``; its EAP-IG raises ``NotImplementedError``) on a
+  ``TransformerBridge`` of the same checkpoint, same tokens, same metric. Its conventions
+  differ (gradient on the corrupt run, denoising sign, its own node set), so only the times
+  are compared, not the values.
+
+The prompt: ``--tokens`` seeded random ids (clean), the corrupt one with every other id of the
+second half redrawn (``bench.patching.prompts``); the metric is the logit difference of two
+fixed tokens at the last position.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from . import publish, ratio, rss_mb
+from .patching import ANSWER, WRONG, prompts
+
+SCENARIOS = ("forward", "eap", "eap-ig", "tl")
+
+
+def best_of(fn: Callable[[], Any], repeat: int) -> float:
+    """Seconds of the fastest of ``repeat`` warm calls (after one cold call)."""
+    fn()
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def headscope_calls(path: Path, n_tokens: int, steps: int) -> dict[str, Callable[[], Any]]:
+    from headscope.engine.forward import edges, patch_tasks
+    from headscope.engine.forward.transformer import run
+    from headscope.engine.model.loading import load_model
+
+    model = load_model(path)
+    clean, corrupt = prompts(model.cfg.d_vocab, n_tokens)
+    metric = patch_tasks.LogitDiff(ANSWER, WRONG)
+    w = model.weights
+    return {
+        "forward": lambda: run(w, [clean, corrupt]),
+        "eap": lambda: edges.edge_scores(w, [clean], [corrupt], metric, method="eap"),
+        "eap-ig": lambda: edges.edge_scores(w, [clean], [corrupt], metric, method="eap-ig", steps=steps),
+    }
+
+
+def tl_call(path: Path, n_tokens: int) -> Callable[[], Any]:
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    import torch
+    from tokenizers import Tokenizer, models
+    from transformer_lens.model_bridge import TransformerBridge
+    from transformer_lens.tools.analysis import attribution_patching as ap
+    from transformers import PreTrainedTokenizerFast
+
+    word = Tokenizer(models.WordLevel({"<unk>": 0, "a": 1}, unk_token="<unk>"))
+    tok = PreTrainedTokenizerFast(tokenizer_object=word, unk_token="<unk>")
+    model = TransformerBridge.boot_transformers(str(path), tokenizer=tok, device="cpu")
+    model.eval()
+    clean, corrupt = prompts(model.cfg.d_vocab, n_tokens)
+    clean_t, corrupt_t = torch.tensor([clean]), torch.tensor([corrupt])
+    config = ap.EdgeAttributionConfig(granularity="edge")
+
+    def metric(logits: Any) -> Any:
+        return logits[..., -1, ANSWER].sum() - logits[..., -1, WRONG].sum()
+
+    return lambda: ap.attribution_patch(model, clean_t, corrupt_t, metric, config)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.edges", description=__doc__.splitlines()[0])
+    p.add_argument("--dir", type=Path, help="where the checkpoint is written / reused")
+    p.add_argument("--shape", default="gpt2-small")
+    p.add_argument("--scenarios", default=",".join(SCENARIOS), help="forward, eap, eap-ig, tl (default all)")
+    p.add_argument("--tokens", type=int, default=20, help="prompt length (default 20)")
+    p.add_argument("--steps", type=int, default=5, help="EAP-IG's steps (default 5)")
+    p.add_argument("--repeat", type=int, default=3, help="warm runs per scenario (the fastest is shown)")
+    p.add_argument("--out", type=Path, help="also write the table here")
+    args = p.parse_args(argv)
+
+    from .checkpoints import SHAPES, write_checkpoint
+
+    root = args.dir or Path(tempfile.mkdtemp(prefix="headscope-bench-"))
+    path = write_checkpoint(SHAPES[args.shape], root)
+    wanted = args.scenarios.split(",")
+    seconds: dict[str, float | str] = {}
+    ours = headscope_calls(path, args.tokens, args.steps)
+    for name in wanted:
+        try:
+            call = tl_call(path, args.tokens) if name == "tl" else ours[name]
+            seconds[name] = best_of(call, args.repeat)
+        except Exception as err:  # a scenario that cannot run says why in its cell
+            seconds[name] = f"error: {type(err).__name__}: {' '.join(str(err).split())[:120]}"
+    forward = seconds.get("forward")
+    rows = ["| scenario | warm (s) | / forward of both prompts | TransformerLens EAP / this |", "|---|---|---|---|"]
+    labels = {"forward": "one forward pass, clean + corrupt", "eap": "headscope EAP",
+              "eap-ig": f"headscope EAP-IG ({args.steps} steps)", "tl": "TransformerLens 4 edge attribution (EAP)"}
+    for name in wanted:
+        value = seconds[name]
+        cell = f"{value:.3f}" if isinstance(value, float) else value
+        vs_tl = ratio(seconds.get("tl"), value) if name in ("eap", "eap-ig") else ""
+        rows.append(f"| {labels.get(name, name)} | {cell} | {ratio(value, forward)} | {vs_tl} |")
+    head = (f"{args.shape}, {args.tokens} tokens, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+            f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end, "
+            f"Python {platform.python_version()}, best of {args.repeat} warm run(s), peak RSS {rss_mb():.0f} MB")
+    return publish(head + "\n\n" + "\n".join(rows) + "\n", args.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
