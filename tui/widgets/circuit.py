@@ -138,7 +138,7 @@ class OVPane(Horizontal):
             np.asarray(block.values), tuple(block.row_labels), tuple(block.col_labels),
             title=f"full OV {head_name(block.layer, block.head)}  W_E OV W_U",
             xlabel="output token →  (rows: source token)", diagonal=same))
-        self.query_one("#ov-note", Static).update(Text(block.note or "", style="dim"))
+        self.query_one("#ov-note", Static).update(Text(block.note or ""))  # #ov-note is muted already
 
     def show_pair(self, a: Heatmap, b: Heatmap) -> None:
         """Compare mode: A's full OV and B's (or B − A) beside it."""

@@ -51,7 +51,9 @@ class PathEffects:
         if value is None:
             return Text("—", style="dim", justify="right")
         if unused(strong, value):
-            return Text(f"{value:+.2f} unused", style="bold yellow", justify="right")
+            # the theme's warning colour (ANSI yellow was 2.8:1 on the light theme)
+            warning = (getattr(self.app, "theme_variables", None) or {}).get("warning", "yellow")
+            return Text(f"{value:+.2f} unused", style=f"bold {warning}", justify="right")
         return Text(f"{value:+.2f}", justify="right")
 
     def path_line(self, edge: tuple[int, int, int, int, float], strong: bool) -> str:
