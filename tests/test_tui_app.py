@@ -495,6 +495,7 @@ async def test_export_and_screenshot_go_to_the_output_dir_not_the_checkpoint(
     model_dir = tmp_path / "model"
     model_dir.mkdir()
     monkeypatch.delenv("HEADSCOPE_OUTPUT_DIR")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
     monkeypatch.chdir(model_dir)  # cwd is the checkpoint: outputs must go elsewhere
     engine = FakeEngine(str(model_dir))
     app, _ = make_app(engine)
