@@ -50,6 +50,21 @@ Edge = tuple[int, int, int, int, float]  # (l1, h1, l2, h2, score − baseline)
 PREDICTIONS_SHOWN = 5  # the rest are ~0 and would take the DLA's rows
 
 
+def dla_title(view: PromptView, prefix: str = "") -> Text:
+    """What the DLA column attributes: at each position, the logit of the token the model
+    predicts next there (engine/forward/prompt.py); the last row's token named."""
+    title = Text(f"{prefix}direct logit attribution: each row, this head's push on the logit "
+                 "of the model's predicted next token", style="table.title")
+    n = len(view.tokens)
+    if n and view.predicted:
+        last = int(view.predicted[-1])
+        label = next((lab for i, lab, _p in view.top_predictions if int(i) == last), f"#{last}")
+        title.append("\n")
+        title.append(f"last row: DLA of {printable(str(label))[:16]!r} (the next token) at "
+                     f"position {n - 1}", style="dim")
+    return title
+
+
 def _unknown_text(tokens: list[str], prompt: str) -> Text:
     """How many prompt tokens the vocabulary did not know (marked in the list below)."""
     note = unknown_note(prompt, tokens)
@@ -101,7 +116,7 @@ class PromptPane(Vertical):
         dla = np.asarray(view.dla, dtype=np.float64)
         vmax = float(np.nanmax(np.abs(dla))) if dla.size else 1.0
         # the title above the table (a Text wraps; the table's title was cut at 80×24)
-        title = Text(f"{prefix}direct logit attribution", style="table.title")
+        title = dla_title(view, prefix)
         t = Table(box=None, padding=(0, 1), expand=True)
         # As the OV tab's top outputs: the token keeps up to 6 characters (at 80×24 the bar
         # left it 2, `Wh…`), the number its width; the bar gives way first.
