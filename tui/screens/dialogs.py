@@ -96,7 +96,7 @@ def help_table(keymap: dict[str, str], query: str = "") -> Group:
 
 
 class HelpScreen(ModalScreen[None]):
-    AUTO_FOCUS = None  # keys first: ?/q/escape close, / goes to the filter
+    AUTO_FOCUS = ""  # nothing focused (None: the app's "*"): keys first: ?/q/escape close, / goes to the filter
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape,question_mark,q", "dismiss", "Close", id="help-close",
                 tooltip="Close the help screen"),
@@ -134,8 +134,7 @@ class HelpScreen(ModalScreen[None]):
 
 
     def action_search(self) -> None:
-        # after this key is handled: focused at once, the input also received the "/"
-        self.call_after_refresh(self.query_one("#help-filter", Input).focus)
+        self.query_one("#help-filter", Input).focus()
 
     def on_input_changed(self, event: Input.Changed) -> None:
         event.stop()
