@@ -123,6 +123,8 @@ class QKPane(Horizontal):
 
 
 class OVPane(Horizontal):
+    top_shown: TopTokens | None = None  # the top outputs on screen (redrawn on t, m, resize)
+
     def compose(self) -> ComposeResult:
         yield Chart(id="ov-heatmap", placeholder="waiting for the model…")
         yield Chart(id="ov-heatmap-b", placeholder="waiting for model B…", classes="compare-only")
@@ -145,7 +147,18 @@ class OVPane(Horizontal):
         self.query_one("#ov-heatmap", Chart).show(a)
         self.query_one("#ov-heatmap-b", Chart).show(b)
 
+    def redraw_top(self) -> None:
+        """The top outputs again: the bars in the current theme's colour map and as wide as
+        the side column now is (drawn before the layout, they stayed the old colours, or one
+        character wide in compare mode)."""
+        if self.top_shown is not None:
+            self.show_top(self.top_shown)
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self.redraw_top)
+
     def show_top(self, result: TopTokens) -> None:
+        self.top_shown = result
         rows = top_tokens(result)
         src = result.source_label or str(result.source_token)
         # The title above the table, not its title: Rich cut a table title to one line

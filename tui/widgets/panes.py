@@ -101,6 +101,7 @@ class PromptPane(Vertical):
     def show(self, view: PromptView, b: PromptView | None = None) -> None:
         """A's pattern, DLA and predictions; ``b``: model B's pattern on the same prompt,
         beside A's (compare mode; the DLA and predictions stay A's)."""
+        self.shown_views = (view, b)
         tokens = [str(t) for t in view.tokens]
         pattern = np.asarray(view.pattern, dtype=np.float64)
         prefix = "A " if b is not None else ""
@@ -147,6 +148,12 @@ class PromptPane(Vertical):
 
         self.query_one("#prompt-dla", Static).update(Group(note, title, t))
         self.query_one("#prompt-preds", Static).update(p)
+
+    def redraw(self) -> None:
+        """The prompt's views again (the DLA bars in the current theme's colour map)."""
+        shown = getattr(self, "shown_views", None)
+        if shown is not None:
+            self.show(*shown)
 
     async def load(self, host: PaneHost, key: LoadKey) -> None:
         layer, head = key[1]
