@@ -242,7 +242,14 @@ async def test_composition_edges_show_their_path_effect_and_unused_ones() -> Non
             else:
                 assert effect == 0.0
             assert ("unused" in cell) == (strong and abs(effect) < 0.05), (sender, receiver, cell)
+            assert cell.endswith(" used") == (strong and abs(effect) >= 0.05), (sender, receiver, cell)
         assert any("unused" in c for c in cells.values())
+        assert any(c.endswith(" used") for c in cells.values())
+        # the first edge's detail is there before the cursor moves (it was blank)
+        first = pane.edges[0]
+        detail = str(app.query_one("#comp-detail").render())
+        assert f"L{first[0]}.H{first[1]}" in detail
+        assert "path patching on the induction task: recovered" in detail
         # the detail line of a highlighted edge says it
         table.focus()
         await pilot.press("down", "up")

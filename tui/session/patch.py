@@ -263,6 +263,11 @@ def path_effects(result: PatchResult) -> dict[tuple[Head, Head], float | None]:
     return {(r.heads[0], r.heads[1]): r.recovered for r in result.rows if len(r.heads) == 2}
 
 
+def used(strong: bool, effect: float | None) -> bool:
+    """A strong weight score whose path does move the metric (|recovered| ≥ NEAR_ZERO)."""
+    return strong and effect is not None and math.isfinite(effect) and abs(effect) >= NEAR_ZERO
+
+
 def unused(strong: bool, effect: float | None) -> bool:
     """A strong weight score whose path barely moves the metric: unused on this task."""
     return strong and effect is not None and abs(effect) < NEAR_ZERO

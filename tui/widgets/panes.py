@@ -375,7 +375,9 @@ class CompositionPane(PathEffects, Horizontal):
         self.init_paths()
         self.shown, self._shape = comp, (host.n_layers, host.n_heads)
         self.edges = self.show(comp, host.n_layers, host.n_heads, None, self.threshold)
-        self.detail(comp, None)
+        # the row under the table's cursor (the first) has its detail from the start: it
+        # was blank until the cursor moved
+        self.detail(comp, self.edges[0] if self.edges else None)
         host.keep_result("composition", comp)
         await self.load_paths(host, key, kind, self.edges)
 
