@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     from headscope.tui.base.protocols import LoadKey, PaneHost
 
 POSITIONS_SHOWN = 32  # positional QK: the first positions
+# fits the 29 columns of a QK heatmap at 80×24 ("(rows: query token)" was cut: "query to…")
+QK_XLABEL = "key token →  (rows: query)"
 
 
 class QKPane(Horizontal):
@@ -58,7 +60,7 @@ class QKPane(Horizontal):
         title = f"token QK {head_name(block.layer, block.head)}  W_E QK W_Eᵀ"
         if offset is not None:
             title += f"  Δ={offset}"
-        xlabel = "key token →  (rows: query token)"
+        xlabel = QK_XLABEL
         if getattr(block, "note", ""):  # e.g. q/k norms or soft-capping (docs/math.md)
             xlabel += f"  · ≈ {block.note}"
         self.query_one("#qk-token", Chart).show(Heatmap(
@@ -67,7 +69,10 @@ class QKPane(Horizontal):
 
     def show_position(self, block: Any, n_ctx: int = 0) -> None:
         shown = len(block.row_labels)
-        part = f" · 0–{shown - 1} of {n_ctx}" if 0 < shown < n_ctx else ""  # only the first
+        part = ""
+        if 0 < shown < n_ctx:  # only the first; below 100 columns in the chart's 29 columns
+            narrow = self.is_attached and self.screen.has_class("narrow")
+            part = f" 0–{shown - 1}/{n_ctx}" if narrow else f" · 0–{shown - 1} of {n_ctx}"
         self.query_one("#qk-position", Chart).show(Heatmap(
             np.asarray(block.values), tuple(block.row_labels), tuple(block.col_labels),
             title=f"positional QK {head_name(block.layer, block.head)}{part}",
@@ -96,7 +101,7 @@ class QKPane(Horizontal):
             if block_b is not None:
                 a_fig, b_fig = await host.compare.figures(
                     block, block_b, f"token QK L{layer}.H{head}", "token QK",
-                    xlabel="key token →  (rows: query token)")
+                    xlabel=QK_XLABEL)
                 if not host.fresh(key):
                     return
                 self.show_pair(a_fig, b_fig)
