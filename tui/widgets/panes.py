@@ -53,15 +53,16 @@ PREDICTIONS_SHOWN = 5  # the rest are ~0 and would take the DLA's rows
 def dla_title(view: PromptView, prefix: str = "") -> Text:
     """What the DLA column attributes: at each position, the logit of the token the model
     predicts next there (engine/forward/prompt.py); the last row's token named."""
-    title = Text(f"{prefix}direct logit attribution: each row, this head's push on the logit "
-                 "of the model's predicted next token", style="table.title")
+    # short: at 80×24 the side column is 22 wide, and the rows must stay in view
+    title = Text(f"{prefix}DLA: this head's push on each row's predicted next token",
+                 style="table.title")
     n = len(view.tokens)
     if n and view.predicted:
         last = int(view.predicted[-1])
         label = next((lab for i, lab, _p in view.top_predictions if int(i) == last), f"#{last}")
         title.append("\n")
         title.append(f"last row: DLA of {printable(str(label))[:16]!r} (the next token) at "
-                     f"position {n - 1}", style="dim")
+                     f"position {n - 1}")
     return title
 
 
