@@ -304,3 +304,49 @@ async def test_event_loop_not_blocked_while_sweep_runs():
     assert sweep_threads and loop_thread not in sweep_threads
     assert ticks_while_running > 0, "the event loop never ran while the sweep computed"
     s.close()
+
+
+async def test_finished_job_leaves_no_activity_even_without_a_progress_callback():
+    """Every engine job reports 100% at its end; a job nobody asked progress of (the
+    Composition tab's path column) left "path patching k 100%" and a turning spinner in the
+    status bar for good (issue 39 §3)."""
+    s = Scheduler(1)
+
+    def job(ctx):
+        ctx.progress(0.5)
+        ctx.progress(1.0)
+        return "done"
+
+    assert await s.run("path", job, label="path patching k") == "done"
+    assert (s.activity, s.progress) == (None, None)
+    s.close()
+
+
+async def test_an_earlier_job_finishing_keeps_the_running_jobs_activity():
+    s = Scheduler(2)
+    gate, started = threading.Event(), threading.Event()
+
+    def quick(ctx):
+        ctx.progress(1.0)
+        return 1
+
+    def slow(ctx):
+        started.set()
+        gate.wait(2)
+        ctx.progress(0.4)
+        gate2.wait(2)
+        return 2
+
+    gate2 = threading.Event()
+    slow_task = asyncio.create_task(s.run("slow", slow, label="sweep"))
+    assert await s.run("quick", quick, label="quick") == 1
+    gate.set()
+    for _ in range(200):
+        if s.activity == "sweep 40%":
+            break
+        await asyncio.sleep(0.01)
+    assert s.activity == "sweep 40%"
+    gate2.set()
+    assert await slow_task == 2
+    assert s.activity is None
+    s.close()

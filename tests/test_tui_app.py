@@ -496,6 +496,7 @@ async def test_export_and_screenshot_go_to_the_output_dir_not_the_checkpoint(
     model_dir = tmp_path / "model"
     model_dir.mkdir()
     monkeypatch.delenv("HEADSCOPE_OUTPUT_DIR")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
     monkeypatch.chdir(model_dir)  # cwd is the checkpoint: outputs must go elsewhere
     engine = FakeEngine(str(model_dir))
     app, _ = make_app(engine)
@@ -703,3 +704,38 @@ async def test_shutdown_without_quit_before_the_deferred_engine_opens_creates_no
         pass
     app._open_deferred()  # the pending timer, after the shutdown
     assert created == [] and app.errors == []
+
+
+async def test_help_is_grouped_searchable_and_explains_the_badges() -> None:
+    """`?` was ~100 lines at ~7 keys a screen: now a section per tab/pane and global, a
+    filter (`/`, then type) that keeps every binding id findable, and the badge legend."""
+    from headscope.tui.screens.dialogs import HELP_GROUPS
+
+    app, _ = make_app(keymap={"next-head": "n"})
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("question_mark")
+        await wait_until(pilot, lambda: isinstance(app.screen, HelpScreen), "the help screen")
+        text = plain(app.screen.query_one("#help-keys", Static))
+        for name, _ids in HELP_GROUPS:
+            assert name in text
+        assert text.index("Global") < text.index("Tabs") < text.index("Patch tab")
+        legend = plain(app.screen.query_one("#help-badges", Static))
+        assert "C copying" in legend and "I induction" in legend and "≥ 0.6" in legend
+        await pilot.press("slash", *"patch")
+        await pilot.pause()
+        filtered = plain(app.screen.query_one("#help-keys", Static))
+        assert "stop-patch" in filtered and "tab-patch" in filtered
+        assert "next-head" not in filtered and "cycle-theme" not in filtered
+        await pilot.press(*"zzzz")
+        await pilot.pause()
+        assert "no key matches" in plain(app.screen.query_one("#help-keys", Static))
+        for _ in range(9):
+            await pilot.press("backspace")
+        await pilot.press("n")  # the remapped key is found by what it is
+        await pilot.pause()
+        line = next(line for line in plain(app.screen.query_one("#help-keys", Static)).splitlines()
+                    if "next-head" in line)
+        assert line.strip().startswith("n ")
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)

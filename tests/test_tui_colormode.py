@@ -510,6 +510,12 @@ async def test_positional_qk_says_when_it_shows_part_of_the_positions() -> None:
         await settle(pilot, app)
         title = chart_text(app, "qk-position").splitlines()[0]
         assert "0–31 of 48" in title and "…" not in title
+    app, _ = make_app(FakeEngine(n_ctx=48))
+    async with app.run_test(size=(80, 24)) as pilot:  # was "positional QK L0.H0 · 0–31 o…"
+        await settle(pilot, app)
+        lines = chart_text(app, "qk-position").splitlines()
+        assert "0–31/48" in lines[0] and "…" not in lines[0]
+        assert any("(rows: query)" in line for line in chart_text(app, "qk-token").splitlines())
 
 
 @pytest.mark.parametrize("size", [(80, 24), (120, 40)])

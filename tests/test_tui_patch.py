@@ -162,13 +162,13 @@ async def test_an_engine_error_is_one_line_in_the_tab() -> None:
         await settle(pilot, app)
         await pilot.press("9")
         await settle(pilot, app)
-        clean = app.query_one("#patch-clean", Input)
-        clean.focus()
-        clean.value = "#1 #2 #3"
+        for box, value in (("answer", "#7"), ("wrong", "#9"), ("clean", "#1 #2 #3")):
+            app.query_one(f"#patch-{box}", Input).value = value
+        app.query_one("#patch-clean", Input).focus()
         await pilot.press("enter")
         await settle(pilot, app)
         task, news = app.query_one(PatchPane).status.split("\n")
-        assert "your prompts" in task
+        assert "logit[#7] − logit[#9]" in task  # the form is complete: the engine's error
         assert news.startswith("cannot patch:") and "same length" in news
 
 
@@ -278,7 +278,14 @@ async def test_composition_edges_show_their_path_effect_and_unused_ones() -> Non
             else:
                 assert effect == 0.0
             assert ("unused" in cell) == (strong and abs(effect) < 0.05), (sender, receiver, cell)
+            assert cell.endswith(" used") == (strong and abs(effect) >= 0.05), (sender, receiver, cell)
         assert any("unused" in c for c in cells.values())
+        assert any(c.endswith(" used") for c in cells.values())
+        # the first edge's detail is there before the cursor moves (it was blank)
+        first = pane.edges[0]
+        detail = str(app.query_one("#comp-detail").render())
+        assert f"L{first[0]}.H{first[1]}" in detail
+        assert "path patching on the induction task: recovered" in detail
         # the detail line of a highlighted edge says it
         table.focus()
         await pilot.press("down", "up")
@@ -336,3 +343,27 @@ async def test_e_exports_the_patch_result_as_the_cli_prints_it(tmp_path: Path) -
         assert doc["view"] == "patch" and doc["head"] is None
         assert doc["data"]["method"] == "exact" and doc["data"]["site"] == "out"
         assert (doc["data"]["heads"][0]["layer"], doc["data"]["heads"][0]["head"]) == (1, 2)
+
+
+async def test_an_incomplete_form_names_its_boxes_and_clears_the_old_result() -> None:
+    """Issue 39 §3: with the prompts edited and the wrong token left empty, the error named
+    the CLI's flags (`--answer`) and the old heatmap and list stayed beside it."""
+    app, engine = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("9")
+        await settle(pilot, app)
+        pane = app.query_one(PatchPane)
+        table = app.query_one("#patch-table", DataTable)
+        assert pane.session.result is not None and table.row_count > 0
+        asked = len(engine.patch_requests)
+        box = app.query_one("#patch-answer", Input)
+        box.focus()
+        box.value = "#7"
+        await pilot.press("enter")
+        await settle(pilot, app)
+        assert "the wrong box" in pane.status and "--" not in pane.status
+        assert len(engine.patch_requests) == asked  # nothing was asked of the engine
+        assert pane.session.result is None and table.row_count == 0
+        chart = app.query_one("#patch-map", Chart)
+        assert chart.figure is None and "no result" in chart.note

@@ -18,9 +18,10 @@ from textual.widgets import DataTable
 
 from headscope.engine.core.requests import AblationRequest, AblationSweepRequest, ScoreNullRequest
 from headscope.tui.app import HeadscopeApp
-from headscope.tui.base.settings import Settings
+from headscope.tui.base.settings import Settings, default_export_dir
 from headscope.tui.plots.colormap import bins, palette_ramp, ramp_index
 from headscope.tui.screens.path import PathScreen
+from headscope.tui.session.export import saved_where
 from headscope.tui.widgets.chart import Chart
 from tests.conftest import INDUCTION_HEAD, notified, sample_model
 from tests.test_tui_app import make_app, settle, wait_until
@@ -162,6 +163,39 @@ async def test_saves_say_where_and_follow_the_output_dir_setting(tmp_path: Path)
             (name,) = [p.name for p in out.iterdir() if p.suffix == suffix]
             assert any(name in m and f"{out.resolve()}/" in m and "output directory" in m
                        for m in messages), messages
+            # the name on a line of its own: the toast wraps at spaces, never inside it
+            assert any(name in m.splitlines() for m in messages), messages
+
+
+async def test_saves_go_to_the_documented_export_folder_not_the_current_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without an output_dir, `s` and `e` wrote into the current directory (after `make run`
+    the git checkout: `?? headscope_…svg`); now $XDG_DATA_HOME/headscope/exports."""
+    cwd, data = tmp_path / "checkout", tmp_path / "data"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    monkeypatch.delenv("HEADSCOPE_OUTPUT_DIR", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(data))
+    app, _ = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("s", "e")
+        await settle(pilot, app)
+    assert list(cwd.iterdir()) == []
+    exports = data / "headscope" / "exports"
+    assert sorted(p.suffix for p in exports.iterdir()) == [".json", ".svg"]
+
+
+def test_default_export_dir_follows_xdg_data_home_else_the_home(tmp_path: Path) -> None:
+    assert default_export_dir({"XDG_DATA_HOME": "/srv/data"}) == Path("/srv/data/headscope/exports")
+    assert default_export_dir({}) == Path.home() / ".local/share/headscope/exports"
+
+
+def test_the_toast_shortens_the_home_and_keeps_name_and_folder_apart(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    text = saved_where(home / ".local/share/headscope/exports/headscope_m_qk_L0H0.svg", home)
+    assert text.splitlines()[:2] == ["headscope_m_qk_L0H0.svg",
+                                     "in ~/.local/share/headscope/exports/"]
 
 
 def test_the_output_dir_setting_is_read_from_the_file_and_the_environment(tmp_path: Path) -> None:

@@ -24,6 +24,10 @@ COLORMAPS: dict[str, tuple[RGB, RGB, RGB]] = {
     "contrast": ((0, 200, 255), (0, 0, 0), (255, 255, 0)),
 }
 
+# Every theme sets "text-muted" and "text-disabled" (hints, placeholders, inactive tabs) to
+# a colour with WCAG AA contrast (≥ 4.5:1) on its background, surface and panel, also after
+# the 256-colour downgrade: Textual's defaults (60% and 38% of the foreground) and a "dim"
+# on top fell to 1.3–3.9:1 (tests/test_tui_contrast.py reads what the screen shows).
 COLORBLIND_SAFE = frozenset({"blue-orange", "blue-orange-light", "contrast"})
 
 DARK = Theme(
@@ -39,23 +43,27 @@ DARK = Theme(
     surface="#181a1f",
     panel="#23262e",
     dark=True,
-    variables={"heatmap": "red-blue", "badge-strong": "#5fd787", "badge-mid": "#ffd75f"},
+    variables={"heatmap": "red-blue", "text-muted": "#9aa0aa", "text-disabled": "#9aa0aa",
+               "block-cursor-background": "#162d4a", "block-cursor-blurred-background": "#23262e",
+               "badge-strong": "#5fd787", "badge-mid": "#ffd75f"},
 )
 
 LIGHT = Theme(
     name="headscope-light",
     primary="#0055aa",
     secondary="#2a7f62",
-    accent="#b35900",
-    warning="#9a6700",
+    accent="#8f4e00",
+    warning="#8a5c00",
     error="#c62828",
-    success="#1b7f3b",
+    success="#146c31",
     foreground="#1e2228",
     background="#f4f5f7",
     surface="#ffffff",
-    panel="#e3e6eb",
+    panel="#e9eaec",  # 256 colours: grey 254, not 253 (dim status text stays ≥ 4.5:1)
     dark=False,
-    variables={"heatmap": "red-blue-light", "badge-strong": "#1b7f3b", "badge-mid": "#9a6700"},
+    variables={"heatmap": "red-blue-light", "text-muted": "#555c66",
+               "text-disabled": "#555c66", "block-cursor-background": "#e6eefa",
+               "block-cursor-blurred-background": "#e9eaec", "badge-strong": "#146c31", "badge-mid": "#8a5c00"},
 )
 
 CONTRAST = Theme(
@@ -73,7 +81,9 @@ CONTRAST = Theme(
     dark=True,
     luminosity_spread=0.25,
     text_alpha=1.0,
-    variables={"heatmap": "contrast", "badge-strong": "#00ff00", "badge-mid": "#ffff00"},
+    variables={"heatmap": "contrast", "text-muted": "#aaaaaa", "text-disabled": "#aaaaaa",
+               "block-cursor-background": "#00005f", "block-cursor-blurred-background": "#1a1a1a",
+               "badge-strong": "#00ff00", "badge-mid": "#ffff00"},
 )
 
 COLORBLIND = Theme(
@@ -89,7 +99,9 @@ COLORBLIND = Theme(
     surface="#181a1f",
     panel="#23262e",
     dark=True,
-    variables={"heatmap": "blue-orange", "badge-strong": "#56b4e9", "badge-mid": "#e69f00"},
+    variables={"heatmap": "blue-orange", "text-muted": "#9aa0aa", "text-disabled": "#9aa0aa",
+               "block-cursor-background": "#162d4a", "block-cursor-blurred-background": "#23262e",
+               "badge-strong": "#56b4e9", "badge-mid": "#e69f00"},
 )
 
 THEMES: tuple[Theme, ...] = (DARK, LIGHT, CONTRAST, COLORBLIND)

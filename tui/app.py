@@ -45,7 +45,7 @@ from headscope.tui.base.colormode import detect_color_mode
 from headscope.tui.base.datatext import printable
 from headscope.tui.base.keymap import APP_BINDINGS
 from headscope.tui.base.messages import ModelFailed, ModelReady
-from headscope.tui.base.settings import Settings, load_settings
+from headscope.tui.base.settings import Settings, default_export_dir, load_settings
 from headscope.tui.screens.opening import READY_ACTIONS, OpeningScreen
 from headscope.tui.screens.timeline import TimelineMode
 from headscope.tui.session.compare import CompareMode
@@ -370,10 +370,12 @@ class HeadscopeApp(App[None]):
     def output_dir(self) -> Path:
         """Where screenshots and exports go: the directory chosen in the palette ("Set output
         directory…"), else the ``output_dir`` setting (config.toml or
-        ``$HEADSCOPE_OUTPUT_DIR``), else the current directory; never next to the checkpoint
-        (then the temporary directory's ``headscope/``). Every notification names it."""
+        ``$HEADSCOPE_OUTPUT_DIR``), else ``default_export_dir()`` (``$XDG_DATA_HOME/headscope/
+        exports``, not the current directory: after ``make run`` the git checkout); never next
+        to the checkpoint (then the temporary directory's ``headscope/``). Every notification
+        names it."""
         chosen = (self._output_dir or getattr(self.settings, "output_dir", "")
-                  or os.environ.get("HEADSCOPE_OUTPUT_DIR") or Path.cwd())
+                  or os.environ.get("HEADSCOPE_OUTPUT_DIR") or default_export_dir())
         out = Path(chosen).expanduser().resolve()
         model = Path(self.path).expanduser().resolve()
         model_dir = model if model.is_dir() else model.parent
@@ -447,8 +449,10 @@ class HeadscopeApp(App[None]):
     def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
                timeout: float | None = None, markup: bool = False) -> None:
         """Notifications carry data (paths, token strings, error texts): never markup, and no
-        control character reaches the terminal."""
-        super().notify(printable(message), title=printable(title), severity=severity,
+        control character reaches the terminal; line breaks stay (a saved file's name and its
+        folder on lines of their own)."""
+        message = "\n".join(printable(line) for line in message.split("\n"))
+        super().notify(message, title=printable(title), severity=severity,
                        timeout=timeout, markup=markup)
 
     def action_help_quit(self) -> None:

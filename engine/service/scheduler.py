@@ -104,6 +104,7 @@ class Scheduler:
         self._closed = False
         self.activity: str | None = None
         self.progress: float | None = None
+        self._reporter: Job | None = None  # the job whose progress ``activity`` shows
         self.started = 0  # jobs that began running (tests count these)
 
     # -- public API -----------------------------------------------------------------
@@ -341,8 +342,10 @@ class Scheduler:
                 with self._cv:
                     self._running.discard(job)
                     job.state = "done"
-                    if job.progress is not None and self.activity is not None:
-                        self.activity, self.progress = None, None
+                    # finished work leaves the status bar, whether or not anyone asked for
+                    # its progress (every job reports 100% at its end)
+                    if self._reporter is job:
+                        self.activity, self.progress, self._reporter = None, None, None
                     self._cv.notify_all()
             self._deliver(job, result, error)
             # an idle worker keeps nothing of its last job alive (a result array, or an error
@@ -351,8 +354,12 @@ class Scheduler:
 
     def _report_progress(self, job: Job, fraction: float) -> None:
         fraction = min(1.0, max(0.0, float(fraction)))
-        self.activity = f"{job.label} {fraction:.0%}"
-        self.progress = fraction
+        with self._cv:
+            if job.state != "running":  # a late report from a job already finished
+                return
+            self.activity = f"{job.label} {fraction:.0%}"
+            self.progress = fraction
+            self._reporter = job
         if job.progress is not None:
             callback = job.progress
             deliver_soon(job.loop, callback, fraction)

@@ -10,7 +10,7 @@ Where: ``$HEADSCOPE_CONFIG`` if set, else ``$XDG_CONFIG_HOME/headscope/config.to
     cache_disk_mb = 512             # results store on disk (0: do not persist results)
     tokens = ["Mary", "John"]       # default token set for the QK/OV heatmaps
     cluster = "tcp://host:8786"     # Dask scheduler for the sweeping commands (headscope[cluster])
-    output_dir = "~/headscope-out"  # where the explorer's `s` and `e` write (default: the cwd)
+    output_dir = "~/headscope-out"  # where `s` and `e` write (default: default_export_dir())
     [keymap]                        # binding id = keys (see `?` in the explorer)
     "next-head" = "n"
 
@@ -47,7 +47,7 @@ class Settings:
     tokens: tuple[str, ...] = ()
     keymap: dict[str, str] = field(default_factory=dict)
     cluster: str | None = None  # a Dask scheduler address (tui/cli/cluster.py)
-    output_dir: str = ""  # screenshots and exports of the explorer ("" = the current directory)
+    output_dir: str = ""  # screenshots and exports of the explorer ("" = default_export_dir())
     source: str | None = None  # the file these came from, if any
 
 
@@ -63,6 +63,23 @@ def config_path(env: dict[str, str] | None = None) -> Path | None:
         except (RuntimeError, KeyError):  # no $HOME and no password entry
             return None
     return Path(base) / "headscope" / "config.toml"
+
+
+def default_export_dir(env: dict[str, str] | None = None) -> Path:
+    """Where ``s`` and ``e`` write unless told otherwise: ``$XDG_DATA_HOME/headscope/exports``
+    (``~/.local/share/headscope/exports``). Not the current directory: after ``make run``
+    that is the git checkout, which collected ``?? headscope_…svg`` files. Without a home,
+    the temporary directory's ``headscope/exports``."""
+    env = dict(os.environ) if env is None else env
+    base = env.get("XDG_DATA_HOME")
+    if not base:
+        try:
+            base = str(Path.home() / ".local" / "share")
+        except (RuntimeError, KeyError):  # no $HOME and no password entry
+            import tempfile
+
+            base = tempfile.gettempdir()
+    return Path(base) / "headscope" / "exports"
 
 
 def _file_exists(path: Path) -> bool:

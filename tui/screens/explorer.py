@@ -178,6 +178,10 @@ class ExplorerScreen(ExplorerScores):
             chart.refresh()
         for panel in self.query(DirectionsPanel):
             panel.redraw()
+        for pane in self.query(OVPane):  # bars in the colour map's ends
+            pane.redraw_top()
+        for prompt in self.query(PromptPane):
+            prompt.redraw()
         self.query_one(HeadTree).refresh_badges()
 
 

@@ -31,8 +31,20 @@ def write_export(path: Path, doc: dict[str, Any]) -> Path:
     return path
 
 
-def saved_where(path: Path) -> str:
-    """A notification naming the file, the directory it went to, and how to change it
-    (after ``make run`` the current directory is the git checkout)."""
-    return (f"{path.name} in {path.parent}/ (output directory: ctrl+p → Set output "
-            "directory, or output_dir in config.toml)")
+def short_folder(folder: Path, home: Path | None = None) -> str:
+    """``folder`` with the home directory written ``~`` (a toast is ~40 columns wide)."""
+    try:
+        home = home or Path.home()
+    except (RuntimeError, KeyError):
+        return f"{folder}/"
+    if folder == home or home in folder.parents:
+        return f"~/{folder.relative_to(home)}/".replace("~/./", "~/")
+    return f"{folder}/"
+
+
+def saved_where(path: Path, home: Path | None = None) -> str:
+    """A notification naming the file, the directory it went to, and how to change it, each
+    on its own line: a toast wraps at spaces, and "name in /long/folder/" broke the file name
+    mid-word."""
+    return (f"{path.name}\nin {short_folder(path.parent, home)}\n"
+            "(change: ctrl+p → Set output directory, or output_dir in config.toml)")

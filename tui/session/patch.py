@@ -183,6 +183,27 @@ class PatchSession:
             return f"logit[{i.answer}] − logit[{i.wrong}] at the last position"
         return "your prompts: give an answer and a wrong token (their logit difference)"
 
+    def form_problem(self) -> str | None:
+        """What the form lacks before it can be run, in the form's own words (the engine's
+        error named the CLI's flags, ``--answer``); None: it can run."""
+        if self.is_task:
+            return None
+        i = self.inputs
+        empty = [box for box in ("clean", "corrupt") if not getattr(i, box).strip()]
+        if empty:
+            return f"the {' and '.join(empty)} box{'es are' if len(empty) > 1 else ' is'} empty"
+        missing = [box for box in ("answer", "wrong") if not getattr(i, box)]
+        if missing:
+            boxes = " and ".join(f"the {box} box" for box in missing)
+            return (f"fill in {boxes}: your prompts are measured by logit[answer] − "
+                    "logit[wrong] at the last position")
+        return None
+
+    def clear_result(self) -> None:
+        """No result shown (the inputs changed into ones that cannot run, or the run failed):
+        the old numbers must not stand beside the error as if they were the new ones."""
+        self.result, self.rows, self.cursor, self.shown_key = None, [], 0, None
+
     # -- the result -----------------------------------------------------------------------
     def set_result(self, result: PatchResult, key: tuple[Any, ...]) -> None:
         keep = self.selected
@@ -240,6 +261,11 @@ def path_edges(edges: Sequence[tuple[int, int, int, int, float]], top: int = PAT
 def path_effects(result: PatchResult) -> dict[tuple[Head, Head], float | None]:
     """Each edge's recovered fraction from a path-patching result (rows (sender, receiver))."""
     return {(r.heads[0], r.heads[1]): r.recovered for r in result.rows if len(r.heads) == 2}
+
+
+def used(strong: bool, effect: float | None) -> bool:
+    """A strong weight score whose path does move the metric (|recovered| ≥ NEAR_ZERO)."""
+    return strong and effect is not None and math.isfinite(effect) and abs(effect) >= NEAR_ZERO
 
 
 def unused(strong: bool, effect: float | None) -> bool:

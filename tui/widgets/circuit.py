@@ -45,6 +45,8 @@ if TYPE_CHECKING:
     from headscope.tui.base.protocols import LoadKey, PaneHost
 
 POSITIONS_SHOWN = 32  # positional QK: the first positions
+# fits the 29 columns of a QK heatmap at 80×24 ("(rows: query token)" was cut: "query to…")
+QK_XLABEL = "key token →  (rows: query)"
 
 
 class QKPane(Horizontal):
@@ -64,7 +66,7 @@ class QKPane(Horizontal):
         title = f"token QK {head_name(block.layer, block.head)}  W_E QK W_Eᵀ"
         if offset is not None:
             title += f"  Δ={offset}"
-        xlabel = "key token →  (rows: query token)"
+        xlabel = QK_XLABEL
         if getattr(block, "note", ""):  # e.g. q/k norms or soft-capping (docs/math.md)
             xlabel += f"  · ≈ {block.note}"
         self.query_one("#qk-token", Chart).show(Heatmap(
@@ -73,7 +75,10 @@ class QKPane(Horizontal):
 
     def show_position(self, block: Any, n_ctx: int = 0) -> None:
         shown = len(block.row_labels)
-        part = f" · 0–{shown - 1} of {n_ctx}" if 0 < shown < n_ctx else ""  # only the first
+        part = ""
+        if 0 < shown < n_ctx:  # only the first; below 100 columns in the chart's 29 columns
+            narrow = self.is_attached and self.screen.has_class("narrow")
+            part = f" 0–{shown - 1}/{n_ctx}" if narrow else f" · 0–{shown - 1} of {n_ctx}"
         self.query_one("#qk-position", Chart).show(Heatmap(
             np.asarray(block.values), tuple(block.row_labels), tuple(block.col_labels),
             title=f"positional QK {head_name(block.layer, block.head)}{part}",
@@ -103,7 +108,7 @@ class QKPane(Horizontal):
             if block_b is not None:
                 a_fig, b_fig = await host.compare.figures(
                     block, block_b, f"token QK L{layer}.H{head}", "token QK",
-                    xlabel="key token →  (rows: query token)")
+                    xlabel=QK_XLABEL)
                 if not host.fresh(key):
                     return
                 self.show_pair(a_fig, b_fig)
@@ -131,6 +136,8 @@ class QKPane(Horizontal):
 
 
 class OVPane(Horizontal):
+    top_shown: TopTokens | None = None  # the top outputs on screen (redrawn on t, m, resize)
+
     def compose(self) -> ComposeResult:
         yield Chart(id="ov-heatmap", placeholder="waiting for the model…")
         yield Chart(id="ov-heatmap-b", placeholder="waiting for model B…", classes="compare-only")
@@ -146,14 +153,25 @@ class OVPane(Horizontal):
             np.asarray(block.values), tuple(block.row_labels), tuple(block.col_labels),
             title=f"full OV {head_name(block.layer, block.head)}  W_E OV W_U",
             xlabel="output token →  (rows: source token)", diagonal=same))
-        self.query_one("#ov-note", Static).update(Text(block.note or "", style="dim"))
+        self.query_one("#ov-note", Static).update(Text(block.note or ""))  # #ov-note is muted already
 
     def show_pair(self, a: Heatmap, b: Heatmap) -> None:
         """Compare mode: A's full OV and B's (or B − A) beside it."""
         self.query_one("#ov-heatmap", Chart).show(a)
         self.query_one("#ov-heatmap-b", Chart).show(b)
 
+    def redraw_top(self) -> None:
+        """The top outputs again: the bars in the current theme's colour map and as wide as
+        the side column now is (drawn before the layout, they stayed the old colours, or one
+        character wide in compare mode)."""
+        if self.top_shown is not None:
+            self.show_top(self.top_shown)
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self.redraw_top)
+
     def show_top(self, result: TopTokens) -> None:
+        self.top_shown = result
         rows = top_tokens(result)
         src = result.source_label or str(result.source_token)
         # The title above the table, not its title: Rich cut a table title to one line

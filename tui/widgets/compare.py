@@ -21,7 +21,7 @@ from textual.widgets import DataTable, Static
 
 from headscope.tui.base.labels import SHORT
 from headscope.tui.plots.figures import EdgeDiff
-from headscope.tui.widgets.bars import bar_colours
+from headscope.tui.widgets.bars import text_colours
 from headscope.tui.widgets.chart import Chart
 
 if TYPE_CHECKING:
@@ -177,7 +177,7 @@ class ChangesPane(Horizontal):
         self.query_one("#changes-graph", Chart).show(EdgeDiff(n_layers, n_heads, tuple(es),
                                                               title=title))
         listing = Text()
-        neg, pos = bar_colours(self)
+        neg, pos = text_colours(self)
         for status, l1, h1, l2, h2, a, b in es[:12]:
             colour = {"lost": f"bold {neg}", "gained": f"bold {pos}"}.get(status, "")
             listing.append(f"{kind.upper()} {status:<7} ", style=colour)

@@ -53,6 +53,22 @@ Edge = tuple[int, int, int, int, float]  # (l1, h1, l2, h2, score − baseline)
 PREDICTIONS_SHOWN = 5  # the rest are ~0 and would take the DLA's rows
 
 
+def dla_title(view: PromptView, prefix: str = "") -> Text:
+    """What the DLA column attributes: at each position, the logit of the token the model
+    predicts next there (engine/forward/prompt.py); the last row's token named."""
+    # short: at 80×24 the side column is 22 wide, and the rows must stay in view
+    title = Text(f"{prefix}DLA: this head's push on each row's predicted next token",
+                 style="table.title")
+    n = len(view.tokens)
+    if n and view.predicted:
+        last = int(view.predicted[-1])
+        label = next((lab for i, lab, _p in view.top_predictions if int(i) == last), f"#{last}")
+        title.append("\n")
+        title.append(f"last row: DLA of {printable(str(label))[:16]!r} (the next token) at "
+                     f"position {n - 1}")
+    return title
+
+
 def _unknown_text(tokens: list[str], prompt: str) -> Text:
     """How many prompt tokens the vocabulary did not know (marked in the list below)."""
     note = unknown_note(prompt, tokens)
@@ -104,6 +120,7 @@ class PromptPane(Vertical):
     def show(self, view: PromptView, b: PromptView | None = None) -> None:
         """A's pattern, DLA and predictions; ``b``: model B's pattern on the same prompt,
         beside A's (compare mode; the DLA and predictions stay A's)."""
+        self.shown_views = (view, b)
         tokens = [str(t) for t in view.tokens]
         n = len(tokens)
         if self.view is None or self.view.ids != view.ids or self.cursor is None \
@@ -117,7 +134,7 @@ class PromptPane(Vertical):
         dla = np.asarray(view.dla, dtype=np.float64)
         vmax = float(np.nanmax(np.abs(dla))) if dla.size else 1.0
         # the title above the table (a Text wraps; the table's title was cut at 80×24)
-        title = Text(f"{prefix}direct logit attribution", style="table.title")
+        title = dla_title(view, prefix)
         t = Table(box=None, padding=(0, 1), expand=True)
         # As the OV tab's top outputs: the token keeps up to 6 characters (at 80×24 the bar
         # left it 2, `Wh…`), the number its width; the bar gives way first.
@@ -253,6 +270,12 @@ class PromptPane(Vertical):
         if self.cursor is not None and msg.query == self.cursor[0]:
             self.cursor = (msg.query, msg.key)
             self.draw_pattern()
+
+    def redraw(self) -> None:
+        """The prompt's views again (the DLA bars in the current theme's colour map)."""
+        shown = getattr(self, "shown_views", None)
+        if shown is not None:
+            self.show(*shown)
 
     async def load(self, host: PaneHost, key: LoadKey) -> None:
         layer, head = key[1]
@@ -486,7 +509,9 @@ class CompositionPane(PathEffects, Horizontal):
         self.init_paths()
         self.shown, self._shape = comp, (host.n_layers, host.n_heads)
         self.edges = self.show(comp, host.n_layers, host.n_heads, None, self.threshold)
-        self.detail(comp, None)
+        # the row under the table's cursor (the first) has its detail from the start: it
+        # was blank until the cursor moved
+        self.detail(comp, self.edges[0] if self.edges else None)
         host.keep_result("composition", comp)
         await self.load_paths(host, key, kind, self.edges)
 

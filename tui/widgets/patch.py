@@ -53,7 +53,12 @@ class PatchPane(Vertical):
 
     DEFAULT_CSS = """
     PatchPane { height: 1fr; }
-    PatchPane #patch-form { height: auto; }
+    PatchPane #patch-form { height: auto; border-left: blank; }
+    /* focus clearly visible, as on the other panes: a heavy bar beside the form while a box
+       of it has focus, and the focused box in the cursor colour (one background step,
+       234→235, went unnoticed) */
+    PatchPane #patch-form:focus-within { border-left: heavy $primary; }
+    PatchPane #patch-form Input:focus { background: $block-cursor-background; }
     PatchPane .patch-row { height: 1; }
     PatchPane .patch-label { width: 8; color: $text-muted; }
     PatchPane .patch-label-short { width: 7; color: $text-muted; padding-left: 1; }
@@ -231,6 +236,10 @@ class PatchPane(Vertical):
             session.progress = float(fraction)
             host.sweep_progress(float(fraction))
 
+        problem = session.form_problem()
+        if problem is not None:
+            self.failed(problem)
+            return
         session.progress = 0.0
         self._set_status("patching every head… (x stops)")
         try:
@@ -240,7 +249,7 @@ class PatchPane(Vertical):
             self._set_status("stopped: enter in a box (or 9) runs it again")
             raise
         except HeadscopeError as err:
-            self._set_status(f"cannot patch: {err.reason}")  # the path is in the title bar
+            self.failed(f"cannot patch: {err.reason}")  # the path is in the title bar
             raise
         finally:
             session.progress = None
@@ -250,6 +259,13 @@ class PatchPane(Vertical):
         session.set_result(result, session.key())
         self.show()
         host.keep_result("patch", session.records())
+
+    def failed(self, why: str) -> None:
+        """No result for these inputs: say why, and take the old heatmap and list away."""
+        self.session.clear_result()
+        self.query_one("#patch-table", DataTable).clear()
+        self.query_one("#patch-map", Chart).message(f"no result: {why}")
+        self._set_status(why)
 
     def stopped(self) -> None:
         """The run was stopped (x): say so."""

@@ -18,7 +18,7 @@ from rich.text import Text
 from headscope.engine.core.errors import CancelledError as EngineCancelled
 from headscope.engine.core.errors import HeadscopeError
 from headscope.engine.core.requests import PatchInputsRequest
-from headscope.tui.session.patch import path_edges, path_effects, unused
+from headscope.tui.session.patch import path_edges, path_effects, unused, used
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 Head = tuple[int, int]
 UNUSED = "unused on this task"
+USED = "used on this task"
 
 
 class PathEffects:
@@ -52,7 +53,11 @@ class PathEffects:
         if value is None:
             return Text("—", style="dim", justify="right")
         if unused(strong, value):
-            return Text(f"{value:+.2f} unused", style="bold yellow", justify="right")
+            # the theme's warning colour (ANSI yellow was 2.8:1 on the light theme)
+            warning = (getattr(self.app, "theme_variables", None) or {}).get("warning", "yellow")
+            return Text(f"{value:+.2f} unused", style=f"bold {warning}", justify="right")
+        if used(strong, value):  # as the README's tour reads it: "+0.72, used"
+            return Text(f"{value:+.2f} used", justify="right")
         return Text(f"{value:+.2f}", justify="right")
 
     def path_line(self, edge: tuple[int, int, int, int, float], strong: bool) -> str:
@@ -69,6 +74,8 @@ class PathEffects:
         line = f"path patching on {self.paths_task}: recovered {value:+.3f}"
         if unused(strong, value):  # strong weights, |path effect| < NEAR_ZERO
             line += f" · {UNUSED}"
+        elif used(strong, value):
+            line += f" · {USED}"
         return line
 
     def _is_top(self, pair: tuple[Head, Head]) -> bool:
@@ -105,7 +112,11 @@ class PathEffects:
         """The pane draws its table and the selected edge's detail again."""
         pane: Any = self
         pane.redraw()
-        if pane.shown is not None and pane.selected is not None:
+        if pane.shown is None:
+            return
+        if pane.selected is not None:
             edge = next((e for e in pane.edges if tuple(e[:4]) == tuple(pane.selected)), None)
-            if edge is not None:
-                pane.detail(pane.shown, edge)
+        else:  # the cursor has not moved: the first row's detail
+            edge = pane.edges[0] if pane.edges else None
+        if edge is not None:
+            pane.detail(pane.shown, edge)

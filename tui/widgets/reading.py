@@ -27,7 +27,7 @@ from headscope.engine.core.errors import CancelledError as EngineCancelled
 from headscope.engine.core.errors import HeadscopeError
 from headscope.engine.core.requests import DirectionsRequest
 from headscope.tui.base.datatext import data_text
-from headscope.tui.widgets.bars import bar_colours
+from headscope.tui.widgets.bars import text_colours
 
 if TYPE_CHECKING:
     from headscope.engine.core.results import SingularDirections
@@ -88,7 +88,7 @@ class DirectionsPanel(Static):
     DEFAULT_CSS = f"""
     DirectionsPanel {{
         height: {N_TOKENS + 4}; padding: 0 1; border-top: solid $panel-lighten-1;
-        border-title-align: right;
+        border-title-align: right; border-title-color: $text-muted;
     }}
     """
 
@@ -99,7 +99,7 @@ class DirectionsPanel(Static):
         self.cache: dict[tuple[Head, int], SingularDirections] = {}
         self.found: SingularDirections | None = None
         self.index = 0
-        self.border_title = Text("( ) step · v hides", style="dim")
+        self.border_title = Text("( ) step · v hides")
 
     def loading(self, key: tuple[Head, int]) -> None:
         (layer, head), _gen = key
@@ -182,4 +182,4 @@ class DirectionsPanel(Static):
             self.update(Text("no singular directions (non-finite weights?)", style="italic"))
             return
         self.index = min(self.index, len(found.directions) - 1)
-        self.update(direction_view(found, self.index, bar_colours(self)))
+        self.update(direction_view(found, self.index, text_colours(self)))
