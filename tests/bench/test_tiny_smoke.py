@@ -34,7 +34,7 @@ def test_bench_firstframe_smoke() -> None:
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     done = subprocess.run([sys.executable, "-m", "bench.firstframe", "--tiny", "--repeat", "1"],
                           cwd=root, capture_output=True, text=True, timeout=120, check=True)
     row = next(line for line in done.stdout.splitlines() if line.startswith("| attn-only-2l"))

@@ -11,7 +11,7 @@ import pytest
 
 from bench.versus import largest_difference, main
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_largest_difference_finds_the_changed_number() -> None:

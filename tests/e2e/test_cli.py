@@ -19,7 +19,7 @@ from headscope.engine.model.loading import load_model
 from headscope.tui.cli.main import main
 from tests import weight_algebra as algebra
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

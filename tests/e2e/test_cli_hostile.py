@@ -1,6 +1,6 @@
 """The CLI on hostile and broken inputs.
 
-Every broken checkpoint of the corpus (tests/test_hostile.py ``BROKEN``) through
+Every broken checkpoint of the corpus (tests/engine/test_hostile.py ``BROKEN``) through
 ``headscope info`` and ``headscope heads``: exit code 1, exactly one line on stderr naming
 the file and the problem, no traceback, nothing on stdout, and nothing written anywhere
 near the checkpoint (the whole test directory and the working directory are compared
@@ -23,12 +23,19 @@ import pytest
 
 import headscope.engine.core.validation as requests_module
 from headscope.tui.cli.main import EXIT_MODEL_ERROR, main
-from tests import test_hostile
+from tests.engine import test_hostile
+from tests.engine.test_hostile import (
+    BROKEN,
+    NAN_HEAD,
+    NAN_LAYER,
+    Sources,
+    build_broken,
+    nan_weights,
+)
 from tests.hf_fixtures import N_CTX, VOCAB
-from tests.test_hostile import BROKEN, NAN_HEAD, NAN_LAYER, Sources, build_broken, nan_weights
 
 corpus_sources = test_hostile.corpus_sources  # the corpus' pytest fixture
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 Listing = dict[str, tuple[int, int, int]]
 

@@ -1,6 +1,6 @@
 """The explorer on hostile and broken inputs, on the real Engine.
 
-Every broken checkpoint of the corpus (tests/test_hostile.py ``BROKEN``) opened in the app
+Every broken checkpoint of the corpus (tests/engine/test_hostile.py ``BROKEN``) opened in the app
 becomes an error notification naming the file and the problem; nothing crashes, and the
 app keeps answering keys (help screen, tabs, quit). NaN weights are not an error: the app
 opens and the affected head is flagged in the head tree while the others keep their
@@ -28,10 +28,17 @@ from headscope.tui.screens.dialogs import HelpScreen
 from headscope.tui.widgets.chart import Chart
 from headscope.tui.widgets.head_tree import HeadTree
 from headscope.tui.widgets.status import StatusBar
-from tests import test_hostile
 from tests.conftest import notified
-from tests.test_hostile import BROKEN, NAN_HEAD, NAN_LAYER, Sources, build_broken, nan_weights
-from tests.test_tui_app import settle as quiet
+from tests.engine import test_hostile
+from tests.engine.test_hostile import (
+    BROKEN,
+    NAN_HEAD,
+    NAN_LAYER,
+    Sources,
+    build_broken,
+    nan_weights,
+)
+from tests.tui.test_app import settle as quiet
 
 corpus_sources = test_hostile.corpus_sources  # the corpus' pytest fixture
 SIZE = (100, 30)

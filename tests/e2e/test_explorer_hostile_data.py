@@ -18,8 +18,13 @@ from headscope.tui.app import HeadscopeApp
 from headscope.tui.base.settings import Settings
 from headscope.tui.widgets.head_tree import HeadTree
 from tests.conftest import notified
-from tests.test_cli_hostile_args import hostile_vocab  # noqa: F401 (the pytest fixture)
-from tests.test_tui_hostile import assert_no_crash, keys_still_work_then_quit, screen_text, settle
+from tests.e2e.test_cli_hostile_args import hostile_vocab  # noqa: F401 (the pytest fixture)
+from tests.e2e.test_explorer_hostile import (
+    assert_no_crash,
+    keys_still_work_then_quit,
+    screen_text,
+    settle,
+)
 
 SIZE = (120, 40)
 MODEL = "sample_models/attn-only-2l"

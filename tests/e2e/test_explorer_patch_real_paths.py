@@ -10,7 +10,7 @@ import pytest
 from textual.widgets import Input
 
 from headscope.tui.widgets.patch import PatchPane
-from tests.test_tui_patch import settle, wait_until
+from tests.tui.widgets.test_patch import settle, wait_until
 
 CLEAN = "cake card kite cup hotel mouse cake card kite cup hotel"
 CORRUPT = "cake card kite cup lamp mouse cake card kite cup hotel"
@@ -21,7 +21,7 @@ async def test_the_path_column_follows_the_patch_tabs_prompts() -> None:
     from headscope.tui.app import HeadscopeApp
     from headscope.tui.base.settings import Settings
     from tests.conftest import sample_model
-    from tests.test_tui_real_engine import wait_ready
+    from tests.e2e.test_explorer_real_engine import wait_ready
 
     app = HeadscopeApp(sample_model("attn-only-2l"), settings=Settings(), debounce=0.01,
                        sweep=False)
@@ -60,7 +60,7 @@ async def test_choosing_the_first_occurrence_task_makes_the_k_edge_used() -> Non
     from headscope.tui.base.settings import Settings
     from headscope.tui.session.patch import NEAR_ZERO, ids_text
     from tests.conftest import sample_model
-    from tests.test_tui_real_engine import wait_ready
+    from tests.e2e.test_explorer_real_engine import wait_ready
 
     path = sample_model("attn-only-2l")
     app = HeadscopeApp(path, settings=Settings(), debounce=0.01, sweep=False)

@@ -20,7 +20,7 @@ from headscope.tui.base.settings import Settings
 from headscope.tui.widgets.chart import Chart
 from tests import weight_algebra as algebra
 from tests.conftest import notified
-from tests.test_tui_app import settle, wait_until
+from tests.tui.test_app import settle, wait_until
 
 
 @pytest.fixture(autouse=True)

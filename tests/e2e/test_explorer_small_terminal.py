@@ -22,9 +22,9 @@ from headscope.tui.plots.colormap import bins, palette_ramp, ramp_index
 from headscope.tui.screens.path import PathScreen
 from headscope.tui.widgets.chart import Chart
 from tests.conftest import INDUCTION_HEAD, notified, sample_model
-from tests.test_tui_app import make_app, settle, wait_until
+from tests.tui.test_app import make_app, settle, wait_until
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TRUECOLOR = re.compile(r"\x1b\[[0-9;]*?[34]8;2;")
 
 
@@ -417,7 +417,7 @@ async def test_every_tab_is_on_screen_at_80_columns(mode: str) -> None:
     from headscope.tui.screens.explorer import SHORT_TAB_TITLES, TAB_TITLES
 
     if mode == "compare":
-        from tests.test_tui_compare import fake_pair
+        from tests.tui.widgets.test_compare import fake_pair
 
         app, _, _ = fake_pair()
         keys = "12345679"

@@ -11,7 +11,7 @@ import pytest
 from headscope.tui.cli.main import main
 from tests.conftest import sample_model
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 SECTION = README.split("## Confirming with patching", 1)[1].split("\n## ", 1)[0]
 MODEL = str(sample_model("attn-only-2l"))
 CLEAN = "cake card kite cup hotel mouse cake card kite cup hotel"

@@ -2,7 +2,7 @@
 read from README.md itself and checked against what the command prints, or, for the
 explorer's steps, against the engine calls the explorer makes (engine.sweeps.dispatch.compute, the
 same functions its panes show). The 80×24 pooling it quotes is checked on the drawn heatmap
-(tests/test_tui_small_terminal.py). Rewording a claim fails here until this test follows it; a
+(tests/e2e/test_explorer_small_terminal.py). Rewording a claim fails here until this test follows it; a
 number that drifts fails here first.
 """
 
@@ -19,7 +19,7 @@ import pytest
 
 from headscope.tui.cli.main import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 TOUR = README.split("## A two-minute tour", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
 MODEL = "sample_models/attn-only-2l"

@@ -14,7 +14,7 @@ import pytest
 
 from headscope.tui.cli.main import main
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:

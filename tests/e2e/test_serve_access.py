@@ -2,7 +2,7 @@
 and a real HTTP/websocket client (aiohttp). Without the token every request is refused (403),
 a websocket from another origin is refused, the sessions are capped with a page that says
 so, and an app that cannot start shows its error in the browser. The same in a real browser:
-tests/test_serve_browser.py."""
+tests/e2e/test_serve_browser.py."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from headscope.tui.cli.main import main
-from tests.test_serve import free_port
-from tests.test_serve_processes import REPO, TOKEN, _answers, alive, children, stop, wait_for
+from tests.e2e.test_serve import free_port
+from tests.e2e.test_serve_processes import REPO, TOKEN, _answers, alive, children, stop, wait_for
 
 pytest.importorskip("textual_serve")
 aiohttp = pytest.importorskip("aiohttp")

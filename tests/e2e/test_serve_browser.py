@@ -29,8 +29,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.test_serve import free_port
-from tests.test_serve_processes import REPO, TOKEN, _answers, alive, children, stop, wait_for
+from tests.e2e.test_serve import free_port
+from tests.e2e.test_serve_processes import REPO, TOKEN, _answers, alive, children, stop, wait_for
 
 pytest.importorskip("textual_serve")
 aiohttp = pytest.importorskip("aiohttp")

@@ -23,9 +23,9 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
-from tests.test_serve import free_port
-from tests.test_serve_access import _get, _line_with, _start, stop_pid
-from tests.test_serve_processes import REPO, TOKEN, _answers, children, stop, wait_for
+from tests.e2e.test_serve import free_port
+from tests.e2e.test_serve_access import _get, _line_with, _start, stop_pid
+from tests.e2e.test_serve_processes import REPO, TOKEN, _answers, children, stop, wait_for
 
 pytest.importorskip("textual_serve")
 aiohttp = pytest.importorskip("aiohttp")

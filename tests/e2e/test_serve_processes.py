@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_serve import free_port
+from tests.e2e.test_serve import free_port
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 pytest.importorskip("textual_serve")
 aiohttp = pytest.importorskip("aiohttp")
 pytestmark = pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")

@@ -6,7 +6,7 @@ The corpus of broken checkpoints is reusable: ``BROKEN`` maps a case name to a b
 ``builder(tmp_path, sources) -> Broken`` (what to open, the expected error class, a regex
 fragment of its message and the file the message must name); ``sources`` is the
 ``corpus_sources`` fixture (import it into a test module to use it). The TUI and CLI tests
-(tests/test_tui_hostile.py, tests/test_cli_hostile.py) open every case of it.
+(tests/e2e/test_explorer_hostile.py, tests/e2e/test_cli_hostile.py) open every case of it.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ class Sources:
     def native(self) -> Path:
         """The bundled native attn-only-2l with its config only in headscope.json (not in the
         safetensors metadata, which would take precedence)."""
-        d = copy_of(Path(__file__).resolve().parent.parent / "sample_models" / "attn-only-2l",
+        d = copy_of(Path(__file__).resolve().parents[2] / "sample_models" / "attn-only-2l",
                     self._base / "native")
         tensors = load_file(str(d / "model.safetensors"))
         save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})

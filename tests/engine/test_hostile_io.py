@@ -2,7 +2,7 @@
 checkpoint that are special files or JSON bombs, a checkpoint rewritten while open, Rust
 tokenizer panics, running out of memory, non-finite outputs of finite weights, and
 directories that cannot be searched. The broken checkpoints of this round that are plain
-refusals are in the shared corpus (tests/test_hostile.py), so the CLI and the explorer
+refusals are in the shared corpus (tests/engine/test_hostile.py), so the CLI and the explorer
 open them too; this module covers what is not "opening fails".
 
 No test here can hang: FIFOs are never opened for reading by the test itself, and every

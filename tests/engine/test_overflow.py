@@ -23,7 +23,7 @@ from headscope.engine.core.numeric import tame
 from headscope.engine.model.loading import load_model
 from tests.hf_fixtures import D_MODEL, N_HEADS, build_gpt2
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 LAYER, HEAD = 1, 2
 SCALE = 1e19
 
@@ -167,7 +167,7 @@ def run_diff(a: Path, b: Path, *flags: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def diff_models_on_disk(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from tests.test_diff import edited, random_weights
+    from tests.engine.sweeps.test_diff import edited, random_weights
 
     root = tmp_path_factory.mktemp("diff")
     base = random_weights(0)

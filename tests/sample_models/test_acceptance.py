@@ -175,7 +175,7 @@ def test_gpt2_mini_circuits_are_computed_with_layer_norm_folded() -> None:
 
 def test_sample_models_are_small() -> None:
     # The training series (attn-only-2l-training/) has its own budget, < 10 MB, checked in
-    # tests/test_timeline.py; the models themselves stay under 8 MiB.
+    # tests/engine/sweeps/test_timeline.py; the models themselves stay under 8 MiB.
     root = Path(sample_model("attn-only-2l")).parent
     series = root / "attn-only-2l-training"
     total = sum(p.stat().st_size for p in root.rglob("*")

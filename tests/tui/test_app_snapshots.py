@@ -2,7 +2,7 @@
 
 The fake engine (seeded weights) keeps the pictures deterministic and torch-free; the
 cursor blink is frozen and every worker (engine calls, chart builds) has finished before
-the snapshot. Update with `pytest tests/test_tui_snapshots.py --snapshot-update`.
+the snapshot. Update with `pytest tests/tui/test_app_snapshots.py --snapshot-update`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from textual.widgets import Input
 from headscope.tui.app import HeadscopeApp
 from headscope.tui.base.settings import Settings
 from tests.fake_engine import FakeEngine
-from tests.test_tui_app import settle
+from tests.tui.test_app import settle
 
 
 def make_app() -> HeadscopeApp:

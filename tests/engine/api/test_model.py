@@ -14,7 +14,7 @@ from headscope.engine.circuits import head_circuits as circuits
 from headscope.engine.core.errors import IndexOutOfRangeError, InvalidRequestError
 from headscope.engine.sweeps import scores as score_sweeps
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[3] / "README.md"
 
 
 def test_readme_python_example_runs(monkeypatch, capsys) -> None:

@@ -18,7 +18,7 @@ from headscope.engine.core.eta import Eta
 from headscope.engine.model.loading import load_model
 from headscope.engine.model.weights import DictWeights
 from headscope.engine.sweeps import scores as score_sweeps
-from tests.test_circuits import random_weights
+from tests.engine.circuits.test_head_circuits import random_weights
 
 
 @pytest.fixture(scope="module", params=["tiny-llama", "tiny-gpt2", "tiny-llama-mha"])

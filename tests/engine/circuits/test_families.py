@@ -23,7 +23,7 @@ from tests import family_fixtures, hf_fixtures, hf_fixtures_phi
 
 BUILDERS = {**hf_fixtures.FAMILIES, **family_fixtures.NEW_FAMILIES, **hf_fixtures_phi.PHI_FAMILIES}
 CASES = [(name, None) for name in BUILDERS] + [("llama", "bfloat16"), ("neox", "float16"), ("gpt2", "bfloat16")]
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _build(name: str, dtype: str | None, tmp_path: Path) -> Path:
@@ -75,7 +75,7 @@ def test_weight_scores_equal_their_dense_definitions_on_every_family(name, dtype
     """The one weight algebra on ``model.weights`` equals the dense definitions (eigenvalues
     of the vocab × vocab circuits, norms of the dense products, in torch, float64), processed
     and raw. The processed weights themselves are held to TransformerLens' and transformers'
-    in tests/test_processing.py and the parity tests."""
+    in tests/engine/model/test_processing.py and the parity tests."""
     path = _build(name, dtype, tmp_path)
     for raw in (False, True):
         model = load_model(path, raw=raw)

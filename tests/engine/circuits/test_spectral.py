@@ -21,7 +21,7 @@ from headscope.engine.forward import behaviour
 from headscope.engine.forward.torch_weights import torch_weights
 from headscope.engine.forward.transformer import run
 from headscope.engine.model.weights import DictWeights
-from tests.test_circuits import random_weights
+from tests.engine.circuits.test_head_circuits import random_weights
 
 
 def all_copying_scores(w: DictWeights, progress=None, cancelled=None) -> torch.Tensor:

@@ -26,6 +26,8 @@ import torch
 from headscope.engine.api.model import open_model, read_structure
 from headscope.engine.core.errors import ConfigError, CorruptFileError, UnknownArchitectureError
 from headscope.engine.forward.transformer import run
+from tests.e2e.test_explorer_real_engine import wait_ready
+from tests.engine.forward.test_transformer import SEQS
 from tests.gguf_fixtures import (
     gguf_bytes,
     k_quant_blocks,
@@ -36,8 +38,6 @@ from tests.gguf_fixtures import (
 )
 from tests.hf_fixtures import build_llama, build_qwen2, randomize_
 from tests.hf_fixtures_phi import build_phi3
-from tests.test_forward_parity import SEQS
-from tests.test_tui_real_engine import wait_ready
 
 EXACT = 1e-5  # same float32 numbers through the same code: only summation order may differ
 
@@ -232,7 +232,7 @@ def test_yarn_rope_from_metadata(tmp_path: Path) -> None:
     llama.cpp's own attention factor is refused, not guessed."""
     import gguf as gguf_pkg
 
-    from tests.test_family_configs import build_qwen2_yarn
+    from tests.engine.model.adapters.test_family_configs import build_qwen2_yarn
 
     path, model = build_qwen2_yarn(tmp_path / "hf")
     file = write_gguf(model, tmp_path / "m.gguf")
@@ -248,7 +248,7 @@ def test_phi3_longrope_from_factor_tensors(tmp_path: Path) -> None:
     """Phi-3-128k files carry LongRoPE as rope_factors_long/short tensors, the original context
     and the attention factor: the same model as the original, on sequences within and beyond
     the original context (short and long factors)."""
-    from tests.test_family_configs import build_phi3_longrope
+    from tests.engine.model.adapters.test_family_configs import build_phi3_longrope
 
     path, model = build_phi3_longrope(tmp_path / "hf")
     file = write_gguf(model, tmp_path / "m.gguf")
@@ -684,7 +684,7 @@ def test_linear_rope_scaling_from_metadata(tmp_path: Path) -> None:
     """`llama.rope.scaling.type = linear` and its factor reach the forward pass."""
     import gguf
 
-    from tests.test_forward_parity import _rope_variant
+    from tests.engine.forward.test_transformer import _rope_variant
 
     model = _rope_variant("llama_linear")  # factor 4
     model.save_pretrained(tmp_path / "ref", safe_serialization=True)

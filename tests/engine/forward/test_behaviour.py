@@ -21,7 +21,7 @@ from headscope.engine.forward import transformer as forward
 from headscope.engine.forward.transformer import run
 from headscope.engine.model.loading import load_model
 from headscope.engine.model.weights import DictWeights, WeightSource
-from tests.test_circuits import random_weights
+from tests.engine.circuits.test_head_circuits import random_weights
 
 # -- reference implementations: the definitions, written the straightforward way -------------
 

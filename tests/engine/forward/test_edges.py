@@ -27,13 +27,13 @@ from headscope.engine.core.errors import InvalidRequestError
 from headscope.engine.forward import edges, patching
 from headscope.engine.model.loading import load_model
 from tests.conftest import sample_model
+from tests.engine.test_tl_parity import boot_transformer_lens
 from tests.hf_fixtures import (  # noqa: F401  (session-scoped pytest fixtures)
     gpt2_dir,
     llama_dir,
     neox_dir,
     qwen2_dir,
 )
-from tests.test_tl_parity import boot_transformer_lens
 
 ATTN2 = sample_model("attn-only-2l")
 CLEAN = [[1, 5, 9, 2, 33, 7, 5, 9], [3, 4, 5, 6, 7, 8, 9, 10]]

@@ -28,7 +28,7 @@ from headscope.engine.core.results import recovered
 from headscope.engine.forward import patching
 from headscope.engine.model.loading import load_model
 from tests.conftest import sample_model
-from tests.test_tl_parity import boot_transformer_lens
+from tests.engine.test_tl_parity import boot_transformer_lens
 
 ATOL = 1e-4
 # A repeated span and the same span followed by other words: L1.H2 and L1.H1 predict "mouse".

@@ -21,10 +21,10 @@ from headscope.engine.forward import patching
 from headscope.engine.model.loading import load_model
 from headscope.tui.session.patch import NEAR_ZERO
 from tests.conftest import sample_model
-from tests.test_cli_store import run, run_json
-from tests.test_patching import boot_native
-from tests.test_patching_parity import ATOL, patched
-from tests.test_tl_parity import boot_transformer_lens
+from tests.engine.forward.test_patching import boot_native
+from tests.engine.forward.test_patching_parity import ATOL, patched
+from tests.engine.test_tl_parity import boot_transformer_lens
+from tests.tui.cli.test_store import run, run_json
 
 MODEL = sample_model("attn-only-2l")
 TASK = "first-occurrence"

@@ -4,7 +4,7 @@ For every decoder family of the test fixtures (tests/hf_fixtures.py, tests/hf_fi
 tests/family_fixtures.py), on the same tokens and metric, ``patching.patch_heads`` must match
 ``get_act_patch_attn_head_{out,q,k,v,pattern}_all_pos`` to 1e-4; on two families also the
 ``_by_pos`` functions, the induction metric and heads patched together. TransformerLens runs
-each checkpoint through ``TransformerBridge`` (tests/test_tl_parity.py's
+each checkpoint through ``TransformerBridge`` (tests/engine/test_tl_parity.py's
 ``boot_transformer_lens``), the bundled attn-only-2l through its native bridge.
 
 Where TransformerLens' own patch cannot be trusted, the reference is written out with its hooks
@@ -31,6 +31,7 @@ import torch
 from headscope.engine.forward import patching
 from headscope.engine.model.loading import load_model
 from tests import family_fixtures
+from tests.engine.test_tl_parity import boot_transformer_lens
 from tests.hf_fixtures_phi import (  # noqa: F401  (session-scoped pytest fixtures)
     gptj_dir,
     opt_dir,
@@ -38,7 +39,6 @@ from tests.hf_fixtures_phi import (  # noqa: F401  (session-scoped pytest fixtur
     phi3_dir,
     phi_dir,
 )
-from tests.test_tl_parity import boot_transformer_lens
 
 DIR_FIXTURES = ["gpt2", "neox", "llama", "qwen2", "phi3", "phi", "gptj", "opt"]
 # the bridges that hand attention to transformers' module, where a pattern edit is lost

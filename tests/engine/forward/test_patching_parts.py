@@ -27,9 +27,10 @@ import torch
 from headscope.engine.forward import behaviour, patching
 from headscope.engine.model.loading import load_model
 from headscope.engine.model.processing import ProcessedWeights
-from tests import family_fixtures, test_patching_suffix
-from tests.test_patching import tl_patch
-from tests.test_patching_parity import (
+from tests import family_fixtures
+from tests.engine.forward import test_patching_suffix
+from tests.engine.forward.test_patching import tl_patch
+from tests.engine.forward.test_patching_parity import (
     ANSWER,
     WRONG,
     check_family,
@@ -38,7 +39,7 @@ from tests.test_patching_parity import (
     patched,
     tl_logit_diff,
 )
-from tests.test_patching_suffix import BASE, differing_from
+from tests.engine.forward.test_patching_suffix import BASE, differing_from
 
 family = test_patching_suffix.family  # gpt2 and llama with TransformerLens, once per module
 

@@ -23,9 +23,16 @@ from headscope.engine.forward import patching
 from headscope.engine.forward.torch_weights import torch_weights
 from headscope.engine.forward.transformer import attention_pattern
 from headscope.engine.model.loading import load_model
-from tests.test_patching import tl_patch
-from tests.test_patching_parity import ANSWER, WRONG, close, grouped, patched, tl_logit_diff
-from tests.test_tl_parity import boot_transformer_lens
+from tests.engine.forward.test_patching import tl_patch
+from tests.engine.forward.test_patching_parity import (
+    ANSWER,
+    WRONG,
+    close,
+    grouped,
+    patched,
+    tl_logit_diff,
+)
+from tests.engine.test_tl_parity import boot_transformer_lens
 
 P = 8
 BASE = [[1, 5, 9, 2, 33, 7, 5, 9], [3, 4, 5, 6, 7, 8, 9, 10]]

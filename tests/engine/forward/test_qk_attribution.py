@@ -44,9 +44,9 @@ from headscope.engine.forward.qk_attribution import component_names, out_of_scop
 from headscope.engine.model.loading import load_model
 from tests import family_fixtures
 from tests.conftest import INDUCTION_HEAD, PREV_TOKEN_HEAD, sample_model
+from tests.engine.forward.test_patching import boot_native
+from tests.engine.test_tl_parity import boot_transformer_lens
 from tests.hf_fixtures_phi import phi3_dir, phi_dir  # noqa: F401  (session-scoped pytest fixtures)
-from tests.test_patching import boot_native
-from tests.test_tl_parity import boot_transformer_lens
 
 FAMILIES = ["gpt2", "llama", "neox", "qwen2", "phi", "phi3"]
 TOKENS = [1, 5, 9, 2, 33, 7, 5, 9, 12, 40, 3, 9]

@@ -11,7 +11,7 @@ from headscope.engine.forward.torch_weights import torch_weights
 from headscope.engine.forward.transformer import log_probs, run
 from headscope.engine.model.processing import ProcessedWeights
 from headscope.engine.model.weights import DictWeights
-from tests.test_processing import CTX, KINDS, V, make_cfg, random_tensors
+from tests.engine.model.test_processing import CTX, KINDS, V, make_cfg, random_tensors
 
 TOKENS = torch.randint(0, V, (2, CTX), generator=torch.Generator().manual_seed(7))
 

@@ -24,8 +24,8 @@ from headscope.engine.model import rotary
 from headscope.engine.model.loading import load_model
 from headscope.engine.model.processing import ProcessedWeights, plan_for
 from tests import family_fixtures
+from tests.engine.forward.test_transformer import SEQS, _assert_close, hf_reference
 from tests.family_fixtures import build_gemma, build_gemma2, build_gemma3, build_olmo2
-from tests.test_forward_parity import SEQS, _assert_close, hf_reference
 
 new_family = family_fixtures.new_family  # the session-scoped fixture, one per family
 
@@ -196,7 +196,7 @@ BENT = {"qwen3": "q/k RMSNorm", "gemma3": "q/k RMSNorm", "olmo2": "q/k RMSNorm",
 def test_batches_side_by_side_run_as_each_alone(new_family: tuple[str, Path, Any]) -> None:
     """The one pass of `heads` (every batch side by side, the MLPs as one): Mixtral's router,
     Gemma's post-norms and sliding windows, Qwen3/OLMo2's q/k norms."""
-    from tests.test_scores_perf import assert_side_by_side_is_alone
+    from tests.engine.forward.test_behaviour import assert_side_by_side_is_alone
 
     assert_side_by_side_is_alone(load_model(new_family[1]).weights)
 
@@ -241,7 +241,7 @@ async def test_explorer_opens_and_flags_qk(tmp_path: Path, monkeypatch: pytest.M
     from headscope.tui.base.settings import Settings
     from headscope.tui.widgets.chart import Chart
     from headscope.tui.widgets.status import StatusBar
-    from tests.test_tui_real_engine import wait_ready
+    from tests.e2e.test_explorer_real_engine import wait_ready
 
     monkeypatch.setenv("HEADSCOPE_CONFIG", str(tmp_path / "none.toml"))
     monkeypatch.setenv("HEADSCOPE_OUTPUT_DIR", str(tmp_path / "out"))

@@ -1,4 +1,4 @@
-"""Parity with transformers for Phi-3, Phi, GPT-J and OPT (as tests/test_forward_parity.py).
+"""Parity with transformers for Phi-3, Phi, GPT-J and OPT (as tests/engine/forward/test_transformer.py).
 
 Two routes, so a failure points at its cause: ``to_canonical`` (below) converts the in-memory
 ``transformers`` model independently of the adapters (forward pass alone), and
@@ -19,6 +19,14 @@ from headscope.engine.forward.torch_weights import torch_weights
 from headscope.engine.forward.transformer import log_probs, run
 from headscope.engine.model.processing import ProcessedWeights
 from headscope.engine.model.weights import DictWeights
+from tests.engine.forward.test_transformer import (
+    SEQS,
+    _assert_close,
+    _expand,
+    _heads_in,
+    _heads_out,
+    hf_reference,
+)
 from tests.hf_fixtures_phi import (  # noqa: F401  (pytest fixtures)
     build_phi3,
     gptj_dir,
@@ -26,14 +34,6 @@ from tests.hf_fixtures_phi import (  # noqa: F401  (pytest fixtures)
     opt_post_ln_dir,
     phi3_dir,
     phi_dir,
-)
-from tests.test_forward_parity import (
-    SEQS,
-    _assert_close,
-    _expand,
-    _heads_in,
-    _heads_out,
-    hf_reference,
 )
 
 NAMES = ["phi3", "phi", "gptj", "opt", "opt_post_ln"]
@@ -240,10 +240,10 @@ def test_gptj_interleaved_rotary_needs_the_reordering(request: pytest.FixtureReq
 
 
 def test_processing_equals_transformerlens_definitions(family: tuple[str, Any, Any]) -> None:
-    """The lazily processed checkpoint equals tests/test_processing.tl_process (TransformerLens'
+    """The lazily processed checkpoint equals tests/engine/model/test_processing.tl_process (TransformerLens'
     from_pretrained defaults, transcribed eagerly) applied to the raw canonical tensors."""
     from headscope.engine.model.loading import load_model
-    from tests.test_processing import tl_process
+    from tests.engine.model.test_processing import tl_process
 
     name, path, _ = family
     raw = load_model(path, raw=True)

@@ -18,9 +18,9 @@ from headscope.engine.api.model import open_model
 from headscope.engine.core.errors import CorruptFileError
 from headscope.engine.formats.dequant import TYPES
 from headscope.engine.model import gguf_weights
+from tests.engine.formats.test_dequant import reference, same_bits
 from tests.gguf_fixtures import write_gguf
 from tests.hf_fixtures import randomize_
-from tests.test_dequant import reference, same_bits
 
 
 def _llama(seed: int = 4) -> Any:

@@ -30,7 +30,7 @@ from headscope.engine.model.weights import CheckpointWeights, DictWeights
 from tests import hf_fixtures as hf
 
 ATOL = 1e-5
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 TOKENS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 3, 4, 5, 60, 61, 95, 0]
 
 FIXTURES = {

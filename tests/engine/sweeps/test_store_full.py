@@ -18,7 +18,7 @@ from headscope.engine.sweeps import scores as score_sweeps
 from headscope.engine.sweeps import store as store_module
 from headscope.engine.sweeps.store import ResultStore
 from headscope.tui.cli.main import main
-from tests.test_store import (
+from tests.engine.sweeps.test_store import (
     N_LAYERS,
     deep_gpt2,  # noqa: F401 (the pytest fixture: a sharded 5-layer GPT-2)
 )

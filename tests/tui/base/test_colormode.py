@@ -31,10 +31,10 @@ from headscope.tui.plots.colormap import (
 )
 from headscope.tui.plots.figures import Colours, Heatmap, ansi16_pair, build
 from headscope.tui.widgets.chart import Chart
-from tests.test_tui_app import make_app, settle
-from tests.test_tui_snapshots import settle_after
+from tests.tui.test_app import make_app, settle
+from tests.tui.test_app_snapshots import settle_after
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 FG, MUTED = (200, 200, 200), (128, 128, 128)
 
 
@@ -335,7 +335,7 @@ async def test_prompt_view_counts_and_marks_unknown_tokens() -> None:
     from headscope.engine.core.results import PromptView
     from headscope.tui.widgets.panes import PromptPane
     from tests.fake_engine import FakeEngine
-    from tests.test_tui_app import plain
+    from tests.tui.test_app import plain
 
     app, _ = make_app(FakeEngine(str(ROOT / "sample_models/attn-only-2l")))
     async with app.run_test(size=(120, 40)) as pilot:
@@ -431,7 +431,7 @@ async def test_ov_top_outputs_show_whole_numbers(size: tuple[int, int]) -> None:
 async def test_changes_table_shows_every_column_at_120() -> None:
     from textual.widgets import DataTable
 
-    from tests.test_tui_snapshots import make_compare_app
+    from tests.tui.test_app_snapshots import make_compare_app
 
     app = make_compare_app()
     async with app.run_test(size=(120, 40)) as pilot:
@@ -456,7 +456,7 @@ async def test_empty_composition_table_on_one_layer_says_why() -> None:
     from textual.widgets import DataTable, Static
 
     from tests.fake_engine import FakeEngine
-    from tests.test_tui_app import plain
+    from tests.tui.test_app import plain
 
     app, _ = make_app(FakeEngine(n_layers=1, n_heads=4))
     async with app.run_test(size=(120, 40)) as pilot:
@@ -503,7 +503,7 @@ def test_quitting_the_explorer_skips_the_interpreter_teardown(
 
 async def test_positional_qk_says_when_it_shows_part_of_the_positions() -> None:
     from tests.fake_engine import FakeEngine
-    from tests.test_tui_app import chart_text
+    from tests.tui.test_app import chart_text
 
     app, _ = make_app(FakeEngine(n_ctx=48))
     async with app.run_test(size=(120, 40)) as pilot:
@@ -518,7 +518,7 @@ async def test_compare_focus_line_keeps_every_number(size: tuple[int, int]) -> N
 
     from textual.widgets import Static
 
-    from tests.test_tui_snapshots import make_compare_app
+    from tests.tui.test_app_snapshots import make_compare_app
 
     app = make_compare_app()
     async with app.run_test(size=size) as pilot:

@@ -18,7 +18,7 @@ from headscope.tui.cli import commands
 from headscope.tui.cli.main import COMMAND_MODULES, DESCRIPTION, build_parser, main
 from headscope.tui.cli.output import COMMANDS
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[3]
 
 
 def subparsers() -> dict[str, argparse.ArgumentParser]:

@@ -15,7 +15,7 @@ from headscope.engine.api.model import open_model
 from headscope.engine.api.store import default_store
 from headscope.tui.cli.main import main
 from tests.conftest import sample_model
-from tests.test_cli_store import _run_with_tty_stderr, run, run_json
+from tests.tui.cli.test_store import _run_with_tty_stderr, run, run_json
 
 MODEL = str(sample_model("attn-only-2l"))
 CLEAN = "cake card kite cup hotel mouse cake card kite cup hotel"

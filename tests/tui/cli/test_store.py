@@ -18,7 +18,7 @@ import pytest
 from headscope.tui.cli.main import main
 from headscope.tui.cli.progress import progress_bar
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[3]
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

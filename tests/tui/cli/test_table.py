@@ -111,7 +111,7 @@ def test_readme_synopsis_has_every_export_and_open_option() -> None:
 
     from headscope.tui.cli.main import build_parser
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text(encoding="utf-8")
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     for command in ("export", "open"):
         parser = sub.choices[command]  # type: ignore[index]

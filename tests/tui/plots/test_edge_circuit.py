@@ -37,8 +37,8 @@ def colours(mode: str, cmap: str = "red-blue") -> Colours:
 @pytest.fixture(scope="module")
 def found() -> tuple[EdgeScores, FaithfulnessCurve, list[Any]]:
     """EAP-IG on attn-only-2l's first-occurrence task, its faithfulness curve and the exact
-    checks of its top 3 edges (computed once for this module and tests/test_tui_edge_circuit.py)."""
-    from tests.test_tui_edge_circuit import first_occurrence_circuit
+    checks of its top 3 edges (computed once for this module and tests/tui/widgets/test_edge_circuit.py)."""
+    from tests.tui.widgets.test_edge_circuit import first_occurrence_circuit
 
     return first_occurrence_circuit()
 
@@ -53,7 +53,7 @@ def cell_style(text: Text, row: int, col: int) -> Style | None:
 
 
 def test_the_three_edge_circuit_is_the_induction_circuit_left_to_right(found: Any) -> None:
-    """The top 3 edges (the test of tests/test_edges.py) form input → a0.h1 (its values) →
+    """The top 3 edges (the test of tests/engine/forward/test_edges.py) form input → a0.h1 (its values) →
     a1.h2 (its keys: the K-composition) → logits: one row per node, later layers further right,
     each edge ending in the letter of the input it enters."""
     scores = found[0]

@@ -1,7 +1,7 @@
 """The explorer screen's seams: typed messages from the workers, the tab-view registry.
 
 Against the fake engine (tests/fake_engine.py); the views themselves are tested in
-test_tui_app.py and test_tui_compare.py.
+tests/tui/test_app.py and tests/tui/widgets/test_compare.py.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from textual.message import Message
 
 from headscope.tui.base.messages import AblationSwept, ModelReady, ScoresSwept
 from headscope.tui.screens.explorer import TABS, VIEWS, ExplorerScreen
-from tests.test_tui_app import make_app, settle, wait_until
+from tests.tui.test_app import make_app, settle, wait_until
 
 
 @pytest.fixture(autouse=True)

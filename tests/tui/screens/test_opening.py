@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 HEAVY = ("numpy", "plotext", "textual_plotext", "torch", "headscope.tui.screens.explorer",
          "headscope.engine.model.loading")
 

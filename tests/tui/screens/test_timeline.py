@@ -39,9 +39,9 @@ from headscope.tui.widgets.head_tree import HeadTree
 from headscope.tui.widgets.status import StatusBar
 from headscope.tui.widgets.timeline import TimelinePane, sparkline_cells
 from tests.conftest import INDUCTION_HEAD, SAMPLE_MODELS, notified
+from tests.engine.sweeps.test_timeline import _write_step
 from tests.fake_engine import FakeEngine
-from tests.test_timeline import _write_step
-from tests.test_tui_app import plain, settle, wait_until
+from tests.tui.test_app import plain, settle, wait_until
 
 SERIES = SAMPLE_MODELS / "attn-only-2l-training"
 

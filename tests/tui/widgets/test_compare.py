@@ -23,11 +23,11 @@ from headscope.tui.widgets.chart import Chart
 from headscope.tui.widgets.head_tree import HeadTree
 from headscope.tui.widgets.status import StatusBar
 from tests.conftest import INDUCTION_HEAD, PREV_TOKEN_HEAD, notified
+from tests.engine.sweeps.test_diff_sample_models import permuted_copy
 from tests.fake_engine import FakeEngine
-from tests.test_diff_sample import permuted_copy
-from tests.test_tui_app import chart_text, plain, settle
+from tests.tui.test_app import chart_text, plain, settle
 
-MODEL = Path(__file__).resolve().parents[1] / "sample_models" / "attn-only-2l"
+MODEL = Path(__file__).resolve().parents[3] / "sample_models" / "attn-only-2l"
 
 
 @pytest.fixture(autouse=True)

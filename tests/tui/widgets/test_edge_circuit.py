@@ -34,7 +34,7 @@ EDGE_GLYPHS = "─━│┃┌┏┐┓└┗┘┛┬┳┴┻├┣┤┫┼�
 
 @functools.lru_cache(maxsize=1)
 def first_occurrence_circuit() -> tuple[EdgeScores, FaithfulnessCurve, list[ExactEdge]]:
-    """EAP-IG (5 steps) on attn-only-2l's first-occurrence task (as tests/test_edges.py), its
+    """EAP-IG (5 steps) on attn-only-2l's first-occurrence task (as tests/engine/forward/test_edges.py), its
     faithfulness curve, and the exact checks of its top 3 edges."""
     from headscope.engine.forward import edges, patching
     from headscope.engine.model.loading import load_model
@@ -139,7 +139,7 @@ async def test_keys_change_n_and_post_it() -> None:
         assert pane.top == 0 and "no circuit" in screen_text(app)
         changes = [m.top for m in unique(posted, CircuitTopChanged)]
         assert changes == [20, 10, 5, 6, 5, 2, 1, 0]
-        # the circuit drawn is the one of N: 5 edges, one pruned (tests/test_edges.py's curve)
+        # the circuit drawn is the one of N: 5 edges, one pruned (tests/engine/forward/test_edges.py's curve)
         pane.set_top(5)
         await pilot.pause()
         mask = pane.circuit_mask()

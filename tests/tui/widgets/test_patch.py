@@ -2,7 +2,7 @@
 the sorted list of what each head recovers, enter to focus a head, the inputs edited, the
 run's progress and its cancellation (x), at 120×40 and 80×24 and in 256 colours.
 
-The real engine's numbers on attn-only-2l are checked in test_tui_real_engine-style at the
+The real engine's numbers on attn-only-2l are checked in tests/e2e/test_explorer_real_engine.py-style at the
 end (``Engine.patch``: L1.H2 recovers most on the induction task)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from textual.widgets import DataTable, Input
 from headscope.tui.widgets.chart import Chart
 from headscope.tui.widgets.patch import PatchPane
 from tests.fake_engine import FakeEngine
-from tests.test_tui_app import make_app, settle, wait_until
+from tests.tui.test_app import make_app, settle, wait_until
 
 
 @pytest.fixture(autouse=True)
@@ -269,7 +269,7 @@ async def test_on_the_real_engine_the_induction_head_recovers_most() -> None:
     from headscope.tui.app import HeadscopeApp
     from headscope.tui.base.settings import Settings
     from tests.conftest import sample_model
-    from tests.test_tui_real_engine import wait_ready
+    from tests.e2e.test_explorer_real_engine import wait_ready
 
     app = HeadscopeApp(sample_model("attn-only-2l"), settings=Settings(), debounce=0.01,
                        sweep=False)

@@ -14,7 +14,7 @@ from headscope.tui.widgets.panes import CompositionPane
 from headscope.tui.widgets.reading import N_DIRECTIONS, N_TOKENS, DirectionsPanel
 from tests import weight_algebra as algebra
 from tests.conftest import INDUCTION_HEAD, PREV_TOKEN_HEAD, sample_model
-from tests.test_tui_app import make_app, plain, settle, wait_until
+from tests.tui.test_app import make_app, plain, settle, wait_until
 
 
 async def test_directions_panel_and_the_path_of_an_edge_on_attn_only_2l() -> None:

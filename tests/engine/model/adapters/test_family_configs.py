@@ -18,9 +18,9 @@ import pytest
 
 from headscope.engine.forward.transformer import log_probs, run
 from headscope.engine.model.loading import load_model
+from tests.engine.forward.test_transformer import SEQS, _assert_close, hf_reference
+from tests.engine.forward.test_transformer_families import _Without
 from tests.hf_fixtures import D_MLP, D_MODEL, N_CTX, N_HEADS, N_LAYERS, VOCAB, _finish
-from tests.test_family_parity import _Without
-from tests.test_forward_parity import SEQS, _assert_close, hf_reference
 
 
 def build_qwen2_window(path: Path) -> tuple[Path, Any]:
