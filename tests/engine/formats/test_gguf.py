@@ -232,7 +232,7 @@ def test_yarn_rope_from_metadata(tmp_path: Path) -> None:
     llama.cpp's own attention factor is refused, not guessed."""
     import gguf as gguf_pkg
 
-    from tests.engine.model.adapters.test_family_configs import build_qwen2_yarn
+    from tests.engine.model.test_adapters import build_qwen2_yarn
 
     path, model = build_qwen2_yarn(tmp_path / "hf")
     file = write_gguf(model, tmp_path / "m.gguf")
@@ -248,7 +248,7 @@ def test_phi3_longrope_from_factor_tensors(tmp_path: Path) -> None:
     """Phi-3-128k files carry LongRoPE as rope_factors_long/short tensors, the original context
     and the attention factor: the same model as the original, on sequences within and beyond
     the original context (short and long factors)."""
-    from tests.engine.model.adapters.test_family_configs import build_phi3_longrope
+    from tests.engine.model.test_adapters import build_phi3_longrope
 
     path, model = build_phi3_longrope(tmp_path / "hf")
     file = write_gguf(model, tmp_path / "m.gguf")

@@ -23,7 +23,7 @@ from tests import family_fixtures, hf_fixtures, hf_fixtures_phi
 
 BUILDERS = {**hf_fixtures.FAMILIES, **family_fixtures.NEW_FAMILIES, **hf_fixtures_phi.PHI_FAMILIES}
 CASES = [(name, None) for name in BUILDERS] + [("llama", "bfloat16"), ("neox", "float16"), ("gpt2", "bfloat16")]
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _build(name: str, dtype: str | None, tmp_path: Path) -> Path:
