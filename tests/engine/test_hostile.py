@@ -12,7 +12,6 @@ fragment of its message and the file the message must name); ``sources`` is the
 from __future__ import annotations
 
 import json
-import math
 import os
 import pickle
 import re
@@ -243,16 +242,6 @@ def test_broken_safetensors_file_is_refused(tmp_path: Path, case: str) -> None:
     assert str(path) in str(info.value)  # the one line names the file
     with pytest.raises(error, match=fragment):
         parse_header_bytes(blob)
-
-
-def test_valid_header_is_parsed_like_safetensors_reads_it(tmp_path: Path) -> None:
-    tensors = {"w": torch.randn(3, 4), "b": torch.randn(5).bfloat16(), "empty": torch.zeros(0, 2)}
-    save_file(tensors, str(tmp_path / "x.safetensors"), metadata={"k": "v"})
-    h = read_header(tmp_path / "x.safetensors")
-    assert h.metadata == {"k": "v"} and h.n_params == 17
-    assert {n: (t.dtype, t.shape) for n, t in h.tensors.items()} == {
-        "w": ("F32", (3, 4)), "b": ("BF16", (5,)), "empty": ("F32", (0, 2))
-    }  # fmt: skip
 
 
 @broken("truncated")
@@ -779,7 +768,6 @@ def test_config_values_the_math_cannot_use_are_refused(
     assert b.names in str(info.value)
 
 
-
 # --- tensors: missing, wrong shape, NaN ---------------------------------------------------
 
 
@@ -958,25 +946,6 @@ def _reference_accepts(blob: bytes) -> bool:
     return True
 
 
-# No deadline and no wall-clock bound: a hang is caught by pytest-timeout, speed lives in
-# bench/ (a busy machine must not fail this test).
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(mutation, min_size=1, max_size=4))
-def test_fuzz_header_parser_gives_typed_error_or_valid_header(
-    ops: list[tuple[str, int, int]],
-) -> None:
-    blob = _mutate(_seed_blob(), ops)
-    try:
-        header = parse_header_bytes(blob)
-    except (CorruptFileError, UnsafeFormatError) as e:
-        assert "\n" not in str(e)
-    else:
-        # Whatever we accept, safetensors itself reads without error: a validated header
-        # never turns into a crash mid-view.
-        assert _reference_accepts(blob), header
-        assert all(t.end <= len(blob) - header.data_start for t in header.tensors.values())
-
-
 json_leaf = st.one_of(
     st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True, allow_infinity=True),
     st.text(max_size=8),
@@ -1030,44 +999,3 @@ def test_fuzz_config_validation_gives_typed_error_or_valid_model(
             assert (
                 c.n_heads % c.kv_heads == 0 and min(c.n_layers, c.d_model, c.d_head, c.d_vocab) >= 1
             )
-
-
-@settings(max_examples=300, deadline=None)
-@given(data=st.data())
-def test_fuzz_structured_headers_agree_with_safetensors(data: st.DataObject) -> None:
-    """Valid headers with one field perturbed (offset, dtype, shape, order, trailing bytes):
-    we accept exactly what the reference implementation accepts."""
-    names = data.draw(st.lists(st.sampled_from("abcde"), unique=True, max_size=4))
-    entries: dict[str, Any] = {}
-    offset = 0
-    for name in data.draw(st.permutations(names)):
-        dtype = data.draw(st.sampled_from(["F32", "F16", "BF16", "I64", "U8"]))
-        shape = data.draw(st.lists(st.integers(0, 3), max_size=3))
-        size = {"F32": 4, "F16": 2, "BF16": 2, "I64": 8, "U8": 1}[dtype]
-        end = offset + size * (1 if not shape else math.prod(shape))
-        entries[name] = entry(dtype, shape, offset, end)
-        offset = end
-    trailing = 0
-    if entries and data.draw(st.booleans()):
-        victim = entries[data.draw(st.sampled_from(sorted(entries)))]
-        kind = data.draw(st.sampled_from(["begin", "end", "dtype", "shape", "trailing", "short"]))
-        delta = data.draw(st.integers(-3, 3))
-        if kind == "begin":
-            victim["data_offsets"][0] += delta
-        elif kind == "end":
-            victim["data_offsets"][1] += delta
-        elif kind == "dtype":
-            victim["dtype"] = data.draw(st.sampled_from(["F32", "F16", "I8", "F17", "f32", ""]))
-        elif kind == "shape":
-            victim["shape"] = [*victim["shape"], data.draw(st.integers(-1, 2))]
-        elif kind == "trailing":
-            trailing = abs(delta)
-        else:
-            trailing = -abs(delta)
-    blob = safetensors_bytes(entries, b"\0" * max(offset + trailing, 0))
-    try:
-        parse_header_bytes(blob)
-        ours = True
-    except CorruptFileError:
-        ours = False
-    assert ours == _reference_accepts(blob), entries

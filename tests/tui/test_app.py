@@ -15,14 +15,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from textual.command import CommandList, CommandPalette
 from textual.widgets import DataTable, Static, TabbedContent
 from textual.worker import WorkerCancelled
 
 from headscope.themes import COLORMAPS
 from headscope.tui.app import HeadscopeApp
-from headscope.tui.base.keymap import APP_BINDINGS
-from headscope.tui.base.labels import FILTER_THRESHOLD
 from headscope.tui.base.settings import Settings
 from headscope.tui.screens.dialogs import HelpScreen, InputScreen
 from headscope.tui.widgets.chart import Chart
@@ -382,77 +379,6 @@ async def test_toggling_raw_cancels_a_running_ablation_sweep() -> None:
         assert app.raw and app.explorer.scores.ablation is None
 
 
-async def test_badges_mark_the_planted_heads() -> None:
-    app, _ = make_app()
-    async with app.run_test(size=(120, 40)) as pilot:
-        await settle(pilot, app)
-        tree = app.query_one(HeadTree)
-        assert " P" in tree.badge_text((0, 1))  # planted previous-token head
-        assert tree.badge_text((1, 2)).endswith("I")  # planted induction head
-        assert "P" not in tree.badge_text((1, 0))
-
-
-@pytest.mark.parametrize(("theme", "expected"), [
-    ("headscope-light", "headscope-light"), ("light", "headscope-light"),
-    (None, "headscope-dark"), ("no-such-theme", "headscope-dark")])
-async def test_the_first_frame_already_has_the_chosen_theme(theme: str | None, expected: str) -> None:
-    # Set before the first mount (a theme switch afterwards restyles every widget).
-    app, _ = make_app(theme=theme)
-    async with app.run_test(size=(120, 40)) as pilot:
-        assert app.theme == expected
-        await settle(pilot, app)
-        light = expected == "headscope-light"
-        assert app.query_one("#qk-token", Chart).colours().stops == \
-            COLORMAPS["red-blue-light" if light else "red-blue"]
-
-
-async def test_theme_switch_changes_heatmap_colours() -> None:
-    app, _ = make_app()
-    async with app.run_test(size=(120, 40)) as pilot:
-        await settle(pilot, app)
-        chart = app.query_one("#qk-token", Chart)
-        builds = chart.builds
-        assert chart.colours().stops == COLORMAPS["red-blue"]
-        await pilot.press("t")
-        await settle(pilot, app)
-        assert app.theme == "headscope-light"
-        assert chart.colours().stops == COLORMAPS["red-blue-light"]
-        assert chart.builds > builds and chart.rendered is not None
-        await pilot.press("m")  # cycle colour maps explicitly
-        assert app.colormap_name != "red-blue-light"
-
-
-async def test_rendered_charts_are_cached() -> None:
-    app, _ = make_app()
-    async with app.run_test(size=(120, 40)) as pilot:
-        await settle(pilot, app)
-        chart = app.query_one("#qk-token", Chart)
-        builds = chart.builds
-        for _ in range(5):
-            chart.refresh()
-            await pilot.pause(0.02)
-        await settle(pilot, app)
-        assert chart.builds == builds  # repaints hit the cache
-
-
-async def test_help_lists_every_key_and_follows_the_keymap() -> None:
-    app, _ = make_app(keymap={"next-head": "n"})
-    async with app.run_test(size=(120, 40)) as pilot:
-        await settle(pilot, app)
-        await pilot.press("n")
-        await settle(pilot, app)
-        assert app.explorer.head == (0, 1)
-        await pilot.press("question_mark")
-        await wait_until(pilot, lambda: isinstance(app.screen, HelpScreen), "the help screen")
-        text = plain(app.screen.query_one("#help-keys", Static))
-        for b in APP_BINDINGS:
-            assert b.id in text
-        next_line = next(line for line in text.splitlines() if "next-head" in line)
-        assert next_line.strip().startswith("n ")
-        await pilot.press("escape")
-        assert not isinstance(app.screen, HelpScreen)
-
-
 async def test_broken_checkpoint_is_a_notification_and_the_app_keeps_running() -> None:
     app = HeadscopeApp("broken/model.safetensors", engine_factory=broken_factory(),
                        settings=Settings())
@@ -477,17 +403,6 @@ async def test_engine_errors_in_one_view_do_not_stop_the_others() -> None:
         await pilot.press("2")
         await settle(pilot, app)
         assert "full OV L0.H0" in chart_text(app, "ov-heatmap")
-
-
-async def test_raw_toggle_switches_the_engine_and_status() -> None:
-    app, engine = make_app()
-    async with app.run_test(size=(120, 40)) as pilot:
-        await settle(pilot, app)
-        await pilot.press("r")
-        await settle(pilot, app)
-        assert engine.raw is True and app.raw is True
-        assert " raw " in app.query_one(StatusBar).render().plain
-        assert engine.calls["all_head_scores"] == 2  # scores recomputed for raw weights
 
 
 async def test_export_and_screenshot_go_to_the_output_dir_not_the_checkpoint(
@@ -528,37 +443,6 @@ async def test_small_terminal_collapses_panes() -> None:
             assert len(line) <= app.query_one("#qk-token", Chart).size.width
 
 
-async def test_every_footer_key_fits_at_120_columns() -> None:
-    """The footer shows every key it lists within 120 columns (SVG and Export came last and
-    were cut off): compact, without the palette hint (ctrl+p is in the help screen)."""
-    app, _ = make_app()
-    async with app.run_test(size=(120, 40)) as pilot:
-        await settle(pilot, app)
-        keys = {k.description: k.region for k in app.screen.query("FooterKey")}  # type: ignore[attr-defined]
-        assert {"SVG", "Export", "Raw/proc", "Theme"} <= set(keys)
-        assert all(region.width > 0 and region.right <= 120 for region in keys.values()), keys
-
-
-async def test_palette_goes_to_a_head() -> None:
-    app, _ = make_app()
-    async with app.run_test(size=(120, 40)) as pilot:
-        await settle(pilot, app)
-        await pilot.press("ctrl+p")
-        await wait_until(pilot, lambda: isinstance(app.screen, CommandPalette), "the palette")
-        await pilot.press(*"Go to head 1.2")
-
-        def highlighted() -> str:
-            hits = app.screen.query_one(CommandList)
-            i = hits.highlighted
-            return "" if i is None else str(hits.get_option_at_index(i).prompt)
-
-        await wait_until(pilot, lambda: highlighted().startswith("Go to head 1.2"),
-                         "the palette highlights the head")
-        await pilot.press("enter")
-        await settle(pilot, app)
-        assert app.explorer.head == (1, 2)
-
-
 async def test_choose_tokens_sets_rows_and_columns() -> None:
     app, engine = make_app()
     async with app.run_test(size=(120, 40)) as pilot:
@@ -570,19 +454,6 @@ async def test_choose_tokens_sets_rows_and_columns() -> None:
         assert app.explorer.choices.tokens == engine.encode("dog cat mat")
         block = app.explorer.results["qk"]["token"]
         assert list(block.row_labels) == ["dog", "cat", "mat"]
-
-
-async def test_header_and_focus_line_separate_name_shape_head_and_scores() -> None:
-    app, engine = make_app()
-    async with app.run_test(size=(120, 40)) as pilot:
-        await settle(pilot, app)
-        top, bottom = app.query_one(StatusBar).render().plain.splitlines()
-        assert "attn-only-2l │ processed │ 2L×4H" in top
-        assert bottom.startswith("L0.H0 │ ")
-        focus = plain(app.query_one("#focus-line", Static))
-        copying_score = engine._scores(0, 0).copying_score
-        # the null is in: short labels, each score with its z (the richest line that fits)
-        assert f"L0.H0 │ copy {copying_score:+.2f} z=" in focus and "· QK+" in focus
 
 
 async def test_composition_graph_draws_edges_above_the_threshold_only() -> None:
@@ -631,30 +502,6 @@ async def test_prompt_tab_shows_pattern_dla_and_predictions_at_once() -> None:
         assert preds.region.y < app.query_one("#prompt-side").region.bottom
         view = await engine.run_prompt(app.explorer.choices.prompt_text, 0, 0)
         assert view.top_predictions[0][1] in plain(app.query_one("#prompt-preds", Static))
-
-
-async def test_filter_keeps_heads_with_a_score_above_the_threshold() -> None:
-    app, engine = make_app(FakeEngine(n_layers=3, n_heads=5))
-    engine._behaviour[3, 2, 4] = 0.7  # an attention-sink head (the fake has none by default)
-    async with app.run_test(size=(120, 40)) as pilot:
-        await settle(pilot, app)
-        tree = app.query_one(HeadTree)
-        heads = [(la, h) for la in range(3) for h in range(5)]
-        assert set(tree.head_nodes) == set(heads)
-        scores = {hd: engine._scores(*hd) for hd in heads}
-        for key, label in (("induction_score", "induction"), ("prev_token_score", "prev-token"),
-                           ("copying_score", "copying"), ("attention_sink_score", "sink")):
-            await pilot.press("f")
-            await settle(pilot, app)
-            want = {hd for hd in heads if getattr(scores[hd], key) >= FILTER_THRESHOLD}
-            # the focused head stays in the tree (and under the cursor) whatever the filter
-            assert want and set(tree.head_nodes) == want | {app.explorer.head}
-            assert str(tree.border_title) == f"{label} ≥ {FILTER_THRESHOLD:.2f}: {len(want)}"
-            some = min(want)
-            assert f"{getattr(scores[some], key):.2f}" in tree.badge_text(some)
-        await pilot.press("f")
-        await settle(pilot, app)
-        assert app.explorer.choices.tree_filter is None and set(tree.head_nodes) == set(heads)
 
 
 def test_graph_title_wraps_instead_of_being_cut() -> None:

@@ -13,8 +13,6 @@ from bench.checkpoints import SHAPES, write_checkpoint
 from headscope.engine.circuits import composition as comp
 from headscope.engine.circuits import spectral
 from headscope.engine.circuits.spectral import kept_spectral_middles
-from headscope.engine.core import threads
-from headscope.engine.core.eta import Eta
 from headscope.engine.model.loading import load_model
 from headscope.engine.model.weights import DictWeights
 from headscope.engine.sweeps import scores as score_sweeps
@@ -140,31 +138,3 @@ def test_nonfinite_heads_are_nan_in_every_piece():
     tile = comp.composition_tile(bad, "v", 0, 1)
     assert np.isnan(tile.scores[:, 1]).all() and not np.isnan(tile.scores[:, 0]).any()
     assert np.isnan(comp.composition_tile(bad, "v", 1, 2).scores[1]).all()
-
-
-def test_lapack_runs_on_one_thread_and_the_setting_is_restored():
-    calls = threads._openblas_threads()
-    if calls is None:
-        pytest.skip("numpy does not use OpenBLAS here")
-    setter, getter = calls
-    before = getter()
-    setter(2)
-    try:
-        with threads.one_lapack_thread():
-            assert getter() == 1
-            with threads.one_lapack_thread():
-                assert getter() == 1
-            assert getter() == 1
-        assert getter() == 2
-    finally:
-        setter(before)
-
-
-def test_eta_from_progress_fractions():
-    now = [100.0]
-    eta = Eta(clock=lambda: now[0])
-    assert eta.seconds_left() is None
-    eta.update(0.2)  # resumed: a fifth was done before
-    now[0] = 110.0
-    eta.update(0.4)
-    assert eta.seconds_left() == pytest.approx(30.0)  # 10 s per 0.2, 0.6 left

@@ -31,7 +31,6 @@ from tests.engine.forward.test_transformer import SEQS
 from tests.gguf_fixtures import (
     gguf_bytes,
     k_quant_blocks,
-    llama3_rope_freqs,
     permute,
     string_value,
     write_gguf,
@@ -227,67 +226,6 @@ def test_qwen3_and_olmo2_gguf_are_the_original(family: str, tmp_path: Path) -> N
     _assert_same_model(path, gguf)
 
 
-def test_yarn_rope_from_metadata(tmp_path: Path) -> None:
-    """Qwen2 with YaRN: factor and original context from the metadata give the original model;
-    llama.cpp's own attention factor is refused, not guessed."""
-    import gguf as gguf_pkg
-
-    from tests.engine.model.test_adapters import build_qwen2_yarn
-
-    path, model = build_qwen2_yarn(tmp_path / "hf")
-    file = write_gguf(model, tmp_path / "m.gguf")
-    assert open_model(file).cfg.extra["rope_type"] == "yarn"
-    _assert_same_model(path, file)
-    odd = write_gguf(model, tmp_path / "odd.gguf", metadata=lambda w: w.add_float32(
-        gguf_pkg.Keys.Rope.SCALING_ATTN_FACTOR.format(arch="qwen2"), 1.5))
-    with pytest.raises(ConfigError, match="attn_factor"):
-        read_structure(odd)
-
-
-def test_phi3_longrope_from_factor_tensors(tmp_path: Path) -> None:
-    """Phi-3-128k files carry LongRoPE as rope_factors_long/short tensors, the original context
-    and the attention factor: the same model as the original, on sequences within and beyond
-    the original context (short and long factors)."""
-    from tests.engine.model.test_adapters import build_phi3_longrope
-
-    path, model = build_phi3_longrope(tmp_path / "hf")
-    file = write_gguf(model, tmp_path / "m.gguf")
-    rope = open_model(file).cfg.extra["rope_scaling"]
-    assert rope["rope_type"] == "longrope" and rope["original_max_position_embeddings"] == 8
-    _assert_same_model(path, file)  # 17 positions: long factors
-    for raw in (True, False):
-        a = run(open_model(path, raw=raw).weights, SEQS[:, :8])
-        b = run(open_model(file, raw=raw).weights, SEQS[:, :8])
-        assert _max_diff(a.patterns, b.patterns) < EXACT and _max_diff(a.logits, b.logits) < EXACT
-
-
-def test_gemma_gguf_attention_scale_follows_llama_cpp() -> None:
-    """llama.cpp stores no query_pre_attn_scalar: head_dim, except the 27B models (46 / 62
-    layers), scaled by d_model / n_heads; an explicit attention.scale wins."""
-    from types import SimpleNamespace
-
-    from headscope.engine.model.gguf_config import gemma_config
-
-    def scalar(name: str, n_layers: int, **meta: Any) -> Any:
-        header = SimpleNamespace(metadata={f"{name}.{k}": v for k, v in meta.items()},
-                                 tensors=dict.fromkeys(range(1000)))
-        config = {"num_hidden_layers": n_layers, "hidden_size": 4608, "num_attention_heads": 32, "head_dim": 128}
-        return gemma_config(header, name, config)
-
-    assert scalar("gemma2", 46)["query_pre_attn_scalar"] == 144  # gemma-2-27b
-    assert scalar("gemma2", 26)["query_pre_attn_scalar"] == 128
-    assert scalar("gemma3", 62)["query_pre_attn_scalar"] == 144
-    assert scalar("gemma3", 62, **{"attention.scale": 0.125})["query_pre_attn_scalar"] == 64
-    assert scalar("gemma2", 26)["sliding_window"] == 4096  # llama.cpp's default for Gemma 2
-    no_window = scalar("gemma3", 6)
-    assert no_window["layer_types"] == ["full_attention"] * 6 and "sliding_window" not in no_window
-    huge = SimpleNamespace(metadata={}, tensors={})  # a hostile block_count builds nothing per layer
-    assert "layer_types" not in gemma_config(huge, "gemma3", {"num_hidden_layers": 10**12, "hidden_size": 8,
-                                                               "num_attention_heads": 2})
-    flags = scalar("gemma3", 3, **{"attention.sliding_window": 5, "attention.sliding_window_pattern": [True, False, True]})
-    assert flags["layer_types"] == ["sliding_attention", "full_attention", "sliding_attention"]
-
-
 # --- quantised types ---------------------------------------------------------------------------
 
 # Worst-case |dequantised - original| per element, relative to the largest |w| of its block
@@ -385,90 +323,6 @@ def test_k_quant_gguf_matches_checkpoint_of_its_values(qtype: str, tmp_path: Pat
 # --- tokenizer -------------------------------------------------------------------------------
 
 
-def test_bpe_tokenizer_from_metadata(llama_pair, tmp_path: Path) -> None:
-    _, model = llama_pair
-    tokens = ["<unk>", "a", "b", "c", "Ġ", "ab", "Ġab", "Ġc"] + [f"t{i}" for i in range(8, 96)]
-    merges = ["a b", "Ġ ab", "Ġ c"]
-    m = open_model(write_gguf(model, tmp_path / "tok.gguf", tokens=tokens, merges=merges), raw=True)
-    assert m.tokenizer.encode("ab ab c") == [5, 6, 7]
-    assert [m.tokenizer.decode_token(i) for i in (5, 6)] == ["ab", " ab"]
-    assert m.run("ab ab").logits.shape == (1, 2, 96)
-
-
-@pytest.mark.parametrize(("pre", "ids"), [("llama-bpe", [8, 9]), (None, [6, 7, 5])])
-def test_bpe_split_regex_follows_tokenizer_pre(pre: str | None, ids: list[int], llama_pair, tmp_path: Path) -> None:
-    """Llama 3's split regex groups digits by three: "12345" is split "123" + "45" before the
-    merges (GPT-2's regex keeps it whole, and the merge "3 4" then wins)."""
-    tokens = ["<unk>", "1", "2", "3", "4", "5", "12", "34", "123", "45"] + [f"t{i}" for i in range(10, 96)]
-    merges = ["1 2", "3 4", "12 3", "4 5"]
-    path = write_gguf(llama_pair[1], tmp_path / "d.gguf", tokens=tokens, merges=merges, tokenizer_pre=pre)
-    assert open_model(path, raw=True).tokenizer.encode("12345") == ids
-
-
-def test_sentencepiece_tokenizer_from_metadata(llama_pair, tmp_path: Path) -> None:
-    _, model = llama_pair
-    tokens = ["<unk>", "<s>", "</s>", "▁", "a", "b", "▁a", "ab", "▁ab", "<0x0A>"] + [f"t{i}" for i in range(10, 96)]
-    scores = [0.0, 0.0, 0.0, -1.0, -2.0, -2.0, -1.5, -1.0, -0.5, -3.0] + [-10.0] * 86
-    path = write_gguf(model, tmp_path / "spm.gguf", tokens=tokens, scores=scores, tokenizer_model="llama")
-    m = open_model(path, raw=True)
-    assert m.tokenizer.encode("ab ab") == [8, 8]
-    assert m.tokenizer.encode("ab\n") == [8, 9]  # byte fallback for a character not in the vocabulary
-    assert m.tokenizer.decode_token(8) == " ab"
-    assert m.tokenizer.decode_token(9) == "<0x0A>"  # byte tokens shown as such
-
-
-@pytest.mark.parametrize("kind", ["llama", "gpt2"])
-def test_metadata_tokenizer_is_built_on_the_first_prompt(kind: str, llama_pair, tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Opening a GGUF file does not build the tokenizer (0.5-1 s for a 32k SentencePiece
-    table, bench/README.md "GGUF"): token strings, ids and the vocabulary size come from the
-    table and equal what the built tokenizer gives, for every id (a repeated piece included);
-    the first prompt builds it, once."""
-    from headscope.engine.formats import gguf_tokenizer
-    from headscope.engine.formats.tokenizer import HFTokenizer
-
-    tokens = ["<unk>", "<s>", "▁", "a", "b", "▁a", "ab", "▁ab", "<0x0A>", "Ġab", "##x", "ab"]
-    tokens += [f"t{i}" for i in range(len(tokens), 96)]
-    scores = [-float(i) for i in range(len(tokens))]
-    extra = {"scores": scores} if kind == "llama" else {"merges": ["a b", "▁ ab"]}
-    path = write_gguf(llama_pair[1], tmp_path / "lazy.gguf", tokens=tokens, tokenizer_model=kind, **extra)
-    build = gguf_tokenizer._spm if kind == "llama" else gguf_tokenizer._bpe
-    calls: list[int] = []
-
-    def counted(*args: object) -> object:
-        calls.append(1)
-        return build(*args)
-
-    monkeypatch.setattr(gguf_tokenizer, "_spm" if kind == "llama" else "_bpe", counted)
-    m = open_model(path, raw=True)
-    assert calls == []
-    eager = HFTokenizer(build(tokens, scores) if kind == "llama" else build(tokens, ["a b", "▁ ab"]))
-    assert [m.tokenizer.decode_token(i) for i in range(98)] == \
-        [eager.decode_token(i) for i in range(98)]
-    assert [m.tokenizer.token_to_id(t) for t in [*tokens, "zz"]] == \
-        [eager.token_to_id(t) for t in [*tokens, "zz"]]
-    assert m.tokenizer.vocab_size == eager.vocab_size
-    assert calls == []
-    assert m.tokenizer.encode("ab ab") == eager.encode("ab ab")
-    assert m.tokenizer.encode("a b") == eager.encode("a b")
-    assert calls == [1]
-
-
-def test_no_tokenizer_means_token_ids(llama_pair, tmp_path: Path) -> None:
-    _, model = llama_pair
-    m = open_model(write_gguf(model, tmp_path / "none.gguf"), raw=True)
-    assert m.tokenizer.encode("3, 14 15") == [3, 14, 15]
-
-
-def test_unknown_tokenizer_model_shows_tokens_takes_ids(llama_pair, tmp_path: Path) -> None:
-    _, model = llama_pair
-    tokens = ["<unk>", "▁hello"] + [f"t{i}" for i in range(2, 96)]
-    path = write_gguf(model, tmp_path / "odd.gguf", tokens=tokens, tokenizer_model="rwkv")
-    m = open_model(path, raw=True)
-    assert m.tokenizer.decode_token(1) == " hello"
-    assert m.tokenizer.encode("1 2") == [1, 2]
-
-
 # --- CLI ------------------------------------------------------------------------------------
 
 
@@ -560,39 +414,6 @@ def test_file_changed_after_opening_is_an_error(llama_pair, tmp_path: Path) -> N
         m.weights.get("blocks.0.attn.W_Q")
 
 
-def test_llama3_rope_freqs_give_the_original_model(tmp_path: Path) -> None:
-    """Llama 3.1+ files store RoPE scaling as rope_freqs divisors: the model must equal the
-    safetensors original with its llama3 rope_parameters (and differ from no scaling)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
-    cfg = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=48,
-                      rms_norm_eps=1e-6, rope_parameters=rope)
-    model = randomize_(LlamaForCausalLM(cfg), seed=12)
-    model.save_pretrained(tmp_path / "ref", safe_serialization=True)
-    freqs = llama3_rope_freqs(model.config)
-    assert freqs.min() == 1.0 and 1.0 < freqs[1] < 8.0 and freqs.max() == 8.0  # all three regimes
-    path = write_gguf(model, tmp_path / "m.gguf", extra_tensors={"rope_freqs.weight": freqs})
-    m = open_model(path, raw=True)
-    assert m.cfg.extra["rope_type"] == "llama3"
-    assert m.cfg.extra["rope_scaling"]["original_max_position_embeddings"] == 64
-    _assert_same_model(tmp_path / "ref", path)
-    plain = write_gguf(model, tmp_path / "plain.gguf")
-    assert _max_diff(run(open_model(plain).weights, SEQS).patterns, run(open_model(path).weights, SEQS).patterns) > 1e-3
-
-
-@pytest.mark.parametrize("name", ["rope_freqs.weight", "rope_factors_long.weight"])
-def test_unknown_rope_factors_are_refused_not_ignored(name: str, llama_pair, tmp_path: Path) -> None:
-    """Divisors that match no llama3 scaling, and LongRoPE factors, are refused rather than run
-    with the wrong rotary frequencies."""
-    path = write_gguf(llama_pair[1], tmp_path / "r.gguf",
-                      extra_tensors={name: np.array([1.0, 3.0, 1.5, 7.0], dtype=np.float32)})
-    with pytest.raises(ConfigError, match=name.split(".")[0]):
-        read_structure(path)
-
-
 # --- the explorer ----------------------------------------------------------------------------
 
 
@@ -648,17 +469,6 @@ def test_per_head_reads_dequantise_rows_or_reuse_the_whole_tensor(llama_pair, tm
     assert not np.array_equal(src.read("model.layers.0.self_attn.o_proj.weight"), a)
 
 
-def test_undecodable_token_strings_do_not_block_the_model(llama_pair, tmp_path: Path) -> None:
-    """Some vocabularies hold partial UTF-8 sequences as tokens: shown with U+FFFD, model opens."""
-    tokens = ["<unk>", "ok"] + [f"t{i}" for i in range(2, 96)]
-    path = write_gguf(llama_pair[1], tmp_path / "m.gguf", tokens=tokens, tokenizer_model="rwkv")
-    blob = path.read_bytes()
-    at = blob.index(b"\x02\x00\x00\x00\x00\x00\x00\x00ok")
-    path.write_bytes(blob[: at + 8] + b"\xe2\x82" + blob[at + 10 :])  # same length, invalid UTF-8
-    m = open_model(path, raw=True)
-    assert m.tokenizer.decode_token(1) == "\ufffd"
-
-
 def test_diff_against_the_original(llama_pair, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`headscope diff dir model.gguf`: an F32 file changes no head; Q4_0 changes every head a
     little (circuits stay highly similar)."""
@@ -678,21 +488,6 @@ def test_diff_against_the_original(llama_pair, tmp_path: Path, capsys: pytest.Ca
             assert max(changes) < 1e-5
         else:
             assert min(changes) > 1e-4 and min(r["qk_similarity"] for r in rows) > 0.9
-
-
-def test_linear_rope_scaling_from_metadata(tmp_path: Path) -> None:
-    """`llama.rope.scaling.type = linear` and its factor reach the forward pass."""
-    import gguf
-
-    from tests.engine.forward.test_transformer import _rope_variant
-
-    model = _rope_variant("llama_linear")  # factor 4
-    model.save_pretrained(tmp_path / "ref", safe_serialization=True)
-    path = write_gguf(model, tmp_path / "m.gguf",
-                      metadata=lambda w: (w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR),
-                                          w.add_rope_scaling_factor(4.0)))
-    assert open_model(path, raw=True).cfg.extra["rope_type"] == "linear"
-    _assert_same_model(tmp_path / "ref", path)
 
 
 def test_tensors_headscope_does_not_understand_are_refused(llama_pair, tmp_path: Path) -> None:
@@ -728,30 +523,3 @@ def test_missing_gguf_package_is_a_typed_error(llama_pair, tmp_path: Path, monke
 
 
 # --- metadata llama.cpp reads its own way (issue #29) -----------------------------------------
-
-
-def test_phi4_style_sliding_window_zero_means_no_window(tmp_path: Path) -> None:
-    """convert_hf_to_gguf writes phi3.attention.sliding_window = 0 for Phi-4 (no window);
-    llama.cpp reads 0 as no sliding window. The file is the windowless original."""
-    ref, model = build_phi3(tmp_path / "hf", partial_rotary_factor=0.5)
-
-    def zero_window(w: Any) -> None:
-        w.add_sliding_window(0)
-
-    path = write_gguf(model, tmp_path / "phi4.gguf", metadata=zero_window)
-    m = open_model(path, raw=True)
-    assert m.cfg.extra.get("sliding_window") is None
-    _assert_same_model(ref, path, tol=1e-6)
-
-
-def test_odd_rope_dimension_count_with_rope_freqs_names_the_mismatch(
-    llama_pair, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import gguf
-
-    real = gguf.GGUFWriter.add_rope_dimension_count
-    monkeypatch.setattr(gguf.GGUFWriter, "add_rope_dimension_count", lambda w, n: real(w, 7))
-    path = write_gguf(llama_pair[1], tmp_path / "odd.gguf",
-                      extra_tensors={"rope_freqs.weight": np.ones(3, dtype=np.float32)})
-    with pytest.raises(ConfigError, match=r"RoPE dimension count 7 is odd.*'rope_freqs\.weight'"):
-        read_structure(path)

@@ -37,7 +37,7 @@ from headscope.tui.screens.timeline import (
 )
 from headscope.tui.widgets.head_tree import HeadTree
 from headscope.tui.widgets.status import StatusBar
-from headscope.tui.widgets.timeline import TimelinePane, sparkline_cells
+from headscope.tui.widgets.timeline import TimelinePane
 from tests.conftest import INDUCTION_HEAD, SAMPLE_MODELS, notified
 from tests.engine.sweeps.test_timeline import _write_step
 from tests.fake_engine import FakeEngine
@@ -119,19 +119,6 @@ async def test_timeline_tab_has_a_sparkline_row_per_head_and_the_induction_phase
         assert found[0][3] == f"{change['before']:+.2f} → {change['after']:+.2f}"
         assert "step 3000 (18 of 18)" in status(app)
         await pilot.press("q")
-
-
-def test_sparklines_fit_the_width_and_mark_the_steps_each_character_shows() -> None:
-    values = [i / 17 for i in range(18)]
-    blocks = sparkline_cells(values, 20, 0.0, 1.0)
-    assert "".join(c for c, _ in blocks) == "".join(
-        "▁▂▃▄▅▆▇█"[round(v * 7)] for v in values)
-    braille = sparkline_cells(values, 9, 0.0, 1.0)
-    assert len(braille) == 9 and [s for _, s in braille][4] == (8, 9)
-    assert braille[0][0] == chr(0x2800 | 0x40 | 0x80) and braille[-1][0] == "⣿"
-    sampled = sparkline_cells(values, 4, 0.0, 1.0)
-    assert len(sampled) == 4
-    assert sorted(i for _, s in sampled for i in s) == list(range(18))  # every step covered
 
 
 # -- scrubbing -----------------------------------------------------------------------------
