@@ -16,8 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 from rich.cells import cell_len
 
 import headscope.engine.api.report as report_module
@@ -120,34 +118,6 @@ BAD_ARGUMENTS = {
     "export_circuit_no_head": (["export", MODEL, "--what", "circuit", "--kind", "ov", "--layer", "1"],
                                "--head", "--what circuit needs --head"),
 }
-
-
-@pytest.mark.parametrize("case", list(BAD_ARGUMENTS))
-def test_bad_arguments_are_usage_errors_before_any_work(
-    capsys: pytest.CaptureFixture[str], no_sweeps: None, case: str
-) -> None:
-    argv, argument, fragment = BAD_ARGUMENTS[case]
-    code, out, err = run(capsys, *argv)
-    assert code == 2 and not out
-    last = usage_error(err)
-    assert argument in last and fragment in last, last
-
-
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(spec=st.text(alphabet=st.sampled_from("0123456789:,-²³٣ ab[]/\x1b"), max_size=12))
-def test_any_rows_spec_is_a_result_or_a_one_line_error(
-    capsys: pytest.CaptureFixture[str], spec: str
-) -> None:
-    code, out, err = run(capsys, "circuit", MODEL, "1", "2", "--kind", "ov", "--rows", spec,
-                         "--cols", "0:3", "--json")
-    assert "Traceback" not in err
-    if code == 0:
-        report = json.loads(out)
-        assert report["rows"] and len(report["values"]) == len(report["rows"])
-    else:
-        assert code in (1, 2) and err.strip(), err
-        if code == 1:
-            assert len(err.strip().splitlines()) == 1
 
 
 # --- export --out ----------------------------------------------------------------------------
@@ -279,25 +249,6 @@ def test_tokens_in_cli_tables_are_shown_literally(
     code, out, err = run(capsys, "forward", str(hostile_vocab), "--tokens", HOSTILE_IDS)
     assert code == 0, err
     assert "[unused0]" in _check_table(out)
-
-
-def test_tokens_in_tsv_keep_the_columns(
-    hostile_vocab: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    code, out, err = run(capsys, "forward", str(hostile_vocab), "--tokens", HOSTILE_IDS)
-    assert code == 0, err
-    lines = out.splitlines()
-    assert len(lines) == 1 + len(HOSTILE_TOKENS)
-    assert {line.count("\t") for line in lines} == {3}
-    assert "a⇥b" in out and "line⏎break" in out and "\x1b" not in out
-
-
-def test_json_keeps_the_real_token_strings(
-    hostile_vocab: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    code, out, _ = run(capsys, "forward", str(hostile_vocab), "--tokens", HOSTILE_IDS, "--json")
-    assert code == 0
-    assert json.loads(out)["token_strings"] == HOSTILE_TOKENS
 
 
 def test_paths_are_not_markup(

@@ -177,35 +177,6 @@ def test_the_output_dir_setting_is_read_from_the_file_and_the_environment(tmp_pa
         load_settings({"HEADSCOPE_CONFIG": str(config)})
 
 
-async def test_the_focus_line_keeps_the_strongest_scores_z_at_80_columns() -> None:
-    """At 80 columns the focus line kept `QK+` and `prev` and dropped the z of `ind +0.95`;
-    now the weaker parts go first and the strongest score keeps its z."""
-    import math
-
-    from textual.widgets import Static
-
-    from headscope.tui.base.labels import SHORT, z_score, z_text
-    from headscope.tui.widgets.focus_line import SHORT_LABELS, score_texts
-
-    app, engine = make_app()
-    async with app.run_test(size=(80, 24)) as pilot:
-        await settle(pilot, app)
-        line = app.query_one("#focus-line", Static)
-        shown = str(line.render())
-        row = engine._scores(0, 0)
-        null = await engine.score_null()
-        keys = ["copying_score", "qk_positivity", "prev_token_score", "duplicate_token_score",
-                "induction_score"]
-        top = max(keys, key=lambda k: z_score(null, row, k))
-        name = {**SHORT, **SHORT_LABELS}[top]
-        value = getattr(row, top)
-        assert f"{name} {value:+.2f} {z_text(z_score(null, row, top))}" in shown, shown
-        assert len(shown) <= line.content_size.width
-        # every candidate with a z comes before the ones without any
-        has_z = ["z=" in t.plain for t in score_texts(row, null, math.nan)]
-        assert has_z == sorted(has_z, reverse=True)
-
-
 async def test_a_filter_marks_the_focused_head_that_fails_it() -> None:
     """Under the previous-token filter the focused head showed `H2 0.02 z=-6.4` like a match;
     it stays (filtering never moves the focus), marked `focus`, its score struck through."""
@@ -442,46 +413,6 @@ async def test_every_tab_is_on_screen_at_80_columns(mode: str) -> None:
     assert sum(len(t) + 1 for t in timeline) <= sum(len(t) + 1 for t in changes) <= 80 - 18
 
 
-async def test_the_composition_path_column_is_on_screen_at_80x24() -> None:
-    """At 80×24 the edge list showed source, target and s−base, and the path column (the
-    path-patching effect beside the weight score) was past the right edge. Packed (no cell
-    padding, a narrower graph), every column, `+0.00 unused` included, is inside the list."""
-    app, engine = make_app()
-    async with app.run_test(size=(80, 24)) as pilot:
-        await settle(pilot, app)
-        await pilot.press("5")
-        await settle(pilot, app)
-        pane = app.explorer.query_one("#composition-pane")
-        table = app.explorer.query_one("#comp-edges", DataTable)
-        assert pane.compact and len(engine.path_requests) == 1
-        inside = table.scrollable_content_region.width
-        widths = [column.get_render_width(table) for column in table.columns.values()]
-        assert sum(widths) <= inside, (widths, inside)
-        assert table.max_scroll_x == 0
-        labels = [str(column.label).strip() for column in table.columns.values()]
-        assert labels == ["from", "to", "s−base", "path"]
-        cells = [str(table.get_row_at(i)[3]) for i in range(table.row_count)]
-        assert any(c.endswith("unused") for c in cells), cells
-        for i, edge in enumerate(pane.edges):  # each row: its edge, score and path effect
-            row = [str(c).strip() for c in table.get_row_at(i)]
-            assert row[:3] == [f"L{edge[0]}.H{edge[1]}", f"L{edge[2]}.H{edge[3]}",
-                               f"{edge[4]:+.3f}"]
-            effect = pane.paths.get(((edge[0], edge[1]), (edge[2], edge[3])))
-            if effect is not None:
-                assert row[3].startswith(f"{effect:+.2f}")
-        # the cursor's edge stays selected through a resize (the columns are rebuilt)
-        table.focus()
-        await pilot.press("down", "down")
-        await settle(pilot, app)
-        selected = pane.selected
-        await pilot.resize_terminal(120, 40)
-        await settle(pilot, app)
-        assert not pane.compact and pane.selected == selected
-        assert [str(c.label) for c in table.columns.values()] == ["source", "target", "s−base",
-                                                                   "path"]
-        assert tuple(pane.edges[table.cursor_row][:4]) == tuple(selected)
-
-
 def screen_lines(app: HeadscopeApp) -> list[str]:
     """The screen as the terminal shows it, one string per row (the top screen over the
     ones below it, as a screenshot renders it)."""
@@ -565,72 +496,3 @@ async def open_virtual_heads(pilot: object, app: HeadscopeApp) -> PathScreen:
         await wait_until(pilot, lambda c=chart: c.rendered is not None, chart_id)
     await settle(pilot, app)
     return screen
-
-
-async def test_s_saves_the_virtual_heads_pop_up(tmp_path: Path) -> None:
-    """`s` in the virtual-heads pop-up saved nothing: a modal screen stops the key chain
-    before the app's bindings. The pop-up binds it itself (same id, so a user keymap moves
-    both), says so on its last line, and the SVG is the pop-up, named after the edge."""
-    out = tmp_path / "out"
-    app, _ = make_app(output_dir=out)
-    async with app.run_test(size=(80, 24)) as pilot:
-        await settle(pilot, app)
-        screen = await open_virtual_heads(pilot, app)
-        await pilot.press("s")
-        await settle(pilot, app)
-        assert isinstance(app.screen, PathScreen)  # still open
-        (svg,) = out.glob("*.svg")
-        assert any("s saves" in line for line in screen_lines(app)), screen_lines(app)
-        (la, ha), (lb, hb) = screen.source, screen.target
-        assert f"_path_L{la}H{ha}-L{lb}H{hb}_" in svg.name
-        text = svg.read_text()
-        assert text.startswith("<svg") and text.rstrip().endswith("</svg>")
-        for shown in ("K-path", "V-path", f"L{la}.H{ha}", f"L{lb}.H{hb}", "escape"):
-            assert shown in text, shown
-        assert any(svg.name in n.message and "output directory" in n.message
-                   for n in notified(app))
-
-
-async def test_a_remapped_screenshot_key_saves_the_pop_up_too(tmp_path: Path) -> None:
-    """The pop-up's binding has the app's id: a user keymap that moves `screenshot` moves it
-    in the pop-up as well (the old key then does nothing there either), and the pop-up's
-    last line names the new key."""
-    out = tmp_path / "out"
-    app, _ = make_app(output_dir=out, keymap={"screenshot": "ctrl+s"})
-    async with app.run_test(size=(80, 24)) as pilot:
-        await settle(pilot, app)
-        await open_virtual_heads(pilot, app)
-        assert any("ctrl+s saves an SVG" in line for line in screen_lines(app))
-        await pilot.press("s")
-        await settle(pilot, app)
-        assert not out.exists() or not list(out.glob("*.svg"))
-        await pilot.press("ctrl+s")
-        await settle(pilot, app)
-        assert len(list(out.glob("*_path_*.svg"))) == 1
-
-
-@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
-async def test_the_k_path_x_label_keeps_a_blank_column_before_the_spectrum(
-        size: tuple[int, int]) -> None:
-    """At 80×24 the K-path's x label ran into the V-path plot's tick label
-    (`(rows: …-0.5┤`): the two charts now have a blank column between them, and every row
-    of the heatmap's text ends before it."""
-    app, _ = make_app()
-    async with app.run_test(size=size) as pilot:
-        await settle(pilot, app)
-        screen = await open_virtual_heads(pilot, app)
-        heatmap = screen.query_one("#path-heatmap", Chart)
-        spectrum = screen.query_one("#path-spectrum", Chart)
-        lines = screen_lines(app)
-        drawn = heatmap.rendered.plain.splitlines()
-        (xlabel,) = [line for line in drawn if line.startswith("token moved")]
-        (row,) = [y for y, line in enumerate(lines) if "token moved" in line]
-        start, end = heatmap.region.x, heatmap.region.x + len(xlabel.rstrip())
-        assert lines[row][start:end] == xlabel.rstrip(), lines[row]
-        assert lines[row][end] == " ", lines[row]
-        # the neighbouring text on that row is the spectrum's (its tick label or frame)
-        right = lines[row][end:spectrum.region.right].strip()
-        assert right, lines[row]
-        # and no row of the heatmap's text reaches the column before the spectrum
-        for y in range(heatmap.region.y, heatmap.region.bottom):
-            assert lines[y][spectrum.region.x - 1] == " ", lines[y]

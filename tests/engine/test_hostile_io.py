@@ -37,7 +37,6 @@ from headscope.engine.core.errors import (
     PromptError,
     ResourceLimitError,
     UnsupportedFormatError,
-    out_of_memory,
 )
 from headscope.engine.formats.tokenizer import IdTokenizer
 from headscope.engine.service.engine import Engine
@@ -289,15 +288,6 @@ def test_tokenizer_that_panics_falls_back_and_says_why(
 
 
 # --- out of memory ---------------------------------------------------------------------------
-
-
-def test_out_of_memory_errors_say_how_much() -> None:
-    err = out_of_memory(RuntimeError(ALLOCATOR_ERROR), "m", "reading tensor 'wte'")
-    assert isinstance(err, ResourceLimitError)
-    assert str(err) == "m: out of memory: reading tensor 'wte' does not fit in memory: one allocation of 80.0 GiB failed"
-    assert "out of memory" in str(out_of_memory(MemoryError(), "m"))
-    assert out_of_memory(RuntimeError("shape mismatch"), "m") is None
-    assert out_of_memory(ValueError("can't allocate memory"), "m") is None
 
 
 def test_cli_out_of_memory_is_one_line(

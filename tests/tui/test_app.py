@@ -318,21 +318,6 @@ async def test_opening_on_a_head_focuses_it_or_says_the_model_has_no_such_head(
             assert app.errors == []
 
 
-def test_cli_head_option_reaches_the_app_and_rejects_malformed_values(
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    import headscope.tui.app as tui_app
-    from headscope.tui.cli.main import main
-
-    seen: dict[str, Any] = {}
-    monkeypatch.setattr(tui_app, "run_app", lambda path, **kw: seen.update(kw))
-    assert main(["sample_models/attn-only-2l", "--head", "1.2"]) == 0
-    assert seen["head"] == (1, 2)
-    for bad in ("1", "a.b", "1.2.3", "-1.0"):
-        with pytest.raises(SystemExit) as exit_info:
-            main(["sample_models/attn-only-2l", "--head", bad])
-        assert exit_info.value.code == 2 and "--head" in capsys.readouterr().err
-
-
 async def test_clicking_a_summary_header_sorts_by_that_column() -> None:
     app, engine = make_app()
     async with app.run_test(size=(120, 40)) as pilot:

@@ -13,7 +13,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from headscope.engine.forward.transformer import log_probs, run
@@ -148,47 +147,6 @@ def test_qwen2_window_layers_from_older_configs(tmp_path: Path) -> None:
     assert load_model(path).cfg.extra["layer_types"] == ["full_attention", "sliding_attention"]
 
 
-def test_longrope_short_factors_below_the_original_context(tmp_path: Path) -> None:
-    """Sequences within the original context rotate with the short factors (the same
-    checkpoint gives other patterns with the long ones)."""
-    path, model = build_phi3_longrope(tmp_path)
-    short = SEQS[:, :8]
-    ref_lp, ref_pat = hf_reference("phi3", model, short)
-    res = run(load_model(path).weights, short)
-    _assert_close(res.patterns, ref_pat, "phi3 longrope patterns (8 positions)")
-    _assert_close(log_probs(res), ref_lp, "phi3 longrope log-probs (8 positions)")
-    long_pat = run(load_model(path).weights, SEQS).patterns[:, :, :, :8, :8]
-    assert (long_pat - ref_pat).abs().max() > 1e-3
-
-
-def test_phi_qk_layernorm_is_flagged(tmp_path: Path) -> None:
-    from headscope.engine.model.loading import read_structure
-
-    path, _ = build_phi_qk_layernorm(tmp_path)
-    assert any("q/k LayerNorm" in n for n in read_structure(path)["approximations"])
-
-
-def test_opt_projected_embeddings_are_the_products(tmp_path: Path) -> None:
-    """W_E = E P_inᵀ and W_U = P_outᵀ Eᵀ (the reader builds the products, as numpy arrays),
-    and the scores work."""
-    import torch
-
-    from headscope.engine.api.report import head_table
-    from headscope.engine.forward.torch_weights import torch_weights
-
-    path, model = build_opt_projected(tmp_path)
-    m = load_model(path, raw=True)
-    sd = {k: v.detach().float() for k, v in model.state_dict().items()}
-    embed = sd["model.decoder.embed_tokens.weight"]
-    tw = torch_weights(m.weights)
-    torch.testing.assert_close(tw.get("embed.W_E"), embed @ sd["model.decoder.project_in.weight"].T)
-    torch.testing.assert_close(tw.get("unembed.W_U"), sd["model.decoder.project_out.weight"].T @ embed.T)
-    # the processed product embeddings are numpy arrays too (no torch adapter for the circuits)
-    assert m.cfg.d_model == D_MODEL and isinstance(load_model(path).weights.get("embed.W_E"), np.ndarray)
-    rows = head_table(load_model(path))
-    assert len(rows) == N_LAYERS * N_HEADS and all(not r["nonfinite"] for r in rows)
-
-
 def test_hostile_layer_count_with_window_layers_is_refused_fast(tmp_path: Path) -> None:
     """max_window_layers must not make the loader build a list per claimed layer before the
     layer count is checked against the checkpoint."""
@@ -201,19 +159,3 @@ def test_hostile_layer_count_with_window_layers_is_refused_fast(tmp_path: Path) 
     (path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ConfigError, match="n_layers"):
         read_structure(path)
-
-
-@pytest.mark.parametrize("legacy", ["su", "yarn"])
-def test_phi3_early_long_context_spellings_mean_longrope(tmp_path: Path, legacy: str) -> None:
-    """Phi-3 configs written before the rename (``rope_scaling.type`` "su" or "yarn", the
-    original context beside it) are LongRoPE, as transformers' Phi3Config reads them."""
-    path, model = build_phi3_longrope(tmp_path)
-    config = json.loads((path / "config.json").read_text())
-    rope = config.pop("rope_parameters")
-    config["rope_theta"] = rope.pop("rope_theta")
-    config["rope_scaling"] = {"type": legacy, "long_factor": rope["long_factor"], "short_factor": rope["short_factor"]}
-    (path / "config.json").write_text(json.dumps(config))
-    ref_lp, ref_pat = hf_reference("phi3", model, SEQS)
-    res = run(load_model(path).weights, SEQS)
-    _assert_close(res.patterns, ref_pat, f"phi3 {legacy} patterns")
-    _assert_close(log_probs(res), ref_lp, f"phi3 {legacy} log-probs")

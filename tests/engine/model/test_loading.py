@@ -21,7 +21,6 @@ import pytest
 import torch
 
 from headscope.engine.formats.safetensors import read_header
-from headscope.engine.formats.tokenizer import IdTokenizer, VocabTokenizer
 from headscope.engine.forward.torch_weights import torch_weights
 from headscope.engine.forward.transformer import log_probs, run
 from headscope.engine.model.loading import load_model, read_structure
@@ -185,36 +184,6 @@ def test_canonical_tensors_reproduce_hf_modules(
             )
 
 
-def test_bert_mlm_head_matches_transformers(bert_mlm_dir: tuple[Path, Any]) -> None:
-    path, model = bert_mlm_dir
-    w = torch_weights(load_model(path, raw=True).weights)
-    assert w.cfg.has_mlm_head and w.cfg.tied_unembed and not w.cfg.extra["unembed_standin"]
-    x = torch.randn(5, w.cfg.d_model, generator=torch.Generator().manual_seed(1))
-    h = torch.nn.functional.gelu(x @ w.get("mlm.W") + w.get("mlm.b"))
-    h = torch.nn.functional.layer_norm(
-        h, (w.cfg.d_model,), w.get("mlm.ln.w"), w.get("mlm.ln.b"), w.cfg.norm_eps
-    )
-    with torch.no_grad():
-        torch.testing.assert_close(
-            h @ w.get("unembed.W_U") + w.get("unembed.b_U"), model.cls(x), atol=1e-4, rtol=0
-        )
-    for name in ("embed.W_token_type", "embed.ln.w", "embed.ln.b", "pos_embed.W_pos"):
-        assert w.has(name)
-    assert not w.has("ln_final.w")
-
-
-def test_bert_without_head_is_flagged_tied(bert_base_dir: tuple[Path, Any]) -> None:
-    path, model = bert_base_dir
-    m = load_model(path, raw=True)
-    s = m.structure()
-    assert s["tied_unembed"] and not s["has_mlm_head"] and not s["causal"]
-    assert m.raw_cfg.extra["unembed_standin"]
-    torch.testing.assert_close(
-        torch_weights(m.weights).get("unembed.W_U"), model.get_input_embeddings().weight.T.detach()
-    )
-    assert not m.weights.has("mlm.W")
-
-
 def _hf_log_probs(family: str, model: Any, tokens: list[int]) -> torch.Tensor:
     ids = torch.tensor([tokens])
     with torch.no_grad():
@@ -373,46 +342,6 @@ def _canonical(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     m = load_model(path, raw=True)
     fields = {k: v for k, v in m.raw_cfg.to_dict().items() if k != "extra"}
     return fields, {n: torch_weights(m.weights).get(n).clone() for n in m.checkpoint.specs}
-
-
-@pytest.mark.parametrize("in_metadata", [True, False], ids=["metadata", "headscope.json"])
-def test_native_round_trip(tmp_path: Path, gpt2_dir: tuple[Path, Any], in_metadata: bool) -> None:
-    fields, tensors = _canonical(gpt2_dir[0])
-    tensors.pop("unembed.W_U")  # tied: the native file stores W_E once
-    words = [f"t{i}" for i in range(96)]
-    out = hf.write_native(
-        tmp_path / "n", fields, tensors, vocab=words, config_in_metadata=in_metadata
-    )
-    m = load_model(out, raw=True)
-    assert m.structure()["format"] == "native" and m.raw_cfg.tied_unembed
-    for name, t in tensors.items():
-        torch.testing.assert_close(torch_weights(m.weights).get(name), t, atol=0, rtol=0)
-    ref = log_probs(run(load_model(gpt2_dir[0]).weights, TOKENS))
-    torch.testing.assert_close(
-        log_probs(run(load_model(out).weights, TOKENS)), ref, atol=1e-5, rtol=0
-    )
-    assert isinstance(m.tokenizer, VocabTokenizer) and m.tokenizer.encode("t3 t95") == [3, 95]
-
-
-def test_native_grouped_query_weights_are_expanded(
-    tmp_path: Path, llama_dir: tuple[Path, Any]
-) -> None:
-    fields, tensors = _canonical(llama_dir[0])
-    cfg = load_model(llama_dir[0], raw=True).raw_cfg
-    for layer in range(cfg.n_layers):
-        for x in ("W_K", "W_V", "b_K", "b_V"):
-            full = tensors.pop(f"blocks.{layer}.attn.{x}")
-            tensors[f"blocks.{layer}.attn._{x}"] = full[:: cfg.n_heads // cfg.kv_heads].clone()
-    out = hf.write_native(tmp_path / "gqa", fields, tensors)
-    m = load_model(out, raw=True)
-    assert m.structure()["n_kv_heads"] == 2
-    ref = load_model(llama_dir[0], raw=True).weights
-    for h in range(cfg.n_heads):
-        torch.testing.assert_close(
-            m.weights.get_head("blocks.1.attn.W_K", h), ref.get_head("blocks.1.attn.W_K", h)
-        )
-    torch.testing.assert_close(m.weights.get("blocks.0.attn.W_V"), ref.get("blocks.0.attn.W_V"))
-    assert isinstance(m.tokenizer, IdTokenizer)
 
 
 # --- tokenizers ------------------------------------------------------------------------

@@ -4,7 +4,6 @@ that only warns; and the progress bars: on a terminal's stderr, never when piped
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import pty
@@ -16,7 +15,6 @@ from typing import Any
 import pytest
 
 from headscope.tui.cli.main import main
-from headscope.tui.cli.progress import progress_bar
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -145,31 +143,6 @@ def test_no_cache_writes_nothing(capsys, gpt2_dir, _results_store_in_tmp) -> Non
     assert run_json(capsys, "cache", "ls")["entries"] == []
 
 
-def test_cache_ls_and_clear(capsys, gpt2_dir, llama_dir, _results_store_in_tmp) -> None:
-    gpt2, llama = str(gpt2_dir[0]), str(llama_dir[0])
-    run_json(capsys, "heads", gpt2)
-    run_json(capsys, "composition", gpt2, "--kind", "k")
-    run_json(capsys, "heads", llama, "--raw")
-    listing = run_json(capsys, "cache", "ls")
-    assert listing["root"] == str(_results_store_in_tmp)
-    by_path = {(e["path"], e["raw"]): e for e in listing["entries"]}
-    assert set(by_path) == {(str(Path(gpt2).resolve()), False), (str(Path(llama).resolve()), True)}
-    stored = by_path[(str(Path(gpt2).resolve()), False)]["stored"]
-    assert stored["copying_score"] == 2 and stored["composition-k"] == 1  # 2 layers; 1 tile
-    assert all(e["bytes"] > 0 for e in listing["entries"])
-    only = run_json(capsys, "cache", "ls", gpt2)["entries"]
-    assert [e["path"] for e in only] == [str(Path(gpt2).resolve())]
-    code, table, _ = run(capsys, "cache", "ls")  # TSV when piped
-    assert code == 0 and table.splitlines()[0].split("\t")[:3] == ["model", "mode", "size"]
-
-    removed = run_json(capsys, "cache", "clear", gpt2)["removed"]
-    assert [e["path"] for e in removed] == [str(Path(gpt2).resolve())]
-    assert [e["path"] for e in run_json(capsys, "cache", "ls")["entries"]] == [str(Path(llama).resolve())]
-    run_json(capsys, "cache", "clear")
-    assert run_json(capsys, "cache", "ls")["entries"] == []
-    assert [p for p in _results_store_in_tmp.iterdir()] == []
-
-
 def test_an_unwritable_cache_dir_warns_once_and_answers(capsys, gpt2_dir, tmp_path, monkeypatch) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
@@ -259,54 +232,6 @@ def test_no_progress_when_stderr_is_piped(gpt2_dir) -> None:
                            "--json", "--no-cache"], cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0 and done.stderr == ""
     json.loads(done.stdout)
-
-
-def test_progress_bar_on_a_forced_terminal_shows_data_as_text() -> None:
-    from rich.console import Console
-
-    buffer = io.StringIO()
-    console = Console(file=buffer, force_terminal=True, width=100)
-    with progress_bar("heads [red]model[/red]", console=console) as progress:
-        assert progress is not None
-        progress(0.5)
-        progress(1.0)
-    drawn = buffer.getvalue()
-    assert "[red]model[/red]" in drawn  # a name is never read as markup
-    with progress_bar("x", quiet=True, console=console) as none:
-        assert none is None
-
-
-def test_the_eta_keeps_moving_between_reports() -> None:
-    """`heads gpt2-mini --no-cache --ablation` sat at `35% ETA 0:00:02`: the weight sweep
-    reported 35 % in 30 ms, then torch's import and the first forward pass reported nothing
-    for seconds, and Rich's rate-of-the-last-reports estimate froze. The bar's ETA is
-    measured from the first report and recomputed at each refresh: a silent stretch makes
-    it grow, and the next report brings it down again."""
-    from rich.console import Console
-
-    from headscope.tui.cli.progress import eta_column
-
-    now = [0.0]
-    console = Console(file=io.StringIO(), force_terminal=True, width=100)
-    with progress_bar("heads", console=console, clock=lambda: now[0]) as progress:
-        assert progress is not None
-        column = eta_column(progress.eta)
-        shown = lambda: column.render(None).plain  # noqa: E731
-        assert shown() == "-:--:--"  # no report yet
-        progress(0.0)
-        assert shown() == "-:--:--"  # nothing done yet: no rate
-        now[0] = 0.03
-        progress(0.35)
-        seen = [shown()]
-        for t in (1.0, 2.0, 4.0):  # no report: the estimate grows with the silence
-            now[0] = t
-            seen.append(shown())
-        assert seen == ["0:00:00", "0:00:02", "0:00:04", "0:00:07"]
-        now[0] = 5.0
-        progress(0.9)  # 0.9 done in 5 s: 0.1 left at that rate
-        assert shown() == "0:00:01"
-        progress(1.0)
-        assert shown() == "0:00:00"
 
 
 def test_the_cache_disk_mb_setting(capsys, gpt2_dir, tmp_path, monkeypatch, _results_store_in_tmp) -> None:

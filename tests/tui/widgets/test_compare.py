@@ -9,7 +9,6 @@ through ``Engine.compare`` (engine.sweeps.diff.diff_models on A's workers).
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -241,26 +240,3 @@ async def test_real_engine_match_heads_pairs_permuted_heads(tmp_path: Path, matc
         assert (views["b"].layer, views["b"].head) == (b_block.layer, b_block.head)
         assert "B attention" in chart_text(app, "prompt-pattern-b")
         assert np.allclose(views["a"].pattern, views["b"].pattern, atol=1e-5) == match_heads
-
-
-def test_cli_passes_compare_through_to_run_app(monkeypatch: pytest.MonkeyPatch,
-                                               tmp_path: Path) -> None:
-    import headscope.tui.app as tui_app
-    from headscope.tui.cli.main import main
-
-    seen: dict[str, object] = {}
-    monkeypatch.setattr(tui_app, "run_app", lambda path, **kw: seen.update(path=path, **kw))
-    shutil.copytree(MODEL, tmp_path / "b")  # B must exist (and share A's layout) to open
-    assert main([str(MODEL), "--compare", str(tmp_path / "b")]) == 0
-    assert seen["path"] == MODEL and seen["compare"] == str(tmp_path / "b")
-    assert "match_heads" not in seen
-    assert main([str(MODEL), "--compare", str(tmp_path / "b"), "--match-heads"]) == 0
-    assert seen["match_heads"] is True
-
-
-def test_cli_match_heads_without_compare_is_a_one_line_error(capsys) -> None:
-    from headscope.tui.cli.main import main
-
-    assert main([str(MODEL), "--match-heads"]) == 1
-    err = capsys.readouterr().err
-    assert "--match-heads needs --compare" in err and err.count("\n") == 1
