@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import itertools
 import math
-import mmap
 import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from headscope.engine.core.errors import CorruptFileError, UnsupportedFormatError
 
@@ -90,12 +91,20 @@ def is_gguf(path: str | os.PathLike[str]) -> bool:
         return False
 
 
-class _Cursor:
-    """Sequential reads of a memory-mapped file that never run past its end (the header only is
-    touched; its pages are not kept resident after ``read_gguf_header`` returns)."""
+READ_CHUNK = 1 << 20  # the header is read in chunks this size (a vocabulary: a few MB)
+LIST_ITEMS = 1 << 21  # numeric arrays up to this many items are lists (per-layer values, scores)
+MAX_STRINGS = 1 << 22  # string arrays are lists of str (~60 bytes each): vocabularies have ~10^5
 
-    def __init__(self, buf: Any, path: str, size: int) -> None:
-        self.buf, self.path, self.size, self.pos = buf, path, size, 0
+
+class _Cursor:
+    """Sequential reads of a file's header that never run past its end: read in chunks, not
+    memory-mapped, so a file truncated while it is read is a short read (a ``CorruptFileError``
+    naming it), not a SIGBUS. ``size`` is the size when it was opened; every count is bounded
+    by it before anything is allocated."""
+
+    def __init__(self, f: Any, path: str, size: int) -> None:
+        self.f, self.path, self.size, self.pos = f, path, size, 0
+        self.window, self.base = b"", 0  # the bytes read from file offset ``base`` on
 
     def left(self) -> int:
         return self.size - self.pos
@@ -107,8 +116,36 @@ class _Cursor:
                 f"truncated GGUF file: {what} needs {n:,} bytes at offset {self.pos:,}, "
                 f"only {self.left():,} left",
             )
-        data = self.buf[self.pos : self.pos + n]
+        at = self.pos - self.base
+        if at + n <= len(self.window):
+            data = self.window[at : at + n]
+        elif n >= READ_CHUNK:  # a large array: read it whole, not through the window
+            data = self.window[at:] + self._read(n - (len(self.window) - at), what)
+            self.window, self.base = b"", self.pos + n
+        else:
+            self.fill(n, what)
+            data = self.window[:n]
         self.pos += n
+        return data
+
+    def fill(self, n: int, what: str) -> None:
+        """Make the window start at ``pos`` and hold at least ``n`` bytes."""
+        keep = self.window[self.pos - self.base :]
+        self.window = keep + self._read(max(n, READ_CHUNK) - len(keep), what, at_least=n - len(keep))
+        self.base = self.pos
+
+    def _read(self, n: int, what: str, at_least: int | None = None) -> bytes:
+        need = n if at_least is None else at_least
+        data = self.f.read(n)
+        while len(data) < need:
+            more = self.f.read(n - len(data))
+            if not more:
+                raise CorruptFileError(
+                    self.path,
+                    f"truncated GGUF file: it ended while {what} was read (it was {self.size:,} bytes when "
+                    "opened: rewritten or truncated since?)",
+                )
+            data += more
         return data
 
     def scalar(self, fmt: str, what: str) -> Any:
@@ -146,12 +183,11 @@ def read_gguf_header(path: str | os.PathLike[str]) -> GGUFHeader:
     """Parse and validate the header of the GGUF file at ``path`` (reads no tensor data)."""
     p = str(Path(path))
     try:
-        with open(p, "rb") as f:
+        with open(p, "rb", buffering=0) as f:
             size = os.fstat(f.fileno()).st_size
             if size == 0:
                 raise CorruptFileError(p, "not a GGUF file (wrong magic; expected 'GGUF'): the file is empty")
-            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-                return _parse(_Cursor(mm, p, size))
+            return _parse(_Cursor(f, p, size))
     except (OSError, ValueError) as e:
         raise CorruptFileError(p, f"cannot read GGUF file: {getattr(e, 'strerror', None) or e}") from None
 
@@ -199,9 +235,13 @@ def _value(c: _Cursor, value_type: int, key: str, depth: int) -> Any:
             fmt = _SCALARS[item_type]
             item = struct.calcsize(fmt)
             n = c.count(f"length of array {key!r}", MAX_ARRAY, item)
-            return list(struct.unpack(f"<{n}{fmt[1]}", c.take(n * item, f"array {key!r}")))
+            return _numbers(c.take(n * item, f"array {key!r}"), fmt)
         if item_type == _STRING:
             n = c.count(f"length of array {key!r}", MAX_ARRAY, 8)
+            if n > MAX_STRINGS:
+                raise CorruptFileError(
+                    c.path, f"bad GGUF header: array {key!r} has {n:,} strings; headscope reads at most "
+                            f"{MAX_STRINGS:,} (the largest vocabularies have a few hundred thousand)")
             return _strings(c, n, key)
         if item_type == _ARRAY:
             n = c.count(f"length of array {key!r}", MAX_ARRAY, 12)
@@ -215,25 +255,37 @@ def _value(c: _Cursor, value_type: int, key: str, depth: int) -> Any:
 _U64 = struct.Struct("<Q")
 
 
+def _numbers(raw: bytes, fmt: str) -> list[Any] | np.ndarray:
+    """A numeric array: a list up to ``LIST_ITEMS`` items (per-layer values, a vocabulary's
+    scores: what the model reader uses), beyond that a read-only numpy array over the bytes
+    read (1 to 8 bytes an item, as in the file, instead of ~40 as a list of Python numbers)."""
+    array = np.frombuffer(raw, dtype=np.dtype(fmt))
+    return array.tolist() if len(array) <= LIST_ITEMS else array
+
+
 def _strings(c: _Cursor, n: int, key: str) -> list[str]:
-    """``n`` strings (a vocabulary or merge list: up to ~10^6), read in one tight loop."""
-    buf, pos, size, unpack = c.buf, c.pos, c.size, _U64.unpack_from
+    """``n`` strings (a vocabulary or merge list: up to ~10^6), read in one tight loop over the
+    cursor's window (``take`` refills it, and raises at the end of the file)."""
+    unpack = _U64.unpack_from
     out: list[str] = []
     append = out.append
     for i in range(n):
-        if pos + 8 > size:
-            c.pos = pos
-            c.take(8, f"length of item {i} of {key!r}")  # raises: truncated
-        (k,) = unpack(buf, pos)
-        pos += 8
-        if k > MAX_STRING or k > size - pos:
-            c.pos = pos
+        at = c.pos - c.base
+        if at + 8 <= len(c.window):
+            (k,) = unpack(c.window, at)
+            c.pos += 8
+        else:
+            (k,) = unpack(c.take(8, f"length of item {i} of {key!r}"))
+        if k > MAX_STRING or k > c.left():
             raise CorruptFileError(
-                c.path, f"truncated GGUF file: item {i} of {key!r} claims {k:,} bytes at offset {pos:,}"
+                c.path, f"truncated GGUF file: item {i} of {key!r} claims {k:,} bytes at offset {c.pos:,}"
             )
-        append(buf[pos : pos + k].decode("utf-8", errors="replace"))
-        pos += k
-    c.pos = pos
+        at = c.pos - c.base
+        if at + k <= len(c.window):
+            append(c.window[at : at + k].decode("utf-8", errors="replace"))
+            c.pos += k
+        else:
+            append(c.take(k, f"item {i} of {key!r}").decode("utf-8", errors="replace"))
     return out
 
 

@@ -124,6 +124,10 @@ _STREAM_BYTES = 512 << 20
 # head") took 327 s with 16 MB, 116 s with 256 MB, 99 s with 1 GB (peak RSS 946, 1126,
 # 1518 MB; one run each on a loaded box).
 _LAYER_BYTES = 256 << 20
+# The source run's activations at the patched site, kept from layer to layer
+# (``_SourceActivations``): bounded as the streams are; a pattern site is ``[b, h, p, p]`` a
+# layer (a 2048-token prompt of a 32-head model: 512 MB each), others ``[b, h, p, d_head]``.
+_SOURCE_BYTES = 256 << 20
 
 
 # -- metrics ---------------------------------------------------------------------------------
@@ -707,16 +711,35 @@ def _result(w: WeightSource, method: str, site: str, metric: Metric, noising: bo
                         batch=int(tokens.shape[0]), **more)  # type: ignore[arg-type]
 
 
+class _SourceActivations:
+    """The source run's activation at ``site`` for each pair (a ``SourceFor``), computed once
+    per layer and kept while the kept layers fit ``_SOURCE_BYTES``: the most recent layer is
+    always kept, older ones dropped first (a pass runs the layers in order; a later pass
+    recomputes what it needs). A pattern is ``[b, h, p, p]`` per layer: kept for every layer,
+    a long prompt's patterns grew without bound. ``peak``: the most bytes kept at once."""
+
+    def __init__(self, w: WeightSource, runs: _Runs, site: str) -> None:
+        self.w, self.runs, self.site = w, runs, site
+        self.cache: dict[int, Tensor] = {}
+        self.peak = 0
+
+    def kept_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.cache.values())
+
+    def __call__(self, layer: int, pairs: list[_Pair]) -> Tensor:
+        if layer not in self.cache:
+            activation = _site_activation(self.w, layer, self.runs.source_in[layer], self.site)
+            size = activation.numel() * activation.element_size()
+            while self.cache and self.kept_bytes() + size > _SOURCE_BYTES:
+                del self.cache[next(iter(self.cache))]
+            self.cache[layer] = activation
+            self.peak = max(self.peak, self.kept_bytes())
+        return self.cache[layer][:, [head for _, head, _ in pairs]]
+
+
 def _activation_source(w: WeightSource, runs: _Runs, site: str) -> SourceFor:
-    """The source run's activation at ``site`` for each pair, computed once per layer."""
-    cache: dict[int, Tensor] = {}
-
-    def source_for(layer: int, pairs: list[_Pair]) -> Tensor:
-        if layer not in cache:
-            cache[layer] = _site_activation(w, layer, runs.source_in[layer], site)
-        return cache[layer][:, [head for _, head, _ in pairs]]
-
-    return source_for
+    """The source run's activation at ``site`` for each pair (``_SourceActivations``)."""
+    return _SourceActivations(w, runs, site)
 
 
 # -- attribution -----------------------------------------------------------------------------

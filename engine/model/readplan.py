@@ -23,9 +23,12 @@ never changes what is read or the numbers: only what the kernel keeps.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from dataclasses import dataclass
+
+from headscope.engine.core.errors import InvalidRequestError
 
 __all__ = ["CACHE_SHARE", "DONTNEED", "PAGE_CACHE_ENV", "SEQUENTIAL", "WILLNEED", "PlannedReads", "ReadPlan",
            "advise", "page_cache_bytes", "plan_reads"]
@@ -47,18 +50,28 @@ PAGE_CACHE_ENV = "HEADSCOPE_PAGE_CACHE_MB"
 def page_cache_bytes() -> int:
     """How many bytes of a checkpoint the page cache may be expected to hold: ``CACHE_SHARE``
     of physical memory (0 where it cannot be known: then nothing is advised), or
-    ``$HEADSCOPE_PAGE_CACHE_MB`` MiB if set to a positive number (a box shared with other
-    work; the benchmarks' small shapes)."""
+    ``$HEADSCOPE_PAGE_CACHE_MB`` MiB if set (a box shared with other work; the benchmarks'
+    small shapes): a positive finite number, else ``InvalidRequestError`` naming the variable
+    (``inf``, ``nan``, ``-1``, ``lots`` would otherwise be a traceback or silently ignored)."""
     given = os.environ.get(PAGE_CACHE_ENV, "").strip()
-    try:
-        if given and float(given) > 0:
-            return int(float(given) * (1 << 20))
-    except ValueError:
-        pass  # not a number: the physical memory decides, as without it
+    if given:
+        return int(page_cache_mib(given) * (1 << 20))
     try:
         return int(CACHE_SHARE * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError, AttributeError):
         return 0
+
+
+def page_cache_mib(given: str) -> float:
+    """``$HEADSCOPE_PAGE_CACHE_MB``'s value as a positive finite number of MiB."""
+    try:
+        mib = float(given)
+    except ValueError:
+        mib = math.nan
+    if not (math.isfinite(mib) and mib > 0):
+        raise InvalidRequestError(None, f"{PAGE_CACHE_ENV}={given!r} is not a page-cache size: "
+                                        "set it to a positive number of MiB (e.g. 4096), or unset it")
+    return mib
 
 
 def advise(fd: int, offset: int, length: int, advice: int | None) -> bool:

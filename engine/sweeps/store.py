@@ -4,7 +4,7 @@
 Where: ``$HEADSCOPE_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/headscope`` (default
 ``~/.cache/headscope``). One directory per checkpoint *entry*, named by its fingerprint
 (``fingerprint``): the resolved checkpoint path, the size, mtime and header bytes of every
-safetensors file the model reads, the bytes of every config file the loader reads
+safetensors file the model reads (of a GGUF file: its metadata and tensor infos), the bytes of every config file the loader reads
 (``CONFIG_FILES``: ``config.json``, the native ``headscope.json``, the shard index), the
 size and mtime of the tokenizer's files (the sink scores read it), the processing mode
 (raw/processed), ``FORMAT_VERSION`` and ``MATH_VERSION``. A changed checkpoint gets a new
@@ -137,11 +137,17 @@ def _header_bytes(path: Path) -> bytes:
         return prefix + f.read(min(n, 100 << 20))
 
 
-def _file_part(path: Path, with_header: bool) -> bytes:
+def _gguf_header_bytes(path: Path, data_start: int) -> bytes:
+    """A GGUF file's header: its metadata and tensor infos, everything before the data."""
+    with open(path, "rb") as f:
+        return f.read(min(data_start, 100 << 20))
+
+
+def _file_part(path: Path, head: bytes) -> bytes:
+    """A file's name, size, mtime and the digest of ``head`` (its header, or all of it); the
+    name as bytes (``os.fsencode``: a name need not be UTF-8)."""
     st = path.stat()
-    head = (_header_bytes(path) if with_header
-            else read_bytes(path, MAX_CONFIG_BYTES, CorruptFileError, path.name))
-    meta = f"{path.name}\0{st.st_size}\0{st.st_mtime_ns}\0".encode()
+    meta = os.fsencode(path.name) + f"\0{st.st_size}\0{st.st_mtime_ns}\0".encode()
     return meta + hashlib.blake2b(head, digest_size=16).digest()
 
 
@@ -149,13 +155,16 @@ def fingerprint(ckpt: Checkpoint, raw: bool) -> str:
     """A hex key of everything the stored numbers depend on (see the module docstring)."""
     h = hashlib.blake2b(digest_size=16)
     h.update(f"headscope-store {FORMAT_VERSION} math {MATH_VERSION} raw {bool(raw)}\0".encode())
-    h.update(str(Path(ckpt.path).resolve()).encode() + b"\0")
+    h.update(os.fsencode(Path(ckpt.path).resolve()) + b"\0")  # a path's bytes: need not be UTF-8
     for file in sorted(set(ckpt.files.values())):
-        h.update(_file_part(Path(file), with_header=True))
+        h.update(_file_part(Path(file), _header_bytes(Path(file))))
+    if ckpt.gguf is not None:  # one file, holding the config and the vocabulary in its header
+        gguf_file = Path(ckpt.path)
+        h.update(_file_part(gguf_file, _gguf_header_bytes(gguf_file, ckpt.gguf.header.data_start)))
     for name in CONFIG_FILES:
         extra = Path(ckpt.directory) / name
         if extra.exists():  # a FIFO or device is refused by read_bytes, not skipped
-            h.update(_file_part(extra, with_header=False))
+            h.update(_file_part(extra, read_bytes(extra, MAX_CONFIG_BYTES, CorruptFileError, extra.name)))
     # The sink scores read the tokenizer (the natural sentences, which tokens are delimiters):
     # its files count by size and mtime (a tokenizer.json can be 30 MB; not read on each open).
     for name in TOKENIZER_READS:

@@ -16,6 +16,9 @@ Then the tokenizer from the metadata, and hostile files: one typed one-line erro
 from __future__ import annotations
 
 import struct
+import subprocess
+import sys
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -523,3 +526,73 @@ def test_missing_gguf_package_is_a_typed_error(llama_pair, tmp_path: Path, monke
 
 
 # --- metadata llama.cpp reads its own way (issue #29) -----------------------------------------
+
+
+# --- round 4: a file truncated while its header is read; arrays too large for lists ----------------
+
+_TRUNCATE_WHILE_READING = """
+import sys
+from headscope.engine.core.errors import CorruptFileError
+from headscope.engine.formats import gguf
+
+path = sys.argv[1]
+sizes = gguf.quant_sizes()
+gguf.READ_CHUNK = 64  # the window holds the metadata, not the tensor infos after it
+
+
+def truncate_then_sizes():  # called between the metadata and the tensor infos
+    with open(path, "r+b") as f:
+        f.truncate(100)
+    return sizes
+
+
+gguf.quant_sizes = truncate_then_sizes
+try:
+    gguf.read_gguf_header(path)
+except CorruptFileError as e:
+    print(e)
+"""
+
+
+def test_gguf_truncated_while_its_header_is_read_is_one_line_not_sigbus(tmp_path: Path) -> None:
+    # An 8 KB string pushes the tensor infos two pages in: a memory-mapped header touched
+    # after the truncation is SIGBUS (exit 135 in a shell).
+    blob = gguf_bytes(kv=[("general.architecture", 8, string_value("llama")),
+                          ("general.description", 8, string_value("x" * 8192))],
+                      tensors=[("t", [8], 0, 0)], data=b"\0" * 32)
+    path = tmp_path / "cut.gguf"
+    path.write_bytes(blob)
+    done = subprocess.run([sys.executable, "-c", _TRUNCATE_WHILE_READING, str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    line = done.stdout.strip()
+    assert "\n" not in line and line.startswith(f"{path}: truncated GGUF file"), line
+
+
+def test_large_gguf_metadata_arrays_stay_numpy_and_huge_string_arrays_are_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from headscope.engine.formats import gguf as gguf_format
+
+    n = 3_000_000  # > LIST_ITEMS: as a list ~110 MB of Python ints, as an array the file's 12 MB
+    values = np.arange(n, dtype=np.uint32)
+    path = tmp_path / "big.gguf"
+    path.write_bytes(gguf_bytes(kv=[("general.architecture", 8, string_value("llama")),
+                                    ("x.ids", 9, struct.pack("<IQ", 4, n) + values.tobytes()),
+                                    ("x.small", 9, struct.pack("<IQ", 6, 2) + struct.pack("<2f", 0.5, 2.0))]))
+    tracemalloc.start()
+    try:
+        header = gguf_format.read_gguf_header(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert isinstance(header.get("x.ids"), np.ndarray) and np.array_equal(header.get("x.ids"), values)
+    assert header.get("x.small") == [0.5, 2.0]  # small arrays stay lists (the model reader's)
+    assert peak < 3 * values.nbytes  # the bytes read and the array over them, not a list
+    # A string array is a list of str (~60 bytes each): beyond MAX_STRINGS the file is refused.
+    monkeypatch.setattr(gguf_format, "MAX_STRINGS", 4)
+    path.write_bytes(gguf_bytes(kv=[("tokenizer.ggml.tokens", 9,
+                                     struct.pack("<IQ", 8, 5) + b"".join(string_value(t) for t in "abcde"))]))
+    with pytest.raises(CorruptFileError) as e:
+        gguf_format.read_gguf_header(path)
+    assert str(e.value) == (f"{path}: bad GGUF header: array 'tokenizer.ggml.tokens' has 5 strings; headscope "
+                            "reads at most 4 (the largest vocabularies have a few hundred thousand)")

@@ -381,3 +381,26 @@ def test_non_finite_activations_are_refused(tmp_path: Path) -> None:
     model = load_model(tmp_path, raw=True)
     with pytest.raises(NonFiniteError, match="clean run from layer 1"):
         patching.patch_heads(model.weights, [[1, 2, 3, 1, 2]], [[1, 2, 4, 1, 2]], patching.LogitDiff(3, 4))
+
+
+def test_pattern_sources_are_kept_within_their_budget_with_the_same_results(attn_only: Any,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--site pattern`` kept every layer's full source pattern for the whole run: bounded by
+    ``_SOURCE_BYTES`` (at least the layer being run), the results are unchanged."""
+    model, _, clean, corrupt, metric = attn_only
+    made: list[Any] = []
+    real = patching._activation_source
+
+    def recording(*args: Any) -> Any:
+        made.append(real(*args))
+        return made[-1]
+
+    monkeypatch.setattr(patching, "_activation_source", recording)
+    unbounded = patching.patch_heads(model.weights, clean, corrupt, metric, site="pattern", by_position=True)
+    cfg = model.weights.cfg
+    layer_bytes = 4 * cfg.n_heads * len(clean) ** 2  # one layer's float32 [1, h, p, p]
+    assert made[-1].peak == cfg.n_layers * layer_bytes  # within the default budget: every layer kept
+    monkeypatch.setattr(patching, "_SOURCE_BYTES", layer_bytes)  # one layer
+    bounded = patching.patch_heads(model.weights, clean, corrupt, metric, site="pattern", by_position=True)
+    assert made[-1].peak == layer_bytes
+    assert [(r.patched, r.positions) for r in bounded.rows] == [(r.patched, r.positions) for r in unbounded.rows]

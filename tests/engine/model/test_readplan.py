@@ -15,6 +15,7 @@ from unittest import mock
 import numpy as np
 import pytest
 
+from headscope.engine.core.errors import InvalidRequestError
 from headscope.engine.formats.widening import StagingBuffers
 from headscope.engine.model import readplan
 from headscope.engine.model.loading import load_model
@@ -166,9 +167,17 @@ def test_the_page_cache_budget_can_be_set_in_the_environment(monkeypatch) -> Non
     monkeypatch.setenv(readplan.PAGE_CACHE_ENV, "0.5")
     assert readplan.page_cache_bytes() == 1 << 19
     assert readplan.plan_reads(1 << 20, 1 << 18).keep_hot
-    for bad in ("", "-1", "lots"):  # not a positive number: physical memory decides
-        monkeypatch.setenv(readplan.PAGE_CACHE_ENV, bad)
-        assert readplan.page_cache_bytes() > 1 << 20
+    monkeypatch.setenv(readplan.PAGE_CACHE_ENV, " ")  # set but empty: physical memory decides
+    assert readplan.page_cache_bytes() > 1 << 20
+
+
+@pytest.mark.parametrize("bad", ["inf", "1e309", "nan", "-1", "0", "lots"])
+def test_a_page_cache_budget_that_is_not_a_positive_number_is_one_line_naming_it(monkeypatch, bad) -> None:
+    monkeypatch.setenv(readplan.PAGE_CACHE_ENV, bad)
+    with pytest.raises(InvalidRequestError) as err:
+        readplan.page_cache_bytes()
+    assert str(err.value) == (f"HEADSCOPE_PAGE_CACHE_MB={bad!r} is not a page-cache size: "
+                              "set it to a positive number of MiB (e.g. 4096), or unset it")
 
 
 @pytest.fixture(scope="module")

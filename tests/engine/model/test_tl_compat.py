@@ -28,6 +28,7 @@ def test_round_trip_through_a_tl_state_dict(request, fixture, raw) -> None:
         assert tl_cfg["n_key_value_heads"] == model.cfg.kv_heads
     assert tl_cfg["normalization_type"] == model.cfg.normalization
     back = from_transformer_lens(tl_cfg, state)
+    # the same float32 weights through the same forward: only a re-layout (rtol 1e-5 of log-probs ~5)
     assert torch.allclose(log_probs(back), log_probs(model.weights), atol=1e-5)
 
 
@@ -37,6 +38,7 @@ def test_save_native_opens_in_headscope_with_the_same_outputs(gpt2_dir, tmp_path
     out = save_native(model.weights, tmp_path / "native")
     reopened = load_model(out, raw=True)  # already processed: nothing left to fold
     assert reopened.structure()["family"] == "native"
+    # the same float32 weights, saved and read back: only a re-layout (rtol 1e-5 of log-probs ~5)
     assert torch.allclose(log_probs(reopened.weights), log_probs(model.weights), atol=1e-5)
 
 

@@ -732,3 +732,45 @@ def test_a_stored_part_linked_to_dev_zero_is_ignored_in_bounded_memory(deep_gpt2
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=60, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-800:]
+
+
+# -- round 4: a GGUF file is part of its fingerprint; a checkpoint path need not be UTF-8 ------
+
+
+def test_a_replaced_gguf_file_is_never_served_the_old_numbers(tmp_path) -> None:
+    """The fingerprint of a GGUF checkpoint ignored the file: another model of the same shapes
+    in its place showed the first one's scores."""
+    import torch
+
+    from tests.gguf_fixtures import write_gguf
+
+    _, model = hf_fixtures.build_llama(tmp_path / "hf")
+    path = write_gguf(model, tmp_path / "model.gguf")
+    store = ResultStore(tmp_path / "cache")
+    key = fingerprint(load_model(path).checkpoint, raw=False)
+    first = report.head_table(load_model(path), store=store)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(-1.5)  # same shapes, same header size and bytes: only the data differs
+    other = write_gguf(model, tmp_path / "other.gguf")
+    os.replace(other, path)
+    assert fingerprint(load_model(path).checkpoint, raw=False) != key
+    again = report.head_table(load_model(path), store=store)
+    assert json.dumps(again) == json.dumps(report.head_table(load_model(path)))
+    assert json.dumps(again) != json.dumps(first)
+
+
+def test_a_checkpoint_folder_whose_name_is_not_utf8_uses_the_store(tmp_path) -> None:
+    """``mod\\xe8le/`` (Latin-1): the fingerprint encoded the path as UTF-8 and every command
+    using the store died with a UnicodeEncodeError."""
+    from tests.conftest import SAMPLE_MODELS
+
+    folder = os.fsencode(tmp_path) + b"/mod\xe8le"
+    shutil.copytree(SAMPLE_MODELS / "attn-only-2l", os.fsdecode(folder))
+    model_dir = Path(os.fsdecode(folder))
+    store = ResultStore(tmp_path / "cache")
+    first = report.head_table(load_model(model_dir), store=store)
+    assert json.dumps(report.head_table(load_model(model_dir), store=store)) == json.dumps(first)
+    [entry] = store.entries()
+    assert os.fsencode(entry.path) == os.fsencode(model_dir.resolve())  # the bytes, round-tripped
+    assert json.loads(json.dumps(entry.as_dict()))["path"] == entry.path  # `cache ls --json`

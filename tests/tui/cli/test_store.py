@@ -260,3 +260,22 @@ def test_terminal_tables_show_data_as_text(monkeypatch, capsys) -> None:
     cli.emit([], False, lambda: (["model", "[b]size[/b]"], [["[/INST]", "[red]x"]]))
     out = capsys.readouterr().out
     assert "[/INST]" in out and "[red]x" in out and "[b]size[/b]" in out
+
+
+def test_a_checkpoint_folder_whose_name_is_not_utf8_runs_every_store_command(tmp_path: Path) -> None:
+    """``mod\\xe8le/``: `heads`, `composition` and `cache ls` were UnicodeEncodeError tracebacks
+    (the store's fingerprint encoded the path as UTF-8); an error naming it is one line."""
+    import shutil
+
+    from tests.conftest import SAMPLE_MODELS
+
+    folder = os.fsdecode(os.fsencode(tmp_path) + b"/mod\xe8le")
+    shutil.copytree(SAMPLE_MODELS / "attn-only-2l", folder)
+    env = {**os.environ, "HEADSCOPE_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    cli = str(Path(sys.executable).parent / "headscope")
+    for argv in (["heads", folder], ["composition", folder, "--kind", "k"], ["cache", "ls"],
+                 ["cache", "ls", "--json"]):
+        done = subprocess.run([cli, *argv], env=env, capture_output=True, timeout=300)
+        assert done.returncode == 0 and b"Traceback" not in done.stderr, (argv, done.stderr[-1500:])
+    done = subprocess.run([cli, "circuit", folder, "9", "0", "--kind", "ov"], env=env, capture_output=True, timeout=300)
+    assert done.returncode == 1 and done.stderr.count(b"\n") == 1 and b"layer 9" in done.stderr, done.stderr
