@@ -41,3 +41,16 @@ def test_most_modules_have_a_test_file_named_after_them() -> None:
     named = len(found) - len(missing)
     assert named >= NAMED_SHARE * len(found), (
         f"{named} of {len(found)} modules have a test file named after them; without one: {missing}")
+
+
+# The project's own checks (layers, lint, packaging, lazy imports, this layout); every other
+# test lives in a mirrored folder, tests/e2e/, tests/bench/ or tests/sample_models/.
+PROJECT_CHECKS = {"test_engine_imports.py", "test_layers.py", "test_layout.py", "test_lint.py",
+                  "test_packaging.py"}
+
+
+def test_no_test_file_is_left_at_the_top_of_tests() -> None:
+    loose = sorted(p.name for p in (ROOT / "tests").glob("test_*.py"))
+    assert set(loose) <= PROJECT_CHECKS, (
+        f"move {sorted(set(loose) - PROJECT_CHECKS)} to tests/engine/<layer>/, tests/tui/<layer>/ "
+        "(test_<module>.py) or tests/e2e/ (a journey)")
