@@ -179,13 +179,13 @@ class FakeEngine:
 
     async def qk_attribution(self, req: QKAttributionRequest, progress: Any = None) -> Any:
         """Not faked: a QK attribution row is a forward pass to the head's layer
-        (tests/test_tui_why_real.py runs the "why" view on the real engine)."""
+        (tests/e2e/test_explorer_why.py runs the "why" view on the real engine)."""
         await self._enter("qk_attribution")
         raise CorruptFileError(self.path, "the fake engine does not compute QK attribution")
 
     async def edges(self, req: EdgesRequest, progress: Any = None) -> Any:
         """Not faked: edge attribution is a forward and backward pass (tests of the Circuit
-        tab run the real engine: tests/test_tui_circuit_real.py)."""
+        tab run the real engine: tests/e2e/test_explorer_circuit_tab.py)."""
         await self._enter("edges")
         raise CorruptFileError(self.path, "the fake engine does not compute edge attribution")
 

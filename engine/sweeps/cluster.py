@@ -133,7 +133,7 @@ def worker_tile_bytes(limit: int | None = None) -> int:
     """How many bytes of source factors a composition part stacks at once on this worker:
     a quarter of the worker's memory limit (``dask worker --memory-limit``; ``limit``
     overrides), never more than the in-process ``composition.TILE_BYTES``, never under 16 MiB. The
-    blocking changes, the numbers do not (tests/test_cluster.py)."""
+    blocking changes, the numbers do not (tests/engine/sweeps/test_cluster.py)."""
     from headscope.engine.circuits.composition import TILE_BYTES
 
     if limit is None:

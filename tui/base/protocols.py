@@ -6,7 +6,7 @@ and ``get(request)``. A pane builds its request with ``SomeRequest.of(engine.str
 awaits ``engine.get(request, progress)``; adding a request type adds nothing here.
 
 ``headscope.engine.service.engine.Engine`` satisfies this protocol, and so does the test fake
-(``tests/fake_engine.FakeEngine``); ``tests/test_tui_engine_api.py`` checks both against it
+(``tests/fake_engine.FakeEngine``); ``tests/tui/base/test_protocols.py`` checks both against it
 (method names, async or not, parameter names and kinds), so the fake cannot drift from the
 engine's signatures. Every request is a coroutine: the engine computes on its own threads
 and the UI awaits it in a worker (docs/internals.md).

@@ -22,7 +22,7 @@ no colour without one, where negative edges are dashed. Strong edges (``HEAVY`` 
 all its outgoing edges; the row into a node all its incoming ones) the stronger edge's colour
 wins: edges are drawn weakest first. Everything is a ``Text`` built cell by cell: no markup.
 
-Pure numpy and Rich, no Textual: tested on its own (tests/test_plots_edge_circuit.py).
+Pure numpy and Rich, no Textual: tested on its own (tests/tui/plots/test_edge_circuit.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The explorer's first frame: what is opened, and the keys, drawn before the explorer exists.
 
 ``headscope PATH`` paints this screen with nothing but Textual imported (no numpy, plotext or
-engine; tests/test_tui_first_frame.py checks it): the status bar names the model and says it is
+engine; tests/tui/screens/test_opening.py checks it): the status bar names the model and says it is
 opening, the footer shows the explorer's keys (greyed out until the explorer is up: ``q``,
 ``?`` and ``t`` already work). The app then imports the explorer off the UI thread, reads the
 checkpoint's header and pushes the explorer over this screen (tui/app.py,

@@ -7,7 +7,7 @@ go wrong into what the explorer does with it: a cancelled request gives ``None``
 moved on, nothing to say), a ``HeadscopeError`` is reported (one line, a notification) and
 gives ``None``. No Textual here: the explorer's workers await these and post the results as
 messages tagged with the weights generation (tui/base/messages.py); the tests drive them
-with the fake engine directly (tests/test_session_sweeps.py).
+with the fake engine directly (tests/tui/session/test_sweeps.py).
 
 Each builds its request (``engine.core.requests``) and awaits ``engine.get``.
 """

@@ -44,7 +44,7 @@ FAMILIES: tuple[ModuleType, ...] = (gpt2, neox, llama, bert, gemma, qwen3, gpt_n
 
 # The families as README.md's "Supported checkpoints" table names them, in its order, with
 # the architectures each reads (several share an adapter module: Gemma 1/2/3 are one). The
-# CLI's --help lists these labels; tests/test_cli.py checks that the README's table has
+# CLI's --help lists these labels; tests/e2e/test_cli.py checks that the README's table has
 # exactly these rows and that every architecture of every adapter is in one of them.
 NATIVE_FAMILY = "headscope native"
 FAMILY_TABLE: tuple[tuple[str, tuple[str, ...]], ...] = (

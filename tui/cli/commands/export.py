@@ -84,7 +84,7 @@ def check_export_options(args: argparse.Namespace) -> None:
     before the model is opened (``--what composition`` without ``--kind`` used to exit 1 with
     ``composition kind must be q, k or v, not None``). A ``--kind`` of the wrong family
     (``--what composition --kind qk``) is the engine's validation error, the same one the API
-    and the explorer give (tests/test_requests.py)."""
+    and the explorer give (tests/e2e/test_request_paths_agree.py)."""
     for flag in EXPORT_NEEDS.get(args.what, ()):
         if getattr(args, flag.lstrip("-")) is None:
             kinds = EXPORT_KINDS[args.what]

@@ -1,0 +1,110 @@
+"""The tokenizer of a GGUF file's metadata (engine/formats/gguf_tokenizer.py): BPE and SentencePiece against the HF tokenizers, built on the first prompt, or token ids."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from headscope.engine.api.model import open_model
+from tests.engine.formats import test_gguf
+from tests.gguf_fixtures import (
+    write_gguf,
+)
+
+llama_pair = test_gguf.llama_pair  # test_gguf's pytest fixture
+
+
+def test_bpe_tokenizer_from_metadata(llama_pair, tmp_path: Path) -> None:
+    _, model = llama_pair
+    tokens = ["<unk>", "a", "b", "c", "Ġ", "ab", "Ġab", "Ġc"] + [f"t{i}" for i in range(8, 96)]
+    merges = ["a b", "Ġ ab", "Ġ c"]
+    m = open_model(write_gguf(model, tmp_path / "tok.gguf", tokens=tokens, merges=merges), raw=True)
+    assert m.tokenizer.encode("ab ab c") == [5, 6, 7]
+    assert [m.tokenizer.decode_token(i) for i in (5, 6)] == ["ab", " ab"]
+    assert m.run("ab ab").logits.shape == (1, 2, 96)
+
+
+@pytest.mark.parametrize(("pre", "ids"), [("llama-bpe", [8, 9]), (None, [6, 7, 5])])
+def test_bpe_split_regex_follows_tokenizer_pre(pre: str | None, ids: list[int], llama_pair, tmp_path: Path) -> None:
+    """Llama 3's split regex groups digits by three: "12345" is split "123" + "45" before the
+    merges (GPT-2's regex keeps it whole, and the merge "3 4" then wins)."""
+    tokens = ["<unk>", "1", "2", "3", "4", "5", "12", "34", "123", "45"] + [f"t{i}" for i in range(10, 96)]
+    merges = ["1 2", "3 4", "12 3", "4 5"]
+    path = write_gguf(llama_pair[1], tmp_path / "d.gguf", tokens=tokens, merges=merges, tokenizer_pre=pre)
+    assert open_model(path, raw=True).tokenizer.encode("12345") == ids
+
+
+def test_sentencepiece_tokenizer_from_metadata(llama_pair, tmp_path: Path) -> None:
+    _, model = llama_pair
+    tokens = ["<unk>", "<s>", "</s>", "▁", "a", "b", "▁a", "ab", "▁ab", "<0x0A>"] + [f"t{i}" for i in range(10, 96)]
+    scores = [0.0, 0.0, 0.0, -1.0, -2.0, -2.0, -1.5, -1.0, -0.5, -3.0] + [-10.0] * 86
+    path = write_gguf(model, tmp_path / "spm.gguf", tokens=tokens, scores=scores, tokenizer_model="llama")
+    m = open_model(path, raw=True)
+    assert m.tokenizer.encode("ab ab") == [8, 8]
+    assert m.tokenizer.encode("ab\n") == [8, 9]  # byte fallback for a character not in the vocabulary
+    assert m.tokenizer.decode_token(8) == " ab"
+    assert m.tokenizer.decode_token(9) == "<0x0A>"  # byte tokens shown as such
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_metadata_tokenizer_is_built_on_the_first_prompt(kind: str, llama_pair, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Opening a GGUF file does not build the tokenizer (0.5-1 s for a 32k SentencePiece
+    table, bench/README.md "GGUF"): token strings, ids and the vocabulary size come from the
+    table and equal what the built tokenizer gives, for every id (a repeated piece included);
+    the first prompt builds it, once."""
+    from headscope.engine.formats import gguf_tokenizer
+    from headscope.engine.formats.tokenizer import HFTokenizer
+
+    tokens = ["<unk>", "<s>", "▁", "a", "b", "▁a", "ab", "▁ab", "<0x0A>", "Ġab", "##x", "ab"]
+    tokens += [f"t{i}" for i in range(len(tokens), 96)]
+    scores = [-float(i) for i in range(len(tokens))]
+    extra = {"scores": scores} if kind == "llama" else {"merges": ["a b", "▁ ab"]}
+    path = write_gguf(llama_pair[1], tmp_path / "lazy.gguf", tokens=tokens, tokenizer_model=kind, **extra)
+    build = gguf_tokenizer._spm if kind == "llama" else gguf_tokenizer._bpe
+    calls: list[int] = []
+
+    def counted(*args: object) -> object:
+        calls.append(1)
+        return build(*args)
+
+    monkeypatch.setattr(gguf_tokenizer, "_spm" if kind == "llama" else "_bpe", counted)
+    m = open_model(path, raw=True)
+    assert calls == []
+    eager = HFTokenizer(build(tokens, scores) if kind == "llama" else build(tokens, ["a b", "▁ ab"]))
+    assert [m.tokenizer.decode_token(i) for i in range(98)] == \
+        [eager.decode_token(i) for i in range(98)]
+    assert [m.tokenizer.token_to_id(t) for t in [*tokens, "zz"]] == \
+        [eager.token_to_id(t) for t in [*tokens, "zz"]]
+    assert m.tokenizer.vocab_size == eager.vocab_size
+    assert calls == []
+    assert m.tokenizer.encode("ab ab") == eager.encode("ab ab")
+    assert m.tokenizer.encode("a b") == eager.encode("a b")
+    assert calls == [1]
+
+
+def test_no_tokenizer_means_token_ids(llama_pair, tmp_path: Path) -> None:
+    _, model = llama_pair
+    m = open_model(write_gguf(model, tmp_path / "none.gguf"), raw=True)
+    assert m.tokenizer.encode("3, 14 15") == [3, 14, 15]
+
+
+def test_unknown_tokenizer_model_shows_tokens_takes_ids(llama_pair, tmp_path: Path) -> None:
+    _, model = llama_pair
+    tokens = ["<unk>", "▁hello"] + [f"t{i}" for i in range(2, 96)]
+    path = write_gguf(model, tmp_path / "odd.gguf", tokens=tokens, tokenizer_model="rwkv")
+    m = open_model(path, raw=True)
+    assert m.tokenizer.decode_token(1) == " hello"
+    assert m.tokenizer.encode("1 2") == [1, 2]
+
+
+def test_undecodable_token_strings_do_not_block_the_model(llama_pair, tmp_path: Path) -> None:
+    """Some vocabularies hold partial UTF-8 sequences as tokens: shown with U+FFFD, model opens."""
+    tokens = ["<unk>", "ok"] + [f"t{i}" for i in range(2, 96)]
+    path = write_gguf(llama_pair[1], tmp_path / "m.gguf", tokens=tokens, tokenizer_model="rwkv")
+    blob = path.read_bytes()
+    at = blob.index(b"\x02\x00\x00\x00\x00\x00\x00\x00ok")
+    path.write_bytes(blob[: at + 8] + b"\xe2\x82" + blob[at + 10 :])  # same length, invalid UTF-8
+    m = open_model(path, raw=True)
+    assert m.tokenizer.decode_token(1) == "\ufffd"

@@ -1,0 +1,32 @@
+"""`headscope path-patch` and `patch` with sets, attribution and positions: the JSON."""
+
+from __future__ import annotations
+
+import pytest
+
+from headscope.engine.api.model import open_model
+from tests.tui.cli.test_patching import MODEL, PROMPTS
+from tests.tui.cli.test_store import run_json
+
+
+def test_sets_attribution_positions_and_paths_in_json(capsys) -> None:
+    sets = run_json(capsys, "patch", MODEL, *PROMPTS, "--heads", "L1.H0,L1.H1,L1.H2", "--heads", "1.1,1.2")
+    assert [row["heads"] for row in sets["heads"]] == [[[1, 0], [1, 1], [1, 2]], [[1, 1], [1, 2]]]
+    assert sets["heads"][0]["recovered"] > 0.85 > sets["heads"][1]["recovered"] > 0.45
+
+    attribution = run_json(capsys, "patch", MODEL, *PROMPTS, "--method", "attribution", "--verify", "2")
+    assert attribution["method"] == "attribution"
+    verified = [row for row in attribution["heads"] if row["exact"] is not None]
+    assert len(verified) == 2
+    for row in attribution["heads"]:
+        assert row["patched"] == pytest.approx(attribution["corrupt"] + row["estimate"])
+
+    positions = run_json(capsys, "patch", MODEL, *PROMPTS, "--site", "v", "--by-position")
+    assert all(len(row["positions"]) == 11 for row in positions["heads"])
+
+    path = run_json(capsys, "path-patch", MODEL, "L0.H1", "L1.H2", "--patch", "k")
+    assert (path["method"], path["site"], path["metric"]) == ("path", "k", "induction")
+    (row,) = path["heads"]
+    assert row["sender"] == [0, 1] and row["receiver"] == [1, 2]
+    found = open_model(MODEL).path_patch((0, 1), (1, 2), patch="k")
+    assert row["patched"] == found.rows[0].patched

@@ -1,0 +1,35 @@
+"""The status bar (tui/widgets/status.py): the model's name, processing and shape, raw or processed."""
+
+from __future__ import annotations
+
+from textual.widgets import Static
+
+from headscope.tui.widgets.status import StatusBar
+from tests.tui import test_app
+from tests.tui.test_app import make_app, plain, settle
+
+_quiet_env = test_app._quiet_env  # test_app's autouse fixture
+
+
+async def test_raw_toggle_switches_the_engine_and_status() -> None:
+    app, engine = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("r")
+        await settle(pilot, app)
+        assert engine.raw is True and app.raw is True
+        assert " raw " in app.query_one(StatusBar).render().plain
+        assert engine.calls["all_head_scores"] == 2  # scores recomputed for raw weights
+
+
+async def test_header_and_focus_line_separate_name_shape_head_and_scores() -> None:
+    app, engine = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        top, bottom = app.query_one(StatusBar).render().plain.splitlines()
+        assert "attn-only-2l │ processed │ 2L×4H" in top
+        assert bottom.startswith("L0.H0 │ ")
+        focus = plain(app.query_one("#focus-line", Static))
+        copying_score = engine._scores(0, 0).copying_score
+        # the null is in: short labels, each score with its z (the richest line that fits)
+        assert f"L0.H0 │ copy {copying_score:+.2f} z=" in focus and "· QK+" in focus
