@@ -2,7 +2,7 @@
 
 The same bad request gets the same error type and the same one-line message whichever way
 it comes in; the same good request gets the same numbers under the same names
-(engine/core/requests.py builds and validates, engine/sweeps/dispatch.py computes;
+(engine/core/requests/ builds and validates, engine/sweeps/dispatch.py computes;
 docs/internals.md).
 """
 

@@ -1,4 +1,4 @@
-"""Requests (engine/core/requests.py): every request type has one computation, its key changes with every field and names its head, a patch request's key is its results-store part."""
+"""Requests (engine/core/requests/): every request type has one computation, its key changes with every field and names its head, a patch request's key is its results-store part."""
 
 from __future__ import annotations
 
