@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from typing import TYPE_CHECKING, ClassVar, cast
 
 from textual import on
 from textual.app import ComposeResult
@@ -293,30 +293,8 @@ class ExplorerScreen(ExplorerScores):
         self.goto_head(head, immediate=True)
         self.action_show_tab("ov" if msg.input == "v" or msg.target is None else "qk")
         if msg.source is not None and msg.target is not None and msg.input is not None:
-            self.run_worker(self._composition_of(msg), group="circuit-composition", exclusive=True,
-                            exit_on_error=False)
-
-    async def _composition_of(self, msg: CircuitEdgeChosen) -> None:
-        from headscope.engine.core.requests import CompositionRequest
-
-        assert msg.source is not None and msg.target is not None and msg.input is not None
-        engine: Any = self.engine
-        try:
-            comp = await engine.get(CompositionRequest.of(self.structure, msg.input), lambda _: None)
-        except HeadscopeError as err:
-            self.report(str(err))
-            return
-        (l1, h1), (l2, h2) = msg.source, msg.target
-        score = float(comp.scores[l1, h1, l2, h2])
-        pane = self.query_one(CircuitTab)
-        weights = f"{msg.input.upper()}-composition {score:.3f} (baseline {comp.baseline:.3f})"
-        lines = pane.status.split("\n")
-        if len(lines) > 1 and lines[1].startswith(f"{msg.edge}:"):  # beside its estimate and exact
-            lines[1] = f"{lines[1].split(' · enter')[0]} · {weights}"
-        else:
-            lines = [lines[0], f"{msg.edge}: {weights}"]
-        pane._set_status("\n".join(lines))
-        self.notify(f"{msg.edge}: {weights}", timeout=6)
+            self.run_worker(self.query_one(CircuitTab).composition_of(self, msg), group="circuit-composition",
+                            exclusive=True, exit_on_error=False)
 
     # -- the Patch tab (tui/widgets/patch.py) ------------------------------------------------
     @on(PatchRequested)
@@ -354,7 +332,8 @@ class ExplorerScreen(ExplorerScores):
                         "first (p)", timeout=3)
             return
         pane.set_why_open(True)
-        self._load_why()
+        if self.headscope.engine is not None:
+            pane.start_why(self.engine)
 
     def action_explain_head(self) -> None:
         """Why at the pattern's strongest cell (``PromptPane.strongest_cell``)."""
@@ -368,21 +347,15 @@ class ExplorerScreen(ExplorerScores):
         pane.cursor = cell
         pane.draw_pattern()
         pane.set_why_open(True)
-        self._load_why()
+        if self.headscope.engine is not None:
+            pane.start_why(self.engine)
 
     def action_why_cursor(self, d_query: int, d_key: int) -> None:
         pane = self.query_one(PromptPane)
         if self.active_tab != "prompt" or pane.move_cursor(d_query, d_key) is None:
             return
-        if pane.why_open:
-            self._load_why()
-
-    def _load_why(self) -> None:
-        if self.headscope.engine is None:
-            return
-        pane = self.query_one(PromptPane)
-        self.run_worker(pane.load_why(self.engine), group="why", exclusive=True,
-                        exit_on_error=False)
+        if pane.why_open and self.headscope.engine is not None:
+            pane.start_why(self.engine)
 
     @on(WhyHeadSelected)
     def _why_head_selected(self, msg: WhyHeadSelected) -> None:

@@ -13,10 +13,16 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from textual.binding import Binding, BindingType
 
 from headscope.engine.core.errors import HeadscopeError, PromptError
-from headscope.engine.core.requests import EdgesRequest, FaithfulnessRequest, TokenizeRequest
+from headscope.engine.core.requests import (
+    CompositionRequest,
+    EdgesRequest,
+    FaithfulnessRequest,
+    TokenizeRequest,
+)
 from headscope.tui.widgets.edge_circuit import CircuitPane
 
 if TYPE_CHECKING:
+    from headscope.tui.base.messages import CircuitEdgeChosen
     from headscope.tui.base.protocols import LoadKey, PaneHost
 
 VERIFY = 5  # the top edges patched exactly beside their estimates
@@ -118,3 +124,23 @@ class CircuitTab(CircuitPane):
         if found.curve is not None:
             self.set_curve(found.curve, redraw=False)
         self.add_faithfulness(found.points)
+
+    async def composition_of(self, host: PaneHost, msg: CircuitEdgeChosen) -> None:
+        """The chosen edge's weight-based composition score beside its estimate and exact
+        value (the hypothesis of the weights beside the causal evidence), and in a toast."""
+        assert msg.source is not None and msg.target is not None and msg.input is not None
+        try:
+            comp = await host.engine.get(CompositionRequest.of(host.structure, msg.input), lambda _: None)
+        except HeadscopeError as err:
+            host.report(str(err))
+            return
+        (l1, h1), (l2, h2) = msg.source, msg.target
+        score = float(comp.scores[l1, h1, l2, h2])
+        weights = f"{msg.input.upper()}-composition {score:.3f} (baseline {comp.baseline:.3f})"
+        lines = self.status.split("\n")
+        if len(lines) > 1 and lines[1].startswith(f"{msg.edge}:"):  # beside its estimate and exact
+            lines[1] = f"{lines[1].split(' · enter')[0]} · {weights}"
+        else:
+            lines = [lines[0], f"{msg.edge}: {weights}"]
+        self._set_status("\n".join(lines))
+        self.app.notify(f"{msg.edge}: {weights}", timeout=6)

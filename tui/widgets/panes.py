@@ -234,6 +234,10 @@ class PromptPane(Vertical):
         if shown:
             self.call_after_refresh(why.query_one("#why-terms").focus)
 
+    def start_why(self, engine: ExplorerEngine) -> None:
+        """``load_why`` in this pane's worker (a newer cell replaces an older one's)."""
+        self.run_worker(self.load_why(engine), group="why", exclusive=True, exit_on_error=False)
+
     async def load_why(self, engine: ExplorerEngine) -> None:
         """The QK attribution of the cursor's query row for the head shown (one request: the
         Engine caches it, so coming back to a row is instant), at the cursor's key."""
