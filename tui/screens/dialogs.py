@@ -30,11 +30,12 @@ def _display(keys: str) -> str:
 # The help screen's sections, in order: the binding ids of each (the rest are "global").
 HELP_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Tabs", ("tab-qk", "tab-ov", "tab-spectrum", "tab-prompt", "tab-composition",
-              "tab-summary", "tab-changes", "tab-timeline", "tab-patch")),
+              "tab-summary", "tab-changes", "tab-timeline", "tab-patch", "tab-circuit")),
     ("Heads (the tree)", ("prev-head", "next-head", "cycle-filter")),
     ("QK / OV tabs", ("choose-tokens", "toggle-directions", "prev-direction", "next-direction",
                       "prev-source", "next-source", "offset-down", "offset-up", "compare-view")),
-    ("Prompt tab", ("edit-prompt",)),
+    ("Prompt tab", ("edit-prompt", "why", "explain-head", "why-cursor-up", "why-cursor-down",
+                    "why-cursor-left", "why-cursor-right")),
     ("Composition and Summary tabs", ("composition", "threshold-down", "threshold-up",
                                       "cycle-sort", "ablation-sweep")),
     ("Patch tab", ("stop-patch",)),
