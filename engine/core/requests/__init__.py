@@ -95,4 +95,4 @@ def request_types() -> tuple[type[Request], ...]:
     """Every request type (each must have exactly one computation)."""
     return tuple(cls for module in _MODULES for cls in vars(module).values()
                  if isinstance(cls, type) and issubclass(cls, Request) and cls is not Request
-                 and cls.__module__ == module.__name__)
+                 and cls.__module__ == module.__name__ and not cls.__name__.startswith("_"))

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -99,15 +100,11 @@ def _edge_inputs(structure: Structure, where: str | None, *, clean: Sequence[Seq
 
 
 @dataclass(frozen=True)
-class EdgesRequest(Request):
-    """EAP or EAP-IG scores of every edge (``headscope edges``, ``Model.edges``, the Circuit
-    tab), with the top ``verify`` edges by |score| also patched exactly. Inputs and metric as
-    ``PatchRequest``'s (a built-in ``task``, or ``logit_diff`` prompts with ``answer`` and
-    ``wrong``); ``steps`` is 0 for ``eap``. Stored under its key (a hash of every field)."""
+class _EdgeInputs(Request):
+    """What an edge attribution is computed from, shared by ``EdgesRequest`` and
+    ``FaithfulnessRequest`` (in this order: their store keys hash the fields in order).
+    Inputs and metric as ``PatchRequest``'s; ``steps`` is 0 for ``eap``."""
 
-    name: ClassVar[str] = "edges"
-    stored: ClassVar[bool] = True
-    origin_text: ClassVar[str | None] = "edge attribution"
     task: str
     clean: tuple[tuple[int, ...], ...] = ()
     corrupt: tuple[tuple[int, ...], ...] = ()
@@ -118,6 +115,18 @@ class EdgesRequest(Request):
     batch: int = PATCH_BATCH
     method: str = "eap-ig"
     steps: int = EDGE_STEPS
+
+
+@dataclass(frozen=True)
+class EdgesRequest(_EdgeInputs):
+    """EAP or EAP-IG scores of every edge (``headscope edges``, ``Model.edges``, the Circuit
+    tab), with the top ``verify`` edges by |score| also patched exactly. Inputs and metric as
+    ``PatchRequest``'s (a built-in ``task``, or ``logit_diff`` prompts with ``answer`` and
+    ``wrong``); ``steps`` is 0 for ``eap``. Stored under its key (a hash of every field)."""
+
+    name: ClassVar[str] = "edges"
+    stored: ClassVar[bool] = True
+    origin_text: ClassVar[str | None] = "edge attribution"
     verify: int = 0
 
     def key(self) -> str:
@@ -143,7 +152,7 @@ class EdgesRequest(Request):
 
 
 @dataclass(frozen=True)
-class FaithfulnessRequest(Request):
+class FaithfulnessRequest(_EdgeInputs):
     """The faithfulness of the top-N circuits (``tops``) of one edge attribution (its
     ``scores_request``), and with ``curve`` the curve over ``CURVE_FRACTIONS`` of the edges
     (``headscope faithfulness``, ``Model.faithfulness``, the Circuit tab's N). Stored under its
@@ -152,16 +161,6 @@ class FaithfulnessRequest(Request):
     name: ClassVar[str] = "faithfulness"
     stored: ClassVar[bool] = True
     origin_text: ClassVar[str | None] = "faithfulness"
-    task: str
-    clean: tuple[tuple[int, ...], ...] = ()
-    corrupt: tuple[tuple[int, ...], ...] = ()
-    answer: int | None = None
-    wrong: int | None = None
-    seed: int = SEED
-    seq_len: int | None = None
-    batch: int = PATCH_BATCH
-    method: str = "eap-ig"
-    steps: int = EDGE_STEPS
     tops: tuple[int, ...] = ()
     curve: bool = False
 
@@ -173,9 +172,7 @@ class FaithfulnessRequest(Request):
 
     def scores_request(self) -> EdgesRequest:
         """The attribution whose top edges make the circuits."""
-        return EdgesRequest(task=self.task, clean=self.clean, corrupt=self.corrupt, answer=self.answer,
-                            wrong=self.wrong, seed=self.seed, seq_len=self.seq_len, batch=self.batch,
-                            method=self.method, steps=self.steps)
+        return EdgesRequest(**{f.name: getattr(self, f.name) for f in dataclasses.fields(_EdgeInputs)})
 
     @classmethod
     def of(cls, structure: Structure, *, tops: Sequence[int] = (), curve: bool = False,

@@ -7,6 +7,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
+from headscope.engine.core.validation import COMPOSITION_KINDS
 from headscope.tui.cli import args as args_types
 from headscope.tui.cli.cluster import add_cluster_args, cluster_from_args
 from headscope.tui.cli.options import (
@@ -28,7 +29,7 @@ def register(sub: Any) -> None:
     model_arg(p)
     json_arg(p)
     raw_arg(p)
-    p.add_argument("--kind", choices=("q", "k", "v"), required=True)
+    p.add_argument("--kind", choices=COMPOSITION_KINDS, required=True)
     p.add_argument("--top", type=args_types.count, default=10, help="how many top edges to list (default 10)")
     p.add_argument("--seed", type=args_types.seed, default=0, help="seed of the random baseline (default 0)")
     store_arg(p)
