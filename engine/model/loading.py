@@ -45,6 +45,7 @@ from headscope.engine.core.files import (
     read_json_object,
     read_text,
 )
+from headscope.engine.core.validation import DEFAULT_BLOCK
 from headscope.engine.formats.gguf import is_gguf, read_gguf_header
 from headscope.engine.formats.safetensors import SafetensorsHeader, TensorInfo, read_header
 from headscope.engine.formats.tokenizer import (
@@ -83,7 +84,7 @@ _PICKLE_ADVICE = (
 STRUCTURE_KEYS = (
     "path", "format", "family", "architecture", "n_layers", "n_heads", "n_kv_heads", "d_model",
     "d_head", "d_vocab", "n_ctx", "d_mlp", "positional", "normalization", "n_params", "dtype",
-    "tied_unembed", "has_mlm_head", "causal", "processed", "approximations",
+    "tied_unembed", "has_mlm_head", "causal", "processed", "approximations", "default_tokens",
 )  # fmt: skip
 
 
@@ -99,6 +100,9 @@ class Checkpoint:
     files: dict[str, str]  # checkpoint tensor name -> file holding it
     headers: dict[str, SafetensorsHeader] = field(repr=False)
     gguf: GGUFSource | None = field(default=None, repr=False)  # GGUF files: where tensors come from
+    # The QK/OV token set when the user names none; () for the first ids (GGUF: whole words,
+    # as the first ids there are <unk> and byte tokens; formats.gguf_tokenizer.readable_ids)
+    default_tokens: tuple[int, ...] = ()
 
 
 def inspect_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
@@ -144,6 +148,7 @@ def structure_of(ckpt: Checkpoint, raw: bool) -> dict[str, Any]:
         n_kv_heads=cfg.kv_heads,
         processed=not raw,
         approximations=model_caveats(cfg),
+        default_tokens=list(ckpt.default_tokens) or None,
     )
     return {k: out[k] for k in STRUCTURE_KEYS}
 
@@ -280,6 +285,7 @@ def _open_file(p: Path) -> Checkpoint:
 
 def _open_gguf(p: Path) -> Checkpoint:
     """A llama.cpp GGUF file, through the HF adapter of its family (engine.model.gguf_config)."""
+    from headscope.engine.formats.gguf_tokenizer import readable_ids
     from headscope.engine.model import gguf_config as g
     from headscope.engine.model.gguf_weights import GGUFSource, check_types
 
@@ -297,7 +303,8 @@ def _open_gguf(p: Path) -> Checkpoint:
     cfg = cfg.replace(n_params=count_params(specs, tensors), dtype=g.main_dtype(header, used))
     validate_config(cfg, str(p))
     source = GGUFSource(header, used, arch, cfg)
-    return Checkpoint(p, p.parent, "gguf", cfg, specs, {}, {}, gguf=source)
+    words = tuple(i for i in readable_ids(header, DEFAULT_BLOCK) if i < cfg.d_vocab)
+    return Checkpoint(p, p.parent, "gguf", cfg, specs, {}, {}, gguf=source, default_tokens=words)
 
 
 def _open_directory(p: Path, shown: Path) -> Checkpoint:

@@ -41,10 +41,11 @@ def _where(structure: Structure, where: Any) -> str | None:
     return None if path is None else str(path)
 
 
-def _block(n: int, rows: Sequence[int] | None, cols: Sequence[int] | None
-           ) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Rows and cols as id tuples (``None``: the first ``DEFAULT_BLOCK`` ids)."""
-    default = tuple(range(min(n, DEFAULT_BLOCK)))
+def _block(n: int, rows: Sequence[int] | None, cols: Sequence[int] | None,
+           default: Sequence[int] | None = None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Rows and cols as id tuples (``None``: ``default`` if given, e.g. the model's
+    ``structure["default_tokens"]``, else the first ``DEFAULT_BLOCK`` ids)."""
+    default = tuple(int(i) for i in default) if default else tuple(range(min(n, DEFAULT_BLOCK)))
     return (default if rows is None else tuple(int(i) for i in rows),
             default if cols is None else tuple(int(i) for i in cols))
 

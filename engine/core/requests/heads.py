@@ -54,7 +54,7 @@ class CircuitRequest(Request):
                 where, f"{positional} positions have no positional QK matrix; use the token basis "
                 "with an offset (rotary) or rotary_profile")
         n = int(structure["n_ctx"] if basis == "position" else structure["d_vocab"])
-        row_ids, col_ids = _block(n, rows, cols)
+        row_ids, col_ids = _block(n, rows, cols, structure.get("default_tokens") if basis == "token" else None)
         check_ids((*row_ids, *col_ids), n, basis, where)
         check_result_bytes(4 * len(row_ids) * len(col_ids), f"a {len(row_ids)}×{len(col_ids)} block",
                            where, limit)
@@ -214,7 +214,7 @@ class PathRequest(Request):
             raise InvalidRequestError(
                 where, f"a path runs from an earlier layer to a later one, not L{source[0]} to L{target[0]}")
         n = int(structure["d_vocab"])
-        row_ids, col_ids = _block(n, rows, cols)
+        row_ids, col_ids = _block(n, rows, cols, structure.get("default_tokens"))
         check_ids((*row_ids, *col_ids), n, "token", where)
         check_result_bytes(4 * len(row_ids) * len(col_ids), f"a {len(row_ids)}×{len(col_ids)} block",
                            where, limit)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -108,3 +109,48 @@ def test_undecodable_token_strings_do_not_block_the_model(llama_pair, tmp_path: 
     path.write_bytes(blob[: at + 8] + b"\xe2\x82" + blob[at + 10 :])  # same length, invalid UTF-8
     m = open_model(path, raw=True)
     assert m.tokenizer.decode_token(1) == "\ufffd"
+
+
+def _token_types(types: list[int]) -> Any:  # a write_gguf metadata callback
+    return lambda w: w.add_token_types(types)
+
+
+def test_default_token_set_is_whole_words_most_frequent_first(llama_pair, tmp_path: Path) -> None:
+    """A SentencePiece table starts with <unk>, <s>, </s> and byte tokens: the QK/OV rows
+    shown when the user names none (structure["default_tokens"], issue 39 §3) are the whole
+    words, highest score first; never control, byte or non-ASCII pieces, nor word pieces of
+    fewer than three letters; fewer than 24 words: the other normal tokens fill up, in id order."""
+    from headscope.engine.core.requests import CircuitRequest
+
+    special = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(16)]
+    pieces = ["▁t", "er", "▁the", "▁and", "▁User", "▁été", "in", "▁was", "▁of", "▁house"]
+    tokens = special + pieces + [f"x{i}" for i in range(len(special) + len(pieces), 96)]
+    types = [2, 3, 3] + [6] * 16 + [1] * (96 - 19)
+    types[tokens.index("▁User")] = 3  # a control token spelt like a word
+    scores = [0.0] * 19 + [-float(i) for i in range(77)]
+    scores[tokens.index("▁house")] = 5.0  # the most frequent piece, though its id is high
+    path = write_gguf(llama_pair[1], tmp_path / "words.gguf", tokens=tokens, scores=scores,
+                      tokenizer_model="llama", metadata=_token_types(types))
+    m = open_model(path, raw=True)
+    words = [tokens.index(t) for t in ("▁house", "▁the", "▁and", "▁was")]
+    fill = [i for i in range(19, 96) if i not in words and tokens[i] != "▁User"][:20]
+    assert m.structure()["default_tokens"] == words + fill
+    block = m.get(CircuitRequest.of(m.structure(), 0, 0, "ov"))
+    assert list(block.row_ids) == list(block.col_ids) == words + fill
+    assert list(block.row_labels[:4]) == [" house", " the", " and", " was"]
+    named = CircuitRequest.of(m.structure(), 0, 0, "qk", rows=[5], cols=[6])
+    assert (named.rows, named.cols) == ((5,), (6,))  # a named set is kept
+
+
+def test_default_token_set_of_a_byte_level_table_is_its_first_words(llama_pair, tmp_path: Path) -> None:
+    """A byte-level BPE table (no scores, no types) is in merge order: its first words, by id;
+    a table without words keeps the first ids (structure None, the requests' range)."""
+    from headscope.engine.core.requests import CircuitRequest
+
+    tokens = ["<|begin|>", "a", "Ġ", "Ġth", "Ġthe", "ĠÃ©t", "Ġand"] + [f"Ġw{chr(97 + i % 26)}{chr(97 + i // 26)}" for i in range(7, 96)]
+    m = open_model(write_gguf(llama_pair[1], tmp_path / "bpe.gguf", tokens=tokens, merges=[]), raw=True)
+    assert m.structure()["default_tokens"] == [4, 6, *range(7, 29)]
+    bare = open_model(write_gguf(llama_pair[1], tmp_path / "bare.gguf", tokens=[f"t{i}" for i in range(96)]),
+                      raw=True)
+    assert bare.structure()["default_tokens"] is None
+    assert CircuitRequest.of(bare.structure(), 0, 0, "qk").rows == tuple(range(24))

@@ -21,5 +21,7 @@ def run(args: argparse.Namespace) -> int:
     from headscope.engine.api.model import read_structure
 
     info = read_structure(args.path)
-    emit(info, args.json, lambda: (["field", "value"], [[k, v] for k, v in info.items()]))
+    # The table leaves out an unset default token set (the first ids: nothing to say).
+    rows = [[k, v] for k, v in info.items() if not (k == "default_tokens" and v is None)]
+    emit(info, args.json, lambda: (["field", "value"], rows))
     return EXIT_OK
