@@ -296,9 +296,11 @@ class CircuitPane(Vertical):
             estimate = scores.score(name)
             check = self.exact.get(name)
             mark = IN if mask[i] else PRUNED if rank < self.top else OUT
-            cell = _number(estimate) if estimate is None else Text(
-                f"{estimate:+.3g}", style=edge_style(estimate, vmax, colours), justify="right")
-            table.add_row(Text(mark), data_text(name), cell,
+            # The marker carries the edge's colour (sign and strength, as in the graph); the
+            # number stays in the text colour: a weak edge's colour is near the background
+            # (1.4:1 on the dark theme), unreadable as text.
+            marker = Text(mark) if estimate is None else Text(mark, style=edge_style(estimate, vmax, colours))
+            table.add_row(marker, data_text(name), _number(estimate),
                           _number(None if check is None else check.exact), key=str(i))
         if self.selected in rows:
             with contextlib.suppress(Exception):

@@ -24,6 +24,7 @@ from headscope.engine.core.edge_results import (
 )
 from headscope.tui.base.messages import CircuitEdgeChosen, CircuitTopChanged
 from headscope.tui.plots.colormap import xterm_rgb
+from headscope.tui.plots.edge_circuit import edge_style
 from headscope.tui.widgets.chart import Chart
 from headscope.tui.widgets.edge_circuit import DEFAULT_TOP, NOT_COMPUTED, CircuitPane, ladder
 from tests.conftest import sample_model
@@ -162,6 +163,17 @@ async def test_enter_on_an_edge_asks_for_its_heads() -> None:
         # the highlighted edge is the graph's selection, its nodes reversed
         text = screen_text(app)
         assert f"{K_EDGE}: estimate" in text
+        # the list: each edge's marker in its colour (sign and strength, as in the graph), its
+        # estimate in the text colour (a weak edge's colour is near the background, 1.4:1)
+        pane = app.query_one(CircuitPane)
+        table = app.query_one("#circuit-edges", DataTable)
+        assert pane.scores is not None
+        vmax = float(np.max(np.abs(pane.scores.scores)))
+        colours = app.query_one("#circuit-curve", Chart).colours()
+        for row, edge in enumerate(pane._rows[:12]):
+            marker, _, estimate, _ = table.get_row_at(row)
+            assert marker.style == edge_style(float(pane.scores.scores[edge]), vmax, colours)
+            assert not estimate.style and not estimate.spans
 
 
 async def test_256_colours_draw_palette_entries_only() -> None:
