@@ -94,9 +94,11 @@ class CircuitPane(Vertical):
                 show=False, tooltip="Circuit tab: one edge fewer in the circuit"),
     ]
 
+    # The status: two lines at 120 columns, four at 80 (each line wraps once; with three,
+    # the edge line lost its "enter: its heads' QK/OV").
     DEFAULT_CSS = """
     CircuitPane { height: 1fr; }
-    CircuitPane #circuit-status { height: auto; max-height: 3; }
+    CircuitPane #circuit-status { height: auto; max-height: 4; }
     CircuitPane #circuit-body { height: 1fr; }
     CircuitPane #circuit-main { width: 1fr; height: 1fr; }
     CircuitPane #circuit-scroll { height: 1fr; }

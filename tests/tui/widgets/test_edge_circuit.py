@@ -149,6 +149,18 @@ async def test_keys_change_n_and_post_it() -> None:
     assert ladder(52) == [1, 2, 5, 10, 20, 50, 52]
 
 
+async def test_the_status_is_whole_in_the_explorers_80_column_pane() -> None:
+    """At 80 columns the explorer leaves the pane 62: both status lines wrap, and the edge
+    line's end ("enter: its heads' QK/OV") stays on screen."""
+    app = PaneApp()
+    async with app.run_test(size=(62, 24)) as pilot:
+        pane = await shown(pilot, app)
+        assert pane.selected is not None
+        status = app.query_one("#circuit-status", Static)
+        assert status.size.height == 4
+        assert "heads' QK/OV" in screen_text(app)
+
+
 async def test_enter_on_an_edge_asks_for_its_heads() -> None:
     posted: list[Any] = []
     app = PaneApp()
