@@ -125,7 +125,9 @@ class CircuitPane(Vertical):
         yield Static(id="circuit-status")
         with Horizontal(id="circuit-body"):
             with Vertical(id="circuit-main"):
-                with ScrollableContainer(id="circuit-scroll"):
+                # Not a focus stop: tab goes straight from the head tree to the edge list, where
+                # the keys are (+/-, m, enter); the graph scrolls to the selected edge itself.
+                with ScrollableContainer(id="circuit-scroll", can_focus=False):
                     yield Static(id="circuit-graph")
                 yield Chart(id="circuit-curve", placeholder="faithfulness curve not computed")
             table: DataTable[Any] = DataTable(id="circuit-edges", cursor_type="row",

@@ -161,6 +161,16 @@ async def test_the_status_is_whole_in_the_explorers_80_column_pane() -> None:
         assert "heads' QK/OV" in screen_text(app)
 
 
+async def test_tab_reaches_the_edge_list_first() -> None:
+    """The graph is no focus stop: one tab from outside reaches the list, where N's keys are."""
+    app = PaneApp()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await shown(pilot, app)
+        app.set_focus(None)
+        await pilot.press("tab")
+        assert app.focused is app.query_one("#circuit-edges", DataTable)
+
+
 async def test_enter_on_an_edge_asks_for_its_heads() -> None:
     posted: list[Any] = []
     app = PaneApp()
