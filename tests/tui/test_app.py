@@ -25,7 +25,7 @@ from headscope.tui.base.settings import Settings
 from headscope.tui.screens.dialogs import HelpScreen, InputScreen
 from headscope.tui.widgets.chart import Chart
 from headscope.tui.widgets.head_tree import HeadTree
-from headscope.tui.widgets.panes import CompositionPane
+from headscope.tui.widgets.panes import CompositionPane, PromptPane
 from headscope.tui.widgets.status import StatusBar
 from tests.conftest import notified
 from tests.fake_engine import FakeEngine, broken_factory
@@ -489,6 +489,15 @@ async def test_prompt_tab_shows_pattern_dla_and_predictions_at_once() -> None:
         assert preds.region.y < app.query_one("#prompt-side").region.bottom
         view = (await engine.get(PromptRequest.of(engine.structure, app.explorer.choices.prompt_text, limit=engine.max_block_bytes))).view(0, 0)
         assert view.top_predictions[0][1] in plain(app.query_one("#prompt-preds", Static))
+        # shift+arrows move the pattern's cell cursor with the head tree focused, as it is at
+        # first (Textual's Tree took them: shift+↑ went to the previous head)
+        pane, tree = app.query_one(PromptPane), app.query_one(HeadTree)
+        tree.focus()
+        head, (q, k) = app.explorer.head, pane.cursor
+        await pilot.press("shift+up", "shift+left")
+        await pilot.pause()
+        assert app.explorer.head == head and app.focused is tree
+        assert pane.cursor == (q - 1, min(q - 1, k) - 1)
 
 
 def test_graph_title_wraps_instead_of_being_cut() -> None:

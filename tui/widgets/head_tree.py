@@ -77,6 +77,18 @@ class HeadTree(Tree[NodeData]):
                 tooltip="Expand the layer, or go to its first head"),
     ]
 
+    # Textual's Tree moves to a sibling or the parent on shift+arrows. Here those keys are the
+    # Prompt tab's cell cursor (the screen's why-cursor keys): the tree, focused by default,
+    # took them, and shift+↑ on the Prompt tab went to the previous head. Refused here, the
+    # key goes on to the screen.
+    SCREEN_KEYS: ClassVar[frozenset[str]] = frozenset({
+        "cursor_previous_sibling", "cursor_next_sibling", "cursor_parent", "cursor_parent_next_sibling"})
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in self.SCREEN_KEYS:
+            return False
+        return super().check_action(action, parameters)
+
     def __init__(self, structure: dict[str, Any] | None, *, id: str | None = None) -> None:
         super().__init__("model", data=NodeData("model"), id=id)
         self.show_root = False
