@@ -88,28 +88,23 @@ def readable_ids(header: GGUFHeader, n: int) -> tuple[int, ...]:
     has scores (SentencePiece), else lowest id (a BPE vocabulary is in merge order). Fewer
     than ``n`` words: the other normal tokens fill up, in id order. No such word at all (a
     character-level or made-up vocabulary): ``()``, and the caller keeps the first ids."""
+    # Metadata of any declared type reaches here (a hostile file's too): what is not a list of
+    # strings, or numbers, is left out rather than failing the model's open.
     tokens = header.get("tokenizer.ggml.tokens")
-    if not isinstance(tokens, list) or n <= 0:
+    if not isinstance(tokens, list) or n <= 0 or not all(isinstance(t, str) for t in tokens):
         return ()
-    types = header.get("tokenizer.ggml.token_type")
-    if types is not None and len(types) != len(tokens):
-        types = None
-    scores = header.get("tokenizer.ggml.scores")
+    types = _numbers(header.get("tokenizer.ggml.token_type"), len(tokens))
+    scores = _numbers(header.get("tokenizer.ggml.scores"), len(tokens))
     order: Iterable[int] = range(len(tokens))  # a BPE table is in merge order
-    if scores is not None and len(scores) == len(tokens):
-        try:
-            values = np.asarray(scores, dtype=np.float64)
-        except (TypeError, ValueError):
-            values = None
-        if values is not None:
-            values[~np.isfinite(values)] = -np.inf
-            order = np.argsort(-values, kind="stable").tolist()  # equal scores in id order
+    if scores is not None:
+        scores[~np.isfinite(scores)] = -np.inf
+        order = np.argsort(-scores, kind="stable").tolist()  # equal scores in id order
 
     def normal(i: int) -> bool:
         t = tokens[i]
         if not t.isprintable() or (t.startswith("<") and t.endswith(">")):
             return False
-        return types is None or int(types[i]) == _NORMAL
+        return types is None or types[i] == _NORMAL
 
     def word(i: int) -> bool:
         t = tokens[i]
@@ -126,6 +121,17 @@ def readable_ids(header: GGUFHeader, n: int) -> tuple[int, ...]:
         chosen += itertools.islice((i for i in range(len(tokens)) if i not in taken and normal(i)),
                                    n - len(chosen))
     return tuple(chosen)
+
+
+def _numbers(values: Any, n: int) -> np.ndarray | None:
+    """``values`` as ``n`` float64 numbers (a copy), or None if it is not that."""
+    if values is None or isinstance(values, str | bytes):
+        return None
+    try:
+        out = np.array(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        return None
+    return out if out.shape == (n,) else None
 
 
 class LazyTokenizer:

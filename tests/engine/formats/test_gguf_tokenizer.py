@@ -154,3 +154,19 @@ def test_default_token_set_of_a_byte_level_table_is_its_first_words(llama_pair, 
                       raw=True)
     assert bare.structure()["default_tokens"] is None
     assert CircuitRequest.of(bare.structure(), 0, 0, "qk").rows == tuple(range(24))
+
+
+def test_default_token_set_ignores_metadata_of_the_wrong_kind() -> None:
+    """Types or scores that are not numbers of the table's length are left out (the words in
+    id order), tokens that are not strings give no set: never an error at open."""
+    from headscope.engine.formats.gguf_tokenizer import readable_ids
+
+    tokens = ["<unk>", "<0x00>", "▁a", "▁dog", "▁the", "in", "▁cat"]
+    assert readable_ids({"tokenizer.ggml.tokens": tokens}, 2) == (3, 4)
+    for bad in (["x"] * 7, [1, 2], "abc", [[1, 2]] * 7):
+        header = {"tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": bad,
+                  "tokenizer.ggml.scores": bad}
+        assert readable_ids(header, 2) == (3, 4), bad
+    scored = {"tokenizer.ggml.tokens": tokens, "tokenizer.ggml.scores": [0, 0, 0, -1, float("nan"), 0, 5]}
+    assert readable_ids(scored, 3) == (6, 3, 4)  # NaN scores last
+    assert readable_ids({"tokenizer.ggml.tokens": [1, 2, 3]}, 2) == ()
