@@ -29,7 +29,7 @@ import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, cast
 
-from textual import on
+from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
@@ -297,6 +297,13 @@ class ExplorerScreen(ExplorerScores):
                             exclusive=True, exit_on_error=False)
 
     # -- the Patch tab (tui/widgets/patch.py) ------------------------------------------------
+    def on_key(self, event: events.Key) -> None:
+        # Keys reach the screen before the app's bindings: on the Patch tab, typing meant for
+        # its form goes there (PatchPane.take_typing) instead of switching weights or themes.
+        if self.active_tab == "patch" and self.query_one(PatchPane).take_typing(event):
+            event.stop()
+            event.prevent_default()
+
     @on(PatchRequested)
     def _patch_requested(self) -> None:
         if self.active_tab != "patch":
