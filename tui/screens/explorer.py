@@ -103,6 +103,11 @@ class ExplorerScreen(ExplorerScores):
     # -- layout ---------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         app = self.headscope
+        # The screen's layout classes before its widgets mount: a class changed on the mounted
+        # screen restyles all of its ~120 widgets (Textual's update_styles), 0.1-0.5 s each,
+        # and the mount changed three of them, while a first `q` waited (issue 39 §3).
+        self.update_classes({"compare": self.compare.path is not None,
+                             **self._layout_classes(app.size.width)}, update=False)
         yield StatusBar(id="status")
         with Horizontal(id="main"):
             yield HeadTree(None if app.open_error else self.structure, id="tree")
@@ -141,7 +146,6 @@ class ExplorerScreen(ExplorerScores):
         status.structure = self.structure
         status.raw = app.raw
         if self.compare.path is not None:
-            self.add_class("compare")
             status.compare = Path(self.compare.path).name or self.compare.path
         self.layout_for(app.size.width)
         self.set_interval(0.15, self._tick)
@@ -154,8 +158,13 @@ class ExplorerScreen(ExplorerScores):
         self.query_one(HeadTree).focus()
         app.explorer_mounted()
 
+    def _layout_classes(self, width: int) -> dict[str, bool]:
+        narrow = width < NARROW
+        directions = self.choices.directions_shown(narrow, self.compare.enabled)
+        return {"narrow": narrow, "directions-on": directions, "directions-off": not directions}
+
     def layout_for(self, width: int) -> None:
-        self.set_class(width < NARROW, "narrow")
+        self.update_classes(self._layout_classes(width))  # one restyle, none if unchanged
         with contextlib.suppress(NoMatches):
             self.query_one(HeadTree).set_compact(width < NARROW)
             titles = SHORT_TAB_TITLES if width < NARROW else TAB_TITLES
@@ -166,12 +175,10 @@ class ExplorerScreen(ExplorerScores):
                     tab.label = titles[pane.id]
             self.query_one(CompositionPane).set_compact(width < NARROW)
             self.query_one(SummaryPane).set_compact(width < NARROW)
-        self._apply_directions()
 
     def _apply_directions(self) -> None:
         visible = self.directions_visible
-        self.set_class(visible, "directions-on")
-        self.set_class(not visible, "directions-off")
+        self.update_classes({"directions-on": visible, "directions-off": not visible})
 
     def restyle(self) -> None:
         for chart in self.query(Chart):
