@@ -34,7 +34,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
-from textual.widgets import DataTable, Footer, Input, TabbedContent, TabPane
+from textual.widgets import DataTable, Input, TabbedContent, TabPane
 
 from headscope.engine.core.errors import HeadscopeError
 from headscope.tui.base.labels import FILTER_THRESHOLD
@@ -69,6 +69,7 @@ from headscope.tui.widgets.circuit import OVPane, QKPane, SpectrumPane
 from headscope.tui.widgets.circuit_tab import CircuitTab
 from headscope.tui.widgets.compare import ChangesPane
 from headscope.tui.widgets.focus_line import FocusLine
+from headscope.tui.widgets.footer import ExplorerFooter
 from headscope.tui.widgets.head_tree import HeadTree
 from headscope.tui.widgets.panes import CompositionPane, PromptPane
 from headscope.tui.widgets.patch import PatchPane
@@ -138,7 +139,8 @@ class ExplorerScreen(ExplorerScores):
                         yield CircuitTab(id="circuit-pane")
         # compact, and no "^p palette" (it is in the help screen): every key then fits in
         # 120 columns, SVG and Export included
-        yield Footer(compact=True, show_command_palette=False)
+        yield ExplorerFooter(compact=True, show_command_palette=False,
+                             narrow=app.size.width < NARROW)
 
     def on_mount(self) -> None:
         app = self.headscope
@@ -175,6 +177,7 @@ class ExplorerScreen(ExplorerScores):
                     tab.label = titles[pane.id]
             self.query_one(CompositionPane).set_compact(width < NARROW)
             self.query_one(SummaryPane).set_compact(width < NARROW)
+            self.query_one(ExplorerFooter).set_narrow(width < NARROW)
 
     def _apply_directions(self) -> None:
         visible = self.directions_visible
