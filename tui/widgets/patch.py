@@ -177,7 +177,13 @@ class PatchPane(Vertical):
         screen = self.screen
         focused = screen.focused
         if isinstance(focused, Input):
-            return False  # a box (of the form, or the Prompt tab's) types it
+            if self not in focused.ancestors:
+                return False
+            # A box types every printable key it gets, so one that reached the screen went to
+            # the widget focused when it arrived: the rest of a burst typed before the first
+            # key moved the focus here (`the cat` kept only its `t`). The box's, in order.
+            focused.post_message(events.Key(event.key, event.character))
+            return True
         active = screen.active_bindings.get(event.key)
         if active is not None and (active.binding.id in PATCH_TAB_KEYS
                                    or active.node is self or self in active.node.ancestors):

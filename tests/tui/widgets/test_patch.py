@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from rich.color import ColorType
 from rich.style import Style
+from textual import events
 from textual.widgets import DataTable, Input
 
 from headscope.tui.widgets.chart import Chart
@@ -392,6 +393,14 @@ async def test_typing_on_the_tab_goes_to_the_form_not_to_the_bindings() -> None:
         await pilot.press("t", "o")
         await settle(pilot, app)
         assert wrong.has_focus and wrong.value == "to" and app.theme == theme
+        # a burst (a terminal delivers fast typing at once): every key reaches the box, even
+        # those that arrived while the list still had focus
+        app.query_one("#patch-table", DataTable).focus()
+        await settle(pilot, app)
+        for ch in "cat 1":
+            app.post_message(events.Key("space" if ch == " " else ch, ch))
+        await settle(pilot, app)
+        assert wrong.value == "cat 1" and app.explorer.active_tab == "patch"
         # the tab keys still switch tabs from outside the form
         app.query_one("#patch-table", DataTable).focus()
         await pilot.press("1")
