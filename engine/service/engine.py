@@ -256,7 +256,20 @@ class Engine:
 
     async def aclose(self) -> None:
         self._scheduler.close()
-        await asyncio.to_thread(self._scheduler.join, 5.0)
+        # The workers are joined on a daemon thread of our own, not asyncio's default executor:
+        # asyncio.run waits for that executor's threads at exit, so a caller that stopped
+        # waiting (the explorer's quit waits 0.25 s) still waited out a running job's join,
+        # up to 5 s per worker (issue 39 §3: `q` took 3.3 s).
+        loop = asyncio.get_running_loop()
+        joined: asyncio.Future[None] = loop.create_future()
+
+        def join() -> None:
+            self._scheduler.join(5.0)
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits
+                loop.call_soon_threadsafe(lambda: joined.done() or joined.set_result(None))
+
+        threading.Thread(target=join, name="headscope-close", daemon=True).start()
+        await joined
         with self._threads_lock:
             self._closed = True
             if self._previous_torch_threads is not None:

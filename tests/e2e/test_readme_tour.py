@@ -125,6 +125,18 @@ def test_the_explorer_steps_numbers(capsys: pytest.CaptureFixture[str]) -> None:
     # 6: the Spectrum pane's title
     assert f"{model.get(SpectrumRequest(1, 2, 'ov')).score:+.3f}" == \
         claim(r"`copying ([+-][\d.]+)`").group(1)
+    # 7: the Prompt tab's cell line, the cursor at first on the last query's strongest key
+    # (what 80×24 shows of the stripe, its pattern pooled to about 5 rows)
+    from headscope.engine.core.requests import PromptRequest
+    from headscope.tui.base.prompt_words import REPEATED_PHRASE
+
+    view = model.get(PromptRequest.of(model.structure(), REPEATED_PHRASE)).view(1, 2)
+    q, tok_q, k, tok_k, weight = claim(r"`cell q=(\d+) '([^']*)' → k=(\d+) '([^']*)' ([\d.]+)`").groups()
+    last = np.asarray(view.pattern)[-1]
+    assert (int(q), int(k)) == (len(view.tokens) - 1, int(np.argmax(last)))
+    assert (view.tokens[int(q)], view.tokens[int(k)]) == (tok_q, tok_k)
+    assert view.tokens[int(k) - 1] == tok_q  # the token after the earlier occurrence
+    assert f"{last[int(k)]:.2f}" == weight
     # 8: the edge and its virtual heads (the pop-up shows a PathRequest)
     comp = run_json(capsys, ["composition", MODEL, "--kind", "k", "--top", "1"])
     assert f"{comp['top_edges'][0]['above_baseline']:+.3f}" == \

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -512,6 +513,23 @@ def test_graph_title_wraps_instead_of_being_cut() -> None:
     assert " ".join(lines[:3]).split() == title.split()  # every word, over three lines
     assert all(len(line) <= 40 for line in lines)
     assert lines[-1].startswith("weak +0.100") and lines[-1].endswith("+0.200 strong")
+
+
+async def test_the_narrow_composition_graph_reads_in_full() -> None:
+    """Issue 39 §3: at 80×24 the composition title lost its end (`baseli…`) and the key its
+    strong end. Narrow, a shorter title in three lines and a key that fits, both whole."""
+    app, _ = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("c")
+        await settle(pilot, app)
+        chart = app.query_one("#comp-graph", Chart)
+        await wait_until(pilot, lambda: chart.rendered is not None, "the graph")
+        lines = chart.rendered.plain.splitlines()
+        width = chart.content_size.width
+        assert all(len(line) <= width for line in lines)
+        assert " ".join(lines[:3]).endswith("· < >") and "…" not in " ".join(lines[:3])
+        assert re.fullmatch(r"[+-]\d\.\d{3} ━+ [+-]\d\.\d{3}( strong)?", lines[-1].strip()), lines[-1]
 
 
 async def test_quitting_before_the_deferred_engine_opens_creates_no_engine() -> None:

@@ -140,6 +140,8 @@ WIDGET_KEYS: list[tuple[str, str]] = [
     ("- + / < >", "Circuit tab: fewer / more edges in the circuit (1, 2, 5, 10, …; < > by one); "
                   "m: EAP-IG or EAP; enter on an edge: its head's QK (OV for a value input) "
                   "and the two heads' composition score"),
+    ("letters", "Patch tab: typed into its form (the box last typed in, the clean prompt "
+                "at first), not run as keys; the tab keys, x, [ ], ?, e, s still act"),
     ("tab / shift+tab", "move focus between panes"),
     ("ctrl+p", "command palette: go to head L.H, sort, themes, exports"),
     ("escape", "close a dialog; leave the prompt box or a pane for the head tree"),

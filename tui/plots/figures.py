@@ -410,12 +410,19 @@ class Graph:
             return xterm_rgb(ramp[int(ramp_index(np.array([t]), 1.0)[0])])
         return tuple(int(c) for c in diverging_rgb(np.array([t]), colours.stops, 1.0)[0])
 
-    def key(self, colours: Colours) -> Text:
-        text = Text("weak ", style=_rgb(colours.muted))
-        text.append(f"{self.vmin:+.3f} ", style=_rgb(colours.muted))
-        for s in np.linspace(self.vmin, self.vmax, 12):
+    def key(self, colours: Colours, width: int = 80) -> Text:
+        """``weak +0.044 ━━━━ +0.087 strong`` in ``width`` columns: narrower, without the two
+        words, then with a shorter ramp (at 80×24 the key lost its strong end)."""
+        lo, hi = f"{self.vmin:+.3f}", f"{self.vmax:+.3f}"
+        words = len("weak ") + len(" strong")
+        wordy = width >= len(lo) + len(hi) + 2 + 12 + words
+        bars = max(min(12, width - len(lo) - len(hi) - 2 - (words if wordy else 0)), 3)
+        muted = _rgb(colours.muted)
+        text = Text("weak " if wordy else "", style=muted)
+        text.append(f"{lo} ", style=muted)
+        for s in np.linspace(self.vmin, self.vmax, bars):
             text.append("━", style=_rgb(self.edge_colour(float(s), colours)))
-        text.append(f" {self.vmax:+.3f} strong", style=_rgb(colours.muted))
+        text.append(f" {hi}" + (" strong" if wordy else ""), style=muted)
         return text
 
     def draw(self, width: int, height: int, colours: Colours) -> Text:
@@ -450,7 +457,7 @@ class Graph:
         hi, hl = _ticks(H, max(height - 5, 1), [f"H{h}" for h in range(H)], 1)
         plt.yticks([y(h) for h in hi], hl)
         plt.ticks_color(colours.foreground)
-        text = Text("\n").join([*head, _text(plt), self.key(colours)])
+        text = Text("\n").join([*head, _text(plt), self.key(colours, width)])
         if colours.mode == "256":
             text = _pin_to_palette(text, _palette_ramp(colours.stops))
         return text

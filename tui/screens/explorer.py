@@ -29,12 +29,12 @@ import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, cast
 
-from textual import on
+from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
-from textual.widgets import DataTable, Footer, Input, TabbedContent, TabPane
+from textual.widgets import DataTable, Input, TabbedContent, TabPane
 
 from headscope.engine.core.errors import HeadscopeError
 from headscope.tui.base.labels import FILTER_THRESHOLD
@@ -69,6 +69,7 @@ from headscope.tui.widgets.circuit import OVPane, QKPane, SpectrumPane
 from headscope.tui.widgets.circuit_tab import CircuitTab
 from headscope.tui.widgets.compare import ChangesPane
 from headscope.tui.widgets.focus_line import FocusLine
+from headscope.tui.widgets.footer import ExplorerFooter
 from headscope.tui.widgets.head_tree import HeadTree
 from headscope.tui.widgets.panes import CompositionPane, PromptPane
 from headscope.tui.widgets.patch import PatchPane
@@ -103,6 +104,11 @@ class ExplorerScreen(ExplorerScores):
     # -- layout ---------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         app = self.headscope
+        # The screen's layout classes before its widgets mount: a class changed on the mounted
+        # screen restyles all of its ~120 widgets (Textual's update_styles), 0.1-0.5 s each,
+        # and the mount changed three of them, while a first `q` waited (issue 39 §3).
+        self.update_classes({"compare": self.compare.path is not None,
+                             **self._layout_classes(app.size.width)}, update=False)
         yield StatusBar(id="status")
         with Horizontal(id="main"):
             yield HeadTree(None if app.open_error else self.structure, id="tree")
@@ -133,7 +139,8 @@ class ExplorerScreen(ExplorerScores):
                         yield CircuitTab(id="circuit-pane")
         # compact, and no "^p palette" (it is in the help screen): every key then fits in
         # 120 columns, SVG and Export included
-        yield Footer(compact=True, show_command_palette=False)
+        yield ExplorerFooter(compact=True, show_command_palette=False,
+                             narrow=app.size.width < NARROW)
 
     def on_mount(self) -> None:
         app = self.headscope
@@ -141,7 +148,6 @@ class ExplorerScreen(ExplorerScores):
         status.structure = self.structure
         status.raw = app.raw
         if self.compare.path is not None:
-            self.add_class("compare")
             status.compare = Path(self.compare.path).name or self.compare.path
         self.layout_for(app.size.width)
         self.set_interval(0.15, self._tick)
@@ -154,8 +160,13 @@ class ExplorerScreen(ExplorerScores):
         self.query_one(HeadTree).focus()
         app.explorer_mounted()
 
+    def _layout_classes(self, width: int) -> dict[str, bool]:
+        narrow = width < NARROW
+        directions = self.choices.directions_shown(narrow, self.compare.enabled)
+        return {"narrow": narrow, "directions-on": directions, "directions-off": not directions}
+
     def layout_for(self, width: int) -> None:
-        self.set_class(width < NARROW, "narrow")
+        self.update_classes(self._layout_classes(width))  # one restyle, none if unchanged
         with contextlib.suppress(NoMatches):
             self.query_one(HeadTree).set_compact(width < NARROW)
             titles = SHORT_TAB_TITLES if width < NARROW else TAB_TITLES
@@ -166,12 +177,11 @@ class ExplorerScreen(ExplorerScores):
                     tab.label = titles[pane.id]
             self.query_one(CompositionPane).set_compact(width < NARROW)
             self.query_one(SummaryPane).set_compact(width < NARROW)
-        self._apply_directions()
+            self.query_one(ExplorerFooter).set_narrow(width < NARROW)
 
     def _apply_directions(self) -> None:
         visible = self.directions_visible
-        self.set_class(visible, "directions-on")
-        self.set_class(not visible, "directions-off")
+        self.update_classes({"directions-on": visible, "directions-off": not visible})
 
     def restyle(self) -> None:
         for chart in self.query(Chart):
@@ -297,6 +307,13 @@ class ExplorerScreen(ExplorerScores):
                             exclusive=True, exit_on_error=False)
 
     # -- the Patch tab (tui/widgets/patch.py) ------------------------------------------------
+    def on_key(self, event: events.Key) -> None:
+        # Keys reach the screen before the app's bindings: on the Patch tab, typing meant for
+        # its form goes there (PatchPane.take_typing) instead of switching weights or themes.
+        if self.active_tab == "patch" and self.query_one(PatchPane).take_typing(event):
+            event.stop()
+            event.prevent_default()
+
     @on(PatchRequested)
     def _patch_requested(self) -> None:
         if self.active_tab != "patch":

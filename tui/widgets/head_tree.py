@@ -160,7 +160,7 @@ class HeadTree(Tree[NodeData]):
             return
         _, label, threshold = self.filter
         n = sum(1 for head in self.head_nodes if self.meets(head))
-        self.border_title = f"{label} ≥ {threshold:.2f}: {n}"
+        self.border_title = filter_title(label, threshold, n, self.compact)
 
     def set_deltas(self, deltas: dict[Head, float]) -> None:
         """Compare mode: how much each head changed (0 = same circuit and scores)."""
@@ -209,6 +209,7 @@ class HeadTree(Tree[NodeData]):
     def set_compact(self, compact: bool) -> None:
         if compact != self.compact:
             self.compact = compact
+            self._retitle()
             self.refresh_badges()
 
     def set_null(self, null: ScoreNull | None) -> None:
@@ -277,3 +278,20 @@ class HeadTree(Tree[NodeData]):
             node.expand()
         elif node.children:
             self.move_cursor(node.children[0])
+
+
+# The narrow tree's title has 12 columns (18 wide, less the corners and the title's gaps):
+# "induction ≥ 0.30: 3" lost its count (issue 39 §3). Narrow, the focus line's short names.
+SHORT_FILTER_LABELS = {"induction": "ind", "prev-token": "prev", "copying": "copy"}
+NARROW_TITLE = 12
+
+
+def filter_title(label: str, threshold: float, n: int, compact: bool) -> str:
+    """The filtered tree's title: which score, its threshold, how many heads pass."""
+    if not compact:
+        return f"{label} ≥ {threshold:.2f}: {n}"
+    short = SHORT_FILTER_LABELS.get(label, label)
+    for title in (f"{short} ≥{threshold:g}: {n}", f"{short}: {n}"):
+        if len(title) <= NARROW_TITLE:
+            return title
+    return f"{short[:NARROW_TITLE - len(str(n)) - 2]}: {n}"

@@ -398,13 +398,18 @@ class CompositionPane(PathEffects, Horizontal):
         vmax = max((e[4] for e in drawn), default=1.0)
         kind = comp.kind.upper()
         baseline = float(comp.baseline)
-        title = (f"{kind}-composition · {len(drawn)}/{len(es)} edges ≥ {threshold:.0%} of max "
-                 f"(score − baseline ≥ {cut:+.3f}; baseline {baseline:.3f}) · < >")
+        if self.compact:  # three lines of the narrow graph (the long one lost its end)
+            title = (f"{kind}-comp · {len(drawn)}/{len(es)} ≥ {threshold:.0%} of max · "
+                     f"s−base ≥ {cut:+.3f} · base {baseline:.3f} · < >")
+        else:
+            title = (f"{kind}-composition · {len(drawn)}/{len(es)} edges ≥ {threshold:.0%} of max "
+                     f"(score − baseline ≥ {cut:+.3f}; baseline {baseline:.3f}) · < >")
         if partial:
             pairs = n_layers * (n_layers - 1) // 2
             done = sum(1 for t in range(n_layers) for s in range(t)
                        if np.isfinite(comp.scores[s, :, t, :]).any())
-            title = f"{title} · computing: {done}/{pairs} layer pairs"
+            title = f"{title} · {done}/{pairs} pairs" if self.compact else \
+                f"{title} · computing: {done}/{pairs} layer pairs"
         self.query_one("#comp-graph", Chart).show(Graph(
             n_layers, n_heads, tuple(drawn), selected=selected, vmax=vmax, vmin=cut,
             title=title,

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from rich.text import Text
-from textual import on
+from textual import events, on
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Input, Label, Select, Static
@@ -39,7 +39,16 @@ BOXES = ("clean", "corrupt", "answer", "wrong")
 # What the map's values mean, short enough for the 80-column layout's narrow chart (the
 # formula, (m - m_corrupt) / (m_clean - m_corrupt), is in the README and docs/math.md).
 XLABEL = "1 = clean run, 0 = corrupt run"
-HINT = "enter in a box runs it · x stops · enter on a head focuses it"
+HINT = "type: the form · enter in a box runs it · x stops · enter on a head focuses it"
+# The app's keys that keep their meaning on this tab while its form has no focus (by binding
+# id, so a user's keymap follows): the tab keys, stopping the run, the focused head, help,
+# export and screenshot. Any other printable key is typing meant for the form (a new user
+# typed a prompt with the head tree focused and `r` switched to raw weights, issue 39 §3).
+PATCH_TAB_KEYS = frozenset({
+    "tab-qk", "tab-ov", "tab-spectrum", "tab-prompt", "tab-composition", "tab-summary",
+    "tab-changes", "tab-timeline", "tab-patch", "tab-circuit", "stop-patch",
+    "prev-head", "next-head", "help", "export", "screenshot",
+})
 
 
 def _cell(value: float | None, digits: int = 3) -> Text:
@@ -78,6 +87,7 @@ class PatchPane(Vertical):
         super().__init__(id=id)
         self.session = PatchSession()
         self.status = ""  # the two lines under the form: what is measured, then news
+        self._last_box = "clean"  # where typing from outside the form goes
 
     def compose(self) -> ComposeResult:
         with Vertical(id="patch-form"):
@@ -150,6 +160,40 @@ class PatchPane(Vertical):
                 with select.prevent(Select.Changed):
                     select.value = getattr(inputs, name)
         self.query_one("#patch-task-note", Label).update(TASKS[inputs.task][1])
+
+    @on(events.DescendantFocus)
+    def _box_focused(self, event: events.DescendantFocus) -> None:
+        box = event.widget.id or ""
+        if isinstance(event.widget, Input) and box.removeprefix("patch-") in BOXES:
+            self._last_box = box.removeprefix("patch-")
+
+    def take_typing(self, event: events.Key) -> bool:
+        """A key pressed while this tab is shown: printable typing meant for the form goes to
+        its last box (the clean prompt at first) instead of running an app binding. Kept: the
+        keys of ``PATCH_TAB_KEYS``, and any key a box, the table or a choice of the form
+        handles itself. Whether the key was taken."""
+        if not event.is_printable or event.character is None:
+            return False
+        screen = self.screen
+        focused = screen.focused
+        if isinstance(focused, Input):
+            if self not in focused.ancestors:
+                return False
+            # A box types every printable key it gets, so one that reached the screen went to
+            # the widget focused when it arrived: the rest of a burst typed before the first
+            # key moved the focus here (`the cat` kept only its `t`). The box's, in order.
+            focused.post_message(events.Key(event.key, event.character))
+            return True
+        active = screen.active_bindings.get(event.key)
+        if active is not None and (active.binding.id in PATCH_TAB_KEYS
+                                   or active.node is self or self in active.node.ancestors):
+            return False
+        box = self.query_one(f"#patch-{self._last_box}", Input)
+        # Focused now (``focus()`` waits a turn), so the box has its Focus event, which selects
+        # its text (Input's select_on_focus), before the key, which replaces it.
+        screen.set_focus(box)
+        box.post_message(events.Key(event.key, event.character))
+        return True
 
     def _read_form(self) -> bool:
         """The session takes the boxes' values; whether any changed."""

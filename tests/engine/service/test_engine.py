@@ -272,3 +272,21 @@ async def test_an_engine_closed_while_opening_leaves_torch_threads_alone(gpt2_di
     await asyncio.wait_for(eng.ready(), 30)
     await asyncio.sleep(0.2)  # the opener's last steps, after ready()
     assert torch.get_num_threads() == before and not eng._torch_ready.is_set()
+
+
+async def test_aclose_leaves_no_join_on_the_default_executor(gpt2_dir) -> None:
+    """Issue 39 §3: `q` took 3.3 s. The quit waits for ``aclose`` 0.25 s at most, but aclose
+    joined the workers through asyncio's default executor, whose threads ``asyncio.run``
+    waits for at exit: a job still running kept the process up to 5 s per worker. aclose
+    must not put anything on that executor."""
+    import concurrent.futures
+
+    class Refusing(concurrent.futures.ThreadPoolExecutor):
+        def submit(self, *args: object, **kwargs: object) -> concurrent.futures.Future:
+            raise AssertionError("aclose used the default executor")
+
+    eng = Engine(gpt2_dir[0], workers=1)
+    await eng.ready()
+    await eng.get(HeadScoresRequest(0, 0))  # a worker thread to join
+    asyncio.get_running_loop().set_default_executor(Refusing(max_workers=1))
+    await eng.aclose()

@@ -163,3 +163,15 @@ def test_missing_cells_are_marked_not_drawn_as_zero(mode: str) -> None:
     assert "?" not in plain.plain
     finite = Heatmap(np.nan_to_num(values), ("L0", "L1"), ("H0", "H1", "H2"), missing="?").draw(60, 20, colours)
     assert "?" not in finite.plain
+
+
+def test_the_graph_key_keeps_both_ends_in_a_narrow_graph() -> None:
+    """Issue 39 §3: in the 26-column graph of 80×24 the key lost its strong end. Narrow, the
+    words go, then the ramp shortens: both values always read in full."""
+    graph = Graph(2, 3, ((0, 0, 1, 1, 0.087),), "K", vmin=0.044, vmax=0.087)
+    assert graph.key(COLOURS, 80).plain == "weak +0.044 " + "━" * 12 + " +0.087 strong"
+    for width in (26, 22, 17):
+        key = graph.key(COLOURS, width).plain
+        assert len(key) <= width and key.startswith("+0.044 ━") and key.endswith("━ +0.087"), key
+    lines = build(graph, 26, 14, COLOURS).plain.splitlines()
+    assert all(len(line) <= 26 for line in lines) and lines[-1].endswith("+0.087")

@@ -43,3 +43,32 @@ async def test_filter_keeps_heads_with_a_score_above_the_threshold() -> None:
         await pilot.press("f")
         await settle(pilot, app)
         assert app.explorer.choices.tree_filter is None and set(tree.head_nodes) == set(heads)
+
+
+def test_the_narrow_filter_title_reads_in_full() -> None:
+    """Issue 39 §3: at 80×24 the filtered tree's title (`induction ≥ 0.30: 3`) was cut before
+    its count. Narrow (18 columns, 12 for the title), every filter's title fits, count kept."""
+    from headscope.tui.session.choices import TREE_FILTERS
+    from headscope.tui.widgets.head_tree import NARROW_TITLE, filter_title
+
+    for _, label in TREE_FILTERS:
+        for n in (0, 7, 144, 9216):
+            title = filter_title(label, FILTER_THRESHOLD, n, compact=True)
+            assert len(title) <= NARROW_TITLE and title.endswith(f": {n}"), title
+    assert filter_title("induction", 0.3, 3, compact=True) == "ind ≥0.3: 3"
+    assert filter_title("induction", 0.3, 3, compact=False) == "induction ≥ 0.30: 3"
+
+
+async def test_the_narrow_tree_has_room_for_its_title() -> None:
+    """The 12 columns the narrow title assumes: the tree's width less its corners and gaps."""
+    from headscope.tui.widgets.head_tree import NARROW_TITLE
+
+    app, _ = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("f")
+        await settle(pilot, app)
+        tree = app.query_one(HeadTree)
+        title = str(tree.border_title)
+        assert title.startswith("ind") and len(title) <= NARROW_TITLE
+        assert tree.outer_size.width - 6 >= NARROW_TITLE

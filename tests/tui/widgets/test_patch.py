@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from rich.color import ColorType
 from rich.style import Style
+from textual import events
 from textual.widgets import DataTable, Input
 
 from headscope.tui.widgets.chart import Chart
@@ -367,3 +368,41 @@ async def test_an_incomplete_form_names_its_boxes_and_clears_the_old_result() ->
         assert pane.session.result is None and table.row_count == 0
         chart = app.query_one("#patch-map", Chart)
         assert chart.figure is None and "no result" in chart.note
+
+
+async def test_typing_on_the_tab_goes_to_the_form_not_to_the_bindings() -> None:
+    """Issue 39 §3: on the Patch tab with the head tree focused, typing a prompt ran the app's
+    keys (`r` switched to raw weights, `t` the theme). Printable keys go to the form's last
+    box (the clean prompt at first, its text replaced); the tab's own keys keep working."""
+    app, _ = make_app(sweep=False)  # no score sweep: only the tab's own run to wait for
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("9")
+        await settle(pilot, app)
+        raw, theme = app.raw, app.theme
+        clean = app.query_one("#patch-clean", Input)
+        assert not clean.has_focus
+        await pilot.press(*"rat sat")
+        await pilot.pause()
+        assert clean.has_focus and clean.value == "rat sat"
+        assert (app.raw, app.theme) == (raw, theme)
+        # from the list (focused after a run), typing goes back to the box last typed in
+        wrong = app.query_one("#patch-wrong", Input)
+        wrong.focus()
+        app.query_one("#patch-table", DataTable).focus()
+        await pilot.press("t", "o")
+        await pilot.pause()
+        assert wrong.has_focus and wrong.value == "to" and app.theme == theme
+        # a burst (a terminal delivers fast typing at once): every key reaches the box, even
+        # those that arrived while the list still had focus
+        app.query_one("#patch-table", DataTable).focus()
+        await pilot.pause()
+        for ch in "cat 1":
+            app.post_message(events.Key("space" if ch == " " else ch, ch))
+        await pilot.pause()
+        assert wrong.value == "cat 1" and app.explorer.active_tab == "patch"
+        # the tab keys still switch tabs from outside the form
+        app.query_one("#patch-table", DataTable).focus()
+        await pilot.press("1")
+        await pilot.pause()
+        assert app.explorer.active_tab == "qk"
