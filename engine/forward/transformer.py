@@ -179,11 +179,13 @@ def attention_input(w: WeightSource, layer: int, x: Tensor) -> Tensor:
 
 
 def finish_block(w: WeightSource, layer: int, x: Tensor, a: Tensor, *,
-                 on_mlp: Callable[[Tensor], None] | None = None) -> Tensor:
+                 on_mlp: Callable[[Tensor], None] | None = None, mlp_in: Tensor | None = None) -> Tensor:
     """The rest of block ``layer`` given its input ``x`` and its attention output ``a``.
 
     ``on_mlp(out)``, if given, sees what the MLP adds to the residual stream ``[b, p,
-    d_model]`` (TransformerLens' ``hook_mlp_out``): QK attribution keeps it as a component."""
+    d_model]`` (TransformerLens' ``hook_mlp_out``): QK attribution keeps it as a component.
+    ``mlp_in``, if given, is added to the stream the MLP reads (before its norm) and to
+    nothing else: path patching into the MLP's input (pre-norm models)."""
     cfg = w.cfg
     ln1, ln2 = f"blocks.{layer}.ln1", f"blocks.{layer}.ln2"
 
@@ -200,9 +202,10 @@ def finish_block(w: WeightSource, layer: int, x: Tensor, a: Tensor, *,
     if cfg.attn_only:
         return x + a
     if cfg.parallel_attn_mlp:  # GPT-NeoX: both read the same residual stream
-        return x + a + seen(mlp(w, layer, norm(w, ln2, x)))
+        return x + a + seen(mlp(w, layer, norm(w, ln2, x if mlp_in is None else x + mlp_in)))
     x = x + post_norm(w, f"blocks.{layer}.ln1_post", a)
-    return x + seen(post_norm(w, f"blocks.{layer}.ln2_post", mlp(w, layer, pre_norm(w, ln2, x))))
+    read = x if mlp_in is None else x + mlp_in
+    return x + seen(post_norm(w, f"blocks.{layer}.ln2_post", mlp(w, layer, pre_norm(w, ln2, read))))
 
 
 def blocks(w: WeightSource, x: Tensor, start: int = 0, stop: int | None = None, *,
