@@ -752,8 +752,7 @@ def _path_metrics(w: WeightSource, clean: Tensor, corrupt: Tensor, metric: Metri
                     found.append(difference(i))
                 else:  # the receiver's input: the base stream + the sender's difference
                     x = runs.base_in[receiver.layer] + difference(i)
-                    qkv = projections(tw, receiver.layer, attention_input(tw, receiver.layer, x))
-                    found.append(qkv[PATH_INPUTS.index(receiver.part or "q")][:, receiver.head])
+                    found.append(_head_projection(tw, receiver.layer, x, receiver.part or "q", receiver.head))
             return torch.stack(found, dim=1)  # [b, P, p, d_head] ([b, P, p, d_model]: mlp)
 
         variants = [_Variant(((r.layer, r.head if r.kind == "head" else -1),),
@@ -775,6 +774,15 @@ def _path_metrics(w: WeightSource, clean: Tensor, corrupt: Tensor, metric: Metri
             for i, value in zip(at_logits, metric(w, final, len(at_logits)).tolist(), strict=True):
                 out[i] = value
     return runs, out
+
+
+def _head_projection(w: WeightSource, layer: int, x: Tensor, part: str, head: int) -> Tensor:
+    """Head ``head``'s ``part`` (q, k or v, before the q/k norm) of the stream ``x [b, p, d]``
+    entering ``layer``, ``[b, p, d_head]``: that head alone (a grouped key or value: the query
+    head's own copy of its group's)."""
+    pre = f"blocks.{layer}.attn"
+    name = part.upper()
+    return attention_input(w, layer, x) @ w.get(f"{pre}.W_{name}")[head] + w.get(f"{pre}.b_{name}")[head]
 
 
 def path_patch(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor | Sequence, metric: Metric,
