@@ -9,7 +9,10 @@ shape. One vocabulary for ``path-patch``, ``edges --verify`` and the API.
   norm).
 
 A head is also written ``L1.H2`` (the other commands' form), its receiving input then given
-apart (``path-patch --patch k``).
+apart (``path-patch --patch k``). A path's row (``PatchRow.heads``, the request's ``edge``, the
+results store's key) keeps each end as a ``(layer, head)`` pair (``node_key``): a head is
+itself, so head paths keep the keys they always had; ``m{l}`` is ``(l, -1)``, ``input``
+``(-1, -1)``, ``logits`` ``(-2, -1)``.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from dataclasses import dataclass
 
 from headscope.engine.core.errors import IndexOutOfRangeError, InvalidRequestError
 
-__all__ = ["PathNode", "check_path", "path_node"]
+__all__ = ["PathNode", "check_path", "key_name", "key_node", "node_key", "path_node"]
 
 _NAME = re.compile(r"^(?:(input)|[aAlL](\d+)\.[hH](\d+)(?:<([qkv])>)?|m(\d+)|(logits))$")
 
@@ -91,3 +94,32 @@ def check_path(sender: PathNode, receiver: PathNode, *, n_layers: int, n_heads: 
     if s_layer >= r_layer and not same_layer_mlp:
         raise InvalidRequestError(where, f"a path runs from an earlier layer to a later one: {sender.name} is not "
                                   f"below {receiver.name}")
+
+
+_INPUT, _LOGITS = (-1, -1), (-2, -1)
+
+
+def node_key(node: PathNode) -> tuple[int, int]:
+    """The ``(layer, head)`` pair a path's row keeps for ``node`` (module docstring)."""
+    if node.kind == "head":
+        return node.layer, node.head
+    return {"input": _INPUT, "logits": _LOGITS}.get(node.kind, (node.layer, -1))
+
+
+def key_node(key: tuple[int, int] | PathNode, part: str | None = None) -> PathNode:
+    """The node of a row's pair (``node_key``); a head receiver gets its input ``part``."""
+    if isinstance(key, PathNode):
+        return key
+    layer, head = int(key[0]), int(key[1])
+    if head >= 0:
+        return PathNode("head", layer, head, part)
+    if (layer, head) == _INPUT:
+        return PathNode("input")
+    if (layer, head) == _LOGITS:
+        return PathNode("logits")
+    return PathNode("mlp", layer)
+
+
+def key_name(key: tuple[int, int], part: str | None = None) -> str:
+    """The name of a row's pair (``a0.h1``, ``a1.h2<k>`` with ``part``, ``m0``, ``input``, ``logits``)."""
+    return key_node(key, part).name

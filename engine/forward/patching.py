@@ -54,7 +54,7 @@ from headscope.engine.core.errors import (
     InvalidRequestError,
     NonFiniteError,
 )
-from headscope.engine.core.path_nodes import PathNode, check_path, path_node
+from headscope.engine.core.path_nodes import PathNode, check_path, key_node, path_node
 from headscope.engine.core.progress import Cancelled, Progress, check_cancelled, report
 from headscope.engine.core.results import PatchResult, patch_result, verify_order
 from headscope.engine.core.threads import one_lapack_thread
@@ -788,15 +788,20 @@ def _head_projection(w: WeightSource, layer: int, x: Tensor, part: str, head: in
 def path_patch(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor | Sequence, metric: Metric,
                edges: Sequence[tuple[tuple[int, int], tuple[int, int]]], *, receiver_input: str = "q",
                noising: bool = False, progress: Progress = None, cancelled: Cancelled = None) -> PatchResult:
-    """Path patching of each edge ``(sender, receiver)`` of heads (module docstring): the
-    sender's source-run output enters the receiver's ``receiver_input`` (q, k or v) only
+    """Path patching of each edge ``(sender, receiver)`` (module docstring): the sender's
+    source-run output enters the receiver's ``receiver_input`` (q, k or v) only
     (``patch_paths`` of ``a{l}.h{h} -> a{l'}.h{h'}<receiver_input>``). One row per edge,
-    ``heads = (sender, receiver)``."""
-    check_site(receiver_input, PATH_INPUTS)
+    ``heads = (sender, receiver)``. An end that is not a head is its ``path_nodes.node_key``
+    pair (``input``, ``m{l}``, ``logits``); into an MLP or the logits ``receiver_input`` is
+    ``mlp`` or ``logits``, as the row's site says."""
+    check_site(receiver_input, (*PATH_INPUTS, "mlp", "logits"))
     check_metric(w, metric)
     clean_t, corrupt_t = check_inputs(w, clean, corrupt)
-    nodes = path_nodes(w, [(PathNode("head", *sender), PathNode("head", *receiver, receiver_input))
-                           for sender, receiver in edges])
+    part = receiver_input if receiver_input in PATH_INPUTS else None
+    nodes = path_nodes(w, [(key_node(sender), key_node(receiver, part)) for sender, receiver in edges])
+    for _, node in nodes:
+        if (node.kind if node.kind != "head" else node.part) != receiver_input:
+            raise InvalidRequestError(getattr(w, "path", None), f"{node.name} is not patched at {receiver_input!r}")
     check_cancelled(cancelled)
     runs, values = _path_metrics(w, clean_t, corrupt_t, metric, nodes, noising, progress, cancelled)
     sets = [(tuple(sender), tuple(receiver)) for sender, receiver in edges]
