@@ -328,9 +328,17 @@ def check_parity(model: Any, tl: Any, clean: Any, corrupt: Any, metric: Any, tl_
         assert point.circuit == pytest.approx(m, abs=FAITH_ATOL), f"{what} top {n}: circuit metric"
         assert point.faithfulness == pytest.approx((m - m_corrupt) / (m_clean - m_corrupt), abs=FAITH_ATOL), \
             f"{what} top {n}: faithfulness"
-    # the exact check of the top 3 edges: every other edge in the graph
-    top3 = [graph.edges[i] for i in found.ranked()[:3]]
-    for exact in edges.exact_edges(model.weights, clean, corrupt, metric, top3, found):
+    # the exact check of the top 3 edges and of the last edge of every kind (sender input, a
+    # head or an MLP; receiver a head's q, k or v, an MLP or the logits): every other edge in
+    # the graph (``patching.patch_paths`` in noising)
+    def kind(name: str) -> tuple[str, str]:
+        src, dst = name.split("->")
+        return src[0], dst[-3:] if dst.endswith(">") else dst[0]
+
+    last_of_kind = {kind(name): name for name in graph.edges}
+    checked = [graph.edges[i] for i in found.ranked()[:3]] + sorted(last_of_kind.values())
+    assert len(last_of_kind) == (8 if cfg.attn_only else 15)
+    for exact in edges.exact_edges(model.weights, clean, corrupt, metric, checked, found):
         alone = real.clone()
         alone[at_src[graph.index[exact.edge]], at_dst[graph.index[exact.edge]]] = False
         assert exact.patched == pytest.approx(ref.evaluate(clean_t, corrupt_t, tl_metric, alone), abs=FAITH_ATOL)
