@@ -52,8 +52,28 @@ def one(path: str, tokens: int, layers: list[int], sites: list[str]) -> dict[str
         out[site] = {"seconds": time.perf_counter() - wall, "cpu_seconds": time.process_time() - cpu,
                      "values": [row.patched for row in result.rows]}
     out["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    out["code"] = str(Path(model.__class__.__module__ and sys.modules["headscope.engine"].__file__).parent)
+    out["code"] = str(Path(sys.modules["headscope.engine"].__file__ or "").parent)  # which headscope ran
     return out
+
+
+def table(found: dict[str, list[dict[str, Any]]], head: str, sites: list[str]) -> str:
+    """The markdown table of each side's runs (``one``'s results; ``before`` optional)."""
+    lines = [head, "",
+             "| site | before (s) | after (s) | after / before | CPU before (s) | CPU after (s) | max abs diff |",
+             "|---|---|---|---|---|---|---|"]
+    for site in sites:
+        best = {side: min(runs, key=lambda r: r[site]["seconds"])[site] for side, runs in found.items()}
+        cpu = {side: min(r[site]["cpu_seconds"] for r in runs) for side, runs in found.items()}
+        if "before" in best:
+            diff = max(abs(a - b) for a, b in zip(best["before"]["values"], best["after"]["values"], strict=True))
+            lines.append(f"| {site} | {best['before']['seconds']:.1f} | {best['after']['seconds']:.1f} | "
+                         f"{best['after']['seconds'] / best['before']['seconds']:.2f} | {cpu['before']:.1f} | "
+                         f"{cpu['after']:.1f} | {diff:.1e} |")
+        else:
+            lines.append(f"| {site} | – | {best['after']['seconds']:.1f} | – | – | {cpu['after']:.1f} | – |")
+    rss = {side: max(r["rss_mb"] for r in runs) for side, runs in found.items()}
+    lines += ["", "peak RSS (MB): " + ", ".join(f"{k} {v:.0f}" for k, v in rss.items())]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,23 +108,8 @@ def main(argv: list[str] | None = None) -> int:
             env = {**os.environ, "PYTHONPATH": where} if where else None
             done = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd="/", env=env)
             found[side].append(json.loads(done.stdout.strip().splitlines()[-1]))
-    lines = [f"{args.shape}, {args.tokens} tokens, every head of layer(s) {args.layers} alone, "
-             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, best of {args.repeat}:", "",
-             "| site | before (s) | after (s) | after / before | CPU before (s) | CPU after (s) | max abs diff |",
-             "|---|---|---|---|---|---|---|"]
-    for site in sites:
-        best = {side: min(runs, key=lambda r: r[site]["seconds"])[site] for side, runs in found.items()}
-        cpu = {side: min(r[site]["cpu_seconds"] for r in runs) for side, runs in found.items()}
-        if "before" in best:
-            diff = max(abs(a - b) for a, b in zip(best["before"]["values"], best["after"]["values"], strict=True))
-            lines.append(f"| {site} | {best['before']['seconds']:.1f} | {best['after']['seconds']:.1f} | "
-                         f"{best['after']['seconds'] / best['before']['seconds']:.2f} | {cpu['before']:.1f} | "
-                         f"{cpu['after']:.1f} | {diff:.1e} |")
-        else:
-            lines.append(f"| {site} | – | {best['after']['seconds']:.1f} | – | – | {cpu['after']:.1f} | – |")
-    rss = {side: max(r["rss_mb"] for r in runs) for side, runs in found.items()}
-    lines += ["", "peak RSS (MB): " + ", ".join(f"{k} {v:.0f}" for k, v in rss.items())]
-    text = "\n".join(lines)
+    text = table(found, f"{args.shape}, {args.tokens} tokens, every head of layer(s) {args.layers} alone, "
+                        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, best of {args.repeat}:", sites)
     print(text)
     if args.out:
         args.out.write_text(text + "\n")
