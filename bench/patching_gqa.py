@@ -81,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--one", metavar="PATH", help="run here, print JSON")
     p.add_argument("--dir", type=Path, help="where the checkpoint is written / reused")
     p.add_argument("--shape", default="llama-1b-gqa")
+    p.add_argument("--n-layers", type=int, help="the shape cut to this many layers (a smaller checkpoint, "
+                   "the same per-layer work)")
     p.add_argument("--tokens", type=int, default=20)
     p.add_argument("--layers", default="0", help="the layers whose heads are patched (default 0)")
     p.add_argument("--sites", default="out,k")
@@ -94,11 +96,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.one:
         print(json.dumps(one(args.one, args.tokens, layers, sites)))
         return 0
+    import dataclasses
     import tempfile
 
     from bench.checkpoints import SHAPES, write_checkpoint
 
-    path = write_checkpoint(SHAPES[args.shape], args.dir or Path(tempfile.mkdtemp(prefix="headscope-bench-")))
+    shape = SHAPES[args.shape]
+    if args.n_layers:
+        shape = dataclasses.replace(shape, name=f"{shape.name}-{args.n_layers}l", n_layers=args.n_layers)
+    path = write_checkpoint(shape, args.dir or Path(tempfile.mkdtemp(prefix="headscope-bench-")))
     sides = {"before": args.before, "after": args.after or ""} if args.before else {"after": args.after or ""}
     found: dict[str, list[dict[str, Any]]] = {k: [] for k in sides}
     for _ in range(args.repeat):
@@ -108,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             env = {**os.environ, "PYTHONPATH": where} if where else None
             done = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd="/", env=env)
             found[side].append(json.loads(done.stdout.strip().splitlines()[-1]))
-    text = table(found, f"{args.shape}, {args.tokens} tokens, every head of layer(s) {args.layers} alone, "
+    text = table(found, f"{shape.name}, {args.tokens} tokens, every head of layer(s) {args.layers} alone, "
                         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, best of {args.repeat}:", sites)
     print(text)
     if args.out:
