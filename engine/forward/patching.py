@@ -31,11 +31,15 @@ gradients from its kept input, so memory holds one layer's graph, never the mode
 taken at the pattern (AtP*'s QK fix: a linear estimate through a saturated softmax misses
 the head).
 
-Path patching (``path_patch``) of an edge sender -> receiver puts the sender's clean output
-(as it enters the residual stream) into the receiver's q, k or v input only: the receiver's
-input is the corrupt stream entering its layer plus (clean - corrupt) sender output, and no
-other head or MLP sees the change; the receiver's new output then flows through the rest of
-the model as usual.
+Path patching (``patch_paths``; ``path_patch`` for head edges) of an edge sender -> receiver
+puts the sender's clean output (as it enters the residual stream) into the receiver's input
+only: the receiver's input is the corrupt stream entering its layer plus (clean - corrupt)
+sender output, and no other node sees the change; the receiver's new output then flows
+through the rest of the model as usual. Any edge of the edge graph (``core.path_nodes``):
+senders ``input`` (the token embedding), a head, an MLP; receivers a head's q, k or v (a
+patched copy at that site), an MLP's input (the site ``mlp``: ``finish_block``'s
+``mlp_in``), the logits (the base run's final stream plus the difference: no layer runs).
+In noising this is the exact check of an edge (``edges.exact_edges`` calls it).
 
 Every entry point takes ``progress(fraction)`` and ``cancelled()`` (checked between patched
 sub-batches, raising ``CancelledError``) like the other sweeps.
