@@ -137,7 +137,11 @@ class Model(loading.LoadedModel):
         """Path patching of the edge ``sender -> receiver`` (what ``headscope path-patch``
         prints): the sender's clean output into the receiver's ``patch`` input (q, k or v)
         only; inputs, ``task`` and metric as ``patch``; heads as pairs or ``"L0.H1"``. One row,
-        ``heads = (sender, receiver)``."""
+        ``heads = (sender, receiver)``. Any edge of ``edges``' graph, by its nodes' names: a
+        sender ``"input"``, ``"a0.h1"`` or ``"m0"``, a receiver ``"a1.h2<k>"`` (its input named:
+        ``patch`` is not needed), ``"m1"`` or ``"logits"`` (``core.path_nodes``; such an end's
+        row pair is ``path_nodes.node_key``'s). With ``noising=True`` this is the number
+        ``edges(verify=K)`` gives the edge as its ``exact`` check (its ``patched``)."""
         from headscope.engine.sweeps.prompts import patch_request
 
         notes: list[str] = []

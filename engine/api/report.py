@@ -16,6 +16,7 @@ import numpy as np
 
 from headscope.engine.circuits.composition import composition_baseline  # noqa: F401  (re-exported: the CLI prints it)
 from headscope.engine.core import validation
+from headscope.engine.core.path_nodes import key_name
 from headscope.engine.core.progress import Progress, progress_span
 from headscope.engine.core.requests import (
     CircuitRequest,
@@ -321,13 +322,16 @@ def patch_dict(result: PatchResult) -> dict[str, Any]:
     "clean", "corrupt", "heads": [{"layer", "head", "patched", "recovered"}, ...]}``, plus
     ``noising``, ``note`` (why ``recovered`` is null, if it is), the input's shape, and per
     row: ``heads`` for heads patched together (``[[layer, head], ...]``), ``sender`` and
-    ``receiver`` for a path, ``positions``/``positions_recovered`` (by position),
+    ``receiver`` for a path (a head ``[layer, head]``, another node its name: ``input``,
+    ``m0``, ``logits``) and its ``edge`` name as ``headscope edges`` gives it, ``positions``/``positions_recovered`` (by position),
     ``estimate``/``exact``/``exact_recovered`` (attribution). Undefined numbers are null."""
     rows = []
     for row in result.rows:
         out: dict[str, Any] = {}
-        if result.method == "path":
-            out["sender"], out["receiver"] = list(row.heads[0]), list(row.heads[1])
+        if result.method == "path":  # a head as [layer, head], another node by its name
+            part = result.site if result.site in validation.PATH_INPUTS else None
+            out["sender"], out["receiver"] = (list(key) if key[1] >= 0 else key_name(key) for key in row.heads)
+            out["edge"] = f"{key_name(row.heads[0])}->{key_name(row.heads[1], part)}"
         elif len(row.heads) == 1:
             out["layer"], out["head"] = row.layer, row.head
         else:

@@ -9,8 +9,7 @@ layer plus an additive ``delta`` (``[b, p, 3, h, d_model]``), the MLP its input 
 (``[b, p, d_model]``); the layer returns what each source writes (each head's ``z W_O``, the
 MLP's output) beside the stream it leaves. Scores take gradients through zero deltas (leaves
 added to each destination's input: the total derivative through every later layer, never a
-detached copy); faithfulness and exact checks put ``S_corrupt - S_this run`` of the patched
-edges into them.
+detached copy); faithfulness puts ``S_corrupt - S_this run`` of the patched edges into them.
 
 Cost: ``edge_scores`` is one forward pass over the weights for the clean, the corrupt and
 (EAP-IG) the ``steps - 1`` interpolated runs side by side, keeping each layer's input, then one
@@ -20,9 +19,10 @@ one layer's graph). The source differences are kept, ``[b, p, n_sources, d_model
 scores are ``Δ · grad`` summed over positions and ``d_model`` as they are made: never a
 ``[p, n_src, n_dst, d_model]`` tensor. ``faithfulness`` runs one forward pass of the clean and
 corrupt inputs and one of every circuit at once, in chunks of copies whose per-copy sources
-fit ``_COPY_BYTES``. ``exact_edges`` runs the same plain pass, then one pass for every edge at
-once, each copy joining at its destination's layer: an edge alone needs no record of what its
-copy's sources write (they are upstream of the patch: the clean run's).
+fit ``_COPY_BYTES``. ``exact_edges`` is path patching in noising (``patching.patch_paths``):
+the plain pass, then one pass for every edge at once, each copy joining at its destination's
+layer, over the positions from the first where the inputs differ: an edge alone needs no
+record of what its copy's sources write (they are upstream of the patch: the clean run's).
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ from headscope.engine.core.progress import Cancelled, Progress, check_cancelled,
 from headscope.engine.core.results import readonly
 from headscope.engine.core.threads import one_lapack_thread
 from headscope.engine.forward.patch_tasks import Metric, check_inputs, check_metric
+from headscope.engine.forward.patching import patch_paths
 from headscope.engine.forward.torch_weights import torch_weights
 from headscope.engine.forward.transformer import (
     attention_input,
@@ -243,92 +244,30 @@ def edge_scores(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor | Seq
 @dataclass(frozen=True)
 class _Corrupt:
     """The two plain runs: what the corrupt run writes (every source, ``[b, p, n_sources,
-    d]``), with ``clean_too`` what the clean run writes and the clean stream entering each
-    layer and leaving the last, and both metrics."""
+    d]``) and both metrics."""
 
     sources: Tensor
     clean: float
     corrupt: float
-    clean_sources: Tensor | None = None
-    clean_in: tuple[Tensor, ...] = ()
-    clean_final: Tensor | None = None
 
 
-def _corrupt_run(w: WeightSource, graph: EdgeGraph, clean: Tensor, corrupt: Tensor, metric: Metric,
-                 clean_too: bool = False) -> _Corrupt:
-    """One pass over ``[clean; corrupt]`` keeping the corrupt run's sources (and the clean
-    run's sources and streams, ``clean_too``)."""
+def _corrupt_run(w: WeightSource, graph: EdgeGraph, clean: Tensor, corrupt: Tensor, metric: Metric) -> _Corrupt:
+    """One pass over ``[clean; corrupt]`` keeping the corrupt run's sources."""
     tw = torch_weights(w)
     b, p = clean.shape
     toks = torch.cat((clean, corrupt))
-    sources = torch.empty((2 if clean_too else 1, b, p, graph.n_sources, w.cfg.d_model))
-    sources[:, :, :, 0] = tw.embed_rows(toks).reshape(2, b, p, -1)[-len(sources):]
+    sources = torch.empty((b, p, graph.n_sources, w.cfg.d_model))
+    sources[:, :, 0] = tw.embed_rows(corrupt)
     x = embed(tw, toks)
-    clean_in = []
     for layer in range(w.cfg.n_layers):
         read_next(tw, layer)
-        if clean_too:
-            clean_in.append(x[:b])
         out = _layer(tw, layer, x)
         written = _sources_of(out)
         first = graph.head_source(layer)
-        sources[:, :, :, first:first + written.shape[2]] = written.reshape(2, b, p, -1, w.cfg.d_model)[-len(sources):]
+        sources[:, :, first:first + written.shape[2]] = written[b:]
         x = out.out
     m_clean, m_corrupt = _two_metrics(tw, metric, x)
-    if not clean_too:
-        return _Corrupt(sources[0], m_clean, m_corrupt)
-    return _Corrupt(sources[1], m_clean, m_corrupt, sources[0], tuple(clean_in), x[:b])
-
-
-def _edges_alone(w: WeightSource, graph: EdgeGraph, run: _Corrupt, metric: Metric, pairs: list[tuple[int, int]],
-                 progress: Progress, cancelled: Cancelled) -> list[float]:
-    """The metric of a clean run per edge ``(source, destination)`` corrupted alone: the
-    destination's input gets ``S_corrupt - S_clean`` (the source is written before the
-    destination reads, so this run writes its clean value). The copies go through the layers
-    together in one pass, each joining at its destination's layer from the clean stream
-    (``logits``: the clean final stream, no layer to run); one ``[b, p, d]`` stream a copy."""
-    assert run.clean_sources is not None and run.clean_final is not None
-    tw = torch_weights(w)
-    cfg = w.cfg
-    b = run.clean_final.shape[0]
-    per_layer = graph.per_layer_destinations
-
-    def layer_of(d: int) -> int:
-        return cfg.n_layers if d == graph.logits_destination else d // per_layer
-
-    order = sorted(range(len(pairs)), key=lambda i: layer_of(pairs[i][1]))
-    running: list[int] = []  # the copies in the batch, in the order of its rows
-    x = run.clean_final.new_empty((0, *run.clean_final.shape[1:]))
-    for layer in range(min((layer_of(pairs[i][1]) for i in order), default=cfg.n_layers), cfg.n_layers):
-        check_cancelled(cancelled)
-        read_next(tw, layer)
-        joining = [i for i in order if layer_of(pairs[i][1]) == layer]
-        running += joining
-        x = torch.cat((x, run.clean_in[layer].repeat(len(joining), 1, 1)))
-        d_qkv = x.new_zeros((*x.shape[:2], 3, cfg.n_heads, cfg.d_model)) if joining else None
-        d_mlp = x.new_zeros(x.shape) if joining and graph.has_mlp else None
-        for row, i in enumerate(running):
-            src, dst = pairs[i]
-            if i not in joining:
-                continue
-            diff = run.sources[:, :, src] - run.clean_sources[:, :, src]  # [b, p, d]
-            at = dst - layer * per_layer
-            if at < 3 * cfg.n_heads:
-                assert d_qkv is not None
-                d_qkv[row * b:(row + 1) * b, :, at // cfg.n_heads, at % cfg.n_heads] = diff
-            else:
-                assert d_mlp is not None
-                d_mlp[row * b:(row + 1) * b] = diff
-        x = _layer(tw, layer, x, d_qkv, d_mlp).out
-        report(progress, (layer + 1) / (cfg.n_layers + 1))
-    final = torch.empty((len(pairs) * b, *run.clean_final.shape[1:]))
-    for row, i in enumerate(running):
-        final[i * b:(i + 1) * b] = x[row * b:(row + 1) * b]
-    for i, (src, dst) in enumerate(pairs):
-        if dst == graph.logits_destination:
-            final[i * b:(i + 1) * b] = run.clean_final + run.sources[:, :, src] - run.clean_sources[:, :, src]
-    report(progress, 1.0)
-    return [float(v) for v in metric(tw, final, len(pairs))]
+    return _Corrupt(sources, m_clean, m_corrupt)
 
 
 def _patched_metrics(w: WeightSource, graph: EdgeGraph, clean: Tensor, corrupt: _Corrupt, metric: Metric,
@@ -451,20 +390,22 @@ def exact_edges(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor | Seq
                 cancelled: Cancelled = None) -> list[ExactEdge]:
     """Each edge corrupted alone on the clean run, exactly: its destination's input gets
     ``S_corrupt - S_clean`` (the change its score estimates); every other input and what the
-    destination then writes flow through the rest of the model as usual."""
+    destination then writes flow through the rest of the model as usual. This is path
+    patching in noising, ``patching.patch_paths`` (one implementation: ``path-patch
+    --noising`` of the same sender and receiver gives the same number)."""
     graph, clean_t, corrupt_t = _prepare(w, clean, corrupt, metric)
-    pairs = []
     for name in edges:
         if name not in graph.index:
             raise InvalidRequestError(getattr(w, "path", None), f"no edge {name!r} in this model's graph")
-        i = graph.index[name]
-        pairs.append((int(graph.edge_src[i]), int(graph.edge_dst[i])))
-    check_cancelled(cancelled)
-    with torch.inference_mode(), one_lapack_thread():
-        corrupt_run = _corrupt_run(w, graph, clean_t, corrupt_t, metric, clean_too=True)
-        found = _edges_alone(w, graph, corrupt_run, metric, pairs, progress, cancelled) if pairs else []
+    paths = [tuple(name.split("->")) for name in edges]
+    if not paths:  # still the plain runs' checks
+        check_cancelled(cancelled)
+        with torch.inference_mode(), one_lapack_thread():
+            _corrupt_run(w, graph, clean_t, corrupt_t, metric)
+        return []
+    found = patch_paths(w, clean_t, corrupt_t, metric, paths, noising=True, progress=progress, cancelled=cancelled)
     return [ExactEdge(edge=name, estimate=None if scores is None else scores.score(name), patched=m,
-                      exact=m - corrupt_run.clean) for name, m in zip(edges, found, strict=True)]
+                      exact=m - found.clean) for name, m in zip(edges, found.patched, strict=True)]
 
 
 def _check_differ(w: WeightSource, metric: Metric, run: _Corrupt) -> None:

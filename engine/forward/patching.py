@@ -31,11 +31,15 @@ gradients from its kept input, so memory holds one layer's graph, never the mode
 taken at the pattern (AtP*'s QK fix: a linear estimate through a saturated softmax misses
 the head).
 
-Path patching (``path_patch``) of an edge sender -> receiver puts the sender's clean output
-(as it enters the residual stream) into the receiver's q, k or v input only: the receiver's
-input is the corrupt stream entering its layer plus (clean - corrupt) sender output, and no
-other head or MLP sees the change; the receiver's new output then flows through the rest of
-the model as usual.
+Path patching (``patch_paths``; ``path_patch`` for head edges) of an edge sender -> receiver
+puts the sender's clean output (as it enters the residual stream) into the receiver's input
+only: the receiver's input is the corrupt stream entering its layer plus (clean - corrupt)
+sender output, and no other node sees the change; the receiver's new output then flows
+through the rest of the model as usual. Any edge of the edge graph (``core.path_nodes``):
+senders ``input`` (the token embedding), a head, an MLP; receivers a head's q, k or v (a
+patched copy at that site), an MLP's input (the site ``mlp``: ``finish_block``'s
+``mlp_in``), the logits (the base run's final stream plus the difference: no layer runs).
+In noising this is the exact check of an edge (``edges.exact_edges`` calls it).
 
 Every entry point takes ``progress(fraction)`` and ``cancelled()`` (checked between patched
 sub-batches, raising ``CancelledError``) like the other sweeps.
@@ -54,6 +58,7 @@ from headscope.engine.core.errors import (
     InvalidRequestError,
     NonFiniteError,
 )
+from headscope.engine.core.path_nodes import PathNode, check_path, key_node, path_node
 from headscope.engine.core.progress import Cancelled, Progress, check_cancelled, report
 from headscope.engine.core.results import PatchResult, patch_result, verify_order
 from headscope.engine.core.threads import one_lapack_thread
@@ -87,7 +92,7 @@ from headscope.engine.model.weights import WeightSource
 if TYPE_CHECKING:
     from torch import Tensor
 
-__all__ = ["HeadSet", "attribute_heads", "patch_heads", "path_patch"]
+__all__ = ["HeadSet", "PathValues", "attribute_heads", "patch_heads", "patch_paths", "path_nodes", "path_patch"]
 
 HeadSet = tuple[tuple[int, int], ...]  # heads patched together
 
@@ -175,10 +180,13 @@ def _norm_spans_heads(w: WeightSource, layer: int) -> bool:
 
 @dataclass(frozen=True)
 class _Variant:
-    """One patched copy of the run: its heads patched together, at one position or all."""
+    """One patched copy of the run: its heads patched together, at one position or all;
+    ``site`` its own site (path patching into different inputs at once; ``None``: the pass's),
+    ``mlp`` the MLP's input, whose "head" is ``-1``."""
 
     heads: HeadSet
     pos: int | None = None
+    site: str | None = None
 
 
 # (variant, head, pos): one head of one variant patched at the layer being run (the
@@ -279,8 +287,11 @@ def _suffix(w: WeightSource, runs: _Runs, clean: Tensor, corrupt: Tensor, metric
     return _Suffix(_LayerWeights(w), runs, first, metric.reads(clean.shape[1]), {})
 
 
-def _patched_layer(ctx: _Suffix, layer: int, x: Tensor, slot: Tensor, pairs: list[_Pair], site: str,
-                   source: Tensor | None) -> Tensor:
+# the pairs patched at one site, with their activations: a layer's patches, site by site
+_Patches = Sequence[tuple[str, list[_Pair], "Tensor"]]
+
+
+def _patched_layer(ctx: _Suffix, layer: int, x: Tensor, slot: Tensor, patches: _Patches) -> Tensor:
     """Block ``layer`` of ``n = len(slot)`` patched runs; returns their streams after it,
     ``[n·b, p - q0, d]`` from position ``q0 = ctx.queries_from(layer)``.
 
@@ -288,7 +299,8 @@ def _patched_layer(ctx: _Suffix, layer: int, x: Tensor, slot: Tensor, pairs: lis
     and ``slot[j]`` is run ``j``'s (runs that start at this layer share the base stream).
     Attention runs once per stream. Each pair's head gets ``source`` at its site (positions
     before ``first`` equal the base run's); its output is recomputed with the other inputs
-    it had, and the change ``(z_new - z) W_O[h]`` is added to its run's attention output."""
+    it had, and the change ``(z_new - z) W_O[h]`` is added to its run's attention output.
+    At site ``mlp`` the pair's ``source [b, p, d_model]`` is added to its run's MLP input."""
     w = ctx.w
     m, n, first, q0 = x.shape[0] // ctx.runs.base_in[0].shape[0], len(slot), ctx.first, ctx.queries_from(layer)
     b, s = x.shape[0] // m, x.shape[1]
@@ -313,15 +325,23 @@ def _patched_layer(ctx: _Suffix, layer: int, x: Tensor, slot: Tensor, pairs: lis
     x_q = x.reshape(m, b, s, -1)[:, :, rows:]
     if m != n or not torch.equal(slot, torch.arange(n)):
         a, x_q = a[slot], x_q[slot]
-    if pairs:
+    if len(patches) > 1 and _norm_spans_heads(w, layer):
+        raise InvalidRequestError(getattr(w, "path", None), "a q/k norm across the heads: patch one site at a time")
+    mlp_in: Tensor | None = None
+    for site, pairs, source in patches:
         variant = torch.tensor([j for j, _, _ in pairs])
+        if site == "mlp":  # the MLP's input of the pair's run, at the query positions
+            if mlp_in is None:
+                mlp_in = a.new_zeros(a.shape)
+            mlp_in.index_add_(0, variant, source[:, :, q0:].transpose(0, 1))
+            continue
         heads = torch.tensor([hd for _, hd, _ in pairs])
         at = slot[variant]
 
-        def pick(t: Tensor) -> Tensor:  # [m·b, h, ...] -> the pairs' heads [b, P, ...]
+        def pick(t: Tensor, at: Tensor = at, heads: Tensor = heads) -> Tensor:
+            """``[m·b, h, ...]`` -> the pairs' heads ``[b, P, ...]``."""
             return t.reshape(m, b, *t.shape[1:])[at, :, heads].transpose(0, 1)
 
-        assert source is not None
         positions = [pos for _, _, pos in pairs]
         if site in ("q", "out", "pattern"):  # one row per query
             source = source[:, :, q0:]
@@ -355,7 +375,8 @@ def _patched_layer(ctx: _Suffix, layer: int, x: Tensor, slot: Tensor, pairs: lis
                 z_new = patched @ pick(v)
             a.index_add_(0, variant, torch.einsum("bPqe,Pem->Pbqm", z_new - pick(z), w_o[heads]))
     a = a.reshape(n * b, sq, -1)
-    return finish_block(w, layer, x_q.reshape(n * b, sq, -1), a)
+    return finish_block(w, layer, x_q.reshape(n * b, sq, -1), a,
+                        mlp_in=None if mlp_in is None else mlp_in.reshape(n * b, sq, -1))
 
 
 def _normed(w: WeightSource, layer: int, x: Tensor, which: str) -> Tensor:
@@ -405,8 +426,8 @@ def _run_variants(ctx: _Suffix, variants: Sequence[_Variant], ids: Sequence[int]
             order += joining
             pairs = [(j, head, variants[i].pos) for j, i in enumerate(order)
                      for lh, head in variants[i].heads if lh == layer]
-            x = _layer_in_parts(ctx, layer, x, slot, pairs, site, source_for, [ids[i] for i in order],
-                                cancelled, step)
+            x = _layer_in_parts(ctx, layer, x, slot, pairs, [variants[i].site or site for i in order],
+                                source_for, [ids[i] for i in order], cancelled, step)
     finally:
         ctx.w.hold(None)
     final = x.reshape(len(order), b, *x.shape[1:])[torch.tensor(order).argsort()]
@@ -417,7 +438,7 @@ def _run_variants(ctx: _Suffix, variants: Sequence[_Variant], ids: Sequence[int]
     return final.reshape(len(order) * b, *final.shape[2:])
 
 
-def _layer_in_parts(ctx: _Suffix, layer: int, x: Tensor, slot: Tensor, pairs: list[_Pair], site: str,
+def _layer_in_parts(ctx: _Suffix, layer: int, x: Tensor, slot: Tensor, pairs: list[_Pair], sites: list[str],
                     source_for: SourceFor, ids: list[int], cancelled: Cancelled,
                     step: Callable[[int], None]) -> Tensor:
     """``_patched_layer`` of the ``n = len(slot)`` runs in sub-batches of consecutive runs
@@ -425,7 +446,8 @@ def _layer_in_parts(ctx: _Suffix, layer: int, x: Tensor, slot: Tensor, pairs: li
     non-decreasing (the runs joining at this layer share the last stream), so a sub-batch
     of runs ``j0 .. j1-1`` reads the streams ``slot[j0] .. slot[j1-1]`` (a view of ``x``)
     with its slots shifted to start at 0, and its pairs re-indexed from ``j0``, their
-    activations from ``source_for`` (``ids[j]``: run ``j``'s variant for it)."""
+    activations from ``source_for`` (``ids[j]``: run ``j``'s variant for it), one call per
+    site (``sites[j]``: run ``j``'s)."""
     n = len(slot)
     b = ctx.runs.base_in[0].shape[0]
     size = ctx.runs_per_part(layer, n)
@@ -434,10 +456,12 @@ def _layer_in_parts(ctx: _Suffix, layer: int, x: Tensor, slot: Tensor, pairs: li
         check_cancelled(cancelled)
         j1 = min(n, j0 + size)
         s0, s1 = int(slot[j0]), int(slot[j1 - 1]) + 1
-        mine = [pair for pair in pairs if j0 <= pair[0] < j1]
-        y = _patched_layer(ctx, layer, x[s0 * b:s1 * b], slot[j0:j1] - s0,
-                           [(j - j0, head, pos) for j, head, pos in mine], site,
-                           source_for(layer, [(ids[j], head, pos) for j, head, pos in mine]) if mine else None)
+        patches = []
+        for site in dict.fromkeys(sites[j] for j, _, _ in pairs if j0 <= j < j1):
+            mine = [pair for pair in pairs if j0 <= pair[0] < j1 and sites[pair[0]] == site]
+            patches.append((site, [(j - j0, head, pos) for j, head, pos in mine],
+                            source_for(layer, [(ids[j], head, pos) for j, head, pos in mine])))
+        y = _patched_layer(ctx, layer, x[s0 * b:s1 * b], slot[j0:j1] - s0, patches)
         if size >= n:
             out = y
         else:
@@ -640,51 +664,149 @@ def attribute_heads(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor |
 # -- path patching ---------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class PathValues:
+    """The metric of each path patched (``patch_paths``), beside the two plain runs'."""
+
+    clean: float
+    corrupt: float
+    patched: tuple[float, ...]
+
+
+Path = tuple["str | PathNode", "str | PathNode"]
+
+
+def path_nodes(w: WeightSource, paths: Sequence[Path]) -> list[tuple[PathNode, PathNode]]:
+    """Each path's (sender, receiver) nodes, checked against the model (``path_nodes.check_path``;
+    an MLP's input is refused on a model that normalises after adding the sublayers, BERT's
+    post-LN, where no input is the MLP's alone)."""
+    cfg, where = w.cfg, getattr(w, "path", None)
+    out = []
+    for sender, receiver in paths:
+        s, r = (node if isinstance(node, PathNode) else path_node(node, where) for node in (sender, receiver))
+        check_path(s, r, n_layers=cfg.n_layers, n_heads=cfg.n_heads, has_mlp=not cfg.attn_only,
+                   parallel=cfg.parallel_attn_mlp, where=where)
+        if cfg.post_ln and "mlp" in (s.kind, r.kind):
+            raise InvalidRequestError(where, f"{cfg.architecture} normalises after each sublayer: no MLP node to patch")
+        out.append((s, r))
+    return out
+
+
+def patch_paths(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor | Sequence, metric: Metric,
+                paths: Sequence[Path], *, noising: bool = False, progress: Progress = None,
+                cancelled: Cancelled = None) -> PathValues:
+    """Path patching of each ``(sender, receiver)`` (node names, ``core.path_nodes``): the
+    receiver's input is the base run's plus ``S_source - S_base`` of the sender (what the
+    sender writes in the source run minus what it writes in this one; module docstring), and
+    no other node sees the change. Noising (the clean run, the sender corrupted) is the
+    change an edge attribution score estimates: ``edges.exact_edges`` is this."""
+    check_metric(w, metric)
+    clean_t, corrupt_t = check_inputs(w, clean, corrupt)
+    nodes = path_nodes(w, paths)
+    check_cancelled(cancelled)
+    runs, values = _path_metrics(w, clean_t, corrupt_t, metric, nodes, noising, progress, cancelled)
+    return PathValues(runs.clean, runs.corrupt, tuple(values))
+
+
+def _path_metrics(w: WeightSource, clean: Tensor, corrupt: Tensor, metric: Metric,
+                  nodes: Sequence[tuple[PathNode, PathNode]], noising: bool, progress: Progress,
+                  cancelled: Cancelled) -> tuple[_Runs, list[float]]:
+    """The two runs and the metric of each path: a receiver in a layer is a patched copy of
+    ``_evaluate`` joining at that layer (a head's q/k/v input is its site; the MLP's input
+    the site ``mlp``), ``logits`` the base run's final stream plus the difference."""
+    with torch.inference_mode(), one_lapack_thread():  # numpy's BLAS: see patch_heads
+        runs = _two_runs(w, clean, corrupt, metric, noising)
+        ctx = _suffix(w, runs, clean, corrupt, metric)
+        tw = ctx.w  # the receivers' projections read their layer's weights while the pass holds them
+        base_tokens, source_tokens = (clean, corrupt) if noising else (corrupt, clean)
+        written: dict[tuple[str, int, bool], Tensor] = {}
+
+        def writes(kind: str, layer: int, source: bool) -> None:
+            """What ``layer`` writes in a run: each head's output ``[b, h, p, d_model]`` as it
+            enters the residual stream, or (``kind`` mlp) the MLP's ``[b, p, d_model]``."""
+            x = (runs.source_in if source else runs.base_in)[layer]
+            z = _site_activation(tw, layer, x, "out")
+            result = torch.einsum("bhqe,hem->bhqm", z, tw.get(f"blocks.{layer}.attn.W_O"))
+            written["head", layer, source] = post_normed_heads(tw, layer, result)
+            if kind == "mlp":
+                finish_block(tw, layer, x, result.sum(dim=1) + tw.get(f"blocks.{layer}.attn.b_O"),
+                             on_mlp=lambda out: written.__setitem__(("mlp", layer, source), out))
+
+        def sent(node: PathNode, source: bool) -> Tensor:
+            """What ``node`` writes in the source or the base run, ``[b, p, d_model]``."""
+            if node.kind == "input":
+                return tw.embed_rows(source_tokens if source else base_tokens)
+            if (node.kind, node.layer, source) not in written:
+                writes(node.kind, node.layer, source)
+            found = written[node.kind, node.layer, source]
+            return found[:, node.head] if node.kind == "head" else found
+
+        def difference(i: int) -> Tensor:
+            sender = nodes[i][0]
+            return sent(sender, True) - sent(sender, False)
+
+        inside = [i for i, (_, r) in enumerate(nodes) if r.kind != "logits"]
+
+        def source_for(_layer: int, pairs: list[_Pair]) -> Tensor:
+            found = []
+            for v, _, _ in pairs:
+                i = inside[v]
+                receiver = nodes[i][1]
+                if receiver.kind == "mlp":
+                    found.append(difference(i))
+                else:  # the receiver's input: the base stream + the sender's difference
+                    x = runs.base_in[receiver.layer] + difference(i)
+                    found.append(_head_projection(tw, receiver.layer, x, receiver.part or "q", receiver.head))
+            return torch.stack(found, dim=1)  # [b, P, p, d_head] ([b, P, p, d_model]: mlp)
+
+        variants = [_Variant(((r.layer, r.head if r.kind == "head" else -1),),
+                             site=r.part if r.kind == "head" else "mlp") for _, r in (nodes[i] for i in inside)]
+        out = [math.nan] * len(nodes)
+        groups = [list(range(len(variants)))]
+        if any(_norm_spans_heads(tw, layer) for layer in range(w.cfg.n_layers)):  # one site a pass
+            groups = [[j for j, v in enumerate(variants) if v.site == site] for site in dict.fromkeys(
+                v.site for v in variants)]
+        for group in groups:
+            found = _evaluate(w, ctx, [variants[j] for j in group], "q", metric,
+                              lambda layer, pairs, group=group: source_for(layer, [(group[v], h, p) for v, h, p in pairs]),
+                              progress, cancelled)
+            for j, value in zip(group, found, strict=True):
+                out[inside[j]] = value
+        at_logits = [i for i, (_, r) in enumerate(nodes) if r.kind == "logits"]
+        if at_logits:
+            final = torch.cat([runs.base_final + difference(i) for i in at_logits])
+            for i, value in zip(at_logits, metric(w, final, len(at_logits)).tolist(), strict=True):
+                out[i] = value
+    return runs, out
+
+
+def _head_projection(w: WeightSource, layer: int, x: Tensor, part: str, head: int) -> Tensor:
+    """Head ``head``'s ``part`` (q, k or v, before the q/k norm) of the stream ``x [b, p, d]``
+    entering ``layer``, ``[b, p, d_head]``: that head alone (a grouped key or value: the query
+    head's own copy of its group's)."""
+    pre = f"blocks.{layer}.attn"
+    name = part.upper()
+    return attention_input(w, layer, x) @ w.get(f"{pre}.W_{name}")[head] + w.get(f"{pre}.b_{name}")[head]
+
+
 def path_patch(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor | Sequence, metric: Metric,
                edges: Sequence[tuple[tuple[int, int], tuple[int, int]]], *, receiver_input: str = "q",
                noising: bool = False, progress: Progress = None, cancelled: Cancelled = None) -> PatchResult:
     """Path patching of each edge ``(sender, receiver)`` (module docstring): the sender's
-    source-run output enters the receiver's ``receiver_input`` (q, k or v) only. One row per
-    edge, ``heads = (sender, receiver)``."""
-    check_site(receiver_input, PATH_INPUTS)
+    source-run output enters the receiver's ``receiver_input`` (q, k or v) only
+    (``patch_paths`` of ``a{l}.h{h} -> a{l'}.h{h'}<receiver_input>``). One row per edge,
+    ``heads = (sender, receiver)``. An end that is not a head is its ``path_nodes.node_key``
+    pair (``input``, ``m{l}``, ``logits``); into an MLP or the logits ``receiver_input`` is
+    ``mlp`` or ``logits``, as the row's site says."""
+    check_site(receiver_input, (*PATH_INPUTS, "mlp", "logits"))
     check_metric(w, metric)
     clean_t, corrupt_t = check_inputs(w, clean, corrupt)
-    cfg, path = w.cfg, getattr(w, "path", None)
-    for sender, receiver in edges:
-        cfg.check_head(*sender, path)
-        cfg.check_head(*receiver, path)
-        if sender[0] >= receiver[0]:
-            raise InvalidRequestError(path, f"a path runs from an earlier layer to a later one: L{sender[0]}.H{sender[1]} "
-                                      f"is not below L{receiver[0]}.H{receiver[1]}")
+    part = receiver_input if receiver_input in PATH_INPUTS else None
+    nodes = path_nodes(w, [(key_node(sender), key_node(receiver, part)) for sender, receiver in edges])
+    for _, node in nodes:
+        if (node.kind if node.kind != "head" else node.part) != receiver_input:
+            raise InvalidRequestError(getattr(w, "path", None), f"{node.name} is not patched at {receiver_input!r}")
     check_cancelled(cancelled)
-    with torch.inference_mode(), one_lapack_thread():  # numpy's BLAS: see patch_heads
-        runs = _two_runs(w, clean_t, corrupt_t, metric, noising)
-        ctx = _suffix(w, runs, clean_t, corrupt_t, metric)
-        tw = ctx.w  # the receiver's projections read its layer's weights while the pass holds them
-        shares: dict[tuple[int, bool], Tensor] = {}
-
-        def share(layer: int, source: bool) -> Tensor:
-            """Each head's output ``[b, h, p, d_model]`` as it enters the residual stream."""
-            if (layer, source) not in shares:
-                x = (runs.source_in if source else runs.base_in)[layer]
-                z = _site_activation(tw, layer, x, "out")
-                result = torch.einsum("bhqe,hem->bhqm", z, tw.get(f"blocks.{layer}.attn.W_O"))
-                shares[layer, source] = post_normed_heads(tw, layer, result)
-            return shares[layer, source]
-
-        fed: dict[int, Tensor] = {}  # edge -> the receiver's input [b, p, d_head]
-
-        def source_for(_layer: int, pairs: list[_Pair]) -> Tensor:
-            for i, _, _ in pairs:
-                if i not in fed:
-                    (sl, sh), (rl, rh) = edges[i]
-                    # the receiver's input: the base stream + (source - base) output of the sender
-                    x = runs.base_in[rl] + (share(sl, True)[:, sh] - share(sl, False)[:, sh])
-                    qkv = projections(tw, rl, attention_input(tw, rl, x))
-                    fed[i] = qkv[PATH_INPUTS.index(receiver_input)][:, rh]
-            return torch.stack([fed.pop(i) for i, _, _ in pairs], dim=1)  # [b, P, p, d_head]
-
-        values = _evaluate(w, ctx, [_Variant((receiver,)) for _, receiver in edges], receiver_input, metric,
-                           source_for, progress, cancelled)
+    runs, values = _path_metrics(w, clean_t, corrupt_t, metric, nodes, noising, progress, cancelled)
     sets = [(tuple(sender), tuple(receiver)) for sender, receiver in edges]
     return _result(w, "path", receiver_input, metric, noising, runs, clean_t, sets, values)

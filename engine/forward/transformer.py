@@ -13,7 +13,7 @@ One small function per piece of the architecture, reading like the formulas (row
   added after the gate; Hugging Face gated MLPs have none) and the activations transformers uses.
 
 Grouped-query attention needs nothing special: canonical K/V tensors are already expanded to
-one per query head. Non-finite weights give non-finite outputs, never an exception.
+one per query head (``projections`` computes each stored K/V head once and copies it). Non-finite weights give non-finite outputs, never an exception.
 """
 
 from __future__ import annotations
@@ -179,11 +179,13 @@ def attention_input(w: WeightSource, layer: int, x: Tensor) -> Tensor:
 
 
 def finish_block(w: WeightSource, layer: int, x: Tensor, a: Tensor, *,
-                 on_mlp: Callable[[Tensor], None] | None = None) -> Tensor:
+                 on_mlp: Callable[[Tensor], None] | None = None, mlp_in: Tensor | None = None) -> Tensor:
     """The rest of block ``layer`` given its input ``x`` and its attention output ``a``.
 
     ``on_mlp(out)``, if given, sees what the MLP adds to the residual stream ``[b, p,
-    d_model]`` (TransformerLens' ``hook_mlp_out``): QK attribution keeps it as a component."""
+    d_model]`` (TransformerLens' ``hook_mlp_out``): QK attribution keeps it as a component.
+    ``mlp_in``, if given, is added to the stream the MLP reads (before its norm) and to
+    nothing else: path patching into the MLP's input (pre-norm models)."""
     cfg = w.cfg
     ln1, ln2 = f"blocks.{layer}.ln1", f"blocks.{layer}.ln2"
 
@@ -200,9 +202,10 @@ def finish_block(w: WeightSource, layer: int, x: Tensor, a: Tensor, *,
     if cfg.attn_only:
         return x + a
     if cfg.parallel_attn_mlp:  # GPT-NeoX: both read the same residual stream
-        return x + a + seen(mlp(w, layer, norm(w, ln2, x)))
+        return x + a + seen(mlp(w, layer, norm(w, ln2, x if mlp_in is None else x + mlp_in)))
     x = x + post_norm(w, f"blocks.{layer}.ln1_post", a)
-    return x + seen(post_norm(w, f"blocks.{layer}.ln2_post", mlp(w, layer, pre_norm(w, ln2, x))))
+    read = x if mlp_in is None else x + mlp_in
+    return x + seen(post_norm(w, f"blocks.{layer}.ln2_post", mlp(w, layer, pre_norm(w, ln2, read))))
 
 
 def blocks(w: WeightSource, x: Tensor, start: int = 0, stop: int | None = None, *,
@@ -358,10 +361,17 @@ def projections(w: WeightSource, layer: int, x: Tensor) -> tuple[Tensor, Tensor,
 
     pre = f"blocks.{layer}.attn"
     spec = "bpd,hde->bhpe" if x.ndim == 3 else "bphd,hde->bhpe"
+    # grouped-query attention, every head reading x: each stored K/V head is computed once and
+    # copied to its group's query heads (the canonical K/V tensors repeat it per query head,
+    # ``ModelConfig.kv_head_of``); with an input per head each query head keeps its own
+    group = w.cfg.n_heads // w.cfg.kv_heads if x.ndim == 3 else 1
 
     def project(i: int, name: str) -> Tensor:  # [b, p, (h,) d_model] @ [h, d_model, d_head] -> [b, h, p, d_head]
-        return (torch.einsum(spec, x if x.ndim == 3 else x[:, :, i], w.get(f"{pre}.W_{name}"))
-                + w.get(f"{pre}.b_{name}")[:, None, :])
+        weight, bias = w.get(f"{pre}.W_{name}"), w.get(f"{pre}.b_{name}")
+        if name != "Q" and group > 1:
+            stored = torch.einsum(spec, x, weight[::group]) + bias[::group, None, :]
+            return stored.repeat_interleave(group, dim=1)
+        return torch.einsum(spec, x if x.ndim == 3 else x[:, :, i], weight) + bias[:, None, :]
 
     return project(0, "Q"), project(1, "K"), project(2, "V")
 

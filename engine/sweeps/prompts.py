@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from headscope.engine.core.errors import InvalidRequestError, PromptError
+from headscope.engine.core.path_nodes import node_key, path_node
 from headscope.engine.core.progress import Cancelled, check_cancelled
 from headscope.engine.core.requests import PatchRequest, PromptRequest, TokenizeRequest, computes
 from headscope.engine.core.results import PromptView, readonly
@@ -283,13 +284,30 @@ def _is_pair(item: Any) -> bool:
 
 
 def edge_of(edge: tuple[Any, Any] | None, where: str | None = None) -> tuple[tuple[int, int], tuple[int, int]] | None:
-    """A path-patching edge ``(sender, receiver)``, each head a pair or ``"L0.H1"``."""
+    """A path-patching edge ``(sender, receiver)``, each end a head (a pair, ``"L0.H1"``,
+    ``"a0.h1"``) or a node (``"input"``, ``"m0"``, ``"logits"``; ``core.path_nodes``), as
+    the pairs a path's row keeps (``path_nodes.node_key``)."""
     if edge is None:
         return None
-    heads = [head_sets(head if isinstance(head, str) else [head], where) or [[]] for head in edge]
-    if len(heads) != 2 or any(len(h) != 1 or len(h[0]) != 1 for h in heads):
-        raise InvalidRequestError(where, f"{edge!r} is not an edge: give two heads, e.g. ('L0.H1', 'L1.H2')")
-    return heads[0][0][0], heads[1][0][0]
+    if not isinstance(edge, Sequence) or isinstance(edge, str) or len(edge) != 2:
+        raise InvalidRequestError(where, f"{edge!r} is not an edge: give two nodes, e.g. ('L0.H1', 'L1.H2')")
+    ends = []
+    for end in edge:
+        if isinstance(end, str) and not re.match(r"\s*[lL]\d", end):  # not "L0.H1": a node's name
+            ends.append(node_key(path_node(end, where)))
+            continue
+        heads = head_sets(end if isinstance(end, str) else [end], where) or [[]]
+        if len(heads) != 1 or len(heads[0]) != 1:
+            raise InvalidRequestError(where, f"{edge!r} is not an edge: give two nodes, e.g. ('L0.H1', 'L1.H2')")
+        ends.append(heads[0][0])
+    return ends[0], ends[1]
+
+
+def receiver_part(edge: tuple[Any, Any] | None) -> str | None:
+    """The q, k or v a receiver named ``"a1.h2<k>"`` gives, if it does."""
+    if edge is None or not isinstance(edge[1], str) or not edge[1].strip().endswith(">"):
+        return None
+    return path_node(edge[1]).part
 
 
 def patch_request(
@@ -331,5 +349,5 @@ def patch_request(
     return PatchRequest.of(
         model.structure(), clean=clean_ids, corrupt=corrupt_ids,
         answer=token(answer, "answer"), wrong=token(wrong, "wrong"),
-        site=site, method=method, noising=noising, heads=head_sets(heads, where), by_position=by_position,
+        site=receiver_part(edge) or site, method=method, noising=noising, heads=head_sets(heads, where), by_position=by_position,
         verify=verify, seed=seed, seq_len=seq_len, batch=batch, edge=edge_of(edge, where), task=task, where=where)

@@ -174,7 +174,7 @@ def _table(result: Any, top: int | None) -> tuple[list[str], list[list[Any]]]:
     rows = [row + [None] * (width - len(row)) for row in rows]
     found = sorted(result.rows, key=_recovered_key)
     for row in found[:top] if top is not None else found:
-        label = (f"{_head(row.heads[0])} → {_head(row.heads[1])} ({result.site})"
+        label = (f"{_node(row.heads[0])} → {_node(row.heads[1])} ({result.site})"
                  if result.method == "path" else row.label)
         line: list[Any] = [label, row.patched, row.recovered]
         if attribution:
@@ -185,5 +185,8 @@ def _table(result: Any, top: int | None) -> tuple[list[str], list[list[Any]]]:
     return columns, rows
 
 
-def _head(head: tuple[int, int]) -> str:
-    return f"L{head[0]}.H{head[1]}"
+def _node(key: tuple[int, int]) -> str:
+    """A path's end: a head as ``L0.H1``, another node by its name (``core.path_nodes``)."""
+    from headscope.engine.core.path_nodes import key_name
+
+    return f"L{key[0]}.H{key[1]}" if key[1] >= 0 else key_name(key)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from headscope.engine.core.errors import IndexOutOfRangeError, InvalidRequestError, PromptError
+from headscope.engine.core.path_nodes import check_path, key_node
 from headscope.engine.core.requests.base import Head, Request, _where
 from headscope.engine.core.validation import (
     BUILTIN_TASKS,
@@ -21,7 +22,6 @@ from headscope.engine.core.validation import (
     PATH_INPUTS,
     SEED,
     Structure,
-    check_head,
     check_head_sets,
     check_ids,
     check_patchable,
@@ -102,13 +102,14 @@ class PatchRequest(Request):
             raise InvalidRequestError(where, f"--task {task} makes its own inputs: no --clean/--corrupt with it")
         n_ctx, d_vocab = int(structure["n_ctx"]), int(structure["d_vocab"])
         if edge is not None:
-            if site not in PATH_INPUTS:
+            # each end a head or a node's key pair (core.path_nodes: input, m{l}, logits)
+            sender, receiver = key_node(edge[0]), key_node(edge[1], site if site in PATH_INPUTS else None)
+            if receiver.kind in ("mlp", "logits"):
+                site = receiver.kind  # the receiver is its own input
+            elif site not in PATH_INPUTS:
                 raise InvalidRequestError(where, f"a path patches the receiver's q, k or v, not {site!r}")
-            check_head(structure, *edge[0], where)
-            check_head(structure, *edge[1], where)
-            if int(edge[0][0]) >= int(edge[1][0]):
-                raise InvalidRequestError(where, f"a path runs from an earlier layer to a later one: "
-                                          f"L{edge[0][0]}.H{edge[0][1]} is not below L{edge[1][0]}.H{edge[1][1]}")
+            check_path(sender, receiver, n_layers=int(structure["n_layers"]), n_heads=int(structure["n_heads"]),
+                       has_mlp=structure.get("d_mlp") is not None, where=where)
             if method != "exact" or heads is not None or by_position or verify:
                 raise InvalidRequestError(where, "path patching takes one edge and no --method, --heads, "
                                           "--by-position or --verify")

@@ -279,7 +279,7 @@ def logit_diff(logits: torch.Tensor) -> torch.Tensor:
 
 
 def check_parity(model: Any, tl: Any, clean: Any, corrupt: Any, metric: Any, tl_metric: Any, what: str,
-                 ref_has_mlp: bool | None = None) -> None:
+                 ref_has_mlp: bool | None = None, every_kind: bool = False) -> None:
     """Every edge's EAP and EAP-IG score, the graph's names and order, and the faithfulness of
     top-N circuits against the reference. ``ref_has_mlp``: the reference model has MLPs
     where ours has none (attn-only-2l run as a GPT-2 whose MLPs write 0): its extra edges
@@ -328,9 +328,17 @@ def check_parity(model: Any, tl: Any, clean: Any, corrupt: Any, metric: Any, tl_
         assert point.circuit == pytest.approx(m, abs=FAITH_ATOL), f"{what} top {n}: circuit metric"
         assert point.faithfulness == pytest.approx((m - m_corrupt) / (m_clean - m_corrupt), abs=FAITH_ATOL), \
             f"{what} top {n}: faithfulness"
-    # the exact check of the top 3 edges: every other edge in the graph
-    top3 = [graph.edges[i] for i in found.ranked()[:3]]
-    for exact in edges.exact_edges(model.weights, clean, corrupt, metric, top3, found):
+    # the exact check of the top 3 edges (``every_kind``: and of the last edge of every kind,
+    # sender input, a head or an MLP, receiver a head's q, k or v, an MLP or the logits):
+    # every other edge in the graph (``patching.patch_paths`` in noising)
+    def kind(name: str) -> tuple[str, str]:
+        src, dst = name.split("->")
+        return src[0], dst[-3:] if dst.endswith(">") else dst[0]
+
+    last_of_kind = {kind(name): name for name in graph.edges} if every_kind else {}
+    checked = [graph.edges[i] for i in found.ranked()[:3]] + sorted(last_of_kind.values())
+    assert len(last_of_kind) == (0 if not every_kind else 8 if cfg.attn_only else 15)
+    for exact in edges.exact_edges(model.weights, clean, corrupt, metric, checked, found):
         alone = real.clone()
         alone[at_src[graph.index[exact.edge]], at_dst[graph.index[exact.edge]]] = False
         assert exact.patched == pytest.approx(ref.evaluate(clean_t, corrupt_t, tl_metric, alone), abs=FAITH_ATOL)
@@ -344,7 +352,9 @@ def check_parity(model: Any, tl: Any, clean: Any, corrupt: Any, metric: Any, tl_
 def test_edge_attribution_matches_the_reference(name: str, request: pytest.FixtureRequest,
                                                 tmp_path_factory: pytest.TempPathFactory) -> None:
     model, tl = family(name, request, tmp_path_factory)
-    check_parity(model, tl, CLEAN, CORRUPT, patch_tasks.LogitDiff(ANSWER, WRONG), logit_diff, name)
+    # every kind of edge checked exactly on a sequential and a parallel block
+    check_parity(model, tl, CLEAN, CORRUPT, patch_tasks.LogitDiff(ANSWER, WRONG), logit_diff, name,
+                 every_kind=name in ("gpt2", "neox"))
 
 
 def test_edge_attribution_matches_the_reference_on_attn_only_2l(tmp_path: Path) -> None:
@@ -555,7 +565,8 @@ def test_non_finite_activations_are_refused(tmp_path: Path) -> None:
     diff = patch_tasks.LogitDiff(3, 4)
     for call in (lambda: edges.edge_scores(w, [[1, 2, 3, 1, 2]], [[1, 2, 4, 1, 2]], diff, method="eap-ig"),
                  lambda: edges.exact_edges(w, [[1, 2, 3, 1, 2]], [[1, 2, 4, 1, 2]], diff, [K_EDGE])):
-        with pytest.raises(NonFiniteError, match="non-finite activations in the clean or corrupt run") as err:
+        # (the exact check is path patching: its message names the run and the layer)
+        with pytest.raises(NonFiniteError, match="non-finite activations in the clean") as err:
             call()
         assert "\n" not in str(err.value)
 

@@ -1,5 +1,5 @@
-"""``headscope path-patch PATH SENDER RECEIVER``: path patching of one composition edge
-(tui/cli/patching.py: the inputs, the run and the table)."""
+"""``headscope path-patch PATH SENDER RECEIVER``: path patching of one edge of the graph
+``headscope edges`` scores (tui/cli/patching.py: the inputs, the run and the table)."""
 
 from __future__ import annotations
 
@@ -14,16 +14,34 @@ EXAMPLE = "headscope path-patch sample_models/attn-only-2l L0.H1 L1.H2 --patch k
 
 
 def register(sub: Any) -> None:
-    p = command_parser(sub, "path-patch", "path patching of a composition edge: the sender's clean "
-                       "output enters only the receiver's query, key or value input; every other "
-                       "path stays corrupt", EXAMPLE)
+    p = command_parser(sub, "path-patch", "path patching of an edge: the sender's clean output enters "
+                       "only the receiver's input (a head's query, key or value, an MLP, the logits); "
+                       "every other path stays corrupt (--noising: the reverse, as headscope edges "
+                       "--verify checks an edge)", EXAMPLE)
     model_arg(p)
-    p.add_argument("sender", type=head_ref, help="the earlier head, e.g. L0.H1")
-    p.add_argument("receiver", type=head_ref, help="the later head, e.g. L1.H2")
+    p.add_argument("sender", type=node_ref, help="the earlier head, e.g. L0.H1 (or a0.h1), or input or m0")
+    p.add_argument("receiver", type=node_ref, help="the later head, e.g. L1.H2 (or a1.h2, a1.h2<k>), or m1 or logits")
     p.add_argument("--patch", choices=("q", "k", "v"), default="q",
-                   help="the receiver's input the sender's output enters (default q)")
+                   help="the receiving head's input the sender's output enters (default q)")
     inputs(p)
     p.set_defaults(handler=run)
+
+
+def node_ref(text: str) -> tuple[int, int] | str:
+    """A head (``"L0.H1"``, ``"0.1"``: a pair) or a node's name (``a0.h1``, ``a1.h2<k>``,
+    ``input``, ``m0``, ``logits``); anything else is a usage error."""
+    from headscope.engine.core.errors import InvalidRequestError
+    from headscope.engine.core.path_nodes import path_node
+
+    try:
+        return head_ref(text)
+    except argparse.ArgumentTypeError:
+        pass
+    try:
+        path_node(text)
+    except InvalidRequestError as err:
+        raise argparse.ArgumentTypeError(err.one_line()) from None
+    return text
 
 
 def run(args: argparse.Namespace) -> int:

@@ -58,12 +58,19 @@ def test_verify_puts_exact_beside_the_estimate_and_matches_path_patch(capsys) ->
     assert [row["edge"] for row in checked] == [row["edge"] for row in report["edges"][:3]]
     by_edge = {row["edge"]: row for row in checked}
     assert K_EDGE in by_edge
-    # the edge alone corrupted on the clean run = path patching it with --noising
+    # the edge alone corrupted on the clean run = path patching it with --noising, by the
+    # graph's node names (one implementation: the same number), for every checked edge, the
+    # ones from the input and into the logits too
+    assert set(by_edge) == {"input->a0.h1<v>", K_EDGE, "a1.h2->logits"}
+    for name, row in by_edge.items():
+        sender, receiver = name.split("->")
+        path = run_json(capsys, "path-patch", MODEL, sender, receiver, *TASK, "--noising")
+        assert path["clean"] == report["clean"] and path["heads"][0]["edge"] == name
+        assert row["exact"] == pytest.approx(path["heads"][0]["patched"] - path["clean"], abs=1e-6), name
+    # the head form of the K-composition edge is the same path
     path = run_json(capsys, "path-patch", MODEL, "L0.H1", "L1.H2", "--patch", "k", *TASK, "--noising")
-    assert path["clean"] == pytest.approx(report["clean"], rel=1e-6)
-    expected = path["heads"][0]["patched"] - path["clean"]
-    # float32 runs of the same sums in another order: rounding of a metric of size ~6
-    assert by_edge[K_EDGE]["exact"] == pytest.approx(expected, abs=1e-4)
+    assert path["heads"][0]["sender"] == [0, 1] and path["heads"][0]["edge"] == K_EDGE
+    assert by_edge[K_EDGE]["exact"] == pytest.approx(path["heads"][0]["patched"] - path["clean"], abs=1e-6)
     # the estimate has the sign and size of the exact effect
     assert by_edge[K_EDGE]["score"] < 0 and by_edge[K_EDGE]["exact"] < 0
 

@@ -30,3 +30,27 @@ def test_sets_attribution_positions_and_paths_in_json(capsys) -> None:
     assert row["sender"] == [0, 1] and row["receiver"] == [1, 2]
     found = open_model(MODEL).path_patch((0, 1), (1, 2), patch="k")
     assert row["patched"] == found.rows[0].patched
+
+
+def test_paths_between_the_graphs_nodes_are_the_exact_edge_checks(capsys) -> None:
+    """``path-patch`` by the edge graph's names on a model with MLPs: into an MLP (from its own
+    layer's head), from an MLP into the logits; the receiver's input is its site, the row
+    names its edge, and ``--noising`` gives ``exact_edges``' number for it (every kind of
+    edge: tests/engine/forward/test_edges.py)."""
+    from headscope.engine.forward import edges, patch_tasks
+    from tests.conftest import sample_model
+
+    model = str(sample_model("gpt2-mini"))
+    clean, corrupt = [5, 9, 2, 33, 7, 5, 9, 4], [5, 9, 2, 40, 7, 11, 9, 4]
+    ids = ["--clean-tokens", ",".join(map(str, clean)), "--corrupt-tokens", ",".join(map(str, corrupt)),
+           "--answer", "3", "--wrong", "6", "--noising", "--no-cache"]
+    names = ["a0.h0->m0", "m1->logits"]
+    w = open_model(model).weights
+    expected = edges.exact_edges(w, [clean], [corrupt], patch_tasks.LogitDiff(3, 6), names)
+    for name, exact in zip(names, expected, strict=True):
+        sender, receiver = name.split("->")
+        found = run_json(capsys, "path-patch", model, sender, receiver, *ids)
+        (row,) = found["heads"]
+        assert row["edge"] == name and found["site"] == {"l": "logits", "m": "mlp"}[receiver[0]]
+        assert row["patched"] == pytest.approx(exact.patched, abs=1e-6), name
+    assert row["sender"] == "m1" and row["receiver"] == "logits"
