@@ -5,11 +5,17 @@ Writes (once, into ``DIR``, reused afterwards) the ``llama-7b`` shape of ``bench
 and runs each scenario in its own process (``python -m bench.big --one SCENARIO PATH``), so
 peak RSS and import costs are per scenario:
 
-- ``floor``: the same work as plain dense products: read every layer's attention weights and
-  both embeddings, form ``W_U W_E`` and ``W_Eᵀ W_E`` once, one ``4096 × 4096 × 4096`` product
-  per layer for each of the two spectral sweeps, plus one forward pass of the whole model on 64
-  tokens (``engine.forward.transformer.run`` on the raw weights).
-- ``heads``: ``headscope heads PATH --json`` (the CLI's ``main``), output discarded.
+- ``plain-floor``: the independent floor (``bench/plain_floor.py``, no headscope import): plain
+  ``safetensors`` reads upcast to float32, ``W_U W_E`` and ``W_Eᵀ W_E`` once, the two
+  ``[H·d_head, d] @ [d, d]`` spectral products per layer, and a hand-written Llama forward pass
+  on the sequences of ``heads``' behaviour batch (``--floor-batch``; ``64``: one sequence of 64).
+- ``gguf-read`` (GGUF files): every tensor through ``gguf``'s reader and
+  ``gguf.quants.dequantize``, the GGUF rows' read cost, reported apart.
+- ``floor``: the headscope-reader floor (kept for comparison with earlier tables): the same
+  work read through headscope's own loaders (``open_model(path, raw=True)`` +
+  ``torch_weights``) and run by its own forward pass (``engine.forward.transformer.run``) on 64
+  tokens, so a slow reader there is in the floor too.
+- ``heads``: ``headscope heads PATH --json --no-cache`` (the CLI's ``main``), output discarded.
 - ``info``: ``headscope info PATH --json``.
 - ``first_view``: open the model, then the first head's 64×64 token QK block (``Engine``).
 - ``composition-floor-{q,k,v}`` / ``composition-numpy-{q,k,v}`` / ``composition-{q,k,v}``
@@ -18,8 +24,12 @@ peak RSS and import costs are per scenario:
   (``engine.circuits.composition``, the one sweep; ``composition-numpy-*`` is kept as a name
   for the same run).
 
-Ratios are headscope / floor (≤ 1.5 is the goal for ``heads``). ``--tiny`` runs the same on
-the toy ``tiny-llama-mha`` shape (what the smoke test does).
+Ratios are headscope / floor (≤ 1.5 × the warm independent floor is the goal for ``heads``).
+``--cache warm,cold``: before each scenario the files it reads are read once (warm) or dropped
+from the page cache with ``posix_fadvise(DONTNEED)`` (cold; no root needed); ``--repeat N``
+runs every scenario N times in turn and keeps the fastest; ``--lock FILE`` holds a flock(2)
+lock for each scenario (page cache set-up and run), so others can interleave on a shared box.
+``--tiny`` runs the same on the toy ``tiny-llama-mha`` shape (what the smoke test does).
 
 ``--gguf``: the same shape also as llama.cpp GGUF files in Q8_0 and Q4_K (``Q4_K_M``-like:
 the output matrix in Q6_K), random valid blocks and a 32k-piece SentencePiece vocabulary
