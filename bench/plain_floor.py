@@ -57,7 +57,9 @@ def sequence_lengths(batch: str, tokenizer: bool) -> list[int]:
 
 
 class SafetensorsFiles:
-    """Tensors by name from a (sharded) safetensors checkpoint, each file opened once."""
+    """Tensors by name from a (sharded) safetensors checkpoint. Each tensor's file is opened
+    for that read only, so no file stays mapped (peak RSS counts the floor's own arrays, not
+    the checkpoint's pages)."""
 
     def __init__(self, path: Path) -> None:
         from safetensors import safe_open
@@ -66,17 +68,19 @@ class SafetensorsFiles:
         if index.exists():
             where = json.loads(index.read_text())["weight_map"]
         else:
-            single = path / "model.safetensors"
-            with safe_open(str(single), framework="pt") as f:
-                where = dict.fromkeys(f.keys(), single.name)
-        self._where = where
-        self._open = {name: safe_open(str(path / name), framework="pt") for name in set(where.values())}
+            with safe_open(str(path / "model.safetensors"), framework="pt") as f:
+                where = dict.fromkeys(f.keys(), "model.safetensors")
+        self._path, self._where = path, where
         self.read_s = 0.0  # time spent reading and upcasting
 
     def get(self, name: str) -> Any:
-        """The tensor, upcast to float32."""
+        """The tensor, upcast to float32 (a copy: nothing of the file's mapping is kept)."""
+        from safetensors import safe_open
+
         t = time.perf_counter()
-        out = self._open[self._where[name]].get_tensor(name).float()
+        with safe_open(str(self._path / self._where[name]), framework="pt") as f:
+            stored = f.get_tensor(name)
+            out = stored.float() if stored.is_floating_point() and stored.itemsize < 4 else stored.clone().float()
         self.read_s += since(t)
         return out
 
