@@ -55,6 +55,10 @@ APP_BINDINGS: list[Binding] = [
             tooltip="Choose the tokens (rows/columns) of the QK and OV heatmaps"),
     Binding("p", "screen.edit_prompt", "Prompt", id="edit-prompt",
             tooltip="Edit the prompt run through the model"),
+    Binding("z", "screen.zoom", "Zoom", id="zoom",
+            tooltip="QK, OV, Spectrum, Prompt tabs: the tab's main chart on the whole screen, "
+                    "pooled less (at 80×24 the Prompt pattern's induction stripe shows); z or "
+                    "esc: back"),
     Binding("c", "screen.composition", "Comp", id="composition",
             tooltip="Show composition; pressed again, switch Q → K → V"),
     Binding("r", "screen.toggle_raw", "Raw/proc", id="toggle-raw",

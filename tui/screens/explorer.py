@@ -34,6 +34,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
+from textual.widget import Widget
 from textual.widgets import DataTable, Input, TabbedContent, TabPane
 
 from headscope.engine.core.errors import HeadscopeError
@@ -80,6 +81,11 @@ from headscope.tui.widgets.timeline import TimelinePane
 
 if TYPE_CHECKING:
     from headscope.tui.screens.timeline import TimelineHost
+
+# The chart `z` zooms on each tab (the QK/OV token heatmap, not the positional one or the
+# directions panel; the OV eigenvalues; the Prompt tab's pattern, A's in compare mode)
+ZOOM_CHARTS: dict[str, str] = {"qk": "#qk-token", "ov": "#ov-heatmap", "spectrum": "#spectrum-ov",
+                               "prompt": "#prompt-pattern"}
 
 __all__ = ["SHORT_TAB_TITLES", "TABS", "TAB_TITLES", "VIEWS", "ExplorerHost", "ExplorerScreen"]
 
@@ -340,6 +346,7 @@ class ExplorerScreen(ExplorerScores):
     def action_why(self) -> None:
         """Open the why view at the pattern's cursor cell (on the Prompt tab), or close it."""
         pane = self.query_one(PromptPane)
+        self.minimize()  # the why view takes the pattern's place, zoomed or not
         if self.active_tab == "prompt" and pane.why_open:
             pane.set_why_open(False)
             return
@@ -355,6 +362,7 @@ class ExplorerScreen(ExplorerScores):
     def action_explain_head(self) -> None:
         """Why at the pattern's strongest cell (``PromptPane.strongest_cell``)."""
         pane = self.query_one(PromptPane)
+        self.minimize()
         self.action_show_tab("prompt")
         cell = pane.strongest_cell()
         if cell is None:
@@ -379,6 +387,44 @@ class ExplorerScreen(ExplorerScores):
         self.goto_head(msg.head, immediate=True)
         self.notify(f"L{msg.head[0]}.H{msg.head[1]} focused (it fed the {msg.side} side): "
                     "its why at the same cell · w: its pattern", timeout=2)
+
+
+    # -- zoom: the tab's main chart on the whole screen ----------------------------------
+    _focus_before_zoom: Widget | None = None
+
+    def action_zoom(self) -> None:
+        """The active tab's main chart on the whole screen (the footer stays), or back.
+
+        At 80×24 the Prompt tab's 24-token pattern got 5 rows in its pane, too few for an
+        induction stripe (issue 39 §3); zoomed, 17 (pooled 24→17, each cell its block's
+        largest weight: a stripe cell keeps its brightness). Escape goes back too (Textual's
+        ``ESCAPE_TO_MINIMIZE``), and so does any key that shows another tab or view."""
+        if self.maximized is not None:
+            self.minimize()
+            return
+        chart = ZOOM_CHARTS.get(self.active_tab)
+        if chart is None or (self.active_tab == "prompt" and self.query_one(PromptPane).why_open):
+            self.notify("z zooms the heatmap of the QK, OV, Prompt tabs (1, 2, 4; the eigenvalues "
+                        "of 3)", timeout=2)
+            return
+        # Nothing keeps focus while zoomed: the focused widget, hidden, would hand focus on
+        # along the focus chain (Textual's blur on Hide), to the prompt box, which then took
+        # the next keys as typing. It gets focus back on the way out.
+        self._focus_before_zoom = self.focused
+        self.set_focus(None)
+        self.maximize(self.query_one(chart, Chart), container=False)
+
+    def minimize(self) -> None:
+        if self.maximized is None:
+            return
+        super().minimize()
+        back, self._focus_before_zoom = self._focus_before_zoom, None
+        if back is not None and back.is_attached:
+            self.set_focus(back)
+
+    def action_show_tab(self, tab: str) -> None:
+        self.minimize()  # the zoomed chart belongs to the tab left
+        super().action_show_tab(tab)
 
 
     # -- actions --------------------------------------------------------------------------

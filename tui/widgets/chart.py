@@ -29,6 +29,9 @@ class Chart(PlotextPlot):
     DEFAULT_CSS = """
     Chart { width: 1fr; height: 1fr; }
     """
+    # `z` (the explorer's zoom) shows a chart on the whole screen (``Screen.maximize``); the
+    # picture is cached by size, so the chart is built again at the new size, and back.
+    ALLOW_MAXIMIZE = True
 
     def __init__(self, *, placeholder: str = "", id: str | None = None,
                  classes: str | None = None) -> None:

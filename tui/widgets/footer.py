@@ -2,8 +2,9 @@
 
 At 80 columns the full footer (``[ Prev head``, ``v Directions``, … ``e Export``) ran past the
 edge and lost its last keys mid-word (issue 39 §3). Narrow, each key keeps a one-word
-description and the keys that matter least on a small screen (tokens, theme, screenshot)
-leave the footer; every key stays in ``?`` and works as before.
+description and the keys that matter least on a small screen (tokens, theme, screenshot, and
+c: the tab strip shows ``5 Comp``) leave the footer; every key stays in ``?`` and works as
+before.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ NARROW_DESCRIPTIONS: dict[str, str | None] = {
     "screen.step_head(1)": "Next",
     "screen.toggle_directions": "Dirs",
     "screen.choose_tokens": None,
+    "screen.composition": None,  # the tab strip's `5 Comp` does it; its room went to `z Zoom`
     "screen.toggle_raw": "Raw",
     "cycle_theme": None,
     "screenshot_svg": None,

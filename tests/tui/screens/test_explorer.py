@@ -11,11 +11,14 @@ import inspect
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from textual.message import Message
 
 from headscope.tui.base.messages import AblationSwept, ModelReady, ScoresSwept
 from headscope.tui.screens.explorer import TABS, VIEWS, ExplorerScreen
+from headscope.tui.widgets.chart import Chart
+from headscope.tui.widgets.head_tree import HeadTree
 from tests.tui.test_app import make_app, settle, wait_until
 
 
@@ -72,3 +75,94 @@ def _effects(app: Any) -> Any:
     import numpy as np
 
     return np.ones((app.explorer.n_layers, app.explorer.n_heads))
+
+
+# -- z: the tab's chart on the whole screen ----------------------------------------------------
+# README step 7's prompt has 24 tokens and repeats its first 8 at 16-23; an induction head
+# attends from each repeated token to the one after its first occurrence: (q, q − 15).
+_REPEAT = 15
+
+
+def _induction_pattern(n: int) -> np.ndarray:
+    """A causal pattern: uniform, but rows from the repeat on put 0.9 on (q, q − 15)."""
+    p = np.tril(np.ones((n, n))) / np.arange(1, n + 1)[:, None]
+    for q in range(_REPEAT + 1, n):
+        p[q] = 0.1 * p[q]
+        p[q, q - _REPEAT] += 0.9
+    return p
+
+
+def _drawn_grid(chart: Chart) -> np.ndarray:
+    """The heatmap's cells as drawn, ``[rows, cols, rgb]``, read from the chart's picture."""
+    import re
+
+    from rich.console import Console
+
+    text = chart.rendered
+    assert text is not None, "the chart has not been drawn at its size"
+    console = Console(color_system="truecolor", width=chart.size.width + 5, force_terminal=True)
+    with console.capture() as cap:
+        console.print(text, crop=False, soft_wrap=True)
+    rows = []
+    for line in cap.get().splitlines():
+        if "┤" not in line and "│" not in line:  # the frame's rows only (not the key's ramp)
+            continue
+        cells = [(int(r), int(g), int(b)) for r, g, b, blocks in
+                 re.findall(r"38;2;(\d+);(\d+);(\d+)(?:;[\d;]*)?m(█+)", line) for _ in blocks]
+        if cells:
+            rows.append(cells)
+    return np.asarray(rows, dtype=np.float64)
+
+
+async def test_z_zooms_the_prompt_pattern_so_an_induction_stripe_shows_at_80x24() -> None:
+    """Issue 39 §3: at 80×24 the Prompt tab's 24-token pattern got 5 rows, one pooled row
+    over the whole stripe. ``z`` draws it on the whole screen: ~17 rows, each stripe cell the
+    brightest of its pooled row; ``esc`` (or ``z``) goes back, as does another tab."""
+    from headscope.tui.plots.colormap import bins
+
+    words = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran", "to", "and", "in", "of", "it",
+             "was", "he", "she"]
+    prompt = " ".join([*words, *words[:8]])  # 24 tokens, 16-23 repeat 0-7
+    n = len(prompt.split())
+    planted = _induction_pattern(n)
+    app, engine = make_app(colors="truecolor", prompt=prompt, sweep=False)
+    view_of = engine.prompt_view
+    engine.prompt_view = lambda text, layer, head: dataclasses.replace(  # type: ignore[method-assign]
+        view_of(text, layer, head), pattern=planted.astype(np.float32))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, app)
+        await pilot.press("4")
+        await settle(pilot, app)
+        chart = app.query_one("#prompt-pattern", Chart)
+        small = _drawn_grid(chart)
+        await pilot.press("z")
+        assert app.screen.maximized is chart
+        await wait_until(pilot, lambda: chart.size.height > 20 and chart.rendered is not None,
+                         "the pattern drawn on the whole screen")
+        grid = _drawn_grid(chart)
+        ch, cw = grid.shape[:2]
+        assert ch >= 16 and ch >= 3 * small.shape[0]
+        zero = grid[0, -1]  # (0, 23): above the diagonal, no attention
+        brightness = np.linalg.norm(grid - zero, axis=2)
+        rows, cols = bins(n, ch), bins(n, cw)
+        for i in range(ch):
+            sources = range(rows[0][i], rows[1][i])
+            keys = {q - _REPEAT for q in sources if q > _REPEAT}
+            if not keys:
+                continue
+            # a line, not a block: each pooled row lights its own rows' stripe keys, ≤ 2 of
+            # them (unzoomed, one pooled row lit keys 4-8 of queries 19-23 alike)
+            brightest = np.flatnonzero(brightness[i] >= brightness[i].max() - 1e-9)
+            assert {int(cols[0][j]) for j in brightest} == keys and len(keys) <= 2, (i, sources)
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: chart.size.height < 20 and chart.rendered is not None,
+                         "the pattern back in its pane")
+        assert app.screen.maximized is None and app.explorer.active_tab == "prompt"
+        assert isinstance(app.focused, HeadTree)  # focus back where it was, not in the prompt box
+        assert _drawn_grid(chart).shape == small.shape
+        await pilot.press("z")
+        await pilot.pause()
+        assert app.screen.maximized is chart
+        await pilot.press("1")  # another tab: its own view, unzoomed
+        await pilot.pause()
+        assert app.screen.maximized is None and app.explorer.active_tab == "qk"
