@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -120,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-tl", action="store_true", help="skip TransformerLens")
     ap.add_argument("--out", type=Path, help="also write the markdown table to this file")
     ap.add_argument("--timeout", type=float, default=900.0)
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="runs of each command, alternating headscope and TransformerLens; the median is shown")
     args = ap.parse_args(argv)
 
     from .checkpoints import SHAPES, write_checkpoint
@@ -132,13 +135,22 @@ def main(argv: list[str] | None = None) -> int:
         ("`heads --no-behaviour` (copying, QK positivity)", headscope_heads, "heads", heads_difference),
         ("`composition --kind k`", headscope_composition, "composition", composition_difference),
     ):
-        s_ours, ours = ours_fn(path, args.timeout)
-        s_tl, theirs = tl(task, path, args.timeout) if with_tl else (None, None)
-        print(f"# {task}: headscope {s_ours:.2f} s, TransformerLens {s_tl} s", file=sys.stderr)
+        ours_runs, tl_runs = [], []
+        for _ in range(max(1, args.repeat)):  # alternating: a slow spell of other load hits both
+            s_ours, ours = ours_fn(path, args.timeout)
+            ours_runs.append(s_ours)
+            if with_tl:
+                s_tl, theirs = tl(task, path, args.timeout)
+                tl_runs.append(s_tl)
+            print(f"# {task}: headscope {s_ours:.2f} s, TransformerLens {tl_runs[-1] if tl_runs else None} s",
+                  file=sys.stderr)
+        s_ours = statistics.median(ours_runs)
+        s_tl, theirs = (statistics.median(tl_runs), theirs) if with_tl else (None, None)
         ok = isinstance(theirs, dict) and "error" not in theirs and not (isinstance(ours, dict) and "error" in ours)
         rows.append((label, s_ours, s_tl, f"{s_tl / s_ours:.1f}×" if ok and s_tl else "–",
                      f"{diff(ours, theirs):.1e}" if ok else (theirs or {}).get("error", "–")))
-    lines = [f"Run {time.strftime('%Y-%m-%d %H:%M %Z')}, {shape}, whole processes.", "",
+    lines = [f"Run {time.strftime('%Y-%m-%d %H:%M %Z')}, {shape}, whole processes, median of "
+             f"{max(1, args.repeat)}.", "",
              "| command | headscope (s) | TransformerLens (s) | TransformerLens / headscope | max |Δ score| |",
              "|---|---|---|---|---|"]
     lines += [f"| {a} | {b:.2f} | {'–' if c is None else f'{c:.2f}'} | {d} | {e} |" for a, b, c, d, e in rows]

@@ -68,13 +68,18 @@ print("ok")
 
 
 def test_the_cli_info_command_never_imports_torch():
-    """``headscope info`` answers from the header and config (``api.model.read_structure``)."""
+    """``headscope info`` answers from the header and config (``api.model.read_structure``),
+    importing no other command's module, no Rich (JSON and TSV need none) and no package
+    metadata (``--version`` only): issue 40, ``info`` < 0.5 s."""
     code = """
 import sys
 from headscope.sample_models import bundled_model
 from headscope.tui.cli.main import main
-assert main(["info", str(bundled_model())]) == 0
+assert main(["info", str(bundled_model()), "--json"]) == 0
 assert "torch" not in sys.modules, sorted(m for m in sys.modules if m.startswith("headscope"))
+commands = sorted(m for m in sys.modules if m.startswith("headscope.tui.cli.commands."))
+assert commands == ["headscope.tui.cli.commands.info"], commands
+assert "rich" not in sys.modules and "importlib.metadata" not in sys.modules
 """
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120

@@ -28,7 +28,7 @@ from headscope.engine.circuits.factored import FactoredMatrix
 from headscope.engine.core.errors import NonFiniteError
 from headscope.engine.core.numeric import finite_matrices, is_finite, max_abs, tame
 from headscope.engine.core.progress import Cancelled, Memo, Progress, check_cancelled, report
-from headscope.engine.core.threads import one_lapack_thread
+from headscope.engine.core.threads import core_pool, one_lapack_thread
 from headscope.engine.model.nonfinite import HEAD_WEIGHTS, biases_nonfinite
 from headscope.engine.model.weights import file_sorted
 
@@ -123,6 +123,7 @@ def layer_spectral_scores(w: Any, layer: int, middles: dict[str, np.ndarray]) ->
     for peak in peaks.values():
         bad |= ~np.isfinite(peak)
     out: dict[str, np.ndarray] = {"nonfinite": bad}
+    smalls: dict[str, np.ndarray] = {}
     for kind, middle in middles.items():
         if kind == "copying_score":  # W_O (W_U W_E) W_V
             lhs, rhs = tame(mats["W_O"], peaks["W_O"]), tame(mats["W_V"], peaks["W_V"])
@@ -132,8 +133,12 @@ def layer_spectral_scores(w: Any, layer: int, middles: dict[str, np.ndarray]) ->
         with np.errstate(all="ignore"):
             wide = (np.ascontiguousarray(lhs).reshape(n * k, d) @ middle).reshape(n, k, d)
             with one_lapack_thread():  # H small products: threads only contend here
-                small = wide @ rhs
-        out[kind] = np.where(bad, np.float32(np.nan), _batched_spectral_score(small))
+                smalls[kind] = wide @ rhs
+    # the kinds' eigenvalues side by side, each on one LAPACK thread (they ran one after the
+    # other, the second core idle); the products above stay as they were: the same numbers
+    scores = dict(zip(smalls, core_pool().map(_batched_spectral_score, smalls.values()), strict=True))
+    for kind, score in scores.items():
+        out[kind] = np.where(bad, np.float32(np.nan), score)
     out["overflow"] = _overflow(w, peaks)
     return out
 

@@ -7,10 +7,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import os
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
-__all__ = ["one_lapack_thread"]
+__all__ = ["core_pool", "one_lapack_thread"]
 
 
 @functools.cache
@@ -66,3 +68,11 @@ def one_lapack_thread() -> Iterator[None]:
                 setter(_SAVED)
 
 
+
+
+@functools.cache
+def core_pool() -> ThreadPoolExecutor:
+    """One worker per usable core, for independent single-threaded BLAS/LAPACK pieces run side
+    by side (each under ``one_lapack_thread``): on a busy 2-core box two one-thread calls beat
+    one two-thread call whose threads wait on each other. Idle workers hold no memory."""
+    return ThreadPoolExecutor(max(1, len(os.sched_getaffinity(0))), thread_name_prefix="headscope-core")

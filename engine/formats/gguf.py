@@ -71,15 +71,79 @@ class GGUFHeader:
     tensors: dict[str, GGUFTensorInfo] = field(repr=False)
 
     def get(self, key: str, default: Any = None) -> Any:
-        return self.metadata.get(key, default)
+        """A metadata value; an array of strings decoded (on its first use: ``StringArray``)."""
+        value = self.metadata.get(key, default)
+        return value.strings() if isinstance(value, StringArray) else value
 
 
-def quant_sizes() -> dict[int, tuple[str, int, int]]:
-    """ggml type id -> (name, elements per block, bytes per block), from the ``gguf`` package
-    (llama.cpp's own table, so new types need no change here)."""
-    from gguf.constants import GGML_QUANT_SIZES
+class StringArray:
+    """A metadata array of strings as the bytes read (each item's u64 length and UTF-8 bytes,
+    every length checked against the file while the header was parsed), decoded into a list
+    of ``str`` on first use (``GGUFHeader.get``). A vocabulary is 32,000 to 256,000 strings
+    and decoding them was most of the header's parse; ``info`` and the config never use them."""
 
-    return {int(t): (t.name, block, size) for t, (block, size) in GGML_QUANT_SIZES.items()}
+    __slots__ = ("_strings", "n", "raw")
+
+    def __init__(self, raw: bytes, n: int) -> None:
+        self.raw, self.n = raw, n
+        self._strings: list[str] | None = None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def strings(self) -> list[str]:
+        """The strings (undecodable bytes as U+FFFD: some vocabularies hold partial UTF-8)."""
+        if self._strings is None:
+            raw, unpack, pos = self.raw, _U64.unpack_from, 0
+            out: list[str] = []
+            append = out.append
+            for _ in range(self.n):
+                (k,) = unpack(raw, pos)
+                append(raw[pos + 8 : pos + 8 + k].decode("utf-8", errors="replace"))
+                pos += 8 + k
+            self._strings = out
+        return self._strings
+
+
+# The ggml types of headscope's own kernels (engine.formats.dequant) and F64, by ggml id:
+# (name, values per block, bytes per block), llama.cpp's numbers (tests/engine/formats/
+# test_gguf.py checks them against the gguf package's table). A header with only these types is
+# read without importing the gguf package (with numpy, yaml and sentencepiece: ~60 ms of a
+# 0.5 s ``headscope info``); any other type reads the package's table.
+KNOWN_TYPES: dict[int, tuple[str, int, int]] = {
+    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 8: ("Q8_0", 32, 34),
+    12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210),
+    28: ("F64", 1, 8), 30: ("BF16", 1, 2),
+}  # fmt: skip
+
+
+class GGMLTypes(dict[int, tuple[str, int, int]]):
+    """ggml type id -> (name, elements per block, bytes per block): ``KNOWN_TYPES``, and from
+    the first id outside them on, the ``gguf`` package's table (llama.cpp's own, so new types
+    need no change here; ImportError without the package)."""
+
+    def __contains__(self, ggml_type: object) -> bool:
+        return super().__contains__(ggml_type) or (self._load() and super().__contains__(ggml_type))
+
+    def __missing__(self, ggml_type: int) -> tuple[str, int, int]:
+        if self._load() and super().__contains__(ggml_type):
+            return self[ggml_type]
+        raise KeyError(ggml_type)
+
+    def _load(self) -> bool:
+        """Add the package's table (once); whether it was added now."""
+        if getattr(self, "loaded", False):
+            return False
+        from gguf.constants import GGML_QUANT_SIZES
+
+        self.update({int(t): (t.name, block, size) for t, (block, size) in GGML_QUANT_SIZES.items()})
+        self.loaded = True
+        return True
+
+
+def quant_sizes() -> GGMLTypes:
+    """ggml type id -> (name, elements per block, bytes per block) (``GGMLTypes``)."""
+    return GGMLTypes(KNOWN_TYPES)
 
 
 def is_gguf(path: str | os.PathLike[str]) -> bool:
@@ -212,13 +276,13 @@ def _parse(c: _Cursor) -> GGUFHeader:
         value_type = c.u32(f"type of {key!r}")
         metadata[key] = _value(c, value_type, key, depth=0)
     alignment = _alignment(c, metadata)
+    sizes = quant_sizes()
     try:
-        sizes = quant_sizes()
-    except ImportError:
+        infos = [_tensor_info(c, i, sizes) for i in range(n_tensors)]
+    except ImportError:  # a type outside KNOWN_TYPES, and no gguf package for its size
         raise UnsupportedFormatError(
             c.path, "reading GGUF files needs llama.cpp's gguf package: pip install gguf"
         ) from None
-    infos = [_tensor_info(c, i, sizes) for i in range(n_tensors)]
     data_start = -(-c.pos // alignment) * alignment
     tensors = _place(c, infos, data_start, alignment)
     return GGUFHeader(c.path, version, c.size, alignment, data_start, metadata, tensors)
@@ -263,30 +327,38 @@ def _numbers(raw: bytes, fmt: str) -> list[Any] | np.ndarray:
     return array.tolist() if len(array) <= LIST_ITEMS else array
 
 
-def _strings(c: _Cursor, n: int, key: str) -> list[str]:
-    """``n`` strings (a vocabulary or merge list: up to ~10^6), read in one tight loop over the
-    cursor's window (``take`` refills it, and raises at the end of the file)."""
+def _strings(c: _Cursor, n: int, key: str) -> StringArray:
+    """``n`` strings (a vocabulary or merge list: up to ~10^6): their lengths walked and checked
+    in one tight loop over the cursor's window, their bytes kept undecoded (``StringArray``).
+    An item that runs past the window is read through ``take`` (which refills it, and raises
+    at the end of the file), after the bytes since ``mark`` are kept from the old window."""
     unpack = _U64.unpack_from
-    out: list[str] = []
-    append = out.append
+    pieces: list[bytes] = []
+    mark = c.pos  # the array's bytes from ``mark`` to ``pos`` are in the window, not in ``pieces``
     for i in range(n):
         at = c.pos - c.base
         if at + 8 <= len(c.window):
             (k,) = unpack(c.window, at)
-            c.pos += 8
-        else:
-            (k,) = unpack(c.take(8, f"length of item {i} of {key!r}"))
-        if k > MAX_STRING or k > c.left():
-            raise CorruptFileError(
-                c.path, f"truncated GGUF file: item {i} of {key!r} claims {k:,} bytes at offset {c.pos:,}"
-            )
-        at = c.pos - c.base
-        if at + k <= len(c.window):
-            append(c.window[at : at + k].decode("utf-8", errors="replace"))
-            c.pos += k
-        else:
-            append(c.take(k, f"item {i} of {key!r}").decode("utf-8", errors="replace"))
-    return out
+            _check_item(c, k, c.pos + 8, i, key)
+            if at + 8 + k <= len(c.window):
+                c.pos += 8 + k
+                continue
+        pieces.append(c.window[mark - c.base : c.pos - c.base])
+        length = c.take(8, f"length of item {i} of {key!r}")
+        (k,) = _U64.unpack(length)
+        _check_item(c, k, c.pos, i, key)
+        pieces += (length, c.take(k, f"item {i} of {key!r}"))
+        mark = c.pos
+    pieces.append(c.window[mark - c.base : c.pos - c.base])
+    return StringArray(b"".join(pieces), n)
+
+
+def _check_item(c: _Cursor, k: int, at: int, i: int, key: str) -> None:
+    """Item ``i``'s length ``k``, its bytes starting at file offset ``at``, fits the file."""
+    if k > MAX_STRING or k > c.size - at:
+        raise CorruptFileError(
+            c.path, f"truncated GGUF file: item {i} of {key!r} claims {k:,} bytes at offset {at:,}"
+        )
 
 
 def _alignment(c: _Cursor, metadata: dict[str, Any]) -> int:
@@ -296,7 +368,7 @@ def _alignment(c: _Cursor, metadata: dict[str, Any]) -> int:
     return a
 
 
-def _tensor_info(c: _Cursor, i: int, sizes: dict[int, tuple[str, int, int]]) -> GGUFTensorInfo:
+def _tensor_info(c: _Cursor, i: int, sizes: GGMLTypes) -> GGUFTensorInfo:
     name = c.string(f"name of tensor #{i}")
     n_dims = c.u32(f"dims of {name!r}")
     if not 1 <= n_dims <= MAX_DIMS:

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import unicodedata
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from rich.table import Table
-from rich.text import Text
+if TYPE_CHECKING:  # imported where used: the CLI's JSON and TSV output never loads Rich
+    from rich.table import Table
+    from rich.text import Text
 
 # Each C0 control as its Unicode "control picture" (one cell: ␀ ␁ … ␟), DEL as ␡; newline
 # and tab as the arrows the heatmaps already use.
@@ -48,6 +50,8 @@ def printable(s: str) -> str:
 
 def data_text(s: object, style: str = "", width: int | None = None) -> Text:
     """``s`` as a ``Text`` (never parsed as markup), made printable and cut to ``width``."""
+    from rich.text import Text
+
     shown = printable(str(s))
     return Text(shown if width is None else shown[:width], style=style)
 
@@ -59,6 +63,8 @@ def tsv_field(s: object) -> str:
 
 def data_table(columns: Sequence[object], rows: Sequence[Sequence[object]]) -> Table:
     """A Rich table of data cells: headers and cells are ``Text``, none is markup."""
+    from rich.table import Table
+
     table = Table()
     for column in columns:
         table.add_column(data_text(column))

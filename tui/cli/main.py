@@ -16,33 +16,15 @@ Exit codes: 0 success · 1 the model or request is at fault (the message says ho
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 
 from headscope.engine.core.errors import HeadscopeError, out_of_memory
 from headscope.tui.base.datatext import printable
-from headscope.tui.cli.commands import (
-    cache,
-    circuit,
-    composition,
-    diff,
-    edges,
-    export,
-    faithfulness,
-    forward,
-    heads,
-    info,
-    patch,
-    path,
-    path_patch,
-    qk_attribution,
-    serve,
-    svd,
-    timeline,
-)
-from headscope.tui.cli.commands import open as open_command
 from headscope.tui.cli.output import (
     COMMANDS,
     EXIT_INTERRUPTED,
@@ -54,11 +36,19 @@ from headscope.tui.cli.output import (
     say,
 )
 
-# Every command, in the order of ``headscope --help``: each module registers its parser and
-# its handler (tui/cli/commands/__init__.py).
-COMMAND_MODULES = (open_command, info, heads, composition, forward, circuit, diff, export, serve,
-                   timeline, cache, svd, path, patch, path_patch, edges, faithfulness,
-                   qk_attribution)
+# Every command's module of tui/cli/commands/, in the order of ``headscope --help``: each
+# registers its parser and its handler (tui/cli/commands/__init__.py). Imported when its
+# command runs (or for ``--help``, which lists them all): a command pays for its own imports
+# only (``info`` no longer imports the sweeps' progress bars, numpy and the request registry).
+COMMAND_MODULES = ("open", "info", "heads", "composition", "forward", "circuit", "diff", "export",
+                   "serve", "timeline", "cache", "svd", "path", "patch", "path_patch", "edges",
+                   "faithfulness", "qk_attribution")
+
+
+def command_module(name: str) -> ModuleType:
+    """The module of COMMAND_MODULES named ``name`` (imported on first use)."""
+    return importlib.import_module(f"headscope.tui.cli.commands.{name}")
+
 
 EPILOG = """\
 examples:
@@ -128,20 +118,42 @@ class HelpParser(argparse.ArgumentParser):
         return super().format_help()
 
 
-def build_parser() -> argparse.ArgumentParser:
+class VersionAction(argparse.Action):
+    """``--version``, as argparse's own ``action="version"`` prints it, with the version read
+    from the installed metadata only when asked (``importlib.metadata``: ~20 ms a command)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 default: str = argparse.SUPPRESS, help: str = "show program's version number and exit") -> None:
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        parser._print_message(f"headscope {version()}\n", sys.stdout)
+        parser.exit()
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or of ``command`` alone (a name of COMMANDS: what ``main``
+    parses when the command line names one, so only that command's module is imported)."""
     parser = HelpParser(
         prog="headscope",
         description=DESCRIPTION,
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"headscope {version()}")
+    parser.add_argument("--version", action=VersionAction)
     # Plain parsers: HelpParser's general text and family list are the top level's alone
     # (`patch --help` opened with them instead of what patch does).
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=argparse.ArgumentParser)
-    for module in COMMAND_MODULES:
-        module.register(sub)
+    for name in COMMAND_MODULES if command is None else (command.replace("-", "_"),):
+        command_module(name).register(sub)
     return parser
+
+
+def chosen_command(argv: Sequence[str]) -> str | None:
+    """The command a normalised command line names (None: none, e.g. ``--help`` alone)."""
+    first = next((a for a in argv if not a.startswith("-")), None)
+    return first if first in COMMANDS else None
 
 
 def normalise_argv(argv: Sequence[str]) -> list[str]:
@@ -157,11 +169,11 @@ def normalise_argv(argv: Sequence[str]) -> list[str]:
 
 def unknown_command(argv: Sequence[str]) -> str | None:
     """``headscope head …`` where ``head`` is no file: the closest subcommand, if any."""
-    import difflib
-
     first = argv[0] if argv and not argv[0].startswith("-") else None  # not an option's value
     if first is None or first in COMMANDS or Path(first).exists():
         return None
+    import difflib
+
     close = difflib.get_close_matches(first, COMMANDS, n=1, cutoff=0.6)
     return f"unknown command {first!r}; did you mean {close[0]!r}?" if close else None
 
@@ -179,14 +191,14 @@ def exit_now(code: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
     from_shell = argv is None  # the console script (not a test, not the Python API)
     argv = list(sys.argv[1:] if argv is None else argv)
     typo = unknown_command(argv)
     if typo:
         say(typo)
         return EXIT_USAGE
-    args = parser.parse_args(normalise_argv(argv))
+    argv = normalise_argv(argv)
+    args = build_parser(chosen_command(argv)).parse_args(argv)
     try:
         code = args.handler(args)
         for warning in getattr(args, "warnings", []):

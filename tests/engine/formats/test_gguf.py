@@ -15,6 +15,7 @@ Then the tokenizer from the metadata, and hostile files: one typed one-line erro
 
 from __future__ import annotations
 
+import re
 import struct
 import subprocess
 import sys
@@ -515,14 +516,58 @@ def test_cli_on_hostile_gguf_prints_one_line(case: str, tmp_path: Path, capsys: 
 
 
 def test_missing_gguf_package_is_a_typed_error(llama_pair, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file of headscope's own types opens without the gguf package (``info`` never imports
+    it: issue 40); a tensor of another type needs the package's table, and says so."""
     import sys
 
     from headscope.engine.core.errors import UnsupportedFormatError
+    from headscope.engine.formats import gguf as gguf_format
 
-    path = write_gguf(llama_pair[1], tmp_path / "m.gguf")
+    path = write_gguf(llama_pair[1], tmp_path / "m.gguf", qtype="Q8_0")
     monkeypatch.setitem(sys.modules, "gguf.constants", None)  # import fails as if not installed
+    monkeypatch.setitem(sys.modules, "gguf.quants", None)
+    assert read_structure(path)["dtype"] == "q8_0"
+    other = tmp_path / "q4_1.gguf"  # Q4_1 (type 3): 32 values in 20 bytes, not one of KNOWN_TYPES
+    other.write_bytes(gguf_bytes(tensors=[("t", [32], 3, 0)], data=b"\0" * 32))
     with pytest.raises(UnsupportedFormatError, match="pip install gguf"):
-        read_structure(path)
+        gguf_format.read_gguf_header(other)
+
+
+def test_known_ggml_types_are_the_gguf_package_s() -> None:
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    from headscope.engine.formats.dequant import TYPES
+    from headscope.engine.formats.gguf import KNOWN_TYPES, quant_sizes
+
+    for ggml_type, (name, block, size) in KNOWN_TYPES.items():
+        assert GGMLQuantizationType(ggml_type).name == name
+        assert GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)] == (block, size)
+    assert set(TYPES) | {"F64"} == {name for name, _, _ in KNOWN_TYPES.values()}
+    assert quant_sizes()[3] == ("Q4_1", 32, 20)  # any other type: the package's table
+
+
+def test_gguf_string_arrays_are_decoded_on_first_use(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A vocabulary is kept as the bytes read and decoded when asked for (``header.get``),
+    to the same strings, across refills of the read window; bad UTF-8 becomes U+FFFD."""
+    from headscope.engine.formats import gguf as gguf_format
+
+    tokens = [b"a", b"", b"\xe2\x96\x81the", b"\xff\xfe", b"x" * 300, b"<0x0A>", *(b"t%d" % i for i in range(50))]
+    array = struct.pack("<IQ", 8, len(tokens)) + b"".join(struct.pack("<Q", len(t)) + t for t in tokens)
+    path = tmp_path / "vocab.gguf"
+    path.write_bytes(gguf_bytes(kv=[("general.architecture", 8, string_value("llama")),
+                                    ("tokenizer.ggml.tokens", 9, array),
+                                    ("general.name", 8, string_value("after"))]))
+    expected = [t.decode("utf-8", errors="replace") for t in tokens]
+    for chunk in (16, 64, 1 << 20):  # items straddling the window, longer than it, all inside
+        monkeypatch.setattr(gguf_format, "READ_CHUNK", chunk)
+        header = gguf_format.read_gguf_header(path)
+        assert isinstance(header.metadata["tokenizer.ggml.tokens"], gguf_format.StringArray)
+        assert header.get("tokenizer.ggml.tokens") == expected and header.get("general.name") == "after"
+    short = struct.pack("<IQ", 8, 2) + struct.pack("<Q", 1) + b"a" + struct.pack("<Q", 300) + b"x" * 300
+    path.write_bytes(gguf_bytes(kv=[("general.architecture", 8, string_value("llama")),
+                                    ("tokenizer.ggml.tokens", 9, short)])[:200])  # cut in item 1
+    with pytest.raises(CorruptFileError, match=re.escape("item 1 of 'tokenizer.ggml.tokens' claims 300 bytes")):
+        gguf_format.read_gguf_header(path)
 
 
 # --- metadata llama.cpp reads its own way (issue #29) -----------------------------------------

@@ -26,7 +26,7 @@ def subparsers() -> dict[str, argparse.ArgumentParser]:
 
 def test_every_command_module_registers_its_parser_and_its_run() -> None:
     found = {m.name for m in pkgutil.iter_modules(commands.__path__)}
-    assert found == {m.__name__.rsplit(".", 1)[1] for m in COMMAND_MODULES}
+    assert found == set(COMMAND_MODULES)
     assert list(subparsers()) == list(COMMANDS)  # the list normalise_argv reads
     for name, parser in subparsers().items():
         module = importlib.import_module(f"headscope.tui.cli.commands.{name.replace('-', '_')}")
@@ -36,3 +36,11 @@ def test_every_command_module_registers_its_parser_and_its_run() -> None:
 def run_cli(*argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "headscope.tui.cli.main", *argv], cwd=REPO,
                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+
+
+def test_a_command_line_builds_its_own_command_s_parser_only() -> None:
+    """``main`` registers only the command the line names (its module imported when it runs;
+    tests/test_engine_imports.py checks what `info` imports): the same parser the full one has."""
+    full, alone = subparsers()["info"], build_parser("info")
+    only = next(a for a in alone._actions if a.dest == "command").choices
+    assert list(only) == ["info"] and only["info"].format_help() == full.format_help()
