@@ -12,6 +12,7 @@ which build the picture off the UI thread.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +42,7 @@ from headscope.tui.plots.figures import Graph, Heatmap
 from headscope.tui.widgets.bars import bar_colours, bar_half, signed_bar
 from headscope.tui.widgets.chart import Chart
 from headscope.tui.widgets.path_column import PathEffects
-from headscope.tui.widgets.why import WhyView
+from headscope.tui.widgets.why import TOTALS_TOP, WhyView
 
 if TYPE_CHECKING:
     from headscope.tui.base.protocols import ExplorerEngine, LoadKey, PaneHost
@@ -84,7 +85,8 @@ class PromptPane(Vertical):
     The pattern has a cell cursor (query, key), named under it; ``w`` opens the "why" view
     (tui/widgets/why.py) of that cell in the pattern's place: the head's QK attribution of
     the cursor's whole query row (one ``QKAttributionRequest``, cached by the Engine), so
-    moving along the row re-slices it. ``W`` puts the cursor on the pattern's strongest cell
+    moving along the row re-slices it; then the same row with ``confirm`` fills the totals'
+    "exact" column. ``W`` puts the cursor on the pattern's strongest cell
     (``strongest_cell``) and opens it."""
 
     prompt_text = ""  # the prompt of the view shown (its unknown words are named)
@@ -251,6 +253,9 @@ class PromptPane(Vertical):
         if row is not None and (row.layer, row.head, row.query) == (view.layer, view.head, query) \
                 and why.tokens == tuple(view.tokens):
             why.set_key(key)  # the same row: re-sliced, no engine call
+            if why.exact is None:  # its exact column was cut short (a newer load replaced it)
+                await self._load_exact(engine, why, QKAttributionRequest.of(
+                    engine.structure, view.layer, view.head, view.ids, query, where=None))
             return
         why.show_computing(view.layer, view.head, query)
         try:
@@ -267,6 +272,20 @@ class PromptPane(Vertical):
             return
         if self.view is view and self.cursor is not None and self.cursor[0] == query:
             why.show(row, self.cursor[1], view.tokens)
+            await self._load_exact(engine, why, request)
+
+    async def _load_exact(self, engine: ExplorerEngine, why: WhyView, row: QKAttributionRequest) -> None:
+        """The row again with each side's top sources removed exactly (the why view's "exact"
+        column; a second pass to the layer, on the engine's thread): shown when it arrives if
+        the row is still the one shown; an error leaves the column blank."""
+        why.expect_exact()
+        try:
+            found = await engine.get(dataclasses.replace(row, confirm=TOTALS_TOP))
+        except CancelledError:
+            return
+        except HeadscopeError:
+            found = None
+        why.show_exact(found)
 
     @on(WhyKeyMoved)
     def _why_key_moved(self, msg: WhyKeyMoved) -> None:
