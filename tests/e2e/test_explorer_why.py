@@ -18,6 +18,7 @@ from headscope.engine.forward.qk_attribution import qk_attribution
 from headscope.engine.model.loading import load_model
 from headscope.tui.app import HeadscopeApp
 from headscope.tui.base.settings import Settings
+from headscope.tui.widgets.chart import Chart
 from headscope.tui.widgets.panes import PromptPane
 from headscope.tui.widgets.why import WhyView
 from tests.conftest import INDUCTION_HEAD, PREV_TOKEN_HEAD, sample_model
@@ -117,6 +118,9 @@ async def test_explain_this_head_opens_why_at_the_induction_cell(
         await settle(pilot, app, limit=1200)  # a busy box: up to a minute
         assert not pane.why_open
         assert f"cell q={query} 'wall'" in "\n".join(screen_lines(app))
+        # the cursor's cell drawn on the pattern (pooled at 80×24): Heatmap.mark, a ◆
+        assert pane.query_one("#prompt-pattern", Chart).figure.mark == pane.cursor
+        assert "◆" in "\n".join(screen_lines(app))
         assert app.errors == []
 
 

@@ -169,7 +169,8 @@ class PromptPane(Vertical):
         self.query_one("#prompt-preds", Static).update(p)
 
     def draw_pattern(self) -> None:
-        """A's (and B's) pattern, the cursor's cell named under it."""
+        """A's (and B's) pattern, the cursor's cell marked on A's (``Heatmap.mark``) and named
+        under it."""
         view, b = self.view, self.view_b
         if view is None:
             return
@@ -178,7 +179,7 @@ class PromptPane(Vertical):
         self.query_one("#prompt-pattern", Chart).show(Heatmap(
             np.asarray(view.pattern, dtype=np.float64), tokens, tokens, sequential=True, vmax=1.0,
             title=f"{prefix}attention {head_name(view.layer, view.head)}",
-            xlabel=f"{self.cursor_text()} · key →  (rows: query)".lstrip(" ·")))
+            xlabel=f"{self.cursor_text()} · key →  (rows: query)".lstrip(" ·"), mark=self.cursor))
         if b is not None:
             tokens_b = tuple(str(t) for t in b.tokens)
             self.query_one("#prompt-pattern-b", Chart).show(Heatmap(
