@@ -19,6 +19,8 @@ app (``run_test`` at 120×40) is shown the row, and ``→`` is pressed ``--moves
 it: each move is timed from the key press until the view shows the next key with its grid
 drawn (the cached row re-sliced, no engine call); the median and the slowest wall time and
 the median CPU time of this process are reported (the issue: < 100 ms a key).
+``--synthetic-row C`` times only the moves, on a random row of ``C`` components (7B's last
+layer: 1056) and ``--tokens`` keys, without a checkpoint.
 """
 
 from __future__ import annotations
@@ -84,6 +86,34 @@ def moves(found: Any, n: int) -> list[tuple[float, float]]:
     return asyncio.run(run())
 
 
+def synthetic_row(n_components: int, n_keys: int) -> Any:
+    """A random ``QKAttribution`` of ``n_components`` sources and ``n_keys`` keys, laid out as
+    ``forward.qk_attribution`` lays out its terms (key by key), a few sources much larger."""
+    import numpy as np
+
+    from headscope.engine.core.attribution import QKAttribution
+
+    rng = np.random.default_rng(0)
+    size = rng.random((1, n_components, 1), dtype=np.float32) ** 4
+    by_key = rng.standard_normal((n_keys, n_components, n_components), dtype=np.float32) * size
+    by_key.setflags(write=False)
+    terms = by_key.transpose(1, 2, 0)
+    names = ("embed", *(f"a{i // 32}.h{i % 32}" for i in range(n_components - 2)), "bias")
+    return QKAttribution(layer=1, head=0, query=n_keys - 1, keys=tuple(range(n_keys)), names=names,
+                         score=terms.sum((0, 1)), terms=terms, query_totals=terms.sum(1, dtype=np.float64),
+                         key_totals=terms.sum(0, dtype=np.float64), nonfinite=False)
+
+
+def move_stats(found: Any, n_moves: int) -> dict[str, Any]:
+    """``moves`` summed up: how many, the median and slowest wall time, the median CPU time."""
+    import statistics
+
+    took = moves(found, n_moves)
+    wall, cpu = [t for t, _ in took], [c for _, c in took]
+    return {"moves": len(took), "move_ms": 1000 * statistics.median(wall), "move_max_ms": 1000 * max(wall),
+            "move_cpu_ms": 1000 * statistics.median(cpu)}
+
+
 def one(path: Path, n_tokens: int, repeat: int, n_moves: int = 0) -> dict[str, Any]:
     """Both measurements in this process (module docstring)."""
     import torch
@@ -122,12 +152,7 @@ def one(path: Path, n_tokens: int, repeat: int, n_moves: int = 0) -> dict[str, A
     out["terms_mb"] = found.terms.nbytes / 2**20
     out["rss_mb"] = rss_mb()
     if n_moves:
-        import statistics
-
-        took = moves(found, n_moves)
-        wall, cpu = [t for t, _ in took], [c for _, c in took]
-        out.update(moves=len(took), move_ms=1000 * statistics.median(wall), move_max_ms=1000 * max(wall),
-                   move_cpu_ms=1000 * statistics.median(cpu))
+        out.update(move_stats(found, n_moves))
     return out
 
 
@@ -156,9 +181,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=64, help="prompt length = keys of the row (default 64)")
     p.add_argument("--repeat", type=int, default=5, help="timed runs of each (the fastest is shown)")
     p.add_argument("--moves", type=int, default=10, help="→ presses timed in the why view (0: none)")
+    p.add_argument("--synthetic-row", type=int, metavar="C",
+                   help="only the key moves, on a random row of C components (no checkpoint)")
     p.add_argument("--timeout", type=float, default=1800.0)
     p.add_argument("--out", type=Path, help="also write the table here")
     args = p.parse_args(argv)
+    if args.synthetic_row:
+        r = move_stats(synthetic_row(args.synthetic_row, args.tokens), args.moves)
+        return publish(f"why view, a random row of {args.synthetic_row} components × {args.tokens} keys, "
+                       f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average "
+                       f"{os.getloadavg()[0]:.1f}: next key median {r['move_ms']:.0f} ms wall (max "
+                       f"{r['move_max_ms']:.0f}), median {r['move_cpu_ms']:.0f} ms CPU, over {r['moves']} moves\n",
+                       args.out)
     if args.one:
         print(json.dumps(one(Path(args.one), args.tokens, args.repeat, args.moves)))
         return 0
