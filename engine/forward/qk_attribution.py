@@ -309,11 +309,14 @@ def _walk(w: TorchWeights, toks: Tensor, layer: int, visit: Callable[[Tensor], N
     for l in range(layer):  # noqa: E741
         read_next(w, l)
         a, _, result = attention(w, l, attention_input(w, l, x), (), "zero")
+        # before the MLP: a 7B model's MLP weights evict the layer's W_O from the weight
+        # cache (its layer budget is two layers' attention), which was then processed again
+        constant = _constant_outputs(w, l)  # [h, d_model]
+        attn_bias = w.get(f"blocks.{l}.attn.b_O") + constant.sum(dim=0)
         mlp_out: list[Tensor] = []
         x = finish_block(w, l, x, a, on_mlp=mlp_out.append)
-        constant = _constant_outputs(w, l)  # [h, d_model]
         visit(result[0] - constant[:, None])  # each head less its constant part
-        visit((w.get(f"blocks.{l}.attn.b_O") + constant.sum(dim=0)).expand(1, n, -1))  # a{l}.bias
+        visit(attn_bias.expand(1, n, -1))  # a{l}.bias
         if mlp_out:
             visit(mlp_out[0])
     return x

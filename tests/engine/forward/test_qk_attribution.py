@@ -516,3 +516,24 @@ def test_confirm_picks_each_sides_top_sources_at_any_key() -> None:
             assert sorted(exact[side]) == sorted(top)
             for c in top:
                 assert exact[side][c]["frozen"] == pytest.approx(totals[c], abs=1e-4 * np.abs(found.terms).max())
+
+
+def test_each_layers_weights_are_processed_once(gpt2_dir: tuple[Path, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a weight cache smaller than a layer (a 7B model's), the pass reads each layer's
+    attention weights once: the heads' constant parts are taken before the MLP's weights evict
+    ``W_O`` (they were processed twice a layer)."""
+    from headscope.engine.model.processing import ProcessedWeights
+
+    raw = load_model(gpt2_dir[0], raw=True).weights
+    cfg = load_model(gpt2_dir[0]).cfg
+    tight = ProcessedWeights(raw, cache_bytes=4 * 2 * cfg.d_model * cfg.d_mlp + 1024)  # the MLP's, about
+    computed: list[str] = []
+    real = ProcessedWeights._compute
+
+    def counting(self: Any, name: str, *args: Any, **kwargs: Any) -> Any:
+        computed.append(name)
+        return real(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(ProcessedWeights, "_compute", counting)
+    qk_attribution(tight, TOKENS, 1, 0, 9)
+    assert computed.count("blocks.0.attn.W_O") == computed.count("blocks.0.attn.W_V") == 1
