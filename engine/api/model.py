@@ -152,16 +152,19 @@ class Model(loading.LoadedModel):
         return self.get(req, store=store, progress=progress)
 
     def qk_attribution(self, head: str | Sequence[int], *, prompt: str | None = None,
-                       tokens: Sequence[int] | None = None, query: int, key: int | None = None
-                       ) -> QKAttribution:
+                       tokens: Sequence[int] | None = None, query: int, key: int | None = None,
+                       confirm: int = 0) -> QKAttribution:
         """Why ``head`` (``"L1.H2"`` or ``(1, 2)``) scores each key from position ``query`` on
         a prompt (text, tokenised as the Prompt tab does, or ids): the whole query row split
         into (query source, key source) terms (what ``headscope qk-attribution`` prints;
         docs/math.md, "QK attribution"). ``key``, if given, is checked (``0 <= key <= query``);
-        read it with ``.ranked_terms(key)`` and ``.totals(key)``."""
+        read it with ``.ranked_terms(key)`` and ``.totals(key)``. ``confirm = N``: each side's
+        top N sources at each key also removed from that side exactly, the norm's scale frozen
+        and recomputed (``.exact(key)``; a second pass to the layer)."""
         from headscope.engine.sweeps.attribution import qk_attribution_request
 
-        return self.get(qk_attribution_request(self, head, prompt=prompt, tokens=tokens, query=query, key=key))
+        return self.get(qk_attribution_request(self, head, prompt=prompt, tokens=tokens, query=query, key=key,
+                                               confirm=confirm))
 
     def edges(self, clean: str | Sequence[Any] | None = None, corrupt: str | Sequence[Any] | None = None, *,
               answer: int | str | None = None, wrong: int | str | None = None, task: str | None = None,

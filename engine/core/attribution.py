@@ -12,7 +12,30 @@ import numpy as np
 
 from headscope.engine.core.errors import IndexOutOfRangeError
 
-__all__ = ["QKAttribution"]
+__all__ = ["QKAttribution", "QKRemoval", "top_sources"]
+
+
+def top_sources(totals: np.ndarray, top: int) -> np.ndarray:
+    """The indices of the ``top`` components of largest |total| along axis 0 (``totals [C]``
+    or ``[C, keys]`` of one side, ``component_names`` order), ``bias`` (the last) left out: no
+    part of the stream, it has no removal. NaN last, ties in component order."""
+    size = np.abs(np.asarray(totals, dtype=np.float64)[:-1])
+    size = np.where(np.isnan(size), -1.0, size)
+    return np.argsort(-size, axis=0, kind="stable")[: max(0, int(top))]
+
+
+@dataclass(frozen=True)
+class QKRemoval:
+    """The exact check of one side's totals: each of ``sources`` removed from the head's
+    ``side`` input alone (a path patch of that component into the query or the key side,
+    zeroed), the score's drop at each key. ``frozen``: the norm divides by the run's scale, so
+    the drop equals the side's total (the terms' linear picture); ``recomputed``: by the
+    edited stream's own scale (the real intervention)."""
+
+    side: str  # "query" | "key"
+    sources: tuple[str, ...]  # component names, in component order
+    frozen: np.ndarray  # [n_sources, n_keys] float32: score − score without the source
+    recomputed: np.ndarray  # [n_sources, n_keys] float32: likewise, the scale recomputed
 
 
 @dataclass(frozen=True)
@@ -40,6 +63,8 @@ class QKAttribution:
     nonfinite: bool  # a NaN/inf activation (or weight) reached the score or a term
     path: str | None = None  # the checkpoint, for errors
     note: str = ""  # e.g. layer 0's "only embed/pos/bias"
+    # the top sources of each side removed exactly (``confirm``): empty unless asked for
+    removals: tuple[QKRemoval, ...] = ()
 
     def column(self, key: int) -> int:
         """The index of key position ``key`` along the last axis (IndexOutOfRangeError naming
@@ -67,6 +92,20 @@ class QKAttribution:
         j = self.column(key)
         return ({c: float(v) for c, v in zip(self.names, self.query_totals[:, j], strict=True)},
                 {c: float(v) for c, v in zip(self.names, self.key_totals[:, j], strict=True)})
+
+
+    def exact(self, key: int, top: int | None = None) -> dict[str, dict[str, dict[str, float]]]:
+        """The exact removals at ``key``: ``{"query": {source: {"frozen": drop, "recomputed":
+        drop}}, "key": {...}}``, every source removed (``top``: only those among the side's
+        top ``top`` at this key, ``top_sources``); empty sides when none were."""
+        j = self.column(key)
+        out: dict[str, dict[str, dict[str, float]]] = {"query": {}, "key": {}}
+        for removal in self.removals:
+            totals = self.query_totals if removal.side == "query" else self.key_totals
+            shown = None if top is None else {self.names[i] for i in top_sources(totals[:, j], top)}
+            out[removal.side] = {c: {"frozen": float(removal.frozen[i, j]), "recomputed": float(removal.recomputed[i, j])}
+                                 for i, c in enumerate(removal.sources) if shown is None or c in shown}
+        return out
 
 
 def _span(keys: tuple[int, ...]) -> str:

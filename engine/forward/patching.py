@@ -810,3 +810,62 @@ def path_patch(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor | Sequ
     runs, values = _path_metrics(w, clean_t, corrupt_t, metric, nodes, noising, progress, cancelled)
     sets = [(tuple(sender), tuple(receiver)) for sender, receiver in edges]
     return _result(w, "path", receiver_input, metric, noising, runs, clean_t, sets, values)
+
+
+# -- one edge into a head's query or key (QK attribution's confirmation) -------------------------
+
+
+def receiver_qk(w: WeightSource, layer: int, head: int, x: Tensor, side: str, *,
+                scale: Tensor | None = None) -> Tensor:
+    """Head ``layer``.``head``'s query or key (``side``: ``q`` | ``k``) before RoPE, ``[..., p,
+    d_head]``, read from the stream ``x [..., p, d_model]`` entering its layer as path patching
+    feeds a receiver (``attention_input``, then the head's projection; the key: its K/V
+    head's). ``scale [p, 1]``: the norm's scale frozen at it instead of ``x``'s own (QK
+    attribution's linear picture, docs/math.md)."""
+    tw = torch_weights(w)
+    normed = attention_input(tw, layer, x) if scale is None else _norm_at(tw, layer, x, scale)
+    which = {"q": "Q", "k": "K"}[side]
+    pre = f"blocks.{layer}.attn"
+    return normed @ tw.get_head(f"{pre}.W_{which}", head) + tw.get_head(f"{pre}.b_{which}", head)
+
+
+def _norm_at(w: TorchWeights, layer: int, x: Tensor, scale: Tensor) -> Tensor:
+    """``layer``'s attention norm of ``x`` divided by ``scale`` instead of its own (``norm``'s
+    arithmetic otherwise: LayerNorm centres first; the gain and bias where not folded)."""
+    kind, prefix = w.cfg.normalization, f"blocks.{layer}.ln1"
+    if kind not in ("LN", "LNPre", "RMS", "RMSPre"):
+        return x  # no norm: no scale to freeze
+    if kind in ("LN", "LNPre"):
+        x = x - x.mean(dim=-1, keepdim=True)
+    x = x / scale
+    if kind in ("LN", "RMS") and w.has(f"{prefix}.w"):
+        x = x * w.get(f"{prefix}.w")
+    if kind == "LN" and w.has(f"{prefix}.b"):
+        x = x + w.get(f"{prefix}.b")
+    return x
+
+
+def scores_without(w: WeightSource, layer: int, head: int, x: Tensor, query: int, removed: Tensor,
+                   side: str, *, freeze_scale: bool, seq_len: int | None = None) -> Tensor:
+    """Head ``layer``.``head``'s scores from ``query`` to keys ``0 .. query``, ``[S, query +
+    1]``, when its ``side`` input (``q`` | ``k``) reads the stream ``x [p, d_model]`` entering
+    its layer less each ``removed[s] [p, d_model]`` in turn: ``S`` path patches into one side of
+    the head, each sender's output zeroed, nothing else seeing the change (the other side reads
+    ``x``). ``freeze_scale``: the norm divides by ``x``'s scale, as QK attribution's terms
+    assume (the drop is then linear in the sender); else by the edited stream's own (the real
+    intervention). ``seq_len``: RoPE's, as ``rotate_queries_keys``."""
+    from headscope.engine.forward.transformer import norm_scale, rotate_queries_keys
+
+    tw = torch_weights(w)
+    frozen = norm_scale(x, tw.cfg) if freeze_scale else None
+    rows = {"q": slice(query, query + 1), "k": slice(0, query + 1)}
+
+    def read(s: str, stream: Tensor) -> Tensor:  # [..., rows, d_model] -> [..., rows, d_head]
+        return receiver_qk(tw, layer, head, stream, s, scale=None if frozen is None else frozen[rows[s]])
+
+    n = removed.shape[0]
+    edited = x[None, rows[side]] - removed[:, rows[side]]
+    q = read("q", edited) if side == "q" else read("q", x[rows["q"]]).expand(n, 1, -1)
+    k = read("k", edited) if side == "k" else read("k", x[rows["k"]]).expand(n, query + 1, -1)
+    q, k = rotate_queries_keys(tw, layer, q, k, seq_len=seq_len)
+    return (q @ k.transpose(-1, -2))[:, 0] / tw.cfg.scale

@@ -17,16 +17,17 @@ nothing ``d_model``-sized is kept per component.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from headscope.engine.core.attribution import QKAttribution
+from headscope.engine.core.attribution import QKAttribution, QKRemoval, top_sources
 from headscope.engine.core.config import ModelConfig
 from headscope.engine.core.errors import IndexOutOfRangeError, InvalidRequestError
 from headscope.engine.core.results import readonly
 from headscope.engine.core.validation import check_result_bytes
+from headscope.engine.forward.patching import scores_without
 from headscope.engine.forward.torch_weights import TorchWeights, torch_weights
 from headscope.engine.forward.transformer import (
     attention,
@@ -83,11 +84,13 @@ def component_names(cfg: ModelConfig, layer: int) -> tuple[str, ...]:
 
 
 def qk_attribution(w: WeightSource, tokens: Sequence[int], layer: int, head: int, query: int,
-                   keys: Sequence[int] | None = None) -> QKAttribution:
+                   keys: Sequence[int] | None = None, *, confirm: int = 0) -> QKAttribution:
     """Head ``layer``.``head``'s score from position ``query`` to each of ``keys`` (default:
     every key the query sees: ``0 .. query``, or the sliding window) on the prompt ``tokens``
     (ids), split into (query component, key component) terms. The same numbers on raw and
-    processed weights."""
+    processed weights. ``confirm = N``: the top N sources of each side at each key are also
+    removed from that side exactly (``removals``: ``_removals``), at the cost of a second pass
+    to the layer."""
     import torch
 
     tw = torch_weights(w)
@@ -127,20 +130,73 @@ def qk_attribution(w: WeightSource, tokens: Sequence[int], layer: int, head: int
         q_rot, k_rot = q_rot[0, :, 0], k_rot[0][:, key_ids]  # [C+1, e], [C+1, K, e]
         score = q_rot[-1] @ k_rot[-1].T / cfg.scale  # [K]
         q_rot, k_rot = q_rot[:-1], k_rot[:-1]
-        terms = torch.einsum("ae,bke->abk", q_rot, k_rot) / cfg.scale  # one GEMM
+        # one GEMM, laid out key by key: the why view's key move reads one key's n² terms, a
+        # contiguous slice (strided over the keys, its copy took 33 ms of 1056² at 7B; now ~1)
+        by_key = torch.matmul(q_rot, k_rot.permute(1, 2, 0)).div_(cfg.scale)  # [K, C, C], contiguous
+        terms = by_key.permute(1, 2, 0)
         # the totals from the summed other side, in float64: Σ_b q_a·k_b = q_a·(Σ_b k_b)
         q64, k64 = q_rot.double(), k_rot.double()
         query_totals = torch.einsum("ae,ke->ak", q64, k64.sum(0)) / cfg.scale
         key_totals = torch.einsum("e,bke->bk", q64.sum(0), k64) / cfg.scale
 
+        removals: tuple[QKRemoval, ...] = ()
+        if confirm:
+            removals = _removals(tw, toks[:, :n], layer, head, query, key_ids, names,
+                                 {"query": query_totals.numpy(), "key": key_totals.numpy()}, int(confirm))
+
     nonfinite = not (bool(torch.isfinite(score).all()) and bool(torch.isfinite(terms).all()))
     return QKAttribution(
         layer=int(layer), head=int(head), query=query, keys=tuple(key_ids), names=names,
-        score=readonly(score, np.float32), terms=readonly(terms, np.float32),
+        score=readonly(score, np.float32), terms=_read_only_view(by_key).transpose(1, 2, 0),
         query_totals=readonly(query_totals, np.float64), key_totals=readonly(key_totals, np.float64),
         nonfinite=nonfinite, path=path,
         note=f"layer 0 reads the embeddings only: {', '.join(names)}" if layer == 0 else "",
+        removals=removals,
     )
+
+
+def _removals(w: TorchWeights, toks: Tensor, layer: int, head: int, query: int, keys: list[int],
+              names: tuple[str, ...], totals: dict[str, np.ndarray], top: int) -> tuple[QKRemoval, ...]:
+    """The exact confirmation of the per-side totals (docs/math.md, "QK attribution"): each
+    side's top ``top`` sources at any key (``core.attribution.top_sources``), each removed from that
+    side's input to the head alone (``patching.scores_without``: a path patch whose sender is
+    the component, zeroed), the norm's scale frozen and recomputed; the score's drop at every
+    key. A second pass to ``layer`` keeps those components whole (``[n, d_model]`` each)."""
+    import torch
+
+    chosen = {side: sorted({int(i) for i in top_sources(totals[side], top).flat}) for side in ("query", "key")}
+    wanted = set(chosen["query"]) | set(chosen["key"])
+    kept: dict[int, Tensor] = {}
+    at = 0
+
+    def keep(c: Tensor) -> None:
+        nonlocal at
+        for i in range(c.shape[0]):
+            if at + i in wanted:
+                kept[at + i] = c[i].clone()  # not a view: it would keep the layer's heads alive
+        at += c.shape[0]
+
+    x = _walk(w, toks, layer, keep)[0]
+    out = []
+    for side in ("query", "key"):
+        removed = torch.stack([torch.zeros_like(x), *(kept[i] for i in chosen[side])])  # row 0: nothing
+        drops = []
+        for freeze in (True, False):
+            scores = scores_without(w, layer, head, x, query, removed, side[0], freeze_scale=freeze,
+                                    seq_len=toks.shape[1])[:, keys]
+            drops.append(readonly(scores[0] - scores[1:], np.float32))
+        out.append(QKRemoval(side=side, sources=tuple(names[i] for i in chosen[side]),
+                             frozen=drops[0], recomputed=drops[1]))
+    return tuple(out)
+
+
+def _read_only_view(t: Tensor) -> np.ndarray:
+    """``t``'s float32 numbers as a read-only numpy array without a copy (the terms of a 7B row
+    are 285 MB: ``readonly``'s private copy doubled them at the peak). Nothing else holds
+    ``t``."""
+    array = t.numpy()
+    array.setflags(write=False)
+    return array
 
 
 def _check_keys(cfg: ModelConfig, layer: int, query: int, keys: Sequence[int] | None,
@@ -228,29 +284,39 @@ def _components(w: TorchWeights, toks: Tensor, layer: int, query: int, read_q: T
     ``n·d_model²`` per layer on top of the pass (a 7B layer: ~8%)."""
     import torch
 
-    cfg, e = w.cfg, w.cfg.d_head
-    n = toks.shape[1]
+    e, n = w.cfg.d_head, toks.shape[1]
     q_parts: list[Tensor] = []
     k_parts: list[Tensor] = []
 
-    def add(c: Tensor) -> None:  # c: [n, d_model] or [h, n, d_model]
-        q_parts.append((c[..., query, :] @ read_q).reshape(-1, e))
+    def add(c: Tensor) -> None:  # c: [k, n, d_model], k components
+        q_parts.append(c[:, query] @ read_q)
         k_parts.append((c @ read_k).reshape(-1, n, e))
 
-    add(w.embed_rows(toks[0]))
+    x = _walk(w, toks, layer, add)
+    return torch.cat(q_parts), torch.cat(k_parts), x
+
+
+def _walk(w: TorchWeights, toks: Tensor, layer: int, visit: Callable[[Tensor], None]) -> Tensor:
+    """The forward pass to ``layer``, each residual component handed to ``visit`` as it is
+    produced, in ``component_names`` order (without ``bias``), several at once ``[k, n,
+    d_model]``; returns the stream entering ``layer`` ``[1, n, d_model]``."""
+    cfg = w.cfg
+    n = toks.shape[1]
+    visit(w.embed_rows(toks[0])[None])
     if cfg.positional == "learned":
-        add(w.get("pos_embed.W_pos")[:n])
+        visit(w.get("pos_embed.W_pos")[None, :n])
     x = embed(w, toks)
     for l in range(layer):  # noqa: E741
         read_next(w, l)
         a, _, result = attention(w, l, attention_input(w, l, x), (), "zero")
+        # before the MLP: a 7B model's MLP weights evict the layer's W_O from the weight
+        # cache (its layer budget is two layers' attention), which was then processed again
+        constant = _constant_outputs(w, l)  # [h, d_model]
+        attn_bias = w.get(f"blocks.{l}.attn.b_O") + constant.sum(dim=0)
         mlp_out: list[Tensor] = []
         x = finish_block(w, l, x, a, on_mlp=mlp_out.append)
-        constant = _constant_outputs(w, l)  # [h, d_model]
-        add(result[0] - constant[:, None])  # each head less its constant part
-        add((w.get(f"blocks.{l}.attn.b_O") + constant.sum(dim=0)).expand(n, -1))  # a{l}.bias
+        visit(result[0] - constant[:, None])  # each head less its constant part
+        visit(attn_bias.expand(1, n, -1))  # a{l}.bias
         if mlp_out:
-            add(mlp_out[0][0])
-    return torch.cat(q_parts), torch.cat(k_parts), x
-
-
+            visit(mlp_out[0])
+    return x

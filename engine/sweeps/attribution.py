@@ -25,7 +25,7 @@ def qk_row(model: LoadedModel, req: QKAttributionRequest, *, cancelled: Cancelle
     from headscope.engine.forward.qk_attribution import qk_attribution
 
     check_cancelled(cancelled)
-    return qk_attribution(model.weights, req.tokens, req.layer, req.head_index, req.query)
+    return qk_attribution(model.weights, req.tokens, req.layer, req.head_index, req.query, confirm=req.confirm)
 
 
 def scope_error(model: LoadedModel) -> InvalidRequestError | None:
@@ -40,11 +40,12 @@ def scope_error(model: LoadedModel) -> InvalidRequestError | None:
 
 
 def qk_attribution_request(model: LoadedModel, head: str | Sequence[int], *, prompt: str | None = None,
-                           tokens: Sequence[int] | None = None, query: int, key: int | None = None
-                           ) -> QKAttributionRequest:
+                           tokens: Sequence[int] | None = None, query: int, key: int | None = None,
+                           confirm: int = 0) -> QKAttributionRequest:
     """The validated request from a head (``"L1.H2"``, ``"1.2"`` or ``(1, 2)``), a prompt
     (text, tokenised and cut to n_ctx as the Prompt tab does, or ids: exactly one), the query
-    position and optionally the key (checked: ``0 <= key <= query``)."""
+    position and optionally the key (checked: ``0 <= key <= query``); ``confirm``: each side's
+    top N sources removed exactly too."""
     where = str(model.path)
     if (prompt is None) == (tokens is None):
         raise InvalidRequestError(where, "give the prompt as text or as token ids (one of the two)")
@@ -60,4 +61,4 @@ def qk_attribution_request(model: LoadedModel, head: str | Sequence[int], *, pro
     refused = scope_error(model)
     if refused is not None:
         raise refused
-    return QKAttributionRequest.of(model.structure(), layer, index, ids, query, key, where=where)
+    return QKAttributionRequest.of(model.structure(), layer, index, ids, query, key, confirm=confirm, where=where)

@@ -18,6 +18,7 @@ from headscope.engine.forward.qk_attribution import qk_attribution
 from headscope.engine.model.loading import load_model
 from headscope.tui.app import HeadscopeApp
 from headscope.tui.base.settings import Settings
+from headscope.tui.widgets.chart import Chart
 from headscope.tui.widgets.panes import PromptPane
 from headscope.tui.widgets.why import WhyView
 from tests.conftest import INDUCTION_HEAD, PREV_TOKEN_HEAD, sample_model
@@ -33,7 +34,8 @@ HALF = len(WORDS)
 
 @pytest.fixture
 def rows_computed(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, int]]:
-    """Every QK attribution row the Engine computes (its cache hits are not computed)."""
+    """Every QK attribution row the Engine computes (its cache hits are not computed); the
+    same row with ``confirm`` (the why view's exact column) is not counted."""
     from headscope.engine.core import requests
     from headscope.engine.sweeps import dispatch  # noqa: F401  (the computations registered)
 
@@ -41,7 +43,8 @@ def rows_computed(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, int]]
     compute = requests.COMPUTATIONS[QKAttributionRequest]
 
     def counted(model: Any, req: QKAttributionRequest, **kwargs: Any) -> Any:
-        computed.append((req.layer, req.head_index, req.query))
+        if not req.confirm:
+            computed.append((req.layer, req.head_index, req.query))
         return compute(model, req, **kwargs)
 
     monkeypatch.setitem(requests.COMPUTATIONS, QKAttributionRequest, counted)
@@ -82,6 +85,8 @@ async def test_explain_this_head_opens_why_at_the_induction_cell(
         assert max(key_totals, key=lambda c: abs(key_totals[c])) == previous
         assert f"score {float(expected.score[key]):+.3g}" in text
         assert rows_computed == [(1, 2, query)]
+        await wait_until(pilot, lambda: why.exact is not None, "the exact column", 1200)
+        assert why.exact.removals and why.exact.query == query  # filled by a second request
 
         # along the row: the cached row, re-sliced
         await pilot.press("left")
@@ -113,6 +118,9 @@ async def test_explain_this_head_opens_why_at_the_induction_cell(
         await settle(pilot, app, limit=1200)  # a busy box: up to a minute
         assert not pane.why_open
         assert f"cell q={query} 'wall'" in "\n".join(screen_lines(app))
+        # the cursor's cell drawn on the pattern (pooled at 80×24): Heatmap.mark, a ◆
+        assert pane.query_one("#prompt-pattern", Chart).figure.mark == pane.cursor
+        assert "◆" in "\n".join(screen_lines(app))
         assert app.errors == []
 
 

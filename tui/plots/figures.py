@@ -80,6 +80,9 @@ class Heatmap:
     # drawn (muted) in the cells with no finite value, and named in the key, instead of the
     # zero colour: where NaN means "no number" (a non-finite patched head), not "nothing there"
     missing: str | None = None
+    # (row, col) of an entry drawn as a cursor: ``MARK_GLYPH`` in a contrasting colour on the
+    # cell's own (inverted in 16 colours / none); pooled, the cell that holds the entry
+    mark: tuple[int, int] | None = None
 
     def key(self, colours: Colours, shape: tuple[int, int], width: int = 0) -> Text:
         """The value-range key: a gradient from −vmax (or 0) to +vmax, and the pooling.
@@ -139,6 +142,10 @@ class Heatmap:
         colour, recolour = cell_colours(grid, vmax, colours)
         if self.missing is not None:
             colour, recolour = _mark_missing(grid, colour, recolour, self.missing, colours)
+        cursor = None
+        if self.mark is not None:
+            at = (_pooled_cells(self.mark[0], n_rows, ch), _pooled_cells(self.mark[1], n_cols, cw))
+            colour, cursor = _mark_cursor(colour, recolour, at, colours)
         plt = _plot(lw + 2 + cw, ch + 3, colours)  # frame top/bottom + x tick labels
         plt.matrix_plot([[tuple(int(x) for x in c) for c in row] for row in colour])
         plt.xlim(0, max(cw - 1, 1))
@@ -157,7 +164,8 @@ class Heatmap:
         # and a pooled heatmap is often narrower than its title.
         text = _fit_line(self.title, width, "bold")
         text.append("\n")
-        text.append_text(_recolour(_text(plt), recolour))
+        canvas = _recolour(_text(plt), recolour)
+        text.append_text(canvas if cursor is None else _draw_cursor(canvas, cursor))
         if self.xlabel:
             text.append("\n")
             text.append_text(_fit_line(self.xlabel, width))
@@ -203,6 +211,59 @@ def _mark_missing(grid: np.ndarray, colour: np.ndarray, recolour: Recolour, mark
     colour = np.array(colour, copy=True)
     colour[missing] = MISSING_RGB
     return colour, {**recolour, MISSING_RGB: (mark, Style(color=Color.from_rgb(*colours.muted)))}
+
+
+MARK_RGB = (5, 1, 4)  # the placeholder of the cursor's cell (never shown)
+MARK_GLYPH = "◆"
+
+
+def _pooled_cells(index: int, n: int, cells: int) -> slice:
+    """The cells (of ``cells``) that draw entry ``index`` of ``n`` (``pool_extreme``'s blocks:
+    shrinking, the one whose block holds it; growing, all its copies)."""
+    start, _ = bins(n, cells)
+    end = np.maximum(start + 1, np.append(start[1:], n))
+    hits = np.nonzero((start <= index) & (index < end))[0]
+    if not hits.size:
+        return slice(0, 0)
+    return slice(int(hits[0]), int(hits[-1]) + 1)
+
+
+def _mark_cursor(colour: np.ndarray, recolour: Recolour, at: tuple[slice, slice], colours: Colours
+                 ) -> tuple[np.ndarray, Style | None]:
+    """The colours with the cursor's cells ``at`` in the placeholder ``MARK_RGB``, and the style
+    ``_draw_cursor`` gives it: a contrasting glyph on the cell's own colour (the 256-colour
+    entry in 256 colours, no truecolor code), or inverted in 16 colours / none."""
+    if colour[at].size == 0:
+        return colour, None
+    rgb = tuple(int(x) for x in colour[at][0, 0])
+    char, style = recolour.get(rgb, (None, None))  # type: ignore[arg-type]
+    light = 0.2126 * rgb[0] + 0.7152 * rgb[1] + 0.0722 * rgb[2] > 140
+    if style is None:  # truecolor
+        mark = Style(color=Color.from_rgb(*((0, 0, 0) if light else (255, 255, 255))),
+                     bgcolor=Color.from_rgb(*rgb), bold=True)
+    elif char is None:  # 256 colours: the cell's palette entry; black (16) or white (231) on it
+        mark = Style(color=Color.from_ansi(16 if light else 231), bgcolor=style.color, bold=True)
+    else:  # 16 colours / none: the shade's colour inverted
+        mark = Style(color=style.color, reverse=True, bold=True)
+    colour = np.array(colour, copy=True)
+    colour[at] = MARK_RGB
+    return colour, mark
+
+
+def _draw_cursor(text: Text, mark: Style) -> Text:
+    """The span drawn in ``MARK_RGB`` (the cursor's cell, one or more characters wide) as
+    ``MARK_GLYPH`` at its middle, blanks around it, in ``mark``."""
+    chars = list(text.plain)
+    spans: list[Span] = []
+    for span in text.spans:
+        colour = span.style.color if isinstance(span.style, Style) else None
+        if colour is None or colour.triplet is None or tuple(colour.triplet) != MARK_RGB:
+            spans.append(span)
+            continue
+        width = span.end - span.start
+        chars[span.start:span.end] = MARK_GLYPH.center(width) if width > 1 else MARK_GLYPH
+        spans.append(Span(span.start, span.end, mark))
+    return Text("".join(chars), spans=spans)
 
 
 def _shade(level: int, colours: Colours) -> tuple[str, Style]:

@@ -12,6 +12,7 @@ which build the picture off the UI thread.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +42,7 @@ from headscope.tui.plots.figures import Graph, Heatmap
 from headscope.tui.widgets.bars import bar_colours, bar_half, signed_bar
 from headscope.tui.widgets.chart import Chart
 from headscope.tui.widgets.path_column import PathEffects
-from headscope.tui.widgets.why import WhyView
+from headscope.tui.widgets.why import TOTALS_TOP, WhyView
 
 if TYPE_CHECKING:
     from headscope.tui.base.protocols import ExplorerEngine, LoadKey, PaneHost
@@ -84,7 +85,8 @@ class PromptPane(Vertical):
     The pattern has a cell cursor (query, key), named under it; ``w`` opens the "why" view
     (tui/widgets/why.py) of that cell in the pattern's place: the head's QK attribution of
     the cursor's whole query row (one ``QKAttributionRequest``, cached by the Engine), so
-    moving along the row re-slices it. ``W`` puts the cursor on the pattern's strongest cell
+    moving along the row re-slices it; then the same row with ``confirm`` fills the totals'
+    "exact" column. ``W`` puts the cursor on the pattern's strongest cell
     (``strongest_cell``) and opens it."""
 
     prompt_text = ""  # the prompt of the view shown (its unknown words are named)
@@ -167,7 +169,8 @@ class PromptPane(Vertical):
         self.query_one("#prompt-preds", Static).update(p)
 
     def draw_pattern(self) -> None:
-        """A's (and B's) pattern, the cursor's cell named under it."""
+        """A's (and B's) pattern, the cursor's cell marked on A's (``Heatmap.mark``) and named
+        under it."""
         view, b = self.view, self.view_b
         if view is None:
             return
@@ -176,7 +179,7 @@ class PromptPane(Vertical):
         self.query_one("#prompt-pattern", Chart).show(Heatmap(
             np.asarray(view.pattern, dtype=np.float64), tokens, tokens, sequential=True, vmax=1.0,
             title=f"{prefix}attention {head_name(view.layer, view.head)}",
-            xlabel=f"{self.cursor_text()} · key →  (rows: query)".lstrip(" ·")))
+            xlabel=f"{self.cursor_text()} · key →  (rows: query)".lstrip(" ·"), mark=self.cursor))
         if b is not None:
             tokens_b = tuple(str(t) for t in b.tokens)
             self.query_one("#prompt-pattern-b", Chart).show(Heatmap(
@@ -251,6 +254,9 @@ class PromptPane(Vertical):
         if row is not None and (row.layer, row.head, row.query) == (view.layer, view.head, query) \
                 and why.tokens == tuple(view.tokens):
             why.set_key(key)  # the same row: re-sliced, no engine call
+            if why.exact is None:  # its exact column was cut short (a newer load replaced it)
+                await self._load_exact(engine, why, QKAttributionRequest.of(
+                    engine.structure, view.layer, view.head, view.ids, query, where=None))
             return
         why.show_computing(view.layer, view.head, query)
         try:
@@ -267,6 +273,20 @@ class PromptPane(Vertical):
             return
         if self.view is view and self.cursor is not None and self.cursor[0] == query:
             why.show(row, self.cursor[1], view.tokens)
+            await self._load_exact(engine, why, request)
+
+    async def _load_exact(self, engine: ExplorerEngine, why: WhyView, row: QKAttributionRequest) -> None:
+        """The row again with each side's top sources removed exactly (the why view's "exact"
+        column; a second pass to the layer, on the engine's thread): shown when it arrives if
+        the row is still the one shown; an error leaves the column blank."""
+        why.expect_exact()
+        try:
+            found = await engine.get(dataclasses.replace(row, confirm=TOTALS_TOP))
+        except CancelledError:
+            return
+        except HeadscopeError:
+            found = None
+        why.show_exact(found)
 
     @on(WhyKeyMoved)
     def _why_key_moved(self, msg: WhyKeyMoved) -> None:

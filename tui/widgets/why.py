@@ -3,11 +3,13 @@
 It shows one cell of a ``QKAttribution`` (engine/core/attribution.py; docs/math.md "QK
 attribution"): the title with the score, the strongest query sources × key sources as a small
 heatmap (``tui.plots.why.TermGrid``, the colour map of every heatmap), the terms ranked by
-size, and each side's totals as signed bars. The view is given the whole query row (every key
+size, and each side's totals as signed bars, each beside its exact check ("exact": the score's
+drop when the source alone leaves that side, the norm's scale recomputed; ``show_exact``,
+filled when the explorer's second request arrives). The view is given the whole query row (every key
 at once) and re-slices it as the key moves (``←``/``→``, ``home``/``end``): no engine call
 per key. Every source head in the lists is a link: ``enter`` posts ``WhyHeadSelected``; a key
 move posts ``WhyKeyMoved``. Who computes the row (the explorer, through the Engine) calls
-``show_computing`` / ``show`` / ``show_error`` / ``show_out_of_scope``; the view never reaches
+``show_computing`` / ``show`` / ``show_exact`` / ``show_error`` / ``show_out_of_scope``; the view never reaches
 the engine. Token strings are data: ``Text``, never markup.
 """
 
@@ -43,7 +45,7 @@ from headscope.tui.widgets.bars import bar_half, signed_bar
 from headscope.tui.widgets.chart import Chart
 
 TERMS_TOP = 12  # rows of the ranked list (then one row: what the other terms add up to)
-TOTALS_TOP = 8  # rows of each side's totals (likewise)
+TOTALS_TOP = 8  # rows of each side's totals (likewise); each side's top sources confirmed exactly
 CELLS_KEPT = 4  # keys kept sliced (each an n² float32 copy: 4.5 MB at 7B)
 BAR_MOST = 10  # cells of each half of a totals bar, at most
 IDLE = "not computed: choose a cell of the attention pattern"
@@ -104,6 +106,9 @@ class WhyView(Vertical):
         self._totals: dict[str, list[str | None]] = {"query": [], "key": []}
         self._line = ""  # status line 1: the tokens, the note, the flags
         self._cells: OrderedDict[int, Cell] = OrderedDict()  # the last keys shown, sliced
+        # the row's exact removals (``show_exact``): None while being computed / not asked for
+        self.exact: QKAttribution | None = None
+        self.exact_pending = False
 
     def compose(self) -> ComposeResult:
         yield Static(id="why-title")
@@ -122,7 +127,8 @@ class WhyView(Vertical):
         for side in ("query", "key"):
             self.query_one(f"#why-{side}-totals", DataTable).tooltip = (
                 f"Each {side}-side source's total: the score's drop when it alone leaves the "
-                f"{side} side (the norm's scale frozen). enter: go to that head")
+                f"{side} side (the norm's scale frozen). exact: that removal done on the model, "
+                f"the norm's scale recomputed (… while it runs). enter: go to that head")
         self.show_idle()
 
     # -- states ---------------------------------------------------------------------------
@@ -148,6 +154,7 @@ class WhyView(Vertical):
 
     def _blank(self, state: str, title: str, text: str) -> None:
         self.state, self.attribution, self.key = state, None, None
+        self.exact, self.exact_pending = None, False
         self.query_one("#why-title", Static).update(Text(title))
         self.query_one("#why-grid", Chart).message(text)
         for table_id in ("#why-terms", "#why-query-totals", "#why-key-totals"):
@@ -165,12 +172,52 @@ class WhyView(Vertical):
             self.show_error("no key position to explain")
             return
         self.state, self.attribution = "ready", attribution
+        self.exact = attribution if attribution.removals else None
+        self.exact_pending = False
         self._cells.clear()
         self.tokens = None if tokens is None else tuple(tokens)
         if key is None or key not in attribution.keys:
             finite = np.where(np.isfinite(attribution.score), attribution.score, -np.inf)
             key = attribution.keys[int(np.argmax(finite))]
         self._draw(key)
+
+    def expect_exact(self) -> None:
+        """The exact removals of the row shown are being computed: "…" in their column."""
+        if self.attribution is not None and self.exact is None:
+            self.exact_pending = True
+            if self.key is not None:
+                self._fill_totals(self._cell(self.key))
+
+    def show_exact(self, attribution: QKAttribution | None) -> None:
+        """The exact removals of the row shown (``attribution.removals``, the same row asked
+        with ``confirm``) in the totals' "exact" column; None: they could not be computed (the
+        column is left blank). A result for another row is ignored."""
+        shown = self.attribution
+        if shown is None:
+            return
+        if attribution is not None and (attribution.layer, attribution.head, attribution.query,
+                                        attribution.keys) != (shown.layer, shown.head, shown.query, shown.keys):
+            return
+        self.exact, self.exact_pending = attribution, False
+        if self.key is not None:
+            self._fill_totals(self._cell(self.key))
+            self._hint_focused()
+
+    def _exact_at(self, side: str, name: str) -> tuple[float, float] | None:
+        """``(frozen, recomputed)`` drops of ``name`` on ``side`` at the key shown, if removed."""
+        if self.exact is None or self.key is None:
+            return None
+        for removal in self.exact.removals:
+            if removal.side == side and name in removal.sources:
+                i, j = removal.sources.index(name), self.exact.column(self.key)
+                return float(removal.frozen[i, j]), float(removal.recomputed[i, j])
+        return None
+
+    def _exact_cell(self, side: str, name: str) -> Text:
+        found = self._exact_at(side, name)
+        if found is not None:
+            return _value(found[1])
+        return Text("…" if self.exact_pending and name != "bias" else "", style="dim", justify="right")
 
     # -- moving along the row ---------------------------------------------------------------
     def action_move_key(self, delta: int) -> None:
@@ -244,15 +291,16 @@ class WhyView(Vertical):
         for side, (rows, rest, rest_sum) in sides.items():
             table = self.query_one(f"#why-{side}-totals", DataTable)
             # the tables share the view's width (before layout: the widest bars)
-            half = bar_half(self.size.width // 2, 12 + 9, BAR_MOST)  # name, total columns
-            row = _reset(table, (f"{side} side", "total", ""))
+            half = bar_half(self.size.width // 2, 12 + 9 + 9, BAR_MOST)  # name, total, exact
+            row = _reset(table, (f"{side} side", "total", "exact", ""))
             self._totals[side] = [name for name, _ in rows]
             for name, v in rows:
-                table.add_row(_name(name), _value(v), signed_bar(v, vmax, half, styles))
+                table.add_row(_name(name), _value(v), self._exact_cell(side, name),
+                              signed_bar(v, vmax, half, styles))
             if rest:
                 self._totals[side].append(None)
                 table.add_row(Text(f"+{rest} more", style="dim"), _value(rest_sum, "dim"),
-                              Text(""))
+                              Text(""), Text(""))
             table.move_cursor(row=min(row, max(table.row_count - 1, 0)))
 
     def on_resize(self) -> None:
@@ -326,7 +374,11 @@ class WhyView(Vertical):
         if name is None:
             self._set_status(f"the other {side}-side sources, summed · " + HINT)
             return
-        self._set_status(f"{name}, {side} side · {go}")
+        found = self._exact_at(side, name)
+        exact = (f" · removed exactly: {num(found[0])} scale frozen (the total), {num(found[1])} recomputed"
+                 if found is not None else " · exact removal computing…" if self.exact_pending and name != "bias"
+                 else "")
+        self._set_status(f"{name}, {side} side{exact} · {go}")
 
     def _hint_focused(self) -> None:
         focused = self.screen.focused if self.is_attached else None

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -27,20 +28,29 @@ class QKAttributionRequest(Request):
     """Why head ``layer``.``head_index`` scores each key from position ``query`` on the prompt
     ``tokens`` (ids): the whole query row, every key the query sees, at once (the explorer
     moves along the row without another request). ``of`` checks the key asked for too, though
-    the row does not depend on it: a key after the query is refused with the allowed range."""
+    the row does not depend on it: a key after the query is refused with the allowed range.
+    ``confirm = N``: each side's top N sources at each key also removed exactly (a second pass
+    to the layer; ``QKAttribution.removals``)."""
 
     name: ClassVar[str] = "qk_attribution"
     layer: int
     head_index: int
     tokens: tuple[int, ...]
     query: int
+    confirm: int = 0
+
+    def key(self) -> str:
+        # without ``confirm`` when it is 0: the key of a plain row, as before the field
+        fields = [getattr(self, f.name) for f in dataclasses.fields(self)
+                  if f.name != "confirm" or self.confirm]
+        return json.dumps([self.name, *fields], separators=(",", ":"))
 
     def label(self) -> str:
-        return f"L{self.layer}H{self.head_index} why q={self.query}"
+        return f"L{self.layer}H{self.head_index} why q={self.query}" + (" (exact)" if self.confirm else "")
 
     @classmethod
     def of(cls, structure: Structure, layer: int, head: int, tokens: Sequence[int], query: int,
-           key: int | None = None, *, where: Any = ...) -> QKAttributionRequest:
+           key: int | None = None, *, confirm: int = 0, where: Any = ...) -> QKAttributionRequest:
         where = _where(structure, where)
         check_head(structure, layer, head, where)
         ids = tuple(int(t) for t in tokens)
@@ -51,7 +61,9 @@ class QKAttributionRequest(Request):
         if key is not None and not 0 <= int(key) <= int(query):
             why = "is after the query (causal attention)" if int(key) > int(query) else "out of range"
             raise IndexOutOfRangeError(where, f"key {key} {why}: query {query} sees keys 0..{query}")
-        return cls(int(layer), int(head), ids, int(query))
+        if isinstance(confirm, bool) or int(confirm) != confirm or int(confirm) < 0:
+            raise InvalidRequestError(where, f"--confirm must be a whole number of at least 0, not {confirm!r}")
+        return cls(int(layer), int(head), ids, int(query), int(confirm))
 
 
 

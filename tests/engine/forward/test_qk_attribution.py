@@ -28,6 +28,7 @@ has no ``hook_cos`` and keeps the interleaved rotary layout, and this reference 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import warnings
 from pathlib import Path
@@ -63,6 +64,7 @@ SUM_ULPS = 16
 # -- the reference -------------------------------------------------------------------------------
 
 
+@functools.cache  # one bridge per model for the module (its hooks are reset after each use)
 def boot(name: str, path: Path) -> Any:
     """TransformerLens' model of ``path`` with per-head results where the bridge has them."""
     tl = boot_native(path) if name == "attn-only-2l" else boot_transformer_lens(path)
@@ -434,3 +436,104 @@ def test_one_pass_to_the_layer_over_the_query_prefix(gpt2_dir: tuple[Path, Any],
     seen.clear()
     module.qk_attribution(model.weights, TOKENS, 0, 3, 11)
     assert seen == []
+
+
+# -- confirming the totals: the exact removal (issue 38, "Confirm it") ---------------------------
+
+
+def removed_recomputed(ref: Reference, side: str, index: int) -> torch.Tensor:
+    """The score row ``[Q+1]`` with component ``index`` removed from the stream entering the
+    layer for ``side``'s (q/k) input to the head only, the norm's scale recomputed: the q (k)
+    input is TransformerLens' own ``blocks.L.ln1`` applied to ``resid_pre - c``."""
+    pre = f"blocks.{ref.layer}.attn"
+    ln1 = ref.tl.blocks[ref.layer].ln1
+    resid = ref.cache[f"blocks.{ref.layer}.hook_resid_pre"]
+    edited = resid - ref.components[index].float()
+
+    def hook(x: torch.Tensor, hook: Any) -> torch.Tensor:
+        with torch.no_grad():
+            return ln1(edited)
+
+    with torch.no_grad():  # the hook point reads ln1's output: the reference is that module
+        assert torch.allclose(ln1(resid), ref.cache[f"{pre}.{side}.hook_in"], rtol=0, atol=1e-6 * float(resid.abs().max()))
+    ref.tl.add_hook(f"{pre}.{side}.hook_in", hook)
+    try:
+        with torch.no_grad():
+            _, cache = ref.tl.run_with_cache(torch.tensor([ref.tokens]))
+    finally:
+        ref.tl.reset_hooks()
+    q = rotate(cache[f"{pre}.hook_q"][0, :, ref.head].double(), ref.cos, ref.sin)
+    k = rotate(cache[f"{pre}.hook_k"][0, :, ref.kv].double(), ref.cos, ref.sin)
+    return q[ref.query] @ k[: ref.query + 1].T / ref.attn_scale
+
+
+@pytest.mark.parametrize(("name", "layer", "head"), [("attn-only-2l", 1, 2), ("gpt2", 1, 3), ("llama", 1, 1)])
+def test_exact_removals_confirm_the_totals(name: str, layer: int, head: int, request: pytest.FixtureRequest) -> None:
+    """``confirm``: each side's top sources removed from that side's input alone. With the norm's
+    scale frozen the score's drop is the side's total (every component but ``bias`` removed,
+    at every key); with it recomputed, it is TransformerLens' score with ``blocks.L.ln1``
+    applied to ``resid_pre - c`` for that side only (``removed_recomputed``), and it differs
+    from the total (the norm is not linear)."""
+    path = sample_model(name) if name == "attn-only-2l" else request.getfixturevalue(f"{name}_dir")[0]
+    model = load_model(path)
+    found = qk_attribution(model.weights, TOKENS, layer, head, QUERY, confirm=len(component_names(model.cfg, layer)))
+    tol = TERM_RTOL * float(np.abs(found.terms).max())
+    assert [r.side for r in found.removals] == ["query", "key"]
+    for removal in found.removals:
+        assert removal.sources == found.names[:-1]  # every component but bias
+        totals = found.query_totals if removal.side == "query" else found.key_totals
+        assert removal.frozen.shape == removal.recomputed.shape == (len(found.names) - 1, QUERY + 1)
+        np.testing.assert_allclose(removal.frozen, totals[:-1], rtol=0, atol=tol)
+        assert np.abs(removal.recomputed - totals[:-1]).max() > 100 * tol  # a real intervention
+
+    ref = Reference(boot(name, path), TOKENS, layer, head, QUERY, native=name == "attn-only-2l")
+    assert ref.names[:-1] == list(found.removals[0].sources)
+    for removal, totals in zip(found.removals, (found.query_totals, found.key_totals), strict=True):
+        side = removal.side[0]
+        # the hook reference is one TransformerLens run per source: the side's 4 largest
+        for i in np.argsort(-np.abs(totals[:-1]).max(1), kind="stable")[:4]:
+            drop = (ref.tl_score - removed_recomputed(ref, side, i)).numpy()
+            np.testing.assert_allclose(removal.recomputed[i], drop, rtol=0, atol=tol,
+                                       err_msg=f"{name} {removal.sources[i]} ({removal.side} side)")
+
+
+def test_confirm_picks_each_sides_top_sources_at_any_key() -> None:
+    """``confirm = N``: the union over the keys of each side's top N by |total|, ``bias`` never
+    (no part of the stream); ``exact(key, N)`` gives those of the key's top N."""
+    model = load_model(sample_model("attn-only-2l"))
+    plain = qk_attribution(model.weights, TOKENS, 1, 2, QUERY)
+    found = qk_attribution(model.weights, TOKENS, 1, 2, QUERY, confirm=2)
+    assert plain.removals == () and plain.exact(3) == {"query": {}, "key": {}}
+    np.testing.assert_array_equal(found.terms, plain.terms)
+    for removal, totals in zip(found.removals, (found.query_totals, found.key_totals), strict=True):
+        size = np.abs(totals[:-1])
+        expected = {found.names[i] for j in range(size.shape[1]) for i in np.argsort(-size[:, j], kind="stable")[:2]}
+        assert set(removal.sources) == expected and "bias" not in removal.sources
+    for key in found.keys:
+        exact = found.exact(key, 2)
+        for side, totals in zip(("query", "key"), found.totals(key), strict=True):
+            top = sorted((c for c in totals if c != "bias"), key=lambda c: -abs(totals[c]))[:2]
+            assert sorted(exact[side]) == sorted(top)
+            for c in top:
+                assert exact[side][c]["frozen"] == pytest.approx(totals[c], abs=1e-4 * np.abs(found.terms).max())
+
+
+def test_each_layers_weights_are_processed_once(gpt2_dir: tuple[Path, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a weight cache smaller than a layer (a 7B model's), the pass reads each layer's
+    attention weights once: the heads' constant parts are taken before the MLP's weights evict
+    ``W_O`` (they were processed twice a layer)."""
+    from headscope.engine.model.processing import ProcessedWeights
+
+    raw = load_model(gpt2_dir[0], raw=True).weights
+    cfg = load_model(gpt2_dir[0]).cfg
+    tight = ProcessedWeights(raw, cache_bytes=4 * 2 * cfg.d_model * cfg.d_mlp + 1024)  # the MLP's, about
+    computed: list[str] = []
+    real = ProcessedWeights._compute
+
+    def counting(self: Any, name: str, *args: Any, **kwargs: Any) -> Any:
+        computed.append(name)
+        return real(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(ProcessedWeights, "_compute", counting)
+    qk_attribution(tight, TOKENS, 1, 0, 9)
+    assert computed.count("blocks.0.attn.W_O") == computed.count("blocks.0.attn.W_V") == 1

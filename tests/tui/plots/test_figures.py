@@ -175,3 +175,47 @@ def test_the_graph_key_keeps_both_ends_in_a_narrow_graph() -> None:
         assert len(key) <= width and key.startswith("+0.044 ━") and key.endswith("━ +0.087"), key
     lines = build(graph, 26, 14, COLOURS).plain.splitlines()
     assert all(len(line) <= 26 for line in lines) and lines[-1].endswith("+0.087")
+
+
+@pytest.mark.parametrize("mode", ["truecolor", "256", "16", "none"])
+@pytest.mark.parametrize(("n", "size"), [(11, (56, 30)), (40, (36, 14))])
+def test_the_cursor_cell_is_drawn_on_the_heatmap(mode: str, n: int, size: tuple[int, int]) -> None:
+    """``Heatmap(mark=(q, k))`` (the Prompt tab's cell cursor; its chart at 80×24 and 120×40):
+    one ◆ in the cells that draw entry (q, k), pooled or not, in a colour that stands out on
+    the cell's own: palette codes only in 256 colours, inverted in 16 colours / none."""
+    import dataclasses
+
+    from rich.color import ColorType
+
+    from headscope.tui.plots.colormap import source_index
+
+    colours = dataclasses.replace(COLOURS, mode=mode)
+    pattern = np.tril(np.random.default_rng(1).random((n, n)))
+    pattern /= pattern.sum(1, keepdims=True)
+    labels = tuple(f"t{i}" for i in range(n))
+    mark = (n - 2, n // 3)
+    text = Heatmap(pattern, labels, labels, sequential=True, vmax=1.0, mark=mark).draw(*size, colours)
+    lines = text.plain.splitlines()
+    top = next(i for i, line in enumerate(lines) if "┌" in line)
+    bottom = next(i for i, line in enumerate(lines) if "└" in line)
+    x0, x1 = lines[top].index("┌") + 1, lines[top].index("┐")
+    ch, cw = bottom - top - 1, x1 - x0
+    hits = [(r, c) for r in range(ch) for c in range(cw) if lines[top + 1 + r][x0 + c] == "◆"]
+    assert hits and text.plain.count("◆") == len(hits)
+    for r, c in hits:  # the entry (q, k) is in the block that canvas cell draws
+        for axis, cell, cells in ((0, r, ch), (1, c, cw)):
+            first = source_index(cell, n, cells)
+            last = max(first + 1, source_index(cell + 1, n, cells)) if cell + 1 < cells else n
+            assert first <= mark[axis] < last, (mode, n, size, (r, c))
+    assert len({r for r, _ in hits}) * len({c for _, c in hits}) >= len(hits)
+    offset = len("\n".join(text.plain.split("\n")[: top + 1 + hits[0][0]])) + 1 + x0 + hits[0][1]
+    style = next(s.style for s in text.spans if s.start <= offset < s.end)
+    assert style.bold
+    if mode == "truecolor":
+        assert style.color.type == style.bgcolor.type == ColorType.TRUECOLOR and style.color != style.bgcolor
+    elif mode == "256":
+        assert style.color.type == style.bgcolor.type == ColorType.EIGHT_BIT and style.color != style.bgcolor
+    else:
+        assert style.reverse
+    unmarked = Heatmap(pattern, labels, labels, sequential=True, vmax=1.0).draw(*size, colours)
+    assert "◆" not in unmarked.plain

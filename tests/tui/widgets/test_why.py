@@ -283,3 +283,43 @@ def test_every_key_has_an_id_and_a_tooltip() -> None:
     ids = [b.id for b in WhyView.BINDINGS]
     assert ids == ["why-prev-key", "why-next-key", "why-first-key", "why-last-key"]
     assert all(b.tooltip and b.tooltip.startswith("Why view:") for b in WhyView.BINDINGS)
+
+
+async def test_the_exact_column_fills_when_the_removals_arrive(row: QKAttribution,
+                                                               model_tokens: tuple[Any, list[int]]) -> None:
+    """"exact" beside each total: "…" while the explorer's confirm request runs, then the drop
+    with the norm's scale recomputed; the status line of a totals row gives both drops. A
+    result for another row is ignored. At 80×24 the column is on screen."""
+    from headscope.tui.widgets.why import TOTALS_TOP
+
+    model, tokens = model_tokens
+    confirmed = qk_attribution(model.weights, tokens, *INDUCTION_HEAD, QUERY, confirm=TOTALS_TOP)
+    other = qk_attribution(model.weights, tokens, *INDUCTION_HEAD, QUERY - 1, confirm=1)
+    app = WhyApp()
+    async with app.run_test(size=(80, 24)) as pilot:
+        view = app.query_one(WhyView)
+        view.show(row, key=KEY)
+        view.expect_exact()
+        await drawn(pilot, app)
+        lines = screen_lines(app)
+        assert "exact" in next(line for line in lines if "key side" in line and "total" in line)
+        assert totals_rows(lines, "key")[0].split()[:3] == [PREVIOUS, num(row.totals(KEY)[1][PREVIOUS]), "…"]
+        view.show_exact(other)  # another query's row: not this one's column
+        assert view.exact is None and view.exact_pending
+        view.show_exact(confirmed)
+        await pilot.pause()
+        exact = confirmed.exact(KEY)["key"][PREVIOUS]
+        key_side = totals_rows(screen_lines(app), "key")
+        assert key_side[0].split()[:3] == [PREVIOUS, num(row.totals(KEY)[1][PREVIOUS]), num(exact["recomputed"])]
+        app.query_one("#why-key-totals", DataTable).focus()
+        await pilot.pause()
+        assert (f"{PREVIOUS}, key side · removed exactly: {num(exact['frozen'])} scale frozen (the total), "
+                f"{num(exact['recomputed'])} recomputed · enter: go to L0.H1") in view.status
+        assert num(exact["frozen"]) == num(row.totals(KEY)[1][PREVIOUS])
+        app.query_one("#why-terms", DataTable).focus()  # (its status line says "key side ... total")
+        await pilot.press("right")  # the removals cover each side's top sources at every key
+        await pilot.pause()
+        _, key_totals = row.totals(KEY + 1)
+        first = max(key_totals, key=lambda c: abs(key_totals[c]))
+        assert totals_rows(screen_lines(app), "key")[0].split()[2] == \
+            num(confirmed.exact(KEY + 1)["key"][first]["recomputed"])

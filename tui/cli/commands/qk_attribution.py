@@ -2,8 +2,12 @@
 head scores key K from query Q on a prompt (docs/math.md, "QK attribution"); the work is
 ``Model.qk_attribution``. ``--json`` prints the score, every term (query source × key
 source, largest |term| first; ``--top`` keeps the first N) and each side's totals (always
-all of them); otherwise the same as a table of terms and a table of totals. A non-finite
-value is null in JSON and ``non-finite`` in a table, with a warning: never a number."""
+all of them); otherwise the same as a table of terms and a table of totals. ``--confirm N``
+removes each side's top N sources (by |total| at the key) from that side exactly and prints
+the score's drop beside the totals, the norm's scale frozen (equal to the total) and
+recomputed (the real intervention); in JSON ``"exact": {"query": {source: {"frozen": drop,
+"recomputed": drop}}, "key": {...}}``. A non-finite value is null in JSON and
+``non-finite`` in a table, with a warning: never a number."""
 
 from __future__ import annotations
 
@@ -35,6 +39,12 @@ def register(sub: Any) -> None:
     p.add_argument("--query", type=index, required=True, help="the query position (0-based)")
     p.add_argument("--key", type=index, required=True,
                    help="the key position, at most the query's (attention is causal)")
+    p.add_argument("--confirm", type=count, default=0, metavar="N",
+                   help="also remove each side's top N sources (by |total|) from that side's input "
+                        "to the head exactly (a path patch of the source, zeroed: one more pass to the "
+                        "layer) and print the score's drop beside the totals, the norm's scale frozen "
+                        "(equals the total) and recomputed (the real intervention); JSON: \"exact\": "
+                        "{\"query\"|\"key\": {source: {\"frozen\": drop, \"recomputed\": drop}}}")
     p.add_argument("--top", type=count, default=None,
                    help=f"terms listed, largest |term| first (default: {TOP} in a table, all in "
                         "JSON); the totals are always all listed")
@@ -43,16 +53,20 @@ def register(sub: Any) -> None:
     p.set_defaults(handler=run)
 
 
-def report(found: Any, key: int, top: int | None) -> dict[str, Any]:
+def report(found: Any, key: int, top: int | None, confirm: int = 0) -> dict[str, Any]:
     """The JSON of one cell: ``{layer, head, query, key, score, terms, query_totals,
-    key_totals}``, the terms largest |value| first, the first ``top`` of them."""
+    key_totals}``, the terms largest |value| first, the first ``top`` of them; with
+    ``confirm``, ``exact``: each side's top ``confirm`` sources at this key removed exactly."""
     query_totals, key_totals = found.totals(key)
-    return {
+    out = {
         "layer": found.layer, "head": found.head, "query": found.query, "key": key,
         "score": float(found.score[found.column(key)]),
         "terms": [{"query_src": q, "key_src": k, "value": v} for q, k, v in found.ranked_terms(key, top)],
         "query_totals": query_totals, "key_totals": key_totals,
     }
+    if confirm:
+        out["exact"] = found.exact(key, confirm)
+    return out
 
 
 def value(v: float) -> str:
@@ -63,8 +77,9 @@ def value(v: float) -> str:
 def run(args: argparse.Namespace) -> int:
     model = open_for_command(args)
     ids = None if args.tokens is None else [int(t) for t in args.tokens.split(",") if t.strip()]
-    found = model.qk_attribution(args.head, prompt=args.prompt, tokens=ids, query=args.query, key=args.key)
-    out = report(found, args.key, args.top)
+    found = model.qk_attribution(args.head, prompt=args.prompt, tokens=ids, query=args.query, key=args.key,
+                                 confirm=args.confirm)
+    out = report(found, args.key, args.top, args.confirm)
     if found.nonfinite:
         args.warnings = [*getattr(args, "warnings", []), "non-finite activations reached the score: "
                          "the non-finite terms are null (--json) or 'non-finite', and the sums do not hold"]
@@ -88,8 +103,23 @@ def run(args: argparse.Namespace) -> int:
         print(f"(+{rest} smaller terms; --top N lists more)")
     print()
     names = sorted(found.names, key=lambda c: -max(_size(out["query_totals"][c]), _size(out["key_totals"][c])))
-    emit(None, False, lambda: (["source", "query-side total", "key-side total"],
-                               [[c, value(out["query_totals"][c]), value(out["key_totals"][c])] for c in names]))
+    if not args.confirm:
+        emit(None, False, lambda: (["source", "query-side total", "key-side total"],
+                                   [[c, value(out["query_totals"][c]), value(out["key_totals"][c])] for c in names]))
+        return EXIT_OK
+    exact = out["exact"]
+
+    def removed(side: str, c: str, how: str) -> str:
+        return value(exact[side][c][how]) if c in exact[side] else ""
+
+    emit(None, False, lambda: (
+        ["source", "query-side total", "removed, frozen", "recomputed",
+         "key-side total", "removed, frozen", "recomputed"],
+        [[c, value(out["query_totals"][c]), removed("query", c, "frozen"), removed("query", c, "recomputed"),
+          value(out["key_totals"][c]), removed("key", c, "frozen"), removed("key", c, "recomputed")]
+         for c in names]))
+    print(f"removed: the score's drop when the source alone leaves that side's input to the head "
+          f"(top {args.confirm} of each side), the norm's scale frozen (= the total) or recomputed")
     return EXIT_OK
 
 

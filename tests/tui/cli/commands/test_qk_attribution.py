@@ -186,3 +186,29 @@ def test_the_api_and_the_request(gpt2_dir: Any) -> None:
         QKAttributionRequest.of(model.structure(), 1, 2, [1, 99999], 1)
     with pytest.raises(InvalidRequestError, match="one of the two"):
         model.qk_attribution("L1.H2", query=1)
+
+
+def test_confirm_prints_the_exact_removals_beside_the_totals(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--confirm N``: each side's top N sources at the key (never ``bias``) removed exactly;
+    with the scale frozen the drop is the total (the engine's removal is checked against
+    TransformerLens in tests/engine/forward/test_qk_attribution.py). A plain row's request key
+    is the one it had before ``confirm`` existed."""
+    out = cli_json(capsys, ATTN2, "L1.H2", "--tokens", IDS, "--query", "9", "--key", "4", "--confirm", "2")
+    assert list(out)[-1] == "exact" and list(out["exact"]) == ["query", "key"]
+    largest = max(abs(t["value"]) for t in out["terms"])
+    for side in ("query", "key"):
+        totals = out[f"{side}_totals"]
+        top = sorted((c for c in totals if c != "bias"), key=lambda c: -abs(totals[c]))[:2]
+        assert sorted(out["exact"][side]) == sorted(top)
+        for c, drops in out["exact"][side].items():
+            assert list(drops) == ["frozen", "recomputed"]
+            assert drops["frozen"] == pytest.approx(totals[c], abs=1e-4 * largest)
+    code, text, _ = cli(capsys, "qk-attribution", ATTN2, "L1.H2", "--tokens", IDS, "--query", "9", "--key", "4",
+                        "--confirm", "2")
+    assert code == 0 and "removed, frozen" in text and "recomputed" in text
+    model = load_model(sample_model("attn-only-2l"))
+    plain = QKAttributionRequest.of(model.structure(), 1, 2, TOKENS, 9)
+    assert plain.key() == json.dumps(["qk_attribution", 1, 2, TOKENS, 9], separators=(",", ":"))
+    assert QKAttributionRequest.of(model.structure(), 1, 2, TOKENS, 9, confirm=3).key() != plain.key()
+    with pytest.raises(InvalidRequestError, match="--confirm must be"):
+        QKAttributionRequest.of(model.structure(), 1, 2, TOKENS, 9, confirm=-1)
