@@ -107,8 +107,14 @@ def _drawn_grid(chart: Chart) -> np.ndarray:
     for line in cap.get().splitlines():
         if "┤" not in line and "│" not in line:  # the frame's rows only (not the key's ramp)
             continue
-        cells = [(int(r), int(g), int(b)) for r, g, b, blocks in
-                 re.findall(r"38;2;(\d+);(\d+);(\d+)(?:;[\d;]*)?m(█+)", line) for _ in blocks]
+        cells = []
+        for params, blocks in re.findall(r"\x1b\[([\d;]*)m(█+|◆ *)", line):
+            # a block's colour is its foreground; the cursor's ◆ (and its cell's other
+            # columns, blank) stand on its cell's colour
+            which = "38;2;" if blocks[0] == "█" else "48;2;"
+            colour = re.search(which + r"(\d+);(\d+);(\d+)", params)
+            if colour:
+                cells += [tuple(int(v) for v in colour.groups())] * len(blocks)
         if cells:
             rows.append(cells)
     return np.asarray(rows, dtype=np.float64)
