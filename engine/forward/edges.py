@@ -179,8 +179,10 @@ def edge_scores(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor | Seq
         x_clean, x_corrupt = embed(tw, clean_t), embed(tw, corrupt_t)
         runs = [x_clean, x_corrupt] + [x_corrupt + (k / n) * (e_clean - e_corrupt) for k in range(1, n)]
         x = torch.cat(runs)
-        delta = x.new_empty((b, p, graph.n_sources, cfg.d_model))  # S_corrupt - S_clean
-        delta[:, :, 0] = e_corrupt - e_clean
+        # S_corrupt - S_clean, source-major: the first k sources are a contiguous [k, b·p·d_model]
+        # block, so a destination layer's scores are one product with no copy of it
+        delta = x.new_empty((graph.n_sources, b, p, cfg.d_model))
+        delta[0] = e_corrupt - e_clean
         # the rows whose gradient is taken: clean (eap), or corrupt and the steps (eap-ig)
         rows = slice(0, b) if method == "eap" else slice(b, (n + 1) * b)
         kept: list[Tensor] = []
@@ -191,7 +193,7 @@ def edge_scores(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor | Seq
             out = _layer(tw, layer, x)
             written = _sources_of(out)
             first = graph.head_source(layer)
-            delta[:, :, first:first + written.shape[2]] = written[b:2 * b] - written[:b]
+            delta[first:first + written.shape[2]] = (written[b:2 * b] - written[:b]).permute(2, 0, 1, 3)
             x = out.out
             report(progress, (layer + 1) / total)
         m_clean, m_corrupt = _two_metrics(tw, metric, x[:2 * b])
@@ -201,8 +203,9 @@ def edge_scores(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor | Seq
     def block(first: int, grad: Tensor) -> Tensor:
         """``Σ_{b,p,d} Δ[:, :, :first] · grad`` of ``grad [n·b, p, j, d]`` averaged over the
         runs: ``[first, j]``."""
-        g = grad.reshape(n, b, *grad.shape[1:]).sum(0) / n
-        return torch.einsum("bpsd,bpjd->sj", delta[:, :, :first], g).double()
+        g = grad.reshape(n, b, *grad.shape[1:]).sum(0) / n  # [b, p, j, d]
+        g = g.permute(0, 1, 3, 2).reshape(-1, g.shape[2])  # [b·p·d, j]
+        return (delta[:first].reshape(first, -1) @ g).double()
 
     with torch.enable_grad(), one_lapack_thread():
         leaf = final.detach().requires_grad_(True)
