@@ -90,7 +90,7 @@ def one(scenario: str, path: Path, n_tokens: int, steps: int, repeat: int) -> di
         t = time.perf_counter()
         call()
         warm.append(time.perf_counter() - t)
-    return {"cold": cold, "warm": min(warm), "rss_mb": rss_mb()}
+    return {"cold": cold, "warm": min(warm) if warm else None, "rss_mb": rss_mb()}
 
 
 def in_processes(path: Path, wanted: list[str], args: argparse.Namespace) -> dict[str, dict[str, Any]]:
@@ -99,10 +99,12 @@ def in_processes(path: Path, wanted: list[str], args: argparse.Namespace) -> dic
     for name in wanted:
         cmd = ["-m", "bench.edges", "--one", name, str(path), "--tokens", str(args.tokens),
                "--steps", str(args.steps), "--repeat", str(args.repeat)]
-        if args.lock:
-            cmd = ["-c", "import os, sys; os.execvp('flock', ['flock', sys.argv[1], sys.executable, *sys.argv[2:]])",
-                   str(args.lock), *cmd]
-        found[name] = run_json(cmd, args.timeout)
+        timeout = args.timeout
+        if args.lock:  # the timeout counts from taking the lock, not from waiting for it
+            cmd = ["-c", "import os, sys; os.execvp('flock', ['flock', sys.argv[1], 'timeout', sys.argv[2], "
+                   "sys.executable, *sys.argv[3:]])", str(args.lock), str(int(args.timeout)), *cmd]
+            timeout = 24 * 3600.0
+        found[name] = run_json(cmd, timeout)
         print(name, json.dumps(found[name]), file=sys.stderr, flush=True)
     return found
 
@@ -111,7 +113,7 @@ def process_table(found: dict[str, dict[str, Any]], wanted: list[str], steps: in
     """Cold and warm seconds, peak RSS and the ratios to attribution patching and to the
     forward pass (where run)."""
     def cell(r: dict[str, Any], key: str, fmt: str) -> str:
-        return r["error"] if "error" in r else format(r[key], fmt)
+        return r["error"] if "error" in r else "–" if r[key] is None else format(r[key], fmt)
 
     bases = [b for b in ("attribution", "forward") if b in found and "error" not in found[b]]
     rows = ["| scenario | cold (s) | warm (s) | peak RSS (MB) | "
@@ -158,11 +160,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scenarios", default=",".join(SCENARIOS), help="forward, eap, eap-ig, tl (default all)")
     p.add_argument("--tokens", type=int, default=20, help="prompt length (default 20)")
     p.add_argument("--steps", type=int, default=5, help="EAP-IG's steps (default 5)")
-    p.add_argument("--repeat", type=int, default=3, help="warm runs per scenario (the fastest is shown)")
+    p.add_argument("--repeat", type=int, default=3,
+                   help="warm runs per scenario (the fastest is shown; 0 with --processes: the cold call only)")
     p.add_argument("--out", type=Path, help="also write the table here")
     p.add_argument("--processes", action="store_true", help="each scenario in a fresh process (peak RSS each)")
     p.add_argument("--lock", type=Path, help="with --processes: flock this file around each scenario")
-    p.add_argument("--timeout", type=float, default=1800.0, help="seconds per scenario process")
+    p.add_argument("--timeout", type=float, default=1800.0,
+                   help="seconds per scenario process (with --lock: once it holds the lock)")
     p.add_argument("--one", nargs=2, metavar=("SCENARIO", "PATH"), help="run one scenario here, print JSON")
     args = p.parse_args(argv)
     if args.one:
