@@ -15,10 +15,11 @@ edges into them.
 Cost: ``edge_scores`` is one forward pass over the weights for the clean, the corrupt and
 (EAP-IG) the ``steps - 1`` interpolated runs side by side, keeping each layer's input, then one
 backward pass layer by layer from the top, each layer recomputed from its kept input (memory:
-one layer's graph). The source differences are kept, ``[b, p, n_sources, d_model]`` float32
-(GPT-2 small, 20 tokens: 9.6 MB; a 7B model: 17 MB per token), and each destination layer's
-scores are ``Δ · grad`` summed over positions and ``d_model`` as they are made: never a
-``[p, n_src, n_dst, d_model]`` tensor. ``faithfulness`` runs one forward pass of the clean and
+one layer's graph, its rows in chunks that fit ``_SPLIT_BYTES``, the layer's weights held for
+them). The source differences are kept, ``[n_sources, b, p, d_model]`` float32 (GPT-2 small,
+20 tokens: 9.6 MB; a 7B model: 17 MB per token), and each destination layer's scores are
+``Δ · grad`` summed over positions and ``d_model`` as they are made, one product of a
+contiguous block of ``Δ``: never a ``[p, n_src, n_dst, d_model]`` tensor. ``faithfulness`` runs one forward pass of the clean and
 corrupt inputs and one of every circuit at once, in chunks of copies whose per-copy sources
 fit ``_COPY_BYTES``. ``exact_edges`` runs the same plain pass, then one pass for every edge at
 once, each copy joining at its destination's layer: an edge alone needs no record of what its
