@@ -62,15 +62,18 @@ def best_of(fn: Callable[[], Any], repeat: int) -> float:
     return min(times)
 
 
-def headscope_calls(path: Path, n_tokens: int, steps: int) -> dict[str, Callable[[], Any]]:
+def headscope_calls(path: Path, n_tokens: int, steps: int, cache_bytes: int | None = None
+                    ) -> dict[str, Callable[[], Any]]:
     from headscope.engine.forward import edges, patch_tasks, patching
     from headscope.engine.forward.transformer import run
     from headscope.engine.model.loading import load_model
+    from headscope.engine.model.processing import ProcessedWeights
 
     model = load_model(path)
     clean, corrupt = prompts(model.cfg.d_vocab, n_tokens)
     metric = patch_tasks.LogitDiff(ANSWER, WRONG)
-    w = model.weights
+    # a weight cache too small for the model: every pass reads and processes each layer again
+    w = model.weights if cache_bytes is None else ProcessedWeights(model.raw_weights, cache_bytes=cache_bytes)
     return {
         "forward": lambda: run(w, [clean, corrupt]),
         "eap": lambda: edges.edge_scores(w, [clean], [corrupt], metric, method="eap"),
@@ -79,9 +82,11 @@ def headscope_calls(path: Path, n_tokens: int, steps: int) -> dict[str, Callable
     }
 
 
-def one(scenario: str, path: Path, n_tokens: int, steps: int, repeat: int) -> dict[str, Any]:
+def one(scenario: str, path: Path, n_tokens: int, steps: int, repeat: int, cache_bytes: int | None = None
+        ) -> dict[str, Any]:
     """One scenario in this process: its cold call, the fastest warm one, peak RSS."""
-    call = tl_call(path, n_tokens) if scenario == "tl" else headscope_calls(path, n_tokens, steps)[scenario]
+    call = (tl_call(path, n_tokens) if scenario == "tl"
+            else headscope_calls(path, n_tokens, steps, cache_bytes)[scenario])
     t = time.perf_counter()
     call()
     cold = time.perf_counter() - t
@@ -99,6 +104,8 @@ def in_processes(path: Path, wanted: list[str], args: argparse.Namespace) -> dic
     for name in wanted:
         cmd = ["-m", "bench.edges", "--one", name, str(path), "--tokens", str(args.tokens),
                "--steps", str(args.steps), "--repeat", str(args.repeat)]
+        if args.cache_bytes is not None:
+            cmd += ["--cache-bytes", str(args.cache_bytes)]
         timeout = args.timeout
         if args.lock:  # the timeout counts from taking the lock, not from waiting for it
             cmd = ["-c", "import os, sys; os.execvp('flock', ['flock', sys.argv[1], 'timeout', sys.argv[2], "
@@ -167,10 +174,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lock", type=Path, help="with --processes: flock this file around each scenario")
     p.add_argument("--timeout", type=float, default=1800.0,
                    help="seconds per scenario process (with --lock: once it holds the lock)")
+    p.add_argument("--cache-bytes", type=int, default=None,
+                   help="the weight cache's bound (default the model's: 1 GiB); small: layers stream as at 7B")
     p.add_argument("--one", nargs=2, metavar=("SCENARIO", "PATH"), help="run one scenario here, print JSON")
     args = p.parse_args(argv)
     if args.one:
-        print(json.dumps(one(args.one[0], Path(args.one[1]), args.tokens, args.steps, args.repeat)))
+        print(json.dumps(one(args.one[0], Path(args.one[1]), args.tokens, args.steps, args.repeat, args.cache_bytes)))
         return 0
 
     from .checkpoints import SHAPES, write_checkpoint
@@ -183,10 +192,11 @@ def main(argv: list[str] | None = None) -> int:
         head = (f"{args.shape}, {args.tokens} tokens, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
                 f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end, "
                 f"Python {platform.python_version()}, one process per scenario, cold call then the best of "
-                f"{args.repeat} warm call(s)")
+                f"{args.repeat} warm call(s)"
+                + (f", weight cache {args.cache_bytes >> 20} MB" if args.cache_bytes is not None else ""))
         return publish(head + "\n\n" + process_table(found, wanted, args.steps) + "\n", args.out)
     seconds: dict[str, float | str] = {}
-    ours = headscope_calls(path, args.tokens, args.steps)
+    ours = headscope_calls(path, args.tokens, args.steps, args.cache_bytes)
     for name in wanted:
         try:
             call = tl_call(path, args.tokens) if name == "tl" else ours[name]
