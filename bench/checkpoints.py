@@ -47,6 +47,9 @@ SHAPES = {
     # Llama-2-13B: 40 × 40 heads, d_head 128, d_mlp 13824, ~26 GB of bf16: larger than the
     # page cache of the 24 GB box (`python -m bench.big --13b --dir DIR`, never `make test`).
     "llama-13b": Shape("llama-13b", "llama", 40, 40, 5120, 32000, 4096, 13824, dtype="bfloat16"),
+    # four layers of a 1B-wide Llama, 0.64 GB of bf16 (under the 1 GB of the shared lock): with
+    # `bench.edges --cache-bytes` small, its layers stream through the weight cache as a 7B's do
+    "llama-w2048-4l": Shape("llama-w2048-4l", "llama", 4, 16, 2048, 32000, 2048, 5504, dtype="bfloat16"),
     # tiny shapes for the smoke test
     "tiny-gpt2": Shape("tiny-gpt2", "gpt2", 2, 4, 64, 500, 64, 256),
     "tiny-neox": Shape("tiny-neox", "neox", 2, 4, 64, 500, 64, 256, dtype="float16"),

@@ -9,6 +9,7 @@ floats become ``None`` only at serialisation time (``core.export.jsonable``).
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -365,6 +366,25 @@ def edges_dict(result: Any, top: int | None = None) -> dict[str, Any]:
     return {"method": scores.method, "steps": scores.steps, "metric": scores.metric, "clean": scores.clean,
             "corrupt": scores.corrupt, "tokens": scores.tokens, "batch": scores.batch,
             "n_edges": scores.graph.n_edges, "nonfinite": nonfinite, "edges": rows}
+
+
+def prompt_edges(model: LoadedModel, prompts: str | os.PathLike[str] | Sequence[Any], *, method: str = "eap-ig", steps: int = 5,
+                 store: ResultStore | None = None, progress: Progress = None, cluster: Cluster | None = None,
+                 cancelled: Any = None) -> Any:
+    """``headscope edges PATH --prompts FILE``: the edge scores averaged over the prompt pairs
+    of ``prompts`` (a file, or ``PromptPair``s; ``sweeps.edge_prompts``), each pair stored
+    under its own ``EdgesRequest``'s key; on ``cluster``, one Dask task a pair. An
+    ``EdgeAttribution`` without exact checks (``edges_dict`` prints it)."""
+    from headscope.engine.core.edge_results import EdgeAttribution
+    from headscope.engine.sweeps import edge_prompts
+
+    source = str(prompts) if isinstance(prompts, str | os.PathLike) else None
+    pairs = edge_prompts.read_prompt_pairs(source) if source is not None else list(prompts)
+    requests = edge_prompts.pair_requests(model, pairs, method=method, steps=steps, source=source)
+    entry = None if store is None else store.for_model(model)
+    scores = edge_prompts.edges_over_prompts(model, requests, progress=progress, cancelled=cancelled, store=entry,
+                                             cluster=cluster)
+    return EdgeAttribution(scores, ())
 
 
 def _circuit_dict(point: Any) -> dict[str, Any]:

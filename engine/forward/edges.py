@@ -14,10 +14,11 @@ detached copy); faithfulness puts ``S_corrupt - S_this run`` of the patched edge
 Cost: ``edge_scores`` is one forward pass over the weights for the clean, the corrupt and
 (EAP-IG) the ``steps - 1`` interpolated runs side by side, keeping each layer's input, then one
 backward pass layer by layer from the top, each layer recomputed from its kept input (memory:
-one layer's graph). The source differences are kept, ``[b, p, n_sources, d_model]`` float32
-(GPT-2 small, 20 tokens: 9.6 MB; a 7B model: 17 MB per token), and each destination layer's
-scores are ``Δ · grad`` summed over positions and ``d_model`` as they are made: never a
-``[p, n_src, n_dst, d_model]`` tensor. ``faithfulness`` runs one forward pass of the clean and
+one layer's graph, its rows in chunks that fit ``_SPLIT_BYTES``, the layer's weights held for
+them). The source differences are kept, ``[n_sources, b, p, d_model]`` float32 (GPT-2 small,
+20 tokens: 9.6 MB; a 7B model: 17 MB per token), and each destination layer's scores are
+``Δ · grad`` summed over positions and ``d_model`` as they are made, one product of a
+contiguous block of ``Δ``: never a ``[p, n_src, n_dst, d_model]`` tensor. ``faithfulness`` runs one forward pass of the clean and
 corrupt inputs and one of every circuit at once, in chunks of copies whose per-copy sources
 fit ``_COPY_BYTES``. ``exact_edges`` is path patching in noising (``patching.patch_paths``):
 the plain pass, then one pass for every edge at once, each copy joining at its destination's
@@ -52,7 +53,7 @@ from headscope.engine.core.progress import Cancelled, Progress, check_cancelled,
 from headscope.engine.core.results import readonly
 from headscope.engine.core.threads import one_lapack_thread
 from headscope.engine.forward.patch_tasks import Metric, check_inputs, check_metric
-from headscope.engine.forward.patching import patch_paths
+from headscope.engine.forward.patching import _LayerWeights, patch_paths
 from headscope.engine.forward.torch_weights import torch_weights
 from headscope.engine.forward.transformer import (
     attention_input,
@@ -75,6 +76,11 @@ __all__ = ["METHODS", "edge_scores", "exact_edges", "faithfulness", "faithfulnes
 METHODS: tuple[EdgeMethod, ...] = ("eap", "eap-ig")
 # what the copies' sources write, kept at once in faithfulness' patched runs
 _COPY_BYTES = 256 << 20
+# what a layer's recomputed graph keeps of its heads' own copies of the stream in the backward
+# pass of ``edge_scores`` (about 8 tensors of ``[rows, p, 3, h, d_model]`` float32): EAP-IG's
+# ``steps`` rows go through a layer in chunks that fit (a 7B model on 20 tokens: 250 MB a row,
+# 2 rows a chunk), the layer's weights held while its chunks run
+_SPLIT_BYTES = 512 << 20
 
 
 def graph_of(w: WeightSource) -> EdgeGraph:
@@ -180,8 +186,10 @@ def edge_scores(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor | Seq
         x_clean, x_corrupt = embed(tw, clean_t), embed(tw, corrupt_t)
         runs = [x_clean, x_corrupt] + [x_corrupt + (k / n) * (e_clean - e_corrupt) for k in range(1, n)]
         x = torch.cat(runs)
-        delta = x.new_empty((b, p, graph.n_sources, cfg.d_model))  # S_corrupt - S_clean
-        delta[:, :, 0] = e_corrupt - e_clean
+        # S_corrupt - S_clean, source-major: the first k sources are a contiguous [k, b·p·d_model]
+        # block, so a destination layer's scores are one product with no copy of it
+        delta = x.new_empty((graph.n_sources, b, p, cfg.d_model))
+        delta[0] = e_corrupt - e_clean
         # the rows whose gradient is taken: clean (eap), or corrupt and the steps (eap-ig)
         rows = slice(0, b) if method == "eap" else slice(b, (n + 1) * b)
         kept: list[Tensor] = []
@@ -192,50 +200,79 @@ def edge_scores(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor | Seq
             out = _layer(tw, layer, x)
             written = _sources_of(out)
             first = graph.head_source(layer)
-            delta[:, :, first:first + written.shape[2]] = written[b:2 * b] - written[:b]
+            delta[first:first + written.shape[2]] = (written[b:2 * b] - written[:b]).permute(2, 0, 1, 3)
             x = out.out
             report(progress, (layer + 1) / total)
         m_clean, m_corrupt = _two_metrics(tw, metric, x[:2 * b])
         final = x[rows]
     scores = torch.zeros(graph.n_sources, graph.n_destinations, dtype=torch.float64)
 
-    def block(first: int, grad: Tensor) -> Tensor:
-        """``Σ_{b,p,d} Δ[:, :, :first] · grad`` of ``grad [n·b, p, j, d]`` averaged over the
-        runs: ``[first, j]``."""
-        g = grad.reshape(n, b, *grad.shape[1:]).sum(0) / n
-        return torch.einsum("bpsd,bpjd->sj", delta[:, :, :first], g).double()
+    def block(first: int, g: Tensor) -> Tensor:
+        """``Σ_{b,p,d} Δ[:first] · g / n`` of ``g [b, p, j, d]``, the gradient summed over the
+        runs: ``[first, j]``, the scores of the first ``first`` sources into ``j``
+        destinations, averaged over the runs."""
+        g = g.permute(0, 1, 3, 2).reshape(-1, g.shape[2]) / n  # [b·p·d, j]
+        return (delta[:first].reshape(first, -1) @ g).double()
 
+    # rows of a layer's recomputed graph at once: each row's heads read 3·n_heads copies of
+    # the stream, kept through the norm and the projections for the backward pass
+    chunk = max(1, _SPLIT_BYTES // (8 * 4 * p * 3 * cfg.n_heads * cfg.d_model))
+    held = _LayerWeights(tw) if chunk < final.shape[0] else tw
     with torch.enable_grad(), one_lapack_thread():
         leaf = final.detach().requires_grad_(True)
         (grad,) = torch.autograd.grad(metric(tw, leaf, n).sum(), leaf)
-        scores[:, graph.logits_destination] = block(graph.n_sources, grad[:, :, None])[:, 0]
+        scores[:, graph.logits_destination] = block(graph.n_sources, grad.reshape(n, b, p, 1, -1).sum(0))[:, 0]
         report(progress, (cfg.n_layers + 1) / total)
         for layer in reversed(range(cfg.n_layers)):
             check_cancelled(cancelled)
             if layer:  # the backward pass reads the layers downwards: the one below next
                 will_need(tw, f"blocks.{layer - 1}.")
-            x_in = kept.pop().detach().requires_grad_(True)
-            d_qkv = x_in.new_zeros((*x_in.shape[:2], 3, cfg.n_heads, cfg.d_model), requires_grad=True)
-            leaves = [x_in, d_qkv]
-            d_mlp = None
-            if graph.has_mlp:
-                d_mlp = x_in.new_zeros(x_in.shape, requires_grad=True)
-                leaves.append(d_mlp)
-            out = _layer(tw, layer, x_in, d_qkv, d_mlp).out
-            found = torch.autograd.grad(out, leaves, grad)
-            grad, g_qkv = found[0].detach(), found[1]
+            if held is not tw:
+                held.hold(layer)  # read once for all its chunks of rows
+            grad, g_qkv, g_mlp = _layer_grads(held, graph, layer, kept.pop(), grad, b, chunk)
             at = graph.head_destination(layer)
-            scores[:graph.reads_heads(layer), at:at + 3 * cfg.n_heads] = block(
-                graph.reads_heads(layer), g_qkv.flatten(2, 3))
-            if d_mlp is not None:
+            scores[:graph.reads_heads(layer), at:at + 3 * cfg.n_heads] = block(graph.reads_heads(layer), g_qkv)
+            if g_mlp is not None:
                 scores[:graph.reads_mlp(layer), graph.mlp_destination(layer)] = block(
-                    graph.reads_mlp(layer), found[2][:, :, None])[:, 0]
+                    graph.reads_mlp(layer), g_mlp)[:, 0]
             report(progress, (2 * cfg.n_layers + 1 - layer) / total)
+    if held is not tw:
+        held.hold(None)
     values_per_edge = scores[graph.edge_src, graph.edge_dst].numpy()
     report(progress, 1.0)
     return edge_scores_result(method=method, steps=n if method == "eap-ig" else 0, metric=metric.name,
                               clean=m_clean, corrupt=m_corrupt, graph=graph, scores=values_per_edge,
                               tokens=p, batch=b)
+
+
+def _layer_grads(w: WeightSource, graph: EdgeGraph, layer: int, x: Tensor, grad: Tensor, b: int, chunk: int
+                 ) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Block ``layer`` recomputed from its kept input ``x [rows, p, d]`` with zero leaves at
+    its destinations and ``grad`` (``∂m/∂`` its output) pulled back through it, ``chunk`` rows
+    at a time: ``∂m/∂x``, and the gradients at its heads' q/k/v inputs ``[b, p, 3·h, d]`` and
+    at its MLP's input ``[b, p, 1, d]`` (None without MLPs) summed over the runs (row ``r``
+    is sequence ``r mod b`` of its run)."""
+    cfg = w.cfg
+    rows, p = x.shape[:2]
+    grad_in = torch.empty_like(x)
+    g_qkv = x.new_zeros((b, p, 3 * cfg.n_heads, cfg.d_model))
+    g_mlp = x.new_zeros((b, p, 1, cfg.d_model)) if graph.has_mlp else None
+    for at in range(0, rows, chunk):
+        part = slice(at, min(at + chunk, rows))
+        x_in = x[part].detach().requires_grad_(True)
+        d_qkv = x_in.new_zeros((*x_in.shape[:2], 3, cfg.n_heads, cfg.d_model), requires_grad=True)
+        leaves = [x_in, d_qkv]
+        d_mlp = None
+        if g_mlp is not None:
+            d_mlp = x_in.new_zeros(x_in.shape, requires_grad=True)
+            leaves.append(d_mlp)
+        found = torch.autograd.grad(_layer(w, layer, x_in, d_qkv, d_mlp).out, leaves, grad[part])
+        grad_in[part] = found[0]
+        seq = torch.arange(part.start, part.stop) % b
+        g_qkv.index_add_(0, seq, found[1].flatten(2, 3))
+        if g_mlp is not None:
+            g_mlp.index_add_(0, seq, found[2][:, :, None])
+    return grad_in, g_qkv, g_mlp
 
 
 # -- patched runs: each destination gets S_corrupt - S_this run of its patched edges ----------

@@ -59,6 +59,7 @@ __all__ = [
     "run_parts",
     "run_tasks",
     "worker_bound",
+    "worker_model",
 ]
 
 
@@ -165,6 +166,12 @@ def _worker_model(path: str, key: str, raw: bool) -> LoadedModel:
     _OPEN.clear()
     _OPEN[(path, key, raw)] = model
     return model
+
+
+def worker_model(path: str, key: str, raw: bool) -> LoadedModel:
+    """The checkpoint at ``path`` opened on this worker (once for the tasks of a sweep),
+    or a ``ClusterTaskError`` if its fingerprint is not the client's ``key``."""
+    return _worker_model(path, key, raw)
 
 
 def compute_part(path: str, key: str, raw: bool, sweep: str, index: int) -> np.ndarray:

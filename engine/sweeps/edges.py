@@ -36,7 +36,8 @@ if TYPE_CHECKING:
     from headscope.engine.model.loading import LoadedModel
     from headscope.engine.sweeps.store import ModelStore
 
-__all__ = ["edge_structure", "edges", "edges_request", "faithfulness", "faithfulness_request"]
+__all__ = ["attribution_vector", "edge_structure", "edges", "edges_request", "edges_vector", "faithfulness",
+           "faithfulness_request", "save_edges", "stored_edges"]
 
 
 # -- requests from what the CLI, the API and the explorer type ---------------------------------
@@ -100,30 +101,65 @@ def _top_edges(scores: EdgeScores, k: int) -> list[str]:
     return [scores.graph.edges[i] for i in ranked]
 
 
+def attribution_vector(result: EdgeAttribution, verify: int = 0) -> np.ndarray:
+    """What the store keeps of an attribution (and a cluster task sends back): clean,
+    corrupt, every score (NaN: a non-finite gradient), each of the ``verify`` checks' exact
+    value (NaN: none)."""
+    scores = result.scores
+    values = np.where(scores.nonfinite, np.nan, scores.scores)
+    checks = [row.exact for row in result.exact] + [np.nan] * (verify - len(result.exact))
+    return np.concatenate(([scores.clean, scores.corrupt], values, checks)).astype(np.float64)
+
+
+def _from_vector(model: LoadedModel, req: EdgesRequest, graph: EdgeGraph, found: np.ndarray) -> EdgeAttribution:
+    """The attribution ``attribution_vector`` kept."""
+    tokens, batch = _shape(model, req)
+    scores = edge_scores_result(method=req.method, steps=req.steps, metric=_metric_name(model, req),  # type: ignore[arg-type]
+                                clean=float(found[0]), corrupt=float(found[1]), graph=graph,
+                                scores=found[2:2 + graph.n_edges], tokens=tokens, batch=batch)
+    checked = _top_edges(scores, req.verify)
+    exact = tuple(ExactEdge(edge=e, estimate=scores.score(e), patched=float(v) + scores.clean, exact=float(v))
+                  for e, v in zip(checked, found[2 + graph.n_edges:], strict=False))
+    return EdgeAttribution(scores, exact)
+
+
+def _metric_name(model: LoadedModel, req: EdgesRequest) -> str:
+    return task_inputs(model, req)[2].name
+
+
+def stored_edges(model: LoadedModel, req: EdgesRequest, store: ModelStore | None) -> EdgeAttribution | None:
+    """The attribution of ``req`` the store holds, or None."""
+    graph = _graph(model)
+    found = None if store is None else store.load(req.key(), "all", (2 + graph.n_edges + req.verify,), np.float64)
+    return None if found is None else _from_vector(model, req, graph, found)
+
+
+def save_edges(store: ModelStore | None, req: EdgesRequest, result: EdgeAttribution) -> None:
+    """Keep ``result`` under ``req``'s key (``stored_edges`` reads it back)."""
+    if store is not None:
+        store.save(req.key(), attribution_vector(result, req.verify), "all")
+        store.finish()
+
+
+def edges_vector(model: LoadedModel, req: EdgesRequest, found: np.ndarray) -> EdgeAttribution:
+    """An attribution from the vector a cluster task sent back (``attribution_vector``'s layout)."""
+    return _from_vector(model, req, _graph(model), found)
+
+
 @computes(EdgesRequest)
 def edges(model: LoadedModel, req: EdgesRequest, *, progress: Progress = None, cancelled: Cancelled = None,
           store: ModelStore | None = None, **_: Any) -> EdgeAttribution:
     """EAP or EAP-IG scores of every edge (``forward.edges.edge_scores``), then the top
     ``req.verify`` edges patched exactly (``exact_edges``). The store keeps one float64
     vector: clean, corrupt, every score (NaN: a non-finite gradient), each check's exact value."""
-    graph = _graph(model)
-    tokens, batch = _shape(model, req)
-    name = req.key()
-    n = 2 + graph.n_edges + req.verify
-    found = None if store is None else store.load(name, "all", (n,), np.float64)
-    clean, corrupt, metric = task_inputs(model, req)
+    found = stored_edges(model, req, store)
     if found is not None:
         report(progress, 1.0)
-        scores = edge_scores_result(method=req.method, steps=req.steps, metric=metric.name,  # type: ignore[arg-type]
-                                    clean=float(found[0]), corrupt=float(found[1]), graph=graph,
-                                    scores=found[2:2 + graph.n_edges], tokens=tokens, batch=batch)
-        checked = _top_edges(scores, req.verify)
-        exact = tuple(ExactEdge(edge=e, estimate=scores.score(e), patched=float(v) + scores.clean, exact=float(v))
-                      for e, v in zip(checked, found[2 + graph.n_edges:], strict=False))
-        return EdgeAttribution(scores, exact)
+        return found
     from headscope.engine.forward import edges as forward_edges
     from headscope.engine.forward.runtime import gradient_mode
 
+    clean, corrupt, metric = task_inputs(model, req)
     attributing = progress_span(progress, 0.0, 0.8 if req.verify else 1.0)
     with gradient_mode():  # a backward pass: the Engine's workers run under inference_mode
         scores = forward_edges.edge_scores(model.weights, clean, corrupt, metric, method=req.method,  # type: ignore[arg-type]
@@ -134,12 +170,9 @@ def edges(model: LoadedModel, req: EdgesRequest, *, progress: Progress = None, c
         exact = tuple(forward_edges.exact_edges(model.weights, clean, corrupt, metric, checked, scores,
                                                 progress=progress_span(progress, 0.8, 1.0), cancelled=cancelled))
     report(progress, 1.0)
-    if store is not None:
-        values = np.where(scores.nonfinite, np.nan, scores.scores)
-        checks = [row.exact for row in exact] + [np.nan] * (req.verify - len(exact))
-        store.save(name, np.concatenate(([scores.clean, scores.corrupt], values, checks)).astype(np.float64), "all")
-        store.finish()
-    return EdgeAttribution(scores, exact)
+    result = EdgeAttribution(scores, exact)
+    save_edges(store, req, result)
+    return result
 
 
 def _same_metric(model: LoadedModel, scores: EdgeScores) -> InvalidRequestError:

@@ -534,3 +534,30 @@ def test_workers_are_bounded_by_cores_and_memory_and_the_nannies_are_quiet(
     assert started[-1]["n_workers"] == 3 and "3.0 GB of memory available" in said[-1]
     cluster_module.local_cluster(2, warn=said.append)  # within the bounds: as asked, silently
     assert started[-1]["n_workers"] == 2 and len(said) == 2
+
+
+def test_edges_over_prompts_on_the_cluster_equal_the_local_run_and_are_stored_on_the_client(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """``headscope edges --prompts``: one task per prompt pair, each pair's scores stored here
+    as it arrives (the same file again, with no cluster, computes nothing), progress per pair."""
+    from headscope.engine.sweeps import edge_prompts
+    from headscope.engine.sweeps.edge_prompts import PromptPair, edges_over_prompts, pair_requests
+    from headscope.sample_models import bundled_model
+
+    model = load_model(bundled_model())  # attn-only-2l
+    pairs = [PromptPair((1, 5, 9, 2, 33, 7, 5, 9), (1, 5, 9, 2, 40, 7, 11, 9), 3, 4, line=1),
+             PromptPair((3, 4, 5, 6, 7, 8), (3, 4, 50, 6, 7, 9), 10, 11, line=2)]
+    requests = pair_requests(model, pairs, method="eap")
+    local = edges_over_prompts(model, requests)
+    entry = ResultStore(tmp_path / "store").for_model(model)
+    fractions: list[float] = []
+    remote = edges_over_prompts(model, requests, store=entry, cluster=cluster, progress=fractions.append)
+    # float32 runs on a one-thread worker: another summation order
+    np.testing.assert_allclose(remote.scores, local.scores, rtol=0, atol=1e-5 * np.abs(local.scores).max())
+    assert remote.clean == pytest.approx(local.clean, abs=1e-5)
+    assert fractions == [0.0, 0.5, 1.0, 1.0]
+    reread = ResultStore(tmp_path / "store").for_model(model)
+    with mock.patch.object(edge_prompts, "edges", side_effect=AssertionError("computed again")):
+        again = edges_over_prompts(model, requests, store=reread)
+    assert reread.loaded == 2
+    np.testing.assert_array_equal(again.scores, remote.scores)

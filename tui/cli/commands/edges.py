@@ -10,6 +10,7 @@ import argparse
 from typing import Any
 
 from headscope.engine.core.errors import IndexOutOfRangeError, InvalidRequestError, PromptError
+from headscope.tui.cli.cluster import add_cluster_args, cluster_from_args
 from headscope.tui.cli.options import (
     command_parser,
     json_arg,
@@ -28,6 +29,7 @@ EXAMPLES = [
     "headscope edges sample_models/attn-only-2l --clean \"cake card kite cup hotel mouse cake card kite cup "
     "hotel\" --corrupt \"cake card kite cup hotel mouse Ivy Jack shoe Ryan Lily\" --answer mouse --wrong Ivy "
     "--method eap",
+    "headscope edges sample_models/attn-only-2l --prompts pairs.jsonl --method eap-ig --top 20 --workers 2",
 ]
 BAD_INPUT = (InvalidRequestError, PromptError, IndexOutOfRangeError)
 
@@ -58,7 +60,12 @@ def register(sub: Any) -> None:
     p.add_argument("--top", type=int, default=None, metavar="N", help="list the top N edges (default: all)")
     p.add_argument("--verify", type=int, default=0, metavar="K",
                    help="also patch the top K edges exactly (each alone corrupted on the clean run)")
+    p.add_argument("--prompts", metavar="FILE",
+                   help="score every prompt pair of FILE and average (JSON Lines with clean, corrupt, answer, "
+                        "wrong; or those four columns separated by tabs); each pair is stored, and with "
+                        "--scheduler/--workers each is one Dask task")
     common_options(p)
+    add_cluster_args(p)
     p.set_defaults(handler=run)
 
 
@@ -99,10 +106,18 @@ def run(args: argparse.Namespace) -> int:
     if args.top is not None and args.top < 1:
         say(f"--top must be at least 1, not {args.top}")
         return EXIT_USAGE
-    result = build(args, "edges", edges_request, top=args.top, verify=args.verify)
+    if args.prompts is not None:
+        result = _over_prompts(args)
+    elif getattr(args, "scheduler", None) or getattr(args, "workers", None):
+        say("--scheduler and --workers send the pairs of --prompts FILE to a cluster: give --prompts")
+        return EXIT_USAGE
+    else:
+        result = build(args, "edges", edges_request, top=args.top, verify=args.verify)
     if isinstance(result, int):
         return result
     report = edges_dict(result, args.top)
+    if args.prompts is not None:
+        report["prompts"] = result.scores.batch
     if not report["edges"] or all(row["score"] in (None, 0.0) for row in report["edges"]):
         args.warnings = [*getattr(args, "warnings", []),
                          f"the clean and corrupt runs give the same {report['metric']}: every score is 0"]
@@ -111,6 +126,33 @@ def run(args: argparse.Namespace) -> int:
                          f"{len(report['nonfinite'])} edges had non-finite gradients: no score (null)"]
     emit(report, args.json, lambda: _table(report))
     return EXIT_OK
+
+
+def _over_prompts(args: argparse.Namespace) -> Any:
+    """``--prompts FILE``: the scores averaged over its pairs (``api.report.prompt_edges``), in
+    process or on the cluster; a bad file or pair is one line and exit 2."""
+    given = [flag for flag, value in (("--clean", args.clean), ("--corrupt", args.corrupt),
+                                      ("--clean-tokens", args.clean_tokens), ("--corrupt-tokens", args.corrupt_tokens),
+                                      ("--answer", args.answer), ("--wrong", args.wrong), ("--task", args.task))
+             if value is not None]
+    if args.verify:
+        given.append("--verify")
+    if given:
+        say(f"--prompts FILE gives every pair's inputs: no {', '.join(given)} with it")
+        return EXIT_USAGE
+    from headscope.engine.api.report import prompt_edges
+    from headscope.engine.core.validation import check_patchable
+
+    model = open_for_command(args)
+    check_patchable(model.structure(), str(model.path))
+    try:
+        with cluster_from_args(args) as cluster, \
+                progress_bar(f"edges {model.path.name}", quiet=args.quiet) as progress:
+            return prompt_edges(model, args.prompts, method=args.method, steps=args.steps,
+                                store=results_store(args), progress=progress, cluster=cluster)
+    except BAD_INPUT as err:
+        say(err.one_line())
+        return EXIT_USAGE
 
 
 def _table(report: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
