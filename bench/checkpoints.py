@@ -47,6 +47,11 @@ SHAPES = {
     # Llama-2-13B: 40 × 40 heads, d_head 128, d_mlp 13824, ~26 GB of bf16: larger than the
     # page cache of the 24 GB box (`python -m bench.big --13b --dir DIR`, never `make test`).
     "llama-13b": Shape("llama-13b", "llama", 40, 40, 5120, 32000, 4096, 13824, dtype="bfloat16"),
+    # Llama-2-70B cut to 4 layers: d 8192, 64 heads, 8 KV heads, d_mlp 28672, ~7.9 GB of bf16.
+    # One layer's MLP in float32 is 2.8 GB: what `python -m bench.wide` checks the 3 GB peak on.
+    "llama-70b-slice": Shape(
+        "llama-70b-slice", "llama", 4, 64, 8192, 32000, 4096, 28672, n_kv_heads=8, dtype="bfloat16"
+    ),
     # tiny shapes for the smoke test
     "tiny-gpt2": Shape("tiny-gpt2", "gpt2", 2, 4, 64, 500, 64, 256),
     "tiny-neox": Shape("tiny-neox", "neox", 2, 4, 64, 500, 64, 256, dtype="float16"),
