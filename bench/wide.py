@@ -38,13 +38,14 @@ import itertools  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import statistics  # noqa: E402
+import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-from . import publish, rss_mb, run_json  # noqa: E402
+from . import ROOT, publish, rss_mb, run_json  # noqa: E402
 from .checkpoints import SHAPES, Shape, write_checkpoint  # noqa: E402
 
 SCENARIOS = ("heads", "attribution")
@@ -354,7 +355,10 @@ def tiny_blocks(on: bool) -> Iterator[None]:
 def _run(shape: Shape, args: argparse.Namespace) -> int:
     root = args.dir or Path(tempfile.mkdtemp(prefix="headscope-wide-"))
     t = time.perf_counter()
-    path = write_checkpoint(shape, root)
+    if args.lock and not args.write_only:  # the writing is one hold of the lock too
+        subprocess.run(["flock", str(args.lock), sys.executable, "-m", "bench.wide", "--dir", str(root),
+                        "--write-only", *(["--tiny"] if args.tiny else [])], cwd=ROOT, check=True)
+    path = write_checkpoint(shape, root)  # written above, or now without a lock
     print(f"# {path} ready in {since(t):.0f} s", file=sys.stderr, flush=True)
     if args.write_only:
         return 0
