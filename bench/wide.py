@@ -91,7 +91,8 @@ def run_heads(path: Path) -> dict[str, Any]:
 
     spectral_s: dict[int, float] = {}
     forward_s: dict[int, float] = {}
-    found: dict[str, Any] = {"middles": 0.0, "tokens": 0, "intervals": []}
+    # peaks: the process's peak RSS so far after each piece, in order (where the peak was reached)
+    found: dict[str, Any] = {"middles": 0.0, "tokens": 0, "intervals": [], "peaks": []}
     middles, layer_scores, together = (spectral.spectral_middles, spectral.layer_spectral_scores,
                                        transformer.blocks_together)
 
@@ -102,6 +103,7 @@ def run_heads(path: Path) -> dict[str, Any]:
         finally:
             found["middles"] += since(t)
             found["intervals"].append(("middles", t - T0, time.perf_counter() - T0))
+            found["peaks"].append(("middles", rss_mb()))
 
     def timed_layer(w: Any, layer: int, *a: Any, **k: Any) -> Any:
         t = time.perf_counter()
@@ -110,6 +112,7 @@ def run_heads(path: Path) -> dict[str, Any]:
         finally:
             spectral_s[layer] = spectral_s.get(layer, 0.0) + since(t)
             found["intervals"].append((f"spectral {layer}", t - T0, time.perf_counter() - T0))
+            found["peaks"].append((f"spectral {layer}", rss_mb()))
 
     def timed_together(w: Any, streams: Any, *, on_block: Any = None, after_layer: Any = None) -> Any:
         found["tokens"] += sum(int(s.shape[0] * s.shape[1]) for s in streams)
@@ -122,6 +125,7 @@ def run_heads(path: Path) -> dict[str, Any]:
             now = time.perf_counter()
             forward_s[layer] = forward_s.get(layer, 0.0) + now - last[0]
             last[0] = now
+            found["peaks"].append((f"forward {layer}", rss_mb()))
 
         try:
             return together(w, streams, on_block=on_block, after_layer=after)
@@ -140,7 +144,7 @@ def run_heads(path: Path) -> dict[str, Any]:
     return {"seconds": since(T0), "middles": found["middles"], "tokens": found["tokens"],
             "spectral_layers": [spectral_s.get(i) for i in range(n)],
             "forward_layers": [forward_s.get(i) for i in range(n)],
-            "overlap": _overlap(found["intervals"])}
+            "overlap": _overlap(found["intervals"]), "peaks": found["peaks"]}
 
 
 def _overlap(intervals: list[tuple[str, float, float]]) -> float:
