@@ -50,6 +50,11 @@ SHAPES = {
     # four layers of a 1B-wide Llama, 0.64 GB of bf16 (under the 1 GB of the shared lock): with
     # `bench.edges --cache-bytes` small, its layers stream through the weight cache as a 7B's do
     "llama-w2048-4l": Shape("llama-w2048-4l", "llama", 4, 16, 2048, 32000, 2048, 5504, dtype="bfloat16"),
+    # Llama-2-70B cut to 4 layers: d 8192, 64 heads, 8 KV heads, d_mlp 28672, ~7.9 GB of bf16.
+    # One layer's MLP in float32 is 2.8 GB: what `python -m bench.wide` checks the 3 GB peak on.
+    "llama-70b-slice": Shape(
+        "llama-70b-slice", "llama", 4, 64, 8192, 32000, 4096, 28672, n_kv_heads=8, dtype="bfloat16"
+    ),
     # tiny shapes for the smoke test
     "tiny-gpt2": Shape("tiny-gpt2", "gpt2", 2, 4, 64, 500, 64, 256),
     "tiny-neox": Shape("tiny-neox", "neox", 2, 4, 64, 500, 64, 256, dtype="float16"),

@@ -258,6 +258,34 @@ def kept_spectral_middles(w: CircuitWeights) -> dict[str, np.ndarray]:
         return w.middles
 
 
+# Untied embeddings whose float32 ``W_E`` is larger than this are multiplied in vocabulary
+# blocks of ``VOCAB_BLOCK_BYTES``: at 70B widths ``W_E`` and ``W_U`` are 1.05 GB each, and both
+# whole next to the reader's staging buffer exceed the 3 GB goal; at 7B and 13B (0.5, 0.65 GB)
+# the two whole matrices fit and the single products stand.
+VOCAB_WHOLE_BYTES = 768 << 20
+VOCAB_BLOCK_BYTES = 256 << 20
+
+
+def _untied_middles(w: CircuitWeights) -> dict[str, np.ndarray]:
+    """``W_U W_E = Σ_b W_U[:, b] W_E[b, :]`` and ``W_Eᵀ W_E = Σ_b W_E[b, :]ᵀ W_E[b, :]`` over
+    blocks ``b`` of the vocabulary (``embed_rows``, ``unembed_cols``: only those rows and columns
+    processed) when ``W_E`` is larger than ``VOCAB_WHOLE_BYTES``; else the two products of the
+    whole matrices. Equal to float32 rounding (the sums split at the block edges)."""
+    v, d = w.cfg.d_vocab, w.cfg.d_model
+    with np.errstate(all="ignore"):
+        if 4 * v * d <= VOCAB_WHOLE_BYTES:
+            w_e = w.get("embed.W_E")
+            return {"copying_score": w.get("unembed.W_U") @ w_e, "qk_positivity": w_e.T @ w_e}
+        copying, qk = np.zeros((d, d), np.float32), np.zeros((d, d), np.float32)
+        step = max(1, VOCAB_BLOCK_BYTES // (4 * d))
+        for start in range(0, v, step):
+            ids = np.arange(start, min(v, start + step))
+            e = w.embed_rows(ids)
+            copying += w.unembed_cols(ids) @ e
+            qk += e.T @ e
+        return {"copying_score": copying, "qk_positivity": qk}
+
+
 def spectral_middles(w: CircuitWeights) -> dict[str, np.ndarray]:
     """``W_U W_E`` and ``W_Eᵀ W_E``, the middles of ``spectral.layer_spectral_scores``, of the
     processed weights.
@@ -271,9 +299,7 @@ def spectral_middles(w: CircuitWeights) -> dict[str, np.ndarray]:
     """
     tied = w.tied_embedding()
     if tied is None:
-        w_e = w.get("embed.W_E")
-        with np.errstate(all="ignore"):
-            return {"copying_score": w.get("unembed.W_U") @ w_e, "qk_positivity": w_e.T @ w_e}
+        return _untied_middles(w)
     e, a, b = tied
     p = w.plan
     with np.errstate(all="ignore"):

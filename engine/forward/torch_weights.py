@@ -65,6 +65,19 @@ class TorchWeights:
     def get_head(self, name: str, head: int) -> Tensor:
         return as_tensor(self.source.get_head(name, head))
 
+    @property
+    def reads_columns(self) -> bool:
+        """Whether the source reads a block of a matrix's columns without the whole
+        (``get_columns``: checkpoints and processed checkpoints)."""
+        return callable(getattr(self.source, "get_columns", None))
+
+    def columns(self, name: str, start: int, stop: int) -> Tensor:
+        """``get(name)[:, start:stop]``, through the source's ``get_columns`` where it has one."""
+        read = getattr(self.source, "get_columns", None)
+        if read is None:
+            return self.get(name)[:, start:stop]
+        return as_tensor(read(name, start, stop))
+
     def embed_rows(self, ids: Tensor) -> Tensor:
         """``get("embed.W_E")[ids]`` (``ids`` of any shape): only those rows are read and
         processed where the source can (``CircuitWeights.embed_rows``), not the whole

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from headscope.engine.core.config import ModelConfig
 from headscope.engine.core.errors import ConfigError, IndexOutOfRangeError, PromptError
+from headscope.engine.forward.blocked_mlp import blocked_mlp, uses_blocks
 from headscope.engine.forward.torch_weights import torch_weights
 from headscope.engine.model.rotary import (
     is_local_layer,
@@ -540,6 +541,8 @@ def mlp(w: WeightSource, layer: int, x: Tensor) -> Tensor:
     act = activation(cfg.act_fn, getattr(w, "path", None))
     if cfg.extra.get("n_experts"):
         return experts(w, layer, x, act)
+    if uses_blocks(w):  # a matrix too large to hold in float32 (70B): read it in column blocks
+        return blocked_mlp(w, layer, x, act, cfg.gated_mlp)
     # ``(x @ W).add_(b)``: the bits of ``x @ W + b`` without a second activation-sized tensor
     # (a patching pass of many copies makes thousands); autograd keeps no product's output
     if cfg.gated_mlp:

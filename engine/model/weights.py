@@ -390,6 +390,19 @@ class CheckpointWeights(PlannedReads):
         hit = self._cache.get((name, None))
         return hit.copy() if hit is not None else self._build(name)
 
+    def get_columns(self, name: str, start: int, stop: int) -> np.ndarray:
+        """``get(name)[:, start:stop]`` of a 2-D canonical tensor (float32, not cached). Where
+        it is stored whole and transposed (a Hugging Face ``Linear`` weight ``[out, in]``: every
+        MLP matrix of Llama-like models) its columns are stored rows: only those are read and
+        widened, so the forward pass can apply a 70B layer's MLP (2.8 GB in float32) in blocks
+        (``engine.forward.transformer.mlp``). Anything else is cut from the whole array."""
+        whole = self._cache.get((name, None))
+        spec = self.specs.get(name)
+        if whole is not None or type(spec) is not Whole or not spec.transpose:
+            return (whole if whole is not None else self.get(name))[:, start:stop]
+        with np.errstate(all="ignore"):
+            return affine(self._read(spec.tensor, (slice(start, stop),)), spec).T
+
     def get_head(self, name: str, head: int) -> np.ndarray:
         if not 0 <= head < self.cfg.n_heads:
             raise IndexOutOfRangeError(self.path, f"head {head} out of range 0..{self.cfg.n_heads - 1}")

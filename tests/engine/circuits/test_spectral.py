@@ -508,3 +508,23 @@ def test_r_factor_never_decomposes_a_non_finite_gram():
     root = comp_mod._r_factor(x)
     np.testing.assert_array_equal(root[1], np.zeros((4, 4), np.float32))
     np.testing.assert_allclose(root[0].T @ root[0], x[0].T @ x[0], atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("raw", [False, True])
+def test_untied_middles_in_vocabulary_blocks_equal_the_whole_products(tmp_path, monkeypatch, raw):
+    """Llama's untied W_E/W_U, processed (final-norm gain folded, W_U centred over the
+    vocabulary) and raw: the middles summed over blocks of 7 tokens (ragged last block) are the
+    whole products to float32 rounding of a sum over the vocabulary."""
+    from bench.checkpoints import SHAPES, write_checkpoint
+    from headscope.engine.model.loading import load_model
+
+    w = load_model(write_checkpoint(SHAPES["tiny-llama"], tmp_path), raw=raw).weights
+    assert w.tied_embedding() is None
+    whole = spectral.spectral_middles(w)
+    monkeypatch.setattr(spectral, "VOCAB_WHOLE_BYTES", 0)
+    monkeypatch.setattr(spectral, "VOCAB_BLOCK_BYTES", 4 * 64 * 7)
+    blocked = spectral.spectral_middles(w)
+    eps = float(np.finfo(np.float32).eps)
+    for name in spectral.SPECTRAL_SCORES:
+        scale = float(np.abs(whole[name]).max())
+        np.testing.assert_allclose(blocked[name], whole[name], rtol=0, atol=500 * eps * scale)

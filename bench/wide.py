@@ -1,0 +1,380 @@
+"""``python -m bench.wide --dir DIR``: a Llama-2-70B-wide slice, its peak memory and its
+per-layer cost against the 70B cost model of bench/README.md, in one run.
+
+Writes (once, into ``DIR``, reused afterwards) the ``llama-70b-slice`` shape of
+``bench/checkpoints.py``: Llama-2-70B's widths (d_model 8192, 64 heads, 8 KV heads, d_mlp
+28672, vocab 32000, bf16) cut to 4 layers, ~7.9 GB in per-layer shards. One layer's MLP is
+2.8 GB in float32: the forward pass applies it in column blocks
+(``engine.forward.blocked_mlp``), which is what keeps these runs within 3 GB. Scenarios, each
+in its own process (``python -m bench.wide --one SCENARIO PATH``), so peak RSS is per scenario:
+
+- ``heads``: ``headscope heads PATH --json --no-cache`` (the CLI's ``main``, output
+  discarded), timed inside: the spectral middles (``W_U W_E``, ``W_Eᵀ W_E``, once per model),
+  each layer's spectral piece (``spectral.layer_spectral_scores``) and each layer of the
+  forward pass (``transformer.blocks_together``, between its ``after_layer`` calls; the
+  tokens of all its batches counted).
+- ``attribution``: ``headscope patch PATH --method attribution`` on a fixed prompt of
+  ``--tokens`` ids (``bench.patching.prompts``), timed inside: the two runs (clean and
+  corrupt, one batch) and each layer of the backward pass (between ``report`` calls).
+
+Then the cost model's prediction per layer next to the measured time (``T = a·B_read +
+b·F_gemm``, a = 2.35 s/GB, b = 3.45 s/TFLOP: the fit on the 1B, 7B and 13B floors), and the
+full 70B (80 layers) extrapolated from the measured per-layer times.
+
+``--lock FILE`` runs each scenario's process under ``flock FILE`` (one scenario per hold: the
+box's big-checkpoint lock). ``--tiny``: the ``tiny-llama`` shape with a block budget of a few
+columns, so the blocked MLP runs (the smoke test).
+"""
+
+from __future__ import annotations
+
+import time
+
+T0 = time.perf_counter()
+
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import itertools  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+from . import ROOT, publish, rss_mb, run_json  # noqa: E402
+from .checkpoints import SHAPES, Shape, write_checkpoint  # noqa: E402
+
+SCENARIOS = ("heads", "attribution")
+SLICE, TINY = "llama-70b-slice", "tiny-llama"
+A_READ, B_GEMM = 2.35, 3.45  # s/GB of stored bf16 through the reader, s/TFLOP (bench/README.md)
+FULL_LAYERS = 80  # Llama-2-70B
+ANSWER, WRONG = 1, 2
+
+
+def since(t: float) -> float:
+    return time.perf_counter() - t
+
+
+def disk_read_gb() -> float | None:
+    try:
+        with open("/proc/self/io") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        return int(fields["read_bytes"]) / 1e9
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+# -- scenarios (each in its own process) -------------------------------------------------------
+
+
+def _cli(argv: list[str]) -> None:
+    import contextlib
+    import io
+
+    from headscope.tui.cli.main import main
+
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        code = main(argv)
+    if code:
+        raise SystemExit(f"headscope {' '.join(argv)} exited with {code}")
+
+
+def run_heads(path: Path) -> dict[str, Any]:
+    """``heads --json --no-cache`` with its per-layer pieces timed (wrapping the module
+    functions the sweep and the pass call through)."""
+    from headscope.engine.circuits import spectral
+    from headscope.engine.forward import transformer
+
+    spectral_s: dict[int, float] = {}
+    forward_s: dict[int, float] = {}
+    # peaks: the process's peak RSS so far after each piece, in order (where the peak was reached)
+    found: dict[str, Any] = {"middles": 0.0, "tokens": 0, "intervals": [], "peaks": []}
+    middles, layer_scores, together = (spectral.spectral_middles, spectral.layer_spectral_scores,
+                                       transformer.blocks_together)
+
+    def timed_middles(*a: Any, **k: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return middles(*a, **k)
+        finally:
+            found["middles"] += since(t)
+            found["intervals"].append(("middles", t - T0, time.perf_counter() - T0))
+            found["peaks"].append(("middles", rss_mb()))
+
+    def timed_layer(w: Any, layer: int, *a: Any, **k: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return layer_scores(w, layer, *a, **k)
+        finally:
+            spectral_s[layer] = spectral_s.get(layer, 0.0) + since(t)
+            found["intervals"].append((f"spectral {layer}", t - T0, time.perf_counter() - T0))
+            found["peaks"].append((f"spectral {layer}", rss_mb()))
+
+    def timed_together(w: Any, streams: Any, *, on_block: Any = None, after_layer: Any = None) -> Any:
+        found["tokens"] += sum(int(s.shape[0] * s.shape[1]) for s in streams)
+        last = [time.perf_counter()]
+        start = last[0]
+
+        def after(layer: int) -> None:
+            if after_layer is not None:
+                after_layer(layer)
+            now = time.perf_counter()
+            forward_s[layer] = forward_s.get(layer, 0.0) + now - last[0]
+            last[0] = now
+            found["peaks"].append((f"forward {layer}", rss_mb()))
+
+        try:
+            return together(w, streams, on_block=on_block, after_layer=after)
+        finally:
+            found["intervals"].append(("forward", start - T0, time.perf_counter() - T0))
+
+    spectral.spectral_middles = timed_middles
+    spectral.layer_spectral_scores = timed_layer
+    transformer.blocks_together = timed_together
+    try:
+        _cli(["heads", str(path), "--json", "--no-cache"])
+    finally:  # --inline: the process goes on
+        spectral.spectral_middles, spectral.layer_spectral_scores = middles, layer_scores
+        transformer.blocks_together = together
+    n = max(len(spectral_s), len(forward_s))
+    return {"seconds": since(T0), "middles": found["middles"], "tokens": found["tokens"],
+            "spectral_layers": [spectral_s.get(i) for i in range(n)],
+            "forward_layers": [forward_s.get(i) for i in range(n)],
+            "overlap": _overlap(found["intervals"]), "peaks": found["peaks"]}
+
+
+def _overlap(intervals: list[tuple[str, float, float]]) -> float:
+    """Seconds during which two of the timed pieces ran at once (0: one after the other, so
+    the per-layer times are each piece's own)."""
+    spans = sorted((a, b) for _, a, b in intervals)
+    total, end = 0.0, float("-inf")
+    for a, b in spans:
+        if a < end:
+            total += min(b, end) - a
+        end = max(end, b)
+    return total
+
+
+def run_attribution(path: Path, n_tokens: int) -> dict[str, Any]:
+    """``patch --method attribution`` with the two runs and each backward layer timed (between
+    the ``report`` calls of ``forward.patching.attribute_heads``)."""
+    from headscope.engine.forward import patching
+    from headscope.engine.model.loading import inspect_checkpoint
+
+    from .patching import prompts
+
+    clean, corrupt = prompts(inspect_checkpoint(path).cfg.d_vocab, n_tokens)
+    marks: list[float] = []
+    attribute, report = patching.attribute_heads, patching.report
+
+    def timed_attribute(*a: Any, **k: Any) -> Any:
+        marks.append(time.perf_counter())
+        return attribute(*a, **k)
+
+    def timed_report(progress: Any, fraction: float) -> None:
+        marks.append(time.perf_counter())
+        report(progress, fraction)
+
+    patching.attribute_heads = timed_attribute
+    patching.report = timed_report
+    try:
+        _cli(["patch", str(path), "--method", "attribution", "--json",
+              "--clean-tokens", ",".join(map(str, clean)), "--corrupt-tokens", ",".join(map(str, corrupt)),
+              "--answer", str(ANSWER), "--wrong", str(WRONG)])
+    finally:
+        patching.attribute_heads, patching.report = attribute, report
+    steps = [b - a for a, b in itertools.pairwise(marks)]
+    # marks: the start, after the two runs, then once per layer from the top (the last: done)
+    return {"seconds": since(T0), "tokens": 2 * n_tokens, "two_runs": steps[0] if steps else None,
+            "backward_layers": list(reversed(steps[1:-1])) if len(steps) > 2 else []}
+
+
+def one(scenario: str, path: Path, n_tokens: int) -> dict[str, Any]:
+    out = run_heads(path) if scenario == "heads" else run_attribution(path, n_tokens)
+    out["rss_mb"] = rss_mb()
+    out["disk_read_gb"] = disk_read_gb()
+    return out
+
+
+# -- the cost model ----------------------------------------------------------------------------
+
+
+def layer_sizes(s: Shape) -> dict[str, float]:
+    """Stored GB (bf16) and parameters of one layer of ``s``."""
+    kv = (s.n_kv_heads or s.n_heads) * s.d_head
+    attn = 2 * s.d_model * s.d_model + 2 * kv * s.d_model
+    mlp = 3 * s.d_model * s.d_mlp
+    return {"attn_gb": 2 * attn / 1e9, "layer_gb": 2 * (attn + mlp) / 1e9, "params": attn + mlp}
+
+
+def predicted(s: Shape, tokens: int, attribution_tokens: int) -> dict[str, float]:
+    """The cost model's seconds per layer (and once per model, ``middles``):
+
+    - spectral: the layer's attention weights through the reader and ``4·d³`` flops;
+    - forward: the whole layer through the reader and ``2·tokens·params`` flops (``tokens``:
+      every batch of ``heads``' pass, side by side);
+    - attribution, per layer of its backward pass: the layer read three times (its forward
+      again with gradients; the MLP's blocks once more in the backward) and ``3 · 2·tokens·
+      params`` flops (a forward and a backward of twice its cost); the two runs before it
+      are one forward pass of both prompts.
+    """
+    z = layer_sizes(s)
+    d, v = s.d_model, s.d_vocab
+    return {
+        "middles": A_READ * 2 * 2 * v * d / 1e9 + B_GEMM * 4 * v * d * d / 1e12,
+        "spectral": A_READ * z["attn_gb"] + B_GEMM * 4 * d**3 / 1e12,
+        "forward": A_READ * z["layer_gb"] + B_GEMM * 2 * tokens * z["params"] / 1e12,
+        "backward": A_READ * 3 * z["layer_gb"] + B_GEMM * 3 * 2 * attribution_tokens * z["params"] / 1e12,
+        "two_runs_per_layer": A_READ * z["layer_gb"] + B_GEMM * 2 * attribution_tokens * z["params"] / 1e12,
+    }
+
+
+# -- the run -----------------------------------------------------------------------------------
+
+
+def scenario(name: str, path: Path, args: argparse.Namespace) -> dict[str, Any]:
+    if args.inline:  # the smoke test: no process per scenario (peak RSS is this process's)
+        return one(name, path, args.tokens)
+    cmd = ["-m", "bench.wide", "--one", name, str(path), "--tokens", str(args.tokens)]
+    if args.lock:  # one scenario per hold of the shared lock
+        cmd = ["-c", "import os, sys; os.execvp('flock', ['flock', sys.argv[1], sys.executable, *sys.argv[2:]])",
+               str(args.lock), *cmd]
+    return run_json(cmd, args.timeout)
+
+
+def _med(runs: list[dict[str, Any]], key: str) -> Any:
+    vals = [r[key] for r in runs if isinstance(r.get(key), int | float)]
+    return statistics.median(vals) if vals else None
+
+
+def _med_layers(runs: list[dict[str, Any]], key: str) -> list[float]:
+    per = [r[key] for r in runs if r.get(key)]
+    if not per:
+        return []
+    n = min(len(p) for p in per)
+    return [statistics.median(p[i] for p in per if p[i] is not None) for i in range(n)]
+
+
+def _f(x: Any, fmt: str = ".3g") -> str:
+    return "–" if x is None else format(x, fmt)
+
+
+def report(shape: Shape, res: dict[str, list[dict[str, Any]]], repeat: int) -> str:
+    heads, attr = res.get("heads", []), res.get("attribution", [])
+    ok_h = [r for r in heads if "error" not in r]
+    ok_a = [r for r in attr if "error" not in r]
+    tokens = _med(ok_h, "tokens") or 0
+    a_tokens = _med(ok_a, "tokens") or 0
+    model = predicted(shape, int(tokens), int(a_tokens))
+    lines = [f"### {shape.name}: {shape.n_layers} layers, d_model {shape.d_model}, {shape.n_heads} heads "
+             f"({shape.n_kv_heads or shape.n_heads} KV), d_mlp {shape.d_mlp} (median of {repeat})", ""]
+    errors = [f"{name}: {r['error']}" for name, runs in res.items() for r in runs if "error" in r]
+    lines += [f"- error: {e}" for e in errors]
+    lines += ["| scenario | whole process (s) | peak RSS (MB) | read from disk (GB) | goal |", "|---|---|---|---|---|"]
+    for name, runs in (("`heads --json --no-cache`", ok_h), ("`patch --method attribution`", ok_a)):
+        lines.append(f"| {name} | {_f(_med(runs, 'seconds'))} | {_f(_med(runs, 'rss_mb'), '.0f')} | "
+                     f"{_f(_med(runs, 'disk_read_gb'))} | ≤ 3000 MB |")
+    rows: list[tuple[str, float | None, float]] = [("spectral middles (once per model)", _med(ok_h, "middles"), model["middles"])]
+    spectral, forward = _med_layers(ok_h, "spectral_layers"), _med_layers(ok_h, "forward_layers")
+    backward = _med_layers(ok_a, "backward_layers")
+    rows += [(f"`heads` spectral, layer {i}", t, model["spectral"]) for i, t in enumerate(spectral)]
+    rows += [(f"`heads` forward ({int(tokens)} tokens), layer {i}", t, model["forward"]) for i, t in enumerate(forward)]
+    two = _med(ok_a, "two_runs")
+    rows.append((f"attribution: the two runs ({int(a_tokens)} tokens), per layer",
+                 None if two is None else two / shape.n_layers, model["two_runs_per_layer"]))
+    rows += [(f"attribution backward, layer {i}", t, model["backward"]) for i, t in enumerate(backward)]
+    lines += ["", "| per layer (s) | measured | cost model | measured / model |", "|---|---|---|---|"]
+    lines += [f"| {label} | {_f(t)} | {_f(p)} | {_f(None if t is None else t / p, '.2f')} |" for label, t, p in rows]
+    overlap = _med(ok_h, "overlap")
+    if overlap:
+        lines.append(f"\n(the timed pieces of `heads` overlapped for {overlap:.1f} s: per-layer times include another's)")
+    lines += ["", full_estimate(shape, ok_h, spectral, forward)]
+    return "\n".join(lines)
+
+
+def full_estimate(shape: Shape, heads: list[dict[str, Any]], spectral: list[float], forward: list[float]) -> str:
+    """The full 70B (80 layers) from the slice: its whole ``heads`` minus its layers, plus 80
+    layers at the measured per-layer medians (layer 0 included: it is not special here)."""
+    total = _med(heads, "seconds")
+    if total is None or not spectral or not forward:
+        return "full 70B estimate: – (no `heads` run)"
+    per = statistics.median(spectral) + statistics.median(forward)
+    fixed = total - sum(spectral) - sum(forward)
+    est = fixed + FULL_LAYERS * per
+    return (f"full 70B `heads` from the slice: {fixed:.0f} s outside the layers + {FULL_LAYERS} × "
+            f"{per:.1f} s per layer (spectral {statistics.median(spectral):.1f} + forward "
+            f"{statistics.median(forward):.1f}) = {est:.0f} s ({est / 60:.0f} min), with every "
+            "layer's weights in the page cache (at 70B they stream from the disk)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.wide", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--one", nargs=2, metavar=("SCENARIO", "PATH"), help=argparse.SUPPRESS)
+    ap.add_argument("--dir", type=Path, help="where the slice is written (reused if present)")
+    ap.add_argument("--tiny", action="store_true", help="the toy shape, blocked MLP forced (smoke test)")
+    ap.add_argument("--only", help="comma-separated scenarios (default: heads,attribution)")
+    ap.add_argument("--tokens", type=int, default=16, help="prompt length of the attribution run")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each scenario, in turn")
+    ap.add_argument("--lock", type=Path, help="run each scenario under `flock LOCK`")
+    ap.add_argument("--write-only", action="store_true", help="write the slice, run nothing")
+    ap.add_argument("--inline", action="store_true", help=argparse.SUPPRESS)  # the smoke test's
+    ap.add_argument("--out", type=Path, help="also write the markdown to this file")
+    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per scenario")
+    args = ap.parse_args(argv)
+    if args.one:
+        print(json.dumps(one(args.one[0], Path(args.one[1]), args.tokens)))
+        return 0
+    shape = SHAPES[TINY if args.tiny else SLICE]
+    with tiny_blocks(args.tiny):
+        return _run(shape, args)
+
+
+@contextlib.contextmanager
+def tiny_blocks(on: bool) -> Iterator[None]:
+    """With ``on``: MLP blocks of 7 columns of a d_model 64 matrix, so the toy shape's MLP runs
+    blocked, in this process and in the scenarios' (restored after)."""
+    if not on:
+        yield
+        return
+    from headscope.engine.forward import blocked_mlp
+
+    budget, env = blocked_mlp.MLP_BLOCK_BYTES, os.environ.get("HEADSCOPE_MLP_BLOCK_BYTES")
+    blocked_mlp.MLP_BLOCK_BYTES = 4 * 64 * 7
+    os.environ["HEADSCOPE_MLP_BLOCK_BYTES"] = str(blocked_mlp.MLP_BLOCK_BYTES)
+    try:
+        yield
+    finally:
+        blocked_mlp.MLP_BLOCK_BYTES = budget
+        if env is None:
+            os.environ.pop("HEADSCOPE_MLP_BLOCK_BYTES", None)
+        else:
+            os.environ["HEADSCOPE_MLP_BLOCK_BYTES"] = env
+
+
+def _run(shape: Shape, args: argparse.Namespace) -> int:
+    root = args.dir or Path(tempfile.mkdtemp(prefix="headscope-wide-"))
+    t = time.perf_counter()
+    if args.lock and not args.write_only:  # the writing is one hold of the lock too
+        subprocess.run(["flock", str(args.lock), sys.executable, "-m", "bench.wide", "--dir", str(root),
+                        "--write-only", *(["--tiny"] if args.tiny else [])], cwd=ROOT, check=True)
+    path = write_checkpoint(shape, root)  # written above, or now without a lock
+    print(f"# {path} ready in {since(t):.0f} s", file=sys.stderr, flush=True)
+    if args.write_only:
+        return 0
+    names = args.only.split(",") if args.only else list(SCENARIOS)
+    res: dict[str, list[dict[str, Any]]] = {}
+    for _ in range(args.repeat):
+        for name in names:
+            r = scenario(name, path, args)
+            res.setdefault(name, []).append(r)
+            print(name, json.dumps(r), file=sys.stderr, flush=True)
+    return publish(report(shape, res, args.repeat), args.out)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
