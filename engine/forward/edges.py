@@ -53,8 +53,8 @@ from headscope.engine.core.progress import Cancelled, Progress, check_cancelled,
 from headscope.engine.core.results import readonly
 from headscope.engine.core.threads import one_lapack_thread
 from headscope.engine.forward.patch_tasks import Metric, check_inputs, check_metric
-from headscope.engine.forward.patching import _LayerWeights, patch_paths
-from headscope.engine.forward.torch_weights import torch_weights
+from headscope.engine.forward.patching import patch_paths
+from headscope.engine.forward.torch_weights import HeldLayerWeights, torch_weights
 from headscope.engine.forward.transformer import (
     attention_input,
     attention_pattern,
@@ -217,7 +217,7 @@ def edge_scores(w: WeightSource, clean: Tensor | Sequence, corrupt: Tensor | Seq
     # rows of a layer's recomputed graph at once: each row's heads read 3·n_heads copies of
     # the stream, kept through the norm and the projections for the backward pass
     chunk = max(1, _SPLIT_BYTES // (8 * 4 * p * 3 * cfg.n_heads * cfg.d_model))
-    held = _LayerWeights(tw) if chunk < final.shape[0] else tw
+    held = HeldLayerWeights(tw) if chunk < final.shape[0] else tw
     with torch.enable_grad(), one_lapack_thread():
         leaf = final.detach().requires_grad_(True)
         (grad,) = torch.autograd.grad(metric(tw, leaf, n).sum(), leaf)

@@ -20,7 +20,7 @@ distinct stream; a patched head adds ``(z_new - z) W_O[h]`` to its copy's attent
 every copy's stream (``_STREAM_BYTES`` bounds them: beyond it the copies go in several
 passes) and runs each layer over the copies in sub-batches sized by ``_LAYER_BYTES`` for
 that layer's transient tensors; the layer's weights are read once and held while its
-sub-batches run (``_LayerWeights``), so a model whose weights do not fit the cache (1B, 7B)
+sub-batches run (``HeldLayerWeights``), so a model whose weights do not fit the cache (1B, 7B)
 reads them once per pass, not once per batch of copies.
 
 Attribution (``attribute_heads``, AtP, Kramár et al. 2024) is the first-order estimate
@@ -75,7 +75,7 @@ from headscope.engine.forward.patch_tasks import (
     check_metric,
     check_site,
 )
-from headscope.engine.forward.torch_weights import TorchWeights, torch_weights
+from headscope.engine.forward.torch_weights import HeldLayerWeights, TorchWeights, torch_weights
 from headscope.engine.forward.transformer import (
     attention_input,
     attention_pattern,
@@ -197,32 +197,6 @@ _Pair = tuple[int, int, "int | None"]
 SourceFor = Callable[[int, list[_Pair]], "Tensor"]
 
 
-class _LayerWeights(TorchWeights):
-    """``torch_weights(w)`` that holds the tensors of one layer (``hold``) while the patched
-    copies go through it in sub-batches: each sub-batch asks for the same weights, and a model
-    whose layers do not fit the weight cache (a 7B layer is 0.8 GB of float32, the cache's layer
-    budget 0.5 GB) would otherwise read and process them from the checkpoint once per
-    sub-batch. Tensors of other layers pass through."""
-
-    def __init__(self, w: WeightSource) -> None:
-        super().__init__(w.source if isinstance(w, TorchWeights) else w)
-        self._layer: str | None = None  # the held layer's name prefix
-        self._held: dict[str, Tensor] = {}
-
-    def hold(self, layer: int | None) -> None:
-        """Keep the tensors of ``layer`` as they are read, dropping the previous layer's
-        (``None``: hold nothing)."""
-        self._layer = None if layer is None else f"blocks.{layer}."
-        self._held.clear()
-
-    def get(self, name: str) -> Tensor:
-        if self._layer is None or not name.startswith(self._layer):
-            return super().get(name)
-        if name not in self._held:
-            self._held[name] = super().get(name)
-        return self._held[name]
-
-
 @dataclass
 class _Suffix:
     """What every patched run shares (docs/math.md, "Patching", cost).
@@ -236,7 +210,7 @@ class _Suffix:
     layer computes only those queries (and their MLP), its keys and values still at every
     position."""
 
-    w: _LayerWeights
+    w: HeldLayerWeights
     runs: _Runs
     first: int
     reads: int
@@ -284,7 +258,7 @@ class _Suffix:
 def _suffix(w: WeightSource, runs: _Runs, clean: Tensor, corrupt: Tensor, metric: Metric) -> _Suffix:
     differ = (clean != corrupt).any(dim=0).nonzero()
     first = int(differ[0]) if differ.numel() else clean.shape[1]
-    return _Suffix(_LayerWeights(w), runs, first, metric.reads(clean.shape[1]), {})
+    return _Suffix(HeldLayerWeights(w), runs, first, metric.reads(clean.shape[1]), {})
 
 
 # the pairs patched at one site, with their activations: a layer's patches, site by site

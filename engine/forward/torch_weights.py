@@ -21,7 +21,7 @@ from headscope.engine.model.weights import WeightSource
 if TYPE_CHECKING:
     from torch import Tensor
 
-__all__ = ["TorchWeights", "as_tensor", "torch_weights"]
+__all__ = ["HeldLayerWeights", "TorchWeights", "as_tensor", "torch_weights"]
 
 # torch warns, once per process, that a read-only array gives a tensor it cannot protect. The
 # arrays are read-only so that numpy code cannot edit a cached weight, and the forward pass
@@ -100,6 +100,32 @@ class TorchWeights:
         w_u = as_tensor(w_cols(ids, centred=centred)) if w_cols is not None else self.get("unembed.W_U")[:, list(cols)]
         b_u = as_tensor(b_cols(ids, centred=centred)) if b_cols is not None else self.get("unembed.b_U")[list(cols)]
         return w_u, b_u
+
+
+class HeldLayerWeights(TorchWeights):
+    """``torch_weights(w)`` that holds the tensors of one layer (``hold``) while the patched
+    copies go through it in sub-batches: each sub-batch asks for the same weights, and a model
+    whose layers do not fit the weight cache (a 7B layer is 0.8 GB of float32, the cache's layer
+    budget 0.5 GB) would otherwise read and process them from the checkpoint once per
+    sub-batch. Tensors of other layers pass through."""
+
+    def __init__(self, w: WeightSource) -> None:
+        super().__init__(w.source if isinstance(w, TorchWeights) else w)
+        self._layer: str | None = None  # the held layer's name prefix
+        self._held: dict[str, Tensor] = {}
+
+    def hold(self, layer: int | None) -> None:
+        """Keep the tensors of ``layer`` as they are read, dropping the previous layer's
+        (``None``: hold nothing)."""
+        self._layer = None if layer is None else f"blocks.{layer}."
+        self._held.clear()
+
+    def get(self, name: str) -> Tensor:
+        if self._layer is None or not name.startswith(self._layer):
+            return super().get(name)
+        if name not in self._held:
+            self._held[name] = super().get(name)
+        return self._held[name]
 
 
 def torch_weights(w: WeightSource | TorchWeights) -> TorchWeights:

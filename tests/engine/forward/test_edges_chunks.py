@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from headscope.engine.forward import edges, patch_tasks, patching
+from headscope.engine.forward import edges, patch_tasks, torch_weights
 from headscope.engine.model.loading import load_model
 from tests.hf_fixtures import llama_dir  # noqa: F401  (session-scoped pytest fixture)
 
@@ -25,8 +25,8 @@ def test_chunks_of_rows_give_the_scores_of_all_rows_at_once(llama_dir: tuple[Pat
     metric = patch_tasks.LogitDiff(3, 4)
     whole = edges.edge_scores(w, CLEAN, CORRUPT, metric, method=method, steps=3)
     holds = []
-    real_hold = patching._LayerWeights.hold
-    monkeypatch.setattr(patching._LayerWeights, "hold", lambda self, layer: (holds.append(layer),
+    real_hold = torch_weights.HeldLayerWeights.hold
+    monkeypatch.setattr(torch_weights.HeldLayerWeights, "hold", lambda self, layer: (holds.append(layer),
                                                                              real_hold(self, layer))[1])
     monkeypatch.setattr(edges, "_SPLIT_BYTES", 1)  # one row a chunk: 2 (eap) or 6 (eap-ig) chunks a layer
     chunked = edges.edge_scores(w, CLEAN, CORRUPT, metric, method=method, steps=3)
