@@ -104,14 +104,45 @@ def synthetic_row(n_components: int, n_keys: int) -> Any:
                          key_totals=terms.sum(0, dtype=np.float64), nonfinite=False)
 
 
+def harness_seconds(n: int) -> list[float]:
+    """The baseline of ``moves``, same run: the pilot's own latency for one key press and the
+    pauses ``moves`` waits after it, in an empty Textual app of the same size (``run_test``
+    waits for the app to be idle and for a refresh after each press: ~60 ms on an idle box,
+    none of it the why view's)."""
+    import asyncio
+
+    from textual.app import App, ComposeResult
+    from textual.widgets import Static
+
+    class EmptyApp(App[None]):
+        def compose(self) -> ComposeResult:
+            yield Static("")
+
+    async def run() -> list[float]:
+        out: list[float] = []
+        async with EmptyApp().run_test(size=(120, 40)) as pilot:
+            for _ in range(n):
+                t = time.perf_counter()
+                await pilot.press("right")
+                await pilot.pause()
+                await pilot.pause()
+                out.append(time.perf_counter() - t)
+        return out
+
+    return asyncio.run(run())
+
+
 def move_stats(found: Any, n_moves: int) -> dict[str, Any]:
-    """``moves`` summed up: how many, the median and slowest wall time, the median CPU time."""
+    """``moves`` summed up: how many, the median and slowest wall time, the median CPU time,
+    and the median wall time of the same presses in an empty app (``harness_seconds``)."""
     import statistics
 
     took = moves(found, n_moves)
     wall, cpu = [t for t, _ in took], [c for _, c in took]
+    harness = 1000 * statistics.median(harness_seconds(max(n_moves, 5)))
     return {"moves": len(took), "move_ms": 1000 * statistics.median(wall), "move_max_ms": 1000 * max(wall),
-            "move_cpu_ms": 1000 * statistics.median(cpu)}
+            "move_cpu_ms": 1000 * statistics.median(cpu), "harness_ms": harness,
+            "move_net_ms": 1000 * statistics.median(wall) - harness}
 
 
 def one(path: Path, n_tokens: int, repeat: int, n_moves: int = 0) -> dict[str, Any]:
@@ -191,7 +222,9 @@ def main(argv: list[str] | None = None) -> int:
         return publish(f"why view, a random row of {args.synthetic_row} components × {args.tokens} keys, "
                        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average "
                        f"{os.getloadavg()[0]:.1f}: next key median {r['move_ms']:.0f} ms wall (max "
-                       f"{r['move_max_ms']:.0f}), median {r['move_cpu_ms']:.0f} ms CPU, over {r['moves']} moves\n",
+                       f"{r['move_max_ms']:.0f}), median {r['move_cpu_ms']:.0f} ms CPU, over {r['moves']} moves; "
+                       f"the same presses in an empty app {r['harness_ms']:.0f} ms wall: the view's own "
+                       f"{r['move_net_ms']:.0f} ms\n",
                        args.out)
     if args.one:
         print(json.dumps(one(Path(args.one), args.tokens, args.repeat, args.moves)))
