@@ -6,6 +6,7 @@ import json
 import resource
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,22 @@ def publish(text: str, out: Path | None) -> int:
 def rss_mb() -> float:
     """This process's peak resident memory (MB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def since(t: float) -> float:
+    """Seconds since ``time.perf_counter()`` read ``t``."""
+    return time.perf_counter() - t
+
+
+def disk_read_gb() -> float | None:
+    """Bytes this process has had read from the storage layer (``/proc/self/io``
+    ``read_bytes``: page-cache hits do not count), in GB; None off Linux."""
+    try:
+        with open("/proc/self/io") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        return int(fields["read_bytes"]) / 1e9
+    except (OSError, KeyError, ValueError):
+        return None
 
 
 def run_json(args: Sequence[str], timeout: float) -> dict[str, Any]:

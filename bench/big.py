@@ -56,39 +56,19 @@ T0 = time.perf_counter()
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import resource  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-from . import publish, ratio  # noqa: E402
+from . import disk_read_gb, publish, ratio, rss_mb, since  # noqa: E402
 
 SCENARIOS = ("info", "first_view", "plain-floor", "heads")
 SCENARIOS_13B = ("first_view", "floor", "heads", "composition-floor-k", "composition-k")
 KINDS = ("q", "k", "v")
 GGUF_TYPES = ("Q8_0", "Q4_K")
 GGUF_SCENARIOS = ("info", "first_view", "gguf-read", "heads")  # each as f"{name}-{type.lower()}"
-
-
-def rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def since(t: float) -> float:
-    return time.perf_counter() - t
-
-
-def disk_read_gb() -> float | None:
-    """Bytes this process has had read from the storage layer (``/proc/self/io``
-    ``read_bytes``: page-cache hits do not count), in GB; None off Linux."""
-    try:
-        with open("/proc/self/io") as f:
-            fields = dict(line.split(":", 1) for line in f if ":" in line)
-        return int(fields["read_bytes"]) / 1e9
-    except (OSError, KeyError, ValueError):
-        return None
 
 
 # -- scenarios (each in its own process) -------------------------------------------------------
@@ -320,19 +300,7 @@ def report_13b(shape: str, res: dict[str, dict[str, Any]]) -> str:
         ("`info --json`, whole process (s)", res.get("info", {}).get("seconds"), "< 0.5"),
     ]
     for kind in KINDS:
-        base = res.get(f"composition-floor-{kind}") or {}
-        if f"composition-floor-{kind}" in res:
-            rows.append((f"composition {kind}: GEMM floor (s)", base.get("compute", base.get("error")), ""))
-        for impl, label in (("numpy-", "the sweep (numpy-)"), ("", "the sweep (CLI, explorer)")):
-            comp = res.get(f"composition-{impl}{kind}")
-            if comp is None:
-                continue
-            rows += [
-                (f"composition {kind}, {label}: compute (s)", comp.get("compute", comp.get("error")), ""),
-                (f"composition {kind}, {label} / GEMM floor", ratio(comp.get("compute"), base.get("compute")), ""),
-                (f"composition {kind}, {label}: peak RSS (MB)", comp.get("rss_mb"), "≤ 3000"),
-                (f"composition {kind}, {label}: first ETA (s)", comp.get("first_eta"), ""),
-            ]
+        rows += _composition_rows(kind, res)
     lines = [f"### {shape}", "", "| metric | value | goal |", "|---|---|---|"]
     lines += [f"| {label} | {_fmt(v)} | {goal} |" for label, v, goal in rows]
     return "\n".join(lines)

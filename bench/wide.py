@@ -45,7 +45,7 @@ from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-from . import ROOT, publish, rss_mb, run_json  # noqa: E402
+from . import ROOT, disk_read_gb, publish, rss_mb, run_json, since  # noqa: E402
 from .checkpoints import SHAPES, Shape, write_checkpoint  # noqa: E402
 
 SCENARIOS = ("heads", "attribution")
@@ -53,19 +53,6 @@ SLICE, TINY = "llama-70b-slice", "tiny-llama"
 A_READ, B_GEMM = 2.35, 3.45  # s/GB of stored bf16 through the reader, s/TFLOP (bench/README.md)
 FULL_LAYERS = 80  # Llama-2-70B
 ANSWER, WRONG = 1, 2
-
-
-def since(t: float) -> float:
-    return time.perf_counter() - t
-
-
-def disk_read_gb() -> float | None:
-    try:
-        with open("/proc/self/io") as f:
-            fields = dict(line.split(":", 1) for line in f if ":" in line)
-        return int(fields["read_bytes"]) / 1e9
-    except (OSError, KeyError, ValueError):
-        return None
 
 
 # -- scenarios (each in its own process) -------------------------------------------------------
