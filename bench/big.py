@@ -41,11 +41,16 @@ shape (K-quant rows need 256 values).
 ``--13b``: the ``llama-13b`` shape (40 layers × 40 heads, d_model 5120, d_mlp 13824, vocab
 32000, bf16, ~26 GB in per-layer shards, written once into ``DIR``): larger than the page
 cache of a 24 GB box, so every pass reads the disk and the read plan (``engine.model.readplan``)
-decides what stays cached. Scenarios ``first_view``, ``floor``, ``heads``,
-``composition-floor-k`` and ``composition-k``, each with the bytes it read from the disk
-(``/proc/self/io``). ``--drop-caches`` (root only; it empties the page cache of the whole box)
-starts every scenario cold. With ``--tiny``: the ``tiny-llama-mha`` shape with a page-cache
-budget smaller than it (``--page-cache-mb``, default 0.2 MB), so the streamed path runs.
+decides what stays cached. Scenarios ``first_view``, ``plain-floor``, ``floor``, ``heads``,
+``composition-floor-k`` and ``composition-k``, run as the 7B's (``--cache``, ``--repeat``,
+``--lock``; the page cache **cold** by default: reading 26 GB to warm it would only evict
+itself), each with the bytes it read from the disk (``/proc/self/io``). ``--drop-caches``
+(root only; it empties the page cache of the whole box) adds that to the cold state. With
+``--tiny``: the ``tiny-llama-mha`` shape with a page-cache budget smaller than it
+(``--page-cache-mb``, default 0.2 MB), so the streamed path runs.
+
+``--n-layers N`` (any path): the shape cut to its first N layers, written as its own checkpoint
+(``llama-13b-2l``, ...): the per-layer work of the full shape in a smaller file.
 """
 
 from __future__ import annotations
@@ -65,7 +70,7 @@ from typing import Any  # noqa: E402
 from . import disk_read_gb, publish, ratio, rss_mb, since  # noqa: E402
 
 SCENARIOS = ("info", "first_view", "plain-floor", "heads")
-SCENARIOS_13B = ("first_view", "floor", "heads", "composition-floor-k", "composition-k")
+SCENARIOS_13B = ("first_view", "plain-floor", "floor", "heads", "composition-floor-k", "composition-k")
 KINDS = ("q", "k", "v")
 GGUF_TYPES = ("Q8_0", "Q4_K")
 GGUF_SCENARIOS = ("info", "first_view", "gguf-read", "heads")  # each as f"{name}-{type.lower()}"
@@ -267,9 +272,7 @@ def drop_caches() -> bool:
     return True
 
 
-def scenario(name: str, path: Path, timeout: float, cold: bool = False) -> dict[str, Any]:
-    if cold and not drop_caches():
-        print("#   cannot drop the page cache (not root?): this scenario starts warm", file=sys.stderr)
+def scenario(name: str, path: Path, timeout: float) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "bench.big", "--one", name, str(path)]
     root = Path(__file__).resolve().parent.parent
     try:
@@ -283,27 +286,6 @@ def scenario(name: str, path: Path, timeout: float, cold: bool = False) -> dict[
 
 def _fmt(x: Any) -> str:
     return f"{x:.3g}" if isinstance(x, float) else ("–" if x is None else str(x))
-
-
-def report_13b(shape: str, res: dict[str, dict[str, Any]]) -> str:
-    floor, heads = res.get("floor", {}), res.get("heads", {})
-    floor_s = floor.get("seconds")
-    rows = [
-        ("`heads --json`, whole process (s)", heads.get("seconds", heads.get("error")), "≤ 1.5× floor"),
-        ("dense floor, whole process (s)", floor_s if floor_s is not None else floor.get("error"), ""),
-        ("… of which spectral products (s)", floor.get("spectral"), ""),
-        ("… of which the 64-token forward pass (s)", floor.get("forward"), ""),
-        ("`heads` / floor", ratio(heads.get("seconds"), floor_s), "≤ 1.5×"),
-        ("`heads` peak RSS (MB)", heads.get("rss_mb"), "≤ 3000"),
-        ("floor peak RSS (MB)", floor.get("rss_mb"), ""),
-        ("first head QK 64×64 after open (s)", res.get("first_view", {}).get("first_view"), "≤ 1"),
-        ("`info --json`, whole process (s)", res.get("info", {}).get("seconds"), "< 0.5"),
-    ]
-    for kind in KINDS:
-        rows += _composition_rows(kind, res)
-    lines = [f"### {shape}", "", "| metric | value | goal |", "|---|---|---|"]
-    lines += [f"| {label} | {_fmt(v)} | {goal} |" for label, v, goal in rows]
-    return "\n".join(lines)
 
 
 def _seconds(r: dict[str, Any]) -> Any:
@@ -334,7 +316,7 @@ def report(shape: str, res: dict[str, dict[str, Any]], states: list[str], repeat
         rows += _floor_rows(state, floor)
         rows += [
             (f"{state}: `heads --json --no-cache`, whole process (s)", _seconds(heads), "≤ 1.5× floor"),
-            (f"**{state}: `heads` / independent floor**", ratio(heads.get("seconds"), floor.get("seconds")), "≤ 1.5× (warm)"),
+            (f"**{state}: `heads` / independent floor**", ratio(heads.get("seconds"), floor.get("seconds")), "≤ 1.5× (7B warm, 13B cold)"),
             (f"{state}: `heads` peak RSS (MB)", heads.get("rss_mb"), "≤ 3000"),
             (f"{state}: independent floor peak RSS (MB)", floor.get("rss_mb"), ""),
         ]
@@ -343,19 +325,25 @@ def report(shape: str, res: dict[str, dict[str, Any]], states: list[str], repeat
                 (f"{state}: headscope-reader floor (headscope's loaders and forward pass) (s)", _seconds(reader), ""),
                 (f"{state}: `heads` / headscope-reader floor", ratio(heads.get("seconds"), reader.get("seconds")), ""),
             ]
+        rows += [(f"{state}: {key}, read from disk (GB)", r.get("disk_read_gb"), "")
+                 for key, r in _of_state(res, state).items() if "error" not in r]
         if f"first_view@{state}" in res:
             rows.append((f"{state}: first head QK 64×64 after open (s)", res[f"first_view@{state}"].get("first_view"), "≤ 1"))
         if f"info@{state}" in res:
             rows.append((f"{state}: `info --json`, whole process (s)", _seconds(res[f"info@{state}"]), "< 0.5"))
+        composition = {k: v for k, v in _of_state(res, state).items() if k.startswith("composition")}
         for kind in KINDS:
-            comp = {k[: -len(state) - 1]: v for k, v in res.items() if k.endswith(f"@{state}")}
-            one_state = {k: v for k, v in comp.items() if k.startswith("composition")}
-            if any(k.endswith(f"-{kind}") for k in one_state):
-                rows += _composition_rows(kind, one_state)
+            if any(k.endswith(f"-{kind}") for k in composition):
+                rows += _composition_rows(kind, composition)
     head = f"### {shape}: page cache {', '.join(states)}; fastest of {repeat} run(s) per scenario, in turn"
     lines = [head, "", "| metric | value | goal |", "|---|---|---|"]
     lines += [f"| {label} | {_fmt(v)} | {goal} |" for label, v, goal in rows]
     return "\n".join(lines)
+
+
+def _of_state(res: dict[str, dict[str, Any]], state: str) -> dict[str, dict[str, Any]]:
+    """The results of one page-cache state, by scenario (``measure``'s keys without ``@state``)."""
+    return {k[: -len(state) - 1]: v for k, v in res.items() if k.endswith(f"@{state}")}
 
 
 def _composition_rows(kind: str, res: dict[str, dict[str, Any]]) -> list[tuple[str, Any, str]]:
@@ -383,6 +371,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", type=Path, help="where the checkpoint is written (reused if present)")
     ap.add_argument("--tiny", action="store_true", help="the toy shape (smoke test)")
     ap.add_argument("--shape", help="another shape of bench/checkpoints.py (e.g. llama-1b-gqa)")
+    ap.add_argument("--n-layers", type=int,
+                    help="the shape cut to its first N layers (its own checkpoint, NAME-Nl: the same "
+                         "per-layer work in a smaller file)")
     ap.add_argument("--composition", action="store_true",
                     help="also all Q/K/V composition scores against their GEMM floors (long)")
     ap.add_argument("--only", help="comma-separated scenarios (default: all)")
@@ -397,10 +388,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--page-cache-mb", type=float,
                     help="the page cache the read plan counts on (HEADSCOPE_PAGE_CACHE_MB)")
     ap.add_argument("--drop-caches", action="store_true",
-                    help="empty the whole box's page cache before each scenario (root only)")
-    ap.add_argument("--cache", default="warm",
+                    help="cold state: also empty the whole box's page cache before each scenario "
+                         "(root only)")
+    ap.add_argument("--cache",
                     help="page-cache states, comma-separated: warm (the scenario's files read once "
-                         "just before it), cold (posix_fadvise DONTNEED on them just before it)")
+                         "just before it), cold (posix_fadvise DONTNEED on them just before it); "
+                         "default warm, cold with --13b (larger than the page cache)")
     ap.add_argument("--repeat", type=int, default=1,
                     help="runs of each scenario, in turn; the table keeps the fastest")
     ap.add_argument("--lock", type=Path,
@@ -415,18 +408,19 @@ def main(argv: list[str] | None = None) -> int:
 
     import os
 
-    from .checkpoints import SHAPES, write_checkpoint
+    from .checkpoints import write_checkpoint
 
     os.environ["BENCH_FLOOR_BATCH"] = args.floor_batch  # read by the scenario processes
     if args.gguf:
         return main_gguf(args)
     if args.b13:
         return main_13b(args)
-    shape = args.shape or ("tiny-llama-mha" if args.tiny else "llama-7b")
+    shape = _shape(args, "tiny-llama-mha" if args.tiny else "llama-7b")
     root = args.dir or Path(tempfile.mkdtemp(prefix="headscope-bench-"))
     t = time.perf_counter()
-    path = write_checkpoint(SHAPES[shape], root)  # shape is renamed below for the table
-    print(f"# {shape}: checkpoint ready in {since(t):.1f} s at {path}", file=sys.stderr)
+    path = write_checkpoint(shape, root)
+    title = shape.name  # with the composition cut below, for the table
+    print(f"# {title}: checkpoint ready in {since(t):.1f} s at {path}", file=sys.stderr)
     names = list(SCENARIOS)
     if args.composition:
         names += [f"composition{part}-{k}" for k in KINDS for part in ("-floor", "-numpy", "")]
@@ -434,16 +428,29 @@ def main(argv: list[str] | None = None) -> int:
         names = [n for n in args.only.split(",") if n]
     if args.layers:
         os.environ["BENCH_LAYERS"] = str(args.layers)  # read by the scenario processes
-        shape += f" (composition on the first {args.layers} layers)"
-    states = _states(args.cache)
+        title += f" (composition on the first {args.layers} layers)"
+    states = _states(args.cache or "warm")
     res = measure([(n, n, path) for n in names], states, args)
-    text = f"Run {time.strftime('%Y-%m-%d %H:%M %Z')}.\n\n{report(shape, res, states, args.repeat)}\n"
+    text = f"Run {time.strftime('%Y-%m-%d %H:%M %Z')}.\n\n{report(title, res, states, args.repeat)}\n"
     return publish(text, args.out)
 
 
 # -- page cache, lock, repeats ---------------------------------------------------------------
 
 CACHE_STATES = ("warm", "cold")
+
+
+def _shape(args: argparse.Namespace, default: str) -> Any:
+    """The ``bench/checkpoints.py`` shape asked for (``--shape``, else ``default``), cut to
+    ``--n-layers`` if given."""
+    import dataclasses
+
+    from .checkpoints import SHAPES
+
+    shape = SHAPES[args.shape or default]
+    if args.n_layers:
+        shape = dataclasses.replace(shape, name=f"{shape.name}-{args.n_layers}l", n_layers=args.n_layers)
+    return shape
 
 
 def _states(spec: str) -> list[str]:
@@ -512,13 +519,17 @@ def measure(jobs: list[tuple[str, str, Path]], states: list[str],
             args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """Each job ``(key, scenario, path)`` in each page-cache state, ``args.repeat`` times in
     turn (a change in the box's load hits every scenario alike), each under ``args.lock``;
-    ``{f"{key}@{state}": the fastest run}``."""
+    ``{f"{key}@{state}": the fastest run}``. ``args.drop_caches``: the cold state also
+    empties the whole box's page cache (root only)."""
     runs: dict[str, list[dict[str, Any]]] = {}
     for _ in range(args.repeat):
         for state in states:
             for key, name, path in jobs:
                 with _held(args.lock):
                     set_page_cache(checkpoint_files(path), state)
+                    if state == "cold" and args.drop_caches and not drop_caches():
+                        print("#   cannot empty the page cache (not root?): posix_fadvise only",
+                              file=sys.stderr)
                     r = scenario(name, path, args.timeout)
                 runs.setdefault(f"{key}@{state}", []).append(r)
                 print(f"#   {key:22s} {state:4s} {json.dumps(r)}", file=sys.stderr, flush=True)
@@ -526,52 +537,44 @@ def measure(jobs: list[tuple[str, str, Path]], states: list[str],
 
 
 def main_13b(args: argparse.Namespace) -> int:
-    """``--13b``: the larger-than-RAM shape, each scenario against its floor, with the read
-    plan each process ran with and the bytes it read from the disk."""
+    """``--13b``: the larger-than-RAM shape through the same scenarios and runner as the 7B
+    (``measure``: page-cache state, repeats, lock), cold by default, with the read plan each
+    process ran with and the bytes each scenario read from the disk."""
     import os
 
     from headscope.engine.model.readplan import PAGE_CACHE_ENV, page_cache_bytes
 
-    from .checkpoints import SHAPES, checkpoint_bytes, write_checkpoint
+    from .checkpoints import checkpoint_bytes, write_checkpoint
 
     budget = args.page_cache_mb if args.page_cache_mb is not None else (0.2 if args.tiny else None)
     if budget is not None:
         os.environ[PAGE_CACHE_ENV] = str(budget)  # read by the scenario processes
     if args.layers:
         os.environ["BENCH_LAYERS"] = str(args.layers)
-    shape = SHAPES[args.shape or ("tiny-llama-mha" if args.tiny else "llama-13b")]
+    shape = _shape(args, "tiny-llama-mha" if args.tiny else "llama-13b")
     root = args.dir or Path(tempfile.mkdtemp(prefix="headscope-bench-"))
     t = time.perf_counter()
     path = write_checkpoint(shape, root)
     print(f"# {shape.name}: checkpoint ready in {since(t):.1f} s at {path}", file=sys.stderr)
     names = [n for n in (args.only or ",".join(SCENARIOS_13B)).split(",") if n]
-    res = {}
-    for name in names:
-        res[name] = scenario(name, path, args.timeout, cold=args.drop_caches)
-        print(f"#   {name:22s} {json.dumps(res[name])}", file=sys.stderr)
+    states = _states(args.cache or "cold")
+    res = measure([(n, n, path) for n in names], states, args)
     size, cache = checkpoint_bytes(path), page_cache_bytes()
     title = shape.name + (f" (composition on the first {args.layers} layers)" if args.layers else "")
     lines = [f"Run {time.strftime('%Y-%m-%d %H:%M %Z')}.", "",
              f"Checkpoint {size / 1e9:.3g} GB; page cache counted on {cache / 1e9:.3g} GB "
-             f"({'streamed' if size > cache else 'fits'}); page cache "
-             f"{'dropped before each scenario' if args.drop_caches else 'not dropped'}.", "",
-             report_13b(title, res), *_disk_rows(res), ""]
+             f"({'streamed' if size > cache else 'fits'}).", "",
+             report(title, res, states, args.repeat), ""]
     return publish("\n".join(lines), args.out)
-
-
-def _disk_rows(res: dict[str, dict[str, Any]]) -> list[str]:
-    """Rows of the bytes each scenario read from the disk (page-cache hits do not count)."""
-    return [f"| {name}: read from disk (GB) | {_fmt(r.get('disk_read_gb'))} | |"
-            for name, r in res.items() if "error" not in r]
 
 
 def main_gguf(args: argparse.Namespace) -> int:
     """``--gguf``: the bf16 independent floor, then, per GGUF file, its read cost through the
     ``gguf`` package and info / first view / heads."""
-    from .checkpoints import SHAPES, write_checkpoint
+    from .checkpoints import write_checkpoint
     from .gguf_checkpoints import write_gguf_checkpoint
 
-    shape = SHAPES[args.shape or ("tiny-llama-256" if args.tiny else "llama-7b")]
+    shape = _shape(args, "tiny-llama-256" if args.tiny else "llama-7b")
     root = args.dir or Path(tempfile.mkdtemp(prefix="headscope-bench-"))
     t = time.perf_counter()
     path = write_checkpoint(shape, root)
@@ -585,7 +588,7 @@ def main_gguf(args: argparse.Namespace) -> int:
         base, _, kind = name.rpartition("-")
         target = files.get(kind.upper()) if base in GGUF_SCENARIOS else None
         jobs.append((name, base, target) if target else (name, name, path))
-    states = _states(args.cache)
+    states = _states(args.cache or "warm")
     res = measure(jobs, states, args)
     sizes = {q: p.stat().st_size for q, p in files.items()}
     text = (f"Run {time.strftime('%Y-%m-%d %H:%M %Z')}.\n\n"
