@@ -602,6 +602,11 @@ def report_gguf(shape: str, res: dict[str, dict[str, Any]], sizes: dict[str, int
     for state in states:
         floor = res.get(f"plain-floor@{state}", {})
         rows += _floor_rows(f"{state}, bf16", floor)
+        if f"heads@{state}" in res:  # the bf16 row too, so one run gives all three against one floor
+            bf16 = res[f"heads@{state}"]
+            rows += [(f"{state}, bf16: `heads --json --no-cache`, whole process (s)", _seconds(bf16), "≤ 1.5× floor"),
+                     (f"**{state}, bf16: `heads` / independent floor**", ratio(bf16.get("seconds"), floor.get("seconds")), "≤ 1.5× (warm)"),
+                     (f"{state}, bf16: `heads` peak RSS (MB)", bf16.get("rss_mb"), "≤ 3000")]
         for q in GGUF_TYPES:
             k = q.lower()
             heads, read = res.get(f"heads-{k}@{state}", {}), res.get(f"gguf-read-{k}@{state}", {})

@@ -24,3 +24,14 @@ def test_bench_big_gguf_smoke(tmp_path, capsys):
     stamp = {p: p.stat().st_mtime_ns for p in ck.glob("*.gguf")}
     assert big.main(["--gguf", "--tiny", "--dir", str(ck), "--only", "info-q8_0", "--timeout", "300"]) == 0
     assert stamp == {p: p.stat().st_mtime_ns for p in ck.glob("*.gguf")}  # written once
+
+
+def test_report_gguf_puts_the_bf16_row_against_the_same_floor():
+    res = {"plain-floor@warm": {"seconds": 100.0, "rss_mb": 1500},
+           "heads@warm": {"seconds": 140.0, "rss_mb": 2100},
+           "heads-q8_0@warm": {"seconds": 160.0, "rss_mb": 2200}}
+    text = big.report_gguf("s", res, {"Q8_0": 7e9}, ["warm"], 3)
+    assert "| **warm, bf16: `heads` / independent floor** | 1.40× |" in text
+    assert "| **warm, Q8_0: `heads` / bf16 independent floor** | 1.60× |" in text
+    assert "bf16: `heads`" not in big.report_gguf("s", {k: v for k, v in res.items() if k != "heads@warm"},
+                                                  {"Q8_0": 7e9}, ["warm"], 3)
