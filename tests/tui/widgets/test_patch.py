@@ -407,22 +407,3 @@ async def test_typing_on_the_tab_goes_to_the_form_not_to_the_bindings() -> None:
         await pilot.pause()
         assert app.explorer.active_tab == "qk"
 
-
-async def test_typing_before_the_form_is_built_waits_for_it() -> None:
-    """The Patch tab's form is mounted when the tab is first shown (explorer_tabs.LATE_TABS),
-    a few turns of the event loop later: keys that reach the screen meanwhile are held (no
-    binding runs: `r` raw weights, `t` the theme) and typed into the form once it is there,
-    in order."""
-    app, _ = make_app(sweep=False)
-    async with app.run_test(size=(80, 24)) as pilot:
-        await settle(pilot, app)
-        assert not app.query(PatchPane)  # not built yet
-        ex = app.explorer
-        ex.action_show_tab("patch")
-        assert not ex.patch_pane.is_mounted
-        keys = [events.Key(ch, ch) for ch in "rat"]
-        for key in keys:  # as the screen gets them, before the form is mounted
-            ex.on_key(key)
-            assert key._stop_propagation and key._no_default_action  # no binding runs
-        await settle(pilot, app)
-        assert app.query_one("#patch-clean", Input).value == "rat"
