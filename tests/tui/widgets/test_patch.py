@@ -406,4 +406,3 @@ async def test_typing_on_the_tab_goes_to_the_form_not_to_the_bindings() -> None:
         await pilot.press("1")
         await pilot.pause()
         assert app.explorer.active_tab == "qk"
-
