@@ -53,6 +53,7 @@ from headscope.tui.base.messages import (
 from headscope.tui.screens.dialogs import InputScreen
 from headscope.tui.screens.explorer_scores import ExplorerScores
 from headscope.tui.screens.explorer_tabs import (
+    LATE_TABS,
     NARROW,
     SHORT_TAB_TITLES,
     TAB_TITLES,
@@ -67,13 +68,11 @@ from headscope.tui.session.choices import TREE_FILTERS
 from headscope.tui.session.export import export_document, saved_where, write_export
 from headscope.tui.widgets.chart import Chart
 from headscope.tui.widgets.circuit import OVPane, QKPane, SpectrumPane
-from headscope.tui.widgets.circuit_tab import CircuitTab
 from headscope.tui.widgets.compare import ChangesPane
 from headscope.tui.widgets.focus_line import FocusLine
 from headscope.tui.widgets.footer import ExplorerFooter
 from headscope.tui.widgets.head_tree import HeadTree
 from headscope.tui.widgets.panes import CompositionPane, PromptPane
-from headscope.tui.widgets.patch import PatchPane
 from headscope.tui.widgets.reading import DirectionsPanel
 from headscope.tui.widgets.status import StatusBar
 from headscope.tui.widgets.summary import SummaryPane
@@ -139,10 +138,9 @@ class ExplorerScreen(ExplorerScores):
                     if self.headscope.timeline.enabled:
                         with TabPane(TAB_TITLES["timeline"], id="timeline"):
                             yield TimelinePane(id="timeline-pane")
-                    with TabPane(TAB_TITLES["patch"], id="patch"):
-                        yield PatchPane(id="patch-pane")
-                    with TabPane(TAB_TITLES["circuit"], id="circuit"):
-                        yield CircuitTab(id="circuit-pane")
+                    # built on first show (ExplorerTabs.build_tab): empty until then
+                    for tab in LATE_TABS:
+                        yield TabPane(TAB_TITLES[tab], id=tab)
         # compact, and no "^p palette" (it is in the help screen): every key then fits in
         # 120 columns, SVG and Export included
         yield ExplorerFooter(compact=True, show_command_palette=False,
@@ -294,7 +292,7 @@ class ExplorerScreen(ExplorerScores):
     # -- the Circuit tab (tui/widgets/circuit_tab.py) -------------------------------------------
     @on(CircuitTopChanged)
     def _circuit_top_changed(self, msg: CircuitTopChanged) -> None:
-        pane = self.query_one(CircuitTab)
+        pane = self.circuit_tab
         self.run_worker(pane.faithfulness(self, msg.top), group="circuit-top", exclusive=True,
                         exit_on_error=False)
 
@@ -309,14 +307,22 @@ class ExplorerScreen(ExplorerScores):
         self.goto_head(head, immediate=True)
         self.action_show_tab("ov" if msg.input == "v" or msg.target is None else "qk")
         if msg.source is not None and msg.target is not None and msg.input is not None:
-            self.run_worker(self.query_one(CircuitTab).composition_of(self, msg), group="circuit-composition",
+            self.run_worker(self.circuit_tab.composition_of(self, msg), group="circuit-composition",
                             exclusive=True, exit_on_error=False)
 
     # -- the Patch tab (tui/widgets/patch.py) ------------------------------------------------
     def on_key(self, event: events.Key) -> None:
         # Keys reach the screen before the app's bindings: on the Patch tab, typing meant for
         # its form goes there (PatchPane.take_typing) instead of switching weights or themes.
-        if self.active_tab == "patch" and self.query_one(PatchPane).take_typing(event):
+        # Typed before the tab, built on its first show, has its form: kept for it, in order.
+        if self.active_tab != "patch":
+            return
+        if not self.patch_pane.is_mounted or self.typing_pending:
+            if event.is_printable:
+                self.type_when_built(event)
+                event.stop()
+                event.prevent_default()
+        elif self.patch_pane.take_typing(event):
             event.stop()
             event.prevent_default()
 
@@ -339,7 +345,8 @@ class ExplorerScreen(ExplorerScores):
             return
         self.app.workers.cancel_group(self, "load-patch")
         self.loads.cancelled(self._key("patch"))
-        self.query_one(PatchPane).stopped()
+        if self.patch_pane.is_mounted:
+            self.patch_pane.stopped()
 
 
     # -- the "why" view of the Prompt tab (tui/widgets/panes.py, tui/widgets/why.py) -------

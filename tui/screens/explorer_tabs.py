@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from rich.text import Text
-from textual import on
+from textual import events, on
 from textual.screen import Screen
 from textual.timer import Timer
-from textual.widget import Widget
-from textual.widgets import TabbedContent
+from textual.widget import AwaitMount, Widget
+from textual.widgets import TabbedContent, TabPane
 
 from headscope.engine.core.errors import CancelledError as EngineCancelled
 from headscope.engine.core.errors import HeadscopeError
@@ -77,6 +77,12 @@ VIEWS: dict[str, type[Widget]] = {
     "composition": CompositionPane, "summary": SummaryPane, "changes": ChangesPane,
     "timeline": TimelinePane, "patch": PatchPane, "circuit": CircuitTab}
 NARROW = 100  # below this many columns, panes stack and the tree narrows
+# Tabs whose pane is mounted the first time the tab is shown (``build_tab``), not with the
+# screen: every widget in the DOM, shown or not, is restyled on each theme change (Textual
+# re-applies the stylesheet to the whole screen), and these two panes were 46 of its ~130
+# widgets (issue 39 §3: `t` took 1.8-2.3 s to settle). Their objects exist from the start
+# (``patch_pane``, ``circuit_tab``): the Patch tab's inputs (its session) key other tabs' loads.
+LATE_TABS = ("patch", "circuit")
 
 
 class ExplorerHost(Protocol):
@@ -123,6 +129,12 @@ class ExplorerTabs(Screen[None]):
         self.loads = TabLoads()  # the key each tab last asked for
         self.results: dict[str, Any] = {}  # each tab's data as shown (what e exports)
         self._debounce_timer: Timer | None = None
+        # The late tabs' panes (LATE_TABS), mounted by build_tab; until then in no query.
+        self.patch_pane = PatchPane(id="patch-pane")
+        self.circuit_tab = CircuitTab(id="circuit-pane")
+        self._late: dict[str, Widget] = {"patch": self.patch_pane, "circuit": self.circuit_tab}
+        self._building: dict[str, AwaitMount] = {}
+        self._early_keys: list[events.Key] = []  # typed at the Patch tab before its form
 
 
     # -- what the app owns ---------------------------------------------------------------
@@ -272,11 +284,43 @@ class ExplorerTabs(Screen[None]):
 
 
     # -- tabs and loading ---------------------------------------------------------------
+    def build_tab(self, tab: str) -> None:
+        """Mount a late tab's pane (LATE_TABS) into its tab, the first time it is shown."""
+        pane = self._late.get(tab)
+        if pane is not None and tab not in self._building:
+            self._building[tab] = self.query_one(f"#{tab}", TabPane).mount(pane)
+
+    async def tab_built(self, tab: str) -> None:
+        """Until ``tab``'s pane is mounted, its children and ``on_mount`` included."""
+        self.build_tab(tab)
+        building = self._building.get(tab)
+        if building is not None and not self._late[tab].is_mounted:
+            await building
+
+    def type_when_built(self, key: events.Key) -> None:
+        """A key typed at the Patch tab before its form was mounted: given to it (through
+        ``on_key``) once it is, after any typed before it."""
+        self._early_keys.append(key)
+        if len(self._early_keys) == 1:
+            self.run_worker(self._replay_keys(), group="patch-typing", exit_on_error=False)
+
+    @property
+    def typing_pending(self) -> bool:
+        """Keys wait for the Patch tab's form (``type_when_built``): later keys queue behind."""
+        return bool(self._early_keys)
+
+    async def _replay_keys(self) -> None:
+        await self.tab_built("patch")
+        keys, self._early_keys = self._early_keys, []
+        for key in keys:
+            self.post_message(events.Key(key.key, key.character))
+
     @on(TabbedContent.TabActivated)
     def _tab_activated(self, event: TabbedContent.TabActivated) -> None:
         if event.tabbed_content.id != "tabs":
             return
         self.active_tab = event.pane.id or "qk"
+        self.build_tab(self.active_tab)  # a click on the tab strip
         self._load_active()
 
     def action_show_tab(self, tab: str) -> None:
@@ -291,6 +335,7 @@ class ExplorerTabs(Screen[None]):
         remembered: dict[str, Any] = self.__dict__.setdefault("_tab_focus", {})
         if focused is not None and any(a.id == previous for a in focused.ancestors):
             remembered[previous] = focused  # its tab is hidden: focus it again on return
+        self.build_tab(tab)
         self.query_one("#tabs", TabbedContent).active = tab
         self.active_tab = tab
         self._load_active()
@@ -310,16 +355,16 @@ class ExplorerTabs(Screen[None]):
         elif tab == "prompt":
             extra = (self.choices.prompt_text,)
         elif tab == "composition":  # its path effects are on the current task
-            extra = (self.query_one(CompositionPane).kind, *self.query_one(PatchPane).session.key())
+            extra = (self.query_one(CompositionPane).kind, *self.patch_pane.session.key())
         elif tab == "changes":
             extra = (self.compare.changes_kind, id(self.compare.diff))
         elif tab == "timeline":
             timeline = self.headscope.timeline
             extra = (timeline.index, id(timeline.timeline), self.head)
         elif tab == "patch":
-            extra = self.query_one(PatchPane).session.key()
+            extra = self.patch_pane.session.key()
         elif tab == "circuit":  # the Patch tab's inputs, the method
-            extra = (*self.query_one(PatchPane).session.key()[:5], self.query_one(CircuitTab).method)
+            extra = (*self.patch_pane.session.key()[:5], self.circuit_tab.method)
         return load_key(tab, self.head, self.gen, extra)
 
     def fresh(self, key: LoadKey) -> bool:
@@ -344,7 +389,8 @@ class ExplorerTabs(Screen[None]):
         await self.headscope.model_ready.wait()
         tab = key[0]
         try:
-            view = cast(TabView, self.query_one(VIEWS[tab]))
+            await self.tab_built(tab)
+            view = cast(TabView, self._late[tab] if tab in self._late else self.query_one(VIEWS[tab]))
             await view.load(self, key)
         except EngineCancelled:
             self.loads.cancelled(key)
@@ -365,4 +411,4 @@ class ExplorerTabs(Screen[None]):
 
     def patch_request(self) -> dict[str, Any]:
         """The Patch tab's inputs (its pane's session) as ``PatchInputsRequest.of`` takes them."""
-        return self.query_one(PatchPane).session.request()
+        return self.patch_pane.session.request()

@@ -71,6 +71,46 @@ async def test_a_result_for_older_weights_is_dropped() -> None:
         assert all(r.copying_score == 123.0 for r in ex.scores.rows.values())
 
 
+async def test_the_patch_and_circuit_tabs_are_built_when_first_shown() -> None:
+    """Every widget in the DOM is restyled on each theme change, shown or not (issue 39 §3:
+    `t` took ~2 s): the Patch and Circuit panes are mounted on their tab's first show. Until
+    then the tabs that read the Patch tab's inputs still load (Composition's path column keys
+    on them); keys that reach the screen while the Patch form is being mounted (a few turns
+    of the event loop) run no binding (`r` raw weights, `t` the theme) and are typed into the
+    form once it is there, in order; once shown, each pane is in its tab and loads."""
+    from textual import events
+    from textual.widgets import Input
+
+    from headscope.tui.widgets.circuit_tab import CircuitTab
+    from headscope.tui.widgets.patch import PatchPane
+
+    app, _ = make_app(sweep=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        ex = app.explorer
+        assert not app.query(PatchPane) and not app.query(CircuitTab)
+        await pilot.press("5")
+        await settle(pilot, app)
+        assert "composition" in ex.results  # its key read the unbuilt Patch tab's inputs
+        ex.action_show_tab("patch")
+        assert not ex.patch_pane.is_mounted
+        keys = [events.Key(ch, ch) for ch in "rat"]
+        for key in keys:  # as the screen gets them, before the form is mounted
+            ex.on_key(key)
+            assert key._stop_propagation and key._no_default_action  # no binding runs
+        await settle(pilot, app)
+        assert app.query_one("#patch-clean", Input).value == "rat"
+        await pilot.press("escape", "0")  # out of the box, then the Circuit tab
+        await settle(pilot, app)
+        for tab, pane in (("patch", PatchPane), ("circuit", CircuitTab)):
+            built = app.query_one(pane)
+            assert built.parent is not None and built.parent.id == tab
+        # each tab's load ran on its built pane (the fake engine computes no edge attribution)
+        assert ex.active_tab == "circuit" and "patch" in ex.results
+        assert ex.circuit_tab.state == "error"
+        assert "does not compute edge attribution" in str(app.query_one("#circuit-graph").render())
+
+
 def _effects(app: Any) -> Any:
     import numpy as np
 
