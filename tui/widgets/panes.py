@@ -179,7 +179,8 @@ class PromptPane(Vertical):
         self.query_one("#prompt-pattern", Chart).show(Heatmap(
             np.asarray(view.pattern, dtype=np.float64), tokens, tokens, sequential=True, vmax=1.0,
             title=f"{prefix}attention {head_name(view.layer, view.head)}",
-            xlabel=f"{self.cursor_text()} · key →  (rows: query)".lstrip(" ·"), mark=self.cursor))
+            xlabel=f"{self.cursor_text()} · key →  (rows: query)".lstrip(" ·"),
+            xlabel_short=self.cursor_short(), mark=self.cursor))
         if b is not None:
             tokens_b = tuple(str(t) for t in b.tokens)
             self.query_one("#prompt-pattern-b", Chart).show(Heatmap(
@@ -196,6 +197,19 @@ class PromptPane(Vertical):
         weight = float(np.asarray(self.view.pattern)[q, k])
         return (f"cell q={q} {_short(tokens[q])} → k={k} {_short(tokens[k])} {weight:.2f} "
                 "(shift+arrows · w why · W explain)")
+
+    def cursor_short(self) -> tuple[str, ...]:
+        """Shorter forms of the cursor's line, longest first, for a narrower chart (the cell
+        itself was cut at 80×24 and at 120×40, its weight lost): the cell and ``w``, the
+        cell, the cell without its words."""
+        if self.view is None or self.cursor is None:
+            return ()
+        q, k = self.cursor
+        tokens = self.view.tokens
+        weight = float(np.asarray(self.view.pattern)[q, k])
+        cell = f"q={q} {_short(tokens[q])} → k={k} {_short(tokens[k])} {weight:.2f}"
+        tight = f"q{q} {_short(tokens[q], 6)}→k{k} {_short(tokens[k], 6)} {weight:.2f}"
+        return (f"cell {cell} · w why", f"cell {cell}", cell, tight)
 
     def move_cursor(self, d_query: int, d_key: int) -> tuple[int, int] | None:
         """Move the cursor (the key stays at or before the query: attention is causal)."""
