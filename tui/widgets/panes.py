@@ -190,26 +190,25 @@ class PromptPane(Vertical):
 
     def cursor_text(self) -> str:
         """The cursor's cell: positions, tokens (printable, never markup) and attention."""
+        cell = self._cell()
+        return f"cell {cell} (shift+arrows · w why · W explain)" if cell else ""
+
+    def cursor_short(self) -> tuple[str, ...]:
+        """Shorter forms of the cursor's line, longest first, for a narrower chart (the cell
+        itself was cut at 80×24 and at 120×40, its weight lost): the cell and ``w``, the
+        cell, the cell without its words, with shorter tokens."""
+        cell = self._cell()
+        return (f"cell {cell} · w why", f"cell {cell}", cell, self._cell(tight=True)) if cell else ()
+
+    def _cell(self, *, tight: bool = False) -> str:
         if self.view is None or self.cursor is None:
             return ""
         q, k = self.cursor
         tokens = self.view.tokens
         weight = float(np.asarray(self.view.pattern)[q, k])
-        return (f"cell q={q} {_short(tokens[q])} → k={k} {_short(tokens[k])} {weight:.2f} "
-                "(shift+arrows · w why · W explain)")
-
-    def cursor_short(self) -> tuple[str, ...]:
-        """Shorter forms of the cursor's line, longest first, for a narrower chart (the cell
-        itself was cut at 80×24 and at 120×40, its weight lost): the cell and ``w``, the
-        cell, the cell without its words."""
-        if self.view is None or self.cursor is None:
-            return ()
-        q, k = self.cursor
-        tokens = self.view.tokens
-        weight = float(np.asarray(self.view.pattern)[q, k])
-        cell = f"q={q} {_short(tokens[q])} → k={k} {_short(tokens[k])} {weight:.2f}"
-        tight = f"q{q} {_short(tokens[q], 6)}→k{k} {_short(tokens[k], 6)} {weight:.2f}"
-        return (f"cell {cell} · w why", f"cell {cell}", cell, tight)
+        if tight:
+            return f"q{q} {_short(tokens[q], 6)}→k{k} {_short(tokens[k], 6)} {weight:.2f}"
+        return f"q={q} {_short(tokens[q])} → k={k} {_short(tokens[k])} {weight:.2f}"
 
     def move_cursor(self, d_query: int, d_key: int) -> tuple[int, int] | None:
         """Move the cursor (the key stays at or before the query: attention is causal)."""
