@@ -30,30 +30,30 @@ def _count(n: Any) -> str:
 
 def model_summary(structure: dict[str, Any], *, short: int = 0) -> tuple[str, str, str]:
     """(name, architecture, shapes) of a structure dict. Shorter for a narrow bar (at 80
-    columns the architecture was cut away): ``short`` 1, the architecture without its family
-    and the shapes without head size, context and positional embedding; 2, the shapes only
-    layers × heads."""
+    columns the architecture was cut away): ``short`` 2, the architecture without its family
+    and the shapes without head size, context and positional embedding; 3, the shapes only
+    layers × heads (1 is the status bar's: no "headscope ·")."""
     s = structure
     name = printable(Path(str(s.get("path") or "?")).name or str(s.get("path")))
-    arch = printable(str(s.get("architecture", "?")) if short
+    arch = printable(str(s.get("architecture", "?")) if short >= 2
                      else f"{s.get('family', '?')}/{s.get('architecture', '?')}")
     kv = s.get("n_kv_heads")
     heads = f"{s.get('n_heads', '?')}H" + (f"/{kv}kv" if kv and kv != s.get("n_heads") else "")
     parts = [f"{s.get('n_layers', '?')}L×{heads}"]
-    if short < 2:
+    if short < 3:
         parts.append(f"d{_count(s.get('d_model'))}")
-    if not short:
-        parts.append(f"dh{_count(s.get('d_head'))}")
     if short < 2:
+        parts.append(f"dh{_count(s.get('d_head'))}")
+    if short < 3:
         parts.append(f"V{_count(s.get('d_vocab'))}")
-    if not short:
+    if short < 2:
         parts += [f"ctx{_count(s.get('n_ctx'))}", str(s.get("positional", ""))]
     if not s.get("d_mlp"):
         parts.append("attn-only")
     return name, arch, " ".join(p for p in parts if p)
 
 
-SHORTEST = 2  # model_summary's shortest form
+SHORTEST = 3  # model_summary's shortest form
 
 
 class StatusBar(Widget):
@@ -100,8 +100,8 @@ class StatusBar(Widget):
 
     def render(self) -> Text:
         width = max(self.size.width, 10)
-        # The full line where it fits; else without "headscope ·", with shorter shapes and
-        # architecture (model_summary; at 80 columns the architecture was cut away entirely).
+        # The full line where it fits; else without "headscope ·", then with shorter shapes
+        # and architecture (model_summary; at 80 columns the architecture was cut away).
         top = self._model_line(short=0)
         for short in range(1, SHORTEST + 1):
             if top.cell_len <= width:
@@ -119,7 +119,7 @@ class StatusBar(Widget):
         # Spans start with a visible character and carry the spaces at their end: some SVG
         # renderers strip a span's leading spaces, which ran the name into the shape.
         top = Text()
-        top.append(f"{name} " if short else f"headscope · {name} ", style="bold")
+        top.append(f"{name} " if short else f"headscope · {name} ", style="bold")  # short ≥ 1
         if self.compare:
             top.append(f"vs {printable(self.compare)}", style="bold reverse")
             top.append(" ")

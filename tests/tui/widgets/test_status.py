@@ -30,6 +30,8 @@ async def test_header_and_focus_line_separate_name_shape_head_and_scores() -> No
         await settle(pilot, app)
         top, bottom = app.query_one(StatusBar).render().plain.splitlines()
         assert "attn-only-2l │ processed │ 2L×4H" in top
+        # 120 columns: every shape and the family/architecture whole ("headscope ·" gives way)
+        assert " dh4 " in top and " ctx32 " in top and top.endswith("│ native/headscope-attn-only")
         assert bottom.startswith("L0.H0 │ ")
         focus = plain(app.query_one("#focus-line", Static))
         copying_score = engine._scores(0, 0).copying_score
