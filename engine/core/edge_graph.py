@@ -146,7 +146,13 @@ class EdgeGraph:
 
     @property
     def n_edges(self) -> int:
-        return len(self.edges)
+        """How many edges ``edges`` has, counted from the shape without building them (a 7B
+        graph has over a million): per layer every source its q, k, v read and, with an MLP,
+        what ``m{l}`` reads; into ``logits`` every source."""
+        into_layers = sum(3 * self.n_heads * self.reads_heads(layer)
+                          + (self.reads_mlp(layer) if self.has_mlp else 0)
+                          for layer in range(self.n_layers))
+        return into_layers + self.n_sources
 
     @cached_property
     def index(self) -> dict[str, int]:

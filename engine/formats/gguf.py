@@ -82,14 +82,34 @@ class StringArray:
     of ``str`` on first use (``GGUFHeader.get``). A vocabulary is 32,000 to 256,000 strings
     and decoding them was most of the header's parse; ``info`` and the config never use them."""
 
-    __slots__ = ("_strings", "n", "raw")
+    __slots__ = ("_offsets", "_strings", "n", "raw")
 
     def __init__(self, raw: bytes, n: int) -> None:
         self.raw, self.n = raw, n
         self._strings: list[str] | None = None
+        self._offsets: list[int] | None = None
 
     def __len__(self) -> int:
         return self.n
+
+    def __getitem__(self, i: int) -> str:
+        """One string, decoded alone (the default token set reads a few dozen of a table's
+        32k-256k: ``formats.vocabulary``); the item offsets are found once, by their lengths."""
+        if self._strings is not None:
+            return self._strings[i]
+        if not -self.n <= i < self.n:
+            raise IndexError(i)
+        if self._offsets is None:
+            raw, unpack, pos = self.raw, _U64.unpack_from, 0
+            offsets = []
+            append = offsets.append
+            for _ in range(self.n):
+                append(pos)
+                pos += 8 + unpack(raw, pos)[0]
+            self._offsets = offsets
+        pos = self._offsets[i]
+        (k,) = _U64.unpack_from(self.raw, pos)
+        return self.raw[pos + 8 : pos + 8 + k].decode("utf-8", errors="replace")
 
     def strings(self) -> list[str]:
         """The strings (undecodable bytes as U+FFFD: some vocabularies hold partial UTF-8)."""

@@ -3,15 +3,14 @@ lazily (docs/internals.md, "GGUF")."""
 
 from __future__ import annotations
 
-import itertools
 import math
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from headscope.engine.formats.gguf import GGUFHeader
+from headscope.engine.formats.gguf import GGUFHeader, StringArray
 from headscope.engine.formats.tokenizer import (
     TOKEN_DISPLAY,
     HFTokenizer,
@@ -19,6 +18,7 @@ from headscope.engine.formats.tokenizer import (
     Tokenizer,
     display_token,
 )
+from headscope.engine.formats.vocabulary import readable_words
 
 
 class GGUFVocabTokenizer(IdTokenizer):
@@ -68,59 +68,19 @@ def gguf_tokenizer(header: GGUFHeader, d_vocab: int) -> Tokenizer:
     return GGUFVocabTokenizer(tokens, d_vocab, header.path)
 
 
-# llama.cpp's token types (``tokenizer.ggml.token_type``): 1 normal, 2 unknown, 3 control,
-# 4 user-defined, 5 unused, 6 byte.
-_NORMAL = 1
-# What starts a word in a vocabulary: SentencePiece's space, byte-level BPE's space.
-_WORD_START = ("▁", "Ġ")
-_WORD_LETTERS = 3  # "▁th" and "▁st" are pieces of words, "▁the" and "▁and" words
-
-
 def readable_ids(header: GGUFHeader, n: int) -> tuple[int, ...]:
-    """The QK/OV token set shown when the user names none: ``n`` tokens a reader recognises,
-    from the metadata's token table alone (no tokenizer is built).
-
-    The first ids of a SentencePiece or byte-level vocabulary are ``<unk>``, ``<s>`` and the
-    256 byte tokens; the frequent whole words come after them. So: normal tokens (token type
-    1 where the file gives types; never ``<...>`` pieces) that are a word start followed by at
-    least three ASCII letters (a byte-level vocabulary spells other scripts as mapped bytes,
-    which would be shown as noise), the most frequent first: highest score where the file
-    has scores (SentencePiece), else lowest id (a BPE vocabulary is in merge order). Fewer
-    than ``n`` words: the other normal tokens fill up, in id order. No such word at all (a
-    character-level or made-up vocabulary): ``()``, and the caller keeps the first ids."""
+    """The QK/OV token set shown when the user names none (``vocabulary.readable_words``),
+    from the metadata's token table, token types (llama.cpp's: 1 normal, 2 unknown, 3 control,
+    4 user-defined, 5 unused, 6 byte) and SentencePiece scores."""
     # Metadata of any declared type reaches here (a hostile file's too): what is not a list of
     # strings, or numbers, is left out rather than failing the model's open.
-    tokens = header.get("tokenizer.ggml.tokens")
-    if not isinstance(tokens, list) or n <= 0 or not all(isinstance(t, str) for t in tokens):
+    # The table as read (a StringArray: only the strings looked at are decoded, not 32k+).
+    tokens = getattr(header, "metadata", header).get("tokenizer.ggml.tokens")
+    if n <= 0 or not (isinstance(tokens, StringArray)
+                      or (isinstance(tokens, list) and all(isinstance(t, str) for t in tokens))):
         return ()
-    types = _numbers(header.get("tokenizer.ggml.token_type"), len(tokens))
-    scores = _numbers(header.get("tokenizer.ggml.scores"), len(tokens))
-    order: Iterable[int] = range(len(tokens))  # a BPE table is in merge order
-    if scores is not None:
-        scores[~np.isfinite(scores)] = -np.inf
-        order = np.argsort(-scores, kind="stable").tolist()  # equal scores in id order
-
-    def normal(i: int) -> bool:
-        t = tokens[i]
-        if not t.isprintable() or (t.startswith("<") and t.endswith(">")):
-            return False
-        return types is None or types[i] == _NORMAL
-
-    def word(i: int) -> bool:
-        t = tokens[i]
-        rest = t[1:]
-        return (t[:1] in _WORD_START and len(rest) >= _WORD_LETTERS and rest.isascii()
-                and rest.isalpha() and normal(i))
-
-    # The first n in that order: a 128k table is walked only as far as its n-th word.
-    chosen = list(itertools.islice((i for i in order if word(i)), n))
-    if not chosen:
-        return ()
-    if len(chosen) < n:
-        taken = set(chosen)
-        chosen += itertools.islice((i for i in range(len(tokens)) if i not in taken and normal(i)),
-                                   n - len(chosen))
-    return tuple(chosen)
+    return readable_words(tokens, n, types=_numbers(header.get("tokenizer.ggml.token_type"), len(tokens)),
+                          scores=_numbers(header.get("tokenizer.ggml.scores"), len(tokens)))
 
 
 def _numbers(values: Any, n: int) -> np.ndarray | None:

@@ -26,6 +26,7 @@ import dataclasses
 import os
 import re
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +55,7 @@ from headscope.engine.formats.tokenizer import (
     Tokenizer,
     load_tokenizer,
 )
+from headscope.engine.formats.vocabulary import LazyIds, tokenizer_json_ids
 from headscope.engine.model.adapters import native as native_adapter
 from headscope.engine.model.adapters.base import (
     SpecMap,
@@ -100,9 +102,10 @@ class Checkpoint:
     files: dict[str, str]  # checkpoint tensor name -> file holding it
     headers: dict[str, SafetensorsHeader] = field(repr=False)
     gguf: GGUFSource | None = field(default=None, repr=False)  # GGUF files: where tensors come from
-    # The QK/OV token set when the user names none; () for the first ids (GGUF: whole words,
-    # as the first ids there are <unk> and byte tokens; formats.gguf_tokenizer.readable_ids)
-    default_tokens: tuple[int, ...] = ()
+    # The QK/OV token set when the user names none, picked on its first use (None, or no
+    # word in the vocabulary: the first ids). GGUF and tokenizer.json: whole words, as the
+    # first ids there are <unk> and byte tokens (formats.vocabulary)
+    default_tokens: LazyIds | None = None
 
 
 def inspect_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
@@ -148,7 +151,7 @@ def structure_of(ckpt: Checkpoint, raw: bool) -> dict[str, Any]:
         n_kv_heads=cfg.kv_heads,
         processed=not raw,
         approximations=model_caveats(cfg),
-        default_tokens=list(ckpt.default_tokens) or None,
+        default_tokens=ckpt.default_tokens,
     )
     return {k: out[k] for k in STRUCTURE_KEYS}
 
@@ -303,7 +306,7 @@ def _open_gguf(p: Path) -> Checkpoint:
     cfg = cfg.replace(n_params=count_params(specs, tensors), dtype=g.main_dtype(header, used))
     validate_config(cfg, str(p))
     source = GGUFSource(header, used, arch, cfg)
-    words = tuple(i for i in readable_ids(header, DEFAULT_BLOCK) if i < cfg.d_vocab)
+    words = LazyIds(lambda: (i for i in readable_ids(header, DEFAULT_BLOCK) if i < cfg.d_vocab))
     return Checkpoint(p, p.parent, "gguf", cfg, specs, {}, {}, gguf=source, default_tokens=words)
 
 
@@ -393,7 +396,10 @@ def _build(
     cfg = cfg.replace(n_params=count_params(specs, tensors), dtype=storage_dtype(specs, tensors))
     validate_config(cfg, cfg_path)
     check_specs(specs, tensors, lambda t: files.get(t, main), cfg.architecture)
-    return Checkpoint(shown, directory, fmt, cfg, specs, files, headers)
+    words = None
+    if fmt == "hf" and (directory / "tokenizer.json").is_file():
+        words = LazyIds(partial(tokenizer_json_ids, directory / "tokenizer.json", DEFAULT_BLOCK, cfg.d_vocab))
+    return Checkpoint(shown, directory, fmt, cfg, specs, files, headers, default_tokens=words)
 
 
 # --- files inside the model directory ----------------------------------------------------

@@ -73,6 +73,9 @@ class Heatmap:
     col_labels: tuple[str, ...]
     title: str = ""
     xlabel: str = ""
+    # shorter forms of the x label, longest first: the first that fits the chart's width is
+    # drawn instead of a cut ``xlabel`` (at 80×24, "(rows: so…" lost what the rows are)
+    xlabel_short: tuple[str, ...] = ()
     ylabel: str = ""
     sequential: bool = False  # attention patterns: 0 … max on the positive half of the map
     vmax: float | None = None
@@ -168,7 +171,7 @@ class Heatmap:
         text.append_text(canvas if cursor is None else _draw_cursor(canvas, cursor))
         if self.xlabel:
             text.append("\n")
-            text.append_text(_fit_line(self.xlabel, width))
+            text.append_text(_fit_line(_first_fitting((self.xlabel, *self.xlabel_short), width), width))
         text.append("\n")
         text.append_text(self.key(colours, (ch, cw), width))
         return text
@@ -657,6 +660,11 @@ def build(figure: Figure, width: int, height: int, colours: Colours) -> Text:
 
 def _text(plt: Plot) -> Text:
     return Text.from_ansi(plt.build().rstrip("\n"))
+
+
+def _first_fitting(lines: Sequence[str], width: int) -> str:
+    """The first of ``lines`` (longest first) no wider than ``width``, else the last."""
+    return next((line for line in lines if len(line) <= width), lines[-1])
 
 
 def _fit_line(line: str, width: int, style: str = "") -> Text:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,7 +27,8 @@ from rich.style import Style
 from rich.text import Text
 
 from headscope.engine.core.attribution import QKAttribution
-from headscope.tui.plots.colormap import RGB, palette_ramp, symmetric_range
+from headscope.tui.base.contrast import readable
+from headscope.tui.plots.colormap import RGB, palette_ramp, symmetric_range, xterm_rgb
 from headscope.tui.plots.figures import Colours, Heatmap, ansi16_pair, cell_colours
 
 GRID_TOP = 6  # sources per side in the heatmap
@@ -147,19 +149,30 @@ def _ramp_ends(stops: tuple[RGB, RGB, RGB]) -> tuple[int, int]:
     return ramp[0], ramp[-1]
 
 
-def bar_styles(colours: Colours) -> tuple[str, str]:
+def bar_styles(colours: Colours, readable_on: Sequence[RGB] = ()) -> tuple[str, str]:
     """Negative / positive bar styles: the colour map's ends as the heatmap cells draw them
     (truecolor RGB; in 256 colours the palette ramp's end entries, never RGB for the terminal
-    to quantise; the bright ANSI pair in 16; none without colour)."""
+    to quantise; the bright ANSI pair in 16; none without colour).
+
+    ``readable_on``: backgrounds the bars must read on (WCAG AA, as text: a table's cursor
+    row keeps the bar's colour on its own background): an end that does not is blended
+    towards the theme's text colour until it does (``contrast.readable``: the hue stays)."""
     neg, _, pos = colours.stops
-    if colours.mode == "256":
-        lo, hi = _ramp_ends(colours.stops)
-        return f"color({lo})", f"color({hi})"
     if colours.mode == "16":
         return ansi16_pair(colours.stops)
     if colours.mode == "none":
         return "", ""
-    return (f"rgb({neg[0]},{neg[1]},{neg[2]})", f"rgb({pos[0]},{pos[1]},{pos[2]})")
+    if colours.mode == "256":
+        lo, hi = _ramp_ends(colours.stops)
+        ends, styles = (xterm_rgb(lo), xterm_rgb(hi)), [f"color({lo})", f"color({hi})"]
+    else:
+        ends, styles = (neg, pos), [f"rgb({c[0]},{c[1]},{c[2]})" for c in (neg, pos)]
+    if readable_on:
+        for i, end in enumerate(ends):
+            shown = readable(end, colours.foreground, readable_on)
+            if shown != end:  # in 256 colours Rich picks the entry, which readable() checked
+                styles[i] = f"rgb({shown[0]},{shown[1]},{shown[2]})"
+    return styles[0], styles[1]
 
 
 def short_name(name: str, width: int = NAME_WIDTH) -> str:

@@ -64,7 +64,10 @@ def path_heatmap(found: VirtualPath) -> Heatmap:
     same = found.row_ids == found.col_ids
     return Heatmap(found.k_block.astype(float), found.row_labels, found.col_labels,
                    title="K-path  W_E QK_B (W_E OV_A)ᵀ",
-                   xlabel="token moved by the earlier head →  (rows: query token)", diagonal=same)
+                   xlabel="token moved by the earlier head →  (rows: query token)",
+                   # the pop-up's heatmap is ~42 columns at 80×24 ("(rows:…")
+                   xlabel_short=("earlier head's token →  (rows: query)", "moved token →  (rows: query)"),
+                   diagonal=same)
 
 
 def path_spectrum(found: VirtualPath) -> Scatter:

@@ -220,6 +220,13 @@ class TimelineMode(TimelineState):
     def update_status(self, app: TimelineHost) -> None:
         with contextlib.suppress(Exception):  # before the explorer is mounted, or shutting down
             app.explorer.query_one(StatusBar).timeline = self.status_text()
+        if self.timeline is None:  # the Timeline tab's "scoring the steps… 4/18" too (it
+            # stayed at the count it was drawn with while the status bar moved on); numpy:
+            # not imported before the first frame
+            from headscope.tui.widgets.timeline import TimelinePane
+
+            with contextlib.suppress(Exception):
+                app.explorer.query_one(TimelinePane).redraw()
 
     # -- scrubbing -------------------------------------------------------------------------
     def scrub(self, app: TimelineHost, delta: int | None = None, *, to: int | None = None) -> None:

@@ -47,6 +47,10 @@ if TYPE_CHECKING:
 POSITIONS_SHOWN = 32  # positional QK: the first positions
 # fits the 29 columns of a QK heatmap at 80×24 ("(rows: query token)" was cut: "query to…")
 QK_XLABEL = "key token →  (rows: query)"
+# the OV x label, and its short form for a heatmap beside the directions panel at 80×24
+# (26 columns: "(rows: so…")
+OV_XLABEL = "output token →  (rows: source token)"
+OV_XLABEL_SHORT = ("output token →  (rows: source)", "output →  (rows: source)")
 
 
 class QKPane(Horizontal):
@@ -152,7 +156,7 @@ class OVPane(Horizontal):
         self.query_one("#ov-heatmap", Chart).show(figure or Heatmap(
             np.asarray(block.values), tuple(block.row_labels), tuple(block.col_labels),
             title=f"full OV {head_name(block.layer, block.head)}  W_E OV W_U",
-            xlabel="output token →  (rows: source token)", diagonal=same))
+            xlabel=OV_XLABEL, xlabel_short=OV_XLABEL_SHORT, diagonal=same))
         self.query_one("#ov-note", Static).update(Text(block.note or ""))  # #ov-note is muted already
 
     def show_pair(self, a: Heatmap, b: Heatmap) -> None:

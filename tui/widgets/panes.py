@@ -179,7 +179,8 @@ class PromptPane(Vertical):
         self.query_one("#prompt-pattern", Chart).show(Heatmap(
             np.asarray(view.pattern, dtype=np.float64), tokens, tokens, sequential=True, vmax=1.0,
             title=f"{prefix}attention {head_name(view.layer, view.head)}",
-            xlabel=f"{self.cursor_text()} · key →  (rows: query)".lstrip(" ·"), mark=self.cursor))
+            xlabel=f"{self.cursor_text()} · key →  (rows: query)".lstrip(" ·"),
+            xlabel_short=self.cursor_short(), mark=self.cursor))
         if b is not None:
             tokens_b = tuple(str(t) for t in b.tokens)
             self.query_one("#prompt-pattern-b", Chart).show(Heatmap(
@@ -189,13 +190,25 @@ class PromptPane(Vertical):
 
     def cursor_text(self) -> str:
         """The cursor's cell: positions, tokens (printable, never markup) and attention."""
+        cell = self._cell()
+        return f"cell {cell} (shift+arrows · w why · W explain)" if cell else ""
+
+    def cursor_short(self) -> tuple[str, ...]:
+        """Shorter forms of the cursor's line, longest first, for a narrower chart (the cell
+        itself was cut at 80×24 and at 120×40, its weight lost): the cell and ``w``, the
+        cell, the cell without its words, with shorter tokens."""
+        cell = self._cell()
+        return (f"cell {cell} · w why", f"cell {cell}", cell, self._cell(tight=True)) if cell else ()
+
+    def _cell(self, *, tight: bool = False) -> str:
         if self.view is None or self.cursor is None:
             return ""
         q, k = self.cursor
         tokens = self.view.tokens
         weight = float(np.asarray(self.view.pattern)[q, k])
-        return (f"cell q={q} {_short(tokens[q])} → k={k} {_short(tokens[k])} {weight:.2f} "
-                "(shift+arrows · w why · W explain)")
+        if tight:
+            return f"q{q} {_short(tokens[q], 6)}→k{k} {_short(tokens[k], 6)} {weight:.2f}"
+        return f"q={q} {_short(tokens[q])} → k={k} {_short(tokens[k])} {weight:.2f}"
 
     def move_cursor(self, d_query: int, d_key: int) -> tuple[int, int] | None:
         """Move the cursor (the key stays at or before the query: attention is causal)."""

@@ -28,19 +28,32 @@ def _count(n: Any) -> str:
     return str(n)
 
 
-def model_summary(structure: dict[str, Any]) -> tuple[str, str, str]:
-    """(name, architecture, shapes) of a structure dict."""
+def model_summary(structure: dict[str, Any], *, short: int = 0) -> tuple[str, str, str]:
+    """(name, architecture, shapes) of a structure dict. Shorter for a narrow bar (at 80
+    columns the architecture was cut away): ``short`` 2, the architecture without its family
+    and the shapes without head size, context and positional embedding; 3, the shapes only
+    layers × heads (1 is the status bar's: no "headscope ·")."""
     s = structure
     name = printable(Path(str(s.get("path") or "?")).name or str(s.get("path")))
-    arch = printable(f"{s.get('family', '?')}/{s.get('architecture', '?')}")
+    arch = printable(str(s.get("architecture", "?")) if short >= 2
+                     else f"{s.get('family', '?')}/{s.get('architecture', '?')}")
     kv = s.get("n_kv_heads")
     heads = f"{s.get('n_heads', '?')}H" + (f"/{kv}kv" if kv and kv != s.get("n_heads") else "")
-    shapes = (f"{s.get('n_layers', '?')}L×{heads} d{_count(s.get('d_model'))} "
-              f"dh{_count(s.get('d_head'))} V{_count(s.get('d_vocab'))} "
-              f"ctx{_count(s.get('n_ctx'))} {s.get('positional', '')}")
+    parts = [f"{s.get('n_layers', '?')}L×{heads}"]
+    if short < 3:
+        parts.append(f"d{_count(s.get('d_model'))}")
+    if short < 2:
+        parts.append(f"dh{_count(s.get('d_head'))}")
+    if short < 3:
+        parts.append(f"V{_count(s.get('d_vocab'))}")
+    if short < 2:
+        parts += [f"ctx{_count(s.get('n_ctx'))}", str(s.get("positional", ""))]
     if not s.get("d_mlp"):
-        shapes += " attn-only"
-    return name, arch, shapes
+        parts.append("attn-only")
+    return name, arch, " ".join(p for p in parts if p)
+
+
+SHORTEST = 3  # model_summary's shortest form
 
 
 class StatusBar(Widget):
@@ -86,11 +99,27 @@ class StatusBar(Widget):
             self.frame += 1
 
     def render(self) -> Text:
-        name, arch, shapes = model_summary(self.structure)
+        width = max(self.size.width, 10)
+        # The full line where it fits; else without "headscope ·", then with shorter shapes
+        # and architecture (model_summary; at 80 columns the architecture was cut away).
+        top = self._model_line(short=0)
+        for short in range(1, SHORTEST + 1):
+            if top.cell_len <= width:
+                break
+            top = self._model_line(short=short)
+        top.truncate(width, overflow="ellipsis")
+        if self.error:
+            bottom = Text(printable(self.error), style="bold red")
+            bottom.truncate(width, overflow="ellipsis")
+            return Text("\n").join([top, bottom])
+        return Text("\n").join([top, self._activity_line(width)])
+
+    def _model_line(self, *, short: int) -> Text:
+        name, arch, shapes = model_summary(self.structure, short=short)
         # Spans start with a visible character and carry the spaces at their end: some SVG
         # renderers strip a span's leading spaces, which ran the name into the shape.
         top = Text()
-        top.append(f"headscope · {name} ", style="bold")
+        top.append(f"{name} " if short else f"headscope · {name} ", style="bold")  # short ≥ 1
         if self.compare:
             top.append(f"vs {printable(self.compare)}", style="bold reverse")
             top.append(" ")
@@ -107,12 +136,11 @@ class StatusBar(Widget):
         if self.structure.get("approximations"):  # circuits not exactly the scores (docs/math.md)
             top.append("│ circuits≈ ", style="dim")
         top.append(f"│ {arch}", style="dim")
-        top.truncate(max(self.size.width, 10), overflow="ellipsis")
+        return top
+
+    def _activity_line(self, width: int) -> Text:
+        """The focused head, the timeline step, the spinner or bar, the cache."""
         bottom = Text()
-        if self.error:
-            bottom.append(printable(self.error), style="bold red")
-            bottom.truncate(max(self.size.width, 10), overflow="ellipsis")
-            return Text("\n").join([top, bottom])
         if self.focus_text:
             bottom.append(self.focus_text + " ", style="bold")
             bottom.append("│ ", style="dim")
@@ -139,5 +167,5 @@ class StatusBar(Widget):
             bottom.append(f", {in_flight} running", style="dim")
         if self.origin:
             bottom.append(f" │ {self.origin}", style="dim")
-        bottom.truncate(max(self.size.width, 10), overflow="ellipsis")
-        return Text("\n").join([top, bottom])
+        bottom.truncate(width, overflow="ellipsis")
+        return bottom

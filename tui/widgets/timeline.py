@@ -161,10 +161,12 @@ class TimelinePane(Vertical):
 
     DEFAULT_CSS = """
     TimelinePane { height: 1fr; }
-    TimelinePane #timeline-header { height: 1; }
+    /* up to two lines: at 80 columns the keys ("{ } step · enter…", now "{/}": a wrap
+       never splits it) and the heads of the model's phase change were cut */
+    TimelinePane #timeline-header { height: auto; max-height: 2; }
     TimelinePane #timeline-scroll { height: auto; max-height: 60%; }
     TimelinePane #timeline-grid { height: auto; }
-    TimelinePane #timeline-model { height: 1; margin-top: 1; }
+    TimelinePane #timeline-model { height: auto; max-height: 2; margin-top: 1; }
     TimelinePane #timeline-changes { height: 1fr; }
     """
 
@@ -221,7 +223,7 @@ class TimelinePane(Vertical):
         head.append("▮", style="reverse")
         head.append(" shown · ")
         head.append("▮", style=f"bold {self._mark()}")
-        head.append(" phase change · { } step · enter: go to a change")
+        head.append(" phase change · {/} step · enter: go to a change")
         header.update(head)
         width = self.query_one("#timeline-scroll").size.width or self.size.width or 100
         grid = grid_text(t, mode.index, width, self.host.head, self._mark())

@@ -15,6 +15,7 @@ the engine. Token strings are data: ``Text``, never markup.
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -24,12 +25,14 @@ from rich.text import Text
 from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
+from textual.color import Color
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Static
 
 from headscope.engine.core.attribution import QKAttribution
 from headscope.tui.base.datatext import printable
 from headscope.tui.base.messages import WhyHeadSelected, WhyKeyMoved
+from headscope.tui.plots.colormap import RGB
 from headscope.tui.plots.why import (
     Cell,
     bar_styles,
@@ -42,7 +45,7 @@ from headscope.tui.plots.why import (
     top_totals,
 )
 from headscope.tui.widgets.bars import bar_half, signed_bar
-from headscope.tui.widgets.chart import Chart
+from headscope.tui.widgets.chart import Chart, _theme_variables
 
 TERMS_TOP = 12  # rows of the ranked list (then one row: what the other terms add up to)
 TOTALS_TOP = 8  # rows of each side's totals (likewise); each side's top sources confirmed exactly
@@ -117,8 +120,10 @@ class WhyView(Vertical):
             yield Chart(id="why-grid", placeholder=IDLE)
             yield DataTable(id="why-terms", cursor_type="row", zebra_stripes=True)
         with Horizontal(id="why-totals"):
-            yield DataTable(id="why-query-totals", cursor_type="row")
-            yield DataTable(id="why-key-totals", cursor_type="row")
+            # the cursor row keeps its bar's colour (the cursor's text colour drew it grey);
+            # bar_styles makes it read there
+            yield DataTable(id="why-query-totals", cursor_type="row", cursor_foreground_priority="renderable")
+            yield DataTable(id="why-key-totals", cursor_type="row", cursor_foreground_priority="renderable")
 
     def on_mount(self) -> None:
         self.query_one("#why-terms", DataTable).tooltip = (
@@ -287,7 +292,7 @@ class WhyView(Vertical):
         sides = {side: top_totals(cell, side, TOTALS_TOP) for side in ("query", "key")}
         values = [abs(v) for rows, _, _ in sides.values() for _, v in rows if np.isfinite(v)]
         vmax = max(values, default=0.0)
-        styles = bar_styles(self.query_one("#why-grid", Chart).colours())
+        styles = bar_styles(self.query_one("#why-grid", Chart).colours(), self._table_backgrounds())
         for side, (rows, rest, rest_sum) in sides.items():
             table = self.query_one(f"#why-{side}-totals", DataTable)
             # the tables share the view's width (before layout: the widest bars)
@@ -302,6 +307,17 @@ class WhyView(Vertical):
                 table.add_row(Text(f"+{rest} more", style="dim"), _value(rest_sum, "dim"),
                               Text(""), Text(""))
             table.move_cursor(row=min(row, max(table.row_count - 1, 0)))
+
+    def _table_backgrounds(self) -> tuple[RGB, ...]:
+        """What the totals tables' rows are drawn on in the current theme: the surfaces and
+        the cursor row's, focused or not."""
+        variables = _theme_variables(self.app.current_theme)
+        out = []
+        for name in ("surface", "panel", "background", "block-cursor-background",
+                     "block-cursor-blurred-background"):
+            with contextlib.suppress(KeyError, ValueError):
+                out.append(Color.parse(variables[name]).rgb)
+        return tuple(out)
 
     def on_resize(self) -> None:
         # the bars' width follows the tables' (laid out after the first show)

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from headscope.engine.core.edge_graph import edge_graph
 from headscope.engine.core.errors import IndexOutOfRangeError, InvalidRequestError
 from headscope.engine.core.requests.base import Request, _hashed, _where
 from headscope.engine.core.requests.patching import PatchRequest
@@ -74,21 +75,13 @@ EDGE_STEPS = 5  # eap-ig's default interpolation steps
 
 
 def edge_count(structure: Structure) -> int:
-    """How many edges the model's graph has (``core.edge_graph``'s, counted without building
-    it: a 7B graph has over a million). ``structure`` may say ``attn_only`` and
-    ``parallel_attn_mlp`` (``sweeps.edges.edge_structure`` adds them); without, a model with no
-    ``d_mlp`` is attention-only and attention and MLP run in sequence."""
-    layers, heads = int(structure["n_layers"]), int(structure["n_heads"])
-    has_mlp = not structure.get("attn_only", structure.get("d_mlp") is None)
-    parallel = has_mlp and bool(structure.get("parallel_attn_mlp", False))
-    per_layer = heads + int(has_mlp)
-    total = 0
-    for layer in range(layers):
-        before = 1 + layer * per_layer  # input and every node of earlier layers
-        total += 3 * heads * before
-        if has_mlp:
-            total += before + (0 if parallel else heads)
-    return total + 1 + layers * per_layer  # into the logits: every node
+    """How many edges the model's graph has (``core.edge_graph``'s ``n_edges``, counted
+    without building it). ``structure`` may say ``attn_only`` and ``parallel_attn_mlp``
+    (``sweeps.edges.edge_structure`` adds them); without, a model with no ``d_mlp`` is
+    attention-only and attention and MLP run in sequence."""
+    attn_only = bool(structure.get("attn_only", structure.get("d_mlp") is None))
+    return edge_graph(int(structure["n_layers"]), int(structure["n_heads"]), attn_only=attn_only,
+                      parallel=bool(structure.get("parallel_attn_mlp", False))).n_edges
 
 
 def _edge_inputs(structure: Structure, where: str | None, *, clean: Sequence[Sequence[int]] | None,

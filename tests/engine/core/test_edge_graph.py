@@ -29,6 +29,24 @@ def test_the_graph_counts_as_eap_ig() -> None:
     assert attn.edges[-1] == "a1.h2->logits" and "a1.h0->a1.h1<q>" not in attn.index
 
 
+def test_edge_count_is_the_graphs_counted_without_building_it() -> None:
+    """One count: ``n_edges`` (from the shape, the edge list never built: a 7B graph has over
+    a million names) is the built list's length, and ``requests.edge_count`` of a structure
+    is its graph's ``n_edges``, for every kind of model."""
+    from headscope.engine.core.requests import edge_count
+
+    for layers, heads in ((1, 1), (2, 3), (4, 2)):
+        for attn_only, parallel in ((True, False), (False, False), (False, True)):
+            g = edge_graph(layers, heads, attn_only=attn_only, parallel=parallel)
+            n = g.n_edges
+            assert "_edges" not in g.__dict__  # counted, not built
+            assert n == len(g.edges)
+            structure = {"n_layers": layers, "n_heads": heads, "d_mlp": None if attn_only else 8,
+                         "parallel_attn_mlp": parallel}
+            assert edge_count(structure) == n
+            assert edge_count({**structure, "d_mlp": 8, "attn_only": attn_only}) == n
+
+
 def test_edge_counts_are_mibs() -> None:
     """The MIB circuit track's ``EDGE_COUNTS`` of its models (hannamw/MIB-circuit-track),
     from their shapes: GPT-2 small, Qwen2.5-0.5B, Gemma 2 2B, Llama 3.1 8B."""

@@ -142,9 +142,26 @@ def test_default_token_set_is_whole_words_most_frequent_first(llama_pair, tmp_pa
     assert (named.rows, named.cols) == ((5,), (6,))  # a named set is kept
 
 
+def test_the_default_token_set_is_picked_on_first_use_decoding_only_what_it_reads(llama_pair, tmp_path: Path) -> None:
+    """Opening a GGUF (``info``, the config) never decodes its token table; the default token
+    set is picked when first used, reading the few strings it looks at, not the 32k-256k of
+    the table (56 ms of ``info`` on a 7B file)."""
+    from headscope.engine.model.loading import inspect_checkpoint, structure_of
+
+    tokens = ["<unk>", "<s>", "</s>", "▁the", "▁a", "▁dog"] + [f"x{i}" for i in range(6, 96)]
+    path = write_gguf(llama_pair[1], tmp_path / "lazy.gguf", tokens=tokens, tokenizer_model="llama",
+                      scores=[0.0] * 96)
+    ckpt = inspect_checkpoint(path)
+    table = ckpt.gguf.header.metadata["tokenizer.ggml.tokens"]
+    words = structure_of(ckpt, raw=True)["default_tokens"]
+    assert not words.computed and table._strings is None
+    assert words == [3, 5, 4, *range(6, 27)]  # the two words, then the other normal tokens
+    assert table._strings is None  # looked up one by one, the table never decoded whole
+
+
 def test_default_token_set_of_a_byte_level_table_is_its_first_words(llama_pair, tmp_path: Path) -> None:
     """A byte-level BPE table (no scores, no types) is in merge order: its first words, by id;
-    a table without words keeps the first ids (structure None, the requests' range)."""
+    a table without words keeps the first ids (an empty set, the requests' range)."""
     from headscope.engine.core.requests import CircuitRequest
 
     tokens = ["<|begin|>", "a", "Ġ", "Ġth", "Ġthe", "ĠÃ©t", "Ġand"] + [f"Ġw{chr(97 + i % 26)}{chr(97 + i // 26)}" for i in range(7, 96)]
@@ -152,7 +169,7 @@ def test_default_token_set_of_a_byte_level_table_is_its_first_words(llama_pair, 
     assert m.structure()["default_tokens"] == [4, 6, *range(7, 29)]
     bare = open_model(write_gguf(llama_pair[1], tmp_path / "bare.gguf", tokens=[f"t{i}" for i in range(96)]),
                       raw=True)
-    assert bare.structure()["default_tokens"] is None
+    assert not bare.structure()["default_tokens"]  # no words: empty, the requests' range
     assert CircuitRequest.of(bare.structure(), 0, 0, "qk").rows == tuple(range(24))
 
 

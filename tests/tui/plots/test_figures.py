@@ -219,3 +219,22 @@ def test_the_cursor_cell_is_drawn_on_the_heatmap(mode: str, n: int, size: tuple[
         assert style.reverse
     unmarked = Heatmap(pattern, labels, labels, sequential=True, vmax=1.0).draw(*size, colours)
     assert "◆" not in unmarked.plain
+
+
+def test_heatmap_x_label_takes_the_first_short_form_that_fits() -> None:
+    """A chart too narrow for the x label draws its first shorter form that fits (at 80×24
+    the OV label beside the directions panel was cut to "(rows: so…", losing what the rows
+    are); wide enough, the full label; none fits: the last, cut."""
+    values = np.eye(4)
+    labels = ("a", "b", "c", "d")
+    full, shorter, shortest = "output token →  (rows: source token)", "out →  (rows: source)", "src"
+
+    def xlabel_line(width: int, short: tuple[str, ...]) -> str:
+        text = build(Heatmap(values, labels, labels, xlabel=full, xlabel_short=short), width, 20, COLOURS)
+        return text.plain.splitlines()[text.plain.splitlines().index(next(
+            line for line in text.plain.splitlines() if line.startswith(("out", "src", "s…"))))]
+
+    assert xlabel_line(60, (shorter, shortest)) == full
+    assert xlabel_line(26, (shorter, shortest)) == shorter
+    assert xlabel_line(20, (shorter, shortest)) == shortest
+    assert xlabel_line(26, ()) == full[:25] + "…"  # no short form: cut as before

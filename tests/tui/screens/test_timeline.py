@@ -242,6 +242,41 @@ async def test_identical_steps_are_a_notification_and_the_steps_are_scored_in_a_
         await pilot.press("q")
 
 
+async def test_the_timeline_tab_counts_the_steps_scored_as_the_status_bar_does(tmp_path: Path) -> None:
+    """While the timeline is scored, the Timeline tab's "scoring the steps… k/n" follows the
+    progress (it kept the count it was first drawn with: 4/18 beside the status bar's 9/18)."""
+    import threading
+
+    sources = [StepSource(s, tmp_path / f"step-{s}") for s in (0, 1, 2)]
+    go = threading.Event()
+    started = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def compute(_s: Any, _n: Any, _r: Any, progress: Any, cancelled: Any) -> Timeline:
+        import time
+
+        loop.call_soon_threadsafe(started.set)
+        go.wait(30)
+        progress(2, 3)
+        while not cancelled():
+            time.sleep(0.01)
+        raise AssertionError("unreachable: cancelled when the app quits")
+
+    mode = TimelineMode(sources, compute=compute)
+    app = HeadscopeApp(timeline=mode, engine_factory=lambda p, r: FakeEngine(p),
+                       settings=Settings(), debounce=0.01, sweep=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await asyncio.wait_for(started.wait(), 30)
+        await pilot.press("8")
+        header = app.explorer.query_one("#timeline-header", Static)
+        await wait_until(pilot, lambda: "0/3" in plain(header), "the tab drawn before any step")
+        go.set()
+        await wait_until(pilot, lambda: "scoring steps 2/3" in status(app), "the status bar's 2/3")
+        await pilot.pause()
+        assert "scoring the steps… 2/3" in plain(header)
+        await pilot.press("q")
+
+
 async def test_quitting_while_the_timeline_is_scored_cancels_it_between_steps(
         tmp_path: Path) -> None:
     sources = [StepSource(s, tmp_path / f"step-{s}") for s in (0, 1, 2)]

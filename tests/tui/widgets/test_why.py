@@ -323,3 +323,46 @@ async def test_the_exact_column_fills_when_the_removals_arrive(row: QKAttributio
         first = max(key_totals, key=lambda c: abs(key_totals[c]))
         assert totals_rows(screen_lines(app), "key")[0].split()[2] == \
             num(confirmed.exact(KEY + 1)["key"][first]["recomputed"])
+
+
+async def test_the_selected_totals_row_keeps_its_bar_colour_readable_on_every_theme(
+        row: QKAttribution) -> None:
+    """The totals table's cursor row drew its bar in the cursor's text colour (grey, issue 39
+    §3): it keeps the colour map's hue, readable (AA, 4.5:1) on the cursor's background, on
+    every theme, in truecolor and in the 256-colour downgrade."""
+    from textual.color import Color
+
+    from headscope.themes import COLORMAPS, THEMES
+    from headscope.tui.base.contrast import contrast, in_256
+    from headscope.tui.widgets.chart import _theme_variables
+    from tests.tui.base.test_contrast import screen_segments
+
+    app = WhyApp(mode="truecolor")
+    async with app.run_test(size=(100, 30)) as pilot:
+        for theme in THEMES:
+            app.register_theme(theme)
+        for theme in THEMES:
+            app.theme = theme.name
+            app.colormap_name = theme.variables["heatmap"]
+            view = app.query_one(WhyView)
+            view.show(row, key=KEY)  # the totals at once (the grid's figure is a worker's)
+            app.query_one("#why-query-totals", DataTable).focus()
+            await pilot.pause()
+            variables = _theme_variables(app.current_theme)
+            cursor_bg = Color.parse(variables["block-cursor-background"]).rgb
+            on_cursor = [seg for seg in screen_segments(app) if seg.style and seg.style.bgcolor
+                         and seg.style.bgcolor.get_truecolor() == cursor_bg]
+            bars = [seg.style for seg in on_cursor if "█" in seg.text]
+            # the cursor's text colour: the row's name and numbers
+            grey = next(tuple(seg.style.color.get_truecolor()) for seg in on_cursor
+                        if any(ch.isdigit() for ch in seg.text))
+            assert bars, theme.name
+            neg, _, pos = COLORMAPS[theme.variables["heatmap"]]
+            for style in bars:
+                fg = tuple(style.color.get_truecolor())
+                assert fg != grey, theme.name
+                # the map's hue: nearer one of its ends than the cursor's text colour is
+                assert min(sum((a - b) ** 2 for a, b in zip(fg, end, strict=True)) for end in (neg, pos)) \
+                    < sum((a - b) ** 2 for a, b in zip(fg, grey, strict=True)), (theme.name, fg)
+                for shown, bg in ((fg, cursor_bg), (in_256(fg), in_256(cursor_bg))):
+                    assert contrast(shown, bg) >= 4.5, (theme.name, fg, shown)

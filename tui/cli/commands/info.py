@@ -21,6 +21,8 @@ def run(args: argparse.Namespace) -> int:
     from headscope.engine.api.model import read_structure
 
     info = read_structure(args.path)
+    # picked here, on its first use (formats.vocabulary.LazyIds): a list, or None for none
+    info["default_tokens"] = list(info["default_tokens"] or ()) or None
     # The table leaves out an unset default token set (the first ids: nothing to say).
     rows = [[k, v] for k, v in info.items() if not (k == "default_tokens" and v is None)]
     emit(info, args.json, lambda: (["field", "value"], rows))
