@@ -26,6 +26,7 @@ the export document (session/export.py).
 from __future__ import annotations
 
 import contextlib
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, cast
 
@@ -87,6 +88,9 @@ ZOOM_CHARTS: dict[str, str] = {"qk": "#qk-token", "ov": "#ov-heatmap", "spectrum
                                "prompt": "#prompt-pattern"}
 
 __all__ = ["SHORT_TAB_TITLES", "TABS", "TAB_TITLES", "VIEWS", "ExplorerHost", "ExplorerScreen"]
+
+
+_SHOW_TAB = re.compile(r"screen\.show_tab\('(\w+)'\)")  # the tab keys' action (tui/base/keymap.py)
 
 
 class ExplorerScreen(ExplorerScores):
@@ -315,6 +319,16 @@ class ExplorerScreen(ExplorerScores):
         # Keys reach the screen before the app's bindings: on the Patch tab, typing meant for
         # its form goes there (PatchPane.take_typing) instead of switching weights or themes.
         # Typed before the tab, built on its first show, has its form: kept for it, in order.
+        tab = self._tab_key(event)
+        if tab is not None:
+            # A tab key runs here, in this screen's order of keys, not as the app's binding:
+            # in a burst (`9cat` pasted or typed fast) the keys after it reached this handler
+            # before the app had run its binding, so `a` ran the ablation sweep instead of
+            # typing into the Patch form.
+            event.stop()
+            event.prevent_default()
+            self.action_show_tab(tab)
+            return
         if self.active_tab != "patch":
             return
         if not self.patch_pane.is_mounted or self.typing_pending:
@@ -325,6 +339,14 @@ class ExplorerScreen(ExplorerScores):
         elif self.patch_pane.take_typing(event):
             event.stop()
             event.prevent_default()
+
+    def _tab_key(self, event: events.Key) -> str | None:
+        """The tab an enabled ``screen.show_tab('…')`` binding of this key shows, if any."""
+        bound = self.active_bindings.get(event.key)
+        if bound is None or not bound.enabled:
+            return None
+        shown = _SHOW_TAB.fullmatch(bound.binding.action)
+        return shown.group(1) if shown else None
 
     @on(PatchRequested)
     def _patch_requested(self) -> None:

@@ -406,3 +406,19 @@ async def test_typing_on_the_tab_goes_to_the_form_not_to_the_bindings() -> None:
         await pilot.press("1")
         await pilot.pause()
         assert app.explorer.active_tab == "qk"
+
+
+async def test_a_burst_that_opens_the_tab_types_into_its_form() -> None:
+    """`9cat` delivered at once (a fast typist, a paste, tmux send-keys): the keys after `9`
+    reached the screen before the app had run 9's binding, so `a` ran the ablation sweep and
+    `c`/`t` their bindings. The tab keys switch tabs in the screen's own order of keys."""
+    app, _ = make_app(sweep=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, app)
+        theme = app.theme
+        for ch in "9cat":
+            app.post_message(events.Key(ch, ch))
+        await settle(pilot, app)
+        # `a` would have opened the Summary tab for the ablation sweep, `t` the next theme
+        assert app.explorer.active_tab == "patch" and app.theme == theme
+        assert app.query_one("#patch-clean", Input).value == "cat"
