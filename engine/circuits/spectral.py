@@ -131,7 +131,7 @@ def layer_spectral_scores(w: Any, layer: int, middles: dict[str, np.ndarray]) ->
             lhs, rhs = tame(mats["W_K"], peaks["W_K"]).swapaxes(-2, -1), tame(mats["W_Q"], peaks["W_Q"])
         n, k, d = lhs.shape
         with np.errstate(all="ignore"):
-            wide = (np.ascontiguousarray(lhs).reshape(n * k, d) @ middle).reshape(n, k, d)
+            wide = (lhs.reshape(n * k, d) @ middle).reshape(n, k, d)  # W_O: a transposed view, as stored
             with one_lapack_thread():  # H small products: threads only contend here
                 smalls[kind] = wide @ rhs
     # the kinds' eigenvalues side by side, each on one LAPACK thread (they ran one after the

@@ -40,9 +40,9 @@ def finite_matrices(x: np.ndarray) -> np.ndarray:
 
 def max_abs(x: np.ndarray) -> np.ndarray:
     """``[...]``: the largest ``|entry|`` of each matrix of ``x [..., m, n]`` (NaN/inf if any)."""
-    flat = x.reshape(*x.shape[:-2], -1)
+    # reduced over both axes in place: a reshape would copy a strided (per-head) view
     with np.errstate(invalid="ignore"):
-        return np.maximum(flat.max(-1), -flat.min(-1))
+        return np.maximum(x.max((-2, -1)), -x.min((-2, -1)))
 
 
 # Heads whose largest weight exceeds this are rescaled before the scale-free scores (below).

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from headscope.engine.core.config import ModelConfig
 from headscope.engine.core.errors import CorruptFileError, MissingTensorError
 from headscope.engine.formats.gguf import GGUFHeader, GGUFTensorInfo
+from headscope.engine.formats.widening import StagingBuffers
 from headscope.engine.model.adapters.base import spec_parts
 from headscope.engine.model.gguf_config import GGUFArch
 from headscope.engine.model.readplan import (
@@ -115,6 +116,10 @@ class GGUFSource(PlannedReads):
         self._cached_bytes = 0
         self._handle: Any = None
         self._lock = threading.Lock()
+        # the stored bytes of each read, before dequantising: reused from read to read (a fresh
+        # buffer above glibc's mmap threshold is faulted in and zeroed on every read, ~10 ms per
+        # 48 MB Q8_0 MLP matrix; see ``StagingBuffers``)
+        self.staging = StagingBuffers()
         # Called with (file, tensor, offset, bytes) for every read from disk (tests).
         self.on_read: Callable[[str, str, int, int], None] | None = None
 
@@ -226,10 +231,6 @@ class GGUFSource(PlannedReads):
     ) -> np.ndarray:
         """Rows ``lo:hi`` of tensor ``g`` as a new float32 array: stored order, or with the
         conversion's Q/K permutation undone over ``heads`` whole heads."""
-        import numpy as np
-
-        from headscope.engine.formats import dequant
-
         vector = len(info.shape) == 1
         n = 1 if vector else info.shape[0]
         if vector:
@@ -239,7 +240,19 @@ class GGUFSource(PlannedReads):
         if problem:
             raise CorruptFileError(self.header.path, problem)
         row_bytes = info.nbytes // n
-        raw = self._pread(info.offset + lo * row_bytes, (hi - lo) * row_bytes, g)
+        staged = self._pread(info.offset + lo * row_bytes, (hi - lo) * row_bytes, g)
+        try:
+            return self._values(staged, info, g, lo, hi, heads, row_bytes, vector, kind)
+        finally:
+            self.staging.give(staged)  # every path below leaves new memory, none a view of it
+
+    def _values(self, raw: np.ndarray, info: GGUFTensorInfo, g: str, lo: int, hi: int, heads: int | None,
+                row_bytes: int, vector: bool, kind: str) -> np.ndarray:
+        """``_dequantised`` of the stored bytes ``raw`` of rows ``lo:hi``."""
+        import numpy as np
+
+        from headscope.engine.formats import dequant
+
         with self._lock:
             self.dequantised += 1
         shape = info.shape if vector else (hi - lo, *info.shape[1:])
@@ -273,7 +286,6 @@ class GGUFSource(PlannedReads):
         return np.array(values, dtype=np.float32).reshape(shape)
 
     def _pread(self, offset: int, n: int, g: str) -> np.ndarray:
-        import numpy as np
 
         path = self.header.path
         handle = self._open()
@@ -285,7 +297,7 @@ class GGUFSource(PlannedReads):
                     f"the file changed on disk since it was opened (now {size:,} bytes, "
                     f"was {self.header.file_size:,}); reopen the model",
                 )
-            buf = np.empty(n, np.uint8)  # not bytearray(n): that zero-fills it first
+            buf = self.staging.take(n)  # the caller gives it back (``_dequantised``)
             view, done = memoryview(buf), 0
             while done < n:
                 got = os.preadv(handle.fileno(), [view[done:]], offset + done)

@@ -529,13 +529,27 @@ class CheckpointWeights(PlannedReads):
             return self._build_whole(spec)
         stored = self.cfg.kv_heads if spec.kv else self.cfg.n_heads
         # Widen the stored tensor in one sequential pass, then cut every head out of it as one
-        # strided view and copy that once: stacking per-head transposed slices of a bf16
-        # tensor was the slowest step of a 7B sweep.
+        # strided view: stacking per-head transposed slices of a bf16 tensor was the slowest
+        # step of a 7B sweep.
         # a fused stored tensor (GPT-2's c_attn) is read once and kept: its heads are cut out
         # of the kept array, copied once here (not a copy of all of it per Q, K and V first)
-        heads = self._cut(spec, head_view(self._read(spec.tensor, borrow=True), spec, stored), batched=True)
+        t = self._read(spec.tensor, borrow=True)
+        whole = (spec.offset == 0 and spec.stride == spec.size and spec.size * stored == t.shape[spec.axis]
+                 and not (spec.kv and stored != self.cfg.n_heads))
+        if whole and not t.flags.writeable:  # a kept stored tensor (``W_O``'s, cut along columns)
+            t = np.array(t)  # one copy in stored order: the same layout as a fresh read (below)
+        heads = self._cut(spec, head_view(t, spec, stored), batched=True)
         if spec.kv and stored != self.cfg.n_heads:
             return np.repeat(heads, self.cfg.n_heads // stored, axis=0)
+        if whole and heads.size == t.size:
+            # Every value of the stored tensor is in exactly one head (a Hugging Face ``[out,
+            # in]`` Linear weight): the canonical ``[H, d_model, d_head]`` is that memory seen
+            # with other strides, no copy. Each head is a transposed matrix BLAS reads as it
+            # is, and torch's projection einsum reads all heads as one transposed ``[d_model,
+            # H·d_head]``, which a contiguous layout made it copy (at 7B the re-layout copy was
+            # ~5 % of `heads`, the einsum's own copy more). Whatever the source, the layout is
+            # the same, so the same weights give the same products.
+            return heads
         out = np.ascontiguousarray(heads)
         return out if out.flags.writeable else out.copy()  # the caller's own, even of a kept array
 

@@ -143,3 +143,16 @@ def test_whole_reads_are_not_cached_column_cuts_are(tmp_path: Path) -> None:
         assert cut.flags.c_contiguous and cut.base is None and same_bits(cut, whole[:, 64 * h : 64 * (h + 1)])
     again = src.read(o)
     assert same_bits(again, whole) and again.base is None and src.dequantised == before + 3
+
+
+def test_reads_reuse_a_staging_buffer_and_hand_out_none_of_it(tmp_path: Path) -> None:
+    """The stored bytes of each read go through a reused buffer (no fresh allocation per
+    read), and every array a read returns is still right after all the others were read:
+    none of them shares the buffer."""
+    model = _llama()
+    want = _write(model, tmp_path / "m.gguf", "Q8_0")
+    src = open_model(tmp_path / "m.gguf", raw=True).checkpoint.gguf
+    got = {hf: src.read(hf) for hf in want}
+    assert src.staging.reused > 0
+    for hf, values in want.items():
+        assert same_bits(got[hf], values), hf
