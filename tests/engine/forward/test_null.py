@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -162,3 +163,138 @@ def test_an_encoder_gets_a_null(bert_base_dir) -> None:
     assert null.names == SCORE_NAMES
     # (no punctuation in the fixture's vocabulary: no delimiter-sink null, NaN rather than 0)
     assert np.isfinite(np.delete(null.mean, SCORE_NAMES.index("delimiter_sink_score"), 0)).all()
+
+
+# -- the cheaper null against its float64 formulas (issue 40) -------------------------------------
+
+U32 = 2.0**-24  # float32's unit roundoff
+U64 = 2.0**-53
+
+
+def _old_gram_root(rows: torch.Tensor) -> torch.Tensor:
+    rows = rows.double()
+    values, vectors = torch.linalg.eigh(rows @ rows.T)
+    return (vectors * values.clamp(min=0).sqrt()) @ vectors.T
+
+
+def _old_mean_finite_norm(weights: torch.Tensor) -> float:
+    norms = torch.linalg.vector_norm(weights, dim=(-2, -1), dtype=torch.float64)
+    finite = norms[torch.isfinite(norms)]
+    return float(finite.mean()) if finite.numel() else float("nan")
+
+
+def test_the_gram_root_is_torchs_up_to_the_rounding_of_the_gram_matrix() -> None:
+    """numpy's one-thread ``eigh`` against torch's: any backward-stable ``eigh`` gives the
+    root of ``G + ΔG`` with ``‖ΔG‖ ≲ N·ε·‖G‖``, and ``‖A^½ − B^½‖ ≤ ‖A − B‖^½`` for positive
+    semi-definite A, B, so two of them agree to ``√(N·ε·‖G‖)`` where rows are dependent (a
+    repeated token: the root is only Hölder-continuous there) and much closer elsewhere."""
+    g = torch.Generator().manual_seed(4)
+    tokens = torch.randn(12, 40, generator=g, dtype=torch.float64)
+    for rows in (torch.randn(30, 40, generator=g, dtype=torch.float64),  # full rank
+                 tokens[torch.randint(0, 12, (30,), generator=g)]):  # rank 12: repeated rows
+        gram = rows @ rows.T
+        bound = math.sqrt(2 * rows.shape[0] * U64 * float(torch.linalg.matrix_norm(gram, 2)))
+        new, old = null.gram_root(rows.float()), _old_gram_root(rows.float())
+        assert float((new - old).abs().max()) <= bound
+        exact = rows.float().double()
+        assert float((new @ new - exact @ exact.T).abs().max()) <= 4 * bound**2  # a root of G
+
+
+def test_mean_norms_summed_in_float32_rows_are_the_float64_norms() -> None:
+    """Per head, float32 sums of ``d_head`` squares (relative error below ``(d_head + 2)·u``:
+    recursive summation of positive terms, the squares' and the root's rounding) and a
+    float64 sum of those: the float64 norm to that bound, also for heads whose float32
+    squares would overflow or underflow (summed in float64), zero heads and a NaN head."""
+    g = torch.Generator().manual_seed(6)
+    weights = torch.randn(6, 40, 16, generator=g)
+    weights[1] *= 1e25  # squares beyond float32
+    weights[2] *= 1e-30  # squares below float32's normal range
+    weights[3] = 0
+    weights[4, 3, 2] = float("nan")  # left out of the mean
+    bound = (16 + 2) * U32
+    got, want = null._mean_finite_norm(weights), _old_mean_finite_norm(weights)
+    assert got == pytest.approx(want, rel=bound)
+    for head in (0, 1, 2, 5):  # one head at a time: no large one hides a small one's error
+        one = weights[head : head + 1]
+        assert null._mean_finite_norm(one) == pytest.approx(_old_mean_finite_norm(one), rel=bound, abs=0)
+    assert math.isnan(null._mean_finite_norm(weights[4:5]))
+
+
+def test_the_behaviour_null_is_its_float64_formula(model: Any, monkeypatch) -> None:
+    """The whole behavioural null on attn-only-2l, its norms and Gram roots as they are and
+    as the float64 formulas they replace. The norms move by at most ``(d_head + 2)·u``
+    relative (the test above), the roots by far less than float32's rounding; both scale the
+    random heads' queries and keys, so their logits ``ℓ`` move by at most ``2(d_head + 3)·u·|ℓ|``
+    and each probability by at most twice the largest logit move: every score (a mean of
+    probability mass, at most 1) by ``4(d_head + 3)·u·max|ℓ|``, with ``max|ℓ| < 10`` here
+    (9.2, layer 1 on all the batches)."""
+    from headscope.engine.sweeps.scores import delimiter_masks, sink_batches
+
+    repeated, natural = sink_batches(model, 0)
+    masks = delimiter_masks(model, natural)
+    # the span path too: 20 rows of the repeated batch, fewer than d_model
+    short = repeated[:1, :20]
+    new = null.behaviour_null(model.weights, short, natural[:1], 0, 8, masks[:1])
+    new_all = null.behaviour_null(model.weights, repeated, natural, 0, 8, masks)
+    monkeypatch.setattr(null, "gram_root", _old_gram_root)
+    monkeypatch.setattr(null, "_mean_finite_norm", _old_mean_finite_norm)
+    old = null.behaviour_null(model.weights, short, natural[:1], 0, 8, masks[:1])
+    old_all = null.behaviour_null(model.weights, repeated, natural, 0, 8, masks)
+    tolerance = 4 * (model.cfg.d_head + 3) * U32 * 10
+    for got, want in ((new, old), (new_all, old_all)):
+        assert got.keys() == want.keys()
+        for name in got:
+            torch.testing.assert_close(got[name], want[name], rtol=0, atol=tolerance, equal_nan=True, msg=name)
+
+
+def _old_torch_normals(bits: Any, size: int) -> np.ndarray:
+    def uniforms(n: int) -> np.ndarray:
+        raw = bits.random_raw(n)
+        return (raw & ((1 << 24) - 1)).astype(np.float32) * np.float32(2.0**-24)
+
+    def box_muller(d: np.ndarray) -> np.ndarray:
+        u1, u2 = np.float32(1) - d[..., :8], d[..., 8:]
+        radius = np.sqrt(np.float32(-2) * np.log(u1))
+        theta = np.float32(2.0 * np.pi) * u2
+        return np.concatenate([radius * np.cos(theta), radius * np.sin(theta)], -1)
+
+    data = uniforms(size)
+    out = data.copy()
+    whole = size // 16 * 16
+    out[:whole] = box_muller(data[:whole].reshape(-1, 16)).reshape(-1)
+    if size % 16:
+        out[size - 16:] = box_muller(uniforms(16))
+    return out
+
+
+def test_the_normals_are_the_same_numbers_as_before() -> None:
+    """Box-Muller on contiguous halves: the same float32 operations on the same values."""
+    for size in (16, 37, 16 * 7, 1000, 4099):
+        got = directions.torch_normals(np.random.RandomState(9)._bit_generator, size)
+        want = _old_torch_normals(np.random.RandomState(9)._bit_generator, size)
+        np.testing.assert_array_equal(got, want)
+
+
+def test_null_spectral_scores_are_the_float64_formula_up_to_float32_products() -> None:
+    """The chunked float32 ``yᵀ M x`` against the same draws in float64. Each entry's error
+    is at most ``2·d_model·u·(|y|ᵀ|M||x|)`` (two chained float32 products, recursive
+    summation); the eigenvalues of ``A + ΔA`` lie within ``κ(V)·‖ΔA‖₂`` of ``A``'s
+    (Bauer-Fike, ``V`` the eigenvectors), so ``Σ Re λ / Σ |λ|`` moves by at most
+    ``2·d_head·κ(V)·‖ΔA‖₂ / Σ |λ|``, computed here per head."""
+    d, e, samples = 24, 4, 9  # a chunk of 32 is more than all: one partial chunk, and two
+    middle = torch.randn(d, d, generator=torch.Generator().manual_seed(3)).numpy()
+    bits = np.random.RandomState(0)._bit_generator
+    x = directions.torch_normals(bits, samples * d * e).reshape(samples, d, e).astype(np.float64)
+    y = directions.torch_normals(bits, samples * d * e).reshape(samples, d, e).astype(np.float64)
+    small = y.swapaxes(-2, -1) @ middle.astype(np.float64) @ x
+    eig, vectors = np.linalg.eig(small)
+    want = eig.real.sum(-1) / np.abs(eig).sum(-1)
+    worst = np.abs(y).swapaxes(-2, -1) @ np.abs(middle.astype(np.float64)) @ np.abs(x)
+    error = 2 * d * U32 * np.linalg.norm(worst, axis=(-2, -1))  # ≥ ‖ΔA‖₂
+    bound = 2 * e * np.linalg.cond(vectors) * error / np.abs(eig).sum(-1)
+    got = directions.null_spectral_scores(middle, e, seed=0, samples=samples)
+    assert (np.abs(got - want) <= bound + 2 * U32).all()
+    # chunks of 4 (two whole, one partial) are the same products as one chunk
+    chunked = directions._middle_products(x.astype(np.float32), y.astype(np.float32), middle, chunk=4)
+    whole = directions._middle_products(x.astype(np.float32), y.astype(np.float32), middle)
+    np.testing.assert_allclose(chunked, whole, rtol=0, atol=2 * float(error.max()))
