@@ -49,7 +49,7 @@ from typing import Any  # noqa: E402
 from . import ROOT, disk_read_gb, publish, rss_mb, run_json, since  # noqa: E402
 from .checkpoints import SHAPES, Shape, write_checkpoint  # noqa: E402
 
-SCENARIOS = ("heads", "attribution", "calibrate")  # calibrate last: it takes heads' token count
+SCENARIOS = ("heads", "attribution")  # each measures the box's rates first (``run_calibrate``)
 HEADS_TOKENS = 326  # heads' pass on this shape (four 64-token sequences and the natural sentences)
 SLICE, TINY = "llama-70b-slice", "tiny-llama"
 A_READ, B_GEMM = 2.35, 3.45  # s/GB of stored bf16 through the reader, s/TFLOP (bench/README.md)
@@ -299,14 +299,22 @@ def run_calibrate(path: Path, tokens: int) -> dict[str, Any]:
         out["eigvals"] = _best(lambda: np.linalg.eigvals(small))
     gens = null.head_generators(0)
     out["null"] = _best(lambda: null.random_projections(x, e, (1.0, 1.0), null.NULL_SAMPLES, *gens))
+    w.release()  # the layer read above (the raw files close with the model)
     return {"seconds": since(T0), "rates": out}
 
 
 def one(scenario: str, path: Path, n_tokens: int) -> dict[str, Any]:
+    """A scenario's result; ``heads`` and ``attribution`` first measure the box's rates in their
+    own process (``run_calibrate``, not counted in ``seconds``): on a shared box the load moves
+    between processes minutes apart, so each scenario is predicted at its own rates."""
     if scenario == "calibrate":
-        out = run_calibrate(path, n_tokens)
-    else:
-        out = run_heads(path) if scenario == "heads" else run_attribution(path, n_tokens)
+        return {**run_calibrate(path, n_tokens), "rss_mb": rss_mb()}
+    t = time.perf_counter()
+    rates = run_calibrate(path, HEADS_TOKENS if scenario == "heads" else 2 * n_tokens)["rates"]
+    calibrating = since(t)
+    out = run_heads(path) if scenario == "heads" else run_attribution(path, n_tokens)
+    out["seconds"] -= calibrating
+    out["rates"], out["calibrate_s"] = rates, calibrating
     out["rss_mb"] = rss_mb()
     out["disk_read_gb"] = disk_read_gb()
     return out
@@ -390,6 +398,12 @@ def _med_layers(runs: list[dict[str, Any]], key: str) -> list[float]:
     return [statistics.median(p[i] for p in per if p[i] is not None) for i in range(n)]
 
 
+def _rates(runs: list[dict[str, Any]]) -> dict[str, float] | None:
+    """The median of each rate the runs measured (None if none did)."""
+    found = [r["rates"] for r in runs if r.get("rates")]
+    return {k: statistics.median(f[k] for f in found) for k in found[0]} if found else None
+
+
 def _f(x: Any, fmt: str = ".3g") -> str:
     return "–" if x is None else format(x, fmt)
 
@@ -400,9 +414,9 @@ def report(shape: Shape, res: dict[str, list[dict[str, Any]]], repeat: int) -> s
     ok_a = [r for r in attr if "error" not in r]
     tokens = _med(ok_h, "tokens") or 0
     a_tokens = _med(ok_a, "tokens") or 0
-    cal = [r["rates"] for r in res.get("calibrate", []) if "rates" in r]
-    rates = {k: statistics.median(c[k] for c in cal) for k in cal[0]} if cal else dict(FITTED)
-    model = predicted(shape, rates, int(tokens), int(a_tokens))
+    rates_h, rates_a = _rates(ok_h), _rates(ok_a)
+    model = predicted(shape, rates_h or FITTED, int(tokens), int(a_tokens))
+    model_a = predicted(shape, rates_a or FITTED, int(tokens), int(a_tokens))
     lines = [f"### {shape.name}: {shape.n_layers} layers, d_model {shape.d_model}, {shape.n_heads} heads "
              f"({shape.n_kv_heads or shape.n_heads} KV), d_mlp {shape.d_mlp} (median of {repeat})", ""]
     errors = [f"{name}: {r['error']}" for name, runs in res.items() for r in runs if "error" in r]
@@ -418,15 +432,17 @@ def report(shape: Shape, res: dict[str, list[dict[str, Any]]], repeat: int) -> s
     rows += [(f"`heads` forward ({int(tokens)} tokens), layer {i}", t, model["forward"]) for i, t in enumerate(forward)]
     two = _med(ok_a, "two_runs")
     rows.append((f"attribution: the two runs ({int(a_tokens)} tokens), per layer",
-                 None if two is None else two / shape.n_layers, model["two_runs_per_layer"]))
-    rows += [(f"attribution backward, layer {i}", t, model["backward"]) for i, t in enumerate(backward)]
+                 None if two is None else two / shape.n_layers, model_a["two_runs_per_layer"]))
+    rows += [(f"attribution backward, layer {i}", t, model_a["backward"]) for i, t in enumerate(backward)]
     lines += ["", "| per layer (s) | measured | cost model | measured / model |", "|---|---|---|---|"]
     lines += [f"| {label} | {_f(t)} | {_f(p)} | {_f(None if t is None else t / p, '.2f')} |" for label, t, p in rows]
     overlap = _med(ok_h, "overlap")
     if overlap:
         lines.append(f"\n(the timed pieces of `heads` overlapped for {overlap:.1f} s: per-layer times include another's)")
-    source = "measured in this run (`calibrate`)" if cal else "not measured: the 1B/7B/13B fit"
-    lines += ["", f"Rates, {source}: " + ", ".join(f"{k} {v:.3g} {RATE_UNITS[k]}" for k, v in rates.items())]
+    for name, rates in (("`heads`", rates_h), ("attribution", rates_a)):
+        shown = ", ".join(f"{k} {v:.3g} {RATE_UNITS[k]}" for k, v in (rates or FITTED).items())
+        lines.append(f"\nRates of {name}'s process " + ("(measured in it before the run): " if rates
+                     else "(not measured: the 1B/7B/13B fit): ") + shown)
     phases = [r["phase_rss_mb"] for r in ok_h if r.get("phase_rss_mb")]
     if phases:
         top = sorted(phases[0].items(), key=lambda kv: -kv[1])[:6]
