@@ -17,12 +17,16 @@ in its own process (``python -m bench.wide --one SCENARIO PATH``), so peak RSS i
   ``--tokens`` ids (``bench.patching.prompts``), timed inside: the two runs (clean and
   corrupt, one batch) and each layer of the backward pass (between ``report`` calls).
 
-Then the cost model's prediction per layer next to the measured time (``T = a·B_read +
-b·F_gemm``, a = 2.35 s/GB, b = 3.45 s/TFLOP: the fit on the 1B, 7B and 13B floors), and the
-full 70B (80 layers) extrapolated from the measured per-layer times.
+Each scenario's process first measures the box's rates at this shape (``run_calibrate``: the
+reader's s/GB, numpy's and torch's s/TFLOP at the products' shapes, the eigenvalues, the null's
+projections), and the cost model (``predicted``) prices what each piece computes at those
+rates, next to the measured time per layer; ``heads`` also records the largest current RSS
+during each piece (``PhaseRSS``: which one sets the peak). Then the full 70B (80 layers)
+extrapolated from the measured per-layer times and from the model.
 
 ``--lock FILE`` runs each scenario's process under ``flock FILE`` (one scenario per hold: the
-box's big-checkpoint lock). ``--tiny``: the ``tiny-llama`` shape with a block budget of a few
+box's big-checkpoint lock). ``--path DIR``: a checkpoint of the slice's widths cut to fewer
+layers (its layer count from its ``config.json``), for iterating. ``--tiny``: the ``tiny-llama`` shape with a block budget of a few
 columns, so the blocked MLP runs (the smoke test).
 """
 
@@ -120,7 +124,7 @@ class PhaseRSS:
 def run_heads(path: Path) -> dict[str, Any]:
     """``heads --json --no-cache`` with its per-layer pieces timed (wrapping the module
     functions the sweep and the pass call through)."""
-    from headscope.engine.circuits import spectral
+    from headscope.engine.circuits import directions, spectral
     from headscope.engine.forward import transformer
 
     spectral_s: dict[int, float] = {}
@@ -129,6 +133,7 @@ def run_heads(path: Path) -> dict[str, Any]:
     rss = PhaseRSS()  # the largest current RSS during each piece (which one set the peak)
     middles, layer_scores, together = (spectral.spectral_middles, spectral.layer_spectral_scores,
                                        transformer.blocks_together)
+    null_spectral = directions.null_spectral_scores
 
     def timed_middles(*a: Any, **k: Any) -> Any:
         t = time.perf_counter()
@@ -170,6 +175,14 @@ def run_heads(path: Path) -> dict[str, Any]:
             found["intervals"].append(("forward", start - T0, time.perf_counter() - T0))
             rss.set("other")
 
+    def phased_null(*a: Any, **k: Any) -> Any:  # once per model: its peak apart from "other"
+        rss.set("null spectral")
+        try:
+            return null_spectral(*a, **k)
+        finally:
+            rss.set("other")
+
+    directions.null_spectral_scores = phased_null
     spectral.spectral_middles = timed_middles
     spectral.layer_spectral_scores = timed_layer
     transformer.blocks_together = timed_together
@@ -177,6 +190,7 @@ def run_heads(path: Path) -> dict[str, Any]:
         _cli(["heads", str(path), "--json", "--no-cache"])
     finally:  # --inline: the process goes on
         spectral.spectral_middles, spectral.layer_spectral_scores = middles, layer_scores
+        directions.null_spectral_scores = null_spectral
         transformer.blocks_together = together
     n = max(len(spectral_s), len(forward_s))
     return {"seconds": since(T0), "middles": found["middles"], "tokens": found["tokens"],
