@@ -355,7 +355,9 @@ def predicted(s: Shape, rates: dict[str, float], tokens: int, attribution_tokens
     """Seconds per layer (and once per model, ``middles``) of what each piece computes, at the
     rates ``run_calibrate`` measured in the same run (s/GB read, s/TFLOP, s per call):
 
-    - middles: ``W_E`` and ``W_U`` read (as the MLP's rows are) and ``4·V·d²`` flops (numpy);
+    - middles: ``W_E`` and ``W_U`` read in vocabulary blocks (as the MLP's rows are), ``W_U``
+      once more whole for its mean column (processing centres the unembedding), and
+      ``4·V·d²`` flops (numpy);
     - spectral: the layer's attention weights read and processed; the products of
       ``layer_spectral_scores``: ``W_O``'s ``H·d_head`` rows against ``W_U W_E``, ``W_K``'s
       rows against ``W_Eᵀ W_E`` (one per KV head), each ``2·rows·d²``, and the per-head
@@ -374,7 +376,7 @@ def predicted(s: Shape, rates: dict[str, float], tokens: int, attribution_tokens
     spectral_flops = 2 * h * e * d * d + 2 * kv * e * d * d + 2 * 2 * h * e * d * e
     forward_read = r["read_attn"] * z["attn_gb"] + r["read_mlp"] * z["mlp_gb"]
     return {
-        "middles": r["read_mlp"] * 2 * 2 * v * d / 1e9 + r["gemm_np"] * 4 * v * d * d / 1e12,
+        "middles": r["read_mlp"] * 3 * 2 * v * d / 1e9 + r["gemm_np"] * 4 * v * d * d / 1e12,
         "spectral": r["read_attn"] * z["attn_gb"] + r["gemm_np"] * spectral_flops / 1e12 + 2 * r["eigvals"],
         "forward": forward_read + r["gemm_torch"] * 2 * tokens * z["params"] / 1e12 + r["null"],
         "backward": forward_read + r["read_mlp"] * z["mlp_gb"]

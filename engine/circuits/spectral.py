@@ -211,7 +211,8 @@ def spectral_scores(w: Any, progress: Progress = None, cancelled: Cancelled = No
         nxt = order[done] if done < cfg.n_layers else None
         if nxt is not None:
             peeked[nxt] = stored(nxt)
-        reading = _read_ahead(w, nxt) if nxt is not None and peeked[nxt] is None else None
+        ahead = nxt is not None and peeked[nxt] is None and _reads_ahead(w)
+        reading = _read_ahead(w, nxt) if ahead else None
         for name, value in layer_spectral_scores(w, layer, middles).items():
             out[name][layer] = value
         for name, memo in memos.items():
@@ -229,6 +230,19 @@ def file_order(w: Any, n_layers: int) -> list[int]:
     for weights held in memory."""
     firsts = file_sorted(w, [f"blocks.{layer}.attn.W_Q" for layer in range(n_layers)])
     return [int(name.split(".")[1]) for name in firsts]
+
+
+# The next layer's attention weights are read while this one's eigenvalues run unless one
+# layer's (float32, K/V repeated per query head, as ``get`` gives them) is larger than this:
+# two layers side by side are then ~2× it, at 70B widths 2 × 1.07 GB next to the middles'
+# 0.5 GB, over the 3 GB goal; 7B's and 13B's (0.27, 0.42 GB) are read ahead as before.
+READ_AHEAD_BYTES = 512 << 20
+
+
+def _reads_ahead(w: Any) -> bool:
+    """Whether ``spectral_scores`` reads the next layer during this one (``READ_AHEAD_BYTES``)."""
+    cfg = w.cfg
+    return 4 * 4 * cfg.n_heads * cfg.d_model * cfg.d_head <= READ_AHEAD_BYTES
 
 
 def _read_layer(w: Any, layer: int) -> None:
