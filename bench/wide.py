@@ -10,7 +10,8 @@ in its own process (``python -m bench.wide --one SCENARIO PATH``), so peak RSS i
 
 - ``heads``: ``headscope heads PATH --json --no-cache`` (the CLI's ``main``, output
   discarded), timed inside: the spectral middles (``W_U W_E``, ``W_Eᵀ W_E``, once per model),
-  each layer's spectral piece (``spectral.layer_spectral_scores``) and each layer of the
+  each layer's spectral piece (``spectral.layer_spectral_scores``, and the layer's read before
+  it, ``spectral._read_layer``, where it is not read ahead on a thread) and each layer of the
   forward pass (``transformer.blocks_together``, between its ``after_layer`` calls; the
   tokens of all its batches counted).
 - ``attribution``: ``headscope patch PATH --method attribution`` on a fixed prompt of
@@ -46,6 +47,7 @@ import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
+import threading  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -133,7 +135,7 @@ def run_heads(path: Path) -> dict[str, Any]:
     rss = PhaseRSS()  # the largest current RSS during each piece (which one set the peak)
     middles, layer_scores, together = (spectral.spectral_middles, spectral.layer_spectral_scores,
                                        transformer.blocks_together)
-    null_spectral = directions.null_spectral_scores
+    null_spectral, read_layer = directions.null_spectral_scores, spectral._read_layer
 
     def timed_middles(*a: Any, **k: Any) -> Any:
         t = time.perf_counter()
@@ -175,6 +177,18 @@ def run_heads(path: Path) -> dict[str, Any]:
             found["intervals"].append(("forward", start - T0, time.perf_counter() - T0))
             rss.set("other")
 
+    def timed_read(w: Any, layer: int) -> None:  # the sweep's read of a layer not read ahead
+        if threading.current_thread().name == "headscope-read-ahead":  # overlaps: not timed
+            return read_layer(w, layer)
+        t = time.perf_counter()
+        rss.set(f"spectral {layer}")
+        try:
+            read_layer(w, layer)
+        finally:
+            spectral_s[layer] = spectral_s.get(layer, 0.0) + since(t)
+            found["intervals"].append((f"read {layer}", t - T0, time.perf_counter() - T0))
+            rss.set("other")
+
     def phased_null(*a: Any, **k: Any) -> Any:  # once per model: its peak apart from "other"
         rss.set("null spectral")
         try:
@@ -183,6 +197,7 @@ def run_heads(path: Path) -> dict[str, Any]:
             rss.set("other")
 
     directions.null_spectral_scores = phased_null
+    spectral._read_layer = timed_read
     spectral.spectral_middles = timed_middles
     spectral.layer_spectral_scores = timed_layer
     transformer.blocks_together = timed_together
@@ -190,7 +205,7 @@ def run_heads(path: Path) -> dict[str, Any]:
         _cli(["heads", str(path), "--json", "--no-cache"])
     finally:  # --inline: the process goes on
         spectral.spectral_middles, spectral.layer_spectral_scores = middles, layer_scores
-        directions.null_spectral_scores = null_spectral
+        directions.null_spectral_scores, spectral._read_layer = null_spectral, read_layer
         transformer.blocks_together = together
     n = max(len(spectral_s), len(forward_s))
     return {"seconds": since(T0), "middles": found["middles"], "tokens": found["tokens"],
