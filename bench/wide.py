@@ -261,13 +261,15 @@ def run_attribution(path: Path, n_tokens: int) -> dict[str, Any]:
 
 
 def _best(fn: Any, repeat: int = 3) -> float:
-    """The fastest of ``repeat`` timed calls of ``fn()`` (s)."""
-    best = float("inf")
+    """The median of ``repeat`` timed calls of ``fn()`` (s): on a shared box the fastest call
+    catches a quiet moment the scenario's minutes of work do not get (with the fastest, a run
+    at load 2-4 took 1.5-1.8x its model in every piece alike)."""
+    times = []
     for _ in range(repeat):
         t = time.perf_counter()
         fn()
-        best = min(best, since(t))
-    return best
+        times.append(since(t))
+    return statistics.median(times)
 
 
 def run_calibrate(path: Path, tokens: int) -> dict[str, Any]:
@@ -338,12 +340,13 @@ def one(scenario: str, path: Path, n_tokens: int) -> dict[str, Any]:
     between processes minutes apart, so each scenario is predicted at its own rates."""
     if scenario == "calibrate":
         return {**run_calibrate(path, n_tokens), "rss_mb": rss_mb()}
-    t = time.perf_counter()
+    t, load = time.perf_counter(), os.getloadavg()[0]
     rates = run_calibrate(path, HEADS_TOKENS if scenario == "heads" else 2 * n_tokens)["rates"]
     calibrating = since(t)
     out = run_heads(path) if scenario == "heads" else run_attribution(path, n_tokens)
     out["seconds"] -= calibrating
     out["rates"], out["calibrate_s"] = rates, calibrating
+    out["load"] = [round(load, 1), round(os.getloadavg()[0], 1)]  # 1-min load average: start, end
     out["rss_mb"] = rss_mb()
     out["disk_read_gb"] = disk_read_gb()
     return out
@@ -470,10 +473,12 @@ def report(shape: Shape, res: dict[str, list[dict[str, Any]]], repeat: int) -> s
     overlap = _med(ok_h, "overlap")
     if overlap:
         lines.append(f"\n(the timed pieces of `heads` overlapped for {overlap:.1f} s: per-layer times include another's)")
-    for name, rates in (("`heads`", rates_h), ("attribution", rates_a)):
+    for name, rates, runs in (("`heads`", rates_h, ok_h), ("attribution", rates_a, ok_a)):
         shown = ", ".join(f"{k} {v:.3g} {RATE_UNITS[k]}" for k, v in (rates or FITTED).items())
+        loads = "; ".join(f"{r['load'][0]}–{r['load'][1]}" for r in runs if r.get("load"))
         lines.append(f"\nRates of {name}'s process " + ("(measured in it before the run): " if rates
-                     else "(not measured: the 1B/7B/13B fit): ") + shown)
+                     else "(not measured: the 1B/7B/13B fit): ") + shown
+                     + (f" (load average at its start–end: {loads})" if loads else ""))
     phases = [r["phase_rss_mb"] for r in ok_h if r.get("phase_rss_mb")]
     if phases:
         top = sorted(phases[0].items(), key=lambda kv: -kv[1])[:6]
