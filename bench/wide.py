@@ -248,12 +248,19 @@ def run_attribution(path: Path, n_tokens: int) -> dict[str, Any]:
 
     patching.attribute_heads = timed_attribute
     patching.report = timed_report
+    # `patch` has no --no-cache: an empty results store of its own, or a second run reads back
+    store, os.environ["HEADSCOPE_CACHE_DIR"] = (os.environ.get("HEADSCOPE_CACHE_DIR"),
+                                                tempfile.mkdtemp(prefix="headscope-wide-store-"))
     try:
         _cli(["patch", str(path), "--method", "attribution", "--json",
               "--clean-tokens", ",".join(map(str, clean)), "--corrupt-tokens", ",".join(map(str, corrupt)),
               "--answer", str(ANSWER), "--wrong", str(WRONG)])
     finally:
         patching.attribute_heads, patching.report = attribute, report
+        if store is None:
+            os.environ.pop("HEADSCOPE_CACHE_DIR", None)
+        else:
+            os.environ["HEADSCOPE_CACHE_DIR"] = store
     steps = [b - a for a, b in itertools.pairwise(marks)]
     # marks: the start, after the two runs, then once per layer from the top (the last: done)
     return {"seconds": since(T0), "tokens": 2 * n_tokens, "two_runs": steps[0] if steps else None,
