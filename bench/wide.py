@@ -10,19 +10,24 @@ in its own process (``python -m bench.wide --one SCENARIO PATH``), so peak RSS i
 
 - ``heads``: ``headscope heads PATH --json --no-cache`` (the CLI's ``main``, output
   discarded), timed inside: the spectral middles (``W_U W_E``, ``W_Eᵀ W_E``, once per model),
-  each layer's spectral piece (``spectral.layer_spectral_scores``) and each layer of the
+  each layer's spectral piece (``spectral.layer_spectral_scores``, and the layer's read before
+  it, ``spectral._read_layer``, where it is not read ahead on a thread) and each layer of the
   forward pass (``transformer.blocks_together``, between its ``after_layer`` calls; the
   tokens of all its batches counted).
 - ``attribution``: ``headscope patch PATH --method attribution`` on a fixed prompt of
   ``--tokens`` ids (``bench.patching.prompts``), timed inside: the two runs (clean and
   corrupt, one batch) and each layer of the backward pass (between ``report`` calls).
 
-Then the cost model's prediction per layer next to the measured time (``T = a·B_read +
-b·F_gemm``, a = 2.35 s/GB, b = 3.45 s/TFLOP: the fit on the 1B, 7B and 13B floors), and the
-full 70B (80 layers) extrapolated from the measured per-layer times.
+Each scenario's process first measures the box's rates at this shape (``run_calibrate``: the
+reader's s/GB, numpy's and torch's s/TFLOP at the products' shapes, the eigenvalues, the null's
+projections), and the cost model (``predicted``) prices what each piece computes at those
+rates, next to the measured time per layer; ``heads`` also records the largest current RSS
+during each piece (``PhaseRSS``: which one sets the peak). Then the full 70B (80 layers)
+extrapolated from the measured per-layer times and from the model.
 
 ``--lock FILE`` runs each scenario's process under ``flock FILE`` (one scenario per hold: the
-box's big-checkpoint lock). ``--tiny``: the ``tiny-llama`` shape with a block budget of a few
+box's big-checkpoint lock). ``--path DIR``: a checkpoint of the slice's widths cut to fewer
+layers (its layer count from its ``config.json``), for iterating. ``--tiny``: the ``tiny-llama`` shape with a block budget of a few
 columns, so the blocked MLP runs (the smoke test).
 """
 
@@ -34,6 +39,7 @@ T0 = time.perf_counter()
 
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
+import dataclasses  # noqa: E402
 import itertools  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
@@ -41,6 +47,7 @@ import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
+import threading  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -48,9 +55,15 @@ from typing import Any  # noqa: E402
 from . import ROOT, disk_read_gb, publish, rss_mb, run_json, since  # noqa: E402
 from .checkpoints import SHAPES, Shape, write_checkpoint  # noqa: E402
 
-SCENARIOS = ("heads", "attribution")
+SCENARIOS = ("heads", "attribution")  # each measures the box's rates first (``run_calibrate``)
+HEADS_TOKENS = 326  # heads' pass on this shape (four 64-token sequences and the natural sentences)
 SLICE, TINY = "llama-70b-slice", "tiny-llama"
 A_READ, B_GEMM = 2.35, 3.45  # s/GB of stored bf16 through the reader, s/TFLOP (bench/README.md)
+# the rates of the 1B/7B/13B fit, used where no ``calibrate`` ran (no eigvals or null term)
+FITTED = {"read_attn": A_READ, "read_mlp": A_READ, "gemm_np": B_GEMM, "gemm_torch": B_GEMM,
+          "eigvals": 0.0, "null": 0.0}
+RATE_UNITS = {"read_attn": "s/GB", "read_mlp": "s/GB", "gemm_np": "s/TFLOP", "gemm_torch": "s/TFLOP",
+              "eigvals": "s", "null": "s"}
 FULL_LAYERS = 80  # Llama-2-70B
 ANSWER, WRONG = 1, 2
 
@@ -70,41 +83,85 @@ def _cli(argv: list[str]) -> None:
         raise SystemExit(f"headscope {' '.join(argv)} exited with {code}")
 
 
+class PhaseRSS:
+    """The process's current RSS sampled every ``dt`` s on a thread, its maximum kept per phase
+    (``phase`` is set by the timed wrappers: which piece held the memory at the peak)."""
+
+    def __init__(self, dt: float = 0.02) -> None:
+        import threading
+
+        self.phase, self.peaks, self.dt = "start", {}, dt
+        self._stop = threading.Event()
+        self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+        self._thread = threading.Thread(target=self._run, name="bench-rss", daemon=True)
+        self._thread.start()
+
+    def _now_mb(self) -> float:
+        try:
+            with open("/proc/self/statm") as f:
+                return int(f.read().split()[1]) * self._page / 2**20
+        except (OSError, ValueError, IndexError):
+            return 0.0
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.dt):
+            self.sample()
+
+    def sample(self) -> None:
+        mb, phase = self._now_mb(), self.phase
+        if mb > self.peaks.get(phase, 0.0):
+            self.peaks[phase] = mb
+
+    def set(self, phase: str) -> None:
+        self.sample()  # the last phase's state up to now
+        self.phase = phase
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+        return {k: round(v) for k, v in self.peaks.items()}
+
+
 def run_heads(path: Path) -> dict[str, Any]:
     """``heads --json --no-cache`` with its per-layer pieces timed (wrapping the module
     functions the sweep and the pass call through)."""
-    from headscope.engine.circuits import spectral
+    from headscope.engine.circuits import directions, spectral
     from headscope.engine.forward import transformer
 
     spectral_s: dict[int, float] = {}
     forward_s: dict[int, float] = {}
-    # peaks: the process's peak RSS so far after each piece, in order (where the peak was reached)
-    found: dict[str, Any] = {"middles": 0.0, "tokens": 0, "intervals": [], "peaks": []}
+    found: dict[str, Any] = {"middles": 0.0, "tokens": 0, "intervals": []}
+    rss = PhaseRSS()  # the largest current RSS during each piece (which one set the peak)
     middles, layer_scores, together = (spectral.spectral_middles, spectral.layer_spectral_scores,
                                        transformer.blocks_together)
+    null_spectral, read_layer = directions.null_spectral_scores, spectral._read_layer
 
     def timed_middles(*a: Any, **k: Any) -> Any:
         t = time.perf_counter()
+        rss.set("middles")
         try:
             return middles(*a, **k)
         finally:
             found["middles"] += since(t)
             found["intervals"].append(("middles", t - T0, time.perf_counter() - T0))
-            found["peaks"].append(("middles", rss_mb()))
+            rss.set("other")
 
     def timed_layer(w: Any, layer: int, *a: Any, **k: Any) -> Any:
         t = time.perf_counter()
+        rss.set(f"spectral {layer}")
         try:
             return layer_scores(w, layer, *a, **k)
         finally:
             spectral_s[layer] = spectral_s.get(layer, 0.0) + since(t)
             found["intervals"].append((f"spectral {layer}", t - T0, time.perf_counter() - T0))
-            found["peaks"].append((f"spectral {layer}", rss_mb()))
+            rss.set("other")
 
     def timed_together(w: Any, streams: Any, *, on_block: Any = None, after_layer: Any = None) -> Any:
         found["tokens"] += sum(int(s.shape[0] * s.shape[1]) for s in streams)
         last = [time.perf_counter()]
         start = last[0]
+        rss.set("forward 0")
 
         def after(layer: int) -> None:
             if after_layer is not None:
@@ -112,13 +169,35 @@ def run_heads(path: Path) -> dict[str, Any]:
             now = time.perf_counter()
             forward_s[layer] = forward_s.get(layer, 0.0) + now - last[0]
             last[0] = now
-            found["peaks"].append((f"forward {layer}", rss_mb()))
+            rss.set(f"forward {layer + 1}")
 
         try:
             return together(w, streams, on_block=on_block, after_layer=after)
         finally:
             found["intervals"].append(("forward", start - T0, time.perf_counter() - T0))
+            rss.set("other")
 
+    def timed_read(w: Any, layer: int) -> None:  # the sweep's read of a layer not read ahead
+        if threading.current_thread().name == "headscope-read-ahead":  # overlaps: not timed
+            return read_layer(w, layer)
+        t = time.perf_counter()
+        rss.set(f"spectral {layer}")
+        try:
+            read_layer(w, layer)
+        finally:
+            spectral_s[layer] = spectral_s.get(layer, 0.0) + since(t)
+            found["intervals"].append((f"read {layer}", t - T0, time.perf_counter() - T0))
+            rss.set("other")
+
+    def phased_null(*a: Any, **k: Any) -> Any:  # once per model: its peak apart from "other"
+        rss.set("null spectral")
+        try:
+            return null_spectral(*a, **k)
+        finally:
+            rss.set("other")
+
+    directions.null_spectral_scores = phased_null
+    spectral._read_layer = timed_read
     spectral.spectral_middles = timed_middles
     spectral.layer_spectral_scores = timed_layer
     transformer.blocks_together = timed_together
@@ -126,12 +205,13 @@ def run_heads(path: Path) -> dict[str, Any]:
         _cli(["heads", str(path), "--json", "--no-cache"])
     finally:  # --inline: the process goes on
         spectral.spectral_middles, spectral.layer_spectral_scores = middles, layer_scores
+        directions.null_spectral_scores, spectral._read_layer = null_spectral, read_layer
         transformer.blocks_together = together
     n = max(len(spectral_s), len(forward_s))
     return {"seconds": since(T0), "middles": found["middles"], "tokens": found["tokens"],
             "spectral_layers": [spectral_s.get(i) for i in range(n)],
             "forward_layers": [forward_s.get(i) for i in range(n)],
-            "overlap": _overlap(found["intervals"]), "peaks": found["peaks"]}
+            "overlap": _overlap(found["intervals"]), "phase_rss_mb": rss.stop()}
 
 
 def _overlap(intervals: list[tuple[str, float, float]]) -> float:
@@ -168,20 +248,112 @@ def run_attribution(path: Path, n_tokens: int) -> dict[str, Any]:
 
     patching.attribute_heads = timed_attribute
     patching.report = timed_report
+    # `patch` has no --no-cache: an empty results store of its own, or a second run reads back
+    store, os.environ["HEADSCOPE_CACHE_DIR"] = (os.environ.get("HEADSCOPE_CACHE_DIR"),
+                                                tempfile.mkdtemp(prefix="headscope-wide-store-"))
     try:
         _cli(["patch", str(path), "--method", "attribution", "--json",
               "--clean-tokens", ",".join(map(str, clean)), "--corrupt-tokens", ",".join(map(str, corrupt)),
               "--answer", str(ANSWER), "--wrong", str(WRONG)])
     finally:
         patching.attribute_heads, patching.report = attribute, report
+        if store is None:
+            os.environ.pop("HEADSCOPE_CACHE_DIR", None)
+        else:
+            os.environ["HEADSCOPE_CACHE_DIR"] = store
     steps = [b - a for a, b in itertools.pairwise(marks)]
     # marks: the start, after the two runs, then once per layer from the top (the last: done)
     return {"seconds": since(T0), "tokens": 2 * n_tokens, "two_runs": steps[0] if steps else None,
             "backward_layers": list(reversed(steps[1:-1])) if len(steps) > 2 else []}
 
 
+def _best(fn: Any, repeat: int = 3) -> float:
+    """The median of ``repeat`` timed calls of ``fn()`` (s): on a shared box the fastest call
+    catches a quiet moment the scenario's minutes of work do not get (with the fastest, a run
+    at load 2-4 took 1.5-1.8x its model in every piece alike)."""
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(since(t))
+    return statistics.median(times)
+
+
+def run_calibrate(path: Path, tokens: int) -> dict[str, Any]:
+    """The box's rates at this checkpoint's shapes, measured in the same run as the scenarios
+    (its own process, under the same lock), for the cost model (``predicted``):
+
+    - ``read_attn``, ``read_mlp``: s per GB of stored weights through headscope's reader of
+      the processed model (layer 0's four attention weights by ``get``: widened, grouped K/V
+      expanded, LN folded, centred; its three MLP matrices by ``get_columns`` in the forward
+      pass's blocks), the page cache warm (read once before);
+    - ``gemm_np``: s/TFLOP of numpy's ``[2048, d] @ [d, d]`` (float32; the spectral sweep's
+      product, on the rows of 16 heads);
+    - ``gemm_torch``: s/TFLOP of torch's ``[tokens, d] @ [d, block]`` (the forward pass's token
+      products at ``heads``' token count; ``block``: the MLP's column block);
+    - ``eigvals``: s per ``eigvals`` of ``H`` random ``d_head × d_head`` float64 matrices on one
+      LAPACK thread (two per layer: copying and QK positivity);
+    - ``null``: s of one layer's random heads' projections (``null.random_projections``, 2 ×
+      ``NULL_SAMPLES`` heads on ``tokens`` rows: the Gram root and the draws).
+    """
+    import numpy as np
+    import torch
+
+    from headscope.engine.core.threads import one_lapack_thread
+    from headscope.engine.forward import blocked_mlp, null
+    from headscope.engine.model.loading import load_model
+
+    model = load_model(path)
+    w, cfg = model.weights, model.cfg
+    d, e = cfg.d_model, cfg.d_head
+    attn = [f"blocks.0.attn.W_{n}" for n in "QKVO"]
+    mlp = [f"blocks.0.mlp.W_{n}" for n in ("gate", "in", "out") if w.has(f"blocks.0.mlp.W_{n}")]
+
+    def read_attn() -> None:
+        w.release()
+        for name in attn:
+            w.get(name)
+        w.release()
+
+    def read_mlp() -> None:
+        for name in mlp:
+            rows, cols = (d, cfg.d_mlp) if not name.endswith("W_out") else (cfg.d_mlp, d)
+            for j, k in blocked_mlp.column_blocks(rows, cols, blocked_mlp.MLP_BLOCK_BYTES):
+                w.get_columns(name, j, k)
+
+    read_attn()  # the page cache warm, the reader's staging allocated
+    z = layer_sizes_of(cfg)
+    out: dict[str, Any] = {"read_attn": _best(read_attn, 2) / z["attn_gb"],
+                           "read_mlp": _best(read_mlp, 1) / z["mlp_gb"]}
+    rng = np.random.default_rng(0)
+    a, m = rng.standard_normal((2048, d), np.float32), rng.standard_normal((d, d), np.float32)
+    out["gemm_np"] = _best(lambda: a @ m) / (2 * 2048 * d * d / 1e12)
+    a = m = None  # freed before the next measurement
+    block = min(cfg.d_mlp, blocked_mlp.MLP_BLOCK_BYTES // (4 * d))
+    x, wt = torch.randn(tokens, d), torch.randn(d, block)
+    out["gemm_torch"] = _best(lambda: x @ wt, 5) / (2 * tokens * d * block / 1e12)
+    small = rng.standard_normal((cfg.n_heads, e, e))
+    with one_lapack_thread():
+        out["eigvals"] = _best(lambda: np.linalg.eigvals(small))
+    gens = null.head_generators(0)
+    out["null"] = _best(lambda: null.random_projections(x, e, (1.0, 1.0), null.NULL_SAMPLES, *gens))
+    w.release()  # the layer read above (the raw files close with the model)
+    return {"seconds": since(T0), "rates": out}
+
+
 def one(scenario: str, path: Path, n_tokens: int) -> dict[str, Any]:
+    """A scenario's result; ``heads`` and ``attribution`` first measure the box's rates in their
+    own process (``run_calibrate``, not counted in ``seconds``): on a shared box the load moves
+    between processes minutes apart, so each scenario is predicted at its own rates."""
+    if scenario == "calibrate":
+        return {**run_calibrate(path, n_tokens), "rss_mb": rss_mb()}
+    t, load = time.perf_counter(), os.getloadavg()[0]
+    rates = run_calibrate(path, HEADS_TOKENS if scenario == "heads" else 2 * n_tokens)["rates"]
+    calibrating = since(t)
     out = run_heads(path) if scenario == "heads" else run_attribution(path, n_tokens)
+    out["seconds"] -= calibrating
+    out["rates"], out["calibrate_s"] = rates, calibrating
+    out["load"] = [round(load, 1), round(os.getloadavg()[0], 1)]  # 1-min load average: start, end
     out["rss_mb"] = rss_mb()
     out["disk_read_gb"] = disk_read_gb()
     return out
@@ -190,43 +362,64 @@ def one(scenario: str, path: Path, n_tokens: int) -> dict[str, Any]:
 # -- the cost model ----------------------------------------------------------------------------
 
 
-def layer_sizes(s: Shape) -> dict[str, float]:
-    """Stored GB (bf16) and parameters of one layer of ``s``."""
-    kv = (s.n_kv_heads or s.n_heads) * s.d_head
-    attn = 2 * s.d_model * s.d_model + 2 * kv * s.d_model
-    mlp = 3 * s.d_model * s.d_mlp
-    return {"attn_gb": 2 * attn / 1e9, "layer_gb": 2 * (attn + mlp) / 1e9, "params": attn + mlp}
+def layer_sizes_of(cfg: Any) -> dict[str, float]:
+    """``layer_sizes`` of a ``ModelConfig`` (``kv_heads``) or a bench ``Shape`` (``n_kv_heads``)."""
+    kv = getattr(cfg, "kv_heads", None) or getattr(cfg, "n_kv_heads", None) or cfg.n_heads
+    return layer_sizes(cfg.d_model, cfg.n_heads, kv, cfg.d_head, cfg.d_mlp)
 
 
-def predicted(s: Shape, tokens: int, attribution_tokens: int) -> dict[str, float]:
-    """The cost model's seconds per layer (and once per model, ``middles``):
+def layer_sizes(d: int, h: int, kv: int, e: int, d_mlp: int) -> dict[str, float]:
+    """Stored GB (bf16) and parameters of one layer (gated MLP)."""
+    attn = 2 * h * e * d + 2 * kv * e * d
+    mlp = 3 * d * d_mlp
+    return {"attn_gb": 2 * attn / 1e9, "mlp_gb": 2 * mlp / 1e9, "layer_gb": 2 * (attn + mlp) / 1e9,
+            "params": attn + mlp}
 
-    - spectral: the layer's attention weights through the reader and ``4·d³`` flops;
-    - forward: the whole layer through the reader and ``2·tokens·params`` flops (``tokens``:
-      every batch of ``heads``' pass, side by side);
-    - attribution, per layer of its backward pass: the layer read three times (its forward
-      again with gradients; the MLP's blocks once more in the backward) and ``3 · 2·tokens·
-      params`` flops (a forward and a backward of twice its cost); the two runs before it
-      are one forward pass of both prompts.
+
+def predicted(s: Shape, rates: dict[str, float], tokens: int, attribution_tokens: int) -> dict[str, float]:
+    """Seconds per layer (and once per model, ``middles``) of what each piece computes, at the
+    rates ``run_calibrate`` measured in the same run (s/GB read, s/TFLOP, s per call):
+
+    - middles: ``W_E`` and ``W_U`` read in vocabulary blocks (as the MLP's rows are), ``W_U``
+      once more whole for its mean column (processing centres the unembedding), and
+      ``4·V·d²`` flops (numpy);
+    - spectral: the layer's attention weights read and processed; the products of
+      ``layer_spectral_scores``: ``W_O``'s ``H·d_head`` rows against ``W_U W_E``, ``W_K``'s
+      rows against ``W_Eᵀ W_E`` (one per KV head), each ``2·rows·d²``, and the per-head
+      ``d_head``-sized products; two ``eigvals`` batches of ``H`` heads;
+    - forward: the whole layer read again (the sweep released it), the token products
+      ``2·tokens·params`` (torch; K and V once per KV head) and the layer's random heads of
+      the null (``null.random_projections``);
+    - attribution, per layer of its backward: the layer's forward again with gradients
+      (attention and MLP read) and the blocked MLP's backward (its three matrices read once
+      more), ``3 · 2·tokens·params`` flops; the two runs before it: one forward of both prompts.
     """
-    z = layer_sizes(s)
-    d, v = s.d_model, s.d_vocab
+    d, v, h, e = s.d_model, s.d_vocab, s.n_heads, s.d_head
+    kv = s.n_kv_heads or h
+    z = layer_sizes_of(s)
+    r = rates
+    spectral_flops = 2 * h * e * d * d + 2 * kv * e * d * d + 2 * 2 * h * e * d * e
+    forward_read = r["read_attn"] * z["attn_gb"] + r["read_mlp"] * z["mlp_gb"]
     return {
-        "middles": A_READ * 2 * 2 * v * d / 1e9 + B_GEMM * 4 * v * d * d / 1e12,
-        "spectral": A_READ * z["attn_gb"] + B_GEMM * 4 * d**3 / 1e12,
-        "forward": A_READ * z["layer_gb"] + B_GEMM * 2 * tokens * z["params"] / 1e12,
-        "backward": A_READ * 3 * z["layer_gb"] + B_GEMM * 3 * 2 * attribution_tokens * z["params"] / 1e12,
-        "two_runs_per_layer": A_READ * z["layer_gb"] + B_GEMM * 2 * attribution_tokens * z["params"] / 1e12,
+        "middles": r["read_mlp"] * 3 * 2 * v * d / 1e9 + r["gemm_np"] * 4 * v * d * d / 1e12,
+        "spectral": r["read_attn"] * z["attn_gb"] + r["gemm_np"] * spectral_flops / 1e12 + 2 * r["eigvals"],
+        "forward": forward_read + r["gemm_torch"] * 2 * tokens * z["params"] / 1e12 + r["null"],
+        "backward": forward_read + r["read_mlp"] * z["mlp_gb"]
+                    + r["gemm_torch"] * 3 * 2 * attribution_tokens * z["params"] / 1e12,
+        "two_runs_per_layer": forward_read + r["gemm_torch"] * 2 * attribution_tokens * z["params"] / 1e12,
     }
 
 
 # -- the run -----------------------------------------------------------------------------------
 
 
-def scenario(name: str, path: Path, args: argparse.Namespace) -> dict[str, Any]:
+def scenario(name: str, path: Path, args: argparse.Namespace, heads_tokens: int | None = None) -> dict[str, Any]:
+    """One scenario's result (``calibrate``: at ``heads_tokens``, the token count of the
+    ``heads`` run before it)."""
+    tokens = int(heads_tokens or HEADS_TOKENS) if name == "calibrate" else args.tokens
     if args.inline:  # the smoke test: no process per scenario (peak RSS is this process's)
-        return one(name, path, args.tokens)
-    cmd = ["-m", "bench.wide", "--one", name, str(path), "--tokens", str(args.tokens)]
+        return one(name, path, tokens)
+    cmd = ["-m", "bench.wide", "--one", name, str(path), "--tokens", str(tokens)]
     if args.lock:  # one scenario per hold of the shared lock
         cmd = ["-c", "import os, sys; os.execvp('flock', ['flock', sys.argv[1], sys.executable, *sys.argv[2:]])",
                str(args.lock), *cmd]
@@ -246,6 +439,12 @@ def _med_layers(runs: list[dict[str, Any]], key: str) -> list[float]:
     return [statistics.median(p[i] for p in per if p[i] is not None) for i in range(n)]
 
 
+def _rates(runs: list[dict[str, Any]]) -> dict[str, float] | None:
+    """The median of each rate the runs measured (None if none did)."""
+    found = [r["rates"] for r in runs if r.get("rates")]
+    return {k: statistics.median(f[k] for f in found) for k in found[0]} if found else None
+
+
 def _f(x: Any, fmt: str = ".3g") -> str:
     return "–" if x is None else format(x, fmt)
 
@@ -256,7 +455,9 @@ def report(shape: Shape, res: dict[str, list[dict[str, Any]]], repeat: int) -> s
     ok_a = [r for r in attr if "error" not in r]
     tokens = _med(ok_h, "tokens") or 0
     a_tokens = _med(ok_a, "tokens") or 0
-    model = predicted(shape, int(tokens), int(a_tokens))
+    rates_h, rates_a = _rates(ok_h), _rates(ok_a)
+    model = predicted(shape, rates_h or FITTED, int(tokens), int(a_tokens))
+    model_a = predicted(shape, rates_a or FITTED, int(tokens), int(a_tokens))
     lines = [f"### {shape.name}: {shape.n_layers} layers, d_model {shape.d_model}, {shape.n_heads} heads "
              f"({shape.n_kv_heads or shape.n_heads} KV), d_mlp {shape.d_mlp} (median of {repeat})", ""]
     errors = [f"{name}: {r['error']}" for name, runs in res.items() for r in runs if "error" in r]
@@ -272,30 +473,49 @@ def report(shape: Shape, res: dict[str, list[dict[str, Any]]], repeat: int) -> s
     rows += [(f"`heads` forward ({int(tokens)} tokens), layer {i}", t, model["forward"]) for i, t in enumerate(forward)]
     two = _med(ok_a, "two_runs")
     rows.append((f"attribution: the two runs ({int(a_tokens)} tokens), per layer",
-                 None if two is None else two / shape.n_layers, model["two_runs_per_layer"]))
-    rows += [(f"attribution backward, layer {i}", t, model["backward"]) for i, t in enumerate(backward)]
+                 None if two is None else two / shape.n_layers, model_a["two_runs_per_layer"]))
+    rows += [(f"attribution backward, layer {i}", t, model_a["backward"]) for i, t in enumerate(backward)]
     lines += ["", "| per layer (s) | measured | cost model | measured / model |", "|---|---|---|---|"]
     lines += [f"| {label} | {_f(t)} | {_f(p)} | {_f(None if t is None else t / p, '.2f')} |" for label, t, p in rows]
     overlap = _med(ok_h, "overlap")
     if overlap:
         lines.append(f"\n(the timed pieces of `heads` overlapped for {overlap:.1f} s: per-layer times include another's)")
-    lines += ["", full_estimate(shape, ok_h, spectral, forward)]
+    for name, rates, runs in (("`heads`", rates_h, ok_h), ("attribution", rates_a, ok_a)):
+        shown = ", ".join(f"{k} {v:.3g} {RATE_UNITS[k]}" for k, v in (rates or FITTED).items())
+        loads = "; ".join(f"{r['load'][0]}–{r['load'][1]}" for r in runs if r.get("load"))
+        lines.append(f"\nRates of {name}'s process " + ("(measured in it before the run): " if rates
+                     else "(not measured: the 1B/7B/13B fit): ") + shown
+                     + (f" (load average at its start–end: {loads})" if loads else ""))
+    phases = [r["phase_rss_mb"] for r in ok_h if r.get("phase_rss_mb")]
+    if phases:
+        top = sorted(phases[0].items(), key=lambda kv: -kv[1])[:6]
+        lines.append("`heads`' largest current RSS per piece (MB, first run): "
+                     + ", ".join(f"{k} {v:.0f}" for k, v in top))
+    lines += ["", full_estimate(shape, ok_h, spectral, forward, model)]
     return "\n".join(lines)
 
 
-def full_estimate(shape: Shape, heads: list[dict[str, Any]], spectral: list[float], forward: list[float]) -> str:
-    """The full 70B (80 layers) from the slice: its whole ``heads`` minus its layers, plus 80
-    layers at the measured per-layer medians (layer 0 included: it is not special here)."""
+def full_estimate(shape: Shape, heads: list[dict[str, Any]], spectral: list[float], forward: list[float],
+                  model: dict[str, float]) -> str:
+    """The full 70B (80 layers) from the slice: its whole ``heads`` minus its layers and its
+    middles (start, open, the null's spectral scores, the store), plus the middles and 80
+    layers, once at the measured medians and once at the cost model's per-layer seconds."""
     total = _med(heads, "seconds")
-    if total is None or not spectral or not forward:
+    middles = _med(heads, "middles")
+    if total is None or middles is None or not spectral or not forward:
         return "full 70B estimate: – (no `heads` run)"
     per = statistics.median(spectral) + statistics.median(forward)
-    fixed = total - sum(spectral) - sum(forward)
-    est = fixed + FULL_LAYERS * per
-    return (f"full 70B `heads` from the slice: {fixed:.0f} s outside the layers + {FULL_LAYERS} × "
-            f"{per:.1f} s per layer (spectral {statistics.median(spectral):.1f} + forward "
-            f"{statistics.median(forward):.1f}) = {est:.0f} s ({est / 60:.0f} min), with every "
-            "layer's weights in the page cache (at 70B they stream from the disk)")
+    fixed = total - sum(spectral) - sum(forward) - middles
+    est = fixed + middles + FULL_LAYERS * per
+    per_model = model["spectral"] + model["forward"]
+    est_model = fixed + model["middles"] + FULL_LAYERS * per_model
+    return (f"full 70B `heads` from the slice: {fixed:.0f} s outside the layers and the middles + "
+            f"middles {middles:.0f} s + {FULL_LAYERS} × {per:.1f} s per layer (spectral "
+            f"{statistics.median(spectral):.1f} + forward {statistics.median(forward):.1f}) = "
+            f"{est:.0f} s ({est / 60:.0f} min); from the cost model at this run's rates: {fixed:.0f} + "
+            f"{model['middles']:.0f} + {FULL_LAYERS} × {per_model:.1f} = {est_model:.0f} s "
+            f"({est_model / 60:.0f} min); every layer's weights in the page cache (at 70B they stream "
+            "from the disk: 138 GB at the disk's 1.1–1.5 GB/s, under the reader's rate if read ahead)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -303,6 +523,8 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--one", nargs=2, metavar=("SCENARIO", "PATH"), help=argparse.SUPPRESS)
     ap.add_argument("--dir", type=Path, help="where the slice is written (reused if present)")
+    ap.add_argument("--path", type=Path, help="run on this checkpoint of the slice's widths instead "
+                    "(e.g. a cut to 1-2 layers; its layer count from its config.json)")
     ap.add_argument("--tiny", action="store_true", help="the toy shape, blocked MLP forced (smoke test)")
     ap.add_argument("--only", help="comma-separated scenarios (default: heads,attribution)")
     ap.add_argument("--tokens", type=int, default=16, help="prompt length of the attribution run")
@@ -317,6 +539,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(one(args.one[0], Path(args.one[1]), args.tokens)))
         return 0
     shape = SHAPES[TINY if args.tiny else SLICE]
+    if args.path:
+        layers = json.loads((args.path / "config.json").read_text())["num_hidden_layers"]
+        shape = dataclasses.replace(shape, name=args.path.name, n_layers=layers)
     with tiny_blocks(args.tiny):
         return _run(shape, args)
 
@@ -346,10 +571,10 @@ def tiny_blocks(on: bool) -> Iterator[None]:
 def _run(shape: Shape, args: argparse.Namespace) -> int:
     root = args.dir or Path(tempfile.mkdtemp(prefix="headscope-wide-"))
     t = time.perf_counter()
-    if args.lock and not args.write_only:  # the writing is one hold of the lock too
+    if args.lock and not args.write_only and not args.path:  # the writing is one hold of the lock too
         subprocess.run(["flock", str(args.lock), sys.executable, "-m", "bench.wide", "--dir", str(root),
                         "--write-only", *(["--tiny"] if args.tiny else [])], cwd=ROOT, check=True)
-    path = write_checkpoint(shape, root)  # written above, or now without a lock
+    path = args.path or write_checkpoint(shape, root)  # written above, or now without a lock
     print(f"# {path} ready in {since(t):.0f} s", file=sys.stderr, flush=True)
     if args.write_only:
         return 0
@@ -357,7 +582,7 @@ def _run(shape: Shape, args: argparse.Namespace) -> int:
     res: dict[str, list[dict[str, Any]]] = {}
     for _ in range(args.repeat):
         for name in names:
-            r = scenario(name, path, args)
+            r = scenario(name, path, args, _med(res.get("heads", []), "tokens"))
             res.setdefault(name, []).append(r)
             print(name, json.dumps(r), file=sys.stderr, flush=True)
     return publish(report(shape, res, args.repeat), args.out)

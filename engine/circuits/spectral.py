@@ -127,13 +127,22 @@ def layer_spectral_scores(w: Any, layer: int, middles: dict[str, np.ndarray]) ->
     for kind, middle in middles.items():
         if kind == "copying_score":  # W_O (W_U W_E) W_V
             lhs, rhs = tame(mats["W_O"], peaks["W_O"]), tame(mats["W_V"], peaks["W_V"])
-        else:  # W_Kᵀ (W_Eᵀ W_E) W_Q
-            lhs, rhs = tame(mats["W_K"], peaks["W_K"]).swapaxes(-2, -1), tame(mats["W_Q"], peaks["W_Q"])
+        else:  # W_Kᵀ (W_Eᵀ W_E) W_Q; grouped-query: the K heads repeat per group (``kv_head_of``),
+            # so each stored K head's rows meet the middle once, for every query head of its
+            # group (at 70B widths 1/8 of the product and of its [H·d_head, d] result)
+            group = _kv_group(w, mats["W_K"].shape[0])
+            lhs = tame(mats["W_K"][::group], peaks["W_K"][::group]).swapaxes(-2, -1)
+            rhs = tame(mats["W_Q"], peaks["W_Q"])
         n, k, d = lhs.shape
         with np.errstate(all="ignore"):
             wide = (lhs.reshape(n * k, d) @ middle).reshape(n, k, d)  # W_O: a transposed view, as stored
             with one_lapack_thread():  # H small products: threads only contend here
-                smalls[kind] = wide @ rhs
+                if rhs.shape[0] == n:
+                    smalls[kind] = wide @ rhs
+                else:  # [n, 1, k, d] @ [n, group, d, e]: each K head with its group's queries
+                    grouped = rhs.reshape(n, rhs.shape[0] // n, *rhs.shape[1:])
+                    smalls[kind] = (wide[:, None] @ grouped).reshape(rhs.shape[0], k, rhs.shape[-1])
+            del wide
     # the kinds' eigenvalues side by side, each on one LAPACK thread (they ran one after the
     # other, the second core idle); the products above stay as they were: the same numbers
     scores = dict(zip(smalls, core_pool().map(_batched_spectral_score, smalls.values()), strict=True))
@@ -141,6 +150,12 @@ def layer_spectral_scores(w: Any, layer: int, middles: dict[str, np.ndarray]) ->
         out[kind] = np.where(bad, np.float32(np.nan), score)
     out["overflow"] = _overflow(w, peaks)
     return out
+
+
+def _kv_group(w: Any, n_heads: int) -> int:
+    """Query heads per stored K/V head of ``w``'s model (1 without grouped-query attention)."""
+    kv = getattr(w.cfg, "kv_heads", None) or n_heads
+    return n_heads // kv if kv and n_heads % kv == 0 else 1
 
 
 def spectral_scores(w: Any, progress: Progress = None, cancelled: Cancelled = None, *,
@@ -196,7 +211,8 @@ def spectral_scores(w: Any, progress: Progress = None, cancelled: Cancelled = No
         nxt = order[done] if done < cfg.n_layers else None
         if nxt is not None:
             peeked[nxt] = stored(nxt)
-        reading = _read_ahead(w, nxt) if nxt is not None and peeked[nxt] is None else None
+        ahead = nxt is not None and peeked[nxt] is None and _reads_ahead(w)
+        reading = _read_ahead(w, nxt) if ahead else None
         for name, value in layer_spectral_scores(w, layer, middles).items():
             out[name][layer] = value
         for name, memo in memos.items():
@@ -214,6 +230,19 @@ def file_order(w: Any, n_layers: int) -> list[int]:
     for weights held in memory."""
     firsts = file_sorted(w, [f"blocks.{layer}.attn.W_Q" for layer in range(n_layers)])
     return [int(name.split(".")[1]) for name in firsts]
+
+
+# The next layer's attention weights are read while this one's eigenvalues run unless one
+# layer's (float32, K/V repeated per query head, as ``get`` gives them) is larger than this:
+# two layers side by side are then ~2× it, at 70B widths 2 × 1.07 GB next to the middles'
+# 0.5 GB, over the 3 GB goal; 7B's and 13B's (0.27, 0.42 GB) are read ahead as before.
+READ_AHEAD_BYTES = 512 << 20
+
+
+def _reads_ahead(w: Any) -> bool:
+    """Whether ``spectral_scores`` reads the next layer during this one (``READ_AHEAD_BYTES``)."""
+    cfg = w.cfg
+    return 4 * 4 * cfg.n_heads * cfg.d_model * cfg.d_head <= READ_AHEAD_BYTES
 
 
 def _read_layer(w: Any, layer: int) -> None:

@@ -528,3 +528,23 @@ def test_untied_middles_in_vocabulary_blocks_equal_the_whole_products(tmp_path, 
     for name in spectral.SPECTRAL_SCORES:
         scale = float(np.abs(whole[name]).max())
         np.testing.assert_allclose(blocked[name], whole[name], rtol=0, atol=500 * eps * scale)
+
+
+def test_sweep_without_read_ahead_gives_the_same_scores_and_reads_each_layer_once(tmp_path, monkeypatch):
+    """A layer larger than ``READ_AHEAD_BYTES`` (70B widths) is not read during the previous
+    one's eigenvalues: the scores are bit-identical and every attention tensor is still read
+    from the file once, in file order."""
+    from bench.checkpoints import SHAPES, write_checkpoint
+    from headscope.engine.model.loading import load_model
+
+    path = write_checkpoint(SHAPES["tiny-llama"], tmp_path)
+    ahead = spectral.spectral_scores(load_model(path).weights)
+    monkeypatch.setattr(spectral, "READ_AHEAD_BYTES", 0)
+    model = load_model(path)
+    reads: list[str] = []
+    model.raw_weights.on_read = lambda file, tensor, offset, n: reads.append(tensor)
+    alone = spectral.spectral_scores(model.weights)
+    for name, value in ahead.items():
+        np.testing.assert_array_equal(alone[name], value)
+    attn = [t for t in reads if ".self_attn." in t]
+    assert len(attn) == len(set(attn)) == 4 * model.cfg.n_layers
