@@ -151,7 +151,8 @@ def structure_of(ckpt: Checkpoint, raw: bool) -> dict[str, Any]:
         n_kv_heads=cfg.kv_heads,
         processed=not raw,
         approximations=model_caveats(cfg),
-        default_tokens=ckpt.default_tokens,
+        # plain ids: the structure is plain data (JSON, the store's keys, a cluster's workers)
+        default_tokens=None if ckpt.default_tokens is None else list(ckpt.default_tokens),
     )
     return {k: out[k] for k in STRUCTURE_KEYS}
 

@@ -16,6 +16,9 @@ def test_bench_patching_smoke(tmp_path, capsys) -> None:
     rows = {line.split("|")[2].strip(): line.split("|") for line in text.splitlines()
             if line.startswith("| exact patching")}
     assert rows["whole process (s)"][5].strip().endswith("×")  # TransformerLens / headscope
-    assert rows["whole process after importing torch (s)"][5].strip().endswith("×")
+    after = rows["whole process after importing torch (s)"]
+    # a ratio, unless on a busy box torch's import in another process took longer than the
+    # whole tiny run (then there is nothing left to divide: "–")
+    assert after[5].strip().endswith("×") or (float(after[3]) <= 0 and after[5].strip() == "–")
     assert float(rows["max abs difference of the values"][3]) < 1e-4
     assert "| attribution / forward |" in text and "error" not in text and "not run" not in text

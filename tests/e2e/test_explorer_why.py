@@ -8,6 +8,8 @@ the screen shows and the Engine's request count."""
 
 from __future__ import annotations
 
+import re
+
 from typing import Any
 
 import pytest
@@ -117,7 +119,9 @@ async def test_explain_this_head_opens_why_at_the_induction_cell(
         await pilot.press("w")
         await settle(pilot, app, limit=1200)  # a busy box: up to a minute
         assert not pane.why_open
-        assert f"cell q={query} 'wall'" in "\n".join(screen_lines(app))
+        # the cell line, in the longest form that fits (PromptPane.cursor_short: at 80×24 the
+        # tight `q35 'wall'→k…`)
+        assert re.search(rf"q=?{query} 'wall' ?→", "\n".join(screen_lines(app))), screen_lines(app)
         # the cursor's cell drawn on the pattern (pooled at 80×24): Heatmap.mark, a ◆
         assert pane.query_one("#prompt-pattern", Chart).figure.mark == pane.cursor
         assert "◆" in "\n".join(screen_lines(app))

@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from headscope.engine.core.edge_graph import edge_graph
 from headscope.engine.core.errors import IndexOutOfRangeError, InvalidRequestError
 from headscope.engine.core.requests.base import Request, _hashed, _where
 from headscope.engine.core.requests.patching import PatchRequest
@@ -79,6 +78,10 @@ def edge_count(structure: Structure) -> int:
     without building it). ``structure`` may say ``attn_only`` and ``parallel_attn_mlp``
     (``sweeps.edges.edge_structure`` adds them); without, a model with no ``d_mlp`` is
     attention-only and attention and MLP run in sequence."""
+    # imported here: edge_graph imports numpy, which the explorer's first frame must not wait
+    # for (tests/tui/screens/test_opening.py); the requests are imported before it
+    from headscope.engine.core.edge_graph import edge_graph
+
     attn_only = bool(structure.get("attn_only", structure.get("d_mlp") is None))
     return edge_graph(int(structure["n_layers"]), int(structure["n_heads"]), attn_only=attn_only,
                       parallel=bool(structure.get("parallel_attn_mlp", False))).n_edges

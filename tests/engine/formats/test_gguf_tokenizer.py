@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 from typing import Any
 
@@ -153,9 +155,10 @@ def test_the_default_token_set_is_picked_on_first_use_decoding_only_what_it_read
                       scores=[0.0] * 96)
     ckpt = inspect_checkpoint(path)
     table = ckpt.gguf.header.metadata["tokenizer.ggml.tokens"]
+    assert not ckpt.default_tokens.computed and table._strings is None  # the header alone
     words = structure_of(ckpt, raw=True)["default_tokens"]
-    assert not words.computed and table._strings is None
     assert words == [3, 5, 4, *range(6, 27)]  # the two words, then the other normal tokens
+    assert json.loads(json.dumps(words)) == words  # the structure is plain data
     assert table._strings is None  # looked up one by one, the table never decoded whole
 
 

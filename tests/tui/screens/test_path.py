@@ -72,8 +72,9 @@ async def test_the_k_path_x_label_keeps_a_blank_column_before_the_spectrum(
         spectrum = screen.query_one("#path-spectrum", Chart)
         lines = screen_lines(app)
         drawn = heatmap.rendered.plain.splitlines()
-        (xlabel,) = [line for line in drawn if line.startswith("token moved")]
-        (row,) = [y for y, line in enumerate(lines) if "token moved" in line]
+        # the long label or, at 80×24, its short form (Heatmap.xlabel_short): the first that fits
+        (xlabel,) = [line for line in drawn if "→" in line and "(rows:" in line]
+        (row,) = [y for y, line in enumerate(lines) if xlabel.strip() in line]
         start, end = heatmap.region.x, heatmap.region.x + len(xlabel.rstrip())
         assert lines[row][start:end] == xlabel.rstrip(), lines[row]
         assert lines[row][end] == " ", lines[row]
