@@ -9,7 +9,6 @@ the screen shows and the Engine's request count."""
 from __future__ import annotations
 
 import re
-
 from typing import Any
 
 import pytest
