@@ -1,7 +1,7 @@
 """The QK/OV token set shown when the user names none: tokens a reader recognises, picked from
 a vocabulary's token table alone (no tokenizer built), for GGUF metadata
 (``formats.gguf_tokenizer.readable_ids``) and a Hugging Face ``tokenizer.json``
-(``tokenizer_json_ids``) alike; computed on first use (``LazyIds``), not when a model opens.
+(``tokenizer_json_ids``) alike; computed when the structure is built (``LazyIds``), not when the header is read.
 
 The first ids of a SentencePiece or byte-level vocabulary are ``<unk>``, ``<s>`` and the 256
 byte tokens; the frequent whole words come after them.
@@ -100,8 +100,10 @@ def _json_ids(spec: dict[str, Any], n: int, d_vocab: int) -> tuple[int, ...]:
 
 class LazyIds(Sequence[int]):
     """Token ids computed on their first use (``len``, iteration, indexing, ``==``, ``tolist``):
-    picking them decodes a whole token table (tens of milliseconds at 32k tokens), which a
-    command that shows no token set never needs. Equal to any sequence of the same ids."""
+    reading a checkpoint's header (``inspect_checkpoint``) never picks them; building the
+    model's structure does (``structure_of`` stores them as a plain list: the structure is
+    plain data for JSON, the results store and a cluster's workers). Equal to any sequence of
+    the same ids."""
 
     def __init__(self, compute: Callable[[], Iterable[int]]) -> None:
         self._compute: Callable[[], Iterable[int]] | None = compute
