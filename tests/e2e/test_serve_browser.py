@@ -190,7 +190,10 @@ async def test_the_explorer_in_a_real_browser() -> None:
             asked = [e["params"]["request"]["url"] if "request" in e["params"] else e["params"]["url"]
                      for e in tools.events[first:]
                      if e.get("method") in ("Network.requestWillBeSent", "Network.webSocketCreated")]
-            assert {urlsplit(u).netloc for u in asked if not u.startswith("data:")} == {origin}, asked
+            # (the refusal page's late favicon request may land after `first`: same server, as
+            # 127.0.0.1; on a busy box it did)
+            hosts = {urlsplit(u).netloc for u in asked if not u.startswith("data:")}
+            assert origin in hosts and hosts <= {origin, f"127.0.0.1:{port}"}, asked
             await until(lambda: _async("token QK" in tools.received()), "the QK tab on screen")
             await asyncio.sleep(1.0)  # let the first screen settle
 
