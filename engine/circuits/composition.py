@@ -197,47 +197,91 @@ def iter_composition_tiles(w: Any, kind: str, progress: Progress = None,
     total = max(1, len(wanted))
     done = 0
     f = _Factors(w, kind)
+    pool = core_pool()
     hk = cfg.n_heads * cfg.d_head
-    block = max(1, tile_bytes // (4 * hk * (cfg.d_model + hk)))  # X [H, k, d] and its product
+    layer_bytes = 4 * hk * cfg.d_model  # one layer's X [H, k, d] or Y [H, d, k]
+    # The budget holds the block's sources, their product and the next target's Y (prepared
+    # while this target's products run).
+    block = max(1, (tile_bytes - layer_bytes) // (4 * hk * (cfg.d_model + hk)))
     for first in range(0, n_layers - 1, block):
         sources = [s for s in range(first, min(first + block, n_layers - 1))
                    if any((s, t) in wanted for t in range(s + 1, n_layers))]
         if not sources:
             continue
         check_cancelled(cancelled)
-        xs = np.stack([f.source(s) for s in sources])
+        # Each layer's factors are read and reduced on their own core: reads, page faults and
+        # d_head-sized LAPACK calls, each single-threaded.
+        xs = np.stack(list(pool.map(f.source, sources)))
         with np.errstate(all="ignore"):
             x_norms = np.sqrt(np.square(xs).sum((-2, -1)))
-        for target in range(sources[0] + 1, n_layers):
-            rows = [i for i, s in enumerate(sources) if s < target and (s, target) in wanted]
-            if not rows:
-                continue
-            check_cancelled(cancelled)
-            lo, hi = rows[0], rows[-1] + 1
-            part = _pair_scores(xs[lo:hi], x_norms[lo:hi], f.target(target))
-            for i in rows:
-                yield f.tile(sources[i], target, part[i - lo])
-                done += 1
-            report(progress, done / total)
+        targets = [(t, rows) for t in range(sources[0] + 1, n_layers)
+                   if (rows := [i for i, s in enumerate(sources) if s < t and (s, t) in wanted])]
+        upcoming = pool.submit(f.target, targets[0][0]) if targets else None
+        try:
+            for n, (target, rows) in enumerate(targets):
+                check_cancelled(cancelled)
+                assert upcoming is not None
+                y = upcoming.result()
+                # queued before this target's products: one core prepares it while the other multiplies
+                upcoming = pool.submit(f.target, targets[n + 1][0]) if n + 1 < len(targets) else None
+                lo, hi = rows[0], rows[-1] + 1
+                part = _pair_scores(xs[lo:hi], x_norms[lo:hi], y)
+                for i in rows:
+                    yield f.tile(sources[i], target, part[i - lo])
+                    done += 1
+                report(progress, done / total)
+        finally:
+            if upcoming is not None:
+                upcoming.cancel()
     report(progress, 1.0)
+
+
+def _wishart_root(rng: np.random.Generator, n: int, k: int, samples: int) -> np.ndarray:
+    """``L [samples, k, min(n, k)]`` with ``L Lᵀ`` distributed as ``XᵀX`` for an ``n × k``
+    matrix ``X`` of i.i.d. standard normals (the Wishart ``W_k(n, I)``). For ``n ≥ k``,
+    Bartlett's decomposition: ``L`` lower-triangular, ``L_ii = √χ²(n − i)`` (``i = 0 … k−1``),
+    ``L_ij ~ N(0, 1)`` below the diagonal: ``k(k+1)/2`` draws, not ``n k``. For ``n < k``,
+    ``Xᵀ`` itself (no more draws than that)."""
+    if n < k:
+        return np.swapaxes(rng.standard_normal((samples, n, k)), -2, -1)
+    root = np.tril(rng.standard_normal((samples, k, k)), -1)
+    i = np.arange(k)
+    root[:, i, i] = np.sqrt(rng.chisquare(n - i, size=(samples, k)))
+    return root
 
 
 @functools.lru_cache(maxsize=32)
 def composition_baseline(d_model: int, d_head: int, seed: int = 0, samples: int = 32) -> float:
-    """Expected composition score of i.i.d. standard Gaussian factors of the model's shapes:
-    the mean over ``samples`` draws from numpy's ``default_rng(seed)`` of
-    ``‖OV₁ M₂‖ / (‖OV₁‖ ‖M₂‖)``, through ``d_head``-sized Gram matrices (no
-    ``d_model × d_model`` product)."""
+    """Expected composition score of i.i.d. standard Gaussian factors of the model's shapes,
+    ``‖V O Q Kᵀ‖ / (‖V O‖ ‖Q Kᵀ‖)`` for ``V, Q, K`` of ``d_model × d_head`` and ``O`` of
+    ``d_head × d_model``: the mean over ``samples`` draws from numpy's ``default_rng(seed)``.
+
+    Every norm is a trace of ``d_head``-sized matrices, and those are drawn directly, in
+    distribution equal to the products of the dense factors (tested against them):
+    ``VᵀV`` and ``KᵀK`` are Wishart (``_wishart_root``); ``O = L W`` with ``L Lᵀ = O Oᵀ``
+    Wishart and ``W``'s orthonormal rows independent of ``L``, so ``O Q = L A`` and
+    ``QᵀQ = AᵀA + BᵀB`` with ``A = W Q`` Gaussian and ``BᵀB`` Wishart with ``d_model −
+    d_head`` degrees of freedom (``Q``'s part outside ``W``'s rows). This
+    draws ``O(d_head²)`` numbers per sample instead of ``4 d_model d_head`` (0.13 s → 3 ms at
+    GPT-2-small's shape, 1.4 s → 0.06 s at 7B's)."""
     rng = np.random.default_rng(seed)
-    v, o = rng.standard_normal((samples, d_model, d_head)), rng.standard_normal((samples, d_head, d_model))
-    q, k = rng.standard_normal((samples, d_model, d_head)), rng.standard_normal((samples, d_model, d_head))
-    # ‖V O Q Kᵀ‖² = tr((VᵀV)(O Q)(KᵀK)(O Q)ᵀ); ‖V O‖² = tr((VᵀV)(O Oᵀ)); ‖Q Kᵀ‖² = tr((QᵀQ)(KᵀK))
+    n, k = d_model, d_head
+    root_v, root_k, root_o = (_wishart_root(rng, n, k, samples) for _ in range(3))
+    m = root_o.shape[-1]  # O = L W: W's min(n, k) orthonormal rows
+    root_b = _wishart_root(rng, n - m, k, samples)
+    a = rng.standard_normal((samples, m, k))
+
+    def t(m: np.ndarray) -> np.ndarray:
+        return np.swapaxes(m, -2, -1)
+
+    # ‖V O Q Kᵀ‖² = tr(VᵀV (OQ) KᵀK (OQ)ᵀ); ‖V O‖² = tr(VᵀV O Oᵀ); ‖Q Kᵀ‖² = tr(QᵀQ KᵀK)
     with one_lapack_thread():
-        gv, gk, gq = (np.swapaxes(m, -2, -1) @ m for m in (v, k, q))
-        oq = o @ q
+        gv, gk, go = (r @ t(r) for r in (root_v, root_k, root_o))
+        oq = root_o @ a
+        gq = t(a) @ a + root_b @ t(root_b)
         num = ((gv @ oq @ gk) * oq).sum((-2, -1))
-        ov = ((gv @ o) * o).sum((-2, -1))
-        qk = (gq * gk).sum((-2, -1))  # Gram matrices are symmetric
+        ov = (gv * go).sum((-2, -1))  # Gram matrices are symmetric
+        qk = (gq * gk).sum((-2, -1))
     return float(np.mean(np.sqrt(num) / (np.sqrt(ov) * np.sqrt(qk))))
 
 

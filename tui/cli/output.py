@@ -66,8 +66,9 @@ def emit(data: Any, as_json: bool, table: Callable[[], tuple[list[str], list[lis
     from headscope.engine.core.export import jsonable
 
     if as_json or table is None:
-        json.dump(jsonable(data), sys.stdout, allow_nan=False)
-        sys.stdout.write("\n")
+        # dumps, not dump: json.dump streams through the pure-Python encoder (a [12,12,12,12]
+        # composition array: 25 ms against 5 ms)
+        sys.stdout.write(json.dumps(jsonable(data), allow_nan=False) + "\n")
         return
     columns, rows = table()
     if sys.stdout.isatty():
