@@ -293,8 +293,11 @@ def run_calibrate(path: Path, tokens: int) -> dict[str, Any]:
       products at ``heads``' token count; ``block``: the MLP's column block);
     - ``eigvals``: s per ``eigvals`` of ``H`` random ``d_head × d_head`` float64 matrices on one
       LAPACK thread (two per layer: copying and QK positivity);
-    - ``null``: s of one layer's random heads' projections (``null.random_projections``, 2 ×
-      ``NULL_SAMPLES`` heads on ``tokens`` rows: the Gram root and the draws).
+    - ``null``: s of what the behavioural null adds to one layer of the pass: the mean norms
+      of its ``W_Q`` and stored ``W_K`` heads (``null.layer_head_norms``, a pass over the
+      query weights: not priced before session 15, 0.05–0.2 s a layer here) and its random
+      heads' projections (``null.random_projections``, 2 × ``NULL_SAMPLES`` heads on
+      ``tokens`` rows: the Gram root and the draws).
     """
     import numpy as np
     import torch
@@ -336,7 +339,13 @@ def run_calibrate(path: Path, tokens: int) -> dict[str, Any]:
     with one_lapack_thread():
         out["eigvals"] = _best(lambda: np.linalg.eigvals(small))
     gens = null.head_generators(0)
-    out["null"] = _best(lambda: null.random_projections(x, e, (1.0, 1.0), null.NULL_SAMPLES, *gens))
+    w.get("blocks.0.attn.W_Q"), w.get("blocks.0.attn.W_K")  # read (and expanded) before, as the pass has them
+
+    def null_layer() -> None:  # what the null adds to a layer of the pass (NullSums.__call__)
+        null.layer_head_norms(w, 0)
+        null.random_projections(x, e, (1.0, 1.0), null.NULL_SAMPLES, *gens)
+
+    out["null"] = _best(null_layer)
     w.release()  # the layer read above (the raw files close with the model)
     return {"seconds": since(T0), "rates": out}
 
@@ -388,8 +397,8 @@ def predicted(s: Shape, rates: dict[str, float], tokens: int, attribution_tokens
       rows against ``W_Eᵀ W_E`` (one per KV head), each ``2·rows·d²``, and the per-head
       ``d_head``-sized products; two ``eigvals`` batches of ``H`` heads;
     - forward: the whole layer read again (the sweep released it), the token products
-      ``2·tokens·params`` (torch; K and V once per KV head) and the layer's random heads of
-      the null (``null.random_projections``);
+      ``2·tokens·params`` (torch; K and V once per KV head) and the layer's part of the null
+      (its heads' norms and random heads' projections);
     - attribution, per layer of its backward: the layer's forward again with gradients
       (attention and MLP read) and the blocked MLP's backward (its three matrices read once
       more), ``3 · 2·tokens·params`` flops; the two runs before it: one forward of both prompts.

@@ -229,7 +229,11 @@ class ProcessedWeights:
         center = self.plan.center_reading and leaf == "W_in"  # as _mlp_reader
         if w is None and not center:
             return block
-        block = np.array(block, dtype=np.float32)  # our own: edited in place
+        if not (block.flags.writeable and block.dtype == np.float32):
+            block = np.array(block, dtype=np.float32)  # a view of a kept array: a copy to edit
+        # else the reader's own new memory (``CheckpointWeights.get_columns``), edited in place
+        # in its stored layout (a transposed view; torch multiplies it as one): a re-layout
+        # copy of it was a fifth of a 70B-wide layer's forward pass
         with np.errstate(all="ignore"):
             if w is not None:
                 block *= w[:, None]
@@ -319,8 +323,14 @@ class ProcessedWeights:
 
             out = reading(block)
             if centred:
-                out = out - reading(mean)
-        return np.ascontiguousarray(out, dtype=np.float32)
+                if not (out.flags.writeable and out.dtype == np.float32):
+                    out = np.array(out, dtype=np.float32)
+                # the difference in float64 (the mean's precision), rounded once to float32,
+                # element by element into ``out``: no float64 block (a 70B vocabulary block's
+                # was 0.5 GB) and no re-layout copy (the columns stay a transposed view of the
+                # stored rows; a product takes them as they are)
+                np.subtract(out, reading(mean), out=out, casting="unsafe")
+        return np.asarray(out, dtype=np.float32)
 
     def unembed_bias_cols(self, cols: np.ndarray, *, centred: bool = True) -> np.ndarray:
         """``get("unembed.b_U")[cols]`` without processing the whole unembedding, as

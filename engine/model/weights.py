@@ -395,7 +395,9 @@ class CheckpointWeights(PlannedReads):
         it is stored whole and transposed (a Hugging Face ``Linear`` weight ``[out, in]``: every
         MLP matrix of Llama-like models) its columns are stored rows: only those are read and
         widened, so the forward pass can apply a 70B layer's MLP (2.8 GB in float32) in blocks
-        (``engine.forward.transformer.mlp``). Anything else is cut from the whole array."""
+        (``engine.forward.transformer.mlp``); those come back in memory of their own (writable:
+        ``ProcessedWeights.get_columns`` scales them in place). Anything else is cut from the
+        whole array (a read-only view where the whole is kept)."""
         whole = self._cache.get((name, None))
         spec = self.specs.get(name)
         if whole is not None or type(spec) is not Whole or not spec.transpose:

@@ -95,3 +95,21 @@ def test_a_blocked_pass_never_reads_a_whole_mlp_matrix(root: Path, monkeypatch: 
     assert max(n for _, n in mlp_reads) <= budget // 2
     d, d_mlp = SHAPES["tiny-llama"].d_model, SHAPES["tiny-llama"].d_mlp
     assert sum(n for _, n in mlp_reads) == 2 * 3 * d * d_mlp * SHAPES["tiny-llama"].n_layers
+
+
+def test_processed_columns_read_alone_and_from_a_kept_raw_array(root: Path) -> None:
+    """The blocks read alone (the gain folded into the reader's own memory, in place) equal the
+    processed whole's columns; a block cut from a raw array the reader keeps is copied before
+    the gain is folded, so the kept array is unchanged."""
+    want = _model(root, "tiny-llama").weights
+    alone = _model(root, "tiny-llama").weights
+    kept = _model(root, "tiny-llama").weights
+    for leaf in ("W_gate", "W_in"):
+        name = f"blocks.1.mlp.{leaf}"
+        whole = want.get(name)
+        raw_whole = kept.raw.get(name)  # kept by the raw reader: get_columns cuts from it
+        before = raw_whole.copy()
+        for j, k in blocked_mlp.column_blocks(whole.shape[0], whole.shape[1], 4 * whole.shape[0] * COLUMNS):
+            np.testing.assert_allclose(alone.get_columns(name, j, k), whole[:, j:k], rtol=4 * EPS, atol=1e-9)
+            np.testing.assert_allclose(kept.get_columns(name, j, k), whole[:, j:k], rtol=4 * EPS, atol=1e-9)
+        np.testing.assert_array_equal(kept.raw.get(name), before)

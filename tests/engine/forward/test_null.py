@@ -298,3 +298,20 @@ def test_null_spectral_scores_are_the_float64_formula_up_to_float32_products() -
     chunked = directions._middle_products(x.astype(np.float32), y.astype(np.float32), middle, chunk=4)
     whole = directions._middle_products(x.astype(np.float32), y.astype(np.float32), middle)
     np.testing.assert_allclose(chunked, whole, rtol=0, atol=2 * float(error.max()))
+
+
+def test_a_layers_head_norms_read_each_stored_key_head_once(llama_dir) -> None:
+    """Grouped-query attention: the processed ``W_K`` repeats each stored head for its group,
+    so the mean norm over the stored heads (what the null reads) is the mean over every query
+    head's copy, up to the float64 rounding of a mean of ``n_heads`` terms."""
+    from headscope.engine.forward.torch_weights import torch_weights
+    from headscope.engine.model.loading import load_model
+
+    w = load_model(llama_dir[0]).weights
+    assert w.cfg.kv_heads < w.cfg.n_heads  # the fixture is grouped
+    t = torch_weights(w)
+    for layer in range(w.cfg.n_layers):
+        norm_q, norm_k = null.layer_head_norms(w, layer)
+        assert norm_q == null._mean_finite_norm(t.get(f"blocks.{layer}.attn.W_Q"))
+        every_copy = null._mean_finite_norm(t.get(f"blocks.{layer}.attn.W_K"))
+        assert norm_k == pytest.approx(every_copy, rel=w.cfg.n_heads * 2.0**-52, abs=0)
