@@ -30,3 +30,23 @@ def test_widen_is_exact_for_every_stored_dtype() -> None:
         got = widen(codes.numpy(), kind)
         assert np.array_equal(got, want, equal_nan=True), kind
         assert np.array_equal(np.signbit(got), np.signbit(want)), kind
+
+
+def test_a_large_bf16_read_widened_in_two_halves_is_the_same(monkeypatch) -> None:
+    """Above ``SPLIT_BYTES`` the second half is widened on a helper thread: every bit as torch
+    gives it, for an even and an odd count, and called from several threads at once (the
+    composition sweep reads on two core-pool workers)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from headscope.engine.formats import widening
+
+    monkeypatch.setattr(widening, "SPLIT_BYTES", 1 << 10)
+    tensors = [torch.randn(n).to(torch.bfloat16) for n in (4096, 4097, 70_001)]
+
+    def check(t: torch.Tensor) -> bool:
+        got = widening.widen(t.view(torch.uint8).numpy(), "bf16")
+        return np.array_equal(got.view(np.uint32), t.float().numpy().view(np.uint32))
+
+    assert all(check(t) for t in tensors)
+    with ThreadPoolExecutor(3) as pool:
+        assert all(pool.map(check, tensors * 4))

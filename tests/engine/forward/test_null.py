@@ -200,13 +200,20 @@ def test_the_gram_root_is_torchs_up_to_the_rounding_of_the_gram_matrix() -> None
         assert float((new @ new - exact @ exact.T).abs().max()) <= 4 * bound**2  # a root of G
 
 
-def test_mean_norms_summed_in_float32_rows_are_the_float64_norms() -> None:
+@pytest.mark.parametrize("layout", ["contiguous", "per-head view of an [out, in] read"])
+def test_mean_norms_summed_in_float32_rows_are_the_float64_norms(layout: str) -> None:
     """Per head, float32 sums of ``d_head`` squares (relative error below ``(d_head + 2)·u``:
     recursive summation of positive terms, the squares' and the root's rounding) and a
     float64 sum of those: the float64 norm to that bound, also for heads whose float32
-    squares would overflow or underflow (summed in float64), zero heads and a NaN head."""
+    squares would overflow or underflow (summed in float64), zero heads and a NaN head. A
+    per-head view (``d_head`` strided, ``d_model`` contiguous, as ``W_Q`` is read) sums
+    ``d_head``-long runs of its contiguous axis instead: the same bound."""
     g = torch.Generator().manual_seed(6)
-    weights = torch.randn(6, 40, 16, generator=g)
+    if layout == "contiguous":
+        weights = torch.randn(6, 40, 16, generator=g)
+    else:
+        weights = torch.randn(6 * 16, 48, generator=g).reshape(6, 16, 48).transpose(1, 2)  # [6, 48, 16]
+        assert weights.stride(-2) == 1 and null._runs(weights).shape == (6, 16, 3, 16)
     weights[1] *= 1e25  # squares beyond float32
     weights[2] *= 1e-30  # squares below float32's normal range
     weights[3] = 0
