@@ -60,6 +60,9 @@ def widen(raw: np.ndarray, dtype: Any) -> np.ndarray:
 SPLIT_BYTES = 16 << 20
 _HELPER: list[ThreadPoolExecutor] = []
 _HELPER_LOCK = threading.Lock()
+# A forked child has none of its parent's threads: it starts its own helper when it needs one
+# (an executor whose thread is gone would take the half and never run it).
+os.register_at_fork(after_in_child=_HELPER.clear)
 
 
 def _helper() -> ThreadPoolExecutor | None:

@@ -50,3 +50,19 @@ def test_a_large_bf16_read_widened_in_two_halves_is_the_same(monkeypatch) -> Non
     assert all(check(t) for t in tensors)
     with ThreadPoolExecutor(3) as pool:
         assert all(pool.map(check, tensors * 4))
+
+
+def test_a_forked_child_widens_with_a_helper_of_its_own(monkeypatch) -> None:
+    """A child forked after the parent's helper started (a multiprocessing worker) widens a
+    large read too, instead of waiting on a thread it does not have."""
+    import multiprocessing
+
+    from headscope.engine.formats import widening
+
+    monkeypatch.setattr(widening, "SPLIT_BYTES", 1 << 10)
+    t = torch.randn(8192).to(torch.bfloat16)
+    raw = t.view(torch.uint8).numpy()
+    widening.widen(raw, "bf16")  # the parent's helper exists now
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        got = pool.apply_async(widening.widen, (raw, "bf16")).get(timeout=60)
+    assert np.array_equal(got.view(np.uint32), t.float().numpy().view(np.uint32))
