@@ -271,8 +271,8 @@ def composition_baseline(d_model: int, d_head: int, seed: int = 0, samples: int 
     root_b = _wishart_root(rng, n - m, k, samples)
     a = rng.standard_normal((samples, m, k))
 
-    def t(m: np.ndarray) -> np.ndarray:
-        return np.swapaxes(m, -2, -1)
+    def t(x: np.ndarray) -> np.ndarray:
+        return np.swapaxes(x, -2, -1)
 
     # ‖V O Q Kᵀ‖² = tr(VᵀV (OQ) KᵀK (OQ)ᵀ); ‖V O‖² = tr(VᵀV O Oᵀ); ‖Q Kᵀ‖² = tr(QᵀQ KᵀK)
     with one_lapack_thread():

@@ -60,9 +60,18 @@ def widen(raw: np.ndarray, dtype: Any) -> np.ndarray:
 SPLIT_BYTES = 16 << 20
 _HELPER: list[ThreadPoolExecutor] = []
 _HELPER_LOCK = threading.Lock()
-# A forked child has none of its parent's threads: it starts its own helper when it needs one
-# (an executor whose thread is gone would take the half and never run it).
-os.register_at_fork(after_in_child=_HELPER.clear)
+
+
+def _forget_helper() -> None:
+    """In a forked child: none of the parent's threads are there, so it starts its own helper
+    when it needs one (an executor whose thread is gone would take the half and never run
+    it), under a new lock (the parent's may have been held by another thread at the fork)."""
+    global _HELPER_LOCK
+    _HELPER_LOCK = threading.Lock()
+    _HELPER.clear()
+
+
+os.register_at_fork(after_in_child=_forget_helper)
 
 
 def _helper() -> ThreadPoolExecutor | None:

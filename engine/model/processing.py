@@ -143,6 +143,12 @@ def _center(t: np.ndarray, dim: int) -> np.ndarray:
     return t - t.mean(dim, keepdims=True)
 
 
+def _editable(t: np.ndarray) -> np.ndarray:
+    """``t`` itself where it is writable float32 (a reader's new array, no one else's), else a
+    float32 copy (a view of a kept, read-only array): what this module edits in place."""
+    return t if t.flags.writeable and t.dtype == np.float32 else np.array(t, dtype=np.float32)
+
+
 def _center_(t: np.ndarray, dim: int) -> np.ndarray:
     """In place, for arrays this module just allocated (saves a W_U-sized temporary)."""
     t -= t.mean(dim, keepdims=True)
@@ -229,11 +235,10 @@ class ProcessedWeights:
         center = self.plan.center_reading and leaf == "W_in"  # as _mlp_reader
         if w is None and not center:
             return block
-        if not (block.flags.writeable and block.dtype == np.float32):
-            block = np.array(block, dtype=np.float32)  # a view of a kept array: a copy to edit
-        # else the reader's own new memory (``CheckpointWeights.get_columns``), edited in place
-        # in its stored layout (a transposed view; torch multiplies it as one): a re-layout
-        # copy of it was a fifth of a 70B-wide layer's forward pass
+        # the reader's own new memory (``CheckpointWeights.get_columns``) is edited in place in
+        # its stored layout (a transposed view; torch multiplies it as one): a re-layout copy of
+        # it was a fifth of a 70B-wide layer's forward pass
+        block = _editable(block)
         with np.errstate(all="ignore"):
             if w is not None:
                 block *= w[:, None]
@@ -323,8 +328,7 @@ class ProcessedWeights:
 
             out = reading(block)
             if centred:
-                if not (out.flags.writeable and out.dtype == np.float32):
-                    out = np.array(out, dtype=np.float32)
+                out = _editable(out)
                 # the difference in float64 (the mean's precision), rounded once to float32,
                 # element by element into ``out``: no float64 block (a 70B vocabulary block's
                 # was 0.5 GB) and no re-layout copy (the columns stay a transposed view of the
