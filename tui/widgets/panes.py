@@ -41,7 +41,7 @@ from headscope.tui.base.prompt_words import UNKNOWN, unknown_note, vocabulary_hi
 from headscope.tui.plots.figures import Graph, Heatmap
 from headscope.tui.widgets.bars import bar_colours, bar_half, signed_bar
 from headscope.tui.widgets.chart import Chart
-from headscope.tui.widgets.path_column import PathEffects
+from headscope.tui.widgets.path_column import PATH_CELL, PathEffects
 from headscope.tui.widgets.why import TOTALS_TOP, WhyView
 
 if TYPE_CHECKING:
@@ -382,13 +382,13 @@ class CompositionPane(PathEffects, Horizontal):
             table.add_column("from", key="source")
             table.add_column(" to", key="target")
             table.add_column(Text(" s−base", justify="right"), key="score")
-            table.add_column(Text(" path", justify="right"), key="path", width=13)
+            table.add_column(" path", key="path", width=13)  # over the values (path_cell)
             return
         table.cell_padding = 1
         table.add_column("source", key="source")
         table.add_column("target", key="target")
         table.add_column("s−base", key="score")
-        table.add_column("path", key="path", width=12)  # "+0.00 unused"
+        table.add_column("path", key="path", width=PATH_CELL)  # "+0.00 unused" (path_cell)
 
     def set_compact(self, compact: bool) -> None:
         """Pack the edge list's columns below 100 columns (the explorer's layout_for)."""
@@ -413,8 +413,7 @@ class CompositionPane(PathEffects, Horizontal):
         gap = " " if self.compact else ""
         path = self.path_cell(edge, not style)
         if self.compact and path.plain:
-            path = Text(gap, justify="right") + path
-            path.justify = "right"
+            path = Text(gap) + path
         return (Text(head_name(l1, h1), style=style), Text(gap + head_name(l2, h2), style=style),
                 Text(f"{gap}{s:+.3f}", style=style, justify="right"), path)
 
