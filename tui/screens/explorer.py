@@ -64,6 +64,7 @@ from headscope.tui.screens.explorer_tabs import (
     Head,
 )
 from headscope.tui.screens.path import PathScreen
+from headscope.tui.screens.timeline import SCORING_GROUP
 from headscope.tui.session import sweeps
 from headscope.tui.session.choices import TREE_FILTERS
 from headscope.tui.session.export import export_document, saved_where, write_export
@@ -564,7 +565,10 @@ class ExplorerScreen(ExplorerScores):
             status = self.query_one(StatusBar)
         except NoMatches:  # shutting down
             return
-        busy = any(not w.is_finished and (w.group or "").startswith(("load-", "startup"))
+        # a tab's load, the startup, or the timeline's steps being scored (timeline mode's own
+        # worker: the engine's stats do not see it, and the bar showed `✓` beside "scoring")
+        busy = any(not w.is_finished and ((w.group or "").startswith(("load-", "startup"))
+                                          or w.group == SCORING_GROUP)
                    for w in self.app.workers)
         stats = None
         if app.engine is not None:
