@@ -430,9 +430,14 @@ class CompositionPane(PathEffects, Horizontal):
         vmax = max((e[4] for e in drawn), default=1.0)
         kind = comp.kind.upper()
         baseline = float(comp.baseline)
-        if self.compact:  # three lines of the narrow graph (the long one lost its end)
-            title = (f"{kind}-comp · {len(drawn)}/{len(es)} ≥ {threshold:.0%} of max · "
-                     f"s−base ≥ {cut:+.3f} · base {baseline:.3f} · < >")
+        if self.compact:
+            # Two lines of the narrow graph (26 columns at 80×24; it took three, the long one
+            # lost its end): what is drawn (at most "K-comp 50/50 ≥ 50% of max", 25: a result
+            # lists TOP_EDGES = 50 edges), then the baseline the strengths are measured from.
+            # The cut (s−base of the weakest edge drawn) is the left end of the key under the
+            # graph, so it is not repeated here; while the sweep runs, its layer pairs take
+            # the place of the `< >` hint (the keys still work; `?` lists them).
+            title = f"{kind}-comp {len(drawn)}/{len(es)} ≥ {threshold:.0%} of max\nbase {baseline:.3f}"
         else:
             title = (f"{kind}-composition · {len(drawn)}/{len(es)} edges ≥ {threshold:.0%} of max "
                      f"(score − baseline ≥ {cut:+.3f}; baseline {baseline:.3f}) · < >")
@@ -442,6 +447,8 @@ class CompositionPane(PathEffects, Horizontal):
                        if np.isfinite(comp.scores[s, :, t, :]).any())
             title = f"{title} · {done}/{pairs} pairs" if self.compact else \
                 f"{title} · computing: {done}/{pairs} layer pairs"
+        elif self.compact:
+            title += " · < >"
         self.query_one("#comp-graph", Chart).show(Graph(
             n_layers, n_heads, tuple(drawn), selected=selected, vmax=vmax, vmin=cut,
             title=title,
