@@ -26,7 +26,7 @@ from headscope.tui.base.settings import Settings
 from headscope.tui.screens.dialogs import HelpScreen, InputScreen
 from headscope.tui.widgets.chart import Chart
 from headscope.tui.widgets.head_tree import HeadTree
-from headscope.tui.widgets.panes import CompositionPane, PromptPane
+from headscope.tui.widgets.panes import CompositionPane, PromptPane, threshold_edges
 from headscope.tui.widgets.status import StatusBar
 from tests.conftest import notified
 from tests.fake_engine import FakeEngine, broken_factory
@@ -515,21 +515,54 @@ def test_graph_title_wraps_instead_of_being_cut() -> None:
     assert lines[-1].startswith("weak +0.100") and lines[-1].endswith("+0.200 strong")
 
 
+def test_a_graph_title_breaks_at_its_newlines_first() -> None:
+    from headscope.tui.plots.figures import Colours, Graph, build
+
+    colours = Colours((200, 200, 200), (120, 120, 120), (255, 170, 0), (0, 120, 255),
+                      COLORMAPS["red-blue"])
+    graph = Graph(2, 3, ((0, 0, 1, 1, 0.2),), "K-comp 1/9 ≥ 50% of max\nbase 0.088 · < >",
+                  vmax=0.2, vmin=0.1)
+    lines = build(graph, 40, 16, colours).plain.splitlines()
+    assert [line.rstrip() for line in lines[:2]] == ["K-comp 1/9 ≥ 50% of max", "base 0.088 · < >"]
+    assert lines[2].strip().startswith("┌")  # the plot right under the two lines
+    lines = build(graph, 12, 16, colours).plain.splitlines()  # each part wrapped: three lines
+    assert [line.rstrip() for line in lines[:3]] == ["K-comp 1/9 ≥", "50% of max", "base 0.088 …"]
+
+
 async def test_the_narrow_composition_graph_reads_in_full() -> None:
     """Issue 39 §3: at 80×24 the composition title lost its end (`baseli…`) and the key its
-    strong end. Narrow, a shorter title in three lines and a key that fits, both whole."""
+    strong end. Narrow, a shorter title and a key that fits, both whole. The title then took
+    three of the graph's 17 lines; it takes two (the cut it repeated is the key's left end),
+    while the sweep runs too."""
     app, _ = make_app()
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(pilot, app)
         await pilot.press("c")
         await settle(pilot, app)
         chart = app.query_one("#comp-graph", Chart)
+        pane = app.query_one(CompositionPane)
         await wait_until(pilot, lambda: chart.rendered is not None, "the graph")
-        lines = chart.rendered.plain.splitlines()
-        width = chart.content_size.width
-        assert all(len(line) <= width for line in lines)
-        assert " ".join(lines[:3]).endswith("· < >") and "…" not in " ".join(lines[:3])
-        assert re.fullmatch(r"[+-]\d\.\d{3} ━+ [+-]\d\.\d{3}( strong)?", lines[-1].strip()), lines[-1]
+
+        def title() -> list[str]:
+            lines = chart.rendered.plain.splitlines()
+            assert all(len(line) <= chart.content_size.width for line in lines)
+            key = lines[-1].strip()  # the key: the cut (s−base of the weakest edge drawn) on its left
+            cut = threshold_edges(pane.edges, pane.threshold)[1]
+            assert re.fullmatch(re.escape(f"{cut:+.3f}") + r" ━+ [+-]\d\.\d{3}( strong)?", key), lines[-1]
+            return lines[:next(i for i, line in enumerate(lines) if "┌" in line)]
+
+        shown = pane.shown
+        drawn = len(threshold_edges(pane.edges, pane.threshold)[0])
+        lines = title()
+        assert len(lines) <= 2, lines
+        assert re.fullmatch(rf"K-comp {drawn}/\d+ ≥ 50% of max", lines[0].strip()), lines
+        assert lines[1].strip() == f"base {shown.baseline:.3f} · < >", lines
+        before = chart.rendered
+        pane.show(shown, *pane._shape, None, partial=True)  # as a partial graph of the sweep draws it
+        await wait_until(pilot, lambda: chart.rendered is not None and chart.rendered is not before,
+                         "the partial graph")
+        lines = title()
+        assert len(lines) <= 2 and lines[1].strip() == f"base {shown.baseline:.3f} · 1/1 pairs", lines
 
 
 async def test_quitting_before_the_deferred_engine_opens_creates_no_engine() -> None:

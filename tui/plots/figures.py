@@ -674,16 +674,23 @@ def _fit_line(line: str, width: int, style: str = "") -> Text:
 
 
 def _wrap(line: str, width: int, style: str = "", max_lines: int = 3) -> list[Text]:
-    """``line`` broken at spaces into at most ``max_lines`` lines of ``width`` (the last cut)."""
+    """``line`` broken at its newlines, then each part at spaces, into at most ``max_lines``
+    lines of ``width`` (the last cut; parts that do not fit join it)."""
     out: list[str] = []
-    rest = line
-    while rest and len(out) < max_lines - 1 and len(rest) > width:
-        cut = rest.rfind(" ", 0, width + 1)
-        cut = cut if cut > 0 else width
-        out.append(rest[:cut].rstrip())
-        rest = rest[cut:].lstrip()
-    if rest or not out:
-        out.append(rest)
+    parts = line.split("\n")
+    for i, rest in enumerate(parts):
+        while rest and len(out) < max_lines - 1 and len(rest) > width:
+            cut = rest.rfind(" ", 0, width + 1)
+            cut = cut if cut > 0 else width
+            out.append(rest[:cut].rstrip())
+            rest = rest[cut:].lstrip()
+        if len(out) == max_lines - 1:  # the last line: what is left of every part
+            rest = " ".join(p for p in (rest, *parts[i + 1:]) if p)
+            if rest:
+                out.append(rest)
+            break
+        if rest or not out or i < len(parts) - 1:
+            out.append(rest)
     return [_fit_line(x, width, style) for x in out]
 
 

@@ -64,6 +64,7 @@ from headscope.tui.screens.explorer_tabs import (
     Head,
 )
 from headscope.tui.screens.path import PathScreen
+from headscope.tui.screens.timeline import SCORING_GROUP
 from headscope.tui.session import sweeps
 from headscope.tui.session.choices import TREE_FILTERS
 from headscope.tui.session.export import export_document, saved_where, write_export
@@ -100,6 +101,8 @@ class ExplorerScreen(ExplorerScores):
         Binding("escape", "leave_input", "Back to heads", key_display="esc", id="leave-input",
                 tooltip="Leave the prompt box (or any pane) for the head tree"),
     ]
+
+    _tab_keys_cache: tuple[object, dict[str, str]] | None = None  # (keymap, key → tab): _tab_keys
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "leave_input":
@@ -341,12 +344,37 @@ class ExplorerScreen(ExplorerScores):
             event.prevent_default()
 
     def _tab_key(self, event: events.Key) -> str | None:
-        """The tab an enabled ``screen.show_tab('…')`` binding of this key shows, if any."""
+        """The tab an enabled ``screen.show_tab('…')`` binding of this key shows, if any.
+
+        Most keys are no tab key: they are answered from ``_tab_keys`` (built once per keymap).
+        ``active_bindings`` built the whole binding map (every binding of the focus chain
+        copied, the keymap applied, each action's ``check_action``) on every key press, a held
+        ``]`` included; it is asked only for a tab key now, so that a focused widget's own
+        binding of the key, or a disabled binding, still wins as before."""
+        if event.key not in self._tab_keys():
+            return None
         bound = self.active_bindings.get(event.key)
         if bound is None or not bound.enabled:
             return None
         shown = _SHOW_TAB.fullmatch(bound.binding.action)
         return shown.group(1) if shown else None
+
+    def _tab_keys(self) -> dict[str, str]:
+        """Each key of the app's ``screen.show_tab('…')`` bindings → its tab, with the user's
+        keymap applied as Textual applies it (to a copy of the app's bindings). Cached for the
+        keymap it was built with: Textual's ``set_keymap`` / ``update_keymap`` replace the
+        app's keymap object, so a new one builds the map again."""
+        keymap = self.app._keymap  # Textual's, normalised: what its own binding chain applies
+        cached = self._tab_keys_cache
+        if cached is not None and cached[0] is keymap:
+            return cached[1]
+        bindings = self.app._bindings.copy()
+        if keymap:
+            bindings.apply_keymap(keymap)
+        tabs = {key: shown.group(1) for key, bound in bindings.key_to_bindings.items()
+                for binding in bound if (shown := _SHOW_TAB.fullmatch(binding.action))}
+        self._tab_keys_cache = (keymap, tabs)
+        return tabs
 
     @on(PatchRequested)
     def _patch_requested(self) -> None:
@@ -564,7 +592,10 @@ class ExplorerScreen(ExplorerScores):
             status = self.query_one(StatusBar)
         except NoMatches:  # shutting down
             return
-        busy = any(not w.is_finished and (w.group or "").startswith(("load-", "startup"))
+        # a tab's load, the startup, or the timeline's steps being scored (timeline mode's own
+        # worker: the engine's stats do not see it, and the bar showed `✓` beside "scoring")
+        busy = any(not w.is_finished and ((w.group or "").startswith(("load-", "startup"))
+                                          or w.group == SCORING_GROUP)
                    for w in self.app.workers)
         stats = None
         if app.engine is not None:

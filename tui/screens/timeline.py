@@ -46,6 +46,9 @@ if TYPE_CHECKING:
                         Callable[[], bool]], Timeline]
 
 SCRUB_DELAY = 0.15  # seconds: a burst of step keys opens only the step it ends on
+# The worker group that scores the steps: outside the engine, so the engine's activity does not
+# show it; the explorer's status tick counts it as busy (the spinner turns, not `✓`).
+SCORING_GROUP = "timeline"
 
 
 class TimelineExplorer(Protocol):
@@ -162,7 +165,7 @@ class TimelineMode(TimelineState):
             from headscope.engine.api.store import default_store
 
             self.store = default_store(mb)
-        app.run_worker(lambda: self._compute(app), thread=True, group="timeline",
+        app.run_worker(lambda: self._compute(app), thread=True, group=SCORING_GROUP,
                        exclusive=True, exit_on_error=False)
 
     def _series(self, sources: Sequence[StepSource], notes: Sequence[str], raw: bool,

@@ -41,7 +41,7 @@ from headscope.tui.base.prompt_words import UNKNOWN, unknown_note, vocabulary_hi
 from headscope.tui.plots.figures import Graph, Heatmap
 from headscope.tui.widgets.bars import bar_colours, bar_half, signed_bar
 from headscope.tui.widgets.chart import Chart
-from headscope.tui.widgets.path_column import PathEffects
+from headscope.tui.widgets.path_column import PATH_CELL, PathEffects
 from headscope.tui.widgets.why import TOTALS_TOP, WhyView
 
 if TYPE_CHECKING:
@@ -382,13 +382,13 @@ class CompositionPane(PathEffects, Horizontal):
             table.add_column("from", key="source")
             table.add_column(" to", key="target")
             table.add_column(Text(" s−base", justify="right"), key="score")
-            table.add_column(Text(" path", justify="right"), key="path", width=13)
+            table.add_column(" path", key="path", width=13)  # over the values (path_cell)
             return
         table.cell_padding = 1
         table.add_column("source", key="source")
         table.add_column("target", key="target")
         table.add_column("s−base", key="score")
-        table.add_column("path", key="path", width=12)  # "+0.00 unused"
+        table.add_column("path", key="path", width=PATH_CELL)  # "+0.00 unused" (path_cell)
 
     def set_compact(self, compact: bool) -> None:
         """Pack the edge list's columns below 100 columns (the explorer's layout_for)."""
@@ -413,8 +413,7 @@ class CompositionPane(PathEffects, Horizontal):
         gap = " " if self.compact else ""
         path = self.path_cell(edge, not style)
         if self.compact and path.plain:
-            path = Text(gap, justify="right") + path
-            path.justify = "right"
+            path = Text(gap) + path
         return (Text(head_name(l1, h1), style=style), Text(gap + head_name(l2, h2), style=style),
                 Text(f"{gap}{s:+.3f}", style=style, justify="right"), path)
 
@@ -431,9 +430,14 @@ class CompositionPane(PathEffects, Horizontal):
         vmax = max((e[4] for e in drawn), default=1.0)
         kind = comp.kind.upper()
         baseline = float(comp.baseline)
-        if self.compact:  # three lines of the narrow graph (the long one lost its end)
-            title = (f"{kind}-comp · {len(drawn)}/{len(es)} ≥ {threshold:.0%} of max · "
-                     f"s−base ≥ {cut:+.3f} · base {baseline:.3f} · < >")
+        if self.compact:
+            # Two lines of the narrow graph (26 columns at 80×24; it took three, the long one
+            # lost its end): what is drawn (at most "K-comp 50/50 ≥ 50% of max", 25: a result
+            # lists TOP_EDGES = 50 edges), then the baseline the strengths are measured from.
+            # The cut (s−base of the weakest edge drawn) is the left end of the key under the
+            # graph, so it is not repeated here; while the sweep runs, its layer pairs take
+            # the place of the `< >` hint (the keys still work; `?` lists them).
+            title = f"{kind}-comp {len(drawn)}/{len(es)} ≥ {threshold:.0%} of max\nbase {baseline:.3f}"
         else:
             title = (f"{kind}-composition · {len(drawn)}/{len(es)} edges ≥ {threshold:.0%} of max "
                      f"(score − baseline ≥ {cut:+.3f}; baseline {baseline:.3f}) · < >")
@@ -443,6 +447,8 @@ class CompositionPane(PathEffects, Horizontal):
                        if np.isfinite(comp.scores[s, :, t, :]).any())
             title = f"{title} · {done}/{pairs} pairs" if self.compact else \
                 f"{title} · computing: {done}/{pairs} layer pairs"
+        elif self.compact:
+            title += " · < >"
         self.query_one("#comp-graph", Chart).show(Graph(
             n_layers, n_heads, tuple(drawn), selected=selected, vmax=vmax, vmin=cut,
             title=title,

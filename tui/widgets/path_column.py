@@ -30,6 +30,16 @@ UNUSED = "unused on this task"
 USED = "used on this task"
 
 
+PATH_CELL = len("+0.00 unused")  # the widest cell: the column's width (tui/widgets/panes.py)
+
+
+def _cell(value: str, word: str = "", style: str = "") -> Text:
+    """A path cell: ``value`` in the value's five columns, ``word`` after it, padded to
+    ``PATH_CELL`` so every cell starts its value in the same column."""
+    text = f"{value:>5} {word}".rstrip() if value else ""
+    return Text(text.ljust(PATH_CELL) if text else "", style=style, justify="left")
+
+
 class PathEffects:
     """The path effect of each of the top edges, for the composition kind and task shown."""
 
@@ -43,22 +53,30 @@ class PathEffects:
         self.paths_task = "the task"
 
     def path_cell(self, edge: tuple[int, int, int, int, float], strong: bool) -> Text:
-        """The "path" column: the edge's recovered fraction, "unused" when the weights are
-        strong and the path effect near zero; blank for edges without one."""
+        """The "path" column: the edge's recovered fraction, then "used" or "unused" when the
+        weights are strong (the verdict of tui/session/patch.py); blank for edges without one.
+
+        Every cell is one fixed-width string, left-aligned: the value in the first five
+        columns, the word (or its blank) after it. Right-aligned as before, a row with a word
+        pushed its value 5 or 7 columns left of a bare value's, so the column read as three
+        (``+0.72 used``, ``+0.00 unused``, ``       +0.00``) and a glance down it could not
+        compare the numbers. ``+0.00 unused`` is 12 columns, the column's width (13 packed,
+        with its separating space), so at 80 columns nothing is cut and the numbers line up
+        under the header."""
         pair = ((edge[0], edge[1]), (edge[2], edge[3]))
         if pair not in self.paths:
-            return Text("…" if self.paths_state == "computing" and self._is_top(pair) else "",
-                        style="dim", justify="right")
+            pending = self.paths_state == "computing" and self._is_top(pair)
+            return _cell("…" if pending else "", style="dim")
         value = self.paths[pair]
         if value is None:
-            return Text("—", style="dim", justify="right")
+            return _cell("—", style="dim")
         if unused(strong, value):
             # the theme's warning colour (ANSI yellow was 2.8:1 on the light theme)
             warning = (getattr(self.app, "theme_variables", None) or {}).get("warning", "yellow")
-            return Text(f"{value:+.2f} unused", style=f"bold {warning}", justify="right")
+            return _cell(f"{value:+.2f}", "unused", style=f"bold {warning}")
         if used(strong, value):  # as the README's tour reads it: "+0.72, used"
-            return Text(f"{value:+.2f} used", justify="right")
-        return Text(f"{value:+.2f}", justify="right")
+            return _cell(f"{value:+.2f}", "used")
+        return _cell(f"{value:+.2f}")
 
     def path_line(self, edge: tuple[int, int, int, int, float], strong: bool) -> str:
         """The detail line's part about the edge's path effect."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -212,3 +213,40 @@ async def test_z_zooms_the_prompt_pattern_so_an_induction_stripe_shows_at_80x24(
         await pilot.press("1")  # another tab: its own view, unzoomed
         await pilot.pause()
         assert app.screen.maximized is None and app.explorer.active_tab == "qk"
+
+
+async def test_a_key_that_shows_no_tab_builds_no_binding_map(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The explorer's key handler looked every key up in ``active_bindings``, which builds the
+    whole binding map (the focus chain's bindings copied, the keymap applied, every action
+    checked) on each press, a held `]` included. The tab keys are a map built once per keymap:
+    other keys never build it; tab keys, a remapped one and a keymap changed later still work."""
+    app, _ = make_app(keymap={"tab-ov": "y"})
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        screen = app.explorer
+        built_by: list[str] = []
+        original = ExplorerScreen.active_bindings
+
+        def counted(self: ExplorerScreen) -> Any:
+            built_by.append(sys._getframe(1).f_code.co_name)  # who asked for the map
+            return original.fget(self)
+
+        monkeypatch.setattr(ExplorerScreen, "active_bindings", property(counted))
+        await pilot.press("right_square_bracket", "right_square_bracket", "left_square_bracket")
+        await settle(pilot, app)
+        assert screen.head == (0, 1)  # the keys did their work
+        await pilot.press("j", "v", "comma")  # the tree's, the app's, a binding of another tab
+        await settle(pilot, app)
+        assert "_tab_key" not in built_by, built_by
+        await pilot.press("y")  # the keymap's key for the OV tab
+        await pilot.pause()
+        assert screen.active_tab == "ov"
+        await pilot.press("2")  # moved away by the keymap: no longer a tab key
+        await pilot.press("5")
+        await pilot.pause()
+        assert screen.active_tab == "composition"
+        app.update_keymap({"tab-qk": "u"})  # a new keymap: the map is built again
+        await pilot.press("u")
+        await pilot.pause()
+        assert screen.active_tab == "qk"
+        await settle(pilot, app)

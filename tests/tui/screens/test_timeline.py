@@ -277,6 +277,45 @@ async def test_the_timeline_tab_counts_the_steps_scored_as_the_status_bar_does(t
         await pilot.press("q")
 
 
+async def test_the_status_bar_turns_its_spinner_while_the_timeline_is_scored(tmp_path: Path) -> None:
+    """The status bar showed `✓` (nothing running) beside `scoring steps 1/3`: the steps are
+    scored in timeline mode's own worker, not in the engine, whose activity the bar followed.
+    While that worker runs the spinner turns; once the timeline is in (here: it failed), `✓`."""
+    import threading
+
+    from headscope.engine.core.errors import ShapeMismatchError
+    from headscope.tui.widgets.status import SPINNER
+
+    sources = [StepSource(s, tmp_path / f"step-{s}") for s in (0, 1, 2)]
+    go = threading.Event()
+
+    def compute(_s: Any, _n: Any, _r: Any, progress: Any, cancelled: Any) -> Timeline:
+        progress(1, 3)
+        go.wait(30)
+        raise ShapeMismatchError(sources[2].path, "not one series")
+
+    app = HeadscopeApp(timeline=TimelineMode(sources, compute=compute),
+                       engine_factory=lambda p, r: FakeEngine(p), settings=Settings(),
+                       debounce=0.01, sweep=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        try:
+            await wait_until(pilot, lambda: app.model_ready.is_set(), "the model open")
+            await wait_until(pilot, lambda: not any(
+                not w.is_finished for w in app.workers if w.group != "timeline"),
+                "everything but the timeline done")
+            await wait_until(pilot, lambda: "scoring steps 1/3" in status(app), "the step count")
+            seen = set()
+            for _ in range(6):  # the status tick is 0.15 s: several beats
+                await pilot.pause(0.1)
+                seen.add(status(app).splitlines()[1].split(" │ ")[2][0])  # the activity
+            assert "✓" not in seen and seen <= set(SPINNER) and len(seen) > 1, (seen, status(app))
+        finally:
+            go.set()
+        await wait_until(pilot, lambda: app.errors, "the timeline failed")
+        await wait_until(pilot, lambda: "✓" in status(app), "the bar idle again")
+        await pilot.press("q")
+
+
 async def test_quitting_while_the_timeline_is_scored_cancels_it_between_steps(
         tmp_path: Path) -> None:
     sources = [StepSource(s, tmp_path / f"step-{s}") for s in (0, 1, 2)]

@@ -267,7 +267,7 @@ async def test_composition_edges_show_their_path_effect_and_unused_ones() -> Non
         induction = (1, 2)
         cells = {}
         for i, e in enumerate(pane.edges[:len(asked)]):
-            cells[(e[0], e[1]), (e[2], e[3])] = str(table.get_row_at(i)[3])
+            cells[(e[0], e[1]), (e[2], e[3])] = str(table.get_row_at(i)[3]).rstrip()
         _, cut = __import__("headscope.tui.widgets.panes", fromlist=["x"]).threshold_edges(
             pane.edges, pane.threshold)
         for (sender, receiver), cell in cells.items():
