@@ -10,10 +10,12 @@ in its own process (``python -m bench.wide --one SCENARIO PATH``), so peak RSS i
 
 - ``heads``: ``headscope heads PATH --json --no-cache`` (the CLI's ``main``, output
   discarded), timed inside: the spectral middles (``W_U W_E``, ``W_Eᵀ W_E``, once per model),
-  each layer's spectral piece (``spectral.layer_spectral_scores``, and the layer's read before
-  it, ``spectral._read_layer``, where it is not read ahead on a thread) and each layer of the
-  forward pass (``transformer.blocks_together``, between its ``after_layer`` calls; the
-  tokens of all its batches counted).
+  each layer's spectral piece (``spectral.layer_spectral_scores``, which reads the layer's
+  attention weights: ``heads`` runs it as the forward pass reaches the layer, and where the
+  weight sweep runs alone, ``spectral._read_layer`` before it when not read ahead on a thread)
+  and each layer of the forward pass (``transformer.blocks_together``, between its
+  ``after_layer`` calls, less the spectral piece run inside it; the tokens of all its batches
+  counted).
 - ``attribution``: ``headscope patch PATH --method attribution`` on a fixed prompt of
   ``--tokens`` ids (``bench.patching.prompts``), timed inside: the two runs (clean and
   corrupt, one batch) and each layer of the backward pass (between ``report`` calls).
@@ -60,10 +62,11 @@ HEADS_TOKENS = 326  # heads' pass on this shape (four 64-token sequences and the
 SLICE, TINY = "llama-70b-slice", "tiny-llama"
 A_READ, B_GEMM = 2.35, 3.45  # s/GB of stored bf16 through the reader, s/TFLOP (bench/README.md)
 # the rates of the 1B/7B/13B fit, used where no ``calibrate`` ran (no eigvals or null term)
-FITTED = {"read_attn": A_READ, "read_mlp": A_READ, "gemm_np": B_GEMM, "gemm_torch": B_GEMM,
-          "eigvals": 0.0, "null": 0.0}
-RATE_UNITS = {"read_attn": "s/GB", "read_mlp": "s/GB", "gemm_np": "s/TFLOP", "gemm_torch": "s/TFLOP",
-              "eigvals": "s", "null": "s"}
+# (no peaks term; the per-head products at the product rate)
+FITTED = {"read_attn": A_READ, "read_mlp": A_READ, "peaks": 0.0, "gemm_np": B_GEMM, "small_np": B_GEMM,
+          "gemm_torch": B_GEMM, "eigvals": 0.0, "null": 0.0}
+RATE_UNITS = {"read_attn": "s/GB", "read_mlp": "s/GB", "peaks": "s", "gemm_np": "s/TFLOP",
+              "small_np": "s/TFLOP", "gemm_torch": "s/TFLOP", "eigvals": "s", "null": "s"}
 FULL_LAYERS = 80  # Llama-2-70B
 ANSWER, WRONG = 1, 2
 
@@ -157,24 +160,34 @@ def run_heads(path: Path) -> dict[str, Any]:
             found["intervals"].append((f"spectral {layer}", t - T0, time.perf_counter() - T0))
             rss.set("other")
 
-    def timed_together(w: Any, streams: Any, *, on_block: Any = None, after_layer: Any = None) -> Any:
+    def timed_together(w: Any, streams: Any, *, on_block: Any = None, after_layer: Any = None,
+                       before_layer: Any = None) -> Any:
         found["tokens"] += sum(int(s.shape[0] * s.shape[1]) for s in streams)
         last = [time.perf_counter()]
-        start = last[0]
         rss.set("forward 0")
+
+        def forward_until_now(layer: int) -> None:  # the pass's own time since ``last``
+            now = time.perf_counter()
+            forward_s[layer] = forward_s.get(layer, 0.0) + now - last[0]
+            found["intervals"].append((f"forward {layer}", last[0] - T0, now - T0))
+            last[0] = now
+
+        def before(layer: int) -> None:  # the spectral piece run here is timed as its own
+            forward_until_now(layer)
+            if before_layer is not None:
+                before_layer(layer)
+            rss.set(f"forward {layer}")
+            last[0] = time.perf_counter()
 
         def after(layer: int) -> None:
             if after_layer is not None:
                 after_layer(layer)
-            now = time.perf_counter()
-            forward_s[layer] = forward_s.get(layer, 0.0) + now - last[0]
-            last[0] = now
+            forward_until_now(layer)
             rss.set(f"forward {layer + 1}")
 
         try:
-            return together(w, streams, on_block=on_block, after_layer=after)
+            return together(w, streams, on_block=on_block, after_layer=after, before_layer=before)
         finally:
-            found["intervals"].append(("forward", start - T0, time.perf_counter() - T0))
             rss.set("other")
 
     def timed_read(w: Any, layer: int) -> None:  # the sweep's read of a layer not read ahead
@@ -287,8 +300,13 @@ def run_calibrate(path: Path, tokens: int) -> dict[str, Any]:
       the processed model (layer 0's four attention weights by ``get``: widened, grouped K/V
       expanded, LN folded, centred; its three MLP matrices by ``get_columns`` in the forward
       pass's blocks), the page cache warm (read once before);
+    - ``peaks``: s of the per-head peaks of layer 0's four attention weights
+      (``numeric.max_abs``: the spectral piece's non-finite, overflow and taming checks, a
+      pass over 1 GiB of float32 a layer at 70B widths);
     - ``gemm_np``: s/TFLOP of numpy's ``[2048, d] @ [d, d]`` (float32; the spectral sweep's
       product, on the rows of 16 heads);
+    - ``small_np``: s/TFLOP of numpy's per-head ``[d_head, d] @ [d, d_head]`` on 16 heads at
+      once, on one thread (the spectral piece runs them under ``one_lapack_thread``);
     - ``gemm_torch``: s/TFLOP of torch's ``[tokens, d] @ [d, block]`` (the forward pass's token
       products at ``heads``' token count; ``block``: the MLP's column block);
     - ``eigvals``: s per ``eigvals`` of ``H`` random ``d_head × d_head`` float64 matrices on one
@@ -302,6 +320,7 @@ def run_calibrate(path: Path, tokens: int) -> dict[str, Any]:
     import numpy as np
     import torch
 
+    from headscope.engine.core.numeric import max_abs
     from headscope.engine.core.threads import one_lapack_thread
     from headscope.engine.forward import blocked_mlp, null
     from headscope.engine.model.loading import load_model
@@ -328,10 +347,19 @@ def run_calibrate(path: Path, tokens: int) -> dict[str, Any]:
     z = layer_sizes_of(cfg)
     out: dict[str, Any] = {"read_attn": _best(read_attn, 2) / z["attn_gb"],
                            "read_mlp": _best(read_mlp, 1) / z["mlp_gb"]}
+    mats = [w.get(name) for name in attn]
+    out["peaks"] = _best(lambda: [max_abs(x) for x in mats])
+    mats = None
+    w.release()
     rng = np.random.default_rng(0)
     a, m = rng.standard_normal((2048, d), np.float32), rng.standard_normal((d, d), np.float32)
     out["gemm_np"] = _best(lambda: a @ m) / (2 * 2048 * d * d / 1e12)
     a = m = None  # freed before the next measurement
+    heads = max(1, 2048 // e)
+    a, m = rng.standard_normal((heads, e, d), np.float32), rng.standard_normal((heads, d, e), np.float32)
+    with one_lapack_thread():
+        out["small_np"] = _best(lambda: a @ m) / (2 * heads * e * d * e / 1e12)
+    a = m = None
     block = min(cfg.d_mlp, blocked_mlp.MLP_BLOCK_BYTES // (4 * d))
     x, wt = torch.randn(tokens, d), torch.randn(d, block)
     out["gemm_torch"] = _best(lambda: x @ wt, 5) / (2 * tokens * d * block / 1e12)
@@ -392,13 +420,15 @@ def predicted(s: Shape, rates: dict[str, float], tokens: int, attribution_tokens
     - middles: ``W_E`` and ``W_U`` read in vocabulary blocks (as the MLP's rows are), ``W_U``
       once more whole for its mean column (processing centres the unembedding), and
       ``4·V·d²`` flops (numpy);
-    - spectral: the layer's attention weights read and processed; the products of
-      ``layer_spectral_scores``: ``W_O``'s ``H·d_head`` rows against ``W_U W_E``, ``W_K``'s
-      rows against ``W_Eᵀ W_E`` (one per KV head), each ``2·rows·d²``, and the per-head
-      ``d_head``-sized products; two ``eigvals`` batches of ``H`` heads;
-    - forward: the whole layer read again (the sweep released it), the token products
-      ``2·tokens·params`` (torch; K and V once per KV head) and the layer's part of the null
-      (its heads' norms and random heads' projections);
+    - spectral: the layer's attention weights read and processed, and their per-head peaks;
+      the products of ``layer_spectral_scores``: ``W_O``'s ``H·d_head`` rows against
+      ``W_U W_E``, ``W_K``'s rows against ``W_Eᵀ W_E`` (one per KV head), each ``2·rows·d²``,
+      and the per-head ``d_head``-sized products (on one thread); two ``eigvals`` batches of
+      ``H`` heads;
+    - forward: the layer's MLP read (its attention weights are the spectral piece's, run as
+      the pass reaches the layer), the token products ``2·tokens·params`` (torch; K and V once
+      per KV head) and the layer's part of the null (its heads' norms and random heads'
+      projections);
     - attribution, per layer of its backward: the layer's forward again with gradients
       (attention and MLP read) and the blocked MLP's backward (its three matrices read once
       more), ``3 · 2·tokens·params`` flops; the two runs before it: one forward of both prompts.
@@ -407,15 +437,17 @@ def predicted(s: Shape, rates: dict[str, float], tokens: int, attribution_tokens
     kv = s.n_kv_heads or h
     z = layer_sizes_of(s)
     r = rates
-    spectral_flops = 2 * h * e * d * d + 2 * kv * e * d * d + 2 * 2 * h * e * d * e
-    forward_read = r["read_attn"] * z["attn_gb"] + r["read_mlp"] * z["mlp_gb"]
+    spectral_flops = 2 * h * e * d * d + 2 * kv * e * d * d
+    per_head_flops = 2 * 2 * h * e * d * e
+    layer_read = r["read_attn"] * z["attn_gb"] + r["read_mlp"] * z["mlp_gb"]
     return {
         "middles": r["read_mlp"] * 3 * 2 * v * d / 1e9 + r["gemm_np"] * 4 * v * d * d / 1e12,
-        "spectral": r["read_attn"] * z["attn_gb"] + r["gemm_np"] * spectral_flops / 1e12 + 2 * r["eigvals"],
-        "forward": forward_read + r["gemm_torch"] * 2 * tokens * z["params"] / 1e12 + r["null"],
-        "backward": forward_read + r["read_mlp"] * z["mlp_gb"]
+        "spectral": r["read_attn"] * z["attn_gb"] + r["peaks"] + r["gemm_np"] * spectral_flops / 1e12
+                    + r["small_np"] * per_head_flops / 1e12 + 2 * r["eigvals"],
+        "forward": r["read_mlp"] * z["mlp_gb"] + r["gemm_torch"] * 2 * tokens * z["params"] / 1e12 + r["null"],
+        "backward": layer_read + r["read_mlp"] * z["mlp_gb"]
                     + r["gemm_torch"] * 3 * 2 * attribution_tokens * z["params"] / 1e12,
-        "two_runs_per_layer": forward_read + r["gemm_torch"] * 2 * attribution_tokens * z["params"] / 1e12,
+        "two_runs_per_layer": layer_read + r["gemm_torch"] * 2 * attribution_tokens * z["params"] / 1e12,
     }
 
 

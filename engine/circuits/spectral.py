@@ -35,7 +35,7 @@ from headscope.engine.model.weights import file_sorted
 if TYPE_CHECKING:
     from headscope.engine.model.weights import CircuitWeights
 
-__all__ = ["SPECTRAL_SCORES", "copying_score", "file_order", "layer_flags",
+__all__ = ["SPECTRAL_SCORES", "SpectralPass", "copying_score", "file_order", "layer_flags",
            "layer_spectral_scores", "nonfinite_heads", "qk_positivity", "spectral_score",
            "spectral_scores"]
 
@@ -158,6 +158,74 @@ def _kv_group(w: Any, n_heads: int) -> int:
     return n_heads // kv if kv and n_heads % kv == 0 else 1
 
 
+class SpectralPass:
+    """``spectral_scores`` one layer at a time: ``layer(l)`` fills layer ``l``'s scores and
+    flags (read back from ``memos`` where both are stored, else computed by
+    ``layer_spectral_scores`` and put in them), ``result()`` gives the ``[L, H]`` tables.
+
+    ``spectral_scores`` drives it over the layers in file order; a forward pass over the
+    layers can drive it instead (``sweeps.scores``: ``layer(l)`` as the pass reaches layer
+    ``l``), so each layer's attention weights are read and processed once for both: the
+    forward pass finds them in the weight cache (docs/internals.md, "The read plan").
+    ``flags`` (``nonfinite | overflow``, ``[L, H]``) is filled in row by row as the layers go.
+    """
+
+    def __init__(self, w: Any, *, memos: dict[str, Memo] | None = None,
+                 known_flags: np.ndarray | None = None) -> None:
+        cfg = w.cfg
+        self.w, self.memos, self.known_flags = w, memos or {}, known_flags
+        self.out = {name: np.empty((cfg.n_layers, cfg.n_heads), np.float32) for name in SPECTRAL_SCORES}
+        self.out["nonfinite"] = np.zeros((cfg.n_layers, cfg.n_heads), bool)
+        self.out["overflow"] = np.zeros((cfg.n_layers, cfg.n_heads), bool)
+        self.flags = np.zeros((cfg.n_layers, cfg.n_heads), bool)
+        self._middles: dict[str, np.ndarray] | None = None
+        self._peeked: dict[int, dict[str, np.ndarray] | None] = {}  # each part loaded (and counted) once
+        self._done: set[int] = set()
+
+    def stored(self, layer: int) -> bool:
+        """Whether both of ``layer``'s scores are in the memos (loaded once, kept for ``layer``)."""
+        if layer not in self._peeked:
+            n_heads = (self.w.cfg.n_heads,)
+            known = {name: memo.get(layer, n_heads) for name, memo in self.memos.items()}
+            complete = (self.memos and set(known) == set(SPECTRAL_SCORES)
+                        and all(v is not None for v in known.values()))
+            self._peeked[layer] = known if complete else None  # type: ignore[assignment]
+        return self._peeked[layer] is not None
+
+    def prepare(self) -> None:
+        """Form the ``d_model × d_model`` middles now if a layer will need them (a caller can
+        do it before its pass starts, while torch imports)."""
+        todo = (layer for layer in range(self.w.cfg.n_layers) if layer not in self._done)
+        if self._middles is None and not all(self.stored(layer) for layer in todo):
+            self._middles = kept_spectral_middles(self.w)
+
+    def layer(self, layer: int) -> None:
+        """Layer ``layer``'s scores and flags: read back, or computed and put in the memos."""
+        known = self._peeked.pop(layer) if self.stored(layer) else None
+        if known is not None:
+            for name, value in known.items():
+                self.out[name][layer] = value
+            self.out["nonfinite"][layer] = (self.known_flags[layer] if self.known_flags is not None
+                                            else layer_flags(self.w, layer))
+        else:
+            self._peeked.pop(layer, None)
+            if self._middles is None:
+                self._middles = kept_spectral_middles(self.w)
+            for name, value in layer_spectral_scores(self.w, layer, self._middles).items():
+                self.out[name][layer] = value
+            for name, memo in self.memos.items():
+                memo.put(layer, self.out[name][layer])
+        self.flags[layer] = self.out["nonfinite"][layer] | self.out["overflow"][layer]
+        self._done.add(layer)
+
+    def result(self) -> dict[str, np.ndarray]:
+        """The ``[L, H]`` tables; a layer the driver did not visit is visited now."""
+        for layer in range(self.w.cfg.n_layers):
+            if layer not in self._done:
+                self.layer(layer)
+        return self.out
+
+
 def spectral_scores(w: Any, progress: Progress = None, cancelled: Cancelled = None, *,
                     memos: dict[str, Memo] | None = None, known_flags: np.ndarray | None = None
                     ) -> dict[str, np.ndarray]:
@@ -176,52 +244,28 @@ def spectral_scores(w: Any, progress: Progress = None, cancelled: Cancelled = No
     plan")."""
     cfg = w.cfg
     check_cancelled(cancelled)
-    memos = memos or {}
-    middles: dict[str, np.ndarray] | None = None
-    out = {name: np.empty((cfg.n_layers, cfg.n_heads), np.float32) for name in SPECTRAL_SCORES}
-    out["nonfinite"] = np.zeros((cfg.n_layers, cfg.n_heads), bool)
-    out["overflow"] = np.zeros((cfg.n_layers, cfg.n_heads), bool)
-
-    def stored(layer: int) -> dict[str, np.ndarray] | None:
-        known = {name: memo.get(layer, (cfg.n_heads,)) for name, memo in memos.items()}
-        if memos and all(v is not None for v in known.values()) and set(known) == set(SPECTRAL_SCORES):
-            return known  # type: ignore[return-value]
-        return None
-
+    sweep = SpectralPass(w, memos=memos, known_flags=known_flags)
     reading: threading.Thread | None = None
-    peeked: dict[int, dict[str, np.ndarray] | None] = {}  # each part loaded (and counted) once
     order = file_order(w, cfg.n_layers)
     for done, layer in enumerate(order, 1):
-        known = peeked.pop(layer) if layer in peeked else stored(layer)
-        if known is not None:
-            for name, value in known.items():
-                out[name][layer] = value
-            out["nonfinite"][layer] = known_flags[layer] if known_flags is not None else layer_flags(w, layer)
-            report(progress, done / cfg.n_layers)
-            continue
-        check_cancelled(cancelled)
-        if middles is None:
-            middles = kept_spectral_middles(w)
-        if reading is not None:
-            reading.join()
-        else:  # not read ahead: read now, before the next layer's read starts
-            _read_layer(w, layer)
-        # the next layer's weights are read (one core: preadv, widening, processing) while
-        # this one's eigenvalues run on one LAPACK thread: the reads fill the idle core
-        nxt = order[done] if done < cfg.n_layers else None
-        if nxt is not None:
-            peeked[nxt] = stored(nxt)
-        ahead = nxt is not None and peeked[nxt] is None and _reads_ahead(w)
-        reading = _read_ahead(w, nxt) if ahead else None
-        for name, value in layer_spectral_scores(w, layer, middles).items():
-            out[name][layer] = value
-        for name, memo in memos.items():
-            memo.put(layer, out[name][layer])
+        if not sweep.stored(layer):
+            check_cancelled(cancelled)
+            if reading is not None:
+                reading.join()
+            else:  # not read ahead: read now, before the next layer's read starts
+                sweep.prepare()
+                _read_layer(w, layer)
+            # the next layer's weights are read (one core: preadv, widening, processing) while
+            # this one's eigenvalues run on one LAPACK thread: the reads fill the idle core
+            nxt = order[done] if done < cfg.n_layers else None
+            ahead = nxt is not None and not sweep.stored(nxt) and _reads_ahead(w)
+            reading = _read_ahead(w, nxt) if ahead else None  # type: ignore[arg-type]
+        sweep.layer(layer)
         report(progress, done / cfg.n_layers)
     if reading is not None:
         reading.join()
     w.release()  # the last layers' weights: a 7B model's are 0.5 GB that a forward pass needs more
-    return out
+    return sweep.result()
 
 
 def file_order(w: Any, n_layers: int) -> list[int]:

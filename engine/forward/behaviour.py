@@ -156,8 +156,10 @@ class BehaviourSums:
     layer by layer: ``found(layer, pattern)`` as each layer's attention has run, ``result()``
     at the end: NaN for the heads with non-finite weights. ``nonfinite [L, H]``: the heads
     to give NaN if the caller knows them (the weight sweep's flags, which add the heads whose
-    float32 products overflow: their forward pass does too); else each layer's weights are
-    checked as it goes (they were just read for the attention and are still cached)."""
+    float32 products overflow: their forward pass does too), a numpy array read at
+    ``result()`` (a weight sweep run in the same pass fills it in layer by layer:
+    ``sweeps.scores``); else each layer's weights are checked as it goes (they were just read
+    for the attention and are still cached)."""
 
     def __init__(self, w: WeightSource, tokens: Tensor, *, exclude_bos: bool = False,
                  exclude_current_token: bool = False, nonfinite: Any = None) -> None:
@@ -167,18 +169,18 @@ class BehaviourSums:
         self.detections = detection_patterns(tokens)
         self.out = {name: torch.full((cfg.n_layers, cfg.n_heads), math.nan) for name in self.detections}
         self.known = nonfinite is not None
-        self.bad = (torch.as_tensor(np.asarray(nonfinite, dtype=bool)) if self.known
-                    else torch.zeros(cfg.n_layers, cfg.n_heads, dtype=torch.bool))
+        self.bad = nonfinite if self.known else np.zeros((cfg.n_layers, cfg.n_heads), bool)
 
     def __call__(self, layer: int, pattern: Tensor) -> None:
         if not self.known:
-            self.bad[layer] = torch.from_numpy(layer_nonfinite(self.weights, layer))
+            self.bad[layer] = layer_nonfinite(self.weights, layer)
         pattern = pattern.float()
         for name, det in self.detections.items():
             self.out[name][layer] = detect(pattern, det, **self.exclude)
 
     def result(self) -> dict[str, Tensor]:
-        return {name: torch.where(self.bad, torch.full_like(score, math.nan), score)
+        bad = torch.from_numpy(np.array(self.bad, dtype=bool))
+        return {name: torch.where(bad, torch.full_like(score, math.nan), score)
                 for name, score in self.out.items()}
 
 

@@ -78,16 +78,18 @@ NATURAL_PROMPTS = (
 
 def passes(w: WeightSource, batches: Sequence[Tensor],
            on_block: Callable[[int, int, Tensor, Tensor], None],
-           after_layer: Callable[[int], None] | None = None) -> None:
+           after_layer: Callable[[int], None] | None = None,
+           before_layer: Callable[[int], None] | None = None) -> None:
     """Run the ``[b, p]`` token batches through the model side by side, layer by layer
     (``forward.blocks_together``: each layer's weights are read once for all of them);
     ``on_block(batch_index, layer, x_in, pattern)`` sees every layer's input stream and
-    pattern of every batch, ``after_layer(layer)`` runs once each layer is done."""
+    pattern of every batch, ``after_layer(layer)`` runs once each layer is done,
+    ``before_layer(layer)`` before its attention."""
     from headscope.engine.forward.transformer import blocks_together, embed
 
     with torch.inference_mode():
         blocks_together(w, [embed(w, tokens) for tokens in batches], on_block=on_block,
-                        after_layer=after_layer)
+                        after_layer=after_layer, before_layer=before_layer)
 
 
 def sink_scores(w: WeightSource, batches: Sequence[Tensor],

@@ -231,7 +231,8 @@ def blocks(w: WeightSource, x: Tensor, start: int = 0, stop: int | None = None, 
 
 def blocks_together(w: WeightSource, streams: Sequence[Tensor], *,
                     on_block: StreamsCallback | None = None,
-                    after_layer: Callable[[int], None] | None = None) -> list[Tensor]:
+                    after_layer: Callable[[int], None] | None = None,
+                    before_layer: Callable[[int], None] | None = None) -> list[Tensor]:
     """``blocks`` on several residual streams ``[b_i, p_i, d_model]`` at once (token batches
     of different lengths), layer by layer, so each layer's weights are read once for all of
     them: a pass over a 7B model reads 13 GB, and the behavioural scores, the sinks and the
@@ -243,7 +244,9 @@ def blocks_together(w: WeightSource, streams: Sequence[Tensor], *,
     pattern) runs per stream. ``on_block(i, layer, x_in, pattern)`` is called for each stream
     after the layer's attention and before its MLP, while the attention weights are still
     cached (a 7B layer's MLP weights are twice their size and would evict them);
-    ``after_layer(layer)`` once the layer is done. An exception raised by either (e.g.
+    ``after_layer(layer)`` once the layer is done; ``before_layer(layer)`` before its attention
+    (another sweep over the layers can use the attention weights then: what it reads stays
+    cached for the attention). An exception raised by any of them (e.g.
     ``CancelledError``) stops the pass. The streams equal ``blocks``' up to float rounding
     (the heads' outputs are summed by one product, not one by one).
     """
@@ -254,6 +257,8 @@ def blocks_together(w: WeightSource, streams: Sequence[Tensor], *,
     x = torch.cat([s.reshape(-1, d) for s in streams])[None]  # [1, N, d_model]
     for layer in range(w.cfg.n_layers):
         read_next(w, layer)
+        if before_layer is not None:
+            before_layer(layer)
         a = _attention_side_by_side(w, layer, x, shapes, on_block)
         x = finish_block(w, layer, x, a)
         if after_layer is not None:

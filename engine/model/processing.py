@@ -113,6 +113,21 @@ def _float32_bytes(cfg: ModelConfig) -> tuple[int, int]:
     return 4 * (cfg.n_layers * (attn + mlp) + outer), 4 * attn
 
 
+# The weight cache's default bound (``ProcessedWeights``), and the room it keeps beside one
+# layer's attention weights when they are larger (their biases, the norm vectors, the folded
+# biases: a few MB even at 70B widths).
+DEFAULT_CACHE_BYTES = 1 << 30
+LAYER_SLACK = 64 << 20
+
+
+def default_cache_bytes(cfg: ModelConfig) -> int:
+    """``DEFAULT_CACHE_BYTES``, or one layer's attention weights (float32, K/V expanded) and
+    room beside them where they are larger: `heads` reads them for the weight sweep's piece of
+    the layer, then again for the pass's attention (``spectral.SpectralPass``). At 70B widths
+    they are exactly 1 GiB: a 1 GiB LRU cycled every one of them out before its second read."""
+    return max(DEFAULT_CACHE_BYTES, _float32_bytes(cfg)[1] + 2 * LAYER_SLACK)
+
+
 def _layer_budget(cfg: ModelConfig, cache_bytes: int) -> int:
     """Bytes of whole-layer tensors worth caching (see ``ProcessedWeights``)."""
     model, attn = _float32_bytes(cfg)
@@ -183,10 +198,11 @@ class ProcessedWeights:
     # (enough for one layer's attention weights to be reused within the layer, as the scores
     # do), instead of filling the cache with 1 GiB that no later read hits and that pins the
     # allocator's free memory around it. Per-head slices, norms, W_E/W_U keep the full budget.
-    def __init__(self, raw: WeightSource, *, cache_bytes: int = 1 << 30) -> None:
+    def __init__(self, raw: WeightSource, *, cache_bytes: int | None = None) -> None:
         self.raw = raw
         self.raw_cfg = raw.cfg
         self.cfg = processed_config(raw.cfg)
+        cache_bytes = default_cache_bytes(self.cfg) if cache_bytes is None else cache_bytes
         self.path = getattr(raw, "path", None)
         self.plan = plan_for(raw.cfg)
         # whole-layer tensors ("blocks.N.*", all heads) share the smaller layer budget

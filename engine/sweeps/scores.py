@@ -10,6 +10,7 @@ to it as soon as each is finished (docs/internals.md, "The results store").
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +46,7 @@ from headscope.engine.core.validation import NULL_SAMPLES, SCORE_NAMES, SEED, TO
 from headscope.engine.sweeps.prompts import encode, label
 
 if TYPE_CHECKING:
+    from headscope.engine.circuits.spectral import SpectralPass
     from headscope.engine.model.loading import LoadedModel
     from headscope.engine.sweeps.cluster import Cluster
     from headscope.engine.sweeps.store import LayerMemo, ModelStore
@@ -115,19 +117,23 @@ def behaviour(model: LoadedModel, seed: int = SEED, cancelled: Cancelled = None,
 
 def _behaviour(model: LoadedModel, seed: int, cancelled: Cancelled, progress: Progress,
                store: ModelStore | None, weights_nonfinite: np.ndarray | None,
-               null_samples: int | None = None) -> tuple[dict[str, np.ndarray], ScoreNull | None]:
+               null_samples: int | None = None, spectral: SpectralPass | None = None
+               ) -> tuple[dict[str, np.ndarray], ScoreNull | None]:
     """``behaviour``, and with ``null_samples`` also ``score_null(samples=null_samples)``:
     when neither is stored, both come from one forward pass (at 7B a pass reads 13 GB of
-    weights; the random heads read the stream the real heads read)."""
+    weights; the random heads read the stream the real heads read). ``spectral``: the weight
+    sweep, run layer by layer in that pass (``_weights_and_behaviour``; its ``flags`` are the
+    weights' non-finite flags, filled in as the pass goes)."""
     # The three behavioural tables and the two attention-sink tables are one stored part.
     shape = (len(BEHAVIOURS) + len(SINKS), model.cfg.n_layers, model.cfg.n_heads)
     stacked = None if store is None else store.load(behaviour_part(seed), "all", shape)
     null = None if null_samples is None else _stored_null(model, seed, null_samples, store)
-    # Weights that are not finite (stored), or attention that is not (these scores).
-    flags = np.array(_stored_nonfinite(model, store, weights_nonfinite))
+    # Weights that are not finite (stored, or the sweep's), or attention that is not (these scores).
+    flags = spectral.flags if spectral is not None else np.array(_stored_nonfinite(model, store, weights_nonfinite))
     if stacked is None:
         found, sinks, null_found = _behaviour_pass(
-            model, seed, flags, progress, cancelled, null_samples if null is None else None)
+            model, seed, flags, progress, cancelled, null_samples if null is None else None, spectral)
+        flags = np.array(flags)
         stacked = np.stack([*(np.asarray(found[b], dtype=np.float32) for b in BEHAVIOURS), *sinks])
         if store is not None:
             store.save(behaviour_part(seed), stacked)
@@ -145,13 +151,15 @@ def _behaviour(model: LoadedModel, seed: int, cancelled: Cancelled, progress: Pr
 
 
 def _behaviour_pass(model: LoadedModel, seed: int, bad: np.ndarray, progress: Progress,
-                    cancelled: Cancelled, null_samples: int | None
+                    cancelled: Cancelled, null_samples: int | None, spectral: SpectralPass | None = None
                     ) -> tuple[dict[str, Any], tuple[np.ndarray, np.ndarray], dict[str, Any] | None]:
     """One forward pass of ``sink_batches`` side by side (``sinks.passes``: each layer's
     weights are read once): the behavioural scores on the repeated batch
     (``behaviour.BehaviourSums``), the sink scores on every batch (``sinks.SinkSums``) and,
     with ``null_samples``, the random heads' behaviour (``null.NullSums``): each the
-    numbers its own pass gives (up to float rounding: the MLPs of all batches run as one)."""
+    numbers its own pass gives (up to float rounding: the MLPs of all batches run as one).
+    ``spectral``: each layer's piece of the weight sweep, before the layer's attention
+    (``bad``, its flags, is read once the pass is done)."""
     from headscope.engine.core.memory import release_free_heap
     from headscope.engine.forward import behaviour, null, sinks
 
@@ -173,9 +181,20 @@ def _behaviour_pass(model: LoadedModel, seed: int, bad: np.ndarray, progress: Pr
     check_cancelled(cancelled)
     # numpy's BLAS on one thread while torch runs the pass: the weights it processes on the way
     # are small products, and an idle OpenBLAS pool spins against torch's on 2 cores (gpt2-small
-    # `heads`: 2.3 s more CPU and 1 s more wall with both pools at 2 threads).
-    with one_lapack_thread():
-        sinks.passes(w, [repeated, *natural], on_block, behaviour.per_layer(model.cfg.n_layers, progress, cancelled))
+    # `heads`: 2.3 s more CPU and 1 s more wall with both pools at 2 threads). The weight
+    # sweep's products are not small: they run on every core, between the layers' holds.
+    with contextlib.ExitStack() as hold:
+        hold.enter_context(one_lapack_thread())
+
+        def before_layer(layer: int) -> None:
+            hold.close()
+            spectral.layer(layer)  # type: ignore[union-attr]
+            hold.enter_context(one_lapack_thread())
+
+        sinks.passes(w, [repeated, *natural], on_block, behaviour.per_layer(model.cfg.n_layers, progress, cancelled),
+                     before_layer=None if spectral is None else before_layer)
+    if spectral is not None:
+        w.release()  # as after the weight sweep alone (spectral.spectral_scores)
     release_free_heap()
     return (found.result(), _masked_sinks(*sink_sums.result(), bad),
             None if null_sums is None else null_sums.result())
@@ -231,9 +250,13 @@ def calibrated_score_table(
         from headscope.engine.forward.runtime import import_torch_in_background
 
         import_torch_in_background()
-    weights = weight_scores(model, progress_span(progress, 0.0, 0.7), cancelled, store, cluster)
-    found, null = _behaviour(model, seed, cancelled, progress_span(progress, 0.7, 0.98), store,
-                             weights["nonfinite"], null_samples)
+    if cluster is None and not _stored(store, behaviour_part(seed)):  # both sweeps, one pass
+        weights, found, null = _weights_and_behaviour(model, seed, progress_span(progress, 0.0, 0.98),
+                                                      cancelled, store, null_samples)
+    else:  # the weight sweep (on the cluster, or alone), then the stored behaviour or a pass
+        weights = weight_scores(model, progress_span(progress, 0.0, 0.7), cancelled, store, cluster)
+        found, null = _behaviour(model, seed, cancelled, progress_span(progress, 0.7, 0.98), store,
+                                 weights["nonfinite"], null_samples)
     check_cancelled(cancelled)
     if store is not None:
         store.finish()
@@ -286,14 +309,42 @@ def weight_scores(model: LoadedModel, progress: Progress = None, cancelled: Canc
     flags = None if store is None else store.load(
         "nonfinite", "all", (model.cfg.n_layers, model.cfg.n_heads), bool)
     found = spectral.spectral_scores(model.weights, progress, cancelled, memos=memos, known_flags=flags)
+    return _weight_tables(found, store, stored_flags=flags is not None)
+
+
+def _weight_tables(found: dict[str, np.ndarray], store: ModelStore | None, *, stored_flags: bool
+                   ) -> dict[str, np.ndarray]:
+    """``weight_scores``' tables of a finished spectral sweep; its flags saved unless
+    ``stored_flags`` (they were read from the store)."""
     nonfinite = found["nonfinite"] | found["overflow"]
-    if store is not None and flags is None:
+    if store is not None and not stored_flags:
         store.save("nonfinite", nonfinite)
     if store is not None:
         store.finish()
     return {"copying_score": readonly(found["copying_score"], np.float32),
             "qk_positivity": readonly(found["qk_positivity"], np.float32),
             "nonfinite": readonly(nonfinite, bool)}
+
+
+def _weights_and_behaviour(model: LoadedModel, seed: int, progress: Progress, cancelled: Cancelled,
+                           store: ModelStore | None, null_samples: int | None
+                           ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], ScoreNull | None]:
+    """``weight_scores`` and ``_behaviour`` in one pass over the layers: each layer's spectral
+    piece runs as the forward pass reaches the layer (``spectral.SpectralPass``), on the
+    attention weights the pass reads next, so they are read and processed once, not twice (at
+    7B 4 GB of bf16 or dequantised GGUF into 8 GB of float32). The same numbers as the two
+    sweeps one after the other: the same functions on the same weights."""
+    from headscope.engine.circuits.spectral import SpectralPass
+
+    n_heads = (model.cfg.n_heads,)
+    memos = None if store is None else {name: store.memo(name, n_heads) for name in SPECTRAL_SWEEPS}
+    flags = None if store is None else store.load(
+        "nonfinite", "all", (model.cfg.n_layers, model.cfg.n_heads), bool)
+    sweep = SpectralPass(model.weights, memos=memos, known_flags=flags)
+    check_cancelled(cancelled)
+    sweep.prepare()  # the middles (2 TFLOP at 7B) while torch imports
+    found, null = _behaviour(model, seed, cancelled, progress, store, None, null_samples, sweep)
+    return _weight_tables(sweep.result(), store, stored_flags=flags is not None), found, null
 
 
 SPECTRAL_SWEEPS = ("copying_score", "qk_positivity")  # their stored parts: one per layer

@@ -306,8 +306,9 @@ def test_cli_out_of_memory_is_one_line(
 
 @pytest.mark.parametrize("path", ["numpy", "torch"])
 def test_engine_out_of_memory_is_a_resource_error(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
-    """The weight sweep runs in numpy (engine.circuits.spectral), the behavioural pass in torch:
-    either allocator's failure is one line with the size asked for."""
+    """The weight sweep's pieces run in numpy (engine.circuits.spectral: inside the behavioural
+    pass, in torch, as it reaches each layer): either allocator's failure is one line with the
+    size asked for."""
     import numpy as np
 
     import headscope.engine.circuits.spectral as spectral
@@ -321,7 +322,7 @@ def test_engine_out_of_memory_is_a_resource_error(monkeypatch: pytest.MonkeyPatc
             from numpy.core._exceptions import _ArrayMemoryError
         raise _ArrayMemoryError((85899345920 // 4,), np.dtype(np.float32))
 
-    monkeypatch.setattr(spectral, "spectral_scores", exhausted)
+    monkeypatch.setattr(spectral, "layer_spectral_scores", exhausted)
 
     async def go() -> None:
         engine = Engine("sample_models/attn-only-2l", prefetch=False)

@@ -54,7 +54,8 @@ class Reads:
 
 
 def heads_passes(model: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """What ``heads`` runs: the spectral sweep, then one forward pass (scores, sinks, null)."""
+    """What ``heads`` runs: one forward pass (scores, sinks, null) with the spectral sweep's
+    piece of each layer run as the pass reaches it."""
     table, null = score_sweeps.calibrated_score_table(model, seed=0, null_samples=4)
     assert null is not None
     return {f.name: getattr(table, f.name) for f in dataclasses.fields(table)}, {"mean": null.mean, "std": null.std}
@@ -89,6 +90,41 @@ def test_the_forward_pass_reads_each_tensor_once(llama12, monkeypatch) -> None:
     assert len(tensors) == len(set(tensors))
     # it re-reads the attention weights the spectral sweep read (released after it), and the MLPs
     assert {t for t in seen.raw.files if is_attention(t) or ".mlp." in t} <= set(tensors)
+
+
+def test_heads_reads_each_tensor_once_for_both_sweeps(llama12, monkeypatch) -> None:
+    model = load_model(llama12)
+    seen = Reads(model, monkeypatch, None)
+    heads_passes(model)
+    tensors = [t for _, t, _, _ in seen.reads]
+    # the spectral sweep's piece of a layer runs on the attention weights the forward pass
+    # reads next: nothing is read twice (the two sweeps one after the other read them twice)
+    assert len(tensors) == len(set(tensors))
+    assert {t for t in seen.raw.files if is_attention(t) or ".mlp." in t} <= set(tensors)
+
+
+def test_heads_reads_each_tensor_once_when_the_cache_holds_just_one_layers_attention(
+        llama12, monkeypatch) -> None:
+    """At 70B widths one layer's attention weights (float32, K/V expanded) are exactly the
+    default cache bound, 1 GiB: the default keeps room beside them, so the pass's attention
+    finds what the weight sweep's piece read (an LRU at exactly their size cycled every one of
+    them out before its second read). Here the default is set to this model's layer size."""
+    from headscope.engine.model import processing
+
+    def attention_reads(cache_bytes: int | None) -> list[str]:
+        model = load_model(llama12)
+        model = dataclasses.replace(model, weights=processing.ProcessedWeights(model.weights.raw,
+                                                                              cache_bytes=cache_bytes))
+        seen = Reads(model, monkeypatch, None)
+        heads_passes(model)
+        return [t for _, t, _, _ in seen.reads if is_attention(t)]
+
+    layer = processing._float32_bytes(load_model(llama12).cfg)[1]
+    thrashed = attention_reads(layer)  # a bound of exactly one layer's attention weights
+    assert len(thrashed) > len(set(thrashed))
+    monkeypatch.setattr(processing, "DEFAULT_CACHE_BYTES", layer)
+    tensors = attention_reads(None)  # the default: room beside them
+    assert tensors and len(tensors) == len(set(tensors)) == len(set(thrashed))
 
 
 def test_a_checkpoint_that_fits_in_the_page_cache_gets_no_advice(llama12, monkeypatch) -> None:
