@@ -308,7 +308,9 @@ def run_calibrate(path: Path, tokens: int) -> dict[str, Any]:
     - ``small_np``: s/TFLOP of numpy's per-head ``[d_head, d] @ [d, d_head]`` on 16 heads at
       once, on one thread (the spectral piece runs them under ``one_lapack_thread``);
     - ``gemm_torch``: s/TFLOP of torch's ``[tokens, d] @ [d, block]`` (the forward pass's token
-      products at ``heads``' token count; ``block``: the MLP's column block);
+      products at ``heads``' token count; ``block``: the MLP's first column block as the reader
+      gives it, in its stored layout: a Hugging Face checkpoint's ``[d_mlp, d]`` rows make it
+      a transposed view, the operand the pass multiplies, not a contiguous random matrix);
     - ``eigvals``: s per ``eigvals`` of ``H`` random ``d_head × d_head`` float64 matrices on one
       LAPACK thread (two per layer: copying and QK positivity);
     - ``null``: s of what the behavioural null adds to one layer of the pass: the mean norms
@@ -323,6 +325,7 @@ def run_calibrate(path: Path, tokens: int) -> dict[str, Any]:
     from headscope.engine.core.numeric import max_abs
     from headscope.engine.core.threads import one_lapack_thread
     from headscope.engine.forward import blocked_mlp, null
+    from headscope.engine.forward.torch_weights import as_tensor
     from headscope.engine.model.loading import load_model
 
     model = load_model(path)
@@ -361,8 +364,9 @@ def run_calibrate(path: Path, tokens: int) -> dict[str, Any]:
         out["small_np"] = _best(lambda: a @ m) / (2 * heads * e * d * e / 1e12)
     a = m = None
     block = min(cfg.d_mlp, blocked_mlp.MLP_BLOCK_BYTES // (4 * d))
-    x, wt = torch.randn(tokens, d), torch.randn(d, block)
+    x, wt = torch.randn(tokens, d), as_tensor(w.get_columns(mlp[0], 0, block))  # [d, block]
     out["gemm_torch"] = _best(lambda: x @ wt, 5) / (2 * tokens * d * block / 1e12)
+    wt = None
     small = rng.standard_normal((cfg.n_heads, e, e))
     with one_lapack_thread():
         out["eigvals"] = _best(lambda: np.linalg.eigvals(small))

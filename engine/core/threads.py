@@ -76,3 +76,22 @@ def core_pool() -> ThreadPoolExecutor:
     by side (each under ``one_lapack_thread``): on a busy 2-core box two one-thread calls beat
     one two-thread call whose threads wait on each other. Idle workers hold no memory."""
     return ThreadPoolExecutor(max(1, len(os.sched_getaffinity(0))), thread_name_prefix="headscope-core")
+
+
+def _after_fork_in_child() -> None:
+    """In a forked child (a ``multiprocessing`` worker, a test runner's): none of the parent's
+    threads are there. The core pool is made anew when first asked for (the parent's executor
+    would take work and never run it: its workers are gone), and a BLAS hold taken by a parent
+    thread is dropped, numpy's BLAS getting back the thread count it had before it (no thread
+    of the child would ever release it); the lock is new (a parent thread may have held it)."""
+    global _LOCK, _USERS
+    _LOCK = threading.Lock()
+    if _USERS:
+        _USERS = 0
+        calls = _openblas_threads()
+        if calls is not None:
+            calls[0](_SAVED)
+    core_pool.cache_clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
