@@ -128,6 +128,8 @@ def _behaviour(model: LoadedModel, seed: int, cancelled: Cancelled, progress: Pr
     shape = (len(BEHAVIOURS) + len(SINKS), model.cfg.n_layers, model.cfg.n_heads)
     stacked = None if store is None else store.load(behaviour_part(seed), "all", shape)
     null = None if null_samples is None else _stored_null(model, seed, null_samples, store)
+    if spectral is not None and stacked is not None:  # stored since the caller looked: no pass
+        spectral.result()  # to drive the sweep, which runs alone (its flags are read below)
     # Weights that are not finite (stored, or the sweep's), or attention that is not (these scores).
     flags = spectral.flags if spectral is not None else np.array(_stored_nonfinite(model, store, weights_nonfinite))
     if stacked is None:

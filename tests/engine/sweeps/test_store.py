@@ -780,3 +780,46 @@ def test_a_checkpoint_folder_whose_name_is_not_utf8_uses_the_store(tmp_path) -> 
     [entry] = store.entries()
     assert os.fsencode(entry.path) == os.fsencode(model_dir.resolve())  # the bytes, round-tripped
     assert json.loads(json.dumps(entry.as_dict()))["path"] == entry.path  # `cache ls --json`
+
+
+def test_heads_with_a_partly_stored_weight_sweep_computes_only_the_missing_layers(deep_gpt2, store) -> None:
+    """`heads` runs the weight sweep's pieces inside its forward pass (spectral.SpectralPass):
+    a stored layer is read back, a missing one computed there, and the table is the one the
+    two sweeps give alone, bit for bit."""
+    model = load_model(deep_gpt2)
+    expected = score_sweeps.calibrated_score_table(model, null_samples=None)[0]
+    score_sweeps.weight_scores(model, store=store.for_model(model))
+    for path in _stored_files(store, "copying_score") + _stored_files(store, "qk_positivity"):
+        if ".1.hsr" in path.name:
+            path.unlink()
+    entry = store.for_model(load_model(deep_gpt2))
+    found = score_sweeps.calibrated_score_table(load_model(deep_gpt2), store=entry, null_samples=None)[0]
+    assert entry.computed >= 2  # layer 1's two parts (and the behaviour part)
+    for name in ("copying_score", "qk_positivity", "nonfinite", "induction_score"):
+        np.testing.assert_array_equal(getattr(found, name), getattr(expected, name))
+
+
+def test_a_behaviour_part_stored_meanwhile_still_gives_the_weight_scores(tmp_path, store) -> None:
+    """Another process may store the behaviour part after `heads` chose one pass for both
+    sweeps: no pass drives the weight sweep then, and it runs alone (every layer visited, a
+    head with a NaN weight flagged), giving the table's numbers."""
+    from safetensors.torch import load_file, save_file
+
+    path, _ = hf_fixtures.build_gpt2(tmp_path / "nan")
+    tensors = load_file(path / "model.safetensors")
+    c_attn = tensors["transformer.h.0.attn.c_attn.weight"].clone()
+    c_attn[3, 2] = float("nan")  # layer 0, head 0: a NaN in W_Q
+    tensors["transformer.h.0.attn.c_attn.weight"] = c_attn
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    expected = score_sweeps.calibrated_score_table(load_model(path), null_samples=None)[0]
+    assert expected.nonfinite[0, 0]
+    entry = store.for_model(load_model(path))
+    score_sweeps.behaviour(load_model(path), store=entry)  # the behaviour part, stored
+    entry = store.for_model(load_model(path))  # without the nonfinite part the pass would save
+    for part in _stored_files(store, "nonfinite"):
+        part.unlink()
+    weights, found, _ = score_sweeps._weights_and_behaviour(
+        load_model(path), score_sweeps.SEED, None, None, entry, None)
+    np.testing.assert_array_equal(weights["copying_score"], expected.copying_score)
+    np.testing.assert_array_equal(weights["qk_positivity"], expected.qk_positivity)
+    np.testing.assert_array_equal(found["nonfinite"], expected.nonfinite)
