@@ -91,10 +91,15 @@ def _sweep_memo(model: LoadedModel, store: ModelStore | None, name: str, shape: 
     return kept
 
 
+def _load_nonfinite(model: LoadedModel, store: ModelStore | None) -> np.ndarray | None:
+    """The stored ``nonfinite`` flags ``[L, H]`` (weights' ``nonfinite | overflow``), if any."""
+    shape = (model.cfg.n_layers, model.cfg.n_heads)
+    return None if store is None else store.load("nonfinite", "all", shape, bool)
+
+
 def _stored_nonfinite(model: LoadedModel, store: ModelStore | None,
                       known: np.ndarray | None = None) -> np.ndarray:
-    shape = (model.cfg.n_layers, model.cfg.n_heads)
-    found = None if store is None else store.load("nonfinite", "all", shape, bool)
+    found = _load_nonfinite(model, store)
     if found is None:
         found = nonfinite_table(model) if known is None else known
         if store is not None:
@@ -308,8 +313,7 @@ def weight_scores(model: LoadedModel, progress: Progress = None, cancelled: Canc
             for i, name in enumerate(SPECTRAL_SWEEPS)}
     else:
         memos = None if store is None else {name: store.memo(name, n_heads) for name in SPECTRAL_SWEEPS}
-    flags = None if store is None else store.load(
-        "nonfinite", "all", (model.cfg.n_layers, model.cfg.n_heads), bool)
+    flags = _load_nonfinite(model, store)
     found = spectral.spectral_scores(model.weights, progress, cancelled, memos=memos, known_flags=flags)
     return _weight_tables(found, store, stored_flags=flags is not None)
 
@@ -340,8 +344,7 @@ def _weights_and_behaviour(model: LoadedModel, seed: int, progress: Progress, ca
 
     n_heads = (model.cfg.n_heads,)
     memos = None if store is None else {name: store.memo(name, n_heads) for name in SPECTRAL_SWEEPS}
-    flags = None if store is None else store.load(
-        "nonfinite", "all", (model.cfg.n_layers, model.cfg.n_heads), bool)
+    flags = _load_nonfinite(model, store)
     sweep = SpectralPass(model.weights, memos=memos, known_flags=flags)
     check_cancelled(cancelled)
     sweep.prepare()  # the middles (2 TFLOP at 7B) while torch imports

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import multiprocessing
 import threading
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from headscope.engine.core import threads
 
 
-def test_lapack_runs_on_one_thread_and_the_setting_is_restored():
+@pytest.fixture
+def two_blas_threads() -> Iterator[tuple[Callable[[int], None], Callable[[], int]]]:
+    """numpy's OpenBLAS (setter, getter) at 2 threads, its count restored after the test."""
     calls = threads._openblas_threads()
     if calls is None:
         pytest.skip("numpy does not use OpenBLAS here")
@@ -18,14 +21,19 @@ def test_lapack_runs_on_one_thread_and_the_setting_is_restored():
     before = getter()
     setter(2)
     try:
-        with threads.one_lapack_thread():
-            assert getter() == 1
-            with threads.one_lapack_thread():
-                assert getter() == 1
-            assert getter() == 1
-        assert getter() == 2
+        yield setter, getter
     finally:
         setter(before)
+
+
+def test_lapack_runs_on_one_thread_and_the_setting_is_restored(two_blas_threads):
+    _, getter = two_blas_threads
+    with threads.one_lapack_thread():
+        assert getter() == 1
+        with threads.one_lapack_thread():
+            assert getter() == 1
+        assert getter() == 1
+    assert getter() == 2
 
 
 def _in_core_pool(x: int) -> int:
@@ -46,15 +54,10 @@ def _blas_state() -> tuple[int, int | None]:
     return threads._USERS, None if calls is None else int(calls[1]())
 
 
-def test_a_child_forked_under_another_threads_blas_hold_gets_the_threads_back():
+def test_a_child_forked_under_another_threads_blas_hold_gets_the_threads_back(two_blas_threads):
     """A parent thread inside ``one_lapack_thread`` at the fork: the child has no such thread,
     so it drops the hold and numpy's BLAS gets its thread count back."""
-    calls = threads._openblas_threads()
-    if calls is None:
-        pytest.skip("numpy does not use OpenBLAS here")
-    setter, getter = calls
-    before = getter()
-    setter(2)
+    _, getter = two_blas_threads
     held, release = threading.Event(), threading.Event()
 
     def hold() -> None:
@@ -71,4 +74,3 @@ def test_a_child_forked_under_another_threads_blas_hold_gets_the_threads_back():
     finally:
         release.set()
         holder.join()
-        setter(before)
