@@ -402,7 +402,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="the sequences of plain-floor's forward pass: heads (its behaviour batch) "
                          "or a token count (one sequence)")
     args = ap.parse_args(argv)
-    if args.one:
+    if args.one:  # a scenario's own process
+        if args.one[0] not in ("plain-floor", "gguf-read"):  # the console script's allocator policy
+            from headscope.engine.core.memory import keep_freed_memory  # (the floors set their own)
+
+            keep_freed_memory()
         print(json.dumps(one(args.one[0], Path(args.one[1]))))
         return 0
 

@@ -18,6 +18,11 @@ or forward pass in headscope cannot hide in the floor it is measured against.
 ``gguf_read(path)``: every tensor of a GGUF file through ``gguf``'s own reader and
 ``gguf.quants.dequantize`` (llama.cpp's numpy reference), to float32 one tensor at a time: the
 read cost of the GGUF rows, reported apart from the bf16 floor.
+
+Both run with the allocator policy of headscope's console script (``keep_freed``, written
+out here with ``ctypes``: freed blocks kept in the heap for the next layer's), so a ratio
+does not count that policy as less work: on a box that hands freed pages to its host the
+floor would otherwise pay for fresh pages that ``heads`` reuses.
 """
 
 from __future__ import annotations
@@ -42,6 +47,19 @@ SENTENCES = (
 
 def since(t: float) -> float:
     return time.perf_counter() - t
+
+
+def keep_freed() -> None:
+    """glibc's ``mallopt``: one arena, no block mapped on its own, no trimming (what
+    ``headscope.engine.core.memory.keep_freed_memory`` sets; nothing elsewhere)."""
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (AttributeError, OSError):
+        return
+    for param, value in ((-8, 1), (-4, 0), (-1, 2**31 - 1)):  # M_ARENA_MAX, M_MMAP_MAX, M_TRIM_THRESHOLD (a C int)
+        mallopt(param, value)
 
 
 def sequence_lengths(batch: str, tokenizer: bool) -> list[int]:
@@ -128,6 +146,7 @@ def floor(path: Path, batch: str = "heads") -> dict[str, Any]:
     """The floor of ``heads`` on a Llama safetensors checkpoint (module docstring); seconds
     spent reading (with the bf16 → float32 upcast), in the spectral products and in the
     forward pass."""
+    keep_freed()
     import torch
 
     cfg = json.loads((path / "config.json").read_text())
@@ -181,6 +200,7 @@ def gguf_read(path: Path) -> dict[str, Any]:
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
+    keep_freed()
     t = time.perf_counter()
     reader = GGUFReader(path)
     values = 0

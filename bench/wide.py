@@ -386,10 +386,13 @@ def one(scenario: str, path: Path, n_tokens: int) -> dict[str, Any]:
     """A scenario's result; ``heads`` and ``attribution`` first measure the box's rates in their
     own process (``run_calibrate``, not counted in ``seconds``): on a shared box the load moves
     between processes minutes apart, so each scenario is predicted at its own rates."""
+    from headscope.engine.core.memory import release_free_heap
+
     if scenario == "calibrate":
         return {**run_calibrate(path, n_tokens), "rss_mb": rss_mb()}
     t, load = time.perf_counter(), os.getloadavg()[0]
     rates = run_calibrate(path, HEADS_TOKENS if scenario == "heads" else 2 * n_tokens)["rates"]
+    release_free_heap()  # the calibration's freed pages: not the scenario's memory
     calibrating = since(t)
     out = run_heads(path) if scenario == "heads" else run_attribution(path, n_tokens)
     out["seconds"] -= calibrating
@@ -580,7 +583,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="also write the markdown to this file")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per scenario")
     args = ap.parse_args(argv)
-    if args.one:
+    if args.one:  # a scenario's own process: the console script's allocator policy, before any thread
+        from headscope.engine.core.memory import keep_freed_memory
+
+        keep_freed_memory()
         print(json.dumps(one(args.one[0], Path(args.one[1]), args.tokens)))
         return 0
     shape = SHAPES[TINY if args.tiny else SLICE]

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from headscope.engine.core.errors import CancelledError, ComputeError, HeadscopeError, out_of_memory
+from headscope.engine.core.memory import release_free_heap
 from headscope.engine.core.progress import Progress
 
 FOCUSED, USER, PREFETCH = 0, 1, 2  # priority classes, lower runs first
@@ -351,6 +352,10 @@ class Scheduler:
             # an idle worker keeps nothing of its last job alive (a result array, or an error
             # whose traceback holds the job and its future) while it waits for the next
             job = result = error = None
+            with self._cv:
+                idle = not self._running and not self._queue
+            if idle:  # the pages a job freed go back to the system (core/memory.py)
+                release_free_heap()
 
     def _report_progress(self, job: Job, fraction: float) -> None:
         fraction = min(1.0, max(0.0, float(fraction)))

@@ -24,6 +24,7 @@ from pathlib import Path
 from types import ModuleType
 
 from headscope.engine.core.errors import HeadscopeError, out_of_memory
+from headscope.engine.core.memory import keep_freed_memory
 from headscope.tui.base.datatext import printable
 from headscope.tui.cli.output import (
     COMMANDS,
@@ -192,6 +193,8 @@ def exit_now(code: int) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from_shell = argv is None  # the console script (not a test, not the Python API)
+    if from_shell:  # before any thread starts (engine/core/memory.py)
+        keep_freed_memory()
     argv = list(sys.argv[1:] if argv is None else argv)
     typo = unknown_command(argv)
     if typo:

@@ -350,3 +350,30 @@ async def test_an_earlier_job_finishing_keeps_the_running_jobs_activity():
     assert await slow_task == 2
     assert s.activity is None
     s.close()
+
+
+async def test_freed_pages_go_back_once_the_queue_is_drained(monkeypatch):
+    """Between jobs the freed memory stays for the next (engine/core/memory.py); when no job
+    runs or waits, the scheduler trims the heap, so an idle explorer holds only what it keeps."""
+    from headscope.engine.service import scheduler
+
+    trims: list[tuple[int, int]] = []
+    s = Scheduler(1)
+    monkeypatch.setattr(scheduler, "release_free_heap", lambda: trims.append((len(s._running), len(s._queue))))
+    gate = threading.Event()
+    try:
+        first = asyncio.create_task(s.run("first", lambda ctx: gate.wait(2)))
+        await asyncio.sleep(0.02)
+        queued = [asyncio.create_task(s.run(k, lambda ctx: k)) for k in ("second", "third")]
+        await asyncio.sleep(0.02)
+        assert trims == []  # the first job still runs
+        gate.set()
+        await asyncio.wait_for(asyncio.gather(first, *queued), 5)
+        for _ in range(100):  # the worker trims after delivering the last result
+            if trims:
+                break
+            await asyncio.sleep(0.01)
+        assert trims == [(0, 0)]  # once, with nothing running or queued
+    finally:
+        s.close()
+        s.join(2)
