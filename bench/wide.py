@@ -297,12 +297,12 @@ def run_calibrate(path: Path, tokens: int) -> dict[str, Any]:
     (its own process, under the same lock), for the cost model (``predicted``):
 
     - ``read_attn``, ``read_mlp``: s per GB of stored weights through headscope's reader of
-      the processed model (layer 0's four attention weights by ``get``: widened, grouped K/V
-      expanded, LN folded, centred; its three MLP matrices by ``get_columns`` in the forward
+      the processed model (layer 0's four attention weights as the passes read them: widened,
+      K/V once per stored head (``stored_kv``), LN folded, centred; its three MLP matrices by ``get_columns`` in the forward
       pass's blocks), the page cache warm (read once before);
     - ``peaks``: s of the per-head peaks of layer 0's four attention weights
       (``numeric.max_abs``: the spectral piece's non-finite, overflow and taming checks, a
-      pass over 1 GiB of float32 a layer at 70B widths);
+      pass over 0.6 GB of float32 a layer at 70B widths);
     - ``gemm_np``: s/TFLOP of numpy's ``[2048, d] @ [d, d]`` (float32; the spectral sweep's
       product, on the rows of 16 heads);
     - ``small_np``: s/TFLOP of numpy's per-head ``[d_head, d] @ [d, d_head]`` on 16 heads at
@@ -327,6 +327,7 @@ def run_calibrate(path: Path, tokens: int) -> dict[str, Any]:
     from headscope.engine.forward import blocked_mlp, null
     from headscope.engine.forward.torch_weights import as_tensor
     from headscope.engine.model.loading import load_model
+    from headscope.engine.model.weights import stored_kv
 
     model = load_model(path)
     w, cfg = model.weights, model.cfg
@@ -334,10 +335,12 @@ def run_calibrate(path: Path, tokens: int) -> dict[str, Any]:
     attn = [f"blocks.0.attn.W_{n}" for n in "QKVO"]
     mlp = [f"blocks.0.mlp.W_{n}" for n in ("gate", "in", "out") if w.has(f"blocks.0.mlp.W_{n}")]
 
+    def layer_attn() -> list[Any]:  # as the passes read them (K/V once per stored head)
+        return [stored_kv(w, name) if name.endswith(("W_K", "W_V")) else w.get(name) for name in attn]
+
     def read_attn() -> None:
         w.release()
-        for name in attn:
-            w.get(name)
+        layer_attn()
         w.release()
 
     def read_mlp() -> None:
@@ -350,7 +353,7 @@ def run_calibrate(path: Path, tokens: int) -> dict[str, Any]:
     z = layer_sizes_of(cfg)
     out: dict[str, Any] = {"read_attn": _best(read_attn, 2) / z["attn_gb"],
                            "read_mlp": _best(read_mlp, 1) / z["mlp_gb"]}
-    mats = [w.get(name) for name in attn]
+    mats = layer_attn()
     out["peaks"] = _best(lambda: [max_abs(x) for x in mats])
     mats = None
     w.release()
@@ -371,7 +374,7 @@ def run_calibrate(path: Path, tokens: int) -> dict[str, Any]:
     with one_lapack_thread():
         out["eigvals"] = _best(lambda: np.linalg.eigvals(small))
     gens = null.head_generators(0)
-    w.get("blocks.0.attn.W_Q"), w.get("blocks.0.attn.W_K")  # read (and expanded) before, as the pass has them
+    w.get("blocks.0.attn.W_Q"), stored_kv(w, "blocks.0.attn.W_K")  # read before, as the pass has them
 
     def null_layer() -> None:  # what the null adds to a layer of the pass (NullSums.__call__)
         null.layer_head_norms(w, 0)

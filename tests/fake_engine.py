@@ -97,11 +97,14 @@ class FakeEngine:
                  n_layers: int = 2, n_heads: int = 4, d_model: int = 16, d_head: int = 4,
                  n_ctx: int = 32, positional: str = "learned", delay: float = 0.0,
                  sweep_steps: int = 4, fail: set[str] | frozenset[str] = frozenset(),
-                 seed: int = 0) -> None:
+                 seed: int = 0, sweep_delay: float | None = None) -> None:
         self.path = path
         self.raw = raw
         self.delay = delay
         self.sweep_steps = sweep_steps
+        # the ablation sweep's steps together (default ``delay``): a test whose other call must
+        # land mid-sweep makes the sweep much the longer, so a busy box cannot reorder them
+        self.sweep_delay = delay if sweep_delay is None else sweep_delay
         self.fail = set(fail)
         self.calls: Counter[str] = Counter()
         self.requests: list[tuple[int, int, str, str]] = []  # circuit blocks asked for
@@ -482,7 +485,7 @@ class FakeEngine:
                     t = threading.Thread(target=progress, args=(step / self.sweep_steps,))
                     t.start()
                     t.join()
-                await asyncio.sleep(self.delay / self.sweep_steps if self.delay else 0)
+                await asyncio.sleep(self.sweep_delay / self.sweep_steps if self.sweep_delay else 0)
         except asyncio.CancelledError:
             self.calls["all_ablation_effects cancelled"] += 1
             raise

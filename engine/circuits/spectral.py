@@ -26,11 +26,12 @@ import numpy as np
 
 from headscope.engine.circuits.factored import FactoredMatrix
 from headscope.engine.core.errors import NonFiniteError
+from headscope.engine.core.memory import returned_when_freed
 from headscope.engine.core.numeric import finite_matrices, is_finite, max_abs, tame
 from headscope.engine.core.progress import Cancelled, Memo, Progress, check_cancelled, report
 from headscope.engine.core.threads import core_pool, one_lapack_thread
 from headscope.engine.model.nonfinite import HEAD_WEIGHTS, biases_nonfinite
-from headscope.engine.model.weights import file_sorted
+from headscope.engine.model.weights import file_sorted, stored_kv
 
 if TYPE_CHECKING:
     from headscope.engine.model.weights import CircuitWeights
@@ -82,9 +83,22 @@ def _overflow(w: Any, peaks: dict[str, np.ndarray]) -> np.ndarray:
         return (p64["W_Q"] * p64["W_K"] > limit) | (p64["W_V"] * p64["W_O"] > limit)
 
 
+def _head_weights(w: Any, layer: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """A layer's four attention weights, ``W_K`` and ``W_V`` with one head per stored K/V head
+    (``stored_kv``: grouped-query attention repeats them per query head, and each stored head
+    is needed once), their per-head peaks (``numeric.max_abs``) and those peaks per query head
+    (``[H]``, for the flags)."""
+    mats = {name: stored_kv(w, f"blocks.{layer}.attn.{name}") if name in ("W_K", "W_V")
+            else w.get(f"blocks.{layer}.attn.{name}") for name in HEAD_WEIGHTS}
+    peaks = {name: max_abs(x) for name, x in mats.items()}
+    per_head = {name: np.repeat(peak, w.cfg.n_heads // peak.shape[0]) if peak.shape[0] != w.cfg.n_heads
+                else peak for name, peak in peaks.items()}
+    return mats, peaks, per_head
+
+
 def layer_flags(w: Any, layer: int) -> np.ndarray:
     """``[H]`` bool: ``nonfinite | overflow`` of ``layer_spectral_scores`` without the scores."""
-    peaks = {name: max_abs(w.get(f"blocks.{layer}.attn.{name}")) for name in HEAD_WEIGHTS}
+    _, _, peaks = _head_weights(w, layer)
     bad = biases_nonfinite(w, layer)
     for peak in peaks.values():
         bad |= ~np.isfinite(peak)
@@ -117,31 +131,26 @@ def layer_spectral_scores(w: Any, layer: int, middles: dict[str, np.ndarray]) ->
 
     Each of the layer's four attention weights is read once for both scores; their per-head
     peaks give the non-finite flag, the overflow flag and the taming scale."""
-    mats = {name: w.get(f"blocks.{layer}.attn.{name}") for name in HEAD_WEIGHTS}
-    peaks = {name: max_abs(x) for name, x in mats.items()}
+    mats, stored_peaks, peaks = _head_weights(w, layer)
     bad = biases_nonfinite(w, layer)
     for peak in peaks.values():
         bad |= ~np.isfinite(peak)
     out: dict[str, np.ndarray] = {"nonfinite": bad}
     smalls: dict[str, np.ndarray] = {}
     for kind, middle in middles.items():
+        # grouped-query: W_K and W_V hold each stored head once (``_head_weights``), and each
+        # meets its group's query heads: a stored K head's rows meet the middle once (at 70B
+        # widths 1/8 of that product and of its [H·d_head, d] result)
         if kind == "copying_score":  # W_O (W_U W_E) W_V
-            lhs, rhs = tame(mats["W_O"], peaks["W_O"]), tame(mats["W_V"], peaks["W_V"])
-        else:  # W_Kᵀ (W_Eᵀ W_E) W_Q; grouped-query: the K heads repeat per group (``kv_head_of``),
-            # so each stored K head's rows meet the middle once, for every query head of its
-            # group (at 70B widths 1/8 of the product and of its [H·d_head, d] result)
-            group = _kv_group(w, mats["W_K"].shape[0])
-            lhs = tame(mats["W_K"][::group], peaks["W_K"][::group]).swapaxes(-2, -1)
+            lhs, rhs = tame(mats["W_O"], peaks["W_O"]), tame(mats["W_V"], stored_peaks["W_V"])
+        else:  # W_Kᵀ (W_Eᵀ W_E) W_Q
+            lhs = tame(mats["W_K"], stored_peaks["W_K"]).swapaxes(-2, -1)
             rhs = tame(mats["W_Q"], peaks["W_Q"])
         n, k, d = lhs.shape
         with np.errstate(all="ignore"):
             wide = (lhs.reshape(n * k, d) @ middle).reshape(n, k, d)  # W_O: a transposed view, as stored
             with one_lapack_thread():  # H small products: threads only contend here
-                if rhs.shape[0] == n:
-                    smalls[kind] = wide @ rhs
-                else:  # [n, 1, k, d] @ [n, group, d, e]: each K head with its group's queries
-                    grouped = rhs.reshape(n, rhs.shape[0] // n, *rhs.shape[1:])
-                    smalls[kind] = (wide[:, None] @ grouped).reshape(rhs.shape[0], k, rhs.shape[-1])
+                smalls[kind] = _per_query_head(wide, rhs)
             del wide
     # the kinds' eigenvalues side by side, each on one LAPACK thread (they ran one after the
     # other, the second core idle); the products above stay as they were: the same numbers
@@ -152,10 +161,17 @@ def layer_spectral_scores(w: Any, layer: int, middles: dict[str, np.ndarray]) ->
     return out
 
 
-def _kv_group(w: Any, n_heads: int) -> int:
-    """Query heads per stored K/V head of ``w``'s model (1 without grouped-query attention)."""
-    kv = getattr(w.cfg, "kv_heads", None) or n_heads
-    return n_heads // kv if kv and n_heads % kv == 0 else 1
+def _per_query_head(left: np.ndarray, right: np.ndarray) -> np.ndarray:
+    """``left @ right`` per query head, ``[H, k, e]``, where one side holds a head per stored
+    K/V head: each stored head with its group's query heads (``ModelConfig.kv_head_of``)."""
+    n, m = left.shape[0], right.shape[0]
+    if n == m:
+        return left @ right
+    if n < m:  # [n, 1, k, d] @ [n, group, d, e]: each K head with its group's queries
+        grouped = right.reshape(n, m // n, *right.shape[1:])
+        return (left[:, None] @ grouped).reshape(m, left.shape[1], right.shape[-1])
+    grouped = left.reshape(m, n // m, *left.shape[1:])  # [m, group, k, d] @ [m, 1, d, e]: W_O's heads with their V head
+    return (grouped @ right[:, None]).reshape(n, left.shape[1], right.shape[-1])
 
 
 class SpectralPass:
@@ -290,9 +306,14 @@ def _reads_ahead(w: Any) -> bool:
 
 
 def _read_layer(w: Any, layer: int) -> None:
-    """Read ``layer``'s four attention weights into ``w``'s cache, in file order."""
-    for name in file_sorted(w, [f"blocks.{layer}.attn.{name}" for name in HEAD_WEIGHTS]):
-        w.get(name)
+    """Read ``layer``'s four attention weights into ``w``'s cache, in file order (``W_K``,
+    ``W_V``: their stored heads, as ``_head_weights`` asks for them)."""
+    names = [f"blocks.{layer}.attn.{name}" for name in HEAD_WEIGHTS]
+    for name in file_sorted(w, names):
+        if name.endswith(("W_K", "W_V")):
+            stored_kv(w, name)
+        else:
+            w.get(name)
 
 
 def _read_ahead(w: Any, layer: int) -> threading.Thread:
@@ -327,7 +348,8 @@ def kept_spectral_middles(w: CircuitWeights) -> dict[str, np.ndarray]:
     weight sweep and the random-head null (``sweeps.scores.score_null``) share them."""
     with w.middles_lock:  # formed once even when two workers ask (2 TFLOP at 7B)
         if w.middles is None:
-            w.middles = spectral_middles(w)
+            with returned_when_freed():  # vocabulary-sized temporaries: not kept in the heap
+                w.middles = spectral_middles(w)
         return w.middles
 
 

@@ -15,7 +15,7 @@ from headscope.engine.core.progress import Cancelled, check_cancelled
 from headscope.engine.core.threads import one_lapack_thread
 from headscope.engine.core.validation import NULL_SAMPLES
 from headscope.engine.forward.sinks import delimiter_sink_mass, passes, sink_mass
-from headscope.engine.model.weights import WeightSource
+from headscope.engine.model.weights import WeightSource, stored_kv
 
 # -- the null ----------------------------------------------------------------------------------
 
@@ -175,13 +175,12 @@ def layer_head_norms(w: WeightSource, layer: int) -> tuple[float, float]:
     """The mean Frobenius norms of layer ``layer``'s ``W_Q`` and ``W_K`` heads, the scale of
     its random heads. ``W_K`` repeats each stored head for its group's query heads
     (grouped-query attention, ``ModelConfig.kv_head_of``): the mean over the stored heads is
-    the same mean, read from ``1/group`` of the weights (a 70B layer: 33 MB, not 268 MB)."""
+    the same mean, read from ``1/group`` of the weights (``stored_kv``: a 70B layer's 33 MB, not 268 MB)."""
     from headscope.engine.forward.torch_weights import torch_weights
 
     w = torch_weights(w)
-    group = w.cfg.n_heads // w.cfg.kv_heads
     attn = f"blocks.{layer}.attn"
-    return _mean_finite_norm(w.get(f"{attn}.W_Q")), _mean_finite_norm(w.get(f"{attn}.W_K")[::group])
+    return _mean_finite_norm(w.get(f"{attn}.W_Q")), _mean_finite_norm(stored_kv(w, f"{attn}.W_K"))
 
 
 def behaviour_null(w: WeightSource, repeated: Tensor, natural: Sequence[Tensor], seed: int,

@@ -33,7 +33,7 @@ from headscope.engine.model.rotary import (
     rotary_inv_freq,
     rotary_scale,
 )
-from headscope.engine.model.weights import WeightSource, will_need
+from headscope.engine.model.weights import WeightSource, stored_kv, will_need
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -373,10 +373,11 @@ def projections(w: WeightSource, layer: int, x: Tensor) -> tuple[Tensor, Tensor,
     group = w.cfg.n_heads // w.cfg.kv_heads if x.ndim == 3 else 1
 
     def project(i: int, name: str) -> Tensor:  # [b, p, (h,) d_model] @ [h, d_model, d_head] -> [b, h, p, d_head]
-        weight, bias = w.get(f"{pre}.W_{name}"), w.get(f"{pre}.b_{name}")
-        if name != "Q" and group > 1:
-            stored = torch.einsum(spec, x, weight[::group]) + bias[::group, None, :]
+        if name != "Q" and group > 1:  # the stored heads alone (``stored_kv``: no expanded copy read)
+            weight, bias = stored_kv(w, f"{pre}.W_{name}"), stored_kv(w, f"{pre}.b_{name}")
+            stored = torch.einsum(spec, x, weight) + bias[:, None, :]
             return stored.repeat_interleave(group, dim=1)
+        weight, bias = w.get(f"{pre}.W_{name}"), w.get(f"{pre}.b_{name}")
         return torch.einsum(spec, x if x.ndim == 3 else x[:, :, i], weight) + bias[:, None, :]
 
     return project(0, "Q"), project(1, "K"), project(2, "V")

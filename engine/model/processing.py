@@ -43,7 +43,13 @@ import numpy as np
 from headscope.engine.core.cache import ByteLRU
 from headscope.engine.core.config import ModelConfig
 from headscope.engine.core.errors import MissingTensorError
-from headscope.engine.model.weights import HEAD_TENSORS, WeightSource, read_only, tensor_bytes
+from headscope.engine.model.weights import (
+    HEAD_TENSORS,
+    KV_TENSORS,
+    WeightSource,
+    read_only,
+    tensor_bytes,
+)
 
 __all__ = ["Plan", "ProcessedWeights", "plan_for", "processed_config"]
 
@@ -107,7 +113,9 @@ def _is_layer_tensor(key: tuple[str, int | None]) -> bool:
 
 def _float32_bytes(cfg: ModelConfig) -> tuple[int, int]:
     """(whole model, one layer's attention weights): float32 bytes of the processed weights."""
-    attn = 4 * cfg.n_heads * cfg.d_model * cfg.d_head  # W_Q, W_K, W_V (GQA expanded), W_O
+    # W_Q, W_O, and W_K, W_V once per stored K/V head: what the passes read and cache
+    # (``_W_K``: grouped-query attention's heads are repeated only where a caller asks)
+    attn = 2 * (cfg.n_heads + cfg.kv_heads) * cfg.d_model * cfg.d_head
     mlp = (3 if cfg.gated_mlp else 2) * cfg.d_model * (cfg.d_mlp or 0)
     outer = 2 * cfg.d_vocab * cfg.d_model + (cfg.n_ctx * cfg.d_model if cfg.positional == "learned" else 0)
     return 4 * (cfg.n_layers * (attn + mlp) + outer), 4 * attn
@@ -121,10 +129,11 @@ LAYER_SLACK = 64 << 20
 
 
 def default_cache_bytes(cfg: ModelConfig) -> int:
-    """``DEFAULT_CACHE_BYTES``, or one layer's attention weights (float32, K/V expanded) and
-    room beside them where they are larger: `heads` reads them for the weight sweep's piece of
-    the layer, then again for the pass's attention (``spectral.SpectralPass``). At 70B widths
-    they are exactly 1 GiB: a 1 GiB LRU cycled every one of them out before its second read."""
+    """``DEFAULT_CACHE_BYTES``, or one layer's attention weights (float32, K/V once per stored
+    head) and room beside them where they are larger: `heads` reads them for the weight sweep's
+    piece of the layer, then again for the pass's attention (``spectral.SpectralPass``). With
+    K/V expanded a 70B layer's were exactly 1 GiB, and a 1 GiB LRU cycled every one of them
+    out before its second read; stored, they are 0.6 GB."""
     return max(DEFAULT_CACHE_BYTES, _float32_bytes(cfg)[1] + 2 * LAYER_SLACK)
 
 
@@ -432,7 +441,13 @@ class ProcessedWeights:
         """Attention weights of one layer (``head`` None: all heads stacked on dim 0)."""
         p = self.plan
         pre = f"blocks.{layer}.attn"
-        if leaf in ("W_Q", "W_K", "W_V"):
+        if head is None and leaf in KV_TENSORS and self.raw.has(f"{pre}._{leaf}"):
+            # grouped-query: the stored heads processed (each head's processing is its own),
+            # then repeated for their groups; a forward pass reads ``_W_K`` alone (``stored_kv``)
+            group = self.cfg.n_heads // self.cfg.kv_heads
+            if group > 1:
+                return np.repeat(self._cached(f"{pre}._{leaf}", None), group, axis=0)
+        if leaf in ("W_Q", "W_K", "W_V", "_W_K", "_W_V"):
             # LN(x) W = n(x) diag(w) W + b W: scale the rows, then drop their d_model mean.
             w, _ = self._norm(f"blocks.{layer}.ln1")
             if w is None and not p.center_reading:
@@ -440,17 +455,18 @@ class ProcessedWeights:
             # a whole layer: one fresh copy edited in place (no second layer-sized array)
             W = self._raw_fresh(f"{pre}.{leaf}") if head is None else self._raw(f"{pre}.{leaf}", head).copy()
             _, ln_b = self._norm(f"blocks.{layer}.ln1")
-            bias = (_FOLDED.format(pre=pre, leaf=f"b_{leaf[-1]}"), None)
+            bias = (_FOLDED.format(pre=pre, leaf=leaf.replace("W_", "b_")), None)
             if head is None and ln_b is not None and self._cache.get(bias) is None:
                 # the folded bias reads this same raw W: form it from this read (a forward pass
                 # asks for W first) instead of building and keeping the raw W a second time
-                self._cache.put(bias, read_only(self._raw(f"{pre}.b_{leaf[-1]}", None) + ln_b @ W))
+                self._cache.put(bias, read_only(self._raw(f"{pre}.{leaf.replace('W_', 'b_')}", None) + ln_b @ W))
             if w is not None:
                 W *= w[:, None]
             return _center_(W, -2) if p.center_reading else W
-        if leaf in ("b_Q", "b_K", "b_V"):
-            if leaf == "b_V" and p.fold_value_biases:  # moved into b_O (below)
-                shape = (self.cfg.d_head,) if head is not None else (self.cfg.n_heads, self.cfg.d_head)
+        if leaf in ("b_Q", "b_K", "b_V", "_b_K", "_b_V"):
+            if leaf in ("b_V", "_b_V") and p.fold_value_biases:  # moved into b_O (below)
+                heads = self.cfg.kv_heads if leaf == "_b_V" else self.cfg.n_heads
+                shape = (self.cfg.d_head,) if head is not None else (heads, self.cfg.d_head)
                 return np.zeros(shape, np.float32)
             return self._folded_bias(layer, leaf, head)
         if leaf == "W_O":
@@ -479,7 +495,7 @@ class ProcessedWeights:
         _, ln_b = self._norm(f"blocks.{layer}.ln1")
         if ln_b is None:
             return b
-        W = self._raw(f"{pre}.W_{leaf[-1]}", head)  # [(h,) d_model, d_head]
+        W = self._raw(f"{pre}.{leaf.replace('b_', 'W_')}", head)  # [(h,) d_model, d_head]
         return b + ln_b @ W
 
     def _mlp_reader(self, layer: int | None, leaf: str) -> np.ndarray:

@@ -59,8 +59,8 @@ from headscope.engine.model.readplan import (
 )
 from headscope.engine.model.spec_arrays import affine, deinterleaved, head_view, shared_tensors
 
-__all__ = ["HEAD_TENSORS", "CheckpointWeights", "CircuitWeights", "DictWeights", "WeightSource",
-           "as_float32", "file_sorted", "read_only", "tensor_bytes", "will_need"]
+__all__ = ["HEAD_TENSORS", "KV_TENSORS", "CheckpointWeights", "CircuitWeights", "DictWeights", "WeightSource",
+           "as_float32", "file_sorted", "read_only", "stored_kv", "stored_kv_name", "tensor_bytes", "will_need"]
 
 # Attention tensors that are stored per head along dim 0 in canonical form.
 HEAD_TENSORS = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V")
@@ -233,10 +233,33 @@ def _changed(file: str, was: tuple[int, ...], now: tuple[int, ...]) -> Checkpoin
     )
 
 
+KV_TENSORS = ("W_K", "W_V", "b_K", "b_V")
+
+
 def _kv_name(name: str) -> str:
     """``blocks.0.attn.W_K`` -> ``blocks.0.attn._W_K`` (the un-expanded GQA tensor)."""
     prefix, _, last = name.rpartition(".")
-    return f"{prefix}._{last}" if last in ("W_K", "W_V", "b_K", "b_V") else name
+    return f"{prefix}._{last}" if last in KV_TENSORS else name
+
+
+def stored_kv_name(name: str) -> str | None:
+    """``blocks.0.attn._W_K`` -> ``blocks.0.attn.W_K`` (the canonical tensor whose stored
+    heads it holds, TransformerLens' name for them), None for any other name."""
+    prefix, _, last = name.rpartition(".")
+    return f"{prefix}.{last[1:]}" if last[:1] == "_" and last[1:] in KV_TENSORS else None
+
+
+def stored_kv(w: WeightSource, name: str) -> Any:
+    """``w.get(name)`` of a K/V weight or bias (``blocks.L.attn.W_K``) with one head per
+    stored K/V head, ``[kv_heads, ...]``: under grouped-query attention the canonical tensor
+    repeats each for its group's query heads (``ModelConfig.kv_head_of``), and a forward pass
+    needs each once. Read as ``_W_K`` where the source has it (a checkpoint: no expanded copy
+    is built, 2 × 268 MB a layer at 70B widths), else cut from the canonical tensor."""
+    group = w.cfg.n_heads // w.cfg.kv_heads
+    if group == 1:
+        return w.get(name)
+    kv = _kv_name(name)
+    return w.get(kv) if w.has(kv) else w.get(name)[::group]
 
 
 class CheckpointWeights(PlannedReads):
@@ -300,7 +323,13 @@ class CheckpointWeights(PlannedReads):
         self.advising: threading.Thread | None = None  # the last advise_will_need's thread
 
     def has(self, name: str) -> bool:
-        return name in self.specs
+        if name in self.specs:
+            return True
+        public = stored_kv_name(name)  # ``_W_K``/``_b_K``: if weight and bias are cut per head
+        if public is None:
+            return False
+        prefix, _, last = public.rpartition(".")
+        return all(isinstance(self.specs.get(f"{prefix}.{kind}_{last[-1]}"), Heads | Zeros) for kind in "Wb")
 
     # --- the read plan (engine.model.readplan) ------------------------------------------
 
@@ -520,9 +549,11 @@ class CheckpointWeights(PlannedReads):
         return spec
 
     def _build(self, name: str) -> np.ndarray:
-        spec = self._spec(name)
+        public = stored_kv_name(name)  # ``_W_K``: the stored K/V heads, not repeated per group
+        spec = self._spec(public or name)
         if isinstance(spec, Zeros):
-            return np.zeros(spec.shape, np.float32)
+            shape = spec.shape if public is None else (self.cfg.kv_heads, *spec.shape[1:])
+            return np.zeros(shape, np.float32)
         if isinstance(spec, Product):
             return self._build_whole(spec.left) @ self._build_whole(spec.right)
         if isinstance(spec, Rows):
@@ -530,6 +561,7 @@ class CheckpointWeights(PlannedReads):
         if isinstance(spec, Whole):
             return self._build_whole(spec)
         stored = self.cfg.kv_heads if spec.kv else self.cfg.n_heads
+        expand = spec.kv and stored != self.cfg.n_heads and public is None
         # Widen the stored tensor in one sequential pass, then cut every head out of it as one
         # strided view: stacking per-head transposed slices of a bf16 tensor was the slowest
         # step of a 7B sweep.
@@ -537,11 +569,11 @@ class CheckpointWeights(PlannedReads):
         # of the kept array, copied once here (not a copy of all of it per Q, K and V first)
         t = self._read(spec.tensor, borrow=True)
         whole = (spec.offset == 0 and spec.stride == spec.size and spec.size * stored == t.shape[spec.axis]
-                 and not (spec.kv and stored != self.cfg.n_heads))
+                 and not expand)
         if whole and not t.flags.writeable:  # a kept stored tensor (``W_O``'s, cut along columns)
             t = np.array(t)  # one copy in stored order: the same layout as a fresh read (below)
         heads = self._cut(spec, head_view(t, spec, stored), batched=True)
-        if spec.kv and stored != self.cfg.n_heads:
+        if expand:
             return np.repeat(heads, self.cfg.n_heads // stored, axis=0)
         if whole and heads.size == t.size:
             # Every value of the stored tensor is in exactly one head (a Hugging Face ``[out,

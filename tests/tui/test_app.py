@@ -350,8 +350,9 @@ async def test_clicking_a_summary_header_sorts_by_that_column() -> None:
 
 
 async def test_toggling_raw_cancels_a_running_ablation_sweep() -> None:
-    # The fake's sweep takes 2 × delay, its raw switch 1 × delay: the switch lands mid-sweep.
-    app, engine = make_app(FakeEngine(delay=1.0, sweep_steps=10))
+    # The fake's sweep takes 0.5 + 20 s, its raw switch 0.5 s: the switch lands mid-sweep even
+    # on a busy box (with 1 + 1 s against 1 s, a slow event loop once let the sweep finish first)
+    app, engine = make_app(FakeEngine(delay=0.5, sweep_steps=10, sweep_delay=20.0))
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot, app)
         app.explorer.action_ablation_sweep()

@@ -105,10 +105,11 @@ def test_heads_reads_each_tensor_once_for_both_sweeps(llama12, monkeypatch) -> N
 
 def test_heads_reads_each_tensor_once_when_the_cache_holds_just_one_layers_attention(
         llama12, monkeypatch) -> None:
-    """At 70B widths one layer's attention weights (float32, K/V expanded) are exactly the
-    default cache bound, 1 GiB: the default keeps room beside them, so the pass's attention
-    finds what the weight sweep's piece read (an LRU at exactly their size cycled every one of
-    them out before its second read). Here the default is set to this model's layer size."""
+    """Where one layer's attention weights (float32; K/V expanded at 70B widths, they were
+    exactly the default cache bound, 1 GiB) fill the default bound, the default keeps room
+    beside them, so the pass's attention finds what the weight sweep's piece read (an LRU at
+    exactly their size cycles every one of them out before its second read). Here the default
+    is set to this model's layer size."""
     from headscope.engine.model import processing
 
     def attention_reads(cache_bytes: int | None) -> list[str]:

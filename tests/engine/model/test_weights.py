@@ -51,3 +51,43 @@ def test_dict_and_checkpoint_weights_agree_on_grouped_heads(llama_dir: tuple[Pat
         torch.testing.assert_close(
             d.get_head("blocks.0.attn.W_K", h), w.get_head("blocks.0.attn.W_K", h)
         )
+
+
+def test_stored_kv_heads_are_read_without_the_expanded_copy(llama_dir: tuple[Path, Any]) -> None:
+    """``_W_K``/``_W_V``/``_b_K``/``_b_V`` (TransformerLens' names) hold each stored K/V head
+    once, raw and processed: equal to every ``group``-th head of the canonical tensor, and a
+    forward pass reads them alone (``stored_kv``), so no expanded copy is built or cached."""
+    from headscope.engine.forward import transformer
+    from headscope.engine.forward.torch_weights import torch_weights
+    from headscope.engine.model.weights import stored_kv
+
+    path, model = llama_dir
+    for raw in (True, False):
+        m = load_model(path, raw=raw)
+        w, cfg = m.weights, m.cfg
+        group = cfg.n_heads // cfg.kv_heads
+        assert group > 1  # the fixture is grouped
+        for name in ("W_K", "W_V", "b_K", "b_V"):
+            kv = w.get(f"blocks.1.attn._{name}")
+            assert kv.shape[0] == cfg.kv_heads
+            np.testing.assert_array_equal(kv, w.get(f"blocks.1.attn.{name}")[::group])
+            np.testing.assert_array_equal(stored_kv(w, f"blocks.1.attn.{name}"), kv)
+    assert not w.has("blocks.1.attn._W_Q") and not w.has("blocks.1.attn._W_O")
+    # the stored heads are the checkpoint's rows, whole: k_proj [kv·d_head, d_model]
+    raw = load_model(path, raw=True).weights
+    k_proj = model.model.layers[1].self_attn.k_proj.weight.detach().numpy()
+    np.testing.assert_array_equal(raw.get("blocks.1.attn._W_K"),
+                                  k_proj.reshape(cfg.kv_heads, cfg.d_head, cfg.d_model).transpose(0, 2, 1))
+
+    w = load_model(path).weights  # processed, nothing cached yet
+    computed: list[str] = []
+    compute = w._compute
+
+    def recorded(name: str, head: int | None) -> np.ndarray:
+        computed.append(name)
+        return compute(name, head)
+
+    w._compute = recorded  # type: ignore[method-assign]
+    transformer.run(torch_weights(w), torch.tensor([[1, 2, 3, 4, 5]]))
+    assert {f"blocks.{i}.attn._{x}" for i in range(cfg.n_layers) for x in ("W_K", "W_V")} <= set(computed)
+    assert not set(computed) & {f"blocks.{i}.attn.W_{x}" for i in range(cfg.n_layers) for x in "KV"}

@@ -110,9 +110,10 @@ async def test_raising_job_reaches_every_awaiter_as_typed_error(sched):
 async def test_queued_request_for_left_head_is_dropped_before_start():
     s = Scheduler(1)
     started = []
-    gate = threading.Event()
+    gate, running = threading.Event(), threading.Event()
 
     def blocker(ctx):
+        running.set()
         gate.wait(2)
         return "sweep"
 
@@ -125,7 +126,10 @@ async def test_queued_request_for_left_head_is_dropped_before_start():
 
     s.focus((0, 0))
     sweep = asyncio.create_task(s.run("sweep", blocker))  # occupies the only worker
-    await asyncio.sleep(0.02)
+    for _ in range(500):  # on a busy box the worker may take a while to start it
+        if running.is_set():
+            break
+        await asyncio.sleep(0.01)
     old = asyncio.create_task(s.run("old", view("old"), head=(0, 0)))
     await asyncio.sleep(0.01)
     s.focus((0, 1))
@@ -364,7 +368,7 @@ async def test_freed_pages_go_back_once_the_queue_is_drained(monkeypatch):
     try:
         first = asyncio.create_task(s.run("first", lambda ctx: gate.wait(2)))
         await asyncio.sleep(0.02)
-        queued = [asyncio.create_task(s.run(k, lambda ctx: k)) for k in ("second", "third")]
+        queued = [asyncio.create_task(s.run(k, lambda ctx, k=k: k)) for k in ("second", "third")]
         await asyncio.sleep(0.02)
         assert trims == []  # the first job still runs
         gate.set()
