@@ -64,9 +64,10 @@ A_READ, B_GEMM = 2.35, 3.45  # s/GB of stored bf16 through the reader, s/TFLOP (
 # the rates of the 1B/7B/13B fit, used where no ``calibrate`` ran (no eigvals or null term)
 # (no peaks term; the per-head products at the product rate)
 FITTED = {"read_attn": A_READ, "read_mlp": A_READ, "peaks": 0.0, "gemm_np": B_GEMM, "small_np": B_GEMM,
-          "gemm_torch": B_GEMM, "eigvals": 0.0, "null": 0.0}
+          "gemm_torch": B_GEMM, "eigvals": 0.0, "null": 0.0, "first_touch": 0.0}
 RATE_UNITS = {"read_attn": "s/GB", "read_mlp": "s/GB", "peaks": "s", "gemm_np": "s/TFLOP",
-              "small_np": "s/TFLOP", "gemm_torch": "s/TFLOP", "eigvals": "s", "null": "s"}
+              "small_np": "s/TFLOP", "gemm_torch": "s/TFLOP", "eigvals": "s", "null": "s", "first_touch": "s/GB"}
+FIRST_TOUCH_BYTES = 256 << 20
 FULL_LAYERS = 80  # Llama-2-70B
 ANSWER, WRONG = 1, 2
 
@@ -249,14 +250,18 @@ def run_attribution(path: Path, n_tokens: int) -> dict[str, Any]:
 
     clean, corrupt = prompts(inspect_checkpoint(path).cfg.d_vocab, n_tokens)
     marks: list[float] = []
+    resident: list[float] = []  # current RSS (MB) at the start and after the two runs
     attribute, report = patching.attribute_heads, patching.report
 
     def timed_attribute(*a: Any, **k: Any) -> Any:
+        resident.append(current_rss_mb())
         marks.append(time.perf_counter())
         return attribute(*a, **k)
 
     def timed_report(progress: Any, fraction: float) -> None:
         marks.append(time.perf_counter())
+        if len(resident) == 1:
+            resident.append(current_rss_mb())
         report(progress, fraction)
 
     patching.attribute_heads = timed_attribute
@@ -276,8 +281,21 @@ def run_attribution(path: Path, n_tokens: int) -> dict[str, Any]:
             os.environ["HEADSCOPE_CACHE_DIR"] = store
     steps = [b - a for a, b in itertools.pairwise(marks)]
     # marks: the start, after the two runs, then once per layer from the top (the last: done)
+    # the memory the two runs made resident: touched for the first time (the process's heap
+    # was trimmed after the calibration), priced at ``first_touch`` by the cost model
+    touched = (resident[1] - resident[0]) / 1e3 if len(resident) == 2 else None
     return {"seconds": since(T0), "tokens": 2 * n_tokens, "two_runs": steps[0] if steps else None,
+            "two_runs_touched_gb": touched,
             "backward_layers": list(reversed(steps[1:-1])) if len(steps) > 2 else []}
+
+
+def current_rss_mb() -> float:
+    """This process's current resident memory (MB; 0 where ``/proc`` has no ``statm``)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def _best(fn: Any, repeat: int = 3) -> float:
@@ -382,7 +400,26 @@ def run_calibrate(path: Path, tokens: int) -> dict[str, Any]:
 
     out["null"] = _best(null_layer)
     w.release()  # the layer read above (the raw files close with the model)
+    out["first_touch"] = _best(first_touch) / (FIRST_TOUCH_BYTES / 1e9)
     return {"seconds": since(T0), "rates": out}
+
+
+def first_touch() -> None:
+    """Touch ``FIRST_TOUCH_BYTES`` of memory new to the process (an anonymous map, huge pages
+    advised as numpy advises its large arrays), then unmap it: what each page of a pass's
+    working set costs the first time (the kernel's zeroing; on a virtual machine that returns
+    freed pages to its host, the host's fault as well: 0.1 to 3 s/GB on the boxes here)."""
+    import mmap
+
+    import numpy as np
+
+    m = mmap.mmap(-1, FIRST_TOUCH_BYTES)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        m.madvise(mmap.MADV_HUGEPAGE)
+    pages = np.frombuffer(m, np.uint8)
+    pages[::4096] = 1
+    del pages
+    m.close()
 
 
 def one(scenario: str, path: Path, n_tokens: int) -> dict[str, Any]:
@@ -423,7 +460,8 @@ def layer_sizes(d: int, h: int, kv: int, e: int, d_mlp: int) -> dict[str, float]
             "params": attn + mlp}
 
 
-def predicted(s: Shape, rates: dict[str, float], tokens: int, attribution_tokens: int) -> dict[str, float]:
+def predicted(s: Shape, rates: dict[str, float], tokens: int, attribution_tokens: int,
+              touched_gb: float = 0.0) -> dict[str, float]:
     """Seconds per layer (and once per model, ``middles``) of what each piece computes, at the
     rates ``run_calibrate`` measured in the same run (s/GB read, s/TFLOP, s per call):
 
@@ -441,7 +479,9 @@ def predicted(s: Shape, rates: dict[str, float], tokens: int, attribution_tokens
       projections);
     - attribution, per layer of its backward: the layer's forward again with gradients
       (attention and MLP read) and the blocked MLP's backward (its three matrices read once
-      more), ``3 · 2·tokens·params`` flops; the two runs before it: one forward of both prompts.
+      more), ``3 · 2·tokens·params`` flops; the two runs before it: one forward of both prompts,
+      and the first touch of the memory they make resident (``touched_gb``, measured: the
+      process's first pass builds its heap; later passes reuse it), spread over the layers.
     """
     d, v, h, e = s.d_model, s.d_vocab, s.n_heads, s.d_head
     kv = s.n_kv_heads or h
@@ -457,7 +497,8 @@ def predicted(s: Shape, rates: dict[str, float], tokens: int, attribution_tokens
         "forward": r["read_mlp"] * z["mlp_gb"] + r["gemm_torch"] * 2 * tokens * z["params"] / 1e12 + r["null"],
         "backward": layer_read + r["read_mlp"] * z["mlp_gb"]
                     + r["gemm_torch"] * 3 * 2 * attribution_tokens * z["params"] / 1e12,
-        "two_runs_per_layer": layer_read + r["gemm_torch"] * 2 * attribution_tokens * z["params"] / 1e12,
+        "two_runs_per_layer": layer_read + r["gemm_torch"] * 2 * attribution_tokens * z["params"] / 1e12
+                              + r.get("first_touch", 0.0) * touched_gb / s.n_layers,
     }
 
 
@@ -508,7 +549,7 @@ def report(shape: Shape, res: dict[str, list[dict[str, Any]]], repeat: int) -> s
     a_tokens = _med(ok_a, "tokens") or 0
     rates_h, rates_a = _rates(ok_h), _rates(ok_a)
     model = predicted(shape, rates_h or FITTED, int(tokens), int(a_tokens))
-    model_a = predicted(shape, rates_a or FITTED, int(tokens), int(a_tokens))
+    model_a = predicted(shape, rates_a or FITTED, int(tokens), int(a_tokens), _med(ok_a, "two_runs_touched_gb") or 0.0)
     lines = [f"### {shape.name}: {shape.n_layers} layers, d_model {shape.d_model}, {shape.n_heads} heads "
              f"({shape.n_kv_heads or shape.n_heads} KV), d_mlp {shape.d_mlp} (median of {repeat})", ""]
     errors = [f"{name}: {r['error']}" for name, runs in res.items() for r in runs if "error" in r]
@@ -537,6 +578,10 @@ def report(shape: Shape, res: dict[str, list[dict[str, Any]]], repeat: int) -> s
         lines.append(f"\nRates of {name}'s process " + ("(measured in it before the run): " if rates
                      else "(not measured: the 1B/7B/13B fit): ") + shown
                      + (f" (load average at its start–end: {loads})" if loads else ""))
+    touched = _med(ok_a, "two_runs_touched_gb")
+    if touched is not None:
+        lines.append(f"\nattribution's two runs made {touched:.2f} GB resident for the first time (priced "
+                     "in their row at `first_touch`)")
     phases = [r["phase_rss_mb"] for r in ok_h if r.get("phase_rss_mb")]
     if phases:
         top = sorted(phases[0].items(), key=lambda kv: -kv[1])[:6]
