@@ -64,9 +64,10 @@ A_READ, B_GEMM = 2.35, 3.45  # s/GB of stored bf16 through the reader, s/TFLOP (
 # the rates of the 1B/7B/13B fit, used where no ``calibrate`` ran (no eigvals or null term)
 # (no peaks term; the per-head products at the product rate)
 FITTED = {"read_attn": A_READ, "read_mlp": A_READ, "peaks": 0.0, "gemm_np": B_GEMM, "small_np": B_GEMM,
-          "gemm_torch": B_GEMM, "eigvals": 0.0, "null": 0.0, "first_touch": 0.0}
+          "gemm_torch": B_GEMM, "gemm_torch_base": B_GEMM, "eigvals": 0.0, "null": 0.0, "first_touch": 0.0}
 RATE_UNITS = {"read_attn": "s/GB", "read_mlp": "s/GB", "peaks": "s", "gemm_np": "s/TFLOP",
-              "small_np": "s/TFLOP", "gemm_torch": "s/TFLOP", "eigvals": "s", "null": "s", "first_touch": "s/GB"}
+              "small_np": "s/TFLOP", "gemm_torch": "s/TFLOP", "gemm_torch_base": "s/TFLOP", "eigvals": "s",
+              "null": "s", "first_touch": "s/GB"}
 FIRST_TOUCH_BYTES = 256 << 20
 FULL_LAYERS = 80  # Llama-2-70B
 ANSWER, WRONG = 1, 2
@@ -329,6 +330,9 @@ def run_calibrate(path: Path, tokens: int) -> dict[str, Any]:
       products at ``heads``' token count; ``block``: the MLP's first column block as the reader
       gives it, in its stored layout: a Hugging Face checkpoint's ``[d_mlp, d]`` rows make it
       a transposed view, the operand the pass multiplies, not a contiguous random matrix);
+    - ``gemm_torch_base``: the same at half the tokens (attribution's backward runs on the base
+      run's prompt alone; at a few dozen rows a product's time follows the weight's bytes, not
+      its flops, so the rate at 32 rows does not price 16);
     - ``eigvals``: s per ``eigvals`` of ``H`` random ``d_head × d_head`` float64 matrices on one
       LAPACK thread (two per layer: copying and QK positivity);
     - ``null``: s of what the behavioural null adds to one layer of the pass: the mean norms
@@ -387,6 +391,10 @@ def run_calibrate(path: Path, tokens: int) -> dict[str, Any]:
     block = min(cfg.d_mlp, blocked_mlp.MLP_BLOCK_BYTES // (4 * d))
     x, wt = torch.randn(tokens, d), as_tensor(w.get_columns(mlp[0], 0, block))  # [d, block]
     out["gemm_torch"] = _best(lambda: x @ wt, 5) / (2 * tokens * d * block / 1e12)
+    base = max(1, tokens // 2)
+    x = x[:base].clone()
+    out["gemm_torch_base"] = _best(lambda: x @ wt, 5) / (2 * base * d * block / 1e12)
+    x = torch.randn(tokens, d)
     wt = None
     small = rng.standard_normal((cfg.n_heads, e, e))
     with one_lapack_thread():
@@ -477,9 +485,12 @@ def predicted(s: Shape, rates: dict[str, float], tokens: int, attribution_tokens
       the pass reaches the layer), the token products ``2·tokens·params`` (torch; K and V once
       per KV head) and the layer's part of the null (its heads' norms and random heads'
       projections);
-    - attribution, per layer of its backward: the layer's forward again with gradients
-      (attention and MLP read) and the blocked MLP's backward (its three matrices read once
-      more), ``3 · 2·tokens·params`` flops; the two runs before it: one forward of both prompts,
+    - attribution, per layer of its backward, on the base run's prompt (half the tokens): the
+      layer's forward again with gradients (attention and MLP read) and the blocked MLP's
+      backward (its three matrices read once more); gradients of the input only (the weights
+      need none): the forward's products once, the input gradient's once more, and ``W_gate``'s
+      and ``W_in``'s a third time (the blocked MLP recomputes its hidden blocks in the backward),
+      at ``gemm_torch_base``; the two runs before it: one forward of both prompts,
       and the first touch of the memory they make resident (``touched_gb``, measured: the
       process's first pass builds its heap; later passes reuse it), spread over the layers.
     """
@@ -488,6 +499,7 @@ def predicted(s: Shape, rates: dict[str, float], tokens: int, attribution_tokens
     z = layer_sizes_of(s)
     r = rates
     spectral_flops = 2 * h * e * d * d + 2 * kv * e * d * d
+    attn_params, gates = 2 * h * e * d + 2 * kv * e * d, 1  # the slice's MLP is gated: W_gate, W_in
     per_head_flops = 2 * 2 * h * e * d * e
     layer_read = r["read_attn"] * z["attn_gb"] + r["read_mlp"] * z["mlp_gb"]
     return {
@@ -496,7 +508,8 @@ def predicted(s: Shape, rates: dict[str, float], tokens: int, attribution_tokens
                     + r["small_np"] * per_head_flops / 1e12 + 2 * r["eigvals"],
         "forward": r["read_mlp"] * z["mlp_gb"] + r["gemm_torch"] * 2 * tokens * z["params"] / 1e12 + r["null"],
         "backward": layer_read + r["read_mlp"] * z["mlp_gb"]
-                    + r["gemm_torch"] * 3 * 2 * attribution_tokens * z["params"] / 1e12,
+                    + r.get("gemm_torch_base", r["gemm_torch"]) * 2 * (attribution_tokens // 2)
+                    * (2 * attn_params + 3 * (gates + 1) * d * s.d_mlp + 2 * d * s.d_mlp) / 1e12,
         "two_runs_per_layer": layer_read + r["gemm_torch"] * 2 * attribution_tokens * z["params"] / 1e12
                               + r.get("first_touch", 0.0) * touched_gb / s.n_layers,
     }
