@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 from headscope.engine.core.errors import CancelledError as EngineCancelled
 from headscope.engine.core.errors import HeadscopeError
-from headscope.engine.core.requests import CircuitRequest, PromptRequest, SpectrumRequest
 
 if TYPE_CHECKING:  # tui.plots (plotext, numpy) is imported once B's views are drawn
     from headscope.engine.api.diff import ModelDiff
@@ -97,12 +96,16 @@ class CompareMode:
 
     async def block_b(self, block: CircuitBlock, offset: int = 0) -> CircuitBlock | None:
         """Model B's circuit block over the same rows and columns as A's ``block``."""
+        from headscope.engine.core.requests import CircuitRequest  # (see ``_prompt_b``)
+
         return await self._from_b((block.layer, block.head), lambda h: self._b.get(CircuitRequest.of(
             self._b.structure, *h, block.kind, block.basis, rows=list(block.row_ids),
             cols=list(block.col_ids), offset=offset, limit=self._b.max_block_bytes)))
 
     async def spectra_b(self, head: Head) -> tuple[Spectrum | None, Spectrum | None]:
         """Model B's OV and QK spectra of the head shown beside A's (``None`` if unavailable)."""
+        from headscope.engine.core.requests import SpectrumRequest  # (see ``_prompt_b``)
+
         both = await self._from_b(head, lambda h: asyncio.gather(
             *(self._b.get(SpectrumRequest.of(self._b.structure, *h, kind)) for kind in ("ov", "qk"))))
         return (None, None) if both is None else (both[0], both[1])
@@ -112,6 +115,10 @@ class CompareMode:
         return await self._from_b(head, lambda h: self._prompt_b(text, h))
 
     async def _prompt_b(self, text: str, head: Head) -> PromptView:
+        # the request types are imported where used: the app imports this module before its
+        # first frame, and ``engine.core.requests`` was 12 ms of it (bench.firstframe)
+        from headscope.engine.core.requests import PromptRequest
+
         found = await self._b.get(PromptRequest.of(self._b.structure, text, limit=self._b.max_block_bytes))
         return found.view(*head)
 
