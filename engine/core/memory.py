@@ -40,8 +40,8 @@ def keep_freed_memory() -> bool:
     By default glibc maps each block over 32 MB on its own and unmaps it when freed, so a
     pass that reads a layer's weights into fresh blocks, multiplies and frees them touches
     new pages for every layer. On a virtual machine that hands freed pages back to its host
-    (virtio-balloon free page reporting, the default on cloud boxes) a new page costs a
-    fault in the host as well: the same 268 MB read took 0.06 s or 0.9 s, all of the
+    (virtio-balloon free page reporting, as this project's development boxes do) a new page
+    costs a fault in the host as well: the same 268 MB read took 0.06 s or 0.9 s, all of the
     difference system time (bench/README.md, "Freed memory kept"). Here the blocks come from
     the heap (``M_MMAP_MAX`` 0) of every thread (``M_ARENA_MAX`` 1: another thread's arena
     would map a large block anyway), and the heap is not trimmed as blocks are freed
