@@ -344,6 +344,7 @@ def run_calibrate(path: Path, tokens: int) -> dict[str, Any]:
     import numpy as np
     import torch
 
+    from headscope.engine.circuits.spectral import attention_weight
     from headscope.engine.core.numeric import max_abs
     from headscope.engine.core.threads import one_lapack_thread
     from headscope.engine.forward import blocked_mlp, null
@@ -358,7 +359,7 @@ def run_calibrate(path: Path, tokens: int) -> dict[str, Any]:
     mlp = [f"blocks.0.mlp.W_{n}" for n in ("gate", "in", "out") if w.has(f"blocks.0.mlp.W_{n}")]
 
     def layer_attn() -> list[Any]:  # as the passes read them (K/V once per stored head)
-        return [stored_kv(w, name) if name.endswith(("W_K", "W_V")) else w.get(name) for name in attn]
+        return [attention_weight(w, name) for name in attn]
 
     def read_attn() -> None:
         w.release()
@@ -391,11 +392,9 @@ def run_calibrate(path: Path, tokens: int) -> dict[str, Any]:
     block = min(cfg.d_mlp, blocked_mlp.MLP_BLOCK_BYTES // (4 * d))
     x, wt = torch.randn(tokens, d), as_tensor(w.get_columns(mlp[0], 0, block))  # [d, block]
     out["gemm_torch"] = _best(lambda: x @ wt, 5) / (2 * tokens * d * block / 1e12)
-    base = max(1, tokens // 2)
-    x = x[:base].clone()
-    out["gemm_torch_base"] = _best(lambda: x @ wt, 5) / (2 * base * d * block / 1e12)
-    x = torch.randn(tokens, d)
-    wt = None
+    base = x[: max(1, tokens // 2)].clone()
+    out["gemm_torch_base"] = _best(lambda: base @ wt, 5) / (2 * base.shape[0] * d * block / 1e12)
+    wt = base = None
     small = rng.standard_normal((cfg.n_heads, e, e))
     with one_lapack_thread():
         out["eigvals"] = _best(lambda: np.linalg.eigvals(small))

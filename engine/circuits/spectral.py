@@ -36,7 +36,7 @@ from headscope.engine.model.weights import file_sorted, stored_kv
 if TYPE_CHECKING:
     from headscope.engine.model.weights import CircuitWeights
 
-__all__ = ["SPECTRAL_SCORES", "SpectralPass", "copying_score", "file_order", "layer_flags",
+__all__ = ["SPECTRAL_SCORES", "SpectralPass", "attention_weight", "copying_score", "file_order", "layer_flags",
            "layer_spectral_scores", "nonfinite_heads", "qk_positivity", "spectral_score",
            "spectral_scores"]
 
@@ -83,13 +83,18 @@ def _overflow(w: Any, peaks: dict[str, np.ndarray]) -> np.ndarray:
         return (p64["W_Q"] * p64["W_K"] > limit) | (p64["W_V"] * p64["W_O"] > limit)
 
 
+def attention_weight(w: Any, name: str) -> np.ndarray:
+    """One of a layer's four attention weights as the passes read it: ``W_Q``, ``W_O`` whole,
+    ``W_K``, ``W_V`` once per stored K/V head (``stored_kv``)."""
+    return stored_kv(w, name) if name.endswith(("W_K", "W_V")) else w.get(name)
+
+
 def _head_weights(w: Any, layer: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]]:
     """A layer's four attention weights, ``W_K`` and ``W_V`` with one head per stored K/V head
     (``stored_kv``: grouped-query attention repeats them per query head, and each stored head
     is needed once), their per-head peaks (``numeric.max_abs``) and those peaks per query head
     (``[H]``, for the flags)."""
-    mats = {name: stored_kv(w, f"blocks.{layer}.attn.{name}") if name in ("W_K", "W_V")
-            else w.get(f"blocks.{layer}.attn.{name}") for name in HEAD_WEIGHTS}
+    mats = {name: attention_weight(w, f"blocks.{layer}.attn.{name}") for name in HEAD_WEIGHTS}
     peaks = {name: max_abs(x) for name, x in mats.items()}
     per_head = {name: np.repeat(peak, w.cfg.n_heads // peak.shape[0]) if peak.shape[0] != w.cfg.n_heads
                 else peak for name, peak in peaks.items()}
@@ -307,13 +312,9 @@ def _reads_ahead(w: Any) -> bool:
 
 def _read_layer(w: Any, layer: int) -> None:
     """Read ``layer``'s four attention weights into ``w``'s cache, in file order (``W_K``,
-    ``W_V``: their stored heads, as ``_head_weights`` asks for them)."""
-    names = [f"blocks.{layer}.attn.{name}" for name in HEAD_WEIGHTS]
-    for name in file_sorted(w, names):
-        if name.endswith(("W_K", "W_V")):
-            stored_kv(w, name)
-        else:
-            w.get(name)
+    ``W_V``: their stored heads, ``attention_weight``)."""
+    for name in file_sorted(w, [f"blocks.{layer}.attn.{name}" for name in HEAD_WEIGHTS]):
+        attention_weight(w, name)
 
 
 def _read_ahead(w: Any, layer: int) -> threading.Thread:

@@ -441,12 +441,11 @@ class ProcessedWeights:
         """Attention weights of one layer (``head`` None: all heads stacked on dim 0)."""
         p = self.plan
         pre = f"blocks.{layer}.attn"
-        if head is None and leaf in KV_TENSORS and self.raw.has(f"{pre}._{leaf}"):
+        group = self.cfg.n_heads // self.cfg.kv_heads
+        if group > 1 and head is None and leaf in KV_TENSORS and self.raw.has(f"{pre}._{leaf}"):
             # grouped-query: the stored heads processed (each head's processing is its own),
             # then repeated for their groups; a forward pass reads ``_W_K`` alone (``stored_kv``)
-            group = self.cfg.n_heads // self.cfg.kv_heads
-            if group > 1:
-                return np.repeat(self._cached(f"{pre}._{leaf}", None), group, axis=0)
+            return np.repeat(self._cached(f"{pre}._{leaf}", None), group, axis=0)
         if leaf in ("W_Q", "W_K", "W_V", "_W_K", "_W_V"):
             # LN(x) W = n(x) diag(w) W + b W: scale the rows, then drop their d_model mean.
             w, _ = self._norm(f"blocks.{layer}.ln1")
