@@ -157,6 +157,26 @@ async def test_navigation_debounces_and_focuses_the_last_head() -> None:
         assert app.explorer.head == (0, 3)
 
 
+async def test_bracket_keys_faster_than_the_debounce_step_from_where_the_last_one_went() -> None:
+    """`] ] [` pressed within one debounce ends one head on. ``]`` stepped from the focused
+    head, which changes only when the debounce runs out, so keys pressed meanwhile stepped
+    from a stale head: a busy box ended a test of this at L0.H0. A debounce far longer than
+    the keys makes the stale head certain here, whatever the box's load."""
+    app, engine = make_app(debounce=30.0)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        assert app.explorer.head == (0, 0)
+        engine.requests.clear()
+        await pilot.press("right_square_bracket", "right_square_bracket", "left_square_bracket")
+        await pilot.pause()
+        assert app.explorer.head == (0, 0) and app.explorer.focus_pending  # still waiting
+        assert engine.requests == []  # nothing asked for the heads on the way
+        await pilot.press("enter")  # choose the cursor's head now
+        await settle(pilot, app)
+        assert app.explorer.head == (0, 1)
+        assert {r[:2] for r in engine.requests} == {(0, 1)}
+
+
 async def test_tabs_show_the_engine_numbers() -> None:
     app, engine = make_app()
     async with app.run_test(size=(120, 40)) as pilot:

@@ -202,9 +202,12 @@ class ExplorerTabs(Screen[None]):
             if msg.kind is not None and msg.kind != "layer":
                 self._update_focus_line(msg.kind)
             return
-        self.head_focus.pending = msg.head
         if msg.head == self.head and self.head_focus.other is not None:
             self._update_focus_line()  # back on the focused head (a filtered tree rebuilt)
+        self._focus_after_debounce(msg.head)
+
+    def _focus_after_debounce(self, head: Head) -> None:
+        self.head_focus.pending = head
         if self._debounce_timer is not None:
             self._debounce_timer.stop()
         self._debounce_timer = self.set_timer(self.debounce, self._apply_pending)
@@ -255,7 +258,11 @@ class ExplorerTabs(Screen[None]):
             self.post_message(HeadScored(hs, gen))
 
     def goto_head(self, head: Head, *, immediate: bool = False) -> None:
-        self.query_one(HeadTree).select_head(head)
+        shown = self.query_one(HeadTree).select_head(head)
+        if shown and not immediate and self.head is not None:
+            # Waiting now, not when the tree's highlight arrives two messages later: a key
+            # pressed in between (a held ``]``) steps on from here (HeadFocus.stepped).
+            self._focus_after_debounce(head)
         if immediate or self.head is None:
             if self._debounce_timer is not None:
                 self._debounce_timer.stop()

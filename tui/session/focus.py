@@ -39,9 +39,17 @@ class HeadFocus:
         return (0, 0), (f"no head L{layer}.H{head} (the model has {n_layers} layers × "
                         f"{n_heads} heads); showing L0.H0")
 
+    @property
+    def target(self) -> Head | None:
+        """The head the focus is on its way to: the one waiting for its debounce, else the
+        focused one."""
+        return self.pending if self.waiting else self.head
+
     def stepped(self, step: int, n_layers: int, n_heads: int) -> Head:
-        """The head ``step`` heads on from the focused one, across layers, cyclically (from
-        none: the first head)."""
+        """The head ``step`` heads on from the target, across layers, cyclically (from none:
+        the first head). From the target, not the focused head: ``] ] [`` pressed faster
+        than the debounce must end one head on, not step three times from the same head."""
         heads = [(layer, h) for layer in range(n_layers) for h in range(n_heads)]
-        i = heads.index(self.head) if self.head in heads else -step
+        start = self.target
+        i = heads.index(start) if start in heads else -step
         return heads[(i + step) % len(heads)]

@@ -237,13 +237,15 @@ class HeadTree(Tree[NodeData]):
         node = self.head_nodes.get(head)
         return str(node.label) if node is not None else ""
 
-    def select_head(self, head: Head) -> None:
+    def select_head(self, head: Head) -> bool:
+        """Move the cursor to ``head``; False if the tree does not show it (filtered out)."""
         node = self.head_nodes.get(head)
         if node is None:
-            return
+            return False
         if node.parent is not None and not node.parent.is_expanded:
             node.parent.expand()
         self.move_cursor(node)
+        return True
 
     def current(self) -> NodeData | None:
         node = self.cursor_node

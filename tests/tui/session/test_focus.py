@@ -31,3 +31,14 @@ def test_stepping_crosses_layers_and_wraps() -> None:
     f.head = (1, 2)
     assert f.stepped(1, 2, 3) == (0, 0)
     assert f.stepped(-4, 2, 3) == (0, 1)
+
+
+def test_stepping_goes_on_from_the_head_waiting_for_its_debounce() -> None:
+    f = HeadFocus()
+    f.head = (0, 0)
+    f.pending = (0, 2)  # two `]` pressed, the debounce still running
+    assert f.target == (0, 2) and f.stepped(-1, 2, 3) == (0, 1)
+    f.head = (0, 2)  # the debounce ran out: the pending head is focused
+    assert f.target == (0, 2) and f.stepped(1, 2, 3) == (1, 0)
+    f.pending = None  # the cursor left the heads (an MLP): from the focused head
+    assert f.target == (0, 2) and f.stepped(1, 2, 3) == (1, 0)
