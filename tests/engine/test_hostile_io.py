@@ -89,6 +89,43 @@ def test_special_tokenizer_json_falls_back_to_ids_and_prompts_say_why(
         m.tokenizer.encode("the cat")
 
 
+def test_the_tokenizer_is_read_when_first_used_and_its_warning_said_then(
+    tmp_path: Path, gpt2_dir: tuple[Path, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Opening a model reads no tokenizer (``LazyTokenizer``): weight-only work never meets a
+    broken one, and says nothing of it; the first token read falls back to ids and warns,
+    once, for every copy of the model (``with_raw``) and in the CLI's closing lines."""
+    from headscope.engine.circuits.composition import composition_scores
+
+    d = copy_of(gpt2_dir[0], tmp_path / "m")
+    (d / "tokenizer.json").write_text("{not json")
+    m = open_model(d)
+    composition_scores(m.weights, "k")
+    assert not m.tokens.loaded and m.warnings == ()
+    raw = m.with_raw(True)
+    assert isinstance(raw.tokenizer, IdTokenizer)  # the raw copy reads it: for both
+    assert m.tokens.loaded and m.tokenizer is raw.tokenizer
+    assert len(m.warnings) == 1 and "tokenizer.json" in m.warnings[0] and m.warnings == raw.warnings
+
+    assert main(["composition", str(d), "--kind", "k", "--no-cache", "--json", "--quiet"]) == 0
+    assert "tokenizer" not in capsys.readouterr().err  # no token shown: nothing to say
+    assert main(["circuit", str(d), "0", "0", "--kind", "ov", "--rows", "0:2", "--cols", "0:2",
+                 "--json"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("tokenizer.json") == 1 and "showing token ids instead" in err, err
+
+    async def explorer_engine_warnings() -> tuple[str, ...]:  # the explorer shows tokens
+        engine = Engine(d)
+        try:
+            await engine.ready()
+            return engine.warnings
+        finally:
+            await engine.aclose()
+
+    said = asyncio.run(explorer_engine_warnings())
+    assert len(said) == 1 and "tokenizer.json" in said[0]
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("name", ["vocab.txt", "tokenizer_config.json"])
 @pytest.mark.parametrize("kind", ["fifo", "dev_zero"])

@@ -34,6 +34,7 @@ from headscope.tui.cli.output import (
     EXIT_USAGE,
     PathUsageError,
     UsageError,
+    command_warnings,
     say,
 )
 
@@ -204,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser(chosen_command(argv)).parse_args(argv)
     try:
         code = args.handler(args)
-        for warning in getattr(args, "warnings", []):
+        for warning in command_warnings(args):
             say(warning, warning=True)
         if getattr(args, "exit_now", False) and from_shell:
             exit_now(code)

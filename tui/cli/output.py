@@ -49,14 +49,22 @@ def say(message: str, *, warning: bool = False) -> None:
 
 
 def open_for_command(args: argparse.Namespace) -> Any:
-    """The model ``args.path`` (raw with ``--raw``); its warnings join ``args.warnings``."""
+    """The model ``args.path`` (raw with ``--raw``); its warnings are said with the
+    command's own (``command_warnings``)."""
     from headscope.engine.api.model import open_model
 
     model = open_model(args.path, raw=getattr(args, "raw", False))
-    # e.g. an unusable tokenizer (ids are shown instead): said once the command succeeded
-    # (a command that fails on it already names the reason in its one error line)
-    args.warnings = [*getattr(args, "warnings", []), *model.warnings]
+    args.opened = model
     return model
+
+
+def command_warnings(args: argparse.Namespace) -> list[str]:
+    """What to say once the command succeeded: its model's warnings (e.g. an unusable
+    tokenizer, ids shown instead: known once the command asked for a token, as the
+    tokenizer is read when first used), then the command's own (``args.warnings``). A
+    command that fails on them already names the reason in its one error line."""
+    opened = getattr(args, "opened", None)
+    return [*(opened.warnings if opened is not None else ()), *getattr(args, "warnings", [])]
 
 
 def emit(data: Any, as_json: bool, table: Callable[[], tuple[list[str], list[list[Any]]]] | None,
