@@ -13,7 +13,9 @@ per target layer gives all pairs' norms. It works in tiles of source layers that
 from __future__ import annotations
 
 import functools
+from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,37 +140,47 @@ class _Factors:
         return CompositionTile(self.kind, source, target, np.where(mask, np.float32(np.nan), scores))
 
 
-def _pair_scores(x: np.ndarray, x_norm: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """``[B, H, k, d]``, ``[B, H]``, ``[H2, d, k2]`` -> ``[B, H, H2]``: ``‖x_i y_j‖ / (‖x_i‖ ‖y_j‖)``
-    for every pair, one product per source layer.
+@dataclass(frozen=True)
+class _Target:
+    """A target layer's factors as the products read them: every head's ``Y`` side by side,
+    ``[d, H2 k2]``, and their norms ``[H2]`` (prepared on a worker)."""
 
-    One product per source layer, never one for the whole block: BLAS may sum a product's
+    flat: np.ndarray
+    norm: np.ndarray
+    heads: int
+    k: int
+
+
+def _prepare_target(f: _Factors, layer: int) -> _Target:
+    y = f.target(layer)
+    n_tgt, d, k2 = y.shape
+    return _Target(np.ascontiguousarray(y.transpose(1, 0, 2)).reshape(d, n_tgt * k2), _frobenius(y),
+                   n_tgt, k2)
+
+
+def _pair_squares(x: np.ndarray, target: _Target) -> np.ndarray:
+    """``[H, k, d]`` -> ``[H, H2]``: ``‖x_i y_j‖²`` for every head pair of one source layer
+    and ``target``: one product, on one BLAS thread.
+
+    One product per source layer, never one for a block of them: BLAS may sum a product's
     entries in another order when the number of rows changes (seen on AMD EPYC's OpenBLAS
     kernels, 1 ulp), and a pair's score must not depend on how many source layers shared its
-    block (``tile_bytes``), its cluster part or a resumed sweep (tests compare them to the bit).
-    The target's factors are still read once per block. The source layers' products run side
-    by side on the cores, each on one BLAS thread: threaded BLAS on these ``H k × d`` products
-    spent most of a sweep with its threads waiting on each other on a busy 2-core box (3×
-    slower than one thread on GPT-2-small); one thread gives the same numbers."""
-    n_src, n_heads, k, d = x.shape
-    n_tgt, _, k2 = y.shape
-    y_flat = np.ascontiguousarray(y.transpose(1, 0, 2)).reshape(d, n_tgt * k2)
-    sq = np.empty((n_src, n_heads, n_tgt), dtype=np.result_type(x, y))
+    block (``tile_bytes``), its cluster part or a resumed sweep (tests compare them to the
+    bit). One BLAS thread, the source layers' products side by side on the cores: threaded
+    BLAS on these ``H k × d`` products spent most of a sweep with its threads waiting on each
+    other on a busy 2-core box (3× slower than one thread on GPT-2-small); one thread gives
+    the same numbers."""
+    n_heads, k, d = x.shape
+    with one_lapack_thread(), np.errstate(all="ignore"):
+        prod = x.reshape(-1, d) @ target.flat
+        np.square(prod, out=prod)
+        return prod.reshape(n_heads, k, target.heads, target.k).sum((1, 3))
 
-    def one(i: int) -> None:
-        with np.errstate(all="ignore"):
-            prod = x[i].reshape(-1, d) @ y_flat
-            np.square(prod, out=prod)
-            sq[i] = prod.reshape(n_heads, k, n_tgt, k2).sum((1, 3))
 
-    with one_lapack_thread():
-        if n_src == 1:
-            one(0)
-        else:
-            list(core_pool().map(one, range(n_src)))
-    y_norm = _frobenius(y)
+def _pair_scores(squares: np.ndarray, x_norm: np.ndarray, target: _Target) -> np.ndarray:
+    """``‖x_i y_j‖ / (‖x_i‖ ‖y_j‖)`` ``[H, H2]`` from ``_pair_squares`` and the norms."""
     with np.errstate(all="ignore"):
-        return (np.sqrt(sq) / (x_norm[:, :, None] * y_norm[None, None, :])).astype(np.float32)
+        return (np.sqrt(squares) / (x_norm[:, None] * target.norm[None, :])).astype(np.float32)
 
 
 def _source_block(f: _Factors, sources: list[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -201,8 +213,46 @@ def composition_tile(w: Any, kind: str, source: int, target: int) -> Composition
         raise ValueError(f"a composition tile needs 0 <= source < target < {w.cfg.n_layers}, "
                          f"not {source}, {target}")
     f = _Factors(w, kind)
-    x = f.source(source)
-    return f.tile(source, target, _pair_scores(x[None], _frobenius(x)[None], f.target(target))[0])
+    x, y = f.source(source), _prepare_target(f, target)
+    return f.tile(source, target, _pair_scores(_pair_squares(x, y), _frobenius(x), y))
+
+
+_Running = tuple[int, list[int], _Target, list[Future[np.ndarray]]]  # target, rows, Y, products
+
+
+def _block_scores(f: _Factors, xs: np.ndarray, x_norms: np.ndarray, targets: list[tuple[int, list[int]]],
+                  cancelled: Cancelled) -> Iterator[tuple[int, list[tuple[int, np.ndarray]]]]:
+    """Each target layer's scores against the block's source rows it takes, ``(target,
+    [(row, [H, H2]), ...])``, in order, as a pipeline with no wait between targets: a
+    target's products are queued behind the last one's (the core pool takes them in order),
+    then the last one's scores are taken, then the next target is prepared. Waiting for each
+    target's products before queueing the next left a core idle at every target with an odd
+    number of source rows, and while the main thread laid out each target's factors (~50 ms
+    of GPT-2-small's 0.3 s of products). Two targets' factors are held at most, as before; a
+    cancel is seen after each target's scores are out (the caller keeps them)."""
+    pool = core_pool()
+    running: deque[_Running] = deque()
+    prepared: Future[_Target] | None = pool.submit(_prepare_target, f, targets[0][0])
+    try:
+        for n, (target, rows) in enumerate(targets):
+            assert prepared is not None
+            y = prepared.result()
+            running.append((target, rows, y, [pool.submit(_pair_squares, xs[i], y) for i in rows]))
+            del y
+            if len(running) > 1:
+                yield _taken(running.popleft(), x_norms)
+                check_cancelled(cancelled)
+            prepared = pool.submit(_prepare_target, f, targets[n + 1][0]) if n + 1 < len(targets) else None
+        while running:
+            yield _taken(running.popleft(), x_norms)
+    finally:
+        for future in [*(fut for *_, futures in running for fut in futures), *([prepared] if prepared else [])]:
+            future.cancel()
+
+
+def _taken(running: _Running, x_norms: np.ndarray) -> tuple[int, list[tuple[int, np.ndarray]]]:
+    target, rows, y, squares = running
+    return target, [(i, _pair_scores(square.result(), x_norms[i], y)) for i, square in zip(rows, squares, strict=True)]
 
 
 def iter_composition_tiles(w: Any, kind: str, progress: Progress = None,
@@ -216,7 +266,6 @@ def iter_composition_tiles(w: Any, kind: str, progress: Progress = None,
     total = max(1, len(wanted))
     done = 0
     f = _Factors(w, kind)
-    pool = core_pool()
     hk = cfg.n_heads * cfg.d_head
     layer_bytes = 4 * hk * cfg.d_model  # one layer's X [H, k, d] or Y [H, d, k]
     # The budget holds the block's sources, their product and the next target's Y (prepared
@@ -231,23 +280,11 @@ def iter_composition_tiles(w: Any, kind: str, progress: Progress = None,
         xs, x_norms = _source_block(f, sources)
         targets = [(t, rows) for t in range(sources[0] + 1, n_layers)
                    if (rows := [i for i, s in enumerate(sources) if s < t and (s, t) in wanted])]
-        upcoming = pool.submit(f.target, targets[0][0]) if targets else None
-        try:
-            for n, (target, rows) in enumerate(targets):
-                check_cancelled(cancelled)
-                assert upcoming is not None
-                y = upcoming.result()
-                # queued before this target's products: one core prepares it while the other multiplies
-                upcoming = pool.submit(f.target, targets[n + 1][0]) if n + 1 < len(targets) else None
-                lo, hi = rows[0], rows[-1] + 1
-                part = _pair_scores(xs[lo:hi], x_norms[lo:hi], y)
-                for i in rows:
-                    yield f.tile(sources[i], target, part[i - lo])
-                    done += 1
-                report(progress, done / total)
-        finally:
-            if upcoming is not None:
-                upcoming.cancel()
+        for target, scored in _block_scores(f, xs, x_norms, targets, cancelled):
+            for i, scores in scored:
+                yield f.tile(sources[i], target, scores)
+                done += 1
+            report(progress, done / total)
     report(progress, 1.0)
 
 

@@ -58,7 +58,7 @@ def store(tmp_path: Path) -> ResultStore:
 
 
 # where each counted function lives
-HOME = {"_batched_spectral_score": spectral_module, "_pair_scores": composition_module,
+HOME = {"_batched_spectral_score": spectral_module, "_prepare_target": composition_module,
         "behaviour_scores": behaviour_module}
 
 
@@ -147,9 +147,9 @@ def test_composition_from_the_store_equals_the_computed_one(deep_gpt2, store, mo
     model = load_model(deep_gpt2)
     plain = score_sweeps.composition(model, kind)
     first = score_sweeps.composition(model, kind, store=store.for_model(model))
-    pairs = counting(monkeypatch, "_pair_scores")
+    targets = counting(monkeypatch, "_prepare_target")
     second = score_sweeps.composition(load_model(deep_gpt2), kind, store=store.for_model(model))
-    assert pairs.calls == 0
+    assert targets.calls == 0
     same(first.scores, plain.scores)
     same(second.scores, plain.scores)
     assert second.top_edges == plain.top_edges and second.baseline == plain.baseline
@@ -208,10 +208,10 @@ def test_interrupted_composition_resumes_with_the_missing_tiles(deep_gpt2, store
     with pytest.raises(KeyboardInterrupt):
         score_sweeps.composition(model, "k", progress=raise_after(k), store=entry)
     assert entry.computed == k
-    pairs = counting(monkeypatch, "_pair_scores")
+    targets = counting(monkeypatch, "_prepare_target")
     resumed = score_sweeps.composition(load_model(deep_gpt2), "k", store=store.for_model(model))
-    assert pairs.calls == N_LAYERS - 1 - k
-    monkeypatch.setattr(composition_module, "_pair_scores", pairs.real)
+    assert targets.calls == N_LAYERS - 1 - k
+    monkeypatch.setattr(composition_module, "_prepare_target", targets.real)
     same(resumed.scores, score_sweeps.composition(model, "k").scores)
 
 
@@ -416,7 +416,7 @@ async def test_engine_sweeps_read_the_store_and_say_so(deep_gpt2, store, monkeyp
     finally:
         await engine.aclose()
     spectral = counting(monkeypatch, "_batched_spectral_score")
-    pairs = counting(monkeypatch, "_pair_scores")
+    targets = counting(monkeypatch, "_prepare_target")
     reopened = Engine(None, model=load_model(deep_gpt2), store=store, prefetch=False)
     try:
         second = await reopened.get(ScoreTableRequest())
@@ -426,7 +426,7 @@ async def test_engine_sweeps_read_the_store_and_say_so(deep_gpt2, store, monkeyp
         scores_of_head = await reopened.get(HeadScoresRequest.of(reopened.structure, 3, 1))  # per-head cache filled by the sweep
     finally:
         await reopened.aclose()
-    assert spectral.calls == 0 and pairs.calls == 0
+    assert spectral.calls == 0 and targets.calls == 0
     same(second.induction_score, first.induction_score)
     same(comp2.scores, comp.scores)
     # (NaN-aware: the fixture's vocabulary has no punctuation, so its delimiter sink is NaN)
@@ -443,13 +443,13 @@ async def test_a_cancelled_engine_sweep_resumes_in_the_next_engine(deep_gpt2, st
     engine = Engine(None, model=load_model(deep_gpt2), store=store, prefetch=False)
     loop = asyncio.get_running_loop()
     task: asyncio.Task[Any] | None = None
-    real_pairs = composition_module._pair_scores
-    tiles = []
+    real_prepare = composition_module._prepare_target
+    prepared = []
 
     def then_cancel(real: Any) -> Any:
-        def pairs_then_cancel(*args: Any) -> Any:  # on the worker, while tile 2 is computed
-            tiles.append(1)
-            if len(tiles) == 2 and task is not None:
+        def prepare_then_cancel(*args: Any) -> Any:  # on a worker, as target 3 is prepared:
+            prepared.append(1)                        # targets 1 and 2 are done
+            if len(prepared) == 3 and task is not None:
                 loop.call_soon_threadsafe(task.cancel)
                 for _ in range(3000):  # until the caller is gone: the job stops at its next check
                     if task.done():
@@ -457,9 +457,9 @@ async def test_a_cancelled_engine_sweep_resumes_in_the_next_engine(deep_gpt2, st
                     threading.Event().wait(0.01)
             return real(*args)
 
-        return pairs_then_cancel
+        return prepare_then_cancel
 
-    monkeypatch.setattr(composition_module, "_pair_scores", then_cancel(real_pairs))
+    monkeypatch.setattr(composition_module, "_prepare_target", then_cancel(real_prepare))
     try:
         task = asyncio.ensure_future(engine.get(CompositionRequest.of(engine.structure, "v")))
         with pytest.raises((asyncio.CancelledError, CancelledError)):
@@ -473,16 +473,16 @@ async def test_a_cancelled_engine_sweep_resumes_in_the_next_engine(deep_gpt2, st
         assert stored.computed == 2  # tiles 1 and 2 were finished, and kept
     finally:
         await engine.aclose()
-    monkeypatch.setattr(composition_module, "_pair_scores", real_pairs)
-    pairs = counting(monkeypatch, "_pair_scores")
+    monkeypatch.setattr(composition_module, "_prepare_target", real_prepare)
+    targets = counting(monkeypatch, "_prepare_target")
     reopened = Engine(None, model=load_model(deep_gpt2), store=store, prefetch=False)
     try:
         resumed = await reopened.get(CompositionRequest.of(reopened.structure, "v"))
         assert reopened.stats().origin == "composition v: 2 parts from the cache, 2 computed now"
     finally:
         await reopened.aclose()
-    assert pairs.calls == N_LAYERS - 1 - 2
-    monkeypatch.setattr(composition_module, "_pair_scores", pairs.real)
+    assert targets.calls == N_LAYERS - 1 - 2
+    monkeypatch.setattr(composition_module, "_prepare_target", targets.real)
     same(resumed.scores, score_sweeps.composition(load_model(deep_gpt2), "v").scores)
 
 
@@ -565,7 +565,7 @@ def test_composition_sweep_resumes_from_its_memo(deep_gpt2, store, monkeypatch, 
                                   on_tile=lambda t: (_ for _ in ()).throw(KeyboardInterrupt)
                                   if t.target == 3 else None)
     assert entry.computed == 2
-    pairs = counting(monkeypatch, "_pair_scores")
+    targets = counting(monkeypatch, "_prepare_target")
     seen: list[tuple[int, int]] = []
     resumed = composition_module.composition_scores(load_model(deep_gpt2).weights, "q", memo=memo,
                                                     tile_bytes=tile_bytes,
@@ -573,10 +573,10 @@ def test_composition_sweep_resumes_from_its_memo(deep_gpt2, store, monkeypatch, 
     # stored targets 1, 2 are not recomputed; every pair still reaches on_tile once
     assert sorted(seen) == sorted(composition_module.composition_pairs(N_LAYERS))
     assert entry.computed == N_LAYERS - 1
-    monkeypatch.setattr(composition_module, "_pair_scores", pairs.real)
+    monkeypatch.setattr(composition_module, "_prepare_target", targets.real)
     fresh = composition_module.composition_scores(model.weights, "q")
     same(resumed.scores, fresh.scores)
-    assert pairs.calls == (N_LAYERS - 3 if tile_bytes > 1 else sum(range(3, N_LAYERS)))
+    assert targets.calls == (N_LAYERS - 3 if tile_bytes > 1 else sum(range(3, N_LAYERS)))
 
 
 # -- hostile stores (issue #29): only the store's own files are read or deleted -----------

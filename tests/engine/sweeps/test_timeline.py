@@ -253,7 +253,7 @@ def test_a_series_scored_again_is_read_from_the_results_store(tiny_series: Path,
     assert main(argv) == 0
     first = json.loads(capsys.readouterr().out)
     with mock.patch.object(spectral, "_batched_spectral_score", side_effect=AssertionError("recomputed")), \
-            mock.patch.object(composition, "_pair_scores", side_effect=AssertionError("recomputed")):
+            mock.patch.object(composition, "_pair_squares", side_effect=AssertionError("recomputed")):
         assert main(argv) == 0
     assert json.loads(capsys.readouterr().out) == first
     with mock.patch.object(spectral, "_batched_spectral_score", wraps=spectral._batched_spectral_score) as sweep:
