@@ -199,20 +199,20 @@ class LoadedModel:
     raw_cfg: ModelConfig  # as stored
     raw: bool
     weights: WeightSource
-    tokens: LazyTokenizer = field(repr=False)  # shared by ``with_raw``'s copies
+    lazy_tokenizer: LazyTokenizer = field(repr=False)  # shared by ``with_raw``'s copies
     checkpoint: Checkpoint = field(repr=False)
     raw_weights: CheckpointWeights = field(repr=False)
     _processed: WeightSource | None = field(default=None, repr=False)
 
     @property
     def tokenizer(self) -> Tokenizer:
-        return self.tokens.get()
+        return self.lazy_tokenizer.get()
 
     @property
     def warnings(self) -> tuple[str, ...]:
         """What the model could not use so far, one line each: an unreadable tokenizer (token
         ids are shown instead) once something asked for a token."""
-        return () if self.tokens.warning is None else (self.tokens.warning,)
+        return () if self.lazy_tokenizer.warning is None else (self.lazy_tokenizer.warning,)
 
     def structure(self) -> dict[str, Any]:
         return structure_of(self.checkpoint, self.raw)
@@ -243,7 +243,7 @@ def load_model(path: str | os.PathLike[str], raw: bool = False) -> LoadedModel:
         raw_cfg=ckpt.cfg,
         raw=raw,
         weights=weights,
-        tokens=LazyTokenizer(ckpt),
+        lazy_tokenizer=LazyTokenizer(ckpt),
         checkpoint=ckpt,
         raw_weights=raw_weights,
         _processed=processed,

@@ -101,10 +101,10 @@ def test_the_tokenizer_is_read_when_first_used_and_its_warning_said_then(
     (d / "tokenizer.json").write_text("{not json")
     m = open_model(d)
     composition_scores(m.weights, "k")
-    assert not m.tokens.loaded and m.warnings == ()
+    assert not m.lazy_tokenizer.loaded and m.warnings == ()
     raw = m.with_raw(True)
     assert isinstance(raw.tokenizer, IdTokenizer)  # the raw copy reads it: for both
-    assert m.tokens.loaded and m.tokenizer is raw.tokenizer
+    assert m.lazy_tokenizer.loaded and m.tokenizer is raw.tokenizer
     assert len(m.warnings) == 1 and "tokenizer.json" in m.warnings[0] and m.warnings == raw.warnings
 
     assert main(["composition", str(d), "--kind", "k", "--no-cache", "--json", "--quiet"]) == 0
