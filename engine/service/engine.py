@@ -160,7 +160,7 @@ class Engine:
             from headscope.engine.model.loading import load_model
 
             model = load_model(self.path, raw=self._raw)
-            model.tokenizer  # noqa: B018  the explorer shows tokens: read it (and its warning) now
+            model.lazy_tokenizer.get()  # the explorer shows tokens: read it (and its warning) now
             with self._models_lock:
                 self._models[model.raw] = model
             self._opened.set_result(model)
