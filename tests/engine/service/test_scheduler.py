@@ -363,21 +363,34 @@ async def test_freed_pages_go_back_once_the_queue_is_drained(monkeypatch):
 
     trims: list[tuple[int, int]] = []
     s = Scheduler(1)
-    monkeypatch.setattr(scheduler, "release_free_heap", lambda: trims.append((len(s._running), len(s._queue))))
+
+    def trim() -> None:
+        # only this scheduler's trims count: a worker another test left behind may finish
+        # its job (and trim) while this test runs, because the patch is module-wide
+        if threading.current_thread() in s._threads:
+            trims.append((len(s._running), len(s._queue)))
+
+    monkeypatch.setattr(scheduler, "release_free_heap", trim)
     gate = threading.Event()
-    try:
-        first = asyncio.create_task(s.run("first", lambda ctx: gate.wait(2)))
-        await asyncio.sleep(0.02)
-        queued = [asyncio.create_task(s.run(k, lambda ctx, k=k: k)) for k in ("second", "third")]
-        await asyncio.sleep(0.02)
-        assert trims == []  # the first job still runs
-        gate.set()
-        await asyncio.wait_for(asyncio.gather(first, *queued), 5)
-        for _ in range(100):  # the worker trims after delivering the last result
-            if trims:
-                break
+
+    async def until(condition) -> None:
+        for _ in range(1000):
+            if condition():
+                return
             await asyncio.sleep(0.01)
+        raise AssertionError("the scheduler never got there")
+
+    try:
+        first = asyncio.create_task(s.run("first", lambda ctx: gate.wait(60)))
+        await until(lambda: len(s._running) == 1)
+        queued = [asyncio.create_task(s.run(k, lambda ctx, k=k: k)) for k in ("second", "third")]
+        await until(lambda: len(s._queue) == 2)
+        assert trims == []  # the first job still runs, two wait
+        gate.set()
+        await asyncio.wait_for(asyncio.gather(first, *queued), 30)
+        await until(lambda: trims)  # the worker trims after delivering the last result
         assert trims == [(0, 0)]  # once, with nothing running or queued
     finally:
+        gate.set()
         s.close()
         s.join(2)
