@@ -13,6 +13,7 @@ import pytest
 from headscope.engine.forward import edges, patch_tasks, torch_weights
 from headscope.engine.model.loading import load_model
 from tests.hf_fixtures import llama_dir  # noqa: F401  (session-scoped pytest fixture)
+from tests.leftovers import from_this_test
 
 CLEAN = [[1, 5, 9, 2, 33, 7, 5, 9], [3, 4, 5, 6, 7, 8, 9, 10]]
 CORRUPT = [[1, 5, 9, 2, 40, 7, 11, 9], [3, 4, 50, 6, 7, 8, 9, 11]]
@@ -26,7 +27,8 @@ def test_chunks_of_rows_give_the_scores_of_all_rows_at_once(llama_dir: tuple[Pat
     whole = edges.edge_scores(w, CLEAN, CORRUPT, metric, method=method, steps=3)
     holds = []
     real_hold = torch_weights.HeldLayerWeights.hold
-    monkeypatch.setattr(torch_weights.HeldLayerWeights, "hold", lambda self, layer: (holds.append(layer),
+    held = from_this_test(holds.append)
+    monkeypatch.setattr(torch_weights.HeldLayerWeights, "hold", lambda self, layer: (held(layer),
                                                                              real_hold(self, layer))[1])
     monkeypatch.setattr(edges, "_SPLIT_BYTES", 1)  # one row a chunk: 2 (eap) or 6 (eap-ig) chunks a layer
     chunked = edges.edge_scores(w, CLEAN, CORRUPT, metric, method=method, steps=3)

@@ -34,6 +34,24 @@ def llama12(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+def record_advice(monkeypatch: pytest.MonkeyPatch, checkpoint: Path, advice: list[tuple[int, int, int]]) -> None:
+    """Record ``posix_fadvise(fd, offset, length, advice)`` calls on ``checkpoint``'s files.
+    The patch is process-wide, and a read-ahead thread of an earlier test's model may still
+    be advising its own files, so calls are kept by the file the descriptor names (Linux's
+    /proc; kept whole where it cannot be read)."""
+    root = checkpoint.resolve()
+
+    def on_advice(fd: int, offset: int, length: int, kind: int) -> None:
+        try:
+            file = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            file = root
+        if file == root or root in file.parents:
+            advice.append((offset, length, kind))
+
+    monkeypatch.setattr(os, "posix_fadvise", on_advice, raising=False)
+
+
 class Reads:
     """Every read from disk of an open model (``CheckpointWeights.on_read``) and every
     ``posix_fadvise`` call."""
@@ -44,8 +62,7 @@ class Reads:
         self.reads: list[tuple[str, str, int, int]] = []
         self.advice: list[tuple[int, int, int]] = []
         self.raw.on_read = lambda f, t, o, n: self.reads.append((f, t, o, n))
-        monkeypatch.setattr(os, "posix_fadvise", lambda fd, o, n, a: self.advice.append((o, n, a)),
-                            raising=False)
+        record_advice(monkeypatch, Path(model.path), self.advice)
 
     def advised(self, kind: int | None) -> list[tuple[int, int]]:
         if self.raw.advising is not None:
@@ -238,7 +255,7 @@ def test_a_streamed_gguf_file_drops_every_range_read_and_keeps_its_numbers(llama
     reads: list[tuple[int, int]] = []
     advice: list[tuple[int, int, int]] = []
     source.on_read = lambda f, t, o, n: reads.append((o, n))
-    monkeypatch.setattr(os, "posix_fadvise", lambda fd, o, n, a: advice.append((o, n, a)), raising=False)
+    record_advice(monkeypatch, Path(model.path), advice)
     streamed = heads_passes(model)
     assert model.weights.raw.read_plan.streaming
     dropped = [(o, n) for o, n, a in advice if a == readplan.DONTNEED]

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from headscope.tui.cli.main import main
+from tests.leftovers import from_this_test
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -128,7 +129,8 @@ def test_one_fingerprint_per_model_and_command(gpt2_dir, monkeypatch) -> None:
 
     calls: list[str] = []
     real = store_module.fingerprint
-    monkeypatch.setattr(store_module, "fingerprint", lambda ckpt, raw: calls.append(ckpt.path) or real(ckpt, raw))
+    count = from_this_test(calls.append)
+    monkeypatch.setattr(store_module, "fingerprint", lambda ckpt, raw: count(ckpt.path) or real(ckpt, raw))
     a, b = load_model(gpt2_dir[0]), load_model(gpt2_dir[0])
     store = store_module.ResultStore()
     diff_models(a, b, store=store, behaviour=False)
