@@ -74,7 +74,7 @@ async def test_two_concurrent_identical_requests_run_once(sched):
 
     def compute(ctx):
         calls.append(1)
-        gate.wait(2)
+        gate.wait(60)
         return object()
 
     t1 = asyncio.create_task(sched.run("same", compute, label="x"))
@@ -92,7 +92,7 @@ async def test_raising_job_reaches_every_awaiter_as_typed_error(sched):
     gate = threading.Event()
 
     def boom(ctx):
-        gate.wait(2)
+        gate.wait(60)
         raise ZeroDivisionError("bad math")
 
     tasks = [asyncio.create_task(sched.run("k", boom, label="boom")) for _ in range(3)]
@@ -114,7 +114,7 @@ async def test_queued_request_for_left_head_is_dropped_before_start():
 
     def blocker(ctx):
         running.set()
-        gate.wait(2)
+        gate.wait(60)
         return "sweep"
 
     def view(name):
@@ -170,7 +170,7 @@ async def test_focused_head_runs_before_earlier_requests():
     gate = threading.Event()
 
     def block(ctx):
-        gate.wait(2)
+        gate.wait(60)
 
     def rec(name):
         return lambda ctx: order.append(name)
@@ -196,7 +196,7 @@ async def test_prefetch_runs_when_idle_and_is_upgraded_by_a_request():
 
     def pre(ctx):
         calls.append("pre")
-        gate.wait(2)
+        gate.wait(60)
         return "pf"
 
     s.prefetch("p", pre, head=(0, 1), label="prefetch")
@@ -336,9 +336,9 @@ async def test_an_earlier_job_finishing_keeps_the_running_jobs_activity():
 
     def slow(ctx):
         started.set()
-        gate.wait(2)
+        gate.wait(60)
         ctx.progress(0.4)
-        gate2.wait(2)
+        gate2.wait(60)
         return 2
 
     gate2 = threading.Event()
