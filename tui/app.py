@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -257,7 +258,7 @@ class HeadscopeApp(App[None]):
     def on_mount(self) -> None:
         self.theme_changed_signal.subscribe(self, lambda _theme: self._restyle())
         if isinstance(self.screen, OpeningScreen):  # the explorer follows the first frame
-            self.screen.when_drawn(lambda: self.run_worker(self._load_explorer(),
+            self.screen.when_drawn(lambda: self.run_worker(self._load_explorer,
                                                            group="startup"))
         if self.settings_error:
             self.notify(self.settings_error, severity="warning", timeout=8)
@@ -289,7 +290,7 @@ class HeadscopeApp(App[None]):
             self.explorer.post_message(ModelFailed(self.open_error or "",
                                                    "no model: " + (self.open_error or "")))
             return
-        self.run_worker(self._startup(self.engine), group="startup", exit_on_error=False)
+        self.run_worker(partial(self._startup, self.engine), group="startup", exit_on_error=False)
 
     async def _startup(self, engine: ExplorerEngine) -> None:
         try:

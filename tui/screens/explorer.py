@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, cast
 
@@ -216,7 +217,7 @@ class ExplorerScreen(ExplorerScores):
     @on(ModelReady)
     def _model_ready(self) -> None:
         self.query_one(StatusBar).structure = self.structure
-        self.run_worker(self._start(), group="startup", exit_on_error=False)
+        self.run_worker(self._start, group="startup", exit_on_error=False)
 
     async def _start(self) -> None:
         if self.choices.tokens_text and self.choices.tokens is None:
@@ -300,7 +301,7 @@ class ExplorerScreen(ExplorerScores):
     @on(CircuitTopChanged)
     def _circuit_top_changed(self, msg: CircuitTopChanged) -> None:
         pane = self.circuit_tab
-        self.run_worker(pane.faithfulness(self, msg.top), group="circuit-top", exclusive=True,
+        self.run_worker(partial(pane.faithfulness, self, msg.top), group="circuit-top", exclusive=True,
                         exit_on_error=False)
 
     @on(CircuitEdgeChosen)
@@ -314,7 +315,7 @@ class ExplorerScreen(ExplorerScores):
         self.goto_head(head, immediate=True)
         self.action_show_tab("ov" if msg.input == "v" or msg.target is None else "qk")
         if msg.source is not None and msg.target is not None and msg.input is not None:
-            self.run_worker(self.circuit_tab.composition_of(self, msg), group="circuit-composition",
+            self.run_worker(partial(self.circuit_tab.composition_of, self, msg), group="circuit-composition",
                             exclusive=True, exit_on_error=False)
 
     # -- the Patch tab (tui/widgets/patch.py) ------------------------------------------------
@@ -545,7 +546,7 @@ class ExplorerScreen(ExplorerScores):
     def action_choose_tokens(self) -> None:
         def chosen(text: str | None) -> None:
             if text is not None:
-                self.run_worker(self.set_tokens(text), group="tokens", exclusive=True,
+                self.run_worker(partial(self.set_tokens, text), group="tokens", exclusive=True,
                                 exit_on_error=False)
 
         self.app.push_screen(

@@ -12,6 +12,7 @@ the results as messages tagged with the weights generation they were computed fo
 from __future__ import annotations
 
 import contextlib
+from functools import partial
 from typing import TYPE_CHECKING
 
 from textual import on
@@ -44,7 +45,7 @@ class ExplorerScores(ExplorerTabs):
 
     # -- the score sweep ----------------------------------------------------------------
     def start_sweep(self) -> None:
-        self.run_worker(self._sweep(self.gen), group="sweep", exclusive=True,
+        self.run_worker(partial(self._sweep, self.gen), group="sweep", exclusive=True,
                         exit_on_error=False)
 
     async def _sweep(self, gen: int) -> None:
@@ -86,7 +87,7 @@ class ExplorerScores(ExplorerTabs):
             return
         if any(w.group == "score-null" and not w.is_finished for w in self.app.workers):
             return
-        self.run_worker(self._load_null(self.gen), group="score-null", exit_on_error=False)
+        self.run_worker(partial(self._load_null, self.gen), group="score-null", exit_on_error=False)
 
     async def _load_null(self, gen: int) -> None:
         await self.headscope.model_ready.wait()
@@ -121,7 +122,7 @@ class ExplorerScores(ExplorerTabs):
             return
         self.notify("zero-ablating every head: loss on the repeated half of random tokens…",
                     title="ablation sweep", timeout=3)
-        self.run_worker(self._ablation_sweep(self.gen), group="ablation", exit_on_error=False)
+        self.run_worker(partial(self._ablation_sweep, self.gen), group="ablation", exit_on_error=False)
 
     async def _ablation_sweep(self, gen: int) -> None:
         await self.headscope.model_ready.wait()
@@ -179,7 +180,7 @@ class ExplorerScores(ExplorerTabs):
     def start_compare(self) -> None:
         if self.compare.engine_b is None:
             return
-        self.run_worker(self._compare(self.gen), group="compare", exclusive=True,
+        self.run_worker(partial(self._compare, self.gen), group="compare", exclusive=True,
                         exit_on_error=False)
 
     async def _compare(self, gen: int) -> None:
@@ -224,7 +225,7 @@ class ExplorerScores(ExplorerTabs):
     def action_toggle_raw(self) -> None:
         if self.headscope.engine is None:
             return
-        self.run_worker(self._set_raw(not self.headscope.raw), group="raw", exclusive=True,
+        self.run_worker(partial(self._set_raw, not self.headscope.raw), group="raw", exclusive=True,
                         exit_on_error=False)
 
     async def _set_raw(self, raw: bool) -> None:

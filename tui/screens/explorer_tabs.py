@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -248,7 +249,7 @@ class ExplorerTabs(Screen[None]):
 
     def start_head_scores(self, head: Head) -> None:
         """The scores of ``head`` before the sweep reaches it (``HeadScored``)."""
-        self.run_worker(self._head_scores(head, self.gen), group="head-scores",
+        self.run_worker(partial(self._head_scores, head, self.gen), group="head-scores",
                         exclusive=True, exit_on_error=False)
 
     async def _head_scores(self, head: Head, gen: int) -> None:
@@ -309,7 +310,7 @@ class ExplorerTabs(Screen[None]):
         ``on_key``) once it is, after any typed before it."""
         self._early_keys.append(key)
         if len(self._early_keys) == 1:
-            self.run_worker(self._replay_keys(), group="patch-typing", exit_on_error=False)
+            self.run_worker(self._replay_keys, group="patch-typing", exit_on_error=False)
 
     @property
     def typing_pending(self) -> bool:
@@ -389,7 +390,7 @@ class ExplorerTabs(Screen[None]):
         key = self._key(tab)
         if not self.loads.ask(key, force):
             return
-        self.run_worker(self._load(key), group=f"load-{tab}", exclusive=True,
+        self.run_worker(partial(self._load, key), group=f"load-{tab}", exclusive=True,
                         exit_on_error=False)
 
     async def _load(self, key: LoadKey) -> None:

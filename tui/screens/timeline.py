@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import os
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 from textual.css.query import NoMatches
@@ -252,7 +253,7 @@ class TimelineMode(TimelineState):
     def _open_step(self, app: TimelineHost) -> None:
         if self.index == self.opened or app.engine is None:
             return
-        app.run_worker(self._swap(app, self.index), group="timeline-swap", exclusive=True,
+        app.run_worker(partial(self._swap, app, self.index), group="timeline-swap", exclusive=True,
                        exit_on_error=False)
 
     async def _swap(self, app: TimelineHost, index: int) -> None:
@@ -274,7 +275,7 @@ class TimelineMode(TimelineState):
         rows = self.scores_at(index) if app.raw == self.raw else None
         app.explorer.weights_replaced(rows)
         if old is not None:
-            app.run_worker(_close(old), group="timeline-close", exit_on_error=False)
+            app.run_worker(partial(_close, old), group="timeline-close", exit_on_error=False)
         try:
             await engine.ready()
         except HeadscopeError as err:  # a broken step: say so; another step may open

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
+from functools import partial
 
 from rich.text import Text
 from textual.app import RenderResult
@@ -101,7 +102,7 @@ class Chart(PlotextPlot):
         figure, colours = self.figure, self.colours()
         if figure is None:
             return
-        self.run_worker(self._build(key, figure, colours), group=f"chart-{id(self)}",
+        self.run_worker(partial(self._build, key, figure, colours), group=f"chart-{id(self)}",
                         exclusive=True, exit_on_error=False)
 
     async def _build(self, key: tuple, figure: Figure, colours: Colours) -> None:

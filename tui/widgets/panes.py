@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -252,7 +253,7 @@ class PromptPane(Vertical):
 
     def start_why(self, engine: ExplorerEngine) -> None:
         """``load_why`` in this pane's worker (a newer cell replaces an older one's)."""
-        self.run_worker(self.load_why(engine), group="why", exclusive=True, exit_on_error=False)
+        self.run_worker(partial(self.load_why, engine), group="why", exclusive=True, exit_on_error=False)
 
     async def load_why(self, engine: ExplorerEngine) -> None:
         """The QK attribution of the cursor's query row for the head shown (one request: the

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 from rich.console import Group
@@ -118,7 +119,7 @@ class DirectionsPanel(Static):
             self.show(key, cached)
             return
         self.loading(key)
-        self.run_worker(self._when_ready(host, key, ready), group="directions",
+        self.run_worker(partial(self._when_ready, host, key, ready), group="directions",
                         exclusive=True, exit_on_error=False)
 
     async def _when_ready(self, host: PaneHost, key: tuple[Head, int],

@@ -53,3 +53,25 @@ async def test_rendered_charts_are_cached() -> None:
             await pilot.pause(0.02)
         await settle(pilot, app)
         assert chart.builds == builds  # repaints hit the cache
+
+
+async def test_a_build_replaced_before_it_started_leaves_no_unawaited_coroutine() -> None:
+    """Each chart's builds run as one exclusive worker group: a build asked for while the last
+    one waits to start cancels it. The worker is handed the build's function, not a coroutine
+    made ahead, so a cancelled one leaves nothing that Python warns of ("coroutine
+    'Chart._build' was never awaited", printed on the terminal when the app exits)."""
+    import gc
+    import warnings
+
+    app, _ = make_app()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settle(pilot, app)
+            chart = app.query_one("#qk-token", Chart)
+            key = chart._key()
+            for _ in range(3):  # in one tick: the first two never start
+                chart._start_build(key)
+            await settle(pilot, app)
+        gc.collect()
+    assert not [w for w in caught if "never awaited" in str(w.message)]
