@@ -43,9 +43,15 @@ def _linear_model() -> DictWeights:
 
 def _manual_head_output(w: DictWeights, pattern: torch.Tensor, head: int) -> torch.Tensor:
     """z W_O for one head from the formula: x = W_E[t] + W_pos, v = x W_V + b_V, z = A v."""
-    x = w.get("embed.W_E")[TOKENS] + w.get("pos_embed.W_pos")[: TOKENS.shape[1]]
-    v = x @ w.get_head("blocks.0.attn.W_V", head) + w.get_head("blocks.0.attn.b_V", head)
-    return (pattern @ v) @ w.get_head("blocks.0.attn.W_O", head)  # [batch, pos, d_model]
+    def get(name: str) -> torch.Tensor:
+        return torch.as_tensor(w.get(name))
+
+    def get_head(name: str) -> torch.Tensor:
+        return torch.as_tensor(w.get_head(name, head))
+
+    x = get("embed.W_E")[TOKENS] + get("pos_embed.W_pos")[: TOKENS.shape[1]]
+    v = x @ get_head("blocks.0.attn.W_V") + get_head("blocks.0.attn.b_V")
+    return (pattern @ v) @ get_head("blocks.0.attn.W_O")  # [batch, pos, d_model]
 
 
 @pytest.mark.parametrize("ablation", ["zero", "mean"])
@@ -56,7 +62,7 @@ def test_ablation_changes_logits_by_exactly_that_heads_contribution(ablation: st
     torch.testing.assert_close(clean.head_outputs[:, 0, head], result, rtol=0, atol=1e-5)
 
     replacement = torch.zeros_like(result) if ablation == "zero" else result.mean(dim=1, keepdim=True)
-    expected = clean.logits - (result - replacement) @ w.get("unembed.W_U")
+    expected = clean.logits - (result - replacement) @ torch.as_tensor(w.get("unembed.W_U"))
     ablated = run(w, TOKENS, ablate=[(0, head)], ablation=ablation)
     torch.testing.assert_close(ablated.logits, expected, rtol=0, atol=1e-4)
 
