@@ -471,11 +471,16 @@ class HeadscopeApp(App[None]):
         self.notify(message, severity="error", timeout=8)
 
     async def action_quit(self) -> None:
+        self.exit()  # the engines are closed as the app unmounts (on_unmount)
+
+    async def on_unmount(self) -> None:
+        """However the app ends (``q``, a closed terminal or websocket, ``run_test`` left, an
+        error), its engines stop: their worker threads end and their models are let go, which
+        matters where the process lives on (``run_app`` in a notebook, a test session)."""
         for engine in (self.engine, self.compare.engine_b):
             if engine is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(engine.aclose(), timeout=QUIT_WAIT)
-        self.exit()
 
 
 def run_app(path: str | os.PathLike[str] | None = None, *, raw: bool = False,

@@ -241,3 +241,17 @@ async def test_real_engine_match_heads_pairs_permuted_heads(tmp_path: Path, matc
         assert (views["b"].layer, views["b"].head) == (b_block.layer, b_block.head)
         assert "B attention" in chart_text(app, "prompt-pattern-b")
         assert np.allclose(views["a"].pattern, views["b"].pattern, atol=1e-5) == match_heads
+
+
+@pytest.mark.parametrize("ending", ["q", "torn down"])
+async def test_both_engines_are_closed_however_the_app_ends(ending: str) -> None:
+    """`q`, or an end without it (a closed terminal or websocket, ``run_test`` left): A's and
+    B's engines are closed, so their workers end where the process lives on."""
+    app, a, b = fake_pair()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app)
+        assert not a.closed and not b.closed
+        if ending == "q":
+            await pilot.press("q")
+    assert a.closed and b.closed
+    assert a.calls["aclose"] == b.calls["aclose"] == 1
