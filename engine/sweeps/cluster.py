@@ -345,8 +345,12 @@ def local_cluster(n_workers: int, model_bytes: int = 0,
             warn(f"--workers {n_workers}: starting {bound} ({why})")
         n_workers = bound
     # The nannies' warnings (one per worker: memory, ports, restarts) are not ours to show.
+    # The scheduler serves HTTP (health and metrics routes) even with no dashboard, on 8787
+    # unless told otherwise: where that port was taken (a Jupyter user's Dask dashboard,
+    # another run) Dask warned so on the command's stderr. A free port of 127.0.0.1 instead.
     local = distributed.LocalCluster(n_workers=n_workers, processes=True, threads_per_worker=1,
                                      host="127.0.0.1", dashboard_address=None,
+                                     scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
                                      silence_logs=logging.ERROR)
     client = distributed.Client(local, set_as_default=False)
     return Cluster(client, local.scheduler_address, local)

@@ -561,3 +561,27 @@ def test_edges_over_prompts_on_the_cluster_equal_the_local_run_and_are_stored_on
         again = edges_over_prompts(model, requests, store=reread)
     assert reread.loaded == 2
     np.testing.assert_array_equal(again.scores, remote.scores)
+
+
+def test_a_local_cluster_serves_nothing_beyond_this_machine_and_says_nothing_of_port_8787() -> None:
+    """A Dask scheduler always starts an HTTP server (health and metrics routes, even with
+    no dashboard), on port 8787 and every interface unless told otherwise. Where 8787 was
+    taken (a Jupyter user's Dask dashboard, another headscope run) Dask warned "Port 8787 is
+    already in use" on the command's stderr. The local cluster's server listens on a free
+    port of 127.0.0.1."""
+    import warnings
+
+    from headscope.engine.sweeps import cluster as cluster_module
+
+    with contextlib.ExitStack() as stack:
+        taken = stack.enter_context(socket.socket())
+        with contextlib.suppress(OSError):  # already taken by someone else: as good
+            taken.bind(("", 8787))
+            taken.listen()
+        caught = stack.enter_context(warnings.catch_warnings(record=True))
+        warnings.simplefilter("always")
+        with cluster_module.local_cluster(1) as c:
+            # the scheduler runs in this process (LocalCluster); tornado's server's sockets
+            served = [sock.getsockname() for sock in c.local.scheduler.http_server._sockets.values()]
+    assert not [w for w in caught if "already in use" in str(w.message)]
+    assert served and all(host == "127.0.0.1" and port != 8787 for host, port, *_ in served), served
