@@ -1,8 +1,9 @@
 """Engine workers an earlier test left behind.
 
-An engine's ``close()`` does not wait for a job that is still running (engine/service/engine.py
-joins its workers on a ``headscope-close`` thread), so in one pytest process a worker of an
-earlier test may finish its job while the next test runs. A test that counts calls through a
+An engine's ``aclose()`` stops its scheduler and joins the workers on a daemon
+``headscope-close`` thread (engine/service/engine.py); the explorer waits 0.25 s for it, and a
+test that opened an engine itself may not close it at all. So in one pytest process a worker
+of an earlier test may finish its job while the next test runs. A test that counts calls through a
 process-wide patch (``monkeypatch.setattr`` on a module) counts only the calls of its own
 threads: ``from_this_test`` drops those of a scheduler worker that was already alive."""
 
