@@ -229,8 +229,8 @@ def _block_scores(f: _Factors, xs: np.ndarray, x_norms: np.ndarray, targets: lis
     target's products before queueing the next left a core idle at every target with an odd
     number of source rows, and while the main thread laid out each target's factors (GPT-2-
     small's in-process sweep: 508-542 ms before, 475-533 ms after). Two targets' factors are
-    held at most, as before; a
-    cancel is seen after each target's scores are out (the caller keeps them)."""
+    held at most, as before; a cancel is seen after each target's scores are out (the caller
+    keeps them)."""
     pool = core_pool()
     running: deque[_Running] = deque()
     prepared: Future[_Target] | None = pool.submit(_prepare_target, f, targets[0][0])
